@@ -1,0 +1,83 @@
+"""The math of the epilogue language, runnable eagerly on torch tensors.
+
+An epilogue may call only these functions (as ``mxq.<name>``). Each is defined here once with
+torch, and the reference evaluates the parsed IR through this table, so "what the function
+does in eager torch" and "what the reference computes" are the same code. The kernel templates
+implement the same definitions; for ``maximum``/``minimum`` that means the select form below
+(NaN-dropping like IEEE maxNum / PTX ``max.f32``, with a fixed answer for +0 vs -0), not
+torch.maximum, which propagates NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _t(a):
+    return a if isinstance(a, torch.Tensor) else torch.tensor(float(a), dtype=torch.float32)
+
+
+def where(cond, a, b):
+    """``a`` where ``cond`` holds, else ``b``."""
+    return torch.where(_t(cond).bool(), _t(a), _t(b))
+
+
+def maximum(a, b):
+    """``a`` if ``a > b`` or ``b`` is NaN, else ``b``: NaN-dropping, ``maximum(-0., 0.) == 0.``."""
+    a, b = _t(a), _t(b)
+    return torch.where((a > b) | torch.isnan(b), a, b)
+
+
+def minimum(a, b):
+    """``a`` if ``a < b`` or ``b`` is NaN, else ``b``: NaN-dropping, ``minimum(0., -0.) == -0.``."""
+    a, b = _t(a), _t(b)
+    return torch.where((a < b) | torch.isnan(b), a, b)
+
+
+def abs(a):  # noqa: A001 - the epilogue language's name
+    return torch.abs(_t(a))
+
+
+def exp(a):
+    return torch.exp(_t(a))
+
+
+def exp2(a):
+    return torch.exp2(_t(a))
+
+
+def log(a):
+    return torch.log(_t(a))
+
+
+def log2(a):
+    return torch.log2(_t(a))
+
+
+def tanh(a):
+    return torch.tanh(_t(a))
+
+
+def sigmoid(a):
+    return torch.sigmoid(_t(a))
+
+
+def erf(a):
+    return torch.erf(_t(a))
+
+
+def sqrt(a):
+    return torch.sqrt(_t(a))
+
+
+def rsqrt(a):
+    return torch.rsqrt(_t(a))
+
+
+UNARY = {"abs": abs, "exp": exp, "exp2": exp2, "log": log, "log2": log2, "tanh": tanh,
+         "sigmoid": sigmoid, "erf": erf, "sqrt": sqrt, "rsqrt": rsqrt}
+BINARY = {"maximum": maximum, "minimum": minimum}
+TERNARY = {"where": where}
+FUNCTIONS = {**UNARY, **BINARY, **TERNARY}
+# Functions whose GPU result may differ from torch's in the last bit (NUMERICS "transcendental class").
+INEXACT = frozenset({"exp", "exp2", "log", "log2", "tanh", "sigmoid", "erf", "sqrt", "rsqrt"})

@@ -1,0 +1,144 @@
+"""``@mxq.fused_quant`` and ``mxq.quantize``: the user-facing op object.
+
+Shaped like Triton's ``@jit``: decorating parses and validates once; the object holds the
+spec and epilogue IR, renders its source lazily, and asks the compiler for one kernel per
+(arch, dtype), which the compiler caches by fingerprint, so re-decorating an identical function
+reuses the compiled kernel. ``mxq.quantize`` is this op with the identity epilogue.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from functools import lru_cache
+
+from . import reference as _reference
+from . import runtime
+from .epilogue import IDENTITY, Epilogue, parse
+from .spec import QuantSpec
+from .tensor import MXFP8Tensor
+
+_CALL_KEYWORDS = ("act_input", "noop", "out")
+
+
+class FusedOp:
+    """One fused MXFP8 quantization op: an epilogue plus a QuantSpec."""
+
+    def __init__(self, fn, spec: QuantSpec, epilogue: Epilogue | None = None):
+        self.fn = fn
+        self.spec = spec
+        self.epilogue = epilogue if epilogue is not None else parse(fn)
+        clash = set(self.epilogue.param_order) & set(_CALL_KEYWORDS)
+        if clash:
+            from .epilogue import EpilogueError
+
+            raise EpilogueError(f"parameter name(s) {sorted(clash)} are reserved for the call "
+                                f"(act_input, noop, out)", inspect.getsourcefile(fn) or "<unknown>",
+                                fn.__code__.co_firstlineno, "parameter name")
+        self._signature = inspect.signature(fn)
+        self._nparams = len(self.epilogue.param_order)
+        self._tensor_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.tensor_params]
+        self._scalar_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.scalar_params]
+        self._source: str | None = None
+        functools.update_wrapper(self, fn)
+
+    # -- calling ---------------------------------------------------------------------------
+    def _bind(self, args, kwargs):
+        if kwargs or len(args) != self._nparams:
+            try:
+                bound = self._signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"mxq: {self.epilogue.name}(): {exc}") from None
+            bound.apply_defaults()
+            args = tuple(bound.arguments[n] for n in self.epilogue.param_order)
+        return [args[i] for i in self._tensor_pos], [args[i] for i in self._scalar_pos]
+
+    def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs) -> MXFP8Tensor:
+        tensors, scalars = self._bind(args, kwargs)
+        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
+        return runtime.execute(self, self.spec, tensors, scalars, act_input, noop, out)
+
+    def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs) -> MXFP8Tensor:
+        """The torch reference result, on whatever device the inputs are."""
+        tensors, scalars = self._bind(args, kwargs)
+        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
+        return _reference.run(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
+
+    def launcher_for(self, x):
+        """A callable running the compiled kernel for CUDA tensor ``x``, or None to fall back."""
+        from . import compiler
+
+        return compiler.launcher(self, x)
+
+    # -- inspection ------------------------------------------------------------------------
+    @property
+    def source(self) -> str:
+        """The rendered CuTeDSL module of this op (one module serves every dtype and shape)."""
+        if self._source is None:
+            from . import codegen
+
+            self._source = codegen.render(self.spec, self.epilogue)
+        return self._source
+
+    def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:
+        """Compile without a GPU and return {"ptx", "mlir", "source", "path", ...}."""
+        from . import compiler
+
+        return compiler.compile_artifacts(self, arch=arch, dtype=dtype)
+
+    def __repr__(self) -> str:
+        return f"<mxq.FusedOp {self.epilogue.name} {self.spec}>"
+
+
+_OPTION_NAMES = ("fp8", "rowwise", "colwise", "scale_mode", "scale_layout", "amax", "act", "dact", "dbias")
+
+
+def fused_quant(fn=None, **options):
+    """Decorate an epilogue function into a fused MXFP8 quantization op.
+
+    ``@mxq.fused_quant(act="gelu", dbias=True, colwise=True)`` or bare ``@mxq.fused_quant``;
+    options are those of ``mxq.quantize`` plus ``act``, ``dact`` and ``dbias``.
+    """
+    unknown = set(options) - set(_OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"mxq: fused_quant() got unknown option(s) {sorted(unknown)}; "
+                        f"options are {_OPTION_NAMES}")
+    spec = QuantSpec(**options)
+
+    def wrap(f):
+        return FusedOp(f, spec)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+@lru_cache(maxsize=None)
+def _quantize_op(spec: QuantSpec) -> FusedOp:
+    return FusedOp(_identity, spec, IDENTITY)
+
+
+def _identity(x):
+    return x
+
+
+@lru_cache(maxsize=1024)
+def _spec(fp8, rowwise, colwise, scale_mode, scale_layout, amax) -> QuantSpec:
+    return QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
+                     scale_layout=scale_layout, amax=amax)
+
+
+def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = False,
+             scale_mode: str = "rceil", scale_layout: str = "compact", amax: bool = False,
+             noop=None, out: MXFP8Tensor | None = None) -> MXFP8Tensor:
+    """Quantize ``x`` (fp32/fp16/bf16, any shape, CPU or CUDA) to MXFP8.
+
+    ``out`` (an extension of the DESIGN contract) writes into existing buffers, e.g. for CUDA
+    graphs; with ``noop`` holding 1.0 nothing is written at all.
+    """
+    try:
+        spec = _spec(fp8, rowwise, colwise, scale_mode, scale_layout, amax)
+    except TypeError as exc:  # unhashable option values
+        if "unhashable" not in str(exc):
+            raise
+        spec = QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
+                         scale_layout=scale_layout, amax=amax)
+    return _quantize_op(spec)(x, noop=noop, out=out)

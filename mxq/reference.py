@@ -1,0 +1,59 @@
+"""The torch reference of the whole mxq pipeline: the specification kernels are tested against.
+
+Steps are numbered as in NUMERICS.md. It runs on CPU or CUDA tensors, never imports cutlass,
+and evaluates the epilogue and act/dact through the same IR the kernels are generated from,
+one fp32 rounding per operation (the kernels are generated without FMA contraction to match).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import activations, ir, layouts
+from .epilogue import Epilogue
+from .numerics import quantize_blocks
+from .spec import QuantSpec
+from .tensor import MXFP8Tensor, flat_dims
+
+
+def epilogue_value(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input) -> torch.Tensor:
+    """Steps 1-3: the fp32 value v of every element as a [M, N] tensor."""
+    m, n = flat_dims(tensors[0].shape)
+    flat = [t.reshape(m, n).to(torch.float32) for t in tensors]
+    v = flat[0] if epilogue.is_identity else ir.evaluate(epilogue.expr, flat, list(scalars))
+    v = v.expand(m, n)
+    if spec.act:
+        v = ir.evaluate(activations.act_ir(spec.act).expr, [v], [])
+    if spec.dact:
+        a = act_input.reshape(m, n).to(torch.float32)
+        v = v * ir.evaluate(activations.dact_ir(spec.dact).expr, [a], []).expand(m, n)
+    return v
+
+
+def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None, noop=None,
+        out: MXFP8Tensor | None = None) -> MXFP8Tensor:
+    """Quantize per ``spec``; inputs are assumed validated (see runtime.check_call)."""
+    x = tensors[0]
+    if out is None:
+        out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device)
+    if noop is not None and bool(noop.reshape(-1)[0] == 1.0):
+        return out  # write nothing at all
+    m, n = flat_dims(x.shape)
+    v = epilogue_value(spec, epilogue, tensors, scalars, act_input)
+    if spec.dbias:  # step 4: before the input-dtype round trip
+        out.dbias.copy_(v.sum(dim=0, dtype=torch.float32).to(x.dtype))
+    computed = spec.act or spec.dact or not epilogue.is_identity
+    if x.dtype != torch.float32 and computed:  # step 5
+        v = v.to(x.dtype).to(torch.float32)
+    if spec.amax:
+        out.amax.copy_(v.abs().amax() if v.numel() else torch.zeros((), device=v.device))
+    fmt = spec.format
+    if spec.rowwise:
+        data, s = quantize_blocks(v, fmt, spec.scale_mode)
+        out.rowwise_data.copy_(data.reshape(x.shape))
+        out.rowwise_scale.copy_(layouts.to_layout_rowwise(s, spec.scale_layout))
+    if spec.colwise:
+        data_t, s_t = quantize_blocks(v.t().contiguous(), fmt, spec.scale_mode)
+        out.colwise_data.copy_(data_t.t().reshape(x.shape))
+        out.colwise_scale.copy_(layouts.to_layout_colwise(s_t.t(), spec.scale_layout))
+    return out

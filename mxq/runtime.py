@@ -1,0 +1,122 @@
+"""The call path: check every input before anything runs, then run the kernel or the reference.
+
+Validation lives here, not in the kernels, so that every bad argument gets a Python exception
+that names it (kernels only see inputs that passed), and CPU and CUDA callers get identical
+errors. ``MXQ_STRICT=1`` turns a GPU fallback to the reference into an error.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from . import reference
+from .epilogue import Epilogue
+from .spec import DTYPES, QuantSpec
+from .tensor import MXFP8Tensor, flat_dims
+
+
+def _fail_type(name: str, what: str, got) -> None:
+    raise TypeError(f"mxq: argument {name!r} must be {what}, got {got}")
+
+
+def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input, noop, out) -> None:
+    """Raise a TypeError/ValueError naming the first bad argument; return None if all is well."""
+    names = epilogue.tensor_params
+    first = None
+    for name, t in zip(names, tensors):
+        if not isinstance(t, torch.Tensor):
+            _fail_type(name, "a torch.Tensor", type(t).__name__)
+        if t.dtype not in DTYPES:
+            _fail_type(name, "float32, float16 or bfloat16", t.dtype)
+        if first is None:
+            first = (name, t)
+            continue
+        fname, f = first
+        if t.shape != f.shape:
+            raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)} but {fname!r} has "
+                             f"{tuple(f.shape)}; every tensor input of one op has the same shape")
+        if t.dtype != f.dtype:
+            raise TypeError(f"mxq: argument {name!r} has dtype {t.dtype} but {fname!r} has {f.dtype}; "
+                            "every tensor input of one op has the same dtype")
+        if t.device != f.device:
+            raise ValueError(f"mxq: argument {name!r} is on {t.device} but {fname!r} is on {f.device}")
+    for name, s in zip(epilogue.scalar_params, scalars):
+        if isinstance(s, bool) or not isinstance(s, (int, float)):
+            _fail_type(name, "a float", type(s).__name__)
+    fname, f = first
+    if spec.dact:
+        if act_input is None:
+            raise ValueError(f"mxq: argument 'act_input' is required with dact={spec.dact!r}")
+        if not isinstance(act_input, torch.Tensor):
+            _fail_type("act_input", "a torch.Tensor", type(act_input).__name__)
+        if act_input.shape != f.shape:
+            raise ValueError(f"mxq: argument 'act_input' has shape {tuple(act_input.shape)} but "
+                             f"{fname!r} has {tuple(f.shape)}")
+        if act_input.dtype != f.dtype:
+            raise TypeError(f"mxq: argument 'act_input' has dtype {act_input.dtype} but {fname!r} has {f.dtype}")
+        if act_input.device != f.device:
+            raise ValueError(f"mxq: argument 'act_input' is on {act_input.device} but {fname!r} is on {f.device}")
+    elif act_input is not None:
+        raise ValueError("mxq: argument 'act_input' is only used by ops with dact=...; this op has dact=None")
+    if noop is not None:
+        if not isinstance(noop, torch.Tensor):
+            _fail_type("noop", "a one-element float32 torch.Tensor or None", type(noop).__name__)
+        if noop.dtype != torch.float32 or noop.numel() != 1:
+            raise ValueError(f"mxq: argument 'noop' must be a one-element float32 tensor, got dtype "
+                             f"{noop.dtype} with {noop.numel()} elements")
+        if noop.device != f.device:
+            raise ValueError(f"mxq: argument 'noop' is on {noop.device} but {fname!r} is on {f.device}")
+    if out is not None:
+        check_out(spec, out, f)
+
+
+def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor) -> None:
+    """``out`` must hold exactly the tensors ``spec`` writes, shaped as MXFP8Tensor.empty makes them."""
+    if not isinstance(out, MXFP8Tensor):
+        _fail_type("out", "an MXFP8Tensor", type(out).__name__)
+    want = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta")
+    for field in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias"):
+        w, g = getattr(want, field), getattr(out, field)
+        if w is None:
+            continue
+        if g is None:
+            raise ValueError(f"mxq: argument 'out' has no {field}, which this op writes")
+        if g.shape != w.shape or g.dtype != w.dtype:
+            raise ValueError(f"mxq: argument 'out.{field}' must be {w.dtype} of shape {tuple(w.shape)}, "
+                             f"got {g.dtype} of shape {tuple(g.shape)}")
+        if g.device != x.device:
+            raise ValueError(f"mxq: argument 'out.{field}' is on {g.device} but the input is on {x.device}")
+        if not g.is_contiguous():
+            raise ValueError(f"mxq: argument 'out.{field}' must be contiguous")
+    if out.fp8 != spec.fp8 or out.scale_layout != spec.scale_layout:
+        raise ValueError(f"mxq: argument 'out' is {out.fp8}/{out.scale_layout} but the op writes "
+                         f"{spec.fp8}/{spec.scale_layout}")
+
+
+_warned: set = set()
+
+
+def fallback(reason: str) -> None:
+    """A GPU call the kernels cannot serve: warn once per reason, or raise under MXQ_STRICT=1."""
+    if os.environ.get("MXQ_STRICT") == "1":
+        raise RuntimeError(f"mxq: no GPU kernel for this call ({reason}) and MXQ_STRICT=1")
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"mxq: running the torch reference instead of a GPU kernel: {reason}",
+                      RuntimeWarning, stacklevel=3)
+
+
+def execute(op, spec: QuantSpec, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+    """Run a checked call: the compiled kernel on CUDA when one serves it, else the reference."""
+    x = tensors[0]
+    if x.is_cuda:
+        launcher = op.launcher_for(x)
+        if launcher is not None:
+            return launcher(tensors, scalars, act_input, noop, out)
+    return reference.run(spec, op.epilogue, tensors, scalars, act_input, noop, out)
+
+
+__all__ = ["check_call", "check_out", "execute", "fallback", "flat_dims"]

@@ -1,0 +1,122 @@
+"""QuantSpec: the frozen, validated option set of one mxq op.
+
+Everything a kernel is specialised on, except the epilogue and the input dtype, lives here, so
+one object decides validation, cache keys, the 32-bit key C++ callers use, and the Jinja
+context. Validation happens in ``__post_init__``: an invalid spec cannot exist, and every error
+names the option that is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .layouts import LAYOUTS
+from .numerics import FORMATS, SCALE_MODES
+
+ACTIVATIONS = ("gelu", "silu", "relu", "qgelu", "srelu")
+DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+DTYPE_NAMES = tuple(DTYPES.values())
+
+# 32-bit key layout (documented again in mxq/include/mxq/mxq.hpp for C++ callers):
+#   bit 0      fp8            0 = e4m3, 1 = e5m2
+#   bit 1      rowwise
+#   bit 2      colwise
+#   bits 3-4   scale_mode     0 rceil, 1 floor, 2 ceil, 3 even
+#   bit 5      scale_layout   0 compact, 1 swizzled
+#   bit 6      amax
+#   bits 7-9   act            0 none, 1 gelu, 2 silu, 3 relu, 4 qgelu, 5 srelu
+#   bits 10-12 dact           same codes as act
+#   bit 13     dbias
+#   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16
+#   bits 16-31 zero (reserved)
+_ACT_CODES = (None,) + ACTIVATIONS
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"mxq: {name} must be one of {tuple(choices)}, got {value!r}")
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"mxq: {name} must be a bool, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    fp8: str = "e4m3"
+    rowwise: bool = True
+    colwise: bool = False
+    scale_mode: str = "rceil"
+    scale_layout: str = "compact"
+    amax: bool = False
+    act: str | None = None
+    dact: str | None = None
+    dbias: bool = False
+
+    def __post_init__(self) -> None:
+        _check_choice("fp8", self.fp8, FORMATS)
+        _check_choice("scale_mode", self.scale_mode, SCALE_MODES)
+        _check_choice("scale_layout", self.scale_layout, LAYOUTS)
+        _check_choice("act", self.act, _ACT_CODES)
+        _check_choice("dact", self.dact, _ACT_CODES)
+        for name in ("rowwise", "colwise", "amax", "dbias"):
+            _check_bool(name, getattr(self, name))
+        if self.act is not None and self.dact is not None:
+            raise ValueError(f"mxq: act and dact are exclusive, got act={self.act!r} and dact={self.dact!r}")
+        if not (self.rowwise or self.colwise):
+            raise ValueError("mxq: at least one of rowwise and colwise must be True")
+
+    @property
+    def format(self):
+        return FORMATS[self.fp8]
+
+    def key(self, dtype: str) -> int:
+        """The 32-bit key of this spec for input dtype ``dtype`` ("fp32", "fp16", "bf16")."""
+        _check_choice("dtype", dtype, DTYPE_NAMES)
+        return (
+            (self.fp8 == "e5m2")
+            | self.rowwise << 1
+            | self.colwise << 2
+            | SCALE_MODES.index(self.scale_mode) << 3
+            | (self.scale_layout == "swizzled") << 5
+            | self.amax << 6
+            | _ACT_CODES.index(self.act) << 7
+            | _ACT_CODES.index(self.dact) << 10
+            | self.dbias << 13
+            | DTYPE_NAMES.index(dtype) << 14
+        )
+
+    @staticmethod
+    def from_key(key: int) -> tuple["QuantSpec", str]:
+        """Inverse of ``key``: (spec, dtype name). Raises ValueError on a malformed key."""
+        if not isinstance(key, int) or key < 0 or key >> 16:
+            raise ValueError(f"mxq: key must be a 16-bit non-negative int, got {key!r}")
+        act, dact, dtype = (key >> 7) & 7, (key >> 10) & 7, (key >> 14) & 3
+        if act >= len(_ACT_CODES) or dact >= len(_ACT_CODES) or dtype >= len(DTYPE_NAMES):
+            raise ValueError(f"mxq: key {key:#x} has an unknown act, dact or dtype code")
+        spec = QuantSpec(
+            fp8="e5m2" if key & 1 else "e4m3",
+            rowwise=bool(key >> 1 & 1),
+            colwise=bool(key >> 2 & 1),
+            scale_mode=SCALE_MODES[(key >> 3) & 3],
+            scale_layout="swizzled" if key >> 5 & 1 else "compact",
+            amax=bool(key >> 6 & 1),
+            act=_ACT_CODES[act],
+            dact=_ACT_CODES[dact],
+            dbias=bool(key >> 13 & 1),
+        )
+        return spec, DTYPE_NAMES[dtype]
+
+    def name(self, dtype: str) -> str:
+        """A readable, unique identifier (used for registry names and cache files)."""
+        parts = [self.fp8, dtype, "r" if self.rowwise else "", "c" if self.colwise else "",
+                 self.scale_mode, self.scale_layout]
+        if self.act:
+            parts.append(self.act)
+        if self.dact:
+            parts.append("d" + self.dact)
+        parts += [flag for flag in ("amax", "dbias") if getattr(self, flag)]
+        return "_".join(p for p in parts if p)

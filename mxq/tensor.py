@@ -1,0 +1,98 @@
+"""MXFP8Tensor: what every mxq op returns (and what ``out=`` accepts).
+
+A plain container of the output tensors plus the facts needed to read them back
+(format, layout, logical shape). It owns no numerics beyond ``dequantize``, which decodes with
+the same helpers as the reference so a round trip is exact wherever the format allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import layouts
+from .numerics import BLOCK, FORMATS, e8m0_to_scale
+
+
+def flat_dims(shape) -> tuple[int, int]:
+    """[M, N] of a tensor of any rank: N = last dim, M = product of the others (0-d: 1 x 1)."""
+    if len(shape) == 0:
+        return 1, 1
+    m = 1
+    for d in shape[:-1]:
+        m *= d
+    return m, shape[-1]
+
+
+@dataclass
+class MXFP8Tensor:
+    rowwise_data: torch.Tensor | None
+    colwise_data: torch.Tensor | None
+    rowwise_scale: torch.Tensor | None
+    colwise_scale: torch.Tensor | None
+    amax: torch.Tensor | None
+    dbias: torch.Tensor | None
+    fp8: str
+    scale_layout: str
+    shape: torch.Size
+
+    @staticmethod
+    def empty(spec, shape, dtype: torch.dtype, device) -> "MXFP8Tensor":
+        """Outputs for ``spec``; swizzled scales, amax and dbias start zeroed (their padding and
+        the amax reduction rely on it), data and compact scales are left uninitialised."""
+        shape = torch.Size(shape)
+        m, n = flat_dims(shape)
+        fp8 = FORMATS[spec.fp8].torch_dtype
+        scale_alloc = torch.zeros if spec.scale_layout == "swizzled" else torch.empty
+
+        def data():
+            return torch.empty(shape, dtype=fp8, device=device)
+
+        return MXFP8Tensor(
+            rowwise_data=data() if spec.rowwise else None,
+            colwise_data=data() if spec.colwise else None,
+            rowwise_scale=scale_alloc(layouts.rowwise_scale_shape(m, n, spec.scale_layout),
+                                      dtype=torch.uint8, device=device) if spec.rowwise else None,
+            colwise_scale=scale_alloc(layouts.colwise_scale_shape(m, n, spec.scale_layout),
+                                      dtype=torch.uint8, device=device) if spec.colwise else None,
+            amax=torch.zeros((), dtype=torch.float32, device=device) if spec.amax else None,
+            dbias=torch.zeros((n,), dtype=dtype, device=device) if spec.dbias else None,
+            fp8=spec.fp8,
+            scale_layout=spec.scale_layout,
+            shape=shape,
+        )
+
+    def compact_scale(self, direction: str = "rowwise") -> torch.Tensor:
+        """The scale bytes in compact layout ([M, ceil(N/32)] rowwise, [ceil(M/32), N] colwise)."""
+        m, n = flat_dims(self.shape)
+        if direction == "rowwise":
+            return layouts.compact_rowwise(self._need("rowwise_scale"), m, n, self.scale_layout)
+        if direction == "colwise":
+            return layouts.compact_colwise(self._need("colwise_scale"), m, n, self.scale_layout)
+        raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
+
+    def dequantize(self, direction: str = "rowwise") -> torch.Tensor:
+        """Decode to float32 of the original shape: data * 2^(scale-127); scale 255 gives NaN."""
+        if direction not in ("rowwise", "colwise"):
+            raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
+        m, n = flat_dims(self.shape)
+        data = self._need(f"{direction}_data").reshape(m, n).to(torch.float32)
+        scale = e8m0_to_scale(self.compact_scale(direction))
+        if direction == "rowwise":
+            full = scale.repeat_interleave(BLOCK, dim=1)[:, :n]
+        else:
+            full = scale.repeat_interleave(BLOCK, dim=0)[:m, :]
+        return (data * full).reshape(self.shape)
+
+    def _need(self, name: str) -> torch.Tensor:
+        t = getattr(self, name)
+        if t is None:
+            raise ValueError(f"mxq: this MXFP8Tensor has no {name} (quantize with "
+                             f"{name.split('_')[0]}=True)")
+        return t
+
+    def __repr__(self) -> str:
+        have = [k for k in ("rowwise_data", "colwise_data", "amax", "dbias") if getattr(self, k) is not None]
+        return (f"MXFP8Tensor(shape={tuple(self.shape)}, fp8={self.fp8!r}, scale_layout="
+                f"{self.scale_layout!r}, has={have})")

@@ -1,0 +1,1 @@
+"""Jinja templates of the generated CuTeDSL modules (installed as the ``mxq.templates`` package)."""
