@@ -35,7 +35,7 @@ _ACT_CODES = (None,) + ACTIVATIONS
 
 
 def _check_choice(name: str, value, choices) -> None:
-    if value not in choices:
+    if not any(value is c or (type(value) is type(c) and value == c) for c in choices):
         raise ValueError(f"mxq: {name} must be one of {tuple(choices)}, got {value!r}")
 
 

@@ -1,0 +1,31 @@
+"""Quantize a tensor to MXFP8 and look at what comes back.
+
+Run: python examples/quickstart.py
+On a CPU machine this runs mxq's torch reference; on a CUDA tensor the same call runs the
+generated kernel. Scales are E8M0 bytes: a block's values were multiplied by 2^(127 - byte).
+"""
+
+import torch
+
+import mxq
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(4, 96, dtype=torch.bfloat16) * torch.tensor([[1.0], [1e-3], [50.0], [1e4]]).bfloat16()
+    x[0, 7] = float("nan")  # one NaN: its whole 32-element block becomes NaN (scale byte 255)
+
+    t = mxq.quantize(x, fp8="e4m3", rowwise=True, colwise=True, scale_mode="rceil", amax=True)
+    print(t)
+    print("rowwise scale bytes [M, N/32]:\n", t.rowwise_scale)
+    print("colwise scale bytes [M/32, N] (first 8 columns):", t.colwise_scale[:, :8].tolist())
+    print("amax:", t.amax.item())
+
+    finite = ~torch.isnan(t.dequantize("rowwise"))
+    err = (t.dequantize("rowwise") - x.float()).abs()[finite]
+    rel = err / x.float().abs()[finite].clamp_min(1e-30)
+    print(f"round trip: max abs error {err.max().item():.3g}, median relative error {rel.median().item():.3g}")
+
+
+if __name__ == "__main__":
+    main()

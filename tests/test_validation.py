@@ -1,0 +1,104 @@
+"""Every bad argument raises a clear exception that names it, before anything runs."""
+
+import pytest
+import torch
+
+import mxq
+
+
+def _ident(x):
+    return x
+
+
+def two(x, r, alpha: float = 1.0):
+    return x * alpha + r
+
+
+@pytest.mark.parametrize("kwargs,exc,word", [
+    ({"fp8": "e4m3fnuz"}, ValueError, "fp8"),
+    ({"scale_mode": "nearest"}, ValueError, "scale_mode"),
+    ({"scale_layout": "blocked"}, ValueError, "scale_layout"),
+    ({"rowwise": False}, ValueError, "rowwise"),
+    ({"amax": "yes"}, TypeError, "amax"),
+    ({"colwise": None}, TypeError, "colwise"),
+    ({"noop": torch.ones(2)}, ValueError, "noop"),
+    ({"noop": torch.ones(1, dtype=torch.float64)}, ValueError, "noop"),
+    ({"noop": 1.0}, TypeError, "noop"),
+    ({"noop": torch.ones(1, device="meta")}, ValueError, "noop"),
+    ({"fp8": ["e4m3"]}, ValueError, "fp8"),
+])
+def test_quantize_options(kwargs, exc, word):
+    with pytest.raises(exc, match=word):
+        mxq.quantize(torch.randn(4, 32), **kwargs)
+
+
+@pytest.mark.parametrize("x,exc,word", [
+    (torch.randn(4, 4).to(torch.float64), TypeError, "'x'"),
+    (torch.randint(0, 5, (4, 4)), TypeError, "'x'"),
+    ([1.0, 2.0], TypeError, "'x'"),
+    (None, TypeError, "'x'"),
+])
+def test_quantize_input(x, exc, word):
+    with pytest.raises(exc, match=word):
+        mxq.quantize(x)
+
+
+def test_fused_input_mismatches():
+    op = mxq.fused_quant(colwise=True)(two)
+    x = torch.randn(4, 32)
+    with pytest.raises(ValueError, match="'r' has shape"):
+        op(x, torch.randn(4, 33))
+    with pytest.raises(TypeError, match="'r' has dtype"):
+        op(x, torch.randn(4, 32, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="'r' is on meta"):
+        op(x, torch.randn(4, 32, device="meta"))
+    with pytest.raises(TypeError, match="'alpha' must be a float"):
+        op(x, x, alpha="2")
+    with pytest.raises(TypeError, match="'alpha' must be a float"):
+        op(x, x, alpha=True)
+    with pytest.raises(TypeError, match="two\\(\\)"):
+        op(x)
+    with pytest.raises(TypeError, match="two\\(\\)"):
+        op(x, x, beta=2.0)
+
+
+def test_act_and_dact_exclusive_and_act_input_rules():
+    with pytest.raises(ValueError, match="exclusive"):
+        mxq.fused_quant(act="gelu", dact="gelu")(_ident)
+    with pytest.raises(TypeError, match="unknown option"):
+        mxq.fused_quant(activation="gelu")(_ident)
+    back = mxq.fused_quant(dact="silu")(_ident)
+    x = torch.randn(4, 32)
+    with pytest.raises(ValueError, match="'act_input' is required"):
+        back(x)
+    with pytest.raises(ValueError, match="'act_input' has shape"):
+        back(x, act_input=torch.randn(4, 31))
+    with pytest.raises(TypeError, match="'act_input' has dtype"):
+        back(x, act_input=torch.randn(4, 32, dtype=torch.float16))
+    with pytest.raises(TypeError, match="'act_input' must be"):
+        back(x, act_input=3.0)
+    fwd = mxq.fused_quant(act="silu")(_ident)
+    with pytest.raises(ValueError, match="'act_input' is only used"):
+        fwd(x, act_input=x)
+
+
+def test_out_is_checked():
+    x = torch.randn(8, 64)
+    good = mxq.quantize(x, colwise=True)
+    with pytest.raises(ValueError, match="out' has no colwise_data"):
+        mxq.quantize(x, colwise=True, out=mxq.quantize(x))
+    with pytest.raises(ValueError, match="out.rowwise_data"):
+        mxq.quantize(torch.randn(8, 32), colwise=True, out=good)
+    with pytest.raises(ValueError, match="out.rowwise_data' must be torch.float8_e5m2"):
+        mxq.quantize(x, colwise=True, fp8="e5m2", out=mxq.quantize(x, colwise=True, fp8="e4m3"))
+    with pytest.raises(TypeError, match="'out'"):
+        mxq.quantize(x, out=(good.rowwise_data, good.rowwise_scale))
+
+
+def test_errors_happen_before_anything_is_written():
+    x = torch.randn(8, 64)
+    out = mxq.quantize(x)
+    snapshot = out.rowwise_scale.clone()
+    with pytest.raises(ValueError):
+        mxq.quantize(torch.randn(8, 64) * 100, noop=torch.ones(3), out=out)
+    assert torch.equal(out.rowwise_scale, snapshot)
