@@ -1,10 +1,256 @@
-"""Placeholder until the code generator lands: no GPU kernels yet, so CUDA calls fall back."""
+"""Rendered source -> importable module file -> ``cute.compile`` -> native TVM-FFI function.
+
+CuTeDSL needs kernels in real files (it reads their source), so each rendered module is written
+once to ``$MXQ_CACHE_DIR/src/<sha>.py`` and imported from there; tracebacks and compile errors
+point into that file. Compiles are keyed by (source hash, arch, dtype) -- the source already
+covers the spec, the epilogue fingerprint and the templates -- and run under one lock
+(``cute.compile`` is not thread-safe); concurrent first calls of one key wait for one compile.
+M and N are symbolic, so one compile serves every shape.
+"""
 
 from __future__ import annotations
 
-from . import runtime
+import hashlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import layouts, runtime
+from .spec import DTYPES
+from .tensor import MXFP8Tensor, flat_dims
+
+_DTYPE_BY_NAME = {v: k for k, v in DTYPES.items()}
+_compile_lock = threading.Lock()
+_key_locks: dict = {}
+_compiled: dict = {}
+_modules: dict = {}
 
 
-def launcher(op, x):
-    runtime.fallback("GPU kernels are not built yet")
-    return None
+def cache_dir() -> Path:
+    return Path(os.environ.get("MXQ_CACHE_DIR") or Path.home() / ".cache" / "mxq")
+
+
+def _import_cutlass(arch: str):
+    """Import cutlass with CUTE_DSL_ARCH set (it is read at import; needed without a GPU)."""
+    if "cutlass" not in sys.modules:
+        os.environ.setdefault("CUTE_DSL_ARCH", arch)
+    import cutlass  # noqa: F401
+    import cutlass.cute as cute
+
+    return cute
+
+
+def source_file(source: str) -> Path:
+    """Write ``source`` to the cache (atomically, once) and return its path."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    path = cache_dir() / "src" / f"mxq_gen_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    return path
+
+
+def load_module(source: str):
+    path = source_file(source)
+    name = path.stem
+    if name not in _modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        _modules[name] = mod
+    return _modules[name]
+
+
+def _fake_args(op, dtype_name: str, use_hw: bool, arch: str):
+    """The compile-time arguments of ``launch``: fake tensors with symbolic M, N tied together."""
+    cute = _import_cutlass(arch)
+    import cutlass
+    from cutlass import Float32, Uint8
+
+    spec, epi = op.spec, op.epilogue
+    el = {"fp32": cutlass.Float32, "fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype_name]
+    nbytes = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype_name]
+    m, n = cute.sym_int(), cute.sym_int()
+    fake = cute.runtime.make_fake_compact_tensor
+
+    def mat(dtype, align, rows=m):
+        return fake(dtype, (rows, n), stride_order=(1, 0), assumed_align=align)
+
+    args = [mat(el, nbytes) for _ in epi.tensor_params]
+    args += [Float32(0.0) for _ in epi.scalar_params]
+    if spec.dact:
+        args.append(mat(el, nbytes))
+    if spec.rowwise:
+        args += [mat(Uint8, 1), fake(Uint8, (cute.sym_int(),), assumed_align=1)]
+    if spec.colwise:
+        args += [mat(Uint8, 1), fake(Uint8, (cute.sym_int(),), assumed_align=1)]
+    if spec.amax:
+        args.append(fake(Float32, (1,), assumed_align=4))
+    if spec.dbias:
+        args += [fake(el, (n,), assumed_align=nbytes), mat(Float32, 4, rows=cute.sym_int())]
+    args.append(fake(Float32, (1,), assumed_align=4))  # noop
+    args.append(use_hw)
+    args.append(cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+    return args
+
+
+def uses_hw_e8m0(arch: str) -> bool:
+    return int(re.sub(r"\D", "", arch)[:3] or 0) >= 100
+
+
+def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False):
+    """The compiled CuTeDSL function (TVM-FFI wrapper) for ``op`` on ``arch`` with input dtype."""
+    source = op.source
+    key = (hashlib.sha256(source.encode()).hexdigest(), arch, dtype_name, keep_ptx)
+    if key in _compiled:
+        return _compiled[key]
+    with _compile_lock:
+        lock = _key_locks.setdefault(key, threading.Lock())
+    with lock:
+        if key in _compiled:
+            return _compiled[key]
+        mod = load_module(source)
+        args = _fake_args(op, dtype_name, uses_hw_e8m0(arch), arch)
+        cute = _import_cutlass(arch)
+        options = f"--enable-tvm-ffi --gpu-arch {arch}" + (" --keep-ptx" if keep_ptx else "")
+        with _compile_lock:
+            try:
+                compiled = cute.compile(mod.launch, *args, options=options)
+            except Exception as exc:
+                raise RuntimeError(f"mxq: compiling {source_file(source)} for {arch}/{dtype_name} "
+                                   f"failed: {exc}") from exc
+        _compiled[key] = compiled
+        return compiled
+
+
+def compile_artifacts(op, arch: str = "sm_90", dtype: str = "bf16") -> dict:
+    """Compile without a GPU and return what was produced, for inspection."""
+    if dtype not in _DTYPE_BY_NAME:
+        raise ValueError(f"mxq: dtype must be one of {tuple(_DTYPE_BY_NAME)}, got {dtype!r}")
+    if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
+        raise ValueError(f"mxq: arch must look like 'sm_90' or 'sm_100a', got {arch!r}")
+    compiled = compile_op(op, arch, dtype, keep_ptx=True)
+    ptx = compiled.__ptx__
+    mlir = compiled.ir_module
+    out = {"ptx": ptx, "mlir": str(mlir) if mlir is not None else "", "source": op.source,
+           "path": str(source_file(op.source)), "arch": arch, "dtype": dtype}
+    out.update(ptxas_report(ptx, arch))
+    out["conversions"] = sorted(set(re.findall(r"\bcvt\.[a-z0-9.]+", ptx)))
+    return out
+
+
+def ptxas_report(ptx: str, arch: str) -> dict:
+    """Registers and spills per kernel from the local ``ptxas -v``, when a CUDA toolkit is present.
+
+    CuTeDSL embeds a newer ptxas than a local toolkit may have; if the local one refuses the PTX
+    ISA version, the report re-assembles a copy stamped with the version it accepts (the kernels
+    use no newer instructions) and says so in ``ptxas_note``.
+    """
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        return {"ptxas": None, "kernels": {}}
+    note = ""
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        for _ in range(2):
+            src.write_text(ptx)
+            r = subprocess.run([ptxas, "-v", f"-arch={arch}", str(src), "-o", str(Path(d) / "k.cubin")],
+                               capture_output=True, text=True, timeout=300)
+            text = r.stdout + r.stderr
+            m = re.search(r"Unsupported \.version (\S+); current version is '([\d.]+)'", text)
+            if r.returncode == 0 or not m:
+                break
+            note = f"PTX ISA {m.group(1)} re-stamped as {m.group(2)} for the local ptxas"
+            ptx = re.sub(r"^\.version \S+", f".version {m.group(2)}", ptx, count=1, flags=re.M)
+    kernels: dict = {}
+    current = None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            current = kernels.setdefault(m.group(1), {})
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and current is not None:
+            current["spill_stores"], current["spill_loads"] = int(m.group(1)), int(m.group(2))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current is not None:
+            current["registers"] = int(m.group(1))
+    return {"ptxas": "ok" if r.returncode == 0 else text, "ptxas_note": note, "kernels": kernels}
+
+
+# -- the CUDA call path ------------------------------------------------------------------------
+
+def _device_arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+_noop_zero: dict = {}
+
+
+def _noop_tensor(device):
+    t = _noop_zero.get(device)
+    if t is None:
+        t = _noop_zero[device] = torch.zeros(1, dtype=torch.float32, device=device)
+    return t
+
+
+@dataclass
+class _Launcher:
+    op: object
+    fn: object  # native tvm_ffi.Function
+
+    def __call__(self, tensors, scalars, act_input, noop, out):
+        spec = self.op.spec
+        x = tensors[0]
+        m, n = flat_dims(x.shape)
+        if out is None:
+            out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device)
+        args = [t.reshape(m, n) for t in tensors]
+        args += [float(s) for s in scalars]
+        if spec.dact:
+            args.append(act_input.reshape(m, n))
+        if spec.rowwise:
+            args += [out.rowwise_data.view(torch.uint8).reshape(m, n), out.rowwise_scale.view(-1)]
+        if spec.colwise:
+            args += [out.colwise_data.view(torch.uint8).reshape(m, n), out.colwise_scale.view(-1)]
+        if spec.amax:
+            args.append(out.amax.view(1))
+        if spec.dbias:
+            args += [out.dbias, torch.empty((layouts.cdiv(m, 32), n), dtype=torch.float32, device=x.device)]
+        args.append(noop.reshape(1) if noop is not None else _noop_tensor(x.device))
+        if m * n:
+            self.fn(*args)
+        elif spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
+            out.dbias.zero_()
+        return out
+
+
+def launcher(op, x: torch.Tensor):
+    """A launcher for CUDA tensor ``x``, or None (with a one-time warning) when none can serve."""
+    m, n = flat_dims(x.shape)
+    if m * n >= 2 ** 31 or m >= 2 ** 31 - 64:
+        runtime.fallback("tensors of 2^31 or more elements are not supported by the kernels yet")
+        return None
+    if not x.is_contiguous():
+        raise ValueError("mxq: CUDA inputs must be contiguous (call .contiguous() first)")
+    dtype_name = DTYPES[x.dtype]
+    key = (id(op), x.device, dtype_name)
+    fn = op.__dict__.setdefault("_launchers", {}).get(key)
+    if fn is None:
+        compiled = compile_op(op, _device_arch(x.device), dtype_name)
+        fn = _Launcher(op, compiled.__tvm_ffi_object__())
+        op._launchers[key] = fn
+    return fn

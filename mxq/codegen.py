@@ -1,0 +1,152 @@
+"""QuantSpec + epilogue IR -> Jinja context -> CuTeDSL source text.
+
+The context holds only values derived from the validated spec and IR: option flags, integer
+indices, operation names from fixed tables, and fp32 constants formatted by ``_literal``.
+Identifiers in the generated module are ours (``in0``, ``e3``...), never the user's parameter
+names, so no user-written text reaches the output. Templates run with ``StrictUndefined``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from functools import lru_cache
+from importlib import resources
+
+import jinja2
+
+from . import activations, ir
+from .epilogue import Epilogue
+from .numerics import FORMATS
+from .spec import QuantSpec
+
+TEMPLATE_NAME = "module.py.j2"
+
+
+def _template_dir():
+    """Installed: the ``mxq.templates`` package; from a source tree: ``<repo>/templates``."""
+    try:
+        return resources.files("mxq.templates")
+    except ModuleNotFoundError:
+        from pathlib import Path
+
+        return Path(__file__).resolve().parent.parent / "templates"
+
+
+@lru_cache(maxsize=1)
+def environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_template_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+@lru_cache(maxsize=1)
+def templates_hash() -> str:
+    """Hash of every template file: part of every cache key, so editing a template recompiles."""
+    h = hashlib.sha256()
+    root = _template_dir()
+    for path in sorted(_walk(root), key=lambda p: str(p)):
+        h.update(str(path.relative_to(root) if hasattr(path, "relative_to") else path).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _walk(root):
+    for entry in root.iterdir():
+        if entry.is_dir():
+            yield from _walk(entry)
+        elif entry.name.endswith(".j2"):
+            yield entry
+
+
+def _literal(value: float) -> str:
+    """An fp32 constant as Python source text (repr round-trips the exact double)."""
+    if math.isnan(value):
+        return 'float("nan")'
+    if math.isinf(value):
+        return 'float("inf")' if value > 0 else '-float("inf")'
+    return repr(float(value))
+
+
+def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, str]) -> tuple[list[dict], str]:
+    """Lower ``expr`` to SSA records in topological order; return (records, result variable).
+
+    ``inputs`` maps tensor-argument index -> the variable holding its fp32 value, ``scalars`` maps
+    scalar index -> the kernel parameter name. Structurally equal nodes share one variable.
+    """
+    names: dict[ir.Expr, str] = {}
+    records: list[dict] = []
+    for node in ir.walk(expr):
+        if isinstance(node, ir.TensorArg):
+            names[node] = inputs[node.index]
+            continue
+        if isinstance(node, ir.ScalarArg):
+            names[node] = scalars[node.index]
+            continue
+        var = f"{prefix}{len(records)}"
+        names[node] = var
+        if isinstance(node, ir.Const):
+            rec = {"kind": "const", "value": _literal(node.value)}
+        elif isinstance(node, ir.Unary):
+            rec = {"kind": "unary", "op": node.op, "args": [names[node.a]]}
+        elif isinstance(node, ir.Binary):
+            rec = {"kind": "binary", "op": node.op, "args": [names[node.a], names[node.b]]}
+        elif isinstance(node, ir.Compare):
+            rec = {"kind": "compare", "op": node.op, "args": [names[node.a], names[node.b]]}
+        elif isinstance(node, ir.Where):
+            rec = {"kind": "where", "op": "where", "args": [names[node.cond], names[node.a], names[node.b]]}
+        else:  # pragma: no cover
+            raise TypeError(f"unknown IR node {node!r}")
+        rec["var"] = var
+        records.append(rec)
+    return records, names[expr]
+
+
+def context(spec: QuantSpec, epilogue: Epilogue) -> dict:
+    """The complete Jinja context of one generated module."""
+    n_in = len(epilogue.tensor_params)
+    n_sc = len(epilogue.scalar_params)
+    inputs = {i: f"x{i}" for i in range(n_in)}
+    scalars = {i: f"s{i}" for i in range(n_sc)}
+    epi, epi_out = ([], "x0") if epilogue.is_identity else ssa(epilogue.expr, "e", inputs, scalars)
+    act = dact = None
+    if spec.act:
+        nodes, out = ssa(activations.act_ir(spec.act).expr, "f", {0: "v"}, {})
+        act = {"nodes": nodes, "out": out, "name": spec.act}
+    if spec.dact:
+        nodes, out = ssa(activations.dact_ir(spec.dact).expr, "g", {0: "a"}, {})
+        dact = {"nodes": nodes, "out": out, "name": spec.dact}
+    fmt = FORMATS[spec.fp8]
+    return {
+        "spec": {
+            "fp8": spec.fp8, "rowwise": spec.rowwise, "colwise": spec.colwise,
+            "scale_mode": spec.scale_mode, "swizzled": spec.scale_layout == "swizzled",
+            "scale_layout": spec.scale_layout, "amax": spec.amax, "dbias": spec.dbias,
+        },
+        "rcp": _literal(fmt.rcp),
+        "fmt": {"emax": fmt.emax, "mbits": fmt.mbits, "rcp_bits": f"0x{fmt.rcp_bits:08X}",
+                "cvt": "e4m3x2" if spec.fp8 == "e4m3" else "e5m2x2"},
+        "n_inputs": n_in,
+        "n_scalars": n_sc,
+        "epilogue": {"nodes": epi, "out": epi_out, "identity": epilogue.is_identity,
+                     "fingerprint": epilogue.fingerprint, "exact": epilogue.exact},
+        "act": act,
+        "dact": dact,
+        "computed": bool(spec.act or spec.dact or not epilogue.is_identity),
+        "templates_hash": templates_hash(),
+        "rows_per_cta": ROWS_PER_CTA,
+        "warps": WARPS,
+    }
+
+
+ROWS_PER_CTA = 32  # one colwise block per CTA row tile
+WARPS = 4  # each warp owns 32 columns: lane = column, so a row's 32-block is one warp
+
+
+def render(spec: QuantSpec, epilogue: Epilogue) -> str:
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue))
