@@ -100,7 +100,7 @@ def _fake_args(op, dtype_name: str, use_hw: bool, arch: str):
     if spec.amax:
         args.append(fake(Float32, (1,), assumed_align=4))
     if spec.dbias:
-        args += [fake(el, (n,), assumed_align=nbytes), mat(Float32, 4, rows=cute.sym_int())]
+        args += [fake(el, (n,), assumed_align=nbytes), mat(cutlass.Float64, 8, rows=cute.sym_int())]
     args.append(fake(Float32, (1,), assumed_align=4))  # noop
     args.append(use_hw)
     args.append(cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
@@ -229,7 +229,7 @@ class _Launcher:
         if spec.amax:
             args.append(out.amax.view(1))
         if spec.dbias:
-            args += [out.dbias, torch.empty((layouts.cdiv(m, 32), n), dtype=torch.float32, device=x.device)]
+            args += [out.dbias, torch.empty((layouts.cdiv(m, 32), n), dtype=torch.float64, device=x.device)]
         args.append(noop.reshape(1) if noop is not None else _noop_tensor(x.device))
         if m * n:
             self.fn(*args)

@@ -3,6 +3,10 @@
 Steps are numbered as in NUMERICS.md. It runs on CPU or CUDA tensors, never imports cutlass,
 and evaluates the epilogue and act/dact through the same IR the kernels are generated from,
 one fp32 rounding per operation (the kernels are generated without FMA contraction to match).
+
+mxq choice: dbias accumulates in fp64 (kernel partials and final reduction alike), then rounds
+fp64 -> fp32 -> input dtype. NUMERICS.md asks for fp32 accumulation within 1 ulp of a float64
+sum; fp32 accumulation cannot promise that under cancellation, fp64 accumulation does.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None
     m, n = flat_dims(x.shape)
     v = epilogue_value(spec, epilogue, tensors, scalars, act_input)
     if spec.dbias:  # step 4: before the input-dtype round trip
-        out.dbias.copy_(v.sum(dim=0, dtype=torch.float32).to(x.dtype))
+        out.dbias.copy_(v.sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))
     computed = spec.act or spec.dact or not epilogue.is_identity
     if x.dtype != torch.float32 and computed:  # step 5
         v = v.to(x.dtype).to(torch.float32)

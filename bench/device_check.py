@@ -1,0 +1,284 @@
+"""One call on the GPU: bit-exactness of generated kernels against the reference, then timings.
+
+    python bench/device_check.py [--quick] [--no-bench] [--out DIR]
+
+Correctness: for a sample of specs that covers every option value (the full cross product is
+too large for one device call), on aligned and odd shapes, with planted specials, the kernel
+writes into poisoned outputs and every byte is compared with ``op.reference`` computed on the
+CPU. Exactness classes follow NUMERICS.md (exact ops: every byte; transcendental ops: at most
+1 in 1e4 data bytes off, each by one FP8 code; dbias within 1 ulp of a float64 sum).
+Benchmark: bytes the op must move / median CUDA-event time, against a device-to-device copy
+measured in the same run. Prints a table last; writes JSON to --out (default $OUT or .).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import mxq  # noqa: E402
+from mxq.op import FusedOp  # noqa: E402
+from mxq.spec import QuantSpec  # noqa: E402
+from mxq.testing import planted  # noqa: E402
+
+
+def residual_scale(x, r, alpha: float = 0.5):
+    return x * alpha + r
+
+
+def clipped_sq(x):
+    y = mxq.minimum(mxq.maximum(x, -3.0), 3.0)
+    return mxq.where(y > 0.0, y * y, -y) - 0.25
+
+
+def smooth(x, r):
+    return mxq.exp(-mxq.abs(x)) * mxq.tanh(r) + mxq.sqrt(mxq.abs(x)) / (1.0 + r * r)
+
+
+def identity(x):
+    return x
+
+
+EPILOGUES = {"identity": identity, "residual": residual_scale, "clipped_sq": clipped_sq, "smooth": smooth}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+SHAPES = [(1, 1), (31, 33), (33, 31), (127, 200), (128, 256), (4095, 96), (8192, 64), (256, 4104), (3, 7, 70)]
+
+
+def cases(quick: bool):
+    """Spec sample: every value of every option appears, crossed with dtypes and shapes."""
+    out = []
+    base = dict(fp8="e4m3", rowwise=True, colwise=False, scale_mode="rceil", scale_layout="compact",
+                amax=False, act=None, dact=None, dbias=False)
+    variants = []
+    for fp8, mode, layout in itertools.product(("e4m3", "e5m2"), ("rceil", "floor", "ceil", "even"),
+                                               ("compact", "swizzled")):
+        for rw, cw in ((True, False), (False, True), (True, True)):
+            variants.append(dict(base, fp8=fp8, scale_mode=mode, scale_layout=layout, rowwise=rw, colwise=cw,
+                                 amax=(mode in ("rceil", "even"))))
+    for act in mxq.spec.ACTIVATIONS:
+        variants.append(dict(base, act=act, colwise=True, amax=True))
+        variants.append(dict(base, dact=act, colwise=True, dbias=True))
+    variants.append(dict(base, dbias=True, amax=True, colwise=True, scale_layout="swizzled"))
+    for i, v in enumerate(variants):
+        epi = "identity"
+        if i % 7 == 3:
+            epi = "residual"
+        if i % 11 == 5:
+            epi = "clipped_sq"
+        if i % 13 == 6:
+            epi = "smooth"
+        dtype = ("bf16", "fp16", "fp32")[i % 3]
+        shapes = SHAPES[:4] if quick else [SHAPES[i % len(SHAPES)], SHAPES[(i + 4) % len(SHAPES)], (64, 96)]
+        out.append((v, epi, dtype, shapes))
+    return out
+
+
+def poisoned(op, x):
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
+    for name in ("rowwise_data", "colwise_data"):
+        t = getattr(out, name)
+        if t is not None:
+            t.view(torch.uint8).fill_(0xAB)
+    if op.spec.scale_layout == "compact":  # swizzled padding is zeroed by allocation, not the kernel
+        for name in ("rowwise_scale", "colwise_scale"):
+            t = getattr(out, name)
+            if t is not None:
+                t.fill_(0xCD)
+    if out.dbias is not None:
+        out.dbias.fill_(12345.0)
+    if out.amax is not None:
+        out.amax.fill_(-1.0)
+    return out
+
+
+def byte_diff(a, b):
+    a = a.reshape(-1).view(torch.uint8).cpu().to(torch.int16)
+    b = b.reshape(-1).view(torch.uint8).cpu().to(torch.int16)
+    d = a != b
+    return int(d.sum()), int((a - b).abs()[d].max()) if d.any() else 0
+
+
+def check_case(variant, epi_name, dtype_name, shape, seed):
+    op = FusedOp(EPILOGUES[epi_name], QuantSpec(**variant))
+    m = 1
+    for s in shape[:-1]:
+        m *= s
+    n = shape[-1]
+    dtype = DTYPES[dtype_name]
+    k = len(op.epilogue.tensor_params)
+    ins = [planted(m, n, dtype, seed=seed + j, scale=(1.0, 3.0, 1e-3)[j % 3]).reshape(shape) for j in range(k)]
+    kw = {}
+    if variant["dact"]:
+        kw["act_input"] = planted(m, n, dtype, seed=seed + 7, scale=2.0).reshape(shape)
+    want = op.reference(*ins, **kw)
+    gins = [t.cuda() for t in ins]
+    gkw = {k2: v.cuda() for k2, v in kw.items()}
+    out = poisoned(op, gins[0])
+    got = op(*gins, out=out, **gkw)
+    torch.cuda.synchronize()
+    exact = op.epilogue.exact and variant["act"] not in ("gelu", "silu", "qgelu") and \
+        variant["dact"] not in ("gelu", "silu", "qgelu")
+    res = {"spec": variant, "epilogue": epi_name, "dtype": dtype_name, "shape": list(shape), "exact": exact,
+           "problems": []}
+    total = max(1, m * n)
+    for name in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+        w = getattr(want, name)
+        if w is None:
+            continue
+        nd, worst = byte_diff(getattr(got, name), w)
+        res[name] = nd
+        if "data" in name:
+            if (exact and nd) or (not exact and (nd > max(1, total // 10000) or worst > 1)):
+                res["problems"].append(f"{name}: {nd} bytes differ (worst {worst})")
+        elif nd and (exact or nd > max(1, total // 3200)):
+            res["problems"].append(f"{name}: {nd} scale bytes differ")
+    if want.amax is not None:
+        ga, wa = got.amax.cpu(), want.amax
+        same = torch.equal(ga.view(torch.int32), wa.view(torch.int32)) or (torch.isnan(ga) and torch.isnan(wa))
+        if not same and (exact or not torch.allclose(ga, wa, rtol=1e-5)):
+            res["problems"].append(f"amax {ga.item()} != {wa.item()}")
+    if want.dbias is not None:
+        gd, wd = got.dbias.cpu().double(), want.dbias.double()
+        eps = torch.finfo(dtype).eps
+        tol = eps * wd.abs() + torch.finfo(dtype).tiny + 1e-6 * wd.abs()
+        bad = ~((gd - wd).abs() <= 2 * tol) & ~(torch.isnan(gd) & torch.isnan(wd)) & ~(gd == wd)
+        if bad.any():
+            res["problems"].append(f"dbias: {int(bad.sum())} of {bad.numel()} columns off")
+        got2 = op(*gins, **gkw).dbias
+        if not torch.equal(got2.view(torch.uint8) if got2.dtype.itemsize == 1 else got2, got.dbias):
+            if not torch.equal(torch.nan_to_num(got2), torch.nan_to_num(got.dbias)):
+                res["problems"].append("dbias not deterministic")
+    # noop: nothing written
+    if k == 1 and not variant["dact"]:
+        snap = {nm: getattr(got, nm).clone() for nm in ("rowwise_data", "colwise_data", "rowwise_scale",
+                                                          "colwise_scale", "amax", "dbias")
+                if getattr(got, nm) is not None}
+        op(gins[0] * 3, out=got, noop=torch.ones(1, device="cuda"))
+        torch.cuda.synchronize()
+        for nm, t in snap.items():
+            if byte_diff(getattr(got, nm), t)[0]:
+                res["problems"].append(f"noop wrote {nm}")
+    return res
+
+
+def time_ms(fn, iters=50, warmup=5):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def copy_bandwidth():
+    a = torch.empty(2 ** 30, dtype=torch.bfloat16, device="cuda")
+    b = torch.empty_like(a)
+    ms = time_ms(lambda: b.copy_(a), iters=20)
+    return 2 * a.numel() * 2 / ms / 1e6  # GB/s, read + write
+
+
+def bench(copy_gbps, shapes):
+    rows = []
+
+    def dgelu_ident(x):
+        return x
+
+    ops = {
+        "rowwise": (dict(rowwise=True), identity),
+        "colwise": (dict(rowwise=False, colwise=True), identity),
+        "both": (dict(rowwise=True, colwise=True), identity),
+        "gelu_both": (dict(rowwise=True, colwise=True, act="gelu"), identity),
+        "dgelu_dbias_both": (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), identity),
+    }
+    for (m, n) in shapes:
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        a = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        for name, (opts, fn) in ops.items():
+            op = FusedOp(fn, QuantSpec(**opts))
+            kw = {"act_input": a} if "dact" in opts else {}
+            out = op(x, **kw)
+            ms = time_ms(lambda: op(x, out=out, **kw))
+            nout = (opts.get("rowwise", True) + opts.get("colwise", False))
+            moved = m * n * 2 * (1 + ("dact" in opts)) + nout * (m * n + m * n // 32) + (n * 2 if opts.get("dbias") else 0)
+            gbps = moved / ms / 1e6
+            rows.append({"name": f"mxq/{name}", "M": m, "N": n, "ms": round(ms, 5), "GBps": round(gbps, 1),
+                         "pct_copy": round(100 * gbps / copy_gbps, 1)})
+            print(f"  {name:18s} {m:6d}x{n:<6d} {ms * 1000:8.1f} us {gbps:8.0f} GB/s {100 * gbps / copy_gbps:5.1f}%",
+                  flush=True)
+    return rows
+
+
+def host_overhead():
+    x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
+    mxq.quantize(x, rowwise=True, colwise=True)
+    torch.cuda.synchronize()
+    n = 2000
+    t = time.perf_counter()
+    for _ in range(n):
+        mxq.quantize(x, rowwise=True, colwise=True)
+    host = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    y = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
+    out = mxq.quantize(y)
+    gpu = time_ms(lambda: mxq.quantize(y, out=out), iters=200) * 1000
+    return {"host_us_256x4096_both": round(host, 2), "event_us_1024x1024_rowwise": round(gpu, 2)}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    os.environ.setdefault("MXQ_STRICT", "1")
+    dev = torch.cuda.get_device_name()
+    print(f"device: {dev}  torch {torch.__version__}  python {platform.python_version()}", flush=True)
+    results, t0 = [], time.time()
+    for i, (variant, epi, dtype, shapes) in enumerate(cases(args.quick)):
+        for shape in shapes:
+            try:
+                r = check_case(variant, epi, dtype, shape, seed=i * 31 + len(shape))
+            except Exception as exc:  # report and go on: one broken spec must not hide the rest
+                r = {"spec": variant, "epilogue": epi, "dtype": dtype, "shape": list(shape),
+                     "problems": [f"{type(exc).__name__}: {str(exc)[:400]}"]}
+            results.append(r)
+            if r["problems"]:
+                print("FAIL", r["spec"], epi, dtype, shape, r["problems"], flush=True)
+    bad = [r for r in results if r["problems"]]
+    print(f"correctness: {len(results) - len(bad)}/{len(results)} cases bit-exact within their class "
+          f"({time.time() - t0:.0f} s)", flush=True)
+    summary = {"device": dev, "date": time.strftime("%Y-%m-%d"), "checks": len(results), "failures": len(bad),
+               "failed": bad[:50]}
+    if not args.no_bench:
+        copy = copy_bandwidth()
+        print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
+        summary["copy_GBps"] = round(copy, 1)
+        summary["rows"] = bench(copy, [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)])
+        summary.update(host_overhead())
+        print(summary["host_us_256x4096_both"], "us host per 256x4096 both call;",
+              summary["event_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    name = "".join(c if c.isalnum() else "-" for c in dev).strip("-").lower()
+    path = Path(args.out) / f"{name}-{time.strftime('%Y%m%d')}.json"
+    path.write_text(json.dumps(summary, indent=1))
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
