@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mxq  # noqa: E402
 from mxq.op import FusedOp  # noqa: E402
 from mxq.spec import QuantSpec  # noqa: E402
-from mxq.testing import planted  # noqa: E402
+from mxq.testing import byte_diff, compare, is_exact, planted, poisoned, same_bytes  # noqa: E402
 
 
 def residual_scale(x, r, alpha: float = 0.5):
@@ -83,31 +83,6 @@ def cases(quick: bool):
     return out
 
 
-def poisoned(op, x):
-    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
-    for name in ("rowwise_data", "colwise_data"):
-        t = getattr(out, name)
-        if t is not None:
-            t.view(torch.uint8).fill_(0xAB)
-    if op.spec.scale_layout == "compact":  # swizzled padding is zeroed by allocation, not the kernel
-        for name in ("rowwise_scale", "colwise_scale"):
-            t = getattr(out, name)
-            if t is not None:
-                t.fill_(0xCD)
-    if out.dbias is not None:
-        out.dbias.fill_(12345.0)
-    if out.amax is not None:
-        out.amax.fill_(-1.0)
-    return out
-
-
-def byte_diff(a, b):
-    a = a.reshape(-1).view(torch.uint8).cpu().to(torch.int16)
-    b = b.reshape(-1).view(torch.uint8).cpu().to(torch.int16)
-    d = a != b
-    return int(d.sum()), int((a - b).abs()[d].max()) if d.any() else 0
-
-
 def check_case(variant, epi_name, dtype_name, shape, seed):
     op = FusedOp(EPILOGUES[epi_name], QuantSpec(**variant))
     m = 1
@@ -126,38 +101,13 @@ def check_case(variant, epi_name, dtype_name, shape, seed):
     out = poisoned(op, gins[0])
     got = op(*gins, out=out, **gkw)
     torch.cuda.synchronize()
-    exact = op.epilogue.exact and variant["act"] not in ("gelu", "silu", "qgelu") and \
-        variant["dact"] not in ("gelu", "silu", "qgelu")
+    exact = is_exact(op)
     res = {"spec": variant, "epilogue": epi_name, "dtype": dtype_name, "shape": list(shape), "exact": exact,
-           "problems": []}
-    total = max(1, m * n)
-    for name in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
-        w = getattr(want, name)
-        if w is None:
-            continue
-        nd, worst = byte_diff(getattr(got, name), w)
-        res[name] = nd
-        if "data" in name:
-            if (exact and nd) or (not exact and (nd > max(1, total // 10000) or worst > 1)):
-                res["problems"].append(f"{name}: {nd} bytes differ (worst {worst})")
-        elif nd and (exact or nd > max(1, total // 3200)):
-            res["problems"].append(f"{name}: {nd} scale bytes differ")
-    if want.amax is not None:
-        ga, wa = got.amax.cpu(), want.amax
-        same = torch.equal(ga.view(torch.int32), wa.view(torch.int32)) or (torch.isnan(ga) and torch.isnan(wa))
-        if not same and (exact or not torch.allclose(ga, wa, rtol=1e-5)):
-            res["problems"].append(f"amax {ga.item()} != {wa.item()}")
+           "problems": compare(got, want, exact)}
     if want.dbias is not None:
-        gd, wd = got.dbias.cpu().double(), want.dbias.double()
-        eps = torch.finfo(dtype).eps
-        tol = eps * wd.abs() + torch.finfo(dtype).tiny + 1e-6 * wd.abs()
-        bad = ~((gd - wd).abs() <= 2 * tol) & ~(torch.isnan(gd) & torch.isnan(wd)) & ~(gd == wd)
-        if bad.any():
-            res["problems"].append(f"dbias: {int(bad.sum())} of {bad.numel()} columns off")
-        got2 = op(*gins, **gkw).dbias
-        if not torch.equal(got2.view(torch.uint8) if got2.dtype.itemsize == 1 else got2, got.dbias):
-            if not torch.equal(torch.nan_to_num(got2), torch.nan_to_num(got.dbias)):
-                res["problems"].append("dbias not deterministic")
+        again = op(*gins, **gkw).dbias
+        if not same_bytes(again, got.dbias):
+            res["problems"].append("dbias not deterministic")
     # noop: nothing written
     if k == 1 and not variant["dact"]:
         snap = {nm: getattr(got, nm).clone() for nm in ("rowwise_data", "colwise_data", "rowwise_scale",

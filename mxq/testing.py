@@ -28,3 +28,82 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN-safe) of two tensors of one dtype and shape."""
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
         a.reshape(-1).view(torch.uint8).cpu(), b.reshape(-1).view(torch.uint8).cpu())
+
+
+def poisoned(op, x: torch.Tensor):
+    """Outputs for ``op`` on ``x`` filled with garbage, so a byte the kernel fails to write shows.
+
+    Swizzled scale padding stays zero (it is zeroed at allocation; the kernels write only
+    logical entries), amax and dbias get values no kernel would produce.
+    """
+    from .tensor import MXFP8Tensor
+
+    out = MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
+    for name in ("rowwise_data", "colwise_data"):
+        t = getattr(out, name)
+        if t is not None:
+            t.view(torch.uint8).fill_(0xAB)
+    if op.spec.scale_layout == "compact":
+        for name in ("rowwise_scale", "colwise_scale"):
+            t = getattr(out, name)
+            if t is not None:
+                t.fill_(0xCD)
+    if out.dbias is not None:
+        out.dbias.fill_(12345.0)
+    if out.amax is not None:
+        out.amax.fill_(-1.0)
+    return out
+
+
+def byte_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
+    """(number of differing bytes, largest difference of two differing bytes as codes)."""
+    a = a.reshape(-1).view(torch.uint8).cpu().to(torch.int16)
+    b = b.reshape(-1).view(torch.uint8).cpu().to(torch.int16)
+    d = a != b
+    return int(d.sum()), int((a - b).abs()[d].max()) if d.any() else 0
+
+
+def is_exact(op) -> bool:
+    """Whether NUMERICS.md's exact class applies to ``op`` (no transcendental, no division)."""
+    inexact = ("gelu", "silu", "qgelu")
+    return op.epilogue.exact and op.spec.act not in inexact and op.spec.dact not in inexact
+
+
+def compare(got, want, exact: bool) -> list[str]:
+    """Differences between two MXFP8Tensors under NUMERICS.md's exactness classes ([] if none).
+
+    Exact class: every data and scale byte and the amax bits equal. Transcendental class: at
+    most 1 in 1e4 data bytes off, each by one code; few scale bytes off. dbias: within 1 ulp of
+    the input dtype (both sides are fp64 sums rounded once).
+    """
+    problems = []
+    m = 1
+    for d in want.shape:
+        m *= d
+    total = max(1, m)
+    for name in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+        w = getattr(want, name)
+        if w is None:
+            continue
+        g = getattr(got, name)
+        if g is None or g.shape != w.shape:
+            problems.append(f"{name}: missing or wrong shape")
+            continue
+        nd, worst = byte_diff(g, w)
+        if "data" in name:
+            if (exact and nd) or (not exact and (nd > max(1, total // 10000) or worst > 1)):
+                problems.append(f"{name}: {nd} bytes differ (worst by {worst})")
+        elif nd and (exact or nd > max(1, total // 3200)):
+            problems.append(f"{name}: {nd} scale bytes differ")
+    if want.amax is not None:
+        ga, wa = got.amax.cpu(), want.amax.cpu()
+        same = same_bytes(ga, wa) or bool(torch.isnan(ga) & torch.isnan(wa))
+        if not same and (exact or not torch.allclose(ga, wa, rtol=1e-5)):
+            problems.append(f"amax {ga.item()} != {wa.item()}")
+    if want.dbias is not None:
+        gd, wd = got.dbias.cpu().double(), want.dbias.cpu().double()
+        ulp = torch.finfo(want.dbias.dtype).eps * wd.abs() + torch.finfo(want.dbias.dtype).tiny
+        ok = ((gd - wd).abs() <= ulp) | (torch.isnan(gd) & torch.isnan(wd)) | (gd == wd)
+        if not ok.all():
+            problems.append(f"dbias: {int((~ok).sum())} of {ok.numel()} columns off by more than 1 ulp")
+    return problems

@@ -1,0 +1,40 @@
+"""On a CUDA device: generated kernels against the reference, byte for byte (exactness classes).
+
+Skipped without CUDA. CPU counterparts: the same specs compile for sm_90/sm_100a with their PTX
+checked in test_codegen.py, and the reference itself is checked in test_reference.py. The full
+device sweep (every option value, many shapes, timings) is bench/device_check.py.
+"""
+
+import pytest
+import torch
+
+import mxq
+from mxq.testing import compare, is_exact, planted, poisoned, same_bytes
+
+from .test_codegen import SAMPLE
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (33, 31), (127, 200), (4, 5, 96)])
+@pytest.mark.parametrize("i", range(len(SAMPLE)))
+def test_kernel_matches_reference(i, shape):
+    opts, fn, dtype_name = SAMPLE[i]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    op = mxq.fused_quant(**opts)(fn)
+    m = 1
+    for d in shape[:-1]:
+        m *= d
+    ins = [planted(m, shape[-1], dtype, seed=i + j).reshape(shape) for j in range(len(op.epilogue.tensor_params))]
+    kw = {"act_input": planted(m, shape[-1], dtype, seed=99).reshape(shape)} if op.spec.dact else {}
+    want = op.reference(*ins, **kw)
+    got = op(*[t.cuda() for t in ins], out=poisoned(op, ins[0].cuda()), **{k: v.cuda() for k, v in kw.items()})
+    assert compare(got, want, is_exact(op)) == []
+
+
+def test_noop_on_device_writes_nothing():
+    x = torch.randn(64, 96, device="cuda")
+    out = mxq.quantize(x, rowwise=True, colwise=True, amax=True)
+    before = [out.rowwise_data.clone(), out.colwise_scale.clone(), out.amax.clone()]
+    mxq.quantize(x * 7, rowwise=True, colwise=True, amax=True, out=out, noop=torch.ones(1, device="cuda"))
+    assert all(same_bytes(a, b) for a, b in zip(before, [out.rowwise_data, out.colwise_scale, out.amax]))
