@@ -140,12 +140,16 @@ def context(spec: QuantSpec, epilogue: Epilogue) -> dict:
         "computed": bool(spec.act or spec.dact or not epilogue.is_identity),
         "templates_hash": templates_hash(),
         "rows_per_cta": ROWS_PER_CTA,
+        "vec": VEC, "vwarps": VWARPS, "vrows": ROWS_PER_CTA // VWARPS,
+        "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,
     }
 
 
 ROWS_PER_CTA = 32  # one colwise block per CTA row tile
-WARPS = 4  # each warp owns 32 columns: lane = column, so a row's 32-block is one warp
+WARPS = 4  # generic kernel: each warp owns 32 columns (lane = column), a row's 32-block is one warp
+VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load of bf16)
+VWARPS = 8  # vectorised kernel: 8 warps x 4 rows = one colwise block of 32 rows per CTA
 
 
 def render(spec: QuantSpec, epilogue: Epilogue) -> str:

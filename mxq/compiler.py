@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -74,8 +73,9 @@ def load_module(source: str):
     return _modules[name]
 
 
-def _fake_args(op, dtype_name: str, use_hw: bool, arch: str):
-    """The compile-time arguments of ``launch``: fake tensors with symbolic M, N tied together."""
+def _fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool):
+    """The compile-time arguments of ``launch``/``launch_vec``: fake tensors with symbolic M, N
+    tied together; the vectorised variant also promises N % 8 == 0 and 16-byte aligned data."""
     cute = _import_cutlass(arch)
     import cutlass
     from cutlass import Float32, Uint8
@@ -83,20 +83,21 @@ def _fake_args(op, dtype_name: str, use_hw: bool, arch: str):
     spec, epi = op.spec, op.epilogue
     el = {"fp32": cutlass.Float32, "fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype_name]
     nbytes = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype_name]
-    m, n = cute.sym_int(), cute.sym_int()
+    m, n = cute.sym_int(), cute.sym_int(divisibility=VEC_DIVISOR if vec else 1)
     fake = cute.runtime.make_fake_compact_tensor
+    big = VEC_ALIGN if vec else None
 
     def mat(dtype, align, rows=m):
         return fake(dtype, (rows, n), stride_order=(1, 0), assumed_align=align)
 
-    args = [mat(el, nbytes) for _ in epi.tensor_params]
+    args = [mat(el, big or nbytes) for _ in epi.tensor_params]
     args += [Float32(0.0) for _ in epi.scalar_params]
     if spec.dact:
-        args.append(mat(el, nbytes))
+        args.append(mat(el, big or nbytes))
     if spec.rowwise:
-        args += [mat(Uint8, 1), fake(Uint8, (cute.sym_int(),), assumed_align=1)]
+        args += [mat(Uint8, big or 1), fake(Uint8, (cute.sym_int(),), assumed_align=1)]
     if spec.colwise:
-        args += [mat(Uint8, 1), fake(Uint8, (cute.sym_int(),), assumed_align=1)]
+        args += [mat(Uint8, big or 1), fake(Uint8, (cute.sym_int(),), assumed_align=1)]
     if spec.amax:
         args.append(fake(Float32, (1,), assumed_align=4))
     if spec.dbias:
@@ -111,10 +112,21 @@ def uses_hw_e8m0(arch: str) -> bool:
     return int(re.sub(r"\D", "", arch)[:3] or 0) >= 100
 
 
-def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False):
-    """The compiled CuTeDSL function (TVM-FFI wrapper) for ``op`` on ``arch`` with input dtype."""
+VEC_DIVISOR = 8  # the vectorised kernel's N must be a multiple of this
+VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
+VARIANTS = ("vec", "generic")
+
+
+def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec"):
+    """The compiled CuTeDSL function (TVM-FFI wrapper) for ``op`` on ``arch`` with input dtype.
+
+    ``variant`` "vec" is the 16-byte vectorised kernel (N % 8 == 0, aligned tensors), "generic"
+    the element-wise kernel that serves every shape and alignment.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"mxq: variant must be one of {VARIANTS}, got {variant!r}")
     source = op.source
-    key = (hashlib.sha256(source.encode()).hexdigest(), arch, dtype_name, keep_ptx)
+    key = (hashlib.sha256(source.encode()).hexdigest(), arch, dtype_name, keep_ptx, variant)
     if key in _compiled:
         return _compiled[key]
     with _compile_lock:
@@ -123,30 +135,31 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False):
         if key in _compiled:
             return _compiled[key]
         mod = load_module(source)
-        args = _fake_args(op, dtype_name, uses_hw_e8m0(arch), arch)
+        args = _fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant == "vec")
         cute = _import_cutlass(arch)
         options = f"--enable-tvm-ffi --gpu-arch {arch}" + (" --keep-ptx" if keep_ptx else "")
         with _compile_lock:
             try:
-                compiled = cute.compile(mod.launch, *args, options=options)
+                entry = mod.launch_vec if variant == "vec" else mod.launch
+                compiled = cute.compile(entry, *args, options=options)
             except Exception as exc:
-                raise RuntimeError(f"mxq: compiling {source_file(source)} for {arch}/{dtype_name} "
+                raise RuntimeError(f"mxq: compiling {source_file(source)} ({variant}) for {arch}/{dtype_name} "
                                    f"failed: {exc}") from exc
         _compiled[key] = compiled
         return compiled
 
 
-def compile_artifacts(op, arch: str = "sm_90", dtype: str = "bf16") -> dict:
+def compile_artifacts(op, arch: str = "sm_90", dtype: str = "bf16", variant: str = "vec") -> dict:
     """Compile without a GPU and return what was produced, for inspection."""
     if dtype not in _DTYPE_BY_NAME:
         raise ValueError(f"mxq: dtype must be one of {tuple(_DTYPE_BY_NAME)}, got {dtype!r}")
     if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
         raise ValueError(f"mxq: arch must look like 'sm_90' or 'sm_100a', got {arch!r}")
-    compiled = compile_op(op, arch, dtype, keep_ptx=True)
+    compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant)
     ptx = compiled.__ptx__
     mlir = compiled.ir_module
     out = {"ptx": ptx, "mlir": str(mlir) if mlir is not None else "", "source": op.source,
-           "path": str(source_file(op.source)), "arch": arch, "dtype": dtype}
+           "path": str(source_file(op.source)), "arch": arch, "dtype": dtype, "variant": variant}
     out.update(ptxas_report(ptx, arch))
     out["conversions"] = sorted(set(re.findall(r"\bcvt\.[a-z0-9.]+", ptx)))
     return out
@@ -207,10 +220,19 @@ def _noop_tensor(device):
     return t
 
 
-@dataclass
 class _Launcher:
-    op: object
-    fn: object  # native tvm_ffi.Function
+    """Calls the compiled kernels for one (op, device, dtype): the vectorised one when N % 8 == 0
+    and every [M, N] tensor is 16-byte aligned, else the generic one. Each compiles on first use."""
+
+    def __init__(self, op, arch: str, dtype_name: str):
+        self.op, self.arch, self.dtype_name = op, arch, dtype_name
+        self.fns: dict = {}
+
+    def _fn(self, variant: str):
+        fn = self.fns.get(variant)
+        if fn is None:
+            fn = self.fns[variant] = compile_op(self.op, self.arch, self.dtype_name, variant=variant).__tvm_ffi_object__()
+        return fn
 
     def __call__(self, tensors, scalars, act_input, noop, out):
         spec = self.op.spec
@@ -218,21 +240,33 @@ class _Launcher:
         m, n = flat_dims(x.shape)
         if out is None:
             out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device)
-        args = [t.reshape(m, n) for t in tensors]
-        args += [float(s) for s in scalars]
         if spec.dact:
-            args.append(act_input.reshape(m, n))
+            tensors = [*tensors, act_input]
+        for name, t in zip((*self.op.epilogue.tensor_params, "act_input"), tensors):
+            if not t.is_contiguous():
+                raise ValueError(f"mxq: argument {name!r} must be contiguous on CUDA (call .contiguous() first)")
+        mats = [t.reshape(m, n) for t in tensors]
+        tensors = tensors[: len(self.op.epilogue.tensor_params)]
+        datas = []
         if spec.rowwise:
-            args += [out.rowwise_data.view(torch.uint8).reshape(m, n), out.rowwise_scale.view(-1)]
+            datas.append(out.rowwise_data.view(torch.uint8).reshape(m, n))
         if spec.colwise:
-            args += [out.colwise_data.view(torch.uint8).reshape(m, n), out.colwise_scale.view(-1)]
+            datas.append(out.colwise_data.view(torch.uint8).reshape(m, n))
+        vec = n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in mats + datas)
+        args = mats[: len(tensors)] + [float(s) for s in scalars] + mats[len(tensors):]
+        k = 0
+        if spec.rowwise:
+            args += [datas[k], out.rowwise_scale.view(-1)]
+            k += 1
+        if spec.colwise:
+            args += [datas[k], out.colwise_scale.view(-1)]
         if spec.amax:
             args.append(out.amax.view(1))
         if spec.dbias:
             args += [out.dbias, torch.empty((layouts.cdiv(m, 32), n), dtype=torch.float64, device=x.device)]
         args.append(noop.reshape(1) if noop is not None else _noop_tensor(x.device))
         if m * n:
-            self.fn(*args)
+            self._fn("vec" if vec else "generic")(*args)
         elif spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
             out.dbias.zero_()
         return out
@@ -245,12 +279,11 @@ def launcher(op, x: torch.Tensor):
         runtime.fallback("tensors of 2^31 or more elements are not supported by the kernels yet")
         return None
     if not x.is_contiguous():
-        raise ValueError("mxq: CUDA inputs must be contiguous (call .contiguous() first)")
+        raise ValueError("mxq: CUDA tensor inputs must be contiguous (call .contiguous() first)")
     dtype_name = DTYPES[x.dtype]
-    key = (id(op), x.device, dtype_name)
-    fn = op.__dict__.setdefault("_launchers", {}).get(key)
+    key = (x.device, dtype_name)
+    launchers = op.__dict__.setdefault("_launchers", {})
+    fn = launchers.get(key)
     if fn is None:
-        compiled = compile_op(op, _device_arch(x.device), dtype_name)
-        fn = _Launcher(op, compiled.__tvm_ffi_object__())
-        op._launchers[key] = fn
+        fn = launchers[key] = _Launcher(op, _device_arch(x.device), dtype_name)
     return fn
