@@ -174,6 +174,50 @@ def bench(copy_gbps, shapes):
     return rows
 
 
+def load_peers():
+    """torchao's Triton MXFP8 kernels (gated to sm_100 upstream; they run on sm_90 in FLOOR mode
+    once the gate is patched) and torch.compile of its to_mx (RCEIL). Benchmark-only peers."""
+    peers = {}
+    try:
+        import torchao.utils as tu
+
+        tu.is_sm_at_least_100 = lambda: True
+        from torchao.prototype.mx_formats import kernels as tk
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import to_mx
+
+        peers["torchao/dim0_floor"] = ("rowwise", lambda x: tk.triton_to_mxfp8_dim0(x, 32, "floor"))
+        peers["torchao/dim1_floor"] = ("colwise", lambda x: tk.triton_to_mxfp8_dim1(x, 32, "floor"))
+        compiled = torch.compile(lambda x: to_mx(x, torch.float8_e4m3fn, 32, ScaleCalculationMode.RCEIL))
+        peers["torch.compile/to_mx_rceil"] = ("rowwise", compiled)
+    except Exception as exc:  # report, keep benchmarking mxq
+        print(f"peers unavailable: {type(exc).__name__}: {exc}", flush=True)
+    return peers
+
+
+def bench_peers(copy_gbps, shapes, rows):
+    mxq_gbps = {(r["name"].split("/")[1], r["M"], r["N"]): r["GBps"] for r in rows}
+    out = []
+    for name, (match, fn) in load_peers().items():
+        for (m, n) in shapes:
+            x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+            try:
+                fn(x)
+                ms = time_ms(lambda: fn(x))
+            except Exception as exc:
+                print(f"  {name} {m}x{n}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                continue
+            moved = m * n * 2 + m * n + m * n // 32
+            gbps = moved / ms / 1e6
+            row = {"name": name, "M": m, "N": n, "ms": round(ms, 5), "GBps": round(gbps, 1),
+                   "pct_copy": round(100 * gbps / copy_gbps, 1),
+                   "mxq_speedup": round(mxq_gbps[(match, m, n)] / gbps, 2)}
+            out.append(row)
+            print(f"  {name:26s} {m:6d}x{n:<6d} {ms * 1000:8.1f} us {gbps:8.0f} GB/s {row['pct_copy']:5.1f}%  "
+                  f"mxq/{match} is {row['mxq_speedup']}x", flush=True)
+    return out
+
+
 def host_overhead():
     x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
     mxq.quantize(x, rowwise=True, colwise=True)
@@ -219,7 +263,9 @@ def main():
         copy = copy_bandwidth()
         print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
         summary["copy_GBps"] = round(copy, 1)
-        summary["rows"] = bench(copy, [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)])
+        shapes = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]
+        summary["rows"] = bench(copy, shapes)
+        summary["rows"] += bench_peers(copy, shapes, summary["rows"])
         summary.update(host_overhead())
         print(summary["host_us_256x4096_both"], "us host per 256x4096 both call;",
               summary["event_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")
