@@ -143,34 +143,37 @@ def copy_bandwidth():
     return 2 * a.numel() * 2 / ms / 1e6  # GB/s, read + write
 
 
-def bench(copy_gbps, shapes):
+OPS = {
+    "rowwise": dict(rowwise=True),
+    "colwise": dict(rowwise=False, colwise=True),
+    "both": dict(rowwise=True, colwise=True),
+    "gelu_both": dict(rowwise=True, colwise=True, act="gelu"),
+    "dgelu_dbias_both": dict(rowwise=True, colwise=True, dact="gelu", dbias=True),
+}
+
+
+def moved_bytes(opts, m, n):
+    """Bytes the op must move: each input read once, each output written once."""
+    nout = opts.get("rowwise", True) + opts.get("colwise", False)
+    return m * n * 2 * (1 + ("dact" in opts)) + nout * (m * n + m * n // 32) + (n * 2 if opts.get("dbias") else 0)
+
+
+def bench(copy_gbps, shapes, vwarps=None, prefix="mxq"):
+    """Kernel time: a prepared launch (no Python checks or allocation between launches)."""
     rows = []
-
-    def dgelu_ident(x):
-        return x
-
-    ops = {
-        "rowwise": (dict(rowwise=True), identity),
-        "colwise": (dict(rowwise=False, colwise=True), identity),
-        "both": (dict(rowwise=True, colwise=True), identity),
-        "gelu_both": (dict(rowwise=True, colwise=True, act="gelu"), identity),
-        "dgelu_dbias_both": (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), identity),
-    }
     for (m, n) in shapes:
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         a = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-        for name, (opts, fn) in ops.items():
-            op = FusedOp(fn, QuantSpec(**opts))
-            kw = {"act_input": a} if "dact" in opts else {}
-            out = op(x, **kw)
-            ms = time_ms(lambda: op(x, out=out, **kw))
-            nout = (opts.get("rowwise", True) + opts.get("colwise", False))
-            moved = m * n * 2 * (1 + ("dact" in opts)) + nout * (m * n + m * n // 32) + (n * 2 if opts.get("dbias") else 0)
-            gbps = moved / ms / 1e6
-            rows.append({"name": f"mxq/{name}", "M": m, "N": n, "ms": round(ms, 5), "GBps": round(gbps, 1),
+        for name, opts in OPS.items():
+            op = FusedOp(identity, QuantSpec(**opts))
+            op._vwarps = vwarps
+            launch, out = op.prepare(x, **({"act_input": a} if "dact" in opts else {}))
+            ms = time_ms(launch)
+            gbps = moved_bytes(opts, m, n) / ms / 1e6
+            rows.append({"name": f"{prefix}/{name}", "M": m, "N": n, "ms": round(ms, 5), "GBps": round(gbps, 1),
                          "pct_copy": round(100 * gbps / copy_gbps, 1)})
-            print(f"  {name:18s} {m:6d}x{n:<6d} {ms * 1000:8.1f} us {gbps:8.0f} GB/s {100 * gbps / copy_gbps:5.1f}%",
-                  flush=True)
+            print(f"  {prefix + '/' + name:24s} {m:6d}x{n:<6d} {ms * 1000:8.1f} us {gbps:8.0f} GB/s "
+                  f"{100 * gbps / copy_gbps:5.1f}%", flush=True)
     return rows
 
 
@@ -218,33 +221,58 @@ def bench_peers(copy_gbps, shapes, rows):
     return out
 
 
-def host_overhead():
+def host_overhead(profile=False):
+    """Host time of a full Python call (checks + allocation + launch), and GPU time of a small one."""
     x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
     mxq.quantize(x, rowwise=True, colwise=True)
     torch.cuda.synchronize()
-    n = 2000
+    n = 3000
+
+    def loop():
+        for _ in range(n):
+            mxq.quantize(x, rowwise=True, colwise=True)
+
     t = time.perf_counter()
-    for _ in range(n):
-        mxq.quantize(x, rowwise=True, colwise=True)
+    loop()
     host = (time.perf_counter() - t) / n * 1e6
     torch.cuda.synchronize()
+    if profile:
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.runcall(loop)
+        torch.cuda.synchronize()
+        pstats.Stats(pr).sort_stats("tottime").print_stats(18)
     y = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
-    out = mxq.quantize(y)
-    gpu = time_ms(lambda: mxq.quantize(y, out=out), iters=200) * 1000
-    return {"host_us_256x4096_both": round(host, 2), "event_us_1024x1024_rowwise": round(gpu, 2)}
+    launch, _ = FusedOp(identity, QuantSpec()).prepare(y)
+    for _ in range(10):
+        launch()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(200):
+        launch()
+    e.record()
+    e.synchronize()
+    gpu = s.elapsed_time(e) / 200 * 1000  # back to back: the GPU is the bottleneck
+    return {"host_us_256x4096_both": round(host, 2), "gpu_us_1024x1024_rowwise": round(gpu, 2)}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--vwarps4", action="store_true", help="also time the 4-warp vectorised variant")
+    ap.add_argument("--profile", action="store_true", help="cProfile the host path of a small call")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.environ.setdefault("MXQ_STRICT", "1")
     dev = torch.cuda.get_device_name()
     print(f"device: {dev}  torch {torch.__version__}  python {platform.python_version()}", flush=True)
     results, t0 = [], time.time()
-    for i, (variant, epi, dtype, shapes) in enumerate(cases(args.quick)):
+    for i, (variant, epi, dtype, shapes) in enumerate([] if args.no_check else cases(args.quick)):
         for shape in shapes:
             try:
                 r = check_case(variant, epi, dtype, shape, seed=i * 31 + len(shape))
@@ -265,10 +293,12 @@ def main():
         summary["copy_GBps"] = round(copy, 1)
         shapes = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]
         summary["rows"] = bench(copy, shapes)
+        if args.vwarps4:
+            summary["rows_vwarps4"] = bench(copy, shapes, vwarps=4, prefix="mxq-w4")
         summary["rows"] += bench_peers(copy, shapes, summary["rows"])
-        summary.update(host_overhead())
+        summary.update(host_overhead(args.profile))
         print(summary["host_us_256x4096_both"], "us host per 256x4096 both call;",
-              summary["event_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")
+              summary["gpu_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     name = "".join(c if c.isalnum() else "-" for c in dev).strip("-").lower()
     path = Path(args.out) / f"{name}-{time.strftime('%Y%m%d')}.json"

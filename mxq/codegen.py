@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from functools import lru_cache
 from importlib import resources
 
@@ -107,8 +108,9 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
     return records, names[expr]
 
 
-def context(spec: QuantSpec, epilogue: Epilogue) -> dict:
+def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None) -> dict:
     """The complete Jinja context of one generated module."""
+    vwarps = vwarps or VWARPS
     n_in = len(epilogue.tensor_params)
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}
@@ -140,7 +142,7 @@ def context(spec: QuantSpec, epilogue: Epilogue) -> dict:
         "computed": bool(spec.act or spec.dact or not epilogue.is_identity),
         "templates_hash": templates_hash(),
         "rows_per_cta": ROWS_PER_CTA,
-        "vec": VEC, "vwarps": VWARPS, "vrows": ROWS_PER_CTA // VWARPS,
+        "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,
     }
@@ -149,8 +151,12 @@ def context(spec: QuantSpec, epilogue: Epilogue) -> dict:
 ROWS_PER_CTA = 32  # one colwise block per CTA row tile
 WARPS = 4  # generic kernel: each warp owns 32 columns (lane = column), a row's 32-block is one warp
 VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load of bf16)
-VWARPS = 8  # vectorised kernel: 8 warps x 4 rows = one colwise block of 32 rows per CTA
+# vectorised kernel: VWARPS warps x (32 / VWARPS) rows = one colwise block of 32 rows per CTA.
+# MXQ_VWARPS (4 or 8) overrides it for tuning runs; it changes the source, hence every cache key.
+VWARPS = int(os.environ.get("MXQ_VWARPS", "8"))
+if VWARPS not in (4, 8):
+    raise ValueError(f"mxq: MXQ_VWARPS must be 4 or 8, got {VWARPS}")
 
 
-def render(spec: QuantSpec, epilogue: Epilogue) -> str:
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue))
+def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None) -> str:
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps))

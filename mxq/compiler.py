@@ -234,7 +234,8 @@ class _Launcher:
             fn = self.fns[variant] = compile_op(self.op, self.arch, self.dtype_name, variant=variant).__tvm_ffi_object__()
         return fn
 
-    def __call__(self, tensors, scalars, act_input, noop, out):
+    def bind(self, tensors, scalars, act_input, noop, out):
+        """(native function, its argument list, out) for one call; launching is ``fn(*args)``."""
         spec = self.op.spec
         x = tensors[0]
         m, n = flat_dims(x.shape)
@@ -245,13 +246,14 @@ class _Launcher:
         for name, t in zip((*self.op.epilogue.tensor_params, "act_input"), tensors):
             if not t.is_contiguous():
                 raise ValueError(f"mxq: argument {name!r} must be contiguous on CUDA (call .contiguous() first)")
-        mats = [t.reshape(m, n) for t in tensors]
+        two_d = x.dim() == 2
+        mats = [t if two_d else t.reshape(m, n) for t in tensors]
         tensors = tensors[: len(self.op.epilogue.tensor_params)]
         datas = []
         if spec.rowwise:
-            datas.append(out.rowwise_data.view(torch.uint8).reshape(m, n))
+            datas.append(_as_u8_2d(out.rowwise_data, m, n))
         if spec.colwise:
-            datas.append(out.colwise_data.view(torch.uint8).reshape(m, n))
+            datas.append(_as_u8_2d(out.colwise_data, m, n))
         vec = n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in mats + datas)
         args = mats[: len(tensors)] + [float(s) for s in scalars] + mats[len(tensors):]
         k = 0
@@ -265,11 +267,20 @@ class _Launcher:
         if spec.dbias:
             args += [out.dbias, torch.empty((layouts.cdiv(m, 32), n), dtype=torch.float64, device=x.device)]
         args.append(noop.reshape(1) if noop is not None else _noop_tensor(x.device))
-        if m * n:
-            self._fn("vec" if vec else "generic")(*args)
-        elif spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
+        return (self._fn("vec" if vec else "generic") if m * n else None), args, out
+
+    def __call__(self, tensors, scalars, act_input, noop, out):
+        fn, args, out = self.bind(tensors, scalars, act_input, noop, out)
+        if fn is not None:
+            fn(*args)
+        elif self.op.spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
             out.dbias.zero_()
         return out
+
+
+def _as_u8_2d(t: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    u = t.view(torch.uint8)
+    return u if u.dim() == 2 else u.reshape(m, n)
 
 
 def launcher(op, x: torch.Tensor):

@@ -40,6 +40,7 @@ class FusedOp:
         self._tensor_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.tensor_params]
         self._scalar_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.scalar_params]
         self._source: str | None = None
+        self._vwarps: int | None = None  # tuning override of codegen.VWARPS (benchmarks)
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
@@ -64,6 +65,20 @@ class FusedOp:
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
         return _reference.run(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
 
+    def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs):
+        """Check and bind one call on CUDA tensors once; return (launch, out) where ``launch()``
+        re-runs the kernel into ``out`` with no Python checks or allocation (for CUDA graphs and
+        tight loops). The inputs must stay alive and unchanged in shape."""
+        tensors, scalars = self._bind(args, kwargs)
+        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
+        launcher = self.launcher_for(tensors[0]) if tensors[0].is_cuda else None
+        if launcher is None:
+            raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
+        fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out)
+        if fn is None:
+            return (lambda: None), out
+        return (lambda: fn(*fargs)), out
+
     def launcher_for(self, x):
         """A callable running the compiled kernel for CUDA tensor ``x``, or None to fall back."""
         from . import compiler
@@ -77,7 +92,7 @@ class FusedOp:
         if self._source is None:
             from . import codegen
 
-            self._source = codegen.render(self.spec, self.epilogue)
+            self._source = codegen.render(self.spec, self.epilogue, self._vwarps)
         return self._source
 
     def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:
