@@ -110,7 +110,7 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None) -> dict:
     """The complete Jinja context of one generated module."""
-    vwarps = vwarps or VWARPS
+    vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue)
     n_in = len(epilogue.tensor_params)
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}
@@ -152,10 +152,18 @@ ROWS_PER_CTA = 32  # one colwise block per CTA row tile
 WARPS = 4  # generic kernel: each warp owns 32 columns (lane = column), a row's 32-block is one warp
 VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load of bf16)
 # vectorised kernel: VWARPS warps x (32 / VWARPS) rows = one colwise block of 32 rows per CTA.
-# MXQ_VWARPS (4 or 8) overrides it for tuning runs; it changes the source, hence every cache key.
-VWARPS = int(os.environ.get("MXQ_VWARPS", "8"))
-if VWARPS not in (4, 8):
+# Measured on the H200 (bench/results/*-v3-tuning.json): 4 warps x 8 rows wins for plain casts
+# (colwise 58% -> 80-91% of copy, both 64-70% -> 70-77%); ops with act/dact need the registers
+# and run better at 8 warps x 4 rows. MXQ_VWARPS (4 or 8) forces one for tuning runs; it changes
+# the source, hence every cache key.
+VWARPS = int(os.environ.get("MXQ_VWARPS", "0")) or None
+if VWARPS not in (None, 4, 8):
     raise ValueError(f"mxq: MXQ_VWARPS must be 4 or 8, got {VWARPS}")
+
+
+def default_vwarps(spec: QuantSpec, epilogue: Epilogue) -> int:
+    heavy = spec.act or spec.dact or spec.dbias or not epilogue.exact
+    return 8 if heavy else 4
 
 
 def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None) -> str:
