@@ -1,4 +1,4 @@
-"""``python -m mxq {info,render,compile}``: look at what mxq generates without writing Python.
+"""``python -m mxq {info,render,compile,export}``: what mxq generates, from the shell.
 
 An op is chosen either by quantize options (``--fp8 e5m2 --colwise --act gelu`` builds the
 built-in identity-epilogue op) or by ``FILE.py[:NAME]``, which imports that file and takes the
@@ -109,6 +109,15 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    op = _op_from_args(args)
+    info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=args.name)
+    print(f"library  {info['library']}")
+    print(f"header   {info['header']}")
+    print(f"functions {', '.join(info['functions'])}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mxq", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,5 +132,12 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
     p.add_argument("--ptx", help="also write the PTX to this file")
     p.set_defaults(fn=cmd_compile)
+    p = sub.add_parser("export", help="AOT: shared library + C header for C++ programs with no Python")
+    _add_op_args(p)
+    p.add_argument("--dir", required=True, help="output directory")
+    p.add_argument("--arch", default="sm_90")
+    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
+    p.add_argument("--name", help="exported function name (a C identifier)")
+    p.set_defaults(fn=cmd_export)
     args = ap.parse_args(argv)
     return args.fn(args)

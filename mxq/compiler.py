@@ -203,6 +203,205 @@ def ptxas_report(ptx: str, arch: str) -> dict:
     return {"ptxas": "ok" if r.returncode == 0 else text, "ptxas_note": note, "kernels": kernels}
 
 
+# -- the disk cache and AOT export ---------------------------------------------------------------
+
+EXPORT_NAME = "mxq_launch"
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from . import __version__, codegen
+
+    parts = [f"mxq={__version__}", f"templates={codegen.templates_hash()}"]
+    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
+        try:
+            parts.append(f"{dist}={version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist}=?")
+    return ";".join(parts)
+
+
+def kernel_cache_dir(arch: str) -> Path:
+    """$MXQ_CACHE_DIR/<fingerprint of mxq, templates, cutlass-dsl, tvm-ffi versions and arch>."""
+    fp = hashlib.sha256(f"{_versions()};arch={arch}".encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"{arch}-{fp}"
+
+
+def _link_shared(objects: list[Path], out: Path) -> None:
+    """Link exported objects with the CuTeDSL runtime and TVM-FFI into a shared library."""
+    cute = _import_cutlass("sm_90")
+    libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        raise RuntimeError("mxq: no C++ compiler (g++) found to link the kernel library; set CXX")
+    cmd = [cxx, "-shared", "-o", str(out), *map(str, objects), *libs,
+           *(f"-Wl,-rpath,{os.path.dirname(lib)}" for lib in libs)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        raise RuntimeError(f"mxq: linking {out.name} failed: {r.stderr.strip()[:2000]}")
+
+
+class _FileLock:
+    """An exclusive lock on ``path`` (flock) so processes sharing a cache build a file once."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _load_function(path: Path, name: str):
+    import tvm_ffi
+
+    mod = tvm_ffi.load_module(str(path))
+    return mod[name]
+
+
+_native: dict = {}
+_disk_warned = False
+
+
+def native_function(op, arch: str, dtype_name: str, variant: str):
+    """The native TVM-FFI function of one kernel, from memory, the disk cache, or a compile.
+
+    Disk: ``kernel_cache_dir(arch)/<source sha>_<dtype>_<variant>.so``, written to a temporary
+    name and renamed under a file lock; a file that fails to load is deleted and rebuilt.
+    ``MXQ_ALWAYS_COMPILE=1`` skips the disk entirely. If linking is impossible (no C++
+    compiler), the in-memory compile is used and a warning says why, once.
+    """
+    global _disk_warned
+    source_sha = hashlib.sha256(op.source.encode()).hexdigest()[:32]
+    key = (source_sha, arch, dtype_name, variant)
+    fn = _native.get(key)
+    if fn is not None:
+        return fn
+    if os.environ.get("MXQ_ALWAYS_COMPILE") == "1":
+        fn = _native[key] = _native_of(compile_op(op, arch, dtype_name, variant=variant))
+        return fn
+    path = kernel_cache_dir(arch) / f"{source_sha}_{dtype_name}_{variant}.so"
+    with _FileLock(path.with_suffix(".lock")):
+        if path.exists():
+            try:
+                fn = _native[key] = _load_function(path, EXPORT_NAME)
+                return fn
+            except Exception:
+                path.unlink(missing_ok=True)  # damaged: rebuild below
+        compiled = compile_op(op, arch, dtype_name, variant=variant)
+        try:
+            with tempfile.TemporaryDirectory(dir=path.parent) as d:
+                obj = Path(d) / "k.o"
+                compiled.export_to_c(str(obj), function_name=EXPORT_NAME, export_only_tvm_ffi_symbols=True)
+                tmp = Path(d) / "k.so"
+                _link_shared([obj], tmp)
+                os.replace(tmp, path)
+            fn = _native[key] = _load_function(path, EXPORT_NAME)
+        except Exception as exc:
+            if not _disk_warned:
+                _disk_warned = True
+                import warnings
+
+                warnings.warn(f"mxq: disk cache unavailable ({exc}); kernels compile in every process",
+                              RuntimeWarning, stacklevel=3)
+            fn = _native[key] = _native_of(compiled)
+    return fn
+
+
+def _native_of(compiled):
+    """The positional tvm_ffi.Function behind a compiled wrapper (the wrapper itself where the
+    DSL has not materialised one, as happens on a machine without a GPU)."""
+    obj = compiled.__tvm_ffi_object__()
+    return obj if obj is not None else compiled
+
+
+def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None) -> dict:
+    """Write ``lib<name>.so`` (both kernel variants, cubin embedded) and ``<name>.h`` to ``directory``.
+
+    A C++ program loads the library with ``tvm::ffi::Module::LoadFromFile`` and calls
+    ``<name>`` (any shape) or ``<name>_vec`` (N % 8 == 0, 16-byte aligned) with the argument list
+    the header documents; no Python is involved.
+    """
+    if dtype not in _DTYPE_BY_NAME:
+        raise ValueError(f"mxq: dtype must be one of {tuple(_DTYPE_BY_NAME)}, got {dtype!r}")
+    if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
+        raise ValueError(f"mxq: arch must look like 'sm_90' or 'sm_100a', got {arch!r}")
+    name = name or f"mxq_{op.epilogue.name}"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"mxq: export name must be a C identifier, got {name!r}")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    objects = []
+    with tempfile.TemporaryDirectory() as d:
+        for variant, fname in (("generic", name), ("vec", f"{name}_vec")):
+            compiled = compile_op(op, arch, dtype, variant=variant)
+            obj = Path(d) / f"{fname}.o"
+            compiled.export_to_c(str(obj), function_name=fname, export_only_tvm_ffi_symbols=True)
+            objects.append(obj)
+        lib = out / f"lib{name}.so"
+        _link_shared(objects, lib)
+    header = out / f"{name}.h"
+    header.write_text(_export_header(op, name, arch, dtype))
+    return {"library": str(lib), "header": str(header), "functions": [name, f"{name}_vec"]}
+
+
+def _export_header(op, name: str, arch: str, dtype: str) -> str:
+    from . import __version__
+
+    spec, epi = op.spec, op.epilogue
+    el = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[dtype]
+    args = [f"  in{i}        {el}[M, N] contiguous   (epilogue tensor {i})" for i in range(len(epi.tensor_params))]
+    args += [f"  s{i}         double                  (epilogue float {i})" for i in range(len(epi.scalar_params))]
+    if spec.dact:
+        args.append(f"  act_input  {el}[M, N] contiguous")
+    if spec.rowwise:
+        args.append("  row_data   uint8[M, N]             (FP8 bytes, rowwise blocks of 32 along N)")
+        args.append(f"  row_scale  uint8[{'M * ceil(N/32)' if spec.scale_layout == 'compact' else 'roundup(M,128) * roundup(ceil(N/32),4)'}] flat E8M0")
+    if spec.colwise:
+        args.append("  col_data   uint8[M, N]             (FP8 bytes, colwise blocks of 32 along M)")
+        args.append(f"  col_scale  uint8[{'ceil(M/32) * N' if spec.scale_layout == 'compact' else 'roundup(ceil(M/32),4) * roundup(N,128)'}] flat E8M0")
+    if spec.amax:
+        args.append("  amax       float32[1]              (set to max|v|; zeroed by the kernel first)")
+    if spec.dbias:
+        args.append(f"  dbias      {el}[N]")
+        args.append("  workspace  float64[ceil(M/32), N]  (scratch)")
+    args.append("  noop       float32[1]              (1.0: write nothing)")
+    lines = "\n".join(" * " + a for a in args)
+    guard = name.upper() + "_H_"
+    return f"""/* Generated by mxq {__version__}: AOT export of one fused MXFP8 quantization op.
+ *
+ * op: {epi.name}  spec: {spec}
+ * input dtype: {dtype}   arch: {arch}   epilogue fingerprint: {epi.fingerprint}
+ *
+ * lib{name}.so exports two TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
+ * GetFunction): "{name}" serves any M, N >= 1; "{name}_vec" needs N % 8 == 0 and 16-byte
+ * aligned [M, N] tensors and is faster. Both take these positional arguments (DLPack tensors on
+ * one CUDA device; the launch uses TVM-FFI's environment stream, see TVMFFIEnvSetStream):
+ *
+{lines}
+ *
+ * Shapes are checked by the function; a mismatch raises tvm::ffi::Error (ValueError).
+ * Link/run needs libcute_dsl_runtime.so and libtvm_ffi.so (rpaths are recorded in the library).
+ */
+#ifndef {guard}
+#define {guard}
+#define {name.upper()}_NAME "{name}"
+#define {name.upper()}_VEC_NAME "{name}_vec"
+#endif  /* {guard} */
+"""
+
+
 # -- the CUDA call path ------------------------------------------------------------------------
 
 def _device_arch(device: torch.device) -> str:
@@ -231,7 +430,7 @@ class _Launcher:
     def _fn(self, variant: str):
         fn = self.fns.get(variant)
         if fn is None:
-            fn = self.fns[variant] = compile_op(self.op, self.arch, self.dtype_name, variant=variant).__tvm_ffi_object__()
+            fn = self.fns[variant] = native_function(self.op, self.arch, self.dtype_name, variant)
         return fn
 
     def bind(self, tensors, scalars, act_input, noop, out):

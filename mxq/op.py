@@ -101,6 +101,13 @@ class FusedOp:
 
         return compiler.compile_artifacts(self, arch=arch, dtype=dtype)
 
+    def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None) -> dict:
+        """AOT: write a shared library with the kernels embedded plus a C header, for C++
+        programs with no Python (see the header for the exported functions' arguments)."""
+        from . import compiler
+
+        return compiler.export(self, directory, arch=arch, dtype=dtype, name=name)
+
     def __repr__(self) -> str:
         return f"<mxq.FusedOp {self.epilogue.name} {self.spec}>"
 

@@ -38,6 +38,12 @@ def test_compile_reports_ptx_registers_and_conversions(tmp_path):
     assert ".target sm_100a" in (tmp_path / "k.ptx").read_text()
 
 
+def test_export(tmp_path):
+    r = run("export", "--colwise", "--dir", str(tmp_path / "aot"), "--name", "q_both", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "aot" / "libq_both.so").is_file() and (tmp_path / "aot" / "q_both.h").is_file()
+
+
 def test_info(tmp_path):
     r = run("info", tmp_path=tmp_path)
     assert r.returncode == 0 and "nvidia-cutlass-dsl" in r.stdout and "templates" in r.stdout
