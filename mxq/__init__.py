@@ -8,8 +8,19 @@ from .tensor import MXFP8Tensor
 
 __version__ = "0.1.0"
 
+
+def get_include() -> str:
+    """Directory holding ``mxq/mxq.hpp`` for C++ callers (``python -m mxq --includedir``)."""
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parent / "include")
+
+from . import ffi as _ffi
+
+_ffi.register_entrypoints()  # "mxq.get_quantize_kernel" for C++ callers
+
 __all__ = [
-    "EpilogueError", "FusedOp", "MXFP8Tensor", "QuantSpec", "fused_quant", "quantize",
+    "EpilogueError", "FusedOp", "get_include", "MXFP8Tensor", "QuantSpec", "fused_quant", "quantize",
     "abs", "erf", "exp", "exp2", "log", "log2", "maximum", "minimum", "rsqrt", "sigmoid", "sqrt",
     "tanh", "where",
 ]

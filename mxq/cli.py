@@ -119,6 +119,12 @@ def cmd_export(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv == ["--includedir"]:  # for build systems: -I$(python -m mxq --includedir)
+        from . import get_include
+
+        print(get_include())
+        return 0
     ap = argparse.ArgumentParser(prog="python -m mxq", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)

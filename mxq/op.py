@@ -101,6 +101,13 @@ class FusedOp:
 
         return compiler.compile_artifacts(self, arch=arch, dtype=dtype)
 
+    def register(self, name: str):
+        """Register this op as TVM-FFI global ``mxq.<name>`` (destination-passing signature, see
+        DESIGN.md); returns the native function. CPU tensors run the reference."""
+        from . import ffi
+
+        return ffi.register(self, name)
+
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None) -> dict:
         """AOT: write a shared library with the kernels embedded plus a C header, for C++
         programs with no Python (see the header for the exported functions' arguments)."""

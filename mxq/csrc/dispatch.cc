@@ -1,0 +1,238 @@
+// mxq's native call path for registered ops (TVM-FFI global "mxq.<name>").
+//
+// One dispatcher per op takes the destination-passing argument list
+//   (*epilogue_tensors, *epilogue_scalars, act_input, rowwise_data, rowwise_scale,
+//    colwise_data, colwise_scale, amax, dbias, noop)
+// checks every slot, and on CUDA tensors reshapes the arguments into the generated kernel's
+// [M, N] / flat views, allocates the dbias workspace through the TVM-FFI environment allocator
+// and calls the compiled kernel -- no Python after the first call of a dtype (which asks Python
+// to compile or load the kernel). On CPU tensors it calls the torch reference (Python), so C++
+// callers can be tested without a GPU. Errors are tvm::ffi::Error with a Python kind.
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/function.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace ffi = tvm::ffi;
+
+namespace {
+
+const char* const kSlots[8] = {"act_input", "rowwise_data", "rowwise_scale", "colwise_data",
+                               "colwise_scale", "amax", "dbias", "noop"};
+enum Slot { kAct = 0, kRowData, kRowScale, kColData, kColScale, kAmax, kDbias, kNoop };
+
+struct State {
+  int nt = 0, ns = 0;
+  bool want[8] = {false};
+  ffi::Function reference, resolve, zero;
+  std::mutex mu;
+  std::map<std::tuple<int, int, int, int>, ffi::Function> kernels;
+  std::map<int, ffi::Tensor> zeros;
+};
+
+struct View {
+  DLTensor t;
+  int64_t shape[2];
+};
+
+int64_t Numel(const DLTensor* t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+bool Compact(const DLTensor* t) {
+  if (t->strides == nullptr) return true;
+  int64_t expect = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] != 1 && t->strides[i] != expect) return false;
+    expect *= t->shape[i];
+  }
+  return true;
+}
+
+std::string ArgName(const State& st, int i) {
+  if (i < st.nt) return "tensor input " + std::to_string(i);
+  if (i < st.nt + st.ns) return "float input " + std::to_string(i - st.nt);
+  return kSlots[i - st.nt - st.ns];
+}
+
+const DLTensor* TensorArg(const State& st, ffi::PackedArgs args, int i) {
+  std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
+  if (!t.has_value()) {
+    TVM_FFI_THROW(TypeError) << "mxq: argument #" << i << " (" << ArgName(st, i)
+                             << ") must be a tensor, got " << args[i].GetTypeKey();
+  }
+  return *t;
+}
+
+void Reshape(View* v, const DLTensor* src, DLDataType dtype, int64_t d0, int64_t d1, int ndim) {
+  v->t = *src;
+  v->t.dtype = dtype;
+  v->shape[0] = d0;
+  v->shape[1] = d1;
+  v->t.shape = v->shape;
+  v->t.ndim = ndim;
+  v->t.strides = nullptr;
+}
+
+bool Aligned16(const DLTensor* t) {
+  return ((reinterpret_cast<uintptr_t>(t->data) + t->byte_offset) % 16) == 0;
+}
+
+void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* rv) {
+  State& st = *sp;
+  const int expect = st.nt + st.ns + 8, base = st.nt + st.ns;
+  if (args.size() != expect) {
+    TVM_FFI_THROW(TypeError) << "mxq: expected " << expect << " arguments (" << st.nt << " tensor(s), "
+                             << st.ns << " float(s), act_input, rowwise_data, rowwise_scale, "
+                             << "colwise_data, colwise_scale, amax, dbias, noop), got " << args.size();
+  }
+  const DLTensor* x = TensorArg(st, args, 0);
+  if (x->device.device_type == kDLCPU) {  // the torch reference, in Python
+    st.reference.CallPacked(args, rv);
+    return;
+  }
+  for (int s = 0; s < 7; ++s) {
+    bool given = args[base + s] != nullptr;
+    if (st.want[s] && !given) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << kSlots[s] << "' is required by this op";
+    }
+    if (!st.want[s] && given) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << kSlots[s] << "' is not used by this op; pass None";
+    }
+  }
+  const int64_t numel = Numel(x);
+  const int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1;
+  const int64_t m = n ? numel / n : 0;
+  if (numel == 0) {  // nothing to launch; the reference handles the empty-output rules
+    st.reference.CallPacked(args, rv);
+    return;
+  }
+  const DLDataType u8{kDLUInt, 8, 1}, f32{kDLFloat, 32, 1}, f64{kDLFloat, 64, 1};
+  std::vector<View> views(st.nt + 8);
+  std::vector<ffi::AnyView> call;
+  call.reserve(st.nt + st.ns + 10);
+  bool vec = n % 8 == 0;
+  auto same_device = [&](const DLTensor* t, int i) {
+    if (t->device.device_type != x->device.device_type || t->device.device_id != x->device.device_id) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' is on another device than input 0";
+    }
+    if (!Compact(t)) TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must be contiguous";
+  };
+  auto input = [&](int i, View* v) {
+    const DLTensor* t = TensorArg(st, args, i);
+    same_device(t, i);
+    if (t->dtype.code != x->dtype.code || t->dtype.bits != x->dtype.bits) {
+      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' has another dtype than input 0";
+    }
+    bool same = t->ndim == x->ndim;
+    for (int d = 0; same && d < t->ndim; ++d) same = t->shape[d] == x->shape[d];
+    if (!same) TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has another shape than input 0";
+    Reshape(v, t, t->dtype, m, n, 2);
+    vec = vec && Aligned16(t);
+    call.emplace_back(&v->t);
+  };
+  auto bytes = [&](int i, View* v, int64_t count, bool matrix) {
+    const DLTensor* t = TensorArg(st, args, i);
+    same_device(t, i);
+    if (t->dtype.bits != 8 || t->dtype.lanes != 1) {
+      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' must be a float8 or uint8 tensor";
+    }
+    if (Numel(t) != count) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has " << Numel(t)
+                                << " elements, expected " << count;
+    }
+    if (matrix) {
+      Reshape(v, t, u8, m, n, 2);
+      vec = vec && Aligned16(t);
+    } else {
+      Reshape(v, t, u8, count, 1, 1);
+    }
+    call.emplace_back(&v->t);
+  };
+  for (int i = 0; i < st.nt; ++i) input(i, &views[i]);
+  for (int i = 0; i < st.ns; ++i) call.emplace_back(args[st.nt + i]);
+  if (st.want[kAct]) input(base + kAct, &views[st.nt + kAct]);
+  const int64_t nbr = (n + 31) / 32, nbc = (m + 31) / 32;
+  const int64_t rows_scale = args[base + kRowScale] != nullptr ? Numel(TensorArg(st, args, base + kRowScale)) : 0;
+  const int64_t cols_scale = args[base + kColScale] != nullptr ? Numel(TensorArg(st, args, base + kColScale)) : 0;
+  if (st.want[kRowData]) {
+    bytes(base + kRowData, &views[st.nt + kRowData], m * n, true);
+    if (rows_scale != m * nbr && rows_scale != ((m + 127) / 128 * 128) * ((nbr + 3) / 4 * 4)) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument 'rowwise_scale' has " << rows_scale << " bytes, which fits neither layout";
+    }
+    bytes(base + kRowScale, &views[st.nt + kRowScale], rows_scale, false);
+  }
+  if (st.want[kColData]) {
+    bytes(base + kColData, &views[st.nt + kColData], m * n, true);
+    if (cols_scale != nbc * n && cols_scale != ((nbc + 3) / 4 * 4) * ((n + 127) / 128 * 128)) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument 'colwise_scale' has " << cols_scale << " bytes, which fits neither layout";
+    }
+    bytes(base + kColScale, &views[st.nt + kColScale], cols_scale, false);
+  }
+  auto scalar_tensor = [&](int i, View* v, DLDataType dt, int64_t count) {
+    const DLTensor* t = TensorArg(st, args, i);
+    same_device(t, i);
+    if (t->dtype.code != dt.code || t->dtype.bits != dt.bits || Numel(t) != count) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must have " << count
+                                << " element(s) of the documented dtype";
+    }
+    Reshape(v, t, dt, count, 1, 1);
+    call.emplace_back(&v->t);
+  };
+  if (st.want[kAmax]) scalar_tensor(base + kAmax, &views[st.nt + kAmax], f32, 1);
+  ffi::Tensor workspace;
+  if (st.want[kDbias]) {
+    scalar_tensor(base + kDbias, &views[st.nt + kDbias], x->dtype, n);
+    workspace = ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({nbc, n}), f64, x->device);
+    call.emplace_back(workspace);
+  }
+  ffi::Tensor zero;
+  if (args[base + kNoop] != nullptr) {
+    scalar_tensor(base + kNoop, &views[st.nt + kNoop], f32, 1);
+  } else {
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto it = st.zeros.find(x->device.device_id);
+    if (it == st.zeros.end()) {
+      it = st.zeros.emplace(x->device.device_id, st.zero(x->device.device_id).cast<ffi::Tensor>()).first;
+    }
+    zero = it->second;
+    call.emplace_back(zero);
+  }
+  ffi::Function kernel;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    auto key = std::make_tuple(int(x->dtype.code), int(x->dtype.bits), int(vec), x->device.device_id);
+    auto it = st.kernels.find(key);
+    if (it == st.kernels.end()) {  // first call of this dtype/variant: Python compiles or loads it
+      ffi::Function f = st.resolve(int64_t(x->dtype.code), int64_t(x->dtype.bits), bool(vec),
+                                   int64_t(x->device.device_id)).cast<ffi::Function>();
+      it = st.kernels.emplace(key, f).first;
+    }
+    kernel = it->second;
+  }
+  kernel.CallPacked(call.data(), static_cast<int32_t>(call.size()), rv);
+}
+
+}  // namespace
+
+ffi::Function make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Function reference,
+                              ffi::Function resolve, ffi::Function zero) {
+  auto st = std::make_shared<State>();
+  st->nt = static_cast<int>(nt);
+  st->ns = static_cast<int>(ns);
+  for (int s = 0; s < 7; ++s) st->want[s] = (flags >> s) & 1;
+  st->reference = reference;
+  st->resolve = resolve;
+  st->zero = zero;
+  return ffi::Function::FromPacked([st](ffi::PackedArgs args, ffi::Any* rv) { Dispatch(st, args, rv); });
+}

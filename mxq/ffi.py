@@ -1,0 +1,176 @@
+"""TVM-FFI registration: C++ code calls mxq ops as global functions.
+
+``register(op, name)`` makes ``mxq.<name>`` a native dispatcher (``csrc/dispatch.cc``, built
+once per machine by tvm-ffi's ``load_inline`` and cached on disk) with the destination-passing
+signature of DESIGN.md. On CUDA tensors it launches the compiled kernel without Python (after
+the first call of a dtype); on CPU tensors it calls back into the torch reference here.
+``mxq.get_quantize_kernel(key)`` is the lazy entrypoint for built-in quantize specs: it
+registers (once) and returns the dispatcher of ``QuantSpec.from_key(key)``.
+"""
+
+from __future__ import annotations
+
+import threading
+from importlib import resources
+
+import torch
+
+from .spec import QuantSpec
+from .tensor import MXFP8Tensor
+
+_lock = threading.Lock()
+_shim = None
+_registered: dict = {}
+_keep_alive: list = []  # Python callbacks and tensors handed to C++ must outlive every call
+_DL_FLOAT, _DL_BFLOAT = 2, 4
+
+
+def _dispatch_module():
+    """Build (or load from tvm-ffi's cache) the C++ dispatcher library."""
+    global _shim
+    with _lock:
+        if _shim is None:
+            import tvm_ffi.cpp
+
+            src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v1", cpp_sources=src, functions=["make_dispatcher"])
+        return _shim
+
+
+def _flags(spec: QuantSpec) -> int:
+    want = [bool(spec.dact), spec.rowwise, spec.rowwise, spec.colwise, spec.colwise, spec.amax, spec.dbias]
+    return sum(1 << i for i, w in enumerate(want) if w)
+
+
+def _torch(t):
+    return None if t is None else torch.from_dlpack(t)
+
+
+def _reference_callback(op):
+    """CPU route: run op.reference into the caller's destination tensors."""
+    spec, epi = op.spec, op.epilogue
+    nt, ns = len(epi.tensor_params), len(epi.scalar_params)
+    fp8 = spec.format.torch_dtype
+
+    def call(*args):
+        if len(args) != nt + ns + 8:
+            raise TypeError(f"mxq: expected {nt + ns + 8} arguments, got {len(args)}")
+        tensors = [_torch(a) for a in args[:nt]]
+        scalars = [float(s) for s in args[nt:nt + ns]]
+        act, rd, rs, cd, cs, amax, dbias, noop = (_torch(a) for a in args[nt + ns:])
+        x = tensors[0]
+        want = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta")
+
+        def dest(t, like, name):
+            if (t is None) != (like is None):
+                raise ValueError(f"mxq: argument {name!r} is {'required' if like is not None else 'not used'} "
+                                 f"by this op")
+            if t is None:
+                return None
+            if t.numel() != like.numel():
+                raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}")
+            if like.dtype == fp8 and t.dtype == torch.uint8:
+                t = t.view(fp8)
+            return t.reshape(like.shape)
+
+        out = MXFP8Tensor(
+            rowwise_data=dest(rd, want.rowwise_data, "rowwise_data"),
+            colwise_data=dest(cd, want.colwise_data, "colwise_data"),
+            rowwise_scale=dest(rs, want.rowwise_scale, "rowwise_scale"),
+            colwise_scale=dest(cs, want.colwise_scale, "colwise_scale"),
+            amax=dest(amax, want.amax, "amax"),
+            dbias=dest(dbias, want.dbias, "dbias"),
+            fp8=spec.fp8, scale_layout=spec.scale_layout, shape=x.shape)
+        kwargs = dict(zip(epi.tensor_params, tensors))
+        kwargs.update(zip(epi.scalar_params, scalars))
+        op.reference(act_input=act, noop=noop, out=out, **kwargs)
+
+    return call
+
+
+def _resolve_callback(op):
+    """First CUDA call of a dtype/variant: compile (or load from the disk cache) the kernel."""
+    from . import compiler
+
+    by_code = {(_DL_FLOAT, 32): "fp32", (_DL_FLOAT, 16): "fp16", (_DL_BFLOAT, 16): "bf16"}
+
+    def resolve(code, bits, vec, device_id):
+        dtype = by_code.get((int(code), int(bits)))
+        if dtype is None:
+            raise TypeError(f"mxq: input dtype (DLPack code {code}, {bits} bits) is not float32, float16 or bfloat16")
+        arch = compiler._device_arch(torch.device("cuda", int(device_id)))
+        return compiler.native_function(op, arch, dtype, "vec" if vec else "generic")
+
+    return resolve
+
+
+def _zero_callback(device_id):
+    import tvm_ffi
+
+    t = torch.zeros(1, dtype=torch.float32, device=f"cuda:{int(device_id)}")
+    _keep_alive.append(t)
+    return tvm_ffi.from_dlpack(t)
+
+
+def dispatcher(op):
+    """The native dispatcher function of ``op`` (built once per op)."""
+    with _lock:
+        fn = op.__dict__.get("_dispatcher")
+    if fn is not None:
+        return fn
+    mod = _dispatch_module()
+    ref, res = _reference_callback(op), _resolve_callback(op)
+    _keep_alive.extend([ref, res])
+    fn = mod.make_dispatcher(len(op.epilogue.tensor_params), len(op.epilogue.scalar_params), _flags(op.spec),
+                             ref, res, _zero_callback)
+    op._dispatcher = fn
+    return fn
+
+
+def register(op, name: str):
+    """Register ``op`` as TVM-FFI global ``mxq.<name>``; return the native function."""
+    import re
+
+    import tvm_ffi
+
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
+        raise ValueError(f"mxq: register() name must be an identifier (dots allowed), got {name!r}")
+    fn = dispatcher(op)
+    tvm_ffi.register_global_func(f"mxq.{name}", fn, override=True)
+    _registered[name] = op
+    return fn
+
+
+def get_quantize_kernel(key: int):
+    """Lazy entrypoint for C++: the dispatcher of the built-in quantize op with 32-bit ``key``.
+
+    The key's dtype bits are ignored here (one dispatcher serves every input dtype; each dtype's
+    kernel compiles on its first call)."""
+    from .op import _quantize_op
+
+    spec, _ = QuantSpec.from_key(int(key))
+    if spec.act or spec.dact or spec.dbias:
+        from .op import FusedOp, _identity
+
+        op = _fused_cache.get(spec) or _fused_cache.setdefault(spec, FusedOp(_identity, spec))
+    else:
+        op = _quantize_op(spec)
+    return dispatcher(op)
+
+
+_fused_cache: dict = {}
+_entry_registered = False
+
+
+def register_entrypoints() -> None:
+    """Make ``mxq.get_quantize_kernel`` visible to C++ (idempotent)."""
+    global _entry_registered
+    if _entry_registered:
+        return
+    import tvm_ffi
+
+    tvm_ffi.register_global_func("mxq.get_quantize_kernel", get_quantize_kernel, override=True)
+    _entry_registered = True
+
+
+__all__ = ["dispatcher", "get_quantize_kernel", "register", "register_entrypoints"]

@@ -1,0 +1,111 @@
+// mxq C++ API: call mxq's fused MXFP8 quantization ops from C++ through TVM-FFI.
+//
+// In a process where Python has imported mxq, two kinds of globals exist:
+//   "mxq.<name>"                 an op registered with op.register(name)
+//   "mxq.get_quantize_kernel"    (key) -> Function for a built-in quantize spec (compiled lazily)
+// Every op function takes the destination-passing argument list
+//   (*epilogue_tensors, *epilogue_scalars, act_input, rowwise_data, rowwise_scale,
+//    colwise_data, colwise_scale, amax, dbias, noop)
+// with None (tvm::ffi::Optional<tvm::ffi::Tensor>()) in every slot the op does not use. Data
+// slots take float8 or uint8 tensors of the input's shape, scale slots uint8 in the op's layout,
+// amax a float32 tensor of one element. CUDA tensors run the kernel on TVM-FFI's environment
+// stream (TVMFFIEnvSetStream); CPU tensors run the torch reference, so C++ code can be tested
+// without a GPU. Pass owning tvm::ffi::Tensor objects (not TensorView) on the CPU route.
+// Errors arrive as tvm::ffi::Error carrying the Python exception kind (ValueError, TypeError).
+//
+// The 32-bit key (same as mxq.QuantSpec.key in Python):
+//   bit 0      fp8            0 = e4m3, 1 = e5m2
+//   bit 1      rowwise
+//   bit 2      colwise
+//   bits 3-4   scale_mode     0 rceil, 1 floor, 2 ceil, 3 even
+//   bit 5      scale_layout   0 compact, 1 swizzled
+//   bit 6      amax
+//   bits 7-9   act            0 none, 1 gelu, 2 silu, 3 relu, 4 qgelu, 5 srelu
+//   bits 10-12 dact           same codes as act
+//   bit 13     dbias
+//   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16 (informational: one function serves all)
+//   bits 16-31 zero
+#ifndef MXQ_MXQ_HPP_
+#define MXQ_MXQ_HPP_
+
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
+namespace mxq {
+
+enum KeyBits : uint32_t {
+  kE5M2 = 1u << 0,
+  kRowwise = 1u << 1,
+  kColwise = 1u << 2,
+  kScaleModeShift = 3,  // 0 rceil, 1 floor, 2 ceil, 3 even
+  kSwizzled = 1u << 5,
+  kAmax = 1u << 6,
+  kActShift = 7,
+  kDactShift = 10,
+  kDbias = 1u << 13,
+  kDtypeShift = 14,  // 0 fp32, 1 fp16, 2 bf16
+};
+
+// A per-key cache of quantize functions. Thread-safe; when several threads ask for one key at
+// once, one of them asks Python (which compiles) and the others wait for it. A failure is not
+// cached: every waiter gets the error, and a later call tries again.
+class KernelCache {
+ public:
+  static KernelCache& Global() {
+    static KernelCache* cache = new KernelCache();  // never destroyed: safe at process exit
+    return *cache;
+  }
+
+  tvm::ffi::Function Get(uint32_t key) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      auto it = entries_.find(key);
+      if (it == entries_.end()) break;          // nobody has it or is building it
+      if (it->second.ready) return it->second.fn;
+      cv_.wait(lock);                           // another thread is building it
+    }
+    entries_.emplace(key, Entry{});             // claim the build
+    lock.unlock();
+    try {
+      tvm::ffi::Function entry = tvm::ffi::Function::GetGlobalRequired("mxq.get_quantize_kernel");
+      tvm::ffi::Function fn = entry(static_cast<int64_t>(key)).cast<tvm::ffi::Function>();
+      lock.lock();
+      entries_[key] = Entry{true, fn};
+      ++builds_;
+      cv_.notify_all();
+      return fn;
+    } catch (...) {
+      lock.lock();
+      entries_.erase(key);
+      cv_.notify_all();
+      throw;
+    }
+  }
+
+  // How many keys were built (for tests and diagnostics).
+  int64_t builds() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return builds_;
+  }
+
+ private:
+  struct Entry {
+    bool ready = false;
+    tvm::ffi::Function fn{nullptr};
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<uint32_t, Entry> entries_;
+  int64_t builds_ = 0;
+};
+
+inline tvm::ffi::Function GetQuantizeKernel(uint32_t key) { return KernelCache::Global().Get(key); }
+
+}  // namespace mxq
+
+#endif  // MXQ_MXQ_HPP_

@@ -1,0 +1,103 @@
+"""C++ callers through TVM-FFI, on CPU tensors (the registered function runs the reference)."""
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import mxq
+from mxq.spec import QuantSpec
+from mxq.testing import planted, same_bytes
+
+tvm_ffi = pytest.importorskip("tvm_ffi")
+
+
+@mxq.fused_quant(colwise=True, dbias=True, amax=True, scale_mode="floor")
+def resid(x, r, alpha: float = 1.0):
+    return x * alpha + r
+
+
+@pytest.fixture(scope="module")
+def caller():
+    import tvm_ffi.cpp
+
+    resid.register("test_resid")
+    src = (Path(__file__).parent / "cpp" / "caller.cc").read_text()
+    return tvm_ffi.cpp.load_inline(
+        name="mxq_test_caller", cpp_sources=src, extra_include_paths=[mxq.get_include()],
+        functions=["call_registered", "call_error", "quantize_by_key", "concurrent_get", "bad_key_twice"])
+
+
+def dests(m, n, fp8_rows=False):
+    return dict(
+        row_data=torch.full((m, n), 0xAB, dtype=torch.uint8),
+        row_scale=torch.full((m, -(-n // 32)), 0xCD, dtype=torch.uint8),
+        col_data=torch.full((m, n), 0xAB, dtype=torch.uint8).view(torch.float8_e4m3fn),
+        col_scale=torch.full((-(-m // 32), n), 0xCD, dtype=torch.uint8),
+        amax=torch.full((), -1.0), dbias=torch.zeros(n, dtype=torch.bfloat16))
+
+
+def test_cpp_caller_fills_destinations_like_python(caller):
+    x, r = planted(70, 96, torch.bfloat16, seed=1), planted(70, 96, torch.bfloat16, seed=2)
+    d = dests(70, 96)
+    caller.call_registered("test_resid", x, r, 0.5, d["row_data"], d["row_scale"], d["col_data"],
+                           d["col_scale"], d["amax"], d["dbias"])
+    want = resid(x, r, alpha=0.5)
+    assert same_bytes(d["row_data"], want.rowwise_data.view(torch.uint8))
+    assert same_bytes(d["col_data"], want.colwise_data)
+    assert torch.equal(d["row_scale"], want.rowwise_scale) and torch.equal(d["col_scale"], want.colwise_scale)
+    assert same_bytes(d["amax"], want.amax) and same_bytes(d["dbias"], want.dbias)
+
+
+def test_python_call_of_the_global_matches(caller):
+    g = tvm_ffi.get_global_func("mxq.test_resid")
+    x, r = torch.randn(40, 64), torch.randn(40, 64)
+    rd = torch.empty(40, 64, dtype=torch.uint8)
+    rs = torch.empty(40, 2, dtype=torch.uint8)
+    cd = torch.empty(40, 64, dtype=torch.float8_e4m3fn)
+    cs = torch.empty(2, 64, dtype=torch.uint8)
+    am, db = torch.empty(1), torch.empty(64)
+    g(x, r, 2.0, None, rd, rs, cd, cs, am, db, None)
+    want = resid(x, r, alpha=2.0)
+    assert same_bytes(rd, want.rowwise_data.view(torch.uint8)) and torch.equal(db, want.dbias)
+    before = rd.clone()
+    g(x * 3, r, 2.0, None, rd, rs, cd, cs, am, db, torch.ones(1))  # noop
+    assert torch.equal(rd, before)
+
+
+def test_cpp_caller_gets_clean_errors(caller):
+    x, r = torch.randn(8, 64), torch.randn(8, 63)
+    d = list(dests(8, 64).values())
+    err = caller.call_error("test_resid", x, r, True, *d)
+    assert err.startswith("ValueError:") and "'r' has shape" in err
+    err = caller.call_error("test_resid", x, torch.randn(8, 64), False, *d)
+    assert err.startswith("ValueError:") and "rowwise_data" in err and "required" in err
+    err = caller.call_error("test_resid", x, torch.randn(8, 64), True, *dests(8, 32).values())
+    assert err.startswith("ValueError:") and "rowwise_data" in err
+    xb = x.bfloat16()
+    assert caller.call_error("test_resid", xb, xb, True, *d) == ""
+    err = caller.call_error("test_resid", x, torch.randn(8, 64), True, *d)  # fp32 input, bf16 dbias
+    assert err.startswith("ValueError:") and "dbias" in err
+
+
+def test_lazy_entrypoint_by_key(caller):
+    spec = QuantSpec(scale_mode="even", fp8="e5m2")
+    key = spec.key("bf16")
+    x = planted(33, 70, torch.bfloat16, seed=5)
+    data, scale = torch.empty(33, 70, dtype=torch.uint8), torch.empty(33, 3, dtype=torch.uint8)
+    caller.quantize_by_key(key, x, data, scale)
+    want = mxq.quantize(x, fp8="e5m2", scale_mode="even")
+    assert same_bytes(data, want.rowwise_data.view(torch.uint8)) and torch.equal(scale, want.rowwise_scale)
+
+
+def test_concurrent_first_calls_build_once(caller):
+    key = QuantSpec(scale_mode="ceil", colwise=True).key("fp32")
+    distinct, builds_before, errors = caller.concurrent_get(key, 1)
+    distinct, builds, errors = caller.concurrent_get(QuantSpec(scale_mode="ceil", amax=True).key("fp16"), 16)
+    assert (distinct, errors) == (1, 0)
+    assert builds == builds_before + 1
+
+
+def test_failure_is_not_cached(caller):
+    assert caller.bad_key_twice(7 << 7) == "ValueError;ValueError;"  # act code 7 does not exist
