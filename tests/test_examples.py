@@ -7,16 +7,19 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = sorted(p for p in (Path(__file__).parent.parent / "examples").glob("*.py"))
+_ROOT = Path(__file__).parent.parent / "examples"
+EXAMPLES = sorted(_ROOT.glob("*.py")) + sorted(_ROOT.glob("*/run.py"))
 
 
 def test_examples_exist():
-    assert len(EXAMPLES) >= 1
+    names = {str(p.relative_to(_ROOT)) for p in EXAMPLES}
+    assert {"demo.py", "cpp_caller/run.py", "aot_export/run.py"} <= names
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(_ROOT)))
 def test_example_runs(path, tmp_path):
-    env = dict(os.environ, MXQ_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore")
+    env = dict(os.environ, MXQ_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore",
+               MXQ_CPP_BUILD=str(tmp_path / "cpp"), MXQ_AOT_BUILD=str(tmp_path / "aot"))
     r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600,
                        env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
