@@ -6,6 +6,7 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/optional.h>
 
+#include <chrono>
 #include <string>
 
 namespace ffi = tvm::ffi;
@@ -37,6 +38,16 @@ ffi::String try_bad_shape(ffi::Tensor x, ffi::Tensor r_wrong, ffi::Tensor row_da
   return ffi::String("no error");
 }
 
+// Host time of one call from C++ (mean of n back-to-back calls, microseconds; launches are async).
+double time_quantize_us(ffi::Tensor x, ffi::Tensor data, ffi::Tensor scale, int64_t n) {
+  quantize_rowwise(x, data, scale);  // first call: kernel lookup and compile or load
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; ++i) quantize_rowwise(x, data, scale);
+  auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / static_cast<double>(n);
+}
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(time_quantize_us, time_quantize_us);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(residual_gelu_into, residual_gelu_into);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(quantize_rowwise, quantize_rowwise);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(try_bad_shape, try_bad_shape);

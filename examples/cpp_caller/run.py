@@ -65,6 +65,10 @@ def main() -> None:
     same_q = torch.equal(data, q.rowwise_data.view(torch.uint8)) and torch.equal(scale, q.rowwise_scale)
     print(f"C++ call through mxq::GetQuantizeKernel(key): same bytes as mxq.quantize: {same_q}")
 
+    if device == "cuda":
+        us = lib["time_quantize_us"](x, data, scale, 2000)
+        torch.cuda.synchronize()
+        print(f"host time of one C++ call through the registered function: {us:.2f} us")
     msg = lib["try_bad_shape"](x, r[:, :-32].contiguous(), rd, rs, cd, cs, db)
     print(f"C++ caller, mismatched shapes -> {msg}")
     assert same and same_q and msg.startswith("ValueError")
