@@ -38,10 +38,19 @@ struct State {
   std::map<int, ffi::Tensor> zeros;
 };
 
-struct View {
-  DLTensor t;
-  int64_t shape[2];
+// Owning ffi::Tensor objects that alias memory the caller owns (the generated kernels decode
+// tensor objects; a raw DLTensor* crashed them on the H200). Freed with no effect.
+struct Borrow {
+  void* ptr;
+  void AllocData(DLTensor* t) { t->data = ptr; }
+  void FreeData(DLTensor*) {}
 };
+
+ffi::Tensor Alias(const DLTensor* src, DLDataType dtype, int64_t d0, int64_t d1, int ndim) {
+  void* p = static_cast<char*>(src->data) + src->byte_offset;
+  return ndim == 2 ? ffi::Tensor::FromNDAlloc(Borrow{p}, ffi::Shape({d0, d1}), dtype, src->device)
+                   : ffi::Tensor::FromNDAlloc(Borrow{p}, ffi::Shape({d0}), dtype, src->device);
+}
 
 int64_t Numel(const DLTensor* t) {
   int64_t n = 1;
@@ -72,16 +81,6 @@ const DLTensor* TensorArg(const State& st, ffi::PackedArgs args, int i) {
                              << ") must be a tensor, got " << args[i].GetTypeKey();
   }
   return *t;
-}
-
-void Reshape(View* v, const DLTensor* src, DLDataType dtype, int64_t d0, int64_t d1, int ndim) {
-  v->t = *src;
-  v->t.dtype = dtype;
-  v->shape[0] = d0;
-  v->shape[1] = d1;
-  v->t.shape = v->shape;
-  v->t.ndim = ndim;
-  v->t.strides = nullptr;
 }
 
 bool Aligned16(const DLTensor* t) {
@@ -118,9 +117,14 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     return;
   }
   const DLDataType u8{kDLUInt, 8, 1}, f32{kDLFloat, 32, 1}, f64{kDLFloat, 64, 1};
-  std::vector<View> views(st.nt + 8);
+  std::vector<ffi::Tensor> hold;  // must not reallocate while `call` points into it
+  hold.reserve(st.nt + 12);
   std::vector<ffi::AnyView> call;
-  call.reserve(st.nt + st.ns + 10);
+  call.reserve(st.nt + st.ns + 12);
+  auto push = [&](ffi::Tensor t) {
+    hold.push_back(std::move(t));
+    call.emplace_back(hold.back());
+  };
   bool vec = n % 8 == 0;
   auto same_device = [&](const DLTensor* t, int i) {
     if (t->device.device_type != x->device.device_type || t->device.device_id != x->device.device_id) {
@@ -128,7 +132,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     }
     if (!Compact(t)) TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must be contiguous";
   };
-  auto input = [&](int i, View* v) {
+  auto input = [&](int i) {
     const DLTensor* t = TensorArg(st, args, i);
     same_device(t, i);
     if (t->dtype.code != x->dtype.code || t->dtype.bits != x->dtype.bits) {
@@ -137,11 +141,10 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     bool same = t->ndim == x->ndim;
     for (int d = 0; same && d < t->ndim; ++d) same = t->shape[d] == x->shape[d];
     if (!same) TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has another shape than input 0";
-    Reshape(v, t, t->dtype, m, n, 2);
     vec = vec && Aligned16(t);
-    call.emplace_back(&v->t);
+    push(Alias(t, t->dtype, m, n, 2));
   };
-  auto bytes = [&](int i, View* v, int64_t count, bool matrix) {
+  auto bytes = [&](int i, int64_t count, bool matrix) {
     const DLTensor* t = TensorArg(st, args, i);
     same_device(t, i);
     if (t->dtype.bits != 8 || t->dtype.lanes != 1) {
@@ -151,54 +154,46 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has " << Numel(t)
                                 << " elements, expected " << count;
     }
-    if (matrix) {
-      Reshape(v, t, u8, m, n, 2);
-      vec = vec && Aligned16(t);
-    } else {
-      Reshape(v, t, u8, count, 1, 1);
-    }
-    call.emplace_back(&v->t);
+    if (matrix) vec = vec && Aligned16(t);
+    push(matrix ? Alias(t, u8, m, n, 2) : Alias(t, u8, count, 1, 1));
   };
-  for (int i = 0; i < st.nt; ++i) input(i, &views[i]);
+  for (int i = 0; i < st.nt; ++i) input(i);
   for (int i = 0; i < st.ns; ++i) call.emplace_back(args[st.nt + i]);
-  if (st.want[kAct]) input(base + kAct, &views[st.nt + kAct]);
+  if (st.want[kAct]) input(base + kAct);
   const int64_t nbr = (n + 31) / 32, nbc = (m + 31) / 32;
   const int64_t rows_scale = args[base + kRowScale] != nullptr ? Numel(TensorArg(st, args, base + kRowScale)) : 0;
   const int64_t cols_scale = args[base + kColScale] != nullptr ? Numel(TensorArg(st, args, base + kColScale)) : 0;
   if (st.want[kRowData]) {
-    bytes(base + kRowData, &views[st.nt + kRowData], m * n, true);
+    bytes(base + kRowData, m * n, true);
     if (rows_scale != m * nbr && rows_scale != ((m + 127) / 128 * 128) * ((nbr + 3) / 4 * 4)) {
       TVM_FFI_THROW(ValueError) << "mxq: argument 'rowwise_scale' has " << rows_scale << " bytes, which fits neither layout";
     }
-    bytes(base + kRowScale, &views[st.nt + kRowScale], rows_scale, false);
+    bytes(base + kRowScale, rows_scale, false);
   }
   if (st.want[kColData]) {
-    bytes(base + kColData, &views[st.nt + kColData], m * n, true);
+    bytes(base + kColData, m * n, true);
     if (cols_scale != nbc * n && cols_scale != ((nbc + 3) / 4 * 4) * ((n + 127) / 128 * 128)) {
       TVM_FFI_THROW(ValueError) << "mxq: argument 'colwise_scale' has " << cols_scale << " bytes, which fits neither layout";
     }
-    bytes(base + kColScale, &views[st.nt + kColScale], cols_scale, false);
+    bytes(base + kColScale, cols_scale, false);
   }
-  auto scalar_tensor = [&](int i, View* v, DLDataType dt, int64_t count) {
+  auto scalar_tensor = [&](int i, DLDataType dt, int64_t count) {
     const DLTensor* t = TensorArg(st, args, i);
     same_device(t, i);
     if (t->dtype.code != dt.code || t->dtype.bits != dt.bits || Numel(t) != count) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must have " << count
                                 << " element(s) of the documented dtype";
     }
-    Reshape(v, t, dt, count, 1, 1);
-    call.emplace_back(&v->t);
+    push(Alias(t, dt, count, 1, 1));
   };
-  if (st.want[kAmax]) scalar_tensor(base + kAmax, &views[st.nt + kAmax], f32, 1);
-  ffi::Tensor workspace;
+  if (st.want[kAmax]) scalar_tensor(base + kAmax, f32, 1);
   if (st.want[kDbias]) {
-    scalar_tensor(base + kDbias, &views[st.nt + kDbias], x->dtype, n);
-    workspace = ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({nbc, n}), f64, x->device);
-    call.emplace_back(workspace);
+    scalar_tensor(base + kDbias, x->dtype, n);
+    push(ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({nbc, n}), f64, x->device));
   }
   ffi::Tensor zero;
   if (args[base + kNoop] != nullptr) {
-    scalar_tensor(base + kNoop, &views[st.nt + kNoop], f32, 1);
+    scalar_tensor(base + kNoop, f32, 1);
   } else {
     std::lock_guard<std::mutex> lock(st.mu);
     auto it = st.zeros.find(x->device.device_id);
@@ -206,7 +201,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
       it = st.zeros.emplace(x->device.device_id, st.zero(x->device.device_id).cast<ffi::Tensor>()).first;
     }
     zero = it->second;
-    call.emplace_back(zero);
+    push(zero);
   }
   ffi::Function kernel;
   {
