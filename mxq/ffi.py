@@ -33,7 +33,7 @@ def _dispatch_module():
             import tvm_ffi.cpp
 
             src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v2", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v3", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -121,8 +121,9 @@ def dispatcher(op):
     mod = _dispatch_module()
     ref, res = _reference_callback(op), _resolve_callback(op)
     _keep_alive.extend([ref, res])
-    fn = mod.make_dispatcher(len(op.epilogue.tensor_params), len(op.epilogue.scalar_params), _flags(op.spec),
-                             ref, res, _zero_callback)
+    epi = op.epilogue
+    fn = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), _flags(op.spec),
+                             list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback)
     op._dispatcher = fn
     return fn
 

@@ -8,7 +8,9 @@
 // and calls the compiled kernel -- no Python after the first call of a dtype (which asks Python
 // to compile or load the kernel). On CPU tensors it calls the torch reference (Python), so C++
 // callers can be tested without a GPU. Errors are tvm::ffi::Error with a Python kind.
+#include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/string.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
@@ -32,6 +34,7 @@ enum Slot { kAct = 0, kRowData, kRowScale, kColData, kColScale, kAmax, kDbias, k
 struct State {
   int nt = 0, ns = 0;
   bool want[8] = {false};
+  std::vector<std::string> names;  // the op's tensor and float parameter names, for errors
   ffi::Function reference, resolve, zero;
   std::mutex mu;
   std::map<std::tuple<int, int, int, int>, ffi::Function> kernels;
@@ -69,8 +72,7 @@ bool Compact(const DLTensor* t) {
 }
 
 std::string ArgName(const State& st, int i) {
-  if (i < st.nt) return "tensor input " + std::to_string(i);
-  if (i < st.nt + st.ns) return "float input " + std::to_string(i - st.nt);
+  if (i < st.nt + st.ns) return i < static_cast<int>(st.names.size()) ? st.names[i] : "input " + std::to_string(i);
   return kSlots[i - st.nt - st.ns];
 }
 
@@ -128,7 +130,8 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   bool vec = n % 8 == 0;
   auto same_device = [&](const DLTensor* t, int i) {
     if (t->device.device_type != x->device.device_type || t->device.device_id != x->device.device_id) {
-      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' is on another device than input 0";
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' is on another device than '"
+                                << ArgName(st, 0) << "'";
     }
     if (!Compact(t)) TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must be contiguous";
   };
@@ -136,11 +139,15 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     const DLTensor* t = TensorArg(st, args, i);
     same_device(t, i);
     if (t->dtype.code != x->dtype.code || t->dtype.bits != x->dtype.bits) {
-      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' has another dtype than input 0";
+      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' has another dtype than '"
+                               << ArgName(st, 0) << "'";
     }
     bool same = t->ndim == x->ndim;
     for (int d = 0; same && d < t->ndim; ++d) same = t->shape[d] == x->shape[d];
-    if (!same) TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has another shape than input 0";
+    if (!same) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has another shape than '"
+                                << ArgName(st, 0) << "'";
+    }
     vec = vec && Aligned16(t);
     push(Alias(t, t->dtype, m, n, 2));
   };
@@ -220,9 +227,10 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
 
 }  // namespace
 
-ffi::Function make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Function reference,
-                              ffi::Function resolve, ffi::Function zero) {
+ffi::Function make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Array<ffi::String> names,
+                              ffi::Function reference, ffi::Function resolve, ffi::Function zero) {
   auto st = std::make_shared<State>();
+  for (const ffi::String& name : names) st->names.emplace_back(std::string(name));
   st->nt = static_cast<int>(nt);
   st->ns = static_cast<int>(ns);
   for (int s = 0; s < 7; ++s) st->want[s] = (flags >> s) & 1;
