@@ -266,6 +266,7 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--vwarps4", action="store_true", help="also time the 4-warp vectorised variant")
     ap.add_argument("--profile", action="store_true", help="cProfile the host path of a small call")
+    ap.add_argument("--host", action="store_true", help="with --no-bench: still measure the host overhead")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.environ.setdefault("MXQ_STRICT", "1")
@@ -296,6 +297,10 @@ def main():
         if args.vwarps4:
             summary["rows_vwarps4"] = bench(copy, shapes, vwarps=4, prefix="mxq-w4")
         summary["rows"] += bench_peers(copy, shapes, summary["rows"])
+        summary.update(host_overhead(args.profile))
+        print(summary["host_us_256x4096_both"], "us host per 256x4096 both call;",
+              summary["gpu_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")
+    elif args.host:
         summary.update(host_overhead(args.profile))
         print(summary["host_us_256x4096_both"], "us host per 256x4096 both call;",
               summary["gpu_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")

@@ -419,6 +419,9 @@ def _noop_tensor(device):
     return t
 
 
+_UNSET = object()
+
+
 class _Launcher:
     """Calls the compiled kernels for one (op, device, dtype): the vectorised one when N % 8 == 0
     and every [M, N] tensor is 16-byte aligned, else the generic one. Each compiles on first use."""
@@ -426,6 +429,24 @@ class _Launcher:
     def __init__(self, op, arch: str, dtype_name: str):
         self.op, self.arch, self.dtype_name = op, arch, dtype_name
         self.fns: dict = {}
+        self.dispatch = _UNSET
+
+    def _dispatcher(self):
+        """The op's native dispatcher (csrc/dispatch.cc): reshaping, variant choice and the
+        launch in C++, which halves the Python call's host time. None where it cannot be built
+        (no C++ compiler): the Python binding below then does the same work."""
+        if self.dispatch is _UNSET:
+            try:
+                from . import ffi
+
+                self.dispatch = ffi.dispatcher(self.op)
+            except Exception as exc:  # pragma: no cover - depends on the machine's toolchain
+                import warnings
+
+                warnings.warn(f"mxq: native dispatcher unavailable ({exc}); using the Python launch path",
+                              RuntimeWarning, stacklevel=4)
+                self.dispatch = None
+        return self.dispatch
 
     def _fn(self, variant: str):
         fn = self.fns.get(variant)
@@ -469,6 +490,14 @@ class _Launcher:
         return (self._fn("vec" if vec else "generic") if m * n else None), args, out
 
     def __call__(self, tensors, scalars, act_input, noop, out):
+        dispatch = self._dispatcher()
+        if dispatch is not None:
+            x = tensors[0]
+            if out is None:
+                out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device)
+            dispatch(*tensors, *scalars, act_input, out.rowwise_data, out.rowwise_scale, out.colwise_data,
+                     out.colwise_scale, out.amax, out.dbias, noop)
+            return out
         fn, args, out = self.bind(tensors, scalars, act_input, noop, out)
         if fn is not None:
             fn(*args)
