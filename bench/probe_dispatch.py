@@ -3,7 +3,6 @@ import faulthandler
 import sys
 
 import torch
-import tvm_ffi
 
 import mxq
 

@@ -1,6 +1,5 @@
 """C++ callers through TVM-FFI, on CPU tensors (the registered function runs the reference)."""
 
-import threading
 from pathlib import Path
 
 import pytest

@@ -63,7 +63,7 @@ def test_hand_vectors(fmt, mode, head, scale, data):
 
 
 def test_constants():
-    for name, fmt in FORMATS.items():
+    for fmt in FORMATS.values():
         assert fmt.rcp == pytest.approx(1 / fmt.max, rel=1e-7)
         assert torch.tensor(fmt.max).to(fmt.torch_dtype).item() == fmt.max
     assert numerics.FP8_NAN_BYTE == 0x7F
