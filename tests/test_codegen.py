@@ -175,3 +175,20 @@ def test_cpu_result_is_quantize_of_epilogue_by_hand(fn, opts):
             assert (g != w).float().mean() <= (0 if op.epilogue.exact and not op.spec.act else 0.01)
     if op.spec.dbias:
         assert torch.allclose(got.dbias.float(), v.sum(0), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+@pytest.mark.parametrize("i", [1, 3, 6, 10])
+def test_generic_variant_compiles(i, arch):
+    """The element-wise kernel (odd N, unaligned tensors) of the same sample compiles too."""
+    opts, fn, dtype = SAMPLE[i]
+    art = compiler.compile_artifacts(FusedOp(fn, QuantSpec(**opts)), arch, dtype, variant="generic")
+    assert "ld.global.v4" not in art["ptx"].split(".entry")[1] if ".entry" in art["ptx"] else True
+    cvt = "e4m3x2" if QuantSpec(**opts).fp8 == "e4m3" else "e5m2x2"
+    assert f"cvt.rn.satfinite.{cvt}.f32" in art["ptx"]
+    assert art["variant"] == "generic"
+
+
+def test_vectorised_variant_uses_16_byte_loads():
+    art = compiler.compile_artifacts(FusedOp(ident, QuantSpec(colwise=True)), "sm_90", "bf16", variant="vec")
+    assert "ld.global.v4.b32" in art["ptx"] and "st.global.v2.b32" in art["ptx"]
