@@ -183,7 +183,7 @@ def test_generic_variant_compiles(i, arch):
     """The element-wise kernel (odd N, unaligned tensors) of the same sample compiles too."""
     opts, fn, dtype = SAMPLE[i]
     art = compiler.compile_artifacts(FusedOp(fn, QuantSpec(**opts)), arch, dtype, variant="generic")
-    assert "ld.global.v4" not in art["ptx"].split(".entry")[1] if ".entry" in art["ptx"] else True
+    assert "ld.global.v4" not in art["ptx"]  # element-wise loads: serves any N and alignment
     cvt = "e4m3x2" if QuantSpec(**opts).fp8 == "e4m3" else "e5m2x2"
     assert f"cvt.rn.satfinite.{cvt}.f32" in art["ptx"]
     assert art["variant"] == "generic"
