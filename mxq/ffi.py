@@ -90,7 +90,7 @@ def _reference_callback(op):
 
 def _resolve_callback(op):
     """First CUDA call of a dtype/variant: compile (or load from the disk cache) the kernel."""
-    from . import compiler
+    from . import compiler, launch
 
     by_code = {(_DL_FLOAT, 32): "fp32", (_DL_FLOAT, 16): "fp16", (_DL_BFLOAT, 16): "bf16"}
 
@@ -98,7 +98,7 @@ def _resolve_callback(op):
         dtype = by_code.get((int(code), int(bits)))
         if dtype is None:
             raise TypeError(f"mxq: input dtype (DLPack code {code}, {bits} bits) is not float32, float16 or bfloat16")
-        arch = compiler._device_arch(torch.device("cuda", int(device_id)))
+        arch = launch.device_arch(torch.device("cuda", int(device_id)))
         return compiler.native_function(op, arch, dtype, "vec" if vec else "generic")
 
     return resolve

@@ -81,9 +81,9 @@ class FusedOp:
 
     def launcher_for(self, x):
         """A callable running the compiled kernel for CUDA tensor ``x``, or None to fall back."""
-        from . import compiler
+        from . import launch
 
-        return compiler.launcher(self, x)
+        return launch.launcher(self, x)
 
     # -- inspection ------------------------------------------------------------------------
     @property
@@ -111,9 +111,9 @@ class FusedOp:
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None) -> dict:
         """AOT: write a shared library with the kernels embedded plus a C header, for C++
         programs with no Python (see the header for the exported functions' arguments)."""
-        from . import compiler
+        from . import export
 
-        return compiler.export(self, directory, arch=arch, dtype=dtype, name=name)
+        return export.export(self, directory, arch=arch, dtype=dtype, name=name)
 
     def __repr__(self) -> str:
         return f"<mxq.FusedOp {self.epilogue.name} {self.spec}>"

@@ -105,10 +105,10 @@ def test_failure_is_not_cached(caller):
 def test_python_launch_path_through_the_dispatcher():
     """The CUDA call path hands tensors to the native dispatcher; on CPU tensors the same
     plumbing reaches the reference, so the argument order is checked here without a GPU."""
-    from mxq import compiler
+    from mxq import launch
 
     op = mxq.fused_quant(colwise=True, amax=True, dact="relu", dbias=True)(resid.fn)
-    launcher = compiler._Launcher(op, "sm_90", "bf16")
+    launcher = launch._Launcher(op, "sm_90", "bf16")
     x, r, a = (planted(40, 64, torch.bfloat16, seed=s) for s in (1, 2, 3))
     got = launcher([x, r], [0.25], a, None, None)
     want = op.reference(x, r, alpha=0.25, act_input=a)
