@@ -102,13 +102,15 @@ def test_failure_is_not_cached(caller):
     assert caller.bad_key_twice(7 << 7) == "ValueError;ValueError;"  # act code 7 does not exist
 
 
-def test_python_launch_path_through_the_dispatcher():
+def test_python_launch_path_through_the_dispatcher(monkeypatch):
     """The CUDA call path hands tensors to the native dispatcher; on CPU tensors the same
     plumbing reaches the reference, so the argument order is checked here without a GPU."""
     from mxq import launch
 
     op = mxq.fused_quant(colwise=True, amax=True, dact="relu", dbias=True)(resid.fn)
-    launcher = launch._Launcher(op, "sm_90", "bf16")
+    monkeypatch.setattr(launch, "device_arch", lambda device: "sm_90")  # the CPU route never compiles
+    launcher = launch.launcher(op, planted(40, 64, torch.bfloat16))
+    assert launcher is launch.launcher(op, planted(40, 64, torch.bfloat16)), "one launcher per device/dtype"
     x, r, a = (planted(40, 64, torch.bfloat16, seed=s) for s in (1, 2, 3))
     got = launcher([x, r], [0.25], a, None, None)
     want = op.reference(x, r, alpha=0.25, act_input=a)
