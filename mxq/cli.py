@@ -12,7 +12,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from .op import FusedOp, _quantize_op, fused_quant
+from .op import FusedOp, _quantize_op
 from .spec import ACTIVATIONS, QuantSpec
 
 
@@ -54,14 +54,7 @@ def _op_from_args(args) -> FusedOp:
     spec = QuantSpec(fp8=args.fp8, rowwise=not args.no_rowwise, colwise=args.colwise,
                      scale_mode=args.scale_mode, scale_layout=args.scale_layout, amax=args.amax,
                      act=args.act, dact=args.dact, dbias=args.dbias)
-    if spec.act or spec.dact or spec.dbias:
-        return fused_quant(**{k: getattr(spec, k) for k in ("fp8", "rowwise", "colwise", "scale_mode",
-                                                            "scale_layout", "amax", "act", "dact", "dbias")})(_identity)
     return _quantize_op(spec)
-
-
-def _identity(x):
-    return x
 
 
 def cmd_info(args) -> int:

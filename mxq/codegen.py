@@ -51,18 +51,19 @@ def templates_hash() -> str:
     """Hash of every template file: part of every cache key, so editing a template recompiles."""
     h = hashlib.sha256()
     root = _template_dir()
-    for path in sorted(_walk(root), key=lambda p: str(p)):
-        h.update(str(path.relative_to(root) if hasattr(path, "relative_to") else path).encode())
+    for name, path in sorted(_walk(root, "")):
+        h.update(name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
-def _walk(root):
+def _walk(root, prefix: str):
+    """(relative name, file) of every template below ``root``."""
     for entry in root.iterdir():
         if entry.is_dir():
-            yield from _walk(entry)
+            yield from _walk(entry, f"{prefix}{entry.name}/")
         elif entry.name.endswith(".j2"):
-            yield entry
+            yield f"{prefix}{entry.name}", entry
 
 
 def _literal(value: float) -> str:

@@ -104,7 +104,7 @@ class _Parser:
         if isinstance(node, ast.Name):
             return self.name(node)
         if isinstance(node, ast.UnaryOp):
-            a = self.float_expr(node.operand, node)
+            a = self.float_expr(node.operand)
             if isinstance(node.op, ast.USub):
                 return ir.Const(-a.value) if isinstance(a, ir.Const) else ir.Unary("neg", a)
             if isinstance(node.op, ast.UAdd):
@@ -118,17 +118,17 @@ class _Parser:
             if op is None:
                 self.fail(node, f"operator {type(node.op).__name__} is not allowed in an epilogue "
                           "(use + - * / and ** with a small integer)", "operator")
-            return ir.Binary(op, self.float_expr(node.left, node), self.float_expr(node.right, node))
+            return ir.Binary(op, self.float_expr(node.left), self.float_expr(node.right))
         if isinstance(node, ast.Compare):
             if len(node.ops) != 1:
                 self.fail(node, "chained comparisons are not allowed in an epilogue", "chained comparison")
-            return ir.Compare(_CMP_OPS[type(node.ops[0])], self.float_expr(node.left, node),
-                              self.float_expr(node.comparators[0], node))
+            return ir.Compare(_CMP_OPS[type(node.ops[0])], self.float_expr(node.left),
+                              self.float_expr(node.comparators[0]))
         if isinstance(node, ast.Call):
             return self.call(node)
         self.refuse(node)
 
-    def float_expr(self, node: ast.AST, parent: ast.AST) -> ir.Expr:
+    def float_expr(self, node: ast.AST) -> ir.Expr:
         e = self.expr(node)
         if e.kind != "float":
             self.fail(node, "a comparison result can only be the condition of mxq.where", "comparison")
@@ -170,7 +170,7 @@ class _Parser:
         if not ok:
             self.fail(node, f"** needs a small integer literal exponent (1..{MAX_POWER}, optionally negative)",
                       "power")
-        base = self.float_expr(node.left, node)
+        base = self.float_expr(node.left)
         result = base
         for _ in range(int(exp.value) - 1):  # left to right: x*x*x, each product rounded
             result = ir.Binary("mul", result, base)
@@ -189,8 +189,8 @@ class _Parser:
             cond = self.expr(node.args[0])
             if cond.kind != "bool":
                 self.fail(node, "the first argument of mxq.where must be a comparison", "call")
-            return ir.Where(cond, self.float_expr(node.args[1], node), self.float_expr(node.args[2], node))
-        args = [self.float_expr(a, node) for a in node.args]
+            return ir.Where(cond, self.float_expr(node.args[1]), self.float_expr(node.args[2]))
+        args = [self.float_expr(a) for a in node.args]
         return ir.Unary(fname, args[0]) if len(args) == 1 else ir.Binary(fname, args[0], args[1])
 
     def callee(self, func: ast.AST) -> str | None:
@@ -227,8 +227,8 @@ class _Parser:
                 op = _ARITH_OPS.get(type(st.op))
                 if op is None:
                     self.fail(st, f"augmented operator {type(st.op).__name__} is not allowed", "operator")
-                left = self.float_expr(ast.Name(st.target.id, ast.Load(), lineno=st.lineno), st)
-                self.assign(st.target, ir.Binary(op, left, self.float_expr(st.value, st)))
+                left = self.float_expr(ast.Name(st.target.id, ast.Load(), lineno=st.lineno))
+                self.assign(st.target, ir.Binary(op, left, self.float_expr(st.value)))
             elif isinstance(st, ast.Return):
                 self.fail(st, "an epilogue has exactly one return, at the end", "early return")
             elif isinstance(st, ast.Expr):

@@ -18,7 +18,7 @@ import torch
 from .spec import QuantSpec
 from .tensor import MXFP8Tensor
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _shim = None
 _registered: dict = {}
 _keep_alive: list = []  # Python callbacks and tensors handed to C++ must outlive every call
@@ -114,17 +114,19 @@ def _zero_callback(device_id):
 
 def dispatcher(op):
     """The native dispatcher function of ``op`` (built once per op)."""
-    with _lock:
-        fn = op.__dict__.get("_dispatcher")
+    fn = op.__dict__.get("_dispatcher")
     if fn is not None:
         return fn
-    mod = _dispatch_module()
-    ref, res = _reference_callback(op), _resolve_callback(op)
-    _keep_alive.extend([ref, res])
-    epi = op.epilogue
-    fn = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), _flags(op.spec),
-                             list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback)
-    op._dispatcher = fn
+    with _lock:
+        fn = op.__dict__.get("_dispatcher")
+        if fn is None:
+            mod = _dispatch_module()
+            ref, res = _reference_callback(op), _resolve_callback(op)
+            _keep_alive.extend([ref, res])
+            epi = op.epilogue
+            fn = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), _flags(op.spec),
+                                     list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback)
+            op._dispatcher = fn
     return fn
 
 
@@ -150,16 +152,9 @@ def get_quantize_kernel(key: int):
     from .op import _quantize_op
 
     spec, _ = QuantSpec.from_key(int(key))
-    if spec.act or spec.dact or spec.dbias:
-        from .op import FusedOp, _identity
-
-        op = _fused_cache.get(spec) or _fused_cache.setdefault(spec, FusedOp(_identity, spec))
-    else:
-        op = _quantize_op(spec)
-    return dispatcher(op)
+    return dispatcher(_quantize_op(spec))
 
 
-_fused_cache: dict = {}
 _entry_registered = False
 
 

@@ -15,7 +15,7 @@ import torch
 from . import reference
 from .epilogue import Epilogue
 from .spec import DTYPES, QuantSpec
-from .tensor import MXFP8Tensor, flat_dims
+from .tensor import MXFP8Tensor
 
 
 def _fail_type(name: str, what: str, got) -> None:
@@ -119,4 +119,4 @@ def execute(op, spec: QuantSpec, tensors, scalars, act_input, noop, out) -> MXFP
     return reference.run(spec, op.epilogue, tensors, scalars, act_input, noop, out)
 
 
-__all__ = ["check_call", "check_out", "execute", "fallback", "flat_dims"]
+__all__ = ["check_call", "check_out", "execute", "fallback"]
