@@ -136,8 +136,8 @@ def time_ms(fn, iters=50, warmup=5):
     return statistics.median(ts)
 
 
-def copy_bandwidth():
-    a = torch.empty(2 ** 30, dtype=torch.bfloat16, device="cuda")
+def copy_bandwidth(numel=2 ** 30):
+    a = torch.empty(numel, dtype=torch.bfloat16, device="cuda")
     b = torch.empty_like(a)
     ms = time_ms(lambda: b.copy_(a), iters=20)
     return 2 * a.numel() * 2 / ms / 1e6  # GB/s, read + write
@@ -158,7 +158,7 @@ def moved_bytes(opts, m, n):
     return m * n * 2 * (1 + ("dact" in opts)) + nout * (m * n + m * n // 32) + (n * 2 if opts.get("dbias") else 0)
 
 
-def bench(copy_gbps, shapes, vwarps=None, prefix="mxq"):
+def bench(copy_gbps, shapes, tuning=None, prefix="mxq"):
     """Kernel time: a prepared launch (no Python checks or allocation between launches)."""
     rows = []
     for (m, n) in shapes:
@@ -166,7 +166,7 @@ def bench(copy_gbps, shapes, vwarps=None, prefix="mxq"):
         a = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         for name, opts in OPS.items():
             op = FusedOp(identity, QuantSpec(**opts))
-            op._vwarps = vwarps
+            op._tuning = dict(tuning or {})
             launch, out = op.prepare(x, **({"act_input": a} if "dact" in opts else {}))
             ms = time_ms(launch)
             gbps = moved_bytes(opts, m, n) / ms / 1e6
@@ -236,6 +236,16 @@ def host_overhead(profile=False):
     loop()
     host = (time.perf_counter() - t) / n * 1e6
     torch.cuda.synchronize()
+    # the same call down the destination-passing route (Python allocates with torch.empty)
+    launcher = next(iter(mxq.op._quantize_op(QuantSpec(rowwise=True, colwise=True))._launchers.values()))
+    launcher.compact = False
+    loop()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    loop()
+    host_dest = (time.perf_counter() - t) / n * 1e6
+    torch.cuda.synchronize()
+    launcher.compact = True
     if profile:
         import cProfile
         import pstats
@@ -256,7 +266,8 @@ def host_overhead(profile=False):
     e.record()
     e.synchronize()
     gpu = s.elapsed_time(e) / 200 * 1000  # back to back: the GPU is the bottleneck
-    return {"host_us_256x4096_both": round(host, 2), "gpu_us_1024x1024_rowwise": round(gpu, 2)}
+    return {"host_us_256x4096_both": round(host, 2), "host_us_256x4096_both_torch_alloc": round(host_dest, 2),
+            "gpu_us_1024x1024_rowwise": round(gpu, 2)}
 
 
 def main():
@@ -264,7 +275,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--vwarps4", action="store_true", help="also time the 4-warp vectorised variant")
+    ap.add_argument("--variants", default="", help="also time tiling variants, e.g. 'vwarps=4;order=rows'")
     ap.add_argument("--profile", action="store_true", help="cProfile the host path of a small call")
     ap.add_argument("--host", action="store_true", help="with --no-bench: still measure the host overhead")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -294,15 +305,20 @@ def main():
         summary["copy_GBps"] = round(copy, 1)
         shapes = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]
         summary["rows"] = bench(copy, shapes)
-        if args.vwarps4:
-            summary["rows_vwarps4"] = bench(copy, shapes, vwarps=4, prefix="mxq-w4")
+        summary["copy_same_bytes"] = {f"{m}x{n}": round(copy_bandwidth(m * n), 1) for (m, n) in shapes}
+        print("copy of each shape's input bytes (GB/s):", summary["copy_same_bytes"], flush=True)
+        for variant in filter(None, args.variants.split(";")):
+            tuning = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=") for kv in variant.split(","))}
+            summary.setdefault("rows_variants", []).extend(bench(copy, shapes, tuning, prefix=f"mxq[{variant}]"))
         summary["rows"] += bench_peers(copy, shapes, summary["rows"])
         summary.update(host_overhead(args.profile))
-        print(summary["host_us_256x4096_both"], "us host per 256x4096 both call;",
+        print(summary["host_us_256x4096_both"], "us host per 256x4096 both call (",
+              summary["host_us_256x4096_both_torch_alloc"], "us with torch.empty outputs);",
               summary["gpu_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")
     elif args.host:
         summary.update(host_overhead(args.profile))
-        print(summary["host_us_256x4096_both"], "us host per 256x4096 both call;",
+        print(summary["host_us_256x4096_both"], "us host per 256x4096 both call (",
+              summary["host_us_256x4096_both_torch_alloc"], "us with torch.empty outputs);",
               summary["gpu_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     name = "".join(c if c.isalnum() else "-" for c in dev).strip("-").lower()

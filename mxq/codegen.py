@@ -75,11 +75,15 @@ def _literal(value: float) -> str:
     return repr(float(value))
 
 
-def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, str]) -> tuple[list[dict], str]:
+def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, str],
+        absolute_tanh: bool = False) -> tuple[list[dict], str]:
     """Lower ``expr`` to SSA records in topological order; return (records, result variable).
 
     ``inputs`` maps tensor-argument index -> the variable holding its fp32 value, ``scalars`` maps
     scalar index -> the kernel parameter name. Structurally equal nodes share one variable.
+    ``absolute_tanh`` lowers tanh to ``tanh_act`` (accurate to ~2^-24 absolute, not relative):
+    the built-in act/dact formulas only use t as 0.5 + 0.5*t or 1 - t*t, where that is as good as
+    a relatively accurate tanh and half the instructions. User epilogues keep the precise one.
     """
     names: dict[ir.Expr, str] = {}
     records: list[dict] = []
@@ -95,7 +99,8 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
         if isinstance(node, ir.Const):
             rec = {"kind": "const", "value": _literal(node.value)}
         elif isinstance(node, ir.Unary):
-            rec = {"kind": "unary", "op": node.op, "args": [names[node.a]]}
+            op = "tanh_act" if (absolute_tanh and node.op == "tanh") else node.op
+            rec = {"kind": "unary", "op": op, "args": [names[node.a]]}
         elif isinstance(node, ir.Binary):
             rec = {"kind": "binary", "op": node.op, "args": [names[node.a], names[node.b]]}
         elif isinstance(node, ir.Compare):
@@ -109,9 +114,12 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
     return records, names[expr]
 
 
-def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None) -> dict:
-    """The complete Jinja context of one generated module."""
+def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None) -> dict:
+    """The complete Jinja context of one generated module (``vwarps``/``order``: tuning overrides)."""
     vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue)
+    order = order or ORDER
+    if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
+        raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
     n_in = len(epilogue.tensor_params)
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}
@@ -119,10 +127,10 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None) -> d
     epi, epi_out = ([], "x0") if epilogue.is_identity else ssa(epilogue.expr, "e", inputs, scalars)
     act = dact = None
     if spec.act:
-        nodes, out = ssa(activations.act_ir(spec.act).expr, "f", {0: "v"}, {})
+        nodes, out = ssa(activations.act_ir(spec.act).expr, "f", {0: "v"}, {}, absolute_tanh=True)
         act = {"nodes": nodes, "out": out, "name": spec.act}
     if spec.dact:
-        nodes, out = ssa(activations.dact_ir(spec.dact).expr, "g", {0: "a"}, {})
+        nodes, out = ssa(activations.dact_ir(spec.dact).expr, "g", {0: "a"}, {}, absolute_tanh=True)
         dact = {"nodes": nodes, "out": out, "name": spec.dact}
     fmt = FORMATS[spec.fp8]
     return {
@@ -143,7 +151,8 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None) -> d
         "computed": bool(spec.act or spec.dact or not epilogue.is_identity),
         "templates_hash": templates_hash(),
         "rows_per_cta": ROWS_PER_CTA,
-        "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps,
+        "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps, "pkw": VEC // 2,
+        "order": order,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,
     }
@@ -158,8 +167,15 @@ VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load o
 # and run better at 8 warps x 4 rows. MXQ_VWARPS (4 or 8) forces one for tuning runs; it changes
 # the source, hence every cache key.
 VWARPS = int(os.environ.get("MXQ_VWARPS", "0")) or None
-if VWARPS not in (None, 4, 8):
-    raise ValueError(f"mxq: MXQ_VWARPS must be 4 or 8, got {VWARPS}")
+if VWARPS not in (None, 2, 4, 8):
+    raise ValueError(f"mxq: MXQ_VWARPS must be 2, 4 or 8, got {VWARPS}")
+
+
+# CTA numbering of the packed kernel: "cols" walks along a row of tiles first (consecutive CTAs
+# read adjacent memory), "rows" walks down a column of tiles. MXQ_ORDER forces one for tuning.
+ORDER = os.environ.get("MXQ_ORDER", "cols")
+if ORDER not in ("cols", "rows"):
+    raise ValueError(f"mxq: MXQ_ORDER must be 'cols' or 'rows', got {ORDER!r}")
 
 
 def default_vwarps(spec: QuantSpec, epilogue: Epilogue) -> int:
@@ -167,5 +183,5 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue) -> int:
     return 8 if heavy else 4
 
 
-def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None) -> str:
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps))
+def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None) -> str:
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order))

@@ -33,12 +33,13 @@ def _dispatch_module():
             import tvm_ffi.cpp
 
             src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v3", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v4", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
 def _flags(spec: QuantSpec) -> int:
-    want = [bool(spec.dact), spec.rowwise, spec.rowwise, spec.colwise, spec.colwise, spec.amax, spec.dbias]
+    want = [bool(spec.dact), spec.rowwise, spec.rowwise, spec.colwise, spec.colwise, spec.amax, spec.dbias,
+            spec.fp8 == "e5m2"]
     return sum(1 << i for i, w in enumerate(want) if w)
 
 
@@ -113,21 +114,31 @@ def _zero_callback(device_id):
 
 
 def dispatcher(op):
-    """The native dispatcher function of ``op`` (built once per op)."""
-    fn = op.__dict__.get("_dispatcher")
-    if fn is not None:
-        return fn
+    """The native destination-passing dispatcher of ``op`` (built once per op)."""
+    return _dispatchers(op)[0]
+
+
+def allocating_dispatcher(op):
+    """The native allocating route of ``op``: (*tensors, *scalars, act_input, noop) -> the six
+    output slots (compact scales), for ordinary Python calls on non-empty CUDA tensors."""
+    return _dispatchers(op)[1]
+
+
+def _dispatchers(op):
+    fns = op.__dict__.get("_dispatchers")
+    if fns is not None:
+        return fns
     with _lock:
-        fn = op.__dict__.get("_dispatcher")
-        if fn is None:
+        fns = op.__dict__.get("_dispatchers")
+        if fns is None:
             mod = _dispatch_module()
             ref, res = _reference_callback(op), _resolve_callback(op)
             _keep_alive.extend([ref, res])
             epi = op.epilogue
-            fn = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), _flags(op.spec),
-                                     list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback)
-            op._dispatcher = fn
-    return fn
+            pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), _flags(op.spec),
+                                       list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback)
+            fns = op._dispatchers = (pair[0], pair[1])
+    return fns
 
 
 def register(op, name: str):
@@ -169,4 +180,4 @@ def register_entrypoints() -> None:
     _entry_registered = True
 
 
-__all__ = ["dispatcher", "get_quantize_kernel", "register", "register_entrypoints"]
+__all__ = ["allocating_dispatcher", "dispatcher", "get_quantize_kernel", "register", "register_entrypoints"]

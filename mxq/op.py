@@ -40,7 +40,7 @@ class FusedOp:
         self._tensor_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.tensor_params]
         self._scalar_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.scalar_params]
         self._source: str | None = None
-        self._vwarps: int | None = None  # tuning override of codegen.VWARPS (benchmarks)
+        self._tuning: dict = {}  # benchmark-only overrides of codegen's tiling choices (vwarps, order)
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
@@ -92,7 +92,7 @@ class FusedOp:
         if self._source is None:
             from . import codegen
 
-            self._source = codegen.render(self.spec, self.epilogue, self._vwarps)
+            self._source = codegen.render(self.spec, self.epilogue, **self._tuning)
         return self._source
 
     def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:

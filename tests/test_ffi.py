@@ -117,3 +117,18 @@ def test_python_launch_path_through_the_dispatcher(monkeypatch):
     from mxq.testing import compare
 
     assert compare(got, want, exact=True) == []
+
+
+def test_allocating_route_refuses_cpu_and_empty_inputs():
+    """The allocating route (Python's ordinary CUDA calls) serves non-empty CUDA tensors; anything
+    else is a clean ValueError, never a crash (Python sends those calls down the other routes)."""
+    from mxq import ffi
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, fp8="e5m2")(resid.fn)
+    assert ffi._flags(op.spec) >> 7 & 1, "the fp8 format reaches the native allocator"
+    alloc = ffi.allocating_dispatcher(op)
+    x = planted(8, 32, torch.bfloat16)
+    with pytest.raises(ValueError, match="non-empty CUDA"):
+        alloc(x, x, 0.5, None, None)
+    with pytest.raises(TypeError, match="expected 5 arguments"):
+        alloc(x, x, 0.5, None)

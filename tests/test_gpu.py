@@ -32,6 +32,30 @@ def test_kernel_matches_reference(i, shape):
     assert compare(got, want, is_exact(op)) == []
 
 
+@pytest.mark.parametrize("shape", [(127, 200), (4, 5, 96)])
+@pytest.mark.parametrize("i", range(len(SAMPLE)))
+def test_allocating_route_matches_reference(i, shape):
+    """Calls without out=: compact-scale ops allocate their outputs in the native dispatcher (the
+    host-time path); dtypes, shapes and bytes must be those of MXFP8Tensor.empty + the reference."""
+    opts, fn, dtype_name = SAMPLE[i]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
+    op = mxq.fused_quant(**opts)(fn)
+    m = 1
+    for d in shape[:-1]:
+        m *= d
+    ins = [planted(m, shape[-1], dtype, seed=7 * i + j).reshape(shape) for j in range(len(op.epilogue.tensor_params))]
+    kw = {"act_input": planted(m, shape[-1], dtype, seed=98).reshape(shape)} if op.spec.dact else {}
+    want = op.reference(*ins, **kw)
+    got = op(*[t.cuda() for t in ins], **{k: v.cuda() for k, v in kw.items()})
+    like = mxq.MXFP8Tensor.empty(op.spec, shape, dtype, "meta")
+    for field in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias"):
+        g, w = getattr(got, field), getattr(like, field)
+        assert (g is None) == (w is None), field
+        if g is not None:
+            assert g.is_cuda and g.dtype == w.dtype and g.shape == w.shape and g.is_contiguous(), field
+    assert compare(got, want, is_exact(op)) == []
+
+
 def test_noop_on_device_writes_nothing():
     x = torch.randn(64, 96, device="cuda")
     out = mxq.quantize(x, rowwise=True, colwise=True, amax=True)
