@@ -135,7 +135,11 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
         mod = load_module(source)
         args = _fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant == "vec")
         cute = _import_cutlass(arch)
-        options = f"--enable-tvm-ffi --gpu-arch {arch}" + (" --keep-ptx" if keep_ptx else "")
+        options = f"--enable-tvm-ffi --gpu-arch {arch}"
+        if keep_ptx:  # CuTeDSL writes the PTX file into the working directory unless told otherwise
+            dump = cache_dir() / "ptx"
+            dump.mkdir(parents=True, exist_ok=True)
+            options += f" --keep-ptx --dump-dir {dump}"
         with _compile_lock:
             try:
                 entry = mod.launch_vec if variant == "vec" else mod.launch

@@ -195,3 +195,16 @@ def test_generic_variant_compiles(i, arch):
 def test_vectorised_variant_uses_16_byte_loads():
     art = compiler.compile_artifacts(FusedOp(ident, QuantSpec(colwise=True)), "sm_90", "bf16", variant="vec")
     assert "ld.global.v4.b32" in art["ptx"] and "st.global.v2.b32" in art["ptx"]
+
+
+def test_asm_leaves_the_working_directory_alone(tmp_path, monkeypatch):
+    """CuTeDSL's --keep-ptx writes into the current directory by default; mxq points it at its cache."""
+    def shifted(x):
+        return x + 0.8125  # a constant no other test compiles: this really compiles here
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    art = mxq.fused_quant()(shifted).asm("sm_90", "bf16")
+    assert ".entry" in art["ptx"]
+    assert list(work.iterdir()) == []
