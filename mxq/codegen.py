@@ -162,8 +162,9 @@ ROWS_PER_CTA = 32  # one colwise block per CTA row tile
 WARPS = 4  # generic kernel: each warp owns 32 columns (lane = column), a row's 32-block is one warp
 VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load of bf16)
 # vectorised kernel: VWARPS warps x (32 / VWARPS) rows = one colwise block of 32 rows per CTA.
-# Measured on the H200 with the packed kernel (bench/results/*-v4-packed.json, rows_variants):
-# 4 warps x 8 rows wins for plain casts (both at 16384^2: 94% vs 86% with 2 warps, 90% with 8);
+# Measured on the H200 with the packed kernel (bench/results/*-v4a-packed-tuning.json and
+# *-v4-packed.json, rows_variants): 4 warps x 8 rows wins for plain casts (both at 16384^2: 94%
+# vs 92% with 8 warps; 86% with 2 warps, and walking CTAs down columns first was no better);
 # ops with act/dact/dbias need the registers and run better at 8 warps x 4 rows (gelu_both 66% vs
 # 62%, dgelu_dbias_both 58% vs 52%). MXQ_VWARPS (2, 4 or 8) forces one for tuning runs; it
 # changes the source, hence every cache key.
