@@ -238,14 +238,14 @@ def host_overhead(profile=False):
     torch.cuda.synchronize()
     # the same call down the destination-passing route (Python allocates with torch.empty)
     launcher = next(iter(mxq.op._quantize_op(QuantSpec(rowwise=True, colwise=True))._launchers.values()))
-    launcher.compact = False
+    launcher.native_alloc = False
     loop()
     torch.cuda.synchronize()
     t = time.perf_counter()
     loop()
     host_dest = (time.perf_counter() - t) / n * 1e6
     torch.cuda.synchronize()
-    launcher.compact = True
+    launcher.native_alloc = True
     if profile:
         import cProfile
         import pstats

@@ -174,10 +174,8 @@ if VWARPS not in (None, 2, 4, 8):
 
 
 # CTA numbering of the packed kernel: "cols" walks along a row of tiles first (consecutive CTAs
-# read adjacent memory), "rows" walks down a column of tiles. MXQ_ORDER forces one for tuning.
-ORDER = os.environ.get("MXQ_ORDER", "cols")
-if ORDER not in ("cols", "rows"):
-    raise ValueError(f"mxq: MXQ_ORDER must be 'cols' or 'rows', got {ORDER!r}")
+# read adjacent memory), "rows" walks down a column of tiles (a tuning override; no faster).
+ORDER = "cols"
 
 
 def default_vwarps(spec: QuantSpec, epilogue: Epilogue) -> int:

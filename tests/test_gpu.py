@@ -16,17 +16,23 @@ from .test_codegen import SAMPLE
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (33, 31), (127, 200), (4, 5, 96)])
-@pytest.mark.parametrize("i", range(len(SAMPLE)))
-def test_kernel_matches_reference(i, shape):
+def _sample_call(i, shape, seed):
+    """SAMPLE op i with planted CPU inputs of ``shape``: (op, tensor inputs, act_input kwargs)."""
     opts, fn, dtype_name = SAMPLE[i]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
     op = mxq.fused_quant(**opts)(fn)
     m = 1
     for d in shape[:-1]:
         m *= d
-    ins = [planted(m, shape[-1], dtype, seed=i + j).reshape(shape) for j in range(len(op.epilogue.tensor_params))]
-    kw = {"act_input": planted(m, shape[-1], dtype, seed=99).reshape(shape)} if op.spec.dact else {}
+    ins = [planted(m, shape[-1], dtype, seed=seed + j).reshape(shape) for j in range(len(op.epilogue.tensor_params))]
+    kw = {"act_input": planted(m, shape[-1], dtype, seed=seed + 97).reshape(shape)} if op.spec.dact else {}
+    return op, ins, kw
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (33, 31), (127, 200), (4, 5, 96)])
+@pytest.mark.parametrize("i", range(len(SAMPLE)))
+def test_kernel_matches_reference(i, shape):
+    op, ins, kw = _sample_call(i, shape, seed=i)
     want = op.reference(*ins, **kw)
     got = op(*[t.cuda() for t in ins], out=poisoned(op, ins[0].cuda()), **{k: v.cuda() for k, v in kw.items()})
     assert compare(got, want, is_exact(op)) == []
@@ -37,17 +43,10 @@ def test_kernel_matches_reference(i, shape):
 def test_allocating_route_matches_reference(i, shape):
     """Calls without out=: compact-scale ops allocate their outputs in the native dispatcher (the
     host-time path); dtypes, shapes and bytes must be those of MXFP8Tensor.empty + the reference."""
-    opts, fn, dtype_name = SAMPLE[i]
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype_name]
-    op = mxq.fused_quant(**opts)(fn)
-    m = 1
-    for d in shape[:-1]:
-        m *= d
-    ins = [planted(m, shape[-1], dtype, seed=7 * i + j).reshape(shape) for j in range(len(op.epilogue.tensor_params))]
-    kw = {"act_input": planted(m, shape[-1], dtype, seed=98).reshape(shape)} if op.spec.dact else {}
+    op, ins, kw = _sample_call(i, shape, seed=7 * i)
     want = op.reference(*ins, **kw)
     got = op(*[t.cuda() for t in ins], **{k: v.cuda() for k, v in kw.items()})
-    like = mxq.MXFP8Tensor.empty(op.spec, shape, dtype, "meta")
+    like = mxq.MXFP8Tensor.empty(op.spec, shape, ins[0].dtype, "meta")
     for field in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias"):
         g, w = getattr(got, field), getattr(like, field)
         assert (g is None) == (w is None), field
