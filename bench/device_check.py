@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mxq  # noqa: E402
 from mxq.op import FusedOp  # noqa: E402
 from mxq.spec import QuantSpec  # noqa: E402
+from mxq.tensor import MXFP8Tensor  # noqa: E402
 from mxq.testing import byte_diff, compare, is_exact, planted, poisoned, same_bytes  # noqa: E402
 
 
@@ -239,6 +240,7 @@ def host_overhead(profile=False):
     # the same call down the destination-passing route (Python allocates with torch.empty)
     launcher = next(iter(mxq.op._quantize_op(QuantSpec(rowwise=True, colwise=True))._launchers.values()))
     launcher.native_alloc = False
+    launcher.op._fast.clear()  # the fast path would keep taking the allocating route
     loop()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -246,6 +248,8 @@ def host_overhead(profile=False):
     host_dest = (time.perf_counter() - t) / n * 1e6
     torch.cuda.synchronize()
     launcher.native_alloc = True
+    breakdown = host_breakdown(x, launcher, n)
+    print("host breakdown (us per call):", breakdown, flush=True)
     if profile:
         import cProfile
         import pstats
@@ -287,7 +291,41 @@ def host_overhead(profile=False):
     print(f"1024x1024 rowwise: {gpu:.2f} us per kernel ({method}); {back_to_back:.2f} us back to back", flush=True)
     return {"gpu_us_1024x1024_method": method, "gpu_us_1024x1024_back_to_back": round(back_to_back, 2),
             "host_us_256x4096_both": round(host, 2), "host_us_256x4096_both_torch_alloc": round(host_dest, 2),
-            "gpu_us_1024x1024_rowwise": round(gpu, 2)}
+            "gpu_us_1024x1024_rowwise": round(gpu, 2), "host_breakdown_us": breakdown}
+
+
+def host_breakdown(x, launcher, n):
+    """Where a small call's host time goes: the native allocate-and-launch call alone, the
+    compiled kernel function alone on bound arguments (the floor of any TVM-FFI launch), and
+    torch allocating the same four outputs."""
+    op = mxq.op._quantize_op(QuantSpec(rowwise=True, colwise=True))
+    native = launcher.allocating
+    fn, args, _ = launcher.bind([x], [], None, None, None)
+
+    def per_call(f):
+        f()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        dt = (time.perf_counter() - t) / n * 1e6
+        torch.cuda.synchronize()
+        return round(dt, 2)
+
+    def torch_outputs():
+        MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
+
+    r = native(x, None, None)
+    item = launcher._item
+    out = MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
+    dest = launcher.dispatch
+    return {"native_alloc_call": per_call(lambda: native(x, None, None)),
+            "four_outputs_to_torch": per_call(lambda: (item(r, 0), item(r, 1), item(r, 2), item(r, 3))),
+            "native_dest_call": per_call(lambda: dest(x, None, out.rowwise_data, out.rowwise_scale, out.colwise_data,
+                                                      out.colwise_scale, None, None, None)),
+            "kernel_function_call": per_call(lambda: fn(*args)),
+            "torch_empty_outputs": per_call(torch_outputs),
+            "python_checks": per_call(lambda: mxq.runtime.check_call(op.spec, op.epilogue, [x], [], None, None, None))}
 
 
 def main():

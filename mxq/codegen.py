@@ -76,14 +76,16 @@ def _literal(value: float) -> str:
 
 
 def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, str],
-        absolute_tanh: bool = False) -> tuple[list[dict], str]:
+        builtin: bool = False) -> tuple[list[dict], str]:
     """Lower ``expr`` to SSA records in topological order; return (records, result variable).
 
     ``inputs`` maps tensor-argument index -> the variable holding its fp32 value, ``scalars`` maps
     scalar index -> the kernel parameter name. Structurally equal nodes share one variable.
-    ``absolute_tanh`` lowers tanh to ``tanh_act`` (accurate to ~2^-24 absolute, not relative):
-    the built-in act/dact formulas only use t as 0.5 + 0.5*t or 1 - t*t, where that is as good as
-    a relatively accurate tanh and half the instructions. User epilogues keep the precise one.
+    ``builtin`` (the act/dact formulas of NUMERICS.md, transcendental class) lowers tanh to
+    ``tanh_act`` (accurate to ~2^-24 absolute, not relative: the formulas only use t as
+    0.5 + 0.5*t or 1 - t*t, where that is as good as a relatively accurate tanh and half the
+    instructions) and contracts products into FMAs (see ``contract_fma``). User epilogues keep
+    the precise tanh and one rounding per operation.
     """
     names: dict[ir.Expr, str] = {}
     records: list[dict] = []
@@ -99,7 +101,7 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
         if isinstance(node, ir.Const):
             rec = {"kind": "const", "value": _literal(node.value)}
         elif isinstance(node, ir.Unary):
-            op = "tanh_act" if (absolute_tanh and node.op == "tanh") else node.op
+            op = "tanh_act" if (builtin and node.op == "tanh") else node.op
             rec = {"kind": "unary", "op": op, "args": [names[node.a]]}
         elif isinstance(node, ir.Binary):
             rec = {"kind": "binary", "op": node.op, "args": [names[node.a], names[node.b]]}
@@ -111,7 +113,44 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
             raise TypeError(f"unknown IR node {node!r}")
         rec["var"] = var
         records.append(rec)
+    if builtin:
+        records = contract_fma(records)
     return records, names[expr]
+
+
+def contract_fma(records: list[dict]) -> list[dict]:
+    """Fuse ``a*b + c`` into one FMA where the product feeds only that addition.
+
+    Only for the built-in transcendental-class formulas: skipping the product's rounding moves a
+    value by at most ~1 fp32 ulp, far inside the class's 1-in-1e4 one-code budget, and saves an
+    instruction per element. Subtractions are left alone on purpose: dgelu's ``1 - t*t`` cancels
+    for |t| near 1 and the reference rounds t*t first, so an FMA there would differ from the
+    reference by much more than an ulp of the result.
+    """
+    uses: dict[str, int] = {}
+    for rec in records:
+        for a in rec.get("args", []):
+            uses[a] = uses.get(a, 0) + 1
+    by_var = {rec["var"]: rec for rec in records}
+
+    def single_product(var: str):
+        rec = by_var.get(var)
+        if rec is not None and rec["kind"] == "binary" and rec["op"] == "mul" and uses[var] == 1:
+            return rec
+        return None
+
+    fused: set[str] = set()
+    out = []
+    for rec in records:
+        if rec["kind"] == "binary" and rec["op"] == "add":
+            for k in (0, 1):
+                prod = single_product(rec["args"][k])
+                if prod is not None:
+                    rec = {"kind": "fma", "args": [*prod["args"], rec["args"][1 - k]], "var": rec["var"]}
+                    fused.add(prod["var"])
+                    break
+        out.append(rec)
+    return [rec for rec in out if rec["var"] not in fused]
 
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None) -> dict:
@@ -127,10 +166,10 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     epi, epi_out = ([], "x0") if epilogue.is_identity else ssa(epilogue.expr, "e", inputs, scalars)
     act = dact = None
     if spec.act:
-        nodes, out = ssa(activations.act_ir(spec.act).expr, "f", {0: "v"}, {}, absolute_tanh=True)
+        nodes, out = ssa(activations.act_ir(spec.act).expr, "f", {0: "v"}, {}, builtin=True)
         act = {"nodes": nodes, "out": out, "name": spec.act}
     if spec.dact:
-        nodes, out = ssa(activations.dact_ir(spec.dact).expr, "g", {0: "a"}, {}, absolute_tanh=True)
+        nodes, out = ssa(activations.dact_ir(spec.dact).expr, "g", {0: "a"}, {}, builtin=True)
         dact = {"nodes": nodes, "out": out, "name": spec.dact}
     fmt = FORMATS[spec.fp8]
     return {
@@ -152,6 +191,12 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         "templates_hash": templates_hash(),
         "rows_per_cta": ROWS_PER_CTA,
         "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps, "pkw": VEC // 2,
+        # packed kernel's column owners: 32 * pkw words of column maxima and 32 * VEC dbias
+        # columns per CTA, spread over its vwarps * 32 threads
+        "nthreads": vwarps * 32,
+        "own_words": max(1, 32 * (VEC // 2) // (vwarps * 32)),
+        "owner_guard": vwarps * 32 > 32 * (VEC // 2),
+        "dbias_own": max(1, 32 * VEC // (vwarps * 32)),
         "order": order,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,

@@ -208,3 +208,78 @@ def test_asm_leaves_the_working_directory_alone(tmp_path, monkeypatch):
     art = mxq.fused_quant()(shifted).asm("sm_90", "bf16")
     assert ".entry" in art["ptx"]
     assert list(work.iterdir()) == []
+
+
+def _run_records(records, out, env):
+    """Evaluate codegen SSA records on fp32 tensors (FMA as an fp64 product-sum rounded once,
+    tanh_act as torch.tanh): checks what the records compute, not how the GPU rounds."""
+    env = dict(env)
+    ops = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div}
+    for r in records:
+        a = [env[v] for v in r.get("args", [])]
+        if r["kind"] == "const":
+            env[r["var"]] = torch.tensor(float(r["value"]), dtype=torch.float32)
+        elif r["kind"] == "fma":
+            env[r["var"]] = (a[0].double() * a[1].double() + a[2].double()).float()
+        elif r["kind"] == "binary":
+            env[r["var"]] = ops[r["op"]](a[0], a[1])
+        elif r["kind"] == "unary" and r["op"] in ("tanh_act", "tanh"):
+            env[r["var"]] = torch.tanh(a[0])
+        elif r["kind"] == "unary" and r["op"] == "sigmoid":
+            env[r["var"]] = torch.sigmoid(a[0])
+        elif r["kind"] == "unary" and r["op"] == "neg":
+            env[r["var"]] = -a[0]
+        elif r["kind"] == "compare":
+            env[r["var"]] = {"gt": torch.gt, "lt": torch.lt, "ge": torch.ge, "le": torch.le}[r["op"]](a[0], a[1])
+        elif r["kind"] == "where":
+            env[r["var"]] = torch.where(a[0], a[1], a[2])
+        else:
+            raise AssertionError(f"record kind not modelled: {r}")
+    return env[out]
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+@pytest.mark.parametrize("direction", ["act", "dact"])
+def test_builtin_act_records_compute_the_numerics_formula(name, direction):
+    from mxq import activations
+
+    ep = activations.act_ir(name) if direction == "act" else activations.dact_ir(name)
+    records, out = codegen.ssa(ep.expr, "f", {0: "x"}, {}, builtin=True)
+    x = torch.linspace(-8, 8, 4001, dtype=torch.float32)
+    got = _run_records(records, out, {"x": x})
+    want = mxq.ir.evaluate(ep.expr, [x], [])
+    # FMA contraction moves a value by about an fp32 ulp, never more than a few
+    assert torch.allclose(got.double(), want.double(), rtol=2**-20, atol=2**-22)
+    kinds = [r["kind"] for r in records]
+    if name == "gelu" or direction == "dact" and name in ("silu", "qgelu"):
+        assert "fma" in kinds
+    if name in ("relu", "srelu"):
+        assert "fma" not in kinds
+
+
+def test_fma_contraction_is_builtin_only_and_skips_subtractions():
+    from mxq import activations
+
+    def fused_looking(x, r):
+        return x * r + 1.0 - x * x
+
+    user = mxq.fused_quant()(fused_looking)
+    records, _ = codegen.ssa(user.epilogue.expr, "e", {0: "x", 1: "r"}, {})
+    assert all(r["kind"] != "fma" for r in records), "user epilogues keep one rounding per operation"
+    records, _ = codegen.ssa(activations.dact_ir("gelu").expr, "g", {0: "a"}, {}, builtin=True)
+    by_var = {r["var"]: r for r in records}
+    subs = [r for r in records if r["kind"] == "binary" and r["op"] == "sub"]
+    # dgelu's 1 - t*t: t*t stays a rounded product, as in the reference (it cancels near |t| = 1)
+    assert any(by_var.get(s["args"][1], {}).get("op") == "mul" for s in subs)
+    assert sum(r["kind"] == "fma" for r in records) >= 3
+
+
+@pytest.mark.parametrize("name", ACTIVATIONS)
+def test_builtin_acts_keep_zero_padding(name):
+    """The packed kernel loads zeros past row M and skips the row mask for built-in act/dact:
+    that needs act(0) == 0 and 0 * dact(0) == 0, i.e. dact(0) finite."""
+    from mxq import activations
+
+    zero = torch.zeros(1)
+    assert mxq.ir.evaluate(activations.act_ir(name).expr, [zero], []).item() == 0.0
+    assert torch.isfinite(mxq.ir.evaluate(activations.dact_ir(name).expr, [zero], [])).all()

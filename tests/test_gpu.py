@@ -55,6 +55,26 @@ def test_allocating_route_matches_reference(i, shape):
     assert compare(got, want, is_exact(op)) == []
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_fast_path_matches_reference_and_still_checks(dtype):
+    """After one checked CUDA call, plain calls skip the Python checks (op._fast); every later
+    call must still give the reference bytes, and unusual inputs must still be caught."""
+    op = mxq.fused_quant(colwise=True, amax=True)(_fast_ident)
+    xs = [planted(m, n, dtype, seed=m + n).cuda() for m, n in [(64, 256), (127, 200), (33, 8)]]
+    op(xs[0])
+    assert (dtype, xs[0].get_device()) in op._fast
+    for x in xs:  # the second and later calls go the fast way
+        assert compare(op(x), op.reference(x.cpu()), True) == []
+    with pytest.raises(ValueError, match="contiguous"):
+        op(xs[0].t())
+    empty = op(xs[0][:0])
+    assert empty.rowwise_data.shape == (0, 256)
+
+
+def _fast_ident(x):
+    return x
+
+
 def test_noop_on_device_writes_nothing():
     x = torch.randn(64, 96, device="cuda")
     out = mxq.quantize(x, rowwise=True, colwise=True, amax=True)

@@ -42,3 +42,50 @@ def test_out_must_be_contiguous():
 
 def _ident(x):
     return x
+
+
+class _RecordingLauncher:
+    """Stands in for a CUDA launcher in the op's fast-path table (keyed by get_device() == -1,
+    a CPU tensor's), so the gatekeeping of the fast path runs without a GPU."""
+
+    def __init__(self):
+        self.calls = []
+
+    def call_alloc(self, x):
+        self.calls.append(x)
+        return "fast"
+
+
+def test_fast_path_takes_only_plain_calls():
+    op = mxq.fused_quant(colwise=True)(_plain)
+    assert op._fast_ok and not op._fast, "nothing is fast before a checked CUDA call"
+    fake = op._fast[(torch.bfloat16, -1)] = _RecordingLauncher()
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    assert op(x) == "fast" and fake.calls == [x]
+    # everything else goes through the checked path (here: the CPU reference)
+    assert isinstance(op(x.t()), mxq.MXFP8Tensor)  # not contiguous
+    assert isinstance(op(x, noop=torch.zeros(1)), mxq.MXFP8Tensor)
+    assert isinstance(op(torch.nn.Parameter(x, requires_grad=False)), mxq.MXFP8Tensor)  # a subclass
+    assert isinstance(op(x[:0]), mxq.MXFP8Tensor)  # empty
+    assert isinstance(op(x.float()), mxq.MXFP8Tensor)  # another dtype: another key
+    with pytest.raises(TypeError, match="too many positional"):
+        op(x, x)
+    assert len(fake.calls) == 1
+
+
+def test_fast_path_is_off_for_ops_with_scalars_or_act_input():
+    assert not mxq.fused_quant()(_scaled)._fast_ok
+    assert not mxq.fused_quant(dact="gelu")(_plain)._fast_ok
+
+
+def test_quantize_rejects_unhashable_options_by_name():
+    with pytest.raises((TypeError, ValueError), match="fp8"):
+        mxq.quantize(torch.zeros(4, 32), fp8=["e4m3"])
+
+
+def _plain(x):
+    return x
+
+
+def _scaled(x, alpha: float = 2.0):
+    return x * alpha

@@ -1,0 +1,64 @@
+"""Static PTX instruction count per element of the packed (16-bit input) kernel, without a GPU.
+
+Why: on the H200 the fused ops are issue-bound, so PTX instructions per element predict their
+speed well enough to compare template changes on a CPU-only machine before spending device time
+(SASS differs: inline-asm ``mov`` wrappers vanish, ``abs`` folds into an operand, but changes in
+this count track changes in the kernel). Prints, for each op of the benchmark, the instructions
+of the packed kernel's body divided by the elements one thread handles, and ptxas's registers.
+
+    python bench/ptx_count.py [--arch sm_90] [--dtype bf16] [--vwarps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+
+from mxq import codegen
+from mxq.epilogue import IDENTITY
+from mxq.op import FusedOp, _identity
+from mxq.spec import QuantSpec
+
+OPS = {
+    "rowwise": dict(rowwise=True, colwise=False),
+    "colwise": dict(rowwise=False, colwise=True),
+    "both": dict(rowwise=True, colwise=True),
+    "gelu_both": dict(rowwise=True, colwise=True, act="gelu"),
+    "dgelu_dbias_both": dict(rowwise=True, colwise=True, dact="gelu", dbias=True),
+}
+
+
+def count(spec: QuantSpec, arch: str, dtype: str, vwarps: int | None = None) -> dict:
+    op = FusedOp(_identity, spec, IDENTITY)
+    if vwarps:
+        op._tuning = {"vwarps": vwarps}
+    art = op.asm(arch, dtype)
+    ptx = art["ptx"]
+    body = ptx[ptx.index(".entry kernel_cutlass_quant_kernel_pk"):]
+    body = body[:body.index("\n}\n")]
+    instrs = [ln.strip() for ln in body.splitlines()
+              if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))]
+    kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
+    vwarps = vwarps or codegen.default_vwarps(spec, IDENTITY)
+    per_thread = codegen.VEC * (codegen.ROWS_PER_CTA // vwarps)
+    regs = next((v.get("registers") for k, v in art.get("kernels", {}).items() if "quant_kernel_pk" in k), None)
+    return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": regs,
+            "vwarps": vwarps, "top": kinds.most_common(8)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--vwarps", type=int, default=None, help="force warps per CTA (2, 4 or 8)")
+    args = ap.parse_args()
+    print(f"{'op':18} {'PTX/elem':>8} {'regs':>5} {'warps':>5}  most frequent")
+    for name, opts in OPS.items():
+        c = count(QuantSpec(**opts), args.arch, args.dtype, args.vwarps)
+        top = " ".join(f"{k}:{v}" for k, v in c["top"])
+        print(f"{name:18} {c['per_element']:8.1f} {c['registers'] or '-':>5} {c['vwarps']:>5}  {top}")
+
+
+if __name__ == "__main__":
+    main()
