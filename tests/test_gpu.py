@@ -71,6 +71,22 @@ def test_fast_path_matches_reference_and_still_checks(dtype):
     assert empty.rowwise_data.shape == (0, 256)
 
 
+def test_allocating_route_outputs_outlive_each_other():
+    """A direction's data and scales share one allocation (csrc/dispatch.cc): each must stay
+    valid and 256-byte aligned however the others are dropped."""
+    x = planted(256, 4096, torch.bfloat16, seed=3).cuda()
+    out = mxq.quantize(x, rowwise=True, colwise=True)
+    keep, want = out.colwise_scale, out.colwise_scale.clone()
+    data, data_want = out.rowwise_data, out.rowwise_data.clone()
+    assert all(t.data_ptr() % 256 == 0 for t in (out.rowwise_data, out.rowwise_scale, out.colwise_data, keep))
+    del out
+    torch.cuda.synchronize()
+    junk = [torch.full((256 * 4096 + 4096,), 7, dtype=torch.uint8, device="cuda") for _ in range(8)]
+    torch.cuda.synchronize()
+    assert same_bytes(keep, want) and same_bytes(data, data_want)
+    del junk
+
+
 def _fast_ident(x):
     return x
 

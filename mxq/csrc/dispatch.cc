@@ -231,6 +231,18 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
 // writes nothing), compact scales, allocated through the TVM-FFI environment allocator (the
 // caller's framework: torch's caching allocator for torch tensors), then the destination-passing
 // route above. One native call instead of four torch.empty calls and a 13-argument call.
+// A tensor `offset` bytes into `parent`'s memory; it holds a reference to the parent, so one
+// allocation lives as long as any view of it.
+struct ViewOf {
+  ffi::Tensor parent;
+  int64_t offset;
+  void AllocData(DLTensor* t) {
+    const DLTensor* p = parent.GetDLTensorPtr();
+    t->data = static_cast<char*>(p->data) + p->byte_offset + offset;
+  }
+  void FreeData(DLTensor*) {}
+};
+
 void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* rv) {
   State& st = *sp;
   const int base = st.nt + st.ns;
@@ -251,14 +263,16 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   };
   ffi::Shape xshape(x->shape, x->shape + x->ndim);
   ffi::Any outs[6];
-  if (st.want[kRowData]) {
-    outs[0] = alloc(xshape, fp8);
-    outs[1] = alloc(ffi::Shape({m, nbr}), u8);
-  }
-  if (st.want[kColData]) {
-    outs[2] = alloc(xshape, fp8);
-    outs[3] = alloc(ffi::Shape({nbc, n}), u8);
-  }
+  // A direction's data and scales share one allocation (scales at the next 256-byte boundary):
+  // they are used together, and the host time of a small call is mostly allocation.
+  auto data_and_scale = [&](ffi::Shape scale_shape, int64_t scale_bytes, ffi::Any* data, ffi::Any* scale) {
+    const int64_t off = (numel + 255) / 256 * 256;
+    ffi::Tensor buf = alloc(ffi::Shape({off + scale_bytes}), u8);
+    *data = ffi::Tensor::FromNDAlloc(ViewOf{buf, 0}, xshape, fp8, x->device);
+    *scale = ffi::Tensor::FromNDAlloc(ViewOf{buf, off}, scale_shape, u8, x->device);
+  };
+  if (st.want[kRowData]) data_and_scale(ffi::Shape({m, nbr}), m * nbr, &outs[0], &outs[1]);
+  if (st.want[kColData]) data_and_scale(ffi::Shape({nbc, n}), nbc * n, &outs[2], &outs[3]);
   if (st.want[kAmax]) outs[4] = alloc(ffi::Shape(std::vector<int64_t>{}), f32);
   if (st.want[kDbias]) outs[5] = alloc(ffi::Shape({n}), x->dtype);
   std::vector<ffi::AnyView> full;
