@@ -211,8 +211,10 @@ VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load o
 # *-v4-packed.json, rows_variants): 4 warps x 8 rows wins for plain casts (both at 16384^2: 94%
 # vs 92% with 8 warps; 86% with 2 warps, and walking CTAs down columns first was no better);
 # ops with act/dact/dbias need the registers and run better at 8 warps x 4 rows (gelu_both 66% vs
-# 62%, dgelu_dbias_both 58% vs 52%). MXQ_VWARPS (2, 4 or 8) forces one for tuning runs; it
-# changes the source, hence every cache key.
+# 62%, dgelu_dbias_both 58% vs 52%). With column/row scales computed once per block
+# (*-v5a-owners-tuning.json) gelu_both ran within 2 points at 4 and 8 warps and
+# dgelu_dbias_both lost 4-7 points at 4 warps (144 registers). MXQ_VWARPS (2, 4 or 8) forces
+# one for tuning runs; it changes the source, hence every cache key.
 VWARPS = int(os.environ.get("MXQ_VWARPS", "0")) or None
 if VWARPS not in (None, 2, 4, 8):
     raise ValueError(f"mxq: MXQ_VWARPS must be 2, 4 or 8, got {VWARPS}")

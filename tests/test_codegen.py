@@ -283,3 +283,21 @@ def test_builtin_acts_keep_zero_padding(name):
     zero = torch.zeros(1)
     assert mxq.ir.evaluate(activations.act_ir(name).expr, [zero], []).item() == 0.0
     assert torch.isfinite(mxq.ir.evaluate(activations.dact_ir(name).expr, [zero], [])).all()
+
+
+def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
+    """bench/ptx_count.py (the CPU-side speed predictor): counts are positive and the gelu
+    fusion costs more instructions per element than the plain rowwise+colwise cast."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "ptx_count.py"
+    spec = importlib.util.spec_from_file_location("ptx_count", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    both = tool.count(QuantSpec(**tool.OPS["both"]), "sm_90", "bf16")
+    gelu = tool.count(QuantSpec(**tool.OPS["gelu_both"]), "sm_90", "bf16")
+    assert 5 < both["per_element"] < gelu["per_element"]
+    assert gelu["vwarps"] == 8 and both["vwarps"] == 4
+    if shutil.which("ptxas"):
+        assert isinstance(both["registers"], int) and both["registers"] > 0
