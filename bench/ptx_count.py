@@ -41,11 +41,10 @@ def count(spec: QuantSpec, arch: str, dtype: str, vwarps: int | None = None) -> 
               if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))]
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
     vwarps = vwarps or codegen.default_vwarps(spec, IDENTITY)
-    tiles = codegen.context(spec, IDENTITY, vwarps)["tiles"]
-    per_thread = codegen.VEC * (codegen.ROWS_PER_CTA // vwarps) * tiles
+    per_thread = codegen.VEC * (codegen.ROWS_PER_CTA // vwarps)
     regs = next((v.get("registers") for k, v in art.get("kernels", {}).items() if "quant_kernel_pk" in k), None)
     return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": regs,
-            "vwarps": vwarps, "tiles": tiles, "top": kinds.most_common(8)}
+            "vwarps": vwarps, "top": kinds.most_common(8)}
 
 
 def main() -> None:
@@ -54,11 +53,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--vwarps", type=int, default=None, help="force warps per CTA (2, 4 or 8)")
     args = ap.parse_args()
-    print(f"{'op':18} {'PTX/elem':>8} {'regs':>5} {'warps':>5} {'tiles':>5}  most frequent")
+    print(f"{'op':18} {'PTX/elem':>8} {'regs':>5} {'warps':>5}  most frequent")
     for name, opts in OPS.items():
         c = count(QuantSpec(**opts), args.arch, args.dtype, args.vwarps)
         top = " ".join(f"{k}:{v}" for k, v in c["top"])
-        print(f"{name:18} {c['per_element']:8.1f} {c['registers'] or '-':>5} {c['vwarps']:>5} {c['tiles']:>5}  {top}")
+        print(f"{name:18} {c['per_element']:8.1f} {c['registers'] or '-':>5} {c['vwarps']:>5}  {top}")
 
 
 if __name__ == "__main__":

@@ -153,16 +153,12 @@ def contract_fma(records: list[dict]) -> list[dict]:
     return [rec for rec in out if rec["var"] not in fused]
 
 
-def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-            tiles: int | None = None) -> dict:
-    """The complete Jinja context of one generated module (``vwarps``/``order``/``tiles``: tuning
-    overrides)."""
+def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None) -> dict:
+    """The complete Jinja context of one generated module (``vwarps``/``order``: tuning overrides)."""
     vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue)
     order = order or ORDER
-    tiles = tiles or default_tiles(spec, epilogue)
-    if vwarps not in (2, 4, 8) or order not in ("cols", "rows") or tiles not in (1, 2):
-        raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8, order 'cols' or 'rows' and tiles 1 or 2, "
-                         f"got {vwarps!r}, {order!r}, {tiles!r}")
+    if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
+        raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
     n_in = len(epilogue.tensor_params)
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}
@@ -202,7 +198,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         "owner_guard": vwarps * 32 > 32 * (VEC // 2),
         "dbias_own": max(1, 32 * VEC // (vwarps * 32)),
         "order": order,
-        "tiles": tiles,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,
     }
@@ -235,14 +230,5 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue) -> int:
     return 8 if heavy else 4
 
 
-def default_tiles(spec: QuantSpec, epilogue: Epilogue) -> int:
-    """32-row blocks per CTA of the packed kernel: two for forward act / epilogue ops, whose second
-    block's loads then overlap the first block's arithmetic; one for plain casts and for dact
-    (two inputs: a second block's registers would halve its occupancy)."""
-    heavy = default_vwarps(spec, epilogue) == 8
-    return 2 if heavy and not spec.dact else 1
-
-
-def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-           tiles: int | None = None) -> str:
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, tiles))
+def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None) -> str:
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order))
