@@ -298,7 +298,7 @@ def host_breakdown(x, launcher, n):
     """Where a small call's host time goes: the native allocate-and-launch call alone, the
     compiled kernel function alone on bound arguments (the floor of any TVM-FFI launch), and
     torch allocating the same four outputs."""
-    op = mxq.op._quantize_op(QuantSpec(rowwise=True, colwise=True))
+    op = launcher.op
     native = launcher.allocating
     fn, args, _ = launcher.bind([x], [], None, None, None)
 

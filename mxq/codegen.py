@@ -195,7 +195,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         # columns per CTA, spread over its vwarps * 32 threads
         "nthreads": vwarps * 32,
         "own_words": max(1, 32 * (VEC // 2) // (vwarps * 32)),
-        "owner_guard": vwarps * 32 > 32 * (VEC // 2),
         "dbias_own": max(1, 32 * VEC // (vwarps * 32)),
         "order": order,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),

@@ -77,10 +77,11 @@ class _Launcher:
             fn = self.fns[variant] = native_function(self.op, self.arch, self.dtype_name, variant)
         return fn
 
-    def call_alloc(self, x, *rest):
-        """Allocate the outputs and launch in one native call (checked inputs, compact scales)."""
-        r = self.allocating(x, *rest) if rest else self.allocating(x, None, None)
-        item, spec = self._item, self.op.spec
+    def call_alloc(self, *args):
+        """Allocate the outputs and launch in one native call: ``args`` are the allocating
+        route's (*tensors, *scalars, act_input, noop), already checked; compact scales only."""
+        r = self.allocating(*args)
+        x, item, spec = args[0], self._item, self.op.spec
         row, col = spec.rowwise, spec.colwise
         return MXFP8Tensor(item(r, 0) if row else None, item(r, 2) if col else None,
                            item(r, 1) if row else None, item(r, 3) if col else None,
