@@ -122,25 +122,51 @@ def check_case(variant, epi_name, dtype_name, shape, seed):
     return res
 
 
-def time_ms(fn, iters=50, warmup=5):
+HOLD_CYCLES = 400_000  # ~0.2 ms at 1.98 GHz: longer than any timed call takes the host to issue
+
+
+def time_ms(fn, iters=50, warmup=5, hold=True):
+    """Median GPU time of one call of fn between two CUDA events.
+
+    hold=True (the method of every table since 2026-11-30): a spin kernel queued before the start
+    event keeps the GPU busy while the host issues the start event, fn's launches and the end
+    event, so the interval is the GPU's time for fn alone (launch processing included, as
+    triton's do_bench gets by queueing its cache flush first). hold=False is the method before:
+    the start event fires on an idle GPU as soon as the host records it, so the interval also
+    holds the host's time to issue fn (5-6 us for an mxq launch, more for Triton and
+    torch.compile); it is kept in each row as ms_idle_start."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     ts = []
     for _ in range(iters):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if hold:
+            torch.cuda._sleep(HOLD_CYCLES)
+        t = time.perf_counter()
         s.record()
         fn()
         e.record()
+        issue_us = (time.perf_counter() - t) * 1e6
         e.synchronize()
         ts.append(s.elapsed_time(e))
+        if hold and issue_us > 150:  # the spin (~200 us) may have run out: say so
+            print(f"  note: host took {issue_us:.0f} us to issue a timed call", flush=True)
     return statistics.median(ts)
 
 
-def copy_bandwidth(numel=2 ** 30):
+def timed_row(fn, moved, copy_gbps, **fields):
+    """A result row: GPU time held (see time_ms) and, for comparison, with an idle start."""
+    ms = time_ms(fn)
+    gbps = moved / ms / 1e6
+    return dict(fields, ms=round(ms, 5), GBps=round(gbps, 1), pct_copy=round(100 * gbps / copy_gbps, 1),
+                ms_idle_start=round(time_ms(fn, hold=False), 5))
+
+
+def copy_bandwidth(numel=2 ** 30, hold=True):
     a = torch.empty(numel, dtype=torch.bfloat16, device="cuda")
     b = torch.empty_like(a)
-    ms = time_ms(lambda: b.copy_(a), iters=20)
+    ms = time_ms(lambda: b.copy_(a), iters=20, hold=hold)
     return 2 * a.numel() * 2 / ms / 1e6  # GB/s, read + write
 
 
@@ -169,12 +195,10 @@ def bench(copy_gbps, shapes, tuning=None, prefix="mxq"):
             op = FusedOp(identity, QuantSpec(**opts))
             op._tuning = dict(tuning or {})
             launch, out = op.prepare(x, **({"act_input": a} if "dact" in opts else {}))
-            ms = time_ms(launch)
-            gbps = moved_bytes(opts, m, n) / ms / 1e6
-            rows.append({"name": f"{prefix}/{name}", "M": m, "N": n, "ms": round(ms, 5), "GBps": round(gbps, 1),
-                         "pct_copy": round(100 * gbps / copy_gbps, 1)})
-            print(f"  {prefix + '/' + name:24s} {m:6d}x{n:<6d} {ms * 1000:8.1f} us {gbps:8.0f} GB/s "
-                  f"{100 * gbps / copy_gbps:5.1f}%", flush=True)
+            row = timed_row(launch, moved_bytes(opts, m, n), copy_gbps, name=f"{prefix}/{name}", M=m, N=n)
+            rows.append(row)
+            print(f"  {row['name']:24s} {m:6d}x{n:<6d} {row['ms'] * 1000:8.1f} us {row['GBps']:8.0f} GB/s "
+                  f"{row['pct_copy']:5.1f}%  (idle start {row['ms_idle_start'] * 1000:.1f} us)", flush=True)
     return rows
 
 
@@ -207,18 +231,15 @@ def bench_peers(copy_gbps, shapes, rows):
             x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
             try:
                 fn(x)
-                ms = time_ms(lambda: fn(x))
+                row = timed_row(lambda: fn(x), m * n * 2 + m * n + m * n // 32, copy_gbps, name=name, M=m, N=n)
             except Exception as exc:
                 print(f"  {name} {m}x{n}: failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                 continue
-            moved = m * n * 2 + m * n + m * n // 32
-            gbps = moved / ms / 1e6
-            row = {"name": name, "M": m, "N": n, "ms": round(ms, 5), "GBps": round(gbps, 1),
-                   "pct_copy": round(100 * gbps / copy_gbps, 1),
-                   "mxq_speedup": round(mxq_gbps[(match, m, n)] / gbps, 2)}
+            row["mxq_speedup"] = round(mxq_gbps[(match, m, n)] / row["GBps"], 2)
             out.append(row)
-            print(f"  {name:26s} {m:6d}x{n:<6d} {ms * 1000:8.1f} us {gbps:8.0f} GB/s {row['pct_copy']:5.1f}%  "
-                  f"mxq/{match} is {row['mxq_speedup']}x", flush=True)
+            print(f"  {name:26s} {m:6d}x{n:<6d} {row['ms'] * 1000:8.1f} us {row['GBps']:8.0f} GB/s "
+                  f"{row['pct_copy']:5.1f}%  mxq/{match} is {row['mxq_speedup']}x "
+                  f"(idle start {row['ms_idle_start'] * 1000:.1f} us)", flush=True)
     return out
 
 
@@ -364,7 +385,12 @@ def main():
         shapes = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]
         summary["rows"] = bench(copy, shapes)
         summary["copy_same_bytes"] = {f"{m}x{n}": round(copy_bandwidth(m * n), 1) for (m, n) in shapes}
-        print("copy of each shape's input bytes (GB/s):", summary["copy_same_bytes"], flush=True)
+        summary["copy_same_bytes_idle_start"] = {f"{m}x{n}": round(copy_bandwidth(m * n, hold=False), 1)
+                                                 for (m, n) in shapes}
+        summary["timing"] = ("median of 50 event-timed calls, GPU held by a spin kernel while the host "
+                             "issues each (ms); ms_idle_start: the same without the spin kernel")
+        print("copy of each shape's input bytes (GB/s):", summary["copy_same_bytes"], "idle start:",
+              summary["copy_same_bytes_idle_start"], flush=True)
         for variant in filter(None, args.variants.split(";")):
             tuning = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=") for kv in variant.split(","))}
             summary.setdefault("rows_variants", []).extend(bench(copy, shapes, tuning, prefix=f"mxq[{variant}]"))
