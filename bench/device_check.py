@@ -185,13 +185,15 @@ def moved_bytes(opts, m, n):
     return m * n * 2 * (1 + ("dact" in opts)) + nout * (m * n + m * n // 32) + (n * 2 if opts.get("dbias") else 0)
 
 
-def bench(copy_gbps, shapes, tuning=None, prefix="mxq"):
+def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None):
     """Kernel time: a prepared launch (no Python checks or allocation between launches)."""
     rows = []
     for (m, n) in shapes:
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         a = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         for name, opts in OPS.items():
+            if ops and name not in ops:
+                continue
             op = FusedOp(identity, QuantSpec(**opts))
             op._tuning = dict(tuning or {})
             launch, out = op.prepare(x, **({"act_input": a} if "dact" in opts else {}))
@@ -354,7 +356,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--no-check", action="store_true")
-    ap.add_argument("--variants", default="", help="also time tiling variants, e.g. 'vwarps=4;order=rows'")
+    ap.add_argument("--variants", default="", help="also time tiling variants, e.g. 'vwarps=4;order=rows' ('ops=a+b' limits one to those ops)")
     ap.add_argument("--profile", action="store_true", help="cProfile the host path of a small call")
     ap.add_argument("--host", action="store_true", help="with --no-bench: still measure the host overhead")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -393,7 +395,9 @@ def main():
               summary["copy_same_bytes_idle_start"], flush=True)
         for variant in filter(None, args.variants.split(";")):
             tuning = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=") for kv in variant.split(","))}
-            summary.setdefault("rows_variants", []).extend(bench(copy, shapes, tuning, prefix=f"mxq[{variant}]"))
+            ops = tuning.pop("ops", "")  # e.g. ops=gelu_both+dgelu_dbias_both: time only these
+            summary.setdefault("rows_variants", []).extend(
+                bench(copy, shapes, tuning, prefix=f"mxq[{variant}]", ops=set(filter(None, ops.split("+")))))
         summary["rows"] += bench_peers(copy, shapes, summary["rows"])
         summary.update(host_overhead(args.profile))
         print(summary["host_us_256x4096_both"], "us host per 256x4096 both call (",

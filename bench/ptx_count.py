@@ -4,7 +4,9 @@ Why: on the H200 the fused ops are issue-bound, so PTX instructions per element 
 speed well enough to compare template changes on a CPU-only machine before spending device time
 (SASS differs: inline-asm ``mov`` wrappers vanish, ``abs`` folds into an operand, but changes in
 this count track changes in the kernel). Prints, for each op of the benchmark, the instructions
-of the packed kernel's body divided by the elements one thread handles, and ptxas's registers.
+of the packed kernel's body divided by the elements one thread handles, and ptxas's registers;
+with ``nvdisasm`` on PATH (pip wheel nvidia-cuda-nvdisasm; optional) also the machine
+instructions per element, the better predictor.
 
     python bench/ptx_count.py [--arch sm_90] [--dtype bf16] [--vwarps 4]
 """
@@ -42,9 +44,10 @@ def count(spec: QuantSpec, arch: str, dtype: str, vwarps: int | None = None) -> 
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
     vwarps = vwarps or codegen.default_vwarps(spec, IDENTITY)
     per_thread = codegen.VEC * (codegen.ROWS_PER_CTA // vwarps)
-    regs = next((v.get("registers") for k, v in art.get("kernels", {}).items() if "quant_kernel_pk" in k), None)
-    return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": regs,
-            "vwarps": vwarps, "top": kinds.most_common(8)}
+    pk = next((v for k, v in art.get("kernels", {}).items() if "quant_kernel_pk" in k), {})
+    sass = pk.get("sass_instructions")
+    return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": pk.get("registers"),
+            "sass_per_element": sass / per_thread if sass else None, "vwarps": vwarps, "top": kinds.most_common(8)}
 
 
 def main() -> None:
@@ -53,11 +56,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--vwarps", type=int, default=None, help="force warps per CTA (2, 4 or 8)")
     args = ap.parse_args()
-    print(f"{'op':18} {'PTX/elem':>8} {'regs':>5} {'warps':>5}  most frequent")
+    print(f"{'op':18} {'PTX/elem':>8} {'SASS/elem':>9} {'regs':>5} {'warps':>5}  most frequent PTX")
     for name, opts in OPS.items():
         c = count(QuantSpec(**opts), args.arch, args.dtype, args.vwarps)
         top = " ".join(f"{k}:{v}" for k, v in c["top"])
-        print(f"{name:18} {c['per_element']:8.1f} {c['registers'] or '-':>5} {c['vwarps']:>5}  {top}")
+        sass = f"{c['sass_per_element']:9.1f}" if c["sass_per_element"] else f"{'-':>9}"
+        print(f"{name:18} {c['per_element']:8.1f} {sass} {c['registers'] or '-':>5} {c['vwarps']:>5}  {top}")
 
 
 if __name__ == "__main__":

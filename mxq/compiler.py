@@ -202,7 +202,30 @@ def ptxas_report(ptx: str, arch: str) -> dict:
         m = re.search(r"Used (\d+) registers", line)
         if m and current is not None:
             current["registers"] = int(m.group(1))
+        if r.returncode == 0:
+            for name, count in sass_counts(Path(d) / "k.cubin").items():
+                kernels.setdefault(name, {})["sass_instructions"] = count
     return {"ptxas": "ok" if r.returncode == 0 else text, "ptxas_note": note, "kernels": kernels}
+
+
+def sass_counts(cubin: Path) -> dict:
+    """Machine instructions per kernel, when ``nvdisasm`` is on PATH (optional: it is not part of
+    the CUDA toolkits without a driver, but NVIDIA ships it as a pip wheel). The number that
+    bounds the issue-limited fused ops; PTX counts include moves that vanish in SASS."""
+    nvdisasm = shutil.which("nvdisasm")
+    if nvdisasm is None:
+        return {}
+    r = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
+    counts: dict = {}
+    current = None
+    for line in r.stdout.splitlines():
+        m = re.match(r"\s*\.text\.(\S+):", line)
+        if m:
+            current = m.group(1)
+            counts[current] = 0
+        elif current and re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", line):
+            counts[current] += 1
+    return counts
 
 
 # -- the disk cache ---------------------------------------------------------------------------
