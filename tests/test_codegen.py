@@ -274,6 +274,30 @@ def test_fma_contraction_is_builtin_only_and_skips_subtractions():
     assert sum(r["kind"] == "fma" for r in records) >= 3
 
 
+def test_power_of_two_scaled_sum_becomes_a_bit_exact_fma():
+    """dgelu's 0.5 * (1 + t) is emitted as fma(t, 0.5, 0.5): the same bits for every t in
+    [-1, 1] (scaling by 2^k commutes with rounding), one instruction fewer; never for users."""
+    from mxq import activations
+
+    records, _ = codegen.ssa(activations.dact_ir("gelu").expr, "g", {0: "a"}, {}, builtin=True)
+    consts = {r["var"]: float(r["value"]) for r in records if r["kind"] == "const"}
+    scaled = [r for r in records if r["kind"] == "fma" and consts.get(r["args"][1]) == 0.5
+              and consts.get(r["args"][2]) == 0.5]
+    assert len(scaled) == 1
+    g = torch.Generator().manual_seed(7)
+    t = torch.cat([torch.rand(200_000, generator=g) * 2 - 1, torch.tensor([-1.0, -1 + 2**-24, -0.0, 0.0, 1.0]),
+                   torch.tanh(torch.linspace(-20, 20, 100_001))]).float()
+    want = 0.5 * (1.0 + t)  # fp32, two roundings (the reference)
+    got = (t.double() * 0.5 + 0.5).float()  # an FMA: exact product-sum, one rounding
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+    def user(x):
+        return 0.5 * (x + 1.0)
+
+    records, _ = codegen.ssa(mxq.fused_quant()(user).epilogue.expr, "e", {0: "x"}, {})
+    assert all(r["kind"] != "fma" for r in records)
+
+
 @pytest.mark.parametrize("name", ACTIVATIONS)
 def test_builtin_acts_keep_zero_padding(name):
     """The packed kernel loads zeros past row M and skips the row mask for built-in act/dact:
@@ -301,3 +325,20 @@ def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
     assert gelu["vwarps"] == 8 and both["vwarps"] == 4
     if shutil.which("ptxas"):
         assert isinstance(both["registers"], int) and both["registers"] > 0
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_grid_split_is_compiled_in(arch):
+    """The packed kernel finds its tile from a 3-D grid (no integer division): the row tile is
+    ctaid.y + ctaid.z * nctaid.y, so tensors of more than 65535 row tiles still launch; CTAs
+    past the last tile write nothing. The GPU side is test_gpu.py::test_tall_tensor_splits_the_grid_over_y_and_z."""
+    def ident(x):
+        return x
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, amax=True)(ident)
+    ptx = op.asm(arch, "bf16")["ptx"]
+    body = ptx[ptx.index(".entry kernel_cutlass_quant_kernel_pk"):]
+    assert "%ctaid.z" in body and "%nctaid.y" in body
+    assert "div.s32" not in body and "rem.s32" not in body
+    src = op.source
+    assert "gz = cute.ceil_div(n_slow, 65535)" in src and "in_grid = rb < (M + 31) // 32" in src

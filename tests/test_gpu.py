@@ -97,3 +97,18 @@ def test_noop_on_device_writes_nothing():
     before = [out.rowwise_data.clone(), out.colwise_scale.clone(), out.amax.clone()]
     mxq.quantize(x * 7, rowwise=True, colwise=True, amax=True, out=out, noop=torch.ones(1, device="cuda"))
     assert all(same_bytes(a, b) for a, b in zip(before, [out.rowwise_data, out.colwise_scale, out.amax]))
+
+
+@pytest.mark.parametrize("opts", [dict(rowwise=True, colwise=True, amax=True), dict(colwise=True, dact="gelu", dbias=True)])
+def test_tall_tensor_splits_the_grid_over_y_and_z(opts):
+    """M = 2,200,032 rows is 68,751 row tiles: more than grid y allows, so the packed kernel's row
+    tiles are split over y and z (34,376 x 2, one CTA past the end, which must write nothing).
+    CPU counterpart: tests/test_codegen.py::test_grid_split_is_compiled_in."""
+    m, n = 2_200_032, 16
+    x = torch.randn(m, n, dtype=torch.bfloat16)
+    x[-1, -1], x[0, 0], x[-33, 3] = float("nan"), float("inf"), 0.0
+    kw = {"act_input": torch.randn(m, n, dtype=torch.bfloat16)} if opts.get("dact") else {}
+    op = mxq.fused_quant(**opts)(_fast_ident)
+    want = op.reference(x, **kw)
+    got = op(x.cuda(), out=poisoned(op, x.cuda()), **{k: v.cuda() for k, v in kw.items()})
+    assert compare(got, want, is_exact(op)) == []
