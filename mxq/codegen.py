@@ -196,10 +196,14 @@ def contract_fma(records: list[dict]) -> list[dict]:
     return [rec for rec in out if rec["var"] not in fused]
 
 
-def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None) -> dict:
-    """The complete Jinja context of one generated module (``vwarps``/``order``: tuning overrides)."""
+def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
+            stage: int | None = None) -> dict:
+    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``:
+    tuning overrides)."""
     vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue)
     order = order or ORDER
+    computed = bool(spec.act or spec.dact or not epilogue.is_identity)
+    stage = computed if stage is None else bool(stage)
     if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
         raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
     n_in = len(epilogue.tensor_params)
@@ -230,7 +234,9 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
                      "fingerprint": epilogue.fingerprint, "exact": epilogue.exact},
         "act": act,
         "dact": dact,
-        "computed": bool(spec.act or spec.dact or not epilogue.is_identity),
+        "computed": computed,
+        # packed kernel: stage the inputs through shared memory with cp.async (ops with arithmetic)
+        "stage": stage,
         "templates_hash": templates_hash(),
         "rows_per_cta": ROWS_PER_CTA,
         "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps, "pkw": VEC // 2,
@@ -272,5 +278,6 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue) -> int:
     return 8 if heavy else 4
 
 
-def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None) -> str:
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order))
+def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
+           stage: int | None = None) -> str:
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage))

@@ -190,7 +190,8 @@ def ptxas_report(ptx: str, arch: str) -> dict:
                 break
             note = f"PTX ISA {m.group(1)} re-stamped as {m.group(2)} for the local ptxas"
             ptx = re.sub(r"^\.version \S+", f".version {m.group(2)}", ptx, count=1, flags=re.M)
-    kernels: dict = {}
+        sass = sass_counts(Path(d) / "k.cubin") if r.returncode == 0 else {}
+    kernels: dict = {name: {"sass_instructions": n} for name, n in sass.items()}
     current = None
     for line in text.splitlines():
         m = re.search(r"Compiling entry function '([^']+)'", line)
@@ -202,9 +203,6 @@ def ptxas_report(ptx: str, arch: str) -> dict:
         m = re.search(r"Used (\d+) registers", line)
         if m and current is not None:
             current["registers"] = int(m.group(1))
-        if r.returncode == 0:
-            for name, count in sass_counts(Path(d) / "k.cubin").items():
-                kernels.setdefault(name, {})["sass_instructions"] = count
     return {"ptxas": "ok" if r.returncode == 0 else text, "ptxas_note": note, "kernels": kernels}
 
 
