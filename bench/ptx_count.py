@@ -42,7 +42,7 @@ def count(spec: QuantSpec, arch: str, dtype: str, vwarps: int | None = None) -> 
     instrs = [ln.strip() for ln in body.splitlines()
               if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))]
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
-    vwarps = vwarps or codegen.default_vwarps(spec, IDENTITY)
+    vwarps = int(re.search(r"^PK_WARPS = (\d+)", op.source, re.M).group(1))  # as rendered
     per_thread = codegen.VEC * (codegen.ROWS_PER_CTA // vwarps)
     pk = next((v for k, v in art.get("kernels", {}).items() if "quant_kernel_pk" in k), {})
     sass = pk.get("sass_instructions")

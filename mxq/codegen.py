@@ -200,10 +200,11 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
             stage: int | None = None) -> dict:
     """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``:
     tuning overrides)."""
-    vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue)
     order = order or ORDER
     computed = bool(spec.act or spec.dact or not epilogue.is_identity)
     stage = computed if stage is None else bool(stage)
+    pk_vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, stage)
+    vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, False)
     if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
         raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
     n_in = len(epilogue.tensor_params)
@@ -240,11 +241,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         "templates_hash": templates_hash(),
         "rows_per_cta": ROWS_PER_CTA,
         "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps, "pkw": VEC // 2,
-        # packed kernel's column owners: 32 * pkw words of column maxima and 32 * VEC dbias
-        # columns per CTA, spread over its vwarps * 32 threads
-        "nthreads": vwarps * 32,
-        "own_words": max(1, 32 * (VEC // 2) // (vwarps * 32)),
-        "dbias_own": max(1, 32 * VEC // (vwarps * 32)),
+        "pk_vwarps": pk_vwarps,  # the packed (16-bit) kernel's warps: 4 for staged ops
         "order": order,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,
@@ -273,9 +270,15 @@ if VWARPS not in (None, 2, 4, 8):
 ORDER = "cols"
 
 
-def default_vwarps(spec: QuantSpec, epilogue: Epilogue) -> int:
+def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = None) -> int:
+    """4 warps x 8 rows, except unstaged ops with heavy arithmetic or dbias: 8 warps x 4 rows.
+    Staged ops (``stage`` defaults to: there is arithmetic) keep their loads in flight through
+    shared memory, so the fewer instructions per element of 8 rows per thread win there."""
+    computed = bool(spec.act or spec.dact or not epilogue.is_identity)
+    if stage is None:
+        stage = computed
     heavy = spec.act or spec.dact or spec.dbias or not epilogue.exact
-    return 8 if heavy else 4
+    return 8 if heavy and not stage else 4
 
 
 def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,

@@ -322,7 +322,8 @@ def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
     both = tool.count(QuantSpec(**tool.OPS["both"]), "sm_90", "bf16")
     gelu = tool.count(QuantSpec(**tool.OPS["gelu_both"]), "sm_90", "bf16")
     assert 5 < both["per_element"] < gelu["per_element"]
-    assert gelu["vwarps"] == 8 and both["vwarps"] == 4
+    # staged ops (arithmetic) and plain casts run the packed kernel with 4 warps x 8 rows
+    assert gelu["vwarps"] == 4 and both["vwarps"] == 4
     if shutil.which("ptxas"):
         assert isinstance(both["registers"], int) and both["registers"] > 0
 
