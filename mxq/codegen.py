@@ -271,14 +271,18 @@ ORDER = "cols"
 
 
 def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = None) -> int:
-    """4 warps x 8 rows, except unstaged ops with heavy arithmetic or dbias: 8 warps x 4 rows.
+    """4 warps x 8 rows, except dbias and unstaged heavy arithmetic: 8 warps x 4 rows.
+
     Staged ops (``stage`` defaults to: there is arithmetic) keep their loads in flight through
-    shared memory, so the fewer instructions per element of 8 rows per thread win there."""
+    shared memory, so the fewer instructions per element of 8 rows per thread win there
+    (gelu_both 86-93% of copy against 82-88% with 8 warps, bench/results/nvidia-h200-20261130.json).
+    dbias is the exception: at 4 warps dgelu_dbias_both needs 80 registers and 43 KB of shared
+    memory per CTA and ran 4 points slower (76-84% against 80-88%)."""
     computed = bool(spec.act or spec.dact or not epilogue.is_identity)
     if stage is None:
         stage = computed
     heavy = spec.act or spec.dact or spec.dbias or not epilogue.exact
-    return 8 if heavy and not stage else 4
+    return 8 if spec.dbias or (heavy and not stage) else 4
 
 
 def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
