@@ -258,7 +258,9 @@ VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load o
 # ops with act/dact/dbias need the registers and run better at 8 warps x 4 rows (gelu_both 66% vs
 # 62%, dgelu_dbias_both 58% vs 52%). With column/row scales computed once per block
 # (*-v5a-owners-tuning.json) gelu_both ran within 2 points at 4 and 8 warps and
-# dgelu_dbias_both lost 4-7 points at 4 warps (144 registers). MXQ_VWARPS (2, 4 or 8) forces
+# dgelu_dbias_both lost 4-7 points at 4 warps (144 registers). Since 2026-11-30 the packed
+# kernel has its own count (default_vwarps, pk_vwarps): staged ops use 4 warps there, dbias ops 8,
+# the fp32 kernel keeps the rule above. MXQ_VWARPS (2, 4 or 8) forces
 # one for tuning runs; it changes the source, hence every cache key.
 VWARPS = int(os.environ.get("MXQ_VWARPS", "0")) or None
 if VWARPS not in (None, 2, 4, 8):

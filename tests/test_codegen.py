@@ -343,3 +343,31 @@ def test_grid_split_is_compiled_in(arch):
     assert "div.s32" not in body and "rem.s32" not in body
     src = op.source
     assert "gz = cute.ceil_div(n_slow, 65535)" in src and "in_grid = rb < (M + 31) // 32" in src
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_ops_with_arithmetic_stage_their_loads_through_shared_memory(arch):
+    """Packed kernel: act/dact/epilogue ops request every row with cp.async (one commit group
+    per row, a wait before each row); plain casts load straight into registers; the tuning knob
+    stage=0 turns staging off. The GPU side: every bf16/fp16 act/dact case of test_gpu.py."""
+    def ident(x):
+        return x
+
+    def entry(op):
+        ptx = op.asm(arch, "bf16")["ptx"]
+        body = ptx[ptx.index(".entry kernel_cutlass_quant_kernel_pk"):]
+        return body[:body.index("\n}\n")]
+
+    gelu = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident)
+    body = entry(gelu)
+    assert body.count("cp.async.cg.shared.global") == 8  # 8 rows x one 16-byte copy per thread
+    assert body.count("cp.async.commit_group") == 8 and "cp.async.wait_group" in body
+    assert "ld.global.v4" not in body and "PK_WARPS = 4" in gelu.source
+    dgelu = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
+    assert entry(dgelu).count("cp.async.cg.shared.global") == 8  # 4 rows x (grad, act input)
+    assert "PK_WARPS = 8" in dgelu.source
+    plain = mxq.fused_quant(rowwise=True, colwise=True)(ident)
+    assert "cp.async" not in entry(plain) and "ld.global.v4" in entry(plain)
+    unstaged = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident)
+    unstaged._tuning = {"stage": 0}  # before the source is first rendered
+    assert "cp.async" not in entry(unstaged) and "ld.global.v4" in entry(unstaged)
