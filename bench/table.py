@@ -28,11 +28,13 @@ def main(path: str) -> None:
             if row is None:
                 cells.append("-")
                 continue
-            cell = f"{row['pct_copy']:.0f}% ({row['ms'] * 1000:.0f} us)"
+            cell = f"{row['pct_copy']:.1f}% ({row['ms'] * 1000:.1f} us)"
             if "mxq_speedup" in row:
                 cell += f", mxq {row['mxq_speedup']:.2f}x"
             cells.append(cell)
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if "note" in r:
+        print(f"\nnote: {r['note']}")
     for k in ("host_us_256x4096_both", "gpu_us_1024x1024_rowwise"):
         if k in r:
             print(f"\n{k}: {r[k]}")
