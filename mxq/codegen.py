@@ -8,6 +8,7 @@ names, so no user-written text reaches the output. Templates run with ``StrictUn
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import math
 import os
@@ -118,6 +119,16 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
     return records, names[expr]
 
 
+def _use_counts(records: list[dict]) -> collections.Counter:
+    """How many records read each variable."""
+    return collections.Counter(a for rec in records for a in rec.get("args", []))
+
+
+def _computed(spec: QuantSpec, epilogue: Epilogue) -> bool:
+    """The op does arithmetic on its inputs (act, dact or a user epilogue), not a plain cast."""
+    return bool(spec.act or spec.dact or not epilogue.is_identity)
+
+
 def scale_sum_fma(records: list[dict]) -> list[dict]:
     """Rewrite ``c * (x + d)`` (c a power of two, d a constant, the sum used once) as
     ``fma(x, c, c*d)``: the same bits, one instruction fewer (dgelu's ``0.5 * (1 + t)``).
@@ -127,10 +138,7 @@ def scale_sum_fma(records: list[dict]) -> list[dict]:
     or at least 2^-24). Built-in formulas only, like ``contract_fma``.
     """
     by_var = {rec["var"]: rec for rec in records}
-    uses: dict[str, int] = {}
-    for rec in records:
-        for a in rec.get("args", []):
-            uses[a] = uses.get(a, 0) + 1
+    uses = _use_counts(records)
 
     def const(var: str):
         rec = by_var.get(var)
@@ -170,10 +178,7 @@ def contract_fma(records: list[dict]) -> list[dict]:
     for |t| near 1 and the reference rounds t*t first, so an FMA there would differ from the
     reference by much more than an ulp of the result.
     """
-    uses: dict[str, int] = {}
-    for rec in records:
-        for a in rec.get("args", []):
-            uses[a] = uses.get(a, 0) + 1
+    uses = _use_counts(records)
     by_var = {rec["var"]: rec for rec in records}
 
     def single_product(var: str):
@@ -201,7 +206,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``:
     tuning overrides)."""
     order = order or ORDER
-    computed = bool(spec.act or spec.dact or not epilogue.is_identity)
+    computed = _computed(spec, epilogue)
     stage = computed if stage is None else bool(stage)
     pk_vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, stage)
     vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, False)
@@ -280,7 +285,7 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = Non
     (gelu_both 86-93% of copy against 82-88% with 8 warps, bench/results/nvidia-h200-20261130.json).
     dbias is the exception: at 4 warps dgelu_dbias_both needs 80 registers and 43 KB of shared
     memory per CTA and ran 4 points slower (76-84% against 80-88%)."""
-    computed = bool(spec.act or spec.dact or not epilogue.is_identity)
+    computed = _computed(spec, epilogue)
     if stage is None:
         stage = computed
     heavy = spec.act or spec.dact or spec.dbias or not epilogue.exact
