@@ -202,9 +202,9 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-            stage: int | None = None, tile_rows: int | None = None) -> dict:
-    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/
-    ``tile_rows``: tuning overrides)."""
+            stage: int | None = None) -> dict:
+    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``:
+    tuning overrides)."""
     order = order or ORDER
     computed = _computed(spec, epilogue)
     stage = computed if stage is None else bool(stage)
@@ -212,12 +212,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, False)
     if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
         raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
-    tile_rows = tile_rows or ROWS_PER_CTA
-    if tile_rows != ROWS_PER_CTA and (spec.colwise or spec.dbias or tile_rows not in (16, 64)
-                                      or tile_rows // pk_vwarps < 4):
-        # column blocks and the dbias workspace are 32 rows; the rowwise reduce-scatter needs 4 rows a warp
-        raise ValueError(f"mxq: tuning tile_rows must be 32, or 16/64 for rowwise-only ops without dbias "
-                         f"with at least 4 rows per warp, got {tile_rows!r} with {pk_vwarps} warps")
     n_in = len(epilogue.tensor_params)
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}
@@ -253,7 +247,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         "rows_per_cta": ROWS_PER_CTA,
         "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps, "pkw": VEC // 2,
         "pk_vwarps": pk_vwarps,  # the packed (16-bit) kernel's warps: 4 for staged ops
-        "pk_tile_rows": tile_rows,  # the packed kernel's rows per CTA
         "order": order,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,
@@ -300,5 +293,5 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = Non
 
 
 def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-           stage: int | None = None, tile_rows: int | None = None) -> str:
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage, tile_rows))
+           stage: int | None = None) -> str:
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage))
