@@ -155,11 +155,28 @@ def time_ms(fn, iters=50, warmup=5, hold=True):
     return statistics.median(ts)
 
 
+_equal_copy: dict = {}
+
+
+def equal_copy_ms(moved):
+    """GPU time of torch's copy of moved / 2 bytes (moved / 2 read, moved / 2 written): what a
+    pure copy of exactly an op's traffic costs at that size, launch and last wave included. The
+    2 GiB copy of pct_copy runs at a rate no smaller transfer reaches (95% of it at 8192^2)."""
+    if moved not in _equal_copy:
+        a = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
+        b = torch.empty_like(a)
+        _equal_copy[moved] = time_ms(lambda: b.copy_(a))
+        del a, b
+    return _equal_copy[moved]
+
+
 def timed_row(fn, moved, copy_gbps, **fields):
-    """A result row: GPU time held (see time_ms) and, for comparison, with an idle start."""
+    """A result row: GPU time held (see time_ms) and, for comparison, with an idle start, and
+    the row's time against a copy of the same number of bytes (pct_equal_copy)."""
     ms = time_ms(fn)
     gbps = moved / ms / 1e6
     return dict(fields, ms=round(ms, 5), GBps=round(gbps, 1), pct_copy=round(100 * gbps / copy_gbps, 1),
+                pct_equal_copy=round(100 * equal_copy_ms(moved) / ms, 1),
                 ms_idle_start=round(time_ms(fn, hold=False), 5))
 
 
@@ -200,7 +217,8 @@ def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None):
             row = timed_row(launch, moved_bytes(opts, m, n), copy_gbps, name=f"{prefix}/{name}", M=m, N=n)
             rows.append(row)
             print(f"  {row['name']:24s} {m:6d}x{n:<6d} {row['ms'] * 1000:8.1f} us {row['GBps']:8.0f} GB/s "
-                  f"{row['pct_copy']:5.1f}%  (idle start {row['ms_idle_start'] * 1000:.1f} us)", flush=True)
+                  f"{row['pct_copy']:5.1f}% ({row['pct_equal_copy']:5.1f}% of an equal copy)  "
+                  f"(idle start {row['ms_idle_start'] * 1000:.1f} us)", flush=True)
     return rows
 
 

@@ -7,7 +7,7 @@ change can move, or a bandwidth cost. The copy is torch's copy of exactly the by
 moves (half read, half written). Each tuning variant is checked byte for byte against the
 torch reference at the first size before it is timed.
 
-    python bench/fixed_cost.py --out $OUT [--variants "tile_rows=16;vwarps=8"] [--ops rowwise+both]
+    python bench/fixed_cost.py --out $OUT [--variants "vwarps=8;order=rows"] [--ops rowwise+both]
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--ops", default="rowwise+both")
-    ap.add_argument("--variants", default="", help="';'-separated tunings, e.g. 'tile_rows=16;vwarps=8'")
+    ap.add_argument("--variants", default="", help="';'-separated tunings, e.g. 'vwarps=8;order=rows'")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()

@@ -33,6 +33,14 @@ def main(path: str) -> None:
                 cell += f", mxq {row['mxq_speedup']:.2f}x"
             cells.append(cell)
         print(f"| {name} | " + " | ".join(cells) + " |")
+    if any("pct_equal_copy" in row for row in r["rows"]):
+        print("\nThe same rows against a copy of exactly the bytes each moves (at that size):\n")
+        print("| op | " + " | ".join(f"{m}x{n}" for m, n in shapes) + " |")
+        print("|---|" + "---|" * len(shapes))
+        for name in names:
+            cells = [next((f"{x['pct_equal_copy']:.1f}%" for x in r["rows"] if x["name"] == name
+                           and (x["M"], x["N"]) == (m, n) and "pct_equal_copy" in x), "-") for m, n in shapes]
+            print(f"| {name} | " + " | ".join(cells) + " |")
     if "note" in r:
         print(f"\nnote: {r['note']}")
     for k in ("host_us_256x4096_both", "gpu_us_1024x1024_rowwise"):
