@@ -263,8 +263,65 @@ def bench_peers(copy_gbps, shapes, rows):
     return out
 
 
+def python_call_ns(calls=200_000):
+    """ns per call of a trivial Python function: the speed of the core this process runs on."""
+
+    def f(a, b):
+        return a + b
+
+    t = time.perf_counter()
+    for i in range(calls):
+        f(i, 1)
+    return round((time.perf_counter() - t) / calls * 1e9, 1)
+
+
+def current_cpu():
+    return int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[36])
+
+
+def core_speeds():
+    """python_call_ns on each CPU this process may use (one pinned after another). On the lent
+    H200's 16 vCPUs four ran Python at half the speed of the others (73-95 vs 145-153 ns), and
+    a process scheduled on one of them measured 25-27 us per small call instead of 15-16 us."""
+    allowed = os.sched_getaffinity(0)
+    speeds = {}
+    try:
+        for c in sorted(allowed):
+            os.sched_setaffinity(0, {c})
+            speeds[c] = python_call_ns()
+    finally:
+        os.sched_setaffinity(0, allowed)
+    return speeds
+
+
 def host_overhead(profile=False):
-    """Host time of a full Python call (checks + allocation + launch), and GPU time of a small one."""
+    """Host time of a full Python call (checks + allocation + launch) on the core the OS picked
+    and pinned to the fastest core, and GPU time of a small one."""
+    speeds = core_speeds()
+    print("python ns per trivial call, by CPU:", speeds, flush=True)
+    cpu_before = current_cpu()
+    host, host_dest, breakdown = host_times(profile)
+    result = {"python_call_ns_by_cpu": speeds, "host_cpu": [cpu_before, current_cpu()]}
+    allowed = os.sched_getaffinity(0)
+    fastest = min(speeds, key=speeds.get)
+    try:
+        os.sched_setaffinity(0, {fastest})
+        pinned, pinned_dest, pinned_breakdown = host_times()
+    finally:
+        os.sched_setaffinity(0, allowed)
+    print(f"pinned to CPU {fastest}: {pinned:.2f} us host per 256x4096 both call "
+          f"({pinned_dest:.2f} us with torch.empty outputs); breakdown {pinned_breakdown}", flush=True)
+    result.update({"host_us_256x4096_both_fastest_cpu": round(pinned, 2), "fastest_cpu": fastest,
+                   "host_us_256x4096_both_torch_alloc_fastest_cpu": round(pinned_dest, 2),
+                   "host_breakdown_us_fastest_cpu": pinned_breakdown})
+    result.update(small_kernel_gpu_time())
+    result.update({"host_us_256x4096_both": round(host, 2), "host_us_256x4096_both_torch_alloc": round(host_dest, 2),
+                   "host_breakdown_us": breakdown})
+    return result
+
+
+def host_times(profile=False):
+    """(us per full call, us per call down the torch.empty route, breakdown) in this process."""
     x = torch.randn(256, 4096, device="cuda", dtype=torch.bfloat16)
     mxq.quantize(x, rowwise=True, colwise=True)
     torch.cuda.synchronize()
@@ -274,6 +331,8 @@ def host_overhead(profile=False):
         for _ in range(n):
             mxq.quantize(x, rowwise=True, colwise=True)
 
+    loop()  # warm (also after a change of CPU)
+    torch.cuda.synchronize()
     t = time.perf_counter()
     loop()
     host = (time.perf_counter() - t) / n * 1e6
@@ -299,6 +358,11 @@ def host_overhead(profile=False):
         pr.runcall(loop)
         torch.cuda.synchronize()
         pstats.Stats(pr).sort_stats("tottime").print_stats(18)
+    return host, host_dest, breakdown
+
+
+def small_kernel_gpu_time():
+    """GPU time of one 1024x1024 rowwise kernel (CUDA graph of 50 launches)."""
     y = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     launch, _ = FusedOp(identity, QuantSpec()).prepare(y)
     for _ in range(10):
@@ -331,8 +395,7 @@ def host_overhead(profile=False):
         print(f"graph timing unavailable: {type(exc).__name__}: {exc}", flush=True)
     print(f"1024x1024 rowwise: {gpu:.2f} us per kernel ({method}); {back_to_back:.2f} us back to back", flush=True)
     return {"gpu_us_1024x1024_method": method, "gpu_us_1024x1024_back_to_back": round(back_to_back, 2),
-            "host_us_256x4096_both": round(host, 2), "host_us_256x4096_both_torch_alloc": round(host_dest, 2),
-            "gpu_us_1024x1024_rowwise": round(gpu, 2), "host_breakdown_us": breakdown}
+            "gpu_us_1024x1024_rowwise": round(gpu, 2)}
 
 
 def host_breakdown(x, launcher, n):
@@ -417,15 +480,12 @@ def main():
             summary.setdefault("rows_variants", []).extend(
                 bench(copy, shapes, tuning, prefix=f"mxq[{variant}]", ops=set(filter(None, ops.split("+")))))
         summary["rows"] += bench_peers(copy, shapes, summary["rows"])
+    if not args.no_bench or args.host:
         summary.update(host_overhead(args.profile))
-        print(summary["host_us_256x4096_both"], "us host per 256x4096 both call (",
-              summary["host_us_256x4096_both_torch_alloc"], "us with torch.empty outputs);",
-              summary["gpu_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")
-    elif args.host:
-        summary.update(host_overhead(args.profile))
-        print(summary["host_us_256x4096_both"], "us host per 256x4096 both call (",
-              summary["host_us_256x4096_both_torch_alloc"], "us with torch.empty outputs);",
-              summary["gpu_us_1024x1024_rowwise"], "us GPU for 1024x1024 rowwise")
+        print(f"{summary['host_us_256x4096_both']} us host per 256x4096 both call on CPU(s) {summary['host_cpu']} "
+              f"({summary['host_us_256x4096_both_fastest_cpu']} us pinned to CPU {summary['fastest_cpu']}; "
+              f"{summary['host_us_256x4096_both_torch_alloc']} us with torch.empty outputs); "
+              f"{summary['gpu_us_1024x1024_rowwise']} us GPU for 1024x1024 rowwise", flush=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     name = "".join(c if c.isalnum() else "-" for c in dev).strip("-").lower()
     path = Path(args.out) / f"{name}-{time.strftime('%Y%m%d')}.json"
