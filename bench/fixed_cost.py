@@ -28,6 +28,8 @@ from mxq.op import FusedOp  # noqa: E402
 from mxq.spec import QuantSpec  # noqa: E402
 
 ROWS = (1024, 2048, 4096, 8192, 16384, 32768)
+# besides device_check's ops: dgelu without dbias, to price dbias (its fp64 partials and dbias_kernel)
+FIT_OPS = dict(OPS, dgelu_both=dict(rowwise=True, colwise=True, dact="gelu"))
 
 
 def fit(points):
@@ -79,7 +81,7 @@ def main():
     result = {"device": dev, "date": time.strftime("%Y-%m-%d"), "N": args.n, "rows": list(ROWS), "fits": []}
     copy_pts = None
     for name in args.ops.split("+"):
-        opts = OPS[name]
+        opts = FIT_OPS[name]
         sizes = [moved_bytes(opts, m, args.n) for m in ROWS]
         copy_pts = copy_points(sizes)
         fixed, bw = fit(copy_pts)
