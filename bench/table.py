@@ -43,7 +43,7 @@ def main(path: str) -> None:
             print(f"| {name} | " + " | ".join(cells) + " |")
     if "note" in r:
         print(f"\nnote: {r['note']}")
-    for k in ("host_us_256x4096_both", "gpu_us_1024x1024_rowwise"):
+    for k in ("host_us_256x4096_both", "host_us_256x4096_both_fastest_cpu", "gpu_us_1024x1024_rowwise"):
         if k in r:
             print(f"\n{k}: {r[k]}")
 
