@@ -5,7 +5,7 @@ shapes. Timing each op over a sweep of sizes and fitting time = fixed + bytes / 
 whether the gap is a per-launch cost (launch, ramp-up, the last wave's drain), which a tiling
 change can move, or a bandwidth cost. The copy is torch's copy of exactly the bytes the op
 moves (half read, half written). Each tuning variant is checked byte for byte against the
-torch reference at the first size before it is timed.
+torch reference (NUMERICS.md's exactness classes) at the first size before it is timed.
 
     python bench/fixed_cost.py --out $OUT [--variants "vwarps=8;order=rows"] [--ops rowwise+both]
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from device_check import OPS, identity, moved_bytes, same_bytes, time_ms  # noqa: E402
+from device_check import OPS, compare, identity, is_exact, moved_bytes, time_ms  # noqa: E402
 
 from mxq.op import FusedOp  # noqa: E402
 from mxq.spec import QuantSpec  # noqa: E402
@@ -61,11 +61,7 @@ def op_points(opts, tuning, n, rows):
         launch, out = op.prepare(x, **kw)
         if i == 0:
             launch()
-            want = op.reference(x, **kw)
-            for field in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "dbias"):
-                got_t, want_t = getattr(out, field), getattr(want, field)
-                if want_t is not None and not same_bytes(got_t, want_t):
-                    problems.append(field)
+            problems = compare(out, op.reference(x, **kw), is_exact(op))  # NUMERICS.md's classes
         pts.append((moved_bytes(opts, m, n), time_ms(launch)))
     return pts, problems
 
