@@ -202,9 +202,9 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-            stage: int | None = None, cluster: int | None = None) -> dict:
-    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/
-    ``cluster``: tuning overrides)."""
+            stage: int | None = None) -> dict:
+    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``:
+    tuning overrides)."""
     order = order or ORDER
     computed = _computed(spec, epilogue)
     stage = computed if stage is None else bool(stage)
@@ -212,9 +212,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, False)
     if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
         raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
-    cluster = default_cluster(spec, order) if cluster is None else cluster
-    if cluster not in (1, 2, 4, 8) or (cluster > 1 and (not spec.dbias or order != "cols")):
-        raise ValueError(f"mxq: tuning cluster must be 1, or 2, 4 or 8 for dbias ops with order 'cols', got {cluster!r}")
     n_in = len(epilogue.tensor_params)
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}
@@ -250,7 +247,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         "rows_per_cta": ROWS_PER_CTA,
         "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps, "pkw": VEC // 2,
         "pk_vwarps": pk_vwarps,  # the packed (16-bit) kernel's warps: 4 for staged ops
-        "pk_cluster": cluster,  # the packed kernel's CTAs per cluster along M (dbias partials)
         "order": order,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,
@@ -296,12 +292,6 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = Non
     return 8 if spec.dbias or (heavy and not stage) else 4
 
 
-def default_cluster(spec: QuantSpec, order: str) -> int:
-    """CTAs per thread-block cluster of the packed kernel: 4 for dbias ops, whose cluster then
-    writes one row of fp64 partials per 128 rows instead of each CTA one per 32."""
-    return 4 if spec.dbias and order == "cols" else 1
-
-
 def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-           stage: int | None = None, cluster: int | None = None) -> str:
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage, cluster))
+           stage: int | None = None) -> str:
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage))
