@@ -202,8 +202,8 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-            stage: int | None = None) -> dict:
-    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``:
+            stage: int | None = None, pdl: int | None = None) -> dict:
+    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``:
     tuning overrides)."""
     order = order or ORDER
     computed = _computed(spec, epilogue)
@@ -248,6 +248,9 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps, "pkw": VEC // 2,
         "pk_vwarps": pk_vwarps,  # the packed (16-bit) kernel's warps: 4 for staged ops
         "order": order,
+        # dbias ops launch dbias_kernel with programmatic dependent launch where the arch has it
+        # (the launcher's use_pdl); pdl=0 turns it off for a side-by-side timing
+        "pdl": True if pdl is None else bool(pdl),
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,
     }
@@ -293,5 +296,5 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = Non
 
 
 def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-           stage: int | None = None) -> str:
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage))
+           stage: int | None = None, pdl: int | None = None) -> str:
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage, pdl))

@@ -102,12 +102,20 @@ def _fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool):
         args += [fake(el, (n,), assumed_align=nbytes), mat(cutlass.Float64, 8, rows=cute.sym_int())]
     args.append(fake(Float32, (1,), assumed_align=4))  # noop
     args.append(use_hw)
+    if spec.dbias:
+        args.append(uses_pdl(arch))
     args.append(cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
     return args
 
 
 def uses_hw_e8m0(arch: str) -> bool:
     return int(re.sub(r"\D", "", arch)[:3] or 0) >= 100
+
+
+def uses_pdl(arch: str) -> bool:
+    """Programmatic dependent launch (griddepcontrol, sm_90+): dbias ops launch their second
+    kernel while the first still runs; it waits in griddepcontrol.wait for the first to finish."""
+    return int(re.sub(r"\D", "", arch)[:3] or 0) >= 90
 
 
 VEC_DIVISOR = 8  # the vectorised kernel's N must be a multiple of this
