@@ -371,3 +371,32 @@ def test_ops_with_arithmetic_stage_their_loads_through_shared_memory(arch):
     unstaged = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident)
     unstaged._tuning = {"stage": 0}  # before the source is first rendered
     assert "cp.async" not in entry(unstaged) and "ld.global.v4" in entry(unstaged)
+
+
+def _entry(ptx, name):
+    """The PTX text of kernel ``name`` (up to the next kernel)."""
+    body = ptx[ptx.index(f".entry kernel_cutlass_{name}"):]
+    nxt = body.find(".entry", 10)
+    return body if nxt < 0 else body[:nxt]
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_dbias_kernel_starts_early_with_programmatic_dependent_launch(arch):
+    """dbias ops: the quantize kernel lets dbias_kernel launch at its start
+    (griddepcontrol.launch_dependents) and dbias_kernel waits for it to finish before reading the
+    partials (griddepcontrol.wait); ops without dbias have neither, and pdl=0 turns it off. The GPU
+    side: every dbias case of tests/test_gpu.py and bench/device_check.py."""
+    def ident(x):
+        return x
+
+    dgelu = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
+    ptx = dgelu.asm(arch, "bf16")["ptx"]
+    pk, dbias = _entry(ptx, "quant_kernel_pk"), _entry(ptx, "dbias_kernel")
+    assert "griddepcontrol.launch_dependents" in pk and "griddepcontrol.wait" not in pk
+    wait = dbias.index("griddepcontrol.wait")
+    assert wait < dbias.index("ld.global"), "dbias_kernel must wait before it reads the partials"
+    assert "griddepcontrol" not in mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident).asm(arch, "bf16")["ptx"]
+    off = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
+    off._tuning = {"pdl": 0}
+    assert "griddepcontrol" not in off.asm(arch, "bf16")["ptx"]
+    assert compiler.uses_pdl(arch) and not compiler.uses_pdl("sm_89")
