@@ -432,6 +432,21 @@ def host_breakdown(x, launcher, n):
             "python_checks": per_call(lambda: mxq.runtime.check_call(op.spec, op.epilogue, [x], [], None, None, None))}
 
 
+def parse_tuning(variant: str) -> dict:
+    """'vwarps=8,order=rows' -> {'vwarps': 8, 'order': 'rows'} (codegen tuning overrides)."""
+    return {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=") for kv in variant.split(",") if kv)}
+
+
+def write_results(out, dev: str, result: dict, suffix: str = "") -> Path:
+    """Write ``result`` as <out>/<device>-<yyyymmdd><suffix>.json."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    name = "".join(c if c.isalnum() else "-" for c in dev).strip("-").lower()
+    path = Path(out) / f"{name}-{time.strftime('%Y%m%d')}{suffix}.json"
+    path.write_text(json.dumps(result, indent=1))
+    print("wrote", path)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -475,7 +490,7 @@ def main():
         print("copy of each shape's input bytes (GB/s):", summary["copy_same_bytes"], "idle start:",
               summary["copy_same_bytes_idle_start"], flush=True)
         for variant in filter(None, args.variants.split(";")):
-            tuning = {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=") for kv in variant.split(","))}
+            tuning = parse_tuning(variant)
             ops = tuning.pop("ops", "")  # e.g. ops=gelu_both+dgelu_dbias_both: time only these
             summary.setdefault("rows_variants", []).extend(
                 bench(copy, shapes, tuning, prefix=f"mxq[{variant}]", ops=set(filter(None, ops.split("+")))))
@@ -486,11 +501,7 @@ def main():
               f"({summary['host_us_256x4096_both_fastest_cpu']} us pinned to CPU {summary['fastest_cpu']}; "
               f"{summary['host_us_256x4096_both_torch_alloc']} us with torch.empty outputs); "
               f"{summary['gpu_us_1024x1024_rowwise']} us GPU for 1024x1024 rowwise", flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    name = "".join(c if c.isalnum() else "-" for c in dev).strip("-").lower()
-    path = Path(args.out) / f"{name}-{time.strftime('%Y%m%d')}.json"
-    path.write_text(json.dumps(summary, indent=1))
-    print("wrote", path)
+    write_results(args.out, dev, summary)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ torch reference (NUMERICS.md's exactness classes) at the first size before it is
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -22,7 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from device_check import OPS, compare, identity, is_exact, moved_bytes, time_ms  # noqa: E402
+from device_check import (OPS, compare, equal_copy_ms, identity, is_exact, moved_bytes,  # noqa: E402
+                          parse_tuning, time_ms, write_results)
 
 from mxq.op import FusedOp  # noqa: E402
 from mxq.spec import QuantSpec  # noqa: E402
@@ -43,12 +43,7 @@ def fit(points):
 
 
 def copy_points(sizes):
-    pts = []
-    for moved in sizes:
-        a = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
-        b = torch.empty_like(a)
-        pts.append((moved, time_ms(lambda: b.copy_(a))))
-    return pts
+    return [(moved, equal_copy_ms(moved)) for moved in sizes]
 
 
 def op_points(opts, tuning, n, rows):
@@ -86,8 +81,7 @@ def main():
         print(f"{'copy/' + name + '-bytes':34s} fixed {fixed:6.2f} us  {bw:7.0f} GB/s  "
               + " ".join(f"{t * 1000:7.1f}" for _, t in copy_pts), flush=True)
         for variant in [""] + [v for v in args.variants.split(";") if v]:
-            tuning = {k: (int(v) if v.isdigit() else v) for k, v in
-                      (kv.split("=") for kv in variant.split(",") if kv)}
+            tuning = parse_tuning(variant)
             try:
                 pts, problems = op_points(opts, tuning, args.n, ROWS)
             except Exception as exc:  # a variant that cannot serve this op: say so, go on
@@ -102,11 +96,7 @@ def main():
                   + " ".join(f"{t * 1000:7.1f}" for _, t in pts)
                   + f"  ({' '.join(map(str, pct))} % of copy)" + (f"  WRONG: {problems}" if problems else ""),
                   flush=True)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    name = "".join(c if c.isalnum() else "-" for c in dev).strip("-").lower()
-    path = Path(args.out) / f"{name}-{time.strftime('%Y%m%d')}-fixed-cost.json"
-    path.write_text(json.dumps(result, indent=1))
-    print("wrote", path)
+    write_results(args.out, dev, result, "-fixed-cost")
 
 
 if __name__ == "__main__":

@@ -344,6 +344,12 @@ def test_grid_split_is_compiled_in(arch):
     src = op.source
     assert "gz = cute.ceil_div(n_slow, 65535)" in src and "in_grid = rb < (M + 31) // 32" in src
 
+def _entry(ptx, name):
+    """The PTX text of kernel ``name`` (up to the next kernel)."""
+    body = ptx[ptx.index(f".entry kernel_cutlass_{name}"):]
+    nxt = body.find(".entry", 10)
+    return body if nxt < 0 else body[:nxt]
+
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 def test_ops_with_arithmetic_stage_their_loads_through_shared_memory(arch):
@@ -354,9 +360,7 @@ def test_ops_with_arithmetic_stage_their_loads_through_shared_memory(arch):
         return x
 
     def entry(op):
-        ptx = op.asm(arch, "bf16")["ptx"]
-        body = ptx[ptx.index(".entry kernel_cutlass_quant_kernel_pk"):]
-        return body[:body.index("\n}\n")]
+        return _entry(op.asm(arch, "bf16")["ptx"], "quant_kernel_pk")
 
     gelu = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident)
     body = entry(gelu)
@@ -371,13 +375,6 @@ def test_ops_with_arithmetic_stage_their_loads_through_shared_memory(arch):
     unstaged = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident)
     unstaged._tuning = {"stage": 0}  # before the source is first rendered
     assert "cp.async" not in entry(unstaged) and "ld.global.v4" in entry(unstaged)
-
-
-def _entry(ptx, name):
-    """The PTX text of kernel ``name`` (up to the next kernel)."""
-    body = ptx[ptx.index(f".entry kernel_cutlass_{name}"):]
-    nxt = body.find(".entry", 10)
-    return body if nxt < 0 else body[:nxt]
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
