@@ -202,9 +202,9 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-            stage: int | None = None, pdl: int | None = None, l2ws: int | None = None) -> dict:
-    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``/
-    ``l2ws``: tuning overrides)."""
+            stage: int | None = None, pdl: int | None = None) -> dict:
+    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``:
+    tuning overrides)."""
     order = order or ORDER
     computed = _computed(spec, epilogue)
     stage = computed if stage is None else bool(stage)
@@ -251,9 +251,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         # dbias ops launch dbias_kernel with programmatic dependent launch where the arch has it
         # (the launcher's use_pdl); pdl=0 turns it off for a side-by-side timing
         "pdl": True if pdl is None else bool(pdl),
-        # dbias partials stay in L2 (evict_last) up to this many MiB of workspace and are discarded
-        # from L2 once summed, never written back to memory; l2ws=0 turns both off
-        "l2ws_mib": L2_WS_MIB if l2ws is None else int(l2ws),
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,
     }
@@ -278,13 +275,6 @@ if VWARPS not in (None, 2, 4, 8):
     raise ValueError(f"mxq: MXQ_VWARPS must be 2, 4 or 8, got {VWARPS}")
 
 
-# dbias workspace kept in L2: the fp64 partials (one per 32 rows and column, M * N / 4 bytes) are
-# written with an evict_last policy while they fit in this much of the H200's 50 MiB L2, so the
-# streamed inputs and outputs do not push them out before dbias_kernel sums them; dbias_kernel
-# then discards their lines, so they are never written back to memory.
-L2_WS_MIB = 24
-
-
 # CTA numbering of the packed kernel: "cols" walks along a row of tiles first (consecutive CTAs
 # read adjacent memory), "rows" walks down a column of tiles (a tuning override; no faster).
 ORDER = "cols"
@@ -306,5 +296,5 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = Non
 
 
 def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-           stage: int | None = None, pdl: int | None = None, l2ws: int | None = None) -> str:
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage, pdl, l2ws))
+           stage: int | None = None, pdl: int | None = None) -> str:
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage, pdl))
