@@ -202,8 +202,8 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-            stage: int | None = None, pdl: int | None = None, dbias_warps: int = 16,
-            dbias_unroll: int = 8) -> dict:
+            stage: int | None = None, pdl: int | None = None, dbias_warps: int = 8,
+            dbias_unroll: int = 4) -> dict:
     """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``
     and dbias_kernel's ``dbias_warps``/``dbias_unroll``: tuning overrides)."""
     order = order or ORDER
@@ -252,8 +252,8 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         # dbias ops launch dbias_kernel with programmatic dependent launch where the arch has it
         # (the launcher's use_pdl); pdl=0 turns it off for a side-by-side timing
         "pdl": True if pdl is None else bool(pdl),
-        # dbias_kernel: warps per CTA and loads in flight per thread (16 x 8 against the first
-        # 8 x 4: 7.0 vs 10.6 us at 8192^2, 16.3 vs 32.3 us at 32768x4096; see its docstring)
+        # dbias_kernel: warps per CTA and loads in flight per thread (8 x 4; 16 x 8 was faster
+        # in one profiler run and slower end to end in the next, see its docstring)
         "dbias_warps": dbias_warps, "dbias_unroll": dbias_unroll,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
         "warps": WARPS,

@@ -379,21 +379,21 @@ def test_ops_with_arithmetic_stage_their_loads_through_shared_memory(arch):
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 def test_dbias_kernel_keeps_its_loads_in_flight(arch):
-    """dbias_kernel's time is its loads' latency: each round of a thread issues DBIAS_UNROLL (8)
+    """dbias_kernel's time is its loads' latency: each round of a thread issues DBIAS_UNROLL (4)
     workspace loads in one block (no branch between them, so ptxas can issue them together),
     the last round too (a row past the end is clamped and added as 0). The GPU side:
-    tests/test_gpu.py::test_dbias_full_and_partial_rounds_match_reference (M = 5000: one full round
+    tests/test_gpu.py::test_dbias_full_and_partial_rounds_match_reference (M = 5000: four full rounds
     and a partial one)."""
     def ident(x):
         return x
 
     dgelu = mxq.fused_quant(colwise=True, dact="gelu", dbias=True)(ident)
-    assert "DBIAS_WARPS = 16" in dgelu.source and "DBIAS_UNROLL = 8" in dgelu.source
+    assert "DBIAS_WARPS = 8" in dgelu.source and "DBIAS_UNROLL = 4" in dgelu.source
     dbias = _entry(dgelu.asm(arch, "bf16")["ptx"], "dbias_kernel")
     # basic blocks: split at labels and after branches; loads per block
     blocks = re.split(r"\n\$L__BB\d+_\d+:|\bbra(?:\.uni)?\s+\$L__BB\d+_\d+;", dbias)
     loads = sorted(b.count("ld.global.b64") for b in blocks if "ld.global.b64" in b)
-    assert loads == [8], loads  # one round: 8 loads with no branch between them
+    assert min(loads) >= 4, loads  # a round: 4 loads (or more, unrolled) with no branch between them
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])

@@ -101,7 +101,7 @@ def test_noop_on_device_writes_nothing():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dbias_full_and_partial_rounds_match_reference(dtype):
-    """M = 5000 is 157 partial rows: one full round of dbias_kernel (16 warps x 8 rows) and a
+    """M = 5000 is 157 partial rows: four full rounds of dbias_kernel (8 warps x 4 rows) and a
     round of 29 rows, whose loads past the end are clamped and added as 0; bf16
     takes the packed kernel, fp32 the vectorised one. Columns 1000 (not a multiple of 32: the last
     CTA has idle lanes). CPU counterpart: tests/test_codegen.py::test_dbias_kernel_keeps_its_loads_in_flight."""
