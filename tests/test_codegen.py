@@ -328,6 +328,31 @@ def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
         assert isinstance(both["registers"], int) and both["registers"] > 0
 
 
+def test_kernel_times_tool_names_the_compiled_kernels():
+    """bench/kernel_times.py reports the profiler's time per kernel under a short name; the
+    names it must find are the compiled kernels' own (quant_kernel_pk, dbias_kernel), so a
+    change in CuTeDSL's symbol mangling shows here, not as an unreadable GPU table."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("kernel_times", bench / "kernel_times.py")
+        tool = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tool)
+    finally:
+        sys.path.remove(str(bench))
+
+    def ident(x):
+        return x
+
+    dgelu = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
+    names = {tool.short_name(k) for k in re.findall(r"\.entry (\w+)", dgelu.asm("sm_90", "bf16")["ptx"])}
+    assert names == {"quant_kernel_pk", "dbias_kernel"}, names
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 def test_grid_split_is_compiled_in(arch):
     """The packed kernel finds its tile from a 3-D grid (no integer division): the row tile is
