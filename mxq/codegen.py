@@ -289,7 +289,7 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = Non
 
     Staged ops (``stage`` defaults to: there is arithmetic) keep their loads in flight through
     shared memory, so the fewer instructions per element of 8 rows per thread win there
-    (gelu_both 86-93% of copy against 82-88% with 8 warps, bench/results/nvidia-h200-20261130.json).
+    (gelu_both 86-93% of copy against 82-88% with 8 warps, bench/results/nvidia-h200-20261130-s5-final.json).
     dbias is the exception: at 4 warps dgelu_dbias_both needs 80 registers and 43 KB of shared
     memory per CTA and ran 4 points slower (76-84% against 80-88%)."""
     computed = _computed(spec, epilogue)
