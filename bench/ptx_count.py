@@ -28,6 +28,8 @@ OPS = {
     "both": dict(rowwise=True, colwise=True),
     "gelu_both": dict(rowwise=True, colwise=True, act="gelu"),
     "dgelu_dbias_both": dict(rowwise=True, colwise=True, dact="gelu", dbias=True),
+    # not benchmarked by device_check: the same op without dbias, to price dbias (compare with --vwarps 8)
+    "dgelu_both": dict(rowwise=True, colwise=True, dact="gelu"),
 }
 
 
