@@ -213,6 +213,9 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, False)
     if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
         raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
+    if dbias_warps not in (1, 2, 4, 8, 16, 32) or dbias_unroll not in range(1, 17):
+        raise ValueError("mxq: tuning dbias_warps must be a power of two up to 32 and dbias_unroll 1..16, "
+                         f"got {dbias_warps!r}, {dbias_unroll!r}")
     n_in = len(epilogue.tensor_params)
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}

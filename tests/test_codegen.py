@@ -12,6 +12,7 @@ import torch
 
 import mxq
 from mxq import codegen, compiler
+from mxq.epilogue import IDENTITY
 from mxq.op import FusedOp
 from mxq.spec import ACTIVATIONS, QuantSpec
 
@@ -326,6 +327,19 @@ def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
     assert gelu["vwarps"] == 4 and both["vwarps"] == 4
     if shutil.which("ptxas"):
         assert isinstance(both["registers"], int) and both["registers"] > 0
+
+
+def test_tuning_overrides_are_validated_before_rendering():
+    """Benchmark-only tiling overrides are checked when the source is rendered: a bad value is
+    a ValueError naming the knob, not a template that fails to compile or a kernel that reads
+    out of bounds."""
+    spec = QuantSpec(rowwise=True, colwise=True, dact="gelu", dbias=True)
+    for bad, knob in [({"vwarps": 3}, "vwarps"), ({"order": "diag"}, "order"),
+                      ({"dbias_warps": 12}, "dbias_warps"), ({"dbias_unroll": 0}, "dbias_unroll")]:
+        with pytest.raises(ValueError, match=knob):
+            codegen.render(spec, IDENTITY, **bad)
+    src = codegen.render(spec, IDENTITY, dbias_warps=16, dbias_unroll=8)
+    assert "DBIAS_WARPS = 16" in src and "DBIAS_UNROLL = 8" in src
 
 
 def test_kernel_times_tool_names_the_compiled_kernels():
