@@ -21,14 +21,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from device_check import HOLD_CYCLES, compare, identity, is_exact, parse_tuning, write_results  # noqa: E402
+from device_check import BENCH_SHAPES, HOLD_CYCLES, compare, identity, is_exact, parse_tuning, write_results  # noqa: E402
 from fixed_cost import FIT_OPS  # noqa: E402
 
 from mxq.op import FusedOp  # noqa: E402
 from mxq.spec import QuantSpec  # noqa: E402
-
-
-SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]  # device_check's benchmark shapes
 
 
 def short_name(kernel: str) -> str:
@@ -63,7 +60,7 @@ def main():
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
     result = {"device": dev, "date": time.strftime("%Y-%m-%d"), "rows": []}
-    for m, n in SHAPES:
+    for m, n in BENCH_SHAPES:
         torch.manual_seed(m * 100_003 + n)  # the same data in every run (unseeded before 2026-11-30's last runs)
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         g = torch.randn_like(x)

@@ -302,6 +302,6 @@ def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = Non
     return 8 if spec.dbias or (heavy and not stage) else 4
 
 
-def render(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-           stage: int | None = None, pdl: int | None = None, **dbias_tiling) -> str:
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, vwarps, order, stage, pdl, **dbias_tiling))
+def render(spec: QuantSpec, epilogue: Epilogue, **tuning) -> str:
+    """The generated module's source (``tuning``: context's overrides, by name)."""
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, **tuning))

@@ -310,16 +310,27 @@ def test_builtin_acts_keep_zero_padding(name):
     assert torch.isfinite(mxq.ir.evaluate(activations.dact_ir(name).expr, [zero], [])).all()
 
 
+def _bench_tool(name: str):
+    """Import bench/<name>.py (a script directory, not a package; its siblings importable)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+        tool = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(tool)
+    finally:
+        sys.path.remove(str(bench))
+    return tool
+
+
 def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
     """bench/ptx_count.py (the CPU-side speed predictor): counts are positive and the gelu
     fusion costs more instructions per element than the plain rowwise+colwise cast."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "ptx_count.py"
-    spec = importlib.util.spec_from_file_location("ptx_count", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = _bench_tool("ptx_count")
     both = tool.count(QuantSpec(**tool.OPS["both"]), "sm_90", "bf16")
     gelu = tool.count(QuantSpec(**tool.OPS["gelu_both"]), "sm_90", "bf16")
     assert 5 < both["per_element"] < gelu["per_element"]
@@ -346,18 +357,7 @@ def test_kernel_times_tool_names_the_compiled_kernels():
     """bench/kernel_times.py reports the profiler's time per kernel under a short name; the
     names it must find are the compiled kernels' own (quant_kernel_pk, dbias_kernel), so a
     change in CuTeDSL's symbol mangling shows here, not as an unreadable GPU table."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    bench = Path(__file__).resolve().parent.parent / "bench"
-    sys.path.insert(0, str(bench))
-    try:
-        spec = importlib.util.spec_from_file_location("kernel_times", bench / "kernel_times.py")
-        tool = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(tool)
-    finally:
-        sys.path.remove(str(bench))
+    tool = _bench_tool("kernel_times")
 
     def ident(x):
         return x
