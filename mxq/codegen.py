@@ -203,7 +203,7 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
             stage: int | None = None, pdl: int | None = None, dbias_warps: int = 8,
-            dbias_unroll: int = 4) -> dict:
+            dbias_unroll: int = 4, rtile: str | None = None, sstore: str | None = None) -> dict:
     """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``
     and dbias_kernel's ``dbias_warps``/``dbias_unroll``: tuning overrides)."""
     order = order or ORDER
@@ -213,6 +213,11 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, False)
     if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
         raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
+    rtile = rtile or RTILE
+    wide = rtile == "wide" and not (spec.colwise or spec.amax or spec.dbias)
+    sstore = sstore or ("words" if wide else "bytes")
+    if rtile not in ("tall", "wide") or sstore not in ("bytes", "words"):
+        raise ValueError(f"mxq: tuning rtile must be 'tall' or 'wide' and sstore 'bytes' or 'words', got {rtile!r}, {sstore!r}")
     if dbias_warps not in (1, 2, 4, 8, 16, 32) or dbias_unroll not in range(1, 17):
         raise ValueError("mxq: tuning dbias_warps must be a power of two up to 32 and dbias_unroll 1..16, "
                          f"got {dbias_warps!r}, {dbias_unroll!r}")
@@ -259,6 +264,12 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         # in one profiler run and slower end to end in the next, see its docstring)
         "dbias_warps": dbias_warps, "dbias_unroll": dbias_unroll,
         "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
+        # packed kernel of a pure rowwise cast (no column reduction): "wide" CTAs lay their warps
+        # side by side along a row band instead of stacking them over 32 rows
+        "wide": wide,
+        # packed kernel: row scales gathered in shared memory and stored as 4-byte words instead
+        # of byte by byte (default for the wide tile only; see RTILE)
+        "rs_words": sstore == "words" and spec.rowwise,
         "warps": WARPS,
     }
 
@@ -277,6 +288,17 @@ VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load o
 # kernel has its own count (default_vwarps, pk_vwarps): staged ops use 4 warps there, dbias ops 8,
 # the fp32 kernel keeps the rule above. MXQ_VWARPS (2, 4 or 8) forces
 # one for tuning runs; it changes the source, hence every cache key.
+# Packed kernel of a pure rowwise cast (no colwise, amax or dbias): "wide" CTAs put their warps
+# side by side along one band of 8 rows (8 x 1024 columns) and store the row scales as 4-byte
+# words gathered in shared memory (sstore="words"), a row's 32 scale bytes in one request;
+# "tall" is the 32-row tile every other op needs, its warps storing scale bytes themselves
+# (each byte-store instruction touching 4 rows). Measured on the H200 (bench/results/
+# *-20261130-s7-fixed-cost*.json): those byte stores cost rowwise ~3% of its bandwidth; wide +
+# words ran 8192^2 in 50.1 us against 51.9 (tall, bytes) and 51.6 (wide, bytes). For the
+# 32-row ops (a row's 8 scale bytes per CTA) words gained nothing (both, gelu_both within
+# 0.3 us) or lost (dgelu_dbias_both +1.6..2.7 us at 8192^2), and column-scale words, tried
+# for colwise, were 0.4 us slower: both stay bytes. tuning rtile/sstore override for runs.
+RTILE = "wide"
 VWARPS = int(os.environ.get("MXQ_VWARPS", "0")) or None
 if VWARPS not in (None, 2, 4, 8):
     raise ValueError(f"mxq: MXQ_VWARPS must be 2, 4 or 8, got {VWARPS}")

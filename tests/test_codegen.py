@@ -381,7 +381,32 @@ def test_grid_split_is_compiled_in(arch):
     assert "%ctaid.z" in body and "%nctaid.y" in body
     assert "div.s32" not in body and "rem.s32" not in body
     src = op.source
-    assert "gz = cute.ceil_div(n_slow, 65535)" in src and "in_grid = rb < (M + 31) // 32" in src
+    assert "gz = cute.ceil_div(n_slow, 65535)" in src and "in_grid = rb < (M + PK_TILE_ROWS - 1) // PK_TILE_ROWS" in src
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+@pytest.mark.parametrize("opts, tuning, wide, words", [
+    (dict(rowwise=True), {}, True, True), (dict(rowwise=True, scale_layout="swizzled"), {}, True, True),
+    (dict(rowwise=True), {"sstore": "bytes"}, True, False), (dict(rowwise=True), {"rtile": "tall"}, False, False),
+    (dict(rowwise=True, amax=True), {}, False, False), (dict(rowwise=False, colwise=True), {}, False, False),
+    (dict(rowwise=True, colwise=True), {}, False, False), (dict(rowwise=True, colwise=True), {"sstore": "words"}, False, True)])
+def test_row_scales_leave_as_words(arch, opts, tuning, wide, words):
+    """A pure rowwise cast uses the wide tile (8 rows x 1024 columns per CTA) and stores its row
+    scales as 4-byte words gathered in shared memory, a row's 32 bytes per request, with byte
+    stores kept for scale tensors that are not 4-byte aligned; ops with a column reduction keep
+    the 32-row tile and byte stores (codegen.RTILE says what was measured). The GPU side is
+    test_gpu.py::test_scale_words_and_unaligned_scales_match_reference."""
+    def ident(x):
+        return x
+
+    op = mxq.fused_quant(**opts)(ident)
+    op._tuning = tuning
+    body = _entry(op.asm(arch, "bf16")["ptx"], "quant_kernel_pk")
+    assert ("PK_TILE_COLS = VCOLS * PK_WARPS" in op.source) == wide
+    assert body.count("st.global.b32") == words  # one word store, in the aligned branch
+    assert "st.global.b8" in body  # the byte stores (unaligned branch, or the only path)
+    if words:
+        assert "rem.s64" not in body and "div.s32" not in body  # alignment test and indices: masks and shifts
 
 def _entry(ptx, name):
     """The PTX text of kernel ``name`` (up to the next kernel)."""

@@ -116,7 +116,48 @@ def test_dbias_full_and_partial_rounds_match_reference(dtype):
     assert torch.equal(op(x.cuda(), act_input=a.cuda()).dbias.cpu(), got.dbias.cpu())  # deterministic
 
 
-@pytest.mark.parametrize("opts", [dict(rowwise=True, colwise=True, amax=True), dict(colwise=True, dact="gelu", dbias=True)])
+# the packed kernel's scale stores: the wide rowwise tile's word stores (both layouts), the tall
+# tile's byte stores, and its word stores under the sstore tuning override
+SCALE_OPS = [(dict(rowwise=True), {}), (dict(rowwise=True, scale_layout="swizzled", scale_mode="floor"), {}),
+             (dict(rowwise=False, colwise=True, fp8="e5m2"), {}), (dict(rowwise=True, colwise=True), {}),
+             (dict(rowwise=True, colwise=True), {"sstore": "words"}),
+             (dict(rowwise=True, colwise=True, scale_layout="swizzled", amax=True), {"sstore": "words"}),
+             (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), {})]
+
+
+def _scales_at_offset(out, offset):
+    """``out`` with each scale tensor replaced by a view ``offset`` bytes into a larger buffer
+    (holding the same bytes): a legal out= whose scales are not 4-byte aligned when offset % 4."""
+    for name in ("rowwise_scale", "colwise_scale"):
+        t = getattr(out, name)
+        if t is not None:
+            view = torch.empty(t.numel() + 8, dtype=torch.uint8, device=t.device)[offset:offset + t.numel()].view(t.shape)
+            view.copy_(t)
+            setattr(out, name, view)
+    return out
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2])
+@pytest.mark.parametrize("shape", [(100, 1024), (33, 4352)])
+@pytest.mark.parametrize("opts, tuning", SCALE_OPS)
+def test_scale_words_and_unaligned_scales_match_reference(opts, tuning, shape, offset):
+    """Scale rows with nbr % 4 == 0 (N = 1024, 4352): 4-byte aligned scale tensors take the word
+    stores, offsets 1 and 2 the byte-by-byte path of the same kernel; partial row tiles (M = 100,
+    33) and a partial column tile (4352 = 4.25 x 1024 for the wide rowwise tile). CPU counterpart:
+    tests/test_codegen.py::test_row_scales_leave_as_words."""
+    m, n = shape
+    x = planted(m, n, torch.bfloat16, seed=m + offset)
+    kw = {"act_input": planted(m, n, torch.bfloat16, seed=n)} if opts.get("dact") else {}
+    op = mxq.fused_quant(**opts)(_fast_ident)
+    op._tuning = dict(tuning)
+    want = op.reference(x, **kw)
+    out = _scales_at_offset(poisoned(op, x.cuda()), offset)
+    got = op(x.cuda(), out=out, **{k: v.cuda() for k, v in kw.items()})
+    assert compare(got, want, is_exact(op)) == []
+
+
+@pytest.mark.parametrize("opts", [dict(rowwise=True, colwise=True, amax=True), dict(colwise=True, dact="gelu", dbias=True),
+                                  dict(rowwise=True)])
 def test_tall_tensor_splits_the_grid_over_y_and_z(opts):
     """M = 2,200,032 rows is 68,751 row tiles: more than grid y allows, so the packed kernel's row
     tiles are split over y and z (34,376 x 2, one CTA past the end, which must write nothing).
