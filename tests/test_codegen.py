@@ -346,7 +346,8 @@ def test_tuning_overrides_are_validated_before_rendering():
     out of bounds."""
     spec = QuantSpec(rowwise=True, colwise=True, dact="gelu", dbias=True)
     for bad, knob in [({"vwarps": 3}, "vwarps"), ({"order": "diag"}, "order"),
-                      ({"dbias_warps": 12}, "dbias_warps"), ({"dbias_unroll": 0}, "dbias_unroll")]:
+                      ({"dbias_warps": 12}, "dbias_warps"), ({"dbias_unroll": 0}, "dbias_unroll"),
+                      ({"rtile": "square"}, "rtile"), ({"sstore": "halves"}, "sstore")]:
         with pytest.raises(ValueError, match=knob):
             codegen.render(spec, IDENTITY, **bad)
     src = codegen.render(spec, IDENTITY, dbias_warps=16, dbias_unroll=8)
