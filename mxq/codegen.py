@@ -214,7 +214,8 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
         raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
     rtile = rtile or RTILE
-    wide = rtile == "wide" and not (spec.colwise or spec.amax or spec.dbias)
+    col_reduce = bool(spec.colwise or spec.amax or spec.dbias)
+    wide = rtile == "wide" and not col_reduce
     sstore = sstore or ("words" if wide else "bytes")
     if rtile not in ("tall", "wide") or sstore not in ("bytes", "words"):
         raise ValueError(f"mxq: tuning rtile must be 'tall' or 'wide' and sstore 'bytes' or 'words', got {rtile!r}, {sstore!r}")
@@ -263,7 +264,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         # dbias_kernel: warps per CTA and loads in flight per thread (8 x 4; 16 x 8 was faster
         # in one profiler run and slower end to end in the next, see its docstring)
         "dbias_warps": dbias_warps, "dbias_unroll": dbias_unroll,
-        "col_reduce": bool(spec.colwise or spec.amax or spec.dbias),
+        "col_reduce": col_reduce,
         # packed kernel of a pure rowwise cast (no column reduction): "wide" CTAs lay their warps
         # side by side along a row band instead of stacking them over 32 rows
         "wide": wide,

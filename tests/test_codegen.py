@@ -409,6 +409,7 @@ def test_row_scales_leave_as_words(arch, opts, tuning, wide, words):
     if words:
         assert "rem.s64" not in body and "div.s32" not in body  # alignment test and indices: masks and shifts
 
+
 def _entry(ptx, name):
     """The PTX text of kernel ``name`` (up to the next kernel)."""
     body = ptx[ptx.index(f".entry kernel_cutlass_{name}"):]

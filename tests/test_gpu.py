@@ -160,7 +160,8 @@ def test_scale_words_and_unaligned_scales_match_reference(opts, tuning, shape, o
                                   dict(rowwise=True)])
 def test_tall_tensor_splits_the_grid_over_y_and_z(opts):
     """M = 2,200,032 rows is 68,751 row tiles: more than grid y allows, so the packed kernel's row
-    tiles are split over y and z (34,376 x 2, one CTA past the end, which must write nothing).
+    tiles are split over y and z (34,376 x 2, one CTA past the end, which must write nothing);
+    the rowwise cast's 8-row wide tiles make 275,004 row tiles (55,001 x 5, one past the end).
     CPU counterpart: tests/test_codegen.py::test_grid_split_is_compiled_in."""
     m, n = 2_200_032, 16
     x = torch.randn(m, n, dtype=torch.bfloat16)
