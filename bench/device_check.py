@@ -197,27 +197,33 @@ OPS = {
 }
 
 
-def moved_bytes(opts, m, n):
-    """Bytes the op must move: each input read once, each output written once."""
+def moved_bytes(opts, m, n, esize=2):
+    """Bytes the op must move: each input read once, each output written once (``esize``: bytes
+    per input element)."""
     nout = opts.get("rowwise", True) + opts.get("colwise", False)
-    return m * n * 2 * (1 + ("dact" in opts)) + nout * (m * n + m * n // 32) + (n * 2 if opts.get("dbias") else 0)
+    return m * n * esize * (1 + ("dact" in opts)) + nout * (m * n + m * n // 32) + (n * esize if opts.get("dbias") else 0)
 
 
-def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None):
-    """Kernel time: a prepared launch (no Python checks or allocation between launches)."""
+def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None, dtype="bf16"):
+    """Kernel time: a prepared launch (no Python checks or allocation between launches). Rows of
+    another input dtype than bf16 (the issue's) carry a ``dtype`` field."""
     rows = []
+    tdtype = DTYPES[dtype]
+    esize = torch.finfo(tdtype).bits // 8
     for (m, n) in shapes:
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-        a = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, n, device="cuda", dtype=tdtype)
+        a = torch.randn(m, n, device="cuda", dtype=tdtype)
         for name, opts in OPS.items():
             if ops and name not in ops:
                 continue
             op = FusedOp(identity, QuantSpec(**opts))
             op._tuning = dict(tuning or {})
             launch, out = op.prepare(x, **({"act_input": a} if "dact" in opts else {}))
-            row = timed_row(launch, moved_bytes(opts, m, n), copy_gbps, name=f"{prefix}/{name}", M=m, N=n)
+            extra = {} if dtype == "bf16" else {"dtype": dtype}
+            row = timed_row(launch, moved_bytes(opts, m, n, esize), copy_gbps, name=f"{prefix}/{name}", M=m, N=n,
+                            **extra)
             rows.append(row)
-            print(f"  {row['name']:24s} {m:6d}x{n:<6d} {row['ms'] * 1000:8.1f} us {row['GBps']:8.0f} GB/s "
+            print(f"  {row['name']:24s} {dtype} {m:6d}x{n:<6d} {row['ms'] * 1000:8.1f} us {row['GBps']:8.0f} GB/s "
                   f"{row['pct_copy']:5.1f}% ({row['pct_equal_copy']:5.1f}% of an equal copy)  "
                   f"(idle start {row['ms_idle_start'] * 1000:.1f} us)", flush=True)
     return rows
@@ -400,9 +406,10 @@ def small_kernel_gpu_time():
 
 
 def host_breakdown(x, launcher, n):
-    """Where a small call's host time goes: the native allocate-and-launch call alone, the
-    compiled kernel function alone on bound arguments (the floor of any TVM-FFI launch), and
-    torch allocating the same four outputs."""
+    """Where a small call's host time goes: the native allocate-and-launch call alone (and with
+    one allocation per direction instead of one for both), the compiled kernel function alone
+    on bound arguments (the floor of any TVM-FFI launch), and torch allocating the same four
+    outputs."""
     op = launcher.op
     native = launcher.allocating
     fn, args, _ = launcher.bind([x], [], None, None, None)
@@ -422,9 +429,18 @@ def host_breakdown(x, launcher, n):
 
     r = native(x, None, None)
     item = launcher._item
+    from mxq import ffi
+
+    share, ffi.SHARED_ALLOC_MAX_BYTES = ffi.SHARED_ALLOC_MAX_BYTES, 0
+    try:  # the same call with one allocation per direction (what calls above the limit get)
+        unshared = ffi.allocating_dispatcher(FusedOp(identity, op.spec))
+    finally:
+        ffi.SHARED_ALLOC_MAX_BYTES = share
+    unshared(x, None, None)
     out = MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
     dest = launcher.dispatch
     return {"native_alloc_call": per_call(lambda: native(x, None, None)),
+            "native_alloc_call_one_allocation_per_direction": per_call(lambda: unshared(x, None, None)),
             "four_outputs_to_torch": per_call(lambda: (item(r, 0), item(r, 1), item(r, 2), item(r, 3))),
             "native_dest_call": per_call(lambda: dest(x, None, out.rowwise_data, out.rowwise_scale, out.colwise_data,
                                                       out.colwise_scale, None, None, None)),
@@ -456,6 +472,8 @@ def main():
     ap.add_argument("--variants", default="", help="also time tiling variants, e.g. 'vwarps=4;order=rows' ('ops=a+b' limits one to those ops)")
     ap.add_argument("--profile", action="store_true", help="cProfile the host path of a small call")
     ap.add_argument("--host", action="store_true", help="with --no-bench: still measure the host overhead")
+    ap.add_argument("--dtypes", default="fp16,fp32",
+                    help="also time these input dtypes (rows_dtypes; the issue's table is bf16)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.environ.setdefault("MXQ_STRICT", "1")
@@ -495,6 +513,8 @@ def main():
             ops = tuning.pop("ops", "")  # e.g. ops=gelu_both+dgelu_dbias_both: time only these
             summary.setdefault("rows_variants", []).extend(
                 bench(copy, shapes, tuning, prefix=f"mxq[{variant}]", ops=set(filter(None, ops.split("+")))))
+        for dtype in filter(None, args.dtypes.split(",")):
+            summary.setdefault("rows_dtypes", []).extend(bench(copy, shapes, dtype=dtype))
         summary["rows"] += bench_peers(copy, shapes, summary["rows"])
     if not args.no_bench or args.host:
         summary.update(host_overhead(args.profile))

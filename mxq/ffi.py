@@ -23,6 +23,12 @@ _shim = None
 _registered: dict = {}
 _keep_alive: list = []  # Python callbacks and tensors handed to C++ must outlive every call
 _DL_FLOAT, _DL_BFLOAT = 2, 4
+# The allocating route puts both directions' FP8 data and scales in one allocation when they
+# total at most this many bytes (256x4096 rowwise+colwise: 2.1 MB). A small call's host time is
+# mostly allocation; a large tensor keeps one allocation per direction, so that dropping one
+# direction (e.g. rowwise after the forward GEMM) frees its memory. Read when an op's
+# dispatcher is built.
+SHARED_ALLOC_MAX_BYTES = 4 << 20
 
 
 def _dispatch_module():
@@ -33,7 +39,7 @@ def _dispatch_module():
             import tvm_ffi.cpp
 
             src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v5", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v6", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -120,7 +126,8 @@ def dispatcher(op):
 
 def allocating_dispatcher(op):
     """The native allocating route of ``op``: (*tensors, *scalars, act_input, noop) -> the six
-    output slots (compact scales), for ordinary Python calls on non-empty CUDA tensors."""
+    output slots (compact scales), for ordinary Python calls on non-empty CUDA tensors (CPU
+    tensors get the same allocation, filled by the reference: how tests check it without a GPU)."""
     return _dispatchers(op)[1]
 
 
@@ -136,7 +143,8 @@ def _dispatchers(op):
             _keep_alive.extend([ref, res])
             epi = op.epilogue
             pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), _flags(op.spec),
-                                       list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback)
+                                       list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback,
+                                       SHARED_ALLOC_MAX_BYTES)
             fns = op._dispatchers = (pair[0], pair[1])
     return fns
 

@@ -119,16 +119,58 @@ def test_python_launch_path_through_the_dispatcher(monkeypatch):
     assert compare(got, want, exact=True) == []
 
 
-def test_allocating_route_refuses_cpu_and_empty_inputs():
-    """The allocating route (Python's ordinary CUDA calls) serves non-empty CUDA tensors; anything
-    else is a clean ValueError, never a crash (Python sends those calls down the other routes)."""
+def test_allocating_route_refuses_empty_inputs_and_bad_arity():
+    """The allocating route (Python's ordinary CUDA calls) serves non-empty tensors; anything
+    else is a clean error, never a crash (Python sends empty calls down the other routes)."""
     from mxq import ffi
 
     op = mxq.fused_quant(rowwise=True, colwise=True, fp8="e5m2")(resid.fn)
     assert ffi._flags(op.spec) >> 7 & 1, "the fp8 format reaches the native allocator"
     alloc = ffi.allocating_dispatcher(op)
     x = planted(8, 32, torch.bfloat16)
-    with pytest.raises(ValueError, match="non-empty CUDA"):
-        alloc(x, x, 0.5, None, None)
+    with pytest.raises(ValueError, match="non-empty"):
+        alloc(x[:0], x[:0], 0.5, None, None)
     with pytest.raises(TypeError, match="expected 5 arguments"):
         alloc(x, x, 0.5, None)
+
+
+def _ident(x):
+    return x
+
+
+def _round256(b):
+    return (b + 255) // 256 * 256
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("opts", [dict(rowwise=True, colwise=True), dict(rowwise=True), dict(rowwise=False, colwise=True),
+                                  dict(rowwise=True, colwise=True, fp8="e5m2", amax=True)])
+def test_allocating_route_layout(monkeypatch, opts, share):
+    """The native allocation of a call's outputs, run on CPU tensors (the reference fills them):
+    each direction's scales sit at the next 256-byte boundary after its data in the same
+    allocation; below ffi.SHARED_ALLOC_MAX_BYTES the colwise half follows the rowwise half in
+    that one allocation too. Dtypes, shapes and bytes are those of MXFP8Tensor.empty + the
+    reference. GPU side: tests/test_gpu.py::test_allocating_route_frees_a_large_direction."""
+    from mxq import ffi
+
+    monkeypatch.setattr(ffi, "SHARED_ALLOC_MAX_BYTES", 4 << 20 if share else 0)
+    op = mxq.fused_quant(**opts)(_ident)  # a fresh op: its dispatcher reads the limit
+    m, n = 70, 200
+    x = planted(m, n, torch.bfloat16, seed=11)
+    r = ffi.allocating_dispatcher(op)(x, None, None)
+    want = op.reference(x)
+    like = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "meta")
+    names = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")
+    for i, name in enumerate(names):
+        g, w = r[i], getattr(like, name)
+        assert (g is None) == (w is None), name
+        if g is not None:
+            assert g.dtype == w.dtype and g.shape == w.shape and g.is_contiguous(), name
+            assert same_bytes(g, getattr(want, name)), name
+    data = _round256(m * n)
+    for d, s in ((0, 1), (2, 3)):
+        if r[d] is not None:
+            assert r[s].data_ptr() - r[d].data_ptr() == data, "scales at the 256-byte boundary after the data"
+    if op.spec.rowwise and op.spec.colwise:
+        gap = r[2].data_ptr() - r[0].data_ptr()
+        assert (gap == data + _round256(m * ((n + 31) // 32))) == share, "colwise follows rowwise iff shared"

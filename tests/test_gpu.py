@@ -87,6 +87,24 @@ def test_allocating_route_outputs_outlive_each_other():
     del junk
 
 
+@pytest.mark.parametrize("m, shared", [(256, True), (2048, False)])
+def test_allocating_route_frees_a_large_direction(m, shared):
+    """Below ffi.SHARED_ALLOC_MAX_BYTES (4 MiB of FP8 outputs) a call's rowwise and colwise
+    outputs share one allocation (one allocation less per small call); above it each direction
+    has its own, so dropping the rowwise half (after the forward GEMM) frees its memory. CPU
+    counterpart: tests/test_ffi.py::test_allocating_route_layout."""
+    x = planted(m, 4096, torch.bfloat16, seed=m).cuda()
+    want = mxq.quantize(x.cpu(), rowwise=True, colwise=True)
+    out = mxq.quantize(x, rowwise=True, colwise=True)
+    torch.cuda.synchronize()
+    assert compare(out, want, True) == []
+    before = torch.cuda.memory_allocated()
+    out.rowwise_data = out.rowwise_scale = None
+    freed = before - torch.cuda.memory_allocated()
+    assert (freed == 0) if shared else (freed >= m * (4096 + 128)), freed
+    assert same_bytes(out.colwise_data, want.colwise_data) and same_bytes(out.colwise_scale, want.colwise_scale)
+
+
 def _fast_ident(x):
     return x
 

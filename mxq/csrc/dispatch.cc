@@ -40,6 +40,7 @@ struct State {
   std::mutex mu;
   std::map<std::tuple<int, int, int, int>, ffi::Function> kernels;
   std::map<int, ffi::Tensor> zeros;
+  int64_t share_max = 0;  // the allocating route: both directions in one allocation up to this many bytes
 };
 
 // Owning ffi::Tensor objects that alias memory the caller owns (the generated kernels decode
@@ -243,6 +244,8 @@ struct ViewOf {
   void FreeData(DLTensor*) {}
 };
 
+int64_t Round256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
 void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* rv) {
   State& st = *sp;
   const int base = st.nt + st.ns;
@@ -252,8 +255,8 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   }
   const DLTensor* x = TensorArg(st, args, 0);
   const int64_t numel = Numel(x);
-  if (x->device.device_type == kDLCPU || numel == 0) {
-    TVM_FFI_THROW(ValueError) << "mxq: the allocating route serves non-empty CUDA tensors only";
+  if (numel == 0) {
+    TVM_FFI_THROW(ValueError) << "mxq: the allocating route serves non-empty tensors only";
   }
   const int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1, m = numel / n;
   const int64_t nbr = (n + 31) / 32, nbc = (m + 31) / 32;
@@ -264,15 +267,23 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   ffi::Shape xshape(x->shape, x->shape + x->ndim);
   ffi::Any outs[6];
   // A direction's data and scales share one allocation (scales at the next 256-byte boundary):
-  // they are used together, and the host time of a small call is mostly allocation.
-  auto data_and_scale = [&](ffi::Shape scale_shape, int64_t scale_bytes, ffi::Any* data, ffi::Any* scale) {
-    const int64_t off = (numel + 255) / 256 * 256;
-    ffi::Tensor buf = alloc(ffi::Shape({off + scale_bytes}), u8);
-    *data = ffi::Tensor::FromNDAlloc(ViewOf{buf, 0}, xshape, fp8, x->device);
-    *scale = ffi::Tensor::FromNDAlloc(ViewOf{buf, off}, scale_shape, u8, x->device);
+  // they are used together. When all FP8 outputs together are at most share_max bytes, both
+  // directions share one allocation too: a small call's host time is mostly allocation, and a
+  // small tensor's memory is not worth freeing one direction early (a large one's is: above
+  // the limit, dropping the rowwise half frees it).
+  const int64_t data_bytes = Round256(numel);
+  const int64_t row_bytes = st.want[kRowData] ? data_bytes + Round256(m * nbr) : 0;
+  const int64_t col_bytes = st.want[kColData] ? data_bytes + Round256(nbc * n) : 0;
+  ffi::Tensor shared;
+  if (row_bytes + col_bytes <= st.share_max) shared = alloc(ffi::Shape({row_bytes + col_bytes}), u8);
+  auto data_and_scale = [&](ffi::Shape scale_shape, int64_t bytes, int64_t at, ffi::Any* data, ffi::Any* scale) {
+    ffi::Tensor buf = shared.defined() ? shared : alloc(ffi::Shape({bytes}), u8);
+    if (!shared.defined()) at = 0;
+    *data = ffi::Tensor::FromNDAlloc(ViewOf{buf, at}, xshape, fp8, x->device);
+    *scale = ffi::Tensor::FromNDAlloc(ViewOf{buf, at + data_bytes}, scale_shape, u8, x->device);
   };
-  if (st.want[kRowData]) data_and_scale(ffi::Shape({m, nbr}), m * nbr, &outs[0], &outs[1]);
-  if (st.want[kColData]) data_and_scale(ffi::Shape({nbc, n}), nbc * n, &outs[2], &outs[3]);
+  if (st.want[kRowData]) data_and_scale(ffi::Shape({m, nbr}), row_bytes, 0, &outs[0], &outs[1]);
+  if (st.want[kColData]) data_and_scale(ffi::Shape({nbc, n}), col_bytes, row_bytes, &outs[2], &outs[3]);
   if (st.want[kAmax]) outs[4] = alloc(ffi::Shape(std::vector<int64_t>{}), f32);
   if (st.want[kDbias]) outs[5] = alloc(ffi::Shape({n}), x->dtype);
   std::vector<ffi::AnyView> full;
@@ -289,8 +300,10 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
 
 // [destination-passing route, allocating route] of one op.
 ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Array<ffi::String> names,
-                              ffi::Function reference, ffi::Function resolve, ffi::Function zero) {
+                              ffi::Function reference, ffi::Function resolve, ffi::Function zero,
+                              int64_t share_max) {
   auto st = std::make_shared<State>();
+  st->share_max = share_max;
   for (const ffi::String& name : names) st->names.emplace_back(std::string(name));
   st->nt = static_cast<int>(nt);
   st->ns = static_cast<int>(ns);
