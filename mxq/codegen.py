@@ -203,11 +203,9 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
             stage: int | None = None, pdl: int | None = None, dbias_warps: int = 8,
-            dbias_unroll: int = 4, rtile: str | None = None, sstore: str | None = None,
-            cblocks: int | None = None) -> dict:
-    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``/
-    ``rtile``/``sstore``/``cblocks`` and dbias_kernel's ``dbias_warps``/``dbias_unroll``: tuning
-    overrides)."""
+            dbias_unroll: int = 4, rtile: str | None = None, sstore: str | None = None) -> dict:
+    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``
+    and dbias_kernel's ``dbias_warps``/``dbias_unroll``: tuning overrides)."""
     order = order or ORDER
     computed = _computed(spec, epilogue)
     stage = computed if stage is None else bool(stage)
@@ -221,9 +219,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     sstore = sstore or ("words" if wide else "bytes")
     if rtile not in ("tall", "wide") or sstore not in ("bytes", "words"):
         raise ValueError(f"mxq: tuning rtile must be 'tall' or 'wide' and sstore 'bytes' or 'words', got {rtile!r}, {sstore!r}")
-    cblocks = cblocks or (CBLOCKS_DBIAS if spec.dbias else 1)
-    if cblocks not in (1, 2) or (cblocks == 2 and not col_reduce):
-        raise ValueError(f"mxq: tuning cblocks must be 1, or 2 for ops with colwise/amax/dbias, got {cblocks!r}")
     if dbias_warps not in (1, 2, 4, 8, 16, 32) or dbias_unroll not in range(1, 17):
         raise ValueError("mxq: tuning dbias_warps must be a power of two up to 32 and dbias_unroll 1..16, "
                          f"got {dbias_warps!r}, {dbias_unroll!r}")
@@ -261,8 +256,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         "templates_hash": templates_hash(),
         "rows_per_cta": ROWS_PER_CTA,
         "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps, "pkw": VEC // 2,
-        "pk_vwarps": pk_vwarps,  # the packed (16-bit) kernel's warps per 32-row block: 4 for staged ops
-        "pk_blocks": cblocks,  # ... and its 32-row column blocks per CTA (see CBLOCKS_DBIAS)
+        "pk_vwarps": pk_vwarps,  # the packed (16-bit) kernel's warps: 4 for staged ops
         "order": order,
         # dbias ops launch dbias_kernel with programmatic dependent launch where the arch has it
         # (the launcher's use_pdl); pdl=0 turns it off for a side-by-side timing
@@ -306,10 +300,6 @@ VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load o
 # 0.3 us) or lost (dgelu_dbias_both +1.6..2.7 us at 8192^2), and column-scale words, tried
 # for colwise, were 0.4 us slower: both stay bytes. tuning rtile/sstore override for runs.
 RTILE = "wide"
-# Packed kernel of a dbias op: CTAs of two 32-row column blocks stacked (2 x 8 warps), so a CTA
-# writes one row of fp64 dbias partials per 64 rows: half the partials to write and for
-# dbias_kernel to read, same registers per thread. tuning cblocks (1 or 2) overrides.
-CBLOCKS_DBIAS = 2
 VWARPS = int(os.environ.get("MXQ_VWARPS", "0")) or None
 if VWARPS not in (None, 2, 4, 8):
     raise ValueError(f"mxq: MXQ_VWARPS must be 2, 4 or 8, got {VWARPS}")

@@ -134,24 +134,6 @@ def test_dbias_full_and_partial_rounds_match_reference(dtype):
     assert torch.equal(op(x.cuda(), act_input=a.cuda()).dbias.cpu(), got.dbias.cpu())  # deterministic
 
 
-@pytest.mark.parametrize("m", [1, 20, 32, 33, 64, 95, 130])
-@pytest.mark.parametrize("cblocks", [1, 2])
-@pytest.mark.parametrize("opts", [dict(rowwise=True, colwise=True, dact="gelu", dbias=True),
-                                  dict(rowwise=False, colwise=True, dbias=True, amax=True, scale_layout="swizzled")])
-def test_stacked_column_blocks_match_reference(opts, cblocks, m):
-    """dbias ops' packed kernel stacks two 32-row column blocks per CTA (codegen.CBLOCKS_DBIAS):
-    where M ends in the first block of the last CTA (M = 1, 20, 32, 95, 130), the second block's
-    column scales must not be written and its rows add nothing to dbias; cblocks=1 is the one-block
-    tile. CPU counterpart: tests/test_codegen.py::test_dbias_ops_stack_two_column_blocks."""
-    op = mxq.fused_quant(**opts)(_fast_ident)
-    op._tuning = {"cblocks": cblocks}
-    x = planted(m, 520, torch.bfloat16, seed=m)
-    kw = {"act_input": planted(m, 520, torch.bfloat16, seed=m + 1)} if opts.get("dact") else {}
-    want = op.reference(x, **kw)
-    got = op(x.cuda(), out=poisoned(op, x.cuda()), **{k: v.cuda() for k, v in kw.items()})
-    assert compare(got, want, is_exact(op)) == []
-
-
 # the packed kernel's scale stores: the wide rowwise tile's word stores (both layouts), the tall
 # tile's byte stores, and its word stores under the sstore tuning override
 SCALE_OPS = [(dict(rowwise=True), {}), (dict(rowwise=True, scale_layout="swizzled", scale_mode="floor"), {}),
