@@ -64,17 +64,22 @@ class FusedOp:
 
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs) -> MXFP8Tensor:
         if self._fast and len(args) == 1 and not kwargs and noop is None and out is None and act_input is None:
-            # The common small call, e.g. mxq.quantize(x) on CUDA: a launcher that already served
-            # this (dtype, device) through the checked path below, so only what can change
-            # between calls is checked here; anything unusual takes the full path.
-            x = args[0]
-            if type(x) is _Tensor:
-                fast = self._fast.get((x.dtype, x.get_device()))
-                if fast is not None and 0 < x.numel() < _FAST_NUMEL and x.is_contiguous():
-                    return fast.call_alloc(x, None, None)
+            got = self._fast_call(args[0])
+            if got is not None:
+                return got
         tensors, scalars = self._bind(args, kwargs)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
         return runtime.execute(self, self.spec, tensors, scalars, act_input, noop, out)
+
+    def _fast_call(self, x):
+        """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
+        served this (dtype, device) through the checked path, so only what can change between
+        calls is checked here; anything unusual takes the full path."""
+        if type(x) is _Tensor:
+            fast = self._fast.get((x.dtype, x.get_device()))
+            if fast is not None and 0 < x.numel() < _FAST_NUMEL and x.is_contiguous():
+                return fast.call_alloc(x, None, None)
+        return None
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs) -> MXFP8Tensor:
         """The torch reference result, on whatever device the inputs are."""
@@ -187,6 +192,10 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         op = _quantize_op(spec)
         if len(_QUANTIZE_OPS) < 1024:
             _QUANTIZE_OPS[key] = op
+    if op._fast and noop is None and out is None:  # skip a layer of Python on the common small call
+        got = op._fast_call(x)
+        if got is not None:
+            return got
     return op(x, noop=noop, out=out)
 
 

@@ -74,6 +74,23 @@ def test_fast_path_takes_only_plain_calls():
     assert len(fake.calls) == 1
 
 
+def test_quantize_takes_the_fast_path_itself():
+    """mxq.quantize checks the fast path before calling its op (one layer of Python less on the
+    host-time path); noop=/out= calls still take the checked path."""
+    from mxq.op import _quantize_op
+    from mxq.spec import QuantSpec
+
+    op = _quantize_op(QuantSpec(fp8="e5m2", rowwise=False, colwise=True, scale_mode="floor"))
+    fake = op._fast[(torch.float16, -1)] = _RecordingLauncher()
+    try:
+        x = torch.randn(64, 64, dtype=torch.float16)
+        assert mxq.quantize(x, fp8="e5m2", rowwise=False, colwise=True, scale_mode="floor") == "fast"
+        got = mxq.quantize(x, fp8="e5m2", rowwise=False, colwise=True, scale_mode="floor", noop=torch.zeros(1))
+        assert isinstance(got, mxq.MXFP8Tensor) and fake.calls == [x]
+    finally:
+        op._fast.clear()
+
+
 def test_fast_path_is_off_for_ops_with_scalars_or_act_input():
     assert not mxq.fused_quant()(_scaled)._fast_ok
     assert not mxq.fused_quant(dact="gelu")(_plain)._fast_ok
