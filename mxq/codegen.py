@@ -203,8 +203,7 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
             stage: int | None = None, pdl: int | None = None, dbias_warps: int = 8,
-            dbias_unroll: int = 4, rtile: str | None = None, sstore: str | None = None,
-            dlate: int = 1) -> dict:
+            dbias_unroll: int = 4, rtile: str | None = None, sstore: str | None = None) -> dict:
     """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``
     and dbias_kernel's ``dbias_warps``/``dbias_unroll``: tuning overrides)."""
     order = order or ORDER
@@ -220,8 +219,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     sstore = sstore or ("words" if wide else "bytes")
     if rtile not in ("tall", "wide") or sstore not in ("bytes", "words"):
         raise ValueError(f"mxq: tuning rtile must be 'tall' or 'wide' and sstore 'bytes' or 'words', got {rtile!r}, {sstore!r}")
-    if dlate not in (0, 1):
-        raise ValueError(f"mxq: tuning dlate must be 0 or 1, got {dlate!r}")
     if dbias_warps not in (1, 2, 4, 8, 16, 32) or dbias_unroll not in range(1, 17):
         raise ValueError("mxq: tuning dbias_warps must be a power of two up to 32 and dbias_unroll 1..16, "
                          f"got {dbias_warps!r}, {dbias_unroll!r}")
@@ -267,9 +264,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         # dbias_kernel: warps per CTA and loads in flight per thread (8 x 4; 16 x 8 was faster
         # in one profiler run and slower end to end in the next, see its docstring)
         "dbias_warps": dbias_warps, "dbias_unroll": dbias_unroll,
-        # packed kernel: sum the warps' dbias partials after the FP8 stores (dlate=0: before the
-        # barrier that the stores wait for)
-        "dbias_late": bool(dlate),
         "col_reduce": col_reduce,
         # packed kernel of a pure rowwise cast (no column reduction): "wide" CTAs lay their warps
         # side by side along a row band instead of stacking them over 32 rows
