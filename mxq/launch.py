@@ -46,8 +46,9 @@ class _Launcher:
         self.allocating = None
         # calls without out=/noop allocate in the native route; swizzled scales need zeroed padding,
         # which that route does not write (bench/device_check.py turns this off to compare)
-        self.native_alloc = op.spec.scale_layout == "compact"
         spec = op.spec
+        self.native_alloc = spec.scale_layout == "compact"
+        # what call_alloc needs of the spec, read once (it runs on every small call)
         self._fields = (spec.rowwise, spec.colwise, spec.amax, spec.dbias, spec.fp8, spec.scale_layout)
 
     def _dispatcher(self):

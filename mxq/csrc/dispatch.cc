@@ -276,9 +276,10 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   const int64_t col_bytes = st.want[kColData] ? data_bytes + Round256(nbc * n) : 0;
   ffi::Tensor shared;
   if (row_bytes + col_bytes <= st.share_max) shared = alloc(ffi::Shape({row_bytes + col_bytes}), u8);
-  auto data_and_scale = [&](ffi::Shape scale_shape, int64_t bytes, int64_t at, ffi::Any* data, ffi::Any* scale) {
+  // `bytes`: the direction's own allocation; `shared_at`: where it starts in the shared one
+  auto data_and_scale = [&](ffi::Shape scale_shape, int64_t bytes, int64_t shared_at, ffi::Any* data, ffi::Any* scale) {
     ffi::Tensor buf = shared.defined() ? shared : alloc(ffi::Shape({bytes}), u8);
-    if (!shared.defined()) at = 0;
+    const int64_t at = shared.defined() ? shared_at : 0;
     *data = ffi::Tensor::FromNDAlloc(ViewOf{buf, at}, xshape, fp8, x->device);
     *scale = ffi::Tensor::FromNDAlloc(ViewOf{buf, at + data_bytes}, scale_shape, u8, x->device);
   };
