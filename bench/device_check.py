@@ -81,6 +81,12 @@ def cases(quick: bool):
         dtype = ("bf16", "fp16", "fp32")[i % 3]
         shapes = SHAPES[:4] if quick else [SHAPES[i % len(SHAPES)], SHAPES[(i + 4) % len(SHAPES)], (64, 96)]
         out.append((v, epi, dtype, shapes))
+    # dbias of a plain cast (v is the input) in every dtype: the index rule above gave the only
+    # identity-epilogue dbias variant a user epilogue, and the packed kernel once left such
+    # partial sums unset
+    for j, dtype in enumerate(("bf16", "fp16", "fp32")):
+        shapes = SHAPES[:4] if quick else [SHAPES[(j + 3) % len(SHAPES)], SHAPES[(j + 6) % len(SHAPES)], (64, 96)]
+        out.append((dict(base, rowwise=j != 1, colwise=True, dbias=True, amax=j == 2), "identity", dtype, shapes))
     return out
 
 

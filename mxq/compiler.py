@@ -23,6 +23,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from .numerics import dbias_partial_dtype
 from .spec import DTYPES
 
 _DTYPE_BY_NAME = {v: k for k, v in DTYPES.items()}
@@ -99,7 +100,9 @@ def _fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool):
     if spec.amax:
         args.append(fake(Float32, (1,), assumed_align=4))
     if spec.dbias:
-        args += [fake(el, (n,), assumed_align=nbytes), mat(cutlass.Float64, 8, rows=cute.sym_int())]
+        ws_bytes = dbias_partial_dtype(_DTYPE_BY_NAME[dtype_name]).itemsize  # fp32 for 16-bit inputs
+        ws = {4: cutlass.Float32, 8: cutlass.Float64}[ws_bytes]
+        args += [fake(el, (n,), assumed_align=nbytes), mat(ws, ws_bytes, rows=cute.sym_int())]
     args.append(fake(Float32, (1,), assumed_align=4))  # noop
     args.append(use_hw)
     if spec.dbias:

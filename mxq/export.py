@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from .compiler import _DTYPE_BY_NAME, _link_shared, compile_op
+from .numerics import dbias_partial_dtype
 
 
 def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None) -> dict:
@@ -59,7 +60,8 @@ def _export_header(op, name: str, arch: str, dtype: str) -> str:
         args.append("  amax       float32[1]              (set to max|v|; zeroed by the kernel first)")
     if spec.dbias:
         args.append(f"  dbias      {el}[N]")
-        args.append("  workspace  float64[ceil(M/32), N]  (scratch)")
+        ws = str(dbias_partial_dtype(_DTYPE_BY_NAME[dtype])).removeprefix("torch.")
+        args.append(f"  workspace  {ws}[ceil(M/32), N]  (scratch)")
     args.append("  noop       float32[1]              (1.0: write nothing)")
     lines = "\n".join(" * " + a for a in args)
     guard = name.upper() + "_H_"

@@ -13,6 +13,7 @@ import torch
 
 from . import layouts, runtime
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
+from .numerics import dbias_partial_dtype
 from .spec import DTYPES
 from .tensor import MXFP8Tensor, flat_dims
 
@@ -122,7 +123,8 @@ class _Launcher:
         if spec.amax:
             args.append(out.amax.view(1))
         if spec.dbias:
-            args += [out.dbias, torch.empty((layouts.cdiv(m, 32), n), dtype=torch.float64, device=x.device)]
+            args += [out.dbias, torch.empty((layouts.cdiv(m, 32), n), dtype=dbias_partial_dtype(x.dtype),
+                                              device=x.device)]
         args.append(noop.reshape(1) if noop is not None else _noop_tensor(x.device))
         return (self._fn("vec" if vec else "generic") if m * n else None), args, out
 

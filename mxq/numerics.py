@@ -126,3 +126,16 @@ def quantize_blocks(v: torch.Tensor, fmt: FP8Format, mode: str) -> tuple[torch.T
     y = blocks * e8m0_to_inv_scale(scales).unsqueeze(-1)
     data = cast_to_fp8(y.reshape(m, nb * BLOCK)[:, :n], fmt)
     return data, scales
+
+
+def dbias_partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Precision of the kernels' dbias partial sums (one workspace row per 32-row block).
+
+    16-bit inputs: each 32-row block is summed in fp32 (NUMERICS.md's fp32 accumulation) and the
+    blocks in fp64. Measured on the H200 (bench/results/nvidia-h200-20261130-s9-fixed-cost-dacc.json)
+    this made dgelu+dbias 6-7 us faster at 8192^2 than fp64 block sums (fewer registers: 5 CTAs
+    per SM instead of 4; half the workspace bytes). Its error is at most 31 * 2^-24 * sum |v|, far
+    inside the 1-ulp bf16/fp16 class unless a column's sum cancels to below ~2^-11 (bf16) or ~2^-8
+    (fp16) of its sum of |v|. fp32 inputs keep fp64 block sums: their 1-ulp class is fp32's own.
+    """
+    return torch.float64 if dtype == torch.float32 else torch.float32

@@ -444,7 +444,8 @@ def test_ops_with_arithmetic_stage_their_loads_through_shared_memory(arch):
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
-def test_dbias_kernel_keeps_its_loads_in_flight(arch):
+@pytest.mark.parametrize("dtype, load", [("bf16", "ld.global.b32"), ("fp32", "ld.global.b64")])
+def test_dbias_kernel_keeps_its_loads_in_flight(arch, dtype, load):
     """dbias_kernel's time is its loads' latency: each round of a thread issues DBIAS_UNROLL (4)
     workspace loads in one block (no branch between them, so ptxas can issue them together),
     the last round too (a row past the end is clamped and added as 0). The GPU side:
@@ -455,11 +456,48 @@ def test_dbias_kernel_keeps_its_loads_in_flight(arch):
 
     dgelu = mxq.fused_quant(colwise=True, dact="gelu", dbias=True)(ident)
     assert "DBIAS_WARPS = 8" in dgelu.source and "DBIAS_UNROLL = 4" in dgelu.source
-    dbias = _entry(dgelu.asm(arch, "bf16")["ptx"], "dbias_kernel")
+    dbias = _entry(dgelu.asm(arch, dtype)["ptx"], "dbias_kernel")  # (fp32 partials for 16-bit inputs)
     # basic blocks: split at labels and after branches; loads per block
     blocks = re.split(r"\n\$L__BB\d+_\d+:|\bbra(?:\.uni)?\s+\$L__BB\d+_\d+;", dbias)
-    loads = sorted(b.count("ld.global.b64") for b in blocks if "ld.global.b64" in b)
+    # (blocks[0] holds the noop flag's lone 32-bit load)
+    loads = sorted(b.count(load) for b in blocks[1:] if load in b)
     assert min(loads) >= 4, loads  # a round: 4 loads (or more, unrolled) with no branch between them
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_dbias_partials_precision_follows_the_input_dtype(arch, dtype):
+    """numerics.dbias_partial_dtype: a 16-bit input's 32-row blocks are summed in fp32 by both
+    quantize kernels (no fp64 arithmetic in them) into an fp32 workspace, an fp32 input's in fp64;
+    dbias_kernel adds the blocks in fp64 either way. The GPU side:
+    tests/test_gpu.py::test_dbias_blocks_sum_in_the_partial_precision (a column whose result tells
+    the two apart)."""
+    from mxq import export
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
+    f64_math = re.compile(r"\b(?:add|cvt)\.[a-z.]*f64\b")
+    fast = "quant_kernel_vec" if dtype == "fp32" else "quant_kernel_pk"
+    for variant, kernel in (("vec", fast), ("generic", "quant_kernel")):
+        ptx = compiler.compile_artifacts(op, arch, dtype, variant)["ptx"]
+        assert bool(f64_math.search(_entry(ptx, kernel + "_"))) == (dtype == "fp32"), (variant, kernel)
+        reduce = _entry(ptx, "dbias_kernel")
+        assert "add.rn.f64" in reduce or "add.f64" in reduce
+        assert ("cvt.f64.f32" in reduce) == (dtype != "fp32")  # fp32 partials widened before the fp64 sum
+    ws = {"fp32": "float64"}.get(dtype, "float32")
+    assert f"workspace  {ws}[ceil(M/32), N]" in export._export_header(op, "k", arch, dtype)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_plain_dbias_sums_its_input(arch, dtype):
+    """A plain cast with dbias (v is the input): each thread of the packed kernel adds its rows'
+    values, VEC per row after the first, in fp32; the packed kernel once skipped these adds for
+    ops without arithmetic, leaving its partial sums unset. The GPU side:
+    tests/test_gpu.py::test_plain_dbias_matches_reference."""
+    op = mxq.fused_quant(colwise=True, dbias=True)(ident)
+    rows = int(re.search(r"^PK_ROWS = (\d+)", op.source, re.M).group(1))
+    pk = _entry(op.asm(arch, dtype)["ptx"], "quant_kernel_pk")
+    assert len(re.findall(r"\badd\.(?:rn\.)?f32\b", pk)) >= codegen.VEC * (rows - 1)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])

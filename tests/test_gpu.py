@@ -134,6 +134,36 @@ def test_dbias_full_and_partial_rounds_match_reference(dtype):
     assert torch.equal(op(x.cuda(), act_input=a.cuda()).dbias.cpu(), got.dbias.cpu())  # deterministic
 
 
+@pytest.mark.parametrize("dtype, n, want", [(torch.bfloat16, 64, 0.0), (torch.bfloat16, 36, 0.0),
+                                            (torch.float32, 64, 2.0), (torch.float32, 36, 2.0)])
+def test_dbias_blocks_sum_in_the_partial_precision(dtype, n, want):
+    """A hand-made column that tells fp32 block sums from fp64 ones: 2^24, 1, 1 in rows 0-2 and
+    -2^24 in row 32. Its exact sum (the fp64 reference) is 2. A 16-bit input's 32-row block is
+    summed in fp32, where 2^24 + 1 rounds to 2^24, so dbias is 0; fp32 inputs sum their blocks in
+    fp64 and get 2 (numerics.dbias_partial_dtype). N = 64 takes the packed / vectorised kernel, N =
+    36 the generic one: both paths sum in the same precision. CPU counterpart:
+    tests/test_codegen.py::test_dbias_partials_precision_follows_the_input_dtype."""
+    x = torch.zeros(64, n, dtype=dtype)
+    x[0, 0], x[1, 0], x[2, 0], x[32, 0] = 2.0 ** 24, 1.0, 1.0, -(2.0 ** 24)
+    op = mxq.fused_quant(colwise=True, dbias=True)(_fast_ident)
+    assert op.reference(x).dbias[0].item() == 2.0
+    got = op(x.cuda(), out=poisoned(op, x.cuda())).dbias.cpu()
+    assert got[0].item() == want and torch.all(got[1:] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(300, 256), (33, 36)])
+def test_plain_dbias_matches_reference(dtype, shape):
+    """dbias of a plain cast (no act, dact or epilogue: v is the input). The packed kernel used to
+    leave its partial sums unset for such ops, and no other GPU case had one. CPU counterpart:
+    tests/test_codegen.py::test_plain_dbias_sums_its_input."""
+    x = planted(*shape, dtype, seed=5)
+    for op in (mxq.fused_quant(colwise=True, dbias=True)(_fast_ident),
+               mxq.fused_quant(rowwise=True, colwise=True, dbias=True, amax=True)(_fast_ident)):
+        got = op(x.cuda(), out=poisoned(op, x.cuda()))
+        assert compare(got, op.reference(x), is_exact(op)) == []
+
+
 # the packed kernel's scale stores: the wide rowwise tile's word stores (both layouts), the tall
 # tile's byte stores, and its word stores under the sstore tuning override
 SCALE_OPS = [(dict(rowwise=True), {}), (dict(rowwise=True, scale_layout="swizzled", scale_mode="floor"), {}),

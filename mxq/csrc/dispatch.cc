@@ -198,7 +198,8 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   if (st.want[kAmax]) scalar_tensor(base + kAmax, f32, 1);
   if (st.want[kDbias]) {
     scalar_tensor(base + kDbias, x->dtype, n);
-    push(ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({nbc, n}), f64, x->device));
+    // the partial sums' precision: fp64 for fp32 inputs, fp32 for 16-bit ones (numerics.dbias_partial_dtype)
+    push(ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({nbc, n}), x->dtype.bits == 32 ? f64 : f32, x->device));
   }
   ffi::Tensor zero;
   if (args[base + kNoop] != nullptr) {
