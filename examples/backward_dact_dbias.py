@@ -2,7 +2,7 @@
 
 One pass reads the incoming gradient and the saved pre-activation once and writes the MXFP8
 rowwise+colwise gradient (for the two backward GEMMs) plus dbias, the column sums of
-grad * dgelu(a) taken before any rounding (fp64 accumulation: deterministic run to run).
+grad * dgelu(a) taken before any rounding (summed in a fixed order: the same bits run to run).
 Run: python examples/backward_dact_dbias.py
 """
 

@@ -4,9 +4,10 @@ Steps are numbered as in NUMERICS.md. It runs on CPU or CUDA tensors, never impo
 and evaluates the epilogue and act/dact through the same IR the kernels are generated from,
 one fp32 rounding per operation (the kernels are generated without FMA contraction to match).
 
-mxq choice: dbias accumulates in fp64 (kernel partials and final reduction alike), then rounds
-fp64 -> fp32 -> input dtype. NUMERICS.md asks for fp32 accumulation within 1 ulp of a float64
-sum; fp32 accumulation cannot promise that under cancellation, fp64 accumulation does.
+dbias here is the float64 column sum rounded fp64 -> fp32 -> input dtype: the value NUMERICS.md
+measures the kernels against (within 1 ulp of the input dtype). The kernels sum each 32-row
+block in fp32 for 16-bit inputs and in fp64 for fp32 inputs, and the blocks in fp64
+(``numerics.dbias_partial_dtype`` says why and how far that can be from this sum).
 """
 
 from __future__ import annotations

@@ -69,12 +69,30 @@ def is_exact(op) -> bool:
     return op.epilogue.exact and op.spec.act not in inexact and op.spec.dact not in inexact
 
 
-def compare(got, want, exact: bool) -> list[str]:
+# Transcendental class, dbias: the kernels' v may differ from the reference's by a few fp32 ulps
+# per element (their exp/tanh/erf are not torch's), and NUMERICS.md measures dbias against a sum
+# of the kernel's own v, which a test cannot see. Slack per column: this times its sum of |v|.
+V_SLACK = 2.0 ** -21
+
+
+def v_abs_sum(op, *args, act_input=None, **kwargs) -> torch.Tensor:
+    """Per-column fp64 sum of |v| (NUMERICS steps 1-3, on the reference) for ``compare``'s
+    ``v_abs`` argument: the dbias slack of an op in the transcendental class."""
+    from .reference import epilogue_value
+
+    tensors, scalars = op._bind(args, kwargs)
+    return epilogue_value(op.spec, op.epilogue, tensors, scalars, act_input).abs().sum(0, dtype=torch.float64)
+
+
+def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None) -> list[str]:
     """Differences between two MXFP8Tensors under NUMERICS.md's exactness classes ([] if none).
 
     Exact class: every data and scale byte and the amax bits equal. Transcendental class: at
     most 1 in 1e4 data bytes off, each by one code; few scale bytes off. dbias: within 1 ulp of
-    the input dtype (both sides are fp64 sums rounded once).
+    the input dtype of the reference's fp64 sum (numerics.dbias_partial_dtype bounds the kernels'),
+    plus, outside the exact class and where ``v_abs`` (``v_abs_sum``) is given, V_SLACK x the
+    column's sum of |v|. Without it a column whose sum cancels fails that class now and then
+    (bench/README.md, ninth session).
     """
     problems = []
     m = 1
@@ -103,6 +121,9 @@ def compare(got, want, exact: bool) -> list[str]:
     if want.dbias is not None:
         gd, wd = got.dbias.cpu().double(), want.dbias.cpu().double()
         ulp = torch.finfo(want.dbias.dtype).eps * wd.abs() + torch.finfo(want.dbias.dtype).tiny
+        if v_abs is not None and not exact:
+            va = v_abs.cpu().double().reshape(ulp.shape)
+            ulp = ulp + V_SLACK * torch.where(torch.isfinite(va), va, torch.zeros_like(va))  # no slack past inf
         ok = ((gd - wd).abs() <= ulp) | (torch.isnan(gd) & torch.isnan(wd)) | (gd == wd)
         if not ok.all():
             problems.append(f"dbias: {int((~ok).sum())} of {ok.numel()} columns off by more than 1 ulp")

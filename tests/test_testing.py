@@ -3,7 +3,7 @@
 import torch
 
 import mxq
-from mxq.testing import compare, planted, poisoned
+from mxq.testing import compare, planted, poisoned, v_abs_sum
 
 
 def test_compare_flags_a_single_byte_and_accepts_equal():
@@ -30,3 +30,26 @@ def test_poisoned_outputs_are_not_valid_results():
 
 def lambda_free(x):
     return x
+
+
+def test_dbias_slack_grows_with_the_columns_sum_of_abs_v_outside_the_exact_class():
+    """Column 0 of v = (1e4, -1e4, 1) sums to 1, and one fp32 ulp of either big value is ~1e-3:
+    a kernel whose v differs from the reference's in the last bits of an element (the
+    transcendental class) can be a thousand ulps of that sum off. compare() allows
+    V_SLACK x sum |v| (here 20001 x 2^-21 = 9.5e-3) only when given v_abs and outside the exact
+    class, and none where sum |v| is infinite."""
+    op = mxq.fused_quant(colwise=True, dbias=True)(lambda_free)
+    x = torch.zeros(3, 32)
+    x[0, 0], x[1, 0], x[2, 0] = 1e4, -1e4, 1.0
+    v_abs = v_abs_sum(op, x)
+    assert v_abs[0].item() == 20001.0 and v_abs[1].item() == 0.0
+    want = op.reference(x)
+    assert want.dbias[0].item() == 1.0
+    got = op.reference(x)
+    got.dbias[0] = 1.005
+    assert compare(got, want, exact=False) == ["dbias: 1 of 32 columns off by more than 1 ulp"]
+    assert compare(got, want, exact=False, v_abs=v_abs) == []
+    assert compare(got, want, exact=True, v_abs=v_abs) != []
+    assert compare(got, want, exact=False, v_abs=torch.where(v_abs > 0, float("inf"), 0.0)) != []
+    got.dbias[0] = 1.02
+    assert compare(got, want, exact=False, v_abs=v_abs) != []
