@@ -464,7 +464,20 @@ def host_breakdown(x, launcher, n):
     unshared(x, None, None)
     out = MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
     dest = launcher.dispatch
-    return {"native_alloc_call": per_call(lambda: native(x, None, None)),
+    parts = {}
+    if op._fast_call(x) is not None:  # the fast path's layers: quantize -> _fast_call -> call_alloc
+        parts["fast_call"] = per_call(lambda: op._fast_call(x))
+    parts["call_alloc"] = per_call(lambda: launcher.call_alloc(x, None, None))
+    # the same results kept, then dropped together: how much of a call is freeing the last one's
+    kept = [launcher.call_alloc(x, None, None) for _ in range(n)]
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    del kept
+    parts["free_one_result"] = round((time.perf_counter() - t) / n * 1e6, 2)
+    t0 = [item(r, i) for i in range(4)]
+    parts["mxfp8tensor_init"] = per_call(lambda: MXFP8Tensor(t0[0], t0[2], t0[1], t0[3], None, None, "e4m3", "compact",
+                                                             x.shape))
+    return {**parts, "native_alloc_call": per_call(lambda: native(x, None, None)),
             "native_alloc_call_one_allocation_per_direction": per_call(lambda: unshared(x, None, None)),
             "four_outputs_to_torch": per_call(lambda: (item(r, 0), item(r, 1), item(r, 2), item(r, 3))),
             "native_dest_call": per_call(lambda: dest(x, None, out.rowwise_data, out.rowwise_scale, out.colwise_data,
