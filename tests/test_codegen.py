@@ -368,6 +368,24 @@ def test_kernel_times_tool_names_the_compiled_kernels():
     assert names == {"quant_kernel_pk", "dbias_kernel"}, names
 
 
+def test_device_check_matrix_covers_every_branch_combination():
+    """bench/device_check.py --matrix: every (plain / act / dact / epilogue) x dbias x amax x
+    direction x dtype combination once, each on an aligned and an odd shape, every spec valid;
+    and the default cases() check plain-cast dbias in every dtype (the combination that hid a
+    packed-kernel bug until the ninth session)."""
+    tool = _bench_tool("device_check")
+    seen = set()
+    for v, epi, dtype, shapes in tool.matrix_cases():
+        QuantSpec(**v)
+        kind = "epilogue" if epi != "identity" else "act" if v["act"] else "dact" if v["dact"] else "plain"
+        seen.add((kind, v["dbias"], v["amax"], v["rowwise"], v["colwise"], dtype))
+        assert any(n % 8 == 0 for _, n in shapes) and any(n % 8 for _, n in shapes)
+    assert len(seen) == 4 * 2 * 2 * 3 * 3 == len(tool.matrix_cases())
+    plain_dbias = {d for v, epi, d, _ in tool.cases(False)
+                   if v["dbias"] and epi == "identity" and not (v["act"] or v["dact"])}
+    assert plain_dbias == {"bf16", "fp16", "fp32"}
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 def test_grid_split_is_compiled_in(arch):
     """The packed kernel finds its tile from a 3-D grid (no integer division): the row tile is
