@@ -148,6 +148,8 @@ def check_case(variant, epi_name, dtype_name, shape, seed):
 
 
 BENCH_SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]  # the issue's timed shapes
+# N % 8 != 0: the generic element-wise kernel serves these (``--odd``; not among the issue's shapes)
+ODD_SHAPES = [(8192, 8190), (4096, 14330)]
 HOLD_CYCLES = 2_000_000  # ~1 ms at 1.98 GHz: longer than any timed call takes the host to issue
 
 
@@ -514,6 +516,7 @@ def main():
     ap.add_argument("--host", action="store_true", help="with --no-bench: still measure the host overhead")
     ap.add_argument("--dtypes", default="fp16,fp32",
                     help="also time these input dtypes (rows_dtypes; the issue's table is bf16)")
+    ap.add_argument("--odd", action="store_true", help="also time ODD_SHAPES (the generic kernel; rows_odd)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.environ.setdefault("MXQ_STRICT", "1")
@@ -556,6 +559,8 @@ def main():
                 bench(copy, shapes, tuning, prefix=f"mxq[{variant}]", ops=set(filter(None, ops.split("+")))))
         for dtype in filter(None, args.dtypes.split(",")):
             summary.setdefault("rows_dtypes", []).extend(bench(copy, shapes, dtype=dtype))
+        if args.odd:
+            summary["rows_odd"] = bench(copy, ODD_SHAPES)
         summary["rows"] += bench_peers(copy, shapes, summary["rows"])
     if not args.no_bench or args.host:
         summary.update(host_overhead(args.profile))

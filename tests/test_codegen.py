@@ -368,6 +368,23 @@ def test_kernel_times_tool_names_the_compiled_kernels():
     assert names == {"quant_kernel_pk", "dbias_kernel"}, names
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_generic_kernel_issues_its_loads_first(arch):
+    """The generic kernel (N % 8 != 0 or unaligned tensors): every row's loads of every input come
+    before the first store, so their latencies overlap; each row's arithmetic used to wait for
+    that row's load. The GPU side: bench/device_check.py's odd shapes (generic-kernel cases) and
+    its --odd timing."""
+    def ident(x):
+        return x
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
+    body = _entry(compiler.compile_artifacts(op, arch, "bf16", "generic")["ptx"], "quant_kernel_")
+    loads = [m.start() for m in re.finditer(r"\bld\.global", body)]
+    first_store = body.index("st.global")
+    assert len(loads) >= 2 * codegen.ROWS_PER_CTA  # the input and act_input, every row
+    assert max(loads) < first_store
+
+
 def test_device_check_matrix_covers_every_branch_combination():
     """bench/device_check.py --matrix: every (plain / act / dact / epilogue) x dbias x amax x
     direction x dtype combination once, each on an aligned and an odd shape, every spec valid;
