@@ -55,11 +55,15 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 SHAPES = [(1, 1), (31, 33), (33, 31), (127, 200), (128, 256), (4095, 96), (8192, 64), (256, 4104), (3, 7, 70)]
 
 
+# the spec every case starts from (each case overrides some of it)
+BASE_SPEC = dict(fp8="e4m3", rowwise=True, colwise=False, scale_mode="rceil", scale_layout="compact",
+                 amax=False, act=None, dact=None, dbias=False)
+
+
 def cases(quick: bool):
     """Spec sample: every value of every option appears, crossed with dtypes and shapes."""
     out = []
-    base = dict(fp8="e4m3", rowwise=True, colwise=False, scale_mode="rceil", scale_layout="compact",
-                amax=False, act=None, dact=None, dbias=False)
+    base = BASE_SPEC
     variants = []
     for fp8, mode, layout in itertools.product(("e4m3", "e5m2"), ("rceil", "floor", "ceil", "even"),
                                                ("compact", "swizzled")):
@@ -96,8 +100,7 @@ def matrix_cases():
     shape (the packed / vectorised kernel) and an odd one (the generic kernel). cases() samples
     the options by an index rule, which once left plain-cast dbias in 16-bit dtypes unchecked,
     where the packed kernel had a bug (ninth session). Run with --matrix (about 300 cases)."""
-    base = dict(fp8="e4m3", rowwise=True, colwise=False, scale_mode="rceil", scale_layout="compact",
-                amax=False, act=None, dact=None, dbias=False)
+    base = BASE_SPEC
     out = []
     for dtype, kind in itertools.product(("bf16", "fp16", "fp32"), ("plain", "act", "dact", "epilogue")):
         for dbias, amax, (rw, cw) in itertools.product((False, True), (False, True),
