@@ -26,6 +26,7 @@ from device_check import (OPS, compare, equal_copy_ms, identity, is_exact, moved
 
 from mxq.op import FusedOp  # noqa: E402
 from mxq.spec import QuantSpec  # noqa: E402
+from mxq.testing import v_abs_sum  # noqa: E402
 
 ROWS = (1024, 2048, 4096, 8192, 16384, 32768)
 # besides device_check's ops: dgelu without dbias, to price dbias (its fp64 partials and dbias_kernel)
@@ -56,7 +57,9 @@ def op_points(opts, tuning, n, rows):
         launch, out = op.prepare(x, **kw)
         if i == 0:
             launch()
-            problems = compare(out, op.reference(x, **kw), is_exact(op))  # NUMERICS.md's classes
+            exact = is_exact(op)
+            v_abs = v_abs_sum(op, x, **kw) if opts.get("dbias") and not exact else None
+            problems = compare(out, op.reference(x, **kw), exact, v_abs)  # NUMERICS.md's classes
         pts.append((moved_bytes(opts, m, n), time_ms(launch)))
     return pts, problems
 

@@ -203,7 +203,8 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
             stage: int | None = None, pdl: int | None = None, dbias_warps: int = 8,
-            dbias_unroll: int = 4, rtile: str | None = None, sstore: str | None = None) -> dict:
+            dbias_unroll: int = 4, rtile: str | None = None, sstore: str | None = None,
+            rskeep: int = 1) -> dict:
     """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``
     and dbias_kernel's ``dbias_warps``/``dbias_unroll``: tuning overrides)."""
     order = order or ORDER
@@ -272,6 +273,9 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
         # of byte by byte (default for the wide tile only; see RTILE)
         "rs_words": sstore == "words" and spec.rowwise,
         "warps": WARPS,
+        # row-scale bytes stored with an L2 evict_last policy (partials/scale_stores.j2); rskeep=0
+        # stores them plainly, for a side-by-side timing
+        "rs_keep": bool(rskeep),
     }
 
 
