@@ -223,6 +223,8 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     if dbias_warps not in (1, 2, 4, 8, 16, 32) or dbias_unroll not in range(1, 17):
         raise ValueError("mxq: tuning dbias_warps must be a power of two up to 32 and dbias_unroll 1..16, "
                          f"got {dbias_warps!r}, {dbias_unroll!r}")
+    if rskeep not in (0, 1):
+        raise ValueError(f"mxq: tuning rskeep must be 0 or 1, got {rskeep!r}")
     n_in = len(epilogue.tensor_params)
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}

@@ -13,7 +13,7 @@ import torch
 import mxq
 from mxq import codegen, compiler
 from mxq.epilogue import IDENTITY
-from mxq.op import FusedOp
+from mxq.op import FusedOp, _identity
 from mxq.spec import ACTIVATIONS, QuantSpec
 
 
@@ -347,7 +347,7 @@ def test_tuning_overrides_are_validated_before_rendering():
     spec = QuantSpec(rowwise=True, colwise=True, dact="gelu", dbias=True)
     for bad, knob in [({"vwarps": 3}, "vwarps"), ({"order": "diag"}, "order"),
                       ({"dbias_warps": 12}, "dbias_warps"), ({"dbias_unroll": 0}, "dbias_unroll"),
-                      ({"rtile": "square"}, "rtile"), ({"sstore": "halves"}, "sstore")]:
+                      ({"rtile": "square"}, "rtile"), ({"sstore": "halves"}, "sstore"), ({"rskeep": 2}, "rskeep")]:
         with pytest.raises(ValueError, match=knob):
             codegen.render(spec, IDENTITY, **bad)
     src = codegen.render(spec, IDENTITY, dbias_warps=16, dbias_unroll=8)
@@ -440,9 +440,35 @@ def test_row_scales_leave_as_words(arch, opts, tuning, wide, words):
     body = _entry(op.asm(arch, "bf16")["ptx"], "quant_kernel_pk")
     assert ("PK_TILE_COLS = VCOLS * PK_WARPS" in op.source) == wide
     assert body.count("st.global.b32") == words  # one word store, in the aligned branch
-    assert "st.global.b8" in body  # the byte stores (unaligned branch, or the only path)
+    if opts.get("rowwise", True):  # the row scales' byte stores (unaligned branch, or the only path)
+        assert "st.global.L2::cache_hint.b8" in body
     if words:
         assert "rem.s64" not in body and "div.s32" not in body  # alignment test and indices: masks and shifts
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_row_scale_bytes_wait_in_l2(arch):
+    """The vectorised and packed kernels store row-scale bytes with an L2 evict_last policy (a
+    32-row CTA writes 8 bytes of each 32-byte sector; plainly stored they cost the rowwise+colwise
+    cast ~6% of its bandwidth on the H200); rskeep=0 restores plain stores, and the generic
+    kernel keeps them (measured slower there). Every row-scale store of a kernel carries the
+    policy: one per row a thread finishes (packed: 8 rows / 4 lanes; fp32 vectorised: every row).
+    The GPU side: test_gpu.py::test_row_scale_store_policy_writes_the_same_bytes."""
+    spec = QuantSpec(rowwise=True, colwise=True)
+    kept = "st.global.L2::cache_hint.b8"
+    policy = "createpolicy.fractional.L2::evict_last.b64"
+    op = FusedOp(_identity, spec, IDENTITY)
+    pk = _entry(op.asm(arch, "bf16")["ptx"], "quant_kernel_pk")
+    assert pk.count(kept) == 2 and policy in pk
+    vec = _entry(op.asm(arch, "fp32")["ptx"], "quant_kernel_vec")
+    assert vec.count(kept) == 8 and policy in vec
+    generic = compiler.compile_artifacts(op, arch=arch, dtype="bf16", variant="generic")["ptx"]
+    assert kept not in generic and policy not in generic
+    plain = FusedOp(_identity, spec, IDENTITY)
+    plain._tuning = {"rskeep": 0}
+    for dtype, kernel in (("bf16", "quant_kernel_pk"), ("fp32", "quant_kernel_vec")):
+        body = _entry(plain.asm(arch, dtype)["ptx"], kernel)
+        assert kept not in body and policy not in body
 
 
 def _entry(ptx, name):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mxq
-from mxq.testing import compare, is_exact, planted, poisoned, same_bytes
+from mxq.testing import compare, is_exact, planted, poisoned, same_bytes, v_abs_sum
 
 from .test_codegen import SAMPLE
 
@@ -202,6 +202,30 @@ def test_scale_words_and_unaligned_scales_match_reference(opts, tuning, shape, o
     out = _scales_at_offset(poisoned(op, x.cuda()), offset)
     got = op(x.cuda(), out=out, **{k: v.cuda() for k, v in kw.items()})
     assert compare(got, want, is_exact(op)) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(100, 1024), (33, 4352), (257, 264)])
+@pytest.mark.parametrize("opts", [dict(rowwise=True, colwise=True), dict(rowwise=True, scale_layout="swizzled", amax=True),
+                                  dict(rowwise=True, colwise=True, act="gelu", dbias=True, scale_mode="floor")])
+def test_row_scale_store_policy_writes_the_same_bytes(opts, shape, dtype):
+    """Row-scale bytes stored with the L2 evict_last policy (the default) and plainly (rskeep=0)
+    are the same bytes, and the reference's, on the packed (bf16) and vectorised (fp32) kernels,
+    partial row and column tiles included. CPU counterpart:
+    tests/test_codegen.py::test_row_scale_bytes_wait_in_l2."""
+    m, n = shape
+    x = planted(m, n, dtype, seed=m * 7 + n)
+    want = None
+    outs = []
+    for keep in (1, 0):
+        op = mxq.fused_quant(**opts)(_fast_ident)
+        op._tuning = {"rskeep": keep}
+        want = op.reference(x) if want is None else want
+        got = op(x.cuda(), out=poisoned(op, x.cuda()))
+        v_abs = v_abs_sum(op, x) if opts.get("dbias") and not is_exact(op) else None
+        assert compare(got, want, is_exact(op), v_abs) == []
+        outs.append(got.rowwise_scale)
+    assert same_bytes(*outs)
 
 
 @pytest.mark.parametrize("opts", [dict(rowwise=True, colwise=True, amax=True), dict(colwise=True, dact="gelu", dbias=True),
