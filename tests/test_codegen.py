@@ -385,6 +385,21 @@ def test_generic_kernel_issues_its_loads_first(arch):
     assert max(loads) < first_store
 
 
+def test_paired_peer_row_sums_torchaos_two_kernels():
+    """device_check's derived row: torchao's dim0 and dim1 kernels back to back against mxq's one
+    pass. Hand-made rows: 1024x1024 moves 2 MiB in and 2 x (1 MiB + 32 KiB) out = 4,259,840 bytes;
+    dim0 10 us + dim1 30 us = 40 us is 106.5 GB/s, mxq/both in 20 us twice that."""
+    tool = _bench_tool("device_check")
+    both_gbps = 4259840 / 0.02 / 1e6
+    rows = [{"name": "mxq/both", "M": 1024, "N": 1024, "ms": 0.02, "GBps": both_gbps},
+            {"name": "torchao/dim0_floor", "M": 1024, "N": 1024, "ms": 0.01},
+            {"name": "torchao/dim1_floor", "M": 1024, "N": 1024, "ms": 0.03},
+            {"name": "mxq/both", "M": 64, "N": 64, "ms": 0.001, "GBps": 1.0}]  # no peer rows: no pair
+    (pair,) = tool.paired_peer_rows(rows, copy_gbps=4259.84)
+    assert (pair["name"], pair["M"], pair["N"], pair["ms"]) == ("torchao/dim0+dim1_floor", 1024, 1024, 0.04)
+    assert (pair["GBps"], pair["pct_copy"], pair["mxq_speedup"]) == (106.5, 2.5, 2.0)
+
+
 def test_device_check_matrix_covers_every_branch_combination():
     """bench/device_check.py --matrix: every (plain / act / dact / epilogue) x dbias x amax x
     direction x dtype combination once, each on an aligned and an odd shape, every spec valid;
