@@ -6,6 +6,24 @@ to build the kernel. Every construct outside the epilogue language (DESIGN.md) r
 parameters or locals are looked up in the function's closure and globals: numbers become
 constants (and enter the fingerprint), the ``mxq`` module and its math functions are calls,
 anything else is refused.
+
+Limits (each an ``EpilogueError`` at decoration, construct in parentheses):
+
+- at most ``mxq.ir.MAX_NODES`` (4096) distinct values and operations in the returned expression,
+  equal subexpressions counted once (``"size"``). Reusing a value is free: ``y = y + y`` repeated
+  k times is k + 1 nodes, and every pass over the IR is linear in that count;
+- nesting depth is not limited by mxq (the source is converted without recursion), only by
+  Python's own ``ast`` module, which gives up near 3 x ``sys.getrecursionlimit()`` levels on
+  CPython 3.11 (about 2,900 terms of one unparenthesised sum at the default limit;
+  ``"nesting"``). Python itself refuses more than 200 nested parentheses when the module is
+  compiled;
+- integer literals, captured integers and integer defaults must convert to a float (``"constant"``,
+  ``"captured value"``, ``"parameter default"``); magnitudes beyond fp32 become +-inf like float
+  literals do.
+
+The fingerprint hashes the source, the captured values and a canonical serialization of the IR
+(``ir.serialize``: constants by their bits), so it is deterministic across processes and tells
+``0.0`` from ``-0.0`` and ``mxq.tanh`` from ``mxq.sigmoid`` bound to one name.
 """
 
 from __future__ import annotations
@@ -23,6 +41,7 @@ from . import math as mxm
 
 _ARITH_OPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div"}
 _CMP_OPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+_IDENTITY_OPS = {ast.Is: "is", ast.IsNot: "is not", ast.In: "in", ast.NotIn: "not in"}
 _ARITY = {**{k: 1 for k in mxm.UNARY}, **{k: 2 for k in mxm.BINARY}, **{k: 3 for k in mxm.TERNARY}}
 MAX_POWER = 8
 _CONSTRUCT_NAMES = {
@@ -37,6 +56,23 @@ _CONSTRUCT_NAMES = {
     ast.JoinedStr: "string", ast.NamedExpr: "walrus assignment", ast.Starred: "starred expression",
     ast.Await: "await", ast.Yield: "yield", ast.YieldFrom: "yield", ast.List: "list", ast.Tuple: "tuple",
     ast.Dict: "dict", ast.Set: "set",
+}
+
+# what to tell the user about a construct the language does not have (default: "<construct> is
+# not allowed in an epilogue")
+_REFUSALS = {
+    "try statement": "try statements are not supported in an epilogue: it cannot raise or catch "
+                     "exceptions (guard values with mxq.where instead)",
+    "if statement": "if statements are not supported in an epilogue; choose between values with "
+                    "mxq.where(condition, a, b)",
+    "loop": "loops are not supported in an epilogue; write the operations out (or use ** with a small "
+            "integer exponent)",
+    "with statement": "with statements are not supported in an epilogue",
+    "raise statement": "an epilogue cannot raise exceptions",
+    "assert statement": "an epilogue cannot assert (it cannot raise exceptions)",
+    "import": "imports are not allowed in an epilogue; import mxq at module level and call mxq.<function>",
+    "attribute access": "attribute access is not allowed in an epilogue (except calling mxq.<function>); "
+                        "bind the number to a module-level name and use that name",
 }
 
 
@@ -81,6 +117,7 @@ class _Parser:
         self.fn, self.file, self.first_line = fn, file, first_line
         self.env: dict[str, ir.Expr] = {}
         self.captured: dict[str, float] = {}
+        self._calls: dict[ast.Call, str] = {}  # call node -> the mxq function it calls (checked)
         self.globals = dict(fn.__globals__)
         if fn.__closure__:
             for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
@@ -93,52 +130,115 @@ class _Parser:
         line = self.first_line + getattr(node, "lineno", 1) - 1
         raise EpilogueError(message, self.file, line, construct or _construct(node))
 
-    def refuse(self, node: ast.AST, where: str = ""):
+    def refuse(self, node: ast.AST):
         what = _construct(node)
-        self.fail(node, f"{what} is not allowed in an epilogue{where}", what)
+        self.fail(node, _REFUSALS.get(what, f"{what} is not allowed in an epilogue"), what)
 
     # -- expressions ------------------------------------------------------------------------
-    def expr(self, node: ast.AST) -> ir.Expr:
+    # Converted with an explicit stack, not recursion, so no nesting depth raises RecursionError:
+    # ``_enter`` checks a node before its operands (as a recursive descent would) and returns
+    # either its IR (a leaf) or its operands, each with what the node needs of it; ``_exit``
+    # builds the node's IR from its operands' IR.
+    def expr(self, node: ast.AST, need=None) -> ir.Expr:
+        results: list[ir.Expr] = []
+        stack: list[tuple] = [(node, need, None)]
+        while stack:
+            item, want, n = stack.pop()
+            if n is None:
+                got = self._enter(item)
+                if isinstance(got, ir.Expr):
+                    results.append(self._check(got, item, want))
+                    continue
+                stack.append((item, want, len(got)))
+                for child, child_want in reversed(got):
+                    stack.append((child, child_want, None))
+            else:
+                args = results[len(results) - n:]
+                del results[len(results) - n:]
+                results.append(self._check(self._exit(item, args), item, want))
+        return results[0]
+
+    def float_expr(self, node: ast.AST) -> ir.Expr:
+        return self.expr(node, "float")
+
+    def _check(self, e: ir.Expr, node: ast.AST, want) -> ir.Expr:
+        if want == "float" and e.kind != "float":
+            self.fail(node, "a comparison result can only be the condition of mxq.where", "comparison")
+        if isinstance(want, ast.Call) and e.kind != "bool":
+            self.fail(want, "the first argument of mxq.where must be a comparison", "call")
+        return e
+
+    def _enter(self, node: ast.AST):
         if isinstance(node, ast.Constant):
             return self.constant(node)
         if isinstance(node, ast.Name):
             return self.name(node)
         if isinstance(node, ast.UnaryOp):
-            a = self.float_expr(node.operand)
-            if isinstance(node.op, ast.USub):
-                return ir.Const(-a.value) if isinstance(a, ir.Const) else ir.Unary("neg", a)
-            if isinstance(node.op, ast.UAdd):
-                return a
-            self.fail(node, f"unary operator {type(node.op).__name__} is not allowed in an epilogue",
-                      "unary operator")
+            if not isinstance(node.op, (ast.USub, ast.UAdd)):
+                what = {ast.Not: "`not`", ast.Invert: "`~`"}.get(type(node.op), type(node.op).__name__)
+                self.fail(node, f"unary operator {what} is not allowed in an epilogue (only unary - and +; "
+                          "conditions go in mxq.where)", "unary operator")
+            return [(node.operand, "float")]
         if isinstance(node, ast.BinOp):
             if isinstance(node.op, ast.Pow):
-                return self.power(node)
-            op = _ARITH_OPS.get(type(node.op))
-            if op is None:
+                self.power_exponent(node)
+                return [(node.left, "float")]
+            if type(node.op) not in _ARITH_OPS:
                 self.fail(node, f"operator {type(node.op).__name__} is not allowed in an epilogue "
                           "(use + - * / and ** with a small integer)", "operator")
-            return ir.Binary(op, self.float_expr(node.left), self.float_expr(node.right))
+            return [(node.left, "float"), (node.right, "float")]
         if isinstance(node, ast.Compare):
             if len(node.ops) != 1:
                 self.fail(node, "chained comparisons are not allowed in an epilogue", "chained comparison")
-            return ir.Compare(_CMP_OPS[type(node.ops[0])], self.float_expr(node.left),
-                              self.float_expr(node.comparators[0]))
+            if type(node.ops[0]) not in _CMP_OPS:
+                word = _IDENTITY_OPS.get(type(node.ops[0]), type(node.ops[0]).__name__)
+                self.fail(node, f"`{word}` is not allowed in an epilogue: values are compared with "
+                          "< <= > >= == !=", "comparison operator")
+            return [(node.left, "float"), (node.comparators[0], "float")]
         if isinstance(node, ast.Call):
-            return self.call(node)
+            fname = self.call_name(node)
+            if fname == "where":
+                return [(node.args[0], node), (node.args[1], "float"), (node.args[2], "float")]
+            return [(a, "float") for a in node.args]
         self.refuse(node)
 
-    def float_expr(self, node: ast.AST) -> ir.Expr:
-        e = self.expr(node)
-        if e.kind != "float":
-            self.fail(node, "a comparison result can only be the condition of mxq.where", "comparison")
-        return e
+    def _exit(self, node: ast.AST, args: list[ir.Expr]) -> ir.Expr:
+        if isinstance(node, ast.UnaryOp):
+            a = args[0]
+            if isinstance(node.op, ast.USub):
+                return ir.Const(-a.value) if isinstance(a, ir.Const) else ir.Unary("neg", a)
+            return a
+        if isinstance(node, ast.BinOp):
+            if isinstance(node.op, ast.Pow):
+                return self.power(node, args[0])
+            return ir.Binary(_ARITH_OPS[type(node.op)], args[0], args[1])
+        if isinstance(node, ast.Compare):
+            return ir.Compare(_CMP_OPS[type(node.ops[0])], args[0], args[1])
+        fname = self.call_name(node)
+        if fname == "where":
+            return ir.Where(*args)
+        return ir.Unary(fname, args[0]) if len(args) == 1 else ir.Binary(fname, args[0], args[1])
+
+    def number(self, node: ast.AST, value, what: str, construct: str) -> float:
+        """``value`` (an int or float, not a bool) as a Python float, or an EpilogueError."""
+        try:
+            return float(value)
+        except OverflowError:
+            self.fail(node, f"{what} is an integer of {value.bit_length()} bits, too large for a float "
+                      "(fp32 holds magnitudes up to about 3.4e38)", construct)
 
     def constant(self, node: ast.Constant) -> ir.Expr:
         v = node.value
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, bool):
+            self.fail(node, f"`{v}` is a bool, and bools are not numbers in an epilogue: write "
+                      f"{float(v)!r} for the number, or a comparison inside mxq.where for a condition",
+                      "bool")
+        if isinstance(v, (str, bytes)):
             self.refuse(node)
-        return ir.Const(ir.f32(float(v)))
+        if not isinstance(v, (int, float)):
+            self.fail(node, f"the constant {v!r} is not allowed in an epilogue: constants are int or "
+                      "float literals", "constant")
+        return ir.Const(ir.f32(self.number(node, v, "this constant", "constant")))
 
     def name(self, node: ast.Name) -> ir.Expr:
         if node.id.startswith("__"):
@@ -149,8 +249,9 @@ class _Parser:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(node, f"captured value {node.id!r} is a {type(value).__name__}; an epilogue may "
                       "capture only floats", "captured value")
-        self.captured[node.id] = float(value)
-        return ir.Const(ir.f32(float(value)))
+        value = self.number(node, value, f"captured value {node.id!r}", "captured value")
+        self.captured[node.id] = value
+        return ir.Const(ir.f32(value))
 
     def lookup(self, node: ast.Name):
         if node.id in self.globals:
@@ -159,39 +260,43 @@ class _Parser:
             return getattr(builtins, node.id)
         self.fail(node, f"name {node.id!r} is not defined", "undefined name")
 
-    def power(self, node: ast.BinOp) -> ir.Expr:
+    def power_exponent(self, node: ast.BinOp) -> int:
+        """The exponent of ``base ** k``: a literal integer 1..MAX_POWER, optionally negative."""
         exp = node.right
         sign = 1
         if isinstance(exp, ast.UnaryOp) and isinstance(exp.op, ast.USub):
             sign, exp = -1, exp.operand
-        ok = isinstance(exp, ast.Constant) and not isinstance(exp.value, bool) and \
-            isinstance(exp.value, (int, float)) and float(exp.value).is_integer() and \
-            1 <= abs(exp.value) <= MAX_POWER
+        v = exp.value if isinstance(exp, ast.Constant) else None
+        ok = (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_POWER) or \
+            (isinstance(v, float) and v.is_integer() and 1 <= v <= MAX_POWER)
         if not ok:
             self.fail(node, f"** needs a small integer literal exponent (1..{MAX_POWER}, optionally negative)",
                       "power")
-        base = self.float_expr(node.left)
-        result = base
-        for _ in range(int(exp.value) - 1):  # left to right: x*x*x, each product rounded
-            result = ir.Binary("mul", result, base)
-        return ir.Binary("div", ir.Const(1.0), result) if sign < 0 else result
+        return sign * int(v)
 
-    def call(self, node: ast.Call) -> ir.Expr:
+    def power(self, node: ast.BinOp, base: ir.Expr) -> ir.Expr:
+        k = self.power_exponent(node)
+        result = base
+        for _ in range(abs(k) - 1):  # left to right: x*x*x, each product rounded
+            result = ir.Binary("mul", result, base)
+        return ir.Binary("div", ir.Const(1.0), result) if k < 0 else result
+
+    def call_name(self, node: ast.Call) -> str:
+        """The mxq function ``node`` calls, after checking the call's form; else EpilogueError."""
+        fname = self._calls.get(node)
+        if fname is not None:
+            return fname
         fname = self.callee(node.func)
         if fname is None:
-            self.fail(node, "only mxq math functions may be called in an epilogue "
-                      f"(mxq.{', mxq.'.join(sorted(mxm.FUNCTIONS))})", "call")
+            self.fail(node, f"{_callee_text(node.func)} is not an mxq math function: an epilogue is compiled "
+                      "into the kernel, so calls other than "
+                      f"mxq.{', mxq.'.join(sorted(mxm.FUNCTIONS))} are not supported", "call")
         if node.keywords:
             self.fail(node, f"mxq.{fname} takes positional arguments only", "keyword argument")
         if len(node.args) != _ARITY[fname]:
             self.fail(node, f"mxq.{fname} takes {_ARITY[fname]} arguments, got {len(node.args)}", "call")
-        if fname == "where":
-            cond = self.expr(node.args[0])
-            if cond.kind != "bool":
-                self.fail(node, "the first argument of mxq.where must be a comparison", "call")
-            return ir.Where(cond, self.float_expr(node.args[1]), self.float_expr(node.args[2]))
-        args = [self.float_expr(a) for a in node.args]
-        return ir.Unary(fname, args[0]) if len(args) == 1 else ir.Binary(fname, args[0], args[1])
+        self._calls[node] = fname
+        return fname
 
     def callee(self, func: ast.AST) -> str | None:
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
@@ -213,15 +318,28 @@ class _Parser:
         if stmts and isinstance(stmts[0], ast.Expr) and isinstance(stmts[0].value, ast.Constant) \
                 and isinstance(stmts[0].value.value, str):
             stmts = stmts[1:]  # a docstring
-        if not stmts or not isinstance(stmts[-1], ast.Return) or stmts[-1].value is None:
-            self.fail(stmts[-1] if stmts else self.fn_node, "an epilogue must end with `return <expression>`",
-                      "missing return")
-        for st in stmts[:-1]:
+        if not stmts:
+            self.fail(self.fn_node, "an epilogue must end with `return <expression>`", "missing return")
+        for k, st in enumerate(stmts):
+            if isinstance(st, ast.Return):
+                if k != len(stmts) - 1:
+                    self.fail(st, "an epilogue has exactly one return, at the end", "early return")
+                if st.value is None:
+                    self.fail(st, "an epilogue must return a value: end it with `return <expression>`",
+                              "missing return")
+                result = self.expr(st.value)
+                if result.kind != "float":
+                    self.fail(st, "an epilogue must return a number, not a comparison", "comparison")
+                return result
             if isinstance(st, ast.Assign):
                 if len(st.targets) != 1 or not isinstance(st.targets[0], ast.Name):
                     self.fail(st, "only single-name assignments are allowed in an epilogue", "assignment")
                 self.assign(st.targets[0], self.expr(st.value))
-            elif isinstance(st, ast.AnnAssign) and st.value is not None and isinstance(st.target, ast.Name):
+            elif isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name):
+                if st.value is None:
+                    self.fail(st, "an annotation without a value is not allowed in an epilogue (to make a "
+                              "parameter a float, annotate it in the signature: `def f(x, s: float)`)",
+                              "annotation")
                 self.assign(st.target, self.expr(st.value))
             elif isinstance(st, ast.AugAssign) and isinstance(st.target, ast.Name):
                 op = _ARITH_OPS.get(type(st.op))
@@ -229,22 +347,40 @@ class _Parser:
                     self.fail(st, f"augmented operator {type(st.op).__name__} is not allowed", "operator")
                 left = self.float_expr(ast.Name(st.target.id, ast.Load(), lineno=st.lineno))
                 self.assign(st.target, ir.Binary(op, left, self.float_expr(st.value)))
-            elif isinstance(st, ast.Return):
-                self.fail(st, "an epilogue has exactly one return, at the end", "early return")
             elif isinstance(st, ast.Expr):
-                self.fail(st, f"a bare expression ({_construct(st.value)}) does nothing in an epilogue",
-                          _construct(st.value))
+                self.bare_expression(st)
             else:
                 self.refuse(st)
-        result = self.expr(stmts[-1].value)
-        if result.kind != "float":
-            self.fail(stmts[-1], "an epilogue must return a number, not a comparison", "comparison")
-        return result
+        self.fail(stmts[-1], "an epilogue must end with `return <expression>`", "missing return")
+
+    def bare_expression(self, st: ast.Expr) -> None:
+        value = st.value
+        if isinstance(value, ast.Call):
+            fname = self.callee(value.func)
+            if fname is None:
+                self.fail(st, f"{_callee_text(value.func)}(...) cannot run in an epilogue: calls other than "
+                          "mxq math functions are not supported, and an epilogue cannot have side effects "
+                          "(no print, no logging, no in-place updates)", "call")
+            self.fail(st, f"the result of mxq.{fname}(...) is unused; assign it (`y = ...`) or return it",
+                      "bare expression")
+        self.fail(st, f"a bare expression ({_construct(value)}) does nothing in an epilogue; assign it "
+                  "(`y = ...`) or return it", "bare expression")
 
     def assign(self, target: ast.Name, value: ir.Expr) -> None:
         if target.id.startswith("__"):
             self.fail(target, f"dunder name {target.id!r} is not allowed in an epilogue", "dunder name")
         self.env[target.id] = value
+
+
+def _callee_text(func: ast.AST) -> str:
+    """How a refused callee reads in a message: ``print``, ``torch.exp``, or ``this call``."""
+    parts = []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name):
+        return ".".join([func.id, *reversed(parts)])
+    return "this callee"
 
 
 def _is_mxq_module(obj) -> bool:
@@ -272,7 +408,15 @@ def parse(fn) -> Epilogue:
         raise EpilogueError(f"cannot read the source of {fn.__name__!r} ({exc}); define it in a file",
                             file, line0, "source") from None
     source = textwrap.dedent("".join(lines))
-    node = _fn_node(ast.parse(source), fn.__name__)
+    try:
+        tree = ast.parse(source)
+    except (RecursionError, MemoryError):
+        raise EpilogueError(f"the source of {fn.__name__!r} is nested too deeply for Python's ast module; "
+                            "split long expressions with assignments", file, first, "nesting") from None
+    except SyntaxError as exc:
+        raise EpilogueError(f"cannot parse the source of {fn.__name__!r} on its own ({exc.msg})",
+                            file, first + (exc.lineno or 1) - 1, "source") from None
+    node = _fn_node(tree, fn.__name__)
     p = _Parser(fn, file, first)
     p.fn_node = node
     if isinstance(node, ast.AsyncFunctionDef):
@@ -295,7 +439,7 @@ def parse(fn) -> Epilogue:
                 p.fail(a, f"parameter {a.arg!r} has a default of type {type(d).__name__}; only float "
                        "parameters may have defaults", "parameter default")
             scalars.append(a.arg)
-            scalar_defaults.append(float(d))
+            scalar_defaults.append(p.number(a, d, f"the default of parameter {a.arg!r}", "parameter default"))
             p.env[a.arg] = ir.ScalarArg(a.arg, len(scalars) - 1)
         elif is_float_annot:
             scalars.append(a.arg)
@@ -307,11 +451,19 @@ def parse(fn) -> Epilogue:
     if not tensors:
         p.fail(node, "an epilogue needs at least one tensor parameter", "parameters")
     expr = p.body(node.body)
+    n = ir.size(expr)
+    if n > ir.MAX_NODES:
+        p.fail(node, f"the epilogue has {n} distinct values and operations, more than the limit of "
+               f"{ir.MAX_NODES} (mxq.ir.MAX_NODES)", "size")
     captured = tuple(sorted(p.captured.items()))
-    h = hashlib.sha256(b"mxq-epilogue-v1\0")
+    # source text, captured values and the IR itself (constants by their bits, so 0.0 and -0.0
+    # differ): deterministic across processes, linear in the IR's distinct nodes
+    h = hashlib.sha256(b"mxq-epilogue-v2\0")
     h.update(source.encode())
     for name, value in captured:
         h.update(f"\0{name}={value.hex()}".encode())
+    h.update(f"\0params={len(tensors)},{len(scalars)}\0".encode())
+    h.update(ir.serialize(expr).encode())
     return Epilogue(
         name=fn.__name__,
         tensor_params=tuple(tensors),
