@@ -247,7 +247,7 @@ def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None, dtype="bf16"):
             if ops and name not in ops:
                 continue
             op = FusedOp(identity, QuantSpec(**opts))
-            op._tuning = dict(tuning or {})
+            op._tuning = make_tuning(tuning)
             launch, out = op.prepare(x, **({"act_input": a} if "dact" in opts else {}))
             extra = {} if dtype == "bf16" else {"dtype": dtype}
             row = timed_row(launch, moved_bytes(opts, m, n, esize), copy_gbps, name=f"{prefix}/{name}", M=m, N=n,
@@ -515,8 +515,21 @@ def host_breakdown(x, launcher, n):
 
 
 def parse_tuning(variant: str) -> dict:
-    """'vwarps=8,order=rows' -> {'vwarps': 8, 'order': 'rows'} (codegen tuning overrides)."""
-    return {k: (int(v) if v.isdigit() else v) for k, v in (kv.split("=") for kv in variant.split(",") if kv)}
+    """'pdl=0,row_scale_l2_keep=0' -> {'pdl': False, 'row_scale_l2_keep': False}: fields of
+    mxq.kernels.config.Tuning (the benchmark-only switches), plus 'ops=a+b' to limit a variant
+    to those ops (a string). See make_tuning."""
+    out = {}
+    for k, v in (kv.split("=") for kv in variant.split(",") if kv):
+        out[k] = v if k == "ops" else bool(int(v))
+    return out
+
+
+def make_tuning(tuning: dict | None):
+    """A Tuning from parse_tuning's dict (None: the library's choice); unknown names are a
+    TypeError naming them."""
+    from mxq.kernels.config import Tuning
+
+    return Tuning(**tuning) if tuning else None
 
 
 def write_results(out, dev: str, result: dict, suffix: str = "") -> Path:
@@ -536,7 +549,7 @@ def main():
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--matrix", action="store_true",
                     help="check matrix_cases() (every branch combination) instead of cases(); results file -matrix")
-    ap.add_argument("--variants", default="", help="also time tiling variants, e.g. 'vwarps=4;order=rows' ('ops=a+b' limits one to those ops)")
+    ap.add_argument("--variants", default="", help="also time Tuning variants, e.g. 'pdl=0;row_scale_l2_keep=0' ('ops=a+b' limits one to those ops)")
     ap.add_argument("--profile", action="store_true", help="cProfile the host path of a small call")
     ap.add_argument("--host", action="store_true", help="with --no-bench: still measure the host overhead")
     ap.add_argument("--dtypes", default="fp16,fp32",

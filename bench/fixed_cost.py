@@ -7,7 +7,7 @@ change can move, or a bandwidth cost. The copy is torch's copy of exactly the by
 moves (half read, half written). Each tuning variant is checked byte for byte against the
 torch reference (NUMERICS.md's exactness classes) at the first size before it is timed.
 
-    python bench/fixed_cost.py --out $OUT [--variants "vwarps=8;order=rows"] [--ops rowwise+both]
+    python bench/fixed_cost.py --out $OUT [--variants "pdl=0;row_scale_l2_keep=0"] [--ops rowwise+both]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from device_check import (OPS, compare, equal_copy_ms, identity, is_exact, moved_bytes,  # noqa: E402
-                          parse_tuning, time_ms, write_results)
+                          make_tuning, parse_tuning, time_ms, write_results)
 
 from mxq.op import FusedOp  # noqa: E402
 from mxq.spec import QuantSpec  # noqa: E402
@@ -49,7 +49,7 @@ def copy_points(sizes):
 
 def op_points(opts, tuning, n, rows):
     op = FusedOp(identity, QuantSpec(**opts))
-    op._tuning = dict(tuning)
+    op._tuning = make_tuning(tuning)
     pts, problems = [], []
     for i, m in enumerate(rows):
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -68,7 +68,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--ops", default="rowwise+both")
-    ap.add_argument("--variants", default="", help="';'-separated tunings, e.g. 'vwarps=8;order=rows'")
+    ap.add_argument("--variants", default="", help="';'-separated tunings, e.g. 'pdl=0;row_scale_l2_keep=0'")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()

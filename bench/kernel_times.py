@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from device_check import BENCH_SHAPES, HOLD_CYCLES, compare, identity, is_exact, parse_tuning, write_results  # noqa: E402
+from device_check import BENCH_SHAPES, HOLD_CYCLES, compare, identity, is_exact, make_tuning, parse_tuning, write_results  # noqa: E402
 from fixed_cost import FIT_OPS  # noqa: E402
 
 from mxq.op import FusedOp  # noqa: E402
@@ -29,8 +29,8 @@ from mxq.spec import QuantSpec  # noqa: E402
 
 
 def short_name(kernel: str) -> str:
-    """'kernel_cutlass_quant_kernel_pk_tensorptr...' -> 'quant_kernel_pk'."""
-    m = re.match(r"kernel_cutlass_(\w+?)_(?:tensorptr|Tensor|\d)", kernel)
+    """'kernel_cutlass_packed_kernel_mxqkernels...' -> 'packed_kernel'."""
+    m = re.match(r"kernel_cutlass_(\w+?)_(?:tensorptr|Tensor|mxqkernels|\d)", kernel)
     return m.group(1) if m else kernel[:40]
 
 
@@ -55,7 +55,7 @@ def kernel_us(launch, iters: int = 20) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ops", default="dgelu_dbias_both+dgelu_both")
-    ap.add_argument("--variants", default="", help="';'-separated tunings, e.g. 'l2ws=0'")
+    ap.add_argument("--variants", default="", help="';'-separated tunings, e.g. 'pdl=0'")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
@@ -69,7 +69,7 @@ def main():
             kw = {"act_input": g} if "dact" in opts else {}
             for variant in [""] + [v for v in args.variants.split(";") if v]:
                 op = FusedOp(identity, QuantSpec(**opts))
-                op._tuning = parse_tuning(variant)
+                op._tuning = make_tuning(parse_tuning(variant))
                 launch, out = op.prepare(x, **kw)
                 launch()
                 problems = compare(out, op.reference(x, **kw), is_exact(op))

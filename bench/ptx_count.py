@@ -8,7 +8,7 @@ of the packed kernel's body divided by the elements one thread handles, and ptxa
 with ``nvdisasm`` on PATH (pip wheel nvidia-cuda-nvdisasm; optional) also the machine
 instructions per element, the better predictor.
 
-    python bench/ptx_count.py [--arch sm_90] [--dtype bf16] [--vwarps 4]
+    python bench/ptx_count.py [--arch sm_90] [--dtype bf16]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import re
 
 from mxq import codegen
 from mxq.epilogue import IDENTITY
+from mxq.kernels import config as kconfig
 from mxq.op import FusedOp, _identity
 from mxq.spec import QuantSpec
 
@@ -28,25 +29,23 @@ OPS = {
     "both": dict(rowwise=True, colwise=True),
     "gelu_both": dict(rowwise=True, colwise=True, act="gelu"),
     "dgelu_dbias_both": dict(rowwise=True, colwise=True, dact="gelu", dbias=True),
-    # not benchmarked by device_check: the same op without dbias, to price dbias (compare with --vwarps 8)
+    # not benchmarked by device_check: the same op without dbias, to price dbias
     "dgelu_both": dict(rowwise=True, colwise=True, dact="gelu"),
 }
 
 
-def count(spec: QuantSpec, arch: str, dtype: str, vwarps: int | None = None) -> dict:
+def count(spec: QuantSpec, arch: str, dtype: str) -> dict:
     op = FusedOp(_identity, spec, IDENTITY)
-    if vwarps:
-        op._tuning = {"vwarps": vwarps}
     art = op.asm(arch, dtype)
     ptx = art["ptx"]
-    body = ptx[ptx.index(".entry kernel_cutlass_quant_kernel_pk"):]
+    body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
     body = body[:body.index("\n}\n")]
     instrs = [ln.strip() for ln in body.splitlines()
               if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))]
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
-    vwarps = int(re.search(r"^PK_WARPS = (\d+)", op.source, re.M).group(1))  # as rendered
-    per_thread = codegen.VEC * (codegen.ROWS_PER_CTA // vwarps)
-    pk = next((v for k, v in art.get("kernels", {}).items() if "quant_kernel_pk" in k), {})
+    vwarps = codegen.kernel_config(op.spec, op.epilogue).pk_warps
+    per_thread = kconfig.VEC * (kconfig.ROWS // vwarps)
+    pk = next((v for k, v in art.get("kernels", {}).items() if "packed_kernel" in k), {})
     sass = pk.get("sass_instructions")
     return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": pk.get("registers"),
             "sass_per_element": sass / per_thread if sass else None, "vwarps": vwarps, "top": kinds.most_common(8)}
@@ -56,11 +55,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--vwarps", type=int, default=None, help="force warps per CTA (2, 4 or 8)")
     args = ap.parse_args()
     print(f"{'op':18} {'PTX/elem':>8} {'SASS/elem':>9} {'regs':>5} {'warps':>5}  most frequent PTX")
     for name, opts in OPS.items():
-        c = count(QuantSpec(**opts), args.arch, args.dtype, args.vwarps)
+        c = count(QuantSpec(**opts), args.arch, args.dtype)
         top = " ".join(f"{k}:{v}" for k, v in c["top"])
         sass = f"{c['sass_per_element']:9.1f}" if c["sass_per_element"] else f"{'-':>9}"
         print(f"{name:18} {c['per_element']:8.1f} {sass} {c['registers'] or '-':>5} {c['vwarps']:>5}  {top}")

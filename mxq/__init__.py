@@ -15,9 +15,9 @@ def get_include() -> str:
 
     return str(Path(__file__).resolve().parent / "include")
 
-from . import ffi as _ffi
+from .op import register_entrypoints as _register_entrypoints
 
-_ffi.register_entrypoints()  # "mxq.get_quantize_kernel" for C++ callers
+_register_entrypoints()  # "mxq.get_quantize_kernel" for C++ callers
 
 __all__ = [
     "EpilogueError", "FusedOp", "get_include", "MXFP8Tensor", "QuantSpec", "fused_quant", "quantize",

@@ -11,15 +11,14 @@ from __future__ import annotations
 import collections
 import hashlib
 import math
-import os
 from functools import lru_cache
 from importlib import resources
 
 import jinja2
 
-from . import activations, ir
+from . import activations, ir, slots
 from .epilogue import Epilogue
-from .numerics import FORMATS
+from .kernels.config import KernelConfig, Tuning
 from .spec import QuantSpec
 
 TEMPLATE_NAME = "module.py.j2"
@@ -48,11 +47,17 @@ def environment() -> jinja2.Environment:
 
 
 @lru_cache(maxsize=1)
-def templates_hash() -> str:
-    """Hash of every template file: part of every cache key, so editing a template recompiles."""
+def kernels_hash() -> str:
+    """Hash of every template and kernel-layer file (mxq/kernels/*.py, mxq/slots.py): part of
+    every generated module, hence of every cache key, so editing either recompiles."""
+    from pathlib import Path
+
     h = hashlib.sha256()
-    root = _template_dir()
-    for name, path in sorted(_walk(root, "")):
+    here = Path(__file__).resolve().parent
+    files = sorted(_walk(_template_dir(), "templates/"))
+    files += sorted((f"kernels/{p.name}", p) for p in (here / "kernels").glob("*.py"))
+    files.append(("slots.py", here / "slots.py"))
+    for name, path in files:
         h.update(name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -122,11 +127,6 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
 def _use_counts(records: list[dict]) -> collections.Counter:
     """How many records read each variable."""
     return collections.Counter(a for rec in records for a in rec.get("args", []))
-
-
-def _computed(spec: QuantSpec, epilogue: Epilogue) -> bool:
-    """The op does arithmetic on its inputs (act, dact or a user epilogue), not a plain cast."""
-    return bool(spec.act or spec.dact or not epilogue.is_identity)
 
 
 def scale_sum_fma(records: list[dict]) -> list[dict]:
@@ -201,30 +201,37 @@ def contract_fma(records: list[dict]) -> list[dict]:
     return [rec for rec in out if rec["var"] not in fused]
 
 
-def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, order: str | None = None,
-            stage: int | None = None, pdl: int | None = None, dbias_warps: int = 8,
-            dbias_unroll: int = 4, rtile: str | None = None, sstore: str | None = None,
-            rskeep: int = 1) -> dict:
-    """The complete Jinja context of one generated module (``vwarps``/``order``/``stage``/``pdl``
-    and dbias_kernel's ``dbias_warps``/``dbias_unroll``: tuning overrides)."""
-    order = order or ORDER
-    computed = _computed(spec, epilogue)
-    stage = computed if stage is None else bool(stage)
-    pk_vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, stage)
-    vwarps = vwarps or VWARPS or default_vwarps(spec, epilogue, False)
-    if vwarps not in (2, 4, 8) or order not in ("cols", "rows"):
-        raise ValueError(f"mxq: tuning vwarps must be 2, 4 or 8 and order 'cols' or 'rows', got {vwarps!r}, {order!r}")
-    rtile = rtile or RTILE
-    col_reduce = bool(spec.colwise or spec.amax or spec.dbias)
-    wide = rtile == "wide" and not col_reduce
-    sstore = sstore or ("words" if wide else "bytes")
-    if rtile not in ("tall", "wide") or sstore not in ("bytes", "words"):
-        raise ValueError(f"mxq: tuning rtile must be 'tall' or 'wide' and sstore 'bytes' or 'words', got {rtile!r}, {sstore!r}")
-    if dbias_warps not in (1, 2, 4, 8, 16, 32) or dbias_unroll not in range(1, 17):
-        raise ValueError("mxq: tuning dbias_warps must be a power of two up to 32 and dbias_unroll 1..16, "
-                         f"got {dbias_warps!r}, {dbias_unroll!r}")
-    if rskeep not in (0, 1):
-        raise ValueError(f"mxq: tuning rskeep must be 0 or 1, got {rskeep!r}")
+def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> KernelConfig:
+    """The KernelConfig of one op (rendered into its module)."""
+    return KernelConfig(
+        fp8=spec.fp8, rowwise=spec.rowwise, colwise=spec.colwise, scale_mode=spec.scale_mode,
+        swizzled=spec.scale_layout == "swizzled", amax=spec.amax, dbias=spec.dbias,
+        n_inputs=len(epilogue.tensor_params), n_scalars=len(epilogue.scalar_params),
+        identity=epilogue.is_identity, has_act=spec.act is not None, has_dact=spec.dact is not None,
+        heavy=bool(spec.act or spec.dact or spec.dbias or not epilogue.exact),
+        tuning=tuning or Tuning())
+
+
+def _launcher_text(spec: QuantSpec, epilogue: Epilogue) -> tuple[str, str]:
+    """(parameter list, Quantize.launch argument list) of the generated launchers, both from the
+    slot table."""
+    table = slots.kernel_slots(spec, len(epilogue.tensor_params), len(epilogue.scalar_params))
+    params = [f"{s.name}: {'cute.Tensor' if s.is_tensor else 'Float32'}" for s in table]
+    params.append("use_hw_e8m0: cutlass.Constexpr")
+    if spec.dbias:
+        params.append("use_pdl: cutlass.Constexpr")
+    params.append("stream")
+    by_role = {s.role: s.name for s in table}
+    ins = ", ".join(s.name for s in table if s.role == "input")
+    scalars = ", ".join(s.name for s in table if s.role == "scalar")
+    rest = [by_role.get(role, "None") for role in ("act_input", "rowwise_data", "rowwise_scale", "colwise_data",
+                                                     "colwise_scale", "amax", "dbias", "dbias_workspace", "noop")]
+    args = [f"[{ins}]", f"[{scalars}]", *rest, "use_hw_e8m0", "use_pdl" if spec.dbias else "False", "stream"]
+    return ", ".join(params), ", ".join(args)
+
+
+def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> dict:
+    """The complete Jinja context of one generated module."""
     n_in = len(epilogue.tensor_params)
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}
@@ -237,100 +244,22 @@ def context(spec: QuantSpec, epilogue: Epilogue, vwarps: int | None = None, orde
     if spec.dact:
         nodes, out = ssa(activations.dact_ir(spec.dact).expr, "g", {0: "a"}, {}, builtin=True)
         dact = {"nodes": nodes, "out": out, "name": spec.dact}
-    fmt = FORMATS[spec.fp8]
+    params, call_args = _launcher_text(spec, epilogue)
     return {
-        "spec": {
-            "fp8": spec.fp8, "rowwise": spec.rowwise, "colwise": spec.colwise,
-            "scale_mode": spec.scale_mode, "swizzled": spec.scale_layout == "swizzled",
-            "scale_layout": spec.scale_layout, "amax": spec.amax, "dbias": spec.dbias,
-        },
-        "rcp": _literal(fmt.rcp),
-        "fmt": {"emax": fmt.emax, "mbits": fmt.mbits, "rcp_bits": f"0x{fmt.rcp_bits:08X}",
-                "cvt": "e4m3x2" if spec.fp8 == "e4m3" else "e5m2x2"},
+        "spec_text": repr(spec),
+        "fingerprint": epilogue.fingerprint,
         "n_inputs": n_in,
         "n_scalars": n_sc,
-        "epilogue": {"nodes": epi, "out": epi_out, "identity": epilogue.is_identity,
-                     "fingerprint": epilogue.fingerprint, "exact": epilogue.exact},
+        "config": repr(kernel_config(spec, epilogue, tuning)),
+        "epilogue": {"nodes": epi, "out": epi_out, "params": [*inputs.values(), *scalars.values()]},
         "act": act,
         "dact": dact,
-        "computed": computed,
-        # packed kernel: stage the inputs through shared memory with cp.async (ops with arithmetic)
-        "stage": stage,
-        "templates_hash": templates_hash(),
-        "rows_per_cta": ROWS_PER_CTA,
-        "vec": VEC, "vwarps": vwarps, "vrows": ROWS_PER_CTA // vwarps, "pkw": VEC // 2,
-        "pk_vwarps": pk_vwarps,  # the packed (16-bit) kernel's warps: 4 for staged ops
-        "order": order,
-        # dbias ops launch dbias_kernel with programmatic dependent launch where the arch has it
-        # (the launcher's use_pdl); pdl=0 turns it off for a side-by-side timing
-        "pdl": True if pdl is None else bool(pdl),
-        # dbias_kernel: warps per CTA and loads in flight per thread (8 x 4; 16 x 8 was faster
-        # in one profiler run and slower end to end in the next, see its docstring)
-        "dbias_warps": dbias_warps, "dbias_unroll": dbias_unroll,
-        "col_reduce": col_reduce,
-        # packed kernel of a pure rowwise cast (no column reduction): "wide" CTAs lay their warps
-        # side by side along a row band instead of stacking them over 32 rows
-        "wide": wide,
-        # packed kernel: row scales gathered in shared memory and stored as 4-byte words instead
-        # of byte by byte (default for the wide tile only; see RTILE)
-        "rs_words": sstore == "words" and spec.rowwise,
-        "warps": WARPS,
-        # row-scale bytes stored with an L2 evict_last policy (partials/scale_stores.j2); rskeep=0
-        # stores them plainly, for a side-by-side timing
-        "rs_keep": bool(rskeep),
+        "params": params,
+        "call_args": call_args,
+        "kernels_hash": kernels_hash(),
     }
 
 
-ROWS_PER_CTA = 32  # one colwise block per CTA row tile
-WARPS = 4  # generic kernel: each warp owns 32 columns (lane = column), a row's 32-block is one warp
-VEC = 8  # vectorised kernel: a lane owns 8 adjacent columns (one 16-byte load of bf16)
-# vectorised kernel: VWARPS warps x (32 / VWARPS) rows = one colwise block of 32 rows per CTA.
-# Measured on the H200 with the packed kernel (bench/results/*-v4a-packed-tuning.json and
-# *-v4-packed.json, rows_variants): 4 warps x 8 rows wins for plain casts (both at 16384^2: 94%
-# vs 92% with 8 warps; 86% with 2 warps, and walking CTAs down columns first was no better);
-# ops with act/dact/dbias need the registers and run better at 8 warps x 4 rows (gelu_both 66% vs
-# 62%, dgelu_dbias_both 58% vs 52%). With column/row scales computed once per block
-# (*-v5a-owners-tuning.json) gelu_both ran within 2 points at 4 and 8 warps and
-# dgelu_dbias_both lost 4-7 points at 4 warps (144 registers). Since 2026-11-30 the packed
-# kernel has its own count (default_vwarps, pk_vwarps): staged ops use 4 warps there, dbias ops 8,
-# the fp32 kernel keeps the rule above. MXQ_VWARPS (2, 4 or 8) forces
-# one for tuning runs; it changes the source, hence every cache key.
-# Packed kernel of a pure rowwise cast (no colwise, amax or dbias): "wide" CTAs put their warps
-# side by side along one band of 8 rows (8 x 1024 columns) and store the row scales as 4-byte
-# words gathered in shared memory (sstore="words"), a row's 32 scale bytes in one request;
-# "tall" is the 32-row tile every other op needs, its warps storing scale bytes themselves
-# (each byte-store instruction touching 4 rows). Measured on the H200 (bench/results/
-# *-20261130-s7-fixed-cost*.json): those byte stores cost rowwise ~3% of its bandwidth; wide +
-# words ran 8192^2 in 50.1 us against 51.9 (tall, bytes) and 51.6 (wide, bytes). For the
-# 32-row ops (a row's 8 scale bytes per CTA) words gained nothing (both, gelu_both within
-# 0.3 us) or lost (dgelu_dbias_both +1.6..2.7 us at 8192^2), and column-scale words, tried
-# for colwise, were 0.4 us slower: both stay bytes. tuning rtile/sstore override for runs.
-RTILE = "wide"
-VWARPS = int(os.environ.get("MXQ_VWARPS", "0")) or None
-if VWARPS not in (None, 2, 4, 8):
-    raise ValueError(f"mxq: MXQ_VWARPS must be 2, 4 or 8, got {VWARPS}")
-
-
-# CTA numbering of the packed kernel: "cols" walks along a row of tiles first (consecutive CTAs
-# read adjacent memory), "rows" walks down a column of tiles (a tuning override; no faster).
-ORDER = "cols"
-
-
-def default_vwarps(spec: QuantSpec, epilogue: Epilogue, stage: bool | None = None) -> int:
-    """4 warps x 8 rows, except dbias and unstaged heavy arithmetic: 8 warps x 4 rows.
-
-    Staged ops (``stage`` defaults to: there is arithmetic) keep their loads in flight through
-    shared memory, so the fewer instructions per element of 8 rows per thread win there
-    (gelu_both 86-93% of copy against 82-88% with 8 warps, bench/results/nvidia-h200-20261130-s5-final.json).
-    dbias is the exception: at 4 warps dgelu_dbias_both needs 80 registers and 43 KB of shared
-    memory per CTA and ran 4 points slower (76-84% against 80-88%)."""
-    computed = _computed(spec, epilogue)
-    if stage is None:
-        stage = computed
-    heavy = spec.act or spec.dact or spec.dbias or not epilogue.exact
-    return 8 if spec.dbias or (heavy and not stage) else 4
-
-
-def render(spec: QuantSpec, epilogue: Epilogue, **tuning) -> str:
-    """The generated module's source (``tuning``: context's overrides, by name)."""
-    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, **tuning))
+def render(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> str:
+    """The generated module's source (``tuning``: a benchmark's Tuning, default the library's)."""
+    return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, tuning))

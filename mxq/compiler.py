@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from . import slots
 from .numerics import dbias_partial_dtype
 from .spec import DTYPES
 
@@ -31,6 +33,7 @@ _compile_lock = threading.Lock()
 _key_locks: dict = {}
 _compiled: dict = {}
 _modules: dict = {}
+_ptx: dict = {}  # compile key -> PTX text, read right after the compile
 
 
 def cache_dir() -> Path:
@@ -72,9 +75,10 @@ def load_module(source: str):
     return _modules[name]
 
 
-def _fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool):
-    """The compile-time arguments of ``launch``/``launch_vec``: fake tensors with symbolic M, N
-    tied together; the vectorised variant also promises N % 8 == 0 and 16-byte aligned data."""
+def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool):
+    """The compile-time arguments of ``launch``/``launch_vec``, one per slot of the kernel slot
+    table (mxq/slots.py): fake tensors with symbolic M, N tied together; the vectorised variant
+    also promises N % 8 == 0 and 16-byte aligned [M, N] tensors."""
     cute = _import_cutlass(arch)
     import cutlass
     from cutlass import Float32, Uint8
@@ -85,30 +89,45 @@ def _fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool):
     m, n = cute.sym_int(), cute.sym_int(divisibility=VEC_DIVISOR if vec else 1)
     fake = cute.runtime.make_fake_compact_tensor
     big = VEC_ALIGN if vec else None
+    ws_bytes = dbias_partial_dtype(_DTYPE_BY_NAME[dtype_name]).itemsize  # fp32 for 16-bit inputs
 
     def mat(dtype, align, rows=m):
         return fake(dtype, (rows, n), stride_order=(1, 0), assumed_align=align)
 
-    args = [mat(el, big or nbytes) for _ in epi.tensor_params]
-    args += [Float32(0.0) for _ in epi.scalar_params]
-    if spec.dact:
-        args.append(mat(el, big or nbytes))
-    if spec.rowwise:
-        args += [mat(Uint8, big or 1), fake(Uint8, (cute.sym_int(),), assumed_align=1)]
-    if spec.colwise:
-        args += [mat(Uint8, big or 1), fake(Uint8, (cute.sym_int(),), assumed_align=1)]
-    if spec.amax:
-        args.append(fake(Float32, (1,), assumed_align=4))
-    if spec.dbias:
-        ws_bytes = dbias_partial_dtype(_DTYPE_BY_NAME[dtype_name]).itemsize  # fp32 for 16-bit inputs
-        ws = {4: cutlass.Float32, 8: cutlass.Float64}[ws_bytes]
-        args += [fake(el, (n,), assumed_align=nbytes), mat(ws, ws_bytes, rows=cute.sym_int())]
-    args.append(fake(Float32, (1,), assumed_align=4))  # noop
+    def flat_u8():
+        return fake(Uint8, (cute.sym_int(),), assumed_align=1)
+
+    def f32_one():
+        return fake(Float32, (1,), assumed_align=4)
+
+    by_role = {
+        "input": lambda: mat(el, big or nbytes),
+        "scalar": lambda: Float32(0.0),
+        "act_input": lambda: mat(el, big or nbytes),
+        "rowwise_data": lambda: mat(Uint8, big or 1),
+        "rowwise_scale": flat_u8,
+        "colwise_data": lambda: mat(Uint8, big or 1),
+        "colwise_scale": flat_u8,
+        "amax": f32_one,
+        "dbias": lambda: fake(el, (n,), assumed_align=nbytes),
+        "dbias_workspace": lambda: mat({4: cutlass.Float32, 8: cutlass.Float64}[ws_bytes], ws_bytes,
+                                       rows=cute.sym_int()),
+        "noop": f32_one,
+    }
+    args = [by_role[s.role]() for s in slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params))]
     args.append(use_hw)
     if spec.dbias:
         args.append(uses_pdl(arch))
     args.append(cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
     return args
+
+
+def device_arch(device) -> str:
+    """The arch string of a CUDA device (torch.device), e.g. "sm_90a" for an H200."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
 
 
 def uses_hw_e8m0(arch: str) -> bool:
@@ -144,22 +163,37 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
         if key in _compiled:
             return _compiled[key]
         mod = load_module(source)
-        args = _fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant == "vec")
+        args = fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant == "vec")
         cute = _import_cutlass(arch)
         options = f"--enable-tvm-ffi --gpu-arch {arch}"
-        if keep_ptx:  # CuTeDSL writes the PTX file into the working directory unless told otherwise
-            dump = cache_dir() / "ptx"
-            dump.mkdir(parents=True, exist_ok=True)
-            options += f" --keep-ptx --dump-dir {dump}"
-        with _compile_lock:
-            try:
-                entry = mod.launch_vec if variant == "vec" else mod.launch
-                compiled = cute.compile(entry, *args, options=options)
-            except Exception as exc:
-                raise RuntimeError(f"mxq: compiling {source_file(source)} ({variant}) for {arch}/{dtype_name} "
-                                   f"failed: {exc}") from exc
+        dump = None
+        if keep_ptx:
+            # CuTeDSL writes the PTX into a file named by the kernel signature alone (two ops of
+            # one signature share a name, across processes too) and the option string is split
+            # like a shell line: a fresh private directory per compile, quoted
+            dump = tempfile.mkdtemp(prefix="mxq-ptx-")
+            options += f" --keep-ptx --dump-dir {shlex.quote(dump)}"
+        try:
+            with _compile_lock:
+                try:
+                    entry = mod.launch_vec if variant == "vec" else mod.launch
+                    compiled = cute.compile(entry, *args, options=options)
+                except Exception as exc:
+                    raise RuntimeError(f"mxq: compiling {source_file(source)} ({variant}) for {arch}/{dtype_name} "
+                                       f"failed: {exc}") from exc
+            if keep_ptx:
+                _ptx[key] = compiled.__ptx__
+        finally:
+            if dump is not None:
+                shutil.rmtree(dump, ignore_errors=True)
         _compiled[key] = compiled
         return compiled
+
+
+def ptx_of(op, arch: str, dtype_name: str, variant: str = "vec") -> str:
+    """The PTX of one kernel of ``op`` (compiled with keep_ptx on first use)."""
+    compile_op(op, arch, dtype_name, keep_ptx=True, variant=variant)
+    return _ptx[(hashlib.sha256(op.source.encode()).hexdigest(), arch, dtype_name, True, variant)]
 
 
 def compile_artifacts(op, arch: str = "sm_90", dtype: str = "bf16", variant: str = "vec") -> dict:
@@ -169,7 +203,7 @@ def compile_artifacts(op, arch: str = "sm_90", dtype: str = "bf16", variant: str
     if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
         raise ValueError(f"mxq: arch must look like 'sm_90' or 'sm_100a', got {arch!r}")
     compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant)
-    ptx = compiled.__ptx__
+    ptx = ptx_of(op, arch, dtype, variant)
     mlir = compiled.ir_module
     out = {"ptx": ptx, "mlir": str(mlir) if mlir is not None else "", "source": op.source,
            "path": str(source_file(op.source)), "arch": arch, "dtype": dtype, "variant": variant}
@@ -247,7 +281,7 @@ def _versions() -> str:
 
     from . import __version__, codegen
 
-    parts = [f"mxq={__version__}", f"templates={codegen.templates_hash()}"]
+    parts = [f"mxq={__version__}", f"kernels={codegen.kernels_hash()}"]
     for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):
         try:
             parts.append(f"{dist}={version(dist)}")

@@ -1,11 +1,12 @@
-"""TVM-FFI registration: C++ code calls mxq ops as global functions.
+"""The native dispatchers (``csrc/dispatch.cc``) and TVM-FFI global names.
 
-``register(op, name)`` makes ``mxq.<name>`` a native dispatcher (``csrc/dispatch.cc``, built
-once per machine by tvm-ffi's ``load_inline`` and cached on disk) with the destination-passing
-signature of DESIGN.md. On CUDA tensors it launches the compiled kernel without Python (after
-the first call of a dtype); on CPU tensors it calls back into the torch reference here.
-``mxq.get_quantize_kernel(key)`` is the lazy entrypoint for built-in quantize specs: it
-registers (once) and returns the dispatcher of ``QuantSpec.from_key(key)``.
+``make_dispatchers(op)`` builds an op's two native functions: the destination-passing
+dispatcher (the signature of docs/DESIGN.md; what C++ callers and registered names get) and the
+allocating route of ordinary Python calls. The C++ library is built once per machine by
+tvm-ffi's ``load_inline`` and cached on disk. On CUDA tensors a dispatcher launches the compiled
+kernel without Python after the first call of a dtype; it calls back into Python for three
+things only: compiling (or loading) a kernel on that first call, the torch reference on CPU
+tensors, and a zero noop tensor per device. The callers (mxq/op.py) keep what this returns.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from importlib import resources
 
 import torch
 
-from .spec import QuantSpec
+from . import slots
+from . import compiler
 from .tensor import MXFP8Tensor
 
 _lock = threading.RLock()
 _shim = None
-_registered: dict = {}
 _keep_alive: list = []  # Python callbacks and tensors handed to C++ must outlive every call
 _DL_FLOAT, _DL_BFLOAT = 2, 4
 # The allocating route puts both directions' FP8 data and scales in one allocation when they
@@ -41,12 +42,6 @@ def _dispatch_module():
             src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
             _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v6", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
-
-
-def _flags(spec: QuantSpec) -> int:
-    want = [bool(spec.dact), spec.rowwise, spec.rowwise, spec.colwise, spec.colwise, spec.amax, spec.dbias,
-            spec.fp8 == "e5m2"]
-    return sum(1 << i for i, w in enumerate(want) if w)
 
 
 def _torch(t):
@@ -97,15 +92,13 @@ def _reference_callback(op):
 
 def _resolve_callback(op):
     """First CUDA call of a dtype/variant: compile (or load from the disk cache) the kernel."""
-    from . import compiler, launch
-
     by_code = {(_DL_FLOAT, 32): "fp32", (_DL_FLOAT, 16): "fp16", (_DL_BFLOAT, 16): "bf16"}
 
     def resolve(code, bits, vec, device_id):
         dtype = by_code.get((int(code), int(bits)))
         if dtype is None:
             raise TypeError(f"mxq: input dtype (DLPack code {code}, {bits} bits) is not float32, float16 or bfloat16")
-        arch = launch.device_arch(torch.device("cuda", int(device_id)))
+        arch = compiler.device_arch(torch.device("cuda", int(device_id)))
         return compiler.native_function(op, arch, dtype, "vec" if vec else "generic")
 
     return resolve
@@ -119,73 +112,31 @@ def _zero_callback(device_id):
     return tvm_ffi.from_dlpack(t)
 
 
-def dispatcher(op):
-    """The native destination-passing dispatcher of ``op`` (built once per op)."""
-    return _dispatchers(op)[0]
-
-
-def allocating_dispatcher(op):
-    """The native allocating route of ``op``: (*tensors, *scalars, act_input, noop) -> the six
-    output slots (compact scales), for ordinary Python calls on non-empty CUDA tensors (CPU
-    tensors get the same allocation, filled by the reference: how tests check it without a GPU)."""
-    return _dispatchers(op)[1]
-
-
-def _dispatchers(op):
-    fns = op.__dict__.get("_dispatchers")
-    if fns is not None:
-        return fns
+def make_dispatchers(op) -> tuple:
+    """(destination-passing dispatcher, allocating route) of ``op``. The allocating route takes
+    (*tensors, *scalars, act_input, noop) and returns the six output slots (slots.OUTPUTS,
+    compact scales); on CPU tensors it allocates the same and fills them with the reference
+    (how tests check it without a GPU)."""
     with _lock:
-        fns = op.__dict__.get("_dispatchers")
-        if fns is None:
-            mod = _dispatch_module()
-            ref, res = _reference_callback(op), _resolve_callback(op)
-            _keep_alive.extend([ref, res])
-            epi = op.epilogue
-            pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), _flags(op.spec),
-                                       list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback,
-                                       SHARED_ALLOC_MAX_BYTES)
-            fns = op._dispatchers = (pair[0], pair[1])
-    return fns
+        mod = _dispatch_module()
+        ref, res = _reference_callback(op), _resolve_callback(op)
+        _keep_alive.extend([ref, res])
+        epi = op.epilogue
+        pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
+                                   list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback,
+                                   SHARED_ALLOC_MAX_BYTES)
+        return pair[0], pair[1]
 
 
-def register(op, name: str):
-    """Register ``op`` as TVM-FFI global ``mxq.<name>``; return the native function."""
+def register_global(name: str, fn) -> None:
+    """Make ``fn`` the TVM-FFI global ``mxq.<name>``."""
     import re
 
     import tvm_ffi
 
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
         raise ValueError(f"mxq: register() name must be an identifier (dots allowed), got {name!r}")
-    fn = dispatcher(op)
     tvm_ffi.register_global_func(f"mxq.{name}", fn, override=True)
-    _registered[name] = op
-    return fn
 
 
-def get_quantize_kernel(key: int):
-    """Lazy entrypoint for C++: the dispatcher of the built-in quantize op with 32-bit ``key``.
-
-    The key's dtype bits are ignored here (one dispatcher serves every input dtype; each dtype's
-    kernel compiles on its first call)."""
-    from .op import _quantize_op
-
-    spec, _ = QuantSpec.from_key(int(key))
-    return dispatcher(_quantize_op(spec))
-
-
-_entry_registered = False
-
-
-def register_entrypoints() -> None:
-    """Make ``mxq.get_quantize_kernel`` visible to C++ (idempotent)."""
-    global _entry_registered
-    if _entry_registered:
-        return
-    import tvm_ffi
-
-    tvm_ffi.register_global_func("mxq.get_quantize_kernel", get_quantize_kernel, override=True)
-    _entry_registered = True
-
-
-__all__ = ["allocating_dispatcher", "dispatcher", "get_quantize_kernel", "register", "register_entrypoints"]
+__all__ = ["SHARED_ALLOC_MAX_BYTES", "make_dispatchers", "register_global"]

@@ -1,9 +1,12 @@
-"""``@mxq.fused_quant`` and ``mxq.quantize``: the user-facing op object.
+"""``@mxq.fused_quant`` and ``mxq.quantize``: the user-facing op object, the top of the data path.
 
-Shaped like Triton's ``@jit``: decorating parses and validates once; the object holds the
-spec and epilogue IR, renders its source lazily, and asks the compiler for one kernel per
-(arch, dtype), which the compiler caches by fingerprint, so re-decorating an identical function
-reuses the compiled kernel. ``mxq.quantize`` is this op with the identity epilogue.
+Shaped like Triton's ``@jit``: decorating parses and validates once (epilogue -> IR, options ->
+QuantSpec); the object renders its source lazily (codegen), asks the compiler for one kernel per
+(arch, dtype, variant), which the compiler caches by source, so re-decorating an identical
+function reuses the compiled kernel, and runs calls through a launch.Launcher per (device,
+dtype) or the torch reference. Every stage below is called from here and never calls back;
+FusedOp is the only writer of its own state (the launchers, the native dispatchers, the fast
+path). ``mxq.quantize`` is this op with the identity epilogue.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from functools import lru_cache
 
 import torch
 
+from . import codegen, compiler, export, ffi, launch, runtime
 from . import reference as _reference
-from . import runtime
-from .epilogue import IDENTITY, Epilogue, parse
+from .epilogue import IDENTITY, Epilogue, EpilogueError, parse
 from .spec import QuantSpec
 from .tensor import MXFP8Tensor
 
@@ -34,21 +37,21 @@ class FusedOp:
         self.epilogue = epilogue if epilogue is not None else parse(fn)
         clash = set(self.epilogue.param_order) & set(_CALL_KEYWORDS)
         if clash:
-            from .epilogue import EpilogueError
-
             raise EpilogueError(f"parameter name(s) {sorted(clash)} are reserved for the call "
                                 f"(act_input, noop, out)", inspect.getsourcefile(fn) or "<unknown>",
                                 fn.__code__.co_firstlineno, "parameter name")
         self._signature = inspect.signature(fn)
         self._nparams = len(self.epilogue.param_order)
         self._tensor_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.tensor_params]
-        # (dtype, CUDA device index) -> launcher, filled by launch._Launcher after a checked call
-        # took the allocating native route; only for ops called with one plain tensor
+        # (dtype, CUDA device index) -> launcher, filled after a checked call took the allocating
+        # native route; only for ops called with one plain tensor
         self._fast: dict = {}
+        self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
+        self._dispatchers = None  # (destination-passing, allocating) native functions, built once
         self._fast_ok = self._nparams == 1 and len(self.epilogue.tensor_params) == 1 and not spec.dact
         self._scalar_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.scalar_params]
         self._source: str | None = None
-        self._tuning: dict = {}  # benchmark-only overrides of codegen's tiling choices (vwarps, order)
+        self._tuning = None  # a benchmark's kernels.config.Tuning (None: the library's choice)
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
@@ -69,7 +72,18 @@ class FusedOp:
                 return got
         tensors, scalars = self._bind(args, kwargs)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
-        return runtime.execute(self, self.spec, tensors, scalars, act_input, noop, out)
+        return self._run(tensors, scalars, act_input, noop, out)
+
+    def _run(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+        """A checked call: the compiled kernel on CUDA when one serves it, else the reference."""
+        x = tensors[0]
+        if x.is_cuda:
+            launcher = self._launcher_for(x)
+            if launcher is not None:
+                if self._fast_ok and launcher.allocates(x, noop, out):
+                    self._fast[(x.dtype, x.get_device())] = launcher  # later calls skip the checks
+                return launcher(tensors, scalars, act_input, noop, out)
+        return _reference.run(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
 
     def _fast_call(self, x):
         """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
@@ -93,7 +107,7 @@ class FusedOp:
         tight loops). The inputs must stay alive and unchanged in shape."""
         tensors, scalars = self._bind(args, kwargs)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
-        launcher = self.launcher_for(tensors[0]) if tensors[0].is_cuda else None
+        launcher = self._launcher_for(tensors[0]) if tensors[0].is_cuda else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out)
@@ -101,40 +115,67 @@ class FusedOp:
             return (lambda: None), out
         return (lambda: fn(*fargs)), out
 
-    def launcher_for(self, x):
-        """A callable running the compiled kernel for CUDA tensor ``x``, or None to fall back."""
-        from . import launch
+    def _launcher_for(self, x):
+        """The launcher running the compiled kernels for CUDA tensor ``x``, or None (after a
+        one-time warning, or an error under MXQ_STRICT=1) when no kernel can serve it."""
+        reason = launch.unsupported(x)
+        if reason is not None:
+            runtime.fallback(reason)
+            return None
+        if not x.is_contiguous():
+            raise ValueError("mxq: CUDA tensor inputs must be contiguous (call .contiguous() first)")
+        key = (x.device, runtime.dtype_name(x.dtype))
+        fn = self._launchers.get(key)
+        if fn is None:
+            fn = self._launchers[key] = launch.Launcher(self, compiler.device_arch(x.device), key[1],
+                                                        self._native_dispatchers())
+        return fn
 
-        return launch.launcher(self, x)
+    def _native_dispatchers(self):
+        """The op's native dispatchers (built once), or None where they cannot be built (no
+        C++ compiler): launch.Launcher then binds calls in Python."""
+        if self._dispatchers is None:
+            try:
+                self._dispatchers = ffi.make_dispatchers(self)
+            except Exception as exc:  # pragma: no cover - depends on the machine's toolchain
+                import warnings
+
+                warnings.warn(f"mxq: native dispatcher unavailable ({exc}); using the Python launch path",
+                              RuntimeWarning, stacklevel=4)
+                self._dispatchers = False
+        return self._dispatchers or None
 
     # -- inspection ------------------------------------------------------------------------
     @property
     def source(self) -> str:
         """The rendered CuTeDSL module of this op (one module serves every dtype and shape)."""
         if self._source is None:
-            from . import codegen
-
-            self._source = codegen.render(self.spec, self.epilogue, **self._tuning)
+            self._source = codegen.render(self.spec, self.epilogue, self._tuning)
         return self._source
 
     def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:
         """Compile without a GPU and return {"ptx", "mlir", "source", "path", ...}."""
-        from . import compiler
-
         return compiler.compile_artifacts(self, arch=arch, dtype=dtype)
 
     def register(self, name: str):
         """Register this op as TVM-FFI global ``mxq.<name>`` (destination-passing signature, see
         DESIGN.md); returns the native function. CPU tensors run the reference."""
-        from . import ffi
+        if name == "get_quantize_kernel":
+            raise ValueError("mxq: register() name 'get_quantize_kernel' is mxq's own entry point")
+        fn = self.dispatcher()
+        ffi.register_global(name, fn)
+        return fn
 
-        return ffi.register(self, name)
+    def dispatcher(self):
+        """The op's native destination-passing dispatcher (what ``register`` publishes)."""
+        pair = self._native_dispatchers()
+        if pair is None:
+            raise RuntimeError("mxq: the native dispatcher could not be built on this machine (see the warning)")
+        return pair[0]
 
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None) -> dict:
         """AOT: write a shared library with the kernels embedded plus a C header, for C++
         programs with no Python (see the header for the exported functions' arguments)."""
-        from . import export
-
         return export.export(self, directory, arch=arch, dtype=dtype, name=name)
 
     def __repr__(self) -> str:
@@ -200,3 +241,20 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
 
 
 _QUANTIZE_OPS: dict = {}  # quantize()'s options as passed -> its op (one dict lookup per call)
+
+
+def get_quantize_kernel(key: int):
+    """Lazy entrypoint for C++ (``mxq.get_quantize_kernel``): the native dispatcher of the
+    built-in quantize op with 32-bit ``key`` (QuantSpec.key). The key's dtype bits are ignored:
+    one dispatcher serves every input dtype; each dtype's kernel compiles on its first call."""
+    if isinstance(key, bool) or not isinstance(key, int):
+        raise TypeError(f"mxq: get_quantize_kernel() key must be an int, got {type(key).__name__}")
+    spec, _ = QuantSpec.from_key(key)
+    return _quantize_op(spec).dispatcher()
+
+
+def register_entrypoints() -> None:
+    """Make ``mxq.get_quantize_kernel`` visible to C++ (idempotent)."""
+    import tvm_ffi
+
+    tvm_ffi.register_global_func("mxq.get_quantize_kernel", get_quantize_kernel, override=True)

@@ -12,7 +12,6 @@ import warnings
 
 import torch
 
-from . import reference
 from .epilogue import Epilogue
 from .spec import DTYPES, QuantSpec
 from .tensor import MXFP8Tensor
@@ -109,14 +108,9 @@ def fallback(reason: str) -> None:
                       RuntimeWarning, stacklevel=3)
 
 
-def execute(op, spec: QuantSpec, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
-    """Run a checked call: the compiled kernel on CUDA when one serves it, else the reference."""
-    x = tensors[0]
-    if x.is_cuda:
-        launcher = op.launcher_for(x)
-        if launcher is not None:
-            return launcher(tensors, scalars, act_input, noop, out)
-    return reference.run(spec, op.epilogue, tensors, scalars, act_input, noop, out)
+def dtype_name(dtype: torch.dtype) -> str:
+    """"fp32", "fp16" or "bf16" of a (validated) torch dtype."""
+    return DTYPES[dtype]
 
 
-__all__ = ["check_call", "check_out", "execute", "fallback"]
+__all__ = ["check_call", "check_out", "dtype_name", "fallback"]

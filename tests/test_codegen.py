@@ -13,6 +13,8 @@ import torch
 import mxq
 from mxq import codegen, compiler
 from mxq.epilogue import IDENTITY
+from mxq.kernels import config as kconfig
+from mxq.kernels.config import Tuning
 from mxq.op import FusedOp, _identity
 from mxq.spec import ACTIVATIONS, QuantSpec
 
@@ -113,7 +115,7 @@ def test_compiles_with_expected_ptx(i, arch):
     if SAMPLE[i][2] == "fp32":
         assert "max.NaN.f32" in ptx  # block amax propagates NaN
     else:  # 16-bit inputs: the packed kernel takes the amax of two values per instruction
-        assert {"bf16": "max.NaN.bf16x2", "fp16": "max.NaN.f16x2"}[SAMPLE[i][2]] in ptx and "quant_kernel_pk" in ptx
+        assert {"bf16": "max.NaN.bf16x2", "fp16": "max.NaN.f16x2"}[SAMPLE[i][2]] in ptx and "packed_kernel" in ptx
     if op.spec.amax:
         assert "atom.global.max.s32" in ptx or "atom.global.s32.max" in ptx or re.search(r"atom\.[a-z.]*max", ptx)
     if op.spec.dbias:
@@ -122,7 +124,7 @@ def test_compiles_with_expected_ptx(i, arch):
         assert "fma.rn.f32" not in ptx, "exact-class ops must not contract a*b+c"
     if shutil.which("ptxas"):
         kernels = art["kernels"]
-        assert any("quant_kernel" in k for k in kernels)
+        assert any("_kernel_mxqkernels" in k for k in kernels)
         for name, info in kernels.items():
             assert info.get("spill_stores", 0) == 0 and info.get("spill_loads", 0) == 0, (name, info)
     assert art["mlir"].startswith("module")
@@ -147,7 +149,7 @@ def test_source_file_is_real_and_importable(tmp_path, monkeypatch):
     path = compiler.source_file(op.source)
     assert path.is_file() and path.read_text() == op.source and str(path).startswith(str(tmp_path))
     mod = compiler.load_module(op.source)
-    assert callable(mod.launch) and callable(mod.quant_kernel)
+    assert callable(mod.launch) and callable(mod.launch_vec) and mod.QUANTIZE.cfg == codegen.kernel_config(op.spec, op.epilogue)
 
 
 def test_asm_rejects_bad_arguments():
@@ -340,23 +342,42 @@ def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
         assert isinstance(both["registers"], int) and both["registers"] > 0
 
 
-def test_tuning_overrides_are_validated_before_rendering():
-    """Benchmark-only tiling overrides are checked when the source is rendered: a bad value is
-    a ValueError naming the knob, not a template that fails to compile or a kernel that reads
-    out of bounds."""
+def test_tuning_is_part_of_the_source():
+    """A benchmark's Tuning is rendered into the module (CONFIG), so it is part of every compile
+    key; the default is the library's choice."""
     spec = QuantSpec(rowwise=True, colwise=True, dact="gelu", dbias=True)
-    for bad, knob in [({"vwarps": 3}, "vwarps"), ({"order": "diag"}, "order"),
-                      ({"dbias_warps": 12}, "dbias_warps"), ({"dbias_unroll": 0}, "dbias_unroll"),
-                      ({"rtile": "square"}, "rtile"), ({"sstore": "halves"}, "sstore"), ({"rskeep": 2}, "rskeep")]:
-        with pytest.raises(ValueError, match=knob):
-            codegen.render(spec, IDENTITY, **bad)
-    src = codegen.render(spec, IDENTITY, dbias_warps=16, dbias_unroll=8)
-    assert "DBIAS_WARPS = 16" in src and "DBIAS_UNROLL = 8" in src
+    default = codegen.render(spec, IDENTITY)
+    assert default == codegen.render(spec, IDENTITY, Tuning())
+    off = codegen.render(spec, IDENTITY, Tuning(pdl=False))
+    assert off != default and "Tuning(pdl=False" in off
+
+
+def test_rendered_module_is_short_and_reads_as_cuTeDSL():
+    """The module of act="gelu", colwise=True on an identity epilogue holds only what varies per
+    op (config, element functions, launchers): far under 400 lines, no unrolled temporaries."""
+    def ident(x):
+        return x
+
+    src = mxq.fused_quant(act="gelu", colwise=True)(ident).source
+    assert len(src.splitlines()) <= 400
+    assert not re.search(r"\b(fIn\d+_\d+|w\d+_\d+|sr\d+|rs\d+|a\d+_\d+)\b", src)
+    assert src.count("0.79788456") == 1, "the gelu formula appears once"
+    ast.parse(src)
+
+
+def test_templates_are_mostly_python():
+    """At most one template line in ten is a Jinja statement: the kernels are mxq/kernels/."""
+    from pathlib import Path
+
+    root = Path(codegen.__file__).resolve().parent.parent / "templates"
+    lines = [ln for p in root.rglob("*.j2") for ln in p.read_text().splitlines()]
+    statements = [ln for ln in lines if ln.strip().startswith(("{%", "{#"))]
+    assert lines and len(statements) * 10 <= len(lines), (len(statements), len(lines))
 
 
 def test_kernel_times_tool_names_the_compiled_kernels():
     """bench/kernel_times.py reports the profiler's time per kernel under a short name; the
-    names it must find are the compiled kernels' own (quant_kernel_pk, dbias_kernel), so a
+    names it must find are the compiled kernels' own (packed_kernel, dbias_kernel), so a
     change in CuTeDSL's symbol mangling shows here, not as an unreadable GPU table."""
     tool = _bench_tool("kernel_times")
 
@@ -365,7 +386,7 @@ def test_kernel_times_tool_names_the_compiled_kernels():
 
     dgelu = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     names = {tool.short_name(k) for k in re.findall(r"\.entry (\w+)", dgelu.asm("sm_90", "bf16")["ptx"])}
-    assert names == {"quant_kernel_pk", "dbias_kernel"}, names
+    assert names == {"packed_kernel", "dbias_kernel"}, names
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
@@ -378,10 +399,10 @@ def test_generic_kernel_issues_its_loads_first(arch):
         return x
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
-    body = _entry(compiler.compile_artifacts(op, arch, "bf16", "generic")["ptx"], "quant_kernel_")
+    body = _entry(compiler.compile_artifacts(op, arch, "bf16", "generic")["ptx"], "generic_kernel")
     loads = [m.start() for m in re.finditer(r"\bld\.global", body)]
     first_store = body.index("st.global")
-    assert len(loads) >= 2 * codegen.ROWS_PER_CTA  # the input and act_input, every row
+    assert len(loads) >= 2 * kconfig.ROWS  # the input and act_input, every row
     assert max(loads) < first_store
 
 
@@ -428,36 +449,32 @@ def test_grid_split_is_compiled_in(arch):
 
     op = mxq.fused_quant(rowwise=True, colwise=True, amax=True)(ident)
     ptx = op.asm(arch, "bf16")["ptx"]
-    body = ptx[ptx.index(".entry kernel_cutlass_quant_kernel_pk"):]
+    body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
     assert "%ctaid.z" in body and "%nctaid.y" in body
     assert "div.s32" not in body and "rem.s32" not in body
-    src = op.source
-    assert "gz = cute.ceil_div(n_slow, 65535)" in src and "in_grid = rb < (M + PK_TILE_ROWS - 1) // PK_TILE_ROWS" in src
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
-@pytest.mark.parametrize("opts, tuning, wide, words", [
-    (dict(rowwise=True), {}, True, True), (dict(rowwise=True, scale_layout="swizzled"), {}, True, True),
-    (dict(rowwise=True), {"sstore": "bytes"}, True, False), (dict(rowwise=True), {"rtile": "tall"}, False, False),
-    (dict(rowwise=True, amax=True), {}, False, False), (dict(rowwise=False, colwise=True), {}, False, False),
-    (dict(rowwise=True, colwise=True), {}, False, False), (dict(rowwise=True, colwise=True), {"sstore": "words"}, False, True)])
-def test_row_scales_leave_as_words(arch, opts, tuning, wide, words):
+@pytest.mark.parametrize("opts, wide", [
+    (dict(rowwise=True), True), (dict(rowwise=True, scale_layout="swizzled"), True),
+    (dict(rowwise=True, amax=True), False), (dict(rowwise=False, colwise=True), False),
+    (dict(rowwise=True, colwise=True), False)])
+def test_row_scales_leave_as_words(arch, opts, wide):
     """A pure rowwise cast uses the wide tile (8 rows x 1024 columns per CTA) and stores its row
     scales as 4-byte words gathered in shared memory, a row's 32 bytes per request, with byte
     stores kept for scale tensors that are not 4-byte aligned; ops with a column reduction keep
-    the 32-row tile and byte stores (codegen.RTILE says what was measured). The GPU side is
+    the 32-row tile and byte stores (docs/performance.md says what was measured). The GPU side is
     test_gpu.py::test_scale_words_and_unaligned_scales_match_reference."""
     def ident(x):
         return x
 
     op = mxq.fused_quant(**opts)(ident)
-    op._tuning = tuning
-    body = _entry(op.asm(arch, "bf16")["ptx"], "quant_kernel_pk")
-    assert ("PK_TILE_COLS = VCOLS * PK_WARPS" in op.source) == wide
-    assert body.count("st.global.b32") == words  # one word store, in the aligned branch
+    body = _entry(op.asm(arch, "bf16")["ptx"], "packed_kernel")
+    assert codegen.kernel_config(op.spec, op.epilogue).wide == wide
+    assert body.count("st.global.b32") == wide  # one word store, in the aligned branch
     if opts.get("rowwise", True):  # the row scales' byte stores (unaligned branch, or the only path)
         assert "st.global.L2::cache_hint.b8" in body
-    if words:
+    if wide:
         assert "rem.s64" not in body and "div.s32" not in body  # alignment test and indices: masks and shifts
 
 
@@ -465,7 +482,7 @@ def test_row_scales_leave_as_words(arch, opts, tuning, wide, words):
 def test_row_scale_bytes_wait_in_l2(arch):
     """The vectorised and packed kernels store row-scale bytes with an L2 evict_last policy (a
     32-row CTA writes 8 bytes of each 32-byte sector; plainly stored they cost the rowwise+colwise
-    cast ~6% of its bandwidth on the H200); rskeep=0 restores plain stores, and the generic
+    cast ~6% of its bandwidth on the H200); Tuning(row_scale_l2_keep=False) restores plain stores, and the generic
     kernel keeps them (measured slower there). Every row-scale store of a kernel carries the
     policy: one per row a thread finishes (packed: 8 rows / 4 lanes; fp32 vectorised: every row).
     The GPU side: test_gpu.py::test_row_scale_store_policy_writes_the_same_bytes."""
@@ -473,15 +490,15 @@ def test_row_scale_bytes_wait_in_l2(arch):
     kept = "st.global.L2::cache_hint.b8"
     policy = "createpolicy.fractional.L2::evict_last.b64"
     op = FusedOp(_identity, spec, IDENTITY)
-    pk = _entry(op.asm(arch, "bf16")["ptx"], "quant_kernel_pk")
+    pk = _entry(op.asm(arch, "bf16")["ptx"], "packed_kernel")
     assert pk.count(kept) == 2 and policy in pk
-    vec = _entry(op.asm(arch, "fp32")["ptx"], "quant_kernel_vec")
+    vec = _entry(op.asm(arch, "fp32")["ptx"], "vec_kernel")
     assert vec.count(kept) == 8 and policy in vec
     generic = compiler.compile_artifacts(op, arch=arch, dtype="bf16", variant="generic")["ptx"]
     assert kept not in generic and policy not in generic
     plain = FusedOp(_identity, spec, IDENTITY)
-    plain._tuning = {"rskeep": 0}
-    for dtype, kernel in (("bf16", "quant_kernel_pk"), ("fp32", "quant_kernel_vec")):
+    plain._tuning = Tuning(row_scale_l2_keep=False)
+    for dtype, kernel in (("bf16", "packed_kernel"), ("fp32", "vec_kernel")):
         body = _entry(plain.asm(arch, dtype)["ptx"], kernel)
         assert kept not in body and policy not in body
 
@@ -496,27 +513,23 @@ def _entry(ptx, name):
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 def test_ops_with_arithmetic_stage_their_loads_through_shared_memory(arch):
     """Packed kernel: act/dact/epilogue ops request every row with cp.async (one commit group
-    per row, a wait before each row); plain casts load straight into registers; the tuning knob
-    stage=0 turns staging off. The GPU side: every bf16/fp16 act/dact case of test_gpu.py."""
+    per row, a wait before each row); plain casts load straight into registers. The GPU side: every bf16/fp16 act/dact case of test_gpu.py."""
     def ident(x):
         return x
 
     def entry(op):
-        return _entry(op.asm(arch, "bf16")["ptx"], "quant_kernel_pk")
+        return _entry(op.asm(arch, "bf16")["ptx"], "packed_kernel")
 
     gelu = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident)
     body = entry(gelu)
     assert body.count("cp.async.cg.shared.global") == 8  # 8 rows x one 16-byte copy per thread
     assert body.count("cp.async.commit_group") == 8 and "cp.async.wait_group" in body
-    assert "ld.global.v4" not in body and "PK_WARPS = 4" in gelu.source
+    assert "ld.global.v4" not in body and codegen.kernel_config(gelu.spec, gelu.epilogue).pk_warps == 4
     dgelu = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     assert entry(dgelu).count("cp.async.cg.shared.global") == 8  # 4 rows x (grad, act input)
-    assert "PK_WARPS = 8" in dgelu.source
+    assert codegen.kernel_config(dgelu.spec, dgelu.epilogue).pk_warps == 8
     plain = mxq.fused_quant(rowwise=True, colwise=True)(ident)
     assert "cp.async" not in entry(plain) and "ld.global.v4" in entry(plain)
-    unstaged = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident)
-    unstaged._tuning = {"stage": 0}  # before the source is first rendered
-    assert "cp.async" not in entry(unstaged) and "ld.global.v4" in entry(unstaged)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
@@ -531,7 +544,7 @@ def test_dbias_kernel_keeps_its_loads_in_flight(arch, dtype, load):
         return x
 
     dgelu = mxq.fused_quant(colwise=True, dact="gelu", dbias=True)(ident)
-    assert "DBIAS_WARPS = 8" in dgelu.source and "DBIAS_UNROLL = 4" in dgelu.source
+    assert (kconfig.DBIAS_WARPS, kconfig.DBIAS_UNROLL) == (8, 4)
     dbias = _entry(dgelu.asm(arch, dtype)["ptx"], "dbias_kernel")  # (fp32 partials for 16-bit inputs)
     # basic blocks: split at labels and after branches; loads per block
     blocks = re.split(r"\n\$L__BB\d+_\d+:|\bbra(?:\.uni)?\s+\$L__BB\d+_\d+;", dbias)
@@ -552,10 +565,10 @@ def test_dbias_partials_precision_follows_the_input_dtype(arch, dtype):
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     f64_math = re.compile(r"\b(?:add|cvt)\.[a-z.]*f64\b")
-    fast = "quant_kernel_vec" if dtype == "fp32" else "quant_kernel_pk"
-    for variant, kernel in (("vec", fast), ("generic", "quant_kernel")):
+    fast = "vec_kernel" if dtype == "fp32" else "packed_kernel"
+    for variant, kernel in (("vec", fast), ("generic", "generic_kernel")):
         ptx = compiler.compile_artifacts(op, arch, dtype, variant)["ptx"]
-        assert bool(f64_math.search(_entry(ptx, kernel + "_"))) == (dtype == "fp32"), (variant, kernel)
+        assert bool(f64_math.search(_entry(ptx, kernel))) == (dtype == "fp32"), (variant, kernel)
         reduce = _entry(ptx, "dbias_kernel")
         assert "add.rn.f64" in reduce or "add.f64" in reduce
         assert ("cvt.f64.f32" in reduce) == (dtype != "fp32")  # fp32 partials widened before the fp64 sum
@@ -571,9 +584,9 @@ def test_plain_dbias_sums_its_input(arch, dtype):
     ops without arithmetic, leaving its partial sums unset. The GPU side:
     tests/test_gpu.py::test_plain_dbias_matches_reference."""
     op = mxq.fused_quant(colwise=True, dbias=True)(ident)
-    rows = int(re.search(r"^PK_ROWS = (\d+)", op.source, re.M).group(1))
-    pk = _entry(op.asm(arch, dtype)["ptx"], "quant_kernel_pk")
-    assert len(re.findall(r"\badd\.(?:rn\.)?f32\b", pk)) >= codegen.VEC * (rows - 1)
+    rows = kconfig.ROWS // codegen.kernel_config(op.spec, op.epilogue).pk_warps
+    pk = _entry(op.asm(arch, dtype)["ptx"], "packed_kernel")
+    assert len(re.findall(r"\badd\.(?:rn\.)?f32\b", pk)) >= kconfig.VEC * (rows - 1)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
@@ -587,12 +600,12 @@ def test_dbias_kernel_starts_early_with_programmatic_dependent_launch(arch):
 
     dgelu = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     ptx = dgelu.asm(arch, "bf16")["ptx"]
-    pk, dbias = _entry(ptx, "quant_kernel_pk"), _entry(ptx, "dbias_kernel")
+    pk, dbias = _entry(ptx, "packed_kernel"), _entry(ptx, "dbias_kernel")
     assert "griddepcontrol.launch_dependents" in pk and "griddepcontrol.wait" not in pk
     wait = dbias.index("griddepcontrol.wait")
     assert wait < dbias.index("ld.global"), "dbias_kernel must wait before it reads the partials"
     assert "griddepcontrol" not in mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident).asm(arch, "bf16")["ptx"]
     off = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
-    off._tuning = {"pdl": 0}
+    off._tuning = Tuning(pdl=False)
     assert "griddepcontrol" not in off.asm(arch, "bf16")["ptx"]
     assert compiler.uses_pdl(arch) and not compiler.uses_pdl("sm_89")

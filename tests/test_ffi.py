@@ -105,12 +105,12 @@ def test_failure_is_not_cached(caller):
 def test_python_launch_path_through_the_dispatcher(monkeypatch):
     """The CUDA call path hands tensors to the native dispatcher; on CPU tensors the same
     plumbing reaches the reference, so the argument order is checked here without a GPU."""
-    from mxq import launch
+    from mxq import compiler
 
     op = mxq.fused_quant(colwise=True, amax=True, dact="relu", dbias=True)(resid.fn)
-    monkeypatch.setattr(launch, "device_arch", lambda device: "sm_90")  # the CPU route never compiles
-    launcher = launch.launcher(op, planted(40, 64, torch.bfloat16))
-    assert launcher is launch.launcher(op, planted(40, 64, torch.bfloat16)), "one launcher per device/dtype"
+    monkeypatch.setattr(compiler, "device_arch", lambda device: "sm_90")  # the CPU route never compiles
+    launcher = op._launcher_for(planted(40, 64, torch.bfloat16))
+    assert launcher is op._launcher_for(planted(40, 64, torch.bfloat16)), "one launcher per device/dtype"
     x, r, a = (planted(40, 64, torch.bfloat16, seed=s) for s in (1, 2, 3))
     got = launcher([x, r], [0.25], a, None, None)
     want = op.reference(x, r, alpha=0.25, act_input=a)
@@ -122,11 +122,11 @@ def test_python_launch_path_through_the_dispatcher(monkeypatch):
 def test_allocating_route_refuses_empty_inputs_and_bad_arity():
     """The allocating route (Python's ordinary CUDA calls) serves non-empty tensors; anything
     else is a clean error, never a crash (Python sends empty calls down the other routes)."""
-    from mxq import ffi
+    from mxq import slots
 
     op = mxq.fused_quant(rowwise=True, colwise=True, fp8="e5m2")(resid.fn)
-    assert ffi._flags(op.spec) >> 7 & 1, "the fp8 format reaches the native allocator"
-    alloc = ffi.allocating_dispatcher(op)
+    assert slots.dispatch_flags(op.spec) >> 7 & 1, "the fp8 format reaches the native allocator"
+    alloc = op._native_dispatchers()[1]
     x = planted(8, 32, torch.bfloat16)
     with pytest.raises(ValueError, match="non-empty"):
         alloc(x[:0], x[:0], 0.5, None, None)
@@ -157,10 +157,11 @@ def test_allocating_route_layout(monkeypatch, opts, share):
     op = mxq.fused_quant(**opts)(_ident)  # a fresh op: its dispatcher reads the limit
     m, n = 70, 200
     x = planted(m, n, torch.bfloat16, seed=11)
-    r = ffi.allocating_dispatcher(op)(x, None, None)
+    r = op._native_dispatchers()[1](x, None, None)
     want = op.reference(x)
     like = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "meta")
-    names = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")
+    names = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")  # by hand
+    assert names == mxq.slots.OUTPUTS
     for i, name in enumerate(names):
         g, w = r[i], getattr(like, name)
         assert (g is None) == (w is None), name

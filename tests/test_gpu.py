@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import mxq
+from mxq.kernels.config import Tuning
 from mxq.testing import compare, is_exact, planted, poisoned, same_bytes, v_abs_sum
 
 from .test_codegen import SAMPLE
@@ -164,13 +165,12 @@ def test_plain_dbias_matches_reference(dtype, shape):
         assert compare(got, op.reference(x), is_exact(op)) == []
 
 
-# the packed kernel's scale stores: the wide rowwise tile's word stores (both layouts), the tall
-# tile's byte stores, and its word stores under the sstore tuning override
-SCALE_OPS = [(dict(rowwise=True), {}), (dict(rowwise=True, scale_layout="swizzled", scale_mode="floor"), {}),
-             (dict(rowwise=False, colwise=True, fp8="e5m2"), {}), (dict(rowwise=True, colwise=True), {}),
-             (dict(rowwise=True, colwise=True), {"sstore": "words"}),
-             (dict(rowwise=True, colwise=True, scale_layout="swizzled", amax=True), {"sstore": "words"}),
-             (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), {})]
+# the packed kernel's scale stores: the wide rowwise tile's word stores (both layouts) and the
+# tall tile's byte stores
+SCALE_OPS = [dict(rowwise=True), dict(rowwise=True, scale_layout="swizzled", scale_mode="floor"),
+             dict(rowwise=False, colwise=True, fp8="e5m2"), dict(rowwise=True, colwise=True),
+             dict(rowwise=True, colwise=True, scale_layout="swizzled", amax=True),
+             dict(rowwise=True, colwise=True, dact="gelu", dbias=True)]
 
 
 def _scales_at_offset(out, offset):
@@ -187,8 +187,8 @@ def _scales_at_offset(out, offset):
 
 @pytest.mark.parametrize("offset", [0, 1, 2])
 @pytest.mark.parametrize("shape", [(100, 1024), (33, 4352)])
-@pytest.mark.parametrize("opts, tuning", SCALE_OPS)
-def test_scale_words_and_unaligned_scales_match_reference(opts, tuning, shape, offset):
+@pytest.mark.parametrize("opts", SCALE_OPS)
+def test_scale_words_and_unaligned_scales_match_reference(opts, shape, offset):
     """Scale rows with nbr % 4 == 0 (N = 1024, 4352): 4-byte aligned scale tensors take the word
     stores, offsets 1 and 2 the byte-by-byte path of the same kernel; partial row tiles (M = 100,
     33) and a partial column tile (4352 = 4.25 x 1024 for the wide rowwise tile). CPU counterpart:
@@ -197,7 +197,6 @@ def test_scale_words_and_unaligned_scales_match_reference(opts, tuning, shape, o
     x = planted(m, n, torch.bfloat16, seed=m + offset)
     kw = {"act_input": planted(m, n, torch.bfloat16, seed=n)} if opts.get("dact") else {}
     op = mxq.fused_quant(**opts)(_fast_ident)
-    op._tuning = dict(tuning)
     want = op.reference(x, **kw)
     out = _scales_at_offset(poisoned(op, x.cuda()), offset)
     got = op(x.cuda(), out=out, **{k: v.cuda() for k, v in kw.items()})
@@ -209,7 +208,7 @@ def test_scale_words_and_unaligned_scales_match_reference(opts, tuning, shape, o
 @pytest.mark.parametrize("opts", [dict(rowwise=True, colwise=True), dict(rowwise=True, scale_layout="swizzled", amax=True),
                                   dict(rowwise=True, colwise=True, act="gelu", dbias=True, scale_mode="floor")])
 def test_row_scale_store_policy_writes_the_same_bytes(opts, shape, dtype):
-    """Row-scale bytes stored with the L2 evict_last policy (the default) and plainly (rskeep=0)
+    """Row-scale bytes stored with the L2 evict_last policy (the default) and plainly (Tuning(row_scale_l2_keep=False))
     are the same bytes, and the reference's, on the packed (bf16) and vectorised (fp32) kernels,
     partial row and column tiles included. CPU counterpart:
     tests/test_codegen.py::test_row_scale_bytes_wait_in_l2."""
@@ -219,7 +218,7 @@ def test_row_scale_store_policy_writes_the_same_bytes(opts, shape, dtype):
     outs = []
     for keep in (1, 0):
         op = mxq.fused_quant(**opts)(_fast_ident)
-        op._tuning = {"rskeep": keep}
+        op._tuning = Tuning(row_scale_l2_keep=bool(keep))
         want = op.reference(x) if want is None else want
         got = op(x.cuda(), out=poisoned(op, x.cuda()))
         v_abs = v_abs_sum(op, x) if opts.get("dbias") and not is_exact(op) else None

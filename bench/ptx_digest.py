@@ -1,0 +1,112 @@
+"""Digest of the PTX of every kernel branch combination, to show that a change to the kernel
+layer (a refactor, a rename) compiles to the same code -- no GPU needed.
+
+    python bench/ptx_digest.py --out digests.json [--jobs 2] [--quick]
+    python bench/ptx_digest.py --compare a.json b.json
+
+Each case is (spec, epilogue, dtype, variant, arch), drawn from device_check.matrix_cases() (every
+combination of plain/act/dact/epilogue x dbias x amax x direction x dtype, on the packed or
+vectorised kernel and on the generic one) plus the scale modes, layouts and formats. The PTX is
+normalised before hashing: kernel entry names (derived from Python function names and argument
+types) become their position, and comments and the version header are dropped; what remains is
+the instruction stream ptxas sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import re
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def all_cases(quick: bool = False):
+    from device_check import BASE_SPEC, matrix_cases
+
+    out = []
+    for v, epi, dtype, _shapes in matrix_cases():
+        for variant in ("vec", "generic"):
+            out.append((v, epi, dtype, variant, "sm_90"))
+    for fp8, mode, layout in itertools.product(("e4m3", "e5m2"), ("rceil", "floor", "ceil", "even"),
+                                               ("compact", "swizzled")):
+        v = dict(BASE_SPEC, fp8=fp8, scale_mode=mode, scale_layout=layout, colwise=True, amax=mode == "even")
+        for dtype, variant in (("bf16", "vec"), ("fp32", "vec"), ("bf16", "generic")):
+            out.append((v, "identity", dtype, variant, "sm_100a" if mode == "rceil" else "sm_90"))
+    if quick:
+        out = out[::7]
+    return out
+
+
+def normalise(ptx: str) -> str:
+    names = re.findall(r"\.entry\s+(\w+)", ptx)
+    for i, name in enumerate(names):
+        ptx = ptx.replace(name, f"kernel{i}")
+    lines = []
+    for line in ptx.splitlines():
+        line = re.sub(r"//.*", "", line).rstrip()
+        if not line or line.startswith((".version", ".file", ".loc")):
+            continue
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def digest(case) -> dict:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    from device_check import EPILOGUES
+
+    from mxq import compiler
+    from mxq.op import FusedOp
+    from mxq.spec import QuantSpec
+
+    v, epi, dtype, variant, arch = case
+    # CuTeDSL names its PTX dump by the kernel signature alone and does not replace an existing
+    # file: a fresh directory per case, or a case may read an earlier case's PTX
+    os.environ["MXQ_CACHE_DIR"] = tempfile.mkdtemp(prefix="mxq-ptx-digest-")
+    op = FusedOp(EPILOGUES[epi], QuantSpec(**v))
+    ptx = compiler.compile_op(op, arch, dtype, keep_ptx=True, variant=variant).__ptx__
+    body = normalise(ptx)
+    return {"spec": v, "epilogue": epi, "dtype": dtype, "variant": variant, "arch": arch,
+            "sha": hashlib.sha256(body.encode()).hexdigest()[:16], "lines": body.count("\n") + 1}
+
+
+def _key(r) -> str:
+    return json.dumps([r["spec"], r["epilogue"], r["dtype"], r["variant"], r["arch"]], sort_keys=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the digests here (JSON)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--quick", action="store_true", help="every 7th case only")
+    ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two digest files")
+    args = ap.parse_args()
+    if args.compare:
+        a, b = ({_key(r): r for r in json.loads(Path(p).read_text())} for p in args.compare)
+        same = [k for k in a if k in b and a[k]["sha"] == b[k]["sha"]]
+        diff = [k for k in a if k in b and a[k]["sha"] != b[k]["sha"]]
+        for k in diff:
+            print("DIFFERENT", k, a[k]["lines"], "->", b[k]["lines"], "lines")
+        print(f"{len(same)} identical, {len(diff)} different, {len(set(a) ^ set(b))} in one file only")
+        return 1 if diff else 0
+    cases = all_cases(args.quick)
+    with ProcessPoolExecutor(args.jobs) as ex:
+        rows = list(ex.map(digest, cases, chunksize=4))
+    print(f"{len(rows)} cases digested")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+"""KernelConfig: every choice the kernels specialise on, as plain Python values.
+
+A generated module builds one ``KernelConfig`` from its op's QuantSpec and epilogue (the
+constructor call is rendered into the module, so the config is part of the source and hence of
+every compile key) and hands it to ``mxq.kernels.Quantize``. The kernels read it through
+``cutlass.const_expr``; nothing here imports cutlass, so codegen and the tests can build and
+inspect configs without the DSL.
+
+Tiling is the library's: each number below is the fastest variant measured on the H200
+(docs/performance.md has the measurements; the slower alternatives were removed, git history
+keeps them). ``Tuning`` holds the two choices a benchmark may still flip for a side-by-side
+timing; they are rendered into the module like everything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
+GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
+VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
+DBIAS_WARPS = 8  # dbias reduction: warps per CTA ...
+DBIAS_UNROLL = 4  # ... and loads in flight per thread
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Benchmark-only switches (defaults are the library's choice).
+
+    ``pdl``: launch the dbias reduction with programmatic dependent launch on sm_90+ (it then
+    waits in ``griddepcontrol.wait``); False launches it after the quantize kernel.
+    ``row_scale_l2_keep``: store the packed and vectorised kernels' row-scale bytes with an L2
+    evict_last policy (a 32-row CTA writes 8 bytes of each 32-byte sector; plain stores cost
+    rowwise + colwise ~6% of its bandwidth on the H200)."""
+
+    pdl: bool = True
+    row_scale_l2_keep: bool = True
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """What one generated module's kernels are specialised on (besides the input dtype and the
+    arch, which come at compile time)."""
+
+    fp8: str  # "e4m3" | "e5m2"
+    rowwise: bool
+    colwise: bool
+    scale_mode: str  # "rceil" | "floor" | "ceil" | "even"
+    swizzled: bool  # scale_layout == "swizzled"
+    amax: bool
+    dbias: bool
+    n_inputs: int  # epilogue tensor parameters
+    n_scalars: int  # epilogue float parameters
+    identity: bool  # the epilogue returns its first input unchanged
+    has_act: bool
+    has_dact: bool
+    heavy: bool  # act, dact, dbias or a non-exact epilogue: the register-hungry ops
+    tuning: Tuning = field(default_factory=Tuning)
+
+    # -- derived choices (one definition each) -----------------------------------------------
+    @property
+    def computed(self) -> bool:
+        """The op does arithmetic on its inputs (act, dact or a user epilogue), not a plain cast."""
+        return self.has_act or self.has_dact or not self.identity
+
+    @property
+    def col_reduce(self) -> bool:
+        """The CTA reduces over its 32 rows: colwise scales, amax or dbias."""
+        return self.colwise or self.amax or self.dbias
+
+    @property
+    def stage(self) -> bool:
+        """Packed kernel: stage the inputs through shared memory with cp.async (ops with
+        arithmetic; with plain loads ptxas issued later rows' loads after earlier rows' math)."""
+        return self.computed
+
+    @property
+    def wide(self) -> bool:
+        """Packed kernel of a pure rowwise cast: warps side by side along a row band (8 x 1024
+        columns), row scales gathered in shared memory and stored as 4-byte words."""
+        return not self.col_reduce
+
+    @property
+    def vec_warps(self) -> int:
+        """Vectorised (fp32) kernel: 4 warps x 8 rows, 8 x 4 for the register-hungry ops."""
+        return 8 if self.heavy else 4
+
+    @property
+    def pk_warps(self) -> int:
+        """Packed (16-bit) kernel: 4 warps x 8 rows; dbias ops 8 x 4 (at 4 warps they need 80
+        registers and 43 KB of shared memory per CTA and ran 4 points slower)."""
+        return 8 if self.dbias else 4
+
+    @property
+    def pdl(self) -> bool:
+        return self.dbias and self.tuning.pdl

@@ -1,0 +1,193 @@
+"""Device helpers shared by the kernels: the E8M0 scale rules, FP8 conversion, packed 16-bit
+math and the inline PTX the DSL has no wrapper for.
+
+These are plain Python functions called while a kernel is traced (they are inlined, not
+launched), so they may only branch on Python values: the scale mode, the format and
+``is_bf16`` select code at trace time; everything on device values goes through
+``cutlass.select_``. The rules are NUMERICS.md's (docs/NUMERICS.md, steps 5-9) and
+mirror mxq/numerics.py, the torch reference, bit for bit.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
+from cutlass.cute.math import RoundingMode
+
+from ..numerics import FORMATS
+
+RN = RoundingMode.NEAREST_EVEN
+
+
+def mul_rn(a, b):
+    """a * b rounded once (explicit .rn: ptxas never contracts it into an FMA)."""
+    return Float32(cute.math.mul(a, b, rounding=RN))
+
+
+def add_rn(a, b):
+    return Float32(cute.math.add(a, b, rounding=RN))
+
+
+# --- E8M0 scales and FP8 conversion (NUMERICS.md steps 7-9) -----------------------------------
+def e8m0_scale(amax, fp8: str, mode: str, use_hw_e8m0: bool):
+    """Scale byte (Int32 0..255) of a block amax (fp32, >= 0 or NaN)."""
+    fmt = FORMATS[fp8]
+    if mode == "rceil":
+        p = mul_rn(amax, Float32(fmt.rcp))  # amax / MAX, as fp32(1 / MAX) * amax
+        if use_hw_e8m0:
+            # sm_100+: round-up conversion in hardware; NaN -> 255, inf -> 254, p <= 2^-127 -> 0
+            pk = cute.arch.inline_ptx("cvt.rp.satfinite.ue8m0x2.f32 {$w0}, {$r0}, {$r1};",
+                                      write_only_types=[Uint16], read_only_args=[Float32(0.0), p])
+            return Int32(pk & Uint16(0xFF))
+        # p >= 0 or NaN. Adding 0x7FFFFF carries into the exponent exactly when the mantissa is
+        # nonzero (round up); min 254 covers 2^127 < p <= inf; p <= 2^-127 gives 0; NaN gives 255.
+        b = p.bitcast(Uint32)
+        e = cutlass.min((b + Uint32(0x7FFFFF)) >> Uint32(23), Uint32(254))
+        e = cutlass.select_(b <= Uint32(0x400000), Uint32(0), e)
+        return Int32(cutlass.select_(b > Uint32(0x7F800000), Uint32(255), e))
+    b = amax.bitcast(Int32)
+    if mode == "even":
+        b = (b + Int32(2 ** (22 - fmt.mbits))) & Int32(0x7F800000)  # round to mbits mantissa bits first
+    e = (b >> 23) & 0xFF
+    if mode == "ceil":
+        e = e + Int32(cutlass.select_((b & 0x7FFFFF) != 0, Int32(1), Int32(0)))
+    e = Int32(cutlass.max(cutlass.min(e - fmt.emax, Int32(255)), Int32(0)))
+    return Int32(cutlass.select_(amax != amax, Int32(255), e))
+
+
+def inv_scale(e):
+    """2^(127 - e) as fp32 from bits; 254 -> 2^-127 (subnormal), 255 -> NaN."""
+    bits = (Int32(254) - e) << 23
+    bits = Int32(cutlass.select_(e == 254, Int32(0x00400000), bits))
+    bits = Int32(cutlass.select_(e == 255, Int32(0x7FC00000), bits))
+    return bits.bitcast(Float32)
+
+
+def _cvt(fp8: str) -> str:
+    return "e4m3x2" if fp8 == "e4m3" else "e5m2x2"
+
+
+def to_fp8(q, fp8: str):
+    """RNE, saturating to +-MAX, NaN -> 0x7F (the x2 instruction; the upper lane is unused)."""
+    pk = cute.arch.inline_ptx(f"cvt.rn.satfinite.{_cvt(fp8)}.f32 {{$w0}}, {{$r0}}, {{$r1}};",
+                              write_only_types=[Uint16], read_only_args=[Float32(0.0), q])
+    return Uint8(pk & Uint16(0xFF))
+
+
+def to_fp8x2(lo, hi, fp8: str):
+    """Two values in one conversion: (byte of lo, byte of hi)."""
+    pk = cute.arch.inline_ptx(f"cvt.rn.satfinite.{_cvt(fp8)}.f32 {{$w0}}, {{$r0}}, {{$r1}};",
+                              write_only_types=[Uint16], read_only_args=[hi, lo])
+    return Uint8(pk & Uint16(0xFF)), Uint8(pk >> 8)
+
+
+def fp8x4(a, b, c, d, fp8: str):
+    """Four fp32 values to four FP8 bytes in one word (a in the lowest byte): RNE, saturating."""
+    cvt = _cvt(fp8)
+    return cute.arch.inline_ptx(
+        f"{{ .reg .b16 l, h; cvt.rn.satfinite.{cvt}.f32 l, {{$r1}}, {{$r0}}; "
+        f"cvt.rn.satfinite.{cvt}.f32 h, {{$r3}}, {{$r2}}; mov.b32 {{$w0}}, {{l, h}}; }}",
+        write_only_types=[Uint32], read_only_args=[a, b, c, d])
+
+
+def tanh_act(y):
+    """tanh(y) = sign(y) * (1 - 2 / (e^(2|y|) + 1)), accurate to ~2^-24 absolute: the large-|y|
+    branch of the precise tanh, used for every y by the built-in act/dact (which only use t as
+    0.5 + 0.5*t or 1 - t*t). ex2 overflows to inf for |y| > ~44, giving exactly 1; NaN stays NaN."""
+    ay = cute.math.abs(y)
+    e = cute.arch.inline_ptx("ex2.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
+                             read_only_args=[mul_rn(ay, Float32(2.885390081777927))])
+    r = cute.arch.inline_ptx("rcp.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
+                             read_only_args=[add_rn(e, Float32(1.0))])
+    t = Float32(cute.math.fma(r, Float32(-2.0), Float32(1.0)))
+    return (t.bitcast(Uint32) | (y.bitcast(Uint32) & Uint32(0x80000000))).bitcast(Float32)
+
+
+def warp_max(x):
+    """NaN-propagating max over the 32 lanes of a warp (every lane gets the result)."""
+    for k in range(5):
+        x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1 << k), nan=True)
+    return x
+
+
+# --- scale addressing and stores --------------------------------------------------------------
+def swizzle_offset(i, j, blocks):
+    """Byte offset of scale (row i, block j) in the cuBLAS 128x4 layout with ``blocks`` per row
+    (plain integer arithmetic: also callable on Python ints, see mxq/layouts.py)."""
+    t = (blocks + 3) // 4
+    return ((i // 128) * t + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4
+
+
+def scale_offset(swizzled: bool, i, j, blocks):
+    """Byte offset of scale (row i, block j) of a [rows, blocks] scale matrix in either layout."""
+    return swizzle_offset(i, j, blocks) if swizzled else i * blocks + j
+
+
+def store_kept_u8(t, offset, value):
+    """t[offset] = value (a scale byte) with an L2 evict_last policy: the byte waits in L2 for
+    the rest of its 32-byte sector (KernelConfig.Tuning.row_scale_l2_keep says why)."""
+    keep = cute.arch.inline_ptx("createpolicy.fractional.L2::evict_last.b64 {$w0}, 1.0;", write_only_types=[Int64])
+    cute.arch.inline_ptx("st.global.L2::cache_hint.b8 [{$r0}], {$r1}, {$r2};",
+                         read_only_args=[t.iterator.toint() + Int64(offset), Uint16(value), keep])
+
+
+def store_row_scale(t, offset, value, keep_in_l2: bool):
+    """A row-scale byte: L2-kept (packed and vectorised kernels) or a plain store."""
+    if keep_in_l2:
+        store_kept_u8(t, offset, value)
+    else:
+        t[offset] = Uint8(value)
+
+
+# --- packed 16-bit words (bf16x2 / f16x2) ------------------------------------------------------
+# A word holds two adjacent columns' values; abs is one AND and the amax one max.NaN per two
+# values, exact because max only selects. Values widen to fp32 only for the scale multiply.
+def pk_abs(w):
+    return w & Uint32(0x7FFF7FFF)
+
+
+def pk_max(a, b, is_bf16: bool):
+    """NaN-propagating max of each half (sm_80+)."""
+    kind = "bf16x2" if is_bf16 else "f16x2"
+    return cute.arch.inline_ptx(f"max.NaN.{kind} {{$w0}}, {{$r0}}, {{$r1}};", write_only_types=[Uint32],
+                                read_only_args=[a, b])
+
+
+def pk_unpack(w, is_bf16: bool):
+    """(low, high) halves of a word widened exactly to fp32."""
+    if is_bf16:
+        return (w << Uint32(16)).bitcast(Float32), (w & Uint32(0xFFFF0000)).bitcast(Float32)
+    return cute.arch.inline_ptx("{ .reg .b16 l, h; mov.b32 {l, h}, {$r0}; cvt.f32.f16 {$w0}, l; cvt.f32.f16 {$w1}, h; }",
+                                write_only_types=[Float32, Float32], read_only_args=[w])
+
+
+def pk_round(lo, hi, is_bf16: bool):
+    """Two fp32 values rounded (RNE) into one word: NUMERICS step 5 for two values at once."""
+    kind = "bf16x2" if is_bf16 else "f16x2"
+    return cute.arch.inline_ptx(f"cvt.rn.{kind}.f32 {{$w0}}, {{$r0}}, {{$r1}};", write_only_types=[Uint32],
+                                read_only_args=[hi, lo])
+
+
+def pk_amax(w, is_bf16: bool):
+    """fp32 max of a word's two halves (both already >= 0 or NaN)."""
+    lo, hi = pk_unpack(w, is_bf16)
+    return cute.arch.fmax(lo, hi, nan=True)
+
+
+def pk_max_shuffled(keep, give, offset: int, upper, is_bf16: bool):
+    """One butterfly stage of a reduce-scatter of packed maxima: the lane with ``upper`` set
+    keeps ``give`` and sends ``keep`` (and the other way round), then takes the max with what
+    its partner sent."""
+    mine = cutlass.select_(upper, give, keep)
+    theirs = cutlass.select_(upper, keep, give)
+    return pk_max(mine, Uint32(cute.arch.shuffle_sync_bfly(Int32(theirs), offset=offset)), is_bf16)
+
+
+def widen(frag, k):
+    """Value k of a loaded register fragment as fp32. bf16 is taken from its 32-bit word (a shift
+    or an AND); the element-wise conversion costs two instructions for the upper half."""
+    if frag.element_type is cutlass.BFloat16:
+        w = cute.recast_tensor(frag, Uint32)[k // 2]
+        return (w << Uint32(16)).bitcast(Float32) if k % 2 == 0 else (w & Uint32(0xFFFF0000)).bitcast(Float32)
+    return frag[k].to(Float32)

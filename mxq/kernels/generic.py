@@ -1,0 +1,99 @@
+"""The generic kernel: any N, any alignment (element-wise loads and stores).
+
+Tiling: a CTA of GENERIC_WARPS warps covers ROWS (32) rows x 32 * GENERIC_WARPS columns; lane =
+column, so one warp row is one rowwise 32-block (its amax is a warp max) and one lane's 32 rows
+are one colwise block. Every row's load is issued before any arithmetic (one independent load per
+row and input, so their latencies overlap: odd-N shapes ran at 20-26% of copy when each row's
+arithmetic waited for that row's load).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint8
+
+from . import device as dev
+from .config import GENERIC_WARPS, ROWS
+
+COLS = 32 * GENERIC_WARPS
+
+
+def _widen(reg, i):
+    return reg[i].to(Float32)
+
+
+def grid(M, N):
+    return [cute.ceil_div(M, ROWS), cute.ceil_div(N, COLS), 1], [COLS, 1, 1]
+
+
+class GenericKernel:
+    """Mixed into Quantize (quantize.py), which provides cfg and the per-element pieces."""
+
+    @cute.kernel
+    def generic_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
+                       dbias_ws, noop, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        rb, cb, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        col = (cb * GENERIC_WARPS + tidx // 32) * 32 + lane
+        row0 = rb * ROWS
+        col_ok = col < N
+        # this thread's column of the CTA's rows, per source (the epilogue's inputs, then act_input):
+        # registers to load into and the global tile (a base address plus a row stride per access)
+        sources = self.sources(ins, act_in)
+        regs = [cute.make_rmem_tensor(cute.make_layout(ROWS), s.element_type) for s in sources]
+        tiles = [cute.local_tile(s, (ROWS, 1), (rb, col)) for s in sources]
+        for i in cutlass.range_constexpr(ROWS):
+            if col_ok and row0 + i < M:
+                for t in cutlass.range_constexpr(len(sources)):
+                    regs[t][i] = tiles[t][i, 0]
+        if noop[0] != Float32(1.0):
+            vals = cute.make_rmem_tensor(cute.make_layout(ROWS), Float32)
+            cmax = Float32(0.0)
+            # the block's partial dbias sum in the workspace's precision (numerics.dbias_partial_dtype)
+            dsum = self.dbias_zero(dbias_ws)
+            nbr = (N + 31) // 32  # row-scale blocks per row
+            tRow = self.row_tile(row_data, (ROWS, 1), (rb, col))
+            for i in cutlass.range_constexpr(ROWS):
+                r = row0 + i
+                v = Float32(0.0)
+                if col_ok and r < M:
+                    v = self.value(regs, i, scalars, _widen)
+                    dsum = self.dbias_add(dsum, v, dbias_ws)
+                    v = self.round_to_input(v, ins[0].element_type)
+                vals[i] = v
+                cmax = cute.arch.fmax(cmax, cute.math.abs(v), nan=True)
+                if cutlass.const_expr(cfg.rowwise):
+                    e = dev.e8m0_scale(dev.warp_max(cute.math.abs(v)), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    if col_ok and r < M:
+                        tRow[i, 0] = dev.to_fp8(dev.mul_rn(v, dev.inv_scale(e)), cfg.fp8)
+                        if lane == 0:  # plain stores: L2-kept ones ran this kernel 8-15% slower
+                            if cutlass.const_expr(cfg.swizzled):
+                                row_scale[dev.swizzle_offset(r, col // 32, nbr)] = Uint8(e)
+                            else:
+                                row_scale[r * nbr + col // 32] = Uint8(e)
+            if cutlass.const_expr(cfg.colwise):
+                e = dev.e8m0_scale(cmax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                s_inv = dev.inv_scale(e)
+                if col_ok:
+                    tCol = cute.local_tile(col_data, (ROWS, 1), (rb, col))
+                    for i in cutlass.range_constexpr(0, ROWS, 2):
+                        lo, hi = dev.to_fp8x2(cute.math.mul(vals[i], s_inv, rounding=dev.RN),
+                                              cute.math.mul(vals[i + 1], s_inv, rounding=dev.RN), cfg.fp8)
+                        if row0 + i < M:
+                            tCol[i, 0] = lo
+                        if row0 + i + 1 < M:
+                            tCol[i + 1, 0] = hi
+                    if cutlass.const_expr(cfg.swizzled):
+                        col_scale[dev.swizzle_offset(col, rb, (M + 31) // 32)] = Uint8(e)
+                    else:
+                        col_scale[rb * N + col] = Uint8(e)
+            if cutlass.const_expr(cfg.amax):
+                wmax = dev.warp_max(cmax)
+                if lane == 0:
+                    cute.arch.atomic_fmax(amax.iterator, wmax, sign_bit=False)
+            if cutlass.const_expr(cfg.dbias):
+                if col_ok:
+                    dbias_ws[rb, col] = dsum  # this CTA's partial column sum, reduced in order later

@@ -1,0 +1,312 @@
+"""The packed kernel for 16-bit inputs (bf16, fp16): N % 8 == 0 and 16-byte aligned tensors.
+
+Values stay in the input's 16-bit format, two per 32-bit word: the amax is computed on packed
+words (AND + max.NaN.{bf16x2,f16x2}, exact), values widen to fp32 only to be multiplied by the
+scale, and four FP8 bytes leave as one word. This cuts the instructions per element about 3x
+against fp32 values, which is what bounds the rowwise+colwise pass on the H200.
+
+Tiling (KernelConfig.pk_warps = W warps, PK_ROWS = 32 / W rows per thread):
+- ops with a column reduction (colwise, amax, dbias): a CTA covers 32 rows x 32 * VEC columns;
+  lane l owns columns 8l..8l+7, warp w owns PK_ROWS rows;
+- a pure rowwise cast ("wide", KernelConfig.wide): the warps lie side by side along one band of
+  PK_ROWS rows (8 x 1024 columns), so a CTA's rows are long runs of memory and its row-scale
+  bytes, gathered in shared memory, leave as whole 4-byte words.
+
+Phases: loads (staged through shared memory with cp.async for ops with arithmetic); values,
+maxima and row scales; column owners after one barrier; then one pass over the rows that widens
+each word once for both directions' FP8 bytes and stores them. The grid is (column tiles, row
+tiles), the row tiles split over y and z past 65535, so no integer division finds the tile.
+Nothing branches on noop: it zeroes the row bound Ms of every store instead (with an early exit
+ptxas sank three of the four row loads below the noop load, serialising two memory latencies).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint8, Uint32
+
+from . import device as dev
+from .config import ROWS, VEC
+
+VCOLS = 32 * VEC  # columns of a (non-wide) tile
+PKW = VEC // 2  # 32-bit words per row per thread
+
+
+def tile(cfg):
+    """(rows, columns) of one CTA's tile."""
+    if cfg.wide:
+        return ROWS // cfg.pk_warps, VCOLS * cfg.pk_warps
+    return ROWS, VCOLS
+
+
+def grid(cfg, M, N):
+    tile_rows, tile_cols = tile(cfg)
+    n_fast, n_slow = cute.ceil_div(N, tile_cols), cute.ceil_div(M, tile_rows)
+    gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
+    return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.pk_warps * 32, 1, 1]
+
+
+class PackedKernel:
+    """Mixed into Quantize (quantize.py), which provides cfg and the per-element pieces."""
+
+    @cute.kernel
+    def packed_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
+                      dbias_ws, noop, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr, use_pdl: cutlass.Constexpr):
+        cfg = self.cfg
+        is_bf16 = cutlass.const_expr(ins[0].element_type is cutlass.BFloat16)
+        WARPS = cutlass.const_expr(cfg.pk_warps)
+        NTHREADS = cutlass.const_expr(WARPS * 32)
+        PK_ROWS = cutlass.const_expr(ROWS // WARPS)  # rows per thread
+        TILE_ROWS, TILE_COLS = tile(cfg)
+        RS_BLOCKS = cutlass.const_expr(TILE_COLS // 32)  # row-scale blocks per tile row
+        if cutlass.const_expr(use_pdl):
+            cute.arch.griddepcontrol_launch_dependents()  # dbias_kernel may start; it waits for this grid to finish
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, bz = cute.arch.block_idx()
+        _, gy, _ = cute.arch.grid_dim()
+        lane = tidx % 32
+        warp = tidx // 32
+        cb = bx
+        rb = by + bz * gy
+        in_grid = rb < (M + TILE_ROWS - 1) // TILE_ROWS
+        if cutlass.const_expr(cfg.wide):
+            g = (cb * WARPS + warp) * 32 + lane  # this lane's group of VEC columns
+            trow = rb  # this thread's PK_ROWS-row tile index
+            rbase = rb * PK_ROWS
+        else:
+            g = cb * 32 + lane
+            trow = rb * WARPS + warp
+            rbase = rb * ROWS + warp * PK_ROWS
+        c0 = g * VEC
+        col_ok = c0 < N  # N % VEC == 0: a group is wholly inside or outside
+        if cutlass.const_expr(cfg.col_reduce or cfg.stage or cfg.wide):
+            smem = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(cfg.wide):
+            # the CTA's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words
+            sRS = smem.allocate_tensor(Uint8, cute.make_layout((TILE_ROWS, RS_BLOCKS), stride=(RS_BLOCKS, 1)), 16)
+        if cutlass.const_expr(cfg.col_reduce):
+            # shared memory is indexed by position j * 32 + lane (word or column j of lane), so that a
+            # warp's stores and the owners' loads below touch consecutive words: no bank conflicts
+            sMax = smem.allocate_tensor(Uint32, cute.make_layout((WARPS, 32 * PKW), stride=(32 * PKW, 1)), 16)
+        if cutlass.const_expr(cfg.colwise):
+            sInv = smem.allocate_tensor(Float32, cute.make_layout(VCOLS), 16)
+        if cutlass.const_expr(cfg.dbias):
+            sSum = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
+        # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * row stride
+        sources = self.sources(ins, act_in)
+        NSRC = cutlass.const_expr(len(sources))
+        tiles = [cute.local_tile(s, (PK_ROWS, VEC), (trow, g)) for s in sources]
+        if cutlass.const_expr(cfg.rowwise):
+            tRow = cute.local_tile(row_data, (PK_ROWS, VEC), (trow, g))
+            nbr = (N + 31) // 32
+        if cutlass.const_expr(cfg.colwise):
+            tCol = cute.local_tile(col_data, (PK_ROWS, VEC), (trow, g))
+        if cutlass.const_expr(cfg.stage):
+            # Staged loads: every row of every input is requested at once with cp.async into this
+            # thread's own shared-memory slots (one commit group per row) and read back just before
+            # its row is computed.
+            staged = []
+            g2s = []
+            for t in cutlass.range_constexpr(NSRC):
+                el = sources[t].element_type
+                staged.append(smem.allocate_tensor(
+                    el, cute.make_layout((PK_ROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16))
+                g2s.append(cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
+                                               el, num_bits_per_copy=128))
+            for i in cutlass.range_constexpr(PK_ROWS):
+                if col_ok and rbase + i < M:
+                    for t in cutlass.range_constexpr(NSRC):
+                        cute.copy(g2s[t], tiles[t][(i, None)], staged[t][(i, tidx, None)])
+                cute.arch.cp_async_commit_group()
+        # all loads first (PK_ROWS independent 16-byte loads per source per thread, unless staged)
+        frags = []  # frags[i][t]: row i of source t
+        for i in cutlass.range_constexpr(PK_ROWS):
+            row = []
+            for t in cutlass.range_constexpr(NSRC):
+                row.append(cute.make_rmem_tensor_like(tiles[t][(0, None)]))
+                row[t].fill(0)
+            frags.append(row)
+            if cutlass.const_expr(not cfg.stage):
+                if col_ok and rbase + i < M:
+                    for t in cutlass.range_constexpr(NSRC):
+                        cute.autovec_copy(tiles[t][(i, None)], row[t])
+        # every store below is bounded by Ms: 0 under noop (nothing written) or past the grid
+        Ms = Int32(cutlass.select_(noop[0] != Float32(1.0), M, Int32(0)))
+        Ms = Int32(cutlass.select_(in_grid, Ms, Int32(0)))
+        if cutlass.const_expr(cfg.dbias):
+            # dbias: a 32-row block is summed in fp32 (this thread's rows in order, then the warps in
+            # order) and the blocks in fp64 by dbias_kernel (numerics.dbias_partial_dtype says why)
+            dsum = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)  # starts at row 0's values
+        words = []  # words[i][j]: row i's values j*2, j*2+1 as one packed word
+        absw = []  # their magnitudes
+        for i in cutlass.range_constexpr(PK_ROWS):
+            if cutlass.const_expr(cfg.stage):
+                cute.arch.cp_async_wait_group(PK_ROWS - 1 - i)  # row i's copies have landed
+                if col_ok and rbase + i < M:
+                    for t in cutlass.range_constexpr(NSRC):
+                        cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
+            if cutlass.const_expr(cfg.computed):
+                if cutlass.const_expr(not cfg.identity):
+                    row_ok = col_ok and rbase + i < M
+                vv = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+                for k in cutlass.range_constexpr(VEC):
+                    v = self.value(frags[i], k, scalars, dev.widen)
+                    if cutlass.const_expr(not cfg.identity):
+                        v = Float32(cutlass.select_(row_ok, v, Float32(0.0)))  # a user epilogue may map padding to nonzero
+                    # (built-in act/dact keep the zero padding of rows past M at zero: act(0) == 0 and
+                    # 0 * dact(0) == 0, see tests/test_codegen.py::test_builtin_acts_keep_zero_padding)
+                    if cutlass.const_expr(cfg.dbias):
+                        # (row 0 starts the sum: 0 + v would turn -0 into +0, as the second pass does anyway)
+                        if cutlass.const_expr(i == 0):
+                            dsum[k] = v
+                        else:
+                            dsum[k] = dsum[k] + v
+                    vv[k] = v
+                # NUMERICS step 5: round to the input format, two values per instruction
+                row_words = [dev.pk_round(vv[2 * j], vv[2 * j + 1], is_bf16) for j in range(PKW)]
+            else:
+                fw = cute.recast_tensor(frags[i][0], Uint32)
+                row_words = [fw[j] for j in range(PKW)]
+                if cutlass.const_expr(cfg.dbias):
+                    # a plain cast with dbias: v is the input itself (rows past M were loaded as zeros)
+                    for k in cutlass.range_constexpr(VEC):
+                        if cutlass.const_expr(i == 0):
+                            dsum[k] = dev.widen(frags[i][0], k)
+                        else:
+                            dsum[k] = dsum[k] + dev.widen(frags[i][0], k)
+            words.append(row_words)
+            absw.append([dev.pk_abs(w) for w in row_words])
+            if cutlass.const_expr(cfg.col_reduce):
+                if cutlass.const_expr(i == 0):
+                    cm = list(absw[0])  # this thread's column maxima, one word per two columns
+                else:
+                    cm = [dev.pk_max(cm[j], absw[i][j], is_bf16) for j in range(PKW)]
+        if cutlass.const_expr(cfg.rowwise):
+            # rowwise: the 32-column block of a row is the 4 adjacent lanes q = lane % 4. Their
+            # partial maxima are reduce-scattered (two butterfly stages), so that lane q finishes
+            # rows q * PK_ROWS / 4 .. and computes their scales alone, then every lane fetches the
+            # PK_ROWS inverse scales it needs: PK_ROWS shuffles instead of PK_ROWS scale computations.
+            HALF = cutlass.const_expr(PK_ROWS // 2)
+            QUARTER = cutlass.const_expr(PK_ROWS // 4)
+            rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16), dev.pk_max(a[2], a[3], is_bf16), is_bf16) for a in absw]
+            hi2 = (lane & 2) != 0
+            rs = [dev.pk_max_shuffled(rp[m], rp[HALF + m], 2, hi2, is_bf16) for m in range(HALF)]
+            hi1 = (lane & 1) != 0
+            qrow = (lane % 4) * QUARTER  # first row this lane finishes
+            grp_ok = c0 - (lane % 4) * VEC < N  # the block's first lane has valid columns
+            si = []  # inverse scales of the rows this lane finished
+            for m in cutlass.range_constexpr(QUARTER):
+                rq = dev.pk_max_shuffled(rs[m], rs[QUARTER + m], 1, hi1, is_bf16)
+                er = dev.e8m0_scale(dev.pk_amax(rq, is_bf16), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                si.append(dev.inv_scale(er))
+                if cutlass.const_expr(cfg.wide):
+                    sRS[rbase - rb * TILE_ROWS + qrow + m, g // 4 - cb * RS_BLOCKS] = Uint8(er)
+                else:
+                    if grp_ok and rbase + qrow + m < Ms:
+                        if cutlass.const_expr(cfg.swizzled):
+                            self.store_row_scale(row_scale, dev.swizzle_offset(rbase + qrow + m, c0 // 32, nbr), er)
+                        else:
+                            self.store_row_scale(row_scale, (rbase + qrow + m) * nbr + c0 // 32, er)
+            if cutlass.const_expr(cfg.wide):
+                cute.arch.sync_threads()
+                # Row scales leave as words of 4 blocks, whole rows of the tile per request. Words need
+                # nbr % 4 == 0 and a 4-byte aligned scale tensor (CTA-uniform); otherwise the same
+                # bytes are stored one by one.
+                rs_base = row_scale.iterator.toint()
+                if nbr % 4 == 0 and rs_base % 4 == 0:
+                    if tidx < TILE_ROWS * RS_BLOCKS // 4:
+                        wr = tidx // (RS_BLOCKS // 4)
+                        wb = cb * RS_BLOCKS + (tidx % (RS_BLOCKS // 4)) * 4  # the word's first block
+                        if rb * TILE_ROWS + wr < Ms and wb < nbr:
+                            word = cute.recast_tensor(sRS, Uint32)[wr, tidx % (RS_BLOCKS // 4)]
+                            # (swizzled: blocks 4k..4k+3 of a row are adjacent)
+                            woff = dev.scale_offset(cfg.swizzled, rb * TILE_ROWS + wr, wb, nbr)
+                            cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[rs_base + Int64(woff), word])
+                else:
+                    for r in cutlass.range_constexpr((TILE_ROWS * RS_BLOCKS + NTHREADS - 1) // NTHREADS):
+                        p = tidx + r * NTHREADS
+                        br = p // RS_BLOCKS
+                        bb = cb * RS_BLOCKS + p % RS_BLOCKS
+                        if br < TILE_ROWS and rb * TILE_ROWS + br < Ms and bb < nbr:
+                            self.store_row_scale(row_scale, dev.scale_offset(cfg.swizzled, rb * TILE_ROWS + br, bb, nbr),
+                                              sRS[br, p % RS_BLOCKS])
+            gl = lane - lane % 4
+            sr = [cute.arch.shuffle_sync(si[i % QUARTER], gl + i // QUARTER) for i in range(PK_ROWS)]
+        if cutlass.const_expr(cfg.col_reduce):
+            # the warps' partial column amax (and dbias sums) meet in shared memory
+            for j in cutlass.range_constexpr(PKW):
+                sMax[warp, j * 32 + lane] = cm[j]
+            if cutlass.const_expr(cfg.dbias):
+                for k in cutlass.range_constexpr(VEC):
+                    sSum[warp, k * 32 + lane] = dsum[k]
+            cute.arch.sync_threads()
+            # Column owners: each of the CTA's 32 * PKW words of column maxima (two columns) is reduced
+            # over the warps, turned into two scales and stored once per CTA, by one thread, instead
+            # of by every warp for its own lane's columns.
+            Ns = Int32(cutlass.select_(Ms > 0, N, Int32(0)))  # column bound of the owners' stores
+            if tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
+                if cutlass.const_expr(cfg.amax):
+                    tm = Float32(0.0)
+                for r in cutlass.range_constexpr(max(1, 32 * PKW // NTHREADS)):
+                    p = tidx + r * NTHREADS  # position j * 32 + lane of the word
+                    cw = sMax[0, p]
+                    for w in cutlass.range_constexpr(1, WARPS):
+                        cw = dev.pk_max(cw, sMax[w, p], is_bf16)
+                    if cutlass.const_expr(cfg.amax):
+                        tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
+                    if cutlass.const_expr(cfg.colwise):
+                        cl, ch = dev.pk_unpack(cw, is_bf16)
+                        e_lo = dev.e8m0_scale(cl, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                        e_hi = dev.e8m0_scale(ch, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                        pj = p // 32
+                        sInv[2 * pj * 32 + p % 32] = dev.inv_scale(e_lo)  # column k = 2j, 2j + 1 of lane p % 32
+                        sInv[(2 * pj + 1) * 32 + p % 32] = dev.inv_scale(e_hi)
+                        oc = cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
+                        if oc < Ns:  # N % VEC == 0: both columns are in or out
+                            if cutlass.const_expr(cfg.swizzled):
+                                ncb_s = (M + 31) // 32
+                                col_scale[dev.swizzle_offset(oc, rb, ncb_s)] = Uint8(e_lo)
+                                col_scale[dev.swizzle_offset(oc + 1, rb, ncb_s)] = Uint8(e_hi)
+                            else:
+                                col_scale[rb * N + oc] = Uint8(e_lo)
+                                col_scale[rb * N + oc + 1] = Uint8(e_hi)
+                if cutlass.const_expr(cfg.amax):
+                    tm = dev.warp_max(tm)
+                    if lane == 0 and Ms > 0:
+                        cute.arch.atomic_fmax(amax.iterator, tm, sign_bit=False)  # one atomic per owner warp
+            if cutlass.const_expr(cfg.dbias):
+                # dbias: each thread sums its column(s) over the warps in a fixed order (deterministic)
+                for r in cutlass.range_constexpr(max(1, 32 * VEC // NTHREADS)):
+                    p = tidx + r * NTHREADS  # position k * 32 + lane
+                    s = sSum[0, p]
+                    for w in cutlass.range_constexpr(1, WARPS):
+                        s = s + sSum[w, p]
+                    oc = cb * VCOLS + (p % 32) * VEC + p // 32
+                    if oc < Ns:
+                        dbias_ws[rb, oc] = s
+        if cutlass.const_expr(cfg.colwise):
+            cute.arch.sync_threads()
+            sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+            for k in cutlass.range_constexpr(VEC):
+                sc[k] = sInv[k * 32 + lane]
+        # one pass over the rows: each word is widened once for both directions
+        for i in cutlass.range_constexpr(PK_ROWS):
+            if col_ok and rbase + i < Ms:
+                if cutlass.const_expr(cfg.rowwise):
+                    qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32)
+                if cutlass.const_expr(cfg.colwise):
+                    qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32)
+                for j in cutlass.range_constexpr(0, PKW, 2):
+                    l0, h0 = dev.pk_unpack(words[i][j], is_bf16)
+                    l1, h1 = dev.pk_unpack(words[i][j + 1], is_bf16)
+                    if cutlass.const_expr(cfg.rowwise):
+                        qr[j // 2] = dev.fp8x4(dev.mul_rn(l0, sr[i]), dev.mul_rn(h0, sr[i]), dev.mul_rn(l1, sr[i]),
+                                               dev.mul_rn(h1, sr[i]), cfg.fp8)
+                    if cutlass.const_expr(cfg.colwise):
+                        qc[j // 2] = dev.fp8x4(dev.mul_rn(l0, sc[2 * j]), dev.mul_rn(h0, sc[2 * j + 1]),
+                                               dev.mul_rn(l1, sc[2 * j + 2]), dev.mul_rn(h1, sc[2 * j + 3]), cfg.fp8)
+                if cutlass.const_expr(cfg.rowwise):
+                    cute.autovec_copy(cute.recast_tensor(qr, Uint8), tRow[(i, None)])
+                if cutlass.const_expr(cfg.colwise):
+                    cute.autovec_copy(cute.recast_tensor(qc, Uint8), tCol[(i, None)])

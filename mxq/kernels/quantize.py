@@ -1,0 +1,111 @@
+"""Quantize: one op's kernels, specialised on its KernelConfig and element functions.
+
+A generated module (templates/module.py.j2) builds one ``Quantize`` from its config and its
+epilogue / act / dact functions (lowered from the op's IR into CuTeDSL), and its two
+``@cute.jit`` launchers call ``Quantize.launch`` while they trace:
+
+- variant "vec": N % 8 == 0 and 16-byte aligned [M, N] tensors. 16-bit inputs run the packed
+  kernel (packed.py), fp32 inputs the vectorised one (vectorized.py);
+- variant "generic": any N and alignment (generic.py).
+
+Around the quantize kernel, ops with amax zero it first (reduce.amax_init_kernel) and ops with
+dbias reduce the per-CTA partial sums afterwards (reduce.dbias_kernel, launched early with
+programmatic dependent launch on sm_90+).
+
+The methods below ``launch`` are the per-element pieces every kernel shares; they run at trace
+time inside a kernel body and branch only on the config.
+"""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass import Float32
+
+from . import device as dev
+from .config import ROWS, KernelConfig
+from .generic import GenericKernel
+from .generic import grid as generic_grid
+from .packed import PackedKernel
+from .packed import grid as packed_grid
+from .reduce import amax_init_kernel, dbias_grid, dbias_kernel
+from .vectorized import VectorizedKernel
+from .vectorized import grid as vec_grid
+
+VARIANTS = ("vec", "generic")
+
+
+class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
+    def __init__(self, cfg: KernelConfig, epilogue, act=None, dact=None):
+        if (act is not None) != cfg.has_act or (dact is not None) != cfg.has_dact:
+            raise ValueError("mxq: Quantize needs an act (dact) function exactly when the config has one")
+        self.cfg = cfg
+        self.epilogue = epilogue
+        self.act = act
+        self.dact = dact
+
+    def launch(self, variant: str, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale,
+               amax, dbias, dbias_ws, noop, use_hw_e8m0: bool, use_pdl: bool, stream):
+        """Launch the op's kernels (called while a generated @cute.jit launcher traces).
+
+        Slots the config does not use are None; ``ins`` and ``scalars`` are the epilogue's tensor
+        and float parameters in order. M and N are the first input's (symbolic) shape."""
+        cfg = self.cfg
+        M = ins[0].shape[0]
+        N = ins[0].shape[1]
+        if cfg.amax:
+            amax_init_kernel(amax, noop).launch(grid=[1, 1, 1], block=[32, 1, 1], stream=stream)
+        args = (ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias_ws, noop, M, N,
+                use_hw_e8m0)
+        if variant == "generic":
+            grid, block = generic_grid(M, N)
+            self.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
+        elif ins[0].element_type.width == 16:
+            grid, block = packed_grid(cfg, M, N)
+            self.packed_kernel(*args, use_pdl and cfg.pdl).launch(grid=grid, block=block, stream=stream)
+        else:
+            grid, block = vec_grid(cfg, M, N)
+            self.vec_kernel(*args).launch(grid=grid, block=block, stream=stream)
+        if cfg.dbias:
+            pdl = use_pdl and cfg.pdl
+            grid, block = dbias_grid(N)
+            dbias_kernel(dbias_ws, dbias, noop, cute.ceil_div(M, ROWS), N, pdl).launch(
+                grid=grid, block=block, stream=stream, use_pdl=pdl)
+
+    # -- per-element pieces shared by the kernels -------------------------------------------
+    def sources(self, ins, act_in) -> list:
+        """The tensors read per element: the epilogue's inputs, then act_input (dact ops)."""
+        return list(ins) + ([act_in] if self.cfg.has_dact else [])
+
+    def value(self, srcs, k, scalars, load):
+        """The value v that is quantized (NUMERICS steps 1-4): the epilogue of the inputs, then
+        act(v), or v * dact(act_input). ``load(src, k)`` reads element k of a source as fp32."""
+        cfg = self.cfg
+        v = self.epilogue(*[load(srcs[t], k) for t in range(cfg.n_inputs)], *scalars)
+        if cfg.has_act:
+            v = self.act(v)
+        if cfg.has_dact:
+            a = load(srcs[cfg.n_inputs], k)
+            v = dev.mul_rn(v, self.dact(a))
+        return v
+
+    def round_to_input(self, v, dtype):
+        """NUMERICS step 5: a computed value is rounded to the input format (16-bit inputs)."""
+        if self.cfg.computed and dtype is not Float32:
+            return v.to(dtype).to(Float32)
+        return v
+
+    def dbias_zero(self, dbias_ws):
+        """A partial dbias sum's start, in the workspace's precision (None without dbias)."""
+        return dbias_ws.element_type(0.0) if self.cfg.dbias else None
+
+    def dbias_add(self, dsum, v, dbias_ws):
+        return dsum + v.to(dbias_ws.element_type) if self.cfg.dbias else dsum
+
+    def row_tile(self, row_data, shape, coord):
+        return cute.local_tile(row_data, shape, coord) if self.cfg.rowwise else None
+
+    def store_row_scale(self, row_scale, offset, e):
+        dev.store_row_scale(row_scale, offset, e, self.cfg.tuning.row_scale_l2_keep)
+
+
+__all__ = ["KernelConfig", "Quantize", "VARIANTS"]

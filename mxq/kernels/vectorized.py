@@ -1,0 +1,161 @@
+"""The vectorised kernel for fp32 inputs: N % 8 == 0 and 16-byte aligned tensors.
+
+Tiling: a CTA of W warps (KernelConfig.vec_warps) covers 32 rows x 32 * VEC columns. Lane l of
+every warp owns the VEC adjacent columns 8l..8l+7 and warp w owns rows w * (32 / W) .. of the
+tile. Rowwise: a 32-column block is 4 adjacent lanes, its amax two xor shuffles. Colwise: a
+column's 32 rows are spread over the W warps; their partial amax (and dbias sums) meet in
+shared memory. Every input byte is read from global memory once, all rows' loads first.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Float64, Int32, Uint8
+
+from . import device as dev
+from .config import ROWS, VEC
+
+VCOLS = 32 * VEC
+
+
+def grid(cfg, M, N):
+    return [cute.ceil_div(M, ROWS), cute.ceil_div(N, VCOLS), 1], [cfg.vec_warps * 32, 1, 1]
+
+
+def _widen(frag, k):
+    return frag[k].to(Float32)
+
+
+class VectorizedKernel:
+    """Mixed into Quantize (quantize.py), which provides cfg and the per-element pieces."""
+
+    @cute.kernel
+    def vec_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
+                   dbias_ws, noop, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr):
+        cfg = self.cfg
+        WARPS = cutlass.const_expr(cfg.vec_warps)
+        VROWS = cutlass.const_expr(ROWS // cfg.vec_warps)  # rows per warp
+        tidx, _, _ = cute.arch.thread_idx()
+        rb, cb, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        g = cb * 32 + lane  # this lane's group of VEC columns
+        c0 = g * VEC
+        col_ok = c0 < N  # N % VEC == 0: a group is wholly inside or outside
+        rbase = rb * ROWS + warp * VROWS
+        if cutlass.const_expr(cfg.col_reduce):
+            smem = cutlass.memory.SmemAllocator()
+            sMax = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
+            if cutlass.const_expr(cfg.dbias):
+                sSum = smem.allocate_tensor(Float64, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
+        sources = self.sources(ins, act_in)
+        tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
+        if cutlass.const_expr(cfg.rowwise):
+            tRow = cute.zipped_divide(row_data, (1, VEC))
+            nbr = N // 32 + Int32(cutlass.select_(N % 32 != 0, Int32(1), Int32(0)))
+        if cutlass.const_expr(cfg.colwise):
+            tCol = cute.zipped_divide(col_data, (1, VEC))
+        # all loads first: VROWS independent 16-byte loads per source in flight per thread
+        frags = []  # frags[i][t]: row i of source t
+        for i in cutlass.range_constexpr(VROWS):
+            row = []
+            for t in cutlass.range_constexpr(len(sources)):
+                row.append(cute.make_rmem_tensor_like(tiles[t][(None, (0, 0))]))
+                row[t].fill(0)
+            frags.append(row)
+            if col_ok and rbase + i < M:
+                for t in cutlass.range_constexpr(len(sources)):
+                    cute.autovec_copy(tiles[t][(None, (rbase + i, g))], row[t])
+        if noop[0] != Float32(1.0):
+            vals = cute.make_rmem_tensor(cute.make_layout(VROWS * VEC), Float32)
+            if cutlass.const_expr(cfg.col_reduce):
+                cmax = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+                cmax.fill(0.0)
+            if cutlass.const_expr(cfg.dbias):
+                # the block's partial sums in the workspace's precision (numerics.dbias_partial_dtype)
+                dsum = cute.make_rmem_tensor(cute.make_layout(VEC), dbias_ws.element_type)
+                dsum.fill(0.0)
+            for i in cutlass.range_constexpr(VROWS):
+                row_ok = col_ok and rbase + i < M
+                for k in cutlass.range_constexpr(VEC):
+                    v = self.value(frags[i], k, scalars, _widen)
+                    if cutlass.const_expr(cfg.computed):
+                        v = Float32(cutlass.select_(row_ok, v, Float32(0.0)))  # rows past M and their act(0) do not count
+                    if cutlass.const_expr(cfg.dbias):
+                        dsum[k] = dsum[k] + v.to(Float64)
+                    v = self.round_to_input(v, ins[0].element_type)
+                    vals[i * VEC + k] = v
+                    if cutlass.const_expr(cfg.col_reduce):
+                        cmax[k] = cute.arch.fmax(cmax[k], cute.math.abs(v), nan=True)
+                if cutlass.const_expr(cfg.rowwise):
+                    # rowwise: the 32-column block of this row is 4 adjacent lanes
+                    ramax = Float32(0.0)
+                    for k in cutlass.range_constexpr(VEC):
+                        ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + k]), nan=True)
+                    ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1), nan=True)
+                    ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
+                    er = dev.e8m0_scale(ramax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    sr = dev.inv_scale(er)
+                    if row_ok:
+                        qr = cute.make_rmem_tensor_like(tRow[(None, (0, 0))])
+                        for k in cutlass.range_constexpr(0, VEC, 2):
+                            lo, hi = dev.to_fp8x2(dev.mul_rn(vals[i * VEC + k], sr), dev.mul_rn(vals[i * VEC + k + 1], sr),
+                                                  cfg.fp8)
+                            qr[k] = lo
+                            qr[k + 1] = hi
+                        cute.autovec_copy(qr, tRow[(None, (rbase + i, g))])
+                        if lane % 4 == 0:
+                            if cutlass.const_expr(cfg.swizzled):
+                                self.store_row_scale(row_scale, dev.swizzle_offset(rbase + i, c0 // 32, nbr), er)
+                            else:
+                                self.store_row_scale(row_scale, (rbase + i) * nbr + c0 // 32, er)
+            if cutlass.const_expr(cfg.col_reduce):
+                # colwise: combine the warps' partial column amax (and dbias sums) in shared memory
+                for k in cutlass.range_constexpr(VEC):
+                    sMax[warp, lane * VEC + k] = cmax[k]
+                    if cutlass.const_expr(cfg.dbias):
+                        sSum[warp, lane * VEC + k] = dsum[k]
+                cute.arch.sync_threads()
+                for k in cutlass.range_constexpr(VEC):
+                    m = sMax[0, lane * VEC + k]
+                    for w in cutlass.range_constexpr(1, WARPS):
+                        m = cute.arch.fmax(m, sMax[w, lane * VEC + k], nan=True)
+                    cmax[k] = m
+            if cutlass.const_expr(cfg.colwise):
+                ec = cute.make_rmem_tensor(cute.make_layout(VEC), Int32)
+                sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+                for k in cutlass.range_constexpr(VEC):
+                    ec[k] = dev.e8m0_scale(cmax[k], cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    sc[k] = dev.inv_scale(ec[k])
+                for i in cutlass.range_constexpr(VROWS):
+                    if col_ok and rbase + i < M:
+                        qc = cute.make_rmem_tensor_like(tCol[(None, (0, 0))])
+                        for k in cutlass.range_constexpr(0, VEC, 2):
+                            lo, hi = dev.to_fp8x2(dev.mul_rn(vals[i * VEC + k], sc[k]),
+                                                  dev.mul_rn(vals[i * VEC + k + 1], sc[k + 1]), cfg.fp8)
+                            qc[k] = lo
+                            qc[k + 1] = hi
+                        cute.autovec_copy(qc, tCol[(None, (rbase + i, g))])
+                if warp == 0 and col_ok:
+                    for k in cutlass.range_constexpr(VEC):
+                        if cutlass.const_expr(cfg.swizzled):
+                            ncb = M // 32 + Int32(cutlass.select_(M % 32 != 0, Int32(1), Int32(0)))
+                            col_scale[dev.swizzle_offset(c0 + k, rb, ncb)] = Uint8(ec[k])
+                        else:
+                            col_scale[rb * N + c0 + k] = Uint8(ec[k])
+            if cutlass.const_expr(cfg.amax):
+                if warp == 0:
+                    tmax = Float32(0.0)
+                    for k in cutlass.range_constexpr(VEC):
+                        tmax = cute.arch.fmax(tmax, cmax[k], nan=True)
+                    tmax = dev.warp_max(tmax)
+                    if lane == 0:
+                        cute.arch.atomic_fmax(amax.iterator, tmax, sign_bit=False)  # one atomic per CTA
+            if cutlass.const_expr(cfg.dbias):
+                if warp == 0 and col_ok:
+                    for k in cutlass.range_constexpr(VEC):
+                        s = sSum[0, lane * VEC + k]
+                        for w in cutlass.range_constexpr(1, WARPS):
+                            s = s + sSum[w, lane * VEC + k]  # fixed order: deterministic
+                        dbias_ws[rb, c0 + k] = s

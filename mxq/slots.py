@@ -1,0 +1,88 @@
+"""The kernel slot table and the output order: defined once, read by every route.
+
+A compiled kernel function takes its arguments positionally, in the order ``kernel_slots``
+gives: the epilogue's tensors, its floats, then the spec's operands and outputs, then noop.
+Everything that builds or documents such an argument list derives from this table:
+
+- the generated launchers' parameter lists (codegen -> templates/module.py.j2),
+- the fake compile-time arguments (compiler.fake_args),
+- the Python binder of one call (launch.Launcher.bind),
+- the AOT header's argument documentation (export),
+- the destination-passing signature of the C++ dispatcher (``DESTINATIONS``; csrc/dispatch.cc
+  spells the same list in ``kSlots``, and tests/test_slots.py holds the two equal) and the
+  allocating route's result order (``OUTPUTS``, the MXFP8Tensor fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# MXFP8Tensor's output fields, in the order the allocating native route returns them
+OUTPUTS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")
+
+# The destination-passing signature after the epilogue's tensors and floats (registered ops,
+# mxq.get_quantize_kernel): act_input, the six outputs, noop. Bit i of dispatch_flags() says
+# whether slot i is used (the last, noop, always is).
+DESTINATIONS = ("act_input", *OUTPUTS, "noop")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One positional argument of a compiled kernel function."""
+
+    name: str  # the generated launcher's parameter name
+    role: str  # "input" | "scalar" | "act_input" | an OUTPUTS field | "dbias_workspace" | "noop"
+    index: int = 0  # position among the epilogue's tensors / floats
+    doc: str = ""  # shape and dtype, for the AOT header
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.role != "scalar"
+
+
+def uses(spec, role: str) -> bool:
+    """Whether an op with QuantSpec ``spec`` reads or writes the slot with ``role``."""
+    if role in ("rowwise_data", "rowwise_scale"):
+        return spec.rowwise
+    if role in ("colwise_data", "colwise_scale"):
+        return spec.colwise
+    if role == "act_input":
+        return spec.dact is not None
+    if role in ("dbias", "dbias_workspace"):
+        return spec.dbias
+    if role == "amax":
+        return spec.amax
+    if role == "noop":
+        return True
+    raise ValueError(f"mxq: unknown slot role {role!r}")
+
+
+def kernel_slots(spec, n_inputs: int, n_scalars: int) -> tuple[Slot, ...]:
+    """The compiled kernel function's positional arguments for ``spec`` and an epilogue with
+    ``n_inputs`` tensor and ``n_scalars`` float parameters."""
+    compact = spec.scale_layout == "compact"
+    row_scale = "M * ceil(N/32)" if compact else "roundup(M,128) * roundup(ceil(N/32),4)"
+    col_scale = "ceil(M/32) * N" if compact else "roundup(ceil(M/32),4) * roundup(N,128)"
+    table = [
+        *(Slot(f"mIn{i}", "input", i, "dtype[M, N]       (epilogue tensor %d)" % i) for i in range(n_inputs)),
+        *(Slot(f"s{i}", "scalar", i, "float32            (epilogue float %d)" % i) for i in range(n_scalars)),
+        Slot("mActIn", "act_input", 0, "dtype[M, N]"),
+        Slot("mRowData", "rowwise_data", 0, "uint8[M, N]        (FP8 bytes, rowwise blocks of 32 along N)"),
+        Slot("mRowScale", "rowwise_scale", 0, f"uint8[{row_scale}] flat E8M0"),
+        Slot("mColData", "colwise_data", 0, "uint8[M, N]        (FP8 bytes, colwise blocks of 32 along M)"),
+        Slot("mColScale", "colwise_scale", 0, f"uint8[{col_scale}] flat E8M0"),
+        Slot("mAmax", "amax", 0, "float32[1]         (set to max|v|; zeroed by the kernel first)"),
+        Slot("mDbias", "dbias", 0, "dtype[N]"),
+        Slot("mDbiasWs", "dbias_workspace", 0, "workspace[ceil(M/32), N] (scratch; fp32 for 16-bit inputs, fp64 for fp32)"),
+        Slot("mNoop", "noop", 0, "float32[1]         (1.0: write nothing)"),
+    ]
+    return tuple(s for s in table if s.role in ("input", "scalar") or uses(spec, s.role))
+
+
+def dispatch_flags(spec) -> int:
+    """The C++ dispatcher's flag word: bit i for DESTINATIONS[i] used (i < 7), bit 7 for e5m2."""
+    bits = sum(1 << i for i, role in enumerate(DESTINATIONS[:-1]) if uses(spec, role))
+    return bits | (spec.fp8 == "e5m2") << 7
+
+
+__all__ = ["DESTINATIONS", "OUTPUTS", "Slot", "dispatch_flags", "kernel_slots", "uses"]

@@ -1,0 +1,145 @@
+"""The data path runs one way: no import circle inside mxq (lazy imports included), and the
+kernel slot table is the one definition that every route reads (docs/DESIGN.md)."""
+
+import ast
+import re
+from pathlib import Path
+
+import mxq
+from mxq import slots
+from mxq.spec import QuantSpec
+
+PKG = Path(mxq.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph() -> dict:
+    """mxq module -> the mxq modules it imports anywhere in its file (top level or lazily)."""
+    graph = {}
+    for path in PKG.rglob("*.py"):
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if not target.startswith("mxq"):
+                    continue
+                for alias in node.names:  # `from . import x` imports module x when it exists
+                    sub = f"{target}.{alias.name}"
+                    deps.add(sub if (PKG.parent / sub.replace(".", "/")).with_suffix(".py").exists()
+                             or (PKG.parent / sub.replace(".", "/")).is_dir() else target)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name.startswith("mxq"))
+        graph[name] = {d for d in deps if d != name}
+    return graph
+
+
+def find_cycle(graph: dict):
+    """One import circle as a list of modules, or None. A package's __init__ importing its own
+    submodules is how a package is built, not a circle: edges from a package to its children
+    are left out."""
+    state, stack = {}, []
+
+    def visit(u):
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if v.startswith(u + "."):
+                continue
+            if state.get(v) == 1:
+                return stack[stack.index(v):] + [v]
+            if v in graph and not state.get(v):
+                found = visit(v)
+                if found:
+                    return found
+        stack.pop()
+        state[u] = 2
+        return None
+
+    for u in sorted(graph):
+        if not state.get(u):
+            found = visit(u)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_circle_inside_mxq():
+    graph = import_graph()
+    assert "mxq.op" in graph and "mxq.kernels.quantize" in graph
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_circle_finder_finds_a_planted_circle():
+    graph = import_graph()
+    graph["mxq.compiler"] = graph["mxq.compiler"] | {"mxq.op"}  # compiler calling back into the op
+    assert find_cycle(graph) is not None
+
+
+def test_lower_stages_never_import_the_op_layer():
+    graph = import_graph()
+    for low in ("mxq.codegen", "mxq.compiler", "mxq.launch", "mxq.ffi", "mxq.runtime", "mxq.export",
+                "mxq.kernels.quantize", "mxq.slots", "mxq.epilogue", "mxq.ir"):
+        assert "mxq.op" not in graph[low], low
+
+
+def test_only_fusedop_writes_its_state():
+    """No module but op.py assigns an attribute of an op (``op._x = ``, ``setdefault`` on its
+    __dict__)."""
+    pattern = re.compile(r"\bop\.(_\w+)\s*(\[[^\]]*\])?\s*=[^=]|op\.__dict__")
+    for path in PKG.rglob("*.py"):
+        if path.name == "op.py":
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            assert not pattern.search(line), f"{path.name}:{i}: {line.strip()}"
+
+
+def test_dispatcher_slots_match_the_table():
+    """csrc/dispatch.cc spells the destination-passing slots; they are the table's."""
+    src = (PKG / "csrc" / "dispatch.cc").read_text()
+    m = re.search(r"kSlots\[8\]\s*=\s*\{([^}]*)\}", src)
+    assert m, "kSlots not found in dispatch.cc"
+    assert tuple(re.findall(r'"(\w+)"', m.group(1))) == slots.DESTINATIONS
+    enum = re.search(r"enum Slot \{([^}]*)\}", src).group(1)
+    assert [e.strip().split(" ")[0] for e in enum.split(",")] == [
+        "kAct", "kRowData", "kRowScale", "kColData", "kColScale", "kAmax", "kDbias", "kNoop"]
+
+
+def test_slot_table_by_hand():
+    names = [s.name for s in slots.kernel_slots(QuantSpec(colwise=True, amax=True, dact="gelu", dbias=True), 2, 1)]
+    assert names == ["mIn0", "mIn1", "s0", "mActIn", "mRowData", "mRowScale", "mColData", "mColScale", "mAmax",
+                     "mDbias", "mDbiasWs", "mNoop"]
+    names = [s.name for s in slots.kernel_slots(QuantSpec(rowwise=False, colwise=True), 1, 0)]
+    assert names == ["mIn0", "mColData", "mColScale", "mNoop"]
+
+
+def test_dispatch_flags_by_hand():
+    # bit 0 act_input, 1-2 rowwise data/scale, 3-4 colwise, 5 amax, 6 dbias, 7 e5m2
+    assert slots.dispatch_flags(QuantSpec()) == 0b0000_0110
+    assert slots.dispatch_flags(QuantSpec(fp8="e5m2", rowwise=False, colwise=True, amax=True)) == 0b1011_1000
+    assert slots.dispatch_flags(QuantSpec(dact="relu", dbias=True)) == 0b0100_0111
+
+
+def test_generated_launchers_take_the_table_in_order():
+    def two(x, r, alpha: float = 1.0):
+        return x * alpha + r
+
+    op = mxq.fused_quant(colwise=True, dbias=True, dact="silu")(two)
+    src = op.source
+    params = re.search(r"def launch\((.*)\):", src).group(1)
+    names = [p.split(":")[0].strip() for p in params.split(",")]
+    table = [s.name for s in slots.kernel_slots(op.spec, 2, 1)]
+    assert names == table + ["use_hw_e8m0", "use_pdl", "stream"]
