@@ -35,8 +35,9 @@ def main() -> None:
     print(residual_gelu)
     src = residual_gelu.source
     print(f"generated CuTeDSL module: {len(src.splitlines())} lines, e.g.:")
-    body = src[src.index("# epilogue"): src.index("# act")].strip().splitlines()
-    print("\n".join("    " + line.strip() for line in body))
+    body = src[src.index("def epilogue("): src.index("def act(")].strip().splitlines()
+    print("\n".join("    " + line for line in body))
+    print("    (the kernels are mxq/kernels/; the module instantiates them: QUANTIZE = Quantize(CONFIG, ...))")
 
     print("\n== 3. compile (no GPU needed)")
     for arch in ("sm_90", "sm_100a"):

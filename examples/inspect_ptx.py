@@ -15,12 +15,12 @@ def scaled(x, s: float = 2.0):
 
 def main() -> None:
     src = scaled.source
-    print(f"generated module: {len(src.splitlines())} lines; the epilogue + act part:")
-    body = src[src.index("# epilogue"): src.index("vals[i] = v")]
-    print("\n".join("    " + line.strip() for line in body.splitlines()[:14]))
+    print(f"generated module: {len(src.splitlines())} lines; its element functions:")
+    body = src[src.index("def epilogue("): src.index("QUANTIZE = ")]
+    print("\n".join("    " + line for line in body.strip().splitlines()[:24]))
     for arch in ("sm_90", "sm_100a"):
         art = scaled.asm(arch=arch, dtype="bf16")
-        quant = next(v for k, v in art["kernels"].items() if "quant_kernel" in k) if art.get("kernels") else {}
+        quant = next(v for k, v in art["kernels"].items() if "packed_kernel" in k) if art.get("kernels") else {}
         print(f"{arch}: PTX {len(art['ptx'])} bytes, registers {quant.get('registers', '?')}, "
               f"spills {quant.get('spill_stores', '?')} B; conversions: "
               + ", ".join(c for c in art["conversions"] if "e4m3" in c or "ue8m0" in c))

@@ -1,4 +1,4 @@
-"""act / dact formulas of NUMERICS.md, written in the epilogue language.
+"""act / dact formulas of docs/NUMERICS.md, written in the epilogue language.
 
 Writing them as epilogues means one definition serves three readers: eager torch (call the
 function), the reference (evaluates the parsed IR) and the kernel templates (render the same

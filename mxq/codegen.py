@@ -87,7 +87,7 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
 
     ``inputs`` maps tensor-argument index -> the variable holding its fp32 value, ``scalars`` maps
     scalar index -> the kernel parameter name. Structurally equal nodes share one variable.
-    ``builtin`` (the act/dact formulas of NUMERICS.md, transcendental class) lowers tanh to
+    ``builtin`` (the act/dact formulas of docs/NUMERICS.md, transcendental class) lowers tanh to
     ``tanh_act`` (accurate to ~2^-24 absolute, not relative: the formulas only use t as
     0.5 + 0.5*t or 1 - t*t, where that is as good as a relatively accurate tanh and half the
     instructions) and contracts products into FMAs (see ``contract_fma``). User epilogues keep
@@ -122,6 +122,58 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
     if builtin:
         records = scale_sum_fma(contract_fma(records))
     return records, names[expr]
+
+
+_BINARY = {
+    "add": "cute.math.add({0}, {1}, rounding=RN)",
+    "sub": "cute.math.add({0}, -{1}, rounding=RN)",
+    "mul": "cute.math.mul({0}, {1}, rounding=RN)",
+    "div": "cute.math.div({0}, {1})",
+    # NaN-propagating max/min: torch.maximum semantics
+    "maximum": "cutlass.select_(({0} > {1}) | ({1} != {1}), {0}, {1})",
+    "minimum": "cutlass.select_(({0} < {1}) | ({1} != {1}), {0}, {1})",
+}
+_UNARY = {
+    "neg": "-{0}",
+    "sigmoid": "cute.math.div(Float32(1.0), cute.math.add(Float32(1.0), cute.math.exp(-{0}), rounding=RN))",
+    "tanh_act": "tanh_act({0})",
+    **{f: f"cute.math.{f}({{0}})" for f in ("abs", "exp", "exp2", "log", "log2", "tanh", "erf", "sqrt", "rsqrt")},
+}
+_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+
+
+def _body(lines: list[str]) -> str:
+    """Statements as a function body (indented, one per line; empty for none)."""
+    return "".join(f"    {line}\n" for line in lines)
+
+
+def lower(records: list[dict]) -> list[str]:
+    """SSA records (``ssa``) as CuTeDSL statements, one per record. Every arithmetic operation
+    is rounded on its own (explicit .rn), so ptxas cannot contract a*b+c into an FMA: the kernel
+    computes exactly what the torch reference computes, one rounding per operation; "fma"
+    records (built-in formulas only, ``contract_fma``) are the one exception. Operation names
+    come from the fixed tables above; an unknown one is a bug, never user text."""
+    lines = []
+    for r in records:
+        kind, a = r["kind"], r.get("args", [])
+        if kind == "const":
+            lines.append(f"{r['var']} = Float32({r['value']})")
+            continue
+        if kind == "compare":
+            lines.append(f"{r['var']} = {a[0]} {_COMPARE[r['op']]} {a[1]}")
+            continue
+        if kind == "binary":
+            expr = _BINARY[r["op"]].format(*a)
+        elif kind == "unary":
+            expr = _UNARY[r["op"]].format(*a)
+        elif kind == "fma":
+            expr = f"cute.math.fma({a[0]}, {a[1]}, {a[2]})"
+        elif kind == "where":
+            expr = f"cutlass.select_({a[0]}, {a[1]}, {a[2]})"
+        else:  # pragma: no cover
+            raise TypeError(f"mxq: unknown SSA record {r!r}")
+        lines.append(f"{r['var']} = Float32({expr})")
+    return lines
 
 
 def _use_counts(records: list[dict]) -> collections.Counter:
@@ -240,10 +292,10 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
     act = dact = None
     if spec.act:
         nodes, out = ssa(activations.act_ir(spec.act).expr, "f", {0: "v"}, {}, builtin=True)
-        act = {"nodes": nodes, "out": out, "name": spec.act}
+        act = {"body": _body(lower(nodes)), "out": out, "name": spec.act}
     if spec.dact:
         nodes, out = ssa(activations.dact_ir(spec.dact).expr, "g", {0: "a"}, {}, builtin=True)
-        dact = {"nodes": nodes, "out": out, "name": spec.dact}
+        dact = {"body": _body(lower(nodes)), "out": out, "name": spec.dact}
     params, call_args = _launcher_text(spec, epilogue)
     return {
         "spec_text": repr(spec),
@@ -251,7 +303,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         "n_inputs": n_in,
         "n_scalars": n_sc,
         "config": repr(kernel_config(spec, epilogue, tuning)),
-        "epilogue": {"nodes": epi, "out": epi_out, "params": [*inputs.values(), *scalars.values()]},
+        "epilogue": {"body": _body(lower(epi)), "out": epi_out, "params": ", ".join([*inputs.values(), *scalars.values()])},
         "act": act,
         "dact": dact,
         "params": params,

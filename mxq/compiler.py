@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from . import slots
@@ -51,16 +52,31 @@ def _import_cutlass(arch: str):
 
 
 def source_file(source: str) -> Path:
-    """Write ``source`` to the cache (atomically, once) and return its path."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-    path = cache_dir() / "src" / f"mxq_gen_{digest}.py"
-    if not path.exists() or path.read_text() != source:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)
-    return path
+    """Write ``source`` to the cache (atomically, once) and return its path. A damaged file
+    (other bytes, invalid UTF-8, a directory in its place) is replaced; where the cache cannot
+    be written, a private temporary directory holds the module instead (CuTeDSL reads kernels
+    from real files)."""
+    data = source.encode()
+    digest = hashlib.sha256(data).hexdigest()[:24]
+    for root in (cache_dir() / "src", _private_src_dir()):
+        path = root / f"mxq_gen_{digest}.py"
+        try:
+            if path.is_file() and path.read_bytes() == data:
+                return path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _clear_non_file(path)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+            return path
+        except OSError as exc:
+            _warn_once("module cache not writable", exc)
+    raise RuntimeError("mxq: no writable directory for the generated module (cache and temporary directory)")
+
+
+def _private_src_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"mxq-src-{os.getuid()}"
 
 
 def load_module(source: str):
@@ -311,7 +327,8 @@ def _link_shared(objects: list[Path], out: Path) -> None:
 
 
 class _FileLock:
-    """An exclusive lock on ``path`` (flock) so processes sharing a cache build a file once."""
+    """An exclusive lock on ``path`` (flock) so processes sharing a cache build a file once.
+    Something that is not a regular file in the lock's place (a directory) is removed first."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -320,6 +337,7 @@ class _FileLock:
         import fcntl
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _clear_non_file(self.path)
         self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
         fcntl.flock(self.fd, fcntl.LOCK_EX)
         return self
@@ -331,6 +349,14 @@ class _FileLock:
         os.close(self.fd)
 
 
+def _clear_non_file(path: Path) -> None:
+    """Remove a directory (or other non-file) where the cache expects a file."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists() and not path.is_file():
+        path.unlink(missing_ok=True)
+
+
 def _load_function(path: Path, name: str):
     import tvm_ffi
 
@@ -338,19 +364,72 @@ def _load_function(path: Path, name: str):
     return mod[name]
 
 
+def _digest_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verified(path: Path) -> bool:
+    """Whether cached library ``path`` is whole: its SHA-256 (which covers the embedded cubin)
+    equals the one recorded beside it when it was written. A library is loaded only after this
+    check: a damaged one that loaded would crash the process at its first call (SIGBUS)."""
+    digest = path.with_suffix(".sha256")
+    try:
+        if not (path.is_file() and digest.is_file()):
+            return False
+        return digest.read_text(encoding="ascii", errors="replace").strip() == _digest_file(path)
+    except OSError:
+        return False
+
+
+def _write_library(compiled, path: Path) -> None:
+    """Export ``compiled`` to ``path`` and record its digest, each through a temporary file and
+    a rename, so no reader ever sees a partial file; stale temporaries of killed writers go."""
+    for stale in path.parent.glob("tmp-mxq-*"):
+        try:
+            if time.time() - stale.stat().st_mtime > 3600:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
+    _clear_non_file(path)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix="tmp-mxq-") as d:
+        obj = Path(d) / "k.o"
+        compiled.export_to_c(str(obj), function_name=EXPORT_NAME, export_only_tvm_ffi_symbols=True)
+        tmp = Path(d) / "k.so"
+        _link_shared([obj], tmp)
+        digest = Path(d) / "k.sha256"
+        digest.write_text(_digest_file(tmp), encoding="ascii")
+        path.with_suffix(".sha256").unlink(missing_ok=True)
+        os.replace(tmp, path)
+        os.replace(digest, path.with_suffix(".sha256"))
+
+
 _native: dict = {}
-_disk_warned = False
+_warned: set = set()
+
+
+def _warn_once(what: str, exc: Exception) -> None:
+    if what not in _warned:
+        _warned.add(what)
+        import warnings
+
+        warnings.warn(f"mxq: {what} ({exc}); kernels compile in memory in every process", RuntimeWarning,
+                      stacklevel=4)
 
 
 def native_function(op, arch: str, dtype_name: str, variant: str):
     """The native TVM-FFI function of one kernel, from memory, the disk cache, or a compile.
 
-    Disk: ``kernel_cache_dir(arch)/<source sha>_<dtype>_<variant>.so``, written to a temporary
-    name and renamed under a file lock; a file that fails to load is deleted and rebuilt.
-    ``MXQ_ALWAYS_COMPILE=1`` skips the disk entirely. If linking is impossible (no C++
-    compiler), the in-memory compile is used and a warning says why, once.
+    Disk: ``kernel_cache_dir(arch)/<source sha>_<dtype>_<variant>.so`` with its SHA-256 in a
+    ``.sha256`` beside it, written under a file lock through temporary names; a library is
+    loaded only if its digest matches (a damaged one is rebuilt). ``MXQ_ALWAYS_COMPILE=1`` skips
+    the disk. A cache that cannot be used (read-only, full, a file where a directory should be,
+    no C++ compiler to link) degrades to the in-memory compile with a one-time warning; a valid
+    library in a read-only cache is still loaded.
     """
-    global _disk_warned
     source_sha = hashlib.sha256(op.source.encode()).hexdigest()[:32]
     key = (source_sha, arch, dtype_name, variant)
     fn = _native.get(key)
@@ -360,31 +439,36 @@ def native_function(op, arch: str, dtype_name: str, variant: str):
         fn = _native[key] = _native_of(compile_op(op, arch, dtype_name, variant=variant))
         return fn
     path = kernel_cache_dir(arch) / f"{source_sha}_{dtype_name}_{variant}.so"
-    with _FileLock(path.with_suffix(".lock")):
-        if path.exists():
+    try:
+        lock = _FileLock(path.with_suffix(".lock"))
+        lock.__enter__()
+    except OSError as exc:  # read-only or unusable cache: load a valid library, else compile
+        if _verified(path):
             try:
                 fn = _native[key] = _load_function(path, EXPORT_NAME)
                 return fn
             except Exception:
-                path.unlink(missing_ok=True)  # damaged: rebuild below
+                pass
+        _warn_once("kernel disk cache not writable", exc)
+        fn = _native[key] = _native_of(compile_op(op, arch, dtype_name, variant=variant))
+        return fn
+    try:
+        if _verified(path):
+            try:
+                fn = _native[key] = _load_function(path, EXPORT_NAME)
+                return fn
+            except Exception:
+                pass  # rebuilt below
         compiled = compile_op(op, arch, dtype_name, variant=variant)
         try:
-            with tempfile.TemporaryDirectory(dir=path.parent) as d:
-                obj = Path(d) / "k.o"
-                compiled.export_to_c(str(obj), function_name=EXPORT_NAME, export_only_tvm_ffi_symbols=True)
-                tmp = Path(d) / "k.so"
-                _link_shared([obj], tmp)
-                os.replace(tmp, path)
+            _write_library(compiled, path)
             fn = _native[key] = _load_function(path, EXPORT_NAME)
         except Exception as exc:
-            if not _disk_warned:
-                _disk_warned = True
-                import warnings
-
-                warnings.warn(f"mxq: disk cache unavailable ({exc}); kernels compile in every process",
-                              RuntimeWarning, stacklevel=3)
+            _warn_once("kernel disk cache unavailable", exc)
             fn = _native[key] = _native_of(compiled)
-    return fn
+        return fn
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def _native_of(compiled):

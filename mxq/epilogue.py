@@ -1,7 +1,7 @@
 """Epilogue functions -> validated IR: the gate between user Python and generated kernels.
 
 The function's source is read with ``inspect`` and parsed with ``ast``; it is never executed
-to build the kernel. Every construct outside the epilogue language (DESIGN.md) raises
+to build the kernel. Every construct outside the epilogue language (docs/DESIGN.md) raises
 ``EpilogueError`` naming the file, line and construct, at decoration time. Names that are not
 parameters or locals are looked up in the function's closure and globals: numbers become
 constants (and enter the fingerprint), the ``mxq`` module and its math functions are calls,

@@ -50,7 +50,7 @@ def _export_header(op, name: str, arch: str, dtype: str) -> str:
     ws = str(dbias_partial_dtype(_DTYPE_BY_NAME[dtype])).removeprefix("torch.")
     args = []
     for s in slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params)):
-        doc = s.doc.replace("dtype[", f"{el}[").replace("workspace[", f"{ws}[")
+        doc = s.doc.replace("dtype[", f"{el}[").replace("ws[", f"{ws}[")
         args.append(f"  {s.name:<11} {doc}")
     lines = "\n".join(" * " + a for a in args)
     guard = name.upper() + "_H_"

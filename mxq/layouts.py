@@ -3,7 +3,7 @@
 One place answers "what shape is this scale tensor" so the reference, the runtime's output
 allocation and the kernels' launch code cannot disagree. Swizzling is expressed as a torch
 view/permute (fast, and what the reference uses); ``swizzle_offset`` is the closed-form byte
-offset from NUMERICS.md that the kernel templates use and the tests check the view against.
+offset from docs/NUMERICS.md that the kernel templates use and the tests check the view against.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Kept apart from the kernels (as torchao keeps ``mx_formats`` numerics apart) so 
 the tests and the code generator all read the same constants. Every function here is exact:
 it only uses fp32 multiplies by powers of two, integer ops on fp32 bit patterns, and torch's
 fp32 -> fp8 cast (RNE), which ``tests/test_numerics.py`` checks against an independent encoder.
-The rules are those of ``NUMERICS.md``; the comments name the step they implement.
+The rules are those of ``docs/NUMERICS.md``; the comments name the step they implement.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def quantize_blocks(v: torch.Tensor, fmt: FP8Format, mode: str) -> tuple[torch.T
 def dbias_partial_dtype(dtype: torch.dtype) -> torch.dtype:
     """Precision of the kernels' dbias partial sums (one workspace row per 32-row block).
 
-    16-bit inputs: each 32-row block is summed in fp32 (NUMERICS.md's fp32 accumulation) and the
-    blocks in fp64. Measured on the H200 (bench/results/nvidia-h200-20261130-s9-fixed-cost-dacc.json)
+    16-bit inputs: each 32-row block is summed in fp32 (docs/NUMERICS.md's fp32 accumulation) and the
+    blocks in fp64. Measured on the H200 (bench/results/nvidia-h200-20261130-dbias-partials.json)
     this made dgelu+dbias 6-7 us faster at 8192^2 than fp64 block sums (fewer registers: 5 CTAs
     per SM instead of 4; half the workspace bytes). Its error is at most 31 * 2^-24 * sum |v|, far
     inside the 1-ulp bf16/fp16 class unless a column's sum cancels to below ~2^-11 (bf16) or ~2^-8

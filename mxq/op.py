@@ -159,7 +159,7 @@ class FusedOp:
 
     def register(self, name: str):
         """Register this op as TVM-FFI global ``mxq.<name>`` (destination-passing signature, see
-        DESIGN.md); returns the native function. CPU tensors run the reference."""
+        docs/DESIGN.md); returns the native function. CPU tensors run the reference."""
         if name == "get_quantize_kernel":
             raise ValueError("mxq: register() name 'get_quantize_kernel' is mxq's own entry point")
         fn = self.dispatcher()

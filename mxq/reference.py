@@ -1,10 +1,10 @@
 """The torch reference of the whole mxq pipeline: the specification kernels are tested against.
 
-Steps are numbered as in NUMERICS.md. It runs on CPU or CUDA tensors, never imports cutlass,
+Steps are numbered as in docs/NUMERICS.md. It runs on CPU or CUDA tensors, never imports cutlass,
 and evaluates the epilogue and act/dact through the same IR the kernels are generated from,
 one fp32 rounding per operation (the kernels are generated without FMA contraction to match).
 
-dbias here is the float64 column sum rounded fp64 -> fp32 -> input dtype: the value NUMERICS.md
+dbias here is the float64 column sum rounded fp64 -> fp32 -> input dtype: the value docs/NUMERICS.md
 measures the kernels against (within 1 ulp of the input dtype). The kernels sum each 32-row
 block in fp32 for 16-bit inputs and in fp64 for fp32 inputs, and the blocks in fp64
 (``numerics.dbias_partial_dtype`` says why and how far that can be from this sum).

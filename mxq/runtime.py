@@ -26,6 +26,10 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
     names = epilogue.tensor_params
     first = None
     for name, t in zip(names, tensors):
+        if isinstance(t, (int, float)) and not isinstance(t, bool):
+            raise TypeError(f"mxq: argument {name!r} must be a torch.Tensor, got {type(t).__name__}; to pass a "
+                            f"number, make it a float parameter of the epilogue: annotate it (`{name}: float`) "
+                            "or give it a float default")
         if not isinstance(t, torch.Tensor):
             _fail_type(name, "a torch.Tensor", type(t).__name__)
         if t.dtype not in DTYPES:

@@ -73,7 +73,7 @@ def kernel_slots(spec, n_inputs: int, n_scalars: int) -> tuple[Slot, ...]:
         Slot("mColScale", "colwise_scale", 0, f"uint8[{col_scale}] flat E8M0"),
         Slot("mAmax", "amax", 0, "float32[1]         (set to max|v|; zeroed by the kernel first)"),
         Slot("mDbias", "dbias", 0, "dtype[N]"),
-        Slot("mDbiasWs", "dbias_workspace", 0, "workspace[ceil(M/32), N] (scratch; fp32 for 16-bit inputs, fp64 for fp32)"),
+        Slot("mDbiasWs", "dbias_workspace", 0, "ws[ceil(M/32), N]  (dbias workspace: scratch)"),
         Slot("mNoop", "noop", 0, "float32[1]         (1.0: write nothing)"),
     ]
     return tuple(s for s in table if s.role in ("input", "scalar") or uses(spec, s.role))

@@ -64,13 +64,13 @@ def byte_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
 
 
 def is_exact(op) -> bool:
-    """Whether NUMERICS.md's exact class applies to ``op`` (no transcendental, no division)."""
+    """Whether docs/NUMERICS.md's exact class applies to ``op`` (no transcendental, no division)."""
     inexact = ("gelu", "silu", "qgelu")
     return op.epilogue.exact and op.spec.act not in inexact and op.spec.dact not in inexact
 
 
 # Transcendental class, dbias: the kernels' v may differ from the reference's by a few fp32 ulps
-# per element (their exp/tanh/erf are not torch's), and NUMERICS.md measures dbias against a sum
+# per element (their exp/tanh/erf are not torch's), and docs/NUMERICS.md measures dbias against a sum
 # of the kernel's own v, which a test cannot see. Slack per column: this times its sum of |v|.
 V_SLACK = 2.0 ** -21
 
@@ -85,14 +85,14 @@ def v_abs_sum(op, *args, act_input=None, **kwargs) -> torch.Tensor:
 
 
 def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None) -> list[str]:
-    """Differences between two MXFP8Tensors under NUMERICS.md's exactness classes ([] if none).
+    """Differences between two MXFP8Tensors under docs/NUMERICS.md's exactness classes ([] if none).
 
     Exact class: every data and scale byte and the amax bits equal. Transcendental class: at
     most 1 in 1e4 data bytes off, each by one code; few scale bytes off. dbias: within 1 ulp of
     the input dtype of the reference's fp64 sum (numerics.dbias_partial_dtype bounds the kernels'),
     plus, outside the exact class and where ``v_abs`` (``v_abs_sum``) is given, V_SLACK x the
     column's sum of |v|. Without it a column whose sum cancels fails that class now and then
-    (bench/README.md, ninth session).
+    (docs/performance.md, "History", 2026-11-30; commit c4eacf4).
     """
     problems = []
     m = 1

@@ -1,8 +1,8 @@
-"""An independent implementation of NUMERICS.md in plain Python, for cross-checking.
+"""An independent implementation of docs/NUMERICS.md in plain Python, for cross-checking.
 
 It shares no code with ``mxq``: fp32 rounding goes through ``struct``, FP8 encoding searches the
 table of every finite FP8 value (exact Fractions) for the nearest one with ties to the even
-code, and the scale rules are written from the text of NUMERICS.md. Slow; use small tensors.
+code, and the scale rules are written from the text of docs/NUMERICS.md. Slow; use small tensors.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def encode(x: float, fmt: str) -> int:
 
 
 def scale_byte(amax: float, fmt: str, mode: str) -> int:
-    """NUMERICS.md step 7 for one block amax (>= 0 or NaN)."""
+    """docs/NUMERICS.md step 7 for one block amax (>= 0 or NaN)."""
     _, mbits, _, _, emax, rcp_bits = FMT[fmt]
     if math.isnan(amax):
         return 255

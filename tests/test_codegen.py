@@ -1,5 +1,5 @@
 """Rendering and compiling without a GPU: every option value renders and compiles for sm_90 and
-sm_100a, and the PTX holds the instructions NUMERICS.md asks for."""
+sm_100a, and the PTX holds the instructions docs/NUMERICS.md asks for."""
 
 import ast
 import itertools
@@ -361,7 +361,7 @@ def test_rendered_module_is_short_and_reads_as_cuTeDSL():
     src = mxq.fused_quant(act="gelu", colwise=True)(ident).source
     assert len(src.splitlines()) <= 400
     assert not re.search(r"\b(fIn\d+_\d+|w\d+_\d+|sr\d+|rs\d+|a\d+_\d+)\b", src)
-    assert src.count("0.79788456") == 1, "the gelu formula appears once"
+    assert src.count("0.7978845834732056") == 1, "the gelu formula appears once"
     ast.parse(src)
 
 
@@ -425,7 +425,7 @@ def test_device_check_matrix_covers_every_branch_combination():
     """bench/device_check.py --matrix: every (plain / act / dact / epilogue) x dbias x amax x
     direction x dtype combination once, each on an aligned and an odd shape, every spec valid;
     and the default cases() check plain-cast dbias in every dtype (the combination that hid a
-    packed-kernel bug until the ninth session)."""
+    packed-kernel bug until commit 7002372)."""
     tool = _bench_tool("device_check")
     seen = set()
     for v, epi, dtype, shapes in tool.matrix_cases():
@@ -573,7 +573,7 @@ def test_dbias_partials_precision_follows_the_input_dtype(arch, dtype):
         assert "add.rn.f64" in reduce or "add.f64" in reduce
         assert ("cvt.f64.f32" in reduce) == (dtype != "fp32")  # fp32 partials widened before the fp64 sum
     ws = {"fp32": "float64"}.get(dtype, "float32")
-    assert f"workspace  {ws}[ceil(M/32), N]" in export._export_header(op, "k", arch, dtype)
+    assert re.search(rf"mDbiasWs\s+{ws}\[ceil\(M/32\), N\]  \(dbias workspace", export._export_header(op, "k", arch, dtype))
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])

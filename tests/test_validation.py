@@ -102,3 +102,13 @@ def test_errors_happen_before_anything_is_written():
     with pytest.raises(ValueError):
         mxq.quantize(torch.randn(8, 64) * 100, noop=torch.ones(3), out=out)
     assert torch.equal(out.rowwise_scale, snapshot)
+
+
+def _times(x, s):
+    return x * s
+
+
+def test_number_for_a_tensor_parameter_suggests_a_float_annotation():
+    op = mxq.fused_quant()(_times)
+    with pytest.raises(TypeError, match=r"argument 's' must be a torch.Tensor, got float.*`s: float`"):
+        op(torch.ones(4, 32), 2.0)

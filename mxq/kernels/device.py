@@ -4,7 +4,7 @@ math and the inline PTX the DSL has no wrapper for.
 These are plain Python functions called while a kernel is traced (they are inlined, not
 launched), so they may only branch on Python values: the scale mode, the format and
 ``is_bf16`` select code at trace time; everything on device values goes through
-``cutlass.select_``. The rules are NUMERICS.md's (docs/NUMERICS.md, steps 5-9) and
+``cutlass.select_``. The rules are docs/NUMERICS.md's (docs/NUMERICS.md, steps 5-9) and
 mirror mxq/numerics.py, the torch reference, bit for bit.
 """
 
@@ -29,7 +29,7 @@ def add_rn(a, b):
     return Float32(cute.math.add(a, b, rounding=RN))
 
 
-# --- E8M0 scales and FP8 conversion (NUMERICS.md steps 7-9) -----------------------------------
+# --- E8M0 scales and FP8 conversion (docs/NUMERICS.md steps 7-9) -----------------------------------
 def e8m0_scale(amax, fp8: str, mode: str, use_hw_e8m0: bool):
     """Scale byte (Int32 0..255) of a block amax (fp32, >= 0 or NaN)."""
     fmt = FORMATS[fp8]
