@@ -3,53 +3,147 @@
 An op is chosen either by quantize options (``--fp8 e5m2 --colwise --act gelu`` builds the
 built-in identity-epilogue op) or by ``FILE.py[:NAME]``, which imports that file and takes the
 ``@mxq.fused_quant`` op called NAME (or the only one there).
+
+Errors a user can cause (a bad option or combination, an unsupported arch, a missing file, an
+epilogue outside the language, a bad export name) print one line, ``mxq: ...``, on stderr and exit
+with status 2. The line is mxq's own message: mxq's user-facing ``ValueError``/``TypeError``
+messages start with "mxq: ", and ``EpilogueError`` names the file and line. Any other exception
+is a bug (in mxq, or in code the user's file runs) and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+import re
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import torch
+
+from . import __version__, codegen, compiler, get_include
+from .epilogue import EpilogueError
 from .op import FusedOp, _quantize_op
 from .spec import ACTIVATIONS, QuantSpec
+from .targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
+
+PROG = "python -m mxq"
+_DESCRIPTION = """\
+What mxq generates, from the shell. An op is chosen either by quantize options
+(--fp8 e5m2 --colwise --act gelu builds the built-in quantize op) or by FILE.py[:NAME], which
+imports that file and takes the @mxq.fused_quant op called NAME (or the only one there).
+Mistakes print one line on stderr and exit with status 2."""
+DTYPE_CHOICES = ("bf16", "fp16", "fp32")
+DEFAULT_ARCH = "sm_90"
+
+# the options that build the built-in quantize op (dest -> default); a FILE.py op takes its own
+# options from its @mxq.fused_quant(...), so these must stay at their defaults with a FILE.py target
+_OP_DEFAULTS = {"fp8": "e4m3", "no_rowwise": False, "colwise": False, "scale_mode": "rceil",
+                "scale_layout": "compact", "amax": False, "act": None, "dact": None, "dbias": False}
+
+
+class UsageError(Exception):
+    """A mistake in the command line or in the files it names: one line on stderr, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (not usage + message) and exit status 2."""
+
+    def error(self, message):
+        hint = "" if ("choose from" in message or "must be one of" in message) else \
+            f" (see `{self.prog} --help`)"
+        self.exit(2, f"mxq: {message}{hint}\n")
+
+
+class _IncludeDir(argparse.Action):
+    """``--includedir``: print the directory holding mxq/mxq.hpp and exit (like ``--version``)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
+                         **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(get_include())
+        parser.exit(0)
+
+
+def _arch(value: str) -> str:
+    try:
+        return normalize_arch(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("mxq: ")) from None
+
+
+def _dtype(value: str) -> str:
+    try:
+        return normalize_dtype(value)  # torch's names too: --dtype bfloat16
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(DTYPE_CHOICES)}, "
+                                         "or torch's name for one, e.g. bfloat16)") from None
 
 
 def _add_op_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("target", nargs="?", help="FILE.py[:NAME] holding a @mxq.fused_quant op")
-    p.add_argument("--fp8", default="e4m3", choices=("e4m3", "e5m2"))
-    p.add_argument("--no-rowwise", action="store_true", help="do not write rowwise data")
-    p.add_argument("--colwise", action="store_true")
-    p.add_argument("--scale-mode", default="rceil", choices=("rceil", "floor", "ceil", "even"))
-    p.add_argument("--scale-layout", default="compact", choices=("compact", "swizzled"))
-    p.add_argument("--amax", action="store_true")
-    p.add_argument("--act", choices=ACTIVATIONS)
-    p.add_argument("--dact", choices=ACTIVATIONS)
-    p.add_argument("--dbias", action="store_true")
+    d = _OP_DEFAULTS
+    p.add_argument("target", nargs="?", metavar="FILE.py[:NAME]",
+                   help="a file holding @mxq.fused_quant ops, and which one (needed if it holds several); "
+                        "without it, the built-in quantize op the options below describe")
+    p.add_argument("--fp8", default=d["fp8"], choices=("e4m3", "e5m2"), help="FP8 format (default e4m3)")
+    p.add_argument("--no-rowwise", action="store_true", help="do not write rowwise data (1x32 blocks along N)")
+    p.add_argument("--colwise", action="store_true", help="also write colwise data (32x1 blocks along M)")
+    p.add_argument("--scale-mode", default=d["scale_mode"], choices=("rceil", "floor", "ceil", "even"),
+                   help="how the E8M0 block scale is chosen (default rceil)")
+    p.add_argument("--scale-layout", default=d["scale_layout"], choices=("compact", "swizzled"),
+                   help="scale layout: compact, or swizzled as cuBLAS wants it (default compact)")
+    p.add_argument("--amax", action="store_true", help="also write the input's absolute maximum")
+    p.add_argument("--act", choices=ACTIVATIONS, help="activation applied before quantizing")
+    p.add_argument("--dact", choices=ACTIVATIONS,
+                   help="activation gradient: the result times dact(act_input), for the backward pass")
+    p.add_argument("--dbias", action="store_true", help="also write the column sums (bias gradient)")
+
+
+def _add_target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--arch", default=DEFAULT_ARCH, type=_arch, metavar="ARCH",
+                   help=f"GPU target, one of: {', '.join(SUPPORTED_ARCHS)} (default {DEFAULT_ARCH})")
+    p.add_argument("--dtype", default="bf16", type=_dtype, choices=DTYPE_CHOICES,
+                   help="input dtype (default bf16; torch's names such as bfloat16 work too)")
 
 
 def _load_file_op(target: str) -> FusedOp:
     path, _, name = target.partition(":")
     file = Path(path)
+    if not file.exists():
+        raise UsageError(f"mxq: no such file: {path}")
     if not file.is_file():
-        raise SystemExit(f"mxq: no such file: {path}")
+        raise UsageError(f"mxq: {path} is not a file (expected FILE.py[:NAME])")
     spec = importlib.util.spec_from_file_location(f"mxq_user_{abs(hash(file.resolve()))}", file)
+    if spec is None:
+        raise UsageError(f"mxq: {path} is not a Python file (expected FILE.py[:NAME])")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)  # EpilogueError (and any bug of the file's own) propagate
+    except SyntaxError as exc:
+        raise UsageError(f"mxq: {exc.filename}:{exc.lineno}: {exc.msg}") from None
     ops = {k: v for k, v in vars(mod).items() if isinstance(v, FusedOp)}
     if name:
         if name not in ops:
-            raise SystemExit(f"mxq: {path} has no @mxq.fused_quant op named {name!r} (found: {sorted(ops)})")
+            raise UsageError(f"mxq: {path} has no @mxq.fused_quant op named {name!r} (found: {sorted(ops)})")
         return ops[name]
     if len(ops) != 1:
-        raise SystemExit(f"mxq: {path} defines {len(ops)} ops ({sorted(ops)}); pick one with {path}:NAME")
+        raise UsageError(f"mxq: {path} defines {len(ops)} ops ({sorted(ops)}); pick one with {path}:NAME")
     return next(iter(ops.values()))
 
 
 def _op_from_args(args) -> FusedOp:
     if args.target:
+        changed = [k for k, v in _OP_DEFAULTS.items() if getattr(args, k) != v]
+        if changed:
+            flags = ", ".join("--" + k.replace("_", "-") for k in changed)
+            verb = "describes" if len(changed) == 1 else "describe"
+            raise UsageError(f"mxq: {flags} {verb} the built-in quantize op; {args.target} takes its "
+                             f"options from its @mxq.fused_quant(...)")
         return _load_file_op(args.target)
     spec = QuantSpec(fp8=args.fp8, rowwise=not args.no_rowwise, colwise=args.colwise,
                      scale_mode=args.scale_mode, scale_layout=args.scale_layout, amax=args.amax,
@@ -58,22 +152,16 @@ def _op_from_args(args) -> FusedOp:
 
 
 def cmd_info(args) -> int:
-    import torch
-
-    from . import __version__, compiler, codegen
-
     print(f"mxq {__version__}")
     print(f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
-    for mod in ("cutlass", "tvm_ffi", "jinja2"):
+    for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi", "jinja2"):
         try:
-            from importlib.metadata import version
-
-            dist = {"cutlass": "nvidia-cutlass-dsl", "tvm_ffi": "apache-tvm-ffi", "jinja2": "jinja2"}[mod]
             print(f"{dist} {version(dist)}")
-        except Exception as exc:  # pragma: no cover - reported, not fatal
-            print(f"{mod}: not installed ({exc})")
-    print(f"templates {codegen.templates_hash()} at {codegen._template_dir()}")
+        except PackageNotFoundError:
+            print(f"{dist}: not installed")
+    print(f"kernels  {codegen.kernels_hash()}, templates at {codegen._template_dir()}")
     print(f"cache dir {compiler.cache_dir()}")
+    print(f"archs    {', '.join(SUPPORTED_ARCHS)}")
     return 0
 
 
@@ -83,6 +171,8 @@ def cmd_render(args) -> int:
 
 
 def cmd_compile(args) -> int:
+    if args.ptx and not Path(args.ptx).resolve().parent.is_dir():  # before a compile, not after
+        raise UsageError(f"mxq: --ptx {args.ptx}: no such directory: {Path(args.ptx).parent}")
     op = _op_from_args(args)
     art = op.asm(arch=args.arch, dtype=args.dtype)
     print(f"op       {op.epilogue.name} {op.spec}")
@@ -111,32 +201,65 @@ def cmd_export(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv == ["--includedir"]:  # for build systems: -I$(python -m mxq --includedir)
-        from . import get_include
-
-        print(get_include())
-        return 0
-    ap = argparse.ArgumentParser(prog="python -m mxq", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("info", help="versions, template hash, cache directory").set_defaults(fn=cmd_info)
-    p = sub.add_parser("render", help="print the generated CuTeDSL module")
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog=PROG, description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--includedir", action=_IncludeDir,
+                    help="print the directory holding mxq/mxq.hpp and exit (-I$(python -m mxq --includedir))")
+    sub = ap.add_subparsers(dest="command", required=True, title="commands")
+    subs = []
+    p = sub.add_parser("info", help="versions, template hash, cache directory, supported archs",
+                       description="Versions, template hash, cache directory, supported archs.")
+    p.set_defaults(fn=cmd_info)
+    subs.append(p)
+    p = sub.add_parser("render", help="print the generated CuTeDSL module",
+                       description="Print the generated CuTeDSL module of an op.")
     _add_op_args(p)
     p.set_defaults(fn=cmd_render)
-    p = sub.add_parser("compile", help="compile without a GPU and report PTX, registers, conversions")
+    subs.append(p)
+    p = sub.add_parser("compile", help="compile without a GPU and report PTX, registers, conversions",
+                       description="Compile an op without a GPU; report its PTX size, registers and "
+                                   "conversion instructions.")
     _add_op_args(p)
-    p.add_argument("--arch", default="sm_90")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
-    p.add_argument("--ptx", help="also write the PTX to this file")
+    _add_target_args(p)
+    p.add_argument("--ptx", metavar="FILE", help="also write the PTX to this file")
     p.set_defaults(fn=cmd_compile)
-    p = sub.add_parser("export", help="AOT: shared library + C header for C++ programs with no Python")
+    subs.append(p)
+    p = sub.add_parser("export", help="AOT: shared library + C header for C++ programs with no Python",
+                       description="AOT: write lib<NAME>.so (kernels embedded) and <NAME>.h for C++ "
+                                   "programs that run with no Python.")
     _add_op_args(p)
-    p.add_argument("--dir", required=True, help="output directory")
-    p.add_argument("--arch", default="sm_90")
-    p.add_argument("--dtype", default="bf16", choices=("bf16", "fp16", "fp32"))
-    p.add_argument("--name", help="exported function name (a C identifier)")
+    p.add_argument("--dir", required=True, help="output directory (created if missing)")
+    _add_target_args(p)
+    p.add_argument("--name", help="exported function name, a C identifier (default mxq_<epilogue name>)")
     p.set_defaults(fn=cmd_export)
-    args = ap.parse_args(argv)
-    return args.fn(args)
+    subs.append(p)
+    # `python -m mxq --help` shows every command's flags, not only the command names
+    ap.epilog = ("options of each command (`python -m mxq COMMAND --help` explains them):\n"
+                 + "".join("  " + s.format_usage().replace("\n", "\n  ").rstrip() + "\n" for s in subs)
+                 + f"\nARCH (compile, export; default {DEFAULT_ARCH}): {', '.join(SUPPORTED_ARCHS)}\n")
+    return ap
+
+
+def _fail(message: str) -> int:
+    line = re.sub(r"\s*\n\s*", " ", message.strip())
+    print(line if line.startswith("mxq:") else f"mxq: {line}", file=sys.stderr)
+    return 2
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    try:
+        status = args.fn(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return status
+    except BrokenPipeError:  # `python -m mxq render | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (UsageError, EpilogueError) as exc:
+        return _fail(str(exc))
+    except (ValueError, TypeError) as exc:
+        if not str(exc).startswith("mxq:"):
+            raise  # not one of mxq's messages to users: a bug, keep the traceback
+        return _fail(str(exc))
+    except OSError as exc:  # unreadable/unwritable paths the user named (--ptx, --dir)
+        return _fail(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc))

@@ -1,14 +1,26 @@
-"""python -m mxq {info,render,compile} as a user runs it."""
+"""python -m mxq {info,render,compile,export} as a user runs it."""
 
 import ast
 import os
+import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# written out by hand: the CLI's public contract
+COMMANDS = ("info", "render", "compile", "export")
+OP_FLAGS = ("--fp8", "--no-rowwise", "--colwise", "--scale-mode", "--scale-layout", "--amax", "--act", "--dact",
+            "--dbias")
+FLAGS = {"info": (), "render": OP_FLAGS, "compile": OP_FLAGS + ("--arch", "--dtype", "--ptx"),
+         "export": OP_FLAGS + ("--dir", "--arch", "--dtype", "--name")}
+ARCHS = ("sm_89", "sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_103f", "sm_110a", "sm_110f",
+         "sm_120a", "sm_120f", "sm_121a", "sm_121f")
+ARCH_LIST = ", ".join(ARCHS)
 
 
 def run(*args, tmp_path):
@@ -21,13 +33,14 @@ def test_render_builtin_spec(tmp_path):
     r = run("render", "--colwise", "--act", "gelu", "--scale-layout", "swizzled", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
     ast.parse(r.stdout)
-    assert "act=gelu" in r.stdout and "swizzle_offset(" in r.stdout
+    assert re.search(r"act=['\"]?gelu", r.stdout) and re.search(r"scale_layout=['\"]?swizzled", r.stdout)
 
 
 def test_render_decorated_function_in_a_file(tmp_path):
     r = run("render", "examples/custom_epilogue.py:residual_clamp", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "scale_mode=floor" in r.stdout and "# epilogue" in r.stdout
+    ast.parse(r.stdout)
+    assert re.search(r"scale_mode=['\"]?floor", r.stdout) and "epilogue" in r.stdout and "8.0" in r.stdout
 
 
 def test_compile_reports_ptx_registers_and_conversions(tmp_path):
@@ -38,6 +51,20 @@ def test_compile_reports_ptx_registers_and_conversions(tmp_path):
     assert ".target sm_100a" in (tmp_path / "k.ptx").read_text()
 
 
+def test_compile_sm89(tmp_path):
+    r = run("compile", "--dbias", "--arch", "sm_89", "--dtype", "fp32", "--ptx", str(tmp_path / "k.ptx"),
+            tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "arch     sm_89   input dtype fp32" in r.stdout
+    assert ".target sm_89" in (tmp_path / "k.ptx").read_text()
+
+
+def test_dtype_takes_torchs_names_too(tmp_path):
+    r = run("compile", "--dtype", "float16", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "arch     sm_90   input dtype fp16" in r.stdout
+
+
 def test_export(tmp_path):
     r = run("export", "--colwise", "--dir", str(tmp_path / "aot"), "--name", "q_both", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -46,12 +73,178 @@ def test_export(tmp_path):
 
 def test_info(tmp_path):
     r = run("info", tmp_path=tmp_path)
-    assert r.returncode == 0 and "nvidia-cutlass-dsl" in r.stdout and "templates" in r.stdout
+    assert r.returncode == 0, r.stderr
+    assert "nvidia-cutlass-dsl" in r.stdout and "templates" in r.stdout and "cache dir" in r.stdout
+    assert ARCH_LIST in r.stdout
 
 
-@pytest.mark.parametrize("args,msg", [(("render", "nope.py"), "no such file"),
-                                      (("render", "examples/custom_epilogue.py:missing"), "no @mxq.fused_quant op"),
-                                      (("render", "--act", "tanh"), "invalid choice")])
-def test_errors(args, msg, tmp_path):
-    r = run(*args, tmp_path=tmp_path)
-    assert r.returncode != 0 and msg in r.stdout + r.stderr
+def test_includedir(tmp_path):
+    r = run("--includedir", tmp_path=tmp_path)
+    assert r.returncode == 0 and r.stderr == ""
+    assert (Path(r.stdout.strip()) / "mxq" / "mxq.hpp").is_file()
+
+
+# -- --help --------------------------------------------------------------------------------------
+
+def test_help_lists_every_command_and_every_flag(tmp_path):
+    r = run("--help", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert re.search(r"^  --includedir +print the directory", out, re.M) and re.search(r"^  -h, --help ", out, re.M)
+    for cmd in COMMANDS:
+        assert re.search(rf"^    {cmd} +\S", out, re.M), cmd  # the command, with its help text
+        assert f"python -m mxq {cmd}" in out, cmd  # and its usage line, with its flags
+    for flags in FLAGS.values():
+        for flag in flags:
+            assert re.search(rf"(?<![\w-]){flag}(?![\w-])", out), flag
+    for arch in ARCHS:
+        assert arch in out, arch
+    assert "{bf16,fp16,fp32}" in out
+    for values in ("{e4m3,e5m2}", "{rceil,floor,ceil,even}", "{compact,swizzled}", "{gelu,silu,relu,qgelu,srelu}"):
+        assert values in out, values
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_command_help_lists_its_flags(cmd, tmp_path):
+    r = run(cmd, "--help", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for flag in FLAGS[cmd]:
+        assert re.search(rf"^  {flag}\b", r.stdout, re.M), flag  # listed with its help text
+    others = {f for flags in FLAGS.values() for f in flags} - set(FLAGS[cmd])
+    for flag in others:
+        assert not re.search(rf"(?<![\w-]){flag}(?![\w-])", r.stdout), flag
+    if cmd in ("compile", "export"):
+        assert ARCH_LIST in " ".join(r.stdout.split())  # the help text's wrapping undone
+        assert "{bf16,fp16,fp32}" in r.stdout
+
+
+# -- user errors: one line on stderr, exit status 2 -------------------------------------------
+
+USER_FILES = {
+    "loop.py": """\
+        import mxq
+
+
+        @mxq.fused_quant(colwise=True)
+        def bad(x):
+            for i in range(3):
+                x = x + 1
+            return x
+        """,
+    "unknown_option.py": """\
+        import mxq
+
+
+        @mxq.fused_quant(colwise=True, bogus=1)
+        def f(x):
+            return x
+        """,
+    "exclusive.py": """\
+        import mxq
+
+
+        @mxq.fused_quant(act="gelu", dact="gelu")
+        def f(x):
+            return x
+        """,
+    "syntax.py": """\
+        import mxq
+        def f(x)
+            return x
+        """,
+    "two.py": """\
+        import mxq
+
+
+        @mxq.fused_quant
+        def a(x):
+            return x
+
+
+        @mxq.fused_quant(colwise=True)
+        def b(x):
+            return x * 2.0
+        """,
+    "own_bug.py": """\
+        raise ValueError("a bug of the file's own")
+        """,
+    "notes.txt": "not python\n",
+}
+
+
+@pytest.fixture
+def user_files(tmp_path):
+    d = tmp_path / "user"
+    d.mkdir()
+    for name, text in USER_FILES.items():
+        (d / name).write_text(textwrap.dedent(text))
+    (tmp_path / "a_file").write_text("")
+    return d
+
+
+# (arguments, the start of the one line); "{u}" is the user-file directory, "{t}" tmp_path
+USER_ERRORS = [
+    (("export", "--colwise", "--dir", "{t}/aot", "--name", "bad-name"),
+     "mxq: export name must be a C identifier, got 'bad-name'"),
+    (("compile", "--act", "gelu", "--dact", "gelu"), "mxq: act and dact are exclusive"),
+    (("render", "--no-rowwise"), "mxq: at least one of rowwise and colwise must be True"),
+    (("compile", "--arch", "sm_80"), f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_80'"),
+    (("compile", "--arch", "sm_100"), f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_100'"),
+    (("compile", "--arch", "sm_100 "), f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_100 '"),
+    (("export", "--dir", "{t}/aot", "--arch", "sm_120"),
+     f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_120'"),
+    (("compile", "--dtype", "fp64"), "mxq: argument --dtype: invalid choice: 'fp64'"),
+    (("compile", "--dtype", "torch.float16"), "mxq: argument --dtype: invalid choice: 'torch.float16'"),
+    (("render", "--act", "tanh"), "mxq: argument --act: invalid choice: 'tanh'"),
+    (("render", "nope.py"), "mxq: no such file: nope.py"),
+    (("render", "{u}"), "mxq: {u} is not a file"),
+    (("render", "{u}/notes.txt"), "mxq: {u}/notes.txt is not a Python file"),
+    (("render", "examples/custom_epilogue.py:missing"),
+     "mxq: examples/custom_epilogue.py has no @mxq.fused_quant op named 'missing'"),
+    (("render", "{u}/two.py"), "mxq: {u}/two.py defines 2 ops (['a', 'b']); pick one with {u}/two.py:NAME"),
+    (("render", "{u}/loop.py"), "mxq: {u}/loop.py:6: "),  # EpilogueError: file and line of the loop
+    (("compile", "{u}/unknown_option.py"), "mxq: fused_quant() got unknown option(s) ['bogus']"),
+    (("render", "{u}/exclusive.py"), "mxq: act and dact are exclusive"),
+    (("render", "{u}/syntax.py"), "mxq: {u}/syntax.py:2: "),
+    (("render", "examples/custom_epilogue.py", "--act", "gelu"), "mxq: --act describes the built-in quantize op"),
+    (("compile", "{u}/two.py:b", "--colwise", "--scale-mode", "floor"),
+     "mxq: --colwise, --scale-mode describe the built-in quantize op"),
+    (("compile", "--ptx", "{t}/no/such/dir/k.ptx"), "mxq: --ptx {t}/no/such/dir/k.ptx: no such directory"),
+    (("export", "--dir", "{t}/a_file"), "mxq: {t}/a_file: File exists"),
+    (("export", "--colwise"), "mxq: the following arguments are required: --dir"),
+    ((), "mxq: the following arguments are required: command"),
+    (("quantize",), "mxq: argument command: invalid choice: 'quantize'"),
+    (("render", "--bogus"), "mxq: unrecognized arguments: --bogus"),
+]
+
+
+@pytest.mark.parametrize("args,start", USER_ERRORS, ids=[" ".join(a) or "(none)" for a, _ in USER_ERRORS])
+def test_user_errors_print_one_line_and_exit_2(args, start, user_files, tmp_path):
+    fill = {"u": str(user_files), "t": str(tmp_path)}
+    r = run(*(a.format(**fill) for a in args), tmp_path=tmp_path)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.endswith("\n"), r.stderr
+    assert r.stderr.startswith(start.format(**fill)), r.stderr
+
+
+def test_unsupported_arch_is_refused_before_compiling(tmp_path):
+    r = run("compile", "--arch", "sm_80", tmp_path=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == (f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_80' "
+                        "(the FP8 conversions need sm_89 or newer)\n")
+    assert not (tmp_path / "cache").exists()  # nothing rendered or compiled
+
+
+def test_errors_in_a_users_own_code_keep_their_traceback(user_files, tmp_path):
+    r = run("render", str(user_files / "own_bug.py"), tmp_path=tmp_path)
+    assert r.returncode == 1
+    assert "Traceback" in r.stderr and "ValueError: a bug of the file's own" in r.stderr
+
+
+def test_a_closed_pipe_is_not_an_error(tmp_path):
+    env = dict(os.environ, MXQ_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore")
+    p = subprocess.Popen([sys.executable, "-m", "mxq", "render", "--colwise"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    p.stdout.close()  # the reader goes away before mxq writes (it is still importing)
+    _, err = p.communicate(timeout=600)
+    assert p.returncode == 1 and err == b"", err
