@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import slots
+from . import slots, targets
 from .numerics import dbias_partial_dtype
 from .spec import DTYPES
 
@@ -212,12 +212,13 @@ def ptx_of(op, arch: str, dtype_name: str, variant: str = "vec") -> str:
     return _ptx[(hashlib.sha256(op.source.encode()).hexdigest(), arch, dtype_name, True, variant)]
 
 
-def compile_artifacts(op, arch: str = "sm_90", dtype: str = "bf16", variant: str = "vec") -> dict:
-    """Compile without a GPU and return what was produced, for inspection."""
-    if dtype not in _DTYPE_BY_NAME:
-        raise ValueError(f"mxq: dtype must be one of {tuple(_DTYPE_BY_NAME)}, got {dtype!r}")
-    if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
-        raise ValueError(f"mxq: arch must look like 'sm_90' or 'sm_100a', got {arch!r}")
+def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec") -> dict:
+    """Compile without a GPU and return what was produced, for inspection. ``dtype``: "bf16",
+    "fp16", "fp32" or the torch dtype; ``arch``: one of targets.SUPPORTED_ARCHS."""
+    arch = targets.normalize_arch(arch)
+    dtype = targets.normalize_dtype(dtype)
+    if variant not in VARIANTS:
+        raise ValueError(f"mxq: variant must be one of {VARIANTS}, got {variant!r}")
     compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant)
     ptx = ptx_of(op, arch, dtype, variant)
     mlir = compiled.ir_module

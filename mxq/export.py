@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from .compiler import _DTYPE_BY_NAME, _link_shared, compile_op
-from . import slots
+from . import slots, targets
 from .numerics import dbias_partial_dtype
 
 
@@ -19,10 +19,8 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     ``<name>`` (any shape) or ``<name>_vec`` (N % 8 == 0, 16-byte aligned) with the argument list
     the header documents; no Python is involved.
     """
-    if dtype not in _DTYPE_BY_NAME:
-        raise ValueError(f"mxq: dtype must be one of {tuple(_DTYPE_BY_NAME)}, got {dtype!r}")
-    if not re.fullmatch(r"sm_\d{2,3}[af]?", arch):
-        raise ValueError(f"mxq: arch must look like 'sm_90' or 'sm_100a', got {arch!r}")
+    arch = targets.normalize_arch(arch)
+    dtype = targets.normalize_dtype(dtype)
     name = name or f"mxq_{op.epilogue.name}"
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"mxq: export name must be a C identifier, got {name!r}")

@@ -609,3 +609,11 @@ def test_dbias_kernel_starts_early_with_programmatic_dependent_launch(arch):
     off._tuning = Tuning(pdl=False)
     assert "griddepcontrol" not in off.asm(arch, "bf16")["ptx"]
     assert compiler.uses_pdl(arch) and not compiler.uses_pdl("sm_89")
+
+
+def test_asm_takes_torch_dtypes():
+    op = FusedOp(ident, QuantSpec(colwise=True))
+    assert op.asm("sm_90", torch.float32)["ptx"] == op.asm("sm_90", "fp32")["ptx"]
+    assert op.asm("sm_90", torch.bfloat16)["dtype"] == "bf16"
+    with pytest.raises(ValueError, match="sm_89"):
+        op.asm(arch="sm_80")

@@ -1,0 +1,95 @@
+"""Time two checkouts of mxq side by side on one GPU, alternating A B A B, in one call.
+
+Why: a change that should not move speed (a refactor whose PTX is identical, see
+bench/ptx_digest.py) is checked against the code before it on the same machine in the same
+minutes; comparing against an older results file mixes in the run-to-run and machine-to-machine
+spread of the H200 (about 1-2% between leases).
+
+    python bench/ab_trees.py --a OLD_TREE --b NEW_TREE [--rounds 2] [--dtypes bf16,fp32] --out $OUT
+
+Each round runs, for each tree, a fresh process that imports that tree's mxq and
+bench/device_check.py and times device_check.bench (kernel time, GPU held busy while the host
+issues, median of 50) for every op at the four benchmark shapes, against the copy measured in
+the same process. Prints per row the two trees' best time over the rounds and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CHILD = """
+import json, sys
+sys.path.insert(0, {root!r}); sys.path.insert(0, {root!r} + "/bench")
+import torch, device_check as dc
+assert dc.mxq.__file__.startswith({root!r}), dc.mxq.__file__
+copy = dc.copy_bandwidth()
+rows = []
+for dtype in {dtypes!r}:
+    rows += [dict(r, dtype=dtype) for r in dc.bench(copy, dc.BENCH_SHAPES, dtype=dtype)]
+print("JSON" + json.dumps({{"copy": copy, "rows": rows}}))
+"""
+
+
+def run_tree(root: str, dtypes: list) -> dict:
+    env = dict(os.environ, MXQ_CACHE_DIR=os.path.join(os.environ.get("MXQ_CACHE_DIR", "/tmp/mxq"), Path(root).name))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                  if p and Path(p).resolve() != Path.cwd().resolve()])
+    r = subprocess.run([sys.executable, "-c", CHILD.format(root=root, dtypes=dtypes)], capture_output=True,
+                       text=True, env=env, cwd=root, timeout=900)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("JSON")), None)
+    if line is None:
+        raise RuntimeError(f"{root}: {r.stdout[-2000:]}{r.stderr[-3000:]}")
+    return json.loads(line[4:])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--a", required=True, help="checkout A (e.g. the code before a change)")
+    ap.add_argument("--b", required=True, help="checkout B")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    dtypes = args.dtypes.split(",")
+    runs = {"a": [], "b": []}
+    for rnd in range(args.rounds):
+        for side in ("a", "b"):
+            t = time.time()
+            runs[side].append(run_tree(os.path.abspath(getattr(args, side)), dtypes))
+            print(f"round {rnd} {side}: copy {runs[side][-1]['copy']:.0f} GB/s ({time.time() - t:.0f} s)", flush=True)
+    best = {}
+    for side in ("a", "b"):
+        for run in runs[side]:
+            for r in run["rows"]:
+                k = (r["name"], r["dtype"], r["M"], r["N"])
+                best.setdefault(k, {}).setdefault(side, []).append(r["ms"] * 1000)
+    table = []
+    print(f"{'op':24} {'dtype':5} {'shape':12} {'A us (runs)':>24} {'B us (runs)':>24} {'B/A':>6}")
+    for k, v in best.items():
+        a, b = min(v["a"]), min(v["b"])
+        table.append({"name": k[0], "dtype": k[1], "M": k[2], "N": k[3], "a_us": v["a"], "b_us": v["b"],
+                      "b_over_a": round(b / a, 4)})
+        runs_a = "/".join(f"{x:.1f}" for x in v["a"])
+        runs_b = "/".join(f"{x:.1f}" for x in v["b"])
+        print(f"{k[0]:24} {k[1]:5} {k[2]}x{k[3]:<6} {runs_a:>24} {runs_b:>24} {b / a:6.3f}")
+    ratios = sorted(r["b_over_a"] for r in table)
+    print(f"B/A of the best times: min {ratios[0]:.3f}, median {ratios[len(ratios) // 2]:.3f}, max {ratios[-1]:.3f}")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True).stdout.strip()
+    path = Path(args.out) / "ab.json"
+    path.write_text(json.dumps({"device": dev, "date": time.strftime("%Y-%m-%d"), "a": args.a, "b": args.b,
+                                "copy_GBps": {s: [r["copy"] for r in runs[s]] for s in runs}, "rows": table},
+                               indent=1))
+    print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
