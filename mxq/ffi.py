@@ -54,9 +54,19 @@ def _reference_callback(op):
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
     fp8 = spec.format.torch_dtype
 
+    import tvm_ffi
+
     def call(*args):
         if len(args) != nt + ns + 8:
             raise TypeError(f"mxq: expected {nt + ns + 8} arguments, got {len(args)}")
+        names = list(epi.tensor_params) + list(epi.scalar_params) + list(slots.DESTINATIONS)
+        for i, a in enumerate(args):
+            if nt <= i < nt + ns:
+                if isinstance(a, bool) or not isinstance(a, (int, float)):
+                    raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a float, got {type(a).__name__}")
+            elif not (a is None and i >= nt) and not isinstance(a, tvm_ffi.Tensor):
+                raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a tensor{' or None' if i >= nt else ''}, "
+                                f"got {type(a).__name__}")
         tensors = [_torch(a) for a in args[:nt]]
         scalars = [float(s) for s in args[nt:nt + ns]]
         act, rd, rs, cd, cs, amax, dbias, noop = (_torch(a) for a in args[nt + ns:])
@@ -134,7 +144,7 @@ def register_global(name: str, fn) -> None:
 
     import tvm_ffi
 
-    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", name):
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name, re.ASCII):
         raise ValueError(f"mxq: register() name must be an identifier (dots allowed), got {name!r}")
     tvm_ffi.register_global_func(f"mxq.{name}", fn, override=True)
 

@@ -75,15 +75,22 @@ class FusedOp:
         return self._run(tensors, scalars, act_input, noop, out)
 
     def _run(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
-        """A checked call: the compiled kernel on CUDA when one serves it, else the reference."""
+        """A checked call: the compiled kernel on CUDA when one serves it, else the reference.
+        With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
         x = tensors[0]
+        if noop is not None and out is None:
+            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True)
         if x.is_cuda:
             launcher = self._launcher_for(x)
             if launcher is not None:
                 if self._fast_ok and launcher.allocates(x, noop, out):
                     self._fast[(x.dtype, x.get_device())] = launcher  # later calls skip the checks
                 return launcher(tensors, scalars, act_input, noop, out)
-        return _reference.run(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
+        return self._reference(tensors, scalars, act_input, noop, out)
+
+    def _reference(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+        with torch.no_grad():  # outputs are data, not part of an autograd graph
+            return _reference.run(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
 
     def _fast_call(self, x):
         """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
@@ -99,7 +106,10 @@ class FusedOp:
         """The torch reference result, on whatever device the inputs are."""
         tensors, scalars = self._bind(args, kwargs)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
-        return _reference.run(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
+        if noop is not None and out is None:
+            x = tensors[0]
+            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True)
+        return self._reference(tensors, scalars, act_input, noop, out)
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs):
         """Check and bind one call on CUDA tensors once; return (launch, out) where ``launch()``
@@ -223,10 +233,14 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     graphs; with ``noop`` holding 1.0 nothing is written at all.
     """
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax)
-    try:
-        op = _QUANTIZE_OPS.get(key)
-    except TypeError:  # unhashable option values: QuantSpec names the bad one
-        op = None
+    op = None
+    # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
+    # rowwise=1 would skip the validation that refuses it in a fresh process)
+    if rowwise.__class__ is bool and colwise.__class__ is bool and amax.__class__ is bool:
+        try:
+            op = _QUANTIZE_OPS.get(key)
+        except TypeError:  # unhashable option values: QuantSpec names the bad one
+            op = None
     if op is None:
         spec = QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
                          scale_layout=scale_layout, amax=amax)

@@ -21,6 +21,24 @@ def _fail_type(name: str, what: str, got) -> None:
     raise TypeError(f"mxq: argument {name!r} must be {what}, got {got}")
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def check_plain_tensor(name: str, t) -> None:
+    """``t`` must be a dense, strided torch.Tensor (or nn.Parameter). Tensor subclasses (DTensor,
+    FakeTensor wrappers, ...) are refused: their shape and their data pointer may describe
+    different tensors (a DTensor's global shape, its local shard's memory), which a kernel would
+    read out of bounds; sparse and nested tensors have no single strided buffer."""
+    if not isinstance(t, torch.Tensor):
+        _fail_type(name, "a torch.Tensor", type(t).__name__)
+    if type(t) not in _PLAIN:
+        raise TypeError(f"mxq: argument {name!r} is a {type(t).__name__}, a torch.Tensor subclass mxq does not "
+                        "handle; pass a plain tensor (for a DTensor: .to_local() or .full_tensor())")
+    if t.layout is not torch.strided or t.is_nested:
+        raise TypeError(f"mxq: argument {name!r} must be a dense strided tensor, got layout {t.layout}"
+                        f"{' (nested)' if t.is_nested else ''}")
+
+
 def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input, noop, out) -> None:
     """Raise a TypeError/ValueError naming the first bad argument; return None if all is well."""
     names = epilogue.tensor_params
@@ -30,8 +48,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
             raise TypeError(f"mxq: argument {name!r} must be a torch.Tensor, got {type(t).__name__}; to pass a "
                             f"number, make it a float parameter of the epilogue: annotate it (`{name}: float`) "
                             "or give it a float default")
-        if not isinstance(t, torch.Tensor):
-            _fail_type(name, "a torch.Tensor", type(t).__name__)
+        check_plain_tensor(name, t)
         if t.dtype not in DTYPES:
             _fail_type(name, "float32, float16 or bfloat16", t.dtype)
         if first is None:
@@ -53,8 +70,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
     if spec.dact:
         if act_input is None:
             raise ValueError(f"mxq: argument 'act_input' is required with dact={spec.dact!r}")
-        if not isinstance(act_input, torch.Tensor):
-            _fail_type("act_input", "a torch.Tensor", type(act_input).__name__)
+        check_plain_tensor("act_input", act_input)
         if act_input.shape != f.shape:
             raise ValueError(f"mxq: argument 'act_input' has shape {tuple(act_input.shape)} but "
                              f"{fname!r} has {tuple(f.shape)}")
@@ -67,6 +83,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
     if noop is not None:
         if not isinstance(noop, torch.Tensor):
             _fail_type("noop", "a one-element float32 torch.Tensor or None", type(noop).__name__)
+        check_plain_tensor("noop", noop)
         if noop.dtype != torch.float32 or noop.numel() != 1:
             raise ValueError(f"mxq: argument 'noop' must be a one-element float32 tensor, got dtype "
                              f"{noop.dtype} with {noop.numel()} elements")
@@ -87,6 +104,7 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor) -> None:
             continue
         if g is None:
             raise ValueError(f"mxq: argument 'out' has no {field}, which this op writes")
+        check_plain_tensor(f"out.{field}", g)
         if g.shape != w.shape or g.dtype != w.dtype:
             raise ValueError(f"mxq: argument 'out.{field}' must be {w.dtype} of shape {tuple(w.shape)}, "
                              f"got {g.dtype} of shape {tuple(g.shape)}")

@@ -38,16 +38,18 @@ class MXFP8Tensor:
     shape: torch.Size
 
     @staticmethod
-    def empty(spec, shape, dtype: torch.dtype, device) -> "MXFP8Tensor":
+    def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False) -> "MXFP8Tensor":
         """Outputs for ``spec``; swizzled scales, amax and dbias start zeroed (their padding and
-        the amax reduction rely on it), data and compact scales are left uninitialised."""
+        the amax reduction rely on it), data and compact scales are left uninitialised unless
+        ``zeroed`` (what a noop call without ``out`` returns: nothing is written into it)."""
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
         fp8 = FORMATS[spec.fp8].torch_dtype
-        scale_alloc = torch.zeros if spec.scale_layout == "swizzled" else torch.empty
+        scale_alloc = torch.zeros if zeroed or spec.scale_layout == "swizzled" else torch.empty
+        data_alloc = torch.zeros if zeroed else torch.empty
 
         def data():
-            return torch.empty(shape, dtype=fp8, device=device)
+            return data_alloc(shape, dtype=fp8, device=device)
 
         return MXFP8Tensor(
             rowwise_data=data() if spec.rowwise else None,
@@ -72,8 +74,12 @@ class MXFP8Tensor:
             return layouts.compact_colwise(self._need("colwise_scale"), m, n, self.scale_layout)
         raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
 
-    def dequantize(self, direction: str = "rowwise") -> torch.Tensor:
-        """Decode to float32 of the original shape: data * 2^(scale-127); scale 255 gives NaN."""
+    def dequantize(self, direction: str | None = None) -> torch.Tensor:
+        """Decode to float32 of the original shape: data * 2^(scale-127); scale 255 gives NaN.
+        ``direction``: "rowwise" or "colwise"; None takes rowwise data where there is some,
+        else colwise."""
+        if direction is None:
+            direction = "rowwise" if self.rowwise_data is not None else "colwise"
         if direction not in ("rowwise", "colwise"):
             raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         m, n = flat_dims(self.shape)

@@ -175,3 +175,38 @@ def test_allocating_route_layout(monkeypatch, opts, share):
     if op.spec.rowwise and op.spec.colwise:
         gap = r[2].data_ptr() - r[0].data_ptr()
         assert (gap == data + _round256(m * ((n + 31) // 32))) == share, "colwise follows rowwise iff shared"
+
+def test_registered_names_are_dotted_identifiers():
+    """Issue 21 item 11: "a." and "a..b" were accepted; mxq's own entry point cannot be replaced."""
+    for bad in ("a.", "a..b", ".a", "1a", "a-b", "", "é"):
+        with pytest.raises(ValueError, match="identifier"):
+            resid.register(bad)
+    with pytest.raises(ValueError, match="get_quantize_kernel"):
+        resid.register("get_quantize_kernel")
+    assert resid.register("ok.name_2") is not None
+
+
+@pytest.mark.parametrize("key", ["2", 2.0, 2.5, True])
+def test_get_quantize_kernel_refuses_non_int_keys(key):
+    g = tvm_ffi.get_global_func("mxq.get_quantize_kernel")
+    with pytest.raises(TypeError, match="key must be an int"):
+        g(key)
+
+
+def test_cpu_route_names_a_bad_argument():
+    """A string or an int in a tensor slot, or a string for a float, is a TypeError naming the
+    argument (it was "from_dlpack received an invalid capsule", and alpha="0.5" was accepted)."""
+    resid.register("test_resid_bad")
+    g = tvm_ffi.get_global_func("mxq.test_resid_bad")
+    x = torch.randn(40, 64)
+    d = dests(40, 64)
+    outs = (d["row_data"], d["row_scale"], d["col_data"], d["col_scale"], d["amax"].reshape(1),
+            torch.zeros(64))
+    with pytest.raises(TypeError, match=r"#1 \(r\) must be a tensor"):
+        g(x, "r", 2.0, None, *outs, None)
+    with pytest.raises(TypeError, match=r"#0 \(x\) must be a tensor"):
+        g(7, x, 2.0, None, *outs, None)
+    with pytest.raises(TypeError, match=r"#2 \(alpha\) must be a float"):
+        g(x, x, "0.5", None, *outs, None)
+    with pytest.raises(TypeError, match=r"rowwise_data\) must be a tensor or None"):
+        g(x, x, 2.0, None, "rd", *outs[1:], None)

@@ -112,3 +112,66 @@ def test_number_for_a_tensor_parameter_suggests_a_float_annotation():
     op = mxq.fused_quant()(_times)
     with pytest.raises(TypeError, match=r"argument 's' must be a torch.Tensor, got float.*`s: float`"):
         op(torch.ones(4, 32), 2.0)
+
+
+def test_option_cache_does_not_skip_validation():
+    """Issue 21 item 9: 1 == True, so after quantize(x) the cached op answered rowwise=1."""
+    x = torch.randn(4, 32)
+    mxq.quantize(x)
+    with pytest.raises(TypeError, match="rowwise must be a bool"):
+        mxq.quantize(x, rowwise=1, colwise=1.0, amax=0)
+    with pytest.raises(TypeError, match="amax must be a bool"):
+        mxq.quantize(x, amax=0)
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+def test_tensor_subclasses_sparse_and_nested_are_refused():
+    """Issue 21 items 13-14: a DTensor's shape and pointer describe different tensors; every
+    subclass mxq does not handle is refused before any launch, naming the argument."""
+    x = torch.randn(8, 32)
+    with pytest.raises(TypeError, match="'x' is a _Sub"):
+        mxq.quantize(x.as_subclass(_Sub))
+    with pytest.raises(TypeError, match="dense strided"):
+        mxq.quantize(x.to_sparse())
+    nested = torch.nested.nested_tensor([torch.randn(2, 32), torch.randn(3, 32)])
+    with pytest.raises(TypeError, match="nested"):
+        mxq.quantize(nested)
+    with pytest.raises(TypeError, match="'noop'"):
+        mxq.quantize(x, noop=torch.zeros(1).as_subclass(_Sub))
+    assert mxq.quantize(torch.nn.Parameter(x)).rowwise_data.shape == x.shape  # parameters are plain
+
+
+def test_out_field_that_is_not_a_tensor_names_it():
+    x = torch.randn(8, 32)
+    out = mxq.MXFP8Tensor.empty(mxq.QuantSpec(), x.shape, x.dtype, "cpu")
+    out.rowwise_data = [1, 2, 3]
+    with pytest.raises(TypeError, match="'out.rowwise_data' must be a torch.Tensor"):
+        mxq.quantize(x, out=out)
+
+
+def _d(x):
+    return x * 2.0
+
+
+def test_reference_outputs_carry_no_autograd_graph():
+    x = torch.randn(64, 32, requires_grad=True)
+    t = mxq.fused_quant(amax=True, dbias=True)(_d)(x)
+    assert t.amax.grad_fn is None and t.dbias.grad_fn is None and not t.dbias.requires_grad
+
+
+def test_noop_without_out_returns_zeros():
+    x = torch.randn(64, 32)
+    t = mxq.quantize(x, rowwise=True, colwise=True, noop=torch.ones(1))
+    for name in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+        assert not getattr(t, name).view(torch.uint8).any(), name
+
+
+def test_dequantize_of_colwise_only_uses_colwise():
+    x = torch.randn(64, 32)
+    t = mxq.quantize(x, rowwise=False, colwise=True)
+    assert torch.equal(t.dequantize(), t.dequantize("colwise"))
+    both = mxq.quantize(x, rowwise=True, colwise=True)
+    assert torch.equal(both.dequantize(), both.dequantize("rowwise"))
