@@ -12,6 +12,7 @@ later processes in milliseconds without importing cutlass.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import importlib.util
 import os
@@ -32,9 +33,48 @@ from .spec import DTYPES
 _DTYPE_BY_NAME = {v: k for k, v in DTYPES.items()}
 _compile_lock = threading.Lock()
 _key_locks: dict = {}
-_compiled: dict = {}
-_modules: dict = {}
-_ptx: dict = {}  # compile key -> PTX text, read right after the compile
+
+
+class _LRU(collections.OrderedDict):
+    """A dict that keeps its ``maxsize`` most recently used entries (``on_evict(key, value)``
+    runs for each one it drops)."""
+
+    def __init__(self, maxsize: int, on_evict=None):
+        super().__init__()
+        self.maxsize, self.on_evict = maxsize, on_evict
+
+    def get(self, key, default=None):
+        try:
+            value = super().__getitem__(key)
+        except KeyError:
+            return default
+        self.move_to_end(key)
+        return value
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.maxsize:
+            old_key, old = self.popitem(last=False)
+            if self.on_evict is not None:
+                self.on_evict(old_key, old)
+
+
+def _cache_size() -> int:
+    """Entries kept by each in-process kernel cache: MXQ_KERNEL_CACHE_SIZE, default 256 (a
+    compiled kernel holds a few MB of host memory; a process that decorates ops in a loop would
+    otherwise grow without bound). Evicted kernels are rebuilt, or reloaded from disk, on use."""
+    try:
+        n = int(os.environ.get("MXQ_KERNEL_CACHE_SIZE", "256"))
+    except ValueError:
+        raise ValueError("mxq: MXQ_KERNEL_CACHE_SIZE must be a positive integer") from None
+    if n < 1:
+        raise ValueError("mxq: MXQ_KERNEL_CACHE_SIZE must be a positive integer")
+    return n
+
+
+_compiled = _LRU(_cache_size())  # compile key -> compiled function
+_modules = _LRU(_cache_size(), on_evict=lambda name, mod: sys.modules.pop(name, None))  # generated modules
 
 
 def cache_dir() -> Path:
@@ -82,13 +122,14 @@ def _private_src_dir() -> Path:
 def load_module(source: str):
     path = source_file(source)
     name = path.stem
-    if name not in _modules:
+    mod = _modules.get(name)
+    if mod is None:
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
         _modules[name] = mod
-    return _modules[name]
+    return mod
 
 
 def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool):
@@ -171,13 +212,15 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
         raise ValueError(f"mxq: variant must be one of {VARIANTS}, got {variant!r}")
     source = op.source
     key = (hashlib.sha256(source.encode()).hexdigest(), arch, dtype_name, keep_ptx, variant)
-    if key in _compiled:
-        return _compiled[key]
+    compiled = _compiled.get(key)
+    if compiled is not None:
+        return compiled
     with _compile_lock:
         lock = _key_locks.setdefault(key, threading.Lock())
     with lock:
-        if key in _compiled:
-            return _compiled[key]
+        compiled = _compiled.get(key)
+        if compiled is not None:
+            return compiled
         mod = load_module(source)
         args = fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant == "vec")
         cute = _import_cutlass(arch)
@@ -197,8 +240,6 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
                 except Exception as exc:
                     raise RuntimeError(f"mxq: compiling {source_file(source)} ({variant}) for {arch}/{dtype_name} "
                                        f"failed: {exc}") from exc
-            if keep_ptx:
-                _ptx[key] = compiled.__ptx__
         finally:
             if dump is not None:
                 shutil.rmtree(dump, ignore_errors=True)
@@ -208,8 +249,8 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
 
 def ptx_of(op, arch: str, dtype_name: str, variant: str = "vec") -> str:
     """The PTX of one kernel of ``op`` (compiled with keep_ptx on first use)."""
-    compile_op(op, arch, dtype_name, keep_ptx=True, variant=variant)
-    return _ptx[(hashlib.sha256(op.source.encode()).hexdigest(), arch, dtype_name, True, variant)]
+    # (the DSL reads the dump into the compiled object right after compiling: no file is kept)
+    return compile_op(op, arch, dtype_name, keep_ptx=True, variant=variant).__ptx__
 
 
 def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec") -> dict:
@@ -408,7 +449,8 @@ def _write_library(compiled, path: Path) -> None:
         os.replace(digest, path.with_suffix(".sha256"))
 
 
-_native: dict = {}
+_native = _LRU(_cache_size())  # (source sha, arch, dtype, variant) -> native function
+_native_locks: dict = {}  # the same key -> a lock: concurrent first calls load one library once
 _warned: set = set()
 
 
@@ -436,6 +478,15 @@ def native_function(op, arch: str, dtype_name: str, variant: str):
     fn = _native.get(key)
     if fn is not None:
         return fn
+    with _compile_lock:
+        lock = _native_locks.setdefault(key, threading.Lock())
+    with lock:
+        fn = _native.get(key)
+        return fn if fn is not None else _native_function(op, key, arch, dtype_name, variant)
+
+
+def _native_function(op, key, arch: str, dtype_name: str, variant: str):
+    source_sha = key[0]
     if os.environ.get("MXQ_ALWAYS_COMPILE") == "1":
         fn = _native[key] = _native_of(compile_op(op, arch, dtype_name, variant=variant))
         return fn

@@ -22,7 +22,7 @@ from .tensor import MXFP8Tensor
 
 _lock = threading.RLock()
 _shim = None
-_keep_alive: list = []  # Python callbacks and tensors handed to C++ must outlive every call
+_zeros: dict = {}  # device index -> the zero noop tensor handed to C++ dispatchers
 _DL_FLOAT, _DL_BFLOAT = 2, 4
 # The allocating route puts both directions' FP8 data and scales in one allocation when they
 # total at most this many bytes (256x4096 rowwise+colwise: 2.1 MB). A small call's host time is
@@ -115,27 +115,31 @@ def _resolve_callback(op):
 
 
 def _zero_callback(device_id):
+    """A zero noop tensor on a device (one per device, kept for the process)."""
     import tvm_ffi
 
-    t = torch.zeros(1, dtype=torch.float32, device=f"cuda:{int(device_id)}")
-    _keep_alive.append(t)
+    device = int(device_id)
+    t = _zeros.get(device)
+    if t is None:
+        t = _zeros[device] = torch.zeros(1, dtype=torch.float32, device=f"cuda:{device}")
     return tvm_ffi.from_dlpack(t)
 
 
 def make_dispatchers(op) -> tuple:
-    """(destination-passing dispatcher, allocating route) of ``op``. The allocating route takes
+    """(destination-passing dispatcher, allocating route, *their Python callbacks) of ``op``. The allocating route takes
     (*tensors, *scalars, act_input, noop) and returns the six output slots (slots.OUTPUTS,
     compact scales); on CPU tensors it allocates the same and fills them with the reference
     (how tests check it without a GPU)."""
     with _lock:
         mod = _dispatch_module()
+        # (the callbacks become ffi.Functions owned by the dispatcher's state: they live as long
+        # as the dispatchers, which the op keeps)
         ref, res = _reference_callback(op), _resolve_callback(op)
-        _keep_alive.extend([ref, res])
         epi = op.epilogue
         pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
                                    list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback,
                                    SHARED_ALLOC_MAX_BYTES)
-        return pair[0], pair[1]
+        return pair[0], pair[1], ref, res  # (the callbacks too: kept alive with the dispatchers)
 
 
 def register_global(name: str, fn) -> None:

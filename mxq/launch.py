@@ -44,7 +44,7 @@ class Launcher:
         binding (``bind``) then does the same work."""
         self.op, self.arch, self.dtype_name = op, arch, dtype_name
         self.fns: dict = {}
-        self.dispatch, self.allocating = dispatchers if dispatchers is not None else (None, None)
+        self.dispatch, self.allocating = dispatchers[:2] if dispatchers is not None else (None, None)
         if self.dispatch is not None:
             from tvm_ffi import _ffi_api
 

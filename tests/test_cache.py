@@ -185,3 +185,54 @@ def test_export_rejects_bad_arguments(tmp_path):
 
 def _residual(x, r):
     return x + r
+
+
+def test_in_process_caches_are_bounded(monkeypatch, tmp_path):
+    """Issue 21 item 12: compiled kernels, generated modules (and their sys.modules entries) and
+    native functions are kept in LRUs (MXQ_KERNEL_CACHE_SIZE, default 256); an evicted kernel
+    compiles again on use."""
+    import sys
+
+    monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
+    lru = compiler._LRU(2, on_evict=lambda k, v: evicted.append(k))
+    evicted = []
+    for k in "abc":
+        lru[k] = k.upper()
+    assert list(lru) == ["b", "c"] and evicted == ["a"]
+    assert lru.get("b") == "B" and list(lru) == ["c", "b"], "get marks an entry as recent"
+    monkeypatch.setattr(compiler._compiled, "maxsize", 2)
+    monkeypatch.setattr(compiler._modules, "maxsize", 2)
+
+    def make(c):
+        def shifted(x):
+            return x + c
+
+        return mxq.fused_quant()(shifted)
+
+    ops = [make(c) for c in (0.375, 0.625, 0.875)]
+    names = [compiler.source_file(op.source).stem for op in ops]
+    for op in ops:
+        compiler.compile_op(op, "sm_90", "bf16", variant="generic")
+    assert len(compiler._compiled) <= 2 and len(compiler._modules) <= 2
+    assert names[0] not in sys.modules, "an evicted module leaves sys.modules too"
+    assert ".entry" in ops[0].asm("sm_90", "bf16", )["ptx"]  # evicted: compiled again
+
+
+def test_concurrent_first_calls_load_a_library_once(monkeypatch, tmp_path):
+    import threading
+
+    monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
+    op = _quantize_op(QuantSpec(rowwise=True, colwise=True, scale_mode="ceil", fp8="e5m2"))
+    compiler.native_function(op, "sm_90", "fp16", "generic")  # on disk
+    compiler._native.clear()
+    loads = []
+    real = compiler._load_function
+    monkeypatch.setattr(compiler, "_load_function", lambda p, n: loads.append(p) or real(p, n))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(compiler.native_function(op, "sm_90", "fp16", "generic")))
+               for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 16 and len(loads) == 1

@@ -617,3 +617,70 @@ def test_asm_takes_torch_dtypes():
     assert op.asm("sm_90", torch.bfloat16)["dtype"] == "bf16"
     with pytest.raises(ValueError, match="sm_89"):
         op.asm(arch="sm_80")
+
+
+def _lowered_function(records, out, params):
+    """The statements codegen.lower makes, executed with fp32 torch stand-ins for what they call
+    (one rounding per operation, as the kernel's .rn operations; FMA as an exact product-sum
+    rounded once): what the lowered code computes, checked on CPU."""
+    from types import SimpleNamespace
+
+    def f32(x):
+        return x.to(torch.float32) if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.float32)
+
+    cmath = SimpleNamespace(
+        add=lambda a, b, rounding=None: a + b, mul=lambda a, b, rounding=None: a * b, div=lambda a, b: a / b,
+        fma=lambda a, b, c: (a.double() * b.double() + c.double()).float(),
+        **{f: getattr(torch, f) for f in ("abs", "exp", "exp2", "log", "log2", "tanh", "erf", "sqrt", "rsqrt")})
+    ns = {"Float32": f32, "cute": SimpleNamespace(math=cmath), "cutlass": SimpleNamespace(select_=torch.where),
+          "RN": None, "tanh_act": torch.tanh}
+    body = "".join(f"    {line}\n" for line in codegen.lower(records))
+    exec(f"def fn({', '.join(params)}):\n{body}    return {out}\n", ns)
+    return ns["fn"]
+
+
+def _every_operation(x, r, s: float = 0.75):
+    a = mxq.maximum(x, r) - mxq.minimum(x * s, -r) / (r + 2.5)
+    b = mxq.where(x > r, a, -a) + mxq.where(x <= 0.5, mxq.abs(x), x) * mxq.where(r >= x, 1.0, 0.0)
+    c = mxq.where(x < -r, b, mxq.where(x != r, mxq.sqrt(mxq.abs(b)), mxq.exp(-mxq.abs(r))))
+    d = mxq.where(x == r, c, mxq.tanh(c) + mxq.sigmoid(x) + mxq.erf(r) + mxq.log(mxq.abs(x) + 1.0))
+    return d + mxq.exp2(-mxq.abs(x)) * mxq.log2(mxq.abs(r) + 2.0) + mxq.rsqrt(mxq.abs(x) + 1.0)
+
+
+def test_lowering_of_every_operation_computes_the_reference():
+    """Each IR operation's lowering (codegen.lower's tables) against the reference's evaluation
+    of the same IR, bit for bit, on values with planted NaN, +-0 and +-inf: a lowering that
+    emitted minimum for maximum, dropped a sign or swapped arguments fails here."""
+    op = mxq.fused_quant()(_every_operation)
+    recs, out = codegen.ssa(op.epilogue.expr, "e", {0: "x0", 1: "x1"}, {0: "s0"})
+    kinds = {(r["kind"], r.get("op")) for r in recs}
+    for want in [("binary", o) for o in ("add", "sub", "mul", "div", "maximum", "minimum")] + \
+            [("unary", o) for o in ("neg", "abs", "exp", "exp2", "log", "log2", "tanh", "erf", "sqrt", "rsqrt",
+                                    "sigmoid")] + \
+            [("compare", o) for o in ("lt", "le", "gt", "ge", "eq", "ne")] + [("where", "where")]:
+        assert want in kinds, want
+    fn = _lowered_function(recs, out, ["x0", "x1", "s0"])
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4096, generator=g) * 3
+    r = torch.randn(4096, generator=g) * 3
+    x[:8] = torch.tensor([float("nan"), 0.0, -0.0, float("inf"), -float("inf"), 1.0, 0.5, -2.5])
+    r[:8] = torch.tensor([1.0, -0.0, 0.0, 1.0, float("nan"), 1.0, -0.5, 2.5])
+    r[8:16] = x[8:16]  # equal pairs: the == / != branches
+    got = fn(x, r, torch.tensor(0.75))
+    want = mxq.ir.evaluate(op.epilogue.expr, [x, r], [0.75])
+    # the lowering's sigmoid is 1 / (1 + exp(-x)), three roundings, against torch.sigmoid in the
+    # reference (the transcendental class): at most a few fp32 ulps apart, NaN where NaN
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~got.isnan()
+    assert torch.allclose(got[ok], want[ok], rtol=2**-21, atol=0)
+    exact = mxq.fused_quant()(_every_exact_operation)
+    recs, out = codegen.ssa(exact.epilogue.expr, "e", {0: "x0", 1: "x1"}, {0: "s0"})
+    got = _lowered_function(recs, out, ["x0", "x1", "s0"])(x, r, torch.tensor(0.75))
+    want = mxq.ir.evaluate(exact.epilogue.expr, [x, r], [0.75])
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32)), "exact operations: bit for bit"
+
+
+def _every_exact_operation(x, r, s: float = 0.75):
+    a = mxq.maximum(x, r) - mxq.minimum(x * s, -r) / (r + 2.5)
+    b = mxq.where(x > r, a, -a) + mxq.where(x <= 0.5, mxq.abs(x), x) * mxq.where(r >= x, 1.0, 0.0)
+    return mxq.where(x < -r, b, mxq.where(x != r, mxq.sqrt(mxq.abs(b)), mxq.where(x == r, -b, x)))

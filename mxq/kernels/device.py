@@ -30,38 +30,87 @@ def add_rn(a, b):
 
 
 # --- E8M0 scales and FP8 conversion (docs/NUMERICS.md steps 7-9) -----------------------------------
+# The scale rules are integer logic on fp32 bit patterns, written once against ``ops``: DEVICE
+# (DSL values, inside a kernel) or HOST (Python ints with 32-bit wrap-around), so the very
+# expressions the kernels trace are checked on CPU against tests/oracle.py (tests/test_kernels.py).
+class DEVICE:
+    """The integer operations of the scale rules on DSL values."""
+
+    U32 = Uint32
+    I32 = Int32
+    min = staticmethod(cutlass.min)
+    max = staticmethod(cutlass.max)
+    select = staticmethod(cutlass.select_)
+
+
+class HOST:
+    """The same operations on Python ints (two's complement, 32 bits)."""
+
+    @staticmethod
+    def U32(v):
+        return int(v) & 0xFFFFFFFF
+
+    @staticmethod
+    def I32(v):
+        v = int(v) & 0xFFFFFFFF
+        return v - (1 << 32) if v >> 31 else v
+
+    min = staticmethod(min)
+    max = staticmethod(max)
+
+    @staticmethod
+    def select(cond, a, b):
+        return a if cond else b
+
+
+def rceil_scale(b, ops=DEVICE):
+    """RCEIL scale byte from the bits ``b`` (unsigned) of p = fp32(amax * fp32(1/MAX)), p >= 0 or
+    NaN. Adding 0x7FFFFF carries into the exponent exactly when the mantissa is nonzero (round
+    up); min 254 covers 2^127 < p <= inf; p <= 2^-127 gives 0; NaN gives 255."""
+    U32 = ops.U32
+    e = ops.min((b + U32(0x7FFFFF)) >> U32(23), U32(254))
+    e = ops.select(b <= U32(0x400000), U32(0), e)
+    return ops.select(b > U32(0x7F800000), U32(255), e)
+
+
+def exponent_scale(b, is_nan, fp8: str, mode: str, ops=DEVICE):
+    """FLOOR / CEIL / EVEN scale byte from the bits ``b`` (signed) of a block amax >= 0 or NaN;
+    ``is_nan()`` tells whether amax is NaN (evaluated last, as the kernels always did)."""
+    I32 = ops.I32
+    fmt = FORMATS[fp8]
+    if mode == "even":
+        b = (b + I32(2 ** (22 - fmt.mbits))) & I32(0x7F800000)  # round to mbits mantissa bits first
+    e = (b >> 23) & 0xFF
+    if mode == "ceil":
+        e = e + I32(ops.select((b & 0x7FFFFF) != 0, I32(1), I32(0)))
+    e = I32(ops.max(ops.min(e - fmt.emax, I32(255)), I32(0)))
+    return I32(ops.select(is_nan(), I32(255), e))
+
+
+def inv_scale_bits(e, ops=DEVICE):
+    """The fp32 bits of 2^(127 - e); 254 -> 2^-127 (subnormal), 255 -> NaN."""
+    I32 = ops.I32
+    bits = (I32(254) - e) << 23
+    bits = I32(ops.select(e == 254, I32(0x00400000), bits))
+    return I32(ops.select(e == 255, I32(0x7FC00000), bits))
+
+
 def e8m0_scale(amax, fp8: str, mode: str, use_hw_e8m0: bool):
     """Scale byte (Int32 0..255) of a block amax (fp32, >= 0 or NaN)."""
-    fmt = FORMATS[fp8]
     if mode == "rceil":
-        p = mul_rn(amax, Float32(fmt.rcp))  # amax / MAX, as fp32(1 / MAX) * amax
+        p = mul_rn(amax, Float32(FORMATS[fp8].rcp))  # amax / MAX, as fp32(1 / MAX) * amax
         if use_hw_e8m0:
             # sm_100+: round-up conversion in hardware; NaN -> 255, inf -> 254, p <= 2^-127 -> 0
             pk = cute.arch.inline_ptx("cvt.rp.satfinite.ue8m0x2.f32 {$w0}, {$r0}, {$r1};",
                                       write_only_types=[Uint16], read_only_args=[Float32(0.0), p])
             return Int32(pk & Uint16(0xFF))
-        # p >= 0 or NaN. Adding 0x7FFFFF carries into the exponent exactly when the mantissa is
-        # nonzero (round up); min 254 covers 2^127 < p <= inf; p <= 2^-127 gives 0; NaN gives 255.
-        b = p.bitcast(Uint32)
-        e = cutlass.min((b + Uint32(0x7FFFFF)) >> Uint32(23), Uint32(254))
-        e = cutlass.select_(b <= Uint32(0x400000), Uint32(0), e)
-        return Int32(cutlass.select_(b > Uint32(0x7F800000), Uint32(255), e))
-    b = amax.bitcast(Int32)
-    if mode == "even":
-        b = (b + Int32(2 ** (22 - fmt.mbits))) & Int32(0x7F800000)  # round to mbits mantissa bits first
-    e = (b >> 23) & 0xFF
-    if mode == "ceil":
-        e = e + Int32(cutlass.select_((b & 0x7FFFFF) != 0, Int32(1), Int32(0)))
-    e = Int32(cutlass.max(cutlass.min(e - fmt.emax, Int32(255)), Int32(0)))
-    return Int32(cutlass.select_(amax != amax, Int32(255), e))
+        return Int32(rceil_scale(p.bitcast(Uint32)))
+    return exponent_scale(amax.bitcast(Int32), lambda: amax != amax, fp8, mode)
 
 
 def inv_scale(e):
-    """2^(127 - e) as fp32 from bits; 254 -> 2^-127 (subnormal), 255 -> NaN."""
-    bits = (Int32(254) - e) << 23
-    bits = Int32(cutlass.select_(e == 254, Int32(0x00400000), bits))
-    bits = Int32(cutlass.select_(e == 255, Int32(0x7FC00000), bits))
-    return bits.bitcast(Float32)
+    """2^(127 - e) as fp32."""
+    return inv_scale_bits(e).bitcast(Float32)
 
 
 def _cvt(fp8: str) -> str:

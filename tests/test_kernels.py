@@ -1,0 +1,127 @@
+"""mxq/kernels/ on CPU: the integer and float logic the kernels trace, run on Python values and
+checked against tests/oracle.py (written from docs/NUMERICS.md, sharing no code with mxq), and
+the tiling choices of KernelConfig. The GPU side runs the same expressions inside the kernels:
+tests/test_gpu.py and bench/device_check.py compare every output byte with the reference."""
+
+import math
+import random
+
+import pytest
+
+from mxq.kernels import config as kconfig
+from mxq.kernels import device as dev
+
+from . import oracle
+
+
+def _amax_values():
+    """Block amax values (>= 0 or NaN) as fp32 bit patterns: every boundary the rules care about
+    (zero, subnormals, powers of two and their neighbours, MAX * 2^k, the largest finite, inf,
+    NaN) and random patterns."""
+    pats = {0, 1, 2, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFF, 0x800000, 0x7F7FFFFF, 0x7F800000, 0x7FC00000,
+            0x7F800001, 0x7FFFFFFF}
+    for e in range(0, 255):
+        for m in (0, 1, 0x3FFFFF, 0x400000, 0x600000, 0x7FFFFE, 0x7FFFFF, 0x0FFFFF, 0x100000, 0x200000):
+            pats.add((e << 23) | m)
+    for mx in (448.0, 57344.0):
+        for k in range(-140, 130):
+            v = oracle.f32(math.ldexp(mx, k)) if -150 < k < 120 else 0.0
+            if v and math.isfinite(v):
+                b = oracle.bits(v)
+                pats.update({b - 1, b, b + 1})
+    rng = random.Random(5)
+    pats.update(rng.randrange(0, 0x7F800001) for _ in range(4000))
+    return sorted(p for p in pats if 0 <= p <= 0x7FFFFFFF)
+
+
+AMAX = _amax_values()
+
+
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("mode", ["rceil", "floor", "ceil", "even"])
+def test_scale_rules_match_the_oracle(fp8, mode):
+    """The kernels' software scale rules (device.rceil_scale / exponent_scale, the exact
+    expressions traced into every kernel without the sm_100 hardware conversion)."""
+    rcp = oracle.from_bits(oracle.FMT[fp8][5])
+    bad = []
+    for b in AMAX:
+        amax = oracle.from_bits(b)
+        if mode == "rceil":
+            p = oracle.f32(amax * rcp)
+            got = dev.rceil_scale(oracle.bits(p) if not math.isnan(p) else 0x7FC00000, dev.HOST)
+        else:
+            got = dev.exponent_scale(dev.HOST.I32(b), lambda: math.isnan(amax), fp8, mode, dev.HOST)
+        want = oracle.scale_byte(amax, fp8, mode)
+        if got != want:
+            bad.append((hex(b), got, want))
+    assert not bad, bad[:10]
+
+
+def test_rceil_is_the_smallest_power_of_two_at_or_above_amax_over_max():
+    """An independent reading of RCEIL (docs/NUMERICS.md): 2^(e-127) is the smallest power of two
+    >= p = fp32(amax * fp32(1/MAX)), clamped to [0, 254]; exact rational arithmetic."""
+    from fractions import Fraction
+
+    rcp = oracle.from_bits(oracle.FMT["e4m3"][5])
+    for b in AMAX[::7]:
+        amax = oracle.from_bits(b)
+        p = oracle.f32(amax * rcp)
+        if math.isnan(p) or math.isinf(p):
+            continue
+        got = dev.rceil_scale(oracle.bits(p), dev.HOST)
+        if p == 0:
+            assert got == 0
+            continue
+        e = 0
+        while e < 254 and Fraction(2) ** (e - 127) < Fraction(p):
+            e += 1
+        assert got == e, (hex(b), got, e)
+
+
+def test_inverse_scales_match_the_oracle():
+    for e in range(256):
+        got = dev.inv_scale_bits(e, dev.HOST) & 0xFFFFFFFF
+        want = oracle.inv_scale(e)
+        assert (math.isnan(want) and got == 0x7FC00000) or got == oracle.bits(want), e
+
+
+def test_swizzle_offsets_match_the_oracle():
+    for blocks in (1, 3, 4, 5, 8, 33):
+        for i in range(0, 300):
+            for j in range(blocks):
+                assert dev.swizzle_offset(i, j, blocks) == oracle.swizzle_offset(i, j, blocks), (i, j, blocks)
+
+
+def test_swizzle_offsets_by_hand():
+    """cuBLAS 128x4 tiles of 512 bytes: row i's 16-byte group is i % 32, its 4-byte group within
+    it (i % 128) // 32, then the block j % 4; tiles advance along the blocks first."""
+    assert dev.swizzle_offset(0, 0, 4) == 0
+    assert dev.swizzle_offset(0, 3, 4) == 3
+    assert dev.swizzle_offset(1, 0, 4) == 16
+    assert dev.swizzle_offset(32, 0, 4) == 4
+    assert dev.swizzle_offset(0, 4, 8) == 512
+    assert dev.swizzle_offset(128, 0, 8) == 1024
+
+
+def _cfg(**kw):
+    base = dict(fp8="e4m3", rowwise=True, colwise=False, scale_mode="rceil", swizzled=False, amax=False,
+                dbias=False, n_inputs=1, n_scalars=0, identity=True, has_act=False, has_dact=False, heavy=False)
+    return kconfig.KernelConfig(**{**base, **kw})
+
+
+def test_tiling_choices_by_hand():
+    """What docs/performance.md measured fastest: a pure rowwise cast takes the wide tile; ops
+    with arithmetic stage their loads; dbias ops run 8 warps in both fast kernels, the heavy
+    fp32 ops 8, the rest 4."""
+    plain = _cfg()
+    assert plain.wide and not plain.stage and not plain.col_reduce and plain.pk_warps == 4 and plain.vec_warps == 4
+    both = _cfg(colwise=True)
+    assert not both.wide and both.col_reduce and both.pk_warps == 4
+    gelu = _cfg(colwise=True, has_act=True, heavy=True)
+    assert gelu.stage and gelu.pk_warps == 4 and gelu.vec_warps == 8
+    dbias = _cfg(colwise=True, dbias=True, has_dact=True, heavy=True)
+    assert dbias.pk_warps == 8 and dbias.vec_warps == 8 and dbias.pdl
+    assert not _cfg(dbias=True, heavy=True, tuning=kconfig.Tuning(pdl=False)).pdl
+    assert _cfg(amax=True).col_reduce and not _cfg(amax=True).wide
+    user = _cfg(identity=False)
+    assert user.computed and user.stage
