@@ -143,3 +143,18 @@ def test_generated_launchers_take_the_table_in_order():
     names = [p.split(":")[0].strip() for p in params.split(",")]
     table = [s.name for s in slots.kernel_slots(op.spec, 2, 1)]
     assert names == table + ["use_hw_e8m0", "use_pdl", "stream"]
+
+
+def test_dispatcher_workspace_dtype_is_numerics_rule():
+    """csrc/dispatch.cc allocates the dbias workspace itself; its dtype rule is
+    numerics.dbias_partial_dtype's (fp64 partials for fp32 inputs, fp32 for 16-bit ones)."""
+    import torch
+
+    from mxq.numerics import dbias_partial_dtype
+
+    src = (PKG / "csrc" / "dispatch.cc").read_text()
+    m = re.search(r"x->dtype\.bits == 32 \? (f\d\d) : (f\d\d)", src)
+    assert m, "the workspace dtype expression was not found in dispatch.cc"
+    by_name = {"f32": torch.float32, "f64": torch.float64}
+    assert by_name[m.group(1)] == dbias_partial_dtype(torch.float32)
+    assert by_name[m.group(2)] == dbias_partial_dtype(torch.bfloat16) == dbias_partial_dtype(torch.float16)

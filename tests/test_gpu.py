@@ -242,3 +242,23 @@ def test_tall_tensor_splits_the_grid_over_y_and_z(opts):
     want = op.reference(x, **kw)
     got = op(x.cuda(), out=poisoned(op, x.cuda()), **{k: v.cuda() for k, v in kw.items()})
     assert compare(got, want, is_exact(op)) == []
+
+
+@pytest.mark.parametrize("shape", [(127, 200), (64, 256)])
+@pytest.mark.parametrize("i", range(len(SAMPLE)))
+def test_prepare_matches_reference(i, shape):
+    """prepare(): bound once in Python (launch.Launcher.bind), launched twice into poisoned
+    outputs; every byte as the reference's. CPU counterpart (the binding by slot):
+    tests/test_runtime.py::test_python_binding_puts_every_tensor_in_its_slot."""
+    op, ins, kw = _sample_call(i, shape, seed=11 * i + 1)
+    want = op.reference(*ins, **kw)
+    gins = [t.cuda() for t in ins]
+    gkw = {k: v.cuda() for k, v in kw.items()}
+    out = poisoned(op, gins[0])
+    launch, got = op.prepare(*gins, out=out, **gkw)
+    assert got is out
+    launch()
+    launch()
+    torch.cuda.synchronize()
+    v_abs = v_abs_sum(op, *ins, **kw) if op.spec.dbias and not is_exact(op) else None
+    assert compare(got, want, is_exact(op), v_abs) == []

@@ -139,3 +139,13 @@ def test_rceil_never_saturates_and_scales_cover_amax():
     y = amax * e8m0_to_inv_scale(e)
     assert torch.all(y <= fmt.max)
     assert torch.all(y > fmt.max / 2 * (1 - 1e-6))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_every_nan_encodes_as_0x7f_whatever_its_sign(fmt):
+    from mxq.numerics import FORMATS, cast_to_fp8
+
+    bits = torch.tensor([0x7FC00000, -0x400000, 0x7F800001, -0x7FFFFF, -1], dtype=torch.int32)  # +-qNaN, +-sNaN
+    y = bits.view(torch.float32)
+    assert torch.isnan(y).all()
+    assert cast_to_fp8(y, FORMATS[fmt]).view(torch.uint8).tolist() == [0x7F] * 5

@@ -107,3 +107,35 @@ def _plain(x):
 
 def _scaled(x, alpha: float = 2.0):
     return x * alpha
+
+
+def test_python_binding_puts_every_tensor_in_its_slot(monkeypatch, tmp_path):
+    """Launcher.bind (what prepare() launches): each kernel argument is the tensor of its slot
+    in the table, by data pointer -- a binder that swapped the rowwise and colwise buffers fails
+    here on CPU (GPU side: tests/test_gpu.py::test_prepare_matches_reference)."""
+    from mxq import compiler, slots
+
+    monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compiler, "device_arch", lambda device: "sm_90")
+
+    def axr(x, r, alpha: float = 1.0):
+        return x * alpha + r
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, amax=True, dact="relu", dbias=True)(axr)
+    x, r, a = (torch.randn(64, 96, dtype=torch.bfloat16) for _ in range(3))
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    noop = torch.zeros(1)
+    fn, args, got_out = op._launcher_for(x).bind([x, r], [0.5], a, noop, out)
+    assert got_out is out and fn is not None
+    want = {"mIn0": x, "mIn1": r, "mActIn": a, "mRowData": out.rowwise_data, "mRowScale": out.rowwise_scale,
+            "mColData": out.colwise_data, "mColScale": out.colwise_scale, "mAmax": out.amax, "mDbias": out.dbias,
+            "mNoop": noop}
+    table = slots.kernel_slots(op.spec, 2, 1)
+    assert len(args) == len(table)
+    for slot, arg in zip(table, args):
+        if slot.role == "scalar":
+            assert arg == 0.5
+        elif slot.role == "dbias_workspace":
+            assert arg.shape == (2, 96) and arg.dtype == torch.float32
+        else:
+            assert arg.data_ptr() == want[slot.name].data_ptr(), slot.name

@@ -95,13 +95,21 @@ def test_out_is_checked():
         mxq.quantize(x, out=(good.rowwise_data, good.rowwise_scale))
 
 
+def _plus(x, r):
+    return x + r
+
+
 def test_errors_happen_before_anything_is_written():
+    """A bad argument after good ones: nothing is written into out. (r broadcasts against x, so
+    a call path that ran before validating would fill out before anything complained.)"""
+    op = mxq.fused_quant(amax=True)(_plus)
     x = torch.randn(8, 64)
-    out = mxq.quantize(x)
-    snapshot = out.rowwise_scale.clone()
-    with pytest.raises(ValueError):
-        mxq.quantize(torch.randn(8, 64) * 100, noop=torch.ones(3), out=out)
-    assert torch.equal(out.rowwise_scale, snapshot)
+    out = op(x, x)
+    snapshot = [t.clone() for t in (out.rowwise_data.view(torch.uint8), out.rowwise_scale, out.amax)]
+    with pytest.raises(ValueError, match="'r' has shape"):
+        op(x * 100, torch.randn(1, 64) * 100, out=out)
+    after = (out.rowwise_data.view(torch.uint8), out.rowwise_scale, out.amax)
+    assert all(torch.equal(a, b) for a, b in zip(after, snapshot))
 
 
 def _times(x, s):
