@@ -354,15 +354,23 @@ def kernel_cache_dir(arch: str) -> Path:
     return cache_dir() / "kernels" / f"{arch}-{fp}"
 
 
-def _link_shared(objects: list[Path], out: Path) -> None:
-    """Link exported objects with the CuTeDSL runtime and TVM-FFI into a shared library."""
+def runtime_libraries() -> list[str]:
+    """The shared libraries a kernel library needs at run time: the CuTeDSL runtime (which
+    loads the CUDA driver itself) and TVM-FFI; both need only system libraries."""
     cute = _import_cutlass("sm_90")
-    libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
+    return list(cute.runtime.find_runtime_libraries(enable_tvm_ffi=True))
+
+
+def _link_shared(objects: list[Path], out: Path, rpaths: list[str] | None = None) -> None:
+    """Link exported objects with the CuTeDSL runtime and TVM-FFI into a shared library.
+    ``rpaths``: where the loader looks for them (default: where they are now)."""
+    libs = runtime_libraries()
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise RuntimeError("mxq: no C++ compiler (g++) found to link the kernel library; set CXX")
-    cmd = [cxx, "-shared", "-o", str(out), *map(str, objects), *libs,
-           *(f"-Wl,-rpath,{os.path.dirname(lib)}" for lib in libs)]
+    rpaths = rpaths if rpaths is not None else [os.path.dirname(lib) for lib in libs]
+    cmd = [cxx, "-shared", "-o", str(out), *map(str, objects), *libs, "-Wl,--enable-new-dtags",
+           *(f"-Wl,-rpath,{r}" for r in rpaths)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode:
         raise RuntimeError(f"mxq: linking {out.name} failed: {r.stderr.strip()[:2000]}")

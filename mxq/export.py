@@ -3,11 +3,13 @@ that run with no Python (``op.export``, ``python -m mxq export``)."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
-from .compiler import _DTYPE_BY_NAME, _link_shared, compile_op
+from .compiler import _DTYPE_BY_NAME, _link_shared, compile_op, runtime_libraries
 from . import slots, targets
 from .numerics import dbias_partial_dtype
 
@@ -34,10 +36,19 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
             compiled.export_to_c(str(obj), function_name=fname, export_only_tvm_ffi_symbols=True)
             objects.append(obj)
         lib = out / f"lib{name}.so"
-        _link_shared(objects, lib)
+        # relocatable: the runtime libraries it needs are copied beside it and found through
+        # RUNPATH $ORIGIN, so the directory can move to a machine without this Python environment
+        _link_shared(objects, lib, rpaths=["$ORIGIN"])
+    runtime = []
+    for src in runtime_libraries():
+        dst = out / Path(src).name
+        if not dst.exists() or not os.path.samefile(src, dst):
+            shutil.copy2(src, dst)
+        runtime.append(str(dst))
     header = out / f"{name}.h"
     header.write_text(_export_header(op, name, arch, dtype))
-    return {"library": str(lib), "header": str(header), "functions": [name, f"{name}_vec"]}
+    return {"library": str(lib), "header": str(header), "functions": [name, f"{name}_vec"],
+            "runtime_libraries": runtime}
 
 
 def _export_header(op, name: str, arch: str, dtype: str) -> str:
@@ -65,7 +76,9 @@ def _export_header(op, name: str, arch: str, dtype: str) -> str:
 {lines}
  *
  * Shapes are checked by the function; a mismatch raises tvm::ffi::Error (ValueError).
- * Link/run needs libcute_dsl_runtime.so and libtvm_ffi.so (rpaths are recorded in the library).
+ * The directory is relocatable: libcute_dsl_runtime.so and libtvm_ffi.so (which need only system
+ * libraries; the CUDA driver is loaded at run time) are copied beside lib{name}.so, whose RUNPATH
+ * is $ORIGIN. A program links against libtvm_ffi.so from here (or its own copy of TVM-FFI).
  */
 #ifndef {guard}
 #define {guard}

@@ -236,3 +236,37 @@ def test_concurrent_first_calls_load_a_library_once(monkeypatch, tmp_path):
     for t in threads:
         t.join()
     assert len(results) == 16 and len(loads) == 1
+
+
+def test_exported_directory_is_relocatable(tmp_path):
+    """Issue 21 item 15: the AOT library's RUNPATH pointed into the building machine's virtual
+    environment. Now the runtime libraries are copied beside it (RUNPATH $ORIGIN): a copy of the
+    directory in another place, loaded by a C++ program built with rpath $ORIGIN and run with an
+    empty environment from elsewhere, resolves nothing inside the venv, loads, and its function
+    answers a CPU tensor with the clean device error (no GPU here)."""
+    import shutil
+
+    info = mxq.fused_quant()(_residual_free).export(tmp_path / "out", arch="sm_90", dtype="bf16", name="reloc")
+    moved = tmp_path / "elsewhere" / "deploy"
+    shutil.copytree(tmp_path / "out", moved)
+    venv = str(Path(sys.executable).resolve().parent.parent)
+    dyn = subprocess.run(["readelf", "-d", str(moved / "libreloc.so")], capture_output=True, text=True).stdout
+    assert "$ORIGIN" in dyn and venv not in dyn and ".venv" not in dyn
+    cfg = lambda *a: subprocess.check_output([sys.executable, "-m", "tvm_ffi.config", *a], text=True).split()  # noqa: E731
+    exe = moved / "aot_main"
+    subprocess.run(["g++", "-std=c++17", "-O1", str(ROOT / "examples" / "aot_export" / "main.cpp"), "-o", str(exe),
+                    *cfg("--cxxflags"), f"-L{moved}", "-ltvm_ffi", "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN",
+                    "-ldl"], check=True)
+    (moved / "x.bf16").write_bytes(bytes(2 * 64 * 32))
+    clean = {"PATH": "/usr/bin:/bin"}
+    ldd = subprocess.run(["ldd", str(moved / "libreloc.so")], capture_output=True, text=True, env=clean).stdout
+    for name in ("libcute_dsl_runtime.so", "libtvm_ffi.so"):
+        assert f"{name} => {moved}/{name}" in ldd, ldd
+    r = subprocess.run([str(exe), str(moved / "libreloc.so"), "reloc_vec", "64", "32", str(moved / "x.bf16"),
+                        str(moved / "q"), "cpu"], capture_output=True, text=True, env=clean, cwd=tmp_path)
+    assert r.returncode == 0 and "device_type=cuda" in r.stdout, r.stdout + r.stderr
+    assert sorted(Path(p).name for p in info["runtime_libraries"]) == ["libcute_dsl_runtime.so", "libtvm_ffi.so"]
+
+
+def _residual_free(x):
+    return x * 0.5
