@@ -452,6 +452,7 @@ def _write_library(compiled, path: Path) -> None:
         _link_shared([obj], tmp)
         digest = Path(d) / "k.sha256"
         digest.write_text(_digest_file(tmp), encoding="ascii")
+        _clear_non_file(path.with_suffix(".sha256"))
         path.with_suffix(".sha256").unlink(missing_ok=True)
         os.replace(tmp, path)
         os.replace(digest, path.with_suffix(".sha256"))
