@@ -66,6 +66,12 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
     for name, s in zip(epilogue.scalar_params, scalars):
         if isinstance(s, bool) or not isinstance(s, (int, float)):
             _fail_type(name, "a float", type(s).__name__)
+        if isinstance(s, int):
+            try:
+                float(s)
+            except OverflowError:
+                raise ValueError(f"mxq: argument {name!r} is an integer of {s.bit_length()} bits, too large "
+                                 "for a float") from None
     fname, f = first
     if spec.dact:
         if act_input is None:

@@ -254,16 +254,23 @@ def test_act_and_dact_pipeline(dtype, name):
     v = activations.FORWARD[name](x.float())
     if dtype != torch.float32:
         v = v.to(dtype).float()  # step 5
-    want = mxq.quantize(v, rowwise=True, colwise=True)
-    assert torch.equal(fwd.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
-    assert torch.equal(fwd.colwise_scale, want.colwise_scale)
+    data, _ = _oracle_rows(v)  # expected bytes from tests/oracle.py, not from mxq
+    assert torch.equal(fwd.rowwise_data.view(torch.uint8), data)
+    _, col_scale = _oracle_rows(v.t())
+    assert torch.equal(fwd.colwise_scale, col_scale.t())
     bwd = mxq.fused_quant(dact=name, dbias=True)(_ident)(g, act_input=x)
     v = g.float() * mxq.ir.evaluate(activations.dact_ir(name).expr, [x.float()], [])
     assert torch.equal(bwd.dbias, v.sum(0, dtype=torch.float64).float().to(dtype))
     if dtype != torch.float32:
         v = v.to(dtype).float()
-    want = mxq.quantize(v)
-    assert torch.equal(bwd.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+    data, scale = _oracle_rows(v)
+    assert torch.equal(bwd.rowwise_data.view(torch.uint8), data) and torch.equal(bwd.rowwise_scale, scale)
+
+
+def _oracle_rows(v, fmt="e4m3", mode="rceil"):
+    """Rowwise MXFP8 of fp32 ``v`` by tests/oracle.py: (data bytes, compact scales) as uint8."""
+    data, scales = oracle.quantize_rows(v.tolist(), fmt, mode)
+    return torch.tensor(data, dtype=torch.uint8), torch.tensor(scales, dtype=torch.uint8)
 
 
 def test_input_dtypes_widen_exactly():

@@ -183,3 +183,15 @@ def test_dequantize_of_colwise_only_uses_colwise():
     assert torch.equal(t.dequantize(), t.dequantize("colwise"))
     both = mxq.quantize(x, rowwise=True, colwise=True)
     assert torch.equal(both.dequantize(), both.dequantize("rowwise"))
+
+
+def _scaled(x, s: float = 1.0):
+    return x * s
+
+
+def test_huge_int_for_a_float_parameter_is_a_value_error():
+    """Issue 21 item 10: op(x, 10**400) raised OverflowError from deep inside the call."""
+    op = mxq.fused_quant()(_scaled)
+    with pytest.raises(ValueError, match="argument 's' is an integer of 1329 bits"):
+        op(torch.ones(4, 32), 10 ** 400)
+    assert op(torch.ones(4, 32), 10 ** 30).rowwise_data is not None  # large but a float: fine
