@@ -259,6 +259,47 @@ def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None, dtype="bf16"):
     return rows
 
 
+def bias_gelu(x, b):
+    return x + b
+
+
+def residual_scale_silu(x, r, alpha: float = 0.5):
+    return x * alpha + r
+
+
+def gate_mul(g, u):
+    return g * u
+
+
+def bench_operands(copy_gbps, shapes):
+    """Epilogues with extra operands (mxq/operands.py), both directions, bf16: x + bias[N] with
+    gelu (against the same op on a materialised [M, N] bias), x * alpha + r with silu, and the
+    product of the two halves of a [M, 2N] tensor passed as strided views. Bytes moved count
+    every operand byte read (a bias: N elements) and every output byte."""
+    rows = []
+    both = dict(rowwise=True, colwise=True)
+    out_bytes = lambda m, n: 2 * (m * n + m * n // 32)  # noqa: E731
+    for (m, n) in shapes:
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        cases = [
+            ("bias_gelu_both", FusedOp(bias_gelu, QuantSpec(**both, act="gelu")),
+             (x, torch.randn(n, device="cuda", dtype=torch.bfloat16)), 2 * m * n + 2 * n),
+            ("bias_full_gelu_both", FusedOp(bias_gelu, QuantSpec(**both, act="gelu")),
+             (x, torch.randn(m, n, device="cuda", dtype=torch.bfloat16)), 4 * m * n),
+            ("residual_silu_both", FusedOp(residual_scale_silu, QuantSpec(**both, act="silu")),
+             (x, torch.randn(m, n, device="cuda", dtype=torch.bfloat16)), 4 * m * n),
+        ]
+        gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+        cases.append(("halves_mul_both", FusedOp(gate_mul, QuantSpec(**both)), (gu[:, :n], gu[:, n:]), 4 * m * n))
+        for name, op, args, read in cases:
+            launch, out = op.prepare(*args)
+            row = timed_row(launch, read + out_bytes(m, n), copy_gbps, name=f"mxq/{name}", M=m, N=n)
+            rows.append(row)
+            print(f"  {row['name']:24s} bf16 {m:6d}x{n:<6d} {row['ms'] * 1000:8.1f} us {row['GBps']:8.0f} GB/s "
+                  f"{row['pct_copy']:5.1f}%", flush=True)
+    return rows
+
+
 def load_peers():
     """torchao's Triton MXFP8 kernels (gated to sm_100 upstream; they run on sm_90 in FLOOR mode
     once the gate is patched) and torch.compile of its to_mx (RCEIL). Benchmark-only peers."""
@@ -599,6 +640,7 @@ def main():
             summary.setdefault("rows_dtypes", []).extend(bench(copy, shapes, dtype=dtype))
         if args.odd:
             summary["rows_odd"] = bench(copy, ODD_SHAPES)
+        summary["rows_operands"] = bench_operands(copy, shapes)
         summary["rows"] += bench_peers(copy, shapes, summary["rows"])
         summary["rows"] += paired_peer_rows(summary["rows"], copy)
     if not args.no_bench or args.host:

@@ -132,7 +132,18 @@ def load_module(source: str):
     return mod
 
 
-def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool):
+LAYOUT_CODES = {"full": "f", "strided": "s", "row": "r", "col": "c", "scalar": "k"}
+
+
+def layout_tag(layouts) -> str:
+    """The compile-key suffix of the epilogue inputs' layouts ("" when every input is a plain
+    full tensor: the default kernels, whose keys and PTX never change)."""
+    if not layouts or all(k == "full" for k in layouts):
+        return ""
+    return "".join(LAYOUT_CODES[k] for k in layouts)
+
+
+def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=None):
     """The compile-time arguments of ``launch``/``launch_vec``, one per slot of the kernel slot
     table (mxq/slots.py): fake tensors with symbolic M, N tied together; the vectorised variant
     also promises N % 8 == 0 and 16-byte aligned [M, N] tensors."""
@@ -157,8 +168,21 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool):
     def f32_one():
         return fake(Float32, (1,), assumed_align=4)
 
+    def operand(kind):
+        """A fake [M, N] operand of a layout kind (mxq/operands.py): a row stride of its own
+        (strided, a multiple of 8 elements for the vectorised kernel), or stride-0 broadcast dims."""
+        if kind == "full":
+            return mat(el, big or nbytes)
+        if kind == "strided":
+            ld = cute.sym_int64(divisibility=VEC_DIVISOR if vec else 1)
+            return cute.runtime.make_fake_tensor(el, (m, n), stride=(ld, 1), assumed_align=big or nbytes)
+        stride = {"row": (0, 1), "col": (1, 0), "scalar": (0, 0)}[kind]
+        return cute.runtime.make_fake_tensor(el, (m, n), stride=stride,
+                                             assumed_align=(big or nbytes) if kind == "row" else nbytes)
+
+    kinds = iter(layouts or ())
     by_role = {
-        "input": lambda: mat(el, big or nbytes),
+        "input": lambda: operand(next(kinds, "full")),
         "scalar": lambda: Float32(0.0),
         "act_input": lambda: mat(el, big or nbytes),
         "rowwise_data": lambda: mat(Uint8, big or 1),
@@ -202,7 +226,7 @@ VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
 VARIANTS = ("vec", "generic")
 
 
-def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec"):
+def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec", layouts=None):
     """The compiled CuTeDSL function (TVM-FFI wrapper) for ``op`` on ``arch`` with input dtype.
 
     ``variant`` "vec" is the 16-byte vectorised kernel (N % 8 == 0, aligned tensors), "generic"
@@ -211,7 +235,7 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
     if variant not in VARIANTS:
         raise ValueError(f"mxq: variant must be one of {VARIANTS}, got {variant!r}")
     source = op.source
-    key = (hashlib.sha256(source.encode()).hexdigest(), arch, dtype_name, keep_ptx, variant)
+    key = (hashlib.sha256(source.encode()).hexdigest(), arch, dtype_name, keep_ptx, variant, layout_tag(layouts))
     compiled = _compiled.get(key)
     if compiled is not None:
         return compiled
@@ -222,7 +246,7 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
         if compiled is not None:
             return compiled
         mod = load_module(source)
-        args = fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant == "vec")
+        args = fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant == "vec", layouts=layouts)
         cute = _import_cutlass(arch)
         options = f"--enable-tvm-ffi --gpu-arch {arch}"
         dump = None
@@ -247,21 +271,21 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
         return compiled
 
 
-def ptx_of(op, arch: str, dtype_name: str, variant: str = "vec") -> str:
+def ptx_of(op, arch: str, dtype_name: str, variant: str = "vec", layouts=None) -> str:
     """The PTX of one kernel of ``op`` (compiled with keep_ptx on first use)."""
     # (the DSL reads the dump into the compiled object right after compiling: no file is kept)
-    return compile_op(op, arch, dtype_name, keep_ptx=True, variant=variant).__ptx__
+    return compile_op(op, arch, dtype_name, keep_ptx=True, variant=variant, layouts=layouts).__ptx__
 
 
-def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec") -> dict:
+def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec", layouts=None) -> dict:
     """Compile without a GPU and return what was produced, for inspection. ``dtype``: "bf16",
     "fp16", "fp32" or the torch dtype; ``arch``: one of targets.SUPPORTED_ARCHS."""
     arch = targets.normalize_arch(arch)
     dtype = targets.normalize_dtype(dtype)
     if variant not in VARIANTS:
         raise ValueError(f"mxq: variant must be one of {VARIANTS}, got {variant!r}")
-    compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant)
-    ptx = ptx_of(op, arch, dtype, variant)
+    compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant, layouts=layouts)
+    ptx = ptx_of(op, arch, dtype, variant, layouts)
     mlir = compiled.ir_module
     out = {"ptx": ptx, "mlir": str(mlir) if mlir is not None else "", "source": op.source,
            "path": str(source_file(op.source)), "arch": arch, "dtype": dtype, "variant": variant}
@@ -472,7 +496,7 @@ def _warn_once(what: str, exc: Exception) -> None:
                       stacklevel=4)
 
 
-def native_function(op, arch: str, dtype_name: str, variant: str):
+def native_function(op, arch: str, dtype_name: str, variant: str, layouts=None):
     """The native TVM-FFI function of one kernel, from memory, the disk cache, or a compile.
 
     Disk: ``kernel_cache_dir(arch)/<source sha>_<dtype>_<variant>.so`` with its SHA-256 in a
@@ -483,7 +507,8 @@ def native_function(op, arch: str, dtype_name: str, variant: str):
     library in a read-only cache is still loaded.
     """
     source_sha = hashlib.sha256(op.source.encode()).hexdigest()[:32]
-    key = (source_sha, arch, dtype_name, variant)
+    tag = layout_tag(layouts)
+    key = (source_sha, arch, dtype_name, variant + (f"_{tag}" if tag else ""))
     fn = _native.get(key)
     if fn is not None:
         return fn
@@ -491,15 +516,15 @@ def native_function(op, arch: str, dtype_name: str, variant: str):
         lock = _native_locks.setdefault(key, threading.Lock())
     with lock:
         fn = _native.get(key)
-        return fn if fn is not None else _native_function(op, key, arch, dtype_name, variant)
+        return fn if fn is not None else _native_function(op, key, arch, dtype_name, variant, layouts)
 
 
-def _native_function(op, key, arch: str, dtype_name: str, variant: str):
+def _native_function(op, key, arch: str, dtype_name: str, variant: str, layouts):
     source_sha = key[0]
     if os.environ.get("MXQ_ALWAYS_COMPILE") == "1":
-        fn = _native[key] = _native_of(compile_op(op, arch, dtype_name, variant=variant))
+        fn = _native[key] = _native_of(compile_op(op, arch, dtype_name, variant=variant, layouts=layouts))
         return fn
-    path = kernel_cache_dir(arch) / f"{source_sha}_{dtype_name}_{variant}.so"
+    path = kernel_cache_dir(arch) / f"{source_sha}_{dtype_name}_{key[3]}.so"
     try:
         lock = _FileLock(path.with_suffix(".lock"))
         lock.__enter__()
@@ -511,7 +536,7 @@ def _native_function(op, key, arch: str, dtype_name: str, variant: str):
             except Exception:
                 pass
         _warn_once("kernel disk cache not writable", exc)
-        fn = _native[key] = _native_of(compile_op(op, arch, dtype_name, variant=variant))
+        fn = _native[key] = _native_of(compile_op(op, arch, dtype_name, variant=variant, layouts=layouts))
         return fn
     try:
         if _verified(path):
@@ -520,7 +545,7 @@ def _native_function(op, key, arch: str, dtype_name: str, variant: str):
                 return fn
             except Exception:
                 pass  # rebuilt below
-        compiled = compile_op(op, arch, dtype_name, variant=variant)
+        compiled = compile_op(op, arch, dtype_name, variant=variant, layouts=layouts)
         try:
             _write_library(compiled, path)
             fn = _native[key] = _load_function(path, EXPORT_NAME)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import layouts, slots
+from . import layouts, operands, slots
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
 from .numerics import dbias_partial_dtype
 from .tensor import MXFP8Tensor, flat_dims
@@ -62,11 +62,22 @@ class Launcher:
         return (self.dispatch is not None and out is None and noop is None and self.native_alloc
                 and x.is_cuda and x.numel() > 0)
 
-    def _fn(self, variant: str):
-        fn = self.fns.get(variant)
+    def _fn(self, variant: str, operand_kinds=None):
+        key = (variant, operand_kinds)
+        fn = self.fns.get(key)
         if fn is None:
-            fn = self.fns[variant] = native_function(self.op, self.arch, self.dtype_name, variant)
+            fn = self.fns[key] = native_function(self.op, self.arch, self.dtype_name, variant, operand_kinds)
         return fn
+
+    def run(self, tensors, scalars, act_input, noop, out, operand_kinds):
+        """A call with broadcast or strided operands (``operand_kinds``: runtime.operand_layouts),
+        through the Python binding (the native dispatcher takes full operands only)."""
+        fn, args, out = self.bind(tensors, scalars, act_input, noop, out, operand_kinds)
+        if fn is not None:
+            fn(*args)
+        elif self.op.spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
+            out.dbias.zero_()
+        return out
 
     def call_alloc(self, *args):
         """Allocate the outputs and launch in one native call: ``args`` are the allocating
@@ -79,19 +90,22 @@ class Launcher:
                            item(r, 4) if amax else None, item(r, 5) if dbias else None,
                            fp8, layout, args[0].shape)
 
-    def bind(self, tensors, scalars, act_input, noop, out):
+    def bind(self, tensors, scalars, act_input, noop, out, operand_kinds=None):
         """(native function, its argument list, out) for one call; launching is ``fn(*args)``.
-        The argument list follows the kernel slot table (mxq/slots.py)."""
+        The argument list follows the kernel slot table (mxq/slots.py); ``operand_kinds``: the
+        epilogue inputs' kinds (runtime.operand_layouts; None: all full and contiguous)."""
         spec, epi = self.op.spec, self.op.epilogue
         x = tensors[0]
         m, n = flat_dims(x.shape)
         if out is None:
             out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device)
+        kinds = list(operand_kinds or ("full",) * len(tensors)) + (["full"] if spec.dact else [])
         sources = [*tensors, act_input] if spec.dact else list(tensors)
-        for name, t in zip((*epi.tensor_params, "act_input"), sources):
-            if not t.is_contiguous():
+        for name, t, kind in zip((*epi.tensor_params, "act_input"), sources, kinds):
+            if kind != "strided" and not t.is_contiguous():
                 raise ValueError(f"mxq: argument {name!r} must be contiguous on CUDA (call .contiguous() first)")
-        mats = [t if x.dim() == 2 else t.reshape(m, n) for t in sources]
+        mats = [t if kind == "strided" else operands.as_matrix(t, kind, m, n)
+                for t, kind in zip(sources, kinds)]
         row_data = _as_u8_2d(out.rowwise_data, m, n) if spec.rowwise else None
         col_data = _as_u8_2d(out.colwise_data, m, n) if spec.colwise else None
         operand = {
@@ -114,9 +128,13 @@ class Launcher:
                 args.append(float(scalars[slot.index]))
             else:
                 args.append(operand[slot.role]())
-        wide = [t for t in (*mats, row_data, col_data) if t is not None]
-        vec = n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
-        return (self._fn("vec" if vec else "generic") if m * n else None), args, out
+        # the vectorised kernels read full, strided and row operands 16 bytes at a time
+        wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + \
+            [t for t in (row_data, col_data) if t is not None]
+        vec = (n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
+               and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided"))
+        key = tuple(kinds[:len(tensors)]) if operand_kinds else None
+        return (self._fn("vec" if vec else "generic", key) if m * n else None), args, out
 
     def __call__(self, tensors, scalars, act_input, noop, out):
         x = tensors[0]

@@ -83,6 +83,9 @@ class FusedOp:
         if x.is_cuda:
             launcher = self._launcher_for(x)
             if launcher is not None:
+                tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input)
+                if any(k != "full" for k in layouts):  # broadcast or strided operands: the Python binding
+                    return launcher.run(tensors, scalars, act_input, noop, out, layouts)
                 if self._fast_ok and launcher.allocates(x, noop, out):
                     self._fast[(x.dtype, x.get_device())] = launcher  # later calls skip the checks
                 return launcher(tensors, scalars, act_input, noop, out)
@@ -120,7 +123,8 @@ class FusedOp:
         launcher = self._launcher_for(tensors[0]) if tensors[0].is_cuda else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
-        fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out)
+        tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input)
+        fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out, layouts)
         if fn is None:
             return (lambda: None), out
         return (lambda: fn(*fargs)), out
@@ -132,8 +136,6 @@ class FusedOp:
         if reason is not None:
             runtime.fallback(reason)
             return None
-        if not x.is_contiguous():
-            raise ValueError("mxq: CUDA tensor inputs must be contiguous (call .contiguous() first)")
         key = (x.device, runtime.dtype_name(x.dtype))
         fn = self._launchers.get(key)
         if fn is None:

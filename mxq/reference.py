@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import activations, ir, layouts
+from . import activations, ir, layouts, operands
 from .epilogue import Epilogue
 from .numerics import quantize_blocks
 from .spec import QuantSpec
@@ -23,8 +23,10 @@ from .tensor import MXFP8Tensor, flat_dims
 
 def epilogue_value(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input) -> torch.Tensor:
     """Steps 1-3: the fp32 value v of every element as a [M, N] tensor."""
-    m, n = flat_dims(tensors[0].shape)
-    flat = [t.reshape(m, n).to(torch.float32) for t in tensors]
+    x = tensors[0]
+    m, n = flat_dims(x.shape)
+    flat = [operands.as_matrix(t, operands.kind_of(t.shape, m, n, x.shape), m, n).to(torch.float32)
+            for t in tensors]
     v = flat[0] if epilogue.is_identity else ir.evaluate(epilogue.expr, flat, list(scalars))
     v = v.expand(m, n)
     if spec.act:

@@ -14,7 +14,8 @@ import torch
 
 from .epilogue import Epilogue
 from .spec import DTYPES, QuantSpec
-from .tensor import MXFP8Tensor
+from . import operands
+from .tensor import MXFP8Tensor, flat_dims
 
 
 def _fail_type(name: str, what: str, got) -> None:
@@ -55,9 +56,10 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
             first = (name, t)
             continue
         fname, f = first
-        if t.shape != f.shape:
-            raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)} but {fname!r} has "
-                             f"{tuple(f.shape)}; every tensor input of one op has the same shape")
+        if t.shape != f.shape and operands.kind_of(t.shape, *flat_dims(f.shape), f.shape) is None:
+            raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)}, which neither equals "
+                             f"{fname!r}'s {tuple(f.shape)} nor broadcasts against it (a row [N], a column "
+                             "[..., 1] or a scalar; docs/NUMERICS.md, Operands)")
         if t.dtype != f.dtype:
             raise TypeError(f"mxq: argument {name!r} has dtype {t.dtype} but {fname!r} has {f.dtype}; "
                             "every tensor input of one op has the same dtype")
@@ -136,9 +138,42 @@ def fallback(reason: str) -> None:
                       RuntimeWarning, stacklevel=3)
 
 
+def operand_layouts(tensors, act_input):
+    """(tensors, act_input, layouts) for the kernels: each epilogue input's kind (full, strided,
+    row, col, scalar; mxq/operands.py) and the tensors to pass. A layout the kernels cannot read
+    in place (a non-contiguous full input that is not a strided 2-D view, a non-contiguous
+    broadcast operand or act_input) is copied to contiguous with a one-time warning, an error
+    under MXQ_STRICT=1."""
+    x = tensors[0]
+    m, n = flat_dims(x.shape)
+    out, layouts = [], []
+    for i, t in enumerate(tensors):
+        kind = "full" if i == 0 else operands.kind_of(t.shape, m, n, x.shape)
+        if kind == "full" and not t.is_contiguous() and operands.is_row_strided(t, n):
+            kind = "strided"
+        elif not t.is_contiguous():
+            copied("non-contiguous tensor inputs are copied (strided 2-D views with unit last stride are not)")
+            t = t.contiguous()
+        out.append(t)
+        layouts.append(kind)
+    if act_input is not None and not act_input.is_contiguous():
+        copied("a non-contiguous act_input is copied")
+        act_input = act_input.contiguous()
+    return out, act_input, tuple(layouts)
+
+
+def copied(reason: str) -> None:
+    """An input copied before the kernel: warn once per reason, or raise under MXQ_STRICT=1."""
+    if os.environ.get("MXQ_STRICT") == "1":
+        raise RuntimeError(f"mxq: {reason} and MXQ_STRICT=1")
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"mxq: {reason}", RuntimeWarning, stacklevel=4)
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """"fp32", "fp16" or "bf16" of a (validated) torch dtype."""
     return DTYPES[dtype]
 
 
-__all__ = ["check_call", "check_out", "dtype_name", "fallback"]
+__all__ = ["check_call", "check_out", "copied", "dtype_name", "fallback", "operand_layouts"]

@@ -262,3 +262,68 @@ def test_prepare_matches_reference(i, shape):
     torch.cuda.synchronize()
     v_abs = v_abs_sum(op, *ins, **kw) if op.spec.dbias and not is_exact(op) else None
     assert compare(got, want, is_exact(op), v_abs) == []
+
+
+def _bias_scale(x, s, b):
+    return x * s + b
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(256, 264), (33, 70), (2, 40, 96)])
+@pytest.mark.parametrize("dirs", [dict(rowwise=True), dict(rowwise=False, colwise=True),
+                                  dict(rowwise=True, colwise=True, amax=True, dbias=True, act="gelu")])
+@pytest.mark.parametrize("kinds", [("col", "row"), ("scalar", "row"), ("full", "scalar"), ("col", "full")])
+def test_broadcast_and_strided_operands_match_reference(kinds, dirs, shape, dtype):
+    """Broadcast operands (row [N], col [..., 1], scalars) through the packed / vectorised and the
+    generic kernels, every byte against the reference. CPU counterpart: tests/test_operands.py."""
+    op = mxq.fused_quant(**dirs)(_bias_scale)
+    m = 1
+    for d in shape[:-1]:
+        m *= d
+    n = shape[-1]
+    x = planted(m, n, dtype, seed=m + n).reshape(shape)
+
+    def operand(kind, seed):
+        full = planted(m, n, dtype, seed=seed, specials=False).reshape(shape)
+        return {"full": full, "row": full.reshape(m, n)[0], "col": full.reshape(m, n)[:, :1].reshape(*shape[:-1], 1),
+                "scalar": full.reshape(-1)[:1].reshape(())}[kind]
+
+    s, b = operand(kinds[0], 5), operand(kinds[1], 6)
+    want = op.reference(x, s, b)
+    got = op(x.cuda(), s.cuda(), b.cuda(), out=poisoned(op, x.cuda()))
+    v_abs = v_abs_sum(op, x, s, b) if op.spec.dbias and not is_exact(op) else None
+    assert compare(got, want, is_exact(op), v_abs) == []
+
+
+def _gate_mul(g, u):
+    return g * u
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n", [256, 72, 70])
+@pytest.mark.parametrize("dirs", [dict(rowwise=True), dict(rowwise=True, colwise=True, dbias=True, act="silu")])
+def test_strided_half_views_match_reference(dirs, n, dtype):
+    """x[:, :N] and x[:, N:] of a [M, 2N] tensor run on the kernels with their row stride (no
+    copy): the vectorised kernels when 2N keeps 16-byte rows, else the generic one."""
+    op = mxq.fused_quant(**dirs)(_gate_mul)
+    base = planted(100, 2 * n, dtype, seed=n)
+    want = op.reference(base[:, :n].contiguous(), base[:, n:].contiguous())
+    g = base.cuda()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no copy warning: the views go in as they are
+        got = op(g[:, :n], g[:, n:], out=poisoned(op, g[:, :n].contiguous()))
+    v_abs = v_abs_sum(op, base[:, :n].contiguous(), base[:, n:].contiguous()) if op.spec.dbias and not is_exact(op) else None
+    assert compare(got, want, is_exact(op), v_abs) == []
+
+
+def test_prepare_with_a_bias_matches_reference():
+    op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(_bias_scale)
+    x = planted(300, 512, torch.bfloat16, seed=3)
+    s, b = torch.tensor(0.75, dtype=torch.bfloat16), planted(1, 512, torch.bfloat16, seed=4, specials=False)[0]
+    want = op.reference(x, s, b)
+    launch, out = op.prepare(x.cuda(), s.cuda(), b.cuda(), out=poisoned(op, x.cuda()))
+    launch()
+    torch.cuda.synchronize()
+    assert compare(out, want, is_exact(op)) == []

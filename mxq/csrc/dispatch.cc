@@ -148,7 +148,8 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     for (int d = 0; same && d < t->ndim; ++d) same = t->shape[d] == x->shape[d];
     if (!same) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has another shape than '"
-                                << ArgName(st, 0) << "'";
+                                << ArgName(st, 0) << "' (on CUDA tensors this route takes operands of that "
+                                << "shape; broadcast operands are served by Python calls for now)";
     }
     vec = vec && Aligned16(t);
     push(Alias(t, t->dtype, m, n, 2));

@@ -160,6 +160,22 @@ def warp_max(x):
     return x
 
 
+# --- operand layouts (mxq/operands.py) --------------------------------------------------------------
+def _static_stride(t, mode: int):
+    s = t.layout.stride[mode]
+    return s if isinstance(s, int) else None
+
+
+def broadcast_rows(t) -> bool:
+    """Every row of [M, N] operand ``t`` is the same row (a row operand, or a scalar)."""
+    return _static_stride(t, 0) == 0
+
+
+def broadcast_cols(t) -> bool:
+    """Every column of ``t`` is the same column (a col operand, or a scalar): no vector loads."""
+    return _static_stride(t, 1) == 0
+
+
 # --- scale addressing and stores --------------------------------------------------------------
 def swizzle_offset(i, j, blocks):
     """Byte offset of scale (row i, block j) in the cuBLAS 128x4 layout with ``blocks`` per row
@@ -236,7 +252,7 @@ def pk_max_shuffled(keep, give, offset: int, upper, is_bf16: bool):
 def widen(frag, k):
     """Value k of a loaded register fragment as fp32. bf16 is taken from its 32-bit word (a shift
     or an AND); the element-wise conversion costs two instructions for the upper half."""
-    if frag.element_type is cutlass.BFloat16:
+    if frag.element_type is cutlass.BFloat16 and _static_stride(frag, 0) != 0:
         w = cute.recast_tensor(frag, Uint32)[k // 2]
         return (w << Uint32(16)).bitcast(Float32) if k % 2 == 0 else (w & Uint32(0xFFFF0000)).bitcast(Float32)
     return frag[k].to(Float32)

@@ -102,7 +102,11 @@ class PackedKernel:
             nbr = (N + 31) // 32
         if cutlass.const_expr(cfg.colwise):
             tCol = cute.local_tile(col_data, (PK_ROWS, VEC), (trow, g))
-        if cutlass.const_expr(cfg.stage):
+        # Operands broadcast along rows (a bias) are loaded once, for row 0, and shared by every
+        # row; operands broadcast along columns (a row scale, a scalar) take element loads.
+        once = [dev.broadcast_rows(src) for src in sources]
+        staged_src = [cfg.stage and not dev.broadcast_cols(src) for src in sources]
+        if cutlass.const_expr(any(staged_src)):
             # Staged loads: every row of every input is requested at once with cp.async into this
             # thread's own shared-memory slots (one commit group per row) and read back just before
             # its row is computed.
@@ -111,26 +115,32 @@ class PackedKernel:
             for t in cutlass.range_constexpr(NSRC):
                 el = sources[t].element_type
                 staged.append(smem.allocate_tensor(
-                    el, cute.make_layout((PK_ROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16))
+                    el, cute.make_layout((PK_ROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16)
+                    if staged_src[t] else None)
                 g2s.append(cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
-                                               el, num_bits_per_copy=128))
+                                               el, num_bits_per_copy=128) if staged_src[t] else None)
             for i in cutlass.range_constexpr(PK_ROWS):
                 if col_ok and rbase + i < M:
                     for t in cutlass.range_constexpr(NSRC):
-                        cute.copy(g2s[t], tiles[t][(i, None)], staged[t][(i, tidx, None)])
+                        if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
+                            cute.copy(g2s[t], tiles[t][(i, None)], staged[t][(i, tidx, None)])
                 cute.arch.cp_async_commit_group()
         # all loads first (PK_ROWS independent 16-byte loads per source per thread, unless staged)
         frags = []  # frags[i][t]: row i of source t
         for i in cutlass.range_constexpr(PK_ROWS):
             row = []
             for t in cutlass.range_constexpr(NSRC):
-                row.append(cute.make_rmem_tensor_like(tiles[t][(0, None)]))
-                row[t].fill(0)
+                if cutlass.const_expr(i > 0 and once[t]):
+                    row.append(frags[0][t])
+                else:
+                    row.append(cute.make_rmem_tensor_like(tiles[t][(0, None)]))
+                    row[t].fill(0)
             frags.append(row)
-            if cutlass.const_expr(not cfg.stage):
+            if cutlass.const_expr(not all(staged_src)):
                 if col_ok and rbase + i < M:
                     for t in cutlass.range_constexpr(NSRC):
-                        cute.autovec_copy(tiles[t][(i, None)], row[t])
+                        if cutlass.const_expr(not staged_src[t] and (i == 0 or not once[t])):
+                            cute.autovec_copy(tiles[t][(i, None)], row[t])
         # every store below is bounded by Ms: 0 under noop (nothing written) or past the grid
         Ms = Int32(cutlass.select_(noop[0] != Float32(1.0), M, Int32(0)))
         Ms = Int32(cutlass.select_(in_grid, Ms, Int32(0)))
@@ -141,11 +151,12 @@ class PackedKernel:
         words = []  # words[i][j]: row i's values j*2, j*2+1 as one packed word
         absw = []  # their magnitudes
         for i in cutlass.range_constexpr(PK_ROWS):
-            if cutlass.const_expr(cfg.stage):
+            if cutlass.const_expr(any(staged_src)):
                 cute.arch.cp_async_wait_group(PK_ROWS - 1 - i)  # row i's copies have landed
                 if col_ok and rbase + i < M:
                     for t in cutlass.range_constexpr(NSRC):
-                        cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
+                        if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
+                            cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
             if cutlass.const_expr(cfg.computed):
                 if cutlass.const_expr(not cfg.identity):
                     row_ok = col_ok and rbase + i < M

@@ -57,16 +57,21 @@ class VectorizedKernel:
         if cutlass.const_expr(cfg.colwise):
             tCol = cute.zipped_divide(col_data, (1, VEC))
         # all loads first: VROWS independent 16-byte loads per source in flight per thread
+        once = [dev.broadcast_rows(src) for src in sources]  # row operands: loaded once, for row 0
         frags = []  # frags[i][t]: row i of source t
         for i in cutlass.range_constexpr(VROWS):
             row = []
             for t in cutlass.range_constexpr(len(sources)):
-                row.append(cute.make_rmem_tensor_like(tiles[t][(None, (0, 0))]))
-                row[t].fill(0)
+                if cutlass.const_expr(i > 0 and once[t]):
+                    row.append(frags[0][t])
+                else:
+                    row.append(cute.make_rmem_tensor_like(tiles[t][(None, (0, 0))]))
+                    row[t].fill(0)
             frags.append(row)
             if col_ok and rbase + i < M:
                 for t in cutlass.range_constexpr(len(sources)):
-                    cute.autovec_copy(tiles[t][(None, (rbase + i, g))], row[t])
+                    if cutlass.const_expr(i == 0 or not once[t]):
+                        cute.autovec_copy(tiles[t][(None, (rbase + i, g))], row[t])
         if noop[0] != Float32(1.0):
             vals = cute.make_rmem_tensor(cute.make_layout(VROWS * VEC), Float32)
             if cutlass.const_expr(cfg.col_reduce):
