@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import torch
 
-from . import codegen, compiler, export, ffi, launch, runtime
+from . import codegen, compiler, export, ffi, launch, runtime, torch_ops
 from . import reference as _reference
 from .epilogue import IDENTITY, Epilogue, EpilogueError, parse
 from .spec import QuantSpec
@@ -41,6 +41,8 @@ class FusedOp:
                                 f"(act_input, noop, out)", inspect.getsourcefile(fn) or "<unknown>",
                                 fn.__code__.co_firstlineno, "parameter name")
         self._signature = inspect.signature(fn)
+        self._defaults = {k: p.default for k, p in self._signature.parameters.items()
+                          if p.default is not inspect.Parameter.empty}
         self._nparams = len(self.epilogue.param_order)
         self._tensor_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.tensor_params]
         # (dtype, CUDA device index) -> launcher, filled after a checked call took the allocating
@@ -48,6 +50,7 @@ class FusedOp:
         self._fast: dict = {}
         self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
         self._dispatchers = None  # (destination-passing, allocating) native functions, built once
+        self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by
         self._fast_ok = self._nparams == 1 and len(self.epilogue.tensor_params) == 1 and not spec.dact
         self._scalar_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.scalar_params]
         self._source: str | None = None
@@ -66,11 +69,37 @@ class FusedOp:
         return [args[i] for i in self._tensor_pos], [args[i] for i in self._scalar_pos]
 
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs) -> MXFP8Tensor:
+        if torch.compiler.is_compiling():  # torch.compile: one operator node (mxq/torch_ops.py)
+            tensors, scalars = self._bind_traced(args, kwargs)
+            return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out)
         if self._fast and len(args) == 1 and not kwargs and noop is None and out is None and act_input is None:
             got = self._fast_call(args[0])
             if got is not None:
                 return got
         tensors, scalars = self._bind(args, kwargs)
+        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
+        return self._run(tensors, scalars, act_input, noop, out)
+
+    def _bind_traced(self, args, kwargs):
+        """_bind without inspect (which torch.compile does not trace): positional arguments,
+        then keywords by name, then defaults."""
+        order = self.epilogue.param_order
+        if len(args) > len(order):
+            raise TypeError(f"mxq: {self.epilogue.name}() takes {len(order)} arguments, got {len(args)}")
+        values = dict(zip(order, args))
+        for k, v in kwargs.items():
+            if k not in order or k in values:
+                raise TypeError(f"mxq: {self.epilogue.name}() got an unexpected or repeated argument {k!r}")
+            values[k] = v
+        for k in order:
+            if k not in values:
+                if k not in self._defaults:
+                    raise TypeError(f"mxq: {self.epilogue.name}() missing argument {k!r}")
+                values[k] = self._defaults[k]
+        return [values[order[i]] for i in self._tensor_pos], [values[order[i]] for i in self._scalar_pos]
+
+    def _eager(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+        """A checked eager call into ``out`` (what the torch operator runs)."""
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
         return self._run(tensors, scalars, act_input, noop, out)
 
@@ -234,6 +263,9 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     ``out`` (an extension of the DESIGN contract) writes into existing buffers, e.g. for CUDA
     graphs; with ``noop`` holding 1.0 nothing is written at all.
     """
+    if torch.compiler.is_compiling():
+        i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax)
+        return torch_ops.call(i, [x], [], None, noop, out)
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax)
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
@@ -254,6 +286,14 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         if got is not None:
             return got
     return op(x, noop=noop, out=out)
+
+
+@torch.compiler.assume_constant_result
+def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax) -> int:
+    """torch_ops' id of mxq.quantize's op for these options (validated here; torch.compile runs
+    this while tracing and keeps the id as a constant)."""
+    return torch_ops.op_id(_quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
+                                                  scale_layout=scale_layout, amax=amax)))
 
 
 _QUANTIZE_OPS: dict = {}  # quantize()'s options as passed -> its op (one dict lookup per call)

@@ -1,0 +1,103 @@
+"""mxq ops as torch operators: what torch.compile traces (issue "PyTorch-native", part 1).
+
+One custom operator, ``torch.ops.mxq.fused_quant``, serves every op: its integer argument names
+the FusedOp (a process-wide registry, filled as ops are first traced), the tensors and floats are
+the epilogue's, and it returns the six output slots (slots.OUTPUTS; an unused slot is an empty
+tensor). Its fake implementation gives the exact shapes, strides and dtypes of
+``MXFP8Tensor.empty``, so compiled graphs hold the op as one node, with no graph break, for
+static and dynamic shapes. Eager calls do not go through the dispatcher (it costs host time):
+``FusedOp.__call__`` routes here only while torch.compile traces. MXFP8Tensor is a registered
+pytree node, so it can be an input and an output of compiled functions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import slots
+from .tensor import MXFP8Tensor
+
+_ops: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # op id -> FusedOp
+_next = itertools.count()
+
+
+def register(op) -> int:
+    """An id for a new FusedOp (FusedOp.__init__ asks once). The registry does not keep the op
+    alive; a compiled graph holds the id as a constant, and the op lives as long as the code that
+    calls it."""
+    i = next(_next)
+    _ops[i] = op
+    return i
+
+
+def op_id(op) -> int:
+    return op._torch_id
+
+
+@torch.library.custom_op("mxq::fused_quant", mutates_args=())
+def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: torch.Tensor | None,
+                noop: torch.Tensor | None, op: int) -> list[torch.Tensor]:
+    fused = _ops[op]
+    x = tensors[0]
+    # outputs from torch's allocator (the native allocating route's memory is not torch's: a
+    # CUDA graph captured by torch.compile must own its outputs)
+    out = MXFP8Tensor.empty(fused.spec, x.shape, x.dtype, x.device, zeroed=noop is not None)
+    t = fused._eager(tensors, scalars, act_input, noop, out)
+    return [getattr(t, f) if getattr(t, f) is not None else x.new_empty(0) for f in slots.OUTPUTS]
+
+
+@fused_quant.register_fake
+def _fused_quant_fake(tensors, scalars, act_input, noop, op):
+    spec = _ops[op].spec
+    x = tensors[0]
+    like = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta")
+    out = []
+    for f in slots.OUTPUTS:
+        g = getattr(like, f)
+        out.append(x.new_empty(g.shape, dtype=g.dtype) if g is not None else x.new_empty(0))
+    return out
+
+
+@torch.compiler.assume_constant_result
+def _spec_key(i: int) -> int:
+    return _ops[i].spec.key("fp32")
+
+
+def call(i: int, tensors, scalars, act_input, noop, out):
+    """The traced call of op ``i`` (op_id): the operator, then an MXFP8Tensor (``out`` filled by
+    copies)."""
+    from .spec import QuantSpec
+
+    res = torch.ops.mxq.fused_quant(list(tensors), [float(s) for s in scalars], act_input, noop, i)
+    spec, _ = QuantSpec.from_key(_spec_key(i))
+    fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
+    if out is not None:
+        for f, r in fields.items():
+            if r is not None:
+                getattr(out, f).copy_(r)
+        return out
+    return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
+                       fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
+                       tensors[0].shape)
+
+
+_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias")
+
+
+def _flatten(t: MXFP8Tensor):
+    return [getattr(t, f) for f in _FIELDS], (t.fp8, t.scale_layout, tuple(t.shape))
+
+
+def _unflatten(children, context):
+    fp8, layout, shape = context
+    return MXFP8Tensor(*children, fp8, layout, torch.Size(shape))
+
+
+pytree.register_pytree_node(MXFP8Tensor, _flatten, _unflatten,
+                            serialized_type_name="mxq.MXFP8Tensor")
+
+__all__ = ["call", "fused_quant", "op_id"]
