@@ -27,7 +27,8 @@ KINDS = ("full", "row", "col", "scalar")
 def kind_of(shape, m: int, n: int, full_shape) -> str | None:
     """The kind of an operand of ``shape`` against the op's shape ``full_shape`` ([M, N] after
     flattening), or None when it does not broadcast. An exact match is full; otherwise the
-    broadcast kinds are tried in the order of the table (so a [1] operand of a [1, 1] op is full)."""
+    broadcast kinds are tried in the order of the table (so a [1] operand of a [1, 1] op is a
+    scalar: the same element either way)."""
     shape = tuple(shape)
     if shape == tuple(full_shape):
         return "full"
