@@ -28,6 +28,10 @@ _Tensor = torch.Tensor
 _FAST_NUMEL = 2 ** 31 - 64  # launch.launcher's limit: beyond it the reference serves (with a warning)
 
 
+def _any_dtensor(tensors, act_input) -> bool:
+    return any(type(t).__name__ == "DTensor" for t in tensors) or type(act_input).__name__ == "DTensor"
+
+
 class FusedOp:
     """One fused MXFP8 quantization op: an epilogue plus a QuantSpec."""
 
@@ -77,6 +81,10 @@ class FusedOp:
             if got is not None:
                 return got
         tensors, scalars = self._bind(args, kwargs)
+        if _any_dtensor(tensors, act_input):  # each rank quantizes its shard (mxq/distributed.py)
+            from . import distributed  # (torch.distributed only where DTensors are used)
+
+            return distributed.call(self, tensors, scalars, act_input, noop, out)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
         return self._run(tensors, scalars, act_input, noop, out)
 

@@ -1,0 +1,140 @@
+"""DTensor inputs: each rank quantizes its local shard, no communication (issue "PyTorch-native",
+part 3).
+
+``mxq.quantize`` and decorated ops accept DTensors on a 1-D device mesh with one placement:
+
+| input placement | data | rowwise scales | colwise scales | amax | dbias |
+|---|---|---|---|---|---|
+| Replicate() | Replicate | Replicate | Replicate | Replicate | Replicate |
+| Shard(0) (rows) | Shard(0) | Shard(0) | Shard(0) | Partial("max") | Partial("sum") |
+| Shard(-1) (columns) | Shard(-1) | Shard(1) | Shard(1) | Partial("max") | Shard(0) |
+
+A shard boundary that would cut a 32-element block is an error naming the placement: with
+Shard(0), every rank's first row (after flattening) must be a multiple of 32 when the op writes
+colwise blocks; with Shard(-1), every rank's first column must be a multiple of 32 when it writes
+rowwise blocks. Scales are compact only (swizzled tiles span 128 rows). The other tensor
+operands must have the same placement (or be plain tensors broadcast against the local shard);
+``act_input`` likewise. A Partial("sum") dbias reduces the ranks' rounded sums: within the
+dbias class of docs/NUMERICS.md of the single-device value, not byte-equal to it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+from .tensor import MXFP8Tensor, flat_dims
+
+
+def _name(p) -> str:
+    """A placement as a user writes it: Shard(0), Replicate(), Partial()."""
+    if isinstance(p, Shard):
+        return f"Shard({p.dim})"
+    return f"{type(p).__name__}()"
+
+
+def has_dtensor(tensors, act_input=None) -> bool:
+    return any(isinstance(t, DTensor) for t in tensors) or isinstance(act_input, DTensor)
+
+
+def _placement(x: DTensor):
+    mesh = x.device_mesh
+    if mesh.ndim != 1 or len(x.placements) != 1:
+        raise ValueError(f"mxq: argument {x!r:.40} must live on a 1-D device mesh with one placement, got "
+                         f"placements {x.placements}")
+    p = x.placements[0]
+    if isinstance(p, Shard):
+        dim = p.dim % x.dim()
+        if dim not in (0, x.dim() - 1):
+            raise ValueError(f"mxq: placement Shard({p.dim}) splits neither the rows (Shard(0)) nor the "
+                             "columns (Shard(-1)) of the input")
+        return mesh, ("rows" if dim == 0 and x.dim() > 1 else "cols"), dim
+    if isinstance(p, Replicate):
+        return mesh, "replicate", None
+    raise ValueError(f"mxq: DTensor inputs must be Shard or Replicate, got {_name(p)}")
+
+
+def _check_blocks(spec, x: DTensor, kind: str, dim):
+    """Refuse a split that cuts a 32-element block (each rank's first row / column)."""
+    if kind == "replicate":
+        return
+    if spec.scale_layout != "compact":
+        raise ValueError(f"mxq: placement {_name(x.placements[0])} needs scale_layout='compact' (swizzled tiles span "
+                         "128 rows of scales)")
+    size = x.shape[dim]
+    world = x.device_mesh.size()
+    chunk = -(-size // world)  # DTensor's even split: ceil(size / world) per rank
+    per_index = 1
+    if kind == "rows":
+        for d in x.shape[1:-1]:
+            per_index *= d
+    need = spec.colwise if kind == "rows" else spec.rowwise
+    if need and world > 1 and (chunk * per_index) % 32 and chunk < size:
+        what = "rows" if kind == "rows" else "columns"
+        raise ValueError(f"mxq: placement {_name(x.placements[0])} cuts a 32-element block: each rank holds "
+                         f"{chunk * per_index} {what} (a multiple of 32 is needed for "
+                         f"{'colwise' if kind == 'rows' else 'rowwise'} blocks)")
+
+
+def _local(t, mesh, placement, name):
+    if isinstance(t, DTensor):
+        if t.device_mesh != mesh or t.placements != (placement,):
+            raise ValueError(f"mxq: argument {name!r} has placements {t.placements} on another mesh or "
+                             f"placement than the first input's ({placement})")
+        return t.to_local()
+    return t
+
+
+def call(op, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+    """Run ``op`` on the local shards of DTensor inputs and wrap its outputs as DTensors."""
+    if out is not None:
+        raise ValueError("mxq: out= is not supported with DTensor inputs")
+    x = tensors[0]
+    if not isinstance(x, DTensor):
+        raise TypeError("mxq: with DTensor operands, the first tensor input must be a DTensor too")
+    mesh, kind, dim = _placement(x)
+    placement = x.placements[0]
+    spec = op.spec
+    _check_blocks(spec, x, kind, dim)
+    names = list(op.epilogue.tensor_params)
+    local = [_local(t, mesh, placement, n) for t, n in zip(tensors, names)]
+    act = _local(act_input, mesh, placement, "act_input") if act_input is not None else None
+    if isinstance(noop, DTensor):
+        noop = noop.to_local()
+    t = op._eager(local, scalars, act, noop, None)
+    gshape = x.shape
+    m, n = flat_dims(gshape)
+
+    def wrap(field, value):
+        if value is None:
+            return None
+        if kind == "replicate":
+            p = Replicate()
+        elif field in ("rowwise_data", "colwise_data"):
+            p = Shard(dim)
+        elif field in ("rowwise_scale", "colwise_scale"):
+            p = Shard(0 if kind == "rows" else 1)
+        elif field == "amax":
+            p = Partial("max")
+        else:  # dbias
+            p = Partial("sum") if kind == "rows" else Shard(0)
+        shapes = {"rowwise_data": gshape, "colwise_data": gshape, "amax": torch.Size(()),
+                  "dbias": torch.Size((n,)),
+                  "rowwise_scale": torch.Size((m, -(-n // 32))), "colwise_scale": torch.Size((-(-m // 32), n))}
+        return DTensor.from_local(value, mesh, [p], run_check=False, shape=shapes[field],
+                                  stride=_contiguous_stride(shapes[field]))
+
+    return MXFP8Tensor(wrap("rowwise_data", t.rowwise_data), wrap("colwise_data", t.colwise_data),
+                       wrap("rowwise_scale", t.rowwise_scale), wrap("colwise_scale", t.colwise_scale),
+                       wrap("amax", t.amax), wrap("dbias", t.dbias), t.fp8, t.scale_layout, gshape)
+
+
+def _contiguous_stride(shape) -> tuple:
+    stride, acc = [], 1
+    for d in reversed(tuple(shape)):
+        stride.append(acc)
+        acc *= d
+    return tuple(reversed(stride))
+
+
+__all__ = ["call", "has_dtensor"]

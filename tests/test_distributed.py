@@ -1,0 +1,89 @@
+"""DTensor inputs (mxq/distributed.py) on two CPU processes (gloo): each rank quantizes its
+shard; the fields are DTensors whose full tensors are the single-process results."""
+
+import os
+import socket
+import sys
+import textwrap
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WORKER = r"""
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Shard, Replicate, Partial, DTensor
+import mxq
+from mxq.testing import compare
+
+rank, world = int(sys.argv[1]), 2
+dist.init_process_group("gloo", rank=rank, world_size=world)
+mesh = init_device_mesh("cpu", (world,))
+
+@mxq.fused_quant(colwise=True, amax=True, dbias=True, act="gelu")
+def resid(x, r, alpha: float = 0.5):
+    return x * alpha + r
+
+torch.manual_seed(0)
+x = torch.randn(128, 256, dtype=torch.bfloat16)
+r = torch.randn(128, 256, dtype=torch.bfloat16)
+checked = 0
+for placement in (Shard(0), Shard(1), Shard(-1), Replicate()):
+    dx, dr = distribute_tensor(x, mesh, [placement]), distribute_tensor(r, mesh, [placement])
+    for name, got, want in (("quantize", mxq.quantize(dx, rowwise=True, colwise=True, amax=True),
+                             mxq.quantize(x, rowwise=True, colwise=True, amax=True)),
+                            ("resid", resid(dx, dr, alpha=0.25), resid(x, r, alpha=0.25))):
+        for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+            g = getattr(got, f)
+            assert isinstance(g, DTensor) and g.shape == getattr(want, f).shape, (name, f)
+            (p,) = g.placements
+            w = getattr(want, f).view(torch.uint8)
+            # (gloo cannot gather float8: each rank checks its own shard against the full result)
+            expect = w if isinstance(p, Replicate) else torch.chunk(w, world, dim=p.dim)[rank]
+            assert torch.equal(g.to_local().view(torch.uint8), expect), (name, placement, f)
+        amax = got.amax
+        assert isinstance(amax, DTensor) and torch.equal(amax.full_tensor(), want.amax), (name, placement)
+        if got.dbias is not None:
+            assert torch.allclose(got.dbias.full_tensor().float(), want.dbias.float(), rtol=2 ** -7, atol=1e-2), placement
+        if isinstance(placement, Shard):
+            assert got.rowwise_data.placements == (placement,) or got.rowwise_data.placements == (Shard(placement.dim % 2),)
+        checked += 1
+# a split that cuts a 32-row block (colwise) names the placement
+bad = distribute_tensor(torch.randn(80, 64), mesh, [Shard(0)])
+try:
+    mxq.quantize(bad, colwise=True)
+except ValueError as exc:
+    assert "placement Shard(0) cuts a 32-element block" in str(exc), exc
+else:
+    raise AssertionError("a block-cutting shard was accepted")
+mxq.quantize(bad, rowwise=True)  # rowwise blocks run along the unsplit columns: fine
+print(f"rank {rank}: {checked} DTensor calls matched", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dtensor_shards_quantize_like_the_full_tensor(tmp_path):
+    pytest.importorskip("torch.distributed.tensor")
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("no gloo backend")
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(WORKER))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore",
+               MXQ_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for rank in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out + err[-4000:]
+        assert "DTensor calls matched" in out
