@@ -1,5 +1,5 @@
-"""DTensor inputs: each rank quantizes its local shard, no communication (issue "PyTorch-native",
-part 3).
+"""Several processes: DTensor inputs (each rank quantizes its local shard, no communication) and
+``all_gather`` of MXFP8Tensors.
 
 ``mxq.quantize`` and decorated ops accept DTensors on a 1-D device mesh with one placement:
 
@@ -137,4 +137,55 @@ def _contiguous_stride(shape) -> tuple:
     return tuple(reversed(stride))
 
 
-__all__ = ["call", "has_dtensor"]
+
+
+_GATHER_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale")
+
+
+def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
+    """Concatenate the ranks' MXFP8Tensors along rows (rank order): byte-equal to quantizing the
+    gathered full tensor, for data, scales and amax. One collective: every rank's fields go in
+    one byte buffer (so formats torch's backends cannot reduce, float8 included, travel as
+    bytes). Each rank's tensor must have the same shape, compact scales and, when it has colwise
+    blocks, a row count (after flattening) that is a multiple of 32. dbias is the fp64 sum of the
+    ranks' dbias rounded to the input dtype: within the dbias class of the single-tensor value,
+    not byte-equal to it."""
+    import torch.distributed as dist
+
+    if not isinstance(t, MXFP8Tensor):
+        raise TypeError(f"mxq: all_gather() takes an MXFP8Tensor, got {type(t).__name__}")
+    if t.scale_layout != "compact":
+        raise ValueError("mxq: all_gather() needs compact scales (swizzled tiles span 128 rows)")
+    m, n = flat_dims(t.shape)
+    if t.colwise_data is not None and m % 32:
+        raise ValueError(f"mxq: all_gather() of colwise blocks needs a multiple of 32 rows per rank, got {m}")
+    world = dist.get_world_size(group)
+    parts = [(f, getattr(t, f)) for f in (*_GATHER_FIELDS, "amax", "dbias") if getattr(t, f) is not None]
+    flat = [v.contiguous().view(torch.uint8).reshape(-1) if v.dim() else v.reshape(1).view(torch.uint8)
+            for _, v in parts]
+    buf = torch.cat(flat)
+    shapes = torch.tensor(list(t.shape) + [buf.numel()], dtype=torch.int64)
+    all_shapes = [torch.empty_like(shapes) for _ in range(world)]
+    dist.all_gather(all_shapes, shapes, group=group)
+    if any(not torch.equal(s, shapes) for s in all_shapes):
+        raise ValueError("mxq: all_gather() needs the same shape on every rank")
+    bufs = [torch.empty_like(buf) for _ in range(world)]
+    dist.all_gather(bufs, buf, group=group)
+    per_rank = []
+    for b in bufs:
+        fields, at = {}, 0
+        for (f, v), fl in zip(parts, flat):
+            fields[f] = b[at:at + fl.numel()].view(v.dtype).reshape(v.shape)
+            at += fl.numel()
+        per_rank.append(fields)
+    out = {f: torch.cat([r[f] for r in per_rank], dim=0) for f, _ in parts if f in _GATHER_FIELDS}
+    if t.amax is not None:
+        out["amax"] = torch.stack([r["amax"] for r in per_rank]).amax()
+    if t.dbias is not None:
+        out["dbias"] = torch.stack([r["dbias"].double() for r in per_rank]).sum(0).float().to(t.dbias.dtype)
+    shape = torch.Size((t.shape[0] * world, *t.shape[1:])) if len(t.shape) else torch.Size((world,))
+    return MXFP8Tensor(out.get("rowwise_data"), out.get("colwise_data"), out.get("rowwise_scale"),
+                       out.get("colwise_scale"), out.get("amax"), out.get("dbias"), t.fp8, t.scale_layout, shape)
+
+
+__all__ = ["all_gather", "call", "has_dtensor"]

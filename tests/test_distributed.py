@@ -1,5 +1,6 @@
-"""DTensor inputs (mxq/distributed.py) on two CPU processes (gloo): each rank quantizes its
-shard; the fields are DTensors whose full tensors are the single-process results."""
+"""mxq/distributed.py on two CPU processes (gloo): DTensor inputs (each rank quantizes its shard;
+the fields are DTensors whose shards are the single-process result's) and all_gather of
+MXFP8Tensors (byte-equal to quantizing the gathered tensor)."""
 
 import os
 import socket
@@ -60,7 +61,23 @@ except ValueError as exc:
 else:
     raise AssertionError("a block-cutting shard was accepted")
 mxq.quantize(bad, rowwise=True)  # rowwise blocks run along the unsplit columns: fine
-print(f"rank {rank}: {checked} DTensor calls matched", flush=True)
+# all_gather: each rank quantizes its own rows; the gathered tensor is the full tensor's quantization
+from mxq import distributed
+full = torch.randn(2, 64, 96, dtype=torch.bfloat16)
+mine = full[rank:rank + 1]
+for opts in (dict(rowwise=True, colwise=True, amax=True), dict(rowwise=False, colwise=True, fp8="e5m2")):
+    g = distributed.all_gather(mxq.quantize(mine, **opts))
+    w = mxq.quantize(full, **opts)
+    assert g.shape == w.shape
+    assert compare(g, w, exact=True) == [], (opts, compare(g, w, exact=True))
+try:
+    distributed.all_gather(mxq.quantize(torch.randn(40, 64), colwise=True))
+except ValueError as exc:
+    assert "multiple of 32 rows" in str(exc)
+else:
+    raise AssertionError("a 40-row colwise gather was accepted")
+print(f"rank {rank}: {checked} DTensor calls matched; all_gather byte-equal", flush=True)
+dist.barrier()  # neither rank tears its connections down while the other still uses them
 dist.destroy_process_group()
 """
 
