@@ -19,6 +19,17 @@ from .op import register_entrypoints as _register_entrypoints
 
 _register_entrypoints()  # "mxq.get_quantize_kernel" for C++ callers
 
+
+
+def __getattr__(name):
+    """``mxq.distributed`` (DTensor support, all_gather) loads torch.distributed on first use."""
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module(".distributed", __name__)
+    raise AttributeError(f"module 'mxq' has no attribute {name!r}")
+
+
 __all__ = [
     "EpilogueError", "FusedOp", "get_include", "MXFP8Tensor", "QuantSpec", "fused_quant", "quantize",
     "abs", "erf", "exp", "exp2", "log", "log2", "maximum", "minimum", "rsqrt", "sigmoid", "sqrt",

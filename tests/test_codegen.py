@@ -5,6 +5,7 @@ import ast
 import itertools
 import re
 import shutil
+import tempfile
 
 import jinja2
 import pytest
@@ -691,3 +692,28 @@ def _every_exact_operation(x, r, s: float = 0.75):
     a = mxq.maximum(x, r) - mxq.minimum(x * s, -r) / (r + 2.5)
     b = mxq.where(x > r, a, -a) + mxq.where(x <= 0.5, mxq.abs(x), x) * mxq.where(r >= x, 1.0, 0.0)
     return mxq.where(x < -r, b, mxq.where(x != r, mxq.sqrt(mxq.abs(b)), mxq.where(x == r, -b, x)))
+
+
+def _times7(x):
+    return x * 7.0
+
+
+def _times9(x):
+    return x * 9.0
+
+
+def test_asm_of_ops_with_one_signature_returns_each_ops_own_ptx(tmp_path, monkeypatch):
+    """Issue 21 item 4: CuTeDSL names its PTX dump by the kernel signature alone, so ops x*7 and
+    x*9 read each other's file (2 of 2 trials across processes; in one process too). Each compile
+    now dumps into a directory of its own, even when the temporary directory's path holds a space,
+    quotes and something that looks like an option (item 8: the option string is split like a
+    shell line)."""
+    odd = tmp_path / "dir with 'quotes' --keep-cubin"
+    odd.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(odd))
+    monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path / "cache with space"))
+    seven = mxq.fused_quant()(_times7).asm("sm_90", "bf16")["ptx"]
+    nine = mxq.fused_quant()(_times9).asm("sm_90", "bf16")["ptx"]
+    assert "0f40E00000" in seven and "0f41100000" not in seven  # 7.0
+    assert "0f41100000" in nine and "0f40E00000" not in nine  # 9.0
+    assert not list(odd.glob("mxq-ptx-*")), "no dump directory left behind"
