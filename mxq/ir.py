@@ -118,28 +118,28 @@ def _float_child(e, what: str) -> "Expr":
     return e
 
 
-class TensorArg(Expr):
+class _Param(Expr):
+    """A parameter of the op: its name and its position among the tensor or float parameters."""
+
+    __slots__ = ("name", "index")
+    _fields = ("name", "index")
+
+    def __new__(cls, name: str, index: int):
+        if not isinstance(name, str) or not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise TypeError(f"{cls.__name__}(name: str, index: int >= 0), got {name!r}, {index!r}")
+        return cls._intern((cls, name, index), (name, index))
+
+
+class TensorArg(_Param):
     """The fp32 value of the op's tensor parameter number ``index`` (named ``name``)."""
 
-    __slots__ = ("name", "index")
-    _fields = ("name", "index")
-
-    def __new__(cls, name: str, index: int):
-        if not isinstance(name, str) or not isinstance(index, int) or isinstance(index, bool) or index < 0:
-            raise TypeError(f"{cls.__name__}(name: str, index: int >= 0), got {name!r}, {index!r}")
-        return cls._intern((cls, name, index), (name, index))
+    __slots__ = ()
 
 
-class ScalarArg(Expr):
+class ScalarArg(_Param):
     """The op's float parameter number ``index`` (named ``name``), rounded to fp32."""
 
-    __slots__ = ("name", "index")
-    _fields = ("name", "index")
-
-    def __new__(cls, name: str, index: int):
-        if not isinstance(name, str) or not isinstance(index, int) or isinstance(index, bool) or index < 0:
-            raise TypeError(f"{cls.__name__}(name: str, index: int >= 0), got {name!r}, {index!r}")
-        return cls._intern((cls, name, index), (name, index))
+    __slots__ = ()
 
 
 class Const(Expr):

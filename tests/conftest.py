@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+
 import pytest
 import torch
 
@@ -16,3 +19,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 from mxq.testing import planted  # noqa: E402,F401  (re-exported for the tests)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Fail (instead of hanging) when the body runs past ``seconds``: a guard against
+    exponential time, far above what the linear code needs (milliseconds)."""
+
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s: not linear time")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

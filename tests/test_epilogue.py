@@ -1,11 +1,9 @@
 """The epilogue parser: what the language accepts, what it refuses (with file and line), and
 the fingerprint that identifies an op."""
 
-import contextlib
 import importlib.util
 import inspect
 import math
-import signal
 import sys
 
 import pytest
@@ -16,6 +14,7 @@ from mxq import ir
 from mxq.epilogue import EpilogueError, parse
 
 from . import oracle
+from .conftest import deadline
 
 CAPTURED_LIST = [1.0]
 CAPTURED_TENSOR = torch.ones(1)
@@ -258,21 +257,6 @@ def test_eager_function_still_works_on_torch():
 
 # -- regressions of issue 21 (Reliability) ----------------------------------------------------
 
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Fail instead of hanging when the body runs past ``seconds`` (guards exponential time;
-    the linear code needs milliseconds)."""
-
-    def expired(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: not linear time")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 _modules = 0

@@ -4,12 +4,10 @@
 Expected values come from eager torch written out by hand here, not from ``ir.evaluate``.
 """
 
-import contextlib
 import copy
 import math
 import os
 import pickle
-import signal
 import struct
 import subprocess
 import sys
@@ -19,25 +17,10 @@ import torch
 
 from mxq import ir
 
+from .conftest import deadline
+
 X = ir.TensorArg("x", 0)
 R = ir.TensorArg("r", 1)
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Fail (instead of hanging) when the body runs past ``seconds``: a guard against
-    exponential time, far above what the linear code needs (milliseconds)."""
-
-    def expired(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: not linear time")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def bits32(t: torch.Tensor) -> list[int]:
