@@ -23,7 +23,7 @@ from .epilogue import IDENTITY, Epilogue, EpilogueError, parse
 from .spec import QuantSpec
 from .tensor import MXFP8Tensor
 
-_CALL_KEYWORDS = ("act_input", "noop", "out")
+_CALL_KEYWORDS = ("act_input", "noop", "out", "group_offsets")
 _Tensor = torch.Tensor
 _FAST_NUMEL = 2 ** 31 - 64  # launch.launcher's limit: beyond it the reference serves (with a warning)
 
@@ -72,21 +72,25 @@ class FusedOp:
             args = tuple(bound.arguments[n] for n in self.epilogue.param_order)
         return [args[i] for i in self._tensor_pos], [args[i] for i in self._scalar_pos]
 
-    def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs) -> MXFP8Tensor:
+    def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
+                 **kwargs) -> MXFP8Tensor:
         if torch.compiler.is_compiling():  # torch.compile: one operator node (mxq/torch_ops.py)
             tensors, scalars = self._bind_traced(args, kwargs)
-            return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out)
-        if self._fast and len(args) == 1 and not kwargs and noop is None and out is None and act_input is None:
+            return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out, group_offsets)
+        if (self._fast and len(args) == 1 and not kwargs and noop is None and out is None and act_input is None
+                and group_offsets is None):
             got = self._fast_call(args[0])
             if got is not None:
                 return got
         tensors, scalars = self._bind(args, kwargs)
         if _any_dtensor(tensors, act_input):  # each rank quantizes its shard (mxq/distributed.py)
+            if group_offsets is not None:
+                raise ValueError("mxq: group_offsets with DTensor inputs is not supported")
             from . import distributed  # (torch.distributed only where DTensors are used)
 
             return distributed.call(self, tensors, scalars, act_input, noop, out)
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
-        return self._run(tensors, scalars, act_input, noop, out)
+        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
+        return self._run(tensors, scalars, act_input, noop, out, group_offsets)
 
     def _bind_traced(self, args, kwargs):
         """_bind without inspect (which torch.compile does not trace): positional arguments,
@@ -106,17 +110,21 @@ class FusedOp:
                 values[k] = self._defaults[k]
         return [values[order[i]] for i in self._tensor_pos], [values[order[i]] for i in self._scalar_pos]
 
-    def _eager(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+    def _eager(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
         """A checked eager call into ``out`` (what the torch operator runs)."""
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
-        return self._run(tensors, scalars, act_input, noop, out)
+        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
+        return self._run(tensors, scalars, act_input, noop, out, group_offsets)
 
-    def _run(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+    def _run(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
         """A checked call: the compiled kernel on CUDA when one serves it, else the reference.
         With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
         x = tensors[0]
         if noop is not None and out is None:
-            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True)
+            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True, group_offsets=group_offsets)
+        if group_offsets is not None:
+            if x.is_cuda:
+                runtime.fallback("grouped quantize (group_offsets) runs the torch reference on CUDA for now")
+            return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
         if x.is_cuda:
             launcher = self._launcher_for(x)
             if launcher is not None:
@@ -128,9 +136,9 @@ class FusedOp:
                 return launcher(tensors, scalars, act_input, noop, out)
         return self._reference(tensors, scalars, act_input, noop, out)
 
-    def _reference(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+    def _reference(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
         with torch.no_grad():  # outputs are data, not part of an autograd graph
-            return _reference.run(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
+            return _reference.run(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
 
     def _fast_call(self, x):
         """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
@@ -142,14 +150,15 @@ class FusedOp:
                 return fast.call_alloc(x, None, None)
         return None
 
-    def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs) -> MXFP8Tensor:
+    def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
+                  **kwargs) -> MXFP8Tensor:
         """The torch reference result, on whatever device the inputs are."""
         tensors, scalars = self._bind(args, kwargs)
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
+        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
         if noop is not None and out is None:
             x = tensors[0]
-            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True)
-        return self._reference(tensors, scalars, act_input, noop, out)
+            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True, group_offsets=group_offsets)
+        return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs):
         """Check and bind one call on CUDA tensors once; return (launch, out) where ``launch()``
@@ -265,15 +274,17 @@ def _identity(x):
 
 def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = False,
              scale_mode: str = "rceil", scale_layout: str = "compact", amax: bool = False,
-             noop=None, out: MXFP8Tensor | None = None) -> MXFP8Tensor:
+             noop=None, out: MXFP8Tensor | None = None, group_offsets=None) -> MXFP8Tensor:
     """Quantize ``x`` (fp32/fp16/bf16, any shape, CPU or CUDA) to MXFP8.
 
     ``out`` (an extension of the DESIGN contract) writes into existing buffers, e.g. for CUDA
-    graphs; with ``noop`` holding 1.0 nothing is written at all.
+    graphs; with ``noop`` holding 1.0 nothing is written at all. ``group_offsets``: cumulative
+    group ends along the rows (mixture of experts): colwise blocks restart at every group
+    (mxq/groups.py, docs/NUMERICS.md "Groups").
     """
     if torch.compiler.is_compiling():
         i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax)
-        return torch_ops.call(i, [x], [], None, noop, out)
+        return torch_ops.call(i, [x], [], None, noop, out, group_offsets)
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax)
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
@@ -289,11 +300,11 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         op = _quantize_op(spec)
         if len(_QUANTIZE_OPS) < 1024:
             _QUANTIZE_OPS[key] = op
-    if op._fast and noop is None and out is None:  # skip a layer of Python on the common small call
+    if op._fast and noop is None and out is None and group_offsets is None:  # the common small call
         got = op._fast_call(x)
         if got is not None:
             return got
-    return op(x, noop=noop, out=out)
+    return op(x, noop=noop, out=out, group_offsets=group_offsets)
 
 
 @torch.compiler.assume_constant_result

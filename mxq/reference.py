@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import activations, ir, layouts, operands
+from . import activations, groups, ir, layouts, operands
 from .epilogue import Epilogue
 from .numerics import quantize_blocks
 from .spec import QuantSpec
@@ -38,17 +38,24 @@ def epilogue_value(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_in
 
 
 def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None, noop=None,
-        out: MXFP8Tensor | None = None) -> MXFP8Tensor:
-    """Quantize per ``spec``; inputs are assumed validated (see runtime.check_call)."""
+        out: MXFP8Tensor | None = None, group_offsets=None) -> MXFP8Tensor:
+    """Quantize per ``spec``; inputs are assumed validated (see runtime.check_call). With
+    ``group_offsets`` colwise blocks restart at every group and dbias is per group
+    (mxq/groups.py)."""
     x = tensors[0]
     if out is None:
-        out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device)
+        out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device, group_offsets=group_offsets)
     if noop is not None and bool(noop.reshape(-1)[0] == 1.0):
         return out  # write nothing at all
     m, n = flat_dims(x.shape)
     v = epilogue_value(spec, epilogue, tensors, scalars, act_input)
+    bnds = groups.bounds(group_offsets) if group_offsets is not None else None
     if spec.dbias:  # step 4: before the input-dtype round trip
-        out.dbias.copy_(v.sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))
+        if bnds is None:
+            out.dbias.copy_(v.sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))
+        else:
+            for g, (start, end) in enumerate(bnds):
+                out.dbias[g].copy_(v[start:end].sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))
     computed = spec.act or spec.dact or not epilogue.is_identity
     if x.dtype != torch.float32 and computed:  # step 5
         v = v.to(x.dtype).to(torch.float32)
@@ -59,8 +66,17 @@ def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None
         data, s = quantize_blocks(v, fmt, spec.scale_mode)
         out.rowwise_data.copy_(data.reshape(x.shape))
         out.rowwise_scale.copy_(layouts.to_layout_rowwise(s, spec.scale_layout))
-    if spec.colwise:
+    if spec.colwise and bnds is None:
         data_t, s_t = quantize_blocks(v.t().contiguous(), fmt, spec.scale_mode)
         out.colwise_data.copy_(data_t.t().reshape(x.shape))
         out.colwise_scale.copy_(layouts.to_layout_colwise(s_t.t(), spec.scale_layout))
+    elif spec.colwise:  # blocks restart at every group; each group's scales from its block row
+        data = out.colwise_data.reshape(m, n)
+        for g, (start, end) in enumerate(bnds):
+            if end == start:
+                continue
+            data_t, s_t = quantize_blocks(v[start:end].t().contiguous(), fmt, spec.scale_mode)
+            data[start:end].copy_(data_t.t())
+            first = groups.first_block_row(g, start)
+            out.colwise_scale[first:first + s_t.shape[1]].copy_(s_t.t())
     return out

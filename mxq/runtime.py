@@ -14,7 +14,7 @@ import torch
 
 from .epilogue import Epilogue
 from .spec import DTYPES, QuantSpec
-from . import operands
+from . import groups, operands
 from .tensor import MXFP8Tensor, flat_dims
 
 
@@ -40,7 +40,8 @@ def check_plain_tensor(name: str, t) -> None:
                         f"{' (nested)' if t.is_nested else ''}")
 
 
-def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input, noop, out) -> None:
+def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input, noop, out,
+               group_offsets=None) -> None:
     """Raise a TypeError/ValueError naming the first bad argument; return None if all is well."""
     names = epilogue.tensor_params
     first = None
@@ -97,15 +98,17 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
                              f"{noop.dtype} with {noop.numel()} elements")
         if noop.device != f.device:
             raise ValueError(f"mxq: argument 'noop' is on {noop.device} but {fname!r} is on {f.device}")
+    if group_offsets is not None:
+        groups.check(group_offsets, flat_dims(f.shape)[0], f.device)
     if out is not None:
-        check_out(spec, out, f)
+        check_out(spec, out, f, group_offsets)
 
 
-def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor) -> None:
+def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=None) -> None:
     """``out`` must hold exactly the tensors ``spec`` writes, shaped as MXFP8Tensor.empty makes them."""
     if not isinstance(out, MXFP8Tensor):
         _fail_type("out", "an MXFP8Tensor", type(out).__name__)
-    want = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta")
+    want = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta", group_offsets=group_offsets)
     for field in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias"):
         w, g = getattr(want, field), getattr(out, field)
         if w is None:

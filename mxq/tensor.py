@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import layouts
+from . import groups, layouts
 from .numerics import BLOCK, FORMATS, e8m0_to_scale
 
 
@@ -36,14 +36,31 @@ class MXFP8Tensor:
     fp8: str
     scale_layout: str
     shape: torch.Size
+    group_offsets: torch.Tensor | None = None  # grouped colwise blocks (mxq/groups.py)
 
     @staticmethod
-    def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False) -> "MXFP8Tensor":
+    def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
+              group_offsets: torch.Tensor | None = None) -> "MXFP8Tensor":
         """Outputs for ``spec``; swizzled scales, amax and dbias start zeroed (their padding and
         the amax reduction rely on it), data and compact scales are left uninitialised unless
-        ``zeroed`` (what a noop call without ``out`` returns: nothing is written into it)."""
+        ``zeroed`` (what a noop call without ``out`` returns: nothing is written into it).
+        With ``group_offsets`` (G groups): colwise scales are the [M // 32 + G, N] grouped buffer
+        (zeroed: rows between groups stay 0) and dbias is [G, N]."""
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
+        if group_offsets is not None:
+            if spec.scale_layout != "compact":
+                raise ValueError("mxq: group_offsets needs scale_layout='compact' (grouped swizzled scales "
+                                 "are not supported yet)")
+            g = group_offsets.numel()
+            t = MXFP8Tensor.empty(spec, shape, dtype, device, zeroed)
+            if spec.colwise:
+                t.colwise_scale = torch.zeros((groups.grouped_colwise_rows(m, g), n), dtype=torch.uint8,
+                                              device=device)
+            if spec.dbias:
+                t.dbias = torch.zeros((g, n), dtype=dtype, device=device)
+            t.group_offsets = group_offsets
+            return t
         fp8 = FORMATS[spec.fp8].torch_dtype
         scale_alloc = torch.zeros if zeroed or spec.scale_layout == "swizzled" else torch.empty
         data_alloc = torch.zeros if zeroed else torch.empty
@@ -66,8 +83,11 @@ class MXFP8Tensor:
         )
 
     def compact_scale(self, direction: str = "rowwise") -> torch.Tensor:
-        """The scale bytes in compact layout ([M, ceil(N/32)] rowwise, [ceil(M/32), N] colwise)."""
+        """The scale bytes in compact layout ([M, ceil(N/32)] rowwise, [ceil(M/32), N] colwise;
+        a grouped tensor's colwise scales are its grouped buffer, see ``group``)."""
         m, n = flat_dims(self.shape)
+        if direction == "colwise" and self.group_offsets is not None:
+            return self._need("colwise_scale")
         if direction == "rowwise":
             return layouts.compact_rowwise(self._need("rowwise_scale"), m, n, self.scale_layout)
         if direction == "colwise":
@@ -87,9 +107,36 @@ class MXFP8Tensor:
         scale = e8m0_to_scale(self.compact_scale(direction))
         if direction == "rowwise":
             full = scale.repeat_interleave(BLOCK, dim=1)[:, :n]
+        elif self.group_offsets is not None:  # each group's blocks from its own first block row
+            full = torch.empty((m, n), dtype=torch.float32, device=data.device)
+            for g, (start, end) in enumerate(groups.bounds(self.group_offsets)):
+                first = groups.first_block_row(g, start)
+                rows = torch.arange(end - start, device=data.device) // BLOCK + first
+                full[start:end] = scale[rows]
         else:
             full = scale.repeat_interleave(BLOCK, dim=0)[:m, :]
         return (data * full).reshape(self.shape)
+
+    def group(self, g: int) -> "MXFP8Tensor":
+        """Group g of a grouped tensor (rows [start_g, end_g) after flattening) as an MXFP8Tensor
+        with compact scales: byte-equal to quantizing those rows alone with the same options
+        (amax, which covers the whole tensor, is not part of it; dbias is row g)."""
+        if self.group_offsets is None:
+            raise ValueError("mxq: group() needs a tensor quantized with group_offsets")
+        bnds = groups.bounds(self.group_offsets)
+        if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < len(bnds):
+            raise ValueError(f"mxq: group index must be an int in [0, {len(bnds)}), got {g!r}")
+        start, end = bnds[g]
+        m, n = flat_dims(self.shape)
+        rows = lambda t: t.reshape(m, n)[start:end] if t is not None else None  # noqa: E731
+        col_scale = None
+        if self.colwise_scale is not None:
+            first = groups.first_block_row(g, start)
+            col_scale = self.colwise_scale[first:first + -(-(end - start) // BLOCK)]
+        return MXFP8Tensor(rows(self.rowwise_data), rows(self.colwise_data),
+                           self.rowwise_scale[start:end] if self.rowwise_scale is not None else None,
+                           col_scale, None, self.dbias[g] if self.dbias is not None else None, self.fp8,
+                           self.scale_layout, torch.Size((end - start, n)))
 
     def _need(self, name: str) -> torch.Tensor:
         t = getattr(self, name)

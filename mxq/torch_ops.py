@@ -40,21 +40,22 @@ def op_id(op) -> int:
 
 @torch.library.custom_op("mxq::fused_quant", mutates_args=())
 def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: torch.Tensor | None,
-                noop: torch.Tensor | None, op: int) -> list[torch.Tensor]:
+                noop: torch.Tensor | None, group_offsets: torch.Tensor | None, op: int) -> list[torch.Tensor]:
     fused = _ops[op]
     x = tensors[0]
     # outputs from torch's allocator (the native allocating route's memory is not torch's: a
     # CUDA graph captured by torch.compile must own its outputs)
-    out = MXFP8Tensor.empty(fused.spec, x.shape, x.dtype, x.device, zeroed=noop is not None)
-    t = fused._eager(tensors, scalars, act_input, noop, out)
+    out = MXFP8Tensor.empty(fused.spec, x.shape, x.dtype, x.device, zeroed=noop is not None,
+                            group_offsets=group_offsets)
+    t = fused._eager(tensors, scalars, act_input, noop, out, group_offsets)
     return [getattr(t, f) if getattr(t, f) is not None else x.new_empty(0) for f in slots.OUTPUTS]
 
 
 @fused_quant.register_fake
-def _fused_quant_fake(tensors, scalars, act_input, noop, op):
+def _fused_quant_fake(tensors, scalars, act_input, noop, group_offsets, op):
     spec = _ops[op].spec
     x = tensors[0]
-    like = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta")
+    like = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta", group_offsets=group_offsets)
     out = []
     for f in slots.OUTPUTS:
         g = getattr(like, f)
@@ -67,12 +68,12 @@ def _spec_key(i: int) -> int:
     return _ops[i].spec.key("fp32")
 
 
-def call(i: int, tensors, scalars, act_input, noop, out):
+def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
     """The traced call of op ``i`` (op_id): the operator, then an MXFP8Tensor (``out`` filled by
     copies)."""
     from .spec import QuantSpec
 
-    res = torch.ops.mxq.fused_quant(list(tensors), [float(s) for s in scalars], act_input, noop, i)
+    res = torch.ops.mxq.fused_quant(list(tensors), [float(s) for s in scalars], act_input, noop, group_offsets, i)
     spec, _ = QuantSpec.from_key(_spec_key(i))
     fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
     if out is not None:
@@ -82,10 +83,10 @@ def call(i: int, tensors, scalars, act_input, noop, out):
         return out
     return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                        fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
-                       tensors[0].shape)
+                       tensors[0].shape, group_offsets)
 
 
-_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias")
+_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "group_offsets")
 
 
 def _flatten(t: MXFP8Tensor):
@@ -94,7 +95,8 @@ def _flatten(t: MXFP8Tensor):
 
 def _unflatten(children, context):
     fp8, layout, shape = context
-    return MXFP8Tensor(*children, fp8, layout, torch.Size(shape))
+    *fields, offsets = children
+    return MXFP8Tensor(*fields, fp8, layout, torch.Size(shape), offsets)
 
 
 pytree.register_pytree_node(MXFP8Tensor, _flatten, _unflatten,

@@ -74,7 +74,7 @@ def test_out_and_noop_under_compile():
 def test_mxfp8tensor_is_a_pytree_node_and_a_compiled_input():
     t = mxq.quantize(torch.randn(64, 96), rowwise=True, colwise=True, amax=True)
     leaves, spec = pytree.tree_flatten(t)
-    assert len([leaf for leaf in leaves if leaf is not None]) == 5
+    assert len([leaf for leaf in leaves if leaf is not None]) == 5 and len(leaves) == 7
     back = pytree.tree_unflatten(leaves, spec)
     assert isinstance(back, mxq.MXFP8Tensor) and back.shape == t.shape and back.fp8 == t.fp8
     got = torch.compile(lambda u: u.dequantize("colwise") * 2, fullgraph=True)(t)
@@ -86,11 +86,11 @@ def test_operator_passes_opcheck(which):
     x = torch.randn(40, 96, dtype=torch.bfloat16)
     if which == "quantize":
         i = mxq.op._quantize_op_id("e5m2", True, True, "even", "swizzled", True)
-        args = ([x], [], None, None, i)
+        args = ([x], [], None, None, None, i)
     elif which == "resid":
-        args = ([x, torch.randn_like(x)], [0.75], None, None, torch_ops.op_id(resid))
+        args = ([x, torch.randn_like(x)], [0.75], None, None, None, torch_ops.op_id(resid))
     else:
-        args = ([x], [], torch.randn_like(x), None, torch_ops.op_id(grad))
+        args = ([x], [], torch.randn_like(x), None, None, torch_ops.op_id(grad))
     torch.library.opcheck(torch.ops.mxq.fused_quant.default, args)
 
 

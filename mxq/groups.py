@@ -1,0 +1,58 @@
+"""Row groups (mixture-of-experts tokens sorted by expert): ``group_offsets`` and where each
+group's colwise blocks live (docs/NUMERICS.md, "Groups").
+
+``group_offsets`` holds G cumulative group ends along the rows (after flattening the input to
+[M, N]; the convention of ``torch._grouped_mm``): group g is rows [start_g, end_g) with
+start_0 = 0, start_g = end_{g-1}, and end_{G-1} = M. Groups may be empty and of any size.
+
+Colwise 32-row blocks restart at each group's first row; a group's last block may be partial.
+Compact grouped colwise scales are a [M // 32 + G, N] buffer (an upper bound that depends on M
+and G only, so the output size never needs the offsets on the host): group g's blocks are the
+rows ``floor(start_g / 32) + g`` onwards, ``ceil((end_g - start_g) / 32)`` of them. The rows
+this leaves between groups are zero. Rowwise blocks do not depend on the groups.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK = 32
+
+
+def grouped_colwise_rows(m: int, groups: int) -> int:
+    """Rows of the compact grouped colwise scale buffer."""
+    return m // BLOCK + groups
+
+
+def check(offsets, m: int, device) -> None:
+    """Raise a ValueError/TypeError naming ``group_offsets`` unless it is a valid offsets tensor
+    for M rows on ``device``. The value checks read the offsets (a host sync on CUDA)."""
+    if not isinstance(offsets, torch.Tensor) or type(offsets) not in (torch.Tensor,):
+        raise TypeError(f"mxq: argument 'group_offsets' must be a torch.Tensor, got {type(offsets).__name__}")
+    if offsets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"mxq: argument 'group_offsets' must be int32 or int64, got {offsets.dtype}")
+    if offsets.dim() != 1 or offsets.numel() == 0:
+        raise ValueError(f"mxq: argument 'group_offsets' must be 1-D with at least one group end, got shape "
+                         f"{tuple(offsets.shape)}")
+    if offsets.device != torch.device(device):
+        raise ValueError(f"mxq: argument 'group_offsets' is on {offsets.device} but the input is on {device}")
+    ends = offsets.to(torch.int64).cpu()
+    if int(ends[-1]) != m:
+        raise ValueError(f"mxq: argument 'group_offsets' must end at M = {m} (rows after flattening), got "
+                         f"{int(ends[-1])}")
+    if int(ends[0]) < 0 or bool((ends[1:] < ends[:-1]).any()):
+        raise ValueError("mxq: argument 'group_offsets' must be non-decreasing group ends starting at >= 0")
+
+
+def bounds(offsets) -> list[tuple[int, int]]:
+    """(start, end) of every group, on the host."""
+    ends = offsets.to(torch.int64).cpu().tolist()
+    return list(zip([0] + ends[:-1], ends))
+
+
+def first_block_row(g: int, start: int) -> int:
+    """The row of group g's first colwise block in the compact grouped scale buffer."""
+    return start // BLOCK + g
+
+
+__all__ = ["BLOCK", "bounds", "check", "first_block_row", "grouped_colwise_rows"]
