@@ -24,6 +24,33 @@ def grouped_colwise_rows(m: int, groups: int) -> int:
     return m // BLOCK + groups
 
 
+# Swizzled grouped scales: each group's scales in the cuBLAS 128x4 blocked layout of its own,
+# the groups one after another (the layout the MXFP8 grouped GEMMs read; torchao's M-groups and
+# K-groups rearrangements), in buffers sized by M, N and G alone.
+def swizzled_rowwise_rows(m: int, groups: int) -> int:
+    """Rows of the swizzled grouped rowwise buffer [M + 128 G, roundup(ceil(N/32), 4)]: group g's
+    blocked scales (roundup(m_g, 128) rows) start at row sum_{h<g} roundup(m_h, 128)."""
+    return m + 128 * groups
+
+
+def swizzled_colwise_rows(m: int, groups: int) -> int:
+    """Rows of the swizzled grouped colwise buffer [M // 32 + 4 G, roundup(N, 128)]: group g's
+    blocked scales (its ceil(m_g/32) blocks, padded to a multiple of 4, times roundup(N, 128)
+    columns, tile by tile) start at row sum_{h<g} roundup(ceil(m_h / 32), 4)."""
+    return m // BLOCK + 4 * groups
+
+
+def swizzled_starts(bnds) -> tuple[list[int], list[int]]:
+    """(rowwise start rows, colwise start rows) of every group in the swizzled grouped buffers."""
+    rows, cols, r, c = [], [], 0, 0
+    for start, end in bnds:
+        rows.append(r)
+        cols.append(c)
+        r += -(-(end - start) // 128) * 128
+        c += -(-(-(-(end - start) // BLOCK)) // 4) * 4
+    return rows, cols
+
+
 def check(offsets, m: int, device) -> None:
     """Raise a ValueError/TypeError naming ``group_offsets`` unless it is a valid offsets tensor
     for M rows on ``device``. The value checks read the offsets (a host sync on CUDA)."""
@@ -55,4 +82,5 @@ def first_block_row(g: int, start: int) -> int:
     return start // BLOCK + g
 
 
-__all__ = ["BLOCK", "bounds", "check", "first_block_row", "grouped_colwise_rows"]
+__all__ = ["BLOCK", "bounds", "check", "first_block_row", "grouped_colwise_rows", "swizzled_colwise_rows",
+           "swizzled_rowwise_rows", "swizzled_starts"]

@@ -62,10 +62,19 @@ def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None
     if spec.amax:
         out.amax.copy_(v.abs().amax() if v.numel() else torch.zeros((), device=v.device))
     fmt = spec.format
+    swizzled_groups = bnds is not None and spec.scale_layout == "swizzled"
+    if swizzled_groups:
+        row_starts, col_starts = groups.swizzled_starts(bnds)
     if spec.rowwise:
         data, s = quantize_blocks(v, fmt, spec.scale_mode)
         out.rowwise_data.copy_(data.reshape(x.shape))
-        out.rowwise_scale.copy_(layouts.to_layout_rowwise(s, spec.scale_layout))
+        if not swizzled_groups:
+            out.rowwise_scale.copy_(layouts.to_layout_rowwise(s, spec.scale_layout))
+        else:  # each group blocked on its own, one after another
+            for g, (start, end) in enumerate(bnds):
+                if end > start:
+                    blocked = layouts.to_layout_rowwise(s[start:end], "swizzled")
+                    out.rowwise_scale[row_starts[g]:row_starts[g] + blocked.shape[0]].copy_(blocked)
     if spec.colwise and bnds is None:
         data_t, s_t = quantize_blocks(v.t().contiguous(), fmt, spec.scale_mode)
         out.colwise_data.copy_(data_t.t().reshape(x.shape))
@@ -77,6 +86,10 @@ def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None
                 continue
             data_t, s_t = quantize_blocks(v[start:end].t().contiguous(), fmt, spec.scale_mode)
             data[start:end].copy_(data_t.t())
-            first = groups.first_block_row(g, start)
-            out.colwise_scale[first:first + s_t.shape[1]].copy_(s_t.t())
+            if swizzled_groups:
+                blocked = layouts.to_layout_colwise(s_t.t(), "swizzled")
+                out.colwise_scale[col_starts[g]:col_starts[g] + blocked.shape[0]].copy_(blocked)
+            else:
+                first = groups.first_block_row(g, start)
+                out.colwise_scale[first:first + s_t.shape[1]].copy_(s_t.t())
     return out

@@ -49,14 +49,16 @@ class MXFP8Tensor:
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
         if group_offsets is not None:
-            if spec.scale_layout != "compact":
-                raise ValueError("mxq: group_offsets needs scale_layout='compact' (grouped swizzled scales "
-                                 "are not supported yet)")
             g = group_offsets.numel()
             t = MXFP8Tensor.empty(spec, shape, dtype, device, zeroed)
+            swizzled = spec.scale_layout == "swizzled"
+            if spec.rowwise and swizzled:
+                t.rowwise_scale = torch.zeros((groups.swizzled_rowwise_rows(m, g), layouts.roundup(layouts.cdiv(n, BLOCK), 4)),
+                                              dtype=torch.uint8, device=device)
             if spec.colwise:
-                t.colwise_scale = torch.zeros((groups.grouped_colwise_rows(m, g), n), dtype=torch.uint8,
-                                              device=device)
+                shape_c = ((groups.swizzled_colwise_rows(m, g), layouts.roundup(n, 128)) if swizzled
+                           else (groups.grouped_colwise_rows(m, g), n))
+                t.colwise_scale = torch.zeros(shape_c, dtype=torch.uint8, device=device)
             if spec.dbias:
                 t.dbias = torch.zeros((g, n), dtype=dtype, device=device)
             t.group_offsets = group_offsets
@@ -83,11 +85,15 @@ class MXFP8Tensor:
         )
 
     def compact_scale(self, direction: str = "rowwise") -> torch.Tensor:
-        """The scale bytes in compact layout ([M, ceil(N/32)] rowwise, [ceil(M/32), N] colwise;
-        a grouped tensor's colwise scales are its grouped buffer, see ``group``)."""
+        """The scale bytes in compact layout ([M, ceil(N/32)] rowwise, [ceil(M/32), N] colwise).
+        A grouped tensor's colwise scales are per group: ``group(g).compact_scale(...)``."""
         m, n = flat_dims(self.shape)
-        if direction == "colwise" and self.group_offsets is not None:
-            return self._need("colwise_scale")
+        if self.group_offsets is not None and (direction == "colwise" or self.scale_layout != "compact"):
+            if direction == "rowwise":
+                parts = [self.group(g).compact_scale("rowwise")
+                         for g in range(len(groups.bounds(self.group_offsets)))]
+                return torch.cat(parts)
+            raise ValueError("mxq: a grouped tensor's colwise scales are per group: use group(g).compact_scale()")
         if direction == "rowwise":
             return layouts.compact_rowwise(self._need("rowwise_scale"), m, n, self.scale_layout)
         if direction == "colwise":
@@ -103,16 +109,14 @@ class MXFP8Tensor:
         if direction not in ("rowwise", "colwise"):
             raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         m, n = flat_dims(self.shape)
+        if self.group_offsets is not None and (self.scale_layout != "compact" or direction == "colwise"):
+            parts = [self.group(g).dequantize(direction).reshape(-1, n)
+                     for g in range(len(groups.bounds(self.group_offsets)))]
+            return torch.cat(parts).reshape(self.shape)
         data = self._need(f"{direction}_data").reshape(m, n).to(torch.float32)
         scale = e8m0_to_scale(self.compact_scale(direction))
         if direction == "rowwise":
             full = scale.repeat_interleave(BLOCK, dim=1)[:, :n]
-        elif self.group_offsets is not None:  # each group's blocks from its own first block row
-            full = torch.empty((m, n), dtype=torch.float32, device=data.device)
-            for g, (start, end) in enumerate(groups.bounds(self.group_offsets)):
-                first = groups.first_block_row(g, start)
-                rows = torch.arange(end - start, device=data.device) // BLOCK + first
-                full[start:end] = scale[rows]
         else:
             full = scale.repeat_interleave(BLOCK, dim=0)[:m, :]
         return (data * full).reshape(self.shape)
@@ -128,15 +132,28 @@ class MXFP8Tensor:
             raise ValueError(f"mxq: group index must be an int in [0, {len(bnds)}), got {g!r}")
         start, end = bnds[g]
         m, n = flat_dims(self.shape)
+        mg, nb = end - start, layouts.cdiv(end - start, BLOCK)
         rows = lambda t: t.reshape(m, n)[start:end] if t is not None else None  # noqa: E731
-        col_scale = None
-        if self.colwise_scale is not None:
-            first = groups.first_block_row(g, start)
-            col_scale = self.colwise_scale[first:first + -(-(end - start) // BLOCK)]
-        return MXFP8Tensor(rows(self.rowwise_data), rows(self.colwise_data),
-                           self.rowwise_scale[start:end] if self.rowwise_scale is not None else None,
-                           col_scale, None, self.dbias[g] if self.dbias is not None else None, self.fp8,
-                           self.scale_layout, torch.Size((end - start, n)))
+        row_scale = col_scale = None
+        if self.scale_layout == "compact":
+            if self.rowwise_scale is not None:
+                row_scale = self.rowwise_scale[start:end]
+            if self.colwise_scale is not None:
+                first = groups.first_block_row(g, start)
+                col_scale = self.colwise_scale[first:first + nb]
+        else:  # this group's own blocked region, back to compact
+            row_starts, col_starts = groups.swizzled_starts(bnds)
+            if self.rowwise_scale is not None:
+                r0 = row_starts[g]
+                region = self.rowwise_scale[r0:r0 + layouts.roundup(mg, 128)]
+                row_scale = layouts.compact_rowwise(region, mg, n, "swizzled")
+            if self.colwise_scale is not None:
+                c0 = col_starts[g]
+                region = self.colwise_scale[c0:c0 + layouts.roundup(nb, 4)]
+                col_scale = layouts.compact_colwise(region, mg, n, "swizzled")
+        return MXFP8Tensor(rows(self.rowwise_data), rows(self.colwise_data), row_scale, col_scale, None,
+                           self.dbias[g] if self.dbias is not None else None, self.fp8, "compact",
+                           torch.Size((mg, n)))
 
     def _need(self, name: str) -> torch.Tensor:
         t = getattr(self, name)

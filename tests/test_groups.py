@@ -90,11 +90,49 @@ def test_bad_offsets_name_the_argument(bad, err, match):
         mxq.quantize(torch.randn(70, 64), colwise=True, group_offsets=bad)
 
 
-def test_swizzled_groups_and_dtensors_are_refused_clearly():
-    with pytest.raises(ValueError, match="scale_layout='compact'"):
-        mxq.quantize(torch.randn(64, 64), colwise=True, scale_layout="swizzled", group_offsets=torch.tensor([64]))
+def test_group_of_an_ungrouped_tensor_is_refused():
     with pytest.raises(ValueError, match="group"):
         mxq.quantize(torch.randn(64, 64), colwise=True).group(0)
+
+
+@pytest.mark.parametrize("sizes", [[45, 0, 100, 31], [128, 128], [1, 300, 7]])
+def test_swizzled_groups_by_an_independent_rearrangement(sizes):
+    """scale_layout="swizzled" with groups: each group's scales in the 128x4 blocked layout of
+    its own, the groups one after another (rowwise: row starts sum roundup(m_h, 128); colwise:
+    start rows sum roundup(ceil(m_h / 32), 4) of roundup(N, 128) bytes), placed here byte by byte
+    with tests/oracle.py's swizzle offset from each group's compact scales."""
+    n = 200
+    g = torch.Generator().manual_seed(sum(sizes))
+    x = torch.randn(sum(sizes), n, generator=g) * 3
+    offsets = torch.cumsum(torch.tensor(sizes), 0)
+    t = mxq.quantize(x, rowwise=True, colwise=True, scale_layout="swizzled", group_offsets=offsets)
+    m, nb = sum(sizes), -(-n // 32)
+    pc, pn = -(-nb // 4) * 4, -(-n // 128) * 128
+    assert t.rowwise_scale.shape == (m + 128 * len(sizes), pc)
+    assert t.colwise_scale.shape == (m // 32 + 4 * len(sizes), pn)
+    want_row = torch.zeros(t.rowwise_scale.numel(), dtype=torch.uint8)
+    want_col = torch.zeros(t.colwise_scale.numel(), dtype=torch.uint8)
+    row0 = col0 = start = 0
+    for size in sizes:
+        alone = mxq.quantize(x[start:start + size], rowwise=True, colwise=True)
+        gb = -(-size // 32)
+        for i in range(size):
+            for j in range(nb):
+                want_row[row0 * pc + oracle.swizzle_offset(i, j, nb)] = alone.rowwise_scale[i, j]
+        for b in range(gb):
+            for c in range(n):
+                want_col[col0 * pn + oracle.swizzle_offset(c, b, gb)] = alone.colwise_scale[b, c]
+        row0 += -(-size // 128) * 128
+        col0 += -(-gb // 4) * 4
+        start += size
+    assert torch.equal(t.rowwise_scale.reshape(-1), want_row)
+    assert torch.equal(t.colwise_scale.reshape(-1), want_col)
+    start = 0
+    for k, size in enumerate(sizes):  # group(g) brings each back to compact, byte-equal
+        alone = mxq.quantize(x[start:start + size], rowwise=True, colwise=True)
+        assert compare(t.group(k), alone, exact=True) == [] if size else t.group(k).shape[0] == 0
+        start += size
+    assert torch.equal(t.dequantize("colwise").isnan(), x.isnan())
 
 
 def test_grouped_quantize_compiles():
