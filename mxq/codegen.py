@@ -48,15 +48,18 @@ def environment() -> jinja2.Environment:
 
 @lru_cache(maxsize=1)
 def kernels_hash() -> str:
-    """Hash of every template and kernel-layer file (mxq/kernels/*.py, mxq/slots.py): part of
-    every generated module, hence of every cache key, so editing either recompiles."""
+    """Hash of every file that shapes the compiled code (templates, mxq/kernels/*.py, slots.py,
+    numerics.py, compiler.py): part of every generated module, hence of every cache key, so
+    editing any of them recompiles."""
     from pathlib import Path
 
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
     files = sorted(_walk(_template_dir(), "templates/"))
     files += sorted((f"kernels/{p.name}", p) for p in (here / "kernels").glob("*.py"))
-    files.append(("slots.py", here / "slots.py"))
+    # (and what else shapes the compiled code: the format constants the kernels read, the fake
+    # compile arguments' alignment and dtypes)
+    files += [(name, here / name) for name in ("slots.py", "numerics.py", "compiler.py")]
     for name, path in files:
         h.update(name.encode())
         h.update(path.read_bytes())

@@ -37,10 +37,10 @@ def has_dtensor(tensors, act_input=None) -> bool:
     return any(isinstance(t, DTensor) for t in tensors) or isinstance(act_input, DTensor)
 
 
-def _placement(x: DTensor):
+def _placement(x: DTensor, name: str):
     mesh = x.device_mesh
     if mesh.ndim != 1 or len(x.placements) != 1:
-        raise ValueError(f"mxq: argument {x!r:.40} must live on a 1-D device mesh with one placement, got "
+        raise ValueError(f"mxq: argument {name!r} must live on a 1-D device mesh with one placement, got "
                          f"placements {x.placements}")
     p = x.placements[0]
     if isinstance(p, Shard):
@@ -68,6 +68,10 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
     if kind == "rows":
         for d in x.shape[1:-1]:
             per_index *= d
+    if kind == "rows" and x.dim() > 2 and size % world:
+        raise ValueError(f"mxq: placement {_name(x.placements[0])} of a {x.dim()}-D input needs its first dimension "
+                         f"({size}) to divide evenly over the {world} ranks (the flattened rows of the shards "
+                         "must be DTensor's even split of M)")
     need = spec.colwise if kind == "rows" else spec.rowwise
     if need and world > 1 and (chunk * per_index) % 32 and chunk < size:
         what = "rows" if kind == "rows" else "columns"
@@ -92,7 +96,7 @@ def call(op, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
     x = tensors[0]
     if not isinstance(x, DTensor):
         raise TypeError("mxq: with DTensor operands, the first tensor input must be a DTensor too")
-    mesh, kind, dim = _placement(x)
+    mesh, kind, dim = _placement(x, op.epilogue.tensor_params[0])
     placement = x.placements[0]
     spec = op.spec
     _check_blocks(spec, x, kind, dim)
@@ -156,6 +160,11 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
         raise TypeError(f"mxq: all_gather() takes an MXFP8Tensor, got {type(t).__name__}")
     if t.scale_layout != "compact":
         raise ValueError("mxq: all_gather() needs compact scales (swizzled tiles span 128 rows)")
+    if len(t.shape) < 2:
+        raise ValueError(f"mxq: all_gather() concatenates rows: it needs a tensor of 2 or more dimensions, got "
+                         f"shape {tuple(t.shape)}")
+    if t.group_offsets is not None:
+        raise ValueError("mxq: all_gather() of a grouped tensor is not supported (its scale buffers are per group)")
     m, n = flat_dims(t.shape)
     if t.colwise_data is not None and m % 32:
         raise ValueError(f"mxq: all_gather() of colwise blocks needs a multiple of 32 rows per rank, got {m}")

@@ -42,7 +42,7 @@ class FusedOp:
         clash = set(self.epilogue.param_order) & set(_CALL_KEYWORDS)
         if clash:
             raise EpilogueError(f"parameter name(s) {sorted(clash)} are reserved for the call "
-                                f"(act_input, noop, out)", inspect.getsourcefile(fn) or "<unknown>",
+                                f"({', '.join(_CALL_KEYWORDS)})", inspect.getsourcefile(fn) or "<unknown>",
                                 fn.__code__.co_firstlineno, "parameter name")
         self._signature = inspect.signature(fn)
         self._defaults = {k: p.default for k, p in self._signature.parameters.items()
@@ -169,7 +169,10 @@ class FusedOp:
         launcher = self._launcher_for(tensors[0]) if tensors[0].is_cuda else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
-        tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input)
+        tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input, copy=False)
+        if noop is not None and out is None:
+            x = tensors[0]
+            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True)
         fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out, layouts)
         if fn is None:
             return (lambda: None), out

@@ -50,6 +50,8 @@ def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None
     m, n = flat_dims(x.shape)
     v = epilogue_value(spec, epilogue, tensors, scalars, act_input)
     bnds = groups.bounds(group_offsets) if group_offsets is not None else None
+    if bnds is not None:
+        out.group_offsets = group_offsets.clone()  # what the outputs were laid out by
     if spec.dbias:  # step 4: before the input-dtype round trip
         if bnds is None:
             out.dbias.copy_(v.sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))

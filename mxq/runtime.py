@@ -66,15 +66,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
                             "every tensor input of one op has the same dtype")
         if t.device != f.device:
             raise ValueError(f"mxq: argument {name!r} is on {t.device} but {fname!r} is on {f.device}")
-    for name, s in zip(epilogue.scalar_params, scalars):
-        if isinstance(s, bool) or not isinstance(s, (int, float)):
-            _fail_type(name, "a float", type(s).__name__)
-        if isinstance(s, int):
-            try:
-                float(s)
-            except OverflowError:
-                raise ValueError(f"mxq: argument {name!r} is an integer of {s.bit_length()} bits, too large "
-                                 "for a float") from None
+    check_scalars(epilogue.scalar_params, scalars)
     fname, f = first
     if spec.dact:
         if act_input is None:
@@ -102,6 +94,19 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
         groups.check(group_offsets, flat_dims(f.shape)[0], f.device)
     if out is not None:
         check_out(spec, out, f, group_offsets)
+
+
+def check_scalars(names, scalars) -> None:
+    """The epilogue's float parameters: Python numbers (not bools) that fit a float."""
+    for name, s in zip(names, scalars):
+        if isinstance(s, bool) or not isinstance(s, (int, float)):
+            _fail_type(name, "a float", type(s).__name__)
+        if isinstance(s, int):
+            try:
+                float(s)
+            except OverflowError:
+                raise ValueError(f"mxq: argument {name!r} is an integer of {s.bit_length()} bits, too large "
+                                 "for a float") from None
 
 
 def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=None) -> None:
@@ -141,7 +146,7 @@ def fallback(reason: str) -> None:
                       RuntimeWarning, stacklevel=3)
 
 
-def operand_layouts(tensors, act_input):
+def operand_layouts(tensors, act_input, copy: bool = True):
     """(tensors, act_input, layouts) for the kernels: each epilogue input's kind (full, strided,
     row, col, scalar; mxq/operands.py) and the tensors to pass. A layout the kernels cannot read
     in place (a non-contiguous full input that is not a strided 2-D view, a non-contiguous
@@ -155,11 +160,16 @@ def operand_layouts(tensors, act_input):
         if kind == "full" and not t.is_contiguous() and operands.is_row_strided(t, n):
             kind = "strided"
         elif not t.is_contiguous():
+            if not copy:
+                raise ValueError(f"mxq: argument #{i} must be contiguous or a strided 2-D view with unit last "
+                                 "stride here (a copy would be bound once and never see later updates)")
             copied("non-contiguous tensor inputs are copied (strided 2-D views with unit last stride are not)")
             t = t.contiguous()
         out.append(t)
         layouts.append(kind)
     if act_input is not None and not act_input.is_contiguous():
+        if not copy:
+            raise ValueError("mxq: argument 'act_input' must be contiguous here (a copy would be bound once)")
         copied("a non-contiguous act_input is copied")
         act_input = act_input.contiguous()
     return out, act_input, tuple(layouts)

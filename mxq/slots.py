@@ -80,9 +80,10 @@ def kernel_slots(spec, n_inputs: int, n_scalars: int) -> tuple[Slot, ...]:
 
 
 def dispatch_flags(spec) -> int:
-    """The C++ dispatcher's flag word: bit i for DESTINATIONS[i] used (i < 7), bit 7 for e5m2."""
+    """The C++ dispatcher's flag word: bit i for DESTINATIONS[i] used (i < 7), bit 7 for e5m2,
+    bit 8 for swizzled scales (the dispatcher requires scale buffers of exactly that layout's size)."""
     bits = sum(1 << i for i, role in enumerate(DESTINATIONS[:-1]) if uses(spec, role))
-    return bits | (spec.fp8 == "e5m2") << 7
+    return bits | (spec.fp8 == "e5m2") << 7 | (spec.scale_layout == "swizzled") << 8
 
 
 __all__ = ["DESTINATIONS", "OUTPUTS", "Slot", "dispatch_flags", "kernel_slots", "uses"]

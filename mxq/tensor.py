@@ -61,7 +61,7 @@ class MXFP8Tensor:
                 t.colwise_scale = torch.zeros(shape_c, dtype=torch.uint8, device=device)
             if spec.dbias:
                 t.dbias = torch.zeros((g, n), dtype=dtype, device=device)
-            t.group_offsets = group_offsets
+            t.group_offsets = group_offsets.clone()  # (the caller may reuse its tensor)
             return t
         fp8 = FORMATS[spec.fp8].torch_dtype
         scale_alloc = torch.zeros if zeroed or spec.scale_layout == "swizzled" else torch.empty

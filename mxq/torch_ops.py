@@ -18,7 +18,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import slots
+from . import runtime, slots
 from .tensor import MXFP8Tensor
 
 _ops: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # op id -> FusedOp
@@ -63,9 +63,35 @@ def _fused_quant_fake(tensors, scalars, act_input, noop, group_offsets, op):
     return out
 
 
+@torch.library.custom_op("mxq::fused_quant_out", mutates_args=("outs",))
+def fused_quant_out(tensors: list[torch.Tensor], scalars: list[float], act_input: torch.Tensor | None,
+                    noop: torch.Tensor | None, group_offsets: torch.Tensor | None, outs: list[torch.Tensor],
+                    op: int) -> None:
+    """The ``out=`` form: writes into ``outs`` (the fields the op uses, in slots.OUTPUTS order),
+    so a noop call leaves them as they were, as in eager mode."""
+    fused = _ops[op]
+    x = tensors[0]
+    it = iter(outs)
+    fields = {f: (next(it) if slots.uses(fused.spec, f) else None) for f in slots.OUTPUTS}
+    out = MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
+                      fields["colwise_scale"], fields["amax"], fields["dbias"], fused.spec.fp8,
+                      fused.spec.scale_layout, x.shape, group_offsets)
+    fused._eager(tensors, scalars, act_input, noop, out, group_offsets)
+
+
+@fused_quant_out.register_fake
+def _fused_quant_out_fake(tensors, scalars, act_input, noop, group_offsets, outs, op):
+    return None
+
+
 @torch.compiler.assume_constant_result
 def _spec_key(i: int) -> int:
     return _ops[i].spec.key("fp32")
+
+
+@torch.compiler.assume_constant_result
+def _scalar_names(i: int) -> tuple:
+    return tuple(_ops[i].epilogue.scalar_params)
 
 
 def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
@@ -73,14 +99,16 @@ def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
     copies)."""
     from .spec import QuantSpec
 
-    res = torch.ops.mxq.fused_quant(list(tensors), [float(s) for s in scalars], act_input, noop, group_offsets, i)
     spec, _ = QuantSpec.from_key(_spec_key(i))
-    fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
-    if out is not None:
-        for f, r in fields.items():
-            if r is not None:
-                getattr(out, f).copy_(r)
+    runtime.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
+    floats = [float(s) for s in scalars]
+    if out is not None:  # validated while tracing (static shapes and dtypes), written in place
+        runtime.check_out(spec, out, tensors[0], group_offsets)
+        outs = [getattr(out, f) for f in slots.OUTPUTS if slots.uses(spec, f)]
+        torch.ops.mxq.fused_quant_out(list(tensors), floats, act_input, noop, group_offsets, outs, i)
         return out
+    res = torch.ops.mxq.fused_quant(list(tensors), floats, act_input, noop, group_offsets, i)
+    fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
     return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                        fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
                        tensors[0].shape, group_offsets)

@@ -127,8 +127,9 @@ def test_slot_table_by_hand():
 
 
 def test_dispatch_flags_by_hand():
-    # bit 0 act_input, 1-2 rowwise data/scale, 3-4 colwise, 5 amax, 6 dbias, 7 e5m2
+    # bit 0 act_input, 1-2 rowwise data/scale, 3-4 colwise, 5 amax, 6 dbias, 7 e5m2, 8 swizzled
     assert slots.dispatch_flags(QuantSpec()) == 0b0000_0110
+    assert slots.dispatch_flags(QuantSpec(scale_layout="swizzled", colwise=True)) == 0b1_0001_1110
     assert slots.dispatch_flags(QuantSpec(fp8="e5m2", rowwise=False, colwise=True, amax=True)) == 0b1011_1000
     assert slots.dispatch_flags(QuantSpec(dact="relu", dbias=True)) == 0b0100_0111
 

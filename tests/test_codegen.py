@@ -717,3 +717,20 @@ def test_asm_of_ops_with_one_signature_returns_each_ops_own_ptx(tmp_path, monkey
     assert "0f40E00000" in seven and "0f41100000" not in seven  # 7.0
     assert "0f41100000" in nine and "0f40E00000" not in nine  # 9.0
     assert not list(odd.glob("mxq-ptx-*")), "no dump directory left behind"
+
+
+def test_kernel_hash_covers_every_file_that_shapes_the_compiled_code(monkeypatch):
+    """The numerics constants the kernels read and the fake compile arguments are part of the
+    hash in every module (hence of every disk-cache key), not only the kernel layer."""
+    from pathlib import Path
+
+    base = codegen.kernels_hash()
+    real = Path.read_bytes
+
+    for name in ("numerics.py", "compiler.py", "slots.py", "device.py", "module.py.j2"):
+        codegen.kernels_hash.cache_clear()
+        monkeypatch.setattr(Path, "read_bytes", lambda self, n=name: real(self) + (b"#" if self.name == n else b""))
+        assert codegen.kernels_hash() != base, name
+        monkeypatch.setattr(Path, "read_bytes", real)
+    codegen.kernels_hash.cache_clear()
+    assert codegen.kernels_hash() == base

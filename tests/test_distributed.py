@@ -61,6 +61,22 @@ except ValueError as exc:
 else:
     raise AssertionError("a block-cutting shard was accepted")
 mxq.quantize(bad, rowwise=True)  # rowwise blocks run along the unsplit columns: fine
+uneven = distribute_tensor(torch.randn(3, 32, 64), mesh, [Shard(0)])  # 3 batches over 2 ranks
+try:
+    mxq.quantize(uneven, rowwise=True)
+except ValueError as exc:
+    assert "divide evenly" in str(exc), exc
+else:
+    raise AssertionError("an uneven 3-D row split was accepted")
+from mxq import distributed as mxd
+for bad_t, words in ((mxq.quantize(torch.randn(64)), "2 or more dimensions"),
+                     (mxq.quantize(torch.randn(64, 32), colwise=True, group_offsets=torch.tensor([64])), "grouped")):
+    try:
+        mxd.all_gather(bad_t)
+    except ValueError as exc:
+        assert words in str(exc), exc
+    else:
+        raise AssertionError(words)
 # all_gather: each rank quantizes its own rows; the gathered tensor is the full tensor's quantization
 from mxq import distributed
 full = torch.randn(2, 64, 96, dtype=torch.bfloat16)

@@ -145,3 +145,15 @@ def test_grouped_quantize_compiles():
     want = f(x, o)
     assert got.colwise_scale.shape == want.colwise_scale.shape == (5, 64)
     assert torch.equal(got.colwise_scale, want.colwise_scale)
+
+
+def test_out_takes_the_new_offsets_and_results_do_not_alias_them():
+    x = torch.randn(96, 64)
+    off = torch.tensor([32, 96])
+    t = mxq.quantize(x, colwise=True, group_offsets=off)
+    off[0] = 40  # the caller reuses its tensor
+    assert t.group_offsets.tolist() == [32, 96]
+    again = mxq.quantize(x, colwise=True, group_offsets=torch.tensor([40, 96]), out=t)
+    fresh = mxq.quantize(x, colwise=True, group_offsets=torch.tensor([40, 96]))
+    assert again.group_offsets.tolist() == [40, 96]
+    assert torch.equal(again.dequantize("colwise"), fresh.dequantize("colwise"))

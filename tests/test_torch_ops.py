@@ -100,3 +100,23 @@ def test_eager_calls_do_not_go_through_the_operator(monkeypatch):
     x = torch.randn(8, 64)
     mxq.quantize(x)
     resid(x, x)
+
+
+def test_out_and_noop_under_compile_keep_eager_semantics():
+    """noop=1 with out= leaves out as it was (a cached weight must survive); a wrong out or a
+    bool for a float parameter is refused while tracing, as eager refuses them."""
+    x = torch.randn(32, 64)
+    out = mxq.quantize(x)
+    snap = out.rowwise_data.view(torch.uint8).clone()
+    f = torch.compile(lambda x, o, n: mxq.quantize(x * 3, out=o, noop=n), fullgraph=True)
+    f(x, out, torch.ones(1))
+    assert torch.equal(out.rowwise_data.view(torch.uint8), snap)
+    with pytest.raises(Exception, match="out.rowwise_data' must be torch.float8_e4m3fn"):
+        torch.compile(lambda x, o: mxq.quantize(x, out=o), fullgraph=True)(x, mxq.quantize(x, fp8="e5m2"))
+
+    @mxq.fused_quant()
+    def scaled(x, alpha: float = 1.0):
+        return x * alpha
+
+    with pytest.raises(Exception, match="'alpha' must be a float, got bool"):
+        torch.compile(lambda x: scaled(x, alpha=True), fullgraph=True)(x)

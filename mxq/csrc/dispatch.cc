@@ -34,6 +34,7 @@ enum Slot { kAct = 0, kRowData, kRowScale, kColData, kColScale, kAmax, kDbias, k
 struct State {
   int nt = 0, ns = 0;
   uint8_t fp8_code = 10;  // DLPack kDLFloat8_e4m3fn, or 12 (kDLFloat8_e5m2)
+  bool swizzled = false;  // the op's scale layout: scale buffers must have exactly its size
   bool want[8] = {false};
   std::vector<std::string> names;  // the op's tensor and float parameter names, for errors
   ffi::Function reference, resolve, zero;
@@ -175,15 +176,19 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   const int64_t cols_scale = args[base + kColScale] != nullptr ? Numel(TensorArg(st, args, base + kColScale)) : 0;
   if (st.want[kRowData]) {
     bytes(base + kRowData, m * n, true);
-    if (rows_scale != m * nbr && rows_scale != ((m + 127) / 128 * 128) * ((nbr + 3) / 4 * 4)) {
-      TVM_FFI_THROW(ValueError) << "mxq: argument 'rowwise_scale' has " << rows_scale << " bytes, which fits neither layout";
+    const int64_t want = st.swizzled ? ((m + 127) / 128 * 128) * ((nbr + 3) / 4 * 4) : m * nbr;
+    if (rows_scale != want) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument 'rowwise_scale' has " << rows_scale << " bytes; this op's "
+                                << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want;
     }
     bytes(base + kRowScale, rows_scale, false);
   }
   if (st.want[kColData]) {
     bytes(base + kColData, m * n, true);
-    if (cols_scale != nbc * n && cols_scale != ((nbc + 3) / 4 * 4) * ((n + 127) / 128 * 128)) {
-      TVM_FFI_THROW(ValueError) << "mxq: argument 'colwise_scale' has " << cols_scale << " bytes, which fits neither layout";
+    const int64_t want = st.swizzled ? ((nbc + 3) / 4 * 4) * ((n + 127) / 128 * 128) : nbc * n;
+    if (cols_scale != want) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument 'colwise_scale' has " << cols_scale << " bytes; this op's "
+                                << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want;
     }
     bytes(base + kColScale, cols_scale, false);
   }
@@ -312,6 +317,7 @@ ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags,
   st->ns = static_cast<int>(ns);
   for (int s = 0; s < 7; ++s) st->want[s] = (flags >> s) & 1;
   st->fp8_code = (flags >> 7) & 1 ? 12 : 10;
+  st->swizzled = (flags >> 8) & 1;
   st->reference = reference;
   st->resolve = resolve;
   st->zero = zero;
