@@ -2,6 +2,7 @@
 
 from .epilogue import EpilogueError
 from .math import abs, erf, exp, exp2, log, log2, maximum, minimum, rsqrt, sigmoid, sqrt, tanh, where
+from .activations import gelu, qgelu, relu, silu, srelu
 from .op import FusedOp, fused_quant, quantize
 from .spec import QuantSpec
 from .tensor import MXFP8Tensor
@@ -33,5 +34,5 @@ def __getattr__(name):
 __all__ = [
     "EpilogueError", "FusedOp", "get_include", "MXFP8Tensor", "QuantSpec", "fused_quant", "quantize",
     "abs", "erf", "exp", "exp2", "log", "log2", "maximum", "minimum", "rsqrt", "sigmoid", "sqrt",
-    "tanh", "where",
+    "tanh", "where", "gelu", "silu", "relu", "qgelu", "srelu",
 ]

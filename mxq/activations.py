@@ -61,6 +61,7 @@ def dsrelu(x):
 
 
 FORWARD = {"gelu": gelu, "silu": silu, "relu": relu, "qgelu": qgelu, "srelu": srelu}
+mxq.INLINE.update(FORWARD)  # callable in epilogues as mxq.gelu(x), ... (e.g. a gated mxq.silu(g) * u)
 BACKWARD = {"gelu": dgelu, "silu": dsilu, "relu": drelu, "qgelu": dqgelu, "srelu": dsrelu}
 
 

@@ -217,6 +217,8 @@ class _Parser:
         fname = self.call_name(node)
         if fname == "where":
             return ir.Where(*args)
+        if fname in mxm.INLINE:  # a built-in activation: its own IR, applied to the argument
+            return ir.substitute(_inline_ir(fname), {0: args[0]})
         return ir.Unary(fname, args[0]) if len(args) == 1 else ir.Binary(fname, args[0], args[1])
 
     def number(self, node: ast.AST, value, what: str, construct: str) -> float:
@@ -293,8 +295,10 @@ class _Parser:
                       f"mxq.{', mxq.'.join(sorted(mxm.FUNCTIONS))} are not supported", "call")
         if node.keywords:
             self.fail(node, f"mxq.{fname} takes positional arguments only", "keyword argument")
-        if len(node.args) != _ARITY[fname]:
-            self.fail(node, f"mxq.{fname} takes {_ARITY[fname]} arguments, got {len(node.args)}", "call")
+        arity = 1 if fname in mxm.INLINE else _ARITY[fname]
+        if len(node.args) != arity:
+            self.fail(node, f"mxq.{fname} takes {arity} argument{'s' if arity > 1 else ''}, got {len(node.args)}",
+                      "call")
         self._calls[node] = fname
         return fname
 
@@ -303,12 +307,12 @@ class _Parser:
             if func.value.id in self.env:
                 return None
             mod = self.lookup(func.value)
-            if _is_mxq_module(mod) and func.attr in mxm.FUNCTIONS:
+            if _is_mxq_module(mod) and (func.attr in mxm.FUNCTIONS or func.attr in mxm.INLINE):
                 return func.attr
             return None
         if isinstance(func, ast.Name) and func.id not in self.env:
             obj = self.globals.get(func.id)
-            for name, f in mxm.FUNCTIONS.items():
+            for name, f in (*mxm.FUNCTIONS.items(), *mxm.INLINE.items()):
                 if obj is f:
                     return name
         return None
@@ -392,6 +396,17 @@ def _fn_node(tree: ast.Module, name: str) -> ast.FunctionDef:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             return node
     raise EpilogueError(f"cannot find the definition of {name!r} in its source")
+
+
+_INLINE_IR: dict = {}
+
+
+def _inline_ir(name: str) -> ir.Expr:
+    """The IR of the inline function ``name`` (parsed once)."""
+    expr = _INLINE_IR.get(name)
+    if expr is None:
+        expr = _INLINE_IR[name] = parse(mxm.INLINE[name]).expr
+    return expr
 
 
 def parse(fn) -> Epilogue:

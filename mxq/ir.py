@@ -248,6 +248,26 @@ def walk(expr: Expr) -> list[Expr]:
     return order
 
 
+def substitute(expr: Expr, tensors: dict[int, Expr]) -> Expr:
+    """``expr`` with tensor parameter k replaced by ``tensors[k]`` (an inlined function's body
+    applied to its arguments): one rebuild per distinct node, in ``walk`` order."""
+    new: dict[Expr, Expr] = {}
+    for node in walk(expr):
+        if isinstance(node, TensorArg):
+            new[node] = tensors[node.index]
+        elif isinstance(node, Unary):
+            new[node] = Unary(node.op, new[node.a])
+        elif isinstance(node, Binary):
+            new[node] = Binary(node.op, new[node.a], new[node.b])
+        elif isinstance(node, Compare):
+            new[node] = Compare(node.op, new[node.a], new[node.b])
+        elif isinstance(node, Where):
+            new[node] = Where(new[node.cond], new[node.a], new[node.b])
+        else:  # constants and float parameters stay
+            new[node] = node
+    return new[expr]
+
+
 def size(expr: Expr) -> int:
     """The number of distinct nodes of ``expr`` (what ``MAX_NODES`` limits)."""
     return len(walk(expr))

@@ -483,3 +483,59 @@ def test_messages_say_what_to_do(fn, needle, construct, words):
     for w in words:
         assert w in str(err), str(err)
     assert "must end with" not in str(err)
+
+
+def _swiglu(g, u):
+    return mxq.silu(g) * u
+
+
+def _geglu(g, u):
+    return mxq.gelu(g) * u
+
+
+def _reglu(g, u):
+    return mxq.relu(g) * u
+
+
+def _qgeglu(g, u):
+    return mxq.qgelu(g) * u
+
+
+def _sreglu(g, u):
+    return mxq.srelu(g) * u
+
+
+def _by_hand(name, g):
+    """The activations of docs/NUMERICS.md written out here in fp32 torch, one rounding each."""
+    if name == "silu":
+        return g * torch.sigmoid(g)
+    if name == "gelu":
+        return g * (0.5 + 0.5 * torch.tanh(g * (0.79788456 + 0.03567741 * g * g)))
+    if name == "relu":
+        return torch.where(g > 0, g, torch.zeros_like(g))
+    if name == "qgelu":
+        return g * torch.sigmoid(1.702 * g)
+    return torch.where(g > 0, g * g, torch.zeros_like(g))
+
+
+@pytest.mark.parametrize("fn, name", [(_swiglu, "silu"), (_geglu, "gelu"), (_reglu, "relu"), (_qgeglu, "qgelu"),
+                                      (_sreglu, "srelu")])
+def test_gated_epilogues_over_half_views(fn, name):
+    """The built-in activations are callable in epilogues (mxq.silu(g) * u: a gated activation
+    over the two halves of a [M, 2N] tensor); the bytes are those of the formula by hand,
+    quantized by tests/oracle.py."""
+    x = torch.randn(40, 128, generator=torch.Generator().manual_seed(3)) * 3
+    g, u = x[:, :64], x[:, 64:]
+    t = mxq.fused_quant()(fn)(g, u)
+    v = (_by_hand(name, g) * u).tolist()
+    data, scales = oracle.quantize_rows(v, "e4m3", "rceil")
+    assert torch.equal(t.rowwise_data.view(torch.uint8), torch.tensor(data, dtype=torch.uint8))
+    assert torch.equal(t.rowwise_scale, torch.tensor(scales, dtype=torch.uint8))
+
+
+def test_inline_activation_arity_is_checked():
+    def bad(g, u):
+        return mxq.silu(g, u)
+
+    with pytest.raises(EpilogueError, match="mxq.silu takes 1 argument, got 2"):
+        mxq.fused_quant()(bad)
