@@ -279,8 +279,7 @@ def _launcher_text(spec: QuantSpec, epilogue: Epilogue) -> tuple[str, str]:
     by_role = {s.role: s.name for s in table}
     ins = ", ".join(s.name for s in table if s.role == "input")
     scalars = ", ".join(s.name for s in table if s.role == "scalar")
-    rest = [by_role.get(role, "None") for role in ("act_input", "rowwise_data", "rowwise_scale", "colwise_data",
-                                                     "colwise_scale", "amax", "dbias", "dbias_workspace", "noop")]
+    rest = [by_role.get(role, "None") for role in slots.LAUNCH_OPERANDS]
     args = [f"[{ins}]", f"[{scalars}]", *rest, "use_hw_e8m0", "use_pdl" if spec.dbias else "False", "stream"]
     return ", ".join(params), ", ".join(args)
 

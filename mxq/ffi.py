@@ -16,13 +16,11 @@ from importlib import resources
 
 import torch
 
-from . import slots
-from . import compiler
+from . import compiler, launch, slots
 from .tensor import MXFP8Tensor
 
 _lock = threading.RLock()
 _shim = None
-_zeros: dict = {}  # device index -> the zero noop tensor handed to C++ dispatchers
 _DL_FLOAT, _DL_BFLOAT = 2, 4
 # The allocating route puts both directions' FP8 data and scales in one allocation when they
 # total at most this many bytes (256x4096 rowwise+colwise: 2.1 MB). A small call's host time is
@@ -118,11 +116,7 @@ def _zero_callback(device_id):
     """A zero noop tensor on a device (one per device, kept for the process)."""
     import tvm_ffi
 
-    device = int(device_id)
-    t = _zeros.get(device)
-    if t is None:
-        t = _zeros[device] = torch.zeros(1, dtype=torch.float32, device=f"cuda:{device}")
-    return tvm_ffi.from_dlpack(t)
+    return tvm_ffi.from_dlpack(launch.noop_tensor(torch.device("cuda", int(device_id))))
 
 
 def make_dispatchers(op) -> tuple:

@@ -19,7 +19,9 @@ from .tensor import MXFP8Tensor, flat_dims
 _noop_zero: dict = {}
 
 
-def _noop_tensor(device):
+def noop_tensor(device):
+    """The zero noop tensor of a device (one per device, kept for the process): what a call
+    without ``noop`` passes, from Python and from the C++ dispatchers."""
     t = _noop_zero.get(device)
     if t is None:
         t = _noop_zero[device] = torch.zeros(1, dtype=torch.float32, device=device)
@@ -118,7 +120,7 @@ class Launcher:
             "dbias": lambda: out.dbias,
             "dbias_workspace": lambda: torch.empty((layouts.cdiv(m, 32), n), dtype=dbias_partial_dtype(x.dtype),
                                                    device=x.device),
-            "noop": lambda: noop.reshape(1) if noop is not None else _noop_tensor(x.device),
+            "noop": lambda: noop.reshape(1) if noop is not None else noop_tensor(x.device),
         }
         args = []
         for slot in slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params)):

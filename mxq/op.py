@@ -119,8 +119,7 @@ class FusedOp:
         """A checked call: the compiled kernel on CUDA when one serves it, else the reference.
         With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
         x = tensors[0]
-        if noop is not None and out is None:
-            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True, group_offsets=group_offsets)
+        out = self._noop_out(x, noop, out, group_offsets)
         if group_offsets is not None:
             if x.is_cuda:
                 runtime.fallback("grouped quantize (group_offsets) runs the torch reference on CUDA for now")
@@ -135,6 +134,12 @@ class FusedOp:
                     self._fast[(x.dtype, x.get_device())] = launcher  # later calls skip the checks
                 return launcher(tensors, scalars, act_input, noop, out)
         return self._reference(tensors, scalars, act_input, noop, out)
+
+    def _noop_out(self, x, noop, out, group_offsets=None):
+        """``out``, or for a noop call without one zeroed outputs (a noop call writes nothing)."""
+        if noop is not None and out is None:
+            return MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True, group_offsets=group_offsets)
+        return out
 
     def _reference(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
         with torch.no_grad():  # outputs are data, not part of an autograd graph
@@ -155,9 +160,7 @@ class FusedOp:
         """The torch reference result, on whatever device the inputs are."""
         tensors, scalars = self._bind(args, kwargs)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
-        if noop is not None and out is None:
-            x = tensors[0]
-            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True, group_offsets=group_offsets)
+        out = self._noop_out(tensors[0], noop, out, group_offsets)
         return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs):
@@ -170,9 +173,7 @@ class FusedOp:
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input, copy=False)
-        if noop is not None and out is None:
-            x = tensors[0]
-            out = MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True)
+        out = self._noop_out(tensors[0], noop, out)
         fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out, layouts)
         if fn is None:
             return (lambda: None), out

@@ -138,12 +138,17 @@ _warned: set = set()
 
 def fallback(reason: str) -> None:
     """A GPU call the kernels cannot serve: warn once per reason, or raise under MXQ_STRICT=1."""
+    _warn_once_or_raise(reason, f"no GPU kernel for this call ({reason})",
+                        f"running the torch reference instead of a GPU kernel: {reason}", stacklevel=4)
+
+
+def _warn_once_or_raise(key: str, strict: str, message: str, stacklevel: int) -> None:
+    """The one-time warning of a degraded call, or a RuntimeError under MXQ_STRICT=1."""
     if os.environ.get("MXQ_STRICT") == "1":
-        raise RuntimeError(f"mxq: no GPU kernel for this call ({reason}) and MXQ_STRICT=1")
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"mxq: running the torch reference instead of a GPU kernel: {reason}",
-                      RuntimeWarning, stacklevel=3)
+        raise RuntimeError(f"mxq: {strict} and MXQ_STRICT=1")
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"mxq: {message}", RuntimeWarning, stacklevel=stacklevel)
 
 
 def operand_layouts(tensors, act_input, copy: bool = True):
@@ -177,11 +182,7 @@ def operand_layouts(tensors, act_input, copy: bool = True):
 
 def copied(reason: str) -> None:
     """An input copied before the kernel: warn once per reason, or raise under MXQ_STRICT=1."""
-    if os.environ.get("MXQ_STRICT") == "1":
-        raise RuntimeError(f"mxq: {reason} and MXQ_STRICT=1")
-    if reason not in _warned:
-        _warned.add(reason)
-        warnings.warn(f"mxq: {reason}", RuntimeWarning, stacklevel=4)
+    _warn_once_or_raise(reason, reason, reason, stacklevel=5)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -16,6 +16,7 @@ Everything that builds or documents such an argument list derives from this tabl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 # MXFP8Tensor's output fields, in the order the allocating native route returns them
 OUTPUTS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")
@@ -24,6 +25,10 @@ OUTPUTS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "am
 # mxq.get_quantize_kernel): act_input, the six outputs, noop. Bit i of dispatch_flags() says
 # whether slot i is used (the last, noop, always is).
 DESTINATIONS = ("act_input", *OUTPUTS, "noop")
+
+# The operands Quantize.launch (mxq/kernels/quantize.py) takes after the epilogue's tensors and
+# floats, in order (a slot the spec does not use is passed as None).
+LAUNCH_OPERANDS = ("act_input", *OUTPUTS, "dbias_workspace", "noop")
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ def uses(spec, role: str) -> bool:
     raise ValueError(f"mxq: unknown slot role {role!r}")
 
 
+@lru_cache(maxsize=1024)
 def kernel_slots(spec, n_inputs: int, n_scalars: int) -> tuple[Slot, ...]:
     """The compiled kernel function's positional arguments for ``spec`` and an epilogue with
     ``n_inputs`` tensor and ``n_scalars`` float parameters."""
@@ -86,4 +92,4 @@ def dispatch_flags(spec) -> int:
     return bits | (spec.fp8 == "e5m2") << 7 | (spec.scale_layout == "swizzled") << 8
 
 
-__all__ = ["DESTINATIONS", "OUTPUTS", "Slot", "dispatch_flags", "kernel_slots", "uses"]
+__all__ = ["DESTINATIONS", "LAUNCH_OPERANDS", "OUTPUTS", "Slot", "dispatch_flags", "kernel_slots", "uses"]

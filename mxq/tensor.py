@@ -48,24 +48,23 @@ class MXFP8Tensor:
         (zeroed: rows between groups stay 0) and dbias is [G, N]."""
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
-        if group_offsets is not None:
-            g = group_offsets.numel()
-            t = MXFP8Tensor.empty(spec, shape, dtype, device, zeroed)
-            swizzled = spec.scale_layout == "swizzled"
-            if spec.rowwise and swizzled:
-                t.rowwise_scale = torch.zeros((groups.swizzled_rowwise_rows(m, g), layouts.roundup(layouts.cdiv(n, BLOCK), 4)),
-                                              dtype=torch.uint8, device=device)
-            if spec.colwise:
-                shape_c = ((groups.swizzled_colwise_rows(m, g), layouts.roundup(n, 128)) if swizzled
-                           else (groups.grouped_colwise_rows(m, g), n))
-                t.colwise_scale = torch.zeros(shape_c, dtype=torch.uint8, device=device)
-            if spec.dbias:
-                t.dbias = torch.zeros((g, n), dtype=dtype, device=device)
-            t.group_offsets = group_offsets.clone()  # (the caller may reuse its tensor)
-            return t
         fp8 = FORMATS[spec.fp8].torch_dtype
-        scale_alloc = torch.zeros if zeroed or spec.scale_layout == "swizzled" else torch.empty
+        swizzled = spec.scale_layout == "swizzled"
+        scale_alloc = torch.zeros if zeroed or swizzled else torch.empty
         data_alloc = torch.zeros if zeroed else torch.empty
+        row_shape = layouts.rowwise_scale_shape(m, n, spec.scale_layout)
+        col_shape, col_alloc = layouts.colwise_scale_shape(m, n, spec.scale_layout), scale_alloc
+        dbias_shape = (n,)
+        if group_offsets is not None:  # grouped buffers sized by M, N and G (mxq/groups.py)
+            g = group_offsets.numel()
+            if swizzled:
+                row_shape = (groups.swizzled_rowwise_rows(m, g), row_shape[1])
+                col_shape = (groups.swizzled_colwise_rows(m, g), col_shape[1])
+            else:
+                col_shape = (groups.grouped_colwise_rows(m, g), n)
+            col_alloc = torch.zeros  # rows between groups stay 0
+            dbias_shape = (g, n)
+            group_offsets = group_offsets.clone()  # (the caller may reuse its tensor)
 
         def data():
             return data_alloc(shape, dtype=fp8, device=device)
@@ -73,15 +72,14 @@ class MXFP8Tensor:
         return MXFP8Tensor(
             rowwise_data=data() if spec.rowwise else None,
             colwise_data=data() if spec.colwise else None,
-            rowwise_scale=scale_alloc(layouts.rowwise_scale_shape(m, n, spec.scale_layout),
-                                      dtype=torch.uint8, device=device) if spec.rowwise else None,
-            colwise_scale=scale_alloc(layouts.colwise_scale_shape(m, n, spec.scale_layout),
-                                      dtype=torch.uint8, device=device) if spec.colwise else None,
+            rowwise_scale=scale_alloc(row_shape, dtype=torch.uint8, device=device) if spec.rowwise else None,
+            colwise_scale=col_alloc(col_shape, dtype=torch.uint8, device=device) if spec.colwise else None,
             amax=torch.zeros((), dtype=torch.float32, device=device) if spec.amax else None,
-            dbias=torch.zeros((n,), dtype=dtype, device=device) if spec.dbias else None,
+            dbias=torch.zeros(dbias_shape, dtype=dtype, device=device) if spec.dbias else None,
             fp8=spec.fp8,
             scale_layout=spec.scale_layout,
             shape=shape,
+            group_offsets=group_offsets,
         )
 
     def compact_scale(self, direction: str = "rowwise") -> torch.Tensor:
