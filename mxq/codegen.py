@@ -267,10 +267,10 @@ def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = N
         tuning=tuning or Tuning())
 
 
-def _launcher_text(spec: QuantSpec, epilogue: Epilogue) -> tuple[str, str]:
+def _launcher_text(spec: QuantSpec, epilogue: Epilogue, grouped: bool = False) -> tuple[str, str]:
     """(parameter list, Quantize.launch argument list) of the generated launchers, both from the
-    slot table."""
-    table = slots.kernel_slots(spec, len(epilogue.tensor_params), len(epilogue.scalar_params))
+    slot table (``grouped``: the grouped launchers')."""
+    table = slots.kernel_slots(spec, len(epilogue.tensor_params), len(epilogue.scalar_params), grouped)
     params = [f"{s.name}: {'cute.Tensor' if s.is_tensor else 'Float32'}" for s in table]
     params.append("use_hw_e8m0: cutlass.Constexpr")
     if spec.dbias:
@@ -299,6 +299,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         nodes, out = ssa(activations.dact_ir(spec.dact).expr, "g", {0: "a"}, {}, builtin=True)
         dact = {"body": _body(lower(nodes)), "out": out, "name": spec.dact}
     params, call_args = _launcher_text(spec, epilogue)
+    grouped_params, grouped_call_args = _launcher_text(spec, epilogue, grouped=True)
     return {
         "spec_text": repr(spec),
         "fingerprint": epilogue.fingerprint,
@@ -310,6 +311,8 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         "dact": dact,
         "params": params,
         "call_args": call_args,
+        "grouped_params": grouped_params,
+        "grouped_call_args": grouped_call_args,
         "kernels_hash": kernels_hash(),
     }
 

@@ -143,7 +143,7 @@ def layout_tag(layouts) -> str:
     return "".join(LAYOUT_CODES[k] for k in layouts)
 
 
-def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=None):
+def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=None, grouped: bool = False):
     """The compile-time arguments of ``launch``/``launch_vec``, one per slot of the kernel slot
     table (mxq/slots.py): fake tensors with symbolic M, N tied together; the vectorised variant
     also promises N % 8 == 0 and 16-byte aligned [M, N] tensors."""
@@ -190,12 +190,15 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "colwise_data": lambda: mat(Uint8, big or 1),
         "colwise_scale": flat_u8,
         "amax": f32_one,
-        "dbias": lambda: fake(el, (n,), assumed_align=nbytes),
+        "dbias": lambda: (fake(el, (cute.sym_int(), n), stride_order=(1, 0), assumed_align=nbytes) if grouped
+                          else fake(el, (n,), assumed_align=nbytes)),
         "dbias_workspace": lambda: mat({4: cutlass.Float32, 8: cutlass.Float64}[ws_bytes], ws_bytes,
                                        rows=cute.sym_int()),
         "noop": f32_one,
+        "group_offsets": lambda: fake(cutlass.Int32, (cute.sym_int(),), assumed_align=4),
     }
-    args = [by_role[s.role]() for s in slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params))]
+    table = slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params), grouped)
+    args = [by_role[s.role]() for s in table]
     args.append(use_hw)
     if spec.dbias:
         args.append(uses_pdl(arch))
@@ -223,7 +226,10 @@ def uses_pdl(arch: str) -> bool:
 
 VEC_DIVISOR = 8  # the vectorised kernel's N must be a multiple of this
 VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
-VARIANTS = ("vec", "generic")
+# compiled variants -> the generated module's launcher: the vectorised kernels (N % 8 == 0, aligned
+# tensors), the element-wise one (any shape), and their grouped twins (group_offsets)
+VARIANTS = {"vec": "launch_vec", "generic": "launch", "vec_grouped": "launch_vec_grouped",
+            "generic_grouped": "launch_grouped"}
 
 
 def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec", layouts=None):
@@ -233,7 +239,7 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
     the element-wise kernel that serves every shape and alignment.
     """
     if variant not in VARIANTS:
-        raise ValueError(f"mxq: variant must be one of {VARIANTS}, got {variant!r}")
+        raise ValueError(f"mxq: variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     source = op.source
     key = (hashlib.sha256(source.encode()).hexdigest(), arch, dtype_name, keep_ptx, variant, layout_tag(layouts))
     compiled = _compiled.get(key)
@@ -246,7 +252,8 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
         if compiled is not None:
             return compiled
         mod = load_module(source)
-        args = fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant == "vec", layouts=layouts)
+        args = fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant.startswith("vec"), layouts=layouts,
+                         grouped=variant.endswith("_grouped"))
         cute = _import_cutlass(arch)
         options = f"--enable-tvm-ffi --gpu-arch {arch}"
         dump = None
@@ -259,7 +266,7 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
         try:
             with _compile_lock:
                 try:
-                    entry = mod.launch_vec if variant == "vec" else mod.launch
+                    entry = getattr(mod, VARIANTS[variant])
                     compiled = cute.compile(entry, *args, options=options)
                 except Exception as exc:
                     raise RuntimeError(f"mxq: compiling {source_file(source)} ({variant}) for {arch}/{dtype_name} "
@@ -283,7 +290,7 @@ def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec
     arch = targets.normalize_arch(arch)
     dtype = targets.normalize_dtype(dtype)
     if variant not in VARIANTS:
-        raise ValueError(f"mxq: variant must be one of {VARIANTS}, got {variant!r}")
+        raise ValueError(f"mxq: variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant, layouts=layouts)
     ptx = ptx_of(op, arch, dtype, variant, layouts)
     mlir = compiled.ir_module

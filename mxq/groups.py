@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 BLOCK = 32
+MAX_GROUPS = 65535  # the grouped dbias reduction's grid y (one CTA row per group)
 
 
 def grouped_colwise_rows(m: int, groups: int) -> int:
@@ -53,7 +54,10 @@ def swizzled_starts(bnds) -> tuple[list[int], list[int]]:
 
 def check(offsets, m: int, device) -> None:
     """Raise a ValueError/TypeError naming ``group_offsets`` unless it is a valid offsets tensor
-    for M rows on ``device``. The value checks read the offsets (a host sync on CUDA)."""
+    for M rows on ``device``. The values (non-decreasing, last == M) are checked on CPU only: on
+    CUDA that would be a host sync per call (and impossible inside CUDA-graph capture), so there
+    the kernels clamp every end to [0, M] instead (mxq/kernels/grouped.py): bad values give
+    unspecified bytes, never an access outside the buffers."""
     if not isinstance(offsets, torch.Tensor) or type(offsets) not in (torch.Tensor,):
         raise TypeError(f"mxq: argument 'group_offsets' must be a torch.Tensor, got {type(offsets).__name__}")
     if offsets.dtype not in (torch.int32, torch.int64):
@@ -63,7 +67,12 @@ def check(offsets, m: int, device) -> None:
                          f"{tuple(offsets.shape)}")
     if offsets.device != torch.device(device):
         raise ValueError(f"mxq: argument 'group_offsets' is on {offsets.device} but the input is on {device}")
-    ends = offsets.to(torch.int64).cpu()
+    if offsets.numel() > MAX_GROUPS:
+        raise ValueError(f"mxq: argument 'group_offsets' has {offsets.numel()} groups; at most {MAX_GROUPS} "
+                         "are supported")
+    if offsets.device.type != "cpu":
+        return
+    ends = offsets.to(torch.int64)
     if int(ends[-1]) != m:
         raise ValueError(f"mxq: argument 'group_offsets' must end at M = {m} (rows after flattening), got "
                          f"{int(ends[-1])}")

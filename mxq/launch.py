@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import layouts, operands, slots
+from . import groups, layouts, operands, slots
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
 from .numerics import dbias_partial_dtype
 from .tensor import MXFP8Tensor, flat_dims
@@ -71,10 +71,10 @@ class Launcher:
             fn = self.fns[key] = native_function(self.op, self.arch, self.dtype_name, variant, operand_kinds)
         return fn
 
-    def run(self, tensors, scalars, act_input, noop, out, operand_kinds):
-        """A call with broadcast or strided operands (``operand_kinds``: runtime.operand_layouts),
-        through the Python binding (the native dispatcher takes full operands only)."""
-        fn, args, out = self.bind(tensors, scalars, act_input, noop, out, operand_kinds)
+    def run(self, tensors, scalars, act_input, noop, out, operand_kinds, group_offsets=None):
+        """A call with broadcast or strided operands (``operand_kinds``: runtime.operand_layouts)
+        or group offsets, through the Python binding (the native dispatcher takes neither)."""
+        fn, args, out = self.bind(tensors, scalars, act_input, noop, out, operand_kinds, group_offsets)
         if fn is not None:
             fn(*args)
         elif self.op.spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
@@ -92,15 +92,21 @@ class Launcher:
                            item(r, 4) if amax else None, item(r, 5) if dbias else None,
                            fp8, layout, args[0].shape)
 
-    def bind(self, tensors, scalars, act_input, noop, out, operand_kinds=None):
+    def bind(self, tensors, scalars, act_input, noop, out, operand_kinds=None, group_offsets=None):
         """(native function, its argument list, out) for one call; launching is ``fn(*args)``.
         The argument list follows the kernel slot table (mxq/slots.py); ``operand_kinds``: the
-        epilogue inputs' kinds (runtime.operand_layouts; None: all full and contiguous)."""
+        epilogue inputs' kinds (runtime.operand_layouts; None: all full and contiguous);
+        ``group_offsets``: a grouped call's group ends (the grouped kernels; no host sync)."""
         spec, epi = self.op.spec, self.op.epilogue
         x = tensors[0]
         m, n = flat_dims(x.shape)
+        grouped = group_offsets is not None
         if out is None:
-            out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device)
+            out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device, group_offsets=group_offsets)
+        elif grouped:
+            out.group_offsets = group_offsets.clone()  # what the outputs are laid out by
+            if spec.scale_layout == "swizzled":
+                _clear_padding(out, noop)
         kinds = list(operand_kinds or ("full",) * len(tensors)) + (["full"] if spec.dact else [])
         sources = [*tensors, act_input] if spec.dact else list(tensors)
         for name, t, kind in zip((*epi.tensor_params, "act_input"), sources, kinds):
@@ -118,12 +124,14 @@ class Launcher:
             "colwise_scale": lambda: out.colwise_scale.view(-1),
             "amax": lambda: out.amax.view(1),
             "dbias": lambda: out.dbias,
-            "dbias_workspace": lambda: torch.empty((layouts.cdiv(m, 32), n), dtype=dbias_partial_dtype(x.dtype),
-                                                   device=x.device),
+            "dbias_workspace": lambda: torch.empty((groups.grouped_colwise_rows(m, group_offsets.numel()) if grouped
+                                                    else layouts.cdiv(m, 32), n),
+                                                   dtype=dbias_partial_dtype(x.dtype), device=x.device),
             "noop": lambda: noop.reshape(1) if noop is not None else noop_tensor(x.device),
+            "group_offsets": lambda: group_offsets.to(torch.int32).contiguous(),
         }
         args = []
-        for slot in slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params)):
+        for slot in slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params), grouped):
             if slot.role == "input":
                 args.append(mats[slot.index])
             elif slot.role == "scalar":
@@ -136,7 +144,8 @@ class Launcher:
         vec = (n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
                and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided"))
         key = tuple(kinds[:len(tensors)]) if operand_kinds else None
-        return (self._fn("vec" if vec else "generic", key) if m * n else None), args, out
+        variant = ("vec" if vec else "generic") + ("_grouped" if grouped else "")
+        return (self._fn(variant, key) if m * n else None), args, out
 
     def __call__(self, tensors, scalars, act_input, noop, out):
         x = tensors[0]
@@ -154,6 +163,18 @@ class Launcher:
         elif self.op.spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
             out.dbias.zero_()
         return out
+
+
+def _clear_padding(out: MXFP8Tensor, noop) -> None:
+    """Zero a reused ``out``'s swizzled grouped scale buffers before a grouped call (the kernels
+    write only the groups' scales; the padding between them moves with the offsets), unless
+    noop holds 1.0: a multiply by (noop == 1), so no host sync and CUDA-graph safe."""
+    for buf in (out.rowwise_scale, out.colwise_scale):
+        if buf is not None:
+            if noop is None:
+                buf.zero_()
+            else:
+                buf.mul_((noop.reshape(()) == 1.0).to(torch.uint8))
 
 
 def _as_u8_2d(t: torch.Tensor, m: int, n: int) -> torch.Tensor:

@@ -120,20 +120,17 @@ class FusedOp:
         With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
         x = tensors[0]
         out = self._noop_out(x, noop, out, group_offsets)
-        if group_offsets is not None:
-            if x.is_cuda:
-                runtime.fallback("grouped quantize (group_offsets) runs the torch reference on CUDA for now")
-            return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
         if x.is_cuda:
             launcher = self._launcher_for(x)
             if launcher is not None:
                 tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input)
-                if any(k != "full" for k in layouts):  # broadcast or strided operands: the Python binding
-                    return launcher.run(tensors, scalars, act_input, noop, out, layouts)
+                if group_offsets is not None or any(k != "full" for k in layouts):
+                    # grouped calls, broadcast or strided operands: the Python binding
+                    return launcher.run(tensors, scalars, act_input, noop, out, layouts, group_offsets)
                 if self._fast_ok and launcher.allocates(x, noop, out):
                     self._fast[(x.dtype, x.get_device())] = launcher  # later calls skip the checks
                 return launcher(tensors, scalars, act_input, noop, out)
-        return self._reference(tensors, scalars, act_input, noop, out)
+        return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
 
     def _noop_out(self, x, noop, out, group_offsets=None):
         """``out``, or for a noop call without one zeroed outputs (a noop call writes nothing)."""

@@ -27,8 +27,9 @@ OUTPUTS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "am
 DESTINATIONS = ("act_input", *OUTPUTS, "noop")
 
 # The operands Quantize.launch (mxq/kernels/quantize.py) takes after the epilogue's tensors and
-# floats, in order (a slot the spec does not use is passed as None).
-LAUNCH_OPERANDS = ("act_input", *OUTPUTS, "dbias_workspace", "noop")
+# floats, in order (a slot the spec does not use is passed as None; group_offsets is used by the
+# grouped launchers only).
+LAUNCH_OPERANDS = ("act_input", *OUTPUTS, "dbias_workspace", "noop", "group_offsets")
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Slot:
     """One positional argument of a compiled kernel function."""
 
     name: str  # the generated launcher's parameter name
-    role: str  # "input" | "scalar" | "act_input" | an OUTPUTS field | "dbias_workspace" | "noop"
+    role: str  # "input" | "scalar" | "act_input" | an OUTPUTS field | "dbias_workspace" | "noop" | "group_offsets"
     index: int = 0  # position among the epilogue's tensors / floats
     doc: str = ""  # shape and dtype, for the AOT header
 
@@ -59,16 +60,23 @@ def uses(spec, role: str) -> bool:
         return spec.amax
     if role == "noop":
         return True
+    if role == "group_offsets":
+        return False  # a call-time option: kernel_slots(..., grouped=True) adds it
     raise ValueError(f"mxq: unknown slot role {role!r}")
 
 
 @lru_cache(maxsize=1024)
-def kernel_slots(spec, n_inputs: int, n_scalars: int) -> tuple[Slot, ...]:
+def kernel_slots(spec, n_inputs: int, n_scalars: int, grouped: bool = False) -> tuple[Slot, ...]:
     """The compiled kernel function's positional arguments for ``spec`` and an epilogue with
-    ``n_inputs`` tensor and ``n_scalars`` float parameters."""
+    ``n_inputs`` tensor and ``n_scalars`` float parameters; ``grouped``: the grouped kernels'
+    (group_offsets; mxq/groups.py gives the grouped buffers' sizes), which take the int32 group
+    ends last."""
     compact = spec.scale_layout == "compact"
     row_scale = "M * ceil(N/32)" if compact else "roundup(M,128) * roundup(ceil(N/32),4)"
     col_scale = "ceil(M/32) * N" if compact else "roundup(ceil(M/32),4) * roundup(N,128)"
+    if grouped:
+        row_scale = row_scale if compact else "(M + 128 G) * roundup(ceil(N/32),4)"
+        col_scale = "(M//32 + G) * N" if compact else "(M//32 + 4 G) * roundup(N,128)"
     table = [
         *(Slot(f"mIn{i}", "input", i, "dtype[M, N]       (epilogue tensor %d)" % i) for i in range(n_inputs)),
         *(Slot(f"s{i}", "scalar", i, "float32            (epilogue float %d)" % i) for i in range(n_scalars)),
@@ -78,11 +86,14 @@ def kernel_slots(spec, n_inputs: int, n_scalars: int) -> tuple[Slot, ...]:
         Slot("mColData", "colwise_data", 0, "uint8[M, N]        (FP8 bytes, colwise blocks of 32 along M)"),
         Slot("mColScale", "colwise_scale", 0, f"uint8[{col_scale}] flat E8M0"),
         Slot("mAmax", "amax", 0, "float32[1]         (set to max|v|; zeroed by the kernel first)"),
-        Slot("mDbias", "dbias", 0, "dtype[N]"),
-        Slot("mDbiasWs", "dbias_workspace", 0, "ws[ceil(M/32), N]  (dbias workspace: scratch)"),
+        Slot("mDbias", "dbias", 0, "dtype[G, N]" if grouped else "dtype[N]"),
+        Slot("mDbiasWs", "dbias_workspace", 0,
+             f"ws[{'M//32 + G' if grouped else 'ceil(M/32)'}, N]  (dbias workspace: scratch)"),
         Slot("mNoop", "noop", 0, "float32[1]         (1.0: write nothing)"),
     ]
-    return tuple(s for s in table if s.role in ("input", "scalar") or uses(spec, s.role))
+    if grouped:
+        table.append(Slot("mGroupEnds", "group_offsets", 0, "int32[G]           (cumulative group ends)"))
+    return tuple(s for s in table if s.role in ("input", "scalar", "group_offsets") or uses(spec, s.role))
 
 
 def dispatch_flags(spec) -> int:

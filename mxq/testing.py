@@ -30,20 +30,22 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.reshape(-1).view(torch.uint8).cpu(), b.reshape(-1).view(torch.uint8).cpu())
 
 
-def poisoned(op, x: torch.Tensor):
+def poisoned(op, x: torch.Tensor, group_offsets=None):
     """Outputs for ``op`` on ``x`` filled with garbage, so a byte the kernel fails to write shows.
 
     Swizzled scale padding stays zero (it is zeroed at allocation; the kernels write only
-    logical entries), amax and dbias get values no kernel would produce.
+    logical entries), amax and dbias get values no kernel would produce. Grouped outputs
+    (``group_offsets``) are poisoned in every scale byte: a grouped call writes (or, swizzled,
+    clears) them all.
     """
     from .tensor import MXFP8Tensor
 
-    out = MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
+    out = MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device, group_offsets=group_offsets)
     for name in ("rowwise_data", "colwise_data"):
         t = getattr(out, name)
         if t is not None:
             t.view(torch.uint8).fill_(0xAB)
-    if op.spec.scale_layout == "compact":
+    if op.spec.scale_layout == "compact" or group_offsets is not None:
         for name in ("rowwise_scale", "colwise_scale"):
             t = getattr(out, name)
             if t is not None:

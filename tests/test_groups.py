@@ -1,12 +1,14 @@
-"""Grouped quantize (mxq/groups.py): colwise blocks restart at every group, on CPU (the kernels do
-not take groups yet: CUDA calls run the reference with a one-time warning)."""
+"""Grouped quantize (mxq/groups.py): colwise blocks restart at every group. On CPU (the reference,
+against tests/oracle.py and independent rearrangements), and marked gpu the grouped kernels
+(mxq/kernels/grouped.py) against the reference; their CPU counterparts are the compile test below
+and tests/test_kernels.py's host checks of the tile rules."""
 
 import pytest
 import torch
 
 import mxq
 from mxq import groups
-from mxq.testing import compare
+from mxq.testing import compare, planted, poisoned
 
 from . import oracle
 
@@ -157,3 +159,107 @@ def test_out_takes_the_new_offsets_and_results_do_not_alias_them():
     fresh = mxq.quantize(x, colwise=True, group_offsets=torch.tensor([40, 96]))
     assert again.group_offsets.tolist() == [40, 96]
     assert torch.equal(again.dequantize("colwise"), fresh.dequantize("colwise"))
+
+
+# --- the grouped kernels (mxq/kernels/grouped.py), on a CUDA device ------------------------------------
+def _ident(x):
+    return x
+
+
+GPU_OPTS = [
+    dict(rowwise=True, colwise=True),
+    dict(rowwise=True, colwise=True, scale_layout="swizzled"),
+    dict(colwise=True, act="gelu", dbias=True, amax=True),
+    dict(rowwise=True, colwise=True, dact="gelu", dbias=True, scale_layout="swizzled"),
+    dict(rowwise=True, dbias=True),
+    dict(colwise=True, fp8="e5m2", scale_mode="floor", amax=True),
+]
+
+
+def _group_sizes(seed: int, m_max: int = 1200):
+    """Random group sizes: empty groups, sizes 1..300 not multiples of 32, now and then one huge."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = [int(s) for s in torch.randint(0, 300, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g)]
+    sizes = [0 if int(torch.randint(0, 5, (1,), generator=g)) == 0 else s for s in sizes]
+    if seed % 3 == 0:
+        sizes.insert(int(torch.randint(0, len(sizes) + 1, (1,), generator=g)), m_max)
+    return sizes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("n", [256, 72, 70])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("opts", GPU_OPTS)
+def test_grouped_kernel_matches_reference(opts, dtype, n, seed):
+    """The grouped kernels (vectorised for N = 256, 72; element-wise for 70) against the CPU
+    reference, byte for byte, into poisoned outputs: every scale byte is written or cleared."""
+    sizes = _group_sizes(seed)
+    m = sum(sizes)
+    op = mxq.fused_quant(**opts)(_ident)
+    x = planted(max(m, 1), n, dtype, seed=seed)[:m]
+    kw = {"act_input": planted(max(m, 1), n, dtype, seed=seed + 5)[:m]} if op.spec.dact else {}
+    offsets = torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0).to(torch.int32 if seed % 2 else torch.int64)
+    want = op.reference(x, group_offsets=offsets, **kw)
+    xc, oc = x.cuda(), offsets.cuda()
+    got = op(xc, group_offsets=oc, out=poisoned(op, xc, oc), **{k: v.cuda() for k, v in kw.items()})
+    assert compare(got, want, exact=op.spec.act is None and op.spec.dact is None) == [], sizes
+    fresh = op(xc, group_offsets=oc, **{k: v.cuda() for k, v in kw.items()})  # allocated outputs
+    assert compare(fresh, want, exact=op.spec.act is None and op.spec.dact is None) == [], sizes
+    compact = mxq.fused_quant(**{**opts, "scale_layout": "compact"})(_ident)  # group(k) has compact scales
+    for k, (start, end) in enumerate(groups.bounds(offsets)):
+        alone = compact.reference(x[start:end], **({"act_input": kw["act_input"][start:end]} if kw else {}))
+        alone.amax = alone.dbias = None
+        part = got.group(k)
+        part.amax = part.dbias = None
+        assert compare(part, alone, exact=op.spec.act is None and op.spec.dact is None) == [], (k, start, end)
+
+
+@pytest.mark.gpu
+def test_grouped_call_replays_in_a_cuda_graph_after_the_offsets_change():
+    """One launch, no host sync: the grouped call captures in a CUDA graph, and a replay after the
+    offsets tensor is changed in place quantizes by the new groups."""
+    m, n = 1000, 512
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
+    offsets = torch.tensor([100, 100, 613, 1000], dtype=torch.int32, device="cuda")
+    opts = dict(rowwise=True, colwise=True, dbias=True, scale_layout="swizzled")
+    op = mxq.fused_quant(**opts)(_ident)
+    op(x, group_offsets=offsets)  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        t = op(x, group_offsets=offsets)
+    for ends in ([100, 100, 613, 1000], [1, 33, 34, 1000], [0, 0, 0, 1000], [500, 700, 999, 1000]):
+        offsets.copy_(torch.tensor(ends, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = op.reference(x.cpu(), group_offsets=offsets.cpu())
+        assert t.group_offsets.tolist() == ends
+        assert compare(t, want, exact=True) == [], ends
+
+
+@pytest.mark.gpu
+def test_grouped_kernel_runs_without_a_fallback_warning(monkeypatch):
+    monkeypatch.setenv("MXQ_STRICT", "1")  # a fallback would raise
+    x = torch.randn(300, 256, device="cuda")
+    t = mxq.quantize(x, colwise=True, group_offsets=torch.tensor([45, 300], device="cuda"))
+    assert torch.equal(t.colwise_scale.cpu(),
+                       mxq.quantize(x.cpu(), colwise=True, group_offsets=torch.tensor([45, 300])).colwise_scale)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("variant", ["vec_grouped", "generic_grouped"])
+def test_grouped_kernels_compile(variant, arch):
+    """CPU counterpart of the GPU tests above: the grouped kernels compile for Hopper and
+    Blackwell, read the group ends and (vectorised) keep their 16-byte accesses."""
+    from mxq import compiler
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, dbias=True, scale_layout="swizzled")(_ident)
+    def wide_accesses(ptx):  # 16-byte loads, 8-byte FP8 stores
+        return sum(ptx.count(k) for k in ("ld.global.v4.b32", "ld.global.v2.b64", "st.global.v2.b32"))
+
+    for dtype in ("bf16", "fp32"):
+        ptx = compiler.ptx_of(op, arch, dtype, variant)
+        assert ptx.count(".entry") == 2  # the quantize kernel and the per-group dbias reduction
+        if variant == "vec_grouped":  # vector accesses survive the arbitrary first row
+            assert wide_accesses(ptx) == wide_accesses(compiler.ptx_of(op, arch, dtype, "vec")) > 0

@@ -3,6 +3,7 @@ checked against tests/oracle.py (written from docs/NUMERICS.md, sharing no code 
 the tiling choices of KernelConfig. The GPU side runs the same expressions inside the kernels:
 tests/test_gpu.py and bench/device_check.py compare every output byte with the reference."""
 
+import itertools
 import math
 import random
 
@@ -125,3 +126,58 @@ def test_tiling_choices_by_hand():
     assert _cfg(amax=True).col_reduce and not _cfg(amax=True).wide
     user = _cfg(identity=False)
     assert user.computed and user.stage
+
+
+# --- grouped row tiles (mxq/kernels/grouped.py), traced expressions run on Python ints ---------------
+def _host_group_tile(ends, rb, m):
+    """grouped.find_group's reduction and grouped.tile, on HOST ops, for row tile rb."""
+    from mxq.kernels import grouped
+
+    H = dev.HOST
+    acc = [0, 0, m, 0, 0]
+    for h, e in enumerate(ends):
+        e = grouped.clamp_end(e, m, H)
+        e_prev = grouped.clamp_end(ends[h - 1], m, H) if h > 0 else 0
+        t = grouped.terms(h, e_prev, e, len(ends), rb, m, H)
+        acc = [acc[0] + t[0], max(acc[1], t[1]), min(acc[2], t[2]), acc[3] + t[3], acc[4] + t[4]]
+    g, start, end, rows_before, blocks_before = acc
+    return (g, *grouped.tile(rb, g, start, end, H), rows_before, blocks_before)
+
+
+@pytest.mark.parametrize("sizes", [[70], [20, 0, 50], [0, 0, 33], [1] * 40, [31, 33, 32, 1, 0, 300, 64],
+                                   [5000, 3, 0, 29], [0], [32] * 9])
+def test_grouped_row_tiles_on_host(sizes):
+    """Every group's colwise blocks are row tiles start_g // 32 + g + b holding rows
+    [start_g + 32 b, min(+32, end_g)); every other tile of the M // 32 + G holds no rows; the
+    swizzled starts are the sums over the groups before (counted here by hand)."""
+    m, G = sum(sizes), len(sizes)
+    ends = list(itertools.accumulate(sizes))
+    want = {}
+    start, rows_sw, blocks_sw = 0, 0, 0
+    for g, size in enumerate(sizes):
+        nb = -(-size // 32)
+        for b in range(nb):
+            want[start // 32 + g + b] = (g, start + 32 * b, min(start + 32 * b + 32, start + size), b, nb,
+                                         rows_sw, blocks_sw)
+        rows_sw += -(-size // 128) * 128
+        blocks_sw += -(-nb // 4) * 4
+        start += size
+    assert max(want, default=-1) < m // 32 + G
+    for rb in range(m // 32 + G):
+        g, row0, row_end, b, nb, rows_before, blocks_before = _host_group_tile(ends, rb, m)
+        if rb in want:
+            assert (g, row0, row_end, b, nb, rows_before, blocks_before) == want[rb], rb
+        else:
+            assert row0 == row_end == 0, rb
+
+
+def test_grouped_row_tiles_stay_in_bounds_for_bad_offsets():
+    """Offsets the CUDA path does not validate (decreasing, negative, past M) give tiles inside
+    [0, M], at most 32 rows each: unspecified bytes, never an access outside the buffers."""
+    rng = random.Random(3)
+    for _ in range(300):
+        m = rng.randrange(1, 400)
+        ends = [rng.randrange(-50, m + 80) for _ in range(rng.randrange(1, 9))]
+        for rb in range(m // 32 + len(ends)):
+            g, row0, row_end, b, nb, _, _ = _host_group_tile(ends, rb, m)
+            assert 0 <= row0 <= row_end <= m and row_end - row0 <= 32 and 0 <= g < len(ends)

@@ -14,6 +14,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8
 
 from . import device as dev
+from . import grouped
 from .config import GENERIC_WARPS, ROWS
 
 COLS = 32 * GENERIC_WARPS
@@ -23,8 +24,9 @@ def _widen(reg, i):
     return reg[i].to(Float32)
 
 
-def grid(M, N):
-    return [cute.ceil_div(M, ROWS), cute.ceil_div(N, COLS), 1], [COLS, 1, 1]
+def grid(M, N, G=None):
+    rows = cute.ceil_div(M, ROWS) if G is None else grouped.row_tiles(M, G)
+    return [rows, cute.ceil_div(N, COLS), 1], [COLS, 1, 1]
 
 
 class GenericKernel:
@@ -32,21 +34,28 @@ class GenericKernel:
 
     @cute.kernel
     def generic_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
-                       dbias_ws, noop, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr):
+                       dbias_ws, noop, group_ends, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr):
         cfg = self.cfg
+        GROUPED = cutlass.const_expr(group_ends is not None)
         tidx, _, _ = cute.arch.thread_idx()
         rb, cb, _ = cute.arch.block_idx()
         lane = tidx % 32
         col = (cb * GENERIC_WARPS + tidx // 32) * 32 + lane
         row0 = rb * ROWS
+        row_end = M
+        if cutlass.const_expr(GROUPED):
+            # row tile rb is block gt.b of one group: rows [gt.row0, gt.row_end) (grouped.py)
+            gt = grouped.GroupTile(group_ends, cutlass.memory.SmemAllocator(), rb, M, N, cfg.swizzled, COLS)
+            row0 = gt.row0
+            row_end = gt.row_end
         col_ok = col < N
         # this thread's column of the CTA's rows, per source (the epilogue's inputs, then act_input):
         # registers to load into and the global tile (a base address plus a row stride per access)
         sources = self.sources(ins, act_in)
         regs = [cute.make_rmem_tensor(cute.make_layout(ROWS), s.element_type) for s in sources]
-        tiles = [cute.local_tile(s, (ROWS, 1), (rb, col)) for s in sources]
+        tiles = [self.thread_tile(s, (ROWS, 1), rb, row0, col, GROUPED) for s in sources]
         for i in cutlass.range_constexpr(ROWS):
-            if col_ok and row0 + i < M:
+            if col_ok and row0 + i < row_end:
                 for t in cutlass.range_constexpr(len(sources)):
                     regs[t][i] = tiles[t][i, 0]
         if noop[0] != Float32(1.0):
@@ -55,11 +64,11 @@ class GenericKernel:
             # the block's partial dbias sum in the workspace's precision (numerics.dbias_partial_dtype)
             dsum = self.dbias_zero(dbias_ws)
             nbr = (N + 31) // 32  # row-scale blocks per row
-            tRow = self.row_tile(row_data, (ROWS, 1), (rb, col))
+            tRow = self.row_tile(row_data, (ROWS, 1), rb, row0, col, GROUPED)
             for i in cutlass.range_constexpr(ROWS):
                 r = row0 + i
                 v = Float32(0.0)
-                if col_ok and r < M:
+                if col_ok and r < row_end:
                     v = self.value(regs, i, scalars, _widen)
                     dsum = self.dbias_add(dsum, v, dbias_ws)
                     v = self.round_to_input(v, ins[0].element_type)
@@ -67,10 +76,12 @@ class GenericKernel:
                 cmax = cute.arch.fmax(cmax, cute.math.abs(v), nan=True)
                 if cutlass.const_expr(cfg.rowwise):
                     e = dev.e8m0_scale(dev.warp_max(cute.math.abs(v)), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
-                    if col_ok and r < M:
+                    if col_ok and r < row_end:
                         tRow[i, 0] = dev.to_fp8(dev.mul_rn(v, dev.inv_scale(e)), cfg.fp8)
                         if lane == 0:  # plain stores: L2-kept ones ran this kernel 8-15% slower
-                            if cutlass.const_expr(cfg.swizzled):
+                            if cutlass.const_expr(GROUPED):
+                                row_scale[self.group_row_scale_offset(gt, r, col // 32, nbr)] = Uint8(e)
+                            elif cutlass.const_expr(cfg.swizzled):
                                 row_scale[dev.swizzle_offset(r, col // 32, nbr)] = Uint8(e)
                             else:
                                 row_scale[r * nbr + col // 32] = Uint8(e)
@@ -78,15 +89,21 @@ class GenericKernel:
                 e = dev.e8m0_scale(cmax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                 s_inv = dev.inv_scale(e)
                 if col_ok:
-                    tCol = cute.local_tile(col_data, (ROWS, 1), (rb, col))
+                    tCol = self.thread_tile(col_data, (ROWS, 1), rb, row0, col, GROUPED)
                     for i in cutlass.range_constexpr(0, ROWS, 2):
                         lo, hi = dev.to_fp8x2(cute.math.mul(vals[i], s_inv, rounding=dev.RN),
                                               cute.math.mul(vals[i + 1], s_inv, rounding=dev.RN), cfg.fp8)
-                        if row0 + i < M:
+                        if row0 + i < row_end:
                             tCol[i, 0] = lo
-                        if row0 + i + 1 < M:
+                        if row0 + i + 1 < row_end:
                             tCol[i + 1, 0] = hi
-                    if cutlass.const_expr(cfg.swizzled):
+                    if cutlass.const_expr(GROUPED):
+                        if cutlass.const_expr(cfg.swizzled):
+                            if row_end > row0:
+                                col_scale[gt.col_base + dev.swizzle_offset(col, gt.b, gt.nb)] = Uint8(e)
+                        else:  # a tile with no rows writes its scale row's zeros
+                            col_scale[rb * N + col] = Uint8(cutlass.select_(row_end > row0, e, Int32(0)))
+                    elif cutlass.const_expr(cfg.swizzled):
                         col_scale[dev.swizzle_offset(col, rb, (M + 31) // 32)] = Uint8(e)
                     else:
                         col_scale[rb * N + col] = Uint8(e)

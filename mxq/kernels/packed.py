@@ -27,22 +27,30 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32
 
 from . import device as dev
+from . import grouped
 from .config import ROWS, VEC
 
 VCOLS = 32 * VEC  # columns of a (non-wide) tile
 PKW = VEC // 2  # 32-bit words per row per thread
 
 
-def tile(cfg):
+def wide(cfg, grouped: bool) -> bool:
+    """The pure rowwise cast's tiling (KernelConfig.wide); grouped calls take 32-row tiles."""
+    return cfg.wide and not grouped
+
+
+def tile(cfg, grouped: bool = False):
     """(rows, columns) of one CTA's tile."""
-    if cfg.wide:
+    if wide(cfg, grouped):
         return ROWS // cfg.pk_warps, VCOLS * cfg.pk_warps
     return ROWS, VCOLS
 
 
-def grid(cfg, M, N):
-    tile_rows, tile_cols = tile(cfg)
-    n_fast, n_slow = cute.ceil_div(N, tile_cols), cute.ceil_div(M, tile_rows)
+def grid(cfg, M, N, G=None):
+    """Grid and block; ``G``: the group count of a grouped call (grouped.row_tiles row tiles)."""
+    tile_rows, tile_cols = tile(cfg, G is not None)
+    n_fast = cute.ceil_div(N, tile_cols)
+    n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
     return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.pk_warps * 32, 1, 1]
 
@@ -52,13 +60,16 @@ class PackedKernel:
 
     @cute.kernel
     def packed_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
-                      dbias_ws, noop, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr, use_pdl: cutlass.Constexpr):
+                      dbias_ws, noop, group_ends, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr,
+                      use_pdl: cutlass.Constexpr):
         cfg = self.cfg
+        GROUPED = cutlass.const_expr(group_ends is not None)
+        WIDE = cutlass.const_expr(wide(cfg, GROUPED))
         is_bf16 = cutlass.const_expr(ins[0].element_type is cutlass.BFloat16)
         WARPS = cutlass.const_expr(cfg.pk_warps)
         NTHREADS = cutlass.const_expr(WARPS * 32)
         PK_ROWS = cutlass.const_expr(ROWS // WARPS)  # rows per thread
-        TILE_ROWS, TILE_COLS = tile(cfg)
+        TILE_ROWS, TILE_COLS = tile(cfg, GROUPED)
         RS_BLOCKS = cutlass.const_expr(TILE_COLS // 32)  # row-scale blocks per tile row
         if cutlass.const_expr(use_pdl):
             cute.arch.griddepcontrol_launch_dependents()  # dbias_kernel may start; it waits for this grid to finish
@@ -69,8 +80,17 @@ class PackedKernel:
         warp = tidx // 32
         cb = bx
         rb = by + bz * gy
-        in_grid = rb < (M + TILE_ROWS - 1) // TILE_ROWS
-        if cutlass.const_expr(cfg.wide):
+        if cutlass.const_expr(cfg.col_reduce or cfg.stage or WIDE or GROUPED):
+            smem = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(GROUPED):
+            # row tile rb is block gt.b of one group: rows [gt.row0, gt.row_end) (grouped.py)
+            gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.swizzled, NTHREADS)
+            in_grid = rb < grouped.row_tiles(M, group_ends.shape[0])
+            row_end = gt.row_end
+        else:
+            in_grid = rb < (M + TILE_ROWS - 1) // TILE_ROWS
+            row_end = M
+        if cutlass.const_expr(WIDE):
             g = (cb * WARPS + warp) * 32 + lane  # this lane's group of VEC columns
             trow = rb  # this thread's PK_ROWS-row tile index
             rbase = rb * PK_ROWS
@@ -78,11 +98,11 @@ class PackedKernel:
             g = cb * 32 + lane
             trow = rb * WARPS + warp
             rbase = rb * ROWS + warp * PK_ROWS
+            if cutlass.const_expr(GROUPED):
+                rbase = gt.row0 + warp * PK_ROWS
         c0 = g * VEC
         col_ok = c0 < N  # N % VEC == 0: a group is wholly inside or outside
-        if cutlass.const_expr(cfg.col_reduce or cfg.stage or cfg.wide):
-            smem = cutlass.memory.SmemAllocator()
-        if cutlass.const_expr(cfg.wide):
+        if cutlass.const_expr(WIDE):
             # the CTA's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words
             sRS = smem.allocate_tensor(Uint8, cute.make_layout((TILE_ROWS, RS_BLOCKS), stride=(RS_BLOCKS, 1)), 16)
         if cutlass.const_expr(cfg.col_reduce):
@@ -96,12 +116,12 @@ class PackedKernel:
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * row stride
         sources = self.sources(ins, act_in)
         NSRC = cutlass.const_expr(len(sources))
-        tiles = [cute.local_tile(s, (PK_ROWS, VEC), (trow, g)) for s in sources]
+        tiles = [self.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
-            tRow = cute.local_tile(row_data, (PK_ROWS, VEC), (trow, g))
+            tRow = self.thread_tile(row_data, (PK_ROWS, VEC), trow, rbase, g, GROUPED)
             nbr = (N + 31) // 32
         if cutlass.const_expr(cfg.colwise):
-            tCol = cute.local_tile(col_data, (PK_ROWS, VEC), (trow, g))
+            tCol = self.thread_tile(col_data, (PK_ROWS, VEC), trow, rbase, g, GROUPED)
         # Operands broadcast along rows (a bias) are loaded once, for row 0, and shared by every
         # row; operands broadcast along columns (a row scale, a scalar) take element loads.
         once = [dev.broadcast_rows(src) for src in sources]
@@ -120,7 +140,7 @@ class PackedKernel:
                 g2s.append(cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                                el, num_bits_per_copy=128) if staged_src[t] else None)
             for i in cutlass.range_constexpr(PK_ROWS):
-                if col_ok and rbase + i < M:
+                if col_ok and rbase + i < row_end:
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                             cute.copy(g2s[t], tiles[t][(i, None)], staged[t][(i, tidx, None)])
@@ -137,12 +157,12 @@ class PackedKernel:
                     row[t].fill(0)
             frags.append(row)
             if cutlass.const_expr(not all(staged_src)):
-                if col_ok and rbase + i < M:
+                if col_ok and rbase + i < row_end:
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(not staged_src[t] and (i == 0 or not once[t])):
                             cute.autovec_copy(tiles[t][(i, None)], row[t])
         # every store below is bounded by Ms: 0 under noop (nothing written) or past the grid
-        Ms = Int32(cutlass.select_(noop[0] != Float32(1.0), M, Int32(0)))
+        Ms = Int32(cutlass.select_(noop[0] != Float32(1.0), row_end, Int32(0)))
         Ms = Int32(cutlass.select_(in_grid, Ms, Int32(0)))
         if cutlass.const_expr(cfg.dbias):
             # dbias: a 32-row block is summed in fp32 (this thread's rows in order, then the warps in
@@ -153,13 +173,13 @@ class PackedKernel:
         for i in cutlass.range_constexpr(PK_ROWS):
             if cutlass.const_expr(any(staged_src)):
                 cute.arch.cp_async_wait_group(PK_ROWS - 1 - i)  # row i's copies have landed
-                if col_ok and rbase + i < M:
+                if col_ok and rbase + i < row_end:
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                             cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
             if cutlass.const_expr(cfg.computed):
                 if cutlass.const_expr(not cfg.identity):
-                    row_ok = col_ok and rbase + i < M
+                    row_ok = col_ok and rbase + i < row_end
                 vv = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
                 for k in cutlass.range_constexpr(VEC):
                     v = self.value(frags[i], k, scalars, dev.widen)
@@ -211,15 +231,17 @@ class PackedKernel:
                 rq = dev.pk_max_shuffled(rs[m], rs[QUARTER + m], 1, hi1, is_bf16)
                 er = dev.e8m0_scale(dev.pk_amax(rq, is_bf16), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                 si.append(dev.inv_scale(er))
-                if cutlass.const_expr(cfg.wide):
+                if cutlass.const_expr(WIDE):
                     sRS[rbase - rb * TILE_ROWS + qrow + m, g // 4 - cb * RS_BLOCKS] = Uint8(er)
                 else:
                     if grp_ok and rbase + qrow + m < Ms:
-                        if cutlass.const_expr(cfg.swizzled):
+                        if cutlass.const_expr(GROUPED):
+                            self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + qrow + m, c0 // 32, nbr), er)
+                        elif cutlass.const_expr(cfg.swizzled):
                             self.store_row_scale(row_scale, dev.swizzle_offset(rbase + qrow + m, c0 // 32, nbr), er)
                         else:
                             self.store_row_scale(row_scale, (rbase + qrow + m) * nbr + c0 // 32, er)
-            if cutlass.const_expr(cfg.wide):
+            if cutlass.const_expr(WIDE):
                 cute.arch.sync_threads()
                 # Row scales leave as words of 4 blocks, whole rows of the tile per request. Words need
                 # nbr % 4 == 0 and a 4-byte aligned scale tensor (CTA-uniform); otherwise the same
@@ -256,6 +278,9 @@ class PackedKernel:
             # over the warps, turned into two scales and stored once per CTA, by one thread, instead
             # of by every warp for its own lane's columns.
             Ns = Int32(cutlass.select_(Ms > 0, N, Int32(0)))  # column bound of the owners' stores
+            if cutlass.const_expr(GROUPED and not cfg.swizzled):
+                # compact grouped: a tile with no rows writes its scale row's zeros (grouped.py)
+                Ns = Int32(cutlass.select_(in_grid and noop[0] != Float32(1.0), N, Int32(0)))
             if tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
                 if cutlass.const_expr(cfg.amax):
                     tm = Float32(0.0)
@@ -270,12 +295,18 @@ class PackedKernel:
                         cl, ch = dev.pk_unpack(cw, is_bf16)
                         e_lo = dev.e8m0_scale(cl, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                         e_hi = dev.e8m0_scale(ch, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                        if cutlass.const_expr(GROUPED):
+                            e_lo = Int32(cutlass.select_(Ms > 0, e_lo, Int32(0)))
+                            e_hi = Int32(cutlass.select_(Ms > 0, e_hi, Int32(0)))
                         pj = p // 32
                         sInv[2 * pj * 32 + p % 32] = dev.inv_scale(e_lo)  # column k = 2j, 2j + 1 of lane p % 32
                         sInv[(2 * pj + 1) * 32 + p % 32] = dev.inv_scale(e_hi)
                         oc = cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
                         if oc < Ns:  # N % VEC == 0: both columns are in or out
-                            if cutlass.const_expr(cfg.swizzled):
+                            if cutlass.const_expr(GROUPED and cfg.swizzled):
+                                col_scale[gt.col_base + dev.swizzle_offset(oc, gt.b, gt.nb)] = Uint8(e_lo)
+                                col_scale[gt.col_base + dev.swizzle_offset(oc + 1, gt.b, gt.nb)] = Uint8(e_hi)
+                            elif cutlass.const_expr(cfg.swizzled):
                                 ncb_s = (M + 31) // 32
                                 col_scale[dev.swizzle_offset(oc, rb, ncb_s)] = Uint8(e_lo)
                                 col_scale[dev.swizzle_offset(oc + 1, rb, ncb_s)] = Uint8(e_hi)

@@ -6,7 +6,9 @@ epilogue / act / dact functions (lowered from the op's IR into CuTeDSL), and its
 
 - variant "vec": N % 8 == 0 and 16-byte aligned [M, N] tensors. 16-bit inputs run the packed
   kernel (packed.py), fp32 inputs the vectorised one (vectorized.py);
-- variant "generic": any N and alignment (generic.py).
+- variant "generic": any N and alignment (generic.py);
+- with ``group_ends`` (a grouped call, group_offsets) the same kernels take the groups'
+  colwise blocks as their row tiles (grouped.py).
 
 Around the quantize kernel, ops with amax zero it first (reduce.amax_init_kernel) and ops with
 dbias reduce the per-CTA partial sums afterwards (reduce.dbias_kernel, launched early with
@@ -44,31 +46,34 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         self.dact = dact
 
     def launch(self, variant: str, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale,
-               amax, dbias, dbias_ws, noop, use_hw_e8m0: bool, use_pdl: bool, stream):
+               amax, dbias, dbias_ws, noop, group_ends, use_hw_e8m0: bool, use_pdl: bool, stream):
         """Launch the op's kernels (called while a generated @cute.jit launcher traces).
 
         Slots the config does not use are None; ``ins`` and ``scalars`` are the epilogue's tensor
-        and float parameters in order. M and N are the first input's (symbolic) shape."""
+        and float parameters in order. M and N are the first input's (symbolic) shape.
+        ``group_ends``: None, or a grouped call's int32 group ends (then the grid has
+        grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N])."""
         cfg = self.cfg
         M = ins[0].shape[0]
         N = ins[0].shape[1]
+        G = None if group_ends is None else group_ends.shape[0]
         if cfg.amax:
             amax_init_kernel(amax, noop).launch(grid=[1, 1, 1], block=[32, 1, 1], stream=stream)
-        args = (ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias_ws, noop, M, N,
-                use_hw_e8m0)
+        args = (ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias_ws, noop, group_ends,
+                M, N, use_hw_e8m0)
         if variant == "generic":
-            grid, block = generic_grid(M, N)
+            grid, block = generic_grid(M, N, G)
             self.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
         elif ins[0].element_type.width == 16:
-            grid, block = packed_grid(cfg, M, N)
+            grid, block = packed_grid(cfg, M, N, G)
             self.packed_kernel(*args, use_pdl and cfg.pdl).launch(grid=grid, block=block, stream=stream)
         else:
-            grid, block = vec_grid(cfg, M, N)
+            grid, block = vec_grid(cfg, M, N, G)
             self.vec_kernel(*args).launch(grid=grid, block=block, stream=stream)
         if cfg.dbias:
             pdl = use_pdl and cfg.pdl
-            grid, block = dbias_grid(N)
-            dbias_kernel(dbias_ws, dbias, noop, cute.ceil_div(M, ROWS), N, pdl).launch(
+            grid, block = dbias_grid(N, G)
+            dbias_kernel(dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, ROWS), M, N, pdl).launch(
                 grid=grid, block=block, stream=stream, use_pdl=pdl)
 
     # -- per-element pieces shared by the kernels -------------------------------------------
@@ -101,11 +106,26 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
     def dbias_add(self, dsum, v, dbias_ws):
         return dsum + v.to(dbias_ws.element_type) if self.cfg.dbias else dsum
 
-    def row_tile(self, row_data, shape, coord):
-        return cute.local_tile(row_data, shape, coord) if self.cfg.rowwise else None
+    def row_tile(self, row_data, shape, tile_row, row0, col_tile, grouped: bool):
+        """The rowwise data's thread tile (None for ops without rowwise output)."""
+        return self.thread_tile(row_data, shape, tile_row, row0, col_tile, grouped) if self.cfg.rowwise else None
 
     def store_row_scale(self, row_scale, offset, e):
         dev.store_row_scale(row_scale, offset, e, self.cfg.tuning.row_scale_l2_keep)
+
+    def thread_tile(self, t, shape, tile_row, row0, col_tile, grouped: bool):
+        """A thread's ``shape`` tile of [M, N] tensor ``t``: tile (tile_row, col_tile), or for a
+        grouped call the tile whose first row is ``row0`` (any row: blocks start at groups)."""
+        if grouped:
+            return cute.local_tile(cute.domain_offset((row0, 0), t), shape, (0, col_tile))
+        return cute.local_tile(t, shape, (tile_row, col_tile))
+
+    def group_row_scale_offset(self, gt, r, blk, nbr):
+        """Offset of row r's scale byte of block blk in a grouped call's rowwise scales: compact
+        scales do not depend on the groups; swizzled ones are blocked per group (grouped.py)."""
+        if self.cfg.swizzled:
+            return gt.row_base + dev.swizzle_offset(r - gt.start, blk, nbr)
+        return r * nbr + blk
 
 
 __all__ = ["KernelConfig", "Quantize", "VARIANTS"]

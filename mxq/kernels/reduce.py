@@ -6,7 +6,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Float64, Int32
 
-from .config import DBIAS_UNROLL, DBIAS_WARPS
+from .config import DBIAS_UNROLL, DBIAS_WARPS, ROWS
+from .grouped import clamp_end
 
 
 @cute.kernel
@@ -16,15 +17,18 @@ def amax_init_kernel(amax: cute.Tensor, noop: cute.Tensor):
         amax[0] = Float32(0.0)
 
 
-def dbias_grid(N):
-    return [cute.ceil_div(N, 32), 1, 1], [32 * DBIAS_WARPS, 1, 1]
+def dbias_grid(N, G=None):
+    """Column tiles x (groups of a grouped call)."""
+    return [cute.ceil_div(N, 32), 1 if G is None else G, 1], [32 * DBIAS_WARPS, 1, 1]
 
 
 @cute.kernel
-def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, MB: Int32, N: Int32,
-                 use_pdl: cutlass.Constexpr):
+def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, group_ends, MB: Int32, M: Int32,
+                 N: Int32, use_pdl: cutlass.Constexpr):
     """dbias[c] = sum of the per-CTA partials of column c (fp32 for 16-bit inputs, fp64 for fp32
-    inputs), added in fp64 in a fixed order (deterministic, no atomics).
+    inputs), added in fp64 in a fixed order (deterministic, no atomics). A grouped call
+    (``group_ends``) sums each group's own partial rows (its colwise blocks, grouped.py) into
+    dbias[g, c], group g = the grid's y index; an empty group's row is 0.
 
     A CTA owns 32 columns (lane = column, a warp's load is one 128- or 256-byte row piece), warp w
     takes rows w, w + DBIAS_WARPS, ..., and a round of the CTA reads DBIAS_WARPS * DBIAS_UNROLL
@@ -35,7 +39,7 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, M
         # has finished and its partials are visible
         cute.arch.griddepcontrol_wait()
     tidx, _, _ = cute.arch.thread_idx()
-    cb, _, _ = cute.arch.block_idx()
+    cb, gy, _ = cute.arch.block_idx()
     lane = tidx % 32
     warp = tidx // 32
     c = cb * 32 + lane
@@ -44,6 +48,14 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, M
     if noop[0] != Float32(1.0):
         acc = cute.make_rmem_tensor(cute.make_layout(DBIAS_UNROLL), Float64)
         acc.fill(0.0)
+        first = Int32(0)  # the partials' first row and count
+        if cutlass.const_expr(group_ends is not None):
+            start = Int32(0)
+            if gy > 0:
+                start = clamp_end(Int32(group_ends[gy - 1]), M)
+            end = clamp_end(Int32(group_ends[gy]), M)
+            first = start // ROWS + gy
+            MB = (cutlass.max(end - start, Int32(0)) + ROWS - 1) // ROWS
         if c < N:
             step = DBIAS_WARPS * DBIAS_UNROLL
             last = MB - 1
@@ -53,7 +65,7 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, M
                 # row MB - 1 and added as 0
                 for u in cutlass.range_constexpr(DBIAS_UNROLL):
                     r = b + u * DBIAS_WARPS
-                    p = dbias_ws[cutlass.min(r, last), c].to(Float64)
+                    p = dbias_ws[first + cutlass.min(r, last), c].to(Float64)
                     acc[u] = acc[u] + Float64(cutlass.select_(r <= last, p, Float64(0.0)))
         t = acc[0]
         for u in cutlass.range_constexpr(1, DBIAS_UNROLL):
@@ -64,4 +76,7 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, M
             s = sPart[0, lane]
             for w in cutlass.range_constexpr(1, DBIAS_WARPS):
                 s = s + sPart[w, lane]
-            dbias[c] = s.to(Float32).to(dbias.element_type)  # fp64 -> fp32 -> dtype, as the reference
+            if cutlass.const_expr(group_ends is not None):
+                dbias[gy, c] = s.to(Float32).to(dbias.element_type)
+            else:
+                dbias[c] = s.to(Float32).to(dbias.element_type)  # fp64 -> fp32 -> dtype, as the reference

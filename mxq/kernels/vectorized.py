@@ -14,13 +14,15 @@ import cutlass.cute as cute
 from cutlass import Float32, Float64, Int32, Uint8
 
 from . import device as dev
+from . import grouped
 from .config import ROWS, VEC
 
 VCOLS = 32 * VEC
 
 
-def grid(cfg, M, N):
-    return [cute.ceil_div(M, ROWS), cute.ceil_div(N, VCOLS), 1], [cfg.vec_warps * 32, 1, 1]
+def grid(cfg, M, N, G=None):
+    rows = cute.ceil_div(M, ROWS) if G is None else grouped.row_tiles(M, G)
+    return [rows, cute.ceil_div(N, VCOLS), 1], [cfg.vec_warps * 32, 1, 1]
 
 
 def _widen(frag, k):
@@ -32,8 +34,9 @@ class VectorizedKernel:
 
     @cute.kernel
     def vec_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
-                   dbias_ws, noop, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr):
+                   dbias_ws, noop, group_ends, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr):
         cfg = self.cfg
+        GROUPED = cutlass.const_expr(group_ends is not None)
         WARPS = cutlass.const_expr(cfg.vec_warps)
         VROWS = cutlass.const_expr(ROWS // cfg.vec_warps)  # rows per warp
         tidx, _, _ = cute.arch.thread_idx()
@@ -44,8 +47,15 @@ class VectorizedKernel:
         c0 = g * VEC
         col_ok = c0 < N  # N % VEC == 0: a group is wholly inside or outside
         rbase = rb * ROWS + warp * VROWS
-        if cutlass.const_expr(cfg.col_reduce):
+        row_end = M
+        if cutlass.const_expr(cfg.col_reduce or GROUPED):
             smem = cutlass.memory.SmemAllocator()
+        if cutlass.const_expr(GROUPED):
+            # row tile rb is block gt.b of one group: rows [gt.row0, gt.row_end) (grouped.py)
+            gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.swizzled, WARPS * 32)
+            rbase = gt.row0 + warp * VROWS
+            row_end = gt.row_end
+        if cutlass.const_expr(cfg.col_reduce):
             sMax = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
             if cutlass.const_expr(cfg.dbias):
                 sSum = smem.allocate_tensor(Float64, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
@@ -68,7 +78,7 @@ class VectorizedKernel:
                     row.append(cute.make_rmem_tensor_like(tiles[t][(None, (0, 0))]))
                     row[t].fill(0)
             frags.append(row)
-            if col_ok and rbase + i < M:
+            if col_ok and rbase + i < row_end:
                 for t in cutlass.range_constexpr(len(sources)):
                     if cutlass.const_expr(i == 0 or not once[t]):
                         cute.autovec_copy(tiles[t][(None, (rbase + i, g))], row[t])
@@ -82,7 +92,7 @@ class VectorizedKernel:
                 dsum = cute.make_rmem_tensor(cute.make_layout(VEC), dbias_ws.element_type)
                 dsum.fill(0.0)
             for i in cutlass.range_constexpr(VROWS):
-                row_ok = col_ok and rbase + i < M
+                row_ok = col_ok and rbase + i < row_end
                 for k in cutlass.range_constexpr(VEC):
                     v = self.value(frags[i], k, scalars, _widen)
                     if cutlass.const_expr(cfg.computed):
@@ -111,7 +121,9 @@ class VectorizedKernel:
                             qr[k + 1] = hi
                         cute.autovec_copy(qr, tRow[(None, (rbase + i, g))])
                         if lane % 4 == 0:
-                            if cutlass.const_expr(cfg.swizzled):
+                            if cutlass.const_expr(GROUPED):
+                                self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + i, c0 // 32, nbr), er)
+                            elif cutlass.const_expr(cfg.swizzled):
                                 self.store_row_scale(row_scale, dev.swizzle_offset(rbase + i, c0 // 32, nbr), er)
                             else:
                                 self.store_row_scale(row_scale, (rbase + i) * nbr + c0 // 32, er)
@@ -134,7 +146,7 @@ class VectorizedKernel:
                     ec[k] = dev.e8m0_scale(cmax[k], cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                     sc[k] = dev.inv_scale(ec[k])
                 for i in cutlass.range_constexpr(VROWS):
-                    if col_ok and rbase + i < M:
+                    if col_ok and rbase + i < row_end:
                         qc = cute.make_rmem_tensor_like(tCol[(None, (0, 0))])
                         for k in cutlass.range_constexpr(0, VEC, 2):
                             lo, hi = dev.to_fp8x2(dev.mul_rn(vals[i * VEC + k], sc[k]),
@@ -144,7 +156,13 @@ class VectorizedKernel:
                         cute.autovec_copy(qc, tCol[(None, (rbase + i, g))])
                 if warp == 0 and col_ok:
                     for k in cutlass.range_constexpr(VEC):
-                        if cutlass.const_expr(cfg.swizzled):
+                        if cutlass.const_expr(GROUPED):
+                            if cutlass.const_expr(cfg.swizzled):
+                                if gt.row_end > gt.row0:
+                                    col_scale[gt.col_base + dev.swizzle_offset(c0 + k, gt.b, gt.nb)] = Uint8(ec[k])
+                            else:  # a tile with no rows writes its scale row's zeros
+                                col_scale[rb * N + c0 + k] = Uint8(cutlass.select_(gt.row_end > gt.row0, ec[k], Int32(0)))
+                        elif cutlass.const_expr(cfg.swizzled):
                             ncb = M // 32 + Int32(cutlass.select_(M % 32 != 0, Int32(1), Int32(0)))
                             col_scale[dev.swizzle_offset(c0 + k, rb, ncb)] = Uint8(ec[k])
                         else:
