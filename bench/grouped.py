@@ -140,13 +140,37 @@ def torchao_rows(copy_gbps, x, offs, groups, mxq_us):
     return rows
 
 
+def probe_rows(copy_gbps):
+    """Which direction costs the swizzled grouped layout its time at many groups: rowwise alone,
+    colwise alone, each compact and swizzled, at G = 8 and 256 (K = 4096)."""
+    rows = []
+    x = torch.randn(TOKENS, 4096, device="cuda", dtype=torch.bfloat16)
+    for groups in (8, 256):
+        offs = torch.cumsum(torch.tensor(group_sizes(groups, seed=groups + 4096)), 0).to(torch.int32).cuda()
+        for direction in ("rowwise", "colwise"):
+            for layout in ("compact", "swizzled"):
+                opts = dict(rowwise=direction == "rowwise", colwise=direction == "colwise", scale_layout=layout)
+                op = FusedOp(dc.identity, QuantSpec(**opts))
+                fn, args, out = op._launcher_for(x).bind([x], [], None, None, None, ("full",), offs)
+                m, k = x.shape
+                row = dc.timed_row(lambda: fn(*args), m * k * 3 + m * k // 16, copy_gbps,
+                                   name=f"probe/grouped_{direction}_{layout}", M=m, N=k, G=groups)
+                rows.append(row)
+                print(f"  {row['name']:36s} G={groups:<4d} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}%", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--probe", action="store_true", help="only the rowwise/colwise x compact/swizzled probe")
     args = ap.parse_args()
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
+    if args.probe:
+        probe_rows(copy_gbps)
+        return
     rows = []
     for k in (4096, 7168):
         x = torch.randn(TOKENS, k, device="cuda", dtype=torch.bfloat16)

@@ -1,7 +1,7 @@
 """Training with MXFP8 operands: an MLP block whose forward fuses bias + GELU + MXFP8 quantize and
 whose backward fuses dGELU + dbias + MXFP8 quantize, against the same model in bf16.
 
-Run: python examples/train_mlp.py [--steps 300]
+Run: python examples/train_mlp.py [--steps 300] [--device cuda]
 
 The block is y = W2 gelu(W1 x + b1) + b2 as a torch.autograd.Function. Every GEMM reads MXFP8
 operands quantized along its contraction dimension (32-element blocks, E8M0 scales):
@@ -65,18 +65,18 @@ class MXLinearGelu(torch.autograd.Function):
         return dx, dw.to(grad_a.dtype), d.dbias
 
 
-def train(steps: int, fp8: bool, seed: int = 0) -> list[float]:
+def train(steps: int, fp8: bool, seed: int = 0, device: str = "cpu") -> list[float]:
     g = torch.Generator().manual_seed(seed)
     d_in, d_hidden, d_out, batch = 64, 256, 32, 128
-    teacher = torch.randn(d_out, d_in, generator=g) / d_in ** 0.5
-    w1 = (torch.randn(d_hidden, d_in, generator=g) / d_in ** 0.5).bfloat16().requires_grad_()
-    b1 = torch.zeros(d_hidden, dtype=torch.bfloat16, requires_grad=True)
-    w2 = (torch.randn(d_out, d_hidden, generator=g) / d_hidden ** 0.5).bfloat16().requires_grad_()
+    teacher = (torch.randn(d_out, d_in, generator=g) / d_in ** 0.5).to(device)
+    w1 = (torch.randn(d_hidden, d_in, generator=g) / d_in ** 0.5).bfloat16().to(device).requires_grad_()
+    b1 = torch.zeros(d_hidden, dtype=torch.bfloat16, device=device, requires_grad=True)
+    w2 = (torch.randn(d_out, d_hidden, generator=g) / d_hidden ** 0.5).bfloat16().to(device).requires_grad_()
     opt = torch.optim.SGD([w1, b1, w2], lr=0.2)
     data = torch.Generator().manual_seed(seed + 1)
     losses = []
     for _ in range(steps):
-        x = torch.randn(batch, d_in, generator=data)
+        x = torch.randn(batch, d_in, generator=data).to(device)
         target = torch.tanh(x @ teacher.t()).bfloat16()
         x = x.bfloat16()
         if fp8:
@@ -94,10 +94,11 @@ def train(steps: int, fp8: bool, seed: int = 0) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (the quantize kernels run on CUDA)")
     args = ap.parse_args()
-    ref = train(args.steps, fp8=False)
-    mx = train(args.steps, fp8=True)
-    print("GEMMs: dequantized MXFP8 operands, bf16 matmul (no MXFP8 GEMM used here)")
+    ref = train(args.steps, fp8=False, device=args.device)
+    mx = train(args.steps, fp8=True, device=args.device)
+    print(f"on {args.device}; GEMMs: dequantized MXFP8 operands, bf16 matmul (no MXFP8 GEMM used here)")
     for i in range(0, args.steps, max(1, args.steps // 6)):
         print(f"step {i:4d}: loss bf16 {ref[i]:.4f}   mxfp8 {mx[i]:.4f}")
     tail = slice(-max(1, args.steps // 10), None)

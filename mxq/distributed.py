@@ -148,8 +148,8 @@ _GATHER_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scal
 
 def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     """Concatenate the ranks' MXFP8Tensors along rows (rank order): byte-equal to quantizing the
-    gathered full tensor, for data, scales and amax. One collective: every rank's fields go in
-    one byte buffer (so formats torch's backends cannot reduce, float8 included, travel as
+    gathered full tensor, for data, scales and amax. One collective for the data (and a small
+    one that checks the shapes agree): every rank's fields go in one byte buffer (so formats torch's backends cannot reduce, float8 included, travel as
     bytes). Each rank's tensor must have the same shape, compact scales and, when it has colwise
     blocks, a row count (after flattening) that is a multiple of 32. dbias is the fp64 sum of the
     ranks' dbias rounded to the input dtype: within the dbias class of the single-tensor value,
@@ -173,15 +173,16 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     flat = [v.contiguous().view(torch.uint8).reshape(-1) if v.dim() else v.reshape(1).view(torch.uint8)
             for _, v in parts]
     buf = torch.cat(flat)
-    shapes = torch.tensor(list(t.shape) + [buf.numel()], dtype=torch.int64)
-    all_shapes = [torch.empty_like(shapes) for _ in range(world)]
-    dist.all_gather(all_shapes, shapes, group=group)
-    if any(not torch.equal(s, shapes) for s in all_shapes):
+    # (on the tensors' device: NCCL moves CUDA tensors only)
+    shapes = torch.tensor(list(t.shape) + [buf.numel()], dtype=torch.int64, device=buf.device)
+    all_shapes = torch.empty(world * shapes.numel(), dtype=torch.int64, device=buf.device)
+    dist.all_gather_into_tensor(all_shapes, shapes, group=group)
+    if not torch.equal(all_shapes.view(world, -1), shapes.expand(world, -1)):
         raise ValueError("mxq: all_gather() needs the same shape on every rank")
-    bufs = [torch.empty_like(buf) for _ in range(world)]
-    dist.all_gather(bufs, buf, group=group)
+    gathered = torch.empty(world * buf.numel(), dtype=torch.uint8, device=buf.device)
+    dist.all_gather_into_tensor(gathered, buf, group=group)
     per_rank = []
-    for b in bufs:
+    for b in gathered.view(world, -1):
         fields, at = {}, 0
         for (f, v), fl in zip(parts, flat):
             fields[f] = b[at:at + fl.numel()].view(v.dtype).reshape(v.shape)

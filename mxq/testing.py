@@ -77,13 +77,18 @@ def is_exact(op) -> bool:
 V_SLACK = 2.0 ** -21
 
 
-def v_abs_sum(op, *args, act_input=None, **kwargs) -> torch.Tensor:
+def v_abs_sum(op, *args, act_input=None, group_offsets=None, **kwargs) -> torch.Tensor:
     """Per-column fp64 sum of |v| (NUMERICS steps 1-3, on the reference) for ``compare``'s
-    ``v_abs`` argument: the dbias slack of an op in the transcendental class."""
+    ``v_abs`` argument: the dbias slack of an op in the transcendental class ([G, N], per group,
+    with ``group_offsets``)."""
+    from . import groups
     from .reference import epilogue_value
 
     tensors, scalars = op._bind(args, kwargs)
-    return epilogue_value(op.spec, op.epilogue, tensors, scalars, act_input).abs().sum(0, dtype=torch.float64)
+    v = epilogue_value(op.spec, op.epilogue, tensors, scalars, act_input).abs()
+    if group_offsets is None:
+        return v.sum(0, dtype=torch.float64)
+    return torch.stack([v[start:end].sum(0, dtype=torch.float64) for start, end in groups.bounds(group_offsets)])
 
 
 def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None) -> list[str]:

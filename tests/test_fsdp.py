@@ -1,0 +1,108 @@
+"""mxq/fsdp.py: FSDP2 all-gathers of MXFP8 weights on two CPU processes (gloo). The gathered
+bytes are the full weight's quantization (rowwise before forward, colwise before backward),
+the layer's outputs and gradients are those of its dequantized weights, and bad shapes are
+refused by name. examples/fsdp2_mxfp8.py trains with it (run by tests/test_examples.py)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import mxq
+import mxq.fsdp
+
+from .test_distributed import ROOT, _free_port
+
+WORKER = r"""
+import sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+import mxq, mxq.fsdp
+
+rank, world = int(sys.argv[1]), 2
+dist.init_process_group("gloo", rank=rank, world_size=world)
+mesh = init_device_mesh("cpu", (world,))
+torch.manual_seed(0)
+layer = torch.nn.Linear(96, 128)
+full_w = layer.weight.detach().clone() * 3
+layer.weight.data.copy_(full_w)
+mxq.fsdp.mxfp8_all_gather(layer, world_size=world)
+fully_shard(layer, mesh=mesh)
+wrapper = torch.nn.Sequential(layer)  # the root: its child reshards after forward
+fully_shard(wrapper, mesh=mesh)
+
+seen = []
+dequantize = mxq.fsdp.MXFP8GatheredWeight.dequantize
+def recording(self):
+    seen.append((self._direction, self._fp8.clone(), self._scales.clone()))
+    return dequantize(self)
+mxq.fsdp.MXFP8GatheredWeight.dequantize = recording
+
+x = torch.randn(16, 96, requires_grad=True)
+y = wrapper(x)
+y.square().sum().backward()
+dirs = [d for d, _, _ in seen]
+assert dirs == ["rowwise", "colwise"], dirs
+want = mxq.quantize(full_w, rowwise=True, colwise=True)
+_, fwd_data, fwd_scales = seen[0]
+_, bwd_data, bwd_scales = seen[1]
+assert torch.equal(fwd_data, want.rowwise_data.view(torch.uint8))
+assert torch.equal(fwd_scales, want.rowwise_scale)
+assert torch.equal(bwd_data, want.colwise_data.view(torch.uint8))
+assert torch.equal(bwd_scales.reshape(-1), want.colwise_scale.reshape(-1))
+# outputs and gradients: those of the dequantized weights (rowwise forward, colwise dx)
+w_row, w_col = want.dequantize("rowwise"), want.dequantize("colwise")
+b = layer.bias.full_tensor().detach()
+x2 = x.detach().clone().requires_grad_()
+y2 = x2 @ w_row.t() + b
+assert torch.equal(y.detach(), y2.detach())
+dy = 2 * y2.detach()
+assert torch.allclose(x.grad, dy @ w_col, rtol=1e-6, atol=1e-6)
+assert torch.allclose(layer.weight.grad.full_tensor(), dy.t() @ x2.detach(), rtol=1e-5, atol=1e-5)
+print(f"rank {rank}: gathered bytes byte-equal", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp_gathers_the_full_weights_mxfp8_bytes(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("no gloo backend")
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(WORKER))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore",
+               MXQ_CACHE_DIR=str(tmp_path / "cache"))
+    procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for rank in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, out + err[-4000:]
+        assert "byte-equal" in out
+
+
+def test_shapes_that_cannot_travel_as_mxfp8_are_refused():
+    with pytest.raises(ValueError, match=r"0\.weight of shape \(96, 64\).*4 ranks"):
+        mxq.fsdp.mxfp8_all_gather(torch.nn.Sequential(torch.nn.Linear(64, 96)), world_size=4)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        mxq.fsdp.mxfp8_all_gather(torch.nn.Linear(48, 64))
+    w = mxq.fsdp.MXFP8ShardedWeight(torch.randn(48, 64))
+    with pytest.raises(ValueError, match=r"shard of shape \(48, 64\)"):
+        w.fsdp_pre_all_gather(None, None, None, None, None)
+
+
+def test_sharded_weight_behaves_as_its_tensor():
+    """Outside the all-gather the wrapper is its high-precision tensor: arithmetic, in-place
+    updates (the optimizer), views and copies."""
+    data = torch.randn(64, 32)
+    w = mxq.fsdp.MXFP8ShardedWeight(data.clone())
+    assert torch.equal(w + 1, data + 1) and type(w + 1) is torch.Tensor
+    w.add_(1.0)
+    assert torch.equal(w._data, data + 1)
+    half = w[:32]
+    assert type(half) is mxq.fsdp.MXFP8ShardedWeight and torch.equal(half._data, (data + 1)[:32])
+    assert type(w.detach()) is mxq.fsdp.MXFP8ShardedWeight
