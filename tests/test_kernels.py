@@ -181,3 +181,24 @@ def test_grouped_row_tiles_stay_in_bounds_for_bad_offsets():
         for rb in range(m // 32 + len(ends)):
             g, row0, row_end, b, nb, _, _ = _host_group_tile(ends, rb, m)
             assert 0 <= row0 <= row_end <= m and row_end - row0 <= 32 and 0 <= g < len(ends)
+
+
+def test_grouped_swizzled_offsets_regroup_the_swizzle():
+    """The grouped tiles' split swizzled offsets (a per-tile base + a per-element rest) equal the
+    group region's start + device.swizzle_offset of the row / column within the group."""
+    from mxq.kernels import grouped
+
+    rng = random.Random(5)
+    for _ in range(400):
+        n = rng.choice([32, 96, 200, 256, 4096, 7000])
+        nbr = -(-n // 32)
+        nb = rng.randrange(1, 40)
+        b = rng.randrange(nb)
+        rows_before, blocks_before = rng.randrange(0, 50) * 128, rng.randrange(0, 50) * 4
+        row_sw, col_sw, col_t512 = grouped.swizzled_bases(rows_before, blocks_before, b, nb, n)
+        for _ in range(20):
+            i, blk, c = rng.randrange(32), rng.randrange(nbr), rng.randrange(n)
+            want_row = rows_before * (-(-nbr // 4) * 4) + dev.swizzle_offset(32 * b + i, blk, nbr)
+            assert grouped.row_swizzled_offset(row_sw, i, blk) == want_row
+            want_col = blocks_before * (-(-n // 128) * 128) + dev.swizzle_offset(c, b, nb)
+            assert grouped.col_swizzled_offset(col_sw, col_t512, c) == want_col

@@ -44,7 +44,7 @@ class GenericKernel:
         row0 = rb * ROWS
         row_end = M
         if cutlass.const_expr(GROUPED):
-            # row tile rb is block gt.b of one group: rows [gt.row0, gt.row_end) (grouped.py)
+            # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
             gt = grouped.GroupTile(group_ends, cutlass.memory.SmemAllocator(), rb, M, N, cfg.swizzled, COLS)
             row0 = gt.row0
             row_end = gt.row_end
@@ -100,7 +100,7 @@ class GenericKernel:
                     if cutlass.const_expr(GROUPED):
                         if cutlass.const_expr(cfg.swizzled):
                             if row_end > row0:
-                                col_scale[gt.col_base + dev.swizzle_offset(col, gt.b, gt.nb)] = Uint8(e)
+                                col_scale[self.group_col_scale_offset(gt, col)] = Uint8(e)
                         else:  # a tile with no rows writes its scale row's zeros
                             col_scale[rb * N + col] = Uint8(cutlass.select_(row_end > row0, e, Int32(0)))
                     elif cutlass.const_expr(cfg.swizzled):

@@ -123,19 +123,40 @@ def scratch(smem, nthreads: int):
     return smem.allocate_tensor(Int32, cute.make_layout((N_TERMS, warps), stride=(warps, 1)), 16)
 
 
+# Swizzled scale offsets of a grouped tile, split into a per-tile base and a per-element rest so
+# the kernels keep two values live instead of five (device.swizzle_offset's terms regrouped: the
+# tile's rows are 32 b .. 32 b + 31 of its group, so (row in group) // 128 = b // 4 and
+# ((row in group) % 128) // 32 = b % 4). Plain integer arithmetic: tests/test_kernels.py checks
+# them against device.swizzle_offset on Python ints.
+def swizzled_bases(rows_before, blocks_before, b, nb, N):
+    """(rowwise base, colwise base, colwise bytes per 128 columns) of block b of a group with
+    nb blocks whose regions start at rows rows_before / blocks_before of the grouped buffers."""
+    t_row = ((N + ROWS - 1) // ROWS + 3) // 4  # 512-byte tiles per 128 rows of rowwise scales
+    row_sw = rows_before * (4 * t_row) + (b // 4) * t_row * 512 + (b % 4) * 4
+    col_sw = blocks_before * ((N + 127) // 128 * 128) + (b // 4) * 512 + b % 4
+    return row_sw, col_sw, (nb + 3) // 4 * 512
+
+
+def row_swizzled_offset(row_sw, r_in_tile, blk):
+    """Scale byte of row r_in_tile (0..31) of the tile, block blk, in the swizzled rowwise buffer."""
+    return row_sw + (blk // 4) * 512 + r_in_tile * 16 + blk % 4
+
+
+def col_swizzled_offset(col_sw, col_t512, c):
+    """Scale byte of column c of the tile's block in the swizzled colwise buffer."""
+    return col_sw + (c // 128) * col_t512 + (c % 32) * 16 + ((c % 128) // 32) * 4
+
+
 class GroupTile:
     """Row tile rb of a grouped call, as the kernels use it (Int32 device values): ``row0`` and
-    ``row_end`` its rows, ``start`` its group's first row, ``b`` its block in the group, ``nb``
-    the group's block count, ``row_base`` / ``col_base`` the byte offsets of the group's regions
-    in the swizzled rowwise and colwise scale buffers (swizzled layouts only)."""
+    ``row_end`` its rows; swizzled layouts: ``row_sw``, ``col_sw``, ``col_t512`` (swizzled_bases).
+    A tile with no rows has b = 0 and writes nothing to the swizzled buffers."""
 
     def __init__(self, ends, smem, rb, M, N, swizzled: bool, nthreads: int):
         g, start, end, rows_before, blocks_before = find_group(ends, scratch(smem, nthreads), rb, M, nthreads)
-        self.row0, self.row_end, self.b, self.nb = tile(rb, g, start, end)
-        self.start = start
+        self.row0, self.row_end, b, nb = tile(rb, g, start, end)
         if swizzled:
-            self.row_base = rows_before * (((N + ROWS - 1) // ROWS + 3) // 4 * 4)
-            self.col_base = blocks_before * ((N + 127) // 128 * 128)
+            self.row_sw, self.col_sw, self.col_t512 = swizzled_bases(rows_before, blocks_before, b, nb, N)
 
 
 def row_tiles(M, G):

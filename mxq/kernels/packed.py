@@ -83,7 +83,7 @@ class PackedKernel:
         if cutlass.const_expr(cfg.col_reduce or cfg.stage or WIDE or GROUPED):
             smem = cutlass.memory.SmemAllocator()
         if cutlass.const_expr(GROUPED):
-            # row tile rb is block gt.b of one group: rows [gt.row0, gt.row_end) (grouped.py)
+            # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
             gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.swizzled, NTHREADS)
             in_grid = rb < grouped.row_tiles(M, group_ends.shape[0])
             row_end = gt.row_end
@@ -304,8 +304,8 @@ class PackedKernel:
                         oc = cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
                         if oc < Ns:  # N % VEC == 0: both columns are in or out
                             if cutlass.const_expr(GROUPED and cfg.swizzled):
-                                col_scale[gt.col_base + dev.swizzle_offset(oc, gt.b, gt.nb)] = Uint8(e_lo)
-                                col_scale[gt.col_base + dev.swizzle_offset(oc + 1, gt.b, gt.nb)] = Uint8(e_hi)
+                                col_scale[self.group_col_scale_offset(gt, oc)] = Uint8(e_lo)
+                                col_scale[self.group_col_scale_offset(gt, oc + 1)] = Uint8(e_hi)
                             elif cutlass.const_expr(cfg.swizzled):
                                 ncb_s = (M + 31) // 32
                                 col_scale[dev.swizzle_offset(oc, rb, ncb_s)] = Uint8(e_lo)

@@ -24,6 +24,7 @@ import cutlass.cute as cute
 from cutlass import Float32
 
 from . import device as dev
+from . import grouped
 from .config import ROWS, KernelConfig
 from .generic import GenericKernel
 from .generic import grid as generic_grid
@@ -124,8 +125,12 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         """Offset of row r's scale byte of block blk in a grouped call's rowwise scales: compact
         scales do not depend on the groups; swizzled ones are blocked per group (grouped.py)."""
         if self.cfg.swizzled:
-            return gt.row_base + dev.swizzle_offset(r - gt.start, blk, nbr)
+            return grouped.row_swizzled_offset(gt.row_sw, r - gt.row0, blk)
         return r * nbr + blk
+
+    def group_col_scale_offset(self, gt, c):
+        """Offset of column c's scale byte of a grouped tile in the swizzled colwise scales."""
+        return grouped.col_swizzled_offset(gt.col_sw, gt.col_t512, c)
 
 
 __all__ = ["KernelConfig", "Quantize", "VARIANTS"]

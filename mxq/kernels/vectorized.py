@@ -51,7 +51,7 @@ class VectorizedKernel:
         if cutlass.const_expr(cfg.col_reduce or GROUPED):
             smem = cutlass.memory.SmemAllocator()
         if cutlass.const_expr(GROUPED):
-            # row tile rb is block gt.b of one group: rows [gt.row0, gt.row_end) (grouped.py)
+            # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
             gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.swizzled, WARPS * 32)
             rbase = gt.row0 + warp * VROWS
             row_end = gt.row_end
@@ -159,7 +159,7 @@ class VectorizedKernel:
                         if cutlass.const_expr(GROUPED):
                             if cutlass.const_expr(cfg.swizzled):
                                 if gt.row_end > gt.row0:
-                                    col_scale[gt.col_base + dev.swizzle_offset(c0 + k, gt.b, gt.nb)] = Uint8(ec[k])
+                                    col_scale[self.group_col_scale_offset(gt, c0 + k)] = Uint8(ec[k])
                             else:  # a tile with no rows writes its scale row's zeros
                                 col_scale[rb * N + c0 + k] = Uint8(cutlass.select_(gt.row_end > gt.row0, ec[k], Int32(0)))
                         elif cutlass.const_expr(cfg.swizzled):
