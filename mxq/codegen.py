@@ -16,7 +16,7 @@ from importlib import resources
 
 import jinja2
 
-from . import activations, ir, slots
+from . import activations, gated, ir, slots
 from .epilogue import Epilogue
 from .kernels.config import KernelConfig, Tuning
 from .spec import QuantSpec
@@ -261,16 +261,16 @@ def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = N
     return KernelConfig(
         fp8=spec.fp8, rowwise=spec.rowwise, colwise=spec.colwise, scale_mode=spec.scale_mode,
         swizzled=spec.scale_layout == "swizzled", amax=spec.amax, dbias=spec.dbias,
-        n_inputs=len(epilogue.tensor_params), n_scalars=len(epilogue.scalar_params),
+        n_inputs=len(epilogue.tensor_params), n_scalars=gated.launch_scalars(epilogue),
         identity=epilogue.is_identity, has_act=spec.act is not None, has_dact=spec.dact is not None,
         heavy=bool(spec.act or spec.dact or spec.dbias or not epilogue.exact),
-        tuning=tuning or Tuning())
+        tuning=tuning or Tuning(), halves=gated.is_halves(epilogue))
 
 
 def _launcher_text(spec: QuantSpec, epilogue: Epilogue, grouped: bool = False) -> tuple[str, str]:
     """(parameter list, Quantize.launch argument list) of the generated launchers, both from the
     slot table (``grouped``: the grouped launchers')."""
-    table = slots.kernel_slots(spec, len(epilogue.tensor_params), len(epilogue.scalar_params), grouped)
+    table = slots.kernel_slots(spec, len(epilogue.tensor_params), gated.launch_scalars(epilogue), grouped)
     params = [f"{s.name}: {'cute.Tensor' if s.is_tensor else 'Float32'}" for s in table]
     params.append("use_hw_e8m0: cutlass.Constexpr")
     if spec.dbias:

@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import slots, targets
+from . import gated, slots, targets
 from .numerics import dbias_partial_dtype
 from .spec import DTYPES
 
@@ -159,8 +159,11 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
     big = VEC_ALIGN if vec else None
     ws_bytes = dbias_partial_dtype(_DTYPE_BY_NAME[dtype_name]).itemsize  # fp32 for 16-bit inputs
 
-    def mat(dtype, align, rows=m):
-        return fake(dtype, (rows, n), stride_order=(1, 0), assumed_align=align)
+    # two-halves ops (mxq/gated.py) write outputs [M, 2N]: their output width is its own value
+    n_out = cute.sym_int(divisibility=VEC_DIVISOR if vec else 1) if gated.is_halves(epi) else n
+
+    def mat(dtype, align, rows=m, cols=n):
+        return fake(dtype, (rows, cols), stride_order=(1, 0), assumed_align=align)
 
     def flat_u8():
         return fake(Uint8, (cute.sym_int(),), assumed_align=1)
@@ -185,19 +188,19 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "input": lambda: operand(next(kinds, "full")),
         "scalar": lambda: Float32(0.0),
         "act_input": lambda: mat(el, big or nbytes),
-        "rowwise_data": lambda: mat(Uint8, big or 1),
+        "rowwise_data": lambda: mat(Uint8, big or 1, cols=n_out),
         "rowwise_scale": flat_u8,
-        "colwise_data": lambda: mat(Uint8, big or 1),
+        "colwise_data": lambda: mat(Uint8, big or 1, cols=n_out),
         "colwise_scale": flat_u8,
         "amax": f32_one,
         "dbias": lambda: (fake(el, (cute.sym_int(), n), stride_order=(1, 0), assumed_align=nbytes) if grouped
-                          else fake(el, (n,), assumed_align=nbytes)),
+                          else fake(el, (n_out,), assumed_align=nbytes)),
         "dbias_workspace": lambda: mat({4: cutlass.Float32, 8: cutlass.Float64}[ws_bytes], ws_bytes,
-                                       rows=cute.sym_int()),
+                                       rows=cute.sym_int(), cols=n_out),
         "noop": f32_one,
         "group_offsets": lambda: fake(cutlass.Int32, (cute.sym_int(),), assumed_align=4),
     }
-    table = slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params), grouped)
+    table = slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), grouped)
     args = [by_role[s.role]() for s in table]
     args.append(use_hw)
     if spec.dbias:

@@ -447,6 +447,8 @@ def parse(fn) -> Epilogue:
     for a in params:
         if a.arg.startswith("__"):
             p.fail(a, f"dunder name {a.arg!r} is not allowed in an epilogue", "dunder name")
+        if a.arg.startswith("_mxq_"):  # (mxq/gated.py names the parameters it adds so)
+            p.fail(a, f"parameter name {a.arg!r} is reserved (names starting with _mxq_ are mxq's)", "parameter name")
         is_float_annot = isinstance(a.annotation, ast.Name) and a.annotation.id == "float"
         if a.arg in defaults:
             d = defaults[a.arg]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import groups, layouts, operands, slots
+from . import gated, groups, layouts, operands, slots
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
 from .numerics import dbias_partial_dtype
 from .tensor import MXFP8Tensor, flat_dims
@@ -100,9 +100,11 @@ class Launcher:
         spec, epi = self.op.spec, self.op.epilogue
         x = tensors[0]
         m, n = flat_dims(x.shape)
+        shape = gated.out_shape(epi, x.shape)  # (two-halves ops write [M, 2N])
+        n_out = flat_dims(shape)[1]
         grouped = group_offsets is not None
         if out is None:
-            out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device, group_offsets=group_offsets)
+            out = MXFP8Tensor.empty(spec, shape, x.dtype, x.device, group_offsets=group_offsets)
         elif grouped:
             out.group_offsets = group_offsets.clone()  # what the outputs are laid out by
             if spec.scale_layout == "swizzled":
@@ -114,8 +116,8 @@ class Launcher:
                 raise ValueError(f"mxq: argument {name!r} must be contiguous on CUDA (call .contiguous() first)")
         mats = [t if kind == "strided" else operands.as_matrix(t, kind, m, n)
                 for t, kind in zip(sources, kinds)]
-        row_data = _as_u8_2d(out.rowwise_data, m, n) if spec.rowwise else None
-        col_data = _as_u8_2d(out.colwise_data, m, n) if spec.colwise else None
+        row_data = _as_u8_2d(out.rowwise_data, m, n_out) if spec.rowwise else None
+        col_data = _as_u8_2d(out.colwise_data, m, n_out) if spec.colwise else None
         operand = {
             "act_input": lambda: mats[-1],
             "rowwise_data": lambda: row_data,
@@ -125,13 +127,13 @@ class Launcher:
             "amax": lambda: out.amax.view(1),
             "dbias": lambda: out.dbias,
             "dbias_workspace": lambda: torch.empty((groups.grouped_colwise_rows(m, group_offsets.numel()) if grouped
-                                                    else layouts.cdiv(m, 32), n),
+                                                    else layouts.cdiv(m, 32), n_out),
                                                    dtype=dbias_partial_dtype(x.dtype), device=x.device),
             "noop": lambda: noop.reshape(1) if noop is not None else noop_tensor(x.device),
             "group_offsets": lambda: group_offsets.to(torch.int32).contiguous(),
         }
         args = []
-        for slot in slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params), grouped):
+        for slot in slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), grouped):
             if slot.role == "input":
                 args.append(mats[slot.index])
             elif slot.role == "scalar":

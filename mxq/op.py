@@ -11,13 +11,14 @@ path). ``mxq.quantize`` is this op with the identity epilogue.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from functools import lru_cache
 
 import torch
 
-from . import codegen, compiler, export, ffi, launch, runtime, torch_ops
+from . import codegen, compiler, export, ffi, gated, launch, runtime, torch_ops
 from . import reference as _reference
 from .epilogue import IDENTITY, Epilogue, EpilogueError, parse
 from .spec import QuantSpec
@@ -59,6 +60,7 @@ class FusedOp:
         self._scalar_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.scalar_params]
         self._source: str | None = None
         self._tuning = None  # a benchmark's kernels.config.Tuning (None: the library's choice)
+        self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/gated.py)
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
@@ -120,22 +122,34 @@ class FusedOp:
         With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
         x = tensors[0]
         out = self._noop_out(x, noop, out, group_offsets)
+        if x.is_cuda and self._straddles(x):
+            runtime.fallback(self._straddles(x))
+            return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
         if x.is_cuda:
             launcher = self._launcher_for(x)
             if launcher is not None:
                 tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input)
-                if group_offsets is not None or any(k != "full" for k in layouts):
-                    # grouped calls, broadcast or strided operands: the Python binding
+                if group_offsets is not None or self._halves or any(k != "full" for k in layouts):
+                    # grouped calls, two-halves ops, broadcast or strided operands: the Python binding
                     return launcher.run(tensors, scalars, act_input, noop, out, layouts, group_offsets)
                 if self._fast_ok and launcher.allocates(x, noop, out):
                     self._fast[(x.dtype, x.get_device())] = launcher  # later calls skip the checks
                 return launcher(tensors, scalars, act_input, noop, out)
         return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
 
+    def _straddles(self, x) -> str | None:
+        """Why the kernels cannot serve a two-halves op on ``x``, or None: rowwise blocks of the
+        [M, 2N] output must not straddle the halves (each half is its own CTAs)."""
+        if self._halves and self.spec.rowwise and x.dim() and x.shape[-1] % 32:
+            return (f"a gated backward with rowwise blocks needs N % 32 == 0 on the kernels (N = {x.shape[-1]}: "
+                    "a 32-element block would straddle the two halves); running the torch reference")
+        return None
+
     def _noop_out(self, x, noop, out, group_offsets=None):
         """``out``, or for a noop call without one zeroed outputs (a noop call writes nothing)."""
         if noop is not None and out is None:
-            return MXFP8Tensor.empty(self.spec, x.shape, x.dtype, x.device, zeroed=True, group_offsets=group_offsets)
+            return MXFP8Tensor.empty(self.spec, gated.out_shape(self.epilogue, x.shape), x.dtype, x.device, zeroed=True,
+                                     group_offsets=group_offsets)
         return out
 
     def _reference(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
@@ -166,7 +180,7 @@ class FusedOp:
         tight loops). The inputs must stay alive and unchanged in shape."""
         tensors, scalars = self._bind(args, kwargs)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
-        launcher = self._launcher_for(tensors[0]) if tensors[0].is_cuda else None
+        launcher = self._launcher_for(tensors[0]) if tensors[0].is_cuda and not self._straddles(tensors[0]) else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input, copy=False)
@@ -192,7 +206,10 @@ class FusedOp:
 
     def _native_dispatchers(self):
         """The op's native dispatchers (built once), or None where they cannot be built (no
-        C++ compiler): launch.Launcher then binds calls in Python."""
+        C++ compiler): launch.Launcher then binds calls in Python. Two-halves ops (mxq/gated.py)
+        have none: their outputs are wider than their inputs, which the dispatchers do not know."""
+        if self._halves:
+            return None
         if self._dispatchers is None:
             try:
                 self._dispatchers = ffi.make_dispatchers(self)
@@ -221,12 +238,14 @@ class FusedOp:
         docs/DESIGN.md); returns the native function. CPU tensors run the reference."""
         if name == "get_quantize_kernel":
             raise ValueError("mxq: register() name 'get_quantize_kernel' is mxq's own entry point")
+        self._refuse_cpp("register()")
         fn = self.dispatcher()
         ffi.register_global(name, fn)
         return fn
 
     def dispatcher(self):
         """The op's native destination-passing dispatcher (what ``register`` publishes)."""
+        self._refuse_cpp("dispatcher()")
         pair = self._native_dispatchers()
         if pair is None:
             raise RuntimeError("mxq: the native dispatcher could not be built on this machine (see the warning)")
@@ -235,10 +254,104 @@ class FusedOp:
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None) -> dict:
         """AOT: write a shared library with the kernels embedded plus a C header, for C++
         programs with no Python (see the header for the exported functions' arguments)."""
+        self._refuse_cpp("export()")
         return export.export(self, directory, arch=arch, dtype=dtype, name=name)
+
+    def _refuse_cpp(self, what: str) -> None:
+        if self.spec.gated or self._halves:
+            raise ValueError(f"mxq: {what}: ops with gated activations are not served by the C++ routes yet; "
+                             "call them from Python (eager or torch.compile)")
+
+    def output_shape(self, shape):
+        """The outputs' shape for a first input of ``shape`` (wider for mxq/gated.py's ops)."""
+        return gated.out_shape(self.epilogue, shape)
 
     def __repr__(self) -> str:
         return f"<mxq.FusedOp {self.epilogue.name} {self.spec}>"
+
+
+class GatedOp(FusedOp):
+    """A fused op with a gated ``act=`` or ``dact=`` (mxq/gated.py): every call runs ``inner``, an
+    ordinary op over views of the [..., 2N] tensors' halves (the gate, then the up half)."""
+
+    def __init__(self, fn, spec: QuantSpec, epilogue: Epilogue | None = None):
+        super().__init__(fn, spec, epilogue)
+        self._forward = spec.act is not None
+        name = spec.act if self._forward else spec.dact
+        derived = (gated.forward_epilogue if self._forward else gated.backward_epilogue)(self.epilogue, name)
+
+        def derived_fn(*args):  # (never called: the op binds by this signature and runs the IR)
+            raise TypeError("mxq: internal derived epilogue")
+
+        derived_fn.__signature__ = gated.signature(derived)
+        derived_fn.__name__ = derived_fn.__qualname__ = derived.name
+        self.inner = FusedOp(derived_fn, dataclasses.replace(spec, act=None, dact=None), derived)
+
+    def _inner_args(self, args, kwargs, act_input, group_offsets):
+        """The inner op's positional arguments for one call of this op."""
+        if group_offsets is not None:
+            raise ValueError("mxq: group_offsets with a gated activation is not supported yet")
+        tensors, scalars = self._bind(args, kwargs)
+        if _any_dtensor(tensors, act_input):
+            raise ValueError("mxq: DTensor inputs with a gated activation are not supported yet")
+        names = self.epilogue.tensor_params
+        x = tensors[0]
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            runtime.check_plain_tensor(names[0], x)
+            raise ValueError(f"mxq: argument {names[0]!r} must have at least one dimension")
+        if self._forward:
+            if act_input is not None:
+                raise ValueError("mxq: argument 'act_input' is only used by ops with dact=...; this op has "
+                                 f"act={self.spec.act!r}")
+            if x.shape[-1] % 2:
+                raise ValueError(f"mxq: argument {names[0]!r} of an act={self.spec.act!r} op holds the gate and up "
+                                 f"halves along its last dimension, which must be even; got shape {tuple(x.shape)}")
+            n = x.shape[-1] // 2
+            halves = [self._split(nm, t, 2 * n) for nm, t in zip(names, tensors)]
+            return [h[0] for h in halves] + [h[1] for h in halves] + list(scalars)
+        if act_input is None:
+            raise ValueError(f"mxq: argument 'act_input' is required with dact={self.spec.dact!r}")
+        runtime.check_plain_tensor("act_input", act_input)
+        n = x.shape[-1]
+        if tuple(act_input.shape) != (*x.shape[:-1], 2 * n):
+            raise ValueError(f"mxq: argument 'act_input' of a dact={self.spec.dact!r} op is the forward's input "
+                             f"[..., 2N] = {(*x.shape[:-1], 2 * n)} for {names[0]!r} of shape {tuple(x.shape)}, got "
+                             f"{tuple(act_input.shape)}")
+        return [*tensors, act_input[..., :n], act_input[..., n:], *scalars, 0.0]
+
+    @staticmethod
+    def _split(name, t, width):
+        """(gate half, up half) of tensor argument ``t``: full or row operands are split along
+        their last dimension, column and scalar operands serve both halves."""
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[-1] == 1:
+            return t, t
+        if t.shape[-1] != width:
+            raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)}; a gated op's tensors hold "
+                             f"[..., {width}] (both halves), or broadcast along the last dimension")
+        return t[..., :width // 2], t[..., width // 2:]
+
+    def output_shape(self, shape):
+        """The outputs' shape for a first input of ``shape``."""
+        shape = tuple(shape)
+        return (*shape[:-1], shape[-1] // 2) if self._forward else (*shape[:-1], 2 * shape[-1])
+
+    def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
+                 **kwargs) -> MXFP8Tensor:
+        return self.inner(*self._inner_args(args, kwargs, act_input, group_offsets), noop=noop, out=out)
+
+    def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
+                  **kwargs) -> MXFP8Tensor:
+        return self.inner.reference(*self._inner_args(args, kwargs, act_input, group_offsets), noop=noop, out=out)
+
+    def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs):
+        return self.inner.prepare(*self._inner_args(args, kwargs, act_input, None), noop=noop, out=out)
+
+    @property
+    def source(self) -> str:
+        return self.inner.source
+
+    def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:
+        return self.inner.asm(arch, dtype)
 
 
 _OPTION_NAMES = ("fp8", "rowwise", "colwise", "scale_mode", "scale_layout", "amax", "act", "dact", "dbias")
@@ -257,7 +370,7 @@ def fused_quant(fn=None, **options):
     spec = QuantSpec(**options)
 
     def wrap(f):
-        return FusedOp(f, spec)
+        return GatedOp(f, spec) if spec.gated else FusedOp(f, spec)
 
     return wrap(fn) if fn is not None else wrap
 

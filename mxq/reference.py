@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import activations, groups, ir, layouts, operands
+from . import activations, gated, groups, ir, layouts, operands
 from .epilogue import Epilogue
 from .numerics import quantize_blocks
 from .spec import QuantSpec
@@ -27,6 +27,9 @@ def epilogue_value(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_in
     m, n = flat_dims(x.shape)
     flat = [operands.as_matrix(t, operands.kind_of(t.shape, m, n, x.shape), m, n).to(torch.float32)
             for t in tensors]
+    if gated.is_halves(epilogue):  # two halves side by side (mxq/gated.py): the kernels' HALF = 0, 1
+        user = list(scalars)[:-1]
+        return torch.cat([ir.evaluate(epilogue.expr, flat, user + [h]).expand(m, n) for h in (0.0, 1.0)], dim=1)
     v = flat[0] if epilogue.is_identity else ir.evaluate(epilogue.expr, flat, list(scalars))
     v = v.expand(m, n)
     if spec.act:
@@ -43,11 +46,12 @@ def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None
     ``group_offsets`` colwise blocks restart at every group and dbias is per group
     (mxq/groups.py)."""
     x = tensors[0]
+    shape = gated.out_shape(epilogue, x.shape)
     if out is None:
-        out = MXFP8Tensor.empty(spec, x.shape, x.dtype, x.device, group_offsets=group_offsets)
+        out = MXFP8Tensor.empty(spec, shape, x.dtype, x.device, group_offsets=group_offsets)
     if noop is not None and bool(noop.reshape(-1)[0] == 1.0):
         return out  # write nothing at all
-    m, n = flat_dims(x.shape)
+    m, n = flat_dims(shape)
     v = epilogue_value(spec, epilogue, tensors, scalars, act_input)
     bnds = groups.bounds(group_offsets) if group_offsets is not None else None
     if bnds is not None:
@@ -69,7 +73,7 @@ def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None
         row_starts, col_starts = groups.swizzled_starts(bnds)
     if spec.rowwise:
         data, s = quantize_blocks(v, fmt, spec.scale_mode)
-        out.rowwise_data.copy_(data.reshape(x.shape))
+        out.rowwise_data.copy_(data.reshape(shape))
         if not swizzled_groups:
             out.rowwise_scale.copy_(layouts.to_layout_rowwise(s, spec.scale_layout))
         else:  # each group blocked on its own, one after another
@@ -79,7 +83,7 @@ def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None
                     out.rowwise_scale[row_starts[g]:row_starts[g] + blocked.shape[0]].copy_(blocked)
     if spec.colwise and bnds is None:
         data_t, s_t = quantize_blocks(v.t().contiguous(), fmt, spec.scale_mode)
-        out.colwise_data.copy_(data_t.t().reshape(x.shape))
+        out.colwise_data.copy_(data_t.t().reshape(shape))
         out.colwise_scale.copy_(layouts.to_layout_colwise(s_t.t(), spec.scale_layout))
     elif spec.colwise:  # blocks restart at every group; each group's scales from its block row
         data = out.colwise_data.reshape(m, n)

@@ -14,7 +14,7 @@ import torch
 
 from .epilogue import Epilogue
 from .spec import DTYPES, QuantSpec
-from . import groups, operands
+from . import gated, groups, operands
 from .tensor import MXFP8Tensor, flat_dims
 
 
@@ -93,7 +93,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
     if group_offsets is not None:
         groups.check(group_offsets, flat_dims(f.shape)[0], f.device)
     if out is not None:
-        check_out(spec, out, f, group_offsets)
+        check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape))
 
 
 def check_scalars(names, scalars) -> None:
@@ -109,11 +109,13 @@ def check_scalars(names, scalars) -> None:
                                  "for a float") from None
 
 
-def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=None) -> None:
-    """``out`` must hold exactly the tensors ``spec`` writes, shaped as MXFP8Tensor.empty makes them."""
+def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=None, shape=None) -> None:
+    """``out`` must hold exactly the tensors ``spec`` writes, shaped as MXFP8Tensor.empty makes them
+    for outputs of ``shape`` (default: x's; mxq/gated.py's two-halves ops write wider ones)."""
     if not isinstance(out, MXFP8Tensor):
         _fail_type("out", "an MXFP8Tensor", type(out).__name__)
-    want = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta", group_offsets=group_offsets)
+    shape = x.shape if shape is None else shape
+    want = MXFP8Tensor.empty(spec, shape, x.dtype, "meta", group_offsets=group_offsets)
     for field in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias"):
         w, g = getattr(want, field), getattr(out, field)
         if w is None:

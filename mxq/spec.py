@@ -16,6 +16,8 @@ from .layouts import LAYOUTS
 from .numerics import FORMATS, SCALE_MODES
 
 ACTIVATIONS = ("gelu", "silu", "relu", "qgelu", "srelu")
+# gated activations (mxq/gated.py): name -> the activation its gate half goes through
+GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu"}
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPE_NAMES = tuple(DTYPES.values())
 
@@ -30,8 +32,21 @@ DTYPE_NAMES = tuple(DTYPES.values())
 #   bits 10-12 dact           same codes as act
 #   bit 13     dbias
 #   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16
-#   bits 16-31 zero (reserved)
+#   bit 16     gated          act / dact is the gated form of its code (swiglu = gated silu, ...)
+#   bits 17-31 zero (reserved)
 _ACT_CODES = (None,) + ACTIVATIONS
+
+
+def _base(act):
+    """The activation code's name: a gated activation's is its gate's activation."""
+    return GATED_ACTIVATIONS.get(act, act)
+
+
+def _gated(base, gated: int):
+    """Inverse of _base for a key's gated bit."""
+    if not gated or base is None:
+        return base
+    return next(g for g, b in GATED_ACTIVATIONS.items() if b == base)
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -60,8 +75,8 @@ class QuantSpec:
         _check_choice("fp8", self.fp8, FORMATS)
         _check_choice("scale_mode", self.scale_mode, SCALE_MODES)
         _check_choice("scale_layout", self.scale_layout, LAYOUTS)
-        _check_choice("act", self.act, _ACT_CODES)
-        _check_choice("dact", self.dact, _ACT_CODES)
+        _check_choice("act", self.act, _ACT_CODES + tuple(GATED_ACTIVATIONS))
+        _check_choice("dact", self.dact, _ACT_CODES + tuple(GATED_ACTIVATIONS))
         for name in ("rowwise", "colwise", "amax", "dbias"):
             _check_bool(name, getattr(self, name))
         if self.act is not None and self.dact is not None:
@@ -83,20 +98,28 @@ class QuantSpec:
             | SCALE_MODES.index(self.scale_mode) << 3
             | (self.scale_layout == "swizzled") << 5
             | self.amax << 6
-            | _ACT_CODES.index(self.act) << 7
-            | _ACT_CODES.index(self.dact) << 10
+            | _ACT_CODES.index(_base(self.act)) << 7
+            | _ACT_CODES.index(_base(self.dact)) << 10
             | self.dbias << 13
             | DTYPE_NAMES.index(dtype) << 14
+            | self.gated << 16
         )
+
+    @property
+    def gated(self) -> bool:
+        """act or dact is a gated activation (mxq/gated.py)."""
+        return self.act in GATED_ACTIVATIONS or self.dact in GATED_ACTIVATIONS
 
     @staticmethod
     def from_key(key: int) -> tuple["QuantSpec", str]:
         """Inverse of ``key``: (spec, dtype name). Raises ValueError on a malformed key."""
-        if not isinstance(key, int) or key < 0 or key >> 16:
-            raise ValueError(f"mxq: key must be a 16-bit non-negative int, got {key!r}")
+        if not isinstance(key, int) or key < 0 or key >> 17:
+            raise ValueError(f"mxq: key must be a 17-bit non-negative int, got {key!r}")
         act, dact, dtype = (key >> 7) & 7, (key >> 10) & 7, (key >> 14) & 3
         if act >= len(_ACT_CODES) or dact >= len(_ACT_CODES) or dtype >= len(DTYPE_NAMES):
             raise ValueError(f"mxq: key {key:#x} has an unknown act, dact or dtype code")
+        if key >> 16 & 1 and not (act or dact):
+            raise ValueError(f"mxq: key {key:#x} sets the gated bit without an act or dact")
         spec = QuantSpec(
             fp8="e5m2" if key & 1 else "e4m3",
             rowwise=bool(key >> 1 & 1),
@@ -104,8 +127,8 @@ class QuantSpec:
             scale_mode=SCALE_MODES[(key >> 3) & 3],
             scale_layout="swizzled" if key >> 5 & 1 else "compact",
             amax=bool(key >> 6 & 1),
-            act=_ACT_CODES[act],
-            dact=_ACT_CODES[dact],
+            act=_gated(_ACT_CODES[act], key >> 16 & 1),
+            dact=_gated(_ACT_CODES[dact], key >> 16 & 1),
             dbias=bool(key >> 13 & 1),
         )
         return spec, DTYPE_NAMES[dtype]

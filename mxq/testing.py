@@ -40,7 +40,7 @@ def poisoned(op, x: torch.Tensor, group_offsets=None):
     """
     from .tensor import MXFP8Tensor
 
-    out = MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device, group_offsets=group_offsets)
+    out = MXFP8Tensor.empty(op.spec, op.output_shape(x.shape), x.dtype, x.device, group_offsets=group_offsets)
     for name in ("rowwise_data", "colwise_data"):
         t = getattr(out, name)
         if t is not None:

@@ -18,7 +18,7 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import runtime, slots
+from . import gated, runtime, slots
 from .tensor import MXFP8Tensor
 
 _ops: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # op id -> FusedOp
@@ -45,8 +45,8 @@ def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: to
     x = tensors[0]
     # outputs from torch's allocator (the native allocating route's memory is not torch's: a
     # CUDA graph captured by torch.compile must own its outputs)
-    out = MXFP8Tensor.empty(fused.spec, x.shape, x.dtype, x.device, zeroed=noop is not None,
-                            group_offsets=group_offsets)
+    out = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, x.device,
+                            zeroed=noop is not None, group_offsets=group_offsets)
     t = fused._eager(tensors, scalars, act_input, noop, out, group_offsets)
     return [getattr(t, f) if getattr(t, f) is not None else x.new_empty(0) for f in slots.OUTPUTS]
 
@@ -55,7 +55,8 @@ def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: to
 def _fused_quant_fake(tensors, scalars, act_input, noop, group_offsets, op):
     spec = _ops[op].spec
     x = tensors[0]
-    like = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta", group_offsets=group_offsets)
+    like = MXFP8Tensor.empty(spec, gated.out_shape(_ops[op].epilogue, x.shape), x.dtype, "meta",
+                             group_offsets=group_offsets)
     out = []
     for f in slots.OUTPUTS:
         g = getattr(like, f)
@@ -90,6 +91,11 @@ def _spec_key(i: int) -> int:
 
 
 @torch.compiler.assume_constant_result
+def _halves(i: int) -> bool:
+    return gated.is_halves(_ops[i].epilogue)
+
+
+@torch.compiler.assume_constant_result
 def _scalar_names(i: int) -> tuple:
     return tuple(_ops[i].epilogue.scalar_params)
 
@@ -100,10 +106,11 @@ def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
     from .spec import QuantSpec
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
+    shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape
     runtime.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
     floats = [float(s) for s in scalars]
     if out is not None:  # validated while tracing (static shapes and dtypes), written in place
-        runtime.check_out(spec, out, tensors[0], group_offsets)
+        runtime.check_out(spec, out, tensors[0], group_offsets, shape)
         outs = [getattr(out, f) for f in slots.OUTPUTS if slots.uses(spec, f)]
         torch.ops.mxq.fused_quant_out(list(tensors), floats, act_input, noop, group_offsets, outs, i)
         return out
@@ -111,7 +118,7 @@ def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
     fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
     return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                        fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
-                       tensors[0].shape, group_offsets)
+                       shape, group_offsets)
 
 
 _FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "group_offsets")

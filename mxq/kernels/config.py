@@ -56,6 +56,8 @@ class KernelConfig:
     has_dact: bool
     heavy: bool  # act, dact, dbias or a non-exact epilogue: the register-hungry ops
     tuning: Tuning = field(default_factory=Tuning)
+    # the epilogue writes two halves side by side (mxq/gated.py): outputs [M, 2N], grid columns doubled
+    halves: bool = False
 
     # -- derived choices (one definition each) -----------------------------------------------
     @property

@@ -24,9 +24,9 @@ def _widen(reg, i):
     return reg[i].to(Float32)
 
 
-def grid(M, N, G=None):
+def grid(cfg, M, N, G=None):
     rows = cute.ceil_div(M, ROWS) if G is None else grouped.row_tiles(M, G)
-    return [rows, cute.ceil_div(N, COLS), 1], [COLS, 1, 1]
+    return [rows, cute.ceil_div(N, COLS) * (2 if cfg.halves else 1), 1], [COLS, 1, 1]
 
 
 class GenericKernel:
@@ -34,11 +34,13 @@ class GenericKernel:
 
     @cute.kernel
     def generic_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
-                       dbias_ws, noop, group_ends, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr):
+                       dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr):
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
         tidx, _, _ = cute.arch.thread_idx()
         rb, cb, _ = cute.arch.block_idx()
+        # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, quantize.py)
+        cb, co, NOUT, scalars = self.output_half(cb, N, NO, COLS, scalars)
         lane = tidx % 32
         col = (cb * GENERIC_WARPS + tidx // 32) * 32 + lane
         row0 = rb * ROWS
@@ -63,8 +65,8 @@ class GenericKernel:
             cmax = Float32(0.0)
             # the block's partial dbias sum in the workspace's precision (numerics.dbias_partial_dtype)
             dsum = self.dbias_zero(dbias_ws)
-            nbr = (N + 31) // 32  # row-scale blocks per row
-            tRow = self.row_tile(row_data, (ROWS, 1), rb, row0, col, GROUPED)
+            nbr = (NOUT + 31) // 32  # row-scale blocks per row
+            tRow = self.row_tile(self.out_window(row_data, co), (ROWS, 1), rb, row0, col, GROUPED)
             for i in cutlass.range_constexpr(ROWS):
                 r = row0 + i
                 v = Float32(0.0)
@@ -82,14 +84,14 @@ class GenericKernel:
                             if cutlass.const_expr(GROUPED):
                                 row_scale[self.group_row_scale_offset(gt, r, col // 32, nbr)] = Uint8(e)
                             elif cutlass.const_expr(cfg.swizzled):
-                                row_scale[dev.swizzle_offset(r, col // 32, nbr)] = Uint8(e)
+                                row_scale[dev.swizzle_offset(r, (co + col) // 32, nbr)] = Uint8(e)
                             else:
-                                row_scale[r * nbr + col // 32] = Uint8(e)
+                                row_scale[r * nbr + (co + col) // 32] = Uint8(e)
             if cutlass.const_expr(cfg.colwise):
                 e = dev.e8m0_scale(cmax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                 s_inv = dev.inv_scale(e)
                 if col_ok:
-                    tCol = self.thread_tile(col_data, (ROWS, 1), rb, row0, col, GROUPED)
+                    tCol = self.thread_tile(self.out_window(col_data, co), (ROWS, 1), rb, row0, col, GROUPED)
                     for i in cutlass.range_constexpr(0, ROWS, 2):
                         lo, hi = dev.to_fp8x2(cute.math.mul(vals[i], s_inv, rounding=dev.RN),
                                               cute.math.mul(vals[i + 1], s_inv, rounding=dev.RN), cfg.fp8)
@@ -104,13 +106,13 @@ class GenericKernel:
                         else:  # a tile with no rows writes its scale row's zeros
                             col_scale[rb * N + col] = Uint8(cutlass.select_(row_end > row0, e, Int32(0)))
                     elif cutlass.const_expr(cfg.swizzled):
-                        col_scale[dev.swizzle_offset(col, rb, (M + 31) // 32)] = Uint8(e)
+                        col_scale[dev.swizzle_offset(co + col, rb, (M + 31) // 32)] = Uint8(e)
                     else:
-                        col_scale[rb * N + col] = Uint8(e)
+                        col_scale[rb * NOUT + co + col] = Uint8(e)
             if cutlass.const_expr(cfg.amax):
                 wmax = dev.warp_max(cmax)
                 if lane == 0:
                     cute.arch.atomic_fmax(amax.iterator, wmax, sign_bit=False)
             if cutlass.const_expr(cfg.dbias):
                 if col_ok:
-                    dbias_ws[rb, col] = dsum  # this CTA's partial column sum, reduced in order later
+                    dbias_ws[rb, co + col] = dsum  # this CTA's partial column sum, reduced in order later

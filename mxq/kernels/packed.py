@@ -36,7 +36,7 @@ PKW = VEC // 2  # 32-bit words per row per thread
 
 def wide(cfg, grouped: bool) -> bool:
     """The pure rowwise cast's tiling (KernelConfig.wide); grouped calls take 32-row tiles."""
-    return cfg.wide and not grouped
+    return cfg.wide and not grouped and not cfg.halves
 
 
 def tile(cfg, grouped: bool = False):
@@ -49,7 +49,7 @@ def tile(cfg, grouped: bool = False):
 def grid(cfg, M, N, G=None):
     """Grid and block; ``G``: the group count of a grouped call (grouped.row_tiles row tiles)."""
     tile_rows, tile_cols = tile(cfg, G is not None)
-    n_fast = cute.ceil_div(N, tile_cols)
+    n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves else 1)  # (two-halves ops: each tile twice)
     n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
     return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.pk_warps * 32, 1, 1]
@@ -60,7 +60,7 @@ class PackedKernel:
 
     @cute.kernel
     def packed_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
-                      dbias_ws, noop, group_ends, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr,
+                      dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr,
                       use_pdl: cutlass.Constexpr):
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
@@ -79,6 +79,8 @@ class PackedKernel:
         lane = tidx % 32
         warp = tidx // 32
         cb = bx
+        # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, quantize.py)
+        cb, co, NOUT, scalars = self.output_half(cb, N, NO, TILE_COLS, scalars, divby=VEC)
         rb = by + bz * gy
         if cutlass.const_expr(cfg.col_reduce or cfg.stage or WIDE or GROUPED):
             smem = cutlass.memory.SmemAllocator()
@@ -118,10 +120,10 @@ class PackedKernel:
         NSRC = cutlass.const_expr(len(sources))
         tiles = [self.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
-            tRow = self.thread_tile(row_data, (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-            nbr = (N + 31) // 32
+            tRow = self.thread_tile(self.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+            nbr = (NOUT + 31) // 32
         if cutlass.const_expr(cfg.colwise):
-            tCol = self.thread_tile(col_data, (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+            tCol = self.thread_tile(self.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
         # Operands broadcast along rows (a bias) are loaded once, for row 0, and shared by every
         # row; operands broadcast along columns (a row scale, a scalar) take element loads.
         once = [dev.broadcast_rows(src) for src in sources]
@@ -236,11 +238,11 @@ class PackedKernel:
                 else:
                     if grp_ok and rbase + qrow + m < Ms:
                         if cutlass.const_expr(GROUPED):
-                            self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + qrow + m, c0 // 32, nbr), er)
+                            self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + qrow + m, (co + c0) // 32, nbr), er)
                         elif cutlass.const_expr(cfg.swizzled):
-                            self.store_row_scale(row_scale, dev.swizzle_offset(rbase + qrow + m, c0 // 32, nbr), er)
+                            self.store_row_scale(row_scale, dev.swizzle_offset(rbase + qrow + m, (co + c0) // 32, nbr), er)
                         else:
-                            self.store_row_scale(row_scale, (rbase + qrow + m) * nbr + c0 // 32, er)
+                            self.store_row_scale(row_scale, (rbase + qrow + m) * nbr + (co + c0) // 32, er)
             if cutlass.const_expr(WIDE):
                 cute.arch.sync_threads()
                 # Row scales leave as words of 4 blocks, whole rows of the tile per request. Words need
@@ -308,11 +310,11 @@ class PackedKernel:
                                 col_scale[self.group_col_scale_offset(gt, oc + 1)] = Uint8(e_hi)
                             elif cutlass.const_expr(cfg.swizzled):
                                 ncb_s = (M + 31) // 32
-                                col_scale[dev.swizzle_offset(oc, rb, ncb_s)] = Uint8(e_lo)
-                                col_scale[dev.swizzle_offset(oc + 1, rb, ncb_s)] = Uint8(e_hi)
+                                col_scale[dev.swizzle_offset(co + oc, rb, ncb_s)] = Uint8(e_lo)
+                                col_scale[dev.swizzle_offset(co + oc + 1, rb, ncb_s)] = Uint8(e_hi)
                             else:
-                                col_scale[rb * N + oc] = Uint8(e_lo)
-                                col_scale[rb * N + oc + 1] = Uint8(e_hi)
+                                col_scale[rb * NOUT + co + oc] = Uint8(e_lo)
+                                col_scale[rb * NOUT + co + oc + 1] = Uint8(e_hi)
                 if cutlass.const_expr(cfg.amax):
                     tm = dev.warp_max(tm)
                     if lane == 0 and Ms > 0:
@@ -326,7 +328,7 @@ class PackedKernel:
                         s = s + sSum[w, p]
                     oc = cb * VCOLS + (p % 32) * VEC + p // 32
                     if oc < Ns:
-                        dbias_ws[rb, oc] = s
+                        dbias_ws[rb, co + oc] = s
         if cutlass.const_expr(cfg.colwise):
             cute.arch.sync_threads()
             sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)

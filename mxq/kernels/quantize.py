@@ -20,8 +20,9 @@ time inside a kernel body and branch only on the config.
 
 from __future__ import annotations
 
+import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 
 from . import device as dev
 from . import grouped
@@ -60,10 +61,13 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         G = None if group_ends is None else group_ends.shape[0]
         if cfg.amax:
             amax_init_kernel(amax, noop).launch(grid=[1, 1, 1], block=[32, 1, 1], stream=stream)
+        NO = N  # the outputs' width: 2N for a two-halves op (mxq/gated.py)
+        if cfg.halves:
+            NO = (row_data if row_data is not None else col_data).shape[1]
         args = (ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias_ws, noop, group_ends,
-                M, N, use_hw_e8m0)
+                M, N, NO, use_hw_e8m0)
         if variant == "generic":
-            grid, block = generic_grid(M, N, G)
+            grid, block = generic_grid(cfg, M, N, G)
             self.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
         elif ins[0].element_type.width == 16:
             grid, block = packed_grid(cfg, M, N, G)
@@ -73,8 +77,8 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
             self.vec_kernel(*args).launch(grid=grid, block=block, stream=stream)
         if cfg.dbias:
             pdl = use_pdl and cfg.pdl
-            grid, block = dbias_grid(N, G)
-            dbias_kernel(dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, ROWS), M, N, pdl).launch(
+            grid, block = dbias_grid(NO, G)
+            dbias_kernel(dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, ROWS), M, NO, pdl).launch(
                 grid=grid, block=block, stream=stream, use_pdl=pdl)
 
     # -- per-element pieces shared by the kernels -------------------------------------------
@@ -113,6 +117,22 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
 
     def store_row_scale(self, row_scale, offset, e):
         dev.store_row_scale(row_scale, offset, e, self.cfg.tuning.row_scale_l2_keep)
+
+    def output_half(self, cb, N, NO, tile_cols: int, scalars, divby: int = 1):
+        """(column tile, output column offset, output width, scalars) of grid column index cb.
+        A two-halves op (KernelConfig.halves, mxq/gated.py) has every input column tile twice in
+        its grid: the second copy writes half 1, at column offset N of the NO = 2N wide outputs,
+        and passes HALF = 1 to its epilogue. ``divby``: what N is known to be a multiple of."""
+        if not self.cfg.halves:
+            return cb, 0, N, scalars
+        ncb = (N + tile_cols - 1) // tile_cols
+        h = Int32(cutlass.select_(cb >= ncb, Int32(1), Int32(0)))
+        co = cute.assume(h * N, divby=divby) if divby > 1 else h * N
+        return cb - h * ncb, co, NO, list(scalars) + [h.to(Float32)]
+
+    def out_window(self, t, co):
+        """Output tensor ``t`` from column ``co`` on (two-halves ops; else ``t`` itself)."""
+        return cute.domain_offset((0, co), t) if self.cfg.halves and t is not None else t
 
     def thread_tile(self, t, shape, tile_row, row0, col_tile, grouped: bool):
         """A thread's ``shape`` tile of [M, N] tensor ``t``: tile (tile_row, col_tile), or for a

@@ -22,7 +22,7 @@ VCOLS = 32 * VEC
 
 def grid(cfg, M, N, G=None):
     rows = cute.ceil_div(M, ROWS) if G is None else grouped.row_tiles(M, G)
-    return [rows, cute.ceil_div(N, VCOLS), 1], [cfg.vec_warps * 32, 1, 1]
+    return [rows, cute.ceil_div(N, VCOLS) * (2 if cfg.halves else 1), 1], [cfg.vec_warps * 32, 1, 1]
 
 
 def _widen(frag, k):
@@ -34,13 +34,15 @@ class VectorizedKernel:
 
     @cute.kernel
     def vec_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
-                   dbias_ws, noop, group_ends, M: Int32, N: Int32, use_hw_e8m0: cutlass.Constexpr):
+                   dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr):
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
         WARPS = cutlass.const_expr(cfg.vec_warps)
         VROWS = cutlass.const_expr(ROWS // cfg.vec_warps)  # rows per warp
         tidx, _, _ = cute.arch.thread_idx()
         rb, cb, _ = cute.arch.block_idx()
+        # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, quantize.py)
+        cb, co, NOUT, scalars = self.output_half(cb, N, NO, VCOLS, scalars, divby=VEC)
         lane = tidx % 32
         warp = tidx // 32
         g = cb * 32 + lane  # this lane's group of VEC columns
@@ -62,10 +64,10 @@ class VectorizedKernel:
         sources = self.sources(ins, act_in)
         tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
-            tRow = cute.zipped_divide(row_data, (1, VEC))
-            nbr = N // 32 + Int32(cutlass.select_(N % 32 != 0, Int32(1), Int32(0)))
+            tRow = cute.zipped_divide(self.out_window(row_data, co), (1, VEC))
+            nbr = NOUT // 32 + Int32(cutlass.select_(NOUT % 32 != 0, Int32(1), Int32(0)))
         if cutlass.const_expr(cfg.colwise):
-            tCol = cute.zipped_divide(col_data, (1, VEC))
+            tCol = cute.zipped_divide(self.out_window(col_data, co), (1, VEC))
         # all loads first: VROWS independent 16-byte loads per source in flight per thread
         once = [dev.broadcast_rows(src) for src in sources]  # row operands: loaded once, for row 0
         frags = []  # frags[i][t]: row i of source t
@@ -124,9 +126,9 @@ class VectorizedKernel:
                             if cutlass.const_expr(GROUPED):
                                 self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + i, c0 // 32, nbr), er)
                             elif cutlass.const_expr(cfg.swizzled):
-                                self.store_row_scale(row_scale, dev.swizzle_offset(rbase + i, c0 // 32, nbr), er)
+                                self.store_row_scale(row_scale, dev.swizzle_offset(rbase + i, (co + c0) // 32, nbr), er)
                             else:
-                                self.store_row_scale(row_scale, (rbase + i) * nbr + c0 // 32, er)
+                                self.store_row_scale(row_scale, (rbase + i) * nbr + (co + c0) // 32, er)
             if cutlass.const_expr(cfg.col_reduce):
                 # colwise: combine the warps' partial column amax (and dbias sums) in shared memory
                 for k in cutlass.range_constexpr(VEC):
@@ -164,9 +166,9 @@ class VectorizedKernel:
                                 col_scale[rb * N + c0 + k] = Uint8(cutlass.select_(gt.row_end > gt.row0, ec[k], Int32(0)))
                         elif cutlass.const_expr(cfg.swizzled):
                             ncb = M // 32 + Int32(cutlass.select_(M % 32 != 0, Int32(1), Int32(0)))
-                            col_scale[dev.swizzle_offset(c0 + k, rb, ncb)] = Uint8(ec[k])
+                            col_scale[dev.swizzle_offset(co + c0 + k, rb, ncb)] = Uint8(ec[k])
                         else:
-                            col_scale[rb * N + c0 + k] = Uint8(ec[k])
+                            col_scale[rb * NOUT + co + c0 + k] = Uint8(ec[k])
             if cutlass.const_expr(cfg.amax):
                 if warp == 0:
                     tmax = Float32(0.0)
@@ -181,4 +183,4 @@ class VectorizedKernel:
                         s = sSum[0, lane * VEC + k]
                         for w in cutlass.range_constexpr(1, WARPS):
                             s = s + sSum[w, lane * VEC + k]  # fixed order: deterministic
-                        dbias_ws[rb, c0 + k] = s
+                        dbias_ws[rb, co + c0 + k] = s

@@ -1,0 +1,245 @@
+"""Gated activations (mxq/gated.py): act= / dact= "swiglu", "geglu", "reglu", "qgeglu", "sreglu".
+
+Expected bytes come from the formulas of docs/NUMERICS.md ("Gated activations") typed out here in
+torch fp32 (one rounding per operation) and quantized by tests/oracle.py; relu-based ones are exact,
+the others compared in the transcendental class. GPU tests (marked) compare the kernels with the
+reference; their CPU counterpart is the compile test below.
+"""
+
+import pytest
+import torch
+
+import mxq
+from mxq import gated
+from mxq.spec import QuantSpec
+from mxq.testing import compare, planted, poisoned, v_abs_sum
+
+from . import oracle
+
+F32 = torch.float32
+
+
+def _c(v):
+    return torch.tensor(v, dtype=F32)
+
+
+def _sigmoid(x):
+    return _c(1.0) / (_c(1.0) + torch.exp(-x))
+
+
+# the activations and derivatives of docs/NUMERICS.md, typed out (operation order as documented)
+def _act(name, x):
+    if name == "silu":
+        return x * _sigmoid(x)
+    if name == "gelu":
+        return x * (_c(0.5) + _c(0.5) * torch.tanh(x * (_c(0.79788456) + _c(0.03567741) * x * x)))
+    if name == "relu":
+        return torch.where(x > 0, x, _c(0.0))
+    if name == "qgelu":
+        return x * _sigmoid(_c(1.702) * x)
+    if name == "srelu":
+        return torch.where(x > 0, x * x, _c(0.0))
+    raise KeyError(name)
+
+
+def _dact(name, x):
+    if name == "silu":
+        s = _sigmoid(x)
+        return x * (s * (_c(1.0) - s)) + s
+    if name == "gelu":
+        t = torch.tanh(_c(0.79788456) * x * (_c(1.0) + _c(0.044715) * x * x))
+        return (_c(0.5) * x * ((_c(1.0) - t * t) * (_c(0.79788456) + _c(0.1070322243) * x * x))
+                + _c(0.5) * (_c(1.0) + t))
+    if name == "relu":
+        return torch.where(x > 0, _c(1.0), _c(0.0))
+    if name == "qgelu":
+        z = _c(1.702) * x
+        s = _sigmoid(z)
+        return z * (s * (_c(1.0) - s)) + s
+    if name == "srelu":
+        return torch.where(x > 0, _c(2.0) * x, _c(0.0))
+    raise KeyError(name)
+
+
+def _oracle_both(v):
+    """Rowwise and colwise e4m3/rceil bytes of fp32 values ``v`` by tests/oracle.py."""
+    rd, rs = oracle.quantize_rows(v.tolist(), "e4m3", "rceil")
+    cd, cs = oracle.quantize_rows(v.t().tolist(), "e4m3", "rceil")
+    u8 = torch.uint8
+    return torch.tensor(rd, dtype=u8), torch.tensor(rs, dtype=u8), torch.tensor(cd, dtype=u8).t(), \
+        torch.tensor(cs, dtype=u8).t()
+
+
+def _want(v, dtype):
+    """An MXFP8Tensor of values ``v`` (fp32, already through NUMERICS step 5) by the oracle."""
+    rd, rs, cd, cs = _oracle_both(v)
+    f8 = torch.float8_e4m3fn
+    return mxq.MXFP8Tensor(rd.view(f8), cd.contiguous().view(f8), rs, cs.contiguous(), None, None, "e4m3", "compact",
+                           v.shape)
+
+
+EXACT = {"reglu", "sreglu"}
+
+
+@pytest.mark.parametrize("name", list(gated.GATED))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_forward_by_hand(name, dtype):
+    """act(gate) * up over [M, 2N], quantized as [M, N] (N = 64: two rowwise blocks per half)."""
+    x = (torch.randn(48, 128, generator=torch.Generator().manual_seed(1)) * 3).to(dtype)
+    op = mxq.fused_quant(act=name, rowwise=True, colwise=True)(_ident)
+    g, u = x[:, :64].to(F32), x[:, 64:].to(F32)
+    v = (_act(gated.GATED[name], g) * u).to(dtype).to(F32) if dtype != F32 else _act(gated.GATED[name], g) * u
+    got = op(x)
+    assert got.shape == (48, 64)
+    assert compare(got, _want(v, dtype), exact=name in EXACT) == []
+
+
+@pytest.mark.parametrize("name", list(gated.GATED))
+def test_backward_by_hand(name):
+    """d_gate = (grad * up) * dact(gate), d_up = grad * act(gate), side by side as [M, 2N], dbias over 2N."""
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randn(40, 192, generator=gen) * 2
+    grad = torch.randn(40, 96, generator=gen)
+    op = mxq.fused_quant(dact=name, rowwise=True, colwise=True, dbias=True)(_ident)
+    g, u = a[:, :96], a[:, 96:]
+    base = gated.GATED[name]
+    v = torch.cat([(grad * u) * _dact(base, g), grad * _act(base, g)], dim=1)
+    got = op(grad, act_input=a)
+    want = _want(v, F32)
+    want.dbias = v.sum(0, dtype=torch.float64).to(F32)
+    assert got.shape == (40, 192) and got.dbias.shape == (192,)
+    exact = name in EXACT
+    assert compare(got, want, exact=exact, v_abs=None if exact else v.abs().sum(0, dtype=torch.float64)) == []
+
+
+def _ident(x):
+    return x
+
+
+@mxq.fused_quant(rowwise=True, colwise=True, dbias=True)
+def _swiglu_by_views(g, u, alpha: float = 1.0):
+    return mxq.silu(g * alpha) * (u * alpha)
+
+
+def test_act_form_equals_the_user_epilogue_over_half_views():
+    """act="swiglu" on a scaled input computes the bytes of the user epilogue over the halves."""
+    @mxq.fused_quant(act="swiglu", rowwise=True, colwise=True, dbias=True)
+    def scaled(x, alpha: float = 1.0):
+        return x * alpha
+
+    x = (torch.randn(64, 256, generator=torch.Generator().manual_seed(3)) * 2).bfloat16()
+    got = scaled(x, alpha=0.75)
+    want = _swiglu_by_views(x[:, :128], x[:, 128:], alpha=0.75)
+    assert compare(got, want, exact=True) == []
+
+
+def test_operands_split_or_broadcast_into_the_halves():
+    """A [2N] row operand is split into its halves; a column operand serves both."""
+    @mxq.fused_quant(act="reglu", rowwise=True)
+    def biased(x, b, s):
+        return x * s + b
+
+    gen = torch.Generator().manual_seed(4)
+    x, b, s = torch.randn(32, 128, generator=gen), torch.randn(128, generator=gen), torch.randn(32, 1, generator=gen)
+    got = biased(x, b, s)
+    v = (x * s + b)
+    want = _want(torch.where(v[:, :64] > 0, v[:, :64], _c(0.0)) * v[:, 64:], F32)
+    want.colwise_data = want.colwise_scale = None
+    assert compare(got, want, exact=True) == []
+
+
+def test_bad_gated_calls_name_the_argument():
+    fwd = mxq.fused_quant(act="swiglu")(_ident)
+    bwd = mxq.fused_quant(dact="geglu")(_ident)
+    with pytest.raises(ValueError, match="'x'.*even"):
+        fwd(torch.randn(4, 63))
+    with pytest.raises(ValueError, match="act_input.*required"):
+        bwd(torch.randn(4, 64))
+    with pytest.raises(ValueError, match=r"act_input.*\(4, 128\)"):
+        bwd(torch.randn(4, 64), act_input=torch.randn(4, 64))
+    with pytest.raises(ValueError, match="act_input"):
+        fwd(torch.randn(4, 64), act_input=torch.randn(4, 64))
+    with pytest.raises(ValueError, match="group_offsets"):
+        fwd(torch.randn(64, 64), group_offsets=torch.tensor([64]))
+    with pytest.raises(ValueError, match="C\\+\\+ routes"):
+        fwd.register("gated_fwd")
+    with pytest.raises(ValueError, match="C\\+\\+ routes"):
+        bwd.export("/nonexistent")
+
+
+def test_reserved_parameter_names_are_refused():
+    def f(x, _mxq_half: float = 0.0):
+        return x
+
+    with pytest.raises(mxq.EpilogueError, match="reserved"):
+        mxq.fused_quant(f)
+
+
+@pytest.mark.parametrize("name", list(gated.GATED))
+def test_gated_keys_round_trip(name):
+    for spec in (QuantSpec(act=name, colwise=True), QuantSpec(dact=name, dbias=True)):
+        assert QuantSpec.from_key(spec.key("bf16")) == (spec, "bf16")
+    with pytest.raises(ValueError, match="gated bit"):
+        QuantSpec.from_key(1 << 16 | 2)
+
+
+def test_gated_op_compiles_under_torch_compile():
+    fwd = mxq.fused_quant(act="swiglu", rowwise=True, colwise=True)(_ident)
+    bwd = mxq.fused_quant(dact="swiglu", rowwise=True, dbias=True)(_ident)
+
+    def f(x, g):
+        return fwd(x), bwd(g, act_input=x)
+
+    x, g = torch.randn(64, 128), torch.randn(64, 64)
+    got = torch.compile(f, fullgraph=True)(x, g)
+    want = f(x, g)
+    for a, b in zip(got, want):
+        assert compare(a, b, exact=True) == []
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_gated_kernels_compile(arch):
+    """CPU counterpart of the GPU tests: the two-halves kernels compile and keep their vector stores."""
+    import re
+
+    from mxq import compiler
+
+    bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
+    for dtype in ("bf16", "fp32"):
+        ptx = compiler.ptx_of(bwd.inner, arch, dtype, "vec")
+        assert ptx.count(".entry") == 2 and len(re.findall(r"st\.global\.v2\.b32", ptx)) == 8
+        compiler.ptx_of(bwd.inner, arch, dtype, "generic")
+
+
+# --- on a CUDA device -----------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [256, 96, 40])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("name", list(gated.GATED))
+def test_gated_kernels_match_reference(name, dtype, n):
+    """Forward (act=) and backward (dact= with dbias) on the kernels against the reference, into
+    poisoned outputs. N = 40: colwise only on the backward's kernels (rowwise blocks would straddle
+    the halves; that case runs the reference with a warning)."""
+    gen = torch.Generator().manual_seed(n)
+    m = 67
+    a = planted(m, 2 * n, dtype, seed=n)
+    grad = (torch.randn(m, n, generator=gen)).to(dtype)
+    exact = name in EXACT
+    fwd = mxq.fused_quant(act=name, rowwise=True, colwise=True, amax=True)(_ident)
+    want = fwd.reference(a)
+    ac = a.cuda()
+    assert compare(fwd(ac, out=poisoned(fwd, ac)), want, exact) == []
+    rowwise = n % 32 == 0
+    bwd = mxq.fused_quant(dact=name, rowwise=rowwise, colwise=True, dbias=True)(_ident)
+    want = bwd.reference(grad, act_input=a)
+    v_abs = None if exact else v_abs_sum(bwd.inner, grad, a[:, :n], a[:, n:], 0.0)
+    got = bwd(grad.cuda(), act_input=ac, out=poisoned(bwd, grad.cuda()))
+    assert compare(got, want, exact, v_abs) == []
+
+
+@pytest.mark.gpu
+def test_gated_backward_with_straddling_blocks_falls_back(monkeypatch):
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    bwd = mxq.fused_quant(dact="swiglu", rowwise=True)(_ident)
+    with pytest.raises(Exception, match="straddle"):
+        bwd(torch.randn(32, 40, device="cuda"), act_input=torch.randn(32, 80, device="cuda"))
