@@ -85,13 +85,15 @@ def _literal(value: float) -> str:
 
 
 def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, str],
-        builtin: bool = False) -> tuple[list[dict], str]:
+        builtin=False) -> tuple[list[dict], str]:
     """Lower ``expr`` to SSA records in topological order; return (records, result variable).
 
     ``inputs`` maps tensor-argument index -> the variable holding its fp32 value, ``scalars`` maps
     scalar index -> the kernel parameter name. Structurally equal nodes share one variable.
-    ``builtin`` (the act/dact formulas of docs/NUMERICS.md, transcendental class) lowers tanh to
-    ``tanh_act`` (accurate to ~2^-24 absolute, not relative: the formulas only use t as
+    ``builtin`` (the act/dact formulas of docs/NUMERICS.md, transcendental class; True for every
+    node, or the set of nodes of activations called in a user epilogue, Epilogue.builtin) lowers
+    sigmoid to ``sigmoid_act`` (a reciprocal of 1 + 2^(-x log2 e), both approximate, ~2 ulp) and
+    tanh to ``tanh_act`` (accurate to ~2^-24 absolute, not relative: the formulas only use t as
     0.5 + 0.5*t or 1 - t*t, where that is as good as a relatively accurate tanh and half the
     instructions) and contracts products into FMAs (see ``contract_fma``). User epilogues keep
     the precise tanh and one rounding per operation.
@@ -110,7 +112,8 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
         if isinstance(node, ir.Const):
             rec = {"kind": "const", "value": _literal(node.value)}
         elif isinstance(node, ir.Unary):
-            op = "tanh_act" if (builtin and node.op == "tanh") else node.op
+            fast = builtin is True or (builtin and node in builtin)
+            op = {"tanh": "tanh_act", "sigmoid": "sigmoid_act"}.get(node.op, node.op) if fast else node.op
             rec = {"kind": "unary", "op": op, "args": [names[node.a]]}
         elif isinstance(node, ir.Binary):
             rec = {"kind": "binary", "op": node.op, "args": [names[node.a], names[node.b]]}
@@ -121,6 +124,7 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
         else:  # pragma: no cover
             raise TypeError(f"unknown IR node {node!r}")
         rec["var"] = var
+        rec["builtin"] = builtin is True or bool(builtin and node in builtin)
         records.append(rec)
     if builtin:
         records = scale_sum_fma(contract_fma(records))
@@ -140,6 +144,7 @@ _UNARY = {
     "neg": "-{0}",
     "sigmoid": "cute.math.div(Float32(1.0), cute.math.add(Float32(1.0), cute.math.exp(-{0}), rounding=RN))",
     "tanh_act": "tanh_act({0})",
+    "sigmoid_act": "sigmoid_act({0})",
     **{f: f"cute.math.{f}({{0}})" for f in ("abs", "exp", "exp2", "log", "log2", "tanh", "erf", "sqrt", "rsqrt")},
 }
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -204,11 +209,11 @@ def scale_sum_fma(records: list[dict]) -> list[dict]:
 
     out, dropped = [], set()
     for rec in records:
-        if rec["kind"] == "binary" and rec["op"] == "mul":
+        if rec["kind"] == "binary" and rec["op"] == "mul" and rec.get("builtin", True):
             for k in (0, 1):
                 c, total = const(rec["args"][k]), by_var.get(rec["args"][1 - k])
                 if not (pow2(c) and total is not None and total["kind"] == "binary" and total["op"] == "add"
-                        and uses[total["var"]] == 1):
+                        and uses[total["var"]] == 1 and total.get("builtin", True)):
                     continue
                 ds = [const(a) for a in total["args"]]
                 j = 0 if ds[0] is not None else 1 if ds[1] is not None else None
@@ -238,14 +243,15 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
     def single_product(var: str):
         rec = by_var.get(var)
-        if rec is not None and rec["kind"] == "binary" and rec["op"] == "mul" and uses[var] == 1:
+        if (rec is not None and rec["kind"] == "binary" and rec["op"] == "mul" and uses[var] == 1
+                and rec.get("builtin", True)):
             return rec
         return None
 
     fused: set[str] = set()
     out = []
     for rec in records:
-        if rec["kind"] == "binary" and rec["op"] == "add":
+        if rec["kind"] == "binary" and rec["op"] == "add" and rec.get("builtin", True):
             for k in (0, 1):
                 prod = single_product(rec["args"][k])
                 if prod is not None:
@@ -290,7 +296,8 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
     n_sc = len(epilogue.scalar_params)
     inputs = {i: f"x{i}" for i in range(n_in)}
     scalars = {i: f"s{i}" for i in range(n_sc)}
-    epi, epi_out = ([], "x0") if epilogue.is_identity else ssa(epilogue.expr, "e", inputs, scalars)
+    epi, epi_out = ([], "x0") if epilogue.is_identity else ssa(epilogue.expr, "e", inputs, scalars,
+                                                               builtin=epilogue.builtin)
     act = dact = None
     if spec.act:
         nodes, out = ssa(activations.act_ir(spec.act).expr, "f", {0: "v"}, {}, builtin=True)

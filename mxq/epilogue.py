@@ -96,6 +96,10 @@ class Epilogue:
     expr: ir.Expr
     fingerprint: str
     captured: tuple = field(default=())  # (name, float) pairs read from closure/globals
+    # nodes of built-in activations called in the epilogue (mxq.silu(g), ...): codegen lowers them
+    # as it lowers act=/dact= (fast tanh/sigmoid, FMAs; transcendental class), the rest one
+    # rounding per operation
+    builtin: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def is_identity(self) -> bool:
@@ -116,6 +120,7 @@ class _Parser:
     def __init__(self, fn, file: str, first_line: int):
         self.fn, self.file, self.first_line = fn, file, first_line
         self.env: dict[str, ir.Expr] = {}
+        self.builtin: frozenset = frozenset()  # nodes of inlined activations (Epilogue.builtin)
         self.captured: dict[str, float] = {}
         self._calls: dict[ast.Call, str] = {}  # call node -> the mxq function it calls (checked)
         self.globals = dict(fn.__globals__)
@@ -218,7 +223,9 @@ class _Parser:
         if fname == "where":
             return ir.Where(*args)
         if fname in mxm.INLINE:  # a built-in activation: its own IR, applied to the argument
-            return ir.substitute(_inline_ir(fname), {0: args[0]})
+            applied = ir.substitute(_inline_ir(fname), {0: args[0]})
+            self.builtin |= ir.applied_nodes(applied, args)  # lowered as the built-in formulas
+            return applied
         return ir.Unary(fname, args[0]) if len(args) == 1 else ir.Binary(fname, args[0], args[1])
 
     def number(self, node: ast.AST, value, what: str, construct: str) -> float:
@@ -490,6 +497,7 @@ def parse(fn) -> Epilogue:
         expr=expr,
         fingerprint=h.hexdigest()[:32],
         captured=captured,
+        builtin=p.builtin & frozenset(ir.walk(expr)),
     )
 
 

@@ -56,19 +56,23 @@ def out_shape(epilogue: Epilogue, shape):
     return double_last(shape) if is_halves(epilogue) else shape
 
 
-def _apply(fn_name: str, backward: bool, x: ir.Expr) -> ir.Expr:
+def _apply(fn_name: str, backward: bool, x: ir.Expr, builtin: set) -> ir.Expr:
+    """act(x) (or dact(x)) as IR; its own nodes join ``builtin`` (lowered as act=/dact= are)."""
     e = activations.dact_ir(fn_name) if backward else activations.act_ir(fn_name)
-    return ir.substitute(e.expr, {0: x})
+    applied = ir.substitute(e.expr, {0: x})
+    builtin |= ir.applied_nodes(applied, [x])
+    return applied
 
 
-def _derived(user: Epilogue, kind: str, act: str, tensor_params, scalar_params, expr) -> Epilogue:
+def _derived(user: Epilogue, kind: str, act: str, tensor_params, scalar_params, expr, builtin) -> Epilogue:
     h = hashlib.sha256(f"mxq-gated-v1\0{kind}\0{act}\0{user.fingerprint}\0".encode())
     h.update(ir.serialize(expr).encode())
     defaults = user.scalar_defaults + ((0.0,) if scalar_params[-1:] == (HALF,) else ())
     return Epilogue(name=f"{user.name}_{kind}_{act}", tensor_params=tuple(tensor_params),
                     scalar_params=tuple(scalar_params), scalar_defaults=defaults,
                     param_order=tuple(tensor_params) + tuple(scalar_params), expr=expr,
-                    fingerprint=h.hexdigest()[:32], captured=user.captured)
+                    fingerprint=h.hexdigest()[:32], captured=user.captured,
+                    builtin=frozenset(builtin) & frozenset(ir.walk(expr)))
 
 
 def forward_epilogue(user: Epilogue, act: str) -> Epilogue:
@@ -77,8 +81,10 @@ def forward_epilogue(user: Epilogue, act: str) -> Epilogue:
     k = len(user.tensor_params)
     ups = [ir.TensorArg(f"{RESERVED_PREFIX}up_{p}", k + i) for i, p in enumerate(user.tensor_params)]
     up = ir.substitute(user.expr, dict(enumerate(ups)))
-    expr = ir.Binary("mul", _apply(GATED[act], False, user.expr), up)
-    return _derived(user, "fwd", act, (*user.tensor_params, *(u.name for u in ups)), user.scalar_params, expr)
+    builtin = set(user.builtin) | {ir.substitute(n, dict(enumerate(ups))) for n in user.builtin}
+    expr = ir.Binary("mul", _apply(GATED[act], False, user.expr, builtin), up)
+    return _derived(user, "fwd", act, (*user.tensor_params, *(u.name for u in ups)), user.scalar_params, expr,
+                    builtin)
 
 
 def backward_epilogue(user: Epilogue, dact: str) -> Epilogue:
@@ -89,10 +95,12 @@ def backward_epilogue(user: Epilogue, dact: str) -> Epilogue:
     u = ir.TensorArg(f"{RESERVED_PREFIX}up", k + 1)
     half = ir.ScalarArg(HALF, len(user.scalar_params))
     base = GATED[dact]
-    d_gate = ir.Binary("mul", ir.Binary("mul", user.expr, u), _apply(base, True, g))
-    d_up = ir.Binary("mul", user.expr, _apply(base, False, g))
+    builtin = set(user.builtin)
+    d_gate = ir.Binary("mul", ir.Binary("mul", user.expr, u), _apply(base, True, g, builtin))
+    d_up = ir.Binary("mul", user.expr, _apply(base, False, g, builtin))
     expr = ir.Where(ir.Compare("eq", half, ir.Const(0.0)), d_gate, d_up)
-    return _derived(user, "bwd", dact, (*user.tensor_params, g.name, u.name), (*user.scalar_params, HALF), expr)
+    return _derived(user, "bwd", dact, (*user.tensor_params, g.name, u.name), (*user.scalar_params, HALF), expr,
+                    builtin)
 
 
 def signature(epilogue: Epilogue) -> inspect.Signature:

@@ -248,6 +248,15 @@ def walk(expr: Expr) -> list[Expr]:
     return order
 
 
+def applied_nodes(expr: Expr, args) -> frozenset:
+    """The nodes of ``expr`` (a function's body applied to ``args``) that are not nodes of an
+    argument: the function's own operations (codegen lowers an activation's as built-in)."""
+    own = set(walk(expr))
+    for a in args:
+        own -= set(walk(a))
+    return frozenset(own)
+
+
 def substitute(expr: Expr, tensors: dict[int, Expr]) -> Expr:
     """``expr`` with tensor parameter k replaced by ``tensors[k]`` (an inlined function's body
     applied to its arguments): one rebuild per distinct node, in ``walk`` order."""

@@ -236,7 +236,7 @@ def _run_records(records, out, env):
             env[r["var"]] = ops[r["op"]](a[0], a[1])
         elif r["kind"] == "unary" and r["op"] in ("tanh_act", "tanh"):
             env[r["var"]] = torch.tanh(a[0])
-        elif r["kind"] == "unary" and r["op"] == "sigmoid":
+        elif r["kind"] == "unary" and r["op"] in ("sigmoid", "sigmoid_act"):
             env[r["var"]] = torch.sigmoid(a[0])
         elif r["kind"] == "unary" and r["op"] == "neg":
             env[r["var"]] = -a[0]
@@ -283,6 +283,30 @@ def test_fma_contraction_is_builtin_only_and_skips_subtractions():
     # dgelu's 1 - t*t: t*t stays a rounded product, as in the reference (it cancels near |t| = 1)
     assert any(by_var.get(s["args"][1], {}).get("op") == "mul" for s in subs)
     assert sum(r["kind"] == "fma" for r in records) >= 3
+
+
+def test_activation_calls_in_user_epilogues_lower_as_builtin():
+    """mxq.silu(g) * u: the activation's own nodes lower as act= does (sigmoid_act, FMAs), the
+    user's arithmetic around them keeps one rounding per operation."""
+
+    def swiglu_like(g, u):
+        return mxq.silu(g * 2.0 + u) * u + g * u
+
+    op = mxq.fused_quant()(swiglu_like)
+    records, out = codegen.ssa(op.epilogue.expr, "e", {0: "g", 1: "u"}, {}, builtin=op.epilogue.builtin)
+    ops = [r.get("op") for r in records]
+    assert "sigmoid_act" in ops and "sigmoid" not in ops
+    assert all(r["kind"] != "fma" for r in records), "the user's g * 2 + u and (...) * u + g * u stay rounded"
+    g, u = torch.randn(1000), torch.randn(1000)
+    got = _run_records(records, out, {"g": g, "u": u})
+    assert torch.allclose(got, mxq.ir.evaluate(op.epilogue.expr, [g, u], []), rtol=1e-6, atol=1e-6)
+    plain = mxq.fused_quant()(lambda_free_sigmoid)
+    records, _ = codegen.ssa(plain.epilogue.expr, "e", {0: "x"}, {}, builtin=plain.epilogue.builtin)
+    assert [r.get("op") for r in records if r["kind"] == "unary"] == ["sigmoid"], "mxq.sigmoid stays precise"
+
+
+def lambda_free_sigmoid(x):
+    return mxq.sigmoid(x) * x
 
 
 def test_power_of_two_scaled_sum_becomes_a_bit_exact_fma():

@@ -153,6 +153,16 @@ def tanh_act(y):
     return (t.bitcast(Uint32) | (y.bitcast(Uint32) & Uint32(0x80000000))).bitcast(Float32)
 
 
+def sigmoid_act(x):
+    """1 / (1 + e^-x) for the built-in formulas: 2^(-x log2 e) and the reciprocal both
+    approximate (ex2.approx, rcp.approx: a few ulp, inside the transcendental class); e^-x
+    overflows to inf for x < ~-88, giving exactly 0; NaN stays NaN."""
+    e = cute.arch.inline_ptx("ex2.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
+                             read_only_args=[mul_rn(x, Float32(-1.4426950408889634))])
+    return cute.arch.inline_ptx("rcp.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
+                                read_only_args=[add_rn(e, Float32(1.0))])
+
+
 def warp_max(x):
     """NaN-propagating max over the 32 lanes of a warp (every lane gets the result)."""
     for k in range(5):
