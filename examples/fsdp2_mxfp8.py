@@ -84,6 +84,7 @@ def worker(rank: int, world: int, port: int, steps: int, backend: str, out: dict
     mx, gathered = train(rank, world, steps, mxfp8=True, device=device)
     if rank == 0:
         out.update(ref=ref, mx=mx, gathered=gathered, device=str(device))
+    dist.barrier()  # neither rank tears its connections down while the other still uses them
     dist.destroy_process_group()
 
 
