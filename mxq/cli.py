@@ -194,7 +194,7 @@ def cmd_compile(args) -> int:
 
 def cmd_export(args) -> int:
     op = _op_from_args(args)
-    info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=args.name)
+    info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=args.name, grouped=args.grouped)
     print(f"library  {info['library']}")
     print(f"header   {info['header']}")
     print(f"functions {', '.join(info['functions'])}")
@@ -231,6 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", required=True, help="output directory (created if missing)")
     _add_target_args(p)
     p.add_argument("--name", help="exported function name, a C identifier (default mxq_<epilogue name>)")
+    p.add_argument("--grouped", action="store_true",
+                   help="also export the grouped kernels (<NAME>_grouped, <NAME>_vec_grouped: row groups)")
     p.set_defaults(fn=cmd_export)
     subs.append(p)
     # `python -m mxq --help` shows every command's flags, not only the command names

@@ -4,9 +4,11 @@
 dispatcher (the signature of docs/DESIGN.md; what C++ callers and registered names get) and the
 allocating route of ordinary Python calls. The C++ library is built once per machine by
 tvm-ffi's ``load_inline`` and cached on disk. On CUDA tensors a dispatcher launches the compiled
-kernel without Python after the first call of a dtype; it calls back into Python for three
+kernel without Python after the first call of a dtype; it calls back into Python for four
 things only: compiling (or loading) a kernel on that first call, the torch reference on CPU
-tensors, and a zero noop tensor per device. The callers (mxq/op.py) keep what this returns.
+tensors, grouped calls (a trailing ``group_offsets``: the grouped kernels through the Python
+binding, which converts int64 offsets and clears reused swizzled padding on the device), and a
+zero noop tensor per device. The callers (mxq/op.py) keep what this returns.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from importlib import resources
 
 import torch
 
-from . import compiler, launch, slots
-from .tensor import MXFP8Tensor
+from . import compiler, groups, launch, slots
+from .tensor import MXFP8Tensor, flat_dims
 
 _lock = threading.RLock()
 _shim = None
@@ -38,7 +40,7 @@ def _dispatch_module():
             import tvm_ffi.cpp
 
             src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v8", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v9", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -46,8 +48,10 @@ def _torch(t):
     return None if t is None else torch.from_dlpack(t)
 
 
-def _reference_callback(op):
-    """CPU route: run op.reference into the caller's destination tensors."""
+def _python_callback(op):
+    """The Python route of the destination-passing dispatcher: CPU tensors (the torch reference)
+    and grouped calls on any device (the optional trailing ``group_offsets``; on CUDA the
+    grouped kernels through the Python binding), into the caller's destination tensors."""
     spec, epi = op.spec, op.epilogue
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
     fp8 = spec.format.torch_dtype
@@ -55,9 +59,10 @@ def _reference_callback(op):
     import tvm_ffi
 
     def call(*args):
-        if len(args) != nt + ns + 8:
-            raise TypeError(f"mxq: expected {nt + ns + 8} arguments, got {len(args)}")
-        names = list(epi.tensor_params) + list(epi.scalar_params) + list(slots.DESTINATIONS)
+        if len(args) not in (nt + ns + 8, nt + ns + 9):
+            raise TypeError(f"mxq: expected {nt + ns + 8} arguments (or {nt + ns + 9} with group_offsets), got "
+                            f"{len(args)}")
+        names = list(epi.tensor_params) + list(epi.scalar_params) + list(slots.DESTINATIONS) + ["group_offsets"]
         for i, a in enumerate(args):
             if nt <= i < nt + ns:
                 if isinstance(a, bool) or not isinstance(a, (int, float)):
@@ -67,9 +72,13 @@ def _reference_callback(op):
                                 f"got {type(a).__name__}")
         tensors = [_torch(a) for a in args[:nt]]
         scalars = [float(s) for s in args[nt:nt + ns]]
-        act, rd, rs, cd, cs, amax, dbias, noop = (_torch(a) for a in args[nt + ns:])
+        act, rd, rs, cd, cs, amax, dbias, noop = (_torch(a) for a in args[nt + ns:nt + ns + 8])
+        offsets = _torch(args[nt + ns + 8]) if len(args) > nt + ns + 8 else None
         x = tensors[0]
-        want = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta")
+        if offsets is not None:
+            groups.check(offsets, flat_dims(x.shape)[0], x.device)
+        want = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta",
+                                 group_offsets=None if offsets is None else offsets.to("meta"))
 
         def dest(t, like, name):
             if (t is None) != (like is None):
@@ -78,7 +87,8 @@ def _reference_callback(op):
             if t is None:
                 return None
             if t.numel() != like.numel():
-                raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}")
+                raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}"
+                                 f"{' (grouped buffers: docs/NUMERICS.md, Groups)' if offsets is not None else ''}")
             if like.dtype == fp8 and t.dtype == torch.uint8:
                 t = t.view(fp8)
             return t.reshape(like.shape)
@@ -93,7 +103,8 @@ def _reference_callback(op):
             fp8=spec.fp8, scale_layout=spec.scale_layout, shape=x.shape)
         kwargs = dict(zip(epi.tensor_params, tensors))
         kwargs.update(zip(epi.scalar_params, scalars))
-        op.reference(act_input=act, noop=noop, out=out, **kwargs)
+        run = op.reference if x.device.type == "cpu" else op
+        run(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
 
     return call
 
@@ -128,7 +139,7 @@ def make_dispatchers(op) -> tuple:
         mod = _dispatch_module()
         # (the callbacks become ffi.Functions owned by the dispatcher's state: they live as long
         # as the dispatchers, which the op keeps)
-        ref, res = _reference_callback(op), _resolve_callback(op)
+        ref, res = _python_callback(op), _resolve_callback(op)
         epi = op.epilogue
         pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
                                    list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback,

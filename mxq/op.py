@@ -251,11 +251,15 @@ class FusedOp:
             raise RuntimeError("mxq: the native dispatcher could not be built on this machine (see the warning)")
         return pair[0]
 
-    def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None) -> dict:
+    def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
+               grouped: bool = False) -> dict:
         """AOT: write a shared library with the kernels embedded plus a C header, for C++
-        programs with no Python (see the header for the exported functions' arguments)."""
+        programs with no Python (see the header for the exported functions' arguments);
+        ``grouped``: the grouped kernels too (``group_offsets``)."""
         self._refuse_cpp("export()")
-        return export.export(self, directory, arch=arch, dtype=dtype, name=name)
+        if not isinstance(grouped, bool):
+            raise TypeError(f"mxq: export() argument 'grouped' must be a bool, got {type(grouped).__name__}")
+        return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped)
 
     def _refuse_cpp(self, what: str) -> None:
         if self.spec.gated or self._halves:

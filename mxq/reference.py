@@ -56,6 +56,11 @@ def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None
     bnds = groups.bounds(group_offsets) if group_offsets is not None else None
     if bnds is not None:
         out.group_offsets = group_offsets.clone()  # what the outputs were laid out by
+        # the padding between groups moves with the offsets: a reused out= starts from zero (the
+        # kernels write the compact padding rows as zero and launch.bind clears swizzled padding)
+        for buf in (out.rowwise_scale if spec.scale_layout == "swizzled" else None, out.colwise_scale):
+            if buf is not None:
+                buf.zero_()
     if spec.dbias:  # step 4: before the input-dtype round trip
         if bnds is None:
             out.dbias.copy_(v.sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))

@@ -210,3 +210,43 @@ def test_cpu_route_names_a_bad_argument():
         g(x, x, "0.5", None, *outs, None)
     with pytest.raises(TypeError, match=r"rowwise_data\) must be a tensor or None"):
         g(x, x, 2.0, None, "rd", *outs[1:], None)
+
+
+def _grouped_dests(m, n, g, device="cpu"):
+    """Destinations for resid with group_offsets (G groups), filled with stale bytes."""
+    u8 = dict(dtype=torch.uint8, device=device)
+    return [torch.full((m, n), 0xAB, **u8), torch.full((m, -(-n // 32)), 0xCD, **u8),
+            torch.full((m, n), 0xAB, **u8), torch.full((m // 32 + g, n), 0xCD, **u8),
+            torch.full((1,), -1.0, device=device), torch.zeros(g, n, dtype=torch.bfloat16, device=device)]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_registered_op_takes_group_offsets(device):
+    """The destination-passing route's optional trailing group_offsets: the same bytes as the
+    Python grouped call (compact colwise scales [M // 32 + G, N], dbias [G, N]); a trailing None
+    is an ungrouped call; grouped buffer sizes and the offsets are checked, naming the argument."""
+    resid.register("test_resid_grouped")
+    g = tvm_ffi.get_global_func("mxq.test_resid_grouped")
+    x, r = planted(150, 64, torch.bfloat16, seed=1).to(device), planted(150, 64, torch.bfloat16, seed=2).to(device)
+    for offs in (torch.tensor([0, 40, 41, 150], dtype=torch.int32), torch.tensor([150], dtype=torch.int64)):
+        offs = offs.to(device)
+        d = _grouped_dests(150, 64, offs.numel(), device)
+        g(x, r, 0.5, None, *d, None, offs)
+        want = resid(x, r, alpha=0.5, group_offsets=offs)
+        got = [d[0], d[1], d[2], d[3], d[4], d[5]]
+        for a, b in zip(got, (want.rowwise_data, want.rowwise_scale, want.colwise_data, want.colwise_scale,
+                              want.amax.reshape(1), want.dbias)):
+            assert same_bytes(a, b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b)
+    d = _grouped_dests(150, 64, 1, device)
+    d[3], d[5] = torch.empty(5, 64, dtype=torch.uint8, device=device), torch.empty(64, dtype=torch.bfloat16,
+                                                                                   device=device)
+    g(x, r, 0.5, None, *d, None, None)  # ungrouped
+    assert same_bytes(d[3], resid(x, r, alpha=0.5).colwise_scale)
+    offs = torch.tensor([0, 40, 41, 150], dtype=torch.int32, device=device)
+    d = _grouped_dests(150, 64, 4, device)
+    with pytest.raises(ValueError, match="colwise_scale.*grouped buffers"):
+        g(x, r, 0.5, None, *d[:3], d[3][:-1], *d[4:], None, offs)
+    with pytest.raises(TypeError, match="group_offsets.*int32 or int64"):
+        g(x, r, 0.5, None, *d, None, offs.float())
+    with pytest.raises(TypeError, match="expected 11 arguments"):
+        g(x, r, 0.5, None, *d, None, offs, offs)

@@ -161,6 +161,26 @@ def test_out_takes_the_new_offsets_and_results_do_not_alias_them():
     assert torch.equal(again.dequantize("colwise"), fresh.dequantize("colwise"))
 
 
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_reused_out_with_new_offsets_equals_a_fresh_call_byte_for_byte(layout):
+    """The padding between groups moves with the offsets: a reused out= whose scale buffers hold
+    stale bytes gets exactly a fresh call's bytes (padding zero), as the kernels write."""
+    x = planted(150, 96, torch.bfloat16, seed=3)
+    opts = dict(rowwise=True, colwise=True, scale_layout=layout)
+    t = mxq.quantize(x, group_offsets=torch.tensor([100, 100, 150]), **opts)
+    t.rowwise_scale.fill_(0xEE)
+    t.colwise_scale.fill_(0xEE)
+    new = torch.tensor([0, 40, 41, 150], dtype=torch.int32)  # an empty first group moves every block row
+    t4 = mxq.MXFP8Tensor.empty(mxq.QuantSpec(**opts), x.shape, x.dtype, "cpu", group_offsets=new)
+    t4.rowwise_scale.fill_(0xEE)
+    t4.colwise_scale.fill_(0xEE)
+    again = mxq.quantize(x, group_offsets=new, out=t4, **opts)
+    fresh = mxq.quantize(x, group_offsets=new, **opts)
+    assert compare(again, fresh, exact=True) == []
+    if layout == "compact":
+        assert int(fresh.colwise_scale[0].max()) == 0  # (the empty group's place: padding)
+
+
 # --- the grouped kernels (mxq/kernels/grouped.py), on a CUDA device ------------------------------------
 def _ident(x):
     return x

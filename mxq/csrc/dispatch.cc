@@ -2,12 +2,14 @@
 //
 // One dispatcher per op takes the destination-passing argument list
 //   (*epilogue_tensors, *epilogue_scalars, act_input, rowwise_data, rowwise_scale,
-//    colwise_data, colwise_scale, amax, dbias, noop)
+//    colwise_data, colwise_scale, amax, dbias, noop[, group_offsets])
 // checks every slot, and on CUDA tensors reshapes the arguments into the generated kernel's
 // [M, N] / flat views, allocates the dbias workspace through the TVM-FFI environment allocator
 // and calls the compiled kernel -- no Python after the first call of a dtype (which asks Python
 // to compile or load the kernel). On CPU tensors it calls the torch reference (Python), so C++
-// callers can be tested without a GPU. Errors are tvm::ffi::Error with a Python kind.
+// callers can be tested without a GPU; a grouped call (group_offsets given and not None) goes
+// to Python on every device (mxq/ffi.py, _python_callback). Errors are tvm::ffi::Error with a
+// Python kind.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/string.h>
@@ -37,7 +39,7 @@ struct State {
   bool swizzled = false;  // the op's scale layout: scale buffers must have exactly its size
   bool want[8] = {false};
   std::vector<std::string> names;  // the op's tensor and float parameter names, for errors
-  ffi::Function reference, resolve, zero;
+  ffi::Function python, resolve, zero;  // Python: the CPU/grouped route, compile-or-load, a zero noop
   std::mutex mu;
   std::map<std::tuple<int, int, int, int>, ffi::Function> kernels;
   std::map<int, ffi::Tensor> zeros;
@@ -95,14 +97,16 @@ bool Aligned16(const DLTensor* t) {
 void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* rv) {
   State& st = *sp;
   const int expect = st.nt + st.ns + 8, base = st.nt + st.ns;
-  if (args.size() != expect) {
+  if (args.size() != expect && args.size() != expect + 1) {
     TVM_FFI_THROW(TypeError) << "mxq: expected " << expect << " arguments (" << st.nt << " tensor(s), "
                              << st.ns << " float(s), act_input, rowwise_data, rowwise_scale, "
-                             << "colwise_data, colwise_scale, amax, dbias, noop), got " << args.size();
+                             << "colwise_data, colwise_scale, amax, dbias, noop[, group_offsets]), got "
+                             << args.size();
   }
   const DLTensor* x = TensorArg(st, args, 0);
-  if (x->device.device_type == kDLCPU) {  // the torch reference, in Python
-    st.reference.CallPacked(args, rv);
+  const bool grouped = args.size() == expect + 1 && args[expect] != nullptr;
+  if (x->device.device_type == kDLCPU || grouped) {  // the reference, or the grouped kernels, through Python
+    st.python.CallPacked(args, rv);
     return;
   }
   for (int s = 0; s < 7; ++s) {
@@ -118,7 +122,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   const int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1;
   const int64_t m = n ? numel / n : 0;
   if (numel == 0) {  // nothing to launch; the reference handles the empty-output rules
-    st.reference.CallPacked(args, rv);
+    st.python.CallPacked(args, rv);
     return;
   }
   const DLDataType u8{kDLUInt, 8, 1}, f32{kDLFloat, 32, 1}, f64{kDLFloat, 64, 1};
@@ -308,7 +312,7 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
 
 // [destination-passing route, allocating route] of one op.
 ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Array<ffi::String> names,
-                              ffi::Function reference, ffi::Function resolve, ffi::Function zero,
+                              ffi::Function python, ffi::Function resolve, ffi::Function zero,
                               int64_t share_max) {
   auto st = std::make_shared<State>();
   st->share_max = share_max;
@@ -318,7 +322,7 @@ ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags,
   for (int s = 0; s < 7; ++s) st->want[s] = (flags >> s) & 1;
   st->fp8_code = (flags >> 7) & 1 ? 12 : 10;
   st->swizzled = (flags >> 8) & 1;
-  st->reference = reference;
+  st->python = python;
   st->resolve = resolve;
   st->zero = zero;
   return ffi::Array<ffi::Function>(

@@ -5,13 +5,19 @@
 //   "mxq.get_quantize_kernel"    (key) -> Function for a built-in quantize spec (compiled lazily)
 // Every op function takes the destination-passing argument list
 //   (*epilogue_tensors, *epilogue_scalars, act_input, rowwise_data, rowwise_scale,
-//    colwise_data, colwise_scale, amax, dbias, noop)
+//    colwise_data, colwise_scale, amax, dbias, noop[, group_offsets])
 // with None (tvm::ffi::Optional<tvm::ffi::Tensor>()) in every slot the op does not use. Data
 // slots take float8 or uint8 tensors of the input's shape, scale slots uint8 in the op's layout,
 // amax a float32 tensor of one element. CUDA tensors run the kernel on TVM-FFI's environment
 // stream (TVMFFIEnvSetStream); CPU tensors run the torch reference, so C++ code can be tested
 // without a GPU. Pass owning tvm::ffi::Tensor objects (not TensorView) on the CPU route.
 // Errors arrive as tvm::ffi::Error carrying the Python exception kind (ValueError, TypeError).
+// group_offsets (optional; None or absent: ungrouped): a 1-D int32/int64 tensor of the G
+// cumulative group ends along the rows, on the input's device (docs/NUMERICS.md, "Groups"):
+// the scale slots then take the grouped buffer sizes (compact colwise (M/32 + G) x N; swizzled
+// rowwise (M + 128 G) x roundup(ceil(N/32), 4), colwise (M/32 + 4 G) x roundup(N, 128)) and
+// dbias G x N. A grouped call goes through Python on every call (the grouped kernels on CUDA,
+// one launch, no host sync); ungrouped CUDA calls do not.
 //
 // The 32-bit key (same as mxq.QuantSpec.key in Python):
 //   bit 0      fp8            0 = e4m3, 1 = e5m2
@@ -24,7 +30,8 @@
 //   bits 10-12 dact           same codes as act
 //   bit 13     dbias
 //   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16 (informational: one function serves all)
-//   bits 16-31 zero
+//   bit 16     gated          act/dact is the gated form (swiglu, ...): refused by the C++ routes
+//   bits 17-31 zero
 #ifndef MXQ_MXQ_HPP_
 #define MXQ_MXQ_HPP_
 
