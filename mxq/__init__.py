@@ -23,11 +23,12 @@ _register_entrypoints()  # "mxq.get_quantize_kernel" for C++ callers
 
 
 def __getattr__(name):
-    """``mxq.distributed`` (DTensor support, all_gather) loads torch.distributed on first use."""
-    if name == "distributed":
+    """``mxq.distributed`` (DTensor support, all_gather) and ``mxq.fsdp`` (FSDP2 all-gathers in
+    MXFP8) load torch.distributed on first use."""
+    if name in ("distributed", "fsdp"):
         import importlib
 
-        return importlib.import_module(".distributed", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'mxq' has no attribute {name!r}")
 
 

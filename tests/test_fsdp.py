@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import mxq
-import mxq.fsdp
 
 from .test_distributed import ROOT, _free_port
 
@@ -106,3 +105,11 @@ def test_sharded_weight_behaves_as_its_tensor():
     half = w[:32]
     assert type(half) is mxq.fsdp.MXFP8ShardedWeight and torch.equal(half._data, (data + 1)[:32])
     assert type(w.detach()) is mxq.fsdp.MXFP8ShardedWeight
+
+
+def test_fsdp_is_an_attribute_of_mxq_loaded_on_first_use():
+    """``mxq.fsdp`` as the README writes it (no explicit ``import mxq.fsdp``), in a fresh process."""
+    code = "import sys, mxq; a = 'mxq.fsdp' in sys.modules; f = mxq.fsdp.mxfp8_all_gather; print(a, f.__name__)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert r.stdout.split() == ["False", "mxfp8_all_gather"], r.stderr
