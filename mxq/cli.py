@@ -194,7 +194,9 @@ def cmd_compile(args) -> int:
 
 def cmd_export(args) -> int:
     op = _op_from_args(args)
-    info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=args.name, grouped=args.grouped)
+    operands = tuple(args.operands.split(",")) if args.operands else None
+    info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=args.name, grouped=args.grouped,
+                     operands=operands)
     print(f"library  {info['library']}")
     print(f"header   {info['header']}")
     print(f"functions {', '.join(info['functions'])}")
@@ -233,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="exported function name, a C identifier (default mxq_<epilogue name>)")
     p.add_argument("--grouped", action="store_true",
                    help="also export the grouped kernels (<NAME>_grouped, <NAME>_vec_grouped: row groups)")
+    p.add_argument("--operands", metavar="KINDS",
+                   help="each epilogue tensor's kind, comma-separated: full, strided, row, col, scalar "
+                        "(e.g. full,row for x + bias[N]; default all full)")
     p.set_defaults(fn=cmd_export)
     subs.append(p)
     # `python -m mxq --help` shows every command's flags, not only the command names

@@ -14,14 +14,48 @@ from . import slots, targets
 from .numerics import dbias_partial_dtype
 
 
-def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None, grouped: bool = False) -> dict:
+# How a C++ caller passes an epilogue tensor of each operand kind (mxq/operands.py): always as an
+# [M, N] tensor, with these strides (torch: the expand() / slice of the tensor it has)
+OPERAND_DOC = {
+    "full": "contiguous",
+    "strided": "strides (ld, 1), ld >= N (a column slice such as x[:, :N]; ld % 8 == 0 for _vec)",
+    "row": "strides (0, 1): a [N] row broadcast down the rows (torch: b.expand(M, N))",
+    "col": "strides (1, 0): a [M] column broadcast along the rows (torch: s.expand(M, N))",
+    "scalar": "strides (0, 0): one element (torch: a.reshape(1, 1).expand(M, N))",
+}
+
+
+def check_operands(op, operands):
+    """``operands`` as a tuple of kinds, one per epilogue tensor, or None for all full."""
+    if operands is None:
+        return None
+    names = op.epilogue.tensor_params
+    if isinstance(operands, str) or not isinstance(operands, (tuple, list)) or len(operands) != len(names):
+        raise ValueError(f"mxq: export() argument 'operands' must be a sequence of {len(names)} kind(s), one per "
+                         f"epilogue tensor {names}, each one of {tuple(OPERAND_DOC)}; got {operands!r}")
+    for nm, k in zip(names, operands):
+        if k not in OPERAND_DOC:
+            raise ValueError(f"mxq: export() argument 'operands': {nm!r} has kind {k!r}; kinds are "
+                             f"{tuple(OPERAND_DOC)}")
+    if operands[0] not in ("full", "strided"):
+        raise ValueError(f"mxq: export() argument 'operands': the first tensor {names[0]!r} sets the shape and "
+                         f"must be 'full' or 'strided', got {operands[0]!r}")
+    return None if all(k == "full" for k in operands) else tuple(operands)
+
+
+def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None, grouped: bool = False,
+           operands=None) -> dict:
     """Write ``lib<name>.so`` (both kernel variants, cubin embedded) and ``<name>.h`` to ``directory``.
 
     A C++ program loads the library with ``tvm::ffi::Module::LoadFromFile`` and calls
     ``<name>`` (any shape) or ``<name>_vec`` (N % 8 == 0, 16-byte aligned) with the argument list
     the header documents; no Python is involved. ``grouped``: also ``<name>_grouped`` and
     ``<name>_vec_grouped``, the grouped kernels (int32 group ends last; docs/NUMERICS.md, "Groups").
+    ``operands``: the kind of each epilogue tensor ("full", "strided", "row", "col", "scalar";
+    mxq/operands.py), for kernels that read a bias [N] once per tile and the like (the header says
+    which strides each kind takes); default all full.
     """
+    layouts = check_operands(op, operands)
     arch = targets.normalize_arch(arch)
     dtype = targets.normalize_dtype(dtype)
     name = name or f"mxq_{op.epilogue.name}"
@@ -32,7 +66,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     objects = []
     with tempfile.TemporaryDirectory() as d:
         for variant, fname in _functions(name, grouped):
-            compiled = compile_op(op, arch, dtype, variant=variant)
+            compiled = compile_op(op, arch, dtype, variant=variant, layouts=layouts)
             obj = Path(d) / f"{fname}.o"
             compiled.export_to_c(str(obj), function_name=fname, export_only_tvm_ffi_symbols=True)
             objects.append(obj)
@@ -47,7 +81,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
             shutil.copy2(src, dst)
         runtime.append(str(dst))
     header = out / f"{name}.h"
-    header.write_text(_export_header(op, name, arch, dtype, grouped))
+    header.write_text(_export_header(op, name, arch, dtype, grouped, layouts))
     return {"library": str(lib), "header": str(header), "functions": [f for _, f in _functions(name, grouped)],
             "runtime_libraries": runtime}
 
@@ -66,10 +100,14 @@ def _slot_lines(spec, epi, el: str, ws: str, grouped: bool) -> str:
     return "\n".join(" * " + a for a in args)
 
 
-def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False) -> str:
+def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, layouts=None) -> str:
     from . import __version__
 
     spec, epi = op.spec, op.epilogue
+    operand_doc = "".join(f"\n *   {f'mIn{i}':<11} ({p}): {OPERAND_DOC[k]}"
+                          for i, (p, k) in enumerate(zip(epi.tensor_params, layouts or ())) if k != "full")
+    if operand_doc:
+        operand_doc = "\n *\n * Epilogue tensors with their own layout (each passed as an [M, N] tensor):" + operand_doc
     el = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[dtype]
     ws = str(dbias_partial_dtype(_DTYPE_BY_NAME[dtype])).removeprefix("torch.")
     lines = _slot_lines(spec, epi, el, ws, False)
@@ -101,7 +139,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False) 
  * aligned [M, N] tensors and is faster. Both take these positional arguments (DLPack tensors on
  * one CUDA device; the launch uses TVM-FFI's environment stream, see TVMFFIEnvSetStream):
  *
-{lines}{grouped_doc}
+{lines}{operand_doc}{grouped_doc}
  *
  * Shapes are checked by the function; a mismatch raises tvm::ffi::Error (ValueError).
  * The directory is relocatable: libcute_dsl_runtime.so and libtvm_ffi.so (which need only system

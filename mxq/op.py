@@ -252,14 +252,15 @@ class FusedOp:
         return pair[0]
 
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
-               grouped: bool = False) -> dict:
+               grouped: bool = False, operands=None) -> dict:
         """AOT: write a shared library with the kernels embedded plus a C header, for C++
         programs with no Python (see the header for the exported functions' arguments);
-        ``grouped``: the grouped kernels too (``group_offsets``)."""
+        ``grouped``: the grouped kernels too (``group_offsets``); ``operands``: each epilogue
+        tensor's kind ("full", "strided", "row", "col", "scalar"), default all full."""
         self._refuse_cpp("export()")
         if not isinstance(grouped, bool):
             raise TypeError(f"mxq: export() argument 'grouped' must be a bool, got {type(grouped).__name__}")
-        return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped)
+        return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped, operands=operands)
 
     def _refuse_cpp(self, what: str) -> None:
         if self.spec.gated or self._halves:

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 import mxq
 from mxq import compiler
@@ -173,6 +174,61 @@ def test_export_writes_library_and_header_loadable_without_cutlass(tmp_path):
         print("cutlass" in sys.modules)
     """, tmp_path)
     assert out.split() == ["TypeError", "False"]  # a clean error, and no cutlass in the process
+
+
+def _bias_gelu(x, b, scale: float = 1.0):
+    return (x + b) * scale
+
+
+def test_export_with_operand_kinds(tmp_path):
+    """operands= compiles kernels for a bias [N] read as a stride-(0, 1) row and a strided first
+    input; the header says which strides each takes, and the library loads without cutlass."""
+    op = mxq.fused_quant(colwise=True, act="gelu")(_bias_gelu)
+    info = op.export(tmp_path / "out", arch="sm_90", dtype="bf16", name="bias_q", operands=("strided", "row"))
+    text = Path(info["header"]).read_text()
+    assert "mIn0        (x): strides (ld, 1), ld >= N" in text and "mIn1        (b): strides (0, 1)" in text
+    plain = op.export(tmp_path / "plain", arch="sm_90", dtype="bf16", name="bias_p")
+    assert "strides (0, 1)" not in Path(plain["header"]).read_text()
+    out = _fresh(f"""
+        import sys, tvm_ffi
+        m = tvm_ffi.load_module({info["library"]!r})
+        print(m["bias_q"] is not None, m["bias_q_vec"] is not None, "cutlass" in sys.modules)
+    """, tmp_path)
+    assert out.split() == ["True", "True", "False"]
+
+
+@pytest.mark.gpu
+def test_exported_operand_kinds_run_on_cuda(tmp_path):
+    """The exported kernels of a strided x and a row bias, called with x[:, :N] and b.expand(M, N):
+    the bytes of the Python call (the GPU counterpart of the test above)."""
+    import tvm_ffi
+
+    from mxq import compiler
+    from mxq.testing import compare
+
+    op = mxq.fused_quant(colwise=True, act="gelu")(_bias_gelu)
+    arch = compiler.device_arch(torch.device("cuda"))
+    info = op.export(tmp_path / "out", arch=arch, dtype="bf16", name="bias_q", operands=("strided", "row"))
+    lib = tvm_ffi.load_module(info["library"])
+    xx = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    x, b = xx[:, :256], torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    want = op(x, b, 0.5)
+    for fname in ("bias_q", "bias_q_vec"):
+        got = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
+        lib[fname](x, b.expand(256, 256), 0.5, got.rowwise_data.view(torch.uint8), got.rowwise_scale.view(-1),
+                   got.colwise_data.view(torch.uint8), got.colwise_scale.view(-1),
+                   torch.zeros(1, device="cuda"))
+        torch.cuda.synchronize()
+        assert compare(got, want, exact=False) == [], fname
+
+
+@pytest.mark.parametrize("operands, match", [
+    (("full",), "sequence of 2 kind"), ("full,row", "sequence of 2 kind"),
+    (("full", "bias"), "'b' has kind 'bias'"), (("col", "full"), "must be 'full' or 'strided'")])
+def test_export_operand_kinds_are_checked(tmp_path, operands, match):
+    op = mxq.fused_quant()(_bias_gelu)
+    with pytest.raises(ValueError, match=match):
+        op.export(tmp_path, operands=operands)
 
 
 def test_export_rejects_bad_arguments(tmp_path):

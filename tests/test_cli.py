@@ -17,7 +17,7 @@ COMMANDS = ("info", "render", "compile", "export")
 OP_FLAGS = ("--fp8", "--no-rowwise", "--colwise", "--scale-mode", "--scale-layout", "--amax", "--act", "--dact",
             "--dbias")
 FLAGS = {"info": (), "render": OP_FLAGS, "compile": OP_FLAGS + ("--arch", "--dtype", "--ptx"),
-         "export": OP_FLAGS + ("--dir", "--arch", "--dtype", "--name", "--grouped")}
+         "export": OP_FLAGS + ("--dir", "--arch", "--dtype", "--name", "--grouped", "--operands")}
 ARCHS = ("sm_89", "sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_103f", "sm_110a", "sm_110f",
          "sm_120a", "sm_120f", "sm_121a", "sm_121f")
 ARCH_LIST = ", ".join(ARCHS)
@@ -205,6 +205,9 @@ USER_ERRORS = [
     (("export", "--colwise", "--dir", "{t}/aot", "--name", "bad-name"),
      "mxq: export name must be a C identifier, got 'bad-name'"),
     (("compile", "--act", "gelu", "--dact", "gelu"), "mxq: act and dact are exclusive"),
+    (("export", "--dir", "{t}/aot", "--operands", "row"),
+     "mxq: export() argument 'operands': the first tensor 'x' sets the shape and must be 'full' or 'strided', "
+     "got 'row'"),
     (("render", "--no-rowwise"), "mxq: at least one of rowwise and colwise must be True"),
     (("compile", "--arch", "sm_80"), f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_80'"),
     (("compile", "--arch", "sm_100"), f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_100'"),

@@ -250,3 +250,28 @@ def test_registered_op_takes_group_offsets(device):
         g(x, r, 0.5, None, *d, None, offs.float())
     with pytest.raises(TypeError, match="expected 11 arguments"):
         g(x, r, 0.5, None, *d, None, offs, offs)
+
+
+@mxq.fused_quant(rowwise=True, colwise=True, act="gelu")
+def bias_gelu(x, b):
+    return x + b
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_registered_op_takes_broadcast_operands_and_strided_views(device):
+    """A bias [N] and strided half-views through the registered route: the bytes of the Python
+    call (on CUDA the dispatcher hands such calls to the Python binding of the kernels)."""
+    bias_gelu.register("test_bias_gelu")
+    g = tvm_ffi.get_global_func("mxq.test_bias_gelu")
+    xx = planted(96, 256, torch.bfloat16, seed=4).to(device)
+    b = planted(1, 128, torch.bfloat16, seed=5).reshape(128).to(device)
+    for x, bias in ((xx[:, :128], b), (xx[:, :128], xx[:, 128:]), (xx[:, 128:].contiguous(), b)):
+        u8 = dict(dtype=torch.uint8, device=device)
+        d = [torch.full((96, 128), 0xAB, **u8), torch.full((96, 4), 0xCD, **u8),
+             torch.full((96, 128), 0xAB, **u8), torch.full((3, 128), 0xCD, **u8)]
+        g(x, bias, None, *d, None, None, None)
+        want = bias_gelu(x, bias)
+        for a, w in zip(d, (want.rowwise_data, want.rowwise_scale, want.colwise_data, want.colwise_scale)):
+            assert same_bytes(a, w.view(torch.uint8))
+    with pytest.raises(ValueError, match="'b' has shape"):
+        g(xx[:, :128], b[:100], None, *d, None, None, None)

@@ -94,6 +94,26 @@ bool Aligned16(const DLTensor* t) {
   return ((reinterpret_cast<uintptr_t>(t->data) + t->byte_offset) % 16) == 0;
 }
 
+// Whether every epilogue tensor (and act_input) has the first one's shape and is contiguous:
+// what this route launches itself. Anything else (broadcast operands, strided views, and also
+// arguments that are not tensors, which Python names in its error) goes to the Python route.
+bool PlainOperands(const State& st, ffi::PackedArgs args, const DLTensor* x) {
+  auto plain = [&](int i) {
+    std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
+    if (!t.has_value()) return false;
+    if ((*t)->ndim != x->ndim || !Compact(*t)) return false;
+    for (int d = 0; d < x->ndim; ++d) {
+      if ((*t)->shape[d] != x->shape[d]) return false;
+    }
+    return true;
+  };
+  for (int i = 1; i < st.nt; ++i) {
+    if (!plain(i)) return false;
+  }
+  if (st.want[kAct] && args[st.nt + st.ns + kAct] != nullptr && !plain(st.nt + st.ns + kAct)) return false;
+  return Compact(x);
+}
+
 void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* rv) {
   State& st = *sp;
   const int expect = st.nt + st.ns + 8, base = st.nt + st.ns;
@@ -105,7 +125,9 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   }
   const DLTensor* x = TensorArg(st, args, 0);
   const bool grouped = args.size() == expect + 1 && args[expect] != nullptr;
-  if (x->device.device_type == kDLCPU || grouped) {  // the reference, or the grouped kernels, through Python
+  if (x->device.device_type == kDLCPU || grouped || !PlainOperands(st, args, x)) {
+    // the reference (CPU), or the Python binding of the kernels: grouped calls, and epilogue
+    // tensors that broadcast against the first (a bias [N], ...) or are strided views
     st.python.CallPacked(args, rv);
     return;
   }
@@ -153,8 +175,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     for (int d = 0; same && d < t->ndim; ++d) same = t->shape[d] == x->shape[d];
     if (!same) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has another shape than '"
-                                << ArgName(st, 0) << "' (on CUDA tensors this route takes operands of that "
-                                << "shape; broadcast operands are served by Python calls for now)";
+                                << ArgName(st, 0) << "'";  // (PlainOperands sent such calls to Python)
     }
     vec = vec && Aligned16(t);
     push(Alias(t, t->dtype, m, n, 2));
