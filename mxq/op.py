@@ -122,8 +122,8 @@ class FusedOp:
         With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
         x = tensors[0]
         out = self._noop_out(x, noop, out, group_offsets)
-        if x.is_cuda and self._straddles(x):
-            runtime.fallback(self._straddles(x))
+        if x.is_cuda and self._unserved(x, group_offsets):
+            runtime.fallback(self._unserved(x, group_offsets))
             return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
         if x.is_cuda:
             launcher = self._launcher_for(x)
@@ -137,12 +137,17 @@ class FusedOp:
                 return launcher(tensors, scalars, act_input, noop, out)
         return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
 
-    def _straddles(self, x) -> str | None:
-        """Why the kernels cannot serve a two-halves op on ``x``, or None: rowwise blocks of the
-        [M, 2N] output must not straddle the halves (each half is its own CTAs)."""
-        if self._halves and self.spec.rowwise and x.dim() and x.shape[-1] % 32:
+    def _unserved(self, x, group_offsets=None) -> str | None:
+        """Why the kernels cannot serve a two-halves op (mxq/gated.py) on ``x``, or None: rowwise
+        blocks of the [M, 2N] output must not straddle the halves (each half is its own CTAs), and
+        the grouped kernels do not take two halves yet (their scale placement assumes one N)."""
+        if not self._halves:
+            return None
+        if self.spec.rowwise and x.dim() and x.shape[-1] % 32:
             return (f"a gated backward with rowwise blocks needs N % 32 == 0 on the kernels (N = {x.shape[-1]}: "
                     "a 32-element block would straddle the two halves); running the torch reference")
+        if group_offsets is not None:
+            return "a gated backward with group_offsets is not served by the kernels yet; running the torch reference"
         return None
 
     def _noop_out(self, x, noop, out, group_offsets=None):
@@ -180,7 +185,7 @@ class FusedOp:
         tight loops). The inputs must stay alive and unchanged in shape."""
         tensors, scalars = self._bind(args, kwargs)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
-        launcher = self._launcher_for(tensors[0]) if tensors[0].is_cuda and not self._straddles(tensors[0]) else None
+        launcher = self._launcher_for(tensors[0]) if tensors[0].is_cuda and not self._unserved(tensors[0]) else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input, copy=False)
@@ -292,10 +297,9 @@ class GatedOp(FusedOp):
         derived_fn.__name__ = derived_fn.__qualname__ = derived.name
         self.inner = FusedOp(derived_fn, dataclasses.replace(spec, act=None, dact=None), derived)
 
-    def _inner_args(self, args, kwargs, act_input, group_offsets):
-        """The inner op's positional arguments for one call of this op."""
-        if group_offsets is not None:
-            raise ValueError("mxq: group_offsets with a gated activation is not supported yet")
+    def _inner_args(self, args, kwargs, act_input):
+        """The inner op's positional arguments for one call of this op (group_offsets, if any,
+        pass through: the groups are along the rows, which the halves share)."""
         tensors, scalars = self._bind(args, kwargs)
         if _any_dtensor(tensors, act_input):
             raise ValueError("mxq: DTensor inputs with a gated activation are not supported yet")
@@ -342,14 +346,15 @@ class GatedOp(FusedOp):
 
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
-        return self.inner(*self._inner_args(args, kwargs, act_input, group_offsets), noop=noop, out=out)
+        return self.inner(*self._inner_args(args, kwargs, act_input), noop=noop, out=out, group_offsets=group_offsets)
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
-        return self.inner.reference(*self._inner_args(args, kwargs, act_input, group_offsets), noop=noop, out=out)
+        return self.inner.reference(*self._inner_args(args, kwargs, act_input), noop=noop, out=out,
+                                    group_offsets=group_offsets)
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs):
-        return self.inner.prepare(*self._inner_args(args, kwargs, act_input, None), noop=noop, out=out)
+        return self.inner.prepare(*self._inner_args(args, kwargs, act_input), noop=noop, out=out)
 
     @property
     def source(self) -> str:
