@@ -237,6 +237,32 @@ def test_grouped_kernel_matches_reference(opts, dtype, n, seed):
         assert compare(part, alone, exact) == [], (k, start, end)
 
 
+def _plus_gelu(x, b):
+    return x + b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+@pytest.mark.parametrize("kind", ["row", "full", "strided"])
+def test_grouped_kernels_with_extra_operands(kind, layout):
+    """An epilogue with a second tensor (a bias [N], a full tensor, or both inputs strided halves
+    of one [M, 2N] tensor) under groups: the grouped kernels against the reference."""
+    op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu", dbias=True, scale_layout=layout)(_plus_gelu)
+    sizes = [45, 0, 300, 31, 1]
+    m, n = sum(sizes), 256
+    offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
+    xx = planted(m, 2 * n, torch.bfloat16, seed=11)
+    x, b = {"row": (xx[:, :n].contiguous(), planted(1, n, torch.bfloat16, seed=12).reshape(n)),
+            "full": (xx[:, :n].contiguous(), xx[:, n:].contiguous()),
+            "strided": (xx[:, :n], xx[:, n:])}[kind]
+    want = op.reference(x, b, group_offsets=offs)
+    v_abs = v_abs_sum(op, x, b, group_offsets=offs)
+    xc = xx.cuda()
+    xcv, bc = (xc[:, :n], xc[:, n:]) if kind == "strided" else (x.cuda(), b.cuda())
+    got = op(xcv, bc, group_offsets=offs.cuda(), out=poisoned(op, xcv, offs.cuda()))
+    assert compare(got, want, False, v_abs) == []
+
+
 @pytest.mark.gpu
 def test_grouped_call_replays_in_a_cuda_graph_after_the_offsets_change():
     """One launch, no host sync: the grouped call captures in a CUDA graph, and a replay after the
