@@ -20,7 +20,7 @@ import re
 from mxq import codegen
 from mxq.epilogue import IDENTITY
 from mxq.kernels import config as kconfig
-from mxq.op import FusedOp, _identity
+from mxq.op import FusedOp, _OPTION_NAMES, _identity, fused_quant
 from mxq.spec import QuantSpec
 
 OPS = {
@@ -31,11 +31,19 @@ OPS = {
     "dgelu_dbias_both": dict(rowwise=True, colwise=True, dact="gelu", dbias=True),
     # not benchmarked by device_check: the same op without dbias, to price dbias
     "dgelu_both": dict(rowwise=True, colwise=True, dact="gelu"),
+    # gated (bench/gated.py): per element of one half; the backward's CTAs each write one half
+    "swiglu_both": dict(rowwise=True, colwise=True, act="swiglu"),
+    "dsilu_dbias_both": dict(rowwise=True, colwise=True, dact="silu", dbias=True),
+    "dswiglu_dbias_both": dict(rowwise=True, colwise=True, dact="swiglu", dbias=True),
 }
 
 
+def _options(spec: QuantSpec) -> dict:
+    return {k: getattr(spec, k) for k in _OPTION_NAMES}
+
+
 def count(spec: QuantSpec, arch: str, dtype: str) -> dict:
-    op = FusedOp(_identity, spec, IDENTITY)
+    op = FusedOp(_identity, spec, IDENTITY) if not spec.gated else fused_quant(**_options(spec))(_identity).inner
     art = op.asm(arch, dtype)
     ptx = art["ptx"]
     body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
