@@ -239,6 +239,32 @@ def test_gated_kernels_compile(arch):
         compiler.ptx_of(bwd.inner, arch, dtype, "generic")
 
 
+def _one_cta(op):
+    """``op``'s inner op with Tuning.halves_one_cta: both halves from one CTA (packed kernel)."""
+    from mxq.kernels.config import Tuning
+
+    inner = op.inner
+    inner._tuning = Tuning(halves_one_cta=True)
+    return inner
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_one_cta_halves_compile(arch):
+    """Tuning.halves_one_cta (off by default, to be timed on a GPU): the packed kernel writes both
+    halves in two passes over one loaded tile; it compiles, and the default kernels are unchanged by it."""
+    import re
+
+    from mxq import compiler
+
+    bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
+    default = compiler.ptx_of(bwd.inner, arch, "bf16", "vec")
+    one = compiler.ptx_of(_one_cta(mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)),
+                          arch, "bf16", "vec")
+    # one CTA stores both halves: twice the packed kernel's FP8 vector stores, two barriers more
+    assert len(re.findall(r"st\.global\.v2\.b32", one)) == 2 * len(re.findall(r"st\.global\.v2\.b32", default))
+    assert one.count("bar.sync") > default.count("bar.sync")
+
+
 # --- on a CUDA device -----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [256, 96, 40])
@@ -283,6 +309,28 @@ def test_gated_grouped_on_cuda(layout, monkeypatch):
     monkeypatch.setenv("MXQ_STRICT", "1")
     with pytest.raises(Exception, match="group_offsets is not served"):
         bwd(grad.cuda(), act_input=x.cuda(), group_offsets=offs.cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [256, 96])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["swiglu", "geglu", "sreglu"])
+def test_one_cta_halves_match_reference(name, dtype, n):
+    """Tuning.halves_one_cta on the GPU: the same bytes as the reference (what must hold before
+    the switch can become the default)."""
+    gen = torch.Generator().manual_seed(3)
+    a = (torch.randn(100, 2 * n, generator=gen) * 2).to(dtype)
+    grad = torch.randn(100, n, generator=gen).to(dtype)
+    for opts in (dict(dbias=True), dict(amax=True, scale_layout="swizzled")):
+        op = mxq.fused_quant(dact=name, rowwise=True, colwise=True, **opts)(_ident)
+        inner = _one_cta(op)
+        args = [grad, a[:, :n], a[:, n:], 0.0]
+        want = inner.reference(*args)
+        exact = name in EXACT
+        v_abs = v_abs_sum(inner, *args) if op.spec.dbias and not exact else None
+        cu = [t.cuda() for t in args[:3]] + [0.0]
+        got = inner(*cu, out=poisoned(inner, cu[0]))
+        assert compare(got, want, exact, v_abs) == [], opts
 
 
 @pytest.mark.gpu

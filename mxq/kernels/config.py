@@ -8,7 +8,7 @@ inspect configs without the DSL.
 
 Tiling is the library's: each number below is the fastest variant measured on the H200
 (docs/performance.md has the measurements; the slower alternatives were removed, git history
-keeps them). ``Tuning`` holds the two choices a benchmark may still flip for a side-by-side
+keeps them). ``Tuning`` holds the choices a benchmark may still flip for a side-by-side
 timing; they are rendered into the module like everything else.
 """
 
@@ -31,10 +31,15 @@ class Tuning:
     waits in ``griddepcontrol.wait``); False launches it after the quantize kernel.
     ``row_scale_l2_keep``: store the packed and vectorised kernels' row-scale bytes with an L2
     evict_last policy (a 32-row CTA writes 8 bytes of each 32-byte sector; plain stores cost
-    rowwise + colwise ~6% of its bandwidth on the H200)."""
+    rowwise + colwise ~6% of its bandwidth on the H200).
+    ``halves_one_cta``: a two-halves op (a gated backward, mxq/gated.py) on the packed kernel
+    computes both halves of a column tile in one CTA, one pass each over the same loaded inputs,
+    instead of one CTA per half each loading every input tile (docs/performance.md, 2026-12-01).
+    Off until it has been checked and timed on a GPU."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
+    halves_one_cta: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,12 @@ class KernelConfig:
         """Packed (16-bit) kernel: 4 warps x 8 rows; dbias ops 8 x 4 (at 4 warps they need 80
         registers and 43 KB of shared memory per CTA and ran 4 points slower)."""
         return 8 if self.dbias else 4
+
+    @property
+    def halves_passes(self) -> int:
+        """Packed kernel: passes per CTA over its loaded tile, one per output half it writes (2
+        with Tuning.halves_one_cta for a two-halves op; its grid is then not doubled)."""
+        return 2 if self.halves and self.tuning.halves_one_cta else 1
 
     @property
     def pdl(self) -> bool:

@@ -49,7 +49,7 @@ def tile(cfg, grouped: bool = False):
 def grid(cfg, M, N, G=None):
     """Grid and block; ``G``: the group count of a grouped call (grouped.row_tiles row tiles)."""
     tile_rows, tile_cols = tile(cfg, G is not None)
-    n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves else 1)  # (two-halves ops: each tile twice)
+    n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves and cfg.halves_passes == 1 else 1)  # (two-halves ops: each tile twice)
     n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
     return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.pk_warps * 32, 1, 1]
@@ -80,7 +80,8 @@ class PackedKernel:
         warp = tidx // 32
         cb = bx
         # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, quantize.py)
-        cb, co, NOUT, scalars = self.output_half(cb, N, NO, TILE_COLS, scalars, divby=VEC)
+        PASSES = cutlass.const_expr(cfg.halves_passes)  # 2: this CTA writes both halves (Tuning.halves_one_cta)
+        cb, co, NOUT, scalars = self.output_half(cb, N, NO, TILE_COLS, scalars, divby=VEC, passes=PASSES)
         rb = by + bz * gy
         if cutlass.const_expr(cfg.col_reduce or cfg.stage or WIDE or GROUPED):
             smem = cutlass.memory.SmemAllocator()
@@ -120,9 +121,10 @@ class PackedKernel:
         NSRC = cutlass.const_expr(len(sources))
         tiles = [self.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
-            tRow = self.thread_tile(self.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+            if cutlass.const_expr(PASSES == 1):
+                tRow = self.thread_tile(self.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
             nbr = (NOUT + 31) // 32
-        if cutlass.const_expr(cfg.colwise):
+        if cutlass.const_expr(cfg.colwise and PASSES == 1):
             tCol = self.thread_tile(self.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
         # Operands broadcast along rows (a bias) are loaded once, for row 0, and shared by every
         # row; operands broadcast along columns (a row scale, a scalar) take element loads.
@@ -166,191 +168,205 @@ class PackedKernel:
         # every store below is bounded by Ms: 0 under noop (nothing written) or past the grid
         Ms = Int32(cutlass.select_(noop[0] != Float32(1.0), row_end, Int32(0)))
         Ms = Int32(cutlass.select_(in_grid, Ms, Int32(0)))
-        if cutlass.const_expr(cfg.dbias):
-            # dbias: a 32-row block is summed in fp32 (this thread's rows in order, then the warps in
-            # order) and the blocks in fp64 by dbias_kernel (numerics.dbias_partial_dtype says why)
-            dsum = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)  # starts at row 0's values
-        words = []  # words[i][j]: row i's values j*2, j*2+1 as one packed word
-        absw = []  # their magnitudes
-        for i in cutlass.range_constexpr(PK_ROWS):
-            if cutlass.const_expr(any(staged_src)):
-                cute.arch.cp_async_wait_group(PK_ROWS - 1 - i)  # row i's copies have landed
-                if col_ok and rbase + i < row_end:
-                    for t in cutlass.range_constexpr(NSRC):
-                        if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
-                            cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
-            if cutlass.const_expr(cfg.computed):
-                if cutlass.const_expr(not cfg.identity):
-                    row_ok = col_ok and rbase + i < row_end
-                vv = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
-                for k in cutlass.range_constexpr(VEC):
-                    v = self.value(frags[i], k, scalars, dev.widen)
-                    if cutlass.const_expr(not cfg.identity):
-                        v = Float32(cutlass.select_(row_ok, v, Float32(0.0)))  # a user epilogue may map padding to nonzero
-                    # (built-in act/dact keep the zero padding of rows past M at zero: act(0) == 0 and
-                    # 0 * dact(0) == 0, see tests/test_codegen.py::test_builtin_acts_keep_zero_padding)
-                    if cutlass.const_expr(cfg.dbias):
-                        # (row 0 starts the sum: 0 + v would turn -0 into +0, as the second pass does anyway)
-                        if cutlass.const_expr(i == 0):
-                            dsum[k] = v
-                        else:
-                            dsum[k] = dsum[k] + v
-                    vv[k] = v
-                # NUMERICS step 5: round to the input format, two values per instruction
-                row_words = [dev.pk_round(vv[2 * j], vv[2 * j + 1], is_bf16) for j in range(PKW)]
+        # Two-halves ops with PASSES == 2: everything below runs once per output half over the same
+        # loaded tile (the staged inputs are still in shared memory), writing at column offset co.
+        for hp in cutlass.range_constexpr(PASSES):
+            if cutlass.const_expr(PASSES == 2):
+                co, scalars_p = self.pass_half(hp, N, scalars, divby=VEC)
+                if cutlass.const_expr(hp == 1):
+                    cute.arch.sync_threads()  # pass 0's readers of sMax/sSum/sInv are done
+                if cutlass.const_expr(cfg.rowwise):
+                    tRow = self.thread_tile(self.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+                if cutlass.const_expr(cfg.colwise):
+                    tCol = self.thread_tile(self.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
             else:
-                fw = cute.recast_tensor(frags[i][0], Uint32)
-                row_words = [fw[j] for j in range(PKW)]
-                if cutlass.const_expr(cfg.dbias):
-                    # a plain cast with dbias: v is the input itself (rows past M were loaded as zeros)
+                scalars_p = scalars
+            if cutlass.const_expr(cfg.dbias):
+                # dbias: a 32-row block is summed in fp32 (this thread's rows in order, then the warps in
+                # order) and the blocks in fp64 by dbias_kernel (numerics.dbias_partial_dtype says why)
+                dsum = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)  # starts at row 0's values
+            words = []  # words[i][j]: row i's values j*2, j*2+1 as one packed word
+            absw = []  # their magnitudes
+            for i in cutlass.range_constexpr(PK_ROWS):
+                if cutlass.const_expr(any(staged_src)):
+                    if cutlass.const_expr(hp == 0):
+                        cute.arch.cp_async_wait_group(PK_ROWS - 1 - i)  # row i's copies have landed
+                    if col_ok and rbase + i < row_end:
+                        for t in cutlass.range_constexpr(NSRC):
+                            if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
+                                cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
+                if cutlass.const_expr(cfg.computed):
+                    if cutlass.const_expr(not cfg.identity):
+                        row_ok = col_ok and rbase + i < row_end
+                    vv = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
                     for k in cutlass.range_constexpr(VEC):
-                        if cutlass.const_expr(i == 0):
-                            dsum[k] = dev.widen(frags[i][0], k)
-                        else:
-                            dsum[k] = dsum[k] + dev.widen(frags[i][0], k)
-            words.append(row_words)
-            absw.append([dev.pk_abs(w) for w in row_words])
-            if cutlass.const_expr(cfg.col_reduce):
-                if cutlass.const_expr(i == 0):
-                    cm = list(absw[0])  # this thread's column maxima, one word per two columns
-                else:
-                    cm = [dev.pk_max(cm[j], absw[i][j], is_bf16) for j in range(PKW)]
-        if cutlass.const_expr(cfg.rowwise):
-            # rowwise: the 32-column block of a row is the 4 adjacent lanes q = lane % 4. Their
-            # partial maxima are reduce-scattered (two butterfly stages), so that lane q finishes
-            # rows q * PK_ROWS / 4 .. and computes their scales alone, then every lane fetches the
-            # PK_ROWS inverse scales it needs: PK_ROWS shuffles instead of PK_ROWS scale computations.
-            HALF = cutlass.const_expr(PK_ROWS // 2)
-            QUARTER = cutlass.const_expr(PK_ROWS // 4)
-            rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16), dev.pk_max(a[2], a[3], is_bf16), is_bf16) for a in absw]
-            hi2 = (lane & 2) != 0
-            rs = [dev.pk_max_shuffled(rp[m], rp[HALF + m], 2, hi2, is_bf16) for m in range(HALF)]
-            hi1 = (lane & 1) != 0
-            qrow = (lane % 4) * QUARTER  # first row this lane finishes
-            grp_ok = c0 - (lane % 4) * VEC < N  # the block's first lane has valid columns
-            si = []  # inverse scales of the rows this lane finished
-            for m in cutlass.range_constexpr(QUARTER):
-                rq = dev.pk_max_shuffled(rs[m], rs[QUARTER + m], 1, hi1, is_bf16)
-                er = dev.e8m0_scale(dev.pk_amax(rq, is_bf16), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
-                si.append(dev.inv_scale(er))
-                if cutlass.const_expr(WIDE):
-                    sRS[rbase - rb * TILE_ROWS + qrow + m, g // 4 - cb * RS_BLOCKS] = Uint8(er)
-                else:
-                    if grp_ok and rbase + qrow + m < Ms:
-                        if cutlass.const_expr(GROUPED):
-                            self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + qrow + m, (co + c0) // 32, nbr), er)
-                        elif cutlass.const_expr(cfg.swizzled):
-                            self.store_row_scale(row_scale, dev.swizzle_offset(rbase + qrow + m, (co + c0) // 32, nbr), er)
-                        else:
-                            self.store_row_scale(row_scale, (rbase + qrow + m) * nbr + (co + c0) // 32, er)
-            if cutlass.const_expr(WIDE):
-                cute.arch.sync_threads()
-                # Row scales leave as words of 4 blocks, whole rows of the tile per request. Words need
-                # nbr % 4 == 0 and a 4-byte aligned scale tensor (CTA-uniform); otherwise the same
-                # bytes are stored one by one.
-                rs_base = row_scale.iterator.toint()
-                if nbr % 4 == 0 and rs_base % 4 == 0:
-                    if tidx < TILE_ROWS * RS_BLOCKS // 4:
-                        wr = tidx // (RS_BLOCKS // 4)
-                        wb = cb * RS_BLOCKS + (tidx % (RS_BLOCKS // 4)) * 4  # the word's first block
-                        if rb * TILE_ROWS + wr < Ms and wb < nbr:
-                            word = cute.recast_tensor(sRS, Uint32)[wr, tidx % (RS_BLOCKS // 4)]
-                            # (swizzled: blocks 4k..4k+3 of a row are adjacent)
-                            woff = dev.scale_offset(cfg.swizzled, rb * TILE_ROWS + wr, wb, nbr)
-                            cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[rs_base + Int64(woff), word])
-                else:
-                    for r in cutlass.range_constexpr((TILE_ROWS * RS_BLOCKS + NTHREADS - 1) // NTHREADS):
-                        p = tidx + r * NTHREADS
-                        br = p // RS_BLOCKS
-                        bb = cb * RS_BLOCKS + p % RS_BLOCKS
-                        if br < TILE_ROWS and rb * TILE_ROWS + br < Ms and bb < nbr:
-                            self.store_row_scale(row_scale, dev.scale_offset(cfg.swizzled, rb * TILE_ROWS + br, bb, nbr),
-                                              sRS[br, p % RS_BLOCKS])
-            gl = lane - lane % 4
-            sr = [cute.arch.shuffle_sync(si[i % QUARTER], gl + i // QUARTER) for i in range(PK_ROWS)]
-        if cutlass.const_expr(cfg.col_reduce):
-            # the warps' partial column amax (and dbias sums) meet in shared memory
-            for j in cutlass.range_constexpr(PKW):
-                sMax[warp, j * 32 + lane] = cm[j]
-            if cutlass.const_expr(cfg.dbias):
-                for k in cutlass.range_constexpr(VEC):
-                    sSum[warp, k * 32 + lane] = dsum[k]
-            cute.arch.sync_threads()
-            # Column owners: each of the CTA's 32 * PKW words of column maxima (two columns) is reduced
-            # over the warps, turned into two scales and stored once per CTA, by one thread, instead
-            # of by every warp for its own lane's columns.
-            Ns = Int32(cutlass.select_(Ms > 0, N, Int32(0)))  # column bound of the owners' stores
-            if cutlass.const_expr(GROUPED and not cfg.swizzled):
-                # compact grouped: a tile with no rows writes its scale row's zeros (grouped.py)
-                Ns = Int32(cutlass.select_(in_grid and noop[0] != Float32(1.0), N, Int32(0)))
-            if tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
-                if cutlass.const_expr(cfg.amax):
-                    tm = Float32(0.0)
-                for r in cutlass.range_constexpr(max(1, 32 * PKW // NTHREADS)):
-                    p = tidx + r * NTHREADS  # position j * 32 + lane of the word
-                    cw = sMax[0, p]
-                    for w in cutlass.range_constexpr(1, WARPS):
-                        cw = dev.pk_max(cw, sMax[w, p], is_bf16)
-                    if cutlass.const_expr(cfg.amax):
-                        tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
-                    if cutlass.const_expr(cfg.colwise):
-                        cl, ch = dev.pk_unpack(cw, is_bf16)
-                        e_lo = dev.e8m0_scale(cl, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
-                        e_hi = dev.e8m0_scale(ch, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
-                        if cutlass.const_expr(GROUPED):
-                            e_lo = Int32(cutlass.select_(Ms > 0, e_lo, Int32(0)))
-                            e_hi = Int32(cutlass.select_(Ms > 0, e_hi, Int32(0)))
-                        pj = p // 32
-                        sInv[2 * pj * 32 + p % 32] = dev.inv_scale(e_lo)  # column k = 2j, 2j + 1 of lane p % 32
-                        sInv[(2 * pj + 1) * 32 + p % 32] = dev.inv_scale(e_hi)
-                        oc = cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
-                        if oc < Ns:  # N % VEC == 0: both columns are in or out
-                            if cutlass.const_expr(GROUPED and cfg.swizzled):
-                                col_scale[self.group_col_scale_offset(gt, oc)] = Uint8(e_lo)
-                                col_scale[self.group_col_scale_offset(gt, oc + 1)] = Uint8(e_hi)
-                            elif cutlass.const_expr(cfg.swizzled):
-                                ncb_s = (M + 31) // 32
-                                col_scale[dev.swizzle_offset(co + oc, rb, ncb_s)] = Uint8(e_lo)
-                                col_scale[dev.swizzle_offset(co + oc + 1, rb, ncb_s)] = Uint8(e_hi)
+                        v = self.value(frags[i], k, scalars_p, dev.widen)
+                        if cutlass.const_expr(not cfg.identity):
+                            v = Float32(cutlass.select_(row_ok, v, Float32(0.0)))  # a user epilogue may map padding to nonzero
+                        # (built-in act/dact keep the zero padding of rows past M at zero: act(0) == 0 and
+                        # 0 * dact(0) == 0, see tests/test_codegen.py::test_builtin_acts_keep_zero_padding)
+                        if cutlass.const_expr(cfg.dbias):
+                            # (row 0 starts the sum: 0 + v would turn -0 into +0, as the second pass does anyway)
+                            if cutlass.const_expr(i == 0):
+                                dsum[k] = v
                             else:
-                                col_scale[rb * NOUT + co + oc] = Uint8(e_lo)
-                                col_scale[rb * NOUT + co + oc + 1] = Uint8(e_hi)
-                if cutlass.const_expr(cfg.amax):
-                    tm = dev.warp_max(tm)
-                    if lane == 0 and Ms > 0:
-                        cute.arch.atomic_fmax(amax.iterator, tm, sign_bit=False)  # one atomic per owner warp
-            if cutlass.const_expr(cfg.dbias):
-                # dbias: each thread sums its column(s) over the warps in a fixed order (deterministic)
-                for r in cutlass.range_constexpr(max(1, 32 * VEC // NTHREADS)):
-                    p = tidx + r * NTHREADS  # position k * 32 + lane
-                    s = sSum[0, p]
-                    for w in cutlass.range_constexpr(1, WARPS):
-                        s = s + sSum[w, p]
-                    oc = cb * VCOLS + (p % 32) * VEC + p // 32
-                    if oc < Ns:
-                        dbias_ws[rb, co + oc] = s
-        if cutlass.const_expr(cfg.colwise):
-            cute.arch.sync_threads()
-            sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
-            for k in cutlass.range_constexpr(VEC):
-                sc[k] = sInv[k * 32 + lane]
-        # one pass over the rows: each word is widened once for both directions
-        for i in cutlass.range_constexpr(PK_ROWS):
-            if col_ok and rbase + i < Ms:
-                if cutlass.const_expr(cfg.rowwise):
-                    qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32)
-                if cutlass.const_expr(cfg.colwise):
-                    qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32)
-                for j in cutlass.range_constexpr(0, PKW, 2):
-                    l0, h0 = dev.pk_unpack(words[i][j], is_bf16)
-                    l1, h1 = dev.pk_unpack(words[i][j + 1], is_bf16)
+                                dsum[k] = dsum[k] + v
+                        vv[k] = v
+                    # NUMERICS step 5: round to the input format, two values per instruction
+                    row_words = [dev.pk_round(vv[2 * j], vv[2 * j + 1], is_bf16) for j in range(PKW)]
+                else:
+                    fw = cute.recast_tensor(frags[i][0], Uint32)
+                    row_words = [fw[j] for j in range(PKW)]
+                    if cutlass.const_expr(cfg.dbias):
+                        # a plain cast with dbias: v is the input itself (rows past M were loaded as zeros)
+                        for k in cutlass.range_constexpr(VEC):
+                            if cutlass.const_expr(i == 0):
+                                dsum[k] = dev.widen(frags[i][0], k)
+                            else:
+                                dsum[k] = dsum[k] + dev.widen(frags[i][0], k)
+                words.append(row_words)
+                absw.append([dev.pk_abs(w) for w in row_words])
+                if cutlass.const_expr(cfg.col_reduce):
+                    if cutlass.const_expr(i == 0):
+                        cm = list(absw[0])  # this thread's column maxima, one word per two columns
+                    else:
+                        cm = [dev.pk_max(cm[j], absw[i][j], is_bf16) for j in range(PKW)]
+            if cutlass.const_expr(cfg.rowwise):
+                # rowwise: the 32-column block of a row is the 4 adjacent lanes q = lane % 4. Their
+                # partial maxima are reduce-scattered (two butterfly stages), so that lane q finishes
+                # rows q * PK_ROWS / 4 .. and computes their scales alone, then every lane fetches the
+                # PK_ROWS inverse scales it needs: PK_ROWS shuffles instead of PK_ROWS scale computations.
+                HALF = cutlass.const_expr(PK_ROWS // 2)
+                QUARTER = cutlass.const_expr(PK_ROWS // 4)
+                rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16), dev.pk_max(a[2], a[3], is_bf16), is_bf16) for a in absw]
+                hi2 = (lane & 2) != 0
+                rs = [dev.pk_max_shuffled(rp[m], rp[HALF + m], 2, hi2, is_bf16) for m in range(HALF)]
+                hi1 = (lane & 1) != 0
+                qrow = (lane % 4) * QUARTER  # first row this lane finishes
+                grp_ok = c0 - (lane % 4) * VEC < N  # the block's first lane has valid columns
+                si = []  # inverse scales of the rows this lane finished
+                for m in cutlass.range_constexpr(QUARTER):
+                    rq = dev.pk_max_shuffled(rs[m], rs[QUARTER + m], 1, hi1, is_bf16)
+                    er = dev.e8m0_scale(dev.pk_amax(rq, is_bf16), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    si.append(dev.inv_scale(er))
+                    if cutlass.const_expr(WIDE):
+                        sRS[rbase - rb * TILE_ROWS + qrow + m, g // 4 - cb * RS_BLOCKS] = Uint8(er)
+                    else:
+                        if grp_ok and rbase + qrow + m < Ms:
+                            if cutlass.const_expr(GROUPED):
+                                self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + qrow + m, (co + c0) // 32, nbr), er)
+                            elif cutlass.const_expr(cfg.swizzled):
+                                self.store_row_scale(row_scale, dev.swizzle_offset(rbase + qrow + m, (co + c0) // 32, nbr), er)
+                            else:
+                                self.store_row_scale(row_scale, (rbase + qrow + m) * nbr + (co + c0) // 32, er)
+                if cutlass.const_expr(WIDE):
+                    cute.arch.sync_threads()
+                    # Row scales leave as words of 4 blocks, whole rows of the tile per request. Words need
+                    # nbr % 4 == 0 and a 4-byte aligned scale tensor (CTA-uniform); otherwise the same
+                    # bytes are stored one by one.
+                    rs_base = row_scale.iterator.toint()
+                    if nbr % 4 == 0 and rs_base % 4 == 0:
+                        if tidx < TILE_ROWS * RS_BLOCKS // 4:
+                            wr = tidx // (RS_BLOCKS // 4)
+                            wb = cb * RS_BLOCKS + (tidx % (RS_BLOCKS // 4)) * 4  # the word's first block
+                            if rb * TILE_ROWS + wr < Ms and wb < nbr:
+                                word = cute.recast_tensor(sRS, Uint32)[wr, tidx % (RS_BLOCKS // 4)]
+                                # (swizzled: blocks 4k..4k+3 of a row are adjacent)
+                                woff = dev.scale_offset(cfg.swizzled, rb * TILE_ROWS + wr, wb, nbr)
+                                cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[rs_base + Int64(woff), word])
+                    else:
+                        for r in cutlass.range_constexpr((TILE_ROWS * RS_BLOCKS + NTHREADS - 1) // NTHREADS):
+                            p = tidx + r * NTHREADS
+                            br = p // RS_BLOCKS
+                            bb = cb * RS_BLOCKS + p % RS_BLOCKS
+                            if br < TILE_ROWS and rb * TILE_ROWS + br < Ms and bb < nbr:
+                                self.store_row_scale(row_scale, dev.scale_offset(cfg.swizzled, rb * TILE_ROWS + br, bb, nbr),
+                                                  sRS[br, p % RS_BLOCKS])
+                gl = lane - lane % 4
+                sr = [cute.arch.shuffle_sync(si[i % QUARTER], gl + i // QUARTER) for i in range(PK_ROWS)]
+            if cutlass.const_expr(cfg.col_reduce):
+                # the warps' partial column amax (and dbias sums) meet in shared memory
+                for j in cutlass.range_constexpr(PKW):
+                    sMax[warp, j * 32 + lane] = cm[j]
+                if cutlass.const_expr(cfg.dbias):
+                    for k in cutlass.range_constexpr(VEC):
+                        sSum[warp, k * 32 + lane] = dsum[k]
+                cute.arch.sync_threads()
+                # Column owners: each of the CTA's 32 * PKW words of column maxima (two columns) is reduced
+                # over the warps, turned into two scales and stored once per CTA, by one thread, instead
+                # of by every warp for its own lane's columns.
+                Ns = Int32(cutlass.select_(Ms > 0, N, Int32(0)))  # column bound of the owners' stores
+                if cutlass.const_expr(GROUPED and not cfg.swizzled):
+                    # compact grouped: a tile with no rows writes its scale row's zeros (grouped.py)
+                    Ns = Int32(cutlass.select_(in_grid and noop[0] != Float32(1.0), N, Int32(0)))
+                if tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
+                    if cutlass.const_expr(cfg.amax):
+                        tm = Float32(0.0)
+                    for r in cutlass.range_constexpr(max(1, 32 * PKW // NTHREADS)):
+                        p = tidx + r * NTHREADS  # position j * 32 + lane of the word
+                        cw = sMax[0, p]
+                        for w in cutlass.range_constexpr(1, WARPS):
+                            cw = dev.pk_max(cw, sMax[w, p], is_bf16)
+                        if cutlass.const_expr(cfg.amax):
+                            tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
+                        if cutlass.const_expr(cfg.colwise):
+                            cl, ch = dev.pk_unpack(cw, is_bf16)
+                            e_lo = dev.e8m0_scale(cl, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                            e_hi = dev.e8m0_scale(ch, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                            if cutlass.const_expr(GROUPED):
+                                e_lo = Int32(cutlass.select_(Ms > 0, e_lo, Int32(0)))
+                                e_hi = Int32(cutlass.select_(Ms > 0, e_hi, Int32(0)))
+                            pj = p // 32
+                            sInv[2 * pj * 32 + p % 32] = dev.inv_scale(e_lo)  # column k = 2j, 2j + 1 of lane p % 32
+                            sInv[(2 * pj + 1) * 32 + p % 32] = dev.inv_scale(e_hi)
+                            oc = cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
+                            if oc < Ns:  # N % VEC == 0: both columns are in or out
+                                if cutlass.const_expr(GROUPED and cfg.swizzled):
+                                    col_scale[self.group_col_scale_offset(gt, oc)] = Uint8(e_lo)
+                                    col_scale[self.group_col_scale_offset(gt, oc + 1)] = Uint8(e_hi)
+                                elif cutlass.const_expr(cfg.swizzled):
+                                    ncb_s = (M + 31) // 32
+                                    col_scale[dev.swizzle_offset(co + oc, rb, ncb_s)] = Uint8(e_lo)
+                                    col_scale[dev.swizzle_offset(co + oc + 1, rb, ncb_s)] = Uint8(e_hi)
+                                else:
+                                    col_scale[rb * NOUT + co + oc] = Uint8(e_lo)
+                                    col_scale[rb * NOUT + co + oc + 1] = Uint8(e_hi)
+                    if cutlass.const_expr(cfg.amax):
+                        tm = dev.warp_max(tm)
+                        if lane == 0 and Ms > 0:
+                            cute.arch.atomic_fmax(amax.iterator, tm, sign_bit=False)  # one atomic per owner warp
+                if cutlass.const_expr(cfg.dbias):
+                    # dbias: each thread sums its column(s) over the warps in a fixed order (deterministic)
+                    for r in cutlass.range_constexpr(max(1, 32 * VEC // NTHREADS)):
+                        p = tidx + r * NTHREADS  # position k * 32 + lane
+                        s = sSum[0, p]
+                        for w in cutlass.range_constexpr(1, WARPS):
+                            s = s + sSum[w, p]
+                        oc = cb * VCOLS + (p % 32) * VEC + p // 32
+                        if oc < Ns:
+                            dbias_ws[rb, co + oc] = s
+            if cutlass.const_expr(cfg.colwise):
+                cute.arch.sync_threads()
+                sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+                for k in cutlass.range_constexpr(VEC):
+                    sc[k] = sInv[k * 32 + lane]
+            # one pass over the rows: each word is widened once for both directions
+            for i in cutlass.range_constexpr(PK_ROWS):
+                if col_ok and rbase + i < Ms:
                     if cutlass.const_expr(cfg.rowwise):
-                        qr[j // 2] = dev.fp8x4(dev.mul_rn(l0, sr[i]), dev.mul_rn(h0, sr[i]), dev.mul_rn(l1, sr[i]),
-                                               dev.mul_rn(h1, sr[i]), cfg.fp8)
+                        qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32)
                     if cutlass.const_expr(cfg.colwise):
-                        qc[j // 2] = dev.fp8x4(dev.mul_rn(l0, sc[2 * j]), dev.mul_rn(h0, sc[2 * j + 1]),
-                                               dev.mul_rn(l1, sc[2 * j + 2]), dev.mul_rn(h1, sc[2 * j + 3]), cfg.fp8)
-                if cutlass.const_expr(cfg.rowwise):
-                    cute.autovec_copy(cute.recast_tensor(qr, Uint8), tRow[(i, None)])
-                if cutlass.const_expr(cfg.colwise):
-                    cute.autovec_copy(cute.recast_tensor(qc, Uint8), tCol[(i, None)])
+                        qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32)
+                    for j in cutlass.range_constexpr(0, PKW, 2):
+                        l0, h0 = dev.pk_unpack(words[i][j], is_bf16)
+                        l1, h1 = dev.pk_unpack(words[i][j + 1], is_bf16)
+                        if cutlass.const_expr(cfg.rowwise):
+                            qr[j // 2] = dev.fp8x4(dev.mul_rn(l0, sr[i]), dev.mul_rn(h0, sr[i]), dev.mul_rn(l1, sr[i]),
+                                                   dev.mul_rn(h1, sr[i]), cfg.fp8)
+                        if cutlass.const_expr(cfg.colwise):
+                            qc[j // 2] = dev.fp8x4(dev.mul_rn(l0, sc[2 * j]), dev.mul_rn(h0, sc[2 * j + 1]),
+                                                   dev.mul_rn(l1, sc[2 * j + 2]), dev.mul_rn(h1, sc[2 * j + 3]), cfg.fp8)
+                    if cutlass.const_expr(cfg.rowwise):
+                        cute.autovec_copy(cute.recast_tensor(qr, Uint8), tRow[(i, None)])
+                    if cutlass.const_expr(cfg.colwise):
+                        cute.autovec_copy(cute.recast_tensor(qc, Uint8), tCol[(i, None)])

@@ -118,17 +118,26 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
     def store_row_scale(self, row_scale, offset, e):
         dev.store_row_scale(row_scale, offset, e, self.cfg.tuning.row_scale_l2_keep)
 
-    def output_half(self, cb, N, NO, tile_cols: int, scalars, divby: int = 1):
+    def output_half(self, cb, N, NO, tile_cols: int, scalars, divby: int = 1, passes: int = 1):
         """(column tile, output column offset, output width, scalars) of grid column index cb.
         A two-halves op (KernelConfig.halves, mxq/gated.py) has every input column tile twice in
         its grid: the second copy writes half 1, at column offset N of the NO = 2N wide outputs,
-        and passes HALF = 1 to its epilogue. ``divby``: what N is known to be a multiple of."""
+        and passes HALF = 1 to its epilogue. ``divby``: what N is known to be a multiple of.
+        ``passes`` 2 (the packed kernel's KernelConfig.halves_passes): the grid is not doubled
+        and the kernel writes both halves itself (pass_half)."""
         if not self.cfg.halves:
             return cb, 0, N, scalars
+        if passes == 2:
+            return cb, 0, NO, scalars
         ncb = (N + tile_cols - 1) // tile_cols
         h = Int32(cutlass.select_(cb >= ncb, Int32(1), Int32(0)))
         co = cute.assume(h * N, divby=divby) if divby > 1 else h * N
         return cb - h * ncb, co, NO, list(scalars) + [h.to(Float32)]
+
+    def pass_half(self, h: int, N, scalars, divby: int = 1):
+        """(output column offset, scalars) of pass h of a kernel writing both halves itself."""
+        co = cute.assume(Int32(h) * N, divby=divby) if divby > 1 else Int32(h) * N
+        return co, list(scalars) + [Float32(float(h))]
 
     def out_window(self, t, co):
         """Output tensor ``t`` from column ``co`` on (two-halves ops; else ``t`` itself)."""
