@@ -191,6 +191,10 @@ class PackedKernel:
                 if cutlass.const_expr(any(staged_src)):
                     if cutlass.const_expr(hp == 0):
                         cute.arch.cp_async_wait_group(PK_ROWS - 1 - i)  # row i's copies have landed
+                    else:  # reloaded from shared memory: pass 0's values need not stay live until here
+                        for t in cutlass.range_constexpr(NSRC):
+                            if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
+                                frags[i][t].fill(0)
                     if col_ok and rbase + i < row_end:
                         for t in cutlass.range_constexpr(NSRC):
                             if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
