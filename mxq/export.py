@@ -20,7 +20,7 @@ OPERAND_DOC = {
     "full": "contiguous",
     "strided": "strides (ld, 1), ld >= N (a column slice such as x[:, :N]; ld % 8 == 0 for _vec)",
     "row": "strides (0, 1): a [N] row broadcast down the rows (torch: b.expand(M, N))",
-    "col": "strides (1, 0): a [M] column broadcast along the rows (torch: s.expand(M, N))",
+    "col": "strides (1, 0): a [M] column broadcast along the rows (torch: s.reshape(M, 1).expand(M, N))",
     "scalar": "strides (0, 0): one element (torch: a.reshape(1, 1).expand(M, N))",
 }
 
@@ -136,7 +136,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
  *
  * lib{name}.so exports {'four' if grouped else 'two'} TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
  * GetFunction): "{name}" serves any M, N >= 1; "{name}_vec" needs N % 8 == 0 and 16-byte
- * aligned [M, N] tensors and is faster. Both take these positional arguments (DLPack tensors on
+ * aligned [M, N] tensors and is faster. Those two take these positional arguments (DLPack tensors on
  * one CUDA device; the launch uses TVM-FFI's environment stream, see TVMFFIEnvSetStream):
  *
 {lines}{operand_doc}{grouped_doc}

@@ -103,10 +103,27 @@ def _python_callback(op):
             fp8=spec.fp8, scale_layout=spec.scale_layout, shape=x.shape)
         kwargs = dict(zip(epi.tensor_params, tensors))
         kwargs.update(zip(epi.scalar_params, scalars))
-        run = op.reference if x.device.type == "cpu" else op
-        run(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
+        if x.device.type == "cpu" or x.numel() == 0:
+            # (an empty CUDA call too: op(...) would hand it back to the dispatcher, which sends it here)
+            op.reference(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
+            return
+        with _caller_stream(x.device):  # the C++ caller's stream (TVMFFIEnvSetStream), not torch's
+            op(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
 
     return call
+
+
+def _caller_stream(device):
+    """A context making the TVM-FFI environment stream of ``device`` (what a C++ caller set)
+    torch's current stream, so that the Python route's launches and torch work run on it."""
+    import contextlib
+
+    import tvm_ffi
+
+    raw = tvm_ffi.get_raw_stream(tvm_ffi.device("cuda", device.index or 0))
+    if raw == torch.cuda.current_stream(device).cuda_stream:
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.ExternalStream(raw, device=device))
 
 
 def _resolve_callback(op):
