@@ -301,8 +301,6 @@ class GatedOp(FusedOp):
         """The inner op's positional arguments for one call of this op (group_offsets, if any,
         pass through: the groups are along the rows, which the halves share)."""
         tensors, scalars = self._bind(args, kwargs)
-        if _any_dtensor(tensors, act_input):
-            raise ValueError("mxq: DTensor inputs with a gated activation are not supported yet")
         names = self.epilogue.tensor_params
         x = tensors[0]
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
@@ -346,6 +344,18 @@ class GatedOp(FusedOp):
 
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
+        tensors, scalars = self._bind(args, kwargs)
+        if _any_dtensor(tensors, act_input):  # each rank runs the gated op on its rows (mxq/distributed.py)
+            if group_offsets is not None:
+                raise ValueError("mxq: group_offsets with DTensor inputs is not supported")
+            from . import distributed
+
+            def local_call(local, act, noop_local):
+                named = dict(zip(self.epilogue.tensor_params, local))
+                named.update(zip(self.epilogue.scalar_params, scalars))
+                return self(act_input=act, noop=noop_local, **named)
+
+            return distributed.call(self, tensors, scalars, act_input, noop, out, local_call=local_call)
         return self.inner(*self._inner_args(args, kwargs, act_input), noop=noop, out=out, group_offsets=group_offsets)
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,

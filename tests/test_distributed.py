@@ -52,6 +52,38 @@ for placement in (Shard(0), Shard(1), Shard(-1), Replicate()):
         if isinstance(placement, Shard):
             assert got.rowwise_data.placements == (placement,) or got.rowwise_data.placements == (Shard(placement.dim % 2),)
         checked += 1
+# gated ops: row splits and replicas (the halves lie along the columns, so column splits are refused)
+def ident(x):
+    return x
+
+swiglu_f = mxq.fused_quant(act="swiglu", rowwise=True, colwise=True, amax=True)(ident)
+swiglu_b = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(ident)
+xg = torch.randn(128, 128, dtype=torch.bfloat16)
+dg = torch.randn(128, 64, dtype=torch.bfloat16)
+for placement in (Shard(0), Replicate()):
+    dxg, ddg = distribute_tensor(xg, mesh, [placement]), distribute_tensor(dg, mesh, [placement])
+    for name, got, want in (("swiglu", swiglu_f(dxg), swiglu_f(xg)),
+                            ("dswiglu", swiglu_b(ddg, act_input=dxg), swiglu_b(dg, act_input=xg))):
+        assert got.shape == want.shape, (name, got.shape)
+        for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+            g = getattr(got, f)
+            assert isinstance(g, DTensor) and g.shape == getattr(want, f).shape, (name, f)
+            (p,) = g.placements
+            w = getattr(want, f).view(torch.uint8)
+            expect = w if isinstance(p, Replicate) else torch.chunk(w, world, dim=p.dim)[rank]
+            assert torch.equal(g.to_local().view(torch.uint8), expect), (name, placement, f)
+        if got.dbias is not None:  # Partial("sum") of the ranks' bf16 dbias: their sum, rounded once more
+            assert got.dbias.shape == (128,)
+            parts = [swiglu_b(part_g, act_input=part_x).dbias.float() for part_g, part_x in
+                     zip(torch.chunk(dg, world), torch.chunk(xg, world))] if isinstance(placement, Shard) else [want.dbias.float()]
+            assert torch.allclose(got.dbias.full_tensor().float(), sum(parts), rtol=2 ** -7, atol=0), name
+        checked += 1
+try:
+    swiglu_f(distribute_tensor(xg, mesh, [Shard(1)]))
+except ValueError as exc:
+    assert "placement Shard(1) splits the columns" in str(exc), exc
+else:
+    raise AssertionError("a column split of a gated op was accepted")
 # a split that cuts a 32-row block (colwise) names the placement
 bad = distribute_tensor(torch.randn(80, 64), mesh, [Shard(0)])
 try:
