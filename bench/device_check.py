@@ -274,8 +274,9 @@ def gate_mul(g, u):
 def bench_operands(copy_gbps, shapes):
     """Epilogues with extra operands (mxq/operands.py), both directions, bf16: x + bias[N] with
     gelu (against the same op on a materialised [M, N] bias), x * alpha + r with silu, and the
-    product of the two halves of a [M, 2N] tensor passed as strided views. Bytes moved count
-    every operand byte read (a bias: N elements) and every output byte."""
+    product of the two halves of a [M, 2N] tensor passed as strided views; and the composition
+    a user runs today for the first (bias_gelu_composition), timed on the same inputs. Bytes
+    moved count every operand byte read (a bias: N elements) and every output byte."""
     rows = []
     both = dict(rowwise=True, colwise=True)
     out_bytes = lambda m, n: 2 * (m * n + m * n // 32)  # noqa: E731
@@ -297,7 +298,36 @@ def bench_operands(copy_gbps, shapes):
             rows.append(row)
             print(f"  {row['name']:24s} bf16 {m:6d}x{n:<6d} {row['ms'] * 1000:8.1f} us {row['GBps']:8.0f} GB/s "
                   f"{row['pct_copy']:5.1f}%", flush=True)
+        composed = bias_gelu_composition()
+        if composed is not None:  # what a user writes today for the first case, on the same inputs
+            b = cases[0][2][1]
+            row = timed_row(lambda: composed(x, b), cases[0][3] + out_bytes(m, n), copy_gbps,
+                            name="composition/bias_gelu_then_torchao_dim0_dim1", M=m, N=n)
+            row["mxq_speedup"] = round(row["ms"] / rows[-len(cases)]["ms"], 2)
+            rows.append(row)
+            print(f"  {row['name']:24s} bf16 {m:6d}x{n:<6d} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}%  "
+                  f"mxq bias_gelu_both is {row['mxq_speedup']}x", flush=True)
     return rows
+
+
+def bias_gelu_composition():
+    """torch's x + b and tanh gelu, then torchao's Triton dim0 and dim1 casts (FLOOR; the sm_100
+    gate patched as in load_peers): the composition mxq's bias_gelu_both replaces, or None
+    without torchao."""
+    try:
+        import torchao.utils as tu
+
+        tu.is_sm_at_least_100 = lambda: True
+        from torchao.prototype.mx_formats import kernels as tk
+    except Exception as exc:
+        print(f"composition unavailable: {type(exc).__name__}: {exc}", flush=True)
+        return None
+
+    def composed(x, b):
+        y = torch.nn.functional.gelu(x + b, approximate="tanh")
+        return tk.triton_to_mxfp8_dim0(y, 32, "floor"), tk.triton_to_mxfp8_dim1(y, 32, "floor")
+
+    return composed
 
 
 def load_peers():
