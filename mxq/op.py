@@ -297,10 +297,10 @@ class GatedOp(FusedOp):
         derived_fn.__name__ = derived_fn.__qualname__ = derived.name
         self.inner = FusedOp(derived_fn, dataclasses.replace(spec, act=None, dact=None), derived)
 
-    def _inner_args(self, args, kwargs, act_input):
-        """The inner op's positional arguments for one call of this op (group_offsets, if any,
-        pass through: the groups are along the rows, which the halves share)."""
-        tensors, scalars = self._bind(args, kwargs)
+    def _inner_args(self, tensors, scalars, act_input):
+        """The inner op's positional arguments for one call of this op, from its bound tensors
+        and floats (group_offsets, if any, pass through: the groups are along the rows, which the
+        halves share)."""
         names = self.epilogue.tensor_params
         x = tensors[0]
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
@@ -356,15 +356,16 @@ class GatedOp(FusedOp):
                 return self(act_input=act, noop=noop_local, **named)
 
             return distributed.call(self, tensors, scalars, act_input, noop, out, local_call=local_call)
-        return self.inner(*self._inner_args(args, kwargs, act_input), noop=noop, out=out, group_offsets=group_offsets)
+        return self.inner(*self._inner_args(tensors, scalars, act_input), noop=noop, out=out,
+                          group_offsets=group_offsets)
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
-        return self.inner.reference(*self._inner_args(args, kwargs, act_input), noop=noop, out=out,
+        return self.inner.reference(*self._inner_args(*self._bind(args, kwargs), act_input), noop=noop, out=out,
                                     group_offsets=group_offsets)
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs):
-        return self.inner.prepare(*self._inner_args(args, kwargs, act_input), noop=noop, out=out)
+        return self.inner.prepare(*self._inner_args(*self._bind(args, kwargs), act_input), noop=noop, out=out)
 
     @property
     def source(self) -> str:
