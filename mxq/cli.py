@@ -25,8 +25,8 @@ import torch
 
 from . import __version__, codegen, compiler, get_include
 from .epilogue import EpilogueError
-from .op import FusedOp, _quantize_op
-from .spec import ACTIVATIONS, QuantSpec
+from .op import FusedOp, GatedOp, _identity, _quantize_op
+from .spec import ACTIVATIONS, GATED_ACTIVATIONS, QuantSpec
 from .targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
 
 PROG = "python -m mxq"
@@ -97,8 +97,9 @@ def _add_op_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-layout", default=d["scale_layout"], choices=("compact", "swizzled"),
                    help="scale layout: compact, or swizzled as cuBLAS wants it (default compact)")
     p.add_argument("--amax", action="store_true", help="also write the input's absolute maximum")
-    p.add_argument("--act", choices=ACTIVATIONS, help="activation applied before quantizing")
-    p.add_argument("--dact", choices=ACTIVATIONS,
+    p.add_argument("--act", choices=ACTIVATIONS + tuple(GATED_ACTIVATIONS),
+                   help="activation applied before quantizing (swiglu, ...: gated, over the input's two halves)")
+    p.add_argument("--dact", choices=ACTIVATIONS + tuple(GATED_ACTIVATIONS),
                    help="activation gradient: the result times dact(act_input), for the backward pass")
     p.add_argument("--dbias", action="store_true", help="also write the column sums (bias gradient)")
 
@@ -148,7 +149,7 @@ def _op_from_args(args) -> FusedOp:
     spec = QuantSpec(fp8=args.fp8, rowwise=not args.no_rowwise, colwise=args.colwise,
                      scale_mode=args.scale_mode, scale_layout=args.scale_layout, amax=args.amax,
                      act=args.act, dact=args.dact, dbias=args.dbias)
-    return _quantize_op(spec)
+    return GatedOp(_identity, spec) if spec.gated else _quantize_op(spec)
 
 
 def cmd_info(args) -> int:

@@ -72,6 +72,18 @@ def test_export(tmp_path):
     assert "functions q_both, q_both_vec\n" in r.stdout and "mGroupEnds" not in (tmp_path / "aot" / "q_both.h").read_text()
 
 
+def test_gated_activations_from_the_command_line(tmp_path):
+    """--act swiglu renders and compiles the gated op (its two-input module over the halves);
+    export refuses it with the C++ routes' one-line reason."""
+    r = run("render", "--act", "swiglu", "--colwise", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "def epilogue(x0, x1):" in r.stdout and "launch(mIn0: cute.Tensor, mIn1: cute.Tensor" in r.stdout
+    r = run("compile", "--dact", "geglu", "--dbias", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run("export", "--act", "reglu", "--dir", str(tmp_path / "aot"), tmp_path=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().startswith("mxq: export(): ops with gated activations")
+
+
 def test_export_grouped(tmp_path):
     """--grouped adds the grouped kernels, and the header documents their grouped buffer sizes."""
     r = run("export", "--colwise", "--scale-layout", "swizzled", "--dir", str(tmp_path / "aot"), "--name", "q_g",
@@ -118,7 +130,7 @@ def test_help_lists_every_command_and_every_flag(tmp_path):
     for arch in ARCHS:
         assert arch in out, arch
     assert "{bf16,fp16,fp32}" in out
-    for values in ("{e4m3,e5m2}", "{rceil,floor,ceil,even}", "{compact,swizzled}", "{gelu,silu,relu,qgelu,srelu}"):
+    for values in ("{e4m3,e5m2}", "{rceil,floor,ceil,even}", "{compact,swizzled}", "{gelu,silu,relu,qgelu,srelu,swiglu,geglu,reglu,qgeglu,sreglu}"):
         assert values in out, values
 
 
