@@ -167,6 +167,26 @@ class Launcher:
         return out
 
 
+def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):
+    """``op.prepare``'s launch of a grouped call: the kernel reads ``group_offsets`` (the caller's
+    int32 tensor, bound by reference) at every launch, so the groups may change in place between
+    launches; the swizzled padding moves with them and is cleared first, and ``out.group_offsets``
+    follows (a device copy; all CUDA-graph safe)."""
+    swizzled = spec.scale_layout == "swizzled"
+
+    def relaunch():
+        if noop is None:
+            out.group_offsets.copy_(group_offsets)
+        else:  # (noop == 1 writes nothing: keep the offsets the outputs were written by)
+            keep = (noop.reshape(()) == 1.0)
+            out.group_offsets.copy_(torch.where(keep, out.group_offsets, group_offsets.to(out.group_offsets.dtype)))
+        if swizzled:
+            _clear_padding(out, noop)
+        fn(*args)
+
+    return relaunch
+
+
 def _clear_padding(out: MXFP8Tensor, noop) -> None:
     """Zero a reused ``out``'s swizzled grouped scale buffers before a grouped call (the kernels
     write only the groups' scales; the padding between them moves with the offsets), unless

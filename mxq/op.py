@@ -179,21 +179,29 @@ class FusedOp:
         out = self._noop_out(tensors[0], noop, out, group_offsets)
         return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
 
-    def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs):
+    def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
+                **kwargs):
         """Check and bind one call on CUDA tensors once; return (launch, out) where ``launch()``
         re-runs the kernel into ``out`` with no Python checks or allocation (for CUDA graphs and
-        tight loops). The inputs must stay alive and unchanged in shape."""
+        tight loops). The inputs must stay alive and unchanged in shape. ``group_offsets`` (int32,
+        contiguous) is read on the device at every launch: change it in place between launches."""
         tensors, scalars = self._bind(args, kwargs)
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)
-        launcher = self._launcher_for(tensors[0]) if tensors[0].is_cuda and not self._unserved(tensors[0]) else None
+        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
+        if group_offsets is not None and (group_offsets.dtype != torch.int32 or not group_offsets.is_contiguous()):
+            raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
+                             f"tensor (an int64 one would be converted once, at bind time); got {group_offsets.dtype}")
+        x = tensors[0]
+        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x, group_offsets) else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input, copy=False)
-        out = self._noop_out(tensors[0], noop, out)
-        fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out, layouts)
+        out = self._noop_out(tensors[0], noop, out, group_offsets)
+        fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out, layouts, group_offsets)
         if fn is None:
             return (lambda: None), out
-        return (lambda: fn(*fargs)), out
+        if group_offsets is None:
+            return (lambda: fn(*fargs)), out
+        return launch.grouped_relaunch(fn, fargs, out, group_offsets, noop, self.spec), out
 
     def _launcher_for(self, x):
         """The launcher running the compiled kernels for CUDA tensor ``x``, or None (after a
@@ -364,8 +372,10 @@ class GatedOp(FusedOp):
         return self.inner.reference(*self._inner_args(*self._bind(args, kwargs), act_input), noop=noop, out=out,
                                     group_offsets=group_offsets)
 
-    def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, **kwargs):
-        return self.inner.prepare(*self._inner_args(*self._bind(args, kwargs), act_input), noop=noop, out=out)
+    def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
+                **kwargs):
+        return self.inner.prepare(*self._inner_args(*self._bind(args, kwargs), act_input), noop=noop, out=out,
+                                  group_offsets=group_offsets)
 
     @property
     def source(self) -> str:

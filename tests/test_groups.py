@@ -181,6 +181,20 @@ def test_reused_out_with_new_offsets_equals_a_fresh_call_byte_for_byte(layout):
         assert int(fresh.colwise_scale[0].max()) == 0  # (the empty group's place: padding)
 
 
+def test_prepare_takes_int32_group_offsets_only():
+    """prepare() reads the offsets at every launch, so it binds the caller's int32 tensor itself;
+    an int64 one (which a bind would convert, once) is refused, naming the argument."""
+    op = mxq.fused_quant(colwise=True)(_plain)
+    with pytest.raises(ValueError, match="'group_offsets'.*int32"):
+        op.prepare(torch.randn(64, 64), group_offsets=torch.tensor([64]))
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        op.prepare(torch.randn(64, 64), group_offsets=torch.tensor([64], dtype=torch.int32))
+
+
+def _plain(x):
+    return x
+
+
 # --- the grouped kernels (mxq/kernels/grouped.py), on a CUDA device ------------------------------------
 def _ident(x):
     return x
@@ -261,6 +275,30 @@ def test_grouped_kernels_with_extra_operands(kind, layout):
     xcv, bc = (xc[:, :n], xc[:, n:]) if kind == "strided" else (x.cuda(), b.cuda())
     got = op(xcv, bc, group_offsets=offs.cuda(), out=poisoned(op, xcv, offs.cuda()))
     assert compare(got, want, False, v_abs) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_prepared_grouped_launch_follows_the_offsets(layout):
+    """op.prepare with group_offsets: each launch (plain, and replayed from a CUDA graph)
+    quantizes by the offsets' current contents, byte-equal to a fresh call."""
+    m, n = 1000, 256
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) * 3
+    offsets = torch.tensor([100, 100, 613, 1000], dtype=torch.int32, device="cuda")
+    op = mxq.fused_quant(rowwise=True, colwise=True, dbias=True, scale_layout=layout)(_plain)
+    launch, out = op.prepare(x, group_offsets=offsets)
+    for new in ([100, 100, 613, 1000], [0, 500, 501, 1000], [1000, 1000, 1000, 1000]):
+        offsets.copy_(torch.tensor(new, dtype=torch.int32))
+        launch()
+        fresh = op(x, group_offsets=offsets.clone())
+        assert compare(out, fresh, exact=True) == [] and out.group_offsets.tolist() == new, new
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch()
+    offsets.copy_(torch.tensor([31, 64, 64, 1000], dtype=torch.int32))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert compare(out, op(x, group_offsets=offsets.clone()), exact=True) == []
 
 
 @pytest.mark.gpu
