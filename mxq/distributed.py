@@ -89,11 +89,10 @@ def _local(t, mesh, placement, name):
     return t
 
 
-def call(op, tensors, scalars, act_input, noop, out, local_call=None) -> MXFP8Tensor:
-    """Run ``op`` on the local shards of DTensor inputs and wrap its outputs as DTensors.
-    ``local_call(local_tensors, act_input, noop)``: how to run ``op`` on the shards when that is
-    not its checked eager call (a gated op, whose outputs have ``op.output_shape``: its halves
-    lie along the columns, so it takes row splits and replicas only)."""
+def call(op, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+    """Run ``op`` on the local shards of DTensor inputs and wrap its outputs (of
+    ``op.output_shape``) as DTensors. A gated op's halves lie along the columns: it takes row
+    splits and replicas only."""
     if out is not None:
         raise ValueError("mxq: out= is not supported with DTensor inputs")
     x = tensors[0]
@@ -102,7 +101,7 @@ def call(op, tensors, scalars, act_input, noop, out, local_call=None) -> MXFP8Te
     mesh, kind, dim = _placement(x, op.epilogue.tensor_params[0])
     placement = x.placements[0]
     spec = op.spec
-    if local_call is not None and kind == "cols":
+    if spec.gated and kind == "cols":
         raise ValueError(f"mxq: placement {_name(placement)} splits the columns, which hold a gated op's two halves; "
                          "use Shard(0) or Replicate()")
     _check_blocks(spec, x, kind, dim)
@@ -111,7 +110,7 @@ def call(op, tensors, scalars, act_input, noop, out, local_call=None) -> MXFP8Te
     act = _local(act_input, mesh, placement, "act_input") if act_input is not None else None
     if isinstance(noop, DTensor):
         noop = noop.to_local()
-    t = op._eager(local, scalars, act, noop, None) if local_call is None else local_call(local, act, noop)
+    t = op._eager(local, scalars, act, noop, None)
     gshape = torch.Size(op.output_shape(x.shape))
     m, n = flat_dims(gshape)
 

@@ -9,13 +9,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .compiler import _DTYPE_BY_NAME, _link_shared, compile_op, runtime_libraries
+from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, _link_shared, compile_op, runtime_libraries
 from . import slots, targets
 from .numerics import dbias_partial_dtype
 
 
-# How a C++ caller passes an epilogue tensor of each operand kind (mxq/operands.py): always as an
-# [M, N] tensor, with these strides (torch: the expand() / slice of the tensor it has)
+# How a C++ caller passes an epilogue tensor of each operand kind (the compiler's LAYOUT_CODES,
+# mxq/operands.py): always as an [M, N] tensor, with these strides (torch: the expand() / slice of
+# the tensor it has). tests/test_cache.py holds the two key sets equal.
 OPERAND_DOC = {
     "full": "contiguous",
     "strided": "strides (ld, 1), ld >= N (a column slice such as x[:, :N]; ld % 8 == 0 for _vec)",
@@ -32,11 +33,11 @@ def check_operands(op, operands):
     names = op.epilogue.tensor_params
     if isinstance(operands, str) or not isinstance(operands, (tuple, list)) or len(operands) != len(names):
         raise ValueError(f"mxq: export() argument 'operands' must be a sequence of {len(names)} kind(s), one per "
-                         f"epilogue tensor {names}, each one of {tuple(OPERAND_DOC)}; got {operands!r}")
+                         f"epilogue tensor {names}, each one of {tuple(LAYOUT_CODES)}; got {operands!r}")
     for nm, k in zip(names, operands):
-        if k not in OPERAND_DOC:
+        if k not in LAYOUT_CODES:
             raise ValueError(f"mxq: export() argument 'operands': {nm!r} has kind {k!r}; kinds are "
-                             f"{tuple(OPERAND_DOC)}")
+                             f"{tuple(LAYOUT_CODES)}")
     if operands[0] not in ("full", "strided"):
         raise ValueError(f"mxq: export() argument 'operands': the first tensor {names[0]!r} sets the shape and "
                          f"must be 'full' or 'strided', got {operands[0]!r}")

@@ -6,9 +6,9 @@ allocating route of ordinary Python calls. The C++ library is built once per mac
 tvm-ffi's ``load_inline`` and cached on disk. On CUDA tensors a dispatcher launches the compiled
 kernel without Python after the first call of a dtype; it calls back into Python for four
 things only: compiling (or loading) a kernel on that first call, the torch reference on CPU
-tensors, grouped calls (a trailing ``group_offsets``: the grouped kernels through the Python
-binding, which converts int64 offsets and clears reused swizzled padding on the device), and a
-zero noop tensor per device. The callers (mxq/op.py) keep what this returns.
+tensors, the CUDA calls it does not launch itself (grouped calls, with a trailing
+``group_offsets``, and epilogue tensors that broadcast or are strided views: Python's binding
+of the kernels), and a zero noop tensor per device. The callers (mxq/op.py) keep what this returns.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _dispatch_module():
             import tvm_ffi.cpp
 
             src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v10", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v11", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -49,9 +49,10 @@ def _torch(t):
 
 
 def _python_callback(op):
-    """The Python route of the destination-passing dispatcher: CPU tensors (the torch reference)
-    and grouped calls on any device (the optional trailing ``group_offsets``; on CUDA the
-    grouped kernels through the Python binding), into the caller's destination tensors."""
+    """The Python route of the destination-passing dispatcher, into the caller's destination
+    tensors: CPU and empty tensors (the torch reference), and the CUDA calls the dispatcher does
+    not launch itself (grouped ones, with the optional trailing ``group_offsets``, and those with
+    broadcast or strided epilogue tensors: ``op(...)``, Python's binding of the kernels)."""
     spec, epi = op.spec, op.epilogue
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
     fp8 = spec.format.torch_dtype
@@ -156,12 +157,12 @@ def make_dispatchers(op) -> tuple:
         mod = _dispatch_module()
         # (the callbacks become ffi.Functions owned by the dispatcher's state: they live as long
         # as the dispatchers, which the op keeps)
-        ref, res = _python_callback(op), _resolve_callback(op)
+        py, res = _python_callback(op), _resolve_callback(op)
         epi = op.epilogue
         pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
-                                   list(epi.tensor_params + epi.scalar_params), ref, res, _zero_callback,
+                                   list(epi.tensor_params + epi.scalar_params), py, res, _zero_callback,
                                    SHARED_ALLOC_MAX_BYTES)
-        return pair[0], pair[1], ref, res  # (the callbacks too: kept alive with the dispatchers)
+        return pair[0], pair[1], py, res  # (the callbacks too: kept alive with the dispatchers)
 
 
 def register_global(name: str, fn) -> None:

@@ -122,8 +122,9 @@ class FusedOp:
         With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
         x = tensors[0]
         out = self._noop_out(x, noop, out, group_offsets)
-        if x.is_cuda and self._unserved(x, group_offsets):
-            runtime.fallback(self._unserved(x, group_offsets))
+        unserved = self._unserved(x, group_offsets) if x.is_cuda else None
+        if unserved:
+            runtime.fallback(unserved)
             return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
         if x.is_cuda:
             launcher = self._launcher_for(x)
@@ -358,12 +359,11 @@ class GatedOp(FusedOp):
                 raise ValueError("mxq: group_offsets with DTensor inputs is not supported")
             from . import distributed
 
-            def local_call(local, act, noop_local):
-                named = dict(zip(self.epilogue.tensor_params, local))
-                named.update(zip(self.epilogue.scalar_params, scalars))
-                return self(act_input=act, noop=noop_local, **named)
+            return distributed.call(self, tensors, scalars, act_input, noop, out)
+        return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
 
-            return distributed.call(self, tensors, scalars, act_input, noop, out, local_call=local_call)
+    def _eager(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
+        """A call on bound tensors and floats: the inner op over the halves (which checks it)."""
         return self.inner(*self._inner_args(tensors, scalars, act_input), noop=noop, out=out,
                           group_offsets=group_offsets)
 

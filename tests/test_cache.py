@@ -222,6 +222,12 @@ def test_exported_operand_kinds_run_on_cuda(tmp_path):
         assert compare(got, want, exact=False) == [], fname
 
 
+def test_every_operand_kind_has_its_header_doc():
+    from mxq import export
+
+    assert set(export.OPERAND_DOC) == set(compiler.LAYOUT_CODES)
+
+
 @pytest.mark.parametrize("operands, match", [
     (("full",), "sequence of 2 kind"), ("full,row", "sequence of 2 kind"),
     (("full", "bias"), "'b' has kind 'bias'"), (("col", "full"), "must be 'full' or 'strided'")])

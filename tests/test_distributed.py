@@ -28,6 +28,17 @@ mesh = init_device_mesh("cpu", (world,))
 def resid(x, r, alpha: float = 0.5):
     return x * alpha + r
 
+# got's data and scale fields are DTensors of want's shapes; this rank's shard of each is its part
+# of the single-process result (gloo cannot gather float8: each rank checks its own)
+def check_shards(name, placement, got, want):
+    for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+        g = getattr(got, f)
+        assert isinstance(g, DTensor) and g.shape == getattr(want, f).shape, (name, f)
+        (p,) = g.placements
+        w = getattr(want, f).view(torch.uint8)
+        expect = w if isinstance(p, Replicate) else torch.chunk(w, world, dim=p.dim)[rank]
+        assert torch.equal(g.to_local().view(torch.uint8), expect), (name, placement, f)
+
 torch.manual_seed(0)
 x = torch.randn(128, 256, dtype=torch.bfloat16)
 r = torch.randn(128, 256, dtype=torch.bfloat16)
@@ -37,14 +48,7 @@ for placement in (Shard(0), Shard(1), Shard(-1), Replicate()):
     for name, got, want in (("quantize", mxq.quantize(dx, rowwise=True, colwise=True, amax=True),
                              mxq.quantize(x, rowwise=True, colwise=True, amax=True)),
                             ("resid", resid(dx, dr, alpha=0.25), resid(x, r, alpha=0.25))):
-        for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
-            g = getattr(got, f)
-            assert isinstance(g, DTensor) and g.shape == getattr(want, f).shape, (name, f)
-            (p,) = g.placements
-            w = getattr(want, f).view(torch.uint8)
-            # (gloo cannot gather float8: each rank checks its own shard against the full result)
-            expect = w if isinstance(p, Replicate) else torch.chunk(w, world, dim=p.dim)[rank]
-            assert torch.equal(g.to_local().view(torch.uint8), expect), (name, placement, f)
+        check_shards(name, placement, got, want)
         amax = got.amax
         assert isinstance(amax, DTensor) and torch.equal(amax.full_tensor(), want.amax), (name, placement)
         if got.dbias is not None:
@@ -65,13 +69,7 @@ for placement in (Shard(0), Replicate()):
     for name, got, want in (("swiglu", swiglu_f(dxg), swiglu_f(xg)),
                             ("dswiglu", swiglu_b(ddg, act_input=dxg), swiglu_b(dg, act_input=xg))):
         assert got.shape == want.shape, (name, got.shape)
-        for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
-            g = getattr(got, f)
-            assert isinstance(g, DTensor) and g.shape == getattr(want, f).shape, (name, f)
-            (p,) = g.placements
-            w = getattr(want, f).view(torch.uint8)
-            expect = w if isinstance(p, Replicate) else torch.chunk(w, world, dim=p.dim)[rank]
-            assert torch.equal(g.to_local().view(torch.uint8), expect), (name, placement, f)
+        check_shards(name, placement, got, want)
         if got.dbias is not None:  # Partial("sum") of the ranks' bf16 dbias: their sum, rounded once more
             assert got.dbias.shape == (128,)
             parts = [swiglu_b(part_g, act_input=part_x).dbias.float() for part_g, part_x in
@@ -136,14 +134,15 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def test_dtensor_shards_quantize_like_the_full_tensor(tmp_path):
-    pytest.importorskip("torch.distributed.tensor")
+def run_two_ranks(worker: str, tmp_path, done: str) -> None:
+    """Run ``worker`` (a script taking its rank as argv[1]) as two gloo processes; each must exit
+    0 and print ``done``."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("no gloo backend")
     script = tmp_path / "worker.py"
-    script.write_text(textwrap.dedent(WORKER))
+    script.write_text(textwrap.dedent(worker))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore",
                MXQ_CACHE_DIR=str(tmp_path / "cache"))
     procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
@@ -151,4 +150,9 @@ def test_dtensor_shards_quantize_like_the_full_tensor(tmp_path):
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out + err[-4000:]
-        assert "DTensor calls matched" in out
+        assert done in out
+
+
+def test_dtensor_shards_quantize_like_the_full_tensor(tmp_path):
+    pytest.importorskip("torch.distributed.tensor")
+    run_two_ranks(WORKER, tmp_path, "DTensor calls matched")

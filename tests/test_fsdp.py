@@ -6,14 +6,13 @@ refused by name. examples/fsdp2_mxfp8.py trains with it (run by tests/test_examp
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 import torch
 
 import mxq
 
-from .test_distributed import ROOT, _free_port
+from .test_distributed import ROOT, run_two_ranks
 
 WORKER = r"""
 import sys, torch, torch.distributed as dist
@@ -68,20 +67,7 @@ dist.destroy_process_group()
 
 
 def test_fsdp_gathers_the_full_weights_mxfp8_bytes(tmp_path):
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_gloo_available():
-        pytest.skip("no gloo backend")
-    script = tmp_path / "worker.py"
-    script.write_text(textwrap.dedent(WORKER))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore",
-               MXQ_CACHE_DIR=str(tmp_path / "cache"))
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for rank in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (out, err) in zip(procs, outs):
-        assert p.returncode == 0, out + err[-4000:]
-        assert "byte-equal" in out
+    run_two_ranks(WORKER, tmp_path, "byte-equal")
 
 
 def test_shapes_that_cannot_travel_as_mxfp8_are_refused():

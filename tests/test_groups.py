@@ -8,7 +8,7 @@ import torch
 
 import mxq
 from mxq import groups
-from mxq.testing import compare, planted, poisoned, v_abs_sum
+from mxq.testing import compare, planted, poisoned, same_bytes, v_abs_sum
 
 from . import oracle
 
@@ -193,6 +193,33 @@ def test_prepare_takes_int32_group_offsets_only():
 
 def _plain(x):
     return x
+
+
+def test_groups_with_a_second_epilogue_tensor():
+    """CPU counterpart of test_grouped_kernels_with_extra_operands: with a bias [N] or strided
+    halves, group k of the grouped result is the op on its rows alone (the reference), and the
+    grouped kernels for those operand layouts compile."""
+    from mxq import compiler
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu", dbias=True)(_plus_gelu)
+    sizes = [45, 0, 100, 31]
+    xx = planted(sum(sizes), 128, torch.bfloat16, seed=11)
+    b = planted(1, 64, torch.bfloat16, seed=12).reshape(64)
+    offs = torch.cumsum(torch.tensor(sizes), 0)
+    for x, other in ((xx[:, :64], b), (xx[:, :64], xx[:, 64:])):
+        t = op(x, other, group_offsets=offs)
+        start = 0
+        for k, size in enumerate(sizes):
+            rows = slice(start, start + size)
+            alone = op(x[rows], other if other.dim() == 1 else other[rows])
+            part = t.group(k)
+            assert same_bytes(part.dbias, alone.dbias), k
+            part.dbias = alone.dbias = None
+            assert compare(part, alone, exact=True) == [], k
+            start += size
+    for layouts in (("full", "row"), ("strided", "strided")):
+        ptx = compiler.ptx_of(op, "sm_90a", "bf16", "vec_grouped", layouts=layouts)
+        assert ptx.count(".entry") == 2
 
 
 # --- the grouped kernels (mxq/kernels/grouped.py), on a CUDA device ------------------------------------

@@ -7,9 +7,9 @@
 // [M, N] / flat views, allocates the dbias workspace through the TVM-FFI environment allocator
 // and calls the compiled kernel -- no Python after the first call of a dtype (which asks Python
 // to compile or load the kernel). On CPU tensors it calls the torch reference (Python), so C++
-// callers can be tested without a GPU; a grouped call (group_offsets given and not None) goes
-// to Python on every device (mxq/ffi.py, _python_callback). Errors are tvm::ffi::Error with a
-// Python kind.
+// callers can be tested without a GPU; grouped calls (group_offsets given and not None) and
+// calls with broadcast or strided epilogue tensors go to Python's binding of the kernels
+// (mxq/ffi.py, _python_callback). Errors are tvm::ffi::Error with a Python kind.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/string.h>
