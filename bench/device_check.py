@@ -97,7 +97,8 @@ def cases(quick: bool):
 def matrix_cases():
     """Every combination of the kernels' template branches one input can reach: plain cast,
     built-in act, dact, user epilogue x dbias x amax x direction, in each dtype, on an aligned
-    shape (the packed / vectorised kernel) and an odd one (the generic kernel). cases() samples
+    shape (the packed / vectorised kernel) and odd ones (N % 8 != 0: the packed kernel's unaligned
+    rows for 16-bit inputs, the generic kernel for fp32; several column tiles, odd N). cases() samples
     the options by an index rule, which once left plain-cast dbias in 16-bit dtypes unchecked,
     where the packed kernel had a bug (fixed in commit 7002372). Run with --matrix (288 cases)."""
     base = BASE_SPEC
@@ -107,7 +108,8 @@ def matrix_cases():
                                                        ((True, False), (False, True), (True, True))):
             v = dict(base, rowwise=rw, colwise=cw, dbias=dbias, amax=amax,
                      act="gelu" if kind == "act" else None, dact="srelu" if kind == "dact" else None)
-            out.append((v, "clipped_sq" if kind == "epilogue" else "identity", dtype, [(256, 264), (33, 70)]))
+            out.append((v, "clipped_sq" if kind == "epilogue" else "identity", dtype,
+                        [(256, 264), (33, 70), (65, 1030), (40, 333)]))
     return out
 
 
@@ -151,8 +153,8 @@ def check_case(variant, epi_name, dtype_name, shape, seed):
 
 
 BENCH_SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]  # the issue's timed shapes
-# N % 8 != 0: the generic element-wise kernel serves these (``--odd``; not among the issue's shapes)
-ODD_SHAPES = [(8192, 8190), (4096, 14330)]
+# N % 8 != 0 (``--odd``): the packed kernel's unaligned rows (16-bit), the generic kernel (fp32)
+ODD_SHAPES = [(8192, 8190), (4096, 14335), (8191, 8191)]  # issue 18's shapes with N % 8 != 0
 HOLD_CYCLES = 2_000_000  # ~1 ms at 1.98 GHz: longer than any timed call takes the host to issue
 
 
@@ -625,7 +627,10 @@ def main():
     ap.add_argument("--host", action="store_true", help="with --no-bench: still measure the host overhead")
     ap.add_argument("--dtypes", default="fp16,fp32",
                     help="also time these input dtypes (rows_dtypes; the issue's table is bf16)")
-    ap.add_argument("--odd", action="store_true", help="also time ODD_SHAPES (the generic kernel; rows_odd)")
+    ap.add_argument("--odd", action="store_true", help="also time ODD_SHAPES (rows_odd)")
+    ap.add_argument("--odd-only", action="store_true", help="time only ODD_SHAPES, bf16 then fp32 (rows_odd; writes -odd)")
+    ap.add_argument("--shard", default="", help="I/N: check only every N-th case from I (parallel processes; "
+                    "writes -shardI; with --no-bench)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     os.environ.setdefault("MXQ_STRICT", "1")
@@ -633,6 +638,9 @@ def main():
     print(f"device: {dev}  torch {torch.__version__}  python {platform.python_version()}", flush=True)
     results, t0 = [], time.time()
     todo = [] if args.no_check else matrix_cases() if args.matrix else cases(args.quick)
+    if args.shard:
+        i, n = map(int, args.shard.split("/"))
+        todo = todo[i::n]
     for i, (variant, epi, dtype, shapes) in enumerate(todo):
         for shape in shapes:
             try:
@@ -648,6 +656,18 @@ def main():
           f"({time.time() - t0:.0f} s)", flush=True)
     summary = {"device": dev, "date": time.strftime("%Y-%m-%d"), "checks": len(results), "failures": len(bad),
                "failed": bad[:50]}
+    if args.odd_only:
+        copy = copy_bandwidth()
+        print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
+        summary["copy_GBps"] = round(copy, 1)
+        for name in ("both", "dgelu_dbias_both"):  # one full-size odd shape, every byte
+            r = check_case(dict(BASE_SPEC, **OPS[name]), "identity", "bf16", ODD_SHAPES[-1], seed=1)
+            summary.setdefault("odd_checks", []).append({"op": name, "shape": r["shape"], "problems": r["problems"]})
+            print("odd check", name, ODD_SHAPES[-1], r["problems"] or "bit-exact", flush=True)
+        summary["rows_odd"] = bench(copy, ODD_SHAPES) + bench(copy, ODD_SHAPES, dtype="fp32")
+        summary["copy_same_bytes"] = {f"{m}x{n}": round(copy_bandwidth(m * n), 1) for (m, n) in ODD_SHAPES}
+        write_results(args.out, dev, summary, "-odd")
+        return
     if not args.no_bench:
         copy = copy_bandwidth()
         print(f"copy bandwidth: {copy:.0f} GB/s", flush=True)
@@ -679,7 +699,8 @@ def main():
               f"({summary['host_us_256x4096_both_fastest_cpu']} us pinned to CPU {summary['fastest_cpu']}; "
               f"{summary['host_us_256x4096_both_torch_alloc']} us with torch.empty outputs); "
               f"{summary['gpu_us_1024x1024_rowwise']} us GPU for 1024x1024 rowwise", flush=True)
-    write_results(args.out, dev, summary, "-matrix" if args.matrix else "")
+    write_results(args.out, dev, summary, ("-matrix" if args.matrix else "") + (
+        f"-shard{args.shard.split('/')[0]}" if args.shard else ""))
 
 
 if __name__ == "__main__":

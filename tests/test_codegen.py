@@ -423,19 +423,44 @@ def test_kernel_times_tool_names_the_compiled_kernels():
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 def test_generic_kernel_issues_its_loads_first(arch):
-    """The generic kernel (N % 8 != 0 or unaligned tensors): every row's loads of every input come
-    before the first store, so their latencies overlap; each row's arithmetic used to wait for
-    that row's load. The GPU side: bench/device_check.py's odd shapes (generic-kernel cases) and
-    its --odd timing."""
+    """The generic kernel (fp32 with N % 8 != 0 or unaligned tensors): every row's loads of every
+    input come before the first store, so their latencies overlap; each row's arithmetic used to
+    wait for that row's load. The GPU side: bench/device_check.py's odd shapes (generic-kernel
+    cases) and its --odd timing."""
     def ident(x):
         return x
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
-    body = _entry(compiler.compile_artifacts(op, arch, "bf16", "generic")["ptx"], "generic_kernel")
+    body = _entry(compiler.compile_artifacts(op, arch, "fp32", "generic")["ptx"], "generic_kernel")
     loads = [m.start() for m in re.finditer(r"\bld\.global", body)]
     first_store = body.index("st.global")
     assert len(loads) >= 2 * kconfig.ROWS  # the input and act_input, every row
     assert max(loads) < first_store
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_unaligned_rows_are_staged_and_stored_as_words(arch, dtype):
+    """16-bit inputs at any N or alignment run the packed kernel with unaligned rows
+    (mxq/kernels/unaligned.py): each row segment is copied as whole 16-byte chunks (cp.async,
+    every row requested before the first store), read back with funnel shifts, and FP8 rows
+    leave as 4-byte words (bytes only at a segment's edges); no 16-byte global load or 8-byte
+    store, which would need aligned rows. The GPU side: test_gpu.py::test_unaligned_rows_match_reference
+    and bench/device_check.py --matrix / --odd."""
+    def ident(x):
+        return x
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
+    ptx = compiler.compile_artifacts(op, arch, dtype, "generic")["ptx"]
+    assert "generic_kernel" not in ptx
+    body = _entry(ptx, "packed_kernel")
+    copies = [m.start() for m in re.finditer(r"\bcp\.async\.cg\.shared\.global", body)]
+    assert len(copies) >= 2 * 2 * (kconfig.ROWS // 8)  # two sources, two chunks per lane, every row of the thread
+    assert max(copies) < body.index("st.global")
+    assert "shf.r.clamp.b32" in body
+    assert re.search(r"\bst\.global\.b32\b", body) and re.search(r"\bst\.global\.b8\b", body)
+    assert not re.search(r"\bld\.global(\.\w+)*\.v4", body)
+    assert not re.search(r"\bst\.global(\.\w+)*\.v2\.b32|\bst\.global\.b64|\bst\.global\.v2\.u32", body)
 
 
 def test_paired_peer_row_sums_torchaos_two_kernels():
@@ -526,7 +551,7 @@ def test_row_scale_bytes_wait_in_l2(arch):
     assert pk.count(kept) == 2 and policy in pk
     vec = _entry(op.asm(arch, "fp32")["ptx"], "vec_kernel")
     assert vec.count(kept) == 8 and policy in vec
-    generic = compiler.compile_artifacts(op, arch=arch, dtype="bf16", variant="generic")["ptx"]
+    generic = compiler.compile_artifacts(op, arch=arch, dtype="fp32", variant="generic")["ptx"]
     assert kept not in generic and policy not in generic
     plain = FusedOp(_identity, spec, IDENTITY)
     plain._tuning = Tuning(row_scale_l2_keep=False)
@@ -598,7 +623,7 @@ def test_dbias_partials_precision_follows_the_input_dtype(arch, dtype):
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     f64_math = re.compile(r"\b(?:add|cvt)\.[a-z.]*f64\b")
     fast = "vec_kernel" if dtype == "fp32" else "packed_kernel"
-    for variant, kernel in (("vec", fast), ("generic", "generic_kernel")):
+    for variant, kernel in (("vec", fast), ("generic", "generic_kernel" if dtype == "fp32" else "packed_kernel")):
         ptx = compiler.compile_artifacts(op, arch, dtype, variant)["ptx"]
         assert bool(f64_math.search(_entry(ptx, kernel))) == (dtype == "fp32"), (variant, kernel)
         reduce = _entry(ptx, "dbias_kernel")

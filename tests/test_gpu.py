@@ -331,3 +331,51 @@ def test_prepare_with_a_bias_matches_reference():
     launch()
     torch.cuda.synchronize()
     assert compare(out, want, is_exact(op)) == []
+
+
+def _residual(x, r):
+    return x * 0.5 + r
+
+
+def _at_offset(t, offset):
+    """``t``'s values in a view ``offset`` elements into a larger buffer (a legal input whose
+    rows start at no particular alignment)."""
+    buf = torch.empty(t.numel() + offset, dtype=t.dtype, device=t.device)
+    view = buf[offset:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("offset", [0, 1, 3])
+@pytest.mark.parametrize("shape", [(65, 1030), (40, 333), (33, 8), (5, 257)])
+@pytest.mark.parametrize("case", [
+    (dict(rowwise=True), _fast_ident),
+    (dict(rowwise=False, colwise=True, amax=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, scale_layout="swizzled"), _fast_ident),
+    (dict(rowwise=True, colwise=True, act="gelu", amax=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, act="silu", dbias=True), _residual),
+])
+def test_unaligned_rows_match_reference(case, shape, offset, dtype):
+    """16-bit inputs at any N and base alignment run the packed kernel with unaligned rows
+    (mxq/kernels/unaligned.py): several column tiles with a partial last one (1030, 333, 257),
+    rows shorter than a chunk (8 at offset 3), inputs, act_input and FP8 outputs that start 1 to
+    5 elements past an aligned address; every byte against the reference. CPU counterpart:
+    test_codegen.py::test_unaligned_rows_are_staged_and_stored_as_words."""
+    opts, fn = case
+    op = mxq.fused_quant(**opts)(fn)
+    m, n = shape
+    ins = [planted(m, n, dtype, seed=m + n + j) for j in range(len(op.epilogue.tensor_params))]
+    kw = {"act_input": planted(m, n, dtype, seed=n)} if op.spec.dact else {}
+    want = op.reference(*ins, **kw)
+    gins = [_at_offset(t.cuda(), offset + j) for j, t in enumerate(ins)]
+    gkw = {k: _at_offset(v.cuda(), offset + 2) for k, v in kw.items()}
+    out = poisoned(op, gins[0])
+    for name in ("rowwise_data", "colwise_data"):  # FP8 rows at any byte alignment too
+        t = getattr(out, name)
+        if t is not None:
+            setattr(out, name, _at_offset(t, offset))
+    got = op(*gins, out=out, **gkw)
+    v_abs = v_abs_sum(op, *ins, **kw) if op.spec.dbias and not is_exact(op) else None
+    assert compare(got, want, is_exact(op), v_abs) == []

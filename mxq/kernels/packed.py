@@ -28,27 +28,29 @@ from cutlass import Float32, Int32, Int64, Uint8, Uint32
 
 from . import device as dev
 from . import grouped
+from . import unaligned as ua
 from .config import ROWS, VEC
 
 VCOLS = 32 * VEC  # columns of a (non-wide) tile
 PKW = VEC // 2  # 32-bit words per row per thread
 
 
-def wide(cfg, grouped: bool) -> bool:
-    """The pure rowwise cast's tiling (KernelConfig.wide); grouped calls take 32-row tiles."""
-    return cfg.wide and not grouped and not cfg.halves
+def wide(cfg, grouped: bool, unaligned: bool = False) -> bool:
+    """The pure rowwise cast's tiling (KernelConfig.wide); grouped and unaligned calls take
+    32-row tiles."""
+    return cfg.wide and not grouped and not cfg.halves and not unaligned
 
 
-def tile(cfg, grouped: bool = False):
+def tile(cfg, grouped: bool = False, unaligned: bool = False):
     """(rows, columns) of one CTA's tile."""
-    if wide(cfg, grouped):
+    if wide(cfg, grouped, unaligned):
         return ROWS // cfg.pk_warps, VCOLS * cfg.pk_warps
     return ROWS, VCOLS
 
 
-def grid(cfg, M, N, G=None):
+def grid(cfg, M, N, G=None, unaligned: bool = False):
     """Grid and block; ``G``: the group count of a grouped call (grouped.row_tiles row tiles)."""
-    tile_rows, tile_cols = tile(cfg, G is not None)
+    tile_rows, tile_cols = tile(cfg, G is not None, unaligned)
     n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves and cfg.halves_passes == 1 else 1)  # (two-halves ops: each tile twice)
     n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
@@ -61,15 +63,17 @@ class PackedKernel:
     @cute.kernel
     def packed_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
                       dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr,
-                      use_pdl: cutlass.Constexpr):
+                      use_pdl: cutlass.Constexpr, unaligned: cutlass.Constexpr):
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
-        WIDE = cutlass.const_expr(wide(cfg, GROUPED))
+        UNALIGNED = cutlass.const_expr(unaligned)  # any N and alignment: rows through unaligned.py
+        WIDE = cutlass.const_expr(wide(cfg, GROUPED, UNALIGNED))
         is_bf16 = cutlass.const_expr(ins[0].element_type is cutlass.BFloat16)
         WARPS = cutlass.const_expr(cfg.pk_warps)
         NTHREADS = cutlass.const_expr(WARPS * 32)
         PK_ROWS = cutlass.const_expr(ROWS // WARPS)  # rows per thread
-        TILE_ROWS, TILE_COLS = tile(cfg, GROUPED)
+        TILE_ROWS, TILE_COLS = tile(cfg, GROUPED, UNALIGNED)
+        DIVBY = cutlass.const_expr(1 if UNALIGNED else VEC)  # what N is a multiple of
         RS_BLOCKS = cutlass.const_expr(TILE_COLS // 32)  # row-scale blocks per tile row
         if cutlass.const_expr(use_pdl):
             cute.arch.griddepcontrol_launch_dependents()  # dbias_kernel may start; it waits for this grid to finish
@@ -81,10 +85,11 @@ class PackedKernel:
         cb = bx
         # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, quantize.py)
         PASSES = cutlass.const_expr(cfg.halves_passes)  # 2: this CTA writes both halves (Tuning.halves_one_cta)
-        cb, co, NOUT, scalars = self.output_half(cb, N, NO, TILE_COLS, scalars, divby=VEC, passes=PASSES)
+        cb, co, NOUT, scalars = self.output_half(cb, N, NO, TILE_COLS, scalars, divby=DIVBY, passes=PASSES)
         rb = by + bz * gy
-        if cutlass.const_expr(cfg.col_reduce or cfg.stage or WIDE or GROUPED):
+        if cutlass.const_expr(cfg.col_reduce or cfg.stage or WIDE or GROUPED or UNALIGNED):
             smem = cutlass.memory.SmemAllocator()
+        gt = None
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
             gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.swizzled, NTHREADS)
@@ -104,7 +109,13 @@ class PackedKernel:
             if cutlass.const_expr(GROUPED):
                 rbase = gt.row0 + warp * PK_ROWS
         c0 = g * VEC
-        col_ok = c0 < N  # N % VEC == 0: a group is wholly inside or outside
+        col_ok = c0 < N  # aligned: N % VEC == 0, a group is wholly inside or outside
+        if cutlass.const_expr(UNALIGNED):
+            # the CTA's row segments: columns [cT, cT + ncols) of every row; the thread's words past
+            # column N are masked to +0 (as rows past M are loaded as zeros)
+            cT = cb * VCOLS
+            ncols = cutlass.min(Int32(VCOLS), N - cT)
+            cmask = ua.column_masks(N - c0, PKW)
         if cutlass.const_expr(WIDE):
             # the CTA's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words
             sRS = smem.allocate_tensor(Uint8, cute.make_layout((TILE_ROWS, RS_BLOCKS), stride=(RS_BLOCKS, 1)), 16)
@@ -129,22 +140,34 @@ class PackedKernel:
         # Operands broadcast along rows (a bias) are loaded once, for row 0, and shared by every
         # row; operands broadcast along columns (a row scale, a scalar) take element loads.
         once = [dev.broadcast_rows(src) for src in sources]
-        staged_src = [cfg.stage and not dev.broadcast_cols(src) for src in sources]
+        staged_src = [(cfg.stage or UNALIGNED) and not dev.broadcast_cols(src) for src in sources]
         if cutlass.const_expr(any(staged_src)):
             # Staged loads: every row of every input is requested at once with cp.async into this
             # thread's own shared-memory slots (one commit group per row) and read back just before
             # its row is computed.
+            # Unaligned: each row segment is staged whole (its covering 16-byte chunks, copied by the
+            # warp) and every lane reads its 8 columns back realigned (unaligned.py).
             staged = []
             g2s = []
             for t in cutlass.range_constexpr(NSRC):
                 el = sources[t].element_type
-                staged.append(smem.allocate_tensor(
-                    el, cute.make_layout((PK_ROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16)
-                    if staged_src[t] else None)
+                if cutlass.const_expr(not staged_src[t]):
+                    staged.append(None)
+                elif cutlass.const_expr(UNALIGNED):
+                    RW = cutlass.const_expr(ua.row_elements(VCOLS, el.width // 8))  # a row's chunks
+                    staged.append(smem.allocate_tensor(el, cute.make_layout((ROWS, RW), stride=(RW, 1)), 16))
+                else:
+                    staged.append(smem.allocate_tensor(
+                        el, cute.make_layout((PK_ROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16))
                 g2s.append(cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                                el, num_bits_per_copy=128) if staged_src[t] else None)
             for i in cutlass.range_constexpr(PK_ROWS):
-                if col_ok and rbase + i < row_end:
+                if cutlass.const_expr(UNALIGNED):
+                    for t in cutlass.range_constexpr(NSRC):
+                        if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
+                            ua.stage_row(sources[t], staged[t][(warp * PK_ROWS + i, None)], rbase + i, cT, ncols,
+                                         lane, rbase + i < row_end)
+                elif col_ok and rbase + i < row_end:
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                             cute.copy(g2s[t], tiles[t][(i, None)], staged[t][(i, tidx, None)])
@@ -172,7 +195,7 @@ class PackedKernel:
         # loaded tile (the staged inputs are still in shared memory), writing at column offset co.
         for hp in cutlass.range_constexpr(PASSES):
             if cutlass.const_expr(PASSES == 2):
-                co, scalars_p = self.pass_half(hp, N, scalars, divby=VEC)
+                co, scalars_p = self.pass_half(hp, N, scalars, divby=DIVBY)
                 if cutlass.const_expr(hp == 1):
                     cute.arch.sync_threads()  # pass 0's readers of sMax/sSum/sInv are done
                 if cutlass.const_expr(cfg.rowwise):
@@ -195,10 +218,19 @@ class PackedKernel:
                         for t in cutlass.range_constexpr(NSRC):
                             if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                                 frags[i][t].fill(0)
+                    if cutlass.const_expr(UNALIGNED):
+                        cute.arch.sync_warp()  # the row's chunks were copied by every lane of the warp
                     if col_ok and rbase + i < row_end:
                         for t in cutlass.range_constexpr(NSRC):
                             if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
-                                cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
+                                if cutlass.const_expr(UNALIGNED):
+                                    srow = cute.recast_tensor(staged[t][(warp * PK_ROWS + i, None)], Uint32)
+                                    got = ua.read_row(srow, ua.misalignment(sources[t], rbase + i, cT), lane, PKW)
+                                    fw = cute.recast_tensor(frags[i][t], Uint32)
+                                    for j in cutlass.range_constexpr(PKW):
+                                        fw[j] = got[j] & cmask[j]
+                                else:
+                                    cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
                 if cutlass.const_expr(cfg.computed):
                     if cutlass.const_expr(not cfg.identity):
                         row_ok = col_ok and rbase + i < row_end
@@ -206,7 +238,10 @@ class PackedKernel:
                     for k in cutlass.range_constexpr(VEC):
                         v = self.value(frags[i], k, scalars_p, dev.widen)
                         if cutlass.const_expr(not cfg.identity):
-                            v = Float32(cutlass.select_(row_ok, v, Float32(0.0)))  # a user epilogue may map padding to nonzero
+                            ok = row_ok
+                            if cutlass.const_expr(UNALIGNED):
+                                ok = row_ok and c0 + k < N
+                            v = Float32(cutlass.select_(ok, v, Float32(0.0)))  # a user epilogue may map padding to nonzero
                         # (built-in act/dact keep the zero padding of rows past M at zero: act(0) == 0 and
                         # 0 * dact(0) == 0, see tests/test_codegen.py::test_builtin_acts_keep_zero_padding)
                         if cutlass.const_expr(cfg.dbias):
@@ -324,17 +359,13 @@ class PackedKernel:
                             sInv[2 * pj * 32 + p % 32] = dev.inv_scale(e_lo)  # column k = 2j, 2j + 1 of lane p % 32
                             sInv[(2 * pj + 1) * 32 + p % 32] = dev.inv_scale(e_hi)
                             oc = cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
-                            if oc < Ns:  # N % VEC == 0: both columns are in or out
-                                if cutlass.const_expr(GROUPED and cfg.swizzled):
-                                    col_scale[self.group_col_scale_offset(gt, oc)] = Uint8(e_lo)
-                                    col_scale[self.group_col_scale_offset(gt, oc + 1)] = Uint8(e_hi)
-                                elif cutlass.const_expr(cfg.swizzled):
-                                    ncb_s = (M + 31) // 32
-                                    col_scale[dev.swizzle_offset(co + oc, rb, ncb_s)] = Uint8(e_lo)
-                                    col_scale[dev.swizzle_offset(co + oc + 1, rb, ncb_s)] = Uint8(e_hi)
+                            if oc < Ns:  # aligned: N % VEC == 0, both columns are in or out
+                                self.put_col_scale(col_scale, gt, co + oc, rb, M, NOUT, e_lo)
+                                if cutlass.const_expr(UNALIGNED):
+                                    if oc + 1 < Ns:
+                                        self.put_col_scale(col_scale, gt, co + oc + 1, rb, M, NOUT, e_hi)
                                 else:
-                                    col_scale[rb * NOUT + co + oc] = Uint8(e_lo)
-                                    col_scale[rb * NOUT + co + oc + 1] = Uint8(e_hi)
+                                    self.put_col_scale(col_scale, gt, co + oc + 1, rb, M, NOUT, e_hi)
                     if cutlass.const_expr(cfg.amax):
                         tm = dev.warp_max(tm)
                         if lane == 0 and Ms > 0:
@@ -356,7 +387,10 @@ class PackedKernel:
                     sc[k] = sInv[k * 32 + lane]
             # one pass over the rows: each word is widened once for both directions
             for i in cutlass.range_constexpr(PK_ROWS):
-                if col_ok and rbase + i < Ms:
+                live = rbase + i < Ms
+                if cutlass.const_expr(not UNALIGNED):
+                    live = col_ok and live  # (unaligned: every lane of a live row takes part in the stores' shuffle)
+                if live:
                     if cutlass.const_expr(cfg.rowwise):
                         qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32)
                     if cutlass.const_expr(cfg.colwise):
@@ -370,7 +404,13 @@ class PackedKernel:
                         if cutlass.const_expr(cfg.colwise):
                             qc[j // 2] = dev.fp8x4(dev.mul_rn(l0, sc[2 * j]), dev.mul_rn(h0, sc[2 * j + 1]),
                                                    dev.mul_rn(l1, sc[2 * j + 2]), dev.mul_rn(h1, sc[2 * j + 3]), cfg.fp8)
-                    if cutlass.const_expr(cfg.rowwise):
-                        cute.autovec_copy(cute.recast_tensor(qr, Uint8), tRow[(i, None)])
-                    if cutlass.const_expr(cfg.colwise):
-                        cute.autovec_copy(cute.recast_tensor(qc, Uint8), tCol[(i, None)])
+                    if cutlass.const_expr(UNALIGNED):
+                        if cutlass.const_expr(cfg.rowwise):
+                            ua.store_row(ua.byte_address(row_data, rbase + i, co + cT), ncols, lane, qr[0], qr[1], col_ok)
+                        if cutlass.const_expr(cfg.colwise):
+                            ua.store_row(ua.byte_address(col_data, rbase + i, co + cT), ncols, lane, qc[0], qc[1], col_ok)
+                    else:
+                        if cutlass.const_expr(cfg.rowwise):
+                            cute.autovec_copy(cute.recast_tensor(qr, Uint8), tRow[(i, None)])
+                        if cutlass.const_expr(cfg.colwise):
+                            cute.autovec_copy(cute.recast_tensor(qc, Uint8), tCol[(i, None)])

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, Uint8
 
 from . import device as dev
 from . import grouped
@@ -66,12 +66,13 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
             NO = (row_data if row_data is not None else col_data).shape[1]
         args = (ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias_ws, noop, group_ends,
                 M, N, NO, use_hw_e8m0)
-        if variant == "generic":
+        if ins[0].element_type.width == 16:
+            unaligned = variant == "generic"  # any N and alignment: rows realigned (unaligned.py)
+            grid, block = packed_grid(cfg, M, N, G, unaligned)
+            self.packed_kernel(*args, use_pdl and cfg.pdl, unaligned).launch(grid=grid, block=block, stream=stream)
+        elif variant == "generic":
             grid, block = generic_grid(cfg, M, N, G)
             self.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
-        elif ins[0].element_type.width == 16:
-            grid, block = packed_grid(cfg, M, N, G)
-            self.packed_kernel(*args, use_pdl and cfg.pdl).launch(grid=grid, block=block, stream=stream)
         else:
             grid, block = vec_grid(cfg, M, N, G)
             self.vec_kernel(*args).launch(grid=grid, block=block, stream=stream)
@@ -156,6 +157,15 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         if self.cfg.swizzled:
             return grouped.row_swizzled_offset(gt.row_sw, r - gt.row0, blk)
         return r * nbr + blk
+
+    def put_col_scale(self, col_scale, gt, c, rb, M, NOUT, e):
+        """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None)."""
+        if gt is not None and self.cfg.swizzled:
+            col_scale[self.group_col_scale_offset(gt, c)] = Uint8(e)
+        elif gt is None and self.cfg.swizzled:
+            col_scale[dev.swizzle_offset(c, rb, (M + 31) // 32)] = Uint8(e)
+        else:
+            col_scale[rb * NOUT + c] = Uint8(e)
 
     def group_col_scale_offset(self, gt, c):
         """Offset of column c's scale byte of a grouped tile in the swizzled colwise scales."""
