@@ -17,7 +17,7 @@ import argparse
 import collections
 import re
 
-from mxq import codegen
+from mxq import codegen, compiler
 from mxq.epilogue import IDENTITY
 from mxq.kernels import config as kconfig
 from mxq.op import FusedOp, _OPTION_NAMES, _identity, fused_quant
@@ -42,9 +42,9 @@ def _options(spec: QuantSpec) -> dict:
     return {k: getattr(spec, k) for k in _OPTION_NAMES}
 
 
-def count(spec: QuantSpec, arch: str, dtype: str) -> dict:
+def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec") -> dict:
     op = FusedOp(_identity, spec, IDENTITY) if not spec.gated else fused_quant(**_options(spec))(_identity).inner
-    art = op.asm(arch, dtype)
+    art = compiler.compile_artifacts(op, arch=arch, dtype=dtype, variant=variant)
     ptx = art["ptx"]
     body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
     body = body[:body.index("\n}\n")]
@@ -63,10 +63,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--variant", default="vec", choices=["vec", "generic"],
+                    help="generic: the packed kernel's unaligned rows (any N)")
     args = ap.parse_args()
     print(f"{'op':18} {'PTX/elem':>8} {'SASS/elem':>9} {'regs':>5} {'warps':>5}  most frequent PTX")
     for name, opts in OPS.items():
-        c = count(QuantSpec(**opts), args.arch, args.dtype)
+        c = count(QuantSpec(**opts), args.arch, args.dtype, args.variant)
         top = " ".join(f"{k}:{v}" for k, v in c["top"])
         sass = f"{c['sass_per_element']:9.1f}" if c["sass_per_element"] else f"{'-':>9}"
         print(f"{name:18} {c['per_element']:8.1f} {sass} {c['registers'] or '-':>5} {c['vwarps']:>5}  {top}")

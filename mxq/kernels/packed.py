@@ -127,6 +127,10 @@ class PackedKernel:
             sInv = smem.allocate_tensor(Float32, cute.make_layout(VCOLS), 16)
         if cutlass.const_expr(cfg.dbias):
             sSum = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
+        if cutlass.const_expr(UNALIGNED):
+            # each warp's partial output words: head and tail of each of its rows, per direction
+            NEDGE = cutlass.const_expr(2 * PK_ROWS * (int(cfg.rowwise) + int(cfg.colwise)))
+            sEdge = smem.allocate_tensor(Uint32, cute.make_layout((WARPS, NEDGE), stride=(NEDGE, 1)), 16)
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * row stride
         sources = self.sources(ins, act_in)
         NSRC = cutlass.const_expr(len(sources))
@@ -161,12 +165,14 @@ class PackedKernel:
                         el, cute.make_layout((PK_ROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16))
                 g2s.append(cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                                el, num_bits_per_copy=128) if staged_src[t] else None)
+            if cutlass.const_expr(UNALIGNED):
+                ga = [ua.row_base(sources[t], rbase, cT) if staged_src[t] else None for t in range(NSRC)]
             for i in cutlass.range_constexpr(PK_ROWS):
                 if cutlass.const_expr(UNALIGNED):
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
-                            ua.stage_row(sources[t], staged[t][(warp * PK_ROWS + i, None)], rbase + i, cT, ncols,
-                                         lane, rbase + i < row_end)
+                            ua.stage_row(sources[t].element_type, staged[t][(warp * PK_ROWS + i, None)],
+                                         ua.row_at(ga[t], i), ncols, lane, rbase + i < row_end)
                 elif col_ok and rbase + i < row_end:
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
@@ -225,7 +231,7 @@ class PackedKernel:
                             if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                                 if cutlass.const_expr(UNALIGNED):
                                     srow = cute.recast_tensor(staged[t][(warp * PK_ROWS + i, None)], Uint32)
-                                    got = ua.read_row(srow, ua.misalignment(sources[t], rbase + i, cT), lane, PKW)
+                                    got = ua.read_row(srow, ua.row_at(ga[t], i), lane, PKW)
                                     fw = cute.recast_tensor(frags[i][t], Uint32)
                                     for j in cutlass.range_constexpr(PKW):
                                         fw[j] = got[j] & cmask[j]
@@ -385,6 +391,11 @@ class PackedKernel:
                 sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
                 for k in cutlass.range_constexpr(VEC):
                     sc[k] = sInv[k * 32 + lane]
+            if cutlass.const_expr(UNALIGNED):
+                # the output rows' segments (rowwise, then colwise) and the warp's parked partial words
+                dirs = ([ua.row_base(row_data, rbase, co + cT)] if cfg.rowwise else []) + \
+                    ([ua.row_base(col_data, rbase, co + cT)] if cfg.colwise else [])
+                edges = sEdge[(warp, None)]
             # one pass over the rows: each word is widened once for both directions
             for i in cutlass.range_constexpr(PK_ROWS):
                 live = rbase + i < Ms
@@ -405,12 +416,15 @@ class PackedKernel:
                             qc[j // 2] = dev.fp8x4(dev.mul_rn(l0, sc[2 * j]), dev.mul_rn(h0, sc[2 * j + 1]),
                                                    dev.mul_rn(l1, sc[2 * j + 2]), dev.mul_rn(h1, sc[2 * j + 3]), cfg.fp8)
                     if cutlass.const_expr(UNALIGNED):
-                        if cutlass.const_expr(cfg.rowwise):
-                            ua.store_row(ua.byte_address(row_data, rbase + i, co + cT), ncols, lane, qr[0], qr[1], col_ok)
-                        if cutlass.const_expr(cfg.colwise):
-                            ua.store_row(ua.byte_address(col_data, rbase + i, co + cT), ncols, lane, qc[0], qc[1], col_ok)
+                        q = ([qr] if cfg.rowwise else []) + ([qc] if cfg.colwise else [])
+                        for d in cutlass.range_constexpr(len(dirs)):
+                            ua.store_row(ua.row_at(dirs[d], i), ncols, lane, q[d][0], q[d][1], edges, 2 * (d * PK_ROWS + i))
                     else:
                         if cutlass.const_expr(cfg.rowwise):
                             cute.autovec_copy(cute.recast_tensor(qr, Uint8), tRow[(i, None)])
                         if cutlass.const_expr(cfg.colwise):
                             cute.autovec_copy(cute.recast_tensor(qc, Uint8), tCol[(i, None)])
+            if cutlass.const_expr(UNALIGNED):
+                cute.arch.sync_warp()  # the parked words are read by other lanes
+                ua.flush_edges(edges, lane, dirs, PK_ROWS, Ms - rbase, ncols)
+                cute.arch.sync_warp()  # (a second pass parks its own)

@@ -13,8 +13,11 @@ A 256-column row segment of such a tensor starts anywhere inside a 16-byte chunk
   packed words the aligned kernel would have loaded (the shift is the segment's misalignment,
   the same for the whole warp).
 - ``store_row``: lane l's 8 FP8 bytes straddle three aligned words; it writes the middle one and
-  the next (taking its neighbour's first bytes by a shuffle), lane 0 the first; a word that is
-  not wholly inside the segment is written byte by byte, so no byte outside it is touched.
+  the next (taking its neighbour's first bytes by a shuffle) when they lie wholly inside the
+  segment. The segment's two partial words (its head, in lane 0's first word, and its tail)
+  are parked in shared memory and written byte by byte once per warp by ``flush_edges``, one
+  lane per partial word: a per-row branch for them cost the kernel 3.5x the instructions of the
+  aligned one (divergent lanes, instruction-cache misses; ncu, docs/performance.md).
 
 Every address here is a plain byte address computed from the tensor's layout: a strided view,
 a row operand (row stride 0) and a grouped call's rows need nothing else. The helpers that
@@ -39,22 +42,29 @@ def row_elements(cols: int, elem_bytes: int) -> int:
 def byte_address(t, r, c):
     """Global byte address of element (r, c) of 2-D tensor ``t`` (strides from its layout)."""
     eb = t.element_type.width // 8
-    s0 = t.layout.stride[0]
-    s1 = t.layout.stride[1]
-    return t.iterator.toint() + (Int64(r) * s0 + Int64(c) * s1) * eb
+    return t.iterator.toint() + (Int64(r) * t.layout.stride[0] + Int64(c) * t.layout.stride[1]) * eb
+
+
+def row_base(t, r, c):
+    """(byte address of t[r, c], bytes between rows): a thread's rows r, r + 1, ... at column c."""
+    return byte_address(t, r, c), Int64(t.layout.stride[0]) * (t.element_type.width // 8)
+
+
+def row_at(base, i):
+    """Byte address of row ``i`` of ``base`` (from row_base)."""
+    return base[0] + Int64(i) * base[1]
 
 
 @cute.jit
-def stage_row(src, buf, r, c, ncols, lane, ok):
-    """Copy the chunks covering ``src[r, c : c + ncols]`` into ``buf`` (a row of row_elements
-    elements in shared memory, 16-byte aligned) with cp.async; ``ok``: the row exists. The
-    caller commits the group, waits for it and syncs the warp before ``read_row``."""
-    el = src.element_type
+def stage_row(el: cutlass.Constexpr, buf, a, ncols, lane, ok):
+    """Copy the chunks covering the ``ncols`` elements of type ``el`` from byte address ``a`` into
+    ``buf`` (a row of row_elements elements in shared memory, 16-byte aligned) with cp.async;
+    ``ok``: the row exists. The caller commits the group, waits for it and syncs the warp before
+    ``read_row``."""
     eb = el.width // 8
-    a = byte_address(src, r, c)
     mis = Int32(a & Int64(CHUNK - 1))
-    base = a - Int64(mis)
     n = (mis + ncols * eb + (CHUNK - 1)) // CHUNK
+    first = (a - Int64(mis)) + Int64(lane * CHUNK)
     atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), el,
                                num_bits_per_copy=CHUNK * 8)
     per = CHUNK // eb
@@ -62,14 +72,9 @@ def stage_row(src, buf, r, c, ncols, lane, ok):
     for k in cutlass.range_constexpr((cute.size(buf) // per + 31) // 32):
         ch = lane + 32 * k
         if ok and ch < n:
-            g = cute.make_tensor(cute.make_ptr(el, base + Int64(ch * CHUNK), cute.AddressSpace.gmem,
+            g = cute.make_tensor(cute.make_ptr(el, first + Int64(32 * k * CHUNK), cute.AddressSpace.gmem,
                                                assumed_align=CHUNK), cute.make_layout(per))
             cute.copy(atom, g, dst[(None, ch)])
-
-
-def misalignment(src, r, c):
-    """Bytes between ``src[r, c]`` and the 16-byte chunk it lies in (stage_row's offset)."""
-    return Int32(byte_address(src, r, c) & Int64(CHUNK - 1))
 
 
 def shf_r(lo, hi, sh):
@@ -78,12 +83,13 @@ def shf_r(lo, hi, sh):
                                 read_only_args=[Uint32(lo), Uint32(hi), Uint32(sh)])
 
 
-def read_row(buf_words, mis, lane, nwords: int):
-    """Lane ``lane``'s ``nwords`` words (16 bytes for nwords == 4) of a row staged by stage_row
-    with misalignment ``mis`` (bytes, a multiple of the element size), as the aligned kernel
-    would have loaded them. ``buf_words``: the staged row as 32-bit words."""
-    q0 = mis // 4 + lane * nwords
-    sh = Uint32((mis % 4) * 8)
+def read_row(buf_words, a, lane, nwords: int):
+    """Lane ``lane``'s ``nwords`` words (16 bytes for nwords == 4) of the row staged by stage_row
+    from byte address ``a``, as the aligned kernel would have loaded them. ``buf_words``: the
+    staged row as 32-bit words."""
+    mis = Int32(a & Int64(CHUNK - 1))
+    q0 = (mis >> 2) + lane * nwords
+    sh = Uint32((mis & 3) << 3)
     w = [buf_words[q0 + k] for k in range(nwords + 1)]
     return [shf_r(w[k], w[k + 1], sh) for k in range(nwords)]
 
@@ -105,31 +111,66 @@ def _st_b8(addr, w):
     cute.arch.inline_ptx("st.global.b8 [{$r0}], {$r1};", read_only_args=[addr, Uint16(w & Uint32(0xFF))])
 
 
-@cute.jit
-def store_word(addr, w, lo, hi):
-    """Word ``w`` at byte address ``addr`` (4-byte aligned), only its bytes inside [lo, hi)."""
-    if addr >= lo and addr + Int64(4) <= hi:
-        _st_b32(addr, w)
-    else:
-        for t in cutlass.range_constexpr(4):
-            if addr + Int64(t) >= lo and addr + Int64(t) < hi:
-                _st_b8(addr + Int64(t), w >> Uint32(8 * t))
+def _tail(ncols, b):
+    """Offset (from the segment's first byte) of the word holding the segment's last partial
+    bytes; the segment's word boundaries lie at offsets -b, 4 - b, ..."""
+    return ncols - ((ncols + b) & 3)
 
 
 @cute.jit
-def store_row(p0, ncols, lane, d0, d1, ok):
-    """Store the FP8 bytes of one row segment: lane l holds bytes 8l .. 8l + 7 of the segment
-    that starts at byte address ``p0`` (any alignment) as words ``d0``, ``d1``; only the
-    segment's first ``ncols`` bytes are written. Every lane of the warp calls this (a shuffle);
-    ``ok``: this lane has bytes to write."""
+def store_row(p0, ncols, lane, d0, d1, edges, slot: cutlass.Constexpr):
+    """Store one FP8 row segment of ``ncols`` bytes from byte address ``p0`` (any alignment):
+    lane l holds bytes 8l .. 8l + 7 as words ``d0``, ``d1``. Every lane of the warp calls this
+    (a shuffle). Whole words go to global memory; the head word (lane 0's first) and the tail
+    word are parked in ``edges[slot]``, ``edges[slot + 1]`` for flush_edges."""
     b = Int32(p0 & Int64(3))
     n0 = Uint32(cute.arch.shuffle_sync_down(Int32(d0), offset=1))  # the next lane's first word
-    sh = Uint32((4 - b) * 8)
-    lo = p0
-    hi = p0 + Int64(ncols)
-    pl = p0 + Int64(8 * lane) - Int64(b)  # the aligned word holding the lane's first byte
-    if ok:
-        store_word(pl + Int64(4), shf_r(d0, d1, sh), lo, hi)
-        store_word(pl + Int64(8), shf_r(d1, n0, sh), lo, hi)
-        if lane == 0:
-            store_word(pl, Uint32(d0) << Uint32(8 * b), lo, hi)
+    sh = Uint32(32 - 8 * b)
+    w1 = shf_r(d0, d1, sh)  # the word at offset o1: the lane's bytes 4 - b .. 7 - b
+    w2 = shf_r(d1, n0, sh)  # the next word
+    o1 = lane * 8 + 4 - b
+    a1 = p0 + Int64(o1)
+    if o1 + 4 <= ncols:
+        _st_b32(a1, w1)
+    if o1 + 8 <= ncols:
+        _st_b32(a1 + Int64(4), w2)
+    if lane == 0:
+        edges[slot] = Uint32(d0) << Uint32(8 * b)
+    t0 = _tail(ncols, b)
+    if o1 == t0:
+        edges[slot + 1] = w1
+    if o1 + 4 == t0:
+        edges[slot + 1] = w2
+
+
+@cute.jit
+def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, live_rows, ncols):
+    """Write the partial words store_row parked: slot 2 * (d * nrows + i) (+1) holds row i's head
+    (tail) word of direction d, whose segment starts at ``row_at(dirs[d], i)``; one lane per
+    slot, rows i < ``live_rows`` only, and of each word only the segment's bytes. The caller
+    syncs the warp first."""
+    nslots = 2 * nrows * len(dirs)
+    if lane < nslots:
+        i = (lane // 2) % nrows
+        d = lane // (2 * nrows)
+        p0 = row_at(dirs[0], i)
+        for dd in cutlass.range_constexpr(1, len(dirs)):
+            if d == dd:
+                p0 = row_at(dirs[dd], i)
+        b = Int32(p0 & Int64(3))
+        w = edges[lane]
+        addr = p0 - Int64(b)  # head: the word at offset -b, bytes [b, b + ncols)
+        lo = b
+        hi = cutlass.min(Int32(4), b + ncols)
+        if lane % 2 == 1:  # tail: the word at offset t0, bytes [0, ncols - t0); none if it is the head word
+            t0 = _tail(ncols, b)
+            addr = p0 + Int64(t0)
+            lo = Int32(0)
+            hi = Int32(cutlass.select_(t0 + b >= 4, ncols - t0, Int32(0)))
+        if i < live_rows:
+            if lo == 0 and hi == 4:
+                _st_b32(addr, w)
+            else:
+                for t in cutlass.range_constexpr(4):
+                    if t >= lo and t < hi:
+                        _st_b8(addr + Int64(t), w >> Uint32(8 * t))
