@@ -128,8 +128,8 @@ class PackedKernel:
         if cutlass.const_expr(cfg.dbias):
             sSum = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
         if cutlass.const_expr(UNALIGNED):
-            # each warp's partial output words: head and tail of each of its rows, per direction
-            NEDGE = cutlass.const_expr(2 * PK_ROWS * (int(cfg.rowwise) + int(cfg.colwise)))
+            # each warp's partial output units (two words): head and tail of each of its rows, per direction
+            NEDGE = cutlass.const_expr(4 * PK_ROWS * (int(cfg.rowwise) + int(cfg.colwise)))
             sEdge = smem.allocate_tensor(Uint32, cute.make_layout((WARPS, NEDGE), stride=(NEDGE, 1)), 16)
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * row stride
         sources = self.sources(ins, act_in)

@@ -5,19 +5,21 @@ back realigned, and FP8 rows leave as realigned 4-byte words.
 A 256-column row segment of such a tensor starts anywhere inside a 16-byte chunk, so a thread's
 8 columns cannot be one 16-byte load. Instead:
 
-- ``stage_row``: the warp copies the aligned chunks covering the segment (at most 33) into one
-  shared-memory row with cp.async, 16 bytes per lane. A chunk holding any byte of the segment
-  lies in one mapped page, so its other bytes (the neighbouring tile's, the next row's) are safe
-  to read; they are masked later (``column_masks``).
+- ``stage_row``: the warp copies the 16-byte chunks covering the segment from the 32-byte sector
+  it starts in (at most 34 chunks) into one shared-memory row with cp.async, 16 bytes per lane.
+  A sector holding any byte of the segment lies in one mapped page, so its other bytes (the
+  neighbouring tile's, the next row's) are safe to read; they are masked later
+  (``column_masks``). Sector-aligned copies keep each pair of lanes on one L2 sector.
 - ``read_row``: lane l reads the 5 words around its 8 columns and funnel-shifts them into the 4
   packed words the aligned kernel would have loaded (the shift is the segment's misalignment,
   the same for the whole warp).
-- ``store_row``: lane l's 8 FP8 bytes straddle three aligned words; it writes the middle one and
-  the next (taking its neighbour's first bytes by a shuffle) when they lie wholly inside the
-  segment. The segment's two partial words (its head, in lane 0's first word, and its tail)
-  are parked in shared memory and written byte by byte once per warp by ``flush_edges``, one
-  lane per partial word: a per-row branch for them cost the kernel 3.5x the instructions of the
-  aligned one (divergent lanes, instruction-cache misses; ncu, docs/performance.md).
+- ``store_row``: lane l's 8 FP8 bytes straddle two aligned 8-byte units; the lane writes the
+  second one (its last bytes and its neighbour's first, taken by a shuffle) as one 8-byte store
+  when it lies wholly inside the segment, so a warp's stores cover 256 contiguous bytes. The
+  segment's two partial units (its head, lane 0's first unit, and its tail) are parked in shared
+  memory and written byte by byte once per warp by ``flush_edges``, one lane per unit. (A per-row
+  branch for them cost the kernel 3.5x the aligned one's instructions, and 4-byte stores 8 bytes
+  apart doubled its L2 write sectors; ncu, docs/performance.md.)
 
 Every address here is a plain byte address computed from the tensor's layout: a strided view,
 a row operand (row stride 0) and a grouped call's rows need nothing else. The helpers that
@@ -28,15 +30,17 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint16, Uint32
+from cutlass import Int32, Int64, Uint16, Uint32, Uint64
 
 CHUNK = 16  # bytes per cp.async copy
+SECTOR = 32  # staged copies start at the L2 sector the segment starts in
+UNIT = 8  # bytes per output store
 
 
 def row_elements(cols: int, elem_bytes: int) -> int:
-    """Elements of the 16-byte chunks that cover any ``cols``-column segment of a row (one
-    chunk more than an aligned segment needs)."""
-    return (cols * elem_bytes // CHUNK + 1) * CHUNK // elem_bytes
+    """Elements of the 16-byte chunks that cover any ``cols``-column segment of a row from the
+    start of its sector (two chunks more than an aligned segment needs)."""
+    return (cols * elem_bytes // CHUNK + SECTOR // CHUNK) * CHUNK // elem_bytes
 
 
 def byte_address(t, r, c):
@@ -62,7 +66,7 @@ def stage_row(el: cutlass.Constexpr, buf, a, ncols, lane, ok):
     ``ok``: the row exists. The caller commits the group, waits for it and syncs the warp before
     ``read_row``."""
     eb = el.width // 8
-    mis = Int32(a & Int64(CHUNK - 1))
+    mis = Int32(a & Int64(SECTOR - 1))
     n = (mis + ncols * eb + (CHUNK - 1)) // CHUNK
     first = (a - Int64(mis)) + Int64(lane * CHUNK)
     atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), el,
@@ -87,7 +91,7 @@ def read_row(buf_words, a, lane, nwords: int):
     """Lane ``lane``'s ``nwords`` words (16 bytes for nwords == 4) of the row staged by stage_row
     from byte address ``a``, as the aligned kernel would have loaded them. ``buf_words``: the
     staged row as 32-bit words."""
-    mis = Int32(a & Int64(CHUNK - 1))
+    mis = Int32(a & Int64(SECTOR - 1))
     q0 = (mis >> 2) + lane * nwords
     sh = Uint32((mis & 3) << 3)
     w = [buf_words[q0 + k] for k in range(nwords + 1)]
@@ -103,8 +107,8 @@ def column_masks(nvalid, nwords: int):
             for k in range(nwords)]
 
 
-def _st_b32(addr, w):
-    cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[addr, Uint32(w)])
+def _st_b64(addr, lo, hi):
+    cute.arch.inline_ptx("st.global.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, Uint32(lo), Uint32(hi)])
 
 
 def _st_b8(addr, w):
@@ -112,42 +116,47 @@ def _st_b8(addr, w):
 
 
 def _tail(ncols, b):
-    """Offset (from the segment's first byte) of the word holding the segment's last partial
-    bytes; the segment's word boundaries lie at offsets -b, 4 - b, ..."""
-    return ncols - ((ncols + b) & 3)
+    """Offset (from the segment's first byte) of the unit holding the segment's last partial
+    bytes; the segment's unit boundaries lie at offsets -b, 8 - b, ..."""
+    return ncols - ((ncols + b) & (UNIT - 1))
 
 
 @cute.jit
 def store_row(p0, ncols, lane, d0, d1, edges, slot: cutlass.Constexpr):
     """Store one FP8 row segment of ``ncols`` bytes from byte address ``p0`` (any alignment):
     lane l holds bytes 8l .. 8l + 7 as words ``d0``, ``d1``. Every lane of the warp calls this
-    (a shuffle). Whole words go to global memory; the head word (lane 0's first) and the tail
-    word are parked in ``edges[slot]``, ``edges[slot + 1]`` for flush_edges."""
-    b = Int32(p0 & Int64(3))
-    n0 = Uint32(cute.arch.shuffle_sync_down(Int32(d0), offset=1))  # the next lane's first word
-    sh = Uint32(32 - 8 * b)
-    w1 = shf_r(d0, d1, sh)  # the word at offset o1: the lane's bytes 4 - b .. 7 - b
-    w2 = shf_r(d1, n0, sh)  # the next word
-    o1 = lane * 8 + 4 - b
-    a1 = p0 + Int64(o1)
-    if o1 + 4 <= ncols:
-        _st_b32(a1, w1)
-    if o1 + 8 <= ncols:
-        _st_b32(a1 + Int64(4), w2)
-    if lane == 0:
-        edges[slot] = Uint32(d0) << Uint32(8 * b)
-    t0 = _tail(ncols, b)
-    if o1 == t0:
-        edges[slot + 1] = w1
-    if o1 + 4 == t0:
-        edges[slot + 1] = w2
+    (shuffles). Whole 8-byte units go to global memory; the head unit (holding lane 0's first
+    bytes) and the tail unit are parked in ``edges`` (2 words each, slots ``slot`` and
+    ``slot + 1``) for flush_edges."""
+    b = Int32(p0 & Int64(UNIT - 1))
+    n0 = Uint32(cute.arch.shuffle_sync_down(Int32(d0), offset=1))  # the next lane's bytes
+    n1 = Uint32(cute.arch.shuffle_sync_down(Int32(d1), offset=1))
+    # the unit at offset o = 8l + 8 - b: the byte stream d0 d1 n0 n1 from byte s = 8 - b on
+    s = UNIT - b
+    far = s >= 4
+    x0 = cutlass.select_(far, d1, d0)
+    x1 = cutlass.select_(far, n0, d1)
+    x2 = cutlass.select_(far, n1, n0)
+    sh = Uint32(8 * s - Int32(cutlass.select_(far, Int32(32), Int32(0))))
+    lo = shf_r(x0, x1, sh)
+    hi = shf_r(x1, x2, sh)
+    o = lane * UNIT + UNIT - b
+    if o + UNIT <= ncols:
+        _st_b64(p0 + Int64(o), lo, hi)
+    if lane == 0:  # the head unit at offset -b: lane 0's bytes from byte b on
+        v = ((Uint64(d1) << Uint64(32)) | Uint64(d0)) << Uint64(8 * b)
+        edges[2 * slot] = Uint32(v & Uint64(0xFFFFFFFF))
+        edges[2 * slot + 1] = Uint32(v >> Uint64(32))
+    if o == _tail(ncols, b):
+        edges[2 * slot + 2] = lo
+        edges[2 * slot + 3] = hi
 
 
 @cute.jit
 def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, live_rows, ncols):
-    """Write the partial words store_row parked: slot 2 * (d * nrows + i) (+1) holds row i's head
-    (tail) word of direction d, whose segment starts at ``row_at(dirs[d], i)``; one lane per
-    slot, rows i < ``live_rows`` only, and of each word only the segment's bytes. The caller
+    """Write the partial units store_row parked: slot 2 * (d * nrows + i) (+1) holds row i's
+    head (tail) unit of direction d, whose segment starts at ``row_at(dirs[d], i)``; one lane per
+    slot, rows i < ``live_rows`` only, and of each unit only the segment's bytes. The caller
     syncs the warp first."""
     nslots = 2 * nrows * len(dirs)
     if lane < nslots:
@@ -157,20 +166,21 @@ def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, live_rows, ncols):
         for dd in cutlass.range_constexpr(1, len(dirs)):
             if d == dd:
                 p0 = row_at(dirs[dd], i)
-        b = Int32(p0 & Int64(3))
-        w = edges[lane]
-        addr = p0 - Int64(b)  # head: the word at offset -b, bytes [b, b + ncols)
-        lo = b
-        hi = cutlass.min(Int32(4), b + ncols)
-        if lane % 2 == 1:  # tail: the word at offset t0, bytes [0, ncols - t0); none if it is the head word
+        b = Int32(p0 & Int64(UNIT - 1))
+        lo_w = edges[2 * lane]
+        hi_w = edges[2 * lane + 1]
+        addr = p0 - Int64(b)  # head: the unit at offset -b, bytes [b, b + ncols)
+        first = b
+        end = cutlass.min(Int32(UNIT), b + ncols)
+        if lane % 2 == 1:  # tail: the unit at offset t0, bytes [0, ncols - t0); none if it is the head
             t0 = _tail(ncols, b)
             addr = p0 + Int64(t0)
-            lo = Int32(0)
-            hi = Int32(cutlass.select_(t0 + b >= 4, ncols - t0, Int32(0)))
+            first = Int32(0)
+            end = Int32(cutlass.select_(t0 + b >= UNIT, ncols - t0, Int32(0)))
         if i < live_rows:
-            if lo == 0 and hi == 4:
-                _st_b32(addr, w)
+            if first == 0 and end == UNIT:
+                _st_b64(addr, lo_w, hi_w)
             else:
-                for t in cutlass.range_constexpr(4):
-                    if t >= lo and t < hi:
-                        _st_b8(addr + Int64(t), w >> Uint32(8 * t))
+                for t in cutlass.range_constexpr(UNIT):
+                    if t >= first and t < end:
+                        _st_b8(addr + Int64(t), (lo_w if t < 4 else hi_w) >> Uint32(8 * (t % 4)))
