@@ -231,7 +231,7 @@ class PackedKernel:
                             if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                                 if cutlass.const_expr(UNALIGNED):
                                     srow = cute.recast_tensor(staged[t][(warp * PK_ROWS + i, None)], Uint32)
-                                    got = ua.read_row(srow, ua.row_at(ga[t], i), lane, PKW)
+                                    got = ua.read_row(srow, ua.row_at(ga[t], i), lane)
                                     fw = cute.recast_tensor(frags[i][t], Uint32)
                                     for j in cutlass.range_constexpr(PKW):
                                         fw[j] = got[j] & cmask[j]

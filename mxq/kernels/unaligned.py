@@ -87,15 +87,27 @@ def shf_r(lo, hi, sh):
                                 read_only_args=[Uint32(lo), Uint32(hi), Uint32(sh)])
 
 
-def read_row(buf_words, a, lane, nwords: int):
-    """Lane ``lane``'s ``nwords`` words (16 bytes for nwords == 4) of the row staged by stage_row
-    from byte address ``a``, as the aligned kernel would have loaded them. ``buf_words``: the
-    staged row as 32-bit words."""
+def read_row(buf_words, a, lane):
+    """Lane ``lane``'s 16 bytes (4 packed words) of the row staged by stage_row from byte address
+    ``a``, as the aligned kernel would have loaded them. ``buf_words``: the staged row as 32-bit
+    words. The lane loads the two whole chunks its bytes lie in (16-byte loads, no bank
+    conflicts: 4-byte loads of its 5 words ran 4-way conflicted), picks its 5 words by the
+    warp-uniform word offset q with selects and funnel-shifts them by the byte offset."""
     mis = Int32(a & Int64(SECTOR - 1))
-    q0 = (mis >> 2) + lane * nwords
+    chunks = cute.zipped_divide(buf_words, (CHUNK // 4,))  # (words of a chunk, chunks)
+    c = (mis >> 4) + lane
+    v = []
+    for k in range(2):
+        frag = cute.make_rmem_tensor(cute.make_layout(CHUNK // 4), Uint32)
+        cute.autovec_copy(chunks[(None, c + k)], frag)
+        v += [frag[j] for j in range(CHUNK // 4)]
+    q = (mis >> 2) & 3
+    odd = (q & 1) != 0
+    two = (q & 2) != 0
+    t = [cutlass.select_(odd, v[j + 1], v[j]) for j in range(7)]
+    u = [cutlass.select_(two, t[j + 2], t[j]) for j in range(5)]
     sh = Uint32((mis & 3) << 3)
-    w = [buf_words[q0 + k] for k in range(nwords + 1)]
-    return [shf_r(w[k], w[k + 1], sh) for k in range(nwords)]
+    return [shf_r(u[k], u[k + 1], sh) for k in range(4)]
 
 
 def column_masks(nvalid, nwords: int):
@@ -111,8 +123,16 @@ def _st_b64(addr, lo, hi):
     cute.arch.inline_ptx("st.global.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, Uint32(lo), Uint32(hi)])
 
 
-def _st_b8(addr, w):
-    cute.arch.inline_ptx("st.global.b8 [{$r0}], {$r1};", read_only_args=[addr, Uint16(w & Uint32(0xFF))])
+def _st_b8(addr, v):
+    cute.arch.inline_ptx("st.global.b8 [{$r0}], {$r1};", read_only_args=[addr, Uint16(Uint32(v) & Uint32(0xFF))])
+
+
+def _st_b16(addr, v):
+    cute.arch.inline_ptx("st.global.b16 [{$r0}], {$r1};", read_only_args=[addr, Uint16(Uint32(v) & Uint32(0xFFFF))])
+
+
+def _st_b32(addr, v):
+    cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[addr, Uint32(v)])
 
 
 def _tail(ncols, b):
@@ -178,9 +198,22 @@ def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, live_rows, ncols):
             first = Int32(0)
             end = Int32(cutlass.select_(t0 + b >= UNIT, ncols - t0, Int32(0)))
         if i < live_rows:
-            if first == 0 and end == UNIT:
-                _st_b64(addr, lo_w, hi_w)
-            else:
-                for t in cutlass.range_constexpr(UNIT):
-                    if t >= first and t < end:
-                        _st_b8(addr + Int64(t), (lo_w if t < 4 else hi_w) >> Uint32(8 * (t % 4)))
+            # bytes [first, end) of the unit in aligned pieces (at most 4 stores, each its own
+            # request: byte stores cost the kernel more L1 wavefronts than all its other stores)
+            v = (Uint64(hi_w) << Uint64(32)) | Uint64(lo_w)
+            p = first
+            if p < end and (p & 1) != 0:
+                _st_b8(addr + Int64(p), v >> Uint64(8 * p))
+                p = p + 1
+            if p + 2 <= end and (p & 2) != 0:
+                _st_b16(addr + Int64(p), v >> Uint64(8 * p))
+                p = p + 2
+            for _ in cutlass.range_constexpr(2):
+                if p + 4 <= end:
+                    _st_b32(addr + Int64(p), v >> Uint64(8 * p))
+                    p = p + 4
+            if p + 2 <= end:
+                _st_b16(addr + Int64(p), v >> Uint64(8 * p))
+                p = p + 2
+            if p < end:
+                _st_b8(addr + Int64(p), v >> Uint64(8 * p))
