@@ -278,13 +278,14 @@ def test_one_cta_halves_compile(arch):
 
 # --- on a CUDA device -----------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [256, 96, 40])
+@pytest.mark.parametrize("n", [256, 96, 40, 36])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("name", list(gated.GATED))
 def test_gated_kernels_match_reference(name, dtype, n):
     """Forward (act=) and backward (dact= with dbias) on the kernels against the reference, into
-    poisoned outputs. N = 40: colwise only on the backward's kernels (rowwise blocks would straddle
-    the halves; that case runs the reference with a warning)."""
+    poisoned outputs. N = 40, 36: colwise only on the backward's kernels (rowwise blocks would
+    straddle the halves; that case runs the reference with a warning); N = 36: the up half
+    x[:, 36:] is not 16-byte aligned (16-bit inputs: the packed kernel's unaligned rows)."""
     gen = torch.Generator().manual_seed(n)
     m = 67
     a = planted(m, 2 * n, dtype, seed=n)
