@@ -1,4 +1,5 @@
-"""The generic kernel: any N, any alignment (element-wise loads and stores).
+"""The element-wise kernel: fp32 inputs at any N and alignment (16-bit inputs at those shapes
+run the packed kernel with unaligned rows, packed.py / unaligned.py).
 
 Tiling: a CTA of GENERIC_WARPS warps covers ROWS (32) rows x 32 * GENERIC_WARPS columns; lane =
 column, so one warp row is one rowwise 32-block (its amax is a warp max) and one lane's 32 rows

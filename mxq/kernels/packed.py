@@ -1,4 +1,6 @@
-"""The packed kernel for 16-bit inputs (bf16, fp16): N % 8 == 0 and 16-byte aligned tensors.
+"""The packed kernel for 16-bit inputs (bf16, fp16): N % 8 == 0 and 16-byte aligned tensors,
+or, with ``unaligned``, any N and alignment (loads and stores through unaligned.py; the rest of
+the kernel is the same code).
 
 Values stay in the input's 16-bit format, two per 32-bit word: the amax is computed on packed
 words (AND + max.NaN.{bf16x2,f16x2}, exact), values widen to fp32 only to be multiplied by the

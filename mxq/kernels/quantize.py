@@ -6,7 +6,8 @@ epilogue / act / dact functions (lowered from the op's IR into CuTeDSL), and its
 
 - variant "vec": N % 8 == 0 and 16-byte aligned [M, N] tensors. 16-bit inputs run the packed
   kernel (packed.py), fp32 inputs the vectorised one (vectorized.py);
-- variant "generic": any N and alignment (generic.py);
+- variant "generic": any N and alignment. 16-bit inputs run the packed kernel with unaligned
+  rows (unaligned.py), fp32 inputs the element-wise kernel (generic.py);
 - with ``group_ends`` (a grouped call, group_offsets) the same kernels take the groups'
   colwise blocks as their row tiles (grouped.py).
 
