@@ -3,6 +3,7 @@ checked against tests/oracle.py (written from docs/NUMERICS.md, sharing no code 
 the tiling choices of KernelConfig. The GPU side runs the same expressions inside the kernels:
 tests/test_gpu.py and bench/device_check.py compare every output byte with the reference."""
 
+import collections
 import itertools
 import math
 import random
@@ -202,3 +203,48 @@ def test_grouped_swizzled_offsets_regroup_the_swizzle():
             assert grouped.row_swizzled_offset(row_sw, i, blk) == want_row
             want_col = blocks_before * (-(-n // 128) * 128) + dev.swizzle_offset(c, b, nb)
             assert grouped.col_swizzled_offset(col_sw, col_t512, c) == want_col
+
+
+# --- unaligned rows (mxq/kernels/unaligned.py): the byte bookkeeping, on the host ------------------------
+def _shf_r_clamp(lo, hi, sh):
+    """The PTX shf.r.clamp.b32 of (lo, hi, sh), from its definition (an independent model)."""
+    return (((hi << 32) | lo) >> min(sh, 32)) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("mis", range(32))
+def test_unaligned_reads_realign_every_misalignment(mis):
+    """A row staged from its 32-byte sector (34 chunks): for every misalignment, each lane's two
+    chunks, word selects and funnel shift give exactly the 16 bytes at mis + 16 * lane."""
+    from mxq.kernels import unaligned as ua
+    from mxq.kernels.device import HOST
+
+    row = bytes((i * 73 + 11) % 251 for i in range(ua.row_elements(256, 2) * 2))
+    words = [int.from_bytes(row[4 * i:4 * i + 4], "little") for i in range(len(row) // 4)]
+    for lane in range(32):
+        c, q, sh = ua.read_plan(mis, lane)
+        u = ua.pick_words(words[4 * c:4 * c + 8], q, HOST)
+        got = b"".join(_shf_r_clamp(u[k], u[k + 1], sh).to_bytes(4, "little") for k in range(4))
+        assert got == row[mis + 16 * lane:mis + 16 * lane + 16], (mis, lane)
+
+
+@pytest.mark.parametrize("b", range(8))
+def test_unaligned_store_units_cover_each_byte_once(b):
+    """Output segments of 1..256 bytes starting b bytes past an 8-byte boundary: the lanes' whole
+    units, the head unit's and the tail unit's bytes cover every byte of the segment exactly once
+    and nothing outside it, and a tail with bytes is some lane's unit (that lane parks it)."""
+    from mxq.kernels import unaligned as ua
+    from mxq.kernels.device import HOST
+
+    for ncols in range(1, 257):
+        count = collections.Counter()
+        units = [ua.unit_offset(lane, b) for lane in range(32)]
+        for o in units:
+            if o + ua.UNIT <= ncols:
+                count.update(range(o, o + ua.UNIT))
+        first, end = ua.head_bytes(b, ncols, HOST)
+        count.update(range(first - b, end - b))  # byte t of the head unit is segment byte t - b
+        t0, tend = ua.tail_bytes(ncols, b, HOST)
+        count.update(range(t0, t0 + tend))
+        assert count == collections.Counter(range(ncols)), (b, ncols)
+        if tend:
+            assert t0 in units, (b, ncols)

@@ -23,7 +23,10 @@ A 256-column row segment of such a tensor starts anywhere inside a 16-byte chunk
 
 Every address here is a plain byte address computed from the tensor's layout: a strided view,
 a row operand (row stride 0) and a grouped call's rows need nothing else. The helpers that
-branch on device values are ``@cute.jit`` (inlined into the kernel that calls them).
+branch on device values are ``@cute.jit`` (inlined into the kernel that calls them); the
+arithmetic that decides which bytes go where (``read_plan``, ``pick_words``, ``unit_offset``,
+``head_bytes``, ``tail_bytes``) is written once over ``ops`` (device.DEVICE or device.HOST), so
+tests/test_kernels.py checks it on the CPU for every misalignment and segment length.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint16, Uint32, Uint64
+
+from .device import DEVICE
 
 CHUNK = 16  # bytes per cp.async copy
 SECTOR = 32  # staged copies start at the L2 sector the segment starts in
@@ -87,27 +92,34 @@ def shf_r(lo, hi, sh):
                                 read_only_args=[Uint32(lo), Uint32(hi), Uint32(sh)])
 
 
+def read_plan(mis, lane):
+    """Where lane ``lane``'s 16 bytes lie in a row staged with misalignment ``mis`` (bytes past
+    the sector start, 0..31): (first of the two chunks they span, word offset q in it, bit shift)."""
+    return (mis >> 4) + lane, (mis >> 2) & 3, (mis & 3) << 3
+
+
+def pick_words(v, q, ops=DEVICE):
+    """v[q : q + 5] of the 8 words ``v`` of two chunks, for a q (0..3) the warp shares: two
+    levels of selects instead of a dynamically indexed register array."""
+    t = [ops.select((q & 1) != 0, v[j + 1], v[j]) for j in range(7)]
+    return [ops.select((q & 2) != 0, t[j + 2], t[j]) for j in range(5)]
+
+
 def read_row(buf_words, a, lane):
     """Lane ``lane``'s 16 bytes (4 packed words) of the row staged by stage_row from byte address
     ``a``, as the aligned kernel would have loaded them. ``buf_words``: the staged row as 32-bit
     words. The lane loads the two whole chunks its bytes lie in (16-byte loads, no bank
-    conflicts: 4-byte loads of its 5 words ran 4-way conflicted), picks its 5 words by the
-    warp-uniform word offset q with selects and funnel-shifts them by the byte offset."""
-    mis = Int32(a & Int64(SECTOR - 1))
+    conflicts: 4-byte loads of its 5 words ran 4-way conflicted), picks its 5 words and
+    funnel-shifts them by the byte offset."""
+    c, q, sh = read_plan(Int32(a & Int64(SECTOR - 1)), lane)
     chunks = cute.zipped_divide(buf_words, (CHUNK // 4,))  # (words of a chunk, chunks)
-    c = (mis >> 4) + lane
     v = []
     for k in range(2):
         frag = cute.make_rmem_tensor(cute.make_layout(CHUNK // 4), Uint32)
         cute.autovec_copy(chunks[(None, c + k)], frag)
         v += [frag[j] for j in range(CHUNK // 4)]
-    q = (mis >> 2) & 3
-    odd = (q & 1) != 0
-    two = (q & 2) != 0
-    t = [cutlass.select_(odd, v[j + 1], v[j]) for j in range(7)]
-    u = [cutlass.select_(two, t[j + 2], t[j]) for j in range(5)]
-    sh = Uint32((mis & 3) << 3)
-    return [shf_r(u[k], u[k + 1], sh) for k in range(4)]
+    u = pick_words(v, q)
+    return [shf_r(u[k], u[k + 1], Uint32(sh)) for k in range(4)]
 
 
 def column_masks(nvalid, nwords: int):
@@ -135,10 +147,30 @@ def _st_b32(addr, v):
     cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[addr, Uint32(v)])
 
 
-def _tail(ncols, b):
-    """Offset (from the segment's first byte) of the unit holding the segment's last partial
-    bytes; the segment's unit boundaries lie at offsets -b, 8 - b, ..."""
+# Output units of a segment of ncols bytes whose first byte lies b bytes past an 8-byte
+# boundary: units start at offsets -b, 8 - b, 16 - b, ... of the segment. Lane l writes the unit
+# at unit_offset(l, b) when it lies wholly inside; the head unit (offset -b) and the tail unit
+# (tail_offset) are written in part, by flush_edges.
+def unit_offset(lane, b):
+    """Offset of the unit lane ``lane`` writes: its last b bytes and its neighbour's first."""
+    return lane * UNIT + UNIT - b
+
+
+def tail_offset(ncols, b):
+    """Offset of the unit holding the segment's last bytes when they do not fill it."""
     return ncols - ((ncols + b) & (UNIT - 1))
+
+
+def head_bytes(b, ncols, ops=DEVICE):
+    """[first, end) of the head unit (offset -b) that belong to the segment."""
+    return b, ops.min(ops.I32(UNIT), b + ncols)
+
+
+def tail_bytes(ncols, b, ops=DEVICE):
+    """(offset, [0, end)) of the tail unit's bytes that belong to the segment; end 0 when the
+    tail is the head unit (a segment inside one unit) or the segment ends on a boundary."""
+    t0 = tail_offset(ncols, b)
+    return t0, ops.select(t0 + b >= UNIT, ncols - t0, ops.I32(0))
 
 
 @cute.jit
@@ -160,14 +192,14 @@ def store_row(p0, ncols, lane, d0, d1, edges, slot: cutlass.Constexpr):
     sh = Uint32(8 * s - Int32(cutlass.select_(far, Int32(32), Int32(0))))
     lo = shf_r(x0, x1, sh)
     hi = shf_r(x1, x2, sh)
-    o = lane * UNIT + UNIT - b
+    o = unit_offset(lane, b)
     if o + UNIT <= ncols:
         _st_b64(p0 + Int64(o), lo, hi)
     if lane == 0:  # the head unit at offset -b: lane 0's bytes from byte b on
         v = ((Uint64(d1) << Uint64(32)) | Uint64(d0)) << Uint64(8 * b)
         edges[2 * slot] = Uint32(v & Uint64(0xFFFFFFFF))
         edges[2 * slot + 1] = Uint32(v >> Uint64(32))
-    if o == _tail(ncols, b):
+    if o == tail_offset(ncols, b):
         edges[2 * slot + 2] = lo
         edges[2 * slot + 3] = hi
 
@@ -189,14 +221,13 @@ def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, live_rows, ncols):
         b = Int32(p0 & Int64(UNIT - 1))
         lo_w = edges[2 * lane]
         hi_w = edges[2 * lane + 1]
-        addr = p0 - Int64(b)  # head: the unit at offset -b, bytes [b, b + ncols)
-        first = b
-        end = cutlass.min(Int32(UNIT), b + ncols)
-        if lane % 2 == 1:  # tail: the unit at offset t0, bytes [0, ncols - t0); none if it is the head
-            t0 = _tail(ncols, b)
+        addr = p0 - Int64(b)  # head: the unit at offset -b
+        first, end = head_bytes(b, ncols)
+        if lane % 2 == 1:  # tail
+            t0, tend = tail_bytes(ncols, b)
             addr = p0 + Int64(t0)
             first = Int32(0)
-            end = Int32(cutlass.select_(t0 + b >= UNIT, ncols - t0, Int32(0)))
+            end = Int32(tend)
         if i < live_rows:
             # bytes [first, end) of the unit in aligned pieces (at most 4 stores, each its own
             # request: byte stores cost the kernel more L1 wavefronts than all its other stores)
