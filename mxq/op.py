@@ -21,6 +21,7 @@ import torch
 from . import codegen, compiler, export, ffi, gated, launch, runtime, torch_ops
 from . import reference as _reference
 from .epilogue import IDENTITY, Epilogue, EpilogueError, parse
+from .kernels import config as kconfig
 from .spec import QuantSpec
 from .tensor import MXFP8Tensor
 
@@ -61,6 +62,9 @@ class FusedOp:
         self._source: str | None = None
         self._tuning = None  # a benchmark's kernels.config.Tuning (None: the library's choice)
         self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/gated.py)
+        cfg = codegen.kernel_config(self.spec, self.epilogue)
+        # the 16-bit kernel's shared memory at its largest (unaligned rows, grouped)
+        self._packed_smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=True, grouped=True)
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
@@ -139,9 +143,14 @@ class FusedOp:
         return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
 
     def _unserved(self, x, group_offsets=None) -> str | None:
-        """Why the kernels cannot serve a two-halves op (mxq/gated.py) on ``x``, or None: rowwise
-        blocks of the [M, 2N] output must not straddle the halves (each half is its own CTAs), and
-        the grouped kernels do not take two halves yet (their scale placement assumes one N)."""
+        """Why the kernels cannot serve this op on ``x``, or None. A 16-bit op whose inputs do not
+        fit the packed kernel's shared memory (many epilogue tensors; packed.shared_bytes). A
+        two-halves op (mxq/gated.py): rowwise blocks of the [M, 2N] output must not straddle the
+        halves (each half is its own CTAs), and the grouped kernels do not take two halves yet
+        (their scale placement assumes one N)."""
+        if x.element_size() == 2 and self._packed_smem > kconfig.SMEM_LIMIT:
+            return (f"{len(self.epilogue.tensor_params)} epilogue tensors need {self._packed_smem} bytes of shared "
+                    f"memory in the 16-bit kernel (at most {kconfig.SMEM_LIMIT}); running the torch reference")
         if not self._halves:
             return None
         if self.spec.rowwise and x.dim() and x.shape[-1] % 32:

@@ -196,3 +196,42 @@ def test_huge_int_for_a_float_parameter_is_a_value_error():
     with pytest.raises(ValueError, match="argument 's' is an integer of 1329 bits"):
         op(torch.ones(4, 32), 10 ** 400)
     assert op(torch.ones(4, 32), 10 ** 30).rowwise_data is not None  # large but a float: fine
+
+
+def _thirteen(a, b, c, d, e, f, g, h, i, j, k, m, n):
+    return a + b + c + d + e + f + g + h + i + j + k + m + n
+
+
+def _twelve(a, b, c, d, e, f, g, h, i, j, k, m):
+    return a + b + c + d + e + f + g + h + i + j + k + m
+
+
+def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference():
+    """The 16-bit kernel stages every epilogue tensor in shared memory: 13 of them with dbias and
+    colwise need more than a CTA may take (227 KiB), so the op names the reason and runs the
+    reference (a warning; an error under MXQ_STRICT) instead of failing at launch; 12 fit, and
+    fp32 (no staging) is not refused."""
+    big = mxq.fused_quant(rowwise=True, colwise=True, dbias=True)(_thirteen)
+    fits = mxq.fused_quant(rowwise=True, colwise=True, dbias=True)(_twelve)
+    x16 = torch.zeros(4, 8, dtype=torch.bfloat16)
+    reason = big._unserved(x16)
+    assert reason and "13 epilogue tensors" in reason and "shared memory" in reason
+    assert fits._unserved(x16) is None
+    assert big._unserved(torch.zeros(4, 8, dtype=torch.float32)) is None
+
+
+def test_packed_shared_bytes_counts_the_allocations():
+    """KernelConfig.packed_shared_bytes against the packed kernel's allocations counted by hand for
+    rowwise + colwise (4 warps): unaligned, one staged row buffer of 32 rows x 34 chunks x 16 B =
+    17408, column maxima 4 x 128 words = 2048, inverse column scales 256 x 4 = 1024, parked units
+    4 warps x 64 words = 1024; aligned plain casts stage nothing (2048 + 1024)."""
+    from mxq import codegen
+
+    both = mxq.fused_quant(rowwise=True, colwise=True)(_ident_for_smem)
+    cfg = codegen.kernel_config(both.spec, both.epilogue)
+    assert cfg.packed_shared_bytes(1, unaligned=True) == 17408 + 2048 + 1024 + 1024
+    assert cfg.packed_shared_bytes(1, unaligned=False) == 2048 + 1024
+
+
+def _ident_for_smem(x):
+    return x

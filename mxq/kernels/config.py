@@ -21,6 +21,15 @@ GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
 DBIAS_WARPS = 8  # dbias reduction: warps per CTA ...
 DBIAS_UNROLL = 4  # ... and loads in flight per thread
+CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy ...
+SECTOR = 32  # ... which start at the L2 sector a row segment starts in
+SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
+
+
+def unaligned_row_elements(cols: int, elem_bytes: int) -> int:
+    """Elements of the 16-byte chunks that cover any ``cols``-column segment of a row from the
+    start of its sector (two chunks more than an aligned segment needs)."""
+    return (cols * elem_bytes // CHUNK + SECTOR // CHUNK) * CHUNK // elem_bytes
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,38 @@ class KernelConfig:
         """Packed kernel of a pure rowwise cast: warps side by side along a row band (8 x 1024
         columns), row scales gathered in shared memory and stored as 4-byte words."""
         return not self.col_reduce
+
+    def wide_tile(self, grouped: bool, unaligned: bool) -> bool:
+        """The packed kernel takes the wide tiling (a pure rowwise cast); grouped, two-halves and
+        unaligned calls take 32-row tiles."""
+        return self.wide and not grouped and not self.halves and not unaligned
+
+    def packed_shared_bytes(self, n_sources: int, unaligned: bool, grouped: bool = False) -> int:
+        """Upper bound of the shared memory the packed kernel allocates with ``n_sources`` 16-bit
+        tensors read per element, each buffer rounded up to 16 bytes: whether an op with many
+        epilogue tensors fits SMEM_LIMIT (mxq/op.py refuses one that does not, before any launch).
+        Keep it in step with the allocations in packed.py."""
+        def r16(n):
+            return (n + 15) // 16 * 16
+
+        warps, cols, rows = self.pk_warps, 32 * VEC, ROWS // self.pk_warps
+        total = 0
+        if self.stage or unaligned:
+            per = ROWS * unaligned_row_elements(cols, 2) * 2 if unaligned else ROWS * cols * 2
+            total += n_sources * r16(per)
+        if self.wide_tile(grouped, unaligned):
+            total += r16(rows * (cols * warps // 32))  # row-scale bytes
+        if self.col_reduce:
+            total += r16(warps * 32 * (VEC // 2) * 4)  # column maxima
+        if self.colwise:
+            total += r16(cols * 4)  # inverse column scales
+        if self.dbias:
+            total += r16(warps * cols * 4)  # partial sums
+        if unaligned:
+            total += r16(warps * 4 * rows * 2 * 4)  # parked partial output units
+        if grouped:
+            total += 1024  # GroupTile's lookups (grouped.py), generously
+        return total
 
     @property
     def vec_warps(self) -> int:

@@ -38,9 +38,8 @@ PKW = VEC // 2  # 32-bit words per row per thread
 
 
 def wide(cfg, grouped: bool, unaligned: bool = False) -> bool:
-    """The pure rowwise cast's tiling (KernelConfig.wide); grouped and unaligned calls take
-    32-row tiles."""
-    return cfg.wide and not grouped and not cfg.halves and not unaligned
+    """The pure rowwise cast's tiling (KernelConfig.wide_tile)."""
+    return cfg.wide_tile(grouped, unaligned)
 
 
 def tile(cfg, grouped: bool = False, unaligned: bool = False):

@@ -35,17 +35,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint16, Uint32, Uint64
 
+from .config import CHUNK, SECTOR, unaligned_row_elements
 from .device import DEVICE
 
-CHUNK = 16  # bytes per cp.async copy
-SECTOR = 32  # staged copies start at the L2 sector the segment starts in
 UNIT = 8  # bytes per output store
-
-
-def row_elements(cols: int, elem_bytes: int) -> int:
-    """Elements of the 16-byte chunks that cover any ``cols``-column segment of a row from the
-    start of its sector (two chunks more than an aligned segment needs)."""
-    return (cols * elem_bytes // CHUNK + SECTOR // CHUNK) * CHUNK // elem_bytes
+row_elements = unaligned_row_elements  # a staged row's elements (config.py)
 
 
 def byte_address(t, r, c):
