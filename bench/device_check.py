@@ -589,11 +589,16 @@ def host_breakdown(x, launcher, n):
 
 def parse_tuning(variant: str) -> dict:
     """'pdl=0,row_scale_l2_keep=0' -> {'pdl': False, 'row_scale_l2_keep': False}: fields of
-    mxq.kernels.config.Tuning (the benchmark-only switches), plus 'ops=a+b' to limit a variant
-    to those ops (a string). See make_tuning."""
+    mxq.kernels.config.Tuning (the benchmark-only switches: booleans as 0/1, integers as such),
+    plus 'ops=a+b' to limit a variant to those ops (a string). See make_tuning."""
+    import dataclasses
+
+    from mxq.kernels.config import Tuning
+
+    types = {f.name: f.type for f in dataclasses.fields(Tuning)}
     out = {}
     for k, v in (kv.split("=") for kv in variant.split(",") if kv):
-        out[k] = v if k == "ops" else bool(int(v))
+        out[k] = v if k == "ops" else int(v) if types.get(k) in (int, "int") else bool(int(v))
     return out
 
 
@@ -665,6 +670,11 @@ def main():
             summary.setdefault("odd_checks", []).append({"op": name, "shape": r["shape"], "problems": r["problems"]})
             print("odd check", name, ODD_SHAPES[-1], r["problems"] or "bit-exact", flush=True)
         summary["rows_odd"] = bench(copy, ODD_SHAPES) + bench(copy, ODD_SHAPES, dtype="fp32")
+        for variant in filter(None, args.variants.split(";")):  # e.g. 'unaligned_warps=8'
+            tuning = parse_tuning(variant)
+            ops = tuning.pop("ops", "")
+            summary["rows_odd"] += bench(copy, ODD_SHAPES, tuning, prefix=f"mxq[{variant}]",
+                                         ops=set(filter(None, ops.split("+"))))
         summary["copy_same_bytes"] = {f"{m}x{n}": round(copy_bandwidth(m * n), 1) for (m, n) in ODD_SHAPES}
         write_results(args.out, dev, summary, "-odd")
         return

@@ -782,3 +782,29 @@ def test_kernel_hash_covers_every_file_that_shapes_the_compiled_code(monkeypatch
         monkeypatch.setattr(Path, "read_bytes", real)
     codegen.kernels_hash.cache_clear()
     assert codegen.kernels_hash() == base
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_unaligned_eight_warps_candidate(arch):
+    """Tuning.unaligned_warps=8 (a candidate for N % 8 != 0): the unaligned packed kernel of an op
+    without dbias runs 8 warps of 4 rows, with fewer registers than 4 warps of 8 rows; the aligned
+    kernel is not touched by the switch (same PTX). device_check.py --odd-only --variants
+    'unaligned_warps=8' times it; test_gpu.py::test_unaligned_eight_warps_match_reference checks it."""
+    from mxq.kernels.config import Tuning
+
+    def build(tuning):
+        op = FusedOp(_identity, QuantSpec(rowwise=True, colwise=True), IDENTITY)
+        op._tuning = tuning
+        return op
+
+    regs = {}
+    for w in (4, 8):
+        art = compiler.compile_artifacts(build(Tuning(unaligned_warps=w)), arch, "bf16", "generic")
+        regs[w] = next(v["registers"] for k, v in art["kernels"].items() if "packed_kernel" in k)
+    assert regs[8] < regs[4], regs
+    default_vec = compiler.ptx_of(build(None), arch, "bf16", "vec")
+    eight_vec = compiler.ptx_of(build(Tuning(unaligned_warps=8)), arch, "bf16", "vec")
+    strip = re.compile(r"^//.*$|kernel_cutlass_\w+|mxq_gen_\w+|_mxq\w*", re.M)
+    assert strip.sub("", default_vec) == strip.sub("", eight_vec)
+    dc = _bench_tool("device_check")
+    assert dc.parse_tuning("unaligned_warps=8,pdl=0,ops=both") == {"unaligned_warps": 8, "pdl": False, "ops": "both"}

@@ -379,3 +379,26 @@ def test_unaligned_rows_match_reference(case, shape, offset, dtype):
     got = op(*gins, out=out, **gkw)
     v_abs = v_abs_sum(op, *ins, **kw) if op.spec.dbias and not is_exact(op) else None
     assert compare(got, want, is_exact(op), v_abs) == []
+
+
+@pytest.mark.parametrize("shape", [(65, 1030), (40, 333)])
+@pytest.mark.parametrize("case", [
+    (dict(rowwise=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, scale_layout="swizzled", amax=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, act="gelu"), _fast_ident),
+    (dict(rowwise=True, colwise=True, act="silu"), _residual),
+])
+def test_unaligned_eight_warps_match_reference(case, shape, monkeypatch):
+    """Tuning.unaligned_warps=8 (the candidate for N % 8 != 0, 4 rows per thread): every byte
+    against the reference, inputs 3 elements past an aligned address. CPU counterpart:
+    test_codegen.py::test_unaligned_eight_warps_candidate."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    opts, fn = case
+    op = mxq.fused_quant(**opts)(fn)
+    op._tuning = Tuning(unaligned_warps=8)
+    m, n = shape
+    ins = [planted(m, n, torch.bfloat16, seed=m + j) for j in range(len(op.epilogue.tensor_params))]
+    want = op.reference(*ins)
+    gins = [_at_offset(t.cuda(), 3) for t in ins]
+    got = op(*gins, out=poisoned(op, gins[0]))
+    assert compare(got, want, is_exact(op)) == []

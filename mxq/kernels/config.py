@@ -44,11 +44,16 @@ class Tuning:
     ``halves_one_cta``: a two-halves op (a gated backward, mxq/gated.py) on the packed kernel
     computes both halves of a column tile in one CTA, one pass each over the same loaded inputs,
     instead of one CTA per half each loading every input tile (docs/performance.md, 2026-12-01).
-    Off until it has been checked and timed on a GPU."""
+    Off: 87-91% of copy against 74-77% on the H200, but one GPU test fails with it.
+    ``unaligned_warps``: warps of the packed kernel with unaligned rows (N % 8 != 0) for ops
+    without dbias (those take 8 anyway): 8 gives 4 rows per thread and fewer registers, more
+    warps per SM for a kernel that measured latency-bound at 50% occupancy. A candidate, not yet
+    timed."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
     halves_one_cta: bool = False
+    unaligned_warps: int = 4
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,8 @@ class KernelConfig:
         def r16(n):
             return (n + 15) // 16 * 16
 
-        warps, cols, rows = self.pk_warps, 32 * VEC, ROWS // self.pk_warps
+        warps = self.packed_warps(unaligned)
+        cols, rows = 32 * VEC, ROWS // warps
         total = 0
         if self.stage or unaligned:
             per = ROWS * unaligned_row_elements(cols, 2) * 2 if unaligned else ROWS * cols * 2
@@ -138,6 +144,10 @@ class KernelConfig:
         """Packed (16-bit) kernel: 4 warps x 8 rows; dbias ops 8 x 4 (at 4 warps they need 80
         registers and 43 KB of shared memory per CTA and ran 4 points slower)."""
         return 8 if self.dbias else 4
+
+    def packed_warps(self, unaligned: bool = False) -> int:
+        """Packed kernel's warps: pk_warps; with unaligned rows at least Tuning.unaligned_warps."""
+        return max(self.pk_warps, self.tuning.unaligned_warps) if unaligned else self.pk_warps
 
     @property
     def halves_passes(self) -> int:

@@ -45,7 +45,7 @@ def wide(cfg, grouped: bool, unaligned: bool = False) -> bool:
 def tile(cfg, grouped: bool = False, unaligned: bool = False):
     """(rows, columns) of one CTA's tile."""
     if wide(cfg, grouped, unaligned):
-        return ROWS // cfg.pk_warps, VCOLS * cfg.pk_warps
+        return ROWS // cfg.packed_warps(unaligned), VCOLS * cfg.packed_warps(unaligned)
     return ROWS, VCOLS
 
 
@@ -55,7 +55,7 @@ def grid(cfg, M, N, G=None, unaligned: bool = False):
     n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves and cfg.halves_passes == 1 else 1)  # (two-halves ops: each tile twice)
     n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
-    return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.pk_warps * 32, 1, 1]
+    return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.packed_warps(unaligned) * 32, 1, 1]
 
 
 class PackedKernel:
@@ -70,7 +70,7 @@ class PackedKernel:
         UNALIGNED = cutlass.const_expr(unaligned)  # any N and alignment: rows through unaligned.py
         WIDE = cutlass.const_expr(wide(cfg, GROUPED, UNALIGNED))
         is_bf16 = cutlass.const_expr(ins[0].element_type is cutlass.BFloat16)
-        WARPS = cutlass.const_expr(cfg.pk_warps)
+        WARPS = cutlass.const_expr(cfg.packed_warps(UNALIGNED))
         NTHREADS = cutlass.const_expr(WARPS * 32)
         PK_ROWS = cutlass.const_expr(ROWS // WARPS)  # rows per thread
         TILE_ROWS, TILE_COLS = tile(cfg, GROUPED, UNALIGNED)
