@@ -230,7 +230,8 @@ def uses_pdl(arch: str) -> bool:
 VEC_DIVISOR = 8  # the vectorised kernel's N must be a multiple of this
 VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
 # compiled variants -> the generated module's launcher: the vectorised kernels (N % 8 == 0, aligned
-# tensors), the element-wise one (any shape), and their grouped twins (group_offsets)
+# tensors), the any-shape ones (16-bit: unaligned rows; fp32: element-wise), and their grouped
+# twins (group_offsets)
 VARIANTS = {"vec": "launch_vec", "generic": "launch", "vec_grouped": "launch_vec_grouped",
             "generic_grouped": "launch_grouped"}
 
@@ -239,7 +240,8 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
     """The compiled CuTeDSL function (TVM-FFI wrapper) for ``op`` on ``arch`` with input dtype.
 
     ``variant`` "vec" is the 16-byte vectorised kernel (N % 8 == 0, aligned tensors), "generic"
-    the element-wise kernel that serves every shape and alignment.
+    the one that serves every shape and alignment (16-bit inputs: the packed kernel with
+    unaligned rows; fp32: the element-wise kernel).
     """
     if variant not in VARIANTS:
         raise ValueError(f"mxq: variant must be one of {tuple(VARIANTS)}, got {variant!r}")

@@ -3,8 +3,9 @@
 Two ways to launch, one set of rules: the native dispatcher (csrc/dispatch.cc, shared with C++
 callers) for ordinary calls, and a Python binding of the native kernel function for
 ``op.prepare`` (bound once, re-launched with no checks) and machines that cannot build the
-dispatcher. Both pick the vectorised kernel when N % 8 == 0 and every [M, N] tensor is 16-byte
-aligned, else the element-wise one.
+dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
+aligned, else the "generic" one (any shape: the packed kernel's unaligned rows for 16-bit
+inputs, the element-wise kernel for fp32).
 """
 
 from __future__ import annotations
