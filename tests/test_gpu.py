@@ -347,8 +347,8 @@ def _at_offset(t, offset):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("offset", [0, 1, 3])
-@pytest.mark.parametrize("shape", [(65, 1030), (40, 333), (33, 8), (5, 257)])
+@pytest.mark.parametrize("offset", [0, 1, 3, 9])
+@pytest.mark.parametrize("shape", [(65, 1030), (40, 333), (33, 8), (5, 257), (9, 5), (3, 1)])
 @pytest.mark.parametrize("case", [
     (dict(rowwise=True), _fast_ident),
     (dict(rowwise=False, colwise=True, amax=True), _fast_ident),
@@ -360,8 +360,9 @@ def _at_offset(t, offset):
 def test_unaligned_rows_match_reference(case, shape, offset, dtype):
     """16-bit inputs at any N and base alignment run the packed kernel with unaligned rows
     (mxq/kernels/unaligned.py): several column tiles with a partial last one (1030, 333, 257),
-    rows shorter than a chunk (8 at offset 3), inputs, act_input and FP8 outputs that start 1 to
-    5 elements past an aligned address; every byte against the reference. CPU counterpart:
+    rows shorter than a chunk (8 at offset 3, 5, 1), inputs, act_input and FP8 outputs that start
+    1 to 11 elements past an aligned address (9: the first row 18 bytes into its 32-byte sector);
+    every byte against the reference. CPU counterpart:
     test_codegen.py::test_unaligned_rows_are_staged_and_stored_as_words."""
     opts, fn = case
     op = mxq.fused_quant(**opts)(fn)
