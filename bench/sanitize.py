@@ -6,7 +6,8 @@ initcheck, synccheck) on a GPU:
 
 Every combination of plain cast / built-in act / dact / user epilogue x dbias x amax, both
 directions and each alone, in bf16 and fp32 (fp16 runs the bf16 kernel's code), on an aligned
-shape (the packed / vectorised kernels, partial row tile) and an odd one (the generic kernel).
+shape (the packed / vectorised kernels, partial row tile) and an odd one (16-bit: the packed
+kernel's unaligned rows; fp32: the element-wise kernel).
 Each result is compared with the reference, so a run also shows the kernels wrote every byte.
 Host API errors from the compiler's driver probing (cuGetProcAddress) are not kernel errors:
 ``--report-api-errors no`` leaves them out, and running once without the sanitizer first fills
