@@ -62,9 +62,7 @@ class FusedOp:
         self._source: str | None = None
         self._tuning = None  # a benchmark's kernels.config.Tuning (None: the library's choice)
         self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/gated.py)
-        cfg = codegen.kernel_config(self.spec, self.epilogue)
-        # the 16-bit kernel's shared memory at its largest (unaligned rows, grouped)
-        self._packed_smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=True, grouped=True)
+        self._packed_smem: int | None = None  # _packed_smem_bytes, on first use (after _tuning is set)
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
@@ -144,11 +142,11 @@ class FusedOp:
 
     def _unserved(self, x, group_offsets=None) -> str | None:
         """Why the kernels cannot serve this op on ``x``, or None. A 16-bit op whose inputs do not
-        fit the packed kernel's shared memory (many epilogue tensors; packed.shared_bytes). A
+        fit the packed kernel's shared memory (many epilogue tensors; _packed_smem_bytes). A
         two-halves op (mxq/gated.py): rowwise blocks of the [M, 2N] output must not straddle the
         halves (each half is its own CTAs), and the grouped kernels do not take two halves yet
         (their scale placement assumes one N)."""
-        if x.element_size() == 2 and self._packed_smem > kconfig.SMEM_LIMIT:
+        if x.element_size() == 2 and self._packed_smem_bytes() > kconfig.SMEM_LIMIT:
             return (f"{len(self.epilogue.tensor_params)} epilogue tensors need {self._packed_smem} bytes of shared "
                     f"memory in the 16-bit kernel (at most {kconfig.SMEM_LIMIT}); running the torch reference")
         if not self._halves:
@@ -159,6 +157,14 @@ class FusedOp:
         if group_offsets is not None:
             return "a gated backward with group_offsets is not served by the kernels yet; running the torch reference"
         return None
+
+    def _packed_smem_bytes(self) -> int:
+        """The 16-bit kernel's shared memory at its largest (unaligned rows, grouped) for this op's
+        config and tuning (KernelConfig.packed_shared_bytes), computed once like ``source``."""
+        if self._packed_smem is None:
+            cfg = codegen.kernel_config(self.spec, self.epilogue, self._tuning)
+            self._packed_smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=True, grouped=True)
+        return self._packed_smem
 
     def _noop_out(self, x, noop, out, group_offsets=None):
         """``out``, or for a noop call without one zeroed outputs (a noop call writes nothing)."""

@@ -218,7 +218,7 @@ def test_unaligned_reads_realign_every_misalignment(mis):
     from mxq.kernels import unaligned as ua
     from mxq.kernels.device import HOST
 
-    row = bytes((i * 73 + 11) % 251 for i in range(ua.row_elements(256, 2) * 2))
+    row = bytes((i * 73 + 11) % 251 for i in range(kconfig.unaligned_row_elements(256, 2) * 2))
     words = [int.from_bytes(row[4 * i:4 * i + 4], "little") for i in range(len(row) // 4)]
     for lane in range(32):
         c, q, sh = ua.read_plan(mis, lane)

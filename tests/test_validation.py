@@ -218,6 +218,15 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference():
     assert reason and "13 epilogue tensors" in reason and "shared memory" in reason
     assert fits._unserved(x16) is None
     assert big._unserved(torch.zeros(4, 8, dtype=torch.float32)) is None
+    # the op's own tuning counts (read on first use, as its source is): 13 tensors without dbias
+    # fit 4 warps of the unaligned kernel but not 8 (Tuning.unaligned_warps)
+    from mxq.kernels.config import Tuning
+
+    four = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
+    eight = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
+    eight._tuning = Tuning(unaligned_warps=8)
+    assert four._unserved(x16) is None
+    assert "shared memory" in (eight._unserved(x16) or "")
 
 
 def test_packed_shared_bytes_counts_the_allocations():

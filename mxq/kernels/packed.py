@@ -31,20 +31,15 @@ from cutlass import Float32, Int32, Int64, Uint8, Uint32
 from . import device as dev
 from . import grouped
 from . import unaligned as ua
-from .config import ROWS, VEC
+from .config import ROWS, VEC, unaligned_row_elements
 
 VCOLS = 32 * VEC  # columns of a (non-wide) tile
 PKW = VEC // 2  # 32-bit words per row per thread
 
 
-def wide(cfg, grouped: bool, unaligned: bool = False) -> bool:
-    """The pure rowwise cast's tiling (KernelConfig.wide_tile)."""
-    return cfg.wide_tile(grouped, unaligned)
-
-
 def tile(cfg, grouped: bool = False, unaligned: bool = False):
     """(rows, columns) of one CTA's tile."""
-    if wide(cfg, grouped, unaligned):
+    if cfg.wide_tile(grouped, unaligned):
         return ROWS // cfg.packed_warps(unaligned), VCOLS * cfg.packed_warps(unaligned)
     return ROWS, VCOLS
 
@@ -68,7 +63,7 @@ class PackedKernel:
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # any N and alignment: rows through unaligned.py
-        WIDE = cutlass.const_expr(wide(cfg, GROUPED, UNALIGNED))
+        WIDE = cutlass.const_expr(cfg.wide_tile(GROUPED, UNALIGNED))
         is_bf16 = cutlass.const_expr(ins[0].element_type is cutlass.BFloat16)
         WARPS = cutlass.const_expr(cfg.packed_warps(UNALIGNED))
         NTHREADS = cutlass.const_expr(WARPS * 32)
@@ -159,7 +154,7 @@ class PackedKernel:
                 if cutlass.const_expr(not staged_src[t]):
                     staged.append(None)
                 elif cutlass.const_expr(UNALIGNED):
-                    RW = cutlass.const_expr(ua.row_elements(VCOLS, el.width // 8))  # a row's chunks
+                    RW = cutlass.const_expr(unaligned_row_elements(VCOLS, el.width // 8))  # a row's chunks
                     staged.append(smem.allocate_tensor(el, cute.make_layout((ROWS, RW), stride=(RW, 1)), 16))
                 else:
                     staged.append(smem.allocate_tensor(

@@ -35,11 +35,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint16, Uint32, Uint64
 
-from .config import CHUNK, SECTOR, unaligned_row_elements
+from .config import CHUNK, SECTOR
 from .device import DEVICE
 
 UNIT = 8  # bytes per output store
-row_elements = unaligned_row_elements  # a staged row's elements (config.py)
 
 
 def byte_address(t, r, c):
@@ -61,9 +60,9 @@ def row_at(base, i):
 @cute.jit
 def stage_row(el: cutlass.Constexpr, buf, a, ncols, lane, ok):
     """Copy the chunks covering the ``ncols`` elements of type ``el`` from byte address ``a`` into
-    ``buf`` (a row of row_elements elements in shared memory, 16-byte aligned) with cp.async;
-    ``ok``: the row exists. The caller commits the group, waits for it and syncs the warp before
-    ``read_row``."""
+    ``buf`` (a row of config.unaligned_row_elements elements in shared memory, 16-byte
+    aligned) with cp.async; ``ok``: the row exists. The caller commits the group, waits for it
+    and syncs the warp before ``read_row``."""
     eb = el.width // 8
     mis = Int32(a & Int64(SECTOR - 1))
     n = (mis + ncols * eb + (CHUNK - 1)) // CHUNK
