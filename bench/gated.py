@@ -7,7 +7,7 @@ Shapes are the gated output's [M, N] (the input is [M, 2N]): forward reads 2MN i
 two [M, N] FP8 copies with scales; backward reads the [M, N] gradient and the [M, 2N] forward
 input and writes two [M, 2N] FP8 copies with scales and a [2N] dbias. Timing: bench/device_check.py's
 busy-GPU method on a prepared launch; the user-epilogue form over half views for comparison, and
-the backward with Tuning.halves_one_cta (both halves from one CTA), the candidate to replace it.
+the backward with Tuning(halves_one_cta=False) (one CTA per half, the default before 2026-12-01).
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ def main():
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     fwd = mxq.fused_quant(act="swiglu", rowwise=True, colwise=True)(_ident)
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
-    # the same backward with Tuning.halves_one_cta: one CTA writes both halves (the candidate)
-    bwd1 = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident).inner
-    bwd1._tuning = Tuning(halves_one_cta=True)
+    # the same backward with one CTA per half (the default writes both halves from one CTA)
+    bwd2 = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident).inner
+    bwd2._tuning = Tuning(halves_one_cta=False)
     rows = []
     for m, n in SHAPES[:1] if args.quick else SHAPES:
         x = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
@@ -66,14 +66,14 @@ def main():
             checks["views"] = compare(swiglu_views(x[:, :n], x[:, n:]), fwd(x), exact=True) == []
             v_abs = v_abs_sum(bwd.inner, g, x[:, :n], x[:, n:], 0.0)
             checks["bwd"] = compare(bwd(g, act_input=x), bwd.reference(g, act_input=x), False, v_abs) == []
-            checks["bwd_1cta"] = compare(bwd1(g, x[:, :n], x[:, n:], 0.0), bwd.reference(g, act_input=x), False,
+            checks["bwd_2cta"] = compare(bwd2(g, x[:, :n], x[:, n:], 0.0), bwd.reference(g, act_input=x), False,
                                          v_abs) == []
         cases = [
             ("mxq/swiglu_fwd_both", fwd.prepare(x)[0], m * 2 * n * 2 + 2 * (m * n + 0) + scale_bytes(m, n)),
             ("mxq/swiglu_views_both", swiglu_views.prepare(x[:, :n], x[:, n:])[0], m * 2 * n * 2 + 2 * m * n + scale_bytes(m, n)),
             ("mxq/swiglu_bwd_dbias_both", bwd.prepare(g, act_input=x)[0],
              m * n * 2 + m * 2 * n * 2 + 2 * (2 * m * n) + scale_bytes(m, 2 * n) + 2 * n * 2),
-            ("mxq/swiglu_bwd_dbias_both_1cta", bwd1.prepare(g, x[:, :n], x[:, n:], 0.0)[0],
+            ("mxq/swiglu_bwd_dbias_both_2cta", bwd2.prepare(g, x[:, :n], x[:, n:], 0.0)[0],
              m * n * 2 + m * 2 * n * 2 + 2 * (2 * m * n) + scale_bytes(m, 2 * n) + 2 * n * 2),
         ]
         for name, launch, moved in cases:

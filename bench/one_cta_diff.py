@@ -8,7 +8,10 @@ for every output field that differs from the two-CTA kernel's bytes, the rows an
 differing bytes (and which half, which warp's rows, which lane's columns they fall in), so the
 faulty pass or index shows in one run.
 
-    python bench/one_cta_diff.py [--seeds 3]
+    python bench/one_cta_diff.py [--seeds 0,1,3]
+
+Each case also prints both kernels' differences from the CPU reference under NUMERICS.md's
+classes (mxq.testing.compare; the test's inputs are seed 3).
 """
 
 from __future__ import annotations
@@ -22,21 +25,31 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mxq  # noqa: E402
 from mxq.kernels.config import Tuning  # noqa: E402
-from mxq.testing import poisoned  # noqa: E402
+from mxq.testing import compare, poisoned, v_abs_sum  # noqa: E402
 
 
 def _ident(x):
     return x
 
 
-def run(name, dtype, n, seed, two):
+def inputs(dtype, n, seed):
+    """The inputs of test_one_cta_halves_match_reference (which uses seed 3)."""
     gen = torch.Generator().manual_seed(seed)
     a = (torch.randn(100, 2 * n, generator=gen) * 2).to(dtype)
     grad = torch.randn(100, n, generator=gen).to(dtype)
+    return [grad, a[:, :n], a[:, n:]]
+
+
+def inner_op(name, two):
     op = mxq.fused_quant(dact=name, rowwise=True, colwise=True, dbias=True)(_ident)
     inner = op.inner
     inner._tuning = Tuning(halves_one_cta=not two)
-    cu = [grad.cuda(), a[:, :n].cuda(), a[:, n:].cuda()]
+    return inner
+
+
+def run(name, dtype, n, seed, two):
+    inner = inner_op(name, two)
+    cu = [t.cuda() for t in inputs(dtype, n, seed)]
     out = inner(*cu, 0.0, out=poisoned(inner, cu[0]))
     torch.cuda.synchronize()
     return out
@@ -60,11 +73,12 @@ def where(field, got, want, n):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", default="0,1,3", help="comma-separated input seeds")
     args = ap.parse_args()
+    seeds = [int(v) for v in args.seeds.split(",")]
     for name, dtype, n in [("geglu", torch.bfloat16, 256), ("geglu", torch.float16, 256), ("swiglu", torch.bfloat16, 256),
                            ("geglu", torch.bfloat16, 96)]:
-        for seed in range(args.seeds):
+        for seed in seeds:
             two = run(name, dtype, n, seed, two=True)
             one = run(name, dtype, n, seed, two=False)
             lines = [where(f, getattr(one, f), getattr(two, f), n)
@@ -73,6 +87,12 @@ def main():
             print(f"{name} {str(dtype)[6:]} N={n} seed {seed}: {'same bytes' if not lines else ''}", flush=True)
             for ln in lines:
                 print("   ", ln, flush=True)
+            ref_op = inner_op(name, True)
+            args_cpu = inputs(dtype, n, seed) + [0.0]
+            want = ref_op.reference(*args_cpu)
+            v_abs = v_abs_sum(ref_op, *args_cpu)
+            for label, got in (("two-CTA", two), ("one-CTA", one)):
+                print(f"    {label} against the reference: {compare(got, want, False, v_abs) or 'within its class'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -785,15 +785,17 @@ def test_kernel_hash_covers_every_file_that_shapes_the_compiled_code(monkeypatch
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_unaligned_eight_warps_candidate(arch):
-    """Tuning.unaligned_warps=8 (a candidate for N % 8 != 0): the unaligned packed kernel of an op
-    without dbias runs 8 warps of 4 rows, with fewer registers than 4 warps of 8 rows; the aligned
-    kernel is not touched by the switch (same PTX). device_check.py --odd-only --variants
-    'unaligned_warps=8' times it; test_gpu.py::test_unaligned_eight_warps_match_reference checks it."""
+def test_unaligned_warps(arch):
+    """Tuning.unaligned_warps: the unaligned packed kernel (N % 8 != 0) of an op without dbias runs
+    8 warps of 4 rows with fewer registers than 4 warps of 8 rows; by default (0) plain casts with
+    colwise output take 8 and everything else 4 (dbias ops 8 anyway; the choice measured on the
+    H200, config.Tuning); the aligned kernel is not touched by the switch (same PTX).
+    test_gpu.py::test_unaligned_eight_warps_match_reference checks the bytes of 8 warps."""
+    from mxq import codegen
     from mxq.kernels.config import Tuning
 
-    def build(tuning):
-        op = FusedOp(_identity, QuantSpec(rowwise=True, colwise=True), IDENTITY)
+    def build(tuning, **opts):
+        op = FusedOp(_identity, QuantSpec(**(opts or dict(rowwise=True, colwise=True))), IDENTITY)
         op._tuning = tuning
         return op
 
@@ -802,6 +804,14 @@ def test_unaligned_eight_warps_candidate(arch):
         art = compiler.compile_artifacts(build(Tuning(unaligned_warps=w)), arch, "bf16", "generic")
         regs[w] = next(v["registers"] for k, v in art["kernels"].items() if "packed_kernel" in k)
     assert regs[8] < regs[4], regs
+
+    def warps(**opts):
+        return codegen.kernel_config(QuantSpec(**opts), IDENTITY).packed_warps(unaligned=True)
+
+    assert warps(rowwise=True, colwise=True) == 8 and warps(colwise=True, rowwise=False) == 8
+    assert warps(rowwise=True) == 4 and warps(rowwise=True, colwise=True, act="gelu") == 4
+    assert warps(rowwise=True, colwise=True, dact="gelu", dbias=True) == 8
+    assert codegen.kernel_config(QuantSpec(rowwise=True, colwise=True), IDENTITY).packed_warps(unaligned=False) == 4
     default_vec = compiler.ptx_of(build(None), arch, "bf16", "vec")
     eight_vec = compiler.ptx_of(build(Tuning(unaligned_warps=8)), arch, "bf16", "vec")
     strip = re.compile(r"^//.*$|kernel_cutlass_\w+|mxq_gen_\w+|_mxq\w*", re.M)

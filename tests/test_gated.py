@@ -237,43 +237,47 @@ def test_gated_op_compiles_under_torch_compile():
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_gated_kernels_compile(arch):
-    """CPU counterpart of the GPU tests: the two-halves kernels compile and keep their vector stores."""
+    """CPU counterpart of the GPU tests: the two-halves kernels compile and keep their vector stores
+    (the 16-bit packed kernel writes both halves, Tuning.halves_one_cta: twice the stores)."""
     import re
 
     from mxq import compiler
 
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
-    for dtype in ("bf16", "fp32"):
+    for dtype, stores in (("bf16", 16), ("fp32", 8)):
         ptx = compiler.ptx_of(bwd.inner, arch, dtype, "vec")
-        assert ptx.count(".entry") == 2 and len(re.findall(r"st\.global\.v2\.b32", ptx)) == 8
+        assert ptx.count(".entry") == 2 and len(re.findall(r"st\.global\.v2\.b32", ptx)) == stores
         compiler.ptx_of(bwd.inner, arch, dtype, "generic")
 
 
-def _one_cta(op):
-    """``op``'s inner op with Tuning.halves_one_cta: both halves from one CTA (packed kernel)."""
+def _one_cta(op, one: bool = True):
+    """``op``'s inner op with Tuning.halves_one_cta = ``one`` (the default: both halves from one
+    CTA of the packed kernel; False: one CTA per half)."""
     from mxq.kernels.config import Tuning
 
     inner = op.inner
-    inner._tuning = Tuning(halves_one_cta=True)
+    inner._tuning = Tuning(halves_one_cta=one)
     return inner
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_one_cta_halves_compile(arch):
-    """Tuning.halves_one_cta (off by default, to be timed on a GPU): the packed kernel writes both
-    halves in two passes over one loaded tile, and it compiles. (That the default kernels' PTX is
-    unchanged by the switch's code was checked with bench/ptx_digest.py when it was added.)"""
+    """Tuning.halves_one_cta (the default since 2026-12-01): the packed kernel writes both halves
+    in two passes over one loaded tile, and it compiles; False gives one CTA per half."""
     import re
 
     from mxq import compiler
 
-    bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
-    default = compiler.ptx_of(bwd.inner, arch, "bf16", "vec")
-    one = compiler.ptx_of(_one_cta(mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)),
-                          arch, "bf16", "vec")
+    def bwd():
+        return mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
+
+    default = compiler.ptx_of(bwd().inner, arch, "bf16", "vec")
+    one = compiler.ptx_of(_one_cta(bwd()), arch, "bf16", "vec")
+    two = compiler.ptx_of(_one_cta(bwd(), one=False), arch, "bf16", "vec")
+    assert default == one
     # one CTA stores both halves: twice the packed kernel's FP8 vector stores, two barriers more
-    assert len(re.findall(r"st\.global\.v2\.b32", one)) == 2 * len(re.findall(r"st\.global\.v2\.b32", default))
-    assert one.count("bar.sync") > default.count("bar.sync")
+    assert len(re.findall(r"st\.global\.v2\.b32", one)) == 2 * len(re.findall(r"st\.global\.v2\.b32", two))
+    assert one.count("bar.sync") > two.count("bar.sync")
 
 
 # --- on a CUDA device -----------------------------------------------------------------------------------
@@ -327,16 +331,17 @@ def test_gated_grouped_on_cuda(layout, monkeypatch):
 @pytest.mark.parametrize("n", [256, 96])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["swiglu", "geglu", "sreglu"])
-def test_one_cta_halves_match_reference(name, dtype, n, monkeypatch):
-    """Tuning.halves_one_cta on the GPU: the same bytes as the reference (what must hold before
-    the switch can become the default); MXQ_STRICT: a fallback to the reference would fail."""
+@pytest.mark.parametrize("one", [True, False])
+def test_one_cta_halves_match_reference(name, dtype, n, one, monkeypatch):
+    """Tuning.halves_one_cta (the default) and one CTA per half on the GPU: the same bytes as the
+    reference; MXQ_STRICT: a fallback to the reference would fail."""
     monkeypatch.setenv("MXQ_STRICT", "1")
     gen = torch.Generator().manual_seed(3)
     a = (torch.randn(100, 2 * n, generator=gen) * 2).to(dtype)
     grad = torch.randn(100, n, generator=gen).to(dtype)
     for opts in (dict(dbias=True), dict(amax=True, scale_layout="swizzled")):
         op = mxq.fused_quant(dact=name, rowwise=True, colwise=True, **opts)(_ident)
-        inner = _one_cta(op)
+        inner = _one_cta(op, one)
         args = [grad, a[:, :n], a[:, n:], 0.0]
         want = inner.reference(*args)
         exact = name in EXACT

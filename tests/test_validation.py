@@ -223,6 +223,7 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference():
     from mxq.kernels.config import Tuning
 
     four = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
+    four._tuning = Tuning(unaligned_warps=4)
     eight = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
     eight._tuning = Tuning(unaligned_warps=8)
     assert four._unserved(x16) is None
@@ -231,14 +232,19 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference():
 
 def test_packed_shared_bytes_counts_the_allocations():
     """KernelConfig.packed_shared_bytes against the packed kernel's allocations counted by hand for
-    rowwise + colwise (4 warps): unaligned, one staged row buffer of 32 rows x 34 chunks x 16 B =
-    17408, column maxima 4 x 128 words = 2048, inverse column scales 256 x 4 = 1024, parked units
-    4 warps x 64 words = 1024; aligned plain casts stage nothing (2048 + 1024)."""
+    rowwise + colwise. Unaligned at 4 warps (Tuning.unaligned_warps=4): one staged row buffer of
+    32 rows x 34 chunks x 16 B = 17408, column maxima 4 x 128 words = 2048, inverse column scales
+    256 x 4 = 1024, parked units 4 warps x 64 words = 1024; at its default 8 warps: maxima 8 x 128
+    words = 4096, parked units 8 warps x 32 words = 1024; aligned plain casts stage nothing
+    (2048 + 1024)."""
     from mxq import codegen
+    from mxq.kernels.config import Tuning
 
     both = mxq.fused_quant(rowwise=True, colwise=True)(_ident_for_smem)
+    four = codegen.kernel_config(both.spec, both.epilogue, Tuning(unaligned_warps=4))
+    assert four.packed_shared_bytes(1, unaligned=True) == 17408 + 2048 + 1024 + 1024
     cfg = codegen.kernel_config(both.spec, both.epilogue)
-    assert cfg.packed_shared_bytes(1, unaligned=True) == 17408 + 2048 + 1024 + 1024
+    assert cfg.packed_shared_bytes(1, unaligned=True) == 17408 + 4096 + 1024 + 1024
     assert cfg.packed_shared_bytes(1, unaligned=False) == 2048 + 1024
 
 

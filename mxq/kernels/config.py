@@ -43,17 +43,18 @@ class Tuning:
     rowwise + colwise ~6% of its bandwidth on the H200).
     ``halves_one_cta``: a two-halves op (a gated backward, mxq/gated.py) on the packed kernel
     computes both halves of a column tile in one CTA, one pass each over the same loaded inputs,
-    instead of one CTA per half each loading every input tile (docs/performance.md, 2026-12-01).
-    Off: 87-91% of copy against 74-77% on the H200, but one GPU test fails with it.
-    ``unaligned_warps``: warps of the packed kernel with unaligned rows (N % 8 != 0) for ops
-    without dbias (those take 8 anyway): 8 gives 4 rows per thread and fewer registers, more
-    warps per SM for a kernel that measured latency-bound at 50% occupancy. A candidate, not yet
-    timed."""
+    instead of one CTA per half each loading every input tile (docs/performance.md, 2026-12-01:
+    87-91% of copy against 74-77% for swiglu backward + dbias on the H200). False: one CTA per half.
+    ``unaligned_warps``: warps of the packed kernel with unaligned rows (N % 8 != 0); 0 is the
+    library's choice (KernelConfig.packed_warps: 8 warps of 4 rows for plain casts with colwise
+    output, which measured 71-73% of copy for rowwise + colwise against 63-65% at 4 warps of 8
+    rows; ops with arithmetic and rowwise-only casts keep 4, 1-6 points faster there; dbias ops
+    take 8 anyway). bench/results/nvidia-h200-20261201-odd.json, docs/performance.md."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
-    halves_one_cta: bool = False
-    unaligned_warps: int = 4
+    halves_one_cta: bool = True
+    unaligned_warps: int = 0
 
 
 @dataclass(frozen=True)
@@ -146,8 +147,13 @@ class KernelConfig:
         return 8 if self.dbias else 4
 
     def packed_warps(self, unaligned: bool = False) -> int:
-        """Packed kernel's warps: pk_warps; with unaligned rows at least Tuning.unaligned_warps."""
-        return max(self.pk_warps, self.tuning.unaligned_warps) if unaligned else self.pk_warps
+        """Packed kernel's warps: pk_warps; with unaligned rows Tuning.unaligned_warps where set,
+        else 8 for a plain cast with colwise output (its 4-row threads keep 47 registers against
+        71 for 8 rows, and the kernel is latency-bound), and never fewer than pk_warps."""
+        if not unaligned:
+            return self.pk_warps
+        warps = self.tuning.unaligned_warps or (8 if self.colwise and not self.computed else 4)
+        return max(self.pk_warps, warps)
 
     @property
     def halves_passes(self) -> int:

@@ -156,9 +156,10 @@ class PackedKernel:
                 elif cutlass.const_expr(UNALIGNED):
                     RW = cutlass.const_expr(unaligned_row_elements(VCOLS, el.width // 8))  # a row's chunks
                     staged.append(smem.allocate_tensor(el, cute.make_layout((ROWS, RW), stride=(RW, 1)), 16))
-                else:
+                else:  # (a source broadcast along rows, a bias, stages its one row)
+                    SROWS = cutlass.const_expr(1 if once[t] else PK_ROWS)
                     staged.append(smem.allocate_tensor(
-                        el, cute.make_layout((PK_ROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16))
+                        el, cute.make_layout((SROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16))
                 g2s.append(cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                                el, num_bits_per_copy=128) if staged_src[t] else None)
             if cutlass.const_expr(UNALIGNED):

@@ -39,6 +39,7 @@ class VectorizedKernel:
         GROUPED = cutlass.const_expr(group_ends is not None)
         WARPS = cutlass.const_expr(cfg.vec_warps)
         VROWS = cutlass.const_expr(ROWS // cfg.vec_warps)  # rows per warp
+        NTHREADS = cutlass.const_expr(WARPS * 32)
         tidx, _, _ = cute.arch.thread_idx()
         rb, cb, _ = cute.arch.block_idx()
         # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, quantize.py)
@@ -58,9 +59,13 @@ class VectorizedKernel:
             rbase = gt.row0 + warp * VROWS
             row_end = gt.row_end
         if cutlass.const_expr(cfg.col_reduce):
+            # indexed column-major within a warp (position k * 32 + lane for column k of lane): a warp's
+            # accesses touch 32 consecutive words, no bank conflicts (lane * VEC + k conflicted 8 ways)
             sMax = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
             if cutlass.const_expr(cfg.dbias):
                 sSum = smem.allocate_tensor(Float64, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
+            if cutlass.const_expr(cfg.colwise):
+                sInv = smem.allocate_tensor(Float32, cute.make_layout(VCOLS), 16)  # the columns' inverse scales
         sources = self.sources(ins, act_in)
         tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
@@ -130,23 +135,50 @@ class VectorizedKernel:
                             else:
                                 self.store_row_scale(row_scale, (rbase + i) * nbr + (co + c0) // 32, er)
             if cutlass.const_expr(cfg.col_reduce):
-                # colwise: combine the warps' partial column amax (and dbias sums) in shared memory
+                # colwise: the warps' partial column amax (and dbias sums) meet in shared memory
                 for k in cutlass.range_constexpr(VEC):
-                    sMax[warp, lane * VEC + k] = cmax[k]
+                    sMax[warp, k * 32 + lane] = cmax[k]
                     if cutlass.const_expr(cfg.dbias):
-                        sSum[warp, lane * VEC + k] = dsum[k]
+                        sSum[warp, k * 32 + lane] = dsum[k]
                 cute.arch.sync_threads()
-                for k in cutlass.range_constexpr(VEC):
-                    m = sMax[0, lane * VEC + k]
+                # Column owners: each of the CTA's VCOLS columns is reduced over the warps, turned into
+                # its scale and stored by one thread, not by every warp for its own lane's columns.
+                if cutlass.const_expr(cfg.amax):
+                    tm = Float32(0.0)
+                for r in cutlass.range_constexpr(max(1, VCOLS // NTHREADS)):
+                    p = tidx + r * NTHREADS  # position k * 32 + l: column l * VEC + k of the tile
+                    c = cb * VCOLS + (p % 32) * VEC + p // 32
+                    m = sMax[0, p]
                     for w in cutlass.range_constexpr(1, WARPS):
-                        m = cute.arch.fmax(m, sMax[w, lane * VEC + k], nan=True)
-                    cmax[k] = m
+                        m = cute.arch.fmax(m, sMax[w, p], nan=True)
+                    if cutlass.const_expr(cfg.amax):
+                        tm = cute.arch.fmax(tm, m, nan=True)
+                    if cutlass.const_expr(cfg.colwise):
+                        e = dev.e8m0_scale(m, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                        sInv[p] = dev.inv_scale(e)
+                        if c < N:
+                            if cutlass.const_expr(GROUPED and cfg.swizzled):
+                                if gt.row_end > gt.row0:
+                                    col_scale[self.group_col_scale_offset(gt, c)] = Uint8(e)
+                            elif cutlass.const_expr(GROUPED):  # a tile with no rows writes its scale row's zeros
+                                col_scale[rb * N + c] = Uint8(cutlass.select_(gt.row_end > gt.row0, e, Int32(0)))
+                            else:
+                                self.put_col_scale(col_scale, None, co + c, rb, M, NOUT, e)
+                    if cutlass.const_expr(cfg.dbias):
+                        sm = sSum[0, p]
+                        for w in cutlass.range_constexpr(1, WARPS):
+                            sm = sm + sSum[w, p]  # fixed order: deterministic
+                        if c < N:
+                            dbias_ws[rb, co + c] = sm
+                if cutlass.const_expr(cfg.amax):
+                    tm = dev.warp_max(tm)
+                    if lane == 0:
+                        cute.arch.atomic_fmax(amax.iterator, tm, sign_bit=False)  # one atomic per warp
             if cutlass.const_expr(cfg.colwise):
-                ec = cute.make_rmem_tensor(cute.make_layout(VEC), Int32)
+                cute.arch.sync_threads()
                 sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
                 for k in cutlass.range_constexpr(VEC):
-                    ec[k] = dev.e8m0_scale(cmax[k], cfg.fp8, cfg.scale_mode, use_hw_e8m0)
-                    sc[k] = dev.inv_scale(ec[k])
+                    sc[k] = sInv[k * 32 + lane]
                 for i in cutlass.range_constexpr(VROWS):
                     if col_ok and rbase + i < row_end:
                         qc = cute.make_rmem_tensor_like(tCol[(None, (0, 0))])
@@ -156,31 +188,3 @@ class VectorizedKernel:
                             qc[k] = lo
                             qc[k + 1] = hi
                         cute.autovec_copy(qc, tCol[(None, (rbase + i, g))])
-                if warp == 0 and col_ok:
-                    for k in cutlass.range_constexpr(VEC):
-                        if cutlass.const_expr(GROUPED):
-                            if cutlass.const_expr(cfg.swizzled):
-                                if gt.row_end > gt.row0:
-                                    col_scale[self.group_col_scale_offset(gt, c0 + k)] = Uint8(ec[k])
-                            else:  # a tile with no rows writes its scale row's zeros
-                                col_scale[rb * N + c0 + k] = Uint8(cutlass.select_(gt.row_end > gt.row0, ec[k], Int32(0)))
-                        elif cutlass.const_expr(cfg.swizzled):
-                            ncb = M // 32 + Int32(cutlass.select_(M % 32 != 0, Int32(1), Int32(0)))
-                            col_scale[dev.swizzle_offset(co + c0 + k, rb, ncb)] = Uint8(ec[k])
-                        else:
-                            col_scale[rb * NOUT + co + c0 + k] = Uint8(ec[k])
-            if cutlass.const_expr(cfg.amax):
-                if warp == 0:
-                    tmax = Float32(0.0)
-                    for k in cutlass.range_constexpr(VEC):
-                        tmax = cute.arch.fmax(tmax, cmax[k], nan=True)
-                    tmax = dev.warp_max(tmax)
-                    if lane == 0:
-                        cute.arch.atomic_fmax(amax.iterator, tmax, sign_bit=False)  # one atomic per CTA
-            if cutlass.const_expr(cfg.dbias):
-                if warp == 0 and col_ok:
-                    for k in cutlass.range_constexpr(VEC):
-                        s = sSum[0, lane * VEC + k]
-                        for w in cutlass.range_constexpr(1, WARPS):
-                            s = s + sSum[w, lane * VEC + k]  # fixed order: deterministic
-                        dbias_ws[rb, co + c0 + k] = s
