@@ -785,6 +785,40 @@ def test_kernel_hash_covers_every_file_that_shapes_the_compiled_code(monkeypatch
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_fp32_staged_candidate(arch):
+    """Tuning.vec_stage (a candidate, off): the fp32 kernel of a dact op copies each thread's rows
+    of both inputs to shared memory as whole 16-byte cp.async copies (4 rows x 2 inputs x 2; a
+    first version copied 16 bytes per 4-byte element, at offsets +4, +8, ..., and faulted with a
+    misaligned address on the H200), one barrier more (the column reduction reuses that memory),
+    fewer registers; off, the kernel has no cp.async; ops without dact are untouched by it.
+    test_gpu.py::test_fp32_staged_dact_matches_reference checks the bytes on a GPU."""
+    from mxq.kernels.config import Tuning
+
+    def build(tuning, **opts):
+        op = FusedOp(_identity, QuantSpec(rowwise=True, colwise=True, **opts), IDENTITY)
+        op._tuning = tuning
+        return op
+
+    dact = dict(dact="gelu", dbias=True)
+    off = compiler.compile_artifacts(build(None, **dact), arch, "fp32", "vec")
+    on = compiler.compile_artifacts(build(Tuning(vec_stage=True), **dact), arch, "fp32", "vec")
+    ptx_off, ptx_on = off["ptx"], on["ptx"]
+    assert "cp.async" not in ptx_off
+    copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+(?:\+(\d+))?\], \[%rd\d+(?:\+(\d+))?\], (\d+)", ptx_on)
+    assert len(copies) == 4 * 2 * 2, copies
+    assert all(int(s or 0) % 16 == 0 and int(g or 0) % 16 == 0 and n == "16" for s, g, n in copies), copies
+    assert ptx_on.count("bar.sync") == ptx_off.count("bar.sync") + 1
+
+    def regs(art):
+        return next(v["registers"] for k, v in art["kernels"].items() if "vec_kernel" in k)
+
+    if regs(off) is not None:  # (ptxas present)
+        assert regs(on) < regs(off), (regs(on), regs(off))
+    plain = compiler.ptx_of(build(None, act="gelu"), arch, "fp32", "vec")
+    assert plain == compiler.ptx_of(build(Tuning(vec_stage=True), act="gelu"), arch, "fp32", "vec")
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_unaligned_warps(arch):
     """Tuning.unaligned_warps: the unaligned packed kernel (N % 8 != 0) of an op without dbias runs
     8 warps of 4 rows with fewer registers than 4 warps of 8 rows; by default (0) plain casts with

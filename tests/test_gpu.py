@@ -391,8 +391,9 @@ def test_unaligned_rows_match_reference(case, shape, offset, dtype):
 ])
 def test_unaligned_eight_warps_match_reference(case, shape, monkeypatch):
     """Tuning.unaligned_warps=8 (the candidate for N % 8 != 0, 4 rows per thread): every byte
-    against the reference, inputs 3 elements past an aligned address. CPU counterpart:
-    test_codegen.py::test_unaligned_eight_warps_candidate."""
+    against the reference, inputs 3 elements past an aligned address (the default for plain casts
+    with colwise output; forced here for every case). CPU counterpart:
+    test_codegen.py::test_unaligned_warps."""
     monkeypatch.setenv("MXQ_STRICT", "1")
     opts, fn = case
     op = mxq.fused_quant(**opts)(fn)
@@ -403,3 +404,34 @@ def test_unaligned_eight_warps_match_reference(case, shape, monkeypatch):
     gins = [_at_offset(t.cuda(), 3) for t in ins]
     got = op(*gins, out=poisoned(op, gins[0]))
     assert compare(got, want, is_exact(op)) == []
+
+
+@pytest.mark.parametrize("shape", [(256, 264), (100, 1032), (33, 8), (1, 512)])
+@pytest.mark.parametrize("opts", [
+    dict(rowwise=True),
+    dict(rowwise=False, colwise=True, amax=True),
+    dict(rowwise=True, colwise=True, dbias=True),
+    dict(rowwise=True, colwise=True, dbias=True, amax=True, scale_layout="swizzled", fp8="e5m2", scale_mode="floor"),
+])
+@pytest.mark.parametrize("fn", [_fast_ident, _residual])
+def test_fp32_staged_dact_matches_reference(fn, opts, shape, monkeypatch):
+    """Tuning.vec_stage (a candidate, not the default): the fp32 kernel of a dact op stages its
+    inputs through shared memory and reuses it for the column reduction; every byte against the
+    reference, into poisoned outputs, and noop writes nothing. CPU counterpart:
+    test_codegen.py::test_fp32_staged_candidate."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    op = mxq.fused_quant(dact="gelu", **opts)(fn)
+    op._tuning = Tuning(vec_stage=True)
+    m, n = shape
+    ins = [planted(m, n, torch.float32, seed=m + j) for j in range(len(op.epilogue.tensor_params))]
+    a = planted(m, n, torch.float32, seed=n)
+    want = op.reference(*ins, act_input=a)
+    v_abs = v_abs_sum(op, *ins, act_input=a) if op.spec.dbias else None
+    gins = [t.cuda() for t in ins]
+    out = poisoned(op, gins[0])
+    got = op(*gins, act_input=a.cuda(), out=out)
+    assert compare(got, want, False, v_abs) == []
+    before = out.rowwise_data.clone() if out.rowwise_data is not None else out.colwise_data.clone()
+    op(*gins, act_input=a.cuda(), noop=torch.ones(1, device="cuda"), out=out)
+    after = out.rowwise_data if out.rowwise_data is not None else out.colwise_data
+    assert torch.equal(before, after)

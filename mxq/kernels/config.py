@@ -49,12 +49,17 @@ class Tuning:
     library's choice (KernelConfig.packed_warps: 8 warps of 4 rows for plain casts with colwise
     output, which measured 71-73% of copy for rowwise + colwise against 63-65% at 4 warps of 8
     rows; ops with arithmetic and rowwise-only casts keep 4, 1-6 points faster there; dbias ops
-    take 8 anyway). bench/results/nvidia-h200-20261201-odd.json, docs/performance.md."""
+    take 8 anyway). bench/results/nvidia-h200-20261201-odd.json, docs/performance.md.
+    ``vec_stage``: the fp32 kernel of a dact op stages its inputs through shared memory with
+    cp.async and reuses that memory for the column reduction (80 registers against 100, 3 CTAs
+    of 8 warps per SM against 2). A candidate for fp32 dgelu + dbias + both (84.6-87.7% of copy,
+    target 88%): compiled and checked on the CPU, not yet run on a GPU."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
     halves_one_cta: bool = True
     unaligned_warps: int = 0
+    vec_stage: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,13 @@ class KernelConfig:
         """Packed kernel: stage the inputs through shared memory with cp.async (ops with
         arithmetic; with plain loads ptxas issued later rows' loads after earlier rows' math)."""
         return self.computed
+
+    @property
+    def vec_stage(self) -> bool:
+        """Vectorised (fp32) kernel: stage the full-size inputs through shared memory with
+        cp.async (Tuning.vec_stage; dact ops only, whose two fp32 inputs held in registers for all
+        rows take 100 registers, 2 CTAs per SM); the column reduction then reuses that memory."""
+        return self.has_dact and self.tuning.vec_stage
 
     @property
     def wide(self) -> bool:

@@ -51,34 +51,65 @@ class VectorizedKernel:
         col_ok = c0 < N  # N % VEC == 0: a group is wholly inside or outside
         rbase = rb * ROWS + warp * VROWS
         row_end = M
-        if cutlass.const_expr(cfg.col_reduce or GROUPED):
+        if cutlass.const_expr(cfg.col_reduce or GROUPED or cfg.vec_stage):
             smem = cutlass.memory.SmemAllocator()
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
             gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.swizzled, WARPS * 32)
             rbase = gt.row0 + warp * VROWS
             row_end = gt.row_end
+        sources = self.sources(ins, act_in)
+        NSRC = cutlass.const_expr(len(sources))
+        tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
+        once = [dev.broadcast_rows(src) for src in sources]  # row operands: loaded once, for row 0
+        # KernelConfig.vec_stage: full-size sources are staged through shared memory with cp.async
+        # (each thread's rows into its own slots, one commit group per row, read back just before
+        # the row is computed), so the registers hold one row of inputs instead of all of them
+        staged_src = [cfg.vec_stage and not once[t] and not dev.broadcast_cols(sources[t]) for t in range(NSRC)]
+        STAGED = cutlass.const_expr([t for t in range(NSRC) if staged_src[t]])
+        staged = [None] * NSRC
+        for t in cutlass.range_constexpr(NSRC):
+            if cutlass.const_expr(staged_src[t]):
+                staged[t] = smem.allocate_tensor(  # (row, thread, then the (1, VEC) shape of a row's tile)
+                    Float32, cute.make_layout((VROWS, NTHREADS, 1, VEC), stride=(NTHREADS * VEC, VEC, VEC, 1)), 16)
+        # The column reduction's buffers (indexed k * 32 + lane for column k of lane: a warp's accesses
+        # touch 32 consecutive words, no bank conflicts) reuse the staged inputs' memory, which is dead
+        # once every row has been read back (a barrier in between), so a CTA needs no more than that.
         if cutlass.const_expr(cfg.col_reduce):
-            # indexed column-major within a warp (position k * 32 + lane for column k of lane): a warp's
-            # accesses touch 32 consecutive words, no bank conflicts (lane * VEC + k conflicted 8 ways)
-            sMax = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
+            if cutlass.const_expr(len(STAGED) >= 1):
+                sMax = cute.make_tensor(staged[STAGED[0]].iterator, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
+            else:
+                sMax = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
             if cutlass.const_expr(cfg.dbias):
-                sSum = smem.allocate_tensor(Float64, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
+                if cutlass.const_expr(len(STAGED) >= 2):
+                    sSum = cute.make_tensor(cute.recast_ptr(staged[STAGED[1]].iterator, dtype=Float64),
+                                            cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
+                else:
+                    sSum = smem.allocate_tensor(Float64, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
             if cutlass.const_expr(cfg.colwise):
                 sInv = smem.allocate_tensor(Float32, cute.make_layout(VCOLS), 16)  # the columns' inverse scales
-        sources = self.sources(ins, act_in)
-        tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
             tRow = cute.zipped_divide(self.out_window(row_data, co), (1, VEC))
             nbr = NOUT // 32 + Int32(cutlass.select_(NOUT % 32 != 0, Int32(1), Int32(0)))
         if cutlass.const_expr(cfg.colwise):
             tCol = cute.zipped_divide(self.out_window(col_data, co), (1, VEC))
-        # all loads first: VROWS independent 16-byte loads per source in flight per thread
-        once = [dev.broadcast_rows(src) for src in sources]  # row operands: loaded once, for row 0
+        if cutlass.const_expr(len(STAGED) > 0):
+            g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
+                                      Float32, num_bits_per_copy=128)
+            for i in cutlass.range_constexpr(VROWS):
+                if col_ok and rbase + i < row_end:
+                    for t in cutlass.range_constexpr(NSRC):
+                        if cutlass.const_expr(staged_src[t]):
+                            for h in cutlass.range_constexpr(VEC // 4):  # 16-byte copies of 4 values
+                                cute.copy(g2s, cute.local_tile(sources[t], (1, 4), (rbase + i, g * (VEC // 4) + h))[(0, None)],
+                                          cute.local_tile(staged[t][(i, tidx, 0, None)], (4,), (h,)))
+                cute.arch.cp_async_commit_group()
+        # all loads first: VROWS independent 16-byte loads per source in flight per thread (staged
+        # sources: read back from shared memory below)
         frags = []  # frags[i][t]: row i of source t
         for i in cutlass.range_constexpr(VROWS):
             row = []
-            for t in cutlass.range_constexpr(len(sources)):
+            for t in cutlass.range_constexpr(NSRC):
                 if cutlass.const_expr(i > 0 and once[t]):
                     row.append(frags[0][t])
                 else:
@@ -86,8 +117,8 @@ class VectorizedKernel:
                     row[t].fill(0)
             frags.append(row)
             if col_ok and rbase + i < row_end:
-                for t in cutlass.range_constexpr(len(sources)):
-                    if cutlass.const_expr(i == 0 or not once[t]):
+                for t in cutlass.range_constexpr(NSRC):
+                    if cutlass.const_expr(not staged_src[t] and (i == 0 or not once[t])):
                         cute.autovec_copy(tiles[t][(None, (rbase + i, g))], row[t])
         if noop[0] != Float32(1.0):
             vals = cute.make_rmem_tensor(cute.make_layout(VROWS * VEC), Float32)
@@ -100,6 +131,12 @@ class VectorizedKernel:
                 dsum.fill(0.0)
             for i in cutlass.range_constexpr(VROWS):
                 row_ok = col_ok and rbase + i < row_end
+                if cutlass.const_expr(len(STAGED) > 0):
+                    cute.arch.cp_async_wait_group(VROWS - 1 - i)  # row i's copies have landed
+                    if row_ok:
+                        for t in cutlass.range_constexpr(NSRC):
+                            if cutlass.const_expr(staged_src[t]):
+                                cute.autovec_copy(staged[t][(i, tidx, None, None)], frags[i][t])
                 for k in cutlass.range_constexpr(VEC):
                     v = self.value(frags[i], k, scalars, _widen)
                     if cutlass.const_expr(cfg.computed):
@@ -136,6 +173,8 @@ class VectorizedKernel:
                                 self.store_row_scale(row_scale, (rbase + i) * nbr + (co + c0) // 32, er)
             if cutlass.const_expr(cfg.col_reduce):
                 # colwise: the warps' partial column amax (and dbias sums) meet in shared memory
+                if cutlass.const_expr(len(STAGED) > 0):
+                    cute.arch.sync_threads()  # every thread has read its staged rows back (sMax reuses them)
                 for k in cutlass.range_constexpr(VEC):
                     sMax[warp, k * 32 + lane] = cmax[k]
                     if cutlass.const_expr(cfg.dbias):
@@ -188,3 +227,5 @@ class VectorizedKernel:
                             qc[k] = lo
                             qc[k + 1] = hi
                         cute.autovec_copy(qc, tCol[(None, (rbase + i, g))])
+        if cutlass.const_expr(len(STAGED) > 0):
+            cute.arch.cp_async_wait_group(0)  # (under noop nothing above waited for the staged copies)
