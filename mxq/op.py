@@ -18,7 +18,7 @@ from functools import lru_cache
 
 import torch
 
-from . import codegen, compiler, export, ffi, gated, launch, runtime, torch_ops
+from . import codegen, compiler, export, ffi, gated, launch, runtime, targets, torch_ops
 from . import reference as _reference
 from .epilogue import IDENTITY, Epilogue, EpilogueError, parse
 from .kernels import config as kconfig
@@ -286,15 +286,23 @@ class FusedOp:
         programs with no Python (see the header for the exported functions' arguments);
         ``grouped``: the grouped kernels too (``group_offsets``); ``operands``: each epilogue
         tensor's kind ("full", "strided", "row", "col", "scalar"), default all full."""
-        self._refuse_cpp("export()")
+        self._refuse_cpp("export()", targets.normalize_dtype(dtype))
         if not isinstance(grouped, bool):
             raise TypeError(f"mxq: export() argument 'grouped' must be a bool, got {type(grouped).__name__}")
         return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped, operands=operands)
 
-    def _refuse_cpp(self, what: str) -> None:
+    def _refuse_cpp(self, what: str, dtype: str | None = None) -> None:
+        """Ops the C++ routes cannot serve, refused before anything is built: gated ones, and ops
+        whose 16-bit kernel would not fit shared memory (the Python routes run the reference for
+        those; a C++ caller has none): every dtype for register()/dispatcher(), ``dtype`` for export()."""
         if self.spec.gated or self._halves:
             raise ValueError(f"mxq: {what}: ops with gated activations are not served by the C++ routes yet; "
                              "call them from Python (eager or torch.compile)")
+        if dtype in (None, "bf16", "fp16") and self._packed_smem_bytes() > kconfig.SMEM_LIMIT:
+            raise ValueError(f"mxq: {what}: {len(self.epilogue.tensor_params)} epilogue tensors need "
+                             f"{self._packed_smem} bytes of shared memory in the 16-bit kernel (at most "
+                             f"{kconfig.SMEM_LIMIT}), so its bf16/fp16 calls cannot launch; call the op from Python "
+                             "(which runs the torch reference for them)" + (" or export it for dtype='fp32'" if dtype else ""))
 
     def output_shape(self, shape):
         """The outputs' shape for a first input of ``shape`` (wider for mxq/gated.py's ops)."""

@@ -814,6 +814,14 @@ def test_fp32_staged_candidate(arch):
 
     if regs(off) is not None:  # (ptxas present)
         assert regs(on) < regs(off), (regs(on), regs(off))
+    # an op whose staged inputs would not fit a CTA's shared memory keeps the unstaged kernel
+    import dataclasses
+
+    from mxq import codegen
+
+    cfg = codegen.kernel_config(QuantSpec(rowwise=True, dact="gelu"), IDENTITY, Tuning(vec_stage=True))
+    assert [dataclasses.replace(cfg, n_inputs=n).vec_stage for n in (1, 6, 7)] == [True, True, False]
+    assert not dataclasses.replace(cfg, tuning=Tuning()).vec_stage
     plain = compiler.ptx_of(build(None, act="gelu"), arch, "fp32", "vec")
     assert plain == compiler.ptx_of(build(Tuning(vec_stage=True), act="gelu"), arch, "fp32", "vec")
 

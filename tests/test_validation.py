@@ -230,6 +230,21 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference():
     assert "shared memory" in (eight._unserved(x16) or "")
 
 
+def test_cpp_routes_refuse_ops_whose_16_bit_kernel_does_not_fit(tmp_path):
+    """The C++ routes have no reference to fall back to: register(), dispatcher() and export()
+    for bf16/fp16 refuse an op whose 16-bit kernel needs more shared memory than a CTA may take,
+    naming the reason, before anything is built; export() for fp32 is not refused by it."""
+    big = mxq.fused_quant(rowwise=True, colwise=True, dbias=True)(_thirteen)
+    for call in (lambda: big.register("mxq_test_too_big"), big.dispatcher,
+                 lambda: big.export(tmp_path, dtype="bf16"), lambda: big.export(tmp_path, dtype=torch.float16)):
+        with pytest.raises(ValueError, match="13 epilogue tensors need .* shared memory"):
+            call()
+    assert not list(tmp_path.iterdir())
+    big._refuse_cpp("export()", "fp32")  # fp32 does not stage its inputs: nothing to refuse
+    fits = mxq.fused_quant(rowwise=True, colwise=True, dbias=True)(_twelve)
+    fits._refuse_cpp("register()")
+
+
 def test_packed_shared_bytes_counts_the_allocations():
     """KernelConfig.packed_shared_bytes against the packed kernel's allocations counted by hand for
     rowwise + colwise. Unaligned at 4 warps (Tuning.unaligned_warps=4): one staged row buffer of

@@ -106,7 +106,11 @@ class KernelConfig:
         """Vectorised (fp32) kernel: stage the full-size inputs through shared memory with
         cp.async (Tuning.vec_stage; dact ops only, whose two fp32 inputs held in registers for all
         rows take 100 registers, 2 CTAs per SM); the column reduction then reuses that memory."""
-        return self.has_dact and self.tuning.vec_stage
+        if not (self.has_dact and self.tuning.vec_stage):
+            return False
+        # (each staged input takes 32 rows x 32 * VEC fp32 values; the column scales 1 KB, a grouped
+        # call's lookups 1 KB: an op with too many inputs keeps the unstaged kernel)
+        return (self.n_inputs + 1) * ROWS * 32 * VEC * 4 + 2048 <= SMEM_LIMIT
 
     @property
     def wide(self) -> bool:
