@@ -1,17 +1,15 @@
-"""Where Tuning.halves_one_cta goes wrong (a diagnostic for one device call).
+"""A gated backward with both halves from one CTA (the default, Tuning.halves_one_cta) against one
+CTA per half, on the same inputs (a diagnostic for one device call).
 
-On 2026-12-01 the one-CTA gated backward failed test_gated.py::test_one_cta_halves_match_reference
-for geglu, bf16, N = 256, with dbias (86 rowwise bytes off by up to 161 codes, and two more
-fields), while swiglu, sreglu, fp16 and N = 96 passed. This runs that case (and its passing
-neighbours) with the default two-CTA kernel and the one-CTA kernel on the same inputs and prints,
-for every output field that differs from the two-CTA kernel's bytes, the rows and columns of the
-differing bytes (and which half, which warp's rows, which lane's columns they fall in), so the
-faulty pass or index shows in one run.
+On 2026-12-01 the one-CTA backward failed test_gated.py::test_one_cta_halves_match_reference once
+(geglu, bf16, N = 256, with dbias: 86 rowwise bytes off by up to 161 codes). This runs that case
+and its neighbours both ways and prints, for every output field whose bytes differ, the rows and
+columns of the differing bytes (and which half, which warp's rows, which lane's columns), and
+both results against the CPU reference under NUMERICS.md's classes; the test's inputs are seed
+3. Its run of 2026-12-01 found the same bytes everywhere
+(bench/results/nvidia-h200-20261201-checks.txt).
 
     python bench/one_cta_diff.py [--seeds 0,1,3]
-
-Each case also prints both kernels' differences from the CPU reference under NUMERICS.md's
-classes (mxq.testing.compare; the test's inputs are seed 3).
 """
 
 from __future__ import annotations

@@ -294,7 +294,8 @@ class FusedOp:
     def _refuse_cpp(self, what: str, dtype: str | None = None) -> None:
         """Ops the C++ routes cannot serve, refused before anything is built: gated ones, and ops
         whose 16-bit kernel would not fit shared memory (the Python routes run the reference for
-        those; a C++ caller has none): every dtype for register()/dispatcher(), ``dtype`` for export()."""
+        those CUDA calls; a C++ route would fail at launch): for register()/dispatcher(), which
+        serve every dtype, whatever the dtype; for export(), its ``dtype``."""
         if self.spec.gated or self._halves:
             raise ValueError(f"mxq: {what}: ops with gated activations are not served by the C++ routes yet; "
                              "call them from Python (eager or torch.compile)")

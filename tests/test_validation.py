@@ -223,7 +223,7 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference():
     from mxq.kernels.config import Tuning
 
     four = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
-    four._tuning = Tuning(unaligned_warps=4)
+    four._tuning = Tuning(unaligned_warps=4)  # (its default too: the op computes)
     eight = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
     eight._tuning = Tuning(unaligned_warps=8)
     assert four._unserved(x16) is None

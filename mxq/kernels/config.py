@@ -53,7 +53,8 @@ class Tuning:
     ``vec_stage``: the fp32 kernel of a dact op stages its inputs through shared memory with
     cp.async and reuses that memory for the column reduction (80 registers against 100, 3 CTAs
     of 8 warps per SM against 2). A candidate for fp32 dgelu + dbias + both (84.6-87.7% of copy,
-    target 88%): compiled and checked on the CPU, not yet run on a GPU."""
+    target 88%): compiled and checked on the CPU; its current version has not run on a GPU (the
+    first faulted: bench/results/nvidia-h200-20261201-checks.txt)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -125,7 +126,8 @@ class KernelConfig:
 
     def packed_shared_bytes(self, n_sources: int, unaligned: bool, grouped: bool = False) -> int:
         """Upper bound of the shared memory the packed kernel allocates with ``n_sources`` 16-bit
-        tensors read per element, each buffer rounded up to 16 bytes: whether an op with many
+        tensors read per element, each buffer rounded up to 16 bytes (counting every source as a
+        full one: an aligned row operand, a bias, stages one row, not PK_ROWS rows): whether an op with many
         epilogue tensors fits SMEM_LIMIT (mxq/op.py refuses one that does not, before any launch).
         Keep it in step with the allocations in packed.py."""
         def r16(n):
