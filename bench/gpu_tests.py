@@ -1,0 +1,145 @@
+"""Run the GPU tests in parallel shards and write one report (for one device call).
+
+    python bench/gpu_tests.py [--shards 7] [--timeout 300] [--out FILE] [-k EXPR] [PATHS...]
+
+Run from the repository root (node ids are relative to it). Collects the tests marked ``gpu``
+(``--marker``) under PATHS (default ``tests/``), deals them
+round-robin to ``--shards`` pytest processes (they compile their kernels in parallel; the GPU
+runs them one after another), stops them all ``--timeout`` seconds after the start, and writes
+one text file:
+counts, every failed or erroring test with pytest's summary line and the head of its traceback,
+and the tests that did not finish. One file, because a device call returns a limited number of
+files: on 2026-12-01 seven shard logs were written and two never came back. Exits 1 if a test
+failed or errored, 2 if none failed but some did not finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OUTCOMES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
+_RESULT = re.compile(r"^(?P<id>\S.*?) (?P<out>" + "|".join(OUTCOMES) + r")\b")
+_SUMMARY = re.compile(r"^(?P<out>FAILED|ERROR) (?P<id>\S+)(?: - (?P<msg>.*))?$")
+_SECTION = re.compile(r"^_{3,} (?P<name>.+?) _{3,}$")
+
+
+def collect(paths, marker: str, kexpr: str | None) -> list[str]:
+    """Node ids of the tests pytest would run with ``-m marker`` (and ``-k kexpr``)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, "--co", *paths]
+    if kexpr:
+        cmd += ["-k", kexpr]
+    out = subprocess.run(cmd, capture_output=True, text=True).stdout
+    return [line.strip() for line in out.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def shard(ids: list[str], k: int) -> list[list[str]]:
+    """Deal ``ids`` round-robin to ``k`` shards (neighbouring, similar tests spread out)."""
+    return [ids[i::k] for i in range(k)]
+
+
+def parse(text: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """From one pytest ``-v -rfE`` log: (outcome per node id, summary message per failed id,
+    traceback text per failure section title). A log cut short by a timeout still gives the
+    outcomes of the tests that finished."""
+    outcomes, messages, sections = {}, {}, {}
+    current, lines = None, []
+    for line in text.splitlines():
+        m = _SUMMARY.match(line)
+        if m:
+            messages[m["id"]] = m["msg"] or ""
+            outcomes.setdefault(m["id"], m["out"])
+            continue
+        m = _RESULT.match(line)
+        if m and "::" in m["id"]:
+            outcomes[m["id"]] = m["out"]
+            continue
+        m = _SECTION.match(line)
+        if m:
+            if current:
+                sections[current] = "\n".join(lines)
+            current, lines = m["name"], []
+        elif current is not None:
+            if line.startswith("=") and ("short test summary" in line or " in " in line):
+                sections[current] = "\n".join(lines)
+                current = None
+            else:
+                lines.append(line)
+    if current:
+        sections[current] = "\n".join(lines)
+    return outcomes, messages, sections
+
+
+def report(shards: list[list[str]], logs: list[str], elapsed: float, max_traceback: int = 40) -> tuple[str, int]:
+    """The combined report and the exit status (0 all passed, 1 a failure, 2 unfinished only)."""
+    outcomes, messages, sections = {}, {}, {}
+    for text in logs:
+        o, m, s = parse(text)
+        outcomes.update(o)
+        messages.update(m)
+        sections.update(s)
+    ids = [i for s in shards for i in s]
+    counts = {k: 0 for k in OUTCOMES}
+    for i in ids:
+        if i in outcomes:
+            counts[outcomes[i]] += 1
+    bad = [i for i in ids if outcomes.get(i) in ("FAILED", "ERROR")]
+    unfinished = [i for i in ids if i not in outcomes]
+    parts = [f"{v} {k.lower()}" for k, v in counts.items() if v]
+    parts += [f"{len(unfinished)} did not finish"] if unfinished else []
+    lines = [f"{len(ids)} tests in {len(shards)} shards, {elapsed:.0f} s: " + (", ".join(parts) or "none run")]
+    for i in bad:
+        lines.append(f"\n{outcomes[i]} {i}" + (f" - {messages[i]}" if messages.get(i) else ""))
+        title = i.split("::")[-1]
+        tb = next((t for name, t in sections.items() if name.endswith(title)), None)
+        if tb:
+            tb_lines = tb.splitlines()
+            lines += ["    " + ln for ln in tb_lines[-max_traceback:]]
+    if unfinished:
+        lines.append("\ndid not finish (timeout):")
+        lines += [f"  {i}" for i in unfinished]
+    return "\n".join(lines) + "\n", 1 if bad else 2 if unfinished else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="*", default=["tests/"])
+    ap.add_argument("--shards", type=int, default=7)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per shard")
+    ap.add_argument("--marker", default="gpu", help="pytest -m expression (default: gpu)")
+    ap.add_argument("-k", dest="kexpr", default=None)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu-tests.txt"))
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    ids = collect(args.paths, args.marker, args.kexpr)
+    shards = [s for s in shard(ids, max(1, args.shards)) if s]
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = []
+        for n, ids_n in enumerate(shards):
+            log = open(Path(tmp) / f"shard{n}.txt", "w")
+            cmd = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "-m", args.marker, *ids_n]
+            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True), log))
+        deadline = t0 + args.timeout
+        for p, log in procs:
+            try:
+                p.wait(timeout=max(1.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            log.close()
+        logs = [(Path(tmp) / f"shard{n}.txt").read_text(errors="replace") for n in range(len(procs))]
+    text, status = report(shards, logs, time.time() - t0)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(text)
+    print(text.splitlines()[0], flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""bench/gpu_tests.py (the sharded GPU-test runner of a device call), on the CPU: its log parsing
+on a hand-written pytest log, and a whole run over a small test file of its own with a passing,
+a failing and a too-slow test."""
+
+import textwrap
+
+from .test_codegen import _bench_tool
+
+LOG = textwrap.dedent("""\
+    ============================= test session starts ==============================
+    tests/test_a.py::test_one[bf16-256] PASSED                               [ 25%]
+    tests/test_a.py::test_one[fp32-256] FAILED                               [ 50%]
+    tests/test_a.py::test_two SKIPPED (no CUDA)                              [ 75%]
+    tests/test_b.py::test_three ERROR                                        [100%]
+    =================================== FAILURES ===================================
+    ____________________________ test_one[fp32-256] ____________________________
+        def test_one(dtype, n):
+    >       assert got == want
+    E       assert 3 == 4
+    tests/test_a.py:10: AssertionError
+    =========================== short test summary info ============================
+    FAILED tests/test_a.py::test_one[fp32-256] - assert 3 == 4
+    ERROR tests/test_b.py::test_three - RuntimeError: boom
+    ============== 1 failed, 1 passed, 1 skipped, 1 error in 1.00s ===============
+    """)
+
+
+def test_parse_reads_outcomes_messages_and_tracebacks():
+    tool = _bench_tool("gpu_tests")
+    outcomes, messages, sections = tool.parse(LOG)
+    assert outcomes == {"tests/test_a.py::test_one[bf16-256]": "PASSED", "tests/test_a.py::test_one[fp32-256]": "FAILED",
+                        "tests/test_a.py::test_two": "SKIPPED", "tests/test_b.py::test_three": "ERROR"}
+    assert messages == {"tests/test_a.py::test_one[fp32-256]": "assert 3 == 4",
+                        "tests/test_b.py::test_three": "RuntimeError: boom"}
+    assert "E       assert 3 == 4" in sections["test_one[fp32-256]"]
+    # a log cut by the timeout still gives what finished
+    cut = "\n".join(LOG.splitlines()[:3])
+    assert tool.parse(cut)[0] == {"tests/test_a.py::test_one[bf16-256]": "PASSED", "tests/test_a.py::test_one[fp32-256]": "FAILED"}
+
+
+def test_shards_deal_round_robin_and_report_counts_every_test():
+    tool = _bench_tool("gpu_tests")
+    ids = [f"t.py::t{i}" for i in range(10)]
+    shards = tool.shard(ids, 3)
+    assert shards == [ids[0::3], ids[1::3], ids[2::3]] and sorted(sum(shards, [])) == sorted(ids)
+    ids = list(tool.parse(LOG)[0]) + ["tests/test_c.py::test_never"]
+    text, status = tool.report(tool.shard(ids, 2), [LOG, ""], 12.0)
+    assert text.startswith("5 tests in 2 shards, 12 s: 1 passed, 1 failed, 1 error, 1 skipped, 1 did not finish")
+    assert "FAILED tests/test_a.py::test_one[fp32-256] - assert 3 == 4" in text and "E       assert 3 == 4" in text
+    assert "did not finish (timeout):\n  tests/test_c.py::test_never" in text
+    assert status == 1
+    assert tool.report([["tests/test_a.py::test_one[bf16-256]"]], [LOG], 1.0)[1] == 0
+
+
+def test_whole_run_on_a_small_test_file(tmp_path, monkeypatch):
+    """Three shards over a file of its own: the report counts the pass, names the failure with its
+    assertion and lists the test the timeout stopped; the exit status says a test failed."""
+    tool = _bench_tool("gpu_tests")
+    f = tmp_path / "test_sample.py"
+    f.write_text(textwrap.dedent("""\
+        import time
+
+        def test_ok():
+            assert 1 + 1 == 2
+
+        def test_bad():
+            assert 1 + 1 == 3
+
+        def test_slow():
+            time.sleep(60)
+        """))
+    out = tmp_path / "report.txt"
+    monkeypatch.chdir(tmp_path)  # (node ids are relative to where pytest runs)
+    status = tool.main([f.name, "--shards", "3", "--timeout", "10", "--marker", "not gpu", "--out", str(out)])
+    text = out.read_text()
+    assert status == 1
+    assert text.startswith("3 tests in 3 shards") and "1 passed, 1 failed, 1 did not finish" in text.splitlines()[0]
+    assert "FAILED " in text and "test_sample.py::test_bad" in text and "assert (1 + 1) == 3" in text
+    assert "test_sample.py::test_slow" in text.split("did not finish (timeout):")[1]
