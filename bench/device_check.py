@@ -590,7 +590,8 @@ def host_breakdown(x, launcher, n):
 def parse_tuning(variant: str) -> dict:
     """'pdl=0,row_scale_l2_keep=0' -> {'pdl': False, 'row_scale_l2_keep': False}: fields of
     mxq.kernels.config.Tuning (the benchmark-only switches: booleans as 0/1, integers as such),
-    plus 'ops=a+b' to limit a variant to those ops (a string). See make_tuning."""
+    plus 'ops=a+b' to limit a variant to those ops and 'dtype=fp32' to time it on that input
+    dtype (default bf16; strings both). See make_tuning."""
     import dataclasses
 
     from mxq.kernels.config import Tuning
@@ -598,7 +599,7 @@ def parse_tuning(variant: str) -> dict:
     types = {f.name: f.type for f in dataclasses.fields(Tuning)}
     out = {}
     for k, v in (kv.split("=") for kv in variant.split(",") if kv):
-        out[k] = v if k == "ops" else int(v) if types.get(k) in (int, "int") else bool(int(v))
+        out[k] = v if k in ("ops", "dtype") else int(v) if types.get(k) in (int, "int") else bool(int(v))
     return out
 
 
@@ -673,8 +674,9 @@ def main():
         for variant in filter(None, args.variants.split(";")):  # e.g. 'unaligned_warps=8'
             tuning = parse_tuning(variant)
             ops = tuning.pop("ops", "")
+            dtype = tuning.pop("dtype", "bf16")
             summary["rows_odd"] += bench(copy, ODD_SHAPES, tuning, prefix=f"mxq[{variant}]",
-                                         ops=set(filter(None, ops.split("+"))))
+                                         ops=set(filter(None, ops.split("+"))), dtype=dtype)
         summary["copy_same_bytes"] = {f"{m}x{n}": round(copy_bandwidth(m * n), 1) for (m, n) in ODD_SHAPES}
         write_results(args.out, dev, summary, "-odd")
         return
@@ -694,8 +696,10 @@ def main():
         for variant in filter(None, args.variants.split(";")):
             tuning = parse_tuning(variant)
             ops = tuning.pop("ops", "")  # e.g. ops=gelu_both+dgelu_dbias_both: time only these
+            dtype = tuning.pop("dtype", "bf16")  # e.g. dtype=fp32 for the fp32 kernel's switches
             summary.setdefault("rows_variants", []).extend(
-                bench(copy, shapes, tuning, prefix=f"mxq[{variant}]", ops=set(filter(None, ops.split("+")))))
+                bench(copy, shapes, tuning, prefix=f"mxq[{variant}]", ops=set(filter(None, ops.split("+"))),
+                      dtype=dtype))
         for dtype in filter(None, args.dtypes.split(",")):
             summary.setdefault("rows_dtypes", []).extend(bench(copy, shapes, dtype=dtype))
         if args.odd:

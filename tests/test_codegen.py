@@ -860,3 +860,5 @@ def test_unaligned_warps(arch):
     assert strip.sub("", default_vec) == strip.sub("", eight_vec)
     dc = _bench_tool("device_check")
     assert dc.parse_tuning("unaligned_warps=8,pdl=0,ops=both") == {"unaligned_warps": 8, "pdl": False, "ops": "both"}
+    assert dc.parse_tuning("vec_stage=1,ops=dgelu_dbias_both,dtype=fp32") == {
+        "vec_stage": True, "ops": "dgelu_dbias_both", "dtype": "fp32"}
