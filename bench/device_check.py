@@ -603,6 +603,19 @@ def parse_tuning(variant: str) -> dict:
     return out
 
 
+def bench_variants(copy_gbps, shapes, variants: str) -> list:
+    """Rows of each Tuning variant of ``variants`` ('k=v,...;k=v', see parse_tuning) on ``shapes``:
+    'ops=a+b' limits a variant to those ops, 'dtype=fp32' times it on that input dtype."""
+    rows = []
+    for variant in filter(None, variants.split(";")):
+        tuning = parse_tuning(variant)
+        ops = tuning.pop("ops", "")
+        dtype = tuning.pop("dtype", "bf16")
+        rows += bench(copy_gbps, shapes, tuning, prefix=f"mxq[{variant}]", ops=set(filter(None, ops.split("+"))),
+                      dtype=dtype)
+    return rows
+
+
 def make_tuning(tuning: dict | None):
     """A Tuning from parse_tuning's dict (None: the library's choice); unknown names are a
     TypeError naming them."""
@@ -671,12 +684,7 @@ def main():
             summary.setdefault("odd_checks", []).append({"op": name, "shape": r["shape"], "problems": r["problems"]})
             print("odd check", name, ODD_SHAPES[-1], r["problems"] or "bit-exact", flush=True)
         summary["rows_odd"] = bench(copy, ODD_SHAPES) + bench(copy, ODD_SHAPES, dtype="fp32")
-        for variant in filter(None, args.variants.split(";")):  # e.g. 'unaligned_warps=8'
-            tuning = parse_tuning(variant)
-            ops = tuning.pop("ops", "")
-            dtype = tuning.pop("dtype", "bf16")
-            summary["rows_odd"] += bench(copy, ODD_SHAPES, tuning, prefix=f"mxq[{variant}]",
-                                         ops=set(filter(None, ops.split("+"))), dtype=dtype)
+        summary["rows_odd"] += bench_variants(copy, ODD_SHAPES, args.variants)  # e.g. 'unaligned_warps=4'
         summary["copy_same_bytes"] = {f"{m}x{n}": round(copy_bandwidth(m * n), 1) for (m, n) in ODD_SHAPES}
         write_results(args.out, dev, summary, "-odd")
         return
@@ -693,13 +701,9 @@ def main():
                              "issues each (ms); ms_idle_start: the same without the spin kernel")
         print("copy of each shape's input bytes (GB/s):", summary["copy_same_bytes"], "idle start:",
               summary["copy_same_bytes_idle_start"], flush=True)
-        for variant in filter(None, args.variants.split(";")):
-            tuning = parse_tuning(variant)
-            ops = tuning.pop("ops", "")  # e.g. ops=gelu_both+dgelu_dbias_both: time only these
-            dtype = tuning.pop("dtype", "bf16")  # e.g. dtype=fp32 for the fp32 kernel's switches
-            summary.setdefault("rows_variants", []).extend(
-                bench(copy, shapes, tuning, prefix=f"mxq[{variant}]", ops=set(filter(None, ops.split("+"))),
-                      dtype=dtype))
+        variant_rows = bench_variants(copy, shapes, args.variants)
+        if variant_rows:
+            summary["rows_variants"] = variant_rows
         for dtype in filter(None, args.dtypes.split(",")):
             summary.setdefault("rows_dtypes", []).extend(bench(copy, shapes, dtype=dtype))
         if args.odd:

@@ -62,7 +62,7 @@ class FusedOp:
         self._source: str | None = None
         self._tuning = None  # a benchmark's kernels.config.Tuning (None: the library's choice)
         self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/gated.py)
-        self._packed_smem: int | None = None  # _packed_smem_bytes, on first use (after _tuning is set)
+        self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use (after _tuning is set)
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
@@ -142,13 +142,13 @@ class FusedOp:
 
     def _unserved(self, x, group_offsets=None) -> str | None:
         """Why the kernels cannot serve this op on ``x``, or None. A 16-bit op whose inputs do not
-        fit the packed kernel's shared memory (many epilogue tensors; _packed_smem_bytes). A
+        fit the packed kernel's shared memory (many epilogue tensors; _packed_smem_shortfall). A
         two-halves op (mxq/gated.py): rowwise blocks of the [M, 2N] output must not straddle the
         halves (each half is its own CTAs), and the grouped kernels do not take two halves yet
         (their scale placement assumes one N)."""
-        if x.element_size() == 2 and self._packed_smem_bytes() > kconfig.SMEM_LIMIT:
-            return (f"{len(self.epilogue.tensor_params)} epilogue tensors need {self._packed_smem} bytes of shared "
-                    f"memory in the 16-bit kernel (at most {kconfig.SMEM_LIMIT}); running the torch reference")
+        too_big = self._packed_smem_shortfall() if x.element_size() == 2 else None
+        if too_big:
+            return f"{too_big}; running the torch reference"
         if not self._halves:
             return None
         if self.spec.rowwise and x.dim() and x.shape[-1] % 32:
@@ -158,13 +158,17 @@ class FusedOp:
             return "a gated backward with group_offsets is not served by the kernels yet; running the torch reference"
         return None
 
-    def _packed_smem_bytes(self) -> int:
-        """The 16-bit kernel's shared memory at its largest (unaligned rows, grouped) for this op's
-        config and tuning (KernelConfig.packed_shared_bytes), computed once like ``source``."""
+    def _packed_smem_shortfall(self) -> str | None:
+        """Why the 16-bit kernel cannot take this op, or None: the shared memory it needs at its
+        largest (unaligned rows, grouped; KernelConfig.packed_shared_bytes for this op's config and
+        tuning, computed once like ``source``) exceeds what a CTA may take."""
         if self._packed_smem is None:
             cfg = codegen.kernel_config(self.spec, self.epilogue, self._tuning)
             self._packed_smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=True, grouped=True)
-        return self._packed_smem
+        if self._packed_smem <= kconfig.SMEM_LIMIT:
+            return None
+        return (f"{len(self.epilogue.tensor_params)} epilogue tensors need {self._packed_smem} bytes of shared "
+                f"memory in the 16-bit kernel (at most {kconfig.SMEM_LIMIT})")
 
     def _noop_out(self, x, noop, out, group_offsets=None):
         """``out``, or for a noop call without one zeroed outputs (a noop call writes nothing)."""
@@ -299,11 +303,11 @@ class FusedOp:
         if self.spec.gated or self._halves:
             raise ValueError(f"mxq: {what}: ops with gated activations are not served by the C++ routes yet; "
                              "call them from Python (eager or torch.compile)")
-        if dtype in (None, "bf16", "fp16") and self._packed_smem_bytes() > kconfig.SMEM_LIMIT:
-            raise ValueError(f"mxq: {what}: {len(self.epilogue.tensor_params)} epilogue tensors need "
-                             f"{self._packed_smem} bytes of shared memory in the 16-bit kernel (at most "
-                             f"{kconfig.SMEM_LIMIT}), so its bf16/fp16 calls cannot launch; call the op from Python "
-                             "(which runs the torch reference for them)" + (" or export it for dtype='fp32'" if dtype else ""))
+        too_big = self._packed_smem_shortfall() if dtype in (None, "bf16", "fp16") else None
+        if too_big:
+            raise ValueError(f"mxq: {what}: {too_big}, so its bf16/fp16 calls cannot launch; call the op from "
+                             "Python (which runs the torch reference for them)"
+                             + (" or export it for dtype='fp32'" if dtype else ""))
 
     def output_shape(self, shape):
         """The outputs' shape for a first input of ``shape`` (wider for mxq/gated.py's ops)."""

@@ -126,10 +126,10 @@ class KernelConfig:
 
     def packed_shared_bytes(self, n_sources: int, unaligned: bool, grouped: bool = False) -> int:
         """Upper bound of the shared memory the packed kernel allocates with ``n_sources`` 16-bit
-        tensors read per element, each buffer rounded up to 16 bytes (counting every source as a
-        full one: an aligned row operand, a bias, stages one row, not PK_ROWS rows): whether an op with many
-        epilogue tensors fits SMEM_LIMIT (mxq/op.py refuses one that does not, before any launch).
-        Keep it in step with the allocations in packed.py."""
+        tensors read per element, each buffer rounded up to 16 bytes (every source counted as a
+        full one; an aligned row operand, a bias, stages one row, not PK_ROWS): whether an op
+        with many epilogue tensors fits SMEM_LIMIT (mxq/op.py refuses one that does not, before
+        any launch). Keep it in step with the allocations in packed.py."""
         def r16(n):
             return (n + 15) // 16 * 16
 
