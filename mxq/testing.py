@@ -75,20 +75,34 @@ def is_exact(op) -> bool:
 # per element (their exp/tanh/erf are not torch's), and docs/NUMERICS.md measures dbias against a sum
 # of the kernel's own v, which a test cannot see. Slack per column: this times its sum of |v|.
 V_SLACK = 2.0 ** -21
+# The built-in dact formulas are accurate in absolute, not relative terms (the fast tanh and
+# sigmoid are good to ~2^-24 absolute, and dgelu's `1 - t * t` and dsilu's `1 - s` cancel), so
+# where dact(a) is small the kernel's v = d * dact(a) can be far from the reference's in relative
+# terms: a column of one row is v itself. NUMERICS.md bounds |dact_kernel(a) - dact_ref(a)| by
+# DACT_SLACK * (1 + |a|) (an emulation of the approximate ex2/rcp over [-30, 30] peaks at
+# 2^-21.9 * (1 + |a|): docs/NUMERICS.md, "Exactness classes"); the per-column slack adds that
+# times the column's sum of |d| (1 + |a|).
+DACT_SLACK = 2.0 ** -20
 
 
 def v_abs_sum(op, *args, act_input=None, group_offsets=None, **kwargs) -> torch.Tensor:
-    """Per-column fp64 sum of |v| (NUMERICS steps 1-3, on the reference) for ``compare``'s
-    ``v_abs`` argument: the dbias slack of an op in the transcendental class ([G, N], per group,
-    with ``group_offsets``)."""
-    from . import groups
+    """Per-column fp64 weight of ``compare``'s dbias slack (its ``v_abs`` argument, [G, N] per
+    group with ``group_offsets``) for an op in the transcendental class: the sum of |v| (NUMERICS
+    steps 1-3, on the reference), plus, for a built-in ``dact`` (not gated), DACT_SLACK / V_SLACK
+    times the sum of |d| (1 + |a|), d the epilogue's value and a the ``act_input``."""
+    from . import gated, groups
     from .reference import epilogue_value
+    from dataclasses import replace
 
     tensors, scalars = op._bind(args, kwargs)
-    v = epilogue_value(op.spec, op.epilogue, tensors, scalars, act_input).abs()
+    w = epilogue_value(op.spec, op.epilogue, tensors, scalars, act_input).abs().double()
+    if op.spec.dact is not None and not gated.is_halves(op.epilogue):
+        d = epilogue_value(replace(op.spec, dact=None), op.epilogue, tensors, scalars, None).abs().double()
+        a = act_input.reshape(d.shape).to(torch.float64).abs()
+        w = w + (DACT_SLACK / V_SLACK) * d * (1.0 + a)
     if group_offsets is None:
-        return v.sum(0, dtype=torch.float64)
-    return torch.stack([v[start:end].sum(0, dtype=torch.float64) for start, end in groups.bounds(group_offsets)])
+        return w.sum(0)
+    return torch.stack([w[start:end].sum(0) for start, end in groups.bounds(group_offsets)])
 
 
 def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None) -> list[str]:

@@ -53,3 +53,26 @@ def test_dbias_slack_grows_with_the_columns_sum_of_abs_v_outside_the_exact_class
     assert compare(got, want, exact=False, v_abs=torch.where(v_abs > 0, float("inf"), 0.0)) != []
     got.dbias[0] = 1.02
     assert compare(got, want, exact=False, v_abs=v_abs) != []
+
+
+def test_dbias_slack_of_a_builtin_dact_is_absolute_in_dact():
+    """One row: dbias is v = d * dgelu(a) itself. Where dgelu(a) is small the kernels' value
+    (fast tanh, good to ~2^-24 absolute; `1 - t * t` cancels) is off from the reference's by far
+    more than V_SLACK relative: the slack adds DACT_SLACK x |d| (1 + |a|) per element. By hand:
+    d = 3, a = -3 gives the weight 3 * 4 * 2^-20 / 2^-21 = 24 on top of |v|."""
+    op = mxq.fused_quant(colwise=True, dbias=True, dact="gelu")(lambda_free)
+    d = torch.full((1, 32), 3.0)
+    a = torch.full((1, 32), -3.0)
+    want = op.reference(d, act_input=a)
+    v = want.dbias[0].item()
+    assert abs(v) < 0.05  # 3 * dgelu(-3) = 3 * -0.0119...
+    v_abs = v_abs_sum(op, d, act_input=a)
+    assert abs(v_abs[0].item() - (abs(v) + 24.0)) < 1e-6
+    plain = mxq.fused_quant(colwise=True, dbias=True, act="gelu")(lambda_free)  # no dact: |v| alone
+    assert torch.equal(v_abs_sum(plain, d), plain.reference(d).dbias.abs().double())
+    got = op.reference(d, act_input=a)
+    got.dbias[0] = v + 2.0 ** -22 * 3.0 * 4.0  # within the dact slack (24 x 2^-21 = 1.1e-5)
+    assert compare(got, want, exact=False, v_abs=torch.full_like(v_abs, abs(v))) != []  # |v| alone: too tight
+    assert compare(got, want, exact=False, v_abs=v_abs) == []
+    got.dbias[0] = v + 2.0 ** -18 * 3.0 * 4.0
+    assert compare(got, want, exact=False, v_abs=v_abs) != []
