@@ -785,8 +785,8 @@ def test_kernel_hash_covers_every_file_that_shapes_the_compiled_code(monkeypatch
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_fp32_staged_candidate(arch):
-    """Tuning.vec_stage (a candidate, off): the fp32 kernel of a dact op copies each thread's rows
+def test_fp32_staged_dact(arch):
+    """Tuning.vec_stage (the default): the fp32 kernel of a dact op copies each thread's rows
     of both inputs to shared memory as whole 16-byte cp.async copies (4 rows x 2 inputs x 2; a
     first version copied 16 bytes per 4-byte element, at offsets +4, +8, ..., and faulted with a
     misaligned address on the H200), one barrier more (the column reduction reuses that memory),
@@ -800,8 +800,8 @@ def test_fp32_staged_candidate(arch):
         return op
 
     dact = dict(dact="gelu", dbias=True)
-    off = compiler.compile_artifacts(build(None, **dact), arch, "fp32", "vec")
-    on = compiler.compile_artifacts(build(Tuning(vec_stage=True), **dact), arch, "fp32", "vec")
+    off = compiler.compile_artifacts(build(Tuning(vec_stage=False), **dact), arch, "fp32", "vec")
+    on = compiler.compile_artifacts(build(None, **dact), arch, "fp32", "vec")
     ptx_off, ptx_on = off["ptx"], on["ptx"]
     assert "cp.async" not in ptx_off
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+(?:\+(\d+))?\], \[%rd\d+(?:\+(\d+))?\], (\d+)", ptx_on)
@@ -821,9 +821,10 @@ def test_fp32_staged_candidate(arch):
 
     cfg = codegen.kernel_config(QuantSpec(rowwise=True, dact="gelu"), IDENTITY, Tuning(vec_stage=True))
     assert [dataclasses.replace(cfg, n_inputs=n).vec_stage for n in (1, 6, 7)] == [True, True, False]
-    assert not dataclasses.replace(cfg, tuning=Tuning()).vec_stage
+    assert dataclasses.replace(cfg, tuning=Tuning()).vec_stage
+    assert not dataclasses.replace(cfg, tuning=Tuning(vec_stage=False)).vec_stage
     plain = compiler.ptx_of(build(None, act="gelu"), arch, "fp32", "vec")
-    assert plain == compiler.ptx_of(build(Tuning(vec_stage=True), act="gelu"), arch, "fp32", "vec")
+    assert plain == compiler.ptx_of(build(Tuning(vec_stage=False), act="gelu"), arch, "fp32", "vec")
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

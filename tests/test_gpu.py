@@ -415,10 +415,10 @@ def test_unaligned_eight_warps_match_reference(case, shape, monkeypatch):
 ])
 @pytest.mark.parametrize("fn", [_fast_ident, _residual])
 def test_fp32_staged_dact_matches_reference(fn, opts, shape, monkeypatch):
-    """Tuning.vec_stage (a candidate, not the default): the fp32 kernel of a dact op stages its
-    inputs through shared memory and reuses it for the column reduction; every byte against the
-    reference, into poisoned outputs, and noop writes nothing. CPU counterpart:
-    test_codegen.py::test_fp32_staged_candidate."""
+    """Tuning.vec_stage (the default): the fp32 kernel of a dact op stages its inputs through
+    shared memory and reuses it for the column reduction; every byte against the reference and
+    the same bytes as the unstaged kernel (Tuning(vec_stage=False)), into poisoned outputs, and
+    noop writes nothing. CPU counterpart: test_codegen.py::test_fp32_staged_dact."""
     monkeypatch.setenv("MXQ_STRICT", "1")
     op = mxq.fused_quant(dact="gelu", **opts)(fn)
     op._tuning = Tuning(vec_stage=True)
@@ -430,6 +430,12 @@ def test_fp32_staged_dact_matches_reference(fn, opts, shape, monkeypatch):
     gins = [t.cuda() for t in ins]
     got = op(*gins, act_input=a.cuda(), out=poisoned(op, gins[0]))
     assert compare(got, want, False, v_abs) == []
+    unstaged = mxq.fused_quant(dact="gelu", **opts)(fn)
+    unstaged._tuning = Tuning(vec_stage=False)
+    other = unstaged(*gins, act_input=a.cuda(), out=poisoned(op, gins[0]))
+    for name in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
+        if getattr(got, name) is not None:
+            assert same_bytes(getattr(got, name), getattr(other, name)), name
     # noop: every field keeps its poison (the staged copies are issued before noop is read)
     out, fresh = poisoned(op, gins[0]), poisoned(op, gins[0])
     op(*gins, act_input=a.cuda(), noop=torch.ones(1, device="cuda"), out=out)

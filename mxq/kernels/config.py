@@ -52,15 +52,14 @@ class Tuning:
     take 8 anyway). bench/results/nvidia-h200-20261201-odd.json, docs/performance.md.
     ``vec_stage``: the fp32 kernel of a dact op stages its inputs through shared memory with
     cp.async and reuses that memory for the column reduction (80 registers against 100, 3 CTAs
-    of 8 warps per SM against 2). A candidate for fp32 dgelu + dbias + both (84.6-87.7% of copy,
-    target 88%): compiled and checked on the CPU; its current version has not run on a GPU (the
-    first faulted: bench/results/nvidia-h200-20261201-checks.txt)."""
+    of 8 warps per SM against 2): fp32 dgelu + dbias + both 88.7-90.6% of copy against 84.3-87.7%
+    unstaged in the same run (H200, 2026-12-01, docs/performance.md). False: registers only."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
     halves_one_cta: bool = True
     unaligned_warps: int = 0
-    vec_stage: bool = False
+    vec_stage: bool = True
 
 
 @dataclass(frozen=True)
