@@ -36,15 +36,33 @@ OPS = {
     "dsilu_dbias_both": dict(rowwise=True, colwise=True, dact="silu", dbias=True),
     "dswiglu_dbias_both": dict(rowwise=True, colwise=True, dact="swiglu", dbias=True),
 }
+# ops of the benchmark with a user epilogue: (options, the epilogue, its inputs' layouts)
+
+
+def bias_add(x, b):
+    return x + b
+
+
+def residual(x, r, alpha: float):
+    return x * alpha + r
+
+
+EPILOGUE_OPS = {
+    "bias_gelu_both": (dict(rowwise=True, colwise=True, act="gelu"), bias_add, ("full", "row")),
+    "residual_silu_both": (dict(rowwise=True, colwise=True, act="silu"), residual, ("full", "full")),
+}
 
 
 def _options(spec: QuantSpec) -> dict:
     return {k: getattr(spec, k) for k in _OPTION_NAMES}
 
 
-def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec") -> dict:
-    op = FusedOp(_identity, spec, IDENTITY) if not spec.gated else fused_quant(**_options(spec))(_identity).inner
-    art = compiler.compile_artifacts(op, arch=arch, dtype=dtype, variant=variant)
+def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None, layouts=None) -> dict:
+    if fn is not None:
+        op = fused_quant(**_options(spec))(fn)
+    else:
+        op = FusedOp(_identity, spec, IDENTITY) if not spec.gated else fused_quant(**_options(spec))(_identity).inner
+    art = compiler.compile_artifacts(op, arch=arch, dtype=dtype, variant=variant, layouts=layouts)
     ptx = art["ptx"]
     body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
     body = body[:body.index("\n}\n")]
@@ -67,8 +85,10 @@ def main() -> None:
                     help="generic: the packed kernel's unaligned rows (any N)")
     args = ap.parse_args()
     print(f"{'op':18} {'PTX/elem':>8} {'SASS/elem':>9} {'regs':>5} {'warps':>5}  most frequent PTX")
-    for name, opts in OPS.items():
-        c = count(QuantSpec(**opts), args.arch, args.dtype, args.variant)
+    todo = [(name, opts, None, None) for name, opts in OPS.items()]
+    todo += [(name, opts, fn, layouts) for name, (opts, fn, layouts) in EPILOGUE_OPS.items()]
+    for name, opts, fn, layouts in todo:
+        c = count(QuantSpec(**opts), args.arch, args.dtype, args.variant, fn, layouts)
         top = " ".join(f"{k}:{v}" for k, v in c["top"])
         sass = f"{c['sass_per_element']:9.1f}" if c["sass_per_element"] else f"{'-':>9}"
         print(f"{name:18} {c['per_element']:8.1f} {sass} {c['registers'] or '-':>5} {c['vwarps']:>5}  {top}")

@@ -127,7 +127,7 @@ def ssa(expr: ir.Expr, prefix: str, inputs: dict[int, str], scalars: dict[int, s
         rec["builtin"] = builtin is True or bool(builtin and node in builtin)
         records.append(rec)
     if builtin:
-        records = scale_sum_fma(contract_fma(records))
+        records = half_tanh_as_sigmoid(scale_sum_fma(contract_fma(records)))
     return records, names[expr]
 
 
@@ -145,6 +145,8 @@ _UNARY = {
     "sigmoid": "cute.math.div(Float32(1.0), cute.math.add(Float32(1.0), cute.math.exp(-{0}), rounding=RN))",
     "tanh_act": "tanh_act({0})",
     "sigmoid_act": "sigmoid_act({0})",
+    "sigmoid2_act": "sigmoid2_act({0})",
+    "sigmoid_ex2_act": "sigmoid_ex2_act({0})",
     **{f: f"cute.math.{f}({{0}})" for f in ("abs", "exp", "exp2", "log", "log2", "tanh", "erf", "sqrt", "rsqrt")},
 }
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -227,6 +229,86 @@ def scale_sum_fma(records: list[dict]) -> list[dict]:
         out.append(rec)
     # the sum's record is no longer used; it stays in order before its old user, so drop it
     return [rec for rec in out if rec["var"] not in dropped]
+
+
+def half_tanh_as_sigmoid(records: list[dict]) -> list[dict]:
+    """Rewrite ``0.5 + 0.5 * tanh(y)`` (after ``contract_fma``: ``fma(0.5, t, 0.5)``, t = tanh(y)
+    used there only) as ``sigmoid(2y)`` = 1 / (1 + 2^(K y)), K = -2 log2 e: the same function in
+    4 instructions (``sigmoid2_act``) instead of tanh_act's 6 and the FMA, or 3
+    (``sigmoid_ex2_act``) where K can be folded into the constants of y (``_absorb``: gelu's
+    y = x * (c0 + c1 * x * x) becomes x * (K c0 + K c1 * x * x)). gelu's forward, so geglu's too.
+
+    Built-in formulas only, inside the transcendental class: 1/(1 + 2^(K y)) is relatively
+    accurate (a few ulp), where 0.5 + 0.5 * t, in the reference as in tanh_act, is only
+    absolutely so (it cancels for y < 0); folding K moves y by an ulp or two; docs/NUMERICS.md,
+    "Activations". A t used elsewhere too (dgelu's ``1 - t * t``) keeps the tanh.
+    """
+    uses = _use_counts(records)
+    by_var = {rec["var"]: rec for rec in records}
+
+    def half(var: str) -> bool:
+        rec = by_var.get(var)
+        return rec is not None and rec["kind"] == "const" and float(rec["value"]) == 0.5
+
+    dropped: set[str] = set()
+    consts: list[dict] = []  # scaled constants (_absorb)
+    changed: dict[str, dict] = {}  # records rewritten in place by _absorb
+    out = []
+    for rec in records:
+        if rec["kind"] == "fma" and rec.get("builtin", True) and half(rec["args"][2]):
+            for k in (0, 1):
+                t = by_var.get(rec["args"][k])
+                if (half(rec["args"][1 - k]) and t is not None and t["kind"] == "unary" and t["op"] == "tanh_act"
+                        and uses[t["var"]] == 1):
+                    y = t["args"][0]
+                    op = "sigmoid2_act"
+                    if _absorbable(y, by_var, uses):
+                        y, op = _absorb(y, SIGMOID2_K, by_var, uses, consts, changed), "sigmoid_ex2_act"
+                    rec = {"kind": "unary", "op": op, "args": [y], "var": rec["var"], "builtin": True}
+                    dropped.add(t["var"])
+                    break
+        out.append(rec)
+    # (rewritten records keep their variables and places; the new constants go first)
+    return consts + [changed.get(rec["var"], rec) for rec in out if rec["var"] not in dropped]
+
+
+SIGMOID2_K = -2.0 * math.log2(math.e)  # sigmoid(2y) = 1 / (1 + 2^(K y))
+
+
+def _absorbable(var: str, by_var: dict, uses) -> bool:
+    """Whether K * var can be computed by scaling constants only: var is a constant, or a
+    built-in product/FMA read only once whose scaled operands are absorbable in turn."""
+    rec = by_var.get(var)
+    if rec is None:
+        return False  # an input
+    if rec["kind"] == "const":
+        return True
+    if uses[var] != 1 or not rec.get("builtin", True):
+        return False
+    a = rec.get("args", [])
+    if rec["kind"] == "binary" and rec["op"] == "mul":
+        return _absorbable(a[0], by_var, uses) or _absorbable(a[1], by_var, uses)
+    if rec["kind"] == "fma":  # K (p q + c) = (K p) q + K c
+        return (_absorbable(a[0], by_var, uses) or _absorbable(a[1], by_var, uses)) and _absorbable(a[2], by_var, uses)
+    return False
+
+
+def _absorb(var: str, k: float, by_var: dict, uses, consts: list, changed: dict) -> str:
+    """The variable of K * var (``_absorbable``): constants are scaled (new records, appended to
+    ``consts``); the products and FMAs on the way are rewritten under their own names (into
+    ``changed``; each is read only once, so nothing else sees the change)."""
+    rec = by_var[var]
+    if rec["kind"] == "const":
+        c = {"kind": "const", "value": _literal(float(rec["value"]) * k), "var": f"{var}k{len(consts)}"}
+        consts.append(c)
+        return c["var"]
+    a = list(rec["args"])
+    j = 0 if _absorbable(a[0], by_var, uses) else 1
+    a[j] = _absorb(a[j], k, by_var, uses, consts, changed)
+    if rec["kind"] == "fma":
+        a[2] = _absorb(a[2], k, by_var, uses, consts, changed)
+    changed[var] = dict(rec, args=a)
+    return var
 
 
 def contract_fma(records: list[dict]) -> list[dict]:

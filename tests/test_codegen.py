@@ -3,6 +3,7 @@ sm_100a, and the PTX holds the instructions docs/NUMERICS.md asks for."""
 
 import ast
 import itertools
+import math
 import re
 import shutil
 import tempfile
@@ -238,6 +239,10 @@ def _run_records(records, out, env):
             env[r["var"]] = torch.tanh(a[0])
         elif r["kind"] == "unary" and r["op"] in ("sigmoid", "sigmoid_act"):
             env[r["var"]] = torch.sigmoid(a[0])
+        elif r["kind"] == "unary" and r["op"] == "sigmoid2_act":
+            env[r["var"]] = torch.sigmoid(2.0 * a[0].double()).float()
+        elif r["kind"] == "unary" and r["op"] == "sigmoid_ex2_act":
+            env[r["var"]] = (1.0 / (1.0 + torch.exp2(a[0].double()))).float()
         elif r["kind"] == "unary" and r["op"] == "neg":
             env[r["var"]] = -a[0]
         elif r["kind"] == "compare":
@@ -266,6 +271,57 @@ def test_builtin_act_records_compute_the_numerics_formula(name, direction):
         assert "fma" in kinds
     if name in ("relu", "srelu"):
         assert "fma" not in kinds
+
+
+def test_half_tanh_becomes_a_sigmoid_with_its_constant_folded():
+    """gelu's 0.5 + 0.5 * tanh(y) is sigmoid(2y) = 1 / (1 + 2^(K y)), K = -2 log2 e; y =
+    x * (c0 + c1 * x * x) takes K into its two constants (by hand: K * 0.79788456 and
+    K * 0.035677408), so the act lowers to 3 instructions where tanh_act and the FMA took 7.
+    dgelu reads t twice (1 - t * t, 1 + t) and keeps tanh_act; a user's own 0.5 + 0.5 * mxq.tanh
+    (precise tanh, one rounding per operation) is left alone."""
+    from mxq import activations
+
+    k = -2.0 / math.log(2.0)
+    records, out = codegen.ssa(activations.act_ir("gelu").expr, "f", {0: "x"}, {}, builtin=True)
+    ops = [r.get("op") for r in records]
+    assert "sigmoid_ex2_act" in ops and "tanh_act" not in ops and "sigmoid2_act" not in ops
+    consts = sorted(float(r["value"]) for r in records if r["kind"] == "const")
+    for c in (0.79788456, 0.035677408):
+        assert any(abs(v - k * c) <= 1e-6 * abs(k * c) for v in consts), (c, consts)
+    x = torch.linspace(-12, 12, 24001, dtype=torch.float32)
+    got = _run_records(records, out, {"x": x}).double()
+    want = x.double() * torch.sigmoid(2.0 * x.double() * (0.79788456 + 0.044715 * 0.79788456 * x.double() ** 2))
+    assert torch.allclose(got, want, rtol=2**-20, atol=2**-30)
+    records, _ = codegen.ssa(activations.dact_ir("gelu").expr, "g", {0: "a"}, {}, builtin=True)
+    ops = [r.get("op") for r in records]
+    assert "tanh_act" in ops and "sigmoid_ex2_act" not in ops and "sigmoid2_act" not in ops
+
+    def own_gelu(x):
+        return x * (0.5 + 0.5 * mxq.tanh(x * 0.8))
+
+    op = mxq.fused_quant()(own_gelu)
+    records, _ = codegen.ssa(op.epilogue.expr, "e", {0: "x"}, {}, builtin=op.epilogue.builtin)
+    ops = [r.get("op") for r in records]
+    assert "tanh" in ops and not {"sigmoid_ex2_act", "sigmoid2_act", "tanh_act"} & set(ops)
+
+
+def test_half_tanh_without_foldable_constants_keeps_the_multiply():
+    """A tanh argument whose product is read twice cannot take K (the other reader would see
+    it): sigmoid2_act, which multiplies by K itself. Records built by hand."""
+    recs = [
+        {"kind": "const", "value": "0.5", "var": "h"},
+        {"kind": "binary", "op": "mul", "args": ["x", "x"], "var": "y"},
+        {"kind": "unary", "op": "tanh_act", "args": ["y"], "var": "t"},
+        {"kind": "fma", "args": ["h", "t", "h"], "var": "s"},
+        {"kind": "binary", "op": "mul", "args": ["s", "y"], "var": "o"},
+    ]
+    out = codegen.half_tanh_as_sigmoid(recs)
+    assert [r.get("op") for r in out if r["kind"] == "unary"] == ["sigmoid2_act"]
+    assert next(r for r in out if r["var"] == "s")["args"] == ["y"]
+    assert "t" not in [r["var"] for r in out]
+    x = torch.linspace(-3, 3, 601)
+    got = _run_records(out, "o", {"x": x})
+    assert torch.allclose(got, (0.5 + 0.5 * torch.tanh(x * x)) * x * x, rtol=1e-5, atol=1e-6)
 
 
 def test_fma_contraction_is_builtin_only_and_skips_subtractions():

@@ -163,6 +163,21 @@ def sigmoid_act(x):
                                 read_only_args=[add_rn(e, Float32(1.0))])
 
 
+def sigmoid_ex2_act(z):
+    """1 / (1 + 2^z): ex2.approx and rcp.approx, a few ulp relative. 2^z overflows to inf for
+    z > 128, giving exactly 0; z = -inf gives exactly 1; NaN stays NaN."""
+    e = cute.arch.inline_ptx("ex2.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32], read_only_args=[z])
+    return cute.arch.inline_ptx("rcp.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
+                                read_only_args=[add_rn(e, Float32(1.0))])
+
+
+def sigmoid2_act(y):
+    """sigmoid(2y) = 1 / (1 + 2^(-2y log2 e)), which the built-in formulas' 0.5 + 0.5 * tanh(y) is
+    (codegen.half_tanh_as_sigmoid, where -2 log2 e cannot be folded into y's constants). e
+    overflows to inf for y < ~-44, giving exactly 0; y = +inf gives exactly 1; NaN stays NaN."""
+    return sigmoid_ex2_act(mul_rn(y, Float32(-2.885390081777927)))
+
+
 def warp_max(x):
     """NaN-propagating max over the 32 lanes of a warp (every lane gets the result)."""
     for k in range(5):

@@ -64,6 +64,10 @@ class PackedKernel:
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # any N and alignment: rows through unaligned.py
         WIDE = cutlass.const_expr(cfg.wide_tile(GROUPED, UNALIGNED))
+        # a user epilogue may map the zero padding of rows past M to nonzero: aligned kernels without
+        # dbias zero those rows' magnitudes (what the row and column maxima read) with one mask per
+        # row, instead of a select per element; dbias (which sums v) and unaligned rows select v
+        ROW_MASK = cutlass.const_expr(not cfg.identity and not cfg.dbias and not UNALIGNED)
         is_bf16 = cutlass.const_expr(ins[0].element_type is cutlass.BFloat16)
         WARPS = cutlass.const_expr(cfg.packed_warps(UNALIGNED))
         NTHREADS = cutlass.const_expr(WARPS * 32)
@@ -237,10 +241,12 @@ class PackedKernel:
                 if cutlass.const_expr(cfg.computed):
                     if cutlass.const_expr(not cfg.identity):
                         row_ok = col_ok and rbase + i < row_end
+                        if cutlass.const_expr(ROW_MASK):
+                            abs_keep = Uint32(cutlass.select_(row_ok, Uint32(0x7FFF7FFF), Uint32(0)))
                     vv = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
                     for k in cutlass.range_constexpr(VEC):
                         v = self.value(frags[i], k, scalars_p, dev.widen)
-                        if cutlass.const_expr(not cfg.identity):
+                        if cutlass.const_expr(not cfg.identity and not ROW_MASK):
                             ok = row_ok
                             if cutlass.const_expr(UNALIGNED):
                                 ok = row_ok and c0 + k < N
@@ -267,7 +273,10 @@ class PackedKernel:
                             else:
                                 dsum[k] = dsum[k] + dev.widen(frags[i][0], k)
                 words.append(row_words)
-                absw.append([dev.pk_abs(w) for w in row_words])
+                if cutlass.const_expr(ROW_MASK):
+                    absw.append([w & abs_keep for w in row_words])  # |v|, and 0 in rows past M
+                else:
+                    absw.append([dev.pk_abs(w) for w in row_words])
                 if cutlass.const_expr(cfg.col_reduce):
                     if cutlass.const_expr(i == 0):
                         cm = list(absw[0])  # this thread's column maxima, one word per two columns
