@@ -145,8 +145,8 @@ _UNARY = {
     "sigmoid": "cute.math.div(Float32(1.0), cute.math.add(Float32(1.0), cute.math.exp(-{0}), rounding=RN))",
     "tanh_act": "tanh_act({0})",
     "sigmoid_act": "sigmoid_act({0})",
-    "sigmoid2_act": "sigmoid2_act({0})",
-    "sigmoid_ex2_act": "sigmoid_ex2_act({0})",
+    "half_tanh_act": "half_tanh_act({0})",
+    "half_tanh_ex2_act": "half_tanh_ex2_act({0})",
     **{f: f"cute.math.{f}({{0}})" for f in ("abs", "exp", "exp2", "log", "log2", "tanh", "erf", "sqrt", "rsqrt")},
 }
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
@@ -233,15 +233,16 @@ def scale_sum_fma(records: list[dict]) -> list[dict]:
 
 def half_tanh_as_sigmoid(records: list[dict]) -> list[dict]:
     """Rewrite ``0.5 + 0.5 * tanh(y)`` (after ``contract_fma``: ``fma(0.5, t, 0.5)``, t = tanh(y)
-    used there only) as ``sigmoid(2y)`` = 1 / (1 + 2^(K y)), K = -2 log2 e: the same function in
-    4 instructions (``sigmoid2_act``) instead of tanh_act's 6 and the FMA, or 3
-    (``sigmoid_ex2_act``) where K can be folded into the constants of y (``_absorb``: gelu's
-    y = x * (c0 + c1 * x * x) becomes x * (K c0 + K c1 * x * x)). gelu's forward, so geglu's too.
+    used there only) as the function it equals, ``sigmoid(2y)`` = 1 / (1 + 2^(K y)), K = -2 log2 e,
+    put back on the grid of the formula's roundings (``half_tanh_ex2_act``, which says why):
+    5 instructions where tanh_act, its sign and the FMA took 7 and the multiply by 2 log2 e one
+    more, which ``_absorb`` folds into the constants of y where it can (gelu's y = x * (c0 + c1 *
+    x * x) becomes x * (K c0 + K c1 * x * x); otherwise ``half_tanh_act`` multiplies). gelu's
+    forward, so geglu's too.
 
-    Built-in formulas only, inside the transcendental class: 1/(1 + 2^(K y)) is relatively
-    accurate (a few ulp), where 0.5 + 0.5 * t, in the reference as in tanh_act, is only
-    absolutely so (it cancels for y < 0); folding K moves y by an ulp or two; docs/NUMERICS.md,
-    "Activations". A t used elsewhere too (dgelu's ``1 - t * t``) keeps the tanh.
+    Built-in formulas only, inside the transcendental class (docs/NUMERICS.md, "Activations";
+    folding K moves y by an ulp or two). A t used elsewhere too (dgelu's ``1 - t * t``) keeps
+    tanh_act.
     """
     uses = _use_counts(records)
     by_var = {rec["var"]: rec for rec in records}
@@ -261,9 +262,9 @@ def half_tanh_as_sigmoid(records: list[dict]) -> list[dict]:
                 if (half(rec["args"][1 - k]) and t is not None and t["kind"] == "unary" and t["op"] == "tanh_act"
                         and uses[t["var"]] == 1):
                     y = t["args"][0]
-                    op = "sigmoid2_act"
+                    op = "half_tanh_act"
                     if _absorbable(y, by_var, uses):
-                        y, op = _absorb(y, SIGMOID2_K, by_var, uses, consts, changed), "sigmoid_ex2_act"
+                        y, op = _absorb(y, SIGMOID2_K, by_var, uses, consts, changed), "half_tanh_ex2_act"
                     rec = {"kind": "unary", "op": op, "args": [y], "var": rec["var"], "builtin": True}
                     dropped.add(t["var"])
                     break
