@@ -85,3 +85,23 @@ FUNCTIONS = {**UNARY, **BINARY, **TERNARY}
 INLINE: dict = {}
 # Functions whose GPU result may differ from torch's in the last bit (NUMERICS "transcendental class").
 INEXACT = frozenset({"exp", "exp2", "log", "log2", "tanh", "sigmoid", "erf", "sqrt", "rsqrt"})
+
+
+def resolve_cpu_dispatch() -> None:
+    """Call every function of the table once on a one-element tensor, fp32 and fp64.
+
+    PyTorch's CPU kernels for contiguous float unary ops call MKL VML from every intra-op
+    thread, and oneMKL 2024.2 (the wheels' pin) picks each function's kernel lazily at its first
+    call: concurrent first calls can run a low-accuracy kernel on one thread's chunk of that one
+    call (pytorch/pytorch#188792, open). Here `torch.tanh` of a 4001-element fp32 tensor came
+    back with its second half up to 9e-5 off (tanh(5.0) == 1.0) in 2 of 24 fresh processes, so
+    the reference's gelu, and every test that compares against it, depended on which call came
+    first. A one-element call runs on the calling thread alone and settles the choice before
+    any parallel one; mxq makes these calls when it is imported (tests/test_math.py)."""
+    for dtype in (torch.float32, torch.float64):
+        one = torch.full((1,), 0.5, dtype=dtype)
+        for f in UNARY.values():
+            f(one)
+
+
+resolve_cpu_dispatch()
