@@ -18,7 +18,7 @@ import jinja2
 
 from . import activations, gated, ir, slots
 from .epilogue import Epilogue
-from .kernels.config import KernelConfig, Tuning
+from .kernels.config import HALF_TANH_K, KernelConfig, Tuning
 from .spec import QuantSpec
 
 TEMPLATE_NAME = "module.py.j2"
@@ -245,41 +245,37 @@ def half_tanh_as_sigmoid(records: list[dict]) -> list[dict]:
     tanh_act.
     """
     uses = _use_counts(records)
-    by_var = {rec["var"]: rec for rec in records}
+    live = {rec["var"]: rec for rec in records}  # each variable's record as rewritten so far
 
     def half(var: str) -> bool:
-        rec = by_var.get(var)
+        rec = live.get(var)
         return rec is not None and rec["kind"] == "const" and float(rec["value"]) == 0.5
 
     dropped: set[str] = set()
     consts: list[dict] = []  # scaled constants (_absorb)
-    changed: dict[str, dict] = {}  # records rewritten in place by _absorb
-    out = []
     for rec in records:
+        rec = live[rec["var"]]
         if rec["kind"] == "fma" and rec.get("builtin", True) and half(rec["args"][2]):
             for k in (0, 1):
-                t = by_var.get(rec["args"][k])
+                t = live.get(rec["args"][k])
                 if (half(rec["args"][1 - k]) and t is not None and t["kind"] == "unary" and t["op"] == "tanh_act"
                         and uses[t["var"]] == 1):
                     y = t["args"][0]
                     op = "half_tanh_act"
-                    if _absorbable(y, by_var, uses):
-                        y, op = _absorb(y, SIGMOID2_K, by_var, uses, consts, changed), "half_tanh_ex2_act"
-                    rec = {"kind": "unary", "op": op, "args": [y], "var": rec["var"], "builtin": True}
+                    if _absorbable(y, live, uses):
+                        y, op = _absorb(y, HALF_TANH_K, live, uses, consts), "half_tanh_ex2_act"
+                    live[rec["var"]] = {"kind": "unary", "op": op, "args": [y], "var": rec["var"], "builtin": True}
                     dropped.add(t["var"])
                     break
-        out.append(rec)
     # (rewritten records keep their variables and places; the new constants go first)
-    return consts + [changed.get(rec["var"], rec) for rec in out if rec["var"] not in dropped]
+    return consts + [live[rec["var"]] for rec in records if rec["var"] not in dropped]
 
 
-SIGMOID2_K = -2.0 * math.log2(math.e)  # sigmoid(2y) = 1 / (1 + 2^(K y))
-
-
-def _absorbable(var: str, by_var: dict, uses) -> bool:
+def _absorbable(var: str, live: dict, uses) -> bool:
     """Whether K * var can be computed by scaling constants only: var is a constant, or a
-    built-in product/FMA read only once whose scaled operands are absorbable in turn."""
-    rec = by_var.get(var)
+    built-in product/FMA read only once whose scaled operands are absorbable in turn (a record
+    half_tanh_as_sigmoid already rewrote is a unary, never absorbable)."""
+    rec = live.get(var)
     if rec is None:
         return False  # an input
     if rec["kind"] == "const":
@@ -288,27 +284,27 @@ def _absorbable(var: str, by_var: dict, uses) -> bool:
         return False
     a = rec.get("args", [])
     if rec["kind"] == "binary" and rec["op"] == "mul":
-        return _absorbable(a[0], by_var, uses) or _absorbable(a[1], by_var, uses)
+        return _absorbable(a[0], live, uses) or _absorbable(a[1], live, uses)
     if rec["kind"] == "fma":  # K (p q + c) = (K p) q + K c
-        return (_absorbable(a[0], by_var, uses) or _absorbable(a[1], by_var, uses)) and _absorbable(a[2], by_var, uses)
+        return (_absorbable(a[0], live, uses) or _absorbable(a[1], live, uses)) and _absorbable(a[2], live, uses)
     return False
 
 
-def _absorb(var: str, k: float, by_var: dict, uses, consts: list, changed: dict) -> str:
+def _absorb(var: str, k: float, live: dict, uses, consts: list) -> str:
     """The variable of K * var (``_absorbable``): constants are scaled (new records, appended to
-    ``consts``); the products and FMAs on the way are rewritten under their own names (into
-    ``changed``; each is read only once, so nothing else sees the change)."""
-    rec = by_var[var]
+    ``consts``); the products and FMAs on the way are rewritten in ``live`` under their own names
+    (each is read only once, so nothing else sees the change)."""
+    rec = live[var]
     if rec["kind"] == "const":
         c = {"kind": "const", "value": _literal(float(rec["value"]) * k), "var": f"{var}k{len(consts)}"}
         consts.append(c)
         return c["var"]
     a = list(rec["args"])
-    j = 0 if _absorbable(a[0], by_var, uses) else 1
-    a[j] = _absorb(a[j], k, by_var, uses, consts, changed)
+    j = 0 if _absorbable(a[0], live, uses) else 1
+    a[j] = _absorb(a[j], k, live, uses, consts)
     if rec["kind"] == "fma":
-        a[2] = _absorb(a[2], k, by_var, uses, consts, changed)
-    changed[var] = dict(rec, args=a)
+        a[2] = _absorb(a[2], k, live, uses, consts)
+    live[var] = dict(rec, args=a)
     return var
 
 

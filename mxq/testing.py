@@ -79,9 +79,9 @@ V_SLACK = 2.0 ** -21
 # sigmoid are good to ~2^-24 absolute, and dgelu's `1 - t * t` and dsilu's `1 - s` cancel), so
 # where dact(a) is small the kernel's v = d * dact(a) can be far from the reference's in relative
 # terms: a column of one row is v itself. NUMERICS.md bounds |dact_kernel(a) - dact_ref(a)| by
-# DACT_SLACK * (1 + |a|) (an emulation of the approximate ex2/rcp over [-30, 30] peaks at
-# 2^-21.9 * (1 + |a|): docs/NUMERICS.md, "Exactness classes"); the per-column slack adds that
-# times the column's sum of |d| (1 + |a|).
+# DACT_SLACK * (1 + |a|) (an emulation of the approximate ex2/rcp over [-30, 30] stays under it:
+# tests/test_codegen.py::test_fast_dact_error_bound); the per-column slack adds that times the
+# column's sum of |d| (1 + |a|).
 DACT_SLACK = 2.0 ** -20
 
 

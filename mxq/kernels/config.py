@@ -14,6 +14,7 @@ timing; they are rendered into the module like everything else.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
@@ -24,6 +25,9 @@ DBIAS_UNROLL = 4  # ... and loads in flight per thread
 CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy ...
 SECTOR = 32  # ... which start at the L2 sector a row segment starts in
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
+# 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the constant device.half_tanh_act
+# multiplies by, or codegen.half_tanh_as_sigmoid folds into y's constants
+HALF_TANH_K = -2.0 * math.log2(math.e)
 
 
 def unaligned_row_elements(cols: int, elem_bytes: int) -> int:
@@ -52,8 +56,8 @@ class Tuning:
     take 8 anyway). bench/results/nvidia-h200-20261201-odd.json, docs/performance.md.
     ``vec_stage``: the fp32 kernel of a dact op stages its inputs through shared memory with
     cp.async and reuses that memory for the column reduction (80 registers against 100, 3 CTAs
-    of 8 warps per SM against 2): fp32 dgelu + dbias + both 88.7-90.6% of copy against 84.3-87.7%
-    unstaged in the same run (H200, 2026-12-01, docs/performance.md). False: registers only."""
+    of 8 warps per SM against 2; docs/performance.md, "fp32 inputs", has the timings against
+    the unstaged kernel). False: registers only."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
