@@ -9,6 +9,7 @@ with ``nvdisasm`` on PATH (pip wheel nvidia-cuda-nvdisasm; optional) also the ma
 instructions per element, the better predictor.
 
     python bench/ptx_count.py [--arch sm_90] [--dtype bf16]
+    python bench/ptx_count.py --opcodes gelu_both    # where the unaligned rows' extra instructions go
 """
 
 from __future__ import annotations
@@ -74,7 +75,25 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
     pk = next((v for k, v in art.get("kernels", {}).items() if "packed_kernel" in k), {})
     sass = pk.get("sass_instructions")
     return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": pk.get("registers"),
-            "sass_per_element": sass / per_thread if sass else None, "vwarps": vwarps, "top": kinds.most_common(8)}
+            "sass_per_element": sass / per_thread if sass else None, "vwarps": vwarps, "top": kinds.most_common(8),
+            "sass_opcodes": pk.get("sass_opcodes")}
+
+
+def opcode_diff(name: str, arch: str, dtype: str) -> None:
+    """The packed kernel's machine instructions by opcode, aligned rows against unaligned rows
+    (the kernel of N % 8 != 0), largest increase first: where the unaligned path's extra
+    instructions go. Per thread, not per element (the two tilings may differ)."""
+    if name in OPS:
+        opts, fn, layouts = OPS[name], None, None
+    else:
+        opts, fn, layouts = EPILOGUE_OPS[name]
+    a, u = (count(QuantSpec(**opts), arch, dtype, v, fn, layouts)["sass_opcodes"] for v in ("vec", "generic"))
+    if a is None:
+        raise SystemExit("--opcodes needs nvdisasm on PATH")
+    print(f"{name}: {sum(a.values())} machine instructions per thread aligned, {sum(u.values())} unaligned")
+    print(f"{'opcode':10} {'aligned':>8} {'unaligned':>9} {'more':>6}")
+    for op in sorted(set(a) | set(u), key=lambda k: a[k] - u[k])[:20]:
+        print(f"{op:10} {a[op]:8} {u[op]:9} {u[op] - a[op]:+6}")
 
 
 def main() -> None:
@@ -83,7 +102,12 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--variant", default="vec", choices=["vec", "generic"],
                     help="generic: the packed kernel's unaligned rows (any N)")
+    ap.add_argument("--opcodes", metavar="OP", help="instead: OP's machine instructions by opcode, aligned "
+                    "against unaligned rows (needs nvdisasm)")
     args = ap.parse_args()
+    if args.opcodes:
+        opcode_diff(args.opcodes, args.arch, args.dtype)
+        return
     print(f"{'op':18} {'PTX/elem':>8} {'SASS/elem':>9} {'regs':>5} {'warps':>5}  most frequent PTX")
     todo = [(name, opts, None, None) for name, opts in OPS.items()]
     todo += [(name, opts, fn, layouts) for name, (opts, fn, layouts) in EPILOGUE_OPS.items()]

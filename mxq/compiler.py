@@ -329,8 +329,8 @@ def ptxas_report(ptx: str, arch: str) -> dict:
                 break
             note = f"PTX ISA {m.group(1)} re-stamped as {m.group(2)} for the local ptxas"
             ptx = re.sub(r"^\.version \S+", f".version {m.group(2)}", ptx, count=1, flags=re.M)
-        sass = sass_counts(Path(d) / "k.cubin") if r.returncode == 0 else {}
-    kernels: dict = {name: {"sass_instructions": n} for name, n in sass.items()}
+        sass = sass_opcodes(Path(d) / "k.cubin") if r.returncode == 0 else {}
+    kernels: dict = {name: {"sass_instructions": sum(ops.values()), "sass_opcodes": ops} for name, ops in sass.items()}
     current = None
     for line in text.splitlines():
         m = re.search(r"Compiling entry function '([^']+)'", line)
@@ -345,10 +345,11 @@ def ptxas_report(ptx: str, arch: str) -> dict:
     return {"ptxas": "ok" if r.returncode == 0 else text, "ptxas_note": note, "kernels": kernels}
 
 
-def sass_counts(cubin: Path) -> dict:
-    """Machine instructions per kernel, when ``nvdisasm`` is on PATH (optional: it is not part of
-    the CUDA toolkits without a driver, but NVIDIA ships it as a pip wheel). The number that
-    bounds the issue-limited fused ops; PTX counts include moves that vanish in SASS."""
+def sass_opcodes(cubin: Path) -> dict:
+    """Machine instructions per kernel, by opcode (``{kernel: Counter}``), when ``nvdisasm`` is on
+    PATH (optional: it is not part of the CUDA toolkits without a driver, but NVIDIA ships it as
+    a pip wheel). Their total bounds the issue-limited fused ops; PTX counts include moves that
+    vanish in SASS."""
     nvdisasm = shutil.which("nvdisasm")
     if nvdisasm is None:
         return {}
@@ -359,9 +360,11 @@ def sass_counts(cubin: Path) -> dict:
         m = re.match(r"\s*\.text\.(\S+):", line)
         if m:
             current = m.group(1)
-            counts[current] = 0
-        elif current and re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+\S", line):
-            counts[current] += 1
+            counts[current] = collections.Counter()
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if current and m:
+            counts[current][m.group(1)] += 1
     return counts
 
 

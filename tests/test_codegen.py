@@ -578,6 +578,30 @@ def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
         assert isinstance(both["registers"], int) and both["registers"] > 0
 
 
+def test_sass_opcodes_parses_nvdisasm_output(monkeypatch, tmp_path):
+    """compiler.sass_opcodes on a hand-written excerpt of `nvdisasm -c` output: per kernel, one
+    count per instruction line by opcode (predicates and modifiers dropped; labels, directives
+    and comments not counted). bench/ptx_count.py --opcodes reads these."""
+    from types import SimpleNamespace
+
+    listing = "\n".join([
+        "\t.section\t.text.kernel_a,\"ax\",@progbits",
+        ".text.kernel_a:",
+        "        /*0000*/                   LDC R1, c[0x0][0x28] ;",
+        "        /*0010*/                   IMAD.MOV.U32 R2, RZ, RZ, 0x1 ;",
+        "        /*0020*/              @!P0 BRA `(.L_x_1) ;",
+        ".L_x_1:",
+        "        /*0030*/              @UP1 UIADD3 UR4, UR4, 0x1, URZ ;",
+        "        /*0040*/                   IMAD R3, R2, R2, RZ ;",
+        ".text.kernel_b:",
+        "        /*0000*/                   EXIT ;",
+    ])
+    monkeypatch.setattr(compiler.shutil, "which", lambda name: "/bin/nvdisasm")
+    monkeypatch.setattr(compiler.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout=listing, returncode=0))
+    got = compiler.sass_opcodes(tmp_path / "k.cubin")
+    assert got == {"kernel_a": {"LDC": 1, "IMAD": 2, "BRA": 1, "UIADD3": 1}, "kernel_b": {"EXIT": 1}}
+
+
 def test_tuning_is_part_of_the_source():
     """A benchmark's Tuning is rendered into the module (CONFIG), so it is part of every compile
     key; the default is the library's choice."""
