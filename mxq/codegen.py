@@ -145,7 +145,6 @@ _UNARY = {
     "sigmoid": "cute.math.div(Float32(1.0), cute.math.add(Float32(1.0), cute.math.exp(-{0}), rounding=RN))",
     "tanh_act": "tanh_act({0})",
     "sigmoid_act": "sigmoid_act({0})",
-    "half_tanh_act": "half_tanh_act({0})",
     "half_tanh_ex2_act": "half_tanh_ex2_act({0})",
     **{f: f"cute.math.{f}({{0}})" for f in ("abs", "exp", "exp2", "log", "log2", "tanh", "erf", "sqrt", "rsqrt")},
 }
@@ -234,11 +233,11 @@ def scale_sum_fma(records: list[dict]) -> list[dict]:
 def half_tanh_as_sigmoid(records: list[dict]) -> list[dict]:
     """Rewrite ``0.5 + 0.5 * tanh(y)`` (after ``contract_fma``: ``fma(0.5, t, 0.5)``, t = tanh(y)
     used there only) as the function it equals, ``sigmoid(2y)`` = 1 / (1 + 2^(K y)), K = -2 log2 e,
-    put back on the grid of the formula's roundings (``half_tanh_ex2_act``, which says why):
-    5 instructions where tanh_act, its sign and the FMA took 7 and the multiply by 2 log2 e one
-    more, which ``_absorb`` folds into the constants of y where it can (gelu's y = x * (c0 + c1 *
-    x * x) becomes x * (K c0 + K c1 * x * x); otherwise ``half_tanh_act`` multiplies). gelu's
-    forward, so geglu's too.
+    put back on the grid of the formula's roundings (``half_tanh_ex2_act`` of K y, which says
+    why): 5 instructions where tanh_act, its sign and the FMA took 7 and the multiply by 2 log2 e
+    one more. ``_absorb`` folds K into the constants of y where it can (gelu's y = x * (c0 + c1 *
+    x * x) becomes x * (K c0 + K c1 * x * x)); otherwise a product y * K is added before it.
+    gelu's forward, so geglu's too.
 
     Built-in formulas only, inside the transcendental class (docs/NUMERICS.md, "Activations";
     folding K moves y by an ulp or two). A t used elsewhere too (dgelu's ``1 - t * t``) keeps
@@ -252,7 +251,8 @@ def half_tanh_as_sigmoid(records: list[dict]) -> list[dict]:
         return rec is not None and rec["kind"] == "const" and float(rec["value"]) == 0.5
 
     dropped: set[str] = set()
-    consts: list[dict] = []  # scaled constants (_absorb)
+    consts: list[dict] = []  # scaled constants (_absorb) and K
+    scaled: dict[str, dict] = {}  # a product y * K, emitted just before the record that reads it
     for rec in records:
         rec = live[rec["var"]]
         if rec["kind"] == "fma" and rec.get("builtin", True) and half(rec["args"][2]):
@@ -261,14 +261,25 @@ def half_tanh_as_sigmoid(records: list[dict]) -> list[dict]:
                 if (half(rec["args"][1 - k]) and t is not None and t["kind"] == "unary" and t["op"] == "tanh_act"
                         and uses[t["var"]] == 1):
                     y = t["args"][0]
-                    op = "half_tanh_act"
                     if _absorbable(y, live, uses):
-                        y, op = _absorb(y, HALF_TANH_K, live, uses, consts), "half_tanh_ex2_act"
-                    live[rec["var"]] = {"kind": "unary", "op": op, "args": [y], "var": rec["var"], "builtin": True}
+                        z = _absorb(y, HALF_TANH_K, live, uses, consts)
+                    else:
+                        kc = {"kind": "const", "value": _literal(HALF_TANH_K), "var": f"{rec['var']}K"}
+                        consts.append(kc)
+                        z = f"{rec['var']}z"
+                        scaled[rec["var"]] = {"kind": "binary", "op": "mul", "args": [y, kc["var"]], "var": z,
+                                              "builtin": True}
+                    live[rec["var"]] = {"kind": "unary", "op": "half_tanh_ex2_act", "args": [z], "var": rec["var"],
+                                        "builtin": True}
                     dropped.add(t["var"])
                     break
     # (rewritten records keep their variables and places; the new constants go first)
-    return consts + [live[rec["var"]] for rec in records if rec["var"] not in dropped]
+    out = list(consts)
+    for rec in records:
+        if rec["var"] not in dropped:
+            out += [scaled[rec["var"]]] if rec["var"] in scaled else []
+            out.append(live[rec["var"]])
+    return out
 
 
 def _absorbable(var: str, live: dict, uses) -> bool:

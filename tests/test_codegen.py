@@ -251,8 +251,6 @@ def _run_records(records, out, env, grid: bool = True, unary=None):
             env[r["var"]] = torch.tanh(a[0])
         elif r["kind"] == "unary" and r["op"] in ("sigmoid", "sigmoid_act"):
             env[r["var"]] = torch.sigmoid(a[0])
-        elif r["kind"] == "unary" and r["op"] == "half_tanh_act":
-            env[r["var"]] = _on_half_tanh_grid(torch.sigmoid(2.0 * a[0].double()).float(), grid)
         elif r["kind"] == "unary" and r["op"] == "half_tanh_ex2_act":
             env[r["var"]] = _on_half_tanh_grid((1.0 / (1.0 + torch.exp2(a[0].double()))).float(), grid)
         elif r["kind"] == "unary" and r["op"] == "neg":
@@ -296,7 +294,8 @@ def test_half_tanh_becomes_a_sigmoid_with_its_constant_folded():
     k = -2.0 / math.log(2.0)
     records, out = codegen.ssa(activations.act_ir("gelu").expr, "f", {0: "x"}, {}, builtin=True)
     ops = [r.get("op") for r in records]
-    assert "half_tanh_ex2_act" in ops and "tanh_act" not in ops and "half_tanh_act" not in ops
+    assert "half_tanh_ex2_act" in ops and "tanh_act" not in ops and "mul" in ops
+    assert sum(r["kind"] == "binary" and r["op"] == "mul" for r in records) == 3  # x * x * c1, x * (...), x * s
     consts = sorted(float(r["value"]) for r in records if r["kind"] == "const")
     for c in (0.79788456, 0.035677408):
         assert any(abs(v - k * c) <= 1e-6 * abs(k * c) for v in consts), (c, consts)
@@ -306,7 +305,7 @@ def test_half_tanh_becomes_a_sigmoid_with_its_constant_folded():
     assert torch.allclose(got, want, rtol=2**-20, atol=2**-22)  # (the grid: 2^-26 in s, times |x| <= 12)
     records, _ = codegen.ssa(activations.dact_ir("gelu").expr, "g", {0: "a"}, {}, builtin=True)
     ops = [r.get("op") for r in records]
-    assert "tanh_act" in ops and not {"half_tanh_act", "half_tanh_ex2_act"} & set(ops)
+    assert "tanh_act" in ops and "half_tanh_ex2_act" not in ops
 
     def own_gelu(x):
         return x * (0.5 + 0.5 * mxq.tanh(x * 0.8))
@@ -314,12 +313,13 @@ def test_half_tanh_becomes_a_sigmoid_with_its_constant_folded():
     op = mxq.fused_quant()(own_gelu)
     records, _ = codegen.ssa(op.epilogue.expr, "e", {0: "x"}, {}, builtin=op.epilogue.builtin)
     ops = [r.get("op") for r in records]
-    assert "tanh" in ops and not {"half_tanh_act", "half_tanh_ex2_act", "tanh_act"} & set(ops)
+    assert "tanh" in ops and not {"half_tanh_ex2_act", "tanh_act"} & set(ops)
 
 
-def test_half_tanh_without_foldable_constants_keeps_the_multiply():
+def test_half_tanh_without_foldable_constants_multiplies_by_k():
     """A tanh argument y = x * c whose product is read twice cannot take K (the other reader
-    would see it): half_tanh_act, which multiplies by K itself. Records built by hand."""
+    would see it): a product y * K is added just before half_tanh_ex2_act, and y stays as it
+    was. Read once, the same product takes K into c. Records built by hand."""
     recs = [
         {"kind": "const", "value": "0.5", "var": "h"},
         {"kind": "const", "value": "1.25", "var": "c"},
@@ -328,27 +328,29 @@ def test_half_tanh_without_foldable_constants_keeps_the_multiply():
         {"kind": "fma", "args": ["h", "t", "h"], "var": "s"},
         {"kind": "binary", "op": "mul", "args": ["s", "y"], "var": "o"},
     ]
+    k = -2.0 / math.log(2.0)
     out = codegen.half_tanh_as_sigmoid(recs)
-    assert [r.get("op") for r in out if r["kind"] == "unary"] == ["half_tanh_act"]
-    assert next(r for r in out if r["var"] == "s")["args"] == ["y"]
-    assert next(r for r in out if r["var"] == "y")["args"] == ["x", "c"]
-    assert "t" not in [r["var"] for r in out]
+    by_var = {r["var"]: r for r in out}
+    s = by_var["s"]
+    assert s["op"] == "half_tanh_ex2_act" and "t" not in by_var
+    z = by_var[s["args"][0]]
+    assert z["op"] == "mul" and z["args"][0] == "y" and abs(float(by_var[z["args"][1]]["value"]) - k) < 1e-12
+    assert [r["var"] for r in out].index(z["var"]) == [r["var"] for r in out].index("s") - 1
+    assert by_var["y"]["args"] == ["x", "c"]
     x = torch.linspace(-3, 3, 601)
     got = _run_records(out, "o", {"x": x})
     assert torch.allclose(got, (0.5 + 0.5 * torch.tanh(x * 1.25)) * x * 1.25, rtol=1e-5, atol=1e-6)
-    # read once, the same product takes K: half_tanh_ex2_act of x * (K * 1.25)
     once = codegen.half_tanh_as_sigmoid(recs[:-1])
-    assert [r.get("op") for r in once if r["kind"] == "unary"] == ["half_tanh_ex2_act"]
-    y = next(r for r in once if r["var"] == "y")
-    k = next(float(r["value"]) for r in once if r["var"] == y["args"][1])
-    assert abs(k - 1.25 * -2.0 / math.log(2.0)) < 1e-12
+    by_var = {r["var"]: r for r in once}
+    assert by_var["s"]["args"] == ["y"] and by_var["y"]["op"] == "mul"
+    assert abs(float(by_var[by_var["y"]["args"][1]]["value"]) - 1.25 * k) < 1e-12
 
 
 def test_nested_half_tanh_is_rewritten_once_each():
     """0.5 + 0.5 * tanh(0.5 + 0.5 * tanh(x * c)) by hand: both become half-tanh ops; the outer
-    one's argument is the inner one's result, which is not a product of constants and takes no
-    K (an earlier version rewrote it again, into an FMA reading the dropped tanh). Every record
-    reads only variables defined before it."""
+    one's argument is the inner one's result, which is not a product of constants: it is
+    multiplied by K (an earlier version rewrote it again, into an FMA reading the dropped tanh).
+    Every record reads only variables defined before it."""
     recs = [
         {"kind": "const", "value": "0.5", "var": "h"},
         {"kind": "const", "value": "0.75", "var": "c"},
@@ -360,8 +362,9 @@ def test_nested_half_tanh_is_rewritten_once_each():
     ]
     out = codegen.half_tanh_as_sigmoid(recs)
     ops = {r["var"]: r.get("op") for r in out}
-    assert ops["s1"] == "half_tanh_ex2_act" and ops["s2"] == "half_tanh_act"
+    assert ops["s1"] == "half_tanh_ex2_act" and ops["s2"] == "half_tanh_ex2_act"
     assert "t1" not in ops and "t2" not in ops
+    assert ops[next(r for r in out if r["var"] == "s2")["args"][0]] == "mul"  # s1 * K: s1 takes no K
     defined = {"x"}
     for r in out:
         assert set(r.get("args", [])) <= defined, (r, defined)

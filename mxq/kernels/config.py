@@ -25,8 +25,8 @@ DBIAS_UNROLL = 4  # ... and loads in flight per thread
 CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy ...
 SECTOR = 32  # ... which start at the L2 sector a row segment starts in
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
-# 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the constant device.half_tanh_act
-# multiplies by, or codegen.half_tanh_as_sigmoid folds into y's constants
+# 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the factor codegen.half_tanh_as_sigmoid
+# folds into y's constants (or multiplies y by) before device.half_tanh_ex2_act
 HALF_TANH_K = -2.0 * math.log2(math.e)
 
 

@@ -16,7 +16,6 @@ from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 from cutlass.cute.math import RoundingMode
 
 from ..numerics import FORMATS
-from .config import HALF_TANH_K
 
 RN = RoundingMode.NEAREST_EVEN
 
@@ -179,12 +178,6 @@ def half_tanh_ex2_act(z):
                              read_only_args=[add_rn(e, Float32(1.0))])
     t = Float32(cute.math.fma(s, Float32(-2.0), Float32(1.0)))
     return Float32(cute.math.fma(t, Float32(-0.5), Float32(0.5)))
-
-
-def half_tanh_act(y):
-    """0.5 + 0.5 * tanh(y) as ``half_tanh_ex2_act`` (where -2 log2(e) cannot be folded into y's
-    constants)."""
-    return half_tanh_ex2_act(mul_rn(y, Float32(HALF_TANH_K)))
 
 
 def warp_max(x):
