@@ -70,30 +70,32 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
     instrs = [ln.strip() for ln in body.splitlines()
               if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))]
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
-    vwarps = codegen.kernel_config(op.spec, op.epilogue).pk_warps
+    vwarps = codegen.kernel_config(op.spec, op.epilogue).packed_warps(unaligned=variant == "generic")
     per_thread = kconfig.VEC * (kconfig.ROWS // vwarps)
     pk = next((v for k, v in art.get("kernels", {}).items() if "packed_kernel" in k), {})
     sass = pk.get("sass_instructions")
     return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": pk.get("registers"),
             "sass_per_element": sass / per_thread if sass else None, "vwarps": vwarps, "top": kinds.most_common(8),
-            "sass_opcodes": pk.get("sass_opcodes")}
+            "sass_opcodes": pk.get("sass_opcodes"), "per_thread": per_thread}
 
 
 def opcode_diff(name: str, arch: str, dtype: str) -> None:
-    """The packed kernel's machine instructions by opcode, aligned rows against unaligned rows
-    (the kernel of N % 8 != 0), largest increase first: where the unaligned path's extra
-    instructions go. Per thread, not per element (the two tilings may differ)."""
+    """The packed kernel's machine instructions per element by opcode, aligned rows against
+    unaligned rows (the kernel of N % 8 != 0, which may run more warps of fewer rows), largest
+    increase first: where the unaligned path's extra instructions go."""
     if name in OPS:
         opts, fn, layouts = OPS[name], None, None
     else:
         opts, fn, layouts = EPILOGUE_OPS[name]
-    a, u = (count(QuantSpec(**opts), arch, dtype, v, fn, layouts)["sass_opcodes"] for v in ("vec", "generic"))
-    if a is None:
+    a, u = (count(QuantSpec(**opts), arch, dtype, v, fn, layouts) for v in ("vec", "generic"))
+    if a["sass_opcodes"] is None:
         raise SystemExit("--opcodes needs nvdisasm on PATH")
-    print(f"{name}: {sum(a.values())} machine instructions per thread aligned, {sum(u.values())} unaligned")
+    pa, pu = ({k: n / c["per_thread"] for k, n in c["sass_opcodes"].items()} for c in (a, u))
+    print(f"{name}: machine instructions per element, aligned {sum(pa.values()):.1f} ({a['vwarps']} warps), "
+          f"unaligned {sum(pu.values()):.1f} ({u['vwarps']} warps)")
     print(f"{'opcode':10} {'aligned':>8} {'unaligned':>9} {'more':>6}")
-    for op in sorted(set(a) | set(u), key=lambda k: a[k] - u[k])[:20]:
-        print(f"{op:10} {a[op]:8} {u[op]:9} {u[op] - a[op]:+6}")
+    for op in sorted(set(pa) | set(pu), key=lambda k: pa.get(k, 0) - pu.get(k, 0))[:20]:
+        print(f"{op:10} {pa.get(op, 0):8.2f} {pu.get(op, 0):9.2f} {pu.get(op, 0) - pa.get(op, 0):+6.2f}")
 
 
 def main() -> None:
@@ -102,8 +104,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--variant", default="vec", choices=["vec", "generic"],
                     help="generic: the packed kernel's unaligned rows (any N)")
-    ap.add_argument("--opcodes", metavar="OP", help="instead: OP's machine instructions by opcode, aligned "
-                    "against unaligned rows (needs nvdisasm)")
+    ap.add_argument("--opcodes", metavar="OP", choices=[*OPS, *EPILOGUE_OPS],
+                    help="instead: OP's machine instructions per element by opcode, aligned against "
+                    "unaligned rows (needs nvdisasm)")
     args = ap.parse_args()
     if args.opcodes:
         opcode_diff(args.opcodes, args.arch, args.dtype)

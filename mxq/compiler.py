@@ -349,22 +349,30 @@ def sass_opcodes(cubin: Path) -> dict:
     """Machine instructions per kernel, by opcode (``{kernel: Counter}``), when ``nvdisasm`` is on
     PATH (optional: it is not part of the CUDA toolkits without a driver, but NVIDIA ships it as
     a pip wheel). Their total bounds the issue-limited fused ops; PTX counts include moves that
-    vanish in SASS."""
+    vanish in SASS. Not counted: instructions predicated on ``!PT`` (never executed) and the
+    padding after the last EXIT (its self-branch and the alignment NOPs)."""
     nvdisasm = shutil.which("nvdisasm")
     if nvdisasm is None:
         return {}
     r = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
-    counts: dict = {}
+    listing: dict = {}
     current = None
     for line in r.stdout.splitlines():
         m = re.match(r"\s*\.text\.(\S+):", line)
         if m:
             current = m.group(1)
-            counts[current] = collections.Counter()
+            listing[current] = []
             continue
-        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", line)
-        if current and m:
-            counts[current][m.group(1)] += 1
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if current and m and (m.group(1) or "").strip() != "@!PT":
+            listing[current].append(m.group(2))
+    counts = {}
+    for name, ops in listing.items():
+        while ops and ops[-1] == "NOP":
+            ops.pop()
+        if len(ops) >= 2 and ops[-1] == "BRA" and ops[-2] == "EXIT":
+            ops.pop()
+        counts[name] = collections.Counter(ops)
     return counts
 
 

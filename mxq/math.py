@@ -99,7 +99,7 @@ def resolve_cpu_dispatch() -> None:
     first. A one-element call runs on the calling thread alone and settles the choice before
     any parallel one; mxq makes these calls when it is imported (tests/test_math.py)."""
     for dtype in (torch.float32, torch.float64):
-        one = torch.full((1,), 0.5, dtype=dtype)
+        one = torch.full((1,), 0.5, dtype=dtype, device="cpu")  # (not a default device set by the user)
         for f in UNARY.values():
             f(one)
 

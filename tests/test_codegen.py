@@ -441,6 +441,30 @@ def test_padding_rows_are_masked_per_row_without_dbias(arch):
     assert selects(plain, "generic") >= kconfig.VEC * 8
 
 
+def _gelu_and_its_argument(x):
+    # (the second term is gelu's own tanh argument: the IR shares it, so it is read twice)
+    return mxq.gelu(x) + x * (0.79788456 + 0.03567741 * x * x)
+
+
+def test_half_tanh_of_a_shared_argument_multiplies_by_k():
+    """A user epilogue that also uses gelu's tanh argument y itself (the IR shares equal nodes):
+    y is read twice and cannot take K, so the lowering multiplies it by K before
+    half_tanh_ex2_act; the records compute gelu(x) + y within a few ulp, and the module
+    compiles."""
+    op = mxq.fused_quant(rowwise=True)(_gelu_and_its_argument)
+    records, out = codegen.ssa(op.epilogue.expr, "e", {0: "x"}, {}, builtin=op.epilogue.builtin)
+    by_var = {r["var"]: r for r in records}
+    half = [r for r in records if r.get("op") == "half_tanh_ex2_act"]
+    assert len(half) == 1 and "tanh_act" not in [r.get("op") for r in records]
+    z = by_var[half[0]["args"][0]]
+    assert z["op"] == "mul" and abs(float(by_var[z["args"][1]]["value"]) + 2.0 / math.log(2.0)) < 1e-12
+    x = torch.linspace(-6, 6, 12001, dtype=torch.float32)
+    got = _run_records(records, out, {"x": x}).double()
+    want = mxq.ir.evaluate(op.epilogue.expr, [x], []).double()
+    assert torch.allclose(got, want, rtol=2**-20, atol=2**-22)
+    assert ".entry" in compiler.ptx_of(op, "sm_90a", "bf16", "vec")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gelu_lowering_stays_in_the_transcendental_class(dtype):
     """The act's records (ex2 and rcp taken exact) against the reference's formula, through the
@@ -584,7 +608,9 @@ def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
 def test_sass_opcodes_parses_nvdisasm_output(monkeypatch, tmp_path):
     """compiler.sass_opcodes on a hand-written excerpt of `nvdisasm -c` output: per kernel, one
     count per instruction line by opcode (predicates and modifiers dropped; labels, directives
-    and comments not counted). bench/ptx_count.py --opcodes reads these."""
+    and comments not counted), except instructions predicated on !PT (never run) and the
+    padding after the last EXIT (its self-branch and NOPs). bench/ptx_count.py --opcodes reads
+    these."""
     from types import SimpleNamespace
 
     listing = "\n".join([
@@ -596,13 +622,21 @@ def test_sass_opcodes_parses_nvdisasm_output(monkeypatch, tmp_path):
         ".L_x_1:",
         "        /*0030*/              @UP1 UIADD3 UR4, UR4, 0x1, URZ ;",
         "        /*0040*/                   IMAD R3, R2, R2, RZ ;",
+        "        /*0050*/              @!PT LDS RZ, [RZ] ;",
+        "        /*0060*/                   NOP ;",
+        "        /*0070*/                   EXIT ;",
+        ".L_x_2:",
+        "        /*0080*/                   BRA `(.L_x_2);",
+        "        /*0090*/                   NOP;",
+        "        /*00a0*/                   NOP;",
         ".text.kernel_b:",
         "        /*0000*/                   EXIT ;",
     ])
     monkeypatch.setattr(compiler.shutil, "which", lambda name: "/bin/nvdisasm")
     monkeypatch.setattr(compiler.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout=listing, returncode=0))
     got = compiler.sass_opcodes(tmp_path / "k.cubin")
-    assert got == {"kernel_a": {"LDC": 1, "IMAD": 2, "BRA": 1, "UIADD3": 1}, "kernel_b": {"EXIT": 1}}
+    assert got == {"kernel_a": {"LDC": 1, "IMAD": 2, "BRA": 1, "UIADD3": 1, "NOP": 1, "EXIT": 1},
+                   "kernel_b": {"EXIT": 1}}
 
 
 def test_tuning_is_part_of_the_source():
