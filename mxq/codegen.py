@@ -185,6 +185,12 @@ def lower(records: list[dict]) -> list[str]:
     return lines
 
 
+def _const(by_var: dict, var: str) -> float | None:
+    """The value of ``var`` if its record is a constant, else None."""
+    rec = by_var.get(var)
+    return float(rec["value"]) if rec is not None and rec["kind"] == "const" else None
+
+
 def _use_counts(records: list[dict]) -> collections.Counter:
     """How many records read each variable."""
     return collections.Counter(a for rec in records for a in rec.get("args", []))
@@ -201,10 +207,6 @@ def scale_sum_fma(records: list[dict]) -> list[dict]:
     by_var = {rec["var"]: rec for rec in records}
     uses = _use_counts(records)
 
-    def const(var: str):
-        rec = by_var.get(var)
-        return float(rec["value"]) if rec is not None and rec["kind"] == "const" else None
-
     def pow2(v) -> bool:
         return v is not None and v != 0.0 and math.isfinite(v) and math.frexp(abs(v))[0] == 0.5
 
@@ -212,11 +214,11 @@ def scale_sum_fma(records: list[dict]) -> list[dict]:
     for rec in records:
         if rec["kind"] == "binary" and rec["op"] == "mul" and rec.get("builtin", True):
             for k in (0, 1):
-                c, total = const(rec["args"][k]), by_var.get(rec["args"][1 - k])
+                c, total = _const(by_var, rec["args"][k]), by_var.get(rec["args"][1 - k])
                 if not (pow2(c) and total is not None and total["kind"] == "binary" and total["op"] == "add"
                         and uses[total["var"]] == 1 and total.get("builtin", True)):
                     continue
-                ds = [const(a) for a in total["args"]]
+                ds = [_const(by_var, a) for a in total["args"]]
                 j = 0 if ds[0] is not None else 1 if ds[1] is not None else None
                 if j is None:
                     continue
@@ -246,19 +248,15 @@ def half_tanh_as_sigmoid(records: list[dict]) -> list[dict]:
     uses = _use_counts(records)
     live = {rec["var"]: rec for rec in records}  # each variable's record as rewritten so far
 
-    def half(var: str) -> bool:
-        rec = live.get(var)
-        return rec is not None and rec["kind"] == "const" and float(rec["value"]) == 0.5
-
     dropped: set[str] = set()
     consts: list[dict] = []  # scaled constants (_absorb) and K
     scaled: dict[str, dict] = {}  # a product y * K, emitted just before the record that reads it
     for rec in records:
         rec = live[rec["var"]]
-        if rec["kind"] == "fma" and rec.get("builtin", True) and half(rec["args"][2]):
+        if rec["kind"] == "fma" and rec.get("builtin", True) and _const(live, rec["args"][2]) == 0.5:
             for k in (0, 1):
                 t = live.get(rec["args"][k])
-                if (half(rec["args"][1 - k]) and t is not None and t["kind"] == "unary" and t["op"] == "tanh_act"
+                if (_const(live, rec["args"][1 - k]) == 0.5 and t is not None and t["kind"] == "unary" and t["op"] == "tanh_act"
                         and uses[t["var"]] == 1):
                     y = t["args"][0]
                     if _absorbable(y, live, uses):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 
@@ -92,7 +94,6 @@ def v_abs_sum(op, *args, act_input=None, group_offsets=None, **kwargs) -> torch.
     times the sum of |d| (1 + |a|), d the epilogue's value and a the ``act_input``."""
     from . import gated, groups
     from .reference import epilogue_value
-    from dataclasses import replace
 
     tensors, scalars = op._bind(args, kwargs)
     w = epilogue_value(op.spec, op.epilogue, tensors, scalars, act_input).abs().double()

@@ -316,18 +316,24 @@ def test_half_tanh_becomes_a_sigmoid_with_its_constant_folded():
     assert "tanh" in ops and not {"half_tanh_ex2_act", "tanh_act"} & set(ops)
 
 
+def _x_times_c(c: str) -> list[dict]:
+    """Hand-built SSA records: h = 0.5, c, y = x * c (for _half_tanh)."""
+    return [{"kind": "const", "value": "0.5", "var": "h"}, {"kind": "const", "value": c, "var": "c"},
+            {"kind": "binary", "op": "mul", "args": ["x", "c"], "var": "y"}]
+
+
+def _half_tanh(arg: str, t: str, s: str) -> list[dict]:
+    """Records of s = 0.5 + 0.5 * tanh_act(arg) as contract_fma leaves them: fma(h, t, h)."""
+    return [{"kind": "unary", "op": "tanh_act", "args": [arg], "var": t},
+            {"kind": "fma", "args": ["h", t, "h"], "var": s}]
+
+
 def test_half_tanh_without_foldable_constants_multiplies_by_k():
     """A tanh argument y = x * c whose product is read twice cannot take K (the other reader
     would see it): a product y * K is added just before half_tanh_ex2_act, and y stays as it
     was. Read once, the same product takes K into c. Records built by hand."""
-    recs = [
-        {"kind": "const", "value": "0.5", "var": "h"},
-        {"kind": "const", "value": "1.25", "var": "c"},
-        {"kind": "binary", "op": "mul", "args": ["x", "c"], "var": "y"},
-        {"kind": "unary", "op": "tanh_act", "args": ["y"], "var": "t"},
-        {"kind": "fma", "args": ["h", "t", "h"], "var": "s"},
-        {"kind": "binary", "op": "mul", "args": ["s", "y"], "var": "o"},
-    ]
+    recs = _x_times_c("1.25") + _half_tanh("y", "t", "s") + [
+        {"kind": "binary", "op": "mul", "args": ["s", "y"], "var": "o"}]
     k = -2.0 / math.log(2.0)
     out = codegen.half_tanh_as_sigmoid(recs)
     by_var = {r["var"]: r for r in out}
@@ -351,15 +357,7 @@ def test_nested_half_tanh_is_rewritten_once_each():
     one's argument is the inner one's result, which is not a product of constants: it is
     multiplied by K (an earlier version rewrote it again, into an FMA reading the dropped tanh).
     Every record reads only variables defined before it."""
-    recs = [
-        {"kind": "const", "value": "0.5", "var": "h"},
-        {"kind": "const", "value": "0.75", "var": "c"},
-        {"kind": "binary", "op": "mul", "args": ["x", "c"], "var": "y"},
-        {"kind": "unary", "op": "tanh_act", "args": ["y"], "var": "t1"},
-        {"kind": "fma", "args": ["h", "t1", "h"], "var": "s1"},
-        {"kind": "unary", "op": "tanh_act", "args": ["s1"], "var": "t2"},
-        {"kind": "fma", "args": ["h", "t2", "h"], "var": "s2"},
-    ]
+    recs = _x_times_c("0.75") + _half_tanh("y", "t1", "s1") + _half_tanh("s1", "t2", "s2")
     out = codegen.half_tanh_as_sigmoid(recs)
     ops = {r["var"]: r.get("op") for r in out}
     assert ops["s1"] == "half_tanh_ex2_act" and ops["s2"] == "half_tanh_ex2_act"
