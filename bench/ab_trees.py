@@ -5,12 +5,14 @@ bench/ptx_digest.py) is checked against the code before it on the same machine i
 minutes; comparing against an older results file mixes in the run-to-run and machine-to-machine
 spread of the H200 (about 1-2% between leases).
 
-    python bench/ab_trees.py --a OLD_TREE --b NEW_TREE [--rounds 2] [--dtypes bf16,fp32] --out $OUT
+    python bench/ab_trees.py --a OLD_TREE --b NEW_TREE [--rounds 2] [--dtypes bf16,fp32] [--odd]
+                             [--ops both,gelu_both] --out $OUT
 
 Each round runs, for each tree, a fresh process that imports that tree's mxq and
 bench/device_check.py and times device_check.bench (kernel time, GPU held busy while the host
-issues, median of 50) for every op at the four benchmark shapes, against the copy measured in
-the same process. Prints per row the two trees' best time over the rounds and their ratio.
+issues, median of 50) for every op (or ``--ops``) at the four benchmark shapes (``--odd``: the
+shapes with N % 8 != 0, device_check.ODD_SHAPES), against the copy measured in the same process.
+Prints per row the two trees' best time over the rounds and their ratio.
 """
 
 from __future__ import annotations
@@ -30,17 +32,18 @@ import torch, device_check as dc
 assert dc.mxq.__file__.startswith({root!r}), dc.mxq.__file__
 copy = dc.copy_bandwidth()
 rows = []
+shapes = dc.ODD_SHAPES if {odd!r} else dc.BENCH_SHAPES
 for dtype in {dtypes!r}:
-    rows += [dict(r, dtype=dtype) for r in dc.bench(copy, dc.BENCH_SHAPES, dtype=dtype)]
+    rows += [dict(r, dtype=dtype) for r in dc.bench(copy, shapes, dtype=dtype, ops={ops!r})]
 print("JSON" + json.dumps({{"copy": copy, "rows": rows}}))
 """
 
 
-def run_tree(root: str, dtypes: list) -> dict:
+def run_tree(root: str, dtypes: list, odd: bool = False, ops=None) -> dict:
     env = dict(os.environ, MXQ_CACHE_DIR=os.path.join(os.environ.get("MXQ_CACHE_DIR", "/tmp/mxq"), Path(root).name))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                   if p and Path(p).resolve() != Path.cwd().resolve()])
-    r = subprocess.run([sys.executable, "-c", CHILD.format(root=root, dtypes=dtypes)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", CHILD.format(root=root, dtypes=dtypes, odd=odd, ops=ops)], capture_output=True,
                        text=True, env=env, cwd=root, timeout=900)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("JSON")), None)
     if line is None:
@@ -54,14 +57,17 @@ def main() -> int:
     ap.add_argument("--b", required=True, help="checkout B")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--odd", action="store_true", help="time device_check.ODD_SHAPES instead (N % 8 != 0)")
+    ap.add_argument("--ops", default="", help="only these ops of device_check.OPS (comma-separated)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    ops = set(filter(None, args.ops.split(","))) or None
     dtypes = args.dtypes.split(",")
     runs = {"a": [], "b": []}
     for rnd in range(args.rounds):
         for side in ("a", "b"):
             t = time.time()
-            runs[side].append(run_tree(os.path.abspath(getattr(args, side)), dtypes))
+            runs[side].append(run_tree(os.path.abspath(getattr(args, side)), dtypes, args.odd, ops))
             print(f"round {rnd} {side}: copy {runs[side][-1]['copy']:.0f} GB/s ({time.time() - t:.0f} s)", flush=True)
     best = {}
     for side in ("a", "b"):

@@ -421,11 +421,12 @@ def _bias_plus(x, b):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_padding_rows_are_masked_per_row_without_dbias(arch):
     """A user epilogue may map the zero padding of rows past M to nonzero (here x + b = b). The
-    aligned packed kernel of an op without dbias zeroes the padding's magnitudes with one mask
-    per row (ROW_MASK), so no per-element select of v against 0.0 is left; with dbias (which
-    sums v) and on unaligned rows (generic variant) every value is still selected. Counted in the
-    packed kernel's PTX; the bytes are checked on the GPU by test_gpu.py's broadcast-operand
-    tests, whose M = 80 leaves padding rows equal to the bias."""
+    packed kernel of an op without dbias zeroes the padding's magnitudes with one mask per row
+    (ROW_MASK; on unaligned rows AND-ed with the masks of columns past N), so no per-element
+    select of v against 0.0 is left; with dbias (which sums v) every value is still selected.
+    Counted in the packed kernel's PTX; the bytes are checked on the GPU by test_gpu.py's
+    broadcast-operand tests, whose M = 80 leaves padding rows equal to the bias, and the
+    unaligned-row tests."""
     def selects(op, variant):
         ptx = compiler.ptx_of(op, arch, "bf16", variant, ("full", "row"))
         body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
@@ -436,7 +437,8 @@ def test_padding_rows_are_masked_per_row_without_dbias(arch):
     dbias = mxq.fused_quant(rowwise=True, colwise=True, act="gelu", dbias=True)(_bias_plus)
     assert selects(plain, "vec") == 0
     assert selects(dbias, "vec") >= kconfig.VEC * 4  # every value of the thread's rows
-    assert selects(plain, "generic") >= kconfig.VEC * 8
+    assert selects(plain, "generic") == 0
+    assert selects(dbias, "generic") >= kconfig.VEC * 4
 
 
 def _gelu_and_its_argument(x):
@@ -748,6 +750,18 @@ def test_unaligned_rows_are_staged_and_stored_as_words(arch, dtype):
     assert "shf.r.clamp.b32" in body
     assert "st.global.v2.b32" in body and re.search(r"\bst\.global\.b8\b", body)
     assert not re.search(r"\bld\.global(\.\w+)*\.v4", body)
+
+
+def test_ab_trees_child_times_the_asked_shapes_and_ops():
+    """bench/ab_trees.py's child program (run per tree on the GPU): with --odd it times
+    device_check.ODD_SHAPES, with --ops only those ops; the rendered program is valid Python
+    (compiled here, run on the device)."""
+    tool = _bench_tool("ab_trees")
+    odd = tool.CHILD.format(root="/x", dtypes=["bf16"], odd=True, ops={"both"})
+    compile(odd, "child", "exec")
+    assert "shapes = dc.ODD_SHAPES if True else" in odd and "ops={'both'}" in odd
+    plain = tool.CHILD.format(root="/x", dtypes=["bf16"], odd=False, ops=None)
+    assert "if False else dc.BENCH_SHAPES" in plain and "ops=None" in plain
 
 
 def test_paired_peer_row_sums_torchaos_two_kernels():

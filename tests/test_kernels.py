@@ -211,9 +211,9 @@ def _shf_r_clamp(lo, hi, sh):
     return (((hi << 32) | lo) >> min(sh, 32)) & 0xFFFFFFFF
 
 
-@pytest.mark.parametrize("mis", range(32))
+@pytest.mark.parametrize("mis", range(16))
 def test_unaligned_reads_realign_every_misalignment(mis):
-    """A row staged from its 32-byte sector (34 chunks): for every misalignment, each lane's two
+    """A row staged from its 16-byte chunk (33 chunks): for every misalignment, each lane's two
     chunks, word selects and funnel shift give exactly the 16 bytes at mis + 16 * lane."""
     from mxq.kernels import unaligned as ua
     from mxq.kernels.device import HOST
@@ -225,6 +225,28 @@ def test_unaligned_reads_realign_every_misalignment(mis):
         u = ua.pick_words(words[4 * c:4 * c + 8], q, HOST)
         got = b"".join(_shf_r_clamp(u[k], u[k + 1], sh).to_bytes(4, "little") for k in range(4))
         assert got == row[mis + 16 * lane:mis + 16 * lane + 16], (mis, lane)
+
+
+@pytest.mark.parametrize("step", [1, 2, 4, 8])
+def test_unaligned_rows_a_plan_period_apart_share_their_misalignment(step):
+    """The packed kernel computes a thread's read and store plans once per class of rows
+    ``plan_period(step)`` thread rows apart (rows step apart: unaligned.py). For every row stride
+    (elements) and base offset, 16-bit input rows that many rows apart start at the same offset
+    inside a 16-byte chunk and FP8 rows at the same offset inside an 8-byte unit; one row fewer
+    apart (when the period is above 1) does not, for some stride: the period is the shortest."""
+    from mxq.kernels import unaligned as ua
+
+    p = ua.plan_period(step)
+    assert p * step % 8 == 0
+    for stride in range(1, 70):
+        for base in range(0, 32, 2):
+            for r in range(3):
+                a0, a1 = base + 2 * stride * r * step, base + 2 * stride * (r + p) * step
+                assert a0 % ua.CHUNK == a1 % ua.CHUNK, (step, stride, base)
+                o0, o1 = base + stride * r * step, base + stride * (r + p) * step
+                assert o0 % ua.UNIT == o1 % ua.UNIT, (step, stride, base)
+    if p > 1:  # stride 1 (an odd N): rows (p - 1) * step apart differ
+        assert (2 * (p - 1) * step) % ua.CHUNK != 0
 
 
 @pytest.mark.parametrize("b", range(8))

@@ -22,8 +22,7 @@ GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
 DBIAS_WARPS = 8  # dbias reduction: warps per CTA ...
 DBIAS_UNROLL = 4  # ... and loads in flight per thread
-CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy ...
-SECTOR = 32  # ... which start at the L2 sector a row segment starts in
+CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
 # 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the factor codegen.half_tanh_as_sigmoid
 # folds into y's constants (or multiplies y by) before device.half_tanh_ex2_act
@@ -32,8 +31,8 @@ HALF_TANH_K = -2.0 * math.log2(math.e)
 
 def unaligned_row_elements(cols: int, elem_bytes: int) -> int:
     """Elements of the 16-byte chunks that cover any ``cols``-column segment of a row from the
-    start of its sector (two chunks more than an aligned segment needs)."""
-    return (cols * elem_bytes // CHUNK + SECTOR // CHUNK) * CHUNK // elem_bytes
+    start of its chunk (one chunk more than an aligned segment needs)."""
+    return (cols * elem_bytes // CHUNK + 1) * CHUNK // elem_bytes
 
 
 @dataclass(frozen=True)

@@ -64,14 +64,19 @@ class PackedKernel:
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # any N and alignment: rows through unaligned.py
         WIDE = cutlass.const_expr(cfg.wide_tile(GROUPED, UNALIGNED))
-        # a user epilogue may map the zero padding of rows past M to nonzero: aligned kernels without
-        # dbias zero those rows' magnitudes (what the row and column maxima read) with one mask per
-        # row, instead of a select per element; dbias (which sums v) and unaligned rows select v
-        ROW_MASK = cutlass.const_expr(not cfg.identity and not cfg.dbias and not UNALIGNED)
+        # a user epilogue may map the zero padding of rows past M to nonzero: kernels without dbias
+        # zero those rows' magnitudes (what the row and column maxima read) with one mask per row,
+        # instead of a select per element; dbias (which sums v) selects v
+        ROW_MASK = cutlass.const_expr(not cfg.identity and not cfg.dbias)
         is_bf16 = cutlass.const_expr(ins[0].element_type is cutlass.BFloat16)
         WARPS = cutlass.const_expr(cfg.packed_warps(UNALIGNED))
         NTHREADS = cutlass.const_expr(WARPS * 32)
         PK_ROWS = cutlass.const_expr(ROWS // WARPS)  # rows per thread
+        # a thread's rows: rbase + i * RSTEP. Aligned: PK_ROWS adjacent rows. Unaligned: rows WARPS
+        # apart, so that rows 8 apart, which share their misalignment, share one thread's read and
+        # store plans (unaligned.py); PERIOD plans per thread
+        RSTEP = cutlass.const_expr(WARPS if UNALIGNED else 1)
+        PERIOD = cutlass.const_expr(min(PK_ROWS, ua.plan_period(RSTEP)))
         TILE_ROWS, TILE_COLS = tile(cfg, GROUPED, UNALIGNED)
         DIVBY = cutlass.const_expr(1 if UNALIGNED else VEC)  # what N is a multiple of
         RS_BLOCKS = cutlass.const_expr(TILE_COLS // 32)  # row-scale blocks per tile row
@@ -105,17 +110,19 @@ class PackedKernel:
         else:
             g = cb * 32 + lane
             trow = rb * WARPS + warp
-            rbase = rb * ROWS + warp * PK_ROWS
+            WROWS = cutlass.const_expr(PK_ROWS if RSTEP == 1 else 1)  # rows between two warps' first rows
+            rbase = rb * ROWS + warp * WROWS
             if cutlass.const_expr(GROUPED):
-                rbase = gt.row0 + warp * PK_ROWS
+                rbase = gt.row0 + warp * WROWS
         c0 = g * VEC
         col_ok = c0 < N  # aligned: N % VEC == 0, a group is wholly inside or outside
         if cutlass.const_expr(UNALIGNED):
-            # the CTA's row segments: columns [cT, cT + ncols) of every row; the thread's words past
-            # column N are masked to +0 (as rows past M are loaded as zeros)
+            # the CTA's row segments: columns [cT, cT + ncols) of every row. The thread's values past
+            # column N (the next tile's, the next row's) are never stored; their magnitudes, which
+            # the row maxima read, are masked to +0 (abs_masks)
             cT = cb * VCOLS
             ncols = cutlass.min(Int32(VCOLS), N - cT)
-            cmask = ua.column_masks(N - c0, PKW)
+            abs_masks = [m & Uint32(0x7FFF7FFF) for m in ua.column_masks(N - c0, PKW)]
         if cutlass.const_expr(WIDE):
             # the CTA's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words
             sRS = smem.allocate_tensor(Uint8, cute.make_layout((TILE_ROWS, RS_BLOCKS), stride=(RS_BLOCKS, 1)), 16)
@@ -134,7 +141,7 @@ class PackedKernel:
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * row stride
         sources = self.sources(ins, act_in)
         NSRC = cutlass.const_expr(len(sources))
-        tiles = [self.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED) for s in sources]
+        tiles = [self.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
             if cutlass.const_expr(PASSES == 1):
                 tRow = self.thread_tile(self.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
@@ -167,13 +174,16 @@ class PackedKernel:
                 g2s.append(cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                                el, num_bits_per_copy=128) if staged_src[t] else None)
             if cutlass.const_expr(UNALIGNED):
-                ga = [ua.row_base(sources[t], rbase, cT) if staged_src[t] else None for t in range(NSRC)]
+                # each source's rows and their misalignment (one per class of rows 8 apart)
+                ga = [ua.row_base(sources[t], rbase, cT, RSTEP) if staged_src[t] else None for t in range(NSRC)]
+                mis = [ua.per_class(ga[t], PERIOD, ua.chunk_offset) if staged_src[t] else None for t in range(NSRC)]
             for i in cutlass.range_constexpr(PK_ROWS):
                 if cutlass.const_expr(UNALIGNED):
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                             ua.stage_row(sources[t].element_type, staged[t][(warp * PK_ROWS + i, None)],
-                                         ua.row_at(ga[t], i), ncols, lane, rbase + i < row_end)
+                                         ua.row_at(ga[t], i), mis[t][i % PERIOD], ncols, lane,
+                                         rbase + i * RSTEP < row_end)
                 elif col_ok and rbase + i < row_end:
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
@@ -191,7 +201,7 @@ class PackedKernel:
                     row[t].fill(0)
             frags.append(row)
             if cutlass.const_expr(not all(staged_src)):
-                if col_ok and rbase + i < row_end:
+                if col_ok and rbase + i * RSTEP < row_end:
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(not staged_src[t] and (i == 0 or not once[t])):
                             cute.autovec_copy(tiles[t][(i, None)], row[t])
@@ -217,6 +227,8 @@ class PackedKernel:
                 dsum = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)  # starts at row 0's values
             words = []  # words[i][j]: row i's values j*2, j*2+1 as one packed word
             absw = []  # their magnitudes
+            if cutlass.const_expr(UNALIGNED and any(staged_src)):
+                rplan = [ua.read_plans(mis[t], lane) if staged_src[t] else None for t in range(NSRC)]
             for i in cutlass.range_constexpr(PK_ROWS):
                 if cutlass.const_expr(any(staged_src)):
                     if cutlass.const_expr(hp == 0):
@@ -227,30 +239,29 @@ class PackedKernel:
                                 frags[i][t].fill(0)
                     if cutlass.const_expr(UNALIGNED):
                         cute.arch.sync_warp()  # the row's chunks were copied by every lane of the warp
-                    if col_ok and rbase + i < row_end:
+                    if col_ok and rbase + i * RSTEP < row_end:
                         for t in cutlass.range_constexpr(NSRC):
                             if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                                 if cutlass.const_expr(UNALIGNED):
                                     srow = cute.recast_tensor(staged[t][(warp * PK_ROWS + i, None)], Uint32)
-                                    got = ua.read_row(srow, ua.row_at(ga[t], i), lane)
+                                    got = ua.read_row(srow, rplan[t][i % PERIOD])
                                     fw = cute.recast_tensor(frags[i][t], Uint32)
                                     for j in cutlass.range_constexpr(PKW):
-                                        fw[j] = got[j] & cmask[j]
+                                        fw[j] = got[j]
                                 else:
                                     cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
                 if cutlass.const_expr(cfg.computed):
                     if cutlass.const_expr(not cfg.identity):
-                        row_ok = col_ok and rbase + i < row_end
+                        row_ok = col_ok and rbase + i * RSTEP < row_end
                         if cutlass.const_expr(ROW_MASK):
                             abs_keep = Uint32(cutlass.select_(row_ok, Uint32(0x7FFF7FFF), Uint32(0)))
                     vv = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
                     for k in cutlass.range_constexpr(VEC):
                         v = self.value(frags[i], k, scalars_p, dev.widen)
                         if cutlass.const_expr(not cfg.identity and not ROW_MASK):
-                            ok = row_ok
-                            if cutlass.const_expr(UNALIGNED):
-                                ok = row_ok and c0 + k < N
-                            v = Float32(cutlass.select_(ok, v, Float32(0.0)))  # a user epilogue may map padding to nonzero
+                            # a user epilogue may map padding to nonzero (unaligned: columns past N are
+                            # masked with the magnitudes below; their sums are never stored)
+                            v = Float32(cutlass.select_(row_ok, v, Float32(0.0)))
                         # (built-in act/dact keep the zero padding of rows past M at zero: act(0) == 0 and
                         # 0 * dact(0) == 0, see tests/test_codegen.py::test_builtin_acts_keep_zero_padding)
                         if cutlass.const_expr(cfg.dbias):
@@ -273,7 +284,12 @@ class PackedKernel:
                             else:
                                 dsum[k] = dsum[k] + dev.widen(frags[i][0], k)
                 words.append(row_words)
-                if cutlass.const_expr(ROW_MASK):
+                if cutlass.const_expr(UNALIGNED and ROW_MASK):
+                    # |v|, and 0 in rows past M and columns past N
+                    absw.append([row_words[j] & (abs_masks[j] & abs_keep) for j in range(PKW)])
+                elif cutlass.const_expr(UNALIGNED):
+                    absw.append([row_words[j] & abs_masks[j] for j in range(PKW)])  # |v|, 0 past column N
+                elif cutlass.const_expr(ROW_MASK):
                     absw.append([w & abs_keep for w in row_words])  # |v|, and 0 in rows past M
                 else:
                     absw.append([dev.pk_abs(w) for w in row_words])
@@ -303,13 +319,16 @@ class PackedKernel:
                     if cutlass.const_expr(WIDE):
                         sRS[rbase - rb * TILE_ROWS + qrow + m, g // 4 - cb * RS_BLOCKS] = Uint8(er)
                     else:
-                        if grp_ok and rbase + qrow + m < Ms:
+                        srow_i = rbase + qrow + m  # the thread's row qrow + m
+                        if cutlass.const_expr(RSTEP > 1):
+                            srow_i = rbase + (qrow + m) * RSTEP
+                        if grp_ok and srow_i < Ms:
                             if cutlass.const_expr(GROUPED):
-                                self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + qrow + m, (co + c0) // 32, nbr), er)
+                                self.store_row_scale(row_scale, self.group_row_scale_offset(gt, srow_i, (co + c0) // 32, nbr), er)
                             elif cutlass.const_expr(cfg.swizzled):
-                                self.store_row_scale(row_scale, dev.swizzle_offset(rbase + qrow + m, (co + c0) // 32, nbr), er)
+                                self.store_row_scale(row_scale, dev.swizzle_offset(srow_i, (co + c0) // 32, nbr), er)
                             else:
-                                self.store_row_scale(row_scale, (rbase + qrow + m) * nbr + (co + c0) // 32, er)
+                                self.store_row_scale(row_scale, srow_i * nbr + (co + c0) // 32, er)
                 if cutlass.const_expr(WIDE):
                     cute.arch.sync_threads()
                     # Row scales leave as words of 4 blocks, whole rows of the tile per request. Words need
@@ -398,13 +417,15 @@ class PackedKernel:
                 for k in cutlass.range_constexpr(VEC):
                     sc[k] = sInv[k * 32 + lane]
             if cutlass.const_expr(UNALIGNED):
-                # the output rows' segments (rowwise, then colwise) and the warp's parked partial words
-                dirs = ([ua.row_base(row_data, rbase, co + cT)] if cfg.rowwise else []) + \
-                    ([ua.row_base(col_data, rbase, co + cT)] if cfg.colwise else [])
+                # the output rows' segments (rowwise, then colwise), their store plans (one per class of
+                # rows 8 apart) and the warp's parked partial words
+                dirs = ([ua.row_base(row_data, rbase, co + cT, RSTEP)] if cfg.rowwise else []) + \
+                    ([ua.row_base(col_data, rbase, co + cT, RSTEP)] if cfg.colwise else [])
+                splan = [ua.store_plans(dd, PERIOD, ncols, lane) for dd in dirs]
                 edges = sEdge[(warp, None)]
             # one pass over the rows: each word is widened once for both directions
             for i in cutlass.range_constexpr(PK_ROWS):
-                live = rbase + i < Ms
+                live = rbase + i * RSTEP < Ms
                 if cutlass.const_expr(not UNALIGNED):
                     live = col_ok and live  # (unaligned: every lane of a live row takes part in the stores' shuffle)
                 if live:
@@ -424,7 +445,8 @@ class PackedKernel:
                     if cutlass.const_expr(UNALIGNED):
                         q = ([qr] if cfg.rowwise else []) + ([qc] if cfg.colwise else [])
                         for d in cutlass.range_constexpr(len(dirs)):
-                            ua.store_row(ua.row_at(dirs[d], i), ncols, lane, q[d][0], q[d][1], edges, 2 * (d * PK_ROWS + i))
+                            ua.store_row(ua.row_at(dirs[d], i), splan[d][i % PERIOD], lane, q[d][0], q[d][1], edges,
+                                         2 * (d * PK_ROWS + i))
                     else:
                         if cutlass.const_expr(cfg.rowwise):
                             cute.autovec_copy(cute.recast_tensor(qr, Uint8), tRow[(i, None)])
@@ -432,5 +454,5 @@ class PackedKernel:
                             cute.autovec_copy(cute.recast_tensor(qc, Uint8), tCol[(i, None)])
             if cutlass.const_expr(UNALIGNED):
                 cute.arch.sync_warp()  # the parked words are read by other lanes
-                ua.flush_edges(edges, lane, dirs, PK_ROWS, Ms - rbase, ncols)
+                ua.flush_edges(edges, lane, dirs, PK_ROWS, RSTEP, Ms - rbase, ncols)
                 cute.arch.sync_warp()  # (a second pass parks its own)

@@ -145,9 +145,14 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         """Output tensor ``t`` from column ``co`` on (two-halves ops; else ``t`` itself)."""
         return cute.domain_offset((0, co), t) if self.cfg.halves and t is not None else t
 
-    def thread_tile(self, t, shape, tile_row, row0, col_tile, grouped: bool):
+    def thread_tile(self, t, shape, tile_row, row0, col_tile, grouped: bool, step: int = 1):
         """A thread's ``shape`` tile of [M, N] tensor ``t``: tile (tile_row, col_tile), or for a
-        grouped call the tile whose first row is ``row0`` (any row: blocks start at groups)."""
+        grouped call the tile whose first row is ``row0`` (any row: blocks start at groups); with
+        ``step`` > 1, rows row0, row0 + step, ... (the packed kernel's unaligned rows)."""
+        if step != 1:
+            at = cute.domain_offset((row0, col_tile * shape[1]), t)
+            return cute.make_tensor(at.iterator, cute.make_layout(
+                shape, stride=(at.layout.stride[0] * step, at.layout.stride[1])))
         if grouped:
             return cute.local_tile(cute.domain_offset((row0, 0), t), shape, (0, col_tile))
         return cute.local_tile(t, shape, (tile_row, col_tile))

@@ -1,25 +1,30 @@
 """Rows at any alignment for the packed kernel (16-bit inputs with N % 8 != 0, or tensors that
 are not 16-byte aligned): rows are staged through shared memory as whole 16-byte chunks, read
-back realigned, and FP8 rows leave as realigned 4-byte words.
+back realigned, and FP8 rows leave as realigned 8-byte units.
 
 A 256-column row segment of such a tensor starts anywhere inside a 16-byte chunk, so a thread's
 8 columns cannot be one 16-byte load. Instead:
 
-- ``stage_row``: the warp copies the 16-byte chunks covering the segment from the 32-byte sector
-  it starts in (at most 34 chunks) into one shared-memory row with cp.async, 16 bytes per lane.
-  A sector holding any byte of the segment lies in one mapped page, so its other bytes (the
-  neighbouring tile's, the next row's) are safe to read; they are masked later
-  (``column_masks``). Sector-aligned copies keep each pair of lanes on one L2 sector.
-- ``read_row``: lane l reads the 5 words around its 8 columns and funnel-shifts them into the 4
-  packed words the aligned kernel would have loaded (the shift is the segment's misalignment,
-  the same for the whole warp).
+- ``stage_row``: the warp copies the 16-byte chunks covering the segment, from the chunk it
+  starts in (at most 33 chunks), into one shared-memory row with cp.async, 16 bytes per lane.
+  A chunk holding any byte of the segment lies in one mapped page, so its other bytes (the
+  neighbouring tile's, the next row's) are safe to read; the kernel masks their magnitudes
+  (``column_masks``) and never stores them.
+- ``read_row``: lane l reads the two chunks its 16 bytes lie in, picks the 5 words around its 8
+  columns and funnel-shifts them into the 4 packed words the aligned kernel would have loaded.
 - ``store_row``: lane l's 8 FP8 bytes straddle two aligned 8-byte units; the lane writes the
   second one (its last bytes and its neighbour's first, taken by a shuffle) as one 8-byte store
   when it lies wholly inside the segment, so a warp's stores cover 256 contiguous bytes. The
   segment's two partial units (its head, lane 0's first unit, and its tail) are parked in shared
-  memory and written byte by byte once per warp by ``flush_edges``, one lane per unit. (A per-row
-  branch for them cost the kernel 3.5x the aligned one's instructions, and 4-byte stores 8 bytes
-  apart doubled its L2 write sectors; ncu, docs/performance.md.)
+  memory and written once per warp by ``flush_edges``, one lane per unit. (A per-row branch for
+  them cost the kernel 3.5x the aligned one's instructions, and 4-byte stores 8 bytes apart
+  doubled its L2 write sectors; ncu, docs/performance.md.)
+
+Rows 8 apart share their misalignment: a 16-bit row is twice its row stride in bytes, so rows r
+and r + 8 start a multiple of 16 bytes apart (the same offset inside a chunk), and FP8 rows a
+multiple of 8 apart (the same offset inside a unit). The kernel gives a thread rows w, w + W,
+w + 2W, ... (W warps) and computes the read plan (``read_plan``) and the store plan
+(``store_plan``) once per class of rows 8 apart (``plan_period``), not per row.
 
 Every address here is a plain byte address computed from the tensor's layout: a strided view,
 a row operand (row stride 0) and a grouped call's rows need nothing else. The helpers that
@@ -31,11 +36,13 @@ tests/test_kernels.py checks it on the CPU for every misalignment and segment le
 
 from __future__ import annotations
 
+import math
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint16, Uint32, Uint64
 
-from .config import CHUNK, SECTOR
+from .config import CHUNK
 from .device import DEVICE
 
 UNIT = 8  # bytes per output store
@@ -47,9 +54,37 @@ def byte_address(t, r, c):
     return t.iterator.toint() + (Int64(r) * t.layout.stride[0] + Int64(c) * t.layout.stride[1]) * eb
 
 
-def row_base(t, r, c):
-    """(byte address of t[r, c], bytes between rows): a thread's rows r, r + 1, ... at column c."""
-    return byte_address(t, r, c), Int64(t.layout.stride[0]) * (t.element_type.width // 8)
+def row_base(t, r, c, step: int = 1):
+    """(byte address of t[r, c], bytes between a thread's rows): its rows r, r + step, ... at
+    column c."""
+    return byte_address(t, r, c), Int64(t.layout.stride[0]) * (step * t.element_type.width // 8)
+
+
+def plan_period(step: int) -> int:
+    """Rows of a thread (``step`` rows apart) before their misalignment repeats: rows 8 apart
+    share it."""
+    return 8 // math.gcd(step, 8)
+
+
+def chunk_offset(a):
+    """Bytes of address ``a`` past the start of its 16-byte chunk (a row's read plan)."""
+    return Int32(a & Int64(CHUNK - 1))
+
+
+def per_class(base, period: int, f):
+    """``f`` of the first ``period`` rows' addresses of ``base`` (row_base): one value per class
+    of rows 8 apart."""
+    return [f(row_at(base, p)) for p in range(period)]
+
+
+def read_plans(mis, lane):
+    """read_plan of each class's misalignment ``mis``."""
+    return [read_plan(m, lane) for m in mis]
+
+
+def store_plans(base, period: int, ncols, lane):
+    """store_plan of each class of output rows of ``base`` (row_base)."""
+    return per_class(base, period, lambda a: store_plan(Int32(a & Int64(UNIT - 1)), ncols, lane))
 
 
 def row_at(base, i):
@@ -58,13 +93,12 @@ def row_at(base, i):
 
 
 @cute.jit
-def stage_row(el: cutlass.Constexpr, buf, a, ncols, lane, ok):
-    """Copy the chunks covering the ``ncols`` elements of type ``el`` from byte address ``a`` into
-    ``buf`` (a row of config.unaligned_row_elements elements in shared memory, 16-byte
-    aligned) with cp.async; ``ok``: the row exists. The caller commits the group, waits for it
-    and syncs the warp before ``read_row``."""
+def stage_row(el: cutlass.Constexpr, buf, a, mis, ncols, lane, ok):
+    """Copy the chunks covering the ``ncols`` elements of type ``el`` from byte address ``a``,
+    starting ``mis`` = chunk_offset(a) bytes before it, into ``buf`` (a row of config.unaligned_row_elements elements in
+    shared memory, 16-byte aligned) with cp.async; ``ok``: the row exists. The caller commits the
+    group, waits for it and syncs the warp before ``read_row``."""
     eb = el.width // 8
-    mis = Int32(a & Int64(SECTOR - 1))
     n = (mis + ncols * eb + (CHUNK - 1)) // CHUNK
     first = (a - Int64(mis)) + Int64(lane * CHUNK)
     atom = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL), el,
@@ -87,7 +121,8 @@ def shf_r(lo, hi, sh):
 
 def read_plan(mis, lane):
     """Where lane ``lane``'s 16 bytes lie in a row staged with misalignment ``mis`` (bytes past
-    the sector start, 0..31): (first of the two chunks they span, word offset q in it, bit shift)."""
+    the first staged chunk's start): (first of the two chunks they span, word offset q in it,
+    bit shift)."""
     return (mis >> 4) + lane, (mis >> 2) & 3, (mis & 3) << 3
 
 
@@ -98,13 +133,13 @@ def pick_words(v, q, ops=DEVICE):
     return [ops.select((q & 2) != 0, t[j + 2], t[j]) for j in range(5)]
 
 
-def read_row(buf_words, a, lane):
-    """Lane ``lane``'s 16 bytes (4 packed words) of the row staged by stage_row from byte address
-    ``a``, as the aligned kernel would have loaded them. ``buf_words``: the staged row as 32-bit
-    words. The lane loads the two whole chunks its bytes lie in (16-byte loads, no bank
-    conflicts: 4-byte loads of its 5 words ran 4-way conflicted), picks its 5 words and
-    funnel-shifts them by the byte offset."""
-    c, q, sh = read_plan(Int32(a & Int64(SECTOR - 1)), lane)
+def read_row(buf_words, plan):
+    """A lane's 16 bytes (4 packed words) of a row staged by stage_row, as the aligned kernel
+    would have loaded them; ``plan``: read_plan of the row's misalignment and the lane.
+    ``buf_words``: the staged row as 32-bit words. The lane loads the two whole chunks its bytes
+    lie in (16-byte loads, no bank conflicts: 4-byte loads of its 5 words ran 4-way conflicted),
+    picks its 5 words and funnel-shifts them by the byte offset."""
+    c, q, sh = plan
     chunks = cute.zipped_divide(buf_words, (CHUNK // 4,))  # (words of a chunk, chunks)
     v = []
     for k in range(2):
@@ -128,16 +163,10 @@ def _st_b64(addr, lo, hi):
     cute.arch.inline_ptx("st.global.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, Uint32(lo), Uint32(hi)])
 
 
-def _st_b8(addr, v):
-    cute.arch.inline_ptx("st.global.b8 [{$r0}], {$r1};", read_only_args=[addr, Uint16(Uint32(v) & Uint32(0xFF))])
-
-
-def _st_b16(addr, v):
-    cute.arch.inline_ptx("st.global.b16 [{$r0}], {$r1};", read_only_args=[addr, Uint16(Uint32(v) & Uint32(0xFFFF))])
-
-
-def _st_b32(addr, v):
-    cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[addr, Uint32(v)])
+def _st(width: int, addr, v):
+    """A ``width``-bit store (8, 16 or 32) of the low bits of ``v`` (a piece of an edge unit)."""
+    val = Uint16(Uint32(v) & Uint32((1 << width) - 1)) if width < 32 else Uint32(v)
+    cute.arch.inline_ptx(f"st.global.b{width} [{{$r0}}], {{$r1}};", read_only_args=[addr, val])
 
 
 # Output units of a segment of ncols bytes whose first byte lies b bytes past an 8-byte
@@ -166,43 +195,49 @@ def tail_bytes(ncols, b, ops=DEVICE):
     return t0, ops.select(t0 + b >= UNIT, ncols - t0, ops.I32(0))
 
 
-@cute.jit
-def store_row(p0, ncols, lane, d0, d1, edges, slot: cutlass.Constexpr):
-    """Store one FP8 row segment of ``ncols`` bytes from byte address ``p0`` (any alignment):
-    lane l holds bytes 8l .. 8l + 7 as words ``d0``, ``d1``. Every lane of the warp calls this
-    (shuffles). Whole 8-byte units go to global memory; the head unit (holding lane 0's first
-    bytes) and the tail unit are parked in ``edges`` (2 words each, slots ``slot`` and
-    ``slot + 1``) for flush_edges."""
-    b = Int32(p0 & Int64(UNIT - 1))
-    n0 = Uint32(cute.arch.shuffle_sync_down(Int32(d0), offset=1))  # the next lane's bytes
-    n1 = Uint32(cute.arch.shuffle_sync_down(Int32(d1), offset=1))
-    # the unit at offset o = 8l + 8 - b: the byte stream d0 d1 n0 n1 from byte s = 8 - b on
+def store_plan(b, ncols, lane):
+    """What store_row does with a row segment of ``ncols`` bytes starting ``b`` bytes past an
+    8-byte boundary, for lane ``lane``: (b, which words and shift form its unit, the unit's
+    offset, whether it is whole, whether it is the tail)."""
+    # the unit at offset o = 8l + 8 - b: the byte stream d0 d1 n0 n1 (n: the next lane's) from byte s = 8 - b on
     s = UNIT - b
     far = s >= 4
+    sh = Uint32(8 * s - Int32(cutlass.select_(far, Int32(32), Int32(0))))
+    o = unit_offset(lane, b)
+    return b, far, sh, o, o + UNIT <= ncols, o == tail_offset(ncols, b)
+
+
+@cute.jit
+def store_row(p0, plan, lane, d0, d1, edges, slot: cutlass.Constexpr):
+    """Store one FP8 row segment from byte address ``p0`` (``plan``: store_plan of its
+    misalignment): lane l holds bytes 8l .. 8l + 7 as words ``d0``, ``d1``. Every lane of the
+    warp calls this (shuffles). Whole 8-byte units go to global memory; the head unit (holding
+    lane 0's first bytes) and the tail unit are parked in ``edges`` (2 words each, slots ``slot``
+    and ``slot + 1``) for flush_edges."""
+    b, far, sh, o, whole, tail = plan
+    n0 = Uint32(cute.arch.shuffle_sync_down(Int32(d0), offset=1))  # the next lane's bytes
+    n1 = Uint32(cute.arch.shuffle_sync_down(Int32(d1), offset=1))
     x0 = cutlass.select_(far, d1, d0)
     x1 = cutlass.select_(far, n0, d1)
     x2 = cutlass.select_(far, n1, n0)
-    sh = Uint32(8 * s - Int32(cutlass.select_(far, Int32(32), Int32(0))))
     lo = shf_r(x0, x1, sh)
     hi = shf_r(x1, x2, sh)
-    o = unit_offset(lane, b)
-    if o + UNIT <= ncols:
+    if whole:
         _st_b64(p0 + Int64(o), lo, hi)
-    if lane == 0:  # the head unit at offset -b: lane 0's bytes from byte b on
-        v = ((Uint64(d1) << Uint64(32)) | Uint64(d0)) << Uint64(8 * b)
-        edges[2 * slot] = Uint32(v & Uint64(0xFFFFFFFF))
-        edges[2 * slot + 1] = Uint32(v >> Uint64(32))
-    if o == tail_offset(ncols, b):
+    if lane == 0:  # the head unit at offset -b holds lane 0's bytes from byte b on (flush_edges shifts them)
+        edges[2 * slot] = d0
+        edges[2 * slot + 1] = d1
+    if tail:
         edges[2 * slot + 2] = lo
         edges[2 * slot + 3] = hi
 
 
 @cute.jit
-def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, live_rows, ncols):
-    """Write the partial units store_row parked: slot 2 * (d * nrows + i) (+1) holds row i's
-    head (tail) unit of direction d, whose segment starts at ``row_at(dirs[d], i)``; one lane per
-    slot, rows i < ``live_rows`` only, and of each unit only the segment's bytes. The caller
-    syncs the warp first."""
+def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, step: cutlass.Constexpr, rows_left, ncols):
+    """Write the partial units store_row parked: slot 2 * (d * nrows + i) (+1) holds the head
+    (tail) unit of the thread's row i in direction d, whose segment starts at
+    ``row_at(dirs[d], i)``; one lane per slot, rows with i * step < ``rows_left`` only, and of
+    each unit only the segment's bytes. The caller syncs the warp first."""
     nslots = 2 * nrows * len(dirs)
     if lane < nslots:
         i = (lane // 2) % nrows
@@ -212,32 +247,32 @@ def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, live_rows, ncols):
             if d == dd:
                 p0 = row_at(dirs[dd], i)
         b = Int32(p0 & Int64(UNIT - 1))
-        lo_w = edges[2 * lane]
-        hi_w = edges[2 * lane + 1]
-        addr = p0 - Int64(b)  # head: the unit at offset -b
+        v = (Uint64(edges[2 * lane + 1]) << Uint64(32)) | Uint64(edges[2 * lane])
+        addr = p0 - Int64(b)  # head: the unit at offset -b, lane 0's bytes moved to byte b on
+        v = v << Uint64(8 * b)
         first, end = head_bytes(b, ncols)
         if lane % 2 == 1:  # tail
             t0, tend = tail_bytes(ncols, b)
             addr = p0 + Int64(t0)
+            v = (Uint64(edges[2 * lane + 1]) << Uint64(32)) | Uint64(edges[2 * lane])
             first = Int32(0)
             end = Int32(tend)
-        if i < live_rows:
+        if i * step < rows_left:
             # bytes [first, end) of the unit in aligned pieces (at most 4 stores, each its own
             # request: byte stores cost the kernel more L1 wavefronts than all its other stores)
-            v = (Uint64(hi_w) << Uint64(32)) | Uint64(lo_w)
             p = first
             if p < end and (p & 1) != 0:
-                _st_b8(addr + Int64(p), v >> Uint64(8 * p))
+                _st(8, addr + Int64(p), v >> Uint64(8 * p))
                 p = p + 1
             if p + 2 <= end and (p & 2) != 0:
-                _st_b16(addr + Int64(p), v >> Uint64(8 * p))
+                _st(16, addr + Int64(p), v >> Uint64(8 * p))
                 p = p + 2
             for _ in cutlass.range_constexpr(2):
                 if p + 4 <= end:
-                    _st_b32(addr + Int64(p), v >> Uint64(8 * p))
+                    _st(32, addr + Int64(p), v >> Uint64(8 * p))
                     p = p + 4
             if p + 2 <= end:
-                _st_b16(addr + Int64(p), v >> Uint64(8 * p))
+                _st(16, addr + Int64(p), v >> Uint64(8 * p))
                 p = p + 2
             if p < end:
-                _st_b8(addr + Int64(p), v >> Uint64(8 * p))
+                _st(8, addr + Int64(p), v >> Uint64(8 * p))
