@@ -51,6 +51,18 @@ def run_tree(root: str, dtypes: list, odd: bool = False, ops=None) -> dict:
     return json.loads(line[4:])
 
 
+def _device_check_ops() -> set:
+    """The op names of bench/device_check.py's OPS (read from its source: importing it needs CUDA
+    tools this process may lack)."""
+    import ast
+
+    tree = ast.parse((Path(__file__).resolve().parent / "device_check.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "OPS" for t in node.targets):
+            return {k.value for k in node.value.keys}
+    raise RuntimeError("bench/device_check.py has no OPS")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--a", required=True, help="checkout A (e.g. the code before a change)")
@@ -62,6 +74,9 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     ops = set(filter(None, args.ops.split(","))) or None
+    known = _device_check_ops()
+    if ops and not ops <= known:
+        ap.error(f"--ops: unknown {sorted(ops - known)}; device_check.OPS has {sorted(known)}")
     dtypes = args.dtypes.split(",")
     runs = {"a": [], "b": []}
     for rnd in range(args.rounds):

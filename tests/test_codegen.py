@@ -762,6 +762,8 @@ def test_ab_trees_child_times_the_asked_shapes_and_ops():
     assert "shapes = dc.ODD_SHAPES if True else" in odd and "ops={'both'}" in odd
     plain = tool.CHILD.format(root="/x", dtypes=["bf16"], odd=False, ops=None)
     assert "if False else dc.BENCH_SHAPES" in plain and "ops=None" in plain
+    # --ops names are checked against device_check's ops (read from its source)
+    assert tool._device_check_ops() == set(_bench_tool("device_check").OPS)
 
 
 def test_paired_peer_row_sums_torchaos_two_kernels():

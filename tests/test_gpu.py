@@ -361,7 +361,8 @@ def test_unaligned_rows_match_reference(case, shape, offset, dtype):
     """16-bit inputs at any N and base alignment run the packed kernel with unaligned rows
     (mxq/kernels/unaligned.py): several column tiles with a partial last one (1030, 333, 257),
     rows shorter than a chunk (8 at offset 3, 5, 1), inputs, act_input and FP8 outputs that start
-    1 to 11 elements past an aligned address (9: the first row 18 bytes into its 32-byte sector);
+    1 to 11 elements past an aligned address (the rows of odd N then start at every offset inside
+    a chunk);
     every byte against the reference. CPU counterpart:
     test_codegen.py::test_unaligned_rows_are_staged_and_stored_as_words."""
     opts, fn = case

@@ -229,24 +229,27 @@ def test_unaligned_reads_realign_every_misalignment(mis):
 
 @pytest.mark.parametrize("step", [1, 2, 4, 8])
 def test_unaligned_rows_a_plan_period_apart_share_their_misalignment(step):
-    """The packed kernel computes a thread's read and store plans once per class of rows
-    ``plan_period(step)`` thread rows apart (rows step apart: unaligned.py). For every row stride
-    (elements) and base offset, 16-bit input rows that many rows apart start at the same offset
-    inside a 16-byte chunk and FP8 rows at the same offset inside an 8-byte unit; one row fewer
-    apart (when the period is above 1) does not, for some stride: the period is the shortest."""
+    """The packed kernel computes a thread's read and store plans once per class: its row i
+    (rows ``step`` apart) takes plan i % plans_per_thread(rows, step) (unaligned.py). For every
+    row stride (elements) and base offset, each row's 16-bit input starts at the same offset
+    inside a 16-byte chunk, and its FP8 row at the same offset inside an 8-byte unit, as the row
+    whose plan it takes; and the period is the shortest that holds for every stride (stride 1,
+    an odd N, tells shorter ones apart)."""
     from mxq.kernels import unaligned as ua
 
     p = ua.plan_period(step)
-    assert p * step % 8 == 0
-    for stride in range(1, 70):
-        for base in range(0, 32, 2):
-            for r in range(3):
-                a0, a1 = base + 2 * stride * r * step, base + 2 * stride * (r + p) * step
-                assert a0 % ua.CHUNK == a1 % ua.CHUNK, (step, stride, base)
-                o0, o1 = base + stride * r * step, base + stride * (r + p) * step
-                assert o0 % ua.UNIT == o1 % ua.UNIT, (step, stride, base)
-    if p > 1:  # stride 1 (an odd N): rows (p - 1) * step apart differ
-        assert (2 * (p - 1) * step) % ua.CHUNK != 0
+    assert p == min(q for q in range(1, 9) if all(2 * s * q * step % ua.CHUNK == 0 for s in range(1, 17)))
+    for rows in (4, 8):
+        period = ua.plans_per_thread(rows, step)
+        assert period == min(rows, p)
+        for stride in range(1, 70):
+            for base in range(0, 32, 2):
+                for i in range(rows):
+                    j = i % period  # the row whose plan row i takes
+                    a_i, a_j = base + 2 * stride * i * step, base + 2 * stride * j * step
+                    assert a_i % ua.CHUNK == a_j % ua.CHUNK, (step, rows, stride, base, i)
+                    o_i, o_j = base + stride * i * step, base + stride * j * step
+                    assert o_i % ua.UNIT == o_j % ua.UNIT, (step, rows, stride, base, i)
 
 
 @pytest.mark.parametrize("b", range(8))

@@ -206,7 +206,7 @@ def _twelve(a, b, c, d, e, f, g, h, i, j, k, m):
     return a + b + c + d + e + f + g + h + i + j + k + m
 
 
-def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference():
+def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference(monkeypatch):
     """The 16-bit kernel stages every epilogue tensor in shared memory: 13 of them with dbias and
     colwise need more than a CTA may take (227 KiB), so the op names the reason and runs the
     reference (a warning; an error under MXQ_STRICT) instead of failing at launch; 12 fit, and
@@ -218,14 +218,24 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference():
     assert reason and "13 epilogue tensors" in reason and "shared memory" in reason
     assert fits._unserved(x16) is None
     assert big._unserved(torch.zeros(4, 8, dtype=torch.float32)) is None
-    # the op's own tuning counts (read on first use, as its source is): 13 tensors without dbias
-    # fit 4 warps of the unaligned kernel but not 8 (Tuning.unaligned_warps)
+    # the op's own tuning counts (read on first use, as its source is): 8 warps of the unaligned
+    # kernel take 2048 bytes more than 4 (Tuning.unaligned_warps); with a limit between the two,
+    # 13 tensors without dbias fit 4 warps and not 8
+    from mxq import codegen
+    from mxq.kernels import config as kconfig
     from mxq.kernels.config import Tuning
 
     four = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
     four._tuning = Tuning(unaligned_warps=4)  # (its default too: the op computes)
     eight = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
     eight._tuning = Tuning(unaligned_warps=8)
+    assert four._unserved(x16) is None and eight._unserved(x16) is None  # both fit 227 KiB
+    need = [codegen.kernel_config(op.spec, op.epilogue, op._tuning).packed_shared_bytes(13, True, True)
+            for op in (four, eight)]
+    assert need[1] - need[0] == 2048
+    monkeypatch.setattr(kconfig, "SMEM_LIMIT", need[0])
+    for op in (four, eight):
+        op._packed_smem = None  # (computed once per op; recomputed against the new limit)
     assert four._unserved(x16) is None
     assert "shared memory" in (eight._unserved(x16) or "")
 
@@ -248,7 +258,7 @@ def test_cpp_routes_refuse_ops_whose_16_bit_kernel_does_not_fit(tmp_path):
 def test_packed_shared_bytes_counts_the_allocations():
     """KernelConfig.packed_shared_bytes against the packed kernel's allocations counted by hand for
     rowwise + colwise. Unaligned at 4 warps (Tuning.unaligned_warps=4): one staged row buffer of
-    32 rows x 34 chunks x 16 B = 17408, column maxima 4 x 128 words = 2048, inverse column scales
+    32 rows x 33 chunks x 16 B = 16896, column maxima 4 x 128 words = 2048, inverse column scales
     256 x 4 = 1024, parked units 4 warps x 64 words = 1024; at its default 8 warps: maxima 8 x 128
     words = 4096, parked units 8 warps x 32 words = 1024; aligned plain casts stage nothing
     (2048 + 1024)."""
@@ -257,9 +267,9 @@ def test_packed_shared_bytes_counts_the_allocations():
 
     both = mxq.fused_quant(rowwise=True, colwise=True)(_ident_for_smem)
     four = codegen.kernel_config(both.spec, both.epilogue, Tuning(unaligned_warps=4))
-    assert four.packed_shared_bytes(1, unaligned=True) == 17408 + 2048 + 1024 + 1024
+    assert four.packed_shared_bytes(1, unaligned=True) == 16896 + 2048 + 1024 + 1024
     cfg = codegen.kernel_config(both.spec, both.epilogue)
-    assert cfg.packed_shared_bytes(1, unaligned=True) == 17408 + 4096 + 1024 + 1024
+    assert cfg.packed_shared_bytes(1, unaligned=True) == 16896 + 4096 + 1024 + 1024
     assert cfg.packed_shared_bytes(1, unaligned=False) == 2048 + 1024
 
 

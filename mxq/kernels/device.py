@@ -235,8 +235,11 @@ def store_row_scale(t, offset, value, keep_in_l2: bool):
 # --- packed 16-bit words (bf16x2 / f16x2) ------------------------------------------------------
 # A word holds two adjacent columns' values; abs is one AND and the amax one max.NaN per two
 # values, exact because max only selects. Values widen to fp32 only for the scale multiply.
+ABS_BITS = 0x7FFF7FFF  # the magnitude bits of two packed 16-bit floats
+
+
 def pk_abs(w):
-    return w & Uint32(0x7FFF7FFF)
+    return w & Uint32(ABS_BITS)
 
 
 def pk_max(a, b, is_bf16: bool):

@@ -7,9 +7,10 @@ words (AND + max.NaN.{bf16x2,f16x2}, exact), values widen to fp32 only to be mul
 scale, and four FP8 bytes leave as one word. This cuts the instructions per element about 3x
 against fp32 values, which is what bounds the rowwise+colwise pass on the H200.
 
-Tiling (KernelConfig.pk_warps = W warps, PK_ROWS = 32 / W rows per thread):
+Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = 32 / W rows per thread):
 - ops with a column reduction (colwise, amax, dbias): a CTA covers 32 rows x 32 * VEC columns;
-  lane l owns columns 8l..8l+7, warp w owns PK_ROWS rows;
+  lane l owns columns 8l..8l+7, warp w owns PK_ROWS adjacent rows (unaligned rows: rows w,
+  w + W, ..., which share their read and store plans, unaligned.py);
 - a pure rowwise cast ("wide", KernelConfig.wide): the warps lie side by side along one band of
   PK_ROWS rows (8 x 1024 columns), so a CTA's rows are long runs of memory and its row-scale
   bytes, gathered in shared memory, leave as whole 4-byte words.
@@ -76,7 +77,7 @@ class PackedKernel:
         # apart, so that rows 8 apart, which share their misalignment, share one thread's read and
         # store plans (unaligned.py); PERIOD plans per thread
         RSTEP = cutlass.const_expr(WARPS if UNALIGNED else 1)
-        PERIOD = cutlass.const_expr(min(PK_ROWS, ua.plan_period(RSTEP)))
+        PERIOD = cutlass.const_expr(ua.plans_per_thread(PK_ROWS, RSTEP))  # row i takes plan i % PERIOD
         TILE_ROWS, TILE_COLS = tile(cfg, GROUPED, UNALIGNED)
         DIVBY = cutlass.const_expr(1 if UNALIGNED else VEC)  # what N is a multiple of
         RS_BLOCKS = cutlass.const_expr(TILE_COLS // 32)  # row-scale blocks per tile row
@@ -122,7 +123,7 @@ class PackedKernel:
             # the row maxima read, are masked to +0 (abs_masks)
             cT = cb * VCOLS
             ncols = cutlass.min(Int32(VCOLS), N - cT)
-            abs_masks = [m & Uint32(0x7FFF7FFF) for m in ua.column_masks(N - c0, PKW)]
+            abs_masks = [m & Uint32(dev.ABS_BITS) for m in ua.column_masks(N - c0, PKW)]
         if cutlass.const_expr(WIDE):
             # the CTA's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words
             sRS = smem.allocate_tensor(Uint8, cute.make_layout((TILE_ROWS, RS_BLOCKS), stride=(RS_BLOCKS, 1)), 16)
@@ -138,7 +139,7 @@ class PackedKernel:
             # each warp's partial output units (two words): head and tail of each of its rows, per direction
             NEDGE = cutlass.const_expr(4 * PK_ROWS * (int(cfg.rowwise) + int(cfg.colwise)))
             sEdge = smem.allocate_tensor(Uint32, cute.make_layout((WARPS, NEDGE), stride=(NEDGE, 1)), 16)
-        # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * row stride
+        # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         sources = self.sources(ins, act_in)
         NSRC = cutlass.const_expr(len(sources))
         tiles = [self.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
@@ -254,7 +255,7 @@ class PackedKernel:
                     if cutlass.const_expr(not cfg.identity):
                         row_ok = col_ok and rbase + i * RSTEP < row_end
                         if cutlass.const_expr(ROW_MASK):
-                            abs_keep = Uint32(cutlass.select_(row_ok, Uint32(0x7FFF7FFF), Uint32(0)))
+                            abs_keep = Uint32(cutlass.select_(row_ok, Uint32(dev.ABS_BITS), Uint32(0)))
                     vv = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
                     for k in cutlass.range_constexpr(VEC):
                         v = self.value(frags[i], k, scalars_p, dev.widen)
@@ -319,8 +320,8 @@ class PackedKernel:
                     if cutlass.const_expr(WIDE):
                         sRS[rbase - rb * TILE_ROWS + qrow + m, g // 4 - cb * RS_BLOCKS] = Uint8(er)
                     else:
-                        srow_i = rbase + qrow + m  # the thread's row qrow + m
-                        if cutlass.const_expr(RSTEP > 1):
+                        srow_i = rbase + qrow + m  # the thread's row qrow + m (two forms: the aligned
+                        if cutlass.const_expr(RSTEP > 1):  # kernel's PTX stays as it was)
                             srow_i = rbase + (qrow + m) * RSTEP
                         if grp_ok and srow_i < Ms:
                             if cutlass.const_expr(GROUPED):

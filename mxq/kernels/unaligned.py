@@ -66,6 +66,17 @@ def plan_period(step: int) -> int:
     return 8 // math.gcd(step, 8)
 
 
+def plans_per_thread(rows: int, step: int) -> int:
+    """Read and store plans a thread of ``rows`` rows ``step`` apart computes: its row i takes
+    plan i % plans_per_thread(rows, step)."""
+    return min(rows, plan_period(step))
+
+
+def unit_misalignment(a):
+    """Bytes of address ``a`` past the start of its 8-byte output unit (a row's store plan)."""
+    return Int32(a & Int64(UNIT - 1))
+
+
 def chunk_offset(a):
     """Bytes of address ``a`` past the start of its 16-byte chunk (a row's read plan)."""
     return Int32(a & Int64(CHUNK - 1))
@@ -84,7 +95,7 @@ def read_plans(mis, lane):
 
 def store_plans(base, period: int, ncols, lane):
     """store_plan of each class of output rows of ``base`` (row_base)."""
-    return per_class(base, period, lambda a: store_plan(Int32(a & Int64(UNIT - 1)), ncols, lane))
+    return per_class(base, period, lambda a: store_plan(unit_misalignment(a), ncols, lane))
 
 
 def row_at(base, i):
@@ -120,10 +131,10 @@ def shf_r(lo, hi, sh):
 
 
 def read_plan(mis, lane):
-    """Where lane ``lane``'s 16 bytes lie in a row staged with misalignment ``mis`` (bytes past
-    the first staged chunk's start): (first of the two chunks they span, word offset q in it,
-    bit shift)."""
-    return (mis >> 4) + lane, (mis >> 2) & 3, (mis & 3) << 3
+    """Where lane ``lane``'s 16 bytes lie in a row staged with misalignment ``mis`` (0..15, bytes
+    past the first staged chunk's start): (first of the two chunks they span, word offset q in
+    it, bit shift)."""
+    return lane, (mis >> 2) & 3, (mis & 3) << 3
 
 
 def pick_words(v, q, ops=DEVICE):
@@ -246,7 +257,7 @@ def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, step: cutlass.Const
         for dd in cutlass.range_constexpr(1, len(dirs)):
             if d == dd:
                 p0 = row_at(dirs[dd], i)
-        b = Int32(p0 & Int64(UNIT - 1))
+        b = unit_misalignment(p0)
         v = (Uint64(edges[2 * lane + 1]) << Uint64(32)) | Uint64(edges[2 * lane])
         addr = p0 - Int64(b)  # head: the unit at offset -b, lane 0's bytes moved to byte b on
         v = v << Uint64(8 * b)
