@@ -3,7 +3,6 @@ the fields are DTensors whose shards are the single-process result's) and all_ga
 MXFP8Tensors (byte-equal to quantizing the gathered tensor)."""
 
 import os
-import socket
 import sys
 import textwrap
 import subprocess
@@ -21,7 +20,7 @@ import mxq
 from mxq.testing import compare
 
 rank, world = int(sys.argv[1]), 2
-dist.init_process_group("gloo", rank=rank, world_size=world)
+dist.init_process_group("gloo", init_method=os.environ["MXQ_TEST_INIT"], rank=rank, world_size=world)
 mesh = init_device_mesh("cpu", (world,))
 
 @mxq.fused_quant(colwise=True, amax=True, dbias=True, act="gelu")
@@ -128,22 +127,17 @@ dist.destroy_process_group()
 """
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_two_ranks(worker: str, tmp_path, done: str) -> None:
     """Run ``worker`` (a script taking its rank as argv[1]) as two gloo processes; each must exit
-    0 and print ``done``."""
+    0 and print ``done``. They meet through a file in ``tmp_path`` (``MXQ_TEST_INIT``), not a TCP
+    port: a free port picked here could be taken by another process before rank 0 binds it."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("no gloo backend")
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(worker))
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), PYTHONWARNINGS="ignore",
+    env = dict(os.environ, MXQ_TEST_INIT=f"file://{tmp_path / 'rendezvous'}", PYTHONWARNINGS="ignore",
                MXQ_CACHE_DIR=str(tmp_path / "cache"))
     procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for rank in range(2)]

@@ -15,13 +15,13 @@ import mxq
 from .test_distributed import ROOT, run_two_ranks
 
 WORKER = r"""
-import sys, torch, torch.distributed as dist
+import os, sys, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 import mxq, mxq.fsdp
 
 rank, world = int(sys.argv[1]), 2
-dist.init_process_group("gloo", rank=rank, world_size=world)
+dist.init_process_group("gloo", init_method=os.environ["MXQ_TEST_INIT"], rank=rank, world_size=world)
 mesh = init_device_mesh("cpu", (world,))
 torch.manual_seed(0)
 layer = torch.nn.Linear(96, 128)
