@@ -6,7 +6,9 @@ speed well enough to compare template changes on a CPU-only machine before spend
 this count track changes in the kernel). Prints, for each op of the benchmark, the instructions
 of the packed kernel's body divided by the elements one thread handles, and ptxas's registers;
 with ``nvdisasm`` on PATH (pip wheel nvidia-cuda-nvdisasm; optional) also the machine
-instructions per element, the better predictor.
+instructions per element, the better predictor; and the CTAs one SM holds at once
+(``ctas_per_sm``: the plain casts of unaligned rows follow their occupancy more than their
+instructions, docs/performance.md "N % 8 != 0", step 8).
 
     python bench/ptx_count.py [--arch sm_90] [--dtype bf16]
     python bench/ptx_count.py --opcodes gelu_both    # where the unaligned rows' extra instructions go
@@ -54,6 +56,17 @@ EPILOGUE_OPS = {
 }
 
 
+def ctas_per_sm(registers: int, threads: int, smem_bytes: int) -> int:
+    """CTAs of a kernel one SM of sm_90 / sm_100 holds at once: 64K registers in 4 partitions,
+    allocated per warp in units of 256 (8 per thread); 228 KB of shared memory, 1 KB of it
+    reserved per CTA; 64 warps; 32 CTAs."""
+    warps = -(-threads // 32)
+    per_warp = -(-registers * 32 // 256) * 256
+    by_regs = 4 * (16384 // per_warp) // warps
+    by_smem = (228 * 1024) // (smem_bytes + 1024)
+    return min(by_regs, by_smem, 64 // warps, 32)
+
+
 def _options(spec: QuantSpec) -> dict:
     return {k: getattr(spec, k) for k in _OPTION_NAMES}
 
@@ -70,13 +83,16 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
     instrs = [ln.strip() for ln in body.splitlines()
               if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))]
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
-    vwarps = codegen.kernel_config(op.spec, op.epilogue).packed_warps(unaligned=variant == "generic")
+    cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
+    vwarps = cfg.packed_warps(unaligned=variant == "generic")
     per_thread = kconfig.VEC * (kconfig.ROWS // vwarps)
     pk = next((v for k, v in art.get("kernels", {}).items() if "packed_kernel" in k), {})
     sass = pk.get("sass_instructions")
+    smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=variant == "generic")
+    ctas = ctas_per_sm(pk["registers"], 32 * vwarps, smem) if pk.get("registers") else None
     return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": pk.get("registers"),
             "sass_per_element": sass / per_thread if sass else None, "vwarps": vwarps, "top": kinds.most_common(8),
-            "sass_opcodes": pk.get("sass_opcodes"), "per_thread": per_thread}
+            "sass_opcodes": pk.get("sass_opcodes"), "per_thread": per_thread, "ctas_per_sm": ctas}
 
 
 def opcode_diff(name: str, arch: str, dtype: str) -> None:
@@ -111,14 +127,15 @@ def main() -> None:
     if args.opcodes:
         opcode_diff(args.opcodes, args.arch, args.dtype)
         return
-    print(f"{'op':18} {'PTX/elem':>8} {'SASS/elem':>9} {'regs':>5} {'warps':>5}  most frequent PTX")
+    print(f"{'op':18} {'PTX/elem':>8} {'SASS/elem':>9} {'regs':>5} {'warps':>5} {'CTAs/SM':>7}  most frequent PTX")
     todo = [(name, opts, None, None) for name, opts in OPS.items()]
     todo += [(name, opts, fn, layouts) for name, (opts, fn, layouts) in EPILOGUE_OPS.items()]
     for name, opts, fn, layouts in todo:
         c = count(QuantSpec(**opts), args.arch, args.dtype, args.variant, fn, layouts)
         top = " ".join(f"{k}:{v}" for k, v in c["top"])
         sass = f"{c['sass_per_element']:9.1f}" if c["sass_per_element"] else f"{'-':>9}"
-        print(f"{name:18} {c['per_element']:8.1f} {sass} {c['registers'] or '-':>5} {c['vwarps']:>5}  {top}")
+        print(f"{name:18} {c['per_element']:8.1f} {sass} {c['registers'] or '-':>5} {c['vwarps']:>5} "
+              f"{c['ctas_per_sm'] or '-':>7}  {top}")
 
 
 if __name__ == "__main__":

@@ -752,6 +752,23 @@ def test_unaligned_rows_are_staged_and_stored_as_words(arch, dtype):
     assert not re.search(r"\bld\.global(\.\w+)*\.v4", body)
 
 
+def test_ptx_count_occupancy_by_hand():
+    """bench/ptx_count.py's CTAs per SM, against hand counts for an H200 SM (64K registers in
+    four 16K partitions allocated per warp in units of 256, 228 KB of shared memory with 1 KB
+    reserved per CTA, 64 warps): 48 registers x 8 warps: a warp takes 1536, a partition holds
+    10 warps, the SM 40, so 5 CTAs (40 registers: 1280, 12 per partition, 6 CTAs); 76 registers
+    round to 80 per thread, 2560 per warp, 6 warps per partition, 6 CTAs of 4 warps (64: 8);
+    17 KB of shared memory: 228 / 18 = 12 CTAs, so 24 registers x 4 warps (21 CTAs by
+    registers, 16 by warps) stops at 12; CTAs of 16 warps stop at 64 / 16 = 4 (5 by registers)."""
+    tool = _bench_tool("ptx_count")
+    assert tool.ctas_per_sm(48, 256, 0) == 5
+    assert tool.ctas_per_sm(40, 256, 0) == 6
+    assert tool.ctas_per_sm(76, 128, 0) == 6
+    assert tool.ctas_per_sm(64, 128, 0) == 8
+    assert tool.ctas_per_sm(24, 128, 17 * 1024) == 12
+    assert tool.ctas_per_sm(24, 512, 0) == 4
+
+
 def test_ab_trees_child_times_the_asked_shapes_and_ops():
     """bench/ab_trees.py's child program (run per tree on the GPU): with --odd it times
     device_check.ODD_SHAPES, with --ops only those ops; the rendered program is valid Python
