@@ -140,15 +140,19 @@ def fp8x4(a, b, c, d, fp8: str):
         write_only_types=[Uint32], read_only_args=[a, b, c, d])
 
 
+def rcp_one_plus_ex2(z):
+    """1 / (1 + 2^z) with the approximate ex2 and rcp (a few ulp relative): the core of tanh_act,
+    sigmoid_act and half_tanh_ex2_act. 2^z overflows to inf for z > 128, giving exactly 0."""
+    e = cute.arch.inline_ptx("ex2.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32], read_only_args=[z])
+    return cute.arch.inline_ptx("rcp.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
+                                read_only_args=[add_rn(e, Float32(1.0))])
+
+
 def tanh_act(y):
     """tanh(y) = sign(y) * (1 - 2 / (e^(2|y|) + 1)), accurate to ~2^-24 absolute: the large-|y|
     branch of the precise tanh, used for every y by the built-in act/dact (which only use t as
     0.5 + 0.5*t or 1 - t*t). ex2 overflows to inf for |y| > ~44, giving exactly 1; NaN stays NaN."""
-    ay = cute.math.abs(y)
-    e = cute.arch.inline_ptx("ex2.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
-                             read_only_args=[mul_rn(ay, Float32(2.885390081777927))])
-    r = cute.arch.inline_ptx("rcp.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
-                             read_only_args=[add_rn(e, Float32(1.0))])
+    r = rcp_one_plus_ex2(mul_rn(cute.math.abs(y), Float32(2.885390081777927)))
     t = Float32(cute.math.fma(r, Float32(-2.0), Float32(1.0)))
     return (t.bitcast(Uint32) | (y.bitcast(Uint32) & Uint32(0x80000000))).bitcast(Float32)
 
@@ -157,10 +161,7 @@ def sigmoid_act(x):
     """1 / (1 + e^-x) for the built-in formulas: 2^(-x log2 e) and the reciprocal both
     approximate (ex2.approx, rcp.approx: a few ulp, inside the transcendental class); e^-x
     overflows to inf for x < ~-88, giving exactly 0; NaN stays NaN."""
-    e = cute.arch.inline_ptx("ex2.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
-                             read_only_args=[mul_rn(x, Float32(-1.4426950408889634))])
-    return cute.arch.inline_ptx("rcp.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
-                                read_only_args=[add_rn(e, Float32(1.0))])
+    return rcp_one_plus_ex2(mul_rn(x, Float32(-1.4426950408889634)))
 
 
 def half_tanh_ex2_act(z):
@@ -173,10 +174,7 @@ def half_tanh_ex2_act(z):
     are exact. 2^z overflows to inf for z > 128, giving exactly 0; z = -inf gives exactly 1 (and
     ex2.approx.ftz flushes 2^z below 2^-126 to 0); NaN stays NaN. 5 instructions, where tanh_act
     and the FMA take 7 and a multiply."""
-    e = cute.arch.inline_ptx("ex2.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32], read_only_args=[z])
-    s = cute.arch.inline_ptx("rcp.approx.ftz.f32 {$w0}, {$r0};", write_only_types=[Float32],
-                             read_only_args=[add_rn(e, Float32(1.0))])
-    t = Float32(cute.math.fma(s, Float32(-2.0), Float32(1.0)))
+    t = Float32(cute.math.fma(rcp_one_plus_ex2(z), Float32(-2.0), Float32(1.0)))
     return Float32(cute.math.fma(t, Float32(-0.5), Float32(0.5)))
 
 
@@ -235,11 +233,7 @@ def store_row_scale(t, offset, value, keep_in_l2: bool):
 # --- packed 16-bit words (bf16x2 / f16x2) ------------------------------------------------------
 # A word holds two adjacent columns' values; abs is one AND and the amax one max.NaN per two
 # values, exact because max only selects. Values widen to fp32 only for the scale multiply.
-ABS_BITS = 0x7FFF7FFF  # the magnitude bits of two packed 16-bit floats
-
-
-def pk_abs(w):
-    return w & Uint32(ABS_BITS)
+ABS_BITS = 0x7FFF7FFF  # the magnitude bits of two packed 16-bit floats (|w| is w & ABS_BITS)
 
 
 def pk_max(a, b, is_bf16: bool):

@@ -124,6 +124,8 @@ class PackedKernel:
             cT = cb * VCOLS
             ncols = cutlass.min(Int32(VCOLS), N - cT)
             abs_masks = [m & Uint32(dev.ABS_BITS) for m in ua.column_masks(N - c0, PKW)]
+        else:
+            abs_masks = [Uint32(dev.ABS_BITS)] * PKW  # every column exists
         if cutlass.const_expr(WIDE):
             # the CTA's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words
             sRS = smem.allocate_tensor(Uint8, cute.make_layout((TILE_ROWS, RS_BLOCKS), stride=(RS_BLOCKS, 1)), 16)
@@ -177,7 +179,7 @@ class PackedKernel:
             if cutlass.const_expr(UNALIGNED):
                 # each source's rows and their misalignment (one per class of rows 8 apart)
                 ga = [ua.row_base(sources[t], rbase, cT, RSTEP) if staged_src[t] else None for t in range(NSRC)]
-                mis = [ua.per_class(ga[t], PERIOD, ua.chunk_offset) if staged_src[t] else None for t in range(NSRC)]
+                mis = [ua.per_class(ga[t], PERIOD, ua.chunk_misalignment) if staged_src[t] else None for t in range(NSRC)]
             for i in cutlass.range_constexpr(PK_ROWS):
                 if cutlass.const_expr(UNALIGNED):
                     for t in cutlass.range_constexpr(NSRC):
@@ -285,15 +287,11 @@ class PackedKernel:
                             else:
                                 dsum[k] = dsum[k] + dev.widen(frags[i][0], k)
                 words.append(row_words)
-                if cutlass.const_expr(UNALIGNED and ROW_MASK):
-                    # |v|, and 0 in rows past M and columns past N
+                # |v|, and 0 in columns past N (unaligned) and, with ROW_MASK, in rows past M
+                if cutlass.const_expr(ROW_MASK):
                     absw.append([row_words[j] & (abs_masks[j] & abs_keep) for j in range(PKW)])
-                elif cutlass.const_expr(UNALIGNED):
-                    absw.append([row_words[j] & abs_masks[j] for j in range(PKW)])  # |v|, 0 past column N
-                elif cutlass.const_expr(ROW_MASK):
-                    absw.append([w & abs_keep for w in row_words])  # |v|, and 0 in rows past M
                 else:
-                    absw.append([dev.pk_abs(w) for w in row_words])
+                    absw.append([row_words[j] & abs_masks[j] for j in range(PKW)])
                 if cutlass.const_expr(cfg.col_reduce):
                     if cutlass.const_expr(i == 0):
                         cm = list(absw[0])  # this thread's column maxima, one word per two columns

@@ -77,7 +77,7 @@ def unit_misalignment(a):
     return Int32(a & Int64(UNIT - 1))
 
 
-def chunk_offset(a):
+def chunk_misalignment(a):
     """Bytes of address ``a`` past the start of its 16-byte chunk (a row's read plan)."""
     return Int32(a & Int64(CHUNK - 1))
 
@@ -106,9 +106,10 @@ def row_at(base, i):
 @cute.jit
 def stage_row(el: cutlass.Constexpr, buf, a, mis, ncols, lane, ok):
     """Copy the chunks covering the ``ncols`` elements of type ``el`` from byte address ``a``,
-    starting ``mis`` = chunk_offset(a) bytes before it, into ``buf`` (a row of config.unaligned_row_elements elements in
-    shared memory, 16-byte aligned) with cp.async; ``ok``: the row exists. The caller commits the
-    group, waits for it and syncs the warp before ``read_row``."""
+    starting ``mis`` = chunk_misalignment(a) bytes before it, into ``buf`` (a row of
+    config.unaligned_row_elements elements in shared memory, 16-byte aligned) with cp.async;
+    ``ok``: the row exists. The caller commits the group, waits for it and syncs the warp before
+    ``read_row``."""
     eb = el.width // 8
     n = (mis + ncols * eb + (CHUNK - 1)) // CHUNK
     first = (a - Int64(mis)) + Int64(lane * CHUNK)
