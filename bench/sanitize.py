@@ -4,6 +4,8 @@ initcheck, synccheck) on a GPU:
     python bench/sanitize.py                       # compiles and caches the kernels, checks bytes
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python bench/sanitize.py
 
+(``--dtypes bf16`` and ``--shard I/N`` split the matrix over processes.)
+
 Every combination of plain cast / built-in act / dact / user epilogue x dbias x amax, both
 directions and each alone, in bf16 and fp32 (fp16 runs the bf16 kernel's code), on an aligned
 shape (the packed / vectorised kernels, partial row tile) and an odd one (16-bit: the packed
@@ -16,6 +18,7 @@ the kernel cache so the sanitized run only loads libraries.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -43,9 +46,17 @@ def cases():
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtypes", default="bf16,fp32", help="comma-separated: bf16, fp32")
+    ap.add_argument("--shard", default="", help="I/N: only every N-th case from I (parallel processes)")
+    args = ap.parse_args()
+    want_dtypes = set(args.dtypes.split(","))
+    shard, nshards = (int(p) for p in args.shard.split("/")) if args.shard else (0, 1)
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
     runs, bad = 0, []
     for i, (v, epi, dtype) in enumerate(cases()):
+        if dtype not in want_dtypes or i % nshards != shard:
+            continue
         op = FusedOp(EPILOGUES[epi], QuantSpec(**v))
         for m, n in SHAPES:
             x = planted(m, n, dtypes[dtype], seed=i)
