@@ -12,6 +12,14 @@ instructions, docs/performance.md "N % 8 != 0", step 8).
 
     python bench/ptx_count.py [--arch sm_90] [--dtype bf16]
     python bench/ptx_count.py --opcodes gelu_both    # where the unaligned rows' extra instructions go
+    python bench/ptx_count.py --split                # unaligned rows: per-row and per-tile parts
+
+``--split`` compiles each op's unaligned kernel at 8 and at 4 warps (``Tuning.unaligned_warps``:
+4 and 8 rows per thread) and splits its machine instructions per thread into a part per row
+and a part per tile (``split_rows``): at 4 rows per thread the tile's part was 30-40% of a
+plain cast's instructions (docs/performance.md, "N % 8 != 0", step 9). The two kernels differ
+in more than their rows (the column owners' share per thread, two row classes per thread at 4
+warps), so read the split as an estimate.
 """
 
 from __future__ import annotations
@@ -95,6 +103,33 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
             "sass_opcodes": pk.get("sass_opcodes"), "per_thread": per_thread, "ctas_per_sm": ctas}
 
 
+def split_rows(rows_a: int, count_a: int, rows_b: int, count_b: int) -> tuple:
+    """(per row, per tile) of a kernel's static instruction count per thread measured at two
+    numbers of rows per thread: count = per_tile + rows * per_row."""
+    per_row = (count_b - count_a) / (rows_b - rows_a)
+    return per_row, count_a - rows_a * per_row
+
+
+def split(names, arch: str, dtype: str) -> None:
+    """Per-row and per-tile machine instructions per thread of the unaligned kernels (--split)."""
+    print(f"{'op':18} {'SASS @4 rows':>12} {'@8 rows':>8} {'per row':>8} {'per tile':>9} {'tile share @4':>13}")
+    for name in names:
+        opts = OPS[name]
+        counts = {}
+        for warps in (8, 4):
+            op = FusedOp(_identity, QuantSpec(**opts), IDENTITY)
+            op._tuning = kconfig.Tuning(unaligned_warps=warps)
+            if codegen.kernel_config(op.spec, op.epilogue, op._tuning).packed_warps(unaligned=True) != warps:
+                raise SystemExit(f"--split: {name} cannot run its unaligned kernel at {warps} warps")
+            art = compiler.compile_artifacts(op, arch=arch, dtype=dtype, variant="generic")
+            pk = next((v for k, v in art.get("kernels", {}).items() if "packed_kernel" in k), {})
+            if not pk.get("sass_instructions"):
+                raise SystemExit("--split needs ptxas and nvdisasm on PATH")
+            counts[kconfig.ROWS // warps] = pk["sass_instructions"]
+        per_row, per_tile = split_rows(4, counts[4], 8, counts[8])
+        print(f"{name:18} {counts[4]:12} {counts[8]:8} {per_row:8.0f} {per_tile:9.0f} {per_tile / counts[4]:13.0%}")
+
+
 def opcode_diff(name: str, arch: str, dtype: str) -> None:
     """The packed kernel's machine instructions per element by opcode, aligned rows against
     unaligned rows (the kernel of N % 8 != 0, which may run more warps of fewer rows), largest
@@ -123,7 +158,13 @@ def main() -> None:
     ap.add_argument("--opcodes", metavar="OP", choices=[*OPS, *EPILOGUE_OPS],
                     help="instead: OP's machine instructions per element by opcode, aligned against "
                     "unaligned rows (needs nvdisasm)")
+    ap.add_argument("--split", action="store_true",
+                    help="instead: the unaligned kernels' machine instructions per thread split into a part per "
+                    "row and a part per tile (plain casts and gelu + both; needs nvdisasm)")
     args = ap.parse_args()
+    if args.split:
+        split(["rowwise", "colwise", "both", "gelu_both"], args.arch, args.dtype)  # (dbias ops: 8 warps always)
+        return
     if args.opcodes:
         opcode_diff(args.opcodes, args.arch, args.dtype)
         return

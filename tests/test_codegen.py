@@ -769,6 +769,15 @@ def test_ptx_count_occupancy_by_hand():
     assert tool.ctas_per_sm(24, 512, 0) == 4
 
 
+def test_ptx_count_split_by_hand():
+    """bench/ptx_count.py --split: a kernel of 857 instructions per thread at 4 rows and 1457 at 8
+    (both, sixth session) is 150 per row and 257 per tile; a line through (2, 10) and (6, 30)
+    is 5 per row and 0 per tile."""
+    tool = _bench_tool("ptx_count")
+    assert tool.split_rows(4, 857, 8, 1457) == (150.0, 257.0)
+    assert tool.split_rows(2, 10, 6, 30) == (5.0, 0.0)
+
+
 def test_ab_trees_child_times_the_asked_shapes_and_ops():
     """bench/ab_trees.py's child program (run per tree on the GPU): with --odd it times
     device_check.ODD_SHAPES, with --ops only those ops; the rendered program is valid Python
