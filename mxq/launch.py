@@ -15,7 +15,7 @@ import torch
 from . import gated, groups, layouts, operands, slots
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
 from .numerics import dbias_partial_dtype
-from .tensor import MXFP8Tensor, flat_dims
+from .tensor import MXFP8Tensor, data_rows, flat_dims
 
 _noop_zero: dict = {}
 
@@ -145,7 +145,8 @@ class Launcher:
         wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + \
             [t for t in (row_data, col_data) if t is not None]
         vec = (n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
-               and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided"))
+               and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided")
+               and all(t.stride(0) % VEC_DIVISOR == 0 for t in (row_data, col_data) if t is not None))
         key = tuple(kinds[:len(tensors)]) if operand_kinds else None
         variant = ("vec" if vec else "generic") + ("_grouped" if grouped else "")
         return (self._fn(variant, key) if m * n else None), args, out
@@ -154,7 +155,7 @@ class Launcher:
         x = tensors[0]
         if self.allocates(x, noop, out):
             return self.call_alloc(*tensors, *scalars, act_input, None)
-        if self.dispatch is not None:
+        if self.dispatch is not None and (out is None or _contiguous_data(out)):
             if out is None:
                 out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device)
             self.dispatch(*tensors, *scalars, act_input, out.rowwise_data, out.rowwise_scale, out.colwise_data,
@@ -200,6 +201,16 @@ def _clear_padding(out: MXFP8Tensor, noop) -> None:
                 buf.mul_((noop.reshape(()) == 1.0).to(torch.uint8))
 
 
+def _contiguous_data(out: MXFP8Tensor) -> bool:
+    """Whether ``out``'s FP8 data is contiguous (the native dispatcher's rule); padded rows
+    (MXFP8Tensor.empty(row_align=...)) are bound here instead."""
+    return all(t is None or t.is_contiguous() for t in (out.rowwise_data, out.colwise_data))
+
+
 def _as_u8_2d(t: torch.Tensor, m: int, n: int) -> torch.Tensor:
-    u = t.view(torch.uint8)
-    return u if u.dim() == 2 else u.reshape(m, n)
+    """FP8 data as the kernels' [m, n] bytes: a view of ``t`` (contiguous or padded rows, checked
+    by runtime.check_out), never a copy the kernel would write instead."""
+    u = data_rows(t.view(torch.uint8), m, n)
+    if u is None:
+        raise ValueError(f"mxq: FP8 data of strides {tuple(t.stride())} is not rows of unit stride")
+    return u

@@ -15,7 +15,7 @@ import torch
 from .epilogue import Epilogue
 from .spec import DTYPES, QuantSpec
 from . import gated, groups, operands
-from .tensor import MXFP8Tensor, flat_dims
+from .tensor import MXFP8Tensor, data_rows, flat_dims
 
 
 def _fail_type(name: str, what: str, got) -> None:
@@ -128,7 +128,13 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
                              f"got {g.dtype} of shape {tuple(g.shape)}")
         if g.device != x.device:
             raise ValueError(f"mxq: argument 'out.{field}' is on {g.device} but the input is on {x.device}")
-        if not g.is_contiguous():
+        if field in ("rowwise_data", "colwise_data") and group_offsets is None and not g.is_contiguous():
+            m, n = flat_dims(shape)
+            if data_rows(g, m, n) is None:
+                raise ValueError(f"mxq: argument 'out.{field}' must be contiguous or rows of unit stride at least "
+                                 f"{n} elements apart (MXFP8Tensor.empty(..., row_align=16)), got strides "
+                                 f"{tuple(g.stride())}")
+        elif not g.is_contiguous():
             raise ValueError(f"mxq: argument 'out.{field}' must be contiguous")
     if out.fp8 != spec.fp8 or out.scale_layout != spec.scale_layout:
         raise ValueError(f"mxq: argument 'out' is {out.fp8}/{out.scale_layout} but the op writes "

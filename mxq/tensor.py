@@ -7,6 +7,8 @@ the same helpers as the reference so a round trip is exact wherever the format a
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +27,19 @@ def flat_dims(shape) -> tuple[int, int]:
     return m, shape[-1]
 
 
+def data_rows(t: torch.Tensor, m: int, n: int) -> torch.Tensor | None:
+    """FP8 data ``t`` (shape [..., n], m rows) as an [m, n] view, no copy: contiguous, or rows of
+    unit stride that start at least n elements apart (MXFP8Tensor.empty(row_align=...)); None
+    for any other layout."""
+    if t.numel() and t.stride(-1) != 1 and n > 1:
+        return None
+    try:
+        v = t if t.dim() == 2 else t.view(m, n)
+    except RuntimeError:  # (leading dimensions that do not merge into rows)
+        return None
+    return v if m <= 1 or v.stride(0) >= n else None
+
+
 @dataclass
 class MXFP8Tensor:
     rowwise_data: torch.Tensor | None
@@ -40,14 +55,24 @@ class MXFP8Tensor:
 
     @staticmethod
     def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
-              group_offsets: torch.Tensor | None = None) -> "MXFP8Tensor":
+              group_offsets: torch.Tensor | None = None, row_align: int = 1) -> "MXFP8Tensor":
         """Outputs for ``spec``; swizzled scales, amax and dbias start zeroed (their padding and
         the amax reduction rely on it), data and compact scales are left uninitialised unless
         ``zeroed`` (what a noop call without ``out`` returns: nothing is written into it).
         With ``group_offsets`` (G groups): colwise scales are the [M // 32 + G, N] grouped buffer
-        (zeroed: rows between groups stay 0) and dbias is [G, N]."""
+        (zeroed: rows between groups stay 0) and dbias is [G, N].
+        ``row_align``: the FP8 data's rows start a multiple of this many bytes apart (a power of
+        two; e.g. 16, the leading dimension FP8 GEMMs take): the data tensors are then [.., N]
+        views of rows padded to it (not contiguous when N is not a multiple), which the kernels
+        write faster at N % 8 != 0 (docs/performance.md, "N % 8 != 0", step 12). Not with
+        ``group_offsets``."""
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
+        if row_align < 1 or row_align & (row_align - 1):
+            raise ValueError(f"mxq: argument 'row_align' must be a power of two, got {row_align!r}")
+        if row_align > 1 and group_offsets is not None:
+            raise ValueError("mxq: argument 'row_align' does not go with 'group_offsets' (grouped outputs are contiguous)")
+        npad = -(-n // row_align) * row_align
         fp8 = FORMATS[spec.fp8].torch_dtype
         swizzled = spec.scale_layout == "swizzled"
         scale_alloc = torch.zeros if zeroed or swizzled else torch.empty
@@ -67,7 +92,11 @@ class MXFP8Tensor:
             group_offsets = group_offsets.clone()  # (the caller may reuse its tensor)
 
         def data():
-            return data_alloc(shape, dtype=fp8, device=device)
+            if npad == n:
+                return data_alloc(shape, dtype=fp8, device=device)
+            # rows of npad bytes, viewed as the data's shape (leading dimensions flattened into rows)
+            rows = data_alloc((m, npad), dtype=fp8, device=device)
+            return rows.as_strided(shape, [npad * math.prod(shape[d + 1:-1]) for d in range(len(shape) - 1)] + [1])
 
         return MXFP8Tensor(
             rowwise_data=data() if spec.rowwise else None,

@@ -32,21 +32,23 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         a.reshape(-1).view(torch.uint8).cpu(), b.reshape(-1).view(torch.uint8).cpu())
 
 
-def poisoned(op, x: torch.Tensor, group_offsets=None):
+def poisoned(op, x: torch.Tensor, group_offsets=None, row_align: int = 1):
     """Outputs for ``op`` on ``x`` filled with garbage, so a byte the kernel fails to write shows.
 
     Swizzled scale padding stays zero (it is zeroed at allocation; the kernels write only
     logical entries), amax and dbias get values no kernel would produce. Grouped outputs
     (``group_offsets``) are poisoned in every scale byte: a grouped call writes (or, swizzled,
-    clears) them all.
+    clears) them all. ``row_align``: FP8 data rows padded to it (MXFP8Tensor.empty), the padding
+    poisoned too (``padded_rows`` reads it back: no kernel may write it).
     """
     from .tensor import MXFP8Tensor
 
-    out = MXFP8Tensor.empty(op.spec, op.output_shape(x.shape), x.dtype, x.device, group_offsets=group_offsets)
+    out = MXFP8Tensor.empty(op.spec, op.output_shape(x.shape), x.dtype, x.device, group_offsets=group_offsets,
+                            row_align=row_align)
     for name in ("rowwise_data", "colwise_data"):
         t = getattr(out, name)
         if t is not None:
-            t.view(torch.uint8).fill_(0xAB)
+            padded_rows(t).fill_(0xAB)
     if op.spec.scale_layout == "compact" or group_offsets is not None:
         for name in ("rowwise_scale", "colwise_scale"):
             t = getattr(out, name)
@@ -57,6 +59,15 @@ def poisoned(op, x: torch.Tensor, group_offsets=None):
     if out.amax is not None:
         out.amax.fill_(-1.0)
     return out
+
+
+def padded_rows(t: torch.Tensor) -> torch.Tensor:
+    """The whole rows, padding included, of FP8 data ``t`` made by MXFP8Tensor.empty (with or
+    without row_align), as bytes [rows, row stride]."""
+    n = t.shape[-1] if t.dim() else 1
+    stride = t.stride(-2) if t.dim() >= 2 else n
+    rows = t.numel() // max(n, 1)
+    return t.view(torch.uint8).as_strided((rows, stride), (stride, 1))
 
 
 def byte_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:

@@ -752,6 +752,29 @@ def test_unaligned_rows_are_staged_and_stored_as_words(arch, dtype):
     assert not re.search(r"\bld\.global(\.\w+)*\.v4", body)
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_unaligned_rows_store_whole_units_when_aligned(arch):
+    """The unaligned packed kernel has a second store form for FP8 rows that start on 8-byte
+    boundaries (padded outputs): each lane's 8 bytes as one aligned store, chosen per warp at run
+    time, so a plain cast's kernel holds twice the 8-byte stores of one form. dbias ops and ops
+    with arithmetic keep one form (docs/performance.md, "N % 8 != 0", step 12). The GPU side:
+    test_gpu.py::test_padded_outputs_match_reference."""
+    def ident(x):
+        return x
+
+    def stores(op):
+        body = _entry(compiler.compile_artifacts(op, arch, "bf16", "generic")["ptx"], "packed_kernel")
+        return len(re.findall(r"\bst\.global\.v2\.b32", body))
+
+    plain = stores(mxq.fused_quant(rowwise=True, colwise=True)(ident))
+    dbias = stores(mxq.fused_quant(rowwise=True, colwise=True, dbias=True)(ident))
+    gelu = stores(mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident))
+    rows = kconfig.ROWS // 8  # (plain and dbias casts run 8 warps of 4 rows, gelu 4 warps of 8)
+    assert dbias == 2 * rows  # one realigned store per row and direction
+    assert plain == 2 * dbias
+    assert gelu == 2 * 2 * rows
+
+
 def test_ptx_count_occupancy_by_hand():
     """bench/ptx_count.py's CTAs per SM, against hand counts for an H200 SM (64K registers in
     four 16K partitions allocated per warp in units of 256, 228 KB of shared memory with 1 KB

@@ -10,7 +10,7 @@ import torch
 
 import mxq
 from mxq.kernels.config import Tuning
-from mxq.testing import compare, is_exact, planted, poisoned, same_bytes, v_abs_sum
+from mxq.testing import compare, is_exact, padded_rows, planted, poisoned, same_bytes, v_abs_sum
 
 from .test_codegen import SAMPLE
 
@@ -381,6 +381,50 @@ def test_unaligned_rows_match_reference(case, shape, offset, dtype):
     got = op(*gins, out=out, **gkw)
     v_abs = v_abs_sum(op, *ins, **kw) if op.spec.dbias and not is_exact(op) else None
     assert compare(got, want, is_exact(op), v_abs) == []
+
+
+@pytest.mark.parametrize("layout", ["row_align=16", "row_align=8", "stride=N+3"])
+@pytest.mark.parametrize("shape", [(65, 1030), (40, 333), (33, 8), (9, 5), (3, 1), (70, 512)])
+@pytest.mark.parametrize("case", [
+    (dict(rowwise=True), _fast_ident),
+    (dict(rowwise=False, colwise=True, amax=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, scale_layout="swizzled"), _fast_ident),
+    (dict(rowwise=True, colwise=True, act="gelu"), _fast_ident),
+    (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, act="silu"), _residual),
+])
+def test_padded_outputs_match_reference(case, shape, layout):
+    """FP8 data whose rows are padded (out= from MXFP8Tensor.empty(row_align=...), or rows N + 3
+    elements apart): at N % 8 != 0 rows that start on 8-byte boundaries take the unaligned
+    kernel's aligned stores (whole units, only the last tile's tails parked; dbias ops keep the
+    realigned stores), other strides the realigned ones; N % 8 == 0 the vectorised kernel when
+    the row stride is a multiple of 8, else the unaligned one. Every byte against the reference,
+    and no byte of the padding written. CPU counterparts: test_runtime.py::
+    test_out_may_have_padded_rows and test_codegen.py::test_unaligned_rows_store_whole_units_when_aligned."""
+    opts, fn = case
+    op = mxq.fused_quant(**opts)(fn)
+    m, n = shape
+    ins = [planted(m, n, torch.bfloat16, seed=m + n + j) for j in range(len(op.epilogue.tensor_params))]
+    kw = {"act_input": planted(m, n, torch.bfloat16, seed=n)} if op.spec.dact else {}
+    want = op.reference(*ins, **kw)
+    gins = [t.cuda() for t in ins]
+    if layout.startswith("row_align"):
+        out = poisoned(op, gins[0], row_align=int(layout.split("=")[1]))
+    else:
+        out = poisoned(op, gins[0])
+        for name in ("rowwise_data", "colwise_data"):
+            t = getattr(out, name)
+            if t is not None:
+                buf = torch.full((m, n + 3), 0xAB, dtype=torch.uint8, device="cuda").view(t.dtype)
+                setattr(out, name, buf[:, :n])
+    got = op(*gins, out=out, **{k: v.cuda() for k, v in kw.items()})
+    assert got is out
+    v_abs = v_abs_sum(op, *ins, **kw) if op.spec.dbias and not is_exact(op) else None
+    assert compare(got, want, is_exact(op), v_abs) == []
+    for name in ("rowwise_data", "colwise_data"):
+        t = getattr(got, name)
+        if t is not None:
+            assert bool((padded_rows(t)[:, n:] == 0xAB).all()), f"{name}: a padding byte was written"
 
 
 @pytest.mark.parametrize("shape", [(65, 1030), (40, 333)])

@@ -40,6 +40,33 @@ def test_out_must_be_contiguous():
         mxq.quantize(x, colwise=True, out=out)
 
 
+def test_out_may_have_padded_rows():
+    """FP8 data of rows padded to 16 bytes (MXFP8Tensor.empty(row_align=16): [.., N] views of
+    [M, 16 * ceil(N / 16)] bytes, N-D shapes with their leading dimensions as rows) is a legal
+    out= and gets the contiguous call's bytes (CPU reference here; the kernels:
+    test_gpu.py::test_padded_outputs_match_reference); data whose elements are not adjacent, a
+    row_align that is not a power of two, and padded grouped outputs are refused."""
+    spec = mxq.QuantSpec(rowwise=True, colwise=True)
+    x = torch.randn(4, 3, 70, dtype=torch.bfloat16)
+    out = mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", row_align=16)
+    assert out.rowwise_data.shape == (4, 3, 70) and out.rowwise_data.stride() == (3 * 80, 80, 1)
+    want = mxq.quantize(x, rowwise=True, colwise=True)
+    got = mxq.quantize(x, rowwise=True, colwise=True, out=out)
+    for name in ("rowwise_data", "colwise_data"):
+        assert torch.equal(getattr(got, name).view(torch.uint8), getattr(want, name).view(torch.uint8))
+    assert torch.equal(got.rowwise_scale, want.rowwise_scale) and torch.equal(got.colwise_scale, want.colwise_scale)
+    assert mxq.MXFP8Tensor.empty(spec, (64, 64), x.dtype, "cpu", row_align=16).rowwise_data.is_contiguous()
+    bad = mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu")
+    bad.rowwise_data = torch.empty(12, 140, dtype=bad.rowwise_data.dtype)[:, ::2].reshape(4, 3, 70)
+    with pytest.raises(ValueError, match="out.rowwise_data.*rows of unit stride"):
+        mxq.quantize(x, rowwise=True, colwise=True, out=bad)
+    with pytest.raises(ValueError, match="row_align"):
+        mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", row_align=12)
+    with pytest.raises(ValueError, match="row_align"):
+        mxq.MXFP8Tensor.empty(spec, (64, 70), x.dtype, "cpu", row_align=16,
+                              group_offsets=torch.tensor([64], dtype=torch.int32))
+
+
 def _ident(x):
     return x
 

@@ -423,35 +423,80 @@ class PackedKernel:
                 splan = [ua.store_plans(dd, PERIOD, ncols, lane) for dd in dirs]
                 edges = sEdge[(warp, None)]
             # one pass over the rows: each word is widened once for both directions
-            for i in cutlass.range_constexpr(PK_ROWS):
-                live = rbase + i * RSTEP < Ms
-                if cutlass.const_expr(not UNALIGNED):
-                    live = col_ok and live  # (unaligned: every lane of a live row takes part in the stores' shuffle)
-                if live:
-                    if cutlass.const_expr(cfg.rowwise):
-                        qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32)
-                    if cutlass.const_expr(cfg.colwise):
-                        qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32)
-                    for j in cutlass.range_constexpr(0, PKW, 2):
-                        l0, h0 = dev.pk_unpack(words[i][j], is_bf16)
-                        l1, h1 = dev.pk_unpack(words[i][j + 1], is_bf16)
-                        if cutlass.const_expr(cfg.rowwise):
-                            qr[j // 2] = dev.fp8x4(dev.mul_rn(l0, sr[i]), dev.mul_rn(h0, sr[i]), dev.mul_rn(l1, sr[i]),
-                                                   dev.mul_rn(h1, sr[i]), cfg.fp8)
-                        if cutlass.const_expr(cfg.colwise):
-                            qc[j // 2] = dev.fp8x4(dev.mul_rn(l0, sc[2 * j]), dev.mul_rn(h0, sc[2 * j + 1]),
-                                                   dev.mul_rn(l1, sc[2 * j + 2]), dev.mul_rn(h1, sc[2 * j + 3]), cfg.fp8)
-                    if cutlass.const_expr(UNALIGNED):
-                        q = ([qr] if cfg.rowwise else []) + ([qc] if cfg.colwise else [])
-                        for d in cutlass.range_constexpr(len(dirs)):
-                            ua.store_row(ua.row_at(dirs[d], i), splan[d][i % PERIOD], lane, q[d][0], q[d][1], edges,
-                                         2 * (d * PK_ROWS + i))
+            if cutlass.const_expr(UNALIGNED):
+                # Output rows that start on 8-byte boundaries (an out= with rows padded to a multiple
+                # of 8 bytes, the layout FP8 GEMMs take) hold whole units: a lane's 8 bytes are one
+                # aligned store, with nothing to realign and no parked heads (a warp-uniform branch).
+                # Plain casts only: with both store forms, dbias and two-halves ops took more
+                # registers (a CTA per SM fewer) and gelu + both on contiguous outputs ran 5.6% slower
+                # at 8192x8190 (docs/performance.md, "N % 8 != 0", step 12).
+                if cutlass.const_expr(cfg.computed or cfg.dbias or PASSES == 2):
+                    self.unaligned_row_pass(words, sr if cfg.rowwise else None, sc if cfg.colwise else None, dirs,
+                                            splan, edges, lane, rbase, Ms, ncols, is_bf16, False)
+                else:
+                    fast = cutlass.Boolean(True)
+                    for dd in dirs:
+                        fast = fast & (((ua.row_at(dd, 0) | dd[1]) & Int64(ua.UNIT - 1)) == Int64(0))
+                    if fast:
+                        self.unaligned_row_pass(words, sr if cfg.rowwise else None, sc if cfg.colwise else None,
+                                                dirs, None, edges, lane, rbase, Ms, ncols, is_bf16, True)
                     else:
+                        self.unaligned_row_pass(words, sr if cfg.rowwise else None, sc if cfg.colwise else None,
+                                                dirs, splan, edges, lane, rbase, Ms, ncols, is_bf16, False)
+            else:
+                for i in cutlass.range_constexpr(PK_ROWS):
+                    if col_ok and rbase + i < Ms:
+                        qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc if cfg.colwise else None,
+                                                   is_bf16)
                         if cutlass.const_expr(cfg.rowwise):
                             cute.autovec_copy(cute.recast_tensor(qr, Uint8), tRow[(i, None)])
                         if cutlass.const_expr(cfg.colwise):
                             cute.autovec_copy(cute.recast_tensor(qc, Uint8), tCol[(i, None)])
-            if cutlass.const_expr(UNALIGNED):
-                cute.arch.sync_warp()  # the parked words are read by other lanes
-                ua.flush_edges(edges, lane, dirs, PK_ROWS, RSTEP, Ms - rbase, ncols)
-                cute.arch.sync_warp()  # (a second pass parks its own)
+
+    def quantize_row(self, row_words, s_row, sc, is_bf16: bool):
+        """One row's FP8 bytes, four per word: (rowwise words, colwise words), each None where the op
+        does not write that direction. ``row_words``: its packed values; ``s_row``: its inverse
+        row scale; ``sc``: the thread's inverse column scales."""
+        cfg = self.cfg
+        qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.rowwise else None
+        qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.colwise else None
+        for j in range(0, PKW, 2):
+            l0, h0 = dev.pk_unpack(row_words[j], is_bf16)
+            l1, h1 = dev.pk_unpack(row_words[j + 1], is_bf16)
+            if cfg.rowwise:
+                qr[j // 2] = dev.fp8x4(dev.mul_rn(l0, s_row), dev.mul_rn(h0, s_row), dev.mul_rn(l1, s_row),
+                                       dev.mul_rn(h1, s_row), cfg.fp8)
+            if cfg.colwise:
+                qc[j // 2] = dev.fp8x4(dev.mul_rn(l0, sc[2 * j]), dev.mul_rn(h0, sc[2 * j + 1]),
+                                       dev.mul_rn(l1, sc[2 * j + 2]), dev.mul_rn(h1, sc[2 * j + 3]), cfg.fp8)
+        return qr, qc
+
+    @cute.jit
+    def unaligned_row_pass(self, words, sr, sc, dirs, splan, edges, lane, rbase, Ms, ncols, is_bf16: cutlass.Constexpr,
+                           aligned_rows: cutlass.Constexpr):
+        """Unaligned rows: quantize the thread's rows and store them through unaligned.py, then write
+        the parked partial units. ``aligned_rows``: the output rows start on 8-byte boundaries
+        (unaligned.store_unit_aligned, only the last tile's tails parked); else realigned
+        (unaligned.store_row with ``splan``, heads and tails parked)."""
+        cfg = self.cfg
+        WARPS = cutlass.const_expr(cfg.packed_warps(True))
+        PK_ROWS = cutlass.const_expr(ROWS // WARPS)
+        PERIOD = cutlass.const_expr(ua.plans_per_thread(PK_ROWS, WARPS))
+        for i in cutlass.range_constexpr(PK_ROWS):
+            if rbase + i * WARPS < Ms:  # (every lane of a live row takes part in the realigned stores' shuffle)
+                qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, is_bf16)
+                q = ([qr] if cfg.rowwise else []) + ([qc] if cfg.colwise else [])
+                for d in cutlass.range_constexpr(len(dirs)):
+                    if cutlass.const_expr(aligned_rows):
+                        ua.store_unit_aligned(ua.row_at(dirs[d], i), lane, ncols, q[d][0], q[d][1], edges,
+                                              2 * (d * PK_ROWS + i))
+                    else:
+                        ua.store_row(ua.row_at(dirs[d], i), splan[d][i % PERIOD], lane, q[d][0], q[d][1], edges,
+                                     2 * (d * PK_ROWS + i))
+        cute.arch.sync_warp()  # the parked words are read by other lanes
+        if cutlass.const_expr(aligned_rows):
+            if ncols % ua.UNIT != 0:  # (only the last column tile has a partial unit per row)
+                ua.flush_edges(edges, lane, dirs, PK_ROWS, WARPS, Ms - rbase, ncols, True)
+        else:
+            ua.flush_edges(edges, lane, dirs, PK_ROWS, WARPS, Ms - rbase, ncols, False)
+        cute.arch.sync_warp()  # (a second pass parks its own)

@@ -245,11 +245,27 @@ def store_row(p0, plan, lane, d0, d1, edges, slot: cutlass.Constexpr):
 
 
 @cute.jit
-def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, step: cutlass.Constexpr, rows_left, ncols):
+def store_unit_aligned(p0, lane, ncols, d0, d1, edges, slot: cutlass.Constexpr):
+    """Store one FP8 row segment of ``ncols`` bytes from an 8-byte aligned address ``p0``: lane
+    l's bytes 8l .. 8l + 7 (words ``d0``, ``d1``) are one unit, stored whole when it lies inside
+    the segment; the segment's partial last unit is parked in ``edges`` (slots ``slot + 1``) for
+    flush_edges(..., aligned_rows=True)."""
+    o = lane * UNIT
+    if o + UNIT <= ncols:
+        _st_b64(p0 + Int64(o), d0, d1)
+    elif o < ncols:
+        edges[2 * slot + 2] = d0
+        edges[2 * slot + 3] = d1
+
+
+@cute.jit
+def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, step: cutlass.Constexpr, rows_left, ncols,
+                aligned_rows: cutlass.Constexpr):
     """Write the partial units store_row parked: slot 2 * (d * nrows + i) (+1) holds the head
     (tail) unit of the thread's row i in direction d, whose segment starts at
     ``row_at(dirs[d], i)``; one lane per slot, rows with i * step < ``rows_left`` only, and of
-    each unit only the segment's bytes. The caller syncs the warp first."""
+    each unit only the segment's bytes. ``aligned_rows``: the segments start on unit boundaries
+    (store_unit_aligned): no heads, and a tail of any length. The caller syncs the warp first."""
     nslots = 2 * nrows * len(dirs)
     if lane < nslots:
         i = (lane // 2) % nrows
@@ -263,8 +279,12 @@ def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, step: cutlass.Const
         addr = p0 - Int64(b)  # head: the unit at offset -b, lane 0's bytes moved to byte b on
         v = v << Uint64(8 * b)
         first, end = head_bytes(b, ncols)
+        if cutlass.const_expr(aligned_rows):
+            end = first  # (no head)
         if lane % 2 == 1:  # tail
             t0, tend = tail_bytes(ncols, b)
+            if cutlass.const_expr(aligned_rows):
+                tend = ncols - t0  # (the segment's last ncols % 8 bytes, also in a segment of one unit)
             addr = p0 + Int64(t0)
             v = (Uint64(edges[2 * lane + 1]) << Uint64(32)) | Uint64(edges[2 * lane])
             first = Int32(0)
