@@ -90,9 +90,11 @@ def _python_callback(op):
             if t.numel() != like.numel():
                 raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}"
                                  f"{' (grouped buffers: docs/NUMERICS.md, Groups)' if offsets is not None else ''}")
+            if not t.is_contiguous():  # (a reshape would copy it: the call would write into the copy)
+                raise ValueError(f"mxq: argument {name!r} must be contiguous")
             if like.dtype == fp8 and t.dtype == torch.uint8:
                 t = t.view(fp8)
-            return t.reshape(like.shape)
+            return t.view(like.shape)
 
         out = MXFP8Tensor(
             rowwise_data=dest(rd, want.rowwise_data, "rowwise_data"),

@@ -31,6 +31,8 @@ def data_rows(t: torch.Tensor, m: int, n: int) -> torch.Tensor | None:
     """FP8 data ``t`` (shape [..., n], m rows) as an [m, n] view, no copy: contiguous, or rows of
     unit stride that start at least n elements apart (MXFP8Tensor.empty(row_align=...)); None
     for any other layout."""
+    if t.dim() == 0:
+        return t.view(1, 1)
     if t.numel() and t.stride(-1) != 1 and n > 1:
         return None
     try:
@@ -68,11 +70,11 @@ class MXFP8Tensor:
         ``group_offsets``."""
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
-        if row_align < 1 or row_align & (row_align - 1):
+        if isinstance(row_align, bool) or not isinstance(row_align, int) or row_align < 1 or row_align & (row_align - 1):
             raise ValueError(f"mxq: argument 'row_align' must be a power of two, got {row_align!r}")
         if row_align > 1 and group_offsets is not None:
             raise ValueError("mxq: argument 'row_align' does not go with 'group_offsets' (grouped outputs are contiguous)")
-        npad = -(-n // row_align) * row_align
+        npad = -(-n // row_align) * row_align if len(shape) else n  # (a 0-d tensor: one element, no rows)
         fp8 = FORMATS[spec.fp8].torch_dtype
         swizzled = spec.scale_layout == "swizzled"
         scale_alloc = torch.zeros if zeroed or swizzled else torch.empty

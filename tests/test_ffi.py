@@ -210,6 +210,10 @@ def test_cpu_route_names_a_bad_argument():
         g(x, x, "0.5", None, *outs, None)
     with pytest.raises(TypeError, match=r"rowwise_data\) must be a tensor or None"):
         g(x, x, 2.0, None, "rd", *outs[1:], None)
+    # a destination with the right count but padded rows would have been reshaped into a copy
+    padded = torch.zeros(40, 80, dtype=torch.uint8)[:, :64]
+    with pytest.raises(ValueError, match="'rowwise_data' must be contiguous"):
+        g(x, x, 2.0, None, padded, *outs[1:], None)
 
 
 def _grouped_dests(m, n, g, device="cpu"):

@@ -63,6 +63,13 @@ def test_out_may_have_padded_rows():
     with pytest.raises(ValueError, match="row_align"):
         mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", row_align=12)
     with pytest.raises(ValueError, match="row_align"):
+        mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", row_align=16.0)
+    scalar = torch.tensor(1.5, dtype=torch.bfloat16)  # a 0-d input has no rows to pad
+    zero_d = mxq.quantize(scalar, rowwise=True, colwise=True,
+                          out=mxq.MXFP8Tensor.empty(spec, (), x.dtype, "cpu", row_align=16))
+    assert torch.equal(zero_d.rowwise_data.view(torch.uint8),
+                       mxq.quantize(scalar, rowwise=True, colwise=True).rowwise_data.view(torch.uint8))
+    with pytest.raises(ValueError, match="row_align"):
         mxq.MXFP8Tensor.empty(spec, (64, 70), x.dtype, "cpu", row_align=16,
                               group_offsets=torch.tensor([64], dtype=torch.int32))
 
