@@ -7,8 +7,6 @@ the same helpers as the reference so a round trip is exact wherever the format a
 
 from __future__ import annotations
 
-import math
-
 from dataclasses import dataclass
 
 import torch
@@ -96,9 +94,8 @@ class MXFP8Tensor:
         def data():
             if npad == n:
                 return data_alloc(shape, dtype=fp8, device=device)
-            # rows of npad bytes, viewed as the data's shape (leading dimensions flattened into rows)
-            rows = data_alloc((m, npad), dtype=fp8, device=device)
-            return rows.as_strided(shape, [npad * math.prod(shape[d + 1:-1]) for d in range(len(shape) - 1)] + [1])
+            # rows of npad bytes, their first n viewed as the data's shape (leading dimensions split from the rows)
+            return data_alloc((m, npad), dtype=fp8, device=device)[:, :n].view(shape)
 
         return MXFP8Tensor(
             rowwise_data=data() if spec.rowwise else None,

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import mxq
+from mxq.tensor import data_rows
 from mxq import runtime
 
 
@@ -64,7 +65,9 @@ def test_out_may_have_padded_rows():
         mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", row_align=12)
     with pytest.raises(ValueError, match="row_align"):
         mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", row_align=16.0)
-    scalar = torch.tensor(1.5, dtype=torch.bfloat16)  # a 0-d input has no rows to pad
+    # a 0-d input has no rows to pad; its data is one row of one byte to the kernels
+    assert data_rows(torch.zeros((), dtype=torch.uint8), 1, 1).shape == (1, 1)
+    scalar = torch.tensor(1.5, dtype=torch.bfloat16)
     zero_d = mxq.quantize(scalar, rowwise=True, colwise=True,
                           out=mxq.MXFP8Tensor.empty(spec, (), x.dtype, "cpu", row_align=16))
     assert torch.equal(zero_d.rowwise_data.view(torch.uint8),

@@ -430,19 +430,18 @@ class PackedKernel:
                 # Plain casts only: with both store forms, dbias and two-halves ops took more
                 # registers (a CTA per SM fewer) and gelu + both on contiguous outputs ran 5.6% slower
                 # at 8192x8190 (docs/performance.md, "N % 8 != 0", step 12).
+                rows = (words, sr if cfg.rowwise else None, sc if cfg.colwise else None, dirs)
+                tail = (edges, lane, rbase, Ms, ncols, is_bf16)
                 if cutlass.const_expr(cfg.computed or cfg.dbias or PASSES == 2):
-                    self.unaligned_row_pass(words, sr if cfg.rowwise else None, sc if cfg.colwise else None, dirs,
-                                            splan, edges, lane, rbase, Ms, ncols, is_bf16, False)
+                    self.unaligned_row_pass(*rows, splan, *tail, False)
                 else:
                     fast = cutlass.Boolean(True)
                     for dd in dirs:
                         fast = fast & (((ua.row_at(dd, 0) | dd[1]) & Int64(ua.UNIT - 1)) == Int64(0))
                     if fast:
-                        self.unaligned_row_pass(words, sr if cfg.rowwise else None, sc if cfg.colwise else None,
-                                                dirs, None, edges, lane, rbase, Ms, ncols, is_bf16, True)
+                        self.unaligned_row_pass(*rows, None, *tail, True)
                     else:
-                        self.unaligned_row_pass(words, sr if cfg.rowwise else None, sc if cfg.colwise else None,
-                                                dirs, splan, edges, lane, rbase, Ms, ncols, is_bf16, False)
+                        self.unaligned_row_pass(*rows, splan, *tail, False)
             else:
                 for i in cutlass.range_constexpr(PK_ROWS):
                     if col_ok and rbase + i < Ms:
