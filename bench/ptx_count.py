@@ -95,11 +95,11 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
               if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))]
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
     cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
-    vwarps = cfg.packed_warps(unaligned=variant == "generic")
+    vwarps = cfg.packed_warps(unaligned=variant != "vec")
     per_thread = kconfig.VEC * (kconfig.ROWS // vwarps)
     pk = next((v for k, v in art.get("kernels", {}).items() if "packed_kernel" in k), {})
     sass = pk.get("sass_instructions")
-    smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=variant == "generic")
+    smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=variant != "vec")
     ctas = ctas_per_sm(pk["registers"], 32 * vwarps, smem) if pk.get("registers") else None
     return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": pk.get("registers"),
             "sass": sass,
@@ -153,8 +153,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
-    ap.add_argument("--variant", default="vec", choices=["vec", "generic"],
-                    help="generic: the packed kernel's unaligned rows (any N)")
+    ap.add_argument("--variant", default="vec", choices=["vec", "generic", "rows8"],
+                    help="generic: the packed kernel's unaligned rows (any N); rows8: the same, FP8 rows on 8-byte boundaries")
     ap.add_argument("--opcodes", metavar="OP", choices=[*OPS, *EPILOGUE_OPS],
                     help="instead: OP's machine instructions per element by opcode, aligned against "
                     "unaligned rows (needs nvdisasm)")

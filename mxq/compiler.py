@@ -230,9 +230,10 @@ def uses_pdl(arch: str) -> bool:
 VEC_DIVISOR = 8  # the vectorised kernel's N must be a multiple of this
 VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
 # compiled variants -> the generated module's launcher: the vectorised kernels (N % 8 == 0, aligned
-# tensors), the any-shape ones (16-bit: unaligned rows; fp32: element-wise), and their grouped
-# twins (group_offsets)
-VARIANTS = {"vec": "launch_vec", "generic": "launch", "vec_grouped": "launch_vec_grouped",
+# tensors), the any-shape ones (16-bit: unaligned rows; fp32: element-wise), "rows8" (16-bit
+# unaligned rows whose FP8 output rows start on 8-byte boundaries: padded outputs, launch.variant_for),
+# and the grouped twins of the first two (group_offsets)
+VARIANTS = {"vec": "launch_vec", "generic": "launch", "rows8": "launch_rows8", "vec_grouped": "launch_vec_grouped",
             "generic_grouped": "launch_grouped"}
 
 

@@ -5,7 +5,9 @@ callers) for ordinary calls, and a Python binding of the native kernel function 
 ``op.prepare`` (bound once, re-launched with no checks) and machines that cannot build the
 dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
 aligned, else the "generic" one (any shape: the packed kernel's unaligned rows for 16-bit
-inputs, the element-wise kernel for fp32).
+inputs, the element-wise kernel for fp32). The Python binding also picks "rows8" (the unaligned
+rows with whole 8-byte output units) for FP8 outputs whose rows start on 8-byte boundaries, which
+only it is given (the native dispatcher takes contiguous outputs; ``variant_for``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 
 from . import gated, groups, layouts, operands, slots
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
+from .kernels.config import UNIT
 from .numerics import dbias_partial_dtype
 from .tensor import MXFP8Tensor, data_rows, flat_dims
 
@@ -141,14 +144,8 @@ class Launcher:
                 args.append(float(scalars[slot.index]))
             else:
                 args.append(operand[slot.role]())
-        # the vectorised kernels read full, strided and row operands 16 bytes at a time
-        wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + \
-            [t for t in (row_data, col_data) if t is not None]
-        vec = (n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
-               and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided")
-               and all(t.stride(0) % VEC_DIVISOR == 0 for t in (row_data, col_data) if t is not None))
         key = tuple(kinds[:len(tensors)]) if operand_kinds else None
-        variant = ("vec" if vec else "generic") + ("_grouped" if grouped else "")
+        variant = variant_for(n, n_out, x.dtype, mats, kinds, (row_data, col_data), grouped)
         return (self._fn(variant, key) if m * n else None), args, out
 
     def __call__(self, tensors, scalars, act_input, noop, out):
@@ -167,6 +164,27 @@ class Launcher:
         elif self.op.spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
             out.dbias.zero_()
         return out
+
+
+def variant_for(n: int, n_out: int, dtype, mats, kinds, datas, grouped: bool) -> str:
+    """The compiled variant for one call: "vec" when N % 8 == 0 and every [M, N] tensor the
+    vectorised kernel reads 16 bytes at a time (full, strided and row operands, the FP8 data) is
+    16-byte aligned with rows a multiple of 8 elements apart; else "rows8" for 16-bit inputs whose
+    FP8 data rows (``datas``, [M, n_out] views; None where not written) all start on 8-byte
+    boundaries, ungrouped (padded outputs, MXFP8Tensor.empty(row_align=...)); else "generic".
+    A two-halves op (n_out == 2n) writes half 1 from column n, so "rows8" also needs n % 8 == 0."""
+    outs = [t for t in datas if t is not None]
+    wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + outs
+    vec = (n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
+           and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided")
+           and all(t.stride(0) % VEC_DIVISOR == 0 for t in outs))
+    if vec:
+        return "vec_grouped" if grouped else "vec"
+    if grouped:
+        return "generic_grouped"
+    rows8 = (dtype in (torch.bfloat16, torch.float16) and (n_out == n or n % UNIT == 0)
+             and all(t.data_ptr() % UNIT == 0 and t.stride(0) % UNIT == 0 for t in outs))
+    return "rows8" if rows8 else "generic"
 
 
 def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):

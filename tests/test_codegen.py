@@ -762,17 +762,25 @@ def test_unaligned_rows_store_whole_units_when_aligned(arch):
     def ident(x):
         return x
 
-    def stores(op):
-        body = _entry(compiler.compile_artifacts(op, arch, "bf16", "generic")["ptx"], "packed_kernel")
-        return len(re.findall(r"\bst\.global\.v2\.b32", body))
+    def stores(op, variant="generic"):
+        body = _entry(compiler.compile_artifacts(op, arch, "bf16", variant)["ptx"], "packed_kernel")
+        return len(re.findall(r"\bst\.global\.v2\.b32", body)), len(re.findall(r"\bshfl\.sync", body))
 
-    plain = stores(mxq.fused_quant(rowwise=True, colwise=True)(ident))
-    dbias = stores(mxq.fused_quant(rowwise=True, colwise=True, dbias=True)(ident))
-    gelu = stores(mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident))
+    plain = mxq.fused_quant(rowwise=True, colwise=True)(ident)
+    dbias = mxq.fused_quant(rowwise=True, colwise=True, dbias=True)(ident)
+    gelu = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident)
     rows = kconfig.ROWS // 8  # (plain and dbias casts run 8 warps of 4 rows, gelu 4 warps of 8)
-    assert dbias == 2 * rows  # one realigned store per row and direction
-    assert plain == 2 * dbias
-    assert gelu == 2 * 2 * rows
+    assert stores(dbias)[0] == 2 * rows  # one realigned store per row and direction
+    assert stores(plain)[0] == 2 * stores(dbias)[0]
+    assert stores(gelu)[0] == 2 * 2 * rows
+    # variant "rows8" (the host saw FP8 rows on 8-byte boundaries) holds the aligned form alone, for
+    # every op: one store per row and direction, and none of the realigned stores' two shuffles per
+    # row and direction (the shuffles left are the row scales')
+    for op, nrows in ((plain, rows), (dbias, rows), (gelu, 2 * rows)):
+        (st8, sh8), (st, sh) = stores(op, "rows8"), stores(op)
+        assert st8 == 2 * nrows
+        realigned_shuffles = 2 * 2 * nrows
+        assert sh8 == sh - realigned_shuffles, (op.spec, sh8, sh)
 
 
 def test_ptx_count_occupancy_by_hand():

@@ -23,6 +23,7 @@ VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byt
 DBIAS_WARPS = 8  # dbias reduction: warps per CTA ...
 DBIAS_UNROLL = 4  # ... and loads in flight per thread
 CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy
+UNIT = 8  # ... and per FP8 store: rows starting on such boundaries store whole units (variant "rows8")
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
 # 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the factor codegen.half_tanh_as_sigmoid
 # folds into y's constants (or multiplies y by) before device.half_tanh_ex2_act

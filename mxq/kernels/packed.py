@@ -60,10 +60,12 @@ class PackedKernel:
     @cute.kernel
     def packed_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
                       dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr,
-                      use_pdl: cutlass.Constexpr, unaligned: cutlass.Constexpr):
+                      use_pdl: cutlass.Constexpr, unaligned: cutlass.Constexpr, rows8: cutlass.Constexpr = False):
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # any N and alignment: rows through unaligned.py
+        # (variant "rows8", unaligned rows only: the FP8 output rows start on 8-byte boundaries)
+        ROWS8 = cutlass.const_expr(UNALIGNED and rows8)
         WIDE = cutlass.const_expr(cfg.wide_tile(GROUPED, UNALIGNED))
         # a user epilogue may map the zero padding of rows past M to nonzero: kernels without dbias
         # zero those rows' magnitudes (what the row and column maxima read) with one mask per row,
@@ -420,19 +422,24 @@ class PackedKernel:
                 # rows 8 apart) and the warp's parked partial words
                 dirs = ([ua.row_base(row_data, rbase, co + cT, RSTEP)] if cfg.rowwise else []) + \
                     ([ua.row_base(col_data, rbase, co + cT, RSTEP)] if cfg.colwise else [])
-                splan = [ua.store_plans(dd, PERIOD, ncols, lane) for dd in dirs]
+                splan = None if ROWS8 else [ua.store_plans(dd, PERIOD, ncols, lane) for dd in dirs]
                 edges = sEdge[(warp, None)]
             # one pass over the rows: each word is widened once for both directions
             if cutlass.const_expr(UNALIGNED):
                 # Output rows that start on 8-byte boundaries (an out= with rows padded to a multiple
                 # of 8 bytes, the layout FP8 GEMMs take) hold whole units: a lane's 8 bytes are one
-                # aligned store, with nothing to realign and no parked heads (a warp-uniform branch).
-                # Plain casts only: with both store forms, dbias and two-halves ops took more
-                # registers (a CTA per SM fewer) and gelu + both on contiguous outputs ran 5.6% slower
-                # at 8192x8190 (docs/performance.md, "N % 8 != 0", step 12).
+                # aligned store, with nothing to realign and no parked heads. Variant "rows8" (the
+                # host saw such outputs) compiles only that form. Otherwise plain casts pick it per
+                # warp at run time (their warps whose rows happen to be aligned); ops with arithmetic,
+                # dbias and two-halves ops keep only the realigned form: with both forms, dbias and
+                # two-halves ops took more registers (a CTA per SM fewer) and gelu + both on
+                # contiguous outputs ran 5.6% slower at 8192x8190 (docs/performance.md, "N % 8 !=
+                # 0", step 12).
                 rows = (words, sr if cfg.rowwise else None, sc if cfg.colwise else None, dirs)
                 tail = (edges, lane, rbase, Ms, ncols, is_bf16)
-                if cutlass.const_expr(cfg.computed or cfg.dbias or PASSES == 2):
+                if cutlass.const_expr(ROWS8):
+                    self.unaligned_row_pass(*rows, None, *tail, True)
+                elif cutlass.const_expr(cfg.computed or cfg.dbias or PASSES == 2):
                     self.unaligned_row_pass(*rows, splan, *tail, False)
                 else:
                     fast = cutlass.Boolean(True)

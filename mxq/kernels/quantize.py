@@ -8,6 +8,9 @@ epilogue / act / dact functions (lowered from the op's IR into CuTeDSL), and its
   kernel (packed.py), fp32 inputs the vectorised one (vectorized.py);
 - variant "generic": any N and alignment. 16-bit inputs run the packed kernel with unaligned
   rows (unaligned.py), fp32 inputs the element-wise kernel (generic.py);
+- variant "rows8": "generic" for FP8 output rows that start on 8-byte boundaries (an out= with
+  padded rows, MXFP8Tensor.empty(row_align=...)): the unaligned rows store whole 8-byte units,
+  with no realigning code compiled in (fp32: the element-wise kernel);
 - with ``group_ends`` (a grouped call, group_offsets) the same kernels take the groups'
   colwise blocks as their row tiles (grouped.py).
 
@@ -36,7 +39,7 @@ from .reduce import amax_init_kernel, dbias_grid, dbias_kernel
 from .vectorized import VectorizedKernel
 from .vectorized import grid as vec_grid
 
-VARIANTS = ("vec", "generic")
+VARIANTS = ("vec", "generic", "rows8")
 
 
 class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
@@ -68,10 +71,11 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         args = (ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias_ws, noop, group_ends,
                 M, N, NO, use_hw_e8m0)
         if ins[0].element_type.width == 16:
-            unaligned = variant == "generic"  # any N and alignment: rows realigned (unaligned.py)
+            unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
             grid, block = packed_grid(cfg, M, N, G, unaligned)
-            self.packed_kernel(*args, use_pdl and cfg.pdl, unaligned).launch(grid=grid, block=block, stream=stream)
-        elif variant == "generic":
+            self.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
+                grid=grid, block=block, stream=stream)
+        elif variant != "vec":
             grid, block = generic_grid(cfg, M, N, G)
             self.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
         else:

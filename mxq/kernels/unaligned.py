@@ -42,10 +42,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint16, Uint32, Uint64
 
-from .config import CHUNK
+from .config import CHUNK, UNIT
 from .device import DEVICE
-
-UNIT = 8  # bytes per output store
 
 
 def byte_address(t, r, c):

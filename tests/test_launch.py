@@ -1,0 +1,58 @@
+"""mxq/launch.py on the CPU: which compiled variant a call's tensors get (variant_for). The GPU
+side (each variant's bytes against the reference): tests/test_gpu.py."""
+
+import torch
+
+from mxq.launch import variant_for
+
+
+def _at(nbytes_off: int, shape, dtype, row_stride=None):
+    """A tensor of ``shape`` whose data starts ``nbytes_off`` bytes past a 64-byte boundary, rows
+    ``row_stride`` elements apart (default: contiguous)."""
+    m, n = shape
+    rs = row_stride or n
+    es = torch.finfo(dtype).bits // 8 if dtype.is_floating_point else 1
+    buf = torch.zeros(m * rs * es + 256, dtype=torch.uint8)
+    skip = (-buf.data_ptr()) % 64 + nbytes_off
+    return buf[skip:skip + (m - 1) * rs * es + n * es].view(dtype).as_strided((m, n), (rs, 1))
+
+
+def _u8(nbytes_off, shape, row_stride=None):
+    return _at(nbytes_off, shape, torch.uint8, row_stride)
+
+
+def test_variant_by_hand():
+    """vec: N % 8 == 0 and every [M, N] tensor 16-byte aligned with rows 8 elements apart; rows8:
+    16-bit input, ungrouped, every FP8 data's start and row stride multiples of 8 bytes (a
+    two-halves op also N % 8 == 0); generic: the rest."""
+    bf, m = torch.bfloat16, 4
+    x64, x62 = _at(0, (m, 64), bf), _at(0, (m, 62), bf)
+    full = ("full",)
+    # aligned everything: vec (grouped: its twin)
+    assert variant_for(64, 64, bf, [x64], full, (_u8(0, (m, 64)), None), False) == "vec"
+    assert variant_for(64, 64, bf, [x64], full, (_u8(0, (m, 64)), None), True) == "vec_grouped"
+    # N % 8 != 0, contiguous FP8 rows 62 bytes apart: generic
+    assert variant_for(62, 62, bf, [x62], full, (_u8(0, (m, 62)), None), False) == "generic"
+    # ... rows padded to 64 bytes: rows8, but only when every written direction is padded
+    pad = _u8(0, (m, 62), 64)
+    assert variant_for(62, 62, bf, [x62], full, (pad, pad), False) == "rows8"
+    assert variant_for(62, 62, bf, [x62], full, (pad, _u8(0, (m, 62))), False) == "generic"
+    assert variant_for(62, 62, bf, [x62], full, (None, pad), False) == "rows8"
+    # rows 8 bytes apart but the data starting 4 bytes past a unit: generic
+    assert variant_for(62, 62, bf, [x62], full, (_u8(4, (m, 62), 64), None), False) == "generic"
+    # rows 68 bytes apart (4 mod 8): generic
+    assert variant_for(62, 62, bf, [x62], full, (_u8(0, (m, 62), 68), None), False) == "generic"
+    # fp32 inputs and grouped calls have no rows8 kernel
+    x32 = _at(0, (m, 62), torch.float32)
+    assert variant_for(62, 62, torch.float32, [x32], full, (pad, None), False) == "generic"
+    assert variant_for(62, 62, bf, [x62], full, (pad, None), True) == "generic_grouped"
+    # N % 8 == 0 with a misaligned input: the outputs are whole units, so rows8
+    xoff = _at(2, (m, 64), bf)
+    assert variant_for(64, 64, bf, [xoff], full, (_u8(0, (m, 64)), None), False) == "rows8"
+    # a two-halves op writes half 1 from column n: n % 8 == 0 too
+    p2 = _u8(0, (m, 124), 128)
+    assert variant_for(62, 124, bf, [x62], full, (p2, None), False) == "generic"
+    p3 = _u8(0, (m, 128), 128)
+    assert variant_for(64, 128, bf, [xoff], full, (p3, None), False) == "rows8"
+    # fp16 like bf16
+    assert variant_for(62, 62, torch.float16, [_at(0, (m, 62), torch.float16)], full, (pad, None), False) == "rows8"
