@@ -236,10 +236,11 @@ def moved_bytes(opts, m, n, esize=2):
     return m * n * esize * (1 + ("dact" in opts)) + nout * (m * n + m * n // 32) + (n * esize if opts.get("dbias") else 0)
 
 
-def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None, dtype="bf16", row_align=1):
+def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None, dtype="bf16", row_align=None):
     """Kernel time: a prepared launch (no Python checks or allocation between launches). Rows of
-    another input dtype than bf16 (the issue's) carry a ``dtype`` field. ``row_align`` > 1: into
-    FP8 outputs whose rows are padded to it (MXFP8Tensor.empty(row_align=...), out=)."""
+    another input dtype than bf16 (the issue's) carry a ``dtype`` field. ``row_align``: into an
+    out= of FP8 rows aligned to it (MXFP8Tensor.empty(row_align=...); 1: contiguous); None: the
+    library's own outputs (rows padded to 16 bytes at N % 8 != 0)."""
     rows = []
     tdtype = DTYPES[dtype]
     esize = torch.finfo(tdtype).bits // 8
@@ -251,8 +252,8 @@ def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None, dtype="bf16", 
                 continue
             op = FusedOp(identity, QuantSpec(**opts))
             op._tuning = make_tuning(tuning)
-            padded = {} if row_align == 1 else {"out": MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device,
-                                                                         row_align=row_align)}
+            padded = {} if row_align is None else {"out": MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device,
+                                                                            row_align=row_align)}
             launch, out = op.prepare(x, **({"act_input": a} if "dact" in opts else {}), **padded)
             extra = {} if dtype == "bf16" else {"dtype": dtype}
             row = timed_row(launch, moved_bytes(opts, m, n, esize), copy_gbps, name=f"{prefix}/{name}", M=m, N=n,
@@ -687,8 +688,9 @@ def main():
             summary.setdefault("odd_checks", []).append({"op": name, "shape": r["shape"], "problems": r["problems"]})
             print("odd check", name, ODD_SHAPES[-1], r["problems"] or "bit-exact", flush=True)
         summary["rows_odd"] = bench(copy, ODD_SHAPES) + bench(copy, ODD_SHAPES, dtype="fp32")
-        # FP8 rows padded to 16 bytes (out=): the unaligned kernel's aligned stores (performance.md step 12)
-        summary["rows_odd"] += bench(copy, ODD_SHAPES, prefix="mxq[row_align=16]", row_align=16)
+        # the library's outputs are FP8 rows padded to 16 bytes (variant rows8, performance.md steps 12
+        # and 14); contiguous ones (out= of row_align=1) take the realigned stores
+        summary["rows_odd"] += bench(copy, ODD_SHAPES, prefix="mxq[row_align=1]", row_align=1)
         summary["rows_odd"] += bench_variants(copy, ODD_SHAPES, args.variants)  # e.g. 'unaligned_warps=4'
         summary["copy_same_bytes"] = {f"{m}x{n}": round(copy_bandwidth(m * n), 1) for (m, n) in ODD_SHAPES}
         write_results(args.out, dev, summary, "-odd")

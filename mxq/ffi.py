@@ -19,7 +19,8 @@ from importlib import resources
 import torch
 
 from . import compiler, groups, launch, slots
-from .tensor import MXFP8Tensor, flat_dims
+from .kernels.config import UNIT
+from .tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
 
 _lock = threading.RLock()
 _shim = None
@@ -40,7 +41,7 @@ def _dispatch_module():
             import tvm_ffi.cpp
 
             src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v11", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v12", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -90,10 +91,17 @@ def _python_callback(op):
             if t.numel() != like.numel():
                 raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}"
                                  f"{' (grouped buffers: docs/NUMERICS.md, Groups)' if offsets is not None else ''}")
-            if not t.is_contiguous():  # (a reshape would copy it: the call would write into the copy)
-                raise ValueError(f"mxq: argument {name!r} must be contiguous")
             if like.dtype == fp8 and t.dtype == torch.uint8:
                 t = t.view(fp8)
+            if name.endswith("_data") and offsets is None and not t.is_contiguous():
+                # FP8 data of padded rows (what the allocating route makes at N % 8 != 0), as its shape
+                m, n = flat_dims(like.shape)
+                if t.shape != like.shape or data_rows(t, m, n) is None:
+                    raise ValueError(f"mxq: argument {name!r} must be contiguous or rows of unit stride at least "
+                                     f"{n} elements apart, of shape {tuple(like.shape)}")
+                return t
+            if not t.is_contiguous():  # (a reshape would copy it: the call would write into the copy)
+                raise ValueError(f"mxq: argument {name!r} must be contiguous")
             return t.view(like.shape)
 
         out = MXFP8Tensor(
@@ -129,16 +137,20 @@ def _caller_stream(device):
     return torch.cuda.stream(torch.cuda.ExternalStream(raw, device=device))
 
 
+# the kernel variants of dispatch.cc's enum Variant, by its values
+_NATIVE_VARIANTS = ("generic", "vec", "rows8")
+
+
 def _resolve_callback(op):
     """First CUDA call of a dtype/variant: compile (or load from the disk cache) the kernel."""
     by_code = {(_DL_FLOAT, 32): "fp32", (_DL_FLOAT, 16): "fp16", (_DL_BFLOAT, 16): "bf16"}
 
-    def resolve(code, bits, vec, device_id):
+    def resolve(code, bits, variant, device_id):
         dtype = by_code.get((int(code), int(bits)))
         if dtype is None:
             raise TypeError(f"mxq: input dtype (DLPack code {code}, {bits} bits) is not float32, float16 or bfloat16")
         arch = compiler.device_arch(torch.device("cuda", int(device_id)))
-        return compiler.native_function(op, arch, dtype, "vec" if vec else "generic")
+        return compiler.native_function(op, arch, dtype, _NATIVE_VARIANTS[int(variant)])
 
     return resolve
 
@@ -153,8 +165,10 @@ def _zero_callback(device_id):
 def make_dispatchers(op) -> tuple:
     """(destination-passing dispatcher, allocating route, *their Python callbacks) of ``op``. The allocating route takes
     (*tensors, *scalars, act_input, noop) and returns the six output slots (slots.OUTPUTS,
-    compact scales); on CPU tensors it allocates the same and fills them with the reference
-    (how tests check it without a GPU)."""
+    compact scales; FP8 data of N % 8 != 0 as views of rows padded to 16 bytes, as
+    MXFP8Tensor.empty makes by default); on CPU tensors it allocates the same and fills them with
+    the reference (how tests check it without a GPU). The destination-passing one takes FP8 data
+    of such padded rows too (the kernels' variant "rows8" when they start on 8-byte boundaries)."""
     with _lock:
         mod = _dispatch_module()
         # (the callbacks become ffi.Functions owned by the dispatcher's state: they live as long
@@ -163,7 +177,7 @@ def make_dispatchers(op) -> tuple:
         epi = op.epilogue
         pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
                                    list(epi.tensor_params + epi.scalar_params), py, res, _zero_callback,
-                                   SHARED_ALLOC_MAX_BYTES)
+                                   SHARED_ALLOC_MAX_BYTES, UNIT, PADDED_ROW_BYTES)
         return pair[0], pair[1], py, res  # (the callbacks too: kept alive with the dispatchers)
 
 

@@ -64,7 +64,7 @@ class Launcher:
 
     def allocates(self, x, noop, out) -> bool:
         """Whether a call takes the allocating native route (one native call allocates every
-        output and launches: the host-time path)."""
+        output and launches: the host-time path; it pads FP8 rows as MXFP8Tensor.empty does)."""
         return (self.dispatch is not None and out is None and noop is None and self.native_alloc
                 and x.is_cuda and x.numel() > 0)
 
@@ -152,9 +152,9 @@ class Launcher:
         x = tensors[0]
         if self.allocates(x, noop, out):
             return self.call_alloc(*tensors, *scalars, act_input, None)
-        if self.dispatch is not None and (out is None or _contiguous_data(out)):
-            if out is None:
-                out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device)
+        if out is None:
+            out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device)
+        if self.dispatch is not None:  # (out's data: contiguous or padded rows, runtime.check_out)
             self.dispatch(*tensors, *scalars, act_input, out.rowwise_data, out.rowwise_scale, out.colwise_data,
                           out.colwise_scale, out.amax, out.dbias, noop)
             return out
@@ -217,12 +217,6 @@ def _clear_padding(out: MXFP8Tensor, noop) -> None:
                 buf.zero_()
             else:
                 buf.mul_((noop.reshape(()) == 1.0).to(torch.uint8))
-
-
-def _contiguous_data(out: MXFP8Tensor) -> bool:
-    """Whether ``out``'s FP8 data is contiguous (the native dispatcher's rule); padded rows
-    (MXFP8Tensor.empty(row_align=...)) are bound here instead."""
-    return all(t is None or t.is_contiguous() for t in (out.rowwise_data, out.colwise_data))
 
 
 def _as_u8_2d(t: torch.Tensor, m: int, n: int) -> torch.Tensor:

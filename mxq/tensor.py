@@ -12,7 +12,20 @@ from dataclasses import dataclass
 import torch
 
 from . import groups, layouts
+from .kernels.config import UNIT
 from .numerics import BLOCK, FORMATS, e8m0_to_scale
+
+# FP8 data rows of N % 8 != 0 (not a whole number of the kernels' 8-byte store units) are padded
+# to a multiple of this many bytes by default: the leading dimension FP8 GEMMs take, and rows the
+# kernels store whole units into (docs/performance.md, "N % 8 != 0", steps 12 and 14)
+PADDED_ROW_BYTES = 16
+
+
+def default_row_align(shape, grouped: bool = False) -> int:
+    """MXFP8Tensor.empty's row_align when none is given: PADDED_ROW_BYTES for outputs whose rows
+    are not whole 8-byte units (N % 8 != 0), else 1 (contiguous). Grouped outputs and 0-d
+    shapes are contiguous."""
+    return PADDED_ROW_BYTES if len(shape) and shape[-1] % UNIT and not grouped else 1
 
 
 def flat_dims(shape) -> tuple[int, int]:
@@ -55,7 +68,7 @@ class MXFP8Tensor:
 
     @staticmethod
     def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
-              group_offsets: torch.Tensor | None = None, row_align: int = 1) -> "MXFP8Tensor":
+              group_offsets: torch.Tensor | None = None, row_align: int | None = None) -> "MXFP8Tensor":
         """Outputs for ``spec``; swizzled scales, amax and dbias start zeroed (their padding and
         the amax reduction rely on it), data and compact scales are left uninitialised unless
         ``zeroed`` (what a noop call without ``out`` returns: nothing is written into it).
@@ -64,10 +77,13 @@ class MXFP8Tensor:
         ``row_align``: the FP8 data's rows start a multiple of this many bytes apart (a power of
         two; e.g. 16, the leading dimension FP8 GEMMs take): the data tensors are then [.., N]
         views of rows padded to it (not contiguous when N is not a multiple), which the kernels
-        write faster at N % 8 != 0 (docs/performance.md, "N % 8 != 0", step 12). Not with
-        ``group_offsets``."""
+        write faster at N % 8 != 0 (docs/performance.md, "N % 8 != 0", steps 12 and 14). Not
+        with ``group_offsets``. None (the default): 16 when N % 8 != 0, else 1 (contiguous;
+        default_row_align); 1 asks for contiguous data at any N."""
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
+        if row_align is None:
+            row_align = default_row_align(shape, group_offsets is not None)
         if isinstance(row_align, bool) or not isinstance(row_align, int) or row_align < 1 or row_align & (row_align - 1):
             raise ValueError(f"mxq: argument 'row_align' must be a power of two, got {row_align!r}")
         if row_align > 1 and group_offsets is not None:

@@ -39,7 +39,8 @@ def poisoned(op, x: torch.Tensor, group_offsets=None, row_align: int = 1):
     logical entries), amax and dbias get values no kernel would produce. Grouped outputs
     (``group_offsets``) are poisoned in every scale byte: a grouped call writes (or, swizzled,
     clears) them all. ``row_align``: FP8 data rows padded to it (MXFP8Tensor.empty), the padding
-    poisoned too (``padded_rows`` reads it back: no kernel may write it).
+    poisoned too (``padded_rows`` reads it back: no kernel may write it); the default 1 gives
+    contiguous data at any N (the library's own outputs pad rows at N % 8 != 0).
     """
     from .tensor import MXFP8Tensor
 

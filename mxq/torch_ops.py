@@ -60,7 +60,8 @@ def _fused_quant_fake(tensors, scalars, act_input, noop, group_offsets, op):
     out = []
     for f in slots.OUTPUTS:
         g = getattr(like, f)
-        out.append(x.new_empty(g.shape, dtype=g.dtype) if g is not None else x.new_empty(0))
+        # (strides too: FP8 data of N % 8 != 0 are views of padded rows, MXFP8Tensor.empty)
+        out.append(x.new_empty_strided(g.shape, g.stride(), dtype=g.dtype) if g is not None else x.new_empty(0))
     return out
 
 

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import math
+
 import pytest
 import torch
 
@@ -142,21 +144,26 @@ def _round256(b):
     return (b + 255) // 256 * 256
 
 
+@pytest.mark.parametrize("shape", [(70, 200), (70, 199), (2, 5, 37)])
 @pytest.mark.parametrize("share", [True, False])
 @pytest.mark.parametrize("opts", [dict(rowwise=True, colwise=True), dict(rowwise=True), dict(rowwise=False, colwise=True),
                                   dict(rowwise=True, colwise=True, fp8="e5m2", amax=True)])
-def test_allocating_route_layout(monkeypatch, opts, share):
+def test_allocating_route_layout(monkeypatch, opts, share, shape):
     """The native allocation of a call's outputs, run on CPU tensors (the reference fills them):
     each direction's scales sit at the next 256-byte boundary after its data in the same
     allocation; below ffi.SHARED_ALLOC_MAX_BYTES the colwise half follows the rowwise half in
-    that one allocation too. Dtypes, shapes and bytes are those of MXFP8Tensor.empty + the
-    reference. GPU side: tests/test_gpu.py::test_allocating_route_frees_a_large_direction."""
+    that one allocation too. Dtypes, shapes, strides (FP8 rows of N % 8 != 0 padded to 16
+    bytes, by hand) and bytes are those of MXFP8Tensor.empty + the reference. GPU side:
+    tests/test_gpu.py::test_allocating_route_frees_a_large_direction and
+    test_default_outputs_pad_odd_rows."""
     from mxq import ffi
 
     monkeypatch.setattr(ffi, "SHARED_ALLOC_MAX_BYTES", 4 << 20 if share else 0)
     op = mxq.fused_quant(**opts)(_ident)  # a fresh op: its dispatcher reads the limit
-    m, n = 70, 200
-    x = planted(m, n, torch.bfloat16, seed=11)
+    n = shape[-1]
+    m = math.prod(shape[:-1])
+    ld = n if n % 8 == 0 else -(-n // 16) * 16  # (the rows' stride, by hand)
+    x = planted(m, n, torch.bfloat16, seed=11).reshape(shape)
     r = op._native_dispatchers()[1](x, None, None)
     want = op.reference(x)
     like = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "meta")
@@ -166,9 +173,11 @@ def test_allocating_route_layout(monkeypatch, opts, share):
         g, w = r[i], getattr(like, name)
         assert (g is None) == (w is None), name
         if g is not None:
-            assert g.dtype == w.dtype and g.shape == w.shape and g.is_contiguous(), name
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), name
+            if name.endswith("_data"):
+                assert g.stride()[-2:] == (ld, 1), name
             assert same_bytes(g, getattr(want, name)), name
-    data = _round256(m * n)
+    data = _round256(m * ld)
     for d, s in ((0, 1), (2, 3)):
         if r[d] is not None:
             assert r[s].data_ptr() - r[d].data_ptr() == data, "scales at the 256-byte boundary after the data"
@@ -210,10 +219,18 @@ def test_cpu_route_names_a_bad_argument():
         g(x, x, "0.5", None, *outs, None)
     with pytest.raises(TypeError, match=r"rowwise_data\) must be a tensor or None"):
         g(x, x, 2.0, None, "rd", *outs[1:], None)
-    # a destination with the right count but padded rows would have been reshaped into a copy
-    padded = torch.zeros(40, 80, dtype=torch.uint8)[:, :64]
-    with pytest.raises(ValueError, match="'rowwise_data' must be contiguous"):
-        g(x, x, 2.0, None, padded, *outs[1:], None)
+    # padded rows are written in place (they were once reshaped into a copy the call wrote
+    # instead); data of any other layout is refused
+    buf = torch.full((40, 80), 0xAB, dtype=torch.uint8)
+    g(x, x, 2.0, None, buf[:, :64], *outs[1:], None)
+    want = torch.empty_like(outs[0])
+    g(x, x, 2.0, None, want, *outs[1:], None)
+    assert torch.equal(buf[:, :64], want) and bool((buf[:, 64:] == 0xAB).all())
+    strided = torch.zeros(40, 128, dtype=torch.uint8)[:, ::2]
+    with pytest.raises(ValueError, match="'rowwise_data' must be contiguous or rows of unit stride"):
+        g(x, x, 2.0, None, strided, *outs[1:], None)
+    with pytest.raises(ValueError, match="'rowwise_scale' must be contiguous"):
+        g(x, x, 2.0, None, outs[0], torch.zeros(40, 4, dtype=torch.uint8)[:, :2], *outs[2:], None)
 
 
 def _grouped_dests(m, n, g, device="cpu"):

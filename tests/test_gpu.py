@@ -427,6 +427,40 @@ def test_padded_outputs_match_reference(case, shape, layout):
             assert bool((padded_rows(t)[:, n:] == 0xAB).all()), f"{name}: a padding byte was written"
 
 
+@pytest.mark.parametrize("shape", [(65, 1030), (40, 333), (9, 5), (64, 4100)])
+@pytest.mark.parametrize("case", [
+    (dict(rowwise=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, amax=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, act="gelu"), _fast_ident),
+    (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), _fast_ident),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_default_outputs_pad_odd_rows(case, shape, dtype):
+    """Without out=, N % 8 != 0 gets FP8 data of rows padded to 16 bytes (MXFP8Tensor.empty's
+    default), which the 16-bit kernels write with whole 8-byte units (variant rows8) and the fp32
+    element-wise kernel through the rows' stride; N % 8 == 0 (64 x 4100) stays contiguous. Every
+    byte against the reference; mxq.quantize alike. CPU counterpart:
+    test_runtime.py::test_default_outputs_pad_rows_that_are_not_whole_units."""
+    opts, fn = case
+    op = mxq.fused_quant(**opts)(fn)
+    m, n = shape
+    x = planted(m, n, dtype, seed=m * n)
+    kw = {"act_input": planted(m, n, dtype, seed=n)} if op.spec.dact else {}
+    want = op.reference(x, **kw)
+    got = op(x.cuda(), **{k: v.cuda() for k, v in kw.items()})
+    stride = n if n % 8 == 0 else -(-n // 16) * 16
+    for name in ("rowwise_data", "colwise_data"):
+        t = getattr(got, name)
+        if t is not None:
+            assert t.stride() == (stride, 1), name
+    v_abs = v_abs_sum(op, x, **kw) if op.spec.dbias and not is_exact(op) else None
+    assert compare(got, want, is_exact(op), v_abs) == []
+    if not op.spec.dact and fn is _fast_ident and not op.spec.act:
+        q = mxq.quantize(x.cuda(), rowwise=op.spec.rowwise, colwise=op.spec.colwise, amax=op.spec.amax)
+        assert q.rowwise_data is None or q.rowwise_data.stride() == (stride, 1)
+        assert compare(q, want, True) == []
+
+
 @pytest.mark.parametrize("shape", [(65, 1030), (40, 333)])
 @pytest.mark.parametrize("case", [
     (dict(rowwise=True), _fast_ident),

@@ -51,7 +51,9 @@ def test_out_may_have_padded_rows():
     x = torch.randn(4, 3, 70, dtype=torch.bfloat16)
     out = mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", row_align=16)
     assert out.rowwise_data.shape == (4, 3, 70) and out.rowwise_data.stride() == (3 * 80, 80, 1)
-    want = mxq.quantize(x, rowwise=True, colwise=True)
+    want = mxq.quantize(x, rowwise=True, colwise=True, out=mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu",
+                                                                             row_align=1))
+    assert want.rowwise_data.is_contiguous()
     got = mxq.quantize(x, rowwise=True, colwise=True, out=out)
     for name in ("rowwise_data", "colwise_data"):
         assert torch.equal(getattr(got, name).view(torch.uint8), getattr(want, name).view(torch.uint8))
@@ -75,6 +77,39 @@ def test_out_may_have_padded_rows():
     with pytest.raises(ValueError, match="row_align"):
         mxq.MXFP8Tensor.empty(spec, (64, 70), x.dtype, "cpu", row_align=16,
                               group_offsets=torch.tensor([64], dtype=torch.int32))
+
+
+def test_default_outputs_pad_rows_that_are_not_whole_units():
+    """Without out=, FP8 data whose rows are not whole 8-byte units (N % 8 != 0) is a view of
+    rows padded to 16 bytes (MXFP8Tensor.empty's default, tensor.default_row_align), with the
+    bytes of contiguous data; N % 8 == 0, grouped outputs and 0-d shapes stay contiguous, and
+    row_align=1 asks for contiguous data at any N. The kernels' side:
+    test_gpu.py::test_default_outputs_pad_odd_rows."""
+    spec = mxq.QuantSpec(rowwise=True, colwise=True)
+    bf = torch.bfloat16
+    for shape, strides in (((64, 70), (80, 1)), ((4, 3, 70), (3 * 80, 80, 1)), ((5, 1), (16, 1)),
+                           ((33, 4), (16, 1)), ((33, 20), (32, 1)), ((2, 17), (32, 1))):
+        x = torch.randn(shape, dtype=bf)
+        got = mxq.quantize(x, rowwise=True, colwise=True)
+        assert got.rowwise_data.stride() == strides and got.colwise_data.stride() == strides, shape
+        want = mxq.quantize(x, rowwise=True, colwise=True,
+                            out=mxq.MXFP8Tensor.empty(spec, x.shape, bf, "cpu", row_align=1))
+        for name in ("rowwise_data", "colwise_data"):
+            assert getattr(want, name).is_contiguous()
+            assert torch.equal(getattr(got, name).view(torch.uint8), getattr(want, name).view(torch.uint8))
+        assert torch.equal(got.dequantize(), want.dequantize())
+    # whole units: contiguous, as are grouped outputs and 0-d shapes
+    for shape in ((64, 64), (3, 8), (7, 4104)):
+        assert mxq.quantize(torch.randn(shape, dtype=bf), rowwise=True, colwise=True).rowwise_data.is_contiguous()
+    assert mxq.MXFP8Tensor.empty(spec, (), bf, "cpu").rowwise_data.shape == ()
+    grouped = mxq.MXFP8Tensor.empty(spec, (64, 70), bf, "cpu", group_offsets=torch.tensor([64], dtype=torch.int32))
+    assert grouped.rowwise_data.is_contiguous() and grouped.colwise_data.is_contiguous()
+    # a gated backward writes [M, 2N]: padded when 2N % 8 != 0
+    assert mxq.MXFP8Tensor.empty(spec, (8, 2 * 35), bf, "cpu").rowwise_data.stride() == (80, 1)
+    assert mxq.MXFP8Tensor.empty(spec, (8, 2 * 36), bf, "cpu").rowwise_data.is_contiguous()
+    # the noop call's zeroed outputs follow the same rule
+    noop = torch.ones(1)
+    assert mxq.quantize(torch.randn(8, 70, dtype=bf), noop=noop).rowwise_data.stride() == (80, 1)
 
 
 def _ident(x):

@@ -44,7 +44,13 @@ struct State {
   std::map<std::tuple<int, int, int, int>, ffi::Function> kernels;
   std::map<int, ffi::Tensor> zeros;
   int64_t share_max = 0;  // the allocating route: both directions in one allocation up to this many bytes
+  // FP8 rows that are not whole units of `unit` bytes are allocated padded to `pad` bytes (Python's
+  // tensor.default_row_align); data rows on `unit`-byte boundaries take the "rows8" kernels
+  int64_t unit = 8, pad = 16;
 };
+
+// The kernel variants this route launches, in the order the resolve callback (mxq/ffi.py) names them.
+enum Variant { kGeneric = 0, kVec = 1, kRows8 = 2 };
 
 // Owning ffi::Tensor objects that alias memory the caller owns (the generated kernels decode
 // tensor objects; a raw DLTensor* crashed them on the H200). Freed with no effect.
@@ -74,6 +80,29 @@ bool Compact(const DLTensor* t) {
     expect *= t->shape[i];
   }
   return true;
+}
+
+// Elements between the rows of FP8 data `t` seen as [rows, n]: n when it is contiguous; the row
+// stride when its last dimension has unit stride, its rows are at least n apart and its leading
+// dimensions merge into rows (padded rows, MXFP8Tensor.empty(row_align=...)); else -1.
+int64_t RowStride(const DLTensor* t, int64_t n) {
+  if (Compact(t)) return n;
+  const int last = t->ndim - 1;
+  if (last < 1 || (t->shape[last] != 1 && t->strides[last] != 1)) return -1;
+  const int64_t ld = t->strides[last - 1];
+  int64_t expect = ld;
+  for (int i = last - 1; i >= 0; --i) {
+    if (t->shape[i] != 1 && t->strides[i] != expect) return -1;
+    expect *= t->shape[i];
+  }
+  return ld >= n ? ld : -1;
+}
+
+// Strides of `shape` whose rows (last dimension) start `ld` elements apart.
+std::vector<int64_t> RowStrides(const ffi::Shape& shape, int64_t ld) {
+  std::vector<int64_t> st(shape.size(), 1);
+  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) st[i] = i == static_cast<int>(shape.size()) - 2 ? ld : st[i + 1] * shape[i + 1];
+  return st;
 }
 
 std::string ArgName(const State& st, int i) {
@@ -157,12 +186,13 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     call.emplace_back(hold.back());
   };
   bool vec = n % 8 == 0;
-  auto same_device = [&](const DLTensor* t, int i) {
+  bool rows8 = x->dtype.bits == 16;  // every FP8 data row starts on a unit boundary (16-bit inputs)
+  auto same_device = [&](const DLTensor* t, int i, bool rows = false) {
     if (t->device.device_type != x->device.device_type || t->device.device_id != x->device.device_id) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' is on another device than '"
                                 << ArgName(st, 0) << "'";
     }
-    if (!Compact(t)) TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must be contiguous";
+    if (!rows && !Compact(t)) TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must be contiguous";
   };
   auto input = [&](int i) {
     const DLTensor* t = TensorArg(st, args, i);
@@ -182,7 +212,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   };
   auto bytes = [&](int i, int64_t count, bool matrix) {
     const DLTensor* t = TensorArg(st, args, i);
-    same_device(t, i);
+    same_device(t, i, matrix);
     if (t->dtype.bits != 8 || t->dtype.lanes != 1) {
       TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' must be a float8 or uint8 tensor";
     }
@@ -190,8 +220,25 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has " << Numel(t)
                                 << " elements, expected " << count;
     }
-    if (matrix) vec = vec && Aligned16(t);
-    push(matrix ? Alias(t, u8, m, n, 2) : Alias(t, u8, count, 1, 1));
+    if (!matrix) {
+      push(Alias(t, u8, count, 1, 1));
+      return;
+    }
+    // FP8 data: contiguous, or rows of unit stride at least n apart (padded rows)
+    const int64_t ld = m > 1 ? RowStride(t, n) : n;
+    if (ld < 0) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must be contiguous or rows of unit "
+                                << "stride at least " << n << " elements apart";
+    }
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+    vec = vec && Aligned16(t) && ld % 8 == 0;
+    rows8 = rows8 && addr % st.unit == 0 && ld % st.unit == 0;
+    if (ld == n) {
+      push(Alias(t, u8, m, n, 2));
+    } else {  // a [m, n] view of rows ld apart
+      const int64_t rows_shape[2] = {m, n}, rows_strides[2] = {ld, 1};
+      push(Alias(t, u8, (m - 1) * ld + n, 1, 1).as_strided(ffi::ShapeView(rows_shape, 2), ffi::ShapeView(rows_strides, 2)));
+    }
   };
   for (int i = 0; i < st.nt; ++i) input(i);
   for (int i = 0; i < st.ns; ++i) call.emplace_back(args[st.nt + i]);
@@ -247,10 +294,11 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   ffi::Function kernel;
   {
     std::lock_guard<std::mutex> lock(st.mu);
-    auto key = std::make_tuple(int(x->dtype.code), int(x->dtype.bits), int(vec), x->device.device_id);
+    const int variant = vec ? kVec : rows8 ? kRows8 : kGeneric;
+    auto key = std::make_tuple(int(x->dtype.code), int(x->dtype.bits), variant, x->device.device_id);
     auto it = st.kernels.find(key);
     if (it == st.kernels.end()) {  // first call of this dtype/variant: Python compiles or loads it
-      ffi::Function f = st.resolve(int64_t(x->dtype.code), int64_t(x->dtype.bits), bool(vec),
+      ffi::Function f = st.resolve(int64_t(x->dtype.code), int64_t(x->dtype.bits), int64_t(variant),
                                    int64_t(x->device.device_id)).cast<ffi::Function>();
       it = st.kernels.emplace(key, f).first;
     }
@@ -303,7 +351,10 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   // directions share one allocation too: a small call's host time is mostly allocation, and a
   // small tensor's memory is not worth freeing one direction early (a large one's is: above
   // the limit, dropping the rowwise half frees it).
-  const int64_t data_bytes = Round256(numel);
+  // rows that are not whole units: padded to st.pad bytes ([.., n] views of them, as Python's
+  // MXFP8Tensor.empty makes by default)
+  const int64_t ld = x->ndim && n % st.unit ? (n + st.pad - 1) / st.pad * st.pad : n;
+  const int64_t data_bytes = Round256(m * ld);
   const int64_t row_bytes = st.want[kRowData] ? data_bytes + Round256(m * nbr) : 0;
   const int64_t col_bytes = st.want[kColData] ? data_bytes + Round256(nbc * n) : 0;
   ffi::Tensor shared;
@@ -312,7 +363,13 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   auto data_and_scale = [&](ffi::Shape scale_shape, int64_t bytes, int64_t shared_at, ffi::Any* data, ffi::Any* scale) {
     ffi::Tensor buf = shared.defined() ? shared : alloc(ffi::Shape({bytes}), u8);
     const int64_t at = shared.defined() ? shared_at : 0;
-    *data = ffi::Tensor::FromNDAlloc(ViewOf{buf, at}, xshape, fp8, x->device);
+    if (ld == n) {
+      *data = ffi::Tensor::FromNDAlloc(ViewOf{buf, at}, xshape, fp8, x->device);
+    } else {
+      const std::vector<int64_t> strides = RowStrides(xshape, ld);
+      *data = ffi::Tensor::FromNDAlloc(ViewOf{buf, at}, ffi::Shape({m * ld}), fp8, x->device)
+                  .as_strided(xshape, ffi::ShapeView(strides.data(), strides.size()));
+    }
     *scale = ffi::Tensor::FromNDAlloc(ViewOf{buf, at + data_bytes}, scale_shape, u8, x->device);
   };
   if (st.want[kRowData]) data_and_scale(ffi::Shape({m, nbr}), row_bytes, 0, &outs[0], &outs[1]);
@@ -331,12 +388,14 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
 
 }  // namespace
 
-// [destination-passing route, allocating route] of one op.
+// [destination-passing route, allocating route] of one op. `unit`, `pad`: State's.
 ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Array<ffi::String> names,
                               ffi::Function python, ffi::Function resolve, ffi::Function zero,
-                              int64_t share_max) {
+                              int64_t share_max, int64_t unit, int64_t pad) {
   auto st = std::make_shared<State>();
   st->share_max = share_max;
+  st->unit = unit;
+  st->pad = pad;
   for (const ffi::String& name : names) st->names.emplace_back(std::string(name));
   st->nt = static_cast<int>(nt);
   st->ns = static_cast<int>(ns);
