@@ -162,10 +162,12 @@ def test_export_writes_library_and_header_loadable_without_cutlass(tmp_path):
     assert lib.is_file() and header.is_file()
     text = header.read_text()
     assert '"residual_q"' in text and '"residual_q_vec"' in text and "workspace" in text
+    assert info["functions"] == ["residual_q", "residual_q_vec", "residual_q_rows8"]
+    assert '#define RESIDUAL_Q_ROWS8_NAME "residual_q_rows8"' in text
     out = _fresh(f"""
         import sys, tvm_ffi, torch
         m = tvm_ffi.load_module({str(lib)!r})
-        f, fv = m["residual_q"], m["residual_q_vec"]
+        f, fv, f8 = m["residual_q"], m["residual_q_vec"], m["residual_q_rows8"]
         x = torch.zeros(4, 32, dtype=torch.bfloat16)
         try:
             f(x)

@@ -69,7 +69,7 @@ def test_export(tmp_path):
     r = run("export", "--colwise", "--dir", str(tmp_path / "aot"), "--name", "q_both", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "aot" / "libq_both.so").is_file() and (tmp_path / "aot" / "q_both.h").is_file()
-    assert "functions q_both, q_both_vec\n" in r.stdout and "mGroupEnds" not in (tmp_path / "aot" / "q_both.h").read_text()
+    assert "functions q_both, q_both_vec, q_both_rows8\n" in r.stdout and "mGroupEnds" not in (tmp_path / "aot" / "q_both.h").read_text()
 
 
 def test_gated_activations_from_the_command_line(tmp_path):
@@ -89,14 +89,14 @@ def test_export_grouped(tmp_path):
     r = run("export", "--colwise", "--scale-layout", "swizzled", "--dir", str(tmp_path / "aot"), "--name", "q_g",
             "--grouped", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "functions q_g, q_g_vec, q_g_grouped, q_g_vec_grouped" in r.stdout
+    assert "functions q_g, q_g_vec, q_g_rows8, q_g_grouped, q_g_vec_grouped" in r.stdout
     header = (tmp_path / "aot" / "q_g.h").read_text()
     assert "mGroupEnds  int32[G]" in header and "(M//32 + 4 G) * roundup(N,128)" in header
-    assert "must be zero before each grouped call" in header and "exports four" in header and '"q_g_vec_grouped"' in header
+    assert "must be zero before each grouped call" in header and "exports 5 TVM-FFI functions" in header and '"q_g_vec_grouped"' in header
     out = subprocess.run([sys.executable, "-c", f"""
 import tvm_ffi
 m = tvm_ffi.load_module({str(tmp_path / "aot" / "libq_g.so")!r})
-print(all(m[f] is not None for f in ("q_g", "q_g_vec", "q_g_grouped", "q_g_vec_grouped")))
+print(all(m[f] is not None for f in ("q_g", "q_g_vec", "q_g_rows8", "q_g_grouped", "q_g_vec_grouped")))
 """], capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert out.stdout.split()[-1:] == ["True"], out.stderr
 
