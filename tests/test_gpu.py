@@ -5,6 +5,8 @@ checked in test_codegen.py, and the reference itself is checked in test_referenc
 device sweep (every option value, many shapes, timings) is bench/device_check.py.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -459,6 +461,25 @@ def test_default_outputs_pad_odd_rows(case, shape, dtype):
         q = mxq.quantize(x.cuda(), rowwise=op.spec.rowwise, colwise=op.spec.colwise, amax=op.spec.amax)
         assert q.rowwise_data is None or q.rowwise_data.stride() == (stride, 1)
         assert compare(q, want, True) == []
+
+
+@pytest.mark.parametrize("shape", [(4, 1, 13), (1, 6, 37), (3, 1, 2, 45)])
+def test_padded_outputs_with_size_one_dims(shape):
+    """N-D padded outputs whose leading dimensions include size-1 ones, which torch gives any
+    stride (a [4, 1, 13] view of 16-byte rows has strides (16, 13, 1)): the C++ dispatcher's
+    RowStride skips them. Through out= (MXFP8Tensor.empty's default), a noop call (its zeroed
+    outputs) and the allocating route; every byte against the reference."""
+    op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(_fast_ident)
+    n = shape[-1]
+    x = planted(math.prod(shape[:-1]), n, torch.bfloat16, seed=n).reshape(shape)
+    want = op.reference(x)
+    xc = x.cuda()
+    out = mxq.MXFP8Tensor.empty(op.spec, shape, x.dtype, "cuda")
+    assert op(xc, out=out) is out
+    assert compare(out, want, is_exact(op)) == []
+    assert compare(op(xc), want, is_exact(op)) == []
+    skipped = op(xc, noop=torch.ones(1, device="cuda"))
+    assert not bool(skipped.rowwise_data.view(torch.uint8).any())
 
 
 @pytest.mark.parametrize("shape", [(65, 1030), (40, 333)])

@@ -85,16 +85,20 @@ bool Compact(const DLTensor* t) {
 // Elements between the rows of FP8 data `t` seen as [rows, n]: n when it is contiguous; the row
 // stride when its last dimension has unit stride, its rows are at least n apart and its leading
 // dimensions merge into rows (padded rows, MXFP8Tensor.empty(row_align=...)); else -1.
+// (Dimensions of size 1 are skipped: torch gives them any stride, e.g. (16, 13, 1) for a [4, 1, 13]
+// view of rows padded to 16.)
 int64_t RowStride(const DLTensor* t, int64_t n) {
   if (Compact(t)) return n;
   const int last = t->ndim - 1;
   if (last < 1 || (t->shape[last] != 1 && t->strides[last] != 1)) return -1;
-  const int64_t ld = t->strides[last - 1];
-  int64_t expect = ld;
+  int64_t ld = -1, expect = -1;
   for (int i = last - 1; i >= 0; --i) {
-    if (t->shape[i] != 1 && t->strides[i] != expect) return -1;
+    if (t->shape[i] == 1) continue;
+    if (ld < 0) ld = expect = t->strides[i];  // the innermost leading dimension of more than one row
+    if (t->strides[i] != expect) return -1;
     expect *= t->shape[i];
   }
+  if (ld < 0) return n;  // one row
   return ld >= n ? ld : -1;
 }
 
