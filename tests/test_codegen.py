@@ -783,6 +783,25 @@ def test_unaligned_rows_store_whole_units_when_aligned(arch):
         assert sh8 == sh - realigned_shuffles, (op.spec, sh8, sh)
 
 
+def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
+    """Tuning.rows8_min_blocks (a benchmark's register cap for variant rows8) compiles into the
+    rows8 kernel's PTX as .minnctapersm, and nowhere else. (With a cap the DSL reads the SM's
+    shared memory size from the driver: stubbed here with the H200's, as no GPU is present.)"""
+    compiler._import_cutlass("sm_90")
+    import cutlass.cutlass_dsl.cutlass as dsl
+
+    monkeypatch.setattr(dsl.cuda_helpers, "get_device_attribute", lambda attr: 228 * 1024)
+
+    def ident(x):
+        return x
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
+    op._tuning = kconfig.Tuning(rows8_min_blocks=4)
+    ptx8 = _entry(compiler.compile_artifacts(op, "sm_90", "bf16", "rows8")["ptx"], "packed_kernel")
+    ptxg = _entry(compiler.compile_artifacts(op, "sm_90", "bf16", "generic")["ptx"], "packed_kernel")
+    assert re.search(r"\.minnctapersm\s+4", ptx8) and ".minnctapersm" not in ptxg
+
+
 def test_ptx_count_occupancy_by_hand():
     """bench/ptx_count.py's CTAs per SM, against hand counts for an H200 SM (64K registers in
     four 16K partitions allocated per warp in units of 256, 228 KB of shared memory with 1 KB

@@ -57,13 +57,18 @@ class Tuning:
     ``vec_stage``: the fp32 kernel of a dact op stages its inputs through shared memory with
     cp.async and reuses that memory for the column reduction (80 registers against 100, 3 CTAs
     of 8 warps per SM against 2; docs/performance.md, "fp32 inputs", has the timings against
-    the unstaged kernel). False: registers only."""
+    the unstaged kernel). False: registers only.
+    ``rows8_min_blocks``: CTAs per SM the packed kernel of variant "rows8" is compiled for
+    (``min_blocks_per_mp``, a register cap); 0: no cap. A candidate for dgelu + dbias + both,
+    whose rows8 kernel takes 68 registers (3 CTAs of 8 warps per SM; its generic kernel 64, 4
+    CTAs); not yet timed (docs/performance.md, "N % 8 != 0", after step 15)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
     halves_one_cta: bool = True
     unaligned_warps: int = 0
     vec_stage: bool = True
+    rows8_min_blocks: int = 0
 
 
 @dataclass(frozen=True)

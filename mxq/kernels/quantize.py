@@ -73,8 +73,9 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         if ins[0].element_type.width == 16:
             unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
             grid, block = packed_grid(cfg, M, N, G, unaligned)
+            cap = cfg.tuning.rows8_min_blocks if variant == "rows8" else 0  # (a benchmark's register cap)
             self.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
-                grid=grid, block=block, stream=stream)
+                grid=grid, block=block, stream=stream, **({"min_blocks_per_mp": cap} if cap else {}))
         elif variant != "vec":
             grid, block = generic_grid(cfg, M, N, G)
             self.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
