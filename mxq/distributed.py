@@ -110,7 +110,12 @@ def call(op, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
     act = _local(act_input, mesh, placement, "act_input") if act_input is not None else None
     if isinstance(noop, DTensor):
         noop = noop.to_local()
-    t = op._eager(local, scalars, act, noop, None)
+    # contiguous FP8 data (not the padded rows of N % 8 != 0): the DTensors below state a
+    # contiguous global layout, which a shard's padded rows would not match
+    x0 = local[0]
+    out = MXFP8Tensor.empty(spec, op.output_shape(x0.shape), x0.dtype, x0.device, zeroed=noop is not None,
+                            row_align=1)
+    t = op._eager(local, scalars, act, noop, out)
     gshape = torch.Size(op.output_shape(x.shape))
     m, n = flat_dims(gshape)
 

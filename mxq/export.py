@@ -131,10 +131,11 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
     rows8 = dtype != "fp32"
     rows8_doc = "" if not rows8 else f"""
  *
- * "{name}_rows8" takes the same arguments and serves any M, N when rowwise_data and colwise_data
+ * "{name}_rows8" serves any M, N when rowwise_data and colwise_data
  * (where given) hold rows that start on 8-byte boundaries (an address and a row stride that are
  * multiples of 8 bytes, e.g. rows padded to 16 bytes: strides (ld, 1), ld >= N); at N % 8 != 0 it
  * stores whole 8-byte units, which "{name}" does not."""
+    takers = f'Those two and "{name}_rows8" (below)' if rows8 else "Those two"
     rows8_name = "" if not rows8 else f'\n#define {name.upper()}_ROWS8_NAME "{name}_rows8"'
     grouped_names = "" if not grouped else f"""
 #define {name.upper()}_GROUPED_NAME "{name}_grouped"
@@ -147,7 +148,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
  *
  * lib{name}.so exports {len(_functions(name, grouped, dtype))} TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
  * GetFunction): "{name}" serves any M, N >= 1; "{name}_vec" needs N % 8 == 0 and 16-byte
- * aligned [M, N] tensors and is faster. Those two take these positional arguments (DLPack tensors on
+ * aligned [M, N] tensors and is faster. {takers} take these positional arguments (DLPack tensors on
  * one CUDA device; the launch uses TVM-FFI's environment stream, see TVMFFIEnvSetStream):
  *
 {lines}{operand_doc}{rows8_doc}{grouped_doc}

@@ -41,7 +41,7 @@ def _dispatch_module():
             import tvm_ffi.cpp
 
             src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v13", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v14", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 

@@ -5,9 +5,9 @@ callers) for ordinary calls, and a Python binding of the native kernel function 
 ``op.prepare`` (bound once, re-launched with no checks) and machines that cannot build the
 dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
 aligned, else the "generic" one (any shape: the packed kernel's unaligned rows for 16-bit
-inputs, the element-wise kernel for fp32). The Python binding also picks "rows8" (the unaligned
-rows with whole 8-byte output units) for FP8 outputs whose rows start on 8-byte boundaries, which
-only it is given (the native dispatcher takes contiguous outputs; ``variant_for``).
+inputs, the element-wise kernel for fp32), or "rows8" (the unaligned rows with whole 8-byte
+output units) for 16-bit inputs whose FP8 outputs' rows start on 8-byte boundaries, such as the
+padded rows mxq allocates at N % 8 != 0 (``variant_for``; the dispatcher by the same rules).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ def unsupported(x: torch.Tensor) -> str | None:
 
 class Launcher:
     """Calls the compiled kernels for one (op, device, dtype): the vectorised one when N % 8 == 0
-    and every [M, N] tensor is 16-byte aligned, else the generic one. Each compiles on first use."""
+    and every [M, N] tensor is 16-byte aligned, else rows8 or the generic one (variant_for).
+    Each compiles on first use."""
 
     def __init__(self, op, arch: str, dtype_name: str, dispatchers):
         """``dispatchers``: the op's (destination-passing, allocating) native dispatchers
@@ -172,18 +173,19 @@ def variant_for(n: int, n_out: int, dtype, mats, kinds, datas, grouped: bool) ->
     16-byte aligned with rows a multiple of 8 elements apart; else "rows8" for 16-bit inputs whose
     FP8 data rows (``datas``, [M, n_out] views; None where not written) all start on 8-byte
     boundaries, ungrouped (padded outputs, MXFP8Tensor.empty(row_align=...)); else "generic".
-    A two-halves op (n_out == 2n) writes half 1 from column n, so "rows8" also needs n % 8 == 0."""
+    A two-halves op (n_out == 2n) writes half 1 from column n, so "rows8" also needs n % 8 == 0.
+    One row's stride does not matter. csrc/dispatch.cc applies the same rules to its calls."""
     outs = [t for t in datas if t is not None]
     wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + outs
     vec = (n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
            and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided")
-           and all(t.stride(0) % VEC_DIVISOR == 0 for t in outs))
+           and all(t.shape[0] <= 1 or t.stride(0) % VEC_DIVISOR == 0 for t in outs))
     if vec:
         return "vec_grouped" if grouped else "vec"
     if grouped:
         return "generic_grouped"
     rows8 = (dtype in (torch.bfloat16, torch.float16) and (n_out == n or n % UNIT == 0)
-             and all(t.data_ptr() % UNIT == 0 and t.stride(0) % UNIT == 0 for t in outs))
+             and all(t.data_ptr() % UNIT == 0 and (t.shape[0] <= 1 or t.stride(0) % UNIT == 0) for t in outs))
     return "rows8" if rows8 else "generic"
 
 

@@ -66,7 +66,8 @@ def padded_rows(t: torch.Tensor) -> torch.Tensor:
     """The whole rows, padding included, of FP8 data ``t`` made by MXFP8Tensor.empty (with or
     without row_align), as bytes [rows, row stride]."""
     n = t.shape[-1] if t.dim() else 1
-    stride = t.stride(-2) if t.dim() >= 2 else n
+    lead = [i for i in range(t.dim() - 1) if t.shape[i] > 1]  # (size-1 dimensions may have any stride)
+    stride = t.stride(lead[-1]) if lead else n
     rows = t.numel() // max(n, 1)
     return t.view(torch.uint8).as_strided((rows, stride), (stride, 1))
 

@@ -274,6 +274,49 @@ def test_registered_op_takes_group_offsets(device):
 
 
 @mxq.fused_quant(rowwise=True, colwise=True, act="gelu")
+def gelu_both(x):
+    return x
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_registered_op_fp8_data_layouts(device):
+    """The destination route's FP8 data: contiguous (any shape of M * N bytes), or rows of unit
+    stride at least N apart with the input's row length (padded rows, written in place, padding
+    untouched; size-1 leading dimensions with any stride; one row with any row stride). Refused,
+    naming the argument: a last stride other than 1 (one row included: it was once taken as
+    contiguous on CUDA) and rows of another length with the right count (an [8, 26] view of rows
+    32 apart for a [16, 13] input: on CUDA this was once accepted and written out of bounds).
+    CPU: ffi's Python route; CUDA: csrc/dispatch.cc's RowStride (not run on a GPU yet)."""
+    gelu_both.register("test_gelu_both_layouts")
+    g = tvm_ffi.get_global_func("mxq.test_gelu_both_layouts")
+    u8 = dict(dtype=torch.uint8, device=device)
+
+    def call(x, row_data, col_data):
+        m, n = x.numel() // x.shape[-1], x.shape[-1]
+        g(x, None, row_data, torch.empty(m, -(-n // 32), **u8), col_data, torch.empty(-(-m // 32), n, **u8),
+          None, None, None)
+
+    for shape, ld in (((16, 13), 16), ((4, 1, 13), 16), ((1, 13), 64), ((2, 3, 40), 48)):
+        x = planted(math.prod(shape[:-1]), shape[-1], torch.bfloat16, seed=ld).reshape(shape).to(device)
+        m, n = x.numel() // shape[-1], shape[-1]
+        want = gelu_both(x, out=mxq.MXFP8Tensor.empty(gelu_both.spec, shape, x.dtype, device, row_align=1))
+        bufs = [torch.full((m, ld), 0xAB, **u8) for _ in range(2)]
+        call(x, *[b[:, :n].view(shape) for b in bufs])
+        for b, w in zip(bufs, (want.rowwise_data, want.colwise_data)):
+            assert same_bytes(b[:, :n], w.view(torch.uint8).reshape(m, n)), shape
+            assert bool((b[:, n:] == 0xAB).all()), shape
+    x = planted(16, 13, torch.bfloat16, seed=3).to(device)
+    ok = torch.empty(16, 13, **u8)
+    with pytest.raises(ValueError, match="'rowwise_data' must be contiguous or rows of unit stride"):
+        call(x, torch.empty(16, 26, **u8)[:, ::2], ok)
+    with pytest.raises(ValueError, match="'colwise_data' must be contiguous or rows of unit stride"):
+        call(x, ok, torch.empty(8, 32, **u8)[:, :26])
+    x1 = planted(1, 13, torch.bfloat16, seed=4).to(device)
+    with pytest.raises(ValueError, match="'rowwise_data' must be contiguous or rows of unit stride"):
+        call(x1, torch.empty(1, 26, **u8)[:, ::2], torch.empty(1, 13, **u8))
+
+
+@mxq.fused_quant(rowwise=True, colwise=True, act="gelu")
 def bias_gelu(x, b):
     return x + b
 

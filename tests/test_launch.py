@@ -54,5 +54,11 @@ def test_variant_by_hand():
     assert variant_for(62, 124, bf, [x62], full, (p2, None), False) == "generic"
     p3 = _u8(0, (m, 128), 128)
     assert variant_for(64, 128, bf, [xoff], full, (p3, None), False) == "rows8"
+    # one row: its stride does not matter (csrc/dispatch.cc agrees), only where it starts
+    x1 = _at(0, (1, 62), bf)
+    assert variant_for(62, 62, bf, [x1], full, (_u8(0, (1, 62)), None), False) == "rows8"
+    assert variant_for(62, 62, bf, [x1], full, (_u8(0, (1, 62), 70), None), False) == "rows8"
+    assert variant_for(62, 62, bf, [x1], full, (_u8(4, (1, 62)), None), False) == "generic"
+    assert variant_for(64, 64, bf, [_at(0, (1, 64), bf)], full, (_u8(0, (1, 64), 68), None), False) == "vec"
     # fp16 like bf16
     assert variant_for(62, 62, torch.float16, [_at(0, (m, 62), torch.float16)], full, (pad, None), False) == "rows8"

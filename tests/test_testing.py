@@ -3,7 +3,7 @@
 import torch
 
 import mxq
-from mxq.testing import compare, planted, poisoned, v_abs_sum
+from mxq.testing import compare, padded_rows, planted, poisoned, v_abs_sum
 
 
 def test_compare_flags_a_single_byte_and_accepts_equal():
@@ -76,3 +76,15 @@ def test_dbias_slack_of_a_builtin_dact_is_absolute_in_dact():
     assert compare(got, want, exact=False, v_abs=v_abs) == []
     got.dbias[0] = v + 2.0 ** -18 * 3.0 * 4.0
     assert compare(got, want, exact=False, v_abs=v_abs) != []
+
+
+def test_padded_rows_by_hand():
+    """padded_rows: the whole rows of FP8 data, padding included, for 2-D and N-D data whose
+    size-1 leading dimensions carry any stride (a [4, 1, 13] view of 16-byte rows: (16, 13, 1))."""
+    spec = mxq.QuantSpec(rowwise=True)
+    for shape, rows in (((6, 13), 6), ((4, 1, 13), 4), ((2, 3, 13), 6), ((5, 16), 5)):
+        d = mxq.MXFP8Tensor.empty(spec, shape, torch.bfloat16, "cpu").rowwise_data
+        p = padded_rows(d)
+        assert p.shape == (rows, 16), (shape, p.shape)
+        p.fill_(7)
+        assert bool((d.view(torch.uint8) == 7).all())

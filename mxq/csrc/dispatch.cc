@@ -82,15 +82,16 @@ bool Compact(const DLTensor* t) {
   return true;
 }
 
-// Elements between the rows of FP8 data `t` seen as [rows, n]: n when it is contiguous; the row
-// stride when its last dimension has unit stride, its rows are at least n apart and its leading
-// dimensions merge into rows (padded rows, MXFP8Tensor.empty(row_align=...)); else -1.
+// Elements between the rows of FP8 data `t` seen as [rows, n]: n when it is contiguous (any shape
+// of the right count, as before padded rows); the row stride when its last dimension is n with
+// unit stride, its rows are at least n apart and its leading dimensions merge into rows (padded
+// rows, MXFP8Tensor.empty(row_align=...)); else -1.
 // (Dimensions of size 1 are skipped: torch gives them any stride, e.g. (16, 13, 1) for a [4, 1, 13]
 // view of rows padded to 16.)
 int64_t RowStride(const DLTensor* t, int64_t n) {
   if (Compact(t)) return n;
   const int last = t->ndim - 1;
-  if (last < 1 || (t->shape[last] != 1 && t->strides[last] != 1)) return -1;
+  if (last < 1 || t->shape[last] != n || (n != 1 && t->strides[last] != 1)) return -1;
   int64_t ld = -1, expect = -1;
   for (int i = last - 1; i >= 0; --i) {
     if (t->shape[i] == 1) continue;
@@ -228,16 +229,17 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
       push(Alias(t, u8, count, 1, 1));
       return;
     }
-    // FP8 data: contiguous, or rows of unit stride at least n apart (padded rows)
-    const int64_t ld = m > 1 ? RowStride(t, n) : n;
+    // FP8 data: contiguous, or rows of unit stride at least n apart (padded rows); one row's
+    // stride does not matter (Python's variant_for ignores it too)
+    const int64_t ld = RowStride(t, n);
     if (ld < 0) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must be contiguous or rows of unit "
                                 << "stride at least " << n << " elements apart";
     }
     const uintptr_t addr = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
-    vec = vec && Aligned16(t) && ld % 8 == 0;
-    rows8 = rows8 && addr % st.unit == 0 && ld % st.unit == 0;
-    if (ld == n) {
+    vec = vec && Aligned16(t) && (m == 1 || ld % 8 == 0);
+    rows8 = rows8 && addr % st.unit == 0 && (m == 1 || ld % st.unit == 0);
+    if (ld == n || m == 1) {
       push(Alias(t, u8, m, n, 2));
     } else {  // a [m, n] view of rows ld apart
       const int64_t rows_shape[2] = {m, n}, rows_strides[2] = {ld, 1};
