@@ -128,7 +128,8 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
 {_slot_lines(spec, epi, el, ws, True)}
  *
 {padding}"""
-    rows8 = dtype != "fp32"
+    functions = _functions(name, grouped, dtype)
+    rows8 = any(variant == "rows8" for variant, _ in functions)
     rows8_doc = "" if not rows8 else f"""
  *
  * "{name}_rows8" serves any M, N when rowwise_data and colwise_data
@@ -146,7 +147,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
  * op: {epi.name}  spec: {spec}
  * input dtype: {dtype}   arch: {arch}   epilogue fingerprint: {epi.fingerprint}
  *
- * lib{name}.so exports {len(_functions(name, grouped, dtype))} TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
+ * lib{name}.so exports {len(functions)} TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
  * GetFunction): "{name}" serves any M, N >= 1; "{name}_vec" needs N % 8 == 0 and 16-byte
  * aligned [M, N] tensors and is faster. {takers} take these positional arguments (DLPack tensors on
  * one CUDA device; the launch uses TVM-FFI's environment stream, see TVMFFIEnvSetStream):

@@ -64,12 +64,13 @@ def poisoned(op, x: torch.Tensor, group_offsets=None, row_align: int = 1):
 
 def padded_rows(t: torch.Tensor) -> torch.Tensor:
     """The whole rows, padding included, of FP8 data ``t`` made by MXFP8Tensor.empty (with or
-    without row_align), as bytes [rows, row stride]."""
-    n = t.shape[-1] if t.dim() else 1
-    lead = [i for i in range(t.dim() - 1) if t.shape[i] > 1]  # (size-1 dimensions may have any stride)
-    stride = t.stride(lead[-1]) if lead else n
-    rows = t.numel() // max(n, 1)
-    return t.view(torch.uint8).as_strided((rows, stride), (stride, 1))
+    without row_align), as bytes [rows, row stride] (tensor.data_rows' rows; one row: its n bytes)."""
+    from .tensor import data_rows, flat_dims
+
+    m, n = flat_dims(t.shape)
+    v = data_rows(t.view(torch.uint8), m, n)
+    ld = v.stride(0) if m > 1 else n
+    return v.as_strided((m, ld), (ld, 1))
 
 
 def byte_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:

@@ -105,8 +105,10 @@ int64_t RowStride(const DLTensor* t, int64_t n) {
 
 // Strides of `shape` whose rows (last dimension) start `ld` elements apart.
 std::vector<int64_t> RowStrides(const ffi::Shape& shape, int64_t ld) {
+  const int last = static_cast<int>(shape.size()) - 1;
   std::vector<int64_t> st(shape.size(), 1);
-  for (int i = static_cast<int>(shape.size()) - 2; i >= 0; --i) st[i] = i == static_cast<int>(shape.size()) - 2 ? ld : st[i + 1] * shape[i + 1];
+  if (last >= 1) st[last - 1] = ld;
+  for (int i = last - 2; i >= 0; --i) st[i] = st[i + 1] * shape[i + 1];
   return st;
 }
 
