@@ -8,6 +8,8 @@ import itertools
 import math
 import random
 
+import re
+
 import pytest
 
 from mxq.kernels import config as kconfig
@@ -214,17 +216,24 @@ def _shf_r_clamp(lo, hi, sh):
 @pytest.mark.parametrize("mis", range(16))
 def test_unaligned_reads_realign_every_misalignment(mis):
     """A row staged from its 16-byte chunk (33 chunks): for every misalignment, each lane's two
-    chunks, word selects and funnel shift give exactly the 16 bytes at mis + 16 * lane."""
+    chunks, the word pairs of its word offset and the funnel shift give exactly the 16 bytes at
+    mis + 16 * lane; and the device's branch for word offset q shifts exactly those pairs."""
     from mxq.kernels import unaligned as ua
-    from mxq.kernels.device import HOST
 
     row = bytes((i * 73 + 11) % 251 for i in range(kconfig.unaligned_row_elements(256, 2) * 2))
     words = [int.from_bytes(row[4 * i:4 * i + 4], "little") for i in range(len(row) // 4)]
     for lane in range(32):
         c, q, sh = ua.read_plan(mis, lane)
-        u = ua.pick_words(words[4 * c:4 * c + 8], q, HOST)
-        got = b"".join(_shf_r_clamp(u[k], u[k + 1], sh).to_bytes(4, "little") for k in range(4))
+        v = words[4 * c:4 * c + 8]
+        got = b"".join(_shf_r_clamp(v[lo], v[hi], sh).to_bytes(4, "little") for lo, hi in ua.realign_pairs(q))
         assert got == row[mis + 16 * lane:mis + 16 * lane + 16], (mis, lane)
+    # the PTX: case q's k-th funnel shift writes output k from operands v[lo], v[hi] of realign_pairs(q)
+    cases = re.findall(r"RA_Q(\d):\n((?:shf[^\n]*\n)+)", ua._REALIGN_PTX)
+    assert [int(q) for q, _ in cases] == [0, 1, 2, 3]
+    for q, body in cases:
+        shifts = re.findall(r"shf\.r\.clamp\.b32 \{\$w(\d)\}, \{\$r(\d)\}, \{\$r(\d)\}, \{\$r9\};", body)
+        assert [(int(w), int(lo), int(hi)) for w, lo, hi in shifts] == \
+            [(k, lo, hi) for k, (lo, hi) in enumerate(ua.realign_pairs(int(q)))]
 
 
 @pytest.mark.parametrize("step", [1, 2, 4, 8])

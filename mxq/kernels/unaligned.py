@@ -10,8 +10,9 @@ A 256-column row segment of such a tensor starts anywhere inside a 16-byte chunk
   A chunk holding any byte of the segment lies in one mapped page, so its other bytes (the
   neighbouring tile's, the next row's) are safe to read; the kernel masks their magnitudes
   (``column_masks``) and never stores them.
-- ``read_row``: lane l reads the two chunks its 16 bytes lie in, picks the 5 words around its 8
-  columns and funnel-shifts them into the 4 packed words the aligned kernel would have loaded.
+- ``read_row``: lane l reads the two chunks its 16 bytes lie in and funnel-shifts the 5 words
+  around its 8 columns into the 4 packed words the aligned kernel would have loaded (a branch
+  per word offset, which the whole warp shares, picks the words).
 - ``store_row``: lane l's 8 FP8 bytes straddle two aligned 8-byte units; the lane writes the
   second one (its last bytes and its neighbour's first, taken by a shuffle) as one 8-byte store
   when it lies wholly inside the segment, so a warp's stores cover 256 contiguous bytes. The
@@ -29,7 +30,7 @@ w + 2W, ... (W warps) and computes the read plan (``read_plan``) and the store p
 Every address here is a plain byte address computed from the tensor's layout: a strided view,
 a row operand (row stride 0) and a grouped call's rows need nothing else. The helpers that
 branch on device values are ``@cute.jit`` (inlined into the kernel that calls them); the
-arithmetic that decides which bytes go where (``read_plan``, ``pick_words``, ``unit_offset``,
+arithmetic that decides which bytes go where (``read_plan``, ``realign_pairs``, ``unit_offset``,
 ``head_bytes``, ``tail_bytes``) is written once over ``ops`` (device.DEVICE or device.HOST), so
 tests/test_kernels.py checks it on the CPU for every misalignment and segment length.
 """
@@ -136,19 +137,32 @@ def read_plan(mis, lane):
     return lane, (mis >> 2) & 3, (mis & 3) << 3
 
 
-def pick_words(v, q, ops=DEVICE):
-    """v[q : q + 5] of the 8 words ``v`` of two chunks, for a q (0..3) the warp shares: two
-    levels of selects instead of a dynamically indexed register array."""
-    t = [ops.select((q & 1) != 0, v[j + 1], v[j]) for j in range(7)]
-    return [ops.select((q & 2) != 0, t[j + 2], t[j]) for j in range(5)]
+def realign_pairs(q: int):
+    """(lo, hi) word indices into a lane's two chunks of each of its 4 realigned words at word
+    offset ``q``: word k is hi:lo = v[q + k + 1]:v[q + k] shifted right by the plan's bits."""
+    return [(q + k, q + k + 1) for k in range(4)]
+
+
+# realign_words: a branch through a table on q (warp-uniform, every lane of a warp reads the same
+# row: brx.idx.uni) to 4 funnel shifts with fixed operands, instead of picking the words with two
+# levels of selects (12 SEL per row and source before the shifts; docs/performance.md, "N % 8 !=
+# 0", step 16). Operands: $r0..$r7 the two chunks' words, $r8 q, $r9 the shift.
+_REALIGN_PTX = (
+    "{\nRA_T: .branchtargets RA_Q0, RA_Q1, RA_Q2, RA_Q3;\nbrx.idx.uni {$r8}, RA_T;\n"
+    + "".join(f"RA_Q{q}:\n"
+              + "".join(f"shf.r.clamp.b32 {{$w{k}}}, {{$r{lo}}}, {{$r{hi}}}, {{$r9}};\n"
+                        for k, (lo, hi) in enumerate(realign_pairs(q)))
+              + ("bra.uni RA_END;\n" if q < 3 else "") for q in range(4))
+    + "RA_END:\n}"
+)
 
 
 def read_row(buf_words, plan):
     """A lane's 16 bytes (4 packed words) of a row staged by stage_row, as the aligned kernel
     would have loaded them; ``plan``: read_plan of the row's misalignment and the lane.
     ``buf_words``: the staged row as 32-bit words. The lane loads the two whole chunks its bytes
-    lie in (16-byte loads, no bank conflicts: 4-byte loads of its 5 words ran 4-way conflicted),
-    picks its 5 words and funnel-shifts them by the byte offset."""
+    lie in (16-byte loads, no bank conflicts: 4-byte loads of its 5 words ran 4-way conflicted)
+    and funnel-shifts the 5 words from its word offset on by the byte offset."""
     c, q, sh = plan
     chunks = cute.zipped_divide(buf_words, (CHUNK // 4,))  # (words of a chunk, chunks)
     v = []
@@ -156,8 +170,8 @@ def read_row(buf_words, plan):
         frag = cute.make_rmem_tensor(cute.make_layout(CHUNK // 4), Uint32)
         cute.autovec_copy(chunks[(None, c + k)], frag)
         v += [frag[j] for j in range(CHUNK // 4)]
-    u = pick_words(v, q)
-    return [shf_r(u[k], u[k + 1], Uint32(sh)) for k in range(4)]
+    return list(cute.arch.inline_ptx(_REALIGN_PTX, write_only_types=[Uint32] * 4,
+                                     read_only_args=v + [Uint32(q), Uint32(sh)]))
 
 
 def column_masks(nvalid, nwords: int):
