@@ -488,15 +488,25 @@ class PackedKernel:
         WARPS = cutlass.const_expr(cfg.packed_warps(True))
         PK_ROWS = cutlass.const_expr(ROWS // WARPS)
         PERIOD = cutlass.const_expr(ua.plans_per_thread(PK_ROWS, WARPS))
-        for i in cutlass.range_constexpr(PK_ROWS):
-            if rbase + i * WARPS < Ms:  # (every lane of a live row takes part in the realigned stores' shuffle)
+        if cutlass.const_expr(aligned_rows):
+            # every row's stores predicated (no branch per row: rows past M are quantized and not
+            # stored), each direction's lane address stepped from row to row
+            uplan = ua.unit_store_plan(lane, ncols)
+            p = [ua.row_at(dd, 0) + Int64(lane * ua.UNIT) for dd in dirs]
+            for i in cutlass.range_constexpr(PK_ROWS):
+                ok = rbase + i * WARPS < Ms
                 qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, is_bf16)
                 q = ([qr] if cfg.rowwise else []) + ([qc] if cfg.colwise else [])
                 for d in cutlass.range_constexpr(len(dirs)):
-                    if cutlass.const_expr(aligned_rows):
-                        ua.store_unit_aligned(ua.row_at(dirs[d], i), lane, ncols, q[d][0], q[d][1], edges,
-                                              2 * (d * PK_ROWS + i))
-                    else:
+                    ua.store_unit_aligned(p[d], ok, uplan, q[d][0], q[d][1], edges, 2 * (d * PK_ROWS + i))
+                    if cutlass.const_expr(i + 1 < PK_ROWS):
+                        p[d] = p[d] + dirs[d][1]
+        else:
+            for i in cutlass.range_constexpr(PK_ROWS):
+                if rbase + i * WARPS < Ms:  # (every lane of a live row takes part in the realigned stores' shuffle)
+                    qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, is_bf16)
+                    q = ([qr] if cfg.rowwise else []) + ([qc] if cfg.colwise else [])
+                    for d in cutlass.range_constexpr(len(dirs)):
                         ua.store_row(ua.row_at(dirs[d], i), splan[d][i % PERIOD], lane, q[d][0], q[d][1], edges,
                                      2 * (d * PK_ROWS + i))
         cute.arch.sync_warp()  # the parked words are read by other lanes

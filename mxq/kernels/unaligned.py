@@ -183,8 +183,9 @@ def column_masks(nvalid, nwords: int):
             for k in range(nwords)]
 
 
-def _st_b64(addr, lo, hi):
-    cute.arch.inline_ptx("st.global.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, Uint32(lo), Uint32(hi)])
+def _st_b64(addr, lo, hi, pred=None):
+    cute.arch.inline_ptx("st.global.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, Uint32(lo), Uint32(hi)],
+                         predicate=pred)
 
 
 def _st(width: int, addr, v):
@@ -256,16 +257,24 @@ def store_row(p0, plan, lane, d0, d1, edges, slot: cutlass.Constexpr):
         edges[2 * slot + 3] = hi
 
 
-@cute.jit
-def store_unit_aligned(p0, lane, ncols, d0, d1, edges, slot: cutlass.Constexpr):
-    """Store one FP8 row segment of ``ncols`` bytes from an 8-byte aligned address ``p0``: lane
-    l's bytes 8l .. 8l + 7 (words ``d0``, ``d1``) are one unit, stored whole when it lies inside
-    the segment; the segment's partial last unit is parked in ``edges`` (slots ``slot + 1``) for
-    flush_edges(..., aligned_rows=True)."""
+def unit_store_plan(lane, ncols):
+    """What store_unit_aligned does with lane ``lane``'s unit (offset 8 * lane) of a segment of
+    ``ncols`` bytes that starts on a unit boundary: (the unit lies wholly inside: one 8-byte
+    store, the unit holds the segment's partial last unit: parked for flush_edges)."""
     o = lane * UNIT
-    if o + UNIT <= ncols:
-        _st_b64(p0 + Int64(o), d0, d1)
-    elif o < ncols:
+    return o + UNIT <= ncols, (o < ncols) & (o + UNIT > ncols)
+
+
+@cute.jit
+def store_unit_aligned(p, ok, plan, d0, d1, edges, slot: cutlass.Constexpr):
+    """Store lane l's unit of one FP8 row segment that starts on a unit boundary: bytes 8l ..
+    8l + 7 (words ``d0``, ``d1``) at address ``p`` (the segment's start + 8l), when the row
+    exists (``ok``); ``plan``: unit_store_plan. Whole units are one predicated 8-byte store; the
+    segment's partial last unit is parked in ``edges`` (slots ``slot + 1``) for
+    flush_edges(..., aligned_rows=True)."""
+    whole, part = plan
+    _st_b64(p, d0, d1, ok & whole)
+    if ok & part:
         edges[2 * slot + 2] = d0
         edges[2 * slot + 3] = d1
 
