@@ -87,6 +87,11 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
     else:
         op = FusedOp(_identity, spec, IDENTITY) if not spec.gated else fused_quant(**_options(spec))(_identity).inner
     op._tuning = tuning
+    cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
+    if variant == "rows8" and cfg.rows8_warps():
+        # (a plain cast's rows8 holds a kernel per input row stride parity: count the one of its
+        # default warps, KernelConfig.packed_warps)
+        op._tuning = kconfig.Tuning(**{**vars(tuning or kconfig.Tuning()), "unaligned_warps": cfg.packed_warps(True)})
     art = compiler.compile_artifacts(op, arch=arch, dtype=dtype, variant=variant, layouts=layouts)
     ptx = art["ptx"]
     body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]

@@ -783,6 +783,33 @@ def test_unaligned_rows_store_whole_units_when_aligned(arch):
         assert sh8 == sh - realigned_shuffles, (op.spec, sh8, sh)
 
 
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_rows8_plain_casts_pick_warps_by_row_stride_parity(arch):
+    """Variant rows8 of a plain cast without dbias compiles its packed kernel twice, at 8 warps
+    and at 4 (KernelConfig.rows8_warps: for even and for odd input row strides; docs/
+    performance.md, "N % 8 != 0", step 18), and its host launcher picks one by the parity; ops
+    with arithmetic or dbias, other variants and an explicit Tuning.unaligned_warps hold one
+    packed kernel. The GPU side: test_gpu.py::test_default_outputs_pad_odd_rows (N = 1030 and
+    4100 even, 333 and 5 odd) and the padded-output tests."""
+    def ident(x):
+        return x
+
+    def threads(op, variant="rows8"):
+        ptx = compiler.compile_artifacts(op, arch, "bf16", variant)["ptx"]
+        return sorted(int(re.search(r"\.reqntid (\d+)", ptx[m.start():]).group(1))
+                      for m in re.finditer(r"\.entry kernel_cutlass_packed_kernel", ptx))
+
+    for opts in (dict(rowwise=True), dict(rowwise=False, colwise=True), dict(rowwise=True, colwise=True, amax=True)):
+        op = mxq.fused_quant(**opts)(ident)
+        assert threads(op) == [4 * 32, 8 * 32], opts
+        assert len(threads(op, "generic")) == 1
+        pinned = mxq.fused_quant(**opts)(ident)
+        pinned._tuning = kconfig.Tuning(unaligned_warps=8)
+        assert threads(pinned) == [8 * 32]
+    for opts in (dict(rowwise=True, colwise=True, act="gelu"), dict(rowwise=True, colwise=True, dbias=True)):
+        assert len(threads(mxq.fused_quant(**opts)(ident))) == 1, opts
+
+
 def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
     """Tuning.rows8_min_blocks (a benchmark's register cap for variant rows8) compiles into the
     rows8 kernel's PTX as .minnctapersm, and nowhere else. (With a cap the DSL reads the SM's

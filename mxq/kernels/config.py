@@ -181,6 +181,17 @@ class KernelConfig:
         warps = self.tuning.unaligned_warps or (8 if self.colwise and not self.computed else 4)
         return max(self.pk_warps, warps)
 
+    def rows8_warps(self):
+        """Variant "rows8" of a plain cast without dbias (Tuning.unaligned_warps unset): the warps
+        of its packed kernel for an even and for an odd input row stride (elements), (8, 4);
+        else None (one kernel, packed_warps). Measured on the H200 (docs/performance.md, "N % 8 !=
+        0", step 18): at 8192x8190 8 warps ran rowwise 86-88% of copy against 82-83% at 4, and
+        at 4096x14335 and 8191x8191 4 warps ran colwise 86-87% against 80-82% at 8, both 87%
+        against 83-84%, rowwise 85% against 81-82%."""
+        if self.computed or self.dbias or self.halves or self.tuning.unaligned_warps:
+            return None
+        return (8, 4)
+
     @property
     def halves_passes(self) -> int:
         """Packed kernel: passes per CTA over its loaded tile, one per output half it writes (2

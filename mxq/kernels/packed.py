@@ -178,6 +178,11 @@ class PackedKernel:
                         el, cute.make_layout((SROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16))
                 g2s.append(cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                                el, num_bits_per_copy=128) if staged_src[t] else None)
+            # Unaligned rows of ops with arithmetic and no dbias: rows past M are staged as zeros, so
+            # every row is read without a branch (plain casts and dbias ops keep the branch: without
+            # it ptxas kept more values live, a CTA per SM fewer; docs/performance.md, "N % 8 != 0",
+            # steps 8 and 17)
+            ZERO_ROWS = cutlass.const_expr(UNALIGNED and cfg.computed and not cfg.dbias)
             if cutlass.const_expr(UNALIGNED):
                 # each source's rows and their misalignment (one per class of rows 8 apart)
                 ga = [ua.row_base(sources[t], rbase, cT, RSTEP) if staged_src[t] else None for t in range(NSRC)]
@@ -188,7 +193,7 @@ class PackedKernel:
                         if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                             ua.stage_row(sources[t].element_type, staged[t][(warp * PK_ROWS + i, None)],
                                          ua.row_at(ga[t], i), mis[t][i % PERIOD], ncols, lane,
-                                         rbase + i * RSTEP < row_end)
+                                         rbase + i * RSTEP < row_end, ZERO_ROWS)
                 elif col_ok and rbase + i < row_end:
                     for t in cutlass.range_constexpr(NSRC):
                         if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
@@ -244,16 +249,15 @@ class PackedKernel:
                                 frags[i][t].fill(0)
                     if cutlass.const_expr(UNALIGNED):
                         cute.arch.sync_warp()  # the row's chunks were copied by every lane of the warp
-                    if col_ok and rbase + i * RSTEP < row_end:
-                        for t in cutlass.range_constexpr(NSRC):
-                            if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
-                                if cutlass.const_expr(UNALIGNED):
-                                    srow = cute.recast_tensor(staged[t][(warp * PK_ROWS + i, None)], Uint32)
-                                    got = ua.read_row(srow, rplan[t][i % PERIOD])
-                                    fw = cute.recast_tensor(frags[i][t], Uint32)
-                                    for j in cutlass.range_constexpr(PKW):
-                                        fw[j] = got[j]
-                                else:
+                    if cutlass.const_expr(ZERO_ROWS):
+                        self.read_unaligned_row(frags[i], staged, rplan, warp * PK_ROWS + i, i % PERIOD, once, staged_src, i)
+                    elif col_ok and rbase + i * RSTEP < row_end:
+                        if cutlass.const_expr(UNALIGNED):
+                            self.read_unaligned_row(frags[i], staged, rplan, warp * PK_ROWS + i, i % PERIOD, once,
+                                                    staged_src, i)
+                        else:
+                            for t in cutlass.range_constexpr(NSRC):
+                                if cutlass.const_expr(staged_src[t] and (i == 0 or not once[t])):
                                     cute.autovec_copy(staged[t][(i, tidx, None)], frags[i][t])
                 if cutlass.const_expr(cfg.computed):
                     if cutlass.const_expr(not cfg.identity):
@@ -458,6 +462,16 @@ class PackedKernel:
                             cute.autovec_copy(cute.recast_tensor(qr, Uint8), tRow[(i, None)])
                         if cutlass.const_expr(cfg.colwise):
                             cute.autovec_copy(cute.recast_tensor(qc, Uint8), tCol[(i, None)])
+
+    def read_unaligned_row(self, frag, staged, rplan, srow: int, plan: int, once, staged_src, i: int):
+        """Unaligned rows: row ``i`` of each staged source (shared-memory row ``srow``, read plan
+        ``plan``), realigned into ``frag`` (unaligned.read_row)."""
+        for t in range(len(frag)):
+            if staged_src[t] and (i == 0 or not once[t]):
+                got = ua.read_row(cute.recast_tensor(staged[t][(srow, None)], Uint32), rplan[t][plan])
+                fw = cute.recast_tensor(frag[t], Uint32)
+                for j in range(PKW):
+                    fw[j] = got[j]
 
     def quantize_row(self, row_words, s_row, sc, is_bf16: bool):
         """One row's FP8 bytes, four per word: (rowwise words, colwise words), each None where the op

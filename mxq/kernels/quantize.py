@@ -24,6 +24,8 @@ time inside a kernel body and branch only on the config.
 
 from __future__ import annotations
 
+import dataclasses
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint8
@@ -71,11 +73,12 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         args = (ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias_ws, noop, group_ends,
                 M, N, NO, use_hw_e8m0)
         if ins[0].element_type.width == 16:
-            unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
-            grid, block = packed_grid(cfg, M, N, G, unaligned)
-            cap = cfg.tuning.rows8_min_blocks if variant == "rows8" else 0  # (a benchmark's register cap)
-            self.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
-                grid=grid, block=block, stream=stream, **({"min_blocks_per_mp": cap} if cap else {}))
+            twins = self.rows8_twins() if variant == "rows8" and G is None else None
+            if twins is None:
+                self.launch_packed(variant, args, M, N, G, use_pdl, stream)
+            else:
+                # (a plain cast's rows8 kernel at the warps its input's row stride runs fastest with)
+                self.launch_packed_by_parity(twins, ins[0].layout.stride[0], args, M, N, use_pdl, stream)
         elif variant != "vec":
             grid, block = generic_grid(cfg, M, N, G)
             self.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
@@ -87,6 +90,37 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
             grid, block = dbias_grid(NO, G)
             dbias_kernel(dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, ROWS), M, NO, pdl).launch(
                 grid=grid, block=block, stream=stream, use_pdl=pdl)
+
+    def launch_packed(self, variant: str, args, M, N, G, use_pdl: bool, stream):
+        """The packed kernel (16-bit inputs) of ``variant`` with this config's warps."""
+        cfg = self.cfg
+        unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
+        grid, block = packed_grid(cfg, M, N, G, unaligned)
+        cap = cfg.tuning.rows8_min_blocks if variant == "rows8" else 0  # (a benchmark's register cap)
+        self.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
+            grid=grid, block=block, stream=stream, **({"min_blocks_per_mp": cap} if cap else {}))
+
+    def rows8_twins(self):
+        """(kernels for an even, for an odd input row stride) of variant rows8 where the config
+        picks its warps by that parity (KernelConfig.rows8_warps), else None. The same op with
+        Tuning.unaligned_warps set to each."""
+        warps = self.cfg.rows8_warps()
+        if warps is None:
+            return None
+        if getattr(self, "_rows8_twins", None) is None:
+            self._rows8_twins = tuple(
+                Quantize(dataclasses.replace(self.cfg, tuning=dataclasses.replace(self.cfg.tuning, unaligned_warps=w)),
+                         self.epilogue, self.act, self.dact) for w in warps)
+        return self._rows8_twins
+
+    @cute.jit
+    def launch_packed_by_parity(self, twins, stride, args, M, N, use_pdl: cutlass.Constexpr, stream):
+        """Launch twins[stride % 2]'s rows8 kernel (a branch of the host launcher: one compiled
+        function holds both kernels, the Python and C++ routes and op.export see one variant)."""
+        if stride % 2 == 0:
+            twins[0].launch_packed("rows8", args, M, N, None, use_pdl, stream)
+        else:
+            twins[1].launch_packed("rows8", args, M, N, None, use_pdl, stream)
 
     # -- per-element pieces shared by the kernels -------------------------------------------
     def sources(self, ins, act_in) -> list:

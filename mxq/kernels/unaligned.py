@@ -103,11 +103,12 @@ def row_at(base, i):
 
 
 @cute.jit
-def stage_row(el: cutlass.Constexpr, buf, a, mis, ncols, lane, ok):
+def stage_row(el: cutlass.Constexpr, buf, a, mis, ncols, lane, ok, zero_missing: cutlass.Constexpr = False):
     """Copy the chunks covering the ``ncols`` elements of type ``el`` from byte address ``a``,
     starting ``mis`` = chunk_misalignment(a) bytes before it, into ``buf`` (a row of
     config.unaligned_row_elements elements in shared memory, 16-byte aligned) with cp.async;
-    ``ok``: the row exists. The caller commits the group, waits for it and syncs the warp before
+    ``ok``: the row exists; ``zero_missing``: a row that does not exist is staged as zeros (its
+    reads need no branch). The caller commits the group, waits for it and syncs the warp before
     ``read_row``."""
     eb = el.width // 8
     n = (mis + ncols * eb + (CHUNK - 1)) // CHUNK
@@ -116,12 +117,19 @@ def stage_row(el: cutlass.Constexpr, buf, a, mis, ncols, lane, ok):
                                num_bits_per_copy=CHUNK * 8)
     per = CHUNK // eb
     dst = cute.zipped_divide(buf, (per,))  # (chunk elements, chunks)
-    for k in cutlass.range_constexpr((cute.size(buf) // per + 31) // 32):
+    nch = cute.size(buf) // per
+    if cutlass.const_expr(zero_missing):
+        zero = cute.make_rmem_tensor(cute.make_layout(per), el)
+        zero.fill(0)
+    for k in cutlass.range_constexpr((nch + 31) // 32):
         ch = lane + 32 * k
         if ok and ch < n:
             g = cute.make_tensor(cute.make_ptr(el, first + Int64(32 * k * CHUNK), cute.AddressSpace.gmem,
                                                assumed_align=CHUNK), cute.make_layout(per))
             cute.copy(atom, g, dst[(None, ch)])
+        if cutlass.const_expr(zero_missing):
+            if not ok and ch < nch:
+                cute.autovec_copy(zero, dst[(None, ch)])
 
 
 def shf_r(lo, hi, sh):
@@ -153,7 +161,7 @@ _REALIGN_PTX = (
               + "".join(f"shf.r.clamp.b32 {{$w{k}}}, {{$r{lo}}}, {{$r{hi}}}, {{$r9}};\n"
                         for k, (lo, hi) in enumerate(realign_pairs(q)))
               + ("bra.uni RA_END;\n" if q < 3 else "") for q in range(4))
-    + "RA_END:\n}"
+    + "RA_END:\n\t}"  # (the tab: a PTX reader that cuts a kernel at its first "\\n}\\n" still finds its end)
 )
 
 
