@@ -97,7 +97,8 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
     body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
     body = body[:body.index("\n}\n")]
     instrs = [ln.strip() for ln in body.splitlines()
-              if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))]
+              if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))
+              and not re.match(r"^\w+:", ln.strip())]  # (labels, e.g. of the unaligned read's branch table)
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
     cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
     vwarps = cfg.packed_warps(unaligned=variant != "vec")

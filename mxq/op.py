@@ -160,11 +160,13 @@ class FusedOp:
 
     def _packed_smem_shortfall(self) -> str | None:
         """Why the 16-bit kernel cannot take this op, or None: the shared memory it needs at its
-        largest (unaligned rows, grouped; KernelConfig.packed_shared_bytes for this op's config and
-        tuning, computed once like ``source``) exceeds what a CTA may take."""
+        largest (unaligned rows, grouped, either warp count of a rows8 plain cast;
+        KernelConfig.packed_shared_bytes for this op's config and tuning, computed once like
+        ``source``) exceeds what a CTA may take."""
         if self._packed_smem is None:
             cfg = codegen.kernel_config(self.spec, self.epilogue, self._tuning)
-            self._packed_smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=True, grouped=True)
+            self._packed_smem = max(c.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=True, grouped=True)
+                                    for c in (cfg, *(cfg.rows8_twins() or ())))
         if self._packed_smem <= kconfig.SMEM_LIMIT:
             return None
         return (f"{len(self.epilogue.tensor_params)} epilogue tensors need {self._packed_smem} bytes of shared "

@@ -775,12 +775,22 @@ def test_unaligned_rows_store_whole_units_when_aligned(arch):
     assert stores(gelu)[0] == 2 * 2 * rows
     # variant "rows8" (the host saw FP8 rows on 8-byte boundaries) holds the aligned form alone, for
     # every op: one store per row and direction, and none of the realigned stores' two shuffles per
-    # row and direction (the shuffles left are the row scales')
+    # row and direction (the shuffles left are the row scales'). A plain cast's rows8 holds a kernel
+    # at 8 warps (4 rows a thread, as its generic kernel) and one at 4 (8 rows a thread; its
+    # shuffles against the generic kernel compiled at 4 warps)
     for op, nrows in ((plain, rows), (dbias, rows), (gelu, 2 * rows)):
         (st8, sh8), (st, sh) = stores(op, "rows8"), stores(op)
         assert st8 == 2 * nrows
         realigned_shuffles = 2 * 2 * nrows
         assert sh8 == sh - realigned_shuffles, (op.spec, sh8, sh)
+    ptx = compiler.compile_artifacts(plain, arch, "bf16", "rows8")["ptx"]
+    at4 = ptx[[m.start() for m in re.finditer(r"\.entry kernel_cutlass_packed_kernel", ptx)][1]:]
+    plain4 = mxq.fused_quant(rowwise=True, colwise=True)(ident)
+    plain4._tuning = kconfig.Tuning(unaligned_warps=4)
+    _, sh4 = stores(plain4)
+    assert re.search(r"\.reqntid (\d+)", at4).group(1) == "128"
+    assert len(re.findall(r"\bst\.global\.v2\.b32", at4)) == 2 * 2 * rows
+    assert len(re.findall(r"\bshfl\.sync", at4)) == sh4 - 2 * 2 * 2 * rows
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
@@ -795,13 +805,17 @@ def test_rows8_plain_casts_pick_warps_by_row_stride_parity(arch):
         return x
 
     def threads(op, variant="rows8"):
+        """Threads of each packed kernel, in the order the launcher traced them (its even-stride
+        branch first)."""
         ptx = compiler.compile_artifacts(op, arch, "bf16", variant)["ptx"]
-        return sorted(int(re.search(r"\.reqntid (\d+)", ptx[m.start():]).group(1))
-                      for m in re.finditer(r"\.entry kernel_cutlass_packed_kernel", ptx))
+        return [int(re.search(r"\.reqntid (\d+)", ptx[m.start():]).group(1))
+                for m in re.finditer(r"\.entry kernel_cutlass_packed_kernel", ptx)]
 
     for opts in (dict(rowwise=True), dict(rowwise=False, colwise=True), dict(rowwise=True, colwise=True, amax=True)):
         op = mxq.fused_quant(**opts)(ident)
-        assert threads(op) == [4 * 32, 8 * 32], opts
+        cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
+        assert [c.packed_warps(True) for c in cfg.rows8_twins()] == [8, 4]  # (even, odd)
+        assert threads(op) == [8 * 32, 4 * 32], opts
         assert len(threads(op, "generic")) == 1
         pinned = mxq.fused_quant(**opts)(ident)
         pinned._tuning = kconfig.Tuning(unaligned_warps=8)

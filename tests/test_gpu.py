@@ -440,7 +440,8 @@ def test_padded_outputs_match_reference(case, shape, layout):
 def test_default_outputs_pad_odd_rows(case, shape, dtype):
     """Without out=, N % 8 != 0 gets FP8 data of rows padded to 16 bytes (MXFP8Tensor.empty's
     default), which the 16-bit kernels write with whole 8-byte units (variant rows8) and the fp32
-    element-wise kernel through the rows' stride; N % 8 == 0 (64 x 4100) stays contiguous. Every
+    element-wise kernel through the rows' stride (N = 1030 and 4100 even, 333 and 5 odd: both warp
+    counts of a plain cast's rows8 kernel, KernelConfig.rows8_warps). Every
     byte against the reference; mxq.quantize alike. CPU counterpart:
     test_runtime.py::test_default_outputs_pad_rows_that_are_not_whole_units."""
     opts, fn = case

@@ -7,7 +7,6 @@ import collections
 import itertools
 import math
 import random
-
 import re
 
 import pytest
@@ -227,13 +226,37 @@ def test_unaligned_reads_realign_every_misalignment(mis):
         v = words[4 * c:4 * c + 8]
         got = b"".join(_shf_r_clamp(v[lo], v[hi], sh).to_bytes(4, "little") for lo, hi in ua.realign_pairs(q))
         assert got == row[mis + 16 * lane:mis + 16 * lane + 16], (mis, lane)
-    # the PTX: case q's k-th funnel shift writes output k from operands v[lo], v[hi] of realign_pairs(q)
-    cases = re.findall(r"RA_Q(\d):\n((?:shf[^\n]*\n)+)", ua._REALIGN_PTX)
-    assert [int(q) for q, _ in cases] == [0, 1, 2, 3]
-    for q, body in cases:
-        shifts = re.findall(r"shf\.r\.clamp\.b32 \{\$w(\d)\}, \{\$r(\d)\}, \{\$r(\d)\}, \{\$r9\};", body)
-        assert [(int(w), int(lo), int(hi)) for w, lo, hi in shifts] == \
-            [(k, lo, hi) for k, (lo, hi) in enumerate(ua.realign_pairs(int(q)))]
+    # the PTX, run for each q: the table entry q, then straight on until a jump to the end; the
+    # shifts executed write output k from operands v[lo], v[hi] of realign_pairs(q) (by $w/$r index)
+    assert _run_realign_ptx(ua._REALIGN_PTX, 0) is not None
+    for q in range(4):
+        assert _run_realign_ptx(ua._REALIGN_PTX, q) == [(k, lo, hi) for k, (lo, hi) in enumerate(ua.realign_pairs(q))]
+
+
+def _run_realign_ptx(ptx, q):
+    """The funnel shifts ({$w}, lo {$r}, hi {$r}) that unaligned._REALIGN_PTX executes for word
+    offset ``q`` (operand $r8), following its branch table, labels and jumps; the shift operand
+    must be $r9 and the block must end at its end label."""
+    lines = [ln.strip() for ln in ptx.splitlines() if ln.strip() not in ("{", "}")]
+    table = re.fullmatch(r"(\w+): \.branchtargets ([\w, ]+);", lines[0])
+    targets = [t.strip() for t in table.group(2).split(",")]
+    assert lines[1] == f"brx.idx.uni {{$r8}}, {table.group(1)};"
+    labels = {ln[:-1]: i for i, ln in enumerate(lines) if re.fullmatch(r"\w+:", ln)}
+    end = max(labels.values())
+    pc, done = labels[targets[q]] + 1, []
+    while pc < end:
+        ln = lines[pc]
+        jump = re.fullmatch(r"bra\.uni (\w+);", ln)
+        if jump:
+            assert labels[jump.group(1)] == end
+            break
+        m = re.fullmatch(r"shf\.r\.clamp\.b32 \{\$w(\d)\}, \{\$r(\d)\}, \{\$r(\d)\}, \{\$r9\};", ln)
+        if m:
+            done.append(tuple(int(g) for g in m.groups()))
+        else:
+            assert re.fullmatch(r"\w+:", ln), ln
+        pc += 1
+    return done
 
 
 @pytest.mark.parametrize("step", [1, 2, 4, 8])

@@ -15,7 +15,7 @@ timing; they are rendered into the module like everything else.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
@@ -53,15 +53,16 @@ class Tuning:
     library's choice (KernelConfig.packed_warps: 8 warps of 4 rows for plain casts with colwise
     output, which measured 71-73% of copy for rowwise + colwise against 63-65% at 4 warps of 8
     rows; ops with arithmetic and rowwise-only casts keep 4, 1-6 points faster there; dbias ops
-    take 8 anyway). bench/results/nvidia-h200-20261201-odd.json, docs/performance.md.
+    take 8 anyway; variant "rows8" of a plain cast without dbias holds both, picked by the input's
+    row stride parity, KernelConfig.rows8_warps). docs/performance.md, "N % 8 != 0", steps 5 and 18.
     ``vec_stage``: the fp32 kernel of a dact op stages its inputs through shared memory with
     cp.async and reuses that memory for the column reduction (80 registers against 100, 3 CTAs
     of 8 warps per SM against 2; docs/performance.md, "fp32 inputs", has the timings against
     the unstaged kernel). False: registers only.
     ``rows8_min_blocks``: CTAs per SM the packed kernel of variant "rows8" is compiled for
-    (``min_blocks_per_mp``, a register cap); 0: no cap. A candidate for dgelu + dbias + both,
-    whose rows8 kernel takes 68 registers (3 CTAs of 8 warps per SM; its generic kernel 64, 4
-    CTAs); not yet timed (docs/performance.md, "N % 8 != 0", after step 15)."""
+    (``min_blocks_per_mp``, a register cap); 0: no cap. Timed on the H200 and not taken: dgelu +
+    dbias + both at 4 (its shared memory holds it at 3 CTAs per SM anyway), the plain casts at
+    5-12 (equal or slower; docs/performance.md, "N % 8 != 0", step 18)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -185,12 +186,20 @@ class KernelConfig:
         """Variant "rows8" of a plain cast without dbias (Tuning.unaligned_warps unset): the warps
         of its packed kernel for an even and for an odd input row stride (elements), (8, 4);
         else None (one kernel, packed_warps). Measured on the H200 (docs/performance.md, "N % 8 !=
-        0", step 18): at 8192x8190 8 warps ran rowwise 86-88% of copy against 82-83% at 4, and
-        at 4096x14335 and 8191x8191 4 warps ran colwise 86-87% against 80-82% at 8, both 87%
-        against 83-84%, rowwise 85% against 81-82%."""
+        0", step 18): at 8192x8190 8 warps ran rowwise 86-88% of copy against 82-83% at 4; at
+        4096x14335 and 8191x8191 4 warps ran rowwise 85-85.5% against 81-82% at 8, colwise and
+        both 86-87.5% against 80-84%."""
         if self.computed or self.dbias or self.halves or self.tuning.unaligned_warps:
             return None
         return (8, 4)
+
+    def rows8_twins(self):
+        """The configs of rows8_warps' two kernels (this config with Tuning.unaligned_warps set to
+        each), or None."""
+        warps = self.rows8_warps()
+        if warps is None:
+            return None
+        return tuple(replace(self, tuning=replace(self.tuning, unaligned_warps=w)) for w in warps)
 
     @property
     def halves_passes(self) -> int:

@@ -1,8 +1,8 @@
 """Quantize: one op's kernels, specialised on its KernelConfig and element functions.
 
 A generated module (templates/module.py.j2) builds one ``Quantize`` from its config and its
-epilogue / act / dact functions (lowered from the op's IR into CuTeDSL), and its two
-``@cute.jit`` launchers call ``Quantize.launch`` while they trace:
+epilogue / act / dact functions (lowered from the op's IR into CuTeDSL), and its ``@cute.jit``
+launchers (one per variant) call ``Quantize.launch`` while they trace:
 
 - variant "vec": N % 8 == 0 and 16-byte aligned [M, N] tensors. 16-bit inputs run the packed
   kernel (packed.py), fp32 inputs the vectorised one (vectorized.py);
@@ -10,7 +10,9 @@ epilogue / act / dact functions (lowered from the op's IR into CuTeDSL), and its
   rows (unaligned.py), fp32 inputs the element-wise kernel (generic.py);
 - variant "rows8": "generic" for FP8 output rows that start on 8-byte boundaries (an out= with
   padded rows, MXFP8Tensor.empty(row_align=...)): the unaligned rows store whole 8-byte units,
-  with no realigning code compiled in (fp32: the element-wise kernel);
+  with no realigning code compiled in (fp32: the element-wise kernel). A plain cast without
+  dbias compiles its packed kernel at 8 and at 4 warps, and the launcher picks one by the
+  parity of the input's row stride (KernelConfig.rows8_warps, ``launch_packed_by_parity``);
 - with ``group_ends`` (a grouped call, group_offsets) the same kernels take the groups'
   colwise blocks as their row tiles (grouped.py).
 
@@ -18,13 +20,11 @@ Around the quantize kernel, ops with amax zero it first (reduce.amax_init_kernel
 dbias reduce the per-CTA partial sums afterwards (reduce.dbias_kernel, launched early with
 programmatic dependent launch on sm_90+).
 
-The methods below ``launch`` are the per-element pieces every kernel shares; they run at trace
-time inside a kernel body and branch only on the config.
+The methods after the launch helpers are the per-element pieces every kernel shares; they run
+at trace time inside a kernel body and branch only on the config.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import cutlass
 import cutlass.cute as cute
@@ -102,15 +102,12 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
 
     def rows8_twins(self):
         """(kernels for an even, for an odd input row stride) of variant rows8 where the config
-        picks its warps by that parity (KernelConfig.rows8_warps), else None. The same op with
-        Tuning.unaligned_warps set to each."""
-        warps = self.cfg.rows8_warps()
-        if warps is None:
+        picks its warps by that parity (KernelConfig.rows8_twins), else None."""
+        cfgs = self.cfg.rows8_twins()
+        if cfgs is None:
             return None
         if getattr(self, "_rows8_twins", None) is None:
-            self._rows8_twins = tuple(
-                Quantize(dataclasses.replace(self.cfg, tuning=dataclasses.replace(self.cfg.tuning, unaligned_warps=w)),
-                         self.epilogue, self.act, self.dact) for w in warps)
+            self._rows8_twins = tuple(Quantize(c, self.epilogue, self.act, self.dact) for c in cfgs)
         return self._rows8_twins
 
     @cute.jit

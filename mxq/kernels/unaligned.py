@@ -29,7 +29,8 @@ w + 2W, ... (W warps) and computes the read plan (``read_plan``) and the store p
 
 Every address here is a plain byte address computed from the tensor's layout: a strided view,
 a row operand (row stride 0) and a grouped call's rows need nothing else. The helpers that
-branch on device values are ``@cute.jit`` (inlined into the kernel that calls them); the
+branch on device values are ``@cute.jit`` (inlined into the kernel that calls them), but for
+``read_row``, whose branch on the word offset is inside its PTX block; the
 arithmetic that decides which bytes go where (``read_plan``, ``realign_pairs``, ``unit_offset``,
 ``head_bytes``, ``tail_bytes``) is written once over ``ops`` (device.DEVICE or device.HOST), so
 tests/test_kernels.py checks it on the CPU for every misalignment and segment length.
@@ -88,7 +89,9 @@ def per_class(base, period: int, f):
 
 
 def read_plans(mis, lane):
-    """read_plan of each class's misalignment ``mis``."""
+    """read_plan of each class's misalignment ``mis``. (read_row's branch table needs the word
+    offset q to be the same in every lane of a warp: it is, as long as a warp's lanes read one row
+    together, which every tiling of the unaligned kernel does.)"""
     return [read_plan(m, lane) for m in mis]
 
 
@@ -151,7 +154,7 @@ def realign_pairs(q: int):
     return [(q + k, q + k + 1) for k in range(4)]
 
 
-# realign_words: a branch through a table on q (warp-uniform, every lane of a warp reads the same
+# read_row's realignment (_REALIGN_PTX): a branch through a table on q (warp-uniform, every lane of a warp reads the same
 # row: brx.idx.uni) to 4 funnel shifts with fixed operands, instead of picking the words with two
 # levels of selects (12 SEL per row and source before the shifts; docs/performance.md, "N % 8 !=
 # 0", step 16). Operands: $r0..$r7 the two chunks' words, $r8 q, $r9 the shift.
