@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import re
 
 from mxq import codegen, compiler
@@ -91,7 +92,8 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
     if variant == "rows8" and cfg.rows8_warps():
         # (a plain cast's rows8 holds a kernel per input row stride parity: count the one of its
         # default warps, KernelConfig.packed_warps)
-        op._tuning = kconfig.Tuning(**{**vars(tuning or kconfig.Tuning()), "unaligned_warps": cfg.packed_warps(True)})
+        op._tuning = dataclasses.replace(tuning or kconfig.Tuning(), unaligned_warps=cfg.packed_warps(True))
+        cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
     art = compiler.compile_artifacts(op, arch=arch, dtype=dtype, variant=variant, layouts=layouts)
     ptx = art["ptx"]
     body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
@@ -100,7 +102,6 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
               if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))
               and not re.match(r"^\w+:", ln.strip())]  # (labels, e.g. of the unaligned read's branch table)
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
-    cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
     vwarps = cfg.packed_warps(unaligned=variant != "vec")
     per_thread = kconfig.VEC * (kconfig.ROWS // vwarps)
     pk = next((v for k, v in art.get("kernels", {}).items() if "packed_kernel" in k), {})

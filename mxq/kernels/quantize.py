@@ -104,11 +104,7 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         """(kernels for an even, for an odd input row stride) of variant rows8 where the config
         picks its warps by that parity (KernelConfig.rows8_twins), else None."""
         cfgs = self.cfg.rows8_twins()
-        if cfgs is None:
-            return None
-        if getattr(self, "_rows8_twins", None) is None:
-            self._rows8_twins = tuple(Quantize(c, self.epilogue, self.act, self.dact) for c in cfgs)
-        return self._rows8_twins
+        return None if cfgs is None else tuple(Quantize(c, self.epilogue, self.act, self.dact) for c in cfgs)
 
     @cute.jit
     def launch_packed_by_parity(self, twins, stride, args, M, N, use_pdl: cutlass.Constexpr, stream):
