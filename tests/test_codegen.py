@@ -16,6 +16,7 @@ import mxq
 from mxq import codegen, compiler
 from mxq.epilogue import IDENTITY
 from mxq.kernels import config as kconfig
+from mxq.kernels import device as dev
 from mxq.kernels.config import Tuning
 from mxq.op import FusedOp, _identity
 from mxq.spec import ACTIVATIONS, QuantSpec
@@ -726,6 +727,26 @@ def test_generic_kernel_issues_its_loads_first(arch):
     first_store = body.index("st.global")
     assert len(loads) >= 2 * kconfig.ROWS  # the input and act_input, every row
     assert max(loads) < first_store
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_generic_rowwise_reduces_each_row_in_one_instruction(arch):
+    """The generic kernel's rowwise blocks (fp32 at any N): a row's block amax is one redux.sync
+    over the magnitudes' bits (device.warp_amax), not five shuffle-and-max steps; each lane keeps
+    one row's scale byte and stores it once (one scale store per thread, not one per row by lane
+    0); row addresses are stepped from row to row (no 64-bit multiply per row). The GPU side:
+    test_gpu.py's fp32 cases at odd shapes with planted NaN, inf and subnormals, and
+    bench/device_check.py --odd-only (fp32 rows)."""
+    def ident(x):
+        return x
+
+    op = mxq.fused_quant(rowwise=True, colwise=False)(ident)
+    body = _entry(compiler.compile_artifacts(op, arch, "fp32", "generic")["ptx"], "generic_kernel")
+    assert len(re.findall(r"\bredux\.sync\.max\.u32", body)) == kconfig.ROWS
+    assert "shfl.sync" not in body
+    assert f"{dev.ABS32}" in body or f"0x{dev.ABS32:08x}" in body.lower()  # (|v|'s bits)
+    assert len(re.findall(r"\bst\.global\.b8", body)) == kconfig.ROWS + 1  # data per row + one scale
+    assert len(re.findall(r"\b(?:mad|mul)\.(?:lo|wide)\.[su]64", body)) < kconfig.ROWS
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])

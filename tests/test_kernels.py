@@ -305,3 +305,32 @@ def test_unaligned_store_units_cover_each_byte_once(b):
         assert count == collections.Counter(range(ncols)), (b, ncols)
         if tend:
             assert t0 in units, (b, ncols)
+
+
+def test_warp_amax_bit_order():
+    """device.warp_amax reduces |v| as the unsigned integers of its bits (v's bits AND ABS32):
+    for fp32 that order is the order of the magnitudes, with every NaN above inf, so the integer
+    max is the block amax (a NaN if any value is one). Checked against an independent max of
+    the magnitudes over warps of random values and every special (+-0, +-inf, NaN payloads,
+    subnormals, the largest finite)."""
+    import torch
+
+    g = torch.Generator().manual_seed(5)
+    specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, -1e-40, 2.0 ** -126, -3.4028235e38,
+                             1.0, -1.0], dtype=torch.float32)
+    nans = torch.tensor([0x7FC00000, 0xFFC00001, 0x7F800001, 0xFFFFFFFF], dtype=torch.int64).to(torch.int32)
+    for trial in range(300):
+        v = torch.randn(32, generator=g) * 2.0 ** torch.randint(-140, 120, (32,), generator=g).float()
+        k = trial % 4
+        if k >= 1:  # plant specials
+            idx = torch.randperm(32, generator=g)[:4]
+            v[idx] = specials[torch.randint(len(specials), (4,), generator=g)]
+        if k == 3:  # and a NaN
+            v.view(torch.int32)[int(torch.randint(32, (1,), generator=g))] = nans[trial % len(nans)]
+        bits = v.view(torch.int32).to(torch.int64) & dev.ABS32  # as unsigned
+        got = torch.tensor([int(bits.max())], dtype=torch.int64).to(torch.int32).view(torch.float32)[0]
+        want = v.abs().max()  # torch's max propagates NaN
+        if torch.isnan(want):
+            assert torch.isnan(got), trial
+        else:
+            assert got.item() == want.item() and not torch.signbit(got), trial

@@ -185,6 +185,15 @@ def warp_max(x):
     return x
 
 
+def warp_amax(v):
+    """max |v| over the 32 lanes of a warp, NaN when any lane's v is NaN (every lane gets the
+    result; a NaN's payload is not kept, which no scale depends on): the bits of |v| compare as
+    unsigned integers in the order of the values, every NaN above inf, so one redux.sync (sm_80+)
+    replaces warp_max's five shuffle-and-max steps."""
+    b = v.bitcast(Uint32) & Uint32(ABS32)
+    return Uint32(cute.arch.warp_redux_sync(b, "umax")).bitcast(Float32)
+
+
 # --- operand layouts (mxq/operands.py) --------------------------------------------------------------
 def _static_stride(t, mode: int):
     s = t.layout.stride[mode]
@@ -233,6 +242,7 @@ def store_row_scale(t, offset, value, keep_in_l2: bool):
 # --- packed 16-bit words (bf16x2 / f16x2) ------------------------------------------------------
 # A word holds two adjacent columns' values; abs is one AND and the amax one max.NaN per two
 # values, exact because max only selects. Values widen to fp32 only for the scale multiply.
+ABS32 = 0x7FFFFFFF  # the magnitude bits of an fp32 (warp_amax)
 ABS_BITS = 0x7FFF7FFF  # the magnitude bits of two packed 16-bit floats (|w| is w & ABS_BITS)
 
 

@@ -2,10 +2,11 @@
 run the packed kernel with unaligned rows, packed.py / unaligned.py).
 
 Tiling: a CTA of GENERIC_WARPS warps covers ROWS (32) rows x 32 * GENERIC_WARPS columns; lane =
-column, so one warp row is one rowwise 32-block (its amax is a warp max) and one lane's 32 rows
-are one colwise block. Every row's load is issued before any arithmetic (one independent load per
-row and input, so their latencies overlap: odd-N shapes ran at 20-26% of copy when each row's
-arithmetic waited for that row's load).
+column, so one warp row is one rowwise 32-block (its amax one redux.sync, device.warp_amax) and
+one lane's 32 rows are one colwise block. Every row's load is issued before any arithmetic (one
+independent load per row and input, so their latencies overlap: odd-N shapes ran at 20-26% of
+copy when each row's arithmetic waited for that row's load). Row addresses step by the row
+stride and lane i stores row i's scale byte, once (docs/performance.md, "fp32 inputs").
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from cutlass import Float32, Int32, Uint8
 
 from . import device as dev
 from . import grouped
+from . import unaligned as ua
 from .config import GENERIC_WARPS, ROWS
 
 COLS = 32 * GENERIC_WARPS
@@ -23,6 +25,12 @@ COLS = 32 * GENERIC_WARPS
 
 def _widen(reg, i):
     return reg[i].to(Float32)
+
+
+def _at(el, a):
+    """The element of type ``el`` at global byte address ``a``, as a one-element tensor."""
+    return cute.make_tensor(cute.make_ptr(el, a, cute.AddressSpace.gmem, assumed_align=el.width // 8),
+                            cute.make_layout(1))
 
 
 def grid(cfg, M, N, G=None):
@@ -52,22 +60,36 @@ class GenericKernel:
             row0 = gt.row0
             row_end = gt.row_end
         col_ok = col < N
-        # this thread's column of the CTA's rows, per source (the epilogue's inputs, then act_input):
-        # registers to load into and the global tile (a base address plus a row stride per access)
+        # this thread's column of the CTA's rows, per source (the epilogue's inputs, then act_input)
         sources = self.sources(ins, act_in)
         regs = [cute.make_rmem_tensor(cute.make_layout(ROWS), s.element_type) for s in sources]
-        tiles = [self.thread_tile(s, (ROWS, 1), rb, row0, col, GROUPED) for s in sources]
-        for i in cutlass.range_constexpr(ROWS):
-            if col_ok and row0 + i < row_end:
-                for t in cutlass.range_constexpr(len(sources)):
-                    regs[t][i] = tiles[t][i, 0]
+        if cutlass.const_expr(cfg.rowwise or cfg.computed):
+            # each row's byte address stepped from the last by the row stride (an address computed
+            # per row under its predicate took ~6 instructions per row; these ops are issue-bound)
+            src_rows = [ua.row_base(s, row0, col) for s in sources]
+            ptrs = [a for a, _ in src_rows]
+            for i in cutlass.range_constexpr(ROWS):
+                if col_ok and row0 + i < row_end:
+                    for t in cutlass.range_constexpr(len(sources)):
+                        regs[t][i] = _at(sources[t].element_type, ptrs[t])[0]
+                ptrs = [ptrs[t] + src_rows[t][1] for t in range(len(sources))]
+        else:
+            # a plain colwise cast is memory-bound, and its loads through the global tile (an address
+            # per row) ran it 2-3% faster than the stepped ones (docs/performance.md, "fp32 inputs")
+            tiles = [self.thread_tile(s, (ROWS, 1), rb, row0, col, GROUPED) for s in sources]
+            for i in cutlass.range_constexpr(ROWS):
+                if col_ok and row0 + i < row_end:
+                    for t in cutlass.range_constexpr(len(sources)):
+                        regs[t][i] = tiles[t][i, 0]
         if noop[0] != Float32(1.0):
             vals = cute.make_rmem_tensor(cute.make_layout(ROWS), Float32)
             cmax = Float32(0.0)
             # the block's partial dbias sum in the workspace's precision (numerics.dbias_partial_dtype)
             dsum = self.dbias_zero(dbias_ws)
             nbr = (NOUT + 31) // 32  # row-scale blocks per row
-            tRow = self.row_tile(self.out_window(row_data, co), (ROWS, 1), rb, row0, col, GROUPED)
+            if cutlass.const_expr(cfg.rowwise):
+                out_row, out_step = ua.row_base(self.out_window(row_data, co), row0, col)
+                row_e = Int32(0)
             for i in cutlass.range_constexpr(ROWS):
                 r = row0 + i
                 v = Float32(0.0)
@@ -78,28 +100,36 @@ class GenericKernel:
                 vals[i] = v
                 cmax = cute.arch.fmax(cmax, cute.math.abs(v), nan=True)
                 if cutlass.const_expr(cfg.rowwise):
-                    e = dev.e8m0_scale(dev.warp_max(cute.math.abs(v)), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    e = dev.e8m0_scale(dev.warp_amax(v), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                     if col_ok and r < row_end:
-                        tRow[i, 0] = dev.to_fp8(dev.mul_rn(v, dev.inv_scale(e)), cfg.fp8)
-                        if lane == 0:  # plain stores: L2-kept ones ran this kernel 8-15% slower
-                            if cutlass.const_expr(GROUPED):
-                                row_scale[self.group_row_scale_offset(gt, r, col // 32, nbr)] = Uint8(e)
-                            elif cutlass.const_expr(cfg.swizzled):
-                                row_scale[dev.swizzle_offset(r, (co + col) // 32, nbr)] = Uint8(e)
-                            else:
-                                row_scale[r * nbr + (co + col) // 32] = Uint8(e)
+                        _at(Uint8, out_row)[0] = dev.to_fp8(dev.mul_rn(v, dev.inv_scale(e)), cfg.fp8)
+                    out_row = out_row + out_step
+                    row_e = Int32(cutlass.select_(lane == i, e, row_e))  # lane i keeps row i's scale
+            if cutlass.const_expr(cfg.rowwise):
+                # each lane stores its row's scale byte of the warp's block (one store per lane, not
+                # one per row by lane 0; plain stores: L2-kept ones ran this kernel 8-15% slower)
+                r = row0 + lane
+                if col - lane < N and r < row_end:
+                    if cutlass.const_expr(GROUPED):
+                        row_scale[self.group_row_scale_offset(gt, r, col // 32, nbr)] = Uint8(row_e)
+                    elif cutlass.const_expr(cfg.swizzled):
+                        row_scale[dev.swizzle_offset(r, (co + col) // 32, nbr)] = Uint8(row_e)
+                    else:
+                        row_scale[r * nbr + (co + col) // 32] = Uint8(row_e)
             if cutlass.const_expr(cfg.colwise):
                 e = dev.e8m0_scale(cmax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                 s_inv = dev.inv_scale(e)
                 if col_ok:
-                    tCol = self.thread_tile(self.out_window(col_data, co), (ROWS, 1), rb, row0, col, GROUPED)
+                    # (two rows per conversion; each pair's addresses stepped from the last pair's)
+                    out_col, col_step = ua.row_base(self.out_window(col_data, co), row0, col)
                     for i in cutlass.range_constexpr(0, ROWS, 2):
                         lo, hi = dev.to_fp8x2(cute.math.mul(vals[i], s_inv, rounding=dev.RN),
                                               cute.math.mul(vals[i + 1], s_inv, rounding=dev.RN), cfg.fp8)
                         if row0 + i < row_end:
-                            tCol[i, 0] = lo
+                            _at(Uint8, out_col)[0] = lo
                         if row0 + i + 1 < row_end:
-                            tCol[i + 1, 0] = hi
+                            _at(Uint8, out_col + col_step)[0] = hi
+                        out_col = out_col + col_step * 2
                     if cutlass.const_expr(GROUPED):
                         if cutlass.const_expr(cfg.swizzled):
                             if row_end > row0:
