@@ -307,30 +307,47 @@ def test_unaligned_store_units_cover_each_byte_once(b):
             assert t0 in units, (b, ncols)
 
 
+
 def test_warp_amax_bit_order():
-    """device.warp_amax reduces |v| as the unsigned integers of its bits (v's bits AND ABS32):
-    for fp32 that order is the order of the magnitudes, with every NaN above inf, so the integer
-    max is the block amax (a NaN if any value is one). Checked against an independent max of
-    the magnitudes over warps of random values and every special (+-0, +-inf, NaN payloads,
+    """device.warp_amax reduces the unsigned integers device.magnitude_bits makes of each lane's
+    fp32 bits (the expression it traces, run here in its host form): their max is the block
+    amax, and a NaN if any value is one. Checked against an independent max of the magnitudes
+    over warps of random values and every special (+-0, +-inf, NaN payloads of either sign,
     subnormals, the largest finite)."""
     import torch
 
     g = torch.Generator().manual_seed(5)
     specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 1e-45, -1e-40, 2.0 ** -126, -3.4028235e38,
                              1.0, -1.0], dtype=torch.float32)
-    nans = torch.tensor([0x7FC00000, 0xFFC00001, 0x7F800001, 0xFFFFFFFF], dtype=torch.int64).to(torch.int32)
+    nans = [0x7FC00000, 0xFFC00001, 0x7F800001, 0xFFFFFFFF]
     for trial in range(300):
         v = torch.randn(32, generator=g) * 2.0 ** torch.randint(-140, 120, (32,), generator=g).float()
         k = trial % 4
         if k >= 1:  # plant specials
             idx = torch.randperm(32, generator=g)[:4]
             v[idx] = specials[torch.randint(len(specials), (4,), generator=g)]
+        bits = [oracle.bits(float(x)) for x in v]
         if k == 3:  # and a NaN
-            v.view(torch.int32)[int(torch.randint(32, (1,), generator=g))] = nans[trial % len(nans)]
-        bits = v.view(torch.int32).to(torch.int64) & dev.ABS32  # as unsigned
-        got = torch.tensor([int(bits.max())], dtype=torch.int64).to(torch.int32).view(torch.float32)[0]
-        want = v.abs().max()  # torch's max propagates NaN
-        if torch.isnan(want):
-            assert torch.isnan(got), trial
+            bits[int(torch.randint(32, (1,), generator=g))] = nans[trial % len(nans)]
+        got = oracle.from_bits(max(dev.magnitude_bits(b, dev.HOST) for b in bits))
+        vals = [oracle.from_bits(b) for b in bits]
+        if any(math.isnan(x) for x in vals):
+            assert math.isnan(got), trial
         else:
-            assert got.item() == want.item() and not torch.signbit(got), trial
+            want = max(abs(x) for x in vals)
+            assert got == want and math.copysign(1.0, got) > 0, trial
+
+
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("mode", ["rceil", "floor", "ceil", "even"])
+def test_scale_rules_ignore_the_nan_payload(fp8, mode):
+    """A NaN block amax gives scale 255 whatever its payload: warp_amax returns whichever NaN has
+    the largest magnitude bits, not fmax.NaN's canonical one, so every scale rule must read only
+    whether amax is NaN (rceil through p = amax / MAX, which is NaN too; sm_100's hardware
+    conversion maps every NaN to 255 by the PTX ISA)."""
+    for b in (0x7F800001, 0x7FBFFFFF, 0x7FC00000, 0x7FC00001, 0x7FFFFFFF):
+        if mode == "rceil":
+            got = dev.rceil_scale(b, dev.HOST)  # (p's bits: a NaN times 1/MAX is a NaN)
+        else:
+            got = dev.exponent_scale(dev.HOST.I32(b), lambda: True, fp8, mode, dev.HOST)
+        assert got == 255, (hex(b), got)

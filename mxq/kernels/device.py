@@ -185,13 +185,18 @@ def warp_max(x):
     return x
 
 
+def magnitude_bits(b, ops=DEVICE):
+    """The bits of |v| from the bits ``b`` of an fp32 v: as unsigned integers they order like the
+    magnitudes, every NaN above inf (warp_amax; the host form is checked in tests/test_kernels.py)."""
+    return b & ops.U32(ABS32)
+
+
 def warp_amax(v):
     """max |v| over the 32 lanes of a warp, NaN when any lane's v is NaN (every lane gets the
-    result; a NaN's payload is not kept, which no scale depends on): the bits of |v| compare as
-    unsigned integers in the order of the values, every NaN above inf, so one redux.sync (sm_80+)
-    replaces warp_max's five shuffle-and-max steps."""
-    b = v.bitcast(Uint32) & Uint32(ABS32)
-    return Uint32(cute.arch.warp_redux_sync(b, "umax")).bitcast(Float32)
+    result): one redux.sync (sm_80+) over magnitude_bits instead of warp_max's five
+    shuffle-and-max steps. Which NaN it returns is not kept (no scale rule depends on the payload:
+    tests/test_kernels.py::test_scale_rules_ignore_the_nan_payload)."""
+    return Uint32(cute.arch.warp_redux_sync(magnitude_bits(v.bitcast(Uint32)), "umax")).bitcast(Float32)
 
 
 # --- operand layouts (mxq/operands.py) --------------------------------------------------------------

@@ -6,7 +6,8 @@ column, so one warp row is one rowwise 32-block (its amax one redux.sync, device
 one lane's 32 rows are one colwise block. Every row's load is issued before any arithmetic (one
 independent load per row and input, so their latencies overlap: odd-N shapes ran at 20-26% of
 copy when each row's arithmetic waited for that row's load). Row addresses step by the row
-stride and lane i stores row i's scale byte, once (docs/performance.md, "fp32 inputs").
+stride (but a plain colwise cast's loads) and lane i stores row i's scale byte, once
+(docs/performance.md, "fp32 inputs").
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class GenericKernel:
                 ptrs = [ptrs[t] + src_rows[t][1] for t in range(len(sources))]
         else:
             # a plain colwise cast is memory-bound, and its loads through the global tile (an address
-            # per row) ran it 2-3% faster than the stepped ones (docs/performance.md, "fp32 inputs")
+            # per row) ran it 2.6-3.1% faster than the stepped ones, both with stepped stores
+            # (docs/performance.md, "fp32 inputs")
             tiles = [self.thread_tile(s, (ROWS, 1), rb, row0, col, GROUPED) for s in sources]
             for i in cutlass.range_constexpr(ROWS):
                 if col_ok and row0 + i < row_end:
@@ -107,7 +109,9 @@ class GenericKernel:
                     row_e = Int32(cutlass.select_(lane == i, e, row_e))  # lane i keeps row i's scale
             if cutlass.const_expr(cfg.rowwise):
                 # each lane stores its row's scale byte of the warp's block (one store per lane, not
-                # one per row by lane 0; plain stores: L2-kept ones ran this kernel 8-15% slower)
+                # one per row by lane 0; plain stores: L2-kept ones ran this kernel 8-15% slower).
+                # (co + col) // 32 is the warp's block in every lane because co % 32 == 0: a
+                # two-halves op with rowwise output needs N % 32 == 0 (op._unserved)
                 r = row0 + lane
                 if col - lane < N and r < row_end:
                     if cutlass.const_expr(GROUPED):
