@@ -307,7 +307,6 @@ def test_unaligned_store_units_cover_each_byte_once(b):
             assert t0 in units, (b, ncols)
 
 
-
 def test_warp_amax_bit_order():
     """device.warp_amax reduces the unsigned integers device.magnitude_bits makes of each lane's
     fp32 bits (the expression it traces, run here in its host form): their max is the block

@@ -185,6 +185,9 @@ def warp_max(x):
     return x
 
 
+ABS32 = 0x7FFFFFFF  # the magnitude bits of an fp32
+
+
 def magnitude_bits(b, ops=DEVICE):
     """The bits of |v| from the bits ``b`` of an fp32 v: as unsigned integers they order like the
     magnitudes, every NaN above inf (warp_amax; the host form is checked in tests/test_kernels.py)."""
@@ -247,7 +250,6 @@ def store_row_scale(t, offset, value, keep_in_l2: bool):
 # --- packed 16-bit words (bf16x2 / f16x2) ------------------------------------------------------
 # A word holds two adjacent columns' values; abs is one AND and the amax one max.NaN per two
 # values, exact because max only selects. Values widen to fp32 only for the scale multiply.
-ABS32 = 0x7FFFFFFF  # the magnitude bits of an fp32 (warp_amax)
 ABS_BITS = 0x7FFF7FFF  # the magnitude bits of two packed 16-bit floats (|w| is w & ABS_BITS)
 
 

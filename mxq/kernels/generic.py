@@ -28,12 +28,6 @@ def _widen(reg, i):
     return reg[i].to(Float32)
 
 
-def _at(el, a):
-    """The element of type ``el`` at global byte address ``a``, as a one-element tensor."""
-    return cute.make_tensor(cute.make_ptr(el, a, cute.AddressSpace.gmem, assumed_align=el.width // 8),
-                            cute.make_layout(1))
-
-
 def grid(cfg, M, N, G=None):
     rows = cute.ceil_div(M, ROWS) if G is None else grouped.row_tiles(M, G)
     return [rows, cute.ceil_div(N, COLS) * (2 if cfg.halves else 1), 1], [COLS, 1, 1]
@@ -72,7 +66,7 @@ class GenericKernel:
             for i in cutlass.range_constexpr(ROWS):
                 if col_ok and row0 + i < row_end:
                     for t in cutlass.range_constexpr(len(sources)):
-                        regs[t][i] = _at(sources[t].element_type, ptrs[t])[0]
+                        regs[t][i] = ua.at_address(sources[t].element_type, ptrs[t])[0]
                 ptrs = [ptrs[t] + src_rows[t][1] for t in range(len(sources))]
         else:
             # a plain colwise cast is memory-bound, and its loads through the global tile (an address
@@ -104,7 +98,7 @@ class GenericKernel:
                 if cutlass.const_expr(cfg.rowwise):
                     e = dev.e8m0_scale(dev.warp_amax(v), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                     if col_ok and r < row_end:
-                        _at(Uint8, out_row)[0] = dev.to_fp8(dev.mul_rn(v, dev.inv_scale(e)), cfg.fp8)
+                        ua.at_address(Uint8, out_row)[0] = dev.to_fp8(dev.mul_rn(v, dev.inv_scale(e)), cfg.fp8)
                     out_row = out_row + out_step
                     row_e = Int32(cutlass.select_(lane == i, e, row_e))  # lane i keeps row i's scale
             if cutlass.const_expr(cfg.rowwise):
@@ -130,9 +124,9 @@ class GenericKernel:
                         lo, hi = dev.to_fp8x2(cute.math.mul(vals[i], s_inv, rounding=dev.RN),
                                               cute.math.mul(vals[i + 1], s_inv, rounding=dev.RN), cfg.fp8)
                         if row0 + i < row_end:
-                            _at(Uint8, out_col)[0] = lo
+                            ua.at_address(Uint8, out_col)[0] = lo
                         if row0 + i + 1 < row_end:
-                            _at(Uint8, out_col + col_step)[0] = hi
+                            ua.at_address(Uint8, out_col + col_step)[0] = hi
                         out_col = out_col + col_step * 2
                     if cutlass.const_expr(GROUPED):
                         if cutlass.const_expr(cfg.swizzled):

@@ -145,10 +145,6 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
     def dbias_add(self, dsum, v, dbias_ws):
         return dsum + v.to(dbias_ws.element_type) if self.cfg.dbias else dsum
 
-    def row_tile(self, row_data, shape, tile_row, row0, col_tile, grouped: bool):
-        """The rowwise data's thread tile (None for ops without rowwise output)."""
-        return self.thread_tile(row_data, shape, tile_row, row0, col_tile, grouped) if self.cfg.rowwise else None
-
     def store_row_scale(self, row_scale, offset, e):
         dev.store_row_scale(row_scale, offset, e, self.cfg.tuning.row_scale_l2_keep)
 

@@ -54,6 +54,13 @@ def byte_address(t, r, c):
     return t.iterator.toint() + (Int64(r) * t.layout.stride[0] + Int64(c) * t.layout.stride[1]) * eb
 
 
+def at_address(el, a, n: int = 1, align: int = 0):
+    """The ``n`` elements of type ``el`` from global byte address ``a`` as a tensor (``align``:
+    the bytes ``a`` is known to be a multiple of; default one element's)."""
+    return cute.make_tensor(cute.make_ptr(el, a, cute.AddressSpace.gmem, assumed_align=align or el.width // 8),
+                            cute.make_layout(n))
+
+
 def row_base(t, r, c, step: int = 1):
     """(byte address of t[r, c], bytes between a thread's rows): its rows r, r + step, ... at
     column c."""
@@ -127,9 +134,7 @@ def stage_row(el: cutlass.Constexpr, buf, a, mis, ncols, lane, ok, zero_missing:
     for k in cutlass.range_constexpr((nch + 31) // 32):
         ch = lane + 32 * k
         if ok and ch < n:
-            g = cute.make_tensor(cute.make_ptr(el, first + Int64(32 * k * CHUNK), cute.AddressSpace.gmem,
-                                               assumed_align=CHUNK), cute.make_layout(per))
-            cute.copy(atom, g, dst[(None, ch)])
+            cute.copy(atom, at_address(el, first + Int64(32 * k * CHUNK), per, CHUNK), dst[(None, ch)])
         if cutlass.const_expr(zero_missing):
             if not ok and ch < nch:
                 cute.autovec_copy(zero, dst[(None, ch)])
