@@ -64,7 +64,7 @@ def main() -> int:
     ap.add_argument("--b", required=True, help="checkout B")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dtypes", default="bf16,fp32")
-    ap.add_argument("--odd", action="store_true", help="time device_check.ODD_SHAPES instead (N % 8 != 0)")
+    ap.add_argument("--odd", action="store_true", help="time device_check.ODD_SHAPES instead (N %% 8 != 0)")
     ap.add_argument("--ops", default="", help="only these ops of device_check.OPS (comma-separated)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()

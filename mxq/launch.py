@@ -146,7 +146,7 @@ class Launcher:
             else:
                 args.append(operand[slot.role]())
         key = tuple(kinds[:len(tensors)]) if operand_kinds else None
-        variant = variant_for(n, n_out, x.dtype, mats, kinds, (row_data, col_data), grouped)
+        variant = variant_for(n, n_out, mats, kinds, (row_data, col_data), grouped)
         return (self._fn(variant, key) if m * n else None), args, out
 
     def __call__(self, tensors, scalars, act_input, noop, out):
@@ -167,12 +167,12 @@ class Launcher:
         return out
 
 
-def variant_for(n: int, n_out: int, dtype, mats, kinds, datas, grouped: bool) -> str:
+def variant_for(n: int, n_out: int, mats, kinds, datas, grouped: bool) -> str:
     """The compiled variant for one call: "vec" when N % 8 == 0 and every [M, N] tensor the
     vectorised kernel reads 16 bytes at a time (full, strided and row operands, the FP8 data) is
-    16-byte aligned with rows a multiple of 8 elements apart; else "rows8" for 16-bit inputs whose
-    FP8 data rows (``datas``, [M, n_out] views; None where not written) all start on 8-byte
-    boundaries, ungrouped (padded outputs, MXFP8Tensor.empty(row_align=...)); else "generic".
+    16-byte aligned with rows a multiple of 8 elements apart; else "rows8" where the FP8 data rows
+    (``datas``, [M, n_out] views; None where not written) all start on 8-byte boundaries,
+    ungrouped (padded outputs, MXFP8Tensor.empty(row_align=...)); else "generic".
     A two-halves op (n_out == 2n) writes half 1 from column n, so "rows8" also needs n % 8 == 0.
     One row's stride does not matter. csrc/dispatch.cc applies the same rules to its calls."""
     outs = [t for t in datas if t is not None]
@@ -184,7 +184,7 @@ def variant_for(n: int, n_out: int, dtype, mats, kinds, datas, grouped: bool) ->
         return "vec_grouped" if grouped else "vec"
     if grouped:
         return "generic_grouped"
-    rows8 = (dtype in (torch.bfloat16, torch.float16) and (n_out == n or n % UNIT == 0)
+    rows8 = ((n_out == n or n % UNIT == 0)
              and all(t.data_ptr() % UNIT == 0 and (t.shape[0] <= 1 or t.stride(0) % UNIT == 0) for t in outs))
     return "rows8" if rows8 else "generic"
 

@@ -464,6 +464,51 @@ def test_default_outputs_pad_odd_rows(case, shape, dtype):
         assert compare(q, want, True) == []
 
 
+def _bias_gelu_in(x, b):
+    return x + b
+
+
+@pytest.mark.parametrize("row_align", [16, 8])
+@pytest.mark.parametrize("offset", [0, 1, 3])
+@pytest.mark.parametrize("shape", [(65, 1030), (40, 333), (33, 8), (5, 257), (9, 5), (3, 1), (70, 4100)])
+@pytest.mark.parametrize("case", [
+    (dict(rowwise=True), _fast_ident),
+    (dict(rowwise=False, colwise=True, amax=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, scale_layout="swizzled"), _fast_ident),
+    (dict(rowwise=True, colwise=True, act="gelu", amax=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), _fast_ident),
+    (dict(rowwise=True, colwise=True, act="silu", dbias=True), _residual),
+    (dict(rowwise=True, colwise=True, act="gelu"), _bias_gelu_in),
+])
+def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, monkeypatch):
+    """fp32 inputs at any N and base alignment whose FP8 rows start on 8-byte boundaries (variant
+    rows8, mxq's own padded outputs) run the vectorised kernel with rows staged 4 bytes at a time
+    (KernelConfig.vec_unaligned): partial last column tiles and units (1030, 333, 257, 5), rows
+    shorter than a lane's 8 columns (5, 1), M not a multiple of 32, inputs and act_input 1 to 5
+    elements past an aligned address, a bias [N] at an odd address (the last case); every byte
+    against the reference, and no padding byte written. CPU counterpart:
+    test_codegen.py::test_fp32_unaligned_rows_are_staged_by_words."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    opts, fn = case
+    op = mxq.fused_quant(**opts)(fn)
+    m, n = shape
+    ins = [planted(m, n, torch.float32, seed=m + n + j) for j in range(len(op.epilogue.tensor_params))]
+    if fn is _bias_gelu_in:
+        ins[1] = ins[1][0]
+    kw = {"act_input": planted(m, n, torch.float32, seed=n)} if op.spec.dact else {}
+    want = op.reference(*ins, **kw)
+    gins = [_at_offset(t.cuda(), offset + j) for j, t in enumerate(ins)]
+    gkw = {k: _at_offset(v.cuda(), offset + 2) for k, v in kw.items()}
+    out = poisoned(op, gins[0], row_align=row_align)
+    got = op(*gins, out=out, **gkw)
+    v_abs = v_abs_sum(op, *ins, **kw) if op.spec.dbias and not is_exact(op) else None
+    assert compare(got, want, is_exact(op), v_abs) == []
+    for name in ("rowwise_data", "colwise_data"):
+        t = getattr(got, name)
+        if t is not None and n % row_align != 0:
+            assert bool((padded_rows(t)[:, n:] == 0xAB).all()), f"{name}: a padding byte was written"
+
+
 @pytest.mark.parametrize("shape", [(4, 1, 13), (1, 6, 37), (3, 1, 2, 45)])
 def test_padded_outputs_with_size_one_dims(shape):
     """N-D padded outputs whose leading dimensions include size-1 ones, which torch gives any

@@ -23,42 +23,40 @@ def _u8(nbytes_off, shape, row_stride=None):
 
 def test_variant_by_hand():
     """vec: N % 8 == 0 and every [M, N] tensor 16-byte aligned with rows 8 elements apart; rows8:
-    16-bit input, ungrouped, every FP8 data's start and row stride multiples of 8 bytes (a
+    ungrouped, every FP8 data's start and row stride multiples of 8 bytes (any input dtype; a
     two-halves op also N % 8 == 0); generic: the rest."""
     bf, m = torch.bfloat16, 4
     x64, x62 = _at(0, (m, 64), bf), _at(0, (m, 62), bf)
     full = ("full",)
     # aligned everything: vec (grouped: its twin)
-    assert variant_for(64, 64, bf, [x64], full, (_u8(0, (m, 64)), None), False) == "vec"
-    assert variant_for(64, 64, bf, [x64], full, (_u8(0, (m, 64)), None), True) == "vec_grouped"
+    assert variant_for(64, 64, [x64], full, (_u8(0, (m, 64)), None), False) == "vec"
+    assert variant_for(64, 64, [x64], full, (_u8(0, (m, 64)), None), True) == "vec_grouped"
     # N % 8 != 0, contiguous FP8 rows 62 bytes apart: generic
-    assert variant_for(62, 62, bf, [x62], full, (_u8(0, (m, 62)), None), False) == "generic"
+    assert variant_for(62, 62, [x62], full, (_u8(0, (m, 62)), None), False) == "generic"
     # ... rows padded to 64 bytes: rows8, but only when every written direction is padded
     pad = _u8(0, (m, 62), 64)
-    assert variant_for(62, 62, bf, [x62], full, (pad, pad), False) == "rows8"
-    assert variant_for(62, 62, bf, [x62], full, (pad, _u8(0, (m, 62))), False) == "generic"
-    assert variant_for(62, 62, bf, [x62], full, (None, pad), False) == "rows8"
+    assert variant_for(62, 62, [x62], full, (pad, pad), False) == "rows8"
+    assert variant_for(62, 62, [x62], full, (pad, _u8(0, (m, 62))), False) == "generic"
+    assert variant_for(62, 62, [x62], full, (None, pad), False) == "rows8"
     # rows 8 bytes apart but the data starting 4 bytes past a unit: generic
-    assert variant_for(62, 62, bf, [x62], full, (_u8(4, (m, 62), 64), None), False) == "generic"
+    assert variant_for(62, 62, [x62], full, (_u8(4, (m, 62), 64), None), False) == "generic"
     # rows 68 bytes apart (4 mod 8): generic
-    assert variant_for(62, 62, bf, [x62], full, (_u8(0, (m, 62), 68), None), False) == "generic"
-    # fp32 inputs and grouped calls have no rows8 kernel
+    assert variant_for(62, 62, [x62], full, (_u8(0, (m, 62), 68), None), False) == "generic"
+    # fp32 inputs like 16-bit ones (their rows8 kernel: KernelConfig.vec_unaligned); grouped calls have none
     x32 = _at(0, (m, 62), torch.float32)
-    assert variant_for(62, 62, torch.float32, [x32], full, (pad, None), False) == "generic"
-    assert variant_for(62, 62, bf, [x62], full, (pad, None), True) == "generic_grouped"
+    assert variant_for(62, 62, [x32], full, (pad, None), False) == "rows8"
+    assert variant_for(62, 62, [x62], full, (pad, None), True) == "generic_grouped"
     # N % 8 == 0 with a misaligned input: the outputs are whole units, so rows8
     xoff = _at(2, (m, 64), bf)
-    assert variant_for(64, 64, bf, [xoff], full, (_u8(0, (m, 64)), None), False) == "rows8"
+    assert variant_for(64, 64, [xoff], full, (_u8(0, (m, 64)), None), False) == "rows8"
     # a two-halves op writes half 1 from column n: n % 8 == 0 too
     p2 = _u8(0, (m, 124), 128)
-    assert variant_for(62, 124, bf, [x62], full, (p2, None), False) == "generic"
+    assert variant_for(62, 124, [x62], full, (p2, None), False) == "generic"
     p3 = _u8(0, (m, 128), 128)
-    assert variant_for(64, 128, bf, [xoff], full, (p3, None), False) == "rows8"
+    assert variant_for(64, 128, [xoff], full, (p3, None), False) == "rows8"
     # one row: its stride does not matter (csrc/dispatch.cc agrees), only where it starts
     x1 = _at(0, (1, 62), bf)
-    assert variant_for(62, 62, bf, [x1], full, (_u8(0, (1, 62)), None), False) == "rows8"
-    assert variant_for(62, 62, bf, [x1], full, (_u8(0, (1, 62), 70), None), False) == "rows8"
-    assert variant_for(62, 62, bf, [x1], full, (_u8(4, (1, 62)), None), False) == "generic"
-    assert variant_for(64, 64, bf, [_at(0, (1, 64), bf)], full, (_u8(0, (1, 64), 68), None), False) == "vec"
-    # fp16 like bf16
-    assert variant_for(62, 62, torch.float16, [_at(0, (m, 62), torch.float16)], full, (pad, None), False) == "rows8"
+    assert variant_for(62, 62, [x1], full, (_u8(0, (1, 62)), None), False) == "rows8"
+    assert variant_for(62, 62, [x1], full, (_u8(0, (1, 62), 70), None), False) == "rows8"
+    assert variant_for(62, 62, [x1], full, (_u8(4, (1, 62)), None), False) == "generic"
+    assert variant_for(64, 64, [_at(0, (1, 64), bf)], full, (_u8(0, (1, 64), 68), None), False) == "vec"

@@ -193,7 +193,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     call.emplace_back(hold.back());
   };
   bool vec = n % 8 == 0;
-  bool rows8 = x->dtype.bits == 16;  // every FP8 data row starts on a unit boundary (16-bit inputs)
+  bool rows8 = true;  // every FP8 data row starts on a unit boundary
   auto same_device = [&](const DLTensor* t, int i, bool rows = false) {
     if (t->device.device_type != x->device.device_type || t->device.device_id != x->device.device_id) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' is on another device than '"

@@ -123,6 +123,14 @@ class KernelConfig:
         return (self.n_inputs + 1) * ROWS * 32 * VEC * 4 + 2048 <= SMEM_LIMIT
 
     @property
+    def vec_unaligned(self) -> bool:
+        """Variant "rows8" of an fp32 op (FP8 output rows on 8-byte boundaries, any N and input
+        alignment) runs the vectorised kernel with its rows staged 4 bytes at a time
+        (vectorized.py), where every source fits shared memory and the op writes one half;
+        else the element-wise kernel (generic.py)."""
+        return not self.halves and (self.n_inputs + self.has_dact) * ROWS * 32 * VEC * 4 + 2048 <= SMEM_LIMIT
+
+    @property
     def wide(self) -> bool:
         """Packed kernel of a pure rowwise cast: warps side by side along a row band (8 x 1024
         columns), row scales gathered in shared memory and stored as 4-byte words."""

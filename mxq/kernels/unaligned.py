@@ -204,6 +204,26 @@ def _st_b64(addr, lo, hi, pred=None):
                          predicate=pred)
 
 
+@cute.jit
+def store_unit_or_head(addr, lo, hi, whole, part, n):
+    """The unit ``lo``, ``hi`` at ``addr`` (a multiple of 8): one 8-byte store where ``whole``;
+    where ``part`` (a row's partial last unit: rare, so a branch) bytes [0, n) one at a time."""
+    _st_b64(addr, lo, hi, whole)
+    if part:
+        v = (Uint64(hi) << Uint64(32)) | Uint64(lo)
+        for k in cutlass.range_constexpr(UNIT - 1):
+            if k < n:
+                _st(8, addr + Int64(k), v >> Uint64(8 * k))
+
+
+def cp_async_word(dst, src, ok):
+    """cp.async of one 4-byte word from global byte address ``src`` to shared byte address
+    ``dst`` (32 bits); where ``ok`` is false the source is not read and the word is zeroed
+    (ignore-src). L1-cached: the neighbouring word of a warp's next copy hits the same sectors."""
+    cute.arch.inline_ptx("{ .reg .pred p; setp.eq.s32 p, {$r2}, 0; cp.async.ca.shared.global [{$r0}], [{$r1}], 4, p; }",
+                         read_only_args=[Int32(dst), src, Int32(cutlass.select_(ok, Int32(1), Int32(0)))])
+
+
 def _st(width: int, addr, v):
     """A ``width``-bit store (8, 16 or 32) of the low bits of ``v`` (a piece of an edge unit)."""
     val = Uint16(Uint32(v) & Uint32((1 << width) - 1)) if width < 32 else Uint32(v)

@@ -1,20 +1,31 @@
-"""The vectorised kernel for fp32 inputs: N % 8 == 0 and 16-byte aligned tensors.
+"""The vectorised kernel for fp32 inputs: N % 8 == 0 and 16-byte aligned tensors, and (variant
+"rows8", ``unaligned``) any N and input alignment whose FP8 output rows start on 8-byte boundaries.
 
 Tiling: a CTA of W warps (KernelConfig.vec_warps) covers 32 rows x 32 * VEC columns. Lane l of
 every warp owns the VEC adjacent columns 8l..8l+7 and warp w owns rows w * (32 / W) .. of the
 tile. Rowwise: a 32-column block is 4 adjacent lanes, its amax two xor shuffles. Colwise: a
 column's 32 rows are spread over the W warps; their partial amax (and dbias sums) meet in
 shared memory. Every input byte is read from global memory once, all rows' loads first.
+
+Unaligned rows (KernelConfig.vec_unaligned): an fp32 row starts on any 4-byte boundary, so a
+lane's 8 columns are not one 16-byte load. Every full-size source is staged instead, a warp's
+row segment of 32 * VEC words copied by 4-byte cp.async (lane l copies words l, l + 32, ...: each
+copy instruction reads 128 contiguous bytes) into the same shared-memory slots the aligned
+staging fills, so each lane reads its 8 columns back as the aligned kernel does. Columns past N
+and rows past M are zero-filled (cp.async ignore-src) rather than branched around; FP8 stores
+are whole 8-byte units (the rows start on unit boundaries), the row's partial last unit byte by
+byte.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Float64, Int32, Uint8
+from cutlass import Float32, Float64, Int32, Int64, Uint8
 
 from . import device as dev
 from . import grouped
+from . import unaligned as ua
 from .config import ROWS, VEC
 
 VCOLS = 32 * VEC
@@ -34,9 +45,11 @@ class VectorizedKernel:
 
     @cute.kernel
     def vec_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
-                   dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr):
+                   dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr,
+                   unaligned: cutlass.Constexpr = False):
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
+        UNALIGNED = cutlass.const_expr(unaligned)  # (never grouped nor two-halves: KernelConfig.vec_unaligned)
         WARPS = cutlass.const_expr(cfg.vec_warps)
         VROWS = cutlass.const_expr(ROWS // cfg.vec_warps)  # rows per warp
         NTHREADS = cutlass.const_expr(WARPS * 32)
@@ -48,10 +61,12 @@ class VectorizedKernel:
         warp = tidx // 32
         g = cb * 32 + lane  # this lane's group of VEC columns
         c0 = g * VEC
-        col_ok = c0 < N  # N % VEC == 0: a group is wholly inside or outside
+        col_ok = c0 < N  # aligned: N % VEC == 0, a group is wholly inside or outside
+        if cutlass.const_expr(UNALIGNED):
+            nvalid = N - c0  # this lane's columns that exist (<= 0 or >= VEC: none or all)
         rbase = rb * ROWS + warp * VROWS
         row_end = M
-        if cutlass.const_expr(cfg.col_reduce or GROUPED or cfg.vec_stage):
+        if cutlass.const_expr(cfg.col_reduce or GROUPED or cfg.vec_stage or UNALIGNED):
             smem = cutlass.memory.SmemAllocator()
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
@@ -65,7 +80,9 @@ class VectorizedKernel:
         # KernelConfig.vec_stage: full-size sources are staged through shared memory with cp.async
         # (each thread's rows into its own slots, one commit group per row, read back just before
         # the row is computed), so the registers hold one row of inputs instead of all of them
-        staged_src = [cfg.vec_stage and not once[t] and not dev.broadcast_cols(sources[t]) for t in range(NSRC)]
+        # (unaligned rows: every full-size source, the only way its rows are read)
+        staged_src = [(cfg.vec_stage or UNALIGNED) and not once[t] and not dev.broadcast_cols(sources[t])
+                      for t in range(NSRC)]
         STAGED = cutlass.const_expr([t for t in range(NSRC) if staged_src[t]])
         staged = [None] * NSRC
         for t in cutlass.range_constexpr(NSRC):
@@ -93,7 +110,27 @@ class VectorizedKernel:
             nbr = NOUT // 32 + Int32(cutlass.select_(NOUT % 32 != 0, Int32(1), Int32(0)))
         if cutlass.const_expr(cfg.colwise):
             tCol = cute.zipped_divide(self.out_window(col_data, co), (1, VEC))
-        if cutlass.const_expr(len(STAGED) > 0):
+        if cutlass.const_expr(UNALIGNED):
+            # FP8 rows on unit boundaries: lane l's VEC bytes are one 8-byte unit, its address
+            # stepped from row to row; the row's last unit may be partial (whole / part)
+            whole = nvalid >= VEC
+            part = (nvalid > 0) & (nvalid < VEC)
+        if cutlass.const_expr(UNALIGNED):
+            # lane l copies columns cb * VCOLS + l + 32k of each of its warp's rows into the slots
+            # of the lane that owns them ((l + 32k) // VEC): one contiguous shared row segment
+            ccol = cb * VCOLS + lane
+            cvalid = [ccol + 32 * k < N for k in range(VEC)]
+            src_rows = [ua.row_base(sources[t], rbase, ccol) for t in range(NSRC)]
+            for i in cutlass.range_constexpr(VROWS):
+                rok = rbase + i < row_end
+                for t in cutlass.range_constexpr(NSRC):
+                    if cutlass.const_expr(staged_src[t]):
+                        a = ua.row_at(src_rows[t], i)
+                        d = (staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS + lane)).toint()
+                        for k in cutlass.range_constexpr(VEC):
+                            ua.cp_async_word(d + 128 * k, a + Int64(128 * k), rok & cvalid[k])
+                cute.arch.cp_async_commit_group()
+        elif cutlass.const_expr(len(STAGED) > 0):
             g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                       Float32, num_bits_per_copy=128)
             for i in cutlass.range_constexpr(VROWS):
@@ -119,7 +156,13 @@ class VectorizedKernel:
             if col_ok and rbase + i < row_end:
                 for t in cutlass.range_constexpr(NSRC):
                     if cutlass.const_expr(not staged_src[t] and (i == 0 or not once[t])):
-                        cute.autovec_copy(tiles[t][(None, (rbase + i, g))], row[t])
+                        if cutlass.const_expr(UNALIGNED and once[t]):
+                            # a row operand ([N]): its columns that exist, one load each
+                            for k in cutlass.range_constexpr(VEC):
+                                if k < nvalid:
+                                    row[t][k] = tiles[t][(None, (rbase + i, g))][k]
+                        else:
+                            cute.autovec_copy(tiles[t][(None, (rbase + i, g))], row[t])
         if noop[0] != Float32(1.0):
             vals = cute.make_rmem_tensor(cute.make_layout(VROWS * VEC), Float32)
             if cutlass.const_expr(cfg.col_reduce):
@@ -131,7 +174,13 @@ class VectorizedKernel:
                 dsum.fill(0.0)
             for i in cutlass.range_constexpr(VROWS):
                 row_ok = col_ok and rbase + i < row_end
-                if cutlass.const_expr(len(STAGED) > 0):
+                if cutlass.const_expr(UNALIGNED):
+                    cute.arch.cp_async_wait_group(VROWS - 1 - i)  # row i's copies have landed ...
+                    cute.arch.sync_warp()  # ... in every lane of the warp (they copied each other's columns)
+                    for t in cutlass.range_constexpr(NSRC):  # (zeros where no row or column: no branch)
+                        if cutlass.const_expr(staged_src[t]):
+                            cute.autovec_copy(staged[t][(i, tidx, None, None)], frags[i][t])
+                elif cutlass.const_expr(len(STAGED) > 0):
                     cute.arch.cp_async_wait_group(VROWS - 1 - i)  # row i's copies have landed
                     if row_ok:
                         for t in cutlass.range_constexpr(NSRC):
@@ -140,14 +189,30 @@ class VectorizedKernel:
                 for k in cutlass.range_constexpr(VEC):
                     v = self.value(frags[i], k, scalars, _widen)
                     if cutlass.const_expr(cfg.computed):
-                        v = Float32(cutlass.select_(row_ok, v, Float32(0.0)))  # rows past M and their act(0) do not count
+                        ok = row_ok
+                        if cutlass.const_expr(UNALIGNED):
+                            ok = row_ok & (nvalid > k)
+                        v = Float32(cutlass.select_(ok, v, Float32(0.0)))  # rows past M and their act(0) do not count
                     if cutlass.const_expr(cfg.dbias):
                         dsum[k] = dsum[k] + v.to(Float64)
                     v = self.round_to_input(v, ins[0].element_type)
                     vals[i * VEC + k] = v
                     if cutlass.const_expr(cfg.col_reduce):
                         cmax[k] = cute.arch.fmax(cmax[k], cute.math.abs(v), nan=True)
-                if cutlass.const_expr(cfg.rowwise):
+                if cutlass.const_expr(cfg.rowwise and UNALIGNED):
+                    if cutlass.const_expr(i == 0):
+                        out_row = ua.row_base(row_data, rbase, c0)
+                    ramax = Float32(0.0)
+                    for k in cutlass.range_constexpr(VEC):
+                        ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + k]), nan=True)
+                    ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1), nan=True)
+                    ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
+                    er = dev.e8m0_scale(ramax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    sr = dev.inv_scale(er)
+                    self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, whole, part, nvalid)
+                    if row_ok and lane % 4 == 0:
+                        self.store_row_scale(row_scale, (rbase + i) * nbr + c0 // 32, er)
+                elif cutlass.const_expr(cfg.rowwise):
                     # rowwise: the 32-column block of this row is 4 adjacent lanes
                     ramax = Float32(0.0)
                     for k in cutlass.range_constexpr(VEC):
@@ -218,7 +283,12 @@ class VectorizedKernel:
                 sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
                 for k in cutlass.range_constexpr(VEC):
                     sc[k] = sInv[k * 32 + lane]
-                for i in cutlass.range_constexpr(VROWS):
+                if cutlass.const_expr(UNALIGNED):
+                    out_col = ua.row_base(col_data, rbase, c0)
+                    for i in cutlass.range_constexpr(VROWS):
+                        self.store_unit_row(ua.row_at(out_col, i), vals, i, sc, col_ok and rbase + i < row_end,
+                                            whole, part, nvalid)
+                for i in cutlass.range_constexpr(0 if UNALIGNED else VROWS):
                     if col_ok and rbase + i < row_end:
                         qc = cute.make_rmem_tensor_like(tCol[(None, (0, 0))])
                         for k in cutlass.range_constexpr(0, VEC, 2):
@@ -229,3 +299,11 @@ class VectorizedKernel:
                         cute.autovec_copy(qc, tCol[(None, (rbase + i, g))])
         if cutlass.const_expr(len(STAGED) > 0):
             cute.arch.cp_async_wait_group(0)  # (under noop nothing above waited for the staged copies)
+
+    def store_unit_row(self, p, vals, i: int, inv, ok, whole, part, nvalid):
+        """Unaligned rows: row i's VEC values times their inverse scales ``inv`` as one FP8 unit
+        at byte address ``p`` (a multiple of 8), when the row exists (``ok``)."""
+        q = [dev.mul_rn(vals[i * VEC + k], inv[k]) for k in range(VEC)]
+        d0 = dev.fp8x4(q[0], q[1], q[2], q[3], self.cfg.fp8)
+        d1 = dev.fp8x4(q[4], q[5], q[6], q[7], self.cfg.fp8)
+        ua.store_unit_or_head(p, d0, d1, ok & whole, ok & part, nvalid)
