@@ -126,9 +126,11 @@ class KernelConfig:
     def vec_unaligned(self) -> bool:
         """Variant "rows8" of an fp32 op (FP8 output rows on 8-byte boundaries, any N and input
         alignment) runs the vectorised kernel with its rows staged 4 bytes at a time
-        (vectorized.py), where every source fits shared memory and the op writes one half;
-        else the element-wise kernel (generic.py)."""
-        return not self.halves and (self.n_inputs + self.has_dact) * ROWS * 32 * VEC * 4 + 2048 <= SMEM_LIMIT
+        (vectorized.py), where every source fits shared memory, the op writes one half and it
+        writes rowwise output or computes; else the element-wise kernel (generic.py), which ran a
+        plain colwise cast 2% faster (docs/performance.md, "fp32 inputs")."""
+        fits = (self.n_inputs + self.has_dact) * ROWS * 32 * VEC * 4 + 2048 <= SMEM_LIMIT
+        return fits and not self.halves and (self.rowwise or self.computed)
 
     @property
     def wide(self) -> bool:

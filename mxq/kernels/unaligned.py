@@ -216,17 +216,12 @@ def store_unit_or_head(addr, lo, hi, whole, part, n):
                 _st(8, addr + Int64(k), v >> Uint64(8 * k))
 
 
-def cp_async_word(dst, src, ok=None):
+def cp_async_word(dst, src, ok):
     """cp.async of one 4-byte word from global byte address ``src`` to shared byte address
-    ``dst`` (32 bits); where ``ok`` (None: always) is false the source is not read and the word is
-    zeroed (ignore-src). L1-cached: a warp's next copy of the same row reads the sectors this one
-    shares with it."""
-    if ok is None:
-        cute.arch.inline_ptx("cp.async.ca.shared.global [{$r0}], [{$r1}], 4;", read_only_args=[Int32(dst), src])
-    else:
-        cute.arch.inline_ptx(
-            "{ .reg .pred p; setp.eq.s32 p, {$r2}, 0; cp.async.ca.shared.global [{$r0}], [{$r1}], 4, p; }",
-            read_only_args=[Int32(dst), src, Int32(cutlass.select_(ok, Int32(1), Int32(0)))])
+    ``dst`` (32 bits); where ``ok`` is false the source is not read and the word is zeroed
+    (ignore-src). L1-cached: the neighbouring word of a warp's next copy hits the same sectors."""
+    cute.arch.inline_ptx("{ .reg .pred p; setp.eq.s32 p, {$r2}, 0; cp.async.ca.shared.global [{$r0}], [{$r1}], 4, p; }",
+                         read_only_args=[Int32(dst), src, Int32(cutlass.select_(ok, Int32(1), Int32(0)))])
 
 
 def _st(width: int, addr, v):

@@ -92,11 +92,8 @@ class VectorizedKernel:
         # The column reduction's buffers (indexed k * 32 + lane for column k of lane: a warp's accesses
         # touch 32 consecutive words, no bank conflicts) reuse the staged inputs' memory, which is dead
         # once every row has been read back (a barrier in between), so a CTA needs no more than that.
-        # (unaligned rows of a plain cast: the colwise pass reads its values back from the staged
-        # rows instead of holding them in registers, so the maxima take memory of their own)
-        REREAD = cutlass.const_expr(UNALIGNED and cfg.colwise and not cfg.computed and len(STAGED) >= 1)
         if cutlass.const_expr(cfg.col_reduce):
-            if cutlass.const_expr(len(STAGED) >= 1 and not REREAD):
+            if cutlass.const_expr(len(STAGED) >= 1):
                 sMax = cute.make_tensor(staged[STAGED[0]].iterator, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
             else:
                 sMax = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
@@ -122,17 +119,17 @@ class VectorizedKernel:
             # lane l copies columns cb * VCOLS + l + 32k of each of its warp's rows into the slots
             # of the lane that owns them ((l + 32k) // VEC): one contiguous shared row segment
             ccol = cb * VCOLS + lane
+            cvalid = [ccol + 32 * k < N for k in range(VEC)]
             src_rows = [ua.row_base(sources[t], rbase, ccol) for t in range(NSRC)]
-            dst = [None] * NSRC
-            for t in cutlass.range_constexpr(NSRC):
-                if cutlass.const_expr(staged_src[t]):
-                    dst[t] = (staged[t].iterator + (warp * VCOLS + lane)).toint()
-            # a warp whose rows and columns all exist copies without predicates (every warp but
-            # those of the last row and column tiles)
-            if (rbase + VROWS <= row_end) & (cb * VCOLS + VCOLS <= N):
-                self.stage_words(staged_src, src_rows, dst, None, None, VROWS, NTHREADS)
-            else:
-                self.stage_words(staged_src, src_rows, dst, row_end - rbase, N - ccol, VROWS, NTHREADS)
+            for i in cutlass.range_constexpr(VROWS):
+                rok = rbase + i < row_end
+                for t in cutlass.range_constexpr(NSRC):
+                    if cutlass.const_expr(staged_src[t]):
+                        a = ua.row_at(src_rows[t], i)
+                        d = (staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS + lane)).toint()
+                        for k in cutlass.range_constexpr(VEC):
+                            ua.cp_async_word(d + 128 * k, a + Int64(128 * k), rok & cvalid[k])
+                cute.arch.cp_async_commit_group()
         elif cutlass.const_expr(len(STAGED) > 0):
             g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                       Float32, num_bits_per_copy=128)
@@ -212,8 +209,7 @@ class VectorizedKernel:
                     ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
                     er = dev.e8m0_scale(ramax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                     sr = dev.inv_scale(er)
-                    self.store_unit_row(ua.row_at(out_row, i), [vals[i * VEC + k] for k in range(VEC)], [sr] * VEC,
-                                        row_ok, whole, part, nvalid)
+                    self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, whole, part, nvalid)
                     if row_ok and lane % 4 == 0:
                         self.store_row_scale(row_scale, dev.scale_offset(cfg.swizzled, rbase + i, c0 // 32, nbr), er)
                 elif cutlass.const_expr(cfg.rowwise):
@@ -290,13 +286,7 @@ class VectorizedKernel:
                 if cutlass.const_expr(UNALIGNED):
                     out_col = ua.row_base(col_data, rbase, c0)
                     for i in cutlass.range_constexpr(VROWS):
-                        if cutlass.const_expr(REREAD):
-                            rv = cute.make_rmem_tensor_like(frags[i][STAGED[0]])
-                            cute.autovec_copy(staged[STAGED[0]][(i, tidx, None, None)], rv)
-                            q = [rv[k] for k in range(VEC)]
-                        else:
-                            q = [vals[i * VEC + k] for k in range(VEC)]
-                        self.store_unit_row(ua.row_at(out_col, i), q, sc, col_ok and rbase + i < row_end,
+                        self.store_unit_row(ua.row_at(out_col, i), vals, i, sc, col_ok and rbase + i < row_end,
                                             whole, part, nvalid)
                 for i in cutlass.range_constexpr(0 if UNALIGNED else VROWS):
                     if col_ok and rbase + i < row_end:
@@ -310,28 +300,10 @@ class VectorizedKernel:
         if cutlass.const_expr(len(STAGED) > 0):
             cute.arch.cp_async_wait_group(0)  # (under noop nothing above waited for the staged copies)
 
-    def store_unit_row(self, p, v, inv, ok, whole, part, nvalid):
-        """Unaligned rows: a row's VEC values ``v`` times their inverse scales ``inv`` as one FP8
-        unit at byte address ``p`` (a multiple of 8), when the row exists (``ok``)."""
-        q = [dev.mul_rn(v[k], inv[k]) for k in range(VEC)]
+    def store_unit_row(self, p, vals, i: int, inv, ok, whole, part, nvalid):
+        """Unaligned rows: row i's VEC values times their inverse scales ``inv`` as one FP8 unit
+        at byte address ``p`` (a multiple of 8), when the row exists (``ok``)."""
+        q = [dev.mul_rn(vals[i * VEC + k], inv[k]) for k in range(VEC)]
         d0 = dev.fp8x4(q[0], q[1], q[2], q[3], self.cfg.fp8)
         d1 = dev.fp8x4(q[4], q[5], q[6], q[7], self.cfg.fp8)
         ua.store_unit_or_head(p, d0, d1, ok & whole, ok & part, nvalid)
-
-    def stage_words(self, staged_src, src_rows, dst, rows_left, cols_left, VROWS: int, NTHREADS: int):
-        """Unaligned rows: lane l copies words l, l + 32, ... of each of its warp's VROWS row
-        segments (global byte addresses from ``src_rows``, ua.row_base at the lane's first column)
-        into shared memory at ``dst`` (the lane's first word of row 0), one commit group per row.
-        ``rows_left`` / ``cols_left`` (None: all exist): the rows from the warp's first and the
-        columns from the lane's first that exist; the others are zero-filled."""
-        for i in range(VROWS):
-            for t in range(len(staged_src)):
-                if staged_src[t]:
-                    a = ua.row_at(src_rows[t], i)
-                    d = dst[t] + 4 * i * NTHREADS * VEC
-                    for k in range(VEC):
-                        if rows_left is None:
-                            ua.cp_async_word(d + 128 * k, a + Int64(128 * k))
-                        else:
-                            ua.cp_async_word(d + 128 * k, a + Int64(128 * k), (rows_left > i) & (cols_left > 32 * k))
-            cute.arch.cp_async_commit_group()
