@@ -36,6 +36,21 @@ def grid(cfg, M, N, G=None):
     return [rows, cute.ceil_div(N, VCOLS) * (2 if cfg.halves else 1), 1], [cfg.vec_warps * 32, 1, 1]
 
 
+def staged_word(l, k: int):
+    """Unaligned rows: the word of a staged row segment (32 * VEC words) that lane ``l``'s k-th
+    copy (the segment's word l + 32k) lands in. Quads (16 bytes, 4 words) are swizzled: logical
+    quad q sits at q ^ ((q >> 3) & 1), so the lanes of a 16-byte read phase (8 lanes, quads 2l or
+    2l + 1) hit all 32 banks; without it the reads ran 2-way conflicted. A copy's 32 words stay
+    8 whole quads (conflict-free writes): odd k swaps the quads of each pair."""
+    return (l ^ 4) + 32 * k if k % 2 else l + 32 * k
+
+
+def staged_quad(l, h: int):
+    """Unaligned rows: the quad of a staged row segment holding lane ``l``'s columns 4h .. 4h + 3
+    (logical quad 2l + h, swizzled as staged_word places it)."""
+    return (2 * l + h) ^ ((l >> 2) & 1)
+
+
 def _widen(frag, k):
     return frag[k].to(Float32)
 
@@ -126,9 +141,10 @@ class VectorizedKernel:
                 for t in cutlass.range_constexpr(NSRC):
                     if cutlass.const_expr(staged_src[t]):
                         a = ua.row_at(src_rows[t], i)
-                        d = (staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS + lane)).toint()
+                        seg = staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS)
                         for k in cutlass.range_constexpr(VEC):
-                            ua.cp_async_word(d + 128 * k, a + Int64(128 * k), rok & cvalid[k])
+                            d = (seg + (staged_word(lane, k))).toint()
+                            ua.cp_async_word(d, a + Int64(128 * k), rok & cvalid[k])
                 cute.arch.cp_async_commit_group()
         elif cutlass.const_expr(len(STAGED) > 0):
             g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
@@ -179,7 +195,13 @@ class VectorizedKernel:
                     cute.arch.sync_warp()  # ... in every lane of the warp (they copied each other's columns)
                     for t in cutlass.range_constexpr(NSRC):  # (zeros where no row or column: no branch)
                         if cutlass.const_expr(staged_src[t]):
-                            cute.autovec_copy(staged[t][(i, tidx, None, None)], frags[i][t])
+                            seg = staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS)
+                            for h in cutlass.range_constexpr(2):
+                                quad = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+                                at = cute.assume(staged_quad(lane, h) * 4, divby=4)
+                                cute.autovec_copy(cute.make_tensor(seg + at, cute.make_layout(4)), quad)
+                                for j in cutlass.range_constexpr(4):
+                                    frags[i][t][4 * h + j] = quad[j]
                 elif cutlass.const_expr(len(STAGED) > 0):
                     cute.arch.cp_async_wait_group(VROWS - 1 - i)  # row i's copies have landed
                     if row_ok:
