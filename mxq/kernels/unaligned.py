@@ -224,6 +224,14 @@ def cp_async_word(dst, src, ok):
                          read_only_args=[Int32(dst), src, Int32(cutlass.select_(ok, Int32(1), Int32(0)))])
 
 
+def cp_async_pair(dst, src, nbytes):
+    """cp.async of two 4-byte words from global byte address ``src`` (a multiple of 8) to
+    shared byte address ``dst`` (a multiple of 8): the first ``nbytes`` (0, 4 or 8) read, the
+    rest zeroed."""
+    cute.arch.inline_ptx("cp.async.ca.shared.global [{$r0}], [{$r1}], 8, {$r2};",
+                         read_only_args=[Int32(dst), src, Int32(nbytes)])
+
+
 def _st(width: int, addr, v):
     """A ``width``-bit store (8, 16 or 32) of the low bits of ``v`` (a piece of an edge unit)."""
     val = Uint16(Uint32(v) & Uint32((1 << width) - 1)) if width < 32 else Uint32(v)

@@ -45,6 +45,12 @@ def staged_word(l, k: int):
     return (l ^ 4) + 32 * k if k % 2 else l + 32 * k
 
 
+def staged_pair(l, k: int):
+    """Unaligned rows that start on 8 bytes: the word of a staged row segment that lane ``l``'s
+    k-th 8-byte copy (the segment's words 2l, 2l + 1 + 64k) lands in, swizzled as staged_word."""
+    return ((2 * l) ^ (((l >> 4) & 1) * 4)) + 64 * k
+
+
 def staged_quad(l, h: int):
     """Unaligned rows: the quad of a staged row segment holding lane ``l``'s columns 4h .. 4h + 3
     (logical quad 2l + h, swizzled as staged_word places it)."""
@@ -135,6 +141,9 @@ class VectorizedKernel:
             # of the lane that owns them ((l + 32k) // VEC): one contiguous shared row segment
             ccol = cb * VCOLS + lane
             cvalid = [ccol + 32 * k < N for k in range(VEC)]
+            # (rows that start on 8 bytes copy word pairs: lane l words 2l, 2l + 1 + 64k, of which
+            # pbytes[k] exist)
+            pbytes = [cutlass.max(cutlass.min(N - (cb * VCOLS + 2 * lane + 64 * k), 2), 0) * 4 for k in range(VEC // 2)]
             src_rows = [ua.row_base(sources[t], rbase, ccol) for t in range(NSRC)]
             for i in cutlass.range_constexpr(VROWS):
                 rok = rbase + i < row_end
@@ -142,9 +151,15 @@ class VectorizedKernel:
                     if cutlass.const_expr(staged_src[t]):
                         a = ua.row_at(src_rows[t], i)
                         seg = staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS)
-                        for k in cutlass.range_constexpr(VEC):
-                            d = (seg + (staged_word(lane, k))).toint()
-                            ua.cp_async_word(d, a + Int64(128 * k), rok & cvalid[k])
+                        if ((a - Int64(4 * lane)) & Int64(7)) == Int64(0):  # (warp-uniform)
+                            for k in cutlass.range_constexpr(VEC // 2):
+                                d = (seg + staged_pair(lane, k)).toint()
+                                ua.cp_async_pair(d, a + Int64(4 * lane + 256 * k),
+                                                 Int32(cutlass.select_(rok, pbytes[k], Int32(0))))
+                        else:
+                            for k in cutlass.range_constexpr(VEC):
+                                d = (seg + staged_word(lane, k)).toint()
+                                ua.cp_async_word(d, a + Int64(128 * k), rok & cvalid[k])
                 cute.arch.cp_async_commit_group()
         elif cutlass.const_expr(len(STAGED) > 0):
             g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
