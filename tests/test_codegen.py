@@ -750,6 +750,46 @@ def test_generic_rowwise_reduces_each_row_in_one_instruction(arch):
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_fp32_unaligned_rows_are_staged_by_words(arch):
+    """Variant rows8 of an fp32 op (FP8 rows on 8-byte boundaries, any N and input alignment)
+    runs the vectorised kernel with its rows staged by cp.async (KernelConfig.vec_unaligned):
+    per row and source either 4 copies of 8 bytes (a row that starts on 8 bytes) or 8 of 4 bytes
+    (a branch per row), each row's columns read back as two 16-byte shared loads, and one 8-byte
+    store per row and direction (plus the partial last unit's byte stores, in a branch); no
+    16-byte global load or cp.async, which would need aligned rows. A plain colwise cast and a
+    two-halves op keep the element-wise kernel. The GPU side:
+    test_gpu.py::test_fp32_unaligned_rows_match_reference."""
+    def ident(x):
+        return x
+
+    def gate(g, u):
+        return g * u
+
+    cases = [(dict(rowwise=True), 1, 1), (dict(rowwise=True, colwise=True, act="gelu"), 1, 2),
+             (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), 2, 2)]
+    for opts, nsrc, ndirs in cases:
+        op = mxq.fused_quant(**opts)(ident)
+        cfg = codegen.kernel_config(op.spec, op.epilogue, None)
+        rows = kconfig.ROWS // cfg.vec_warps
+        body = _entry(compiler.compile_artifacts(op, arch, "fp32", "rows8")["ptx"], "vec_kernel")
+        words = re.findall(r"cp\.async\.ca\.shared\.global \[%r\d+\], \[%rd\d+\], (\d+)", body)
+        assert words.count("4") == rows * kconfig.VEC * nsrc and words.count("8") == rows * kconfig.VEC // 2 * nsrc
+        assert len(re.findall(r"\bld\.shared\.v4\.[bf]32", body)) >= 2 * rows * nsrc
+        assert not re.search(r"\bld\.global\.v4|cp\.async\.cg", body)
+        assert len(re.findall(r"\bst\.global\.v2\.b32", body)) == rows * ndirs, opts
+        assert cfg.vec_unaligned
+    colwise = mxq.fused_quant(rowwise=False, colwise=True)(ident)
+    halves = mxq.fused_quant(rowwise=True, colwise=True, act="silu")(gate)
+    for op in (colwise,):
+        assert not codegen.kernel_config(op.spec, op.epilogue, None).vec_unaligned
+        assert "generic_kernel" in compiler.compile_artifacts(op, arch, "fp32", "rows8")["ptx"]
+    import dataclasses
+
+    cfg = codegen.kernel_config(halves.spec, halves.epilogue, None)
+    assert not dataclasses.replace(cfg, halves=True).vec_unaligned
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_unaligned_rows_are_staged_and_stored_as_words(arch, dtype):
     """16-bit inputs at any N or alignment run the packed kernel with unaligned rows

@@ -307,6 +307,33 @@ def test_unaligned_store_units_cover_each_byte_once(b):
             assert t0 in units, (b, ncols)
 
 
+def test_fp32_unaligned_staging_swizzle():
+    """vectorized.py's unaligned rows: the words lane l's 4-byte copies (staged_word) and
+    8-byte copies (staged_pair) write and the quads it reads back (staged_quad) agree: each
+    segment word is written by one copy, and lane l reads its columns 8l .. 8l + 7 in order;
+    every copy instruction and every 16-byte read phase of 8 lanes hits all 32 banks once (the
+    reads ran 2-way conflicted unswizzled)."""
+    from mxq.kernels.vectorized import staged_pair, staged_quad, staged_word
+
+    V, words = kconfig.VEC, 32 * kconfig.VEC
+    by_word = {l + 32 * k: staged_word(l, k) for l in range(32) for k in range(V)}
+    assert sorted(by_word.values()) == list(range(words))
+    by_pair = {}
+    for l, k in itertools.product(range(32), range(V // 2)):
+        by_pair[2 * l + 64 * k] = staged_pair(l, k)
+        by_pair[2 * l + 64 * k + 1] = staged_pair(l, k) + 1
+        assert staged_pair(l, k) % 2 == 0  # (an 8-byte copy's destination)
+    assert by_pair == by_word
+    for l, h, j in itertools.product(range(32), range(2), range(4)):
+        assert 4 * staged_quad(l, h) + j == by_word[V * l + 4 * h + j]
+    for k in range(V):
+        assert len({staged_word(l, k) % 32 for l in range(32)}) == 32
+    for k, half in itertools.product(range(V // 2), range(2)):
+        assert len({(staged_pair(l, k) + j) % 32 for l in range(16 * half, 16 * half + 16) for j in range(2)}) == 32
+    for h, phase in itertools.product(range(2), range(4)):
+        assert len({(4 * staged_quad(l, h) + j) % 32 for l in range(8 * phase, 8 * phase + 8) for j in range(4)}) == 32
+
+
 def test_warp_amax_bit_order():
     """device.warp_amax reduces the unsigned integers device.magnitude_bits makes of each lane's
     fp32 bits (the expression it traces, run here in its host form): their max is the block
