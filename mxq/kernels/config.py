@@ -68,6 +68,7 @@ class Tuning:
     row_scale_l2_keep: bool = True
     halves_one_cta: bool = True
     unaligned_warps: int = 0
+    vec_unaligned_chunks: bool = False
     vec_stage: bool = True
     rows8_min_blocks: int = 0
 

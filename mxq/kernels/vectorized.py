@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Float64, Int32, Int64, Uint8
+from cutlass import Float32, Float64, Int32, Int64, Uint8, Uint32
 
 from . import device as dev
 from . import grouped
 from . import unaligned as ua
-from .config import ROWS, VEC
+from .config import ROWS, VEC, unaligned_row_elements
 
 VCOLS = 32 * VEC
 
@@ -71,6 +71,7 @@ class VectorizedKernel:
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # (never grouped nor two-halves: KernelConfig.vec_unaligned)
+        CHUNKS = cutlass.const_expr(unaligned and cfg.tuning.vec_unaligned_chunks)
         WARPS = cutlass.const_expr(cfg.vec_warps)
         VROWS = cutlass.const_expr(ROWS // cfg.vec_warps)  # rows per warp
         NTHREADS = cutlass.const_expr(WARPS * 32)
@@ -107,7 +108,10 @@ class VectorizedKernel:
         STAGED = cutlass.const_expr([t for t in range(NSRC) if staged_src[t]])
         staged = [None] * NSRC
         for t in cutlass.range_constexpr(NSRC):
-            if cutlass.const_expr(staged_src[t]):
+            if cutlass.const_expr(staged_src[t] and CHUNKS):
+                RW = cutlass.const_expr(unaligned_row_elements(VCOLS, 4))
+                staged[t] = smem.allocate_tensor(Float32, cute.make_layout((ROWS, RW), stride=(RW, 1)), 16)
+            elif cutlass.const_expr(staged_src[t]):
                 staged[t] = smem.allocate_tensor(  # (row, thread, then the (1, VEC) shape of a row's tile)
                     Float32, cute.make_layout((VROWS, NTHREADS, 1, VEC), stride=(NTHREADS * VEC, VEC, VEC, 1)), 16)
         # The column reduction's buffers (indexed k * 32 + lane for column k of lane: a warp's accesses
@@ -136,7 +140,17 @@ class VectorizedKernel:
             # stepped from row to row; the row's last unit may be partial (whole / part)
             whole = nvalid >= VEC
             part = (nvalid > 0) & (nvalid < VEC)
-        if cutlass.const_expr(UNALIGNED):
+        if cutlass.const_expr(CHUNKS):
+            ga = [ua.row_base(sources[t], rbase, cb * VCOLS) for t in range(NSRC)]
+            ncols = cutlass.min(N - cb * VCOLS, VCOLS)
+            for i in cutlass.range_constexpr(VROWS):
+                for t in cutlass.range_constexpr(NSRC):
+                    if cutlass.const_expr(staged_src[t]):
+                        a = ua.row_at(ga[t], i)
+                        ua.stage_row(Float32, staged[t][(warp * VROWS + i, None)], a, ua.chunk_misalignment(a), ncols,
+                                     lane, rbase + i < row_end)
+                cute.arch.cp_async_commit_group()
+        elif cutlass.const_expr(UNALIGNED):
             # lane l copies columns cb * VCOLS + l + 32k of each of its warp's rows into the slots
             # of the lane that owns them ((l + 32k) // VEC): one contiguous shared row segment
             ccol = cb * VCOLS + lane
@@ -205,7 +219,20 @@ class VectorizedKernel:
                 dsum.fill(0.0)
             for i in cutlass.range_constexpr(VROWS):
                 row_ok = col_ok and rbase + i < row_end
-                if cutlass.const_expr(UNALIGNED):
+                if cutlass.const_expr(CHUNKS):
+                    cute.arch.cp_async_wait_group(VROWS - 1 - i)
+                    cute.arch.sync_warp()
+                    if rbase + i < row_end:
+                        for t in cutlass.range_constexpr(NSRC):
+                            if cutlass.const_expr(staged_src[t]):
+                                q = (ua.chunk_misalignment(ua.row_at(ga[t], i)) >> 2) & 3
+                                wrow = cute.recast_tensor(staged[t][(warp * VROWS + i, None)], Uint32)
+                                fw = cute.recast_tensor(frags[i][t], Uint32)
+                                for h in cutlass.range_constexpr(2):
+                                    got = ua.read_row(wrow, (2 * lane + h, q, Int32(0)))
+                                    for j in cutlass.range_constexpr(4):
+                                        fw[4 * h + j] = got[j]
+                elif cutlass.const_expr(UNALIGNED):
                     cute.arch.cp_async_wait_group(VROWS - 1 - i)  # row i's copies have landed ...
                     cute.arch.sync_warp()  # ... in every lane of the warp (they copied each other's columns)
                     for t in cutlass.range_constexpr(NSRC):  # (zeros where no row or column: no branch)
@@ -225,7 +252,7 @@ class VectorizedKernel:
                                 cute.autovec_copy(staged[t][(i, tidx, None, None)], frags[i][t])
                 for k in cutlass.range_constexpr(VEC):
                     v = self.value(frags[i], k, scalars, _widen)
-                    if cutlass.const_expr(cfg.computed):
+                    if cutlass.const_expr(cfg.computed or CHUNKS):
                         ok = row_ok
                         if cutlass.const_expr(UNALIGNED):
                             ok = row_ok & (nvalid > k)
