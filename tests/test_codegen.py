@@ -750,43 +750,48 @@ def test_generic_rowwise_reduces_each_row_in_one_instruction(arch):
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
-def test_fp32_unaligned_rows_are_staged_by_words(arch):
+def test_fp32_unaligned_rows_are_staged_by_words_or_chunks(arch):
     """Variant rows8 of an fp32 op (FP8 rows on 8-byte boundaries, any N and input alignment)
-    runs the vectorised kernel with its rows staged by cp.async (KernelConfig.vec_unaligned):
-    per row and source either 4 copies of 8 bytes (a row that starts on 8 bytes) or 8 of 4 bytes
-    (a branch per row), each row's columns read back as two 16-byte shared loads, and one 8-byte
-    store per row and direction (plus the partial last unit's byte stores, in a branch); no
-    16-byte global load or cp.async, which would need aligned rows. A plain colwise cast and a
-    two-halves op keep the element-wise kernel. The GPU side:
-    test_gpu.py::test_fp32_unaligned_rows_match_reference."""
+    runs the vectorised kernel with its rows staged by cp.async (KernelConfig.vec_unaligned), in
+    the form KernelConfig.vec_unaligned_chunks picks (Tuning.vec_unaligned_copy forces either):
+    words, per row and source 4 copies of 8 bytes (a row that starts on 8 bytes) or 8 of 4 bytes
+    (a branch per row) and two 16-byte shared loads; chunks, per row and source 3 copies of 16
+    bytes (unaligned.stage_row: 65 chunks over 32 lanes) and two realigning branch tables. Both:
+    one 8-byte store per row and direction (the partial last unit's byte stores in a branch), no
+    16-byte global load. A plain colwise cast and a two-halves op keep the element-wise kernel.
+    The GPU side: test_gpu.py::test_fp32_unaligned_rows_match_reference (every case in the form
+    it takes by default; bench/device_check.py-style runs time both)."""
+    import dataclasses
+
     def ident(x):
         return x
 
-    def gate(g, u):
-        return g * u
-
-    cases = [(dict(rowwise=True), 1, 1), (dict(rowwise=True, colwise=True, act="gelu"), 1, 2),
-             (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), 2, 2)]
-    for opts, nsrc, ndirs in cases:
-        op = mxq.fused_quant(**opts)(ident)
-        cfg = codegen.kernel_config(op.spec, op.epilogue, None)
-        rows = kconfig.ROWS // cfg.vec_warps
-        body = _entry(compiler.compile_artifacts(op, arch, "fp32", "rows8")["ptx"], "vec_kernel")
-        words = re.findall(r"cp\.async\.ca\.shared\.global \[%r\d+\], \[%rd\d+\], (\d+)", body)
-        assert words.count("4") == rows * kconfig.VEC * nsrc and words.count("8") == rows * kconfig.VEC // 2 * nsrc
-        assert len(re.findall(r"\bld\.shared\.v4\.[bf]32", body)) >= 2 * rows * nsrc
-        assert not re.search(r"\bld\.global\.v4|cp\.async\.cg", body)
-        assert len(re.findall(r"\bst\.global\.v2\.b32", body)) == rows * ndirs, opts
-        assert cfg.vec_unaligned
+    cases = [(dict(rowwise=True), 1, 1, True), (dict(rowwise=True, colwise=True, act="gelu"), 1, 2, False),
+             (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), 2, 2, True)]
+    for opts, nsrc, ndirs, chunks in cases:
+        for copy in ("", "words" if chunks else "chunks"):
+            op = mxq.fused_quant(**opts)(ident)
+            op._tuning = Tuning(vec_unaligned_copy=copy)
+            cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
+            assert cfg.vec_unaligned and cfg.vec_unaligned_chunks == (chunks != bool(copy)), (opts, copy)
+            rows = kconfig.ROWS // cfg.vec_warps
+            body = _entry(compiler.compile_artifacts(op, arch, "fp32", "rows8")["ptx"], "vec_kernel")
+            words = re.findall(r"cp\.async\.ca\.shared\.global \[%r\d+(?:\+\d+)?\], \[%rd\d+(?:\+\d+)?\], (\d+)", body)
+            wide = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+(?:\+\d+)?\], \[%rd\d+(?:\+\d+)?\], 16", body)
+            if cfg.vec_unaligned_chunks:
+                assert not words and len(wide) == 3 * rows * nsrc, (opts, copy, len(wide))
+                assert body.count("brx.idx.uni") == 2 * rows * nsrc
+            else:
+                assert not wide and "brx.idx" not in body
+                assert words.count("4") == rows * kconfig.VEC * nsrc
+                assert words.count("8") == rows * kconfig.VEC // 2 * nsrc
+                assert len(re.findall(r"\bld\.shared\.v4\.[bf]32", body)) == 2 * rows * nsrc
+            assert not re.search(r"\bld\.global\.v4", body)
+            assert len(re.findall(r"\bst\.global\.v2\.b32", body)) == rows * ndirs, opts
     colwise = mxq.fused_quant(rowwise=False, colwise=True)(ident)
-    halves = mxq.fused_quant(rowwise=True, colwise=True, act="silu")(gate)
-    for op in (colwise,):
-        assert not codegen.kernel_config(op.spec, op.epilogue, None).vec_unaligned
-        assert "generic_kernel" in compiler.compile_artifacts(op, arch, "fp32", "rows8")["ptx"]
-    import dataclasses
-
-    cfg = codegen.kernel_config(halves.spec, halves.epilogue, None)
-    assert not dataclasses.replace(cfg, halves=True).vec_unaligned
+    cfg = codegen.kernel_config(colwise.spec, colwise.epilogue, None)
+    assert not cfg.vec_unaligned and not dataclasses.replace(cfg, colwise=True, rowwise=True, halves=True).vec_unaligned
+    assert "generic_kernel" in compiler.compile_artifacts(colwise, arch, "fp32", "rows8")["ptx"]
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])

@@ -468,6 +468,7 @@ def _bias_gelu_in(x, b):
     return x + b
 
 
+@pytest.mark.parametrize("form", ["default", "other"])
 @pytest.mark.parametrize("row_align", [16, 8])
 @pytest.mark.parametrize("offset", [0, 1, 3])
 @pytest.mark.parametrize("shape", [(65, 1030), (40, 333), (33, 8), (5, 257), (9, 5), (3, 1), (70, 4100)])
@@ -480,10 +481,11 @@ def _bias_gelu_in(x, b):
     (dict(rowwise=True, colwise=True, act="silu", dbias=True), _residual),
     (dict(rowwise=True, colwise=True, act="gelu"), _bias_gelu_in),
 ])
-def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, monkeypatch):
+def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, form, monkeypatch):
     """fp32 inputs at any N and base alignment whose FP8 rows start on 8-byte boundaries (variant
-    rows8, mxq's own padded outputs) run the vectorised kernel with rows staged 4 bytes at a time
-    (KernelConfig.vec_unaligned): partial last column tiles and units (1030, 333, 257, 5), rows
+    rows8, mxq's own padded outputs) run the vectorised kernel with staged rows
+    (KernelConfig.vec_unaligned), in the op's staging form (words or chunks) and in the other
+    (Tuning.vec_unaligned_copy): partial last column tiles and units (1030, 333, 257, 5), rows
     shorter than a lane's 8 columns (5, 1), M not a multiple of 32, inputs and act_input 1 to 5
     elements past an aligned address, a bias [N] at an odd address (the last case); every byte
     against the reference, and no padding byte written. CPU counterpart:
@@ -491,6 +493,11 @@ def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, mon
     monkeypatch.setenv("MXQ_STRICT", "1")
     opts, fn = case
     op = mxq.fused_quant(**opts)(fn)
+    if form == "other":
+        from mxq import codegen
+
+        chunks = codegen.kernel_config(op.spec, op.epilogue, None).vec_unaligned_chunks
+        op._tuning = Tuning(vec_unaligned_copy="words" if chunks else "chunks")
     m, n = shape
     ins = [planted(m, n, torch.float32, seed=m + n + j) for j in range(len(op.epilogue.tensor_params))]
     if fn is _bias_gelu_in:

@@ -59,6 +59,8 @@ class Tuning:
     cp.async and reuses that memory for the column reduction (80 registers against 100, 3 CTAs
     of 8 warps per SM against 2; docs/performance.md, "fp32 inputs", has the timings against
     the unstaged kernel). False: registers only.
+    ``vec_unaligned_copy``: how the fp32 kernel stages unaligned rows (KernelConfig.
+    vec_unaligned_chunks): "chunks", "words", or "" for the library's choice.
     ``rows8_min_blocks``: CTAs per SM the packed kernel of variant "rows8" is compiled for
     (``min_blocks_per_mp``, a register cap); 0: no cap. Timed on the H200 and not taken: dgelu +
     dbias + both at 4 (its shared memory holds it at 3 CTAs per SM anyway), the plain casts at
@@ -68,7 +70,7 @@ class Tuning:
     row_scale_l2_keep: bool = True
     halves_one_cta: bool = True
     unaligned_warps: int = 0
-    vec_unaligned_chunks: bool = False
+    vec_unaligned_copy: str = ""
     vec_stage: bool = True
     rows8_min_blocks: int = 0
 
@@ -132,6 +134,20 @@ class KernelConfig:
         plain colwise cast 2% faster (docs/performance.md, "fp32 inputs")."""
         fits = (self.n_inputs + self.has_dact) * ROWS * 32 * VEC * 4 + 2048 <= SMEM_LIMIT
         return fits and not self.halves and (self.rowwise or self.computed)
+
+    @property
+    def vec_unaligned_chunks(self) -> bool:
+        """The fp32 kernel's unaligned rows (vec_unaligned) are staged as whole 16-byte chunks
+        and realigned as they are read back (unaligned.stage_row / read_row), else word by word
+        (4- or 8-byte copies into place, nothing to realign). Measured on the H200 at 8192x8190,
+        4096x14335 and 8191x8191 (docs/performance.md, "fp32 inputs"): chunks ran rowwise 84.6-85.0%
+        of copy against 81.3-81.9% and dgelu + dbias + both 79.8-80.7% against 71.0-71.7%; words
+        ran both and gelu + both 0-2.4 points faster (86.4 / 85.5% against 84.0 / 83.3% at 8192x8190).
+        So words for an op that writes colwise output from one input, else chunks
+        (Tuning.vec_unaligned_copy overrides)."""
+        if self.tuning.vec_unaligned_copy:
+            return self.tuning.vec_unaligned_copy == "chunks"
+        return not (self.colwise and self.n_inputs == 1 and not self.has_dact)
 
     @property
     def wide(self) -> bool:

@@ -8,13 +8,22 @@ column's 32 rows are spread over the W warps; their partial amax (and dbias sums
 shared memory. Every input byte is read from global memory once, all rows' loads first.
 
 Unaligned rows (KernelConfig.vec_unaligned): an fp32 row starts on any 4-byte boundary, so a
-lane's 8 columns are not one 16-byte load. Every full-size source is staged instead, a warp's
-row segment of 32 * VEC words copied by 4-byte cp.async (lane l copies words l, l + 32, ...: each
-copy instruction reads 128 contiguous bytes) into the same shared-memory slots the aligned
-staging fills, so each lane reads its 8 columns back as the aligned kernel does. Columns past N
-and rows past M are zero-filled (cp.async ignore-src) rather than branched around; FP8 stores
-are whole 8-byte units (the rows start on unit boundaries), the row's partial last unit byte by
-byte.
+lane's 8 columns are not one 16-byte load. Every full-size source is staged through shared
+memory, in one of two forms (KernelConfig.vec_unaligned_chunks says which an op takes, from
+their timings):
+
+- words: a warp's row segment of 32 * VEC words is copied into place by cp.async, 8 bytes per
+  copy where the row starts on 8 bytes (lane l words 2l, 2l + 1 + 64k), else 4 (words l + 32k);
+  quads are swizzled (staged_word, staged_pair, staged_quad) so the copies and the lanes' two
+  16-byte reads of their columns are free of bank conflicts. Columns past N and rows past M are
+  zero-filled (cp.async ignore-src / src-size), not branched around. Nothing to realign.
+- chunks: the 16-byte chunks covering the segment are copied as the 16-bit unaligned rows are
+  (unaligned.stage_row), and each lane reads its two quads back realigned by whole words
+  (unaligned.read_row with a zero bit shift); columns past N hold the neighbours' bytes and are
+  masked. Fewer, wider copies; a branch table per quad.
+
+FP8 stores are whole 8-byte units (variant rows8: the rows start on unit boundaries); a row's
+partial last unit goes byte by byte.
 """
 
 from __future__ import annotations
@@ -71,7 +80,7 @@ class VectorizedKernel:
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # (never grouped nor two-halves: KernelConfig.vec_unaligned)
-        CHUNKS = cutlass.const_expr(unaligned and cfg.tuning.vec_unaligned_chunks)
+        CHUNKS = cutlass.const_expr(unaligned and cfg.vec_unaligned_chunks)
         WARPS = cutlass.const_expr(cfg.vec_warps)
         VROWS = cutlass.const_expr(ROWS // cfg.vec_warps)  # rows per warp
         NTHREADS = cutlass.const_expr(WARPS * 32)
