@@ -230,8 +230,9 @@ def uses_pdl(arch: str) -> bool:
 VEC_DIVISOR = 8  # the vectorised kernel's N must be a multiple of this
 VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
 # compiled variants -> the generated module's launcher: the vectorised kernels (N % 8 == 0, aligned
-# tensors), the any-shape ones (16-bit: unaligned rows; fp32: element-wise), "rows8" (16-bit
-# unaligned rows whose FP8 output rows start on 8-byte boundaries: padded outputs, launch.variant_for),
+# tensors), the any-shape ones (16-bit: unaligned rows; fp32: element-wise), "rows8" (any shape
+# whose FP8 output rows start on 8-byte boundaries: padded outputs, launch.variant_for; fp32: the
+# vectorised kernel with staged rows, KernelConfig.vec_unaligned),
 # and the grouped twins of the first two (group_offsets)
 VARIANTS = {"vec": "launch_vec", "generic": "launch", "rows8": "launch_rows8", "vec_grouped": "launch_vec_grouped",
             "generic_grouped": "launch_grouped"}

@@ -49,8 +49,8 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     """Write ``lib<name>.so`` (its kernel variants, cubin embedded) and ``<name>.h`` to ``directory``.
 
     A C++ program loads the library with ``tvm::ffi::Module::LoadFromFile`` and calls
-    ``<name>`` (any shape) or ``<name>_vec`` (N % 8 == 0, 16-byte aligned), or for 16-bit inputs
-    ``<name>_rows8`` (FP8 data rows on 8-byte boundaries, e.g. padded to 16 bytes) with the argument list
+    ``<name>`` (any shape), ``<name>_vec`` (N % 8 == 0, 16-byte aligned) or ``<name>_rows8`` (FP8
+    data rows on 8-byte boundaries, e.g. padded to 16 bytes) with the argument list
     the header documents; no Python is involved. ``grouped``: also ``<name>_grouped`` and
     ``<name>_vec_grouped``, the grouped kernels (int32 group ends last; docs/NUMERICS.md, "Groups").
     ``operands``: the kind of each epilogue tensor ("full", "strided", "row", "col", "scalar";
@@ -67,7 +67,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     out.mkdir(parents=True, exist_ok=True)
     objects = []
     with tempfile.TemporaryDirectory() as d:
-        for variant, fname in _functions(name, grouped, dtype):
+        for variant, fname in _functions(name, grouped):
             compiled = compile_op(op, arch, dtype, variant=variant, layouts=layouts)
             obj = Path(d) / f"{fname}.o"
             compiled.export_to_c(str(obj), function_name=fname, export_only_tvm_ffi_symbols=True)
@@ -84,14 +84,13 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         runtime.append(str(dst))
     header = out / f"{name}.h"
     header.write_text(_export_header(op, name, arch, dtype, grouped, layouts))
-    return {"library": str(lib), "header": str(header), "functions": [f for _, f in _functions(name, grouped, dtype)],
+    return {"library": str(lib), "header": str(header), "functions": [f for _, f in _functions(name, grouped)],
             "runtime_libraries": runtime}
 
 
-def _functions(name: str, grouped: bool, dtype: str):
-    """(compiler variant, exported function name) pairs; "rows8" for 16-bit inputs only (fp32 has
-    no such kernel)."""
-    pairs = [("generic", name), ("vec", f"{name}_vec")] + ([("rows8", f"{name}_rows8")] if dtype != "fp32" else [])
+def _functions(name: str, grouped: bool):
+    """(compiler variant, exported function name) pairs."""
+    pairs = [("generic", name), ("vec", f"{name}_vec"), ("rows8", f"{name}_rows8")]
     return pairs + ([("generic_grouped", f"{name}_grouped"), ("vec_grouped", f"{name}_vec_grouped")] if grouped else [])
 
 
@@ -128,16 +127,14 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
 {_slot_lines(spec, epi, el, ws, True)}
  *
 {padding}"""
-    functions = _functions(name, grouped, dtype)
-    rows8 = any(variant == "rows8" for variant, _ in functions)
-    rows8_doc = "" if not rows8 else f"""
+    rows8_doc = f"""
  *
  * "{name}_rows8" serves any M, N when rowwise_data and colwise_data
  * (where given) hold rows that start on 8-byte boundaries (an address and a row stride that are
  * multiples of 8 bytes, e.g. rows padded to 16 bytes: strides (ld, 1), ld >= N); at N % 8 != 0 it
  * stores whole 8-byte units, which "{name}" does not."""
-    takers = f'Those two and "{name}_rows8" (below)' if rows8 else "Those two"
-    rows8_name = "" if not rows8 else f'\n#define {name.upper()}_ROWS8_NAME "{name}_rows8"'
+    takers = f'Those two and "{name}_rows8" (below)'
+    rows8_name = f'\n#define {name.upper()}_ROWS8_NAME "{name}_rows8"'
     grouped_names = "" if not grouped else f"""
 #define {name.upper()}_GROUPED_NAME "{name}_grouped"
 #define {name.upper()}_VEC_GROUPED_NAME "{name}_vec_grouped"

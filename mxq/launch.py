@@ -5,9 +5,10 @@ callers) for ordinary calls, and a Python binding of the native kernel function 
 ``op.prepare`` (bound once, re-launched with no checks) and machines that cannot build the
 dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
 aligned, else the "generic" one (any shape: the packed kernel's unaligned rows for 16-bit
-inputs, the element-wise kernel for fp32), or "rows8" (the unaligned rows with whole 8-byte
-output units) for 16-bit inputs whose FP8 outputs' rows start on 8-byte boundaries, such as the
-padded rows mxq allocates at N % 8 != 0 (``variant_for``; the dispatcher by the same rules).
+inputs, the element-wise kernel for fp32), or "rows8" (whole 8-byte output units: the unaligned
+rows of 16-bit inputs, fp32's vectorised kernel with staged rows) where the FP8 outputs' rows
+start on 8-byte boundaries, such as the padded rows mxq allocates at N % 8 != 0
+(``variant_for``; the dispatcher by the same rules).
 """
 
 from __future__ import annotations
