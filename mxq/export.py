@@ -144,7 +144,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
  * op: {epi.name}  spec: {spec}
  * input dtype: {dtype}   arch: {arch}   epilogue fingerprint: {epi.fingerprint}
  *
- * lib{name}.so exports {len(functions)} TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
+ * lib{name}.so exports {len(_functions(name, grouped))} TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
  * GetFunction): "{name}" serves any M, N >= 1; "{name}_vec" needs N % 8 == 0 and 16-byte
  * aligned [M, N] tensors and is faster. {takers} take these positional arguments (DLPack tensors on
  * one CUDA device; the launch uses TVM-FFI's environment stream, see TVMFFIEnvSetStream):
