@@ -516,6 +516,37 @@ def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, for
             assert bool((padded_rows(t)[:, n:] == 0xAB).all()), f"{name}: a padding byte was written"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_padded_calls_take_rows8_on_both_routes(dtype, monkeypatch):
+    """Padded FP8 rows at N % 8 != 0 take variant rows8 for every input dtype, on the native
+    dispatcher's allocating route (csrc/dispatch.cc asks Python for the kernel it picked) and on
+    op.prepare's Python binding (launch.variant_for); the bytes are the reference's. CPU
+    counterpart: test_launch.py::test_variant_by_hand."""
+    from mxq import compiler
+
+    asked = []
+    real = compiler.native_function
+
+    def spy(op, arch, dtype_name, variant, *args, **kwargs):
+        asked.append(variant)
+        return real(op, arch, dtype_name, variant, *args, **kwargs)
+
+    from mxq import launch as binding
+
+    monkeypatch.setattr(compiler, "native_function", spy)
+    monkeypatch.setattr(binding, "native_function", spy)
+    op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(_fast_ident)
+    x = planted(40, 333, dtype, seed=40)
+    want = op.reference(x)
+    assert compare(op(x.cuda()), want, is_exact(op)) == []
+    assert asked == ["rows8"], asked
+    launch, out = op.prepare(x.cuda())
+    launch()
+    torch.cuda.synchronize()
+    assert compare(out, want, is_exact(op)) == []
+    assert asked == ["rows8", "rows8"], asked
+
+
 @pytest.mark.parametrize("shape", [(4, 1, 13), (1, 6, 37), (3, 1, 2, 45)])
 def test_padded_outputs_with_size_one_dims(shape):
     """N-D padded outputs whose leading dimensions include size-1 ones, which torch gives any
