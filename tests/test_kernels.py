@@ -308,12 +308,12 @@ def test_unaligned_store_units_cover_each_byte_once(b):
 
 
 def test_fp32_unaligned_staging_swizzle():
-    """vectorized.py's unaligned rows: the words lane l's 4-byte copies (staged_word) and
+    """unaligned.py's fp32 rows by words: the words lane l's 4-byte copies (staged_word) and
     8-byte copies (staged_pair) write and the quads it reads back (staged_quad) agree: each
     segment word is written by one copy, and lane l reads its columns 8l .. 8l + 7 in order;
     every copy instruction and every 16-byte read phase of 8 lanes hits all 32 banks once (the
     reads ran 2-way conflicted unswizzled)."""
-    from mxq.kernels.vectorized import staged_pair, staged_quad, staged_word
+    from mxq.kernels.unaligned import staged_pair, staged_quad, staged_word
 
     V, words = kconfig.VEC, 32 * kconfig.VEC
     by_word = {l + 32 * k: staged_word(l, k) for l in range(32) for k in range(V)}

@@ -1,6 +1,8 @@
 """Rows at any alignment for the packed kernel (16-bit inputs with N % 8 != 0, or tensors that
 are not 16-byte aligned): rows are staged through shared memory as whole 16-byte chunks, read
-back realigned, and FP8 rows leave as realigned 8-byte units.
+back realigned, and FP8 rows leave as realigned 8-byte units. The vectorised kernel's fp32 rows
+at any alignment use the same chunks (``read_chunked_words``) or are copied word by word
+(``stage_words``, at the end), and store whole units (``store_unit_or_head``).
 
 A 256-column row segment of such a tensor starts anywhere inside a 16-byte chunk, so a thread's
 8 columns cannot be one 16-byte load. Instead:
@@ -42,7 +44,7 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint16, Uint32, Uint64
+from cutlass import Float32, Int32, Int64, Uint16, Uint32, Uint64
 
 from .config import CHUNK, UNIT
 from .device import DEVICE
@@ -216,22 +218,6 @@ def store_unit_or_head(addr, lo, hi, whole, part, n):
                 _st(8, addr + Int64(k), v >> Uint64(8 * k))
 
 
-def cp_async_word(dst, src, ok):
-    """cp.async of one 4-byte word from global byte address ``src`` to shared byte address
-    ``dst`` (32 bits); where ``ok`` is false the source is not read and the word is zeroed
-    (ignore-src). L1-cached: the neighbouring word of a warp's next copy hits the same sectors."""
-    cute.arch.inline_ptx("{ .reg .pred p; setp.eq.s32 p, {$r2}, 0; cp.async.ca.shared.global [{$r0}], [{$r1}], 4, p; }",
-                         read_only_args=[Int32(dst), src, Int32(cutlass.select_(ok, Int32(1), Int32(0)))])
-
-
-def cp_async_pair(dst, src, nbytes):
-    """cp.async of two 4-byte words from global byte address ``src`` (a multiple of 8) to
-    shared byte address ``dst`` (a multiple of 8): the first ``nbytes`` (0, 4 or 8) read, the
-    rest zeroed."""
-    cute.arch.inline_ptx("cp.async.ca.shared.global [{$r0}], [{$r1}], 8, {$r2};",
-                         read_only_args=[Int32(dst), src, Int32(nbytes)])
-
-
 def _st(width: int, addr, v):
     """A ``width``-bit store (8, 16 or 32) of the low bits of ``v`` (a piece of an edge unit)."""
     val = Uint16(Uint32(v) & Uint32((1 << width) - 1)) if width < 32 else Uint32(v)
@@ -373,3 +359,87 @@ def flush_edges(edges, lane, dirs, nrows: cutlass.Constexpr, step: cutlass.Const
                 p = p + 2
             if p < end:
                 _st(8, addr + Int64(p), v >> Uint64(8 * p))
+
+
+# --- fp32 rows by words (vectorized.py's unaligned rows) ---------------------------------------
+# An fp32 row starts on a 4-byte boundary, so it can be copied into place without realigning:
+# a warp's 256-column row segment goes to 256 consecutive shared words (lane l's columns 8l ..
+# 8l + 7 then being its two 16-byte quads), 4 bytes per copy, or 8 where the row starts on 8
+# bytes. The quads are swizzled so that neither the copies nor the reads have bank conflicts.
+
+def staged_word(l, k: int):
+    """The word of a staged fp32 row segment (256 words) that lane ``l``'s k-th
+    copy (the segment's word l + 32k) lands in. Quads (16 bytes, 4 words) are swizzled: logical
+    quad q sits at q ^ ((q >> 3) & 1), so the lanes of a 16-byte read phase (8 lanes, quads 2l or
+    2l + 1) hit all 32 banks; without it the reads ran 2-way conflicted. A copy's 32 words stay
+    8 whole quads (conflict-free writes): odd k swaps the quads of each pair."""
+    return (l ^ 4) + 32 * k if k % 2 else l + 32 * k
+
+
+def staged_pair(l, k: int):
+    """The word of a staged fp32 row segment that lane ``l``'s
+    k-th 8-byte copy (the segment's words 2l, 2l + 1 + 64k) lands in, swizzled as staged_word."""
+    return ((2 * l) ^ (((l >> 4) & 1) * 4)) + 64 * k
+
+
+def staged_quad(l, h: int):
+    """The quad of a staged fp32 row segment holding lane ``l``'s columns 4h .. 4h + 3
+    (logical quad 2l + h, swizzled as staged_word places it)."""
+    return (2 * l + h) ^ ((l >> 2) & 1)
+
+
+def cp_async_word(dst, src, ok):
+    """cp.async of one 4-byte word from global byte address ``src`` to shared byte address
+    ``dst`` (32 bits); where ``ok`` is false the source is not read and the word is zeroed
+    (ignore-src). L1-cached: the neighbouring word of a warp's next copy hits the same sectors."""
+    cute.arch.inline_ptx("{ .reg .pred p; setp.eq.s32 p, {$r2}, 0; cp.async.ca.shared.global [{$r0}], [{$r1}], 4, p; }",
+                         read_only_args=[Int32(dst), src, Int32(cutlass.select_(ok, Int32(1), Int32(0)))])
+
+
+def cp_async_pair(dst, src, nbytes):
+    """cp.async of two 4-byte words from global byte address ``src`` (a multiple of 8) to
+    shared byte address ``dst`` (a multiple of 8): the first ``nbytes`` (0, 4 or 8) read, the
+    rest zeroed."""
+    cute.arch.inline_ptx("cp.async.ca.shared.global [{$r0}], [{$r1}], 8, {$r2};",
+                         read_only_args=[Int32(dst), src, Int32(nbytes)])
+
+
+@cute.jit
+def stage_words(seg, a, lane, ok, cvalid, pbytes):
+    """Copy one row segment of 256 fp32 words from global byte address ``a`` (lane ``lane``'s
+    first word: the segment start + 4 * lane) into shared memory at ``seg`` (a pointer to its 256
+    swizzled words) with cp.async: 4 copies of 8 bytes per lane where the segment starts on 8
+    bytes (a branch the warp shares), else 8 of 4 bytes. ``ok``: the row exists; ``cvalid[k]``:
+    word l + 32k exists; ``pbytes[k]``: the bytes of pair 2l, 2l + 1 + 64k that exist (0, 4 or
+    8). Words that do not exist are zeroed, not read."""
+    if ((a - Int64(4 * lane)) & Int64(7)) == Int64(0):
+        for k in cutlass.range_constexpr(4):
+            cp_async_pair((seg + staged_pair(lane, k)).toint(), a + Int64(4 * lane + 256 * k),
+                          Int32(cutlass.select_(ok, pbytes[k], Int32(0))))
+    else:
+        for k in cutlass.range_constexpr(8):
+            cp_async_word((seg + staged_word(lane, k)).toint(), a + Int64(128 * k), ok & cvalid[k])
+
+
+def read_words(seg, lane, frag):
+    """Lane ``lane``'s 8 columns of a segment staged by stage_words (two 16-byte shared loads)
+    into ``frag`` (8 fp32 values)."""
+    for h in range(2):
+        quad = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+        at = cute.assume(staged_quad(lane, h) * 4, divby=4)
+        cute.autovec_copy(cute.make_tensor(seg + at, cute.make_layout(4)), quad)
+        for j in range(4):
+            frag[4 * h + j] = quad[j]
+
+
+def read_chunked_words(row, a, lane, frag):
+    """Lane ``lane``'s 8 columns of an fp32 row segment staged as chunks by stage_row (``row``:
+    its shared row, ``a``: its global byte address) into ``frag``: read_row twice, the two quads
+    realigned by whole words (an fp32 row's misalignment is a multiple of 4 bytes: no bit shift)."""
+    q = (chunk_misalignment(a) >> 2) & 3
+    words = cute.recast_tensor(row, Uint32)
+    fw = cute.recast_tensor(frag, Uint32)
+    for h in range(2):
+        got = read_row(words, (2 * lane + h, q, Int32(0)))
+        for j in range(4):
+            fw[4 * h + j] = got[j]

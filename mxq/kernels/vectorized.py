@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Float64, Int32, Int64, Uint8, Uint32
+from cutlass import Float32, Float64, Int32, Uint8
 
 from . import device as dev
 from . import grouped
@@ -43,27 +43,6 @@ VCOLS = 32 * VEC
 def grid(cfg, M, N, G=None):
     rows = cute.ceil_div(M, ROWS) if G is None else grouped.row_tiles(M, G)
     return [rows, cute.ceil_div(N, VCOLS) * (2 if cfg.halves else 1), 1], [cfg.vec_warps * 32, 1, 1]
-
-
-def staged_word(l, k: int):
-    """Unaligned rows: the word of a staged row segment (32 * VEC words) that lane ``l``'s k-th
-    copy (the segment's word l + 32k) lands in. Quads (16 bytes, 4 words) are swizzled: logical
-    quad q sits at q ^ ((q >> 3) & 1), so the lanes of a 16-byte read phase (8 lanes, quads 2l or
-    2l + 1) hit all 32 banks; without it the reads ran 2-way conflicted. A copy's 32 words stay
-    8 whole quads (conflict-free writes): odd k swaps the quads of each pair."""
-    return (l ^ 4) + 32 * k if k % 2 else l + 32 * k
-
-
-def staged_pair(l, k: int):
-    """Unaligned rows that start on 8 bytes: the word of a staged row segment that lane ``l``'s
-    k-th 8-byte copy (the segment's words 2l, 2l + 1 + 64k) lands in, swizzled as staged_word."""
-    return ((2 * l) ^ (((l >> 4) & 1) * 4)) + 64 * k
-
-
-def staged_quad(l, h: int):
-    """Unaligned rows: the quad of a staged row segment holding lane ``l``'s columns 4h .. 4h + 3
-    (logical quad 2l + h, swizzled as staged_word places it)."""
-    return (2 * l + h) ^ ((l >> 2) & 1)
 
 
 def _widen(frag, k):
@@ -160,29 +139,18 @@ class VectorizedKernel:
                                      lane, rbase + i < row_end)
                 cute.arch.cp_async_commit_group()
         elif cutlass.const_expr(UNALIGNED):
-            # lane l copies columns cb * VCOLS + l + 32k of each of its warp's rows into the slots
-            # of the lane that owns them ((l + 32k) // VEC): one contiguous shared row segment
+            # each warp's row segments word by word (unaligned.stage_words): which of lane l's
+            # words (columns cb * VCOLS + l + 32k) and pairs (+ 2l + 64k) exist
             ccol = cb * VCOLS + lane
             cvalid = [ccol + 32 * k < N for k in range(VEC)]
-            # (rows that start on 8 bytes copy word pairs: lane l words 2l, 2l + 1 + 64k, of which
-            # pbytes[k] exist)
             pbytes = [cutlass.max(cutlass.min(N - (cb * VCOLS + 2 * lane + 64 * k), 2), 0) * 4 for k in range(VEC // 2)]
             src_rows = [ua.row_base(sources[t], rbase, ccol) for t in range(NSRC)]
             for i in cutlass.range_constexpr(VROWS):
                 rok = rbase + i < row_end
                 for t in cutlass.range_constexpr(NSRC):
                     if cutlass.const_expr(staged_src[t]):
-                        a = ua.row_at(src_rows[t], i)
-                        seg = staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS)
-                        if ((a - Int64(4 * lane)) & Int64(7)) == Int64(0):  # (warp-uniform)
-                            for k in cutlass.range_constexpr(VEC // 2):
-                                d = (seg + staged_pair(lane, k)).toint()
-                                ua.cp_async_pair(d, a + Int64(4 * lane + 256 * k),
-                                                 Int32(cutlass.select_(rok, pbytes[k], Int32(0))))
-                        else:
-                            for k in cutlass.range_constexpr(VEC):
-                                d = (seg + staged_word(lane, k)).toint()
-                                ua.cp_async_word(d, a + Int64(128 * k), rok & cvalid[k])
+                        ua.stage_words(staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS),
+                                       ua.row_at(src_rows[t], i), lane, rok, cvalid, pbytes)
                 cute.arch.cp_async_commit_group()
         elif cutlass.const_expr(len(STAGED) > 0):
             g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
@@ -234,25 +202,14 @@ class VectorizedKernel:
                     if rbase + i < row_end:
                         for t in cutlass.range_constexpr(NSRC):
                             if cutlass.const_expr(staged_src[t]):
-                                q = (ua.chunk_misalignment(ua.row_at(ga[t], i)) >> 2) & 3
-                                wrow = cute.recast_tensor(staged[t][(warp * VROWS + i, None)], Uint32)
-                                fw = cute.recast_tensor(frags[i][t], Uint32)
-                                for h in cutlass.range_constexpr(2):
-                                    got = ua.read_row(wrow, (2 * lane + h, q, Int32(0)))
-                                    for j in cutlass.range_constexpr(4):
-                                        fw[4 * h + j] = got[j]
+                                ua.read_chunked_words(staged[t][(warp * VROWS + i, None)], ua.row_at(ga[t], i), lane,
+                                                      frags[i][t])
                 elif cutlass.const_expr(UNALIGNED):
                     cute.arch.cp_async_wait_group(VROWS - 1 - i)  # row i's copies have landed ...
                     cute.arch.sync_warp()  # ... in every lane of the warp (they copied each other's columns)
                     for t in cutlass.range_constexpr(NSRC):  # (zeros where no row or column: no branch)
                         if cutlass.const_expr(staged_src[t]):
-                            seg = staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS)
-                            for h in cutlass.range_constexpr(2):
-                                quad = cute.make_rmem_tensor(cute.make_layout(4), Float32)
-                                at = cute.assume(staged_quad(lane, h) * 4, divby=4)
-                                cute.autovec_copy(cute.make_tensor(seg + at, cute.make_layout(4)), quad)
-                                for j in cutlass.range_constexpr(4):
-                                    frags[i][t][4 * h + j] = quad[j]
+                            ua.read_words(staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS), lane, frags[i][t])
                 elif cutlass.const_expr(len(STAGED) > 0):
                     cute.arch.cp_async_wait_group(VROWS - 1 - i)  # row i's copies have landed
                     if row_ok:
