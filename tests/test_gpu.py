@@ -516,6 +516,35 @@ def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, for
             assert bool((padded_rows(t)[:, n:] == 0xAB).all()), f"{name}: a padding byte was written"
 
 
+@pytest.mark.parametrize("form", ["words", "chunks"])
+@pytest.mark.parametrize("shape", [(33, 70), (40, 333), (70, 4100)])
+@pytest.mark.parametrize("kinds", [("col", "row"), ("scalar", "full"), ("col", "half")])
+def test_fp32_unaligned_operands_match_reference(kinds, shape, form, monkeypatch):
+    """Broadcast operands (col [M, 1], row [N], scalar) and a strided half view (x[:, n:] of a [M,
+    2n] tensor) on the fp32 vectorised kernel's unaligned rows (variant rows8, padded outputs),
+    in both staging forms; every byte against the reference. CPU counterparts:
+    tests/test_operands.py, test_codegen.py::test_fp32_unaligned_rows_are_staged_by_words_or_chunks."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu", dbias=True)(_bias_scale)
+    op._tuning = Tuning(vec_unaligned_copy=form)
+    m, n = shape
+    x = planted(m, n, torch.float32, seed=m + n)
+    wide = planted(m, 2 * n, torch.float32, seed=7, specials=False)
+
+    def operand(kind, seed):
+        full = planted(m, n, torch.float32, seed=seed, specials=False)
+        return {"full": full, "row": full[0], "col": full[:, :1], "scalar": full.reshape(-1)[:1].reshape(()),
+                "half": wide[:, n:]}[kind]
+
+    s, b = operand(kinds[0], 5), operand(kinds[1], 6)
+    want = op.reference(x, s, b.contiguous())
+    gx = _at_offset(x.cuda(), 1)
+    gb = wide.cuda()[:, n:] if kinds[1] == "half" else b.cuda()
+    got = op(gx, s.cuda(), gb, out=poisoned(op, gx, row_align=16))
+    v_abs = v_abs_sum(op, x, s, b.contiguous()) if not is_exact(op) else None
+    assert compare(got, want, is_exact(op), v_abs) == []
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_padded_calls_take_rows8_on_both_routes(dtype, monkeypatch):
     """Padded FP8 rows at N % 8 != 0 take variant rows8 for every input dtype, on the native
