@@ -229,21 +229,10 @@ class VectorizedKernel:
                     vals[i * VEC + k] = v
                     if cutlass.const_expr(cfg.col_reduce):
                         cmax[k] = cute.arch.fmax(cmax[k], cute.math.abs(v), nan=True)
-                if cutlass.const_expr(cfg.rowwise and UNALIGNED):
-                    if cutlass.const_expr(i == 0):
-                        out_row = ua.row_base(row_data, rbase, c0)
-                    ramax = Float32(0.0)
-                    for k in cutlass.range_constexpr(VEC):
-                        ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + k]), nan=True)
-                    ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1), nan=True)
-                    ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
-                    er = dev.e8m0_scale(ramax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
-                    sr = dev.inv_scale(er)
-                    self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, whole, part, nvalid)
-                    if row_ok and lane % 4 == 0:
-                        self.store_row_scale(row_scale, dev.scale_offset(cfg.swizzled, rbase + i, c0 // 32, nbr), er)
-                elif cutlass.const_expr(cfg.rowwise):
+                if cutlass.const_expr(cfg.rowwise):
                     # rowwise: the 32-column block of this row is 4 adjacent lanes
+                    if cutlass.const_expr(UNALIGNED and i == 0):
+                        out_row = ua.row_base(row_data, rbase, c0)  # (unaligned: row i's units at row_at(out_row, i))
                     ramax = Float32(0.0)
                     for k in cutlass.range_constexpr(VEC):
                         ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + k]), nan=True)
@@ -251,7 +240,11 @@ class VectorizedKernel:
                     ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
                     er = dev.e8m0_scale(ramax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
                     sr = dev.inv_scale(er)
-                    if row_ok:
+                    if cutlass.const_expr(UNALIGNED):
+                        self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, whole, part, nvalid)
+                        if row_ok and lane % 4 == 0:
+                            self.store_row_scale(row_scale, dev.scale_offset(cfg.swizzled, rbase + i, c0 // 32, nbr), er)
+                    elif row_ok:
                         qr = cute.make_rmem_tensor_like(tRow[(None, (0, 0))])
                         for k in cutlass.range_constexpr(0, VEC, 2):
                             lo, hi = dev.to_fp8x2(dev.mul_rn(vals[i * VEC + k], sr), dev.mul_rn(vals[i * VEC + k + 1], sr),
