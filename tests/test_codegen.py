@@ -788,6 +788,8 @@ def test_fp32_unaligned_rows_are_staged_by_words_or_chunks(arch):
                 assert len(re.findall(r"\bld\.shared\.v4\.[bf]32", body)) == 2 * rows * nsrc
             assert not re.search(r"\bld\.global\.v4", body)
             assert len(re.findall(r"\bst\.global\.v2\.b32", body)) == rows * ndirs, opts
+            # each row read after its copies landed in every lane: a wait and a warp barrier per row
+            assert body.count("bar.warp.sync") == rows and body.count("cp.async.wait_group") >= rows
     colwise = mxq.fused_quant(rowwise=False, colwise=True)(ident)
     cfg = codegen.kernel_config(colwise.spec, colwise.epilogue, None)
     assert not cfg.vec_unaligned and not dataclasses.replace(cfg, colwise=True, rowwise=True, halves=True).vec_unaligned

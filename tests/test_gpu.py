@@ -444,8 +444,8 @@ def test_padded_outputs_match_reference(case, shape, layout):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_default_outputs_pad_odd_rows(case, shape, dtype):
     """Without out=, N % 8 != 0 gets FP8 data of rows padded to 16 bytes (MXFP8Tensor.empty's
-    default), which the 16-bit kernels write with whole 8-byte units (variant rows8) and the fp32
-    element-wise kernel through the rows' stride (N = 1030 and 4100 even, 333 and 5 odd: both warp
+    default), which the kernels write with whole 8-byte units (variant rows8; fp32: the vectorised
+    kernel's staged rows, colwise alone the element-wise kernel) (N = 1030 and 4100 even, 333 and 5 odd: both warp
     counts of a plain cast's rows8 kernel, KernelConfig.rows8_warps). Every
     byte against the reference; mxq.quantize alike. CPU counterpart:
     test_runtime.py::test_default_outputs_pad_rows_that_are_not_whole_units."""
@@ -477,7 +477,8 @@ def _bias_gelu_in(x, b):
 @pytest.mark.parametrize("row_align", [16, 8])
 @pytest.mark.parametrize("offset", [0, 1, 3])
 @pytest.mark.parametrize("shape", [(65, 1030), (40, 333), (33, 8), (5, 257), (9, 5), (3, 1), (70, 4100)])
-@pytest.mark.parametrize("case", _UNALIGNED_CASES + [(dict(rowwise=True, colwise=True, act="gelu"), _bias_gelu_in)])
+@pytest.mark.parametrize("case", _UNALIGNED_CASES + [(dict(rowwise=True, colwise=True, act="gelu"), _bias_gelu_in),
+                                                     (dict(rowwise=False, colwise=True, act="gelu"), _fast_ident)])
 def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, form, monkeypatch):
     """fp32 inputs at any N and base alignment whose FP8 rows start on 8-byte boundaries (variant
     rows8, mxq's own padded outputs) run the vectorised kernel with staged rows
@@ -486,7 +487,9 @@ def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, for
     shorter than a lane's 8 columns (5, 1), M not a multiple of 32, inputs and act_input 1 to 5
     elements past an aligned address, a bias [N] at an odd address (the last case); every byte
     against the reference, and no padding byte written. CPU counterpart:
-    test_codegen.py::test_fp32_unaligned_rows_are_staged_by_words."""
+    test_codegen.py::test_fp32_unaligned_rows_are_staged_by_words_or_chunks. (The plain colwise
+    case runs the element-wise kernel in both forms; the gelu colwise one is the vectorised
+    kernel's colwise-only path.) A noop call into poisoned outputs writes no byte."""
     monkeypatch.setenv("MXQ_STRICT", "1")
     opts, fn = case
     op = mxq.fused_quant(**opts)(fn)
@@ -511,6 +514,12 @@ def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, for
         t = getattr(got, name)
         if t is not None and n % row_align != 0:
             assert bool((padded_rows(t)[:, n:] == 0xAB).all()), f"{name}: a padding byte was written"
+    skipped = poisoned(op, gins[0], row_align=row_align)
+    op(*gins, out=skipped, noop=torch.ones(1, device="cuda"), **gkw)
+    for name in ("rowwise_data", "colwise_data"):
+        t = getattr(skipped, name)
+        if t is not None:
+            assert bool((padded_rows(t) == 0xAB).all()), f"{name}: written under noop"
 
 
 @pytest.mark.parametrize("form", ["words", "chunks"])

@@ -273,5 +273,44 @@ def test_packed_shared_bytes_counts_the_allocations():
     assert cfg.packed_shared_bytes(1, unaligned=False) == 2048 + 1024
 
 
+def _seven_for_smem(a, b, c, d, e, f, g):
+    return a + b + c + d + e + f + g
+
+
+def _eight_for_smem(a, b, c, d, e, f, g, h):
+    return a + b + c + d + e + f + g + h
+
+
+def test_fp32_unaligned_rows_fit_shared_memory():
+    """KernelConfig.vec_unaligned_bytes against the dynamic shared memory the fp32 kernel's
+    unaligned rows (variant rows8) are compiled with, rowwise + colwise: words 32 x 256 x 4 =
+    32768 per input, chunks 32 x 260 x 4 = 33280, plus 1024 of inverse column scales. Seven
+    inputs fit as words (230400) but not as chunks (233984 > 232448: the kernel would not
+    launch), so they take words; eight fit neither and run the element-wise kernel."""
+    from mxq import codegen, compiler
+    from mxq.kernels.config import SMEM_LIMIT, Tuning
+
+    def smem(op):
+        return compiler.compile_artifacts(op, "sm_90", "fp32", "rows8")["mlir"]
+
+    for copy, want in (("words", 32768 + 1024), ("chunks", 33280 + 1024)):
+        one = mxq.fused_quant(rowwise=True, colwise=True)(_ident_for_smem)
+        one._tuning = Tuning(vec_unaligned_copy=copy)
+        cfg = codegen.kernel_config(one.spec, one.epilogue, one._tuning)
+        assert cfg.vec_unaligned_chunks == (copy == "chunks")
+        assert cfg.vec_unaligned_bytes(cfg.vec_unaligned_chunks) == want
+        assert f"constant({want} : i64)" in smem(one)
+    seven = mxq.fused_quant(rowwise=True, colwise=True)(_seven_for_smem)
+    cfg = codegen.kernel_config(seven.spec, seven.epilogue, None)
+    assert cfg.vec_unaligned_bytes(True) == 7 * 33280 + 1024 > SMEM_LIMIT
+    assert cfg.vec_unaligned and not cfg.vec_unaligned_chunks
+    assert f"constant({7 * 32768 + 1024} : i64)" in smem(seven)
+    eight = mxq.fused_quant(rowwise=True, colwise=True)(_eight_for_smem)
+    assert not codegen.kernel_config(eight.spec, eight.epilogue, None).vec_unaligned
+    assert "generic_kernel" in compiler.compile_artifacts(eight, "sm_90", "fp32", "rows8")["ptx"]
+    with pytest.raises(ValueError, match="vec_unaligned_copy"):
+        Tuning(vec_unaligned_copy="chunk")
+
+
 def _ident_for_smem(x):
     return x

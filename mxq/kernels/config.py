@@ -71,6 +71,11 @@ class Tuning:
     halves_one_cta: bool = True
     unaligned_warps: int = 0
     vec_unaligned_copy: str = ""
+
+    def __post_init__(self):
+        if self.vec_unaligned_copy not in ("", "words", "chunks"):
+            raise ValueError(f"mxq: Tuning.vec_unaligned_copy must be '', 'words' or 'chunks', "
+                             f"got {self.vec_unaligned_copy!r}")
     vec_stage: bool = True
     rows8_min_blocks: int = 0
 
@@ -125,29 +130,47 @@ class KernelConfig:
         # call's lookups 1 KB: an op with too many inputs keeps the unstaged kernel)
         return (self.n_inputs + 1) * ROWS * 32 * VEC * 4 + 2048 <= SMEM_LIMIT
 
+    def vec_unaligned_bytes(self, chunks: bool) -> int:
+        """Upper bound of the shared memory the vectorised kernel's unaligned rows allocate (every
+        epilogue tensor counted as a staged source; keep it in step with vectorized.py): the
+        staged rows (32 x 256 words per source, or the chunks covering them), the inverse column
+        scales, and the dbias sums where they cannot reuse a second staged source."""
+        per = ROWS * (unaligned_row_elements(32 * VEC, 4) if chunks else 32 * VEC) * 4
+        total = (self.n_inputs + self.has_dact) * per
+        if self.colwise:
+            total += 32 * VEC * 4
+        if self.dbias:
+            total += self.vec_warps * 32 * VEC * 8
+        return total
+
     @property
     def vec_unaligned(self) -> bool:
         """Variant "rows8" of an fp32 op (FP8 output rows on 8-byte boundaries, any N and input
-        alignment) runs the vectorised kernel with its rows staged 4 bytes at a time
-        (vectorized.py), where every source fits shared memory, the op writes one half and it
-        writes rowwise output or computes; else the element-wise kernel (generic.py), which ran a
-        plain colwise cast 2% faster (docs/performance.md, "fp32 inputs")."""
-        fits = (self.n_inputs + self.has_dact) * ROWS * 32 * VEC * 4 + 2048 <= SMEM_LIMIT
+        alignment) runs the vectorised kernel with its rows staged through shared memory
+        (vectorized.py; words or chunks, vec_unaligned_chunks) where the op writes one half, writes
+        rowwise output or computes, and its staged rows fit a CTA; else the element-wise kernel
+        (generic.py), which ran a plain colwise cast 2% faster (docs/performance.md, "fp32
+        inputs")."""
+        fits = self.vec_unaligned_bytes(chunks=False) <= SMEM_LIMIT
         return fits and not self.halves and (self.rowwise or self.computed)
 
     @property
     def vec_unaligned_chunks(self) -> bool:
         """The fp32 kernel's unaligned rows (vec_unaligned) are staged as whole 16-byte chunks
-        and realigned as they are read back (unaligned.stage_row / read_row), else word by word
-        (4- or 8-byte copies into place, nothing to realign). Measured on the H200 at 8192x8190,
-        4096x14335 and 8191x8191 (docs/performance.md, "fp32 inputs"): chunks ran rowwise 84.6-85.0%
-        of copy against 81.3-81.9% and dgelu + dbias + both 79.8-80.7% against 71.0-71.7%; words
-        ran both and gelu + both 0-2.4 points faster (86.4 / 85.5% against 84.0 / 83.3% at 8192x8190).
-        So words for an op that writes colwise output from one input, else chunks
-        (Tuning.vec_unaligned_copy overrides)."""
+        and realigned as they are read back (unaligned.stage_row / read_chunked_words), else word
+        by word (4- or 8-byte copies into place, nothing to realign). Measured on the H200 at
+        8192x8190, 4096x14335 and 8191x8191 (docs/performance.md, "fp32 inputs", step 5): chunks
+        ran rowwise 83.6-85.0% of copy against 81.3-81.9% and dgelu + dbias + both 79.8-80.7%
+        against 71.0-71.7%; words ran both and gelu + both -0.1 to +2.6 points against chunks
+        (86.4-86.6 / 85.5-85.6% against 84.0-84.1 / 83.3% at 8192x8190). So words for an op that
+        writes colwise output from one input, else chunks (an epilogue's broadcast tensors count
+        as inputs: not timed), where they fit (chunks take 1.6% more shared memory);
+        Tuning.vec_unaligned_copy overrides."""
         if self.tuning.vec_unaligned_copy:
-            return self.tuning.vec_unaligned_copy == "chunks"
-        return not (self.colwise and self.n_inputs == 1 and not self.has_dact)
+            want = self.tuning.vec_unaligned_copy == "chunks"
+        else:
+            want = not (self.colwise and self.n_inputs == 1 and not self.has_dact)
+        return want and self.vec_unaligned_bytes(chunks=True) <= SMEM_LIMIT
 
     @property
     def wide(self) -> bool:

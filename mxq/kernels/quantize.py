@@ -10,8 +10,8 @@ launchers (one per variant) call ``Quantize.launch`` while they trace:
   rows (unaligned.py), fp32 inputs the element-wise kernel (generic.py);
 - variant "rows8": "generic" for FP8 output rows that start on 8-byte boundaries (an out= with
   padded rows, MXFP8Tensor.empty(row_align=...)): the unaligned rows store whole 8-byte units,
-  with no realigning code compiled in (fp32: the vectorised kernel with rows staged 4 bytes at
-  a time, KernelConfig.vec_unaligned, else the element-wise one). A plain cast without
+  with no realigning code compiled in (fp32: the vectorised kernel with rows staged as words
+  or chunks, KernelConfig.vec_unaligned, else the element-wise one). A plain cast without
   dbias compiles its packed kernel at 8 and at 4 warps, and the launcher picks one by the
   parity of the input's row stride (KernelConfig.rows8_warps, ``launch_packed_by_parity``);
 - with ``group_ends`` (a grouped call, group_offsets) the same kernels take the groups'

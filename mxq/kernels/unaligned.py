@@ -2,7 +2,7 @@
 are not 16-byte aligned): rows are staged through shared memory as whole 16-byte chunks, read
 back realigned, and FP8 rows leave as realigned 8-byte units. The vectorised kernel's fp32 rows
 at any alignment use the same chunks (``read_chunked_words``) or are copied word by word
-(``stage_words``, at the end), and store whole units (``store_unit_or_head``).
+(``stage_words``, at the end), and store whole units (``store_unit_or_prefix``).
 
 A 256-column row segment of such a tensor starts anywhere inside a 16-byte chunk, so a thread's
 8 columns cannot be one 16-byte load. Instead:
@@ -207,7 +207,7 @@ def _st_b64(addr, lo, hi, pred=None):
 
 
 @cute.jit
-def store_unit_or_head(addr, lo, hi, whole, part, n):
+def store_unit_or_prefix(addr, lo, hi, whole, part, n):
     """The unit ``lo``, ``hi`` at ``addr`` (a multiple of 8): one 8-byte store where ``whole``;
     where ``part`` (a row's partial last unit: rare, so a branch) bytes [0, n) one at a time."""
     _st_b64(addr, lo, hi, whole)
@@ -378,7 +378,8 @@ def staged_word(l, k: int):
 
 def staged_pair(l, k: int):
     """The word of a staged fp32 row segment that lane ``l``'s
-    k-th 8-byte copy (the segment's words 2l, 2l + 1 + 64k) lands in, swizzled as staged_word."""
+    k-th 8-byte copy (the segment's words 2l + 64k and 2l + 64k + 1) lands in, swizzled as
+    staged_word."""
     return ((2 * l) ^ (((l >> 4) & 1) * 4)) + 64 * k
 
 
@@ -410,8 +411,8 @@ def stage_words(seg, a, lane, ok, cvalid, pbytes):
     first word: the segment start + 4 * lane) into shared memory at ``seg`` (a pointer to its 256
     swizzled words) with cp.async: 4 copies of 8 bytes per lane where the segment starts on 8
     bytes (a branch the warp shares), else 8 of 4 bytes. ``ok``: the row exists; ``cvalid[k]``:
-    word l + 32k exists; ``pbytes[k]``: the bytes of pair 2l, 2l + 1 + 64k that exist (0, 4 or
-    8). Words that do not exist are zeroed, not read."""
+    word l + 32k exists; ``pbytes[k]``: the bytes of the pair (2l + 64k, 2l + 64k + 1) that
+    exist (0, 4 or 8). Words that do not exist are zeroed, not read."""
     if ((a - Int64(4 * lane)) & Int64(7)) == Int64(0):
         for k in cutlass.range_constexpr(4):
             cp_async_pair((seg + staged_pair(lane, k)).toint(), a + Int64(4 * lane + 256 * k),

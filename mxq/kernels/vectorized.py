@@ -13,7 +13,7 @@ memory, in one of two forms (KernelConfig.vec_unaligned_chunks says which an op 
 their timings):
 
 - words: a warp's row segment of 32 * VEC words is copied into place by cp.async, 8 bytes per
-  copy where the row starts on 8 bytes (lane l words 2l, 2l + 1 + 64k), else 4 (words l + 32k);
+  copy where the row starts on 8 bytes (lane l: words 2l + 64k, 2l + 64k + 1), else 4 (l + 32k);
   quads are swizzled (staged_word, staged_pair, staged_quad) so the copies and the lanes' two
   16-byte reads of their columns are free of bank conflicts. Columns past N and rows past M are
   zero-filled (cp.async ignore-src / src-size), not branched around. Nothing to realign.
@@ -73,7 +73,7 @@ class VectorizedKernel:
         c0 = g * VEC
         col_ok = c0 < N  # aligned: N % VEC == 0, a group is wholly inside or outside
         if cutlass.const_expr(UNALIGNED):
-            nvalid = N - c0  # this lane's columns that exist (<= 0 or >= VEC: none or all)
+            nvalid = N - c0  # this lane's columns that exist (<= 0: none, >= VEC: all, else a partial unit)
         rbase = rb * ROWS + warp * VROWS
         row_end = M
         if cutlass.const_expr(cfg.col_reduce or GROUPED or cfg.vec_stage or UNALIGNED):
@@ -222,7 +222,9 @@ class VectorizedKernel:
                         ok = row_ok
                         if cutlass.const_expr(UNALIGNED):
                             ok = row_ok & (nvalid > k)
-                        v = Float32(cutlass.select_(ok, v, Float32(0.0)))  # rows past M and their act(0) do not count
+                        # rows past M and their act(0) do not count; unaligned rows: nor columns past N
+                        # (chunks: the neighbouring bytes a staged chunk holds)
+                        v = Float32(cutlass.select_(ok, v, Float32(0.0)))
                     if cutlass.const_expr(cfg.dbias):
                         dsum[k] = dsum[k] + v.to(Float64)
                     v = self.round_to_input(v, ins[0].element_type)
@@ -329,4 +331,4 @@ class VectorizedKernel:
         q = [dev.mul_rn(vals[i * VEC + k], inv[k]) for k in range(VEC)]
         d0 = dev.fp8x4(q[0], q[1], q[2], q[3], self.cfg.fp8)
         d1 = dev.fp8x4(q[4], q[5], q[6], q[7], self.cfg.fp8)
-        ua.store_unit_or_head(p, d0, d1, ok & whole, ok & part, nvalid)
+        ua.store_unit_or_prefix(p, d0, d1, ok & whole, ok & part, nvalid)
