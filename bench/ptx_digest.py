@@ -6,7 +6,7 @@ layer (a refactor, a rename) compiles to the same code -- no GPU needed.
 
 Each case is (spec, epilogue, dtype, variant, arch), drawn from device_check.matrix_cases() (every
 combination of plain/act/dact/epilogue x dbias x amax x direction x dtype, on the packed or
-vectorised kernel and on the generic one) plus the scale modes, layouts and formats. The PTX is
+vectorised kernel, the generic one and variant rows8) plus the scale modes, layouts and formats. The PTX is
 normalised before hashing: kernel entry names (derived from Python function names and argument
 types) become their position, and comments and the version header are dropped; what remains is
 the instruction stream ptxas sees.
@@ -34,7 +34,7 @@ def all_cases(quick: bool = False):
 
     out = []
     for v, epi, dtype, _shapes in matrix_cases():
-        for variant in ("vec", "generic"):
+        for variant in ("vec", "generic", "rows8"):
             out.append((v, epi, dtype, variant, "sm_90"))
     for fp8, mode, layout in itertools.product(("e4m3", "e5m2"), ("rceil", "floor", "ceil", "even"),
                                                ("compact", "swizzled")):
