@@ -1,4 +1,5 @@
-"""Static PTX instruction count per element of the packed (16-bit input) kernel, without a GPU.
+"""Static PTX instruction count per element of the packed (16-bit input) kernel, or with
+``--dtype fp32`` of the fp32 kernels (vectorised, or element-wise where the variant runs it), without a GPU.
 
 Why: on the H200 the fused ops are issue-bound, so PTX instructions per element predict their
 speed well enough to compare template changes on a CPU-only machine before spending device time
@@ -96,17 +97,28 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
         cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
     art = compiler.compile_artifacts(op, arch=arch, dtype=dtype, variant=variant, layouts=layouts)
     ptx = art["ptx"]
-    body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
+    kname = "packed_kernel"
+    if dtype == "fp32":  # (Quantize.launch: rows8 runs the vectorised kernel where vec_unaligned)
+        vec = variant == "vec" or (variant == "rows8" and cfg.vec_unaligned)
+        kname = "vec_kernel" if vec else "generic_kernel"
+    body = ptx[ptx.index(f".entry kernel_cutlass_{kname}"):]
     body = body[:body.index("\n}\n")]
     instrs = [ln.strip() for ln in body.splitlines()
               if ln.strip() and not ln.strip().startswith(("//", ".", "{", "}", "$", ")", "kernel_"))
               and not re.match(r"^\w+:", ln.strip())]  # (labels, e.g. of the unaligned read's branch table)
     kinds = collections.Counter(re.sub(r"^@!?%p\d+\s+", "", i).split()[0].split(".")[0] for i in instrs)
-    vwarps = cfg.packed_warps(unaligned=variant != "vec")
-    per_thread = kconfig.VEC * (kconfig.ROWS // vwarps)
-    pk = next((v for k, v in art.get("kernels", {}).items() if "packed_kernel" in k), {})
+    if kname == "packed_kernel":
+        vwarps = cfg.packed_warps(unaligned=variant != "vec")
+        per_thread = kconfig.VEC * (kconfig.ROWS // vwarps)
+        smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=variant != "vec")
+    elif kname == "vec_kernel":
+        vwarps = cfg.vec_warps
+        per_thread = kconfig.VEC * (kconfig.ROWS // vwarps)
+        smem = cfg.vec_unaligned_bytes(cfg.vec_unaligned_chunks) if variant == "rows8" else 0  # (an estimate)
+    else:  # the element-wise kernel: a thread's column of 32 rows
+        vwarps, per_thread, smem = kconfig.GENERIC_WARPS, kconfig.ROWS, 0
+    pk = next((v for k, v in art.get("kernels", {}).items() if kname in k), {})
     sass = pk.get("sass_instructions")
-    smem = cfg.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=variant != "vec")
     ctas = ctas_per_sm(pk["registers"], 32 * vwarps, smem) if pk.get("registers") else None
     return {"instrs": len(instrs), "per_element": len(instrs) / per_thread, "registers": pk.get("registers"),
             "sass": sass,
@@ -159,7 +171,7 @@ def opcode_diff(name: str, arch: str, dtype: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     ap.add_argument("--variant", default="vec", choices=["vec", "generic", "rows8"],
                     help="generic: the packed kernel's unaligned rows (any N); rows8: the same, FP8 rows on 8-byte boundaries")
     ap.add_argument("--opcodes", metavar="OP", choices=[*OPS, *EPILOGUE_OPS],

@@ -911,6 +911,21 @@ def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
     assert re.search(r"\.minnctapersm\s+4", ptx8) and ".minnctapersm" not in ptxg
 
 
+def test_ptx_count_tool_counts_the_fp32_kernels():
+    """bench/ptx_count.py --dtype fp32 counts the kernel each fp32 variant runs: the vectorised
+    one (vec; rows8 where KernelConfig.vec_unaligned: 8 columns x 32 / warps rows a thread) or
+    the element-wise one (a plain colwise cast's rows8: a thread's column of 32 rows); gelu +
+    both costs more per element than both on either."""
+    tool = _bench_tool("ptx_count")
+    spec = QuantSpec(**tool.OPS["both"])
+    got = {v: tool.count(spec, "sm_90", "fp32", v) for v in ("vec", "rows8")}
+    assert got["vec"]["per_thread"] == got["rows8"]["per_thread"] == kconfig.VEC * kconfig.ROWS // 4
+    gelu = tool.count(QuantSpec(**tool.OPS["gelu_both"]), "sm_90", "fp32", "rows8")
+    assert gelu["per_element"] > got["rows8"]["per_element"] > 0
+    colwise = tool.count(QuantSpec(**tool.OPS["colwise"]), "sm_90", "fp32", "rows8")
+    assert colwise["per_thread"] == kconfig.ROWS and colwise["vwarps"] == kconfig.GENERIC_WARPS
+
+
 def test_ptx_count_occupancy_by_hand():
     """bench/ptx_count.py's CTAs per SM, against hand counts for an H200 SM (64K registers in
     four 16K partitions allocated per warp in units of 256, 228 KB of shared memory with 1 KB
