@@ -185,8 +185,8 @@ def variant_for(n: int, n_out: int, mats, kinds, datas, grouped: bool) -> str:
         return "vec_grouped" if grouped else "vec"
     if grouped:
         return "generic_grouped"
-    rows8 = ((n_out == n or n % UNIT == 0)
-             and all(t.data_ptr() % UNIT == 0 and (t.shape[0] <= 1 or t.stride(0) % UNIT == 0) for t in outs))
+    rows8 = (n_out == n or n % UNIT == 0) and all(
+        t.data_ptr() % UNIT == 0 and (t.shape[0] <= 1 or t.stride(0) % UNIT == 0) for t in outs)
     return "rows8" if rows8 else "generic"
 
 

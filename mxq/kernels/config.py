@@ -71,13 +71,13 @@ class Tuning:
     halves_one_cta: bool = True
     unaligned_warps: int = 0
     vec_unaligned_copy: str = ""
+    vec_stage: bool = True
+    rows8_min_blocks: int = 0
 
     def __post_init__(self):
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
             raise ValueError(f"mxq: Tuning.vec_unaligned_copy must be '', 'words' or 'chunks', "
                              f"got {self.vec_unaligned_copy!r}")
-    vec_stage: bool = True
-    rows8_min_blocks: int = 0
 
 
 @dataclass(frozen=True)
