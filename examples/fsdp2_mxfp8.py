@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -74,9 +74,8 @@ def train(rank: int, world: int, steps: int, mxfp8: bool, device: torch.device) 
     return losses, gathered
 
 
-def worker(rank: int, world: int, port: int, steps: int, backend: str, out: dict):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(backend, rank=rank, world_size=world)
+def worker(rank: int, world: int, init: str, steps: int, backend: str, out: dict):
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if backend == "nccl":
         torch.cuda.set_device(device)
@@ -86,17 +85,22 @@ def worker(rank: int, world: int, port: int, steps: int, backend: str, out: dict
         out.update(ref=ref, mx=mx, gathered=gathered, device=str(device))
     dist.barrier()  # neither rank tears its connections down while the other still uses them
     dist.destroy_process_group()
+    # Leave without the interpreter's shutdown: threads that gloo, FSDP and autograd started in
+    # C++ can still be joinable when static destructors run at exit, which aborts the process
+    # ("terminate called without an active exception"; once in CI, not reproduced in 30 runs
+    # here). What this rank reports is already in `out`.
+    os._exit(0)
 
 
 def run(steps: int) -> dict:
     world = 2
     backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with mp.Manager() as manager:
+    # The ranks meet through a file, not a TCP port: a free port picked here could be taken by
+    # another process before rank 0 binds it.
+    with tempfile.TemporaryDirectory() as tmp, mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(worker, args=(world, port, steps, backend, out), nprocs=world)
+        init = f"file://{os.path.join(tmp, 'rendezvous')}"
+        mp.spawn(worker, args=(world, init, steps, backend, out), nprocs=world)
         result = dict(out)
     result["backend"] = backend
     return result

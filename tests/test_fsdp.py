@@ -63,6 +63,8 @@ assert torch.allclose(layer.weight.grad.full_tensor(), dy.t() @ x2.detach(), rto
 print(f"rank {rank}: gathered bytes byte-equal", flush=True)
 dist.barrier()
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # no interpreter shutdown: see examples/fsdp2_mxfp8.py, worker()
 """
 
 
