@@ -16,6 +16,9 @@ rowwise blocks. Scales are compact only (swizzled tiles span 128 rows). The othe
 operands must have the same placement (or be plain tensors broadcast against the local shard);
 ``act_input`` likewise. A Partial("sum") dbias reduces the ranks' rounded sums: within the
 dbias class of docs/NUMERICS.md of the single-device value, not byte-equal to it.
+
+Under torch.compile the same code traces (FusedOp._local_call: the torch operator on the local
+shards; DTensor.from_local around its outputs), so a compiled DTensor call has no graph break.
 """
 
 from __future__ import annotations
@@ -44,11 +47,14 @@ def _placement(x: DTensor, name: str):
                          f"placements {x.placements}")
     p = x.placements[0]
     if isinstance(p, Shard):
+        # (the dims returned are constants, not p.dim: torch.compile may trace p.dim as a symbol)
         dim = p.dim % x.dim()
-        if dim not in (0, x.dim() - 1):
-            raise ValueError(f"mxq: placement Shard({p.dim}) splits neither the rows (Shard(0)) nor the "
-                             "columns (Shard(-1)) of the input")
-        return mesh, ("rows" if dim == 0 and x.dim() > 1 else "cols"), dim
+        if dim == 0 and x.dim() > 1:
+            return mesh, "rows", 0
+        if dim == x.dim() - 1:
+            return mesh, "cols", x.dim() - 1
+        raise ValueError(f"mxq: placement Shard({p.dim}) splits neither the rows (Shard(0)) nor the "
+                         "columns (Shard(-1)) of the input")
     if isinstance(p, Replicate):
         return mesh, "replicate", None
     raise ValueError(f"mxq: DTensor inputs must be Shard or Replicate, got {_name(p)}")
@@ -115,7 +121,7 @@ def call(op, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
     x0 = local[0]
     out = MXFP8Tensor.empty(spec, op.output_shape(x0.shape), x0.dtype, x0.device, zeroed=noop is not None,
                             row_align=1)
-    t = op._eager(local, scalars, act, noop, out)
+    t = op._local_call(local, scalars, act, noop, out)
     gshape = torch.Size(op.output_shape(x.shape))
     m, n = flat_dims(gshape)
 

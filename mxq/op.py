@@ -80,6 +80,8 @@ class FusedOp:
                  **kwargs) -> MXFP8Tensor:
         if torch.compiler.is_compiling():  # torch.compile: one operator node (mxq/torch_ops.py)
             tensors, scalars = self._bind_traced(args, kwargs)
+            if _any_dtensor(tensors, act_input):  # the node runs on the local shards (mxq/distributed.py)
+                return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
             return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out, group_offsets)
         if (self._fast and len(args) == 1 and not kwargs and noop is None and out is None and act_input is None
                 and group_offsets is None):
@@ -88,13 +90,24 @@ class FusedOp:
                 return got
         tensors, scalars = self._bind(args, kwargs)
         if _any_dtensor(tensors, act_input):  # each rank quantizes its shard (mxq/distributed.py)
-            if group_offsets is not None:
-                raise ValueError("mxq: group_offsets with DTensor inputs is not supported")
-            from . import distributed  # (torch.distributed only where DTensors are used)
-
-            return distributed.call(self, tensors, scalars, act_input, noop, out)
+            return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
         return self._run(tensors, scalars, act_input, noop, out, group_offsets)
+
+    def _dtensor_call(self, tensors, scalars, act_input, noop, out, group_offsets) -> MXFP8Tensor:
+        """A call with DTensor operands: each rank runs the op on its local shards (mxq/distributed.py)."""
+        if group_offsets is not None:
+            raise ValueError("mxq: group_offsets with DTensor inputs is not supported")
+        from . import distributed  # (torch.distributed only where DTensors are used)
+
+        return distributed.call(self, tensors, scalars, act_input, noop, out)
+
+    def _local_call(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+        """One rank's call on its local shards, into ``out`` (mxq/distributed.py): the operator
+        node while torch.compile traces, else a checked eager call."""
+        if torch.compiler.is_compiling():
+            return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out)
+        return self._eager(tensors, scalars, act_input, noop, out)
 
     def _bind_traced(self, args, kwargs):
         """_bind without inspect (which torch.compile does not trace): positional arguments,
@@ -385,17 +398,17 @@ class GatedOp(FusedOp):
                  **kwargs) -> MXFP8Tensor:
         tensors, scalars = self._bind(args, kwargs)
         if _any_dtensor(tensors, act_input):  # each rank runs the gated op on its rows (mxq/distributed.py)
-            if group_offsets is not None:
-                raise ValueError("mxq: group_offsets with DTensor inputs is not supported")
-            from . import distributed
-
-            return distributed.call(self, tensors, scalars, act_input, noop, out)
+            return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
         return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
 
     def _eager(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
         """A call on bound tensors and floats: the inner op over the halves (which checks it)."""
         return self.inner(*self._inner_args(tensors, scalars, act_input), noop=noop, out=out,
                           group_offsets=group_offsets)
+
+    def _local_call(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+        """One rank's call on its local shards: the inner op's call, traced or eager."""
+        return self._eager(tensors, scalars, act_input, noop, out)
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
@@ -459,6 +472,8 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     """
     if torch.compiler.is_compiling():
         i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax)
+        if _any_dtensor([x], None):  # the node runs on the local shards (mxq/distributed.py)
+            return _QUANTIZE_BY_ID[i]._dtensor_call([x], [], None, noop, out, group_offsets)
         return torch_ops.call(i, [x], [], None, noop, out, group_offsets)
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax)
     op = None
@@ -486,11 +501,17 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
 def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax) -> int:
     """torch_ops' id of mxq.quantize's op for these options (validated here; torch.compile runs
     this while tracing and keeps the id as a constant)."""
-    return torch_ops.op_id(_quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
-                                                  scale_layout=scale_layout, amax=amax)))
+    op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
+                                scale_layout=scale_layout, amax=amax))
+    i = torch_ops.op_id(op)
+    _QUANTIZE_BY_ID[i] = op
+    return i
 
 
 _QUANTIZE_OPS: dict = {}  # quantize()'s options as passed -> its op (one dict lookup per call)
+# torch_ops' id -> quantize()'s op, for traced DTensor calls (a plain dict, which torch.compile
+# reads; the ops live on in _quantize_op's cache anyway)
+_QUANTIZE_BY_ID: dict = {}
 
 
 def get_quantize_kernel(key: int):

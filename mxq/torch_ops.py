@@ -6,8 +6,10 @@ the epilogue's, and it returns the six output slots (slots.OUTPUTS; an unused sl
 tensor). Its fake implementation gives the exact shapes, strides and dtypes of
 ``MXFP8Tensor.empty``, so compiled graphs hold the op as one node, with no graph break, for
 static and dynamic shapes. Eager calls do not go through the dispatcher (it costs host time):
-``FusedOp.__call__`` routes here only while torch.compile traces. MXFP8Tensor is a registered
-pytree node, so it can be an input and an output of compiled functions.
+``FusedOp.__call__`` routes here only while torch.compile traces. DTensor calls trace through
+mxq/distributed.py, which runs this operator on the local shards (the operator itself has no
+sharding rule). MXFP8Tensor is a registered pytree node, so it can be an input and an output of
+compiled functions.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""mxq/distributed.py on two CPU processes (gloo): DTensor inputs (each rank quantizes its shard;
+"""mxq/distributed.py on two CPU processes (gloo): DTensor inputs, eager and under torch.compile (each rank quantizes its shard;
 the fields are DTensors whose shards are the single-process result's) and all_gather of
 MXFP8Tensors (byte-equal to quantizing the gathered tensor)."""
 
@@ -119,6 +119,31 @@ for bad_t, words in ((mxq.quantize(torch.randn(64)), "2 or more dimensions"),
         assert words in str(exc), exc
     else:
         raise AssertionError(words)
+# torch.compile: the same calls traced with no graph break (one operator node on the local
+# shards, DTensors around it), byte-equal to the single-process result like the eager calls
+for backend in ("aot_eager", "inductor"):
+    torch._dynamo.reset()
+    for placement in ((Shard(0), Shard(-1), Replicate()) if backend == "aot_eager" else (Shard(0),)):
+        dx, dr = distribute_tensor(x, mesh, [placement]), distribute_tensor(r, mesh, [placement])
+        got = torch.compile(lambda a, b: resid(a, b, alpha=0.25), backend=backend, fullgraph=True)(dx, dr)
+        want = resid(x, r, alpha=0.25)
+        check_shards("compiled resid", placement, got, want)
+        assert torch.equal(got.amax.full_tensor(), want.amax) and got.amax.placements == resid(dx, dr, alpha=0.25).amax.placements
+        assert torch.allclose(got.dbias.full_tensor().float(), want.dbias.float(), rtol=2 ** -7, atol=1e-2), placement
+        checked += 1
+    got = torch.compile(lambda t: mxq.quantize(t, rowwise=True, colwise=True), backend=backend, fullgraph=True)(
+        distribute_tensor(xo, mesh, [Shard(0)]))
+    check_shards("compiled odd", Shard(0), got, mxq.quantize(xo, rowwise=True, colwise=True))
+    assert got.rowwise_data.stride() == (13, 1) and got.rowwise_data.to_local().is_contiguous()
+    got = torch.compile(lambda t: swiglu_f(t), backend=backend, fullgraph=True)(distribute_tensor(xg, mesh, [Shard(0)]))
+    check_shards("compiled swiglu", Shard(0), got, swiglu_f(xg))
+    checked += 2
+try:  # (refused while tracing; fullgraph wraps the ValueError in dynamo's error, as without DTensors)
+    torch.compile(lambda t: mxq.quantize(t, colwise=True), backend="aot_eager", fullgraph=True)(bad)
+except Exception as exc:
+    assert "placement Shard(0) cuts a 32-element block" in str(exc), exc
+else:
+    raise AssertionError("a block-cutting shard was accepted under torch.compile")
 # all_gather: each rank quantizes its own rows; the gathered tensor is the full tensor's quantization
 from mxq import distributed
 full = torch.randn(2, 64, 96, dtype=torch.bfloat16)
