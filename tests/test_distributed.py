@@ -139,6 +139,13 @@ for backend in ("aot_eager", "inductor"):
     got = torch.compile(lambda t: swiglu_f(t), backend=backend, fullgraph=True)(distribute_tensor(xg, mesh, [Shard(0)]))
     check_shards("compiled swiglu", Shard(0), got, swiglu_f(xg))
     checked += 2
+fd = torch.compile(lambda t: mxq.quantize(t, rowwise=True, colwise=True), backend="aot_eager", fullgraph=True,
+                   dynamic=True)
+for m, n in ((128, 256), (192, 320)):  # dynamic shapes: one graph, two shapes
+    xs = torch.randn(m, n, dtype=torch.bfloat16)
+    check_shards("compiled dynamic", Shard(0), fd(distribute_tensor(xs, mesh, [Shard(0)])),
+                 mxq.quantize(xs, rowwise=True, colwise=True))
+    checked += 1
 try:  # (refused while tracing; fullgraph wraps the ValueError in dynamo's error, as without DTensors)
     torch.compile(lambda t: mxq.quantize(t, colwise=True), backend="aot_eager", fullgraph=True)(bad)
 except Exception as exc:
