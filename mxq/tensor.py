@@ -208,3 +208,9 @@ class MXFP8Tensor:
         have = [k for k in ("rowwise_data", "colwise_data", "amax", "dbias") if getattr(self, k) is not None]
         return (f"MXFP8Tensor(shape={tuple(self.shape)}, fp8={self.fp8!r}, scale_layout="
                 f"{self.scale_layout!r}, has={have})")
+
+
+# torch.load (weights_only=True, torch's default since 2.6) rebuilds only allow-listed classes.
+# An MXFP8Tensor is tensors, strings and a torch.Size, and unpickling one runs no code of ours
+# (a dataclass without __setstate__), so saved MXFP8Tensors load back with the default.
+torch.serialization.add_safe_globals([MXFP8Tensor])
