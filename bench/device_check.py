@@ -100,7 +100,8 @@ def matrix_cases():
     shape (the packed / vectorised kernel) and odd ones (N % 8 != 0: the packed kernel's unaligned
     rows for 16-bit inputs, the generic kernel for fp32; several column tiles, odd N). cases() samples
     the options by an index rule, which once left plain-cast dbias in 16-bit dtypes unchecked,
-    where the packed kernel had a bug (fixed in commit 7002372). Run with --matrix (288 cases)."""
+    where the packed kernel had a bug (fixed in commit 7002372). Run with --matrix (144 specs,
+    576 cases over its 4 shapes)."""
     base = BASE_SPEC
     out = []
     for dtype, kind in itertools.product(("bf16", "fp16", "fp32"), ("plain", "act", "dact", "epilogue")):
@@ -593,9 +594,10 @@ def host_breakdown(x, launcher, n):
 
 def parse_tuning(variant: str) -> dict:
     """'pdl=0,row_scale_l2_keep=0' -> {'pdl': False, 'row_scale_l2_keep': False}: fields of
-    mxq.kernels.config.Tuning (the benchmark-only switches: booleans as 0/1, integers as such),
-    plus 'ops=a+b' to limit a variant to those ops and 'dtype=fp32' to time it on that input
-    dtype (default bf16; strings both). See make_tuning."""
+    mxq.kernels.config.Tuning (the benchmark-only switches: booleans as 0/1, integers and
+    strings as such, e.g. 'vec_unaligned_copy=words'), plus 'ops=a+b' to limit a variant to those
+    ops and 'dtype=fp32' to time it on that input dtype (default bf16; strings both). See
+    make_tuning."""
     import dataclasses
 
     from mxq.kernels.config import Tuning
@@ -603,7 +605,11 @@ def parse_tuning(variant: str) -> dict:
     types = {f.name: f.type for f in dataclasses.fields(Tuning)}
     out = {}
     for k, v in (kv.split("=") for kv in variant.split(",") if kv):
-        out[k] = v if k in ("ops", "dtype") else int(v) if types.get(k) in (int, "int") else bool(int(v))
+        kind = types.get(k)
+        if k in ("ops", "dtype") or kind in (str, "str"):
+            out[k] = v
+        else:
+            out[k] = int(v) if kind in (int, "int") else bool(int(v))
     return out
 
 

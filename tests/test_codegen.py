@@ -1367,3 +1367,5 @@ def test_unaligned_warps(arch):
     assert dc.parse_tuning("unaligned_warps=8,pdl=0,ops=both") == {"unaligned_warps": 8, "pdl": False, "ops": "both"}
     assert dc.parse_tuning("vec_stage=1,ops=dgelu_dbias_both,dtype=fp32") == {
         "vec_stage": True, "ops": "dgelu_dbias_both", "dtype": "fp32"}
+    assert dc.parse_tuning("vec_unaligned_copy=words,rows8_min_blocks=4") == {
+        "vec_unaligned_copy": "words", "rows8_min_blocks": 4}
