@@ -790,6 +790,16 @@ def test_fp32_unaligned_rows_are_staged_by_words_or_chunks(arch):
             assert len(re.findall(r"\bst\.global\.v2\.b32", body)) == rows * ndirs, opts
             # each row read after its copies landed in every lane: a wait and a warp barrier per row
             assert body.count("bar.warp.sync") == rows and body.count("cp.async.wait_group") >= rows
+    # the default form by hand: words only for one input with colwise output
+    def add(x, r):
+        return x + r
+
+    both = dict(rowwise=True, colwise=True)
+    for opts, fn, chunks in ((both, add, True), (both, ident, False),
+                             (dict(rowwise=False, colwise=True, act="gelu"), ident, False),
+                             (dict(rowwise=True, colwise=False, act="gelu"), ident, True)):
+        op = mxq.fused_quant(**opts)(fn)
+        assert codegen.kernel_config(op.spec, op.epilogue, None).vec_unaligned_chunks == chunks, (opts, fn)
     colwise = mxq.fused_quant(rowwise=False, colwise=True)(ident)
     cfg = codegen.kernel_config(colwise.spec, colwise.epilogue, None)
     assert not cfg.vec_unaligned and not dataclasses.replace(cfg, colwise=True, rowwise=True, halves=True).vec_unaligned

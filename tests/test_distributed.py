@@ -129,6 +129,10 @@ for backend in ("aot_eager", "inductor"):
         got = torch.compile(lambda a, b: resid(a, b, alpha=0.25), backend=backend, fullgraph=True)(dx, dr)
         want = resid(x, r, alpha=0.25)
         check_shards("compiled resid", placement, got, want)
+        eager = resid(dx, dr, alpha=0.25)
+        for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "dbias"):
+            if getattr(eager, f) is not None:
+                assert getattr(got, f).placements == getattr(eager, f).placements, (placement, f)
         assert torch.equal(got.amax.full_tensor(), want.amax) and got.amax.placements == resid(dx, dr, alpha=0.25).amax.placements
         assert torch.allclose(got.dbias.full_tensor().float(), want.dbias.float(), rtol=2 ** -7, atol=1e-2), placement
         checked += 1
@@ -136,16 +140,23 @@ for backend in ("aot_eager", "inductor"):
         distribute_tensor(xo, mesh, [Shard(0)]))
     check_shards("compiled odd", Shard(0), got, mxq.quantize(xo, rowwise=True, colwise=True))
     assert got.rowwise_data.stride() == (13, 1) and got.rowwise_data.to_local().is_contiguous()
+    assert got.rowwise_data.placements == (Shard(0),) and got.rowwise_scale.placements == (Shard(0),)
     got = torch.compile(lambda t: swiglu_f(t), backend=backend, fullgraph=True)(distribute_tensor(xg, mesh, [Shard(0)]))
     check_shards("compiled swiglu", Shard(0), got, swiglu_f(xg))
+    assert got.rowwise_data.placements == (Shard(0),) and got.amax.placements == (Partial("max"),)
     checked += 2
-fd = torch.compile(lambda t: mxq.quantize(t, rowwise=True, colwise=True), backend="aot_eager", fullgraph=True,
+from torch._dynamo.testing import CompileCounterWithBackend
+
+counter = CompileCounterWithBackend("aot_eager")
+fd = torch.compile(lambda t: mxq.quantize(t, rowwise=True, colwise=True), backend=counter, fullgraph=True,
                    dynamic=True)
 for m, n in ((128, 256), (192, 320)):  # dynamic shapes: one graph, two shapes
     xs = torch.randn(m, n, dtype=torch.bfloat16)
-    check_shards("compiled dynamic", Shard(0), fd(distribute_tensor(xs, mesh, [Shard(0)])),
-                 mxq.quantize(xs, rowwise=True, colwise=True))
+    got = fd(distribute_tensor(xs, mesh, [Shard(0)]))
+    check_shards("compiled dynamic", Shard(0), got, mxq.quantize(xs, rowwise=True, colwise=True))
+    assert got.rowwise_data.placements == (Shard(0),) and got.colwise_scale.placements == (Shard(0),)
     checked += 1
+assert counter.frame_count == 1, counter.frame_count
 try:  # (refused while tracing; fullgraph wraps the ValueError in dynamo's error, as without DTensors)
     torch.compile(lambda t: mxq.quantize(t, colwise=True), backend="aot_eager", fullgraph=True)(bad)
 except Exception as exc:

@@ -473,6 +473,24 @@ def _bias_gelu_in(x, b):
     return x + b
 
 
+def _spy_variants(monkeypatch) -> list:
+    """The variants the calls made after this ask compiled functions of, in order, on both
+    routes (the C++ dispatcher's callback into Python and the Python binding)."""
+    from mxq import compiler
+    from mxq import launch as binding
+
+    asked = []
+    real = compiler.native_function
+
+    def spy(op, arch, dtype_name, variant, *args, **kwargs):
+        asked.append(variant)
+        return real(op, arch, dtype_name, variant, *args, **kwargs)
+
+    monkeypatch.setattr(compiler, "native_function", spy)
+    monkeypatch.setattr(binding, "native_function", spy)
+    return asked
+
+
 @pytest.mark.parametrize("form", ["default", "other"])
 @pytest.mark.parametrize("row_align", [16, 8])
 @pytest.mark.parametrize("offset", [0, 1, 3])
@@ -491,6 +509,7 @@ def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, for
     case runs the element-wise kernel in both forms; the gelu colwise one is the vectorised
     kernel's colwise-only path.) A noop call into poisoned outputs writes no byte."""
     monkeypatch.setenv("MXQ_STRICT", "1")
+    asked = _spy_variants(monkeypatch)
     opts, fn = case
     op = mxq.fused_quant(**opts)(fn)
     if form == "other":
@@ -514,12 +533,18 @@ def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, for
         t = getattr(got, name)
         if t is not None and n % row_align != 0:
             assert bool((padded_rows(t)[:, n:] == 0xAB).all()), f"{name}: a padding byte was written"
-    skipped = poisoned(op, gins[0], row_align=row_align)
+    skipped, fresh = poisoned(op, gins[0], row_align=row_align), poisoned(op, gins[0], row_align=row_align)
     op(*gins, out=skipped, noop=torch.ones(1, device="cuda"), **gkw)
-    for name in ("rowwise_data", "colwise_data"):
+    for name in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
+        if getattr(fresh, name) is not None:
+            assert same_bytes(getattr(skipped, name), getattr(fresh, name)), f"{name}: written under noop"
+    for name in ("rowwise_data", "colwise_data"):  # (their padding too)
         t = getattr(skipped, name)
         if t is not None:
             assert bool((padded_rows(t) == 0xAB).all()), f"{name}: written under noop"
+    # the staged kernel ran (the element-wise one gives the same bytes): rows8 wherever vec cannot
+    if offset or n % 8:
+        assert asked and set(asked) == {"rows8"}, asked
 
 
 @pytest.mark.parametrize("form", ["words", "chunks"])
@@ -531,6 +556,7 @@ def test_fp32_unaligned_operands_match_reference(kinds, shape, form, monkeypatch
     in both staging forms; every byte against the reference. CPU counterparts:
     tests/test_operands.py, test_codegen.py::test_fp32_unaligned_rows_are_staged_by_words_or_chunks."""
     monkeypatch.setenv("MXQ_STRICT", "1")
+    asked = _spy_variants(monkeypatch)
     op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu", dbias=True)(_bias_scale)
     op._tuning = Tuning(vec_unaligned_copy=form)
     m, n = shape
@@ -549,6 +575,7 @@ def test_fp32_unaligned_operands_match_reference(kinds, shape, form, monkeypatch
     got = op(gx, s.cuda(), gb, out=poisoned(op, gx, row_align=16))
     v_abs = v_abs_sum(op, x, s, b.contiguous()) if not is_exact(op) else None
     assert compare(got, want, is_exact(op), v_abs) == []
+    assert asked and set(asked) == {"rows8"}, asked  # (the input 4 bytes off 16: never vec)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -557,24 +584,15 @@ def test_padded_calls_take_rows8_on_both_routes(dtype, monkeypatch):
     dispatcher's allocating route (csrc/dispatch.cc asks Python for the kernel it picked) and on
     op.prepare's Python binding (launch.variant_for); the bytes are the reference's. CPU
     counterpart: test_launch.py::test_variant_by_hand."""
-    from mxq import compiler
-
-    asked = []
-    real = compiler.native_function
-
-    def spy(op, arch, dtype_name, variant, *args, **kwargs):
-        asked.append(variant)
-        return real(op, arch, dtype_name, variant, *args, **kwargs)
-
-    from mxq import launch as binding
-
-    monkeypatch.setattr(compiler, "native_function", spy)
-    monkeypatch.setattr(binding, "native_function", spy)
+    asked = _spy_variants(monkeypatch)
     op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(_fast_ident)
     x = planted(40, 333, dtype, seed=40)
     want = op.reference(x)
-    assert compare(op(x.cuda()), want, is_exact(op)) == []
+    xc = x.cuda()
+    assert compare(op(xc), want, is_exact(op)) == []
     assert asked == ["rows8"], asked
+    # (that call took the native allocating route: the dispatcher's rule, not the binding's)
+    assert (xc.dtype, xc.get_device()) in op._fast, "no native dispatcher served the call"
     launch, out = op.prepare(x.cuda())
     launch()
     torch.cuda.synchronize()

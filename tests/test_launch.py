@@ -60,3 +60,23 @@ def test_variant_by_hand():
     assert variant_for(62, 62, [x1], full, (_u8(0, (1, 62), 70), None), False) == "rows8"
     assert variant_for(62, 62, [x1], full, (_u8(4, (1, 62)), None), False) == "generic"
     assert variant_for(64, 64, [_at(0, (1, 64), bf)], full, (_u8(0, (1, 64), 68), None), False) == "vec"
+
+
+def test_variant_rules_one_clause_at_a_time():
+    """Each clause of variant_for on its own, so that dropping or loosening one fails a case."""
+    bf, m = torch.bfloat16, 4
+    x60, x62, x64 = _at(0, (m, 60), bf), _at(0, (m, 62), bf), _at(0, (m, 64), bf)
+    full = ("full",)
+    # rows8 needs rows a multiple of 8 bytes apart, not 16
+    assert variant_for(62, 62, [x62], full, (_u8(0, (m, 62), 72), None), False) == "rows8"
+    # two halves: the rule is on n (half 1 starts at column n), not on n_out: n = 60, n_out = 120
+    assert variant_for(60, 120, [x60], full, (_u8(0, (m, 120), 128), None), False) == "generic"
+    # vec needs the FP8 data's rows 8 elements apart ...
+    assert variant_for(64, 64, [x64], full, (_u8(0, (m, 64), 68), None), False) == "generic"
+    # ... and its start 16-byte aligned (8 bytes is rows8's)
+    assert variant_for(64, 64, [x64], full, (_u8(8, (m, 64)), None), False) == "rows8"
+    # a strided input (a view) whose rows are not 8 elements apart: rows8, not vec
+    xs = _at(0, (m, 64), bf, row_stride=132)
+    assert variant_for(64, 64, [xs], ("strided",), (_u8(0, (m, 64)), None), False) == "rows8"
+    assert variant_for(64, 64, [_at(0, (m, 64), bf, row_stride=136)], ("strided",), (_u8(0, (m, 64)), None),
+                       False) == "vec"
