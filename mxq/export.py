@@ -45,7 +45,7 @@ def check_operands(op, operands):
 
 
 def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None, grouped: bool = False,
-           operands=None) -> dict:
+           operands=None, note: str = "") -> dict:
     """Write ``lib<name>.so`` (its kernel variants, cubin embedded) and ``<name>.h`` to ``directory``.
 
     A C++ program loads the library with ``tvm::ffi::Module::LoadFromFile`` and calls
@@ -55,7 +55,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     ``<name>_vec_grouped``, the grouped kernels (int32 group ends last; docs/NUMERICS.md, "Groups").
     ``operands``: the kind of each epilogue tensor ("full", "strided", "row", "col", "scalar";
     mxq/operands.py), for kernels that read a bias [N] once per tile and the like (the header says
-    which strides each kind takes); default all full.
+    which strides each kind takes); default all full. ``note``: a paragraph for the header.
     """
     layouts = check_operands(op, operands)
     arch = targets.normalize_arch(arch)
@@ -83,7 +83,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
             shutil.copy2(src, dst)
         runtime.append(str(dst))
     header = out / f"{name}.h"
-    header.write_text(_export_header(op, name, arch, dtype, grouped, layouts))
+    header.write_text(_export_header(op, name, arch, dtype, grouped, layouts, note))
     return {"library": str(lib), "header": str(header), "functions": [f for _, f in _functions(name, grouped)],
             "runtime_libraries": runtime}
 
@@ -102,7 +102,10 @@ def _slot_lines(spec, epi, el: str, ws: str, grouped: bool) -> str:
     return "\n".join(" * " + a for a in args)
 
 
-def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, layouts=None) -> str:
+def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, layouts=None,
+                   note: str = "") -> str:
+    import textwrap
+
     from . import __version__
 
     spec, epi = op.spec, op.epilogue
@@ -110,6 +113,9 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
                           for i, (p, k) in enumerate(zip(epi.tensor_params, layouts or ())) if k != "full")
     if operand_doc:
         operand_doc = "\n *\n * Epilogue tensors with their own layout (each passed as an [M, N] tensor):" + operand_doc
+    # (no line break inside a slice such as x[:, :N])
+    wrapped = textwrap.wrap(note.replace(", :", ",\0:"), 92)
+    note_doc = "".join(f"\n * {line}".replace("\0", " ") for line in wrapped) + "\n *" if note else ""
     el = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[dtype]
     ws = str(dbias_partial_dtype(_DTYPE_BY_NAME[dtype])).removeprefix("torch.")
     lines = _slot_lines(spec, epi, el, ws, False)
@@ -144,7 +150,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
  *
  * op: {epi.name}  spec: {spec}
  * input dtype: {dtype}   arch: {arch}   epilogue fingerprint: {epi.fingerprint}
- *
+ *{note_doc}
  * lib{name}.so exports {len(_functions(name, grouped))} TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
  * GetFunction): "{name}" serves any M, N >= 1; "{name}_vec" needs N % 8 == 0 and 16-byte
  * aligned [M, N] tensors and is faster. {takers} take these positional arguments (DLPack tensors on

@@ -300,15 +300,17 @@ class FusedOp:
         return pair[0]
 
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
-               grouped: bool = False, operands=None) -> dict:
+               grouped: bool = False, operands=None, note: str = "") -> dict:
         """AOT: write a shared library with the kernels embedded plus a C header, for C++
         programs with no Python (see the header for the exported functions' arguments);
         ``grouped``: the grouped kernels too (``group_offsets``); ``operands``: each epilogue
-        tensor's kind ("full", "strided", "row", "col", "scalar"), default all full."""
+        tensor's kind ("full", "strided", "row", "col", "scalar"), default all full; ``note``:
+        a paragraph for the header (GatedOp.export's)."""
         self._refuse_cpp("export()", targets.normalize_dtype(dtype))
         if not isinstance(grouped, bool):
             raise TypeError(f"mxq: export() argument 'grouped' must be a bool, got {type(grouped).__name__}")
-        return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped, operands=operands)
+        return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped, operands=operands,
+                             note=note)
 
     def _refuse_cpp(self, what: str, dtype: str | None = None) -> None:
         """Ops the C++ routes cannot serve, refused before anything is built: gated ones, and ops
@@ -316,8 +318,8 @@ class FusedOp:
         those CUDA calls; a C++ route would fail at launch): for register()/dispatcher(), which
         serve every dtype, whatever the dtype; for export(), its ``dtype``."""
         if self.spec.gated or self._halves:
-            raise ValueError(f"mxq: {what}: ops with gated activations are not served by the C++ routes yet; "
-                             "call them from Python (eager or torch.compile)")
+            raise ValueError(f"mxq: {what}: ops with gated activations are not served by the C++ routes yet "
+                             "(but a gated forward's export()); call them from Python (eager or torch.compile)")
         too_big = self._packed_smem_shortfall() if dtype in (None, "bf16", "fp16") else None
         if too_big:
             raise ValueError(f"mxq: {what}: {too_big}, so its bf16/fp16 calls cannot launch; call the op from "
@@ -409,6 +411,27 @@ class GatedOp(FusedOp):
     def _local_call(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
         """One rank's call on its local shards: the inner op's call, traced or eager."""
         return self._eager(tensors, scalars, act_input, noop, out)
+
+    def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
+               grouped: bool = False, operands=None) -> dict:
+        """A gated forward exports its inner op, the kernels over the halves: a C++ caller passes
+        each [M, 2N] tensor as its two halves, x[:, :N] and x[:, N:] (every tensor's gate half,
+        then every tensor's up half; the header says so). ``operands``: each of this op's
+        tensors' kind, which both its halves take ("full" tensors' halves are "strided" views).
+        A gated backward (two halves written side by side) is refused."""
+        if not self._forward:
+            self._refuse_cpp("export()")
+        kinds = export.check_operands(self, operands) or ("full",) * len(self.epilogue.tensor_params)
+        halves = tuple("strided" if k == "full" else k for k in kinds)
+        params = self.epilogue.tensor_params
+        gate, up = self.inner.epilogue.tensor_params[:len(params)], self.inner.epilogue.tensor_params[len(params):]
+        which = (f"argument {gate[0]} is the gate half of {params[0]} and {up[0]} its up half" if len(params) == 1
+                 else f"arguments {', '.join(gate)} are the gate halves of {', '.join(params)} and {', '.join(up)} "
+                 "their up halves")
+        note = (f"Gated op {self.epilogue.name} (act={self.spec.act!r}): each [M, 2N] tensor goes in as its two "
+                f"halves, gate x[:, :N] then up x[:, N:]; the {which}; the outputs are [M, N].")
+        return self.inner.export(directory, arch=arch, dtype=dtype, name=name or f"mxq_{self.epilogue.name}",
+                                 grouped=grouped, operands=halves * 2, note=note)
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:

@@ -224,6 +224,62 @@ def test_exported_operand_kinds_run_on_cuda(tmp_path):
         assert compare(got, want, exact=False) == [], fname
 
 
+def _gate_bias(x, b):
+    return x + b
+
+
+def test_gated_forward_exports_its_halves_kernels(tmp_path):
+    """A gated forward exports the kernels over the halves: each [M, 2N] tensor goes in as two
+    [M, N] views (gate halves first), full tensors' halves as strided views, other kinds as they
+    are; the header says so; a gated backward is refused before anything is built."""
+    fwd = mxq.fused_quant(act="swiglu", colwise=True)(_gate_bias)
+    info = fwd.export(tmp_path / "out", arch="sm_90", dtype="bf16", operands=("full", "row"))
+    assert info["functions"] == ["mxq__gate_bias", "mxq__gate_bias_vec", "mxq__gate_bias_rows8"]
+    text = " ".join(Path(info["header"]).read_text().replace(" * ", " ").split())
+    assert "Gated op _gate_bias (act='swiglu'): each [M, 2N] tensor goes in as its two halves" in text
+    assert "the arguments x, b are the gate halves of x, b and _mxq_up_x, _mxq_up_b their up halves" in text
+    for i, (p, doc) in enumerate((("x", "strides (ld, 1)"), ("b", "strides (0, 1)"), ("_mxq_up_x", "strides (ld, 1)"),
+                                  ("_mxq_up_b", "strides (0, 1)"))):
+        assert f"mIn{i} ({p}): {doc}" in text, (i, p)
+    out = _fresh(f"""
+        import sys, tvm_ffi
+        m = tvm_ffi.load_module({info["library"]!r})
+        print(m["mxq__gate_bias_rows8"] is not None, "cutlass" in sys.modules)
+    """, tmp_path)
+    assert out.split() == ["True", "False"]
+    bwd = mxq.fused_quant(dact="swiglu")(_gate_bias)
+    with pytest.raises(ValueError, match=r"export\(\): ops with gated activations are not served"):
+        bwd.export(tmp_path / "bwd")
+    assert not (tmp_path / "bwd").exists()
+    with pytest.raises(ValueError, match="sequence of 2 kind"):
+        fwd.export(tmp_path / "bad", operands=("full",))
+
+
+@pytest.mark.gpu
+def test_exported_gated_forward_runs_on_cuda(tmp_path):
+    """The exported swiglu forward called with the halves x[:, :N], x[:, N:] and a bias's halves:
+    the bytes of the Python call (the GPU counterpart of the test above)."""
+    import tvm_ffi
+
+    from mxq.testing import compare
+
+    fwd = mxq.fused_quant(act="swiglu", colwise=True)(_gate_bias)
+    arch = compiler.device_arch(torch.device("cuda"))
+    info = fwd.export(tmp_path / "out", arch=arch, dtype="bf16", name="sw", operands=("full", "row"))
+    lib = tvm_ffi.load_module(info["library"])
+    m, n = 256, 320
+    x = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2 * n, device="cuda", dtype=torch.bfloat16)
+    want = fwd(x, b)
+    for fname in ("sw", "sw_vec", "sw_rows8"):
+        got = mxq.MXFP8Tensor.empty(fwd.spec, (m, n), x.dtype, x.device)
+        lib[fname](x[:, :n], b[:n].expand(m, n), x[:, n:], b[n:].expand(m, n), got.rowwise_data.view(torch.uint8),
+                   got.rowwise_scale.view(-1), got.colwise_data.view(torch.uint8), got.colwise_scale.view(-1),
+                   torch.zeros(1, device="cuda"))
+        torch.cuda.synchronize()
+        assert compare(got, want, exact=False) == [], fname
+
+
 def test_every_operand_kind_has_its_header_doc():
     from mxq import export
 
