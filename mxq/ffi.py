@@ -53,7 +53,8 @@ def _python_callback(op):
     """The Python route of the destination-passing dispatcher, into the caller's destination
     tensors: CPU and empty tensors (the torch reference), and the CUDA calls the dispatcher does
     not launch itself (grouped ones, with the optional trailing ``group_offsets``, and those with
-    broadcast or strided epilogue tensors: ``op(...)``, Python's binding of the kernels)."""
+    broadcast or strided epilogue tensors: ``op(...)``, Python's binding of the kernels). A gated
+    op's whole destination-passing function (python_dispatcher)."""
     spec, epi = op.spec, op.epilogue
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
     fp8 = spec.format.torch_dtype
@@ -79,7 +80,8 @@ def _python_callback(op):
         x = tensors[0]
         if offsets is not None:
             groups.check(offsets, flat_dims(x.shape)[0], x.device)
-        want = MXFP8Tensor.empty(spec, x.shape, x.dtype, "meta",
+        shape = torch.Size(op.output_shape(x.shape))  # (a gated op's: half or twice x's width)
+        want = MXFP8Tensor.empty(spec, shape, x.dtype, "meta",
                                  group_offsets=None if offsets is None else offsets.to("meta"))
 
         def dest(t, like, name):
@@ -111,7 +113,7 @@ def _python_callback(op):
             colwise_scale=dest(cs, want.colwise_scale, "colwise_scale"),
             amax=dest(amax, want.amax, "amax"),
             dbias=dest(dbias, want.dbias, "dbias"),
-            fp8=spec.fp8, scale_layout=spec.scale_layout, shape=x.shape)
+            fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape)
         kwargs = dict(zip(epi.tensor_params, tensors))
         kwargs.update(zip(epi.scalar_params, scalars))
         if x.device.type == "cpu" or x.numel() == 0:
@@ -122,6 +124,14 @@ def _python_callback(op):
             op(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
 
     return call
+
+
+def python_dispatcher(op):
+    """A destination-passing function of ``op``'s signature that runs in Python on every call
+    (what a gated op registers: the native dispatcher does not split [M, 2N] tensors into halves)."""
+    import tvm_ffi
+
+    return tvm_ffi.convert(_python_callback(op))
 
 
 def _caller_stream(device):
@@ -192,4 +202,4 @@ def register_global(name: str, fn) -> None:
     tvm_ffi.register_global_func(f"mxq.{name}", fn, override=True)
 
 
-__all__ = ["SHARED_ALLOC_MAX_BYTES", "make_dispatchers", "register_global"]
+__all__ = ["SHARED_ALLOC_MAX_BYTES", "make_dispatchers", "python_dispatcher", "register_global"]

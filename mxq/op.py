@@ -318,8 +318,9 @@ class FusedOp:
         those CUDA calls; a C++ route would fail at launch): for register()/dispatcher(), which
         serve every dtype, whatever the dtype; for export(), its ``dtype``."""
         if self.spec.gated or self._halves:
-            raise ValueError(f"mxq: {what}: ops with gated activations are not served by the C++ routes yet "
-                             "(but a gated forward's export()); call them from Python (eager or torch.compile)")
+            raise ValueError(f"mxq: {what}: ops with gated activations are not served by this C++ route yet "
+                             "(register() serves them, and a gated forward's export()); call them from Python "
+                             "(eager or torch.compile)")
         too_big = self._packed_smem_shortfall() if dtype in (None, "bf16", "fp16") else None
         if too_big:
             raise ValueError(f"mxq: {what}: {too_big}, so its bf16/fp16 calls cannot launch; call the op from "
@@ -350,6 +351,7 @@ class GatedOp(FusedOp):
         derived_fn.__signature__ = gated.signature(derived)
         derived_fn.__name__ = derived_fn.__qualname__ = derived.name
         self.inner = FusedOp(derived_fn, dataclasses.replace(spec, act=None, dact=None), derived)
+        self._dispatcher = None  # (dispatcher(), built once)
 
     def _inner_args(self, tensors, scalars, act_input):
         """The inner op's positional arguments for one call of this op, from its bound tensors
@@ -411,6 +413,24 @@ class GatedOp(FusedOp):
     def _local_call(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
         """One rank's call on its local shards: the inner op's call, traced or eager."""
         return self._eager(tensors, scalars, act_input, noop, out)
+
+    def register(self, name: str):
+        """Register this op as TVM-FFI global ``mxq.<name>``, with the destination-passing
+        signature of its own tensors (x [..., 2N] forward, the gradient [..., N] and act_input
+        [..., 2N] backward) and outputs (FusedOp.register). Every call goes through Python
+        (ffi.python_dispatcher): CPU tensors run the reference, CUDA ones the kernels over the
+        halves."""
+        if name == "get_quantize_kernel":
+            raise ValueError("mxq: register() name 'get_quantize_kernel' is mxq's own entry point")
+        fn = self.dispatcher()
+        ffi.register_global(name, fn)
+        return fn
+
+    def dispatcher(self):
+        """The op's destination-passing function (what ``register`` publishes), in Python."""
+        if self._dispatcher is None:
+            self._dispatcher = ffi.python_dispatcher(self)
+        return self._dispatcher
 
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
                grouped: bool = False, operands=None) -> dict:

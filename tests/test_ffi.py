@@ -339,3 +339,52 @@ def test_registered_op_takes_broadcast_operands_and_strided_views(device):
             assert same_bytes(a, w.view(torch.uint8))
     with pytest.raises(ValueError, match="'b' has shape"):
         g(xx[:, :128], b[:100], None, *d, None, None, None)
+
+
+def _gate_ident(x):
+    return x
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_registered_gated_ops(device):
+    """Gated ops register: their destination-passing function takes the op's own tensors (swiglu
+    forward: x [M, 2N] into [M, N] outputs; backward: the gradient [M, N] and act_input [M, 2N]
+    into [M, 2N] outputs and dbias [2N]) and runs in Python on every call (the reference on CPU,
+    the kernels over the halves on CUDA); the bytes of the Python call, nothing written under
+    noop, a destination of the input's width refused naming it."""
+    fwd = mxq.fused_quant(act="swiglu", colwise=True, amax=True)(_gate_ident)
+    bwd = mxq.fused_quant(dact="swiglu", colwise=True, dbias=True)(_gate_ident)
+    assert fwd.register("test_swiglu") is not None and bwd.register("test_dswiglu") is not None
+    m, n = 64, 96
+    x = planted(m, 2 * n, torch.bfloat16, seed=3).to(device)
+    dy = planted(m, n, torch.bfloat16, seed=4).to(device)
+
+    def dests_of(width, dbias):
+        u8 = dict(dtype=torch.uint8, device=device)
+        return [torch.full((m, width), 0xAB, **u8), torch.full((m, width // 32), 0xCD, **u8),
+                torch.full((m, width), 0xAB, **u8), torch.full((m // 32, width), 0xCD, **u8),
+                torch.full((1,), -1.0, device=device),
+                torch.zeros(width, dtype=torch.bfloat16, device=device) if dbias else None]
+
+    for name, op, args, kw, width in (("test_swiglu", fwd, (x, None), {}, n),
+                                      ("test_dswiglu", bwd, (dy, x), {"act_input": x}, 2 * n)):
+        g = tvm_ffi.get_global_func(f"mxq.{name}")
+        d = dests_of(width, op.spec.dbias)
+        if not op.spec.amax:
+            d[4] = None
+        g(*args, *d, None)
+        want = op(args[0], **kw)
+        for got, w in zip(d, (want.rowwise_data, want.rowwise_scale, want.colwise_data, want.colwise_scale,
+                              want.amax, want.dbias)):
+            assert (got is None) == (w is None), name
+            if got is not None:
+                w = w.view(torch.uint8) if w.dtype == torch.float8_e4m3fn else w
+                assert same_bytes(got, w.reshape(got.shape)), name
+        before = [t.clone() if t is not None else None for t in d]
+        g(*(a * 3 if a is not None else None for a in args), *d, torch.ones(1, device=device))  # noop
+        assert all(t is None or same_bytes(t, b) for t, b in zip(d, before)), name
+        wrong = dests_of(2 * width if width == n else n, op.spec.dbias)
+        if not op.spec.amax:
+            wrong[4] = None
+        with pytest.raises(ValueError, match="'rowwise_data' has"):
+            g(*args, *wrong, None)

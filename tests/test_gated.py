@@ -189,9 +189,7 @@ def test_bad_gated_calls_name_the_argument():
         fwd(torch.randn(4, 64), act_input=torch.randn(4, 64))
     with pytest.raises(ValueError, match="group_offsets.*end at M = 64"):
         fwd(torch.randn(64, 64), group_offsets=torch.tensor([60]))
-    with pytest.raises(ValueError, match="C\\+\\+ routes"):
-        fwd.register("gated_fwd")
-    with pytest.raises(ValueError, match="C\\+\\+ routes"):
+    with pytest.raises(ValueError, match="C\\+\\+ route"):
         bwd.export("/nonexistent")
 
 
