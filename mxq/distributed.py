@@ -17,6 +17,10 @@ operands must have the same placement (or be plain tensors broadcast against the
 ``act_input`` likewise. A Partial("sum") dbias reduces the ranks' rounded sums: within the
 dbias class of docs/NUMERICS.md of the single-device value, not byte-equal to it.
 
+Row groups (``group_offsets``, a plain or replicated tensor) go with Shard(-1) and Replicate():
+every rank holds every row and runs the groups on its columns; the grouped colwise scales [M //
+32 + G, N] and dbias [G, N] are Shard(1) under a column split. A row split is refused.
+
 Under torch.compile the same code traces (FusedOp._local_call: the torch operator on the local
 shards; DTensor.from_local around its outputs), so a compiled DTensor call has no graph break.
 """
@@ -95,10 +99,11 @@ def _local(t, mesh, placement, name):
     return t
 
 
-def call(op, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+def call(op, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
     """Run ``op`` on the local shards of DTensor inputs and wrap its outputs (of
     ``op.output_shape``) as DTensors. A gated op's halves lie along the columns: it takes row
-    splits and replicas only."""
+    splits and replicas only. ``group_offsets`` (row groups) go with column splits and replicas:
+    every rank holds every row, so each runs the groups on its columns."""
     if out is not None:
         raise ValueError("mxq: out= is not supported with DTensor inputs")
     x = tensors[0]
@@ -111,6 +116,15 @@ def call(op, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
         raise ValueError(f"mxq: placement {_name(placement)} splits the columns, which hold a gated op's two halves; "
                          "use Shard(0) or Replicate()")
     _check_blocks(spec, x, kind, dim)
+    if group_offsets is not None:
+        if kind == "rows":
+            raise ValueError(f"mxq: group_offsets with placement {_name(placement)}: the groups run along the rows, "
+                             "which the ranks split; use Shard(-1) or Replicate()")
+        if isinstance(group_offsets, DTensor):
+            if group_offsets.placements != (Replicate(),):
+                raise ValueError(f"mxq: argument 'group_offsets' must be a plain tensor or replicated, got "
+                                 f"placements {group_offsets.placements}")
+            group_offsets = group_offsets.to_local()
     names = list(op.epilogue.tensor_params)
     local = [_local(t, mesh, placement, n) for t, n in zip(tensors, names)]
     act = _local(act_input, mesh, placement, "act_input") if act_input is not None else None
@@ -120,33 +134,35 @@ def call(op, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
     # contiguous global layout, which a shard's padded rows would not match
     x0 = local[0]
     out = MXFP8Tensor.empty(spec, op.output_shape(x0.shape), x0.dtype, x0.device, zeroed=noop is not None,
-                            row_align=1)
-    t = op._local_call(local, scalars, act, noop, out)
+                            row_align=1, group_offsets=group_offsets)
+    t = op._local_call(local, scalars, act, noop, out, group_offsets)
     gshape = torch.Size(op.output_shape(x.shape))
     m, n = flat_dims(gshape)
 
     def wrap(field, value):
         if value is None:
             return None
-        if kind == "replicate":
-            p = Replicate()
-        elif field in ("rowwise_data", "colwise_data"):
-            p = Shard(dim)
-        elif field in ("rowwise_scale", "colwise_scale"):
-            p = Shard(0 if kind == "rows" else 1)
+        if kind == "replicate":  # (the global tensor is the local one, in any layout)
+            return DTensor.from_local(value, mesh, [Replicate()], run_check=False, shape=value.shape,
+                                      stride=value.stride())
+        if field in ("rowwise_data", "colwise_data"):
+            p, shape = Shard(dim), gshape
+        elif field == "rowwise_scale":
+            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((m, -(-n // 32)))
+        elif field == "colwise_scale":  # (grouped: the [M // 32 + G, N] buffer, whose rows only M and G set)
+            rows = value.shape[0] if group_offsets is not None else -(-m // 32)
+            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((rows, n))
         elif field == "amax":
-            p = Partial("max")
-        else:  # dbias
-            p = Partial("sum") if kind == "rows" else Shard(0)
-        shapes = {"rowwise_data": gshape, "colwise_data": gshape, "amax": torch.Size(()),
-                  "dbias": torch.Size((n,)),
-                  "rowwise_scale": torch.Size((m, -(-n // 32))), "colwise_scale": torch.Size((-(-m // 32), n))}
-        return DTensor.from_local(value, mesh, [p], run_check=False, shape=shapes[field],
-                                  stride=_contiguous_stride(shapes[field]))
+            p, shape = Partial("max"), torch.Size(())
+        else:  # dbias: [N], or [G, N] for groups (column splits only)
+            p = Partial("sum") if kind == "rows" else Shard(value.dim() - 1)
+            shape = torch.Size((*value.shape[:-1], n))
+        return DTensor.from_local(value, mesh, [p], run_check=False, shape=shape, stride=_contiguous_stride(shape))
 
     return MXFP8Tensor(wrap("rowwise_data", t.rowwise_data), wrap("colwise_data", t.colwise_data),
                        wrap("rowwise_scale", t.rowwise_scale), wrap("colwise_scale", t.colwise_scale),
-                       wrap("amax", t.amax), wrap("dbias", t.dbias), t.fp8, t.scale_layout, gshape)
+                       wrap("amax", t.amax), wrap("dbias", t.dbias), t.fp8, t.scale_layout, gshape,
+                       t.group_offsets)
 
 
 def _contiguous_stride(shape) -> tuple:

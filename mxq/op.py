@@ -96,18 +96,16 @@ class FusedOp:
 
     def _dtensor_call(self, tensors, scalars, act_input, noop, out, group_offsets) -> MXFP8Tensor:
         """A call with DTensor operands: each rank runs the op on its local shards (mxq/distributed.py)."""
-        if group_offsets is not None:
-            raise ValueError("mxq: group_offsets with DTensor inputs is not supported")
         from . import distributed  # (torch.distributed only where DTensors are used)
 
-        return distributed.call(self, tensors, scalars, act_input, noop, out)
+        return distributed.call(self, tensors, scalars, act_input, noop, out, group_offsets)
 
-    def _local_call(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+    def _local_call(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
         """One rank's call on its local shards, into ``out`` (mxq/distributed.py): the operator
         node while torch.compile traces, else a checked eager call."""
         if torch.compiler.is_compiling():
-            return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out)
-        return self._eager(tensors, scalars, act_input, noop, out)
+            return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out, group_offsets)
+        return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
 
     def _bind_traced(self, args, kwargs):
         """_bind without inspect (which torch.compile does not trace): positional arguments,
@@ -410,9 +408,9 @@ class GatedOp(FusedOp):
         return self.inner(*self._inner_args(tensors, scalars, act_input), noop=noop, out=out,
                           group_offsets=group_offsets)
 
-    def _local_call(self, tensors, scalars, act_input, noop, out) -> MXFP8Tensor:
+    def _local_call(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
         """One rank's call on its local shards: the inner op's call, traced or eager."""
-        return self._eager(tensors, scalars, act_input, noop, out)
+        return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
 
     def register(self, name: str):
         """Register this op as TVM-FFI global ``mxq.<name>``, with the destination-passing

@@ -120,6 +120,33 @@ for bad_t, words in ((mxq.quantize(torch.randn(64)), "2 or more dimensions"),
         assert words in str(exc), exc
     else:
         raise AssertionError(words)
+# row groups (group_offsets) with column splits and replicas: every rank holds every row
+offs = torch.tensor([20, 64, 128])
+for placement in (Shard(-1), Replicate()):
+    dx, dr = distribute_tensor(x, mesh, [placement]), distribute_tensor(r, mesh, [placement])
+    for name, got, want in (("grouped quantize", mxq.quantize(dx, rowwise=True, colwise=True, group_offsets=offs),
+                             mxq.quantize(x, rowwise=True, colwise=True, group_offsets=offs)),
+                            ("grouped resid", resid(dx, dr, alpha=0.25, group_offsets=offs),
+                             resid(x, r, alpha=0.25, group_offsets=offs))):
+        check_shards(name, placement, got, want)
+        split = isinstance(placement, Shard)
+        for f in ("rowwise_scale", "colwise_scale"):
+            if getattr(got, f) is not None:  # (the grouped colwise buffer [M // 32 + G, N], split by columns)
+                assert getattr(got, f).placements == ((Shard(1),) if split else (Replicate(),)), (name, f)
+        assert torch.equal(got.group_offsets, offs)
+        if got.dbias is not None:  # [G, N], split by columns
+            assert got.dbias.shape == (3, 256) and got.dbias.placements == ((Shard(1),) if split else (Replicate(),))
+            assert torch.equal(got.dbias.full_tensor(), want.dbias), placement
+        checked += 1
+got = mxq.quantize(distribute_tensor(x, mesh, [Replicate()]), colwise=True, scale_layout="swizzled", group_offsets=offs)
+want = mxq.quantize(x, colwise=True, scale_layout="swizzled", group_offsets=offs)
+assert got.colwise_scale.shape == want.colwise_scale.shape and torch.equal(got.colwise_scale.to_local(), want.colwise_scale)
+try:
+    mxq.quantize(distribute_tensor(x, mesh, [Shard(0)]), colwise=True, group_offsets=offs)
+except ValueError as exc:
+    assert "group_offsets with placement Shard(0)" in str(exc), exc
+else:
+    raise AssertionError("group_offsets with a row split were accepted")
 # torch.compile: the same calls traced with no graph break (one operator node on the local
 # shards, DTensors around it), byte-equal to the single-process result like the eager calls
 for backend in ("aot_eager", "inductor"):
@@ -157,6 +184,12 @@ for m, n in ((128, 256), (192, 320)):  # dynamic shapes: one graph, two shapes
     assert got.rowwise_data.placements == (Shard(0),) and got.colwise_scale.placements == (Shard(0),)
     checked += 1
 assert counter.frame_count == 1, counter.frame_count
+fg = torch.compile(lambda t, o: mxq.quantize(t, rowwise=True, colwise=True, group_offsets=o), backend="aot_eager",
+                   fullgraph=True)
+got = fg(distribute_tensor(x, mesh, [Shard(-1)]), offs)
+check_shards("compiled grouped", Shard(-1), got, mxq.quantize(x, rowwise=True, colwise=True, group_offsets=offs))
+assert got.colwise_scale.placements == (Shard(1),) and torch.equal(got.group_offsets, offs)
+checked += 1
 try:  # (refused while tracing; fullgraph wraps the ValueError in dynamo's error, as without DTensors)
     torch.compile(lambda t: mxq.quantize(t, colwise=True), backend="aot_eager", fullgraph=True)(bad)
 except Exception as exc:
