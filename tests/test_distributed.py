@@ -138,9 +138,14 @@ for placement in (Shard(-1), Replicate()):
             assert got.dbias.shape == (3, 256) and got.dbias.placements == ((Shard(1),) if split else (Replicate(),))
             assert torch.equal(got.dbias.full_tensor(), want.dbias), placement
         checked += 1
-got = mxq.quantize(distribute_tensor(x, mesh, [Replicate()]), colwise=True, scale_layout="swizzled", group_offsets=offs)
-want = mxq.quantize(x, colwise=True, scale_layout="swizzled", group_offsets=offs)
-assert got.colwise_scale.shape == want.colwise_scale.shape and torch.equal(got.colwise_scale.to_local(), want.colwise_scale)
+for go in (offs, None):  # replicas in the swizzled layout: the global shapes are the local ones
+    got = mxq.quantize(distribute_tensor(x[:100], mesh, [Replicate()]), rowwise=True, colwise=True,
+                       scale_layout="swizzled", group_offsets=go if go is None else torch.tensor([20, 64, 100]))
+    want = mxq.quantize(x[:100], rowwise=True, colwise=True, scale_layout="swizzled",
+                        group_offsets=go if go is None else torch.tensor([20, 64, 100]))
+    for f in ("rowwise_scale", "colwise_scale"):
+        assert getattr(got, f).shape == getattr(want, f).shape, (f, getattr(got, f).shape)
+        assert torch.equal(getattr(got, f).to_local(), getattr(want, f)), f
 try:
     mxq.quantize(distribute_tensor(x, mesh, [Shard(0)]), colwise=True, group_offsets=offs)
 except ValueError as exc:
