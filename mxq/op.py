@@ -284,14 +284,17 @@ class FusedOp:
         docs/DESIGN.md); returns the native function. CPU tensors run the reference."""
         if name == "get_quantize_kernel":
             raise ValueError("mxq: register() name 'get_quantize_kernel' is mxq's own entry point")
-        self._refuse_cpp("register()")
-        fn = self.dispatcher()
+        fn = self._destination_passing("register()")
         ffi.register_global(name, fn)
         return fn
 
     def dispatcher(self):
-        """The op's native destination-passing dispatcher (what ``register`` publishes)."""
-        self._refuse_cpp("dispatcher()")
+        """The op's destination-passing function (what ``register`` publishes)."""
+        return self._destination_passing("dispatcher()")
+
+    def _destination_passing(self, what: str):
+        """The function ``what`` publishes: the native dispatcher (csrc/dispatch.cc)."""
+        self._refuse_cpp(what)
         pair = self._native_dispatchers()
         if pair is None:
             raise RuntimeError("mxq: the native dispatcher could not be built on this machine (see the warning)")
@@ -349,7 +352,7 @@ class GatedOp(FusedOp):
         derived_fn.__signature__ = gated.signature(derived)
         derived_fn.__name__ = derived_fn.__qualname__ = derived.name
         self.inner = FusedOp(derived_fn, dataclasses.replace(spec, act=None, dact=None), derived)
-        self._dispatcher = None  # (dispatcher(), built once)
+        self._dispatcher = None  # (_destination_passing(), built once)
 
     def _inner_args(self, tensors, scalars, act_input):
         """The inner op's positional arguments for one call of this op, from its bound tensors
@@ -412,20 +415,11 @@ class GatedOp(FusedOp):
         """One rank's call on its local shards: the inner op's call, traced or eager."""
         return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
 
-    def register(self, name: str):
-        """Register this op as TVM-FFI global ``mxq.<name>``, with the destination-passing
-        signature of its own tensors (x [..., 2N] forward, the gradient [..., N] and act_input
-        [..., 2N] backward) and outputs (FusedOp.register). Every call goes through Python
-        (ffi.python_dispatcher): CPU tensors run the reference, CUDA ones the kernels over the
-        halves."""
-        if name == "get_quantize_kernel":
-            raise ValueError("mxq: register() name 'get_quantize_kernel' is mxq's own entry point")
-        fn = self.dispatcher()
-        ffi.register_global(name, fn)
-        return fn
-
-    def dispatcher(self):
-        """The op's destination-passing function (what ``register`` publishes), in Python."""
+    def _destination_passing(self, what: str):
+        """A gated op's destination-passing function (register(), dispatcher()): the signature of
+        its own tensors (x [..., 2N] forward; the gradient [..., N] and act_input [..., 2N]
+        backward) and outputs, run in Python on every call (ffi.python_dispatcher: CPU tensors the
+        reference, CUDA ones the kernels over the halves)."""
         if self._dispatcher is None:
             self._dispatcher = ffi.python_dispatcher(self)
         return self._dispatcher
