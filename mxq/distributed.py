@@ -112,6 +112,9 @@ def call(op, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP
     mesh, kind, dim = _placement(x, op.epilogue.tensor_params[0])
     placement = x.placements[0]
     spec = op.spec
+    if spec.gated and group_offsets is not None and kind != "replicate":
+        raise ValueError(f"mxq: group_offsets with placement {_name(placement)}: a gated op's halves lie along the "
+                         "columns and its groups along the rows, so it takes Replicate() inputs only")
     if spec.gated and kind == "cols":
         raise ValueError(f"mxq: placement {_name(placement)} splits the columns, which hold a gated op's two halves; "
                          "use Shard(0) or Replicate()")

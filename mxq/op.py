@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import types
 from functools import lru_cache
 
 import torch
@@ -397,6 +398,8 @@ class GatedOp(FusedOp):
     def output_shape(self, shape):
         """The outputs' shape for a first input of ``shape``."""
         shape = tuple(shape)
+        if not shape:
+            raise ValueError(f"mxq: argument {self.epilogue.tensor_params[0]!r} must have at least one dimension")
         return (*shape[:-1], shape[-1] // 2) if self._forward else (*shape[:-1], 2 * shape[-1])
 
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
@@ -428,8 +431,9 @@ class GatedOp(FusedOp):
                grouped: bool = False, operands=None) -> dict:
         """A gated forward exports its inner op, the kernels over the halves: a C++ caller passes
         each [M, 2N] tensor as its two halves, x[:, :N] and x[:, N:] (every tensor's gate half,
-        then every tensor's up half; the header says so). ``operands``: each of this op's
-        tensors' kind, which both its halves take ("full" tensors' halves are "strided" views).
+        then every tensor's up half; a row operand's [2N] halves likewise, a column or scalar
+        operand twice; the header says so). ``operands``: each of this op's tensors' kind, which
+        both its halves take ("full" tensors' halves are "strided" views).
         A gated backward (two halves written side by side) is refused."""
         if not self._forward:
             self._refuse_cpp("export()")
@@ -437,11 +441,17 @@ class GatedOp(FusedOp):
         halves = tuple("strided" if k == "full" else k for k in kinds)
         params = self.epilogue.tensor_params
         gate, up = self.inner.epilogue.tensor_params[:len(params)], self.inner.epilogue.tensor_params[len(params):]
-        which = (f"argument {gate[0]} is the gate half of {params[0]} and {up[0]} its up half" if len(params) == 1
-                 else f"arguments {', '.join(gate)} are the gate halves of {', '.join(params)} and {', '.join(up)} "
-                 "their up halves")
-        note = (f"Gated op {self.epilogue.name} (act={self.spec.act!r}): each [M, 2N] tensor goes in as its two "
-                f"halves, gate x[:, :N] then up x[:, N:]; the {which}; the outputs are [M, N].")
+
+        def how(p, k, g, u):  # how tensor p of kind k reaches the arguments g (gate) and u (up)
+            if k in ("col", "scalar"):
+                return f"{g} and {u} both take {p} (a {k} operand serves both halves)"
+            if k == "row":
+                return f"{g} = {p}[:N], {u} = {p}[N:] (as [M, N] views of strides (0, 1))"
+            return f"{g} = {p}[:, :N], {u} = {p}[:, N:]"
+
+        which = "; ".join(how(p, k, g, u) for p, k, g, u in zip(params, kinds, gate, up))
+        note = (f"Gated op {self.epilogue.name} (act={self.spec.act!r}): its [M, 2N] tensors go in as their two "
+                f"halves, every gate half first, then every up half: {which}. The outputs are [M, N].")
         return self.inner.export(directory, arch=arch, dtype=dtype, name=name or f"mxq_{self.epilogue.name}",
                                  grouped=grouped, operands=halves * 2, note=note)
 
@@ -508,7 +518,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     if torch.compiler.is_compiling():
         i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax)
         if _any_dtensor([x], None):  # the node runs on the local shards (mxq/distributed.py)
-            return _QUANTIZE_BY_ID[i]._dtensor_call([x], [], None, noop, out, group_offsets)
+            return getattr(_QUANTIZE_BY_ID, f"op{i}")._dtensor_call([x], [], None, noop, out, group_offsets)
         return torch_ops.call(i, [x], [], None, noop, out, group_offsets)
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax)
     op = None
@@ -539,14 +549,16 @@ def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax) -> in
     op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
                                 scale_layout=scale_layout, amax=amax))
     i = torch_ops.op_id(op)
-    _QUANTIZE_BY_ID[i] = op
+    setattr(_QUANTIZE_BY_ID, f"op{i}", op)
     return i
 
 
 _QUANTIZE_OPS: dict = {}  # quantize()'s options as passed -> its op (one dict lookup per call)
-# torch_ops' id -> quantize()'s op, for traced DTensor calls (a plain dict, which torch.compile
-# reads; the ops live on in _quantize_op's cache anyway)
-_QUANTIZE_BY_ID: dict = {}
+# quantize()'s ops by torch_ops' id (attribute op<id>), for traced DTensor calls: torch.compile
+# re-reads an attribute at every access, where it would read a dict filled by the trace itself
+# (_quantize_op_id, called while tracing) from a stale copy; the ops live on in _quantize_op's
+# cache anyway, and torch_ops' own registry holds weak references, which it cannot trace
+_QUANTIZE_BY_ID = types.SimpleNamespace()
 
 
 def get_quantize_kernel(key: int):

@@ -152,6 +152,15 @@ except ValueError as exc:
     assert "group_offsets with placement Shard(0)" in str(exc), exc
 else:
     raise AssertionError("group_offsets with a row split were accepted")
+for placement in (Shard(0), Shard(-1)):  # a gated op: halves along the columns, groups along the rows
+    try:
+        swiglu_f(distribute_tensor(xg, mesh, [placement]), group_offsets=offs)
+    except ValueError as exc:
+        assert "takes Replicate() inputs only" in str(exc), exc
+    else:
+        raise AssertionError(f"a gated op with group_offsets took {placement}")
+got = swiglu_f(distribute_tensor(xg, mesh, [Replicate()]), group_offsets=offs)
+check_shards("grouped swiglu", Replicate(), got, swiglu_f(xg, group_offsets=offs))
 # torch.compile: the same calls traced with no graph break (one operator node on the local
 # shards, DTensors around it), byte-equal to the single-process result like the eager calls
 for backend in ("aot_eager", "inductor"):
@@ -195,6 +204,14 @@ got = fg(distribute_tensor(x, mesh, [Shard(-1)]), offs)
 check_shards("compiled grouped", Shard(-1), got, mxq.quantize(x, rowwise=True, colwise=True, group_offsets=offs))
 assert got.colwise_scale.placements == (Shard(1),) and torch.equal(got.group_offsets, offs)
 checked += 1
+# two quantize option sets in one compiled function (each finds its op while the trace runs)
+opts_a, opts_b = dict(colwise=True, amax=True), dict(colwise=True, fp8="e5m2", scale_mode="floor")
+two = torch.compile(lambda t: (mxq.quantize(t, **opts_a), mxq.quantize(t, **opts_b)), backend="aot_eager",
+                    fullgraph=True)
+got_a, got_b = two(distribute_tensor(x, mesh, [Shard(0)]))
+check_shards("compiled pair a", Shard(0), got_a, mxq.quantize(x, **opts_a))
+check_shards("compiled pair b", Shard(0), got_b, mxq.quantize(x, **opts_b))
+checked += 2
 try:  # (refused while tracing; fullgraph wraps the ValueError in dynamo's error, as without DTensors)
     torch.compile(lambda t: mxq.quantize(t, colwise=True), backend="aot_eager", fullgraph=True)(bad)
 except Exception as exc:

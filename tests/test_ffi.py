@@ -388,3 +388,5 @@ def test_registered_gated_ops(device):
             wrong[4] = None
         with pytest.raises(ValueError, match="'rowwise_data' has"):
             g(*args, *wrong, None)
+        with pytest.raises(ValueError, match="'x' must have at least one dimension"):
+            g(torch.ones((), device=device), *args[1:], *d, None)
