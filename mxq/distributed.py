@@ -152,8 +152,8 @@ def call(op, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP
             p, shape = Shard(dim), gshape
         elif field == "rowwise_scale":
             p, shape = Shard(0 if kind == "rows" else 1), torch.Size((m, -(-n // 32)))
-        elif field == "colwise_scale":  # (grouped: the [M // 32 + G, N] buffer, whose rows only M and G set)
-            rows = value.shape[0] if group_offsets is not None else -(-m // 32)
+        elif field == "colwise_scale":  # (split by columns, every rank holds all its rows, grouped or not)
+            rows = -(-m // 32) if kind == "rows" else value.shape[0]
             p, shape = Shard(0 if kind == "rows" else 1), torch.Size((rows, n))
         elif field == "amax":
             p, shape = Partial("max"), torch.Size(())
