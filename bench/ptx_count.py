@@ -14,6 +14,7 @@ instructions, docs/performance.md "N % 8 != 0", step 8).
     python bench/ptx_count.py [--arch sm_90] [--dtype bf16]
     python bench/ptx_count.py --opcodes gelu_both    # where the unaligned rows' extra instructions go
     python bench/ptx_count.py --split                # unaligned rows: per-row and per-tile parts
+    python bench/ptx_count.py --variant rows8 --tuning unaligned_warps=8   # a Tuning variant's kernels
 
 ``--split`` compiles each op's unaligned kernel at 8 and at 4 warps (``Tuning.unaligned_warps``:
 4 and 8 rows per thread) and splits its machine instructions per thread into a part per row
@@ -180,7 +181,13 @@ def main() -> None:
     ap.add_argument("--split", action="store_true",
                     help="instead: the unaligned kernels' machine instructions per thread split into a part per "
                     "row and a part per tile (plain casts and gelu + both; needs nvdisasm)")
+    ap.add_argument("--tuning", default="", help="compile with these Tuning fields, e.g. 'unaligned_warps=8' "
+                    "(device_check.parse_tuning's form)")
     args = ap.parse_args()
+    tuning = None
+    if args.tuning:
+        from device_check import parse_tuning
+        tuning = kconfig.Tuning(**parse_tuning(args.tuning))
     if args.split:
         split(["rowwise", "colwise", "both", "gelu_both"], args.arch, args.dtype)  # (dbias ops: 8 warps always)
         return
@@ -191,7 +198,7 @@ def main() -> None:
     todo = [(name, opts, None, None) for name, opts in OPS.items()]
     todo += [(name, opts, fn, layouts) for name, (opts, fn, layouts) in EPILOGUE_OPS.items()]
     for name, opts, fn, layouts in todo:
-        c = count(QuantSpec(**opts), args.arch, args.dtype, args.variant, fn, layouts)
+        c = count(QuantSpec(**opts), args.arch, args.dtype, args.variant, fn, layouts, tuning)
         top = " ".join(f"{k}:{v}" for k, v in c["top"])
         sass = f"{c['sass_per_element']:9.1f}" if c["sass_per_element"] else f"{'-':>9}"
         print(f"{name:18} {c['per_element']:8.1f} {sass} {c['registers'] or '-':>5} {c['vwarps']:>5} "
