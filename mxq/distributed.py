@@ -108,6 +108,9 @@ def call(op, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP
         raise ValueError("mxq: out= is not supported with DTensor inputs")
     x = tensors[0]
     if not isinstance(x, DTensor):
+        if not any(isinstance(t, DTensor) for t in (*tensors, act_input)):
+            raise TypeError("mxq: argument 'group_offsets' is a DTensor but the inputs are plain tensors: pass it "
+                            "as a plain tensor")
         raise TypeError("mxq: with DTensor operands, the first tensor input must be a DTensor too")
     mesh, kind, dim = _placement(x, op.epilogue.tensor_params[0])
     placement = x.placements[0]

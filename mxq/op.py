@@ -31,8 +31,10 @@ _Tensor = torch.Tensor
 _FAST_NUMEL = 2 ** 31 - 64  # launch.launcher's limit: beyond it the reference serves (with a warning)
 
 
-def _any_dtensor(tensors, act_input) -> bool:
-    return any(type(t).__name__ == "DTensor" for t in tensors) or type(act_input).__name__ == "DTensor"
+def _any_dtensor(tensors, act_input, group_offsets=None) -> bool:
+    """Whether a call has DTensor operands (then distributed.call runs it, and refuses DTensor
+    group offsets with plain inputs by name, eager or traced alike)."""
+    return any(type(t).__name__ == "DTensor" for t in (*tensors, act_input, group_offsets))
 
 
 class FusedOp:
@@ -81,7 +83,7 @@ class FusedOp:
                  **kwargs) -> MXFP8Tensor:
         if torch.compiler.is_compiling():  # torch.compile: one operator node (mxq/torch_ops.py)
             tensors, scalars = self._bind_traced(args, kwargs)
-            if _any_dtensor(tensors, act_input):  # the node runs on the local shards (mxq/distributed.py)
+            if _any_dtensor(tensors, act_input, group_offsets):  # the node runs on the local shards (mxq/distributed.py)
                 return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
             return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out, group_offsets)
         if (self._fast and len(args) == 1 and not kwargs and noop is None and out is None and act_input is None
@@ -90,7 +92,7 @@ class FusedOp:
             if got is not None:
                 return got
         tensors, scalars = self._bind(args, kwargs)
-        if _any_dtensor(tensors, act_input):  # each rank quantizes its shard (mxq/distributed.py)
+        if _any_dtensor(tensors, act_input, group_offsets):  # each rank quantizes its shard (mxq/distributed.py)
             return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
         runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
         return self._run(tensors, scalars, act_input, noop, out, group_offsets)
@@ -405,7 +407,7 @@ class GatedOp(FusedOp):
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
         tensors, scalars = self._bind(args, kwargs)
-        if _any_dtensor(tensors, act_input):  # each rank runs the gated op on its rows (mxq/distributed.py)
+        if _any_dtensor(tensors, act_input, group_offsets):  # each rank runs the gated op on its rows (mxq/distributed.py)
             return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
         return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
 
@@ -517,7 +519,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     """
     if torch.compiler.is_compiling():
         i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax)
-        if _any_dtensor([x], None):  # the node runs on the local shards (mxq/distributed.py)
+        if _any_dtensor([x], None, group_offsets):  # the node runs on the local shards (mxq/distributed.py)
             return getattr(_QUANTIZE_BY_ID, f"op{i}")._dtensor_call([x], [], None, noop, out, group_offsets)
         return torch_ops.call(i, [x], [], None, noop, out, group_offsets)
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax)

@@ -807,6 +807,29 @@ def test_fp32_unaligned_rows_are_staged_by_words_or_chunks(arch):
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+def test_fp32_unaligned_scalar_operand_is_loaded_once(arch):
+    """The vectorised fp32 kernel of unaligned rows (variant rows8) loads a scalar operand (0-d,
+    strides (0, 0)) once per thread, where a row operand takes one load per existing column: one
+    scalar global load more than the same op without the operand. (It took 8 predicated loads of
+    the same element before.) The GPU side: test_gpu.py::test_fp32_unaligned_operands_match_reference
+    with a scalar."""
+    def scaled(x, s):
+        return x * s
+
+    def ident(x):
+        return x
+
+    def loads(op, layouts):
+        body = _entry(compiler.compile_artifacts(op, arch, "fp32", "rows8", layouts)["ptx"], "vec_kernel")
+        return len(re.findall(r"\bld\.global(?:\.nc)?\.[bfu]32", body))
+
+    opts = dict(rowwise=True, colwise=True, act="gelu")
+    base = loads(mxq.fused_quant(**opts)(ident), None)
+    assert loads(mxq.fused_quant(**opts)(scaled), ("full", "scalar")) == base + 1
+    assert loads(mxq.fused_quant(**opts)(scaled), ("full", "row")) == base + kconfig.VEC
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_unaligned_rows_are_staged_and_stored_as_words(arch, dtype):
     """16-bit inputs at any N or alignment run the packed kernel with unaligned rows

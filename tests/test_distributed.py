@@ -218,6 +218,17 @@ except Exception as exc:
     assert "placement Shard(0) cuts a 32-element block" in str(exc), exc
 else:
     raise AssertionError("a block-cutting shard was accepted under torch.compile")
+# DTensor group offsets with plain inputs: refused by name, eager and traced alike
+for call in (lambda o: mxq.quantize(x, colwise=True, group_offsets=o),
+             lambda o: resid(x, r, alpha=0.25, group_offsets=o),
+             torch.compile(lambda o: mxq.quantize(x, colwise=True, group_offsets=o), backend="aot_eager",
+                           fullgraph=True)):
+    try:
+        call(distribute_tensor(offs, mesh, [Replicate()]))
+    except Exception as exc:
+        assert "argument 'group_offsets' is a DTensor but the inputs are plain tensors" in str(exc), exc
+    else:
+        raise AssertionError("DTensor group_offsets with plain inputs were accepted")
 # all_gather: each rank quantizes its own rows; the gathered tensor is the full tensor's quantization
 from mxq import distributed
 full = torch.randn(2, 64, 96, dtype=torch.bfloat16)

@@ -178,7 +178,12 @@ class VectorizedKernel:
             if col_ok and rbase + i < row_end:
                 for t in cutlass.range_constexpr(NSRC):
                     if cutlass.const_expr(not staged_src[t] and (i == 0 or not once[t])):
-                        if cutlass.const_expr(UNALIGNED and once[t]):
+                        if cutlass.const_expr(UNALIGNED and once[t] and dev.broadcast_cols(sources[t])):
+                            # a scalar: its one element, loaded once
+                            one = tiles[t][(None, (rbase + i, g))][0]
+                            for k in cutlass.range_constexpr(VEC):
+                                row[t][k] = one
+                        elif cutlass.const_expr(UNALIGNED and once[t]):
                             # a row operand ([N]): its columns that exist, one load each
                             for k in cutlass.range_constexpr(VEC):
                                 if k < nvalid:
