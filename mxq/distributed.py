@@ -104,14 +104,14 @@ def call(op, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP
     ``op.output_shape``) as DTensors. A gated op's halves lie along the columns: it takes row
     splits and replicas only. ``group_offsets`` (row groups) go with column splits and replicas:
     every rank holds every row, so each runs the groups on its columns."""
-    if out is not None:
-        raise ValueError("mxq: out= is not supported with DTensor inputs")
     x = tensors[0]
     if not isinstance(x, DTensor):
-        if not any(isinstance(t, DTensor) for t in (*tensors, act_input)):
+        if isinstance(group_offsets, DTensor) and not any(isinstance(t, DTensor) for t in (*tensors, act_input)):
             raise TypeError("mxq: argument 'group_offsets' is a DTensor but the inputs are plain tensors: pass it "
                             "as a plain tensor")
         raise TypeError("mxq: with DTensor operands, the first tensor input must be a DTensor too")
+    if out is not None:
+        raise ValueError("mxq: out= is not supported with DTensor inputs")
     mesh, kind, dim = _placement(x, op.epilogue.tensor_params[0])
     placement = x.placements[0]
     spec = op.spec

@@ -221,8 +221,10 @@ else:
 # DTensor group offsets with plain inputs: refused by name, eager and traced alike
 for call in (lambda o: mxq.quantize(x, colwise=True, group_offsets=o),
              lambda o: resid(x, r, alpha=0.25, group_offsets=o),
+             lambda o: mxq.quantize(x, colwise=True, group_offsets=o, out=mxq.quantize(x, colwise=True)),
              torch.compile(lambda o: mxq.quantize(x, colwise=True, group_offsets=o), backend="aot_eager",
-                           fullgraph=True)):
+                           fullgraph=True),
+             torch.compile(lambda o: resid(x, r, alpha=0.25, group_offsets=o), backend="aot_eager", fullgraph=True)):
     try:
         call(distribute_tensor(offs, mesh, [Replicate()]))
     except Exception as exc:
