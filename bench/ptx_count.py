@@ -169,6 +169,20 @@ def opcode_diff(name: str, arch: str, dtype: str) -> None:
         print(f"{op:10} {pa.get(op, 0):8.2f} {pu.get(op, 0):9.2f} {pu.get(op, 0) - pa.get(op, 0):+6.2f}")
 
 
+def _stub_smem_query(arch: str) -> None:
+    """A register cap (Tuning.rows8_min_blocks) makes the DSL read the SM's shared memory size
+    from the driver; with no GPU here, answer with the H200's (228 KB), as
+    tests/test_codegen.py::test_rows8_register_cap_reaches_the_ptx does."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    compiler._import_cutlass(arch)
+    import cutlass.cutlass_dsl.cutlass as dsl
+
+    dsl.cuda_helpers.get_device_attribute = lambda attr: 228 * 1024
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
@@ -188,6 +202,8 @@ def main() -> None:
     if args.tuning:
         from device_check import parse_tuning
         tuning = kconfig.Tuning(**parse_tuning(args.tuning))
+        if tuning.rows8_min_blocks:
+            _stub_smem_query(args.arch)
     if args.split:
         split(["rowwise", "colwise", "both", "gelu_both"], args.arch, args.dtype)  # (dbias ops: 8 warps always)
         return
