@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import importlib.util
+import math
 import os
 import re
 import shlex
@@ -143,10 +144,12 @@ def layout_tag(layouts) -> str:
     return "".join(LAYOUT_CODES[k] for k in layouts)
 
 
-def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=None, grouped: bool = False):
+def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=None, grouped: bool = False,
+              n_multiple: int = 1):
     """The compile-time arguments of ``launch``/``launch_vec``, one per slot of the kernel slot
     table (mxq/slots.py): fake tensors with symbolic M, N tied together; the vectorised variant
-    also promises N % 8 == 0 and 16-byte aligned [M, N] tensors."""
+    also promises N % 8 == 0 and 16-byte aligned [M, N] tensors; ``n_multiple``: N must be a
+    multiple of it too (checked by the compiled function: an exported gated backward's)."""
     cute = _import_cutlass(arch)
     import cutlass
     from cutlass import Float32, Uint8
@@ -154,7 +157,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
     spec, epi = op.spec, op.epilogue
     el = {"fp32": cutlass.Float32, "fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype_name]
     nbytes = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype_name]
-    m, n = cute.sym_int(), cute.sym_int(divisibility=VEC_DIVISOR if vec else 1)
+    m, n = cute.sym_int(), cute.sym_int(divisibility=math.lcm(VEC_DIVISOR if vec else 1, n_multiple))
     fake = cute.runtime.make_fake_compact_tensor
     big = VEC_ALIGN if vec else None
     ws_bytes = dbias_partial_dtype(_DTYPE_BY_NAME[dtype_name]).itemsize  # fp32 for 16-bit inputs
@@ -238,17 +241,20 @@ VARIANTS = {"vec": "launch_vec", "generic": "launch", "rows8": "launch_rows8", "
             "generic_grouped": "launch_grouped"}
 
 
-def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec", layouts=None):
+def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec", layouts=None,
+               n_multiple: int = 1):
     """The compiled CuTeDSL function (TVM-FFI wrapper) for ``op`` on ``arch`` with input dtype.
 
     ``variant`` "vec" is the 16-byte vectorised kernel (N % 8 == 0, aligned tensors), "generic"
     the one that serves every shape and alignment (16-bit inputs: the packed kernel with
-    unaligned rows; fp32: the element-wise kernel).
+    unaligned rows; fp32: the element-wise kernel). ``n_multiple``: the function refuses an N
+    that is not a multiple of it (fake_args; export.py's gated backward).
     """
     if variant not in VARIANTS:
         raise ValueError(f"mxq: variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     source = op.source
-    key = (hashlib.sha256(source.encode()).hexdigest(), arch, dtype_name, keep_ptx, variant, layout_tag(layouts))
+    key = (hashlib.sha256(source.encode()).hexdigest(), arch, dtype_name, keep_ptx, variant, layout_tag(layouts),
+           n_multiple)
     compiled = _compiled.get(key)
     if compiled is not None:
         return compiled
@@ -260,7 +266,7 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
             return compiled
         mod = load_module(source)
         args = fake_args(op, dtype_name, uses_hw_e8m0(arch), arch, vec=variant.startswith("vec"), layouts=layouts,
-                         grouped=variant.endswith("_grouped"))
+                         grouped=variant.endswith("_grouped"), n_multiple=n_multiple)
         cute = _import_cutlass(arch)
         options = f"--enable-tvm-ffi --gpu-arch {arch}"
         dump = None

@@ -3,6 +3,7 @@ that run with no Python (``op.export``, ``python -m mxq export``)."""
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -10,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, _link_shared, compile_op, runtime_libraries
-from . import slots, targets
+from . import gated, slots, targets
 from .numerics import dbias_partial_dtype
 
 
@@ -45,7 +46,7 @@ def check_operands(op, operands):
 
 
 def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None, grouped: bool = False,
-           operands=None, note: str = "") -> dict:
+           operands=None, note: str = "", n_multiple: int = 1) -> dict:
     """Write ``lib<name>.so`` (its kernel variants, cubin embedded) and ``<name>.h`` to ``directory``.
 
     A C++ program loads the library with ``tvm::ffi::Module::LoadFromFile`` and calls
@@ -56,6 +57,9 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     ``operands``: the kind of each epilogue tensor ("full", "strided", "row", "col", "scalar";
     mxq/operands.py), for kernels that read a bias [N] once per tile and the like (the header says
     which strides each kind takes); default all full. ``note``: a paragraph for the header.
+    ``n_multiple``: every function refuses an N that is not a multiple of it (a gated backward's
+    rowwise blocks must not straddle its halves); a two-halves op's ``_rows8`` also needs N % 8
+    == 0 (its second half starts at column N; launch.variant_for).
     """
     layouts = check_operands(op, operands)
     arch = targets.normalize_arch(arch)
@@ -68,7 +72,8 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     objects = []
     with tempfile.TemporaryDirectory() as d:
         for variant, fname in _functions(name, grouped):
-            compiled = compile_op(op, arch, dtype, variant=variant, layouts=layouts)
+            mult = math.lcm(n_multiple, 8) if variant == "rows8" and gated.is_halves(op.epilogue) else n_multiple
+            compiled = compile_op(op, arch, dtype, variant=variant, layouts=layouts, n_multiple=mult)
             obj = Path(d) / f"{fname}.o"
             compiled.export_to_c(str(obj), function_name=fname, export_only_tvm_ffi_symbols=True)
             objects.append(obj)
@@ -96,7 +101,8 @@ def _functions(name: str, grouped: bool):
 
 def _slot_lines(spec, epi, el: str, ws: str, grouped: bool) -> str:
     args = []
-    for s in slots.kernel_slots(spec, len(epi.tensor_params), len(epi.scalar_params), grouped):
+    n_out = "2N" if gated.is_halves(epi) else "N"
+    for s in slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), grouped, n_out):
         doc = s.doc.replace("dtype[", f"{el}[").replace("ws[", f"{ws}[")
         args.append(f"  {s.name:<11} {doc}")
     return "\n".join(" * " + a for a in args)
@@ -133,9 +139,10 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
 {_slot_lines(spec, epi, el, ws, True)}
  *
 {padding}"""
+    which_n = "any M and N % 8 == 0 (the second half starts at column N)" if gated.is_halves(epi) else "any M, N"
     rows8_doc = f"""
  *
- * "{name}_rows8" serves any M, N when rowwise_data and colwise_data
+ * "{name}_rows8" serves {which_n} when rowwise_data and colwise_data
  * (where given) hold rows that start on 8-byte boundaries (an address and a row stride that are
  * multiples of 8 bytes, e.g. rows padded to 16 bytes: strides (ld, 1), ld >= N); at N % 8 != 0 it
  * is the faster of the two (it stores whole 8-byte units; fp32 plain colwise casts run the same

@@ -311,19 +311,24 @@ class FusedOp:
         tensor's kind ("full", "strided", "row", "col", "scalar"), default all full; ``note``:
         a paragraph for the header (GatedOp.export's)."""
         self._refuse_cpp("export()", targets.normalize_dtype(dtype))
+        return self._export(directory, arch, dtype, name, grouped, operands, note)
+
+    def _export(self, directory, arch, dtype, name, grouped, operands, note, n_multiple: int = 1) -> dict:
+        """export() past the refusals (GatedOp.export calls it on its inner op)."""
         if not isinstance(grouped, bool):
             raise TypeError(f"mxq: export() argument 'grouped' must be a bool, got {type(grouped).__name__}")
         return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped, operands=operands,
-                             note=note)
+                             note=note, n_multiple=n_multiple)
 
-    def _refuse_cpp(self, what: str, dtype: str | None = None) -> None:
-        """Ops the C++ routes cannot serve, refused before anything is built: gated ones, and ops
-        whose 16-bit kernel would not fit shared memory (the Python routes run the reference for
-        those CUDA calls; a C++ route would fail at launch): for register()/dispatcher(), which
-        serve every dtype, whatever the dtype; for export(), its ``dtype``."""
-        if self.spec.gated or self._halves:
-            raise ValueError(f"mxq: {what}: ops with gated activations are not served by this C++ route yet "
-                             "(register() serves them, and a gated forward's export()); call them from Python "
+    def _refuse_cpp(self, what: str, dtype: str | None = None, gated_ok: bool = False) -> None:
+        """Ops the C++ routes cannot serve, refused before anything is built: gated ones (but
+        where ``gated_ok``: a GatedOp's inner op on the route the GatedOp serves), and ops whose
+        16-bit kernel would not fit shared memory (the Python routes run the reference for those
+        CUDA calls; a C++ route would fail at launch): for register()/dispatcher(), which serve
+        every dtype, whatever the dtype; for export(), its ``dtype``."""
+        if (self.spec.gated or self._halves) and not gated_ok:
+            raise ValueError(f"mxq: {what}: the inner op of a gated activation is not served by this C++ route; "
+                             "use the gated op's own register(), dispatcher() or export(), or call it from Python "
                              "(eager or torch.compile)")
         too_big = self._packed_smem_shortfall() if dtype in (None, "bf16", "fp16") else None
         if too_big:
@@ -431,14 +436,19 @@ class GatedOp(FusedOp):
 
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
                grouped: bool = False, operands=None) -> dict:
-        """A gated forward exports its inner op, the kernels over the halves: a C++ caller passes
-        each [M, 2N] tensor as its two halves, x[:, :N] and x[:, N:] (every tensor's gate half,
-        then every tensor's up half; a row operand's [2N] halves likewise, a column or scalar
-        operand twice; the header says so). ``operands``: each of this op's tensors' kind, which
-        both its halves take ("full" tensors' halves are "strided" views).
-        A gated backward (two halves written side by side) is refused."""
+        """A gated op exports its inner op, the kernels over the halves (the header says how its
+        arguments map). Forward: a C++ caller passes each [M, 2N] tensor as its two halves,
+        x[:, :N] and x[:, N:] (every tensor's gate half, then every tensor's up half; a row
+        operand's [2N] halves likewise, a column or scalar operand twice); ``operands``: each of
+        this op's tensors' kind, which both its halves take ("full" tensors' halves are "strided"
+        views). Backward: the gradient(s) [M, N] as they are (``operands``: their kinds), then
+        act_input's halves act_input[:, :N] and act_input[:, N:]; the outputs are [M, 2N] (both
+        halves side by side), and the functions refuse an N that is not a multiple of 32 when the
+        op has rowwise output (a block would straddle the halves); not grouped (the kernels do
+        not serve a grouped gated backward)."""
+        dtype = targets.normalize_dtype(dtype)
         if not self._forward:
-            self._refuse_cpp("export()")
+            return self._export_backward(directory, arch, dtype, name, grouped, operands)
         kinds = export.check_operands(self, operands) or ("full",) * len(self.epilogue.tensor_params)
         halves = tuple("strided" if k == "full" else k for k in kinds)
         params = self.epilogue.tensor_params
@@ -456,6 +466,26 @@ class GatedOp(FusedOp):
                 f"halves, every gate half first, then every up half: {which}. The outputs are [M, N].")
         return self.inner.export(directory, arch=arch, dtype=dtype, name=name or f"mxq_{self.epilogue.name}",
                                  grouped=grouped, operands=halves * 2, note=note)
+
+    def _export_backward(self, directory, arch, dtype, name, grouped, operands) -> dict:
+        """export() of a gated backward: its inner two-halves op, the act_input halves last."""
+        if grouped:
+            raise ValueError(f"mxq: export(): a gated backward (dact={self.spec.dact!r}) with group_offsets is not "
+                             "served by the kernels; export it with grouped=False")
+        kinds = export.check_operands(self, operands) or ("full",) * len(self.epilogue.tensor_params)
+        self.inner._refuse_cpp("export()", dtype, gated_ok=True)
+        params = ", ".join(self.epilogue.tensor_params)
+        need = ("N must be a multiple of 32 (rowwise blocks may not straddle the halves; the functions check it), "
+                if self.spec.rowwise else "")
+        note = (f"Gated backward {self.epilogue.name} (dact={self.spec.dact!r}): the arguments are the incoming "
+                f"gradient ({params}, [M, N]), then act_input (the forward's [M, 2N] input) as its two halves, "
+                f"_mxq_gate = act_input[:, :N] and _mxq_up = act_input[:, N:] (strided views). The outputs hold "
+                f"both halves' gradients side by side: rowwise and colwise data [M, 2N], scale buffers, dbias and "
+                f"its workspace sized for 2N columns, as listed below. {need}\"_rows8\" also needs N % 8 == 0 "
+                f"(checked).")
+        mult = 32 if self.spec.rowwise else 1
+        return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", False,
+                                  (*kinds, "strided", "strided"), note, n_multiple=mult)
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:

@@ -66,29 +66,30 @@ def uses(spec, role: str) -> bool:
 
 
 @lru_cache(maxsize=1024)
-def kernel_slots(spec, n_inputs: int, n_scalars: int, grouped: bool = False) -> tuple[Slot, ...]:
+def kernel_slots(spec, n_inputs: int, n_scalars: int, grouped: bool = False, n_out: str = "N") -> tuple[Slot, ...]:
     """The compiled kernel function's positional arguments for ``spec`` and an epilogue with
     ``n_inputs`` tensor and ``n_scalars`` float parameters; ``grouped``: the grouped kernels'
     (group_offsets; mxq/groups.py gives the grouped buffers' sizes), which take the int32 group
-    ends last."""
+    ends last. ``n_out``: the outputs' width in the docs ("2N" for a two-halves op, mxq/gated.py)."""
     compact = spec.scale_layout == "compact"
-    row_scale = "M * ceil(N/32)" if compact else "roundup(M,128) * roundup(ceil(N/32),4)"
-    col_scale = "ceil(M/32) * N" if compact else "roundup(ceil(M/32),4) * roundup(N,128)"
+    w = n_out
+    row_scale = f"M * ceil({w}/32)" if compact else f"roundup(M,128) * roundup(ceil({w}/32),4)"
+    col_scale = f"ceil(M/32) * {w}" if compact else f"roundup(ceil(M/32),4) * roundup({w},128)"
     if grouped:
-        row_scale = row_scale if compact else "(M + 128 G) * roundup(ceil(N/32),4)"
-        col_scale = "(M//32 + G) * N" if compact else "(M//32 + 4 G) * roundup(N,128)"
+        row_scale = row_scale if compact else f"(M + 128 G) * roundup(ceil({w}/32),4)"
+        col_scale = f"(M//32 + G) * {w}" if compact else f"(M//32 + 4 G) * roundup({w},128)"
     table = [
         *(Slot(f"mIn{i}", "input", i, "dtype[M, N]       (epilogue tensor %d)" % i) for i in range(n_inputs)),
         *(Slot(f"s{i}", "scalar", i, "float32            (epilogue float %d)" % i) for i in range(n_scalars)),
         Slot("mActIn", "act_input", 0, "dtype[M, N]"),
-        Slot("mRowData", "rowwise_data", 0, "uint8[M, N]        (FP8 bytes, rowwise blocks of 32 along N)"),
+        Slot("mRowData", "rowwise_data", 0, f"uint8[M, {w}]{' ' * (9 - len(w))}(FP8 bytes, rowwise blocks of 32 along {w})"),
         Slot("mRowScale", "rowwise_scale", 0, f"uint8[{row_scale}] flat E8M0"),
-        Slot("mColData", "colwise_data", 0, "uint8[M, N]        (FP8 bytes, colwise blocks of 32 along M)"),
+        Slot("mColData", "colwise_data", 0, f"uint8[M, {w}]{' ' * (9 - len(w))}(FP8 bytes, colwise blocks of 32 along M)"),
         Slot("mColScale", "colwise_scale", 0, f"uint8[{col_scale}] flat E8M0"),
         Slot("mAmax", "amax", 0, "float32[1]         (set to max|v|; zeroed by the kernel first)"),
-        Slot("mDbias", "dbias", 0, "dtype[G, N]" if grouped else "dtype[N]"),
+        Slot("mDbias", "dbias", 0, f"dtype[G, {w}]" if grouped else f"dtype[{w}]"),
         Slot("mDbiasWs", "dbias_workspace", 0,
-             f"ws[{'M//32 + G' if grouped else 'ceil(M/32)'}, N]  (dbias workspace: scratch)"),
+             f"ws[{'M//32 + G' if grouped else 'ceil(M/32)'}, {w}]  (dbias workspace: scratch)"),
         Slot("mNoop", "noop", 0, "float32[1]         (1.0: write nothing)"),
     ]
     if grouped:

@@ -228,10 +228,14 @@ def _gate_bias(x, b):
     return x + b
 
 
+def _grad_identity(x):
+    return x
+
+
 def test_gated_forward_exports_its_halves_kernels(tmp_path):
     """A gated forward exports the kernels over the halves: each [M, 2N] tensor goes in as two
     [M, N] views (gate halves first), full tensors' halves as strided views, other kinds as they
-    are; the header says so; a gated backward is refused before anything is built."""
+    are; the header says so. (The backward: test_gated_backward_exports_its_two_halves_kernels.)"""
     fwd = mxq.fused_quant(act="swiglu", colwise=True)(_gate_bias)
     info = fwd.export(tmp_path / "out", arch="sm_90", dtype="bf16", operands=("full", "row"))
     assert info["functions"] == ["mxq__gate_bias", "mxq__gate_bias_vec", "mxq__gate_bias_rows8"]
@@ -248,12 +252,54 @@ def test_gated_forward_exports_its_halves_kernels(tmp_path):
         print(m["mxq__gate_bias_rows8"] is not None, "cutlass" in sys.modules)
     """, tmp_path)
     assert out.split() == ["True", "False"]
-    bwd = mxq.fused_quant(dact="swiglu")(_gate_bias)
-    with pytest.raises(ValueError, match=r"export\(\): ops with gated activations are not served"):
-        bwd.export(tmp_path / "bwd")
-    assert not (tmp_path / "bwd").exists()
     with pytest.raises(ValueError, match="sequence of 2 kind"):
         fwd.export(tmp_path / "bad", operands=("full",))
+
+
+def test_gated_backward_exports_its_two_halves_kernels(tmp_path, monkeypatch):
+    """A gated backward exports its inner op: the gradient(s) as they are, then act_input's two
+    halves as strided views; the outputs (data, scales, dbias and its workspace) are documented
+    2N wide; with rowwise output every function refuses an N that is not a multiple of 32 (a
+    rowwise block would straddle the halves: compiled in as N's divisibility, which TVM-FFI
+    checks, see tests/test_gpu.py's counterpart), and "_rows8" an N % 8 != 0 (its second half
+    starts at column N); a grouped export is refused before anything is built."""
+    from mxq import export as export_mod
+
+    seen = {}
+    real = export_mod.compile_op
+
+    def spy(op, arch, dtype, variant="vec", layouts=None, n_multiple=1):
+        seen[variant] = n_multiple
+        return real(op, arch, dtype, variant=variant, layouts=layouts, n_multiple=n_multiple)
+
+    monkeypatch.setattr(export_mod, "compile_op", spy)
+    bwd = mxq.fused_quant(dact="swiglu", dbias=True, colwise=True)(_gate_bias)
+    info = bwd.export(tmp_path / "out", arch="sm_90", dtype="bf16", name="bw", operands=("full", "row"))
+    assert info["functions"] == ["bw", "bw_vec", "bw_rows8"] and seen == {"generic": 32, "vec": 32, "rows8": 32}
+    text = " ".join(Path(info["header"]).read_text().replace(" * ", " ").split())
+    assert ("Gated backward _gate_bias (dact='swiglu'): the arguments are the incoming gradient (x, b, [M, N]), "
+            "then act_input (the forward's [M, 2N] input) as its two halves, _mxq_gate = act_input[:, :N] and "
+            "_mxq_up = act_input[:, N:] (strided views).") in text
+    assert "N must be a multiple of 32" in text and '"_rows8" also needs N % 8 == 0' in text
+    lines = " ".join(Path(info["header"]).read_text().split())  # (the header's own " * " kept)
+    for doc in ("mRowData uint8[M, 2N]", "mColScale uint8[ceil(M/32) * 2N]", "mDbias bfloat16[2N]",
+                "mDbiasWs float32[ceil(M/32), 2N]", "mIn1 (b): strides (0, 1)", "mIn2 (_mxq_gate): strides (ld, 1)",
+                "mIn3 (_mxq_up): strides (ld, 1)", '"bw_rows8" serves any M and N % 8 == 0'):
+        assert doc in lines, doc
+    assert " s0 " not in lines  # (the kernels' own half parameter is no argument)
+    seen.clear()
+    colwise = mxq.fused_quant(dact="geglu", rowwise=False, colwise=True)(_gate_bias)
+    colwise.export(tmp_path / "col", arch="sm_90", dtype="bf16")
+    assert seen == {"generic": 1, "vec": 1, "rows8": 8}
+    assert "multiple of 32" not in Path(tmp_path / "col" / "mxq__gate_bias.h").read_text()
+    with pytest.raises(ValueError, match="gated backward .* with group_offsets is not served"):
+        bwd.export(tmp_path / "grouped", grouped=True)
+    assert not (tmp_path / "grouped").exists()
+    # the multiple reaches the compiled signature as N's divisibility (what TVM-FFI checks)
+    inner = bwd.inner
+    for vec, mult, want in ((False, 32, 32), (True, 32, 32), (True, 1, 8), (False, 1, 1), (False, 8, 8)):
+        n = compiler.fake_args(inner, "bf16", False, "sm_90", vec=vec, n_multiple=mult)[0].shape[1]
+        assert n.divisibility == want, (vec, mult, n)
 
 
 @pytest.mark.gpu
@@ -279,6 +325,44 @@ def test_exported_gated_forward_runs_on_cuda(tmp_path):
                    torch.zeros(1, device="cuda"))
         torch.cuda.synchronize()
         assert compare(got, want, exact=False) == [], fname
+
+
+@pytest.mark.gpu
+def test_exported_gated_backward_runs_on_cuda(tmp_path):
+    """The exported swiglu backward + dbias called with the gradient and act_input's halves:
+    the data and scale bytes of the Python call and its dbias (to rounding: the kernels' block
+    sums may run in another order), from each function ("_rows8" into rows padded to 16 bytes);
+    an N that is not a multiple of 32 is refused by name (the GPU counterpart of
+    test_gated_backward_exports_its_two_halves_kernels)."""
+    import tvm_ffi
+
+    bwd = mxq.fused_quant(dact="swiglu", dbias=True, colwise=True)(_grad_identity)
+    arch = compiler.device_arch(torch.device("cuda"))
+    info = bwd.export(tmp_path / "out", arch=arch, dtype="bf16", name="swb")
+    lib = tvm_ffi.load_module(info["library"])
+
+    def args(out, g, a, n):
+        ws = torch.empty((g.shape[0] + 31) // 32, 2 * n, device="cuda", dtype=torch.float32)
+        return (g, a[:, :n], a[:, n:], out.rowwise_data.view(torch.uint8), out.rowwise_scale.view(-1),
+                out.colwise_data.view(torch.uint8), out.colwise_scale.view(-1), out.dbias, ws,
+                torch.zeros(1, device="cuda"))
+
+    m, n = 256, 320
+    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+    want = bwd(g, act_input=a)
+    for fname, row_align in (("swb", 1), ("swb_vec", 1), ("swb_rows8", 16)):
+        got = mxq.MXFP8Tensor.empty(bwd.spec, (m, 2 * n), g.dtype, g.device, row_align=row_align)
+        lib[fname](*args(got, g, a, n))
+        torch.cuda.synchronize()
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale"):
+            assert torch.equal(getattr(got, f).view(torch.uint8), getattr(want, f).view(torch.uint8)), (fname, f)
+        assert torch.allclose(got.dbias.float(), want.dbias.float(), rtol=2 ** -7, atol=1e-3), fname
+    n = 40  # rowwise blocks would straddle the halves
+    g, a = g[:, :n].contiguous(), a[:, :2 * n].contiguous()
+    got = mxq.MXFP8Tensor.empty(bwd.spec, (m, 2 * n), g.dtype, g.device)
+    with pytest.raises(ValueError, match="divisible by 32"):
+        lib["swb"](*args(got, g, a, n))
 
 
 def test_every_operand_kind_has_its_header_doc():

@@ -74,8 +74,8 @@ def test_export(tmp_path):
 
 def test_gated_activations_from_the_command_line(tmp_path):
     """--act swiglu renders and compiles the gated op (its two-input module over the halves);
-    a gated forward exports (its halves' kernels), a gated backward's export is refused with the
-    C++ routes' one-line reason."""
+    a gated forward exports (its halves' kernels), so does a gated backward (its two-halves
+    kernels), whose grouped export is refused with a one-line reason."""
     r = run("render", "--act", "swiglu", "--colwise", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "def epilogue(x0, x1):" in r.stdout and "launch(mIn0: cute.Tensor, mIn1: cute.Tensor" in r.stdout
@@ -85,7 +85,11 @@ def test_gated_activations_from_the_command_line(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "Gated op" in (tmp_path / "aot" / "mxq__identity.h").read_text()
     r = run("export", "--dact", "reglu", "--dir", str(tmp_path / "aot2"), tmp_path=tmp_path)
-    assert r.returncode == 2 and r.stderr.strip().startswith("mxq: export(): ops with gated activations")
+    assert r.returncode == 0, r.stderr
+    assert "Gated backward" in (tmp_path / "aot2" / "mxq__identity.h").read_text()
+    r = run("export", "--dact", "reglu", "--grouped", "--dir", str(tmp_path / "aot3"), tmp_path=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().startswith("mxq: export(): a gated backward (dact='reglu') with "
+                                                             "group_offsets is not served")
 
 
 def test_export_grouped(tmp_path):

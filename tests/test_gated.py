@@ -189,8 +189,10 @@ def test_bad_gated_calls_name_the_argument():
         fwd(torch.randn(4, 64), act_input=torch.randn(4, 64))
     with pytest.raises(ValueError, match="group_offsets.*end at M = 64"):
         fwd(torch.randn(64, 64), group_offsets=torch.tensor([60]))
-    with pytest.raises(ValueError, match="C\\+\\+ route"):
-        bwd.export("/nonexistent")
+    with pytest.raises(ValueError, match="gated backward .*group_offsets is not served"):
+        bwd.export("/nonexistent", grouped=True)  # (refused before anything is built)
+    with pytest.raises(ValueError, match="inner op of a gated activation is not served by this C\\+\\+ route"):
+        bwd.inner.register("mxq.test.inner_halves")
 
 
 def test_reserved_parameter_names_are_refused():
