@@ -481,8 +481,8 @@ class GatedOp(FusedOp):
                 f"gradient ({params}, [M, N]), then act_input (the forward's [M, 2N] input) as its two halves, "
                 f"_mxq_gate = act_input[:, :N] and _mxq_up = act_input[:, N:] (strided views). The outputs hold "
                 f"both halves' gradients side by side: rowwise and colwise data [M, 2N], scale buffers, dbias and "
-                f"its workspace sized for 2N columns, as listed below. {need}\"_rows8\" also needs N % 8 == 0 "
-                f"(checked).")
+                f"its workspace sized for 2N columns, as listed below (their width is not checked against N: a "
+                f"narrower buffer is written past its end). {need}\"_rows8\" also needs N % 8 == 0 (checked).")
         mult = 32 if self.spec.rowwise else 1
         return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", False,
                                   (*kinds, "strided", "strided"), note, n_multiple=mult)
