@@ -69,6 +69,9 @@ EPILOGUE_OPS = {
 }
 
 
+SM_SHARED_BYTES = 228 * 1024  # shared memory per SM of sm_90 (the H200) and sm_100
+
+
 def ctas_per_sm(registers: int, threads: int, smem_bytes: int) -> int:
     """CTAs of a kernel one SM of sm_90 / sm_100 holds at once: 64K registers in 4 partitions,
     allocated per warp in units of 256 (8 per thread); 228 KB of shared memory, 1 KB of it
@@ -76,7 +79,7 @@ def ctas_per_sm(registers: int, threads: int, smem_bytes: int) -> int:
     warps = -(-threads // 32)
     per_warp = -(-registers * 32 // 256) * 256
     by_regs = 4 * (16384 // per_warp) // warps
-    by_smem = (228 * 1024) // (smem_bytes + 1024)
+    by_smem = SM_SHARED_BYTES // (smem_bytes + 1024)
     return min(by_regs, by_smem, 64 // warps, 32)
 
 
@@ -180,7 +183,7 @@ def _stub_smem_query(arch: str) -> None:
     compiler._import_cutlass(arch)
     import cutlass.cutlass_dsl.cutlass as dsl
 
-    dsl.cuda_helpers.get_device_attribute = lambda attr: 228 * 1024
+    dsl.cuda_helpers.get_device_attribute = lambda attr: SM_SHARED_BYTES
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, _link_shared, compile_op, runtime_libraries
 from . import gated, slots, targets
+from .kernels.config import UNIT
 from .numerics import dbias_partial_dtype
 
 
@@ -72,7 +73,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     objects = []
     with tempfile.TemporaryDirectory() as d:
         for variant, fname in _functions(name, grouped):
-            mult = math.lcm(n_multiple, 8) if variant == "rows8" and gated.is_halves(op.epilogue) else n_multiple
+            mult = math.lcm(n_multiple, UNIT) if variant == "rows8" and gated.is_halves(op.epilogue) else n_multiple
             compiled = compile_op(op, arch, dtype, variant=variant, layouts=layouts, n_multiple=mult)
             obj = Path(d) / f"{fname}.o"
             compiled.export_to_c(str(obj), function_name=fname, export_only_tvm_ffi_symbols=True)

@@ -23,6 +23,7 @@ from . import codegen, compiler, export, ffi, gated, launch, runtime, targets, t
 from . import reference as _reference
 from .epilogue import IDENTITY, Epilogue, EpilogueError, parse
 from .kernels import config as kconfig
+from .numerics import BLOCK
 from .spec import QuantSpec
 from .tensor import MXFP8Tensor
 
@@ -83,7 +84,7 @@ class FusedOp:
                  **kwargs) -> MXFP8Tensor:
         if torch.compiler.is_compiling():  # torch.compile: one operator node (mxq/torch_ops.py)
             tensors, scalars = self._bind_traced(args, kwargs)
-            if _any_dtensor(tensors, act_input, group_offsets):  # the node runs on the local shards (mxq/distributed.py)
+            if _any_dtensor(tensors, act_input, group_offsets):  # the node runs on the local shards (distributed.py)
                 return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
             return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out, group_offsets)
         if (self._fast and len(args) == 1 and not kwargs and noop is None and out is None and act_input is None
@@ -165,12 +166,18 @@ class FusedOp:
             return f"{too_big}; running the torch reference"
         if not self._halves:
             return None
-        if self.spec.rowwise and x.dim() and x.shape[-1] % 32:
-            return (f"a gated backward with rowwise blocks needs N % 32 == 0 on the kernels (N = {x.shape[-1]}: "
-                    "a 32-element block would straddle the two halves); running the torch reference")
+        if x.dim() and x.shape[-1] % self._n_multiple:
+            return (f"a gated backward with rowwise blocks needs N % {BLOCK} == 0 on the kernels (N = {x.shape[-1]}: "
+                    f"a {BLOCK}-element block would straddle the two halves); running the torch reference")
         if group_offsets is not None:
             return "a gated backward with group_offsets is not served by the kernels yet; running the torch reference"
         return None
+
+    @property
+    def _n_multiple(self) -> int:
+        """What N must be a multiple of for the kernels to serve this op: a two-halves op with
+        rowwise output, a block (a rowwise block may not straddle the halves); else 1."""
+        return BLOCK if self._halves and self.spec.rowwise else 1
 
     def _packed_smem_shortfall(self) -> str | None:
         """Why the 16-bit kernel cannot take this op, or None: the shared memory it needs at its
@@ -320,16 +327,20 @@ class FusedOp:
         return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped, operands=operands,
                              note=note, n_multiple=n_multiple)
 
-    def _refuse_cpp(self, what: str, dtype: str | None = None, gated_ok: bool = False) -> None:
-        """Ops the C++ routes cannot serve, refused before anything is built: gated ones (but
-        where ``gated_ok``: a GatedOp's inner op on the route the GatedOp serves), and ops whose
-        16-bit kernel would not fit shared memory (the Python routes run the reference for those
-        CUDA calls; a C++ route would fail at launch): for register()/dispatcher(), which serve
-        every dtype, whatever the dtype; for export(), its ``dtype``."""
-        if (self.spec.gated or self._halves) and not gated_ok:
+    def _refuse_cpp(self, what: str, dtype: str | None = None) -> None:
+        """Ops this op's C++ routes cannot serve, refused before anything is built: a gated op's
+        inner op (the gated op serves them itself), and _refuse_unlaunchable's."""
+        if self.spec.gated or self._halves:
             raise ValueError(f"mxq: {what}: the inner op of a gated activation is not served by this C++ route; "
                              "use the gated op's own register(), dispatcher() or export(), or call it from Python "
                              "(eager or torch.compile)")
+        self._refuse_unlaunchable(what, dtype)
+
+    def _refuse_unlaunchable(self, what: str, dtype: str | None = None) -> None:
+        """Ops whose 16-bit kernel would not fit shared memory (the Python routes run the
+        reference for those CUDA calls; a C++ route would fail at launch): for
+        register()/dispatcher(), which serve every dtype, whatever the dtype; for export(), its
+        ``dtype``."""
         too_big = self._packed_smem_shortfall() if dtype in (None, "bf16", "fp16") else None
         if too_big:
             raise ValueError(f"mxq: {what}: {too_big}, so its bf16/fp16 calls cannot launch; call the op from "
@@ -412,7 +423,7 @@ class GatedOp(FusedOp):
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
         tensors, scalars = self._bind(args, kwargs)
-        if _any_dtensor(tensors, act_input, group_offsets):  # each rank runs the gated op on its rows (mxq/distributed.py)
+        if _any_dtensor(tensors, act_input, group_offsets):  # each rank runs it on its rows (mxq/distributed.py)
             return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
         return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
 
@@ -447,9 +458,21 @@ class GatedOp(FusedOp):
         op has rowwise output (a block would straddle the halves); not grouped (the kernels do
         not serve a grouped gated backward)."""
         dtype = targets.normalize_dtype(dtype)
-        if not self._forward:
-            return self._export_backward(directory, arch, dtype, name, grouped, operands)
         kinds = export.check_operands(self, operands) or ("full",) * len(self.epilogue.tensor_params)
+        if self._forward:
+            inner_kinds, note = self._forward_export_args(kinds)
+        else:
+            if grouped:
+                raise ValueError(f"mxq: export(): a gated backward (dact={self.spec.dact!r}) with group_offsets is "
+                                 "not served by the kernels; export it with grouped=False")
+            inner_kinds, note = self._backward_export_args(kinds)
+        self.inner._refuse_unlaunchable("export()", dtype)
+        return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", grouped, inner_kinds,
+                                  note, n_multiple=self.inner._n_multiple)
+
+    def _forward_export_args(self, kinds):
+        """(the inner op's operand kinds, the header note) of a gated forward's export: every
+        tensor's two halves, gate halves first."""
         halves = tuple("strided" if k == "full" else k for k in kinds)
         params = self.epilogue.tensor_params
         gate, up = self.inner.epilogue.tensor_params[:len(params)], self.inner.epilogue.tensor_params[len(params):]
@@ -462,30 +485,25 @@ class GatedOp(FusedOp):
             return f"{g} = {p}[:, :N], {u} = {p}[:, N:]"
 
         which = "; ".join(how(p, k, g, u) for p, k, g, u in zip(params, kinds, gate, up))
-        note = (f"Gated op {self.epilogue.name} (act={self.spec.act!r}): its [M, 2N] tensors go in as their two "
-                f"halves, every gate half first, then every up half: {which}. The outputs are [M, N].")
-        return self.inner.export(directory, arch=arch, dtype=dtype, name=name or f"mxq_{self.epilogue.name}",
-                                 grouped=grouped, operands=halves * 2, note=note)
+        return halves * 2, (f"Gated op {self.epilogue.name} (act={self.spec.act!r}): its [M, 2N] tensors go in as "
+                            f"their two halves, every gate half first, then every up half: {which}. The outputs are "
+                            f"[M, N].")
 
-    def _export_backward(self, directory, arch, dtype, name, grouped, operands) -> dict:
-        """export() of a gated backward: its inner two-halves op, the act_input halves last."""
-        if grouped:
-            raise ValueError(f"mxq: export(): a gated backward (dact={self.spec.dact!r}) with group_offsets is not "
-                             "served by the kernels; export it with grouped=False")
-        kinds = export.check_operands(self, operands) or ("full",) * len(self.epilogue.tensor_params)
-        self.inner._refuse_cpp("export()", dtype, gated_ok=True)
+    def _backward_export_args(self, kinds):
+        """(the inner op's operand kinds, the header note) of a gated backward's export: the
+        gradient(s) as they are, then act_input's two halves."""
         params = ", ".join(self.epilogue.tensor_params)
-        need = ("N must be a multiple of 32 (rowwise blocks may not straddle the halves; the functions check it), "
-                if self.spec.rowwise else "")
+        mult = self.inner._n_multiple
+        need = (f"N must be a multiple of {mult} (rowwise blocks may not straddle the halves; the functions check "
+                f"it), " if mult > 1 else "")
         note = (f"Gated backward {self.epilogue.name} (dact={self.spec.dact!r}): the arguments are the incoming "
                 f"gradient ({params}, [M, N]), then act_input (the forward's [M, 2N] input) as its two halves, "
                 f"_mxq_gate = act_input[:, :N] and _mxq_up = act_input[:, N:] (strided views). The outputs hold "
                 f"both halves' gradients side by side: rowwise and colwise data [M, 2N], scale buffers, dbias and "
                 f"its workspace sized for 2N columns, as listed below (their width is not checked against N: a "
-                f"narrower buffer is written past its end). {need}\"_rows8\" also needs N % 8 == 0 (checked).")
-        mult = 32 if self.spec.rowwise else 1
-        return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", False,
-                                  (*kinds, "strided", "strided"), note, n_multiple=mult)
+                f"narrower buffer is written past its end). {need}\"_rows8\" also needs N % {kconfig.UNIT} == 0 "
+                f"(checked).")
+        return (*kinds, "strided", "strided"), note
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
