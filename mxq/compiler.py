@@ -416,16 +416,29 @@ def runtime_libraries() -> list[str]:
     return list(cute.runtime.find_runtime_libraries(enable_tvm_ffi=True))
 
 
-def _link_shared(objects: list[Path], out: Path, rpaths: list[str] | None = None) -> None:
-    """Link exported objects with the CuTeDSL runtime and TVM-FFI into a shared library.
-    ``rpaths``: where the loader looks for them (default: where they are now)."""
-    libs = runtime_libraries()
+def _cxx() -> str:
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
-        raise RuntimeError("mxq: no C++ compiler (g++) found to link the kernel library; set CXX")
+        raise RuntimeError("mxq: no C++ compiler (g++) found to build the kernel library; set CXX")
+    return cxx
+
+
+def _compile_cxx(src: Path, obj: Path, includes: list[str]) -> None:
+    """Compile one C++ source into a position-independent object."""
+    cmd = [_cxx(), "-std=c++17", "-O2", "-fPIC", "-c", str(src), "-o", str(obj), *(f"-I{i}" for i in includes)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode:
+        raise RuntimeError(f"mxq: compiling {src.name} failed: {r.stderr.strip()[:2000]}")
+
+
+def _link_shared(objects: list[Path], out: Path, rpaths: list[str] | None = None, flags=()) -> None:
+    """Link exported objects with the CuTeDSL runtime and TVM-FFI into a shared library.
+    ``rpaths``: where the loader looks for them (default: where they are now); ``flags``: more
+    linker arguments."""
+    libs = runtime_libraries()
     rpaths = rpaths if rpaths is not None else [os.path.dirname(lib) for lib in libs]
-    cmd = [cxx, "-shared", "-o", str(out), *map(str, objects), *libs, "-Wl,--enable-new-dtags",
-           *(f"-Wl,-rpath,{r}" for r in rpaths)]
+    cmd = [_cxx(), "-shared", "-o", str(out), *map(str, objects), *libs, "-Wl,--enable-new-dtags",
+           *(f"-Wl,-rpath,{r}" for r in rpaths), *flags]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode:
         raise RuntimeError(f"mxq: linking {out.name} failed: {r.stderr.strip()[:2000]}")

@@ -10,7 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, _link_shared, compile_op, runtime_libraries
+from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, _compile_cxx, _link_shared, compile_op, runtime_libraries
 from . import gated, slots, targets
 from .kernels.config import UNIT
 from .numerics import dbias_partial_dtype
@@ -71,17 +71,21 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     objects = []
+    functions = _functions(name, grouped)
     with tempfile.TemporaryDirectory() as d:
-        for variant, fname in _functions(name, grouped):
+        for variant, fname in functions:
             mult = math.lcm(n_multiple, UNIT) if variant == "rows8" and gated.is_halves(op.epilogue) else n_multiple
             compiled = compile_op(op, arch, dtype, variant=variant, layouts=layouts, n_multiple=mult)
             obj = Path(d) / f"{fname}.o"
-            compiled.export_to_c(str(obj), function_name=fname, export_only_tvm_ffi_symbols=True)
+            compiled.export_to_c(str(obj), function_name=UNCHECKED + fname, export_only_tvm_ffi_symbols=True)
             objects.append(obj)
+        objects.append(_compile_checks(op, functions, Path(d)))
+        script = Path(d) / "exports.map"  # only the checked names leave the library
+        script.write_text("{ global: " + " ".join(f"__tvm_ffi_{f};" for _, f in functions) + " local: *; };\n")
         lib = out / f"lib{name}.so"
         # relocatable: the runtime libraries it needs are copied beside it and found through
         # RUNPATH $ORIGIN, so the directory can move to a machine without this Python environment
-        _link_shared(objects, lib, rpaths=["$ORIGIN"])
+        _link_shared(objects, lib, rpaths=["$ORIGIN"], flags=[f"-Wl,--version-script={script}"])
     runtime = []
     for src in runtime_libraries():
         dst = out / Path(src).name
@@ -92,6 +96,47 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     header.write_text(_export_header(op, name, arch, dtype, grouped, layouts, note))
     return {"library": str(lib), "header": str(header), "functions": [f for _, f in _functions(name, grouped)],
             "runtime_libraries": runtime}
+
+
+# The compiled kernel functions' names inside the library; each exported name is the argument
+# check of csrc/export_check.h in front of one of them (_compile_checks).
+UNCHECKED = "_mxq_unchecked_"
+
+# mxq/slots.py's roles -> export_check.h's Role codes (0: nothing to check; the first input is
+# found by its index)
+_CHECK_ROLES = {"rowwise_data": 2, "rowwise_scale": 3, "colwise_data": 4, "colwise_scale": 5, "dbias": 6,
+                "dbias_workspace": 7, "group_offsets": 8}
+
+
+def _compile_checks(op, functions, directory: Path) -> Path:
+    """An object file that defines every exported function as csrc/export_check.h's check of
+    its arguments' sizes, then the compiled function (``UNCHECKED`` + its name). Rendered from
+    the slot table and validated names only."""
+    import tvm_ffi.libinfo
+
+    spec, epi = op.spec, op.epilogue
+    swizzled = int(spec.scale_layout == "swizzled")
+    halves = int(gated.is_halves(epi))
+    parts = ['#include "export_check.h"', ""]
+    for k, (variant, fname) in enumerate(functions):
+        table = slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), variant.endswith("_grouped"))
+        roles = [1 if (s.role == "input" and s.index == 0) else _CHECK_ROLES.get(s.role, 0) for s in table]
+        names = ", ".join(f'"{s.name}"' for s in table)
+        parts.append(f"""extern "C" int __tvm_ffi_{UNCHECKED}{fname}(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
+static const int kRoles{k}[] = {{{", ".join(map(str, roles))}}};
+static const char* const kNames{k}[] = {{{names}}};
+static const mxq_export::Function kFunction{k} = {{"{fname}", {len(table)}, kRoles{k}, kNames{k}, {swizzled}, {halves}}};
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_{fname}(void* self, const TVMFFIAny* args, int32_t num_args,
+                                                  TVMFFIAny* result) {{
+  if (mxq_export::Check(kFunction{k}, args, num_args) != 0) return -1;
+  return __tvm_ffi_{UNCHECKED}{fname}(self, args, num_args, result);
+}}
+""")
+    src, obj = directory / "checks.cc", directory / "checks.o"
+    src.write_text("\n".join(parts))
+    csrc = Path(__file__).resolve().parent / "csrc"
+    _compile_cxx(src, obj, [tvm_ffi.libinfo.find_include_path(), str(csrc)])
+    return obj
 
 
 def _functions(name: str, grouped: bool):
@@ -166,7 +211,9 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
  *
 {lines}{operand_doc}{rows8_doc}{grouped_doc}
  *
- * Shapes are checked by the function; a mismatch raises tvm::ffi::Error (ValueError).
+ * Every argument is checked before the kernels run: dtypes, devices, alignment and shapes
+ * against mIn0's M and N, including each flat scale buffer's length and the workspace's rows as
+ * listed above; a mismatch raises tvm::ffi::Error (ValueError, naming the argument).
  * The directory is relocatable: libcute_dsl_runtime.so and libtvm_ffi.so (which need only system
  * libraries; the CUDA driver is loaded at run time) are copied beside lib{name}.so, whose RUNPATH
  * is $ORIGIN. A program links against libtvm_ffi.so from here (or its own copy of TVM-FFI).

@@ -40,8 +40,12 @@ def _dispatch_module():
         if _shim is None:
             import tvm_ffi.cpp
 
-            src = resources.files("mxq").joinpath("csrc/dispatch.cc").read_text()
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v14", cpp_sources=src, functions=["make_dispatcher"])
+            csrc = resources.files("mxq").joinpath("csrc")
+            # one source (the header's text in place of its #include), so that load_inline's
+            # cache key covers the scale sizes too
+            src = csrc.joinpath("dispatch.cc").read_text().replace(
+                '#include "scale_sizes.h"', csrc.joinpath("scale_sizes.h").read_text(), 1)
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v15", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 

@@ -25,6 +25,8 @@
 #include <tuple>
 #include <vector>
 
+#include "scale_sizes.h"  // (mxq/ffi.py puts its text here: load_inline builds one source)
+
 namespace ffi = tvm::ffi;
 
 namespace {
@@ -251,12 +253,12 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   for (int i = 0; i < st.nt; ++i) input(i);
   for (int i = 0; i < st.ns; ++i) call.emplace_back(args[st.nt + i]);
   if (st.want[kAct]) input(base + kAct);
-  const int64_t nbr = (n + 31) / 32, nbc = (m + 31) / 32;
+  const int64_t ws_rows = mxq_sizes::WorkspaceRows(m);
   const int64_t rows_scale = args[base + kRowScale] != nullptr ? Numel(TensorArg(st, args, base + kRowScale)) : 0;
   const int64_t cols_scale = args[base + kColScale] != nullptr ? Numel(TensorArg(st, args, base + kColScale)) : 0;
   if (st.want[kRowData]) {
     bytes(base + kRowData, m * n, true);
-    const int64_t want = st.swizzled ? ((m + 127) / 128 * 128) * ((nbr + 3) / 4 * 4) : m * nbr;
+    const int64_t want = mxq_sizes::RowScaleBytes(m, n, st.swizzled);
     if (rows_scale != want) {
       TVM_FFI_THROW(ValueError) << "mxq: argument 'rowwise_scale' has " << rows_scale << " bytes; this op's "
                                 << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want;
@@ -265,7 +267,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   }
   if (st.want[kColData]) {
     bytes(base + kColData, m * n, true);
-    const int64_t want = st.swizzled ? ((nbc + 3) / 4 * 4) * ((n + 127) / 128 * 128) : nbc * n;
+    const int64_t want = mxq_sizes::ColScaleBytes(m, n, st.swizzled);
     if (cols_scale != want) {
       TVM_FFI_THROW(ValueError) << "mxq: argument 'colwise_scale' has " << cols_scale << " bytes; this op's "
                                 << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want;
@@ -285,7 +287,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   if (st.want[kDbias]) {
     scalar_tensor(base + kDbias, x->dtype, n);
     // the partial sums' precision: fp64 for fp32 inputs, fp32 for 16-bit ones (numerics.dbias_partial_dtype)
-    push(ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({nbc, n}), x->dtype.bits == 32 ? f64 : f32, x->device));
+    push(ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({ws_rows, n}), x->dtype.bits == 32 ? f64 : f32, x->device));
   }
   ffi::Tensor zero;
   if (args[base + kNoop] != nullptr) {

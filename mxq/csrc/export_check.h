@@ -1,0 +1,131 @@
+// The argument check of an exported library's functions (mxq/export.py), before the compiled
+// kernel function runs.
+//
+// A function exported by CuTeDSL checks what its signature can say: dtypes, devices, alignment,
+// and every [M, N] argument's shape against the first input's. It cannot tie a flat scale
+// buffer's length, the dbias workspace's rows, or a two-halves op's [M, 2N] outputs to M and N
+// (each is a size of its own in the signature), so a buffer that is too small would be written
+// past its end. Each exported name is therefore this check in front of the compiled function
+// (linked in under a hidden name): it raises ValueError naming the argument, or passes the call
+// on unchanged. Arguments it cannot read (a wrong count, a non-tensor, a first input that is not
+// 2-D) are passed on for the compiled function to refuse with its own message.
+#ifndef MXQ_EXPORT_CHECK_H_
+#define MXQ_EXPORT_CHECK_H_
+
+#include <tvm/ffi/c_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "scale_sizes.h"
+
+namespace mxq_export {
+
+// The roles of mxq/slots.py's kernel slot table (Slot.role) that have a size to check here, or
+// that the check reads (the first input, the group ends); every other slot is kOther.
+enum Role : int {
+  kOther = 0,
+  kInput0 = 1,     // the first epilogue tensor: sets M and N
+  kRowData = 2,    // uint8 [M, W]
+  kRowScale = 3,   // uint8 [RowScaleBytes(M, W)]
+  kColData = 4,    // uint8 [M, W]
+  kColScale = 5,   // uint8 [ColScaleBytes(M, W)]
+  kDbias = 6,      // [W] ([G, W] grouped)
+  kWorkspace = 7,  // [WorkspaceRows(M), W]
+  kGroupEnds = 8,  // int32 [G]
+};
+
+// One exported function: its argument roles and names (the header's), its scale layout, and
+// whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/gated.py; else W = N).
+struct Function {
+  const char* name;
+  int nargs;
+  const int* roles;
+  const char* const* arg_names;
+  bool swizzled;
+  bool halves;
+};
+
+inline const DLTensor* AsTensor(const TVMFFIAny& a) {
+  if (a.type_index == kTVMFFIDLTensorPtr) return static_cast<const DLTensor*>(a.v_ptr);
+  if (a.type_index == kTVMFFITensor) return TVMFFITensorGetDLTensorPtr(a.v_obj);
+  return nullptr;
+}
+
+inline int64_t Numel(const DLTensor* t) {
+  int64_t n = 1;
+  for (int d = 0; d < t->ndim; ++d) n *= t->shape[d];
+  return n;
+}
+
+inline std::string ShapeText(const DLTensor* t) {
+  std::string s = "[";
+  for (int d = 0; d < t->ndim; ++d) s += (d ? ", " : "") + std::to_string(t->shape[d]);
+  return s + "]";
+}
+
+// 0: the call may go on; -1: a ValueError is raised (TVM-FFI's C convention).
+inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
+  if (num_args != f.nargs) return 0;
+  const DLTensor* x = nullptr;
+  int64_t groups = -1;
+  for (int i = 0; i < f.nargs; ++i) {
+    if (f.roles[i] == kInput0) x = AsTensor(args[i]);
+    if (f.roles[i] == kGroupEnds) {
+      const DLTensor* g = AsTensor(args[i]);
+      if (g == nullptr) return 0;
+      groups = Numel(g);
+    }
+  }
+  if (x == nullptr || x->ndim != 2) return 0;
+  const int64_t m = x->shape[0], n = x->shape[1], w = f.halves ? 2 * n : n;
+  const std::string mn = "M = " + std::to_string(m) + ", N = " + std::to_string(n) +
+                         (groups < 0 ? "" : ", G = " + std::to_string(groups));
+  for (int i = 0; i < f.nargs; ++i) {
+    const DLTensor* t = AsTensor(args[i]);
+    if (t == nullptr) continue;
+    std::string need;  // empty: the argument is right
+    switch (f.roles[i]) {
+      case kRowData:
+      case kColData:
+        if (t->ndim != 2 || t->shape[0] != m || t->shape[1] != w) {
+          need = "shape [" + std::to_string(m) + ", " + std::to_string(w) + "]";
+        }
+        break;
+      case kRowScale:
+      case kColScale: {
+        const int64_t want = f.roles[i] == kRowScale ? mxq_sizes::RowScaleBytes(m, w, f.swizzled, groups)
+                                                     : mxq_sizes::ColScaleBytes(m, w, f.swizzled, groups);
+        if (Numel(t) != want) need = std::to_string(want) + " elements";
+        break;
+      }
+      case kDbias:
+        if (groups < 0 ? Numel(t) != w : (t->ndim != 2 || t->shape[0] != groups || t->shape[1] != w)) {
+          need = groups < 0 ? std::to_string(w) + " elements" :
+                 "shape [" + std::to_string(groups) + ", " + std::to_string(w) + "]";
+        }
+        break;
+      case kWorkspace: {
+        const int64_t rows = mxq_sizes::WorkspaceRows(m, groups);
+        if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != w) {
+          need = "shape [" + std::to_string(rows) + ", " + std::to_string(w) + "]";
+        }
+        break;
+      }
+      default:
+        break;
+    }
+    if (!need.empty()) {
+      const std::string msg = std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" +
+                              f.arg_names[i] + "' has shape " + ShapeText(t) + " (" + std::to_string(Numel(t)) +
+                              " elements); " + mn + " needs " + need + " (the header lists every argument's size)";
+      TVMFFIErrorSetRaisedFromCStr("ValueError", msg.c_str());
+      return -1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace mxq_export
+
+#endif  // MXQ_EXPORT_CHECK_H_

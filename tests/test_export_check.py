@@ -1,0 +1,165 @@
+"""The argument check in front of every exported function (mxq/csrc/export_check.h) and the
+C++ scale sizes it shares with the registered dispatcher (mxq/csrc/scale_sizes.h).
+
+The sizes are checked against what Python allocates (MXFP8Tensor.empty, the launcher's dbias
+workspace rule), the calls on CPU tensors: the check runs before the compiled function's own
+device check, so a call whose sizes pass reaches that check ("expected device_type=cuda") and
+one whose sizes do not is refused naming the argument."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import mxq
+from mxq import groups
+from mxq.spec import QuantSpec
+
+CSRC = Path(mxq.__file__).resolve().parent / "csrc"
+SHAPES = [(m, n) for m in (1, 31, 32, 33, 127, 128, 129, 200, 4097) for n in (1, 8, 31, 32, 33, 100, 129, 256)]
+
+
+def _cxx_sizes(tmp_path, cases):
+    """RowScaleBytes, ColScaleBytes and WorkspaceRows of scale_sizes.h for each (m, n, swizzled, G)."""
+    src = tmp_path / "sizes.cc"
+    src.write_text('#include <cstdio>\n#include "scale_sizes.h"\nint main() {\n  long long m, n, s, g;\n'
+                   '  while (std::scanf("%lld %lld %lld %lld", &m, &n, &s, &g) == 4)\n'
+                   '    std::printf("%lld %lld %lld\\n", (long long)mxq_sizes::RowScaleBytes(m, n, s, g),\n'
+                   '                (long long)mxq_sizes::ColScaleBytes(m, n, s, g), (long long)mxq_sizes::WorkspaceRows(m, g));\n'
+                   '}\n')
+    exe = tmp_path / "sizes"
+    subprocess.run(["g++", "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], input="".join(f"{m} {n} {int(s)} {g}\n" for m, n, s, g in cases),
+                         capture_output=True, text=True, check=True).stdout
+    return [tuple(map(int, line.split())) for line in out.splitlines()]
+
+
+def test_cxx_scale_sizes_equal_what_python_allocates(tmp_path):
+    cases = [(m, n, s, g) for m, n in SHAPES for s in (False, True) for g in (-1, 1, 3)]
+    got = _cxx_sizes(tmp_path, cases)
+    assert len(got) == len(cases)
+    for (m, n, s, g), sizes in zip(cases, got):
+        spec = QuantSpec(colwise=True, dbias=True, scale_layout="swizzled" if s else "compact")
+        offs = None if g < 0 else torch.tensor([m] * g, dtype=torch.int32)
+        t = mxq.MXFP8Tensor.empty(spec, (m, n), torch.bfloat16, "cpu", group_offsets=offs, row_align=1)
+        ws = -(-m // 32) if g < 0 else groups.grouped_colwise_rows(m, g)  # (launch.py's workspace rows)
+        assert sizes == (t.rowwise_scale.numel(), t.colwise_scale.numel(), ws), (m, n, s, g)
+
+
+def _ident(x):
+    return x
+
+
+@pytest.fixture(scope="module")
+def grouped_lib(tmp_path_factory):
+    """An exported swizzled both-directions + dbias op with its grouped functions, loaded."""
+    import tvm_ffi
+
+    op = mxq.fused_quant(colwise=True, dbias=True, scale_layout="swizzled")(_ident)
+    info = op.export(tmp_path_factory.mktemp("export") / "out", arch="sm_90", dtype="bf16", name="chk", grouped=True)
+    return op, tvm_ffi.load_module(info["library"]), info["library"]
+
+
+def _args(op, m, n, g=None, **wrong):
+    """The positional arguments of the exported functions on CPU tensors of the sizes Python
+    allocates; ``wrong``: {slot name: a replacement tensor}."""
+    offs = None if g is None else torch.full((g,), m, dtype=torch.int32)
+    t = mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, "cpu", group_offsets=offs, row_align=1)
+    ws_rows = -(-m // 32) if g is None else groups.grouped_colwise_rows(m, g)
+    args = dict(mIn0=torch.zeros(m, n, dtype=torch.bfloat16), mRowData=t.rowwise_data.view(torch.uint8),
+                mRowScale=t.rowwise_scale.view(-1), mColData=t.colwise_data.view(torch.uint8),
+                mColScale=t.colwise_scale.view(-1), mDbias=t.dbias, mDbiasWs=torch.zeros(ws_rows, n),
+                mNoop=torch.zeros(1))
+    if g is not None:
+        args["mGroupEnds"] = offs
+    args.update(wrong)
+    return list(args.values())
+
+
+def _error(fn, args):
+    with pytest.raises(Exception) as e:
+        fn(*args)
+    return f"{type(e.value).__name__}: {e.value}"
+
+
+@pytest.mark.parametrize("m, n", [(64, 96), (33, 200), (300, 40)])
+def test_exported_function_refuses_buffers_of_the_wrong_size(grouped_lib, m, n):
+    op, lib, _ = grouped_lib
+    for fname in ("chk", "chk_rows8"):
+        assert "expected device_type=cuda" in _error(lib[fname], _args(op, m, n)), fname  # sizes pass
+        ok = _args(op, m, n)
+        for i, slot in enumerate(("mRowScale", "mColScale", "mDbias")):
+            t = ok[2 + 2 * i if slot != "mDbias" else 5]
+            for bad in (t[:-1], torch.zeros(t.numel() + 1, dtype=t.dtype)):
+                msg = _error(lib[fname], _args(op, m, n, **{slot: bad}))
+                assert msg.startswith(f"ValueError: mxq: {fname}: argument #") and f"'{slot}'" in msg, msg
+        for rows in (-(-m // 32) - 1, -(-m // 32) + 1):
+            msg = _error(lib[fname], _args(op, m, n, mDbiasWs=torch.zeros(max(rows, 0), n)))
+            assert "'mDbiasWs'" in msg and f"needs shape [{-(-m // 32)}, {n}]" in msg, msg
+
+
+def test_exported_grouped_function_checks_its_grouped_sizes(grouped_lib):
+    op, lib, _ = grouped_lib
+    m, n = 200, 96
+    for g in (1, 3):
+        args = _args(op, m, n, g)
+        assert "expected device_type=cuda" in _error(lib["chk_grouped"], args)
+        for slot, bad in (("mRowScale", args[2][:-128]), ("mColScale", args[4][:-1]),
+                          ("mDbias", torch.zeros(g + 1, n, dtype=torch.bfloat16)),
+                          ("mDbiasWs", torch.zeros(groups.grouped_colwise_rows(m, g) + 1, n))):
+            msg = _error(lib["chk_grouped"], _args(op, m, n, g, **{slot: bad}))
+            assert f"'{slot}'" in msg and f"G = {g}" in msg, msg
+        # an ungrouped call's buffers are not a grouped call's
+        ungrouped = _args(op, m, n)
+        msg = _error(lib["chk_grouped"], ungrouped[:2] + [args[2]] + ungrouped[3:] + [args[-1]])
+        assert "'mColScale'" in msg, msg
+
+
+def test_unreadable_arguments_are_left_to_the_compiled_function(grouped_lib):
+    """A wrong count, a non-tensor or a 1-D first input: the compiled function's own messages."""
+    op, lib, _ = grouped_lib
+    args = _args(op, 64, 96)
+    assert _error(lib["chk"], args[:3]).startswith("TypeError: Expects 8 parameters")
+    assert "Mismatched" in _error(lib["chk"], args[:2] + [1.0] + args[3:])  # (its first complaint: the device)
+    assert "Mismatched Tensor on argument #0" in _error(lib["chk"], [torch.zeros(96, dtype=torch.bfloat16)] + args[1:])
+
+
+def test_only_the_checked_names_are_exported(grouped_lib, tmp_path):
+    op, lib, _ = grouped_lib
+    path = next(Path(tmp_path).parent.glob("export*/out/libchk.so"), None)
+    assert path is not None
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True).stdout
+    names = sorted(line.split()[-1] for line in syms.splitlines())
+    assert names == sorted(f"__tvm_ffi_chk{s}" for s in ("", "_vec", "_rows8", "_grouped", "_vec_grouped"))
+
+
+def test_exported_gated_backward_checks_its_2n_outputs(tmp_path):
+    """A gated backward's outputs are [M, 2N] for [M, N] arguments: an [M, N] output (what the
+    signature alone would let through for the data if the width were N's symbol; the scales are
+    flat) is refused by name, the [M, 2N] ones pass."""
+    import tvm_ffi
+
+    bwd = mxq.fused_quant(dact="swiglu", colwise=True)(_ident)
+    info = bwd.export(tmp_path / "out", arch="sm_90", dtype="bf16", name="gb")
+    lib = tvm_ffi.load_module(info["library"])
+    m, n = 64, 96
+    a = torch.zeros(m, 2 * n, dtype=torch.bfloat16)
+
+    def args(out):
+        return [torch.zeros(m, n, dtype=torch.bfloat16), a[:, :n], a[:, n:], out.rowwise_data.view(torch.uint8),
+                out.rowwise_scale.view(-1), out.colwise_data.view(torch.uint8), out.colwise_scale.view(-1),
+                torch.zeros(1)]
+
+    wide = mxq.MXFP8Tensor.empty(bwd.spec, (m, 2 * n), torch.bfloat16, "cpu")
+    narrow = mxq.MXFP8Tensor.empty(bwd.spec, (m, n), torch.bfloat16, "cpu")
+    for fname in info["functions"]:
+        assert "expected device_type=cuda" in _error(lib[fname], args(wide)), fname
+        msg = _error(lib[fname], args(narrow))
+        assert "'mRowData'" in msg and f"needs shape [{m}, {2 * n}]" in msg, msg
+        mixed = args(wide)
+        mixed[6] = narrow.colwise_scale.view(-1)
+        msg = _error(lib[fname], mixed)
+        assert "'mColScale'" in msg and f"needs {-(-m // 32) * 2 * n} elements" in msg, msg
