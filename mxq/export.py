@@ -102,10 +102,11 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
 # check of csrc/export_check.h in front of one of them (_compile_checks).
 UNCHECKED = "_mxq_unchecked_"
 
-# mxq/slots.py's roles -> export_check.h's Role codes (0: nothing to check; the first input is
-# found by its index)
-_CHECK_ROLES = {"rowwise_data": 2, "rowwise_scale": 3, "colwise_data": 4, "colwise_scale": 5, "dbias": 6,
-                "dbias_workspace": 7, "group_offsets": 8}
+# mxq/slots.py's roles -> export_check.h's Role enumerators (kOther for the rest; the first
+# input, kInput0, is found by its index)
+_CHECK_ROLES = {"rowwise_data": "kRowData", "rowwise_scale": "kRowScale", "colwise_data": "kColData",
+                "colwise_scale": "kColScale", "dbias": "kDbias", "dbias_workspace": "kWorkspace",
+                "group_offsets": "kGroupEnds"}
 
 
 def _compile_checks(op, functions, directory: Path) -> Path:
@@ -120,10 +121,11 @@ def _compile_checks(op, functions, directory: Path) -> Path:
     parts = ['#include "export_check.h"', ""]
     for k, (variant, fname) in enumerate(functions):
         table = slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), variant.endswith("_grouped"))
-        roles = [1 if (s.role == "input" and s.index == 0) else _CHECK_ROLES.get(s.role, 0) for s in table]
+        roles = ["kInput0" if (s.role == "input" and s.index == 0) else _CHECK_ROLES.get(s.role, "kOther")
+                 for s in table]
         names = ", ".join(f'"{s.name}"' for s in table)
         parts.append(f"""extern "C" int __tvm_ffi_{UNCHECKED}{fname}(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
-static const int kRoles{k}[] = {{{", ".join(map(str, roles))}}};
+static const int kRoles{k}[] = {{{", ".join("mxq_export::" + r for r in roles)}}};
 static const char* const kNames{k}[] = {{{names}}};
 static const mxq_export::Function kFunction{k} = {{"{fname}", {len(table)}, kRoles{k}, kNames{k}, {swizzled}, {halves}}};
 extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_{fname}(void* self, const TVMFFIAny* args, int32_t num_args,

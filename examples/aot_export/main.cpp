@@ -85,6 +85,15 @@ int main(int argc, char** argv) {
   const float zero = 0.0f;
   upload(x, host.data(), host.size());
   upload(noop, &zero, sizeof(zero));
+  // Every exported function checks its buffers against M and N before anything runs: a scale
+  // buffer one byte short is a ValueError naming it, never a write past its end.
+  try {
+    f(x, data, make({m * nb - 1}, DLDataType{kDLUInt, 8, 1}), noop);
+    std::printf("a short scale buffer was accepted\n");
+    return 1;
+  } catch (const ffi::Error& e) {
+    std::printf("a short scale buffer is refused: %s: %s\n", e.kind().c_str(), e.message().c_str());
+  }
   try {
     f(x, data, scale, noop);
   } catch (const ffi::Error& e) {

@@ -4,9 +4,10 @@ Run: python examples/aot_export/run.py
 1. exports the MXFP8 cast (e4m3, rowwise, rceil) for bf16 to build/ (`op.export`, the same as
    `python -m mxq export --dir build --name mxq_cast`);
 2. builds main.cpp with g++ against TVM-FFI only (no mxq, no cutlass, no Python);
-3. runs it: on a GPU it quantizes a tensor written by this script and the bytes are compared
-   with `mxq.quantize`; without a GPU it loads the library and shows the clean error a CPU
-   tensor gets.
+3. runs it: a scale buffer one byte short is refused by name (every exported function checks
+   its buffers' sizes first); then on a GPU it quantizes a tensor written by this script and the
+   bytes are compared with `mxq.quantize`; without a GPU it loads the library and shows the
+   clean error a CPU tensor gets.
 """
 
 import os
@@ -55,6 +56,7 @@ def main() -> None:
     print(r.stdout.strip())
     if r.returncode:
         raise SystemExit(f"aot_main failed: {r.stderr}")
+    assert "a short scale buffer is refused: ValueError: mxq: mxq_cast_vec: argument #2 'mRowScale'" in r.stdout, r.stdout
     if mode == "cuda":
         want = mxq.quantize(x)
         data = torch.tensor(list((build / "q.data").read_bytes()), dtype=torch.uint8).reshape(m, n)
