@@ -196,7 +196,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "colwise_data": lambda: mat(Uint8, big or 1, cols=n_out),
         "colwise_scale": flat_u8,
         "amax": f32_one,
-        "dbias": lambda: (fake(el, (cute.sym_int(), n), stride_order=(1, 0), assumed_align=nbytes) if grouped
+        "dbias": lambda: (fake(el, (cute.sym_int(), n_out), stride_order=(1, 0), assumed_align=nbytes) if grouped
                           else fake(el, (n_out,), assumed_align=nbytes)),
         "dbias_workspace": lambda: mat({4: cutlass.Float32, 8: cutlass.Float64}[ws_bytes], ws_bytes,
                                        rows=cute.sym_int(), cols=n_out),

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, _compile_cxx, _link_shared, compile_op, runtime_libraries
-from . import gated, slots, targets
+from . import gated, groups, slots, targets
 from .kernels.config import UNIT
 from .numerics import dbias_partial_dtype
 
@@ -80,7 +80,9 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
             compiled.export_to_c(str(obj), function_name=UNCHECKED + fname, export_only_tvm_ffi_symbols=True)
             objects.append(obj)
         objects.append(_compile_checks(op, functions, Path(d)))
-        script = Path(d) / "exports.map"  # only the checked names leave the library
+        # only the checked names leave the library (CuTeDSL's objects export nothing else today;
+        # should a later version need more symbols exported, they belong in this list)
+        script = Path(d) / "exports.map"
         script.write_text("{ global: " + " ".join(f"__tvm_ffi_{f};" for _, f in functions) + " local: *; };\n")
         lib = out / f"lib{name}.so"
         # relocatable: the runtime libraries it needs are copied beside it and found through
@@ -94,7 +96,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         runtime.append(str(dst))
     header = out / f"{name}.h"
     header.write_text(_export_header(op, name, arch, dtype, grouped, layouts, note))
-    return {"library": str(lib), "header": str(header), "functions": [f for _, f in _functions(name, grouped)],
+    return {"library": str(lib), "header": str(header), "functions": [f for _, f in functions],
             "runtime_libraries": runtime}
 
 
@@ -127,7 +129,8 @@ def _compile_checks(op, functions, directory: Path) -> Path:
         parts.append(f"""extern "C" int __tvm_ffi_{UNCHECKED}{fname}(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
 static const int kRoles{k}[] = {{{", ".join("mxq_export::" + r for r in roles)}}};
 static const char* const kNames{k}[] = {{{names}}};
-static const mxq_export::Function kFunction{k} = {{"{fname}", {len(table)}, kRoles{k}, kNames{k}, {swizzled}, {halves}}};
+static const mxq_export::Function kFunction{k} = {{"{fname}", {len(table)}, kRoles{k}, kNames{k}, {swizzled}, {halves},
+                                                 {groups.MAX_GROUPS}}};
 extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_{fname}(void* self, const TVMFFIAny* args, int32_t num_args,
                                                   TVMFFIAny* result) {{
   if (mxq_export::Check(kFunction{k}, args, num_args) != 0) return -1;
@@ -213,9 +216,10 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
  *
 {lines}{operand_doc}{rows8_doc}{grouped_doc}
  *
- * Every argument is checked before the kernels run: dtypes, devices, alignment and shapes
- * against mIn0's M and N, including each flat scale buffer's length and the workspace's rows as
- * listed above; a mismatch raises tvm::ffi::Error (ValueError, naming the argument).
+ * Every argument is checked before the kernels run: its count and types (TypeError), then
+ * dtypes, devices, alignment and shapes against mIn0's M and N (and G), including each flat
+ * scale buffer's length and the workspace's rows as listed above (ValueError naming the
+ * argument); errors are tvm::ffi::Error.
  * The directory is relocatable: libcute_dsl_runtime.so and libtvm_ffi.so (which need only system
  * libraries; the CUDA driver is loaded at run time) are copied beside lib{name}.so, whose RUNPATH
  * is $ORIGIN. A program links against libtvm_ffi.so from here (or its own copy of TVM-FFI).

@@ -43,8 +43,9 @@ def _dispatch_module():
             csrc = resources.files("mxq").joinpath("csrc")
             # one source (the header's text in place of its #include), so that load_inline's
             # cache key covers the scale sizes too
-            src = csrc.joinpath("dispatch.cc").read_text().replace(
-                '#include "scale_sizes.h"', csrc.joinpath("scale_sizes.h").read_text(), 1)
+            src, include = csrc.joinpath("dispatch.cc").read_text(), '#include "scale_sizes.h"'
+            assert include in src, "mxq: csrc/dispatch.cc must include scale_sizes.h"
+            src = src.replace(include, csrc.joinpath("scale_sizes.h").read_text(), 1)
             _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v15", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 

@@ -25,6 +25,12 @@ def grouped_colwise_rows(m: int, groups: int) -> int:
     return m // BLOCK + groups
 
 
+def workspace_rows(m: int, groups: int | None = None) -> int:
+    """Rows of the dbias workspace (one row of partial sums per 32-row block; grouped, the
+    compact grouped colwise scales' rows: every group's blocks)."""
+    return -(-m // BLOCK) if groups is None else grouped_colwise_rows(m, groups)
+
+
 # Swizzled grouped scales: each group's scales in the cuBLAS 128x4 blocked layout of its own,
 # the groups one after another (the layout the MXFP8 grouped GEMMs read; torchao's M-groups and
 # K-groups rearrangements), in buffers sized by M, N and G alone.
@@ -92,4 +98,4 @@ def first_block_row(g: int, start: int) -> int:
 
 
 __all__ = ["BLOCK", "bounds", "check", "first_block_row", "grouped_colwise_rows", "swizzled_colwise_rows",
-           "swizzled_rowwise_rows", "swizzled_starts"]
+           "swizzled_rowwise_rows", "swizzled_starts", "workspace_rows"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from . import gated, groups, layouts, operands, slots
+from . import gated, groups, operands, slots
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
 from .kernels.config import UNIT
 from .numerics import dbias_partial_dtype
@@ -132,9 +132,8 @@ class Launcher:
             "colwise_scale": lambda: out.colwise_scale.view(-1),
             "amax": lambda: out.amax.view(1),
             "dbias": lambda: out.dbias,
-            "dbias_workspace": lambda: torch.empty((groups.grouped_colwise_rows(m, group_offsets.numel()) if grouped
-                                                    else layouts.cdiv(m, 32), n_out),
-                                                   dtype=dbias_partial_dtype(x.dtype), device=x.device),
+            "dbias_workspace": lambda: torch.empty((groups.workspace_rows(m, group_offsets.numel() if grouped else None),
+                                                    n_out), dtype=dbias_partial_dtype(x.dtype), device=x.device),
             "noop": lambda: noop.reshape(1) if noop is not None else noop_tensor(x.device),
             "group_offsets": lambda: group_offsets.to(torch.int32).contiguous(),
         }

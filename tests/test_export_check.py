@@ -45,7 +45,7 @@ def test_cxx_scale_sizes_equal_what_python_allocates(tmp_path):
         spec = QuantSpec(colwise=True, dbias=True, scale_layout="swizzled" if s else "compact")
         offs = None if g < 0 else torch.tensor([m] * g, dtype=torch.int32)
         t = mxq.MXFP8Tensor.empty(spec, (m, n), torch.bfloat16, "cpu", group_offsets=offs, row_align=1)
-        ws = -(-m // 32) if g < 0 else groups.grouped_colwise_rows(m, g)  # (launch.py's workspace rows)
+        ws = groups.workspace_rows(m, None if g < 0 else g)  # (what launch.py allocates)
         assert sizes == (t.rowwise_scale.numel(), t.colwise_scale.numel(), ws), (m, n, s, g)
 
 
@@ -68,7 +68,7 @@ def _args(op, m, n, g=None, **wrong):
     allocates; ``wrong``: {slot name: a replacement tensor}."""
     offs = None if g is None else torch.full((g,), m, dtype=torch.int32)
     t = mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, "cpu", group_offsets=offs, row_align=1)
-    ws_rows = -(-m // 32) if g is None else groups.grouped_colwise_rows(m, g)
+    ws_rows = groups.workspace_rows(m, g)
     args = dict(mIn0=torch.zeros(m, n, dtype=torch.bfloat16), mRowData=t.rowwise_data.view(torch.uint8),
                 mRowScale=t.rowwise_scale.view(-1), mColData=t.colwise_data.view(torch.uint8),
                 mColScale=t.colwise_scale.view(-1), mDbias=t.dbias, mDbiasWs=torch.zeros(ws_rows, n),
@@ -116,6 +116,11 @@ def test_exported_grouped_function_checks_its_grouped_sizes(grouped_lib):
         ungrouped = _args(op, m, n)
         msg = _error(lib["chk_grouped"], ungrouped[:2] + [args[2]] + ungrouped[3:] + [args[-1]])
         assert "'mColScale'" in msg, msg
+    # no group (the kernels would take all rows as one, which buffers sized for none do not
+    # hold), and more groups than the dbias reduction serves
+    for ends in (torch.zeros(0, dtype=torch.int32), torch.full((groups.MAX_GROUPS + 1,), m, dtype=torch.int32)):
+        msg = _error(lib["chk_grouped"], _args(op, m, n, 1)[:-1] + [ends])
+        assert f"'mGroupEnds' has {ends.numel()} group ends; a grouped call takes 1 to {groups.MAX_GROUPS}" in msg, msg
 
 
 def test_unreadable_arguments_are_left_to_the_compiled_function(grouped_lib):
@@ -127,10 +132,9 @@ def test_unreadable_arguments_are_left_to_the_compiled_function(grouped_lib):
     assert "Mismatched Tensor on argument #0" in _error(lib["chk"], [torch.zeros(96, dtype=torch.bfloat16)] + args[1:])
 
 
-def test_only_the_checked_names_are_exported(grouped_lib, tmp_path):
-    op, lib, _ = grouped_lib
-    path = next(Path(tmp_path).parent.glob("export*/out/libchk.so"), None)
-    assert path is not None
+def test_only_the_checked_names_are_exported(grouped_lib):
+    """(The compiled functions are linked in under hidden names: callers cannot skip the check.)"""
+    path = grouped_lib[2]
     syms = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True).stdout
     names = sorted(line.split()[-1] for line in syms.splitlines())
     assert names == sorted(f"__tvm_ffi_chk{s}" for s in ("", "_vec", "_rows8", "_grouped", "_vec_grouped"))
@@ -163,3 +167,25 @@ def test_exported_gated_backward_checks_its_2n_outputs(tmp_path):
         mixed[6] = narrow.colwise_scale.view(-1)
         msg = _error(lib[fname], mixed)
         assert "'mColScale'" in msg and f"needs {-(-m // 32) * 2 * n} elements" in msg, msg
+
+
+def test_exported_gated_forward_checks_its_n_outputs(tmp_path):
+    """A gated forward's functions take the [M, N] halves and write [M, N] outputs (not 2N: its
+    kernels are no two-halves op): those pass, [M, 2N] ones are refused by name."""
+    import tvm_ffi
+
+    fwd = mxq.fused_quant(act="swiglu", colwise=True)(_ident)
+    info = fwd.export(tmp_path / "out", arch="sm_90", dtype="bf16", name="gf")
+    lib = tvm_ffi.load_module(info["library"])
+    m, n = 64, 96
+    x = torch.zeros(m, 2 * n, dtype=torch.bfloat16)
+
+    def args(out):
+        return [x[:, :n], x[:, n:], out.rowwise_data.view(torch.uint8), out.rowwise_scale.view(-1),
+                out.colwise_data.view(torch.uint8), out.colwise_scale.view(-1), torch.zeros(1)]
+
+    for fname in info["functions"]:
+        assert "expected device_type=cuda" in _error(lib[fname], args(mxq.MXFP8Tensor.empty(fwd.spec, (m, n), x.dtype,
+                                                                                          "cpu"))), fname
+        msg = _error(lib[fname], args(mxq.MXFP8Tensor.empty(fwd.spec, (m, 2 * n), x.dtype, "cpu")))
+        assert "'mRowData'" in msg and f"needs shape [{m}, {n}]" in msg, msg

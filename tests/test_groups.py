@@ -376,3 +376,10 @@ def test_grouped_kernels_compile(variant, arch):
         assert ptx.count(".entry") == 2  # the quantize kernel and the per-group dbias reduction
         if variant == "vec_grouped":  # vector accesses survive the arbitrary first row
             assert wide_accesses(ptx) == wide_accesses(compiler.ptx_of(op, arch, dtype, "vec")) > 0
+
+
+def test_workspace_rows_by_hand():
+    """The dbias workspace: a row per 32-row block (ceil), grouped a row per block of each group
+    (70 rows in 3 groups: at most 70 // 32 + 3 blocks)."""
+    assert [groups.workspace_rows(m) for m in (1, 32, 33, 64, 65)] == [1, 1, 2, 2, 3]
+    assert groups.workspace_rows(70, 3) == 5 and groups.workspace_rows(31, 1) == 1 and groups.workspace_rows(0, 2) == 2

@@ -253,7 +253,6 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   for (int i = 0; i < st.nt; ++i) input(i);
   for (int i = 0; i < st.ns; ++i) call.emplace_back(args[st.nt + i]);
   if (st.want[kAct]) input(base + kAct);
-  const int64_t ws_rows = mxq_sizes::WorkspaceRows(m);
   const int64_t rows_scale = args[base + kRowScale] != nullptr ? Numel(TensorArg(st, args, base + kRowScale)) : 0;
   const int64_t cols_scale = args[base + kColScale] != nullptr ? Numel(TensorArg(st, args, base + kColScale)) : 0;
   if (st.want[kRowData]) {
@@ -287,6 +286,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   if (st.want[kDbias]) {
     scalar_tensor(base + kDbias, x->dtype, n);
     // the partial sums' precision: fp64 for fp32 inputs, fp32 for 16-bit ones (numerics.dbias_partial_dtype)
+    const int64_t ws_rows = mxq_sizes::WorkspaceRows(m);
     push(ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({ws_rows, n}), x->dtype.bits == 32 ? f64 : f32, x->device));
   }
   ffi::Tensor zero;

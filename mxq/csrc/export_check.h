@@ -3,9 +3,11 @@
 //
 // A function exported by CuTeDSL checks what its signature can say: dtypes, devices, alignment,
 // and every [M, N] argument's shape against the first input's. It cannot tie a flat scale
-// buffer's length, the dbias workspace's rows, or a two-halves op's [M, 2N] outputs to M and N
-// (each is a size of its own in the signature), so a buffer that is too small would be written
-// past its end. Each exported name is therefore this check in front of the compiled function
+// buffer's length, the dbias workspace's rows, a grouped dbias's rows, or a two-halves op's
+// [M, 2N] outputs to M, N and the number of groups G (each is a size of its own in the
+// signature), so a buffer that is too small would be written past its end; nor can it refuse
+// G = 0 (the kernels then treat all rows as one group, which buffers sized for no group do not
+// hold) or more groups than the grouped dbias reduction's grid serves. Each exported name is therefore this check in front of the compiled function
 // (linked in under a hidden name): it raises ValueError naming the argument, or passes the call
 // on unchanged. Arguments it cannot read (a wrong count, a non-tensor, a first input that is not
 // 2-D) are passed on for the compiled function to refuse with its own message.
@@ -35,8 +37,9 @@ enum Role : int {
   kGroupEnds = 8,  // int32 [G]
 };
 
-// One exported function: its argument roles and names (the header's), its scale layout, and
-// whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/gated.py; else W = N).
+// One exported function: its argument roles and names (the header's), its scale layout,
+// whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/gated.py; else W = N), and the
+// most groups a grouped call may have (groups.MAX_GROUPS).
 struct Function {
   const char* name;
   int nargs;
@@ -44,6 +47,7 @@ struct Function {
   const char* const* arg_names;
   bool swizzled;
   bool halves;
+  int64_t max_groups;
 };
 
 inline const DLTensor* AsTensor(const TVMFFIAny& a) {
@@ -64,6 +68,11 @@ inline std::string ShapeText(const DLTensor* t) {
   return s + "]";
 }
 
+inline int Refuse(const std::string& msg) {
+  TVMFFIErrorSetRaisedFromCStr("ValueError", msg.c_str());
+  return -1;
+}
+
 // 0: the call may go on; -1: a ValueError is raised (TVM-FFI's C convention).
 inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
   if (num_args != f.nargs) return 0;
@@ -78,6 +87,10 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
     }
   }
   if (x == nullptr || x->ndim != 2) return 0;
+  if (groups == 0 || groups > f.max_groups) {
+    return Refuse(std::string("mxq: ") + f.name + ": argument 'mGroupEnds' has " + std::to_string(groups) +
+                  " group ends; a grouped call takes 1 to " + std::to_string(f.max_groups));
+  }
   const int64_t m = x->shape[0], n = x->shape[1], w = f.halves ? 2 * n : n;
   const std::string mn = "M = " + std::to_string(m) + ", N = " + std::to_string(n) +
                          (groups < 0 ? "" : ", G = " + std::to_string(groups));
@@ -116,11 +129,9 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
         break;
     }
     if (!need.empty()) {
-      const std::string msg = std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" +
-                              f.arg_names[i] + "' has shape " + ShapeText(t) + " (" + std::to_string(Numel(t)) +
-                              " elements); " + mn + " needs " + need + " (the header lists every argument's size)";
-      TVMFFIErrorSetRaisedFromCStr("ValueError", msg.c_str());
-      return -1;
+      return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
+                    "' has shape " + ShapeText(t) + " (" + std::to_string(Numel(t)) + " elements); " + mn +
+                    " needs " + need + " (the header lists every argument's size)");
     }
   }
   return 0;
