@@ -140,52 +140,34 @@ def test_only_the_checked_names_are_exported(grouped_lib):
     assert names == sorted(f"__tvm_ffi_chk{s}" for s in ("", "_vec", "_rows8", "_grouped", "_vec_grouped"))
 
 
-def test_exported_gated_backward_checks_its_2n_outputs(tmp_path):
-    """A gated backward's outputs are [M, 2N] for [M, N] arguments: an [M, N] output (what the
-    signature alone would let through for the data if the width were N's symbol; the scales are
-    flat) is refused by name, the [M, 2N] ones pass."""
+@pytest.mark.parametrize("direction", ["backward", "forward"])
+def test_exported_gated_op_checks_its_output_width(tmp_path, direction):
+    """A gated backward's outputs are [M, 2N] for [M, N] arguments (its kernels are a two-halves
+    op), a gated forward's [M, N] (they are not): outputs of that width pass, of the other width
+    are refused by name, and so is a scale buffer sized for the other width (the scales are flat:
+    the signature alone lets any length through)."""
     import tvm_ffi
 
-    bwd = mxq.fused_quant(dact="swiglu", colwise=True)(_ident)
-    info = bwd.export(tmp_path / "out", arch="sm_90", dtype="bf16", name="gb")
+    bwd = direction == "backward"
+    op = mxq.fused_quant(colwise=True, **({"dact": "swiglu"} if bwd else {"act": "swiglu"}))(_ident)
+    info = op.export(tmp_path / "out", arch="sm_90", dtype="bf16", name="g")
     lib = tvm_ffi.load_module(info["library"])
     m, n = 64, 96
     a = torch.zeros(m, 2 * n, dtype=torch.bfloat16)
+    lead = [torch.zeros(m, n, dtype=torch.bfloat16)] if bwd else []  # (the backward's gradient)
+    width, other = (2 * n, n) if bwd else (n, 2 * n)
 
     def args(out):
-        return [torch.zeros(m, n, dtype=torch.bfloat16), a[:, :n], a[:, n:], out.rowwise_data.view(torch.uint8),
-                out.rowwise_scale.view(-1), out.colwise_data.view(torch.uint8), out.colwise_scale.view(-1),
-                torch.zeros(1)]
+        return lead + [a[:, :n], a[:, n:], out.rowwise_data.view(torch.uint8), out.rowwise_scale.view(-1),
+                       out.colwise_data.view(torch.uint8), out.colwise_scale.view(-1), torch.zeros(1)]
 
-    wide = mxq.MXFP8Tensor.empty(bwd.spec, (m, 2 * n), torch.bfloat16, "cpu")
-    narrow = mxq.MXFP8Tensor.empty(bwd.spec, (m, n), torch.bfloat16, "cpu")
+    right = mxq.MXFP8Tensor.empty(op.spec, (m, width), torch.bfloat16, "cpu")
+    wrong = mxq.MXFP8Tensor.empty(op.spec, (m, other), torch.bfloat16, "cpu")
     for fname in info["functions"]:
-        assert "expected device_type=cuda" in _error(lib[fname], args(wide)), fname
-        msg = _error(lib[fname], args(narrow))
-        assert "'mRowData'" in msg and f"needs shape [{m}, {2 * n}]" in msg, msg
-        mixed = args(wide)
-        mixed[6] = narrow.colwise_scale.view(-1)
+        assert "expected device_type=cuda" in _error(lib[fname], args(right)), fname
+        msg = _error(lib[fname], args(wrong))
+        assert "'mRowData'" in msg and f"needs shape [{m}, {width}]" in msg, msg
+        mixed = args(right)
+        mixed[-2] = wrong.colwise_scale.view(-1)
         msg = _error(lib[fname], mixed)
-        assert "'mColScale'" in msg and f"needs {-(-m // 32) * 2 * n} elements" in msg, msg
-
-
-def test_exported_gated_forward_checks_its_n_outputs(tmp_path):
-    """A gated forward's functions take the [M, N] halves and write [M, N] outputs (not 2N: its
-    kernels are no two-halves op): those pass, [M, 2N] ones are refused by name."""
-    import tvm_ffi
-
-    fwd = mxq.fused_quant(act="swiglu", colwise=True)(_ident)
-    info = fwd.export(tmp_path / "out", arch="sm_90", dtype="bf16", name="gf")
-    lib = tvm_ffi.load_module(info["library"])
-    m, n = 64, 96
-    x = torch.zeros(m, 2 * n, dtype=torch.bfloat16)
-
-    def args(out):
-        return [x[:, :n], x[:, n:], out.rowwise_data.view(torch.uint8), out.rowwise_scale.view(-1),
-                out.colwise_data.view(torch.uint8), out.colwise_scale.view(-1), torch.zeros(1)]
-
-    for fname in info["functions"]:
-        assert "expected device_type=cuda" in _error(lib[fname], args(mxq.MXFP8Tensor.empty(fwd.spec, (m, n), x.dtype,
-                                                                                          "cpu"))), fname
-        msg = _error(lib[fname], args(mxq.MXFP8Tensor.empty(fwd.spec, (m, 2 * n), x.dtype, "cpu")))
-        assert "'mRowData'" in msg and f"needs shape [{m}, {n}]" in msg, msg
+        assert "'mColScale'" in msg and f"needs {-(-m // 32) * width} elements" in msg, msg
