@@ -96,6 +96,12 @@ def test_exported_function_refuses_buffers_of_the_wrong_size(grouped_lib, m, n):
             for bad in (t[:-1], torch.zeros(t.numel() + 1, dtype=t.dtype)):
                 msg = _error(lib[fname], _args(op, m, n, **{slot: bad}))
                 assert msg.startswith(f"ValueError: mxq: {fname}: argument #") and f"'{slot}'" in msg, msg
+        if m > 1:  # FP8 rows may be padded (ld >= N), not overlap
+            padded = torch.zeros(m, n + 16, dtype=torch.uint8)[:, :n]
+            assert "expected device_type=cuda" in _error(lib[fname], _args(op, m, n, mRowData=padded))
+            overlapping = torch.zeros(m * n, dtype=torch.uint8).as_strided((m, n), (n - 1, 1))
+            msg = _error(lib[fname], _args(op, m, n, mColData=overlapping))
+            assert f"'mColData'" in msg and f"rows at least {n} elements apart (its row stride is {n - 1})" in msg, msg
         for rows in (-(-m // 32) - 1, -(-m // 32) + 1):
             msg = _error(lib[fname], _args(op, m, n, mDbiasWs=torch.zeros(max(rows, 0), n)))
             assert "'mDbiasWs'" in msg and f"needs shape [{-(-m // 32)}, {n}]" in msg, msg

@@ -7,11 +7,12 @@
 // [M, 2N] outputs to M, N and the number of groups G (each is a size of its own in the
 // signature), so a buffer that is too small would be written past its end; nor can it refuse
 // G = 0 (the kernels then treat all rows as one group, which buffers sized for no group do not
-// hold) or more groups than the grouped dbias reduction's grid serves. Each exported name is
-// therefore this check in front of the compiled function (linked in under a hidden name): it
-// raises ValueError naming the argument, or passes the call on unchanged. Arguments it cannot
-// read (a wrong count, a non-tensor, a first input that is not 2-D) are passed on for the
-// compiled function to refuse with its own message.
+// hold) or more groups than the grouped dbias reduction's grid serves; and the FP8 data's row
+// stride is a symbol of its own (rows may be padded), so rows that overlap would pass. Each
+// exported name is therefore this check in front of the compiled function (linked in under a
+// hidden name): it raises ValueError naming the argument, or passes the call on unchanged.
+// Arguments it cannot read (a wrong count, a non-tensor, a first input that is not 2-D) are
+// passed on for the compiled function to refuse with its own message.
 #ifndef MXQ_EXPORT_CHECK_H_
 #define MXQ_EXPORT_CHECK_H_
 
@@ -104,6 +105,9 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
       case kColData:
         if (t->ndim != 2 || t->shape[0] != m || t->shape[1] != w) {
           need = "shape [" + std::to_string(m) + ", " + std::to_string(w) + "]";
+        } else if (t->strides != nullptr && m > 1 && t->strides[0] < w) {  // (rows that overlap)
+          need = "rows at least " + std::to_string(w) + " elements apart (its row stride is " +
+                 std::to_string(t->strides[0]) + ")";
         }
         break;
       case kRowScale:
