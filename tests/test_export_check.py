@@ -101,7 +101,10 @@ def test_exported_function_refuses_buffers_of_the_wrong_size(grouped_lib, m, n):
             assert "expected device_type=cuda" in _error(lib[fname], _args(op, m, n, mRowData=padded))
             overlapping = torch.zeros(m * n, dtype=torch.uint8).as_strided((m, n), (n - 1, 1))
             msg = _error(lib[fname], _args(op, m, n, mColData=overlapping))
-            assert f"'mColData'" in msg and f"rows at least {n} elements apart (its row stride is {n - 1})" in msg, msg
+            assert "'mColData'" in msg and f"rows at least {n} elements apart (its row stride is {n - 1})" in msg, msg
+            ws = torch.zeros(-(-m // 32) * n).as_strided((-(-m // 32), n), (n - 1, 1))
+            if ws.shape[0] > 1:
+                assert "'mDbiasWs'" in _error(lib[fname], _args(op, m, n, mDbiasWs=ws))
         for rows in (-(-m // 32) - 1, -(-m // 32) + 1):
             msg = _error(lib[fname], _args(op, m, n, mDbiasWs=torch.zeros(max(rows, 0), n)))
             assert "'mDbiasWs'" in msg and f"needs shape [{-(-m // 32)}, {n}]" in msg, msg
@@ -113,8 +116,10 @@ def test_exported_grouped_function_checks_its_grouped_sizes(grouped_lib):
     for g in (1, 3):
         args = _args(op, m, n, g)
         assert "expected device_type=cuda" in _error(lib["chk_grouped"], args)
+        overlapping = torch.zeros(g * n, dtype=torch.bfloat16).as_strided((g, n), (n - 1, 1))
         for slot, bad in (("mRowScale", args[2][:-128]), ("mColScale", args[4][:-1]),
                           ("mDbias", torch.zeros(g + 1, n, dtype=torch.bfloat16)),
+                          *((("mDbias", overlapping),) if g > 1 else ()),
                           ("mDbiasWs", torch.zeros(groups.grouped_colwise_rows(m, g) + 1, n))):
             msg = _error(lib["chk_grouped"], _args(op, m, n, g, **{slot: bad}))
             assert f"'{slot}'" in msg and f"G = {g}" in msg, msg

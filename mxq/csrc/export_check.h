@@ -8,7 +8,7 @@
 // signature), so a buffer that is too small would be written past its end; nor can it refuse
 // G = 0 (the kernels then treat all rows as one group, which buffers sized for no group do not
 // hold) or more groups than the grouped dbias reduction's grid serves; and the FP8 data's row
-// stride is a symbol of its own (rows may be padded), so rows that overlap would pass. Each
+// stride, like the workspace's, is a symbol of its own, so rows that overlap would pass. Each
 // exported name is therefore this check in front of the compiled function (linked in under a
 // hidden name): it raises ValueError naming the argument, or passes the call on unchanged.
 // Arguments it cannot read (a wrong count, a non-tensor, a first input that is not 2-D) are
@@ -75,6 +75,17 @@ inline int Refuse(const std::string& msg) {
   return -1;
 }
 
+// Whether a 2-D tensor's rows are at least w elements apart (compact, padded, or one row): the
+// outputs' rows must not overlap.
+inline bool RowsApart(const DLTensor* t, int64_t w) {
+  return t->strides == nullptr || t->shape[0] <= 1 || t->strides[0] >= w;
+}
+
+inline std::string RowsNeed(const DLTensor* t, int64_t w) {
+  return "rows at least " + std::to_string(w) + " elements apart (its row stride is " + std::to_string(t->strides[0]) +
+         ")";
+}
+
 // 0: the call may go on; -1: a ValueError is raised (TVM-FFI's C convention).
 inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
   if (num_args != f.nargs) return 0;
@@ -105,9 +116,8 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
       case kColData:
         if (t->ndim != 2 || t->shape[0] != m || t->shape[1] != w) {
           need = "shape [" + std::to_string(m) + ", " + std::to_string(w) + "]";
-        } else if (t->strides != nullptr && m > 1 && t->strides[0] < w) {  // (rows that overlap)
-          need = "rows at least " + std::to_string(w) + " elements apart (its row stride is " +
-                 std::to_string(t->strides[0]) + ")";
+        } else if (!RowsApart(t, w)) {
+          need = RowsNeed(t, w);
         }
         break;
       case kRowScale:
@@ -121,12 +131,16 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
         if (groups < 0 ? Numel(t) != w : (t->ndim != 2 || t->shape[0] != groups || t->shape[1] != w)) {
           need = groups < 0 ? std::to_string(w) + " elements" :
                  "shape [" + std::to_string(groups) + ", " + std::to_string(w) + "]";
+        } else if (groups >= 0 && !RowsApart(t, w)) {
+          need = RowsNeed(t, w);
         }
         break;
       case kWorkspace: {
         const int64_t rows = mxq_sizes::WorkspaceRows(m, groups);
         if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != w) {
           need = "shape [" + std::to_string(rows) + ", " + std::to_string(w) + "]";
+        } else if (!RowsApart(t, w)) {
+          need = RowsNeed(t, w);
         }
         break;
       }
