@@ -500,8 +500,8 @@ class GatedOp(FusedOp):
                 f"gradient ({params}, [M, N]), then act_input (the forward's [M, 2N] input) as its two halves, "
                 f"_mxq_gate = act_input[:, :N] and _mxq_up = act_input[:, N:] (strided views). The outputs hold "
                 f"both halves' gradients side by side: rowwise and colwise data [M, 2N], scale buffers, dbias and "
-                f"its workspace sized for 2N columns, as listed below (checked). {need}\"_rows8\" also needs N % {kconfig.UNIT} == 0 "
-                f"(checked).")
+                f"its workspace sized for 2N columns, as listed below (checked). {need}\"_rows8\" also needs "
+                f"N % {kconfig.UNIT} == 0 (checked).")
         return (*kinds, "strided", "strided"), note
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,

@@ -105,8 +105,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
                   " group ends; a grouped call takes 1 to " + std::to_string(f.max_groups));
   }
   const int64_t m = x->shape[0], n = x->shape[1], w = f.halves ? 2 * n : n;
-  const std::string mn = "M = " + std::to_string(m) + ", N = " + std::to_string(n) +
-                         (groups < 0 ? "" : ", G = " + std::to_string(groups));
+  auto dims = [](int64_t a, int64_t b) { return "shape [" + std::to_string(a) + ", " + std::to_string(b) + "]"; };
   for (int i = 0; i < f.nargs; ++i) {
     const DLTensor* t = AsTensor(args[i]);
     if (t == nullptr) continue;
@@ -115,7 +114,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
       case kRowData:
       case kColData:
         if (t->ndim != 2 || t->shape[0] != m || t->shape[1] != w) {
-          need = "shape [" + std::to_string(m) + ", " + std::to_string(w) + "]";
+          need = dims(m, w);
         } else if (!RowsApart(t, w)) {
           need = RowsNeed(t, w);
         }
@@ -129,8 +128,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
       }
       case kDbias:
         if (groups < 0 ? Numel(t) != w : (t->ndim != 2 || t->shape[0] != groups || t->shape[1] != w)) {
-          need = groups < 0 ? std::to_string(w) + " elements" :
-                 "shape [" + std::to_string(groups) + ", " + std::to_string(w) + "]";
+          need = groups < 0 ? std::to_string(w) + " elements" : dims(groups, w);
         } else if (groups >= 0 && !RowsApart(t, w)) {
           need = RowsNeed(t, w);
         }
@@ -138,7 +136,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
       case kWorkspace: {
         const int64_t rows = mxq_sizes::WorkspaceRows(m, groups);
         if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != w) {
-          need = "shape [" + std::to_string(rows) + ", " + std::to_string(w) + "]";
+          need = dims(rows, w);
         } else if (!RowsApart(t, w)) {
           need = RowsNeed(t, w);
         }
@@ -147,7 +145,9 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
       default:
         break;
     }
-    if (!need.empty()) {
+    if (!need.empty()) {  // (the message is built only here: a call that passes allocates nothing)
+      const std::string mn = "M = " + std::to_string(m) + ", N = " + std::to_string(n) +
+                             (groups < 0 ? "" : ", G = " + std::to_string(groups));
       return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
                     "' has shape " + ShapeText(t) + " (" + std::to_string(Numel(t)) + " elements); " + mn +
                     " needs " + need + " (the header lists every argument's size)");
