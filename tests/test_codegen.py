@@ -1123,24 +1123,45 @@ def test_ops_with_arithmetic_stage_their_loads_through_shared_memory(arch):
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
-@pytest.mark.parametrize("dtype, load", [("bf16", "ld.global.b32"), ("fp32", "ld.global.b64")])
-def test_dbias_kernel_keeps_its_loads_in_flight(arch, dtype, load):
-    """dbias_kernel's time is its loads' latency: each round of a thread issues DBIAS_UNROLL (4)
-    workspace loads in one block (no branch between them, so ptxas can issue them together),
-    the last round too (a row past the end is clamped and added as 0). The GPU side:
-    tests/test_gpu.py::test_dbias_full_and_partial_rounds_match_reference (M = 5000: four full rounds
-    and a partial one)."""
+@pytest.mark.parametrize("dtype, nbytes", [("bf16", 4), ("fp32", 8)])
+def test_dbias_kernel_keeps_its_loads_in_flight(arch, dtype, nbytes):
+    """dbias_kernel's time is its loads' latency. Its early form (short reductions) issues each
+    round's DBIAS_UNROLL (4) loads in one block (a row past the end is clamped and added as 0);
+    in its staged form (long ones) each round of a thread copies DBIAS_BYTES_IN_FLIGHT bytes of
+    partials (32 fp32 or 16 fp64 ones; half as many in a round of at most half the rows) into
+    shared memory with cp.async in one block (no branch between the copies, the last round too:
+    a row past the end is zero-filled), then waits once. The GPU side:
+    tests/test_gpu.py::test_dbias_full_and_partial_rounds_match_reference (full rounds and a
+    partial one)."""
     def ident(x):
         return x
 
     dgelu = mxq.fused_quant(colwise=True, dact="gelu", dbias=True)(ident)
-    assert (kconfig.DBIAS_WARPS, kconfig.DBIAS_UNROLL) == (8, 4)
-    dbias = _entry(dgelu.asm(arch, dtype)["ptx"], "dbias_kernel")  # (fp32 partials for 16-bit inputs)
-    # basic blocks: split at labels and after branches; loads per block
-    blocks = re.split(r"\n\$L__BB\d+_\d+:|\bbra(?:\.uni)?\s+\$L__BB\d+_\d+;", dbias)
-    # (blocks[0] holds the noop flag's lone 32-bit load)
-    loads = sorted(b.count(load) for b in blocks[1:] if load in b)
-    assert min(loads) >= 4, loads  # a round: 4 loads (or more, unrolled) with no branch between them
+    per_round = kconfig.DBIAS_BYTES_IN_FLIGHT // nbytes
+    assert (kconfig.DBIAS_WARPS, kconfig.DBIAS_UNROLL, per_round * nbytes) == (8, 4, 128)
+    ptx = dgelu.asm(arch, dtype)["ptx"]  # (fp32 partials for 16-bit inputs)
+    kernels = [e for e in re.split(r"(?=\.entry )", ptx) if e.startswith(".entry kernel_cutlass_dbias_kernel")]
+    staged = [e for e in kernels if "cp.async" in e]
+    early = [e for e in kernels if "cp.async" not in e]
+    assert len(staged) == len(early) == 1, (len(staged), len(early))
+
+    def blocks(kernel):  # basic blocks: split at labels and after branches
+        return re.split(r"\n\$L__BB\d+_\d+:|\bbra(?:\.uni)?\s+\$L__BB\d+_\d+;", kernel)
+
+    # the early form (short reductions): rounds of DBIAS_UNROLL loads with no branch between them
+    load = f"ld.global.b{8 * nbytes}"
+    loads = sorted(b.count(load) for b in blocks(early[0])[1:] if load in b)  # (block 0: the noop flag)
+    assert loads and min(loads) >= kconfig.DBIAS_UNROLL, loads
+    # the staged form (long ones)
+    copy = re.compile(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], %d," % nbytes)
+    rounds = [b for b in blocks(staged[0]) if copy.search(b)]
+    # two round bodies (a full one, and a half one for a round of at most half the rows) ...
+    assert sorted(len(copy.findall(b)) for b in rounds) == [per_round // 2, per_round], rounds
+    for body in rounds:  # ... each issues its copies together, then waits for them once
+        waits = [m.start() for m in re.finditer(r"cp\.async\.wait_group\s+0;", body)]
+        assert len(waits) == 1
+        copies = body[body.index("cp.async.ca.shared.global"):waits[0]]
+        assert len(copy.findall(copies)) == len(copy.findall(body)) and "ld.global" not in copies
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
@@ -1182,18 +1203,25 @@ def test_plain_dbias_sums_its_input(arch, dtype):
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 def test_dbias_kernel_starts_early_with_programmatic_dependent_launch(arch):
     """dbias ops: the quantize kernel lets dbias_kernel launch at its start
-    (griddepcontrol.launch_dependents) and dbias_kernel waits for it to finish before reading the
-    partials (griddepcontrol.wait); ops without dbias have neither, and pdl=0 turns it off. The GPU
-    side: every dbias case of tests/test_gpu.py and bench/device_check.py."""
+    (griddepcontrol.launch_dependents); the launcher holds two dbias_kernels, one launched early
+    (for calls of at most PDL_MAX_ROWS rows), which waits for the quantize kernel to finish before
+    reading the noop flag or the partials (griddepcontrol.wait), and one launched after it (the
+    staged form, test_dbias_kernel_keeps_its_loads_in_flight). Ops
+    without dbias have neither, and pdl=0 turns it off. The GPU side: every dbias case of
+    tests/test_gpu.py (M above and below PDL_MAX_ROWS) and bench/device_check.py."""
     def ident(x):
         return x
 
     dgelu = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     ptx = dgelu.asm(arch, "bf16")["ptx"]
-    pk, dbias = _entry(ptx, "packed_kernel"), _entry(ptx, "dbias_kernel")
+    pk = _entry(ptx, "packed_kernel")
     assert "griddepcontrol.launch_dependents" in pk and "griddepcontrol.wait" not in pk
-    wait = dbias.index("griddepcontrol.wait")
-    assert wait < dbias.index("ld.global"), "dbias_kernel must wait before it reads the partials"
+    dbias = [e for e in re.split(r"(?=\.entry )", ptx) if e.startswith(".entry kernel_cutlass_dbias_kernel")]
+    early = [e for e in dbias if "griddepcontrol" in e]
+    assert len(dbias) == 2 and len(early) == 1, (len(dbias), len(early))
+    wait = early[0].index("griddepcontrol.wait")
+    assert wait < early[0].index("ld.global"), "dbias_kernel must wait before it reads the partials"
+    assert 0 < kconfig.PDL_MAX_ROWS < 8192  # (8192 rows and more: launched after, measured faster)
     assert "griddepcontrol" not in mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident).asm(arch, "bf16")["ptx"]
     off = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     off._tuning = Tuning(pdl=False)
@@ -1337,7 +1365,7 @@ def test_fp32_staged_dact(arch):
     off = compiler.compile_artifacts(build(Tuning(vec_stage=False), **dact), arch, "fp32", "vec")
     on = compiler.compile_artifacts(build(None, **dact), arch, "fp32", "vec")
     ptx_off, ptx_on = off["ptx"], on["ptx"]
-    assert "cp.async" not in ptx_off
+    assert "cp.async" not in _entry(ptx_off, "vec_kernel")  # (dbias_kernel's staged form has its own)
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+(?:\+(\d+))?\], \[%rd\d+(?:\+(\d+))?\], (\d+)", ptx_on)
     assert len(copies) == 4 * 2 * 2, copies
     assert all(int(s or 0) % 16 == 0 and int(g or 0) % 16 == 0 and n == "16" for s, g, n in copies), copies

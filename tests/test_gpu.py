@@ -126,14 +126,16 @@ def test_noop_on_device_writes_nothing():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dbias_full_and_partial_rounds_match_reference(dtype):
-    """M = 5000 is 157 partial rows: four full rounds of dbias_kernel (8 warps x 4 rows) and a
-    round of 29 rows, whose loads past the end are clamped and added as 0; bf16
-    takes the packed kernel, fp32 the vectorised one. Columns 1000 (not a multiple of 32: the last
-    CTA has idle lanes). CPU counterpart: tests/test_codegen.py::test_dbias_kernel_keeps_its_loads_in_flight."""
-    x = torch.randn(5000, 1000, dtype=dtype)
+    """M = 9590 is 300 rows of partials (the last block partial): a round of dbias_kernel copies
+    8 warps x 32 fp32 rows (bf16) or 8 x 16 fp64 rows (fp32), so one full round and one of 44 rows
+    (bf16), or two full rounds and one of 44 (fp32), whose copies past the end are zero-filled and
+    added as 0; bf16 takes the packed kernel, fp32 the vectorised one. Columns 1000 (not a multiple
+    of 32: the last CTA has idle lanes). CPU counterpart:
+    tests/test_codegen.py::test_dbias_kernel_keeps_its_loads_in_flight."""
+    x = torch.randn(9590, 1000, dtype=dtype)
     x[:, 7] = 0.0
     x[::3, 9] = -x[::3, 9]
-    a = torch.randn(5000, 1000, dtype=dtype)
+    a = torch.randn(9590, 1000, dtype=dtype)
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="relu", dbias=True)(_fast_ident)
     want = op.reference(x, act_input=a)
     got = op(x.cuda(), act_input=a.cuda(), out=poisoned(op, x.cuda()))

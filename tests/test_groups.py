@@ -8,6 +8,7 @@ import torch
 
 import mxq
 from mxq import groups
+from mxq.kernels import config as kconfig
 from mxq.testing import compare, planted, poisoned, same_bytes, v_abs_sum
 
 from . import oracle
@@ -219,7 +220,7 @@ def test_groups_with_a_second_epilogue_tensor():
             start += size
     for layouts in (("full", "row"), ("strided", "strided")):
         ptx = compiler.ptx_of(op, "sm_90a", "bf16", "vec_grouped", layouts=layouts)
-        assert ptx.count(".entry") == 2
+        assert ptx.count(".entry") == 3  # the quantize kernel, dbias_kernel's two forms
 
 
 # --- the grouped kernels (mxq/kernels/grouped.py), on a CUDA device ------------------------------------
@@ -276,6 +277,26 @@ def test_grouped_kernel_matches_reference(opts, dtype, n, seed):
         part = got.group(k)
         part.amax = part.dbias = None
         assert compare(part, alone, exact) == [], (k, start, end)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_grouped_dbias_of_a_long_call_matches_reference(dtype):
+    """More than PDL_MAX_ROWS rows: dbias_kernel's staged form (partials copied through shared
+    memory in rounds of 32 fp32 or 16 fp64 rows per thread) on each group's own partial rows,
+    groups of several full rounds, of a partial one, and empty. CPU counterpart:
+    tests/test_codegen.py::test_dbias_kernel_keeps_its_loads_in_flight (the staged form's copies)."""
+    sizes = [9000, 0, 3000, 45, 2]
+    assert sum(sizes) > kconfig.PDL_MAX_ROWS
+    m, n = sum(sizes), 200
+    op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(_ident)
+    x, a = planted(m, n, dtype, seed=21), planted(m, n, dtype, seed=22)
+    offsets = torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0)
+    want = op.reference(x, act_input=a, group_offsets=offsets)
+    v_abs = v_abs_sum(op, x, act_input=a, group_offsets=offsets)
+    xc, oc = x.cuda(), offsets.cuda()
+    got = op(xc, act_input=a.cuda(), group_offsets=oc, out=poisoned(op, xc, oc))
+    assert compare(got, want, False, v_abs) == []
 
 
 def _plus_gelu(x, b):
@@ -373,7 +394,7 @@ def test_grouped_kernels_compile(variant, arch):
 
     for dtype in ("bf16", "fp32"):
         ptx = compiler.ptx_of(op, arch, dtype, variant)
-        assert ptx.count(".entry") == 2  # the quantize kernel and the per-group dbias reduction
+        assert ptx.count(".entry") == 3  # the quantize kernel and the per-group dbias reduction's two forms
         if variant == "vec_grouped":  # vector accesses survive the arbitrary first row
             assert wide_accesses(ptx) == wide_accesses(compiler.ptx_of(op, arch, dtype, "vec")) > 0
 

@@ -21,7 +21,9 @@ ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
 DBIAS_WARPS = 8  # dbias reduction: warps per CTA ...
-DBIAS_UNROLL = 4  # ... and loads in flight per thread
+DBIAS_UNROLL = 4  # ... separate sums per thread (with the warps, these fix the order of the additions) ...
+DBIAS_BYTES_IN_FLIGHT = 128  # ... and bytes of partials each thread loads before adding any (reduce.py)
+PDL_MAX_ROWS = 4096  # dbias reduction: up to these rows M launched early (programmatic dependent launch), above staged
 CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy
 UNIT = 8  # ... and per FP8 store: rows starting on such boundaries store whole units (variant "rows8")
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
@@ -40,8 +42,9 @@ def unaligned_row_elements(cols: int, elem_bytes: int) -> int:
 class Tuning:
     """Benchmark-only switches (defaults are the library's choice).
 
-    ``pdl``: launch the dbias reduction with programmatic dependent launch on sm_90+ (it then
-    waits in ``griddepcontrol.wait``); False launches it after the quantize kernel.
+    ``pdl``: launch the dbias reduction of a call of at most PDL_MAX_ROWS rows with
+    programmatic dependent launch on sm_90+ (it then waits in ``griddepcontrol.wait``; longer
+    reductions never are: reduce.dbias_kernel); False launches it after the quantize kernel.
     ``row_scale_l2_keep``: store the packed and vectorised kernels' row-scale bytes with an L2
     evict_last policy (a 32-row CTA writes 8 bytes of each 32-byte sector; plain stores cost
     rowwise + colwise ~6% of its bandwidth on the H200).

@@ -33,7 +33,7 @@ from cutlass import Float32, Int32, Uint8
 
 from . import device as dev
 from . import grouped
-from .config import ROWS, KernelConfig
+from .config import PDL_MAX_ROWS, ROWS, KernelConfig
 from .generic import GenericKernel
 from .generic import grid as generic_grid
 from .packed import PackedKernel
@@ -87,10 +87,9 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
             grid, block = generic_grid(cfg, M, N, G)
             self.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
         if cfg.dbias:
-            pdl = use_pdl and cfg.pdl
             grid, block = dbias_grid(NO, G)
-            dbias_kernel(dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, ROWS), M, NO, pdl).launch(
-                grid=grid, block=block, stream=stream, use_pdl=pdl)
+            dargs = (dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, ROWS), M, NO)
+            self.launch_dbias_by_rows(dargs, M, grid, block, use_pdl and cfg.pdl, stream)
 
     def launch_packed(self, variant: str, args, M, N, G, use_pdl: bool, stream):
         """The packed kernel (16-bit inputs) of ``variant`` with this config's warps."""
@@ -106,6 +105,19 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         picks its warps by that parity (KernelConfig.rows8_twins), else None."""
         cfgs = self.cfg.rows8_twins()
         return None if cfgs is None else tuple(Quantize(c, self.epilogue, self.act, self.dact) for c in cfgs)
+
+    @cute.jit
+    def launch_dbias_by_rows(self, args, M, grid, block, pdl: cutlass.Constexpr, stream):
+        """dbias_kernel for calls of at most PDL_MAX_ROWS rows: loads into registers, launched
+        early with programmatic dependent launch (``pdl``); above: staged through shared memory,
+        launched after the quantize kernel (a branch of the host launcher). Launched early, the
+        reduction's CTAs wait on the SMs the quantize kernel's last CTAs leave first, several to
+        an SM: that saves a small call's launch gap and costs a long reduction its spread over
+        the SMs (docs/performance.md, "the price of dbias")."""
+        if M <= PDL_MAX_ROWS:
+            dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
+        else:
+            dbias_kernel(*args, False, True).launch(grid=grid, block=block, stream=stream)
 
     @cute.jit
     def launch_packed_by_parity(self, twins, stride, args, M, N, use_pdl: cutlass.Constexpr, stream):

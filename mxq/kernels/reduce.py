@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Float64, Int32
+from cutlass import Float32, Float64, Int32, Int64
 
-from .config import DBIAS_UNROLL, DBIAS_WARPS, ROWS
+from .config import DBIAS_BYTES_IN_FLIGHT, DBIAS_UNROLL, DBIAS_WARPS, ROWS
 from .grouped import clamp_end
 
 
@@ -22,18 +22,56 @@ def dbias_grid(N, G=None):
     return [cute.ceil_div(N, 32), 1 if G is None else G, 1], [32 * DBIAS_WARPS, 1, 1]
 
 
+def ws_address(t, r, c):
+    """Global byte address of element (r, c) of the 2-D workspace ``t``."""
+    return t.iterator.toint() + (Int64(r) * t.layout.stride[0] + Int64(c)) * (t.element_type.width // 8)
+
+
+def cp_async_zfill(dst, src, nbytes: int, ok):
+    """cp.async of ``nbytes`` (4 or 8) from global byte address ``src`` to shared byte address
+    ``dst``; where ``ok`` is false nothing is read and the slot is zeroed."""
+    cute.arch.inline_ptx(f"cp.async.ca.shared.global [{{$r0}}], [{{$r1}}], {nbytes}, {{$r2}};",
+                         read_only_args=[Int32(dst), src, Int32(cutlass.select_(ok, Int32(nbytes), Int32(0)))])
+
+
+@cute.jit
+def dbias_round(sBuf, slot, acc, a0, rbytes, b, MB, n: cutlass.Constexpr, tidx):
+    """One round of dbias_kernel for one thread: copy rows b, b + DBIAS_WARPS, ... (n of them,
+    from byte address a0 + row * rbytes) into its slots, wait, and add row i to sum i %
+    DBIAS_UNROLL. A row past MB is not read: its slot is zero-filled and adds 0."""
+    eb = sBuf.element_type.width // 8
+    nthreads = cute.size(sBuf, mode=[1])
+    for i in cutlass.range_constexpr(n):
+        r = b + i * DBIAS_WARPS
+        cp_async_zfill(slot.toint() + (i * nthreads) * eb, a0 + Int64(cutlass.min(r, MB - 1)) * rbytes, eb, r < MB)
+    cute.arch.cp_async_commit_group()
+    cute.arch.cp_async_wait_group(0)  # (a thread reads only its own slots: no barrier)
+    for i in cutlass.range_constexpr(n):
+        acc[i % DBIAS_UNROLL] = acc[i % DBIAS_UNROLL] + sBuf[i, tidx].to(Float64)
+
+
 @cute.kernel
 def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, group_ends, MB: Int32, M: Int32,
-                 N: Int32, use_pdl: cutlass.Constexpr):
+                 N: Int32, use_pdl: cutlass.Constexpr, staged: cutlass.Constexpr):
     """dbias[c] = sum of the per-CTA partials of column c (fp32 for 16-bit inputs, fp64 for fp32
     inputs), added in fp64 in a fixed order (deterministic, no atomics). A grouped call
     (``group_ends``) sums each group's own partial rows (its colwise blocks, grouped.py) into
     dbias[g, c], group g = the grid's y index; an empty group's row is 0.
 
-    A CTA owns 32 columns (lane = column, a warp's load is one 128- or 256-byte row piece), warp w
-    takes rows w, w + DBIAS_WARPS, ..., and a round of the CTA reads DBIAS_WARPS * DBIAS_UNROLL
-    consecutive rows with DBIAS_UNROLL loads in flight per thread, in separate sums. Order: a
-    thread's sums in index order, then the warps' in warp order."""
+    A CTA owns 32 columns (lane = column, a warp's copy is one 128- or 256-byte row piece) and
+    warp w takes rows w, w + DBIAS_WARPS, ...; the thread's row i (counting from 0) goes to sum
+    i % DBIAS_UNROLL. Order: each sum in row order, a thread's sums in index order, then the warps'
+    in warp order.
+
+    Two forms, one order of additions (so the same bits):
+    - ``staged`` (long reductions, more than PDL_MAX_ROWS rows): bound by its loads' latency (at
+      N = 4096 one CTA of 256 threads per SM), a round copies DBIAS_BYTES_IN_FLIGHT bytes of
+      partials per thread into the thread's own slots of shared memory with cp.async (32 KB per
+      CTA in flight), waits once, then adds them (dbias_round). Loaded into registers instead,
+      ptxas interleaved the loads with the additions and kept about 6 in flight.
+    - not staged (short ones, launched early with ``use_pdl``): rounds of DBIAS_UNROLL loads into
+      registers; without the 32 KB of shared memory a small call ran about 2 us faster.
+    docs/performance.md, "the price of dbias", has the measurements."""
     if cutlass.const_expr(use_pdl):
         # launched early (programmatic dependent launch, sm_90+): wait until the quantize kernel
         # has finished and its partials are visible
@@ -45,6 +83,12 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
     c = cb * 32 + lane
     smem = cutlass.memory.SmemAllocator()
     sPart = smem.allocate_tensor(Float64, cute.make_layout((DBIAS_WARPS, 32), stride=(32, 1)), 16)
+    EB = cutlass.const_expr(dbias_ws.element_type.width // 8)  # bytes per partial
+    if cutlass.const_expr(staged):
+        NV = cutlass.const_expr(DBIAS_BYTES_IN_FLIGHT // EB)  # partials a thread copies per round
+        NTHREADS = cutlass.const_expr(32 * DBIAS_WARPS)
+        sBuf = smem.allocate_tensor(dbias_ws.element_type, cute.make_layout((NV, NTHREADS), stride=(NTHREADS, 1)), 16)
+        slot = sBuf.iterator + tidx  # this thread's slot of copy i: slot + i * NTHREADS
     if noop[0] != Float32(1.0):
         acc = cute.make_rmem_tensor(cute.make_layout(DBIAS_UNROLL), Float64)
         acc.fill(0.0)
@@ -56,17 +100,30 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
             end = clamp_end(Int32(group_ends[gy]), M)
             first = start // ROWS + gy
             MB = (cutlass.max(end - start, Int32(0)) + ROWS - 1) // ROWS
-        if c < N:
-            step = DBIAS_WARPS * DBIAS_UNROLL
-            last = MB - 1
-            for b in cutlass.range(warp, cute.ceil_div(MB, step) * step, step):
-                # the last round too has no branch around a load (ptxas keeps loads of separate
-                # blocks in order, one latency after another): a row past the end is read as
-                # row MB - 1 and added as 0
-                for u in cutlass.range_constexpr(DBIAS_UNROLL):
-                    r = b + u * DBIAS_WARPS
-                    p = dbias_ws[first + cutlass.min(r, last), c].to(Float64)
-                    acc[u] = acc[u] + Float64(cutlass.select_(r <= last, p, Float64(0.0)))
+        if cutlass.const_expr(staged):
+            if c < N:
+                step = DBIAS_WARPS * NV  # rows per round of the CTA
+                a0 = ws_address(dbias_ws, first, c)
+                rbytes = Int64(dbias_ws.layout.stride[0]) * EB
+                for base in cutlass.range(0, MB, step):
+                    # (a round of at most half the rows copies half as many: 6144 rows have 192 rows
+                    # of partials, which full rounds would copy as 256 and 256 zero-filled slots)
+                    if MB - base > step // 2:
+                        dbias_round(sBuf, slot, acc, a0, rbytes, base + warp, MB, NV, tidx)
+                    else:
+                        dbias_round(sBuf, slot, acc, a0, rbytes, base + warp, MB, NV // 2, tidx)
+        else:
+            if c < N:
+                step = DBIAS_WARPS * DBIAS_UNROLL
+                last = MB - 1
+                for b in cutlass.range(warp, cute.ceil_div(MB, step) * step, step):
+                    # the last round too has no branch around a load (ptxas keeps loads of separate
+                    # blocks in order, one latency after another): a row past the end is read as
+                    # row MB - 1 and added as 0
+                    for u in cutlass.range_constexpr(DBIAS_UNROLL):
+                        r = b + u * DBIAS_WARPS
+                        p = dbias_ws[first + cutlass.min(r, last), c].to(Float64)
+                        acc[u] = acc[u] + Float64(cutlass.select_(r <= last, p, Float64(0.0)))
         t = acc[0]
         for u in cutlass.range_constexpr(1, DBIAS_UNROLL):
             t = t + acc[u]
