@@ -6,6 +6,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Float64, Int32, Int64
 
+from . import unaligned as ua
 from .config import DBIAS_BYTES_IN_FLIGHT, DBIAS_UNROLL, DBIAS_WARPS, ROWS
 from .grouped import clamp_end
 
@@ -22,28 +23,18 @@ def dbias_grid(N, G=None):
     return [cute.ceil_div(N, 32), 1 if G is None else G, 1], [32 * DBIAS_WARPS, 1, 1]
 
 
-def ws_address(t, r, c):
-    """Global byte address of element (r, c) of the 2-D workspace ``t``."""
-    return t.iterator.toint() + (Int64(r) * t.layout.stride[0] + Int64(c)) * (t.element_type.width // 8)
-
-
-def cp_async_zfill(dst, src, nbytes: int, ok):
-    """cp.async of ``nbytes`` (4 or 8) from global byte address ``src`` to shared byte address
-    ``dst``; where ``ok`` is false nothing is read and the slot is zeroed."""
-    cute.arch.inline_ptx(f"cp.async.ca.shared.global [{{$r0}}], [{{$r1}}], {nbytes}, {{$r2}};",
-                         read_only_args=[Int32(dst), src, Int32(cutlass.select_(ok, Int32(nbytes), Int32(0)))])
-
-
 @cute.jit
-def dbias_round(sBuf, slot, acc, a0, rbytes, b, MB, n: cutlass.Constexpr, tidx):
-    """One round of dbias_kernel for one thread: copy rows b, b + DBIAS_WARPS, ... (n of them,
-    from byte address a0 + row * rbytes) into its slots, wait, and add row i to sum i %
-    DBIAS_UNROLL. A row past MB is not read: its slot is zero-filled and adds 0."""
+def dbias_round(sBuf, acc, a0, rbytes, b, MB, n: cutlass.Constexpr, tidx):
+    """One round of dbias_kernel for thread ``tidx``: copy rows b, b + DBIAS_WARPS, ... (n of
+    them, from byte address a0 + row * rbytes) into its slots sBuf[i, tidx], wait, and add row i
+    to sum i % DBIAS_UNROLL. A row past MB is not read: its slot is zero-filled and adds 0."""
     eb = sBuf.element_type.width // 8
     nthreads = cute.size(sBuf, mode=[1])
+    slot = sBuf.iterator + tidx  # copy i goes to slot + i * nthreads
     for i in cutlass.range_constexpr(n):
         r = b + i * DBIAS_WARPS
-        cp_async_zfill(slot.toint() + (i * nthreads) * eb, a0 + Int64(cutlass.min(r, MB - 1)) * rbytes, eb, r < MB)
+        ua.cp_async_bytes(slot.toint() + (i * nthreads) * eb, a0 + Int64(cutlass.min(r, MB - 1)) * rbytes, eb,
+                          Int32(cutlass.select_(r < MB, Int32(eb), Int32(0))))
     cute.arch.cp_async_commit_group()
     cute.arch.cp_async_wait_group(0)  # (a thread reads only its own slots: no barrier)
     for i in cutlass.range_constexpr(n):
@@ -88,7 +79,6 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
         NV = cutlass.const_expr(DBIAS_BYTES_IN_FLIGHT // EB)  # partials a thread copies per round
         NTHREADS = cutlass.const_expr(32 * DBIAS_WARPS)
         sBuf = smem.allocate_tensor(dbias_ws.element_type, cute.make_layout((NV, NTHREADS), stride=(NTHREADS, 1)), 16)
-        slot = sBuf.iterator + tidx  # this thread's slot of copy i: slot + i * NTHREADS
     if noop[0] != Float32(1.0):
         acc = cute.make_rmem_tensor(cute.make_layout(DBIAS_UNROLL), Float64)
         acc.fill(0.0)
@@ -103,15 +93,15 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
         if cutlass.const_expr(staged):
             if c < N:
                 step = DBIAS_WARPS * NV  # rows per round of the CTA
-                a0 = ws_address(dbias_ws, first, c)
+                a0 = ua.byte_address(dbias_ws, first, c)
                 rbytes = Int64(dbias_ws.layout.stride[0]) * EB
                 for base in cutlass.range(0, MB, step):
                     # (a round of at most half the rows copies half as many: 6144 rows have 192 rows
                     # of partials, which full rounds would copy as 256 and 256 zero-filled slots)
                     if MB - base > step // 2:
-                        dbias_round(sBuf, slot, acc, a0, rbytes, base + warp, MB, NV, tidx)
+                        dbias_round(sBuf, acc, a0, rbytes, base + warp, MB, NV, tidx)
                     else:
-                        dbias_round(sBuf, slot, acc, a0, rbytes, base + warp, MB, NV // 2, tidx)
+                        dbias_round(sBuf, acc, a0, rbytes, base + warp, MB, NV // 2, tidx)
         else:
             if c < N:
                 step = DBIAS_WARPS * DBIAS_UNROLL

@@ -397,11 +397,11 @@ def cp_async_word(dst, src, ok):
                          read_only_args=[Int32(dst), src, Int32(cutlass.select_(ok, Int32(1), Int32(0)))])
 
 
-def cp_async_pair(dst, src, nbytes):
-    """cp.async of two 4-byte words from global byte address ``src`` (a multiple of 8) to
-    shared byte address ``dst`` (a multiple of 8): the first ``nbytes`` (0, 4 or 8) read, the
-    rest zeroed."""
-    cute.arch.inline_ptx("cp.async.ca.shared.global [{$r0}], [{$r1}], 8, {$r2};",
+def cp_async_bytes(dst, src, size: int, nbytes):
+    """cp.async of ``size`` bytes (4, 8 or 16) from global byte address ``src`` to shared byte
+    address ``dst`` (both multiples of ``size``): the first ``nbytes`` (0 .. size) read, the rest
+    zeroed. (Also reduce.dbias_round's copies.)"""
+    cute.arch.inline_ptx(f"cp.async.ca.shared.global [{{$r0}}], [{{$r1}}], {size}, {{$r2}};",
                          read_only_args=[Int32(dst), src, Int32(nbytes)])
 
 
@@ -415,8 +415,8 @@ def stage_words(seg, a, lane, ok, cvalid, pbytes):
     exist (0, 4 or 8). Words that do not exist are zeroed, not read."""
     if ((a - Int64(4 * lane)) & Int64(7)) == Int64(0):
         for k in cutlass.range_constexpr(4):
-            cp_async_pair((seg + staged_pair(lane, k)).toint(), a + Int64(4 * lane + 256 * k),
-                          Int32(cutlass.select_(ok, pbytes[k], Int32(0))))
+            cp_async_bytes((seg + staged_pair(lane, k)).toint(), a + Int64(4 * lane + 256 * k), 8,
+                           Int32(cutlass.select_(ok, pbytes[k], Int32(0))))
     else:
         for k in cutlass.range_constexpr(8):
             cp_async_word((seg + staged_word(lane, k)).toint(), a + Int64(128 * k), ok & cvalid[k])
