@@ -1,0 +1,1 @@
+"""Integrations: the torch custom operators (torch.compile), DTensor and FSDP2."""
