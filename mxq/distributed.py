@@ -182,41 +182,116 @@ def _contiguous_stride(shape) -> tuple:
 
 
 _GATHER_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale")
+_MAX_DIMS = 8  # dimensions a gathered tensor may have (the descriptor's fixed width holds its shape)
+# what every rank's descriptor records, in order: the local check's verdict, then what must agree
+_CHECKS = (
+    "an MXFP8Tensor",
+    "compact scales (swizzled tiles span 128 rows)",
+    f"a tensor of 2 to {_MAX_DIMS} dimensions (all_gather concatenates rows)",
+    "an ungrouped tensor (a grouped tensor's scale buffers are per group)",
+    "a multiple of 32 rows per rank when it has colwise blocks",
+)
+_FP8_CODES = {"e4m3": 1, "e5m2": 2}
+_DBIAS_CODES = {None: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+
+
+def _local_verdict(t) -> int:
+    """0 when ``t`` can be gathered on its own, else 1 + the index of the first check it fails."""
+    if not isinstance(t, MXFP8Tensor):
+        return 1
+    if t.scale_layout != "compact":
+        return 2
+    if not 2 <= len(t.shape) <= _MAX_DIMS:
+        return 3
+    if t.group_offsets is not None:
+        return 4
+    if t.colwise_data is not None and flat_dims(t.shape)[0] % 32:
+        return 5
+    return 0
+
+
+def _descriptor(t, verdict: int, nbytes: int) -> list:
+    """The fixed-width int64 record every rank sends first: its verdict, then its format,
+    directions, optional fields, shape and byte count (zeros where the verdict is not 0)."""
+    if verdict:
+        return [verdict] + [0] * (7 + _MAX_DIMS)
+    dims = list(t.shape) + [0] * (_MAX_DIMS - len(t.shape))
+    return [0, _FP8_CODES[t.fp8], int(t.rowwise_data is not None), int(t.colwise_data is not None),
+            int(t.amax is not None), _DBIAS_CODES.get(t.dbias.dtype if t.dbias is not None else None, 9),
+            len(t.shape), *dims, nbytes]
+
+
+def _exchange_device(t, group):
+    """Where the descriptors travel: the tensor's device where it has one, else the backend's (NCCL
+    moves CUDA tensors only)."""
+    import torch.distributed as dist
+
+    if isinstance(t, MXFP8Tensor):
+        field = next(getattr(t, f) for f in _GATHER_FIELDS if getattr(t, f) is not None)
+        return field.device
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _agree(t, parts_bytes: int, group) -> None:
+    """Every rank checks its own tensor, then the ranks exchange one fixed-width record each and
+    every rank raises the same error when any rank failed its check or the ranks disagree on the
+    format, directions, optional fields or shape: no rank is left waiting in a collective its
+    peers never enter, and no mix of formats is gathered under one label. (The scale mode is not
+    recorded in an MXFP8Tensor, so it cannot be compared; see all_gather.)"""
+    import torch.distributed as dist
+
+    verdict = _local_verdict(t)
+    world = dist.get_world_size(group)
+    mine = torch.tensor(_descriptor(t, verdict, parts_bytes), dtype=torch.int64, device=_exchange_device(t, group))
+    every = torch.empty(world * mine.numel(), dtype=torch.int64, device=mine.device)
+    dist.all_gather_into_tensor(every, mine, group=group)
+    every = every.view(world, -1).cpu()
+    failed = [(r, int(v)) for r, v in enumerate(every[:, 0].tolist()) if v]
+    if failed:
+        rank, v = failed[0]
+        got = f", got {type(t).__name__}" if v == 1 and rank == dist.get_rank(group) else ""
+        raise (TypeError if v == 1 else ValueError)(
+            f"mxq: all_gather() needs {_CHECKS[v - 1]} on every rank; rank {rank} has not{got}")
+    first = every[0]
+    for r in range(1, world):
+        if not torch.equal(every[r], first):
+            what = ("fp8 format", "rowwise direction", "colwise direction", "amax", "dbias dtype",
+                    "number of dimensions") + ("shape",) * _MAX_DIMS + ("byte count",)
+            i = next(i for i in range(1, first.numel()) if every[r, i] != first[i]) - 1
+            raise ValueError(f"mxq: all_gather() needs every rank's tensor to agree; rank {r}'s {what[i]} "
+                             f"differs from rank 0's (shape {_shape_of(every[r])} against {_shape_of(first)})")
+
+
+def _shape_of(desc) -> tuple:
+    nd = int(desc[6])
+    return tuple(int(d) for d in desc[7:7 + nd])
 
 
 def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     """Concatenate the ranks' MXFP8Tensors along rows (rank order): byte-equal to quantizing the
-    gathered full tensor, for data, scales and amax. One collective for the data (and a small
-    one that checks the shapes agree): every rank's fields go in one byte buffer (so formats torch's backends cannot reduce, float8 included, travel as
-    bytes). Each rank's tensor must have the same shape, compact scales and, when it has colwise
-    blocks, a row count (after flattening) that is a multiple of 32. dbias is the fp64 sum of the
-    ranks' dbias rounded to the input dtype: within the dbias class of the single-tensor value,
-    not byte-equal to it."""
+    gathered full tensor, for data, scales and amax. Two collectives: a fixed-width record per
+    rank (every rank's own checks and what must agree, _agree: any failure raises the same
+    error on every rank, before the data moves), then every rank's fields in one byte buffer (so
+    formats torch's backends cannot reduce, float8 included, travel as bytes). Each rank's tensor
+    must have the same shape, fp8 format, directions and optional fields, compact scales and,
+    when it has colwise blocks, a row count (after flattening) that is a multiple of 32. The
+    scale mode is the caller's to keep equal (an MXFP8Tensor does not record it). dbias is the
+    fp64 sum of the ranks' dbias rounded to the input dtype: within the dbias class of the
+    single-tensor value, not byte-equal to it."""
     import torch.distributed as dist
 
-    if not isinstance(t, MXFP8Tensor):
-        raise TypeError(f"mxq: all_gather() takes an MXFP8Tensor, got {type(t).__name__}")
-    if t.scale_layout != "compact":
-        raise ValueError("mxq: all_gather() needs compact scales (swizzled tiles span 128 rows)")
-    if len(t.shape) < 2:
-        raise ValueError(f"mxq: all_gather() concatenates rows: it needs a tensor of 2 or more dimensions, got "
-                         f"shape {tuple(t.shape)}")
-    if t.group_offsets is not None:
-        raise ValueError("mxq: all_gather() of a grouped tensor is not supported (its scale buffers are per group)")
-    m, n = flat_dims(t.shape)
-    if t.colwise_data is not None and m % 32:
-        raise ValueError(f"mxq: all_gather() of colwise blocks needs a multiple of 32 rows per rank, got {m}")
-    world = dist.get_world_size(group)
-    parts = [(f, getattr(t, f)) for f in (*_GATHER_FIELDS, "amax", "dbias") if getattr(t, f) is not None]
+    if isinstance(t, MXFP8Tensor) and any(isinstance(getattr(t, f), DTensor) for f in _GATHER_FIELDS):
+        raise TypeError("mxq: all_gather() takes an MXFP8Tensor of plain tensors, got one of DTensors (the result of "
+                        "a DTensor call is already distributed: use its fields' full_tensor() or redistribute)")
+    ok = _local_verdict(t) == 0
+    parts = [(f, getattr(t, f)) for f in (*_GATHER_FIELDS, "amax", "dbias") if getattr(t, f) is not None] if ok else []
     flat = [v.contiguous().view(torch.uint8).reshape(-1) if v.dim() else v.reshape(1).view(torch.uint8)
             for _, v in parts]
+    _agree(t, sum(f.numel() for f in flat), group)
+    world = dist.get_world_size(group)
     buf = torch.cat(flat)
-    # (on the tensors' device: NCCL moves CUDA tensors only)
-    shapes = torch.tensor(list(t.shape) + [buf.numel()], dtype=torch.int64, device=buf.device)
-    all_shapes = torch.empty(world * shapes.numel(), dtype=torch.int64, device=buf.device)
-    dist.all_gather_into_tensor(all_shapes, shapes, group=group)
-    if not torch.equal(all_shapes.view(world, -1), shapes.expand(world, -1)):
-        raise ValueError("mxq: all_gather() needs the same shape on every rank")
     gathered = torch.empty(world * buf.numel(), dtype=torch.uint8, device=buf.device)
     dist.all_gather_into_tensor(gathered, buf, group=group)
     per_rank = []
@@ -231,7 +306,7 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
         out["amax"] = torch.stack([r["amax"] for r in per_rank]).amax()
     if t.dbias is not None:
         out["dbias"] = torch.stack([r["dbias"].double() for r in per_rank]).sum(0).float().to(t.dbias.dtype)
-    shape = torch.Size((t.shape[0] * world, *t.shape[1:])) if len(t.shape) else torch.Size((world,))
+    shape = torch.Size((t.shape[0] * world, *t.shape[1:]))
     return MXFP8Tensor(out.get("rowwise_data"), out.get("colwise_data"), out.get("rowwise_scale"),
                        out.get("colwise_scale"), out.get("amax"), out.get("dbias"), t.fp8, t.scale_layout, shape)
 

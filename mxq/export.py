@@ -46,6 +46,22 @@ def check_operands(op, operands):
     return None if all(k == "full" for k in operands) else tuple(operands)
 
 
+def check_name(name) -> str:
+    """An export name: a C identifier starting with a letter. Every exported function is the
+    symbol ``__tvm_ffi_<function name>``, and TVM-FFI's loader gives symbols of its own meaning
+    to ``__tvm_ffi__library_ctx``, ``_library_bin``, ``_metadata_*``, ``_doc_*``, ``_cubin_*``
+    (a library exporting ``_library_ctx`` crashes its loader) and ``__tvm_ffi_main`` (the
+    library's default entry), so names starting with an underscore and ``main`` are refused."""
+    if not isinstance(name, str):
+        raise TypeError(f"mxq: export() argument 'name' must be a str or None, got {type(name).__name__}")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"mxq: export name must be a C identifier, got {name!r}")
+    if name.startswith("_") or name == "main":
+        raise ValueError(f"mxq: export name {name!r} is reserved: TVM-FFI's loader gives meaning to the symbols "
+                         f"'__tvm_ffi_main' and '__tvm_ffi__*'; start the name with a letter and not as 'main'")
+    return name
+
+
 def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None, grouped: bool = False,
            operands=None, note: str = "", n_multiple: int = 1) -> dict:
     """Write ``lib<name>.so`` (its kernel variants, cubin embedded) and ``<name>.h`` to ``directory``.
@@ -65,9 +81,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     layouts = check_operands(op, operands)
     arch = targets.normalize_arch(arch)
     dtype = targets.normalize_dtype(dtype)
-    name = name or f"mxq_{op.epilogue.name}"
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise ValueError(f"mxq: export name must be a C identifier, got {name!r}")
+    name = check_name(f"mxq_{op.epilogue.name}" if name is None else name)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     objects = []

@@ -181,7 +181,11 @@ class _MXFP8Linear(torch.autograd.Function):
 def mxfp8_all_gather(module: torch.nn.Module, world_size: int | None = None) -> torch.nn.Module:
     """Wrap the weight of every nn.Linear in ``module`` so that FSDP2 all-gathers it as MXFP8
     (call before ``fully_shard``; module docstring). ``world_size``: check now that each rank's
-    rows will be a multiple of 32. Returns ``module``."""
+    rows will be a multiple of 32 (a positive int, or None not to check). Returns ``module``."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"mxq.fsdp: argument 'module' must be a torch.nn.Module, got {type(module).__name__}")
+    if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1):
+        raise ValueError(f"mxq.fsdp: argument 'world_size' must be a positive int or None, got {world_size!r}")
     for name, sub in module.named_modules():
         if isinstance(sub, torch.nn.Linear) and not isinstance(sub.weight, MXFP8ShardedWeight):
             n, k = sub.weight.shape

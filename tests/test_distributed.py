@@ -112,7 +112,7 @@ except ValueError as exc:
 else:
     raise AssertionError("an uneven 3-D row split was accepted")
 from mxq import distributed as mxd
-for bad_t, words in ((mxq.quantize(torch.randn(64)), "2 or more dimensions"),
+for bad_t, words in ((mxq.quantize(torch.randn(64)), "2 to 8 dimensions"),
                      (mxq.quantize(torch.randn(64, 32), colwise=True, group_offsets=torch.tensor([64])), "grouped")):
     try:
         mxd.all_gather(bad_t)
@@ -268,7 +268,12 @@ def run_two_ranks(worker: str, tmp_path, done: str) -> None:
                MXQ_CACHE_DIR=str(tmp_path / "cache"))
     procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for rank in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    except subprocess.TimeoutExpired:  # (a hang fails the test instead of stalling the suite)
+        for p in procs:
+            p.kill()
+        raise
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, out + err[-4000:]
         assert done in out
@@ -277,3 +282,50 @@ def run_two_ranks(worker: str, tmp_path, done: str) -> None:
 def test_dtensor_shards_quantize_like_the_full_tensor(tmp_path):
     pytest.importorskip("torch.distributed.tensor")
     run_two_ranks(WORKER, tmp_path, "DTensor calls matched")
+
+
+DISAGREE = r"""
+import os, sys, datetime, torch, torch.distributed as dist
+import mxq
+from mxq import distributed
+
+rank = int(sys.argv[1])
+# a short timeout: a rank left waiting in a collective fails the test in seconds, not minutes
+dist.init_process_group("gloo", init_method=os.environ["MXQ_TEST_INIT"], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=30))
+x = torch.randn(64, 64)
+cases = [  # (this rank's tensor, the exception both ranks must raise, words in its message)
+    (mxq.quantize(x, colwise=True, fp8="e5m2" if rank else "e4m3"), ValueError, "rank 1's fp8 format differs"),
+    (mxq.quantize(x, rowwise=not rank, colwise=bool(rank)), ValueError, "rank 1's rowwise direction differs"),
+    (mxq.quantize(x.reshape((1, 64, 64) if rank else (64, 64)), colwise=True), ValueError,
+     "rank 1's number of dimensions differs"),
+    (mxq.quantize(torch.randn(64, 96 if rank else 64), colwise=True), ValueError, "rank 1's shape differs"),
+    (mxq.quantize(x, colwise=True, amax=bool(rank)), ValueError, "rank 1's amax differs"),
+    (mxq.quantize(torch.randn(40 if rank else 64, 64), colwise=True), ValueError,
+     "multiple of 32 rows per rank when it has colwise blocks on every rank; rank 1 has not"),
+    (mxq.quantize(x, colwise=True, scale_layout="swizzled") if rank == 0 else mxq.quantize(x, colwise=True),
+     ValueError, "compact scales (swizzled tiles span 128 rows) on every rank; rank 0 has not"),
+    (x if rank else mxq.quantize(x, colwise=True), TypeError, "needs an MXFP8Tensor on every rank; rank 1 has not"),
+]
+for i, (t, kind, words) in enumerate(cases):
+    try:
+        distributed.all_gather(t)
+    except kind as exc:
+        assert words in str(exc), (i, str(exc))
+    else:
+        raise AssertionError(f"case {i}: no error on rank {rank}")
+g = distributed.all_gather(mxq.quantize(x, colwise=True))  # the group still works after the refusals
+assert g.shape == (128, 64)
+print(f"rank {rank}: disagreements refused", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_all_gather_refuses_ranks_that_disagree_on_every_rank(tmp_path):
+    """Every rank checks its own tensor, then the ranks compare one fixed-width record: a rank that
+    fails a check, or ranks whose format, directions, optional fields, rank or shape differ, make
+    every rank raise the same error (no rank left waiting, no mix gathered under one label)."""
+    run_two_ranks(DISAGREE, tmp_path, "disagreements refused")

@@ -82,6 +82,17 @@ def test_shapes_that_cannot_travel_as_mxfp8_are_refused():
         w.fsdp_pre_all_gather(None, None, None, None, None)
 
 
+@pytest.mark.parametrize("world_size", [0, -2, 1.5, True, "2"])
+def test_a_world_size_that_is_not_a_positive_int_is_refused_by_name(world_size):
+    with pytest.raises(ValueError, match=r"argument 'world_size' must be a positive int or None, got"):
+        mxq.fsdp.mxfp8_all_gather(torch.nn.Linear(64, 64), world_size=world_size)
+
+
+def test_a_module_that_is_not_a_module_is_refused_by_name():
+    with pytest.raises(TypeError, match=r"argument 'module' must be a torch.nn.Module, got Tensor"):
+        mxq.fsdp.mxfp8_all_gather(torch.randn(64, 64))
+
+
 def test_sharded_weight_behaves_as_its_tensor():
     """Outside the all-gather the wrapper is its high-precision tensor: arithmetic, in-place
     updates (the optimizer), views and copies."""

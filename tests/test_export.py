@@ -1,0 +1,58 @@
+"""mxq/export.py's name rule: an exported function is the symbol ``__tvm_ffi_<name>``, so names
+that TVM-FFI's loader gives a meaning to are refused before anything compiles."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import mxq
+from mxq.export import check_name
+
+
+def _loader_symbols() -> list[str]:
+    """The special symbols TVM-FFI's own header declares (tvm/ffi/extra/module.h and the cubin
+    macros), read from the installed package: an independent list, not mxq's."""
+    import tvm_ffi
+
+    inc = Path(tvm_ffi.__file__).resolve().parent / "include" / "tvm" / "ffi"
+    text = "".join(p.read_text() for p in inc.rglob("*.h"))
+    return sorted(set(re.findall(r'"(__tvm_ffi_\w+)"', text)) | set(re.findall(r"\b(__tvm_ffi__[a-z]+_)", text)))
+
+
+def test_every_symbol_the_loader_reserves_is_refused_as_a_name():
+    symbols = _loader_symbols()
+    assert "__tvm_ffi__library_ctx" in symbols and "__tvm_ffi__library_bin" in symbols, symbols
+    for sym in symbols:
+        name = sym[len("__tvm_ffi_"):]
+        with pytest.raises(ValueError, match="is reserved"):
+            check_name(name)
+        if name.startswith("_"):  # (the prefixes: _metadata_<name>, _doc_<name>, _cubin_<name>)
+            with pytest.raises(ValueError, match="is reserved"):
+                check_name(name + "x")
+
+
+@pytest.mark.parametrize("name, error, words", [
+    ("_library_ctx", ValueError, "is reserved"),
+    ("_library_bin", ValueError, "is reserved"),
+    ("main", ValueError, "is reserved"),
+    ("", ValueError, "must be a C identifier, got ''"),
+    ("bad-name", ValueError, "must be a C identifier"),
+    (123, TypeError, "argument 'name' must be a str or None, got int"),
+])
+def test_export_refuses_a_bad_name_before_compiling(tmp_path, name, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        _identity.export(tmp_path, name=name)
+    assert not any(tmp_path.iterdir())
+
+
+def _ident(x):
+    return x
+
+
+_identity = mxq.fused_quant(colwise=True)(_ident)
+
+
+def test_ordinary_names_pass():
+    for name in ("my_op", "mxq_gelu", "Op2", "mainline"):
+        assert check_name(name) == name
