@@ -122,7 +122,7 @@ UNCHECKED = "_mxq_unchecked_"
 # input, kInput0, is found by its index)
 _CHECK_ROLES = {"rowwise_data": "kRowData", "rowwise_scale": "kRowScale", "colwise_data": "kColData",
                 "colwise_scale": "kColScale", "dbias": "kDbias", "dbias_workspace": "kWorkspace",
-                "group_offsets": "kGroupEnds"}
+                "group_offsets": "kGroupEnds", "amax": "kAmax"}
 
 
 def _compile_checks(op, functions, directory: Path) -> Path:

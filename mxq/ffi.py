@@ -33,6 +33,10 @@ _DL_FLOAT, _DL_BFLOAT = 2, 4
 SHARED_ALLOC_MAX_BYTES = 4 << 20
 
 
+# csrc/'s headers that dispatch.cc shares with the exported functions' check (export_check.h)
+SHARED_HEADERS = ("scale_sizes.h", "spans.h")
+
+
 def _dispatch_module():
     """Build (or load from tvm-ffi's cache) the C++ dispatcher library."""
     global _shim
@@ -41,12 +45,14 @@ def _dispatch_module():
             import tvm_ffi.cpp
 
             csrc = resources.files("mxq").joinpath("csrc")
-            # one source (the header's text in place of its #include), so that load_inline's
-            # cache key covers the scale sizes too
-            src, include = csrc.joinpath("dispatch.cc").read_text(), '#include "scale_sizes.h"'
-            assert include in src, "mxq: csrc/dispatch.cc must include scale_sizes.h"
-            src = src.replace(include, csrc.joinpath("scale_sizes.h").read_text(), 1)
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v15", cpp_sources=src, functions=["make_dispatcher"])
+            # one source (each shared header's text in place of its #include), so that
+            # load_inline's cache key covers the scale sizes and the overlap check too
+            src = csrc.joinpath("dispatch.cc").read_text()
+            for header in SHARED_HEADERS:
+                include = f'#include "{header}"'
+                assert include in src, f"mxq: csrc/dispatch.cc must include {header}"
+                src = src.replace(include, csrc.joinpath(header).read_text(), 1)
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v16", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 

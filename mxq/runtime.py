@@ -94,6 +94,33 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
         groups.check(group_offsets, flat_dims(f.shape)[0], f.device)
     if out is not None:
         check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape))
+        reads = [*zip(names, tensors), ("act_input", act_input), ("noop", noop), ("group_offsets", group_offsets)]
+        check_apart(out, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)])
+
+
+_OUT_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias")
+
+
+def _span(t: torch.Tensor):
+    """The bytes ``t`` can touch, [first, end) (None for an empty tensor): its first element to
+    its last, whatever lies between (two views interleaved in one buffer count as overlapping)."""
+    if t.numel() == 0:
+        return None
+    last = sum((d - 1) * s for d, s in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def check_apart(out: MXFP8Tensor, reads) -> None:
+    """``out``'s tensors must not share memory with each other or with a tensor the call reads
+    (``reads``: (name, tensor) pairs): the kernels read each input once and write each output
+    once, so a shared byte would be written while it is read, or twice (wrong bytes, silently)."""
+    spans = [(f"out.{f}", _span(getattr(out, f))) for f in _OUT_FIELDS if getattr(out, f) is not None]
+    others = [(n, _span(t)) for n, t in reads]
+    for i, (name, a) in enumerate(spans):
+        for other, b in spans[:i] + others:
+            if a is not None and b is not None and a[0] < b[1] and b[0] < a[1]:
+                raise ValueError(f"mxq: argument {name!r} overlaps {other!r} in memory: an op's outputs must not "
+                                 "share memory with each other or with its inputs")
 
 
 def check_scalars(names, scalars) -> None:
@@ -198,4 +225,4 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPES[dtype]
 
 
-__all__ = ["check_call", "check_out", "copied", "dtype_name", "fallback", "operand_layouts"]
+__all__ = ["check_apart", "check_call", "check_out", "copied", "dtype_name", "fallback", "operand_layouts"]

@@ -110,6 +110,26 @@ def test_exported_function_refuses_buffers_of_the_wrong_size(grouped_lib, m, n):
             assert "'mDbiasWs'" in msg and f"needs shape [{-(-m // 32)}, {n}]" in msg, msg
 
 
+def test_exported_function_refuses_outputs_that_share_memory(grouped_lib):
+    """An output sharing memory with another output or with an input (csrc/spans.h) is refused
+    naming both; apart (the same sizes) the call reaches the device check."""
+    op, lib, _ = grouped_lib
+    m, n = 64, 96
+    # (slot index, what to put there made from the same call's other arguments, the refusal)
+    cases = ((3, lambda a: a[1], "'mColData' overlaps argument #1 'mRowData'"),
+             (1, lambda a: a[0].view(torch.uint8).view(-1)[:m * n].view(m, n), "'mRowData' overlaps argument #0 'mIn0'"),
+             (5, lambda a: a[0][5], "'mDbias' overlaps argument #0 'mIn0'"),
+             (4, lambda a: a[6].view(torch.uint8).view(-1)[:a[4].numel()], "'mDbiasWs' overlaps argument #4 'mColScale'"),
+             (7, lambda a: a[6].view(-1)[:1], "'mDbiasWs' overlaps argument #7 'mNoop'"))
+    for slot, make, words in cases:
+        for fname in ("chk", "chk_vec"):
+            args = _args(op, m, n)
+            args[slot] = make(args)
+            msg = _error(lib[fname], args)
+            assert msg.startswith(f"ValueError: mxq: {fname}: argument #") and words in msg, msg
+    assert "expected device_type=cuda" in _error(lib["chk"], _args(op, m, n))
+
+
 def test_exported_grouped_function_checks_its_grouped_sizes(grouped_lib):
     op, lib, _ = grouped_lib
     m, n = 200, 96

@@ -233,6 +233,34 @@ def test_cpu_route_names_a_bad_argument():
         g(x, x, 2.0, None, outs[0], torch.zeros(40, 4, dtype=torch.uint8)[:, :2], *outs[2:], None)
 
 
+def test_registered_op_refuses_outputs_that_share_memory():
+    """An output that shares memory with another output or with an input (spans.h, before any
+    route: the CPU route reaches it here; a kernel would write a byte while reading it, or
+    twice) is a ValueError naming both arguments."""
+    resid.register("test_resid_apart")
+    g = tvm_ffi.get_global_func("mxq.test_resid_apart")
+    x, r = torch.randn(40, 64), torch.randn(40, 64)
+    d = dests(40, 64)
+    outs = [d["row_data"], d["row_scale"], d["col_data"], d["col_scale"], d["amax"].reshape(1), torch.zeros(64)]
+    in_x = x.view(torch.uint8).view(-1)[:40 * 64].view(40, 64)
+    noop = torch.zeros(1)
+    offs = torch.tensor([8, 40], dtype=torch.int32)
+    for slot, bad, words in ((2, outs[0].view(torch.float8_e4m3fn), "'colwise_data' overlaps 'rowwise_data'"),
+                             (0, in_x, "'rowwise_data' overlaps 'x'"),
+                             (5, r[3], "'dbias' overlaps 'r'"),
+                             (4, noop, "'amax' overlaps 'noop'")):
+        args = list(outs)
+        args[slot] = bad
+        with pytest.raises(ValueError, match=words + " in memory"):
+            g(x, r, 2.0, None, *args, noop)
+    args = list(outs)
+    args[4] = offs.view(torch.float32)[:1]
+    with pytest.raises(ValueError, match="'amax' overlaps 'group_offsets' in memory"):
+        g(x, r, 2.0, None, *args[:4], args[4], torch.zeros(2, 64), None, offs)
+    g(x, r, 2.0, None, *outs, noop)  # apart: runs (the reference on CPU)
+    assert torch.equal(outs[5], resid.reference(x, r, alpha=2.0).dbias)
+
+
 def _grouped_dests(m, n, g, device="cpu"):
     """Destinations for resid with group_offsets (G groups), filled with stale bytes."""
     u8 = dict(dtype=torch.uint8, device=device)

@@ -1,7 +1,11 @@
 """Every bad argument raises a clear exception that names it, before anything runs."""
 
+import re
+
 import pytest
 import torch
+
+import mxq.testing
 
 import mxq
 
@@ -93,6 +97,61 @@ def test_out_is_checked():
         mxq.quantize(x, colwise=True, fp8="e5m2", out=mxq.quantize(x, colwise=True, fp8="e4m3"))
     with pytest.raises(TypeError, match="'out'"):
         mxq.quantize(x, out=(good.rowwise_data, good.rowwise_scale))
+
+
+def _aliased_out_cases():
+    """(name, call) pairs: each call passes an ``out`` whose tensors share memory with each other
+    or with an input (each gave wrong bytes with no error before the check)."""
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    op = mxq.fused_quant(colwise=True, dbias=True, amax=True)(_ident)
+    fresh = lambda: op(x)  # noqa: E731
+    same = fresh()
+    same.colwise_data = same.rowwise_data  # one storage for both directions
+    inside = fresh()  # rowwise data inside x's own bytes
+    inside.rowwise_data = _into_bytes_of(x, (64, 64))
+    dbias_in_x = fresh()
+    dbias_in_x.dbias = x[0]
+    scales = fresh()  # the colwise scales overlap the rowwise ones' tail
+    buf = torch.empty(64 * 2 + 2 * 64, dtype=torch.uint8)
+    scales.rowwise_scale, scales.colwise_scale = buf[:128].view(64, 2), buf[64:192].view(2, 64)
+    noop_is_amax = fresh()
+    g = torch.randn_like(x)
+    dgelu = mxq.fused_quant(dact="gelu")(_ident)
+    into_act_input = dgelu(g, act_input=x)
+    into_act_input.rowwise_data = _into_bytes_of(x, (64, 64))
+    return [
+        ("out.colwise_data' overlaps 'out.rowwise_data", lambda: op(x, out=same)),
+        ("out.rowwise_data' overlaps 'x'", lambda: op(x, out=inside)),
+        ("out.dbias' overlaps 'x'", lambda: op(x, out=dbias_in_x)),
+        ("out.colwise_scale' overlaps 'out.rowwise_scale", lambda: op(x, out=scales)),
+        ("out.amax' overlaps 'noop'", lambda: op(x, noop=noop_is_amax.amax, out=noop_is_amax)),
+        ("out.rowwise_data' overlaps 'act_input'", lambda: dgelu(g, act_input=x, out=into_act_input)),
+    ]
+
+
+def _into_bytes_of(t, shape):
+    """An FP8 tensor of ``shape`` over the first bytes of ``t``'s memory."""
+    n = shape[0] * shape[1]
+    return t.view(torch.uint8).view(-1)[:n].view(shape).view(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_outputs_that_overlap_each_other_or_an_input_are_refused_by_name(case):
+    words, call = _aliased_out_cases()[case]
+    with pytest.raises(ValueError, match=re.escape(words) + ".*must not share memory"):
+        call()
+
+
+def test_outputs_apart_from_everything_pass_the_overlap_check():
+    """mxq's own outputs, padded rows included, and outputs next to (not over) an input pass."""
+    x = torch.randn(64, 13, dtype=torch.bfloat16)
+    op = mxq.fused_quant(colwise=True, dbias=True, amax=True)(_ident)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu", row_align=16)
+    assert mxq.testing.compare(op(x, out=out), op.reference(x), exact=True) == []
+    pool = torch.empty(2 * 64 * 16, dtype=torch.uint8)  # two directions side by side in one buffer
+    out.rowwise_data = pool[:1024].view(64, 16)[:, :13].view(torch.float8_e4m3fn)
+    out.colwise_data = pool[1024:].view(64, 16)[:, :13].view(torch.float8_e4m3fn)
+    assert mxq.testing.compare(op(x, out=out), op.reference(x), exact=True) == []
 
 
 def _plus(x, r):

@@ -25,7 +25,8 @@
 #include <tuple>
 #include <vector>
 
-#include "scale_sizes.h"  // (mxq/ffi.py puts its text here: load_inline builds one source)
+#include "scale_sizes.h"  // (mxq/ffi.py puts the headers' text here: load_inline builds one source)
+#include "spans.h"
 
 namespace ffi = tvm::ffi;
 
@@ -152,6 +153,30 @@ bool PlainOperands(const State& st, ffi::PackedArgs args, const DLTensor* x) {
   return Compact(x);
 }
 
+// The outputs given must not share memory with each other or with a tensor the call reads
+// (spans.h; Python's runtime.check_apart): checked on every route, before anything runs.
+void CheckApart(const State& st, ffi::PackedArgs args) {
+  const int base = st.nt + st.ns;
+  auto name = [&](int i) { return i == base + 8 ? std::string("group_offsets") : ArgName(st, i); };
+  std::vector<std::pair<int, const DLTensor*>> outs, reads;
+  for (int i = 0; i < static_cast<int>(args.size()); ++i) {
+    if (i >= st.nt && i < base) continue;  // the floats
+    std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
+    if (!t.has_value() || *t == nullptr) continue;  // (None; a wrong type is named by the checks below)
+    (i >= base + kRowData && i <= base + kDbias ? outs : reads).emplace_back(i, *t);
+  }
+  for (size_t a = 0; a < outs.size(); ++a) {
+    for (size_t b = 0; b < a + reads.size(); ++b) {
+      const auto& other = b < a ? outs[b] : reads[b - a];
+      if (mxq_spans::Overlap(outs[a].second, other.second)) {
+        TVM_FFI_THROW(ValueError) << "mxq: argument '" << name(outs[a].first) << "' overlaps '" << name(other.first)
+                                  << "' in memory: an op's outputs must not share memory with each other or with "
+                                  << "its inputs";
+      }
+    }
+  }
+}
+
 void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* rv) {
   State& st = *sp;
   const int expect = st.nt + st.ns + 8, base = st.nt + st.ns;
@@ -163,6 +188,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   }
   const DLTensor* x = TensorArg(st, args, 0);
   const bool grouped = args.size() == expect + 1 && args[expect] != nullptr;
+  CheckApart(st, args);
   if (x->device.device_type == kDLCPU || grouped || !PlainOperands(st, args, x)) {
     // the reference (CPU), or the Python binding of the kernels: grouped calls, and epilogue
     // tensors that broadcast against the first (a bias [N], ...) or are strided views

@@ -7,8 +7,9 @@
 // [M, 2N] outputs to M, N and the number of groups G (each is a size of its own in the
 // signature), so a buffer that is too small would be written past its end; nor can it refuse
 // G = 0 (the kernels then treat all rows as one group, which buffers sized for no group do not
-// hold) or more groups than the grouped dbias reduction's grid serves; and the FP8 data's row
-// stride, like the workspace's, is a symbol of its own, so rows that overlap would pass. Each
+// hold) or more groups than the grouped dbias reduction's grid serves; the FP8 data's row
+// stride, like the workspace's, is a symbol of its own, so rows that overlap would pass; and
+// nothing says that one argument's memory is apart from another's (spans.h). Each
 // exported name is therefore this check in front of the compiled function (linked in under a
 // hidden name): it raises ValueError naming the argument, or passes the call on unchanged.
 // Arguments it cannot read (a wrong count, a non-tensor, a first input that is not 2-D) are
@@ -22,6 +23,7 @@
 #include <string>
 
 #include "scale_sizes.h"
+#include "spans.h"
 
 namespace mxq_export {
 
@@ -37,7 +39,15 @@ enum Role : int {
   kDbias = 6,      // [W] ([G, W] grouped)
   kWorkspace = 7,  // [WorkspaceRows(M), W]
   kGroupEnds = 8,  // int32 [G]
+  kAmax = 9,       // float32 [1]
 };
+
+// The roles an exported function writes: they must not share memory with each other or with any
+// other tensor argument (spans.h).
+inline bool Writes(int role) {
+  return role == kRowData || role == kRowScale || role == kColData || role == kColScale || role == kDbias ||
+         role == kWorkspace || role == kAmax;
+}
 
 // One exported function: its argument roles and names (the header's), its scale layout,
 // whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/gated.py; else W = N), and the
@@ -84,6 +94,23 @@ inline bool RowsApart(const DLTensor* t, int64_t w) {
 inline std::string RowsNeed(const DLTensor* t, int64_t w) {
   return "rows at least " + std::to_string(w) + " elements apart (its row stride is " + std::to_string(t->strides[0]) +
          ")";
+}
+
+// Every argument the function writes is apart from every other tensor argument.
+inline int CheckApart(const Function& f, const TVMFFIAny* args) {
+  for (int i = 0; i < f.nargs; ++i) {
+    const DLTensor* out = Writes(f.roles[i]) ? AsTensor(args[i]) : nullptr;
+    if (out == nullptr) continue;
+    for (int j = 0; j < f.nargs; ++j) {
+      const DLTensor* other = j != i && (j < i || !Writes(f.roles[j])) ? AsTensor(args[j]) : nullptr;
+      if (other != nullptr && mxq_spans::Overlap(out, other)) {
+        return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
+                      "' overlaps argument #" + std::to_string(j) + " '" + f.arg_names[j] +
+                      "' in memory: outputs must not share memory with each other or with the inputs");
+      }
+    }
+  }
+  return 0;
 }
 
 // 0: the call may go on; -1: a ValueError is raised (TVM-FFI's C convention).
@@ -153,7 +180,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
                     " needs " + need + " (the header lists every argument's size)");
     }
   }
-  return 0;
+  return CheckApart(f, args);
 }
 
 }  // namespace mxq_export

@@ -1,0 +1,43 @@
+// Whether two tensors share memory: the overlap check of the registered dispatcher
+// (dispatch.cc) and of exported functions (export_check.h), the C++ twin of Python's
+// runtime.check_apart. An op's kernels read each input once and write each output once, so an
+// output that shares a byte with another output or with an input is written while it is read,
+// or twice: silently wrong bytes. Spans are conservative: two views interleaved in one buffer
+// (rows of one between rows of the other) count as overlapping.
+#ifndef MXQ_SPANS_H_
+#define MXQ_SPANS_H_
+
+#include <dlpack/dlpack.h>
+
+#include <cstdint>
+
+namespace mxq_spans {
+
+// The bytes `t` can touch, [*lo, *hi): from its lowest-addressed element to its highest. False
+// for an empty tensor (it touches none).
+inline bool Span(const DLTensor* t, uintptr_t* lo, uintptr_t* hi) {
+  int64_t low = 0, high = 0, compact = 1;
+  for (int d = t->ndim - 1; d >= 0; --d) {
+    if (t->shape[d] == 0) return false;
+    const int64_t stride = t->strides != nullptr ? t->strides[d] : compact;
+    const int64_t reach = (t->shape[d] - 1) * stride;
+    (reach < 0 ? low : high) += reach;
+    compact *= t->shape[d];
+  }
+  const int64_t item = (static_cast<int64_t>(t->dtype.bits) * t->dtype.lanes + 7) / 8;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(t->data) + t->byte_offset;
+  *lo = base + low * item;
+  *hi = base + (high + 1) * item;
+  return true;
+}
+
+inline bool Overlap(const DLTensor* a, const DLTensor* b) {
+  if (a->device.device_type != b->device.device_type || a->device.device_id != b->device.device_id) return false;
+  uintptr_t alo, ahi, blo, bhi;
+  if (!Span(a, &alo, &ahi) || !Span(b, &blo, &bhi)) return false;
+  return alo < bhi && blo < ahi;
+}
+
+}  // namespace mxq_spans
+
+#endif  // MXQ_SPANS_H_
