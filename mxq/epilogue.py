@@ -124,12 +124,14 @@ class _Parser:
         self.captured: dict[str, float] = {}
         self._calls: dict[ast.Call, str] = {}  # call node -> the mxq function it calls (checked)
         self.globals = dict(fn.__globals__)
+        self.unset: set[str] = set()  # closure variables with no value yet (assigned after decoration)
         if fn.__closure__:
             for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
                 try:
                     self.globals[name] = cell.cell_contents
-                except ValueError:  # empty cell
-                    pass
+                except ValueError:  # an empty cell: never the module global of the same name
+                    self.globals.pop(name, None)
+                    self.unset.add(name)
 
     def fail(self, node: ast.AST, message: str, construct: str | None = None):
         line = self.first_line + getattr(node, "lineno", 1) - 1
@@ -263,6 +265,10 @@ class _Parser:
         return ir.Const(ir.f32(value))
 
     def lookup(self, node: ast.Name):
+        if node.id in self.unset:
+            self.fail(node, f"captured name {node.id!r} has no value yet when the epilogue is decorated (it is "
+                      "assigned later in the enclosing function); captured values are read once, at decoration: "
+                      "assign it before the decorator runs, or make it a float parameter", "captured value")
         if node.id in self.globals:
             return self.globals[node.id]
         if hasattr(builtins, node.id):
@@ -420,6 +426,11 @@ def parse(fn) -> Epilogue:
     """Parse and validate an epilogue function. Raises EpilogueError on anything not allowed."""
     if not callable(fn) or not hasattr(fn, "__code__"):
         raise EpilogueError(f"an epilogue must be a Python function, got {type(fn).__name__}")
+    # A function wrapped by a functools.wraps decorator: its source (which inspect finds through
+    # __wrapped__), its globals, closure and defaults are the wrapped function's, not the wrapper's.
+    fn = inspect.unwrap(fn)
+    if not hasattr(fn, "__code__"):
+        raise EpilogueError(f"an epilogue must be a Python function, got a wrapper of {type(fn).__name__}")
     file = inspect.getsourcefile(fn) or "<unknown>"
     line0 = fn.__code__.co_firstlineno
     if fn.__name__ == "<lambda>":

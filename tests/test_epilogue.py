@@ -539,3 +539,40 @@ def test_inline_activation_arity_is_checked():
 
     with pytest.raises(EpilogueError, match="mxq.silu takes 1 argument, got 2"):
         mxq.fused_quant()(bad)
+
+
+K_CAPTURE = 3.0  # (tests/wrapping.py's module has its own K_CAPTURE = 100.0)
+
+
+def test_an_epilogue_wrapped_by_another_modules_decorator_reads_its_own_names_and_defaults():
+    """functools.wraps makes inspect find the wrapped function's source; its captured names,
+    closure and float defaults must be that function's too, not the wrapper's (the op computed
+    with the decorator module's K_CAPTURE = 100 and lost alpha's default)."""
+    from .wrapping import passthrough
+
+    @passthrough
+    def scaled(x, alpha: float = 0.5):
+        return x * K_CAPTURE * alpha
+
+    epi = parse(scaled)
+    assert epi.captured == (("K_CAPTURE", 3.0),) and epi.scalar_defaults == (0.5,), (epi.captured, epi.scalar_defaults)
+    x = torch.randn(8, 64)
+    got = mxq.fused_quant()(scaled).reference(x)
+    codes, scales = oracle.quantize_rows(((x * 3.0) * 0.5).tolist(), "e4m3", "rceil")  # (fp32 products)
+    assert got.rowwise_data.view(torch.uint8).tolist() == codes and got.rowwise_scale.tolist() == scales
+
+
+K_LATE = 2.0  # the module global of the same name as a closure variable assigned later
+
+
+def test_a_closure_variable_assigned_after_decoration_is_refused_not_read_from_globals():
+    def make():
+        def f(x):
+            return x * K_LATE
+
+        op = mxq.fused_quant()(f)
+        K_LATE = 3.0  # noqa: F841 (assigned after the epilogue was parsed)
+        return op
+
+    with pytest.raises(EpilogueError, match="captured name 'K_LATE' has no value yet when the epilogue is decorated"):
+        make()
