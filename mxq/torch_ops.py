@@ -121,7 +121,7 @@ def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
     fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
     return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                        fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
-                       shape, group_offsets)
+                       shape, None if group_offsets is None else group_offsets.clone())  # (a copy, as eager keeps)
 
 
 _FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "group_offsets")

@@ -124,3 +124,17 @@ def test_out_and_noop_under_compile_keep_eager_semantics():
 
     with pytest.raises(Exception, match="'alpha' must be a float, got bool"):
         torch.compile(lambda x: scaled(x, alpha=True), fullgraph=True)(x)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_grouped_result_keeps_its_own_offsets(backend):
+    """A grouped result holds a copy of group_offsets, compiled as eager: refilling the caller's
+    offsets buffer afterwards changes neither t.group_offsets nor what t.group(g) returns."""
+    x = torch.randn(96, 64)
+    offs = torch.tensor([32, 96])
+    f = torch.compile(lambda a, o: mxq.quantize(a, rowwise=False, colwise=True, group_offsets=o), backend=backend, fullgraph=True)
+    for t in (f(x, offs), mxq.quantize(x, rowwise=False, colwise=True, group_offsets=offs)):
+        offs.copy_(torch.tensor([64, 96]))
+        assert t.group_offsets.tolist() == [32, 96]
+        assert t.group(0).shape == (32, 64) and torch.equal(t.group(0).colwise_data.view(torch.uint8), t.colwise_data[:32].view(torch.uint8))
+        offs.copy_(torch.tensor([32, 96]))
