@@ -112,6 +112,10 @@ def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
     shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape
     runtime.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
     floats = [float(s) for s in scalars]
+    # (outputs carry no gradient, as in eager: the operator takes its inputs detached, so a
+    # compiled training step with requires_grad inputs traces without an autograd formula)
+    tensors = [t.detach() if isinstance(t, torch.Tensor) else t for t in tensors]
+    act_input = act_input.detach() if isinstance(act_input, torch.Tensor) else act_input
     if out is not None:  # validated while tracing (static shapes and dtypes), written in place
         runtime.check_out(spec, out, tensors[0], group_offsets, shape)
         outs = [getattr(out, f) for f in slots.OUTPUTS if slots.uses(spec, f)]

@@ -138,3 +138,20 @@ def test_compiled_grouped_result_keeps_its_own_offsets(backend):
         assert t.group_offsets.tolist() == [32, 96]
         assert t.group(0).shape == (32, 64) and torch.equal(t.group(0).colwise_data.view(torch.uint8), t.colwise_data[:32].view(torch.uint8))
         offs.copy_(torch.tensor([32, 96]))
+
+
+def test_compiled_calls_with_requires_grad_inputs_trace_and_carry_no_gradient():
+    """A compiled training step that quantizes activations: inputs with requires_grad trace (no
+    autograd formula is asked for) and the outputs carry no gradient, as in eager."""
+    x = torch.randn(64, 64, requires_grad=True)
+    r = torch.randn(64, 64)
+
+    @mxq.fused_quant(dbias=True, amax=True, colwise=True)
+    def resid(a, b):
+        return a + b
+
+    for fn in (lambda a: mxq.quantize(a, colwise=True, amax=True), lambda a: resid(a, r)):
+        got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+        want = fn(x.detach())
+        assert compare(got, want, exact=True) == []
+        assert not got.amax.requires_grad and (got.dbias is None or not got.dbias.requires_grad)
