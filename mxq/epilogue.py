@@ -429,6 +429,10 @@ def parse(fn) -> Epilogue:
     # A function wrapped by a functools.wraps decorator: its source (which inspect finds through
     # __wrapped__), its globals, closure and defaults are the wrapped function's, not the wrapper's.
     fn = inspect.unwrap(fn)
+    if inspect.ismethod(fn):
+        raise EpilogueError(f"a bound method ({fn.__qualname__}) cannot be an epilogue: use a plain function "
+                            "(a module-level def or a staticmethod) and pass what it needs as parameters",
+                            inspect.getsourcefile(fn) or "<unknown>", fn.__code__.co_firstlineno, "bound method")
     if not hasattr(fn, "__code__"):
         raise EpilogueError(f"an epilogue must be a Python function, got a wrapper of {type(fn).__name__}")
     file = inspect.getsourcefile(fn) or "<unknown>"
@@ -467,7 +471,8 @@ def parse(fn) -> Epilogue:
             p.fail(a, f"dunder name {a.arg!r} is not allowed in an epilogue", "dunder name")
         if a.arg.startswith("_mxq_"):  # (mxq/gated.py names the parameters it adds so)
             p.fail(a, f"parameter name {a.arg!r} is reserved (names starting with _mxq_ are mxq's)", "parameter name")
-        is_float_annot = isinstance(a.annotation, ast.Name) and a.annotation.id == "float"
+        is_float_annot = (isinstance(a.annotation, ast.Name) and a.annotation.id == "float") or \
+            (isinstance(a.annotation, ast.Constant) and a.annotation.value == "float")  # (`s: "float"` too)
         if a.arg in defaults:
             d = defaults[a.arg]
             if isinstance(d, bool) or not isinstance(d, (int, float)):

@@ -82,6 +82,9 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     arch = targets.normalize_arch(arch)
     dtype = targets.normalize_dtype(dtype)
     name = check_name(f"mxq_{op.epilogue.name}" if name is None else name)
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"mxq: export() argument 'directory' must be a path (str or os.PathLike), got "
+                        f"{type(directory).__name__}")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     objects = []

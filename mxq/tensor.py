@@ -7,6 +7,7 @@ the same helpers as the reference so a round trip is exact wherever the format a
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -80,6 +81,9 @@ class MXFP8Tensor:
         write faster at N % 8 != 0 (docs/performance.md, "N % 8 != 0", steps 12 and 14). Not
         with ``group_offsets``. None (the default): 16 when N % 8 != 0, else 1 (contiguous;
         default_row_align); 1 asks for contiguous data at any N."""
+        if not hasattr(spec, "scale_layout"):
+            raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
+                            f"{type(spec).__name__}")
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
         if row_align is None:
@@ -170,6 +174,11 @@ class MXFP8Tensor:
         if self.group_offsets is None:
             raise ValueError("mxq: group() needs a tensor quantized with group_offsets")
         bnds = groups.bounds(self.group_offsets)
+        if not isinstance(g, bool) and hasattr(g, "__index__"):  # (an int, numpy's ints, a 0-d int tensor)
+            try:
+                g = operator.index(g)
+            except TypeError:
+                pass
         if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < len(bnds):
             raise ValueError(f"mxq: group index must be an int in [0, {len(bnds)}), got {g!r}")
         start, end = bnds[g]

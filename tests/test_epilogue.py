@@ -576,3 +576,19 @@ def test_a_closure_variable_assigned_after_decoration_is_refused_not_read_from_g
 
     with pytest.raises(EpilogueError, match="captured name 'K_LATE' has no value yet when the epilogue is decorated"):
         make()
+
+
+class _Holder:
+    def scaled(self, x):
+        return x * 2.0
+
+
+def _quoted(x, s: "float"):
+    return x * s
+
+
+def test_a_bound_method_is_refused_by_name_and_a_quoted_float_annotation_is_a_float():
+    with pytest.raises(EpilogueError, match=r"a bound method \(_Holder.scaled\) cannot be an epilogue"):
+        parse(_Holder().scaled)
+    epi = parse(_quoted)
+    assert epi.tensor_params == ("x",) and epi.scalar_params == ("s",)

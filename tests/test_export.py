@@ -56,3 +56,8 @@ _identity = mxq.fused_quant(colwise=True)(_ident)
 def test_ordinary_names_pass():
     for name in ("my_op", "mxq_gelu", "Op2", "mainline"):
         assert check_name(name) == name
+
+
+def test_export_refuses_a_directory_that_is_not_a_path():
+    with pytest.raises(TypeError, match="argument 'directory' must be a path"):
+        _identity.export(None)

@@ -30,3 +30,30 @@ def test_saved_tensors_load_back_with_torch_defaults():
         if t.group_offsets is not None:
             assert torch.equal(u.group_offsets, t.group_offsets)
             assert compare(u.group(0), t.group(0), exact=True) == []
+
+
+class _Index:
+    """An integer-like index (numpy's integers behave so: operator.index takes them)."""
+
+    def __index__(self):
+        return 1
+
+
+def test_group_takes_any_integer_index_and_refuses_the_rest():
+    import pytest
+
+    x = torch.randn(64, 32)
+    t = mxq.quantize(x, colwise=True, group_offsets=torch.tensor([32, 64]))
+    want = mxq.quantize(x[32:], colwise=True)
+    for g in (1, _Index(), torch.tensor(1)):
+        assert compare(t.group(g), want, exact=True) == [], g
+    for g in (True, 1.0, 2, -1, "1", torch.tensor(0.5)):
+        with pytest.raises(ValueError, match=r"group index must be an int in \[0, 2\)"):
+            t.group(g)
+
+
+def test_empty_names_a_spec_that_is_not_one():
+    import pytest
+
+    with pytest.raises(TypeError, match="MXFP8Tensor.empty\\(\\) argument 'spec' must be a QuantSpec"):
+        mxq.MXFP8Tensor.empty(None, (4, 32), torch.float32, "cpu")
