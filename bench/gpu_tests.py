@@ -16,6 +16,7 @@ failed or errored, 2 if none failed but some did not finish.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -107,6 +108,25 @@ def report(shards: list[list[str]], logs: list[str], elapsed: float, max_traceba
     return "\n".join(lines) + "\n", 1 if bad else 2 if unfinished else 0
 
 
+RECORD = Path(__file__).resolve().parent / "results" / "gpu-suite.json"
+
+
+def write_record(path: Path, text: str) -> dict:
+    """The committed record of a whole GPU suite that passed (tests/test_gpu_record.py holds the
+    kernel layer to it): the kernel layer's hash (the one every generated module carries), the
+    counts line of the report, the device, torch and the date."""
+    import torch
+
+    from mxq.codegen import kernels_hash
+
+    rec = {"kernels_hash": kernels_hash(), "summary": text.splitlines()[0],
+           "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+           "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", default=["tests/"])
@@ -115,7 +135,12 @@ def main(argv=None) -> int:
     ap.add_argument("--marker", default="gpu", help="pytest -m expression (default: gpu)")
     ap.add_argument("-k", dest="kexpr", default=None)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu-tests.txt"))
+    ap.add_argument("--record", metavar="FILE", help="after a whole suite (default paths, marker and no -k) that "
+                    f"passed, write its record there (commit it as {RECORD.relative_to(RECORD.parents[2])})")
     args = ap.parse_args(argv)
+    whole = args.paths == ["tests/"] and args.marker == "gpu" and args.kexpr is None
+    if args.record and not whole:
+        ap.error("--record needs the whole GPU suite: no paths, -k or --marker")
     t0 = time.time()
     ids = collect(args.paths, args.marker, args.kexpr)
     shards = [s for s in shard(ids, max(1, args.shards)) if s]
@@ -138,6 +163,9 @@ def main(argv=None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     print(text.splitlines()[0], flush=True)
+    if args.record and status == 0 and ids:
+        write_record(Path(args.record), text)
+        print("recorded", args.record, flush=True)
     return status
 
 

@@ -77,3 +77,20 @@ def test_whole_run_on_a_small_test_file(tmp_path, monkeypatch):
     assert text.startswith("3 tests in 3 shards") and "1 passed, 1 failed, 1 did not finish" in text.splitlines()[0]
     assert "FAILED " in text and "test_sample.py::test_bad" in text and "assert (1 + 1) == 3" in text
     assert "test_sample.py::test_slow" in text.split("did not finish (timeout):")[1]
+
+
+def test_record_is_written_only_for_a_whole_passing_suite(tmp_path):
+    """--record: a suite cut by -k cannot write the record; the record holds the hash the CPU test
+    (tests/test_gpu_record.py) compares."""
+    import json
+
+    import pytest
+
+    from mxq.codegen import kernels_hash
+
+    tool = _bench_tool("gpu_tests")
+    with pytest.raises(SystemExit):
+        tool.main(["-k", "one", "--record", str(tmp_path / "r.json"), "--out", str(tmp_path / "o.txt")])
+    rec = tool.write_record(tmp_path / "r.json", "3 tests in 1 shards, 1 s: 3 passed\n")
+    assert rec["kernels_hash"] == kernels_hash() and rec["summary"].endswith("3 passed")
+    assert json.loads((tmp_path / "r.json").read_text()) == rec
