@@ -329,3 +329,63 @@ def test_all_gather_refuses_ranks_that_disagree_on_every_rank(tmp_path):
     fails a check, or ranks whose format, directions, optional fields, rank or shape differ, make
     every rank raise the same error (no rank left waiting, no mix gathered under one label)."""
     run_two_ranks(DISAGREE, tmp_path, "disagreements refused")
+
+
+FUZZ_RANKS = r"""
+import os, sys, random, datetime, torch, torch.distributed as dist
+import mxq
+from mxq import distributed
+from mxq.testing import compare
+
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=os.environ["MXQ_TEST_INIT"], rank=rank, world_size=2,
+                        timeout=datetime.timedelta(seconds=30))
+rng = random.Random(int(os.environ.get("MXQ_FUZZ_SEED", "20261130")))  # (the same draws on both ranks)
+refused = gathered = 0
+for case in range(40):
+    opts = dict(fp8=rng.choice(["e4m3", "e5m2"]), rowwise=rng.random() < 0.7, colwise=rng.random() < 0.7,
+                amax=rng.random() < 0.5, scale_mode=rng.choice(["rceil", "floor"]))
+    opts["rowwise"] = opts["rowwise"] or not opts["colwise"]
+    shape = rng.choice([(64, 32), (32, 96), (2, 32, 64)])
+    torch.manual_seed(case)  # (the same values on both ranks)
+    full = torch.randn((2 * shape[0],) + shape[1:])
+    what = rng.choice([None, None, "fp8", "rowwise", "colwise", "amax", "rows", "cols", "rank", "layout"])
+    # rank 1's tensor, drawn on both ranks so that both know whether the ranks differ
+    opts1, part1 = dict(opts), full[shape[0]:]
+    if what in ("fp8", "rowwise", "colwise", "amax"):
+        opts1[what] = {"fp8": "e5m2" if opts["fp8"] == "e4m3" else "e4m3"}.get(what, not opts.get(what))
+        if not (opts1["rowwise"] or opts1["colwise"]):
+            opts1["rowwise" if what == "colwise" else "colwise"] = True
+    if what == "rows":
+        part1 = torch.randn((part1.shape[0] * 2,) + part1.shape[1:])
+    if what == "cols":
+        part1 = torch.randn(part1.shape[:-1] + (part1.shape[-1] + 32,))
+    if what == "rank":
+        part1 = part1.reshape((1,) + tuple(part1.shape))
+    if what == "layout":
+        opts1["scale_layout"] = "swizzled"
+    differs = opts1 != opts or part1.shape != full[shape[0]:].shape
+    mine_opts, mine = (opts1, part1) if rank else (opts, full[:shape[0]])
+    try:
+        g = distributed.all_gather(mxq.quantize(mine, **mine_opts))
+    except ValueError as exc:
+        assert differs, (case, what, str(exc))
+        refused += 1
+        continue
+    assert not differs, (case, what, "gathered ranks that disagree")
+    want = mxq.quantize(full, **opts)
+    assert g.shape == want.shape and compare(g, want, exact=True) == [], (case, compare(g, want, exact=True))
+    gathered += 1
+assert refused and gathered, (refused, gathered)
+print(f"rank {rank}: fuzzed ranks {refused} refused {gathered} gathered", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_fuzz_ranks_that_disagree(tmp_path):
+    """Random options and shapes on two ranks, rank 1 sometimes differing in one way: all_gather
+    raises on both ranks exactly when they differ, and otherwise equals quantizing the whole."""
+    run_two_ranks(FUZZ_RANKS, tmp_path, "fuzzed ranks")

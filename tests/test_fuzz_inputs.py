@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import mxq
+import mxq.testing
 
 SEED = int(os.environ.get("MXQ_FUZZ_SEED", "20261130"))
 CASES = int(os.environ.get("MXQ_FUZZ_CASES", "300"))
@@ -101,6 +102,58 @@ def test_fuzz_ffi_entry_points():
             assert "storage" in str(exc), exc
         n += 3
     print(f"\n[fuzz] {n} bad calls of register / get_quantize_kernel / a registered dispatcher (seed {SEED + 1})")
+
+
+def _resid(x, r, alpha: float = 1.0):
+    return x * alpha + r
+
+
+def test_fuzz_aliased_outputs():
+    """out= whose tensors are carved at random from one byte pool (contiguous pieces at random
+    aligned offsets), inputs too: a call is refused with an 'overlaps' ValueError exactly when an
+    output piece shares a byte with another output or with an input (the test's own intervals),
+    and otherwise writes the reference's bytes, its inputs unchanged."""
+    rng = random.Random(SEED + 2)
+    op = mxq.fused_quant(colwise=True, amax=True, dbias=True)(_resid)
+    m, n = 64, 32
+    sizes = {"x": m * n * 2, "r": m * n * 2, "rowwise_data": m * n, "colwise_data": m * n,
+             "rowwise_scale": m * (n // 32), "colwise_scale": (m // 32) * n, "amax": 4, "dbias": n * 2}
+    dtypes = {"x": torch.bfloat16, "r": torch.bfloat16, "rowwise_data": torch.float8_e4m3fn,
+              "colwise_data": torch.float8_e4m3fn, "rowwise_scale": torch.uint8, "colwise_scale": torch.uint8,
+              "amax": torch.float32, "dbias": torch.bfloat16}
+    shapes = {"x": (m, n), "r": (m, n), "rowwise_data": (m, n), "colwise_data": (m, n),
+              "rowwise_scale": (m, n // 32), "colwise_scale": (m // 32, n), "amax": (), "dbias": (n,)}
+    refused = 0
+    for case in range(max(20, CASES // 4)):
+        pool = torch.zeros(sum(sizes.values()), dtype=torch.uint8)
+        where = {}  # name -> (start, end) in the pool, for the pieces carved from it
+        views = {}
+        for name, size in sizes.items():
+            if rng.random() < 0.5:
+                start = rng.randrange(0, len(pool) - size + 1) // 4 * 4
+                where[name] = (start, start + size)
+                views[name] = pool[start:start + size].view(dtypes[name]).reshape(shapes[name])
+            else:
+                views[name] = torch.zeros(shapes[name], dtype=dtypes[name])
+        x_val, r_val = torch.randn(m, n, dtype=torch.bfloat16), torch.randn(m, n, dtype=torch.bfloat16)
+        views["x"].copy_(x_val)
+        views["r"].copy_(r_val)
+        x_val, r_val = views["x"].clone(), views["r"].clone()  # (x and r may overlap each other: reads only)
+        outs = [f for f in sizes if f not in ("x", "r")]
+        clash = any(a in where and b in where and where[a][0] < where[b][1] and where[b][0] < where[a][1]
+                    for i, a in enumerate(outs) for b in outs[:i] + ["x", "r"])
+        out = mxq.MXFP8Tensor(*(views[f] for f in outs), "e4m3", "compact", torch.Size((m, n)))
+        if clash:
+            with pytest.raises(ValueError, match="overlaps"):
+                op(views["x"], views["r"], out=out)
+            refused += 1
+            continue
+        got = op(views["x"], views["r"], out=out)
+        assert torch.equal(views["x"], x_val) and torch.equal(views["r"], r_val), case
+        want = op.reference(x_val, r_val)
+        assert mxq.testing.compare(got, want, exact=True) == [], (case, where)
+    assert 0 < refused < max(20, CASES // 4)  # (both outcomes drawn)
+    print(f"\n[fuzz] aliased outputs (seed {SEED + 2}): {refused} refused, the rest byte-exact")
 
 
 DAMAGE = """
