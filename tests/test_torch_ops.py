@@ -124,3 +124,24 @@ def test_out_and_noop_under_compile_keep_eager_semantics():
 
     with pytest.raises(Exception, match="'alpha' must be a float, got bool"):
         torch.compile(lambda x: scaled(x, alpha=True), fullgraph=True)(x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,dynamic", [(None, False), (None, True), ("reduce-overhead", False)])
+def test_compiled_cuda_calls_write_the_eager_bytes(mode, dynamic):
+    """On the GPU, a fullgraph-compiled function of a plain cast and a fused op (static and dynamic
+    shapes, and captured in a CUDA graph by mode="reduce-overhead") writes the bytes of the same
+    calls made eagerly."""
+
+    def f(x, b):
+        return mxq.quantize(x, rowwise=True, colwise=True), resid(x, b, alpha=0.25)
+
+    x = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
+    want = f(x, b)
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True, dynamic=dynamic, mode=mode)
+    for _ in range(3):  # reduce-overhead records the graph on a later call
+        got = cf(x, b)
+    torch.cuda.synchronize()
+    assert [p for g, w in zip(got, want) for p in compare(g, w, exact=True)] == []
