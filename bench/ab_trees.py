@@ -53,6 +53,9 @@ def run_tree(root: str, dtypes: list, odd: bool = False, ops=None) -> dict:
 
 def _device_check_ops() -> set:
     """The op names of bench/device_check.py's OPS (a sibling module; what --ops may name)."""
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:  # imported from elsewhere (the tests), not run as a script
+        sys.path.insert(0, here)
     import device_check
 
     return set(device_check.OPS)

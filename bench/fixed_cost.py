@@ -1,7 +1,7 @@
 """Split a kernel's time into a fixed part and a bandwidth part, against a copy of the same bytes.
 
-Why: at 8192^2 and 4096x14336 rowwise reads 90-92% of copy while it reads 97-99% at the larger
-shapes. Timing each op over a sweep of sizes and fitting time = fixed + bytes / bandwidth tells
+Why: an op can run below a copy's rate at the smaller shapes and at it at the larger ones.
+Timing each op over a sweep of sizes and fitting time = fixed + bytes / bandwidth tells
 whether the gap is a per-launch cost (launch, ramp-up, the last wave's drain), which a tiling
 change can move, or a bandwidth cost. The copy is torch's copy of exactly the bytes the op
 moves (half read, half written). Each tuning variant is checked byte for byte against the

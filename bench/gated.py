@@ -7,7 +7,7 @@ Shapes are the gated output's [M, N] (the input is [M, 2N]): forward reads 2MN i
 two [M, N] FP8 copies with scales; backward reads the [M, N] gradient and the [M, 2N] forward
 input and writes two [M, 2N] FP8 copies with scales and a [2N] dbias. Timing: bench/device_check.py's
 busy-GPU method on a prepared launch; the user-epilogue form over half views for comparison, and
-the backward with Tuning(halves_one_cta=False) (one CTA per half, the default before 2026-12-01).
+the backward with Tuning(halves_one_cta=False) (one CTA per half instead of one for both).
 """
 
 from __future__ import annotations

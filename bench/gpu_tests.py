@@ -9,7 +9,7 @@ runs them one after another), stops them all ``--timeout`` seconds after the sta
 one text file:
 counts, every failed or erroring test with pytest's summary line and the head of its traceback,
 and the tests that did not finish. One file, because a device call returns a limited number of
-files: on 2026-12-01 seven shard logs were written and two never came back. Exits 1 if a test
+files and may lose some of several shard logs. Exits 1 if a test
 failed or errored, 2 if none failed but some did not finish.
 """
 

@@ -1,6 +1,6 @@
 """Print a results JSON written by bench/device_check.py as a Markdown table.
 
-    python bench/table.py bench/results/nvidia-h200-20261130.json
+    python bench/table.py bench/results/nvidia-h200-table.json
 """
 
 import json

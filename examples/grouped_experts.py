@@ -12,7 +12,7 @@ Run: python examples/grouped_experts.py
    with the same `offs` quantizes SwiGLU's output for the second GEMM, and `dact="swiglu"` the
    gradient of both halves, with each expert's bias gradient ([G, 2N]).
 On CUDA the grouped kernels run in one launch with no host sync (the grouped gated backward runs
-the torch reference for now, with a one-time warning).
+the torch reference, with a one-time warning).
 """
 
 import warnings
@@ -67,7 +67,7 @@ for g, size in enumerate(sizes):
     rows = slice(start, start + size)
     alone_f, alone_b = swiglu(h[rows]), dswiglu(grad[rows], act_input=h[rows])
     part_b = bwd.group(g)
-    # (on CPU every byte is equal; on CUDA the grouped backward is the reference for now, so the
+    # (on CPU every byte is equal; on CUDA the grouped backward runs the reference, so the
     # silu formulas may differ from the kernels' in the last bit: NUMERICS' transcendental class)
     assert compare(fwd.group(g), alone_f, exact=device == "cpu") == [], g
     assert torch.allclose(part_b.dbias.float(), alone_b.dbias.float(), rtol=2 ** -7, atol=1e-3), g

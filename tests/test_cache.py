@@ -444,8 +444,8 @@ def test_concurrent_first_calls_load_a_library_once(monkeypatch, tmp_path):
 
 
 def test_exported_directory_is_relocatable(tmp_path):
-    """Issue 21 item 15: the AOT library's RUNPATH pointed into the building machine's virtual
-    environment. Now the runtime libraries are copied beside it (RUNPATH $ORIGIN): a copy of the
+    """The AOT library must not depend on the building machine's virtual environment: the runtime
+    libraries are copied beside it (RUNPATH $ORIGIN), so a copy of the
     directory in another place, loaded by a C++ program built with rpath $ORIGIN and run with an
     empty environment from elsewhere, resolves nothing inside the venv, loads, and its function
     answers a CPU tensor with the clean device error (no GPU here)."""

@@ -698,25 +698,11 @@ def test_templates_are_mostly_python():
     assert lines and len(statements) * 10 <= len(lines), (len(statements), len(lines))
 
 
-def test_kernel_times_tool_names_the_compiled_kernels():
-    """bench/kernel_times.py reports the profiler's time per kernel under a short name; the
-    names it must find are the compiled kernels' own (packed_kernel, dbias_kernel), so a
-    change in CuTeDSL's symbol mangling shows here, not as an unreadable GPU table."""
-    tool = _bench_tool("kernel_times")
-
-    def ident(x):
-        return x
-
-    dgelu = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
-    names = {tool.short_name(k) for k in re.findall(r"\.entry (\w+)", dgelu.asm("sm_90", "bf16")["ptx"])}
-    assert names == {"packed_kernel", "dbias_kernel"}, names
-
-
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 def test_generic_kernel_issues_its_loads_first(arch):
     """The generic kernel (fp32 with N % 8 != 0 or unaligned tensors): every row's loads of every
-    input come before the first store, so their latencies overlap; each row's arithmetic used to
-    wait for that row's load. The GPU side: bench/device_check.py's odd shapes (generic-kernel
+    input come before the first store, so their latencies overlap (no row's arithmetic waits for
+    that row's load alone). The GPU side: bench/device_check.py's odd shapes (generic-kernel
     cases) and its --odd timing."""
     def ident(x):
         return x
@@ -855,7 +841,7 @@ def test_unaligned_rows_store_whole_units_when_aligned(arch):
     """The unaligned packed kernel has a second store form for FP8 rows that start on 8-byte
     boundaries (padded outputs): each lane's 8 bytes as one aligned store, chosen per warp at run
     time, so a plain cast's kernel holds twice the 8-byte stores of one form. dbias ops and ops
-    with arithmetic keep one form (docs/performance.md, "N % 8 != 0", step 12). The GPU side:
+    with arithmetic keep one form (docs/performance.md, "N % 8 != 0"). The GPU side:
     test_gpu.py::test_padded_outputs_match_reference."""
     def ident(x):
         return x
@@ -895,7 +881,7 @@ def test_unaligned_rows_store_whole_units_when_aligned(arch):
 def test_rows8_plain_casts_pick_warps_by_row_stride_parity(arch):
     """Variant rows8 of a plain cast without dbias compiles its packed kernel twice, at 8 warps
     and at 4 (KernelConfig.rows8_warps: for even and for odd input row strides; docs/
-    performance.md, "N % 8 != 0", step 18), and its host launcher picks one by the parity; ops
+    performance.md, "N % 8 != 0"), and its host launcher picks one by the parity; ops
     with arithmetic or dbias, other variants and an explicit Tuning.unaligned_warps hold one
     packed kernel. The GPU side: test_gpu.py::test_default_outputs_pad_odd_rows (N = 1030 and
     4100 even, 333 and 5 odd) and the padded-output tests."""
@@ -975,7 +961,7 @@ def test_ptx_count_occupancy_by_hand():
 
 def test_ptx_count_split_by_hand():
     """bench/ptx_count.py --split: a kernel of 857 instructions per thread at 4 rows and 1457 at 8
-    (both, sixth session) is 150 per row and 257 per tile; a line through (2, 10) and (6, 30)
+    (the unaligned both kernel) is 150 per row and 257 per tile; a line through (2, 10) and (6, 30)
     is 5 per row and 0 per tile."""
     tool = _bench_tool("ptx_count")
     assert tool.split_rows(4, 857, 8, 1457) == (150.0, 257.0)
@@ -1314,8 +1300,7 @@ def _times9(x):
 
 def test_asm_of_ops_with_one_signature_returns_each_ops_own_ptx(tmp_path, monkeypatch):
     """Issue 21 item 4: CuTeDSL names its PTX dump by the kernel signature alone, so ops x*7 and
-    x*9 read each other's file (2 of 2 trials across processes; in one process too). Each compile
-    now dumps into a directory of its own, even when the temporary directory's path holds a space,
+    x*9 would read each other's file. Each compile dumps into a directory of its own, even when the temporary directory's path holds a space,
     quotes and something that looks like an option (item 8: the option string is split like a
     shell line)."""
     odd = tmp_path / "dir with 'quotes' --keep-cubin"

@@ -263,7 +263,7 @@ def _one_cta(op, one: bool = True):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_one_cta_halves_compile(arch):
-    """Tuning.halves_one_cta (the default since 2026-12-01): the packed kernel writes both halves
+    """Tuning.halves_one_cta (on by default): the packed kernel writes both halves
     in two passes over one loaded tile, and it compiles; False gives one CTA per half."""
     import re
 

@@ -163,8 +163,8 @@ def test_dbias_blocks_sum_in_the_partial_precision(dtype, n, want):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("shape", [(300, 256), (33, 36)])
 def test_plain_dbias_matches_reference(dtype, shape):
-    """dbias of a plain cast (no act, dact or epilogue: v is the input). The packed kernel used to
-    leave its partial sums unset for such ops, and no other GPU case had one. CPU counterpart:
+    """dbias of a plain cast (no act, dact or epilogue: v is the input). A packed kernel that left
+    its partial sums unset for such ops would pass every other GPU case. CPU counterpart:
     tests/test_codegen.py::test_plain_dbias_sums_its_input."""
     x = planted(*shape, dtype, seed=5)
     for op in (mxq.fused_quant(colwise=True, dbias=True)(_fast_ident),

@@ -15,7 +15,7 @@ def test_every_function_of_the_table_is_called_at_import():
     """Importing mxq.math calls every function of math.UNARY on a one-element fp32 and fp64
     tensor (spied on in a fresh process), so a function added to the table is warmed without
     another edit. The race itself (pytorch/pytorch#188792) cannot be forced, so no test here
-    checks values: on this machine (2026-12-01) the first torch.tanh of 4001 fp32 values in a
+    checks values: on a CPU machine measured for it, the first torch.tanh of 4001 fp32 values in a
     fresh process was off by up to 9e-5 on 1788 values in 2 of 24 processes; in processes that
     imported mxq first it was clean in 12 of 12 with the warm-up and in 36 of 36 without it (the
     import's own work changes the timing). That a one-element first call settles the choice is

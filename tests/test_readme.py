@@ -40,3 +40,35 @@ def test_quickstart_runs_on_cpu(tmp_path, monkeypatch, capsys):
     assert namespace["t"].dbias is not None and namespace["t"].colwise_data is not None
     assert tuple(namespace["t3"].rowwise_data.shape) == (4, 64, 1024)
     assert not namespace["x"].is_cuda
+
+
+DEMO = "bash .ci/setup.sh && .venv/bin/python examples/demo.py"
+TESTS = "bash .ci/setup.sh && .venv/bin/python -m pytest -q"
+
+
+def test_the_two_commands_are_written_as_ci_runs_them():
+    """The README's demo and test commands, verbatim; .ci/run runs the second."""
+    lines = README.read_text().splitlines()
+    assert DEMO in lines and TESTS in lines
+    assert TESTS in (README.parent / ".ci" / "run").read_text().splitlines()
+
+
+def test_command_lines_name_the_checkout_python():
+    """After the set-up command the venv is not active: the README's `python -m mxq` lines call
+    .venv/bin/python (a bare `python -m mxq` would not find mxq)."""
+    text = README.read_text()
+    assert re.findall(r"\.venv/bin/python -m mxq", text)
+    assert not re.findall(r"(?<![/\w])python -m mxq", text)
+
+
+def test_relative_links_of_the_docs_point_at_files():
+    """Every relative Markdown link in README.md, docs/ and bench/README.md names a file or
+    folder of the tree (results files are renamed and deleted; the links follow)."""
+    root = README.parent
+    docs = [README, root / "bench" / "README.md", *sorted((root / "docs").glob("*.md"))]
+    missing = []
+    for doc in docs:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" not in target and not (doc.parent / target).exists():
+                missing.append(f"{doc.relative_to(root)}: {target}")
+    assert missing == []

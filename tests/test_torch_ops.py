@@ -132,11 +132,13 @@ def test_compiled_grouped_result_keeps_its_own_offsets(backend):
     offsets buffer afterwards changes neither t.group_offsets nor what t.group(g) returns."""
     x = torch.randn(96, 64)
     offs = torch.tensor([32, 96])
-    f = torch.compile(lambda a, o: mxq.quantize(a, rowwise=False, colwise=True, group_offsets=o), backend=backend, fullgraph=True)
+    f = torch.compile(lambda a, o: mxq.quantize(a, rowwise=False, colwise=True, group_offsets=o), backend=backend,
+                      fullgraph=True)
     for t in (f(x, offs), mxq.quantize(x, rowwise=False, colwise=True, group_offsets=offs)):
         offs.copy_(torch.tensor([64, 96]))
         assert t.group_offsets.tolist() == [32, 96]
-        assert t.group(0).shape == (32, 64) and torch.equal(t.group(0).colwise_data.view(torch.uint8), t.colwise_data[:32].view(torch.uint8))
+        assert t.group(0).shape == (32, 64)
+        assert torch.equal(t.group(0).colwise_data.view(torch.uint8), t.colwise_data[:32].view(torch.uint8))
         offs.copy_(torch.tensor([32, 96]))
 
 
@@ -155,3 +157,24 @@ def test_compiled_calls_with_requires_grad_inputs_trace_and_carry_no_gradient():
         want = fn(x.detach())
         assert compare(got, want, exact=True) == []
         assert not got.amax.requires_grad and (got.dbias is None or not got.dbias.requires_grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,dynamic", [(None, False), (None, True), ("reduce-overhead", False)])
+def test_compiled_cuda_calls_write_the_eager_bytes(mode, dynamic):
+    """On the GPU, a fullgraph-compiled function of a plain cast and a fused op (static and dynamic
+    shapes, and captured in a CUDA graph by mode="reduce-overhead") writes the bytes of the same
+    calls made eagerly."""
+
+    def f(x, b):
+        return mxq.quantize(x, rowwise=True, colwise=True), resid(x, b, alpha=0.25)
+
+    x = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
+    want = f(x, b)
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True, dynamic=dynamic, mode=mode)
+    for _ in range(3):  # reduce-overhead records the graph on a later call
+        got = cf(x, b)
+    torch.cuda.synchronize()
+    assert [p for g, w in zip(got, want) for p in compare(g, w, exact=True)] == []
