@@ -132,9 +132,8 @@ def dbias_partial_dtype(dtype: torch.dtype) -> torch.dtype:
     """Precision of the kernels' dbias partial sums (one workspace row per 32-row block).
 
     16-bit inputs: each 32-row block is summed in fp32 (docs/NUMERICS.md's fp32 accumulation) and the
-    blocks in fp64. Measured on the H200 (bench/results/nvidia-h200-20261130-dbias-partials.json)
-    this made dgelu+dbias 6-7 us faster at 8192^2 than fp64 block sums (fewer registers: 5 CTAs
-    per SM instead of 4; half the workspace bytes). Its error is at most 31 * 2^-24 * sum |v|, far
+    blocks in fp64. Measured on the H200, this made dgelu+dbias 6-7 us faster at 8192^2 than fp64
+    block sums (fewer registers: 5 CTAs per SM instead of 4; half the workspace bytes). Its error is at most 31 * 2^-24 * sum |v|, far
     inside the 1-ulp bf16/fp16 class unless a column's sum cancels to below ~2^-11 (bf16) or ~2^-8
     (fp16) of its sum of |v|. fp32 inputs keep fp64 block sums: their 1-ulp class is fp32's own.
     """

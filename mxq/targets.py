@@ -6,8 +6,8 @@ below, ``compiler.compile_artifacts`` (``FusedOp.asm``) in a fresh process with
 ``dbias=True``, one with everything (e5m2, amax, ``dact="silu"``, dbias, swizzled scales,
 ``scale_mode="even"``) and a colwise-only ``act="qgelu"`` with ``scale_mode="floor"`` -- in bf16,
 fp32 and fp16, both kernel variants ("vec" and "generic"): 30 compiles per arch. Toolchain:
-nvidia-cutlass-dsl 4.8.1 (its own ptxas), the local ptxas of CUDA 13.0.88 for the register report,
-the kernels of commit 154b266; no GPU involved.
+nvidia-cutlass-dsl 4.8.1 (its own ptxas), the local ptxas of CUDA 13.0.88 for the register report;
+no GPU involved.
 
 Compile (30/30, and the local ptxas accepts every PTX):
   sm_89, sm_90, sm_90a,

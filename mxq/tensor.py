@@ -18,7 +18,7 @@ from .numerics import BLOCK, FORMATS, e8m0_to_scale
 
 # FP8 data rows of N % 8 != 0 (not a whole number of the kernels' 8-byte store units) are padded
 # to a multiple of this many bytes by default: the leading dimension FP8 GEMMs take, and rows the
-# kernels store whole units into (docs/performance.md, "N % 8 != 0", steps 12 and 14)
+# kernels store whole units into (faster on the H200: docs/performance.md, "N % 8 != 0")
 PADDED_ROW_BYTES = 16
 
 
@@ -78,7 +78,7 @@ class MXFP8Tensor:
         ``row_align``: the FP8 data's rows start a multiple of this many bytes apart (a power of
         two; e.g. 16, the leading dimension FP8 GEMMs take): the data tensors are then [.., N]
         views of rows padded to it (not contiguous when N is not a multiple), which the kernels
-        write faster at N % 8 != 0 (docs/performance.md, "N % 8 != 0", steps 12 and 14). Not
+        write faster at N % 8 != 0 (docs/performance.md, "N % 8 != 0"). Not
         with ``group_offsets``. None (the default): 16 when N % 8 != 0, else 1 (contiguous;
         default_row_align); 1 asks for contiguous data at any N."""
         if not hasattr(spec, "scale_layout"):

@@ -127,8 +127,9 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None) -> list[s
     most 1 in 1e4 data bytes off, each by one code; few scale bytes off. dbias: within 1 ulp of
     the input dtype of the reference's fp64 sum (numerics.dbias_partial_dtype bounds the kernels'),
     plus, outside the exact class and where ``v_abs`` (``v_abs_sum``) is given, V_SLACK x the
-    column's sum of |v|. Without it a column whose sum cancels fails that class now and then
-    (docs/performance.md, "History", 2026-11-30; commit c4eacf4).
+    column's sum of |v|. Without it a column whose sum cancels fails that class now and then (its
+    1-ulp bound is relative to a sum near zero, while the kernels' order of additions differs from
+    the reference's by rounding errors proportional to sum |v|).
     """
     problems = []
     m = 1
