@@ -591,7 +591,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     return op(x, noop=noop, out=out, group_offsets=group_offsets)
 
 
-@torch.compiler.assume_constant_result
+@torch_ops.constant_result
 def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax) -> int:
     """torch_ops' id of mxq.quantize's op for these options (validated here; torch.compile runs
     this while tracing and keeps the id as a constant)."""
