@@ -539,3 +539,22 @@ def test_inline_activation_arity_is_checked():
 
     with pytest.raises(EpilogueError, match="mxq.silu takes 1 argument, got 2"):
         mxq.fused_quant()(bad)
+
+
+# the functions an epilogue may call (docs/DESIGN.md, the epilogue language), with their arity
+CALLABLE = {"abs": 1, "erf": 1, "exp": 1, "exp2": 1, "log": 1, "log2": 1, "rsqrt": 1, "sigmoid": 1, "sqrt": 1,
+            "tanh": 1, "maximum": 2, "minimum": 2, "where": 3,
+            "gelu": 1, "silu": 1, "relu": 1, "qgelu": 1, "srelu": 1}
+
+
+def test_unsupported_call_lists_every_callable_function(tmp_path):
+    """The refusal of a foreign call lists what an epilogue may call, built-in activations
+    included, and everything it lists parses (issue 37 item 5)."""
+    with pytest.raises(EpilogueError, match="is not an mxq math function") as err:
+        load(tmp_path, "import torch\n@mxq.fused_quant\ndef f(x):\n    return torch.exp(x)\n")
+    listed = str(err.value).split("calls other than ")[1].removesuffix(" are not supported").split(", ")
+    assert sorted(listed) == sorted(f"mxq.{name}" for name in CALLABLE)
+    for name, arity in CALLABLE.items():
+        args = ["x > 0.0", "x", "r"][:arity] if name == "where" else ["x", "r"][:arity]
+        mod, _, _ = load(tmp_path, f"@mxq.fused_quant\ndef f(x, r):\n    return mxq.{name}({', '.join(args)}) + r\n")
+        assert isinstance(mod.f, mxq.FusedOp), name
