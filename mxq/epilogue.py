@@ -434,8 +434,13 @@ def parse(fn) -> Epilogue:
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError) as exc:
-        raise EpilogueError(f"cannot read the source of {fn.__name__!r} ({exc}); define it in a file",
-                            file, line0, "source") from None
+        if file.startswith("<"):  # <stdin>, <string>: typed in, not read from a file
+            why = (f"it was defined in {file}, and Python keeps no source for a function typed into an "
+                   "interactive session, `python -c` or stdin, while mxq compiles an epilogue from its source")
+        else:
+            why = str(exc)
+        raise EpilogueError(f"cannot read the source of {fn.__name__!r} ({why}); define it in a .py file "
+                            "(a module) and import it from there", file, line0, "source") from None
     source = textwrap.dedent("".join(lines))
     try:
         tree = ast.parse(source)
