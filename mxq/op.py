@@ -208,7 +208,7 @@ class FusedOp:
         """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
         served this (dtype, device) through the checked path, so only what can change between
         calls is checked here; anything unusual takes the full path."""
-        if type(x) is _Tensor:
+        if type(x) is _Tensor and not (x.requires_grad and torch.is_grad_enabled()):  # (else: a warning)
             fast = self._fast.get((x.dtype, x.get_device()))
             if fast is not None and 0 < x.numel() < _FAST_NUMEL and x.is_contiguous():
                 return fast.call_alloc(x, None, None)
