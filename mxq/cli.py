@@ -14,6 +14,7 @@ is a bug (in mxq, or in code the user's file runs) and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
@@ -48,6 +49,36 @@ class UsageError(Exception):
     """A mistake in the command line or in the files it names: one line on stderr, exit 2."""
 
 
+# mxq's words for the options the CLI passes on -> the CLI's flags (an op from FILE.py keeps the
+# words of its own @mxq.fused_quant(...) options)
+_AS_FLAGS = (
+    (r"at least one of rowwise and colwise must be True",
+     "--no-rowwise needs --colwise (at least one of the rowwise and colwise outputs is written)"),
+    (r"^mxq: export\(\): ", "mxq: "),
+    (r"\bact and dact are exclusive", "--act and --dact are exclusive"),
+    (r"\bexport\(\) argument 'operands'", "--operands"),
+    (r"\bexport name\b", "--name"),
+    (r"\bwith group_offsets\b", "with --grouped"),
+    (r"\bwith grouped=False\b", "without --grouped"),
+    (r"\b(fp8|act|dact|dtype|arch|scale_mode|scale_layout)=(?:'([^']*)'|None)",
+     lambda m: f"--{m[1].replace('_', '-')} {m[2] or 'None'}"),
+)
+
+
+@contextlib.contextmanager
+def _in_flags():
+    """mxq's errors about options the CLI passed on, reworded in its flags (a UsageError)."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        if not message.startswith("mxq:"):
+            raise  # not one of mxq's messages to users (main keeps its traceback)
+        for pattern, flags in _AS_FLAGS:
+            message = re.sub(pattern, flags, message)
+        raise UsageError(message) from None
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (not usage + message) and exit status 2."""
 
@@ -73,7 +104,7 @@ def _arch(value: str) -> str:
     try:
         return normalize_arch(value)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("mxq: ")) from None
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("mxq: ").removeprefix("arch ")) from None
 
 
 def _dtype(value: str) -> str:
@@ -146,10 +177,11 @@ def _op_from_args(args) -> FusedOp:
             raise UsageError(f"mxq: {flags} {verb} the built-in quantize op; {args.target} takes its "
                              f"options from its @mxq.fused_quant(...)")
         return _load_file_op(args.target)
-    spec = QuantSpec(fp8=args.fp8, rowwise=not args.no_rowwise, colwise=args.colwise,
-                     scale_mode=args.scale_mode, scale_layout=args.scale_layout, amax=args.amax,
-                     act=args.act, dact=args.dact, dbias=args.dbias)
-    return GatedOp(_identity, spec) if spec.gated else _quantize_op(spec)
+    with _in_flags():
+        spec = QuantSpec(fp8=args.fp8, rowwise=not args.no_rowwise, colwise=args.colwise,
+                         scale_mode=args.scale_mode, scale_layout=args.scale_layout, amax=args.amax,
+                         act=args.act, dact=args.dact, dbias=args.dbias)
+        return GatedOp(_identity, spec) if spec.gated else _quantize_op(spec)
 
 
 def cmd_info(args) -> int:
@@ -175,7 +207,8 @@ def cmd_compile(args) -> int:
     if args.ptx and not Path(args.ptx).resolve().parent.is_dir():  # before a compile, not after
         raise UsageError(f"mxq: --ptx {args.ptx}: no such directory: {Path(args.ptx).parent}")
     op = _op_from_args(args)
-    art = op.asm(arch=args.arch, dtype=args.dtype)
+    with _in_flags():
+        art = op.asm(arch=args.arch, dtype=args.dtype)
     print(f"op       {op.epilogue.name} {op.spec}")
     print(f"source   {art['path']}")
     print(f"arch     {art['arch']}   input dtype {art['dtype']}")
@@ -196,8 +229,9 @@ def cmd_compile(args) -> int:
 def cmd_export(args) -> int:
     op = _op_from_args(args)
     operands = tuple(args.operands.split(",")) if args.operands else None
-    info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=args.name, grouped=args.grouped,
-                     operands=operands)
+    with _in_flags():
+        info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=args.name, grouped=args.grouped,
+                         operands=operands)
     print(f"library  {info['library']}")
     print(f"header   {info['header']}")
     print(f"functions {', '.join(info['functions'])}")
