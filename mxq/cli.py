@@ -38,6 +38,7 @@ imports that file and takes the @mxq.fused_quant op called NAME (or the only one
 Mistakes print one line on stderr and exit with status 2."""
 DTYPE_CHOICES = ("bf16", "fp16", "fp32")
 DEFAULT_ARCH = "sm_90"
+BUILTIN_EXPORT_NAME = "mxq_quantize"  # export's default --name for the built-in quantize op
 
 # the options that build the built-in quantize op (dest -> default); a FILE.py op takes its own
 # options from its @mxq.fused_quant(...), so these must stay at their defaults with a FILE.py target
@@ -230,7 +231,8 @@ def cmd_export(args) -> int:
     op = _op_from_args(args)
     operands = tuple(args.operands.split(",")) if args.operands else None
     with _in_flags():
-        info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=args.name, grouped=args.grouped,
+        name = args.name or (None if args.target else BUILTIN_EXPORT_NAME)  # (None: FusedOp.export's default)
+        info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=name, grouped=args.grouped,
                          operands=operands)
     print(f"library  {info['library']}")
     print(f"header   {info['header']}")
@@ -263,11 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     subs.append(p)
     p = sub.add_parser("export", help="AOT: shared library + C header for C++ programs with no Python",
                        description="AOT: write lib<NAME>.so (kernels embedded) and <NAME>.h for C++ "
-                                   "programs that run with no Python.")
+                                   "programs that run with no Python. NAME is --name, by default "
+                                   "mxq_<epilogue function's name> (libmxq_bias_gelu.so for `def bias_gelu`), "
+                                   f"{BUILTIN_EXPORT_NAME} for the built-in quantize op.")
     _add_op_args(p)
     p.add_argument("--dir", required=True, help="output directory (created if missing)")
     _add_target_args(p)
-    p.add_argument("--name", help="exported function name, a C identifier (default mxq_<epilogue name>)")
+    p.add_argument("--name", help="the exported functions' name, a C identifier, which also names the files "
+                                  "lib<NAME>.so and <NAME>.h (default mxq_<epilogue function's name>; "
+                                  f"{BUILTIN_EXPORT_NAME} for the built-in quantize op)")
     p.add_argument("--grouped", action="store_true",
                    help="also export the grouped kernels (<NAME>_grouped, <NAME>_vec_grouped: row groups)")
     p.add_argument("--operands", metavar="KINDS",

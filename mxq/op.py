@@ -312,8 +312,12 @@ class FusedOp:
 
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
                grouped: bool = False, operands=None, note: str = "") -> dict:
-        """AOT: write a shared library with the kernels embedded plus a C header, for C++
-        programs with no Python (see the header for the exported functions' arguments);
+        """AOT: write ``lib<name>.so`` (the kernels embedded) and the C header ``<name>.h`` into
+        ``directory``, for C++ programs with no Python (see the header for the exported functions'
+        arguments). ``name``, a C identifier, defaults to ``mxq_<the epilogue function's name>``
+        (``libmxq_bias_gelu.so`` and ``mxq_bias_gelu.h`` for ``def bias_gelu``) and names the
+        functions too: ``<name>``, ``<name>_vec``, ``<name>_rows8`` (returned under "functions",
+        beside "library" and "header").
         ``grouped``: the grouped kernels too (``group_offsets``); ``operands``: each epilogue
         tensor's kind ("full", "strided", "row", "col", "scalar"), default all full; ``note``:
         a paragraph for the header (GatedOp.export's)."""

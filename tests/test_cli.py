@@ -72,6 +72,19 @@ def test_export(tmp_path):
     assert "functions q_both, q_both_vec, q_both_rows8\n" in r.stdout and "mGroupEnds" not in (tmp_path / "aot" / "q_both.h").read_text()
 
 
+def test_export_default_names(user_files, tmp_path):
+    """Without --name: mxq_<epilogue function's name> for an op from a file, mxq_quantize for the
+    built-in op (its files lib<NAME>.so and <NAME>.h), as export --help says."""
+    r = run("export", f"{user_files}/two.py:b", "--dir", str(tmp_path / "aot"), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "aot" / "libmxq_b.so").is_file() and (tmp_path / "aot" / "mxq_b.h").is_file()
+    assert "functions mxq_b, mxq_b_vec, mxq_b_rows8\n" in r.stdout
+    help_text = " ".join(run("export", "--help", tmp_path=tmp_path).stdout.split())
+    assert "NAME is --name, by default mxq_<epilogue function's name> (libmxq_bias_gelu.so for `def bias_gelu`), " \
+           "mxq_quantize for the built-in quantize op" in help_text
+    assert "which also names the files lib<NAME>.so and <NAME>.h" in help_text
+
+
 def test_gated_activations_from_the_command_line(tmp_path):
     """--act swiglu renders and compiles the gated op (its two-input module over the halves);
     a gated forward exports (its halves' kernels), so does a gated backward (its two-halves
@@ -83,10 +96,10 @@ def test_gated_activations_from_the_command_line(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run("export", "--act", "reglu", "--dir", str(tmp_path / "aot"), tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "Gated op" in (tmp_path / "aot" / "mxq__identity.h").read_text()
+    assert "Gated op" in (tmp_path / "aot" / "mxq_quantize.h").read_text()  # the built-in op's default name
     r = run("export", "--dact", "reglu", "--dir", str(tmp_path / "aot2"), tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "Gated backward" in (tmp_path / "aot2" / "mxq__identity.h").read_text()
+    assert "Gated backward" in (tmp_path / "aot2" / "mxq_quantize.h").read_text()
     r = run("export", "--dact", "reglu", "--grouped", "--dir", str(tmp_path / "aot3"), tmp_path=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().startswith("mxq: a gated backward (--dact reglu) with --grouped "
                                                              "is not served")
