@@ -14,6 +14,7 @@ is a bug (in mxq, or in code the user's file runs) and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
@@ -37,6 +38,7 @@ imports that file and takes the @mxq.fused_quant op called NAME (or the only one
 Mistakes print one line on stderr and exit with status 2."""
 DTYPE_CHOICES = ("bf16", "fp16", "fp32")
 DEFAULT_ARCH = "sm_90"
+BUILTIN_EXPORT_NAME = "mxq_quantize"  # export's default --name for the built-in quantize op
 
 # the options that build the built-in quantize op (dest -> default); a FILE.py op takes its own
 # options from its @mxq.fused_quant(...), so these must stay at their defaults with a FILE.py target
@@ -46,6 +48,36 @@ _OP_DEFAULTS = {"fp8": "e4m3", "no_rowwise": False, "colwise": False, "scale_mod
 
 class UsageError(Exception):
     """A mistake in the command line or in the files it names: one line on stderr, exit 2."""
+
+
+# mxq's words for the options the CLI passes on -> the CLI's flags (an op from FILE.py keeps the
+# words of its own @mxq.fused_quant(...) options)
+_AS_FLAGS = (
+    (r"at least one of rowwise and colwise must be True",
+     "--no-rowwise needs --colwise (at least one of the rowwise and colwise outputs is written)"),
+    (r"^mxq: export\(\): ", "mxq: "),
+    (r"\bact and dact are exclusive", "--act and --dact are exclusive"),
+    (r"\bexport\(\) argument 'operands'", "--operands"),
+    (r"\bexport name\b", "--name"),
+    (r"\bwith group_offsets\b", "with --grouped"),
+    (r"\bwith grouped=False\b", "without --grouped"),
+    (r"\b(fp8|act|dact|dtype|arch|scale_mode|scale_layout)=(?:'([^']*)'|None)",
+     lambda m: f"--{m[1].replace('_', '-')} {m[2] or 'None'}"),
+)
+
+
+@contextlib.contextmanager
+def _in_flags():
+    """mxq's errors about options the CLI passed on, reworded in its flags (a UsageError)."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        if not message.startswith("mxq:"):
+            raise  # not one of mxq's messages to users (main keeps its traceback)
+        for pattern, flags in _AS_FLAGS:
+            message = re.sub(pattern, flags, message)
+        raise UsageError(message) from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,7 +105,7 @@ def _arch(value: str) -> str:
     try:
         return normalize_arch(value)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("mxq: ")) from None
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("mxq: ").removeprefix("arch ")) from None
 
 
 def _dtype(value: str) -> str:
@@ -146,10 +178,11 @@ def _op_from_args(args) -> FusedOp:
             raise UsageError(f"mxq: {flags} {verb} the built-in quantize op; {args.target} takes its "
                              f"options from its @mxq.fused_quant(...)")
         return _load_file_op(args.target)
-    spec = QuantSpec(fp8=args.fp8, rowwise=not args.no_rowwise, colwise=args.colwise,
-                     scale_mode=args.scale_mode, scale_layout=args.scale_layout, amax=args.amax,
-                     act=args.act, dact=args.dact, dbias=args.dbias)
-    return GatedOp(_identity, spec) if spec.gated else _quantize_op(spec)
+    with _in_flags():
+        spec = QuantSpec(fp8=args.fp8, rowwise=not args.no_rowwise, colwise=args.colwise,
+                         scale_mode=args.scale_mode, scale_layout=args.scale_layout, amax=args.amax,
+                         act=args.act, dact=args.dact, dbias=args.dbias)
+        return GatedOp(_identity, spec) if spec.gated else _quantize_op(spec)
 
 
 def cmd_info(args) -> int:
@@ -175,7 +208,8 @@ def cmd_compile(args) -> int:
     if args.ptx and not Path(args.ptx).resolve().parent.is_dir():  # before a compile, not after
         raise UsageError(f"mxq: --ptx {args.ptx}: no such directory: {Path(args.ptx).parent}")
     op = _op_from_args(args)
-    art = op.asm(arch=args.arch, dtype=args.dtype)
+    with _in_flags():
+        art = op.asm(arch=args.arch, dtype=args.dtype)
     print(f"op       {op.epilogue.name} {op.spec}")
     print(f"source   {art['path']}")
     print(f"arch     {art['arch']}   input dtype {art['dtype']}")
@@ -196,8 +230,10 @@ def cmd_compile(args) -> int:
 def cmd_export(args) -> int:
     op = _op_from_args(args)
     operands = tuple(args.operands.split(",")) if args.operands else None
-    info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=args.name, grouped=args.grouped,
-                     operands=operands)
+    with _in_flags():
+        name = args.name or (None if args.target else BUILTIN_EXPORT_NAME)  # (None: FusedOp.export's default)
+        info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=name, grouped=args.grouped,
+                         operands=operands)
     print(f"library  {info['library']}")
     print(f"header   {info['header']}")
     print(f"functions {', '.join(info['functions'])}")
@@ -229,11 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     subs.append(p)
     p = sub.add_parser("export", help="AOT: shared library + C header for C++ programs with no Python",
                        description="AOT: write lib<NAME>.so (kernels embedded) and <NAME>.h for C++ "
-                                   "programs that run with no Python.")
+                                   "programs that run with no Python. NAME is --name, by default "
+                                   "mxq_<epilogue function's name> (libmxq_bias_gelu.so for `def bias_gelu`), "
+                                   f"{BUILTIN_EXPORT_NAME} for the built-in quantize op.")
     _add_op_args(p)
     p.add_argument("--dir", required=True, help="output directory (created if missing)")
     _add_target_args(p)
-    p.add_argument("--name", help="exported function name, a C identifier (default mxq_<epilogue name>)")
+    p.add_argument("--name", help="the exported functions' name, a C identifier, which also names the files "
+                                  "lib<NAME>.so and <NAME>.h (default mxq_<epilogue function's name>; "
+                                  f"{BUILTIN_EXPORT_NAME} for the built-in quantize op)")
     p.add_argument("--grouped", action="store_true",
                    help="also export the grouped kernels (<NAME>_grouped, <NAME>_vec_grouped: row groups)")
     p.add_argument("--operands", metavar="KINDS",

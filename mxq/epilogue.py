@@ -305,7 +305,7 @@ class _Parser:
         if fname is None:
             self.fail(node, f"{_callee_text(node.func)} is not an mxq math function: an epilogue is compiled "
                       "into the kernel, so calls other than "
-                      f"mxq.{', mxq.'.join(sorted(mxm.FUNCTIONS))} are not supported", "call")
+                      f"mxq.{', mxq.'.join(sorted(_callables()))} are not supported", "call")
         if node.keywords:
             self.fail(node, f"mxq.{fname} takes positional arguments only", "keyword argument")
         arity = 1 if fname in mxm.INLINE else _ARITY[fname]
@@ -320,12 +320,12 @@ class _Parser:
             if func.value.id in self.env:
                 return None
             mod = self.lookup(func.value)
-            if _is_mxq_module(mod) and (func.attr in mxm.FUNCTIONS or func.attr in mxm.INLINE):
+            if _is_mxq_module(mod) and func.attr in _callables():
                 return func.attr
             return None
         if isinstance(func, ast.Name) and func.id not in self.env:
             obj = self.globals.get(func.id)
-            for name, f in (*mxm.FUNCTIONS.items(), *mxm.INLINE.items()):
+            for name, f in _callables().items():
                 if obj is f:
                     return name
         return None
@@ -400,6 +400,13 @@ def _callee_text(func: ast.AST) -> str:
     return "this callee"
 
 
+def _callables() -> dict:
+    """What an epilogue may call, name -> function: the math table and the built-in activations
+    (mxq.math.INLINE, filled by mxq/activations.py). The parser accepts exactly these, and its
+    error for any other call lists them."""
+    return {**mxm.FUNCTIONS, **mxm.INLINE}
+
+
 def _is_mxq_module(obj) -> bool:
     return isinstance(obj, types.ModuleType) and obj.__name__ in ("mxq", "mxq.math")
 
@@ -442,8 +449,13 @@ def parse(fn) -> Epilogue:
     try:
         lines, first = inspect.getsourcelines(fn)
     except (OSError, TypeError) as exc:
-        raise EpilogueError(f"cannot read the source of {fn.__name__!r} ({exc}); define it in a file",
-                            file, line0, "source") from None
+        if file.startswith("<"):  # <stdin>, <string>: typed in, not read from a file
+            why = (f"it was defined in {file}, and Python keeps no source for a function typed into an "
+                   "interactive session, `python -c` or stdin, while mxq compiles an epilogue from its source")
+        else:
+            why = str(exc)
+        raise EpilogueError(f"cannot read the source of {fn.__name__!r} ({why}); define it in a .py file "
+                            "(a module) and import it from there", file, line0, "source") from None
     source = textwrap.dedent("".join(lines))
     try:
         tree = ast.parse(source)

@@ -64,7 +64,8 @@ def check_name(name) -> str:
 
 def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None, grouped: bool = False,
            operands=None, note: str = "", n_multiple: int = 1) -> dict:
-    """Write ``lib<name>.so`` (its kernel variants, cubin embedded) and ``<name>.h`` to ``directory``.
+    """Write ``lib<name>.so`` (its kernel variants, cubin embedded) and ``<name>.h`` to ``directory``;
+    ``name`` defaults to ``mxq_<the epilogue function's name>`` (``libmxq_bias_gelu.so``).
 
     A C++ program loads the library with ``tvm::ffi::Module::LoadFromFile`` and calls
     ``<name>`` (any shape), ``<name>_vec`` (N % 8 == 0, 16-byte aligned) or ``<name>_rows8`` (FP8

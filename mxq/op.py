@@ -208,7 +208,7 @@ class FusedOp:
         """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
         served this (dtype, device) through the checked path, so only what can change between
         calls is checked here; anything unusual takes the full path."""
-        if type(x) is _Tensor:
+        if type(x) is _Tensor and not (x.requires_grad and torch.is_grad_enabled()):  # (else: a warning)
             fast = self._fast.get((x.dtype, x.get_device()))
             if fast is not None and 0 < x.numel() < _FAST_NUMEL and x.is_contiguous():
                 return fast.call_alloc(x, None, None)
@@ -312,8 +312,12 @@ class FusedOp:
 
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
                grouped: bool = False, operands=None, note: str = "") -> dict:
-        """AOT: write a shared library with the kernels embedded plus a C header, for C++
-        programs with no Python (see the header for the exported functions' arguments);
+        """AOT: write ``lib<name>.so`` (the kernels embedded) and the C header ``<name>.h`` into
+        ``directory``, for C++ programs with no Python (see the header for the exported functions'
+        arguments). ``name``, a C identifier, defaults to ``mxq_<the epilogue function's name>``
+        (``libmxq_bias_gelu.so`` and ``mxq_bias_gelu.h`` for ``def bias_gelu``) and names the
+        functions too: ``<name>``, ``<name>_vec``, ``<name>_rows8`` (returned under "functions",
+        beside "library" and "header").
         ``grouped``: the grouped kernels too (``group_offsets``); ``operands``: each epilogue
         tensor's kind ("full", "strided", "row", "col", "scalar"), default all full; ``note``:
         a paragraph for the header (GatedOp.export's)."""
@@ -591,7 +595,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     return op(x, noop=noop, out=out, group_offsets=group_offsets)
 
 
-@torch.compiler.assume_constant_result
+@torch_ops.constant_result
 def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax) -> int:
     """torch_ops' id of mxq.quantize's op for these options (validated here; torch.compile runs
     this while tracing and keeps the id as a constant)."""

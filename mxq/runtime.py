@@ -8,6 +8,7 @@ errors. ``MXQ_STRICT=1`` turns a GPU fallback to the reference into an error.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 
 import torch
@@ -42,7 +43,8 @@ def check_plain_tensor(name: str, t) -> None:
 
 def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input, noop, out,
                group_offsets=None) -> None:
-    """Raise a TypeError/ValueError naming the first bad argument; return None if all is well."""
+    """Raise a TypeError/ValueError naming the first bad argument; return None if all is well
+    (after a one-time warning for an input that requires grad: warn_no_autograd)."""
     names = epilogue.tensor_params
     first = None
     for name, t in zip(names, tensors):
@@ -96,6 +98,10 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input,
         check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape))
         reads = [*zip(names, tensors), ("act_input", act_input), ("noop", noop), ("group_offsets", group_offsets)]
         check_apart(out, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)])
+    if torch.is_grad_enabled():
+        for name, t in (*zip(names, tensors), ("act_input", act_input)):
+            if t is not None and t.requires_grad:
+                warn_no_autograd(epilogue.name, name)
 
 
 _OUT_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias")
@@ -169,6 +175,28 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
 
 
 _warned: set = set()
+
+
+def warn_no_autograd(op: str, name: str) -> None:
+    """An input that requires grad, with grad mode on: mxq's outputs are data with no autograd
+    graph, so nothing flows back to it. A UserWarning, once per op name and argument."""
+    if (op, name) in _warned:
+        return
+    _warned.add((op, name))
+    warnings.warn(f"mxq: argument {name!r} requires grad, but mxq records no autograd graph: its outputs are "
+                  f"MXFP8 data and no gradient flows back to {name!r} through this call. To train through mxq, "
+                  "call it inside a torch.autograd.Function whose backward computes the gradient (the pattern of "
+                  "examples/train_mlp.py; no warning there, nor under torch.no_grad())",
+                  UserWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """warnings.warn's stacklevel of the first caller outside mxq, as seen from the function
+    that calls this one."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "mxq":
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def fallback(reason: str) -> None:

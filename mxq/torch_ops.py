@@ -88,17 +88,26 @@ def _fused_quant_out_fake(tensors, scalars, act_input, noop, group_offsets, outs
     return None
 
 
-@torch.compiler.assume_constant_result
+def constant_result(fn):
+    """``torch.compiler.assume_constant_result(fn)`` without importing torch._dynamo, which takes
+    about a second, more than all the rest of ``import mxq``: that decorator imports it only to
+    set this attribute, which torch.compile reads when it traces a call of ``fn`` (while tracing,
+    torch._dynamo is loaded anyway). tests/test_torch_ops.py checks that both mark ``fn`` alike."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@constant_result
 def _spec_key(i: int) -> int:
     return _ops[i].spec.key("fp32")
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _halves(i: int) -> bool:
     return gated.is_halves(_ops[i].epilogue)
 
 
-@torch.compiler.assume_constant_result
+@constant_result
 def _scalar_names(i: int) -> tuple:
     return tuple(_ops[i].epilogue.scalar_params)
 

@@ -72,6 +72,19 @@ def test_export(tmp_path):
     assert "functions q_both, q_both_vec, q_both_rows8\n" in r.stdout and "mGroupEnds" not in (tmp_path / "aot" / "q_both.h").read_text()
 
 
+def test_export_default_names(user_files, tmp_path):
+    """Without --name: mxq_<epilogue function's name> for an op from a file, mxq_quantize for the
+    built-in op (its files lib<NAME>.so and <NAME>.h), as export --help says."""
+    r = run("export", f"{user_files}/two.py:b", "--dir", str(tmp_path / "aot"), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "aot" / "libmxq_b.so").is_file() and (tmp_path / "aot" / "mxq_b.h").is_file()
+    assert "functions mxq_b, mxq_b_vec, mxq_b_rows8\n" in r.stdout
+    help_text = " ".join(run("export", "--help", tmp_path=tmp_path).stdout.split())
+    assert "NAME is --name, by default mxq_<epilogue function's name> (libmxq_bias_gelu.so for `def bias_gelu`), " \
+           "mxq_quantize for the built-in quantize op" in help_text
+    assert "which also names the files lib<NAME>.so and <NAME>.h" in help_text
+
+
 def test_gated_activations_from_the_command_line(tmp_path):
     """--act swiglu renders and compiles the gated op (its two-input module over the halves);
     a gated forward exports (its halves' kernels), so does a gated backward (its two-halves
@@ -83,13 +96,13 @@ def test_gated_activations_from_the_command_line(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run("export", "--act", "reglu", "--dir", str(tmp_path / "aot"), tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "Gated op" in (tmp_path / "aot" / "mxq__identity.h").read_text()
+    assert "Gated op" in (tmp_path / "aot" / "mxq_quantize.h").read_text()  # the built-in op's default name
     r = run("export", "--dact", "reglu", "--dir", str(tmp_path / "aot2"), tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "Gated backward" in (tmp_path / "aot2" / "mxq__identity.h").read_text()
+    assert "Gated backward" in (tmp_path / "aot2" / "mxq_quantize.h").read_text()
     r = run("export", "--dact", "reglu", "--grouped", "--dir", str(tmp_path / "aot3"), tmp_path=tmp_path)
-    assert r.returncode == 2 and r.stderr.strip().startswith("mxq: export(): a gated backward (dact='reglu') with "
-                                                             "group_offsets is not served")
+    assert r.returncode == 2 and r.stderr.strip().startswith("mxq: a gated backward (--dact reglu) with --grouped "
+                                                             "is not served")
 
 
 def test_export_grouped(tmp_path):
@@ -223,17 +236,23 @@ def user_files(tmp_path):
 # (arguments, the start of the one line); "{u}" is the user-file directory, "{t}" tmp_path
 USER_ERRORS = [
     (("export", "--colwise", "--dir", "{t}/aot", "--name", "bad-name"),
-     "mxq: export name must be a C identifier, got 'bad-name'"),
-    (("compile", "--act", "gelu", "--dact", "gelu"), "mxq: act and dact are exclusive"),
+     "mxq: --name must be a C identifier, got 'bad-name'"),
+    (("compile", "--act", "gelu", "--dact", "gelu"),
+     "mxq: --act and --dact are exclusive, got --act gelu and --dact gelu"),
     (("export", "--dir", "{t}/aot", "--operands", "row"),
-     "mxq: export() argument 'operands': the first tensor 'x' sets the shape and must be 'full' or 'strided', "
-     "got 'row'"),
-    (("render", "--no-rowwise"), "mxq: at least one of rowwise and colwise must be True"),
-    (("compile", "--arch", "sm_80"), f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_80'"),
-    (("compile", "--arch", "sm_100"), f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_100'"),
-    (("compile", "--arch", "sm_100 "), f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_100 '"),
+     "mxq: --operands: the first tensor 'x' sets the shape and must be 'full' or 'strided', got 'row'"),
+    (("export", "--dir", "{t}/aot", "--operands", "full,row"), "mxq: --operands must be a sequence of 1 kind(s)"),
+    (("export", "--dir", "{t}/aot", "--operands", "sideways"), "mxq: --operands: 'x' has kind 'sideways'"),
+    (("export", "--dir", "{t}/aot", "--dact", "swiglu", "--grouped"),
+     "mxq: a gated backward (--dact swiglu) with --grouped is not served by the kernels; export it without "
+     "--grouped"),
+    (("render", "--no-rowwise"), "mxq: --no-rowwise needs --colwise (at least one of the rowwise and colwise "
+     "outputs is written)"),
+    (("compile", "--arch", "sm_80"), f"mxq: argument --arch: must be one of ({ARCH_LIST}), got 'sm_80'"),
+    (("compile", "--arch", "sm_100"), f"mxq: argument --arch: must be one of ({ARCH_LIST}), got 'sm_100'"),
+    (("compile", "--arch", "sm_100 "), f"mxq: argument --arch: must be one of ({ARCH_LIST}), got 'sm_100 '"),
     (("export", "--dir", "{t}/aot", "--arch", "sm_120"),
-     f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_120'"),
+     f"mxq: argument --arch: must be one of ({ARCH_LIST}), got 'sm_120'"),
     (("compile", "--dtype", "fp64"), "mxq: argument --dtype: invalid choice: 'fp64'"),
     (("compile", "--dtype", "torch.float16"), "mxq: argument --dtype: invalid choice: 'torch.float16'"),
     (("render", "--act", "tanh"), "mxq: argument --act: invalid choice: 'tanh'"),
@@ -266,12 +285,15 @@ def test_user_errors_print_one_line_and_exit_2(args, start, user_files, tmp_path
     assert (r.returncode, r.stdout) == (2, ""), r.stderr
     assert r.stderr.count("\n") == 1 and r.stderr.endswith("\n"), r.stderr
     assert r.stderr.startswith(start.format(**fill)), r.stderr
+    if not any("{u}" in a for a in args):  # the CLI's own options: named as its flags, not as Python's
+        assert not re.search(r"(?<![-\w])(rowwise|colwise|act|dact|dtype|arch|name|grouped|operands|fp8|scale_mode|"
+                             r"scale_layout)(=| must| and dact)|export\(\)|argument '", r.stderr), r.stderr
 
 
 def test_unsupported_arch_is_refused_before_compiling(tmp_path):
     r = run("compile", "--arch", "sm_80", tmp_path=tmp_path)
     assert r.returncode == 2
-    assert r.stderr == (f"mxq: argument --arch: arch must be one of ({ARCH_LIST}), got 'sm_80' "
+    assert r.stderr == (f"mxq: argument --arch: must be one of ({ARCH_LIST}), got 'sm_80' "
                         "(the FP8 conversions need sm_89 or newer)\n")
     assert not (tmp_path / "cache").exists()  # nothing rendered or compiled
 

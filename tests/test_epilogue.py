@@ -4,7 +4,9 @@ the fingerprint that identifies an op."""
 import importlib.util
 import inspect
 import math
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -592,3 +594,39 @@ def test_a_bound_method_is_refused_by_name_and_a_quoted_float_annotation_is_a_fl
         parse(_Holder().scaled)
     epi = parse(_quoted)
     assert epi.tensor_params == ("x",) and epi.scalar_params == ("s",)
+
+
+# the functions an epilogue may call (docs/DESIGN.md, the epilogue language), with their arity
+CALLABLE = {"abs": 1, "erf": 1, "exp": 1, "exp2": 1, "log": 1, "log2": 1, "rsqrt": 1, "sigmoid": 1, "sqrt": 1,
+            "tanh": 1, "maximum": 2, "minimum": 2, "where": 3,
+            "gelu": 1, "silu": 1, "relu": 1, "qgelu": 1, "srelu": 1}
+
+
+def test_unsupported_call_lists_every_callable_function(tmp_path):
+    """The refusal of a foreign call lists what an epilogue may call, built-in activations
+    included, and everything it lists parses (issue 37 item 5)."""
+    with pytest.raises(EpilogueError, match="is not an mxq math function") as err:
+        load(tmp_path, "import torch\n@mxq.fused_quant\ndef f(x):\n    return torch.exp(x)\n")
+    listed = str(err.value).split("calls other than ")[1].removesuffix(" are not supported").split(", ")
+    assert sorted(listed) == sorted(f"mxq.{name}" for name in CALLABLE)
+    for name, arity in CALLABLE.items():
+        args = ["x > 0.0", "x", "r"][:arity] if name == "where" else ["x", "r"][:arity]
+        mod, _, _ = load(tmp_path, f"@mxq.fused_quant\ndef f(x, r):\n    return mxq.{name}({', '.join(args)}) + r\n")
+        assert isinstance(mod.f, mxq.FusedOp), name
+
+
+_TYPED_IN = "import mxq\n@mxq.fused_quant\ndef f(x):\n    return x * 2\n"
+
+
+@pytest.mark.parametrize("how", ["-c", "stdin"])
+def test_epilogue_typed_in_says_why_and_the_fix(how):
+    """An epilogue from `python -c` or stdin (a REPL's too): its source does not exist, and the
+    error says so and what to do (issue 37 item 5)."""
+    args, stdin = ([sys.executable, "-c", _TYPED_IN], None) if how == "-c" else ([sys.executable, "-"], _TYPED_IN)
+    got = subprocess.run(args, input=stdin, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+    assert got.returncode == 1
+    last = got.stderr.strip().splitlines()[-1]
+    where = "<string>" if how == "-c" else "<stdin>"
+    assert last.startswith(f"mxq.epilogue.EpilogueError: {where}:2: cannot read the source of 'f'"), last
+    assert "Python keeps no source for a function typed into an interactive session, `python -c` or stdin" in last
+    assert last.endswith("define it in a .py file (a module) and import it from there"), last

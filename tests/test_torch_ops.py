@@ -2,6 +2,10 @@
 break (fullgraph=True), static and dynamic shapes, the same bytes as eager; the operator passes
 torch.library.opcheck; MXFP8Tensor is a pytree node (an input and an output of compiled code)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.utils._pytree as pytree
@@ -9,6 +13,8 @@ import torch.utils._pytree as pytree
 import mxq
 from mxq import torch_ops
 from mxq.testing import compare
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @mxq.fused_quant(colwise=True, act="gelu", amax=True)
@@ -178,3 +184,28 @@ def test_compiled_cuda_calls_write_the_eager_bytes(mode, dynamic):
         got = cf(x, b)
     torch.cuda.synchronize()
     assert [p for g, w in zip(got, want) for p in compare(g, w, exact=True)] == []
+
+
+def test_import_mxq_does_not_load_torch_dynamo():
+    """torch._dynamo takes about a second to import, more than the rest of ``import mxq``: mxq
+    leaves it to torch.compile, which loads it before it traces (bench/import_time.py)."""
+    code = "import sys, mxq; print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))"
+    got = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == "[]"
+
+
+def test_constant_result_marks_as_torch_does():
+    """torch_ops.constant_result marks a function as torch.compiler.assume_constant_result does
+    (so torch.compile runs it once while tracing and keeps its result)."""
+    def f():
+        return 1
+
+    def g():
+        return 1
+
+    torch.compiler.assume_constant_result(f)
+    torch_ops.constant_result(g)
+    marks = {k: v for k, v in vars(f).items()}
+    assert marks and vars(g) == marks
+    for fn in (torch_ops._spec_key, torch_ops._halves, torch_ops._scalar_names, mxq.op._quantize_op_id):
+        assert {k: getattr(fn, k, None) for k in marks} == marks, fn.__name__

@@ -1,13 +1,14 @@
 """Every bad argument raises a clear exception that names it, before anything runs."""
 
 import re
+import warnings
 
 import pytest
 import torch
 
-import mxq.testing
-
 import mxq
+import mxq.testing
+from mxq import runtime
 
 
 def _ident(x):
@@ -226,7 +227,8 @@ def _d(x):
 
 def test_reference_outputs_carry_no_autograd_graph():
     x = torch.randn(64, 32, requires_grad=True)
-    t = mxq.fused_quant(amax=True, dbias=True)(_d)(x)
+    with pytest.warns(UserWarning, match="argument 'x' requires grad"):
+        t = mxq.fused_quant(amax=True, dbias=True)(_d)(x)
     assert t.amax.grad_fn is None and t.dbias.grad_fn is None and not t.dbias.requires_grad
 
 
@@ -373,3 +375,64 @@ def test_fp32_unaligned_rows_fit_shared_memory():
 
 def _ident_for_smem(x):
     return x
+
+
+def _grad_warnings(fn):
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        fn()
+    return [w for w in got if "requires grad" in str(w.message)]
+
+
+def test_inputs_that_require_grad_warn_once_per_op_and_argument(monkeypatch):
+    """No autograd graph through mxq: a UserWarning naming the argument, pointing at the caller's
+    line and at the autograd.Function pattern, once per op and argument (issue 37 item 5)."""
+    monkeypatch.setattr(runtime, "_warned", set())
+    x, r = torch.randn(64, 32), torch.randn(64, 32, requires_grad=True)
+    op = mxq.fused_quant(colwise=True)(two)
+    got = _grad_warnings(lambda: [op(x, r), op(x, r), op(x, r, alpha=0.5)])
+    assert len(got) == 1 and got[0].category is UserWarning and got[0].filename == __file__
+    message = str(got[0].message)
+    assert message.startswith("mxq: argument 'r' requires grad") and "torch.autograd.Function" in message
+    assert "examples/train_mlp.py" in message
+    got = _grad_warnings(lambda: [mxq.quantize(r), mxq.quantize(r, colwise=True)])
+    assert len(got) == 1 and "argument 'x' requires grad" in str(got[0].message) and got[0].filename == __file__
+    g = torch.randn(64, 32, requires_grad=True)
+    dact = mxq.fused_quant(dact="gelu")(_ident)
+    got = _grad_warnings(lambda: dact(torch.randn(64, 32), act_input=g))
+    assert len(got) == 1 and "argument 'act_input' requires grad" in str(got[0].message)
+
+
+def test_no_grad_warning_where_no_graph_is_expected(monkeypatch):
+    """Under torch.no_grad() and in an autograd.Function's forward (examples/train_mlp.py) an
+    input that requires grad is expected: no warning."""
+    monkeypatch.setattr(runtime, "_warned", set())
+    w = torch.nn.Parameter(torch.randn(64, 32))
+
+    class Quantized(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, w):
+            return mxq.quantize(w).dequantize("rowwise")
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+    def calls():
+        with torch.no_grad():
+            mxq.quantize(w)
+        Quantized.apply(w).sum().backward()
+
+    assert _grad_warnings(calls) == [] and w.grad is not None
+
+
+def test_the_fast_path_does_not_skip_the_grad_warning(monkeypatch):
+    """A call that may skip the checks (FusedOp._fast, filled by an earlier checked CUDA call)
+    still warns for an input that requires grad."""
+    monkeypatch.setattr(runtime, "_warned", set())
+    op = mxq.fused_quant()(_ident)
+    x = torch.randn(64, 32)
+    monkeypatch.setitem(op._fast, (x.dtype, x.get_device()), type("Launcher", (), {"call_alloc": lambda *a: "fast"})())
+    assert op(x) == "fast"  # (the fake stands in for a CUDA launcher)
+    got = _grad_warnings(lambda: op(x.requires_grad_()))
+    assert len(got) == 1 and "argument 'x' requires grad" in str(got[0].message)
