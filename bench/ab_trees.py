@@ -32,19 +32,21 @@ import torch, device_check as dc
 assert dc.mxq.__file__.startswith({root!r}), dc.mxq.__file__
 copy = dc.copy_bandwidth()
 rows = []
-shapes = dc.ODD_SHAPES if {odd!r} else dc.BENCH_SHAPES
+shapes = dc.ODD_SHAPES if {odd!r} else dc.BENCH_SHAPES + (dc.ODD_SHAPES[:1] if {standard!r} else [])
 for dtype in {dtypes!r}:
     rows += [dict(r, dtype=dtype) for r in dc.bench(copy, shapes, dtype=dtype, ops={ops!r})]
+if {standard!r}:  # (the epilogues with an extra tensor, bf16)
+    rows += [dict(r, dtype="bf16") for r in dc.bench_operands(copy, dc.BENCH_SHAPES)]
 print("JSON" + json.dumps({{"copy": copy, "rows": rows}}))
 """
 
 
-def run_tree(root: str, dtypes: list, odd: bool = False, ops=None) -> dict:
+def run_tree(root: str, dtypes: list, odd: bool = False, ops=None, standard: bool = False) -> dict:
     env = dict(os.environ, MXQ_CACHE_DIR=os.path.join(os.environ.get("MXQ_CACHE_DIR", "/tmp/mxq"), Path(root).name))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                   if p and Path(p).resolve() != Path.cwd().resolve()])
-    r = subprocess.run([sys.executable, "-c", CHILD.format(root=root, dtypes=dtypes, odd=odd, ops=ops)], capture_output=True,
-                       text=True, env=env, cwd=root, timeout=900)
+    child = CHILD.format(root=root, dtypes=dtypes, odd=odd, ops=ops, standard=standard)
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, cwd=root, timeout=900)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("JSON")), None)
     if line is None:
         raise RuntimeError(f"{root}: {r.stdout[-2000:]}{r.stderr[-3000:]}")
@@ -69,6 +71,8 @@ def main() -> int:
     ap.add_argument("--dtypes", default="bf16,fp32")
     ap.add_argument("--odd", action="store_true", help="time device_check.ODD_SHAPES instead (N %% 8 != 0)")
     ap.add_argument("--ops", default="", help="only these ops of device_check.OPS (comma-separated)")
+    ap.add_argument("--standard", action="store_true", help="the standard table: the four shapes and the first odd "
+                    "shape per dtype, and the epilogues with an extra tensor (device_check.bench_operands, bf16)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     ops = set(filter(None, args.ops.split(","))) or None
@@ -80,7 +84,7 @@ def main() -> int:
     for rnd in range(args.rounds):
         for side in ("a", "b"):
             t = time.time()
-            runs[side].append(run_tree(os.path.abspath(getattr(args, side)), dtypes, args.odd, ops))
+            runs[side].append(run_tree(os.path.abspath(getattr(args, side)), dtypes, args.odd, ops, args.standard))
             print(f"round {rnd} {side}: copy {runs[side][-1]['copy']:.0f} GB/s ({time.time() - t:.0f} s)", flush=True)
     best = {}
     for side in ("a", "b"):

@@ -970,14 +970,19 @@ def test_ptx_count_split_by_hand():
 
 def test_ab_trees_child_times_the_asked_shapes_and_ops():
     """bench/ab_trees.py's child program (run per tree on the GPU): with --odd it times
-    device_check.ODD_SHAPES, with --ops only those ops; the rendered program is valid Python
+    device_check.ODD_SHAPES, with --ops only those ops, with --standard the standard table's
+    shapes and the epilogues with an extra tensor; the rendered program is valid Python
     (compiled here, run on the device)."""
     tool = _bench_tool("ab_trees")
-    odd = tool.CHILD.format(root="/x", dtypes=["bf16"], odd=True, ops={"both"})
+    odd = tool.CHILD.format(root="/x", dtypes=["bf16"], odd=True, ops={"both"}, standard=False)
     compile(odd, "child", "exec")
     assert "shapes = dc.ODD_SHAPES if True else" in odd and "ops={'both'}" in odd
-    plain = tool.CHILD.format(root="/x", dtypes=["bf16"], odd=False, ops=None)
-    assert "if False else dc.BENCH_SHAPES" in plain and "ops=None" in plain
+    plain = tool.CHILD.format(root="/x", dtypes=["bf16"], odd=False, ops=None, standard=False)
+    assert "if False else dc.BENCH_SHAPES" in plain and "ops=None" in plain and "if False:" in plain
+    # --standard: the first odd shape too, and the epilogues with an extra tensor
+    std = tool.CHILD.format(root="/x", dtypes=["bf16", "fp32"], odd=False, ops=None, standard=True)
+    compile(std, "child", "exec")
+    assert "dc.ODD_SHAPES[:1] if True else" in std and "if True:  # (the epilogues" in std
     # --ops names are checked against device_check's ops (read from its source)
     assert tool._device_check_ops() == set(_bench_tool("device_check").OPS)
 
