@@ -25,7 +25,7 @@ from device_check import BENCH_SHAPES, HOLD_CYCLES, compare, identity, is_exact,
 from fixed_cost import FIT_OPS  # noqa: E402
 
 from mxq.op import FusedOp  # noqa: E402
-from mxq.spec import QuantSpec  # noqa: E402
+from mxq.frontend.spec import QuantSpec  # noqa: E402
 
 
 def short_name(kernel: str) -> str:

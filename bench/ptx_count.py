@@ -33,11 +33,12 @@ import collections
 import dataclasses
 import re
 
-from mxq import codegen, compiler
-from mxq.epilogue import IDENTITY
+from mxq.frontend import codegen
+from mxq.runtime import compiler
+from mxq.frontend.epilogue import IDENTITY
 from mxq.kernels import config as kconfig
 from mxq.op import FusedOp, _OPTION_NAMES, _identity, fused_quant
-from mxq.spec import QuantSpec
+from mxq.frontend.spec import QuantSpec
 
 OPS = {
     "rowwise": dict(rowwise=True, colwise=False),

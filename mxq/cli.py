@@ -23,11 +23,14 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, codegen, compiler, get_include
-from .epilogue import EpilogueError
+from . import get_include
+from ._version import __version__
+from .frontend import codegen
+from .runtime import compiler
+from .frontend.epilogue import EpilogueError
 from .op import FusedOp, GatedOp, _identity, _quantize_op
-from .spec import ACTIVATIONS, GATED_ACTIVATIONS, QuantSpec
-from .targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
+from .frontend.spec import ACTIVATIONS, GATED_ACTIVATIONS, QuantSpec
+from .runtime.targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
 
 PROG = "python -m mxq"
 _DESCRIPTION = """\

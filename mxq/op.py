@@ -19,12 +19,14 @@ from functools import lru_cache
 
 import torch
 
-from . import codegen, compiler, export, ffi, gated, launch, runtime, targets, torch_ops
-from . import reference as _reference
-from .epilogue import IDENTITY, Epilogue, EpilogueError, parse
+from .frontend import codegen, gated
+from .runtime import compiler, export, ffi, launch, targets, validation
+from .integrations import torch_ops
+from .formats import reference as _reference
+from .frontend.epilogue import IDENTITY, Epilogue, EpilogueError, parse
 from .kernels import config as kconfig
-from .numerics import BLOCK
-from .spec import QuantSpec
+from .formats.numerics import BLOCK
+from .frontend.spec import QuantSpec
 from .tensor import MXFP8Tensor
 
 _CALL_KEYWORDS = ("act_input", "noop", "out", "group_offsets")
@@ -65,7 +67,7 @@ class FusedOp:
         self._scalar_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.scalar_params]
         self._source: str | None = None
         self._tuning = None  # a benchmark's kernels.config.Tuning (None: the library's choice)
-        self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/gated.py)
+        self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/frontend/gated.py)
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use (after _tuning is set)
         functools.update_wrapper(self, fn)
 
@@ -82,7 +84,7 @@ class FusedOp:
 
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
-        if torch.compiler.is_compiling():  # torch.compile: one operator node (mxq/torch_ops.py)
+        if torch.compiler.is_compiling():  # torch.compile: one operator node (mxq/integrations/torch_ops.py)
             tensors, scalars = self._bind_traced(args, kwargs)
             if _any_dtensor(tensors, act_input, group_offsets):  # the node runs on the local shards (distributed.py)
                 return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
@@ -93,19 +95,19 @@ class FusedOp:
             if got is not None:
                 return got
         tensors, scalars = self._bind(args, kwargs)
-        if _any_dtensor(tensors, act_input, group_offsets):  # each rank quantizes its shard (mxq/distributed.py)
+        if _any_dtensor(tensors, act_input, group_offsets):  # each rank quantizes its shard (mxq/integrations/distributed.py)
             return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
+        validation.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
         return self._run(tensors, scalars, act_input, noop, out, group_offsets)
 
     def _dtensor_call(self, tensors, scalars, act_input, noop, out, group_offsets) -> MXFP8Tensor:
-        """A call with DTensor operands: each rank runs the op on its local shards (mxq/distributed.py)."""
+        """A call with DTensor operands: each rank runs the op on its local shards (mxq/integrations/distributed.py)."""
         from . import distributed  # (torch.distributed only where DTensors are used)
 
         return distributed.call(self, tensors, scalars, act_input, noop, out, group_offsets)
 
     def _local_call(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
-        """One rank's call on its local shards, into ``out`` (mxq/distributed.py): the operator
+        """One rank's call on its local shards, into ``out`` (mxq/integrations/distributed.py): the operator
         node while torch.compile traces, else a checked eager call."""
         if torch.compiler.is_compiling():
             return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out, group_offsets)
@@ -131,7 +133,7 @@ class FusedOp:
 
     def _eager(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
         """A checked eager call into ``out`` (what the torch operator runs)."""
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
+        validation.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
         return self._run(tensors, scalars, act_input, noop, out, group_offsets)
 
     def _run(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
@@ -141,12 +143,12 @@ class FusedOp:
         out = self._noop_out(x, noop, out, group_offsets)
         unserved = self._unserved(x, group_offsets) if x.is_cuda else None
         if unserved:
-            runtime.fallback(unserved)
+            validation.fallback(unserved)
             return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
         if x.is_cuda:
             launcher = self._launcher_for(x)
             if launcher is not None:
-                tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input)
+                tensors, act_input, layouts = validation.operand_layouts(tensors, act_input)
                 if group_offsets is not None or self._halves or any(k != "full" for k in layouts):
                     # grouped calls, two-halves ops, broadcast or strided operands: the Python binding
                     return launcher.run(tensors, scalars, act_input, noop, out, layouts, group_offsets)
@@ -158,7 +160,7 @@ class FusedOp:
     def _unserved(self, x, group_offsets=None) -> str | None:
         """Why the kernels cannot serve this op on ``x``, or None. A 16-bit op whose inputs do not
         fit the packed kernel's shared memory (many epilogue tensors; _packed_smem_shortfall). A
-        two-halves op (mxq/gated.py): rowwise blocks of the [M, 2N] output must not straddle the
+        two-halves op (mxq/frontend/gated.py): rowwise blocks of the [M, 2N] output must not straddle the
         halves (each half is its own CTAs), and the grouped kernels do not take two halves yet
         (their scale placement assumes one N)."""
         too_big = self._packed_smem_shortfall() if x.element_size() == 2 else None
@@ -218,7 +220,7 @@ class FusedOp:
                   **kwargs) -> MXFP8Tensor:
         """The torch reference result, on whatever device the inputs are."""
         tensors, scalars = self._bind(args, kwargs)
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
+        validation.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
         out = self._noop_out(tensors[0], noop, out, group_offsets)
         return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
 
@@ -229,7 +231,7 @@ class FusedOp:
         tight loops). The inputs must stay alive and unchanged in shape. ``group_offsets`` (int32,
         contiguous) is read on the device at every launch: change it in place between launches."""
         tensors, scalars = self._bind(args, kwargs)
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
+        validation.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
         if group_offsets is not None and (group_offsets.dtype != torch.int32 or not group_offsets.is_contiguous()):
             raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
                              f"tensor (an int64 one would be converted once, at bind time); got {group_offsets.dtype}")
@@ -237,7 +239,7 @@ class FusedOp:
         launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x, group_offsets) else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
-        tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input, copy=False)
+        tensors, act_input, layouts = validation.operand_layouts(tensors, act_input, copy=False)
         out = self._noop_out(tensors[0], noop, out, group_offsets)
         fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out, layouts, group_offsets)
         if fn is None:
@@ -251,9 +253,9 @@ class FusedOp:
         one-time warning, or an error under MXQ_STRICT=1) when no kernel can serve it."""
         reason = launch.unsupported(x)
         if reason is not None:
-            runtime.fallback(reason)
+            validation.fallback(reason)
             return None
-        key = (x.device, runtime.dtype_name(x.dtype))
+        key = (x.device, validation.dtype_name(x.dtype))
         fn = self._launchers.get(key)
         if fn is None:
             fn = self._launchers[key] = launch.Launcher(self, compiler.device_arch(x.device), key[1],
@@ -262,7 +264,7 @@ class FusedOp:
 
     def _native_dispatchers(self):
         """The op's native dispatchers (built once), or None where they cannot be built (no
-        C++ compiler): launch.Launcher then binds calls in Python. Two-halves ops (mxq/gated.py)
+        C++ compiler): launch.Launcher then binds calls in Python. Two-halves ops (mxq/frontend/gated.py)
         have none: their outputs are wider than their inputs, which the dispatchers do not know."""
         if self._halves:
             return None
@@ -348,7 +350,7 @@ class FusedOp:
                              + (" or export it for dtype='fp32'" if dtype else ""))
 
     def output_shape(self, shape):
-        """The outputs' shape for a first input of ``shape`` (wider for mxq/gated.py's ops)."""
+        """The outputs' shape for a first input of ``shape`` (wider for mxq/frontend/gated.py's ops)."""
         return gated.out_shape(self.epilogue, shape)
 
     def __repr__(self) -> str:
@@ -356,7 +358,7 @@ class FusedOp:
 
 
 class GatedOp(FusedOp):
-    """A fused op with a gated ``act=`` or ``dact=`` (mxq/gated.py): every call runs ``inner``, an
+    """A fused op with a gated ``act=`` or ``dact=`` (mxq/frontend/gated.py): every call runs ``inner``, an
     ordinary op over views of the [..., 2N] tensors' halves (the gate, then the up half)."""
 
     def __init__(self, fn, spec: QuantSpec, epilogue: Epilogue | None = None):
@@ -380,7 +382,7 @@ class GatedOp(FusedOp):
         names = self.epilogue.tensor_params
         x = tensors[0]
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
-            runtime.check_plain_tensor(names[0], x)
+            validation.check_plain_tensor(names[0], x)
             raise ValueError(f"mxq: argument {names[0]!r} must have at least one dimension")
         if self._forward:
             if act_input is not None:
@@ -394,7 +396,7 @@ class GatedOp(FusedOp):
             return [h[0] for h in halves] + [h[1] for h in halves] + list(scalars)
         if act_input is None:
             raise ValueError(f"mxq: argument 'act_input' is required with dact={self.spec.dact!r}")
-        runtime.check_plain_tensor("act_input", act_input)
+        validation.check_plain_tensor("act_input", act_input)
         n = x.shape[-1]
         if tuple(act_input.shape) != (*x.shape[:-1], 2 * n):
             raise ValueError(f"mxq: argument 'act_input' of a dact={self.spec.dact!r} op is the forward's input "
@@ -423,7 +425,7 @@ class GatedOp(FusedOp):
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
         tensors, scalars = self._bind(args, kwargs)
-        if _any_dtensor(tensors, act_input, group_offsets):  # each rank runs it on its rows (mxq/distributed.py)
+        if _any_dtensor(tensors, act_input, group_offsets):  # each rank runs it on its rows (mxq/integrations/distributed.py)
             return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
         return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
 
@@ -562,11 +564,11 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     ``out`` (an extension of the DESIGN contract) writes into existing buffers, e.g. for CUDA
     graphs; with ``noop`` holding 1.0 nothing is written at all. ``group_offsets``: cumulative
     group ends along the rows (mixture of experts): colwise blocks restart at every group
-    (mxq/groups.py, docs/NUMERICS.md "Groups").
+    (mxq/formats/groups.py, docs/NUMERICS.md "Groups").
     """
     if torch.compiler.is_compiling():
         i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax)
-        if _any_dtensor([x], None, group_offsets):  # the node runs on the local shards (mxq/distributed.py)
+        if _any_dtensor([x], None, group_offsets):  # the node runs on the local shards (mxq/integrations/distributed.py)
             return getattr(_QUANTIZE_BY_ID, f"op{i}")._dtensor_call([x], [], None, noop, out, group_offsets)
         return torch_ops.call(i, [x], [], None, noop, out, group_offsets)
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax)

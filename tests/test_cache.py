@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import mxq
-from mxq import compiler
+import mxq._version
+from mxq.runtime import compiler
 from mxq.op import _quantize_op
-from mxq.spec import QuantSpec
+from mxq.frontend.spec import QuantSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = QuantSpec(rowwise=True, colwise=True, amax=True, scale_mode="floor")
@@ -29,9 +30,9 @@ def _fresh(code: str, cache: Path, **env):
 LOAD = """
     import sys, time
     import tvm_ffi
-    from mxq import compiler
+    from mxq.runtime import compiler
     from mxq.op import _quantize_op
-    from mxq.spec import QuantSpec
+    from mxq.frontend.spec import QuantSpec
     op = _quantize_op(QuantSpec(rowwise=True, colwise=True, amax=True, scale_mode="floor"))
     op.source
     t = time.perf_counter()
@@ -151,7 +152,7 @@ def test_cache_dir_is_keyed_by_versions_and_arch(tmp_path, monkeypatch):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
     a, b = compiler.kernel_cache_dir("sm_90"), compiler.kernel_cache_dir("sm_100a")
     assert a != b and a.parent == b.parent == tmp_path / "kernels"
-    monkeypatch.setattr(mxq, "__version__", "9.9.9")
+    monkeypatch.setattr(mxq._version, "__version__", "9.9.9")
     assert compiler.kernel_cache_dir("sm_90") != a
 
 
@@ -205,7 +206,7 @@ def test_exported_operand_kinds_run_on_cuda(tmp_path):
     the bytes of the Python call (the GPU counterpart of the test above)."""
     import tvm_ffi
 
-    from mxq import compiler
+    from mxq.runtime import compiler
     from mxq.testing import compare
 
     op = mxq.fused_quant(colwise=True, act="gelu")(_bias_gelu)
@@ -263,7 +264,7 @@ def test_gated_backward_exports_its_two_halves_kernels(tmp_path, monkeypatch):
     rowwise block would straddle the halves: compiled in as N's divisibility, which TVM-FFI
     checks, see tests/test_gpu.py's counterpart), and "_rows8" an N % 8 != 0 (its second half
     starts at column N); a grouped export is refused before anything is built."""
-    from mxq import export as export_mod
+    from mxq.runtime import export as export_mod
 
     seen = {}
     real = export_mod.compile_op
@@ -366,7 +367,7 @@ def test_exported_gated_backward_runs_on_cuda(tmp_path):
 
 
 def test_every_operand_kind_has_its_header_doc():
-    from mxq import export
+    from mxq.runtime import export
 
     assert set(export.OPERAND_DOC) == set(compiler.LAYOUT_CODES)
 

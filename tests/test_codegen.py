@@ -13,13 +13,14 @@ import pytest
 import torch
 
 import mxq
-from mxq import codegen, compiler
-from mxq.epilogue import IDENTITY
+from mxq.frontend import codegen
+from mxq.runtime import compiler
+from mxq.frontend.epilogue import IDENTITY
 from mxq.kernels import config as kconfig
 from mxq.kernels import device as dev
 from mxq.kernels.config import Tuning
 from mxq.op import FusedOp, _identity
-from mxq.spec import ACTIVATIONS, QuantSpec
+from mxq.frontend.spec import ACTIVATIONS, QuantSpec
 
 
 def ident(x):
@@ -172,7 +173,7 @@ def test_cpu_result_is_quantize_of_epilogue_by_hand(fn, opts):
     got = op(*ins)
     v = fn(*[t.float() for t in ins])  # the epilogue, eagerly, in fp32
     if op.spec.act:
-        v = mxq.activations.FORWARD[op.spec.act](v)
+        v = mxq.frontend.activations.FORWARD[op.spec.act](v)
     v_rounded = v.to(torch.bfloat16).float()
     # expected bytes from tests/oracle.py (plain Python, no mxq code)
     from . import oracle
@@ -268,13 +269,13 @@ def _run_records(records, out, env, grid: bool = True, unary=None):
 @pytest.mark.parametrize("name", ACTIVATIONS)
 @pytest.mark.parametrize("direction", ["act", "dact"])
 def test_builtin_act_records_compute_the_numerics_formula(name, direction):
-    from mxq import activations
+    from mxq.frontend import activations
 
     ep = activations.act_ir(name) if direction == "act" else activations.dact_ir(name)
     records, out = codegen.ssa(ep.expr, "f", {0: "x"}, {}, builtin=True)
     x = torch.linspace(-8, 8, 4001, dtype=torch.float32)
     got = _run_records(records, out, {"x": x})
-    want = mxq.ir.evaluate(ep.expr, [x], [])
+    want = mxq.frontend.ir.evaluate(ep.expr, [x], [])
     # FMA contraction moves a value by about an fp32 ulp, never more than a few
     assert torch.allclose(got.double(), want.double(), rtol=2**-20, atol=2**-22)
     kinds = [r["kind"] for r in records]
@@ -290,7 +291,7 @@ def test_half_tanh_becomes_a_sigmoid_with_its_constant_folded():
     K * 0.035677408), so the act lowers to half_tanh_ex2_act. dgelu reads t twice (1 - t * t,
     1 + t) and keeps tanh_act; a user's own 0.5 + 0.5 * mxq.tanh (precise tanh, one rounding per
     operation) is left alone."""
-    from mxq import activations
+    from mxq.frontend import activations
 
     k = -2.0 / math.log(2.0)
     records, out = codegen.ssa(activations.act_ir("gelu").expr, "f", {0: "x"}, {}, builtin=True)
@@ -379,7 +380,7 @@ def test_fast_dact_error_bound():
     tanh_act and sigmoid_act modelled as the device computes them (ex2 and rcp each off by up to
     2 and 1 ulp, a fixed pseudo-random pattern), over a in [-30, 30]: the worst error is under
     the bound and within 8x of it (the bound is not loose by orders of magnitude)."""
-    from mxq import activations
+    from mxq.frontend import activations
     from mxq.testing import DACT_SLACK
 
     gen = torch.Generator().manual_seed(0)
@@ -408,7 +409,7 @@ def test_fast_dact_error_bound():
         ep = activations.dact_ir(name)
         records, out = codegen.ssa(ep.expr, "g", {0: "a"}, {}, builtin=True)
         got = _run_records(records, out, {"a": a}, unary={"tanh_act": tanh_act, "sigmoid_act": sigmoid_act})
-        want = mxq.ir.evaluate(ep.expr, [a], [])
+        want = mxq.frontend.ir.evaluate(ep.expr, [a], [])
         err = ((got.double() - want.double()).abs() / (1.0 + a.double().abs())).max().item()
         assert err <= DACT_SLACK, (name, math.log2(err))
         worst = max(worst, err)
@@ -461,7 +462,7 @@ def test_half_tanh_of_a_shared_argument_multiplies_by_k():
     assert z["op"] == "mul" and abs(float(by_var[z["args"][1]]["value"]) + 2.0 / math.log(2.0)) < 1e-12
     x = torch.linspace(-6, 6, 12001, dtype=torch.float32)
     got = _run_records(records, out, {"x": x}).double()
-    want = mxq.ir.evaluate(op.epilogue.expr, [x], []).double()
+    want = mxq.frontend.ir.evaluate(op.epilogue.expr, [x], []).double()
     assert torch.allclose(got, want, rtol=2**-20, atol=2**-22)
     assert ".entry" in compiler.ptx_of(op, "sm_90a", "bf16", "vec")
 
@@ -496,9 +497,9 @@ def test_builtin_lowerings_stay_in_the_transcendental_class(name, direction, dty
 def _class_rate(name: str, direction: str, dtype):
     """(differing(grid) -> FP8 data bytes of the emulated records that differ from the
     reference's, the class's budget) on 1024 x 1024 N(0, 3^2) inputs."""
-    from mxq import activations
-    from mxq.reference import quantize_blocks
-    from mxq.spec import QuantSpec
+    from mxq.frontend import activations
+    from mxq.formats.reference import quantize_blocks
+    from mxq.frontend.spec import QuantSpec
 
     ep = activations.act_ir(name) if direction == "act" else activations.dact_ir(name)
     records, out = codegen.ssa(ep.expr, "f", {0: "x"}, {}, builtin=True)
@@ -509,7 +510,7 @@ def _class_rate(name: str, direction: str, dtype):
     def value(f):
         return f if d is None else d * f
 
-    want = ir_round(value(mxq.ir.evaluate(ep.expr, [x], [])), dtype)
+    want = ir_round(value(mxq.frontend.ir.evaluate(ep.expr, [x], [])), dtype)
     fmt = QuantSpec().format
     ref, _ = quantize_blocks(want, fmt, "rceil")
 
@@ -526,7 +527,7 @@ def ir_round(v, dtype):
 
 
 def test_fma_contraction_is_builtin_only_and_skips_subtractions():
-    from mxq import activations
+    from mxq.frontend import activations
 
     def fused_looking(x, r):
         return x * r + 1.0 - x * x
@@ -556,7 +557,7 @@ def test_activation_calls_in_user_epilogues_lower_as_builtin():
     assert all(r["kind"] != "fma" for r in records), "the user's g * 2 + u and (...) * u + g * u stay rounded"
     g, u = torch.randn(1000), torch.randn(1000)
     got = _run_records(records, out, {"g": g, "u": u})
-    assert torch.allclose(got, mxq.ir.evaluate(op.epilogue.expr, [g, u], []), rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got, mxq.frontend.ir.evaluate(op.epilogue.expr, [g, u], []), rtol=1e-6, atol=1e-6)
     plain = mxq.fused_quant()(lambda_free_sigmoid)
     records, _ = codegen.ssa(plain.epilogue.expr, "e", {0: "x"}, {}, builtin=plain.epilogue.builtin)
     assert [r.get("op") for r in records if r["kind"] == "unary"] == ["sigmoid"], "mxq.sigmoid stays precise"
@@ -569,7 +570,7 @@ def lambda_free_sigmoid(x):
 def test_power_of_two_scaled_sum_becomes_a_bit_exact_fma():
     """dgelu's 0.5 * (1 + t) is emitted as fma(t, 0.5, 0.5): the same bits for every t in
     [-1, 1] (scaling by 2^k commutes with rounding), one instruction fewer; never for users."""
-    from mxq import activations
+    from mxq.frontend import activations
 
     records, _ = codegen.ssa(activations.dact_ir("gelu").expr, "g", {0: "a"}, {}, builtin=True)
     consts = {r["var"]: float(r["value"]) for r in records if r["kind"] == "const"}
@@ -594,11 +595,11 @@ def test_power_of_two_scaled_sum_becomes_a_bit_exact_fma():
 def test_builtin_acts_keep_zero_padding(name):
     """The packed kernel loads zeros past row M and skips the row mask for built-in act/dact:
     that needs act(0) == 0 and 0 * dact(0) == 0, i.e. dact(0) finite."""
-    from mxq import activations
+    from mxq.frontend import activations
 
     zero = torch.zeros(1)
-    assert mxq.ir.evaluate(activations.act_ir(name).expr, [zero], []).item() == 0.0
-    assert torch.isfinite(mxq.ir.evaluate(activations.dact_ir(name).expr, [zero], [])).all()
+    assert mxq.frontend.ir.evaluate(activations.act_ir(name).expr, [zero], []).item() == 0.0
+    assert torch.isfinite(mxq.frontend.ir.evaluate(activations.dact_ir(name).expr, [zero], [])).all()
 
 
 def _bench_tool(name: str):
@@ -692,7 +693,7 @@ def test_templates_are_mostly_python():
     """At most one template line in ten is a Jinja statement: the kernels are mxq/kernels/."""
     from pathlib import Path
 
-    root = Path(codegen.__file__).resolve().parent.parent / "templates"
+    root = Path(mxq.__file__).resolve().parent.parent / "templates"
     lines = [ln for p in root.rglob("*.j2") for ln in p.read_text().splitlines()]
     statements = [ln for ln in lines if ln.strip().startswith(("{%", "{#"))]
     assert lines and len(statements) * 10 <= len(lines), (len(statements), len(lines))
@@ -1172,7 +1173,7 @@ def test_dbias_partials_precision_follows_the_input_dtype(arch, dtype):
     dbias_kernel adds the blocks in fp64 either way. The GPU side:
     tests/test_gpu.py::test_dbias_blocks_sum_in_the_partial_precision (a column whose result tells
     the two apart)."""
-    from mxq import export
+    from mxq.runtime import export
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     f64_math = re.compile(r"\b(?:add|cvt)\.[a-z.]*f64\b")
@@ -1285,7 +1286,7 @@ def test_lowering_of_every_operation_computes_the_reference():
     r[:8] = torch.tensor([1.0, -0.0, 0.0, 1.0, float("nan"), 1.0, -0.5, 2.5])
     r[8:16] = x[8:16]  # equal pairs: the == / != branches
     got = fn(x, r, torch.tensor(0.75))
-    want = mxq.ir.evaluate(op.epilogue.expr, [x, r], [0.75])
+    want = mxq.frontend.ir.evaluate(op.epilogue.expr, [x, r], [0.75])
     # the lowering's sigmoid is 1 / (1 + exp(-x)), three roundings, against torch.sigmoid in the
     # reference (the transcendental class): at most a few fp32 ulps apart, NaN where NaN
     assert torch.equal(got.isnan(), want.isnan())
@@ -1294,7 +1295,7 @@ def test_lowering_of_every_operation_computes_the_reference():
     exact = mxq.fused_quant()(_every_exact_operation)
     recs, out = codegen.ssa(exact.epilogue.expr, "e", {0: "x0", 1: "x1"}, {0: "s0"})
     got = _lowered_function(recs, out, ["x0", "x1", "s0"])(x, r, torch.tensor(0.75))
-    want = mxq.ir.evaluate(exact.epilogue.expr, [x, r], [0.75])
+    want = mxq.frontend.ir.evaluate(exact.epilogue.expr, [x, r], [0.75])
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), "exact operations: bit for bit"
 
 
@@ -1379,7 +1380,7 @@ def test_fp32_staged_dact(arch):
     # an op whose staged inputs would not fit a CTA's shared memory keeps the unstaged kernel
     import dataclasses
 
-    from mxq import codegen
+    from mxq.frontend import codegen
 
     cfg = codegen.kernel_config(QuantSpec(rowwise=True, dact="gelu"), IDENTITY, Tuning(vec_stage=True))
     assert [dataclasses.replace(cfg, n_inputs=n).vec_stage for n in (1, 6, 7)] == [True, True, False]
@@ -1396,7 +1397,7 @@ def test_unaligned_warps(arch):
     colwise output take 8 and everything else 4 (dbias ops 8 anyway; the choice measured on the
     H200, config.Tuning); the aligned kernel is not touched by the switch (same PTX).
     test_gpu.py::test_unaligned_eight_warps_match_reference checks the bytes of 8 warps."""
-    from mxq import codegen
+    from mxq.frontend import codegen
     from mxq.kernels.config import Tuning
 
     def build(tuning, **opts):

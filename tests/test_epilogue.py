@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import mxq
-from mxq import ir
-from mxq.epilogue import EpilogueError, parse
+from mxq.frontend import ir
+from mxq.frontend.epilogue import EpilogueError, parse
 
 from . import oracle
 from .conftest import deadline

@@ -106,9 +106,9 @@ def test_fuzz_ffi_entry_points():
 DAMAGE = """
 import os, random, shutil, sys
 from pathlib import Path
-from mxq import compiler
+from mxq.runtime import compiler
 from mxq.op import _quantize_op
-from mxq.spec import QuantSpec
+from mxq.frontend.spec import QuantSpec
 rng = random.Random(int(sys.argv[1]))
 
 

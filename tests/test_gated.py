@@ -1,4 +1,4 @@
-"""Gated activations (mxq/gated.py): act= / dact= "swiglu", "geglu", "reglu", "qgeglu", "sreglu".
+"""Gated activations (mxq/frontend/gated.py): act= / dact= "swiglu", "geglu", "reglu", "qgeglu", "sreglu".
 
 Expected bytes come from the formulas of docs/NUMERICS.md ("Gated activations") typed out here in
 torch fp32 (one rounding per operation) and quantized by tests/oracle.py; relu-based ones are exact,
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import mxq
-from mxq import gated
-from mxq.spec import QuantSpec
+from mxq.frontend import gated
+from mxq.frontend.spec import QuantSpec
 from mxq.testing import compare, planted, poisoned, v_abs_sum
 
 from . import oracle
@@ -241,7 +241,7 @@ def test_gated_kernels_compile(arch):
     (the 16-bit packed kernel writes both halves, Tuning.halves_one_cta: twice the stores)."""
     import re
 
-    from mxq import compiler
+    from mxq.runtime import compiler
 
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
     for dtype, stores in (("bf16", 16), ("fp32", 8)):
@@ -267,7 +267,7 @@ def test_one_cta_halves_compile(arch):
     in two passes over one loaded tile, and it compiles; False gives one CTA per half."""
     import re
 
-    from mxq import compiler
+    from mxq.runtime import compiler
 
     def bwd():
         return mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)

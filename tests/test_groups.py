@@ -1,4 +1,4 @@
-"""Grouped quantize (mxq/groups.py): colwise blocks restart at every group. On CPU (the reference,
+"""Grouped quantize (mxq/formats/groups.py): colwise blocks restart at every group. On CPU (the reference,
 against tests/oracle.py and independent rearrangements), and marked gpu the grouped kernels
 (mxq/kernels/grouped.py) against the reference; their CPU counterparts are the compile test below
 and tests/test_kernels.py's host checks of the tile rules."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mxq
-from mxq import groups
+from mxq.formats import groups
 from mxq.kernels import config as kconfig
 from mxq.testing import compare, planted, poisoned, same_bytes, v_abs_sum
 
@@ -200,7 +200,7 @@ def test_groups_with_a_second_epilogue_tensor():
     """CPU counterpart of test_grouped_kernels_with_extra_operands: with a bias [N] or strided
     halves, group k of the grouped result is the op on its rows alone (the reference), and the
     grouped kernels for those operand layouts compile."""
-    from mxq import compiler
+    from mxq.runtime import compiler
 
     op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu", dbias=True)(_plus_gelu)
     sizes = [45, 0, 100, 31]
@@ -386,7 +386,7 @@ def test_grouped_kernel_runs_without_a_fallback_warning(monkeypatch):
 def test_grouped_kernels_compile(variant, arch):
     """CPU counterpart of the GPU tests above: the grouped kernels compile for Hopper and
     Blackwell, read the group ends and (vectorised) keep their 16-byte accesses."""
-    from mxq import compiler
+    from mxq.runtime import compiler
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dbias=True, scale_layout="swizzled")(_ident)
     def wide_accesses(ptx):  # 16-byte loads, 8-byte FP8 stores

@@ -1,4 +1,4 @@
-"""Operand layouts (mxq/operands.py): broadcast operands and strided views, on CPU -- the
+"""Operand layouts (mxq/runtime/operands.py): broadcast operands and strided views, on CPU -- the
 reference's semantics against hand-made expectations, validation, the binding and the compiled
 kernels' loads. GPU side: tests/test_gpu.py::test_broadcast_and_strided_operands_match_reference."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mxq
-from mxq import compiler, operands
+from mxq.runtime import compiler, operands
 
 from . import oracle
 
@@ -76,9 +76,9 @@ def test_strided_views_and_copies():
     """x[:, :N] of a [M, 2N] tensor is a strided full operand (no copy); other non-contiguous
     inputs are copied with a warning, refused under MXQ_STRICT=1."""
     base = torch.randn(16, 128)
-    kinds = mxq.runtime.operand_layouts([base[:, :64], base[:, 64:]], None)[2]
+    kinds = mxq.runtime.validation.operand_layouts([base[:, :64], base[:, 64:]], None)[2]
     assert kinds == ("strided", "strided")
-    ts, _, kinds = mxq.runtime.operand_layouts([base[:, :64], base[:, ::2]], None)
+    ts, _, kinds = mxq.runtime.validation.operand_layouts([base[:, :64], base[:, ::2]], None)
     assert kinds == ("strided", "full") and ts[1].is_contiguous()
     op = mxq.fused_quant()(_add)
     assert torch.equal(op(base[:, :64], base[:, 64:]).rowwise_data.view(torch.uint8),
@@ -91,7 +91,7 @@ def test_binding_passes_broadcast_operands_as_stride_zero_views(monkeypatch, tmp
     op = mxq.fused_quant(colwise=True)(_mul_add)
     x = torch.randn(64, 96, dtype=torch.bfloat16)
     s, b = torch.rand(64, 1, dtype=torch.bfloat16), torch.randn(96, dtype=torch.bfloat16)
-    tensors, act, kinds = mxq.runtime.operand_layouts([x, s, b], None)
+    tensors, act, kinds = mxq.runtime.validation.operand_layouts([x, s, b], None)
     assert kinds == ("full", "col", "row")
     fn, args, out = op._launcher_for(x).bind(tensors, [], act, None, None, kinds)
     assert fn is not None

@@ -7,7 +7,7 @@ import torch
 
 import mxq
 from mxq.tensor import data_rows
-from mxq import runtime
+from mxq.runtime import validation as runtime
 
 
 def test_fallback_warns_once_per_reason(monkeypatch):
@@ -150,7 +150,7 @@ def test_quantize_takes_the_fast_path_itself():
     """mxq.quantize checks the fast path before calling its op (one layer of Python less on the
     host-time path); noop=/out= calls still take the checked path."""
     from mxq.op import _quantize_op
-    from mxq.spec import QuantSpec
+    from mxq.frontend.spec import QuantSpec
 
     op = _quantize_op(QuantSpec(fp8="e5m2", rowwise=False, colwise=True, scale_mode="floor"))
     fake = op._fast[(torch.float16, -1)] = _RecordingLauncher()
@@ -185,7 +185,7 @@ def test_python_binding_puts_every_tensor_in_its_slot(monkeypatch, tmp_path):
     """Launcher.bind (what prepare() launches): each kernel argument is the tensor of its slot
     in the table, by data pointer -- a binder that swapped the rowwise and colwise buffers fails
     here on CPU (GPU side: tests/test_gpu.py::test_prepare_matches_reference)."""
-    from mxq import compiler, slots
+    from mxq.runtime import compiler, slots
 
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(compiler, "device_arch", lambda device: "sm_90")

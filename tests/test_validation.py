@@ -221,7 +221,7 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference(monkeypat
     # the op's own tuning counts (read on first use, as its source is): 8 warps of the unaligned
     # kernel take 2048 bytes more than 4 (Tuning.unaligned_warps); with a limit between the two,
     # 13 tensors without dbias fit 4 warps and not 8
-    from mxq import codegen
+    from mxq.frontend import codegen
     from mxq.kernels import config as kconfig
     from mxq.kernels.config import Tuning
 
@@ -262,7 +262,7 @@ def test_packed_shared_bytes_counts_the_allocations():
     256 x 4 = 1024, parked units 4 warps x 64 words = 1024; at its default 8 warps: maxima 8 x 128
     words = 4096, parked units 8 warps x 32 words = 1024; aligned plain casts stage nothing
     (2048 + 1024)."""
-    from mxq import codegen
+    from mxq.frontend import codegen
     from mxq.kernels.config import Tuning
 
     both = mxq.fused_quant(rowwise=True, colwise=True)(_ident_for_smem)
@@ -287,7 +287,8 @@ def test_fp32_unaligned_rows_fit_shared_memory():
     32768 per input, chunks 32 x 260 x 4 = 33280, plus 1024 of inverse column scales. Seven
     inputs fit as words (230400) but not as chunks (233984 > 232448: the kernel would not
     launch), so they take words; eight fit neither and run the element-wise kernel."""
-    from mxq import codegen, compiler
+    from mxq.frontend import codegen
+    from mxq.runtime import compiler
     from mxq.kernels.config import SMEM_LIMIT, Tuning
 
     def smem(op):

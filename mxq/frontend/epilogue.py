@@ -395,7 +395,7 @@ def _callee_text(func: ast.AST) -> str:
 
 
 def _is_mxq_module(obj) -> bool:
-    return isinstance(obj, types.ModuleType) and obj.__name__ in ("mxq", "mxq.math")
+    return isinstance(obj, types.ModuleType) and obj.__name__ in ("mxq", "mxq.frontend.math")
 
 
 def _fn_node(tree: ast.Module, name: str) -> ast.FunctionDef:
@@ -454,7 +454,7 @@ def parse(fn) -> Epilogue:
     for a in params:
         if a.arg.startswith("__"):
             p.fail(a, f"dunder name {a.arg!r} is not allowed in an epilogue", "dunder name")
-        if a.arg.startswith("_mxq_"):  # (mxq/gated.py names the parameters it adds so)
+        if a.arg.startswith("_mxq_"):  # (mxq/frontend/gated.py names the parameters it adds so)
             p.fail(a, f"parameter name {a.arg!r} is reserved (names starting with _mxq_ are mxq's)", "parameter name")
         is_float_annot = isinstance(a.annotation, ast.Name) and a.annotation.id == "float"
         if a.arg in defaults:

@@ -18,9 +18,10 @@ from importlib import resources
 
 import torch
 
-from . import compiler, groups, launch, slots
-from .kernels.config import UNIT
-from .tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
+from . import compiler, launch, slots
+from ..formats import groups
+from ..kernels.config import UNIT
+from ..tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
 
 _lock = threading.RLock()
 _shim = None

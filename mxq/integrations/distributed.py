@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from .tensor import MXFP8Tensor, flat_dims
+from ..tensor import MXFP8Tensor, flat_dims
 
 
 def _name(p) -> str:

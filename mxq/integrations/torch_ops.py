@@ -7,7 +7,7 @@ tensor). Its fake implementation gives the exact shapes, strides and dtypes of
 ``MXFP8Tensor.empty``, so compiled graphs hold the op as one node, with no graph break, for
 static and dynamic shapes. Eager calls do not go through the dispatcher (it costs host time):
 ``FusedOp.__call__`` routes here only while torch.compile traces. DTensor calls trace through
-mxq/distributed.py, which runs this operator on the local shards (the operator itself has no
+mxq/integrations/distributed.py, which runs this operator on the local shards (the operator itself has no
 sharding rule). MXFP8Tensor is a registered pytree node, so it can be an input and an output of
 compiled functions.
 """
@@ -20,8 +20,9 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import gated, runtime, slots
-from .tensor import MXFP8Tensor
+from ..frontend import gated
+from ..runtime import slots, validation
+from ..tensor import MXFP8Tensor
 
 _ops: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # op id -> FusedOp
 _next = itertools.count()
@@ -106,14 +107,14 @@ def _scalar_names(i: int) -> tuple:
 def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
     """The traced call of op ``i`` (op_id): the operator, then an MXFP8Tensor (``out`` filled by
     copies)."""
-    from .spec import QuantSpec
+    from ..frontend.spec import QuantSpec
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
     shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape
-    runtime.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
+    validation.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
     floats = [float(s) for s in scalars]
     if out is not None:  # validated while tracing (static shapes and dtypes), written in place
-        runtime.check_out(spec, out, tensors[0], group_offsets, shape)
+        validation.check_out(spec, out, tensors[0], group_offsets, shape)
         outs = [getattr(out, f) for f in slots.OUTPUTS if slots.uses(spec, f)]
         torch.ops.mxq.fused_quant_out(list(tensors), floats, act_input, noop, group_offsets, outs, i)
         return out

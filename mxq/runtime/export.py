@@ -11,13 +11,15 @@ import tempfile
 from pathlib import Path
 
 from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, _compile_cxx, _link_shared, compile_op, runtime_libraries
-from . import gated, groups, slots, targets
-from .kernels.config import UNIT
-from .numerics import dbias_partial_dtype
+from ..frontend import gated
+from ..formats import groups
+from . import slots, targets
+from ..kernels.config import UNIT
+from ..formats.numerics import dbias_partial_dtype
 
 
 # How a C++ caller passes an epilogue tensor of each operand kind (the compiler's LAYOUT_CODES,
-# mxq/operands.py): always as an [M, N] tensor, with these strides (torch: the expand() / slice of
+# mxq/runtime/operands.py): always as an [M, N] tensor, with these strides (torch: the expand() / slice of
 # the tensor it has). tests/test_cache.py holds the two key sets equal.
 OPERAND_DOC = {
     "full": "contiguous",
@@ -56,7 +58,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     the header documents; no Python is involved. ``grouped``: also ``<name>_grouped`` and
     ``<name>_vec_grouped``, the grouped kernels (int32 group ends last; docs/NUMERICS.md, "Groups").
     ``operands``: the kind of each epilogue tensor ("full", "strided", "row", "col", "scalar";
-    mxq/operands.py), for kernels that read a bias [N] once per tile and the like (the header says
+    mxq/runtime/operands.py), for kernels that read a bias [N] once per tile and the like (the header says
     which strides each kind takes); default all full. ``note``: a paragraph for the header.
     ``n_multiple``: every function refuses an N that is not a multiple of it (a gated backward's
     rowwise blocks must not straddle its halves); a two-halves op's ``_rows8`` also needs N % 8
@@ -104,7 +106,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
 # check of csrc/export_check.h in front of one of them (_compile_checks).
 UNCHECKED = "_mxq_unchecked_"
 
-# mxq/slots.py's roles -> export_check.h's Role enumerators (kOther for the rest; the first
+# mxq/runtime/slots.py's roles -> export_check.h's Role enumerators (kOther for the rest; the first
 # input, kInput0, is found by its index)
 _CHECK_ROLES = {"rowwise_data": "kRowData", "rowwise_scale": "kRowScale", "colwise_data": "kColData",
                 "colwise_scale": "kColScale", "dbias": "kDbias", "dbias_workspace": "kWorkspace",
@@ -139,7 +141,7 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_{fname}(void* self, const TVMFFIAny*
 """)
     src, obj = directory / "checks.cc", directory / "checks.o"
     src.write_text("\n".join(parts))
-    csrc = Path(__file__).resolve().parent / "csrc"
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
     _compile_cxx(src, obj, [tvm_ffi.libinfo.find_include_path(), str(csrc)])
     return obj
 
@@ -163,7 +165,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
                    note: str = "") -> str:
     import textwrap
 
-    from . import __version__
+    from .._version import __version__
 
     spec, epi = op.spec, op.epilogue
     operand_doc = "".join(f"\n *   {f'mIn{i}':<11} ({p}): {OPERAND_DOC[k]}"

@@ -10,7 +10,7 @@ activation, its second half u multiplies it. With the op's epilogue E applied el
   quantized as one [..., 2N] tensor (dbias over 2N columns).
 
 Both are ordinary fused ops over views of the halves, built here as derived epilogues from the
-op's own IR and the activations' one definition (mxq/activations.py):
+op's own IR and the activations' one definition (mxq/frontend/activations.py):
 
 - the forward op's epilogue takes each tensor parameter twice (its gate half, then its up half):
   a user epilogue ``act(g) * u`` over ``x[..., :N]`` and ``x[..., N:]`` computes the same bytes;

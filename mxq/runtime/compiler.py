@@ -27,9 +27,10 @@ import threading
 import time
 from pathlib import Path
 
-from . import gated, slots, targets
-from .numerics import dbias_partial_dtype
-from .spec import DTYPES
+from ..frontend import gated
+from . import slots, targets
+from ..formats.numerics import dbias_partial_dtype
+from ..frontend.spec import DTYPES
 
 _DTYPE_BY_NAME = {v: k for k, v in DTYPES.items()}
 _compile_lock = threading.Lock()
@@ -147,7 +148,7 @@ def layout_tag(layouts) -> str:
 def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=None, grouped: bool = False,
               n_multiple: int = 1):
     """The compile-time arguments of ``launch``/``launch_vec``, one per slot of the kernel slot
-    table (mxq/slots.py): fake tensors with symbolic M, N tied together; the vectorised variant
+    table (mxq/runtime/slots.py): fake tensors with symbolic M, N tied together; the vectorised variant
     also promises N % 8 == 0 and 16-byte aligned [M, N] tensors; ``n_multiple``: N must be a
     multiple of it too (checked by the compiled function: an exported gated backward's)."""
     cute = _import_cutlass(arch)
@@ -162,7 +163,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
     big = VEC_ALIGN if vec else None
     ws_bytes = dbias_partial_dtype(_DTYPE_BY_NAME[dtype_name]).itemsize  # fp32 for 16-bit inputs
 
-    # two-halves ops (mxq/gated.py) write outputs [M, 2N]: their output width is its own value
+    # two-halves ops (mxq/frontend/gated.py) write outputs [M, 2N]: their output width is its own value
     n_out = cute.sym_int(divisibility=VEC_DIVISOR if vec else 1) if gated.is_halves(epi) else n
 
     def mat(dtype, align, rows=m, cols=n):
@@ -175,7 +176,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         return fake(Float32, (1,), assumed_align=4)
 
     def operand(kind):
-        """A fake [M, N] operand of a layout kind (mxq/operands.py): a row stride of its own
+        """A fake [M, N] operand of a layout kind (mxq/runtime/operands.py): a row stride of its own
         (strided, a multiple of 8 elements for the vectorised kernel), or stride-0 broadcast dims."""
         if kind == "full":
             return mat(el, big or nbytes)
@@ -392,7 +393,8 @@ EXPORT_NAME = "mxq_launch"
 def _versions() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    from . import __version__, codegen
+    from .._version import __version__
+    from ..frontend import codegen
 
     parts = [f"mxq={__version__}", f"kernels={codegen.kernels_hash()}"]
     for dist in ("nvidia-cutlass-dsl", "apache-tvm-ffi"):

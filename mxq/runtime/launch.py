@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from . import gated, groups, operands, slots
+from ..frontend import gated
+from ..formats import groups
+from . import operands, slots
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
-from .kernels.config import UNIT
-from .numerics import dbias_partial_dtype
-from .tensor import MXFP8Tensor, data_rows, flat_dims
+from ..kernels.config import UNIT
+from ..formats.numerics import dbias_partial_dtype
+from ..tensor import MXFP8Tensor, data_rows, flat_dims
 
 _noop_zero: dict = {}
 
@@ -78,7 +80,7 @@ class Launcher:
         return fn
 
     def run(self, tensors, scalars, act_input, noop, out, operand_kinds, group_offsets=None):
-        """A call with broadcast or strided operands (``operand_kinds``: runtime.operand_layouts)
+        """A call with broadcast or strided operands (``operand_kinds``: validation.operand_layouts)
         or group offsets, through the Python binding (the native dispatcher takes neither)."""
         fn, args, out = self.bind(tensors, scalars, act_input, noop, out, operand_kinds, group_offsets)
         if fn is not None:
@@ -100,8 +102,8 @@ class Launcher:
 
     def bind(self, tensors, scalars, act_input, noop, out, operand_kinds=None, group_offsets=None):
         """(native function, its argument list, out) for one call; launching is ``fn(*args)``.
-        The argument list follows the kernel slot table (mxq/slots.py); ``operand_kinds``: the
-        epilogue inputs' kinds (runtime.operand_layouts; None: all full and contiguous);
+        The argument list follows the kernel slot table (mxq/runtime/slots.py); ``operand_kinds``: the
+        epilogue inputs' kinds (validation.operand_layouts; None: all full and contiguous);
         ``group_offsets``: a grouped call's group ends (the grouped kernels; no host sync)."""
         spec, epi = self.op.spec, self.op.epilogue
         x = tensors[0]
@@ -155,7 +157,7 @@ class Launcher:
             return self.call_alloc(*tensors, *scalars, act_input, None)
         if out is None:
             out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device)
-        if self.dispatch is not None:  # (out's data: contiguous or padded rows, runtime.check_out)
+        if self.dispatch is not None:  # (out's data: contiguous or padded rows, validation.check_out)
             self.dispatch(*tensors, *scalars, act_input, out.rowwise_data, out.rowwise_scale, out.colwise_data,
                           out.colwise_scale, out.amax, out.dbias, noop)
             return out
@@ -223,7 +225,7 @@ def _clear_padding(out: MXFP8Tensor, noop) -> None:
 
 def _as_u8_2d(t: torch.Tensor, m: int, n: int) -> torch.Tensor:
     """FP8 data as the kernels' [m, n] bytes: a view of ``t`` (contiguous or padded rows, checked
-    by runtime.check_out), never a copy the kernel would write instead."""
+    by validation.check_out), never a copy the kernel would write instead."""
     u = data_rows(t.view(torch.uint8), m, n)
     if u is None:
         raise ValueError(f"mxq: FP8 data of strides {tuple(t.stride())} is not rows of unit stride")

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from .spec import DTYPES
+from ..frontend.spec import DTYPES
 
 SUPPORTED_ARCHS = (
     "sm_89", "sm_90", "sm_90a",
