@@ -26,7 +26,7 @@ import torch
 from . import get_include
 from ._version import __version__
 from .frontend import codegen
-from .runtime import compiler
+from .runtime import cache
 from .frontend.epilogue import EpilogueError
 from .op import FusedOp, GatedOp, _identity, _quantize_op
 from .frontend.spec import ACTIVATIONS, GATED_ACTIVATIONS, QuantSpec
@@ -164,7 +164,7 @@ def cmd_info(args) -> int:
         except PackageNotFoundError:
             print(f"{dist}: not installed")
     print(f"kernels  {codegen.kernels_hash()}, templates at {codegen._template_dir()}")
-    print(f"cache dir {compiler.cache_dir()}")
+    print(f"cache dir {cache.cache_dir()}")
     print(f"archs    {', '.join(SUPPORTED_ARCHS)}")
     return 0
 

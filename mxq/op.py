@@ -20,7 +20,7 @@ from functools import lru_cache
 import torch
 
 from .frontend import codegen, gated
-from .runtime import compiler, export, ffi, launch, targets, validation
+from .runtime import export, ffi, inspection, launch, targets, validation
 from .integrations import torch_ops
 from .formats import reference as _reference
 from .frontend.epilogue import IDENTITY, Epilogue, EpilogueError, parse
@@ -258,7 +258,7 @@ class FusedOp:
         key = (x.device, validation.dtype_name(x.dtype))
         fn = self._launchers.get(key)
         if fn is None:
-            fn = self._launchers[key] = launch.Launcher(self, compiler.device_arch(x.device), key[1],
+            fn = self._launchers[key] = launch.Launcher(self, targets.device_arch(x.device), key[1],
                                                         self._native_dispatchers())
         return fn
 
@@ -289,7 +289,7 @@ class FusedOp:
 
     def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:
         """Compile without a GPU and return {"ptx", "mlir", "source", "path", ...}."""
-        return compiler.compile_artifacts(self, arch=arch, dtype=dtype)
+        return inspection.compile_artifacts(self, arch=arch, dtype=dtype)
 
     def register(self, name: str):
         """Register this op as TVM-FFI global ``mxq.<name>`` (destination-passing signature, see

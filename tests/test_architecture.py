@@ -162,3 +162,12 @@ def test_dispatcher_workspace_dtype_is_numerics_rule():
     by_name = {"f32": torch.float32, "f64": torch.float64}
     assert by_name[m.group(1)] == dbias_partial_dtype(torch.float32)
     assert by_name[m.group(2)] == dbias_partial_dtype(torch.bfloat16) == dbias_partial_dtype(torch.float16)
+
+
+def test_compile_cache_toolchain_inspection_flow_one_way():
+    """The compile path's four jobs import only downward: toolchain <- cache <- compiler <-
+    inspection (mxq/runtime/)."""
+    graph = import_graph()
+    order = ["mxq.runtime.toolchain", "mxq.runtime.cache", "mxq.runtime.compiler", "mxq.runtime.inspection"]
+    for i, low in enumerate(order):
+        assert not graph[low] & set(order[i + 1:]), (low, graph[low] & set(order[i + 1:]))

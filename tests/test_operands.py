@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mxq
-from mxq.runtime import compiler, operands
+from mxq.runtime import inspection, operands, targets
 
 from . import oracle
 
@@ -87,7 +87,7 @@ def test_strided_views_and_copies():
 
 def test_binding_passes_broadcast_operands_as_stride_zero_views(monkeypatch, tmp_path):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compiler, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")
     op = mxq.fused_quant(colwise=True)(_mul_add)
     x = torch.randn(64, 96, dtype=torch.bfloat16)
     s, b = torch.rand(64, 1, dtype=torch.bfloat16), torch.randn(96, dtype=torch.bfloat16)
@@ -106,7 +106,7 @@ def test_a_row_operand_is_loaded_once_per_tile(arch):
     op = mxq.fused_quant(colwise=True, act="gelu")(_add)
 
     def body(kinds):
-        ptx = compiler.ptx_of(op, arch, "bf16", "vec", kinds)
+        ptx = inspection.ptx_of(op, arch, "bf16", "vec", kinds)
         start = ptx.index(".entry kernel_cutlass_packed_kernel")
         return ptx[start:]
 
@@ -129,6 +129,6 @@ def test_swiglu_over_half_views_compiles_for_the_fast_kernels(arch):
     tensor compiles to the packed kernel with both operands staged, read in place. (On sm_90 the
     local ptxas reports a 4-byte spill at 80 registers: its speed is still to be measured.)"""
     op = mxq.fused_quant(rowwise=True, colwise=True)(_swiglu)
-    art = compiler.compile_artifacts(op, arch, "bf16", "vec", ("strided", "strided"))
+    art = inspection.compile_artifacts(op, arch, "bf16", "vec", ("strided", "strided"))
     body = art["ptx"][art["ptx"].index(".entry kernel_cutlass_packed_kernel"):]
     assert body.count("cp.async.cg.shared.global") == 16  # 8 rows x (gate, up)

@@ -185,10 +185,10 @@ def test_python_binding_puts_every_tensor_in_its_slot(monkeypatch, tmp_path):
     """Launcher.bind (what prepare() launches): each kernel argument is the tensor of its slot
     in the table, by data pointer -- a binder that swapped the rowwise and colwise buffers fails
     here on CPU (GPU side: tests/test_gpu.py::test_prepare_matches_reference)."""
-    from mxq.runtime import compiler, slots
+    from mxq.runtime import slots, targets
 
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compiler, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")
 
     def axr(x, r, alpha: float = 1.0):
         return x * alpha + r

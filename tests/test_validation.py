@@ -288,11 +288,11 @@ def test_fp32_unaligned_rows_fit_shared_memory():
     inputs fit as words (230400) but not as chunks (233984 > 232448: the kernel would not
     launch), so they take words; eight fit neither and run the element-wise kernel."""
     from mxq.frontend import codegen
-    from mxq.runtime import compiler
+    from mxq.runtime import inspection
     from mxq.kernels.config import SMEM_LIMIT, Tuning
 
     def smem(op):
-        return compiler.compile_artifacts(op, "sm_90", "fp32", "rows8")["mlir"]
+        return inspection.compile_artifacts(op, "sm_90", "fp32", "rows8")["mlir"]
 
     for copy, want in (("words", 32768 + 1024), ("chunks", 33280 + 1024)):
         one = mxq.fused_quant(rowwise=True, colwise=True)(_ident_for_smem)
@@ -308,7 +308,7 @@ def test_fp32_unaligned_rows_fit_shared_memory():
     assert f"constant({7 * 32768 + 1024} : i64)" in smem(seven)
     eight = mxq.fused_quant(rowwise=True, colwise=True)(_eight_for_smem)
     assert not codegen.kernel_config(eight.spec, eight.epilogue, None).vec_unaligned
-    assert "generic_kernel" in compiler.compile_artifacts(eight, "sm_90", "fp32", "rows8")["ptx"]
+    assert "generic_kernel" in inspection.compile_artifacts(eight, "sm_90", "fp32", "rows8")["ptx"]
     with pytest.raises(ValueError, match="vec_unaligned_copy"):
         Tuning(vec_unaligned_copy="chunk")
 

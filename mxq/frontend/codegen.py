@@ -24,7 +24,7 @@ from .spec import QuantSpec
 
 TEMPLATE_NAME = "module.py.j2"
 # mxq/ files beside kernels/ and the templates that shape the compiled code (kernels_hash)
-SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "runtime/compiler.py")
+SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "runtime/compiler.py", "runtime/targets.py")
 
 
 def _template_dir():
@@ -52,8 +52,8 @@ def environment() -> jinja2.Environment:
 @lru_cache(maxsize=1)
 def kernels_hash() -> str:
     """Hash of every file that shapes the compiled code (templates, mxq/kernels/*.py,
-    runtime/slots.py, formats/numerics.py, runtime/compiler.py): part of every generated module,
-    hence of every cache key, so editing any of them recompiles."""
+    SHAPING_FILES): part of every generated module, hence of every cache key, so editing any of
+    them recompiles."""
     from pathlib import Path
 
     h = hashlib.sha256()
@@ -61,7 +61,7 @@ def kernels_hash() -> str:
     files = sorted(_walk(_template_dir(), "templates/"))
     files += sorted((f"kernels/{p.name}", p) for p in (pkg / "kernels").glob("*.py"))
     # (and what else shapes the compiled code: the slot table, the format constants the kernels
-    # read, the fake compile arguments' alignment and dtypes)
+    # read, the fake compile arguments' alignment and dtypes, the arch switches they pass)
     files += [(name, pkg / name) for name in SHAPING_FILES]
     for name, path in files:
         h.update(name.encode())

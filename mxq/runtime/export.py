@@ -10,7 +10,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, _compile_cxx, _link_shared, compile_op, runtime_libraries
+from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, compile_op
+from .toolchain import compile_cxx, link_shared, runtime_libraries
 from ..frontend import gated
 from ..formats import groups
 from . import slots, targets
@@ -89,7 +90,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         lib = out / f"lib{name}.so"
         # relocatable: the runtime libraries it needs are copied beside it and found through
         # RUNPATH $ORIGIN, so the directory can move to a machine without this Python environment
-        _link_shared(objects, lib, rpaths=["$ORIGIN"], flags=[f"-Wl,--version-script={script}"])
+        link_shared(objects, lib, rpaths=["$ORIGIN"], flags=[f"-Wl,--version-script={script}"])
     runtime = []
     for src in runtime_libraries():
         dst = out / Path(src).name
@@ -142,7 +143,7 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_{fname}(void* self, const TVMFFIAny*
     src, obj = directory / "checks.cc", directory / "checks.o"
     src.write_text("\n".join(parts))
     csrc = Path(__file__).resolve().parents[1] / "csrc"
-    _compile_cxx(src, obj, [tvm_ffi.libinfo.find_include_path(), str(csrc)])
+    compile_cxx(src, obj, [tvm_ffi.libinfo.find_include_path(), str(csrc)])
     return obj
 
 
