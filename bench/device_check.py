@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mxq  # noqa: E402
 from mxq.op import FusedOp  # noqa: E402
 from mxq.frontend.spec import QuantSpec  # noqa: E402
+from mxq.runtime.call import Call  # noqa: E402
 from mxq.tensor import MXFP8Tensor  # noqa: E402
 from mxq.testing import byte_diff, compare, is_exact, planted, poisoned, same_bytes, v_abs_sum  # noqa: E402
 
@@ -542,7 +543,7 @@ def host_breakdown(x, launcher, n):
     outputs."""
     op = launcher.op
     native = launcher.allocating
-    fn, args, _ = launcher.bind([x], [], None, None, None)
+    fn, args, _ = launcher.bind(Call([x], []))
 
     def per_call(f):
         f()
@@ -589,7 +590,7 @@ def host_breakdown(x, launcher, n):
                                                       out.colwise_scale, None, None, None)),
             "kernel_function_call": per_call(lambda: fn(*args)),
             "torch_empty_outputs": per_call(torch_outputs),
-            "python_checks": per_call(lambda: mxq.runtime.validation.check_call(op.spec, op.epilogue, [x], [], None, None, None))}
+            "python_checks": per_call(lambda: mxq.runtime.validation.check_call(op.spec, op.epilogue, Call([x], [])))}
 
 
 def parse_tuning(variant: str) -> dict:

@@ -45,10 +45,10 @@ MUTATIONS = [
      "qb = torch.where(torch.isnan(y) & (y.view(torch.int32) >= 0), FP8_NAN_BYTE, qb.to(torch.int32)).to(torch.uint8)",
      ["tests/test_numerics.py"], "-"),
     ("call_before_validating", "mxq/op.py",
-     "        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)\n"
-     "        return self._run(tensors, scalars, act_input, noop, out)",
-     "        result = self._run(tensors, scalars, act_input, noop, out)\n"
-     "        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)\n"
+     "        validation.check_call(self.spec, self.epilogue, call)\n"
+     "        return self._run(call)",
+     "        result = self._run(call)\n"
+     "        validation.check_call(self.spec, self.epilogue, call)\n"
      "        return result",
      ["tests/test_validation.py"], "-"),
     ("fp8_saturation_dropped", "mxq/formats/numerics.py",

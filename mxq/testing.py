@@ -110,7 +110,8 @@ def v_abs_sum(op, *args, act_input=None, group_offsets=None, **kwargs) -> torch.
     from .formats import groups
     from .formats.reference import epilogue_value
 
-    tensors, scalars = op._bind(args, kwargs)
+    call = op._bind(args, kwargs)
+    tensors, scalars = call.tensors, call.scalars
     w = epilogue_value(op.spec, op.epilogue, tensors, scalars, act_input).abs().double()
     if op.spec.dact is not None and not gated.is_halves(op.epilogue):
         d = epilogue_value(replace(op.spec, dact=None), op.epilogue, tensors, scalars, None).abs().double()

@@ -108,13 +108,14 @@ def test_python_launch_path_through_the_dispatcher(monkeypatch):
     """The CUDA call path hands tensors to the native dispatcher; on CPU tensors the same
     plumbing reaches the reference, so the argument order is checked here without a GPU."""
     from mxq.runtime import targets
+    from mxq.runtime.call import Call
 
     op = mxq.fused_quant(colwise=True, amax=True, dact="relu", dbias=True)(resid.fn)
     monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")  # the CPU route never compiles
     launcher = op._launcher_for(planted(40, 64, torch.bfloat16))
     assert launcher is op._launcher_for(planted(40, 64, torch.bfloat16)), "one launcher per device/dtype"
     x, r, a = (planted(40, 64, torch.bfloat16, seed=s) for s in (1, 2, 3))
-    got = launcher([x, r], [0.25], a, None, None)
+    got = launcher(Call([x, r], [0.25], a))
     want = op.reference(x, r, alpha=0.25, act_input=a)
     from mxq.testing import compare
 

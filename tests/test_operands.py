@@ -9,6 +9,7 @@ import torch
 
 import mxq
 from mxq.runtime import inspection, operands, targets
+from mxq.runtime.call import Call
 
 from . import oracle
 
@@ -93,7 +94,7 @@ def test_binding_passes_broadcast_operands_as_stride_zero_views(monkeypatch, tmp
     s, b = torch.rand(64, 1, dtype=torch.bfloat16), torch.randn(96, dtype=torch.bfloat16)
     tensors, act, kinds = mxq.runtime.validation.operand_layouts([x, s, b], None)
     assert kinds == ("full", "col", "row")
-    fn, args, out = op._launcher_for(x).bind(tensors, [], act, None, None, kinds)
+    fn, args, out = op._launcher_for(x).bind(Call(tensors, [], act), kinds)
     assert fn is not None
     assert args[0].stride() == (96, 1) and args[1].stride() == (1, 0) and args[2].stride() == (0, 1)
     assert args[1].data_ptr() == s.data_ptr() and args[2].data_ptr() == b.data_ptr()

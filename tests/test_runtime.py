@@ -186,6 +186,7 @@ def test_python_binding_puts_every_tensor_in_its_slot(monkeypatch, tmp_path):
     in the table, by data pointer -- a binder that swapped the rowwise and colwise buffers fails
     here on CPU (GPU side: tests/test_gpu.py::test_prepare_matches_reference)."""
     from mxq.runtime import slots, targets
+    from mxq.runtime.call import Call
 
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")
@@ -197,7 +198,7 @@ def test_python_binding_puts_every_tensor_in_its_slot(monkeypatch, tmp_path):
     x, r, a = (torch.randn(64, 96, dtype=torch.bfloat16) for _ in range(3))
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     noop = torch.zeros(1)
-    fn, args, got_out = op._launcher_for(x).bind([x, r], [0.5], a, noop, out)
+    fn, args, got_out = op._launcher_for(x).bind(Call([x, r], [0.5], a, noop, out))
     assert got_out is out and fn is not None
     want = {"mIn0": x, "mIn1": r, "mActIn": a, "mRowData": out.rowwise_data, "mRowScale": out.rowwise_scale,
             "mColData": out.colwise_data, "mColScale": out.colwise_scale, "mAmax": out.amax, "mDbias": out.dbias,

@@ -42,11 +42,11 @@ def epilogue_value(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_in
     return v
 
 
-def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None, noop=None,
-        out: MXFP8Tensor | None = None, group_offsets=None) -> MXFP8Tensor:
-    """Quantize per ``spec``; inputs are assumed validated (see validation.check_call). With
-    ``group_offsets`` colwise blocks restart at every group and dbias is per group
-    (mxq/formats/groups.py)."""
+def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
+    """Quantize ``call`` (a mxq/runtime/call.py Call) per ``spec``; its values are assumed
+    validated (see validation.check_call). With ``group_offsets`` colwise blocks restart at every
+    group and dbias is per group (mxq/formats/groups.py)."""
+    tensors, scalars, act_input, noop, out, group_offsets = call
     x = tensors[0]
     shape = gated.out_shape(epilogue, x.shape)
     if out is None:

@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 
 from ..frontend import gated
 from ..runtime import slots, validation
+from ..runtime.call import Call
 from ..tensor import MXFP8Tensor
 
 _ops: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # op id -> FusedOp
@@ -50,7 +51,7 @@ def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: to
     # CUDA graph captured by torch.compile must own its outputs)
     out = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, x.device,
                             zeroed=noop is not None, group_offsets=group_offsets)
-    t = fused._eager(tensors, scalars, act_input, noop, out, group_offsets)
+    t = fused._eager(Call(tensors, scalars, act_input, noop, out, group_offsets))
     return [getattr(t, f) if getattr(t, f) is not None else x.new_empty(0) for f in slots.OUTPUTS]
 
 
@@ -81,7 +82,7 @@ def fused_quant_out(tensors: list[torch.Tensor], scalars: list[float], act_input
     out = MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                       fields["colwise_scale"], fields["amax"], fields["dbias"], fused.spec.fp8,
                       fused.spec.scale_layout, x.shape, group_offsets)
-    fused._eager(tensors, scalars, act_input, noop, out, group_offsets)
+    fused._eager(Call(tensors, scalars, act_input, noop, out, group_offsets))
 
 
 @fused_quant_out.register_fake
@@ -104,10 +105,12 @@ def _scalar_names(i: int) -> tuple:
     return tuple(_ops[i].epilogue.scalar_params)
 
 
-def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
-    """The traced call of op ``i`` (op_id): the operator, then an MXFP8Tensor (``out`` filled by
+def call(i: int, call: Call):
+    """The traced ``call`` of op ``i`` (op_id): the operator, then an MXFP8Tensor (``out`` filled by
     copies)."""
     from ..frontend.spec import QuantSpec
+
+    tensors, scalars, act_input, noop, out, group_offsets = call
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
     shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape

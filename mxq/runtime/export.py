@@ -49,6 +49,38 @@ def check_operands(op, operands):
     return None if all(k == "full" for k in operands) else tuple(operands)
 
 
+def gated_args(spec, epilogue, inner_epilogue, kinds, n_multiple: int):
+    """(the inner op's operand kinds, the header note) of a gated op's export (mxq/frontend/gated.py;
+    ``kinds``: the gated op's own tensors' kinds). Forward: every tensor's two halves, gate halves
+    first. Backward: the gradient(s) as they are, then act_input's two halves."""
+    if spec.act is not None:
+        halves = tuple("strided" if k == "full" else k for k in kinds)
+        params = epilogue.tensor_params
+        gate, up = inner_epilogue.tensor_params[:len(params)], inner_epilogue.tensor_params[len(params):]
+
+        def how(p, k, g, u):  # how tensor p of kind k reaches the arguments g (gate) and u (up)
+            if k in ("col", "scalar"):
+                return f"{g} and {u} both take {p} (a {k} operand serves both halves)"
+            if k == "row":
+                return f"{g} = {p}[:N], {u} = {p}[N:] (as [M, N] views of strides (0, 1))"
+            return f"{g} = {p}[:, :N], {u} = {p}[:, N:]"
+
+        which = "; ".join(how(p, k, g, u) for p, k, g, u in zip(params, kinds, gate, up))
+        return halves * 2, (f"Gated op {epilogue.name} (act={spec.act!r}): its [M, 2N] tensors go in as "
+                            f"their two halves, every gate half first, then every up half: {which}. The outputs are "
+                            f"[M, N].")
+    params = ", ".join(epilogue.tensor_params)
+    need = (f"N must be a multiple of {n_multiple} (rowwise blocks may not straddle the halves; the functions "
+            f"check it), " if n_multiple > 1 else "")
+    note = (f"Gated backward {epilogue.name} (dact={spec.dact!r}): the arguments are the incoming "
+            f"gradient ({params}, [M, N]), then act_input (the forward's [M, 2N] input) as its two halves, "
+            f"_mxq_gate = act_input[:, :N] and _mxq_up = act_input[:, N:] (strided views). The outputs hold "
+            f"both halves' gradients side by side: rowwise and colwise data [M, 2N], scale buffers, dbias and "
+            f"its workspace sized for 2N columns, as listed below (checked). {need}\"_rows8\" also needs "
+            f"N % {UNIT} == 0 (checked).")
+    return (*kinds, "strided", "strided"), note
+
+
 def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None, grouped: bool = False,
            operands=None, note: str = "", n_multiple: int = 1) -> dict:
     """Write ``lib<name>.so`` (its kernel variants, cubin embedded) and ``<name>.h`` to ``directory``.

@@ -42,9 +42,10 @@ def check_plain_tensor(name: str, t) -> None:
                         f"{' (nested)' if t.is_nested else ''}")
 
 
-def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input, noop, out,
-               group_offsets=None) -> None:
-    """Raise a TypeError/ValueError naming the first bad argument; return None if all is well."""
+def check_call(spec: QuantSpec, epilogue: Epilogue, call) -> None:
+    """Raise a TypeError/ValueError naming the first bad argument of ``call`` (a
+    mxq/runtime/call.py Call); return None if all is well."""
+    tensors, scalars, act_input, noop, out, group_offsets = call
     names = epilogue.tensor_params
     first = None
     for name, t in zip(names, tensors):
