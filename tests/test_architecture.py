@@ -171,3 +171,22 @@ def test_compile_cache_toolchain_inspection_flow_one_way():
     order = ["mxq.runtime.toolchain", "mxq.runtime.cache", "mxq.runtime.compiler", "mxq.runtime.inspection"]
     for i, low in enumerate(order):
         assert not graph[low] & set(order[i + 1:]), (low, graph[low] & set(order[i + 1:]))
+
+
+def test_public_modules_of_the_integrations_keep_their_names():
+    """``mxq.distributed`` and ``mxq.fsdp`` live in integrations/ and stay importable by their
+    public names, as attributes and as modules, each one module object (a fresh interpreter:
+    nothing imported before)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mxq\n"
+            "assert 'mxq.integrations.fsdp' not in sys.modules\n"
+            "import mxq.fsdp\n"
+            "from mxq.distributed import all_gather\n"
+            "import mxq.integrations.distributed as d, mxq.integrations.fsdp as f\n"
+            "assert mxq.fsdp is f and mxq.distributed is d and all_gather is d.all_gather\n"
+            "assert sys.modules['mxq.fsdp'] is f and f.__spec__.name == 'mxq.integrations.fsdp'\n"
+            "assert callable(mxq.fsdp.mxfp8_all_gather)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=PKG.parent, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
