@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mxq  # noqa: E402
 from mxq.op import FusedOp  # noqa: E402
-from mxq.spec import QuantSpec  # noqa: E402
+from mxq.frontend.spec import QuantSpec  # noqa: E402
+from mxq.runtime.call import Call  # noqa: E402
 from mxq.tensor import MXFP8Tensor  # noqa: E402
 from mxq.testing import byte_diff, compare, is_exact, planted, poisoned, same_bytes, v_abs_sum  # noqa: E402
 
@@ -70,7 +71,7 @@ def cases(quick: bool):
         for rw, cw in ((True, False), (False, True), (True, True)):
             variants.append(dict(base, fp8=fp8, scale_mode=mode, scale_layout=layout, rowwise=rw, colwise=cw,
                                  amax=(mode in ("rceil", "even"))))
-    for act in mxq.spec.ACTIVATIONS:
+    for act in mxq.frontend.spec.ACTIVATIONS:
         variants.append(dict(base, act=act, colwise=True, amax=True))
         variants.append(dict(base, dact=act, colwise=True, dbias=True))
     variants.append(dict(base, dbias=True, amax=True, colwise=True, scale_layout="swizzled"))
@@ -279,7 +280,7 @@ def gate_mul(g, u):
 
 
 def bench_operands(copy_gbps, shapes):
-    """Epilogues with extra operands (mxq/operands.py), both directions, bf16: x + bias[N] with
+    """Epilogues with extra operands (mxq/runtime/operands.py), both directions, bf16: x + bias[N] with
     gelu (against the same op on a materialised [M, N] bias), x * alpha + r with silu, and the
     product of the two halves of a [M, 2N] tensor passed as strided views; and the composition
     a user runs today for the first (bias_gelu_composition), timed on the same inputs. Bytes
@@ -542,7 +543,7 @@ def host_breakdown(x, launcher, n):
     outputs."""
     op = launcher.op
     native = launcher.allocating
-    fn, args, _ = launcher.bind([x], [], None, None, None)
+    fn, args, _ = launcher.bind(Call([x], []))
 
     def per_call(f):
         f()
@@ -559,7 +560,7 @@ def host_breakdown(x, launcher, n):
 
     r = native(x, None, None)
     item = launcher._item
-    from mxq import ffi
+    from mxq.runtime import ffi
 
     share, ffi.SHARED_ALLOC_MAX_BYTES = ffi.SHARED_ALLOC_MAX_BYTES, 0
     try:  # the same call with one allocation per direction (what calls above the limit get)
@@ -589,7 +590,7 @@ def host_breakdown(x, launcher, n):
                                                       out.colwise_scale, None, None, None)),
             "kernel_function_call": per_call(lambda: fn(*args)),
             "torch_empty_outputs": per_call(torch_outputs),
-            "python_checks": per_call(lambda: mxq.runtime.check_call(op.spec, op.epilogue, [x], [], None, None, None))}
+            "python_checks": per_call(lambda: mxq.runtime.validation.check_call(op.spec, op.epilogue, Call([x], [])))}
 
 
 def parse_tuning(variant: str) -> dict:

@@ -25,7 +25,7 @@ from device_check import (OPS, compare, equal_copy_ms, identity, is_exact, moved
                           make_tuning, parse_tuning, time_ms, write_results)
 
 from mxq.op import FusedOp  # noqa: E402
-from mxq.spec import QuantSpec  # noqa: E402
+from mxq.frontend.spec import QuantSpec  # noqa: E402
 from mxq.testing import v_abs_sum  # noqa: E402
 
 ROWS = (1024, 2048, 4096, 8192, 16384, 32768)

@@ -117,7 +117,7 @@ def write_record(path: Path, text: str) -> dict:
     counts line of the report, the device, torch and the date."""
     import torch
 
-    from mxq.codegen import kernels_hash
+    from mxq.frontend.codegen import kernels_hash
 
     rec = {"kernels_hash": kernels_hash(), "summary": text.splitlines()[0],
            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",

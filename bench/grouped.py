@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import device_check as dc  # noqa: E402
 
 from mxq.op import FusedOp  # noqa: E402
-from mxq.spec import QuantSpec  # noqa: E402
+from mxq.frontend.spec import QuantSpec  # noqa: E402
+from mxq.runtime.call import Call  # noqa: E402
 from mxq.testing import compare  # noqa: E402
 
 TOKENS = 32768
@@ -57,7 +58,7 @@ def mxq_rows(copy_gbps, x, offs, groups):
     for layout in ("swizzled", "compact"):
         op = FusedOp(dc.identity, QuantSpec(rowwise=True, colwise=True, scale_layout=layout))
         launcher = op._launcher_for(x)
-        fn, args, out = launcher.bind([x], [], None, None, None, ("full",), offs)
+        fn, args, out = launcher.bind(Call([x], [], group_offsets=offs), ("full",))
         fn(*args)
         try:  # the torch reference runs on the GPU too (the CPU takes minutes at these sizes)
             want = op.reference(x, group_offsets=offs)
@@ -154,7 +155,7 @@ def probe_rows(copy_gbps):
             for layout in ("compact", "swizzled"):
                 opts = dict(rowwise=direction == "rowwise", colwise=direction == "colwise", scale_layout=layout)
                 op = FusedOp(dc.identity, QuantSpec(**opts))
-                fn, args, out = op._launcher_for(x).bind([x], [], None, None, None, ("full",), offs)
+                fn, args, out = op._launcher_for(x).bind(Call([x], [], group_offsets=offs), ("full",))
                 m, k = x.shape
                 row = dc.timed_row(lambda: fn(*args), m * k * 3 + m * k // 16, copy_gbps,
                                    name=f"probe/grouped_{direction}_{layout}", M=m, N=k, G=groups)

@@ -30,28 +30,28 @@ MUTATIONS = [
     ("rceil_off_by_one", "mxq/kernels/device.py",
      "(b + U32(0x7FFFFF)) >> U32(23)", "(b + U32(0x800000)) >> U32(23)",
      ["tests/test_kernels.py"], "test_gpu.py (rceil specs on sm_90)"),
-    ("maximum_emitted_as_min", "mxq/codegen.py",
+    ("maximum_emitted_as_min", "mxq/frontend/codegen.py",
      '"maximum": "cutlass.select_(({0} > {1})', '"maximum": "cutlass.select_(({0} < {1})',
      ["tests/test_codegen.py::test_lowering_of_every_operation_computes_the_reference"],
      "test_gpu.py (clipped epilogue)"),
     ("dispatcher_workspace_dtype_swapped", "mxq/csrc/dispatch.cc",
      "x->dtype.bits == 32 ? f64 : f32", "x->dtype.bits == 32 ? f32 : f64",
      ["tests/test_architecture.py"], "test_gpu.py (every dbias case through the dispatcher)"),
-    ("prepare_binds_row_and_col_swapped", "mxq/launch.py",
+    ("prepare_binds_row_and_col_swapped", "mxq/runtime/launch.py",
      '"rowwise_data": lambda: row_data,', '"rowwise_data": lambda: col_data if col_data is not None else row_data,',
      ["tests/test_runtime.py"], "test_gpu.py::test_prepare_matches_reference"),
-    ("negative_nan_keeps_its_sign", "mxq/numerics.py",
+    ("negative_nan_keeps_its_sign", "mxq/formats/numerics.py",
      "qb = torch.where(torch.isnan(y), FP8_NAN_BYTE, qb.to(torch.int32)).to(torch.uint8)",
      "qb = torch.where(torch.isnan(y) & (y.view(torch.int32) >= 0), FP8_NAN_BYTE, qb.to(torch.int32)).to(torch.uint8)",
      ["tests/test_numerics.py"], "-"),
     ("call_before_validating", "mxq/op.py",
-     "        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)\n"
-     "        return self._run(tensors, scalars, act_input, noop, out)",
-     "        result = self._run(tensors, scalars, act_input, noop, out)\n"
-     "        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out)\n"
+     "        validation.check_call(self.spec, self.epilogue, call)\n"
+     "        return self._run(call)",
+     "        result = self._run(call)\n"
+     "        validation.check_call(self.spec, self.epilogue, call)\n"
      "        return result",
      ["tests/test_validation.py"], "-"),
-    ("fp8_saturation_dropped", "mxq/numerics.py",
+    ("fp8_saturation_dropped", "mxq/formats/numerics.py",
      "q = y.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype)", "q = y.to(fmt.torch_dtype)",
      ["tests/test_numerics.py"], "-"),
 ]

@@ -33,11 +33,12 @@ import collections
 import dataclasses
 import re
 
-from mxq import codegen, compiler
-from mxq.epilogue import IDENTITY
+from mxq.frontend import codegen
+from mxq.runtime import inspection, toolchain
+from mxq.frontend.epilogue import IDENTITY
 from mxq.kernels import config as kconfig
 from mxq.op import FusedOp, _OPTION_NAMES, _identity, fused_quant
-from mxq.spec import QuantSpec
+from mxq.frontend.spec import QuantSpec
 
 OPS = {
     "rowwise": dict(rowwise=True, colwise=False),
@@ -99,7 +100,7 @@ def count(spec: QuantSpec, arch: str, dtype: str, variant: str = "vec", fn=None,
         # default warps, KernelConfig.packed_warps)
         op._tuning = dataclasses.replace(tuning or kconfig.Tuning(), unaligned_warps=cfg.packed_warps(True))
         cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
-    art = compiler.compile_artifacts(op, arch=arch, dtype=dtype, variant=variant, layouts=layouts)
+    art = inspection.compile_artifacts(op, arch=arch, dtype=dtype, variant=variant, layouts=layouts)
     ptx = art["ptx"]
     kname = "packed_kernel"
     if dtype == "fp32":  # (Quantize.launch: rows8 runs the vectorised kernel where vec_unaligned)
@@ -180,7 +181,7 @@ def _stub_smem_query(arch: str) -> None:
 
     if torch.cuda.is_available():
         return
-    compiler._import_cutlass(arch)
+    toolchain.import_cutlass(arch)
     import cutlass.cutlass_dsl.cutlass as dsl
 
     dsl.cuda_helpers.get_device_attribute = lambda attr: SM_SHARED_BYTES

@@ -65,9 +65,9 @@ def digest(case) -> dict:
     warnings.filterwarnings("ignore")
     from device_check import EPILOGUES
 
-    from mxq import compiler
+    from mxq.runtime import compiler
     from mxq.op import FusedOp
-    from mxq.spec import QuantSpec
+    from mxq.frontend.spec import QuantSpec
 
     v, epi, dtype, variant, arch = case
     # CuTeDSL names its PTX dump by the kernel signature alone and does not replace an existing

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from device_check import BASE_SPEC, EPILOGUES  # noqa: E402
 
 from mxq.op import FusedOp  # noqa: E402
-from mxq.spec import QuantSpec  # noqa: E402
+from mxq.frontend.spec import QuantSpec  # noqa: E402
 from mxq.testing import compare, is_exact, planted, poisoned, v_abs_sum  # noqa: E402
 
 SHAPES = [(100, 264), (33, 70)]

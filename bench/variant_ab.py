@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import device_check as dc  # noqa: E402
 
-from mxq import launch, slots  # noqa: E402
+from mxq.runtime import launch, slots  # noqa: E402
 from mxq.op import FusedOp  # noqa: E402
-from mxq.spec import QuantSpec  # noqa: E402
+from mxq.frontend.spec import QuantSpec  # noqa: E402
 from mxq.tensor import MXFP8Tensor  # noqa: E402
 
 

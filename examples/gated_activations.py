@@ -23,7 +23,7 @@ bytes), on CPU with the reference, on CUDA with the kernels.
 import torch
 
 import mxq
-from mxq.activations import dsilu
+from mxq.frontend.activations import dsilu
 
 
 @mxq.fused_quant(rowwise=True, colwise=True)

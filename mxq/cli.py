@@ -24,11 +24,14 @@ from pathlib import Path
 
 import torch
 
-from . import __version__, codegen, compiler, get_include
-from .epilogue import EpilogueError
+from . import get_include
+from ._version import __version__
+from .frontend import codegen
+from .runtime import cache
+from .frontend.epilogue import EpilogueError
 from .op import FusedOp, GatedOp, _identity, _quantize_op
-from .spec import ACTIVATIONS, GATED_ACTIVATIONS, QuantSpec
-from .targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
+from .frontend.spec import ACTIVATIONS, GATED_ACTIVATIONS, QuantSpec
+from .runtime.targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
 
 PROG = "python -m mxq"
 _DESCRIPTION = """\
@@ -194,7 +197,7 @@ def cmd_info(args) -> int:
         except PackageNotFoundError:
             print(f"{dist}: not installed")
     print(f"kernels  {codegen.kernels_hash()}, templates at {codegen._template_dir()}")
-    print(f"cache dir {compiler.cache_dir()}")
+    print(f"cache dir {cache.cache_dir()}")
     print(f"archs    {', '.join(SUPPORTED_ARCHS)}")
     return 0
 

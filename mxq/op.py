@@ -4,7 +4,10 @@ Shaped like Triton's ``@jit``: decorating parses and validates once (epilogue ->
 QuantSpec); the object renders its source lazily (codegen), asks the compiler for one kernel per
 (arch, dtype, variant), which the compiler caches by source, so re-decorating an identical
 function reuses the compiled kernel, and runs calls through a launch.Launcher per (device,
-dtype) or the torch reference. Every stage below is called from here and never calls back;
+dtype) or the torch reference. A call's values become one ``Call`` (mxq/runtime/call.py) where
+it enters, and ``FusedOp._route`` is the one place its route is chosen: DTensor shards, the
+torch operator while torch.compile traces, else a checked eager call (the kernels on CUDA when
+they serve it, else the reference). Every stage below is called from here and never calls back;
 FusedOp is the only writer of its own state (the launchers, the native dispatchers, the fast
 path). ``mxq.quantize`` is this op with the identity epilogue.
 """
@@ -13,29 +16,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import types
 from functools import lru_cache
 
 import torch
 
-from . import codegen, compiler, export, ffi, gated, launch, runtime, targets, torch_ops
-from . import reference as _reference
-from .epilogue import IDENTITY, Epilogue, EpilogueError, parse
-from .kernels import config as kconfig
-from .numerics import BLOCK
-from .spec import QuantSpec
+from .frontend import codegen, gated
+from .runtime import export, ffi, inspection, launch, limits, targets, validation
+from .runtime.call import Binder, Call, halves_call, has_dtensor
+from .integrations import torch_ops
+from .formats import reference as _reference
+from .frontend.epilogue import IDENTITY, Epilogue, parse
+from .frontend.spec import QuantSpec
 from .tensor import MXFP8Tensor
 
-_CALL_KEYWORDS = ("act_input", "noop", "out", "group_offsets")
 _Tensor = torch.Tensor
-_FAST_NUMEL = 2 ** 31 - 64  # launch.launcher's limit: beyond it the reference serves (with a warning)
-
-
-def _any_dtensor(tensors, act_input, group_offsets=None) -> bool:
-    """Whether a call has DTensor operands (then distributed.call runs it, and refuses DTensor
-    group offsets with plain inputs by name, eager or traced alike)."""
-    return any(type(t).__name__ == "DTensor" for t in (*tensors, act_input, group_offsets))
+_FAST_NUMEL = 2 ** 31 - 64  # limits.unsupported's bound: beyond it the reference serves (with a warning)
 
 
 class FusedOp:
@@ -45,164 +41,98 @@ class FusedOp:
         self.fn = fn
         self.spec = spec
         self.epilogue = epilogue if epilogue is not None else parse(fn)
-        clash = set(self.epilogue.param_order) & set(_CALL_KEYWORDS)
-        if clash:
-            raise EpilogueError(f"parameter name(s) {sorted(clash)} are reserved for the call "
-                                f"({', '.join(_CALL_KEYWORDS)})", inspect.getsourcefile(fn) or "<unknown>",
-                                fn.__code__.co_firstlineno, "parameter name")
-        self._signature = inspect.signature(fn)
-        self._defaults = {k: p.default for k, p in self._signature.parameters.items()
-                          if p.default is not inspect.Parameter.empty}
-        self._nparams = len(self.epilogue.param_order)
-        self._tensor_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.tensor_params]
+        self._bind = Binder(fn, self.epilogue)  # (args, kwargs, call keywords) -> Call
         # (dtype, CUDA device index) -> launcher, filled after a checked call took the allocating
         # native route; only for ops called with one plain tensor
         self._fast: dict = {}
         self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
         self._dispatchers = None  # (destination-passing, allocating) native functions, built once
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by
-        self._fast_ok = self._nparams == 1 and len(self.epilogue.tensor_params) == 1 and not spec.dact
-        self._scalar_pos = [self.epilogue.param_order.index(n) for n in self.epilogue.scalar_params]
+        self._fast_ok = len(self.epilogue.param_order) == 1 and len(self.epilogue.tensor_params) == 1 and not spec.dact
         self._source: str | None = None
         self._tuning = None  # a benchmark's kernels.config.Tuning (None: the library's choice)
-        self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/gated.py)
+        self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/frontend/gated.py)
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use (after _tuning is set)
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
-    def _bind(self, args, kwargs):
-        if kwargs or len(args) != self._nparams:
-            try:
-                bound = self._signature.bind(*args, **kwargs)
-            except TypeError as exc:
-                raise TypeError(f"mxq: {self.epilogue.name}(): {exc}") from None
-            bound.apply_defaults()
-            args = tuple(bound.arguments[n] for n in self.epilogue.param_order)
-        return [args[i] for i in self._tensor_pos], [args[i] for i in self._scalar_pos]
-
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
-        if torch.compiler.is_compiling():  # torch.compile: one operator node (mxq/torch_ops.py)
-            tensors, scalars = self._bind_traced(args, kwargs)
-            if _any_dtensor(tensors, act_input, group_offsets):  # the node runs on the local shards (distributed.py)
-                return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
-            return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out, group_offsets)
-        if (self._fast and len(args) == 1 and not kwargs and noop is None and out is None and act_input is None
-                and group_offsets is None):
+        traced = torch.compiler.is_compiling()  # torch.compile: one operator node (integrations/torch_ops.py)
+        if (not traced and self._fast and len(args) == 1 and not kwargs and noop is None and out is None
+                and act_input is None and group_offsets is None):
             got = self._fast_call(args[0])
             if got is not None:
                 return got
-        tensors, scalars = self._bind(args, kwargs)
-        if _any_dtensor(tensors, act_input, group_offsets):  # each rank quantizes its shard (mxq/distributed.py)
-            return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
-        return self._run(tensors, scalars, act_input, noop, out, group_offsets)
+        return self._route(self._bind(args, kwargs, act_input, noop, out, group_offsets, traced), traced)
 
-    def _dtensor_call(self, tensors, scalars, act_input, noop, out, group_offsets) -> MXFP8Tensor:
-        """A call with DTensor operands: each rank runs the op on its local shards (mxq/distributed.py)."""
-        from . import distributed  # (torch.distributed only where DTensors are used)
+    def _lower(self, call: Call):
+        """(the op that runs ``call``, the call it runs): this op itself; GatedOp's inner op over
+        the halves."""
+        return self, call
 
-        return distributed.call(self, tensors, scalars, act_input, noop, out, group_offsets)
+    def _route(self, call: Call, traced: bool | None = None, shards: bool = False) -> MXFP8Tensor:
+        """Where every call goes, chosen here only: DTensor operands to integrations/distributed.py,
+        which runs each rank's local shards back through here (``shards``); while torch.compile
+        traces, the torch operator node; else a checked eager call (_eager)."""
+        if not shards and has_dtensor(call):
+            from .integrations import distributed  # (torch.distributed only where DTensors are used)
 
-    def _local_call(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
-        """One rank's call on its local shards, into ``out`` (mxq/distributed.py): the operator
-        node while torch.compile traces, else a checked eager call."""
-        if torch.compiler.is_compiling():
-            return torch_ops.call(self._torch_id, tensors, scalars, act_input, noop, out, group_offsets)
-        return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
+            return distributed.call(self, call)
+        op, call = self._lower(call)
+        if torch.compiler.is_compiling() if traced is None else traced:
+            return torch_ops.call(op._torch_id, call)
+        return op._eager(call)
 
-    def _bind_traced(self, args, kwargs):
-        """_bind without inspect (which torch.compile does not trace): positional arguments,
-        then keywords by name, then defaults."""
-        order = self.epilogue.param_order
-        if len(args) > len(order):
-            raise TypeError(f"mxq: {self.epilogue.name}() takes {len(order)} arguments, got {len(args)}")
-        values = dict(zip(order, args))
-        for k, v in kwargs.items():
-            if k not in order or k in values:
-                raise TypeError(f"mxq: {self.epilogue.name}() got an unexpected or repeated argument {k!r}")
-            values[k] = v
-        for k in order:
-            if k not in values:
-                if k not in self._defaults:
-                    raise TypeError(f"mxq: {self.epilogue.name}() missing argument {k!r}")
-                values[k] = self._defaults[k]
-        return [values[order[i]] for i in self._tensor_pos], [values[order[i]] for i in self._scalar_pos]
+    def _eager(self, call: Call) -> MXFP8Tensor:
+        """A checked eager call into ``call.out`` (also what the torch operator runs)."""
+        validation.check_call(self.spec, self.epilogue, call)
+        return self._run(call)
 
-    def _eager(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
-        """A checked eager call into ``out`` (what the torch operator runs)."""
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
-        return self._run(tensors, scalars, act_input, noop, out, group_offsets)
-
-    def _run(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
+    def _run(self, call: Call) -> MXFP8Tensor:
         """A checked call: the compiled kernel on CUDA when one serves it, else the reference.
         With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
-        x = tensors[0]
-        out = self._noop_out(x, noop, out, group_offsets)
-        unserved = self._unserved(x, group_offsets) if x.is_cuda else None
+        x = call.tensors[0]
+        call = self._noop_out(call)
+        unserved = self._unserved(x, call.group_offsets) if x.is_cuda else None
         if unserved:
-            runtime.fallback(unserved)
-            return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
+            validation.fallback(unserved)
+            return self._reference(call)
         if x.is_cuda:
             launcher = self._launcher_for(x)
             if launcher is not None:
-                tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input)
-                if group_offsets is not None or self._halves or any(k != "full" for k in layouts):
+                tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input)
+                call = Call(tensors, call.scalars, act_input, call.noop, call.out, call.group_offsets)
+                if call.group_offsets is not None or self._halves or any(k != "full" for k in layouts):
                     # grouped calls, two-halves ops, broadcast or strided operands: the Python binding
-                    return launcher.run(tensors, scalars, act_input, noop, out, layouts, group_offsets)
-                if self._fast_ok and launcher.allocates(x, noop, out):
+                    return launcher.run(call, layouts)
+                if self._fast_ok and launcher.allocates(x, call.noop, call.out):
                     self._fast[(x.dtype, x.get_device())] = launcher  # later calls skip the checks
-                return launcher(tensors, scalars, act_input, noop, out)
-        return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
+                return launcher(call)
+        return self._reference(call)
 
     def _unserved(self, x, group_offsets=None) -> str | None:
-        """Why the kernels cannot serve this op on ``x``, or None. A 16-bit op whose inputs do not
-        fit the packed kernel's shared memory (many epilogue tensors; _packed_smem_shortfall). A
-        two-halves op (mxq/gated.py): rowwise blocks of the [M, 2N] output must not straddle the
-        halves (each half is its own CTAs), and the grouped kernels do not take two halves yet
-        (their scale placement assumes one N)."""
-        too_big = self._packed_smem_shortfall() if x.element_size() == 2 else None
-        if too_big:
-            return f"{too_big}; running the torch reference"
-        if not self._halves:
-            return None
-        if x.dim() and x.shape[-1] % self._n_multiple:
-            return (f"a gated backward with rowwise blocks needs N % {BLOCK} == 0 on the kernels (N = {x.shape[-1]}: "
-                    f"a {BLOCK}-element block would straddle the two halves); running the torch reference")
-        if group_offsets is not None:
-            return "a gated backward with group_offsets is not served by the kernels yet; running the torch reference"
-        return None
-
-    @property
-    def _n_multiple(self) -> int:
-        """What N must be a multiple of for the kernels to serve this op: a two-halves op with
-        rowwise output, a block (a rowwise block may not straddle the halves); else 1."""
-        return BLOCK if self._halves and self.spec.rowwise else 1
+        """Why the kernels cannot serve this op on ``x``, or None (limits.unserved)."""
+        return limits.unserved(self.spec, self.epilogue, x, group_offsets, self._packed_smem_shortfall)
 
     def _packed_smem_shortfall(self) -> str | None:
-        """Why the 16-bit kernel cannot take this op, or None: the shared memory it needs at its
-        largest (unaligned rows, grouped, either warp count of a rows8 plain cast;
-        KernelConfig.packed_shared_bytes for this op's config and tuning, computed once like
-        ``source``) exceeds what a CTA may take."""
+        """limits.smem_shortfall of this op, its need computed once like ``source`` (after _tuning is set)."""
         if self._packed_smem is None:
-            cfg = codegen.kernel_config(self.spec, self.epilogue, self._tuning)
-            self._packed_smem = max(c.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=True, grouped=True)
-                                    for c in (cfg, *(cfg.rows8_twins() or ())))
-        if self._packed_smem <= kconfig.SMEM_LIMIT:
-            return None
-        return (f"{len(self.epilogue.tensor_params)} epilogue tensors need {self._packed_smem} bytes of shared "
-                f"memory in the 16-bit kernel (at most {kconfig.SMEM_LIMIT})")
+            self._packed_smem = limits.packed_shared_bytes(self.spec, self.epilogue, self._tuning)
+        return limits.smem_shortfall(self.epilogue, self._packed_smem)
 
-    def _noop_out(self, x, noop, out, group_offsets=None):
-        """``out``, or for a noop call without one zeroed outputs (a noop call writes nothing)."""
-        if noop is not None and out is None:
-            return MXFP8Tensor.empty(self.spec, gated.out_shape(self.epilogue, x.shape), x.dtype, x.device, zeroed=True,
-                                     group_offsets=group_offsets)
-        return out
+    def _noop_out(self, call: Call) -> Call:
+        """``call``, or for a noop call without ``out`` the call into zeroed outputs (a noop call
+        writes nothing)."""
+        if call.noop is not None and call.out is None:
+            x = call.tensors[0]
+            return call._replace(out=MXFP8Tensor.empty(self.spec, gated.out_shape(self.epilogue, x.shape), x.dtype,
+                                                       x.device, zeroed=True, group_offsets=call.group_offsets))
+        return call
 
-    def _reference(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
+    def _reference(self, call: Call) -> MXFP8Tensor:
         with torch.no_grad():  # outputs are data, not part of an autograd graph
-            return _reference.run(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
+            return _reference.run(self.spec, self.epilogue, call)
 
     def _fast_call(self, x):
         """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
@@ -217,10 +147,9 @@ class FusedOp:
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
         """The torch reference result, on whatever device the inputs are."""
-        tensors, scalars = self._bind(args, kwargs)
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
-        out = self._noop_out(tensors[0], noop, out, group_offsets)
-        return self._reference(tensors, scalars, act_input, noop, out, group_offsets)
+        op, call = self._lower(self._bind(args, kwargs, act_input, noop, out, group_offsets))
+        validation.check_call(op.spec, op.epilogue, call)
+        return op._reference(op._noop_out(call))
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                 **kwargs):
@@ -228,41 +157,39 @@ class FusedOp:
         re-runs the kernel into ``out`` with no Python checks or allocation (for CUDA graphs and
         tight loops). The inputs must stay alive and unchanged in shape. ``group_offsets`` (int32,
         contiguous) is read on the device at every launch: change it in place between launches."""
-        tensors, scalars = self._bind(args, kwargs)
-        runtime.check_call(self.spec, self.epilogue, tensors, scalars, act_input, noop, out, group_offsets)
-        if group_offsets is not None and (group_offsets.dtype != torch.int32 or not group_offsets.is_contiguous()):
+        op, call = self._lower(self._bind(args, kwargs, act_input, noop, out, group_offsets))
+        return op._prepare(call)
+
+    def _prepare(self, call: Call):
+        validation.check_call(self.spec, self.epilogue, call)
+        offsets = call.group_offsets
+        if offsets is not None and (offsets.dtype != torch.int32 or not offsets.is_contiguous()):
             raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
-                             f"tensor (an int64 one would be converted once, at bind time); got {group_offsets.dtype}")
-        x = tensors[0]
-        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x, group_offsets) else None
+                             f"tensor (an int64 one would be converted once, at bind time); got {offsets.dtype}")
+        x = call.tensors[0]
+        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x, offsets) else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
-        tensors, act_input, layouts = runtime.operand_layouts(tensors, act_input, copy=False)
-        out = self._noop_out(tensors[0], noop, out, group_offsets)
-        fn, fargs, out = launcher.bind(tensors, scalars, act_input, noop, out, layouts, group_offsets)
-        if fn is None:
-            return (lambda: None), out
-        if group_offsets is None:
-            return (lambda: fn(*fargs)), out
-        return launch.grouped_relaunch(fn, fargs, out, group_offsets, noop, self.spec), out
+        tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input, copy=False)
+        return launcher.prepare(self._noop_out(call._replace(tensors=tensors, act_input=act_input)), layouts)
 
     def _launcher_for(self, x):
         """The launcher running the compiled kernels for CUDA tensor ``x``, or None (after a
         one-time warning, or an error under MXQ_STRICT=1) when no kernel can serve it."""
-        reason = launch.unsupported(x)
+        reason = limits.unsupported(x)
         if reason is not None:
-            runtime.fallback(reason)
+            validation.fallback(reason)
             return None
-        key = (x.device, runtime.dtype_name(x.dtype))
+        key = (x.device, validation.dtype_name(x.dtype))
         fn = self._launchers.get(key)
         if fn is None:
-            fn = self._launchers[key] = launch.Launcher(self, compiler.device_arch(x.device), key[1],
+            fn = self._launchers[key] = launch.Launcher(self, targets.device_arch(x.device), key[1],
                                                         self._native_dispatchers())
         return fn
 
     def _native_dispatchers(self):
         """The op's native dispatchers (built once), or None where they cannot be built (no
-        C++ compiler): launch.Launcher then binds calls in Python. Two-halves ops (mxq/gated.py)
+        C++ compiler): launch.Launcher then binds calls in Python. Two-halves ops (mxq/frontend/gated.py)
         have none: their outputs are wider than their inputs, which the dispatchers do not know."""
         if self._halves:
             return None
@@ -287,7 +214,7 @@ class FusedOp:
 
     def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:
         """Compile without a GPU and return {"ptx", "mlir", "source", "path", ...}."""
-        return compiler.compile_artifacts(self, arch=arch, dtype=dtype)
+        return inspection.compile_artifacts(self, arch=arch, dtype=dtype)
 
     def register(self, name: str):
         """Register this op as TVM-FFI global ``mxq.<name>`` (destination-passing signature, see
@@ -332,27 +259,11 @@ class FusedOp:
                              note=note, n_multiple=n_multiple)
 
     def _refuse_cpp(self, what: str, dtype: str | None = None) -> None:
-        """Ops this op's C++ routes cannot serve, refused before anything is built: a gated op's
-        inner op (the gated op serves them itself), and _refuse_unlaunchable's."""
-        if self.spec.gated or self._halves:
-            raise ValueError(f"mxq: {what}: the inner op of a gated activation is not served by this C++ route; "
-                             "use the gated op's own register(), dispatcher() or export(), or call it from Python "
-                             "(eager or torch.compile)")
-        self._refuse_unlaunchable(what, dtype)
-
-    def _refuse_unlaunchable(self, what: str, dtype: str | None = None) -> None:
-        """Ops whose 16-bit kernel would not fit shared memory (the Python routes run the
-        reference for those CUDA calls; a C++ route would fail at launch): for
-        register()/dispatcher(), which serve every dtype, whatever the dtype; for export(), its
-        ``dtype``."""
-        too_big = self._packed_smem_shortfall() if dtype in (None, "bf16", "fp16") else None
-        if too_big:
-            raise ValueError(f"mxq: {what}: {too_big}, so its bf16/fp16 calls cannot launch; call the op from "
-                             "Python (which runs the torch reference for them)"
-                             + (" or export it for dtype='fp32'" if dtype else ""))
+        """What this op's C++ routes cannot serve, refused before anything is built (limits.refuse_cpp)."""
+        limits.refuse_cpp(what, self.spec, self.epilogue, self._packed_smem_shortfall, dtype)
 
     def output_shape(self, shape):
-        """The outputs' shape for a first input of ``shape`` (wider for mxq/gated.py's ops)."""
+        """The outputs' shape for a first input of ``shape`` (wider for mxq/frontend/gated.py's ops)."""
         return gated.out_shape(self.epilogue, shape)
 
     def __repr__(self) -> str:
@@ -360,7 +271,7 @@ class FusedOp:
 
 
 class GatedOp(FusedOp):
-    """A fused op with a gated ``act=`` or ``dact=`` (mxq/gated.py): every call runs ``inner``, an
+    """A fused op with a gated ``act=`` or ``dact=`` (mxq/frontend/gated.py): every call runs ``inner``, an
     ordinary op over views of the [..., 2N] tensors' halves (the gate, then the up half)."""
 
     def __init__(self, fn, spec: QuantSpec, epilogue: Epilogue | None = None):
@@ -368,54 +279,12 @@ class GatedOp(FusedOp):
         self._forward = spec.act is not None
         name = spec.act if self._forward else spec.dact
         derived = (gated.forward_epilogue if self._forward else gated.backward_epilogue)(self.epilogue, name)
-
-        def derived_fn(*args):  # (never called: the op binds by this signature and runs the IR)
-            raise TypeError("mxq: internal derived epilogue")
-
-        derived_fn.__signature__ = gated.signature(derived)
-        derived_fn.__name__ = derived_fn.__qualname__ = derived.name
-        self.inner = FusedOp(derived_fn, dataclasses.replace(spec, act=None, dact=None), derived)
+        self.inner = FusedOp(gated.function_of(derived), dataclasses.replace(spec, act=None, dact=None), derived)
         self._dispatcher = None  # (_destination_passing(), built once)
 
-    def _inner_args(self, tensors, scalars, act_input):
-        """The inner op's positional arguments for one call of this op, from its bound tensors
-        and floats (group_offsets, if any, pass through: the groups are along the rows, which the
-        halves share)."""
-        names = self.epilogue.tensor_params
-        x = tensors[0]
-        if not isinstance(x, torch.Tensor) or x.dim() == 0:
-            runtime.check_plain_tensor(names[0], x)
-            raise ValueError(f"mxq: argument {names[0]!r} must have at least one dimension")
-        if self._forward:
-            if act_input is not None:
-                raise ValueError("mxq: argument 'act_input' is only used by ops with dact=...; this op has "
-                                 f"act={self.spec.act!r}")
-            if x.shape[-1] % 2:
-                raise ValueError(f"mxq: argument {names[0]!r} of an act={self.spec.act!r} op holds the gate and up "
-                                 f"halves along its last dimension, which must be even; got shape {tuple(x.shape)}")
-            n = x.shape[-1] // 2
-            halves = [self._split(nm, t, 2 * n) for nm, t in zip(names, tensors)]
-            return [h[0] for h in halves] + [h[1] for h in halves] + list(scalars)
-        if act_input is None:
-            raise ValueError(f"mxq: argument 'act_input' is required with dact={self.spec.dact!r}")
-        runtime.check_plain_tensor("act_input", act_input)
-        n = x.shape[-1]
-        if tuple(act_input.shape) != (*x.shape[:-1], 2 * n):
-            raise ValueError(f"mxq: argument 'act_input' of a dact={self.spec.dact!r} op is the forward's input "
-                             f"[..., 2N] = {(*x.shape[:-1], 2 * n)} for {names[0]!r} of shape {tuple(x.shape)}, got "
-                             f"{tuple(act_input.shape)}")
-        return [*tensors, act_input[..., :n], act_input[..., n:], *scalars, 0.0]
-
-    @staticmethod
-    def _split(name, t, width):
-        """(gate half, up half) of tensor argument ``t``: full or row operands are split along
-        their last dimension, column and scalar operands serve both halves."""
-        if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[-1] == 1:
-            return t, t
-        if t.shape[-1] != width:
-            raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)}; a gated op's tensors hold "
-                             f"[..., {width}] (both halves), or broadcast along the last dimension")
-        return t[..., :width // 2], t[..., width // 2:]
+    def _lower(self, call: Call):
+        """Every call runs the inner op over the halves (which checks it)."""
+        return self.inner, halves_call(self.spec, self.epilogue, call)
 
     def output_shape(self, shape):
         """The outputs' shape for a first input of ``shape``."""
@@ -423,22 +292,6 @@ class GatedOp(FusedOp):
         if not shape:
             raise ValueError(f"mxq: argument {self.epilogue.tensor_params[0]!r} must have at least one dimension")
         return (*shape[:-1], shape[-1] // 2) if self._forward else (*shape[:-1], 2 * shape[-1])
-
-    def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
-                 **kwargs) -> MXFP8Tensor:
-        tensors, scalars = self._bind(args, kwargs)
-        if _any_dtensor(tensors, act_input, group_offsets):  # each rank runs it on its rows (mxq/distributed.py)
-            return self._dtensor_call(tensors, scalars, act_input, noop, out, group_offsets)
-        return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
-
-    def _eager(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
-        """A call on bound tensors and floats: the inner op over the halves (which checks it)."""
-        return self.inner(*self._inner_args(tensors, scalars, act_input), noop=noop, out=out,
-                          group_offsets=group_offsets)
-
-    def _local_call(self, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
-        """One rank's call on its local shards: the inner op's call, traced or eager."""
-        return self._eager(tensors, scalars, act_input, noop, out, group_offsets)
 
     def _destination_passing(self, what: str):
         """A gated op's destination-passing function (register(), dispatcher()): the signature of
@@ -463,60 +316,14 @@ class GatedOp(FusedOp):
         not serve a grouped gated backward)."""
         dtype = targets.normalize_dtype(dtype)
         kinds = export.check_operands(self, operands) or ("full",) * len(self.epilogue.tensor_params)
-        if self._forward:
-            inner_kinds, note = self._forward_export_args(kinds)
-        else:
-            if grouped:
-                raise ValueError(f"mxq: export(): a gated backward (dact={self.spec.dact!r}) with group_offsets is "
-                                 "not served by the kernels; export it with grouped=False")
-            inner_kinds, note = self._backward_export_args(kinds)
-        self.inner._refuse_unlaunchable("export()", dtype)
+        if grouped and not self._forward:
+            raise ValueError(f"mxq: export(): a gated backward (dact={self.spec.dact!r}) with group_offsets is "
+                             "not served by the kernels; export it with grouped=False")
+        mult = limits.n_multiple(self.inner.spec, self.inner.epilogue)
+        inner_kinds, note = export.gated_args(self.spec, self.epilogue, self.inner.epilogue, kinds, mult)
+        limits.refuse_unlaunchable("export()", self.inner._packed_smem_shortfall, dtype)
         return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", grouped, inner_kinds,
-                                  note, n_multiple=self.inner._n_multiple)
-
-    def _forward_export_args(self, kinds):
-        """(the inner op's operand kinds, the header note) of a gated forward's export: every
-        tensor's two halves, gate halves first."""
-        halves = tuple("strided" if k == "full" else k for k in kinds)
-        params = self.epilogue.tensor_params
-        gate, up = self.inner.epilogue.tensor_params[:len(params)], self.inner.epilogue.tensor_params[len(params):]
-
-        def how(p, k, g, u):  # how tensor p of kind k reaches the arguments g (gate) and u (up)
-            if k in ("col", "scalar"):
-                return f"{g} and {u} both take {p} (a {k} operand serves both halves)"
-            if k == "row":
-                return f"{g} = {p}[:N], {u} = {p}[N:] (as [M, N] views of strides (0, 1))"
-            return f"{g} = {p}[:, :N], {u} = {p}[:, N:]"
-
-        which = "; ".join(how(p, k, g, u) for p, k, g, u in zip(params, kinds, gate, up))
-        return halves * 2, (f"Gated op {self.epilogue.name} (act={self.spec.act!r}): its [M, 2N] tensors go in as "
-                            f"their two halves, every gate half first, then every up half: {which}. The outputs are "
-                            f"[M, N].")
-
-    def _backward_export_args(self, kinds):
-        """(the inner op's operand kinds, the header note) of a gated backward's export: the
-        gradient(s) as they are, then act_input's two halves."""
-        params = ", ".join(self.epilogue.tensor_params)
-        mult = self.inner._n_multiple
-        need = (f"N must be a multiple of {mult} (rowwise blocks may not straddle the halves; the functions check "
-                f"it), " if mult > 1 else "")
-        note = (f"Gated backward {self.epilogue.name} (dact={self.spec.dact!r}): the arguments are the incoming "
-                f"gradient ({params}, [M, N]), then act_input (the forward's [M, 2N] input) as its two halves, "
-                f"_mxq_gate = act_input[:, :N] and _mxq_up = act_input[:, N:] (strided views). The outputs hold "
-                f"both halves' gradients side by side: rowwise and colwise data [M, 2N], scale buffers, dbias and "
-                f"its workspace sized for 2N columns, as listed below (checked). {need}\"_rows8\" also needs "
-                f"N % {kconfig.UNIT} == 0 (checked).")
-        return (*kinds, "strided", "strided"), note
-
-    def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
-                  **kwargs) -> MXFP8Tensor:
-        return self.inner.reference(*self._inner_args(*self._bind(args, kwargs), act_input), noop=noop, out=out,
-                                    group_offsets=group_offsets)
-
-    def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
-                **kwargs):
-        return self.inner.prepare(*self._inner_args(*self._bind(args, kwargs), act_input), noop=noop, out=out,
-                                  group_offsets=group_offsets)
+                                  note, n_multiple=mult)
 
     @property
     def source(self) -> str:
@@ -556,8 +363,6 @@ def _identity(x):
     return x
 
 
-
-
 def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = False,
              scale_mode: str = "rceil", scale_layout: str = "compact", amax: bool = False,
              noop=None, out: MXFP8Tensor | None = None, group_offsets=None) -> MXFP8Tensor:
@@ -566,13 +371,14 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     ``out`` (an extension of the DESIGN contract) writes into existing buffers, e.g. for CUDA
     graphs; with ``noop`` holding 1.0 nothing is written at all. ``group_offsets``: cumulative
     group ends along the rows (mixture of experts): colwise blocks restart at every group
-    (mxq/groups.py, docs/NUMERICS.md "Groups").
+    (mxq/formats/groups.py, docs/NUMERICS.md "Groups").
     """
     if torch.compiler.is_compiling():
         i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax)
-        if _any_dtensor([x], None, group_offsets):  # the node runs on the local shards (mxq/distributed.py)
-            return getattr(_QUANTIZE_BY_ID, f"op{i}")._dtensor_call([x], [], None, noop, out, group_offsets)
-        return torch_ops.call(i, [x], [], None, noop, out, group_offsets)
+        call = Call([x], [], None, noop, out, group_offsets)
+        if has_dtensor(call):  # the node runs on the local shards (integrations/distributed.py)
+            return getattr(_QUANTIZE_BY_ID, f"op{i}")._route(call, traced=True)
+        return torch_ops.call(i, call)
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax)
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with

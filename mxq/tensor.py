@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import groups, layouts
+from .formats import groups, layouts
 from .kernels.config import UNIT
-from .numerics import BLOCK, FORMATS, e8m0_to_scale
+from .formats.numerics import BLOCK, FORMATS, e8m0_to_scale
 
 # FP8 data rows of N % 8 != 0 (not a whole number of the kernels' 8-byte store units) are padded
 # to a multiple of this many bytes by default: the leading dimension FP8 GEMMs take, and rows the
@@ -65,7 +65,7 @@ class MXFP8Tensor:
     fp8: str
     scale_layout: str
     shape: torch.Size
-    group_offsets: torch.Tensor | None = None  # grouped colwise blocks (mxq/groups.py)
+    group_offsets: torch.Tensor | None = None  # grouped colwise blocks (mxq/formats/groups.py)
 
     @staticmethod
     def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
@@ -100,7 +100,7 @@ class MXFP8Tensor:
         row_shape = layouts.rowwise_scale_shape(m, n, spec.scale_layout)
         col_shape, col_alloc = layouts.colwise_scale_shape(m, n, spec.scale_layout), scale_alloc
         dbias_shape = (n,)
-        if group_offsets is not None:  # grouped buffers sized by M, N and G (mxq/groups.py)
+        if group_offsets is not None:  # grouped buffers sized by M, N and G (mxq/formats/groups.py)
             g = group_offsets.numel()
             if swizzled:
                 row_shape = (groups.swizzled_rowwise_rows(m, g), row_shape[1])

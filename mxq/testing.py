@@ -106,10 +106,12 @@ def v_abs_sum(op, *args, act_input=None, group_offsets=None, **kwargs) -> torch.
     group with ``group_offsets``) for an op in the transcendental class: the sum of |v| (NUMERICS
     steps 1-3, on the reference), plus, for a built-in ``dact`` (not gated), DACT_SLACK / V_SLACK
     times the sum of |d| (1 + |a|), d the epilogue's value and a the ``act_input``."""
-    from . import gated, groups
-    from .reference import epilogue_value
+    from .frontend import gated
+    from .formats import groups
+    from .formats.reference import epilogue_value
 
-    tensors, scalars = op._bind(args, kwargs)
+    call = op._bind(args, kwargs)
+    tensors, scalars = call.tensors, call.scalars
     w = epilogue_value(op.spec, op.epilogue, tensors, scalars, act_input).abs().double()
     if op.spec.dact is not None and not gated.is_halves(op.epilogue):
         d = epilogue_value(replace(op.spec, dact=None), op.epilogue, tensors, scalars, None).abs().double()

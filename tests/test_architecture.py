@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 import mxq
-from mxq import slots
-from mxq.spec import QuantSpec
+from mxq.runtime import slots
+from mxq.frontend.spec import QuantSpec
 
 PKG = Path(mxq.__file__).resolve().parent
 
@@ -85,15 +85,18 @@ def test_no_import_circle_inside_mxq():
 
 def test_the_circle_finder_finds_a_planted_circle():
     graph = import_graph()
-    graph["mxq.compiler"] = graph["mxq.compiler"] | {"mxq.op"}  # compiler calling back into the op
+    graph["mxq.runtime.compiler"] = graph["mxq.runtime.compiler"] | {"mxq.op"}  # compiler calling back into the op
     assert find_cycle(graph) is not None
 
 
 def test_lower_stages_never_import_the_op_layer():
     graph = import_graph()
-    for low in ("mxq.codegen", "mxq.compiler", "mxq.launch", "mxq.ffi", "mxq.runtime", "mxq.export",
-                "mxq.kernels.quantize", "mxq.slots", "mxq.epilogue", "mxq.ir"):
+    lower = [m for m in graph if m.split(".")[1:2] in (["frontend"], ["formats"], ["kernels"], ["runtime"])]
+    assert {"mxq.frontend.codegen", "mxq.runtime.compiler", "mxq.runtime.launch", "mxq.runtime.validation",
+            "mxq.kernels.quantize", "mxq.formats.reference"} <= set(lower)
+    for low in lower:
         assert "mxq.op" not in graph[low], low
+        assert not any(d.startswith("mxq.integrations") for d in graph[low]), low
 
 
 def test_only_fusedop_writes_its_state():
@@ -151,7 +154,7 @@ def test_dispatcher_workspace_dtype_is_numerics_rule():
     numerics.dbias_partial_dtype's (fp64 partials for fp32 inputs, fp32 for 16-bit ones)."""
     import torch
 
-    from mxq.numerics import dbias_partial_dtype
+    from mxq.formats.numerics import dbias_partial_dtype
 
     src = (PKG / "csrc" / "dispatch.cc").read_text()
     m = re.search(r"x->dtype\.bits == 32 \? (f\d\d) : (f\d\d)", src)
@@ -159,3 +162,31 @@ def test_dispatcher_workspace_dtype_is_numerics_rule():
     by_name = {"f32": torch.float32, "f64": torch.float64}
     assert by_name[m.group(1)] == dbias_partial_dtype(torch.float32)
     assert by_name[m.group(2)] == dbias_partial_dtype(torch.bfloat16) == dbias_partial_dtype(torch.float16)
+
+
+def test_compile_cache_toolchain_inspection_flow_one_way():
+    """The compile path's four jobs import only downward: toolchain <- cache <- compiler <-
+    inspection (mxq/runtime/)."""
+    graph = import_graph()
+    order = ["mxq.runtime.toolchain", "mxq.runtime.cache", "mxq.runtime.compiler", "mxq.runtime.inspection"]
+    for i, low in enumerate(order):
+        assert not graph[low] & set(order[i + 1:]), (low, graph[low] & set(order[i + 1:]))
+
+
+def test_public_modules_of_the_integrations_keep_their_names():
+    """``mxq.distributed`` and ``mxq.fsdp`` live in integrations/ and stay importable by their
+    public names, as attributes and as modules, each one module object (a fresh interpreter:
+    nothing imported before)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mxq\n"
+            "assert 'mxq.integrations.fsdp' not in sys.modules\n"
+            "import mxq.fsdp\n"
+            "from mxq.distributed import all_gather\n"
+            "import mxq.integrations.distributed as d, mxq.integrations.fsdp as f\n"
+            "assert mxq.fsdp is f and mxq.distributed is d and all_gather is d.all_gather\n"
+            "assert sys.modules['mxq.fsdp'] is f and f.__spec__.name == 'mxq.integrations.fsdp'\n"
+            "assert callable(mxq.fsdp.mxfp8_all_gather)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=PKG.parent, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

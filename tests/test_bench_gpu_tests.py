@@ -86,7 +86,7 @@ def test_record_is_written_only_for_a_whole_passing_suite(tmp_path):
 
     import pytest
 
-    from mxq.codegen import kernels_hash
+    from mxq.frontend.codegen import kernels_hash
 
     tool = _bench_tool("gpu_tests")
     with pytest.raises(SystemExit):

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import mxq
-from mxq import compiler
+import mxq._version
+from mxq.runtime import cache, compiler, targets
 from mxq.op import _quantize_op
-from mxq.spec import QuantSpec
+from mxq.frontend.spec import QuantSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = QuantSpec(rowwise=True, colwise=True, amax=True, scale_mode="floor")
@@ -29,9 +30,9 @@ def _fresh(code: str, cache: Path, **env):
 LOAD = """
     import sys, time
     import tvm_ffi
-    from mxq import compiler
+    from mxq.runtime import cache, compiler, targets
     from mxq.op import _quantize_op
-    from mxq.spec import QuantSpec
+    from mxq.frontend.spec import QuantSpec
     op = _quantize_op(QuantSpec(rowwise=True, colwise=True, amax=True, scale_mode="floor"))
     op.source
     t = time.perf_counter()
@@ -68,31 +69,31 @@ def test_damaged_library_is_rebuilt_not_loaded(tmp_path, damage):
     out = _fresh(LOAD, tmp_path).split()
     assert out[0] == "Function" and out[2] == "True", "rebuilt, hence compiled"
     assert so.read_bytes() == data or so.stat().st_size > 10000
-    assert compiler._verified(so)
+    assert cache.verified(so)
 
 
 def test_directories_in_place_of_cache_files_are_replaced(tmp_path, monkeypatch):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
     op = _quantize_op(QuantSpec(rowwise=True, colwise=True, scale_mode="ceil"))
     sha = __import__("hashlib").sha256(op.source.encode()).hexdigest()[:32]
-    base = compiler.kernel_cache_dir("sm_90") / f"{sha}_bf16_vec"
+    base = cache.kernel_cache_dir("sm_90") / f"{sha}_bf16_vec"
     for suffix in (".so", ".lock"):
         (base.parent / (base.name + suffix)).mkdir(parents=True)
-    src = compiler.source_file(op.source)
+    src = cache.source_file(op.source)
     src.unlink()
     src.mkdir()
     compiler._native.clear()
     fn = compiler.native_function(op, "sm_90", "bf16", "vec")
-    assert type(fn).__name__ == "Function" and compiler._verified(base.with_suffix(".so"))
-    assert compiler.source_file(op.source).read_text() == op.source
+    assert type(fn).__name__ == "Function" and cache.verified(base.with_suffix(".so"))
+    assert cache.source_file(op.source).read_text() == op.source
 
 
 def test_invalid_utf8_source_file_is_rewritten(tmp_path, monkeypatch):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
     op = _quantize_op(QuantSpec(colwise=True, scale_mode="even"))
-    path = compiler.source_file(op.source)
+    path = cache.source_file(op.source)
     path.write_bytes(b"\xff\xfe not utf-8 \x80")
-    assert compiler.source_file(op.source) == path and path.read_text() == op.source
+    assert cache.source_file(op.source) == path and path.read_text() == op.source
 
 
 def test_unwritable_cache_loads_a_valid_library_or_compiles_in_memory(tmp_path, monkeypatch):
@@ -106,15 +107,15 @@ def test_unwritable_cache_loads_a_valid_library_or_compiles_in_memory(tmp_path, 
     def read_only(self):
         raise OSError(30, "Read-only file system")
 
-    monkeypatch.setattr(compiler._FileLock, "__enter__", read_only)
+    monkeypatch.setattr(cache.FileLock, "__enter__", read_only)
     compiler._native.clear()
     monkeypatch.setattr(compiler, "compile_op", lambda *a, **k: pytest.fail("compiled despite a valid library"))
     assert type(compiler.native_function(op, "sm_90", "bf16", "vec")).__name__ == "Function"
     monkeypatch.undo()
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compiler._FileLock, "__enter__", read_only)
+    monkeypatch.setattr(cache.FileLock, "__enter__", read_only)
     compiler._native.clear()
-    compiler._warned.discard("kernel disk cache not writable")
+    cache._warned.discard("kernel disk cache not writable")
     with pytest.warns(RuntimeWarning, match="not writable"):
         fn = compiler.native_function(op, "sm_90", "bf16", "generic")  # not on disk: compiled in memory
     assert fn is not None
@@ -126,7 +127,7 @@ def test_cache_path_that_is_a_file_degrades_to_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(blocker))
     op = _quantize_op(QuantSpec(rowwise=True, scale_mode="even", fp8="e5m2"))
     compiler._native.clear()
-    compiler._warned.clear()
+    cache._warned.clear()
     with pytest.warns(RuntimeWarning):
         fn = compiler.native_function(op, "sm_90", "fp16", "vec")
     assert fn is not None and blocker.read_text().startswith("a file")
@@ -149,10 +150,10 @@ def test_always_compile_bypasses_the_disk(tmp_path):
 
 def test_cache_dir_is_keyed_by_versions_and_arch(tmp_path, monkeypatch):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
-    a, b = compiler.kernel_cache_dir("sm_90"), compiler.kernel_cache_dir("sm_100a")
+    a, b = cache.kernel_cache_dir("sm_90"), cache.kernel_cache_dir("sm_100a")
     assert a != b and a.parent == b.parent == tmp_path / "kernels"
-    monkeypatch.setattr(mxq, "__version__", "9.9.9")
-    assert compiler.kernel_cache_dir("sm_90") != a
+    monkeypatch.setattr(mxq._version, "__version__", "9.9.9")
+    assert cache.kernel_cache_dir("sm_90") != a
 
 
 def test_export_writes_library_and_header_loadable_without_cutlass(tmp_path):
@@ -205,11 +206,11 @@ def test_exported_operand_kinds_run_on_cuda(tmp_path):
     the bytes of the Python call (the GPU counterpart of the test above)."""
     import tvm_ffi
 
-    from mxq import compiler
+    from mxq.runtime import cache, compiler, targets
     from mxq.testing import compare
 
     op = mxq.fused_quant(colwise=True, act="gelu")(_bias_gelu)
-    arch = compiler.device_arch(torch.device("cuda"))
+    arch = targets.device_arch(torch.device("cuda"))
     info = op.export(tmp_path / "out", arch=arch, dtype="bf16", name="bias_q", operands=("strided", "row"))
     lib = tvm_ffi.load_module(info["library"])
     xx = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
@@ -263,7 +264,7 @@ def test_gated_backward_exports_its_two_halves_kernels(tmp_path, monkeypatch):
     rowwise block would straddle the halves: compiled in as N's divisibility, which TVM-FFI
     checks, see tests/test_gpu.py's counterpart), and "_rows8" an N % 8 != 0 (its second half
     starts at column N); a grouped export is refused before anything is built."""
-    from mxq import export as export_mod
+    from mxq.runtime import export as export_mod
 
     seen = {}
     real = export_mod.compile_op
@@ -311,7 +312,7 @@ def test_exported_gated_forward_runs_on_cuda(tmp_path):
     from mxq.testing import compare
 
     fwd = mxq.fused_quant(act="swiglu", colwise=True)(_gate_bias)
-    arch = compiler.device_arch(torch.device("cuda"))
+    arch = targets.device_arch(torch.device("cuda"))
     info = fwd.export(tmp_path / "out", arch=arch, dtype="bf16", name="sw", operands=("full", "row"))
     lib = tvm_ffi.load_module(info["library"])
     m, n = 256, 320
@@ -337,7 +338,7 @@ def test_exported_gated_backward_runs_on_cuda(tmp_path):
     import tvm_ffi
 
     bwd = mxq.fused_quant(dact="swiglu", dbias=True, colwise=True)(_grad_identity)
-    arch = compiler.device_arch(torch.device("cuda"))
+    arch = targets.device_arch(torch.device("cuda"))
     info = bwd.export(tmp_path / "out", arch=arch, dtype="bf16", name="swb")
     lib = tvm_ffi.load_module(info["library"])
 
@@ -366,7 +367,7 @@ def test_exported_gated_backward_runs_on_cuda(tmp_path):
 
 
 def test_every_operand_kind_has_its_header_doc():
-    from mxq import export
+    from mxq.runtime import export
 
     assert set(export.OPERAND_DOC) == set(compiler.LAYOUT_CODES)
 
@@ -399,7 +400,7 @@ def test_in_process_caches_are_bounded(monkeypatch, tmp_path):
     import sys
 
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
-    lru = compiler._LRU(2, on_evict=lambda k, v: evicted.append(k))
+    lru = cache.LRU(2, on_evict=lambda k, v: evicted.append(k))
     evicted = []
     for k in "abc":
         lru[k] = k.upper()
@@ -415,7 +416,7 @@ def test_in_process_caches_are_bounded(monkeypatch, tmp_path):
         return mxq.fused_quant()(shifted)
 
     ops = [make(c) for c in (0.375, 0.625, 0.875)]
-    names = [compiler.source_file(op.source).stem for op in ops]
+    names = [cache.source_file(op.source).stem for op in ops]
     for op in ops:
         compiler.compile_op(op, "sm_90", "bf16", variant="generic")
     assert len(compiler._compiled) <= 2 and len(compiler._modules) <= 2
@@ -431,8 +432,8 @@ def test_concurrent_first_calls_load_a_library_once(monkeypatch, tmp_path):
     compiler.native_function(op, "sm_90", "fp16", "generic")  # on disk
     compiler._native.clear()
     loads = []
-    real = compiler._load_function
-    monkeypatch.setattr(compiler, "_load_function", lambda p, n: loads.append(p) or real(p, n))
+    real = cache.load_function
+    monkeypatch.setattr(cache, "load_function", lambda p, n: loads.append(p) or real(p, n))
     results = []
     threads = [threading.Thread(target=lambda: results.append(compiler.native_function(op, "sm_90", "fp16", "generic")))
                for _ in range(16)]

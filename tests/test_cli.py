@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import mxq
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # written out by hand: the CLI's public contract
@@ -127,6 +129,7 @@ def test_info(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "nvidia-cutlass-dsl" in r.stdout and "templates" in r.stdout and "cache dir" in r.stdout
     assert ARCH_LIST in r.stdout
+    assert r.stdout.splitlines()[0] == f"mxq {mxq.__version__}"
 
 
 def test_includedir(tmp_path):

@@ -13,13 +13,14 @@ import pytest
 import torch
 
 import mxq
-from mxq import codegen, compiler
-from mxq.epilogue import IDENTITY
+from mxq.frontend import codegen
+from mxq.runtime import cache, compiler, inspection, targets, toolchain
+from mxq.frontend.epilogue import IDENTITY
 from mxq.kernels import config as kconfig
 from mxq.kernels import device as dev
 from mxq.kernels.config import Tuning
 from mxq.op import FusedOp, _identity
-from mxq.spec import ACTIVATIONS, QuantSpec
+from mxq.frontend.spec import ACTIVATIONS, QuantSpec
 
 
 def ident(x):
@@ -102,7 +103,7 @@ def test_user_text_never_reaches_the_source():
 
 def _arts(i, arch):
     opts, fn, dtype = SAMPLE[i]
-    return FusedOp(fn, QuantSpec(**opts)), compiler.compile_artifacts(FusedOp(fn, QuantSpec(**opts)), arch, dtype)
+    return FusedOp(fn, QuantSpec(**opts)), inspection.compile_artifacts(FusedOp(fn, QuantSpec(**opts)), arch, dtype)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
@@ -149,7 +150,7 @@ def test_compiled_kernels_are_cached_by_fingerprint():
 def test_source_file_is_real_and_importable(tmp_path, monkeypatch):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
     op = FusedOp(residual, QuantSpec(colwise=True))
-    path = compiler.source_file(op.source)
+    path = cache.source_file(op.source)
     assert path.is_file() and path.read_text() == op.source and str(path).startswith(str(tmp_path))
     mod = compiler.load_module(op.source)
     assert callable(mod.launch) and callable(mod.launch_vec) and mod.QUANTIZE.cfg == codegen.kernel_config(op.spec, op.epilogue)
@@ -172,7 +173,7 @@ def test_cpu_result_is_quantize_of_epilogue_by_hand(fn, opts):
     got = op(*ins)
     v = fn(*[t.float() for t in ins])  # the epilogue, eagerly, in fp32
     if op.spec.act:
-        v = mxq.activations.FORWARD[op.spec.act](v)
+        v = mxq.frontend.activations.FORWARD[op.spec.act](v)
     v_rounded = v.to(torch.bfloat16).float()
     # expected bytes from tests/oracle.py (plain Python, no mxq code)
     from . import oracle
@@ -198,7 +199,7 @@ def test_cpu_result_is_quantize_of_epilogue_by_hand(fn, opts):
 def test_generic_variant_compiles(i, arch):
     """The element-wise kernel (odd N, unaligned tensors) of the same sample compiles too."""
     opts, fn, dtype = SAMPLE[i]
-    art = compiler.compile_artifacts(FusedOp(fn, QuantSpec(**opts)), arch, dtype, variant="generic")
+    art = inspection.compile_artifacts(FusedOp(fn, QuantSpec(**opts)), arch, dtype, variant="generic")
     assert "ld.global.v4" not in art["ptx"]  # element-wise loads: serves any N and alignment
     cvt = "e4m3x2" if QuantSpec(**opts).fp8 == "e4m3" else "e5m2x2"
     assert f"cvt.rn.satfinite.{cvt}.f32" in art["ptx"]
@@ -206,7 +207,7 @@ def test_generic_variant_compiles(i, arch):
 
 
 def test_vectorised_variant_uses_16_byte_loads():
-    art = compiler.compile_artifacts(FusedOp(ident, QuantSpec(colwise=True)), "sm_90", "bf16", variant="vec")
+    art = inspection.compile_artifacts(FusedOp(ident, QuantSpec(colwise=True)), "sm_90", "bf16", variant="vec")
     assert "ld.global.v4.b32" in art["ptx"] and "st.global.v2.b32" in art["ptx"]
 
 
@@ -268,13 +269,13 @@ def _run_records(records, out, env, grid: bool = True, unary=None):
 @pytest.mark.parametrize("name", ACTIVATIONS)
 @pytest.mark.parametrize("direction", ["act", "dact"])
 def test_builtin_act_records_compute_the_numerics_formula(name, direction):
-    from mxq import activations
+    from mxq.frontend import activations
 
     ep = activations.act_ir(name) if direction == "act" else activations.dact_ir(name)
     records, out = codegen.ssa(ep.expr, "f", {0: "x"}, {}, builtin=True)
     x = torch.linspace(-8, 8, 4001, dtype=torch.float32)
     got = _run_records(records, out, {"x": x})
-    want = mxq.ir.evaluate(ep.expr, [x], [])
+    want = mxq.frontend.ir.evaluate(ep.expr, [x], [])
     # FMA contraction moves a value by about an fp32 ulp, never more than a few
     assert torch.allclose(got.double(), want.double(), rtol=2**-20, atol=2**-22)
     kinds = [r["kind"] for r in records]
@@ -290,7 +291,7 @@ def test_half_tanh_becomes_a_sigmoid_with_its_constant_folded():
     K * 0.035677408), so the act lowers to half_tanh_ex2_act. dgelu reads t twice (1 - t * t,
     1 + t) and keeps tanh_act; a user's own 0.5 + 0.5 * mxq.tanh (precise tanh, one rounding per
     operation) is left alone."""
-    from mxq import activations
+    from mxq.frontend import activations
 
     k = -2.0 / math.log(2.0)
     records, out = codegen.ssa(activations.act_ir("gelu").expr, "f", {0: "x"}, {}, builtin=True)
@@ -379,7 +380,7 @@ def test_fast_dact_error_bound():
     tanh_act and sigmoid_act modelled as the device computes them (ex2 and rcp each off by up to
     2 and 1 ulp, a fixed pseudo-random pattern), over a in [-30, 30]: the worst error is under
     the bound and within 8x of it (the bound is not loose by orders of magnitude)."""
-    from mxq import activations
+    from mxq.frontend import activations
     from mxq.testing import DACT_SLACK
 
     gen = torch.Generator().manual_seed(0)
@@ -408,7 +409,7 @@ def test_fast_dact_error_bound():
         ep = activations.dact_ir(name)
         records, out = codegen.ssa(ep.expr, "g", {0: "a"}, {}, builtin=True)
         got = _run_records(records, out, {"a": a}, unary={"tanh_act": tanh_act, "sigmoid_act": sigmoid_act})
-        want = mxq.ir.evaluate(ep.expr, [a], [])
+        want = mxq.frontend.ir.evaluate(ep.expr, [a], [])
         err = ((got.double() - want.double()).abs() / (1.0 + a.double().abs())).max().item()
         assert err <= DACT_SLACK, (name, math.log2(err))
         worst = max(worst, err)
@@ -429,7 +430,7 @@ def test_padding_rows_are_masked_per_row_without_dbias(arch):
     broadcast-operand tests, whose M = 80 leaves padding rows equal to the bias, and the
     unaligned-row tests."""
     def selects(op, variant):
-        ptx = compiler.ptx_of(op, arch, "bf16", variant, ("full", "row"))
+        ptx = inspection.ptx_of(op, arch, "bf16", variant, ("full", "row"))
         body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
         body = body[:body.index("\n}\n")]
         return len(re.findall(r"selp\.f32[^;]*0f00000000[^;]*;", body))
@@ -461,9 +462,9 @@ def test_half_tanh_of_a_shared_argument_multiplies_by_k():
     assert z["op"] == "mul" and abs(float(by_var[z["args"][1]]["value"]) + 2.0 / math.log(2.0)) < 1e-12
     x = torch.linspace(-6, 6, 12001, dtype=torch.float32)
     got = _run_records(records, out, {"x": x}).double()
-    want = mxq.ir.evaluate(op.epilogue.expr, [x], []).double()
+    want = mxq.frontend.ir.evaluate(op.epilogue.expr, [x], []).double()
     assert torch.allclose(got, want, rtol=2**-20, atol=2**-22)
-    assert ".entry" in compiler.ptx_of(op, "sm_90a", "bf16", "vec")
+    assert ".entry" in inspection.ptx_of(op, "sm_90a", "bf16", "vec")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -496,9 +497,9 @@ def test_builtin_lowerings_stay_in_the_transcendental_class(name, direction, dty
 def _class_rate(name: str, direction: str, dtype):
     """(differing(grid) -> FP8 data bytes of the emulated records that differ from the
     reference's, the class's budget) on 1024 x 1024 N(0, 3^2) inputs."""
-    from mxq import activations
-    from mxq.reference import quantize_blocks
-    from mxq.spec import QuantSpec
+    from mxq.frontend import activations
+    from mxq.formats.reference import quantize_blocks
+    from mxq.frontend.spec import QuantSpec
 
     ep = activations.act_ir(name) if direction == "act" else activations.dact_ir(name)
     records, out = codegen.ssa(ep.expr, "f", {0: "x"}, {}, builtin=True)
@@ -509,7 +510,7 @@ def _class_rate(name: str, direction: str, dtype):
     def value(f):
         return f if d is None else d * f
 
-    want = ir_round(value(mxq.ir.evaluate(ep.expr, [x], [])), dtype)
+    want = ir_round(value(mxq.frontend.ir.evaluate(ep.expr, [x], [])), dtype)
     fmt = QuantSpec().format
     ref, _ = quantize_blocks(want, fmt, "rceil")
 
@@ -526,7 +527,7 @@ def ir_round(v, dtype):
 
 
 def test_fma_contraction_is_builtin_only_and_skips_subtractions():
-    from mxq import activations
+    from mxq.frontend import activations
 
     def fused_looking(x, r):
         return x * r + 1.0 - x * x
@@ -556,7 +557,7 @@ def test_activation_calls_in_user_epilogues_lower_as_builtin():
     assert all(r["kind"] != "fma" for r in records), "the user's g * 2 + u and (...) * u + g * u stay rounded"
     g, u = torch.randn(1000), torch.randn(1000)
     got = _run_records(records, out, {"g": g, "u": u})
-    assert torch.allclose(got, mxq.ir.evaluate(op.epilogue.expr, [g, u], []), rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got, mxq.frontend.ir.evaluate(op.epilogue.expr, [g, u], []), rtol=1e-6, atol=1e-6)
     plain = mxq.fused_quant()(lambda_free_sigmoid)
     records, _ = codegen.ssa(plain.epilogue.expr, "e", {0: "x"}, {}, builtin=plain.epilogue.builtin)
     assert [r.get("op") for r in records if r["kind"] == "unary"] == ["sigmoid"], "mxq.sigmoid stays precise"
@@ -569,7 +570,7 @@ def lambda_free_sigmoid(x):
 def test_power_of_two_scaled_sum_becomes_a_bit_exact_fma():
     """dgelu's 0.5 * (1 + t) is emitted as fma(t, 0.5, 0.5): the same bits for every t in
     [-1, 1] (scaling by 2^k commutes with rounding), one instruction fewer; never for users."""
-    from mxq import activations
+    from mxq.frontend import activations
 
     records, _ = codegen.ssa(activations.dact_ir("gelu").expr, "g", {0: "a"}, {}, builtin=True)
     consts = {r["var"]: float(r["value"]) for r in records if r["kind"] == "const"}
@@ -594,11 +595,11 @@ def test_power_of_two_scaled_sum_becomes_a_bit_exact_fma():
 def test_builtin_acts_keep_zero_padding(name):
     """The packed kernel loads zeros past row M and skips the row mask for built-in act/dact:
     that needs act(0) == 0 and 0 * dact(0) == 0, i.e. dact(0) finite."""
-    from mxq import activations
+    from mxq.frontend import activations
 
     zero = torch.zeros(1)
-    assert mxq.ir.evaluate(activations.act_ir(name).expr, [zero], []).item() == 0.0
-    assert torch.isfinite(mxq.ir.evaluate(activations.dact_ir(name).expr, [zero], [])).all()
+    assert mxq.frontend.ir.evaluate(activations.act_ir(name).expr, [zero], []).item() == 0.0
+    assert torch.isfinite(mxq.frontend.ir.evaluate(activations.dact_ir(name).expr, [zero], [])).all()
 
 
 def _bench_tool(name: str):
@@ -631,40 +632,6 @@ def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
         assert isinstance(both["registers"], int) and both["registers"] > 0
 
 
-def test_sass_opcodes_parses_nvdisasm_output(monkeypatch, tmp_path):
-    """compiler.sass_opcodes on a hand-written excerpt of `nvdisasm -c` output: per kernel, one
-    count per instruction line by opcode (predicates and modifiers dropped; labels, directives
-    and comments not counted), except instructions predicated on !PT (never run) and the
-    padding after the last EXIT (its self-branch and NOPs). bench/ptx_count.py --opcodes reads
-    these."""
-    from types import SimpleNamespace
-
-    listing = "\n".join([
-        "\t.section\t.text.kernel_a,\"ax\",@progbits",
-        ".text.kernel_a:",
-        "        /*0000*/                   LDC R1, c[0x0][0x28] ;",
-        "        /*0010*/                   IMAD.MOV.U32 R2, RZ, RZ, 0x1 ;",
-        "        /*0020*/              @!P0 BRA `(.L_x_1) ;",
-        ".L_x_1:",
-        "        /*0030*/              @UP1 UIADD3 UR4, UR4, 0x1, URZ ;",
-        "        /*0040*/                   IMAD R3, R2, R2, RZ ;",
-        "        /*0050*/              @!PT LDS RZ, [RZ] ;",
-        "        /*0060*/                   NOP ;",
-        "        /*0070*/                   EXIT ;",
-        ".L_x_2:",
-        "        /*0080*/                   BRA `(.L_x_2);",
-        "        /*0090*/                   NOP;",
-        "        /*00a0*/                   NOP;",
-        ".text.kernel_b:",
-        "        /*0000*/                   EXIT ;",
-    ])
-    monkeypatch.setattr(compiler.shutil, "which", lambda name: "/bin/nvdisasm")
-    monkeypatch.setattr(compiler.subprocess, "run", lambda *a, **k: SimpleNamespace(stdout=listing, returncode=0))
-    got = compiler.sass_opcodes(tmp_path / "k.cubin")
-    assert got == {"kernel_a": {"LDC": 1, "IMAD": 2, "BRA": 1, "UIADD3": 1, "NOP": 1, "EXIT": 1},
-                   "kernel_b": {"EXIT": 1}}
-
-
 def test_tuning_is_part_of_the_source():
     """A benchmark's Tuning is rendered into the module (CONFIG), so it is part of every compile
     key; the default is the library's choice."""
@@ -692,7 +659,7 @@ def test_templates_are_mostly_python():
     """At most one template line in ten is a Jinja statement: the kernels are mxq/kernels/."""
     from pathlib import Path
 
-    root = Path(codegen.__file__).resolve().parent.parent / "templates"
+    root = Path(mxq.__file__).resolve().parent.parent / "templates"
     lines = [ln for p in root.rglob("*.j2") for ln in p.read_text().splitlines()]
     statements = [ln for ln in lines if ln.strip().startswith(("{%", "{#"))]
     assert lines and len(statements) * 10 <= len(lines), (len(statements), len(lines))
@@ -708,7 +675,7 @@ def test_generic_kernel_issues_its_loads_first(arch):
         return x
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
-    body = _entry(compiler.compile_artifacts(op, arch, "fp32", "generic")["ptx"], "generic_kernel")
+    body = _entry(inspection.compile_artifacts(op, arch, "fp32", "generic")["ptx"], "generic_kernel")
     loads = [m.start() for m in re.finditer(r"\bld\.global", body)]
     first_store = body.index("st.global")
     assert len(loads) >= 2 * kconfig.ROWS  # the input and act_input, every row
@@ -727,7 +694,7 @@ def test_generic_rowwise_reduces_each_row_in_one_instruction(arch):
         return x
 
     op = mxq.fused_quant(rowwise=True, colwise=False)(ident)
-    body = _entry(compiler.compile_artifacts(op, arch, "fp32", "generic")["ptx"], "generic_kernel")
+    body = _entry(inspection.compile_artifacts(op, arch, "fp32", "generic")["ptx"], "generic_kernel")
     assert len(re.findall(r"\bredux\.sync\.max\.u32", body)) == kconfig.ROWS
     assert "shfl.sync" not in body
     assert f"{dev.ABS32}" in body or f"0x{dev.ABS32:08x}" in body.lower()  # (|v|'s bits)
@@ -761,7 +728,7 @@ def test_fp32_unaligned_rows_are_staged_by_words_or_chunks(arch):
             cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
             assert cfg.vec_unaligned and cfg.vec_unaligned_chunks == (chunks != bool(copy)), (opts, copy)
             rows = kconfig.ROWS // cfg.vec_warps
-            body = _entry(compiler.compile_artifacts(op, arch, "fp32", "rows8")["ptx"], "vec_kernel")
+            body = _entry(inspection.compile_artifacts(op, arch, "fp32", "rows8")["ptx"], "vec_kernel")
             words = re.findall(r"cp\.async\.ca\.shared\.global \[%r\d+(?:\+\d+)?\], \[%rd\d+(?:\+\d+)?\], (\d+)", body)
             wide = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+(?:\+\d+)?\], \[%rd\d+(?:\+\d+)?\], 16", body)
             if cfg.vec_unaligned_chunks:
@@ -789,7 +756,7 @@ def test_fp32_unaligned_rows_are_staged_by_words_or_chunks(arch):
     colwise = mxq.fused_quant(rowwise=False, colwise=True)(ident)
     cfg = codegen.kernel_config(colwise.spec, colwise.epilogue, None)
     assert not cfg.vec_unaligned and not dataclasses.replace(cfg, colwise=True, rowwise=True, halves=True).vec_unaligned
-    assert "generic_kernel" in compiler.compile_artifacts(colwise, arch, "fp32", "rows8")["ptx"]
+    assert "generic_kernel" in inspection.compile_artifacts(colwise, arch, "fp32", "rows8")["ptx"]
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
@@ -804,7 +771,7 @@ def test_fp32_unaligned_scalar_operand_is_loaded_once(arch):
 
     def loads(layouts):
         op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(scaled)
-        body = _entry(compiler.compile_artifacts(op, arch, "fp32", "rows8", layouts)["ptx"], "vec_kernel")
+        body = _entry(inspection.compile_artifacts(op, arch, "fp32", "rows8", layouts)["ptx"], "vec_kernel")
         return len(re.findall(r"\bld\.global(?:\.nc)?\.[bfu]32", body))
 
     base = loads(("full", "full"))  # (both staged by cp.async, as chunks: only the noop flag's load)
@@ -825,7 +792,7 @@ def test_unaligned_rows_are_staged_and_stored_as_words(arch, dtype):
         return x
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
-    ptx = compiler.compile_artifacts(op, arch, dtype, "generic")["ptx"]
+    ptx = inspection.compile_artifacts(op, arch, dtype, "generic")["ptx"]
     assert "generic_kernel" not in ptx
     body = _entry(ptx, "packed_kernel")
     copies = [m.start() for m in re.finditer(r"\bcp\.async\.cg\.shared\.global", body)]
@@ -847,7 +814,7 @@ def test_unaligned_rows_store_whole_units_when_aligned(arch):
         return x
 
     def stores(op, variant="generic"):
-        body = _entry(compiler.compile_artifacts(op, arch, "bf16", variant)["ptx"], "packed_kernel")
+        body = _entry(inspection.compile_artifacts(op, arch, "bf16", variant)["ptx"], "packed_kernel")
         return len(re.findall(r"\bst\.global\.v2\.b32", body)), len(re.findall(r"\bshfl\.sync", body))
 
     plain = mxq.fused_quant(rowwise=True, colwise=True)(ident)
@@ -867,7 +834,7 @@ def test_unaligned_rows_store_whole_units_when_aligned(arch):
         assert st8 == 2 * nrows
         realigned_shuffles = 2 * 2 * nrows
         assert sh8 == sh - realigned_shuffles, (op.spec, sh8, sh)
-    ptx = compiler.compile_artifacts(plain, arch, "bf16", "rows8")["ptx"]
+    ptx = inspection.compile_artifacts(plain, arch, "bf16", "rows8")["ptx"]
     at4 = ptx[[m.start() for m in re.finditer(r"\.entry kernel_cutlass_packed_kernel", ptx)][1]:]
     plain4 = mxq.fused_quant(rowwise=True, colwise=True)(ident)
     plain4._tuning = kconfig.Tuning(unaligned_warps=4)
@@ -891,7 +858,7 @@ def test_rows8_plain_casts_pick_warps_by_row_stride_parity(arch):
     def threads(op, variant="rows8"):
         """Threads of each packed kernel, in the order the launcher traced them (its even-stride
         branch first)."""
-        ptx = compiler.compile_artifacts(op, arch, "bf16", variant)["ptx"]
+        ptx = inspection.compile_artifacts(op, arch, "bf16", variant)["ptx"]
         return [int(re.search(r"\.reqntid (\d+)", ptx[m.start():]).group(1))
                 for m in re.finditer(r"\.entry kernel_cutlass_packed_kernel", ptx)]
 
@@ -912,7 +879,7 @@ def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
     """Tuning.rows8_min_blocks (a benchmark's register cap for variant rows8) compiles into the
     rows8 kernel's PTX as .minnctapersm, and nowhere else. (With a cap the DSL reads the SM's
     shared memory size from the driver: stubbed here with the H200's, as no GPU is present.)"""
-    compiler._import_cutlass("sm_90")
+    toolchain.import_cutlass("sm_90")
     import cutlass.cutlass_dsl.cutlass as dsl
 
     monkeypatch.setattr(dsl.cuda_helpers, "get_device_attribute", lambda attr: 228 * 1024)
@@ -922,8 +889,8 @@ def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     op._tuning = kconfig.Tuning(rows8_min_blocks=4)
-    ptx8 = _entry(compiler.compile_artifacts(op, "sm_90", "bf16", "rows8")["ptx"], "packed_kernel")
-    ptxg = _entry(compiler.compile_artifacts(op, "sm_90", "bf16", "generic")["ptx"], "packed_kernel")
+    ptx8 = _entry(inspection.compile_artifacts(op, "sm_90", "bf16", "rows8")["ptx"], "packed_kernel")
+    ptxg = _entry(inspection.compile_artifacts(op, "sm_90", "bf16", "generic")["ptx"], "packed_kernel")
     assert re.search(r"\.minnctapersm\s+4", ptx8) and ".minnctapersm" not in ptxg
 
 
@@ -1075,7 +1042,7 @@ def test_row_scale_bytes_wait_in_l2(arch):
     assert pk.count(kept) == 2 and policy in pk
     vec = _entry(op.asm(arch, "fp32")["ptx"], "vec_kernel")
     assert vec.count(kept) == 8 and policy in vec
-    generic = compiler.compile_artifacts(op, arch=arch, dtype="fp32", variant="generic")["ptx"]
+    generic = inspection.compile_artifacts(op, arch=arch, dtype="fp32", variant="generic")["ptx"]
     assert kept not in generic and policy not in generic
     plain = FusedOp(_identity, spec, IDENTITY)
     plain._tuning = Tuning(row_scale_l2_keep=False)
@@ -1163,13 +1130,13 @@ def test_dbias_partials_precision_follows_the_input_dtype(arch, dtype):
     dbias_kernel adds the blocks in fp64 either way. The GPU side:
     tests/test_gpu.py::test_dbias_blocks_sum_in_the_partial_precision (a column whose result tells
     the two apart)."""
-    from mxq import export
+    from mxq.runtime import export
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     f64_math = re.compile(r"\b(?:add|cvt)\.[a-z.]*f64\b")
     fast = "vec_kernel" if dtype == "fp32" else "packed_kernel"
     for variant, kernel in (("vec", fast), ("generic", "generic_kernel" if dtype == "fp32" else "packed_kernel")):
-        ptx = compiler.compile_artifacts(op, arch, dtype, variant)["ptx"]
+        ptx = inspection.compile_artifacts(op, arch, dtype, variant)["ptx"]
         assert bool(f64_math.search(_entry(ptx, kernel))) == (dtype == "fp32"), (variant, kernel)
         reduce = _entry(ptx, "dbias_kernel")
         assert "add.rn.f64" in reduce or "add.f64" in reduce
@@ -1217,7 +1184,7 @@ def test_dbias_kernel_starts_early_with_programmatic_dependent_launch(arch):
     off = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
     off._tuning = Tuning(pdl=False)
     assert "griddepcontrol" not in off.asm(arch, "bf16")["ptx"]
-    assert compiler.uses_pdl(arch) and not compiler.uses_pdl("sm_89")
+    assert targets.uses_pdl(arch) and not targets.uses_pdl("sm_89")
 
 
 def test_asm_takes_torch_dtypes():
@@ -1276,7 +1243,7 @@ def test_lowering_of_every_operation_computes_the_reference():
     r[:8] = torch.tensor([1.0, -0.0, 0.0, 1.0, float("nan"), 1.0, -0.5, 2.5])
     r[8:16] = x[8:16]  # equal pairs: the == / != branches
     got = fn(x, r, torch.tensor(0.75))
-    want = mxq.ir.evaluate(op.epilogue.expr, [x, r], [0.75])
+    want = mxq.frontend.ir.evaluate(op.epilogue.expr, [x, r], [0.75])
     # the lowering's sigmoid is 1 / (1 + exp(-x)), three roundings, against torch.sigmoid in the
     # reference (the transcendental class): at most a few fp32 ulps apart, NaN where NaN
     assert torch.equal(got.isnan(), want.isnan())
@@ -1285,7 +1252,7 @@ def test_lowering_of_every_operation_computes_the_reference():
     exact = mxq.fused_quant()(_every_exact_operation)
     recs, out = codegen.ssa(exact.epilogue.expr, "e", {0: "x0", 1: "x1"}, {0: "s0"})
     got = _lowered_function(recs, out, ["x0", "x1", "s0"])(x, r, torch.tensor(0.75))
-    want = mxq.ir.evaluate(exact.epilogue.expr, [x, r], [0.75])
+    want = mxq.frontend.ir.evaluate(exact.epilogue.expr, [x, r], [0.75])
     assert torch.equal(got.view(torch.int32), want.view(torch.int32)), "exact operations: bit for bit"
 
 
@@ -1320,14 +1287,14 @@ def test_asm_of_ops_with_one_signature_returns_each_ops_own_ptx(tmp_path, monkey
 
 
 def test_kernel_hash_covers_every_file_that_shapes_the_compiled_code(monkeypatch):
-    """The numerics constants the kernels read and the fake compile arguments are part of the
+    """The numerics constants the kernels read, the fake compile arguments and the arch switches are part of the
     hash in every module (hence of every disk-cache key), not only the kernel layer."""
     from pathlib import Path
 
     base = codegen.kernels_hash()
     real = Path.read_bytes
 
-    for name in ("numerics.py", "compiler.py", "slots.py", "device.py", "module.py.j2"):
+    for name in ("numerics.py", "compiler.py", "targets.py", "slots.py", "device.py", "module.py.j2"):
         codegen.kernels_hash.cache_clear()
         monkeypatch.setattr(Path, "read_bytes", lambda self, n=name: real(self) + (b"#" if self.name == n else b""))
         assert codegen.kernels_hash() != base, name
@@ -1352,8 +1319,8 @@ def test_fp32_staged_dact(arch):
         return op
 
     dact = dict(dact="gelu", dbias=True)
-    off = compiler.compile_artifacts(build(Tuning(vec_stage=False), **dact), arch, "fp32", "vec")
-    on = compiler.compile_artifacts(build(None, **dact), arch, "fp32", "vec")
+    off = inspection.compile_artifacts(build(Tuning(vec_stage=False), **dact), arch, "fp32", "vec")
+    on = inspection.compile_artifacts(build(None, **dact), arch, "fp32", "vec")
     ptx_off, ptx_on = off["ptx"], on["ptx"]
     assert "cp.async" not in _entry(ptx_off, "vec_kernel")  # (dbias_kernel's staged form has its own)
     copies = re.findall(r"cp\.async\.cg\.shared\.global \[%r\d+(?:\+(\d+))?\], \[%rd\d+(?:\+(\d+))?\], (\d+)", ptx_on)
@@ -1369,14 +1336,14 @@ def test_fp32_staged_dact(arch):
     # an op whose staged inputs would not fit a CTA's shared memory keeps the unstaged kernel
     import dataclasses
 
-    from mxq import codegen
+    from mxq.frontend import codegen
 
     cfg = codegen.kernel_config(QuantSpec(rowwise=True, dact="gelu"), IDENTITY, Tuning(vec_stage=True))
     assert [dataclasses.replace(cfg, n_inputs=n).vec_stage for n in (1, 6, 7)] == [True, True, False]
     assert dataclasses.replace(cfg, tuning=Tuning()).vec_stage
     assert not dataclasses.replace(cfg, tuning=Tuning(vec_stage=False)).vec_stage
-    plain = compiler.ptx_of(build(None, act="gelu"), arch, "fp32", "vec")
-    assert plain == compiler.ptx_of(build(Tuning(vec_stage=False), act="gelu"), arch, "fp32", "vec")
+    plain = inspection.ptx_of(build(None, act="gelu"), arch, "fp32", "vec")
+    assert plain == inspection.ptx_of(build(Tuning(vec_stage=False), act="gelu"), arch, "fp32", "vec")
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -1386,7 +1353,7 @@ def test_unaligned_warps(arch):
     colwise output take 8 and everything else 4 (dbias ops 8 anyway; the choice measured on the
     H200, config.Tuning); the aligned kernel is not touched by the switch (same PTX).
     test_gpu.py::test_unaligned_eight_warps_match_reference checks the bytes of 8 warps."""
-    from mxq import codegen
+    from mxq.frontend import codegen
     from mxq.kernels.config import Tuning
 
     def build(tuning, **opts):
@@ -1396,7 +1363,7 @@ def test_unaligned_warps(arch):
 
     regs = {}
     for w in (4, 8):
-        art = compiler.compile_artifacts(build(Tuning(unaligned_warps=w)), arch, "bf16", "generic")
+        art = inspection.compile_artifacts(build(Tuning(unaligned_warps=w)), arch, "bf16", "generic")
         regs[w] = next(v["registers"] for k, v in art["kernels"].items() if "packed_kernel" in k)
     assert regs[8] < regs[4], regs
 
@@ -1407,8 +1374,8 @@ def test_unaligned_warps(arch):
     assert warps(rowwise=True) == 4 and warps(rowwise=True, colwise=True, act="gelu") == 4
     assert warps(rowwise=True, colwise=True, dact="gelu", dbias=True) == 8
     assert codegen.kernel_config(QuantSpec(rowwise=True, colwise=True), IDENTITY).packed_warps(unaligned=False) == 4
-    default_vec = compiler.ptx_of(build(None), arch, "bf16", "vec")
-    eight_vec = compiler.ptx_of(build(Tuning(unaligned_warps=8)), arch, "bf16", "vec")
+    default_vec = inspection.ptx_of(build(None), arch, "bf16", "vec")
+    eight_vec = inspection.ptx_of(build(Tuning(unaligned_warps=8)), arch, "bf16", "vec")
     strip = re.compile(r"^//.*$|kernel_cutlass_\w+|mxq_gen_\w+|_mxq\w*", re.M)
     assert strip.sub("", default_vec) == strip.sub("", eight_vec)
     dc = _bench_tool("device_check")

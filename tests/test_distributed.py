@@ -1,4 +1,4 @@
-"""mxq/distributed.py on two CPU processes (gloo): DTensor inputs, eager and under
+"""mxq/integrations/distributed.py on two CPU processes (gloo): DTensor inputs, eager and under
 torch.compile (each rank quantizes its shard; the fields are DTensors whose shards are the
 single-process result's) and all_gather of MXFP8Tensors (byte-equal to quantizing the gathered
 tensor)."""

@@ -1,4 +1,4 @@
-"""mxq/export.py's name rule: an exported function is the symbol ``__tvm_ffi_<name>``, so names
+"""mxq/runtime/export.py's name rule: an exported function is the symbol ``__tvm_ffi_<name>``, so names
 that TVM-FFI's loader gives a meaning to are refused before anything compiles."""
 
 import re
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import mxq
-from mxq.export import check_name
+from mxq.runtime.export import check_name
 
 
 def _loader_symbols() -> list[str]:

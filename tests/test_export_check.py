@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import mxq
-from mxq import groups
-from mxq.spec import QuantSpec
+from mxq.formats import groups
+from mxq.frontend.spec import QuantSpec
 
 CSRC = Path(mxq.__file__).resolve().parent / "csrc"
 SHAPES = [(m, n) for m in (1, 31, 32, 33, 127, 128, 129, 200, 4097) for n in (1, 8, 31, 32, 33, 100, 129, 256)]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mxq
-from mxq.spec import QuantSpec
+from mxq.frontend.spec import QuantSpec
 from mxq.testing import planted, same_bytes
 
 tvm_ffi = pytest.importorskip("tvm_ffi")
@@ -107,14 +107,15 @@ def test_failure_is_not_cached(caller):
 def test_python_launch_path_through_the_dispatcher(monkeypatch):
     """The CUDA call path hands tensors to the native dispatcher; on CPU tensors the same
     plumbing reaches the reference, so the argument order is checked here without a GPU."""
-    from mxq import compiler
+    from mxq.runtime import targets
+    from mxq.runtime.call import Call
 
     op = mxq.fused_quant(colwise=True, amax=True, dact="relu", dbias=True)(resid.fn)
-    monkeypatch.setattr(compiler, "device_arch", lambda device: "sm_90")  # the CPU route never compiles
+    monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")  # the CPU route never compiles
     launcher = op._launcher_for(planted(40, 64, torch.bfloat16))
     assert launcher is op._launcher_for(planted(40, 64, torch.bfloat16)), "one launcher per device/dtype"
     x, r, a = (planted(40, 64, torch.bfloat16, seed=s) for s in (1, 2, 3))
-    got = launcher([x, r], [0.25], a, None, None)
+    got = launcher(Call([x, r], [0.25], a))
     want = op.reference(x, r, alpha=0.25, act_input=a)
     from mxq.testing import compare
 
@@ -124,7 +125,7 @@ def test_python_launch_path_through_the_dispatcher(monkeypatch):
 def test_allocating_route_refuses_empty_inputs_and_bad_arity():
     """The allocating route (Python's ordinary CUDA calls) serves non-empty tensors; anything
     else is a clean error, never a crash (Python sends empty calls down the other routes)."""
-    from mxq import slots
+    from mxq.runtime import slots
 
     op = mxq.fused_quant(rowwise=True, colwise=True, fp8="e5m2")(resid.fn)
     assert slots.dispatch_flags(op.spec) >> 7 & 1, "the fp8 format reaches the native allocator"
@@ -156,7 +157,7 @@ def test_allocating_route_layout(monkeypatch, opts, share, shape):
     bytes, by hand) and bytes are those of MXFP8Tensor.empty + the reference. GPU side:
     tests/test_gpu.py::test_allocating_route_frees_a_large_direction and
     test_default_outputs_pad_odd_rows."""
-    from mxq import ffi
+    from mxq.runtime import ffi
 
     monkeypatch.setattr(ffi, "SHARED_ALLOC_MAX_BYTES", 4 << 20 if share else 0)
     op = mxq.fused_quant(**opts)(_ident)  # a fresh op: its dispatcher reads the limit
@@ -168,7 +169,7 @@ def test_allocating_route_layout(monkeypatch, opts, share, shape):
     want = op.reference(x)
     like = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "meta")
     names = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")  # by hand
-    assert names == mxq.slots.OUTPUTS
+    assert names == mxq.runtime.slots.OUTPUTS
     for i, name in enumerate(names):
         g, w = r[i], getattr(like, name)
         assert (g is None) == (w is None), name

@@ -1,4 +1,4 @@
-"""mxq/fsdp.py: FSDP2 all-gathers of MXFP8 weights on two CPU processes (gloo). The gathered
+"""mxq/integrations/fsdp.py: FSDP2 all-gathers of MXFP8 weights on two CPU processes (gloo). The gathered
 bytes are the full weight's quantization (rowwise before forward, colwise before backward),
 the layer's outputs and gradients are those of its dequantized weights, and bad shapes are
 refused by name. examples/fsdp2_mxfp8.py trains with it (run by tests/test_examples.py)."""

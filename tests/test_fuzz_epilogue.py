@@ -4,7 +4,7 @@ Random epilogue functions of ``x``, ``r`` and a float ``s`` are written as Pytho
 temporary module, imported, decorated with ``mxq.fused_quant`` and run through ``op.reference``
 on CPU tensors (nothing is compiled). The expected result is computed independently: the same
 random formula evaluated here with eager torch in fp32, one rounding per operation (``**`` as
-repeated products, left to right; ``maximum``/``minimum`` NaN-dropping as mxq/math.py documents),
+repeated products, left to right; ``maximum``/``minimum`` NaN-dropping as mxq/frontend/math.py documents),
 then NUMERICS.md steps 5-9 by ``tests/oracle.py``. Every data byte, scale byte and the amax must
 be equal. Constants include -0.0, 0.0, inf, nan, subnormals and fp32's extremes.
 

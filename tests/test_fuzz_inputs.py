@@ -159,9 +159,9 @@ def test_fuzz_aliased_outputs():
 DAMAGE = """
 import os, random, shutil, sys
 from pathlib import Path
-from mxq import compiler
+from mxq.runtime import cache, compiler
 from mxq.op import _quantize_op
-from mxq.spec import QuantSpec
+from mxq.frontend.spec import QuantSpec
 rng = random.Random(int(sys.argv[1]))
 
 
@@ -178,7 +178,7 @@ compiler.native_function(op, "sm_90", "bf16", "generic")
 so = next(Path(os.environ["MXQ_CACHE_DIR"], "kernels").rglob("*.so"))
 cases = 0
 for i in range(int(sys.argv[2])):
-    target = rng.choice([so, so.with_suffix(".sha256"), so.with_suffix(".lock"), compiler.source_file(op.source)])
+    target = rng.choice([so, so.with_suffix(".sha256"), so.with_suffix(".lock"), cache.source_file(op.source)])
     kind = rng.choice(["truncate", "flip", "garbage", "empty", "dir", "delete"])
     if target.is_dir():
         shutil.rmtree(target)
@@ -202,7 +202,7 @@ for i in range(int(sys.argv[2])):
     compiler._compiled.clear()
     compiler._modules.clear()
     fn = compiler.native_function(op, "sm_90", "bf16", "generic")
-    assert fn is not None and compiler._verified(so), (i, target.name, kind)
+    assert fn is not None and cache.verified(so), (i, target.name, kind)
     cases += 1
 print("damaged", cases)
 """

@@ -1,4 +1,4 @@
-"""Gated activations (mxq/gated.py): act= / dact= "swiglu", "geglu", "reglu", "qgeglu", "sreglu".
+"""Gated activations (mxq/frontend/gated.py): act= / dact= "swiglu", "geglu", "reglu", "qgeglu", "sreglu".
 
 Expected bytes come from the formulas of docs/NUMERICS.md ("Gated activations") typed out here in
 torch fp32 (one rounding per operation) and quantized by tests/oracle.py; relu-based ones are exact,
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import mxq
-from mxq import gated
-from mxq.spec import QuantSpec
+from mxq.frontend import gated
+from mxq.frontend.spec import QuantSpec
 from mxq.testing import compare, planted, poisoned, v_abs_sum
 
 from . import oracle
@@ -241,14 +241,14 @@ def test_gated_kernels_compile(arch):
     (the 16-bit packed kernel writes both halves, Tuning.halves_one_cta: twice the stores)."""
     import re
 
-    from mxq import compiler
+    from mxq.runtime import inspection
 
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
     for dtype, stores in (("bf16", 16), ("fp32", 8)):
-        ptx = compiler.ptx_of(bwd.inner, arch, dtype, "vec")
+        ptx = inspection.ptx_of(bwd.inner, arch, dtype, "vec")
         # the quantize kernel and dbias_kernel's two forms (reduce.py)
         assert ptx.count(".entry") == 3 and len(re.findall(r"st\.global\.v2\.b32", ptx)) == stores
-        compiler.ptx_of(bwd.inner, arch, dtype, "generic")
+        inspection.ptx_of(bwd.inner, arch, dtype, "generic")
 
 
 def _one_cta(op, one: bool = True):
@@ -267,14 +267,14 @@ def test_one_cta_halves_compile(arch):
     in two passes over one loaded tile, and it compiles; False gives one CTA per half."""
     import re
 
-    from mxq import compiler
+    from mxq.runtime import inspection
 
     def bwd():
         return mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
 
-    default = compiler.ptx_of(bwd().inner, arch, "bf16", "vec")
-    one = compiler.ptx_of(_one_cta(bwd()), arch, "bf16", "vec")
-    two = compiler.ptx_of(_one_cta(bwd(), one=False), arch, "bf16", "vec")
+    default = inspection.ptx_of(bwd().inner, arch, "bf16", "vec")
+    one = inspection.ptx_of(_one_cta(bwd()), arch, "bf16", "vec")
+    two = inspection.ptx_of(_one_cta(bwd(), one=False), arch, "bf16", "vec")
     assert default == one
     # one CTA stores both halves: twice the packed kernel's FP8 vector stores, two barriers more
     assert len(re.findall(r"st\.global\.v2\.b32", one)) == 2 * len(re.findall(r"st\.global\.v2\.b32", two))

@@ -478,8 +478,8 @@ def _bias_gelu_in(x, b):
 def _spy_variants(monkeypatch) -> list:
     """The variants the calls made after this ask compiled functions of, in order, on both
     routes (the C++ dispatcher's callback into Python and the Python binding)."""
-    from mxq import compiler
-    from mxq import launch as binding
+    from mxq.runtime import compiler
+    from mxq.runtime import launch as binding
 
     asked = []
     real = compiler.native_function
@@ -515,7 +515,7 @@ def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, for
     opts, fn = case
     op = mxq.fused_quant(**opts)(fn)
     if form == "other":
-        from mxq import codegen
+        from mxq.frontend import codegen
 
         chunks = codegen.kernel_config(op.spec, op.epilogue, None).vec_unaligned_chunks
         op._tuning = Tuning(vec_unaligned_copy="words" if chunks else "chunks")

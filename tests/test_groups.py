@@ -1,4 +1,4 @@
-"""Grouped quantize (mxq/groups.py): colwise blocks restart at every group. On CPU (the reference,
+"""Grouped quantize (mxq/formats/groups.py): colwise blocks restart at every group. On CPU (the reference,
 against tests/oracle.py and independent rearrangements), and marked gpu the grouped kernels
 (mxq/kernels/grouped.py) against the reference; their CPU counterparts are the compile test below
 and tests/test_kernels.py's host checks of the tile rules."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mxq
-from mxq import groups
+from mxq.formats import groups
 from mxq.kernels import config as kconfig
 from mxq.testing import compare, planted, poisoned, same_bytes, v_abs_sum
 
@@ -200,7 +200,7 @@ def test_groups_with_a_second_epilogue_tensor():
     """CPU counterpart of test_grouped_kernels_with_extra_operands: with a bias [N] or strided
     halves, group k of the grouped result is the op on its rows alone (the reference), and the
     grouped kernels for those operand layouts compile."""
-    from mxq import compiler
+    from mxq.runtime import inspection
 
     op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu", dbias=True)(_plus_gelu)
     sizes = [45, 0, 100, 31]
@@ -219,7 +219,7 @@ def test_groups_with_a_second_epilogue_tensor():
             assert compare(part, alone, exact=True) == [], k
             start += size
     for layouts in (("full", "row"), ("strided", "strided")):
-        ptx = compiler.ptx_of(op, "sm_90a", "bf16", "vec_grouped", layouts=layouts)
+        ptx = inspection.ptx_of(op, "sm_90a", "bf16", "vec_grouped", layouts=layouts)
         assert ptx.count(".entry") == 3  # the quantize kernel, dbias_kernel's two forms
 
 
@@ -386,17 +386,17 @@ def test_grouped_kernel_runs_without_a_fallback_warning(monkeypatch):
 def test_grouped_kernels_compile(variant, arch):
     """CPU counterpart of the GPU tests above: the grouped kernels compile for Hopper and
     Blackwell, read the group ends and (vectorised) keep their 16-byte accesses."""
-    from mxq import compiler
+    from mxq.runtime import inspection
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dbias=True, scale_layout="swizzled")(_ident)
     def wide_accesses(ptx):  # 16-byte loads, 8-byte FP8 stores
         return sum(ptx.count(k) for k in ("ld.global.v4.b32", "ld.global.v2.b64", "st.global.v2.b32"))
 
     for dtype in ("bf16", "fp32"):
-        ptx = compiler.ptx_of(op, arch, dtype, variant)
+        ptx = inspection.ptx_of(op, arch, dtype, variant)
         assert ptx.count(".entry") == 3  # the quantize kernel and the per-group dbias reduction's two forms
         if variant == "vec_grouped":  # vector accesses survive the arbitrary first row
-            assert wide_accesses(ptx) == wide_accesses(compiler.ptx_of(op, arch, dtype, "vec")) > 0
+            assert wide_accesses(ptx) == wide_accesses(inspection.ptx_of(op, arch, dtype, "vec")) > 0
 
 
 def test_workspace_rows_by_hand():

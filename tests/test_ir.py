@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from mxq import ir
+from mxq.frontend import ir
 
 from .conftest import deadline
 
@@ -142,7 +142,7 @@ def test_nodes_are_validated_and_immutable():
 _FINGERPRINT_SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
-from mxq import ir
+from mxq.frontend import ir
 x = ir.TensorArg("x", 0)
 e = ir.Binary("add", ir.Binary("mul", x, ir.Const(0.0)), ir.Binary("mul", x, ir.Const(-0.0)))
 for _ in range(50):

@@ -1,9 +1,9 @@
-"""mxq/launch.py on the CPU: which compiled variant a call's tensors get (variant_for). The GPU
+"""mxq/runtime/launch.py on the CPU: which compiled variant a call's tensors get (variant_for). The GPU
 side (each variant's bytes against the reference): tests/test_gpu.py."""
 
 import torch
 
-from mxq.launch import variant_for
+from mxq.runtime.launch import variant_for
 
 
 def _at(nbytes_off: int, shape, dtype, row_stride=None):

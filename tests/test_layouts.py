@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mxq import layouts
+from mxq.formats import layouts
 
 from . import oracle
 

@@ -1,4 +1,4 @@
-"""mxq/math.py: the eager functions of the epilogue language (their values are checked through
+"""mxq/frontend/math.py: the eager functions of the epilogue language (their values are checked through
 the reference in test_reference.py and test_ir.py); here, that importing mxq settles PyTorch's
 CPU kernel choice before the reference's first parallel call (math.resolve_cpu_dispatch)."""
 
@@ -32,7 +32,7 @@ def test_every_function_of_the_table_is_called_at_import():
                 return real[_name](a, **kw)
             setattr(torch, name, spy)
         torch.set_default_device("meta")  # a user's default device must not take the warm-up
-        import mxq.math as m
+        import mxq.frontend.math as m
         seen = {(n, d) for n, d, k, dev in calls if k == 1 and dev == "cpu"}
         want = {(n, d) for n in m.UNARY for d in (torch.float32, torch.float64)}
         print("missing", sorted(str(w) for w in want - seen))

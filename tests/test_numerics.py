@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from mxq import numerics
-from mxq.numerics import FORMATS, cast_to_fp8, e8m0_from_amax, e8m0_to_inv_scale, quantize_blocks
+from mxq.formats import numerics
+from mxq.formats.numerics import FORMATS, cast_to_fp8, e8m0_from_amax, e8m0_to_inv_scale, quantize_blocks
 
 from . import oracle
 
@@ -143,7 +143,7 @@ def test_rceil_never_saturates_and_scales_cover_amax():
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_every_nan_encodes_as_0x7f_whatever_its_sign(fmt):
-    from mxq.numerics import FORMATS, cast_to_fp8
+    from mxq.formats.numerics import FORMATS, cast_to_fp8
 
     bits = torch.tensor([0x7FC00000, -0x400000, 0x7F800001, -0x7FFFFF, -1], dtype=torch.int32)  # +-qNaN, +-sNaN
     y = bits.view(torch.float32)

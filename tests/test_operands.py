@@ -1,4 +1,4 @@
-"""Operand layouts (mxq/operands.py): broadcast operands and strided views, on CPU -- the
+"""Operand layouts (mxq/runtime/operands.py): broadcast operands and strided views, on CPU -- the
 reference's semantics against hand-made expectations, validation, the binding and the compiled
 kernels' loads. GPU side: tests/test_gpu.py::test_broadcast_and_strided_operands_match_reference."""
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import mxq
-from mxq import compiler, operands
+from mxq.runtime import inspection, operands, targets
+from mxq.runtime.call import Call
 
 from . import oracle
 
@@ -76,9 +77,9 @@ def test_strided_views_and_copies():
     """x[:, :N] of a [M, 2N] tensor is a strided full operand (no copy); other non-contiguous
     inputs are copied with a warning, refused under MXQ_STRICT=1."""
     base = torch.randn(16, 128)
-    kinds = mxq.runtime.operand_layouts([base[:, :64], base[:, 64:]], None)[2]
+    kinds = mxq.runtime.validation.operand_layouts([base[:, :64], base[:, 64:]], None)[2]
     assert kinds == ("strided", "strided")
-    ts, _, kinds = mxq.runtime.operand_layouts([base[:, :64], base[:, ::2]], None)
+    ts, _, kinds = mxq.runtime.validation.operand_layouts([base[:, :64], base[:, ::2]], None)
     assert kinds == ("strided", "full") and ts[1].is_contiguous()
     op = mxq.fused_quant()(_add)
     assert torch.equal(op(base[:, :64], base[:, 64:]).rowwise_data.view(torch.uint8),
@@ -87,13 +88,13 @@ def test_strided_views_and_copies():
 
 def test_binding_passes_broadcast_operands_as_stride_zero_views(monkeypatch, tmp_path):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compiler, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")
     op = mxq.fused_quant(colwise=True)(_mul_add)
     x = torch.randn(64, 96, dtype=torch.bfloat16)
     s, b = torch.rand(64, 1, dtype=torch.bfloat16), torch.randn(96, dtype=torch.bfloat16)
-    tensors, act, kinds = mxq.runtime.operand_layouts([x, s, b], None)
+    tensors, act, kinds = mxq.runtime.validation.operand_layouts([x, s, b], None)
     assert kinds == ("full", "col", "row")
-    fn, args, out = op._launcher_for(x).bind(tensors, [], act, None, None, kinds)
+    fn, args, out = op._launcher_for(x).bind(Call(tensors, [], act), kinds)
     assert fn is not None
     assert args[0].stride() == (96, 1) and args[1].stride() == (1, 0) and args[2].stride() == (0, 1)
     assert args[1].data_ptr() == s.data_ptr() and args[2].data_ptr() == b.data_ptr()
@@ -106,7 +107,7 @@ def test_a_row_operand_is_loaded_once_per_tile(arch):
     op = mxq.fused_quant(colwise=True, act="gelu")(_add)
 
     def body(kinds):
-        ptx = compiler.ptx_of(op, arch, "bf16", "vec", kinds)
+        ptx = inspection.ptx_of(op, arch, "bf16", "vec", kinds)
         start = ptx.index(".entry kernel_cutlass_packed_kernel")
         return ptx[start:]
 
@@ -129,6 +130,6 @@ def test_swiglu_over_half_views_compiles_for_the_fast_kernels(arch):
     tensor compiles to the packed kernel with both operands staged, read in place. (On sm_90 the
     local ptxas reports a 4-byte spill at 80 registers: its speed is still to be measured.)"""
     op = mxq.fused_quant(rowwise=True, colwise=True)(_swiglu)
-    art = compiler.compile_artifacts(op, arch, "bf16", "vec", ("strided", "strided"))
+    art = inspection.compile_artifacts(op, arch, "bf16", "vec", ("strided", "strided"))
     body = art["ptx"][art["ptx"].index(".entry kernel_cutlass_packed_kernel"):]
     assert body.count("cp.async.cg.shared.global") == 16  # 8 rows x (gate, up)

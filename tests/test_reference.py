@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import mxq
-from mxq import activations, layouts
+from mxq.frontend import activations
+from mxq.formats import layouts
 from mxq.tensor import flat_dims
 
 from . import oracle
@@ -46,7 +47,7 @@ def test_matches_oracle_bytes(fmt, mode, shape, scale, dtype):
     t = mxq.quantize(x, fp8=fmt, scale_mode=mode, rowwise=True, colwise=True)
     rd, rs, cd, cs = oracle_both(x.reshape(m, n), fmt, mode)
     assert t.rowwise_data.shape == x.shape and t.colwise_data.shape == x.shape
-    assert t.rowwise_data.dtype == mxq.numerics.FORMATS[fmt].torch_dtype
+    assert t.rowwise_data.dtype == mxq.formats.numerics.FORMATS[fmt].torch_dtype
     assert bytes_of(t.rowwise_data.reshape(m, n)) == rd
     assert t.rowwise_scale.tolist() == rs
     assert bytes_of(t.colwise_data.reshape(m, n)) == cd
@@ -223,20 +224,20 @@ def _f64_dact(name, x):
     return torch.where(x > 0, 2 * x, 0.0)
 
 
-@pytest.mark.parametrize("name", mxq.spec.ACTIVATIONS)
+@pytest.mark.parametrize("name", mxq.frontend.spec.ACTIVATIONS)
 def test_activation_formulas(name):
     x = torch.linspace(-6, 6, 1001, dtype=torch.float32)
     fwd = activations.FORWARD[name](x)  # eager torch
-    ir_fwd = mxq.ir.evaluate(activations.act_ir(name).expr, [x], [])
+    ir_fwd = mxq.frontend.ir.evaluate(activations.act_ir(name).expr, [x], [])
     assert torch.equal(fwd, ir_fwd), "eager and IR evaluation are the same computation"
     assert torch.allclose(fwd.double(), _f64_act(name, x.double()), rtol=1e-5, atol=1e-6)
-    bwd = mxq.ir.evaluate(activations.dact_ir(name).expr, [x], [])
+    bwd = mxq.frontend.ir.evaluate(activations.dact_ir(name).expr, [x], [])
     assert torch.allclose(bwd.double(), _f64_dact(name, x.double()), rtol=1e-5, atol=1e-5)
 
 
 def test_relu_family_specials():
     x = torch.tensor([float("nan"), -0.0, 0.0, -1.0, 2.0, float("inf"), -float("inf")])
-    ev = lambda ep: mxq.ir.evaluate(ep.expr, [x], []).tolist()  # noqa: E731
+    ev = lambda ep: mxq.frontend.ir.evaluate(ep.expr, [x], []).tolist()  # noqa: E731
     assert ev(activations.act_ir("relu"))[1:] == [0.0, 0.0, 0.0, 2.0, math.inf, 0.0]
     assert ev(activations.act_ir("relu"))[0] == 0.0
     assert math.copysign(1, ev(activations.act_ir("relu"))[1]) == 1.0  # -0 -> +0
@@ -259,7 +260,7 @@ def test_act_and_dact_pipeline(dtype, name):
     _, col_scale = _oracle_rows(v.t())
     assert torch.equal(fwd.colwise_scale, col_scale.t())
     bwd = mxq.fused_quant(dact=name, dbias=True)(_ident)(g, act_input=x)
-    v = g.float() * mxq.ir.evaluate(activations.dact_ir(name).expr, [x.float()], [])
+    v = g.float() * mxq.frontend.ir.evaluate(activations.dact_ir(name).expr, [x.float()], [])
     assert torch.equal(bwd.dbias, v.sum(0, dtype=torch.float64).float().to(dtype))
     if dtype != torch.float32:
         v = v.to(dtype).float()

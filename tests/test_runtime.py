@@ -7,7 +7,7 @@ import torch
 
 import mxq
 from mxq.tensor import data_rows
-from mxq import runtime
+from mxq.runtime import validation as runtime
 
 
 def test_fallback_warns_once_per_reason(monkeypatch):
@@ -150,7 +150,7 @@ def test_quantize_takes_the_fast_path_itself():
     """mxq.quantize checks the fast path before calling its op (one layer of Python less on the
     host-time path); noop=/out= calls still take the checked path."""
     from mxq.op import _quantize_op
-    from mxq.spec import QuantSpec
+    from mxq.frontend.spec import QuantSpec
 
     op = _quantize_op(QuantSpec(fp8="e5m2", rowwise=False, colwise=True, scale_mode="floor"))
     fake = op._fast[(torch.float16, -1)] = _RecordingLauncher()
@@ -185,10 +185,11 @@ def test_python_binding_puts_every_tensor_in_its_slot(monkeypatch, tmp_path):
     """Launcher.bind (what prepare() launches): each kernel argument is the tensor of its slot
     in the table, by data pointer -- a binder that swapped the rowwise and colwise buffers fails
     here on CPU (GPU side: tests/test_gpu.py::test_prepare_matches_reference)."""
-    from mxq import compiler, slots
+    from mxq.runtime import slots, targets
+    from mxq.runtime.call import Call
 
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compiler, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")
 
     def axr(x, r, alpha: float = 1.0):
         return x * alpha + r
@@ -197,7 +198,7 @@ def test_python_binding_puts_every_tensor_in_its_slot(monkeypatch, tmp_path):
     x, r, a = (torch.randn(64, 96, dtype=torch.bfloat16) for _ in range(3))
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     noop = torch.zeros(1)
-    fn, args, got_out = op._launcher_for(x).bind([x, r], [0.5], a, noop, out)
+    fn, args, got_out = op._launcher_for(x).bind(Call([x, r], [0.5], a, noop, out))
     assert got_out is out and fn is not None
     want = {"mIn0": x, "mIn1": r, "mActIn": a, "mRowData": out.rowwise_data, "mRowScale": out.rowwise_scale,
             "mColData": out.colwise_data, "mColScale": out.colwise_scale, "mAmax": out.amax, "mDbias": out.dbias,

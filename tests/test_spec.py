@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from mxq import QuantSpec
-from mxq.spec import ACTIVATIONS, DTYPE_NAMES
+from mxq.frontend.spec import ACTIVATIONS, DTYPE_NAMES
 
 
 def all_specs():

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from mxq.targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
+from mxq.runtime.targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
 
 ARCHS = ("sm_89", "sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_103f", "sm_110a", "sm_110f",
          "sm_120a", "sm_120f", "sm_121a", "sm_121f")

@@ -1,4 +1,4 @@
-"""mxq under torch.compile (mxq/torch_ops.py), on CPU: one operator node per call, no graph
+"""mxq under torch.compile (mxq/integrations/torch_ops.py), on CPU: one operator node per call, no graph
 break (fullgraph=True), static and dynamic shapes, the same bytes as eager; the operator passes
 torch.library.opcheck; MXFP8Tensor is a pytree node (an input and an output of compiled code)."""
 
@@ -11,7 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 
 import mxq
-from mxq import torch_ops
+from mxq.integrations import torch_ops
 from mxq.testing import compare
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import torch
 
 import mxq
 import mxq.testing
-from mxq import runtime
+from mxq.runtime import validation
 
 
 def _ident(x):
@@ -282,7 +282,7 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference(monkeypat
     # the op's own tuning counts (read on first use, as its source is): 8 warps of the unaligned
     # kernel take 2048 bytes more than 4 (Tuning.unaligned_warps); with a limit between the two,
     # 13 tensors without dbias fit 4 warps and not 8
-    from mxq import codegen
+    from mxq.frontend import codegen
     from mxq.kernels import config as kconfig
     from mxq.kernels.config import Tuning
 
@@ -323,7 +323,7 @@ def test_packed_shared_bytes_counts_the_allocations():
     256 x 4 = 1024, parked units 4 warps x 64 words = 1024; at its default 8 warps: maxima 8 x 128
     words = 4096, parked units 8 warps x 32 words = 1024; aligned plain casts stage nothing
     (2048 + 1024)."""
-    from mxq import codegen
+    from mxq.frontend import codegen
     from mxq.kernels.config import Tuning
 
     both = mxq.fused_quant(rowwise=True, colwise=True)(_ident_for_smem)
@@ -348,11 +348,12 @@ def test_fp32_unaligned_rows_fit_shared_memory():
     32768 per input, chunks 32 x 260 x 4 = 33280, plus 1024 of inverse column scales. Seven
     inputs fit as words (230400) but not as chunks (233984 > 232448: the kernel would not
     launch), so they take words; eight fit neither and run the element-wise kernel."""
-    from mxq import codegen, compiler
+    from mxq.frontend import codegen
+    from mxq.runtime import inspection
     from mxq.kernels.config import SMEM_LIMIT, Tuning
 
     def smem(op):
-        return compiler.compile_artifacts(op, "sm_90", "fp32", "rows8")["mlir"]
+        return inspection.compile_artifacts(op, "sm_90", "fp32", "rows8")["mlir"]
 
     for copy, want in (("words", 32768 + 1024), ("chunks", 33280 + 1024)):
         one = mxq.fused_quant(rowwise=True, colwise=True)(_ident_for_smem)
@@ -368,7 +369,7 @@ def test_fp32_unaligned_rows_fit_shared_memory():
     assert f"constant({7 * 32768 + 1024} : i64)" in smem(seven)
     eight = mxq.fused_quant(rowwise=True, colwise=True)(_eight_for_smem)
     assert not codegen.kernel_config(eight.spec, eight.epilogue, None).vec_unaligned
-    assert "generic_kernel" in compiler.compile_artifacts(eight, "sm_90", "fp32", "rows8")["ptx"]
+    assert "generic_kernel" in inspection.compile_artifacts(eight, "sm_90", "fp32", "rows8")["ptx"]
     with pytest.raises(ValueError, match="vec_unaligned_copy"):
         Tuning(vec_unaligned_copy="chunk")
 
@@ -387,7 +388,7 @@ def _grad_warnings(fn):
 def test_inputs_that_require_grad_warn_once_per_op_and_argument(monkeypatch):
     """No autograd graph through mxq: a UserWarning naming the argument, pointing at the caller's
     line and at the autograd.Function pattern, once per op and argument (issue 37 item 5)."""
-    monkeypatch.setattr(runtime, "_warned", set())
+    monkeypatch.setattr(validation, "_warned", set())
     x, r = torch.randn(64, 32), torch.randn(64, 32, requires_grad=True)
     op = mxq.fused_quant(colwise=True)(two)
     got = _grad_warnings(lambda: [op(x, r), op(x, r), op(x, r, alpha=0.5)])
@@ -406,7 +407,7 @@ def test_inputs_that_require_grad_warn_once_per_op_and_argument(monkeypatch):
 def test_no_grad_warning_where_no_graph_is_expected(monkeypatch):
     """Under torch.no_grad() and in an autograd.Function's forward (examples/train_mlp.py) an
     input that requires grad is expected: no warning."""
-    monkeypatch.setattr(runtime, "_warned", set())
+    monkeypatch.setattr(validation, "_warned", set())
     w = torch.nn.Parameter(torch.randn(64, 32))
 
     class Quantized(torch.autograd.Function):
@@ -429,7 +430,7 @@ def test_no_grad_warning_where_no_graph_is_expected(monkeypatch):
 def test_the_fast_path_does_not_skip_the_grad_warning(monkeypatch):
     """A call that may skip the checks (FusedOp._fast, filled by an earlier checked CUDA call)
     still warns for an input that requires grad."""
-    monkeypatch.setattr(runtime, "_warned", set())
+    monkeypatch.setattr(validation, "_warned", set())
     op = mxq.fused_quant()(_ident)
     x = torch.randn(64, 32)
     monkeypatch.setitem(op._fast, (x.dtype, x.get_device()), type("Launcher", (), {"call_alloc": lambda *a: "fast"})())

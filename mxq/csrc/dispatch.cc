@@ -9,7 +9,7 @@
 // to compile or load the kernel). On CPU tensors it calls the torch reference (Python), so C++
 // callers can be tested without a GPU; grouped calls (group_offsets given and not None) and
 // calls with broadcast or strided epilogue tensors go to Python's binding of the kernels
-// (mxq/ffi.py, _python_callback). Errors are tvm::ffi::Error with a Python kind.
+// (mxq/runtime/ffi.py, _python_callback). Errors are tvm::ffi::Error with a Python kind.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/string.h>
@@ -25,7 +25,7 @@
 #include <tuple>
 #include <vector>
 
-#include "scale_sizes.h"  // (mxq/ffi.py puts the headers' text here: load_inline builds one source)
+#include "scale_sizes.h"  // (mxq/runtime/ffi.py puts the headers' text here: load_inline builds one source)
 #include "spans.h"
 
 namespace ffi = tvm::ffi;
@@ -52,7 +52,7 @@ struct State {
   int64_t unit = 8, pad = 16;
 };
 
-// The kernel variants this route launches, in the order the resolve callback (mxq/ffi.py) names them.
+// The kernel variants this route launches, in the order the resolve callback (mxq/runtime/ffi.py) names them.
 enum Variant { kGeneric = 0, kVec = 1, kRows8 = 2 };
 
 // Owning ffi::Tensor objects that alias memory the caller owns (the generated kernels decode

@@ -1,4 +1,4 @@
-// The argument check of an exported library's functions (mxq/export.py), before the compiled
+// The argument check of an exported library's functions (mxq/runtime/export.py), before the compiled
 // kernel function runs.
 //
 // A function exported by CuTeDSL checks what its signature can say: dtypes, devices, alignment,
@@ -27,7 +27,7 @@
 
 namespace mxq_export {
 
-// The roles of mxq/slots.py's kernel slot table (Slot.role) that have a size to check here, or
+// The roles of mxq/runtime/slots.py's kernel slot table (Slot.role) that have a size to check here, or
 // that the check reads (the first input, the group ends); every other slot is kOther.
 enum Role : int {
   kOther = 0,
@@ -50,7 +50,7 @@ inline bool Writes(int role) {
 }
 
 // One exported function: its argument roles and names (the header's), its scale layout,
-// whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/gated.py; else W = N), and the
+// whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/frontend/gated.py; else W = N), and the
 // most groups a grouped call may have (groups.MAX_GROUPS).
 struct Function {
   const char* name;

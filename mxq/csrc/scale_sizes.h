@@ -1,7 +1,7 @@
 // The sizes of mxq's scale buffers and dbias workspace, for the C++ code that checks a caller's
 // buffers: the registered dispatcher (dispatch.cc) and every exported library's argument check
-// (export_check.h). Python's definitions: mxq/layouts.py (rowwise_scale_shape,
-// colwise_scale_shape) and mxq/groups.py (the grouped buffers); tests/test_export_check.py holds
+// (export_check.h). Python's definitions: mxq/formats/layouts.py (rowwise_scale_shape,
+// colwise_scale_shape) and mxq/formats/groups.py (the grouped buffers); tests/test_export_check.py holds
 // the two equal. `groups` < 0: an ungrouped call; else G, the number of row groups.
 #ifndef MXQ_SCALE_SIZES_H_
 #define MXQ_SCALE_SIZES_H_

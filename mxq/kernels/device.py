@@ -15,7 +15,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 from cutlass.cute.math import RoundingMode
 
-from ..numerics import FORMATS
+from ..formats.numerics import FORMATS
 
 RN = RoundingMode.NEAREST_EVEN
 

@@ -10,7 +10,7 @@ activation, its second half u multiplies it. With the op's epilogue E applied el
   quantized as one [..., 2N] tensor (dbias over 2N columns).
 
 Both are ordinary fused ops over views of the halves, built here as derived epilogues from the
-op's own IR and the activations' one definition (mxq/activations.py):
+op's own IR and the activations' one definition (mxq/frontend/activations.py):
 
 - the forward op's epilogue takes each tensor parameter twice (its gate half, then its up half):
   a user epilogue ``act(g) * u`` over ``x[..., :N]`` and ``x[..., N:]`` computes the same bytes;
@@ -109,5 +109,16 @@ def signature(epilogue: Epilogue) -> inspect.Signature:
     return inspect.Signature([P(n, P.POSITIONAL_OR_KEYWORD) for n in epilogue.param_order])
 
 
-__all__ = ["GATED", "HALF", "backward_epilogue", "forward_epilogue", "is_gated", "is_halves", "launch_scalars",
-           "out_shape"]
+def function_of(epilogue: Epilogue):
+    """A function standing for a derived epilogue: its name and signature are what FusedOp binds
+    calls by (it runs the IR; the function itself is never called)."""
+    def derived_fn(*args):
+        raise TypeError("mxq: internal derived epilogue")
+
+    derived_fn.__signature__ = signature(epilogue)
+    derived_fn.__name__ = derived_fn.__qualname__ = epilogue.name
+    return derived_fn
+
+
+__all__ = ["GATED", "HALF", "backward_epilogue", "forward_epilogue", "function_of", "is_gated", "is_halves",
+           "launch_scalars", "out_shape"]

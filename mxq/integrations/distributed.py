@@ -21,7 +21,7 @@ Row groups (``group_offsets``, a plain or replicated tensor) go with Shard(-1) a
 every rank holds every row and runs the groups on its columns; the grouped colwise scales [M //
 32 + G, N] and dbias [G, N] are Shard(1) under a column split. A row split is refused.
 
-Under torch.compile the same code traces (FusedOp._local_call: the torch operator on the local
+Under torch.compile the same code traces (FusedOp._route: the torch operator on the local
 shards; DTensor.from_local around its outputs), so a compiled DTensor call has no graph break.
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from .tensor import MXFP8Tensor, flat_dims
+from ..tensor import MXFP8Tensor, flat_dims
 
 
 def _name(p) -> str:
@@ -38,10 +38,6 @@ def _name(p) -> str:
     if isinstance(p, Shard):
         return f"Shard({p.dim})"
     return f"{type(p).__name__}()"
-
-
-def has_dtensor(tensors, act_input=None) -> bool:
-    return any(isinstance(t, DTensor) for t in tensors) or isinstance(act_input, DTensor)
 
 
 def _placement(x: DTensor, name: str):
@@ -99,11 +95,12 @@ def _local(t, mesh, placement, name):
     return t
 
 
-def call(op, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP8Tensor:
-    """Run ``op`` on the local shards of DTensor inputs and wrap its outputs (of
-    ``op.output_shape``) as DTensors. A gated op's halves lie along the columns: it takes row
-    splits and replicas only. ``group_offsets`` (row groups) go with column splits and replicas:
-    every rank holds every row, so each runs the groups on its columns."""
+def call(op, call) -> MXFP8Tensor:
+    """Run ``op`` on the local shards of ``call``'s DTensor inputs (a mxq/runtime/call.py Call)
+    and wrap its outputs (of ``op.output_shape``) as DTensors. A gated op's halves lie along the
+    columns: it takes row splits and replicas only. ``group_offsets`` (row groups) go with column
+    splits and replicas: every rank holds every row, so each runs the groups on its columns."""
+    tensors, scalars, act_input, noop, out, group_offsets = call
     x = tensors[0]
     if not isinstance(x, DTensor):
         if isinstance(group_offsets, DTensor) and not any(isinstance(t, DTensor) for t in (*tensors, act_input)):
@@ -141,7 +138,8 @@ def call(op, tensors, scalars, act_input, noop, out, group_offsets=None) -> MXFP
     x0 = local[0]
     out = MXFP8Tensor.empty(spec, op.output_shape(x0.shape), x0.dtype, x0.device, zeroed=noop is not None,
                             row_align=1, group_offsets=group_offsets)
-    t = op._local_call(local, scalars, act, noop, out, group_offsets)
+    t = op._route(call._replace(tensors=local, act_input=act, noop=noop, out=out, group_offsets=group_offsets),
+                  shards=True)
     gshape = torch.Size(op.output_shape(x.shape))
     m, n = flat_dims(gshape)
 
@@ -311,4 +309,4 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
                        out.get("colwise_scale"), out.get("amax"), out.get("dbias"), t.fp8, t.scale_layout, shape)
 
 
-__all__ = ["all_gather", "call", "has_dtensor"]
+__all__ = ["all_gather", "call"]

@@ -10,14 +10,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, _compile_cxx, _link_shared, compile_op, runtime_libraries
-from . import gated, groups, slots, targets
-from .kernels.config import UNIT
-from .numerics import dbias_partial_dtype
+from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, compile_op
+from .toolchain import compile_cxx, link_shared, runtime_libraries
+from ..frontend import gated
+from ..formats import groups
+from . import slots, targets
+from ..kernels.config import UNIT
+from ..formats.numerics import dbias_partial_dtype
 
 
 # How a C++ caller passes an epilogue tensor of each operand kind (the compiler's LAYOUT_CODES,
-# mxq/operands.py): always as an [M, N] tensor, with these strides (torch: the expand() / slice of
+# mxq/runtime/operands.py): always as an [M, N] tensor, with these strides (torch: the expand() / slice of
 # the tensor it has). tests/test_cache.py holds the two key sets equal.
 OPERAND_DOC = {
     "full": "contiguous",
@@ -62,6 +65,38 @@ def check_name(name) -> str:
     return name
 
 
+def gated_args(spec, epilogue, inner_epilogue, kinds, n_multiple: int):
+    """(the inner op's operand kinds, the header note) of a gated op's export (mxq/frontend/gated.py;
+    ``kinds``: the gated op's own tensors' kinds). Forward: every tensor's two halves, gate halves
+    first. Backward: the gradient(s) as they are, then act_input's two halves."""
+    if spec.act is not None:
+        halves = tuple("strided" if k == "full" else k for k in kinds)
+        params = epilogue.tensor_params
+        gate, up = inner_epilogue.tensor_params[:len(params)], inner_epilogue.tensor_params[len(params):]
+
+        def how(p, k, g, u):  # how tensor p of kind k reaches the arguments g (gate) and u (up)
+            if k in ("col", "scalar"):
+                return f"{g} and {u} both take {p} (a {k} operand serves both halves)"
+            if k == "row":
+                return f"{g} = {p}[:N], {u} = {p}[N:] (as [M, N] views of strides (0, 1))"
+            return f"{g} = {p}[:, :N], {u} = {p}[:, N:]"
+
+        which = "; ".join(how(p, k, g, u) for p, k, g, u in zip(params, kinds, gate, up))
+        return halves * 2, (f"Gated op {epilogue.name} (act={spec.act!r}): its [M, 2N] tensors go in as "
+                            f"their two halves, every gate half first, then every up half: {which}. The outputs are "
+                            f"[M, N].")
+    params = ", ".join(epilogue.tensor_params)
+    need = (f"N must be a multiple of {n_multiple} (rowwise blocks may not straddle the halves; the functions "
+            f"check it), " if n_multiple > 1 else "")
+    note = (f"Gated backward {epilogue.name} (dact={spec.dact!r}): the arguments are the incoming "
+            f"gradient ({params}, [M, N]), then act_input (the forward's [M, 2N] input) as its two halves, "
+            f"_mxq_gate = act_input[:, :N] and _mxq_up = act_input[:, N:] (strided views). The outputs hold "
+            f"both halves' gradients side by side: rowwise and colwise data [M, 2N], scale buffers, dbias and "
+            f"its workspace sized for 2N columns, as listed below (checked). {need}\"_rows8\" also needs "
+            f"N % {UNIT} == 0 (checked).")
+    return (*kinds, "strided", "strided"), note
+
+
 def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None, grouped: bool = False,
            operands=None, note: str = "", n_multiple: int = 1) -> dict:
     """Write ``lib<name>.so`` (its kernel variants, cubin embedded) and ``<name>.h`` to ``directory``;
@@ -73,7 +108,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     the header documents; no Python is involved. ``grouped``: also ``<name>_grouped`` and
     ``<name>_vec_grouped``, the grouped kernels (int32 group ends last; docs/NUMERICS.md, "Groups").
     ``operands``: the kind of each epilogue tensor ("full", "strided", "row", "col", "scalar";
-    mxq/operands.py), for kernels that read a bias [N] once per tile and the like (the header says
+    mxq/runtime/operands.py), for kernels that read a bias [N] once per tile and the like (the header says
     which strides each kind takes); default all full. ``note``: a paragraph for the header.
     ``n_multiple``: every function refuses an N that is not a multiple of it (a gated backward's
     rowwise blocks must not straddle its halves); a two-halves op's ``_rows8`` also needs N % 8
@@ -105,7 +140,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         lib = out / f"lib{name}.so"
         # relocatable: the runtime libraries it needs are copied beside it and found through
         # RUNPATH $ORIGIN, so the directory can move to a machine without this Python environment
-        _link_shared(objects, lib, rpaths=["$ORIGIN"], flags=[f"-Wl,--version-script={script}"])
+        link_shared(objects, lib, rpaths=["$ORIGIN"], flags=[f"-Wl,--version-script={script}"])
     runtime = []
     for src in runtime_libraries():
         dst = out / Path(src).name
@@ -122,7 +157,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
 # check of csrc/export_check.h in front of one of them (_compile_checks).
 UNCHECKED = "_mxq_unchecked_"
 
-# mxq/slots.py's roles -> export_check.h's Role enumerators (kOther for the rest; the first
+# mxq/runtime/slots.py's roles -> export_check.h's Role enumerators (kOther for the rest; the first
 # input, kInput0, is found by its index)
 _CHECK_ROLES = {"rowwise_data": "kRowData", "rowwise_scale": "kRowScale", "colwise_data": "kColData",
                 "colwise_scale": "kColScale", "dbias": "kDbias", "dbias_workspace": "kWorkspace",
@@ -157,8 +192,8 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_{fname}(void* self, const TVMFFIAny*
 """)
     src, obj = directory / "checks.cc", directory / "checks.o"
     src.write_text("\n".join(parts))
-    csrc = Path(__file__).resolve().parent / "csrc"
-    _compile_cxx(src, obj, [tvm_ffi.libinfo.find_include_path(), str(csrc)])
+    csrc = Path(__file__).resolve().parents[1] / "csrc"
+    compile_cxx(src, obj, [tvm_ffi.libinfo.find_include_path(), str(csrc)])
     return obj
 
 
@@ -181,7 +216,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
                    note: str = "") -> str:
     import textwrap
 
-    from . import __version__
+    from .._version import __version__
 
     spec, epi = op.spec, op.epilogue
     operand_doc = "".join(f"\n *   {f'mIn{i}':<11} ({p}): {OPERAND_DOC[k]}"

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .layouts import LAYOUTS
-from .numerics import FORMATS, SCALE_MODES
+from ..formats.layouts import LAYOUTS
+from ..formats.numerics import FORMATS, SCALE_MODES
 
 ACTIVATIONS = ("gelu", "silu", "relu", "qgelu", "srelu")
-# gated activations (mxq/gated.py): name -> the activation its gate half goes through
+# gated activations (mxq/frontend/gated.py): name -> the activation its gate half goes through
 GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu"}
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPE_NAMES = tuple(DTYPES.values())
@@ -107,7 +107,7 @@ class QuantSpec:
 
     @property
     def gated(self) -> bool:
-        """act or dact is a gated activation (mxq/gated.py)."""
+        """act or dact is a gated activation (mxq/frontend/gated.py)."""
         return self.act in GATED_ACTIVATIONS or self.dact in GATED_ACTIVATIONS
 
     @staticmethod

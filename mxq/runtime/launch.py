@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from . import gated, groups, operands, slots
+from ..formats import groups
+from ..formats.numerics import dbias_partial_dtype
+from ..frontend import gated
+from ..kernels.config import UNIT
+from ..tensor import MXFP8Tensor, data_rows, flat_dims
+from . import operands, slots
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
-from .kernels.config import UNIT
-from .numerics import dbias_partial_dtype
-from .tensor import MXFP8Tensor, data_rows, flat_dims
 
 _noop_zero: dict = {}
 
@@ -31,14 +33,6 @@ def noop_tensor(device):
     if t is None:
         t = _noop_zero[device] = torch.zeros(1, dtype=torch.float32, device=device)
     return t
-
-
-def unsupported(x: torch.Tensor) -> str | None:
-    """Why no kernel can serve CUDA tensor ``x`` (the caller falls back), or None."""
-    m, n = flat_dims(x.shape)
-    if m * n >= 2 ** 31 or m >= 2 ** 31 - 64:
-        return "tensors of 2^31 or more elements are not supported by the kernels yet"
-    return None
 
 
 class Launcher:
@@ -77,10 +71,24 @@ class Launcher:
             fn = self.fns[key] = native_function(self.op, self.arch, self.dtype_name, variant, operand_kinds)
         return fn
 
-    def run(self, tensors, scalars, act_input, noop, out, operand_kinds, group_offsets=None):
-        """A call with broadcast or strided operands (``operand_kinds``: runtime.operand_layouts)
-        or group offsets, through the Python binding (the native dispatcher takes neither)."""
-        fn, args, out = self.bind(tensors, scalars, act_input, noop, out, operand_kinds, group_offsets)
+    def run(self, call, operand_kinds):
+        """A call (mxq/runtime/call.py) with broadcast or strided operands (``operand_kinds``:
+        validation.operand_layouts) or group offsets, through the Python binding (the native
+        dispatcher takes neither)."""
+        return self._launch(*self.bind(call, operand_kinds), call.noop)
+
+    def prepare(self, call, operand_kinds):
+        """``op.prepare``'s (launch, out): the call bound once, ``launch()`` re-running it with no
+        checks (a grouped call re-reads its offsets at every launch: grouped_relaunch)."""
+        fn, fargs, out = self.bind(call, operand_kinds)
+        if fn is None:
+            return (lambda: None), out
+        if call.group_offsets is None:
+            return (lambda: fn(*fargs)), out
+        return grouped_relaunch(fn, fargs, out, call.group_offsets, call.noop, self.op.spec), out
+
+    def _launch(self, fn, args, out, noop):
+        """Launch a bound call; an empty one (no function) still owes dbias its zeros."""
         if fn is not None:
             fn(*args)
         elif self.op.spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
@@ -98,11 +106,12 @@ class Launcher:
                            item(r, 4) if amax else None, item(r, 5) if dbias else None,
                            fp8, layout, args[0].shape)
 
-    def bind(self, tensors, scalars, act_input, noop, out, operand_kinds=None, group_offsets=None):
+    def bind(self, call, operand_kinds=None):
         """(native function, its argument list, out) for one call; launching is ``fn(*args)``.
-        The argument list follows the kernel slot table (mxq/slots.py); ``operand_kinds``: the
-        epilogue inputs' kinds (runtime.operand_layouts; None: all full and contiguous);
-        ``group_offsets``: a grouped call's group ends (the grouped kernels; no host sync)."""
+        The argument list follows the kernel slot table (mxq/runtime/slots.py); ``operand_kinds``: the
+        epilogue inputs' kinds (validation.operand_layouts; None: all full and contiguous); a
+        grouped call's ``group_offsets`` go to the grouped kernels (no host sync)."""
+        tensors, scalars, act_input, noop, out, group_offsets = call
         spec, epi = self.op.spec, self.op.epilogue
         x = tensors[0]
         m, n = flat_dims(x.shape)
@@ -149,22 +158,20 @@ class Launcher:
         variant = variant_for(n, n_out, mats, kinds, (row_data, col_data), grouped)
         return (self._fn(variant, key) if m * n else None), args, out
 
-    def __call__(self, tensors, scalars, act_input, noop, out):
+    def __call__(self, call):
+        """An ordinary call (no group offsets, full contiguous operands): the allocating native
+        route, the destination-passing dispatcher, or the Python binding."""
+        tensors, scalars, act_input, noop, out, _ = call
         x = tensors[0]
         if self.allocates(x, noop, out):
             return self.call_alloc(*tensors, *scalars, act_input, None)
         if out is None:
             out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device)
-        if self.dispatch is not None:  # (out's data: contiguous or padded rows, runtime.check_out)
+        if self.dispatch is not None:  # (out's data: contiguous or padded rows, validation.check_out)
             self.dispatch(*tensors, *scalars, act_input, out.rowwise_data, out.rowwise_scale, out.colwise_data,
                           out.colwise_scale, out.amax, out.dbias, noop)
             return out
-        fn, args, out = self.bind(tensors, scalars, act_input, noop, out)
-        if fn is not None:
-            fn(*args)
-        elif self.op.spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
-            out.dbias.zero_()
-        return out
+        return self._launch(*self.bind(call._replace(out=out)), noop)
 
 
 def variant_for(n: int, n_out: int, mats, kinds, datas, grouped: bool) -> str:
@@ -223,7 +230,7 @@ def _clear_padding(out: MXFP8Tensor, noop) -> None:
 
 def _as_u8_2d(t: torch.Tensor, m: int, n: int) -> torch.Tensor:
     """FP8 data as the kernels' [m, n] bytes: a view of ``t`` (contiguous or padded rows, checked
-    by runtime.check_out), never a copy the kernel would write instead."""
+    by validation.check_out), never a copy the kernel would write instead."""
     u = data_rows(t.view(torch.uint8), m, n)
     if u is None:
         raise ValueError(f"mxq: FP8 data of strides {tuple(t.stride())} is not rows of unit stride")

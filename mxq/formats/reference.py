@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from . import activations, gated, groups, ir, layouts, operands
-from .epilogue import Epilogue
+from ..frontend import activations, gated, ir
+from . import groups, layouts
+from ..runtime import operands
+from ..frontend.epilogue import Epilogue
 from .numerics import quantize_blocks
-from .spec import QuantSpec
-from .tensor import MXFP8Tensor, flat_dims
+from ..frontend.spec import QuantSpec
+from ..tensor import MXFP8Tensor, flat_dims
 
 
 def epilogue_value(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input) -> torch.Tensor:
@@ -27,7 +29,7 @@ def epilogue_value(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_in
     m, n = flat_dims(x.shape)
     flat = [operands.as_matrix(t, operands.kind_of(t.shape, m, n, x.shape), m, n).to(torch.float32)
             for t in tensors]
-    if gated.is_halves(epilogue):  # two halves side by side (mxq/gated.py): the kernels' HALF = 0, 1
+    if gated.is_halves(epilogue):  # two halves side by side (mxq/frontend/gated.py): the kernels' HALF = 0, 1
         user = list(scalars)[:-1]
         return torch.cat([ir.evaluate(epilogue.expr, flat, user + [h]).expand(m, n) for h in (0.0, 1.0)], dim=1)
     v = flat[0] if epilogue.is_identity else ir.evaluate(epilogue.expr, flat, list(scalars))
@@ -40,11 +42,11 @@ def epilogue_value(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_in
     return v
 
 
-def run(spec: QuantSpec, epilogue: Epilogue, tensors, scalars=(), act_input=None, noop=None,
-        out: MXFP8Tensor | None = None, group_offsets=None) -> MXFP8Tensor:
-    """Quantize per ``spec``; inputs are assumed validated (see runtime.check_call). With
-    ``group_offsets`` colwise blocks restart at every group and dbias is per group
-    (mxq/groups.py)."""
+def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
+    """Quantize ``call`` (a mxq/runtime/call.py Call) per ``spec``; its values are assumed
+    validated (see validation.check_call). With ``group_offsets`` colwise blocks restart at every
+    group and dbias is per group (mxq/formats/groups.py)."""
+    tensors, scalars, act_input, noop, out, group_offsets = call
     x = tensors[0]
     shape = gated.out_shape(epilogue, x.shape)
     if out is None:

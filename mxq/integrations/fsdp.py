@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_map_only
 
-from .op import quantize
-from .tensor import MXFP8Tensor
+from ..op import quantize
+from ..tensor import MXFP8Tensor
 
 aten = torch.ops.aten
 

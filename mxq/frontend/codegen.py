@@ -16,12 +16,15 @@ from importlib import resources
 
 import jinja2
 
-from . import activations, gated, ir, slots
+from . import activations, gated, ir
+from ..runtime import slots
 from .epilogue import Epilogue
-from .kernels.config import HALF_TANH_K, KernelConfig, Tuning
+from ..kernels.config import HALF_TANH_K, KernelConfig, Tuning
 from .spec import QuantSpec
 
 TEMPLATE_NAME = "module.py.j2"
+# mxq/ files beside kernels/ and the templates that shape the compiled code (kernels_hash)
+SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "runtime/compiler.py", "runtime/targets.py")
 
 
 def _template_dir():
@@ -31,7 +34,7 @@ def _template_dir():
     except ModuleNotFoundError:
         from pathlib import Path
 
-        return Path(__file__).resolve().parent.parent / "templates"
+        return Path(__file__).resolve().parents[2] / "templates"
 
 
 @lru_cache(maxsize=1)
@@ -48,18 +51,18 @@ def environment() -> jinja2.Environment:
 
 @lru_cache(maxsize=1)
 def kernels_hash() -> str:
-    """Hash of every file that shapes the compiled code (templates, mxq/kernels/*.py, slots.py,
-    numerics.py, compiler.py): part of every generated module, hence of every cache key, so
-    editing any of them recompiles."""
+    """Hash of every file that shapes the compiled code (templates, mxq/kernels/*.py,
+    SHAPING_FILES): part of every generated module, hence of every cache key, so editing any of
+    them recompiles."""
     from pathlib import Path
 
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
+    pkg = Path(__file__).resolve().parents[1]  # mxq/
     files = sorted(_walk(_template_dir(), "templates/"))
-    files += sorted((f"kernels/{p.name}", p) for p in (here / "kernels").glob("*.py"))
-    # (and what else shapes the compiled code: the format constants the kernels read, the fake
-    # compile arguments' alignment and dtypes)
-    files += [(name, here / name) for name in ("slots.py", "numerics.py", "compiler.py")]
+    files += sorted((f"kernels/{p.name}", p) for p in (pkg / "kernels").glob("*.py"))
+    # (and what else shapes the compiled code: the slot table, the format constants the kernels
+    # read, the fake compile arguments' alignment and dtypes, the arch switches they pass)
+    files += [(name, pkg / name) for name in SHAPING_FILES]
     for name, path in files:
         h.update(name.encode())
         h.update(path.read_bytes())

@@ -80,7 +80,7 @@ BINARY = {"maximum": maximum, "minimum": minimum}
 TERNARY = {"where": where}
 FUNCTIONS = {**UNARY, **BINARY, **TERNARY}
 # Functions written in the epilogue language itself (the built-in activations, registered by
-# mxq/activations.py, their one definition): a call expands into their IR, applied to the
+# mxq/frontend/activations.py, their one definition): a call expands into their IR, applied to the
 # argument. mxq.gelu(x) etc. also run eagerly on torch tensors.
 INLINE: dict = {}
 # Functions whose GPU result may differ from torch's in the last bit (NUMERICS "transcendental class").

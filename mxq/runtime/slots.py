@@ -69,8 +69,8 @@ def uses(spec, role: str) -> bool:
 def kernel_slots(spec, n_inputs: int, n_scalars: int, grouped: bool = False, n_out: str = "N") -> tuple[Slot, ...]:
     """The compiled kernel function's positional arguments for ``spec`` and an epilogue with
     ``n_inputs`` tensor and ``n_scalars`` float parameters; ``grouped``: the grouped kernels'
-    (group_offsets; mxq/groups.py gives the grouped buffers' sizes), which take the int32 group
-    ends last. ``n_out``: the outputs' width in the docs ("2N" for a two-halves op, mxq/gated.py)."""
+    (group_offsets; mxq/formats/groups.py gives the grouped buffers' sizes), which take the int32 group
+    ends last. ``n_out``: the outputs' width in the docs ("2N" for a two-halves op, mxq/frontend/gated.py)."""
     compact = spec.scale_layout == "compact"
     w = n_out
     row_scale = f"M * ceil({w}/32)" if compact else f"roundup(M,128) * roundup(ceil({w}/32),4)"

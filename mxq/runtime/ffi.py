@@ -18,9 +18,10 @@ from importlib import resources
 
 import torch
 
-from . import compiler, groups, launch, slots
-from .kernels.config import UNIT
-from .tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
+from . import compiler, launch, slots, targets
+from ..formats import groups
+from ..kernels.config import UNIT
+from ..tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
 
 _lock = threading.RLock()
 _shim = None
@@ -170,7 +171,7 @@ def _resolve_callback(op):
         dtype = by_code.get((int(code), int(bits)))
         if dtype is None:
             raise TypeError(f"mxq: input dtype (DLPack code {code}, {bits} bits) is not float32, float16 or bfloat16")
-        arch = compiler.device_arch(torch.device("cuda", int(device_id)))
+        arch = targets.device_arch(torch.device("cuda", int(device_id)))
         return compiler.native_function(op, arch, dtype, _NATIVE_VARIANTS[int(variant)])
 
     return resolve

@@ -13,10 +13,12 @@ import warnings
 
 import torch
 
-from .epilogue import Epilogue
-from .spec import DTYPES, QuantSpec
-from . import gated, groups, operands
-from .tensor import MXFP8Tensor, data_rows, flat_dims
+from ..frontend.epilogue import Epilogue
+from ..frontend.spec import DTYPES, QuantSpec
+from ..frontend import gated
+from ..formats import groups
+from . import operands
+from ..tensor import MXFP8Tensor, data_rows, flat_dims
 
 
 def _fail_type(name: str, what: str, got) -> None:
@@ -41,10 +43,11 @@ def check_plain_tensor(name: str, t) -> None:
                         f"{' (nested)' if t.is_nested else ''}")
 
 
-def check_call(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input, noop, out,
-               group_offsets=None) -> None:
-    """Raise a TypeError/ValueError naming the first bad argument; return None if all is well
-    (after a one-time warning for an input that requires grad: warn_no_autograd)."""
+def check_call(spec: QuantSpec, epilogue: Epilogue, call) -> None:
+    """Raise a TypeError/ValueError naming the first bad argument of ``call`` (a
+    mxq/runtime/call.py Call); return None if all is well (after a one-time warning for an input
+    that requires grad: warn_no_autograd)."""
+    tensors, scalars, act_input, noop, out, group_offsets = call
     names = epilogue.tensor_params
     first = None
     for name, t in zip(names, tensors):
@@ -144,7 +147,7 @@ def check_scalars(names, scalars) -> None:
 
 def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=None, shape=None) -> None:
     """``out`` must hold exactly the tensors ``spec`` writes, shaped as MXFP8Tensor.empty makes them
-    for outputs of ``shape`` (default: x's; mxq/gated.py's two-halves ops write wider ones)."""
+    for outputs of ``shape`` (default: x's; mxq/frontend/gated.py's two-halves ops write wider ones)."""
     if not isinstance(out, MXFP8Tensor):
         _fail_type("out", "an MXFP8Tensor", type(out).__name__)
     shape = x.shape if shape is None else shape
@@ -216,7 +219,7 @@ def _warn_once_or_raise(key: str, strict: str, message: str, stacklevel: int) ->
 
 def operand_layouts(tensors, act_input, copy: bool = True):
     """(tensors, act_input, layouts) for the kernels: each epilogue input's kind (full, strided,
-    row, col, scalar; mxq/operands.py) and the tensors to pass. A layout the kernels cannot read
+    row, col, scalar; mxq/runtime/operands.py) and the tensors to pass. A layout the kernels cannot read
     in place (a non-contiguous full input that is not a strided 2-D view, a non-contiguous
     broadcast operand or act_input) is copied to contiguous with a one-time warning, an error
     under MXQ_STRICT=1."""

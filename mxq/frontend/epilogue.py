@@ -84,6 +84,9 @@ class EpilogueError(Exception):
         super().__init__(f"{file}:{line}: {message}")
 
 
+EpilogueError.__module__ = "mxq"  # (its public name, mxq.EpilogueError, in tracebacks and pickles)
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """A parsed epilogue: its parameters, its IR and the fingerprint that identifies it."""
@@ -408,7 +411,7 @@ def _callables() -> dict:
 
 
 def _is_mxq_module(obj) -> bool:
-    return isinstance(obj, types.ModuleType) and obj.__name__ in ("mxq", "mxq.math")
+    return isinstance(obj, types.ModuleType) and obj.__name__ in ("mxq", "mxq.frontend.math")
 
 
 def _fn_node(tree: ast.Module, name: str) -> ast.FunctionDef:
@@ -481,7 +484,7 @@ def parse(fn) -> Epilogue:
     for a in params:
         if a.arg.startswith("__"):
             p.fail(a, f"dunder name {a.arg!r} is not allowed in an epilogue", "dunder name")
-        if a.arg.startswith("_mxq_"):  # (mxq/gated.py names the parameters it adds so)
+        if a.arg.startswith("_mxq_"):  # (mxq/frontend/gated.py names the parameters it adds so)
             p.fail(a, f"parameter name {a.arg!r} is reserved (names starting with _mxq_ are mxq's)", "parameter name")
         is_float_annot = (isinstance(a.annotation, ast.Name) and a.annotation.id == "float") or \
             (isinstance(a.annotation, ast.Constant) and a.annotation.value == "float")  # (`s: "float"` too)

@@ -7,7 +7,7 @@ tensor). Its fake implementation gives the exact shapes, strides and dtypes of
 ``MXFP8Tensor.empty``, so compiled graphs hold the op as one node, with no graph break, for
 static and dynamic shapes. Eager calls do not go through the dispatcher (it costs host time):
 ``FusedOp.__call__`` routes here only while torch.compile traces. DTensor calls trace through
-mxq/distributed.py, which runs this operator on the local shards (the operator itself has no
+mxq/integrations/distributed.py, which runs this operator on the local shards (the operator itself has no
 sharding rule). MXFP8Tensor is a registered pytree node, so it can be an input and an output of
 compiled functions.
 """
@@ -20,8 +20,10 @@ import weakref
 import torch
 import torch.utils._pytree as pytree
 
-from . import gated, runtime, slots
-from .tensor import MXFP8Tensor
+from ..frontend import gated
+from ..runtime import slots, validation
+from ..runtime.call import Call
+from ..tensor import MXFP8Tensor
 
 _ops: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # op id -> FusedOp
 _next = itertools.count()
@@ -49,7 +51,7 @@ def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: to
     # CUDA graph captured by torch.compile must own its outputs)
     out = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, x.device,
                             zeroed=noop is not None, group_offsets=group_offsets)
-    t = fused._eager(tensors, scalars, act_input, noop, out, group_offsets)
+    t = fused._eager(Call(tensors, scalars, act_input, noop, out, group_offsets))
     return [getattr(t, f) if getattr(t, f) is not None else x.new_empty(0) for f in slots.OUTPUTS]
 
 
@@ -80,7 +82,7 @@ def fused_quant_out(tensors: list[torch.Tensor], scalars: list[float], act_input
     out = MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                       fields["colwise_scale"], fields["amax"], fields["dbias"], fused.spec.fp8,
                       fused.spec.scale_layout, x.shape, group_offsets)
-    fused._eager(tensors, scalars, act_input, noop, out, group_offsets)
+    fused._eager(Call(tensors, scalars, act_input, noop, out, group_offsets))
 
 
 @fused_quant_out.register_fake
@@ -112,21 +114,23 @@ def _scalar_names(i: int) -> tuple:
     return tuple(_ops[i].epilogue.scalar_params)
 
 
-def call(i: int, tensors, scalars, act_input, noop, out, group_offsets=None):
-    """The traced call of op ``i`` (op_id): the operator, then an MXFP8Tensor (``out`` filled by
+def call(i: int, call: Call):
+    """The traced ``call`` of op ``i`` (op_id): the operator, then an MXFP8Tensor (``out`` filled by
     copies)."""
-    from .spec import QuantSpec
+    from ..frontend.spec import QuantSpec
+
+    tensors, scalars, act_input, noop, out, group_offsets = call
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
     shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape
-    runtime.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
+    validation.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
     floats = [float(s) for s in scalars]
     # (outputs carry no gradient, as in eager: the operator takes its inputs detached, so a
     # compiled training step with requires_grad inputs traces without an autograd formula)
     tensors = [t.detach() if isinstance(t, torch.Tensor) else t for t in tensors]
     act_input = act_input.detach() if isinstance(act_input, torch.Tensor) else act_input
     if out is not None:  # validated while tracing (static shapes and dtypes), written in place
-        runtime.check_out(spec, out, tensors[0], group_offsets, shape)
+        validation.check_out(spec, out, tensors[0], group_offsets, shape)
         outs = [getattr(out, f) for f in slots.OUTPUTS if slots.uses(spec, f)]
         torch.ops.mxq.fused_quant_out(list(tensors), floats, act_input, noop, group_offsets, outs, i)
         return out

@@ -1,7 +1,7 @@
 """Which GPU targets mxq compiles for, and how users may name a target and an input dtype.
 
 ``SUPPORTED_ARCHS`` is what compiles, found by trying rather than assumed. Method: for each arch
-below, ``compiler.compile_artifacts`` (``FusedOp.asm``) in a fresh process with
+below, ``inspection.compile_artifacts`` (``FusedOp.asm``) in a fresh process with
 ``MXQ_CACHE_DIR`` in a temporary directory, for five quantize ops -- plain (colwise), ``act="gelu"``,
 ``dbias=True``, one with everything (e5m2, amax, ``dact="silu"``, dbias, swizzled scales,
 ``scale_mode="even"``) and a colwise-only ``act="qgelu"`` with ``scale_mode="floor"`` -- in bf16,
@@ -36,9 +36,11 @@ that every listed arch compiles.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
-from .spec import DTYPES
+from ..frontend.spec import DTYPES
 
 SUPPORTED_ARCHS = (
     "sm_89", "sm_90", "sm_90a",
@@ -91,3 +93,21 @@ def normalize_dtype(dtype) -> str:
         if dtype in DTYPES.values():
             return str(dtype)
     raise ValueError(f"mxq: dtype must be one of {_ACCEPTED_DTYPES}, got {dtype!r}")
+
+
+def device_arch(device) -> str:
+    """The arch string of a CUDA device (torch.device), e.g. "sm_90a" for an H200."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def uses_hw_e8m0(arch: str) -> bool:
+    return int(re.sub(r"\D", "", arch)[:3] or 0) >= 100
+
+
+def uses_pdl(arch: str) -> bool:
+    """Programmatic dependent launch (griddepcontrol, sm_90+): dbias ops launch their second
+    kernel while the first still runs; it waits in griddepcontrol.wait for the first to finish."""
+    return int(re.sub(r"\D", "", arch)[:3] or 0) >= 90

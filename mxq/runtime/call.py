@@ -1,0 +1,154 @@
+"""One call of an op as one value: bound once where a call enters (``FusedOp.__call__``,
+``reference``, ``prepare``, ``mxq.quantize``, the torch operator; ``Binder``) and passed down:
+validation, launch, the reference, torch_ops and distributed read its fields by name.
+
+``Call.signature`` is what a call's host work depends on apart from values: the (shape, stride,
+dtype, device) of every tensor it holds and which keywords it has. Checks and launch bindings
+that depend only on it can be kept per signature (a later change; today every call runs them).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, NamedTuple
+
+import torch
+
+from ..frontend.epilogue import Epilogue, EpilogueError
+from . import validation
+
+KEYWORDS = ("act_input", "noop", "out", "group_offsets")  # a call's own keywords, after the epilogue's
+
+
+class Call(NamedTuple):
+    """The values of one call: the epilogue's tensors and floats (in its parameter order), then
+    the call keywords. A tuple (cheap to build on every call, immutable); ``_replace`` derives a
+    call, e.g. with copied operands or a rank's local shards."""
+
+    tensors: list
+    scalars: list
+    act_input: Any = None
+    noop: Any = None
+    out: Any = None  # an MXFP8Tensor, or None: the call allocates its outputs
+    group_offsets: Any = None
+
+    def operands(self):
+        """Every tensor-like value the call passes, keywords included (None where absent)."""
+        return (*self.tensors, self.act_input, self.noop, self.group_offsets)
+
+    def signature(self) -> tuple:
+        """(shape, stride, dtype, device) of each operand (None where absent; a non-tensor's type),
+        the outputs' presence and the number of floats: the key of everything a call's host work
+        derives from its operands' layout rather than their values."""
+        def sig(t):
+            if t is None:
+                return None
+            if isinstance(t, torch.Tensor):
+                return (tuple(t.shape), t.stride(), t.dtype, t.device)
+            return type(t)
+
+        return (tuple(sig(t) for t in self.operands()), self.out is not None, len(self.scalars))
+
+
+class Binder:
+    """One op's binding of call arguments (its epilogue function's signature) to a ``Call``."""
+
+    def __init__(self, fn, epilogue: Epilogue):
+        clash = set(epilogue.param_order) & set(KEYWORDS)
+        if clash:
+            raise EpilogueError(f"parameter name(s) {sorted(clash)} are reserved for the call "
+                                f"({', '.join(KEYWORDS)})", inspect.getsourcefile(fn) or "<unknown>",
+                                fn.__code__.co_firstlineno, "parameter name")
+        self.name, self.order = epilogue.name, epilogue.param_order
+        self.signature = inspect.signature(fn)
+        self.defaults = {k: p.default for k, p in self.signature.parameters.items()
+                         if p.default is not inspect.Parameter.empty}
+        self.tensor_pos = [self.order.index(n) for n in epilogue.tensor_params]
+        self.scalar_pos = [self.order.index(n) for n in epilogue.scalar_params]
+
+    def __call__(self, args, kwargs, act_input=None, noop=None, out=None, group_offsets=None,
+                 traced: bool = False) -> Call:
+        """The Call of one call: its epilogue arguments bound to the parameters (positional,
+        keywords by name, then defaults), then the call keywords. While torch.compile traces,
+        without inspect (which it does not trace)."""
+        if traced:
+            tensors, scalars = self._bind_traced(args, kwargs)
+        else:
+            if kwargs or len(args) != len(self.order):
+                try:
+                    bound = self.signature.bind(*args, **kwargs)
+                except TypeError as exc:
+                    raise TypeError(f"mxq: {self.name}(): {exc}") from None
+                bound.apply_defaults()
+                args = tuple(bound.arguments[n] for n in self.order)
+            tensors, scalars = [args[i] for i in self.tensor_pos], [args[i] for i in self.scalar_pos]
+        return Call(tensors, scalars, act_input, noop, out, group_offsets)
+
+    def _bind_traced(self, args, kwargs):
+        """(tensors, floats) as __call__ binds them, without inspect."""
+        order = self.order
+        if len(args) > len(order):
+            raise TypeError(f"mxq: {self.name}() takes {len(order)} arguments, got {len(args)}")
+        values = dict(zip(order, args))
+        for k, v in kwargs.items():
+            if k not in order or k in values:
+                raise TypeError(f"mxq: {self.name}() got an unexpected or repeated argument {k!r}")
+            values[k] = v
+        for k in order:
+            if k not in values:
+                if k not in self.defaults:
+                    raise TypeError(f"mxq: {self.name}() missing argument {k!r}")
+                values[k] = self.defaults[k]
+        return [values[order[i]] for i in self.tensor_pos], [values[order[i]] for i in self.scalar_pos]
+
+
+def has_dtensor(call: Call) -> bool:
+    """Whether a call has DTensor operands (then integrations/distributed.py runs it; it refuses
+    DTensor group offsets with plain inputs by name, eager or traced alike)."""
+    return any(type(t).__name__ == "DTensor" for t in (*call.tensors, call.act_input, call.group_offsets))
+
+
+def halves_call(spec, epilogue, call: Call) -> Call:
+    """A gated op's call (mxq/frontend/gated.py) as its inner op's: the inner op's tensors and
+    floats over views of the [..., 2N] tensors' halves; noop, out and group_offsets pass through
+    (the groups run along the rows, which the halves share)."""
+    names = epilogue.tensor_params
+    x = call.tensors[0]
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        validation.check_plain_tensor(names[0], x)
+        raise ValueError(f"mxq: argument {names[0]!r} must have at least one dimension")
+    if spec.act is not None:
+        if call.act_input is not None:
+            raise ValueError("mxq: argument 'act_input' is only used by ops with dact=...; this op has "
+                             f"act={spec.act!r}")
+        if x.shape[-1] % 2:
+            raise ValueError(f"mxq: argument {names[0]!r} of an act={spec.act!r} op holds the gate and up "
+                             f"halves along its last dimension, which must be even; got shape {tuple(x.shape)}")
+        n = x.shape[-1] // 2
+        halves = [_split(nm, t, 2 * n) for nm, t in zip(names, call.tensors)]
+        return call._replace(tensors=[h[0] for h in halves] + [h[1] for h in halves], scalars=list(call.scalars))
+    act_input = call.act_input
+    if act_input is None:
+        raise ValueError(f"mxq: argument 'act_input' is required with dact={spec.dact!r}")
+    validation.check_plain_tensor("act_input", act_input)
+    n = x.shape[-1]
+    if tuple(act_input.shape) != (*x.shape[:-1], 2 * n):
+        raise ValueError(f"mxq: argument 'act_input' of a dact={spec.dact!r} op is the forward's input "
+                         f"[..., 2N] = {(*x.shape[:-1], 2 * n)} for {names[0]!r} of shape {tuple(x.shape)}, got "
+                         f"{tuple(act_input.shape)}")
+    return call._replace(tensors=[*call.tensors, act_input[..., :n], act_input[..., n:]],
+                         scalars=[*call.scalars, 0.0], act_input=None)
+
+
+def _split(name, t, width):
+    """(gate half, up half) of tensor argument ``t``: full or row operands are split along
+    their last dimension, column and scalar operands serve both halves."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[-1] == 1:
+        return t, t
+    if t.shape[-1] != width:
+        raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)}; a gated op's tensors hold "
+                         f"[..., {width}] (both halves), or broadcast along the last dimension")
+    return t[..., :width // 2], t[..., width // 2:]
+
+
+__all__ = ["KEYWORDS", "Binder", "Call", "halves_call", "has_dtensor"]

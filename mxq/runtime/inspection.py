@@ -1,0 +1,108 @@
+"""What a compile produced, for reading: PTX, MLIR, registers and spills from ``ptxas -v``, SASS
+opcode counts from ``nvdisasm`` (``FusedOp.asm``, ``python -m mxq compile``, bench/ptx_digest.py).
+No GPU is needed."""
+
+from __future__ import annotations
+
+import collections
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from . import cache, targets
+from .compiler import VARIANTS, compile_op
+
+
+def ptx_of(op, arch: str, dtype_name: str, variant: str = "vec", layouts=None) -> str:
+    """The PTX of one kernel of ``op`` (compiled with keep_ptx on first use)."""
+    # (the DSL reads the dump into the compiled object right after compiling: no file is kept)
+    return compile_op(op, arch, dtype_name, keep_ptx=True, variant=variant, layouts=layouts).__ptx__
+
+
+def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec", layouts=None) -> dict:
+    """Compile without a GPU and return what was produced, for inspection. ``dtype``: "bf16",
+    "fp16", "fp32" or the torch dtype; ``arch``: one of targets.SUPPORTED_ARCHS."""
+    arch = targets.normalize_arch(arch)
+    dtype = targets.normalize_dtype(dtype)
+    if variant not in VARIANTS:
+        raise ValueError(f"mxq: variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+    compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant, layouts=layouts)
+    ptx = ptx_of(op, arch, dtype, variant, layouts)
+    mlir = compiled.ir_module
+    out = {"ptx": ptx, "mlir": str(mlir) if mlir is not None else "", "source": op.source,
+           "path": str(cache.source_file(op.source)), "arch": arch, "dtype": dtype, "variant": variant}
+    out.update(ptxas_report(ptx, arch))
+    out["conversions"] = sorted(set(re.findall(r"\bcvt\.[a-z0-9.]+", ptx)))
+    return out
+
+
+def ptxas_report(ptx: str, arch: str) -> dict:
+    """Registers and spills per kernel from the local ``ptxas -v``, when a CUDA toolkit is present.
+
+    CuTeDSL embeds a newer ptxas than a local toolkit may have; if the local one refuses the PTX
+    ISA version, the report re-assembles a copy stamped with the version it accepts (the kernels
+    use no newer instructions) and says so in ``ptxas_note``.
+    """
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        return {"ptxas": None, "kernels": {}}
+    note = ""
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        for _ in range(2):
+            src.write_text(ptx)
+            r = subprocess.run([ptxas, "-v", f"-arch={arch}", str(src), "-o", str(Path(d) / "k.cubin")],
+                               capture_output=True, text=True, timeout=300)
+            text = r.stdout + r.stderr
+            m = re.search(r"Unsupported \.version (\S+); current version is '([\d.]+)'", text)
+            if r.returncode == 0 or not m:
+                break
+            note = f"PTX ISA {m.group(1)} re-stamped as {m.group(2)} for the local ptxas"
+            ptx = re.sub(r"^\.version \S+", f".version {m.group(2)}", ptx, count=1, flags=re.M)
+        sass = sass_opcodes(Path(d) / "k.cubin") if r.returncode == 0 else {}
+    kernels: dict = {name: {"sass_instructions": sum(ops.values()), "sass_opcodes": ops} for name, ops in sass.items()}
+    current = None
+    for line in text.splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            current = kernels.setdefault(m.group(1), {})
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and current is not None:
+            current["spill_stores"], current["spill_loads"] = int(m.group(1)), int(m.group(2))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current is not None:
+            current["registers"] = int(m.group(1))
+    return {"ptxas": "ok" if r.returncode == 0 else text, "ptxas_note": note, "kernels": kernels}
+
+
+def sass_opcodes(cubin: Path) -> dict:
+    """Machine instructions per kernel, by opcode (``{kernel: Counter}``), when ``nvdisasm`` is on
+    PATH (optional: it is not part of the CUDA toolkits without a driver, but NVIDIA ships it as
+    a pip wheel). Their total bounds the issue-limited fused ops; PTX counts include moves that
+    vanish in SASS. Not counted: instructions predicated on ``!PT`` (never executed) and the
+    padding after the last EXIT (its self-branch and the alignment NOPs)."""
+    nvdisasm = shutil.which("nvdisasm")
+    if nvdisasm is None:
+        return {}
+    r = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, timeout=300)
+    listing: dict = {}
+    current = None
+    for line in r.stdout.splitlines():
+        m = re.match(r"\s*\.text\.(\S+):", line)
+        if m:
+            current = m.group(1)
+            listing[current] = []
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]{4,}\*/\s+(@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if current and m and (m.group(1) or "").strip() != "@!PT":
+            listing[current].append(m.group(2))
+    counts = {}
+    for name, ops in listing.items():
+        while ops and ops[-1] == "NOP":
+            ops.pop()
+        if len(ops) >= 2 and ops[-1] == "BRA" and ops[-2] == "EXIT":
+            ops.pop()
+        counts[name] = collections.Counter(ops)
+    return counts

@@ -1,0 +1,90 @@
+"""What the compiled kernels serve, asked before a launch: the Python routes fall back to the torch
+reference for a call they do not serve (validation.fallback: a one-time warning, an error under
+MXQ_STRICT=1); the C++ routes (register, dispatcher, export), which cannot fall back, refuse the
+op up front with a ValueError saying why.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..formats.numerics import BLOCK
+from ..frontend import codegen, gated
+from ..kernels import config as kconfig
+from ..tensor import flat_dims
+
+
+def unsupported(x: torch.Tensor) -> str | None:
+    """Why no kernel can serve CUDA tensor ``x`` (the caller falls back), or None."""
+    m, n = flat_dims(x.shape)
+    if m * n >= 2 ** 31 or m >= 2 ** 31 - 64:
+        return "tensors of 2^31 or more elements are not supported by the kernels yet"
+    return None
+
+
+def unserved(spec, epilogue, x: torch.Tensor, group_offsets, smem_shortfall) -> str | None:
+    """Why the kernels cannot serve an op's call on CUDA tensor ``x``, or None. A 16-bit op whose
+    inputs do not fit the packed kernel's shared memory (many epilogue tensors; ``smem_shortfall()``,
+    the op's own smem_shortfall). A two-halves op (mxq/frontend/gated.py): rowwise blocks of the
+    [M, 2N] output must not straddle the halves (each half is its own CTAs), and the grouped
+    kernels do not take two halves yet (their scale placement assumes one N)."""
+    too_big = smem_shortfall() if x.element_size() == 2 else None
+    if too_big:
+        return f"{too_big}; running the torch reference"
+    if not gated.is_halves(epilogue):
+        return None
+    if x.dim() and x.shape[-1] % n_multiple(spec, epilogue):
+        return (f"a gated backward with rowwise blocks needs N % {BLOCK} == 0 on the kernels (N = {x.shape[-1]}: "
+                f"a {BLOCK}-element block would straddle the two halves); running the torch reference")
+    if group_offsets is not None:
+        return "a gated backward with group_offsets is not served by the kernels yet; running the torch reference"
+    return None
+
+
+def n_multiple(spec, epilogue) -> int:
+    """What N must be a multiple of for the kernels to serve an op: a two-halves op with rowwise
+    output, a block (a rowwise block may not straddle the halves); else 1."""
+    return BLOCK if gated.is_halves(epilogue) and spec.rowwise else 1
+
+
+def packed_shared_bytes(spec, epilogue, tuning) -> int:
+    """The shared memory the 16-bit kernel needs for an op at its largest (unaligned rows,
+    grouped, either warp count of a rows8 plain cast; KernelConfig.packed_shared_bytes for the
+    op's config and ``tuning``)."""
+    cfg = codegen.kernel_config(spec, epilogue, tuning)
+    return max(c.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=True, grouped=True)
+               for c in (cfg, *(cfg.rows8_twins() or ())))
+
+
+def smem_shortfall(epilogue, need: int) -> str | None:
+    """Why the 16-bit kernel cannot take an op that needs ``need`` bytes of shared memory (more
+    than a CTA may take), or None."""
+    if need <= kconfig.SMEM_LIMIT:
+        return None
+    return (f"{len(epilogue.tensor_params)} epilogue tensors need {need} bytes of shared "
+            f"memory in the 16-bit kernel (at most {kconfig.SMEM_LIMIT})")
+
+
+def refuse_cpp(what: str, spec, epilogue, smem_shortfall, dtype: str | None = None) -> None:
+    """Ops a C++ route cannot serve, refused before anything is built: a gated op's inner op (the
+    gated op serves them itself), and refuse_unlaunchable's."""
+    if spec.gated or gated.is_halves(epilogue):
+        raise ValueError(f"mxq: {what}: the inner op of a gated activation is not served by this C++ route; "
+                         "use the gated op's own register(), dispatcher() or export(), or call it from Python "
+                         "(eager or torch.compile)")
+    refuse_unlaunchable(what, smem_shortfall, dtype)
+
+
+def refuse_unlaunchable(what: str, smem_shortfall, dtype: str | None = None) -> None:
+    """Ops whose 16-bit kernel would not fit shared memory (the Python routes run the reference
+    for those CUDA calls; a C++ route would fail at launch): for register()/dispatcher(), which
+    serve every dtype, whatever the dtype; for export(), its ``dtype``."""
+    too_big = smem_shortfall() if dtype in (None, "bf16", "fp16") else None
+    if too_big:
+        raise ValueError(f"mxq: {what}: {too_big}, so its bf16/fp16 calls cannot launch; call the op from "
+                         "Python (which runs the torch reference for them)"
+                         + (" or export it for dtype='fp32'" if dtype else ""))
+
+
+__all__ = ["n_multiple", "packed_shared_bytes", "refuse_cpp", "refuse_unlaunchable", "smem_shortfall", "unserved",
+           "unsupported"]

@@ -1,0 +1,110 @@
+"""mxq/runtime/call.py: one call as one value -- binding, the gated halves, the signature."""
+
+import pytest
+import torch
+
+import mxq
+from mxq.frontend.epilogue import EpilogueError
+from mxq.runtime.call import KEYWORDS, Binder, Call, halves_call, has_dtensor
+
+
+def _axr(x, r, alpha: float = 1.0, beta: float = 2.0):
+    return x * alpha + r * beta
+
+
+def test_binder_orders_tensors_and_floats_by_parameter_kind():
+    op = mxq.fused_quant()(_axr)
+    bind = Binder(_axr, op.epilogue)
+    x, r = torch.zeros(2, 32), torch.ones(2, 32)
+    for args, kwargs in (((x, r), {}), ((x,), {"r": r}), ((), {"r": r, "x": x}), ((x, r, 1.0), {})):
+        for traced in (False, True):
+            call = bind(args, kwargs, traced=traced)
+            assert call.tensors[0] is x and call.tensors[1] is r, (args, kwargs, traced)
+            assert call.scalars == [1.0, 2.0]
+            assert (call.act_input, call.noop, call.out, call.group_offsets) == (None, None, None, None)
+    call = bind((x, r), {"beta": 0.5}, noop="n", group_offsets="g")
+    assert call.scalars == [1.0, 0.5] and call.noop == "n" and call.group_offsets == "g"
+
+
+def test_binder_errors_name_the_function_and_argument():
+    op = mxq.fused_quant()(_axr)
+    bind = Binder(_axr, op.epilogue)
+    x = torch.zeros(2, 32)
+    with pytest.raises(TypeError, match=r"mxq: _axr\(\): missing a required argument: 'r'"):
+        bind((x,), {})
+    with pytest.raises(TypeError, match=r"mxq: _axr\(\) missing argument 'r'"):
+        bind((x,), {}, traced=True)
+    with pytest.raises(TypeError, match=r"mxq: _axr\(\) got an unexpected or repeated argument 'x'"):
+        bind((x,), {"x": x}, traced=True)
+    with pytest.raises(TypeError, match=r"mxq: _axr\(\) takes 4 arguments, got 5"):
+        bind((x, x, 1.0, 2.0, 3.0), {}, traced=True)
+
+
+def _reserved(x, noop):
+    return x * noop
+
+
+def test_call_keywords_are_reserved_parameter_names():
+    assert KEYWORDS == ("act_input", "noop", "out", "group_offsets")
+    with pytest.raises(EpilogueError, match=r"parameter name\(s\) \['noop'\] are reserved for the call"):
+        mxq.fused_quant()(_reserved)
+
+
+def test_call_is_an_immutable_value_and_replace_derives_one():
+    x = torch.zeros(4, 32)
+    call = Call([x], [])
+    with pytest.raises(AttributeError):
+        call.noop = torch.ones(1)
+    other = call._replace(noop=torch.ones(1))
+    assert call.noop is None and other.noop is not None and other.tensors is call.tensors
+
+
+def test_signature_follows_layout_not_values():
+    a, b = torch.zeros(4, 32), torch.ones(4, 32)
+    assert Call([a], [1.0]).signature() == Call([b], [3.0]).signature()
+    assert Call([a], [1.0]).signature() != Call([a.t()], [1.0]).signature()  # strides
+    assert Call([a], []).signature() != Call([a.half()], []).signature()  # dtype
+    assert Call([a], []).signature() != Call([a], [], noop=torch.zeros(1)).signature()
+    assert Call([a], []).signature() != Call([a], [], out=object()).signature()
+    assert Call([a], []).signature() != Call([a], [1.0]).signature()
+
+
+def test_has_dtensor_looks_at_inputs_act_input_and_offsets_by_type_name():
+    class DTensor(torch.Tensor):  # (a stand-in: the check goes by the type's name, not by import)
+        pass
+
+    d = torch.zeros(4, 32).as_subclass(DTensor)
+    plain = torch.zeros(4, 32)
+    assert not has_dtensor(Call([plain], []))
+    assert has_dtensor(Call([plain, d], []))
+    assert has_dtensor(Call([plain], [], act_input=d))
+    assert has_dtensor(Call([plain], [], group_offsets=d))
+    assert not has_dtensor(Call([plain], [], noop=d))  # (noop is moved to the local shard, not routed)
+
+
+def _ident(x):
+    return x
+
+
+def test_halves_call_of_a_gated_forward_splits_every_tensor():
+    op = mxq.fused_quant(act="swiglu")(_ident)
+    x = torch.arange(2 * 64, dtype=torch.float32).reshape(2, 64)
+    inner = halves_call(op.spec, op.epilogue, Call([x], [], noop="n"))
+    assert torch.equal(inner.tensors[0], x[:, :32]) and torch.equal(inner.tensors[1], x[:, 32:])
+    assert inner.noop == "n" and inner.act_input is None and inner.scalars == []
+    with pytest.raises(ValueError, match="only used by ops with dact"):
+        halves_call(op.spec, op.epilogue, Call([x], [], act_input=x))
+    with pytest.raises(ValueError, match="must be even"):
+        halves_call(op.spec, op.epilogue, Call([x[:, :63]], []))
+
+
+def test_halves_call_of_a_gated_backward_appends_act_inputs_halves_and_the_half_flag():
+    op = mxq.fused_quant(dact="geglu")(_ident)
+    d, a = torch.zeros(2, 32), torch.arange(2 * 64, dtype=torch.float32).reshape(2, 64)
+    inner = halves_call(op.spec, op.epilogue, Call([d], [], act_input=a))
+    assert inner.tensors[0] is d and torch.equal(inner.tensors[1], a[:, :32]) and torch.equal(inner.tensors[2], a[:, 32:])
+    assert inner.scalars == [0.0] and inner.act_input is None
+    with pytest.raises(ValueError, match="'act_input' is required"):
+        halves_call(op.spec, op.epilogue, Call([d], []))
+    with pytest.raises(ValueError, match=r"'act_input' of a dact='geglu' op is the forward's input"):
+        halves_call(op.spec, op.epilogue, Call([d], [], act_input=d))
