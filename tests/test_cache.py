@@ -72,6 +72,63 @@ def test_damaged_library_is_rebuilt_not_loaded(tmp_path, damage):
     assert cache.verified(so)
 
 
+def test_libraries_swapped_between_keys_are_rebuilt_not_loaded(tmp_path):
+    """Two keys' libraries and digests swapped (each pair whole): a digest belongs to its key, so
+    each op rebuilds its own library instead of loading the other op's (which computed x*2.0 for
+    x*3.0)."""
+    other = LOAD.replace('scale_mode="floor"', 'scale_mode="ceil"')
+    _fresh(LOAD, tmp_path)
+    _fresh(other, tmp_path)
+    a, b = sorted((tmp_path / "kernels").rglob("*.so"))
+    pairs = [(p.read_bytes(), p.with_suffix(".sha256").read_bytes()) for p in (a, b)]
+    for p, (so, sha) in zip((b, a), pairs):
+        p.write_bytes(so)
+        p.with_suffix(".sha256").write_bytes(sha)
+    assert not cache.verified(a) and not cache.verified(b)
+    for code in (LOAD, other):
+        out = _fresh(code, tmp_path).split()
+        assert out[0] == "Function" and out[2] == "True", "rebuilt, hence compiled"
+    assert cache.verified(a) and cache.verified(b)
+
+
+def test_truncated_library_with_a_matching_digest_is_rebuilt(tmp_path):
+    """A library cut short whose digest was recorded for the cut file (so the digest matches):
+    its ELF segments reach past its end, which would map past the file (SIGBUS); it is rebuilt."""
+    _fresh(LOAD, tmp_path)
+    (so,) = (tmp_path / "kernels").rglob("*.so")
+    data = so.read_bytes()
+    assert cache.elf_within(data)
+    cut = data[: len(data) * 3 // 4]
+    so.write_bytes(cut)
+    so.with_suffix(".sha256").write_text(cache._digest(cut, f"{so.parent.name}/{so.name}"))
+    assert not cache.verified(so)
+    out = _fresh(LOAD, tmp_path).split()
+    assert out[0] == "Function" and out[2] == "True", "rebuilt, hence compiled"
+    assert cache.verified(so)
+
+
+def test_damaged_bytecode_of_a_generated_module_is_rebuilt(tmp_path):
+    """A damaged .pyc of a generated module ("bad marshal data") is removed and the module loaded
+    from its source (it failed every later compile of that op, in every process)."""
+    code = """
+        from mxq.runtime import compiler
+        from mxq.op import _quantize_op
+        from mxq.frontend.spec import QuantSpec
+        mod = compiler.load_module(_quantize_op(QuantSpec(colwise=True)).source)
+        print(type(mod.QUANTIZE).__name__)
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    e = dict(env, MXQ_CACHE_DIR=str(tmp_path), PYTHONWARNINGS="ignore")
+    run = lambda: subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,  # noqa: E731
+                                 text=True, timeout=600, env=e, cwd=ROOT)
+    assert run().stdout.split() == ["Quantize"]
+    (pyc,) = (tmp_path / "src").rglob("*.pyc")
+    data = pyc.read_bytes()
+    pyc.write_bytes(data[:16] + b"\xff" * (len(data) - 16))  # the header kept: Python trusts it
+    r = run()
+    assert r.returncode == 0 and r.stdout.split() == ["Quantize"], r.stderr[-2000:]
+
+
 def test_directories_in_place_of_cache_files_are_replaced(tmp_path, monkeypatch):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
     op = _quantize_op(QuantSpec(rowwise=True, colwise=True, scale_mode="ceil"))

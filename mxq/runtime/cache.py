@@ -164,23 +164,50 @@ def load_function(path: Path, name: str):
     return mod[name]
 
 
-def _digest_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def _digest(data: bytes, key: str) -> str:
+    """SHA-256 of ``key`` (the library's place in the cache) and then its bytes: a digest belongs
+    to one key, so a library moved or copied under another key's name does not verify."""
+    return hashlib.sha256(key.encode() + b"\0" + data).hexdigest()
+
+
+def _key_of(path: Path) -> str:
+    """A cached library's key: its folder (arch and fingerprint) and its name (source, dtype, variant)."""
+    return f"{path.parent.name}/{path.name}"
+
+
+def elf_within(data: bytes) -> bool:
+    """Whether a 64-bit little-endian ELF file's program segments and section header table lie
+    inside its ``data``: a shorter file would be mapped past its end and kill the process with
+    SIGBUS at load or at its first call, whatever its digest says."""
+    import struct
+
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    if phoff + phnum * phentsize > len(data) or shoff + shnum * shentsize > len(data):
+        return False
+    for i in range(phnum):
+        offset, filesz = struct.unpack_from("<Q", data, phoff + i * phentsize + 0x08)[0], \
+            struct.unpack_from("<Q", data, phoff + i * phentsize + 0x20)[0]
+        if offset + filesz > len(data):
+            return False
+    return True
 
 
 def verified(path: Path) -> bool:
-    """Whether cached library ``path`` is whole: its SHA-256 (which covers the embedded cubin)
-    equals the one recorded beside it when it was written. A library is loaded only after this
-    check: a damaged one that loaded would crash the process at its first call (SIGBUS)."""
+    """Whether cached library ``path`` is whole and its own: the SHA-256 of its key and bytes
+    (which cover the embedded cubin) equals the one recorded beside it when it was written, and
+    its ELF segments lie inside the file. A library is loaded only after this check: a damaged
+    one that loaded would crash the process at its first call (SIGBUS), and another key's
+    library (two keys' files swapped) would compute another op."""
     digest = path.with_suffix(".sha256")
     try:
         if not (path.is_file() and digest.is_file()):
             return False
-        return digest.read_text(encoding="ascii", errors="replace").strip() == _digest_file(path)
+        data = path.read_bytes()
+        recorded = digest.read_text(encoding="ascii", errors="replace").strip()
+        return recorded == _digest(data, _key_of(path)) and elf_within(data)
     except OSError:
         return False
 
@@ -201,7 +228,7 @@ def write_library(compiled, path: Path) -> None:
         tmp = Path(d) / "k.so"
         link_shared([obj], tmp)
         digest = Path(d) / "k.sha256"
-        digest.write_text(_digest_file(tmp), encoding="ascii")
+        digest.write_text(_digest(tmp.read_bytes(), _key_of(path)), encoding="ascii")
         clear_non_file(path.with_suffix(".sha256"))
         path.with_suffix(".sha256").unlink(missing_ok=True)
         os.replace(tmp, path)

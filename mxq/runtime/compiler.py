@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import threading
+from pathlib import Path
 
 from ..formats.numerics import dbias_partial_dtype
 from ..frontend import gated
@@ -39,10 +40,19 @@ def load_module(source: str):
     name = path.stem
     mod = _modules.get(name)
     if mod is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
+        for attempt in (0, 1):
+            spec = importlib.util.spec_from_file_location(name, path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[name] = mod
+            try:
+                spec.loader.exec_module(mod)
+                break
+            except (ValueError, EOFError, ImportError):  # ("bad marshal data": a damaged .pyc of the module)
+                sys.modules.pop(name, None)
+                pyc = Path(importlib.util.cache_from_source(str(path)))
+                if attempt or not pyc.exists():
+                    raise
+                pyc.unlink(missing_ok=True)  # Python writes it again from the source
         _modules[name] = mod
     return mod
 
