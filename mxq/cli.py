@@ -146,8 +146,17 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
                    help="input dtype (default bf16; torch's names such as bfloat16 work too)")
 
 
+def split_target(target: str) -> tuple[str, str]:
+    """FILE.py[:NAME] -> (FILE.py, NAME or ""): NAME is what follows the last colon when it is an
+    identifier and what precedes it names a file, so a path may hold colons itself."""
+    path, _, name = target.rpartition(":")
+    if path and name.isidentifier() and not Path(target).exists():
+        return path, name
+    return target, ""
+
+
 def _load_file_op(target: str) -> FusedOp:
-    path, _, name = target.partition(":")
+    path, name = split_target(target)
     file = Path(path)
     if not file.exists():
         raise UsageError(f"mxq: no such file: {path}")

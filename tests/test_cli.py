@@ -314,3 +314,21 @@ def test_a_closed_pipe_is_not_an_error(tmp_path):
     p.stdout.close()  # the reader goes away before mxq writes (it is still importing)
     _, err = p.communicate(timeout=600)
     assert p.returncode == 1 and err == b"", err
+
+
+def test_paths_with_commas_and_colons(tmp_path):
+    """A temporary directory or output directory with a comma in its path links (the linker
+    arguments went through -Wl, which splits at commas), and FILE.py[:NAME] takes NAME after the
+    last colon only, so a path may hold colons."""
+    odd = tmp_path / "a,b:c"
+    odd.mkdir()
+    (odd / "ops.py").write_text("import mxq\n\n\n@mxq.fused_quant(colwise=True)\ndef cast(x):\n    return x\n")
+    env = dict(os.environ, MXQ_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore", TMPDIR=str(odd))
+    r = subprocess.run([sys.executable, "-m", "mxq", "export", f"{odd}/ops.py:cast", "--dir", str(odd / "out")],
+                       capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (odd / "out" / "libmxq_cast.so").is_file() and (odd / "out" / "mxq_cast.h").is_file()
+    r = run("render", f"{odd}/ops.py", tmp_path=tmp_path)
+    assert r.returncode == 0 and "QUANTIZE" in r.stdout, r.stderr[-2000:]
+    r = run("render", f"{odd}/ops.py:nope", tmp_path=tmp_path)
+    assert r.returncode == 2 and f"{odd}/ops.py has no @mxq.fused_quant op named 'nope'" in r.stderr, r.stderr

@@ -140,7 +140,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         lib = out / f"lib{name}.so"
         # relocatable: the runtime libraries it needs are copied beside it and found through
         # RUNPATH $ORIGIN, so the directory can move to a machine without this Python environment
-        link_shared(objects, lib, rpaths=["$ORIGIN"], flags=[f"-Wl,--version-script={script}"])
+        link_shared(objects, lib, rpaths=["$ORIGIN"], flags=["-Xlinker", f"--version-script={script}"])
     runtime = []
     for src in runtime_libraries():
         dst = out / Path(src).name

@@ -49,8 +49,9 @@ def link_shared(objects: list[Path], out: Path, rpaths: list[str] | None = None,
     linker arguments."""
     libs = runtime_libraries()
     rpaths = rpaths if rpaths is not None else [os.path.dirname(lib) for lib in libs]
+    # (-Xlinker passes one argument as it is: -Wl,... would split a path at its commas)
     cmd = [_cxx(), "-shared", "-o", str(out), *map(str, objects), *libs, "-Wl,--enable-new-dtags",
-           *(f"-Wl,-rpath,{r}" for r in rpaths), *flags]
+           *(a for r in rpaths for a in ("-Xlinker", "-rpath", "-Xlinker", r)), *flags]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode:
         raise RuntimeError(f"mxq: linking {out.name} failed: {r.stderr.strip()[:2000]}")
