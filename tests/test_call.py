@@ -108,3 +108,25 @@ def test_halves_call_of_a_gated_backward_appends_act_inputs_halves_and_the_half_
         halves_call(op.spec, op.epilogue, Call([d], []))
     with pytest.raises(ValueError, match=r"'act_input' of a dact='geglu' op is the forward's input"):
         halves_call(op.spec, op.epilogue, Call([d], [], act_input=d))
+
+
+def _ident(x):
+    return x
+
+
+def test_a_gated_backwards_act_input_is_named_as_the_caller_passed_it():
+    """act_input's halves become the inner op's _mxq_gate and _mxq_up: a wrong dtype or device is
+    named 'act_input' before the split (it was reported as '_mxq_gate')."""
+    import pytest
+    import torch
+
+    import mxq
+
+    op = mxq.fused_quant(dact="swiglu")(_ident)
+    g = torch.randn(64, 64)
+    for a, kind in ((torch.randn(64, 128, dtype=torch.float16), TypeError),
+                    (torch.randn(64, 128).to(torch.int32), TypeError),
+                    (torch.randn(64, 128, device="meta"), ValueError)):
+        with pytest.raises(kind, match="argument 'act_input'") as err:
+            op(g, act_input=a)
+        assert "_mxq_" not in str(err.value)

@@ -30,6 +30,7 @@ def two(x, r, alpha: float = 1.0):
     ({"noop": torch.ones(1, dtype=torch.float64)}, ValueError, "noop"),
     ({"noop": 1.0}, TypeError, "noop"),
     ({"noop": torch.ones(1, device="meta")}, ValueError, "noop"),
+    ({"group_offsets": torch.tensor([4], device="meta")}, ValueError, "group_offsets"),
     ({"fp8": ["e4m3"]}, ValueError, "fp8"),
 ])
 def test_quantize_options(kwargs, exc, word):
@@ -42,6 +43,7 @@ def test_quantize_options(kwargs, exc, word):
     (torch.randint(0, 5, (4, 4)), TypeError, "'x'"),
     ([1.0, 2.0], TypeError, "'x'"),
     (None, TypeError, "'x'"),
+    (torch.randn(4, 32, device="meta"), ValueError, "'x' is on the meta device"),
 ])
 def test_quantize_input(x, exc, word):
     with pytest.raises(exc, match=word):
@@ -55,7 +57,7 @@ def test_fused_input_mismatches():
         op(x, torch.randn(4, 33))
     with pytest.raises(TypeError, match="'r' has dtype"):
         op(x, torch.randn(4, 32, dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="'r' is on meta"):
+    with pytest.raises(ValueError, match="'r' is on the meta device"):
         op(x, torch.randn(4, 32, device="meta"))
     with pytest.raises(TypeError, match="'alpha' must be a float"):
         op(x, x, alpha="2")

@@ -41,6 +41,9 @@ def check_plain_tensor(name: str, t) -> None:
     if t.layout is not torch.strided or t.is_nested:
         raise TypeError(f"mxq: argument {name!r} must be a dense strided tensor, got layout {t.layout}"
                         f"{' (nested)' if t.is_nested else ''}")
+    if t.device.type == "meta":
+        raise ValueError(f"mxq: argument {name!r} is on the meta device, which holds no data to quantize (under "
+                         "torch.compile, fake tensors need no such call: the operator has a fake implementation)")
 
 
 def check_call(spec: QuantSpec, epilogue: Epilogue, call) -> None:
