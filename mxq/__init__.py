@@ -22,9 +22,11 @@ _register_entrypoints()  # "mxq.get_quantize_kernel" for C++ callers
 
 
 # Public modules whose code lives in a stage's folder: ``mxq.distributed`` (DTensor support,
-# all_gather) and ``mxq.fsdp`` (FSDP2 all-gathers in MXFP8). They load torch.distributed, so
-# they load on first use: as attributes (__getattr__) or imported by name (_AliasFinder).
-_ALIASES = {"mxq.distributed": "mxq.integrations.distributed", "mxq.fsdp": "mxq.integrations.fsdp"}
+# all_gather) and ``mxq.fsdp`` (FSDP2 all-gathers in MXFP8), which load torch.distributed, and
+# ``mxq.targets`` (SUPPORTED_ARCHS). They load on first use: as attributes (__getattr__) or
+# imported by name (_AliasFinder).
+_ALIASES = {"mxq.distributed": "mxq.integrations.distributed", "mxq.fsdp": "mxq.integrations.fsdp",
+            "mxq.targets": "mxq.runtime.targets"}
 
 
 class _AliasFinder:

@@ -174,7 +174,7 @@ def test_compile_cache_toolchain_inspection_flow_one_way():
 
 
 def test_public_modules_of_the_integrations_keep_their_names():
-    """``mxq.distributed`` and ``mxq.fsdp`` live in integrations/ and stay importable by their
+    """``mxq.distributed``, ``mxq.fsdp`` (integrations/) and ``mxq.targets`` (runtime/) stay importable by their
     public names, as attributes and as modules, each one module object (a fresh interpreter:
     nothing imported before)."""
     import subprocess
@@ -187,6 +187,9 @@ def test_public_modules_of_the_integrations_keep_their_names():
             "import mxq.integrations.distributed as d, mxq.integrations.fsdp as f\n"
             "assert mxq.fsdp is f and mxq.distributed is d and all_gather is d.all_gather\n"
             "assert sys.modules['mxq.fsdp'] is f and f.__spec__.name == 'mxq.integrations.fsdp'\n"
-            "assert callable(mxq.fsdp.mxfp8_all_gather)\n")
+            "assert callable(mxq.fsdp.mxfp8_all_gather)\n"
+            "from mxq.targets import SUPPORTED_ARCHS\n"
+            "import mxq.runtime.targets as t\n"
+            "assert mxq.targets is t and SUPPORTED_ARCHS is t.SUPPORTED_ARCHS\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=PKG.parent, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
