@@ -154,7 +154,7 @@ bool PlainOperands(const State& st, ffi::PackedArgs args, const DLTensor* x) {
 }
 
 // The outputs given must not share memory with each other or with a tensor the call reads
-// (spans.h; Python's runtime.check_apart): checked on every route, before anything runs.
+// (spans.h; Python's validation.check_apart): checked on every route, before anything runs.
 void CheckApart(const State& st, ffi::PackedArgs args) {
   const int base = st.nt + st.ns;
   auto name = [&](int i) { return i == base + 8 ? std::string("group_offsets") : ArgName(st, i); };

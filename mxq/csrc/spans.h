@@ -1,6 +1,6 @@
 // Whether two tensors share memory: the overlap check of the registered dispatcher
 // (dispatch.cc) and of exported functions (export_check.h), the C++ twin of Python's
-// runtime.check_apart. An op's kernels read each input once and write each output once, so an
+// validation.check_apart. An op's kernels read each input once and write each output once, so an
 // output that shares a byte with another output or with an input is written while it is read,
 // or twice: silently wrong bytes. Spans are conservative: two views interleaved in one buffer
 // (rows of one between rows of the other) count as overlapping.

@@ -9,9 +9,9 @@ anything else is refused.
 
 Limits (each an ``EpilogueError`` at decoration, construct in parentheses):
 
-- at most ``mxq.ir.MAX_NODES`` (4096) distinct values and operations in the returned expression,
-  equal subexpressions counted once (``"size"``). Reusing a value is free: ``y = y + y`` repeated
-  k times is k + 1 nodes, and every pass over the IR is linear in that count;
+- at most ``mxq.frontend.ir.MAX_NODES`` (4096) distinct values and operations in the returned
+  expression, equal subexpressions counted once (``"size"``). Reusing a value is free: ``y = y +
+  y`` repeated k times is k + 1 nodes, and every pass over the IR is linear in that count;
 - nesting depth is not limited by mxq (the source is converted without recursion), only by
   Python's own ``ast`` module, which gives up near 3 x ``sys.getrecursionlimit()`` levels on
   CPython 3.11 (about 2,900 terms of one unparenthesised sum at the default limit;
@@ -405,8 +405,8 @@ def _callee_text(func: ast.AST) -> str:
 
 def _callables() -> dict:
     """What an epilogue may call, name -> function: the math table and the built-in activations
-    (mxq.math.INLINE, filled by mxq/activations.py). The parser accepts exactly these, and its
-    error for any other call lists them."""
+    (math.INLINE, filled by mxq/frontend/activations.py). The parser accepts exactly these, and
+    its error for any other call lists them."""
     return {**mxm.FUNCTIONS, **mxm.INLINE}
 
 
@@ -509,7 +509,7 @@ def parse(fn) -> Epilogue:
     n = ir.size(expr)
     if n > ir.MAX_NODES:
         p.fail(node, f"the epilogue has {n} distinct values and operations, more than the limit of "
-               f"{ir.MAX_NODES} (mxq.ir.MAX_NODES)", "size")
+               f"{ir.MAX_NODES} (mxq.frontend.ir.MAX_NODES)", "size")
     captured = tuple(sorted(p.captured.items()))
     # source text, captured values and the IR itself (constants by their bits, so 0.0 and -0.0
     # differ): deterministic across processes, linear in the IR's distinct nodes
