@@ -4,7 +4,7 @@ validation, launch, the reference, torch_ops and distributed read its fields by 
 
 ``Call.signature`` is what a call's host work depends on apart from values: the (shape, stride,
 dtype, device) of every tensor it holds and which keywords it has. Checks and launch bindings
-that depend only on it can be kept per signature (a later change; today every call runs them).
+that depend only on it can be kept per signature; every call runs them now.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Rendered source -> importable module file -> ``cute.compile`` -> native TVM-FFI function.
 
 CuTeDSL needs kernels in real files (it reads their source), so each rendered module is written
-once to ``$MXQ_CACHE_DIR/src/<sha>.py`` (mxq/runtime/cache.py) and imported from there;
+once to ``$MXQ_CACHE_DIR/src/mxq_gen_<sha>.py`` (mxq/runtime/cache.py) and imported from there;
 tracebacks and compile errors point into that file. Compiles are keyed by (source hash, arch,
-dtype) -- the source already covers the spec, the epilogue fingerprint and the templates -- and
+dtype, variant, operand layouts, and whether PTX is kept) -- the source already covers the
+spec, the epilogue fingerprint and the templates -- and
 run under one lock (``cute.compile`` is not thread-safe); concurrent first calls of one key wait
 for one compile. M and N are symbolic, so one compile serves every shape. ``native_function``
 adds the disk cache: each kernel exported once to a shared library under a versioned directory,
@@ -153,7 +154,8 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
 
     ``variant`` "vec" is the 16-byte vectorised kernel (N % 8 == 0, aligned tensors), "generic"
     the one that serves every shape and alignment (16-bit inputs: the packed kernel with
-    unaligned rows; fp32: the element-wise kernel). ``n_multiple``: the function refuses an N
+    unaligned rows; fp32: the element-wise kernel), "rows8" the one for FP8 output rows on 8-byte
+    boundaries; a ``_grouped`` suffix takes group ends. ``n_multiple``: the function refuses an N
     that is not a multiple of it (fake_args; export.py's gated backward).
     """
     if variant not in VARIANTS:
@@ -204,7 +206,8 @@ _native_locks: dict = {}  # the same key -> a lock: concurrent first calls load 
 def native_function(op, arch: str, dtype_name: str, variant: str, layouts=None):
     """The native TVM-FFI function of one kernel, from memory, the disk cache, or a compile.
 
-    Disk: ``cache.kernel_cache_dir(arch)/<source sha>_<dtype>_<variant>.so`` with its SHA-256 in a
+    Disk: ``cache.kernel_cache_dir(arch)/<source sha>_<dtype>_<variant>[_<layout tag>].so`` with the
+    SHA-256 of its key and bytes in a
     ``.sha256`` beside it, written under a file lock through temporary names; a library is
     loaded only if its digest matches (a damaged one is rebuilt). ``MXQ_ALWAYS_COMPILE=1`` skips
     the disk. A cache that cannot be used (read-only, full, a file where a directory should be,

@@ -1,9 +1,9 @@
 """The CUDA call path: bind one call's tensors to a compiled kernel and launch it.
 
 Two ways to launch, one set of rules: the native dispatcher (csrc/dispatch.cc, shared with C++
-callers) for ordinary calls, and a Python binding of the native kernel function for
-``op.prepare`` (bound once, re-launched with no checks) and machines that cannot build the
-dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
+callers) for ordinary calls, and a Python binding of the native kernel function
+(``Launcher.bind``) for ``op.prepare`` (bound once, re-launched with no checks), grouped calls,
+two-halves ops, broadcast or strided operands, and machines that cannot build the dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
 aligned, else the "generic" one (any shape: the packed kernel's unaligned rows for 16-bit
 inputs, the element-wise kernel for fp32), or "rows8" (whole 8-byte output units: the unaligned
 rows of 16-bit inputs, fp32's vectorised kernel with staged rows) where the FP8 outputs' rows

@@ -9,7 +9,7 @@ Everything that builds or documents such an argument list derives from this tabl
 - the Python binder of one call (launch.Launcher.bind),
 - the AOT header's argument documentation (export),
 - the destination-passing signature of the C++ dispatcher (``DESTINATIONS``; csrc/dispatch.cc
-  spells the same list in ``kSlots``, and tests/test_slots.py holds the two equal) and the
+  spells the same list in ``kSlots``, and tests/test_architecture.py holds the two equal) and the
   allocating route's result order (``OUTPUTS``, the MXFP8Tensor fields).
 """
 
