@@ -206,10 +206,10 @@ _native_locks: dict = {}  # the same key -> a lock: concurrent first calls load 
 def native_function(op, arch: str, dtype_name: str, variant: str, layouts=None):
     """The native TVM-FFI function of one kernel, from memory, the disk cache, or a compile.
 
-    Disk: ``cache.kernel_cache_dir(arch)/<source sha>_<dtype>_<variant>[_<layout tag>].so`` with the
-    SHA-256 of its key and bytes in a
-    ``.sha256`` beside it, written under a file lock through temporary names; a library is
-    loaded only if its digest matches (a damaged one is rebuilt). ``MXQ_ALWAYS_COMPILE=1`` skips
+    Disk: ``cache.kernel_cache_dir(arch)/<source sha>_<dtype>_<variant>[_<layout tag>].so`` with
+    the SHA-256 of its key and bytes in a ``.sha256`` beside it, written under a file lock through
+    temporary names; a library is loaded only if it verifies (cache.verified: a damaged one, or
+    another key's, is rebuilt). ``MXQ_ALWAYS_COMPILE=1`` skips
     the disk. A cache that cannot be used (read-only, full, a file where a directory should be,
     no C++ compiler to link) degrades to the in-memory compile with a one-time warning; a valid
     library in a read-only cache is still loaded.
