@@ -18,6 +18,7 @@ import jinja2
 
 from . import activations, gated, ir, slots
 from .epilogue import Epilogue
+from .formats.format import Format
 from .kernels.config import HALF_TANH_K, KernelConfig, Tuning
 from .spec import QuantSpec
 
@@ -25,13 +26,15 @@ TEMPLATE_NAME = "module.py.j2"
 
 
 def _template_dir():
-    """Installed: the ``mxq.templates`` package; from a source tree: ``<repo>/templates``."""
-    try:
-        return resources.files("mxq.templates")
-    except ModuleNotFoundError:
-        from pathlib import Path
+    """From a source tree: ``<repo>/templates`` (the package's own checkout, even where an
+    editable install maps ``mxq.templates`` to another one); installed: the ``mxq.templates``
+    package."""
+    from pathlib import Path
 
-        return Path(__file__).resolve().parent.parent / "templates"
+    tree = Path(__file__).resolve().parent.parent / "templates"
+    if (tree / TEMPLATE_NAME).is_file():
+        return tree
+    return resources.files("mxq.templates")
 
 
 @lru_cache(maxsize=1)
@@ -59,7 +62,7 @@ def kernels_hash() -> str:
     files += sorted((f"kernels/{p.name}", p) for p in (here / "kernels").glob("*.py"))
     # (and what else shapes the compiled code: the format constants the kernels read, the fake
     # compile arguments' alignment and dtypes)
-    files += [(name, here / name) for name in ("slots.py", "numerics.py", "compiler.py")]
+    files += [(name, here / name) for name in ("slots.py", "numerics.py", "compiler.py", "formats/format.py")]
     for name, path in files:
         h.update(name.encode())
         h.update(path.read_bytes())
@@ -353,8 +356,8 @@ def contract_fma(records: list[dict]) -> list[dict]:
 def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> KernelConfig:
     """The KernelConfig of one op (rendered into its module)."""
     return KernelConfig(
-        fp8=spec.fp8, rowwise=spec.rowwise, colwise=spec.colwise, scale_mode=spec.scale_mode,
-        swizzled=spec.scale_layout == "swizzled", amax=spec.amax, dbias=spec.dbias,
+        fmt=Format.mxfp8(spec.fp8, spec.scale_mode, spec.scale_layout), rowwise=spec.rowwise,
+        colwise=spec.colwise, amax=spec.amax, dbias=spec.dbias,
         n_inputs=len(epilogue.tensor_params), n_scalars=gated.launch_scalars(epilogue),
         identity=epilogue.is_identity, has_act=spec.act is not None, has_dact=spec.dact is not None,
         heavy=bool(spec.act or spec.dact or spec.dbias or not epilogue.exact),

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from ..formats.format import Format
+
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
@@ -88,11 +90,9 @@ class KernelConfig:
     """What one generated module's kernels are specialised on (besides the input dtype and the
     arch, which come at compile time)."""
 
-    fp8: str  # "e4m3" | "e5m2"
+    fmt: Format  # block shape, element and scale encodings, scale rule and layout (MXFP8: Format.mxfp8)
     rowwise: bool
     colwise: bool
-    scale_mode: str  # "rceil" | "floor" | "ceil" | "even"
-    swizzled: bool  # scale_layout == "swizzled"
     amax: bool
     dbias: bool
     n_inputs: int  # epilogue tensor parameters

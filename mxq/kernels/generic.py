@@ -51,7 +51,7 @@ class GenericKernel:
         row_end = M
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, cutlass.memory.SmemAllocator(), rb, M, N, cfg.swizzled, COLS)
+            gt = grouped.GroupTile(group_ends, cutlass.memory.SmemAllocator(), rb, M, N, cfg.fmt.swizzled, COLS)
             row0 = gt.row0
             row_end = gt.row_end
         col_ok = col < N
@@ -96,9 +96,9 @@ class GenericKernel:
                 vals[i] = v
                 cmax = cute.arch.fmax(cmax, cute.math.abs(v), nan=True)
                 if cutlass.const_expr(cfg.rowwise):
-                    e = dev.e8m0_scale(dev.warp_amax(v), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    e = dev.e8m0_scale(dev.warp_amax(v), cfg.fmt.element, cfg.fmt.rule, use_hw_e8m0)
                     if col_ok and r < row_end:
-                        ua.at_address(Uint8, out_row)[0] = dev.to_fp8(dev.mul_rn(v, dev.inv_scale(e)), cfg.fp8)
+                        ua.at_address(Uint8, out_row)[0] = dev.to_fp8(dev.mul_rn(v, dev.inv_scale(e)), cfg.fmt.element)
                     out_row = out_row + out_step
                     row_e = Int32(cutlass.select_(lane == i, e, row_e))  # lane i keeps row i's scale
             if cutlass.const_expr(cfg.rowwise):
@@ -110,31 +110,31 @@ class GenericKernel:
                 if col - lane < N and r < row_end:
                     if cutlass.const_expr(GROUPED):
                         row_scale[self.group_row_scale_offset(gt, r, col // 32, nbr)] = Uint8(row_e)
-                    elif cutlass.const_expr(cfg.swizzled):
+                    elif cutlass.const_expr(cfg.fmt.swizzled):
                         row_scale[dev.swizzle_offset(r, (co + col) // 32, nbr)] = Uint8(row_e)
                     else:
                         row_scale[r * nbr + (co + col) // 32] = Uint8(row_e)
             if cutlass.const_expr(cfg.colwise):
-                e = dev.e8m0_scale(cmax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                e = dev.e8m0_scale(cmax, cfg.fmt.element, cfg.fmt.rule, use_hw_e8m0)
                 s_inv = dev.inv_scale(e)
                 if col_ok:
                     # (two rows per conversion; each pair's addresses stepped from the last pair's)
                     out_col, col_step = ua.row_base(self.out_window(col_data, co), row0, col)
                     for i in cutlass.range_constexpr(0, ROWS, 2):
                         lo, hi = dev.to_fp8x2(cute.math.mul(vals[i], s_inv, rounding=dev.RN),
-                                              cute.math.mul(vals[i + 1], s_inv, rounding=dev.RN), cfg.fp8)
+                                              cute.math.mul(vals[i + 1], s_inv, rounding=dev.RN), cfg.fmt.element)
                         if row0 + i < row_end:
                             ua.at_address(Uint8, out_col)[0] = lo
                         if row0 + i + 1 < row_end:
                             ua.at_address(Uint8, out_col + col_step)[0] = hi
                         out_col = out_col + col_step * 2
                     if cutlass.const_expr(GROUPED):
-                        if cutlass.const_expr(cfg.swizzled):
+                        if cutlass.const_expr(cfg.fmt.swizzled):
                             if row_end > row0:
                                 col_scale[self.group_col_scale_offset(gt, col)] = Uint8(e)
                         else:  # a tile with no rows writes its scale row's zeros
                             col_scale[rb * N + col] = Uint8(cutlass.select_(row_end > row0, e, Int32(0)))
-                    elif cutlass.const_expr(cfg.swizzled):
+                    elif cutlass.const_expr(cfg.fmt.swizzled):
                         col_scale[dev.swizzle_offset(co + col, rb, (M + 31) // 32)] = Uint8(e)
                     else:
                         col_scale[rb * NOUT + co + col] = Uint8(e)

@@ -100,7 +100,7 @@ class PackedKernel:
         gt = None
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.swizzled, NTHREADS)
+            gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.fmt.swizzled, NTHREADS)
             in_grid = rb < grouped.row_tiles(M, group_ends.shape[0])
             row_end = gt.row_end
         else:
@@ -319,7 +319,7 @@ class PackedKernel:
                 si = []  # inverse scales of the rows this lane finished
                 for m in cutlass.range_constexpr(QUARTER):
                     rq = dev.pk_max_shuffled(rs[m], rs[QUARTER + m], 1, hi1, is_bf16)
-                    er = dev.e8m0_scale(dev.pk_amax(rq, is_bf16), cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    er = dev.e8m0_scale(dev.pk_amax(rq, is_bf16), cfg.fmt.element, cfg.fmt.rule, use_hw_e8m0)
                     si.append(dev.inv_scale(er))
                     if cutlass.const_expr(WIDE):
                         sRS[rbase - rb * TILE_ROWS + qrow + m, g // 4 - cb * RS_BLOCKS] = Uint8(er)
@@ -330,7 +330,7 @@ class PackedKernel:
                         if grp_ok and srow_i < Ms:
                             if cutlass.const_expr(GROUPED):
                                 self.store_row_scale(row_scale, self.group_row_scale_offset(gt, srow_i, (co + c0) // 32, nbr), er)
-                            elif cutlass.const_expr(cfg.swizzled):
+                            elif cutlass.const_expr(cfg.fmt.swizzled):
                                 self.store_row_scale(row_scale, dev.swizzle_offset(srow_i, (co + c0) // 32, nbr), er)
                             else:
                                 self.store_row_scale(row_scale, srow_i * nbr + (co + c0) // 32, er)
@@ -347,7 +347,7 @@ class PackedKernel:
                             if rb * TILE_ROWS + wr < Ms and wb < nbr:
                                 word = cute.recast_tensor(sRS, Uint32)[wr, tidx % (RS_BLOCKS // 4)]
                                 # (swizzled: blocks 4k..4k+3 of a row are adjacent)
-                                woff = dev.scale_offset(cfg.swizzled, rb * TILE_ROWS + wr, wb, nbr)
+                                woff = dev.scale_offset(cfg.fmt.swizzled, rb * TILE_ROWS + wr, wb, nbr)
                                 cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[rs_base + Int64(woff), word])
                     else:
                         for r in cutlass.range_constexpr((TILE_ROWS * RS_BLOCKS + NTHREADS - 1) // NTHREADS):
@@ -355,7 +355,7 @@ class PackedKernel:
                             br = p // RS_BLOCKS
                             bb = cb * RS_BLOCKS + p % RS_BLOCKS
                             if br < TILE_ROWS and rb * TILE_ROWS + br < Ms and bb < nbr:
-                                self.store_row_scale(row_scale, dev.scale_offset(cfg.swizzled, rb * TILE_ROWS + br, bb, nbr),
+                                self.store_row_scale(row_scale, dev.scale_offset(cfg.fmt.swizzled, rb * TILE_ROWS + br, bb, nbr),
                                                   sRS[br, p % RS_BLOCKS])
                 gl = lane - lane % 4
                 sr = [cute.arch.shuffle_sync(si[i % QUARTER], gl + i // QUARTER) for i in range(PK_ROWS)]
@@ -371,7 +371,7 @@ class PackedKernel:
                 # over the warps, turned into two scales and stored once per CTA, by one thread, instead
                 # of by every warp for its own lane's columns.
                 Ns = Int32(cutlass.select_(Ms > 0, N, Int32(0)))  # column bound of the owners' stores
-                if cutlass.const_expr(GROUPED and not cfg.swizzled):
+                if cutlass.const_expr(GROUPED and not cfg.fmt.swizzled):
                     # compact grouped: a tile with no rows writes its scale row's zeros (grouped.py)
                     Ns = Int32(cutlass.select_(in_grid and noop[0] != Float32(1.0), N, Int32(0)))
                 if tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
@@ -386,8 +386,8 @@ class PackedKernel:
                             tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
                         if cutlass.const_expr(cfg.colwise):
                             cl, ch = dev.pk_unpack(cw, is_bf16)
-                            e_lo = dev.e8m0_scale(cl, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
-                            e_hi = dev.e8m0_scale(ch, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                            e_lo = dev.e8m0_scale(cl, cfg.fmt.element, cfg.fmt.rule, use_hw_e8m0)
+                            e_hi = dev.e8m0_scale(ch, cfg.fmt.element, cfg.fmt.rule, use_hw_e8m0)
                             if cutlass.const_expr(GROUPED):
                                 e_lo = Int32(cutlass.select_(Ms > 0, e_lo, Int32(0)))
                                 e_hi = Int32(cutlass.select_(Ms > 0, e_hi, Int32(0)))
@@ -485,10 +485,10 @@ class PackedKernel:
             l1, h1 = dev.pk_unpack(row_words[j + 1], is_bf16)
             if cfg.rowwise:
                 qr[j // 2] = dev.fp8x4(dev.mul_rn(l0, s_row), dev.mul_rn(h0, s_row), dev.mul_rn(l1, s_row),
-                                       dev.mul_rn(h1, s_row), cfg.fp8)
+                                       dev.mul_rn(h1, s_row), cfg.fmt.element)
             if cfg.colwise:
                 qc[j // 2] = dev.fp8x4(dev.mul_rn(l0, sc[2 * j]), dev.mul_rn(h0, sc[2 * j + 1]),
-                                       dev.mul_rn(l1, sc[2 * j + 2]), dev.mul_rn(h1, sc[2 * j + 3]), cfg.fp8)
+                                       dev.mul_rn(l1, sc[2 * j + 2]), dev.mul_rn(h1, sc[2 * j + 3]), cfg.fmt.element)
         return qr, qc
 
     @cute.jit

@@ -201,15 +201,15 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
     def group_row_scale_offset(self, gt, r, blk, nbr):
         """Offset of row r's scale byte of block blk in a grouped call's rowwise scales: compact
         scales do not depend on the groups; swizzled ones are blocked per group (grouped.py)."""
-        if self.cfg.swizzled:
+        if self.cfg.fmt.swizzled:
             return grouped.row_swizzled_offset(gt.row_sw, r - gt.row0, blk)
         return r * nbr + blk
 
     def put_col_scale(self, col_scale, gt, c, rb, M, NOUT, e):
         """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None)."""
-        if gt is not None and self.cfg.swizzled:
+        if gt is not None and self.cfg.fmt.swizzled:
             col_scale[self.group_col_scale_offset(gt, c)] = Uint8(e)
-        elif gt is None and self.cfg.swizzled:
+        elif gt is None and self.cfg.fmt.swizzled:
             col_scale[dev.swizzle_offset(c, rb, (M + 31) // 32)] = Uint8(e)
         else:
             col_scale[rb * NOUT + c] = Uint8(e)

@@ -80,7 +80,7 @@ class VectorizedKernel:
             smem = cutlass.memory.SmemAllocator()
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.swizzled, WARPS * 32)
+            gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.fmt.swizzled, WARPS * 32)
             rbase = gt.row0 + warp * VROWS
             row_end = gt.row_end
         sources = self.sources(ins, act_in)
@@ -245,24 +245,24 @@ class VectorizedKernel:
                         ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + k]), nan=True)
                     ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1), nan=True)
                     ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
-                    er = dev.e8m0_scale(ramax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    er = dev.e8m0_scale(ramax, cfg.fmt.element, cfg.fmt.rule, use_hw_e8m0)
                     sr = dev.inv_scale(er)
                     if cutlass.const_expr(UNALIGNED):
                         self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, whole, part, nvalid)
                         if row_ok and lane % 4 == 0:
-                            self.store_row_scale(row_scale, dev.scale_offset(cfg.swizzled, rbase + i, c0 // 32, nbr), er)
+                            self.store_row_scale(row_scale, dev.scale_offset(cfg.fmt.swizzled, rbase + i, c0 // 32, nbr), er)
                     elif row_ok:
                         qr = cute.make_rmem_tensor_like(tRow[(None, (0, 0))])
                         for k in cutlass.range_constexpr(0, VEC, 2):
                             lo, hi = dev.to_fp8x2(dev.mul_rn(vals[i * VEC + k], sr), dev.mul_rn(vals[i * VEC + k + 1], sr),
-                                                  cfg.fp8)
+                                                  cfg.fmt.element)
                             qr[k] = lo
                             qr[k + 1] = hi
                         cute.autovec_copy(qr, tRow[(None, (rbase + i, g))])
                         if lane % 4 == 0:
                             if cutlass.const_expr(GROUPED):
                                 self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + i, c0 // 32, nbr), er)
-                            elif cutlass.const_expr(cfg.swizzled):
+                            elif cutlass.const_expr(cfg.fmt.swizzled):
                                 self.store_row_scale(row_scale, dev.swizzle_offset(rbase + i, (co + c0) // 32, nbr), er)
                             else:
                                 self.store_row_scale(row_scale, (rbase + i) * nbr + (co + c0) // 32, er)
@@ -288,10 +288,10 @@ class VectorizedKernel:
                     if cutlass.const_expr(cfg.amax):
                         tm = cute.arch.fmax(tm, m, nan=True)
                     if cutlass.const_expr(cfg.colwise):
-                        e = dev.e8m0_scale(m, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                        e = dev.e8m0_scale(m, cfg.fmt.element, cfg.fmt.rule, use_hw_e8m0)
                         sInv[p] = dev.inv_scale(e)
                         if c < N:
-                            if cutlass.const_expr(GROUPED and cfg.swizzled):
+                            if cutlass.const_expr(GROUPED and cfg.fmt.swizzled):
                                 if gt.row_end > gt.row0:
                                     col_scale[self.group_col_scale_offset(gt, c)] = Uint8(e)
                             elif cutlass.const_expr(GROUPED):  # a tile with no rows writes its scale row's zeros
@@ -323,7 +323,7 @@ class VectorizedKernel:
                         qc = cute.make_rmem_tensor_like(tCol[(None, (0, 0))])
                         for k in cutlass.range_constexpr(0, VEC, 2):
                             lo, hi = dev.to_fp8x2(dev.mul_rn(vals[i * VEC + k], sc[k]),
-                                                  dev.mul_rn(vals[i * VEC + k + 1], sc[k + 1]), cfg.fp8)
+                                                  dev.mul_rn(vals[i * VEC + k + 1], sc[k + 1]), cfg.fmt.element)
                             qc[k] = lo
                             qc[k + 1] = hi
                         cute.autovec_copy(qc, tCol[(None, (rbase + i, g))])
@@ -334,6 +334,6 @@ class VectorizedKernel:
         """Unaligned rows: row i's VEC values times their inverse scales ``inv`` as one FP8 unit
         at byte address ``p`` (a multiple of 8), when the row exists (``ok``)."""
         q = [dev.mul_rn(vals[i * VEC + k], inv[k]) for k in range(VEC)]
-        d0 = dev.fp8x4(q[0], q[1], q[2], q[3], self.cfg.fp8)
-        d1 = dev.fp8x4(q[4], q[5], q[6], q[7], self.cfg.fp8)
+        d0 = dev.fp8x4(q[0], q[1], q[2], q[3], self.cfg.fmt.element)
+        d1 = dev.fp8x4(q[4], q[5], q[6], q[7], self.cfg.fmt.element)
         ua.store_unit_or_prefix(p, d0, d1, ok & whole, ok & part, nvalid)
