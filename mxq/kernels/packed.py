@@ -29,10 +29,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32
 
+from . import codec
 from . import device as dev
 from . import grouped
+from . import smem as shared
 from . import unaligned as ua
-from .config import ROWS, VEC, unaligned_row_elements
+from .config import ROWS, VEC
 
 VCOLS = 32 * VEC  # columns of a (non-wide) tile
 PKW = VEC // 2  # 32-bit words per row per thread
@@ -55,7 +57,11 @@ def grid(cfg, M, N, G=None, unaligned: bool = False):
 
 
 class PackedKernel:
-    """Mixed into Quantize (quantize.py), which provides cfg and the per-element pieces."""
+    """The packed kernel of one config (``cfg``) and op (``op``: element.ElementOp)."""
+
+    def __init__(self, cfg, op):
+        self.cfg = cfg
+        self.op = op
 
     @cute.kernel
     def packed_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
@@ -91,16 +97,28 @@ class PackedKernel:
         lane = tidx % 32
         warp = tidx // 32
         cb = bx
-        # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, quantize.py)
+        # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, ElementOp.output_half)
         PASSES = cutlass.const_expr(cfg.halves_passes)  # 2: this CTA writes both halves (Tuning.halves_one_cta)
-        cb, co, NOUT, scalars = self.output_half(cb, N, NO, TILE_COLS, scalars, divby=DIVBY, passes=PASSES)
+        cb, co, NOUT, scalars = self.op.output_half(cb, N, NO, TILE_COLS, scalars, divby=DIVBY, passes=PASSES)
         rb = by + bz * gy
-        if cutlass.const_expr(cfg.col_reduce or cfg.stage or WIDE or GROUPED or UNALIGNED):
-            smem = cutlass.memory.SmemAllocator()
+        # the tensors read per element; operands broadcast along rows (a bias) are loaded once, for
+        # row 0, and shared by every row; operands broadcast along columns (a row scale, a scalar)
+        # take element loads; the others are staged through shared memory by ops with arithmetic
+        # and unaligned rows
+        sources = self.op.sources(ins, act_in)
+        NSRC = cutlass.const_expr(len(sources))
+        once = [dev.broadcast_rows(src) for src in sources]
+        staged_src = [(cfg.stage or UNALIGNED) and not dev.broadcast_cols(src) for src in sources]
+        # the CTA's shared memory, declared once (KernelConfig.packed_buffers)
+        buffers = cfg.packed_buffers([(s.element_type.width, once[t]) if staged_src[t] else None
+                                      for t, s in enumerate(sources)], UNALIGNED, GROUPED)
+        if cutlass.const_expr(len(buffers) > 0):
+            buf = shared.allocate(cutlass.memory.SmemAllocator(), buffers,
+                                  {f"in{t}": s.element_type for t, s in enumerate(sources)})
         gt = None
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.fmt.swizzled, NTHREADS)
+            gt = grouped.GroupTile(group_ends, buf["group"], rb, M, N, cfg.fmt.swizzled, NTHREADS)
             in_grid = rb < grouped.row_tiles(M, group_ends.shape[0])
             row_end = gt.row_end
         else:
@@ -128,60 +146,36 @@ class PackedKernel:
             abs_masks = [m & Uint32(dev.ABS_BITS) for m in ua.column_masks(N - c0, PKW)]
         else:
             abs_masks = [Uint32(dev.ABS_BITS)] * PKW  # every column exists
-        if cutlass.const_expr(WIDE):
-            # the CTA's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words
-            sRS = smem.allocate_tensor(Uint8, cute.make_layout((TILE_ROWS, RS_BLOCKS), stride=(RS_BLOCKS, 1)), 16)
-        if cutlass.const_expr(cfg.col_reduce):
-            # shared memory is indexed by position j * 32 + lane (word or column j of lane), so that a
-            # warp's stores and the owners' loads below touch consecutive words: no bank conflicts
-            sMax = smem.allocate_tensor(Uint32, cute.make_layout((WARPS, 32 * PKW), stride=(32 * PKW, 1)), 16)
-        if cutlass.const_expr(cfg.colwise):
-            sInv = smem.allocate_tensor(Float32, cute.make_layout(VCOLS), 16)
-        if cutlass.const_expr(cfg.dbias):
-            sSum = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
-        if cutlass.const_expr(UNALIGNED):
-            # each warp's partial output units (two words): head and tail of each of its rows, per direction
-            NEDGE = cutlass.const_expr(4 * PK_ROWS * (int(cfg.rowwise) + int(cfg.colwise)))
-            sEdge = smem.allocate_tensor(Uint32, cute.make_layout((WARPS, NEDGE), stride=(NEDGE, 1)), 16)
+        # sRS: the wide tile's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words.
+        # sMax, sSum and sInv are indexed by position j * 32 + lane (word or column j of lane), so
+        # that a warp's stores and the owners' loads below touch consecutive words: no bank
+        # conflicts. sEdge: each warp's partial output units (two words), head and tail of each of
+        # its rows, per direction.
+        sRS, sMax, sInv, sSum, sEdge = (buf.get(n) if len(buffers) > 0 else None
+                                        for n in ("rs", "max", "inv", "sum", "edge"))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
-        sources = self.sources(ins, act_in)
-        NSRC = cutlass.const_expr(len(sources))
-        tiles = [self.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
+        tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
             if cutlass.const_expr(PASSES == 1):
-                tRow = self.thread_tile(self.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+                tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
             nbr = (NOUT + 31) // 32
         if cutlass.const_expr(cfg.colwise and PASSES == 1):
-            tCol = self.thread_tile(self.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-        # Operands broadcast along rows (a bias) are loaded once, for row 0, and shared by every
-        # row; operands broadcast along columns (a row scale, a scalar) take element loads.
-        once = [dev.broadcast_rows(src) for src in sources]
-        staged_src = [(cfg.stage or UNALIGNED) and not dev.broadcast_cols(src) for src in sources]
+            tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
         if cutlass.const_expr(any(staged_src)):
             # Staged loads: every row of every input is requested at once with cp.async into this
             # thread's own shared-memory slots (one commit group per row) and read back just before
             # its row is computed.
             # Unaligned: each row segment is staged whole (its covering 16-byte chunks, copied by the
             # warp) and every lane reads its 8 columns back realigned (unaligned.py).
-            staged = []
-            g2s = []
-            for t in cutlass.range_constexpr(NSRC):
-                el = sources[t].element_type
-                if cutlass.const_expr(not staged_src[t]):
-                    staged.append(None)
-                elif cutlass.const_expr(UNALIGNED):
-                    RW = cutlass.const_expr(unaligned_row_elements(VCOLS, el.width // 8))  # a row's chunks
-                    staged.append(smem.allocate_tensor(el, cute.make_layout((ROWS, RW), stride=(RW, 1)), 16))
-                else:  # (a source broadcast along rows, a bias, stages its one row)
-                    SROWS = cutlass.const_expr(1 if once[t] else PK_ROWS)
-                    staged.append(smem.allocate_tensor(
-                        el, cute.make_layout((SROWS, NTHREADS, VEC), stride=(NTHREADS * VEC, VEC, 1)), 16))
-                g2s.append(cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
-                                               el, num_bits_per_copy=128) if staged_src[t] else None)
+            # (unaligned: a row's covering chunks per staged row; aligned: the thread's rows, or the
+            # one row of a source broadcast along rows, a bias)
+            staged = [buf[f"in{t}"] if staged_src[t] else None for t in range(NSRC)]
+            g2s = [cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
+                                       sources[t].element_type, num_bits_per_copy=128) if staged_src[t] else None
+                   for t in range(NSRC)]
             # Unaligned rows of ops with arithmetic and no dbias: rows past M are staged as zeros, so
             # every row is read without a branch (plain casts and dbias ops keep the branch: without
-            # it ptxas kept more values live, a CTA per SM fewer; docs/performance.md, "N % 8 != 0",
-            # steps 8 and 17)
+            # it ptxas kept more values live, a CTA per SM fewer)
             ZERO_ROWS = cutlass.const_expr(UNALIGNED and cfg.computed and not cfg.dbias)
             if cutlass.const_expr(UNALIGNED):
                 # each source's rows and their misalignment (one per class of rows 8 apart)
@@ -222,13 +216,13 @@ class PackedKernel:
         # loaded tile (the staged inputs are still in shared memory), writing at column offset co.
         for hp in cutlass.range_constexpr(PASSES):
             if cutlass.const_expr(PASSES == 2):
-                co, scalars_p = self.pass_half(hp, N, scalars, divby=DIVBY)
+                co, scalars_p = self.op.pass_half(hp, N, scalars, divby=DIVBY)
                 if cutlass.const_expr(hp == 1):
                     cute.arch.sync_threads()  # pass 0's readers of sMax/sSum/sInv are done
                 if cutlass.const_expr(cfg.rowwise):
-                    tRow = self.thread_tile(self.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+                    tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
                 if cutlass.const_expr(cfg.colwise):
-                    tCol = self.thread_tile(self.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+                    tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
             else:
                 scalars_p = scalars
             if cutlass.const_expr(cfg.dbias):
@@ -266,7 +260,7 @@ class PackedKernel:
                             abs_keep = Uint32(cutlass.select_(row_ok, Uint32(dev.ABS_BITS), Uint32(0)))
                     vv = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
                     for k in cutlass.range_constexpr(VEC):
-                        v = self.value(frags[i], k, scalars_p, dev.widen)
+                        v = self.op.value(frags[i], k, scalars_p, dev.widen)
                         if cutlass.const_expr(not cfg.identity and not ROW_MASK):
                             # a user epilogue may map padding to nonzero (unaligned: columns past N are
                             # masked with the magnitudes below; their sums are never stored)
@@ -329,11 +323,11 @@ class PackedKernel:
                             srow_i = rbase + (qrow + m) * RSTEP
                         if grp_ok and srow_i < Ms:
                             if cutlass.const_expr(GROUPED):
-                                self.store_row_scale(row_scale, self.group_row_scale_offset(gt, srow_i, (co + c0) // 32, nbr), er)
+                                codec.store_row_scale(cfg, row_scale, codec.group_row_scale_offset(cfg.fmt, gt, srow_i, (co + c0) // 32, nbr), er)
                             elif cutlass.const_expr(cfg.fmt.swizzled):
-                                self.store_row_scale(row_scale, dev.swizzle_offset(srow_i, (co + c0) // 32, nbr), er)
+                                codec.store_row_scale(cfg, row_scale, dev.swizzle_offset(srow_i, (co + c0) // 32, nbr), er)
                             else:
-                                self.store_row_scale(row_scale, srow_i * nbr + (co + c0) // 32, er)
+                                codec.store_row_scale(cfg, row_scale, srow_i * nbr + (co + c0) // 32, er)
                 if cutlass.const_expr(WIDE):
                     cute.arch.sync_threads()
                     # Row scales leave as words of 4 blocks, whole rows of the tile per request. Words need
@@ -355,7 +349,7 @@ class PackedKernel:
                             br = p // RS_BLOCKS
                             bb = cb * RS_BLOCKS + p % RS_BLOCKS
                             if br < TILE_ROWS and rb * TILE_ROWS + br < Ms and bb < nbr:
-                                self.store_row_scale(row_scale, dev.scale_offset(cfg.fmt.swizzled, rb * TILE_ROWS + br, bb, nbr),
+                                codec.store_row_scale(cfg, row_scale, dev.scale_offset(cfg.fmt.swizzled, rb * TILE_ROWS + br, bb, nbr),
                                                   sRS[br, p % RS_BLOCKS])
                 gl = lane - lane % 4
                 sr = [cute.arch.shuffle_sync(si[i % QUARTER], gl + i // QUARTER) for i in range(PK_ROWS)]
@@ -396,12 +390,12 @@ class PackedKernel:
                             sInv[(2 * pj + 1) * 32 + p % 32] = dev.inv_scale(e_hi)
                             oc = cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
                             if oc < Ns:  # aligned: N % VEC == 0, both columns are in or out
-                                self.put_col_scale(col_scale, gt, co + oc, rb, M, NOUT, e_lo)
+                                codec.put_col_scale(cfg.fmt, col_scale, gt, co + oc, rb, M, NOUT, e_lo)
                                 if cutlass.const_expr(UNALIGNED):
                                     if oc + 1 < Ns:
-                                        self.put_col_scale(col_scale, gt, co + oc + 1, rb, M, NOUT, e_hi)
+                                        codec.put_col_scale(cfg.fmt, col_scale, gt, co + oc + 1, rb, M, NOUT, e_hi)
                                 else:
-                                    self.put_col_scale(col_scale, gt, co + oc + 1, rb, M, NOUT, e_hi)
+                                    codec.put_col_scale(cfg.fmt, col_scale, gt, co + oc + 1, rb, M, NOUT, e_hi)
                     if cutlass.const_expr(cfg.amax):
                         tm = dev.warp_max(tm)
                         if lane == 0 and Ms > 0:
@@ -437,8 +431,7 @@ class PackedKernel:
                 # warp at run time (their warps whose rows happen to be aligned); ops with arithmetic,
                 # dbias and two-halves ops keep only the realigned form: with both forms, dbias and
                 # two-halves ops took more registers (a CTA per SM fewer) and gelu + both on
-                # contiguous outputs ran 5.6% slower at 8192x8190 (docs/performance.md, "N % 8 !=
-                # 0", step 12).
+                # contiguous outputs ran 5.6% slower at 8192x8190 on the H200.
                 rows = (words, sr if cfg.rowwise else None, sc if cfg.colwise else None, dirs)
                 tail = (edges, lane, rbase, Ms, ncols, is_bf16)
                 if cutlass.const_expr(ROWS8):
