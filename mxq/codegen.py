@@ -23,6 +23,10 @@ from .kernels.config import HALF_TANH_K, KernelConfig, Tuning
 from .spec import QuantSpec
 
 TEMPLATE_NAME = "module.py.j2"
+# The generated module's launchers: (function, Quantize.launch variant, takes a grouped call's
+# group ends), one template loop; compiler.VARIANTS names the same functions
+LAUNCHERS = (("launch", "generic", False), ("launch_vec", "vec", False), ("launch_rows8", "rows8", False),
+             ("launch_grouped", "generic", True), ("launch_vec_grouped", "vec", True))
 
 
 def _template_dir():
@@ -411,6 +415,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         "call_args": call_args,
         "grouped_params": grouped_params,
         "grouped_call_args": grouped_call_args,
+        "launchers": LAUNCHERS,
         "kernels_hash": kernels_hash(),
     }
 
