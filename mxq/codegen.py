@@ -408,7 +408,6 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         "n_inputs": n_in,
         "n_scalars": n_sc,
         "config": repr(kernel_config(spec, epilogue, tuning)),
-        "epilogue": {"body": _body(lower(epi)), "out": epi_out, "params": ", ".join([*inputs.values(), *scalars.values()])},
         "act": act,
         "dact": dact,
         "params": params,
@@ -416,8 +415,23 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         "grouped_params": grouped_params,
         "grouped_call_args": grouped_call_args,
         "launchers": LAUNCHERS,
+        "functions": _element_functions(inputs, scalars, epi, epi_out, act, dact),
         "kernels_hash": kernels_hash(),
     }
+
+
+def _element_functions(inputs: dict, scalars: dict, epi, epi_out, act, dact) -> list[dict]:
+    """The element functions of a generated module, in order: the epilogue, then act and dact
+    where the op has them (name, parameters, docstring, body, result variable)."""
+    out = [{"name": "epilogue", "params": ", ".join([*inputs.values(), *scalars.values()]),
+            "doc": "The op's epilogue, lowered from its IR (codegen.lower): one rounding per operation.",
+            "body": _body(lower(epi)), "out": epi_out}]
+    for kind, fn, arg, prefix in (("act", act, "v", ""), ("dact", dact, "a", "d")):
+        if fn is not None:
+            out.append({"name": kind, "params": arg, "body": fn["body"], "out": fn["out"],
+                        "doc": f"{prefix}{fn['name']}({arg}), docs/NUMERICS.md's formula (built-in: tanh_act and "
+                               f"FMAs allowed)."})
+    return out
 
 
 def render(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> str:
