@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from mxq.formats.format import Format
 from mxq.kernels import config as kconfig
 from mxq.kernels import device as dev
 
@@ -107,8 +108,8 @@ def test_swizzle_offsets_by_hand():
 
 
 def _cfg(**kw):
-    base = dict(fp8="e4m3", rowwise=True, colwise=False, scale_mode="rceil", swizzled=False, amax=False,
-                dbias=False, n_inputs=1, n_scalars=0, identity=True, has_act=False, has_dact=False, heavy=False)
+    base = dict(fmt=Format.mxfp8("e4m3", "rceil", "compact"), rowwise=True, colwise=False, amax=False, dbias=False,
+                n_inputs=1, n_scalars=0, identity=True, has_act=False, has_dact=False, heavy=False)
     return kconfig.KernelConfig(**{**base, **kw})
 
 

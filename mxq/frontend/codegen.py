@@ -19,22 +19,30 @@ import jinja2
 from . import activations, gated, ir
 from ..runtime import slots
 from .epilogue import Epilogue
+from ..formats.format import Format
 from ..kernels.config import HALF_TANH_K, KernelConfig, Tuning
 from .spec import QuantSpec
 
 TEMPLATE_NAME = "module.py.j2"
 # mxq/ files beside kernels/ and the templates that shape the compiled code (kernels_hash)
-SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "runtime/compiler.py", "runtime/targets.py")
+SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "formats/format.py", "runtime/compiler.py",
+                 "runtime/targets.py")
+# The generated module's launchers: (function, Quantize.launch variant, takes a grouped call's
+# group ends), one template loop; compiler.VARIANTS names the same functions
+LAUNCHERS = (("launch", "generic", False), ("launch_vec", "vec", False), ("launch_rows8", "rows8", False),
+             ("launch_grouped", "generic", True), ("launch_vec_grouped", "vec", True))
 
 
 def _template_dir():
-    """Installed: the ``mxq.templates`` package; from a source tree: ``<repo>/templates``."""
-    try:
-        return resources.files("mxq.templates")
-    except ModuleNotFoundError:
-        from pathlib import Path
+    """From a source tree: ``<repo>/templates`` (the package's own checkout, even where an
+    editable install maps ``mxq.templates`` to another one); installed: the ``mxq.templates``
+    package."""
+    from pathlib import Path
 
-        return Path(__file__).resolve().parents[2] / "templates"
+    tree = Path(__file__).resolve().parents[2] / "templates"
+    if (tree / TEMPLATE_NAME).is_file():
+        return tree
+    return resources.files("mxq.templates")
 
 
 @lru_cache(maxsize=1)
@@ -356,8 +364,8 @@ def contract_fma(records: list[dict]) -> list[dict]:
 def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> KernelConfig:
     """The KernelConfig of one op (rendered into its module)."""
     return KernelConfig(
-        fp8=spec.fp8, rowwise=spec.rowwise, colwise=spec.colwise, scale_mode=spec.scale_mode,
-        swizzled=spec.scale_layout == "swizzled", amax=spec.amax, dbias=spec.dbias,
+        fmt=Format.mxfp8(spec.fp8, spec.scale_mode, spec.scale_layout), rowwise=spec.rowwise,
+        colwise=spec.colwise, amax=spec.amax, dbias=spec.dbias,
         n_inputs=len(epilogue.tensor_params), n_scalars=gated.launch_scalars(epilogue),
         identity=epilogue.is_identity, has_act=spec.act is not None, has_dact=spec.dact is not None,
         heavy=bool(spec.act or spec.dact or spec.dbias or not epilogue.exact),
@@ -404,15 +412,30 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         "n_inputs": n_in,
         "n_scalars": n_sc,
         "config": repr(kernel_config(spec, epilogue, tuning)),
-        "epilogue": {"body": _body(lower(epi)), "out": epi_out, "params": ", ".join([*inputs.values(), *scalars.values()])},
         "act": act,
         "dact": dact,
         "params": params,
         "call_args": call_args,
         "grouped_params": grouped_params,
         "grouped_call_args": grouped_call_args,
+        "launchers": LAUNCHERS,
+        "functions": _element_functions(inputs, scalars, epi, epi_out, act, dact),
         "kernels_hash": kernels_hash(),
     }
+
+
+def _element_functions(inputs: dict, scalars: dict, epi, epi_out, act, dact) -> list[dict]:
+    """The element functions of a generated module, in order: the epilogue, then act and dact
+    where the op has them (name, parameters, docstring, body, result variable)."""
+    out = [{"name": "epilogue", "params": ", ".join([*inputs.values(), *scalars.values()]),
+            "doc": "The op's epilogue, lowered from its IR (codegen.lower): one rounding per operation.",
+            "body": _body(lower(epi)), "out": epi_out}]
+    for kind, fn, arg, prefix in (("act", act, "v", ""), ("dact", dact, "a", "d")):
+        if fn is not None:
+            out.append({"name": kind, "params": arg, "body": fn["body"], "out": fn["out"],
+                        "doc": f"{prefix}{fn['name']}({arg}), docs/NUMERICS.md's formula (built-in: tanh_act and "
+                               f"FMAs allowed)."})
+    return out
 
 
 def render(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> str:

@@ -7,8 +7,7 @@ every compile key) and hands it to ``mxq.kernels.Quantize``. The kernels read it
 inspect configs without the DSL.
 
 Tiling is the library's: each number below is the fastest variant measured on the H200
-(docs/performance.md has the measurements; the slower alternatives were removed, git history
-keeps them). ``Tuning`` holds the choices a benchmark may still flip for a side-by-side
+(the slower alternatives were removed; git history keeps them and their timings). ``Tuning`` holds the choices a benchmark may still flip for a side-by-side
 timing; they are rendered into the module like everything else.
 """
 
@@ -16,6 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+
+from ..formats.format import Format
+from .smem import Buffer, nbytes
 
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
@@ -26,10 +28,16 @@ DBIAS_BYTES_IN_FLIGHT = 128  # ... and bytes of partials each thread loads befor
 PDL_MAX_ROWS = 4096  # dbias reduction: up to these rows M launched early (programmatic dependent launch), above staged
 CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy
 UNIT = 8  # ... and per FP8 store: rows starting on such boundaries store whole units (variant "rows8")
+N_TERMS = 5  # grouped calls: terms find_group reduces (before, start, end, swizzled rowwise / colwise start)
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
 # 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the factor codegen.half_tanh_as_sigmoid
 # folds into y's constants (or multiplies y by) before device.half_tanh_ex2_act
 HALF_TANH_K = -2.0 * math.log2(math.e)
+
+
+def group_scratch(warps: int) -> Buffer:
+    """The shared scratch grouped.find_group reduces through (one per CTA of a grouped call)."""
+    return Buffer("group", "i32", (N_TERMS, warps))
 
 
 def unaligned_row_elements(cols: int, elem_bytes: int) -> int:
@@ -50,24 +58,23 @@ class Tuning:
     rowwise + colwise ~6% of its bandwidth on the H200).
     ``halves_one_cta``: a two-halves op (a gated backward, mxq/gated.py) on the packed kernel
     computes both halves of a column tile in one CTA, one pass each over the same loaded inputs,
-    instead of one CTA per half each loading every input tile (docs/performance.md, 2026-12-01:
-    87-91% of copy against 74-77% for swiglu backward + dbias on the H200). False: one CTA per half.
+    instead of one CTA per half each loading every input tile (87-91% of copy against 74-77%
+    for swiglu backward + dbias on the H200). False: one CTA per half.
     ``unaligned_warps``: warps of the packed kernel with unaligned rows (N % 8 != 0); 0 is the
     library's choice (KernelConfig.packed_warps: 8 warps of 4 rows for plain casts with colwise
     output, which measured 71-73% of copy for rowwise + colwise against 63-65% at 4 warps of 8
     rows; ops with arithmetic and rowwise-only casts keep 4, 1-6 points faster there; dbias ops
     take 8 anyway; variant "rows8" of a plain cast without dbias holds both, picked by the input's
-    row stride parity, KernelConfig.rows8_warps). docs/performance.md, "N % 8 != 0", steps 5 and 18.
+    row stride parity, KernelConfig.rows8_warps).
     ``vec_stage``: the fp32 kernel of a dact op stages its inputs through shared memory with
     cp.async and reuses that memory for the column reduction (80 registers against 100, 3 CTAs
-    of 8 warps per SM against 2; docs/performance.md, "fp32 inputs", has the timings against
-    the unstaged kernel). False: registers only.
+    of 8 warps per SM against 2, faster than the unstaged kernel on the H200). False: registers only.
     ``vec_unaligned_copy``: how the fp32 kernel stages unaligned rows (KernelConfig.
     vec_unaligned_chunks): "chunks", "words", or "" for the library's choice.
     ``rows8_min_blocks``: CTAs per SM the packed kernel of variant "rows8" is compiled for
     (``min_blocks_per_mp``, a register cap); 0: no cap. Timed on the H200 and not taken: dgelu +
     dbias + both at 4 (its shared memory holds it at 3 CTAs per SM anyway), the plain casts at
-    5-12 (equal or slower; docs/performance.md, "N % 8 != 0", step 18)."""
+    5-12 (equal or slower)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -88,11 +95,9 @@ class KernelConfig:
     """What one generated module's kernels are specialised on (besides the input dtype and the
     arch, which come at compile time)."""
 
-    fp8: str  # "e4m3" | "e5m2"
+    fmt: Format  # block shape, element and scale encodings, scale rule and layout (MXFP8: Format.mxfp8)
     rowwise: bool
     colwise: bool
-    scale_mode: str  # "rceil" | "floor" | "ceil" | "even"
-    swizzled: bool  # scale_layout == "swizzled"
     amax: bool
     dbias: bool
     n_inputs: int  # epilogue tensor parameters
@@ -129,22 +134,37 @@ class KernelConfig:
         rows take 100 registers, 2 CTAs per SM); the column reduction then reuses that memory."""
         if not (self.has_dact and self.tuning.vec_stage):
             return False
-        # (each staged input takes 32 rows x 32 * VEC fp32 values; the column scales 1 KB, a grouped
-        # call's lookups 1 KB: an op with too many inputs keeps the unstaged kernel)
-        return (self.n_inputs + 1) * ROWS * 32 * VEC * 4 + 2048 <= SMEM_LIMIT
+        # (an op with too many inputs to stage, grouped calls included, keeps the unstaged kernel)
+        return nbytes(self.vec_buffers([True] * (self.n_inputs + 1), grouped=True)) <= SMEM_LIMIT
+
+    def vec_buffers(self, staged, grouped: bool = False, chunks: bool = False) -> list:
+        """The vectorised kernel's shared memory (smem.Buffer), in allocation order: a grouped
+        call's scratch, each staged source (``staged``: per source whether it is staged; 32 rows
+        of 32 * VEC fp32 words, or with ``chunks`` the 16-byte chunks covering them), then the
+        column maxima and dbias sums where they cannot reuse a first and second staged source
+        (dead once every row is read back), and the inverse column scales."""
+        warps = self.vec_warps
+        cols = 32 * VEC
+        out = [group_scratch(warps)] if grouped else []
+        for t, st in enumerate(staged):
+            if st:
+                shape = (ROWS, unaligned_row_elements(cols, 4)) if chunks else (ROWS // warps, warps * 32, 1, VEC)
+                out.append(Buffer(f"in{t}", "f32", shape))
+        n = sum(bool(st) for st in staged)
+        if self.col_reduce:
+            if n < 1:
+                out.append(Buffer("max", "f32", (warps, cols)))
+            if self.dbias and n < 2:
+                out.append(Buffer("sum", "f64", (warps, cols)))
+            if self.colwise:
+                out.append(Buffer("inv", "f32", (cols,)))
+        return out
 
     def vec_unaligned_bytes(self, chunks: bool) -> int:
-        """Upper bound of the shared memory the vectorised kernel's unaligned rows allocate (every
-        epilogue tensor counted as a staged source; keep it in step with vectorized.py): the
-        staged rows (32 x 256 words per source, or the chunks covering them), the inverse column
-        scales, and the dbias sums where they cannot reuse a second staged source."""
-        per = ROWS * (unaligned_row_elements(32 * VEC, 4) if chunks else 32 * VEC) * 4
-        total = (self.n_inputs + self.has_dact) * per
-        if self.colwise:
-            total += 32 * VEC * 4
-        if self.dbias:
-            total += self.vec_warps * 32 * VEC * 8
-        return total
+        """The shared memory of the vectorised kernel's unaligned rows with every epilogue tensor
+        counted as a staged source (vec_buffers; an upper bound for an op with row or scalar
+        operands, which are not staged)."""
+        return nbytes(self.vec_buffers([True] * (self.n_inputs + self.has_dact), chunks=chunks))
 
     @property
     def vec_unaligned(self) -> bool:
@@ -152,8 +172,7 @@ class KernelConfig:
         alignment) runs the vectorised kernel with its rows staged through shared memory
         (vectorized.py; words or chunks, vec_unaligned_chunks) where the op writes one half, writes
         rowwise output or computes, and its staged rows fit a CTA; else the element-wise kernel
-        (generic.py), which ran a plain colwise cast 2% faster (docs/performance.md, "fp32
-        inputs")."""
+        (generic.py), which ran a plain colwise cast 2% faster on the H200."""
         fits = self.vec_unaligned_bytes(chunks=False) <= SMEM_LIMIT
         return fits and not self.halves and (self.rowwise or self.computed)
 
@@ -162,7 +181,7 @@ class KernelConfig:
         """The fp32 kernel's unaligned rows (vec_unaligned) are staged as whole 16-byte chunks
         and realigned as they are read back (unaligned.stage_row / read_chunked_words), else word
         by word (4- or 8-byte copies into place, nothing to realign). Measured on the H200 at
-        8192x8190, 4096x14335 and 8191x8191 (docs/performance.md, "fp32 inputs", step 5): chunks
+        8192x8190, 4096x14335 and 8191x8191: chunks
         ran rowwise 83.6-85.0% of copy against 81.3-81.9% and dgelu + dbias + both 79.8-80.7%
         against 71.0-71.7%; words ran both and gelu + both -0.1 to +2.6 points against chunks
         (86.4-86.6 / 85.5-85.6% against 84.0-84.1 / 83.3% at 8192x8190). So words for an op that
@@ -186,34 +205,42 @@ class KernelConfig:
         unaligned calls take 32-row tiles."""
         return self.wide and not grouped and not self.halves and not unaligned
 
-    def packed_shared_bytes(self, n_sources: int, unaligned: bool, grouped: bool = False) -> int:
-        """Upper bound of the shared memory the packed kernel allocates with ``n_sources`` 16-bit
-        tensors read per element, each buffer rounded up to 16 bytes (every source counted as a
-        full one; an aligned row operand, a bias, stages one row, not PK_ROWS): whether an op
-        with many epilogue tensors fits SMEM_LIMIT (mxq/op.py refuses one that does not, before
-        any launch). Keep it in step with the allocations in packed.py."""
-        def r16(n):
-            return (n + 15) // 16 * 16
-
+    def packed_buffers(self, staged, unaligned: bool, grouped: bool = False) -> list:
+        """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
+        scratch, the wide tile's row-scale bytes, the column maxima (packed words), the inverse
+        column scales, the dbias partial sums, the parked partial output units (unaligned rows:
+        head and tail of each row, per direction), then each staged source (``staged``: per
+        source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, ROWS // warps
-        total = 0
-        if self.stage or unaligned:
-            per = ROWS * unaligned_row_elements(cols, 2) * 2 if unaligned else ROWS * cols * 2
-            total += n_sources * r16(per)
+        out = [group_scratch(warps)] if grouped else []
         if self.wide_tile(grouped, unaligned):
-            total += r16(rows * (cols * warps // 32))  # row-scale bytes
+            out.append(Buffer("rs", "u8", (rows, cols * warps // 32)))
         if self.col_reduce:
-            total += r16(warps * 32 * (VEC // 2) * 4)  # column maxima
+            out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))
         if self.colwise:
-            total += r16(cols * 4)  # inverse column scales
+            out.append(Buffer("inv", "f32", (cols,)))
         if self.dbias:
-            total += r16(warps * cols * 4)  # partial sums
+            out.append(Buffer("sum", "f32", (warps, cols)))
         if unaligned:
-            total += r16(warps * 4 * rows * 2 * 4)  # parked partial output units
-        if grouped:
-            total += 1024  # GroupTile's lookups (grouped.py), generously
-        return total
+            out.append(Buffer("edge", "u32", (warps, 4 * rows * (int(self.rowwise) + int(self.colwise)))))
+        for t, src in enumerate(staged):
+            if src is not None:
+                bits, once = src
+                if unaligned:
+                    shape = (ROWS, unaligned_row_elements(cols, bits // 8))
+                else:
+                    shape = (1 if once else rows, warps * 32, VEC)
+                out.append(Buffer(f"in{t}", "src", shape, bits))
+        return out
+
+    def packed_shared_bytes(self, n_sources: int, unaligned: bool, grouped: bool = False) -> int:
+        """The shared memory of the packed kernel with ``n_sources`` full-size 16-bit tensors read
+        per element (packed_buffers; an upper bound for an op whose row operands stage one row):
+        whether an op with many epilogue tensors fits SMEM_LIMIT (mxq/op.py refuses one that
+        does not, before any launch)."""
+        staged = [(16, False)] * n_sources if (self.stage or unaligned) else []
+        return nbytes(self.packed_buffers(staged, unaligned, grouped))
 
     @property
     def vec_warps(self) -> int:
@@ -238,8 +265,7 @@ class KernelConfig:
     def rows8_warps(self):
         """Variant "rows8" of a plain cast without dbias (Tuning.unaligned_warps unset): the warps
         of its packed kernel for an even and for an odd input row stride (elements), (8, 4);
-        else None (one kernel, packed_warps). Measured on the H200 (docs/performance.md, "N % 8 !=
-        0", step 18): at 8192x8190 8 warps ran rowwise 86-88% of copy against 82-83% at 4; at
+        else None (one kernel, packed_warps). Measured on the H200: at 8192x8190 8 warps ran rowwise 86-88% of copy against 82-83% at 4; at
         4096x14335 and 8191x8191 4 warps ran rowwise 85-85.5% against 81-82% at 8, colwise and
         both 86-87.5% against 80-84%."""
         if self.computed or self.dbias or self.halves or self.tuning.unaligned_warps:

@@ -169,8 +169,8 @@ def half_tanh_ex2_act(z):
     sigmoid(2y) = 1 / (1 + 2^z) (ex2.approx, rcp.approx: a few ulp relative), which is then put on
     the grid the formula's own roundings give, t = 1 - 2s rounded once and 0.5 - 0.5 t (exact):
     for y < 0, 0.5 + 0.5 * t cancels, and the reference's values are multiples of 2^-25 that a
-    more accurate sigmoid would miss often enough to leave the transcendental class (H200,
-    2026-12-01: up to 14 of 67584 FP8 bytes differed on a gelu + bias test). For y >= 0 both steps
+    more accurate sigmoid would miss often enough to leave the transcendental class (on the
+    H200 up to 14 of 67584 FP8 bytes differed on a gelu + bias test). For y >= 0 both steps
     are exact. 2^z overflows to inf for z > 128, giving exactly 0; z = -inf gives exactly 1 (and
     ex2.approx.ftz flushes 2^z below 2^-126 to 0); NaN stays NaN. 5 instructions, where tanh_act
     and the FMA take 7 and a multiply."""
@@ -245,6 +245,19 @@ def store_row_scale(t, offset, value, keep_in_l2: bool):
         store_kept_u8(t, offset, value)
     else:
         t[offset] = Uint8(value)
+
+
+def thread_tile(t, shape, tile_row, row0, col_tile, grouped: bool, step: int = 1):
+    """A thread's ``shape`` tile of [M, N] tensor ``t``: tile (tile_row, col_tile), or for a
+    grouped call the tile whose first row is ``row0`` (any row: blocks start at groups); with
+    ``step`` > 1, rows row0, row0 + step, ... (the packed kernel's unaligned rows)."""
+    if step != 1:
+        at = cute.domain_offset((row0, col_tile * shape[1]), t)
+        return cute.make_tensor(at.iterator, cute.make_layout(
+            shape, stride=(at.layout.stride[0] * step, at.layout.stride[1])))
+    if grouped:
+        return cute.local_tile(cute.domain_offset((row0, 0), t), shape, (0, col_tile))
+    return cute.local_tile(t, shape, (tile_row, col_tile))
 
 
 # --- packed 16-bit words (bf16x2 / f16x2) ------------------------------------------------------

@@ -27,10 +27,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
 
-from .config import ROWS
+from . import smem as shared
+from .config import ROWS, group_scratch
 from .device import DEVICE
-
-N_TERMS = 5  # (before, start, end, swizzled rowwise start, swizzled colwise start)
 
 
 def clamp_end(e, M, ops=DEVICE):
@@ -118,9 +117,8 @@ def find_group(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, nthread
 
 
 def scratch(smem, nthreads: int):
-    """The shared scratch find_group reduces through."""
-    warps = nthreads // 32
-    return smem.allocate_tensor(Int32, cute.make_layout((N_TERMS, warps), stride=(warps, 1)), 16)
+    """The shared scratch find_group reduces through (config.group_scratch), from allocator ``smem``."""
+    return shared.allocate(smem, [group_scratch(nthreads // 32)])["group"]
 
 
 # Swizzled scale offsets of a grouped tile, split into a per-tile base and a per-element rest so
@@ -152,8 +150,9 @@ class GroupTile:
     ``row_end`` its rows; swizzled layouts: ``row_sw``, ``col_sw``, ``col_t512`` (swizzled_bases).
     A tile with no rows has b = 0 and writes nothing to the swizzled buffers."""
 
-    def __init__(self, ends, smem, rb, M, N, swizzled: bool, nthreads: int):
-        g, start, end, rows_before, blocks_before = find_group(ends, scratch(smem, nthreads), rb, M, nthreads)
+    def __init__(self, ends, red, rb, M, N, swizzled: bool, nthreads: int):
+        """``red``: the CTA's scratch (config.group_scratch)."""
+        g, start, end, rows_before, blocks_before = find_group(ends, red, rb, M, nthreads)
         self.row0, self.row_end, b, nb = tile(rb, g, start, end)
         if swizzled:
             self.row_sw, self.col_sw, self.col_t512 = swizzled_bases(rows_before, blocks_before, b, nb, N)

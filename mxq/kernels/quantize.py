@@ -21,19 +21,16 @@ Around the quantize kernel, ops with amax zero it first (reduce.amax_init_kernel
 dbias reduce the per-CTA partial sums afterwards (reduce.dbias_kernel, launched early with
 programmatic dependent launch on sm_90+).
 
-The methods after the launch helpers are the per-element pieces every kernel shares; they run
-at trace time inside a kernel body and branch only on the config.
+A Quantize is composed, not inherited: it holds the op's element functions (element.ElementOp)
+and one kernel object per kernel, each holding the config and that op.
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint8
-
-from . import device as dev
-from . import grouped
 from .config import PDL_MAX_ROWS, ROWS, KernelConfig
+from .element import ElementOp
 from .generic import GenericKernel
 from .generic import grid as generic_grid
 from .packed import PackedKernel
@@ -45,14 +42,13 @@ from .vectorized import grid as vec_grid
 VARIANTS = ("vec", "generic", "rows8")
 
 
-class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
+class Quantize:
     def __init__(self, cfg: KernelConfig, epilogue, act=None, dact=None):
-        if (act is not None) != cfg.has_act or (dact is not None) != cfg.has_dact:
-            raise ValueError("mxq: Quantize needs an act (dact) function exactly when the config has one")
         self.cfg = cfg
-        self.epilogue = epilogue
-        self.act = act
-        self.dact = dact
+        self.op = ElementOp(cfg, epilogue, act, dact)
+        self.packed = PackedKernel(cfg, self.op)
+        self.vectorized = VectorizedKernel(cfg, self.op)
+        self.generic = GenericKernel(cfg, self.op)
 
     def launch(self, variant: str, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale,
                amax, dbias, dbias_ws, noop, group_ends, use_hw_e8m0: bool, use_pdl: bool, stream):
@@ -82,10 +78,10 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
                 self.launch_packed_by_parity(twins, ins[0].layout.stride[0], args, M, N, use_pdl, stream)
         elif variant == "vec" or (variant == "rows8" and cfg.vec_unaligned):
             grid, block = vec_grid(cfg, M, N, G)
-            self.vec_kernel(*args, variant == "rows8").launch(grid=grid, block=block, stream=stream)
+            self.vectorized.vec_kernel(*args, variant == "rows8").launch(grid=grid, block=block, stream=stream)
         else:
             grid, block = generic_grid(cfg, M, N, G)
-            self.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
+            self.generic.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
         if cfg.dbias:
             grid, block = dbias_grid(NO, G)
             dargs = (dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, ROWS), M, NO)
@@ -97,14 +93,14 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
         grid, block = packed_grid(cfg, M, N, G, unaligned)
         cap = cfg.tuning.rows8_min_blocks if variant == "rows8" else 0  # (a benchmark's register cap)
-        self.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
+        self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
             grid=grid, block=block, stream=stream, **({"min_blocks_per_mp": cap} if cap else {}))
 
     def rows8_twins(self):
         """(kernels for an even, for an odd input row stride) of variant rows8 where the config
         picks its warps by that parity (KernelConfig.rows8_twins), else None."""
         cfgs = self.cfg.rows8_twins()
-        return None if cfgs is None else tuple(Quantize(c, self.epilogue, self.act, self.dact) for c in cfgs)
+        return None if cfgs is None else tuple(Quantize(c, self.op.epilogue, self.op.act, self.op.dact) for c in cfgs)
 
     @cute.jit
     def launch_dbias_by_rows(self, args, M, grid, block, pdl: cutlass.Constexpr, stream):
@@ -113,7 +109,7 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
         launched after the quantize kernel (a branch of the host launcher). Launched early, the
         reduction's CTAs wait on the SMs the quantize kernel's last CTAs leave first, several to
         an SM: that saves a small call's launch gap and costs a long reduction its spread over
-        the SMs (docs/performance.md, "the price of dbias")."""
+        the SMs."""
         if M <= PDL_MAX_ROWS:
             dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
         else:
@@ -127,96 +123,6 @@ class Quantize(GenericKernel, VectorizedKernel, PackedKernel):
             twins[0].launch_packed("rows8", args, M, N, None, use_pdl, stream)
         else:
             twins[1].launch_packed("rows8", args, M, N, None, use_pdl, stream)
-
-    # -- per-element pieces shared by the kernels -------------------------------------------
-    def sources(self, ins, act_in) -> list:
-        """The tensors read per element: the epilogue's inputs, then act_input (dact ops)."""
-        return list(ins) + ([act_in] if self.cfg.has_dact else [])
-
-    def value(self, srcs, k, scalars, load):
-        """The value v that is quantized (NUMERICS steps 1-4): the epilogue of the inputs, then
-        act(v), or v * dact(act_input). ``load(src, k)`` reads element k of a source as fp32."""
-        cfg = self.cfg
-        v = self.epilogue(*[load(srcs[t], k) for t in range(cfg.n_inputs)], *scalars)
-        if cfg.has_act:
-            v = self.act(v)
-        if cfg.has_dact:
-            a = load(srcs[cfg.n_inputs], k)
-            v = dev.mul_rn(v, self.dact(a))
-        return v
-
-    def round_to_input(self, v, dtype):
-        """NUMERICS step 5: a computed value is rounded to the input format (16-bit inputs)."""
-        if self.cfg.computed and dtype is not Float32:
-            return v.to(dtype).to(Float32)
-        return v
-
-    def dbias_zero(self, dbias_ws):
-        """A partial dbias sum's start, in the workspace's precision (None without dbias)."""
-        return dbias_ws.element_type(0.0) if self.cfg.dbias else None
-
-    def dbias_add(self, dsum, v, dbias_ws):
-        return dsum + v.to(dbias_ws.element_type) if self.cfg.dbias else dsum
-
-    def store_row_scale(self, row_scale, offset, e):
-        dev.store_row_scale(row_scale, offset, e, self.cfg.tuning.row_scale_l2_keep)
-
-    def output_half(self, cb, N, NO, tile_cols: int, scalars, divby: int = 1, passes: int = 1):
-        """(column tile, output column offset, output width, scalars) of grid column index cb.
-        A two-halves op (KernelConfig.halves, mxq/gated.py) has every input column tile twice in
-        its grid: the second copy writes half 1, at column offset N of the NO = 2N wide outputs,
-        and passes HALF = 1 to its epilogue. ``divby``: what N is known to be a multiple of.
-        ``passes`` 2 (the packed kernel's KernelConfig.halves_passes): the grid is not doubled
-        and the kernel writes both halves itself (pass_half)."""
-        if not self.cfg.halves:
-            return cb, 0, N, scalars
-        if passes == 2:
-            return cb, 0, NO, scalars
-        ncb = (N + tile_cols - 1) // tile_cols
-        h = Int32(cutlass.select_(cb >= ncb, Int32(1), Int32(0)))
-        co = cute.assume(h * N, divby=divby) if divby > 1 else h * N
-        return cb - h * ncb, co, NO, list(scalars) + [h.to(Float32)]
-
-    def pass_half(self, h: int, N, scalars, divby: int = 1):
-        """(output column offset, scalars) of pass h of a kernel writing both halves itself."""
-        co = cute.assume(Int32(h) * N, divby=divby) if divby > 1 else Int32(h) * N
-        return co, list(scalars) + [Float32(float(h))]
-
-    def out_window(self, t, co):
-        """Output tensor ``t`` from column ``co`` on (two-halves ops; else ``t`` itself)."""
-        return cute.domain_offset((0, co), t) if self.cfg.halves and t is not None else t
-
-    def thread_tile(self, t, shape, tile_row, row0, col_tile, grouped: bool, step: int = 1):
-        """A thread's ``shape`` tile of [M, N] tensor ``t``: tile (tile_row, col_tile), or for a
-        grouped call the tile whose first row is ``row0`` (any row: blocks start at groups); with
-        ``step`` > 1, rows row0, row0 + step, ... (the packed kernel's unaligned rows)."""
-        if step != 1:
-            at = cute.domain_offset((row0, col_tile * shape[1]), t)
-            return cute.make_tensor(at.iterator, cute.make_layout(
-                shape, stride=(at.layout.stride[0] * step, at.layout.stride[1])))
-        if grouped:
-            return cute.local_tile(cute.domain_offset((row0, 0), t), shape, (0, col_tile))
-        return cute.local_tile(t, shape, (tile_row, col_tile))
-
-    def group_row_scale_offset(self, gt, r, blk, nbr):
-        """Offset of row r's scale byte of block blk in a grouped call's rowwise scales: compact
-        scales do not depend on the groups; swizzled ones are blocked per group (grouped.py)."""
-        if self.cfg.swizzled:
-            return grouped.row_swizzled_offset(gt.row_sw, r - gt.row0, blk)
-        return r * nbr + blk
-
-    def put_col_scale(self, col_scale, gt, c, rb, M, NOUT, e):
-        """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None)."""
-        if gt is not None and self.cfg.swizzled:
-            col_scale[self.group_col_scale_offset(gt, c)] = Uint8(e)
-        elif gt is None and self.cfg.swizzled:
-            col_scale[dev.swizzle_offset(c, rb, (M + 31) // 32)] = Uint8(e)
-        else:
-            col_scale[rb * NOUT + c] = Uint8(e)
-
-    def group_col_scale_offset(self, gt, c):
-        """Offset of column c's scale byte of a grouped tile in the swizzled colwise scales."""
-        return grouped.col_swizzled_offset(gt.col_sw, gt.col_t512, c)
 
 
 __all__ = ["KernelConfig", "Quantize", "VARIANTS"]

@@ -61,8 +61,7 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
       CTA in flight), waits once, then adds them (dbias_round). Loaded into registers instead,
       ptxas interleaved the loads with the additions and kept about 6 in flight.
     - not staged (short ones, launched early with ``use_pdl``): rounds of DBIAS_UNROLL loads into
-      registers; without the 32 KB of shared memory a small call ran about 2 us faster.
-    docs/performance.md, "the price of dbias", has the measurements."""
+      registers; without the 32 KB of shared memory a small call ran about 2 us faster."""
     if cutlass.const_expr(use_pdl):
         # launched early (programmatic dependent launch, sm_90+): wait until the quantize kernel
         # has finished and its partials are visible

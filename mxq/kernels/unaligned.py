@@ -21,7 +21,7 @@ A 256-column row segment of such a tensor starts anywhere inside a 16-byte chunk
   segment's two partial units (its head, lane 0's first unit, and its tail) are parked in shared
   memory and written once per warp by ``flush_edges``, one lane per unit. (A per-row branch for
   them cost the kernel 3.5x the aligned one's instructions, and 4-byte stores 8 bytes apart
-  doubled its L2 write sectors; ncu, docs/performance.md.)
+  doubled its L2 write sectors in ncu.)
 
 Rows 8 apart share their misalignment: a 16-bit row is twice its row stride in bytes, so rows r
 and r + 8 start a multiple of 16 bytes apart (the same offset inside a chunk), and FP8 rows a
@@ -163,8 +163,7 @@ def realign_pairs(q: int):
 
 # read_row's realignment (_REALIGN_PTX): a branch through a table on q (warp-uniform, every lane of a warp reads the same
 # row: brx.idx.uni) to 4 funnel shifts with fixed operands, instead of picking the words with two
-# levels of selects (12 SEL per row and source before the shifts; docs/performance.md, "N % 8 !=
-# 0", step 16). Operands: $r0..$r7 the two chunks' words, $r8 q, $r9 the shift.
+# levels of selects (12 SEL per row and source before the shifts). Operands: $r0..$r7 the two chunks' words, $r8 q, $r9 the shift.
 _REALIGN_PTX = (
     "{\nRA_T: .branchtargets RA_Q0, RA_Q1, RA_Q2, RA_Q3;\nbrx.idx.uni {$r8}, RA_T;\n"
     + "".join(f"RA_Q{q}:\n"

@@ -32,10 +32,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Float64, Int32, Uint8
 
+from . import codec
 from . import device as dev
 from . import grouped
+from . import smem as shared
 from . import unaligned as ua
-from .config import ROWS, VEC, unaligned_row_elements
+from .config import ROWS, VEC
 
 VCOLS = 32 * VEC
 
@@ -50,7 +52,11 @@ def _widen(frag, k):
 
 
 class VectorizedKernel:
-    """Mixed into Quantize (quantize.py), which provides cfg and the per-element pieces."""
+    """The vectorized kernel of one config and op (element.ElementOp)."""
+
+    def __init__(self, cfg, op):
+        self.cfg = cfg
+        self.op = op
 
     @cute.kernel
     def vec_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
@@ -65,8 +71,8 @@ class VectorizedKernel:
         NTHREADS = cutlass.const_expr(WARPS * 32)
         tidx, _, _ = cute.arch.thread_idx()
         rb, cb, _ = cute.arch.block_idx()
-        # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, quantize.py)
-        cb, co, NOUT, scalars = self.output_half(cb, N, NO, VCOLS, scalars, divby=VEC)
+        # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, ElementOp.output_half)
+        cb, co, NOUT, scalars = self.op.output_half(cb, N, NO, VCOLS, scalars, divby=VEC)
         lane = tidx % 32
         warp = tidx // 32
         g = cb * 32 + lane  # this lane's group of VEC columns
@@ -76,16 +82,8 @@ class VectorizedKernel:
             nvalid = N - c0  # this lane's columns that exist (<= 0: none, >= VEC: all, else a partial unit)
         rbase = rb * ROWS + warp * VROWS
         row_end = M
-        if cutlass.const_expr(cfg.col_reduce or GROUPED or cfg.vec_stage or UNALIGNED):
-            smem = cutlass.memory.SmemAllocator()
-        if cutlass.const_expr(GROUPED):
-            # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, smem, rb, M, N, cfg.swizzled, WARPS * 32)
-            rbase = gt.row0 + warp * VROWS
-            row_end = gt.row_end
-        sources = self.sources(ins, act_in)
+        sources = self.op.sources(ins, act_in)
         NSRC = cutlass.const_expr(len(sources))
-        tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
         once = [dev.broadcast_rows(src) for src in sources]  # row operands: loaded once, for row 0
         # KernelConfig.vec_stage: full-size sources are staged through shared memory with cp.async
         # (each thread's rows into its own slots, one commit group per row, read back just before
@@ -94,14 +92,17 @@ class VectorizedKernel:
         staged_src = [(cfg.vec_stage or UNALIGNED) and not once[t] and not dev.broadcast_cols(sources[t])
                       for t in range(NSRC)]
         STAGED = cutlass.const_expr([t for t in range(NSRC) if staged_src[t]])
-        staged = [None] * NSRC
-        for t in cutlass.range_constexpr(NSRC):
-            if cutlass.const_expr(staged_src[t] and CHUNKS):
-                RW = cutlass.const_expr(unaligned_row_elements(VCOLS, 4))
-                staged[t] = smem.allocate_tensor(Float32, cute.make_layout((ROWS, RW), stride=(RW, 1)), 16)
-            elif cutlass.const_expr(staged_src[t]):
-                staged[t] = smem.allocate_tensor(  # (row, thread, then the (1, VEC) shape of a row's tile)
-                    Float32, cute.make_layout((VROWS, NTHREADS, 1, VEC), stride=(NTHREADS * VEC, VEC, VEC, 1)), 16)
+        # the CTA's shared memory, declared once (KernelConfig.vec_buffers)
+        buffers = cfg.vec_buffers(staged_src, GROUPED, CHUNKS)
+        if cutlass.const_expr(len(buffers) > 0):
+            buf = shared.allocate(cutlass.memory.SmemAllocator(), buffers)
+        if cutlass.const_expr(GROUPED):
+            # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
+            gt = grouped.GroupTile(group_ends, buf["group"], rb, M, N, cfg.fmt.swizzled, WARPS * 32)
+            rbase = gt.row0 + warp * VROWS
+            row_end = gt.row_end
+        tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
+        staged = [buf[f"in{t}"] if staged_src[t] else None for t in range(NSRC)]
         # The column reduction's buffers (indexed k * 32 + lane for column k of lane: a warp's accesses
         # touch 32 consecutive words, no bank conflicts) reuse the staged inputs' memory, which is dead
         # once every row has been read back (a barrier in between), so a CTA needs no more than that.
@@ -109,20 +110,20 @@ class VectorizedKernel:
             if cutlass.const_expr(len(STAGED) >= 1):
                 sMax = cute.make_tensor(staged[STAGED[0]].iterator, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
             else:
-                sMax = smem.allocate_tensor(Float32, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
+                sMax = buf["max"]
             if cutlass.const_expr(cfg.dbias):
                 if cutlass.const_expr(len(STAGED) >= 2):
                     sSum = cute.make_tensor(cute.recast_ptr(staged[STAGED[1]].iterator, dtype=Float64),
                                             cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
                 else:
-                    sSum = smem.allocate_tensor(Float64, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)), 16)
+                    sSum = buf["sum"]
             if cutlass.const_expr(cfg.colwise):
-                sInv = smem.allocate_tensor(Float32, cute.make_layout(VCOLS), 16)  # the columns' inverse scales
+                sInv = buf["inv"]  # the columns' inverse scales
         if cutlass.const_expr(cfg.rowwise):
-            tRow = cute.zipped_divide(self.out_window(row_data, co), (1, VEC))
+            tRow = cute.zipped_divide(self.op.out_window(row_data, co), (1, VEC))
             nbr = NOUT // 32 + Int32(cutlass.select_(NOUT % 32 != 0, Int32(1), Int32(0)))
         if cutlass.const_expr(cfg.colwise):
-            tCol = cute.zipped_divide(self.out_window(col_data, co), (1, VEC))
+            tCol = cute.zipped_divide(self.op.out_window(col_data, co), (1, VEC))
         if cutlass.const_expr(UNALIGNED):
             # FP8 rows on unit boundaries: lane l's VEC bytes are one 8-byte unit, its address
             # stepped from row to row; the row's last unit may be partial (whole / part)
@@ -222,7 +223,7 @@ class VectorizedKernel:
                             if cutlass.const_expr(staged_src[t]):
                                 cute.autovec_copy(staged[t][(i, tidx, None, None)], frags[i][t])
                 for k in cutlass.range_constexpr(VEC):
-                    v = self.value(frags[i], k, scalars, _widen)
+                    v = self.op.value(frags[i], k, scalars, _widen)
                     if cutlass.const_expr(cfg.computed or CHUNKS):
                         ok = row_ok
                         if cutlass.const_expr(UNALIGNED):
@@ -232,7 +233,7 @@ class VectorizedKernel:
                         v = Float32(cutlass.select_(ok, v, Float32(0.0)))
                     if cutlass.const_expr(cfg.dbias):
                         dsum[k] = dsum[k] + v.to(Float64)
-                    v = self.round_to_input(v, ins[0].element_type)
+                    v = self.op.round_to_input(v, ins[0].element_type)
                     vals[i * VEC + k] = v
                     if cutlass.const_expr(cfg.col_reduce):
                         cmax[k] = cute.arch.fmax(cmax[k], cute.math.abs(v), nan=True)
@@ -245,27 +246,26 @@ class VectorizedKernel:
                         ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + k]), nan=True)
                     ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1), nan=True)
                     ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
-                    er = dev.e8m0_scale(ramax, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                    er = codec.block_scale(cfg.fmt, ramax, use_hw_e8m0)
                     sr = dev.inv_scale(er)
                     if cutlass.const_expr(UNALIGNED):
                         self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, whole, part, nvalid)
                         if row_ok and lane % 4 == 0:
-                            self.store_row_scale(row_scale, dev.scale_offset(cfg.swizzled, rbase + i, c0 // 32, nbr), er)
+                            codec.store_row_scale(cfg, row_scale, dev.scale_offset(cfg.fmt.swizzled, rbase + i, c0 // 32, nbr), er)
                     elif row_ok:
                         qr = cute.make_rmem_tensor_like(tRow[(None, (0, 0))])
                         for k in cutlass.range_constexpr(0, VEC, 2):
-                            lo, hi = dev.to_fp8x2(dev.mul_rn(vals[i * VEC + k], sr), dev.mul_rn(vals[i * VEC + k + 1], sr),
-                                                  cfg.fp8)
+                            lo, hi = codec.encode2(cfg.fmt, dev.mul_rn(vals[i * VEC + k], sr), dev.mul_rn(vals[i * VEC + k + 1], sr))
                             qr[k] = lo
                             qr[k + 1] = hi
                         cute.autovec_copy(qr, tRow[(None, (rbase + i, g))])
                         if lane % 4 == 0:
                             if cutlass.const_expr(GROUPED):
-                                self.store_row_scale(row_scale, self.group_row_scale_offset(gt, rbase + i, c0 // 32, nbr), er)
-                            elif cutlass.const_expr(cfg.swizzled):
-                                self.store_row_scale(row_scale, dev.swizzle_offset(rbase + i, (co + c0) // 32, nbr), er)
+                                codec.store_row_scale(cfg, row_scale, codec.group_row_scale_offset(cfg.fmt, gt, rbase + i, c0 // 32, nbr), er)
+                            elif cutlass.const_expr(cfg.fmt.swizzled):
+                                codec.store_row_scale(cfg, row_scale, dev.swizzle_offset(rbase + i, (co + c0) // 32, nbr), er)
                             else:
-                                self.store_row_scale(row_scale, (rbase + i) * nbr + (co + c0) // 32, er)
+                                codec.store_row_scale(cfg, row_scale, (rbase + i) * nbr + (co + c0) // 32, er)
             if cutlass.const_expr(cfg.col_reduce):
                 # colwise: the warps' partial column amax (and dbias sums) meet in shared memory
                 if cutlass.const_expr(len(STAGED) > 0):
@@ -288,16 +288,16 @@ class VectorizedKernel:
                     if cutlass.const_expr(cfg.amax):
                         tm = cute.arch.fmax(tm, m, nan=True)
                     if cutlass.const_expr(cfg.colwise):
-                        e = dev.e8m0_scale(m, cfg.fp8, cfg.scale_mode, use_hw_e8m0)
+                        e = codec.block_scale(cfg.fmt, m, use_hw_e8m0)
                         sInv[p] = dev.inv_scale(e)
                         if c < N:
-                            if cutlass.const_expr(GROUPED and cfg.swizzled):
+                            if cutlass.const_expr(GROUPED and cfg.fmt.swizzled):
                                 if gt.row_end > gt.row0:
-                                    col_scale[self.group_col_scale_offset(gt, c)] = Uint8(e)
+                                    col_scale[codec.group_col_scale_offset(gt, c)] = Uint8(e)
                             elif cutlass.const_expr(GROUPED):  # a tile with no rows writes its scale row's zeros
                                 col_scale[rb * N + c] = Uint8(cutlass.select_(gt.row_end > gt.row0, e, Int32(0)))
                             else:
-                                self.put_col_scale(col_scale, None, co + c, rb, M, NOUT, e)
+                                codec.put_col_scale(cfg.fmt, col_scale, None, co + c, rb, M, NOUT, e)
                     if cutlass.const_expr(cfg.dbias):
                         sm = sSum[0, p]
                         for w in cutlass.range_constexpr(1, WARPS):
@@ -322,8 +322,8 @@ class VectorizedKernel:
                     if col_ok and rbase + i < row_end:
                         qc = cute.make_rmem_tensor_like(tCol[(None, (0, 0))])
                         for k in cutlass.range_constexpr(0, VEC, 2):
-                            lo, hi = dev.to_fp8x2(dev.mul_rn(vals[i * VEC + k], sc[k]),
-                                                  dev.mul_rn(vals[i * VEC + k + 1], sc[k + 1]), cfg.fp8)
+                            lo, hi = codec.encode2(cfg.fmt, dev.mul_rn(vals[i * VEC + k], sc[k]),
+                                                  dev.mul_rn(vals[i * VEC + k + 1], sc[k + 1]))
                             qc[k] = lo
                             qc[k + 1] = hi
                         cute.autovec_copy(qc, tCol[(None, (rbase + i, g))])
@@ -334,6 +334,6 @@ class VectorizedKernel:
         """Unaligned rows: row i's VEC values times their inverse scales ``inv`` as one FP8 unit
         at byte address ``p`` (a multiple of 8), when the row exists (``ok``)."""
         q = [dev.mul_rn(vals[i * VEC + k], inv[k]) for k in range(VEC)]
-        d0 = dev.fp8x4(q[0], q[1], q[2], q[3], self.cfg.fp8)
-        d1 = dev.fp8x4(q[4], q[5], q[6], q[7], self.cfg.fp8)
+        d0 = codec.encode4(self.cfg.fmt, q[0], q[1], q[2], q[3])
+        d1 = codec.encode4(self.cfg.fmt, q[4], q[5], q[6], q[7])
         ua.store_unit_or_prefix(p, d0, d1, ok & whole, ok & part, nvalid)

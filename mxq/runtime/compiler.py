@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..formats.numerics import dbias_partial_dtype
 from ..frontend import gated
+from ..frontend.codegen import LAUNCHERS
 from ..frontend.spec import DTYPES
 from . import cache, slots, targets, toolchain
 
@@ -143,9 +144,8 @@ VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
 # tensors), the any-shape ones (16-bit: unaligned rows; fp32: element-wise), "rows8" (any shape
 # whose FP8 output rows start on 8-byte boundaries: padded outputs, launch.variant_for; fp32: the
 # vectorised kernel with staged rows, KernelConfig.vec_unaligned),
-# and the grouped twins of the first two (group_offsets)
-VARIANTS = {"vec": "launch_vec", "generic": "launch", "rows8": "launch_rows8", "vec_grouped": "launch_vec_grouped",
-            "generic_grouped": "launch_grouped"}
+# and the grouped twins of the first two (group_offsets): codegen.LAUNCHERS, the template's list
+VARIANTS = {variant + ("_grouped" if grouped else ""): fn for fn, variant, grouped in LAUNCHERS}
 
 
 def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec", layouts=None,

@@ -1,0 +1,104 @@
+"""Format: what a block-scaled format is, as one plain value the kernels specialise on.
+
+A format is four choices:
+
+- the block one scale covers: ``block`` is the rowwise block as (rows, columns); the colwise
+  block is its transpose (``col_block``);
+- the element encoding (``element``): its bits and how many elements share a byte;
+- the scale encoding (``scale``) and the rule that picks a scale from a block's amax (``rule``);
+- the scale layout (``layout``): compact (row-major) or swizzled (cuBLAS 128x4 tiles).
+
+MXFP8 is ``Format.mxfp8(fp8, scale_mode, layout)``: 1x32 blocks, e4m3 or e5m2 elements, E8M0
+scales picked by one of the four rules of docs/NUMERICS.md. The formats the kernels will learn
+next are further instances of the same value, not new kernel branches: FP8 block scaling (1x128
+and 128x128 blocks, fp32 scales), NVFP4 (1x16 blocks, e2m1 elements two per byte, E4M3 scales
+and an fp32 per-tensor scale, ``global_scale``) and MXFP4 (1x32, e2m1, E8M0). Their encodings
+enter ENCODINGS and SCALES with the kernels that implement them.
+
+Nothing here imports cutlass or torch: the config, codegen and tests build and compare formats
+as plain values; the kernels read them through ``cutlass.const_expr``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """A number encoding: its width in bits and its largest finite magnitude."""
+
+    bits: int
+    max: float
+
+    @property
+    def per_byte(self) -> int:
+        """Values that share one byte (2 for 4-bit elements)."""
+        return max(1, 8 // self.bits)
+
+
+# element encodings, by name (the FP8 ones of docs/NUMERICS.md)
+ENCODINGS = {
+    "e4m3": Encoding(8, 448.0),
+    "e5m2": Encoding(8, 57344.0),
+}
+# scale encodings, by name, and the rules each one admits
+SCALES = {
+    "e8m0": Encoding(8, 2.0 ** 127),
+}
+RULES = {
+    "e8m0": ("rceil", "floor", "ceil", "even"),
+}
+LAYOUTS = ("compact", "swizzled")
+
+
+@dataclass(frozen=True)
+class Format:
+    """One block-scaled format (see the module docstring). Its repr is a constructor call of
+    plain values, so a generated module can render it."""
+
+    block: tuple  # the rowwise block (rows, columns) one scale covers
+    element: str  # ENCODINGS key
+    scale: str  # SCALES key
+    rule: str  # how a block's amax becomes its scale (RULES[scale])
+    layout: str  # LAYOUTS: how the scales are laid out
+    global_scale: bool = False  # an fp32 per-tensor scale on top of the block scales (NVFP4)
+
+    def __post_init__(self):
+        if self.element not in ENCODINGS:
+            raise ValueError(f"mxq: Format.element must be one of {sorted(ENCODINGS)}, got {self.element!r}")
+        if self.scale not in SCALES:
+            raise ValueError(f"mxq: Format.scale must be one of {sorted(SCALES)}, got {self.scale!r}")
+        if self.rule not in RULES[self.scale]:
+            raise ValueError(f"mxq: Format.rule must be one of {RULES[self.scale]} for {self.scale} scales, "
+                             f"got {self.rule!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"mxq: Format.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if not (isinstance(self.block, tuple) and len(self.block) == 2 and all(
+                isinstance(b, int) and b > 0 for b in self.block)):
+            raise ValueError(f"mxq: Format.block must be (rows, columns) of positive ints, got {self.block!r}")
+
+    @classmethod
+    def mxfp8(cls, fp8: str, scale_mode: str, layout: str) -> "Format":
+        """MXFP8 (OCP MX v1.0): 1x32 blocks of ``fp8`` elements, E8M0 scales by ``scale_mode``."""
+        return cls(block=(1, 32), element=fp8, scale="e8m0", rule=scale_mode, layout=layout)
+
+    @property
+    def col_block(self) -> tuple:
+        """The colwise block: the rowwise one transposed (32x1 for MX)."""
+        return self.block[1], self.block[0]
+
+    @property
+    def elem(self) -> Encoding:
+        return ENCODINGS[self.element]
+
+    @property
+    def scale_enc(self) -> Encoding:
+        return SCALES[self.scale]
+
+    @property
+    def swizzled(self) -> bool:
+        return self.layout == "swizzled"
+
+
+__all__ = ["ENCODINGS", "Encoding", "Format", "LAYOUTS", "RULES", "SCALES"]
