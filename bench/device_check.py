@@ -100,8 +100,8 @@ def matrix_cases():
     built-in act, dact, user epilogue x dbias x amax x direction, in each dtype, on an aligned
     shape (the packed / vectorised kernel) and odd ones (N % 8 != 0: the packed kernel's unaligned
     rows for 16-bit inputs, the generic kernel for fp32; several column tiles, odd N). cases() samples
-    the options by an index rule, which once left plain-cast dbias in 16-bit dtypes unchecked,
-    where the packed kernel had a bug (fixed in commit 7002372). Run with --matrix (144 specs,
+    the options by an index rule, which must not leave a combination unchecked (plain-cast dbias in
+    16-bit dtypes once hid a packed-kernel bug that way). Run with --matrix (144 specs,
     576 cases over its 4 shapes)."""
     base = BASE_SPEC
     out = []
@@ -163,7 +163,7 @@ HOLD_CYCLES = 2_000_000  # ~1 ms at 1.98 GHz: longer than any timed call takes t
 def time_ms(fn, iters=50, warmup=5, hold=True):
     """Median GPU time of one call of fn between two CUDA events.
 
-    hold=True (the method of every table since 2026-11-30): a spin kernel queued before the start
+    hold=True (the method of every table): a spin kernel queued before the start
     event keeps the GPU busy while the host issues the start event, fn's launches and the end
     event, so the interval is the GPU's time for fn alone (launch processing included, as
     triton's do_bench gets by queueing its cache flush first). hold=False is the method before:

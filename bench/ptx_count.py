@@ -9,7 +9,7 @@ of the packed kernel's body divided by the elements one thread handles, and ptxa
 with ``nvdisasm`` on PATH (pip wheel nvidia-cuda-nvdisasm; optional) also the machine
 instructions per element, the better predictor; and the CTAs one SM holds at once
 (``ctas_per_sm``: the plain casts of unaligned rows follow their occupancy more than their
-instructions, docs/performance.md "N % 8 != 0", step 8).
+instructions, docs/performance.md "N % 8 != 0").
 
     python bench/ptx_count.py [--arch sm_90] [--dtype bf16]
     python bench/ptx_count.py --opcodes gelu_both    # where the unaligned rows' extra instructions go
@@ -19,9 +19,9 @@ instructions, docs/performance.md "N % 8 != 0", step 8).
 ``--split`` compiles each op's unaligned kernel at 8 and at 4 warps (``Tuning.unaligned_warps``:
 4 and 8 rows per thread) and splits its machine instructions per thread into a part per row
 and a part per tile (``split_rows``): at 4 rows per thread the tile's part was 30-40% of a
-plain cast's instructions (docs/performance.md, "N % 8 != 0", step 9). The two kernels differ
+plain cast's instructions (docs/performance.md, "N % 8 != 0"). The two kernels differ
 in more than their rows (the column owners' share per thread, two row classes per thread at 4
-warps), so read the split as an estimate. Since step 12 the plain casts' unaligned kernels hold
+warps), so read the split as an estimate. The plain casts' unaligned kernels hold
 two store forms of which a warp runs one, so their static counts (here and with ``--variant
 generic``) overstate what runs by the form not taken.
 """

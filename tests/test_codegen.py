@@ -972,8 +972,8 @@ def test_paired_peer_row_sums_torchaos_two_kernels():
 def test_device_check_matrix_covers_every_branch_combination():
     """bench/device_check.py --matrix: every (plain / act / dact / epilogue) x dbias x amax x
     direction x dtype combination once, each on an aligned and an odd shape, every spec valid;
-    and the default cases() check plain-cast dbias in every dtype (the combination that hid a
-    packed-kernel bug until commit 7002372)."""
+    and the default cases() check plain-cast dbias in every dtype (a combination that once hid a
+    packed-kernel bug)."""
     tool = _bench_tool("device_check")
     seen = set()
     for v, epi, dtype, shapes in tool.matrix_cases():
