@@ -209,3 +209,21 @@ def test_constant_result_marks_as_torch_does():
     assert marks and vars(g) == marks
     for fn in (torch_ops._spec_key, torch_ops._halves, torch_ops._scalar_names, mxq.op._quantize_op_id):
         assert {k: getattr(fn, k, None) for k in marks} == marks, fn.__name__
+
+
+def test_compiled_gated_op_refuses_a_bad_input_with_mxqs_message():
+    """A gated op's argument checks under torch.compile: mxq's own ValueError without fullgraph
+    (dynamo re-raises it), and under fullgraph (which forbids that) dynamo's error carrying mxq's
+    message, as for every op."""
+    def ident(x):
+        return x
+
+    swiglu = mxq.fused_quant(act="swiglu")(ident)
+    odd = torch.randn(64, 63)
+    words = "holds the gate and up halves along its last dimension, which must be even"
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match=words):
+        torch.compile(lambda x: swiglu(x), backend="aot_eager")(odd)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=words):
+        torch.compile(lambda x: swiglu(x), backend="aot_eager", fullgraph=True)(odd)
