@@ -66,6 +66,7 @@ class MXFP8Tensor:
     scale_layout: str
     shape: torch.Size
     group_offsets: torch.Tensor | None = None  # grouped colwise blocks (mxq/formats/groups.py)
+    scale_mode: str | None = None  # the rule its scales were chosen by (None where not known)
 
     @staticmethod
     def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
@@ -128,6 +129,7 @@ class MXFP8Tensor:
             scale_layout=spec.scale_layout,
             shape=shape,
             group_offsets=group_offsets,
+            scale_mode=spec.scale_mode,
         )
 
     def compact_scale(self, direction: str = "rowwise") -> torch.Tensor:
@@ -204,7 +206,7 @@ class MXFP8Tensor:
                 col_scale = layouts.compact_colwise(region, mg, n, "swizzled")
         return MXFP8Tensor(rows(self.rowwise_data), rows(self.colwise_data), row_scale, col_scale, None,
                            self.dbias[g] if self.dbias is not None else None, self.fp8, "compact",
-                           torch.Size((mg, n)))
+                           torch.Size((mg, n)), scale_mode=self.scale_mode)
 
     def _need(self, name: str) -> torch.Tensor:
         t = getattr(self, name)

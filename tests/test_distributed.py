@@ -301,6 +301,7 @@ cases = [  # (this rank's tensor, the exception both ranks must raise, words in 
      "rank 1's number of dimensions differs"),
     (mxq.quantize(torch.randn(64, 96 if rank else 64), colwise=True), ValueError, "rank 1's shape differs"),
     (mxq.quantize(x, colwise=True, amax=bool(rank)), ValueError, "rank 1's amax differs"),
+    (mxq.quantize(x, colwise=True, scale_mode="floor" if rank else "rceil"), ValueError, "rank 1's scale mode differs"),
     (mxq.quantize(torch.randn(40 if rank else 64, 64), colwise=True), ValueError,
      "multiple of 32 rows per rank when it has colwise blocks on every rank; rank 1 has not"),
     (mxq.quantize(x, colwise=True, scale_layout="swizzled") if rank == 0 else mxq.quantize(x, colwise=True),
@@ -314,8 +315,8 @@ for i, (t, kind, words) in enumerate(cases):
         assert words in str(exc), (i, str(exc))
     else:
         raise AssertionError(f"case {i}: no error on rank {rank}")
-g = distributed.all_gather(mxq.quantize(x, colwise=True))  # the group still works after the refusals
-assert g.shape == (128, 64)
+g = distributed.all_gather(mxq.quantize(x, colwise=True, scale_mode="floor"))  # the group still works
+assert g.shape == (128, 64) and g.scale_mode == "floor"
 print(f"rank {rank}: disagreements refused", flush=True)
 dist.barrier()
 dist.destroy_process_group()
@@ -349,7 +350,7 @@ for case in range(40):
     shape = rng.choice([(64, 32), (32, 96), (2, 32, 64)])
     torch.manual_seed(case)  # (the same values on both ranks)
     full = torch.randn((2 * shape[0],) + shape[1:])
-    what = rng.choice([None, None, "fp8", "rowwise", "colwise", "amax", "rows", "cols", "rank", "layout"])
+    what = rng.choice([None, None, "fp8", "rowwise", "colwise", "amax", "rows", "cols", "rank", "layout", "mode"])
     # rank 1's tensor, drawn on both ranks so that both know whether the ranks differ
     opts1, part1 = dict(opts), full[shape[0]:]
     if what in ("fp8", "rowwise", "colwise", "amax"):
@@ -364,6 +365,8 @@ for case in range(40):
         part1 = part1.reshape((1,) + tuple(part1.shape))
     if what == "layout":
         opts1["scale_layout"] = "swizzled"
+    if what == "mode":
+        opts1["scale_mode"] = "floor" if opts["scale_mode"] == "rceil" else "rceil"
     differs = opts1 != opts or part1.shape != full[shape[0]:].shape
     mine_opts, mine = (opts1, part1) if rank else (opts, full[:shape[0]])
     try:

@@ -57,3 +57,28 @@ def test_empty_names_a_spec_that_is_not_one():
 
     with pytest.raises(TypeError, match="MXFP8Tensor.empty\\(\\) argument 'spec' must be a QuantSpec"):
         mxq.MXFP8Tensor.empty(None, (4, 32), torch.float32, "cpu")
+
+
+def test_results_carry_their_scale_mode_through_every_route():
+    """An MXFP8Tensor records the rule its scales were chosen by: eager, reference, empty(),
+    group(), torch.compile's result (a pytree node) and torch.save all keep it."""
+    import io
+
+    x = torch.randn(64, 32)
+    for mode in ("rceil", "floor", "ceil", "even"):
+        t = mxq.quantize(x, colwise=True, scale_mode=mode, group_offsets=torch.tensor([32, 64]))
+        assert t.scale_mode == mode and t.group(1).scale_mode == mode
+        compiled = torch.compile(lambda a, m=mode: mxq.quantize(a, colwise=True, scale_mode=m), backend="aot_eager",
+                                 fullgraph=True)(x)
+        assert compiled.scale_mode == mode
+        buf = io.BytesIO()
+        torch.save(t, buf)
+        buf.seek(0)
+        assert torch.load(buf, weights_only=True).scale_mode == mode
+    op = mxq.fused_quant(scale_mode="even")(lambda_free_ident)
+    assert op.reference(x).scale_mode == "even"
+    assert mxq.MXFP8Tensor.empty(op.spec, (4, 32), torch.float32, "cpu").scale_mode == "even"
+
+
+def lambda_free_ident(x):
+    return x

@@ -166,7 +166,7 @@ def call(op, call) -> MXFP8Tensor:
     return MXFP8Tensor(wrap("rowwise_data", t.rowwise_data), wrap("colwise_data", t.colwise_data),
                        wrap("rowwise_scale", t.rowwise_scale), wrap("colwise_scale", t.colwise_scale),
                        wrap("amax", t.amax), wrap("dbias", t.dbias), t.fp8, t.scale_layout, gshape,
-                       t.group_offsets)
+                       t.group_offsets, t.scale_mode)
 
 
 def _contiguous_stride(shape) -> tuple:
@@ -190,6 +190,7 @@ _CHECKS = (
     "a multiple of 32 rows per rank when it has colwise blocks",
 )
 _FP8_CODES = {"e4m3": 1, "e5m2": 2}
+_MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4}
 _DBIAS_CODES = {None: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
@@ -210,13 +211,14 @@ def _local_verdict(t) -> int:
 
 def _descriptor(t, verdict: int, nbytes: int) -> list:
     """The fixed-width int64 record every rank sends first: its verdict, then its format,
-    directions, optional fields, shape and byte count (zeros where the verdict is not 0)."""
+    directions, optional fields, shape, byte count and scale mode (zeros where the verdict is
+    not 0)."""
     if verdict:
-        return [verdict] + [0] * (7 + _MAX_DIMS)
+        return [verdict] + [0] * (8 + _MAX_DIMS)
     dims = list(t.shape) + [0] * (_MAX_DIMS - len(t.shape))
     return [0, _FP8_CODES[t.fp8], int(t.rowwise_data is not None), int(t.colwise_data is not None),
             int(t.amax is not None), _DBIAS_CODES.get(t.dbias.dtype if t.dbias is not None else None, 9),
-            len(t.shape), *dims, nbytes]
+            len(t.shape), *dims, nbytes, _MODE_CODES.get(t.scale_mode, 9)]
 
 
 def _exchange_device(t, group):
@@ -235,9 +237,8 @@ def _exchange_device(t, group):
 def _agree(t, parts_bytes: int, group) -> None:
     """Every rank checks its own tensor, then the ranks exchange one fixed-width record each and
     every rank raises the same error when any rank failed its check or the ranks disagree on the
-    format, directions, optional fields or shape: no rank is left waiting in a collective its
-    peers never enter, and no mix of formats is gathered under one label. (The scale mode is not
-    recorded in an MXFP8Tensor, so it cannot be compared; see all_gather.)"""
+    format, directions, optional fields, shape or scale mode: no rank is left waiting in a
+    collective its peers never enter, and no mix of formats is gathered under one label."""
     import torch.distributed as dist
 
     verdict = _local_verdict(t)
@@ -256,7 +257,7 @@ def _agree(t, parts_bytes: int, group) -> None:
     for r in range(1, world):
         if not torch.equal(every[r], first):
             what = ("fp8 format", "rowwise direction", "colwise direction", "amax", "dbias dtype",
-                    "number of dimensions") + ("shape",) * _MAX_DIMS + ("byte count",)
+                    "number of dimensions") + ("shape",) * _MAX_DIMS + ("byte count", "scale mode")
             i = next(i for i in range(1, first.numel()) if every[r, i] != first[i]) - 1
             raise ValueError(f"mxq: all_gather() needs every rank's tensor to agree; rank {r}'s {what[i]} "
                              f"differs from rank 0's (shape {_shape_of(every[r])} against {_shape_of(first)})")
@@ -273,9 +274,9 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     rank (every rank's own checks and what must agree, _agree: any failure raises the same
     error on every rank, before the data moves), then every rank's fields in one byte buffer (so
     formats torch's backends cannot reduce, float8 included, travel as bytes). Each rank's tensor
-    must have the same shape, fp8 format, directions and optional fields, compact scales and,
-    when it has colwise blocks, a row count (after flattening) that is a multiple of 32. The
-    scale mode is the caller's to keep equal (an MXFP8Tensor does not record it). dbias is the
+    must have the same shape, fp8 format, scale mode, directions and optional fields, compact
+    scales and, when it has colwise blocks, a row count (after flattening) that is a multiple of
+    32. dbias is the
     fp64 sum of the ranks' dbias rounded to the input dtype: within the dbias class of the
     single-tensor value, not byte-equal to it."""
     import torch.distributed as dist
@@ -306,7 +307,8 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
         out["dbias"] = torch.stack([r["dbias"].double() for r in per_rank]).sum(0).float().to(t.dbias.dtype)
     shape = torch.Size((t.shape[0] * world, *t.shape[1:]))
     return MXFP8Tensor(out.get("rowwise_data"), out.get("colwise_data"), out.get("rowwise_scale"),
-                       out.get("colwise_scale"), out.get("amax"), out.get("dbias"), t.fp8, t.scale_layout, shape)
+                       out.get("colwise_scale"), out.get("amax"), out.get("dbias"), t.fp8, t.scale_layout, shape,
+                       scale_mode=t.scale_mode)
 
 
 __all__ = ["all_gather", "call"]

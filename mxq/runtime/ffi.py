@@ -125,7 +125,7 @@ def _python_callback(op):
             colwise_scale=dest(cs, want.colwise_scale, "colwise_scale"),
             amax=dest(amax, want.amax, "amax"),
             dbias=dest(dbias, want.dbias, "dbias"),
-            fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape)
+            fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape, scale_mode=spec.scale_mode)
         kwargs = dict(zip(epi.tensor_params, tensors))
         kwargs.update(zip(epi.scalar_params, scalars))
         if x.device.type == "cpu" or x.numel() == 0:

@@ -56,7 +56,7 @@ class Launcher:
         spec = op.spec
         self.native_alloc = spec.scale_layout == "compact"
         # what call_alloc needs of the spec, read once (it runs on every small call)
-        self._fields = (spec.rowwise, spec.colwise, spec.amax, spec.dbias, spec.fp8, spec.scale_layout)
+        self._fields = (spec.rowwise, spec.colwise, spec.amax, spec.dbias, spec.fp8, spec.scale_layout, spec.scale_mode)
 
     def allocates(self, x, noop, out) -> bool:
         """Whether a call takes the allocating native route (one native call allocates every
@@ -100,11 +100,11 @@ class Launcher:
         route's (*tensors, *scalars, act_input, noop), already checked; compact scales only."""
         r = self.allocating(*args)
         item = self._item
-        row, col, amax, dbias, fp8, layout = self._fields
+        row, col, amax, dbias, fp8, layout, mode = self._fields
         return MXFP8Tensor(item(r, 0) if row else None, item(r, 2) if col else None,
                            item(r, 1) if row else None, item(r, 3) if col else None,
                            item(r, 4) if amax else None, item(r, 5) if dbias else None,
-                           fp8, layout, args[0].shape)
+                           fp8, layout, args[0].shape, scale_mode=mode)
 
     def bind(self, call, operand_kinds=None):
         """(native function, its argument list, out) for one call; launching is ``fn(*args)``.
