@@ -332,3 +332,13 @@ def test_paths_with_commas_and_colons(tmp_path):
     assert r.returncode == 0 and "QUANTIZE" in r.stdout, r.stderr[-2000:]
     r = run("render", f"{odd}/ops.py:nope", tmp_path=tmp_path)
     assert r.returncode == 2 and f"{odd}/ops.py has no @mxq.fused_quant op named 'nope'" in r.stderr, r.stderr
+
+
+def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path):
+    """--dir under a file (as a read-only directory is for a user who is not root): one line
+    naming the path, status 1, no traceback."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = run("export", "--colwise", "--dir", str(blocker / "out"), tmp_path=tmp_path)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1].startswith(f"mxq: {blocker / 'out'}"), r.stderr[-500:]
