@@ -252,8 +252,7 @@ def bench(copy_gbps, shapes, tuning=None, prefix="mxq", ops=None, dtype="bf16", 
         for name, opts in OPS.items():
             if ops and name not in ops:
                 continue
-            op = FusedOp(identity, QuantSpec(**opts))
-            op._tuning = make_tuning(tuning)
+            op = FusedOp(identity, QuantSpec(**opts))._with_tuning(make_tuning(tuning))
             padded = {} if row_align is None else {"out": MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device,
                                                                             row_align=row_align)}
             launch, out = op.prepare(x, **({"act_input": a} if "dact" in opts else {}), **padded)

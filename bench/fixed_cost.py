@@ -48,8 +48,7 @@ def copy_points(sizes):
 
 
 def op_points(opts, tuning, n, rows):
-    op = FusedOp(identity, QuantSpec(**opts))
-    op._tuning = make_tuning(tuning)
+    op = FusedOp(identity, QuantSpec(**opts))._with_tuning(make_tuning(tuning))
     pts, problems = [], []
     for i, m in enumerate(rows):
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)

@@ -55,7 +55,7 @@ def main():
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
     # the same backward with one CTA per half (the default writes both halves from one CTA)
     bwd2 = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident).inner
-    bwd2._tuning = Tuning(halves_one_cta=False)
+    bwd2._with_tuning(Tuning(halves_one_cta=False))
     rows = []
     for m, n in SHAPES[:1] if args.quick else SHAPES:
         x = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)

@@ -50,9 +50,8 @@ class FusedOp:
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by
         self._fast_ok = len(self.epilogue.param_order) == 1 and len(self.epilogue.tensor_params) == 1 and not spec.dact
         self._source: str | None = None
-        self._tuning = None  # a benchmark's kernels.config.Tuning (None: the library's choice)
         self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/frontend/gated.py)
-        self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use (after _tuning is set)
+        self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
@@ -116,9 +115,9 @@ class FusedOp:
         return limits.unserved(self.spec, self.epilogue, x, group_offsets, self._packed_smem_shortfall)
 
     def _packed_smem_shortfall(self) -> str | None:
-        """limits.smem_shortfall of this op, its need computed once like ``source`` (after _tuning is set)."""
+        """limits.smem_shortfall of this op, its need computed once like ``source``."""
         if self._packed_smem is None:
-            self._packed_smem = limits.packed_shared_bytes(self.spec, self.epilogue, self._tuning)
+            self._packed_smem = limits.packed_shared_bytes(self.spec, self.epilogue, None)
         return limits.smem_shortfall(self.epilogue, self._packed_smem)
 
     def _noop_out(self, call: Call) -> Call:
@@ -209,8 +208,17 @@ class FusedOp:
     def source(self) -> str:
         """The rendered CuTeDSL module of this op (one module serves every dtype and shape)."""
         if self._source is None:
-            self._source = codegen.render(self.spec, self.epilogue, self._tuning)
+            self._source = codegen.render(self.spec, self.epilogue)
         return self._source
+
+    def _with_tuning(self, tuning):
+        """This op built as a benchmark's variant: its module rendered with ``tuning`` (a
+        kernels.config.Tuning, codegen.render's hook), before first use. Returns the op."""
+        if self._source is not None:
+            raise RuntimeError("mxq: _with_tuning must come before the op's module is rendered")
+        self._source = codegen.render(self.spec, self.epilogue, tuning)
+        self._packed_smem = limits.packed_shared_bytes(self.spec, self.epilogue, tuning)
+        return self
 
     def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:
         """Compile without a GPU and return {"ptx", "mlir", "source", "path", ...}."""

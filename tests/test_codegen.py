@@ -633,13 +633,19 @@ def test_ptx_count_tool_ranks_the_fused_ops_above_the_plain_cast():
 
 
 def test_tuning_is_part_of_the_source():
-    """A benchmark's Tuning is rendered into the module (CONFIG), so it is part of every compile
-    key; the default is the library's choice."""
+    """A benchmark's Tuning is rendered into its variant's module (CONFIG), so it is part of
+    every compile key; a library module carries none, and one equal to the library's choice is
+    the library's module. A variant op is built through FusedOp._with_tuning, before first use."""
     spec = QuantSpec(rowwise=True, colwise=True, dact="gelu", dbias=True)
     default = codegen.render(spec, IDENTITY)
+    assert "Tuning" not in default and "tuning=" not in default
     assert default == codegen.render(spec, IDENTITY, Tuning())
     off = codegen.render(spec, IDENTITY, Tuning(pdl=False))
     assert off != default and "Tuning(pdl=False" in off
+    op = FusedOp(_identity, spec, IDENTITY)
+    assert op._with_tuning(Tuning(pdl=False)).source == off and not hasattr(op, "_tuning")
+    with pytest.raises(RuntimeError, match="before"):
+        op._with_tuning(Tuning())
 
 
 def test_rendered_module_is_short_and_reads_as_cuTeDSL():
@@ -723,9 +729,8 @@ def test_fp32_unaligned_rows_are_staged_by_words_or_chunks(arch):
              (dict(rowwise=True, colwise=True, dact="gelu", dbias=True), 2, 2, True)]
     for opts, nsrc, ndirs, chunks in cases:
         for copy in ("", "words" if chunks else "chunks"):
-            op = mxq.fused_quant(**opts)(ident)
-            op._tuning = Tuning(vec_unaligned_copy=copy)
-            cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
+            op = mxq.fused_quant(**opts)(ident)._with_tuning(Tuning(vec_unaligned_copy=copy))
+            cfg = codegen.kernel_config(op.spec, op.epilogue, Tuning(vec_unaligned_copy=copy))
             assert cfg.vec_unaligned and cfg.vec_unaligned_chunks == (chunks != bool(copy)), (opts, copy)
             rows = kconfig.ROWS // cfg.vec_warps
             body = _entry(inspection.compile_artifacts(op, arch, "fp32", "rows8")["ptx"], "vec_kernel")
@@ -836,8 +841,7 @@ def test_unaligned_rows_store_whole_units_when_aligned(arch):
         assert sh8 == sh - realigned_shuffles, (op.spec, sh8, sh)
     ptx = inspection.compile_artifacts(plain, arch, "bf16", "rows8")["ptx"]
     at4 = ptx[[m.start() for m in re.finditer(r"\.entry kernel_cutlass_packed_kernel", ptx)][1]:]
-    plain4 = mxq.fused_quant(rowwise=True, colwise=True)(ident)
-    plain4._tuning = kconfig.Tuning(unaligned_warps=4)
+    plain4 = mxq.fused_quant(rowwise=True, colwise=True)(ident)._with_tuning(kconfig.Tuning(unaligned_warps=4))
     _, sh4 = stores(plain4)
     assert re.search(r"\.reqntid (\d+)", at4).group(1) == "128"
     assert len(re.findall(r"\bst\.global\.v2\.b32", at4)) == 2 * 2 * rows
@@ -864,12 +868,11 @@ def test_rows8_plain_casts_pick_warps_by_row_stride_parity(arch):
 
     for opts in (dict(rowwise=True), dict(rowwise=False, colwise=True), dict(rowwise=True, colwise=True, amax=True)):
         op = mxq.fused_quant(**opts)(ident)
-        cfg = codegen.kernel_config(op.spec, op.epilogue, op._tuning)
+        cfg = codegen.kernel_config(op.spec, op.epilogue)
         assert [c.packed_warps(True) for c in cfg.rows8_twins()] == [8, 4]  # (even, odd)
         assert threads(op) == [8 * 32, 4 * 32], opts
         assert len(threads(op, "generic")) == 1
-        pinned = mxq.fused_quant(**opts)(ident)
-        pinned._tuning = kconfig.Tuning(unaligned_warps=8)
+        pinned = mxq.fused_quant(**opts)(ident)._with_tuning(kconfig.Tuning(unaligned_warps=8))
         assert threads(pinned) == [8 * 32]
     for opts in (dict(rowwise=True, colwise=True, act="gelu"), dict(rowwise=True, colwise=True, dbias=True)):
         assert len(threads(mxq.fused_quant(**opts)(ident))) == 1, opts
@@ -888,7 +891,7 @@ def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
         return x
 
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
-    op._tuning = kconfig.Tuning(rows8_min_blocks=4)
+    op._with_tuning(kconfig.Tuning(rows8_min_blocks=4))
     ptx8 = _entry(inspection.compile_artifacts(op, "sm_90", "bf16", "rows8")["ptx"], "packed_kernel")
     ptxg = _entry(inspection.compile_artifacts(op, "sm_90", "bf16", "generic")["ptx"], "packed_kernel")
     assert re.search(r"\.minnctapersm\s+4", ptx8) and ".minnctapersm" not in ptxg
@@ -1044,8 +1047,7 @@ def test_row_scale_bytes_wait_in_l2(arch):
     assert vec.count(kept) == 8 and policy in vec
     generic = inspection.compile_artifacts(op, arch=arch, dtype="fp32", variant="generic")["ptx"]
     assert kept not in generic and policy not in generic
-    plain = FusedOp(_identity, spec, IDENTITY)
-    plain._tuning = Tuning(row_scale_l2_keep=False)
+    plain = FusedOp(_identity, spec, IDENTITY)._with_tuning(Tuning(row_scale_l2_keep=False))
     for dtype, kernel in (("bf16", "packed_kernel"), ("fp32", "vec_kernel")):
         body = _entry(plain.asm(arch, dtype)["ptx"], kernel)
         assert kept not in body and policy not in body
@@ -1181,8 +1183,7 @@ def test_dbias_kernel_starts_early_with_programmatic_dependent_launch(arch):
     assert wait < early[0].index("ld.global"), "dbias_kernel must wait before it reads the partials"
     assert 0 < kconfig.PDL_MAX_ROWS < 8192  # (8192 rows and more: launched after, measured faster)
     assert "griddepcontrol" not in mxq.fused_quant(rowwise=True, colwise=True, act="gelu")(ident).asm(arch, "bf16")["ptx"]
-    off = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)
-    off._tuning = Tuning(pdl=False)
+    off = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(ident)._with_tuning(Tuning(pdl=False))
     assert "griddepcontrol" not in off.asm(arch, "bf16")["ptx"]
     assert targets.uses_pdl(arch) and not targets.uses_pdl("sm_89")
 
@@ -1315,8 +1316,7 @@ def test_fp32_staged_dact(arch):
 
     def build(tuning, **opts):
         op = FusedOp(_identity, QuantSpec(rowwise=True, colwise=True, **opts), IDENTITY)
-        op._tuning = tuning
-        return op
+        return op._with_tuning(tuning)
 
     dact = dict(dact="gelu", dbias=True)
     off = inspection.compile_artifacts(build(Tuning(vec_stage=False), **dact), arch, "fp32", "vec")
@@ -1358,8 +1358,7 @@ def test_unaligned_warps(arch):
 
     def build(tuning, **opts):
         op = FusedOp(_identity, QuantSpec(**(opts or dict(rowwise=True, colwise=True))), IDENTITY)
-        op._tuning = tuning
-        return op
+        return op._with_tuning(tuning)
 
     regs = {}
     for w in (4, 8):

@@ -256,9 +256,7 @@ def _one_cta(op, one: bool = True):
     CTA of the packed kernel; False: one CTA per half)."""
     from mxq.kernels.config import Tuning
 
-    inner = op.inner
-    inner._tuning = Tuning(halves_one_cta=one)
-    return inner
+    return op.inner._with_tuning(Tuning(halves_one_cta=one))
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

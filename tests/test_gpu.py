@@ -226,7 +226,7 @@ def test_row_scale_store_policy_writes_the_same_bytes(opts, shape, dtype):
     outs = []
     for keep in (1, 0):
         op = mxq.fused_quant(**opts)(_fast_ident)
-        op._tuning = Tuning(row_scale_l2_keep=bool(keep))
+        op._with_tuning(Tuning(row_scale_l2_keep=bool(keep)))
         want = op.reference(x) if want is None else want
         got = op(x.cuda(), out=poisoned(op, x.cuda()))
         v_abs = v_abs_sum(op, x) if opts.get("dbias") and not is_exact(op) else None
@@ -518,7 +518,7 @@ def test_fp32_unaligned_rows_match_reference(case, shape, offset, row_align, for
         from mxq.frontend import codegen
 
         chunks = codegen.kernel_config(op.spec, op.epilogue, None).vec_unaligned_chunks
-        op._tuning = Tuning(vec_unaligned_copy="words" if chunks else "chunks")
+        op._with_tuning(Tuning(vec_unaligned_copy="words" if chunks else "chunks"))
     m, n = shape
     ins = [planted(m, n, torch.float32, seed=m + n + j) for j in range(len(op.epilogue.tensor_params))]
     if fn is _bias_gelu_in:
@@ -560,7 +560,7 @@ def test_fp32_unaligned_operands_match_reference(kinds, shape, form, monkeypatch
     monkeypatch.setenv("MXQ_STRICT", "1")
     asked = _spy_variants(monkeypatch)
     op = mxq.fused_quant(rowwise=True, colwise=True, act="gelu", dbias=True)(_bias_scale)
-    op._tuning = Tuning(vec_unaligned_copy=form)
+    op._with_tuning(Tuning(vec_unaligned_copy=form))
     m, n = shape
     x = planted(m, n, torch.float32, seed=m + n)
     wide = planted(m, 2 * n, torch.float32, seed=7, specials=False)
@@ -636,7 +636,7 @@ def test_unaligned_eight_warps_match_reference(case, shape, monkeypatch):
     monkeypatch.setenv("MXQ_STRICT", "1")
     opts, fn = case
     op = mxq.fused_quant(**opts)(fn)
-    op._tuning = Tuning(unaligned_warps=8)
+    op._with_tuning(Tuning(unaligned_warps=8))
     m, n = shape
     ins = [planted(m, n, torch.bfloat16, seed=m + j) for j in range(len(op.epilogue.tensor_params))]
     want = op.reference(*ins)
@@ -660,7 +660,7 @@ def test_fp32_staged_dact_matches_reference(fn, opts, shape, monkeypatch):
     noop writes nothing. CPU counterpart: test_codegen.py::test_fp32_staged_dact."""
     monkeypatch.setenv("MXQ_STRICT", "1")
     op = mxq.fused_quant(dact="gelu", **opts)(fn)
-    op._tuning = Tuning(vec_stage=True)
+    op._with_tuning(Tuning(vec_stage=True))
     m, n = shape
     ins = [planted(m, n, torch.float32, seed=m + j) for j in range(len(op.epilogue.tensor_params))]
     a = planted(m, n, torch.float32, seed=n)
@@ -670,7 +670,7 @@ def test_fp32_staged_dact_matches_reference(fn, opts, shape, monkeypatch):
     got = op(*gins, act_input=a.cuda(), out=poisoned(op, gins[0]))
     assert compare(got, want, False, v_abs) == []
     unstaged = mxq.fused_quant(dact="gelu", **opts)(fn)
-    unstaged._tuning = Tuning(vec_stage=False)
+    unstaged._with_tuning(Tuning(vec_stage=False))
     other = unstaged(*gins, act_input=a.cuda(), out=poisoned(op, gins[0]))
     for name in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
         if getattr(got, name) is not None:

@@ -3,9 +3,11 @@ checked against tests/oracle.py (written from docs/NUMERICS.md, sharing no code 
 the tiling choices of KernelConfig. The GPU side runs the same expressions inside the kernels:
 tests/test_gpu.py and bench/device_check.py compare every output byte with the reference."""
 
+import ast
 import collections
 import itertools
 import math
+import pathlib
 import random
 import re
 
@@ -129,6 +131,21 @@ def test_tiling_choices_by_hand():
     assert _cfg(amax=True).col_reduce and not _cfg(amax=True).wide
     user = _cfg(identity=False)
     assert user.computed and user.stage
+
+
+def test_library_configs_hold_no_benchmark_switch():
+    """A library config has no Tuning (its repr, rendered into the module, names none) and reads
+    the library's switches; the rows8 twins of a plain cast (a library choice) pin their warps
+    on the config itself (8 for an even row stride, 4 for odd), a benchmark's Tuning on its own."""
+    both = _cfg(colwise=True)
+    assert both.tuning is None and "Tuning" not in repr(both) and "tuning=" not in repr(both)
+    assert both.row_scale_l2_keep and both.rows8_min_blocks == 0
+    twins = both.rows8_twins()
+    assert [t.packed_warps(True) for t in twins] == [8, 4] and all(t.tuning is None for t in twins)
+    assert "tuning=Tuning(pdl=False" in repr(_cfg(tuning=kconfig.Tuning(pdl=False)))
+    tuned = _cfg(colwise=True, tuning=kconfig.Tuning(unaligned_warps=4, row_scale_l2_keep=False, rows8_min_blocks=3))
+    assert tuned.packed_warps(True) == 4 and tuned.rows8_twins() is None
+    assert not tuned.row_scale_l2_keep and tuned.rows8_min_blocks == 3
 
 
 # --- grouped row tiles (mxq/kernels/grouped.py), traced expressions run on Python ints ---------------
@@ -378,3 +395,26 @@ def test_scale_rules_ignore_the_nan_payload(fp8, mode):
         else:
             got = dev.exponent_scale(dev.HOST.I32(b), lambda: True, fp8, mode, dev.HOST)
         assert got == 255, (hex(b), got)
+
+
+def _blocks_deep(node, depth=0):
+    """How deeply ``node``'s if / for / while / with blocks nest."""
+    deepest = depth
+    for child in ast.iter_child_nodes(node):
+        inner = depth + isinstance(child, (ast.If, ast.For, ast.While, ast.With))
+        deepest = max(deepest, _blocks_deep(child, inner))
+    return deepest
+
+
+def test_kernel_functions_are_short_and_shallow():
+    """Kernels are composed of phases: no function in mxq/kernels/ is longer than 150 lines or
+    nests its blocks more than 5 deep (a planted 6-deep function is caught)."""
+    planted = ast.parse("def f(a):\n" + "".join("    " * (d + 1) + "if a:\n" for d in range(6)) + "    " * 7 + "pass\n")
+    assert _blocks_deep(planted.body[0]) == 6
+    kernels = pathlib.Path(kconfig.__file__).parent
+    for path in sorted(kernels.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):
+                where = f"{path.name}:{node.lineno} {node.name}"
+                assert node.end_lineno - node.lineno + 1 <= 150, where
+                assert _blocks_deep(node) <= 5, where

@@ -281,7 +281,7 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference(monkeypat
     assert reason and "13 epilogue tensors" in reason and "shared memory" in reason
     assert fits._unserved(x16) is None
     assert big._unserved(torch.zeros(4, 8, dtype=torch.float32)) is None
-    # the op's own tuning counts (read on first use, as its source is): 8 warps of the unaligned
+    # a variant op's tuning counts (FusedOp._with_tuning sets its need with its source): 8 warps of the unaligned
     # kernel take 2048 bytes more than 4 (Tuning.unaligned_warps: column maxima 4 x 128 words) and
     # a grouped call's scratch 80 more (5 Int32 terms x 4 warps); with a limit between the two,
     # 13 tensors without dbias fit 4 warps and not 8
@@ -290,16 +290,14 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference(monkeypat
     from mxq.kernels.config import Tuning
 
     four = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
-    four._tuning = Tuning(unaligned_warps=4)  # (its default too: the op computes)
+    four._with_tuning(Tuning(unaligned_warps=4))  # (its default too: the op computes)
     eight = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
-    eight._tuning = Tuning(unaligned_warps=8)
+    eight._with_tuning(Tuning(unaligned_warps=8))
     assert four._unserved(x16) is None and eight._unserved(x16) is None  # both fit 227 KiB
-    need = [codegen.kernel_config(op.spec, op.epilogue, op._tuning).packed_shared_bytes(13, True, True)
-            for op in (four, eight)]
+    need = [codegen.kernel_config(op.spec, op.epilogue, Tuning(unaligned_warps=w)).packed_shared_bytes(13, True, True)
+            for op, w in ((four, 4), (eight, 8))]
     assert need[1] - need[0] == 2048 + 80
-    monkeypatch.setattr(kconfig, "SMEM_LIMIT", need[0])
-    for op in (four, eight):
-        op._packed_smem = None  # (computed once per op; recomputed against the new limit)
+    monkeypatch.setattr(kconfig, "SMEM_LIMIT", need[0])  # (each op's need is its own, against the limit of the call)
     assert four._unserved(x16) is None
     assert "shared memory" in (eight._unserved(x16) or "")
 
@@ -360,8 +358,8 @@ def test_fp32_unaligned_rows_fit_shared_memory():
 
     for copy, want in (("words", 32768 + 1024), ("chunks", 33280 + 1024)):
         one = mxq.fused_quant(rowwise=True, colwise=True)(_ident_for_smem)
-        one._tuning = Tuning(vec_unaligned_copy=copy)
-        cfg = codegen.kernel_config(one.spec, one.epilogue, one._tuning)
+        one._with_tuning(Tuning(vec_unaligned_copy=copy))
+        cfg = codegen.kernel_config(one.spec, one.epilogue, Tuning(vec_unaligned_copy=copy))
         assert cfg.vec_unaligned_chunks == (copy == "chunks")
         assert cfg.vec_unaligned_bytes(cfg.vec_unaligned_chunks) == want
         assert f"constant({want} : i64)" in smem(one)

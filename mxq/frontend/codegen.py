@@ -362,14 +362,15 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 
 def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> KernelConfig:
-    """The KernelConfig of one op (rendered into its module)."""
+    """The KernelConfig of one op (rendered into its module); ``tuning``: a benchmark's switches
+    (one equal to the library's choice, ``Tuning()``, is the library's config)."""
     return KernelConfig(
         fmt=Format.mxfp8(spec.fp8, spec.scale_mode, spec.scale_layout), rowwise=spec.rowwise,
         colwise=spec.colwise, amax=spec.amax, dbias=spec.dbias,
         n_inputs=len(epilogue.tensor_params), n_scalars=gated.launch_scalars(epilogue),
         identity=epilogue.is_identity, has_act=spec.act is not None, has_dact=spec.dact is not None,
         heavy=bool(spec.act or spec.dact or spec.dbias or not epilogue.exact),
-        tuning=tuning or Tuning(), halves=gated.is_halves(epilogue))
+        tuning=None if tuning in (None, Tuning()) else tuning, halves=gated.is_halves(epilogue))
 
 
 def _launcher_text(spec: QuantSpec, epilogue: Epilogue, grouped: bool = False) -> tuple[str, str]:
@@ -405,13 +406,15 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         nodes, out = ssa(activations.dact_ir(spec.dact).expr, "g", {0: "a"}, {}, builtin=True)
         dact = {"body": _body(lower(nodes)), "out": out, "name": spec.dact}
     params, call_args = _launcher_text(spec, epilogue)
+    config = kernel_config(spec, epilogue, tuning)
     grouped_params, grouped_call_args = _launcher_text(spec, epilogue, grouped=True)
     return {
         "spec_text": repr(spec),
         "fingerprint": epilogue.fingerprint,
         "n_inputs": n_in,
         "n_scalars": n_sc,
-        "config": repr(kernel_config(spec, epilogue, tuning)),
+        "config": repr(config),
+        "config_names": "KernelConfig" if config.tuning is None else "KernelConfig, Tuning",
         "act": act,
         "dact": dact,
         "params": params,
@@ -439,5 +442,6 @@ def _element_functions(inputs: dict, scalars: dict, epi, epi_out, act, dact) -> 
 
 
 def render(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> str:
-    """The generated module's source (``tuning``: a benchmark's Tuning, default the library's)."""
+    """The generated module's source. ``tuning``: a benchmark's kernels.config.Tuning, the one
+    hook a benchmark builds a variant through (FusedOp._with_tuning); default the library's."""
     return environment().get_template(TEMPLATE_NAME).render(**context(spec, epilogue, tuning))

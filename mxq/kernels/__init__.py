@@ -1,7 +1,7 @@
 """mxq's kernel layer: every quantize kernel, written once as CuTeDSL.
 
 - ``config``: KernelConfig (what a kernel is specialised on: a Format, mxq/formats/format.py,
-  and the op's shape of work) and Tuning (benchmark switches).
+  and the op's shape of work) and Tuning (a benchmark's switches, in no library module).
 - ``element``: ElementOp, the op applied per element (epilogue, act, dact, two halves).
 - ``codec``: a Format's device side (scale rule, element encoding, where scale bytes go).
 - ``smem``: shared memory declared once (the buffers a kernel allocates and their byte count).

@@ -37,8 +37,8 @@ def encode4(fmt, a, b, c, d):
 
 # --- where scale bytes go (compact or swizzled; a grouped call's per-group blocks) ---------------
 def store_row_scale(cfg, row_scale, offset, e):
-    """A row-scale byte (Tuning.row_scale_l2_keep: with an L2 evict_last policy)."""
-    dev.store_row_scale(row_scale, offset, e, cfg.tuning.row_scale_l2_keep)
+    """A row-scale byte (KernelConfig.row_scale_l2_keep: with an L2 evict_last policy)."""
+    dev.store_row_scale(row_scale, offset, e, cfg.row_scale_l2_keep)
 
 
 def row_scale_offset(fmt, r, blk, nbr):

@@ -7,14 +7,17 @@ every compile key) and hands it to ``mxq.kernels.Quantize``. The kernels read it
 inspect configs without the DSL.
 
 Tiling is the library's: each number below is the fastest variant measured on the H200
-(the slower alternatives were removed; git history keeps them and their timings). ``Tuning`` holds the choices a benchmark may still flip for a side-by-side
-timing; they are rendered into the module like everything else.
+(the slower alternatives were removed; git history keeps them and their timings), read through
+KernelConfig's properties. ``Tuning`` holds the choices a benchmark may still flip for a
+side-by-side timing. A library module's config has none (``tuning=None``, not rendered); a
+benchmark builds a variant through one hook, ``codegen.render(spec, epilogue, tuning)``, which
+``FusedOp._with_tuning`` gives an op (bench/device_check.py ``--variants``, bench/variant_ab.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, fields, replace
 
 from ..formats.format import Format
 from .smem import Buffer, nbytes
@@ -48,7 +51,8 @@ def unaligned_row_elements(cols: int, elem_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class Tuning:
-    """Benchmark-only switches (defaults are the library's choice).
+    """Benchmark-only switches (defaults are the library's choice; KernelConfig reads them
+    through its properties, from its ``tuning`` or, in a library module, from ``Tuning()``).
 
     ``pdl``: launch the dbias reduction of a call of at most PDL_MAX_ROWS rows with
     programmatic dependent launch on sm_90+ (it then waits in ``griddepcontrol.wait``; longer
@@ -106,9 +110,23 @@ class KernelConfig:
     has_act: bool
     has_dact: bool
     heavy: bool  # act, dact, dbias or a non-exact epilogue: the register-hungry ops
-    tuning: Tuning = field(default_factory=Tuning)
+    # a benchmark's switches (module header); None in every module the library renders
+    tuning: Tuning | None = None
     # the epilogue writes two halves side by side (mxq/gated.py): outputs [M, 2N], grid columns doubled
     halves: bool = False
+    # packed kernel with unaligned rows: the warps a rows8 twin pins (rows8_twins); 0: packed_warps chooses
+    unaligned_warps: int = 0
+
+    def __repr__(self) -> str:
+        """The constructor call rendered into the generated module: every field but an unset
+        ``tuning``, so a library module carries no benchmark switch."""
+        shown = [f for f in fields(self) if not (f.name == "tuning" and self.tuning is None)]
+        return f"KernelConfig({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
+
+    @property
+    def tuned(self) -> Tuning:
+        """The switches in force: a benchmark's, else the library's (``Tuning()``)."""
+        return self.tuning or Tuning()
 
     # -- derived choices (one definition each) -----------------------------------------------
     @property
@@ -132,7 +150,7 @@ class KernelConfig:
         """Vectorised (fp32) kernel: stage the full-size inputs through shared memory with
         cp.async (Tuning.vec_stage; dact ops only, whose two fp32 inputs held in registers for all
         rows take 100 registers, 2 CTAs per SM); the column reduction then reuses that memory."""
-        if not (self.has_dact and self.tuning.vec_stage):
+        if not (self.has_dact and self.tuned.vec_stage):
             return False
         # (an op with too many inputs to stage, grouped calls included, keeps the unstaged kernel)
         return nbytes(self.vec_buffers([True] * (self.n_inputs + 1), grouped=True)) <= SMEM_LIMIT
@@ -188,8 +206,8 @@ class KernelConfig:
         writes colwise output from one input, else chunks (an epilogue's broadcast tensors count
         as inputs: not timed), where they fit (chunks take 1.6% more shared memory);
         Tuning.vec_unaligned_copy overrides."""
-        if self.tuning.vec_unaligned_copy:
-            want = self.tuning.vec_unaligned_copy == "chunks"
+        if self.tuned.vec_unaligned_copy:
+            want = self.tuned.vec_unaligned_copy == "chunks"
         else:
             want = not (self.colwise and self.n_inputs == 1 and not self.has_dact)
         return want and self.vec_unaligned_bytes(chunks=True) <= SMEM_LIMIT
@@ -254,38 +272,52 @@ class KernelConfig:
         return 8 if self.dbias else 4
 
     def packed_warps(self, unaligned: bool = False) -> int:
-        """Packed kernel's warps: pk_warps; with unaligned rows Tuning.unaligned_warps where set,
-        else 8 for a plain cast with colwise output (its 4-row threads keep 47 registers against
-        71 for 8 rows, and the kernel is latency-bound), and never fewer than pk_warps."""
+        """Packed kernel's warps: pk_warps; with unaligned rows the warps a rows8 twin pins
+        (unaligned_warps) or Tuning.unaligned_warps where set, else 8 for a plain cast with
+        colwise output (its 4-row threads keep 47 registers against 71 for 8 rows, and the kernel
+        is latency-bound), and never fewer than pk_warps."""
         if not unaligned:
             return self.pk_warps
-        warps = self.tuning.unaligned_warps or (8 if self.colwise and not self.computed else 4)
+        pinned = self.unaligned_warps or self.tuned.unaligned_warps
+        warps = pinned or (8 if self.colwise and not self.computed else 4)
         return max(self.pk_warps, warps)
 
     def rows8_warps(self):
-        """Variant "rows8" of a plain cast without dbias (Tuning.unaligned_warps unset): the warps
+        """Variant "rows8" of a plain cast without dbias (no warps pinned): the warps
         of its packed kernel for an even and for an odd input row stride (elements), (8, 4);
         else None (one kernel, packed_warps). Measured on the H200: at 8192x8190 8 warps ran rowwise 86-88% of copy against 82-83% at 4; at
         4096x14335 and 8191x8191 4 warps ran rowwise 85-85.5% against 81-82% at 8, colwise and
         both 86-87.5% against 80-84%."""
-        if self.computed or self.dbias or self.halves or self.tuning.unaligned_warps:
+        if self.computed or self.dbias or self.halves or self.unaligned_warps or self.tuned.unaligned_warps:
             return None
         return (8, 4)
 
     def rows8_twins(self):
-        """The configs of rows8_warps' two kernels (this config with Tuning.unaligned_warps set to
+        """The configs of rows8_warps' two kernels (this config with unaligned_warps pinned to
         each), or None."""
         warps = self.rows8_warps()
         if warps is None:
             return None
-        return tuple(replace(self, tuning=replace(self.tuning, unaligned_warps=w)) for w in warps)
+        return tuple(replace(self, unaligned_warps=w) for w in warps)
 
     @property
     def halves_passes(self) -> int:
         """Packed kernel: passes per CTA over its loaded tile, one per output half it writes (2
         with Tuning.halves_one_cta for a two-halves op; its grid is then not doubled)."""
-        return 2 if self.halves and self.tuning.halves_one_cta else 1
+        return 2 if self.halves and self.tuned.halves_one_cta else 1
 
     @property
     def pdl(self) -> bool:
-        return self.dbias and self.tuning.pdl
+        """The dbias reduction may launch early (Tuning.pdl)."""
+        return self.dbias and self.tuned.pdl
+
+    @property
+    def row_scale_l2_keep(self) -> bool:
+        """Row-scale bytes leave with an L2 evict_last policy (Tuning.row_scale_l2_keep)."""
+        return self.tuned.row_scale_l2_keep
+
+    @property
+    def rows8_min_blocks(self) -> int:
+        """CTAs per SM the packed kernel of variant "rows8" is compiled for; 0: no register cap
+        (Tuning.rows8_min_blocks)."""
+        return self.tuned.rows8_min_blocks

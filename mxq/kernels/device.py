@@ -233,7 +233,7 @@ def scale_offset(swizzled: bool, i, j, blocks):
 
 def store_kept_u8(t, offset, value):
     """t[offset] = value (a scale byte) with an L2 evict_last policy: the byte waits in L2 for
-    the rest of its 32-byte sector (KernelConfig.Tuning.row_scale_l2_keep says why)."""
+    the rest of its 32-byte sector (Tuning.row_scale_l2_keep says why)."""
     keep = cute.arch.inline_ptx("createpolicy.fractional.L2::evict_last.b64 {$w0}, 1.0;", write_only_types=[Int64])
     cute.arch.inline_ptx("st.global.L2::cache_hint.b8 [{$r0}], {$r1}, {$r2};",
                          read_only_args=[t.iterator.toint() + Int64(offset), Uint16(value), keep])

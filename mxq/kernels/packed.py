@@ -69,6 +69,12 @@ class Fields(dict):
         return SimpleNamespace(**self, **more)
 
 
+def rec(fields: Fields, **more):
+    """``fields.rec(**more)`` for a kernel body's dynamic ``if``: the DSL takes a method called
+    on a name there for a change to it, and cannot carry a Fields through the ``if``."""
+    return fields.rec(**more)
+
+
 class PackedKernel:
     """The packed kernel of one config (``cfg``) and op (``op``: element.ElementOp)."""
 

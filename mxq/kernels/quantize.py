@@ -92,7 +92,7 @@ class Quantize:
         cfg = self.cfg
         unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
         grid, block = packed_grid(cfg, M, N, G, unaligned)
-        cap = cfg.tuning.rows8_min_blocks if variant == "rows8" else 0  # (a benchmark's register cap)
+        cap = cfg.rows8_min_blocks if variant == "rows8" else 0  # (a benchmark's register cap)
         self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
             grid=grid, block=block, stream=stream, **({"min_blocks_per_mp": cap} if cap else {}))
 

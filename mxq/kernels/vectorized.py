@@ -24,6 +24,12 @@ their timings):
 
 FP8 stores are whole 8-byte units (variant rows8: the rows start on unit boundaries); a row's
 partial last unit goes byte by byte.
+
+The kernel body finds the thread's place and the CTA's shared memory (KernelConfig.vec_buffers)
+and runs the phases, each a method below with one job: staging (``stage_rows``, or for
+unaligned rows ``stage_words`` / ``stage_chunks``), ``load_registers``; then, unless noop, per
+row ``read_staged_row``, ``row_values``, ``row_scale`` and ``store_row``; then
+``share_partials``, ``column_owners``, ``column_scales`` and ``store_columns``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from . import grouped
 from . import smem as shared
 from . import unaligned as ua
 from .config import ROWS, VEC
+from .packed import Fields, rec
 
 VCOLS = 32 * VEC
 
@@ -78,6 +85,7 @@ class VectorizedKernel:
         g = cb * 32 + lane  # this lane's group of VEC columns
         c0 = g * VEC
         col_ok = c0 < N  # aligned: N % VEC == 0, a group is wholly inside or outside
+        nvalid = None
         if cutlass.const_expr(UNALIGNED):
             nvalid = N - c0  # this lane's columns that exist (<= 0: none, >= VEC: all, else a partial unit)
         rbase = rb * ROWS + warp * VROWS
@@ -94,8 +102,8 @@ class VectorizedKernel:
         STAGED = cutlass.const_expr([t for t in range(NSRC) if staged_src[t]])
         # the CTA's shared memory, declared once (KernelConfig.vec_buffers)
         buffers = cfg.vec_buffers(staged_src, GROUPED, CHUNKS)
-        if cutlass.const_expr(len(buffers) > 0):
-            buf = shared.allocate(cutlass.memory.SmemAllocator(), buffers)
+        buf = shared.allocate(cutlass.memory.SmemAllocator(), buffers) if len(buffers) > 0 else {}
+        gt = None
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
             gt = grouped.GroupTile(group_ends, buf["group"], rb, M, N, cfg.fmt.swizzled, WARPS * 32)
@@ -103,232 +111,342 @@ class VectorizedKernel:
             row_end = gt.row_end
         tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
         staged = [buf[f"in{t}"] if staged_src[t] else None for t in range(NSRC)]
-        # The column reduction's buffers (indexed k * 32 + lane for column k of lane: a warp's accesses
-        # touch 32 consecutive words, no bank conflicts) reuse the staged inputs' memory, which is dead
-        # once every row has been read back (a barrier in between), so a CTA needs no more than that.
-        if cutlass.const_expr(cfg.col_reduce):
-            if cutlass.const_expr(len(STAGED) >= 1):
-                sMax = cute.make_tensor(staged[STAGED[0]].iterator, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
-            else:
-                sMax = buf["max"]
-            if cutlass.const_expr(cfg.dbias):
-                if cutlass.const_expr(len(STAGED) >= 2):
-                    sSum = cute.make_tensor(cute.recast_ptr(staged[STAGED[1]].iterator, dtype=Float64),
-                                            cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
-                else:
-                    sSum = buf["sum"]
-            if cutlass.const_expr(cfg.colwise):
-                sInv = buf["inv"]  # the columns' inverse scales
+        sMax, sSum, sInv = self.column_buffers(buf, staged, STAGED)
+        tRow, tCol, nbr = None, None, None
         if cutlass.const_expr(cfg.rowwise):
             tRow = cute.zipped_divide(self.op.out_window(row_data, co), (1, VEC))
             nbr = NOUT // 32 + Int32(cutlass.select_(NOUT % 32 != 0, Int32(1), Int32(0)))
         if cutlass.const_expr(cfg.colwise):
             tCol = cute.zipped_divide(self.op.out_window(col_data, co), (1, VEC))
+        whole, part = None, None
         if cutlass.const_expr(UNALIGNED):
             # FP8 rows on unit boundaries: lane l's VEC bytes are one 8-byte unit, its address
             # stepped from row to row; the row's last unit may be partial (whole / part)
             whole = nvalid >= VEC
             part = (nvalid > 0) & (nvalid < VEC)
+        # Each phase call gets its own records (Fields.rec) of this body's values (packed.py says why).
+        k = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, CHUNKS=CHUNKS, WARPS=WARPS, VROWS=VROWS, NTHREADS=NTHREADS,
+                   STAGED=STAGED, use_hw_e8m0=use_hw_e8m0)
+        at = Fields(tidx=tidx, lane=lane, warp=warp, g=g, c0=c0, col_ok=col_ok, rbase=rbase, row_end=row_end,
+                    nvalid=nvalid)
+        ga = None
         if cutlass.const_expr(CHUNKS):
-            ga = [ua.row_base(sources[t], rbase, cb * VCOLS) for t in range(NSRC)]
-            ncols = cutlass.min(N - cb * VCOLS, VCOLS)
-            for i in cutlass.range_constexpr(VROWS):
-                for t in cutlass.range_constexpr(NSRC):
-                    if cutlass.const_expr(staged_src[t]):
-                        a = ua.row_at(ga[t], i)
-                        ua.stage_row(Float32, staged[t][(warp * VROWS + i, None)], a, ua.chunk_misalignment(a), ncols,
-                                     lane, rbase + i < row_end)
-                cute.arch.cp_async_commit_group()
+            ga = self.stage_chunks(rec(k), rec(at), sources, staged, staged_src, cb, N)
         elif cutlass.const_expr(UNALIGNED):
-            # each warp's row segments word by word (unaligned.stage_words): which of lane l's
-            # words (columns cb * VCOLS + l + 32k) and pairs (+ 2l + 64k) exist
-            ccol = cb * VCOLS + lane
-            cvalid = [ccol + 32 * k < N for k in range(VEC)]
-            pbytes = [cutlass.max(cutlass.min(N - (cb * VCOLS + 2 * lane + 64 * k), 2), 0) * 4 for k in range(VEC // 2)]
-            src_rows = [ua.row_base(sources[t], rbase, ccol) for t in range(NSRC)]
-            for i in cutlass.range_constexpr(VROWS):
-                rok = rbase + i < row_end
-                for t in cutlass.range_constexpr(NSRC):
-                    if cutlass.const_expr(staged_src[t]):
-                        ua.stage_words(staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS),
-                                       ua.row_at(src_rows[t], i), lane, rok, cvalid, pbytes)
-                cute.arch.cp_async_commit_group()
+            self.stage_words(rec(k), rec(at), sources, staged, staged_src, cb, N)
         elif cutlass.const_expr(len(STAGED) > 0):
-            g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
-                                      Float32, num_bits_per_copy=128)
-            for i in cutlass.range_constexpr(VROWS):
-                if col_ok and rbase + i < row_end:
-                    for t in cutlass.range_constexpr(NSRC):
-                        if cutlass.const_expr(staged_src[t]):
-                            for h in cutlass.range_constexpr(VEC // 4):  # 16-byte copies of 4 values
-                                cute.copy(g2s, cute.local_tile(sources[t], (1, 4), (rbase + i, g * (VEC // 4) + h))[(0, None)],
-                                          cute.local_tile(staged[t][(i, tidx, 0, None)], (4,), (h,)))
-                cute.arch.cp_async_commit_group()
-        # all loads first: VROWS independent 16-byte loads per source in flight per thread (staged
-        # sources: read back from shared memory below)
-        frags = []  # frags[i][t]: row i of source t
-        for i in cutlass.range_constexpr(VROWS):
-            row = []
-            for t in cutlass.range_constexpr(NSRC):
-                if cutlass.const_expr(i > 0 and once[t]):
-                    row.append(frags[0][t])
-                else:
-                    row.append(cute.make_rmem_tensor_like(tiles[t][(None, (0, 0))]))
-                    row[t].fill(0)
-            frags.append(row)
-            if col_ok and rbase + i < row_end:
-                for t in cutlass.range_constexpr(NSRC):
-                    if cutlass.const_expr(not staged_src[t] and (i == 0 or not once[t])):
-                        if cutlass.const_expr(UNALIGNED and once[t] and dev.broadcast_cols(sources[t])):
-                            # a scalar: its one element, loaded once
-                            one = tiles[t][(None, (rbase + i, g))][0]
-                            for k in cutlass.range_constexpr(VEC):
-                                row[t][k] = one
-                        elif cutlass.const_expr(UNALIGNED and once[t]):
-                            # a row operand ([N]): its columns that exist, one load each
-                            for k in cutlass.range_constexpr(VEC):
-                                if k < nvalid:
-                                    row[t][k] = tiles[t][(None, (rbase + i, g))][k]
-                        else:
-                            cute.autovec_copy(tiles[t][(None, (rbase + i, g))], row[t])
+            self.stage_rows(rec(k), rec(at), sources, staged, staged_src)
+        frags = self.load_registers(rec(k), rec(at), sources, tiles, once, staged_src)
         if noop[0] != Float32(1.0):
             vals = cute.make_rmem_tensor(cute.make_layout(VROWS * VEC), Float32)
-            if cutlass.const_expr(cfg.col_reduce):
-                cmax = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
-                cmax.fill(0.0)
-            if cutlass.const_expr(cfg.dbias):
-                # the block's partial sums in the workspace's precision (numerics.dbias_partial_dtype)
-                dsum = cute.make_rmem_tensor(cute.make_layout(VEC), dbias_ws.element_type)
-                dsum.fill(0.0)
+            cmax, dsum = self.column_partials(dbias_ws)
             for i in cutlass.range_constexpr(VROWS):
                 row_ok = col_ok and rbase + i < row_end
-                if cutlass.const_expr(CHUNKS):
-                    cute.arch.cp_async_wait_group(VROWS - 1 - i)
-                    cute.arch.sync_warp()
-                    if rbase + i < row_end:
-                        for t in cutlass.range_constexpr(NSRC):
-                            if cutlass.const_expr(staged_src[t]):
-                                ua.read_chunked_words(staged[t][(warp * VROWS + i, None)], ua.row_at(ga[t], i), lane,
-                                                      frags[i][t])
-                elif cutlass.const_expr(UNALIGNED):
-                    cute.arch.cp_async_wait_group(VROWS - 1 - i)  # row i's copies have landed ...
-                    cute.arch.sync_warp()  # ... in every lane of the warp (they copied each other's columns)
-                    for t in cutlass.range_constexpr(NSRC):  # (zeros where no row or column: no branch)
-                        if cutlass.const_expr(staged_src[t]):
-                            ua.read_words(staged[t].iterator + (i * NTHREADS * VEC + warp * VCOLS), lane, frags[i][t])
-                elif cutlass.const_expr(len(STAGED) > 0):
-                    cute.arch.cp_async_wait_group(VROWS - 1 - i)  # row i's copies have landed
-                    if row_ok:
-                        for t in cutlass.range_constexpr(NSRC):
-                            if cutlass.const_expr(staged_src[t]):
-                                cute.autovec_copy(staged[t][(i, tidx, None, None)], frags[i][t])
-                for k in cutlass.range_constexpr(VEC):
-                    v = self.op.value(frags[i], k, scalars, _widen)
-                    if cutlass.const_expr(cfg.computed or CHUNKS):
-                        ok = row_ok
-                        if cutlass.const_expr(UNALIGNED):
-                            ok = row_ok & (nvalid > k)
-                        # rows past M and their act(0) do not count; unaligned rows: nor columns past N
-                        # (chunks: the neighbouring bytes a staged chunk holds)
-                        v = Float32(cutlass.select_(ok, v, Float32(0.0)))
-                    if cutlass.const_expr(cfg.dbias):
-                        dsum[k] = dsum[k] + v.to(Float64)
-                    v = self.op.round_to_input(v, ins[0].element_type)
-                    vals[i * VEC + k] = v
-                    if cutlass.const_expr(cfg.col_reduce):
-                        cmax[k] = cute.arch.fmax(cmax[k], cute.math.abs(v), nan=True)
+                if cutlass.const_expr(len(STAGED) > 0):
+                    self.read_staged_row(rec(k), rec(at), i, row_ok, frags[i], ga, staged, staged_src)
+                self.row_values(rec(k), rec(at), i, row_ok, frags[i], vals, cmax, dsum, scalars, ins[0].element_type)
                 if cutlass.const_expr(cfg.rowwise):
-                    # rowwise: the 32-column block of this row is 4 adjacent lanes
                     if cutlass.const_expr(UNALIGNED and i == 0):
                         out_row = ua.row_base(row_data, rbase, c0)  # (unaligned: row i's units at row_at(out_row, i))
-                    ramax = Float32(0.0)
-                    for k in cutlass.range_constexpr(VEC):
-                        ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + k]), nan=True)
-                    ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1), nan=True)
-                    ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
-                    er = codec.block_scale(cfg.fmt, ramax, use_hw_e8m0)
-                    sr = dev.inv_scale(er)
-                    if cutlass.const_expr(UNALIGNED):
-                        self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, whole, part, nvalid)
-                        if row_ok and lane % 4 == 0:
-                            codec.store_row_scale(cfg, row_scale, dev.scale_offset(cfg.fmt.swizzled, rbase + i, c0 // 32, nbr), er)
-                    elif row_ok:
-                        qr = cute.make_rmem_tensor_like(tRow[(None, (0, 0))])
-                        for k in cutlass.range_constexpr(0, VEC, 2):
-                            lo, hi = codec.encode2(cfg.fmt, dev.mul_rn(vals[i * VEC + k], sr), dev.mul_rn(vals[i * VEC + k + 1], sr))
-                            qr[k] = lo
-                            qr[k + 1] = hi
-                        cute.autovec_copy(qr, tRow[(None, (rbase + i, g))])
-                        if lane % 4 == 0:
-                            if cutlass.const_expr(GROUPED):
-                                codec.store_row_scale(cfg, row_scale, codec.group_row_scale_offset(cfg.fmt, gt, rbase + i, c0 // 32, nbr), er)
-                            elif cutlass.const_expr(cfg.fmt.swizzled):
-                                codec.store_row_scale(cfg, row_scale, dev.swizzle_offset(rbase + i, (co + c0) // 32, nbr), er)
-                            else:
-                                codec.store_row_scale(cfg, row_scale, (rbase + i) * nbr + (co + c0) // 32, er)
+                    er, sr = self.row_scale(vals, i, use_hw_e8m0)
+                    self.store_row(rec(k), rec(at, co=co, nbr=nbr, gt=gt, whole=whole, part=part), i, row_ok, vals,
+                                   er, sr, out_row if UNALIGNED else None, tRow, row_scale)
             if cutlass.const_expr(cfg.col_reduce):
                 # colwise: the warps' partial column amax (and dbias sums) meet in shared memory
-                if cutlass.const_expr(len(STAGED) > 0):
-                    cute.arch.sync_threads()  # every thread has read its staged rows back (sMax reuses them)
-                for k in cutlass.range_constexpr(VEC):
-                    sMax[warp, k * 32 + lane] = cmax[k]
-                    if cutlass.const_expr(cfg.dbias):
-                        sSum[warp, k * 32 + lane] = dsum[k]
-                cute.arch.sync_threads()
-                # Column owners: each of the CTA's VCOLS columns is reduced over the warps, turned into
-                # its scale and stored by one thread, not by every warp for its own lane's columns.
-                if cutlass.const_expr(cfg.amax):
-                    tm = Float32(0.0)
-                for r in cutlass.range_constexpr(max(1, VCOLS // NTHREADS)):
-                    p = tidx + r * NTHREADS  # position k * 32 + l: column l * VEC + k of the tile
-                    c = cb * VCOLS + (p % 32) * VEC + p // 32
-                    m = sMax[0, p]
-                    for w in cutlass.range_constexpr(1, WARPS):
-                        m = cute.arch.fmax(m, sMax[w, p], nan=True)
-                    if cutlass.const_expr(cfg.amax):
-                        tm = cute.arch.fmax(tm, m, nan=True)
-                    if cutlass.const_expr(cfg.colwise):
-                        e = codec.block_scale(cfg.fmt, m, use_hw_e8m0)
-                        sInv[p] = dev.inv_scale(e)
-                        if c < N:
-                            if cutlass.const_expr(GROUPED and cfg.fmt.swizzled):
-                                if gt.row_end > gt.row0:
-                                    col_scale[codec.group_col_scale_offset(gt, c)] = Uint8(e)
-                            elif cutlass.const_expr(GROUPED):  # a tile with no rows writes its scale row's zeros
-                                col_scale[rb * N + c] = Uint8(cutlass.select_(gt.row_end > gt.row0, e, Int32(0)))
-                            else:
-                                codec.put_col_scale(cfg.fmt, col_scale, None, co + c, rb, M, NOUT, e)
-                    if cutlass.const_expr(cfg.dbias):
-                        sm = sSum[0, p]
-                        for w in cutlass.range_constexpr(1, WARPS):
-                            sm = sm + sSum[w, p]  # fixed order: deterministic
-                        if c < N:
-                            dbias_ws[rb, co + c] = sm
-                if cutlass.const_expr(cfg.amax):
-                    tm = dev.warp_max(tm)
-                    if lane == 0:
-                        cute.arch.atomic_fmax(amax.iterator, tm, sign_bit=False)  # one atomic per warp
+                self.share_partials(rec(k), rec(at), cmax, dsum, sMax, sSum)
+                self.column_owners(rec(k), rec(at, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT, M=M, N=N), sMax, sSum, sInv,
+                                   col_scale, dbias_ws, amax)
             if cutlass.const_expr(cfg.colwise):
-                cute.arch.sync_threads()
-                sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
-                for k in cutlass.range_constexpr(VEC):
-                    sc[k] = sInv[k * 32 + lane]
-                if cutlass.const_expr(UNALIGNED):
-                    out_col = ua.row_base(col_data, rbase, c0)
-                    for i in cutlass.range_constexpr(VROWS):
-                        self.store_unit_row(ua.row_at(out_col, i), vals, i, sc, col_ok and rbase + i < row_end,
-                                            whole, part, nvalid)
-                for i in cutlass.range_constexpr(0 if UNALIGNED else VROWS):
-                    if col_ok and rbase + i < row_end:
-                        qc = cute.make_rmem_tensor_like(tCol[(None, (0, 0))])
-                        for k in cutlass.range_constexpr(0, VEC, 2):
-                            lo, hi = codec.encode2(cfg.fmt, dev.mul_rn(vals[i * VEC + k], sc[k]),
-                                                  dev.mul_rn(vals[i * VEC + k + 1], sc[k + 1]))
-                            qc[k] = lo
-                            qc[k + 1] = hi
-                        cute.autovec_copy(qc, tCol[(None, (rbase + i, g))])
+                sc = self.column_scales(rec(at), sInv)
+                self.store_columns(rec(k), rec(at, whole=whole, part=part), vals, sc, col_data, tCol)
         if cutlass.const_expr(len(STAGED) > 0):
             cute.arch.cp_async_wait_group(0)  # (under noop nothing above waited for the staged copies)
+
+    def column_buffers(self, buf, staged, STAGED):
+        """The column reduction's shared memory (sMax, sSum, sInv; None where the op has none),
+        indexed k * 32 + lane for column k of lane (a warp's accesses touch 32 consecutive words,
+        no bank conflicts). sMax and sSum reuse the staged inputs' memory, which is dead once
+        every row has been read back (a barrier in between), so a CTA needs no more than that."""
+        cfg = self.cfg
+        WARPS = cfg.vec_warps
+        sMax, sSum, sInv = None, None, None
+        if cfg.col_reduce:
+            if len(STAGED) >= 1:
+                sMax = cute.make_tensor(staged[STAGED[0]].iterator, cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
+            else:
+                sMax = buf["max"]
+            if cfg.dbias:
+                if len(STAGED) >= 2:
+                    sSum = cute.make_tensor(cute.recast_ptr(staged[STAGED[1]].iterator, dtype=Float64),
+                                            cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
+                else:
+                    sSum = buf["sum"]
+            if cfg.colwise:
+                sInv = buf["inv"]  # the columns' inverse scales
+        return sMax, sSum, sInv
+
+    # -- loads -------------------------------------------------------------------------------
+    def stage_chunks(self, k, t, sources, staged, staged_src, cb, N):
+        """Unaligned rows, chunks form: the 16-byte chunks covering each warp's row segments,
+        copied as the 16-bit unaligned rows are (unaligned.stage_row). Returns each source's
+        row addresses (read_staged_row realigns from them)."""
+        ga = [ua.row_base(sources[s], t.rbase, cb * VCOLS) for s in range(len(sources))]
+        ncols = cutlass.min(N - cb * VCOLS, VCOLS)
+        for i in range(k.VROWS):
+            for s in range(len(sources)):
+                if staged_src[s]:
+                    a = ua.row_at(ga[s], i)
+                    ua.stage_row(Float32, staged[s][(t.warp * k.VROWS + i, None)], a, ua.chunk_misalignment(a), ncols,
+                                 t.lane, t.rbase + i < t.row_end)
+            cute.arch.cp_async_commit_group()
+        return ga
+
+    def stage_words(self, k, t, sources, staged, staged_src, cb, N):
+        """Unaligned rows, words form: each warp's row segments word by word
+        (unaligned.stage_words), given which of lane l's words (columns cb * VCOLS + l + 32k)
+        and pairs (+ 2l + 64k) exist."""
+        ccol = cb * VCOLS + t.lane
+        cvalid = [ccol + 32 * c < N for c in range(VEC)]
+        pbytes = [cutlass.max(cutlass.min(N - (cb * VCOLS + 2 * t.lane + 64 * c), 2), 0) * 4 for c in range(VEC // 2)]
+        src_rows = [ua.row_base(s, t.rbase, ccol) for s in sources]
+        for i in range(k.VROWS):
+            rok = t.rbase + i < t.row_end
+            for s in range(len(sources)):
+                if staged_src[s]:
+                    ua.stage_words(staged[s].iterator + (i * k.NTHREADS * VEC + t.warp * VCOLS),
+                                   ua.row_at(src_rows[s], i), t.lane, rok, cvalid, pbytes)
+            cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def stage_rows(self, k, t, sources, staged, staged_src):
+        """Aligned rows (KernelConfig.vec_stage): every row of every staged source requested at
+        once with cp.async, 16 bytes per copy, into this thread's own slots."""
+        NSRC = cutlass.const_expr(len(sources))
+        g2s = cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
+                                  Float32, num_bits_per_copy=128)
+        for i in cutlass.range_constexpr(k.VROWS):
+            if t.col_ok and t.rbase + i < t.row_end:
+                for s in cutlass.range_constexpr(NSRC):
+                    if cutlass.const_expr(staged_src[s]):
+                        for h in cutlass.range_constexpr(VEC // 4):  # 16-byte copies of 4 values
+                            cute.copy(g2s, cute.local_tile(sources[s], (1, 4), (t.rbase + i, t.g * (VEC // 4) + h))[(0, None)],
+                                      cute.local_tile(staged[s][(i, t.tidx, 0, None)], (4,), (h,)))
+            cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def load_registers(self, k, t, sources, tiles, once, staged_src):
+        """All loads first: VROWS independent 16-byte loads per unstaged source in flight per
+        thread (staged sources: read back by read_staged_row). frags[i][s]: row i of source s."""
+        NSRC = cutlass.const_expr(len(sources))
+        frags = []
+        for i in cutlass.range_constexpr(k.VROWS):
+            row = []
+            for s in cutlass.range_constexpr(NSRC):
+                if cutlass.const_expr(i > 0 and once[s]):
+                    row.append(frags[0][s])
+                else:
+                    row.append(cute.make_rmem_tensor_like(tiles[s][(None, (0, 0))]))
+                    row[s].fill(0)
+            frags.append(row)
+            if t.col_ok and t.rbase + i < t.row_end:
+                for s in cutlass.range_constexpr(NSRC):
+                    if cutlass.const_expr(not staged_src[s] and (i == 0 or not once[s])):
+                        self.load_row(k.UNALIGNED and once[s], dev.broadcast_cols(sources[s]),
+                                      tiles[s][(None, (t.rbase + i, t.g))], t.nvalid, row[s])
+        return frags
+
+    @cute.jit
+    def load_row(self, operand: cutlass.Constexpr, scalar: cutlass.Constexpr, src, nvalid, frag):
+        """One row of an unstaged source into ``frag``. Unaligned rows (``operand``): a scalar's
+        one element, loaded once, or a row operand's ([N]) columns that exist, one load each."""
+        if cutlass.const_expr(operand and scalar):
+            one = src[0]
+            for c in cutlass.range_constexpr(VEC):
+                frag[c] = one
+        elif cutlass.const_expr(operand):
+            for c in cutlass.range_constexpr(VEC):
+                if c < nvalid:
+                    frag[c] = src[c]
+        else:
+            cute.autovec_copy(src, frag)
+
+    @cute.jit
+    def read_staged_row(self, k, t, i: cutlass.Constexpr, row_ok, frag, ga, staged, staged_src):
+        """Row i of the staged sources into its fragments ``frag``, once its copies have landed."""
+        NSRC = cutlass.const_expr(len(frag))
+        cute.arch.cp_async_wait_group(k.VROWS - 1 - i)  # row i's copies have landed ...
+        if cutlass.const_expr(k.UNALIGNED):
+            cute.arch.sync_warp()  # ... in every lane of the warp (they copied each other's columns)
+        if cutlass.const_expr(k.CHUNKS):
+            if t.rbase + i < t.row_end:
+                for s in cutlass.range_constexpr(NSRC):
+                    if cutlass.const_expr(staged_src[s]):
+                        ua.read_chunked_words(staged[s][(t.warp * k.VROWS + i, None)], ua.row_at(ga[s], i), t.lane,
+                                              frag[s])
+        elif cutlass.const_expr(k.UNALIGNED):
+            for s in cutlass.range_constexpr(NSRC):  # (zeros where no row or column: no branch)
+                if cutlass.const_expr(staged_src[s]):
+                    ua.read_words(staged[s].iterator + (i * k.NTHREADS * VEC + t.warp * VCOLS), t.lane, frag[s])
+        elif row_ok:
+            for s in cutlass.range_constexpr(NSRC):
+                if cutlass.const_expr(staged_src[s]):
+                    cute.autovec_copy(staged[s][(i, t.tidx, None, None)], frag[s])
+
+    # -- values --------------------------------------------------------------------------------
+    def column_partials(self, dbias_ws):
+        """The thread's column maxima and dbias sums (None where the op has none), zeroed."""
+        cfg = self.cfg
+        cmax, dsum = None, None
+        if cfg.col_reduce:
+            cmax = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+            cmax.fill(0.0)
+        if cfg.dbias:
+            # the block's partial sums in the workspace's precision (numerics.dbias_partial_dtype)
+            dsum = cute.make_rmem_tensor(cute.make_layout(VEC), dbias_ws.element_type)
+            dsum.fill(0.0)
+        return cmax, dsum
+
+    def row_values(self, k, t, i: int, row_ok, frag, vals, cmax, dsum, scalars, in_type):
+        """Row i's VEC values (the op, rounded to the input's type) into ``vals``; the thread's
+        column maxima and dbias sums updated."""
+        cfg = self.cfg
+        for c in range(VEC):
+            v = self.op.value(frag, c, scalars, _widen)
+            if cfg.computed or k.CHUNKS:
+                ok = row_ok
+                if k.UNALIGNED:
+                    ok = row_ok & (t.nvalid > c)
+                # rows past M and their act(0) do not count; unaligned rows: nor columns past N
+                # (chunks: the neighbouring bytes a staged chunk holds)
+                v = Float32(cutlass.select_(ok, v, Float32(0.0)))
+            if cfg.dbias:
+                dsum[c] = dsum[c] + v.to(Float64)
+            v = self.op.round_to_input(v, in_type)
+            vals[i * VEC + c] = v
+            if cfg.col_reduce:
+                cmax[c] = cute.arch.fmax(cmax[c], cute.math.abs(v), nan=True)
+
+    # -- rowwise -------------------------------------------------------------------------------
+    def row_scale(self, vals, i: int, use_hw_e8m0):
+        """Row i's block scale and its inverse: the 32-column block is 4 adjacent lanes."""
+        ramax = Float32(0.0)
+        for c in range(VEC):
+            ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + c]), nan=True)
+        ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1), nan=True)
+        ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
+        er = codec.block_scale(self.cfg.fmt, ramax, use_hw_e8m0)
+        return er, dev.inv_scale(er)
+
+    @cute.jit
+    def store_row(self, k, t, i: cutlass.Constexpr, row_ok, vals, er, sr, out_row, tRow, row_scale):
+        """Row i's FP8 values and (lanes 4j) its block's scale byte."""
+        cfg = self.cfg
+        if cutlass.const_expr(k.UNALIGNED):
+            self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, t.whole, t.part, t.nvalid)
+            if row_ok and t.lane % 4 == 0:
+                codec.store_row_scale(cfg, row_scale, dev.scale_offset(cfg.fmt.swizzled, t.rbase + i, t.c0 // 32, t.nbr),
+                                      er)
+        elif row_ok:
+            qr = cute.make_rmem_tensor_like(tRow[(None, (0, 0))])
+            for c in cutlass.range_constexpr(0, VEC, 2):
+                lo, hi = codec.encode2(cfg.fmt, dev.mul_rn(vals[i * VEC + c], sr), dev.mul_rn(vals[i * VEC + c + 1], sr))
+                qr[c] = lo
+                qr[c + 1] = hi
+            cute.autovec_copy(qr, tRow[(None, (t.rbase + i, t.g))])
+            if t.lane % 4 == 0:
+                codec.store_row_scale(cfg, row_scale, self.row_scale_offset(k, t, t.rbase + i), er)
+
+    def row_scale_offset(self, k, t, r):
+        """The row-scale byte offset of row ``r``'s block of this lane's columns."""
+        cfg = self.cfg
+        if k.GROUPED:
+            return codec.group_row_scale_offset(cfg.fmt, t.gt, r, t.c0 // 32, t.nbr)
+        if cfg.fmt.swizzled:
+            return dev.swizzle_offset(r, (t.co + t.c0) // 32, t.nbr)
+        return r * t.nbr + (t.co + t.c0) // 32
+
+    # -- colwise -------------------------------------------------------------------------------
+    def share_partials(self, k, t, cmax, dsum, sMax, sSum):
+        """The thread's column maxima (and dbias sums) to shared memory, for the column owners."""
+        if len(k.STAGED) > 0:
+            cute.arch.sync_threads()  # every thread has read its staged rows back (sMax reuses them)
+        for c in range(VEC):
+            sMax[t.warp, c * 32 + t.lane] = cmax[c]
+            if self.cfg.dbias:
+                sSum[t.warp, c * 32 + t.lane] = dsum[c]
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def column_owners(self, k, t, sMax, sSum, sInv, col_scale, dbias_ws, amax):
+        """Column owners: each of the CTA's VCOLS columns is reduced over the warps, turned into
+        its scale and stored by one thread, not by every warp for its own lane's columns;
+        likewise its dbias sum, and the amax (one atomic per warp)."""
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.amax):
+            tm = Float32(0.0)
+        for r in cutlass.range_constexpr(max(1, VCOLS // k.NTHREADS)):
+            p = t.tidx + r * k.NTHREADS  # position c * 32 + l: column l * VEC + c of the tile
+            c = t.cb * VCOLS + (p % 32) * VEC + p // 32
+            m = sMax[0, p]
+            for w in cutlass.range_constexpr(1, k.WARPS):
+                m = cute.arch.fmax(m, sMax[w, p], nan=True)
+            if cutlass.const_expr(cfg.amax):
+                tm = cute.arch.fmax(tm, m, nan=True)
+            if cutlass.const_expr(cfg.colwise):
+                e = codec.block_scale(cfg.fmt, m, k.use_hw_e8m0)
+                sInv[p] = dev.inv_scale(e)
+                if c < t.N:
+                    self.put_col_scale(k.GROUPED, t.gt, col_scale, c, e, t.rb, t.co, t.M, t.N, t.NOUT)
+            if cutlass.const_expr(cfg.dbias):
+                sm = sSum[0, p]
+                for w in cutlass.range_constexpr(1, k.WARPS):
+                    sm = sm + sSum[w, p]  # fixed order: deterministic
+                if c < t.N:
+                    dbias_ws[t.rb, t.co + c] = sm
+        if cutlass.const_expr(cfg.amax):
+            tm = dev.warp_max(tm)
+            if t.lane == 0:
+                cute.arch.atomic_fmax(amax.iterator, tm, sign_bit=False)  # one atomic per warp
+
+    @cute.jit
+    def put_col_scale(self, grouped_: cutlass.Constexpr, gt, col_scale, c, e, rb, co, M, N, NOUT):
+        """Column c's scale byte ``e``: a grouped tile with no rows writes none (swizzled) or its
+        scale row's zeros (compact)."""
+        cfg = self.cfg
+        if cutlass.const_expr(grouped_ and cfg.fmt.swizzled):
+            if gt.row_end > gt.row0:
+                col_scale[codec.group_col_scale_offset(gt, c)] = Uint8(e)
+        elif cutlass.const_expr(grouped_):
+            col_scale[rb * N + c] = Uint8(cutlass.select_(gt.row_end > gt.row0, e, Int32(0)))
+        else:
+            codec.put_col_scale(cfg.fmt, col_scale, None, co + c, rb, M, NOUT, e)
+
+    def column_scales(self, t, sInv):
+        """The thread's VEC inverse column scales, once the owners have written them."""
+        cute.arch.sync_threads()
+        sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+        for c in range(VEC):
+            sc[c] = sInv[c * 32 + t.lane]
+        return sc
+
+    @cute.jit
+    def store_columns(self, k, t, vals, sc, col_data, tCol):
+        """Every row's colwise FP8 values."""
+        cfg = self.cfg
+        if cutlass.const_expr(k.UNALIGNED):
+            out_col = ua.row_base(col_data, t.rbase, t.c0)
+            for i in cutlass.range_constexpr(k.VROWS):
+                self.store_unit_row(ua.row_at(out_col, i), vals, i, sc, t.col_ok and t.rbase + i < t.row_end,
+                                    t.whole, t.part, t.nvalid)
+        for i in cutlass.range_constexpr(0 if k.UNALIGNED else k.VROWS):
+            if t.col_ok and t.rbase + i < t.row_end:
+                qc = cute.make_rmem_tensor_like(tCol[(None, (0, 0))])
+                for c in cutlass.range_constexpr(0, VEC, 2):
+                    lo, hi = codec.encode2(cfg.fmt, dev.mul_rn(vals[i * VEC + c], sc[c]),
+                                           dev.mul_rn(vals[i * VEC + c + 1], sc[c + 1]))
+                    qc[c] = lo
+                    qc[c + 1] = hi
+                cute.autovec_copy(qc, tCol[(None, (t.rbase + i, t.g))])
 
     def store_unit_row(self, p, vals, i: int, inv, ok, whole, part, nvalid):
         """Unaligned rows: row i's VEC values times their inverse scales ``inv`` as one FP8 unit
