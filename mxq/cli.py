@@ -62,8 +62,6 @@ _AS_FLAGS = (
     (r"\bact and dact are exclusive", "--act and --dact are exclusive"),
     (r"\bexport\(\) argument 'operands'", "--operands"),
     (r"\bexport name\b", "--name"),
-    (r"\bwith group_offsets\b", "with --grouped"),
-    (r"\bwith grouped=False\b", "without --grouped"),
     (r"\b(fp8|act|dact|dtype|arch|scale_mode|scale_layout)=(?:'([^']*)'|None)",
      lambda m: f"--{m[1].replace('_', '-')} {m[2] or 'None'}"),
 )

@@ -93,7 +93,7 @@ class FusedOp:
         With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
         x = call.tensors[0]
         call = self._noop_out(call)
-        unserved = self._unserved(x, call.group_offsets) if x.is_cuda else None
+        unserved = self._unserved(x) if x.is_cuda else None
         if unserved:
             validation.fallback(unserved)
             return self._reference(call)
@@ -110,9 +110,9 @@ class FusedOp:
                 return launcher(call)
         return self._reference(call)
 
-    def _unserved(self, x, group_offsets=None) -> str | None:
+    def _unserved(self, x) -> str | None:
         """Why the kernels cannot serve this op on ``x``, or None (limits.unserved)."""
-        return limits.unserved(self.spec, self.epilogue, x, group_offsets, self._packed_smem_shortfall)
+        return limits.unserved(self.spec, self.epilogue, x, self._packed_smem_shortfall)
 
     def _packed_smem_shortfall(self) -> str | None:
         """limits.smem_shortfall of this op, its need computed once like ``source``."""
@@ -166,7 +166,7 @@ class FusedOp:
             raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
                              f"tensor (an int64 one would be converted once, at bind time); got {offsets.dtype}")
         x = call.tensors[0]
-        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x, offsets) else None
+        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x) else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input, copy=False)
@@ -320,13 +320,9 @@ class GatedOp(FusedOp):
         views). Backward: the gradient(s) [M, N] as they are (``operands``: their kinds), then
         act_input's halves act_input[:, :N] and act_input[:, N:]; the outputs are [M, 2N] (both
         halves side by side), and the functions refuse an N that is not a multiple of 32 when the
-        op has rowwise output (a block would straddle the halves); not grouped (the kernels do
-        not serve a grouped gated backward)."""
+        op has rowwise output (a block would straddle the halves)."""
         dtype = targets.normalize_dtype(dtype)
         kinds = export.check_operands(self, operands) or ("full",) * len(self.epilogue.tensor_params)
-        if grouped and not self._forward:
-            raise ValueError(f"mxq: export(): a gated backward (dact={self.spec.dact!r}) with group_offsets is "
-                             "not served by the kernels; export it with grouped=False")
         mult = limits.n_multiple(self.inner.spec, self.inner.epilogue)
         inner_kinds, note = export.gated_args(self.spec, self.epilogue, self.inner.epilogue, kinds, mult)
         limits.refuse_unlaunchable("export()", self.inner._packed_smem_shortfall, dtype)

@@ -320,7 +320,7 @@ def test_gated_backward_exports_its_two_halves_kernels(tmp_path, monkeypatch):
     2N wide; with rowwise output every function refuses an N that is not a multiple of 32 (a
     rowwise block would straddle the halves: compiled in as N's divisibility, which TVM-FFI
     checks, see tests/test_gpu.py's counterpart), and "_rows8" an N % 8 != 0 (its second half
-    starts at column N); a grouped export is refused before anything is built."""
+    starts at column N); a grouped export adds the grouped kernels, their buffers 2N wide too."""
     from mxq.runtime import export as export_mod
 
     seen = {}
@@ -350,9 +350,11 @@ def test_gated_backward_exports_its_two_halves_kernels(tmp_path, monkeypatch):
     colwise.export(tmp_path / "col", arch="sm_90", dtype="bf16")
     assert seen == {"generic": 1, "vec": 1, "rows8": 8}
     assert "multiple of 32" not in Path(tmp_path / "col" / "mxq__gate_bias.h").read_text()
-    with pytest.raises(ValueError, match="gated backward .* with group_offsets is not served"):
-        bwd.export(tmp_path / "grouped", grouped=True)
-    assert not (tmp_path / "grouped").exists()
+    grouped = bwd.export(tmp_path / "grouped", arch="sm_90", dtype="bf16", name="gbw", grouped=True)
+    assert grouped["functions"][3:] == ["gbw_grouped", "gbw_vec_grouped"] and seen["vec_grouped"] == 32
+    lines = " ".join(Path(grouped["header"]).read_text().split())
+    for doc in ("mColScale uint8[(M//32 + G) * 2N]", "mDbias bfloat16[G, 2N]", "mDbiasWs float32[M//32 + G, 2N]"):
+        assert doc in lines, doc
     # the multiple reaches the compiled signature as N's divisibility (what TVM-FFI checks)
     inner = bwd.inner
     for vec, mult, want in ((False, 32, 32), (True, 32, 32), (True, 1, 8), (False, 1, 1), (False, 8, 8)):
@@ -421,6 +423,37 @@ def test_exported_gated_backward_runs_on_cuda(tmp_path):
     got = mxq.MXFP8Tensor.empty(bwd.spec, (m, 2 * n), g.dtype, g.device)
     with pytest.raises(ValueError, match="divisible by 32"):
         lib["swb"](*args(got, g, a, n))
+
+
+@pytest.mark.gpu
+def test_exported_grouped_gated_backward_runs_on_cuda(tmp_path):
+    """The exported grouped swiglu backward + dbias (swizzled scales), called with the gradient,
+    act_input's halves and int32 group ends (an empty group among them): the data and scale
+    bytes of the Python grouped call and its [G, 2N] dbias (to rounding)."""
+    import tvm_ffi
+
+    from mxq.formats import groups
+
+    bwd = mxq.fused_quant(dact="swiglu", dbias=True, colwise=True, scale_layout="swizzled")(_grad_identity)
+    arch = targets.device_arch(torch.device("cuda"))
+    info = bwd.export(tmp_path / "out", arch=arch, dtype="bf16", name="gswb", grouped=True)
+    lib = tvm_ffi.load_module(info["library"])
+    m, n = 300, 320
+    offs = torch.tensor([70, 70, 200, 300], dtype=torch.int32, device="cuda")
+    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+    want = bwd(g, act_input=a, group_offsets=offs)
+    for fname in ("gswb_grouped", "gswb_vec_grouped"):
+        got = mxq.MXFP8Tensor.empty(bwd.spec, (m, 2 * n), g.dtype, g.device, group_offsets=offs)
+        ws = torch.empty(groups.workspace_rows(m, offs.numel()), 2 * n, device="cuda", dtype=torch.float32)
+        lib[fname](g, a[:, :n], a[:, n:], got.rowwise_data.view(torch.uint8), got.rowwise_scale.view(-1),
+                   got.colwise_data.view(torch.uint8), got.colwise_scale.view(-1), got.dbias, ws,
+                   torch.zeros(1, device="cuda"), offs)
+        torch.cuda.synchronize()
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale"):
+            assert torch.equal(getattr(got, f).view(torch.uint8), getattr(want, f).view(torch.uint8)), (fname, f)
+        assert got.dbias.shape == (4, 2 * n)
+        assert torch.allclose(got.dbias.float(), want.dbias.float(), rtol=2 ** -7, atol=1e-3), fname
 
 
 def test_every_operand_kind_has_its_header_doc():

@@ -90,7 +90,7 @@ def test_export_default_names(user_files, tmp_path):
 def test_gated_activations_from_the_command_line(tmp_path):
     """--act swiglu renders and compiles the gated op (its two-input module over the halves);
     a gated forward exports (its halves' kernels), so does a gated backward (its two-halves
-    kernels), whose grouped export is refused with a one-line reason."""
+    kernels), grouped too."""
     r = run("render", "--act", "swiglu", "--colwise", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "def epilogue(x0, x1):" in r.stdout and "launch(mIn0: cute.Tensor, mIn1: cute.Tensor" in r.stdout
@@ -103,8 +103,8 @@ def test_gated_activations_from_the_command_line(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "Gated backward" in (tmp_path / "aot2" / "mxq_quantize.h").read_text()
     r = run("export", "--dact", "reglu", "--grouped", "--dir", str(tmp_path / "aot3"), tmp_path=tmp_path)
-    assert r.returncode == 2 and r.stderr.strip().startswith("mxq: a gated backward (--dact reglu) with --grouped "
-                                                             "is not served")
+    assert r.returncode == 0, r.stderr
+    assert "mxq_quantize_grouped, mxq_quantize_vec_grouped" in r.stdout
 
 
 def test_export_grouped(tmp_path):
@@ -246,9 +246,6 @@ USER_ERRORS = [
      "mxq: --operands: the first tensor 'x' sets the shape and must be 'full' or 'strided', got 'row'"),
     (("export", "--dir", "{t}/aot", "--operands", "full,row"), "mxq: --operands must be a sequence of 1 kind(s)"),
     (("export", "--dir", "{t}/aot", "--operands", "sideways"), "mxq: --operands: 'x' has kind 'sideways'"),
-    (("export", "--dir", "{t}/aot", "--dact", "swiglu", "--grouped"),
-     "mxq: a gated backward (--dact swiglu) with --grouped is not served by the kernels; export it without "
-     "--grouped"),
     (("render", "--no-rowwise"), "mxq: --no-rowwise needs --colwise (at least one of the rowwise and colwise "
      "outputs is written)"),
     (("compile", "--arch", "sm_80"), f"mxq: argument --arch: must be one of ({ARCH_LIST}), got 'sm_80'"),

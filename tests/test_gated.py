@@ -189,8 +189,6 @@ def test_bad_gated_calls_name_the_argument():
         fwd(torch.randn(4, 64), act_input=torch.randn(4, 64))
     with pytest.raises(ValueError, match="group_offsets.*end at M = 64"):
         fwd(torch.randn(64, 64), group_offsets=torch.tensor([60]))
-    with pytest.raises(ValueError, match="gated backward .*group_offsets is not served"):
-        bwd.export("/nonexistent", grouped=True)  # (refused before anything is built)
     with pytest.raises(ValueError, match="inner op of a gated activation is not served by this C\\+\\+ route"):
         bwd.inner.register("mxq.test.inner_halves")
 
@@ -249,6 +247,11 @@ def test_gated_kernels_compile(arch):
         # the quantize kernel and dbias_kernel's two forms (reduce.py)
         assert ptx.count(".entry") == 3 and len(re.findall(r"st\.global\.v2\.b32", ptx)) == stores
         inspection.ptx_of(bwd.inner, arch, dtype, "generic")
+    # the grouped backward's kernels (row groups over both halves), swizzled scales
+    grouped = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True, scale_layout="swizzled")(_ident)
+    for dtype in ("bf16", "fp32"):
+        for variant in ("vec_grouped", "generic_grouped"):
+            assert ".entry" in inspection.ptx_of(grouped.inner, arch, dtype, variant)
 
 
 def _one_cta(op, one: bool = True):
@@ -308,22 +311,53 @@ def test_gated_kernels_match_reference(name, dtype, n):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
-def test_gated_grouped_on_cuda(layout, monkeypatch):
+def test_gated_grouped_forward_on_cuda(layout, monkeypatch):
     """Forward with groups runs the grouped kernels over the two half views (against the
-    reference); the backward with groups is not served by the kernels yet: the reference runs
-    (an error under MXQ_STRICT=1)."""
+    reference; MXQ_STRICT: a fallback to the reference would fail)."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
     sizes = [45, 0, 300, 31]
     offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
     x = planted(376, 256, torch.bfloat16, seed=7)
-    grad = planted(376, 128, torch.bfloat16, seed=8)
-    opts = dict(rowwise=True, colwise=True, scale_layout=layout)
-    fwd = mxq.fused_quant(act="swiglu", amax=True, **opts)(_ident)
+    fwd = mxq.fused_quant(act="swiglu", amax=True, rowwise=True, colwise=True, scale_layout=layout)(_ident)
     got = fwd(x.cuda(), group_offsets=offs.cuda(), out=poisoned(fwd, x.cuda(), offs.cuda()))
     assert compare(got, fwd.reference(x, group_offsets=offs), exact=False) == []
-    bwd = mxq.fused_quant(dact="swiglu", dbias=True, **opts)(_ident)
+
+
+def _random_groups(m: int, g: int, seed: int) -> torch.Tensor:
+    """int32 ends of ``g`` groups of random sizes over ``m`` rows, some empty (the first, and a
+    run in the middle when g > 4)."""
+    gen = torch.Generator().manual_seed(seed)
+    cuts = torch.sort(torch.randint(0, m + 1, (g - 1,), generator=gen)).values
+    cuts[0] = 0  # an empty first group
+    if g > 4:
+        cuts[g // 2] = cuts[g // 2 + 1] = cuts[g // 2 - 1]  # empty groups in the middle
+    return torch.cat([cuts, torch.tensor([m])]).to(torch.int32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("name", list(gated.GATED))
+def test_gated_grouped_backward_on_cuda(name, dtype, layout, monkeypatch):
+    """The grouped gated backward (dact + dbias, both directions) on the grouped kernels over the
+    two halves, against the reference within the op's class, into poisoned outputs, for random
+    group sizes with empty groups; N = 96 and 40 (colwise only: rowwise blocks would straddle the
+    halves), 16-bit inputs at N = 40 with unaligned up halves; MXQ_STRICT: no fallback."""
     monkeypatch.setenv("MXQ_STRICT", "1")
-    with pytest.raises(Exception, match="group_offsets is not served"):
-        bwd(grad.cuda(), act_input=x.cuda(), group_offsets=offs.cuda())
+    exact = name in EXACT
+    m = 333
+    for n, rowwise, groups_ in ((96, True, 7), (40, False, 3)):
+        offs = _random_groups(m, groups_, seed=n)
+        a = planted(m, 2 * n, dtype, seed=n, scale=2.0)
+        grad = planted(m, n, dtype, seed=n + 1, specials=False)
+        bwd = mxq.fused_quant(dact=name, rowwise=rowwise, colwise=True, dbias=True, scale_layout=layout)(_ident)
+        want = bwd.reference(grad, act_input=a, group_offsets=offs)
+        v_abs = None if exact else v_abs_sum(bwd.inner, grad, a[:, :n], a[:, n:], 0.0, group_offsets=offs)
+        gc, ac, oc = grad.cuda(), a.cuda(), offs.cuda()
+        got = bwd(gc, act_input=ac, group_offsets=oc, out=poisoned(bwd, gc, oc))
+        assert got.dbias.shape == (groups_, 2 * n)
+        assert compare(got, want, exact, v_abs) == [], (n, offs.tolist())
+        assert compare(bwd(gc, act_input=ac, group_offsets=oc), want, exact, v_abs) == [], n  # (allocating)
 
 
 @pytest.mark.gpu

@@ -75,6 +75,12 @@ class ElementOp:
         co = cute.assume(Int32(h) * N, divby=divby) if divby > 1 else Int32(h) * N
         return co, list(scalars) + [Float32(float(h))]
 
+    def out_col(self, co, c):
+        """Output column of column ``c`` of a CTA whose outputs start at column ``co``: ``co + c``
+        for a two-halves op, ``c`` itself otherwise (where ``co`` is 0, adding it would cost the
+        index its known divisibility and change the code)."""
+        return co + c if self.cfg.halves else c
+
     def out_window(self, t, co):
         """Output tensor ``t`` from column ``co`` on (two-halves ops; else ``t`` itself)."""
         return cute.domain_offset((0, co), t) if self.cfg.halves and t is not None else t

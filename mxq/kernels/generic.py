@@ -59,7 +59,7 @@ class GenericKernel:
         row_end = M
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, grouped.scratch(cutlass.memory.SmemAllocator(), COLS), rb, M, N, cfg.fmt.swizzled, COLS)
+            gt = grouped.GroupTile(group_ends, grouped.scratch(cutlass.memory.SmemAllocator(), COLS), rb, M, NOUT, cfg.fmt.swizzled, COLS)
             row0 = gt.row0
             row_end = gt.row_end
         col_ok = col < N
@@ -140,7 +140,7 @@ class GenericKernel:
         r = row0 + lane
         if col - lane < N and r < row_end:
             if cutlass.const_expr(gt is not None):
-                row_scale[codec.group_row_scale_offset(cfg.fmt, gt, r, col // 32, nbr)] = Uint8(row_e)
+                row_scale[codec.group_row_scale_offset(cfg.fmt, gt, r, self.op.out_col(co, col) // 32, nbr)] = Uint8(row_e)
             elif cutlass.const_expr(cfg.fmt.swizzled):
                 row_scale[dev.swizzle_offset(r, (co + col) // 32, nbr)] = Uint8(row_e)
             else:
@@ -163,9 +163,9 @@ class GenericKernel:
             out_col = out_col + col_step * 2
         if cutlass.const_expr(gt is not None and cfg.fmt.swizzled):
             if row_end > row0:
-                col_scale[codec.group_col_scale_offset(gt, col)] = Uint8(e)
+                col_scale[codec.group_col_scale_offset(gt, self.op.out_col(co, col))] = Uint8(e)
         elif cutlass.const_expr(gt is not None):  # a tile with no rows writes its scale row's zeros
-            col_scale[rb * N + col] = Uint8(cutlass.select_(row_end > row0, e, Int32(0)))
+            col_scale[rb * NOUT + self.op.out_col(co, col)] = Uint8(cutlass.select_(row_end > row0, e, Int32(0)))
         elif cutlass.const_expr(cfg.fmt.swizzled):
             col_scale[dev.swizzle_offset(co + col, rb, (M + 31) // 32)] = Uint8(e)
         else:

@@ -151,7 +151,8 @@ class GroupTile:
     A tile with no rows has b = 0 and writes nothing to the swizzled buffers."""
 
     def __init__(self, ends, red, rb, M, N, swizzled: bool, nthreads: int):
-        """``red``: the CTA's scratch (config.group_scratch)."""
+        """``red``: the CTA's scratch (config.group_scratch); ``N``: the outputs' width (2N for a
+        two-halves op, whose halves share the groups' scale rows)."""
         g, start, end, rows_before, blocks_before = find_group(ends, red, rb, M, nthreads)
         self.row0, self.row_end, b, nb = tile(rb, g, start, end)
         if swizzled:

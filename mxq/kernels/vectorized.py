@@ -106,7 +106,7 @@ class VectorizedKernel:
         gt = None
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, buf["group"], rb, M, N, cfg.fmt.swizzled, WARPS * 32)
+            gt = grouped.GroupTile(group_ends, buf["group"], rb, M, NOUT, cfg.fmt.swizzled, WARPS * 32)
             rbase = gt.row0 + warp * VROWS
             row_end = gt.row_end
         tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
@@ -360,7 +360,7 @@ class VectorizedKernel:
         """The row-scale byte offset of row ``r``'s block of this lane's columns."""
         cfg = self.cfg
         if k.GROUPED:
-            return codec.group_row_scale_offset(cfg.fmt, t.gt, r, t.c0 // 32, t.nbr)
+            return codec.group_row_scale_offset(cfg.fmt, t.gt, r, self.op.out_col(t.co, t.c0) // 32, t.nbr)
         if cfg.fmt.swizzled:
             return dev.swizzle_offset(r, (t.co + t.c0) // 32, t.nbr)
         return r * t.nbr + (t.co + t.c0) // 32
@@ -396,7 +396,7 @@ class VectorizedKernel:
                 e = codec.block_scale(cfg.fmt, m, k.use_hw_e8m0)
                 sInv[p] = dev.inv_scale(e)
                 if c < t.N:
-                    self.put_col_scale(k.GROUPED, t.gt, col_scale, c, e, t.rb, t.co, t.M, t.N, t.NOUT)
+                    self.put_col_scale(k.GROUPED, t.gt, col_scale, c, e, t.rb, t.co, t.M, t.NOUT)
             if cutlass.const_expr(cfg.dbias):
                 sm = sSum[0, p]
                 for w in cutlass.range_constexpr(1, k.WARPS):
@@ -409,15 +409,15 @@ class VectorizedKernel:
                 cute.arch.atomic_fmax(amax.iterator, tm, sign_bit=False)  # one atomic per warp
 
     @cute.jit
-    def put_col_scale(self, grouped_: cutlass.Constexpr, gt, col_scale, c, e, rb, co, M, N, NOUT):
+    def put_col_scale(self, grouped_: cutlass.Constexpr, gt, col_scale, c, e, rb, co, M, NOUT):
         """Column c's scale byte ``e``: a grouped tile with no rows writes none (swizzled) or its
         scale row's zeros (compact)."""
         cfg = self.cfg
         if cutlass.const_expr(grouped_ and cfg.fmt.swizzled):
             if gt.row_end > gt.row0:
-                col_scale[codec.group_col_scale_offset(gt, c)] = Uint8(e)
+                col_scale[codec.group_col_scale_offset(gt, self.op.out_col(co, c))] = Uint8(e)
         elif cutlass.const_expr(grouped_):
-            col_scale[rb * N + c] = Uint8(cutlass.select_(gt.row_end > gt.row0, e, Int32(0)))
+            col_scale[rb * NOUT + self.op.out_col(co, c)] = Uint8(cutlass.select_(gt.row_end > gt.row0, e, Int32(0)))
         else:
             codec.put_col_scale(cfg.fmt, col_scale, None, co + c, rb, M, NOUT, e)
 

@@ -22,12 +22,11 @@ def unsupported(x: torch.Tensor) -> str | None:
     return None
 
 
-def unserved(spec, epilogue, x: torch.Tensor, group_offsets, smem_shortfall) -> str | None:
+def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall) -> str | None:
     """Why the kernels cannot serve an op's call on CUDA tensor ``x``, or None. A 16-bit op whose
     inputs do not fit the packed kernel's shared memory (many epilogue tensors; ``smem_shortfall()``,
     the op's own smem_shortfall). A two-halves op (mxq/frontend/gated.py): rowwise blocks of the
-    [M, 2N] output must not straddle the halves (each half is its own CTAs), and the grouped
-    kernels do not take two halves yet (their scale placement assumes one N)."""
+    [M, 2N] output must not straddle the halves (each half is its own CTAs)."""
     too_big = smem_shortfall() if x.element_size() == 2 else None
     if too_big:
         return f"{too_big}; running the torch reference"
@@ -36,8 +35,6 @@ def unserved(spec, epilogue, x: torch.Tensor, group_offsets, smem_shortfall) -> 
     if x.dim() and x.shape[-1] % n_multiple(spec, epilogue):
         return (f"a gated backward with rowwise blocks needs N % {BLOCK} == 0 on the kernels (N = {x.shape[-1]}: "
                 f"a {BLOCK}-element block would straddle the two halves); running the torch reference")
-    if group_offsets is not None:
-        return "a gated backward with group_offsets is not served by the kernels yet; running the torch reference"
     return None
 
 
