@@ -7,7 +7,7 @@ every compile key) and hands it to ``mxq.kernels.Quantize``. The kernels read it
 inspect configs without the DSL.
 
 Tiling is the library's: each number below is the fastest variant measured on the H200
-(the slower alternatives were removed; git history keeps them and their timings), read through
+(docs/performance.md lists the slower forms), read through
 KernelConfig's properties. ``Tuning`` holds the choices a benchmark may still flip for a
 side-by-side timing. A library module's config has none (``tuning=None``, not rendered); a
 benchmark builds a variant through one hook, ``codegen.render(spec, epilogue, tuning)``, which
@@ -142,7 +142,7 @@ class KernelConfig:
     @property
     def stage(self) -> bool:
         """Packed kernel: stage the inputs through shared memory with cp.async (ops with
-        arithmetic; with plain loads ptxas issued later rows' loads after earlier rows' math)."""
+        arithmetic; with plain loads ptxas issues later rows' loads after earlier rows' math)."""
         return self.computed
 
     @property
@@ -285,9 +285,10 @@ class KernelConfig:
     def rows8_warps(self):
         """Variant "rows8" of a plain cast without dbias (no warps pinned): the warps
         of its packed kernel for an even and for an odd input row stride (elements), (8, 4);
-        else None (one kernel, packed_warps). Measured on the H200: at 8192x8190 8 warps ran rowwise 86-88% of copy against 82-83% at 4; at
-        4096x14335 and 8191x8191 4 warps ran rowwise 85-85.5% against 81-82% at 8, colwise and
-        both 86-87.5% against 80-84%."""
+        else None (one kernel, packed_warps). On the H200, 8 warps run an even stride's rowwise
+        cast at 86-88% of copy against 82-83% at 4 (8192x8190), and 4 warps an odd stride's at
+        85-85.5% against 81-82% at 8, colwise and both 86-87.5% against 80-84% (4096x14335 and
+        8191x8191)."""
         if self.computed or self.dbias or self.halves or self.unaligned_warps or self.tuned.unaligned_warps:
             return None
         return (8, 4)

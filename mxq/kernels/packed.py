@@ -420,8 +420,8 @@ class PackedKernel:
             if cutlass.const_expr(k.WIDE):
                 t.smem["rs"][t.rbase - t.rb * k.TILE_ROWS + qrow + m, t.g // 4 - t.cb * k.RS_BLOCKS] = Uint8(er)
             else:
-                srow_i = t.rbase + qrow + m  # the thread's row qrow + m (two forms: the aligned
-                if cutlass.const_expr(k.RSTEP > 1):  # kernel's PTX stays as it was)
+                srow_i = t.rbase + qrow + m  # the thread's row qrow + m (two forms, so the aligned
+                if cutlass.const_expr(k.RSTEP > 1):  # kernel keeps its own simpler index)
                     srow_i = t.rbase + (qrow + m) * k.RSTEP
                 if grp_ok and srow_i < t.Ms:
                     if cutlass.const_expr(k.GROUPED):
