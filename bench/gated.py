@@ -1,7 +1,9 @@
-"""Gated activations on the GPU (issue: epilogues v2): SwiGLU forward and backward + dbias, rowwise +
-colwise, bf16, against a device copy of the same bytes, each checked against the reference first.
+"""Gated activations on the GPU: SwiGLU forward and backward + dbias, rowwise + colwise, bf16,
+against a device copy of the same bytes, each checked against the reference first; and the
+mixture-of-experts form, grouped by random expert sizes (empty experts possible), beside the
+ungrouped op of the same shape.
 
-    python bench/gated.py [--out DIR]
+    python bench/gated.py [--out DIR] [--quick] [--grouped-only]
 
 Shapes are the gated output's [M, N] (the input is [M, 2N]): forward reads 2MN inputs and writes
 two [M, N] FP8 copies with scales; backward reads the [M, N] gradient and the [M, 2N] forward
@@ -28,7 +30,9 @@ import mxq  # noqa: E402
 from mxq.kernels.config import Tuning  # noqa: E402
 from mxq.testing import compare, v_abs_sum  # noqa: E402
 
-SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]
+SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096), (8192, 4096), (32768, 2048)]
+GROUPED_SHAPE = (32768, 2048)  # tokens x an expert's gated width N
+GROUPS = (8, 64, 256)
 
 
 def _ident(x):
@@ -44,20 +48,67 @@ def scale_bytes(m, n):
     return m * (n // 32) + (m // 32) * n
 
 
+def fwd_bytes(m, n, groups=0):
+    return m * 2 * n * 2 + 2 * m * n + scale_bytes(m, n) + groups * n
+
+
+def bwd_bytes(m, n, groups=0):
+    return m * n * 2 + m * 2 * n * 2 + 2 * (2 * m * n) + scale_bytes(m, 2 * n) + max(1, groups) * 2 * n * 2
+
+
+def grouped_rows(copy_gbps):
+    """SwiGLU forward and backward + dbias, rowwise + colwise, over GROUPS random expert groups
+    of GROUPED_SHAPE's tokens, compact and swizzled scales, each checked against the reference
+    (within the transcendental class) first."""
+    from grouped import group_sizes  # (bench/grouped.py: router-like random sizes)
+
+    m, n = GROUPED_SHAPE
+    x = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    for layout in ("compact", "swizzled"):
+        opts = dict(rowwise=True, colwise=True, scale_layout=layout)
+        fwd = mxq.fused_quant(act="swiglu", **opts)(_ident)
+        bwd = mxq.fused_quant(dact="swiglu", dbias=True, **opts)(_ident)
+        plain = [("fwd", fwd.prepare(x)[0], fwd_bytes(m, n)), ("bwd", bwd.prepare(g, act_input=x)[0], bwd_bytes(m, n))]
+        for what, launch, moved in plain:
+            row = dc.timed_row(launch, moved, copy_gbps, name=f"mxq/swiglu_{what}_both_{layout}", M=m, N=n, G=0)
+            rows.append(row)
+            print(f"  {row['name']:36s} G=0    {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy", flush=True)
+        for groups in GROUPS:
+            offs = torch.cumsum(torch.tensor(group_sizes(groups, seed=groups + n)), 0).to(torch.int32).cuda()
+            sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+            v_abs = v_abs_sum(bwd.inner, g, x[:, :n], x[:, n:], 0.0, group_offsets=offs)
+            checks = {"fwd": compare(fwd(x, group_offsets=offs), fwd.reference(x, group_offsets=offs), False) == [],
+                      "bwd": compare(bwd(g, act_input=x, group_offsets=offs),
+                                     bwd.reference(g, act_input=x, group_offsets=offs), False, v_abs) == [],
+                      "empty_groups": int((sizes == 0).sum())}
+            cases = [("fwd", fwd.prepare(x, group_offsets=offs)[0], fwd_bytes(m, n, groups)),
+                     ("bwd", bwd.prepare(g, act_input=x, group_offsets=offs)[0], bwd_bytes(m, n, groups))]
+            for what, launch, moved in cases:
+                row = dc.timed_row(launch, moved, copy_gbps, name=f"mxq/swiglu_{what}_both_{layout}_grouped",
+                                   M=m, N=n, G=groups, checks=checks)
+                rows.append(row)
+                print(f"  {row['name']:36s} G={groups:<4d} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of "
+                      f"copy {checks}", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="the first shape only")
+    ap.add_argument("--grouped-only", action="store_true", help="only the grouped rows and their ungrouped twins")
     args = ap.parse_args()
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
+    rows = grouped_rows(copy_gbps)
     fwd = mxq.fused_quant(act="swiglu", rowwise=True, colwise=True)(_ident)
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
     # the same backward with one CTA per half (the default writes both halves from one CTA)
     bwd2 = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident).inner
     bwd2._with_tuning(Tuning(halves_one_cta=False))
-    rows = []
-    for m, n in SHAPES[:1] if args.quick else SHAPES:
+    for m, n in [] if args.grouped_only else SHAPES[:1] if args.quick else SHAPES:
         x = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
         g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         checks = {}
@@ -69,12 +120,10 @@ def main():
             checks["bwd_2cta"] = compare(bwd2(g, x[:, :n], x[:, n:], 0.0), bwd.reference(g, act_input=x), False,
                                          v_abs) == []
         cases = [
-            ("mxq/swiglu_fwd_both", fwd.prepare(x)[0], m * 2 * n * 2 + 2 * (m * n + 0) + scale_bytes(m, n)),
-            ("mxq/swiglu_views_both", swiglu_views.prepare(x[:, :n], x[:, n:])[0], m * 2 * n * 2 + 2 * m * n + scale_bytes(m, n)),
-            ("mxq/swiglu_bwd_dbias_both", bwd.prepare(g, act_input=x)[0],
-             m * n * 2 + m * 2 * n * 2 + 2 * (2 * m * n) + scale_bytes(m, 2 * n) + 2 * n * 2),
-            ("mxq/swiglu_bwd_dbias_both_2cta", bwd2.prepare(g, x[:, :n], x[:, n:], 0.0)[0],
-             m * n * 2 + m * 2 * n * 2 + 2 * (2 * m * n) + scale_bytes(m, 2 * n) + 2 * n * 2),
+            ("mxq/swiglu_fwd_both", fwd.prepare(x)[0], fwd_bytes(m, n)),
+            ("mxq/swiglu_views_both", swiglu_views.prepare(x[:, :n], x[:, n:])[0], fwd_bytes(m, n)),
+            ("mxq/swiglu_bwd_dbias_both", bwd.prepare(g, act_input=x)[0], bwd_bytes(m, n)),
+            ("mxq/swiglu_bwd_dbias_both_2cta", bwd2.prepare(g, x[:, :n], x[:, n:], 0.0)[0], bwd_bytes(m, n)),
         ]
         for name, launch, moved in cases:
             row = dc.timed_row(launch, moved, copy_gbps, name=name, M=m, N=n, checks=checks)
