@@ -280,14 +280,17 @@ def test_grouped_kernel_matches_reference(opts, dtype, n, seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("sizes", [[9000, 0, 3500], [9000, 0, 3000, 45, 2]])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_grouped_dbias_of_a_long_call_matches_reference(dtype):
-    """More than PDL_MAX_ROWS rows: dbias_kernel's staged form (partials copied through shared
-    memory in rounds of 32 fp32 or 16 fp64 rows per thread) on each group's own partial rows,
-    groups of several full rounds, of a partial one, and empty. CPU counterpart:
+def test_grouped_dbias_of_a_long_call_matches_reference(dtype, sizes):
+    """More than PDL_MAX_ROWS rows: groups averaging more than PDL_MAX_ROWS rows take
+    dbias_kernel's staged form (partials copied through shared memory in rounds of 32 fp32 or 16
+    fp64 rows per thread) on each group's own partial rows, groups of several full rounds, of a
+    partial one, and empty; smaller groups on average its register form, launched after the
+    quantize kernel (Quantize.launch_dbias_by_rows). CPU counterpart:
     tests/test_codegen.py::test_dbias_kernel_keeps_its_loads_in_flight (the staged form's copies)."""
-    sizes = [9000, 0, 3000, 45, 2]
     assert sum(sizes) > kconfig.PDL_MAX_ROWS
+    assert (sum(sizes) > kconfig.PDL_MAX_ROWS * len(sizes)) == (len(sizes) == 3)  # (one of each form)
     m, n = sum(sizes), 200
     op = mxq.fused_quant(rowwise=True, colwise=True, dact="gelu", dbias=True)(_ident)
     x, a = planted(m, n, dtype, seed=21), planted(m, n, dtype, seed=22)

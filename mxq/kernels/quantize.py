@@ -85,7 +85,7 @@ class Quantize:
         if cfg.dbias:
             grid, block = dbias_grid(NO, G)
             dargs = (dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, ROWS), M, NO)
-            self.launch_dbias_by_rows(dargs, M, grid, block, use_pdl and cfg.pdl, stream)
+            self.launch_dbias_by_rows(dargs, M, G, grid, block, use_pdl and cfg.pdl, stream)
 
     def launch_packed(self, variant: str, args, M, N, G, use_pdl: bool, stream):
         """The packed kernel (16-bit inputs) of ``variant`` with this config's warps."""
@@ -103,17 +103,27 @@ class Quantize:
         return None if cfgs is None else tuple(Quantize(c, self.op.epilogue, self.op.act, self.op.dact) for c in cfgs)
 
     @cute.jit
-    def launch_dbias_by_rows(self, args, M, grid, block, pdl: cutlass.Constexpr, stream):
+    def launch_dbias_by_rows(self, args, M, G, grid, block, pdl: cutlass.Constexpr, stream):
         """dbias_kernel for calls of at most PDL_MAX_ROWS rows: loads into registers, launched
         early with programmatic dependent launch (``pdl``); above: staged through shared memory,
         launched after the quantize kernel (a branch of the host launcher). Launched early, the
         reduction's CTAs wait on the SMs the quantize kernel's last CTAs leave first, several to
         an SM: that saves a small call's launch gap and costs a long reduction its spread over
-        the SMs."""
-        if M <= PDL_MAX_ROWS:
-            dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
+        the SMs. A grouped call (``G`` groups, one CTA per group and column tile) reduces each
+        group's own rows: staged only where its groups average more than PDL_MAX_ROWS rows (many
+        small groups would each copy and zero-fill a whole staged round)."""
+        if cutlass.const_expr(G is None):
+            if M <= PDL_MAX_ROWS:
+                dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
+            else:
+                dbias_kernel(*args, False, True).launch(grid=grid, block=block, stream=stream)
         else:
-            dbias_kernel(*args, False, True).launch(grid=grid, block=block, stream=stream)
+            if M <= PDL_MAX_ROWS:
+                dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
+            elif M <= PDL_MAX_ROWS * G:
+                dbias_kernel(*args, False, False).launch(grid=grid, block=block, stream=stream)
+            else:
+                dbias_kernel(*args, False, True).launch(grid=grid, block=block, stream=stream)
 
     @cute.jit
     def launch_packed_by_parity(self, twins, stride, args, M, N, use_pdl: cutlass.Constexpr, stream):
