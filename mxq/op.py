@@ -32,6 +32,7 @@ from .tensor import MXFP8Tensor
 
 _Tensor = torch.Tensor
 _FAST_NUMEL = 2 ** 31 - 64  # limits.unsupported's bound: beyond it the reference serves (with a warning)
+_MAX_PLANS = 256  # routes kept per op (FusedOp._plans): calls of yet more layouts are checked every time
 
 
 class FusedOp:
@@ -42,6 +43,7 @@ class FusedOp:
         self.spec = spec
         self.epilogue = epilogue if epilogue is not None else parse(fn)
         self._bind = Binder(fn, self.epilogue)  # (args, kwargs, call keywords) -> Call
+        self._plans: dict = {}  # Call.key -> a checked call's route, for later calls of that key (_route)
         # (dtype, CUDA device index) -> launcher, filled after a checked call took the allocating
         # native route; only for ops called with one plain tensor
         self._fast: dict = {}
@@ -63,52 +65,59 @@ class FusedOp:
             got = self._fast_call(args[0])
             if got is not None:
                 return got
-        return self._route(self._bind(args, kwargs, act_input, noop, out, group_offsets, traced), traced)
+        call = self._bind(args, kwargs, act_input, noop, out, group_offsets, traced)
+        key = None if traced else call.key()
+        plan = self._plans.get(key)
+        return plan(call) if plan is not None else self._route(call, traced, key=key)
 
     def _lower(self, call: Call):
         """(the op that runs ``call``, the call it runs): this op itself; GatedOp's inner op over
         the halves."""
         return self, call
 
-    def _route(self, call: Call, traced: bool | None = None, shards: bool = False) -> MXFP8Tensor:
+    def _route(self, call: Call, traced: bool | None = None, shards: bool = False, key=None) -> MXFP8Tensor:
         """Where every call goes, chosen here only: DTensor operands to integrations/distributed.py,
         which runs each rank's local shards back through here (``shards``); while torch.compile
-        traces, the torch operator node; else a checked eager call (_eager)."""
+        traces, the torch operator node; else a checked eager call, whose route is kept under the
+        call's ``key`` (Call.key) when every call of that key may take it unchecked (_plans)."""
         if not shards and has_dtensor(call):
             from .integrations import distributed  # (torch.distributed only where DTensors are used)
 
             return distributed.call(self, call)
-        op, call = self._lower(call)
+        op, lowered = self._lower(call)
         if torch.compiler.is_compiling() if traced is None else traced:
-            return torch_ops.call(op._torch_id, call)
-        return op._eager(call)
+            return torch_ops.call(op._torch_id, lowered)
+        validation.check_call(op.spec, op.epilogue, lowered)
+        run, lowered, reusable = op._plan(lowered)
+        if reusable and key is not None and len(self._plans) < _MAX_PLANS:
+            self._plans[key] = run if op is self else (lambda c: run(self._lower(c)[1]))
+        return run(lowered)
 
     def _eager(self, call: Call) -> MXFP8Tensor:
-        """A checked eager call into ``call.out`` (also what the torch operator runs)."""
+        """A checked eager call into ``call.out`` (what the torch operator runs)."""
         validation.check_call(self.spec, self.epilogue, call)
-        return self._run(call)
+        run, call, _ = self._plan(call)
+        return run(call)
 
-    def _run(self, call: Call) -> MXFP8Tensor:
-        """A checked call: the compiled kernel on CUDA when one serves it, else the reference.
-        With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
+    def _plan(self, call: Call):
+        """(run, call, reusable) of a checked call: the compiled kernel on CUDA when one serves it
+        (launch.Launcher.plan), else the reference; ``call`` with the operands the kernels read
+        (validation.operand_layouts: copied where they cannot be read in place, which makes the
+        route not ``reusable`` by later calls of the same key). With ``noop`` and no ``out``, the
+        outputs start zeroed (a noop call writes nothing)."""
         x = call.tensors[0]
-        call = self._noop_out(call)
         unserved = self._unserved(x, call.group_offsets) if x.is_cuda else None
         if unserved:
             validation.fallback(unserved)
-            return self._reference(call)
-        if x.is_cuda:
-            launcher = self._launcher_for(x)
-            if launcher is not None:
-                tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input)
-                call = Call(tensors, call.scalars, act_input, call.noop, call.out, call.group_offsets)
-                if call.group_offsets is not None or self._halves or any(k != "full" for k in layouts):
-                    # grouped calls, two-halves ops, broadcast or strided operands: the Python binding
-                    return launcher.run(call, layouts)
-                if self._fast_ok and launcher.allocates(x, call.noop, call.out):
-                    self._fast[(x.dtype, x.get_device())] = launcher  # later calls skip the checks
-                return launcher(call)
-        return self._reference(call)
+        launcher = self._launcher_for(x) if x.is_cuda and not unserved else None
+        if launcher is None:
+            return self._reference_run, call, False
+        tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input)
+        copied = act_input is not call.act_input or any(a is not b for a, b in zip(tensors, call.tensors))
+        run, allocating = launcher.plan(call, layouts)
+        if allocating and self._fast_ok:
+            self._fast[(x.dtype, x.get_device())] = launcher  # one-tensor calls skip even the key (_fast_call)
+        return run, call._replace(tensors=tensors, act_input=act_input), not copied
 
     def _unserved(self, x, group_offsets=None) -> str | None:
         """Why the kernels cannot serve this op on ``x``, or None (limits.unserved)."""
@@ -120,18 +129,9 @@ class FusedOp:
             self._packed_smem = limits.packed_shared_bytes(self.spec, self.epilogue, None)
         return limits.smem_shortfall(self.epilogue, self._packed_smem)
 
-    def _noop_out(self, call: Call) -> Call:
-        """``call``, or for a noop call without ``out`` the call into zeroed outputs (a noop call
-        writes nothing)."""
-        if call.noop is not None and call.out is None:
-            x = call.tensors[0]
-            return call._replace(out=MXFP8Tensor.empty(self.spec, gated.out_shape(self.epilogue, x.shape), x.dtype,
-                                                       x.device, zeroed=True, group_offsets=call.group_offsets))
-        return call
-
-    def _reference(self, call: Call) -> MXFP8Tensor:
+    def _reference_run(self, call: Call) -> MXFP8Tensor:
         with torch.no_grad():  # outputs are data, not part of an autograd graph
-            return _reference.run(self.spec, self.epilogue, call)
+            return _reference.run(self.spec, self.epilogue, launch.zeroed_out(self.spec, self.epilogue, call))
 
     def _fast_call(self, x):
         """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
@@ -148,7 +148,7 @@ class FusedOp:
         """The torch reference result, on whatever device the inputs are."""
         op, call = self._lower(self._bind(args, kwargs, act_input, noop, out, group_offsets))
         validation.check_call(op.spec, op.epilogue, call)
-        return op._reference(op._noop_out(call))
+        return op._reference_run(call)
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                 **kwargs):
@@ -170,7 +170,8 @@ class FusedOp:
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input, copy=False)
-        return launcher.prepare(self._noop_out(call._replace(tensors=tensors, act_input=act_input)), layouts)
+        call = launch.zeroed_out(self.spec, self.epilogue, call._replace(tensors=tensors, act_input=act_input))
+        return launcher.prepare(call, layouts)
 
     def _launcher_for(self, x):
         """The launcher running the compiled kernels for CUDA tensor ``x``, or None (after a

@@ -7,8 +7,9 @@ tvm-ffi's ``load_inline`` and cached on disk. On CUDA tensors a dispatcher launc
 kernel without Python after the first call of a dtype; it calls back into Python for four
 things only: compiling (or loading) a kernel on that first call, the torch reference on CPU
 tensors, the CUDA calls it does not launch itself (grouped calls, with a trailing
-``group_offsets``, and epilogue tensors that broadcast or are strided views: Python's binding
-of the kernels), and a zero noop tensor per device. The callers (mxq/op.py) keep what this returns.
+``group_offsets``, and operands it does not take as they are, such as a non-contiguous bias:
+Python's binding of the kernels), and a zero noop tensor per device. Broadcast and strided
+epilogue operands it launches itself, on the kernels compiled for their layouts. The callers (mxq/op.py) keep what this returns.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _dispatch_module():
                 include = f'#include "{header}"'
                 assert include in src, f"mxq: csrc/dispatch.cc must include {header}"
                 src = src.replace(include, csrc.joinpath(header).read_text(), 1)
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v16", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v17", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -64,8 +65,8 @@ def _torch(t):
 def _python_callback(op):
     """The Python route of the destination-passing dispatcher, into the caller's destination
     tensors: CPU and empty tensors (the torch reference), and the CUDA calls the dispatcher does
-    not launch itself (grouped ones, with the optional trailing ``group_offsets``, and those with
-    broadcast or strided epilogue tensors: ``op(...)``, Python's binding of the kernels). A gated
+    not launch itself (grouped ones, with the optional trailing ``group_offsets``, and operands it
+    does not take as they are: ``op(...)``, Python's binding of the kernels). A gated
     op's whole destination-passing function (python_dispatcher)."""
     spec, epi = op.spec, op.epilogue
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
@@ -164,15 +165,19 @@ _NATIVE_VARIANTS = ("generic", "vec", "rows8")
 
 
 def _resolve_callback(op):
-    """First CUDA call of a dtype/variant: compile (or load from the disk cache) the kernel."""
+    """First CUDA call of a dtype/variant/operand layouts: compile (or load from the disk cache)
+    the kernel. ``kinds``: one compiler.LAYOUT_CODES letter per epilogue tensor, "" when all are
+    plain full tensors."""
     by_code = {(_DL_FLOAT, 32): "fp32", (_DL_FLOAT, 16): "fp16", (_DL_BFLOAT, 16): "bf16"}
+    by_letter = {c: k for k, c in compiler.LAYOUT_CODES.items()}
 
-    def resolve(code, bits, variant, device_id):
+    def resolve(code, bits, variant, device_id, kinds=""):
         dtype = by_code.get((int(code), int(bits)))
         if dtype is None:
             raise TypeError(f"mxq: input dtype (DLPack code {code}, {bits} bits) is not float32, float16 or bfloat16")
         arch = targets.device_arch(torch.device("cuda", int(device_id)))
-        return compiler.native_function(op, arch, dtype, _NATIVE_VARIANTS[int(variant)])
+        layouts = tuple(by_letter[c] for c in str(kinds)) or None
+        return compiler.native_function(op, arch, dtype, _NATIVE_VARIANTS[int(variant)], layouts)
 
     return resolve
 
