@@ -45,12 +45,14 @@ class FusedOp:
         self._bind = Binder(fn, self.epilogue)  # (args, kwargs, call keywords) -> Call
         self._plans: dict = {}  # Call.key -> a checked call's route, for later calls of that key (_route)
         # (dtype, CUDA device index) -> launcher, filled after a checked call took the allocating
-        # native route; only for ops called with one plain tensor
+        # native route: later ordinary calls go straight to it (_fast_call)
         self._fast: dict = {}
         self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
         self._dispatchers = None  # (destination-passing, allocating) native functions, built once
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by
-        self._fast_ok = len(self.epilogue.param_order) == 1 and len(self.epilogue.tensor_params) == 1 and not spec.dact
+        # each positional argument's class on the fast path, and whether the tensors come first
+        self._classes = tuple(_Tensor if n in self.epilogue.tensor_params else float for n in self.epilogue.param_order)
+        self._in_order = self._bind.tensor_pos == list(range(len(self.epilogue.tensor_params)))
         self._source: str | None = None
         self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/frontend/gated.py)
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
@@ -60,9 +62,8 @@ class FusedOp:
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
         traced = torch.compiler.is_compiling()  # torch.compile: one operator node (integrations/torch_ops.py)
-        if (not traced and self._fast and len(args) == 1 and not kwargs and noop is None and out is None
-                and act_input is None and group_offsets is None):
-            got = self._fast_call(args[0])
+        if not traced and self._fast and not kwargs and noop is None and out is None and group_offsets is None:
+            got = self._fast_call(args, act_input)
             if got is not None:
                 return got
         call = self._bind(args, kwargs, act_input, noop, out, group_offsets, traced)
@@ -115,8 +116,8 @@ class FusedOp:
         tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input)
         copied = act_input is not call.act_input or any(a is not b for a, b in zip(tensors, call.tensors))
         run, allocating = launcher.plan(call, layouts)
-        if allocating and self._fast_ok:
-            self._fast[(x.dtype, x.get_device())] = launcher  # one-tensor calls skip even the key (_fast_call)
+        if allocating:
+            self._fast[(x.dtype, x.get_device())] = launcher  # ordinary calls skip even the key (_fast_call)
         return run, call._replace(tensors=tensors, act_input=act_input), not copied
 
     def _unserved(self, x, group_offsets=None) -> str | None:
@@ -133,15 +134,29 @@ class FusedOp:
         with torch.no_grad():  # outputs are data, not part of an autograd graph
             return _reference.run(self.spec, self.epilogue, launch.zeroed_out(self.spec, self.epilogue, call))
 
-    def _fast_call(self, x):
-        """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
-        served this (dtype, device) through the checked path, so only what can change between
-        calls is checked here; anything unusual takes the full path."""
-        if type(x) is _Tensor and not (x.requires_grad and torch.is_grad_enabled()):  # (else: a warning)
-            fast = self._fast.get((x.dtype, x.get_device()))
-            if fast is not None and 0 < x.numel() < _FAST_NUMEL and x.is_contiguous():
-                return fast.call_alloc(x, None, None)
-        return None
+    def _fast_call(self, args, act_input):
+        """An ordinary CUDA call (positional arguments, no call keywords but ``act_input``), or
+        None: once a checked call of this (dtype, device) took the allocating native route, later
+        ones go straight to it. The native dispatcher checks per call what it serves (operand
+        kinds, dtypes, devices, contiguity, alignment: csrc/dispatch.cc, errors naming the
+        argument) and sends what it does not serve to the checked path (ffi's callback); the
+        rest is checked here: plain tensor and float classes, grad, the size limit."""
+        if len(args) != len(self._classes):
+            return None
+        grad = torch.is_grad_enabled()
+        for a, cls in zip(args, self._classes):
+            if a.__class__ is not cls or (grad and cls is _Tensor and a.requires_grad):
+                return None  # (an input that requires grad: the checked path warns)
+        if (act_input is not None or self.spec.dact) and (
+                not self.spec.dact or act_input.__class__ is not _Tensor or (grad and act_input.requires_grad)):
+            return None
+        x = args[0] if self._in_order else args[self._bind.tensor_pos[0]]
+        fast = self._fast.get((x.dtype, x.get_device()))
+        if fast is None or not 0 < x.numel() < _FAST_NUMEL or not x.is_contiguous():
+            return None
+        if not self._in_order:
+            args = [args[i] for i in self._bind.tensor_pos] + [args[i] for i in self._bind.scalar_pos]
+        return fast.call_alloc(*args, act_input, None)
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
@@ -404,7 +419,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         if len(_QUANTIZE_OPS) < 1024:
             _QUANTIZE_OPS[key] = op
     if op._fast and noop is None and out is None and group_offsets is None:  # the common small call
-        got = op._fast_call(x)
+        got = op._fast_call((x,), None)
         if got is not None:
             return got
     return op(x, noop=noop, out=out, group_offsets=group_offsets)

@@ -54,7 +54,7 @@ def _dispatch_module():
                 include = f'#include "{header}"'
                 assert include in src, f"mxq: csrc/dispatch.cc must include {header}"
                 src = src.replace(include, csrc.joinpath(header).read_text(), 1)
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v17", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v16", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
