@@ -1,15 +1,15 @@
 """``@mxq.fused_quant`` and ``mxq.quantize``: the user-facing op object, the top of the data path.
 
 Shaped like Triton's ``@jit``: decorating parses and validates once (epilogue -> IR, options ->
-QuantSpec); the object renders its source lazily (codegen), asks the compiler for one kernel per
-(arch, dtype, variant), which the compiler caches by source, so re-decorating an identical
-function reuses the compiled kernel, and runs calls through a launch.Launcher per (device,
-dtype) or the torch reference. A call's values become one ``Call`` (mxq/runtime/call.py) where
-it enters, and ``FusedOp._route`` is the one place its route is chosen: DTensor shards, the
-torch operator while torch.compile traces, else a checked eager call (the kernels on CUDA when
-they serve it, else the reference). Every stage below is called from here and never calls back;
-FusedOp is the only writer of its own state (the launchers, the native dispatchers, the fast
-path). ``mxq.quantize`` is this op with the identity epilogue.
+QuantSpec); the op renders its source lazily (codegen) and runs calls through a launch.Launcher
+per (device, dtype), whose kernels the compiler caches by source, or the torch reference. A
+call's values become one ``Call`` (mxq/runtime/call.py) where it enters, and ``FusedOp._route``
+is the one place its route is chosen: DTensor shards, the torch operator while torch.compile
+traces, else a checked eager call (the kernels on CUDA when they serve it, else the reference),
+whose route is kept under the call's key (Call.key, like Triton's specialisation key) for later
+calls of that layout; ordinary calls go straight to the native allocating route (_fast_call).
+Every stage below is called from here and never calls back; FusedOp is the only writer of its
+own state. ``mxq.quantize`` is this op with the identity epilogue.
 """
 
 from __future__ import annotations
@@ -50,11 +50,7 @@ class FusedOp:
         self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
         self._dispatchers = None  # (destination-passing, allocating) native functions, built once
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by
-        # each positional argument's class on the fast path, and whether the tensors come first
-        self._classes = tuple(_Tensor if n in self.epilogue.tensor_params else float for n in self.epilogue.param_order)
-        self._in_order = self._bind.tensor_pos == list(range(len(self.epilogue.tensor_params)))
         self._source: str | None = None
-        self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/frontend/gated.py)
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
         functools.update_wrapper(self, fn)
 
@@ -88,7 +84,6 @@ class FusedOp:
         op, lowered = self._lower(call)
         if torch.compiler.is_compiling() if traced is None else traced:
             return torch_ops.call(op._torch_id, lowered)
-        validation.check_call(op.spec, op.epilogue, lowered)
         run, lowered, reusable = op._plan(lowered)
         if reusable and key is not None and len(self._plans) < _MAX_PLANS:
             self._plans[key] = run if op is self else (lambda c: run(self._lower(c)[1]))
@@ -96,16 +91,16 @@ class FusedOp:
 
     def _eager(self, call: Call) -> MXFP8Tensor:
         """A checked eager call into ``call.out`` (what the torch operator runs)."""
-        validation.check_call(self.spec, self.epilogue, call)
         run, call, _ = self._plan(call)
         return run(call)
 
     def _plan(self, call: Call):
-        """(run, call, reusable) of a checked call: the compiled kernel on CUDA when one serves it
-        (launch.Launcher.plan), else the reference; ``call`` with the operands the kernels read
+        """(run, call, reusable) of a call, checked here (validation.check_call): the compiled
+        kernel on CUDA when one serves it (launch.Launcher.plan), else the reference; ``call`` with the operands the kernels read
         (validation.operand_layouts: copied where they cannot be read in place, which makes the
         route not ``reusable`` by later calls of the same key). With ``noop`` and no ``out``, the
         outputs start zeroed (a noop call writes nothing)."""
+        validation.check_call(self.spec, self.epilogue, call)
         x = call.tensors[0]
         unserved = self._unserved(x, call.group_offsets) if x.is_cuda else None
         if unserved:
@@ -140,22 +135,12 @@ class FusedOp:
         ones go straight to it. The native dispatcher checks per call what it serves (operand
         kinds, dtypes, devices, contiguity, alignment: csrc/dispatch.cc, errors naming the
         argument) and sends what it does not serve to the checked path (ffi's callback); the
-        rest is checked here: plain tensor and float classes, grad, the size limit."""
-        if len(args) != len(self._classes):
-            return None
-        grad = torch.is_grad_enabled()
-        for a, cls in zip(args, self._classes):
-            if a.__class__ is not cls or (grad and cls is _Tensor and a.requires_grad):
-                return None  # (an input that requires grad: the checked path warns)
-        if (act_input is not None or self.spec.dact) and (
-                not self.spec.dact or act_input.__class__ is not _Tensor or (grad and act_input.requires_grad)):
-            return None
-        x = args[0] if self._in_order else args[self._bind.tensor_pos[0]]
-        fast = self._fast.get((x.dtype, x.get_device()))
+        rest is checked here: plain tensor and float classes, grad (Binder.plain), the size limit."""
+        args = self._bind.plain(args, act_input, self.spec.dact)
+        x = args[0] if args is not None else None
+        fast = self._fast.get((x.dtype, x.get_device())) if x is not None else None
         if fast is None or not 0 < x.numel() < _FAST_NUMEL or not x.is_contiguous():
             return None
-        if not self._in_order:
-            args = [args[i] for i in self._bind.tensor_pos] + [args[i] for i in self._bind.scalar_pos]
         return fast.call_alloc(*args, act_input, None)
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
@@ -175,13 +160,9 @@ class FusedOp:
         return op._prepare(call)
 
     def _prepare(self, call: Call):
-        validation.check_call(self.spec, self.epilogue, call)
-        offsets = call.group_offsets
-        if offsets is not None and (offsets.dtype != torch.int32 or not offsets.is_contiguous()):
-            raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
-                             f"tensor (an int64 one would be converted once, at bind time); got {offsets.dtype}")
+        validation.check_call(self.spec, self.epilogue, call, prepare=True)
         x = call.tensors[0]
-        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x, offsets) else None
+        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x, call.group_offsets) else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input, copy=False)
@@ -203,20 +184,10 @@ class FusedOp:
         return fn
 
     def _native_dispatchers(self):
-        """The op's native dispatchers (built once), or None where they cannot be built (no
-        C++ compiler): launch.Launcher then binds calls in Python. Two-halves ops (mxq/frontend/gated.py)
-        have none: their outputs are wider than their inputs, which the dispatchers do not know."""
-        if self._halves:
-            return None
+        """The op's native dispatchers (built once: ffi.dispatchers_or_none), or None: launch.Launcher
+        then binds calls in Python."""
         if self._dispatchers is None:
-            try:
-                self._dispatchers = ffi.make_dispatchers(self)
-            except Exception as exc:  # pragma: no cover - depends on the machine's toolchain
-                import warnings
-
-                warnings.warn(f"mxq: native dispatcher unavailable ({exc}); using the Python launch path",
-                              RuntimeWarning, stacklevel=4)
-                self._dispatchers = False
+            self._dispatchers = ffi.dispatchers_or_none(self) or False
         return self._dispatchers or None
 
     # -- inspection ------------------------------------------------------------------------
@@ -328,26 +299,13 @@ class GatedOp(FusedOp):
 
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
                grouped: bool = False, operands=None) -> dict:
-        """A gated op exports its inner op, the kernels over the halves (the header says how its
-        arguments map). Forward: a C++ caller passes each [M, 2N] tensor as its two halves,
-        x[:, :N] and x[:, N:] (every tensor's gate half, then every tensor's up half; a row
-        operand's [2N] halves likewise, a column or scalar operand twice); ``operands``: each of
-        this op's tensors' kind, which both its halves take ("full" tensors' halves are "strided"
-        views). Backward: the gradient(s) [M, N] as they are (``operands``: their kinds), then
-        act_input's halves act_input[:, :N] and act_input[:, N:]; the outputs are [M, 2N] (both
-        halves side by side), and the functions refuse an N that is not a multiple of 32 when the
-        op has rowwise output (a block would straddle the halves); not grouped (the kernels do
-        not serve a grouped gated backward)."""
-        dtype = targets.normalize_dtype(dtype)
-        kinds = export.check_operands(self, operands) or ("full",) * len(self.epilogue.tensor_params)
-        if grouped and not self._forward:
-            raise ValueError(f"mxq: export(): a gated backward (dact={self.spec.dact!r}) with group_offsets is "
-                             "not served by the kernels; export it with grouped=False")
-        mult = limits.n_multiple(self.inner.spec, self.inner.epilogue)
-        inner_kinds, note = export.gated_args(self.spec, self.epilogue, self.inner.epilogue, kinds, mult)
+        """A gated op exports its inner op, the kernels over the halves: a C++ caller passes each
+        [M, 2N] tensor as its two halves (export.gated_export; the header says how the arguments
+        map); ``operands``: each of this op's tensors' kind."""
+        dtype, kinds, note, mult = export.gated_export(self, dtype, grouped, operands)
         limits.refuse_unlaunchable("export()", self.inner._packed_smem_shortfall, dtype)
-        return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", grouped, inner_kinds,
-                                  note, n_multiple=mult)
+        return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", grouped, kinds, note,
+                                  n_multiple=mult)
 
     @property
     def source(self) -> str:
@@ -413,16 +371,13 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         except TypeError:  # unhashable option values: QuantSpec names the bad one
             op = None
     if op is None:
-        spec = QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
-                         scale_layout=scale_layout, amax=amax)
-        op = _quantize_op(spec)
+        op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
+                                    scale_layout=scale_layout, amax=amax))
         if len(_QUANTIZE_OPS) < 1024:
             _QUANTIZE_OPS[key] = op
-    if op._fast and noop is None and out is None and group_offsets is None:  # the common small call
-        got = op._fast_call((x,), None)
-        if got is not None:
-            return got
-    return op(x, noop=noop, out=out, group_offsets=group_offsets)
+    fast = op._fast and noop is None and out is None and group_offsets is None  # the common small call
+    got = op._fast_call((x,), None) if fast else None
+    return got if got is not None else op(x, noop=noop, out=out, group_offsets=group_offsets)
 
 
 @torch_ops.constant_result
@@ -442,20 +397,3 @@ _QUANTIZE_OPS: dict = {}  # quantize()'s options as passed -> its op (one dict l
 # (_quantize_op_id, called while tracing) from a stale copy; the ops live on in _quantize_op's
 # cache anyway, and torch_ops' own registry holds weak references, which it cannot trace
 _QUANTIZE_BY_ID = types.SimpleNamespace()
-
-
-def get_quantize_kernel(key: int):
-    """Lazy entrypoint for C++ (``mxq.get_quantize_kernel``): the native dispatcher of the
-    built-in quantize op with 32-bit ``key`` (QuantSpec.key). The key's dtype bits are ignored:
-    one dispatcher serves every input dtype; each dtype's kernel compiles on its first call."""
-    if isinstance(key, bool) or not isinstance(key, int):
-        raise TypeError(f"mxq: get_quantize_kernel() key must be an int, got {type(key).__name__}")
-    spec, _ = QuantSpec.from_key(key)
-    return _quantize_op(spec).dispatcher()
-
-
-def register_entrypoints() -> None:
-    """Make ``mxq.get_quantize_kernel`` visible to C++ (idempotent)."""
-    import tvm_ffi
-
-    tvm_ffi.register_global_func("mxq.get_quantize_kernel", get_quantize_kernel, override=True)

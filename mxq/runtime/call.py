@@ -76,9 +76,12 @@ class Binder:
         self.defaults = {k: p.default for k, p in self.signature.parameters.items()
                          if p.default is not inspect.Parameter.empty}
         # every parameter positional-or-keyword: keywords bind by name without inspect (_bind_names)
-        self.plain = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values())
+        self.by_name = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values())
         self.tensor_pos = [self.order.index(n) for n in epilogue.tensor_params]
         self.scalar_pos = [self.order.index(n) for n in epilogue.scalar_params]
+        # (plain): each positional argument's class, and whether the tensors come first
+        self.classes = tuple(torch.Tensor if n in epilogue.tensor_params else float for n in self.order)
+        self.in_order = self.tensor_pos == list(range(len(self.tensor_pos)))
 
     def __call__(self, args, kwargs, act_input=None, noop=None, out=None, group_offsets=None,
                  traced: bool = False) -> Call:
@@ -88,7 +91,7 @@ class Binder:
         inspect); inspect's binding names what is wrong."""
         if kwargs or len(args) != len(self.order):
             try:
-                if not (traced or self.plain):
+                if not (traced or self.by_name):
                     raise TypeError
                 args = self._bind_names(args, kwargs)
             except TypeError:
@@ -102,6 +105,22 @@ class Binder:
                 args = tuple(bound.arguments[n] for n in self.order)
         return Call([args[i] for i in self.tensor_pos], [args[i] for i in self.scalar_pos], act_input, noop, out,
                     group_offsets)
+
+    def plain(self, args, act_input, dact):
+        """A call's positional arguments as (*tensors, *floats), or None unless every one is of
+        its parameter's exact class (torch.Tensor, float), none requires grad in grad mode (the
+        checked path warns), and ``act_input`` is a plain tensor exactly when the op has ``dact``
+        (FusedOp._fast_call: the rest of a call's checks run in the native dispatcher)."""
+        if len(args) != len(self.classes):
+            return None
+        grad = torch.is_grad_enabled()
+        for a, cls in zip(args, self.classes):
+            if a.__class__ is not cls or (grad and cls is torch.Tensor and a.requires_grad):
+                return None
+        if (act_input is not None or dact) and (
+                not dact or act_input.__class__ is not torch.Tensor or (grad and act_input.requires_grad)):
+            return None
+        return args if self.in_order else [args[i] for i in self.tensor_pos] + [args[i] for i in self.scalar_pos]
 
     def _bind_names(self, args, kwargs) -> tuple:
         """The arguments in parameter order, bound as __call__ does, without inspect."""

@@ -21,6 +21,7 @@ import torch
 
 from . import compiler, launch, slots, targets
 from ..formats import groups
+from ..frontend import gated
 from ..kernels.config import UNIT
 from ..tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
 
@@ -208,6 +209,22 @@ def make_dispatchers(op) -> tuple:
         return pair[0], pair[1], py, res  # (the callbacks too: kept alive with the dispatchers)
 
 
+def dispatchers_or_none(op):
+    """make_dispatchers(op), or None (after a warning) where they cannot be built (no C++
+    compiler). Two-halves ops (mxq/frontend/gated.py) have none: their outputs are wider than
+    their inputs, which the dispatchers do not know."""
+    if gated.is_halves(op.epilogue):
+        return None
+    try:
+        return make_dispatchers(op)
+    except Exception as exc:  # pragma: no cover - depends on the machine's toolchain
+        import warnings
+
+        warnings.warn(f"mxq: native dispatcher unavailable ({exc}); using the Python launch path", RuntimeWarning,
+                      stacklevel=5)
+        return None
+
+
 def register_global(name: str, fn) -> None:
     """Make ``fn`` the TVM-FFI global ``mxq.<name>``."""
     import re
@@ -219,4 +236,4 @@ def register_global(name: str, fn) -> None:
     tvm_ffi.register_global_func(f"mxq.{name}", fn, override=True)
 
 
-__all__ = ["SHARED_ALLOC_MAX_BYTES", "make_dispatchers", "python_dispatcher", "register_global"]
+__all__ = ["SHARED_ALLOC_MAX_BYTES", "dispatchers_or_none", "make_dispatchers", "python_dispatcher", "register_global"]

@@ -46,10 +46,11 @@ def check_plain_tensor(name: str, t) -> None:
                          "torch.compile, fake tensors need no such call: the operator has a fake implementation)")
 
 
-def check_call(spec: QuantSpec, epilogue: Epilogue, call) -> None:
+def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False) -> None:
     """Raise a TypeError/ValueError naming the first bad argument of ``call`` (a
     mxq/runtime/call.py Call); return None if all is well (after a one-time warning for an input
-    that requires grad: warn_no_autograd)."""
+    that requires grad: warn_no_autograd). ``prepare``: op.prepare()'s call, whose group offsets
+    are read at every launch."""
     tensors, scalars, act_input, noop, out, group_offsets = call
     names = epilogue.tensor_params
     first = None
@@ -100,6 +101,9 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call) -> None:
             raise ValueError(f"mxq: argument 'noop' is on {noop.device} but {fname!r} is on {f.device}")
     if group_offsets is not None:
         groups.check(group_offsets, flat_dims(f.shape)[0], f.device)
+        if prepare and (group_offsets.dtype != torch.int32 or not group_offsets.is_contiguous()):
+            raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
+                             f"tensor (an int64 one would be converted once, at bind time); got {group_offsets.dtype}")
     if out is not None:
         check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape))
         check_out_apart(epilogue, call)
