@@ -1,4 +1,17 @@
-"""Split a kernel's time into a fixed part and a bandwidth part, against a copy of the same bytes.
+"""Fixed costs: the host's per eager call (``host``), and a kernel's fixed part (the default).
+
+``host``: host time per eager call on 256 x 4096 bf16 CUDA tensors, for every kind of call (the
+built-in quantize, a decorated op with row, column, full and strided operands, floats, keywords,
+``out=``, ``noop``, ``group_offsets``, a gated op, ``op.prepare()``'s launch), as a ratio to
+torch's own per-op floor (``y.copy_(x)``) measured in the same process: wall time of many calls
+with torch.cuda.synchronize only at the ends, best of several repeats. Each case's outputs are
+first checked against ``op.reference`` (NUMERICS.md's classes). ``--dry``: build every case and
+run it once on the CPU (the reference), timing nothing (what the CPU tests run).
+
+    python bench/fixed_cost.py host [PATH]      # PATH default $OUT/nvidia-h200-host.json
+
+The default: split a kernel's time into a fixed part and a bandwidth part, against a copy of the
+same bytes.
 
 Why: an op can run below a copy's rate at the smaller shapes and at it at the larger ones.
 Timing each op over a sweep of sizes and fitting time = fixed + bytes / bandwidth tells
@@ -13,6 +26,7 @@ torch reference (NUMERICS.md's exactness classes) at the first size before it is
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -25,6 +39,7 @@ from device_check import (OPS, compare, equal_copy_ms, identity, is_exact, moved
                           make_tuning, parse_tuning, time_ms, write_results)
 
 from mxq.op import FusedOp  # noqa: E402
+from mxq.tensor import MXFP8Tensor  # noqa: E402
 from mxq.frontend.spec import QuantSpec  # noqa: E402
 from mxq.testing import v_abs_sum  # noqa: E402
 
@@ -63,7 +78,143 @@ def op_points(opts, tuning, n, rows):
     return pts, problems
 
 
+HOST_SHAPE = (256, 4096)
+HOST_TARGET = 1.5  # x torch's floor, every eager call (op.prepare()'s launch: 1.0)
+
+
+def host_cases(device: str) -> list:
+    """(name, fn, op or None, reference thunk or None, target) for every kind of eager call; the
+    tensors made on ``device``."""
+    from mxq import fused_quant, quantize
+    from mxq.op import _quantize_op
+
+    m, n = HOST_SHAPE
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=torch.bfloat16)
+
+    x, r, b, col = rand(m, n), rand(m, n), rand(n), rand(m, 1)
+    wide = rand(m, 2 * n)
+    view = wide[:, :n]  # a strided 2-D view (row stride 2N)
+
+    @fused_quant(rowwise=True, colwise=True, act="gelu")
+    def bias_gelu(x, b):
+        return x + b
+
+    @fused_quant(rowwise=True, colwise=True, act="silu")
+    def axpy_silu(x, alpha: float, r):
+        return x * alpha + r
+
+    @fused_quant(rowwise=True, colwise=True)
+    def scaled(x, alpha: float):
+        return x * alpha
+
+    @fused_quant(rowwise=True, colwise=True, act="swiglu")
+    def swiglu(x):
+        return x
+
+    both = _quantize_op(QuantSpec(rowwise=True, colwise=True))
+    row = _quantize_op(QuantSpec())
+    out = MXFP8Tensor.empty(both.spec, x.shape, x.dtype, x.device)
+    op_out = MXFP8Tensor.empty(bias_gelu.spec, x.shape, x.dtype, x.device)
+    noop = torch.zeros(1, device=device)
+    offsets = torch.tensor([m // 8 * (i + 1) for i in range(8)], dtype=torch.int32, device=device)
+    launch, _ = (None, None) if device == "cpu" else both.prepare(x)
+    t = HOST_TARGET
+    return [
+        ("quantize(x)", lambda: quantize(x), row, lambda: row.reference(x), t),
+        ("quantize(x, colwise=True)", lambda: quantize(x, colwise=True), both, lambda: both.reference(x), t),
+        ("quantize(x, colwise=True, out=t)", lambda: quantize(x, colwise=True, out=out), both,
+         lambda: both.reference(x), t),
+        ("row [N] operand: x + b, gelu, both", lambda: bias_gelu(x, b), bias_gelu, lambda: bias_gelu.reference(x, b), t),
+        ("column [M,1] operand: x + c, gelu, both", lambda: bias_gelu(x, col), bias_gelu,
+         lambda: bias_gelu.reference(x, col), t),
+        ("full operand + float: x * alpha + r, silu, both", lambda: axpy_silu(x, 0.5, r), axpy_silu,
+         lambda: axpy_silu.reference(x, 0.5, r), t),
+        ("float only: x * alpha, both", lambda: scaled(x, 0.5), scaled, lambda: scaled.reference(x, 0.5), t),
+        ("strided view x[:, :N] + b, gelu, both", lambda: bias_gelu(view, b), bias_gelu,
+         lambda: bias_gelu.reference(view, b), t),
+        ("keywords: op(x, b=b)", lambda: bias_gelu(x, b=b), bias_gelu, lambda: bias_gelu.reference(x, b), t),
+        ("op out=: x + b into out", lambda: bias_gelu(x, b, out=op_out), bias_gelu,
+         lambda: bias_gelu.reference(x, b), t),
+        ("noop=0 with out=", lambda: quantize(x, colwise=True, noop=noop, out=out), both, lambda: both.reference(x), t),
+        ("noop=0 alone", lambda: quantize(x, colwise=True, noop=noop), both, lambda: both.reference(x), t),
+        ("group_offsets (8 groups), both", lambda: quantize(x, colwise=True, group_offsets=offsets), both,
+         lambda: both.reference(x, group_offsets=offsets), t),
+        ("gated: swiglu forward [M, 2N], both", lambda: swiglu(wide), swiglu, lambda: swiglu.reference(wide), t),
+        ("op.prepare() launch, both", launch, None, None, 1.0),
+    ]
+
+
+def host_us(fn, calls: int = 2000, repeats: int = 7) -> float:
+    """Host time per call: ``calls`` calls between two synchronizations, best of ``repeats``."""
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best * 1e6
+
+
+def host_main(argv) -> int:
+    ap = argparse.ArgumentParser(prog="fixed_cost.py host")
+    ap.add_argument("path", nargs="?", default=str(Path(os.environ.get("OUT", ".")) / "nvidia-h200-host.json"))
+    ap.add_argument("--dry", action="store_true", help="build every case and run it once on the CPU; no timing")
+    args = ap.parse_args(argv)
+    if args.dry:
+        for name, fn, op, ref, _ in host_cases("cpu"):
+            if fn is not None:
+                fn()
+        print(f"{len(host_cases('cpu'))} cases build and run on the CPU (--dry: nothing timed)")
+        return 0
+    if not torch.cuda.is_available():
+        print("fixed_cost.py host: needs a CUDA device (use --dry on a machine without one)", file=sys.stderr)
+        return 2
+    cases = host_cases("cuda")
+    failures = []
+    for name, fn, op, ref, _ in cases:  # every case's bytes first (its second call: the fast routes)
+        if ref is not None:
+            fn()
+            problems = compare(fn(), ref(), is_exact(op))
+            if problems:
+                failures.append({"case": name, "problems": problems})
+    x = torch.randn(*HOST_SHAPE, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    floor = host_us(lambda: y.copy_(x))
+    rows = []
+    for name, fn, _, _, target in cases:
+        us = host_us(fn)
+        rows.append({"case": name, "us": round(us, 2), "x_floor": round(us / floor, 2), "target_x_floor": target,
+                     "meets": us / floor <= target})
+    floor_end = host_us(lambda: y.copy_(x))  # (the CPU's speed drifts: the floor before and after)
+    print(f"torch floor y.copy_(x), 256x4096 bf16: {floor:.2f} us per call (after the cases: {floor_end:.2f})")
+    print(f"{'eager call (256 x 4096 bf16, CUDA)':52s} {'us':>7s} {'x floor':>8s}  target")
+    for row in rows:
+        print(f"{row['case']:52s} {row['us']:7.2f} {row['x_floor']:8.2f}  <= {row['target_x_floor']}"
+              + ("" if row["meets"] else "  MISSED"))
+    if failures:
+        print("WRONG BYTES:", failures)
+    result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+              "method": "wall time of 2000 eager calls between two torch.cuda.synchronize, best of 7, after 50 "
+                        "warm-up calls; ratio to torch's y.copy_(x) on the same tensors in the same process",
+              "cpu_affinity": sorted(os.sched_getaffinity(0)), "floor_us": round(floor, 2),
+              "floor_us_after": round(floor_end, 2), "cases": rows, "checks": len(cases) - 1,
+              "failures": failures}
+    Path(args.path).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.path).write_text(json.dumps(result, indent=1) + "\n")
+    print("wrote", args.path)
+    return 1 if failures else 0
+
+
 def main():
+    if sys.argv[1:2] == ["host"]:
+        sys.exit(host_main(sys.argv[2:]))
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--ops", default="rowwise+both")

@@ -15,7 +15,7 @@ def get_include() -> str:
 
     return str(Path(__file__).resolve().parent / "include")
 
-from .op import register_entrypoints as _register_entrypoints
+from .integrations.entrypoints import register_entrypoints as _register_entrypoints
 
 _register_entrypoints()  # "mxq.get_quantize_kernel" for C++ callers
 

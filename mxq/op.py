@@ -1,15 +1,15 @@
 """``@mxq.fused_quant`` and ``mxq.quantize``: the user-facing op object, the top of the data path.
 
 Shaped like Triton's ``@jit``: decorating parses and validates once (epilogue -> IR, options ->
-QuantSpec); the object renders its source lazily (codegen), asks the compiler for one kernel per
-(arch, dtype, variant), which the compiler caches by source, so re-decorating an identical
-function reuses the compiled kernel, and runs calls through a launch.Launcher per (device,
-dtype) or the torch reference. A call's values become one ``Call`` (mxq/runtime/call.py) where
-it enters, and ``FusedOp._route`` is the one place its route is chosen: DTensor shards, the
-torch operator while torch.compile traces, else a checked eager call (the kernels on CUDA when
-they serve it, else the reference). Every stage below is called from here and never calls back;
-FusedOp is the only writer of its own state (the launchers, the native dispatchers, the fast
-path). ``mxq.quantize`` is this op with the identity epilogue.
+QuantSpec); the op renders its source lazily (codegen) and runs calls through a launch.Launcher
+per (device, dtype), whose kernels the compiler caches by source, or the torch reference. A
+call's values become one ``Call`` (mxq/runtime/call.py) where it enters, and ``FusedOp._route``
+is the one place its route is chosen: DTensor shards, the torch operator while torch.compile
+traces, else a checked eager call (the kernels on CUDA when they serve it, else the reference),
+whose route is kept under the call's key (Call.key, like Triton's specialisation key) for later
+calls of that layout; ordinary calls go straight to the native allocating route (_fast_call).
+Every stage below is called from here and never calls back; FusedOp is the only writer of its
+own state. ``mxq.quantize`` is this op with the identity epilogue.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .tensor import MXFP8Tensor
 
 _Tensor = torch.Tensor
 _FAST_NUMEL = 2 ** 31 - 64  # limits.unsupported's bound: beyond it the reference serves (with a warning)
+_MAX_PLANS = 256  # routes kept per op (FusedOp._plans): calls of yet more layouts are checked every time
 
 
 class FusedOp:
@@ -42,15 +43,14 @@ class FusedOp:
         self.spec = spec
         self.epilogue = epilogue if epilogue is not None else parse(fn)
         self._bind = Binder(fn, self.epilogue)  # (args, kwargs, call keywords) -> Call
+        self._plans: dict = {}  # Call.key -> a checked call's route, for later calls of that key (_route)
         # (dtype, CUDA device index) -> launcher, filled after a checked call took the allocating
-        # native route; only for ops called with one plain tensor
+        # native route: later ordinary calls go straight to it (_fast_call)
         self._fast: dict = {}
         self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
         self._dispatchers = None  # (destination-passing, allocating) native functions, built once
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by
-        self._fast_ok = len(self.epilogue.param_order) == 1 and len(self.epilogue.tensor_params) == 1 and not spec.dact
         self._source: str | None = None
-        self._halves = gated.is_halves(self.epilogue)  # writes two halves side by side (mxq/frontend/gated.py)
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
         functools.update_wrapper(self, fn)
 
@@ -58,57 +58,62 @@ class FusedOp:
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
         traced = torch.compiler.is_compiling()  # torch.compile: one operator node (integrations/torch_ops.py)
-        if (not traced and self._fast and len(args) == 1 and not kwargs and noop is None and out is None
-                and act_input is None and group_offsets is None):
-            got = self._fast_call(args[0])
+        if not traced and self._fast and not kwargs and noop is None and out is None and group_offsets is None:
+            got = self._fast_call(args, act_input)
             if got is not None:
                 return got
-        return self._route(self._bind(args, kwargs, act_input, noop, out, group_offsets, traced), traced)
+        call = self._bind(args, kwargs, act_input, noop, out, group_offsets, traced)
+        key = None if traced else call.key()
+        plan = self._plans.get(key)
+        return plan(call) if plan is not None else self._route(call, traced, key=key)
 
     def _lower(self, call: Call):
         """(the op that runs ``call``, the call it runs): this op itself; GatedOp's inner op over
         the halves."""
         return self, call
 
-    def _route(self, call: Call, traced: bool | None = None, shards: bool = False) -> MXFP8Tensor:
+    def _route(self, call: Call, traced: bool | None = None, shards: bool = False, key=None) -> MXFP8Tensor:
         """Where every call goes, chosen here only: DTensor operands to integrations/distributed.py,
         which runs each rank's local shards back through here (``shards``); while torch.compile
-        traces, the torch operator node; else a checked eager call (_eager)."""
+        traces, the torch operator node; else a checked eager call, whose route is kept under the
+        call's ``key`` (Call.key) when every call of that key may take it unchecked (_plans)."""
         if not shards and has_dtensor(call):
             from .integrations import distributed  # (torch.distributed only where DTensors are used)
 
             return distributed.call(self, call)
-        op, call = self._lower(call)
+        op, lowered = self._lower(call)
         if torch.compiler.is_compiling() if traced is None else traced:
-            return torch_ops.call(op._torch_id, call)
-        return op._eager(call)
+            return torch_ops.call(op._torch_id, lowered)
+        run, lowered, reusable = op._plan(lowered)
+        if reusable and key is not None and len(self._plans) < _MAX_PLANS:
+            self._plans[key] = run if op is self else (lambda c: run(self._lower(c)[1]))
+        return run(lowered)
 
     def _eager(self, call: Call) -> MXFP8Tensor:
-        """A checked eager call into ``call.out`` (also what the torch operator runs)."""
-        validation.check_call(self.spec, self.epilogue, call)
-        return self._run(call)
+        """A checked eager call into ``call.out`` (what the torch operator runs)."""
+        run, call, _ = self._plan(call)
+        return run(call)
 
-    def _run(self, call: Call) -> MXFP8Tensor:
-        """A checked call: the compiled kernel on CUDA when one serves it, else the reference.
-        With ``noop`` and no ``out``, the outputs start zeroed (a noop call writes nothing)."""
+    def _plan(self, call: Call):
+        """(run, call, reusable) of a call, checked here (validation.check_call): the compiled
+        kernel on CUDA when one serves it (launch.Launcher.plan), else the reference; ``call`` with the operands the kernels read
+        (validation.operand_layouts: copied where they cannot be read in place, which makes the
+        route not ``reusable`` by later calls of the same key). With ``noop`` and no ``out``, the
+        outputs start zeroed (a noop call writes nothing)."""
+        validation.check_call(self.spec, self.epilogue, call)
         x = call.tensors[0]
-        call = self._noop_out(call)
         unserved = self._unserved(x) if x.is_cuda else None
         if unserved:
             validation.fallback(unserved)
-            return self._reference(call)
-        if x.is_cuda:
-            launcher = self._launcher_for(x)
-            if launcher is not None:
-                tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input)
-                call = Call(tensors, call.scalars, act_input, call.noop, call.out, call.group_offsets)
-                if call.group_offsets is not None or self._halves or any(k != "full" for k in layouts):
-                    # grouped calls, two-halves ops, broadcast or strided operands: the Python binding
-                    return launcher.run(call, layouts)
-                if self._fast_ok and launcher.allocates(x, call.noop, call.out):
-                    self._fast[(x.dtype, x.get_device())] = launcher  # later calls skip the checks
-                return launcher(call)
-        return self._reference(call)
+        launcher = self._launcher_for(x) if x.is_cuda and not unserved else None
+        if launcher is None:
+            return self._reference_run, call, False
+        tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input)
+        copied = act_input is not call.act_input or any(a is not b for a, b in zip(tensors, call.tensors))
+        run, allocating = launcher.plan(call, layouts)
+        if allocating:
+            self._fast[(x.dtype, x.get_device())] = launcher  # ordinary calls skip even the key (_fast_call)
+        return run, call._replace(tensors=tensors, act_input=act_input), not copied
 
     def _unserved(self, x) -> str | None:
         """Why the kernels cannot serve this op on ``x``, or None (limits.unserved)."""
@@ -120,35 +125,30 @@ class FusedOp:
             self._packed_smem = limits.packed_shared_bytes(self.spec, self.epilogue, None)
         return limits.smem_shortfall(self.epilogue, self._packed_smem)
 
-    def _noop_out(self, call: Call) -> Call:
-        """``call``, or for a noop call without ``out`` the call into zeroed outputs (a noop call
-        writes nothing)."""
-        if call.noop is not None and call.out is None:
-            x = call.tensors[0]
-            return call._replace(out=MXFP8Tensor.empty(self.spec, gated.out_shape(self.epilogue, x.shape), x.dtype,
-                                                       x.device, zeroed=True, group_offsets=call.group_offsets))
-        return call
-
-    def _reference(self, call: Call) -> MXFP8Tensor:
+    def _reference_run(self, call: Call) -> MXFP8Tensor:
         with torch.no_grad():  # outputs are data, not part of an autograd graph
-            return _reference.run(self.spec, self.epilogue, call)
+            return _reference.run(self.spec, self.epilogue, launch.zeroed_out(self.spec, self.epilogue, call))
 
-    def _fast_call(self, x):
-        """The common small call, e.g. mxq.quantize(x) on CUDA, or None: a launcher that already
-        served this (dtype, device) through the checked path, so only what can change between
-        calls is checked here; anything unusual takes the full path."""
-        if type(x) is _Tensor and not (x.requires_grad and torch.is_grad_enabled()):  # (else: a warning)
-            fast = self._fast.get((x.dtype, x.get_device()))
-            if fast is not None and 0 < x.numel() < _FAST_NUMEL and x.is_contiguous():
-                return fast.call_alloc(x, None, None)
-        return None
+    def _fast_call(self, args, act_input):
+        """An ordinary CUDA call (positional arguments, no call keywords but ``act_input``), or
+        None: once a checked call of this (dtype, device) took the allocating native route, later
+        ones go straight to it. The native dispatcher checks per call what it serves (operand
+        kinds, dtypes, devices, contiguity, alignment: csrc/dispatch.cc, errors naming the
+        argument) and sends what it does not serve to the checked path (ffi's callback); the
+        rest is checked here: plain tensor and float classes, grad (Binder.plain), the size limit."""
+        args = self._bind.plain(args, act_input, self.spec.dact)
+        x = args[0] if args is not None else None
+        fast = self._fast.get((x.dtype, x.get_device())) if x is not None else None
+        if fast is None or not 0 < x.numel() < _FAST_NUMEL or not x.is_contiguous():
+            return None
+        return fast.call_alloc(*args, act_input, None)
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
         """The torch reference result, on whatever device the inputs are."""
         op, call = self._lower(self._bind(args, kwargs, act_input, noop, out, group_offsets))
         validation.check_call(op.spec, op.epilogue, call)
-        return op._reference(op._noop_out(call))
+        return op._reference_run(call)
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                 **kwargs):
@@ -160,17 +160,14 @@ class FusedOp:
         return op._prepare(call)
 
     def _prepare(self, call: Call):
-        validation.check_call(self.spec, self.epilogue, call)
-        offsets = call.group_offsets
-        if offsets is not None and (offsets.dtype != torch.int32 or not offsets.is_contiguous()):
-            raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
-                             f"tensor (an int64 one would be converted once, at bind time); got {offsets.dtype}")
+        validation.check_call(self.spec, self.epilogue, call, prepare=True)
         x = call.tensors[0]
         launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x) else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input, copy=False)
-        return launcher.prepare(self._noop_out(call._replace(tensors=tensors, act_input=act_input)), layouts)
+        call = launch.zeroed_out(self.spec, self.epilogue, call._replace(tensors=tensors, act_input=act_input))
+        return launcher.prepare(call, layouts)
 
     def _launcher_for(self, x):
         """The launcher running the compiled kernels for CUDA tensor ``x``, or None (after a
@@ -187,20 +184,10 @@ class FusedOp:
         return fn
 
     def _native_dispatchers(self):
-        """The op's native dispatchers (built once), or None where they cannot be built (no
-        C++ compiler): launch.Launcher then binds calls in Python. Two-halves ops (mxq/frontend/gated.py)
-        have none: their outputs are wider than their inputs, which the dispatchers do not know."""
-        if self._halves:
-            return None
+        """The op's native dispatchers (built once: ffi.dispatchers_or_none), or None: launch.Launcher
+        then binds calls in Python."""
         if self._dispatchers is None:
-            try:
-                self._dispatchers = ffi.make_dispatchers(self)
-            except Exception as exc:  # pragma: no cover - depends on the machine's toolchain
-                import warnings
-
-                warnings.warn(f"mxq: native dispatcher unavailable ({exc}); using the Python launch path",
-                              RuntimeWarning, stacklevel=4)
-                self._dispatchers = False
+            self._dispatchers = ffi.dispatchers_or_none(self) or False
         return self._dispatchers or None
 
     # -- inspection ------------------------------------------------------------------------
@@ -312,22 +299,13 @@ class GatedOp(FusedOp):
 
     def export(self, directory, arch: str = "sm_90", dtype: str = "bf16", name: str | None = None,
                grouped: bool = False, operands=None) -> dict:
-        """A gated op exports its inner op, the kernels over the halves (the header says how its
-        arguments map). Forward: a C++ caller passes each [M, 2N] tensor as its two halves,
-        x[:, :N] and x[:, N:] (every tensor's gate half, then every tensor's up half; a row
-        operand's [2N] halves likewise, a column or scalar operand twice); ``operands``: each of
-        this op's tensors' kind, which both its halves take ("full" tensors' halves are "strided"
-        views). Backward: the gradient(s) [M, N] as they are (``operands``: their kinds), then
-        act_input's halves act_input[:, :N] and act_input[:, N:]; the outputs are [M, 2N] (both
-        halves side by side), and the functions refuse an N that is not a multiple of 32 when the
-        op has rowwise output (a block would straddle the halves)."""
-        dtype = targets.normalize_dtype(dtype)
-        kinds = export.check_operands(self, operands) or ("full",) * len(self.epilogue.tensor_params)
-        mult = limits.n_multiple(self.inner.spec, self.inner.epilogue)
-        inner_kinds, note = export.gated_args(self.spec, self.epilogue, self.inner.epilogue, kinds, mult)
+        """A gated op exports its inner op, the kernels over the halves: a C++ caller passes each
+        [M, 2N] tensor as its two halves (export.gated_export; the header says how the arguments
+        map); ``operands``: each of this op's tensors' kind."""
+        dtype, kinds, note, mult = export.gated_export(self, dtype, operands)
         limits.refuse_unlaunchable("export()", self.inner._packed_smem_shortfall, dtype)
-        return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", grouped, inner_kinds,
-                                  note, n_multiple=mult)
+        return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", grouped, kinds, note,
+                                  n_multiple=mult)
 
     @property
     def source(self) -> str:
@@ -393,16 +371,13 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         except TypeError:  # unhashable option values: QuantSpec names the bad one
             op = None
     if op is None:
-        spec = QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
-                         scale_layout=scale_layout, amax=amax)
-        op = _quantize_op(spec)
+        op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
+                                    scale_layout=scale_layout, amax=amax))
         if len(_QUANTIZE_OPS) < 1024:
             _QUANTIZE_OPS[key] = op
-    if op._fast and noop is None and out is None and group_offsets is None:  # the common small call
-        got = op._fast_call(x)
-        if got is not None:
-            return got
-    return op(x, noop=noop, out=out, group_offsets=group_offsets)
+    fast = op._fast and noop is None and out is None and group_offsets is None  # the common small call
+    got = op._fast_call((x,), None) if fast else None
+    return got if got is not None else op(x, noop=noop, out=out, group_offsets=group_offsets)
 
 
 @torch_ops.constant_result
@@ -422,20 +397,3 @@ _QUANTIZE_OPS: dict = {}  # quantize()'s options as passed -> its op (one dict l
 # (_quantize_op_id, called while tracing) from a stale copy; the ops live on in _quantize_op's
 # cache anyway, and torch_ops' own registry holds weak references, which it cannot trace
 _QUANTIZE_BY_ID = types.SimpleNamespace()
-
-
-def get_quantize_kernel(key: int):
-    """Lazy entrypoint for C++ (``mxq.get_quantize_kernel``): the native dispatcher of the
-    built-in quantize op with 32-bit ``key`` (QuantSpec.key). The key's dtype bits are ignored:
-    one dispatcher serves every input dtype; each dtype's kernel compiles on its first call."""
-    if isinstance(key, bool) or not isinstance(key, int):
-        raise TypeError(f"mxq: get_quantize_kernel() key must be an int, got {type(key).__name__}")
-    spec, _ = QuantSpec.from_key(key)
-    return _quantize_op(spec).dispatcher()
-
-
-def register_entrypoints() -> None:
-    """Make ``mxq.get_quantize_kernel`` visible to C++ (idempotent)."""
-    import tvm_ffi
-
-    tvm_ffi.register_global_func("mxq.get_quantize_kernel", get_quantize_kernel, override=True)

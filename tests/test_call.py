@@ -5,7 +5,9 @@ import torch
 
 import mxq
 from mxq.frontend.epilogue import EpilogueError
+from mxq.frontend.spec import QuantSpec
 from mxq.runtime.call import KEYWORDS, Binder, Call, halves_call, has_dtensor
+from mxq.tensor import MXFP8Tensor
 
 
 def _axr(x, r, alpha: float = 1.0, beta: float = 2.0):
@@ -59,14 +61,39 @@ def test_call_is_an_immutable_value_and_replace_derives_one():
     assert call.noop is None and other.noop is not None and other.tensors is call.tensors
 
 
-def test_signature_follows_layout_not_values():
+def test_key_follows_layout_not_values():
+    """Call.key: what a call's checks depend on apart from values (FusedOp._plans keeps a
+    checked call's route under it), so every layout fact the checks read changes it."""
     a, b = torch.zeros(4, 32), torch.ones(4, 32)
-    assert Call([a], [1.0]).signature() == Call([b], [3.0]).signature()
-    assert Call([a], [1.0]).signature() != Call([a.t()], [1.0]).signature()  # strides
-    assert Call([a], []).signature() != Call([a.half()], []).signature()  # dtype
-    assert Call([a], []).signature() != Call([a], [], noop=torch.zeros(1)).signature()
-    assert Call([a], []).signature() != Call([a], [], out=object()).signature()
-    assert Call([a], []).signature() != Call([a], [1.0]).signature()
+    assert Call([a], [1.0]).key() == Call([b], [3.0]).key()
+    assert Call([a], [1.0]).key() != Call([a.t()], [1.0]).key()  # strides
+    assert Call([a], []).key() != Call([a.t().contiguous()], []).key()  # shape
+    assert Call([a], []).key() != Call([a.half()], []).key()  # dtype
+    assert Call([a], []).key() != Call([a.to("meta")], []).key()  # device
+    assert Call([a], []).key() != Call([torch.nn.Parameter(a, requires_grad=False)], []).key()  # class
+    assert Call([a], []).key() != Call([a.clone().requires_grad_()], []).key()
+    with torch.no_grad():
+        off = Call([a], []).key()
+    assert off != Call([a], []).key()  # grad mode
+    assert Call([a], [1.0]).key() != Call([a], [1]).key()  # a float's type
+    assert Call([a], []).key() != Call([a], [], noop=torch.zeros(1)).key()
+    assert Call([a], []).key() != Call([a], [], act_input=b).key()
+    assert Call([a], []).key() != Call([a], [], group_offsets=torch.tensor([4])).key()
+    assert Call([a], []).key() != Call([a], [1.0]).key()
+    assert Call([a], [], out=object()).key() is None  # (not an MXFP8Tensor: checked every time)
+    dense = torch.zeros(1, 1).expand(4, 32)
+    assert Call([dense], []).key() != Call([a.to_sparse()], []).key()  # (a sparse tensor's strides read (0, 0))
+
+
+def test_key_follows_out_layout():
+    spec = QuantSpec(rowwise=True, colwise=True)
+    one, two = (MXFP8Tensor.empty(spec, (64, 32), torch.float32, "cpu") for _ in range(2))
+    assert Call([b := torch.zeros(64, 32)], [], out=one).key() == Call([b], [], out=two).key()
+    padded = MXFP8Tensor.empty(spec, (64, 32), torch.float32, "cpu", row_align=64)
+    assert Call([b], [], out=one).key() != Call([b], [], out=padded).key()  # a field's strides
+    e5 = MXFP8Tensor.empty(QuantSpec(rowwise=True, colwise=True, fp8="e5m2"), (64, 32), torch.float32, "cpu")
+    assert Call([b], [], out=one).key() != Call([b], [], out=e5).key()
+    assert Call([b], [], out=one).key() != Call([b], []).key()
 
 
 def test_has_dtensor_looks_at_inputs_act_input_and_offsets_by_type_name():

@@ -115,11 +115,14 @@ def test_python_launch_path_through_the_dispatcher(monkeypatch):
     launcher = op._launcher_for(planted(40, 64, torch.bfloat16))
     assert launcher is op._launcher_for(planted(40, 64, torch.bfloat16)), "one launcher per device/dtype"
     x, r, a = (planted(40, 64, torch.bfloat16, seed=s) for s in (1, 2, 3))
-    got = launcher(Call([x, r], [0.25], a))
     want = op.reference(x, r, alpha=0.25, act_input=a)
     from mxq.testing import compare
 
-    assert compare(got, want, exact=True) == []
+    call = Call([x, r], [0.25], a)
+    for c, allocating in ((call, True), (call._replace(noop=torch.zeros(1)), False)):  # (the two native routes)
+        run, took = launcher.plan(c, ("full", "full"))
+        assert took == allocating
+        assert compare(run(c), want, exact=True) == []
 
 
 def test_allocating_route_refuses_empty_inputs_and_bad_arity():

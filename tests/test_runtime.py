@@ -123,15 +123,16 @@ class _RecordingLauncher:
     def __init__(self):
         self.calls = []
 
-    def call_alloc(self, x, act_input, noop):
-        assert act_input is None and noop is None
-        self.calls.append(x)
+    def call_alloc(self, *args):
+        *values, noop = args  # (the allocating route's: *tensors, *floats, act_input, noop)
+        assert noop is None
+        self.calls.append(values[0] if len(values) == 2 and values[1] is None else tuple(values))
         return "fast"
 
 
 def test_fast_path_takes_only_plain_calls():
     op = mxq.fused_quant(colwise=True)(_plain)
-    assert op._fast_ok and not op._fast, "nothing is fast before a checked CUDA call"
+    assert not op._fast, "nothing is fast before a checked CUDA call"
     fake = op._fast[(torch.bfloat16, -1)] = _RecordingLauncher()
     x = torch.randn(64, 64, dtype=torch.bfloat16)
     assert op(x) == "fast" and fake.calls == [x]
@@ -163,9 +164,37 @@ def test_quantize_takes_the_fast_path_itself():
         op._fast.clear()
 
 
-def test_fast_path_is_off_for_ops_with_scalars_or_act_input():
-    assert not mxq.fused_quant()(_scaled)._fast_ok
-    assert not mxq.fused_quant(dact="gelu")(_plain)._fast_ok
+def test_fast_path_checks_each_argument_class_and_act_input():
+    """Ops with floats and several tensors take the fast path too, their arguments in the
+    allocating route's order (tensors, then floats); a float where a tensor goes, an int float,
+    an input that requires grad, or act_input on an op without dact go the checked path."""
+    op = mxq.fused_quant()(_mixed)
+    fake = op._fast[(torch.float32, -1)] = _RecordingLauncher()
+    x, r = torch.randn(64, 32), torch.randn(64, 32)
+    assert op(x, 0.5, r) == "fast" and fake.calls == [(x, r, 0.5, None)]
+    for bad in ((x, 1, r), (x, 0.5, 0.5), (x, 0.5, r.clone().requires_grad_())):
+        with pytest.raises((TypeError, ValueError)) if bad[2].__class__ is float else _no_raise():
+            op(*bad)
+    with pytest.raises(ValueError, match="act_input"):
+        op(x, 0.5, r, act_input=x)
+    assert len(fake.calls) == 1
+    back = mxq.fused_quant(dact="gelu")(_plain)
+    fake = back._fast[(torch.float32, -1)] = _RecordingLauncher()
+    assert back(x, act_input=r) == "fast" and fake.calls == [(x, r)]
+    with pytest.raises(ValueError, match="act_input"):
+        back(x)  # (required: the checked path names it)
+
+
+def _mixed(x, alpha: float, r):
+    return x * alpha + r
+
+
+class _no_raise:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def test_quantize_rejects_unhashable_options_by_name():

@@ -7,9 +7,10 @@
 // [M, N] / flat views, allocates the dbias workspace through the TVM-FFI environment allocator
 // and calls the compiled kernel -- no Python after the first call of a dtype (which asks Python
 // to compile or load the kernel). On CPU tensors it calls the torch reference (Python), so C++
-// callers can be tested without a GPU; grouped calls (group_offsets given and not None) and
-// calls with broadcast or strided epilogue tensors go to Python's binding of the kernels
-// (mxq/runtime/ffi.py, _python_callback). Errors are tvm::ffi::Error with a Python kind.
+// callers can be tested without a GPU. Broadcast operands (a row [N], a column [..., 1], a
+// scalar) and strided 2-D views are launched here too, on the kernels compiled for those
+// layouts (OperandKinds); grouped calls (group_offsets given and not None), and operands it does
+// not take as they are, go to Python's binding of the kernels (mxq/runtime/ffi.py, _python_callback). Errors are tvm::ffi::Error with a Python kind.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/string.h>
@@ -44,7 +45,7 @@ struct State {
   std::vector<std::string> names;  // the op's tensor and float parameter names, for errors
   ffi::Function python, resolve, zero;  // Python: the CPU/grouped route, compile-or-load, a zero noop
   std::mutex mu;
-  std::map<std::tuple<int, int, int, int>, ffi::Function> kernels;
+  std::map<std::tuple<int, int, int, int, std::string>, ffi::Function> kernels;  // by dtype, variant, device, kinds
   std::map<int, ffi::Tensor> zeros;
   int64_t share_max = 0;  // the allocating route: both directions in one allocation up to this many bytes
   // FP8 rows that are not whole units of `unit` bytes are allocated padded to `pad` bytes (Python's
@@ -133,24 +134,58 @@ bool Aligned16(const DLTensor* t) {
   return ((reinterpret_cast<uintptr_t>(t->data) + t->byte_offset) % 16) == 0;
 }
 
-// Whether every epilogue tensor (and act_input) has the first one's shape and is contiguous:
-// what this route launches itself. Anything else (broadcast operands, strided views, and also
-// arguments that are not tensors, which Python names in its error) goes to the Python route.
-bool PlainOperands(const State& st, ffi::PackedArgs args, const DLTensor* x) {
-  auto plain = [&](int i) {
-    std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
-    if (!t.has_value()) return false;
-    if ((*t)->ndim != x->ndim || !Compact(*t)) return false;
+// The epilogue tensors' layout kinds (mxq/runtime/operands.py, one letter each as
+// compiler.LAYOUT_CODES: 'f' full, 's' strided 2-D view, 'r' row [N], 'c' column [..., 1],
+// 'k' scalar), as Python's validation.operand_layouts names them; "" when every one is a plain
+// full tensor (the default kernels). False when this route does not launch the call itself:
+// a shape that does not broadcast, a non-contiguous broadcast operand or act_input (Python
+// copies those), or an argument that is not a tensor (Python names it in its error).
+bool OperandKinds(const State& st, ffi::PackedArgs args, const DLTensor* x, std::string* kinds) {
+  const int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1;
+  auto same_shape = [&](const DLTensor* t) {
+    if (t->ndim != x->ndim) return false;
     for (int d = 0; d < x->ndim; ++d) {
-      if ((*t)->shape[d] != x->shape[d]) return false;
+      if (t->shape[d] != x->shape[d]) return false;
     }
     return true;
   };
-  for (int i = 1; i < st.nt; ++i) {
-    if (!plain(i)) return false;
+  // a 2-D view of unit last stride and rows more than N apart (operands.is_row_strided)
+  auto row_strided = [&](const DLTensor* t) {
+    return t->ndim == 2 && t->strides != nullptr && t->strides[1] == 1 && t->strides[0] > n && t->shape[0] > 1;
+  };
+  auto kind = [&](const DLTensor* t, bool first) -> char {
+    if (first || same_shape(t)) return Compact(t) ? 'f' : row_strided(t) ? 's' : 0;
+    if (!Compact(t)) return 0;
+    bool ones = true;
+    for (int d = 0; d < t->ndim; ++d) ones = ones && t->shape[d] == 1;
+    if (ones) return 'k';
+    if (t->ndim && t->shape[t->ndim - 1] == n) {
+      bool lead = true;
+      for (int d = 0; d + 1 < t->ndim; ++d) lead = lead && t->shape[d] == 1;
+      if (lead) return 'r';
+    }
+    if (t->ndim == x->ndim && t->ndim && t->shape[t->ndim - 1] == 1) {
+      bool lead = true;
+      for (int d = 0; d + 1 < t->ndim; ++d) lead = lead && t->shape[d] == x->shape[d];
+      if (lead) return 'c';
+    }
+    return 0;
+  };
+  std::string k;
+  bool plain = true;
+  for (int i = 0; i < st.nt; ++i) {
+    std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
+    const char c = t.has_value() ? kind(*t, i == 0) : 0;
+    if (!c) return false;
+    plain = plain && c == 'f';
+    k.push_back(c);
   }
-  if (st.want[kAct] && args[st.nt + st.ns + kAct] != nullptr && !plain(st.nt + st.ns + kAct)) return false;
-  return Compact(x);
+  if (st.want[kAct] && args[st.nt + st.ns + kAct] != nullptr) {
+    std::optional<DLTensor*> t = args[st.nt + st.ns + kAct].try_cast<DLTensor*>();
+    if (!t.has_value() || !same_shape(*t) || !Compact(*t)) return false;
+  }
+  *kinds = plain ? std::string() : k;
+  return true;
 }
 
 // The outputs given must not share memory with each other or with a tensor the call reads
@@ -189,9 +224,10 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   const DLTensor* x = TensorArg(st, args, 0);
   const bool grouped = args.size() == expect + 1 && args[expect] != nullptr;
   CheckApart(st, args);
-  if (x->device.device_type == kDLCPU || grouped || !PlainOperands(st, args, x)) {
+  std::string kinds;
+  if (x->device.device_type == kDLCPU || grouped || !OperandKinds(st, args, x, &kinds)) {
     // the reference (CPU), or the Python binding of the kernels: grouped calls, and epilogue
-    // tensors that broadcast against the first (a bias [N], ...) or are strided views
+    // tensors this route does not take as they are (OperandKinds)
     st.python.CallPacked(args, rv);
     return;
   }
@@ -229,21 +265,27 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     }
     if (!rows && !Compact(t)) TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must be contiguous";
   };
-  auto input = [&](int i) {
+  // epilogue tensor i (or act_input: kind 'f') as the kernel's [M, N] operand: full tensors as
+  // they are, a strided view with its row stride, broadcast ones with stride-0 dimensions
+  // (launch.variant_for: full, strided and row operands are read 16 bytes at a time)
+  auto input = [&](int i, char kind) {
     const DLTensor* t = TensorArg(st, args, i);
-    same_device(t, i);
+    same_device(t, i, kind != 'f');
     if (t->dtype.code != x->dtype.code || t->dtype.bits != x->dtype.bits) {
       TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' has another dtype than '"
                                << ArgName(st, 0) << "'";
     }
-    bool same = t->ndim == x->ndim;
-    for (int d = 0; same && d < t->ndim; ++d) same = t->shape[d] == x->shape[d];
-    if (!same) {
-      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has another shape than '"
-                                << ArgName(st, 0) << "'";  // (PlainOperands sent such calls to Python)
+    if (kind != 'c' && kind != 'k') vec = vec && Aligned16(t);
+    if (kind == 'f') {
+      push(Alias(t, t->dtype, m, n, 2));
+      return;
     }
-    vec = vec && Aligned16(t);
-    push(Alias(t, t->dtype, m, n, 2));
+    const int64_t ld = kind == 's' ? t->strides[0] : 0;
+    if (kind == 's') vec = vec && ld % 8 == 0;
+    const int64_t extent = kind == 's' ? (m - 1) * ld + n : kind == 'r' ? n : kind == 'c' ? m : 1;
+    const int64_t shape[2] = {m, n};
+    const int64_t strides[2] = {kind == 's' ? ld : kind == 'c' ? 1 : 0, kind == 's' || kind == 'r' ? 1 : 0};
+    push(Alias(t, t->dtype, extent, 1, 1).as_strided(ffi::ShapeView(shape, 2), ffi::ShapeView(strides, 2)));
   };
   auto bytes = [&](int i, int64_t count, bool matrix) {
     const DLTensor* t = TensorArg(st, args, i);
@@ -276,9 +318,9 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
       push(Alias(t, u8, (m - 1) * ld + n, 1, 1).as_strided(ffi::ShapeView(rows_shape, 2), ffi::ShapeView(rows_strides, 2)));
     }
   };
-  for (int i = 0; i < st.nt; ++i) input(i);
+  for (int i = 0; i < st.nt; ++i) input(i, kinds.empty() ? 'f' : kinds[i]);
   for (int i = 0; i < st.ns; ++i) call.emplace_back(args[st.nt + i]);
-  if (st.want[kAct]) input(base + kAct);
+  if (st.want[kAct]) input(base + kAct, 'f');
   const int64_t rows_scale = args[base + kRowScale] != nullptr ? Numel(TensorArg(st, args, base + kRowScale)) : 0;
   const int64_t cols_scale = args[base + kColScale] != nullptr ? Numel(TensorArg(st, args, base + kColScale)) : 0;
   if (st.want[kRowData]) {
@@ -331,11 +373,11 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   {
     std::lock_guard<std::mutex> lock(st.mu);
     const int variant = vec ? kVec : rows8 ? kRows8 : kGeneric;
-    auto key = std::make_tuple(int(x->dtype.code), int(x->dtype.bits), variant, x->device.device_id);
+    auto key = std::make_tuple(int(x->dtype.code), int(x->dtype.bits), variant, x->device.device_id, kinds);
     auto it = st.kernels.find(key);
-    if (it == st.kernels.end()) {  // first call of this dtype/variant: Python compiles or loads it
+    if (it == st.kernels.end()) {  // first call of this dtype/variant/kinds: Python compiles or loads it
       ffi::Function f = st.resolve(int64_t(x->dtype.code), int64_t(x->dtype.bits), int64_t(variant),
-                                   int64_t(x->device.device_id)).cast<ffi::Function>();
+                                   int64_t(x->device.device_id), ffi::String(kinds)).cast<ffi::Function>();
       it = st.kernels.emplace(key, f).first;
     }
     kernel = it->second;

@@ -2,9 +2,10 @@
 ``reference``, ``prepare``, ``mxq.quantize``, the torch operator; ``Binder``) and passed down:
 validation, launch, the reference, torch_ops and distributed read its fields by name.
 
-``Call.signature`` is what a call's host work depends on apart from values: the (shape, stride,
-dtype, device) of every tensor it holds and which keywords it has. Checks and launch bindings
-that depend only on it can be kept per signature; every call runs them now.
+``Call.key`` is what a call's checks and route depend on apart from values: the class, shape,
+strides, dtype, device, requires_grad and layout of every tensor it holds (``out``'s too), the floats'
+types and the grad mode. FusedOp keeps the route of a checked call under its key, and later calls
+of the same key run it without the checks that depend only on the key (FusedOp._plans).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..frontend.epilogue import Epilogue, EpilogueError
+from ..tensor import MXFP8Tensor
 from . import validation
 
 KEYWORDS = ("act_input", "noop", "out", "group_offsets")  # a call's own keywords, after the epilogue's
@@ -36,18 +38,28 @@ class Call(NamedTuple):
         """Every tensor-like value the call passes, keywords included (None where absent)."""
         return (*self.tensors, self.act_input, self.noop, self.group_offsets)
 
-    def signature(self) -> tuple:
-        """(shape, stride, dtype, device) of each operand (None where absent; a non-tensor's type),
-        the outputs' presence and the number of floats: the key of everything a call's host work
-        derives from its operands' layout rather than their values."""
-        def sig(t):
-            if t is None:
-                return None
-            if isinstance(t, torch.Tensor):
-                return (tuple(t.shape), t.stride(), t.dtype, t.device)
-            return type(t)
+    def key(self):
+        """The call's layout signature (module docstring), or None where it cannot be read (a
+        sparse tensor's strides, an ``out`` that is not an MXFP8Tensor): such calls are checked
+        every time."""
+        out = self.out
+        try:
+            if out is not None:
+                if out.__class__ is not MXFP8Tensor:
+                    return None
+                out = (out.fp8, out.scale_layout, *[_layout(getattr(out, f)) for f in validation.OUT_FIELDS])
+            return (tuple(map(_layout, self.tensors)), tuple(map(type, self.scalars)), _layout(self.act_input),
+                    _layout(self.noop), out, _layout(self.group_offsets), torch.is_grad_enabled())
+        except Exception:  # (what the checks will name)
+            return None
 
-        return (tuple(sig(t) for t in self.operands()), self.out is not None, len(self.scalars))
+
+def _layout(t):
+    """One value's part of Call.key: a tensor's (class, shape, strides, dtype, device,
+    requires_grad, layout), anything else's class."""
+    if isinstance(t, torch.Tensor):
+        return t.__class__, t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.layout
+    return t.__class__
 
 
 class Binder:
@@ -63,29 +75,55 @@ class Binder:
         self.signature = inspect.signature(fn)
         self.defaults = {k: p.default for k, p in self.signature.parameters.items()
                          if p.default is not inspect.Parameter.empty}
+        # every parameter positional-or-keyword: keywords bind by name without inspect (_bind_names)
+        self.by_name = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values())
         self.tensor_pos = [self.order.index(n) for n in epilogue.tensor_params]
         self.scalar_pos = [self.order.index(n) for n in epilogue.scalar_params]
+        # (plain): each positional argument's class, and whether the tensors come first
+        self.classes = tuple(torch.Tensor if n in epilogue.tensor_params else float for n in self.order)
+        self.in_order = self.tensor_pos == list(range(len(self.tensor_pos)))
 
     def __call__(self, args, kwargs, act_input=None, noop=None, out=None, group_offsets=None,
                  traced: bool = False) -> Call:
         """The Call of one call: its epilogue arguments bound to the parameters (positional,
-        keywords by name, then defaults), then the call keywords. While torch.compile traces,
-        without inspect (which it does not trace)."""
-        if traced:
-            tensors, scalars = self._bind_traced(args, kwargs)
-        else:
-            if kwargs or len(args) != len(self.order):
+        keywords by name, then defaults), then the call keywords. By name without inspect where
+        the signature allows (and always while torch.compile traces, which does not trace
+        inspect); inspect's binding names what is wrong."""
+        if kwargs or len(args) != len(self.order):
+            try:
+                if not (traced or self.by_name):
+                    raise TypeError
+                args = self._bind_names(args, kwargs)
+            except TypeError:
+                if traced:
+                    raise
                 try:
                     bound = self.signature.bind(*args, **kwargs)
                 except TypeError as exc:
                     raise TypeError(f"mxq: {self.name}(): {exc}") from None
                 bound.apply_defaults()
                 args = tuple(bound.arguments[n] for n in self.order)
-            tensors, scalars = [args[i] for i in self.tensor_pos], [args[i] for i in self.scalar_pos]
-        return Call(tensors, scalars, act_input, noop, out, group_offsets)
+        return Call([args[i] for i in self.tensor_pos], [args[i] for i in self.scalar_pos], act_input, noop, out,
+                    group_offsets)
 
-    def _bind_traced(self, args, kwargs):
-        """(tensors, floats) as __call__ binds them, without inspect."""
+    def plain(self, args, act_input, dact):
+        """A call's positional arguments as (*tensors, *floats), or None unless every one is of
+        its parameter's exact class (torch.Tensor, float), none requires grad in grad mode (the
+        checked path warns), and ``act_input`` is a plain tensor exactly when the op has ``dact``
+        (FusedOp._fast_call: the rest of a call's checks run in the native dispatcher)."""
+        if len(args) != len(self.classes):
+            return None
+        grad = torch.is_grad_enabled()
+        for a, cls in zip(args, self.classes):
+            if a.__class__ is not cls or (grad and cls is torch.Tensor and a.requires_grad):
+                return None
+        if (act_input is not None or dact) and (
+                not dact or act_input.__class__ is not torch.Tensor or (grad and act_input.requires_grad)):
+            return None
+        return args if self.in_order else [args[i] for i in self.tensor_pos] + [args[i] for i in self.scalar_pos]
+
+    def _bind_names(self, args, kwargs) -> tuple:
+        """The arguments in parameter order, bound as __call__ does, without inspect."""
         order = self.order
         if len(args) > len(order):
             raise TypeError(f"mxq: {self.name}() takes {len(order)} arguments, got {len(args)}")
@@ -99,7 +137,7 @@ class Binder:
                 if k not in self.defaults:
                     raise TypeError(f"mxq: {self.name}() missing argument {k!r}")
                 values[k] = self.defaults[k]
-        return [values[order[i]] for i in self.tensor_pos], [values[order[i]] for i in self.scalar_pos]
+        return tuple(values[k] for k in order)
 
 
 def has_dtensor(call: Call) -> bool:

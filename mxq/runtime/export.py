@@ -14,7 +14,7 @@ from .compiler import _DTYPE_BY_NAME, LAYOUT_CODES, compile_op
 from .toolchain import compile_cxx, link_shared, runtime_libraries
 from ..frontend import gated
 from ..formats import groups
-from . import slots, targets
+from . import limits, slots, targets
 from ..kernels.config import UNIT
 from ..formats.numerics import dbias_partial_dtype
 
@@ -63,6 +63,23 @@ def check_name(name) -> str:
         raise ValueError(f"mxq: export name {name!r} is reserved: TVM-FFI's loader gives meaning to the symbols "
                          f"'__tvm_ffi_main' and '__tvm_ffi__*'; start the name with a letter and not as 'main'")
     return name
+
+
+def gated_export(op, dtype: str, operands):
+    """(dtype, the inner op's operand kinds, the header note, N's multiple) of GatedOp.export,
+    which exports its inner op, the kernels over the halves. Forward: a C++ caller passes each
+    [M, 2N] tensor as its two halves, x[:, :N] and x[:, N:] (every tensor's gate half, then every
+    up half; a row operand's [2N] halves likewise, a column or scalar operand twice); ``operands``:
+    each of the gated op's tensors' kind, which both its halves take ("full" tensors' halves are
+    "strided" views). Backward: the gradient(s) [M, N] as they are, then act_input's halves; the
+    outputs are [M, 2N] (both halves side by side), N a multiple of 32 when the op has rowwise
+    output (a block would straddle the halves)."""
+    dtype = targets.normalize_dtype(dtype)
+    kinds = check_operands(op, operands) or ("full",) * len(op.epilogue.tensor_params)
+    inner = op.inner
+    mult = limits.n_multiple(inner.spec, inner.epilogue)
+    inner_kinds, note = gated_args(op.spec, op.epilogue, inner.epilogue, kinds, mult)
+    return dtype, inner_kinds, note, mult
 
 
 def gated_args(spec, epilogue, inner_epilogue, kinds, n_multiple: int):

@@ -7,8 +7,9 @@ tvm-ffi's ``load_inline`` and cached on disk. On CUDA tensors a dispatcher launc
 kernel without Python after the first call of a dtype; it calls back into Python for four
 things only: compiling (or loading) a kernel on that first call, the torch reference on CPU
 tensors, the CUDA calls it does not launch itself (grouped calls, with a trailing
-``group_offsets``, and epilogue tensors that broadcast or are strided views: Python's binding
-of the kernels), and a zero noop tensor per device. The callers (mxq/op.py) keep what this returns.
+``group_offsets``, and operands it does not take as they are, such as a non-contiguous bias:
+Python's binding of the kernels), and a zero noop tensor per device. Broadcast and strided
+epilogue operands it launches itself, on the kernels compiled for their layouts. The callers (mxq/op.py) keep what this returns.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from . import compiler, launch, slots, targets
 from ..formats import groups
+from ..frontend import gated
 from ..kernels.config import UNIT
 from ..tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
 
@@ -64,8 +66,8 @@ def _torch(t):
 def _python_callback(op):
     """The Python route of the destination-passing dispatcher, into the caller's destination
     tensors: CPU and empty tensors (the torch reference), and the CUDA calls the dispatcher does
-    not launch itself (grouped ones, with the optional trailing ``group_offsets``, and those with
-    broadcast or strided epilogue tensors: ``op(...)``, Python's binding of the kernels). A gated
+    not launch itself (grouped ones, with the optional trailing ``group_offsets``, and operands it
+    does not take as they are: ``op(...)``, Python's binding of the kernels). A gated
     op's whole destination-passing function (python_dispatcher)."""
     spec, epi = op.spec, op.epilogue
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
@@ -164,15 +166,19 @@ _NATIVE_VARIANTS = ("generic", "vec", "rows8")
 
 
 def _resolve_callback(op):
-    """First CUDA call of a dtype/variant: compile (or load from the disk cache) the kernel."""
+    """First CUDA call of a dtype/variant/operand layouts: compile (or load from the disk cache)
+    the kernel. ``kinds``: one compiler.LAYOUT_CODES letter per epilogue tensor, "" when all are
+    plain full tensors."""
     by_code = {(_DL_FLOAT, 32): "fp32", (_DL_FLOAT, 16): "fp16", (_DL_BFLOAT, 16): "bf16"}
+    by_letter = {c: k for k, c in compiler.LAYOUT_CODES.items()}
 
-    def resolve(code, bits, variant, device_id):
+    def resolve(code, bits, variant, device_id, kinds=""):
         dtype = by_code.get((int(code), int(bits)))
         if dtype is None:
             raise TypeError(f"mxq: input dtype (DLPack code {code}, {bits} bits) is not float32, float16 or bfloat16")
         arch = targets.device_arch(torch.device("cuda", int(device_id)))
-        return compiler.native_function(op, arch, dtype, _NATIVE_VARIANTS[int(variant)])
+        layouts = tuple(by_letter[c] for c in str(kinds)) or None
+        return compiler.native_function(op, arch, dtype, _NATIVE_VARIANTS[int(variant)], layouts)
 
     return resolve
 
@@ -203,6 +209,22 @@ def make_dispatchers(op) -> tuple:
         return pair[0], pair[1], py, res  # (the callbacks too: kept alive with the dispatchers)
 
 
+def dispatchers_or_none(op):
+    """make_dispatchers(op), or None (after a warning) where they cannot be built (no C++
+    compiler). Two-halves ops (mxq/frontend/gated.py) have none: their outputs are wider than
+    their inputs, which the dispatchers do not know."""
+    if gated.is_halves(op.epilogue):
+        return None
+    try:
+        return make_dispatchers(op)
+    except Exception as exc:  # pragma: no cover - depends on the machine's toolchain
+        import warnings
+
+        warnings.warn(f"mxq: native dispatcher unavailable ({exc}); using the Python launch path", RuntimeWarning,
+                      stacklevel=5)
+        return None
+
+
 def register_global(name: str, fn) -> None:
     """Make ``fn`` the TVM-FFI global ``mxq.<name>``."""
     import re
@@ -214,4 +236,4 @@ def register_global(name: str, fn) -> None:
     tvm_ffi.register_global_func(f"mxq.{name}", fn, override=True)
 
 
-__all__ = ["SHARED_ALLOC_MAX_BYTES", "make_dispatchers", "python_dispatcher", "register_global"]
+__all__ = ["SHARED_ALLOC_MAX_BYTES", "dispatchers_or_none", "make_dispatchers", "python_dispatcher", "register_global"]

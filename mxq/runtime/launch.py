@@ -1,9 +1,9 @@
 """The CUDA call path: bind one call's tensors to a compiled kernel and launch it.
 
 Two ways to launch, one set of rules: the native dispatcher (csrc/dispatch.cc, shared with C++
-callers) for ordinary calls, and a Python binding of the native kernel function
-(``Launcher.bind``) for ``op.prepare`` (bound once, re-launched with no checks), grouped calls,
-two-halves ops, broadcast or strided operands, and machines that cannot build the dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
+callers) for ungrouped calls, broadcast and strided operands included, and a Python binding of
+the native kernel function (``Launcher.bind``) for ``op.prepare`` (bound once, re-launched with
+no checks), grouped calls, two-halves ops, and machines that cannot build the dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
 aligned, else the "generic" one (any shape: the packed kernel's unaligned rows for 16-bit
 inputs, the element-wise kernel for fp32), or "rows8" (whole 8-byte output units: the unaligned
 rows of 16-bit inputs, fp32's vectorised kernel with staged rows) where the FP8 outputs' rows
@@ -20,7 +20,7 @@ from ..formats.numerics import dbias_partial_dtype
 from ..frontend import gated
 from ..kernels.config import UNIT
 from ..tensor import MXFP8Tensor, data_rows, flat_dims
-from . import operands, slots
+from . import operands, slots, validation
 from .compiler import VEC_ALIGN, VEC_DIVISOR, native_function
 
 _noop_zero: dict = {}
@@ -58,11 +58,26 @@ class Launcher:
         # what call_alloc needs of the spec, read once (it runs on every small call)
         self._fields = (spec.rowwise, spec.colwise, spec.amax, spec.dbias, spec.fp8, spec.scale_layout, spec.scale_mode)
 
-    def allocates(self, x, noop, out) -> bool:
-        """Whether a call takes the allocating native route (one native call allocates every
-        output and launches: the host-time path; it pads FP8 rows as MXFP8Tensor.empty does)."""
-        return (self.dispatch is not None and out is None and noop is None and self.native_alloc
-                and x.is_cuda and x.numel() > 0)
+    def plan(self, call, operand_kinds):
+        """How a checked call runs, as (run, allocating): ``run(call)`` runs any call of the same
+        Call.key (mxq/runtime/call.py) with no further layout checks. The native dispatcher takes
+        ungrouped calls, broadcast and strided operands included, and checks per call what values
+        can break (memory overlap; alignment, hence the variant); ``allocating``: the call takes
+        its allocating route (one native call allocates every output and launches: the host-time
+        path). Grouped calls, two-halves ops, and machines without the dispatcher take the
+        Python binding (``run``), which checks ``out``'s overlap itself on every call."""
+        op = self.op
+        if self.dispatch is None or call.group_offsets is not None or gated.is_halves(op.epilogue):
+            def bound(c):
+                if c.out is not None:
+                    validation.check_out_apart(op.epilogue, c)
+                return self.run(zeroed_out(op.spec, op.epilogue, c), operand_kinds)
+
+            return bound, False
+        if call.out is None and call.noop is None and self.native_alloc and call.tensors[0].numel():
+            alloc = self.call_alloc
+            return (lambda c: alloc(*c.tensors, *c.scalars, c.act_input, None)), True
+        return self._dispatch_into, False
 
     def _fn(self, variant: str, operand_kinds=None):
         key = (variant, operand_kinds)
@@ -72,9 +87,8 @@ class Launcher:
         return fn
 
     def run(self, call, operand_kinds):
-        """A call (mxq/runtime/call.py) with broadcast or strided operands (``operand_kinds``:
-        validation.operand_layouts) or group offsets, through the Python binding (the native
-        dispatcher takes neither)."""
+        """A call (mxq/runtime/call.py) through the Python binding (``operand_kinds``:
+        validation.operand_layouts): grouped calls, two-halves ops (plan)."""
         return self._launch(*self.bind(call, operand_kinds), call.noop)
 
     def prepare(self, call, operand_kinds):
@@ -158,20 +172,27 @@ class Launcher:
         variant = variant_for(n, n_out, mats, kinds, (row_data, col_data), grouped)
         return (self._fn(variant, key) if m * n else None), args, out
 
-    def __call__(self, call):
-        """An ordinary call (no group offsets, full contiguous operands): the allocating native
-        route, the destination-passing dispatcher, or the Python binding."""
-        tensors, scalars, act_input, noop, out, _ = call
-        x = tensors[0]
-        if self.allocates(x, noop, out):
-            return self.call_alloc(*tensors, *scalars, act_input, None)
+    def _dispatch_into(self, call):
+        """A call into ``call.out`` through the destination-passing dispatcher (a noop call
+        without ``out``: into zeroed outputs; else fresh ones, e.g. swizzled scales, which the
+        allocating route does not make)."""
+        tensors, scalars, act_input, noop, out, _ = zeroed_out(self.op.spec, self.op.epilogue, call)
         if out is None:
+            x = tensors[0]
             out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device)
-        if self.dispatch is not None:  # (out's data: contiguous or padded rows, validation.check_out)
-            self.dispatch(*tensors, *scalars, act_input, out.rowwise_data, out.rowwise_scale, out.colwise_data,
-                          out.colwise_scale, out.amax, out.dbias, noop)
-            return out
-        return self._launch(*self.bind(call._replace(out=out)), noop)
+        self.dispatch(*tensors, *scalars, act_input, out.rowwise_data, out.rowwise_scale, out.colwise_data,
+                      out.colwise_scale, out.amax, out.dbias, noop)
+        return out
+
+
+def zeroed_out(spec, epilogue, call):
+    """``call``, or for a noop call without ``out`` the call into zeroed outputs (a noop call
+    writes nothing)."""
+    if call.noop is not None and call.out is None:
+        x = call.tensors[0]
+        return call._replace(out=MXFP8Tensor.empty(spec, gated.out_shape(epilogue, x.shape), x.dtype, x.device,
+                                                   zeroed=True, group_offsets=call.group_offsets))
+    return call
 
 
 def variant_for(n: int, n_out: int, mats, kinds, datas, grouped: bool) -> str:

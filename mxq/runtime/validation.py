@@ -46,10 +46,11 @@ def check_plain_tensor(name: str, t) -> None:
                          "torch.compile, fake tensors need no such call: the operator has a fake implementation)")
 
 
-def check_call(spec: QuantSpec, epilogue: Epilogue, call) -> None:
+def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False) -> None:
     """Raise a TypeError/ValueError naming the first bad argument of ``call`` (a
     mxq/runtime/call.py Call); return None if all is well (after a one-time warning for an input
-    that requires grad: warn_no_autograd)."""
+    that requires grad: warn_no_autograd). ``prepare``: op.prepare()'s call, whose group offsets
+    are read at every launch."""
     tensors, scalars, act_input, noop, out, group_offsets = call
     names = epilogue.tensor_params
     first = None
@@ -100,17 +101,19 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call) -> None:
             raise ValueError(f"mxq: argument 'noop' is on {noop.device} but {fname!r} is on {f.device}")
     if group_offsets is not None:
         groups.check(group_offsets, flat_dims(f.shape)[0], f.device)
+        if prepare and (group_offsets.dtype != torch.int32 or not group_offsets.is_contiguous()):
+            raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
+                             f"tensor (an int64 one would be converted once, at bind time); got {group_offsets.dtype}")
     if out is not None:
         check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape))
-        reads = [*zip(names, tensors), ("act_input", act_input), ("noop", noop), ("group_offsets", group_offsets)]
-        check_apart(out, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)])
+        check_out_apart(epilogue, call)
     if torch.is_grad_enabled():
         for name, t in (*zip(names, tensors), ("act_input", act_input)):
             if t is not None and t.requires_grad:
                 warn_no_autograd(epilogue.name, name)
 
 
-_OUT_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias")
+OUT_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias")
 
 
 def _span(t: torch.Tensor):
@@ -126,13 +129,21 @@ def check_apart(out: MXFP8Tensor, reads) -> None:
     """``out``'s tensors must not share memory with each other or with a tensor the call reads
     (``reads``: (name, tensor) pairs): the kernels read each input once and write each output
     once, so a shared byte would be written while it is read, or twice (wrong bytes, silently)."""
-    spans = [(f"out.{f}", _span(getattr(out, f))) for f in _OUT_FIELDS if getattr(out, f) is not None]
+    spans = [(f"out.{f}", _span(getattr(out, f))) for f in OUT_FIELDS if getattr(out, f) is not None]
     others = [(n, _span(t)) for n, t in reads]
     for i, (name, a) in enumerate(spans):
         for other, b in spans[:i] + others:
             if a is not None and b is not None and a[0] < b[1] and b[0] < a[1]:
                 raise ValueError(f"mxq: argument {name!r} overlaps {other!r} in memory: an op's outputs must not "
                                  "share memory with each other or with its inputs")
+
+
+def check_out_apart(epilogue: Epilogue, call) -> None:
+    """check_apart of a call's ``out`` against every tensor the call reads (a value check: on
+    every call, also those that skip the checks of their layout, FusedOp._plans)."""
+    reads = [*zip(epilogue.tensor_params, call.tensors), ("act_input", call.act_input), ("noop", call.noop),
+             ("group_offsets", call.group_offsets)]
+    check_apart(call.out, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)])
 
 
 def check_scalars(names, scalars) -> None:
@@ -155,7 +166,7 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
         _fail_type("out", "an MXFP8Tensor", type(out).__name__)
     shape = x.shape if shape is None else shape
     want = MXFP8Tensor.empty(spec, shape, x.dtype, "meta", group_offsets=group_offsets)
-    for field in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias"):
+    for field in OUT_FIELDS:
         w, g = getattr(want, field), getattr(out, field)
         if w is None:
             continue
@@ -259,4 +270,4 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPES[dtype]
 
 
-__all__ = ["check_apart", "check_call", "check_out", "copied", "dtype_name", "fallback", "operand_layouts"]
+__all__ = ["OUT_FIELDS", "check_apart", "check_call", "check_out", "check_out_apart", "copied", "dtype_name", "fallback", "operand_layouts"]

@@ -1,0 +1,33 @@
+"""bench/fixed_cost.py's host benchmark, on the CPU: its case list builds and runs (the checked
+reference path), covers every kind of eager call the host-cost target names, and the timed run
+refuses cleanly without CUDA."""
+
+import torch
+
+from .test_codegen import _bench_tool
+
+
+def test_host_cases_cover_every_kind_of_call_and_run_on_the_cpu():
+    tool = _bench_tool("fixed_cost")
+    cases = tool.host_cases("cpu")
+    names = " | ".join(c[0] for c in cases)
+    for kind in ("quantize(x)", "row [N]", "column [M,1]", "full operand + float", "float only", "strided view",
+                 "keywords", "out=", "noop", "group_offsets", "swiglu", "prepare"):
+        assert kind in names, kind
+    for name, fn, op, ref, target in cases:
+        assert target == (1.0 if "prepare" in name else 1.5), name
+        if fn is None:  # (op.prepare() needs CUDA)
+            continue
+        got, want = fn(), ref()
+        for field in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+            g, w = getattr(got, field), getattr(want, field)
+            assert (g is None) == (w is None) and (g is None or torch.equal(g.view(torch.uint8), w.view(torch.uint8))), (
+                name, field)
+
+
+def test_host_run_refuses_without_cuda(monkeypatch, tmp_path, capsys):
+    tool = _bench_tool("fixed_cost")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "host.json"
+    assert tool.host_main([str(path)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err and not path.exists()
