@@ -12,7 +12,7 @@ import torch
 import mxq
 from mxq.frontend import gated
 from mxq.frontend.spec import QuantSpec
-from mxq.testing import compare, planted, poisoned, v_abs_sum
+from mxq.testing import compare, planted, poisoned, v_abs_sum, v_bound
 
 from . import oracle
 
@@ -305,8 +305,9 @@ def test_gated_kernels_match_reference(name, dtype, n):
     bwd = mxq.fused_quant(dact=name, rowwise=rowwise, colwise=True, dbias=True)(_ident)
     want = bwd.reference(grad, act_input=a)
     v_abs = None if exact else v_abs_sum(bwd.inner, grad, a[:, :n], a[:, n:], 0.0)
+    bound = None if exact else v_bound(bwd, grad, act_input=a)
     got = bwd(grad.cuda(), act_input=ac, out=poisoned(bwd, grad.cuda()))
-    assert compare(got, want, exact, v_abs) == []
+    assert compare(got, want, exact, v_abs, v_bound=bound) == []
 
 
 @pytest.mark.gpu
@@ -381,7 +382,7 @@ def test_one_cta_halves_match_reference(name, dtype, n, one, monkeypatch):
         v_abs = v_abs_sum(inner, *args) if op.spec.dbias and not exact else None
         cu = [t.cuda() for t in args[:3]] + [0.0]
         got = inner(*cu, out=poisoned(inner, cu[0]))
-        assert compare(got, want, exact, v_abs) == [], opts
+        assert compare(got, want, exact, v_abs, v_bound=None if exact else v_bound(inner, *args)) == [], opts
 
 
 @pytest.mark.gpu

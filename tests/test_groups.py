@@ -9,7 +9,7 @@ import torch
 import mxq
 from mxq.formats import groups
 from mxq.kernels import config as kconfig
-from mxq.testing import compare, planted, poisoned, same_bytes, v_abs_sum
+from mxq.testing import compare, planted, poisoned, same_bytes, v_abs_sum, v_bound
 
 from . import oracle
 
@@ -266,17 +266,18 @@ def test_grouped_kernel_matches_reference(opts, dtype, n, seed):
     xc, oc = x.cuda(), offsets.cuda()
     exact = op.spec.act is None and op.spec.dact is None
     v_abs = v_abs_sum(op, x, group_offsets=offsets, **kw) if op.spec.dbias and not exact else None
+    bound = None if exact else v_bound(op, x, **kw)  # (dact ops: bytes next to the derivative's roots)
     got = op(xc, group_offsets=oc, out=poisoned(op, xc, oc), **{k: v.cuda() for k, v in kw.items()})
-    assert compare(got, want, exact, v_abs) == [], sizes
+    assert compare(got, want, exact, v_abs, v_bound=bound) == [], sizes
     fresh = op(xc, group_offsets=oc, **{k: v.cuda() for k, v in kw.items()})  # allocated outputs
-    assert compare(fresh, want, exact, v_abs) == [], sizes
+    assert compare(fresh, want, exact, v_abs, v_bound=bound) == [], sizes
     compact = mxq.fused_quant(**{**opts, "scale_layout": "compact"})(_ident)  # group(k) has compact scales
     for k, (start, end) in enumerate(groups.bounds(offsets)):
         alone = compact.reference(x[start:end], **({"act_input": kw["act_input"][start:end]} if kw else {}))
         alone.amax = alone.dbias = None
         part = got.group(k)
         part.amax = part.dbias = None
-        assert compare(part, alone, exact) == [], (k, start, end)
+        assert compare(part, alone, exact, v_bound=None if bound is None else bound[start:end]) == [], (k, start, end)
 
 
 @pytest.mark.gpu
@@ -299,7 +300,7 @@ def test_grouped_dbias_of_a_long_call_matches_reference(dtype, sizes):
     v_abs = v_abs_sum(op, x, act_input=a, group_offsets=offsets)
     xc, oc = x.cuda(), offsets.cuda()
     got = op(xc, act_input=a.cuda(), group_offsets=oc, out=poisoned(op, xc, oc))
-    assert compare(got, want, False, v_abs) == []
+    assert compare(got, want, False, v_abs, v_bound=v_bound(op, x, act_input=a)) == []
 
 
 def _plus_gelu(x, b):
