@@ -28,7 +28,7 @@ import device_check as dc  # noqa: E402
 
 import mxq  # noqa: E402
 from mxq.kernels.config import Tuning  # noqa: E402
-from mxq.testing import compare, v_abs_sum  # noqa: E402
+from mxq.testing import compare, v_abs_sum, v_bound  # noqa: E402
 
 SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096), (8192, 4096), (32768, 2048)]
 GROUPED_SHAPE = (32768, 2048)  # tokens x an expert's gated width N
@@ -81,7 +81,8 @@ def grouped_rows(copy_gbps):
             v_abs = v_abs_sum(bwd.inner, g, x[:, :n], x[:, n:], 0.0, group_offsets=offs)
             checks = {"fwd": compare(fwd(x, group_offsets=offs), fwd.reference(x, group_offsets=offs), False) == [],
                       "bwd": compare(bwd(g, act_input=x, group_offsets=offs),
-                                     bwd.reference(g, act_input=x, group_offsets=offs), False, v_abs) == [],
+                                     bwd.reference(g, act_input=x, group_offsets=offs), False, v_abs,
+                                     v_bound=v_bound(bwd, g, act_input=x)) == [],
                       "empty_groups": int((sizes == 0).sum())}
             cases = [("fwd", fwd.prepare(x, group_offsets=offs)[0], fwd_bytes(m, n, groups)),
                      ("bwd", bwd.prepare(g, act_input=x, group_offsets=offs)[0], bwd_bytes(m, n, groups))]
@@ -116,9 +117,11 @@ def main():
             checks["fwd"] = compare(fwd(x), fwd.reference(x), exact=False) == []
             checks["views"] = compare(swiglu_views(x[:, :n], x[:, n:]), fwd(x), exact=True) == []
             v_abs = v_abs_sum(bwd.inner, g, x[:, :n], x[:, n:], 0.0)
-            checks["bwd"] = compare(bwd(g, act_input=x), bwd.reference(g, act_input=x), False, v_abs) == []
+            bound = v_bound(bwd, g, act_input=x)
+            checks["bwd"] = compare(bwd(g, act_input=x), bwd.reference(g, act_input=x), False, v_abs,
+                                    v_bound=bound) == []
             checks["bwd_2cta"] = compare(bwd2(g, x[:, :n], x[:, n:], 0.0), bwd.reference(g, act_input=x), False,
-                                         v_abs) == []
+                                         v_abs, v_bound=bound) == []
         cases = [
             ("mxq/swiglu_fwd_both", fwd.prepare(x)[0], fwd_bytes(m, n)),
             ("mxq/swiglu_views_both", swiglu_views.prepare(x[:, :n], x[:, n:])[0], fwd_bytes(m, n)),
