@@ -4,6 +4,7 @@ mixture-of-experts form, grouped by random expert sizes (empty experts possible)
 ungrouped op of the same shape.
 
     python bench/gated.py [--out DIR] [--quick] [--grouped-only]
+    ncu -k regex:packed_kernel -s 2 -c 1 python bench/gated.py --launch fwd|bwd [--groups G]
 
 Shapes are the gated output's [M, N] (the input is [M, 2N]): forward reads 2MN inputs and writes
 two [M, N] FP8 copies with scales; backward reads the [M, N] gradient and the [M, 2N] forward
@@ -95,12 +96,38 @@ def grouped_rows(copy_gbps):
     return rows
 
 
+def launch_only(what: str, groups: int):
+    """Build GROUPED_SHAPE's swiglu forward or backward + dbias (both directions, compact scales;
+    ``groups`` > 0: grouped like grouped_rows) and launch it 4 times, for a profiler."""
+    from grouped import group_sizes
+
+    m, n = GROUPED_SHAPE
+    x = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    offs = None
+    if groups:
+        offs = torch.cumsum(torch.tensor(group_sizes(groups, seed=groups + n)), 0).to(torch.int32).cuda()
+    if what == "fwd":
+        launch = mxq.fused_quant(act="swiglu", rowwise=True, colwise=True)(_ident).prepare(x, group_offsets=offs)[0]
+    else:
+        op = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
+        launch = op.prepare(g, act_input=x, group_offsets=offs)[0]
+    for _ in range(4):
+        launch()
+    torch.cuda.synchronize()
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--launch", choices=("fwd", "bwd"), help="only build and launch one op 4 times (a profiler's run)")
+    ap.add_argument("--groups", type=int, default=0, help="with --launch: the group count (0: ungrouped)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="the first shape only")
     ap.add_argument("--grouped-only", action="store_true", help="only the grouped rows and their ungrouped twins")
     args = ap.parse_args()
+    if args.launch:
+        launch_only(args.launch, args.groups)
+        return
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     rows = grouped_rows(copy_gbps)
