@@ -417,7 +417,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
 
 
 @torch_ops.constant_result
-def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format, block) -> int:
+def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format="mxfp8", block=None) -> int:
     """torch_ops' id of mxq.quantize's op for these options (validated here; torch.compile runs
     this while tracing and keeps the id as a constant)."""
     op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
