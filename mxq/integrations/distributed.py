@@ -107,6 +107,9 @@ def call(op, call) -> MXFP8Tensor:
             raise TypeError("mxq: argument 'group_offsets' is a DTensor but the inputs are plain tensors: pass it "
                             "as a plain tensor")
         raise TypeError("mxq: with DTensor operands, the first tensor input must be a DTensor too")
+    if op.spec.format != "mxfp8":  # (its shards would have to be cut on whole 128-element blocks)
+        raise ValueError(f"mxq: DTensor inputs of format={op.spec.format!r} are not supported yet; pass the local "
+                         "shard (.to_local()) or the full tensor")
     if out is not None:
         raise ValueError("mxq: out= is not supported with DTensor inputs")
     mesh, kind, dim = _placement(x, op.epilogue.tensor_params[0])
