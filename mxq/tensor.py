@@ -87,7 +87,10 @@ class MXFP8Tensor:
         views of rows padded to it (not contiguous when N is not a multiple), which the kernels
         write faster at N % 8 != 0 (docs/performance.md, "N % 8 != 0"). Not
         with ``group_offsets``. None (the default): 16 when N % 8 != 0, else 1 (contiguous;
-        default_row_align); 1 asks for contiguous data at any N."""
+        default_row_align); 1 asks for contiguous data at any N. A ``format="fp8_block"`` spec:
+        fp32 scales shaped by mxq/formats/fp8_block_layouts.py (GEMM-ready ones are views of
+        zeroed padded buffers) and, in its ``gemm`` layout, colwise data transposed, [N, M]
+        contiguous (``row_align`` applies to the rowwise data)."""
         if not hasattr(spec, "scale_layout"):
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
                             f"{type(spec).__name__}")
@@ -128,7 +131,7 @@ class MXFP8Tensor:
         if spec.format == "fp8_block":  # fp32 scales (mxq/formats/fp8_block_layouts.py)
             g = None if group_offsets is None else group_offsets.numel()
             row_scale, col_scale = fp8_block_layouts.scales(spec, m, n, device, zeroed, g)
-            col_data = fp8_block_layouts.colwise_data(spec, shape, m, n, device, zeroed)
+            col_data = fp8_block_layouts.colwise_data(spec, m, n, device, zeroed)
         else:
             row_scale = scale_alloc(row_shape, dtype=torch.uint8, device=device) if spec.rowwise else None
             col_scale = col_alloc(col_shape, dtype=torch.uint8, device=device) if spec.colwise else None

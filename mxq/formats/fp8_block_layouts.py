@@ -86,7 +86,7 @@ def scales(spec, m: int, n: int, device, zeroed: bool, groups_count: int | None)
     return row, col
 
 
-def colwise_data(spec, shape, m: int, n: int, device, zeroed: bool) -> torch.Tensor | None:
+def colwise_data(spec, m: int, n: int, device, zeroed: bool) -> torch.Tensor | None:
     """The colwise FP8 data of the GEMM-ready layout: the transposed copy [N, M], contiguous
     (None for the compact layout, whose colwise data is shaped as the rowwise data)."""
     if spec.scale_layout != "gemm":
@@ -106,12 +106,5 @@ def first_block_row(g: int, start: int) -> int:
     return groups.first_block_row(g, start, BLOCK)
 
 
-def compact_colwise(data: torch.Tensor, scale: torch.Tensor, layout: str, m: int, n: int):
-    """(colwise data [M, N], colwise scales as the compact grid over [M, N]) of either layout."""
-    if layout == "gemm":
-        return data.t(), scale.t()
-    return data.reshape(m, n), scale
-
-
-__all__ = ["colwise_block", "colwise_data", "compact_colwise", "first_block_row", "gemm_scale", "grouped_rows",
+__all__ = ["colwise_block", "colwise_data", "first_block_row", "gemm_scale", "grouped_rows",
            "scale_grid", "scales"]
