@@ -126,6 +126,8 @@ def test_mxfp8_results_unchanged():
     ({"format": "fp8_block", "block": (1, 64)}, "block"),
     ({"format": "fp8_block", "block": (128, 1)}, "block"),
     ({"format": "fp8_block", "block": 128}, "block"),
+    ({"format": "fp8_block", "block": (True, 128)}, "block"),
+    ({"format": "fp8_block", "block": (1.0, 128)}, "block"),
     ({"block": (1, 128)}, "block"),  # an MXFP8 op takes no other block
     ({"format": "fp8_block", "scale_mode": "rceil"}, "scale_mode"),
     ({"scale_mode": "pow2"}, "scale_mode"),

@@ -101,7 +101,8 @@ class QuantSpec:
         _check_choice("scale_mode", self.scale_mode, _MODES[self.format])
         _check_choice("scale_layout", self.scale_layout, _LAYOUTS[self.format])
         object.__setattr__(self, "block", _BLOCKS[self.format][0] if self.block is None else _block(self.block))
-        if self.block not in _BLOCKS[self.format]:
+        if not (isinstance(self.block, tuple) and all(type(b) is int for b in self.block)) or \
+                self.block not in _BLOCKS[self.format]:
             raise ValueError(f"mxq: block must be one of {_BLOCKS[self.format]} with format={self.format!r}, got "
                              f"{self.block!r}")
         _check_choice("act", self.act, _ACT_CODES + tuple(GATED_ACTIVATIONS))
