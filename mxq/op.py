@@ -394,7 +394,8 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         if has_dtensor(call):  # the node runs on the local shards (integrations/distributed.py)
             return getattr(_QUANTIZE_BY_ID, f"op{i}")._route(call, traced=True)
         return torch_ops.call(i, call)
-    key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax, format, block)
+    key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax, format,
+           tuple(block) if block.__class__ is list else block)  # (a list block= is a tuple's spec)
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
     # rowwise=1 would skip the validation that refuses it in a fresh process)

@@ -187,3 +187,9 @@ def test_gpu_calls_equal_the_cpu_reference(block):
     for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
         assert torch.equal(getattr(got, f).cpu().view(torch.uint8), getattr(want, f).view(torch.uint8))
     assert math.isfinite(got.dequantize().float().sum().item())
+
+
+def test_block_as_a_list():
+    x = torch.randn(4, 256)
+    for _ in range(2):  # (the second call finds quantize's cached op)
+        assert mxq.quantize(x, format="fp8_block", block=[128, 128]).block == (128, 128)
