@@ -121,6 +121,10 @@ def torch_checks(a, b, scale_a, scale_b):
         assert bt.stride() == (1, n)
     else:
         assert bt.shape == (cdiv(n, 128), cdiv(k, 128)) and bt.stride() == (cdiv(cdiv(k, 128), 4) * 4, 1)
+    # and torch's own shape rules for the call (its meta function, on tensors of the same strides)
+    meta = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (a, b, scale_a, scale_b)]
+    out = torch._scaled_mm(meta[0], meta[1], scale_a=meta[2], scale_b=meta[3], out_dtype=torch.bfloat16)
+    assert out.shape == (m, n)
 
 
 def emulated_scaled_mm(a, b, scale_a, scale_b):
