@@ -315,11 +315,13 @@ class GatedOp(FusedOp):
         return self.inner.asm(arch, dtype)
 
 
-_OPTION_NAMES = ("fp8", "rowwise", "colwise", "scale_mode", "scale_layout", "amax", "act", "dact", "dbias")
+_OPTION_NAMES = ("fp8", "rowwise", "colwise", "scale_mode", "scale_layout", "amax", "act", "dact", "dbias",
+                 "format", "block")
 
 
 def fused_quant(fn=None, **options):
-    """Decorate an epilogue function into a fused MXFP8 quantization op.
+    """Decorate an epilogue function into a fused MXFP8 (or, ``format="fp8_block"``, FP8 block
+    scaling) quantization op.
 
     ``@mxq.fused_quant(act="gelu", dbias=True, colwise=True)`` or bare ``@mxq.fused_quant``;
     options are those of ``mxq.quantize`` plus ``act``, ``dact`` and ``dbias``.
@@ -346,9 +348,14 @@ def _identity(x):
 
 
 def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = False,
-             scale_mode: str = "rceil", scale_layout: str = "compact", amax: bool = False,
-             noop=None, out: MXFP8Tensor | None = None, group_offsets=None) -> MXFP8Tensor:
-    """Quantize ``x`` (fp32/fp16/bf16, any shape, CPU or CUDA) to MXFP8.
+             scale_mode: str | None = None, scale_layout: str = "compact", amax: bool = False,
+             noop=None, out: MXFP8Tensor | None = None, group_offsets=None, format: str = "mxfp8",
+             block=None) -> MXFP8Tensor:
+    """Quantize ``x`` (fp32/fp16/bf16, any shape, CPU or CUDA) to MXFP8, or with
+    ``format="fp8_block"`` to FP8 block scaling (``block`` (1, 128), the default, or (128, 128);
+    ``scale_mode`` "pow2", the default, or "fp32"; ``scale_layout`` "compact" or "gemm";
+    docs/NUMERICS.md "FP8 block scaling"). ``scale_mode`` None is the format's default ("rceil"
+    for MXFP8).
 
     ``out`` (an extension of the DESIGN contract) writes into existing buffers, e.g. for CUDA
     graphs; with ``noop`` holding 1.0 nothing is written at all. ``group_offsets``: cumulative
@@ -356,12 +363,13 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     (mxq/formats/groups.py, docs/NUMERICS.md "Groups").
     """
     if torch.compiler.is_compiling():
-        i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax)
+        i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format, block)
         call = Call([x], [], None, noop, out, group_offsets)
         if has_dtensor(call):  # the node runs on the local shards (integrations/distributed.py)
             return getattr(_QUANTIZE_BY_ID, f"op{i}")._route(call, traced=True)
         return torch_ops.call(i, call)
-    key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax)
+    key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax, format,
+           tuple(block) if block.__class__ is list else block)  # (a list block= is a tuple's spec)
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
     # rowwise=1 would skip the validation that refuses it in a fresh process)
@@ -371,8 +379,9 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         except TypeError:  # unhashable option values: QuantSpec names the bad one
             op = None
     if op is None:
-        op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
-                                    scale_layout=scale_layout, amax=amax))
+        spec = QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
+                         scale_layout=scale_layout, amax=amax, format=format, block=block)
+        op = _quantize_op(spec)
         if len(_QUANTIZE_OPS) < 1024:
             _QUANTIZE_OPS[key] = op
     fast = op._fast and noop is None and out is None and group_offsets is None  # the common small call
@@ -381,11 +390,11 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
 
 
 @torch_ops.constant_result
-def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax) -> int:
+def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format="mxfp8", block=None) -> int:
     """torch_ops' id of mxq.quantize's op for these options (validated here; torch.compile runs
     this while tracing and keeps the id as a constant)."""
     op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
-                                scale_layout=scale_layout, amax=amax))
+                                scale_layout=scale_layout, amax=amax, format=format, block=block))
     i = torch_ops.op_id(op)
     setattr(_QUANTIZE_BY_ID, f"op{i}", op)
     return i

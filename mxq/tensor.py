@@ -3,6 +3,10 @@
 A plain container of the output tensors plus the facts needed to read them back
 (format, layout, logical shape). It owns no numerics beyond ``dequantize``, which decodes with
 the same helpers as the reference so a round trip is exact wherever the format allows.
+
+One class serves every format an op quantizes to: ``format`` says which ("mxfp8": E8M0 scale
+bytes over 1x32 blocks; "fp8_block": fp32 scales over 1x128 or 128x128 blocks, ``block``), and
+the fields keep their names and roles (docs/DESIGN.md says why one class).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .formats import groups, layouts
+from .formats import fp8_block, fp8_block_layouts, groups, layouts
 from .kernels.config import UNIT
 from .formats.numerics import BLOCK, FORMATS, e8m0_to_scale
 
@@ -67,6 +71,8 @@ class MXFP8Tensor:
     shape: torch.Size
     group_offsets: torch.Tensor | None = None  # grouped colwise blocks (mxq/formats/groups.py)
     scale_mode: str | None = None  # the rule its scales were chosen by (None where not known)
+    format: str = "mxfp8"  # "mxfp8" or "fp8_block" (mxq/formats/fp8_block.py)
+    block: tuple = (1, 32)  # the rowwise block (rows, columns) one scale covers
 
     @staticmethod
     def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
@@ -81,7 +87,10 @@ class MXFP8Tensor:
         views of rows padded to it (not contiguous when N is not a multiple), which the kernels
         write faster at N % 8 != 0 (docs/performance.md, "N % 8 != 0"). Not
         with ``group_offsets``. None (the default): 16 when N % 8 != 0, else 1 (contiguous;
-        default_row_align); 1 asks for contiguous data at any N."""
+        default_row_align); 1 asks for contiguous data at any N. A ``format="fp8_block"`` spec:
+        fp32 scales shaped by mxq/formats/fp8_block_layouts.py (GEMM-ready ones are views of
+        zeroed padded buffers) and, in its ``gemm`` layout, colwise data transposed, [N, M]
+        contiguous (``row_align`` applies to the rowwise data)."""
         if not hasattr(spec, "scale_layout"):
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
                             f"{type(spec).__name__}")
@@ -95,6 +104,8 @@ class MXFP8Tensor:
             raise ValueError("mxq: argument 'row_align' does not go with 'group_offsets' (grouped outputs are contiguous)")
         npad = -(-n // row_align) * row_align if len(shape) else n  # (a 0-d tensor: one element, no rows)
         fp8 = FORMATS[spec.fp8].torch_dtype
+        if group_offsets is not None:
+            group_offsets = group_offsets.clone()  # (the caller may reuse its tensor)
         swizzled = spec.scale_layout == "swizzled"
         scale_alloc = torch.zeros if zeroed or swizzled else torch.empty
         data_alloc = torch.zeros if zeroed else torch.empty
@@ -110,7 +121,6 @@ class MXFP8Tensor:
                 col_shape = (groups.grouped_colwise_rows(m, g), n)
             col_alloc = torch.zeros  # rows between groups stay 0
             dbias_shape = (g, n)
-            group_offsets = group_offsets.clone()  # (the caller may reuse its tensor)
 
         def data():
             if npad == n:
@@ -118,11 +128,19 @@ class MXFP8Tensor:
             # rows of npad bytes, their first n viewed as the data's shape (leading dimensions split from the rows)
             return data_alloc((m, npad), dtype=fp8, device=device)[:, :n].view(shape)
 
+        if spec.format == "fp8_block":  # fp32 scales (mxq/formats/fp8_block_layouts.py)
+            g = None if group_offsets is None else group_offsets.numel()
+            row_scale, col_scale = fp8_block_layouts.scales(spec, m, n, device, zeroed, g)
+            col_data = fp8_block_layouts.colwise_data(spec, m, n, device, zeroed)
+        else:
+            row_scale = scale_alloc(row_shape, dtype=torch.uint8, device=device) if spec.rowwise else None
+            col_scale = col_alloc(col_shape, dtype=torch.uint8, device=device) if spec.colwise else None
+            col_data = None
         return MXFP8Tensor(
             rowwise_data=data() if spec.rowwise else None,
-            colwise_data=data() if spec.colwise else None,
-            rowwise_scale=scale_alloc(row_shape, dtype=torch.uint8, device=device) if spec.rowwise else None,
-            colwise_scale=col_alloc(col_shape, dtype=torch.uint8, device=device) if spec.colwise else None,
+            colwise_data=(data() if col_data is None else col_data) if spec.colwise else None,
+            rowwise_scale=row_scale,
+            colwise_scale=col_scale,
             amax=torch.zeros((), dtype=torch.float32, device=device) if spec.amax else None,
             dbias=torch.zeros(dbias_shape, dtype=dtype, device=device) if spec.dbias else None,
             fp8=spec.fp8,
@@ -130,11 +148,16 @@ class MXFP8Tensor:
             shape=shape,
             group_offsets=group_offsets,
             scale_mode=spec.scale_mode,
+            format=spec.format,
+            block=spec.block,
         )
 
     def compact_scale(self, direction: str = "rowwise") -> torch.Tensor:
-        """The scale bytes in compact layout ([M, ceil(N/32)] rowwise, [ceil(M/32), N] colwise).
-        A grouped tensor's colwise scales are per group: ``group(g).compact_scale(...)``."""
+        """The scale bytes in compact layout ([M, ceil(N/32)] rowwise, [ceil(M/32), N] colwise;
+        fp8_block: its fp32 scales over [M, N], docs/NUMERICS.md). A grouped tensor's colwise
+        scales are per group: ``group(g).compact_scale(...)``."""
+        if self.format == "fp8_block":
+            return self._block_scale(direction)
         m, n = flat_dims(self.shape)
         if self.group_offsets is not None and (direction == "colwise" or self.scale_layout != "compact"):
             if direction == "rowwise":
@@ -149,7 +172,8 @@ class MXFP8Tensor:
         raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
 
     def dequantize(self, direction: str | None = None) -> torch.Tensor:
-        """Decode to float32 of the original shape: data * 2^(scale-127); scale 255 gives NaN.
+        """Decode to float32 of the original shape: data * 2^(scale-127); scale 255 gives NaN
+        (fp8_block: data times its block's fp32 scale, one fp32 rounding).
         ``direction``: "rowwise" or "colwise"; None takes rowwise data where there is some,
         else colwise."""
         if direction is None:
@@ -157,10 +181,17 @@ class MXFP8Tensor:
         if direction not in ("rowwise", "colwise"):
             raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         m, n = flat_dims(self.shape)
-        if self.group_offsets is not None and (self.scale_layout != "compact" or direction == "colwise"):
+        per_group = self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
+        if self.group_offsets is not None and per_group:
             parts = [self.group(g).dequantize(direction).reshape(-1, n)
                      for g in range(len(groups.bounds(self.group_offsets)))]
             return torch.cat(parts).reshape(self.shape)
+        if self.format == "fp8_block":
+            data = self._need(f"{direction}_data")
+            if direction == "colwise" and self.scale_layout == "gemm":  # the transposed copy [N, M]
+                data = data.t()
+            block = self.block if direction == "rowwise" else fp8_block_layouts.colwise_block(self.block)
+            return fp8_block.dequantize(data.reshape(m, n), self.compact_scale(direction), block).reshape(self.shape)
         data = self._need(f"{direction}_data").reshape(m, n).to(torch.float32)
         scale = e8m0_to_scale(self.compact_scale(direction))
         if direction == "rowwise":
@@ -188,7 +219,13 @@ class MXFP8Tensor:
         mg, nb = end - start, layouts.cdiv(end - start, BLOCK)
         rows = lambda t: t.reshape(m, n)[start:end] if t is not None else None  # noqa: E731
         row_scale = col_scale = None
-        if self.scale_layout == "compact":
+        if self.format == "fp8_block":  # (compact: grouped calls refuse the gemm layout)
+            first, nb = fp8_block_layouts.first_block_row(g, start), layouts.cdiv(mg, fp8_block.BLOCK)
+            if self.rowwise_scale is not None:
+                row_scale = self.rowwise_scale[first:first + nb] if self.block[0] > 1 else self.rowwise_scale[start:end]
+            if self.colwise_scale is not None:
+                col_scale = self.colwise_scale[first:first + nb]
+        elif self.scale_layout == "compact":
             if self.rowwise_scale is not None:
                 row_scale = self.rowwise_scale[start:end]
             if self.colwise_scale is not None:
@@ -206,7 +243,17 @@ class MXFP8Tensor:
                 col_scale = layouts.compact_colwise(region, mg, n, "swizzled")
         return MXFP8Tensor(rows(self.rowwise_data), rows(self.colwise_data), row_scale, col_scale, None,
                            self.dbias[g] if self.dbias is not None else None, self.fp8, "compact",
-                           torch.Size((mg, n)), scale_mode=self.scale_mode)
+                           torch.Size((mg, n)), scale_mode=self.scale_mode, format=self.format, block=self.block)
+
+    def _block_scale(self, direction: str) -> torch.Tensor:
+        """compact_scale of an fp8_block tensor: its fp32 scale grid over [M, N] (a view)."""
+        if direction not in ("rowwise", "colwise"):
+            raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
+        if self.group_offsets is not None and (direction == "colwise" or self.block[0] > 1):
+            raise ValueError(f"mxq: a grouped tensor's {direction} scales are per group: use "
+                             "group(g).compact_scale()")
+        scale = self._need(f"{direction}_scale")
+        return scale.t() if direction == "colwise" and self.scale_layout == "gemm" else scale
 
     def _need(self, name: str) -> torch.Tensor:
         t = getattr(self, name)
@@ -217,7 +264,8 @@ class MXFP8Tensor:
 
     def __repr__(self) -> str:
         have = [k for k in ("rowwise_data", "colwise_data", "amax", "dbias") if getattr(self, k) is not None]
-        return (f"MXFP8Tensor(shape={tuple(self.shape)}, fp8={self.fp8!r}, scale_layout="
+        fmt = "" if self.format == "mxfp8" else f"format={self.format!r}, block={self.block!r}, "
+        return (f"MXFP8Tensor(shape={tuple(self.shape)}, {fmt}fp8={self.fp8!r}, scale_layout="
                 f"{self.scale_layout!r}, has={have})")
 
 

@@ -511,7 +511,7 @@ def _class_rate(name: str, direction: str, dtype):
         return f if d is None else d * f
 
     want = ir_round(value(mxq.frontend.ir.evaluate(ep.expr, [x], [])), dtype)
-    fmt = QuantSpec().format
+    fmt = QuantSpec().element
     ref, _ = quantize_blocks(want, fmt, "rceil")
 
     def differing(grid):

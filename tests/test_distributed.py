@@ -113,13 +113,20 @@ else:
     raise AssertionError("an uneven 3-D row split was accepted")
 from mxq import distributed as mxd
 for bad_t, words in ((mxq.quantize(torch.randn(64)), "2 to 8 dimensions"),
-                     (mxq.quantize(torch.randn(64, 32), colwise=True, group_offsets=torch.tensor([64])), "grouped")):
+                     (mxq.quantize(torch.randn(64, 32), colwise=True, group_offsets=torch.tensor([64])), "grouped"),
+                     (mxq.quantize(torch.randn(64, 32), format="fp8_block"), "fp8_block")):
     try:
         mxd.all_gather(bad_t)
     except ValueError as exc:
         assert words in str(exc), exc
     else:
         raise AssertionError(words)
+try:  # FP8 block scaling's shards would have to be cut on whole 128-element blocks: not yet
+    mxq.quantize(distribute_tensor(x, mesh, [Replicate()]), format="fp8_block")
+except ValueError as exc:
+    assert "format='fp8_block'" in str(exc), exc
+else:
+    raise AssertionError("a DTensor fp8_block call was accepted")
 # row groups (group_offsets) with column splits and replicas: every rank holds every row
 offs = torch.tensor([20, 64, 128])
 for placement in (Shard(-1), Replicate()):

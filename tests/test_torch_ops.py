@@ -227,3 +227,24 @@ def test_compiled_gated_op_refuses_a_bad_input_with_mxqs_message():
     torch._dynamo.reset()
     with pytest.raises(Exception, match=words):
         torch.compile(lambda x: swiglu(x), backend="aot_eager", fullgraph=True)(odd)
+
+
+@pytest.mark.parametrize("layout", ["compact", "gemm"])
+@pytest.mark.parametrize("block", [(1, 128), (128, 128)])
+def test_fp8_block_through_the_operator(layout, block):
+    """FP8 block scaling under torch.compile: opcheck (the gemm layout's strided scale views in the
+    fakes as in the real outputs), one graph, the eager bytes and the format carried through."""
+    x = torch.randn(40, 256, dtype=torch.bfloat16)
+    i = mxq.op._quantize_op_id("e4m3", True, True, None, layout, True, "fp8_block", block)
+    torch.library.opcheck(torch.ops.mxq.fused_quant.default, ([x], [], None, None, None, i))
+    opts = dict(format="fp8_block", block=block, colwise=True, scale_layout=layout)
+    # (aot_eager: inductor's on-disk graph cache keys graphs by the op id constant, which another
+    # process may have given another op; a reset: a recompile of the same lambda for another block
+    # would make the block's ints dynamic, which the op id's constant function cannot take)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: mxq.quantize(t, **opts), fullgraph=True, backend="aot_eager")(x)
+    want = mxq.quantize(x, **opts)
+    assert (got.format, got.block) == ("fp8_block", block)
+    for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+        g, w = getattr(got, f), getattr(want, f)
+        assert g.stride() == w.stride() and torch.equal(g.float(), w.float())

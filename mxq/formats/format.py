@@ -10,10 +10,13 @@ A format is four choices:
 
 MXFP8 is ``Format.mxfp8(fp8, scale_mode, layout)``: 1x32 blocks, e4m3 or e5m2 elements, E8M0
 scales picked by one of the four rules of docs/NUMERICS.md. The formats the kernels will learn
-next are further instances of the same value, not new kernel branches: FP8 block scaling (1x128
-and 128x128 blocks, fp32 scales), NVFP4 (1x16 blocks, e2m1 elements two per byte, E4M3 scales
-and an fp32 per-tensor scale, ``global_scale``) and MXFP4 (1x32, e2m1, E8M0). Their encodings
-enter ENCODINGS and SCALES with the kernels that implement them.
+next are further instances of the same value, not new kernel branches. FP8 block scaling is
+``Format.fp8_block(fp8, block, scale_mode, layout)``: 1x128 or 128x128 blocks, fp32 scales picked
+by TransformerEngine's rule (``pow2`` or ``fp32``, docs/NUMERICS.md "FP8 block scaling"), the
+compact or GEMM-ready (``gemm``) layout; the torch reference serves it until its kernels land.
+NVFP4 (1x16 blocks, e2m1 elements two per byte, E4M3 scales and an fp32 per-tensor scale,
+``global_scale``) and MXFP4 (1x32, e2m1, E8M0) enter ENCODINGS and SCALES with the kernels that
+implement them.
 
 Nothing here imports cutlass or torch: the config, codegen and tests build and compare formats
 as plain values; the kernels read them through ``cutlass.const_expr``.
@@ -45,11 +48,14 @@ ENCODINGS = {
 # scale encodings, by name, and the rules each one admits
 SCALES = {
     "e8m0": Encoding(8, 2.0 ** 127),
+    "fp32": Encoding(32, 3.4028234663852886e38),
 }
 RULES = {
     "e8m0": ("rceil", "floor", "ceil", "even"),
+    "fp32": ("pow2", "fp32"),
 }
-LAYOUTS = ("compact", "swizzled")
+LAYOUTS = ("compact", "swizzled", "gemm")
+FP8_BLOCKS = ((1, 128), (128, 128))  # the blocks FP8 block scaling takes (activations, weights)
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,14 @@ class Format:
         """MXFP8 (OCP MX v1.0): 1x32 blocks of ``fp8`` elements, E8M0 scales by ``scale_mode``."""
         return cls(block=(1, 32), element=fp8, scale="e8m0", rule=scale_mode, layout=layout)
 
+    @classmethod
+    def fp8_block(cls, fp8: str, block: tuple, scale_mode: str, layout: str) -> "Format":
+        """FP8 block scaling (TransformerEngine's Float8BlockScaling, DeepSeek-V3): ``block`` 1x128
+        or 128x128 of ``fp8`` elements, one fp32 dequantization scale each, by ``scale_mode``."""
+        if block not in FP8_BLOCKS:
+            raise ValueError(f"mxq: Format.block of fp8_block must be one of {FP8_BLOCKS}, got {block!r}")
+        return cls(block=block, element=fp8, scale="fp32", rule=scale_mode, layout=layout)
+
     @property
     def col_block(self) -> tuple:
         """The colwise block: the rowwise one transposed (32x1 for MX)."""
@@ -101,4 +115,4 @@ class Format:
         return self.layout == "swizzled"
 
 
-__all__ = ["ENCODINGS", "Encoding", "Format", "LAYOUTS", "RULES", "SCALES"]
+__all__ = ["ENCODINGS", "Encoding", "FP8_BLOCKS", "Format", "LAYOUTS", "RULES", "SCALES"]

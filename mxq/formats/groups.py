@@ -20,9 +20,10 @@ BLOCK = 32
 MAX_GROUPS = 65535  # the grouped dbias reduction's grid y (one CTA row per group)
 
 
-def grouped_colwise_rows(m: int, groups: int) -> int:
-    """Rows of the compact grouped colwise scale buffer."""
-    return m // BLOCK + groups
+def grouped_colwise_rows(m: int, groups: int, block: int = BLOCK) -> int:
+    """Rows of the compact grouped colwise scale buffer (of ``block``-row blocks: 128 for FP8
+    block scaling, mxq/formats/fp8_block_layouts.py)."""
+    return m // block + groups
 
 
 def workspace_rows(m: int, groups: int | None = None) -> int:
@@ -92,9 +93,10 @@ def bounds(offsets) -> list[tuple[int, int]]:
     return list(zip([0] + ends[:-1], ends))
 
 
-def first_block_row(g: int, start: int) -> int:
-    """The row of group g's first colwise block in the compact grouped scale buffer."""
-    return start // BLOCK + g
+def first_block_row(g: int, start: int, block: int = BLOCK) -> int:
+    """The row of group g's first colwise block in the compact grouped scale buffer (of
+    ``block``-row blocks)."""
+    return start // block + g
 
 
 __all__ = ["BLOCK", "bounds", "check", "first_block_row", "grouped_colwise_rows", "swizzled_colwise_rows",

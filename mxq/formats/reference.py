@@ -15,12 +15,12 @@ from __future__ import annotations
 import torch
 
 from ..frontend import activations, gated, ir
-from . import groups, layouts
+from . import fp8_block, fp8_block_layouts, groups, layouts
 from ..runtime import operands
 from ..frontend.epilogue import Epilogue
 from .numerics import quantize_blocks
 from ..frontend.spec import QuantSpec
-from ..tensor import MXFP8Tensor, flat_dims
+from ..tensor import MXFP8Tensor, data_rows, flat_dims
 
 
 def epilogue_value(spec: QuantSpec, epilogue: Epilogue, tensors, scalars, act_input) -> torch.Tensor:
@@ -74,7 +74,10 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
         v = v.to(x.dtype).to(torch.float32)
     if spec.amax:
         out.amax.copy_(v.abs().amax() if v.numel() else torch.zeros((), device=v.device))
-    fmt = spec.format
+    if spec.format == "fp8_block":
+        write_fp8_block(spec, v, out, bnds, x.dtype)
+        return out
+    fmt = spec.element
     swizzled_groups = bnds is not None and spec.scale_layout == "swizzled"
     if swizzled_groups:
         row_starts, col_starts = groups.swizzled_starts(bnds)
@@ -106,3 +109,39 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
                 first = groups.first_block_row(g, start)
                 out.colwise_scale[first:first + s_t.shape[1]].copy_(s_t.t())
     return out
+
+
+def write_fp8_block(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, bnds, input_dtype: torch.dtype) -> None:
+    """Steps 6- of FP8 block scaling (docs/NUMERICS.md) on the [M, N] values ``v``, into ``out``
+    (mxq/formats/fp8_block.py; the layouts of mxq/formats/fp8_block_layouts.py). With groups
+    (``bnds``; compact layout) blocks that span rows restart at each group, whose block rows start
+    at fp8_block_layouts.first_block_row; 1x128 rowwise blocks lie within a row and ignore them."""
+    m, n = v.shape
+
+    def quant(start, end, block):
+        return fp8_block.quantize(v[start:end], spec.fp8, block, spec.scale_mode, input_dtype)
+
+    if bnds is not None:  # the rows between groups' blocks are 0 (a reused out= too)
+        for buf in (out.rowwise_scale if spec.block[0] > 1 else None, out.colwise_scale):
+            if buf is not None:
+                buf.zero_()
+    if spec.rowwise and spec.block[0] == 1:
+        data, s = quant(0, m, spec.block)
+        data_rows(out.rowwise_data, m, n).copy_(data)
+        out.rowwise_scale.copy_(s)
+    for g, (start, end) in enumerate([(0, m)] if bnds is None else bnds):
+        if end == start:
+            continue
+        first = 0 if bnds is None else fp8_block_layouts.first_block_row(g, start)
+        if spec.rowwise and spec.block[0] > 1:
+            data, s = quant(start, end, spec.block)
+            data_rows(out.rowwise_data, m, n)[start:end].copy_(data)
+            out.rowwise_scale[first:first + s.shape[0]].copy_(s)
+        if spec.colwise:
+            data, s = quant(start, end, fp8_block_layouts.colwise_block(spec.block))
+            if spec.scale_layout == "gemm":  # the transposed copy [N, M] and its scales (never grouped)
+                out.colwise_data.copy_(data.t())
+                out.colwise_scale.copy_(s.t())
+            else:
+                data_rows(out.colwise_data, m, n)[start:end].copy_(data)
+                out.colwise_scale[first:first + s.shape[0]].copy_(s)

@@ -19,7 +19,6 @@ import jinja2
 from . import activations, gated, ir
 from ..runtime import slots
 from .epilogue import Epilogue
-from ..formats.format import Format
 from ..kernels.config import HALF_TANH_K, KernelConfig, Tuning
 from .spec import QuantSpec
 
@@ -363,9 +362,13 @@ def contract_fma(records: list[dict]) -> list[dict]:
 
 def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> KernelConfig:
     """The KernelConfig of one op (rendered into its module); ``tuning``: a benchmark's switches
-    (one equal to the library's choice, ``Tuning()``, is the library's config)."""
+    (one equal to the library's choice, ``Tuning()``, is the library's config). The kernels
+    serve MXFP8 only: another format is a NotImplementedError (its calls run the reference)."""
+    if spec.format != "mxfp8":
+        raise NotImplementedError(f"mxq: format={spec.format!r} has no GPU kernels yet (no module to render or "
+                                  "compile); its calls run the torch reference")
     return KernelConfig(
-        fmt=Format.mxfp8(spec.fp8, spec.scale_mode, spec.scale_layout), rowwise=spec.rowwise,
+        fmt=spec.block_format, rowwise=spec.rowwise,
         colwise=spec.colwise, amax=spec.amax, dbias=spec.dbias,
         n_inputs=len(epilogue.tensor_params), n_scalars=gated.launch_scalars(epilogue),
         identity=epilogue.is_identity, has_act=spec.act is not None, has_dact=spec.dact is not None,

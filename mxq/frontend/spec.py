@@ -8,10 +8,12 @@ names the option that is wrong.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
+from ..formats import fp8_block
+from ..formats.format import FP8_BLOCKS, Format
 from ..formats.layouts import LAYOUTS
 from ..formats.numerics import FORMATS, SCALE_MODES
 
@@ -20,6 +22,11 @@ ACTIVATIONS = ("gelu", "silu", "relu", "qgelu", "srelu")
 GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu", "qgeglu": "qgelu", "sreglu": "srelu"}
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPE_NAMES = tuple(DTYPES.values())
+# the formats an op quantizes to: their scale modes (the first is the default), scale layouts and blocks
+FORMAT_NAMES = ("mxfp8", "fp8_block")
+_MODES = {"mxfp8": SCALE_MODES, "fp8_block": fp8_block.SCALE_MODES}
+_LAYOUTS = {"mxfp8": LAYOUTS, "fp8_block": fp8_block.LAYOUTS}
+_BLOCKS = {"mxfp8": ((1, 32),), "fp8_block": FP8_BLOCKS}
 
 # 32-bit key layout (documented again in mxq/include/mxq/mxq.hpp for C++ callers):
 #   bit 0      fp8            0 = e4m3, 1 = e5m2
@@ -33,7 +40,10 @@ DTYPE_NAMES = tuple(DTYPES.values())
 #   bit 13     dbias
 #   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16
 #   bit 16     gated          act / dact is the gated form of its code (swiglu = gated silu, ...)
-#   bits 17-31 zero (reserved)
+#   bit 17     format         0 mxfp8, 1 fp8_block (then bits 3-4: scale_mode 0 pow2, 1 fp32;
+#                             bit 5: scale_layout 0 compact, 1 gemm)
+#   bit 18     block          fp8_block: 0 = 1x128, 1 = 128x128
+#   bits 19-31 zero (reserved)
 _ACT_CODES = (None,) + ACTIVATIONS
 
 
@@ -59,22 +69,42 @@ def _check_bool(name: str, value) -> None:
         raise TypeError(f"mxq: {name} must be a bool, got {type(value).__name__}")
 
 
-@dataclass(frozen=True)
+def _block(value):
+    """``block=`` as a tuple (a list is accepted), or the value itself when it is not a pair."""
+    if isinstance(value, list):
+        value = tuple(value)
+    return value
+
+
+@dataclass(frozen=True, repr=False)
 class QuantSpec:
+    """``scale_mode`` and ``block`` left None take the format's defaults (mxfp8: "rceil", 1x32;
+    fp8_block: "pow2", 1x128), so equal options give equal specs."""
+
     fp8: str = "e4m3"
     rowwise: bool = True
     colwise: bool = False
-    scale_mode: str = "rceil"
+    scale_mode: str | None = None
     scale_layout: str = "compact"
     amax: bool = False
     act: str | None = None
     dact: str | None = None
     dbias: bool = False
+    format: str = "mxfp8"
+    block: tuple | None = None
 
     def __post_init__(self) -> None:
+        _check_choice("format", self.format, FORMAT_NAMES)
         _check_choice("fp8", self.fp8, FORMATS)
-        _check_choice("scale_mode", self.scale_mode, SCALE_MODES)
-        _check_choice("scale_layout", self.scale_layout, LAYOUTS)
+        if self.scale_mode is None:
+            object.__setattr__(self, "scale_mode", _MODES[self.format][0])
+        _check_choice("scale_mode", self.scale_mode, _MODES[self.format])
+        _check_choice("scale_layout", self.scale_layout, _LAYOUTS[self.format])
+        object.__setattr__(self, "block", _BLOCKS[self.format][0] if self.block is None else _block(self.block))
+        if not (isinstance(self.block, tuple) and all(type(b) is int for b in self.block)) or \
+                self.block not in _BLOCKS[self.format]:
+            raise ValueError(f"mxq: block must be one of {_BLOCKS[self.format]} with format={self.format!r}, got "
+                             f"{self.block!r}")
         _check_choice("act", self.act, _ACT_CODES + tuple(GATED_ACTIVATIONS))
         _check_choice("dact", self.dact, _ACT_CODES + tuple(GATED_ACTIVATIONS))
         for name in ("rowwise", "colwise", "amax", "dbias"):
@@ -84,9 +114,23 @@ class QuantSpec:
         if not (self.rowwise or self.colwise):
             raise ValueError("mxq: at least one of rowwise and colwise must be True")
 
+    def __repr__(self) -> str:
+        # (an mxfp8 spec reads as it did before formats were options: its rendered modules, which
+        # quote it, keep their bytes)
+        shown = [f for f in fields(self) if self.format != "mxfp8" or f.name not in ("format", "block")]
+        return f"QuantSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
+
     @property
-    def format(self):
+    def element(self):
+        """The FP8 element format's constants (numerics.FP8Format)."""
         return FORMATS[self.fp8]
+
+    @property
+    def block_format(self) -> Format:
+        """The Format value (mxq/formats/format.py) of this spec's blocks, encodings and layout."""
+        if self.format == "fp8_block":
+            return Format.fp8_block(self.fp8, self.block, self.scale_mode, self.scale_layout)
+        return Format.mxfp8(self.fp8, self.scale_mode, self.scale_layout)
 
     def key(self, dtype: str) -> int:
         """The 32-bit key of this spec for input dtype ``dtype`` ("fp32", "fp16", "bf16")."""
@@ -95,14 +139,16 @@ class QuantSpec:
             (self.fp8 == "e5m2")
             | self.rowwise << 1
             | self.colwise << 2
-            | SCALE_MODES.index(self.scale_mode) << 3
-            | (self.scale_layout == "swizzled") << 5
+            | _MODES[self.format].index(self.scale_mode) << 3
+            | (self.scale_layout != "compact") << 5
             | self.amax << 6
             | _ACT_CODES.index(_base(self.act)) << 7
             | _ACT_CODES.index(_base(self.dact)) << 10
             | self.dbias << 13
             | DTYPE_NAMES.index(dtype) << 14
             | self.gated << 16
+            | (self.format == "fp8_block") << 17
+            | (self.block == (128, 128)) << 18
         )
 
     @property
@@ -113,9 +159,13 @@ class QuantSpec:
     @staticmethod
     def from_key(key: int) -> tuple["QuantSpec", str]:
         """Inverse of ``key``: (spec, dtype name). Raises ValueError on a malformed key."""
-        if not isinstance(key, int) or key < 0 or key >> 17:
-            raise ValueError(f"mxq: key must be a 17-bit non-negative int, got {key!r}")
+        if not isinstance(key, int) or key < 0 or key >> 19:
+            raise ValueError(f"mxq: key must be a 19-bit non-negative int, got {key!r}")
         act, dact, dtype = (key >> 7) & 7, (key >> 10) & 7, (key >> 14) & 3
+        fmt = FORMAT_NAMES[key >> 17 & 1]
+        modes = _MODES[fmt]
+        if (key >> 3) & 3 >= len(modes) or (fmt == "mxfp8" and key >> 18 & 1):
+            raise ValueError(f"mxq: key {key:#x} has an unknown scale_mode or block code for format {fmt!r}")
         if act >= len(_ACT_CODES) or dact >= len(_ACT_CODES) or dtype >= len(DTYPE_NAMES):
             raise ValueError(f"mxq: key {key:#x} has an unknown act, dact or dtype code")
         if key >> 16 & 1 and not (act or dact):
@@ -124,18 +174,21 @@ class QuantSpec:
             fp8="e5m2" if key & 1 else "e4m3",
             rowwise=bool(key >> 1 & 1),
             colwise=bool(key >> 2 & 1),
-            scale_mode=SCALE_MODES[(key >> 3) & 3],
-            scale_layout="swizzled" if key >> 5 & 1 else "compact",
+            scale_mode=modes[(key >> 3) & 3],
+            scale_layout=_LAYOUTS[fmt][key >> 5 & 1],
             amax=bool(key >> 6 & 1),
             act=_gated(_ACT_CODES[act], key >> 16 & 1),
             dact=_gated(_ACT_CODES[dact], key >> 16 & 1),
             dbias=bool(key >> 13 & 1),
+            format=fmt,
+            block=_BLOCKS[fmt][key >> 18 & 1],
         )
         return spec, DTYPE_NAMES[dtype]
 
     def name(self, dtype: str) -> str:
         """A readable, unique identifier (used for registry names and cache files)."""
-        parts = [self.fp8, dtype, "r" if self.rowwise else "", "c" if self.colwise else "",
+        block = "b%dx%d" % self.block if self.format == "fp8_block" else ""
+        parts = [block, self.fp8, dtype, "r" if self.rowwise else "", "c" if self.colwise else "",
                  self.scale_mode, self.scale_layout]
         if self.act:
             parts.append(self.act)

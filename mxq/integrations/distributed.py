@@ -107,6 +107,9 @@ def call(op, call) -> MXFP8Tensor:
             raise TypeError("mxq: argument 'group_offsets' is a DTensor but the inputs are plain tensors: pass it "
                             "as a plain tensor")
         raise TypeError("mxq: with DTensor operands, the first tensor input must be a DTensor too")
+    if op.spec.format != "mxfp8":  # (its shards would have to be cut on whole 128-element blocks)
+        raise ValueError(f"mxq: DTensor inputs of format={op.spec.format!r} are not supported yet; pass the local "
+                         "shard (.to_local()) or the full tensor")
     if out is not None:
         raise ValueError("mxq: out= is not supported with DTensor inputs")
     mesh, kind, dim = _placement(x, op.epilogue.tensor_params[0])
@@ -188,6 +191,7 @@ _CHECKS = (
     f"a tensor of 2 to {_MAX_DIMS} dimensions (all_gather concatenates rows)",
     "an ungrouped tensor (a grouped tensor's scale buffers are per group)",
     "a multiple of 32 rows per rank when it has colwise blocks",
+    "MXFP8 (all_gather of format='fp8_block' is not written yet)",
 )
 _FP8_CODES = {"e4m3": 1, "e5m2": 2}
 _MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4}
@@ -206,6 +210,8 @@ def _local_verdict(t) -> int:
         return 4
     if t.colwise_data is not None and flat_dims(t.shape)[0] % 32:
         return 5
+    if t.format != "mxfp8":
+        return 6
     return 0
 
 

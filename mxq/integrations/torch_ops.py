@@ -81,7 +81,8 @@ def fused_quant_out(tensors: list[torch.Tensor], scalars: list[float], act_input
     fields = {f: (next(it) if slots.uses(fused.spec, f) else None) for f in slots.OUTPUTS}
     out = MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                       fields["colwise_scale"], fields["amax"], fields["dbias"], fused.spec.fp8,
-                      fused.spec.scale_layout, x.shape, group_offsets, fused.spec.scale_mode)
+                      fused.spec.scale_layout, x.shape, group_offsets, fused.spec.scale_mode, fused.spec.format,
+                      fused.spec.block)
     fused._eager(Call(tensors, scalars, act_input, noop, out, group_offsets))
 
 
@@ -139,20 +140,21 @@ def call(i: int, call: Call):
     return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                        fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
                        shape, None if group_offsets is None else group_offsets.clone(),  # (a copy, as eager keeps)
-                       spec.scale_mode)
+                       spec.scale_mode, spec.format, spec.block)
 
 
 _FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "group_offsets")
 
 
 def _flatten(t: MXFP8Tensor):
-    return [getattr(t, f) for f in _FIELDS], (t.fp8, t.scale_layout, tuple(t.shape), t.scale_mode)
+    return [getattr(t, f) for f in _FIELDS], (t.fp8, t.scale_layout, tuple(t.shape), t.scale_mode, t.format,
+                                                t.block)
 
 
 def _unflatten(children, context):
-    fp8, layout, shape, mode = context
+    fp8, layout, shape, mode, fmt, block = context
     *fields, offsets = children
-    return MXFP8Tensor(*fields, fp8, layout, torch.Size(shape), offsets, mode)
+    return MXFP8Tensor(*fields, fp8, layout, torch.Size(shape), offsets, mode, fmt, block)
 
 
 pytree.register_pytree_node(MXFP8Tensor, _flatten, _unflatten,

@@ -71,7 +71,7 @@ def _python_callback(op):
     op's whole destination-passing function (python_dispatcher)."""
     spec, epi = op.spec, op.epilogue
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
-    fp8 = spec.format.torch_dtype
+    fp8 = spec.element.torch_dtype
 
     import tvm_ffi
 

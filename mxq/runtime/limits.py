@@ -26,7 +26,10 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall) -> str | None:
     """Why the kernels cannot serve an op's call on CUDA tensor ``x``, or None. A 16-bit op whose
     inputs do not fit the packed kernel's shared memory (many epilogue tensors; ``smem_shortfall()``,
     the op's own smem_shortfall). A two-halves op (mxq/frontend/gated.py): rowwise blocks of the
-    [M, 2N] output must not straddle the halves (each half is its own CTAs)."""
+    [M, 2N] output must not straddle the halves (each half is its own CTAs). FP8 block scaling has
+    no kernels yet (mxq/formats/fp8_block.py: the reference serves it)."""
+    if spec.format != "mxfp8":
+        return f"format={spec.format!r} has no GPU kernels yet; running the torch reference"
     too_big = smem_shortfall() if x.element_size() == 2 else None
     if too_big:
         return f"{too_big}; running the torch reference"
@@ -64,7 +67,10 @@ def smem_shortfall(epilogue, need: int) -> str | None:
 
 def refuse_cpp(what: str, spec, epilogue, smem_shortfall, dtype: str | None = None) -> None:
     """Ops a C++ route cannot serve, refused before anything is built: a gated op's inner op (the
-    gated op serves them itself), and refuse_unlaunchable's."""
+    gated op serves them itself), an FP8 block-scaling op (no kernels yet), and refuse_unlaunchable's."""
+    if spec.format != "mxfp8":
+        raise ValueError(f"mxq: {what}: format={spec.format!r} has no GPU kernels yet, so no C++ route serves it; "
+                         "call the op from Python (which runs the torch reference)")
     if spec.gated or gated.is_halves(epilogue):
         raise ValueError(f"mxq: {what}: the inner op of a gated activation is not served by this C++ route; "
                          "use the gated op's own register(), dispatcher() or export(), or call it from Python "

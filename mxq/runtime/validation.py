@@ -104,6 +104,9 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
         if prepare and (group_offsets.dtype != torch.int32 or not group_offsets.is_contiguous()):
             raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
                              f"tensor (an int64 one would be converted once, at bind time); got {group_offsets.dtype}")
+        if spec.scale_layout == "gemm":
+            raise ValueError("mxq: argument 'group_offsets' does not go with scale_layout='gemm' (grouped FP8 block "
+                             "scaling is laid out compact; docs/NUMERICS.md)")
     if out is not None:
         check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape))
         check_out_apart(epilogue, call)
@@ -184,11 +187,12 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
                 raise ValueError(f"mxq: argument 'out.{field}' must be contiguous or rows of unit stride at least "
                                  f"{n} elements apart (MXFP8Tensor.empty(..., row_align=16)), got strides "
                                  f"{tuple(g.stride())}")
-        elif not g.is_contiguous():
+        elif not g.is_contiguous() and g.stride() != w.stride():  # (GEMM-ready fp32 scales are views)
             raise ValueError(f"mxq: argument 'out.{field}' must be contiguous")
-    if out.fp8 != spec.fp8 or out.scale_layout != spec.scale_layout:
-        raise ValueError(f"mxq: argument 'out' is {out.fp8}/{out.scale_layout} but the op writes "
-                         f"{spec.fp8}/{spec.scale_layout}")
+    if out.fp8 != spec.fp8 or out.scale_layout != spec.scale_layout or (out.format, out.block) != (spec.format,
+                                                                                                  spec.block):
+        raise ValueError(f"mxq: argument 'out' is {out.format} {out.block} {out.fp8}/{out.scale_layout} but the op "
+                         f"writes {spec.format} {spec.block} {spec.fp8}/{spec.scale_layout}")
 
 
 _warned: set = set()

@@ -31,7 +31,9 @@
 //   bit 13     dbias
 //   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16 (informational: one function serves all)
 //   bit 16     gated          act/dact is the gated form (swiglu, ...): refused by the C++ routes
-//   bits 17-31 zero
+//   bit 17     format         fp8_block (bits 3-4 then: 0 pow2, 1 fp32; bit 5: gemm layout): refused by the C++ routes
+//   bit 18     block          fp8_block 128x128 (else 1x128)
+//   bits 19-31 zero
 #ifndef MXQ_MXQ_HPP_
 #define MXQ_MXQ_HPP_
 
