@@ -1,4 +1,4 @@
-"""Gated activations on the GPU (issue: epilogues v2): SwiGLU forward and backward + dbias, rowwise +
+"""Gated activations on the GPU: SwiGLU forward and backward + dbias, rowwise +
 colwise, bf16, against a device copy of the same bytes, each checked against the reference first.
 
     python bench/gated.py [--out DIR]
