@@ -156,7 +156,7 @@ def check_case(variant, epi_name, dtype_name, shape, seed):
 
 BENCH_SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]  # the issue's timed shapes
 # N % 8 != 0 (``--odd``): the packed kernel's unaligned rows (16-bit), the generic kernel (fp32)
-ODD_SHAPES = [(8192, 8190), (4096, 14335), (8191, 8191)]  # issue 18's shapes with N % 8 != 0
+ODD_SHAPES = [(8192, 8190), (4096, 14335), (8191, 8191)]  # shapes with N % 8 != 0 (docs/performance.md)
 HOLD_CYCLES = 2_000_000  # ~1 ms at 1.98 GHz: longer than any timed call takes the host to issue
 
 
@@ -166,7 +166,7 @@ def time_ms(fn, iters=50, warmup=5, hold=True):
     hold=True (the method of every table): a spin kernel queued before the start
     event keeps the GPU busy while the host issues the start event, fn's launches and the end
     event, so the interval is the GPU's time for fn alone (launch processing included, as
-    triton's do_bench gets by queueing its cache flush first). hold=False is the method before:
+    triton's do_bench gets by queueing its cache flush first). hold=False:
     the start event fires on an idle GPU as soon as the host records it, so the interval also
     holds the host's time to issue fn (5-6 us for an mxq launch, more for Triton and
     torch.compile); it is kept in each row as ms_idle_start."""

@@ -1,4 +1,4 @@
-"""Grouped quantize on the GPU (issue: grouped quantize for mixture-of-experts training).
+"""Grouped quantize on the GPU (row groups, as mixture-of-experts training uses).
 
     python bench/grouped.py [--out DIR]
 

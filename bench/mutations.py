@@ -2,7 +2,7 @@
 
     python bench/mutations.py [--only NAME] [--keep]
 
-Each mutation is a one-line change of a kind the CPU suite must catch (a bug class seen before,
+Each mutation is a one-line change of a kind the CPU suite must catch (a known bug class,
 or one the design says a test must catch). For each, the tracked files are copied to a
 temporary directory, the change is applied (the line must exist exactly once), and the CPU test
 files named for it run there with that copy first on the path; a mutation is caught when they

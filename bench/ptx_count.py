@@ -18,7 +18,7 @@ instructions, docs/performance.md "N % 8 != 0").
 
 ``--split`` compiles each op's unaligned kernel at 8 and at 4 warps (``Tuning.unaligned_warps``:
 4 and 8 rows per thread) and splits its machine instructions per thread into a part per row
-and a part per tile (``split_rows``): at 4 rows per thread the tile's part was 30-40% of a
+and a part per tile (``split_rows``): at 4 rows per thread the tile's part is 30-40% of a
 plain cast's instructions (docs/performance.md, "N % 8 != 0"). The two kernels differ
 in more than their rows (the column owners' share per thread, two row classes per thread at 4
 warps), so read the split as an estimate. The plain casts' unaligned kernels hold
