@@ -41,7 +41,8 @@ def test_operand_kinds_on_the_fast_path_match_the_reference(dtype):
             wide = planted(M, 2 * N, dtype, seed=seed + 50)
             b, bc = wide[:, :N], wide.cuda()[:, :N]  # (a view on the device too)
         else:
-            b = planted(M, N, dtype, seed=seed + 50)[tuple(slice(0, d) for d in second)].reshape(second)
+            rows = second[0] if len(second) == 2 else 1  # (a row [N] or a scalar [1]: from the first row)
+            b = planted(M, N, dtype, seed=seed + 50)[:rows, :second[-1]].reshape(second)
             bc = b.cuda()
         want = op.reference(x, b)
         got = op(x.cuda(), bc)
