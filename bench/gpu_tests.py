@@ -1,6 +1,7 @@
 """Run the GPU tests in parallel shards and write one report (for one device call).
 
     python bench/gpu_tests.py [--shards 7] [--timeout 300] [--out FILE] [-k EXPR] [PATHS...]
+    python bench/gpu_tests.py --rerun REPORT [--record FILE]
 
 Run from the repository root (node ids are relative to it). Collects the tests marked ``gpu``
 (``--marker``) under PATHS (default ``tests/``), deals them
@@ -11,6 +12,12 @@ counts, every failed or erroring test with pytest's summary line and the head of
 and the tests that did not finish. One file, because a device call returns a limited number of
 files and may lose some of several shard logs. Exits 1 if a test
 failed or errored, 2 if none failed but some did not finish.
+
+``--rerun REPORT`` runs again only the tests a whole run's report lists as failed, erroring or
+unfinished (after fixes to those tests: the kernel layer must be the one the report names on its
+second line), and with ``--record`` writes the record when they all pass: every GPU test has then
+passed on this kernel layer, most in the whole run and these in the rerun, which the record's
+summary says.
 """
 
 from __future__ import annotations
@@ -111,6 +118,29 @@ def report(shards: list[list[str]], logs: list[str], elapsed: float, max_traceba
 RECORD = Path(__file__).resolve().parent / "results" / "gpu-suite.json"
 
 
+def rerun_ids(text: str) -> list[str]:
+    """The node ids a report lists as failed, erroring or unfinished."""
+    ids, unfinished = [], False
+    for line in text.splitlines():
+        m = _SUMMARY.match(line)
+        if m:
+            ids.append(m["id"])
+        elif line.startswith("did not finish"):
+            unfinished = True
+        elif unfinished and line.startswith("  ") and "::" in line:
+            ids.append(line.strip())
+    return ids
+
+
+def rerun_summary(whole: str, rerun: str, k: int) -> str:
+    """The record's summary of a whole run's report (its first line ``whole``) completed by a rerun
+    of its ``k`` failed or unfinished tests whose report's first line is ``rerun``."""
+    total = int(whole.split(" tests", 1)[0])
+    passed = re.search(r"(\d+) passed", whole)
+    return (f"{total} tests: {passed[1] if passed else 0} passed in a whole run ({whole.split(': ', 1)[0]}), the other "
+            f"{k} (failed or unfinished there) in a rerun after fixes to them ({rerun.split(': ', 1)[1]})")
+
+
 def write_record(path: Path, text: str) -> dict:
     """The committed record of a whole GPU suite that passed (tests/test_gpu_record.py holds the
     kernel layer to it): the kernel layer's hash (the one every generated module carries), the
@@ -135,14 +165,25 @@ def main(argv=None) -> int:
     ap.add_argument("--marker", default="gpu", help="pytest -m expression (default: gpu)")
     ap.add_argument("-k", dest="kexpr", default=None)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu-tests.txt"))
+    ap.add_argument("--rerun", metavar="REPORT", help="run only the failed or unfinished tests of a whole run's report")
     ap.add_argument("--record", metavar="FILE", help="after a whole suite (default paths, marker and no -k) that "
                     f"passed, write its record there (commit it as {RECORD.relative_to(RECORD.parents[2])})")
     args = ap.parse_args(argv)
     whole = args.paths == ["tests/"] and args.marker == "gpu" and args.kexpr is None
     if args.record and not whole:
         ap.error("--record needs the whole GPU suite: no paths, -k or --marker")
+    from mxq.frontend.codegen import kernels_hash
+
+    layer = f"kernel layer {kernels_hash()}"
     t0 = time.time()
-    ids = collect(args.paths, args.marker, args.kexpr)
+    if args.rerun:
+        before = Path(args.rerun).read_text()
+        named = before.splitlines()[1:2]
+        if named != [layer]:
+            ap.error(f"--rerun: {args.rerun} names {named[0] if named else 'no kernel layer'}; this tree has {layer}")
+        ids = rerun_ids(before)
+    else:
+        ids = collect(args.paths, args.marker, args.kexpr)
     shards = [s for s in shard(ids, max(1, args.shards)) if s]
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
@@ -160,11 +201,13 @@ def main(argv=None) -> int:
             log.close()
         logs = [(Path(tmp) / f"shard{n}.txt").read_text(errors="replace") for n in range(len(procs))]
     text, status = report(shards, logs, time.time() - t0)
+    first, rest = text.split("\n", 1)
+    text = f"{first}\n{layer}\n{rest}"
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
-    print(text.splitlines()[0], flush=True)
+    print(first, flush=True)
     if args.record and status == 0 and ids:
-        write_record(Path(args.record), text)
+        write_record(Path(args.record), rerun_summary(before.splitlines()[0], first, len(ids)) if args.rerun else text)
         print("recorded", args.record, flush=True)
     return status
 

@@ -94,3 +94,30 @@ def test_record_is_written_only_for_a_whole_passing_suite(tmp_path):
     rec = tool.write_record(tmp_path / "r.json", "3 tests in 1 shards, 1 s: 3 passed\n")
     assert rec["kernels_hash"] == kernels_hash() and rec["summary"].endswith("3 passed")
     assert json.loads((tmp_path / "r.json").read_text()) == rec
+
+
+def test_rerun_takes_the_failed_and_unfinished_tests_and_its_record_counts_both_runs(tmp_path):
+    """--rerun REPORT: the ids a whole run's report lists as failed, erroring or unfinished; a
+    report of another kernel layer is refused; the record's summary holds the whole run's passes
+    and the rerun's, and no failure count (what tests/test_gpu_record.py reads)."""
+    import re
+
+    import pytest
+
+    from mxq.frontend.codegen import kernels_hash
+
+    tool = _bench_tool("gpu_tests")
+    report = ("10 tests in 2 shards, 5 s: 7 passed, 2 failed\nkernel layer 0123\n\n"
+              "FAILED tests/test_a.py::test_x[1] - AssertionError\n    tb\n\nERROR tests/test_b.py::test_y\n\n"
+              "did not finish (timeout):\n  tests/test_c.py::test_z\n")
+    assert tool.rerun_ids(report) == ["tests/test_a.py::test_x[1]", "tests/test_b.py::test_y", "tests/test_c.py::test_z"]
+    path = tmp_path / "before.txt"
+    path.write_text(report)
+    with pytest.raises(SystemExit):  # (kernel layer 0123 is not this tree's)
+        tool.main(["--rerun", str(path), "--out", str(tmp_path / "o.txt")])
+    assert kernels_hash() != "0123"
+    summary = tool.rerun_summary(report.splitlines()[0], "3 tests in 1 shards, 2 s: 3 passed", 3)
+    assert summary == ("10 tests: 7 passed in a whole run (10 tests in 2 shards, 5 s), the other 3 (failed or "
+                       "unfinished there) in a rerun after fixes to them (3 passed)")
+    counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|error|did not finish)", summary))
+    assert "failed" not in counts and counts["passed"] > 0
