@@ -49,7 +49,7 @@ class FusedOp:
         self._fast: dict = {}
         self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
         self._dispatchers = None  # (destination-passing, allocating) native functions, built once
-        self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by
+        self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by (its identity)
         self._source: str | None = None
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
         functools.update_wrapper(self, fn)
@@ -390,9 +390,9 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
 
 
 @torch_ops.constant_result
-def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format="mxfp8", block=None) -> int:
-    """torch_ops' id of mxq.quantize's op for these options (validated here; torch.compile runs
-    this while tracing and keeps the id as a constant)."""
+def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format="mxfp8", block=None) -> str:
+    """torch_ops' identity of mxq.quantize's op for these options (validated here; torch.compile
+    runs this while tracing and keeps the identity as a constant)."""
     op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
                                 scale_layout=scale_layout, amax=amax, format=format, block=block))
     i = torch_ops.op_id(op)
@@ -401,7 +401,7 @@ def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, forma
 
 
 _QUANTIZE_OPS: dict = {}  # quantize()'s options as passed -> its op (one dict lookup per call)
-# quantize()'s ops by torch_ops' id (attribute op<id>), for traced DTensor calls: torch.compile
+# quantize()'s ops by torch_ops' identity (attribute op<identity>), for traced DTensor calls: torch.compile
 # re-reads an attribute at every access, where it would read a dict filled by the trace itself
 # (_quantize_op_id, called while tracing) from a stale copy; the ops live on in _quantize_op's
 # cache anyway, and torch_ops' own registry holds weak references, which it cannot trace

@@ -2,6 +2,7 @@
 break (fullgraph=True), static and dynamic shapes, the same bytes as eager; the operator passes
 torch.library.opcheck; MXFP8Tensor is a pytree node (an input and an output of compiled code)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -238,13 +239,59 @@ def test_fp8_block_through_the_operator(layout, block):
     i = mxq.op._quantize_op_id("e4m3", True, True, None, layout, True, "fp8_block", block)
     torch.library.opcheck(torch.ops.mxq.fused_quant.default, ([x], [], None, None, None, i))
     opts = dict(format="fp8_block", block=block, colwise=True, scale_layout=layout)
-    # (aot_eager: inductor's on-disk graph cache keys graphs by the op id constant, which another
-    # process may have given another op; a reset: a recompile of the same lambda for another block
-    # would make the block's ints dynamic, which the op id's constant function cannot take)
+    # (a reset: a recompile of the same lambda for another block would make the block's ints
+    # dynamic, which _quantize_op_id, a constant function, cannot take)
     torch._dynamo.reset()
-    got = torch.compile(lambda t: mxq.quantize(t, **opts), fullgraph=True, backend="aot_eager")(x)
+    got = torch.compile(lambda t: mxq.quantize(t, **opts), fullgraph=True)(x)
     want = mxq.quantize(x, **opts)
     assert (got.format, got.block) == ("fp8_block", block)
     for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
         g, w = getattr(got, f), getattr(want, f)
         assert g.stride() == w.stride() and torch.equal(g.float(), w.float())
+
+
+_CACHE_CHILD = """
+import sys, torch, mxq
+from torch._dynamo.utils import counters
+
+def e4m3(x):
+    return x * 2.0
+
+def e5m2(x):
+    return x * 3.0
+
+ops = {f.__name__: mxq.fused_quant(fp8=f.__name__)(f) for f in (globals()[n] for n in sys.argv[1].split(","))}
+x = torch.linspace(-4.0, 4.0, 64 * 128).reshape(64, 128)
+for name in sys.argv[2].split(","):
+    op = ops[name]
+    before = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"]
+    got = torch.compile(lambda t: op(t).dequantize(), fullgraph=True)(x)
+    hit = counters["inductor"]["fxgraph_cache_hit"] + counters["aot_autograd"]["autograd_cache_hit"] > before
+    same = torch.equal(got.view(torch.int32), op(x).dequantize().view(torch.int32))
+    print(name, "hit" if hit else "miss", "same" if same else "DIFFERENT")
+"""
+
+
+def test_compiled_graphs_cached_on_disk_keep_their_op_across_processes(tmp_path):
+    """inductor's FX graph cache and the AOTAutograd cache key a graph by its code and constants,
+    and the graph bakes in the op's output dtypes: the operator's op argument must name the op the
+    same way in every process and differently for different ops. Two processes share the caches
+    and build an e4m3 op (x * 2) and an e5m2 op (x * 3) in opposite orders; the second compiles
+    the e5m2 op first (a per-process counter would give it the number the first process's e4m3
+    graph was cached under, whose dequantize then reads e5m2 bytes as e4m3), then the e4m3 op
+    (the first process's graph, loaded from the cache). Compiled bytes equal eager bytes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+           "MXQ_CACHE_DIR": str(tmp_path / "mxq"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+           "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
+    child = tmp_path / "child.py"  # (a file: mxq reads an epilogue's source)
+    child.write_text(_CACHE_CHILD)
+
+    def run(order, compiled):
+        got = subprocess.run([sys.executable, str(child), order, compiled], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert got.returncode == 0, got.stderr[-3000:]
+        return got.stdout.split("\n")[:-1]
+
+    assert run("e4m3,e5m2", "e4m3") == ["e4m3 miss same"]
+    assert run("e5m2,e4m3", "e5m2,e4m3") == ["e5m2 miss same", "e4m3 hit same"]

@@ -1,9 +1,15 @@
 """mxq ops as torch operators: what torch.compile traces (issue "PyTorch-native", part 1).
 
-One custom operator, ``torch.ops.mxq.fused_quant``, serves every op: its integer argument names
-the FusedOp (a process-wide registry, filled as ops are first traced), the tensors and floats are
-the epilogue's, and it returns the six output slots (slots.OUTPUTS; an unused slot is an empty
-tensor). Its fake implementation gives the exact shapes, strides and dtypes of
+One custom operator, ``torch.ops.mxq.fused_quant``, serves every op: its string argument names
+the FusedOp by its identity (``identity``: spec key, epilogue fingerprint and mxq's version, the
+same in every process; a registry of the live ops, filled as they are built), the tensors and
+floats are the epilogue's, and it returns the six output slots (slots.OUTPUTS; an unused slot is
+an empty tensor). torch's on-disk caches (inductor's FX graph cache, the AOTAutograd cache) key a
+compiled graph by its code and constants, and the graph bakes in what the fake implementation
+said of the op (its outputs' shapes, strides and dtypes): the identity in that code is what
+keeps one op's cached graph from serving another op in a later process, which a per-process
+number would not (an e4m3 op's graph loaded for an e5m2 op reads its bytes as the wrong format).
+Its fake implementation gives the exact shapes, strides and dtypes of
 ``MXFP8Tensor.empty``, so compiled graphs hold the op as one node, with no graph break, for
 static and dynamic shapes. Eager calls do not go through the dispatcher (it costs host time):
 ``FusedOp.__call__`` routes here only while torch.compile traces. DTensor calls trace through
@@ -14,38 +20,53 @@ compiled functions.
 
 from __future__ import annotations
 
-import itertools
 import weakref
 
 import torch
 import torch.utils._pytree as pytree
 
+from .._version import __version__
 from ..frontend import gated
 from ..runtime import slots, validation
 from ..runtime.call import Call
 from ..tensor import MXFP8Tensor
 
-_ops: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # op id -> FusedOp
-_next = itertools.count()
+_ops: dict = {}  # identity -> weakref.WeakSet of the live FusedOps of that identity
 
 
-def register(op) -> int:
-    """An id for a new FusedOp (FusedOp.__init__ asks once). The registry does not keep the op
-    alive; a compiled graph holds the id as a constant, and the op lives as long as the code that
-    calls it."""
-    i = next(_next)
-    _ops[i] = op
+def identity(op) -> str:
+    """What the torch operator calls ``op`` by: everything its outputs depend on (the spec's key,
+    the epilogue's fingerprint, which covers its source, captured values and IR) and mxq's
+    version (the fake implementation's shapes are mxq's code). Ops of one identity compute the
+    same bytes, so any of them serves a call."""
+    return f"{op.spec.key('fp32'):05x}-{op.epilogue.fingerprint}-{__version__}"
+
+
+def register(op) -> str:
+    """``op``'s identity, ``op`` registered under it (FusedOp.__init__ asks once). The registry
+    does not keep the op alive; a compiled graph holds the identity as a constant, and the op
+    lives as long as the code that calls it."""
+    i = identity(op)
+    _ops.setdefault(i, weakref.WeakSet()).add(op)
     return i
 
 
-def op_id(op) -> int:
+def op_id(op) -> str:
     return op._torch_id
+
+
+def _op(i: str):
+    """A live op of identity ``i``."""
+    for op in _ops.get(i, ()):
+        return op
+    raise RuntimeError(f"mxq: no live op of identity {i!r} (the torch operator's 'op' argument): the op "
+                       "a compiled graph calls must live as long as the graph")
 
 
 @torch.library.custom_op("mxq::fused_quant", mutates_args=())
 def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: torch.Tensor | None,
-                noop: torch.Tensor | None, group_offsets: torch.Tensor | None, op: int) -> list[torch.Tensor]:
-    fused = _ops[op]
+                noop: torch.Tensor | None, group_offsets: torch.Tensor | None, op: str) -> list[torch.Tensor]:
+    fused = _op(op)
     x = tensors[0]
     # outputs from torch's allocator (the native allocating route's memory is not torch's: a
     # CUDA graph captured by torch.compile must own its outputs)
@@ -57,9 +78,9 @@ def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: to
 
 @fused_quant.register_fake
 def _fused_quant_fake(tensors, scalars, act_input, noop, group_offsets, op):
-    spec = _ops[op].spec
+    fused = _op(op)
     x = tensors[0]
-    like = MXFP8Tensor.empty(spec, gated.out_shape(_ops[op].epilogue, x.shape), x.dtype, "meta",
+    like = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, "meta",
                              group_offsets=group_offsets)
     out = []
     for f in slots.OUTPUTS:
@@ -72,10 +93,10 @@ def _fused_quant_fake(tensors, scalars, act_input, noop, group_offsets, op):
 @torch.library.custom_op("mxq::fused_quant_out", mutates_args=("outs",))
 def fused_quant_out(tensors: list[torch.Tensor], scalars: list[float], act_input: torch.Tensor | None,
                     noop: torch.Tensor | None, group_offsets: torch.Tensor | None, outs: list[torch.Tensor],
-                    op: int) -> None:
+                    op: str) -> None:
     """The ``out=`` form: writes into ``outs`` (the fields the op uses, in slots.OUTPUTS order),
     so a noop call leaves them as they were, as in eager mode."""
-    fused = _ops[op]
+    fused = _op(op)
     x = tensors[0]
     it = iter(outs)
     fields = {f: (next(it) if slots.uses(fused.spec, f) else None) for f in slots.OUTPUTS}
@@ -101,21 +122,21 @@ def constant_result(fn):
 
 
 @constant_result
-def _spec_key(i: int) -> int:
-    return _ops[i].spec.key("fp32")
+def _spec_key(i: str) -> int:
+    return _op(i).spec.key("fp32")
 
 
 @constant_result
-def _halves(i: int) -> bool:
-    return gated.is_halves(_ops[i].epilogue)
+def _halves(i: str) -> bool:
+    return gated.is_halves(_op(i).epilogue)
 
 
 @constant_result
-def _scalar_names(i: int) -> tuple:
-    return tuple(_ops[i].epilogue.scalar_params)
+def _scalar_names(i: str) -> tuple:
+    return tuple(_op(i).epilogue.scalar_params)
 
 
-def call(i: int, call: Call):
+def call(i: str, call: Call):
     """The traced ``call`` of op ``i`` (op_id): the operator, then an MXFP8Tensor (``out`` filled by
     copies)."""
     from ..frontend.spec import QuantSpec
@@ -160,4 +181,4 @@ def _unflatten(children, context):
 pytree.register_pytree_node(MXFP8Tensor, _flatten, _unflatten,
                             serialized_type_name="mxq.MXFP8Tensor")
 
-__all__ = ["call", "fused_quant", "op_id"]
+__all__ = ["call", "fused_quant", "identity", "op_id"]
