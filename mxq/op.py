@@ -366,7 +366,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format, block)
         call = Call([x], [], None, noop, out, group_offsets)
         if has_dtensor(call):  # the node runs on the local shards (integrations/distributed.py)
-            return getattr(_QUANTIZE_BY_ID, f"op{i}")._route(call, traced=True)
+            return getattr(_QUANTIZE_BY_ID, _by_id_name(i))._route(call, traced=True)
         return torch_ops.call(i, call)
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax, format,
            tuple(block) if block.__class__ is list else block)  # (a list block= is a tuple's spec)
@@ -396,12 +396,18 @@ def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, forma
     op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
                                 scale_layout=scale_layout, amax=amax, format=format, block=block))
     i = torch_ops.op_id(op)
-    setattr(_QUANTIZE_BY_ID, f"op{i}", op)
+    setattr(_QUANTIZE_BY_ID, _by_id_name(i), op)
     return i
 
 
+def _by_id_name(i: str) -> str:
+    """The attribute of _QUANTIZE_BY_ID holding the op of identity ``i`` (dynamo takes no dot in
+    an attribute name, and the identity holds mxq's version)."""
+    return "op_" + i.replace(".", "_").replace("-", "_")
+
+
 _QUANTIZE_OPS: dict = {}  # quantize()'s options as passed -> its op (one dict lookup per call)
-# quantize()'s ops by torch_ops' identity (attribute op<identity>), for traced DTensor calls: torch.compile
+# quantize()'s ops by torch_ops' identity (attribute _by_id_name(identity)), for traced DTensor calls: torch.compile
 # re-reads an attribute at every access, where it would read a dict filled by the trace itself
 # (_quantize_op_id, called while tracing) from a stale copy; the ops live on in _quantize_op's
 # cache anyway, and torch_ops' own registry holds weak references, which it cannot trace
