@@ -100,7 +100,7 @@ def call(op, call) -> MXFP8Tensor:
     and wrap its outputs (of ``op.output_shape``) as DTensors. A gated op's halves lie along the
     columns: it takes row splits and replicas only. ``group_offsets`` (row groups) go with column
     splits and replicas: every rank holds every row, so each runs the groups on its columns."""
-    tensors, scalars, act_input, noop, out, group_offsets = call
+    tensors, scalars, act_input, noop, out, group_offsets, _ = call
     x = tensors[0]
     if not isinstance(x, DTensor):
         if isinstance(group_offsets, DTensor) and not any(isinstance(t, DTensor) for t in (*tensors, act_input)):
