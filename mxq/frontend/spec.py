@@ -112,6 +112,8 @@ class QuantSpec:
         _check_choice("scale_layout", self.scale_layout, _LAYOUTS[self.format])
         for name in _NVFP4_OPTIONS:
             _check_bool(name, getattr(self, name))
+            if getattr(self, name) and self.format != "nvfp4":
+                raise ValueError(f"mxq: {name}=True is an option of format='nvfp4', not {self.format!r}")
         if self.is_fp4:
             self._check_fp4()
         default = _BLOCKS[self.format][int(self.block_2d)]
@@ -142,9 +144,6 @@ class QuantSpec:
             raise ValueError(f"mxq: fp8 does not apply to format={self.format!r} (E2M1 elements): leave it "
                              f"'e4m3', got {self.fp8!r}")
         if self.format != "nvfp4":
-            for name in _NVFP4_OPTIONS:
-                if getattr(self, name):
-                    raise ValueError(f"mxq: {name}=True is an option of format='nvfp4', not {self.format!r}")
             return
         if self.block_2d and self.hadamard:
             raise ValueError("mxq: block_2d and hadamard are exclusive (2-D blocks keep the two copies identical; "
