@@ -191,7 +191,7 @@ _CHECKS = (
     f"a tensor of 2 to {_MAX_DIMS} dimensions (all_gather concatenates rows)",
     "an ungrouped tensor (a grouped tensor's scale buffers are per group)",
     "a multiple of 32 rows per rank when it has colwise blocks",
-    "MXFP8 (all_gather of format='fp8_block' is not written yet)",
+    "MXFP8 (all_gather of format='fp8_block', 'nvfp4' or 'mxfp4' is not written yet)",
 )
 _FP8_CODES = {"e4m3": 1, "e5m2": 2}
 _MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4}
