@@ -35,9 +35,9 @@ E2M1_NAN_CODE = 0x7  # a NaN element is stored as +6 (the hardware's satfinite r
 # TE's fixed random sign vector of the 16-point Hadamard transform (get_wgrad_sign_vector)
 HADAMARD_SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)
 HADAMARD_SIZE = 16
-# the round-to-nearest-even decision points on |y| (E2M1 codes 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6):
-# code = how many are passed; at a tie the even code wins, hence > at odd-to-even and >= at
-# even-to-odd... boundaries: 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4
+# the midpoints between E2M1's magnitudes (codes 0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6): a code is how
+# many |y| has passed; at a midpoint the even code wins (0.25 -> 0, 0.75 -> 1, 1.25 -> 1,
+# 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4), so some are passed only beyond them, others at them
 _UP_STRICT = (0.25, 1.25, 2.5, 5.0)  # ties go down (to the even code below)
 _UP_AT = (0.75, 1.75, 3.5)  # ties go up (to the even code above)
 _VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
