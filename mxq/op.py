@@ -23,8 +23,9 @@ import torch
 
 from .frontend import codegen, gated
 from .runtime import export, ffi, inspection, launch, limits, targets, validation
-from .runtime.call import Binder, Call, halves_call, has_dtensor
+from .runtime.call import FP4_KEYWORDS, Binder, Call, halves_call, has_dtensor
 from .integrations import torch_ops
+from .formats import fp4
 from .formats import reference as _reference
 from .frontend.epilogue import IDENTITY, Epilogue, parse
 from .frontend.spec import QuantSpec
@@ -42,7 +43,8 @@ class FusedOp:
         self.fn = fn
         self.spec = spec
         self.epilogue = epilogue if epilogue is not None else parse(fn)
-        self._bind = Binder(fn, self.epilogue)  # (args, kwargs, call keywords) -> Call
+        # (args, kwargs, call keywords) -> Call; an FP4 op also takes FP4_KEYWORDS (_bind_call)
+        self._bind = Binder(fn, self.epilogue, FP4_KEYWORDS if spec.is_fp4 else ())
         self._plans: dict = {}  # Call.key -> a checked call's route, for later calls of that key (_route)
         # (dtype, CUDA device index) -> launcher, filled after a checked call took the allocating
         # native route: later ordinary calls go straight to it (_fast_call)
@@ -62,10 +64,20 @@ class FusedOp:
             got = self._fast_call(args, act_input)
             if got is not None:
                 return got
-        call = self._bind(args, kwargs, act_input, noop, out, group_offsets, traced)
+        call = self._bind_call(args, kwargs, act_input, noop, out, group_offsets, traced)
         key = None if traced else call.key()
         plan = self._plans.get(key)
         return plan(call) if plan is not None else self._route(call, traced, key=key)
+
+    def _bind_call(self, args, kwargs, act_input, noop, out, group_offsets, traced: bool = False) -> Call:
+        """The Call of one call (Binder), an FP4 op's own keywords (global_amax, seed, offset)
+        taken out of ``kwargs`` into Call.fp4 first."""
+        extra = None
+        if self.spec.is_fp4 and any(k in kwargs for k in FP4_KEYWORDS):
+            kwargs = dict(kwargs)
+            extra = fp4.CallArgs(*(kwargs.pop(k, None) for k in FP4_KEYWORDS))
+        call = self._bind(args, kwargs, act_input, noop, out, group_offsets, traced)
+        return call if extra is None else call._replace(fp4=extra)
 
     def _lower(self, call: Call):
         """(the op that runs ``call``, the call it runs): this op itself; GatedOp's inner op over
@@ -146,7 +158,7 @@ class FusedOp:
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
         """The torch reference result, on whatever device the inputs are."""
-        op, call = self._lower(self._bind(args, kwargs, act_input, noop, out, group_offsets))
+        op, call = self._lower(self._bind_call(args, kwargs, act_input, noop, out, group_offsets))
         validation.check_call(op.spec, op.epilogue, call)
         return op._reference_run(call)
 
@@ -156,7 +168,7 @@ class FusedOp:
         re-runs the kernel into ``out`` with no Python checks or allocation (for CUDA graphs and
         tight loops). The inputs must stay alive and unchanged in shape. ``group_offsets`` (int32,
         contiguous) is read on the device at every launch: change it in place between launches."""
-        op, call = self._lower(self._bind(args, kwargs, act_input, noop, out, group_offsets))
+        op, call = self._lower(self._bind_call(args, kwargs, act_input, noop, out, group_offsets))
         return op._prepare(call)
 
     def _prepare(self, call: Call):
@@ -316,12 +328,13 @@ class GatedOp(FusedOp):
 
 
 _OPTION_NAMES = ("fp8", "rowwise", "colwise", "scale_mode", "scale_layout", "amax", "act", "dact", "dbias",
-                 "format", "block")
+                 "format", "block", "block_2d", "hadamard", "stochastic_rounding")
 
 
 def fused_quant(fn=None, **options):
     """Decorate an epilogue function into a fused MXFP8 (or, ``format="fp8_block"``, FP8 block
-    scaling) quantization op.
+    scaling; ``"nvfp4"``, ``"mxfp4"``) quantization op. An FP4 op's calls also take the keywords
+    ``global_amax``, ``seed`` and ``offset`` (as mxq.quantize).
 
     ``@mxq.fused_quant(act="gelu", dbias=True, colwise=True)`` or bare ``@mxq.fused_quant``;
     options are those of ``mxq.quantize`` plus ``act``, ``dact`` and ``dbias``.
@@ -350,51 +363,65 @@ def _identity(x):
 def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = False,
              scale_mode: str | None = None, scale_layout: str = "compact", amax: bool = False,
              noop=None, out: MXFP8Tensor | None = None, group_offsets=None, format: str = "mxfp8",
-             block=None) -> MXFP8Tensor:
+             block=None, block_2d: bool = False, hadamard: bool = False, stochastic_rounding: bool = False,
+             global_amax=None, seed: int | None = None, offset: int | None = None) -> MXFP8Tensor:
     """Quantize ``x`` (fp32/fp16/bf16, any shape, CPU or CUDA) to MXFP8, or with
     ``format="fp8_block"`` to FP8 block scaling (``block`` (1, 128), the default, or (128, 128);
     ``scale_mode`` "pow2", the default, or "fp32"; ``scale_layout`` "compact" or "gemm";
     docs/NUMERICS.md "FP8 block scaling"). ``scale_mode`` None is the format's default ("rceil"
-    for MXFP8).
+    for MXFP8). ``format="nvfp4"`` (TransformerEngine's NVFP4: E2M1 data two per byte, E4M3
+    scales per 16 under the per-tensor amax; ``block_2d`` 16x16 weight blocks, ``hadamard`` the
+    random Hadamard transform of the colwise copy, ``stochastic_rounding`` with ``seed`` and
+    ``offset``; ``global_amax`` a known amax, skipping the first pass) or ``"mxfp4"`` (E8M0
+    scales per 32, ``scale_mode`` "floor" or "rceil"): docs/NUMERICS.md "NVFP4 and MXFP4".
 
     ``out`` (an extension of the DESIGN contract) writes into existing buffers, e.g. for CUDA
     graphs; with ``noop`` holding 1.0 nothing is written at all. ``group_offsets``: cumulative
     group ends along the rows (mixture of experts): colwise blocks restart at every group
     (mxq/formats/groups.py, docs/NUMERICS.md "Groups").
     """
+    extra = None if global_amax is None and seed is None and offset is None else fp4.CallArgs(global_amax, seed,
+                                                                                              offset)
     if torch.compiler.is_compiling():
-        i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format, block)
-        call = Call([x], [], None, noop, out, group_offsets)
+        i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format, block, block_2d,
+                            hadamard, stochastic_rounding)
+        call = Call([x], [], None, noop, out, group_offsets, extra)
         if has_dtensor(call):  # the node runs on the local shards (integrations/distributed.py)
             return getattr(_QUANTIZE_BY_ID, _by_id_name(i))._route(call, traced=True)
         return torch_ops.call(i, call)
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax, format,
-           tuple(block) if block.__class__ is list else block)  # (a list block= is a tuple's spec)
+           tuple(block) if block.__class__ is list else block,  # (a list block= is a tuple's spec)
+           block_2d, hadamard, stochastic_rounding)
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
     # rowwise=1 would skip the validation that refuses it in a fresh process)
-    if rowwise.__class__ is bool and colwise.__class__ is bool and amax.__class__ is bool:
+    if all(f.__class__ is bool for f in (rowwise, colwise, amax, block_2d, hadamard, stochastic_rounding)):
         try:
             op = _QUANTIZE_OPS.get(key)
         except TypeError:  # unhashable option values: QuantSpec names the bad one
             op = None
     if op is None:
         spec = QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
-                         scale_layout=scale_layout, amax=amax, format=format, block=block)
+                         scale_layout=scale_layout, amax=amax, format=format, block=block, block_2d=block_2d,
+                         hadamard=hadamard, stochastic_rounding=stochastic_rounding)
         op = _quantize_op(spec)
         if len(_QUANTIZE_OPS) < 1024:
             _QUANTIZE_OPS[key] = op
+    if extra is not None:  # (checked for every format: validation names what the op does not take)
+        return op._route(Call([x], [], None, noop, out, group_offsets, extra))
     fast = op._fast and noop is None and out is None and group_offsets is None  # the common small call
     got = op._fast_call((x,), None) if fast else None
     return got if got is not None else op(x, noop=noop, out=out, group_offsets=group_offsets)
 
 
 @torch_ops.constant_result
-def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format="mxfp8", block=None) -> str:
+def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format="mxfp8", block=None,
+                    block_2d=False, hadamard=False, stochastic_rounding=False) -> str:
     """torch_ops' identity of mxq.quantize's op for these options (validated here; torch.compile
     runs this while tracing and keeps the identity as a constant)."""
     op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
-                                scale_layout=scale_layout, amax=amax, format=format, block=block))
+                                scale_layout=scale_layout, amax=amax, format=format, block=block, block_2d=block_2d,
+                                hadamard=hadamard, stochastic_rounding=stochastic_rounding))
     i = torch_ops.op_id(op)
     setattr(_QUANTIZE_BY_ID, _by_id_name(i), op)
     return i

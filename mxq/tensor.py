@@ -5,8 +5,9 @@ A plain container of the output tensors plus the facts needed to read them back
 the same helpers as the reference so a round trip is exact wherever the format allows.
 
 One class serves every format an op quantizes to: ``format`` says which ("mxfp8": E8M0 scale
-bytes over 1x32 blocks; "fp8_block": fp32 scales over 1x128 or 128x128 blocks, ``block``), and
-the fields keep their names and roles (docs/DESIGN.md says why one class).
+bytes over 1x32 blocks; "fp8_block": fp32 scales over 1x128 or 128x128 blocks, ``block``;
+"nvfp4" and "mxfp4": packed E2M1 data, mxq/formats/fp4_layouts.py), and the fields keep their
+names and roles (docs/DESIGN.md says why one class).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .formats import fp8_block, fp8_block_layouts, groups, layouts
+from .formats import fp4, fp4_layouts, fp8_block, fp8_block_layouts, groups, layouts
 from .kernels.config import UNIT
 from .formats.numerics import BLOCK, FORMATS, e8m0_to_scale
 
@@ -71,8 +72,11 @@ class MXFP8Tensor:
     shape: torch.Size
     group_offsets: torch.Tensor | None = None  # grouped colwise blocks (mxq/formats/groups.py)
     scale_mode: str | None = None  # the rule its scales were chosen by (None where not known)
-    format: str = "mxfp8"  # "mxfp8" or "fp8_block" (mxq/formats/fp8_block.py)
+    format: str = "mxfp8"  # "mxfp8", "fp8_block" (mxq/formats/fp8_block.py), "nvfp4" or "mxfp4" (fp4.py)
     block: tuple = (1, 32)  # the rowwise block (rows, columns) one scale covers
+    # NVFP4 with hadamard=True: the global amax of the transformed colwise copy (``amax`` is the
+    # rowwise one); its presence says the colwise copy holds the transform's values
+    colwise_amax: torch.Tensor | None = None
 
     @staticmethod
     def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
@@ -90,12 +94,25 @@ class MXFP8Tensor:
         default_row_align); 1 asks for contiguous data at any N. A ``format="fp8_block"`` spec:
         fp32 scales shaped by mxq/formats/fp8_block_layouts.py (GEMM-ready ones are views of
         zeroed padded buffers) and, in its ``gemm`` layout, colwise data transposed, [N, M]
-        contiguous (``row_align`` applies to the rowwise data)."""
+        contiguous (``row_align`` applies to the rowwise data). NVFP4 and MXFP4 (packed uint8 data,
+        the colwise copy transposed; mxq/formats/fp4_layouts.py): contiguous data, ``row_align``
+        must be left None or 1, never grouped."""
         if not hasattr(spec, "scale_layout"):
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
                             f"{type(spec).__name__}")
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
+        if spec.format in fp4.FORMATS:
+            if row_align not in (None, 1) or group_offsets is not None:
+                raise ValueError(f"mxq: format={spec.format!r} outputs are contiguous and never grouped: "
+                                 "leave 'row_align' and 'group_offsets' None")
+            fields = fp4_layouts.outputs(spec, shape, m, n, device, zeroed)
+            return MXFP8Tensor(
+                **{f: fields[f] for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale")},
+                amax=torch.zeros((), dtype=torch.float32, device=device) if spec.amax else None,
+                dbias=torch.zeros((n,), dtype=dtype, device=device) if spec.dbias else None,
+                fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape, scale_mode=spec.scale_mode,
+                format=spec.format, block=spec.block, colwise_amax=fields["colwise_amax"])
         if row_align is None:
             row_align = default_row_align(shape, group_offsets is not None)
         if isinstance(row_align, bool) or not isinstance(row_align, int) or row_align < 1 or row_align & (row_align - 1):
@@ -159,6 +176,11 @@ class MXFP8Tensor:
         if self.format == "fp8_block":
             return self._block_scale(direction)
         m, n = flat_dims(self.shape)
+        if self.format in fp4.FORMATS:  # the scales of the rowwise data [M, N] or the colwise copy [N, M]
+            if direction not in ("rowwise", "colwise"):
+                raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
+            rows, cols = fp4_layouts.operand_dims(direction, m, n)
+            return fp4_layouts.compact(self._need(f"{direction}_scale"), rows, cols, self.format, self.scale_layout)
         if self.group_offsets is not None and (direction == "colwise" or self.scale_layout != "compact"):
             if direction == "rowwise":
                 parts = [self.group(g).compact_scale("rowwise")
@@ -173,7 +195,8 @@ class MXFP8Tensor:
 
     def dequantize(self, direction: str | None = None) -> torch.Tensor:
         """Decode to float32 of the original shape: data * 2^(scale-127); scale 255 gives NaN
-        (fp8_block: data times its block's fp32 scale, one fp32 rounding).
+        (fp8_block: data times its block's fp32 scale, one fp32 rounding; NVFP4 and MXFP4:
+        docs/NUMERICS.md's decode, the colwise copy transposed back to the original shape).
         ``direction``: "rowwise" or "colwise"; None takes rowwise data where there is some,
         else colwise."""
         if direction is None:
@@ -181,6 +204,8 @@ class MXFP8Tensor:
         if direction not in ("rowwise", "colwise"):
             raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         m, n = flat_dims(self.shape)
+        if self.format in fp4.FORMATS:
+            return self._fp4_values(direction).reshape(self.shape)
         per_group = self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
         if self.group_offsets is not None and per_group:
             parts = [self.group(g).dequantize(direction).reshape(-1, n)
@@ -205,7 +230,7 @@ class MXFP8Tensor:
         with compact scales: byte-equal to quantizing those rows alone with the same options
         (amax, which covers the whole tensor, is not part of it; dbias is row g)."""
         if self.group_offsets is None:
-            raise ValueError("mxq: group() needs a tensor quantized with group_offsets")
+            raise ValueError("mxq: group() needs a tensor quantized with group_offsets")  # (FP4 never is)
         bnds = groups.bounds(self.group_offsets)
         if not isinstance(g, bool) and hasattr(g, "__index__"):  # (an int, numpy's ints, a 0-d int tensor)
             try:
@@ -244,6 +269,20 @@ class MXFP8Tensor:
         return MXFP8Tensor(rows(self.rowwise_data), rows(self.colwise_data), row_scale, col_scale, None,
                            self.dbias[g] if self.dbias is not None else None, self.fp8, "compact",
                            torch.Size((mg, n)), scale_mode=self.scale_mode, format=self.format, block=self.block)
+
+    def _fp4_values(self, direction: str) -> torch.Tensor:
+        """dequantize() of an NVFP4 / MXFP4 tensor as [M, N] fp32 (the colwise copy transposed
+        back; with the Hadamard transform, the transformed values: mxq/formats/fp4.py)."""
+        m, n = flat_dims(self.shape)
+        rows, cols = fp4_layouts.operand_dims(direction, m, n)
+        data = self._need(f"{direction}_data").reshape(rows, cols // 2)
+        scale = self.compact_scale(direction)
+        if self.format == "mxfp4":
+            values = fp4.dequantize_mxfp4(data, scale)
+        else:
+            amax = self.colwise_amax if direction == "colwise" and self.colwise_amax is not None else self.amax
+            values = fp4.dequantize_nvfp4(data, scale, self._need("amax") if amax is None else amax)
+        return values if direction == "rowwise" else values.t()
 
     def _block_scale(self, direction: str) -> torch.Tensor:
         """compact_scale of an fp8_block tensor: its fp32 scale grid over [M, N] (a view)."""

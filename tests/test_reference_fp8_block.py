@@ -122,7 +122,7 @@ def test_mxfp8_results_unchanged():
 
 
 @pytest.mark.parametrize("options, name", [
-    ({"format": "nvfp4"}, "format"),
+    ({"format": "nvfp8"}, "format"),
     ({"format": "fp8_block", "block": (1, 64)}, "block"),
     ({"format": "fp8_block", "block": (128, 1)}, "block"),
     ({"format": "fp8_block", "block": 128}, "block"),

@@ -81,7 +81,7 @@ def test_out_and_noop_under_compile():
 def test_mxfp8tensor_is_a_pytree_node_and_a_compiled_input():
     t = mxq.quantize(torch.randn(64, 96), rowwise=True, colwise=True, amax=True)
     leaves, spec = pytree.tree_flatten(t)
-    assert len([leaf for leaf in leaves if leaf is not None]) == 5 and len(leaves) == 7
+    assert len([leaf for leaf in leaves if leaf is not None]) == 5 and len(leaves) == 8  # (colwise_amax: NVFP4's)
     back = pytree.tree_unflatten(leaves, spec)
     assert isinstance(back, mxq.MXFP8Tensor) and back.shape == t.shape and back.fp8 == t.fp8
     got = torch.compile(lambda u: u.dequantize("colwise") * 2, fullgraph=True)(t)
@@ -295,3 +295,17 @@ def test_compiled_graphs_cached_on_disk_keep_their_op_across_processes(tmp_path)
 
     assert run("e4m3,e5m2", "e4m3") == ["e4m3 miss same"]
     assert run("e5m2,e4m3", "e5m2,e4m3") == ["e5m2 miss same", "e4m3 hit same"]
+
+
+def test_nvfp4_and_mxfp4_compile_through_the_operator():
+    x = torch.randn(32, 64)
+    for kw in (dict(format="nvfp4", colwise=True, scale_layout="swizzled"), dict(format="mxfp4", colwise=True)):
+        got = torch.compile(lambda u, kw=kw: mxq.quantize(u, **kw), fullgraph=True)(x)
+        want = mxq.quantize(x, **kw)
+        for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax"):
+            a, b = getattr(got, f), getattr(want, f)
+            as_bytes = (lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)  # noqa: E731
+            assert (a is None) == (b is None) and (a is None or torch.equal(as_bytes(a), as_bytes(b))), f
+        assert (got.format, got.block) == (want.format, want.block)
+    with pytest.raises(Exception, match="stochastic_rounding"):
+        torch.compile(lambda u: mxq.quantize(u, format="nvfp4", stochastic_rounding=True), fullgraph=True)(x)

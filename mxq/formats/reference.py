@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..frontend import activations, gated, ir
-from . import fp8_block, fp8_block_layouts, groups, layouts
+from . import fp4, fp4_layouts, fp8_block, fp8_block_layouts, groups, layouts
 from ..runtime import operands
 from ..frontend.epilogue import Epilogue
 from .numerics import quantize_blocks
@@ -46,7 +46,7 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
     """Quantize ``call`` (a mxq/runtime/call.py Call) per ``spec``; its values are assumed
     validated (see validation.check_call). With ``group_offsets`` colwise blocks restart at every
     group and dbias is per group (mxq/formats/groups.py)."""
-    tensors, scalars, act_input, noop, out, group_offsets = call
+    tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
     x = tensors[0]
     shape = gated.out_shape(epilogue, x.shape)
     if out is None:
@@ -76,6 +76,9 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
         out.amax.copy_(v.abs().amax() if v.numel() else torch.zeros((), device=v.device))
     if spec.format == "fp8_block":
         write_fp8_block(spec, v, out, bnds, x.dtype)
+        return out
+    if spec.is_fp4:
+        write_fp4(spec, v, out, fp4_args or fp4.CallArgs())
         return out
     fmt = spec.element
     swizzled_groups = bnds is not None and spec.scale_layout == "swizzled"
@@ -145,3 +148,33 @@ def write_fp8_block(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, bnds, in
             else:
                 data_rows(out.colwise_data, m, n)[start:end].copy_(data)
                 out.colwise_scale[first:first + s.shape[0]].copy_(s)
+
+
+def write_fp4(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args) -> None:
+    """The FP4 steps (docs/NUMERICS.md "NVFP4 and MXFP4") on the [M, N] values ``v``, into ``out``
+    (mxq/formats/fp4.py; the layouts of fp4_layouts.py; never grouped). The colwise copy is the
+    same quantization of v transposed ([N, M]; after the Hadamard transform with ``hadamard``).
+    NVFP4's global amax is ``args.global_amax`` when given, else computed from v (step N1); it
+    is computed in full before any block is quantized (TE's two passes). ``args``: fp4.CallArgs."""
+    seed = (fp4.default_seed() if args.seed is None else args.seed) if spec.stochastic_rounding else None
+    copies = [("rowwise", v)] if spec.rowwise else []
+    if spec.colwise:
+        copies.append(("colwise", fp4.hadamard(v.t()) if spec.hadamard else v.t()))
+    if spec.format == "nvfp4":  # pass 1: the global amax (of each copy, with the transform)
+        given = args.global_amax
+        if given is not None and not isinstance(given, torch.Tensor):
+            given = torch.tensor(float(given), dtype=torch.float32)
+        out.amax.copy_(fp4.global_amax(v) if given is None else given.reshape(()))
+        if spec.hadamard:
+            out.colwise_amax.copy_(fp4.global_amax(copies[-1][1]))
+    for d, (direction, w) in enumerate(copies, start=0 if spec.rowwise else 1):
+        if spec.format == "mxfp4":
+            data, s = fp4.quantize_mxfp4(w, spec.scale_mode)
+        else:  # pass 2
+            amax = out.colwise_amax if d and spec.hadamard else out.amax
+            rand = None
+            if spec.stochastic_rounding:
+                rand = fp4.random_bytes(*w.shape, seed, args.offset or 0, d, v.device)
+            data, s = fp4.quantize_nvfp4(w, fp4.global_encode_scale(amax), spec.block[0], rand)
+        getattr(out, f"{direction}_data").copy_(data.reshape(getattr(out, f"{direction}_data").shape))
+        getattr(out, f"{direction}_scale").copy_(fp4_layouts.to_layout(s, spec.scale_layout))

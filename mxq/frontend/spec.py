@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from ..formats import fp8_block
+from ..formats import fp4, fp8_block
 from ..formats.format import FP8_BLOCKS, Format
 from ..formats.layouts import LAYOUTS
 from ..formats.numerics import FORMATS, SCALE_MODES
@@ -23,10 +23,11 @@ GATED_ACTIVATIONS = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu", "qgeglu
 DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 DTYPE_NAMES = tuple(DTYPES.values())
 # the formats an op quantizes to: their scale modes (the first is the default), scale layouts and blocks
-FORMAT_NAMES = ("mxfp8", "fp8_block")
-_MODES = {"mxfp8": SCALE_MODES, "fp8_block": fp8_block.SCALE_MODES}
-_LAYOUTS = {"mxfp8": LAYOUTS, "fp8_block": fp8_block.LAYOUTS}
-_BLOCKS = {"mxfp8": ((1, 32),), "fp8_block": FP8_BLOCKS}
+FORMAT_NAMES = ("mxfp8", "fp8_block", "nvfp4", "mxfp4")  # (their index is the key's format code)
+_MODES = {"mxfp8": SCALE_MODES, "fp8_block": fp8_block.SCALE_MODES, **fp4.SCALE_MODES}
+_LAYOUTS = {"mxfp8": LAYOUTS, "fp8_block": fp8_block.LAYOUTS, "nvfp4": LAYOUTS, "mxfp4": LAYOUTS}
+_BLOCKS = {"mxfp8": ((1, 32),), "fp8_block": FP8_BLOCKS, "nvfp4": ((1, 16), (16, 16)), "mxfp4": ((1, 32),)}
+_NVFP4_OPTIONS = ("block_2d", "hadamard", "stochastic_rounding")  # NVFP4's own options (mxq/formats/fp4.py)
 
 # 32-bit key layout (documented again in mxq/include/mxq/mxq.hpp for C++ callers):
 #   bit 0      fp8            0 = e4m3, 1 = e5m2
@@ -40,10 +41,14 @@ _BLOCKS = {"mxfp8": ((1, 32),), "fp8_block": FP8_BLOCKS}
 #   bit 13     dbias
 #   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16
 #   bit 16     gated          act / dact is the gated form of its code (swiglu = gated silu, ...)
-#   bit 17     format         0 mxfp8, 1 fp8_block (then bits 3-4: scale_mode 0 pow2, 1 fp32;
-#                             bit 5: scale_layout 0 compact, 1 gemm)
-#   bit 18     block          fp8_block: 0 = 1x128, 1 = 128x128
-#   bits 19-31 zero (reserved)
+#   bit 17     format, low    format = bit 17 | bit 19 << 1: 0 mxfp8, 1 fp8_block (then bits 3-4:
+#                             scale_mode 0 pow2, 1 fp32; bit 5: scale_layout 0 compact, 1 gemm),
+#                             2 nvfp4 (bits 3-4: 0 e4m3), 3 mxfp4 (bits 3-4: 0 floor, 1 rceil)
+#   bit 18     block          fp8_block: 0 = 1x128, 1 = 128x128; nvfp4: block_2d (16x16)
+#   bit 19     format, high   (see bit 17)
+#   bit 20     hadamard       nvfp4
+#   bit 21     stochastic_rounding  nvfp4
+#   bits 22-31 zero (reserved)
 _ACT_CODES = (None,) + ACTIVATIONS
 
 
@@ -79,7 +84,9 @@ def _block(value):
 @dataclass(frozen=True, repr=False)
 class QuantSpec:
     """``scale_mode`` and ``block`` left None take the format's defaults (mxfp8: "rceil", 1x32;
-    fp8_block: "pow2", 1x128), so equal options give equal specs."""
+    fp8_block: "pow2", 1x128; nvfp4: "e4m3", 1x16 or, ``block_2d``, 16x16; mxfp4: "floor",
+    1x32), so equal options give equal specs. NVFP4 always records its global amax (``amax`` is
+    set True)."""
 
     fp8: str = "e4m3"
     rowwise: bool = True
@@ -92,6 +99,9 @@ class QuantSpec:
     dbias: bool = False
     format: str = "mxfp8"
     block: tuple | None = None
+    block_2d: bool = False
+    hadamard: bool = False
+    stochastic_rounding: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("format", self.format, FORMAT_NAMES)
@@ -100,7 +110,17 @@ class QuantSpec:
             object.__setattr__(self, "scale_mode", _MODES[self.format][0])
         _check_choice("scale_mode", self.scale_mode, _MODES[self.format])
         _check_choice("scale_layout", self.scale_layout, _LAYOUTS[self.format])
-        object.__setattr__(self, "block", _BLOCKS[self.format][0] if self.block is None else _block(self.block))
+        for name in _NVFP4_OPTIONS:
+            _check_bool(name, getattr(self, name))
+            if getattr(self, name) and self.format != "nvfp4":
+                raise ValueError(f"mxq: {name}=True is an option of format='nvfp4', not {self.format!r}")
+        if self.is_fp4:
+            self._check_fp4()
+        default = _BLOCKS[self.format][int(self.block_2d)]
+        object.__setattr__(self, "block", default if self.block is None else _block(self.block))
+        if self.format == "nvfp4" and self.block != default:
+            raise ValueError(f"mxq: block of format='nvfp4' follows block_2d ({default!r} with block_2d="
+                             f"{self.block_2d}), got {self.block!r}")
         if not (isinstance(self.block, tuple) and all(type(b) is int for b in self.block)) or \
                 self.block not in _BLOCKS[self.format]:
             raise ValueError(f"mxq: block must be one of {_BLOCKS[self.format]} with format={self.format!r}, got "
@@ -113,11 +133,29 @@ class QuantSpec:
             raise ValueError(f"mxq: act and dact are exclusive, got act={self.act!r} and dact={self.dact!r}")
         if not (self.rowwise or self.colwise):
             raise ValueError("mxq: at least one of rowwise and colwise must be True")
+        if self.hadamard and not self.colwise:
+            raise ValueError("mxq: hadamard=True transforms the colwise copy only: it needs colwise=True")
+
+    def _check_fp4(self) -> None:
+        """NVFP4 and MXFP4 options (mxq/formats/fp4.py): E4M3 is NVFP4's scale format and not a choice
+        (fp8 stays "e4m3"); block_2d, hadamard and stochastic_rounding are NVFP4's; NVFP4 records its
+        global amax."""
+        if self.fp8 != "e4m3":
+            raise ValueError(f"mxq: fp8 does not apply to format={self.format!r} (E2M1 elements): leave it "
+                             f"'e4m3', got {self.fp8!r}")
+        if self.format != "nvfp4":
+            return
+        if self.block_2d and self.hadamard:
+            raise ValueError("mxq: block_2d and hadamard are exclusive (2-D blocks keep the two copies identical; "
+                             "the transform changes the colwise one)")
+        object.__setattr__(self, "amax", True)
 
     def __repr__(self) -> str:
         # (an mxfp8 spec reads as it did before formats were options: its rendered modules, which
-        # quote it, keep their bytes)
-        shown = [f for f in fields(self) if self.format != "mxfp8" or f.name not in ("format", "block")]
+        # quote it, keep their bytes; NVFP4's options show on NVFP4 specs only)
+        hidden = (() if self.format != "mxfp8" else ("format", "block")) + (
+            () if self.format == "nvfp4" else _NVFP4_OPTIONS)
+        shown = [f for f in fields(self) if f.name not in hidden]
         return f"QuantSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     @property
@@ -126,8 +164,17 @@ class QuantSpec:
         return FORMATS[self.fp8]
 
     @property
+    def is_fp4(self) -> bool:
+        """NVFP4 or MXFP4 (mxq/formats/fp4.py): E2M1 elements two per byte."""
+        return self.format in fp4.FORMATS
+
+    @property
     def block_format(self) -> Format:
-        """The Format value (mxq/formats/format.py) of this spec's blocks, encodings and layout."""
+        """The Format value (mxq/formats/format.py) of this spec's blocks, encodings and layout.
+        The FP4 formats enter Format with their kernels: NotImplementedError until then."""
+        if self.is_fp4:
+            raise NotImplementedError(f"mxq: format={self.format!r} has no Format value yet (no GPU kernels); "
+                                      "its calls run the torch reference")
         if self.format == "fp8_block":
             return Format.fp8_block(self.fp8, self.block, self.scale_mode, self.scale_layout)
         return Format.mxfp8(self.fp8, self.scale_mode, self.scale_layout)
@@ -147,8 +194,11 @@ class QuantSpec:
             | self.dbias << 13
             | DTYPE_NAMES.index(dtype) << 14
             | self.gated << 16
-            | (self.format == "fp8_block") << 17
-            | (self.block == (128, 128)) << 18
+            | (FORMAT_NAMES.index(self.format) & 1) << 17
+            | (self.block in ((128, 128), (16, 16))) << 18
+            | (FORMAT_NAMES.index(self.format) >> 1) << 19
+            | self.hadamard << 20
+            | self.stochastic_rounding << 21
         )
 
     @property
@@ -159,12 +209,12 @@ class QuantSpec:
     @staticmethod
     def from_key(key: int) -> tuple["QuantSpec", str]:
         """Inverse of ``key``: (spec, dtype name). Raises ValueError on a malformed key."""
-        if not isinstance(key, int) or key < 0 or key >> 19:
-            raise ValueError(f"mxq: key must be a 19-bit non-negative int, got {key!r}")
+        if not isinstance(key, int) or key < 0 or key >> 22:
+            raise ValueError(f"mxq: key must be a 22-bit non-negative int, got {key!r}")
         act, dact, dtype = (key >> 7) & 7, (key >> 10) & 7, (key >> 14) & 3
-        fmt = FORMAT_NAMES[key >> 17 & 1]
+        fmt = FORMAT_NAMES[(key >> 17 & 1) | (key >> 19 & 1) << 1]
         modes = _MODES[fmt]
-        if (key >> 3) & 3 >= len(modes) or (fmt == "mxfp8" and key >> 18 & 1):
+        if (key >> 3) & 3 >= len(modes) or (len(_BLOCKS[fmt]) == 1 and key >> 18 & 1):
             raise ValueError(f"mxq: key {key:#x} has an unknown scale_mode or block code for format {fmt!r}")
         if act >= len(_ACT_CODES) or dact >= len(_ACT_CODES) or dtype >= len(DTYPE_NAMES):
             raise ValueError(f"mxq: key {key:#x} has an unknown act, dact or dtype code")
@@ -182,12 +232,18 @@ class QuantSpec:
             dbias=bool(key >> 13 & 1),
             format=fmt,
             block=_BLOCKS[fmt][key >> 18 & 1],
+            block_2d=fmt == "nvfp4" and bool(key >> 18 & 1),
+            hadamard=bool(key >> 20 & 1),
+            stochastic_rounding=bool(key >> 21 & 1),
         )
         return spec, DTYPE_NAMES[dtype]
 
     def name(self, dtype: str) -> str:
         """A readable, unique identifier (used for registry names and cache files)."""
         block = "b%dx%d" % self.block if self.format == "fp8_block" else ""
+        if self.is_fp4:
+            block = "_".join([self.format] + [tag for tag, on in (("2d", self.block_2d), ("rht", self.hadamard),
+                                                                  ("sr", self.stochastic_rounding)) if on])
         parts = [block, self.fp8, dtype, "r" if self.rowwise else "", "c" if self.colwise else "",
                  self.scale_mode, self.scale_layout]
         if self.act:

@@ -100,7 +100,7 @@ def call(op, call) -> MXFP8Tensor:
     and wrap its outputs (of ``op.output_shape``) as DTensors. A gated op's halves lie along the
     columns: it takes row splits and replicas only. ``group_offsets`` (row groups) go with column
     splits and replicas: every rank holds every row, so each runs the groups on its columns."""
-    tensors, scalars, act_input, noop, out, group_offsets = call
+    tensors, scalars, act_input, noop, out, group_offsets, _ = call
     x = tensors[0]
     if not isinstance(x, DTensor):
         if isinstance(group_offsets, DTensor) and not any(isinstance(t, DTensor) for t in (*tensors, act_input)):
@@ -191,7 +191,7 @@ _CHECKS = (
     f"a tensor of 2 to {_MAX_DIMS} dimensions (all_gather concatenates rows)",
     "an ungrouped tensor (a grouped tensor's scale buffers are per group)",
     "a multiple of 32 rows per rank when it has colwise blocks",
-    "MXFP8 (all_gather of format='fp8_block' is not written yet)",
+    "MXFP8 (all_gather of format='fp8_block', 'nvfp4' or 'mxfp4' is not written yet)",
 )
 _FP8_CODES = {"e4m3": 1, "e5m2": 2}
 _MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4}

@@ -141,9 +141,13 @@ def call(i: str, call: Call):
     copies)."""
     from ..frontend.spec import QuantSpec
 
-    tensors, scalars, act_input, noop, out, group_offsets = call
+    tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
+    if spec.hadamard or spec.stochastic_rounding or fp4_args is not None:
+        raise ValueError("mxq: torch.compile does not trace NVFP4's hadamard, stochastic_rounding, global_amax, "
+                         "seed or offset yet; call such an op outside the compiled region "
+                         "(torch.compiler.disable)")
     shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape
     validation.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
     floats = [float(s) for s in scalars]
@@ -164,7 +168,8 @@ def call(i: str, call: Call):
                        spec.scale_mode, spec.format, spec.block)
 
 
-_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "group_offsets")
+_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "group_offsets",
+           "colwise_amax")
 
 
 def _flatten(t: MXFP8Tensor):
@@ -174,8 +179,8 @@ def _flatten(t: MXFP8Tensor):
 
 def _unflatten(children, context):
     fp8, layout, shape, mode, fmt, block = context
-    *fields, offsets = children
-    return MXFP8Tensor(*fields, fp8, layout, torch.Size(shape), offsets, mode, fmt, block)
+    *fields, offsets, colwise_amax = children
+    return MXFP8Tensor(*fields, fp8, layout, torch.Size(shape), offsets, mode, fmt, block, colwise_amax)
 
 
 pytree.register_pytree_node(MXFP8Tensor, _flatten, _unflatten,

@@ -16,10 +16,12 @@ from typing import Any, NamedTuple
 import torch
 
 from ..frontend.epilogue import Epilogue, EpilogueError
+from ..formats import fp4
 from ..tensor import MXFP8Tensor
 from . import validation
 
 KEYWORDS = ("act_input", "noop", "out", "group_offsets")  # a call's own keywords, after the epilogue's
+FP4_KEYWORDS = fp4.CallArgs._fields  # an FP4 op's further call keywords (global_amax, seed, offset)
 
 
 class Call(NamedTuple):
@@ -33,6 +35,7 @@ class Call(NamedTuple):
     noop: Any = None
     out: Any = None  # an MXFP8Tensor, or None: the call allocates its outputs
     group_offsets: Any = None
+    fp4: Any = None  # an FP4 op's own call values (mxq/formats/fp4.py CallArgs), or None
 
     def operands(self):
         """Every tensor-like value the call passes, keywords included (None where absent)."""
@@ -48,8 +51,9 @@ class Call(NamedTuple):
                 if out.__class__ is not MXFP8Tensor:
                     return None
                 out = (out.fp8, out.scale_layout, *[_layout(getattr(out, f)) for f in validation.OUT_FIELDS])
+            fp4 = None if self.fp4 is None else tuple(map(_layout, self.fp4))
             return (tuple(map(_layout, self.tensors)), tuple(map(type, self.scalars)), _layout(self.act_input),
-                    _layout(self.noop), out, _layout(self.group_offsets), torch.is_grad_enabled())
+                    _layout(self.noop), out, _layout(self.group_offsets), torch.is_grad_enabled(), fp4)
         except Exception:  # (what the checks will name)
             return None
 
@@ -65,11 +69,13 @@ def _layout(t):
 class Binder:
     """One op's binding of call arguments (its epilogue function's signature) to a ``Call``."""
 
-    def __init__(self, fn, epilogue: Epilogue):
-        clash = set(epilogue.param_order) & set(KEYWORDS)
+    def __init__(self, fn, epilogue: Epilogue, reserved: tuple = ()):
+        """``reserved``: call keywords of the op beyond KEYWORDS (an FP4 op's FP4_KEYWORDS)."""
+        keywords = KEYWORDS + tuple(reserved)
+        clash = set(epilogue.param_order) & set(keywords)
         if clash:
             raise EpilogueError(f"parameter name(s) {sorted(clash)} are reserved for the call "
-                                f"({', '.join(KEYWORDS)})", inspect.getsourcefile(fn) or "<unknown>",
+                                f"({', '.join(keywords)})", inspect.getsourcefile(fn) or "<unknown>",
                                 fn.__code__.co_firstlineno, "parameter name")
         self.name, self.order = epilogue.name, epilogue.param_order
         self.signature = inspect.signature(fn)
@@ -194,4 +200,4 @@ def _split(name, t, width):
     return t[..., :width // 2], t[..., width // 2:]
 
 
-__all__ = ["KEYWORDS", "Binder", "Call", "halves_call", "has_dtensor"]
+__all__ = ["FP4_KEYWORDS", "KEYWORDS", "Binder", "Call", "halves_call", "has_dtensor"]

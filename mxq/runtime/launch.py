@@ -125,7 +125,7 @@ class Launcher:
         The argument list follows the kernel slot table (mxq/runtime/slots.py); ``operand_kinds``: the
         epilogue inputs' kinds (validation.operand_layouts; None: all full and contiguous); a
         grouped call's ``group_offsets`` go to the grouped kernels (no host sync)."""
-        tensors, scalars, act_input, noop, out, group_offsets = call
+        tensors, scalars, act_input, noop, out, group_offsets, _ = call
         spec, epi = self.op.spec, self.op.epilogue
         x = tensors[0]
         m, n = flat_dims(x.shape)

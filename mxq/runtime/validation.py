@@ -51,7 +51,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
     mxq/runtime/call.py Call); return None if all is well (after a one-time warning for an input
     that requires grad: warn_no_autograd). ``prepare``: op.prepare()'s call, whose group offsets
     are read at every launch."""
-    tensors, scalars, act_input, noop, out, group_offsets = call
+    tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
     names = epilogue.tensor_params
     first = None
     for name, t in zip(names, tensors):
@@ -107,6 +107,8 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
         if spec.scale_layout == "gemm":
             raise ValueError("mxq: argument 'group_offsets' does not go with scale_layout='gemm' (grouped FP8 block "
                              "scaling is laid out compact; docs/NUMERICS.md)")
+    if spec.is_fp4 or fp4_args is not None:
+        check_fp4(spec, fp4_args, f, gated.out_shape(epilogue, f.shape), group_offsets)
     if out is not None:
         check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape))
         check_out_apart(epilogue, call)
@@ -147,6 +149,62 @@ def check_out_apart(epilogue: Epilogue, call) -> None:
     reads = [*zip(epilogue.tensor_params, call.tensors), ("act_input", call.act_input), ("noop", call.noop),
              ("group_offsets", call.group_offsets)]
     check_apart(call.out, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)])
+
+
+def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> None:
+    """An NVFP4 / MXFP4 call (mxq/formats/fp4.py): outputs of ``shape`` whose packed dims are even
+    (N; M too with colwise, whose copy is [N, M/2]), no groups, the Hadamard transform's bf16
+    input and 16-row blocks; and ``args`` (fp4.CallArgs: global_amax, seed, offset; any op's call
+    may carry them, only the ops that use them take them)."""
+    m, n = flat_dims(shape)
+    if spec.is_fp4:
+        what = f"format={spec.format!r} packs two E2M1 elements per byte"
+        if n % 2:
+            raise ValueError(f"mxq: {what} along the last dimension, which must be even; got output shape "
+                             f"{tuple(shape)}")
+        if spec.colwise and m % 2:
+            raise ValueError(f"mxq: {what}; its colwise copy [N, M/2] packs along the rows, whose count M (the "
+                             f"product of the leading dimensions) must be even; got output shape {tuple(shape)}")
+        if group_offsets is not None:
+            raise ValueError(f"mxq: argument 'group_offsets' is not supported with format={spec.format!r} yet")
+    if spec.hadamard:
+        if x.dtype != torch.bfloat16:
+            raise TypeError(f"mxq: hadamard=True takes bfloat16 inputs only (the transform's result is rounded to "
+                            f"bf16, as TransformerEngine's), got {x.dtype}")
+        if m % 16:
+            raise ValueError(f"mxq: hadamard=True transforms 16-row groups of the colwise copy: M (the product of "
+                             f"the leading dimensions) must be a multiple of 16; got output shape {tuple(shape)}")
+    if args is None:
+        return
+    amax = args.global_amax
+    if amax is not None:
+        if spec.format != "nvfp4":
+            raise ValueError(f"mxq: argument 'global_amax' is NVFP4's per-tensor amax; this op has "
+                             f"format={spec.format!r}")
+        if spec.hadamard:
+            raise ValueError("mxq: argument 'global_amax' does not go with hadamard=True yet (the colwise copy "
+                             "has its own amax after the transform)")
+        if isinstance(amax, torch.Tensor):
+            check_plain_tensor("global_amax", amax)
+            if amax.dtype != torch.float32 or amax.numel() != 1:
+                raise ValueError(f"mxq: argument 'global_amax' must be a one-element float32 tensor or a float, "
+                                 f"got dtype {amax.dtype} with {amax.numel()} elements")
+            if amax.device != x.device:
+                raise ValueError(f"mxq: argument 'global_amax' is on {amax.device} but the input is on {x.device}")
+        elif isinstance(amax, bool) or not isinstance(amax, (int, float)):
+            _fail_type("global_amax", "a one-element float32 tensor or a float", type(amax).__name__)
+        elif not 0 <= amax < float("inf"):
+            raise ValueError(f"mxq: argument 'global_amax' must be finite and >= 0, got {amax!r}")
+    for name, bound in (("seed", 2 ** 64), ("offset", 2 ** 62)):
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if not spec.stochastic_rounding:
+            raise ValueError(f"mxq: argument {name!r} is only used with stochastic_rounding=True")
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail_type(name, "an int", type(value).__name__)
+        if not 0 <= value < bound:
+            raise ValueError(f"mxq: argument {name!r} must be in [0, 2^{bound.bit_length() - 1}), got {value}")
 
 
 def check_scalars(names, scalars) -> None:
@@ -274,4 +332,4 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPES[dtype]
 
 
-__all__ = ["OUT_FIELDS", "check_apart", "check_call", "check_out", "check_out_apart", "copied", "dtype_name", "fallback", "operand_layouts"]
+__all__ = ["OUT_FIELDS", "check_apart", "check_call", "check_fp4", "check_out", "check_out_apart", "copied", "dtype_name", "fallback", "operand_layouts"]

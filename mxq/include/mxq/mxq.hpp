@@ -32,8 +32,11 @@
 //   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16 (informational: one function serves all)
 //   bit 16     gated          act/dact is the gated form (swiglu, ...): refused by the C++ routes
 //   bit 17     format         fp8_block (bits 3-4 then: 0 pow2, 1 fp32; bit 5: gemm layout): refused by the C++ routes
-//   bit 18     block          fp8_block 128x128 (else 1x128)
-//   bits 19-31 zero
+//   bit 18     block          fp8_block 128x128 (else 1x128); nvfp4 block_2d (16x16)
+//   bit 19     format, high   format = bit 17 | bit 19 << 1: 2 nvfp4, 3 mxfp4 (refused by the C++ routes)
+//   bit 20     hadamard       nvfp4
+//   bit 21     stochastic_rounding  nvfp4
+//   bits 22-31 zero
 #ifndef MXQ_MXQ_HPP_
 #define MXQ_MXQ_HPP_
 

@@ -1,0 +1,87 @@
+"""Where NVFP4's and MXFP4's outputs live (docs/NUMERICS.md, "NVFP4 and MXFP4", draws them).
+
+For an input read as [M, N] (mxq/tensor.py ``flat_dims``), B = 16 (NVFP4) or 32 (MXFP4):
+
+- rowwise data: uint8 ``(*shape[:-1], N/2)``, E2M1 codes two per byte (element 2j in the low
+  nibble); rowwise scales [M, ceil(N/B)] (compact).
+- colwise data: the transposed copy, uint8 [N, M/2] (FP4 GEMMs take only the TN layout); its
+  scales are the rowwise scales of that copy, [N, ceil(M/B)].
+- ``swizzled`` scales: cuBLAS/CUTLASS's 128x4 atoms over those [rows, blocks] grids
+  (mxq/formats/layouts.py ``swizzle``, the same atom as MXFP8's with B-element blocks), zero
+  padded to [roundup(rows, 128), roundup(blocks, 4)].
+- scales are torch.float8_e4m3fn (NVFP4) or uint8 E8M0 bytes (MXFP4); NVFP4 results also hold
+  the per-tensor fp32 amax (``amax``, and with the Hadamard transform the colwise copy's own,
+  ``colwise_amax``).
+
+FP4 outputs are never grouped and their data is always contiguous.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import layouts
+from .fp4 import BLOCKS
+
+
+def scale_dtype(fmt: str) -> torch.dtype:
+    return torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8
+
+
+def scale_grid(rows: int, cols: int, fmt: str) -> tuple[int, int]:
+    """The compact scale shape of a [rows, cols] operand quantized along ``cols``."""
+    return rows, layouts.cdiv(cols, BLOCKS[fmt])
+
+
+def scale_shape(rows: int, cols: int, fmt: str, layout: str) -> tuple[int, int]:
+    r, b = scale_grid(rows, cols, fmt)
+    return (r, b) if layout == "compact" else (layouts.roundup(r, 128), layouts.roundup(b, 4))
+
+
+def data_shape(shape) -> tuple:
+    """The rowwise data's shape for a logical ``shape`` (its last dim halved)."""
+    return (*shape[:-1], shape[-1] // 2)
+
+
+def outputs(spec, shape, m: int, n: int, device, zeroed: bool) -> dict:
+    """The FP4 output tensors of ``spec`` for a logical ``shape`` read as [m, n] (MXFP8Tensor
+    fields by name; absent ones None). Swizzled scales and the colwise amax start zeroed, the
+    rest too when ``zeroed``."""
+    alloc = torch.zeros if zeroed else torch.empty
+    scale_alloc = torch.zeros if zeroed or spec.scale_layout == "swizzled" else torch.empty
+    sdt = scale_dtype(spec.format)
+    out = dict.fromkeys(("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "colwise_amax"))
+    if spec.rowwise:
+        out["rowwise_data"] = alloc(data_shape(shape), dtype=torch.uint8, device=device)
+        out["rowwise_scale"] = scale_alloc(scale_shape(m, n, spec.format, spec.scale_layout), dtype=sdt,
+                                           device=device)
+    if spec.colwise:
+        out["colwise_data"] = alloc((n, m // 2), dtype=torch.uint8, device=device)
+        out["colwise_scale"] = scale_alloc(scale_shape(n, m, spec.format, spec.scale_layout), dtype=sdt,
+                                           device=device)
+        if spec.hadamard:
+            out["colwise_amax"] = torch.zeros((), dtype=torch.float32, device=device)
+    return out
+
+
+def to_layout(s: torch.Tensor, layout: str) -> torch.Tensor:
+    """Compact scales [rows, blocks] in ``layout`` (swizzled: zero padded atoms)."""
+    if layout == "compact":
+        return s
+    return layouts.swizzle(s.view(torch.uint8)).view(s.dtype)
+
+
+def compact(buf: torch.Tensor, rows: int, cols: int, fmt: str, layout: str) -> torch.Tensor:
+    """A direction's scales of a [rows, cols] operand as the compact grid [rows, ceil(cols/B)]."""
+    if layout == "compact":
+        return buf
+    return layouts.unswizzle(buf.view(torch.uint8), *scale_grid(rows, cols, fmt)).view(buf.dtype)
+
+
+def operand_dims(direction: str, m: int, n: int) -> tuple[int, int]:
+    """[rows, cols] of a direction's quantized operand: rowwise [M, N], colwise the copy [N, M]."""
+    return (m, n) if direction == "rowwise" else (n, m)
+
+
+__all__ = ["compact", "data_shape", "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape",
+           "to_layout"]

@@ -1,0 +1,309 @@
+"""NVFP4 and MXFP4 (mxq/formats/fp4.py and the reference): bit-exact against tests/oracle_fp4.py
+and hand vectors, every format, mode, dtype, layout and edge; the Hadamard transform against a
+float64 matrix product; stochastic rounding's statistics and determinism."""
+
+import math
+import struct
+
+import pytest
+import torch
+
+import mxq
+from mxq.formats import fp4
+from tests import oracle_fp4 as oracle
+
+NAN, INF = float("nan"), float("inf")
+
+
+def f32_rows(v: torch.Tensor) -> list:
+    return v.to(torch.float32).reshape(-1, v.shape[-1]).tolist()
+
+
+def codes_of(data: torch.Tensor) -> list:
+    """Unpack bytes [R, C/2] in the test (low nibble first), independent of fp4.unpack."""
+    return [[nib for b in row for nib in (b & 0xF, b >> 4)] for row in data.tolist()]
+
+
+def scale_bytes(t: torch.Tensor) -> list:
+    return t.contiguous().view(torch.uint8).tolist()
+
+
+def edge_input(m, n, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, n, generator=g) * torch.exp2(torch.randint(-8, 8, (m, 1), generator=g).float())
+    x[0, :min(n, 16)] = 0.0  # a zero block
+    if m > 1:
+        x[1, 3 % n] = NAN  # NaN elements enter no amax
+        x[1, 20 % n] = -0.0
+    if m > 2:
+        x[2, 5 % n] = INF if dtype != torch.float16 else 60000.0
+        x[2, 6 % n] = -INF if dtype != torch.float16 else -60000.0
+    if m > 3:
+        x[3, :] = x[3, :] * 1e-30 if dtype != torch.float16 else x[3, :] * 1e-6  # tiny: subnormal E4M3 scales
+    return x.to(dtype)
+
+
+# -- E2M1 --------------------------------------------------------------------------------------
+def test_e2m1_round_to_nearest_even_hand_vectors():
+    y = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.2500001, 5.0000005, 7.0, INF, NAN, -NAN,
+                      -0.1, -0.0, 0.0, -0.25, -6.0, -1e30, 1e-45])
+    want = [0, 2, 2, 4, 4, 6, 6, 1, 7, 7, 7, 7, 7, 8, 8, 0, 8, 15, 15, 0]
+    assert fp4.encode_rn(y).tolist() == want
+    assert [oracle.e2m1(v) for v in y.tolist()] == want
+
+
+def test_e2m1_every_fp32_near_the_grid_matches_the_oracle():
+    grid = [0, 0.25, 0.5, 0.75, 1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 8]
+    vals = []
+    for g in grid:
+        b = struct.unpack("<I", struct.pack("<f", g))[0] if g else 1
+        vals += [struct.unpack("<f", struct.pack("<I", b + d))[0] for d in (-2, -1, 0, 1, 2) if b + d > 0]
+    vals += [-v for v in vals]
+    y = torch.tensor(vals, dtype=torch.float32)
+    assert fp4.encode_rn(y).tolist() == [oracle.e2m1(v) for v in y.tolist()]
+
+
+def test_pack_puts_the_even_element_in_the_low_nibble():
+    codes = torch.tensor([[1, 2, 15, 8]], dtype=torch.uint8)
+    assert fp4.pack(codes).tolist() == [[0x21, 0x8F]]
+    assert fp4.unpack(fp4.pack(codes)).tolist() == codes.tolist()
+
+
+# -- NVFP4 -------------------------------------------------------------------------------------
+def test_nvfp4_hand_vector():
+    # global amax 5.25 = 2688/512: S_enc 512; sf = 512 * fp32(1/6); the block scale 448 (0x7E);
+    # multiplier fp32(1 / (448 * 2^-9)) = fp32(8/7); 5.25 * 8/7 = 6 -> 7; 0.4375 * 8/7 = 0.5 -> 1
+    x = torch.tensor([[5.25, -2.625, 0.4375, -0.0, 0.1, NAN] + [0.0] * 10])
+    t = mxq.quantize(x, format="nvfp4")
+    assert t.amax.item() == 5.25
+    assert scale_bytes(t.rowwise_scale) == [[0x7E]]
+    assert codes_of(t.rowwise_data)[0][:6] == [7, 13, 1, 8, 0, 7]
+
+
+def test_nvfp4_zero_and_nan_only_tensors():
+    t = mxq.quantize(torch.tensor([[0.0, -0.0, NAN, 0.0]]), format="nvfp4")
+    assert t.amax.item() == 0.0
+    assert scale_bytes(t.rowwise_scale) == [[0]]  # no lower clamp: a zero block stores 0
+    assert codes_of(t.rowwise_data) == [[0, 8, 7, 0]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(5, 40), (1, 18), (17, 32), (4, 2)])
+@pytest.mark.parametrize("block_2d", [False, True])
+def test_nvfp4_against_the_oracle(dtype, shape, block_2d):
+    x = edge_input(*shape, dtype)
+    t = mxq.quantize(x, format="nvfp4", colwise=shape[0] % 2 == 0, block_2d=block_2d)
+    v = f32_rows(x)
+    ga = oracle.amax([e for row in v for e in row])
+    assert t.amax.item() == ga or (math.isinf(ga) and math.isinf(t.amax.item()))
+    codes, scales = oracle.nvfp4(v, ga, 16 if block_2d else 1)
+    assert codes_of(t.rowwise_data) == codes
+    assert scale_bytes(t.rowwise_scale) == scales
+    if t.colwise_data is not None:
+        vt = [list(col) for col in zip(*v)]
+        codes_t, scales_t = oracle.nvfp4(vt, ga, 16 if block_2d else 1)
+        assert codes_of(t.colwise_data) == codes_t
+        assert scale_bytes(t.colwise_scale) == scales_t
+
+
+def test_nvfp4_block_2d_copies_are_numerically_identical():
+    x = edge_input(48, 64, torch.bfloat16, seed=3)
+    t = mxq.quantize(x, format="nvfp4", colwise=True, block_2d=True)
+    a, b = t.dequantize("rowwise"), t.dequantize("colwise")
+    assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+
+
+def test_nvfp4_global_amax_given_skips_the_first_pass():
+    x = torch.randn(8, 32)
+    t = mxq.quantize(x, format="nvfp4", global_amax=10.0)
+    assert t.amax.item() == 10.0
+    codes, scales = oracle.nvfp4(f32_rows(x), 10.0)
+    assert codes_of(t.rowwise_data) == codes and scale_bytes(t.rowwise_scale) == scales
+    t2 = mxq.quantize(x, format="nvfp4", global_amax=torch.tensor(10.0))
+    assert torch.equal(t2.rowwise_data, t.rowwise_data)
+
+
+def test_nvfp4_dequantize_is_tes_formula():
+    x = edge_input(6, 48, torch.float32, seed=5)
+    t = mxq.quantize(x, format="nvfp4")
+    got = t.dequantize()
+    factor = oracle.round_f32(oracle.Fraction(1, 2688))
+    codes = codes_of(t.rowwise_data)
+    sc = scale_bytes(t.rowwise_scale)
+    for r in range(6):
+        for c in range(48):
+            per_block = oracle.mul(oracle.mul(float(oracle.e4m3_value(sc[r][c // 16])), t.amax.item()), factor)
+            want = oracle.mul(oracle.e2m1_value(codes[r][c]), per_block)
+            g = got[r, c].item()
+            assert g == want or (math.isnan(g) and math.isnan(want)), (r, c)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_swizzled_scales_are_the_compact_ones_in_atoms(fmt):
+    x = edge_input(130, 72, torch.bfloat16, seed=7)
+    a = mxq.quantize(x, format=fmt, colwise=True)
+    b = mxq.quantize(x, format=fmt, colwise=True, scale_layout="swizzled")
+    blk = 16 if fmt == "nvfp4" else 32
+    assert b.rowwise_scale.shape == (256, 8 if fmt == "nvfp4" else 4)
+    assert b.colwise_scale.shape == (128, 12 if fmt == "nvfp4" else 8)
+    for d in ("rowwise", "colwise"):
+        assert torch.equal(b.compact_scale(d).view(torch.uint8), getattr(a, f"{d}_scale").view(torch.uint8))
+        assert torch.equal(getattr(a, f"{d}_data"), getattr(b, f"{d}_data"))
+    # the atom: compact (i, j) at ((i//128) * ceil(blocks/4) + j//4) * 512 + (i%32)*16 + ((i%128)//32)*4 + j%4
+    flat = b.rowwise_scale.contiguous().view(torch.uint8).reshape(-1)
+    comp = a.rowwise_scale.view(torch.uint8)
+    blocks = -(-72 // blk)
+    for i in (0, 33, 129):
+        for j in range(blocks):
+            off = ((i // 128) * -(-blocks // 4) + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4
+            assert flat[off] == comp[i, j]
+
+
+def test_layouts_shapes_and_rank():
+    x = torch.randn(2, 3, 4, 40)
+    t = mxq.quantize(x, format="nvfp4", colwise=True)
+    assert t.rowwise_data.shape == (2, 3, 4, 20) and t.rowwise_data.dtype == torch.uint8
+    assert t.colwise_data.shape == (40, 12) and t.rowwise_scale.shape == (24, 3)
+    assert t.colwise_scale.shape == (40, 2) and t.rowwise_scale.dtype == torch.float8_e4m3fn
+    assert t.dequantize().shape == x.shape and t.dequantize("colwise").shape == x.shape
+
+
+# -- the Hadamard transform ----------------------------------------------------------------------
+def sylvester16() -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < 16:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def test_hadamard_matches_a_float64_matrix_product():
+    x = torch.randn(32, 48).to(torch.bfloat16)
+    signs = torch.tensor(oracle.SIGNS, dtype=torch.float64)
+    mat = torch.diag(signs) @ sylvester16() / 4
+    prod = (x.t().double().reshape(48, 2, 16) @ mat).reshape(48, 32)
+    want = [[oracle.round_bf16(oracle.Fraction(v)) for v in row] for row in prod.tolist()]
+    got = fp4.hadamard(x.t().float())
+    assert got.tolist() == want
+    assert got.tolist() == oracle.hadamard_rows(x.t().float().tolist())
+
+
+def test_hadamard_colwise_copy_against_the_oracle():
+    x = edge_input(32, 48, torch.bfloat16, seed=11)
+    x = torch.where(x.isnan() | x.isinf(), 1.0, x.float()).to(torch.bfloat16)
+    t = mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True)
+    v = f32_rows(x)
+    w = oracle.hadamard_rows([list(col) for col in zip(*v)])
+    assert t.colwise_amax.item() == oracle.amax([e for row in w for e in row])
+    assert t.amax.item() == oracle.amax([e for row in v for e in row])
+    codes, scales = oracle.nvfp4(w, t.colwise_amax.item())
+    assert codes_of(t.colwise_data) == codes and scale_bytes(t.colwise_scale) == scales
+    plain = mxq.quantize(x, format="nvfp4")
+    assert torch.equal(t.rowwise_data, plain.rowwise_data)  # the rowwise data is not transformed
+
+
+# -- stochastic rounding ------------------------------------------------------------------------
+def test_philox_known_answers():
+    z = torch.zeros(1, dtype=torch.int64)
+    assert [int(w) for w in fp4.philox((z, z, z, z), (0, 0))] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    assert oracle.philox([0, 0, 0, 0], [0, 0]) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    ctr = [0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344]
+    want = [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+    assert [int(w) for w in fp4.philox(tuple(torch.tensor([c]) for c in ctr), (0xA4093822, 0x299F31D0))] == want
+
+
+@pytest.mark.parametrize("seed, offset", [(0, 0), (2 ** 40 + 7, 5), (2 ** 64 - 1, 2 ** 33 + 3)])
+def test_random_bytes_against_the_oracle(seed, offset):
+    got = fp4.random_bytes(3, 10, seed, offset, 1, "cpu")
+    assert got.tolist() == oracle.random_bytes(3, 10, seed, offset, 1)
+
+
+def test_stochastic_rounding_against_the_oracle():
+    x = edge_input(4, 36, torch.float32, seed=13)
+    t = mxq.quantize(x, format="nvfp4", colwise=True, stochastic_rounding=True, seed=123, offset=8)
+    v = f32_rows(x)
+    ga = oracle.amax([e for row in v for e in row])
+    codes, scales = oracle.nvfp4(v, ga, rand=oracle.random_bytes(4, 36, 123, 8, 0))
+    assert codes_of(t.rowwise_data) == codes and scale_bytes(t.rowwise_scale) == scales
+    vt = [list(c) for c in zip(*v)]
+    codes_t, _ = oracle.nvfp4(vt, ga, rand=oracle.random_bytes(36, 4, 123, 8, 1))
+    assert codes_of(t.colwise_data) == codes_t
+
+
+def test_stochastic_rounding_is_deterministic_per_seed_and_offset():
+    x = torch.randn(64, 64)
+    a = mxq.quantize(x, format="nvfp4", stochastic_rounding=True, seed=7, offset=0)
+    b = mxq.quantize(x, format="nvfp4", stochastic_rounding=True, seed=7, offset=0)
+    c = mxq.quantize(x, format="nvfp4", stochastic_rounding=True, seed=8, offset=0)
+    d = mxq.quantize(x, format="nvfp4", stochastic_rounding=True, seed=7, offset=4)
+    assert torch.equal(a.rowwise_data, b.rowwise_data)
+    assert not torch.equal(a.rowwise_data, c.rowwise_data) and not torch.equal(a.rowwise_data, d.rowwise_data)
+    torch.manual_seed(1)
+    e = mxq.quantize(x, format="nvfp4", stochastic_rounding=True)
+    torch.manual_seed(1)
+    f = mxq.quantize(x, format="nvfp4", stochastic_rounding=True)
+    assert torch.equal(e.rowwise_data, f.rowwise_data)
+
+
+def test_stochastic_rounding_is_unbiased_and_beats_round_to_nearest_on_the_mean():
+    # values between grid points in every spacing; the block max 6 fixes the global and block scales
+    vals = [0.1, 0.3, 0.6, 1.1, 1.3, 1.9, 2.2, 2.7, 3.3, 4.4, 5.1, 5.7, -0.2, -1.6, -3.9, 6.0]
+    x = torch.tensor(vals).repeat(256, 1)  # 256 rows: 256 independent draws per value
+    enc = oracle.s_enc(6.0)
+    byte = oracle.encode_fp8(min(oracle.mul(6.0, oracle.mul(enc, oracle.round_f32(oracle.Fraction(1, 6)))),
+                                 oracle.FLT_MAX), "e4m3")
+    mult = oracle.div(1.0, oracle.mul(float(oracle.e4m3_value(byte)), oracle.div(1.0, enc)))
+    target = torch.tensor([oracle.mul(v, mult) for v in vals], dtype=torch.float64)  # y = v * multiplier
+
+    def decoded(t):
+        return torch.tensor([[oracle.e2m1_value(c) for c in row] for row in codes_of(t.rowwise_data)],
+                            dtype=torch.float64)
+
+    q = torch.cat([decoded(mxq.quantize(x, format="nvfp4", stochastic_rounding=True, seed=s, offset=0))
+                   for s in range(4)])  # 1024 draws per value
+    mean = q.mean(0)
+    step = torch.where(target.abs() < 2, 0.5, torch.where(target.abs() < 4, 1.0, 2.0))
+    # unbiased: within 5 standard errors (at most step/2 per draw) plus the 8-bit rule's 1/256 of a step
+    assert ((mean - target).abs() <= 5 * step / 2 / math.sqrt(q.shape[0]) + step / 256).all(), mean - target
+    rn = decoded(mxq.quantize(x[:1], format="nvfp4"))[0]
+    assert (mean - target).pow(2).mean().sqrt() < (rn - target).pow(2).mean().sqrt() / 4
+
+
+# -- MXFP4 -------------------------------------------------------------------------------------
+def test_mxfp4_hand_vector():
+    x = torch.tensor([[6.0, -3.0, 1.5, 0.25, 0.75, NAN] + [0.0] * 26 + [6.0, -3.0] + [0.0] * 30])
+    for mode in ("floor", "rceil"):
+        t = mxq.quantize(x, format="mxfp4", scale_mode=mode)
+        assert t.rowwise_scale.tolist() == [[255, 127]]  # a NaN makes its block's scale NaN
+        assert codes_of(t.rowwise_data)[0][:6] == [7] * 6 and codes_of(t.rowwise_data)[0][32:34] == [7, 13]
+
+
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(5, 72), (1, 34), (6, 64)])
+def test_mxfp4_against_the_oracle(mode, dtype, shape):
+    x = edge_input(*shape, dtype, seed=17)
+    t = mxq.quantize(x, format="mxfp4", scale_mode=mode, colwise=shape[0] % 2 == 0)
+    v = f32_rows(x)
+    codes, scales = oracle.mxfp4(v, mode)
+    assert codes_of(t.rowwise_data) == codes and t.rowwise_scale.tolist() == scales
+    if t.colwise_data is not None:
+        codes_t, scales_t = oracle.mxfp4([list(c) for c in zip(*v)], mode)
+        assert codes_of(t.colwise_data) == codes_t and t.colwise_scale.tolist() == scales_t
+
+
+def test_mxfp4_rceil_never_saturates_and_floor_may():
+    x = torch.tensor([[7.0] + [0.0] * 31])
+    assert codes_of(mxq.quantize(x, format="mxfp4", scale_mode="rceil").rowwise_data)[0][0] == 6  # 7/2 -> 4
+    assert codes_of(mxq.quantize(x, format="mxfp4").rowwise_data)[0][0] == 7  # floor: 7 -> 6 (saturated)
+
+
+def test_mxfp4_dequantize_is_exact():
+    x = edge_input(4, 64, torch.float32, seed=19)
+    t = mxq.quantize(x, format="mxfp4")
+    got = t.dequantize().tolist()
+    codes = codes_of(t.rowwise_data)
+    for r in range(4):
+        for c in range(64):
+            e = t.rowwise_scale[r, c // 32].item()
+            want = math.nan if e == 255 else oracle.round_f32(oracle.Fraction(oracle.e2m1_value(codes[r][c])) * oracle.Fraction(2) ** (e - 127))
+            assert got[r][c] == want or (math.isnan(got[r][c]) and math.isnan(want))
