@@ -80,3 +80,29 @@ def test_variant_rules_one_clause_at_a_time():
     assert variant_for(64, 64, [xs], ("strided",), (_u8(0, (m, 64)), None), False) == "rows8"
     assert variant_for(64, 64, [_at(0, (m, 64), bf, row_stride=136)], ("strided",), (_u8(0, (m, 64)), None),
                        False) == "vec"
+
+
+def test_destination_passing_route_hands_the_dispatcher_every_slot():
+    """Launcher._dispatch_into (the native destination-passing route of a kept plan): the
+    dispatcher gets the call's tensors, floats, act_input, the seven output slots and noop, for a
+    Call with every field (a new field once broke the unpacking here on CUDA only). CPU tensors
+    and a recording dispatcher stand in for the native one."""
+    import mxq
+    from mxq.runtime.call import Call
+    from mxq.runtime.launch import Launcher
+
+    def scaled(x, r, alpha: float = 1.0):
+        return x * alpha + r
+
+    op = mxq.fused_quant(colwise=True, amax=True)(scaled)
+    launcher = Launcher(op, "sm_90", "bf16", None)
+    seen = []
+    launcher.dispatch = lambda *args: seen.append(args)
+    x, r = torch.randn(64, 32), torch.randn(64, 32)
+    noop = torch.zeros(1)
+    out = launcher._dispatch_into(Call([x, r], [0.5], None, noop, None, None))
+    (args,) = seen
+    assert args[0] is x and args[1] is r and args[2] == 0.5 and args[3] is None and args[-1] is noop
+    slots = (out.rowwise_data, out.rowwise_scale, out.colwise_data, out.colwise_scale, out.amax, out.dbias)
+    assert len(args) == 4 + len(slots) + 1 and all(a is b for a, b in zip(args[4:-1], slots))
+    assert not out.rowwise_data.view(torch.uint8).any()  # (a noop call without out: zeroed outputs)

@@ -176,12 +176,13 @@ class Launcher:
         """A call into ``call.out`` through the destination-passing dispatcher (a noop call
         without ``out``: into zeroed outputs; else fresh ones, e.g. swizzled scales, which the
         allocating route does not make)."""
-        tensors, scalars, act_input, noop, out, _ = zeroed_out(self.op.spec, self.op.epilogue, call)
+        call = zeroed_out(self.op.spec, self.op.epilogue, call)
+        out = call.out
         if out is None:
-            x = tensors[0]
+            x = call.tensors[0]
             out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device)
-        self.dispatch(*tensors, *scalars, act_input, out.rowwise_data, out.rowwise_scale, out.colwise_data,
-                      out.colwise_scale, out.amax, out.dbias, noop)
+        self.dispatch(*call.tensors, *call.scalars, call.act_input, out.rowwise_data, out.rowwise_scale,
+                      out.colwise_data, out.colwise_scale, out.amax, out.dbias, call.noop)
         return out
 
 
