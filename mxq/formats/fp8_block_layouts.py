@@ -27,20 +27,13 @@ from __future__ import annotations
 import torch
 
 from . import groups
+from .layouts import cdiv, roundup
 from .fp8_block import BLOCK
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _roundup(a: int, b: int) -> int:
-    return _cdiv(a, b) * b
 
 
 def scale_grid(rows: int, cols: int, block: tuple) -> tuple[int, int]:
     """The logical scale shape of a [rows, cols] operand quantized in ``block`` blocks."""
-    return _cdiv(rows, block[0]), _cdiv(cols, block[1])
+    return cdiv(rows, block[0]), cdiv(cols, block[1])
 
 
 def gemm_scale(rows: int, cols: int, tiles: bool, device, alloc=torch.zeros) -> torch.Tensor:
@@ -48,8 +41,8 @@ def gemm_scale(rows: int, cols: int, tiles: bool, device, alloc=torch.zeros) -> 
     (outer-dim-major) or, ``tiles``, 128x128 (row-major, padded); a view of a fresh buffer."""
     if tiles:
         mb, nb = scale_grid(rows, cols, (BLOCK, BLOCK))
-        return alloc((_roundup(mb, 4), _roundup(nb, 4)), dtype=torch.float32, device=device)[:mb, :nb]
-    buf = alloc((_cdiv(cols, BLOCK), _roundup(rows, 4)), dtype=torch.float32, device=device)
+        return alloc((roundup(mb, 4), roundup(nb, 4)), dtype=torch.float32, device=device)[:mb, :nb]
+    buf = alloc((cdiv(cols, BLOCK), roundup(rows, 4)), dtype=torch.float32, device=device)
     return buf[:, :rows].t()
 
 

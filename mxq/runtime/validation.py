@@ -28,6 +28,16 @@ def _fail_type(name: str, what: str, got) -> None:
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+def check_one_float32(name: str, t, what: str, device, owner: str) -> None:
+    """Raise unless tensor argument ``name`` is a plain one-element float32 tensor on ``device``
+    (``what`` it must be, ``owner`` what sets the device, both for the message)."""
+    check_plain_tensor(name, t)
+    if t.dtype != torch.float32 or t.numel() != 1:
+        raise ValueError(f"mxq: argument {name!r} must be {what}, got dtype {t.dtype} with {t.numel()} elements")
+    if t.device != device:
+        raise ValueError(f"mxq: argument {name!r} is on {t.device} but {owner} is on {device}")
+
+
 def check_plain_tensor(name: str, t) -> None:
     """``t`` must be a dense, strided torch.Tensor (or nn.Parameter). Tensor subclasses (DTensor,
     FakeTensor wrappers, ...) are refused: their shape and their data pointer may describe
@@ -93,12 +103,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
     if noop is not None:
         if not isinstance(noop, torch.Tensor):
             _fail_type("noop", "a one-element float32 torch.Tensor or None", type(noop).__name__)
-        check_plain_tensor("noop", noop)
-        if noop.dtype != torch.float32 or noop.numel() != 1:
-            raise ValueError(f"mxq: argument 'noop' must be a one-element float32 tensor, got dtype "
-                             f"{noop.dtype} with {noop.numel()} elements")
-        if noop.device != f.device:
-            raise ValueError(f"mxq: argument 'noop' is on {noop.device} but {fname!r} is on {f.device}")
+        check_one_float32("noop", noop, "a one-element float32 tensor", f.device, repr(fname))
     if group_offsets is not None:
         groups.check(group_offsets, flat_dims(f.shape)[0], f.device)
         if prepare and (group_offsets.dtype != torch.int32 or not group_offsets.is_contiguous()):
@@ -185,12 +190,7 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
             raise ValueError("mxq: argument 'global_amax' does not go with hadamard=True yet (the colwise copy "
                              "has its own amax after the transform)")
         if isinstance(amax, torch.Tensor):
-            check_plain_tensor("global_amax", amax)
-            if amax.dtype != torch.float32 or amax.numel() != 1:
-                raise ValueError(f"mxq: argument 'global_amax' must be a one-element float32 tensor or a float, "
-                                 f"got dtype {amax.dtype} with {amax.numel()} elements")
-            if amax.device != x.device:
-                raise ValueError(f"mxq: argument 'global_amax' is on {amax.device} but the input is on {x.device}")
+            check_one_float32("global_amax", amax, "a one-element float32 tensor or a float", x.device, "the input")
         elif isinstance(amax, bool) or not isinstance(amax, (int, float)):
             _fail_type("global_amax", "a one-element float32 tensor or a float", type(amax).__name__)
         elif not 0 <= amax < float("inf"):
