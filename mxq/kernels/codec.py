@@ -2,22 +2,60 @@
 
 The kernels call these with their config's ``Format`` (mxq/formats/format.py) and branch on it
 only through ``cutlass.const_expr`` (plain Python at trace time): a new format is a new case
-here, not a new branch in every kernel. MXFP8 (E8M0 scales, FP8 elements) is the one
-implemented: device.py holds its exact arithmetic.
+here, not a new branch in every kernel. MXFP8 (E8M0 scales, FP8 elements) and FP8 block
+scaling's 1x128 rowwise blocks (fp32 scales by TransformerEngine's rule, ``fmt.scale == "fp32"``)
+are implemented: device.py holds their exact arithmetic.
+
+A block's scale ``e`` (block_scale) is what the format computes once per block: an E8M0 byte
+(Int32) for MXFP8, the fp32 quantization multiplier for FP8 block scaling. ``multiplier`` is what
+the block's values are multiplied by before encoding, ``store_row_scale`` what is stored (the
+byte; the dequantization multiplier 1 / e).
 """
 
 from __future__ import annotations
 
-from cutlass import Uint8
+from cutlass import Float32, Uint8
 
 from . import device as dev
 from . import grouped
 
 
 # --- the scale rule and the element encoding ----------------------------------------------------
-def block_scale(fmt, amax, use_hw_e8m0: bool):
-    """The scale (an E8M0 byte as Int32) of a block with magnitude maximum ``amax``."""
+# the largest finite value of each input element type (FP8 block scaling's rule for an infinite
+# quotient: torch.finfo(dtype).max)
+INPUT_MAX = {"BFloat16": 3.3895313892515355e38, "Float16": 65504.0, "Float32": 3.4028234663852886e38}
+
+
+def input_max(element_type) -> float:
+    """The largest finite value of a cutlass input element type."""
+    return INPUT_MAX[element_type.__name__]
+
+
+def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float = 0.0):
+    """The scale of a block with magnitude maximum ``amax``: an E8M0 byte as Int32, or (fp32
+    scales: amax >= 0 without NaN, ``in_max`` the input type's largest finite value) the fp32
+    quantization multiplier."""
+    if fmt.scale == "fp32":
+        return dev.te_scale(amax, fmt.elem.max, in_max, fmt.rule == "pow2")
     return dev.e8m0_scale(amax, fmt.element, fmt.rule, use_hw_e8m0)
+
+
+def multiplier(fmt, e):
+    """What a block's values are multiplied by before encoding, from its scale ``e``."""
+    if fmt.scale == "fp32":
+        return e
+    return dev.inv_scale(e)
+
+
+def block_amax_nan(fmt) -> bool:
+    """Whether a NaN element makes its block's amax NaN (MXFP8) or is left out of it (FP8 block
+    scaling, TransformerEngine's fmaxf; a block of NaN alone has amax 0)."""
+    return fmt.scale != "fp32"
+
+
+def block_lanes(fmt, vec: int) -> int:
+    """Lanes that share a rowwise block when each lane holds ``vec`` adjacent columns."""
+    return fmt.block[1] // vec
 
 
 def encode1(fmt, q):
@@ -37,12 +75,20 @@ def encode4(fmt, a, b, c, d):
 
 # --- where scale bytes go (compact or swizzled; a grouped call's per-group blocks) ---------------
 def store_row_scale(cfg, row_scale, offset, e):
-    """A row-scale byte (KernelConfig.row_scale_l2_keep: with an L2 evict_last policy)."""
-    dev.store_row_scale(row_scale, offset, e, cfg.row_scale_l2_keep)
+    """A row scale: the E8M0 byte (KernelConfig.row_scale_l2_keep: with an L2 evict_last policy),
+    or the fp32 dequantization multiplier 1 / e (one IEEE division: exact for pow2 scales)."""
+    if cfg.fmt.scale == "fp32":
+        row_scale[offset] = dev.div_rn(Float32(1.0), e)
+    else:
+        dev.store_row_scale(row_scale, offset, e, cfg.row_scale_l2_keep)
 
 
-def row_scale_offset(fmt, r, blk, nbr):
-    """Offset of row r's scale of block blk in rowwise scales of nbr blocks per row."""
+def row_scale_offset(fmt, r, blk, nbr, M=None):
+    """Offset of row r's scale of block blk in rowwise scales of nbr blocks per row (of M rows:
+    the GEMM-ready layout's outer-dim-major buffer, mxq/formats/fp8_block_layouts.gemm_scale,
+    holds block blk's scales of every row at blk * roundup(M, 4))."""
+    if fmt.layout == "gemm":
+        return blk * ((M + 3) // 4 * 4) + r
     return dev.scale_offset(fmt.swizzled, r, blk, nbr)
 
 

@@ -232,7 +232,7 @@ class KernelConfig:
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, ROWS // warps
         out = [group_scratch(warps)] if grouped else []
-        if self.wide_tile(grouped, unaligned):
+        if self.wide_tile(grouped, unaligned) and self.fmt.scale == "e8m0":  # (fp32 scales are stored directly)
             out.append(Buffer("rs", "u8", (rows, cols * warps // 32)))
         if self.col_reduce:
             out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))

@@ -177,14 +177,14 @@ class PackedKernel:
         if cutlass.const_expr(cfg.rowwise):
             if cutlass.const_expr(PASSES == 1):
                 tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-            nbr = (NOUT + 31) // 32
+            nbr = (NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
         if cutlass.const_expr(cfg.colwise and PASSES == 1):
             tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
         # Each phase call gets its own records (Fields.rec) of this body's values: a record shared
         # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
         k = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, ROWS8=ROWS8, WIDE=WIDE, ROW_MASK=ROW_MASK, is_bf16=is_bf16,
                    WARPS=WARPS, NTHREADS=NTHREADS, PK_ROWS=PK_ROWS, RSTEP=RSTEP, PERIOD=PERIOD, TILE_ROWS=TILE_ROWS,
-                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, use_hw_e8m0=use_hw_e8m0,
+                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, use_hw_e8m0=use_hw_e8m0, IN_MAX=codec.input_max(ins[0].element_type),
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
                     row_data=row_data, col_data=col_data)
@@ -218,7 +218,7 @@ class PackedKernel:
                                 abs_masks=abs_masks).rec(smem=staged.copy()), hp, frags, mis, once, staged_src, scalars_p)
             sr = None
             if cutlass.const_expr(cfg.rowwise):
-                sr = self.row_scales(k.rec(), Fields(lane=lane, c0=c0, rbase=rbase, rb=rb, g=g, cb=cb, Ms=Ms, co=co,
+                sr = self.row_scale_phase()(k.rec(), Fields(lane=lane, c0=c0, rbase=rbase, rb=rb, g=g, cb=cb, Ms=Ms, co=co,
                                                      gt=gt, nbr=nbr, tidx=tidx).rec(smem={"rs": sRS}), io.rec(), absw)
             owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
             if cutlass.const_expr(cfg.col_reduce):
@@ -394,6 +394,11 @@ class PackedKernel:
         return row_words, row_abs
 
     # -- scales --------------------------------------------------------------------------------
+    def row_scale_phase(self):
+        """The row-scale phase of the config's format: row_scales for 1x32 blocks (4 lanes),
+        row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes)."""
+        return self.row_scales if self.cfg.fmt.block[1] == 32 else self.row_block_scales
+
     @cute.jit
     def row_scales(self, k, t, io, absw):
         """The rows' scales, stored, and the inverse scale of each of the thread's rows. A row's
@@ -436,6 +441,41 @@ class PackedKernel:
             self.store_gathered_row_scales(k, t, io.row_scale)
         gl = lane - lane % 4
         return [cute.arch.shuffle_sync(si[i % QUARTER], gl + i // QUARTER) for i in range(k.PK_ROWS)]
+
+    @cute.jit
+    def row_block_scales(self, k, t, io, absw):
+        """row_scales for rowwise blocks wider than 32 columns (FP8 block scaling's 1x128): a row's
+        block is LANES = 16 adjacent lanes (half a warp). Their partial maxima are reduce-scattered
+        over the PK_ROWS rows (one butterfly stage per halving, from offset LANES / 2 down), then
+        all-reduced over the lanes that finished the same row (the remaining stages), so that
+        lanes SPAN apart finish rows (lane % LANES) // SPAN; the first of them stores the row's
+        scale (scales are stored directly, the wide tile's gather being for bytes), and every lane
+        fetches the PK_ROWS multipliers it needs. NaN-dropping maxima
+        (codec.block_amax_nan)."""
+        cfg = self.cfg
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
+        LANES = cutlass.const_expr(codec.block_lanes(cfg.fmt, VEC))
+        SPAN = cutlass.const_expr(LANES // k.PK_ROWS)  # lanes that finish the same row
+        lane = t.lane
+        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, NAN), dev.pk_max(a[2], a[3], is_bf16, NAN), is_bf16, NAN)
+              for a in absw]
+        for st in cutlass.range_constexpr(k.PK_ROWS.bit_length() - 1):  # reduce-scatter: offsets LANES / 2, ...
+            off = LANES >> (st + 1)
+            h = len(rp) // 2
+            rp = [dev.pk_max_shuffled(rp[m], rp[h + m], off, (lane & off) != 0, is_bf16, NAN) for m in range(h)]
+        w = rp[0]
+        for st in cutlass.range_constexpr(SPAN.bit_length() - 1):  # all-reduce: offsets SPAN / 2, ..., 1
+            w = dev.pk_max_bfly(w, SPAN >> (st + 1), is_bf16, NAN)
+        e = codec.block_scale(cfg.fmt, dev.pk_amax(w, is_bf16, NAN), k.use_hw_e8m0, k.IN_MAX)
+        srow = t.rbase + ((lane % LANES) // SPAN) * k.RSTEP  # the row this lane finished
+        grp_ok = t.c0 - (lane % LANES) * VEC < io.N  # the block's first lane has valid columns
+        if lane % SPAN == 0 and grp_ok and srow < t.Ms:
+            soff = codec.row_scale_offset(cfg.fmt, srow, (t.co + t.c0) // cfg.fmt.block[1], t.nbr, io.M)
+            codec.store_row_scale(cfg, io.row_scale, soff, e)
+        si = codec.multiplier(cfg.fmt, e)
+        gl = lane - lane % LANES
+        return [cute.arch.shuffle_sync(si, gl + i * SPAN) for i in range(k.PK_ROWS)]
 
     @cute.jit
     def store_gathered_row_scales(self, k, t, row_scale):

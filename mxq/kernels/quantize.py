@@ -80,6 +80,8 @@ class Quantize:
             grid, block = vec_grid(cfg, M, N, G)
             self.vectorized.vec_kernel(*args, variant == "rows8").launch(grid=grid, block=block, stream=stream)
         else:
+            if cfg.fmt.block[1] != 32:  # (limits.unserved keeps such calls on the reference)
+                raise NotImplementedError(f"mxq: the element-wise kernel serves 1x32 blocks only, not {cfg.fmt.block}")
             grid, block = generic_grid(cfg, M, N, G)
             self.generic.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
         if cfg.dbias:

@@ -213,7 +213,7 @@ def dispatchers_or_none(op):
     """make_dispatchers(op), or None (after a warning) where they cannot be built (no C++
     compiler). Two-halves ops (mxq/frontend/gated.py) have none: their outputs are wider than
     their inputs, which the dispatchers do not know."""
-    if gated.is_halves(op.epilogue):
+    if gated.is_halves(op.epilogue) or op.spec.format != "mxfp8":  # (FP8 block scaling: limits.refuse_cpp)
         return None
     try:
         return make_dispatchers(op)
