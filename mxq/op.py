@@ -127,8 +127,9 @@ class FusedOp:
             self._fast[(x.dtype, x.get_device())] = launcher  # ordinary calls skip even the key (_fast_call)
         return run, call._replace(tensors=tensors, act_input=act_input), not copied
 
-    def _unserved(self, x, call) -> str | None:
-        """Why the kernels cannot serve this op's ``call`` on ``x``, or None (limits.unserved)."""
+    def _unserved(self, x, call=None) -> str | None:
+        """Why the kernels cannot serve this op on ``x`` (``call``: its out= and group offsets), or None
+        (limits.unserved)."""
         return limits.unserved(self.spec, self.epilogue, x, self._packed_smem_shortfall, call)
 
     def _packed_smem_shortfall(self) -> str | None:
