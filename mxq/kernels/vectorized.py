@@ -366,7 +366,11 @@ class VectorizedKernel:
         cfg = self.cfg
         if k.GROUPED:
             return codec.group_row_scale_offset(cfg.fmt, t.gt, r, self.op.out_col(t.co, t.c0) // 32, t.nbr)
-        return codec.row_scale_offset(cfg.fmt, r, (t.co + t.c0) // cfg.fmt.block[1], t.nbr, t.M)
+        if cfg.fmt.layout == "gemm":
+            return codec.row_scale_offset(cfg.fmt, r, (t.co + t.c0) // cfg.fmt.block[1], t.nbr, t.M)
+        if cfg.fmt.swizzled:
+            return dev.swizzle_offset(r, (t.co + t.c0) // 32, t.nbr)
+        return r * t.nbr + (t.co + t.c0) // cfg.fmt.block[1]  # (this order of operations: MXFP8's PTX)
 
     # -- colwise -------------------------------------------------------------------------------
     def share_partials(self, k, t, cmax, dsum, sMax, sSum):
