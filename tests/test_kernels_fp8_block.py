@@ -1,5 +1,6 @@
 """FP8 block scaling on the kernels: 1x128 rowwise blocks (mxq/kernels/codec.py's fp32-scale
-format, packed.PackedKernel.row_block_scales, vectorized.VectorizedKernel.row_scale).
+format, packed.PackedKernel.row_block_scales, vectorized.VectorizedKernel.row_scale) and colwise
+128-row blocks (the packed kernel's 128-row tile, KernelConfig.tile_rows).
 
 CPU: what the kernels serve (limits.fp8_block_unserved), the module renders, the kernels compile
 for sm_90a and sm_100a with TransformerEngine's arithmetic in their PTX, and the GEMM-ready
@@ -17,6 +18,7 @@ import torch
 import mxq
 from mxq.formats import fp8_block_layouts
 from mxq.formats.format import Format
+from mxq.frontend import codegen
 from mxq.frontend.spec import QuantSpec
 from mxq.kernels import codec
 from mxq.runtime import compiler, launch, limits
@@ -25,7 +27,7 @@ from mxq.testing import planted, poisoned, same_bytes
 from . import oracle_fp8_block as oracle
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-FIELDS = ("rowwise_data", "rowwise_scale", "amax", "dbias")
+FIELDS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")
 
 
 def ident(x):
@@ -37,14 +39,17 @@ def scaled_shift(x, b, s: float = 1.5):
 
 
 # -- what is served ------------------------------------------------------------------------------
-@pytest.mark.parametrize("opts, why", [
-    (dict(colwise=True), "colwise"),
-    (dict(block=(128, 128)), "block"),
+@pytest.mark.parametrize("opts, dtype, why", [
+    (dict(colwise=True, scale_layout="gemm"), torch.bfloat16, "gemm"),
+    (dict(colwise=True, amax=True), torch.bfloat16, "amax"),
+    (dict(colwise=True, dbias=True), torch.float16, "dbias"),
+    (dict(colwise=True), torch.float32, "fp32"),
+    (dict(block=(128, 128)), torch.bfloat16, "block"),
 ])
-def test_unserved_names_what_has_no_kernel(opts, why):
+def test_unserved_names_what_has_no_kernel(opts, dtype, why):
     spec = QuantSpec(format="fp8_block", **opts)
     reason = limits.unserved(spec, mxq.fused_quant(format="fp8_block", **opts)(ident).epilogue,
-                             torch.zeros(4, 128, dtype=torch.bfloat16), lambda: None)
+                             torch.zeros(4, 128, dtype=dtype), lambda: None)
     assert "fp8_block" in reason and why in reason
 
 
@@ -53,6 +58,13 @@ def test_unserved_names_what_has_no_kernel(opts, why):
 def test_rowwise_1x128_is_served(dtype, layout):
     op = mxq.fused_quant(format="fp8_block", scale_layout=layout, amax=True)(ident)
     assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 200, dtype=dtype), lambda: None) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_colwise_128_rows_are_served_from_16_bit_inputs(dtype):
+    for opts in (dict(colwise=True), dict(rowwise=False, colwise=True, act="gelu")):
+        op = mxq.fused_quant(format="fp8_block", **opts)(ident)
+        assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 200, dtype=dtype), lambda: None) is None
 
 
 def test_grouped_and_unaligned_fp32_rows_fall_back():
@@ -131,8 +143,30 @@ def test_element_wise_kernel_refuses_wide_blocks():
 
 def test_source_renders_for_served_specs_only():
     assert "fp8_block" in mxq.fused_quant(format="fp8_block")(ident).source
-    with pytest.raises(NotImplementedError, match="colwise"):
-        mxq.fused_quant(format="fp8_block", colwise=True)(ident).source
+    assert "fp8_block" in mxq.fused_quant(format="fp8_block", colwise=True)(ident).source
+    with pytest.raises(NotImplementedError, match="transposed"):
+        mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident).source
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype, variant", [("bf16", "vec"), ("fp16", "generic"), ("bf16", "rows8")])
+def test_colwise_compiles_as_a_128_row_tile(arch, dtype, variant):
+    """Colwise 128-row blocks: the packed kernel's tile is 128 rows (16 warps of 8 rows), the
+    column maxima drop NaN, each column's scale and 1 / scale are IEEE divisions."""
+    op = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
+    ptx = _ptx(op, arch, dtype, variant)
+    assert ".reqntid 512, 1, 1" in ptx
+    assert "max.NaN" not in ptx
+    assert ptx.count("div.rn.f32") >= 6  # row: scale, 1 / scale; columns: two of each per owner word
+    cfg = codegen.kernel_config(op.spec, op.epilogue)
+    assert cfg.tile_rows == 128 and cfg.packed_warps() == 16 and cfg.packed_warps(True) == 16
+    assert cfg.rows8_warps() is None
+
+
+def test_colwise_refuses_to_trace_what_it_does_not_serve():
+    op = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
+    with pytest.raises(Exception, match="128 rows"):
+        _ptx(op, "sm_90a", "fp32")
 
 
 # -- GEMM-ready offsets ------------------------------------------------------------------------
@@ -194,6 +228,39 @@ def test_rowwise_matches_reference(shape, dtype, fp8, mode, layout):
         into = op(x.cuda(), out=poisoned(op, x.cuda())) if layout == "compact" else got
     _check(op, [x], got)
     _check(op, [x], into)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8), (33, 200), (130, 264), (257, 1000), (4, 5, 96)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("fp8, mode", [("e4m3", "pow2"), ("e5m2", "fp32")])
+@pytest.mark.parametrize("rowwise", [True, False])
+def test_colwise_matches_reference(shape, dtype, fp8, mode, rowwise):
+    """128-row colwise blocks (partial at M % 128), with and without the rowwise copy."""
+    op = mxq.fused_quant(format="fp8_block", fp8=fp8, scale_mode=mode, rowwise=rowwise, colwise=True)(ident)
+    m = math.prod(shape[:-1])
+    x = _specials(m, shape[-1], DTYPES[dtype], seed=m).reshape(shape)
+    if m >= 130:  # a column of NaN and inf in the second block; a column all zero
+        x.view(m, -1)[128:, 3] = float("nan")
+        x.view(m, -1)[129, 4] = float("inf")
+        x.view(m, -1)[:, 5] = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = op(x.cuda(), out=poisoned(op, x.cuda()))
+    _check(op, [x], got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_colwise_fused_and_unaligned_match_reference(dtype):
+    t = DTYPES[dtype]
+    x, b = _specials(300, 261, t, seed=21), planted(1, 261, t, seed=22, specials=False).reshape(261)
+    epi = mxq.fused_quant(format="fp8_block", colwise=True)(scaled_shift)
+    _check(epi, [x, b], epi(x.cuda(), b.cuda(), out=poisoned(epi, x.cuda(), row_align=1)))  # (variant generic)
+    _check(epi, [x, b], epi(x.cuda(), b.cuda()))  # (rows padded: variant rows8)
+    drelu = mxq.fused_quant(format="fp8_block", colwise=True, dact="relu")(ident)
+    a = planted(300, 261, t, seed=23)
+    _check(drelu, [x], drelu(x.cuda(), act_input=a.cuda()), act_input=a)
 
 
 @pytest.mark.gpu

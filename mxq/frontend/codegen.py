@@ -363,7 +363,7 @@ def contract_fma(records: list[dict]) -> list[dict]:
 def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> KernelConfig:
     """The KernelConfig of one op (rendered into its module); ``tuning``: a benchmark's switches
     (one equal to the library's choice, ``Tuning()``, is the library's config). The kernels
-    serve MXFP8 and FP8 block scaling's 1x128 rowwise blocks (has_kernels): another op is a
+    serve MXFP8 and FP8 block scaling's 1x128 blocks (has_kernels): another op is a
     NotImplementedError (its calls run the reference)."""
     if not has_kernels(spec):
         raise NotImplementedError(f"mxq: format={spec.format!r} {kernel_gap(spec)} has no GPU kernels yet (no module "
@@ -386,14 +386,14 @@ def kernel_gap(spec: QuantSpec) -> str:
         return "(the format)"
     if spec.block != (1, 128):
         return f"with block={spec.block}"
-    if spec.colwise:
-        return "with colwise=True (128-row blocks)"
+    if spec.colwise and spec.scale_layout == "gemm":
+        return "with colwise=True and scale_layout='gemm' (the transposed copy)"
     return ""
 
 
 def has_kernels(spec: QuantSpec) -> bool:
-    """Whether a module can be rendered for ``spec``: MXFP8, and FP8 block scaling's 1x128 rowwise
-    blocks (compact or gemm layout)."""
+    """Whether a module can be rendered for ``spec``: MXFP8, and FP8 block scaling's 1x128 blocks
+    (rowwise: compact or gemm layout; colwise 128-row blocks: compact)."""
     return spec.format in ("mxfp8", "fp8_block") and not kernel_gap(spec)
 
 

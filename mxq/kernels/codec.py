@@ -53,6 +53,13 @@ def block_amax_nan(fmt) -> bool:
     return fmt.scale != "fp32"
 
 
+def column_max_nan(cfg) -> bool:
+    """Whether the packed kernel's column maxima propagate NaN: yes for MXFP8's colwise scales and
+    for the tensor amax; no where they make FP8 block scaling's colwise scales (which then
+    cannot also give the amax: limits.fp8_block_unserved, Quantize.launch)."""
+    return block_amax_nan(cfg.fmt) or not cfg.colwise
+
+
 def block_lanes(fmt, vec: int) -> int:
     """Lanes that share a rowwise block when each lane holds ``vec`` adjacent columns."""
     return fmt.block[1] // vec
@@ -106,8 +113,11 @@ def group_col_scale_offset(gt, c):
 
 
 def put_col_scale(fmt, col_scale, gt, c, rb, M, NOUT, e):
-    """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None)."""
-    if gt is not None and fmt.swizzled:
+    """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None); fp32
+    scales (FP8 block scaling, compact, ungrouped): the dequantization multiplier 1 / e."""
+    if fmt.scale == "fp32":
+        col_scale[rb * NOUT + c] = dev.div_rn(Float32(1.0), e)
+    elif gt is not None and fmt.swizzled:
         col_scale[group_col_scale_offset(gt, c)] = Uint8(e)
     elif gt is None and fmt.swizzled:
         col_scale[dev.swizzle_offset(c, rb, (M + 31) // 32)] = Uint8(e)

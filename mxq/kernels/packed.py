@@ -49,7 +49,7 @@ def tile(cfg, grouped: bool = False, unaligned: bool = False):
     """(rows, columns) of one CTA's tile."""
     if cfg.wide_tile(grouped, unaligned):
         return ROWS // cfg.packed_warps(unaligned), VCOLS * cfg.packed_warps(unaligned)
-    return ROWS, VCOLS
+    return cfg.tile_rows, VCOLS
 
 
 def grid(cfg, M, N, G=None, unaligned: bool = False):
@@ -99,7 +99,7 @@ class PackedKernel:
         is_bf16 = cutlass.const_expr(ins[0].element_type is cutlass.BFloat16)
         WARPS = cutlass.const_expr(cfg.packed_warps(UNALIGNED))
         NTHREADS = cutlass.const_expr(WARPS * 32)
-        PK_ROWS = cutlass.const_expr(ROWS // WARPS)  # rows per thread
+        PK_ROWS = cutlass.const_expr(cfg.tile_rows // WARPS)  # rows per thread
         # a thread's rows: rbase + i * RSTEP. Aligned: PK_ROWS adjacent rows. Unaligned: rows WARPS
         # apart, so that rows 8 apart, which share their misalignment, share one thread's read and
         # store plans (unaligned.py); PERIOD plans per thread
@@ -151,7 +151,7 @@ class PackedKernel:
             g = cb * 32 + lane
             trow = rb * WARPS + warp
             WROWS = cutlass.const_expr(PK_ROWS if RSTEP == 1 else 1)  # rows between two warps' first rows
-            rbase = rb * ROWS + warp * WROWS
+            rbase = rb * cfg.tile_rows + warp * WROWS
             if cutlass.const_expr(GROUPED):
                 rbase = gt.row0 + warp * WROWS
         c0 = g * VEC
@@ -345,7 +345,7 @@ class PackedKernel:
                 if cutlass.const_expr(i == 0):
                     cm = list(absw[0])  # this thread's column maxima, one word per two columns
                 else:
-                    cm = [dev.pk_max(cm[j], absw[i][j], k.is_bf16) for j in range(PKW)]
+                    cm = [dev.pk_max(cm[j], absw[i][j], k.is_bf16, codec.column_max_nan(cfg)) for j in range(PKW)]
         return words, absw, cm, dsum
 
     @cute.jit
@@ -552,7 +552,7 @@ class PackedKernel:
             p = t.tidx + r * k.NTHREADS  # position j * 32 + lane of the word
             cw = sMax[0, p]
             for w in cutlass.range_constexpr(1, k.WARPS):
-                cw = dev.pk_max(cw, sMax[w, p], is_bf16)
+                cw = dev.pk_max(cw, sMax[w, p], is_bf16, codec.column_max_nan(cfg))
             if cutlass.const_expr(cfg.amax):
                 tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
             if cutlass.const_expr(cfg.colwise):
@@ -569,14 +569,16 @@ class PackedKernel:
         sInv = t.smem["inv"]
         M, rb, co, gt = io.M, t.rb, t.co, t.gt
         cl, ch = dev.pk_unpack(cw, k.is_bf16)
+        if cutlass.const_expr(not codec.column_max_nan(cfg)):  # (a column of NaN alone: amax 0)
+            cl, ch = cute.arch.fmax(cl, Float32(0.0)), cute.arch.fmax(ch, Float32(0.0))
         e_lo = codec.block_scale(cfg.fmt, cl, k.use_hw_e8m0)
         e_hi = codec.block_scale(cfg.fmt, ch, k.use_hw_e8m0)
         if cutlass.const_expr(k.GROUPED):
             e_lo = Int32(cutlass.select_(t.Ms > 0, e_lo, Int32(0)))
             e_hi = Int32(cutlass.select_(t.Ms > 0, e_hi, Int32(0)))
         pj = p // 32
-        sInv[2 * pj * 32 + p % 32] = dev.inv_scale(e_lo)  # column k = 2j, 2j + 1 of lane p % 32
-        sInv[(2 * pj + 1) * 32 + p % 32] = dev.inv_scale(e_hi)
+        sInv[2 * pj * 32 + p % 32] = codec.multiplier(cfg.fmt, e_lo)  # column k = 2j, 2j + 1 of lane p % 32
+        sInv[(2 * pj + 1) * 32 + p % 32] = codec.multiplier(cfg.fmt, e_hi)
         oc = t.cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
         if oc < Ns:  # aligned: N % VEC == 0, both columns are in or out
             codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc, rb, M, t.NOUT, e_lo)
@@ -671,7 +673,7 @@ class PackedKernel:
         (unaligned.store_row with ``splan``, heads and tails parked)."""
         cfg = self.cfg
         WARPS = cutlass.const_expr(cfg.packed_warps(True))
-        PK_ROWS = cutlass.const_expr(ROWS // WARPS)
+        PK_ROWS = cutlass.const_expr(cfg.tile_rows // WARPS)
         PERIOD = cutlass.const_expr(ua.plans_per_thread(PK_ROWS, WARPS))
         if cutlass.const_expr(aligned_rows):
             # every row's stores predicated (no branch per row: rows past M are quantized and not
