@@ -3,8 +3,9 @@
 The kernels call these with their config's ``Format`` (mxq/formats/format.py) and branch on it
 only through ``cutlass.const_expr`` (plain Python at trace time): a new format is a new case
 here, not a new branch in every kernel. MXFP8 (E8M0 scales, FP8 elements) and FP8 block
-scaling's 1x128 rowwise blocks (fp32 scales by TransformerEngine's rule, ``fmt.scale == "fp32"``)
-are implemented: device.py holds their exact arithmetic.
+scaling's 1x128 blocks (fp32 scales by TransformerEngine's rule, ``fmt.scale == "fp32"``; rowwise,
+and colwise 128-row blocks in the packed kernel's 128-row tile) are implemented: device.py holds
+their exact arithmetic.
 
 A block's scale ``e`` (block_scale) is what the format computes once per block: an E8M0 byte
 (Int32) for MXFP8, the fp32 quantization multiplier for FP8 block scaling. ``multiplier`` is what
@@ -14,6 +15,7 @@ byte; the dequantization multiplier 1 / e).
 
 from __future__ import annotations
 
+import torch
 from cutlass import Float32, Uint8
 
 from . import device as dev
@@ -21,14 +23,14 @@ from . import grouped
 
 
 # --- the scale rule and the element encoding ----------------------------------------------------
-# the largest finite value of each input element type (FP8 block scaling's rule for an infinite
-# quotient: torch.finfo(dtype).max)
-INPUT_MAX = {"BFloat16": 3.3895313892515355e38, "Float16": 65504.0, "Float32": 3.4028234663852886e38}
+# the torch dtype of each cutlass input element type
+_TORCH_DTYPES = {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
 
 
 def input_max(element_type) -> float:
-    """The largest finite value of a cutlass input element type."""
-    return INPUT_MAX[element_type.__name__]
+    """The largest finite value of a cutlass input element type (FP8 block scaling's value for an
+    infinite quotient, torch.finfo's, as mxq/formats/fp8_block.scale_from_amax takes it)."""
+    return torch.finfo(_TORCH_DTYPES[element_type.__name__]).max
 
 
 def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float = 0.0):
