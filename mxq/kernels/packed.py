@@ -532,10 +532,14 @@ class PackedKernel:
             # dbias: each thread sums its column(s) over the warps in a fixed order (deterministic)
             for r in cutlass.range_constexpr(max(1, 32 * VEC // k.NTHREADS)):
                 p = t.tidx + r * k.NTHREADS  # position c * 32 + lane
+                if cutlass.const_expr(k.NTHREADS > 32 * VEC):  # (a 128-row tile: threads past the columns
+                    p = cutlass.min(p, Int32(32 * VEC - 1))  # read the last one's and store nothing)
                 s = t.smem["sum"][0, p]
                 for w in cutlass.range_constexpr(1, k.WARPS):
                     s = s + t.smem["sum"][w, p]
                 oc = t.cb * VCOLS + (p % 32) * VEC + p // 32
+                if cutlass.const_expr(k.NTHREADS > 32 * VEC):
+                    oc = Int32(cutlass.select_(t.tidx < 32 * VEC, oc, Ns))
                 if oc < Ns:
                     io.dbias_ws[t.rb, t.co + oc] = s
 

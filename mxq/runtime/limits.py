@@ -46,7 +46,7 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str 
 def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an FP8 block-scaling call the kernels do not serve, or None. They serve 1x128
     rowwise blocks (compact or gemm layout) and, from 16-bit inputs, colwise 128-row blocks
-    (compact, without amax or dbias: the packed kernel's 128-row tile, KernelConfig.tile_rows), of
+    (compact, without amax: the packed kernel's 128-row tile, KernelConfig.tile_rows), of
     ungrouped, one-output-half ops; fp32 inputs only where the FP8 rows start on 8-byte
     boundaries (the vectorised kernel, aligned or with staged rows: launch.variant_for picks
     "vec" or "rows8"; the element-wise kernel serves 1x32 blocks only), which mxq's own outputs
@@ -58,8 +58,8 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with a gated backward (two output halves) has no GPU kernels yet"
     if call is not None and call.group_offsets is not None:
         return "with group_offsets has no GPU kernels yet"
-    if spec.colwise and (x.dtype == torch.float32 or spec.amax or spec.dbias):
-        return "with colwise=True and fp32 inputs, amax or dbias has no GPU kernels yet"
+    if spec.colwise and (x.dtype == torch.float32 or spec.amax):
+        return "with colwise=True and fp32 inputs or amax has no GPU kernels yet"
     if x.dtype == torch.float32:
         data = call.out.rowwise_data if call is not None and call.out is not None else None
         if data is not None and (data.data_ptr() % kconfig.UNIT or (data.dim() > 1 and data.shape[0] > 1
