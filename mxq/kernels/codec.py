@@ -82,12 +82,18 @@ def encode4(fmt, a, b, c, d):
     return dev.fp8x4(a, b, c, d, fmt.element)
 
 
+def dequantization_scale(e):
+    """The stored fp32 scale of a block whose quantization multiplier is ``e``: 1 / e as one IEEE
+    division (exact for pow2 scales; 2^127 gives the subnormal 2^-127), fp8_block.inverse's."""
+    return dev.div_rn(Float32(1.0), e)
+
+
 # --- where scale bytes go (compact or swizzled; a grouped call's per-group blocks) ---------------
 def store_row_scale(cfg, row_scale, offset, e):
     """A row scale: the E8M0 byte (KernelConfig.row_scale_l2_keep: with an L2 evict_last policy),
     or the fp32 dequantization multiplier 1 / e (one IEEE division: exact for pow2 scales)."""
     if cfg.fmt.scale == "fp32":
-        row_scale[offset] = dev.div_rn(Float32(1.0), e)
+        row_scale[offset] = dequantization_scale(e)
     else:
         dev.store_row_scale(row_scale, offset, e, cfg.row_scale_l2_keep)
 
@@ -118,7 +124,7 @@ def put_col_scale(fmt, col_scale, gt, c, rb, M, NOUT, e):
     """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None); fp32
     scales (FP8 block scaling, compact, ungrouped): the dequantization multiplier 1 / e."""
     if fmt.scale == "fp32":
-        col_scale[rb * NOUT + c] = dev.div_rn(Float32(1.0), e)
+        col_scale[rb * NOUT + c] = dequantization_scale(e)
     elif gt is not None and fmt.swizzled:
         col_scale[group_col_scale_offset(gt, c)] = Uint8(e)
     elif gt is None and fmt.swizzled:
