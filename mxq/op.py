@@ -114,7 +114,7 @@ class FusedOp:
         outputs start zeroed (a noop call writes nothing)."""
         validation.check_call(self.spec, self.epilogue, call)
         x = call.tensors[0]
-        unserved = self._unserved(x) if x.is_cuda else None
+        unserved = self._unserved(x, call) if x.is_cuda else None
         if unserved:
             validation.fallback(unserved)
         launcher = self._launcher_for(x) if x.is_cuda and not unserved else None
@@ -127,9 +127,10 @@ class FusedOp:
             self._fast[(x.dtype, x.get_device())] = launcher  # ordinary calls skip even the key (_fast_call)
         return run, call._replace(tensors=tensors, act_input=act_input), not copied
 
-    def _unserved(self, x) -> str | None:
-        """Why the kernels cannot serve this op on ``x``, or None (limits.unserved)."""
-        return limits.unserved(self.spec, self.epilogue, x, self._packed_smem_shortfall)
+    def _unserved(self, x, call=None) -> str | None:
+        """Why the kernels cannot serve this op on ``x`` (``call``: its out= and group offsets), or None
+        (limits.unserved)."""
+        return limits.unserved(self.spec, self.epilogue, x, self._packed_smem_shortfall, call)
 
     def _packed_smem_shortfall(self) -> str | None:
         """limits.smem_shortfall of this op, its need computed once like ``source``."""
@@ -174,7 +175,7 @@ class FusedOp:
     def _prepare(self, call: Call):
         validation.check_call(self.spec, self.epilogue, call, prepare=True)
         x = call.tensors[0]
-        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x) else None
+        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x, call) else None
         if launcher is None:
             raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
         tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input, copy=False)

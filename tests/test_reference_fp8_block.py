@@ -1,8 +1,8 @@
 """The reference's FP8 block-scaling route (mxq/formats/reference.py, write_fp8_block) through
 every op feature MXFP8 has: user epilogues with broadcast operands, act/dact (plain and gated),
-dbias, amax, noop, out=, groups; the options' validation; CUDA calls served by the reference
-with the fallback warning (an error under MXQ_STRICT=1); the C++ routes refused. Expected bytes
-come from tests/oracle_fp8_block.py on values computed here with plain torch."""
+dbias, amax, noop, out=, groups; the options' validation; CUDA calls no kernel serves run the
+reference with the fallback warning (an error under MXQ_STRICT=1); the C++ routes refused. Expected
+bytes come from tests/oracle_fp8_block.py on values computed here with plain torch."""
 
 import math
 import struct
@@ -153,21 +153,23 @@ def test_spec_key_round_trips():
 
 
 def test_cpp_routes_and_kernels_refuse():
+    """No C++ route serves fp8_block; no kernel serves its 128x128 tiles (tests/test_kernels_fp8_block.py:
+    what the kernels serve)."""
     op = mxq.fused_quant(format="fp8_block")(ident)
     for call in (lambda: op.register("fp8_block_x"), op.dispatcher, lambda: op.export("/nonexistent")):
         with pytest.raises(ValueError, match="fp8_block"):
             call()
     with pytest.raises(NotImplementedError, match="fp8_block"):
-        op.source
+        mxq.fused_quant(format="fp8_block", block=(128, 128))(ident).source
 
 
 def test_cuda_calls_fall_back_to_the_reference(monkeypatch):
-    """No kernel serves fp8_block: limits.unserved says so (the one-time warning; MXQ_STRICT=1
-    raises) before any kernel is looked for."""
+    """No kernel serves fp8_block's 128x128 tiles: limits.unserved says so (the one-time warning;
+    MXQ_STRICT=1 raises) before any kernel is looked for."""
     from mxq.runtime import limits
 
     x = torch.randn(4, 128)
-    spec = QuantSpec(format="fp8_block")
+    spec = QuantSpec(format="fp8_block", block=(128, 128))
     assert "fp8_block" in limits.unserved(spec, None, x, lambda: pytest.fail("not asked"))
     monkeypatch.setenv("MXQ_STRICT", "1")
     from mxq.runtime import validation

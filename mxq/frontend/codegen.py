@@ -363,10 +363,11 @@ def contract_fma(records: list[dict]) -> list[dict]:
 def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> KernelConfig:
     """The KernelConfig of one op (rendered into its module); ``tuning``: a benchmark's switches
     (one equal to the library's choice, ``Tuning()``, is the library's config). The kernels
-    serve MXFP8 only: another format is a NotImplementedError (its calls run the reference)."""
-    if spec.format != "mxfp8":
-        raise NotImplementedError(f"mxq: format={spec.format!r} has no GPU kernels yet (no module to render or "
-                                  "compile); its calls run the torch reference")
+    serve MXFP8 and FP8 block scaling's 1x128 blocks (has_kernels): another op is a
+    NotImplementedError (its calls run the reference)."""
+    if not has_kernels(spec):
+        raise NotImplementedError(f"mxq: format={spec.format!r} {kernel_gap(spec)} has no GPU kernels yet (no module "
+                                  "to render or compile); its calls run the torch reference")
     return KernelConfig(
         fmt=spec.block_format, rowwise=spec.rowwise,
         colwise=spec.colwise, amax=spec.amax, dbias=spec.dbias,
@@ -374,6 +375,26 @@ def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = N
         identity=epilogue.is_identity, has_act=spec.act is not None, has_dact=spec.dact is not None,
         heavy=bool(spec.act or spec.dact or spec.dbias or not epilogue.exact),
         tuning=None if tuning in (None, Tuning()) else tuning, halves=gated.is_halves(epilogue))
+
+
+def kernel_gap(spec: QuantSpec) -> str:
+    """What of an FP8 block-scaling spec the kernels do not serve ("" when they serve it; other
+    formats but MXFP8: the format itself)."""
+    if spec.format == "mxfp8":
+        return ""
+    if spec.format != "fp8_block":
+        return "(the format)"
+    if spec.block != (1, 128):
+        return f"with block={spec.block}"
+    if spec.colwise and spec.scale_layout == "gemm":
+        return "with colwise=True and scale_layout='gemm' (the transposed copy)"
+    return ""
+
+
+def has_kernels(spec: QuantSpec) -> bool:
+    """Whether a module can be rendered for ``spec``: MXFP8, and FP8 block scaling's 1x128 blocks
+    (rowwise: compact or gemm layout; colwise 128-row blocks: compact)."""
+    return spec.format in ("mxfp8", "fp8_block") and not kernel_gap(spec)
 
 
 def _launcher_text(spec: QuantSpec, epilogue: Epilogue, grouped: bool = False) -> tuple[str, str]:

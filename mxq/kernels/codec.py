@@ -2,22 +2,69 @@
 
 The kernels call these with their config's ``Format`` (mxq/formats/format.py) and branch on it
 only through ``cutlass.const_expr`` (plain Python at trace time): a new format is a new case
-here, not a new branch in every kernel. MXFP8 (E8M0 scales, FP8 elements) is the one
-implemented: device.py holds its exact arithmetic.
+here, not a new branch in every kernel. MXFP8 (E8M0 scales, FP8 elements) and FP8 block
+scaling's 1x128 blocks (fp32 scales by TransformerEngine's rule, ``fmt.scale == "fp32"``; rowwise,
+and colwise 128-row blocks in the packed kernel's 128-row tile) are implemented: device.py holds
+their exact arithmetic.
+
+A block's scale ``e`` (block_scale) is what the format computes once per block: an E8M0 byte
+(Int32) for MXFP8, the fp32 quantization multiplier for FP8 block scaling. ``multiplier`` is what
+the block's values are multiplied by before encoding, ``store_row_scale`` what is stored (the
+byte; the dequantization multiplier 1 / e).
 """
 
 from __future__ import annotations
 
-from cutlass import Uint8
+import torch
+from cutlass import Float32, Uint8
 
 from . import device as dev
 from . import grouped
 
 
 # --- the scale rule and the element encoding ----------------------------------------------------
-def block_scale(fmt, amax, use_hw_e8m0: bool):
-    """The scale (an E8M0 byte as Int32) of a block with magnitude maximum ``amax``."""
+# the torch dtype of each cutlass input element type
+_TORCH_DTYPES = {"BFloat16": torch.bfloat16, "Float16": torch.float16, "Float32": torch.float32}
+
+
+def input_max(element_type) -> float:
+    """The largest finite value of a cutlass input element type (FP8 block scaling's value for an
+    infinite quotient, torch.finfo's, as mxq/formats/fp8_block.scale_from_amax takes it)."""
+    return torch.finfo(_TORCH_DTYPES[element_type.__name__]).max
+
+
+def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float = 0.0):
+    """The scale of a block with magnitude maximum ``amax``: an E8M0 byte as Int32, or (fp32
+    scales: amax >= 0 without NaN, ``in_max`` the input type's largest finite value) the fp32
+    quantization multiplier."""
+    if fmt.scale == "fp32":
+        return dev.te_scale(amax, fmt.elem.max, in_max, fmt.rule == "pow2")
     return dev.e8m0_scale(amax, fmt.element, fmt.rule, use_hw_e8m0)
+
+
+def multiplier(fmt, e):
+    """What a block's values are multiplied by before encoding, from its scale ``e``."""
+    if fmt.scale == "fp32":
+        return e
+    return dev.inv_scale(e)
+
+
+def block_amax_nan(fmt) -> bool:
+    """Whether a NaN element makes its block's amax NaN (MXFP8) or is left out of it (FP8 block
+    scaling, TransformerEngine's fmaxf; a block of NaN alone has amax 0)."""
+    return fmt.scale != "fp32"
+
+
+def column_max_nan(cfg) -> bool:
+    """Whether the packed kernel's column maxima propagate NaN: yes for MXFP8's colwise scales and
+    for the tensor amax; no where they make FP8 block scaling's colwise scales (which then
+    cannot also give the amax: limits.fp8_block_unserved, Quantize.launch)."""
+    return block_amax_nan(cfg.fmt) or not cfg.colwise
+
+
+def block_lanes(fmt, vec: int) -> int:
+    """Lanes that share a rowwise block when each lane holds ``vec`` adjacent columns."""
+    return fmt.block[1] // vec
 
 
 def encode1(fmt, q):
@@ -35,14 +82,28 @@ def encode4(fmt, a, b, c, d):
     return dev.fp8x4(a, b, c, d, fmt.element)
 
 
+def dequantization_scale(e):
+    """The stored fp32 scale of a block whose quantization multiplier is ``e``: 1 / e as one IEEE
+    division (exact for pow2 scales; 2^127 gives the subnormal 2^-127), fp8_block.inverse's."""
+    return dev.div_rn(Float32(1.0), e)
+
+
 # --- where scale bytes go (compact or swizzled; a grouped call's per-group blocks) ---------------
 def store_row_scale(cfg, row_scale, offset, e):
-    """A row-scale byte (KernelConfig.row_scale_l2_keep: with an L2 evict_last policy)."""
-    dev.store_row_scale(row_scale, offset, e, cfg.row_scale_l2_keep)
+    """A row scale: the E8M0 byte (KernelConfig.row_scale_l2_keep: with an L2 evict_last policy),
+    or the fp32 dequantization multiplier 1 / e (one IEEE division: exact for pow2 scales)."""
+    if cfg.fmt.scale == "fp32":
+        row_scale[offset] = dequantization_scale(e)
+    else:
+        dev.store_row_scale(row_scale, offset, e, cfg.row_scale_l2_keep)
 
 
-def row_scale_offset(fmt, r, blk, nbr):
-    """Offset of row r's scale of block blk in rowwise scales of nbr blocks per row."""
+def row_scale_offset(fmt, r, blk, nbr, M=None):
+    """Offset of row r's scale of block blk in rowwise scales of nbr blocks per row (of M rows:
+    the GEMM-ready layout's outer-dim-major buffer, mxq/formats/fp8_block_layouts.gemm_scale,
+    holds block blk's scales of every row at blk * roundup(M, 4))."""
+    if fmt.layout == "gemm":
+        return blk * ((M + 3) // 4 * 4) + r
     return dev.scale_offset(fmt.swizzled, r, blk, nbr)
 
 
@@ -60,8 +121,11 @@ def group_col_scale_offset(gt, c):
 
 
 def put_col_scale(fmt, col_scale, gt, c, rb, M, NOUT, e):
-    """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None)."""
-    if gt is not None and fmt.swizzled:
+    """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None); fp32
+    scales (FP8 block scaling, compact, ungrouped): the dequantization multiplier 1 / e."""
+    if fmt.scale == "fp32":
+        col_scale[rb * NOUT + c] = dequantization_scale(e)
+    elif gt is not None and fmt.swizzled:
         col_scale[group_col_scale_offset(gt, c)] = Uint8(e)
     elif gt is None and fmt.swizzled:
         col_scale[dev.swizzle_offset(c, rb, (M + 31) // 32)] = Uint8(e)

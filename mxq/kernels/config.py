@@ -230,9 +230,9 @@ class KernelConfig:
         head and tail of each row, per direction), then each staged source (``staged``: per
         source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
         warps = self.packed_warps(unaligned)
-        cols, rows = 32 * VEC, ROWS // warps
+        cols, rows = 32 * VEC, self.tile_rows // warps
         out = [group_scratch(warps)] if grouped else []
-        if self.wide_tile(grouped, unaligned):
+        if self.wide_tile(grouped, unaligned) and self.fmt.scale == "e8m0":  # (fp32 scales are stored directly)
             out.append(Buffer("rs", "u8", (rows, cols * warps // 32)))
         if self.col_reduce:
             out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))
@@ -246,7 +246,7 @@ class KernelConfig:
             if src is not None:
                 bits, once = src
                 if unaligned:
-                    shape = (ROWS, unaligned_row_elements(cols, bits // 8))
+                    shape = (self.tile_rows, unaligned_row_elements(cols, bits // 8))
                 else:
                     shape = (1 if once else rows, warps * 32, VEC)
                 out.append(Buffer(f"in{t}", "src", shape, bits))
@@ -266,9 +266,19 @@ class KernelConfig:
         return 8 if self.heavy else 4
 
     @property
+    def tile_rows(self) -> int:
+        """Rows of a CTA's (non-wide) tile: one colwise block, ROWS for MXFP8's 32x1 blocks and
+        rowwise-only ops, 128 for FP8 block scaling's colwise blocks (the packed kernel only:
+        docs/DESIGN.md "FP8 block scaling on the kernels")."""
+        return self.fmt.col_block[0] if self.colwise else ROWS
+
+    @property
     def pk_warps(self) -> int:
         """Packed (16-bit) kernel: 4 warps x 8 rows; dbias ops 8 x 4 (at 4 warps they need 80
-        registers and 43 KB of shared memory per CTA and ran 4 points slower)."""
+        registers and 43 KB of shared memory per CTA and ran 4 points slower); 128-row tiles
+        (tile_rows) 16 x 8."""
+        if self.tile_rows != ROWS:
+            return self.tile_rows // 8
         return 8 if self.dbias else 4
 
     def packed_warps(self, unaligned: bool = False) -> int:
@@ -276,7 +286,7 @@ class KernelConfig:
         (unaligned_warps) or Tuning.unaligned_warps where set, else 8 for a plain cast with
         colwise output (its 4-row threads keep 47 registers against 71 for 8 rows, and the kernel
         is latency-bound), and never fewer than pk_warps."""
-        if not unaligned:
+        if not unaligned or self.tile_rows != ROWS:
             return self.pk_warps
         pinned = self.unaligned_warps or self.tuned.unaligned_warps
         warps = pinned or (8 if self.colwise and not self.computed else 4)
@@ -289,7 +299,8 @@ class KernelConfig:
         cast at 86-88% of copy against 82-83% at 4 (8192x8190), and 4 warps an odd stride's at
         85-85.5% against 81-82% at 8, colwise and both 86-87.5% against 80-84% (4096x14335 and
         8191x8191)."""
-        if self.computed or self.dbias or self.halves or self.unaligned_warps or self.tuned.unaligned_warps:
+        if (self.computed or self.dbias or self.halves or self.unaligned_warps or self.tuned.unaligned_warps
+                or self.tile_rows != ROWS):
             return None
         return (8, 4)
 

@@ -108,6 +108,28 @@ def e8m0_scale(amax, fp8: str, mode: str, use_hw_e8m0: bool):
     return exponent_scale(amax.bitcast(Int32), lambda: amax != amax, fp8, mode)
 
 
+POW2_BITS = 0xFF800000  # the sign and exponent bits of an fp32 (FP8 block scaling's pow2 rule)
+
+
+def div_rn(a, b):
+    """a / b as one IEEE fp32 division, round to nearest even (div.rn.f32)."""
+    return Float32(cute.math.div(a, b, rounding=RN))
+
+
+def te_scale(amax, fmax: float, input_max: float, pow2: bool):
+    """FP8 block scaling's quantization multiplier of a block amax (fp32, >= 0, no NaN;
+    TransformerEngine's rule, docs/NUMERICS.md "FP8 block scaling", mxq/formats/fp8_block.py
+    scale_from_amax): fmax / amax as one IEEE division, an infinite quotient becomes
+    ``input_max`` (the input dtype's largest finite value), ``pow2`` keeps its sign and exponent
+    bits; amax 0 or inf gives 1."""
+    q = div_rn(Float32(fmax), amax)
+    q = Float32(cutlass.select_(q == Float32(float("inf")), Float32(input_max), q))
+    if pow2:
+        q = (q.bitcast(Uint32) & Uint32(POW2_BITS)).bitcast(Float32)
+    special = (amax == Float32(0.0)) | (amax == Float32(float("inf")))
+    return Float32(cutlass.select_(special, Float32(1.0), q))
+
+
 def inv_scale(e):
     """2^(127 - e) as fp32."""
     return inv_scale_bits(e).bitcast(Float32)
@@ -266,10 +288,12 @@ def thread_tile(t, shape, tile_row, row0, col_tile, grouped: bool, step: int = 1
 ABS_BITS = 0x7FFF7FFF  # the magnitude bits of two packed 16-bit floats (|w| is w & ABS_BITS)
 
 
-def pk_max(a, b, is_bf16: bool):
-    """NaN-propagating max of each half (sm_80+)."""
+def pk_max(a, b, is_bf16: bool, nan: bool = True):
+    """Max of each half (sm_80+): NaN-propagating, or with ``nan`` False NaN-dropping (a NaN
+    half gives the other operand's half, as fmaxf does)."""
     kind = "bf16x2" if is_bf16 else "f16x2"
-    return cute.arch.inline_ptx(f"max.NaN.{kind} {{$w0}}, {{$r0}}, {{$r1}};", write_only_types=[Uint32],
+    op = "max.NaN" if nan else "max"
+    return cute.arch.inline_ptx(f"{op}.{kind} {{$w0}}, {{$r0}}, {{$r1}};", write_only_types=[Uint32],
                                 read_only_args=[a, b])
 
 
@@ -288,19 +312,27 @@ def pk_round(lo, hi, is_bf16: bool):
                                 read_only_args=[hi, lo])
 
 
-def pk_amax(w, is_bf16: bool):
-    """fp32 max of a word's two halves (both already >= 0 or NaN)."""
+def pk_amax(w, is_bf16: bool, nan: bool = True):
+    """fp32 max of a word's two halves (both already >= 0 or NaN); with ``nan`` False NaN-dropping
+    and at least 0 (a word of two NaN halves gives 0)."""
     lo, hi = pk_unpack(w, is_bf16)
-    return cute.arch.fmax(lo, hi, nan=True)
+    if nan:
+        return cute.arch.fmax(lo, hi, nan=True)
+    return cute.arch.fmax(cute.arch.fmax(lo, hi), Float32(0.0))
 
 
-def pk_max_shuffled(keep, give, offset: int, upper, is_bf16: bool):
+def pk_max_shuffled(keep, give, offset: int, upper, is_bf16: bool, nan: bool = True):
     """One butterfly stage of a reduce-scatter of packed maxima: the lane with ``upper`` set
     keeps ``give`` and sends ``keep`` (and the other way round), then takes the max with what
-    its partner sent."""
+    its partner sent (pk_max's ``nan``)."""
     mine = cutlass.select_(upper, give, keep)
     theirs = cutlass.select_(upper, keep, give)
-    return pk_max(mine, Uint32(cute.arch.shuffle_sync_bfly(Int32(theirs), offset=offset)), is_bf16)
+    return pk_max(mine, Uint32(cute.arch.shuffle_sync_bfly(Int32(theirs), offset=offset)), is_bf16, nan)
+
+
+def pk_max_bfly(w, offset: int, is_bf16: bool, nan: bool = True):
+    """One butterfly stage of an all-reduce of packed maxima (pk_max's ``nan``)."""
+    return pk_max(w, Uint32(cute.arch.shuffle_sync_bfly(Int32(w), offset=offset)), is_bf16, nan)
 
 
 def widen(frag, k):

@@ -49,7 +49,7 @@ def tile(cfg, grouped: bool = False, unaligned: bool = False):
     """(rows, columns) of one CTA's tile."""
     if cfg.wide_tile(grouped, unaligned):
         return ROWS // cfg.packed_warps(unaligned), VCOLS * cfg.packed_warps(unaligned)
-    return ROWS, VCOLS
+    return cfg.tile_rows, VCOLS
 
 
 def grid(cfg, M, N, G=None, unaligned: bool = False):
@@ -99,7 +99,7 @@ class PackedKernel:
         is_bf16 = cutlass.const_expr(ins[0].element_type is cutlass.BFloat16)
         WARPS = cutlass.const_expr(cfg.packed_warps(UNALIGNED))
         NTHREADS = cutlass.const_expr(WARPS * 32)
-        PK_ROWS = cutlass.const_expr(ROWS // WARPS)  # rows per thread
+        PK_ROWS = cutlass.const_expr(cfg.tile_rows // WARPS)  # rows per thread
         # a thread's rows: rbase + i * RSTEP. Aligned: PK_ROWS adjacent rows. Unaligned: rows WARPS
         # apart, so that rows 8 apart, which share their misalignment, share one thread's read and
         # store plans (unaligned.py); PERIOD plans per thread
@@ -151,7 +151,7 @@ class PackedKernel:
             g = cb * 32 + lane
             trow = rb * WARPS + warp
             WROWS = cutlass.const_expr(PK_ROWS if RSTEP == 1 else 1)  # rows between two warps' first rows
-            rbase = rb * ROWS + warp * WROWS
+            rbase = rb * cfg.tile_rows + warp * WROWS
             if cutlass.const_expr(GROUPED):
                 rbase = gt.row0 + warp * WROWS
         c0 = g * VEC
@@ -177,14 +177,14 @@ class PackedKernel:
         if cutlass.const_expr(cfg.rowwise):
             if cutlass.const_expr(PASSES == 1):
                 tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-            nbr = (NOUT + 31) // 32
+            nbr = (NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
         if cutlass.const_expr(cfg.colwise and PASSES == 1):
             tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
         # Each phase call gets its own records (Fields.rec) of this body's values: a record shared
         # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
         k = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, ROWS8=ROWS8, WIDE=WIDE, ROW_MASK=ROW_MASK, is_bf16=is_bf16,
                    WARPS=WARPS, NTHREADS=NTHREADS, PK_ROWS=PK_ROWS, RSTEP=RSTEP, PERIOD=PERIOD, TILE_ROWS=TILE_ROWS,
-                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, use_hw_e8m0=use_hw_e8m0,
+                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, use_hw_e8m0=use_hw_e8m0, IN_MAX=codec.input_max(ins[0].element_type),
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
                     row_data=row_data, col_data=col_data)
@@ -218,7 +218,7 @@ class PackedKernel:
                                 abs_masks=abs_masks).rec(smem=staged.copy()), hp, frags, mis, once, staged_src, scalars_p)
             sr = None
             if cutlass.const_expr(cfg.rowwise):
-                sr = self.row_scales(k.rec(), Fields(lane=lane, c0=c0, rbase=rbase, rb=rb, g=g, cb=cb, Ms=Ms, co=co,
+                sr = self.row_scale_phase()(k.rec(), Fields(lane=lane, c0=c0, rbase=rbase, rb=rb, g=g, cb=cb, Ms=Ms, co=co,
                                                      gt=gt, nbr=nbr, tidx=tidx).rec(smem={"rs": sRS}), io.rec(), absw)
             owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
             if cutlass.const_expr(cfg.col_reduce):
@@ -345,7 +345,7 @@ class PackedKernel:
                 if cutlass.const_expr(i == 0):
                     cm = list(absw[0])  # this thread's column maxima, one word per two columns
                 else:
-                    cm = [dev.pk_max(cm[j], absw[i][j], k.is_bf16) for j in range(PKW)]
+                    cm = [dev.pk_max(cm[j], absw[i][j], k.is_bf16, codec.column_max_nan(cfg)) for j in range(PKW)]
         return words, absw, cm, dsum
 
     @cute.jit
@@ -394,6 +394,11 @@ class PackedKernel:
         return row_words, row_abs
 
     # -- scales --------------------------------------------------------------------------------
+    def row_scale_phase(self):
+        """The row-scale phase of the config's format: row_scales for 1x32 blocks (4 lanes),
+        row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes)."""
+        return self.row_scales if self.cfg.fmt.block[1] == 32 else self.row_block_scales
+
     @cute.jit
     def row_scales(self, k, t, io, absw):
         """The rows' scales, stored, and the inverse scale of each of the thread's rows. A row's
@@ -436,6 +441,41 @@ class PackedKernel:
             self.store_gathered_row_scales(k, t, io.row_scale)
         gl = lane - lane % 4
         return [cute.arch.shuffle_sync(si[i % QUARTER], gl + i // QUARTER) for i in range(k.PK_ROWS)]
+
+    @cute.jit
+    def row_block_scales(self, k, t, io, absw):
+        """row_scales for rowwise blocks wider than 32 columns (FP8 block scaling's 1x128): a row's
+        block is LANES = 16 adjacent lanes (half a warp). Their partial maxima are reduce-scattered
+        over the PK_ROWS rows (one butterfly stage per halving, from offset LANES / 2 down), then
+        all-reduced over the lanes that finished the same row (the remaining stages), so that
+        lanes SPAN apart finish rows (lane % LANES) // SPAN; the first of them stores the row's
+        scale (scales are stored directly, the wide tile's gather being for bytes), and every lane
+        fetches the PK_ROWS multipliers it needs. NaN-dropping maxima
+        (codec.block_amax_nan)."""
+        cfg = self.cfg
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
+        LANES = cutlass.const_expr(codec.block_lanes(cfg.fmt, VEC))
+        SPAN = cutlass.const_expr(LANES // k.PK_ROWS)  # lanes that finish the same row
+        lane = t.lane
+        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, NAN), dev.pk_max(a[2], a[3], is_bf16, NAN), is_bf16, NAN)
+              for a in absw]
+        for st in cutlass.range_constexpr(k.PK_ROWS.bit_length() - 1):  # reduce-scatter: offsets LANES / 2, ...
+            off = LANES >> (st + 1)
+            h = len(rp) // 2
+            rp = [dev.pk_max_shuffled(rp[m], rp[h + m], off, (lane & off) != 0, is_bf16, NAN) for m in range(h)]
+        w = rp[0]
+        for st in cutlass.range_constexpr(SPAN.bit_length() - 1):  # all-reduce: offsets SPAN / 2, ..., 1
+            w = dev.pk_max_bfly(w, SPAN >> (st + 1), is_bf16, NAN)
+        e = codec.block_scale(cfg.fmt, dev.pk_amax(w, is_bf16, NAN), k.use_hw_e8m0, k.IN_MAX)
+        srow = t.rbase + ((lane % LANES) // SPAN) * k.RSTEP  # the row this lane finished
+        grp_ok = t.c0 - (lane % LANES) * VEC < io.N  # the block's first lane has valid columns
+        if lane % SPAN == 0 and grp_ok and srow < t.Ms:
+            soff = codec.row_scale_offset(cfg.fmt, srow, (t.co + t.c0) // cfg.fmt.block[1], t.nbr, io.M)
+            codec.store_row_scale(cfg, io.row_scale, soff, e)
+        si = codec.multiplier(cfg.fmt, e)
+        gl = lane - lane % LANES
+        return [cute.arch.shuffle_sync(si, gl + i * SPAN) for i in range(k.PK_ROWS)]
 
     @cute.jit
     def store_gathered_row_scales(self, k, t, row_scale):
@@ -492,10 +532,14 @@ class PackedKernel:
             # dbias: each thread sums its column(s) over the warps in a fixed order (deterministic)
             for r in cutlass.range_constexpr(max(1, 32 * VEC // k.NTHREADS)):
                 p = t.tidx + r * k.NTHREADS  # position c * 32 + lane
+                if cutlass.const_expr(k.NTHREADS > 32 * VEC):  # (a 128-row tile: threads past the columns
+                    p = cutlass.min(p, Int32(32 * VEC - 1))  # read the last one's and store nothing)
                 s = t.smem["sum"][0, p]
                 for w in cutlass.range_constexpr(1, k.WARPS):
                     s = s + t.smem["sum"][w, p]
                 oc = t.cb * VCOLS + (p % 32) * VEC + p // 32
+                if cutlass.const_expr(k.NTHREADS > 32 * VEC):
+                    oc = Int32(cutlass.select_(t.tidx < 32 * VEC, oc, Ns))
                 if oc < Ns:
                     io.dbias_ws[t.rb, t.co + oc] = s
 
@@ -512,7 +556,7 @@ class PackedKernel:
             p = t.tidx + r * k.NTHREADS  # position j * 32 + lane of the word
             cw = sMax[0, p]
             for w in cutlass.range_constexpr(1, k.WARPS):
-                cw = dev.pk_max(cw, sMax[w, p], is_bf16)
+                cw = dev.pk_max(cw, sMax[w, p], is_bf16, codec.column_max_nan(cfg))
             if cutlass.const_expr(cfg.amax):
                 tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
             if cutlass.const_expr(cfg.colwise):
@@ -529,14 +573,16 @@ class PackedKernel:
         sInv = t.smem["inv"]
         M, rb, co, gt = io.M, t.rb, t.co, t.gt
         cl, ch = dev.pk_unpack(cw, k.is_bf16)
+        if cutlass.const_expr(not codec.column_max_nan(cfg)):  # (a column of NaN alone: amax 0)
+            cl, ch = cute.arch.fmax(cl, Float32(0.0)), cute.arch.fmax(ch, Float32(0.0))
         e_lo = codec.block_scale(cfg.fmt, cl, k.use_hw_e8m0)
         e_hi = codec.block_scale(cfg.fmt, ch, k.use_hw_e8m0)
         if cutlass.const_expr(k.GROUPED):
             e_lo = Int32(cutlass.select_(t.Ms > 0, e_lo, Int32(0)))
             e_hi = Int32(cutlass.select_(t.Ms > 0, e_hi, Int32(0)))
         pj = p // 32
-        sInv[2 * pj * 32 + p % 32] = dev.inv_scale(e_lo)  # column k = 2j, 2j + 1 of lane p % 32
-        sInv[(2 * pj + 1) * 32 + p % 32] = dev.inv_scale(e_hi)
+        sInv[2 * pj * 32 + p % 32] = codec.multiplier(cfg.fmt, e_lo)  # column k = 2j, 2j + 1 of lane p % 32
+        sInv[(2 * pj + 1) * 32 + p % 32] = codec.multiplier(cfg.fmt, e_hi)
         oc = t.cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
         if oc < Ns:  # aligned: N % VEC == 0, both columns are in or out
             codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc, rb, M, t.NOUT, e_lo)
@@ -631,7 +677,7 @@ class PackedKernel:
         (unaligned.store_row with ``splan``, heads and tails parked)."""
         cfg = self.cfg
         WARPS = cutlass.const_expr(cfg.packed_warps(True))
-        PK_ROWS = cutlass.const_expr(ROWS // WARPS)
+        PK_ROWS = cutlass.const_expr(cfg.tile_rows // WARPS)
         PERIOD = cutlass.const_expr(ua.plans_per_thread(PK_ROWS, WARPS))
         if cutlass.const_expr(aligned_rows):
             # every row's stores predicated (no branch per row: rows past M are quantized and not

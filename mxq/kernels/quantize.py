@@ -59,6 +59,11 @@ class Quantize:
         ``group_ends``: None, or a grouped call's int32 group ends (then the grid has
         grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N])."""
         cfg = self.cfg
+        if cfg.tile_rows != ROWS and (ins[0].element_type.width != 16 or cfg.amax or group_ends is not None
+                                      or cfg.halves or cfg.fmt.layout != "compact"):
+            # (limits.fp8_block_unserved keeps such calls on the reference)
+            raise NotImplementedError("mxq: colwise blocks of 128 rows are served by the packed kernel alone, "
+                                      "compact, without amax, groups or two halves")
         M = ins[0].shape[0]
         N = ins[0].shape[1]
         G = None if group_ends is None else group_ends.shape[0]
@@ -80,11 +85,13 @@ class Quantize:
             grid, block = vec_grid(cfg, M, N, G)
             self.vectorized.vec_kernel(*args, variant == "rows8").launch(grid=grid, block=block, stream=stream)
         else:
+            if cfg.fmt.block[1] != 32:  # (limits.unserved keeps such calls on the reference)
+                raise NotImplementedError(f"mxq: the element-wise kernel serves 1x32 blocks only, not {cfg.fmt.block}")
             grid, block = generic_grid(cfg, M, N, G)
             self.generic.generic_kernel(*args).launch(grid=grid, block=block, stream=stream)
         if cfg.dbias:
             grid, block = dbias_grid(NO, G)
-            dargs = (dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, ROWS), M, NO)
+            dargs = (dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, cfg.tile_rows), M, NO)
             self.launch_dbias_by_rows(dargs, M, G, grid, block, use_pdl and cfg.pdl, stream)
 
     def launch_packed(self, variant: str, args, M, N, G, use_pdl: bool, stream):

@@ -115,7 +115,8 @@ class VectorizedKernel:
         tRow, tCol, nbr = None, None, None
         if cutlass.const_expr(cfg.rowwise):
             tRow = cute.zipped_divide(self.op.out_window(row_data, co), (1, VEC))
-            nbr = NOUT // 32 + Int32(cutlass.select_(NOUT % 32 != 0, Int32(1), Int32(0)))
+            B = cutlass.const_expr(cfg.fmt.block[1])  # (rowwise blocks per row)
+            nbr = NOUT // B + Int32(cutlass.select_(NOUT % B != 0, Int32(1), Int32(0)))
         if cutlass.const_expr(cfg.colwise):
             tCol = cute.zipped_divide(self.op.out_window(col_data, co), (1, VEC))
         whole, part = None, None
@@ -148,8 +149,8 @@ class VectorizedKernel:
                 if cutlass.const_expr(cfg.rowwise):
                     if cutlass.const_expr(UNALIGNED and i == 0):
                         out_row = ua.row_base(row_data, rbase, c0)  # (unaligned: row i's units at row_at(out_row, i))
-                    er, sr = self.row_scale(vals, i, use_hw_e8m0)
-                    self.store_row(rec(k), rec(at, co=co, nbr=nbr, gt=gt, whole=whole, part=part), i, row_ok, vals,
+                    er, sr = self.row_scale(vals, i, use_hw_e8m0, codec.input_max(ins[0].element_type))
+                    self.store_row(rec(k), rec(at, co=co, nbr=nbr, gt=gt, whole=whole, part=part, M=M), i, row_ok, vals,
                                    er, sr, out_row if UNALIGNED else None, tRow, row_scale)
             if cutlass.const_expr(cfg.col_reduce):
                 # colwise: the warps' partial column amax (and dbias sums) meet in shared memory
@@ -327,15 +328,19 @@ class VectorizedKernel:
                 cmax[c] = cute.arch.fmax(cmax[c], cute.math.abs(v), nan=True)
 
     # -- rowwise -------------------------------------------------------------------------------
-    def row_scale(self, vals, i: int, use_hw_e8m0):
-        """Row i's block scale and its inverse: the 32-column block is 4 adjacent lanes."""
+    def row_scale(self, vals, i: int, use_hw_e8m0, in_max: float):
+        """Row i's block scale and its multiplier: the block is adjacent lanes (4 for 32 columns,
+        16 for 128; codec.block_lanes), NaN-dropping where the format says (codec.block_amax_nan).
+        ``in_max``: the input type's largest finite value (codec.block_scale)."""
+        fmt = self.cfg.fmt
+        nan = codec.block_amax_nan(fmt)
         ramax = Float32(0.0)
         for c in range(VEC):
-            ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + c]), nan=True)
-        ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1), nan=True)
-        ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=2), nan=True)
-        er = codec.block_scale(self.cfg.fmt, ramax, use_hw_e8m0)
-        return er, dev.inv_scale(er)
+            ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + c]), nan=nan)
+        for st in range(codec.block_lanes(fmt, VEC).bit_length() - 1):
+            ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1 << st), nan=nan)
+        er = codec.block_scale(fmt, ramax, use_hw_e8m0, in_max)
+        return er, codec.multiplier(fmt, er)
 
     @cute.jit
     def store_row(self, k, t, i: cutlass.Constexpr, row_ok, vals, er, sr, out_row, tRow, row_scale):
@@ -343,9 +348,9 @@ class VectorizedKernel:
         cfg = self.cfg
         if cutlass.const_expr(k.UNALIGNED):
             self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, t.whole, t.part, t.nvalid)
-            if row_ok and t.lane % 4 == 0:
-                codec.store_row_scale(cfg, row_scale, dev.scale_offset(cfg.fmt.swizzled, t.rbase + i, t.c0 // 32, t.nbr),
-                                      er)
+            if row_ok and t.lane % codec.block_lanes(cfg.fmt, VEC) == 0:
+                codec.store_row_scale(cfg, row_scale, codec.row_scale_offset(cfg.fmt, t.rbase + i, t.c0 // cfg.fmt.block[1],
+                                                                             t.nbr, t.M), er)
         elif row_ok:
             qr = cute.make_rmem_tensor_like(tRow[(None, (0, 0))])
             for c in cutlass.range_constexpr(0, VEC, 2):
@@ -353,7 +358,7 @@ class VectorizedKernel:
                 qr[c] = lo
                 qr[c + 1] = hi
             cute.autovec_copy(qr, tRow[(None, (t.rbase + i, t.g))])
-            if t.lane % 4 == 0:
+            if t.lane % codec.block_lanes(cfg.fmt, VEC) == 0:
                 codec.store_row_scale(cfg, row_scale, self.row_scale_offset(k, t, t.rbase + i), er)
 
     def row_scale_offset(self, k, t, r):
@@ -361,9 +366,11 @@ class VectorizedKernel:
         cfg = self.cfg
         if k.GROUPED:
             return codec.group_row_scale_offset(cfg.fmt, t.gt, r, self.op.out_col(t.co, t.c0) // 32, t.nbr)
+        if cfg.fmt.layout == "gemm":
+            return codec.row_scale_offset(cfg.fmt, r, (t.co + t.c0) // cfg.fmt.block[1], t.nbr, t.M)
         if cfg.fmt.swizzled:
             return dev.swizzle_offset(r, (t.co + t.c0) // 32, t.nbr)
-        return r * t.nbr + (t.co + t.c0) // 32
+        return r * t.nbr + (t.co + t.c0) // cfg.fmt.block[1]  # (this order of operations: MXFP8's PTX)
 
     # -- colwise -------------------------------------------------------------------------------
     def share_partials(self, k, t, cmax, dsum, sMax, sSum):

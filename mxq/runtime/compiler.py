@@ -94,7 +94,11 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
     def mat(dtype, align, rows=m, cols=n):
         return fake(dtype, (rows, cols), stride_order=(1, 0), assumed_align=align)
 
-    def flat_u8():
+    def flat_scale():
+        """A flat scale buffer: E8M0 bytes, or fp32 (FP8 block scaling; the GEMM-ready layout's
+        outer-dim-major buffer as it is laid out in memory, launch.flat_scale)."""
+        if spec.block_format.scale == "fp32":
+            return fake(Float32, (cute.sym_int(),), assumed_align=4)
         return fake(Uint8, (cute.sym_int(),), assumed_align=1)
 
     def f32_one():
@@ -118,9 +122,9 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "scalar": lambda: Float32(0.0),
         "act_input": lambda: mat(el, big or nbytes),
         "rowwise_data": lambda: mat(Uint8, big or 1, cols=n_out),
-        "rowwise_scale": flat_u8,
+        "rowwise_scale": flat_scale,
         "colwise_data": lambda: mat(Uint8, big or 1, cols=n_out),
-        "colwise_scale": flat_u8,
+        "colwise_scale": flat_scale,
         "amax": f32_one,
         "dbias": lambda: (fake(el, (cute.sym_int(), n_out), stride_order=(1, 0), assumed_align=nbytes) if grouped
                           else fake(el, (n_out,), assumed_align=nbytes)),

@@ -212,8 +212,9 @@ def make_dispatchers(op) -> tuple:
 def dispatchers_or_none(op):
     """make_dispatchers(op), or None (after a warning) where they cannot be built (no C++
     compiler). Two-halves ops (mxq/frontend/gated.py) have none: their outputs are wider than
-    their inputs, which the dispatchers do not know."""
-    if gated.is_halves(op.epilogue):
+    their inputs, which the dispatchers do not know; nor do FP8 block-scaling ops (fp32 scales
+    in their own layouts: the dispatchers' buffers and checks are E8M0's; limits.refuse_cpp)."""
+    if gated.is_halves(op.epilogue) or op.spec.format != "mxfp8":  # (FP8 block scaling: limits.refuse_cpp)
         return None
     try:
         return make_dispatchers(op)

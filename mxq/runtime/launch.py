@@ -150,9 +150,9 @@ class Launcher:
         operand = {
             "act_input": lambda: mats[-1],
             "rowwise_data": lambda: row_data,
-            "rowwise_scale": lambda: out.rowwise_scale.view(-1),
+            "rowwise_scale": lambda: flat_scale(out.rowwise_scale),
             "colwise_data": lambda: col_data,
-            "colwise_scale": lambda: out.colwise_scale.view(-1),
+            "colwise_scale": lambda: flat_scale(out.colwise_scale),
             "amax": lambda: out.amax.view(1),
             "dbias": lambda: out.dbias,
             "dbias_workspace": lambda: torch.empty((groups.workspace_rows(m, group_offsets.numel() if grouped else None),
@@ -248,6 +248,16 @@ def _clear_padding(out: MXFP8Tensor, noop) -> None:
                 buf.zero_()
             else:
                 buf.mul_((noop.reshape(()) == 1.0).to(torch.uint8))
+
+
+def flat_scale(s: torch.Tensor) -> torch.Tensor:
+    """A scale tensor as the kernels' flat buffer: its elements in memory order from its first,
+    contiguous or not (the GEMM-ready fp32 scales are a transposed view of a padded buffer,
+    mxq/formats/fp8_block_layouts.gemm_scale; validation.check_out holds out='s strides to it)."""
+    if s.is_contiguous():
+        return s.view(-1)
+    span = 1 + sum((d - 1) * st for d, st in zip(s.shape, s.stride())) if s.numel() else 0
+    return s.as_strided((span,), (1,))
 
 
 def _as_u8_2d(t: torch.Tensor, m: int, n: int) -> torch.Tensor:

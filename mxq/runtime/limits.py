@@ -22,14 +22,16 @@ def unsupported(x: torch.Tensor) -> str | None:
     return None
 
 
-def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall) -> str | None:
+def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str | None:
     """Why the kernels cannot serve an op's call on CUDA tensor ``x``, or None. A 16-bit op whose
     inputs do not fit the packed kernel's shared memory (many epilogue tensors; ``smem_shortfall()``,
     the op's own smem_shortfall). A two-halves op (mxq/frontend/gated.py): rowwise blocks of the
-    [M, 2N] output must not straddle the halves (each half is its own CTAs). FP8 block scaling has
-    no kernels yet (mxq/formats/fp8_block.py: the reference serves it)."""
+    [M, 2N] output must not straddle the halves (each half is its own CTAs). FP8 block scaling:
+    fp8_block_unserved (``call``: the call's out= and group_offsets)."""
     if spec.format != "mxfp8":
-        return f"format={spec.format!r} has no GPU kernels yet; running the torch reference"
+        why = fp8_block_unserved(spec, epilogue, x, call) if spec.format == "fp8_block" else "has no GPU kernels yet"
+        if why:
+            return f"format={spec.format!r} {why}; running the torch reference"
     too_big = smem_shortfall() if x.element_size() == 2 else None
     if too_big:
         return f"{too_big}; running the torch reference"
@@ -38,6 +40,33 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall) -> str | None:
     if x.dim() and x.shape[-1] % n_multiple(spec, epilogue):
         return (f"a gated backward with rowwise blocks needs N % {BLOCK} == 0 on the kernels (N = {x.shape[-1]}: "
                 f"a {BLOCK}-element block would straddle the two halves); running the torch reference")
+    return None
+
+
+def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
+    """What of an FP8 block-scaling call the kernels do not serve, or None. They serve 1x128
+    rowwise blocks (compact or gemm layout) and, from 16-bit inputs, colwise 128-row blocks
+    (compact, without amax: the packed kernel's 128-row tile, KernelConfig.tile_rows), of
+    ungrouped, one-output-half ops; fp32 inputs only where the FP8 rows start on 8-byte
+    boundaries (the vectorised kernel, aligned or with staged rows: launch.variant_for picks
+    "vec" or "rows8"; the element-wise kernel serves 1x32 blocks only), which mxq's own outputs
+    always do."""
+    gap = codegen.kernel_gap(spec)
+    if gap:
+        return f"{gap} has no GPU kernels yet"
+    if gated.is_halves(epilogue):
+        return "with a gated backward (two output halves) has no GPU kernels yet"
+    if call is not None and call.group_offsets is not None:
+        return "with group_offsets has no GPU kernels yet"
+    if spec.colwise and (x.dtype == torch.float32 or spec.amax):
+        return "with colwise=True and fp32 inputs or amax has no GPU kernels yet"
+    if x.dtype == torch.float32:
+        data = call.out.rowwise_data if call is not None and call.out is not None else None
+        if data is not None and (data.data_ptr() % kconfig.UNIT or (data.dim() > 1 and data.shape[0] > 1
+                                                                     and data.stride(0) % kconfig.UNIT)):
+            return "with fp32 inputs into FP8 rows not on 8-byte boundaries has no GPU kernels yet"
+        if not codegen.kernel_config(spec, epilogue).vec_unaligned:
+            return "with fp32 inputs whose staged rows would not fit shared memory has no GPU kernels yet"
     return None
 
 
@@ -67,10 +96,11 @@ def smem_shortfall(epilogue, need: int) -> str | None:
 
 def refuse_cpp(what: str, spec, epilogue, smem_shortfall, dtype: str | None = None) -> None:
     """Ops a C++ route cannot serve, refused before anything is built: a gated op's inner op (the
-    gated op serves them itself), an FP8 block-scaling op (no kernels yet), and refuse_unlaunchable's."""
+    gated op serves them itself), an FP8 block-scaling op (its kernels run on the Python routes
+    only: the C++ dispatcher's buffers and checks are MXFP8's), and refuse_unlaunchable's."""
     if spec.format != "mxfp8":
-        raise ValueError(f"mxq: {what}: format={spec.format!r} has no GPU kernels yet, so no C++ route serves it; "
-                         "call the op from Python (which runs the torch reference)")
+        raise ValueError(f"mxq: {what}: format={spec.format!r} has no C++ route yet; "
+                         "call the op from Python (its kernels, or the torch reference where they do not serve it)")
     if spec.gated or gated.is_halves(epilogue):
         raise ValueError(f"mxq: {what}: the inner op of a gated activation is not served by this C++ route; "
                          "use the gated op's own register(), dispatcher() or export(), or call it from Python "
