@@ -403,6 +403,67 @@ def test_grouped_kernels_compile(variant, arch):
             assert wide_accesses(ptx) == wide_accesses(inspection.ptx_of(op, arch, dtype, "vec")) > 0
 
 
+# --- the grouped dbias reduction's two forms (kernels.config.Tuning.dbias_group_rows) ---------------------
+OLD_DBIAS = kconfig.Tuning(dbias_group_rows=0)  # dbias_kernel only: a CTA per group and column tile
+DBIAS_OPTS = [dict(rowwise=True, colwise=True, dact="gelu", dbias=True),
+              dict(rowwise=True, colwise=True, dbias=True, amax=True, scale_layout="swizzled")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("small", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("opts", DBIAS_OPTS)
+def test_grouped_dbias_forms_match_reference_and_each_other(opts, dtype, small):
+    """The default (groups averaging <= 1024 rows: reduce.dbias_groups_kernel, a warp per group)
+    against the reference (within the op's class) and byte for byte against dbias_kernel alone
+    (the same additions in the same order), on random groups with empty ones: 40 groups of 0-299
+    rows, and (``small`` False) one of 1500 rows (47 blocks of partials: more than one round of
+    dbias_groups_kernel) over PDL_MAX_ROWS rows; ``small``: 12 groups under PDL_MAX_ROWS rows
+    (launched early)."""
+    g = torch.Generator().manual_seed(7 + small)
+    sizes = [int(s) for s in torch.randint(0, 300, (12 if small else 40,), generator=g)]
+    sizes[::5] = [0] * len(sizes[::5])
+    if not small:
+        sizes.insert(17, 1500)
+    m, n = sum(sizes), 200
+    assert (m <= kconfig.PDL_MAX_ROWS) == small and m <= kconfig.Tuning().dbias_group_rows * len(sizes)
+    offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
+    x, a = planted(m, n, dtype, seed=31), planted(m, n, dtype, seed=32)
+    kw = {"act_input": a} if "dact" in opts else {}
+    op = mxq.fused_quant(**opts)(_ident)
+    old = mxq.fused_quant(**opts)(_ident)
+    old._with_tuning(OLD_DBIAS)
+    want = op.reference(x, group_offsets=offs, **kw)
+    exact = "dact" not in opts
+    v_abs = None if exact else v_abs_sum(op, x, group_offsets=offs, **kw)
+    bound = None if exact else v_bound(op, x, **kw)
+    xc, oc, kwc = x.cuda(), offs.cuda(), {k: v.cuda() for k, v in kw.items()}
+    got = op(xc, group_offsets=oc, out=poisoned(op, xc, oc), **kwc)
+    assert compare(got, want, exact, v_abs, v_bound=bound) == [], sizes
+    base = old(xc, group_offsets=oc, **kwc)
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
+        if getattr(base, f) is not None:
+            assert same_bytes(getattr(got, f), getattr(base, f)), f
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_grouped_dbias_forms_compile(arch):
+    """CPU counterpart: a grouped dbias op's modules hold dbias_groups_kernel (early and late)
+    beside the three dbias_kernel forms by default, and not with Tuning(dbias_group_rows=0), for
+    Hopper and Blackwell, both grouped variants and input dtypes."""
+    from mxq.runtime import inspection
+
+    opts = DBIAS_OPTS[0]
+    op = mxq.fused_quant(**opts)(_ident)
+    old = mxq.fused_quant(**opts)(_ident)
+    old._with_tuning(OLD_DBIAS)
+    for dtype in ("bf16", "fp32"):
+        for kind in ("vec_grouped", "generic_grouped"):
+            ptx, base = inspection.ptx_of(op, arch, dtype, kind), inspection.ptx_of(old, arch, dtype, kind)
+            assert ptx.count(".entry") == 6 and base.count(".entry") == 4
+            assert "dbias_groups_kernel" in ptx and "dbias_groups_kernel" not in base
+
+
 def test_workspace_rows_by_hand():
     """The dbias workspace: a row per 32-row block (ceil), grouped a row per block of each group
     (70 rows in 3 groups: at most 70 // 32 + 3 blocks)."""

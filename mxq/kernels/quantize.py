@@ -35,7 +35,7 @@ from .generic import GenericKernel
 from .generic import grid as generic_grid
 from .packed import PackedKernel
 from .packed import grid as packed_grid
-from .reduce import amax_init_kernel, dbias_grid, dbias_kernel
+from .reduce import amax_init_kernel, dbias_grid, dbias_groups_grid, dbias_groups_kernel, dbias_kernel
 from .vectorized import VectorizedKernel
 from .vectorized import grid as vec_grid
 
@@ -118,19 +118,38 @@ class Quantize:
         an SM: that saves a small call's launch gap and costs a long reduction its spread over
         the SMs. A grouped call (``G`` groups, one CTA per group and column tile) reduces each
         group's own rows: staged only where its groups average more than PDL_MAX_ROWS rows (many
-        small groups would each copy and zero-fill a whole staged round)."""
+        small groups would each copy and zero-fill a whole staged round); groups averaging at
+        most Tuning.dbias_group_rows rows are reduced a warp per group (dbias_groups_kernel)."""
         if cutlass.const_expr(G is None):
             if M <= PDL_MAX_ROWS:
                 dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
             else:
                 dbias_kernel(*args, False, True).launch(grid=grid, block=block, stream=stream)
-        else:
-            if M <= PDL_MAX_ROWS:
-                dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
-            elif M <= PDL_MAX_ROWS * G:
-                dbias_kernel(*args, False, False).launch(grid=grid, block=block, stream=stream)
+        elif cutlass.const_expr(self.cfg.dbias_group_rows > 0):
+            if M <= self.cfg.dbias_group_rows * G:
+                ws, dbias, noop, ends, _, _, NO = args
+                ggrid, gblock = dbias_groups_grid(NO, G)
+                if M <= PDL_MAX_ROWS:
+                    dbias_groups_kernel(ws, dbias, noop, ends, M, NO, pdl).launch(grid=ggrid, block=gblock,
+                                                                                  stream=stream, use_pdl=pdl)
+                else:
+                    dbias_groups_kernel(ws, dbias, noop, ends, M, NO, False).launch(grid=ggrid, block=gblock,
+                                                                                    stream=stream)
             else:
-                dbias_kernel(*args, False, True).launch(grid=grid, block=block, stream=stream)
+                self.launch_dbias_per_group(args, M, G, grid, block, pdl, stream)
+        else:
+            self.launch_dbias_per_group(args, M, G, grid, block, pdl, stream)
+
+    @cute.jit
+    def launch_dbias_per_group(self, args, M, G, grid, block, pdl: cutlass.Constexpr, stream):
+        """A grouped dbias reduction by dbias_kernel, a CTA per group and column tile (see
+        launch_dbias_by_rows)."""
+        if M <= PDL_MAX_ROWS:
+            dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
+        elif M <= PDL_MAX_ROWS * G:
+            dbias_kernel(*args, False, False).launch(grid=grid, block=block, stream=stream)
+        else:
+            dbias_kernel(*args, False, True).launch(grid=grid, block=block, stream=stream)
 
     @cute.jit
     def launch_packed_by_parity(self, twins, stride, args, M, N, use_pdl: cutlass.Constexpr, stream):

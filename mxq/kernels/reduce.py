@@ -1,4 +1,6 @@
-"""The two small kernels around a quantize kernel: amax's zeroing and dbias's final reduction."""
+"""The small kernels around a quantize kernel: amax's zeroing and dbias's final reduction
+(dbias_kernel; a grouped call's many small groups under Tuning.dbias_group_rows:
+dbias_groups_kernel)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ def dbias_grid(N, G=None):
     return [cute.ceil_div(N, 32), 1 if G is None else G, 1], [32 * DBIAS_WARPS, 1, 1]
 
 
+def dbias_groups_grid(N, G):
+    """dbias_groups_kernel: column tiles x groups of DBIAS_WARPS."""
+    return [cute.ceil_div(N, 32), cute.ceil_div(G, DBIAS_WARPS), 1], [32 * DBIAS_WARPS, 1, 1]
+
+
 @cute.jit
 def dbias_round(sBuf, acc, a0, rbytes, b, MB, n: cutlass.Constexpr, tidx):
     """One round of dbias_kernel for thread ``tidx``: copy rows b, b + DBIAS_WARPS, ... (n of
@@ -39,6 +46,17 @@ def dbias_round(sBuf, acc, a0, rbytes, b, MB, n: cutlass.Constexpr, tidx):
     cute.arch.cp_async_wait_group(0)  # (a thread reads only its own slots: no barrier)
     for i in cutlass.range_constexpr(n):
         acc[i % DBIAS_UNROLL] = acc[i % DBIAS_UNROLL] + sBuf[i, tidx].to(Float64)
+
+
+@cute.jit
+def group_partials(group_ends: cute.Tensor, g: Int32, M: Int32):
+    """(first row, rows) of group g's partial sums in a grouped call's dbias workspace: its
+    colwise blocks (grouped.py)."""
+    start = Int32(0)
+    if g > 0:
+        start = clamp_end(Int32(group_ends[g - 1]), M)
+    end = clamp_end(Int32(group_ends[g]), M)
+    return start // ROWS + g, (cutlass.max(end - start, Int32(0)) + ROWS - 1) // ROWS
 
 
 @cute.kernel
@@ -83,12 +101,7 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
         acc.fill(0.0)
         first = Int32(0)  # the partials' first row and count
         if cutlass.const_expr(group_ends is not None):
-            start = Int32(0)
-            if gy > 0:
-                start = clamp_end(Int32(group_ends[gy - 1]), M)
-            end = clamp_end(Int32(group_ends[gy]), M)
-            first = start // ROWS + gy
-            MB = (cutlass.max(end - start, Int32(0)) + ROWS - 1) // ROWS
+            first, MB = group_partials(group_ends, gy, M)
         if cutlass.const_expr(staged):
             if c < N:
                 step = DBIAS_WARPS * NV  # rows per round of the CTA
@@ -126,3 +139,50 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
                 dbias[gy, c] = s.to(Float32).to(dbias.element_type)
             else:
                 dbias[c] = s.to(Float32).to(dbias.element_type)  # fp64 -> fp32 -> dtype, as the reference
+
+
+ROUND = DBIAS_WARPS * DBIAS_UNROLL  # dbias_groups_kernel: rows of partials per round (dbias_kernel's rows per step)
+
+
+@cute.kernel
+def dbias_groups_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, group_ends: cute.Tensor,
+                        M: Int32, N: Int32, use_pdl: cutlass.Constexpr):
+    """A grouped call's dbias[g, c] for many small groups (Tuning.dbias_group_rows): a warp per
+    group (warp w of CTA y: group y * DBIAS_WARPS + w), lane = column, with dbias_kernel's
+    additions in dbias_kernel's order, so the same bits: sum u of "warp" v is its rows
+    v + 8 u + 32 k (k = 0, 1, ...) in row order, fp64; each v's sums added in index order, then the
+    v's in order (where dbias_kernel's warp v holds them). A group's first ROUND rows are loaded
+    at once (rows past its end read its last row and add 0, as in dbias_kernel; 32 independent
+    loads), the rest a round at a time for each v in turn (rare: a group above ROUND blocks, 1024
+    rows). An empty group's row is 0."""
+    if cutlass.const_expr(use_pdl):
+        cute.arch.griddepcontrol_wait()  # (launched early: the quantize kernel's partials are visible)
+    tidx, _, _ = cute.arch.thread_idx()
+    cb, gb, _ = cute.arch.block_idx()
+    g = gb * DBIAS_WARPS + tidx // 32
+    c = cb * 32 + tidx % 32
+    if noop[0] != Float32(1.0) and g < group_ends.shape[0] and c < N:
+        first, MB = group_partials(group_ends, g, M)
+        last = MB - 1
+        p0 = cute.make_rmem_tensor(cute.make_layout(ROUND), dbias_ws.element_type)  # row r of the first round, or 0
+        for r in cutlass.range_constexpr(ROUND):
+            q = dbias_ws[first + cutlass.min(Int32(r), last), c]
+            p0[r] = dbias_ws.element_type(cutlass.select_(r <= last, q, dbias_ws.element_type(0.0)))
+        s = Float64(0.0)
+        acc = cute.make_rmem_tensor(cute.make_layout(DBIAS_UNROLL), Float64)
+        for v in cutlass.range_constexpr(DBIAS_WARPS):
+            for u in cutlass.range_constexpr(DBIAS_UNROLL):
+                acc[u] = Float64(0.0) + p0[v + u * DBIAS_WARPS].to(Float64)
+            for base in cutlass.range(ROUND, MB, ROUND):
+                for u in cutlass.range_constexpr(DBIAS_UNROLL):
+                    r = base + v + u * DBIAS_WARPS
+                    p = dbias_ws[first + cutlass.min(r, last), c].to(Float64)
+                    acc[u] = acc[u] + Float64(cutlass.select_(r <= last, p, Float64(0.0)))
+            t = acc[0]
+            for u in cutlass.range_constexpr(1, DBIAS_UNROLL):
+                t = t + acc[u]
+            if cutlass.const_expr(v == 0):
+                s = t
+            else:
+                s = s + t
+        dbias[g, c] = s.to(Float32).to(dbias.element_type)  # fp64 -> fp32 -> dtype, as the reference
