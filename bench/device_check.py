@@ -570,11 +570,11 @@ def host_breakdown(x, launcher, n):
     out = MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
     dest = launcher.dispatch
     parts = {}
-    if op._fast_call(x) is not None:  # the fast path's layers: quantize -> _fast_call -> call_alloc
-        parts["fast_call"] = per_call(lambda: op._fast_call(x))
-    parts["call_alloc"] = per_call(lambda: launcher.call_alloc(x, None, None))
+    if op._fast_call((x,), None, None) is not None:  # the fast path's layers: quantize -> _fast_call -> call_alloc
+        parts["fast_call"] = per_call(lambda: op._fast_call((x,), None, None))
+    parts["call_alloc"] = per_call(lambda: launcher.call_alloc(x, None, None, None))
     # the same results kept, then dropped together: how much of a call is freeing the last one's
-    kept = [launcher.call_alloc(x, None, None) for _ in range(n)]
+    kept = [launcher.call_alloc(x, None, None, None) for _ in range(n)]
     torch.cuda.synchronize()
     t = time.perf_counter()
     del kept

@@ -60,8 +60,8 @@ class FusedOp:
     def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
         traced = torch.compiler.is_compiling()  # torch.compile: one operator node (integrations/torch_ops.py)
-        if not traced and self._fast and not kwargs and noop is None and out is None and group_offsets is None:
-            got = self._fast_call(args, act_input)
+        if not traced and self._fast and out is None:
+            got = self._fast_call(args, kwargs, act_input, noop, group_offsets)
             if got is not None:
                 return got
         call = self._bind_call(args, kwargs, act_input, noop, out, group_offsets, traced)
@@ -142,19 +142,42 @@ class FusedOp:
         with torch.no_grad():  # outputs are data, not part of an autograd graph
             return _reference.run(self.spec, self.epilogue, launch.zeroed_out(self.spec, self.epilogue, call))
 
-    def _fast_call(self, args, act_input):
-        """An ordinary CUDA call (positional arguments, no call keywords but ``act_input``), or
-        None: once a checked call of this (dtype, device) took the allocating native route, later
-        ones go straight to it. The native dispatcher checks per call what it serves (operand
-        kinds, dtypes, devices, contiguity, alignment: csrc/dispatch.cc, errors naming the
-        argument) and sends what it does not serve to the checked path (ffi's callback); the
-        rest is checked here: plain tensor and float classes, grad (Binder.plain), the size limit."""
+    def _fast_call(self, args, kwargs, act_input, noop=None, group_offsets=None):
+        """A CUDA call without ``out`` (epilogue arguments positional or by keyword), or None:
+        once a checked call of this (dtype, device) took the allocating native route, later ones
+        go straight to it. The native dispatcher checks per call what it serves (operand kinds,
+        dtypes, devices, contiguity, alignment, noop, group ends: csrc/dispatch.cc, errors naming
+        the argument) and sends what it does not serve to the checked path (ffi's callback); the
+        rest is checked here: plain tensor and float classes, grad (Binder.plain), the size
+        limit (_fast_launcher)."""
+        if kwargs:
+            if not self._bind.by_name or self.spec.is_fp4:
+                return None
+            try:
+                args = self._bind._bind_names(args, kwargs)
+            except TypeError:  # (the checked path names it)
+                return None
         args = self._bind.plain(args, act_input, self.spec.dact)
-        x = args[0] if args is not None else None
-        fast = self._fast.get((x.dtype, x.get_device())) if x is not None else None
-        if fast is None or not 0 < x.numel() < _FAST_NUMEL or not x.is_contiguous():
+        fast = self._fast_launcher(args[0], noop, group_offsets) if args is not None else None
+        return fast.call_alloc(*args, act_input, noop, group_offsets) if fast is not None else None
+
+    def _fast_launcher(self, x, noop, group_offsets):
+        """The launcher of ``x``'s (dtype, device) whose allocating route serves a call (_fast),
+        or None: ``x`` non-empty below the kernels' size limit, contiguous or a 2-D view of rows
+        (the dispatcher's strided kind) whose extent is below it too; ``noop`` and
+        ``group_offsets`` plain tensors, the ends int32 (int64 ones take the checked path, which
+        converts them)."""
+        fast = self._fast.get((x.dtype, x.get_device()))
+        if fast is None or not 0 < x.numel() < _FAST_NUMEL:
             return None
-        return fast.call_alloc(*args, act_input, None)
+        if not x.is_contiguous() and not (x.dim() == 2 and x.stride(1) == 1
+                                          and (x.shape[0] - 1) * x.stride(0) + x.shape[1] < _FAST_NUMEL):
+            return None
+        if noop is not None and noop.__class__ is not _Tensor:
+            return None
+        if group_offsets is not None and (group_offsets.__class__ is not _Tensor or group_offsets.dtype != torch.int32):
+            return None
+        return fast
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
@@ -289,6 +312,23 @@ class GatedOp(FusedOp):
         derived = (gated.forward_epilogue if self._forward else gated.backward_epilogue)(self.epilogue, name)
         self.inner = FusedOp(gated.function_of(derived), dataclasses.replace(spec, act=None, dact=None), derived)
         self._dispatcher = None  # (_destination_passing(), built once)
+        # the inner op's allocating launchers: a forward call goes straight to them (_fast_call)
+        self._fast = self.inner._fast
+
+    def _fast_call(self, args, kwargs, act_input, noop=None, group_offsets=None):
+        """A forward CUDA call without ``out`` of positional arguments, or None: its tensors split
+        into halves (halves_call, which checks them) and run on the inner op's allocating route
+        (FusedOp._fast_call). A backward call writes both halves' outputs, which the native route
+        does not allocate: it takes the checked path."""
+        if not self._forward or kwargs or act_input is not None:
+            return None
+        args = self._bind.plain(args, None, None)
+        if args is None or args[0].dim() == 0 or args[0].shape[-1] % 2:
+            return None
+        nt = len(self.epilogue.tensor_params)
+        halves = halves_call(self.spec, self.epilogue, Call(list(args[:nt]), list(args[nt:])))
+        fast = self._fast_launcher(halves.tensors[0], noop, group_offsets)
+        return None if fast is None else fast.call_alloc(*halves.tensors, *halves.scalars, None, noop, group_offsets)
 
     def _lower(self, call: Call):
         """Every call runs the inner op over the halves (which checks it)."""
@@ -410,8 +450,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
             _QUANTIZE_OPS[key] = op
     if extra is not None:  # (checked for every format: validation names what the op does not take)
         return op._route(Call([x], [], None, noop, out, group_offsets, extra))
-    fast = op._fast and noop is None and out is None and group_offsets is None  # the common small call
-    got = op._fast_call((x,), None) if fast else None
+    got = op._fast_call((x,), None, None, noop, group_offsets) if op._fast and out is None else None
     return got if got is not None else op(x, noop=noop, out=out, group_offsets=group_offsets)
 
 

@@ -119,10 +119,23 @@ def test_python_launch_path_through_the_dispatcher(monkeypatch):
     from mxq.testing import compare
 
     call = Call([x, r], [0.25], a)
-    for c, allocating in ((call, True), (call._replace(noop=torch.zeros(1)), False)):  # (the two native routes)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    # (the two native routes: allocating without out, noop calls too; destination-passing into out)
+    for c, allocating in ((call, True), (call._replace(noop=torch.zeros(1)), True), (call._replace(out=out), False)):
         run, took = launcher.plan(c, ("full", "full"))
         assert took == allocating
         assert compare(run(c), want, exact=True) == []
+    ends = torch.tensor([0, 17, 40], dtype=torch.int32)
+    grouped = op.reference(x, r, alpha=0.25, act_input=a, group_offsets=ends)
+    for c, allocating in ((call._replace(group_offsets=ends), True),
+                          (call._replace(group_offsets=ends, out=mxq.MXFP8Tensor.empty(
+                              op.spec, x.shape, x.dtype, "cpu", group_offsets=ends)), False)):
+        run, took = launcher.plan(c, ("full", "full"))
+        assert took == allocating
+        got = run(c)
+        assert compare(got, grouped, exact=True) == [] and got.group_offsets.tolist() == ends.tolist()
+    # int64 ends: Python's binding (it converts them; launch.native_groups), never the allocating route
+    assert launcher.plan(call._replace(group_offsets=ends.long()), ("full", "full"))[1] is False
 
 
 def test_allocating_route_refuses_empty_inputs_and_bad_arity():
@@ -422,3 +435,40 @@ def test_registered_gated_ops(device):
             g(*args, *wrong, None)
         with pytest.raises(ValueError, match="'x' must have at least one dimension"):
             g(torch.ones((), device=device), *args[1:], *d, None)
+
+
+@mxq.fused_quant(rowwise=True, colwise=True, amax=True, dact="relu", dbias=True)
+def _relu_back(x):
+    return x
+
+
+@pytest.mark.parametrize("shape", [(150, 64), (3, 50, 37)])
+def test_allocating_route_grouped_and_noop_calls(shape):
+    """The allocating route's optional group_offsets and its noop call, on CPU tensors (the
+    reference fills them): grouped outputs of MXFP8Tensor.empty's sizes (colwise scales
+    [M // 32 + G, N], dbias [G, N], contiguous data) with the reference's bytes, and a copy of
+    the group ends last (a tensor of its own); a noop call's outputs all zero (noop 1.0 writes
+    nothing); ends the route does not take (int64) refused by name. GPU side:
+    tests/test_gpu_fast.py."""
+    op, n = _relu_back, shape[-1]
+    m = math.prod(shape[:-1])
+    alloc = op._native_dispatchers()[1]
+    x, a = (planted(m, n, torch.bfloat16, seed=s).reshape(shape) for s in (1, 2))
+    offs = torch.tensor([0, 40, 41, m], dtype=torch.int32)
+    r = alloc(x, a, None, offs)
+    want = op.reference(x, act_input=a, group_offsets=offs)
+    like = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "meta", group_offsets=offs.to("meta"))
+    for i, name in enumerate(mxq.runtime.slots.OUTPUTS):
+        g, w = r[i], getattr(like, name)
+        assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), name
+        assert same_bytes(g, getattr(want, name)), name
+    assert r[6].tolist() == offs.tolist() and r[6].dtype == torch.int32 and r[6].data_ptr() != offs.data_ptr()
+    for grouped in (offs, None):
+        z = alloc(x, a, torch.ones(1), grouped)
+        assert all(not z[i].reshape(-1).view(torch.uint8).any() for i in range(6) if z[i].dim()), "zeroed outputs"
+        assert float(z[4]) == 0.0 and (z[6] is None) == (grouped is None)
+        assert same_bytes(alloc(x, a, torch.zeros(1), grouped)[0], op.reference(x, act_input=a).rowwise_data)
+    with pytest.raises(ValueError, match="'group_offsets'"):
+        alloc(x, a, None, offs.long())
+    with pytest.raises(ValueError, match="'group_offsets'"):
+        alloc(x, a, None, torch.zeros(0, dtype=torch.int32))

@@ -114,3 +114,86 @@ def test_bad_input_on_the_fast_path_raises_by_name():
         op(x, b, out=e5)
     with pytest.raises(ValueError, match="noop"):
         op(x, b, out=out, noop=torch.zeros(2, device="cuda"))
+
+
+def _python_binding(op, call):
+    """The call through Launcher.run, the Python binding of the kernels (the route grouped and
+    noop calls took before the native dispatcher launched them)."""
+    from mxq.runtime.launch import zeroed_out
+
+    return op._launcher_for(call.tensors[0]).run(zeroed_out(op.spec, op.epilogue, call), None)
+
+
+@pytest.mark.parametrize("ends", [[0, 32, 32, M], [M], [5, 40, 41, M]])
+def test_grouped_calls_on_the_native_routes_match_the_reference_and_the_python_binding(ends):
+    """Grouped calls (empty groups, partial blocks) on the allocating route (first checked, then
+    the fast path) and into ``out`` on the destination-passing one: the reference's bytes within
+    the op's class, the Python binding's bytes exactly, the ends recorded as a copy."""
+    from mxq.runtime.call import Call
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, amax=True, dact="gelu", dbias=True)(_ident)
+    for seed in range(3):
+        x, a = planted(M, N, torch.bfloat16, seed=seed), planted(M, N, torch.bfloat16, seed=seed + 7)
+        offs = torch.tensor(ends, dtype=torch.int32)
+        want = op.reference(x, act_input=a, group_offsets=offs)
+        xc, ac, oc = *_cuda(x, a), offs.cuda()
+        got = op(xc, act_input=ac, group_offsets=oc)
+        assert compare(got, want, is_exact(op)) == [] and got.group_offsets.tolist() == ends
+        assert got.group_offsets.data_ptr() != oc.data_ptr()
+        assert compare(got, _python_binding(op, Call([xc], [], ac, None, None, oc)), True) == []
+        out = mxq.MXFP8Tensor.empty(op.spec, xc.shape, xc.dtype, xc.device, group_offsets=oc)
+        assert compare(op(xc, act_input=ac, group_offsets=oc, out=out), want, is_exact(op)) == []
+    assert (torch.bfloat16, 0) in op._fast
+
+
+def test_noop_calls_on_the_allocating_route_start_zeroed():
+    """A noop call without ``out`` (allocating route, zeroed natively): noop 1.0 returns all-zero
+    outputs even where the allocator hands back memory a previous call wrote; noop 0.0 the
+    reference's bytes and the Python binding's."""
+    from mxq.runtime.call import Call
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, amax=True, dact="gelu", dbias=True)(_ident)
+    x, a = planted(M, N, torch.bfloat16, seed=3), planted(M, N, torch.bfloat16, seed=4)
+    xc, ac = _cuda(x, a)
+    one, zero = torch.ones(1, device="cuda"), torch.zeros(1, device="cuda")
+    for grouped in (None, torch.tensor([0, 50, M], dtype=torch.int32, device="cuda")):
+        for _ in range(3):
+            dirty = op(xc, act_input=ac, group_offsets=grouped)  # (its memory freed below, then reused)
+            del dirty
+            z = op(xc, act_input=ac, noop=one, group_offsets=grouped)
+            for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
+                assert not getattr(z, f).reshape(-1).view(torch.uint8).any(), f
+        want = op.reference(x, act_input=a, group_offsets=None if grouped is None else grouped.cpu())
+        got = op(xc, act_input=ac, noop=zero, group_offsets=grouped)
+        assert compare(got, want, is_exact(op)) == []
+        assert compare(got, _python_binding(op, Call([xc], [], ac, zero, None, grouped)), True) == []
+
+
+def test_gated_forward_fast_path_matches_the_reference():
+    glu = mxq.fused_quant(rowwise=True, colwise=True, act="swiglu")(_ident)
+    for seed, shape in enumerate([(M, 2 * N), (M, 2 * N), (3, 32, 2 * N), (M, 2 * N)]):
+        w = planted(shape[0] * (shape[1] if len(shape) == 3 else 1), shape[-1], torch.bfloat16, seed=seed).reshape(shape)
+        assert compare(glu(w.cuda()), glu.reference(w), is_exact(glu)) == []
+    with pytest.raises(ValueError, match="'x'.*even"):
+        glu(torch.zeros(M, 2 * N - 2, device="cuda", dtype=torch.bfloat16)[:, :2 * N - 3])
+    assert glu._fast
+
+
+def test_bad_keywords_on_the_fast_path_raise_by_name():
+    """Keywords, noop and group ends on the fast path: bad values still raise naming them."""
+    op = mxq.fused_quant(rowwise=True, colwise=True)(_bias)
+    x, b = _cuda(planted(M, N, torch.bfloat16), planted(1, N, torch.bfloat16).reshape(N))
+    op(x, b)
+    op(x, b=b)  # (fast from here)
+    with pytest.raises(TypeError, match="'b'"):
+        op(x, b=b.float())
+    with pytest.raises(ValueError, match="noop"):
+        op(x, b, noop=torch.zeros(2, device="cuda"))
+    with pytest.raises(ValueError, match="noop"):
+        op(x, b, noop=torch.zeros(1))  # (on the CPU)
+    with pytest.raises(ValueError, match="group_offsets"):
+        op(x, b, group_offsets=torch.tensor([M], dtype=torch.int32))  # (on the CPU)
+    with pytest.raises(ValueError, match="group_offsets"):
+        op(x, b, group_offsets=torch.tensor([[M]], dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="group_offsets"):
+        op(x, b, group_offsets=torch.zeros(0, dtype=torch.int32, device="cuda"))

@@ -106,3 +106,45 @@ def test_destination_passing_route_hands_the_dispatcher_every_slot():
     slots = (out.rowwise_data, out.rowwise_scale, out.colwise_data, out.colwise_scale, out.amax, out.dbias)
     assert len(args) == 4 + len(slots) + 1 and all(a is b for a, b in zip(args[4:-1], slots))
     assert not out.rowwise_data.view(torch.uint8).any()  # (a noop call without out: zeroed outputs)
+
+
+def test_destination_passing_route_hands_the_dispatcher_group_ends():
+    """A grouped call on the destination-passing route: the int32 group ends go last to the
+    dispatcher (csrc/dispatch.cc launches the grouped kernels itself), fresh outputs are the
+    grouped buffers, and a given ``out`` records a copy of the ends once the dispatcher took the
+    call (and keeps its old ones when the dispatcher refuses it). A recording stand-in."""
+    import pytest
+
+    import mxq
+    from mxq.runtime.call import Call
+    from mxq.runtime.launch import Launcher, native_groups
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, dbias=True, dact="relu")(_ident)
+    launcher = Launcher(op, "sm_90", "bf16", None)
+    seen = []
+    launcher.dispatch = lambda *args: seen.append(args)
+    x, a, ends = torch.randn(64, 32), torch.randn(64, 32), torch.tensor([0, 40, 64], dtype=torch.int32)
+    fresh = launcher._dispatch_into(Call([x], [], a, None, None, ends))
+    assert seen[0][-1] is ends and len(seen[0]) == 1 + 1 + 6 + 1 + 1
+    assert fresh.colwise_scale.shape == (64 // 32 + 3, 32) and fresh.dbias.shape == (3, 32)
+    given = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu", group_offsets=ends)
+    before = given.group_offsets
+    later = torch.tensor([10, 20, 64], dtype=torch.int32)
+    assert launcher._dispatch_into(Call([x], [], a, None, given, later)) is given
+    assert given.group_offsets.tolist() == later.tolist() and given.group_offsets is not later
+    assert given.group_offsets is not before
+
+    def refuse(*args):
+        raise ValueError("mxq: argument 'colwise_scale' ...")
+
+    launcher.dispatch = refuse
+    kept = given.group_offsets
+    with pytest.raises(ValueError):
+        launcher._dispatch_into(Call([x], [], a, None, given, ends))
+    assert given.group_offsets is kept
+    assert native_groups(op.spec, ends) and not native_groups(op.spec, ends.long())
+    assert not native_groups(mxq.QuantSpec(colwise=True, scale_layout="swizzled"), ends)
+
+
+def _ident(x):
+    return x

@@ -122,11 +122,12 @@ class _RecordingLauncher:
 
     def __init__(self):
         self.calls = []
+        self.keywords = []  # (noop, group_offsets) of each call
 
     def call_alloc(self, *args):
-        *values, noop = args  # (the allocating route's: *tensors, *floats, act_input, noop)
-        assert noop is None
+        *values, noop, offsets = args  # (the allocating route's: *tensors, *floats, act_input, noop, group_offsets)
         self.calls.append(values[0] if len(values) == 2 and values[1] is None else tuple(values))
+        self.keywords.append((noop, offsets))
         return "fast"
 
 
@@ -135,21 +136,29 @@ def test_fast_path_takes_only_plain_calls():
     assert not op._fast, "nothing is fast before a checked CUDA call"
     fake = op._fast[(torch.bfloat16, -1)] = _RecordingLauncher()
     x = torch.randn(64, 64, dtype=torch.bfloat16)
-    assert op(x) == "fast" and fake.calls == [x]
+    assert op(x) == "fast" and fake.calls == [x] and fake.keywords == [(None, None)]
+    # noop, int32 group ends, keywords and a 2-D view of rows go to the allocating route too
+    noop, ends = torch.zeros(1), torch.tensor([10, 64], dtype=torch.int32)
+    view = torch.randn(64, 96, dtype=torch.bfloat16)[:, :64]
+    assert op(x, noop=noop) == op(x, group_offsets=ends) == op(x=x) == op(view) == "fast"
+    assert fake.calls[1:] == [x, x, x, view] and fake.keywords[1:3] == [(noop, None), (None, ends)]
     # everything else goes through the checked path (here: the CPU reference)
-    assert isinstance(op(x.t()), mxq.MXFP8Tensor)  # not contiguous
-    assert isinstance(op(x, noop=torch.zeros(1)), mxq.MXFP8Tensor)
+    assert isinstance(op(x.t()), mxq.MXFP8Tensor)  # not rows of unit stride
+    assert isinstance(op(x, group_offsets=ends.long()), mxq.MXFP8Tensor)  # (the checked path converts)
+    assert isinstance(op(x, out=mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")), mxq.MXFP8Tensor)
     assert isinstance(op(torch.nn.Parameter(x, requires_grad=False)), mxq.MXFP8Tensor)  # a subclass
     assert isinstance(op(x[:0]), mxq.MXFP8Tensor)  # empty
     assert isinstance(op(x.float()), mxq.MXFP8Tensor)  # another dtype: another key
     with pytest.raises(TypeError, match="too many positional"):
         op(x, x)
-    assert len(fake.calls) == 1
+    with pytest.raises(TypeError, match="_plain"):
+        op(y=x)  # (keywords the signature does not take: the checked path names the function)
+    assert len(fake.calls) == 5
 
 
 def test_quantize_takes_the_fast_path_itself():
     """mxq.quantize checks the fast path before calling its op (one layer of Python less on the
-    host-time path); noop=/out= calls still take the checked path."""
+    host-time path), noop= and int32 group_offsets= calls too; out= calls take the checked path."""
     from mxq.op import _quantize_op
     from mxq.frontend.spec import QuantSpec
 
@@ -158,8 +167,12 @@ def test_quantize_takes_the_fast_path_itself():
     try:
         x = torch.randn(64, 64, dtype=torch.float16)
         assert mxq.quantize(x, fp8="e5m2", rowwise=False, colwise=True, scale_mode="floor") == "fast"
-        got = mxq.quantize(x, fp8="e5m2", rowwise=False, colwise=True, scale_mode="floor", noop=torch.zeros(1))
-        assert isinstance(got, mxq.MXFP8Tensor) and fake.calls == [x]
+        noop = torch.zeros(1)
+        assert mxq.quantize(x, fp8="e5m2", rowwise=False, colwise=True, scale_mode="floor", noop=noop) == "fast"
+        assert fake.keywords == [(None, None), (noop, None)]
+        out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+        got = mxq.quantize(x, fp8="e5m2", rowwise=False, colwise=True, scale_mode="floor", out=out)
+        assert got is out and fake.calls == [x, x]
     finally:
         op._fast.clear()
 
@@ -241,3 +254,23 @@ def test_python_binding_puts_every_tensor_in_its_slot(monkeypatch, tmp_path):
             assert arg.shape == (2, 96) and arg.dtype == torch.float32
         else:
             assert arg.data_ptr() == want[slot.name].data_ptr(), slot.name
+
+
+def test_gated_forward_takes_the_inner_ops_fast_path():
+    """A gated forward call (mxq/frontend/gated.py) goes straight to its inner op's allocating
+    route with the halves of its [M, 2N] tensor (views, no copy); odd widths and backward calls
+    take the checked path, which names what is wrong."""
+    op = mxq.fused_quant(rowwise=True, colwise=True, act="swiglu")(_plain)
+    fake = op.inner._fast[(torch.bfloat16, -1)] = _RecordingLauncher()
+    w = torch.randn(64, 128, dtype=torch.bfloat16)
+    ends = torch.tensor([64], dtype=torch.int32)
+    assert op(w) == op(w, group_offsets=ends) == "fast"
+    (gate, up, act_input), again = fake.calls
+    assert act_input is None and again[0].data_ptr() == gate.data_ptr() and fake.keywords[1] == (None, ends)
+    assert gate.shape == up.shape == (64, 64) and gate.stride() == up.stride() == (128, 1)
+    assert gate.data_ptr() == w.data_ptr() and up.data_ptr() == w.data_ptr() + 64 * w.element_size()
+    with pytest.raises(ValueError, match="'x'.*even"):
+        op(w[:, :127])
+    back = mxq.fused_quant(rowwise=True, dact="swiglu")(_plain)
+    back.inner._fast[(torch.bfloat16, -1)] = fake
+    assert isinstance(back(w[:, :64].contiguous(), act_input=w), mxq.MXFP8Tensor) and len(fake.calls) == 2

@@ -9,8 +9,11 @@
 // to compile or load the kernel). On CPU tensors it calls the torch reference (Python), so C++
 // callers can be tested without a GPU. Broadcast operands (a row [N], a column [..., 1], a
 // scalar) and strided 2-D views are launched here too, on the kernels compiled for those
-// layouts (OperandKinds); grouped calls (group_offsets given and not None), and operands it does
-// not take as they are, go to Python's binding of the kernels (mxq/runtime/ffi.py, _python_callback). Errors are tvm::ffi::Error with a Python kind.
+// layouts (OperandKinds). Grouped calls (group_offsets given and not None) of compact scales
+// with int32 group ends are launched here too, on the grouped kernels (GroupEnds); other grouped
+// calls (int64 ends, which Python converts; swizzled scales, whose padding Python clears), and
+// operands it does not take as they are, go to Python's binding of the kernels
+// (mxq/runtime/ffi.py, _python_callback). Errors are tvm::ffi::Error with a Python kind.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/string.h>
@@ -18,7 +21,10 @@
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
 
+#include <dlfcn.h>
+
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,10 +57,11 @@ struct State {
   // FP8 rows that are not whole units of `unit` bytes are allocated padded to `pad` bytes (Python's
   // tensor.default_row_align); data rows on `unit`-byte boundaries take the "rows8" kernels
   int64_t unit = 8, pad = 16;
+  int64_t max_groups = 0;  // the most group ends a grouped call may have (groups.MAX_GROUPS)
 };
 
 // The kernel variants this route launches, in the order the resolve callback (mxq/runtime/ffi.py) names them.
-enum Variant { kGeneric = 0, kVec = 1, kRows8 = 2 };
+enum Variant { kGeneric = 0, kVec = 1, kRows8 = 2, kVecGrouped = 3, kGenericGrouped = 4 };
 
 // Owning ffi::Tensor objects that alias memory the caller owns (the generated kernels decode
 // tensor objects; a raw DLTensor* crashed them on the H200). Freed with no effect.
@@ -188,6 +195,73 @@ bool OperandKinds(const State& st, ffi::PackedArgs args, const DLTensor* x, std:
   return true;
 }
 
+// The int32 group ends of a grouped call that this route launches itself: 1-D, contiguous, 1 to
+// max_groups of them, on x's device, and compact scales (swizzled grouped buffers hold padding
+// that moves with the groups, which Python's binding clears first). Null where Python's binding
+// takes the call (it converts int64 ends, and names what is wrong with any other value). The
+// values are never read on the host (mxq/formats/groups.py: the kernels clamp them).
+const DLTensor* GroupEnds(const State& st, ffi::PackedArgs args, int i, const DLTensor* x) {
+  std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
+  if (!t.has_value() || st.swizzled) return nullptr;
+  const DLTensor* g = *t;
+  const bool ok = g->dtype.code == kDLInt && g->dtype.bits == 32 && g->dtype.lanes == 1 && g->ndim == 1 &&
+                  g->shape[0] >= 1 && g->shape[0] <= st.max_groups && Compact(g) &&
+                  g->device.device_type == x->device.device_type && g->device.device_id == x->device.device_id;
+  return ok ? g : nullptr;
+}
+
+// The CUDA driver's memset and device copy, looked up once in libcuda (always loaded where a CUDA
+// tensor exists), so that this library links nothing of CUDA's. Both run on the TVM-FFI
+// environment stream of the device: the stream the kernels launch on (torch's current stream
+// for calls from Python).
+struct Driver {
+  int (*memset8)(uint64_t, unsigned char, size_t, void*) = nullptr;  // cuMemsetD8Async
+  int (*copy)(uint64_t, uint64_t, size_t, void*) = nullptr;          // cuMemcpyDtoDAsync_v2
+};
+
+const Driver& CudaDriver() {
+  static const Driver driver = [] {
+    Driver d;
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (lib != nullptr) {
+      d.memset8 = reinterpret_cast<decltype(d.memset8)>(dlsym(lib, "cuMemsetD8Async"));
+      d.copy = reinterpret_cast<decltype(d.copy)>(dlsym(lib, "cuMemcpyDtoDAsync_v2"));
+    }
+    return d;
+  }();
+  if (driver.memset8 == nullptr || driver.copy == nullptr) {
+    TVM_FFI_THROW(RuntimeError) << "mxq: the CUDA driver's cuMemsetD8Async / cuMemcpyDtoDAsync_v2 were not found";
+  }
+  return driver;
+}
+
+uintptr_t Address(const DLTensor* t) { return reinterpret_cast<uintptr_t>(t->data) + t->byte_offset; }
+
+// Zero `bytes` bytes from `at` bytes into tensor `t`'s memory (CPU: memset; CUDA: on the stream).
+void ZeroBytes(const DLTensor* t, int64_t at, int64_t bytes) {
+  if (bytes <= 0) return;
+  if (t->device.device_type == kDLCPU) {
+    std::memset(reinterpret_cast<void*>(Address(t) + at), 0, static_cast<size_t>(bytes));
+    return;
+  }
+  const int rc = CudaDriver().memset8(Address(t) + at, 0, static_cast<size_t>(bytes),
+                                      TVMFFIEnvGetStream(t->device.device_type, t->device.device_id));
+  if (rc != 0) TVM_FFI_THROW(RuntimeError) << "mxq: cuMemsetD8Async failed (CUresult " << rc << ")";
+}
+
+// Copy `bytes` bytes of `src` into `dst` (both on one device; CUDA: on the stream).
+void CopyBytes(const DLTensor* dst, const DLTensor* src, int64_t bytes) {
+  if (dst->device.device_type == kDLCPU) {
+    std::memcpy(reinterpret_cast<void*>(Address(dst)), reinterpret_cast<const void*>(Address(src)),
+                static_cast<size_t>(bytes));
+    return;
+  }
+  const int rc = CudaDriver().copy(Address(dst), Address(src), static_cast<size_t>(bytes),
+                                   TVMFFIEnvGetStream(dst->device.device_type, dst->device.device_id));
+  if (rc != 0) TVM_FFI_THROW(RuntimeError) << "mxq: cuMemcpyDtoDAsync failed (CUresult " << rc << ")";
+}
+
 // The outputs given must not share memory with each other or with a tensor the call reads
 // (spans.h; Python's validation.check_apart): checked on every route, before anything runs.
 void CheckApart(const State& st, ffi::PackedArgs args) {
@@ -225,9 +299,10 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   const bool grouped = args.size() == expect + 1 && args[expect] != nullptr;
   CheckApart(st, args);
   std::string kinds;
-  if (x->device.device_type == kDLCPU || grouped || !OperandKinds(st, args, x, &kinds)) {
-    // the reference (CPU), or the Python binding of the kernels: grouped calls, and epilogue
-    // tensors this route does not take as they are (OperandKinds)
+  const DLTensor* ends = grouped ? GroupEnds(st, args, expect, x) : nullptr;
+  if (x->device.device_type == kDLCPU || (grouped && ends == nullptr) || !OperandKinds(st, args, x, &kinds)) {
+    // the reference (CPU), or the Python binding of the kernels: grouped calls GroupEnds leaves
+    // to it, and epilogue tensors this route does not take as they are (OperandKinds)
     st.python.CallPacked(args, rv);
     return;
   }
@@ -247,7 +322,9 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     st.python.CallPacked(args, rv);
     return;
   }
-  const DLDataType u8{kDLUInt, 8, 1}, f32{kDLFloat, 32, 1}, f64{kDLFloat, 64, 1};
+  const DLDataType u8{kDLUInt, 8, 1}, f32{kDLFloat, 32, 1}, f64{kDLFloat, 64, 1}, i32{kDLInt, 32, 1};
+  const int64_t groups = ends != nullptr ? ends->shape[0] : -1;  // G, or -1: ungrouped (scale_sizes.h)
+  const char* grouped_note = groups < 0 ? "" : " (grouped buffers: docs/NUMERICS.md, Groups)";
   std::vector<ffi::Tensor> hold;  // must not reallocate while `call` points into it
   hold.reserve(st.nt + 12);
   std::vector<ffi::AnyView> call;
@@ -325,19 +402,19 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   const int64_t cols_scale = args[base + kColScale] != nullptr ? Numel(TensorArg(st, args, base + kColScale)) : 0;
   if (st.want[kRowData]) {
     bytes(base + kRowData, m * n, true);
-    const int64_t want = mxq_sizes::RowScaleBytes(m, n, st.swizzled);
+    const int64_t want = mxq_sizes::RowScaleBytes(m, n, st.swizzled, groups);
     if (rows_scale != want) {
       TVM_FFI_THROW(ValueError) << "mxq: argument 'rowwise_scale' has " << rows_scale << " bytes; this op's "
-                                << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want;
+                                << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want << grouped_note;
     }
     bytes(base + kRowScale, rows_scale, false);
   }
   if (st.want[kColData]) {
     bytes(base + kColData, m * n, true);
-    const int64_t want = mxq_sizes::ColScaleBytes(m, n, st.swizzled);
+    const int64_t want = mxq_sizes::ColScaleBytes(m, n, st.swizzled, groups);
     if (cols_scale != want) {
       TVM_FFI_THROW(ValueError) << "mxq: argument 'colwise_scale' has " << cols_scale << " bytes; this op's "
-                                << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want;
+                                << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want << grouped_note;
     }
     bytes(base + kColScale, cols_scale, false);
   }
@@ -352,9 +429,9 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   };
   if (st.want[kAmax]) scalar_tensor(base + kAmax, f32, 1);
   if (st.want[kDbias]) {
-    scalar_tensor(base + kDbias, x->dtype, n);
+    scalar_tensor(base + kDbias, x->dtype, groups < 0 ? n : groups * n);  // ([G, N] grouped)
     // the partial sums' precision: fp64 for fp32 inputs, fp32 for 16-bit ones (numerics.dbias_partial_dtype)
-    const int64_t ws_rows = mxq_sizes::WorkspaceRows(m);
+    const int64_t ws_rows = mxq_sizes::WorkspaceRows(m, groups);
     push(ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({ws_rows, n}), x->dtype.bits == 32 ? f64 : f32, x->device));
   }
   ffi::Tensor zero;
@@ -369,10 +446,12 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     zero = it->second;
     push(zero);
   }
+  if (ends != nullptr) push(Alias(ends, i32, groups, 1, 1));  // the grouped kernels' last argument
   ffi::Function kernel;
   {
     std::lock_guard<std::mutex> lock(st.mu);
-    const int variant = vec ? kVec : rows8 ? kRows8 : kGeneric;
+    // (grouped kernels: vec or generic, launch.variant_for)
+    const int variant = ends != nullptr ? (vec ? kVecGrouped : kGenericGrouped) : vec ? kVec : rows8 ? kRows8 : kGeneric;
     auto key = std::make_tuple(int(x->dtype.code), int(x->dtype.bits), variant, x->device.device_id, kinds);
     auto it = st.kernels.find(key);
     if (it == st.kernels.end()) {  // first call of this dtype/variant/kinds: Python compiles or loads it
@@ -385,11 +464,15 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   kernel.CallPacked(call.data(), static_cast<int32_t>(call.size()), rv);
 }
 
-// The allocating route, for Python's ordinary calls: (*tensors, *scalars, act_input, noop) ->
-// [rowwise_data, rowwise_scale, colwise_data, colwise_scale, amax, dbias] (None where the op
-// writes nothing), compact scales, allocated through the TVM-FFI environment allocator (the
-// caller's framework: torch's caching allocator for torch tensors), then the destination-passing
-// route above. One native call instead of four torch.empty calls and a 13-argument call.
+// The allocating route, for Python's calls without `out`: (*tensors, *scalars, act_input, noop[,
+// group_offsets]) -> [rowwise_data, rowwise_scale, colwise_data, colwise_scale, amax, dbias,
+// group_offsets] (None where the op writes nothing), compact scales, allocated through the
+// TVM-FFI environment allocator (the caller's framework: torch's caching allocator for torch
+// tensors), then the destination-passing route above. One native call instead of four
+// torch.empty calls and a 13-argument call. The outputs start as MXFP8Tensor.empty leaves them:
+// a noop call's all zeroed (it may write nothing); a grouped call's colwise scales and dbias
+// zeroed (the rows between groups stay 0), its FP8 data contiguous, and the group ends copied
+// (the last output: what the outputs are laid out by; the caller may reuse its tensor).
 // A tensor `offset` bytes into `parent`'s memory; it holds a reference to the parent, so one
 // allocation lives as long as any view of it.
 struct ViewOf {
@@ -407,40 +490,57 @@ int64_t Round256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
 void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* rv) {
   State& st = *sp;
   const int base = st.nt + st.ns;
-  if (args.size() != base + 2) {
+  if (args.size() != base + 2 && args.size() != base + 3) {
     TVM_FFI_THROW(TypeError) << "mxq: expected " << base + 2 << " arguments (" << st.nt << " tensor(s), "
-                             << st.ns << " float(s), act_input, noop), got " << args.size();
+                             << st.ns << " float(s), act_input, noop[, group_offsets]), got " << args.size();
   }
   const DLTensor* x = TensorArg(st, args, 0);
   const int64_t numel = Numel(x);
   if (numel == 0) {
     TVM_FFI_THROW(ValueError) << "mxq: the allocating route serves non-empty tensors only";
   }
+  const bool zeroed = args[base + 1] != nullptr;  // a noop call
+  const DLTensor* ends = nullptr;
+  if (args.size() == base + 3 && args[base + 2] != nullptr) {
+    ends = GroupEnds(st, args, base + 2, x);
+    if (ends == nullptr) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument 'group_offsets' of the allocating route must be a contiguous 1-D "
+                                << "int32 tensor of 1 to " << st.max_groups << " group ends on the input's device "
+                                << "(compact scales only)";
+    }
+  }
+  const int64_t groups = ends != nullptr ? ends->shape[0] : -1;
   const int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1, m = numel / n;
-  const int64_t nbr = (n + 31) / 32, nbc = (m + 31) / 32;
-  const DLDataType u8{kDLUInt, 8, 1}, f32{kDLFloat, 32, 1}, fp8{st.fp8_code, 8, 1};
+  const int64_t row_scale = mxq_sizes::RowScaleBytes(m, n, false, groups);
+  const int64_t col_scale = mxq_sizes::ColScaleBytes(m, n, false, groups);
+  const DLDataType u8{kDLUInt, 8, 1}, f32{kDLFloat, 32, 1}, fp8{st.fp8_code, 8, 1}, i32{kDLInt, 32, 1};
   auto alloc = [&](ffi::Shape shape, DLDataType dt) {
     return ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, shape, dt, x->device);
   };
   ffi::Shape xshape(x->shape, x->shape + x->ndim);
-  ffi::Any outs[6];
+  ffi::Any outs[7];
   // A direction's data and scales share one allocation (scales at the next 256-byte boundary):
   // they are used together. When all FP8 outputs together are at most share_max bytes, both
   // directions share one allocation too: a small call's host time is mostly allocation, and a
   // small tensor's memory is not worth freeing one direction early (a large one's is: above
   // the limit, dropping the rowwise half frees it).
   // rows that are not whole units: padded to st.pad bytes ([.., n] views of them, as Python's
-  // MXFP8Tensor.empty makes by default)
-  const int64_t ld = x->ndim && n % st.unit ? (n + st.pad - 1) / st.pad * st.pad : n;
+  // MXFP8Tensor.empty makes by default; grouped data is contiguous)
+  const int64_t ld = x->ndim && n % st.unit && ends == nullptr ? (n + st.pad - 1) / st.pad * st.pad : n;
   const int64_t data_bytes = Round256(m * ld);
-  const int64_t row_bytes = st.want[kRowData] ? data_bytes + Round256(m * nbr) : 0;
-  const int64_t col_bytes = st.want[kColData] ? data_bytes + Round256(nbc * n) : 0;
+  const int64_t row_bytes = st.want[kRowData] ? data_bytes + Round256(row_scale) : 0;
+  const int64_t col_bytes = st.want[kColData] ? data_bytes + Round256(col_scale) : 0;
   ffi::Tensor shared;
   if (row_bytes + col_bytes <= st.share_max) shared = alloc(ffi::Shape({row_bytes + col_bytes}), u8);
-  // `bytes`: the direction's own allocation; `shared_at`: where it starts in the shared one
-  auto data_and_scale = [&](ffi::Shape scale_shape, int64_t bytes, int64_t shared_at, ffi::Any* data, ffi::Any* scale) {
+  if (zeroed && shared.defined()) ZeroBytes(shared.GetDLTensorPtr(), 0, row_bytes + col_bytes);
+  // `bytes`: the direction's own allocation; `shared_at`: where it starts in the shared one;
+  // `zero_scale`: its scales start zeroed
+  auto data_and_scale = [&](ffi::Shape scale_shape, int64_t bytes, int64_t shared_at, bool zero_scale, ffi::Any* data,
+                            ffi::Any* scale) {
     ffi::Tensor buf = shared.defined() ? shared : alloc(ffi::Shape({bytes}), u8);
     const int64_t at = shared.defined() ? shared_at : 0;
+    if (zeroed && !shared.defined()) ZeroBytes(buf.GetDLTensorPtr(), 0, bytes);
+    if (zero_scale && !zeroed) ZeroBytes(buf.GetDLTensorPtr(), at + data_bytes, bytes - data_bytes);
     if (ld == n) {
       *data = ffi::Tensor::FromNDAlloc(ViewOf{buf, at}, xshape, fp8, x->device);
     } else {
@@ -450,27 +550,44 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
     }
     *scale = ffi::Tensor::FromNDAlloc(ViewOf{buf, at + data_bytes}, scale_shape, u8, x->device);
   };
-  if (st.want[kRowData]) data_and_scale(ffi::Shape({m, nbr}), row_bytes, 0, &outs[0], &outs[1]);
-  if (st.want[kColData]) data_and_scale(ffi::Shape({nbc, n}), col_bytes, row_bytes, &outs[2], &outs[3]);
-  if (st.want[kAmax]) outs[4] = alloc(ffi::Shape(std::vector<int64_t>{}), f32);
-  if (st.want[kDbias]) outs[5] = alloc(ffi::Shape({n}), x->dtype);
+  if (st.want[kRowData]) data_and_scale(ffi::Shape({m, row_scale / m}), row_bytes, 0, false, &outs[0], &outs[1]);
+  if (st.want[kColData]) {
+    data_and_scale(ffi::Shape({col_scale / n, n}), col_bytes, row_bytes, ends != nullptr, &outs[2], &outs[3]);
+  }
+  if (st.want[kAmax]) {
+    ffi::Tensor amax = alloc(ffi::Shape(std::vector<int64_t>{}), f32);
+    if (zeroed) ZeroBytes(amax.GetDLTensorPtr(), 0, 4);
+    outs[4] = amax;
+  }
+  if (st.want[kDbias]) {
+    ffi::Tensor dbias = alloc(ends != nullptr ? ffi::Shape({groups, n}) : ffi::Shape({n}), x->dtype);
+    if (zeroed || ends != nullptr) ZeroBytes(dbias.GetDLTensorPtr(), 0, (groups < 0 ? 1 : groups) * n * x->dtype.bits / 8);
+    outs[5] = dbias;
+  }
   std::vector<ffi::AnyView> full;
-  full.reserve(base + 8);
+  full.reserve(base + 9);
   for (int i = 0; i <= base; ++i) full.push_back(args[i]);  // inputs, scalars, act_input
-  for (const ffi::Any& o : outs) full.emplace_back(o);
+  for (int i = 0; i < 6; ++i) full.emplace_back(outs[i]);
   full.push_back(args[base + 1]);  // noop
+  if (ends != nullptr) full.push_back(args[base + 2]);
   ffi::Any ignored;
   Dispatch(sp, ffi::PackedArgs(full.data(), static_cast<int32_t>(full.size())), &ignored);
-  *rv = ffi::Array<ffi::Any>({outs[0], outs[1], outs[2], outs[3], outs[4], outs[5]});
+  if (ends != nullptr) {  // (after the launch was accepted: a refused call copies nothing)
+    ffi::Tensor copy = alloc(ffi::Shape({groups}), i32);
+    CopyBytes(copy.GetDLTensorPtr(), ends, groups * 4);
+    outs[6] = copy;
+  }
+  *rv = ffi::Array<ffi::Any>({outs[0], outs[1], outs[2], outs[3], outs[4], outs[5], outs[6]});
 }
 
 }  // namespace
 
-// [destination-passing route, allocating route] of one op. `unit`, `pad`: State's.
+// [destination-passing route, allocating route] of one op. `unit`, `pad`, `max_groups`: State's.
 ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Array<ffi::String> names,
                               ffi::Function python, ffi::Function resolve, ffi::Function zero,
-                              int64_t share_max, int64_t unit, int64_t pad) {
+                              int64_t share_max, int64_t unit, int64_t pad, int64_t max_groups) {
   auto st = std::make_shared<State>();
+  st->max_groups = max_groups;
   st->share_max = share_max;
   st->unit = unit;
   st->pad = pad;

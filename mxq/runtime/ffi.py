@@ -6,10 +6,11 @@ allocating route of ordinary Python calls. The C++ library is built once per mac
 tvm-ffi's ``load_inline`` and cached on disk. On CUDA tensors a dispatcher launches the compiled
 kernel without Python after the first call of a dtype; it calls back into Python for four
 things only: compiling (or loading) a kernel on that first call, the torch reference on CPU
-tensors, the CUDA calls it does not launch itself (grouped calls, with a trailing
-``group_offsets``, and operands it does not take as they are, such as a non-contiguous bias:
-Python's binding of the kernels), and a zero noop tensor per device. Broadcast and strided
-epilogue operands it launches itself, on the kernels compiled for their layouts. The callers (mxq/op.py) keep what this returns.
+tensors, the CUDA calls it does not launch itself (grouped calls of int64 group ends or swizzled
+scales, and operands it does not take as they are, such as a non-contiguous bias: Python's
+binding of the kernels), and a zero noop tensor per device. Broadcast and strided epilogue
+operands, and grouped calls of compact scales with int32 group ends (a trailing
+``group_offsets``), it launches itself, on the kernels compiled for them. The callers (mxq/op.py) keep what this returns.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _dispatch_module():
                 include = f'#include "{header}"'
                 assert include in src, f"mxq: csrc/dispatch.cc must include {header}"
                 src = src.replace(include, csrc.joinpath(header).read_text(), 1)
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v16", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v17", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -162,7 +163,7 @@ def _caller_stream(device):
 
 
 # the kernel variants of dispatch.cc's enum Variant, by its values
-_NATIVE_VARIANTS = ("generic", "vec", "rows8")
+_NATIVE_VARIANTS = ("generic", "vec", "rows8", "vec_grouped", "generic_grouped")
 
 
 def _resolve_callback(op):
@@ -192,9 +193,11 @@ def _zero_callback(device_id):
 
 def make_dispatchers(op) -> tuple:
     """(destination-passing dispatcher, allocating route, *their Python callbacks) of ``op``. The allocating route takes
-    (*tensors, *scalars, act_input, noop) and returns the six output slots (slots.OUTPUTS,
-    compact scales; FP8 data of N % 8 != 0 as views of rows padded to 16 bytes, as
-    MXFP8Tensor.empty makes by default); on CPU tensors it allocates the same and fills them with
+    (*tensors, *scalars, act_input, noop[, group_offsets]) and returns the six output slots
+    (slots.OUTPUTS, compact scales; FP8 data of N % 8 != 0 as views of rows padded to 16 bytes,
+    as MXFP8Tensor.empty makes by default) and a copy of the int32 group ends (None ungrouped),
+    the outputs zeroed where MXFP8Tensor.empty zeroes them (all of a noop call's; a grouped
+    call's colwise scales and dbias); on CPU tensors it allocates the same and fills them with
     the reference (how tests check it without a GPU). The destination-passing one takes FP8 data
     of such padded rows too (the kernels' variant "rows8" when they start on 8-byte boundaries)."""
     with _lock:
@@ -205,7 +208,7 @@ def make_dispatchers(op) -> tuple:
         epi = op.epilogue
         pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
                                    list(epi.tensor_params + epi.scalar_params), py, res, _zero_callback,
-                                   SHARED_ALLOC_MAX_BYTES, UNIT, PADDED_ROW_BYTES)
+                                   SHARED_ALLOC_MAX_BYTES, UNIT, PADDED_ROW_BYTES, groups.MAX_GROUPS)
         return pair[0], pair[1], py, res  # (the callbacks too: kept alive with the dispatchers)
 
 

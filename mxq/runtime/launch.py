@@ -1,9 +1,10 @@
 """The CUDA call path: bind one call's tensors to a compiled kernel and launch it.
 
 Two ways to launch, one set of rules: the native dispatcher (csrc/dispatch.cc, shared with C++
-callers) for ungrouped calls, broadcast and strided operands included, and a Python binding of
-the native kernel function (``Launcher.bind``) for ``op.prepare`` (bound once, re-launched with
-no checks), grouped calls, two-halves ops, and machines that cannot build the dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
+callers) for ordinary calls, broadcast and strided operands, noop and grouped calls of compact
+scales with int32 group ends included, and a Python binding of the native kernel function
+(``Launcher.bind``) for ``op.prepare`` (bound once, re-launched with no checks), the other
+grouped calls, two-halves ops, and machines that cannot build the dispatcher. Both pick the "vec" variant when N % 8 == 0 and every [M, N] tensor is 16-byte
 aligned, else the "generic" one (any shape: the packed kernel's unaligned rows for 16-bit
 inputs, the element-wise kernel for fp32), or "rows8" (whole 8-byte output units: the unaligned
 rows of 16-bit inputs, fp32's vectorised kernel with staged rows) where the FP8 outputs' rows
@@ -61,22 +62,24 @@ class Launcher:
     def plan(self, call, operand_kinds):
         """How a checked call runs, as (run, allocating): ``run(call)`` runs any call of the same
         Call.key (mxq/runtime/call.py) with no further layout checks. The native dispatcher takes
-        ungrouped calls, broadcast and strided operands included, and checks per call what values
-        can break (memory overlap; alignment, hence the variant); ``allocating``: the call takes
-        its allocating route (one native call allocates every output and launches: the host-time
-        path). Grouped calls, two-halves ops, and machines without the dispatcher take the
-        Python binding (``run``), which checks ``out``'s overlap itself on every call."""
+        calls of broadcast and strided operands, and grouped calls of compact scales with
+        contiguous int32 group ends (native_groups), and checks per call what values can break
+        (memory overlap; alignment, hence the variant); ``allocating``: the call takes its
+        allocating route (one native call allocates every output, zeroed where a noop or grouped
+        call needs it, and launches: the host-time path). Other grouped calls, two-halves ops,
+        and machines without the dispatcher take the Python binding (``run``), which checks
+        ``out``'s overlap itself on every call."""
         op = self.op
-        if self.dispatch is None or call.group_offsets is not None or gated.is_halves(op.epilogue):
+        if self.dispatch is None or not native_groups(op.spec, call.group_offsets) or gated.is_halves(op.epilogue):
             def bound(c):
                 if c.out is not None:
                     validation.check_out_apart(op.epilogue, c)
                 return self.run(zeroed_out(op.spec, op.epilogue, c), operand_kinds)
 
             return bound, False
-        if call.out is None and call.noop is None and self.native_alloc and call.tensors[0].numel():
+        if call.out is None and self.native_alloc and call.tensors[0].numel():
             alloc = self.call_alloc
-            return (lambda c: alloc(*c.tensors, *c.scalars, c.act_input, None)), True
+            return (lambda c: alloc(*c.tensors, *c.scalars, c.act_input, c.noop, c.group_offsets)), True
         return self._dispatch_into, False
 
     def _fn(self, variant: str, operand_kinds=None):
@@ -111,14 +114,15 @@ class Launcher:
 
     def call_alloc(self, *args):
         """Allocate the outputs and launch in one native call: ``args`` are the allocating
-        route's (*tensors, *scalars, act_input, noop), already checked; compact scales only."""
+        route's (*tensors, *scalars, act_input, noop, group_offsets), already checked (the
+        native route checks the rest: csrc/dispatch.cc); compact scales only."""
         r = self.allocating(*args)
         item = self._item
         row, col, amax, dbias, fp8, layout, mode = self._fields
         return MXFP8Tensor(item(r, 0) if row else None, item(r, 2) if col else None,
                            item(r, 1) if row else None, item(r, 3) if col else None,
                            item(r, 4) if amax else None, item(r, 5) if dbias else None,
-                           fp8, layout, args[0].shape, scale_mode=mode)
+                           fp8, layout, args[0].shape, item(r, 6) if args[-1] is not None else None, mode)
 
     def bind(self, call, operand_kinds=None):
         """(native function, its argument list, out) for one call; launching is ``fn(*args)``.
@@ -175,15 +179,28 @@ class Launcher:
     def _dispatch_into(self, call):
         """A call into ``call.out`` through the destination-passing dispatcher (a noop call
         without ``out``: into zeroed outputs; else fresh ones, e.g. swizzled scales, which the
-        allocating route does not make)."""
+        allocating route does not make); a grouped call's ``out`` then records the group ends
+        it is laid out by (a copy, as MXFP8Tensor.empty keeps)."""
+        given = call.out
         call = zeroed_out(self.op.spec, self.op.epilogue, call)
-        out = call.out
+        out, offsets = call.out, call.group_offsets
         if out is None:
             x = call.tensors[0]
-            out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device)
+            out = MXFP8Tensor.empty(self.op.spec, x.shape, x.dtype, x.device, group_offsets=offsets)
         self.dispatch(*call.tensors, *call.scalars, call.act_input, out.rowwise_data, out.rowwise_scale,
-                      out.colwise_data, out.colwise_scale, out.amax, out.dbias, call.noop)
+                      out.colwise_data, out.colwise_scale, out.amax, out.dbias, call.noop,
+                      *(() if offsets is None else (offsets,)))
+        if given is not None and offsets is not None:  # (outputs made here hold a copy already)
+            given.group_offsets = offsets.clone()
         return out
+
+
+def native_groups(spec, group_offsets) -> bool:
+    """Whether the native dispatcher launches a call of ``group_offsets`` itself (None: an
+    ungrouped call, yes): contiguous int32 group ends and compact scales (csrc/dispatch.cc's
+    GroupEnds; int64 ends are converted and swizzled padding cleared by ``Launcher.bind``)."""
+    return group_offsets is None or (group_offsets.dtype == torch.int32 and group_offsets.is_contiguous()
+                                     and spec.scale_layout == "compact")
 
 
 def zeroed_out(spec, epilogue, call):
