@@ -28,8 +28,10 @@ def planted(m: int, n: int, dtype=torch.float32, seed: int = 0, scale: float = 1
 
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN-safe) of two tensors of one dtype and shape."""
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
-        a.reshape(-1).view(torch.uint8).cpu(), b.reshape(-1).view(torch.uint8).cpu())
+    def flat(t):  # (a fresh 1-D copy: a view's stride, even of a single element, cannot be viewed as bytes)
+        return t.new_empty(t.numel()).copy_(t.reshape(-1)).view(torch.uint8).cpu()
+
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(flat(a), flat(b))
 
 
 def poisoned(op, x: torch.Tensor, group_offsets=None, row_align: int = 1):

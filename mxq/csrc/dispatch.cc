@@ -418,18 +418,23 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     }
     bytes(base + kColScale, cols_scale, false);
   }
-  auto scalar_tensor = [&](int i, DLDataType dt, int64_t count) {
+  // a one-dimensional output (or, with ``rows`` > 0, a grouped dbias's [rows, count / rows])
+  auto scalar_tensor = [&](int i, DLDataType dt, int64_t count, int64_t rows = 0) {
     const DLTensor* t = TensorArg(st, args, i);
     same_device(t, i);
     if (t->dtype.code != dt.code || t->dtype.bits != dt.bits || Numel(t) != count) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must have " << count
                                 << " element(s) of the documented dtype";
     }
-    push(Alias(t, dt, count, 1, 1));
+    push(rows > 0 ? Alias(t, dt, rows, count / rows, 2) : Alias(t, dt, count, 1, 1));
   };
   if (st.want[kAmax]) scalar_tensor(base + kAmax, f32, 1);
   if (st.want[kDbias]) {
-    scalar_tensor(base + kDbias, x->dtype, groups < 0 ? n : groups * n);  // ([G, N] grouped)
+    if (groups < 0) {
+      scalar_tensor(base + kDbias, x->dtype, n);
+    } else {  // [G, N] (the grouped kernels' dbias; G >= 1)
+      scalar_tensor(base + kDbias, x->dtype, groups * n, groups);
+    }
     // the partial sums' precision: fp64 for fp32 inputs, fp32 for 16-bit ones (numerics.dbias_partial_dtype)
     const int64_t ws_rows = mxq_sizes::WorkspaceRows(m, groups);
     push(ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({ws_rows, n}), x->dtype.bits == 32 ? f64 : f32, x->device));

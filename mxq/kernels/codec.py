@@ -33,11 +33,13 @@ def input_max(element_type) -> float:
     return torch.finfo(_TORCH_DTYPES[element_type.__name__]).max
 
 
-def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float = 0.0):
+def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float | None = None):
     """The scale of a block with magnitude maximum ``amax``: an E8M0 byte as Int32, or (fp32
-    scales: amax >= 0 without NaN, ``in_max`` the input type's largest finite value) the fp32
-    quantization multiplier."""
+    scales: amax >= 0 without NaN, ``in_max`` the input type's largest finite value, required)
+    the fp32 quantization multiplier."""
     if fmt.scale == "fp32":
+        if in_max is None:  # (an infinite quotient becomes in_max: no default may stand in for it)
+            raise TypeError("mxq: codec.block_scale of fp32 scales needs in_max (codec.input_max)")
         return dev.te_scale(amax, fmt.elem.max, in_max, fmt.rule == "pow2")
     return dev.e8m0_scale(amax, fmt.element, fmt.rule, use_hw_e8m0)
 

@@ -575,8 +575,8 @@ class PackedKernel:
         cl, ch = dev.pk_unpack(cw, k.is_bf16)
         if cutlass.const_expr(not codec.column_max_nan(cfg)):  # (a column of NaN alone: amax 0)
             cl, ch = cute.arch.fmax(cl, Float32(0.0)), cute.arch.fmax(ch, Float32(0.0))
-        e_lo = codec.block_scale(cfg.fmt, cl, k.use_hw_e8m0)
-        e_hi = codec.block_scale(cfg.fmt, ch, k.use_hw_e8m0)
+        e_lo = codec.block_scale(cfg.fmt, cl, k.use_hw_e8m0, k.IN_MAX)
+        e_hi = codec.block_scale(cfg.fmt, ch, k.use_hw_e8m0, k.IN_MAX)
         if cutlass.const_expr(k.GROUPED):
             e_lo = Int32(cutlass.select_(t.Ms > 0, e_lo, Int32(0)))
             e_hi = Int32(cutlass.select_(t.Ms > 0, e_hi, Int32(0)))

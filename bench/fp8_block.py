@@ -1,0 +1,165 @@
+"""FP8 block scaling (format="fp8_block") on the GPU against torchao's Triton block-scaling kernels.
+
+    python bench/fp8_block.py [--out DIR] [--no-peers] [--quick]
+
+At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each of mxq's
+rows (1x128 rowwise compact and GEMM-ready, 128-row colwise, both, gelu, dgelu + dbias, a user
+epilogue with a bias, SwiGLU forward) is checked against the reference on the GPU (exact class:
+byte for byte; transcendental: mxq.testing.compare's class), then timed by
+bench/device_check.py's busy-GPU method against a 1 GiB copy; torchao's kernels on the same
+input (1x128 lhs, 128x1 rhs, the transposed lhs, 128x128 weights) are timed in the same process
+and paired with mxq's row of the same output (``vs_torchao``: torchao's time / mxq's). A row mxq
+does not serve (yet) is listed with its error. Results: <out>/<device>-<date>-fp8-block.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import device_check as dc  # noqa: E402
+
+import mxq  # noqa: E402
+from mxq.testing import compare  # noqa: E402
+
+SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]
+
+
+def scale_bytes(m, n, rowwise, colwise):
+    """fp32 scales: one per 1x128 row block and one per 128-row column block."""
+    return 4 * (rowwise * m * -(-n // 128) + colwise * -(-m // 128) * n)
+
+
+def moved(m, n, rowwise=True, colwise=False, inputs=1, extra=0):
+    """Bytes the op must move: its bf16 inputs read once, FP8 data and fp32 scales written once."""
+    return 2 * m * n * inputs + (rowwise + colwise) * m * n + scale_bytes(m, n, rowwise, colwise) + extra
+
+
+def mxq_cases(m, n):
+    """name -> (op, args, kwargs, moved bytes, exact)."""
+    fb = dict(format="fp8_block")
+    cases = {
+        "rowwise_compact": (dict(fb), moved(m, n), True),
+        "rowwise_gemm": (dict(fb, scale_layout="gemm"), moved(m, n), True),
+        "colwise_compact": (dict(fb, rowwise=False, colwise=True), moved(m, n, False, True), True),
+        "both_compact": (dict(fb, colwise=True), moved(m, n, True, True), True),
+        "gelu_rowwise_gemm": (dict(fb, act="gelu", scale_layout="gemm"), moved(m, n), False),
+        "dgelu_dbias_both": (dict(fb, colwise=True, dact="gelu", dbias=True), moved(m, n, True, True, 2, 2 * n), False),
+    }
+    return cases
+
+
+def run_mxq(name, opts, mv, exact, x, copy_gbps, kw=None, fn=None, args=None):
+    m, n = x.shape
+    try:
+        op = mxq.fused_quant(**opts)(fn or dc.identity)
+        ins = args or [x]
+        kw = kw or {}
+        launch, out = op.prepare(*ins, **kw)
+        launch()
+        want = op.reference(*ins, **kw)
+        problems = compare(out, want, exact)
+        row = dc.timed_row(launch, mv, copy_gbps, name=f"mxq/{name}", M=m, N=n, checked=problems == [])
+        print(f"  {row['name']:28s} {m}x{n} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy"
+              f"  checked={problems == []} {problems[:2]}", flush=True)
+        return row
+    except Exception as exc:  # (a row not served yet: say why)
+        print(f"  mxq/{name:24s} {m}x{n} not served: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return dict(name=f"mxq/{name}", M=m, N=n, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def torchao_kernels():
+    try:
+        from torchao.prototype.blockwise_fp8_training import kernels as k
+    except Exception as exc:
+        print(f"  torchao: cannot import: {exc}", flush=True)
+        return {}
+    return {"rowwise": k.triton_fp8_blockwise_act_quant_lhs, "colwise": k.triton_fp8_blockwise_act_quant_rhs,
+            "transposed": k.triton_fp8_blockwise_act_quant_transposed_lhs,
+            "weight_128x128": k.triton_fp8_blockwise_weight_quant_rhs}
+
+
+def run_torchao(name, fn, x, mv, copy_gbps):
+    m, n = x.shape
+    try:
+        fn(x)
+        torch.cuda.synchronize()
+        row = dc.timed_row(lambda: fn(x), mv, copy_gbps, name=f"torchao/{name}", M=m, N=n)
+        print(f"  {row['name']:28s} {m}x{n} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy", flush=True)
+        return row
+    except Exception as exc:
+        print(f"  torchao/{name} cannot run: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return dict(name=f"torchao/{name}", M=m, N=n, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def pair(rows, mine, theirs, label):
+    a = next((r for r in rows if r["name"] == mine and "ms" in r), None)
+    b = [next((r for r in rows if r["name"] == t and "ms" in r), None) for t in theirs]
+    if a is None or None in b:
+        return None
+    ms = sum(r["ms"] for r in b)
+    row = dict(name=f"pair/{label}", M=a["M"], N=a["N"], mxq_ms=a["ms"], torchao_ms=round(ms, 5),
+               vs_torchao=round(ms / a["ms"], 3))
+    print(f"  {row['name']:28s} mxq {a['ms'] * 1000:7.1f} us, torchao {ms * 1000:7.1f} us: {row['vs_torchao']}x", flush=True)
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    copy_gbps = dc.copy_bandwidth()
+    print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
+    dev = torch.cuda.get_device_name()
+    peers = {} if args.no_peers else torchao_kernels()
+    rows = []
+    for m, n in SHAPES[:2] if args.quick else SHAPES:
+        torch.manual_seed(m + n)
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        for name, (opts, mv, exact) in mxq_cases(m, n).items():
+            kw = {"act_input": torch.randn_like(x)} if "dact" in opts else None
+            rows.append(run_mxq(name, opts, mv, exact, x, copy_gbps, kw=kw))
+        rows.append(run_mxq("bias_gelu_rowwise_gemm", dict(format="fp8_block", act="gelu", scale_layout="gemm"),
+                            moved(m, n, extra=2 * n), False, x, copy_gbps, fn=dc.bias_gelu, args=[x, b]))
+        gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+        rows.append(run_mxq("swiglu_fwd_rowwise", dict(format="fp8_block", act="swiglu"),
+                            moved(m, n, inputs=2), False, gu, copy_gbps, args=[gu]))
+        rows[-1].update(M=m, N=n)
+        for name, fn in peers.items():
+            mv = moved(m, n, name != "colwise", name == "colwise") if name != "weight_128x128" else \
+                2 * m * n + m * n + 4 * -(-m // 128) * -(-n // 128)
+            rows.append(run_torchao(name, fn, x, mv, copy_gbps))
+        if peers:
+            for mine, theirs, label in [("mxq/rowwise_gemm", ["torchao/rowwise"], "rowwise"),
+                                        ("mxq/colwise_compact", ["torchao/colwise"], "colwise"),
+                                        ("mxq/both_compact", ["torchao/rowwise", "torchao/colwise"], "both")]:
+                r = pair([r for r in rows if r.get("M") == m and r.get("N") == n], mine, theirs, label)
+                if r is not None:
+                    rows.append(r)
+            composed = None
+            try:
+                lhs = peers["rowwise"]
+                composed = dc.time_ms(lambda: lhs(torch.nn.functional.gelu(x + b, approximate="tanh")))
+            except Exception as exc:
+                print(f"  composition cannot run: {exc}", flush=True)
+            mine = next((r for r in rows if r["name"] == "mxq/bias_gelu_rowwise_gemm" and r.get("M") == m and "ms" in r), None)
+            if composed is not None and mine is not None:
+                rows.append(dict(name="pair/bias_gelu_vs_torch_then_torchao", M=m, N=n, mxq_ms=mine["ms"],
+                                 torchao_ms=round(composed, 5), vs_torchao=round(composed / mine["ms"], 3)))
+                print(f"  torch bias+gelu then torchao: {composed * 1000:7.1f} us: mxq {rows[-1]['vs_torchao']}x", flush=True)
+        dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
+                                         "rows": rows}, "-fp8-block")
+
+
+if __name__ == "__main__":
+    main()
