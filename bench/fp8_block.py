@@ -1,6 +1,6 @@
 """FP8 block scaling (format="fp8_block") on the GPU against torchao's Triton block-scaling kernels.
 
-    python bench/fp8_block.py [--out DIR] [--no-peers] [--quick]
+    python bench/fp8_block.py [--out DIR] [--no-peers] [--quick] [--step]
 
 At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each of mxq's
 rows (1x128 rowwise compact and GEMM-ready, 128-row colwise, both, gelu, dgelu + dbias, a user
@@ -9,7 +9,10 @@ byte for byte; transcendental: mxq.testing.compare's class), then timed by
 bench/device_check.py's busy-GPU method against a 1 GiB copy; torchao's kernels on the same
 input (1x128 lhs, 128x1 rhs, the transposed lhs, 128x128 weights) are timed in the same process
 and paired with mxq's row of the same output (``vs_torchao``: torchao's time / mxq's). A row mxq
-does not serve (yet) is listed with its error. Results: <out>/<device>-<date>-fp8-block.json.
+does not serve (yet) is listed with its error. ``--step``: also one training step (forward and
+backward) of examples/fp8_block_linear.py's FP8BlockMLP at an MLP shape against the same step in
+bf16 (``vs_bf16``: the bf16 step's time / the FP8 step's). Results:
+<out>/<device>-<date>-fp8-block.json.
 """
 
 from __future__ import annotations
@@ -111,17 +114,49 @@ def pair(rows, mine, theirs, label):
     return row
 
 
+def step_rows(copy_gbps, m=8192, d_in=4096, hidden=14336):
+    """One training step (forward + backward) of the example's FP8BlockMLP against the bf16 MLP,
+    same weights and batch (the FP8 step quantizes the weights every step, as the example does)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "fp8_block_linear.py"
+    spec = importlib.util.spec_from_file_location("fp8_block_linear", path)
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    torch.manual_seed(0)
+    x = torch.randn(m, d_in, device="cuda", dtype=torch.bfloat16)
+    params = [(torch.randn(hidden, d_in, device="cuda") / d_in ** 0.5).bfloat16().requires_grad_(),
+              torch.zeros(hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+              (torch.randn(d_in, hidden, device="cuda") / hidden ** 0.5).bfloat16().requires_grad_(),
+              torch.zeros(d_in, device="cuda", dtype=torch.bfloat16, requires_grad=True)]
+    dy = torch.randn(m, d_in, device="cuda", dtype=torch.bfloat16)
+    rows = {}
+    for name, fwd in (("fp8_block", ex.FP8BlockMLP.apply), ("bf16", ex.bf16_mlp)):
+        try:
+            rows[name] = dc.time_ms(lambda: fwd(x, *params).backward(dy), iters=20)
+        except Exception as exc:
+            print(f"  step {name} cannot run: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    if len(rows) < 2:
+        return []
+    row = dict(name="step/mlp_fwd_bwd", M=m, N=d_in, hidden=hidden, fp8_ms=round(rows["fp8_block"], 4),
+               bf16_ms=round(rows["bf16"], 4), vs_bf16=round(rows["bf16"] / rows["fp8_block"], 3))
+    print(f"  MLP step {m}x{d_in}->{hidden}: fp8_block {rows['fp8_block']:.3f} ms, bf16 {rows['bf16']:.3f} ms: "
+          f"{row['vs_bf16']}x", flush=True)
+    return [row]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--step", action="store_true", help="also the example's training step against bf16")
     args = ap.parse_args()
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     dev = torch.cuda.get_device_name()
     peers = {} if args.no_peers else torchao_kernels()
-    rows = []
+    rows = step_rows(copy_gbps) if args.step else []
     for m, n in SHAPES[:2] if args.quick else SHAPES:
         torch.manual_seed(m + n)
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)

@@ -897,6 +897,24 @@ def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
     assert re.search(r"\.minnctapersm\s+4", ptx8) and ".minnctapersm" not in ptxg
 
 
+def test_fp8_block_bench_cases_are_served_ops_with_their_bytes():
+    """bench/fp8_block.py: every mxq row is an op whose reference runs (so the GPU run checks it
+    first), its bytes by hand (bf16 in, FP8 out, fp32 scales per 128), and the example it times
+    a step of imports."""
+    tool = _bench_tool("fp8_block")
+    m, n = 256, 384
+    assert tool.moved(m, n) == 2 * m * n + m * n + 4 * m * 3
+    assert tool.moved(m, n, False, True) == 2 * m * n + m * n + 4 * 2 * n
+    assert tool.moved(m, n, True, True, 2, 2 * n) == 4 * m * n + 2 * m * n + 4 * (3 * m + 2 * n) + 2 * n
+    x = torch.randn(m, n, dtype=torch.bfloat16)
+    for name, (opts, moved, exact) in tool.mxq_cases(m, n).items():
+        op = mxq.fused_quant(**opts)(tool.dc.identity)
+        kw = {"act_input": torch.randn_like(x)} if "dact" in opts else {}
+        got = op.reference(x, **kw)
+        assert got.rowwise_data is not None or got.colwise_data is not None, name
+        assert exact == ("act" not in opts and "dact" not in opts), name
+
+
 def test_ptx_count_tool_counts_the_fp32_kernels():
     """bench/ptx_count.py --dtype fp32 counts the kernel each fp32 variant runs: the vectorised
     one (vec; rows8 where KernelConfig.vec_unaligned: 8 columns x 32 / warps rows a thread) or
