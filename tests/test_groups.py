@@ -220,7 +220,8 @@ def test_groups_with_a_second_epilogue_tensor():
             start += size
     for layouts in (("full", "row"), ("strided", "strided")):
         ptx = inspection.ptx_of(op, "sm_90a", "bf16", "vec_grouped", layouts=layouts)
-        assert ptx.count(".entry") == 4  # the quantize kernel, dbias_kernel's three grouped forms (launch_dbias_by_rows)
+        # the quantize kernel, dbias_kernel's three grouped forms and dbias_groups_kernel's two (launch_dbias_by_rows)
+        assert ptx.count(".entry") == 6
 
 
 # --- the grouped kernels (mxq/kernels/grouped.py), on a CUDA device ------------------------------------
@@ -398,7 +399,7 @@ def test_grouped_kernels_compile(variant, arch):
 
     for dtype in ("bf16", "fp32"):
         ptx = inspection.ptx_of(op, arch, dtype, variant)
-        assert ptx.count(".entry") == 4  # the quantize kernel and the per-group dbias reduction's three forms
+        assert ptx.count(".entry") == 6  # the quantize kernel and the per-group dbias reduction's five forms
         if variant == "vec_grouped":  # vector accesses survive the arbitrary first row
             assert wide_accesses(ptx) == wide_accesses(inspection.ptx_of(op, arch, dtype, "vec")) > 0
 
