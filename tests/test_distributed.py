@@ -114,19 +114,59 @@ else:
 from mxq import distributed as mxd
 for bad_t, words in ((mxq.quantize(torch.randn(64)), "2 to 8 dimensions"),
                      (mxq.quantize(torch.randn(64, 32), colwise=True, group_offsets=torch.tensor([64])), "grouped"),
-                     (mxq.quantize(torch.randn(64, 32), format="fp8_block"), "fp8_block")):
+                     (mxq.quantize(torch.randn(64, 32), format="mxfp4"), "'mxfp4' is not written yet")):
     try:
         mxd.all_gather(bad_t)
     except ValueError as exc:
         assert words in str(exc), exc
     else:
         raise AssertionError(words)
-try:  # FP8 block scaling's shards would have to be cut on whole 128-element blocks: not yet
-    mxq.quantize(distribute_tensor(x, mesh, [Replicate()]), format="fp8_block")
-except ValueError as exc:
-    assert "format='fp8_block'" in str(exc), exc
-else:
-    raise AssertionError("a DTensor fp8_block call was accepted")
+# FP8 block scaling: shards cut on whole 128-element blocks; a 128x128 op's one tile grid split
+# like the data; fp32 scales compared as their bits
+def check_block_shards(name, placement, got, want):
+    for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+        w = getattr(want, f)
+        if w is None:
+            continue
+        g = getattr(got, f)
+        assert isinstance(g, DTensor) and g.shape == w.shape, (name, f, g.shape, w.shape)
+        (p,) = g.placements
+        bits = torch.int32 if w.dtype == torch.float32 else torch.uint8
+        expect = w if isinstance(p, Replicate) else torch.chunk(w, world, dim=p.dim)[rank]
+        assert torch.equal(g.to_local().contiguous().view(bits), expect.contiguous().view(bits)), (name, placement, f)
+    assert (got.format, got.block) == (want.format, want.block), name
+
+xb = torch.randn(256, 512, dtype=torch.bfloat16)
+rb = torch.randn(256, 512, dtype=torch.bfloat16)
+block_resid = mxq.fused_quant(format="fp8_block", colwise=True, amax=True, dbias=True, act="gelu")(resid.fn)
+for placement in (Shard(0), Shard(-1), Replicate()):
+    dxb, drb = distribute_tensor(xb, mesh, [placement]), distribute_tensor(rb, mesh, [placement])
+    for name, opts in (("1x128 both", dict(format="fp8_block", colwise=True, amax=True)),
+                       ("1x128 rowwise e5m2 fp32", dict(format="fp8_block", fp8="e5m2", scale_mode="fp32")),
+                       ("128x128", dict(format="fp8_block", block=(128, 128), colwise=True))):
+        check_block_shards(name, placement, mxq.quantize(dxb, **opts), mxq.quantize(xb, **opts))
+        checked += 1
+    got, want = block_resid(dxb, drb, alpha=0.25), block_resid(xb, rb, alpha=0.25)
+    check_block_shards("block resid", placement, got, want)
+    assert torch.equal(got.amax.full_tensor(), want.amax), placement
+    assert torch.allclose(got.dbias.full_tensor().float(), want.dbias.float(), rtol=2 ** -7, atol=1e-2), placement
+    checked += 1
+got = mxq.quantize(distribute_tensor(xb, mesh, [Replicate()]), format="fp8_block", colwise=True, scale_layout="gemm")
+check_block_shards("replicated gemm", Replicate(), got,
+                   mxq.quantize(xb, format="fp8_block", colwise=True, scale_layout="gemm"))
+for t, placement, opts, words in (
+        (torch.randn(320, 512), Shard(0), dict(colwise=True), "cuts a 128-element block: each rank holds 160 rows"),
+        (torch.randn(320, 512), Shard(0), dict(block=(128, 128)), "for 128x128 blocks"),
+        (torch.randn(64, 384), Shard(-1), dict(), "cuts a 128-element block: each rank holds 192 columns"),
+        (torch.randn(256, 512), Shard(0), dict(scale_layout="gemm"), "needs scale_layout='compact'"),
+        (torch.randn(64, 32), Replicate(), dict(format="nvfp4"), "format='nvfp4' are not supported")):
+    try:
+        mxq.quantize(distribute_tensor(t, mesh, [placement]), **{"format": "fp8_block", **opts})
+    except ValueError as exc:
+        assert words in str(exc), (words, exc)
+    else:
+        raise AssertionError(f"a DTensor call was accepted: {opts}, {placement}")
+mxq.quantize(distribute_tensor(torch.randn(320, 512), mesh, [Shard(0)]), format="fp8_block")  # rowwise: rows free
 # row groups (group_offsets) with column splits and replicas: every rank holds every row
 offs = torch.tensor([20, 64, 128])
 for placement in (Shard(-1), Replicate()):
@@ -250,9 +290,36 @@ for opts in (dict(rowwise=True, colwise=True, amax=True), dict(rowwise=False, co
 try:
     distributed.all_gather(mxq.quantize(torch.randn(40, 64), colwise=True))
 except ValueError as exc:
-    assert "multiple of 32 rows" in str(exc)
+    assert "multiple of its blocks' rows" in str(exc) and "32 for MXFP8" in str(exc), exc
 else:
     raise AssertionError("a 40-row colwise gather was accepted")
+fullb = torch.randn(2, 128, 384, dtype=torch.bfloat16)
+for opts in (dict(format="fp8_block", colwise=True, amax=True), dict(format="fp8_block", block=(128, 128)),
+             dict(format="fp8_block", fp8="e5m2", scale_mode="fp32")):
+    g = distributed.all_gather(mxq.quantize(fullb[rank:rank + 1], **opts))
+    w = mxq.quantize(fullb, **opts)
+    assert g.shape == w.shape and (g.format, g.block) == (w.format, w.block), opts
+    for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax"):
+        a, b = getattr(g, f), getattr(w, f)
+        assert (a is None) == (b is None), (opts, f)
+        if a is not None:
+            bits = torch.int32 if b.dtype == torch.float32 else torch.uint8
+            assert a.shape == b.shape and torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)), (opts, f)
+for bad_t, words in ((mxq.quantize(torch.randn(64, 256), format="fp8_block", colwise=True), "128 for FP8 block"),
+                     (mxq.quantize(torch.randn(64, 256), format="fp8_block", block=(128, 128)), "128 for FP8 block")):
+    try:
+        distributed.all_gather(bad_t)
+    except ValueError as exc:
+        assert words in str(exc), exc
+    else:
+        raise AssertionError(words)
+a = mxq.quantize(torch.randn(128, 256), format="fp8_block") if rank == 0 else mxq.quantize(torch.randn(128, 256))
+try:  # the ranks disagree on the format: every rank raises the same error
+    distributed.all_gather(a)
+except ValueError as exc:
+    assert "differs from rank 0's" in str(exc), exc
+else:
+    raise AssertionError("a gather of mixed formats was accepted")
 print(f"rank {rank}: {checked} DTensor calls matched; all_gather byte-equal", flush=True)
 dist.barrier()  # neither rank tears its connections down while the other still uses them
 dist.destroy_process_group()
@@ -310,7 +377,11 @@ cases = [  # (this rank's tensor, the exception both ranks must raise, words in 
     (mxq.quantize(x, colwise=True, amax=bool(rank)), ValueError, "rank 1's amax differs"),
     (mxq.quantize(x, colwise=True, scale_mode="floor" if rank else "rceil"), ValueError, "rank 1's scale mode differs"),
     (mxq.quantize(torch.randn(40 if rank else 64, 64), colwise=True), ValueError,
-     "multiple of 32 rows per rank when it has colwise blocks on every rank; rank 1 has not"),
+     "multiple of its blocks' rows when it has blocks spanning rows (32 for MXFP8's colwise blocks, 128 for FP8 "
+     "block scaling's colwise blocks and 128x128 tiles) on every rank; rank 1 has not"),
+    (mxq.quantize(x, format="fp8_block") if rank else mxq.quantize(x), ValueError, "rank 1's format differs"),
+    (mxq.quantize(torch.randn(128, 128), format="fp8_block", block=(128, 128) if rank else (1, 128)), ValueError,
+     "rank 1's block differs"),
     (mxq.quantize(x, colwise=True, scale_layout="swizzled") if rank == 0 else mxq.quantize(x, colwise=True),
      ValueError, "compact scales (swizzled tiles span 128 rows) on every rank; rank 0 has not"),
     (x if rank else mxq.quantize(x, colwise=True), TypeError, "needs an MXFP8Tensor on every rank; rank 1 has not"),

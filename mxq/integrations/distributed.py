@@ -9,10 +9,15 @@
 | Shard(0) (rows) | Shard(0) | Shard(0) | Shard(0) | Partial("max") | Partial("sum") |
 | Shard(-1) (columns) | Shard(-1) | Shard(1) | Shard(1) | Partial("max") | Shard(0) |
 
-A shard boundary that would cut a 32-element block is an error naming the placement: with
-Shard(0), every rank's first row (after flattening) must be a multiple of 32 when the op writes
-colwise blocks; with Shard(-1), every rank's first column must be a multiple of 32 when it writes
-rowwise blocks. Scales are compact only (swizzled tiles span 128 rows). The other tensor
+A shard boundary that would cut a block is an error naming the placement: with Shard(0), every
+rank's first row (after flattening) must be a multiple of the blocks' rows when the op writes
+blocks spanning rows (MXFP8's colwise blocks: 32; FP8 block scaling's colwise blocks and
+128x128 tiles: 128); with Shard(-1), every rank's first column a multiple of the blocks'
+columns when it writes blocks spanning columns (MXFP8's rowwise blocks: 32; FP8 block scaling's
+1x128 blocks and tiles: 128). Scales are compact only (swizzled tiles span 128 rows; FP8 block
+scaling's GEMM-ready scales are padded over all rows); a 128x128 op's one scale grid [ceil(M/128),
+ceil(N/128)] serves both directions and is split like the data. NVFP4 and MXFP4 DTensors are
+refused (their packed data and NVFP4's global amax are not split yet). The other tensor
 operands must have the same placement (or be plain tensors broadcast against the local shard);
 ``act_input`` likewise. A Partial("sum") dbias reduces the ranks' rounded sums: within the
 dbias class of docs/NUMERICS.md of the single-device value, not byte-equal to it.
@@ -60,13 +65,24 @@ def _placement(x: DTensor, name: str):
     raise ValueError(f"mxq: DTensor inputs must be Shard or Replicate, got {_name(p)}")
 
 
+def _spans(spec) -> tuple:
+    """(rows, columns) a row split / a column split must keep whole: the blocks spanning rows
+    and those spanning columns that ``spec`` writes (0: none)."""
+    if spec.format == "fp8_block":
+        tiles = spec.block[0] > 1  # (128, 128): one grid of tiles for both directions
+        rows = 128 if spec.colwise or tiles else 0
+        cols = 128 if spec.rowwise or tiles else 0
+        return rows, cols
+    return (32 if spec.colwise else 0), (32 if spec.rowwise else 0)
+
+
 def _check_blocks(spec, x: DTensor, kind: str, dim):
-    """Refuse a split that cuts a 32-element block (each rank's first row / column)."""
+    """Refuse a split that cuts a block (each rank's first row / column)."""
     if kind == "replicate":
         return
     if spec.scale_layout != "compact":
         raise ValueError(f"mxq: placement {_name(x.placements[0])} needs scale_layout='compact' (swizzled tiles span "
-                         "128 rows of scales)")
+                         "128 rows of scales, GEMM-ready ones are padded over all rows)")
     size = x.shape[dim]
     world = x.device_mesh.size()
     chunk = -(-size // world)  # DTensor's even split: ceil(size / world) per rank
@@ -78,12 +94,13 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
         raise ValueError(f"mxq: placement {_name(x.placements[0])} of a {x.dim()}-D input needs its first dimension "
                          f"({size}) to divide evenly over the {world} ranks (the flattened rows of the shards "
                          "must be DTensor's even split of M)")
-    need = spec.colwise if kind == "rows" else spec.rowwise
-    if need and world > 1 and (chunk * per_index) % 32 and chunk < size:
+    span = _spans(spec)[0 if kind == "rows" else 1]
+    if span and world > 1 and (chunk * per_index) % span and chunk < size:
         what = "rows" if kind == "rows" else "columns"
-        raise ValueError(f"mxq: placement {_name(x.placements[0])} cuts a 32-element block: each rank holds "
-                         f"{chunk * per_index} {what} (a multiple of 32 is needed for "
-                         f"{'colwise' if kind == 'rows' else 'rowwise'} blocks)")
+        blocks = "128x128" if spec.format == "fp8_block" and spec.block[0] > 1 else \
+            "colwise" if kind == "rows" else "rowwise"
+        raise ValueError(f"mxq: placement {_name(x.placements[0])} cuts a {span}-element block: each rank holds "
+                         f"{chunk * per_index} {what} (a multiple of {span} is needed for {blocks} blocks)")
 
 
 def _local(t, mesh, placement, name):
@@ -107,7 +124,7 @@ def call(op, call) -> MXFP8Tensor:
             raise TypeError("mxq: argument 'group_offsets' is a DTensor but the inputs are plain tensors: pass it "
                             "as a plain tensor")
         raise TypeError("mxq: with DTensor operands, the first tensor input must be a DTensor too")
-    if op.spec.format != "mxfp8":  # (its shards would have to be cut on whole 128-element blocks)
+    if op.spec.format not in ("mxfp8", "fp8_block"):  # (FP4's packed data and NVFP4's global amax)
         raise ValueError(f"mxq: DTensor inputs of format={op.spec.format!r} are not supported yet; pass the local "
                          "shard (.to_local()) or the full tensor")
     if out is not None:
@@ -145,6 +162,8 @@ def call(op, call) -> MXFP8Tensor:
                   shards=True)
     gshape = torch.Size(op.output_shape(x.shape))
     m, n = flat_dims(gshape)
+    tiles = spec.format == "fp8_block" and spec.block[0] > 1
+    per_scale = 128 if spec.format == "fp8_block" else 32  # elements a scale covers along its block
 
     def wrap(field, value):
         if value is None:
@@ -154,10 +173,12 @@ def call(op, call) -> MXFP8Tensor:
                                       stride=value.stride())
         if field in ("rowwise_data", "colwise_data"):
             p, shape = Shard(dim), gshape
+        elif field in ("rowwise_scale", "colwise_scale") and tiles:  # (one grid of 128x128 tiles)
+            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((-(-m // 128), -(-n // 128)))
         elif field == "rowwise_scale":
-            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((m, -(-n // 32)))
+            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((m, -(-n // per_scale)))
         elif field == "colwise_scale":  # (split by columns, every rank holds all its rows, grouped or not)
-            rows = -(-m // 32) if kind == "rows" else value.shape[0]
+            rows = -(-m // per_scale) if kind == "rows" else value.shape[0]
             p, shape = Shard(0 if kind == "rows" else 1), torch.Size((rows, n))
         elif field == "amax":
             p, shape = Partial("max"), torch.Size(())
@@ -169,7 +190,7 @@ def call(op, call) -> MXFP8Tensor:
     return MXFP8Tensor(wrap("rowwise_data", t.rowwise_data), wrap("colwise_data", t.colwise_data),
                        wrap("rowwise_scale", t.rowwise_scale), wrap("colwise_scale", t.colwise_scale),
                        wrap("amax", t.amax), wrap("dbias", t.dbias), t.fp8, t.scale_layout, gshape,
-                       t.group_offsets, t.scale_mode)
+                       t.group_offsets, t.scale_mode, format=t.format, block=t.block)
 
 
 def _contiguous_stride(shape) -> tuple:
@@ -190,11 +211,13 @@ _CHECKS = (
     "compact scales (swizzled tiles span 128 rows)",
     f"a tensor of 2 to {_MAX_DIMS} dimensions (all_gather concatenates rows)",
     "an ungrouped tensor (a grouped tensor's scale buffers are per group)",
-    "a multiple of 32 rows per rank when it has colwise blocks",
-    "MXFP8 (all_gather of format='fp8_block', 'nvfp4' or 'mxfp4' is not written yet)",
+    "a row count per rank that is a multiple of its blocks' rows when it has blocks spanning rows (32 for "
+    "MXFP8's colwise blocks, 128 for FP8 block scaling's colwise blocks and 128x128 tiles)",
+    "MXFP8 or FP8 block scaling (all_gather of format='nvfp4' or 'mxfp4' is not written yet)",
 )
 _FP8_CODES = {"e4m3": 1, "e5m2": 2}
-_MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4}
+_MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4, "pow2": 5, "fp32": 6}
+_FORMAT_CODES = {"mxfp8": 1, "fp8_block": 2}
 _DBIAS_CODES = {None: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
@@ -208,22 +231,25 @@ def _local_verdict(t) -> int:
         return 3
     if t.group_offsets is not None:
         return 4
-    if t.colwise_data is not None and flat_dims(t.shape)[0] % 32:
-        return 5
-    if t.format != "mxfp8":
+    if t.format not in _FORMAT_CODES:
         return 6
+    tiles = t.format == "fp8_block" and t.block[0] > 1
+    span = 128 if t.format == "fp8_block" else 32
+    if (t.colwise_data is not None or tiles) and flat_dims(t.shape)[0] % span:
+        return 5
     return 0
 
 
 def _descriptor(t, verdict: int, nbytes: int) -> list:
-    """The fixed-width int64 record every rank sends first: its verdict, then its format,
-    directions, optional fields, shape, byte count and scale mode (zeros where the verdict is
-    not 0)."""
+    """The fixed-width int64 record every rank sends first: its verdict, then its format, block
+    rows, fp8 format, directions, optional fields, shape, byte count and scale mode (zeros where
+    the verdict is not 0)."""
     if verdict:
-        return [verdict] + [0] * (8 + _MAX_DIMS)
+        return [verdict] + [0] * (10 + _MAX_DIMS)
     dims = list(t.shape) + [0] * (_MAX_DIMS - len(t.shape))
-    return [0, _FP8_CODES[t.fp8], int(t.rowwise_data is not None), int(t.colwise_data is not None),
-            int(t.amax is not None), _DBIAS_CODES.get(t.dbias.dtype if t.dbias is not None else None, 9),
+    return [0, _FORMAT_CODES[t.format], t.block[0], _FP8_CODES[t.fp8], int(t.rowwise_data is not None),
+            int(t.colwise_data is not None), int(t.amax is not None),
+            _DBIAS_CODES.get(t.dbias.dtype if t.dbias is not None else None, 9),
             len(t.shape), *dims, nbytes, _MODE_CODES.get(t.scale_mode, 9)]
 
 
@@ -262,7 +288,7 @@ def _agree(t, parts_bytes: int, group) -> None:
     first = every[0]
     for r in range(1, world):
         if not torch.equal(every[r], first):
-            what = ("fp8 format", "rowwise direction", "colwise direction", "amax", "dbias dtype",
+            what = ("format", "block", "fp8 format", "rowwise direction", "colwise direction", "amax", "dbias dtype",
                     "number of dimensions") + ("shape",) * _MAX_DIMS + ("byte count", "scale mode")
             i = next(i for i in range(1, first.numel()) if every[r, i] != first[i]) - 1
             raise ValueError(f"mxq: all_gather() needs every rank's tensor to agree; rank {r}'s {what[i]} "
@@ -270,8 +296,8 @@ def _agree(t, parts_bytes: int, group) -> None:
 
 
 def _shape_of(desc) -> tuple:
-    nd = int(desc[6])
-    return tuple(int(d) for d in desc[7:7 + nd])
+    nd = int(desc[8])
+    return tuple(int(d) for d in desc[9:9 + nd])
 
 
 def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
@@ -280,9 +306,10 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     rank (every rank's own checks and what must agree, _agree: any failure raises the same
     error on every rank, before the data moves), then every rank's fields in one byte buffer (so
     formats torch's backends cannot reduce, float8 included, travel as bytes). Each rank's tensor
-    must have the same shape, fp8 format, scale mode, directions and optional fields, compact
-    scales and, when it has colwise blocks, a row count (after flattening) that is a multiple of
-    32. dbias is the
+    must have the same format, block, shape, fp8 format, scale mode, directions and optional
+    fields, compact scales and, when it has blocks spanning rows, a row count (after flattening)
+    that is a multiple of their rows (32 for MXFP8's colwise blocks, 128 for FP8 block scaling's
+    colwise blocks and 128x128 tiles: their scale rows then concatenate). dbias is the
     fp64 sum of the ranks' dbias rounded to the input dtype: within the dbias class of the
     single-tensor value, not byte-equal to it."""
     import torch.distributed as dist
@@ -314,7 +341,7 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     shape = torch.Size((t.shape[0] * world, *t.shape[1:]))
     return MXFP8Tensor(out.get("rowwise_data"), out.get("colwise_data"), out.get("rowwise_scale"),
                        out.get("colwise_scale"), out.get("amax"), out.get("dbias"), t.fp8, t.scale_layout, shape,
-                       scale_mode=t.scale_mode)
+                       scale_mode=t.scale_mode, format=t.format, block=t.block)
 
 
 __all__ = ["all_gather", "call"]
