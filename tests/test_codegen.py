@@ -915,6 +915,21 @@ def test_fp8_block_bench_cases_are_served_ops_with_their_bytes():
         assert exact == ("act" not in opts and "dact" not in opts), name
 
 
+def test_fp4_bench_cases_are_ops_with_their_bytes():
+    """bench/fp4.py: every row is an op whose reference runs with the row's call arguments, its
+    bytes by hand (bf16 in, E2M1 two per byte, a scale byte per 16 or 32 elements per direction)."""
+    tool = _bench_tool("fp4")
+    m, n = 64, 128
+    assert tool.moved(m, n, "nvfp4") == 2 * m * n + m * n // 2 + m * n // 16
+    assert tool.moved(m, n, "mxfp4", True, True) == 2 * m * n + 2 * (m * n // 2 + m * n // 32)
+    x = torch.randn(m, n, dtype=torch.bfloat16)
+    for name, (opts, moved, exact, given) in tool.cases(m, n).items():
+        op = mxq.fused_quant(**opts)(tool.dc.identity)
+        kw = {"global_amax": x.float().abs().amax().reshape(1)} if given else {}
+        kw.update({"seed": 1} if opts.get("stochastic_rounding") else {})
+        assert op.reference(x, **kw).rowwise_data.shape == (m, n // 2), name
+
+
 def test_ptx_count_tool_counts_the_fp32_kernels():
     """bench/ptx_count.py --dtype fp32 counts the kernel each fp32 variant runs: the vectorised
     one (vec; rows8 where KernelConfig.vec_unaligned: 8 columns x 32 / warps rows a thread) or

@@ -1,0 +1,101 @@
+"""NVFP4 and MXFP4 (format="nvfp4" / "mxfp4") on the GPU against a device copy.
+
+    python bench/fp4.py [--out DIR] [--quick] [--variants 'k=v,...;k=v']
+
+At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each row is
+checked against the reference on the GPU (byte for byte: plain casts are exact) and timed by
+bench/device_check.py's busy-GPU method against a 1 GiB copy. MXQ_STRICT=1 is set: a row the
+kernels do not serve (yet) is listed with its error instead of timing the torch reference. Rows:
+MXFP4 rowwise (floor, rceil), NVFP4 rowwise with a given global amax (one launch) and without
+(the amax launch counted), both directions, with the Hadamard transform, with stochastic
+rounding, and gelu. Results: <out>/<device>-<date>-fp4.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import device_check as dc  # noqa: E402
+
+import mxq  # noqa: E402
+from mxq.testing import compare  # noqa: E402
+
+SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096)]
+
+
+def moved(m, n, fmt, rowwise=True, colwise=False):
+    """Bytes the op must move: the bf16 input read once, E2M1 data (two per byte) and one scale
+    byte per block written once per direction."""
+    per = 16 if fmt == "nvfp4" else 32
+    return 2 * m * n + (rowwise + colwise) * (m * n // 2 + -(-m * n // per))
+
+
+def cases(m, n):
+    """name -> (quantize options, moved bytes, exact, wants a given global amax)."""
+    nv = dict(format="nvfp4")
+    return {
+        "mxfp4_rowwise_floor": (dict(format="mxfp4"), moved(m, n, "mxfp4"), True, False),
+        "mxfp4_rowwise_rceil": (dict(format="mxfp4", scale_mode="rceil"), moved(m, n, "mxfp4"), True, False),
+        "nvfp4_rowwise_given_amax": (dict(nv), moved(m, n, "nvfp4"), True, True),
+        "nvfp4_rowwise": (dict(nv), moved(m, n, "nvfp4"), True, False),
+        "nvfp4_both": (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True), True, False),
+        "nvfp4_both_hadamard": (dict(nv, colwise=True, hadamard=True), moved(m, n, "nvfp4", True, True), True, False),
+        "nvfp4_rowwise_sr": (dict(nv, stochastic_rounding=True), moved(m, n, "nvfp4"), False, False),
+        "nvfp4_gelu_rowwise": (dict(nv, act="gelu"), moved(m, n, "nvfp4"), False, False),
+    }
+
+
+def run(name, opts, mv, exact, given, x, copy_gbps, variant=""):
+    m, n = x.shape
+    prefix = f"mxq[{variant}]" if variant else "mxq"
+    try:
+        op = mxq.fused_quant(**opts)(dc.identity)
+        if variant:
+            op._with_tuning(dc.make_tuning(dc.parse_tuning(variant)))
+        kw = {"global_amax": x.float().abs().amax().reshape(1)} if given else {}
+        if opts.get("stochastic_rounding"):
+            kw["seed"] = 1
+        launch, out = op.prepare(x, **kw)
+        launch()
+        # (stochastic rounding draws its own bits: its bytes are checked by the statistical tests)
+        problems = [] if opts.get("stochastic_rounding") else compare(out, op.reference(x, **kw), exact)
+        row = dc.timed_row(launch, mv, copy_gbps, name=f"{prefix}/{name}", M=m, N=n, checked=problems == [])
+        print(f"  {row['name']:34s} {m}x{n} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy"
+              f"  checked={problems == []} {problems[:2]}", flush=True)
+        return row
+    except Exception as exc:  # (a row not served yet: say why)
+        print(f"  {prefix}/{name:30s} {m}x{n} not served: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        return dict(name=f"{prefix}/{name}", M=m, N=n, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--variants", default="", help="Tuning variants 'k=v,...;k=v' timed after the default")
+    args = ap.parse_args()
+    os.environ["MXQ_STRICT"] = "1"  # (a fallback raises: no row times the reference)
+    copy_gbps = dc.copy_bandwidth()
+    print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
+    dev = torch.cuda.get_device_name()
+    rows = []
+    for m, n in SHAPES[:2] if args.quick else SHAPES:
+        torch.manual_seed(m + n)
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        for variant in ["", *filter(None, args.variants.split(";"))]:
+            for name, (opts, mv, exact, given) in cases(m, n).items():
+                rows.append(run(name, opts, mv, exact, given, x, copy_gbps, variant))
+        dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
+                                         "rows": rows}, "-fp4")
+
+
+if __name__ == "__main__":
+    main()
