@@ -215,6 +215,22 @@ def timed_row(fn, moved, copy_gbps, **fields):
                 ms_idle_start=round(time_ms(fn, hold=False), 5))
 
 
+def printed_row(fn, moved, copy_gbps, name, m, n, problems=None):
+    """timed_row of ``fn``, printed as a line; ``problems``: the list a check before it returned
+    (recorded as ``checked``; None: not checked)."""
+    fields = {} if problems is None else {"checked": problems == []}
+    row = timed_row(fn, moved, copy_gbps, name=name, M=m, N=n, **fields)
+    note = "" if problems is None else f"  checked={problems == []} {problems[:2]}"
+    print(f"  {name:34s} {m}x{n} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy{note}", flush=True)
+    return row
+
+
+def error_row(name, m, n, exc, why="not served"):
+    """The row of a case that could not run here (a kernel not served yet, a peer that fails), printed."""
+    print(f"  {name:34s} {m}x{n} {why}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    return dict(name=name, M=m, N=n, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+
 def copy_bandwidth(numel=2 ** 30, hold=True):
     a = torch.empty(numel, dtype=torch.bfloat16, device="cuda")
     b = torch.empty_like(a)

@@ -66,14 +66,10 @@ def run(name, opts, mv, exact, given, x, copy_gbps, variant=""):
         launch, out = op.prepare(x, **kw)
         launch()
         # (stochastic rounding draws its own bits: its bytes are checked by the statistical tests)
-        problems = [] if opts.get("stochastic_rounding") else compare(out, op.reference(x, **kw), exact)
-        row = dc.timed_row(launch, mv, copy_gbps, name=f"{prefix}/{name}", M=m, N=n, checked=problems == [])
-        print(f"  {row['name']:34s} {m}x{n} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy"
-              f"  checked={problems == []} {problems[:2]}", flush=True)
-        return row
+        problems = None if opts.get("stochastic_rounding") else compare(out, op.reference(x, **kw), exact)
+        return dc.printed_row(launch, mv, copy_gbps, f"{prefix}/{name}", m, n, problems)
     except Exception as exc:  # (a row not served yet: say why)
-        print(f"  {prefix}/{name:30s} {m}x{n} not served: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        return dict(name=f"{prefix}/{name}", M=m, N=n, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        return dc.error_row(f"{prefix}/{name}", m, n, exc)
 
 
 def main():

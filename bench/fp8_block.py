@@ -60,6 +60,7 @@ def mxq_cases(m, n):
 
 
 def run_mxq(name, opts, mv, exact, x, copy_gbps, kw=None, fn=None, args=None):
+    """One checked and timed row of an op on ``args`` (default [x]); the row is named by x's shape."""
     m, n = x.shape
     try:
         op = mxq.fused_quant(**opts)(fn or dc.identity)
@@ -67,15 +68,10 @@ def run_mxq(name, opts, mv, exact, x, copy_gbps, kw=None, fn=None, args=None):
         kw = kw or {}
         launch, out = op.prepare(*ins, **kw)
         launch()
-        want = op.reference(*ins, **kw)
-        problems = compare(out, want, exact)
-        row = dc.timed_row(launch, mv, copy_gbps, name=f"mxq/{name}", M=m, N=n, checked=problems == [])
-        print(f"  {row['name']:28s} {m}x{n} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy"
-              f"  checked={problems == []} {problems[:2]}", flush=True)
-        return row
+        problems = compare(out, op.reference(*ins, **kw), exact)
+        return dc.printed_row(launch, mv, copy_gbps, f"mxq/{name}", m, n, problems)
     except Exception as exc:  # (a row not served yet: say why)
-        print(f"  mxq/{name:24s} {m}x{n} not served: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        return dict(name=f"mxq/{name}", M=m, N=n, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        return dc.error_row(f"mxq/{name}", m, n, exc)
 
 
 def torchao_kernels():
@@ -94,12 +90,9 @@ def run_torchao(name, fn, x, mv, copy_gbps):
     try:
         fn(x)
         torch.cuda.synchronize()
-        row = dc.timed_row(lambda: fn(x), mv, copy_gbps, name=f"torchao/{name}", M=m, N=n)
-        print(f"  {row['name']:28s} {m}x{n} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy", flush=True)
-        return row
+        return dc.printed_row(lambda: fn(x), mv, copy_gbps, f"torchao/{name}", m, n)
     except Exception as exc:
-        print(f"  torchao/{name} cannot run: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-        return dict(name=f"torchao/{name}", M=m, N=n, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+        return dc.error_row(f"torchao/{name}", m, n, exc, "cannot run")
 
 
 def pair(rows, mine, theirs, label):
@@ -168,8 +161,7 @@ def main():
                             moved(m, n, extra=2 * n), False, x, copy_gbps, fn=dc.bias_gelu, args=[x, b]))
         gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
         rows.append(run_mxq("swiglu_fwd_rowwise", dict(format="fp8_block", act="swiglu"),
-                            moved(m, n, inputs=2), False, gu, copy_gbps, args=[gu]))
-        rows[-1].update(M=m, N=n)
+                            moved(m, n, inputs=2), False, x, copy_gbps, args=[gu]))  # (x: the output's shape)
         for name, fn in peers.items():
             mv = moved(m, n, name != "colwise", name == "colwise") if name != "weight_128x128" else \
                 2 * m * n + m * n + 4 * -(-m // 128) * -(-n // 128)

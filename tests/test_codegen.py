@@ -913,6 +913,8 @@ def test_fp8_block_bench_cases_are_served_ops_with_their_bytes():
         got = op.reference(x, **kw)
         assert got.rowwise_data is not None or got.colwise_data is not None, name
         assert exact == ("act" not in opts and "dact" not in opts), name
+    row = tool.dc.error_row("mxq/x", m, n, ValueError("no kernel"))  # (a case that cannot run: its row says why)
+    assert row == dict(name="mxq/x", M=m, N=n, error="ValueError: no kernel")
 
 
 def test_fp4_bench_cases_are_ops_with_their_bytes():

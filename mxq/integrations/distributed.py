@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from ..formats import fp8_block, numerics
 from ..tensor import MXFP8Tensor, flat_dims
 
 
@@ -65,15 +66,21 @@ def _placement(x: DTensor, name: str):
     raise ValueError(f"mxq: DTensor inputs must be Shard or Replicate, got {_name(p)}")
 
 
+def _edge(fmt: str) -> int:
+    """Elements a scale covers along its block's long side: MXFP8's 32, FP8 block scaling's 128."""
+    return fp8_block.BLOCK if fmt == "fp8_block" else numerics.BLOCK
+
+
+def _tiles(fmt: str, block: tuple) -> bool:
+    """FP8 block scaling's 128x128 tiles: one scale grid for both directions, spanning rows and columns."""
+    return fmt == "fp8_block" and block[0] > 1
+
+
 def _spans(spec) -> tuple:
     """(rows, columns) a row split / a column split must keep whole: the blocks spanning rows
     and those spanning columns that ``spec`` writes (0: none)."""
-    if spec.format == "fp8_block":
-        tiles = spec.block[0] > 1  # (128, 128): one grid of tiles for both directions
-        rows = 128 if spec.colwise or tiles else 0
-        cols = 128 if spec.rowwise or tiles else 0
-        return rows, cols
-    return (32 if spec.colwise else 0), (32 if spec.rowwise else 0)
+    edge, tiles = _edge(spec.format), _tiles(spec.format, spec.block)
+    return (edge if spec.colwise or tiles else 0), (edge if spec.rowwise or tiles else 0)
 
 
 def _check_blocks(spec, x: DTensor, kind: str, dim):
@@ -97,8 +104,7 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
     span = _spans(spec)[0 if kind == "rows" else 1]
     if span and world > 1 and (chunk * per_index) % span and chunk < size:
         what = "rows" if kind == "rows" else "columns"
-        blocks = "128x128" if spec.format == "fp8_block" and spec.block[0] > 1 else \
-            "colwise" if kind == "rows" else "rowwise"
+        blocks = "128x128" if _tiles(spec.format, spec.block) else "colwise" if kind == "rows" else "rowwise"
         raise ValueError(f"mxq: placement {_name(x.placements[0])} cuts a {span}-element block: each rank holds "
                          f"{chunk * per_index} {what} (a multiple of {span} is needed for {blocks} blocks)")
 
@@ -162,8 +168,7 @@ def call(op, call) -> MXFP8Tensor:
                   shards=True)
     gshape = torch.Size(op.output_shape(x.shape))
     m, n = flat_dims(gshape)
-    tiles = spec.format == "fp8_block" and spec.block[0] > 1
-    per_scale = 128 if spec.format == "fp8_block" else 32  # elements a scale covers along its block
+    tiles, edge = _tiles(spec.format, spec.block), _edge(spec.format)
 
     def wrap(field, value):
         if value is None:
@@ -174,11 +179,11 @@ def call(op, call) -> MXFP8Tensor:
         if field in ("rowwise_data", "colwise_data"):
             p, shape = Shard(dim), gshape
         elif field in ("rowwise_scale", "colwise_scale") and tiles:  # (one grid of 128x128 tiles)
-            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((-(-m // 128), -(-n // 128)))
+            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((-(-m // edge), -(-n // edge)))
         elif field == "rowwise_scale":
-            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((m, -(-n // per_scale)))
+            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((m, -(-n // edge)))
         elif field == "colwise_scale":  # (split by columns, every rank holds all its rows, grouped or not)
-            rows = -(-m // per_scale) if kind == "rows" else value.shape[0]
+            rows = -(-m // edge) if kind == "rows" else value.shape[0]
             p, shape = Shard(0 if kind == "rows" else 1), torch.Size((rows, n))
         elif field == "amax":
             p, shape = Partial("max"), torch.Size(())
@@ -233,9 +238,7 @@ def _local_verdict(t) -> int:
         return 4
     if t.format not in _FORMAT_CODES:
         return 6
-    tiles = t.format == "fp8_block" and t.block[0] > 1
-    span = 128 if t.format == "fp8_block" else 32
-    if (t.colwise_data is not None or tiles) and flat_dims(t.shape)[0] % span:
+    if (t.colwise_data is not None or _tiles(t.format, t.block)) and flat_dims(t.shape)[0] % _edge(t.format):
         return 5
     return 0
 
