@@ -6,7 +6,9 @@ built-in quantize, a decorated op with row, column, full and strided operands, f
 torch's own per-op floor (``y.copy_(x)``) measured in the same process: wall time of many calls
 with torch.cuda.synchronize only at the ends, best of several repeats. Each case's outputs are
 first checked against ``op.reference`` (NUMERICS.md's classes). ``--dry``: build every case and
-run it once on the CPU (the reference), timing nothing (what the CPU tests run).
+run it once on the CPU (the reference), timing nothing (what the CPU tests run). Then the pieces
+of one allocating call (host_parts: allocation, the native call, the conversion of its outputs to
+torch tensors, the result object), each timed alone, to show what bounds the ratio.
 
     python bench/fixed_cost.py host [PATH]      # PATH default $OUT/nvidia-h200-host.json
 
@@ -147,6 +149,37 @@ def host_cases(device: str) -> list:
     ]
 
 
+def host_parts(device: str = "cuda") -> list:
+    """(name, fn) of the pieces of one allocating call of ``quantize(x, colwise=True)`` on its
+    native route (launch.Launcher.call_alloc), each timed alone: where the host's time goes. The
+    route is taken once first (it is kept after a checked call)."""
+    from mxq import quantize
+    from mxq.op import _quantize_op
+
+    m, n = HOST_SHAPE
+    x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+    both = _quantize_op(QuantSpec(rowwise=True, colwise=True))
+    quantize(x, colwise=True)
+    quantize(x, colwise=True)
+    fast = both._fast.get((x.dtype, x.get_device()))
+    if fast is None or fast.allocating is None:
+        return []
+    args = (x, None, None, None)  # (*tensors, act_input, noop, group_offsets)
+    r = fast.allocating(*args)
+    item = fast._item
+    launch, _ = both.prepare(x)
+    return [
+        ("torch.empty(1), one allocation", lambda: torch.empty(1, device=device)),
+        ("torch.empty x4 (the outputs as torch would allocate them)",
+         lambda: [torch.empty(m, n, device=device, dtype=torch.uint8) for _ in range(4)]),
+        ("op.prepare() launch (TVM-FFI call + launch)", launch),
+        ("allocating route: native allocate + launch, no torch tensors", lambda: fast.allocating(*args)),
+        ("4 outputs to torch tensors (ArrayGetItem + DLPack)", lambda: [item(r, i) for i in (0, 1, 2, 3)]),
+        ("call_alloc: the above + MXFP8Tensor", lambda: fast.call_alloc(*args)),
+        ("quantize(x, colwise=True): the whole call", lambda: quantize(x, colwise=True)),
+    ]
+
+
 def host_us(fn, calls: int = 2000, repeats: int = 7) -> float:
     """Host time per call: ``calls`` calls between two synchronizations, best of ``repeats``."""
     for _ in range(50):
@@ -192,19 +225,23 @@ def host_main(argv) -> int:
         us = host_us(fn)
         rows.append({"case": name, "us": round(us, 2), "x_floor": round(us / floor, 2), "target_x_floor": target,
                      "meets": us / floor <= target})
+    parts = [{"part": name, "us": round(host_us(fn), 2)} for name, fn in host_parts()]
     floor_end = host_us(lambda: y.copy_(x))  # (the CPU's speed drifts: the floor before and after)
     print(f"torch floor y.copy_(x), 256x4096 bf16: {floor:.2f} us per call (after the cases: {floor_end:.2f})")
     print(f"{'eager call (256 x 4096 bf16, CUDA)':52s} {'us':>7s} {'x floor':>8s}  target")
     for row in rows:
         print(f"{row['case']:52s} {row['us']:7.2f} {row['x_floor']:8.2f}  <= {row['target_x_floor']}"
               + ("" if row["meets"] else "  MISSED"))
+    print("where one allocating call's time goes (quantize(x, colwise=True), each piece alone):")
+    for part in parts:
+        print(f"  {part['part']:60s} {part['us']:7.2f} us  {part['us'] / floor:5.2f}x floor")
     if failures:
         print("WRONG BYTES:", failures)
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
               "method": "wall time of 2000 eager calls between two torch.cuda.synchronize, best of 7, after 50 "
                         "warm-up calls; ratio to torch's y.copy_(x) on the same tensors in the same process",
               "cpu_affinity": sorted(os.sched_getaffinity(0)), "floor_us": round(floor, 2),
-              "floor_us_after": round(floor_end, 2), "cases": rows, "checks": len(cases) - 1,
+              "floor_us_after": round(floor_end, 2), "cases": rows, "parts": parts, "checks": len(cases) - 1,
               "failures": failures}
     Path(args.path).parent.mkdir(parents=True, exist_ok=True)
     Path(args.path).write_text(json.dumps(result, indent=1) + "\n")

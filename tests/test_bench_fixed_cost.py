@@ -25,6 +25,12 @@ def test_host_cases_cover_every_kind_of_call_and_run_on_the_cpu():
                 name, field)
 
 
+def test_host_parts_need_the_native_route():
+    """The breakdown times the native allocating route's pieces: on the CPU there is none, so no
+    piece (and nothing fails building them)."""
+    assert _bench_tool("fixed_cost").host_parts("cpu") == []
+
+
 def test_host_run_refuses_without_cuda(monkeypatch, tmp_path, capsys):
     tool = _bench_tool("fixed_cost")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
