@@ -1,6 +1,6 @@
 """FP8 block scaling (format="fp8_block") on the GPU against torchao's Triton block-scaling kernels.
 
-    python bench/fp8_block.py [--out DIR] [--no-peers] [--quick] [--step]
+    python bench/fp8_block.py [--out DIR] [--no-peers] [--quick] [--step] [--variants 'k=v,...;k=v']
 
 At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each of mxq's
 rows (1x128 rowwise compact and GEMM-ready, 128-row colwise, both, gelu, dgelu + dbias, a user
@@ -11,7 +11,9 @@ input (1x128 lhs, 128x1 rhs, the transposed lhs, 128x128 weights) are timed in t
 and paired with mxq's row of the same output (``vs_torchao``: torchao's time / mxq's). A row mxq
 does not serve (yet) is listed with its error. ``--step``: also one training step (forward and
 backward) of examples/fp8_block_linear.py's FP8BlockMLP at an MLP shape against the same step in
-bf16 (``vs_bf16``: the bf16 step's time / the FP8 step's). Results:
+bf16 (``vs_bf16``: the bf16 step's time / the FP8 step's). ``--variants``: the rows on the
+128-row tile (colwise, both, dgelu + dbias + both) again under each Tuning variant
+(device_check.parse_tuning's form, e.g. 'rows128_min_blocks=2'), checked the same way. Results:
 <out>/<device>-<date>-fp8-block.json.
 """
 
@@ -59,11 +61,17 @@ def mxq_cases(m, n):
     return cases
 
 
-def run_mxq(name, opts, mv, exact, x, copy_gbps, kw=None, fn=None, args=None):
-    """One checked and timed row of an op on ``args`` (default [x]); the row is named by x's shape."""
+TILE128_ROWS = ("colwise_compact", "both_compact", "dgelu_dbias_both")  # (--variants: the 128-row tile's rows)
+
+
+def run_mxq(name, opts, mv, exact, x, copy_gbps, kw=None, fn=None, args=None, tuning=None):
+    """One checked and timed row of an op on ``args`` (default [x]), compiled with ``tuning``
+    (parse_tuning's dict; None: the library's); the row is named by x's shape."""
     m, n = x.shape
     try:
         op = mxq.fused_quant(**opts)(fn or dc.identity)
+        if tuning:
+            op._with_tuning(dc.make_tuning(tuning))
         ins = args or [x]
         kw = kw or {}
         launch, out = op.prepare(*ins, **kw)
@@ -144,6 +152,8 @@ def main():
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--step", action="store_true", help="also the example's training step against bf16")
+    ap.add_argument("--variants", default="", help="also the 128-row tile's rows under Tuning variants, "
+                    "e.g. 'rows128_min_blocks=2;rows128_min_blocks=3'")
     args = ap.parse_args()
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
@@ -157,6 +167,9 @@ def main():
         for name, (opts, mv, exact) in mxq_cases(m, n).items():
             kw = {"act_input": torch.randn_like(x)} if "dact" in opts else None
             rows.append(run_mxq(name, opts, mv, exact, x, copy_gbps, kw=kw))
+            for variant in filter(None, args.variants.split(";")) if name in TILE128_ROWS else ():
+                rows.append(run_mxq(f"{name}[{variant}]", opts, mv, exact, x, copy_gbps, kw=kw,
+                                    tuning=dc.parse_tuning(variant)))
         rows.append(run_mxq("bias_gelu_rowwise_gemm", dict(format="fp8_block", act="gelu", scale_layout="gemm"),
                             moved(m, n, extra=2 * n), False, x, copy_gbps, fn=dc.bias_gelu, args=[x, b]))
         gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)

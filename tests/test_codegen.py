@@ -897,6 +897,31 @@ def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
     assert re.search(r"\.minnctapersm\s+4", ptx8) and ".minnctapersm" not in ptxg
 
 
+def test_rows128_register_cap_reaches_the_ptx_with_no_device_query(monkeypatch):
+    """Tuning.rows128_min_blocks compiles into the 128-row tile's packed kernel (FP8 block
+    scaling's colwise blocks) as .minnctapersm, and not into a 32-row tile's; the cap names the
+    default carveout, so the DSL asks no device for the SM's shared memory (a query here fails)."""
+    toolchain.import_cutlass("sm_90")
+    import cutlass.cutlass_dsl.cutlass as dsl
+
+    def no_device(attr):
+        raise AssertionError("the register cap asked the driver for a device attribute")
+
+    monkeypatch.setattr(dsl.cuda_helpers, "get_device_attribute", no_device)
+
+    def ident(x):
+        return x
+
+    def ptx(**opts):
+        op = mxq.fused_quant(**opts)(ident)
+        op._with_tuning(kconfig.Tuning(rows128_min_blocks=2))
+        return _entry(inspection.compile_artifacts(op, "sm_90", "bf16", "vec")["ptx"], "packed_kernel")
+
+    assert re.search(r"\.minnctapersm\s+2", ptx(format="fp8_block", colwise=True))
+    assert ".minnctapersm" not in ptx(format="fp8_block")  # (1x128 rowwise: the 32-row tile)
+    assert ".minnctapersm" not in ptx(colwise=True)  # (MXFP8)
+
+
 def test_fp8_block_bench_cases_are_served_ops_with_their_bytes():
     """bench/fp8_block.py: every mxq row is an op whose reference runs (so the GPU run checks it
     first), its bytes by hand (bf16 in, FP8 out, fp32 scales per 128), and the example it times
@@ -906,6 +931,7 @@ def test_fp8_block_bench_cases_are_served_ops_with_their_bytes():
     assert tool.moved(m, n) == 2 * m * n + m * n + 4 * m * 3
     assert tool.moved(m, n, False, True) == 2 * m * n + m * n + 4 * 2 * n
     assert tool.moved(m, n, True, True, 2, 2 * n) == 4 * m * n + 2 * m * n + 4 * (3 * m + 2 * n) + 2 * n
+    assert set(tool.TILE128_ROWS) <= set(tool.mxq_cases(m, n))  # (--variants re-times these rows)
     x = torch.randn(m, n, dtype=torch.bfloat16)
     for name, (opts, moved, exact) in tool.mxq_cases(m, n).items():
         op = mxq.fused_quant(**opts)(tool.dc.identity)

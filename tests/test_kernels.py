@@ -146,6 +146,24 @@ def test_library_configs_hold_no_benchmark_switch():
     tuned = _cfg(colwise=True, tuning=kconfig.Tuning(unaligned_warps=4, row_scale_l2_keep=False, rows8_min_blocks=3))
     assert tuned.packed_warps(True) == 4 and tuned.rows8_twins() is None
     assert not tuned.row_scale_l2_keep and tuned.rows8_min_blocks == 3
+    assert both.min_blocks == 0 and tuned.min_blocks == 0  # (rows128_min_blocks: the 128-row tile only)
+
+
+def test_rows128_register_cap_is_the_128_row_tiles_and_validated():
+    """Tuning.rows128_min_blocks caps the 128-row tile (FP8 block scaling's colwise blocks) and
+    no other; a negative cap is a clear error naming the field; register_cap names the default
+    carveout beside the cap, and nothing for no cap."""
+    from mxq.kernels.quantize import register_cap
+
+    cap = kconfig.Tuning(rows128_min_blocks=2)
+    fb = Format.fp8_block("e4m3", (1, 128), "pow2", "compact")
+    assert _cfg(fmt=fb, colwise=True, tuning=cap).min_blocks == 2
+    assert _cfg(fmt=fb, colwise=True).min_blocks == 0
+    assert _cfg(fmt=fb, tuning=cap).min_blocks == 0 and _cfg(colwise=True, tuning=cap).min_blocks == 0
+    for field in ("rows128_min_blocks", "rows8_min_blocks"):
+        with pytest.raises(ValueError, match=field):
+            kconfig.Tuning(**{field: -1})
+    assert register_cap(0) == {} and register_cap(2) == {"min_blocks_per_mp": 2, "preferred_smem_carveout": -1}
 
 
 # --- grouped row tiles (mxq/kernels/grouped.py), traced expressions run on Python ints ---------------

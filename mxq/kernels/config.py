@@ -79,6 +79,10 @@ class Tuning:
     (``min_blocks_per_mp``, a register cap); 0: no cap. Timed on the H200 and not taken: dgelu +
     dbias + both at 4 (its shared memory holds it at 3 CTAs per SM anyway), the plain casts at
     5-12 (equal or slower).
+    ``rows128_min_blocks``: CTAs per SM the packed kernel's 128-row tile (FP8 block scaling's
+    colwise blocks, KernelConfig.tile_rows) is compiled for (``min_blocks_per_mp``, a register
+    cap); 0: no cap. Rowwise + colwise compiles to 81 registers on that 512-thread tile, which
+    holds it at one CTA per SM (65,536 registers); capped at 2: 64, no spills (ptxas).
     ``dbias_group_rows``: a grouped dbias reduction whose groups average at most this many rows
     (M <= dbias_group_rows * G) runs reduce.dbias_groups_kernel, a warp per group, 8 groups per
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those
@@ -93,12 +97,16 @@ class Tuning:
     vec_unaligned_copy: str = ""
     vec_stage: bool = True
     rows8_min_blocks: int = 0
+    rows128_min_blocks: int = 0
     dbias_group_rows: int = 1024
 
     def __post_init__(self):
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
             raise ValueError(f"mxq: Tuning.vec_unaligned_copy must be '', 'words' or 'chunks', "
                              f"got {self.vec_unaligned_copy!r}")
+        for name in ("rows8_min_blocks", "rows128_min_blocks"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"mxq: Tuning.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.dbias_group_rows < 0:
             raise ValueError(f"mxq: Tuning.dbias_group_rows must be >= 0, got {self.dbias_group_rows!r}")
 
@@ -342,6 +350,12 @@ class KernelConfig:
         """Grouped dbias: the largest average rows per group reduced a warp per group; 0: never
         (Tuning.dbias_group_rows)."""
         return self.tuned.dbias_group_rows if self.dbias else 0
+
+    @property
+    def min_blocks(self) -> int:
+        """CTAs per SM the packed kernel of this config is compiled for on the 128-row tile
+        (Tuning.rows128_min_blocks); 0: no register cap."""
+        return self.tuned.rows128_min_blocks if self.tile_rows != ROWS else 0
 
     @property
     def rows8_min_blocks(self) -> int:

@@ -99,9 +99,9 @@ class Quantize:
         cfg = self.cfg
         unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
         grid, block = packed_grid(cfg, M, N, G, unaligned)
-        cap = cfg.rows8_min_blocks if variant == "rows8" else 0  # (a benchmark's register cap)
+        cap = cfg.rows8_min_blocks if variant == "rows8" else cfg.min_blocks  # (Tuning's register caps)
         self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
-            grid=grid, block=block, stream=stream, **({"min_blocks_per_mp": cap} if cap else {}))
+            grid=grid, block=block, stream=stream, **register_cap(cap))
 
     def rows8_twins(self):
         """(kernels for an even, for an odd input row stride) of variant rows8 where the config
@@ -161,4 +161,12 @@ class Quantize:
             twins[1].launch_packed("rows8", args, M, N, None, use_pdl, stream)
 
 
-__all__ = ["KernelConfig", "Quantize", "VARIANTS"]
+def register_cap(ctas_per_sm: int) -> dict:
+    """Launch options compiling a kernel for ``ctas_per_sm`` CTAs per SM (``min_blocks_per_mp``:
+    ptxas caps its registers to fit); {} for 0. The shared-memory carveout is named (-1: the
+    driver's default) so the DSL does not ask a device for the SM's shared memory size: the cap
+    then compiles with no GPU present."""
+    return {"min_blocks_per_mp": ctas_per_sm, "preferred_smem_carveout": -1} if ctas_per_sm else {}
+
+
+__all__ = ["KernelConfig", "Quantize", "VARIANTS", "register_cap"]
