@@ -273,11 +273,17 @@ def test_fused_ops_match_reference(strict, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_gelu_within_the_transcendental_class(strict, dtype):
-    from mxq.testing import compare
-
+    """gelu's approximate transcendentals: at most 1 in 1000 codes off, each by one step of the
+    E2M1 grid (signed zeros alike), and at most 1% of the scales."""
     op = mxq.fused_quant(format="mxfp4", act="gelu")(ident)
     x = planted(96, 512, DTYPES[dtype], seed=4)
-    assert compare(op(x.cuda()), op.reference(x), False) == []
+    got, want = op(x.cuda()), op.reference(x)
+    g, w = (fp4.unpack(t.rowwise_data.cpu()).to(torch.int64) for t in (got, want))
+    off = g != w
+    step = ((g & 7) - (w & 7)).abs()
+    same_sign = ((g ^ w) & 8 == 0) | ((g & 7) == 0) | ((w & 7) == 0)
+    assert off.float().mean() <= 1e-3 and bool((step[off] <= 1).all() and same_sign[off].all())
+    assert (got.rowwise_scale.cpu() != want.rowwise_scale).float().mean() <= 0.01
 
 
 @pytest.mark.gpu
