@@ -7,7 +7,8 @@ layer (a refactor, a rename) compiles to the same code -- no GPU needed.
 Each case is (spec, epilogue, dtype, variant, arch), drawn from device_check.matrix_cases() (every
 combination of plain/act/dact/epilogue x dbias x amax x direction x dtype, on the packed or
 vectorised kernel, the generic one and variant rows8) plus the scale modes, layouts and formats
-(FP8 block scaling's 1x128 blocks: rowwise in both layouts, colwise compact). The PTX is
+(FP8 block scaling's 1x128 blocks: rowwise in both layouts, colwise compact; MXFP4's rowwise
+blocks on the aligned kernels, sm_90's integer E2M1 encode and sm_100a's cvt). The PTX is
 normalised before hashing: kernel entry names (derived from Python function names and argument
 types) become their position, and comments and the version header are dropped; what remains is
 the instruction stream ptxas sees.
@@ -50,6 +51,10 @@ def all_cases(quick: bool = False):
         for dtype, variant in (("bf16", "vec"), ("fp16", "generic"), ("fp32", "vec"), ("fp32", "rows8")):
             if not (colwise and dtype == "fp32"):
                 out.append((v, "identity", dtype, variant, "sm_100a" if fp8 == "e5m2" else "sm_90a"))
+    for mode, layout, act in (("floor", "compact", None), ("rceil", "swizzled", None), ("floor", "compact", "gelu")):
+        v = dict(BASE_SPEC, scale_mode=mode, scale_layout=layout, format="mxfp4", act=act)
+        for dtype, arch in (("bf16", "sm_90"), ("fp16", "sm_100a"), ("fp32", "sm_90"), ("fp32", "sm_100a")):
+            out.append((v, "identity", dtype, "vec", arch))  # (MXFP4: the aligned kernels alone)
     if quick:
         out = out[::7]
     return out

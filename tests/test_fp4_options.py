@@ -192,9 +192,16 @@ def test_cpp_routes_refuse_and_cuda_calls_fall_back_by_name(fmt):
     for call in (lambda: op.register(f"fp4_{fmt}"), op.dispatcher, lambda: op.export("/tmp/none")):
         with pytest.raises(ValueError, match=fmt):
             call()
-    assert fmt in limits.unserved(op.spec, op.epilogue, torch.zeros(4, 32), lambda: None)
-    with pytest.raises(NotImplementedError):
-        op.source
+    if fmt == "nvfp4":
+        assert fmt in limits.unserved(op.spec, op.epilogue, torch.zeros(4, 32), lambda: None)
+        with pytest.raises(NotImplementedError):
+            op.source
+    else:  # MXFP4's rowwise blocks have kernels (tests/test_kernels_fp4.py); its colwise copy does not
+        assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 32), lambda: None) is None
+        col = mxq.fused_quant(format=fmt, colwise=True)(double)
+        assert fmt in limits.unserved(col.spec, col.epilogue, torch.zeros(4, 32), lambda: None)
+        with pytest.raises(NotImplementedError):
+            col.source
 
 
 def test_all_gather_refuses_fp4():

@@ -15,9 +15,10 @@ next are further instances of the same value, not new kernel branches. FP8 block
 by TransformerEngine's rule (``pow2`` or ``fp32``, docs/NUMERICS.md "FP8 block scaling"), the
 compact or GEMM-ready (``gemm``) layout; the kernels serve its 1x128 rowwise blocks (mxq/kernels/codec.py),
 the torch reference the rest.
-NVFP4 (1x16 blocks, e2m1 elements two per byte, E4M3 scales and an fp32 per-tensor scale,
-``global_scale``) and MXFP4 (1x32, e2m1, E8M0) enter ENCODINGS and SCALES with the kernels that
-implement them.
+MXFP4 is ``Format.mxfp4(scale_mode, layout)``: 1x32 blocks of e2m1 elements, two per byte
+(element 2j in the low nibble), E8M0 scales by MXFP8's "floor" or "rceil" rule with E2M1's
+constants (mxq/formats/fp4.py). NVFP4 (1x16 blocks, e2m1, E4M3 scales under an fp32 per-tensor
+scale, ``global_scale``) enters SCALES with the kernels that implement it.
 
 Nothing here imports cutlass or torch: the config, codegen and tests build and compare formats
 as plain values; the kernels read them through ``cutlass.const_expr``.
@@ -45,6 +46,7 @@ class Encoding:
 ENCODINGS = {
     "e4m3": Encoding(8, 448.0),
     "e5m2": Encoding(8, 57344.0),
+    "e2m1": Encoding(4, 6.0),
 }
 # scale encodings, by name, and the rules each one admits
 SCALES = {
@@ -98,6 +100,12 @@ class Format:
             raise ValueError(f"mxq: Format.block of fp8_block must be one of {FP8_BLOCKS}, got {block!r}")
         return cls(block=block, element=fp8, scale="fp32", rule=scale_mode, layout=layout)
 
+    @classmethod
+    def mxfp4(cls, scale_mode: str, layout: str) -> "Format":
+        """MXFP4 (OCP MX v1.0): 1x32 blocks of E2M1 elements two per byte, E8M0 scales by
+        ``scale_mode`` ("floor" or "rceil", mxq/formats/fp4.py SCALE_MODES)."""
+        return cls(block=(1, 32), element="e2m1", scale="e8m0", rule=scale_mode, layout=layout)
+
     @property
     def col_block(self) -> tuple:
         """The colwise block: the rowwise one transposed (32x1 for MX)."""
@@ -110,6 +118,11 @@ class Format:
     @property
     def scale_enc(self) -> Encoding:
         return SCALES[self.scale]
+
+    @property
+    def packed(self) -> bool:
+        """Elements share bytes (E2M1: two per byte): a row of N values is N / per_byte bytes."""
+        return self.elem.per_byte > 1
 
     @property
     def swizzled(self) -> bool:

@@ -378,10 +378,12 @@ def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = N
 
 
 def kernel_gap(spec: QuantSpec) -> str:
-    """What of an FP8 block-scaling spec the kernels do not serve ("" when they serve it; other
-    formats but MXFP8: the format itself)."""
+    """What of an FP8 block-scaling or MXFP4 spec the kernels do not serve ("" when they serve it;
+    NVFP4: the format itself)."""
     if spec.format == "mxfp8":
         return ""
+    if spec.format == "mxfp4":
+        return "with colwise=True (the transposed copy)" if spec.colwise else ""
     if spec.format != "fp8_block":
         return "(the format)"
     if spec.block != (1, 128):
@@ -392,9 +394,10 @@ def kernel_gap(spec: QuantSpec) -> str:
 
 
 def has_kernels(spec: QuantSpec) -> bool:
-    """Whether a module can be rendered for ``spec``: MXFP8, and FP8 block scaling's 1x128 blocks
-    (rowwise: compact or gemm layout; colwise 128-row blocks: compact)."""
-    return spec.format in ("mxfp8", "fp8_block") and not kernel_gap(spec)
+    """Whether a module can be rendered for ``spec``: MXFP8, FP8 block scaling's 1x128 blocks
+    (rowwise: compact or gemm layout; colwise 128-row blocks: compact) and MXFP4's rowwise
+    blocks."""
+    return spec.format in ("mxfp8", "fp8_block", "mxfp4") and not kernel_gap(spec)
 
 
 def _launcher_text(spec: QuantSpec, epilogue: Epilogue, grouped: bool = False) -> tuple[str, str]:

@@ -171,7 +171,9 @@ class QuantSpec:
     @property
     def block_format(self) -> Format:
         """The Format value (mxq/formats/format.py) of this spec's blocks, encodings and layout.
-        The FP4 formats enter Format with their kernels: NotImplementedError until then."""
+        NVFP4 enters Format with its kernels: NotImplementedError until then."""
+        if self.format == "mxfp4":
+            return Format.mxfp4(self.scale_mode, self.scale_layout)
         if self.is_fp4:
             raise NotImplementedError(f"mxq: format={self.format!r} has no Format value yet (no GPU kernels); "
                                       "its calls run the torch reference")

@@ -4,8 +4,9 @@ The kernels call these with their config's ``Format`` (mxq/formats/format.py) an
 only through ``cutlass.const_expr`` (plain Python at trace time): a new format is a new case
 here, not a new branch in every kernel. MXFP8 (E8M0 scales, FP8 elements) and FP8 block
 scaling's 1x128 blocks (fp32 scales by TransformerEngine's rule, ``fmt.scale == "fp32"``; rowwise,
-and colwise 128-row blocks in the packed kernel's 128-row tile) are implemented: device.py holds
-their exact arithmetic.
+and colwise 128-row blocks in the packed kernel's 128-row tile) and MXFP4's rowwise blocks (E8M0
+scales, E2M1 elements two per byte: ``encode8``; the aligned kernels only) are implemented:
+device.py holds their exact arithmetic.
 
 A block's scale ``e`` (block_scale) is what the format computes once per block: an E8M0 byte
 (Int32) for MXFP8, the fp32 quantization multiplier for FP8 block scaling. ``multiplier`` is what
@@ -82,6 +83,17 @@ def encode2(fmt, lo, hi):
 def encode4(fmt, a, b, c, d):
     """Four scaled values as one word of element bytes (a in the lowest byte)."""
     return dev.fp8x4(a, b, c, d, fmt.element)
+
+
+def encode8(fmt, vals, use_hw: bool):
+    """Eight scaled values as one word of 4-bit element codes (E2M1, two per byte: value k in
+    bits 4k..4k+3); ``use_hw``: sm_100a's conversion, else the integer encode (device.e2m1x8)."""
+    return dev.e2m1x8(vals, use_hw)
+
+
+def data_cols(fmt, n: int) -> int:
+    """Bytes of ``n`` adjacent elements (``n`` a multiple of the elements per byte)."""
+    return n // fmt.elem.per_byte
 
 
 def dequantization_scale(e):

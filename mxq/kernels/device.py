@@ -15,7 +15,10 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
 from cutlass.cute.math import RoundingMode
 
+from ..formats.fp4 import E2M1
 from ..formats.numerics import FORMATS
+
+ELEMENTS = {**FORMATS, "e2m1": E2M1}  # the element formats' constants (the E8M0 rules read them)
 
 RN = RoundingMode.NEAREST_EVEN
 
@@ -77,7 +80,7 @@ def exponent_scale(b, is_nan, fp8: str, mode: str, ops=DEVICE):
     """FLOOR / CEIL / EVEN scale byte from the bits ``b`` (signed) of a block amax >= 0 or NaN;
     ``is_nan()`` tells whether amax is NaN (evaluated last, as the kernels always did)."""
     I32 = ops.I32
-    fmt = FORMATS[fp8]
+    fmt = ELEMENTS[fp8]
     if mode == "even":
         b = (b + I32(2 ** (22 - fmt.mbits))) & I32(0x7F800000)  # round to mbits mantissa bits first
     e = (b >> 23) & 0xFF
@@ -98,7 +101,7 @@ def inv_scale_bits(e, ops=DEVICE):
 def e8m0_scale(amax, fp8: str, mode: str, use_hw_e8m0: bool):
     """Scale byte (Int32 0..255) of a block amax (fp32, >= 0 or NaN)."""
     if mode == "rceil":
-        p = mul_rn(amax, Float32(FORMATS[fp8].rcp))  # amax / MAX, as fp32(1 / MAX) * amax
+        p = mul_rn(amax, Float32(ELEMENTS[fp8].rcp))  # amax / MAX, as fp32(1 / MAX) * amax
         if use_hw_e8m0:
             # sm_100+: round-up conversion in hardware; NaN -> 255, inf -> 254, p <= 2^-127 -> 0
             pk = cute.arch.inline_ptx("cvt.rp.satfinite.ue8m0x2.f32 {$w0}, {$r0}, {$r1};",
@@ -160,6 +163,48 @@ def fp8x4(a, b, c, d, fp8: str):
         f"{{ .reg .b16 l, h; cvt.rn.satfinite.{cvt}.f32 l, {{$r1}}, {{$r0}}; "
         f"cvt.rn.satfinite.{cvt}.f32 h, {{$r3}}, {{$r2}}; mov.b32 {{$w0}}, {{l, h}}; }}",
         write_only_types=[Uint32], read_only_args=[a, b, c, d])
+
+
+# --- E2M1 (FP4) encoding (docs/NUMERICS.md step N7) ---------------------------------------------
+# E2M1 codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign. sm_100a converts in hardware
+# (cvt.rn.satfinite.e2m1x2.f32); sm_90 has no such cvt and encodes with the integer rule below,
+# written against ``ops`` like the scale rules so tests/test_kernels_fp4.py runs the very
+# expressions on CPU against mxq/formats/fp4.encode_rn and tests/oracle_fp4.py.
+E2M1_ONE = 0x3F800000  # fp32 bits of 1.0: from here on |y| is a normal E2M1 value (codes 2..7)
+E2M1_QUARTER = 0x3E800000  # 0.25: above it |y| rounds to 0.5 (code 1; 0.25 itself ties to 0)
+E2M1_THREE_QUARTERS = 0x3F400000  # 0.75: from it on |y| rounds to 1.0 (code 2; the tie goes up)
+
+
+def e2m1_code(b, ops=DEVICE):
+    """The E2M1 code (0..15) of the fp32 bits ``b`` (unsigned), round to nearest even: |y| >= 1
+    keeps one mantissa bit (adding 0x1FFFFF plus the kept bit carries exactly when the dropped
+    bits exceed half, or equal it with the kept bit odd), its (exponent, bit) minus 252 is the
+    code, saturating at 7 (inf included); below 1 the two thresholds 0.25 (strict) and 0.75
+    decide 0, 1 or 2. The sign is kept (0x8 for a negative value rounding to 0); NaN -> 0x7."""
+    U32 = ops.U32
+    a = b & U32(0x7FFFFFFF)
+    r = (a + U32(0x1FFFFF) + ((a >> U32(22)) & U32(1))) >> U32(22)
+    normal = ops.min(r - U32(252), U32(7))
+    small = U32(ops.select(a > U32(E2M1_QUARTER), U32(1), U32(0))) + \
+        U32(ops.select(a >= U32(E2M1_THREE_QUARTERS), U32(1), U32(0)))
+    mag = U32(ops.select(a < U32(E2M1_ONE), small, normal))
+    code = mag | ((b >> U32(28)) & U32(8))
+    return U32(ops.select(a > U32(0x7F800000), U32(7), code))
+
+
+def e2m1x8(vals, use_hw: bool):
+    """Eight scaled fp32 values as one word of E2M1 codes, value k in bits 4k..4k+3 (element 2j
+    in the low nibble of byte j): sm_100a's cvt.rn.satfinite.e2m1x2.f32 (``use_hw``; its first
+    source goes to the high nibble), else e2m1_code."""
+    if use_hw:
+        cvts = " ".join(f"cvt.rn.satfinite.e2m1x2.f32 b{j}, {{$r{2 * j + 1}}}, {{$r{2 * j}}};" for j in range(4))
+        return cute.arch.inline_ptx(
+            f"{{ .reg .b8 b0, b1, b2, b3; {cvts} mov.b32 {{$w0}}, {{b0, b1, b2, b3}}; }}",
+            write_only_types=[Uint32], read_only_args=list(vals))
+    word = e2m1_code(vals[0].bitcast(Uint32))
+    for k in range(1, 8):
+        word = word | (e2m1_code(vals[k].bitcast(Uint32)) << Uint32(4 * k))
+    return word
 
 
 def rcp_one_plus_ex2(z):

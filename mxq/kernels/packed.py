@@ -176,7 +176,8 @@ class PackedKernel:
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
             if cutlass.const_expr(PASSES == 1):
-                tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+                tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, codec.data_cols(cfg.fmt, VEC)), trow,
+                                       rbase, g, GROUPED)
             nbr = (NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
         if cutlass.const_expr(cfg.colwise and PASSES == 1):
             tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
@@ -601,11 +602,20 @@ class PackedKernel:
         return sc
 
     # -- encode and store ----------------------------------------------------------------------
-    def quantize_row(self, row_words, s_row, sc, is_bf16: bool):
+    def quantize_row(self, row_words, s_row, sc, is_bf16: bool, use_hw: bool = False):
         """One row's FP8 bytes, four per word: (rowwise words, colwise words), each None where the op
         does not write that direction. ``row_words``: its packed values; ``s_row``: its inverse
-        row scale; ``sc``: the thread's inverse column scales."""
+        row scale; ``sc``: the thread's inverse column scales. FP4 (rowwise only): the row's eight
+        E2M1 codes in one word (``use_hw``: sm_100a's conversion)."""
         cfg = self.cfg
+        if cfg.fmt.packed:
+            qr = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
+            vals = []
+            for j in range(PKW):
+                lo, hi = dev.pk_unpack(row_words[j], is_bf16)
+                vals += [dev.mul_rn(lo, s_row), dev.mul_rn(hi, s_row)]
+            qr[0] = codec.encode8(cfg.fmt, vals, use_hw)
+            return qr, None
         qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.rowwise else None
         qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.colwise else None
         for j in range(0, PKW, 2):
@@ -625,7 +635,7 @@ class PackedKernel:
         cfg = self.cfg
         for i in cutlass.range_constexpr(k.PK_ROWS):
             if t.col_ok and t.rbase + i < t.Ms:
-                qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16)
+                qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16, k.use_hw_e8m0)
                 if cutlass.const_expr(cfg.rowwise):
                     cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
                 if cutlass.const_expr(cfg.colwise):

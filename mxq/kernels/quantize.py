@@ -64,6 +64,8 @@ class Quantize:
             # (limits.fp8_block_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: colwise blocks of 128 rows are served by the packed kernel alone, "
                                       "compact, without amax, groups or two halves")
+        if cfg.fmt.packed and variant != "vec":  # (limits.fp4_unserved keeps such calls on the reference)
+            raise NotImplementedError("mxq: FP4 outputs are served by the aligned kernels alone (variant 'vec')")
         M = ins[0].shape[0]
         N = ins[0].shape[1]
         G = None if group_ends is None else group_ends.shape[0]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Float64, Int32, Uint8
+from cutlass import Float32, Float64, Int32, Uint8, Uint32
 
 from . import codec
 from . import device as dev
@@ -114,7 +114,7 @@ class VectorizedKernel:
         sMax, sSum, sInv = self.column_buffers(buf, staged, STAGED)
         tRow, tCol, nbr = None, None, None
         if cutlass.const_expr(cfg.rowwise):
-            tRow = cute.zipped_divide(self.op.out_window(row_data, co), (1, VEC))
+            tRow = cute.zipped_divide(self.op.out_window(row_data, co), (1, codec.data_cols(cfg.fmt, VEC)))
             B = cutlass.const_expr(cfg.fmt.block[1])  # (rowwise blocks per row)
             nbr = NOUT // B + Int32(cutlass.select_(NOUT % B != 0, Int32(1), Int32(0)))
         if cutlass.const_expr(cfg.colwise):
@@ -351,6 +351,13 @@ class VectorizedKernel:
             if row_ok and t.lane % codec.block_lanes(cfg.fmt, VEC) == 0:
                 codec.store_row_scale(cfg, row_scale, codec.row_scale_offset(cfg.fmt, t.rbase + i, t.c0 // cfg.fmt.block[1],
                                                                              t.nbr, t.M), er)
+        elif cutlass.const_expr(cfg.fmt.packed):
+            if row_ok:  # FP4: the row's eight E2M1 codes as one word
+                qw = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
+                qw[0] = codec.encode8(cfg.fmt, [dev.mul_rn(vals[i * VEC + c], sr) for c in range(VEC)], k.use_hw_e8m0)
+                cute.autovec_copy(cute.recast_tensor(qw, Uint8), tRow[(None, (t.rbase + i, t.g))])
+                if t.lane % codec.block_lanes(cfg.fmt, VEC) == 0:
+                    codec.store_row_scale(cfg, row_scale, self.row_scale_offset(k, t, t.rbase + i), er)
         elif row_ok:
             qr = cute.make_rmem_tensor_like(tRow[(None, (0, 0))])
             for c in cutlass.range_constexpr(0, VEC, 2):

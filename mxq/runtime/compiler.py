@@ -81,6 +81,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
     from cutlass import Float32, Uint8
 
     spec, epi = op.spec, op.epilogue
+    fmt = spec.block_format
     el = {"fp32": cutlass.Float32, "fp16": cutlass.Float16, "bf16": cutlass.BFloat16}[dtype_name]
     nbytes = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype_name]
     m, n = cute.sym_int(), cute.sym_int(divisibility=math.lcm(VEC_DIVISOR if vec else 1, n_multiple))
@@ -97,9 +98,13 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
     def flat_scale():
         """A flat scale buffer: E8M0 bytes, or fp32 (FP8 block scaling; the GEMM-ready layout's
         outer-dim-major buffer as it is laid out in memory, launch.flat_scale)."""
-        if spec.block_format.scale == "fp32":
+        if fmt.scale == "fp32":
             return fake(Float32, (cute.sym_int(),), assumed_align=4)
         return fake(Uint8, (cute.sym_int(),), assumed_align=1)
+
+    def fp4_cols():
+        """FP4 rowwise data [M, N / 2] (two elements a byte; N % 8 == 0: rows of whole words)."""
+        return cute.sym_int(divisibility=VEC_DIVISOR // 2 if vec else 1)
 
     def f32_one():
         return fake(Float32, (1,), assumed_align=4)
@@ -121,7 +126,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "input": lambda: operand(next(kinds, "full")),
         "scalar": lambda: Float32(0.0),
         "act_input": lambda: mat(el, big or nbytes),
-        "rowwise_data": lambda: mat(Uint8, big or 1, cols=n_out),
+        "rowwise_data": lambda: mat(Uint8, big or 1, cols=fp4_cols() if fmt.packed else n_out),
         "rowwise_scale": flat_scale,
         "colwise_data": lambda: mat(Uint8, big or 1, cols=n_out),
         "colwise_scale": flat_scale,

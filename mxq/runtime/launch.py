@@ -149,7 +149,7 @@ class Launcher:
                 raise ValueError(f"mxq: argument {name!r} must be contiguous on CUDA (call .contiguous() first)")
         mats = [t if kind == "strided" else operands.as_matrix(t, kind, m, n)
                 for t, kind in zip(sources, kinds)]
-        row_data = _as_u8_2d(out.rowwise_data, m, n_out) if spec.rowwise else None
+        row_data = _as_u8_2d(out.rowwise_data, m, n_out // 2 if spec.is_fp4 else n_out) if spec.rowwise else None
         col_data = _as_u8_2d(out.colwise_data, m, n_out) if spec.colwise else None
         operand = {
             "act_input": lambda: mats[-1],
@@ -173,7 +173,10 @@ class Launcher:
             else:
                 args.append(operand[slot.role]())
         key = tuple(kinds[:len(tensors)]) if operand_kinds else None
-        variant = variant_for(n, n_out, mats, kinds, (row_data, col_data), grouped)
+        if spec.is_fp4:
+            variant = fp4_variant(n, mats, kinds, row_data)
+        else:
+            variant = variant_for(n, n_out, mats, kinds, (row_data, col_data), grouped)
         return (self._fn(variant, key) if m * n else None), args, out
 
     def _dispatch_into(self, call):
@@ -233,6 +236,19 @@ def variant_for(n: int, n_out: int, mats, kinds, datas, grouped: bool) -> str:
     rows8 = (n_out == n or n % UNIT == 0) and all(
         t.data_ptr() % UNIT == 0 and (t.shape[0] <= 1 or t.stride(0) % UNIT == 0) for t in outs)
     return "rows8" if rows8 else "generic"
+
+
+def fp4_variant(n: int, mats, kinds, row_data) -> str:
+    """The compiled variant of an FP4 call: "vec", the only one with FP4 outputs (N % 8 == 0,
+    16-byte aligned operands and data, data rows whole words apart: limits.fp4_unserved keeps
+    other calls on the reference); anything else is a ValueError."""
+    wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + [row_data]
+    if (n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
+            and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided")
+            and (row_data.shape[0] <= 1 or row_data.stride(0) % (VEC_DIVISOR // 2) == 0)):
+        return "vec"
+    raise ValueError("mxq: an FP4 call needs N % 8 == 0 and 16-byte aligned tensors on the kernels "
+                     "(limits.fp4_unserved)")
 
 
 def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):

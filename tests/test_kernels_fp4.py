@@ -1,0 +1,309 @@
+"""MXFP4 on the kernels: rowwise 1x32 blocks of E2M1 elements two per byte (mxq/kernels/codec.py
+encode8, device.e2m1_code / e2m1x8) on the aligned packed (bf16/fp16) and vectorised (fp32)
+kernels; NVFP4, the colwise copy and other shapes run the reference (limits.fp4_unserved).
+
+CPU: the integer E2M1 encode sm_90 runs (device.e2m1_code, the very expression, on Python ints
+and torch tensors) against mxq/formats/fp4.encode_rn at every threshold and on sampled fp32
+patterns, and against tests/oracle_fp4.py; what the kernels serve; the PTX of each variant for
+sm_90 (no e2m1 cvt) and sm_100a (cvt.rn.satfinite.e2m1x2.f32). GPU (marked gpu): every dtype,
+scale mode, layout and shape class against the torch reference byte for byte, fused ops, planted
+NaN/inf/subnormal/saturating values, and a small case against the oracle.
+"""
+
+import math
+import struct
+
+import pytest
+import torch
+
+import mxq
+from mxq.formats import fp4
+from mxq.frontend import codegen
+from mxq.kernels import device as dev
+from mxq.runtime import compiler, limits
+from mxq.testing import planted, poisoned, same_bytes
+
+from . import oracle_fp4 as oracle
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+FIELDS = ("rowwise_data", "rowwise_scale", "amax", "dbias")
+
+
+def ident(x):
+    return x
+
+
+def scaled_shift(x, b, s: float = 1.5):
+    return x * s + b
+
+
+# -- the integer E2M1 encode (sm_90) ---------------------------------------------------------------
+class TORCH:
+    """device.e2m1_code's operations on int64 tensors holding uint32 values."""
+
+    @staticmethod
+    def U32(v):
+        return v & 0xFFFFFFFF if isinstance(v, torch.Tensor) else torch.tensor(int(v) & 0xFFFFFFFF)
+
+    min = staticmethod(torch.minimum)
+    max = staticmethod(torch.maximum)
+
+    @staticmethod
+    def select(cond, a, b):
+        return torch.where(cond, a, b)
+
+
+def _bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _f32(b: int) -> float:
+    return struct.unpack("<f", struct.pack("<I", b & 0xFFFFFFFF))[0]
+
+
+def _reference_codes(bits: torch.Tensor) -> torch.Tensor:
+    """fp4.encode_rn of the fp32 values with these bit patterns (int64 holding uint32)."""
+    return fp4.encode_rn(bits.to(torch.int32).view(torch.float32)).to(torch.int64)
+
+
+def _edges() -> list:
+    """Every threshold of the E2M1 grid, the grid values, their fp32 neighbours, and specials, both signs."""
+    pts = [0.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 1e30,
+           2.0 ** -149, 2.0 ** -126, 0.125, 0.9999999]
+    bits = set()
+    for p in pts:
+        b = _bits(p)
+        for d in (-2, -1, 0, 1, 2):
+            if 0 <= b + d <= 0x7F800000:
+                bits.update({b + d, (b + d) | 0x80000000})
+    bits.update({0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FFFFFFF})
+    return sorted(bits)
+
+
+def test_integer_encode_at_every_threshold():
+    edges = _edges()
+    want = _reference_codes(torch.tensor(edges, dtype=torch.int64))
+    for b, w in zip(edges, want.tolist()):
+        assert dev.e2m1_code(b, ops=dev.HOST) == w, hex(b)
+        assert w == oracle.e2m1(_f32(b)), hex(b)  # (the reference itself, against the oracle)
+
+
+def test_integer_encode_on_sampled_patterns():
+    """2^21 uniformly drawn fp32 bit patterns plus 2^20 drawn from |y| < 8 (every rounding case
+    many times), the same expression on int64 tensors: equal to fp4.encode_rn."""
+    g = torch.Generator().manual_seed(41)
+    wide = torch.randint(0, 2 ** 32, (2 ** 21,), generator=g, dtype=torch.int64)
+    near = torch.randint(0, _bits(8.0), (2 ** 20,), generator=g, dtype=torch.int64)
+    near = near | (torch.randint(0, 2, near.shape, generator=g, dtype=torch.int64) << 31)
+    for bits in (wide, near):
+        got = dev.e2m1_code(bits, ops=TORCH)
+        assert torch.equal(got, _reference_codes(bits))
+
+
+def test_integer_encode_against_the_oracle():
+    g = torch.Generator().manual_seed(7)
+    bits = torch.randint(0, _bits(16.0), (3000,), generator=g, dtype=torch.int64).tolist()
+    for b in bits:
+        assert dev.e2m1_code(b, ops=dev.HOST) == oracle.e2m1(_f32(b)), hex(b)
+        assert dev.e2m1_code(b | 0x80000000, ops=dev.HOST) == oracle.e2m1(_f32(b | 0x80000000)), hex(b)
+
+
+# -- what is served ------------------------------------------------------------------------------
+def _unserved(op, x, call=None):
+    return limits.unserved(op.spec, op.epilogue, x, lambda: None, call)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()))
+@pytest.mark.parametrize("opts", [dict(), dict(scale_mode="rceil", scale_layout="swizzled"), dict(act="gelu"),
+                                  dict(dact="gelu", dbias=True, amax=True)])
+def test_rowwise_mxfp4_is_served(dtype, opts):
+    op = mxq.fused_quant(format="mxfp4", **opts)(ident)
+    for n in (16, 48, 200, 4096):
+        assert _unserved(op, torch.zeros(3, n, dtype=dtype)) is None
+
+
+@pytest.mark.parametrize("fmt, opts, x, why", [
+    ("mxfp4", dict(colwise=True), torch.zeros(4, 64), "colwise"),
+    ("mxfp4", dict(), torch.zeros(4, 6, dtype=torch.bfloat16), "N % 8"),
+    ("mxfp4", dict(), torch.zeros(4, 66, dtype=torch.bfloat16), "N % 8"),
+    ("mxfp4", dict(), torch.zeros(4 * 64 + 4, dtype=torch.bfloat16)[4:].view(4, 64), "aligned"),
+    ("mxfp4", dict(), torch.zeros(4, 68)[:, :64], "aligned"),
+    ("nvfp4", dict(), torch.zeros(4, 64, dtype=torch.bfloat16), "nvfp4"),
+    ("nvfp4", dict(colwise=True, hadamard=True), torch.zeros(4, 64, dtype=torch.bfloat16), "nvfp4"),
+])
+def test_unserved_names_what_has_no_kernel(fmt, opts, x, why):
+    op = mxq.fused_quant(format=fmt, **opts)(ident)
+    reason = _unserved(op, x)
+    assert reason is not None and fmt in reason and why in reason and "reference" in reason
+
+
+def test_groups_and_misaligned_out_fall_back():
+    from mxq.runtime.call import Call
+
+    op = mxq.fused_quant(format="mxfp4")(ident)
+    x = torch.zeros(8, 64, dtype=torch.bfloat16)
+    assert "group_offsets" in _unserved(op, x, Call([x], [], group_offsets=torch.tensor([8])))
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    assert _unserved(op, x, Call([x], [], out=out)) is None
+    buf = torch.zeros(8 * 32 + 4, dtype=torch.uint8)
+    out.rowwise_data = buf[4:].view(8, 32)  # data not 16-byte aligned
+    assert "aligned" in _unserved(op, x, Call([x], [], out=out))
+
+
+def test_source_renders_for_served_specs_only():
+    assert "mxfp4" in mxq.fused_quant(format="mxfp4")(ident).source
+    for opts in (dict(format="mxfp4", colwise=True), dict(format="nvfp4")):
+        with pytest.raises(NotImplementedError):
+            mxq.fused_quant(**opts)(ident).source
+    cfg = codegen.kernel_config(mxq.fused_quant(format="mxfp4")(ident).spec, mxq.fused_quant()(ident).epilogue)
+    assert cfg.fmt.packed and cfg.fmt.element == "e2m1" and cfg.fmt.block == (1, 32)
+
+
+def test_cpp_routes_still_refuse():
+    op = mxq.fused_quant(format="mxfp4")(ident)
+    with pytest.raises(ValueError, match="mxfp4"):
+        op.dispatcher()
+
+
+# -- compiled code ---------------------------------------------------------------------------------
+def _ptx(op, arch, dtype, variant="vec"):
+    return compiler.compile_op(op, arch, dtype, keep_ptx=True, variant=variant).__ptx__
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
+@pytest.mark.parametrize("dtype, mode, layout", [("bf16", "floor", "compact"), ("fp16", "rceil", "swizzled"),
+                                                 ("fp32", "floor", "swizzled"), ("fp32", "rceil", "compact")])
+def test_rowwise_compiles_per_arch(arch, dtype, mode, layout):
+    op = mxq.fused_quant(format="mxfp4", scale_mode=mode, scale_layout=layout)(ident)
+    ptx = _ptx(op, arch, dtype)
+    assert f".target {arch}" in ptx
+    cvts = ptx.count("cvt.rn.satfinite.e2m1x2.f32")
+    if arch == "sm_100a":  # four conversions of two values per row of 8 values
+        assert cvts > 0 and cvts % 4 == 0
+    else:  # no FP4 conversion on Hopper: the integer encode (0x1FFFFF: half an ulp of one mantissa bit)
+        assert cvts == 0 and "2097151" in ptx
+    assert "cvt.rn.satfinite.e4m3x2" not in ptx and "e5m2x2" not in ptx  # (no FP8 byte anywhere)
+    assert "st.global.b32" in ptx or "st.global.u32" in ptx  # a row's 8 codes: one 4-byte store
+    if mode == "rceil":  # E2M1's fp32(1/6) in the scale rule
+        assert "0f3E2AAAAB" in ptx
+
+
+def test_fused_ops_compile():
+    ops = [mxq.fused_quant(format="mxfp4", act="gelu")(ident),
+           mxq.fused_quant(format="mxfp4", dact="gelu", dbias=True, amax=True)(ident),
+           mxq.fused_quant(format="mxfp4")(scaled_shift)]
+    for op in ops:
+        for dtype in ("bf16", "fp32"):
+            assert "cvt.rn.satfinite.e2m1x2.f32" in _ptx(op, "sm_100a", dtype)
+
+
+@pytest.mark.parametrize("dtype, variant", [("bf16", "generic"), ("fp32", "rows8")])
+def test_unaligned_variants_refuse_to_trace(dtype, variant):
+    op = mxq.fused_quant(format="mxfp4")(ident)
+    with pytest.raises(Exception, match="FP4"):
+        _ptx(op, "sm_90", dtype, variant)
+
+
+# -- on the device -----------------------------------------------------------------------------
+@pytest.fixture
+def strict(monkeypatch):
+    """No fallback: every call here is one the kernels serve (MXQ_STRICT=1 raises otherwise)."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+
+
+def _check(op, ins, got, **kw):
+    """Every output byte equal to the reference's; dbias within one ulp of the input dtype (the
+    kernels sum in another order) and a NaN amax any NaN (mxq.testing.compare's rules)."""
+    want = op.reference(*ins, **kw)
+    for f in FIELDS:
+        w = getattr(want, f)
+        if w is not None:
+            g = getattr(got, f)
+            if f == "dbias":
+                gd, wd = g.cpu().double(), w.double()
+                ulp = torch.finfo(w.dtype).eps * wd.abs() + torch.finfo(w.dtype).tiny
+                assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), f
+            elif f == "amax":
+                assert same_bytes(g, w) or bool(g.isnan().cpu() & w.isnan()), f
+            else:
+                assert same_bytes(g.contiguous(), w.contiguous()), f
+
+
+def _specials(m, n, dtype, seed):
+    """planted data (NaN, inf, subnormals, zeros) plus MXFP4's edge blocks: a block of ties and
+    saturating values (amax in [6, 8) * 2^k: floor saturates), a subnormal block, a zero block."""
+    x = planted(m, n, torch.float32, seed=seed)
+    if m >= 3 and n >= 48:
+        ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.1, 7.5, -7.9, 6.0, 0.0, -0.0, 1.0, 3.0])
+        x[0, 32:48] = ties * 2.0 ** 3
+        x[1, :16] = 1e-39 if dtype is torch.float32 else 1e-6
+        x[2, :n] = 0.0
+    return x.to(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3, 1000])
+@pytest.mark.parametrize("n", [16, 48, 200, 4096])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mode, layout", [("floor", "compact"), ("floor", "swizzled"), ("rceil", "compact"),
+                                          ("rceil", "swizzled")])
+def test_rowwise_matches_reference(strict, m, n, dtype, mode, layout):
+    op = mxq.fused_quant(format="mxfp4", scale_mode=mode, scale_layout=layout)(ident)
+    x = _specials(m, n, DTYPES[dtype], seed=m + n)
+    _check(op, [x], op(x.cuda()))
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_fused_ops_match_reference(strict, dtype):
+    t = DTYPES[dtype]
+    x, b = _specials(70, 384, t, seed=1), planted(1, 384, t, seed=2, specials=False).reshape(384)
+    relu = mxq.fused_quant(format="mxfp4", act="relu", amax=True)(ident)
+    _check(relu, [x], relu(x.cuda()))
+    epi = mxq.fused_quant(format="mxfp4", scale_layout="swizzled", scale_mode="rceil")(scaled_shift)
+    _check(epi, [x, b], epi(x.cuda(), b.cuda()))
+    drelu = mxq.fused_quant(format="mxfp4", dact="relu", dbias=True)(ident)
+    a = planted(70, 384, t, seed=5)
+    _check(drelu, [x], drelu(x.cuda(), act_input=a.cuda()), act_input=a)
+    y = _specials(3, 4096, t, seed=6).reshape(3, 2, 2048)  # (leading dims)
+    _check(relu, [y], relu(y.cuda()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_gelu_within_the_transcendental_class(strict, dtype):
+    """gelu's approximate transcendentals: at most 1% of the scales off and, in the blocks of
+    equal scales, at most 1 in 1000 codes, each by one step of the E2M1 grid (signed zeros alike)."""
+    op = mxq.fused_quant(format="mxfp4", act="gelu")(ident)
+    x = planted(96, 512, DTYPES[dtype], seed=4)
+    got, want = op(x.cuda()), op.reference(x)
+    g, w = (fp4.unpack(t.rowwise_data.cpu()).to(torch.int64) for t in (got, want))
+    same_scale = (got.rowwise_scale.cpu() == want.rowwise_scale).repeat_interleave(32, dim=1)[:, :g.shape[1]]
+    off = (g != w) & same_scale  # (a block whose scale differs: every code scaled by 2)
+    step = ((g & 7) - (w & 7)).abs()
+    same_sign = ((g ^ w) & 8 == 0) | ((g & 7) == 0) | ((w & 7) == 0)
+    assert off.float().mean() <= 1e-3 and bool((step[off] <= 1).all() and same_sign[off].all())
+    assert (got.rowwise_scale.cpu() != want.rowwise_scale).float().mean() <= 0.01
+
+
+@pytest.mark.gpu
+def test_unserved_shapes_fall_back_with_the_reference(monkeypatch):
+    op = mxq.fused_quant(format="mxfp4")(ident)
+    x = planted(5, 30, torch.bfloat16, seed=8)  # N % 8 != 0
+    _check(op, [x], op(x.cuda()))  # (after a one-time warning)
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    with pytest.raises(RuntimeError, match="N % 8"):
+        op(x.cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("mode", ["floor", "rceil"])
+def test_kernels_match_the_oracle(strict, dtype, mode):
+    x = _specials(4, 96, DTYPES[dtype], seed=9)
+    got = mxq.quantize(x.cuda(), format="mxfp4", scale_mode=mode)
+    codes, scales = oracle.mxfp4(x.float().tolist(), mode)
+    assert got.rowwise_data.cpu().tolist() == oracle.pack(codes)
+    assert got.rowwise_scale.cpu().tolist() == scales
+    assert math.prod(got.rowwise_data.shape) == 4 * 48
