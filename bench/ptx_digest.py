@@ -7,7 +7,8 @@ layer (a refactor, a rename) compiles to the same code -- no GPU needed.
 Each case is (spec, epilogue, dtype, variant, arch), drawn from device_check.matrix_cases() (every
 combination of plain/act/dact/epilogue x dbias x amax x direction x dtype, on the packed or
 vectorised kernel, the generic one and variant rows8) plus the scale modes, layouts and formats
-(FP8 block scaling's 1x128 blocks: rowwise in both layouts, colwise compact). The PTX is
+(FP8 block scaling's 1x128 blocks: rowwise in both layouts, colwise compact and transposed, with
+and without amax). The PTX is
 normalised before hashing: kernel entry names (derived from Python function names and argument
 types) become their position, and comments and the version header are dropped; what remains is
 the instruction stream ptxas sees.
@@ -45,11 +46,18 @@ def all_cases(quick: bool = False):
     for fp8, mode, layout, colwise in itertools.product(("e4m3", "e5m2"), ("pow2", "fp32"), ("compact", "gemm"),
                                                         (False, True)):
         if colwise and layout == "gemm":
-            continue  # (the transposed copy runs the reference)
+            continue  # (the transposed copy: below)
         v = dict(BASE_SPEC, fp8=fp8, scale_mode=mode, scale_layout=layout, colwise=colwise, format="fp8_block")
         for dtype, variant in (("bf16", "vec"), ("fp16", "generic"), ("fp32", "vec"), ("fp32", "rows8")):
             if not (colwise and dtype == "fp32"):
                 out.append((v, "identity", dtype, variant, "sm_100a" if fp8 == "e5m2" else "sm_90a"))
+    # the GEMM-ready transposed colwise copy and the amax beside colwise blocks (16-bit inputs, aligned rows)
+    for fp8, layout, rowwise, amax in itertools.product(("e4m3", "e5m2"), ("compact", "gemm"), (True, False),
+                                                        (False, True)):
+        if layout == "gemm" or amax:
+            v = dict(BASE_SPEC, fp8=fp8, scale_mode="pow2" if fp8 == "e4m3" else "fp32", scale_layout=layout,
+                     rowwise=rowwise, colwise=True, amax=amax, format="fp8_block")
+            out.append((v, "identity", "bf16" if rowwise else "fp16", "vec", "sm_100a" if fp8 == "e5m2" else "sm_90a"))
     if quick:
         out = out[::7]
     return out

@@ -386,14 +386,12 @@ def kernel_gap(spec: QuantSpec) -> str:
         return "(the format)"
     if spec.block != (1, 128):
         return f"with block={spec.block}"
-    if spec.colwise and spec.scale_layout == "gemm":
-        return "with colwise=True and scale_layout='gemm' (the transposed copy)"
     return ""
 
 
 def has_kernels(spec: QuantSpec) -> bool:
     """Whether a module can be rendered for ``spec``: MXFP8, and FP8 block scaling's 1x128 blocks
-    (rowwise: compact or gemm layout; colwise 128-row blocks: compact)."""
+    (rowwise and colwise 128-row blocks, compact or gemm layout: the transposed colwise copy)."""
     return spec.format in ("mxfp8", "fp8_block") and not kernel_gap(spec)
 
 

@@ -60,7 +60,7 @@ def block_amax_nan(fmt) -> bool:
 def column_max_nan(cfg) -> bool:
     """Whether the packed kernel's column maxima propagate NaN: yes for MXFP8's colwise scales and
     for the tensor amax; no where they make FP8 block scaling's colwise scales (which then
-    cannot also give the amax: limits.fp8_block_unserved, Quantize.launch)."""
+    cannot also give the amax: amax_by_owners)."""
     return block_amax_nan(cfg.fmt) or not cfg.colwise
 
 
@@ -122,11 +122,27 @@ def group_col_scale_offset(gt, c):
     return grouped.col_swizzled_offset(gt.col_sw, gt.col_t512, c)
 
 
+def col_scale_row(fmt, NOUT):
+    """Elements between two 128-row block rows of FP8 block scaling's colwise scales: N (compact,
+    [ceil(M/128), N]) or roundup(N, 4) (GEMM-ready: the transposed copy's 1x128 scales are
+    outer-dim-major, mxq/formats/fp8_block_layouts.gemm_scale)."""
+    if fmt.layout == "gemm":
+        return (NOUT + 3) // 4 * 4
+    return NOUT
+
+
+def amax_by_owners(cfg) -> bool:
+    """Whether the packed kernel's column owners give the tensor amax from the column maxima
+    (which then propagate NaN, column_max_nan); else (FP8 block scaling's colwise scales drop NaN)
+    each thread keeps a NaN-propagating maximum of its own values beside them."""
+    return column_max_nan(cfg)
+
+
 def put_col_scale(fmt, col_scale, gt, c, rb, M, NOUT, e):
     """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None); fp32
-    scales (FP8 block scaling, compact, ungrouped): the dequantization multiplier 1 / e."""
+    scales (FP8 block scaling, ungrouped): the dequantization multiplier 1 / e, at col_scale_row."""
     if fmt.scale == "fp32":
-        col_scale[rb * NOUT + c] = dequantization_scale(e)
+        col_scale[col_scale_row(fmt, NOUT) * rb + c] = dequantization_scale(e)
     elif gt is not None and fmt.swizzled:
         col_scale[group_col_scale_offset(gt, c)] = Uint8(e)
     elif gt is None and fmt.swizzled:

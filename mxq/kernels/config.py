@@ -149,6 +149,13 @@ class KernelConfig:
         return self.colwise or self.amax or self.dbias
 
     @property
+    def transposed(self) -> bool:
+        """The colwise copy is written transposed, [N, M] (FP8 block scaling's GEMM-ready layout):
+        the packed kernel's 128-row tile stages it in shared memory (``packed_buffers``' "tr": the
+        tile's columns as rows of 8-byte chunks) and stores it as 16-byte runs of output rows."""
+        return self.colwise and self.fmt.layout == "gemm"
+
+    @property
     def stage(self) -> bool:
         """Packed kernel: stage the inputs through shared memory with cp.async (ops with
         arithmetic; with plain loads ptxas issues later rows' loads after earlier rows' math)."""
@@ -235,7 +242,7 @@ class KernelConfig:
     def packed_buffers(self, staged, unaligned: bool, grouped: bool = False) -> list:
         """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
         scratch, the wide tile's row-scale bytes, the column maxima (packed words), the inverse
-        column scales, the dbias partial sums, the parked partial output units (unaligned rows:
+        column scales, the transposed colwise copy (``transposed``), the dbias partial sums, the parked partial output units (unaligned rows:
         head and tail of each row, per direction), then each staged source (``staged``: per
         source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
         warps = self.packed_warps(unaligned)
@@ -247,6 +254,8 @@ class KernelConfig:
             out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))
         if self.colwise:
             out.append(Buffer("inv", "f32", (cols,)))
+        if self.transposed:
+            out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
         if self.dbias:
             out.append(Buffer("sum", "f32", (warps, cols)))
         if unaligned:
