@@ -44,7 +44,8 @@ def scaled_shift(x, b, s: float = 1.5):
     (dict(colwise=True, scale_layout="gemm"), torch.bfloat16, 131, "transposed"),
     (dict(colwise=True, scale_layout="gemm"), torch.float32, 128, "fp32"),
     (dict(colwise=True), torch.float32, 128, "fp32"),
-    (dict(block=(128, 128)), torch.bfloat16, 128, "block"),
+    (dict(block=(128, 128)), torch.float32, 128, "fp32"),
+    (dict(block=(128, 128), colwise=True, scale_layout="gemm"), torch.float16, 100, "transposed"),
 ])
 def test_unserved_names_what_has_no_kernel(opts, dtype, n, why):
     spec = QuantSpec(format="fp8_block", **opts)
@@ -164,8 +165,9 @@ def test_source_renders_for_served_specs_only():
     assert "fp8_block" in mxq.fused_quant(format="fp8_block")(ident).source
     assert "fp8_block" in mxq.fused_quant(format="fp8_block", colwise=True)(ident).source
     assert "gemm" in mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident).source
-    with pytest.raises(NotImplementedError, match="block"):
-        mxq.fused_quant(format="fp8_block", block=(128, 128))(ident).source
+    assert "128, 128" in mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True)(ident).source
+    with pytest.raises(NotImplementedError, match="nvfp4"):
+        mxq.fused_quant(format="nvfp4")(ident).source
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -234,6 +236,54 @@ def test_colwise_amax_compiles():
     assert "max.NaN.bf16x2" in ptx and "max.bf16x2" in ptx and "atom.global.max" in ptx
     mx = mxq.fused_quant(colwise=True, amax=True)(ident)
     assert codec.amax_by_owners(codegen.kernel_config(mx.spec, mx.epilogue))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_128x128_tiles_are_served_from_16_bit_inputs(dtype):
+    for opts in (dict(), dict(colwise=True), dict(rowwise=False, colwise=True, scale_layout="gemm"),
+                 dict(colwise=True, scale_layout="gemm", amax=True, dact="relu", dbias=True)):
+        op = mxq.fused_quant(format="fp8_block", block=(128, 128), **opts)(ident)
+        assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 200, dtype=dtype), lambda: None) is None
+        cfg = codegen.kernel_config(op.spec, op.epilogue)
+        assert cfg.tiles and cfg.tile_rows == 128 and cfg.col_reduce and not cfg.wide_tile(False, False)
+        assert not codec.column_max_nan(cfg) and not codec.amax_by_owners(cfg)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype, layout, opts", [("bf16", "compact", dict()), ("fp16", "gemm", dict()),
+                                                 ("bf16", "compact", dict(colwise=True)),
+                                                 ("fp16", "compact", dict(rowwise=False, colwise=True)),
+                                                 ("bf16", "gemm", dict(colwise=True, amax=True))])
+def test_128x128_tiles_compile(arch, dtype, layout, opts):
+    """128x128 tiles: the 128-row tile; no per-row scales (no row-block shuffles), the column
+    owners' NaN-dropping maxima reduced per half-warp (4 shuffles) and over the owner warps; one
+    scale division and one 1 / scale per tile and direction."""
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), scale_layout=layout, **opts)(ident)
+    ptx = _ptx(op, arch, dtype)
+    assert ".reqntid 512, 1, 1" in ptx
+    assert ptx.count("shfl.sync.bfly") == 4 + (5 if opts.get("amax") else 0)  # (amax: warp_max)
+    assert ("max.NaN" in ptx) == bool(opts.get("amax"))
+    assert "div.rn.f32" in ptx and "cvt.rn.satfinite" in ptx
+    assert ("prmt.b32" in ptx) == (layout == "gemm" and bool(opts.get("colwise")))
+
+
+@pytest.mark.parametrize("m, n", [(1, 1), (129, 200), (300, 1000), (512, 128)])
+def test_tile_offsets_land_on_the_logical_scales(m, n):
+    """codec.tile_scale_offset (plain integers) over launch.flat_scale's buffers: tile (rb, b)'s
+    scale lands at [rb, b] of the rowwise tile grid and [b, rb] of the transposed copy's, in the
+    GEMM-ready padded views; compact: the same [mb, nb] grid for both directions."""
+    mb, nb = -(-m // 128), -(-n // 128)
+    gemm = Format.fp8_block("e4m3", (128, 128), "pow2", "gemm")
+    row, col = fp8_block_layouts.gemm_scale(m, n, True, "cpu"), fp8_block_layouts.gemm_scale(n, m, True, "cpu")
+    for rb in range(mb):
+        for b in range(nb):
+            launch.flat_scale(row)[codec.tile_scale_offset(gemm, rb, b, mb, nb, False)] = rb * 1000 + b
+            launch.flat_scale(col)[codec.tile_scale_offset(gemm, rb, b, mb, nb, True)] = rb * 1000 + b
+    assert row.tolist() == [[rb * 1000 + b for b in range(nb)] for rb in range(mb)]
+    assert col.tolist() == [[rb * 1000 + b for rb in range(mb)] for b in range(nb)]
+    compact = Format.fp8_block("e4m3", (128, 128), "pow2", "compact")
+    assert [codec.tile_scale_offset(compact, rb, b, mb, nb, c) for c in (False, True)
+            for rb in range(mb) for b in range(nb)] == list(range(mb * nb)) * 2
 
 
 def _prmt(a, b, selector):
@@ -434,6 +484,46 @@ def test_colwise_amax_matches_reference(shape, dtype, layout):
         got = op(x.cuda(), out=poisoned(op, x.cuda()))
         _check(op, [x], got)
         assert got.amax.isnan().item() == (specials and bool(x.isnan().any()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["compact", "gemm"])
+@pytest.mark.parametrize("rowwise, colwise", [(True, False), (False, True), (True, True)])
+def test_128x128_tiles_match_reference(shape, dtype, layout, rowwise, colwise):
+    """128x128 tiles, one scale per tile shared by both copies (a NaN-dropping max over the tile):
+    partial tiles at M and N, NaN, inf and subnormal blocks; amax on the odd shapes."""
+    fp8, mode = ("e4m3", "pow2") if shape[1] % 3 else ("e5m2", "fp32")
+    amax = shape[0] % 2 == 1
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), fp8=fp8, scale_mode=mode, scale_layout=layout,
+                         rowwise=rowwise, colwise=colwise, amax=amax)(ident)
+    x = _colwise_specials(*shape, DTYPES[dtype], seed=shape[0] * 3 + shape[1])
+    if shape[0] >= 256 and shape[1] >= 256:  # a tile of NaN alone (amax 0, scale 1), one NaN in a tile
+        x[128:256, 128:256] = float("nan")
+        x[0, 200] = float("nan")
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_128x128_fused_and_unaligned_match_reference(dtype):
+    """128x128 tiles after act, dact + dbias, a user epilogue; unaligned rows (N % 8 != 0,
+    compact: the packed kernel's unaligned variants)."""
+    t = DTYPES[dtype]
+    x, b = _colwise_specials(300, 264, t, seed=41), planted(1, 264, t, seed=42, specials=False).reshape(264)
+    epi = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True, scale_layout="gemm")(scaled_shift)
+    _check(epi, [x, b], epi(x.cuda(), b.cuda()))
+    a = planted(300, 264, t, seed=43)
+    for opts in (dict(act="relu", amax=True), dict(dact="relu", dbias=True, colwise=True),
+                 dict(dbias=True, rowwise=False, colwise=True, scale_layout="gemm")):
+        op = mxq.fused_quant(format="fp8_block", block=(128, 128), **opts)(ident)
+        kw = {"act_input": a} if "dact" in opts else {}
+        _check(op, [x], op(x.cuda(), **{k: v.cuda() for k, v in kw.items()}), **kw)
+    u = _specials(200, 261, t, seed=44)
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True)(ident)
+    _check(op, [u], op(u.cuda(), out=poisoned(op, u.cuda(), row_align=1)))  # (variant generic)
+    _check(op, [u], op(u.cuda()))  # (rows padded: variant rows8)
 
 
 @pytest.mark.gpu

@@ -384,14 +384,12 @@ def kernel_gap(spec: QuantSpec) -> str:
         return ""
     if spec.format != "fp8_block":
         return "(the format)"
-    if spec.block != (1, 128):
-        return f"with block={spec.block}"
     return ""
 
 
 def has_kernels(spec: QuantSpec) -> bool:
-    """Whether a module can be rendered for ``spec``: MXFP8, and FP8 block scaling's 1x128 blocks
-    (rowwise and colwise 128-row blocks, compact or gemm layout: the transposed colwise copy)."""
+    """Whether a module can be rendered for ``spec``: MXFP8, and FP8 block scaling (1x128 rowwise
+    and 128-row colwise blocks, 128x128 tiles; compact or gemm layout: the transposed colwise copy)."""
     return spec.format in ("mxfp8", "fp8_block") and not kernel_gap(spec)
 
 

@@ -59,9 +59,9 @@ def block_amax_nan(fmt) -> bool:
 
 def column_max_nan(cfg) -> bool:
     """Whether the packed kernel's column maxima propagate NaN: yes for MXFP8's colwise scales and
-    for the tensor amax; no where they make FP8 block scaling's colwise scales (which then
-    cannot also give the amax: amax_by_owners)."""
-    return block_amax_nan(cfg.fmt) or not cfg.colwise
+    for the tensor amax; no where they make FP8 block scaling's colwise or 128x128 tile scales
+    (which then cannot also give the amax: amax_by_owners)."""
+    return block_amax_nan(cfg.fmt) or not (cfg.colwise or cfg.tiles)
 
 
 def block_lanes(fmt, vec: int) -> int:
@@ -129,6 +129,17 @@ def col_scale_row(fmt, NOUT):
     if fmt.layout == "gemm":
         return (NOUT + 3) // 4 * 4
     return NOUT
+
+
+def tile_scale_offset(fmt, rb, blk, mb, nb, colwise: bool):
+    """Offset of 128x128 tile (rb, blk)'s scale in a [mb, nb] tile grid: compact, both directions
+    row-major (the same bytes); GEMM-ready, padded to rows of roundup(nb, 4) (rowwise) or, for
+    the transposed copy's [nb, mb] grid, roundup(mb, 4) (mxq/formats/fp8_block_layouts.gemm_scale)."""
+    if fmt.layout != "gemm":
+        return rb * nb + blk
+    if colwise:
+        return blk * ((mb + 3) // 4 * 4) + rb
+    return rb * ((nb + 3) // 4 * 4) + blk
 
 
 def amax_by_owners(cfg) -> bool:

@@ -224,7 +224,7 @@ class PackedKernel:
             owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
             if cutlass.const_expr(cfg.col_reduce):
                 self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
-            sc = self.column_scales(owners.rec(smem={"inv": sInv})) if cutlass.const_expr(cfg.colwise) else None
+            sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv}), io.rec(), sr)
             if cutlass.const_expr(UNALIGNED):
                 self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
                                                      Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
@@ -409,7 +409,10 @@ class PackedKernel:
     # -- scales --------------------------------------------------------------------------------
     def row_scale_phase(self):
         """The row-scale phase of the config's format: row_scales for 1x32 blocks (4 lanes),
-        row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes)."""
+        row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes); none for 128x128
+        tiles (their scales come from the column owners: block_multipliers)."""
+        if self.cfg.tiles:
+            return lambda k, t, io, absw: None
         return self.row_scales if self.cfg.fmt.block[1] == 32 else self.row_block_scales
 
     @cute.jit
@@ -583,7 +586,9 @@ class PackedKernel:
                 cw = dev.pk_max(cw, sMax[w, p], is_bf16, codec.column_max_nan(cfg))
             if cutlass.const_expr(OWN_AMAX):
                 tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
-            if cutlass.const_expr(cfg.colwise):
+            if cutlass.const_expr(cfg.tiles):
+                self.tile_partial(t, dev.pk_amax(cw, is_bf16, False))
+            elif cutlass.const_expr(cfg.colwise):
                 self.column_pair_scales(k, t, io, Ns, p, cw)
         if cutlass.const_expr(OWN_AMAX):
             tm = dev.warp_max(tm)
@@ -615,6 +620,49 @@ class PackedKernel:
                     codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc + 1, rb, M, t.NOUT, e_hi)
             else:
                 codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc + 1, rb, M, t.NOUT, e_hi)
+
+    # -- 128x128 tiles (FP8 block scaling's block=(128, 128), KernelConfig.tiles) ------------------
+    @cute.jit
+    def tile_partial(self, t, cmax):
+        """An owner warp's column maxima (``cmax``: its word's two columns, NaN dropped) reduced over
+        each half-warp (lanes 16h .. 16h + 15 own the CTA's tile h: columns 128h .. 128h + 127) to
+        "inv"[warp * 2 + h] (tiles have no column scales to leave there)."""
+        for off in cutlass.range_constexpr(4):
+            cmax = cute.arch.fmax(cmax, cute.arch.shuffle_sync_bfly(cmax, offset=8 >> off))
+        if t.lane % 16 == 0:
+            t.smem["inv"][t.warp * 2 + t.lane // 16] = cmax
+
+    def block_multipliers(self, k, t, io, sr):
+        """(row multipliers, column multipliers) of the stores: the row-scale phase's ``sr`` and
+        the colwise scales the owners left (column_scales); 128x128 tiles: the tile scale of the
+        thread's columns (tile_scales) for both."""
+        if self.cfg.tiles:
+            e = self.tile_scales(k, t, io)
+            m = codec.multiplier(self.cfg.fmt, e)
+            return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
+        return sr, (self.column_scales(t) if self.cfg.colwise else None)
+
+    @cute.jit
+    def tile_scales(self, k, t, io):
+        """The scale of the thread's 128x128 tile (h = lane // 16): the owner warps' partial
+        maxima (tile_partial) reduced, TransformerEngine's rule; lanes 0 and 16 of warp 0 store
+        tile h's 1 / scale in each direction's layout (codec.tile_scale_offset; one value serves
+        both copies, as the reference's single tile amax)."""
+        cfg = self.cfg
+        cute.arch.sync_threads()
+        h = t.lane // 16
+        amax = t.smem["inv"][h]
+        for w in cutlass.range_constexpr(1, 32 * PKW // 32):
+            amax = cute.arch.fmax(amax, t.smem["inv"][w * 2 + h])
+        e = codec.block_scale(cfg.fmt, amax, k.use_hw_e8m0, k.IN_MAX)
+        mb, nb = (io.M + 127) // 128, (io.N + 127) // 128
+        blk = t.cb * 2 + h
+        if t.warp == 0 and t.lane % 16 == 0 and blk < nb and t.Ms > 0:
+            if cutlass.const_expr(cfg.rowwise):
+                io.row_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, False)] = codec.dequantization_scale(e)
+            if cutlass.const_expr(cfg.colwise):
+                io.col_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, True)] = codec.dequantization_scale(e)
+        return e
 
     def column_scales(self, t):
         """The thread's VEC inverse column scales, once the owners have written them."""

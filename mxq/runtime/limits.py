@@ -47,8 +47,8 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an FP8 block-scaling call the kernels do not serve, or None. They serve 1x128
     rowwise blocks (compact or gemm layout) and, from 16-bit inputs, colwise 128-row blocks
     (the packed kernel's 128-row tile, KernelConfig.tile_rows; compact, or the GEMM-ready
-    transposed copy from aligned rows, _aligned_rows; with or without amax), of ungrouped,
-    one-output-half ops; fp32 inputs only where the FP8 rows start on 8-byte
+    transposed copy from aligned rows, _aligned_rows; with or without amax) and 128x128 tiles
+    (the same tile, either layout and direction), of ungrouped, one-output-half ops; fp32 inputs only where the FP8 rows start on 8-byte
     boundaries (the vectorised kernel, aligned or with staged rows: launch.variant_for picks
     "vec" or "rows8"; the element-wise kernel serves 1x32 blocks only), which mxq's own outputs
     always do."""
@@ -59,8 +59,8 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with a gated backward (two output halves) has no GPU kernels yet"
     if call is not None and call.group_offsets is not None:
         return "with group_offsets has no GPU kernels yet"
-    if spec.colwise and x.dtype == torch.float32:
-        return "with colwise=True and fp32 inputs has no GPU kernels yet"
+    if (spec.colwise or spec.block[0] > 1) and x.dtype == torch.float32:
+        return "with colwise=True or block=(128, 128) and fp32 inputs has no GPU kernels yet"
     if spec.colwise and spec.scale_layout == "gemm" and not _aligned_rows(x, call):
         return ("with colwise=True and scale_layout='gemm' (the transposed copy) from inputs with N % 8 != 0 or "
                 "not 16-byte aligned rows has no GPU kernels yet")
