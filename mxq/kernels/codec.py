@@ -3,9 +3,9 @@
 The kernels call these with their config's ``Format`` (mxq/formats/format.py) and branch on it
 only through ``cutlass.const_expr`` (plain Python at trace time): a new format is a new case
 here, not a new branch in every kernel. MXFP8 (E8M0 scales, FP8 elements) and FP8 block
-scaling's 1x128 blocks (fp32 scales by TransformerEngine's rule, ``fmt.scale == "fp32"``; rowwise,
-and colwise 128-row blocks in the packed kernel's 128-row tile) are implemented: device.py holds
-their exact arithmetic.
+scaling (fp32 scales by TransformerEngine's rule, ``fmt.scale == "fp32"``: 1x128 rowwise blocks,
+colwise 128-row blocks and 128x128 tiles in the packed kernel's 128-row tile, compact or
+GEMM-ready) are implemented: device.py holds their exact arithmetic.
 
 A block's scale ``e`` (block_scale) is what the format computes once per block: an E8M0 byte
 (Int32) for MXFP8, the fp32 quantization multiplier for FP8 block scaling. ``multiplier`` is what
