@@ -48,10 +48,10 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     rowwise blocks (compact or gemm layout) and, from 16-bit inputs, colwise 128-row blocks
     (the packed kernel's 128-row tile, KernelConfig.tile_rows; compact, or the GEMM-ready
     transposed copy from aligned rows, _aligned_rows; with or without amax) and 128x128 tiles
-    (the same tile, either layout and direction), of ungrouped, one-output-half ops; fp32 inputs only where the FP8 rows start on 8-byte
-    boundaries (the vectorised kernel, aligned or with staged rows: launch.variant_for picks
-    "vec" or "rows8"; the element-wise kernel serves 1x32 blocks only), which mxq's own outputs
-    always do."""
+    (the same tile, either layout and direction), of ungrouped, one-output-half ops; fp32 inputs
+    rowwise 1x128 blocks only, where the FP8 rows start on 8-byte boundaries (the vectorised
+    kernel, aligned or with staged rows: launch.variant_for picks "vec" or "rows8"; the
+    element-wise kernel serves 1x32 blocks only), which mxq's own outputs always do."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
