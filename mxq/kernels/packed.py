@@ -412,8 +412,12 @@ class PackedKernel:
         row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes); none for 128x128
         tiles (their scales come from the column owners: block_multipliers)."""
         if self.cfg.tiles:
-            return lambda k, t, io, absw: None
+            return self.no_row_scales
         return self.row_scales if self.cfg.fmt.block[1] == 32 else self.row_block_scales
+
+    def no_row_scales(self, k, t, io, absw):
+        """128x128 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
+        return None
 
     @cute.jit
     def row_scales(self, k, t, io, absw):
