@@ -3,8 +3,9 @@
     python bench/fp8_block.py [--out DIR] [--no-peers] [--quick] [--step] [--variants 'k=v,...;k=v']
 
 At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each of mxq's
-rows (1x128 rowwise compact and GEMM-ready, 128-row colwise, both, gelu, dgelu + dbias, a user
-epilogue with a bias, SwiGLU forward) is checked against the reference on the GPU (exact class:
+rows (1x128 rowwise compact and GEMM-ready, 128-row colwise compact and transposed, both, both with
+amax, 128x128 tiles rowwise and both, gelu, dgelu + dbias, a user epilogue with a bias, SwiGLU
+forward) is checked against the reference on the GPU (exact class:
 byte for byte; transcendental: mxq.testing.compare's class), then timed by
 bench/device_check.py's busy-GPU method against a 1 GiB copy; torchao's kernels on the same
 input (1x128 lhs, 128x1 rhs, the transposed lhs, 128x128 weights) are timed in the same process
@@ -47,6 +48,11 @@ def moved(m, n, rowwise=True, colwise=False, inputs=1, extra=0):
     return 2 * m * n * inputs + (rowwise + colwise) * m * n + scale_bytes(m, n, rowwise, colwise) + extra
 
 
+def tile_moved(m, n, copies=1):
+    """Bytes of a 128x128-tile op: bf16 read once, ``copies`` FP8 copies and their fp32 tile scales."""
+    return 2 * m * n + copies * (m * n + 4 * -(-m // 128) * -(-n // 128))
+
+
 def mxq_cases(m, n):
     """name -> (op, args, kwargs, moved bytes, exact)."""
     fb = dict(format="fp8_block")
@@ -55,6 +61,11 @@ def mxq_cases(m, n):
         "rowwise_gemm": (dict(fb, scale_layout="gemm"), moved(m, n), True),
         "colwise_compact": (dict(fb, rowwise=False, colwise=True), moved(m, n, False, True), True),
         "both_compact": (dict(fb, colwise=True), moved(m, n, True, True), True),
+        "colwise_gemm": (dict(fb, rowwise=False, colwise=True, scale_layout="gemm"), moved(m, n, False, True), True),
+        "both_gemm": (dict(fb, colwise=True, scale_layout="gemm"), moved(m, n, True, True), True),
+        "both_amax_compact": (dict(fb, colwise=True, amax=True), moved(m, n, True, True), True),
+        "tiles_rowwise_gemm": (dict(fb, block=(128, 128), scale_layout="gemm"), tile_moved(m, n), True),
+        "tiles_both_gemm": (dict(fb, block=(128, 128), colwise=True, scale_layout="gemm"), tile_moved(m, n, 2), True),
         "gelu_rowwise_gemm": (dict(fb, act="gelu", scale_layout="gemm"), moved(m, n), False),
         "dgelu_dbias_both": (dict(fb, colwise=True, dact="gelu", dbias=True), moved(m, n, True, True, 2, 2 * n), False),
     }
@@ -176,13 +187,15 @@ def main():
         rows.append(run_mxq("swiglu_fwd_rowwise", dict(format="fp8_block", act="swiglu"),
                             moved(m, n, inputs=2), False, x, copy_gbps, args=[gu]))  # (x: the output's shape)
         for name, fn in peers.items():
-            mv = moved(m, n, name != "colwise", name == "colwise") if name != "weight_128x128" else \
-                2 * m * n + m * n + 4 * -(-m // 128) * -(-n // 128)
+            mv = moved(m, n, name != "colwise", name == "colwise") if name != "weight_128x128" else tile_moved(m, n)
             rows.append(run_torchao(name, fn, x, mv, copy_gbps))
         if peers:
             for mine, theirs, label in [("mxq/rowwise_gemm", ["torchao/rowwise"], "rowwise"),
                                         ("mxq/colwise_compact", ["torchao/colwise"], "colwise"),
-                                        ("mxq/both_compact", ["torchao/rowwise", "torchao/colwise"], "both")]:
+                                        ("mxq/both_compact", ["torchao/rowwise", "torchao/colwise"], "both"),
+                                        ("mxq/colwise_gemm", ["torchao/transposed"], "transposed"),
+                                        ("mxq/both_gemm", ["torchao/rowwise", "torchao/transposed"], "both_gemm"),
+                                        ("mxq/tiles_rowwise_gemm", ["torchao/weight_128x128"], "weight_128x128")]:
                 r = pair([r for r in rows if r.get("M") == m and r.get("N") == n], mine, theirs, label)
                 if r is not None:
                     rows.append(r)

@@ -7,8 +7,9 @@ layer (a refactor, a rename) compiles to the same code -- no GPU needed.
 Each case is (spec, epilogue, dtype, variant, arch), drawn from device_check.matrix_cases() (every
 combination of plain/act/dact/epilogue x dbias x amax x direction x dtype, on the packed or
 vectorised kernel, the generic one and variant rows8) plus the scale modes, layouts and formats
-(FP8 block scaling's 1x128 blocks: rowwise in both layouts, colwise compact; MXFP4's rowwise
-blocks on the aligned kernels, sm_90's integer E2M1 encode and sm_100a's cvt). The PTX is
+(FP8 block scaling: 1x128 rowwise blocks in both layouts, 128-row colwise blocks compact and
+transposed, with and without amax; 128x128 tiles; MXFP4's rowwise blocks on the aligned kernels,
+sm_90's integer E2M1 encode and sm_100a's cvt). The PTX is
 normalised before hashing: kernel entry names (derived from Python function names and argument
 types) become their position, and comments and the version header are dropped; what remains is
 the instruction stream ptxas sees.
@@ -46,7 +47,7 @@ def all_cases(quick: bool = False):
     for fp8, mode, layout, colwise in itertools.product(("e4m3", "e5m2"), ("pow2", "fp32"), ("compact", "gemm"),
                                                         (False, True)):
         if colwise and layout == "gemm":
-            continue  # (the transposed copy runs the reference)
+            continue  # (the transposed copy: below)
         v = dict(BASE_SPEC, fp8=fp8, scale_mode=mode, scale_layout=layout, colwise=colwise, format="fp8_block")
         for dtype, variant in (("bf16", "vec"), ("fp16", "generic"), ("fp32", "vec"), ("fp32", "rows8")):
             if not (colwise and dtype == "fp32"):
@@ -55,6 +56,19 @@ def all_cases(quick: bool = False):
         v = dict(BASE_SPEC, scale_mode=mode, scale_layout=layout, format="mxfp4", act=act)
         for dtype, arch in (("bf16", "sm_90"), ("fp16", "sm_100a"), ("fp32", "sm_90"), ("fp32", "sm_100a")):
             out.append((v, "identity", dtype, "vec", arch))  # (MXFP4: the aligned kernels alone)
+    # the GEMM-ready transposed colwise copy and the amax beside colwise blocks (16-bit inputs, aligned rows)
+    for fp8, layout, rowwise, amax in itertools.product(("e4m3", "e5m2"), ("compact", "gemm"), (True, False),
+                                                        (False, True)):
+        if layout == "gemm" or amax:
+            v = dict(BASE_SPEC, fp8=fp8, scale_mode="pow2" if fp8 == "e4m3" else "fp32", scale_layout=layout,
+                     rowwise=rowwise, colwise=True, amax=amax, format="fp8_block")
+            out.append((v, "identity", "bf16" if rowwise else "fp16", "vec", "sm_100a" if fp8 == "e5m2" else "sm_90a"))
+    # 128x128 tiles (rowwise, colwise, both; either layout)
+    for layout, (rowwise, colwise), amax in itertools.product(("compact", "gemm"), ((True, False), (False, True),
+                                                                                   (True, True)), (False, True)):
+        v = dict(BASE_SPEC, fp8="e4m3", scale_mode="pow2", scale_layout=layout, rowwise=rowwise, colwise=colwise,
+                 amax=amax, format="fp8_block", block=(128, 128))
+        out.append((v, "identity", "fp16" if amax else "bf16", "vec", "sm_90a"))
     if quick:
         out = out[::7]
     return out

@@ -130,6 +130,6 @@ def main(steps=300, batch=128):
 if __name__ == "__main__":
     import warnings
 
-    with warnings.catch_warnings():  # (CUDA calls run the torch reference until fp8_block's kernels land)
+    with warnings.catch_warnings():  # (a CUDA call the kernels do not serve runs the torch reference)
         warnings.filterwarnings("ignore", message="mxq: running the torch reference")
         main()

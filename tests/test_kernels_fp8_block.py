@@ -1,6 +1,8 @@
 """FP8 block scaling on the kernels: 1x128 rowwise blocks (mxq/kernels/codec.py's fp32-scale
 format, packed.PackedKernel.row_block_scales, vectorized.VectorizedKernel.row_scale) and colwise
-128-row blocks (the packed kernel's 128-row tile, KernelConfig.tile_rows).
+128-row blocks (the packed kernel's 128-row tile, KernelConfig.tile_rows), compact or as the
+GEMM-ready transposed copy (KernelConfig.transposed, packed.PackedKernel.store_transposed_rows),
+with or without the tensor amax.
 
 CPU: what the kernels serve (limits.fp8_block_unserved), the module renders, the kernels compile
 for sm_90a and sm_100a with TransformerEngine's arithmetic in their PTX, and the GEMM-ready
@@ -38,17 +40,37 @@ def scaled_shift(x, b, s: float = 1.5):
 
 
 # -- what is served ------------------------------------------------------------------------------
-@pytest.mark.parametrize("opts, dtype, why", [
-    (dict(colwise=True, scale_layout="gemm"), torch.bfloat16, "gemm"),
-    (dict(colwise=True, amax=True), torch.bfloat16, "amax"),
-    (dict(colwise=True), torch.float32, "fp32"),
-    (dict(block=(128, 128)), torch.bfloat16, "block"),
+@pytest.mark.parametrize("opts, dtype, n, why", [
+    (dict(colwise=True, scale_layout="gemm"), torch.bfloat16, 131, "transposed"),
+    (dict(colwise=True, scale_layout="gemm"), torch.float32, 128, "fp32"),
+    (dict(colwise=True), torch.float32, 128, "fp32"),
+    (dict(block=(128, 128)), torch.float32, 128, "fp32"),
+    (dict(block=(128, 128), colwise=True, scale_layout="gemm"), torch.float16, 100, "transposed"),
 ])
-def test_unserved_names_what_has_no_kernel(opts, dtype, why):
+def test_unserved_names_what_has_no_kernel(opts, dtype, n, why):
     spec = QuantSpec(format="fp8_block", **opts)
     reason = limits.unserved(spec, mxq.fused_quant(format="fp8_block", **opts)(ident).epilogue,
-                             torch.zeros(4, 128, dtype=dtype), lambda: None)
+                             torch.zeros(4, n, dtype=dtype), lambda: None)
     assert "fp8_block" in reason and why in reason
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_transposed_copy_and_colwise_amax_are_served(dtype):
+    """The GEMM-ready colwise copy from aligned rows (N % 8 == 0, 16-byte aligned rows a multiple
+    of 8 elements apart), and the amax beside colwise blocks in either layout."""
+    from mxq.runtime.call import Call
+
+    for opts in (dict(colwise=True, scale_layout="gemm"), dict(rowwise=False, colwise=True, scale_layout="gemm"),
+                 dict(colwise=True, amax=True), dict(colwise=True, scale_layout="gemm", amax=True, dbias=True)):
+        op = mxq.fused_quant(format="fp8_block", **opts)(ident)
+        assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 200, dtype=dtype), lambda: None) is None
+    op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident)
+    rows = torch.zeros(4, 204, dtype=dtype)[:, :200]  # (rows 204 elements apart)
+    assert "transposed" in limits.unserved(op.spec, op.epilogue, rows, lambda: None, Call([rows], []))
+    epi = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(scaled_shift)
+    x, b = torch.zeros(4, 200, dtype=dtype), torch.zeros(201, dtype=dtype)
+    assert limits.unserved(epi.spec, epi.epilogue, x, lambda: None, Call([x, b[:200]], [])) is None
+    assert "transposed" in limits.unserved(epi.spec, epi.epilogue, x, lambda: None, Call([x, b[1:]], []))
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES.values()))
@@ -142,8 +164,10 @@ def test_element_wise_kernel_refuses_wide_blocks():
 def test_source_renders_for_served_specs_only():
     assert "fp8_block" in mxq.fused_quant(format="fp8_block")(ident).source
     assert "fp8_block" in mxq.fused_quant(format="fp8_block", colwise=True)(ident).source
-    with pytest.raises(NotImplementedError, match="transposed"):
-        mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident).source
+    assert "gemm" in mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident).source
+    assert "128, 128" in mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True)(ident).source
+    with pytest.raises(NotImplementedError, match="nvfp4"):
+        mxq.fused_quant(format="nvfp4")(ident).source
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
@@ -176,6 +200,130 @@ def test_colwise_refuses_to_trace_what_it_does_not_serve():
     op = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
     with pytest.raises(Exception, match="128 rows"):
         _ptx(op, "sm_90a", "fp32")
+    op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident)
+    with pytest.raises(Exception, match="aligned rows"):
+        _ptx(op, "sm_90a", "bf16", "generic")
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype, opts", [("bf16", dict(amax=True)), ("fp16", dict(rowwise=False)),
+                                         ("bf16", dict(dact="relu", dbias=True)), ("fp16", dict(act="relu"))])
+def test_transposed_copy_compiles(arch, dtype, opts):
+    """The GEMM-ready colwise copy: the 128-row tile, each thread's 8x8 bytes transposed in
+    registers (32 prmt), staged in shared memory as 8-byte chunks and stored as 16-byte runs (or
+    bytes); colwise scales still IEEE divisions; the amax NaN-propagating beside NaN-dropping
+    column maxima (one atomic per warp)."""
+    op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", **opts)(ident)
+    ptx = _ptx(op, arch, dtype)
+    assert ".reqntid 512, 1, 1" in ptx
+    assert ptx.count("prmt.b32") == 32
+    assert ptx.count("st.shared.u64") + ptx.count("st.shared.b64") >= 8  # (dbias: its reduction's too)
+    assert ptx.count("ld.shared.u64") + ptx.count("ld.shared.b64") >= 8
+    assert ptx.count("st.global.v4.b32") == 4 and "st.global.b8" in ptx
+    assert ptx.count("div.rn.f32") >= 4
+    assert ("max.NaN" in ptx) == bool(opts.get("amax"))
+    assert ("atom.global.max" in ptx) == bool(opts.get("amax"))
+    assert codegen.kernel_config(op.spec, op.epilogue).transposed
+
+
+def test_colwise_amax_compiles():
+    """amax beside compact colwise blocks: NaN-dropping column maxima for the scales, a
+    NaN-propagating maximum per thread for the amax (codec.amax_by_owners)."""
+    op = mxq.fused_quant(format="fp8_block", colwise=True, amax=True)(ident)
+    cfg = codegen.kernel_config(op.spec, op.epilogue)
+    assert not codec.amax_by_owners(cfg) and not codec.column_max_nan(cfg)
+    ptx = _ptx(op, "sm_90a", "bf16")
+    assert "max.NaN.bf16x2" in ptx and "max.bf16x2" in ptx and "atom.global.max" in ptx
+    mx = mxq.fused_quant(colwise=True, amax=True)(ident)
+    assert codec.amax_by_owners(codegen.kernel_config(mx.spec, mx.epilogue))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_128x128_tiles_are_served_from_16_bit_inputs(dtype):
+    for opts in (dict(), dict(colwise=True), dict(rowwise=False, colwise=True, scale_layout="gemm"),
+                 dict(colwise=True, scale_layout="gemm", amax=True, dact="relu", dbias=True)):
+        op = mxq.fused_quant(format="fp8_block", block=(128, 128), **opts)(ident)
+        assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 200, dtype=dtype), lambda: None) is None
+        cfg = codegen.kernel_config(op.spec, op.epilogue)
+        assert cfg.tiles and cfg.tile_rows == 128 and cfg.col_reduce and not cfg.wide_tile(False, False)
+        assert not codec.column_max_nan(cfg) and not codec.amax_by_owners(cfg)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype, layout, opts", [("bf16", "compact", dict()), ("fp16", "gemm", dict()),
+                                                 ("bf16", "compact", dict(colwise=True)),
+                                                 ("fp16", "compact", dict(rowwise=False, colwise=True)),
+                                                 ("bf16", "gemm", dict(colwise=True, amax=True))])
+def test_128x128_tiles_compile(arch, dtype, layout, opts):
+    """128x128 tiles: the 128-row tile; no per-row scales (no row-block shuffles), the column
+    owners' NaN-dropping maxima reduced per half-warp (4 shuffles) and over the owner warps; one
+    scale division and one 1 / scale per tile and direction."""
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), scale_layout=layout, **opts)(ident)
+    ptx = _ptx(op, arch, dtype)
+    assert ".reqntid 512, 1, 1" in ptx
+    assert ptx.count("shfl.sync.bfly") == 4 + (5 if opts.get("amax") else 0)  # (amax: warp_max)
+    assert ("max.NaN" in ptx) == bool(opts.get("amax"))
+    assert "div.rn.f32" in ptx and "cvt.rn.satfinite" in ptx
+    assert ("prmt.b32" in ptx) == (layout == "gemm" and bool(opts.get("colwise")))
+
+
+@pytest.mark.parametrize("m, n", [(1, 1), (129, 200), (300, 1000), (512, 128)])
+def test_tile_offsets_land_on_the_logical_scales(m, n):
+    """codec.tile_scale_offset (plain integers) over launch.flat_scale's buffers: tile (rb, b)'s
+    scale lands at [rb, b] of the rowwise tile grid and [b, rb] of the transposed copy's, in the
+    GEMM-ready padded views; compact: the same [mb, nb] grid for both directions."""
+    mb, nb = -(-m // 128), -(-n // 128)
+    gemm = Format.fp8_block("e4m3", (128, 128), "pow2", "gemm")
+    row, col = fp8_block_layouts.gemm_scale(m, n, True, "cpu"), fp8_block_layouts.gemm_scale(n, m, True, "cpu")
+    for rb in range(mb):
+        for b in range(nb):
+            launch.flat_scale(row)[codec.tile_scale_offset(gemm, rb, b, mb, nb, False)] = rb * 1000 + b
+            launch.flat_scale(col)[codec.tile_scale_offset(gemm, rb, b, mb, nb, True)] = rb * 1000 + b
+    assert row.tolist() == [[rb * 1000 + b for b in range(nb)] for rb in range(mb)]
+    assert col.tolist() == [[rb * 1000 + b for rb in range(mb)] for b in range(nb)]
+    compact = Format.fp8_block("e4m3", (128, 128), "pow2", "compact")
+    assert [codec.tile_scale_offset(compact, rb, b, mb, nb, c) for c in (False, True)
+            for rb in range(mb) for b in range(nb)] == list(range(mb * nb)) * 2
+
+
+def _prmt(a, b, selector):
+    """PTX prmt.b32 (default mode) on host integers."""
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    return sum(src[(selector >> (4 * i)) & 7] << (8 * i) for i in range(4))
+
+
+def test_register_transpose_on_host(monkeypatch):
+    """device.transpose8x8 with prmt evaluated on host integers: column c's two words hold byte c
+    of rows 0-3 and 4-7."""
+    from mxq.kernels import device as dev
+
+    monkeypatch.setattr(dev, "prmt", _prmt)
+    rows = [[sum((16 * i + c) << (8 * c) for c in range(4)), sum((16 * i + 4 + c) << (8 * c) for c in range(4))]
+            for i in range(8)]
+    cols = dev.transpose8x8(rows)
+    for c in range(8):
+        got = [(cols[c][i // 4] >> (8 * (i % 4))) & 0xFF for i in range(8)]
+        assert got == [16 * i + c for i in range(8)], c
+
+
+def test_transposed_staging_is_a_conflict_free_bijection():
+    """packed.PackedKernel.transposed_chunk: each column's 16 chunks land on its own 16 slots; a
+    half-warp's 8-byte stores (lanes 8 columns apart, one warp's chunk) and loads (8 lanes per
+    column, two columns) touch 16 distinct bank pairs."""
+    from mxq.kernels.packed import TR_CHUNKS, VCOLS, PackedKernel
+
+    at = PackedKernel.transposed_chunk
+    for c in range(VCOLS):
+        assert sorted(at(c, q) for q in range(TR_CHUNKS)) == list(range(c * TR_CHUNKS, (c + 1) * TR_CHUNKS))
+    for w in range(TR_CHUNKS):
+        for k in range(8):
+            for half in range(2):
+                banks = {(2 * at(8 * l + k, w)) % 32 for l in range(16 * half, 16 * half + 16)}
+                assert len(banks) == 16
+    for p0 in range(0, VCOLS * TR_CHUNKS // 2, 16):
+        for second in range(2):
+            banks = {(2 * at(p // 8, 2 * (p % 8) + second)) % 32 for p in range(p0, p0 + 16)}
+            assert len(banks) == 16
 
 
 # -- GEMM-ready offsets ------------------------------------------------------------------------
@@ -196,6 +344,21 @@ def test_gemm_offsets_land_on_the_logical_scales(m, n):
             assert view[r, b].item() == r * 1000 + b
     compact = Format.fp8_block("e4m3", (1, 128), "pow2", "compact")
     assert codec.row_scale_offset(compact, 3, 1, nbr, m) == 3 * nbr + 1
+
+
+@pytest.mark.parametrize("m, n", [(1, 8), (129, 200), (300, 136), (256, 1)])
+def test_gemm_colwise_offsets_land_on_the_logical_scales(m, n):
+    """codec.col_scale_row (plain integers) over launch.flat_scale's buffer: column c's scale of
+    128-row block rb lands at [c, rb] of the transposed copy's GEMM-ready scales ([N, ceil(M/128)],
+    outer-dim-major); compact colwise scales stay [ceil(M/128), N] row-major."""
+    view = fp8_block_layouts.gemm_scale(n, m, False, "cpu")
+    flat = launch.flat_scale(view)
+    fmt = Format.fp8_block("e4m3", (1, 128), "pow2", "gemm")
+    for rb in range(-(-m // 128)):
+        for c in range(n):
+            flat[codec.col_scale_row(fmt, n) * rb + c] = c * 1000 + rb
+    assert view.tolist() == [[c * 1000 + rb for rb in range(-(-m // 128))] for c in range(n)]
+    assert codec.col_scale_row(Format.fp8_block("e4m3", (1, 128), "pow2", "compact"), n) == n
 
 
 # -- on the device -----------------------------------------------------------------------------
@@ -268,6 +431,117 @@ def test_colwise_matches_reference(shape, dtype, fp8, mode, rowwise):
         x.view(m, -1)[:, 5] = 0.0
     got = op(x.cuda(), out=poisoned(op, x.cuda()))
     _check(op, [x], got)
+
+
+def _colwise_specials(m, n, dtype, seed, specials=True):
+    """_specials plus colwise edge blocks where the shape has room: a column of NaN past row 128
+    with an inf below it, an all-zero column, a column of subnormals (fp8max / amax overflows
+    fp32 where the type has the range); ``specials`` False: clean data (an exact, finite amax)."""
+    x = (_specials(m, n, dtype, seed) if specials else planted(m, n, torch.float32, seed=seed, specials=False))
+    x = x.to(dtype)
+    if specials and n >= 8:
+        if m >= 130:
+            x[128:, 3] = float("nan")
+            x[129, 4] = float("inf")
+        x[:, 5] = 0.0
+        x[:, 6] = 1e-40 if dtype is torch.bfloat16 else 1e-7
+    return x
+
+
+GEMM_SHAPES = [(1, 128), (129, 200), (160, 264), (300, 136), (1000, 1000), (4096, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("rowwise", [True, False])
+@pytest.mark.parametrize("amax", [False, True])
+def test_transposed_colwise_matches_reference(shape, dtype, rowwise, amax):
+    """The GEMM-ready colwise copy ([N, M], 1x128 blocks along M, outer-dim-major padded scales),
+    alone and beside the rowwise copy, with and without amax: partial tiles at M (M % 128, M % 16:
+    the byte stores) and N (N % 256), into poisoned outputs and fresh ones."""
+    fp8, mode = ("e4m3", "pow2") if shape[0] % 2 else ("e5m2", "fp32")
+    op = mxq.fused_quant(format="fp8_block", fp8=fp8, scale_mode=mode, scale_layout="gemm", rowwise=rowwise,
+                         colwise=True, amax=amax)(ident)
+    x = _colwise_specials(*shape, DTYPES[dtype], seed=sum(shape))
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+    if amax:  # (an amax of finite values, exactly)
+        clean = _colwise_specials(*shape, DTYPES[dtype], seed=sum(shape), specials=False)
+        _check(op, [clean], op(clean.cuda()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 8), (129, 200), (300, 136), (1000, 1000)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["compact", "gemm"])
+def test_colwise_amax_matches_reference(shape, dtype, layout):
+    """amax beside 1x128 colwise blocks: NaN-propagating (NaN planted), exact when finite."""
+    op = mxq.fused_quant(format="fp8_block", scale_layout=layout, colwise=True, amax=True)(ident)
+    if layout == "gemm" and shape[1] % 8:
+        pytest.skip("the transposed copy needs N % 8 == 0")
+    for specials in (True, False):
+        x = _colwise_specials(*shape, DTYPES[dtype], seed=7, specials=specials)
+        got = op(x.cuda(), out=poisoned(op, x.cuda()))
+        _check(op, [x], got)
+        assert got.amax.isnan().item() == (specials and bool(x.isnan().any()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", GEMM_SHAPES)
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("layout", ["compact", "gemm"])
+@pytest.mark.parametrize("rowwise, colwise", [(True, False), (False, True), (True, True)])
+def test_128x128_tiles_match_reference(shape, dtype, layout, rowwise, colwise):
+    """128x128 tiles, one scale per tile shared by both copies (a NaN-dropping max over the tile):
+    partial tiles at M and N, NaN, inf and subnormal blocks; amax on the odd shapes."""
+    fp8, mode = ("e4m3", "pow2") if shape[1] % 3 else ("e5m2", "fp32")
+    amax = shape[0] % 2 == 1
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), fp8=fp8, scale_mode=mode, scale_layout=layout,
+                         rowwise=rowwise, colwise=colwise, amax=amax)(ident)
+    x = _colwise_specials(*shape, DTYPES[dtype], seed=shape[0] * 3 + shape[1])
+    if shape[0] >= 256 and shape[1] >= 256:  # a tile of NaN alone (amax 0, scale 1), one NaN in a tile
+        x[128:256, 128:256] = float("nan")
+        x[0, 200] = float("nan")
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_128x128_fused_and_unaligned_match_reference(dtype):
+    """128x128 tiles after act, dact + dbias, a user epilogue; unaligned rows (N % 8 != 0,
+    compact: the packed kernel's unaligned variants)."""
+    t = DTYPES[dtype]
+    x, b = _colwise_specials(300, 264, t, seed=41), planted(1, 264, t, seed=42, specials=False).reshape(264)
+    epi = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True, scale_layout="gemm")(scaled_shift)
+    _check(epi, [x, b], epi(x.cuda(), b.cuda()))
+    a = planted(300, 264, t, seed=43)
+    for opts in (dict(act="relu", amax=True), dict(dact="relu", dbias=True, colwise=True),
+                 dict(dbias=True, rowwise=False, colwise=True, scale_layout="gemm")):
+        op = mxq.fused_quant(format="fp8_block", block=(128, 128), **opts)(ident)
+        kw = {"act_input": a} if "dact" in opts else {}
+        _check(op, [x], op(x.cuda(), **{k: v.cuda() for k, v in kw.items()}), **kw)
+    u = _specials(200, 261, t, seed=44)
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True)(ident)
+    _check(op, [u], op(u.cuda(), out=poisoned(op, u.cuda(), row_align=1)))  # (variant generic)
+    _check(op, [u], op(u.cuda()))  # (rows padded: variant rows8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_transposed_colwise_fused_match_reference(dtype):
+    """The transposed copy after act, dact + dbias, a user epilogue (a bias), amax."""
+    t = DTYPES[dtype]
+    x, b = _colwise_specials(300, 264, t, seed=31), planted(1, 264, t, seed=32, specials=False).reshape(264)
+    epi = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", amax=True)(scaled_shift)
+    _check(epi, [x, b], epi(x.cuda(), b.cuda(), out=poisoned(epi, x.cuda())))
+    a = planted(300, 264, t, seed=33)
+    for opts in (dict(act="relu", amax=True), dict(dact="relu", dbias=True), dict(dbias=True, rowwise=False),
+                 dict(dact="relu", dbias=True, amax=True, rowwise=False)):
+        op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", **opts)(ident)
+        kw = {"act_input": a} if "dact" in opts else {}
+        _check(op, [x], op(x.cuda(), **{k: v.cuda() for k, v in kw.items()}), **kw)
+        y = planted(1024, 512, t, seed=34)  # (8 tiles of 128 rows: the 16-byte stores throughout)
+        _check(op, [y], op(y.cuda(), **({"act_input": y.cuda()} if kw else {})), **({"act_input": y} if kw else {}))
 
 
 @pytest.mark.gpu

@@ -152,30 +152,28 @@ def test_spec_key_round_trips():
         QuantSpec.from_key(1 << 18 | 2)  # a 128x128 block on an MXFP8 key
 
 
-def test_cpp_routes_and_kernels_refuse():
-    """No C++ route serves fp8_block; no kernel serves its 128x128 tiles (tests/test_kernels_fp8_block.py:
-    what the kernels serve)."""
+def test_cpp_routes_refuse():
+    """No C++ route serves fp8_block (tests/test_kernels_fp8_block.py: what the kernels serve)."""
     op = mxq.fused_quant(format="fp8_block")(ident)
     for call in (lambda: op.register("fp8_block_x"), op.dispatcher, lambda: op.export("/nonexistent")):
         with pytest.raises(ValueError, match="fp8_block"):
             call()
-    with pytest.raises(NotImplementedError, match="fp8_block"):
-        mxq.fused_quant(format="fp8_block", block=(128, 128))(ident).source
 
 
 def test_cuda_calls_fall_back_to_the_reference(monkeypatch):
-    """No kernel serves fp8_block's 128x128 tiles: limits.unserved says so (the one-time warning;
-    MXQ_STRICT=1 raises) before any kernel is looked for."""
+    """No kernel serves fp8_block's 128x128 tiles from fp32 inputs: limits.unserved says so (the
+    one-time warning; MXQ_STRICT=1 raises) before any kernel is looked for."""
     from mxq.runtime import limits
 
     x = torch.randn(4, 128)
-    spec = QuantSpec(format="fp8_block", block=(128, 128))
-    assert "fp8_block" in limits.unserved(spec, None, x, lambda: pytest.fail("not asked"))
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128))(ident)
+    spec, epi = op.spec, op.epilogue
+    assert "fp8_block" in limits.unserved(spec, epi, x, lambda: pytest.fail("not asked"))
     monkeypatch.setenv("MXQ_STRICT", "1")
     from mxq.runtime import validation
 
     with pytest.raises(RuntimeError, match="fp8_block"):
-        validation.fallback(limits.unserved(spec, None, x, None))
+        validation.fallback(limits.unserved(spec, epi, x, None))
 
 
 @pytest.mark.gpu

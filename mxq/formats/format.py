@@ -13,8 +13,8 @@ scales picked by one of the four rules of docs/NUMERICS.md. The formats the kern
 next are further instances of the same value, not new kernel branches. FP8 block scaling is
 ``Format.fp8_block(fp8, block, scale_mode, layout)``: 1x128 or 128x128 blocks, fp32 scales picked
 by TransformerEngine's rule (``pow2`` or ``fp32``, docs/NUMERICS.md "FP8 block scaling"), the
-compact or GEMM-ready (``gemm``) layout; the kernels serve its 1x128 rowwise blocks (mxq/kernels/codec.py),
-the torch reference the rest.
+compact or GEMM-ready (``gemm``) layout; the kernels serve it from 16-bit inputs and its 1x128
+rowwise blocks from any (mxq/kernels/codec.py, mxq/runtime/limits.py), the torch reference the rest.
 MXFP4 is ``Format.mxfp4(scale_mode, layout)``: 1x32 blocks of e2m1 elements, two per byte
 (element 2j in the low nibble), E8M0 scales by MXFP8's "floor" or "rceil" rule with E2M1's
 constants (mxq/formats/fp4.py). NVFP4 (1x16 blocks, e2m1, E4M3 scales under an fp32 per-tensor

@@ -386,17 +386,13 @@ def kernel_gap(spec: QuantSpec) -> str:
         return "with colwise=True (the transposed copy)" if spec.colwise else ""
     if spec.format != "fp8_block":
         return "(the format)"
-    if spec.block != (1, 128):
-        return f"with block={spec.block}"
-    if spec.colwise and spec.scale_layout == "gemm":
-        return "with colwise=True and scale_layout='gemm' (the transposed copy)"
     return ""
 
 
 def has_kernels(spec: QuantSpec) -> bool:
-    """Whether a module can be rendered for ``spec``: MXFP8, FP8 block scaling's 1x128 blocks
-    (rowwise: compact or gemm layout; colwise 128-row blocks: compact) and MXFP4's rowwise
-    blocks."""
+    """Whether a module can be rendered for ``spec``: MXFP8, FP8 block scaling (1x128 rowwise
+    and 128-row colwise blocks, 128x128 tiles; compact or gemm layout: the transposed colwise
+    copy) and MXFP4's rowwise blocks."""
     return spec.format in ("mxfp8", "fp8_block", "mxfp4") and not kernel_gap(spec)
 
 

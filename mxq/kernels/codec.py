@@ -3,10 +3,10 @@
 The kernels call these with their config's ``Format`` (mxq/formats/format.py) and branch on it
 only through ``cutlass.const_expr`` (plain Python at trace time): a new format is a new case
 here, not a new branch in every kernel. MXFP8 (E8M0 scales, FP8 elements) and FP8 block
-scaling's 1x128 blocks (fp32 scales by TransformerEngine's rule, ``fmt.scale == "fp32"``; rowwise,
-and colwise 128-row blocks in the packed kernel's 128-row tile) and MXFP4's rowwise blocks (E8M0
-scales, E2M1 elements two per byte: ``encode8``; the aligned kernels only) are implemented:
-device.py holds their exact arithmetic.
+scaling (fp32 scales by TransformerEngine's rule, ``fmt.scale == "fp32"``: 1x128 rowwise blocks,
+colwise 128-row blocks and 128x128 tiles in the packed kernel's 128-row tile, compact or
+GEMM-ready) and MXFP4's rowwise blocks (E8M0 scales, E2M1 elements two per byte: ``encode8``;
+the aligned kernels only) are implemented: device.py holds their exact arithmetic.
 
 A block's scale ``e`` (block_scale) is what the format computes once per block: an E8M0 byte
 (Int32) for MXFP8, the fp32 quantization multiplier for FP8 block scaling. ``multiplier`` is what
@@ -60,9 +60,9 @@ def block_amax_nan(fmt) -> bool:
 
 def column_max_nan(cfg) -> bool:
     """Whether the packed kernel's column maxima propagate NaN: yes for MXFP8's colwise scales and
-    for the tensor amax; no where they make FP8 block scaling's colwise scales (which then
-    cannot also give the amax: limits.fp8_block_unserved, Quantize.launch)."""
-    return block_amax_nan(cfg.fmt) or not cfg.colwise
+    for the tensor amax; no where they make FP8 block scaling's colwise or 128x128 tile scales
+    (which then cannot also give the amax: amax_by_owners)."""
+    return block_amax_nan(cfg.fmt) or not (cfg.colwise or cfg.tiles)
 
 
 def block_lanes(fmt, vec: int) -> int:
@@ -134,11 +134,38 @@ def group_col_scale_offset(gt, c):
     return grouped.col_swizzled_offset(gt.col_sw, gt.col_t512, c)
 
 
+def col_scale_row(fmt, NOUT):
+    """Elements between two 128-row block rows of FP8 block scaling's colwise scales: N (compact,
+    [ceil(M/128), N]) or roundup(N, 4) (GEMM-ready: the transposed copy's 1x128 scales are
+    outer-dim-major, mxq/formats/fp8_block_layouts.gemm_scale)."""
+    if fmt.layout == "gemm":
+        return (NOUT + 3) // 4 * 4
+    return NOUT
+
+
+def tile_scale_offset(fmt, rb, blk, mb, nb, colwise: bool):
+    """Offset of 128x128 tile (rb, blk)'s scale in a [mb, nb] tile grid: compact, both directions
+    row-major (the same bytes); GEMM-ready, padded to rows of roundup(nb, 4) (rowwise) or, for
+    the transposed copy's [nb, mb] grid, roundup(mb, 4) (mxq/formats/fp8_block_layouts.gemm_scale)."""
+    if fmt.layout != "gemm":
+        return rb * nb + blk
+    if colwise:
+        return blk * ((mb + 3) // 4 * 4) + rb
+    return rb * ((nb + 3) // 4 * 4) + blk
+
+
+def amax_by_owners(cfg) -> bool:
+    """Whether the packed kernel's column owners give the tensor amax from the column maxima
+    (which then propagate NaN, column_max_nan); else (FP8 block scaling's colwise scales drop NaN)
+    each thread keeps a NaN-propagating maximum of its own values beside them."""
+    return column_max_nan(cfg)
+
+
 def put_col_scale(fmt, col_scale, gt, c, rb, M, NOUT, e):
     """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None); fp32
-    scales (FP8 block scaling, compact, ungrouped): the dequantization multiplier 1 / e."""
+    scales (FP8 block scaling, ungrouped): the dequantization multiplier 1 / e, at col_scale_row."""
     if fmt.scale == "fp32":
-        col_scale[rb * NOUT + c] = dequantization_scale(e)
+        col_scale[col_scale_row(fmt, NOUT) * rb + c] = dequantization_scale(e)
     elif gt is not None and fmt.swizzled:
         col_scale[group_col_scale_offset(gt, c)] = Uint8(e)
     elif gt is None and fmt.swizzled:

@@ -153,8 +153,21 @@ class KernelConfig:
 
     @property
     def col_reduce(self) -> bool:
-        """The CTA reduces over its 32 rows: colwise scales, amax or dbias."""
-        return self.colwise or self.amax or self.dbias
+        """The CTA reduces over its rows: colwise scales, amax, dbias or 128x128 tile scales."""
+        return self.colwise or self.amax or self.dbias or self.tiles
+
+    @property
+    def tiles(self) -> bool:
+        """One scale per 128x128 tile (FP8 block scaling's block=(128, 128)): the packed kernel's
+        128-row tile, whose column owners reduce each tile's maxima (packed.tile_scales)."""
+        return self.fmt.block[0] > 1
+
+    @property
+    def transposed(self) -> bool:
+        """The colwise copy is written transposed, [N, M] (FP8 block scaling's GEMM-ready layout):
+        the packed kernel's 128-row tile stages it in shared memory (``packed_buffers``' "tr": the
+        tile's columns as rows of 8-byte chunks) and stores it as 16-byte runs of output rows."""
+        return self.colwise and self.fmt.layout == "gemm"
 
     @property
     def stage(self) -> bool:
@@ -243,8 +256,9 @@ class KernelConfig:
     def packed_buffers(self, staged, unaligned: bool, grouped: bool = False) -> list:
         """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
         scratch, the wide tile's row-scale bytes, the column maxima (packed words), the inverse
-        column scales, the dbias partial sums, the parked partial output units (unaligned rows:
-        head and tail of each row, per direction), then each staged source (``staged``: per
+        column scales (or 128x128 tiles' partial maxima), the transposed colwise copy
+        (``transposed``), the dbias partial sums, the parked partial output units (unaligned
+        rows: head and tail of each row, per direction), then each staged source (``staged``: per
         source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps
@@ -253,8 +267,10 @@ class KernelConfig:
             out.append(Buffer("rs", "u8", (rows, cols * warps // 32)))
         if self.col_reduce:
             out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))
-        if self.colwise:
+        if self.colwise or self.tiles:  # (tiles: the owner warps' maxima of the CTA's two tiles)
             out.append(Buffer("inv", "f32", (cols,)))
+        if self.transposed:
+            out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
         if self.dbias:
             out.append(Buffer("sum", "f32", (warps, cols)))
         if unaligned:
@@ -285,9 +301,9 @@ class KernelConfig:
     @property
     def tile_rows(self) -> int:
         """Rows of a CTA's (non-wide) tile: one colwise block, ROWS for MXFP8's 32x1 blocks and
-        rowwise-only ops, 128 for FP8 block scaling's colwise blocks (the packed kernel only:
+        rowwise-only ops, 128 for FP8 block scaling's colwise blocks and 128x128 tiles (the packed kernel only:
         docs/DESIGN.md "FP8 block scaling on the kernels")."""
-        return self.fmt.col_block[0] if self.colwise else ROWS
+        return self.fmt.col_block[0] if self.colwise else max(ROWS, self.fmt.block[0])
 
     @property
     def pk_warps(self) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32
+from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32, Uint64
 from cutlass.cute.math import RoundingMode
 
 from ..formats.fp4 import E2M1
@@ -205,6 +205,52 @@ def e2m1x8(vals, use_hw: bool):
     for k in range(1, 8):
         word = word | (e2m1_code(vals[k].bitcast(Uint32)) << Uint32(4 * k))
     return word
+
+
+def prmt(a, b, selector: int):
+    """The bytes of words ``a`` (bytes 0-3) and ``b`` (4-7) that ``selector``'s nibbles pick."""
+    return cute.arch.inline_ptx(f"prmt.b32 {{$w0}}, {{$r0}}, {{$r1}}, {selector:#x};", write_only_types=[Uint32],
+                                read_only_args=[a, b])
+
+
+# transpose4x4's prmt selectors: interleave two rows' bytes 0-1 and 2-3 (a0 b0 a1 b1, a2 b2 a3 b3),
+# then take two such words' low and high halves (a0 b0 c0 d0, a1 b1 c1 d1)
+TRANSPOSE_INTERLEAVE = (0x5140, 0x7362)
+TRANSPOSE_HALVES = (0x5410, 0x7632)
+
+
+def transpose4x4(a, b, c, d):
+    """Four words of four bytes (rows a-d) as the four words of their columns: byte i of word j
+    of the result is byte j of row i (eight prmt)."""
+    ab = [prmt(a, b, s) for s in TRANSPOSE_INTERLEAVE]
+    cd = [prmt(c, d, s) for s in TRANSPOSE_INTERLEAVE]
+    return [prmt(ab[h], cd[h], s) for h in range(2) for s in TRANSPOSE_HALVES]
+
+
+def transpose8x8(rows):
+    """An 8x8 byte block held as 8 rows of two words (``rows[i]``: bytes 0-3, 4-7 of row i) as
+    its 8 columns, each two words (rows 0-3, rows 4-7): four 4x4 transposes."""
+    cols = [[None, None] for _ in range(8)]
+    for half in range(2):  # columns 4 * half .. 4 * half + 3
+        for rg in range(2):  # rows 4 * rg .. 4 * rg + 3
+            for c, w in enumerate(transpose4x4(*[rows[4 * rg + i][half] for i in range(4)])):
+                cols[4 * half + c][rg] = w
+    return cols
+
+
+def pack64(lo, hi):
+    """Two words as one 64-bit value (lo in the low half)."""
+    return (Uint64(hi) << Uint64(32)) | Uint64(lo)
+
+
+def store_global_v4(addr, w):
+    """Four words at 16-byte aligned global byte address ``addr`` as one store."""
+    cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *w])
+
+
+def store_global_u8(addr, b):
+    """One byte (the low byte of a word) at global byte address ``addr``."""
+    cute.arch.inline_ptx("st.global.b8 [{$r0}], {$r1};", read_only_args=[addr, Uint16(b & Uint32(0xFF))])
 
 
 def rcp_one_plus_ex2(z):

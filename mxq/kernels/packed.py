@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint8, Uint32
+from cutlass import Float32, Int32, Int64, Uint8, Uint32, Uint64
 
 from . import codec
 from . import device as dev
@@ -43,6 +43,7 @@ from .config import ROWS, VEC
 
 VCOLS = 32 * VEC  # columns of a (non-wide) tile
 PKW = VEC // 2  # 32-bit words per row per thread
+TR_CHUNKS = 16  # 8-byte chunks of a 128-row tile's column (the transposed colwise copy)
 
 
 def tile(cfg, grouped: bool = False, unaligned: bool = False):
@@ -170,8 +171,8 @@ class PackedKernel:
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
         # conflicts. sEdge: each warp's partial output units (two words), head and tail of each of
         # its rows, per direction.
-        sRS, sMax, sInv, sSum, sEdge = (buf.get(n) if len(buffers) > 0 else None
-                                        for n in ("rs", "max", "inv", "sum", "edge"))
+        sRS, sMax, sInv, sSum, sEdge, sTr = (buf.get(n) if len(buffers) > 0 else None
+                                             for n in ("rs", "max", "inv", "sum", "edge", "tr"))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
@@ -179,7 +180,7 @@ class PackedKernel:
                 tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, codec.data_cols(cfg.fmt, VEC)), trow,
                                        rbase, g, GROUPED)
             nbr = (NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
-        if cutlass.const_expr(cfg.colwise and PASSES == 1):
+        if cutlass.const_expr(cfg.colwise and PASSES == 1 and not cfg.transposed):  # (transposed: store_transposed)
             tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
         # Each phase call gets its own records (Fields.rec) of this body's values: a record shared
         # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
@@ -210,7 +211,7 @@ class PackedKernel:
                     cute.arch.sync_threads()  # pass 0's readers of sMax/sSum/sInv are done
                 if cutlass.const_expr(cfg.rowwise):
                     tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-                if cutlass.const_expr(cfg.colwise):
+                if cutlass.const_expr(cfg.colwise and not cfg.transposed):
                     tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
             else:
                 scalars_p = scalars
@@ -224,12 +225,13 @@ class PackedKernel:
             owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
             if cutlass.const_expr(cfg.col_reduce):
                 self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
-            sc = None
-            if cutlass.const_expr(cfg.colwise):
-                sc = self.column_scales(owners.rec(smem={"inv": sInv}))
+            sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv}), io.rec(), sr)
             if cutlass.const_expr(UNALIGNED):
                 self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
                                                      Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
+            elif cutlass.const_expr(cfg.transposed):
+                self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr},
+                                                               tRow=tRow if cfg.rowwise else None), io.rec(), words, sr, sc)
             else:
                 self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow if cfg.rowwise else None,
                                                 tCol=tCol if cfg.colwise else None).rec(), words, sr, sc)
@@ -347,7 +349,18 @@ class PackedKernel:
                     cm = list(absw[0])  # this thread's column maxima, one word per two columns
                 else:
                     cm = [dev.pk_max(cm[j], absw[i][j], k.is_bf16, codec.column_max_nan(cfg)) for j in range(PKW)]
+            if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
+                am = self.fold_amax(am if i > 0 else None, absw[i], k.is_bf16)
+        if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
+            cm.append(am)  # (a last word: the NaN-propagating maximum of all the thread's values)
         return words, absw, cm, dsum
+
+    @staticmethod
+    def fold_amax(am, row_abs, is_bf16: bool):
+        """The NaN-propagating maximum word of the magnitudes ``row_abs`` and ``am`` (None: none yet)."""
+        for w in row_abs:
+            am = w if am is None else dev.pk_max(am, w, is_bf16)
+        return am
 
     @cute.jit
     def row_values(self, k, t, i: cutlass.Constexpr, frag, scalars, dsum):
@@ -397,8 +410,15 @@ class PackedKernel:
     # -- scales --------------------------------------------------------------------------------
     def row_scale_phase(self):
         """The row-scale phase of the config's format: row_scales for 1x32 blocks (4 lanes),
-        row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes)."""
+        row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes); none for 128x128
+        tiles (their scales come from the column owners: block_multipliers)."""
+        if self.cfg.tiles:
+            return self.no_row_scales
         return self.row_scales if self.cfg.fmt.block[1] == 32 else self.row_block_scales
+
+    def no_row_scales(self, k, t, io, absw):
+        """128x128 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
+        return None
 
     @cute.jit
     def row_scales(self, k, t, io, absw):
@@ -522,6 +542,8 @@ class PackedKernel:
         if cutlass.const_expr(cfg.dbias):
             for c in cutlass.range_constexpr(VEC):
                 t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
+        if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
+            self.thread_amax(t, io, cm[PKW], k.is_bf16)
         cute.arch.sync_threads()
         Ns = Int32(cutlass.select_(t.Ms > 0, io.N, Int32(0)))  # column bound of the owners' stores
         if cutlass.const_expr(k.GROUPED and not cfg.fmt.swizzled):
@@ -545,24 +567,35 @@ class PackedKernel:
                     io.dbias_ws[t.rb, t.co + oc] = s
 
     @cute.jit
+    def thread_amax(self, t, io, am, is_bf16: cutlass.Constexpr):
+        """The tensor amax where the column maxima drop NaN (codec.amax_by_owners): each warp's
+        NaN-propagating maximum of its threads' words ``am``, one atomic per warp."""
+        tm = dev.warp_max(dev.pk_amax(am, is_bf16))
+        if t.lane == 0 and t.Ms > 0:
+            cute.arch.atomic_fmax(io.amax.iterator, tm, sign_bit=False)
+
+    @cute.jit
     def column_scales_owned(self, k, t, io, Ns):
         """An owner's words of column maxima: the amax, and each column's scale (stored, and its
         inverse left in shared memory for every lane's stores)."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
         sMax = t.smem["max"]
-        if cutlass.const_expr(cfg.amax):
+        OWN_AMAX = cutlass.const_expr(cfg.amax and codec.amax_by_owners(cfg))
+        if cutlass.const_expr(OWN_AMAX):
             tm = Float32(0.0)
         for r in cutlass.range_constexpr(max(1, 32 * PKW // k.NTHREADS)):
             p = t.tidx + r * k.NTHREADS  # position j * 32 + lane of the word
             cw = sMax[0, p]
             for w in cutlass.range_constexpr(1, k.WARPS):
                 cw = dev.pk_max(cw, sMax[w, p], is_bf16, codec.column_max_nan(cfg))
-            if cutlass.const_expr(cfg.amax):
+            if cutlass.const_expr(OWN_AMAX):
                 tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
-            if cutlass.const_expr(cfg.colwise):
+            if cutlass.const_expr(cfg.tiles):
+                self.tile_partial(t, dev.pk_amax(cw, is_bf16, False))
+            elif cutlass.const_expr(cfg.colwise):
                 self.column_pair_scales(k, t, io, Ns, p, cw)
-        if cutlass.const_expr(cfg.amax):
+        if cutlass.const_expr(OWN_AMAX):
             tm = dev.warp_max(tm)
             if t.lane == 0 and t.Ms > 0:
                 cute.arch.atomic_fmax(io.amax.iterator, tm, sign_bit=False)  # one atomic per owner warp
@@ -592,6 +625,49 @@ class PackedKernel:
                     codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc + 1, rb, M, t.NOUT, e_hi)
             else:
                 codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc + 1, rb, M, t.NOUT, e_hi)
+
+    # -- 128x128 tiles (FP8 block scaling's block=(128, 128), KernelConfig.tiles) ------------------
+    @cute.jit
+    def tile_partial(self, t, cmax):
+        """An owner warp's column maxima (``cmax``: its word's two columns, NaN dropped) reduced over
+        each half-warp (lanes 16h .. 16h + 15 own the CTA's tile h: columns 128h .. 128h + 127) to
+        "inv"[warp * 2 + h] (tiles have no column scales to leave there)."""
+        for off in cutlass.range_constexpr(4):
+            cmax = cute.arch.fmax(cmax, cute.arch.shuffle_sync_bfly(cmax, offset=8 >> off))
+        if t.lane % 16 == 0:
+            t.smem["inv"][t.warp * 2 + t.lane // 16] = cmax
+
+    def block_multipliers(self, k, t, io, sr):
+        """(row multipliers, column multipliers) of the stores: the row-scale phase's ``sr`` and
+        the colwise scales the owners left (column_scales); 128x128 tiles: the tile scale of the
+        thread's columns (tile_scales) for both."""
+        if self.cfg.tiles:
+            e = self.tile_scales(k, t, io)
+            m = codec.multiplier(self.cfg.fmt, e)
+            return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
+        return sr, (self.column_scales(t) if self.cfg.colwise else None)
+
+    @cute.jit
+    def tile_scales(self, k, t, io):
+        """The scale of the thread's 128x128 tile (h = lane // 16): the owner warps' partial
+        maxima (tile_partial) reduced, TransformerEngine's rule; lanes 0 and 16 of warp 0 store
+        tile h's 1 / scale in each direction's layout (codec.tile_scale_offset; one value serves
+        both copies, as the reference's single tile amax)."""
+        cfg = self.cfg
+        cute.arch.sync_threads()
+        h = t.lane // 16
+        amax = t.smem["inv"][h]
+        for w in cutlass.range_constexpr(1, 32 * PKW // 32):
+            amax = cute.arch.fmax(amax, t.smem["inv"][w * 2 + h])
+        e = codec.block_scale(cfg.fmt, amax, k.use_hw_e8m0, k.IN_MAX)
+        mb, nb = (io.M + 127) // 128, (io.N + 127) // 128
+        blk = t.cb * 2 + h
+        if t.warp == 0 and t.lane % 16 == 0 and blk < nb and t.Ms > 0:
+            if cutlass.const_expr(cfg.rowwise):
+                io.row_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, False)] = codec.dequantization_scale(e)
+            if cutlass.const_expr(cfg.colwise):
+                io.col_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, True)] = codec.dequantization_scale(e)
+        return e
 
     def column_scales(self, t):
         """The thread's VEC inverse column scales, once the owners have written them."""
@@ -640,6 +716,70 @@ class PackedKernel:
                     cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
                 if cutlass.const_expr(cfg.colwise):
                     cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
+
+    # -- the transposed colwise copy (FP8 block scaling's GEMM-ready layout, KernelConfig.transposed) --
+    @cute.jit
+    def store_transposed_rows(self, k, t, io, words, sr, sc):
+        """Aligned rows with the colwise copy transposed ([N, M]): each row's rowwise words are
+        stored as store_rows does; its colwise words (the thread's 8 rows x 8 columns of bytes)
+        are transposed in registers into 8 columns of 8 rows, staged in shared memory, and leave
+        as 16-byte runs of output rows (store_transposed)."""
+        cfg = self.cfg
+        qcs = []
+        for i in cutlass.range_constexpr(k.PK_ROWS):
+            qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16)
+            if cutlass.const_expr(cfg.rowwise):
+                if t.col_ok and t.rbase + i < t.Ms:
+                    cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
+            qcs.append([qc[0], qc[1]])
+        self.stage_transposed(t, qcs)
+        cute.arch.sync_threads()
+        self.store_transposed(k, t, io)
+
+    @staticmethod
+    def transposed_chunk(c, chunk):
+        """Where 8-byte chunk ``chunk`` (rows 8 * chunk ..) of tile column ``c`` lies in "tr" (rows
+        of TR_CHUNKS chunks, one per column): XOR-swizzled by the column's lane (c >> 3) and parity,
+        so that a warp's chunk stores (one column per lane, lanes 8 columns apart) and the readers'
+        loads (8 lanes per column, two adjacent columns per 16 lanes) hit distinct banks."""
+        return c * TR_CHUNKS + (chunk ^ (((c >> 3) ^ (c & 1)) & (TR_CHUNKS - 1)))
+
+    def stage_transposed(self, t, qcs):
+        """The thread's colwise bytes (``qcs[i]``: row i's two words) into "tr" as its 8 columns'
+        chunks (the warp's 8 rows are chunk ``warp`` of each column)."""
+        sT = t.smem["tr"]
+        cols = dev.transpose8x8(qcs)
+        for c in range(VEC):
+            sT[self.transposed_chunk(t.lane * VEC + c, t.warp)] = dev.pack64(cols[c][0], cols[c][1])
+
+    @cute.jit
+    def store_transposed(self, k, t, io):
+        """The staged tile as rows of the transposed copy: output row cb * VCOLS + c (the input's
+        column), bytes rb * 128 .. rb * 128 + 127; 8 threads per row, 16 bytes each (two chunks),
+        as one 16-byte store where the copy's rows and base are 16-byte aligned (M % 16 == 0: the
+        FP8 GEMMs' own rule) and the run lies below M, else byte by byte below M."""
+        sT = t.smem["tr"]
+        base = io.col_data.iterator.toint()
+        M = io.M
+        fast = ((base | Int64(M)) & Int64(15)) == Int64(0)
+        for s in cutlass.range_constexpr(VCOLS * TR_CHUNKS // 2 // k.NTHREADS):
+            p = t.tidx + s * k.NTHREADS
+            c = p // (TR_CHUNKS // 2)
+            q = p % (TR_CHUNKS // 2)
+            a = sT[self.transposed_chunk(c, 2 * q)]
+            b = sT[self.transposed_chunk(c, 2 * q + 1)]
+            w = [Uint32(a & Uint64(0xFFFFFFFF)), Uint32(a >> Uint64(32)), Uint32(b & Uint64(0xFFFFFFFF)),
+                 Uint32(b >> Uint64(32))]
+            oc = t.cb * VCOLS + c
+            r0 = t.rb * k.TILE_ROWS + q * 16
+            if oc < io.N and r0 < t.Ms:
+                addr = base + Int64(oc) * Int64(M) + Int64(r0)
+                if fast and r0 + 16 <= t.Ms:
+                    dev.store_global_v4(addr, w)
+                else:
+                    for j in cutlass.range_constexpr(16):
+                        if r0 + j < t.Ms:
+                            dev.store_global_u8(addr + Int64(j), w[j // 4] >> Uint32(8 * (j % 4)))
 
     def store_unaligned(self, k, t, io, words, sr, sc):
         """Unaligned rows: the output rows' segments (rowwise, then colwise), their store plans

@@ -59,11 +59,11 @@ class Quantize:
         ``group_ends``: None, or a grouped call's int32 group ends (then the grid has
         grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N])."""
         cfg = self.cfg
-        if cfg.tile_rows != ROWS and (ins[0].element_type.width != 16 or cfg.amax or group_ends is not None
-                                      or cfg.halves or cfg.fmt.layout != "compact"):
+        if cfg.tile_rows != ROWS and (ins[0].element_type.width != 16 or group_ends is not None or cfg.halves
+                                      or (cfg.transposed and variant != "vec")):
             # (limits.fp8_block_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: colwise blocks of 128 rows are served by the packed kernel alone, "
-                                      "compact, without amax, groups or two halves")
+                                      "without groups or two halves; the transposed copy with aligned rows only")
         if cfg.fmt.packed and variant != "vec":  # (limits.fp4_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: FP4 outputs are served by the aligned kernels alone (variant 'vec')")
         M = ins[0].shape[0]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 ALIGN = 16  # bytes every buffer starts on
 
 # element types by name (a staged source's, "src", is the source tensor's own)
-BITS = {"u8": 8, "i32": 32, "u32": 32, "f32": 32, "f64": 64}
+BITS = {"u8": 8, "i32": 32, "u32": 32, "u64": 64, "f32": 32, "f64": 64}
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,8 @@ def allocate(smem, buffers, src_types=None) -> dict:
     import cutlass
     import cutlass.cute as cute
 
-    types = {"u8": cutlass.Uint8, "i32": cutlass.Int32, "u32": cutlass.Uint32, "f32": cutlass.Float32,
+    types = {"u8": cutlass.Uint8, "i32": cutlass.Int32, "u32": cutlass.Uint32, "u64": cutlass.Uint64,
+             "f32": cutlass.Float32,
              "f64": cutlass.Float64}
     out = {}
     for b in buffers:

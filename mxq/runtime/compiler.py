@@ -92,6 +92,8 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
     # two-halves ops (mxq/frontend/gated.py) write outputs [M, 2N]: their output width is its own value
     n_out = cute.sym_int(divisibility=VEC_DIVISOR if vec else 1) if gated.is_halves(epi) else n
 
+    transposed = spec.colwise and spec.scale_layout == "gemm"
+
     def mat(dtype, align, rows=m, cols=n):
         return fake(dtype, (rows, cols), stride_order=(1, 0), assumed_align=align)
 
@@ -128,7 +130,8 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "act_input": lambda: mat(el, big or nbytes),
         "rowwise_data": lambda: mat(Uint8, big or 1, cols=fp4_cols() if fmt.packed else n_out),
         "rowwise_scale": flat_scale,
-        "colwise_data": lambda: mat(Uint8, big or 1, cols=n_out),
+        "colwise_data": lambda: (mat(Uint8, 1, rows=n_out, cols=m) if transposed  # (the GEMM-ready [N, M] copy)
+                                 else mat(Uint8, big or 1, cols=n_out)),
         "colwise_scale": flat_scale,
         "amax": f32_one,
         "dbias": lambda: (fake(el, (cute.sym_int(), n_out), stride_order=(1, 0), assumed_align=nbytes) if grouped

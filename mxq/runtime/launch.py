@@ -150,7 +150,8 @@ class Launcher:
         mats = [t if kind == "strided" else operands.as_matrix(t, kind, m, n)
                 for t, kind in zip(sources, kinds)]
         row_data = _as_u8_2d(out.rowwise_data, m, n_out // 2 if spec.is_fp4 else n_out) if spec.rowwise else None
-        col_data = _as_u8_2d(out.colwise_data, m, n_out) if spec.colwise else None
+        transposed = spec.colwise and spec.scale_layout == "gemm"  # (FP8 block scaling's [N, M] copy)
+        col_data = _as_u8_2d(out.colwise_data, *((n_out, m) if transposed else (m, n_out))) if spec.colwise else None
         operand = {
             "act_input": lambda: mats[-1],
             "rowwise_data": lambda: row_data,
@@ -176,7 +177,8 @@ class Launcher:
         if spec.is_fp4:
             variant = fp4_variant(n, mats, kinds, row_data)
         else:
-            variant = variant_for(n, n_out, mats, kinds, (row_data, col_data), grouped)
+            # (the transposed copy's rows are the kernel's own concern: store_transposed checks their alignment)
+            variant = variant_for(n, n_out, mats, kinds, (row_data, None if transposed else col_data), grouped)
         return (self._fn(variant, key) if m * n else None), args, out
 
     def _dispatch_into(self, call):

@@ -47,11 +47,12 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str 
 def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an FP8 block-scaling call the kernels do not serve, or None. They serve 1x128
     rowwise blocks (compact or gemm layout) and, from 16-bit inputs, colwise 128-row blocks
-    (compact, without amax: the packed kernel's 128-row tile, KernelConfig.tile_rows), of
-    ungrouped, one-output-half ops; fp32 inputs only where the FP8 rows start on 8-byte
-    boundaries (the vectorised kernel, aligned or with staged rows: launch.variant_for picks
-    "vec" or "rows8"; the element-wise kernel serves 1x32 blocks only), which mxq's own outputs
-    always do."""
+    (the packed kernel's 128-row tile, KernelConfig.tile_rows; compact, or the GEMM-ready
+    transposed copy from aligned rows, _aligned_rows; with or without amax) and 128x128 tiles
+    (the same tile, either layout and direction), of ungrouped, one-output-half ops; fp32 inputs
+    rowwise 1x128 blocks only, where the FP8 rows start on 8-byte boundaries (the vectorised
+    kernel, aligned or with staged rows: launch.variant_for picks "vec" or "rows8"; the
+    element-wise kernel serves 1x32 blocks only), which mxq's own outputs always do."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
@@ -59,8 +60,11 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with a gated backward (two output halves) has no GPU kernels yet"
     if call is not None and call.group_offsets is not None:
         return "with group_offsets has no GPU kernels yet"
-    if spec.colwise and (x.dtype == torch.float32 or spec.amax):
-        return "with colwise=True and fp32 inputs or amax has no GPU kernels yet"
+    if (spec.colwise or spec.block[0] > 1) and x.dtype == torch.float32:
+        return "with colwise=True or block=(128, 128) and fp32 inputs has no GPU kernels yet"
+    if spec.colwise and spec.scale_layout == "gemm" and not _aligned_rows(x, call):
+        return ("with colwise=True and scale_layout='gemm' (the transposed copy) from inputs with N % 8 != 0 or "
+                "not 16-byte aligned rows has no GPU kernels yet")
     if x.dtype == torch.float32:
         data = call.out.rowwise_data if call is not None and call.out is not None else None
         if data is not None and (data.data_ptr() % kconfig.UNIT or (data.dim() > 1 and data.shape[0] > 1
@@ -97,6 +101,20 @@ def _misaligned(t: torch.Tensor, row_multiple: int) -> bool:
     """A non-empty tensor not 16-byte aligned, or whose rows are not ``row_multiple`` elements apart."""
     rows_apart = t.dim() > 1 and t.shape[-2] > 1 and t.shape[-1] > 1 and t.stride(-2) % row_multiple != 0
     return bool(t.numel()) and (t.data_ptr() % 16 != 0 or rows_apart)
+
+
+def _aligned_rows(x: torch.Tensor, call) -> bool:
+    """Whether a call's inputs take the packed kernel's aligned rows (variant "vec", which alone
+    writes the transposed colwise copy): N % 8 == 0, and every input read per element 16-byte
+    aligned with rows a multiple of 8 elements apart (launch.variant_for's rule; a broadcast
+    operand's zero strides pass)."""
+    tensors = [x] if call is None else [*call.tensors, call.act_input]
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+            continue
+        if t.shape[-1] % kconfig.VEC or t.data_ptr() % 16 or (t.dim() > 1 and t.stride(-2) % kconfig.VEC):
+            return False
+    return x.dim() > 0 and x.shape[-1] % kconfig.VEC == 0
 
 
 def n_multiple(spec, epilogue) -> int:
