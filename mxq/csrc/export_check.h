@@ -33,11 +33,11 @@ enum Role : int {
   kOther = 0,
   kInput0 = 1,     // the first epilogue tensor: sets M and N
   kRowData = 2,    // uint8 [M, W]
-  kRowScale = 3,   // uint8 [RowScaleBytes(M, W)]
+  kRowScale = 3,   // uint8 or float32 [ScaleElements(facts.row, M, W)]
   kColData = 4,    // uint8 [M, W]
-  kColScale = 5,   // uint8 [ColScaleBytes(M, W)]
+  kColScale = 5,   // uint8 or float32 [ScaleElements(facts.col, M, W)]
   kDbias = 6,      // [W] ([G, W] grouped)
-  kWorkspace = 7,  // [WorkspaceRows(M), W]
+  kWorkspace = 7,  // [WorkspaceRows(M, facts.tile_rows), W]
   kGroupEnds = 8,  // int32 [G]
   kAmax = 9,       // float32 [1]
 };
@@ -49,15 +49,15 @@ inline bool Writes(int role) {
          role == kWorkspace || role == kAmax;
 }
 
-// One exported function: its argument roles and names (the header's), its scale layout,
-// whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/frontend/gated.py; else W = N), and the
+// One exported function: its argument roles and names (the header's), its op's size facts
+// (scale_sizes.h: the list mxq/runtime/slots.py's scale_facts gives, rendered by export.py), whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/frontend/gated.py; else W = N), and the
 // most groups a grouped call may have (groups.MAX_GROUPS).
 struct Function {
   const char* name;
   int nargs;
   const int* roles;
   const char* const* arg_names;
-  bool swizzled;
+  const int64_t* facts;  // mxq_sizes::kFacts of them
   bool halves;
   int64_t max_groups;
 };
@@ -132,6 +132,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
                   " group ends; a grouped call takes 1 to " + std::to_string(f.max_groups));
   }
   const int64_t m = x->shape[0], n = x->shape[1], w = f.halves ? 2 * n : n;
+  const mxq_sizes::Facts facts = mxq_sizes::FromList(f.facts);
   auto dims = [](int64_t a, int64_t b) { return "shape [" + std::to_string(a) + ", " + std::to_string(b) + "]"; };
   for (int i = 0; i < f.nargs; ++i) {
     const DLTensor* t = AsTensor(args[i]);
@@ -148,8 +149,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
         break;
       case kRowScale:
       case kColScale: {
-        const int64_t want = f.roles[i] == kRowScale ? mxq_sizes::RowScaleBytes(m, w, f.swizzled, groups)
-                                                     : mxq_sizes::ColScaleBytes(m, w, f.swizzled, groups);
+        const int64_t want = mxq_sizes::ScaleElements(f.roles[i] == kRowScale ? facts.row : facts.col, m, w, groups);
         if (Numel(t) != want) need = std::to_string(want) + " elements";
         break;
       }
@@ -161,7 +161,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
         }
         break;
       case kWorkspace: {
-        const int64_t rows = mxq_sizes::WorkspaceRows(m, groups);
+        const int64_t rows = mxq_sizes::WorkspaceRows(m, facts.tile_rows, groups);
         if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != w) {
           need = dims(rows, w);
         } else if (!RowsApart(t, w)) {
