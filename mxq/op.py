@@ -51,6 +51,7 @@ class FusedOp:
         self._fast: dict = {}
         self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
         self._dispatchers = None  # (destination-passing, allocating) native functions, built once
+        self._cpp_dispatchers = None  # the same for register()/dispatcher() where Python calls take none
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by (its identity)
         self._source: str | None = None
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
@@ -261,8 +262,13 @@ class FusedOp:
         return self._destination_passing("dispatcher()")
 
     def _destination_passing(self, what: str):
-        """The function ``what`` publishes: the native dispatcher (csrc/dispatch.cc)."""
+        """The function ``what`` publishes: the native dispatcher (csrc/dispatch.cc; FP8 block
+        scaling's are built here, its Python calls take none: ffi.dispatchers_or_none)."""
         self._refuse_cpp(what)
+        if self.spec.format != "mxfp8":
+            if self._cpp_dispatchers is None:
+                self._cpp_dispatchers = ffi.make_dispatchers(self)
+            return self._cpp_dispatchers[0]
         pair = self._native_dispatchers()
         if pair is None:
             raise RuntimeError("mxq: the native dispatcher could not be built on this machine (see the warning)")
