@@ -9,7 +9,9 @@
 // G = 0 (the kernels then treat all rows as one group, which buffers sized for no group do not
 // hold) or more groups than the grouped dbias reduction's grid serves; the FP8 data's row
 // stride, like the workspace's, is a symbol of its own, so rows that overlap would pass; and
-// nothing says that one argument's memory is apart from another's (spans.h). Each
+// nothing says that one argument's memory is apart from another's (spans.h); and a scale
+// buffer's dtype (E8M0 bytes or fp32, scale_sizes.h's facts) is checked here so that a call on
+// the wrong device still hears of it. Each
 // exported name is therefore this check in front of the compiled function (linked in under a
 // hidden name): it raises ValueError naming the argument, or passes the call on unchanged.
 // Arguments it cannot read (a wrong count, a non-tensor, a first input that is not 2-D) are
@@ -78,6 +80,12 @@ inline std::string ShapeText(const DLTensor* t) {
   std::string s = "[";
   for (int d = 0; d < t->ndim; ++d) s += (d ? ", " : "") + std::to_string(t->shape[d]);
   return s + "]";
+}
+
+inline std::string DtypeText(DLDataType d) {
+  const char* kind = d.code == kDLFloat ? "float" : d.code == kDLInt ? "int" : d.code == kDLUInt ? "uint"
+                                       : d.code == kDLBfloat ? "bfloat" : "code" ;
+  return std::string(kind) + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
 }
 
 inline int Refuse(const std::string& msg) {
@@ -149,6 +157,14 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
         break;
       case kRowScale:
       case kColScale: {
+        // (checked here: on tensors of another device the compiled function names the device first)
+        const bool fp32 = facts.scale_bits == 32;
+        if (fp32 ? t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1
+                 : t->dtype.bits != 8 || t->dtype.lanes != 1) {
+          return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
+                        "' has dtype " + DtypeText(t->dtype) + "; this op's scales are " +
+                        (fp32 ? "float32 (fp32 scales)" : "uint8 (E8M0 bytes)"));
+        }
         const int64_t want = mxq_sizes::ScaleElements(f.roles[i] == kRowScale ? facts.row : facts.col, m, w, groups);
         if (Numel(t) != want) need = std::to_string(want) + " elements";
         break;
