@@ -197,6 +197,28 @@ def test_dispatcher_cpu_route_fills_flat_and_gemm_buffers(layout, dtype):
         assert same_bytes(out.rowwise_data, want.rowwise_data) and same_bytes(out.rowwise_scale, want.rowwise_scale)
 
 
+def test_get_quantize_kernel_serves_fp8_block_keys():
+    """mxq.get_quantize_kernel (mxq::GetQuantizeKernel in C++) of an FP8 block-scaling key: the
+    op's dispatcher; a 128x128 key is refused by name. The key bits as mxq/include/mxq/mxq.hpp
+    spells them (kFp8Block 1 << 17, kSwizzled 1 << 5: the gemm layout, kTiles128 1 << 18)."""
+    import tvm_ffi
+
+    from mxq.frontend.spec import QuantSpec
+
+    get = tvm_ffi.get_global_func("mxq.get_quantize_kernel")
+    key = QuantSpec(format="fp8_block", scale_layout="gemm").key("bf16")
+    assert key & (1 << 17) and key & (1 << 5) and not key & (1 << 18)
+    fn = get(key)
+    x = planted(5, 130, torch.bfloat16, seed=4)
+    op = mxq.fused_quant(format="fp8_block", scale_layout="gemm")(ident)
+    want = op.reference(x)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    fn(x, None, out.rowwise_data, out.rowwise_scale._base.reshape(-1), None, None, None, None, None)
+    assert same_bytes(out.rowwise_scale, want.rowwise_scale) and same_bytes(out.rowwise_data, want.rowwise_data)
+    msg = _error(get, QuantSpec(format="fp8_block", block=(128, 128)).key("bf16"))
+    assert "block=(128, 128)" in msg and "no C++ route" in msg, msg
+
+
 def test_dispatcher_names_a_wrong_scale_buffer():
     op = mxq.fused_quant(format="fp8_block", scale_layout="gemm")(ident)
     fn = op.dispatcher()
