@@ -51,6 +51,7 @@ class FusedOp:
         self._fast: dict = {}
         self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
         self._dispatchers = None  # (destination-passing, allocating) native functions, built once
+        self._cpp_dispatchers = None  # the same for register()/dispatcher() where Python calls take none
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by (its identity)
         self._source: str | None = None
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
@@ -261,8 +262,13 @@ class FusedOp:
         return self._destination_passing("dispatcher()")
 
     def _destination_passing(self, what: str):
-        """The function ``what`` publishes: the native dispatcher (csrc/dispatch.cc)."""
+        """The function ``what`` publishes: the native dispatcher (csrc/dispatch.cc; FP8 block
+        scaling's are built here, its Python calls take none: ffi.dispatchers_or_none)."""
         self._refuse_cpp(what)
+        if self.spec.format != "mxfp8":
+            if self._cpp_dispatchers is None:
+                self._cpp_dispatchers = ffi.make_dispatchers(self)
+            return self._cpp_dispatchers[0]
         pair = self._native_dispatchers()
         if pair is None:
             raise RuntimeError("mxq: the native dispatcher could not be built on this machine (see the warning)")
@@ -279,7 +285,7 @@ class FusedOp:
         ``grouped``: the grouped kernels too (``group_offsets``); ``operands``: each epilogue
         tensor's kind ("full", "strided", "row", "col", "scalar"), default all full; ``note``:
         a paragraph for the header (GatedOp.export's)."""
-        self._refuse_cpp("export()", targets.normalize_dtype(dtype))
+        self._refuse_cpp("export()", targets.normalize_dtype(dtype), grouped is True)
         return self._export(directory, arch, dtype, name, grouped, operands, note)
 
     def _export(self, directory, arch, dtype, name, grouped, operands, note, n_multiple: int = 1) -> dict:
@@ -289,9 +295,9 @@ class FusedOp:
         return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped, operands=operands,
                              note=note, n_multiple=n_multiple)
 
-    def _refuse_cpp(self, what: str, dtype: str | None = None) -> None:
+    def _refuse_cpp(self, what: str, dtype: str | None = None, grouped: bool = False) -> None:
         """What this op's C++ routes cannot serve, refused before anything is built (limits.refuse_cpp)."""
-        limits.refuse_cpp(what, self.spec, self.epilogue, self._packed_smem_shortfall, dtype)
+        limits.refuse_cpp(what, self.spec, self.epilogue, self._packed_smem_shortfall, dtype, grouped)
 
     def output_shape(self, shape):
         """The outputs' shape for a first input of ``shape`` (wider for mxq/frontend/gated.py's ops)."""
@@ -346,6 +352,9 @@ class GatedOp(FusedOp):
         its own tensors (x [..., 2N] forward; the gradient [..., N] and act_input [..., 2N]
         backward) and outputs, run in Python on every call (ffi.python_dispatcher: CPU tensors the
         reference, CUDA ones the kernels over the halves)."""
+        gap = limits.cpp_gap(self.inner.spec, self.inner.epilogue)
+        if gap:
+            raise ValueError(f"mxq: {what}: {gap}, so it has no C++ route; call the op from Python")
         if self._dispatcher is None:
             self._dispatcher = ffi.python_dispatcher(self)
         return self._dispatcher
@@ -356,6 +365,9 @@ class GatedOp(FusedOp):
         [M, 2N] tensor as its two halves (export.gated_export; the header says how the arguments
         map); ``operands``: each of this op's tensors' kind."""
         dtype, kinds, note, mult = export.gated_export(self, dtype, operands)
+        gap = limits.cpp_gap(self.inner.spec, self.inner.epilogue, dtype, grouped=grouped is True)
+        if gap:
+            raise ValueError(f"mxq: export(): {gap}, so it has no C++ route; call the op from Python")
         limits.refuse_unlaunchable("export()", self.inner._packed_smem_shortfall, dtype)
         return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", grouped, kinds, note,
                                   n_multiple=mult)

@@ -17,36 +17,72 @@ import torch
 import mxq
 from mxq.formats import groups
 from mxq.frontend.spec import QuantSpec
+from mxq.runtime import slots
 
 CSRC = Path(mxq.__file__).resolve().parent / "csrc"
 SHAPES = [(m, n) for m in (1, 31, 32, 33, 127, 128, 129, 200, 4097) for n in (1, 8, 31, 32, 33, 100, 129, 256)]
 
 
 def _cxx_sizes(tmp_path, cases):
-    """RowScaleBytes, ColScaleBytes and WorkspaceRows of scale_sizes.h for each (m, n, swizzled, G)."""
+    """ScaleElements of the rowwise and colwise scales and WorkspaceRows of scale_sizes.h for each
+    (facts, m, n, G): the C++ arithmetic over the facts Python hands it (slots.scale_facts)."""
     src = tmp_path / "sizes.cc"
-    src.write_text('#include <cstdio>\n#include "scale_sizes.h"\nint main() {\n  long long m, n, s, g;\n'
-                   '  while (std::scanf("%lld %lld %lld %lld", &m, &n, &s, &g) == 4)\n'
-                   '    std::printf("%lld %lld %lld\\n", (long long)mxq_sizes::RowScaleBytes(m, n, s, g),\n'
-                   '                (long long)mxq_sizes::ColScaleBytes(m, n, s, g), (long long)mxq_sizes::WorkspaceRows(m, g));\n'
-                   '}\n')
+    src.write_text('#include <cstdio>\n#include "scale_sizes.h"\nint main() {\n  long long v[mxq_sizes::kFacts + 3];\n'
+                   '  for (;;) {\n    for (auto& x : v) if (std::scanf("%lld", &x) != 1) return 0;\n'
+                   '    int64_t f[mxq_sizes::kFacts];\n    for (int i = 0; i < mxq_sizes::kFacts; ++i) f[i] = v[i];\n'
+                   '    const mxq_sizes::Facts facts = mxq_sizes::FromList(f);\n'
+                   '    const long long m = v[mxq_sizes::kFacts], n = v[mxq_sizes::kFacts + 1], g = v[mxq_sizes::kFacts + 2];\n'
+                   '    std::printf("%lld %lld %lld\\n", (long long)mxq_sizes::ScaleElements(facts.row, m, n, g),\n'
+                   '                (long long)mxq_sizes::ScaleElements(facts.col, m, n, g),\n'
+                   '                (long long)mxq_sizes::WorkspaceRows(m, facts.tile_rows, g));\n  }\n}\n')
     exe = tmp_path / "sizes"
     subprocess.run(["g++", "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True)
-    out = subprocess.run([str(exe)], input="".join(f"{m} {n} {int(s)} {g}\n" for m, n, s, g in cases),
+    out = subprocess.run([str(exe)], input="".join(" ".join(map(str, (*f, m, n, g))) + "\n" for f, m, n, g in cases),
                          capture_output=True, text=True, check=True).stdout
     return [tuple(map(int, line.split())) for line in out.splitlines()]
 
 
-def test_cxx_scale_sizes_equal_what_python_allocates(tmp_path):
-    cases = [(m, n, s, g) for m, n in SHAPES for s in (False, True) for g in (-1, 1, 3)]
+def _buffer_elements(t):
+    """Elements of the buffer behind scale tensor ``t`` (a GEMM-ready view's whole padded buffer)."""
+    return t.untyped_storage().nbytes() // t.element_size()
+
+
+# (spec options, tile rows of the dbias workspace: the kernels' KernelConfig.tile_rows, written
+# out here: MXFP8 and rowwise-only FP8 block scaling one 32-row block, colwise 128-row blocks 128)
+SPECS = [(dict(scale_layout=layout), 32) for layout in ("compact", "swizzled")] + [
+    (dict(format="fp8_block", block=block, scale_layout=layout), 128 if block == (1, 128) else None)
+    for block in ((1, 128), (128, 128)) for layout in ("compact", "gemm")]
+
+
+@pytest.mark.parametrize("opts, tile", SPECS)
+def test_cxx_scale_sizes_equal_what_python_allocates(tmp_path, opts, tile):
+    """Every layout's buffers, those the kernels do not serve yet too (their facts are ready for
+    later kernels): the C++ sizes equal MXFP8Tensor.empty's buffers (a GEMM-ready view's whole
+    padded buffer), the workspace the launcher's rule at the kernels' tile."""
+    grouped = (-1,) if opts.get("format") == "fp8_block" and opts["scale_layout"] == "gemm" else (-1, 1, 3)
+    spec = QuantSpec(colwise=True, dbias=True, **opts)
+    facts = slots.scale_facts(spec, tile or 32)
+    cases = [(facts, m, n, g) for m, n in SHAPES for g in grouped]
     got = _cxx_sizes(tmp_path, cases)
     assert len(got) == len(cases)
-    for (m, n, s, g), sizes in zip(cases, got):
-        spec = QuantSpec(colwise=True, dbias=True, scale_layout="swizzled" if s else "compact")
+    for (_, m, n, g), sizes in zip(cases, got):
         offs = None if g < 0 else torch.tensor([m] * g, dtype=torch.int32)
         t = mxq.MXFP8Tensor.empty(spec, (m, n), torch.bfloat16, "cpu", group_offsets=offs, row_align=1)
-        ws = groups.workspace_rows(m, None if g < 0 else g)  # (what launch.py allocates)
-        assert sizes == (t.rowwise_scale.numel(), t.colwise_scale.numel(), ws), (m, n, s, g)
+        ws = -(-m // (tile or 32)) if g < 0 else m // (tile or 32) + g
+        if spec.format == "mxfp8":
+            assert ws == groups.workspace_rows(m, None if g < 0 else g)  # (what launch.py allocates)
+        assert sizes == (_buffer_elements(t.rowwise_scale), _buffer_elements(t.colwise_scale), ws), (opts, m, n, g)
+
+
+def test_scale_facts_come_from_the_op(tmp_path):
+    """limits.cpp_facts: the served ops' facts at the kernels' own tile (a 128-row colwise tile
+    for FP8 block scaling's colwise blocks)."""
+    from mxq.runtime import limits
+
+    for opts, tile in (({}, 32), (dict(format="fp8_block"), 32), (dict(format="fp8_block", colwise=True), 128),
+                       (dict(format="fp8_block", scale_layout="gemm"), 32)):
+        op = mxq.fused_quant(dbias=True, **opts)(_ident)
+        assert limits.cpp_facts(op.spec, op.epilogue) == slots.scale_facts(op.spec, tile), opts
 
 
 def _ident(x):

@@ -92,6 +92,26 @@ def test_lazy_entrypoint_by_key(caller):
     assert same_bytes(data, want.rowwise_data.view(torch.uint8)) and torch.equal(scale, want.rowwise_scale)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("layout", ["compact", "gemm"])
+def test_lazy_entrypoint_by_fp8_block_key(caller, device, layout):
+    """mxq::GetQuantizeKernel of an FP8 block-scaling key from C++: fp32 scales into a flat
+    buffer (the GEMM-ready layout's padded [ceil(N/128), roundup(M, 4)] one), the bytes of
+    mxq.quantize (CPU: the reference through Python; CUDA: the dispatcher launches the kernel)."""
+    key = QuantSpec(format="fp8_block", scale_layout=layout).key("bf16")
+    x = planted(33, 300, torch.bfloat16, seed=6).to(device)
+    want = mxq.quantize(x, format="fp8_block", scale_layout=layout)
+    buf = want.rowwise_scale if layout == "compact" else want.rowwise_scale._base
+    data, scale = torch.empty(33, 300, dtype=torch.uint8, device=device), torch.full_like(buf, -1.0).reshape(-1)
+    assert scale.numel() == (33 * 3 if layout == "compact" else 3 * 36)  # (sizes written out)
+    caller.quantize_by_key(key, x, data, scale)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    assert same_bytes(data.cpu(), want.rowwise_data.view(torch.uint8).contiguous().cpu())
+    got = scale.view(buf.shape) if layout == "compact" else scale.view(buf.shape)[:, :33].t()
+    assert same_bytes(got.cpu(), want.rowwise_scale.cpu())
+
+
 def test_concurrent_first_calls_build_once(caller):
     key = QuantSpec(scale_mode="ceil", colwise=True).key("fp32")
     distinct, builds_before, errors = caller.concurrent_get(key, 1)

@@ -102,12 +102,6 @@ def test_grouped_and_unaligned_fp32_rows_fall_back():
     assert limits.unserved(op.spec, op.epilogue, x.bfloat16(), lambda: None, into) is None  # (16-bit: any rows)
 
 
-def test_cpp_routes_still_refuse():
-    op = mxq.fused_quant(format="fp8_block")(ident)
-    with pytest.raises(ValueError, match="fp8_block"):
-        op.dispatcher()
-
-
 # -- compiled code ---------------------------------------------------------------------------------
 def _ptx(op, arch, dtype, variant="vec"):
     return compiler.compile_op(op, arch, dtype, keep_ptx=True, variant=variant).__ptx__

@@ -42,11 +42,14 @@ namespace {
 const char* const kSlots[8] = {"act_input", "rowwise_data", "rowwise_scale", "colwise_data",
                                "colwise_scale", "amax", "dbias", "noop"};
 enum Slot { kAct = 0, kRowData, kRowScale, kColData, kColScale, kAmax, kDbias, kNoop };
+// scale_sizes.h's Order, as errors name them
+const char* const kLayoutNames[3] = {"compact", "outer-dim-major", "swizzled"};
 
 struct State {
   int nt = 0, ns = 0;
   uint8_t fp8_code = 10;  // DLPack kDLFloat8_e4m3fn, or 12 (kDLFloat8_e5m2)
-  bool swizzled = false;  // the op's scale layout: scale buffers must have exactly its size
+  bool swizzled = false;  // the op's scale layout is MXFP8's swizzled one (grouped calls go to Python)
+  mxq_sizes::Facts facts{};  // the op's scale buffers and workspace (slots.scale_facts, from Python)
   bool want[8] = {false};
   std::vector<std::string> names;  // the op's tensor and float parameter names, for errors
   ffi::Function python, resolve, zero;  // Python: the CPU/grouped route, compile-or-load, a zero noop
@@ -398,25 +401,42 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   for (int i = 0; i < st.nt; ++i) input(i, kinds.empty() ? 'f' : kinds[i]);
   for (int i = 0; i < st.ns; ++i) call.emplace_back(args[st.nt + i]);
   if (st.want[kAct]) input(base + kAct, 'f');
-  const int64_t rows_scale = args[base + kRowScale] != nullptr ? Numel(TensorArg(st, args, base + kRowScale)) : 0;
-  const int64_t cols_scale = args[base + kColScale] != nullptr ? Numel(TensorArg(st, args, base + kColScale)) : 0;
+  // a scale buffer: E8M0 bytes or fp32 (the facts' scale_bits) of exactly the layout's count
+  // (ScaleElements), contiguous in any shape; outer-dim-major scales may also come as the logical
+  // [rows, blocks] view of their buffer, strides (1, padded rows) (Python's GEMM-ready view,
+  // fp8_block_layouts.gemm_scale), which starts where the buffer does
+  auto scale = [&](int i, const mxq_sizes::ScaleFacts& f) {
+    const DLTensor* t = TensorArg(st, args, i);
+    same_device(t, i, true);
+    const bool fp32 = st.facts.scale_bits == 32;
+    if (fp32 ? t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1
+             : t->dtype.bits != 8 || t->dtype.lanes != 1) {
+      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' must be a "
+                               << (fp32 ? "float32 tensor (fp32 scales)" : "float8 or uint8 tensor");
+    }
+    const int64_t count = mxq_sizes::ScaleElements(f, m, n, groups);
+    const int64_t rows = mxq_sizes::Cdiv(m, f.block_rows), blocks = mxq_sizes::Cdiv(n, f.block_cols);
+    const bool view = f.order == mxq_sizes::kOuterMajor && groups < 0 && t->ndim == 2 && t->shape[0] == rows &&
+                      t->shape[1] == blocks && t->strides != nullptr && (rows == 1 || t->strides[0] == 1) &&
+                      (blocks == 1 || t->strides[1] == mxq_sizes::ScaleRows(f, m));
+    if (!view && (Numel(t) != count || !Compact(t))) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has " << Numel(t) << " elements"
+                                << (Compact(t) ? "" : " (not contiguous)") << "; this op's " << kLayoutNames[f.order]
+                                << " layout needs " << count << " contiguous"
+                                << (f.order == mxq_sizes::kOuterMajor ? " (or the [" + std::to_string(rows) + ", " +
+                                    std::to_string(blocks) + "] view of strides (1, " +
+                                    std::to_string(mxq_sizes::ScaleRows(f, m)) + ") of such a buffer)" : std::string())
+                                << grouped_note;
+    }
+    push(Alias(t, fp32 ? f32 : u8, count, 1, 1));
+  };
   if (st.want[kRowData]) {
     bytes(base + kRowData, m * n, true);
-    const int64_t want = mxq_sizes::RowScaleBytes(m, n, st.swizzled, groups);
-    if (rows_scale != want) {
-      TVM_FFI_THROW(ValueError) << "mxq: argument 'rowwise_scale' has " << rows_scale << " bytes; this op's "
-                                << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want << grouped_note;
-    }
-    bytes(base + kRowScale, rows_scale, false);
+    scale(base + kRowScale, st.facts.row);
   }
   if (st.want[kColData]) {
     bytes(base + kColData, m * n, true);
-    const int64_t want = mxq_sizes::ColScaleBytes(m, n, st.swizzled, groups);
-    if (cols_scale != want) {
-      TVM_FFI_THROW(ValueError) << "mxq: argument 'colwise_scale' has " << cols_scale << " bytes; this op's "
-                                << (st.swizzled ? "swizzled" : "compact") << " layout needs " << want << grouped_note;
-    }
-    bytes(base + kColScale, cols_scale, false);
+    scale(base + kColScale, st.facts.col);
   }
   // a one-dimensional output (or, with ``rows`` > 0, a grouped dbias's [rows, count / rows])
   auto scalar_tensor = [&](int i, DLDataType dt, int64_t count, int64_t rows = 0) {
@@ -436,7 +456,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
       scalar_tensor(base + kDbias, x->dtype, groups * n, groups);
     }
     // the partial sums' precision: fp64 for fp32 inputs, fp32 for 16-bit ones (numerics.dbias_partial_dtype)
-    const int64_t ws_rows = mxq_sizes::WorkspaceRows(m, groups);
+    const int64_t ws_rows = mxq_sizes::WorkspaceRows(m, st.facts.tile_rows, groups);
     push(ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, ffi::Shape({ws_rows, n}), x->dtype.bits == 32 ? f64 : f32, x->device));
   }
   ffi::Tensor zero;
@@ -516,8 +536,9 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   }
   const int64_t groups = ends != nullptr ? ends->shape[0] : -1;
   const int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1, m = numel / n;
-  const int64_t row_scale = mxq_sizes::RowScaleBytes(m, n, false, groups);
-  const int64_t col_scale = mxq_sizes::ColScaleBytes(m, n, false, groups);
+  // (compact E8M0 scales: what Python's calls of MXFP8 ops take this route with, launch.Launcher)
+  const int64_t row_scale = mxq_sizes::ScaleElements(st.facts.row, m, n, groups);
+  const int64_t col_scale = mxq_sizes::ScaleElements(st.facts.col, m, n, groups);
   const DLDataType u8{kDLUInt, 8, 1}, f32{kDLFloat, 32, 1}, fp8{st.fp8_code, 8, 1}, i32{kDLInt, 32, 1};
   auto alloc = [&](ffi::Shape shape, DLDataType dt) {
     return ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, shape, dt, x->device);
@@ -587,11 +608,17 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
 
 }  // namespace
 
-// [destination-passing route, allocating route] of one op. `unit`, `pad`, `max_groups`: State's.
+// [destination-passing route, allocating route] of one op. `unit`, `pad`, `max_groups`: State's;
+// `facts`: its scale buffers' and workspace's (slots.scale_facts; scale_sizes.h's Facts).
 ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Array<ffi::String> names,
                               ffi::Function python, ffi::Function resolve, ffi::Function zero,
-                              int64_t share_max, int64_t unit, int64_t pad, int64_t max_groups) {
+                              int64_t share_max, int64_t unit, int64_t pad, int64_t max_groups,
+                              ffi::Array<int64_t> facts) {
   auto st = std::make_shared<State>();
+  if (facts.size() != mxq_sizes::kFacts) TVM_FFI_THROW(ValueError) << "mxq: make_dispatcher needs the op's size facts";
+  int64_t list[mxq_sizes::kFacts];
+  for (int i = 0; i < mxq_sizes::kFacts; ++i) list[i] = facts[i];
+  st->facts = mxq_sizes::FromList(list);
   st->max_groups = max_groups;
   st->share_max = share_max;
   st->unit = unit;

@@ -9,7 +9,9 @@
 // G = 0 (the kernels then treat all rows as one group, which buffers sized for no group do not
 // hold) or more groups than the grouped dbias reduction's grid serves; the FP8 data's row
 // stride, like the workspace's, is a symbol of its own, so rows that overlap would pass; and
-// nothing says that one argument's memory is apart from another's (spans.h). Each
+// nothing says that one argument's memory is apart from another's (spans.h); and a scale
+// buffer's dtype (E8M0 bytes or fp32, scale_sizes.h's facts) is checked here so that a call on
+// the wrong device still hears of it. Each
 // exported name is therefore this check in front of the compiled function (linked in under a
 // hidden name): it raises ValueError naming the argument, or passes the call on unchanged.
 // Arguments it cannot read (a wrong count, a non-tensor, a first input that is not 2-D) are
@@ -33,11 +35,11 @@ enum Role : int {
   kOther = 0,
   kInput0 = 1,     // the first epilogue tensor: sets M and N
   kRowData = 2,    // uint8 [M, W]
-  kRowScale = 3,   // uint8 [RowScaleBytes(M, W)]
+  kRowScale = 3,   // uint8 or float32 [ScaleElements(facts.row, M, W)]
   kColData = 4,    // uint8 [M, W]
-  kColScale = 5,   // uint8 [ColScaleBytes(M, W)]
+  kColScale = 5,   // uint8 or float32 [ScaleElements(facts.col, M, W)]
   kDbias = 6,      // [W] ([G, W] grouped)
-  kWorkspace = 7,  // [WorkspaceRows(M), W]
+  kWorkspace = 7,  // [WorkspaceRows(M, facts.tile_rows), W]
   kGroupEnds = 8,  // int32 [G]
   kAmax = 9,       // float32 [1]
 };
@@ -49,15 +51,15 @@ inline bool Writes(int role) {
          role == kWorkspace || role == kAmax;
 }
 
-// One exported function: its argument roles and names (the header's), its scale layout,
-// whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/frontend/gated.py; else W = N), and the
+// One exported function: its argument roles and names (the header's), its op's size facts
+// (scale_sizes.h: the list mxq/runtime/slots.py's scale_facts gives, rendered by export.py), whether its outputs are 2N wide (W = 2N: a two-halves op, mxq/frontend/gated.py; else W = N), and the
 // most groups a grouped call may have (groups.MAX_GROUPS).
 struct Function {
   const char* name;
   int nargs;
   const int* roles;
   const char* const* arg_names;
-  bool swizzled;
+  const int64_t* facts;  // mxq_sizes::kFacts of them
   bool halves;
   int64_t max_groups;
 };
@@ -78,6 +80,12 @@ inline std::string ShapeText(const DLTensor* t) {
   std::string s = "[";
   for (int d = 0; d < t->ndim; ++d) s += (d ? ", " : "") + std::to_string(t->shape[d]);
   return s + "]";
+}
+
+inline std::string DtypeText(DLDataType d) {
+  const char* kind = d.code == kDLFloat ? "float" : d.code == kDLInt ? "int" : d.code == kDLUInt ? "uint"
+                                       : d.code == kDLBfloat ? "bfloat" : "code" ;
+  return std::string(kind) + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
 }
 
 inline int Refuse(const std::string& msg) {
@@ -132,6 +140,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
                   " group ends; a grouped call takes 1 to " + std::to_string(f.max_groups));
   }
   const int64_t m = x->shape[0], n = x->shape[1], w = f.halves ? 2 * n : n;
+  const mxq_sizes::Facts facts = mxq_sizes::FromList(f.facts);
   auto dims = [](int64_t a, int64_t b) { return "shape [" + std::to_string(a) + ", " + std::to_string(b) + "]"; };
   for (int i = 0; i < f.nargs; ++i) {
     const DLTensor* t = AsTensor(args[i]);
@@ -148,8 +157,15 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
         break;
       case kRowScale:
       case kColScale: {
-        const int64_t want = f.roles[i] == kRowScale ? mxq_sizes::RowScaleBytes(m, w, f.swizzled, groups)
-                                                     : mxq_sizes::ColScaleBytes(m, w, f.swizzled, groups);
+        // (checked here: on tensors of another device the compiled function names the device first)
+        const bool fp32 = facts.scale_bits == 32;
+        if (fp32 ? t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1
+                 : t->dtype.bits != 8 || t->dtype.lanes != 1) {
+          return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
+                        "' has dtype " + DtypeText(t->dtype) + "; this op's scales are " +
+                        (fp32 ? "float32 (fp32 scales)" : "uint8 (E8M0 bytes)"));
+        }
+        const int64_t want = mxq_sizes::ScaleElements(f.roles[i] == kRowScale ? facts.row : facts.col, m, w, groups);
         if (Numel(t) != want) need = std::to_string(want) + " elements";
         break;
       }
@@ -161,7 +177,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
         }
         break;
       case kWorkspace: {
-        const int64_t rows = mxq_sizes::WorkspaceRows(m, groups);
+        const int64_t rows = mxq_sizes::WorkspaceRows(m, facts.tile_rows, groups);
         if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != w) {
           need = dims(rows, w);
         } else if (!RowsApart(t, w)) {

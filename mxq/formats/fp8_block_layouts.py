@@ -30,6 +30,9 @@ from . import groups
 from .layouts import cdiv, roundup
 from .fp8_block import BLOCK
 
+# what the GEMM-ready scales' padded dimensions are multiples of (cuBLAS's row stride of 16 bytes)
+GEMM_SCALE_ALIGN = 4
+
 
 def scale_grid(rows: int, cols: int, block: tuple) -> tuple[int, int]:
     """The logical scale shape of a [rows, cols] operand quantized in ``block`` blocks."""
@@ -41,8 +44,8 @@ def gemm_scale(rows: int, cols: int, tiles: bool, device, alloc=torch.zeros) -> 
     (outer-dim-major) or, ``tiles``, 128x128 (row-major, padded); a view of a fresh buffer."""
     if tiles:
         mb, nb = scale_grid(rows, cols, (BLOCK, BLOCK))
-        return alloc((roundup(mb, 4), roundup(nb, 4)), dtype=torch.float32, device=device)[:mb, :nb]
-    buf = alloc((cdiv(cols, BLOCK), roundup(rows, 4)), dtype=torch.float32, device=device)
+        return alloc((roundup(mb, GEMM_SCALE_ALIGN), roundup(nb, GEMM_SCALE_ALIGN)), dtype=torch.float32, device=device)[:mb, :nb]
+    buf = alloc((cdiv(cols, BLOCK), roundup(rows, GEMM_SCALE_ALIGN)), dtype=torch.float32, device=device)
     return buf[:, :rows].t()
 
 
@@ -99,5 +102,5 @@ def first_block_row(g: int, start: int) -> int:
     return groups.first_block_row(g, start, BLOCK)
 
 
-__all__ = ["colwise_block", "colwise_data", "first_block_row", "gemm_scale", "grouped_rows",
+__all__ = ["GEMM_SCALE_ALIGN", "colwise_block", "colwise_data", "first_block_row", "gemm_scale", "grouped_rows",
            "scale_grid", "scales"]

@@ -13,6 +13,8 @@ import torch
 from .numerics import BLOCK
 
 LAYOUTS = ("compact", "swizzled")
+# the swizzled layout's tile of rowwise scales: 128 rows x 4 blocks (colwise scales: its transpose)
+SWIZZLE_TILE = (128, 4)
 
 
 def cdiv(a: int, b: int) -> int:
@@ -26,13 +28,13 @@ def roundup(a: int, b: int) -> int:
 def rowwise_scale_shape(m: int, n: int, layout: str) -> tuple[int, int]:
     if layout == "compact":
         return (m, cdiv(n, BLOCK))
-    return (roundup(m, 128), roundup(cdiv(n, BLOCK), 4))
+    return (roundup(m, SWIZZLE_TILE[0]), roundup(cdiv(n, BLOCK), SWIZZLE_TILE[1]))
 
 
 def colwise_scale_shape(m: int, n: int, layout: str) -> tuple[int, int]:
     if layout == "compact":
         return (cdiv(m, BLOCK), n)
-    return (roundup(cdiv(m, BLOCK), 4), roundup(n, 128))
+    return (roundup(cdiv(m, BLOCK), SWIZZLE_TILE[1]), roundup(n, SWIZZLE_TILE[0]))
 
 
 def swizzle_offset(i: int, j: int, blocks: int) -> int:

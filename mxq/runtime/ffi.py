@@ -20,7 +20,7 @@ from importlib import resources
 
 import torch
 
-from . import compiler, launch, slots, targets
+from . import compiler, launch, limits, slots, targets
 from ..formats import groups
 from ..frontend import gated
 from ..kernels.config import UNIT
@@ -56,7 +56,7 @@ def _dispatch_module():
                 include = f'#include "{header}"'
                 assert include in src, f"mxq: csrc/dispatch.cc must include {header}"
                 src = src.replace(include, csrc.joinpath(header).read_text(), 1)
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v17", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v18", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -105,6 +105,8 @@ def _python_callback(op):
                                  f"by this op")
             if t is None:
                 return None
+            if name.endswith("_scale") and not like.is_contiguous():
+                return _outer_major(t, like, name)
             if t.numel() != like.numel():
                 raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}"
                                  f"{' (grouped buffers: docs/NUMERICS.md, Groups)' if offsets is not None else ''}")
@@ -128,7 +130,8 @@ def _python_callback(op):
             colwise_scale=dest(cs, want.colwise_scale, "colwise_scale"),
             amax=dest(amax, want.amax, "amax"),
             dbias=dest(dbias, want.dbias, "dbias"),
-            fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape, scale_mode=spec.scale_mode)
+            fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape, scale_mode=spec.scale_mode,
+            format=want.format, block=want.block)
         kwargs = dict(zip(epi.tensor_params, tensors))
         kwargs.update(zip(epi.scalar_params, scalars))
         if x.device.type == "cpu" or x.numel() == 0:
@@ -139,6 +142,18 @@ def _python_callback(op):
             op(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
 
     return call
+
+
+def _outer_major(t, like, name: str):
+    """A destination for GEMM-ready (outer-dim-major) scales ``like`` (a view of a padded buffer,
+    fp8_block_layouts.gemm_scale): that view itself, or its whole buffer, contiguous (what the
+    native dispatcher takes, slots.direction_facts), as the view."""
+    if t.shape == like.shape and t.stride() == like.stride():
+        return t
+    if t.dtype != like.dtype or t.numel() != like._base.numel() or not t.is_contiguous():
+        raise ValueError(f"mxq: argument {name!r} must be a contiguous {like.dtype} buffer of {like._base.numel()} "
+                         f"elements, or its view of shape {tuple(like.shape)} and strides {like.stride()}")
+    return t.reshape(-1).as_strided(like.shape, like.stride())
 
 
 def python_dispatcher(op):
@@ -177,6 +192,10 @@ def _resolve_callback(op):
         dtype = by_code.get((int(code), int(bits)))
         if dtype is None:
             raise TypeError(f"mxq: input dtype (DLPack code {code}, {bits} bits) is not float32, float16 or bfloat16")
+        name = _NATIVE_VARIANTS[int(variant)]
+        gap = limits.cpp_gap(op.spec, op.epilogue, dtype, name, name.endswith("_grouped"))
+        if gap:  # (what register()/dispatcher() could not refuse up front: the call's dtype and variant)
+            raise ValueError(f"mxq: {gap}; this {dtype} call has no kernel on the C++ routes")
         arch = targets.device_arch(torch.device("cuda", int(device_id)))
         layouts = tuple(by_letter[c] for c in str(kinds)) or None
         return compiler.native_function(op, arch, dtype, _NATIVE_VARIANTS[int(variant)], layouts)
@@ -208,16 +227,19 @@ def make_dispatchers(op) -> tuple:
         epi = op.epilogue
         pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
                                    list(epi.tensor_params + epi.scalar_params), py, res, _zero_callback,
-                                   SHARED_ALLOC_MAX_BYTES, UNIT, PADDED_ROW_BYTES, groups.MAX_GROUPS)
+                                   SHARED_ALLOC_MAX_BYTES, UNIT, PADDED_ROW_BYTES, groups.MAX_GROUPS,
+                                   list(limits.cpp_facts(op.spec, op.epilogue)))
         return pair[0], pair[1], py, res  # (the callbacks too: kept alive with the dispatchers)
 
 
 def dispatchers_or_none(op):
-    """make_dispatchers(op), or None (after a warning) where they cannot be built (no C++
-    compiler). Two-halves ops (mxq/frontend/gated.py) have none: their outputs are wider than
-    their inputs, which the dispatchers do not know; nor do FP8 block-scaling ops (fp32 scales
-    in their own layouts: the dispatchers' buffers and checks are E8M0's; limits.refuse_cpp)."""
-    if gated.is_halves(op.epilogue) or op.spec.format != "mxfp8":  # (FP8 block scaling: limits.refuse_cpp)
+    """make_dispatchers(op) for the Python routes' CUDA calls (launch.Launcher), or None (after a
+    warning) where they cannot be built (no C++ compiler). Two-halves ops (mxq/frontend/gated.py)
+    have none: their outputs are wider than their inputs, which the dispatchers do not know; nor
+    do FP8 block-scaling ops on this route: their calls take Python's binding of the kernels
+    (Launcher.bind: GEMM-ready scales are views of padded buffers, fp32 calls fall back per call,
+    limits.fp8_block_unserved), while register()/dispatcher() build theirs (op.py)."""
+    if gated.is_halves(op.epilogue) or op.spec.format != "mxfp8":
         return None
     try:
         return make_dispatchers(op)

@@ -12,6 +12,7 @@ from ..formats.numerics import BLOCK
 from ..frontend import codegen, gated
 from ..kernels import config as kconfig
 from ..tensor import flat_dims
+from . import slots
 
 
 def unsupported(x: torch.Tensor) -> str | None:
@@ -45,33 +46,51 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str 
 
 
 def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
-    """What of an FP8 block-scaling call the kernels do not serve, or None. They serve 1x128
-    rowwise blocks (compact or gemm layout) and, from 16-bit inputs, colwise 128-row blocks
-    (the packed kernel's 128-row tile, KernelConfig.tile_rows; compact, or the GEMM-ready
-    transposed copy from aligned rows, _aligned_rows; with or without amax) and 128x128 tiles
-    (the same tile, either layout and direction), of ungrouped, one-output-half ops; fp32 inputs
-    rowwise 1x128 blocks only, where the FP8 rows start on 8-byte boundaries (the vectorised
-    kernel, aligned or with staged rows: launch.variant_for picks "vec" or "rows8"; the
-    element-wise kernel serves 1x32 blocks only), which mxq's own outputs always do."""
+    """What of an FP8 block-scaling call the kernels do not serve, or None: fp8_block_gap for the
+    call's dtype and groups; the GEMM-ready transposed colwise copy from rows that are not aligned
+    (_aligned_rows); fp32 inputs into FP8 rows not on 8-byte boundaries (the element-wise kernel,
+    variant_gap), which mxq's own outputs never are."""
+    grouped = call is not None and call.group_offsets is not None
+    gap = fp8_block_gap(spec, epilogue, DTYPE_NAMES.get(x.dtype), grouped)
+    if gap:
+        return gap
+    if spec.colwise and spec.scale_layout == "gemm" and not _aligned_rows(x, call):
+        return ("with colwise=True and scale_layout='gemm' (the transposed copy) from inputs with N % 8 != 0 or "
+                "not 16-byte aligned rows has no GPU kernels yet")
+    if x.dtype != torch.float32:
+        return None
+    data = call.out.rowwise_data if call is not None and call.out is not None else None
+    if data is not None and (data.data_ptr() % kconfig.UNIT or (data.dim() > 1 and data.shape[0] > 1
+                                                                 and data.stride(0) % kconfig.UNIT)):
+        return "with fp32 inputs into FP8 rows not on 8-byte boundaries has no GPU kernels yet"
+    return None
+
+
+# input dtypes by the names the C++ routes use (export's dtype=, the dispatcher's resolve)
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> str | None:
+    """What of an FP8 block-scaling op the kernels do not serve for calls of input ``dtype``
+    ("bf16", "fp16", "fp32"; None: whatever the dtype), or None. They serve 1x128 rowwise blocks
+    (compact or gemm layout) and, from 16-bit inputs, colwise 128-row blocks (the packed kernel's
+    128-row tile, KernelConfig.tile_rows; compact, or the GEMM-ready transposed copy from aligned
+    rows; with or without amax) and 128x128 tiles (the same tile, either layout and direction),
+    of ungrouped, one-output-half ops; fp32 inputs rowwise 1x128 blocks only, through the
+    vectorised kernel, aligned or with staged rows (launch.variant_for picks "vec" or "rows8":
+    variant_gap), where the staged rows fit shared memory. The rule of the Python routes
+    (fp8_block_unserved) and, with cpp_only_gap, the C++ ones (cpp_gap)."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
     if gated.is_halves(epilogue):
         return "with a gated backward (two output halves) has no GPU kernels yet"
-    if call is not None and call.group_offsets is not None:
+    if grouped:
         return "with group_offsets has no GPU kernels yet"
-    if (spec.colwise or spec.block[0] > 1) and x.dtype == torch.float32:
+    if (spec.colwise or spec.block[0] > 1) and dtype == "fp32":
         return "with colwise=True or block=(128, 128) and fp32 inputs has no GPU kernels yet"
-    if spec.colwise and spec.scale_layout == "gemm" and not _aligned_rows(x, call):
-        return ("with colwise=True and scale_layout='gemm' (the transposed copy) from inputs with N % 8 != 0 or "
-                "not 16-byte aligned rows has no GPU kernels yet")
-    if x.dtype == torch.float32:
-        data = call.out.rowwise_data if call is not None and call.out is not None else None
-        if data is not None and (data.data_ptr() % kconfig.UNIT or (data.dim() > 1 and data.shape[0] > 1
-                                                                     and data.stride(0) % kconfig.UNIT)):
-            return "with fp32 inputs into FP8 rows not on 8-byte boundaries has no GPU kernels yet"
-        if not codegen.kernel_config(spec, epilogue).vec_unaligned:
-            return "with fp32 inputs whose staged rows would not fit shared memory has no GPU kernels yet"
+    if dtype == "fp32" and not codegen.kernel_config(spec, epilogue).vec_unaligned:
+        return "with fp32 inputs whose staged rows would not fit shared memory has no GPU kernels yet"
     return None
 
 
@@ -117,6 +136,46 @@ def _aligned_rows(x: torch.Tensor, call) -> bool:
     return x.dim() > 0 and x.shape[-1] % kconfig.VEC == 0
 
 
+def variant_gap(spec, dtype: str | None, variant: str | None) -> str | None:
+    """Why compiled ``variant`` (compiler.VARIANTS) cannot serve an op's calls of ``dtype``, or
+    None: FP8 block scaling's fp32 calls have no "generic" kernel (the element-wise kernel serves
+    1x32 blocks only; fp32 FP8 rows not on 8-byte boundaries)."""
+    if spec.format == "fp8_block" and dtype == "fp32" and variant is not None and variant.startswith("generic"):
+        return "with fp32 inputs into FP8 rows not on 8-byte boundaries has no GPU kernels yet"
+    return None
+
+
+def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None, grouped: bool = False) -> str | None:
+    """What of an op the C++ routes (register, dispatcher, export) cannot serve, as
+    "format=... <why>", or None: formats without kernels, fp8_block_gap, variant_gap. register()
+    and dispatcher() ask it with no dtype before anything is built and the native dispatcher with
+    each call's dtype and variant (ffi's resolve); export() with its dtype, grouped, and each
+    variant it exports (a variant with a gap is left out of the library)."""
+    if spec.format == "mxfp8":
+        return None
+    why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant) or cpp_only_gap(spec)
+           if spec.format == "fp8_block" else "has no GPU kernels yet")
+    return f"format={spec.format!r} {why}" if why else None
+
+
+def cpp_facts(spec, epilogue) -> tuple[int, ...]:
+    """The C++ routes' size facts of an op (slots.scale_facts at the kernels' tile rows)."""
+    return slots.scale_facts(spec, codegen.kernel_config(spec, epilogue).tile_rows)
+
+
+def cpp_only_gap(spec) -> str | None:
+    """What of an FP8 block-scaling op the Python routes run on the kernels and the C++ routes do
+    not serve yet (their argument checks know [M, N] data and 1x128 / 128-row blocks only): 128x128
+    tiles, the transposed colwise copy, amax beside colwise blocks."""
+    if spec.block != (1, 128):
+        return f"with block={spec.block} is not served by the C++ routes yet"
+    if spec.colwise and spec.scale_layout == "gemm":
+        return "with colwise=True and scale_layout='gemm' (the transposed copy) is not served by the C++ routes yet"
+    if spec.colwise and spec.amax:
+        return "with colwise=True and amax is not served by the C++ routes yet"
+    return None
+
+
 def n_multiple(spec, epilogue) -> int:
     """What N must be a multiple of for the kernels to serve an op: a two-halves op with rowwise
     output, a block (a rowwise block may not straddle the halves); else 1."""
@@ -141,13 +200,14 @@ def smem_shortfall(epilogue, need: int) -> str | None:
             f"memory in the 16-bit kernel (at most {kconfig.SMEM_LIMIT})")
 
 
-def refuse_cpp(what: str, spec, epilogue, smem_shortfall, dtype: str | None = None) -> None:
-    """Ops a C++ route cannot serve, refused before anything is built: a gated op's inner op (the
-    gated op serves them itself), an FP8 block-scaling op (its kernels run on the Python routes
-    only: the C++ dispatcher's buffers and checks are MXFP8's), and refuse_unlaunchable's."""
-    if spec.format != "mxfp8":
-        raise ValueError(f"mxq: {what}: format={spec.format!r} has no C++ route yet; "
-                         "call the op from Python (its kernels, or the torch reference where they do not serve it)")
+def refuse_cpp(what: str, spec, epilogue, smem_shortfall, dtype: str | None = None, grouped: bool = False) -> None:
+    """Ops a C++ route cannot serve, refused before anything is built: what the kernels do not
+    serve (cpp_gap: a C++ route cannot fall back to the reference), a gated op's inner op (the
+    gated op serves them itself), and refuse_unlaunchable's."""
+    gap = cpp_gap(spec, epilogue, dtype, grouped=grouped)
+    if gap:
+        raise ValueError(f"mxq: {what}: {gap}, so it has no C++ route; call the op from Python (which runs the "
+                         "torch reference for it)")
     if spec.gated or gated.is_halves(epilogue):
         raise ValueError(f"mxq: {what}: the inner op of a gated activation is not served by this C++ route; "
                          "use the gated op's own register(), dispatcher() or export(), or call it from Python "
@@ -166,5 +226,6 @@ def refuse_unlaunchable(what: str, smem_shortfall, dtype: str | None = None) -> 
                          + (" or export it for dtype='fp32'" if dtype else ""))
 
 
-__all__ = ["n_multiple", "packed_shared_bytes", "refuse_cpp", "refuse_unlaunchable", "smem_shortfall", "unserved",
-           "unsupported"]
+__all__ = ["DTYPE_NAMES", "cpp_facts", "cpp_gap", "fp8_block_gap", "fp8_block_unserved", "n_multiple",
+           "packed_shared_bytes", "refuse_cpp", "refuse_unlaunchable", "smem_shortfall", "unserved",
+           "unsupported", "variant_gap"]

@@ -1,4 +1,4 @@
-// mxq C++ API: call mxq's fused MXFP8 quantization ops from C++ through TVM-FFI.
+// mxq C++ API: call mxq's fused MXFP8 and FP8 block-scaling quantization ops from C++ through TVM-FFI.
 //
 // In a process where Python has imported mxq, two kinds of globals exist:
 //   "mxq.<name>"                 an op registered with op.register(name)
@@ -7,8 +7,10 @@
 //   (*epilogue_tensors, *epilogue_scalars, act_input, rowwise_data, rowwise_scale,
 //    colwise_data, colwise_scale, amax, dbias, noop[, group_offsets])
 // with None (tvm::ffi::Optional<tvm::ffi::Tensor>()) in every slot the op does not use. Data
-// slots take float8 or uint8 tensors of the input's shape, scale slots uint8 in the op's layout,
-// amax a float32 tensor of one element. CUDA tensors run the kernel on TVM-FFI's environment
+// slots take float8 or uint8 tensors of the input's shape, scale slots uint8 (E8M0) in the op's
+// layout, or float32 for format fp8_block (flat, contiguous; the gemm layout's 1x128 scales as
+// their padded outer-dim-major buffer [ceil(N/128), roundup(M, 4)]), amax a float32 tensor of one
+// element. CUDA tensors run the kernel on TVM-FFI's environment
 // stream (TVMFFIEnvSetStream); CPU tensors run the torch reference, so C++ code can be tested
 // without a GPU. Pass owning tvm::ffi::Tensor objects (not TensorView) on the CPU route.
 // Errors arrive as tvm::ffi::Error carrying the Python exception kind (ValueError, TypeError).
@@ -31,8 +33,10 @@
 //   bit 13     dbias
 //   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16 (informational: one function serves all)
 //   bit 16     gated          act/dact is the gated form (swiglu, ...): refused by the C++ routes
-//   bit 17     format         fp8_block (bits 3-4 then: 0 pow2, 1 fp32; bit 5: gemm layout): refused by the C++ routes
-//   bit 18     block          fp8_block 128x128 (else 1x128); nvfp4 block_2d (16x16)
+//   bit 17     format         fp8_block (bits 3-4 then: 0 pow2, 1 fp32; bit 5: gemm layout): served as
+//                             the kernels serve it (1x128 rowwise; 128-row colwise, compact, from
+//                             bf16/fp16, no amax); the rest is refused by name (limits.cpp_gap)
+//   bit 18     block          fp8_block 128x128 (else 1x128; refused: no kernels yet); nvfp4 block_2d (16x16)
 //   bit 19     format, high   format = bit 17 | bit 19 << 1: 2 nvfp4, 3 mxfp4 (refused by the C++ routes)
 //   bit 20     hadamard       nvfp4
 //   bit 21     stochastic_rounding  nvfp4
@@ -61,6 +65,8 @@ enum KeyBits : uint32_t {
   kDactShift = 10,
   kDbias = 1u << 13,
   kDtypeShift = 14,  // 0 fp32, 1 fp16, 2 bf16
+  kFp8Block = 1u << 17,  // format fp8_block (kSwizzled then selects its gemm layout)
+  kTiles128 = 1u << 18,  // fp8_block's 128x128 blocks
 };
 
 // A per-key cache of quantize functions. Thread-safe; when several threads ask for one key at
