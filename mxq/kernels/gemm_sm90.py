@@ -101,11 +101,11 @@ class GemmSm90:
             tx_count=self.stage_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
         wg = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         if wg == 0:
-            cute.arch.warpgroup_reg_dealloc(PRODUCER_REGS)
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
             if warp == 0:
                 self.produce(pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched)
         else:
-            cute.arch.warpgroup_reg_alloc(CONSUMER_REGS)
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self.consume(pipe, tiled_mma, sA, sW, mD, mAcc, sched, tidx - THREADS_PER_WG, gA_full)
 
     @cute.jit
@@ -153,26 +153,34 @@ class GemmSm90:
 
     @cute.jit
     def mainloop(self, pipe, read, tiled_mma, tCrA, tCrW, acc, k_tiles):
-        """acc = the tile's A @ W^T over every K tile: wait for a stage, issue its wgmmas, keep one
-        K tile in flight and release the stage before it. Returns the advanced read state."""
+        """acc = the tile's A @ W^T over every K tile (K > 0): the first K tile's wgmmas overwrite
+        acc, each later one waits for its stage, issues its wgmmas, and keeps them in flight while
+        it releases the stage before it. Returns the advanced read state."""
         release = read.clone()
-        acc.fill(0.0)
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        cute.nvgpu.warpgroup.fence()
-        for k in range(k_tiles):
-            pipe.consumer_wait(read)
-            for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
-                cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)], tCrW[(None, None, kb, read.index)], acc)
-            cute.nvgpu.warpgroup.commit_group()
-            read.advance()
-            if k > 0:
-                cute.nvgpu.warpgroup.wait_group(1)
-                pipe.consumer_release(release)
-                release.advance()
-        cute.nvgpu.warpgroup.wait_group(0)
-        if k_tiles > 0:
+        self.k_tile(pipe, read, tiled_mma, tCrA, tCrW, acc, False)
+        read.advance()
+        for _ in cutlass.range(k_tiles - 1, unroll=1):
+            self.k_tile(pipe, read, tiled_mma, tCrA, tCrW, acc, True)
+            cute.nvgpu.warpgroup.wait_group(1)
             pipe.consumer_release(release)
+            release.advance()
+            read.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        pipe.consumer_release(release)
         return read
+
+    @cute.jit
+    def k_tile(self, pipe, read, tiled_mma, tCrA, tCrW, acc, accumulate: cutlass.Constexpr):
+        """Wait for the stage of ``read`` and issue its wgmmas (``accumulate``: onto acc, else
+        the first overwrites it), committed as one group."""
+        pipe.consumer_wait(read)
+        cute.nvgpu.warpgroup.fence()
+        mma = cute.make_mma_atom(tiled_mma.op)  # (a fresh atom: its ACCUMULATE flag is set here)
+        mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, accumulate)
+        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(mma, acc, tCrA[(None, None, kb, read.index)], tCrW[(None, None, kb, read.index)], acc)
+            mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
 
     @cute.jit
     def epilogue(self, acc: cute.Tensor, tile_m: Int32, tile_n: Int32, thr_mma, mD: cute.Tensor, mAcc: cute.Tensor):
@@ -198,8 +206,8 @@ class GemmSm90:
                                                      (tile_m, tile_n)))
         tDgD = thr_mma.partition_C(cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n)))
         tAgA = thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n)))
-        for i in cutlass.range_constexpr(cute.size(acc)):
+        for i in cutlass.range_constexpr(0, cute.size(acc), 2):  # (column pairs: both in or both out, N % 8 == 0)
             if cute.elem_less(coords[i], mD.shape):
-                tDgD[i] = out[i]
+                tDgD[i], tDgD[i + 1] = out[i], out[i + 1]
                 if cutlass.const_expr(self.acc_hook):
-                    tAgA[i] = acc[i]
+                    tAgA[i], tAgA[i + 1] = acc[i], acc[i + 1]

@@ -33,9 +33,13 @@ def check_args(a, w, out=None, acc_out=None) -> None:
             raise TypeError(f"mxq.gemm: {name} must be bfloat16 or float16, got {t.dtype}")
         if t.dim() != 2:
             raise ValueError(f"mxq.gemm: {name} must be 2-D [rows, K], got shape {tuple(t.shape)}")
-        if t.stride(1) != 1 or t.stride(0) != t.shape[1]:
+        if not t.is_contiguous():
             raise ValueError(f"mxq.gemm: {name} must be K-major and contiguous (row-major [rows, K]), "
                              f"got strides {t.stride()}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"mxq.gemm: {name} must start on a 16-byte boundary (TMA), got address {t.data_ptr():#x}")
+        if t.numel() >= 2 ** 31:
+            raise ValueError(f"mxq.gemm: {name} must have fewer than 2^31 elements (32-bit indices), got {t.numel()}")
     if w.dtype != a.dtype:
         raise TypeError(f"mxq.gemm: w must have a's dtype {a.dtype}, got {w.dtype}")
     if w.shape[1] != a.shape[1]:
@@ -53,8 +57,10 @@ def check_args(a, w, out=None, acc_out=None) -> None:
         if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"mxq.gemm: {name} must be a {dtype} tensor of shape {shape}, got {got}")
-        if not t.is_contiguous() or t.device != a.device:
-            raise ValueError(f"mxq.gemm: {name} must be contiguous on {a.device}")
+        if not t.is_contiguous() or t.device != a.device or t.data_ptr() % 16:
+            raise ValueError(f"mxq.gemm: {name} must be contiguous on {a.device}, starting on a 16-byte boundary")
+        if t.numel() >= 2 ** 31:
+            raise ValueError(f"mxq.gemm: {name} must have fewer than 2^31 elements (32-bit indices), got {t.numel()}")
 
 
 def fake_args(dtype_name: str, acc_hook: bool):
