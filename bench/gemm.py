@@ -1,6 +1,6 @@
 """mxq's sm_90 GEMM (mxq/kernels/gemm_sm90.py) on the GPU: checked, then timed against torch.matmul.
 
-    python bench/gemm.py [--out DIR] [--quick] [--no-bench]
+    python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8]
 
 Cases (M x N x K, bf16, D = A @ W^T with A [M, K], W [N, K]): M in (8192, 16384) crossed with
 (K, N) in ((4096, 14336), (14336, 4096), (8192, 28672)), and small or odd shapes with partial
@@ -8,8 +8,9 @@ tiles (--quick: the small ones and the first large one). Each case is checked ag
 matmul of the same inputs: D within bf16 GEMM tolerance (``bounds``) and the fp32 accumulator
 hook within a K-dependent fp32 tolerance; torch.matmul is held to the same D bound. Then both are
 timed by bench/device_check.py's busy-GPU method (``dc.time_ms``) and printed as TFLOP/s with
-the ratio torch time / mxq time (> 1: mxq faster). A case that raises prints its error and the
-run goes on. Results: <out>/<device>-<date>-gemm.json.
+the ratio torch time / mxq time (> 1: mxq faster); ``--swizzle`` also times the kernel with those
+tile orders (GemmSm90's ``swizzle``; each must give D bit for bit). A case that raises prints its
+error and the run goes on. Results: <out>/<device>-<date>-gemm.json.
 """
 
 from __future__ import annotations
@@ -99,7 +100,29 @@ def time_case(m, n, k):
     return mxq_ms, torch_ms
 
 
-def run_case(m, n, k, bench: bool = True):
+def swizzle_rows(m, n, k, swizzles):
+    """{swizzle: ms, or the error} of the kernel compiled with each tile order; D must equal the
+    default order's bit for bit."""
+    from mxq.runtime.gemm import compile_gemm, gemm
+
+    a, w = inputs(m, n, k)
+    want = gemm(a, w)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    rows = {}
+    for sw in swizzles:
+        try:
+            fn = compile_gemm("bf16", False, sms, swizzle=sw)
+            out = torch.empty_like(want)
+            fn(a, w, out)
+            if not torch.equal(out, want):
+                raise AssertionError("D differs from the default tile order's")
+            rows[sw] = dc.time_ms(lambda: fn(a, w, out))  # noqa: B023 (timed before the next)
+        except Exception as exc:
+            rows[sw] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return rows
+
+
+def run_case(m, n, k, bench: bool = True, swizzles=()):
     """One printed and returned row; an exception becomes the row's error."""
     name = f"gemm_bf16 {m}x{n}x{k}"
     try:
@@ -113,6 +136,9 @@ def run_case(m, n, k, bench: bool = True):
                        ratio=torch_ms / mxq_ms)
             print(f"  {name:32s} mxq {row['tflops']:7.1f} TFLOP/s  torch {row['torch_tflops']:7.1f} TFLOP/s  "
                   f"ratio {row['ratio']:5.2f}  checked={row['checked']} {problems[:1]}", flush=True)
+            if swizzles:
+                row["swizzle_ms"] = swizzle_rows(m, n, k, swizzles)
+                print(f"  {'':32s} swizzle ms: {row['swizzle_ms']} (default {mxq_ms:.3f})", flush=True)
         else:
             print(f"  {name:32s} checked={row['checked']} torch_checked={row['torch_checked']} {problems[:2]}",
                   flush=True)
@@ -126,14 +152,16 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true", help="check only")
+    ap.add_argument("--swizzle", default="", help="tile orders to time too, e.g. '4,8'")
     args = ap.parse_args(argv)
+    swizzles = [int(s) for s in args.swizzle.split(",") if s]
     if not torch.cuda.is_available():
         print("bench/gemm.py needs a CUDA device", file=sys.stderr)
         return 2
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     dev = torch.cuda.get_device_name()
-    rows = [run_case(m, n, k, not args.no_bench) for m, n, k in cases(args.quick)]
+    rows = [run_case(m, n, k, not args.no_bench, swizzles) for m, n, k in cases(args.quick)]
     dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
                                      "rows": rows}, "-gemm")
     return 0 if all(r.get("checked") for r in rows) else 1

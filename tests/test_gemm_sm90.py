@@ -35,6 +35,11 @@ def test_compiles_to_sm90a_ptx_with_wgmma_and_tma(ptx, hook):
     assert "mbarrier.try_wait" in text  # the stages' full / empty barriers
 
 
+def test_fp16_compiles_to_f16_wgmma():
+    text = g.compile_gemm("fp16", keep_ptx=True).__ptx__
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in text
+
+
 def test_d_leaves_as_bf16_pairs_and_the_hook_adds_fp32_stores(ptx):
     """D leaves as 32-bit bf16 pairs (full tiles and edge tiles alike: a pair never straddles
     N, a multiple of 8); the hook variant also stores the fp32 accumulator (pairs as v2.b32)."""

@@ -38,11 +38,14 @@ PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 <= 64
 class GemmSm90:
     """D = A @ W^T on sm_90a for one input dtype. ``acc_hook``: the epilogue also writes the fp32
     accumulator (a test hook: the numerics of the mainloop alone). ``num_sms``: the persistent
-    grid's width (the device's SM count)."""
+    grid's width (the device's SM count). ``swizzle``: the scheduler walks groups of this many N
+    tiles down M (1: plain M-fastest order; > 1 pads the N tile count to a multiple, and the
+    padding tiles store nothing)."""
 
-    def __init__(self, acc_hook: bool = False, num_sms: int = 132):
+    def __init__(self, acc_hook: bool = False, num_sms: int = 132, swizzle: int = 1):
         self.acc_hook = acc_hook
         self.num_sms = num_sms
+        self.swizzle = swizzle
         self.threads = THREADS_PER_WG * (1 + CONSUMER_WGS)
 
     def setup(self, dtype):
@@ -75,7 +78,7 @@ class GemmSm90:
         tma_w, gW = cute.nvgpu.cpasync.make_tiled_tma_atom(
             op, mW, cute.slice_(self.w_layout, (None, None, 0)), (TILE[1], TILE[2]))
         tiles = cute.zipped_divide(mD, (TILE[0], TILE[1]))[(0, (None, None))].shape
-        sched = utils.PersistentTileSchedulerParams((*tiles, 1), (1, 1, 1))
+        sched = utils.PersistentTileSchedulerParams((*tiles, 1), (1, 1, 1), self.swizzle, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms)
         self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched).launch(
             grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)

@@ -20,7 +20,7 @@ ARCH = "sm_90a"  # wgmma needs the arch-specific target
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
 
-_compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms) -> compiled function
+_compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle) -> compiled function
 _lock = threading.Lock()
 
 
@@ -81,9 +81,11 @@ def fake_args(dtype_name: str, acc_hook: bool):
     return args
 
 
-def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int = 132, keep_ptx: bool = False):
-    """The compiled TVM-FFI function ``f(a, w, d[, acc])`` (cached in memory unless keep_ptx)."""
-    key = (dtype_name, ARCH, acc_hook, num_sms)
+def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int = 132, keep_ptx: bool = False,
+                 swizzle: int = 1):
+    """The compiled TVM-FFI function ``f(a, w, d[, acc])`` (cached in memory unless keep_ptx);
+    ``swizzle``: GemmSm90's tile order option (benchmarks try others)."""
+    key = (dtype_name, ARCH, acc_hook, num_sms, swizzle)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn
@@ -95,7 +97,7 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
         cute = toolchain.import_cutlass(ARCH)
         from ..kernels.gemm_sm90 import GemmSm90
 
-        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms)
+        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle)
         entry = kernel.launch_acc if acc_hook else kernel.launch
         options = f"--enable-tvm-ffi --gpu-arch {ARCH}" + (" --keep-ptx" if keep_ptx else "")
         fn = cute.compile(entry, *args, options=options)
