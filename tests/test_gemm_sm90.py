@@ -4,7 +4,7 @@ CPU: the kernel compiles to sm_90a PTX holding wgmma and TMA loads, with and wit
 accumulator hook; bad arguments raise before any launch, naming the argument; bench/gemm.py's
 cases and tolerances (the tolerances checked on an fp32 CPU matmul, and a planted wrong K tile
 caught). GPU (marked ``gpu``): D and the accumulator against a float64 matmul on full and
-partial tiles, and torch.matmul held to the same bound.
+partial tiles, fp16, ``out=`` into a view, and empty M.
 """
 
 from __future__ import annotations
@@ -139,9 +139,9 @@ GPU_SHAPES = [(128, 256, 64), (200, 136, 64), (1000, 520, 4096), (1, 8, 8), (129
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES)
 def test_gpu_gemm_against_float64(m, n, k):
     tool = _bench_tool("gemm")
-    problems, torch_problems = tool.check(m, n, k)
+    # (torch.matmul's own verdict is only printed by the bench: cuBLAS may reduce split-K partials in bf16)
+    problems, _ = tool.check(m, n, k)
     assert problems == [], problems
-    assert torch_problems == [], torch_problems  # (the bound is a fair one: torch meets it)
 
 
 @pytest.mark.gpu
