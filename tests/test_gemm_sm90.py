@@ -91,6 +91,20 @@ def test_good_arguments_pass_and_cpu_tensors_are_refused_before_launch():
         g.gemm(a, w)
 
 
+def test_tile_order_groups_divide_the_n_tiles():
+    from mxq.runtime import toolchain
+
+    toolchain.import_cutlass(g.ARCH)  # (the kernel module imports cutlass: with the arch set first)
+    from mxq.kernels.gemm_sm90 import TILE
+
+    assert g.TILE_N == TILE[1]
+    assert [g.swizzle_for(n) for n in (8, 256, 512, 768, 1024, 4096, 14336, 28672, 2056)] == [1, 1, 2, 1, 4, 8, 8, 8, 1]
+    for n in range(8, 40000, 8):
+        tiles = -(-n // 256)
+        s = g.swizzle_for(n)
+        assert tiles % s == 0 and all(tiles % t for t in g.SWIZZLES if t > s), n
+
+
 def test_bench_cases_cover_the_shapes_and_partial_tiles():
     tool = _bench_tool("gemm")
     full = tool.cases()

@@ -189,7 +189,7 @@ class GemmSm90:
     def epilogue(self, acc: cute.Tensor, tile_m: Int32, tile_n: Int32, thr_mma, mD: cute.Tensor, mAcc: cute.Tensor):
         """The seam: this thread's accumulator fragment of output tile (tile_m, tile_n) -> D (the
         input dtype), and with ``acc_hook`` the fp32 accumulator too. A full tile stores whole
-        fragments; an edge tile stores each element inside [M, N]."""
+        fragments; an edge tile stores the column pairs inside [M, N] (``store_edge``)."""
         gD = cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n))
         tDgD = thr_mma.partition_C(gD)
         out = cute.make_rmem_tensor(acc.shape, mD.element_type)
@@ -204,12 +204,13 @@ class GemmSm90:
 
     @cute.jit
     def store_edge(self, acc, out, tile_m, tile_n, thr_mma, mD, mAcc):
-        """An edge tile's stores, each element predicated on lying inside [M, N]."""
+        """An edge tile's stores: each pair of adjacent columns (one 32-bit bf16 pair of D) stored
+        when it lies inside [M, N]; N % 8 == 0, so a pair never straddles N."""
         coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(mD.shape), (TILE[0], TILE[1]),
                                                      (tile_m, tile_n)))
         tDgD = thr_mma.partition_C(cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n)))
         tAgA = thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n)))
-        for i in cutlass.range_constexpr(0, cute.size(acc), 2):  # (column pairs: both in or both out, N % 8 == 0)
+        for i in cutlass.range_constexpr(0, cute.size(acc), 2):
             if cute.elem_less(coords[i], mD.shape):
                 tDgD[i], tDgD[i + 1] = out[i], out[i + 1]
                 if cutlass.const_expr(self.acc_hook):

@@ -19,6 +19,8 @@ from . import cache, toolchain
 ARCH = "sm_90a"  # wgmma needs the arch-specific target
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
+TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
+SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
 
 _compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle) -> compiled function
 _lock = threading.Lock()
@@ -106,6 +108,15 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
         return fn
 
 
+def swizzle_for(n: int) -> int:
+    """The tile order for N columns: groups of the largest of SWIZZLES N tiles that divides their
+    count (a wave of persistent CTAs then shares A's rows across a few W tiles instead of
+    streaming all of A once per W tile; a count no group divides runs in plain order rather than
+    pay for padding tiles)."""
+    tiles = -(-n // TILE_N)
+    return next(s for s in SWIZZLES if tiles % s == 0)
+
+
 def gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, acc_out: torch.Tensor | None = None):
     """D = a @ w^T on an sm_90 GPU (a [M, K], w [N, K], K-major bf16/fp16) into ``out`` (allocated
     if None); ``acc_out``: also the fp32 accumulator (a test hook). Returns D."""
@@ -117,7 +128,7 @@ def gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, acc_
     if a.shape[0] == 0 or w.shape[0] == 0:
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms)
+    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]))
     with torch.cuda.device(a.device):
         fn(a, w, out, *(() if acc_out is None else (acc_out,)))
     return out
