@@ -10,6 +10,9 @@ device, K and N multiples of 8 (TMA's 16-byte rows); ``out`` [M, N] of a's dtype
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import tempfile
 import threading
 
 import torch
@@ -101,8 +104,13 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
 
         kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle)
         entry = kernel.launch_acc if acc_hook else kernel.launch
-        options = f"--enable-tvm-ffi --gpu-arch {ARCH}" + (" --keep-ptx" if keep_ptx else "")
-        fn = cute.compile(entry, *args, options=options)
+        options = f"--enable-tvm-ffi --gpu-arch {ARCH}"
+        dump = tempfile.mkdtemp(prefix="mxq-gemm-ptx-") if keep_ptx else None
+        try:  # (CuTeDSL writes kept PTX into a file of the dump directory: a private one, as compiler.py's)
+            fn = cute.compile(entry, *args, options=options + (f" --keep-ptx --dump-dir {shlex.quote(dump)}" if dump else ""))
+        finally:
+            if dump is not None:
+                shutil.rmtree(dump, ignore_errors=True)
         if not keep_ptx:
             _compiled[key] = fn
         return fn
