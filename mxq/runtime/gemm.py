@@ -106,8 +106,13 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
         entry = kernel.launch_acc if acc_hook else kernel.launch
         options = f"--enable-tvm-ffi --gpu-arch {ARCH}"
         dump = tempfile.mkdtemp(prefix="mxq-gemm-ptx-") if keep_ptx else None
-        try:  # (CuTeDSL writes kept PTX into a file of the dump directory: a private one, as compiler.py's)
-            fn = cute.compile(entry, *args, options=options + (f" --keep-ptx --dump-dir {shlex.quote(dump)}" if dump else ""))
+        if dump is not None:  # (CuTeDSL writes kept PTX into the dump directory: a private one, as compiler.py's)
+            options += f" --keep-ptx --dump-dir {shlex.quote(dump)}"
+        try:
+            fn = cute.compile(entry, *args, options=options)
+        except Exception as exc:
+            raise RuntimeError(f"mxq: compiling the sm_90 GEMM ({dtype_name}, acc_hook={acc_hook}, swizzle={swizzle}) "
+                               f"for {ARCH} failed: {exc}") from exc
         finally:
             if dump is not None:
                 shutil.rmtree(dump, ignore_errors=True)
