@@ -10,6 +10,10 @@ partial tiles, fp16, ``out=`` into a view, and empty M.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,6 +37,31 @@ def test_compiles_to_sm90a_ptx_with_wgmma_and_tma(ptx, hook):
     assert "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes" in text
     assert "setmaxnreg.dec" in text and "setmaxnreg.inc" in text  # producer / consumer warpgroups
     assert "mbarrier.try_wait" in text  # the stages' full / empty barriers
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
+@pytest.mark.parametrize("hook", [False, True])
+def test_ptxas_keeps_wgmmas_pipelined_without_spills(ptx, hook):
+    """The local ptxas assembles the kernel with no spills and without serialising the wgmmas
+    (its C7514 warning: a non-wgmma instruction reading the accumulators while a wgmma group is in
+    flight, which an edge store of single elements caused)."""
+    text = ptx[hook]
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        for _ in range(2):
+            src.write_text(text)
+            r = subprocess.run(["ptxas", "-v", "-arch=sm_90a", str(src), "-o", str(Path(d) / "k.cubin")],
+                               capture_output=True, text=True, timeout=600)
+            m = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", r.stderr)
+            if r.returncode == 0 or not m:
+                break
+            text = re.sub(r"^\.version \S+", f".version {m.group(1)}", text, count=1, flags=re.M)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-2000:]
+    assert "C7514" not in out and "serialized" not in out, out[-2000:]
+    assert "0 bytes spill stores, 0 bytes spill loads" in out
+    regs = int(re.search(r"Used (\d+) registers", out).group(1))
+    assert regs <= 65536 // 384  # (384 threads at launch, before setmaxnreg moves registers between warpgroups)
 
 
 def test_fp16_compiles_to_f16_wgmma():
