@@ -1,0 +1,171 @@
+"""mxq's sm_90 GEMM (mxq/kernels/gemm_sm90.py) on the GPU: checked, then timed against torch.matmul.
+
+    python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8]
+
+Cases (M x N x K, bf16, D = A @ W^T with A [M, K], W [N, K]): M in (8192, 16384) crossed with
+(K, N) in ((4096, 14336), (14336, 4096), (8192, 28672)), and small or odd shapes with partial
+tiles (--quick: the small ones and the first large one). Each case is checked against a float64
+matmul of the same inputs: D within bf16 GEMM tolerance (``bounds``) and the fp32 accumulator
+hook within a K-dependent fp32 tolerance; torch.matmul is held to the same D bound. Then both are
+timed by bench/device_check.py's busy-GPU method (``dc.time_ms``) and printed as TFLOP/s with
+the ratio torch time / mxq time (> 1: mxq faster); ``--swizzle`` also times the kernel with those
+tile orders (GemmSm90's ``swizzle``; each must give D bit for bit). A case that raises prints its
+error and the run goes on. Results: <out>/<device>-<date>-gemm.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import device_check as dc  # noqa: E402
+
+LARGE = [(m, n, k) for m in (8192, 16384) for k, n in ((4096, 14336), (14336, 4096), (8192, 28672))]
+SMALL = [(200, 136, 64), (1000, 520, 4096), (128, 256, 64), (1, 8, 8), (129, 264, 72), (300, 1000, 200)]
+U_FP32 = 2.0 ** -24  # unit roundoff of fp32
+U_OUT = 2.0 ** -8  # bf16's relative spacing: twice its unit roundoff (rounding plus slack)
+
+
+def cases(quick: bool = False):
+    """(M, N, K) of every case, small ones first."""
+    return SMALL + (LARGE[:1] if quick else LARGE)
+
+
+def inputs(m, n, k, dtype=torch.bfloat16, device="cuda", seed=0):
+    """A [M, K] and W [N, K], normal values (seeded by the shape)."""
+    g = torch.Generator(device=device).manual_seed(seed + m * 7 + n * 13 + k)
+    a = torch.randn(m, k, generator=g, device=device).to(dtype)
+    w = torch.randn(n, k, generator=g, device=device).to(dtype)
+    return a, w
+
+
+def bounds(a, w):
+    """(float64 reference, accumulator bound, output bound) per element. The fp32 accumulator
+    may differ from the exact product by 8 sqrt(K) u |A| |W|^T (u = 2^-24: a few times the
+    typical error of K rounded fp32 additions, far below the wrongness of a skipped or misplaced
+    K tile); D adds its rounding to the output dtype, at most 2^-9 |acc|."""
+    k = a.shape[1]
+    a64, w64 = a.double(), w.double()
+    ref = a64 @ w64.T
+    absref = a64.abs() @ w64.abs().T
+    acc_tol = 8 * math.sqrt(k) * U_FP32 * absref + 1e-300
+    return ref, acc_tol, U_OUT * ref.abs() + 2 * acc_tol
+
+
+def violations(got, ref, tol, name):
+    """[] when every element of ``got`` lies within ``tol`` of ``ref``, else one line saying where not."""
+    err = (got.double() - ref).abs()
+    bad = ~(err <= tol)  # (NaN is bad)
+    if not bool(bad.any()):
+        return []
+    i = int(bad.reshape(-1).nonzero()[0])
+    r, c = divmod(i, ref.shape[1])
+    return [f"{name}: {int(bad.sum())} elements off, first [{r},{c}] got {float(got[r, c])} want {float(ref[r, c])} "
+            f"tol {float(tol[r, c]):.3g}; max err/tol {float((err / tol).max()):.3g}"]
+
+
+def check(m, n, k):
+    """Problems of mxq's D and fp32 accumulator and of torch.matmul's D against float64 ([]: none)."""
+    from mxq.runtime.gemm import gemm
+
+    a, w = inputs(m, n, k)
+    acc = torch.empty(m, n, dtype=torch.float32, device=a.device)
+    d = gemm(a, w, acc_out=acc)
+    d2 = gemm(a, w)  # (the variant without the hook: the one timed)
+    torch.cuda.synchronize()
+    ref, acc_tol, out_tol = bounds(a, w)
+    problems = violations(acc, ref, acc_tol, "acc") + violations(d, ref, out_tol, "D")
+    if not torch.equal(d, d2):
+        problems.append("D differs between the hook and plain variants")
+    torch_problems = violations(torch.matmul(a, w.T), ref, out_tol, "torch D")
+    return problems, torch_problems
+
+
+def time_case(m, n, k):
+    """(mxq ms, torch ms) of one GEMM, busy-GPU method."""
+    from mxq.runtime.gemm import gemm
+
+    a, w = inputs(m, n, k)
+    out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    mxq_ms = dc.time_ms(lambda: gemm(a, w, out=out))
+    torch_ms = dc.time_ms(lambda: torch.matmul(a, w.T, out=out))
+    return mxq_ms, torch_ms
+
+
+def swizzle_rows(m, n, k, swizzles):
+    """{swizzle: ms, or the error} of the kernel compiled with each tile order; D must equal the
+    default order's bit for bit."""
+    from mxq.runtime.gemm import compile_gemm, gemm
+
+    a, w = inputs(m, n, k)
+    want = gemm(a, w)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    rows = {}
+    for sw in swizzles:
+        try:
+            fn = compile_gemm("bf16", False, sms, swizzle=sw)
+            out = torch.empty_like(want)
+            fn(a, w, out)
+            if not torch.equal(out, want):
+                raise AssertionError("D differs from the default tile order's")
+            rows[sw] = dc.time_ms(lambda: fn(a, w, out))  # noqa: B023 (timed before the next)
+        except Exception as exc:
+            rows[sw] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return rows
+
+
+def run_case(m, n, k, bench: bool = True, swizzles=()):
+    """One printed and returned row; an exception becomes the row's error."""
+    name = f"gemm_bf16 {m}x{n}x{k}"
+    try:
+        problems, torch_problems = check(m, n, k)
+        row = dict(name=name, M=m, N=n, K=k, checked=problems == [], problems=problems[:3],
+                   torch_checked=torch_problems == [])
+        if bench:
+            mxq_ms, torch_ms = time_case(m, n, k)
+            flops = 2 * m * n * k
+            row.update(ms=mxq_ms, torch_ms=torch_ms, tflops=flops / mxq_ms / 1e9, torch_tflops=flops / torch_ms / 1e9,
+                       ratio=torch_ms / mxq_ms)
+            print(f"  {name:32s} mxq {row['tflops']:7.1f} TFLOP/s  torch {row['torch_tflops']:7.1f} TFLOP/s  "
+                  f"ratio {row['ratio']:5.2f}  checked={row['checked']} {problems[:1]}", flush=True)
+            if swizzles:
+                row["swizzle_ms"] = swizzle_rows(m, n, k, swizzles)
+                print(f"  {'':32s} swizzle ms: {row['swizzle_ms']} (default {mxq_ms:.3f})", flush=True)
+        else:
+            print(f"  {name:32s} checked={row['checked']} torch_checked={row['torch_checked']} {problems[:2]}",
+                  flush=True)
+        return row
+    except Exception as exc:  # (print and go on to the next shape)
+        return dc.error_row(name, m, n, exc, why="failed") | {"K": k}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-bench", action="store_true", help="check only")
+    ap.add_argument("--swizzle", default="", help="tile orders to time too, e.g. '4,8'")
+    args = ap.parse_args(argv)
+    swizzles = [int(s) for s in args.swizzle.split(",") if s]
+    if not torch.cuda.is_available():
+        print("bench/gemm.py needs a CUDA device", file=sys.stderr)
+        return 2
+    copy_gbps = dc.copy_bandwidth()
+    print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
+    dev = torch.cuda.get_device_name()
+    rows = [run_case(m, n, k, not args.no_bench, swizzles) for m, n, k in cases(args.quick)]
+    dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
+                                     "rows": rows}, "-gemm")
+    return 0 if all(r.get("checked") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

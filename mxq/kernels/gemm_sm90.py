@@ -1,0 +1,217 @@
+"""The Hopper (sm_90a) GEMM: D = A @ W^T, the mainloop a later fused epilogue (the user's op,
+then quantize) runs behind.
+
+A is [M, K], W is [N, K] (both K-major, bf16 or fp16), D is [M, N] in the input dtype; the
+accumulator is fp32 on wgmma. Built from nvidia-cutlass-dsl's pieces (TMA atoms, the
+cutlass.pipeline TMA pipeline's mbarriers, the warpgroup MMA, the static persistent tile
+scheduler); see docs/DESIGN.md "The sm_90 GEMM".
+
+- CTA tile 128 x 256 x 64 (TILE): two consumer warpgroups each own a 64 x 256 half (128 fp32
+  accumulator registers per thread), one producer warpgroup issues the TMA loads. 128 x 256 reads
+  a 48 KiB stage for 2 x 128 x 256 x 64 flops, half the shared-memory bytes per flop of 128 x 128,
+  and four stages (192 KiB) fit the 227 KiB of an H100/H200 CTA.
+- Persistent: the grid is min(tiles, SMs); each CTA walks output tiles in the scheduler's order,
+  the producer running ahead into the next tile's stages while the consumers write the last one.
+- Edges: TMA fills out-of-bounds rows and columns of A and W with zeros (M, N, K at any size that
+  TMA can describe: K and N multiples of 8 for 16-byte rows), and the epilogue predicates its
+  stores on the tile coordinates, so partial tiles at the M and N edges are exact.
+- ``epilogue`` is the seam: it receives the accumulator fragment and its tile coordinates and
+  writes D (and, with the ``acc_hook`` test option, the fp32 accumulator too).
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90
+from cutlass import Float32, Int32
+
+TILE = (128, 256, 64)  # CTA tile (M, N, K)
+STAGES = 4  # shared-memory stages of A and W tiles (4 x 48 KiB)
+THREADS_PER_WG = 128
+CONSUMER_WGS = 2  # each owns 64 rows of the 128-row tile
+PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 <= 64 Ki registers
+
+
+class GemmSm90:
+    """D = A @ W^T on sm_90a for one input dtype. ``acc_hook``: the epilogue also writes the fp32
+    accumulator (a test hook: the numerics of the mainloop alone). ``num_sms``: the persistent
+    grid's width (the device's SM count). ``swizzle``: the scheduler walks groups of this many N
+    tiles down M (1: plain M-fastest order; > 1 pads the N tile count to a multiple, and the
+    padding tiles store nothing)."""
+
+    def __init__(self, acc_hook: bool = False, num_sms: int = 132, swizzle: int = 1):
+        self.acc_hook = acc_hook
+        self.num_sms = num_sms
+        self.swizzle = swizzle
+        self.threads = THREADS_PER_WG * (1 + CONSUMER_WGS)
+
+    def setup(self, dtype):
+        """The tiled MMA, the staged shared-memory layouts and the bytes one stage receives."""
+        self.dtype = dtype
+        k_major = utils.LayoutEnum.ROW_MAJOR  # A [M, K] and W [N, K] both have K innermost
+        self.tiled_mma = sm90.make_trivial_tiled_mma(
+            dtype, dtype, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32,
+            (CONSUMER_WGS, 1, 1), tiler_mn=(64, TILE[1]))
+        self.a_layout = sm90.make_smem_layout_a(k_major, TILE, dtype, STAGES)
+        self.w_layout = sm90.make_smem_layout_b(k_major, TILE, dtype, STAGES)
+        self.stage_bytes = (TILE[0] + TILE[1]) * TILE[2] * dtype.width // 8
+
+    @cute.jit
+    def launch(self, mA: cute.Tensor, mW: cute.Tensor, mD: cute.Tensor, stream):
+        """D = A @ W^T."""
+        self.run(mA, mW, mD, mD, stream)
+
+    @cute.jit
+    def launch_acc(self, mA: cute.Tensor, mW: cute.Tensor, mD: cute.Tensor, mAcc: cute.Tensor, stream):
+        """D = A @ W^T, and the fp32 accumulator into ``mAcc`` (the acc_hook variant)."""
+        self.run(mA, mW, mD, mAcc, stream)
+
+    def run(self, mA, mW, mD, mAcc, stream):
+        """Traced by both launchers: TMA descriptors, the tile scheduler, the launch."""
+        self.setup(mA.element_type)
+        op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+        tma_a, gA = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            op, mA, cute.slice_(self.a_layout, (None, None, 0)), (TILE[0], TILE[2]))
+        tma_w, gW = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            op, mW, cute.slice_(self.w_layout, (None, None, 0)), (TILE[1], TILE[2]))
+        tiles = cute.zipped_divide(mD, (TILE[0], TILE[1]))[(0, (None, None))].shape
+        sched = utils.PersistentTileSchedulerParams((*tiles, 1), (1, 1, 1), self.swizzle, True)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms)
+        self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched).launch(
+            grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+
+    @cute.kernel
+    def kernel(self, tma_a: cute.CopyAtom, gA_full: cute.Tensor, tma_w: cute.CopyAtom, gW_full: cute.Tensor,
+               mD: cute.Tensor, mAcc: cute.Tensor, tiled_mma: cute.TiledMma, a_layout: cute.ComposedLayout,
+               w_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams):
+        """One persistent CTA: warpgroup 0 loads, warpgroups 1 and 2 multiply and write."""
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
+        smem = cutlass.utils.SmemAllocator()
+        bars = smem.allocate_array(cutlass.Int64, 2 * STAGES)
+        sA = smem.allocate_tensor(self.dtype, a_layout.outer, byte_alignment=1024, swizzle=a_layout.inner)
+        sW = smem.allocate_tensor(self.dtype, w_layout.outer, byte_alignment=1024, swizzle=w_layout.inner)
+        pipe = pipeline.PipelineTmaAsync.create(
+            barrier_storage=bars, num_stages=STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_WGS * 4),
+            tx_count=self.stage_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
+        wg = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
+        if wg == 0:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGS)
+            if warp == 0:
+                self.produce(pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched)
+        else:
+            cute.arch.setmaxregister_increase(CONSUMER_REGS)
+            self.consume(pipe, tiled_mma, sA, sW, mD, mAcc, sched, tidx - THREADS_PER_WG, gA_full)
+
+    @cute.jit
+    def produce(self, pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched):
+        """The producer warp: for each of the CTA's tiles, every K tile of A and W into the next free stage."""
+        gA = cute.local_tile(gA_full, (TILE[0], TILE[2]), (None, None))  # (bM, bK, tiles M, tiles K)
+        gW = cute.local_tile(gW_full, (TILE[1], TILE[2]), (None, None))
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+            tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
+        tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
+            tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
+        k_tiles = cute.size(gA, mode=[3])
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, STAGES)
+        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = tiles.initial_work_tile_info()
+        while work.is_valid_tile:
+            tm, tn = work.tile_idx[0], work.tile_idx[1]
+            for k in range(k_tiles):
+                pipe.producer_acquire(state)
+                bar = pipe.producer_get_barrier(state)
+                cute.copy(tma_a, tAgA[(None, tm, k)], tAsA[(None, state.index)], tma_bar_ptr=bar)
+                cute.copy(tma_w, tWgW[(None, tn, k)], tWsW[(None, state.index)], tma_bar_ptr=bar)
+                pipe.producer_commit(state)
+                state.advance()
+            tiles.advance_to_next_work()
+            work = tiles.get_current_work()
+        pipe.producer_tail(state)
+
+    @cute.jit
+    def consume(self, pipe, tiled_mma, sA, sW, mD, mAcc, sched, ctid, gA_full):
+        """The consumer warpgroups: the K loop on wgmma for each tile, then ``epilogue``."""
+        thr_mma = tiled_mma.get_slice(ctid)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrW = tiled_mma.make_fragment_B(thr_mma.partition_B(sW))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.local_tile(mD, (TILE[0], TILE[1]), (0, 0))).shape, Float32)
+        k_tiles = (gA_full.shape[1] + TILE[2] - 1) // TILE[2]
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, STAGES)
+        tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = tiles.initial_work_tile_info()
+        while work.is_valid_tile:
+            read = self.mainloop(pipe, read, tiled_mma, tCrA, tCrW, acc, k_tiles)
+            self.epilogue(acc, work.tile_idx[0], work.tile_idx[1], thr_mma, mD, mAcc)
+            tiles.advance_to_next_work()
+            work = tiles.get_current_work()
+
+    @cute.jit
+    def mainloop(self, pipe, read, tiled_mma, tCrA, tCrW, acc, k_tiles):
+        """acc = the tile's A @ W^T over every K tile (K > 0): the first K tile's wgmmas overwrite
+        acc, each later one waits for its stage, issues its wgmmas, and keeps them in flight while
+        it releases the stage before it. Returns the advanced read state."""
+        release = read.clone()
+        self.k_tile(pipe, read, tiled_mma, tCrA, tCrW, acc, False)
+        read.advance()
+        for _ in cutlass.range(k_tiles - 1, unroll=1):
+            self.k_tile(pipe, read, tiled_mma, tCrA, tCrW, acc, True)
+            cute.nvgpu.warpgroup.wait_group(1)
+            pipe.consumer_release(release)
+            release.advance()
+            read.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        pipe.consumer_release(release)
+        return read
+
+    @cute.jit
+    def k_tile(self, pipe, read, tiled_mma, tCrA, tCrW, acc, accumulate: cutlass.Constexpr):
+        """Wait for the stage of ``read`` and issue its wgmmas (``accumulate``: onto acc, else
+        the first overwrites it), committed as one group."""
+        pipe.consumer_wait(read)
+        cute.nvgpu.warpgroup.fence()
+        mma = cute.make_mma_atom(tiled_mma.op)  # (a fresh atom: its ACCUMULATE flag is set here)
+        mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, accumulate)
+        for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
+            cute.gemm(mma, acc, tCrA[(None, None, kb, read.index)], tCrW[(None, None, kb, read.index)], acc)
+            mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.commit_group()
+
+    @cute.jit
+    def epilogue(self, acc: cute.Tensor, tile_m: Int32, tile_n: Int32, thr_mma, mD: cute.Tensor, mAcc: cute.Tensor):
+        """The seam: this thread's accumulator fragment of output tile (tile_m, tile_n) -> D (the
+        input dtype), and with ``acc_hook`` the fp32 accumulator too. A full tile stores whole
+        fragments; an edge tile stores the column pairs inside [M, N] (``store_edge``)."""
+        gD = cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n))
+        tDgD = thr_mma.partition_C(gD)
+        out = cute.make_rmem_tensor(acc.shape, mD.element_type)
+        out.store(acc.load().to(mD.element_type))
+        full_m = cutlass.Boolean((tile_m + 1) * TILE[0] <= mD.shape[0])
+        if full_m & ((tile_n + 1) * TILE[1] <= mD.shape[1]):
+            cute.autovec_copy(out, tDgD)
+            if cutlass.const_expr(self.acc_hook):
+                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n))))
+        else:
+            self.store_edge(acc, out, tile_m, tile_n, thr_mma, mD, mAcc)
+
+    @cute.jit
+    def store_edge(self, acc, out, tile_m, tile_n, thr_mma, mD, mAcc):
+        """An edge tile's stores: each pair of adjacent columns (one 32-bit bf16 pair of D) stored
+        when it lies inside [M, N]; N % 8 == 0, so a pair never straddles N."""
+        coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(mD.shape), (TILE[0], TILE[1]),
+                                                     (tile_m, tile_n)))
+        tDgD = thr_mma.partition_C(cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n)))
+        tAgA = thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n)))
+        for i in cutlass.range_constexpr(0, cute.size(acc), 2):
+            if cute.elem_less(coords[i], mD.shape):
+                tDgD[i], tDgD[i + 1] = out[i], out[i + 1]
+                if cutlass.const_expr(self.acc_hook):
+                    tAgA[i], tAgA[i + 1] = acc[i], acc[i + 1]

@@ -1,0 +1,147 @@
+"""The sm_90 GEMM from Python (not public API yet): ``gemm(a, w, out=None, acc_out=None)`` returns
+D = a @ w^T (mxq/kernels/gemm_sm90.py), compiled once per (dtype, arch, options, SM count) with
+TVM-FFI (symbolic M, N, K; the stream is torch's current one) and kept in memory.
+
+Arguments are checked here, before any launch, each error naming its argument: a [M, K] and
+w [N, K] of one dtype (bf16 or fp16), both K-major (row-major, contiguous rows) on one CUDA
+device, K and N multiples of 8 (TMA's 16-byte rows); ``out`` [M, N] of a's dtype, ``acc_out``
+[M, N] fp32 (the test hook: the accumulator before rounding), both contiguous.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import tempfile
+import threading
+
+import torch
+
+from . import cache, toolchain
+
+ARCH = "sm_90a"  # wgmma needs the arch-specific target
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
+TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
+SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
+
+_compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle) -> compiled function
+_lock = threading.Lock()
+
+
+def check_args(a, w, out=None, acc_out=None) -> None:
+    """Raise a clear error, naming the argument, for anything the kernel cannot take."""
+    for name, t in (("a", a), ("w", w)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"mxq.gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"mxq.gemm: {name} must be bfloat16 or float16, got {t.dtype}")
+        if t.dim() != 2:
+            raise ValueError(f"mxq.gemm: {name} must be 2-D [rows, K], got shape {tuple(t.shape)}")
+        if not t.is_contiguous():
+            raise ValueError(f"mxq.gemm: {name} must be K-major and contiguous (row-major [rows, K]), "
+                             f"got strides {t.stride()}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"mxq.gemm: {name} must start on a 16-byte boundary (TMA), got address {t.data_ptr():#x}")
+        if t.numel() >= 2 ** 31:
+            raise ValueError(f"mxq.gemm: {name} must have fewer than 2^31 elements (32-bit indices), got {t.numel()}")
+    if w.dtype != a.dtype:
+        raise TypeError(f"mxq.gemm: w must have a's dtype {a.dtype}, got {w.dtype}")
+    if w.shape[1] != a.shape[1]:
+        raise ValueError(f"mxq.gemm: w must be [N, K] with a's K={a.shape[1]}, got shape {tuple(w.shape)}")
+    if a.shape[1] % ALIGN or a.shape[1] == 0:
+        raise ValueError(f"mxq.gemm: K (a.shape[1]) must be a positive multiple of {ALIGN}, got {a.shape[1]}")
+    if w.shape[0] % ALIGN:
+        raise ValueError(f"mxq.gemm: N (w.shape[0]) must be a multiple of {ALIGN}, got {w.shape[0]}")
+    if w.device != a.device:
+        raise ValueError(f"mxq.gemm: w must be on a's device {a.device}, got {w.device}")
+    shape = (a.shape[0], w.shape[0])
+    for name, t, dtype in (("out", out, a.dtype), ("acc_out", acc_out, torch.float32)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype or tuple(t.shape) != shape:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"mxq.gemm: {name} must be a {dtype} tensor of shape {shape}, got {got}")
+        if not t.is_contiguous() or t.device != a.device or t.data_ptr() % 16:
+            raise ValueError(f"mxq.gemm: {name} must be contiguous on {a.device}, starting on a 16-byte boundary")
+        if t.numel() >= 2 ** 31:
+            raise ValueError(f"mxq.gemm: {name} must have fewer than 2^31 elements (32-bit indices), got {t.numel()}")
+
+
+def fake_args(dtype_name: str, acc_hook: bool):
+    """Compile-time arguments: symbolic M, N, K (K and N multiples of 8), 16-byte aligned
+    row-major tensors, and TVM-FFI's environment stream."""
+    cute = toolchain.import_cutlass(ARCH)
+    import cutlass
+
+    el = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[dtype_name]
+    m, n, k = cute.sym_int(), cute.sym_int(divisibility=ALIGN), cute.sym_int(divisibility=ALIGN)
+    fake = cute.runtime.make_fake_compact_tensor
+    args = [fake(el, (m, k), stride_order=(1, 0), assumed_align=16),
+            fake(el, (n, k), stride_order=(1, 0), assumed_align=16),
+            fake(el, (m, n), stride_order=(1, 0), assumed_align=16)]
+    if acc_hook:
+        args.append(fake(cutlass.Float32, (m, n), stride_order=(1, 0), assumed_align=16))
+    args.append(cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+    return args
+
+
+def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int = 132, keep_ptx: bool = False,
+                 swizzle: int = 1):
+    """The compiled TVM-FFI function ``f(a, w, d[, acc])`` (cached in memory unless keep_ptx);
+    ``swizzle``: GemmSm90's tile order option (benchmarks try others)."""
+    key = (dtype_name, ARCH, acc_hook, num_sms, swizzle)
+    fn = _compiled.get(key)
+    if fn is not None and not keep_ptx:
+        return fn
+    with _lock:
+        fn = _compiled.get(key)
+        if fn is not None and not keep_ptx:
+            return fn
+        args = fake_args(dtype_name, acc_hook)
+        cute = toolchain.import_cutlass(ARCH)
+        from ..kernels.gemm_sm90 import GemmSm90
+
+        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle)
+        entry = kernel.launch_acc if acc_hook else kernel.launch
+        options = f"--enable-tvm-ffi --gpu-arch {ARCH}"
+        dump = tempfile.mkdtemp(prefix="mxq-gemm-ptx-") if keep_ptx else None
+        if dump is not None:  # (CuTeDSL writes kept PTX into the dump directory: a private one, as compiler.py's)
+            options += f" --keep-ptx --dump-dir {shlex.quote(dump)}"
+        try:
+            fn = cute.compile(entry, *args, options=options)
+        except Exception as exc:
+            raise RuntimeError(f"mxq: compiling the sm_90 GEMM ({dtype_name}, acc_hook={acc_hook}, swizzle={swizzle}) "
+                               f"for {ARCH} failed: {exc}") from exc
+        finally:
+            if dump is not None:
+                shutil.rmtree(dump, ignore_errors=True)
+        if not keep_ptx:
+            _compiled[key] = fn
+        return fn
+
+
+def swizzle_for(n: int) -> int:
+    """The tile order for N columns: groups of the largest of SWIZZLES N tiles that divides their
+    count (a wave of persistent CTAs then shares A's rows across a few W tiles instead of
+    streaming all of A once per W tile; a count no group divides runs in plain order rather than
+    pay for padding tiles)."""
+    tiles = -(-n // TILE_N)
+    return next(s for s in SWIZZLES if tiles % s == 0)
+
+
+def gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, acc_out: torch.Tensor | None = None):
+    """D = a @ w^T on an sm_90 GPU (a [M, K], w [N, K], K-major bf16/fp16) into ``out`` (allocated
+    if None); ``acc_out``: also the fp32 accumulator (a test hook). Returns D."""
+    check_args(a, w, out, acc_out)
+    if a.device.type != "cuda":
+        raise ValueError(f"mxq.gemm: a must be a CUDA tensor, got device {a.device}")
+    if out is None:
+        out = torch.empty((a.shape[0], w.shape[0]), dtype=a.dtype, device=a.device)
+    if a.shape[0] == 0 or w.shape[0] == 0:
+        return out
+    num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]))
+    with torch.cuda.device(a.device):
+        fn(a, w, out, *(() if acc_out is None else (acc_out,)))
+    return out
