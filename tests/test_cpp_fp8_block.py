@@ -352,7 +352,7 @@ def test_dispatcher_refuses_a_calls_dtype_and_variant_by_name():
                                 torch.bfloat16, x.device)
     msg = _error(col, x, None, out.rowwise_data, out.rowwise_scale, out.colwise_data, out.colwise_scale,
                  None, None, None)
-    assert "format='fp8_block' with colwise=True and fp32 inputs" in msg, msg
+    assert "format='fp8_block' with colwise=True or block=(128, 128) and fp32 inputs" in msg, msg
     row_op = mxq.fused_quant(format="fp8_block")(ident)
     row = row_op.dispatcher()
     x = torch.zeros(4, 13, device="cuda")

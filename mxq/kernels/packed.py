@@ -169,8 +169,7 @@ class PackedKernel:
         # sRS: the wide tile's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words.
         # sMax, sSum and sInv are indexed by position j * 32 + lane (word or column j of lane), so
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
-        # conflicts. sEdge: each warp's partial output units (two words), head and tail of each of
-        # its rows, per direction.
+        # conflicts. sEdge: each warp's partial output units (two words), head and tail per row and direction.
         sRS, sMax, sInv, sSum, sEdge, sTr = (buf.get(n) if len(buffers) > 0 else None
                                              for n in ("rs", "max", "inv", "sum", "edge", "tr"))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
