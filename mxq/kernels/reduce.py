@@ -118,13 +118,14 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
             if c < N:
                 step = DBIAS_WARPS * DBIAS_UNROLL
                 last = MB - 1
+                top = cutlass.max(last, Int32(0))  # (the row read: an empty group reads its first row, added as 0)
                 for b in cutlass.range(warp, cute.ceil_div(MB, step) * step, step):
                     # the last round too has no branch around a load (ptxas keeps loads of separate
                     # blocks in order, one latency after another): a row past the end is read as
                     # row MB - 1 and added as 0
                     for u in cutlass.range_constexpr(DBIAS_UNROLL):
                         r = b + u * DBIAS_WARPS
-                        p = dbias_ws[first + cutlass.min(r, last), c].to(Float64)
+                        p = dbias_ws[first + cutlass.min(r, top), c].to(Float64)
                         acc[u] = acc[u] + Float64(cutlass.select_(r <= last, p, Float64(0.0)))
         t = acc[0]
         for u in cutlass.range_constexpr(1, DBIAS_UNROLL):
@@ -164,9 +165,12 @@ def dbias_groups_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Te
     if noop[0] != Float32(1.0) and g < group_ends.shape[0] and c < N:
         first, MB = group_partials(group_ends, g, M)
         last = MB - 1
+        # (rows past the end read the last row, an empty group's its first row: group_partials'
+        # first row exists for every group, even an empty one at the end)
+        top = cutlass.max(last, Int32(0))
         p0 = cute.make_rmem_tensor(cute.make_layout(ROUND), dbias_ws.element_type)  # row r of the first round, or 0
         for r in cutlass.range_constexpr(ROUND):
-            q = dbias_ws[first + cutlass.min(Int32(r), last), c]
+            q = dbias_ws[first + cutlass.min(Int32(r), top), c]
             p0[r] = dbias_ws.element_type(cutlass.select_(r <= last, q, dbias_ws.element_type(0.0)))
         s = Float64(0.0)
         acc = cute.make_rmem_tensor(cute.make_layout(DBIAS_UNROLL), Float64)
@@ -176,7 +180,7 @@ def dbias_groups_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Te
             for base in cutlass.range(ROUND, MB, ROUND):
                 for u in cutlass.range_constexpr(DBIAS_UNROLL):
                     r = base + v + u * DBIAS_WARPS
-                    p = dbias_ws[first + cutlass.min(r, last), c].to(Float64)
+                    p = dbias_ws[first + cutlass.min(r, top), c].to(Float64)
                     acc[u] = acc[u] + Float64(cutlass.select_(r <= last, p, Float64(0.0)))
             t = acc[0]
             for u in cutlass.range_constexpr(1, DBIAS_UNROLL):
