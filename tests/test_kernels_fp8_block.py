@@ -247,7 +247,9 @@ def test_128x128_tiles_are_served_from_16_bit_inputs(dtype):
 @pytest.mark.parametrize("dtype, layout, opts", [("bf16", "compact", dict()), ("fp16", "gemm", dict()),
                                                  ("bf16", "compact", dict(colwise=True)),
                                                  ("fp16", "compact", dict(rowwise=False, colwise=True)),
-                                                 ("bf16", "gemm", dict(colwise=True, amax=True))])
+                                                 ("bf16", "gemm", dict(colwise=True, amax=True)),
+                                                 ("fp16", "gemm", dict(rowwise=False, colwise=True, dbias=True)),
+                                                 ("bf16", "compact", dict(dact="relu", dbias=True, colwise=True))])
 def test_128x128_tiles_compile(arch, dtype, layout, opts):
     """128x128 tiles: the 128-row tile; no per-row scales (no row-block shuffles), the column
     owners' NaN-dropping maxima reduced per half-warp (4 shuffles) and over the owner warps; one

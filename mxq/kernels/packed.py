@@ -633,8 +633,11 @@ class PackedKernel:
         "inv"[warp * 2 + h] (tiles have no column scales to leave there)."""
         for off in cutlass.range_constexpr(4):
             cmax = cute.arch.fmax(cmax, cute.arch.shuffle_sync_bfly(cmax, offset=8 >> off))
+        # (names bound outside the dynamic ``if``: a store through ``t`` inside it makes the DSL
+        # carry ``t`` out of the branch, and the caller's later reads of t.tidx then fail to verify)
+        sInv, slot = t.smem["inv"], t.warp * 2 + t.lane // 16
         if t.lane % 16 == 0:
-            t.smem["inv"][t.warp * 2 + t.lane // 16] = cmax
+            sInv[slot] = cmax
 
     def block_multipliers(self, k, t, io, sr):
         """(row multipliers, column multipliers) of the stores: the row-scale phase's ``sr`` and
