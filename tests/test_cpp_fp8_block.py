@@ -70,13 +70,19 @@ def test_export_refuses_by_dtype_and_groups(tmp_path):
 
 def test_cpp_gap_is_the_python_routes_rule():
     """What the Python routes fall back for (fp8_block_unserved) is what cpp_gap names for the
-    same dtype: one rule."""
-    for opts in (dict(), dict(colwise=True), dict(colwise=True, amax=True), dict(block=(128, 128)),
-                 dict(scale_layout="gemm"), dict(colwise=True, scale_layout="gemm")):
+    same dtype: one rule; beyond it cpp_gap names only what the C++ routes' checks do not know yet
+    (cpp_only_gap: 128x128 tiles, the transposed copy, colwise with amax), which Python serves."""
+    cpp_only = (dict(colwise=True, amax=True), dict(block=(128, 128)), dict(colwise=True, scale_layout="gemm"))
+    for opts in (dict(), dict(colwise=True), *cpp_only, dict(scale_layout="gemm")):
         op = mxq.fused_quant(format="fp8_block", **opts)(ident)
+        only = limits.cpp_only_gap(op.spec)
+        assert (only is not None) == (opts in cpp_only), opts
         for dtype, name in limits.DTYPE_NAMES.items():
             py = limits.unserved(op.spec, op.epilogue, torch.zeros(4, 256, dtype=dtype), lambda: None)
             cpp = limits.cpp_gap(op.spec, op.epilogue, name)
+            if py is None and only is not None:
+                assert cpp is not None and only in cpp, (opts, name, cpp)
+                continue
             assert (py is None) == (cpp is None) and (py is None or cpp in py), (opts, name, py, cpp)
     op = mxq.fused_quant(format="fp8_block")(ident)
     assert limits.cpp_gap(op.spec, op.epilogue, "fp32", "generic")  # (the element-wise kernel: 1x32 only)
