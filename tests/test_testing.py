@@ -5,8 +5,8 @@ import torch
 
 import mxq
 from tests import fast_math
-from mxq.testing import (DACT_SLACK, V_SLACK, VBound, byte_diff, compare, padded_rows, planted, poisoned, v_abs_sum, v_bound,
-                         v_weight)
+from mxq.testing import (DACT_SLACK, V_SLACK, VBound, byte_diff, compare, padded_rows, planted, poisoned, v_abs_sum,
+                         v_bound, v_weight)
 
 
 def test_compare_flags_a_single_byte_and_accepts_equal():
