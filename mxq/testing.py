@@ -199,8 +199,9 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
     Exact class: every data and scale byte and the amax bits equal. Transcendental class, with
     ``v_bound`` (the op's ``v_bound``): every data byte is the FP8 code, under its block's scale
     as written in ``got``, of some v in the element's interval; at most 1 in 1e4 are not, each
-    one code off. Without ``v_bound``: at most 1 in 1e4 data bytes off, each by one code. Few
-    scale bytes off (one per 3200 elements). dbias: within 1 ulp of the input dtype of the
+    within one code of the interval's codes. Without ``v_bound``: at most 1 in 1e4 data bytes
+    off, each by one code. Few scale bytes off (one per 3200 elements). dbias: within 1 ulp of
+    the input dtype of the
     reference's fp64 sum (numerics.dbias_partial_dtype bounds the kernels'), plus, outside the
     exact class and where ``v_abs`` (``v_abs_sum``) is given, V_SLACK x the column's sum of |v|.
     Without it a column whose sum cancels fails that class now and then (its 1-ulp bound is
@@ -255,10 +256,11 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
 
 def _unexplained(got, want, direction: str, v_bound: VBound | None) -> tuple[int, int]:
     """(how many of ``direction``'s differing data bytes ``v_bound`` does not explain, how many
-    of those differ by more than one code). A byte is explained where it is the code of some v
+    of those are more than one code away). A byte is explained where it is the code of some v
     in its element's interval: it lies between the codes, under ``got``'s block scale, of the
     interval's ends (each rounded to fp32 first, as the kernels' v is; the quantization is
-    monotone). Without ``v_bound`` no byte is explained."""
+    monotone); the others are that many codes from the nearer end's code. Without ``v_bound``
+    no byte is explained, and the distance is to ``want``'s byte."""
     from .formats import numerics
     from .tensor import flat_dims
 
@@ -266,16 +268,27 @@ def _unexplained(got, want, direction: str, v_bound: VBound | None) -> tuple[int
     codes = [getattr(t, f"{direction}_data").reshape(m, n).view(torch.uint8).cpu().to(torch.int16)
              for t in (got, want)]
     off = codes[0] != codes[1]
+    far = off & ((codes[0] - codes[1]).abs() > 1)
     if v_bound is not None and off.any():
         at = off.nonzero(as_tuple=True)
         q, scale = _decoded(got, direction, at)
         fmt = numerics.FORMATS[got.fp8]
-        ends = [numerics.cast_to_fp8((t.cpu().reshape(m, n)[at].float().double() / scale).float(), fmt).double() * scale
+        ends = [numerics.cast_to_fp8((t.cpu().reshape(m, n)[at].float().double() / scale).float(), fmt)
                 for t in (v_bound.lo, v_bound.hi)]
-        inside = ((ends[0] <= q) & (q <= ends[1])) | (torch.isnan(q) & torch.isnan(ends[0]) & torch.isnan(ends[1]))
+        lo, hi = (e.double() * scale for e in ends)
+        nan = torch.isnan(q) | torch.isnan(lo) | torch.isnan(hi)
+        inside = ((lo <= q) & (q <= hi)) | (torch.isnan(q) & torch.isnan(lo) & torch.isnan(hi))
+        olo, ohi = (_on_the_line(e.view(torch.uint8).to(torch.int16)) for e in ends)
+        ok = _on_the_line(codes[0][at])
         off[at] = ~inside
-    far = off & ((codes[0] - codes[1]).abs() > 1)
+        far[at] = ~inside & (nan | (olo - ok > 1) | (ok - ohi > 1))
     return int(off.sum()), int(far.sum())
+
+
+def _on_the_line(b: torch.Tensor) -> torch.Tensor:
+    """FP8 bytes (int16) as their places on the number line of codes: +-magnitude, +-0 both 0."""
+    mag = b & 0x7F
+    return torch.where(b >= 0x80, -mag, mag)
 
 
 def _decoded(t, direction: str, at) -> tuple[torch.Tensor, torch.Tensor]:

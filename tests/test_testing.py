@@ -102,18 +102,21 @@ def _one_block(codes_up: int, b=None):
 def test_compare_holds_a_byte_past_one_code_to_the_bound_on_v():
     """4 codes up from 2^-10 (e5m2: 1, 1.25, 1.5, 1.75, 2 x 2^-10) is 2^-9, the code of the
     values from 1.875 x 2^-10 (a tie, rounding to the even 2^-9) of the block's 2^-14 scale:
-    the byte is explained by an interval reaching 0.875 x 2^-24 = 7 x 2^-27 above v, not less.
-    Two codes (1.5 x 2^-10, from the tie 1.375 x 2^-10 up): 3 x 2^-27. Unexplained, one code is
-    allowed (1 in 1e4, at least one byte), two never."""
+    the byte is explained by an interval reaching 0.875 x 2^-24 = 7 x 2^-27 above v. Below
+    that, the interval's top code is 1.75 x 2^-10 (above the tie 1.625 x 2^-10: past 5 x 2^-27):
+    one code beyond it, allowed as the 1 in 1e4 (at least one byte); from 1.25 x 2^-10 (below
+    the tie 1.375 x 2^-10: 3 x 2^-27) the byte is 3 codes beyond, never allowed. Without an
+    interval: one code from the reference's byte allowed, two never."""
     assert _one_block(1) == []
     assert _one_block(2) == ["rowwise_data: 1 bytes differ (worst by 2); 1 by more than one code"]
     assert _one_block(4) != []
     assert _one_block(4, 2.0 ** -24) == []
     assert _one_block(4, 7 * 2.0 ** -27) == []
-    assert _one_block(4, 6.9 * 2.0 ** -27) == ["rowwise_data: 1 bytes differ (worst by 4); 1 outside v_bound, "
+    assert _one_block(4, 5.1 * 2.0 ** -27) == []  # one code past the interval
+    assert _one_block(4, 2.9 * 2.0 ** -27) == ["rowwise_data: 1 bytes differ (worst by 4); 1 outside v_bound, "
                                                "1 of them by more than one code"]
     assert _one_block(2, 3 * 2.0 ** -27) == []
-    assert _one_block(2, 2.9 * 2.0 ** -27) != []
+    assert _one_block(2, 0.9 * 2.0 ** -27) != []  # (the interval's codes: 2^-10 alone; 2 codes past it)
     assert _one_block(1, 0.0) == []  # one code, one byte: allowed outside the interval too
 
 
@@ -145,8 +148,9 @@ def test_compare_bound_reaches_across_zero_and_keeps_nan():
     """Near a root of dact the two values can have opposite signs: bytes 0x01 and 0x81 (e5m2's
     smallest subnormal 2^-16 of the block's 2^-14 scale, +-2^-30) are 128 apart as codes. v =
     2^-30: -2^-30 is the code of v down to the tie -2^-31 exclusive (the tie rounds to -0), so
-    the interval must reach more than 1.5 x 2^-30 below v. A NaN data byte is never inside an
-    interval."""
+    the interval must reach more than 1.5 x 2^-30 below v. Short of that, its codes run from -0
+    to 2^-30 and 0x81 is one code beyond them (allowed as the 1 in 1e4, one byte here); with v
+    alone, two codes (never). A NaN data byte is never inside an interval."""
     op = mxq.fused_quant(fp8="e5m2", colwise=True)(lambda_free)
     x = torch.zeros(32, 32)
     x[0, :], x[:, 0], x[1, 1] = 2.0, 2.0, 2.0 ** -30
@@ -159,7 +163,10 @@ def test_compare_bound_reaches_across_zero_and_keeps_nan():
     tight[1, 1] = 1.6 * 2.0 ** -30
     v = x.double()
     assert compare(got, want, exact=False, v_bound=VBound(v - tight, v)) == []
-    assert len(compare(got, want, exact=False, v_bound=VBound(v - tight * (1.5 / 1.6), v))) == 2
+    assert compare(got, want, exact=False, v_bound=VBound(v - tight * (1.5 / 1.6), v)) == []
+    assert compare(got, want, exact=False, v_bound=VBound(v, v)) == [
+        f"{d}_data: 1 bytes differ (worst by 128); 1 outside v_bound, 1 of them by more than one code"
+        for d in ("rowwise", "colwise")]
     got.rowwise_data.view(torch.uint8)[1, 1] = 0x7F
     inf = torch.full((32, 32), float("inf"), dtype=torch.float64)
     assert compare(got, want, exact=False, v_bound=VBound(-inf, inf)) != []
