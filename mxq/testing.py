@@ -201,12 +201,11 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
     as written in ``got``, of some v in the element's interval; at most 1 in 1e4 are not, each
     within one code of the interval's codes. Without ``v_bound``: at most 1 in 1e4 data bytes
     off, each by one code. Few scale bytes off (one per 3200 elements). dbias: within 1 ulp of
-    the input dtype of the
-    reference's fp64 sum (numerics.dbias_partial_dtype bounds the kernels'), plus, outside the
-    exact class and where ``v_abs`` (``v_abs_sum``) is given, V_SLACK x the column's sum of |v|.
-    Without it a column whose sum cancels fails that class now and then (its 1-ulp bound is
-    relative to a sum near zero, while the kernels' order of additions differs from the
-    reference's by rounding errors proportional to sum |v|).
+    the input dtype of the reference's fp64 sum (numerics.dbias_partial_dtype bounds the
+    kernels'), plus, outside the exact class and where ``v_abs`` (``v_abs_sum``) is given,
+    V_SLACK x the column's sum of |v|. Without it a column whose sum cancels fails that class
+    now and then (its 1-ulp bound is relative to a sum near zero, while the kernels' order of
+    additions differs from the reference's by rounding errors proportional to sum |v|).
     """
     if v_bound is not None and not isinstance(v_bound, VBound):
         raise TypeError(f"mxq.testing.compare: v_bound must be a VBound (mxq.testing.v_bound's answer), "
