@@ -310,13 +310,14 @@ def test_hand_vectors_next_to_the_qgelu_root():
 @pytest.mark.parametrize("name", ["qgelu", "gelu", "silu", "qgeglu", "geglu", "swiglu"])
 def test_dact_bytes_next_to_a_root_of_the_derivative_are_held_to_the_bound_on_v(name, dtype):
     """A dact op with dbias, e5m2, rowwise and colwise, 1024 x 4096 (gated: 2 x 2048 columns):
-    act_input normal (the gate half for a gated name), with 1 in 4 of those elements within 4096
+    act_input normal (the gate half for a gated name), with 1 in 4 of those elements within 256
     ulps (fp32) or 8 ulps (bf16) of the derivative's root. There v = d * dact(a) is tiny next
     to its block's amax, e5m2's codes there are fine (subnormals of a scale set by values ~3),
     and the kernels' derivative, accurate to DACT_SLACK (1 + |a|) absolute, lands bytes several
     codes (or a sign) from the reference's: every data byte is the code of a v inside v_bound
-    (compare's rule); fp32 breaks the one-code rule (too many bytes off for 1 in 1e4). CPU
-    counterpart: test_modelled_kernel_bytes_next_to_a_root_are_inside_the_class."""
+    (compare's rule); fp32 breaks the one-code rule (bytes more than one code off, ~1% of the
+    bytes off in a model of the kernels, and as many with exact ex2 and rcp). CPU counterpart:
+    test_modelled_kernel_bytes_next_to_a_root_are_inside_the_class."""
     from mxq.frontend.spec import GATED_ACTIVATIONS
 
     op = mxq.fused_quant(rowwise=True, colwise=True, fp8="e5m2", dact=name, dbias=True)(lambda_free)
@@ -327,7 +328,7 @@ def test_dact_bytes_next_to_a_root_of_the_derivative_are_held_to_the_bound_on_v(
     d = torch.randn(m, n // 2 if gated else n, generator=gen).to(dtype)
     a = torch.randn(m, n, generator=gen).to(dtype)
     gate = a[:, : n // 2].contiguous() if gated else a
-    _near_root(inner, gate, gen, 4, 4096 if dtype == torch.float32 else 8)
+    _near_root(inner, gate, gen, 4, 256 if dtype == torch.float32 else 8)
     if gated:
         a[:, : n // 2] = gate
     want = op.reference(d, act_input=a)
