@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -162,51 +162,54 @@ def v_abs_sum(op, *args, act_input=None, group_offsets=None, **kwargs) -> torch.
     return torch.stack([w[start:end].sum(0) for start, end in groups.bounds(group_offsets)])
 
 
-def v_bound(op, *args, act_input=None, group_offsets=None, **kwargs) -> torch.Tensor:
-    """Per-element fp64 bound [M, N] on how far the kernels' v (after step 5) may be from the
-    reference's in the transcendental class, ``compare``'s ``v_bound`` argument: B = V_SLACK x
-    ``v_weight`` for fp32 inputs. bf16/fp16 inputs round v to the input dtype (step 5), which is
-    monotone, so the kernels' rounded v lies between those of v - B and v + B: the bound is the
-    larger distance from the reference's rounded v to them (0 where B stays inside one rounding
-    interval, up to a step of the dtype where v is next to a tie). 0 where not finite (a NaN or
-    inf v: no slack). ``group_offsets`` changes nothing, as for ``v_weight``."""
+@dataclass(frozen=True)
+class VBound:
+    """Per element of [M, N], the interval [lo, hi] (fp64) that holds the kernels' v (NUMERICS
+    steps 1-5) in the transcendental class: ``v_bound``'s answer, ``compare``'s ``v_bound``
+    argument. Indexing takes rows (``bound[start:end]``: a group's rows)."""
+    lo: torch.Tensor
+    hi: torch.Tensor
+
+    def __getitem__(self, rows) -> "VBound":
+        return VBound(self.lo[rows], self.hi[rows])
+
+
+def v_bound(op, *args, act_input=None, group_offsets=None, **kwargs) -> VBound:
+    """Where the kernels' v (after step 5) lies in the transcendental class, per element of
+    [M, N]: within B = V_SLACK x ``v_weight`` of the reference's v, so [v - B, v + B] for fp32
+    inputs. bf16/fp16 inputs round v to the input dtype (step 5), which is monotone: the
+    interval runs from the rounded v - B to the rounded v + B (the rounded v alone where B
+    stays inside one rounding interval, a step of the dtype on either side next to a tie).
+    A NaN or infinite v: the interval is v itself (no slack). ``group_offsets`` changes nothing,
+    as for ``v_weight``."""
     v, w, dtype = _slack(op, args, act_input, kwargs)
+    v = v.double()
     b = V_SLACK * w
-    if dtype != torch.float32:
-        def rounded(t):  # fp64 -> the kernels' fp32 v -> step 5
-            return t.float().to(dtype).double()
-
-        v = v.double()
-        b = torch.maximum(rounded(v + b) - rounded(v), rounded(v) - rounded(v - b))
-    return torch.where(torch.isfinite(b), b, torch.zeros_like(b))
-
-
-def _spacing(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The spacing of FP8 ``dtype``'s values at magnitudes ``y`` >= 0 (fp64; at a power of two,
-    the spacing above it), one code: eps x the largest power of two <= y, subnormals' spacing
-    below the smallest normal."""
-    fi = torch.finfo(dtype)
-    y = y.double()
-    _, e = torch.frexp(y)
-    p = torch.where(y > 0, torch.ldexp(torch.ones_like(y), e - 1), torch.zeros_like(y))
-    return fi.eps * torch.clamp(p, min=fi.tiny)
+    b = torch.where(torch.isfinite(v) & torch.isfinite(b), b, torch.zeros_like(b))
+    lo, hi = v - b, v + b
+    if dtype != torch.float32:  # fp64 -> the kernels' fp32 v -> step 5
+        lo, hi = (t.float().to(dtype).double() for t in (lo, hi))
+    return VBound(lo, hi)
 
 
 def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
-            v_bound: torch.Tensor | None = None) -> list[str]:
+            v_bound: VBound | None = None) -> list[str]:
     """Differences between two MXFP8Tensors under docs/NUMERICS.md's exactness classes ([] if none).
 
-    Exact class: every data and scale byte and the amax bits equal. Transcendental class: at
-    most 1 in 1e4 data bytes off, each by one code, or by more only where ``v_bound`` (the
-    op's ``v_bound``: the per-element bound on the kernels' v) is given and the decoded values
-    (data x the block's scale) differ by at most that bound plus half a code of each (both
-    round their v once to the FP8 grid); few scale bytes off. dbias: within 1 ulp of the input
-    dtype of the reference's fp64 sum (numerics.dbias_partial_dtype bounds the kernels'), plus,
-    outside the exact class and where ``v_abs`` (``v_abs_sum``) is given, V_SLACK x the
-    column's sum of |v|. Without it a column whose sum cancels fails that class now and then (its
-    1-ulp bound is relative to a sum near zero, while the kernels' order of additions differs from
-    the reference's by rounding errors proportional to sum |v|).
+    Exact class: every data and scale byte and the amax bits equal. Transcendental class, with
+    ``v_bound`` (the op's ``v_bound``): every data byte is the FP8 code, under its block's scale
+    as written in ``got``, of some v in the element's interval; at most 1 in 1e4 are not, each
+    within one code of the interval's codes. Without ``v_bound``: at most 1 in 1e4 data bytes
+    off, each by one code. Few scale bytes off (one per 3200 elements). dbias: within 1 ulp of
+    the input dtype of the reference's fp64 sum (numerics.dbias_partial_dtype bounds the
+    kernels'), plus, outside the exact class and where ``v_abs`` (``v_abs_sum``) is given,
+    V_SLACK x the column's sum of |v|. Without it a column whose sum cancels fails that class
+    now and then (its 1-ulp bound is relative to a sum near zero, while the kernels' order of
+    additions differs from the reference's by rounding errors proportional to sum |v|).
     """
+    if v_bound is not None and not isinstance(v_bound, VBound):
+        raise TypeError(f"mxq.testing.compare: v_bound must be a VBound (mxq.testing.v_bound's answer), "
+                        f"got {type(v_bound).__name__}")
     problems = []
     m = 1
     for d in want.shape:
@@ -222,11 +225,15 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
             continue
         nd, worst = byte_diff(g, w)
         if "data" in name:
-            far = 0 if exact or worst <= 1 else _far_bytes(got, want, name.split("_")[0], v_bound)
-            if nd if exact else (nd > max(1, total // 10000) or far):
-                problems.append(f"{name}: {nd} bytes differ (worst by {worst})" + (
-                    f"; {far} by more than one code" + (" outside v_bound" if v_bound is not None else "")
-                    if far else ""))
+            if exact:
+                if nd:
+                    problems.append(f"{name}: {nd} bytes differ (worst by {worst})")
+                continue
+            off, far = _unexplained(got, want, name.split("_")[0], v_bound) if nd else (0, 0)
+            if off > max(1, total // 10000) or far:
+                problems.append(f"{name}: {nd} bytes differ (worst by {worst}); " + (
+                    f"{off} outside v_bound, {far} of them" if v_bound is not None else f"{far}")
+                    + " by more than one code")
         elif nd and (exact or nd > max(1, total // 3200)):
             problems.append(f"{name}: {nd} scale bytes differ")
     if want.amax is not None:
@@ -246,27 +253,46 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
     return problems
 
 
-def _far_bytes(got, want, direction: str, v_bound: torch.Tensor | None) -> int:
-    """How many of ``direction``'s data bytes differ by more than one code and, where
-    ``v_bound`` is given, decode to values further apart than it plus half a code of each."""
+def _unexplained(got, want, direction: str, v_bound: VBound | None) -> tuple[int, int]:
+    """(how many of ``direction``'s differing data bytes ``v_bound`` does not explain, how many
+    of those are more than one code away). A byte is explained where it is the code of some v
+    in its element's interval: it lies between the codes, under ``got``'s block scale, of the
+    interval's ends (each rounded to fp32 first, as the kernels' v is; the quantization is
+    monotone); the others are that many codes from the nearer end's code. Without ``v_bound``
+    no byte is explained, and the distance is to ``want``'s byte."""
+    from .formats import numerics
     from .tensor import flat_dims
 
     m, n = flat_dims(want.shape)
     codes = [getattr(t, f"{direction}_data").reshape(m, n).view(torch.uint8).cpu().to(torch.int16)
              for t in (got, want)]
-    far = (codes[0] - codes[1]).abs() > 1
-    if v_bound is None or not far.any():
-        return int(far.sum())
-    at = far.nonzero(as_tuple=True)
-    (vg, hg), (vw, hw) = (_decoded(t, direction, at) for t in (got, want))
-    bound = v_bound.cpu().double().reshape(m, n)[at]
-    ok = ((vg - vw).abs() <= bound + hg + hw) | (torch.isnan(vg) & torch.isnan(vw))
-    return int((~ok).sum())
+    off = codes[0] != codes[1]
+    far = off & ((codes[0] - codes[1]).abs() > 1)
+    if v_bound is not None and off.any():
+        at = off.nonzero(as_tuple=True)
+        q, scale = _decoded(got, direction, at)
+        fmt = numerics.FORMATS[got.fp8]
+        ends = [numerics.cast_to_fp8((t.cpu().reshape(m, n)[at].float().double() / scale).float(), fmt)
+                for t in (v_bound.lo, v_bound.hi)]
+        lo, hi = (e.double() * scale for e in ends)
+        nan = torch.isnan(q) | torch.isnan(lo) | torch.isnan(hi)
+        inside = ((lo <= q) & (q <= hi)) | (torch.isnan(q) & torch.isnan(lo) & torch.isnan(hi))
+        olo, ohi = (_on_the_line(e.view(torch.uint8).to(torch.int16)) for e in ends)
+        ok = _on_the_line(codes[0][at])
+        off[at] = ~inside
+        far[at] = ~inside & (nan | (olo - ok > 1) | (ok - ohi > 1))
+    return int(off.sum()), int(far.sum())
+
+
+def _on_the_line(b: torch.Tensor) -> torch.Tensor:
+    """FP8 bytes (int16) as their places on the number line of codes: +-magnitude, +-0 both 0."""
+    mag = b & 0x7F
+    return torch.where(b >= 0x80, -mag, mag)
 
 
 def _decoded(t, direction: str, at) -> tuple[torch.Tensor, torch.Tensor]:
-    """(decoded value, half a code there) in fp64 of ``t``'s ``direction`` data at indices ``at``
-    of [M, N]: data x the block's scale, and half the FP8 spacing at |data| x the scale."""
+    """(decoded value, the block's decoded scale) in fp64 of ``t``'s ``direction`` data at
+    indices ``at`` of [M, N]: data x the scale, and the scale (data 1 decoded)."""
     from .tensor import flat_dims
 
     m, n = flat_dims(t.shape)
@@ -274,4 +300,4 @@ def _decoded(t, direction: str, at) -> tuple[torch.Tensor, torch.Tensor]:
     ones = replace(t, **{f"{direction}_data": torch.ones(t.shape, device=data.device).to(data.dtype)})
     scale = ones.dequantize(direction).reshape(m, n)[at].cpu().double()
     q = data.reshape(m, n).view(torch.uint8)[at].view(data.dtype).cpu().double()
-    return q * scale, 0.5 * _spacing(q.abs(), data.dtype) * scale
+    return q * scale, scale

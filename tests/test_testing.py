@@ -4,7 +4,9 @@ import pytest
 import torch
 
 import mxq
-from mxq.testing import DACT_SLACK, V_SLACK, compare, padded_rows, planted, poisoned, v_abs_sum, v_bound, v_weight
+from tests import fast_math
+from mxq.testing import (DACT_SLACK, V_SLACK, VBound, byte_diff, compare, padded_rows, planted, poisoned, v_abs_sum,
+                         v_bound, v_weight)
 
 
 def test_compare_flags_a_single_byte_and_accepts_equal():
@@ -79,10 +81,10 @@ def test_dbias_slack_of_a_builtin_dact_is_absolute_in_dact():
     assert compare(got, want, exact=False, v_abs=v_abs) != []
 
 
-def _one_block(codes_up: int, bound=None):
+def _one_block(codes_up: int, b=None):
     """compare() of an e5m2 row [2, 2^-24, 0, ...] (scale 2^-14: 2^-24 is the code 2^-10) against
-    itself with the byte of 2^-24 moved ``codes_up`` codes up, under ``bound`` at that element
-    (zero elsewhere; None: no v_bound)."""
+    itself with the byte of 2^-24 moved ``codes_up`` codes up, under the interval v +- ``b`` at
+    that element (v exactly elsewhere; None: no v_bound)."""
     op = mxq.fused_quant(fp8="e5m2")(lambda_free)
     x = torch.zeros(1, 32)
     x[0, 0], x[0, 1] = 2.0, 2.0 ** -24
@@ -90,32 +92,65 @@ def _one_block(codes_up: int, bound=None):
     assert want.rowwise_scale[0, 0].item() == 127 - 14 and want.rowwise_data[0, 1].item() == 2.0 ** -10
     got = op.reference(x)
     got.rowwise_data.view(torch.uint8)[0, 1] += codes_up
-    if bound is not None:
-        bound = torch.zeros(1, 32, dtype=torch.float64).index_fill_(1, torch.tensor([1]), bound)
+    bound = None
+    if b is not None:
+        slack = torch.zeros(1, 32, dtype=torch.float64).index_fill_(1, torch.tensor([1]), b)
+        bound = VBound(x.double() - slack, x.double() + slack)
     return compare(got, want, exact=False, v_bound=bound)
 
 
 def test_compare_holds_a_byte_past_one_code_to_the_bound_on_v():
-    """4 codes up from 2^-10 (e5m2: 1, 1.25, 1.5, 1.75, 2 x 2^-10) decodes to 2^-23 for the
-    reference's 2^-24: 2^-24 apart. Half a code of each (2^-13 and 2^-12 of the block's 2^-14
-    scale: 3 x 2^-27) leaves 5 x 2^-27 for the bound on v. One code is always allowed, two never
-    without a bound."""
+    """4 codes up from 2^-10 (e5m2: 1, 1.25, 1.5, 1.75, 2 x 2^-10) is 2^-9, the code of the
+    values from 1.875 x 2^-10 (a tie, rounding to the even 2^-9) of the block's 2^-14 scale:
+    the byte is explained by an interval reaching 0.875 x 2^-24 = 7 x 2^-27 above v. Below
+    that, the interval's top code is 1.75 x 2^-10 (above the tie 1.625 x 2^-10: past 5 x 2^-27):
+    one code beyond it, allowed as the 1 in 1e4 (at least one byte); from 1.25 x 2^-10 (below
+    the tie 1.375 x 2^-10: 3 x 2^-27) the byte is 3 codes beyond, never allowed. Without an
+    interval: one code from the reference's byte allowed, two never."""
     assert _one_block(1) == []
     assert _one_block(2) == ["rowwise_data: 1 bytes differ (worst by 2); 1 by more than one code"]
     assert _one_block(4) != []
     assert _one_block(4, 2.0 ** -24) == []
-    assert _one_block(4, 5 * 2.0 ** -27) == []
-    assert _one_block(4, 4.9 * 2.0 ** -27) == ["rowwise_data: 1 bytes differ (worst by 4); 1 by more than one "
-                                               "code outside v_bound"]
-    # 2 codes: 2^-11 x 2^-14 = 4 x 2^-27 apart, half a code of each 2^-27 (one binade)
-    assert _one_block(2, 2 * 2.0 ** -27) == []
-    assert _one_block(2, 1.9 * 2.0 ** -27) != []
+    assert _one_block(4, 7 * 2.0 ** -27) == []
+    assert _one_block(4, 5.1 * 2.0 ** -27) == []  # one code past the interval
+    assert _one_block(4, 2.9 * 2.0 ** -27) == ["rowwise_data: 1 bytes differ (worst by 4); 1 outside v_bound, "
+                                               "1 of them by more than one code"]
+    assert _one_block(2, 3 * 2.0 ** -27) == []
+    assert _one_block(2, 0.9 * 2.0 ** -27) != []  # (the interval's codes: 2^-10 alone; 2 codes past it)
+    assert _one_block(1, 0.0) == []  # one code, one byte: allowed outside the interval too
+
+
+def test_compare_counts_only_the_bytes_outside_the_interval():
+    """1 in 1e4 data bytes may be outside v_bound (each one code off); inside it any number may
+    differ, by any number of codes. 64 x 32 elements allow one byte outside: two fail."""
+    op = mxq.fused_quant(fp8="e5m2")(lambda_free)
+    x = torch.zeros(64, 32)
+    x[:, 0], x[:, 1] = 2.0, 2.0 ** -24
+    want = op.reference(x)
+    got = op.reference(x)
+    got.rowwise_data.view(torch.uint8)[:, 1] += 4
+    wide = torch.zeros(64, 32, dtype=torch.float64)
+    wide[:, 1] = 2.0 ** -24
+    assert compare(got, want, exact=False, v_bound=VBound(x.double() - wide, x.double() + wide)) == []
+    assert compare(got, want, exact=False) == ["rowwise_data: 64 bytes differ (worst by 4); 64 by more than one code"]
+    got = op.reference(x)
+    got.rowwise_data.view(torch.uint8)[:2, 1] += 1
+    exact_v = VBound(x.double(), x.double())
+    assert compare(got, want, exact=False, v_bound=exact_v) == [
+        "rowwise_data: 2 bytes differ (worst by 1); 2 outside v_bound, 0 of them by more than one code"]
+    got.rowwise_data.view(torch.uint8)[1, 1] -= 1
+    assert compare(got, want, exact=False, v_bound=exact_v) == []
+    with pytest.raises(TypeError, match="v_bound must be a VBound"):
+        compare(got, want, exact=False, v_bound=wide)
 
 
 def test_compare_bound_reaches_across_zero_and_keeps_nan():
-    """Near a root of dact the two values can have opposite signs: bytes 0x01 and 0x81 are 128
-    apart as codes, yet 2 x 2^-16 x 2^-14 apart decoded (e5m2's smallest subnormal 2^-16 of the
-    block's 2^-14 scale). A NaN data byte is never inside a bound."""
+    """Near a root of dact the two values can have opposite signs: bytes 0x01 and 0x81 (e5m2's
+    smallest subnormal 2^-16 of the block's 2^-14 scale, +-2^-30) are 128 apart as codes. v =
+    2^-30: -2^-30 is the code of v down to the tie -2^-31 exclusive (the tie rounds to -0), so
+    the interval must reach more than 1.5 x 2^-30 below v. Short of that, its codes run from -0
+    to 2^-30 and 0x81 is one code beyond them (allowed as the 1 in 1e4, one byte here); with v
+    alone, two codes (never). A NaN data byte is never inside an interval."""
     op = mxq.fused_quant(fp8="e5m2", colwise=True)(lambda_free)
     x = torch.zeros(32, 32)
     x[0, :], x[:, 0], x[1, 1] = 2.0, 2.0, 2.0 ** -30
@@ -125,11 +160,16 @@ def test_compare_bound_reaches_across_zero_and_keeps_nan():
         assert t.view(torch.uint8)[1, 1].item() == 0x01
         t.view(torch.uint8)[1, 1] = 0x81
     tight = torch.zeros(32, 32, dtype=torch.float64)
-    tight[1, 1] = 2.0 ** -30  # + half a code of each (2^-31 each): 2^-29, just the distance
-    assert compare(got, want, exact=False, v_bound=tight) == []
-    assert len(compare(got, want, exact=False, v_bound=tight / 2)) == 2
+    tight[1, 1] = 1.6 * 2.0 ** -30
+    v = x.double()
+    assert compare(got, want, exact=False, v_bound=VBound(v - tight, v)) == []
+    assert compare(got, want, exact=False, v_bound=VBound(v - tight * (1.5 / 1.6), v)) == []
+    assert compare(got, want, exact=False, v_bound=VBound(v, v)) == [
+        f"{d}_data: 1 bytes differ (worst by 128); 1 outside v_bound, 1 of them by more than one code"
+        for d in ("rowwise", "colwise")]
     got.rowwise_data.view(torch.uint8)[1, 1] = 0x7F
-    assert compare(got, want, exact=False, v_bound=torch.full((32, 32), float("inf"))) != []
+    inf = torch.full((32, 32), float("inf"), dtype=torch.float64)
+    assert compare(got, want, exact=False, v_bound=VBound(-inf, inf)) != []
 
 
 def test_v_weight_by_hand():
@@ -162,21 +202,26 @@ def test_v_weight_by_hand():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_v_bound_by_hand(dtype):
-    """fp32 inputs: V_SLACK x v_weight. bf16/fp16: step 5 rounds v to the input dtype, so the
-    bound is how far the rounded v can move within V_SLACK x v_weight: one step of the dtype for
-    v on a tie (1 + eps/2 and 1 + 3 eps/2, which round down and up: v - B and v + B round to
-    two neighbours), 0 for v
-    inside a rounding interval (3 + eps/2, 0 + eps/2: 1/4 of a step from ties, and 0). inf: 0."""
+    """fp32 inputs: v +- V_SLACK x v_weight. bf16/fp16: step 5 rounds v to the input dtype, so
+    the interval's ends are v - B and v + B rounded: a step of the dtype wide for v on a tie
+    (1 + eps/2 and 1 + 3 eps/2 round down and up: v - B and v + B round to two neighbours),
+    v rounded alone for v inside a rounding interval (3 + eps/2, 0 + eps/2: 1/4 of a step from
+    ties, and 0). inf: inf alone."""
     eps = torch.finfo(dtype).eps if dtype != torch.float32 else torch.finfo(torch.bfloat16).eps
     op = mxq.fused_quant()(_plus_half_step(eps / 2))
     x = torch.tensor([[1.0, 3.0, 0.0, float("inf"), 1.0 + eps] * 8]).to(dtype)
     w, b = v_weight(op, x), v_bound(op, x)
     assert w[0, 0].item() == 1.0 + eps / 2
     if dtype == torch.float32:
-        assert torch.equal(b[0, [0, 1, 2, 4]], V_SLACK * w[0, [0, 1, 2, 4]])
+        v = x.double() + torch.tensor(eps / 2, dtype=torch.float32).double()
+        at = [0, 1, 2, 4]
+        assert torch.equal(b.lo[0, at], v[0, at] - V_SLACK * w[0, at])
+        assert torch.equal(b.hi[0, at], v[0, at] + V_SLACK * w[0, at])
     else:
-        assert b[0, :5].tolist() == [eps, 0.0, 0.0, 0.0, eps]  # (1 + 3 eps / 2: a tie rounding up)
-    assert b[0, 3].item() == 0.0
+        assert b.lo[0, :5].tolist() == [1.0, 3.0, eps / 2, float("inf"), 1.0 + eps]
+        assert b.hi[0, :5].tolist() == [1.0 + eps, 3.0, eps / 2, float("inf"), 1.0 + 2 * eps]
+    assert b.lo[0, 3].item() == b.hi[0, 3].item() == float("inf")
+    assert torch.equal(b[1:].lo, b.lo[1:])  # rows, as a group's
 
 
 def _plus_half_step(c):
@@ -185,40 +230,113 @@ def _plus_half_step(c):
     return plus
 
 
-QGELU_ROOT = -0.7511542  # dqgelu(a) = z s (1 - s) + s, z = 1.702 a, s = sigmoid(z), is 0 here (to 1e-7)
+def test_roots_of_the_derivatives():
+    """dgelu, dsilu and dqgelu change sign once each, near -0.7525, -1.2785 and -0.7512
+    (tests/fast_math.root: fp64 bisection of the formulas)."""
+    for name, where in (("gelu", -0.7524614), ("silu", -1.2784645), ("qgelu", -0.7511542)):
+        r = fast_math.root(name)
+        assert abs(r - where) < 1e-7, (name, r)
+        a = torch.tensor([r - 1e-6, r + 1e-6], dtype=torch.float64)
+        d = fast_math.dact_formula_f64(name, a)
+        assert d[0].item() < 0 < d[1].item()
 
 
-def test_qgelu_root():
-    a = torch.tensor([QGELU_ROOT - 1e-6, QGELU_ROOT + 1e-6], dtype=torch.float64)
-    z = 1.702 * a
-    s = torch.sigmoid(z)
-    d = z * s * (1 - s) + s
-    assert d[0].item() < 0 < d[1].item()
+def _near_root(name: str, a: torch.Tensor, gen, every: int, ulps: int) -> None:
+    """Set 1 in ``every`` elements of ``a`` (fp32 or bf16) within ``ulps`` of its dtype of the
+    root of dact ``name`` (in place)."""
+    bits = torch.int32 if a.dtype == torch.float32 else torch.int16
+    root = torch.tensor(fast_math.root(name)).to(a.dtype).view(bits).to(torch.int32)
+    flat = a.view(-1)
+    at = torch.randperm(flat.numel(), generator=gen)[: flat.numel() // every]
+    k = torch.randint(-ulps, ulps + 1, at.shape, generator=gen, dtype=torch.int32)
+    flat[at] = (root + k).to(bits).view(a.dtype)
+
+
+@pytest.mark.parametrize("name", ["gelu", "silu", "qgelu"])
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+def test_modelled_kernel_bytes_next_to_a_root_are_inside_the_class(name, fp8):
+    """The kernels' derivative as tests/fast_math.py models it (ex2 and rcp off by random ulps
+    up to their documented errors) on an fp32 dact op, rowwise and colwise, whose act_input is
+    within 64 ulps of the derivative's root in 1 of 4 elements (d normal, 3.0 at one element of
+    every row and column block, so the blocks' scales are set by values ~3): every data byte is
+    the code of a v inside v_bound; in e5m2, bytes next to the root are many codes (or a sign)
+    from the reference's, in numbers far past 1 in 1e4 (the one-code class is false there)."""
+    op = mxq.fused_quant(rowwise=True, colwise=True, fp8=fp8, dact=name)(lambda_free)
+    gen = torch.Generator().manual_seed(7)
+    m, n = 128, 256
+    d, a = torch.randn(m, n, generator=gen), torch.randn(m, n, generator=gen)
+    _near_root(name, a, gen, 4, 64)
+    d[::32, :], d[:, ::32], a[::32, :], a[:, ::32] = 3.0, 3.0, 3.0, 3.0
+
+    def noise(k):
+        return lambda shape: torch.randint(-k, k + 1, shape, generator=gen, dtype=torch.int32)
+
+    v = d * fast_math.dact(name, a, noise(fast_math.EX2_ULPS), noise(fast_math.RCP_ULPS))
+    got = mxq.fused_quant(rowwise=True, colwise=True, fp8=fp8)(lambda_free).reference(v)  # v's bytes
+    want = op.reference(d, act_input=a)
+    bound = v_bound(op, d, act_input=a)
+    assert compare(got, want, False, v_bound=bound) == []
+    if fp8 == "e5m2":  # (e4m3's codes near 0 are 2^14 times coarser: few bytes differ at all)
+        one_code = compare(got, want, False)
+        assert one_code and all("bytes differ" in p for p in one_code), one_code
+        mid, half = (bound.hi + bound.lo) / 2, (bound.hi - bound.lo) / 2 / 256  # not vacuous: 256x tighter fails
+        assert compare(got, want, False, v_bound=VBound(mid - half, mid + half)) != []
+
+
+def test_hand_vectors_next_to_the_qgelu_root():
+    """The case of the H200 by hand: an fp32 dact="qgelu" e5m2 row d = 2, act_input = the fp32
+    values 0..30 ulps above the derivative's root, and 3.0 (v ~ 3.2, scale 2^-14: codes of
+    2^-30 near 0). With ex2 and rcp each off by one of their extreme errors, bytes there are
+    up to several codes from the reference's, and all of them inside v_bound."""
+    op = mxq.fused_quant(fp8="e5m2", dact="qgelu")(lambda_free)
+    root = torch.tensor(fast_math.root("qgelu"), dtype=torch.float32).view(torch.int32)
+    a = (root + torch.arange(-1, 30, dtype=torch.int32)).view(torch.float32)
+    a = torch.cat([torch.tensor([3.0]), a]).reshape(1, 32)
+    d = torch.full((1, 32), 2.0)
+    want = op.reference(d, act_input=a)
+    assert want.rowwise_scale[0, 0].item() == 127 - 14
+    bound = v_bound(op, d, act_input=a)
+    cast = mxq.fused_quant(fp8="e5m2")(lambda_free)
+    worst = 0
+    for e, r in ((-2, -1), (-2, 1), (2, -1), (2, 1)):
+        got = cast.reference(d * fast_math.dact("qgelu", a, e, r))
+        worst = max(worst, byte_diff(got.rowwise_data[:, 1:], want.rowwise_data[:, 1:])[1])
+        assert compare(got, want, False, v_bound=bound) == [], (e, r)
+    assert worst >= 4, worst
 
 
 @pytest.mark.gpu
-def test_dact_bytes_next_to_a_root_of_the_derivative_are_held_to_the_bound_on_v():
-    """An fp32 dact="qgelu" + dbias, e5m2, rowwise and colwise, 2048 x 4096: act_input normal,
-    with 1 in 4096 elements within 64 fp32 ulps of the derivative's root. There v = d * dqgelu(a)
-    is tiny next to its block's amax, e5m2's codes there are fine (subnormals of a scale set by
-    values ~3), and the kernels' derivative, accurate to DACT_SLACK (1 + |a|) absolute, lands
-    some bytes several codes (or a sign) away from the reference's: the old one-code rule
-    refuses them, the class of docs/NUMERICS.md (within v_bound plus half a code of each)
-    accepts them, and at most 1 in 1e4 bytes differ at all."""
-    op = mxq.fused_quant(rowwise=True, colwise=True, fp8="e5m2", dact="qgelu", dbias=True)(lambda_free)
-    m, n = 2048, 4096
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["qgelu", "gelu", "silu", "qgeglu", "geglu", "swiglu"])
+def test_dact_bytes_next_to_a_root_of_the_derivative_are_held_to_the_bound_on_v(name, dtype):
+    """A dact op with dbias, e5m2, rowwise and colwise, 1024 x 4096 (gated: 2 x 2048 columns):
+    act_input normal (the gate half for a gated name), with 1 in 4 of those elements within 256
+    ulps (fp32) or 8 ulps (bf16) of the derivative's root. There v = d * dact(a) is tiny next
+    to its block's amax, e5m2's codes there are fine (subnormals of a scale set by values ~3),
+    and the kernels' derivative, accurate to DACT_SLACK (1 + |a|) absolute, lands bytes several
+    codes (or a sign) from the reference's: every data byte is the code of a v inside v_bound
+    (compare's rule); fp32 breaks the one-code rule (bytes more than one code off, ~1% of the
+    bytes off in a model of the kernels, and as many with exact ex2 and rcp). CPU counterpart:
+    test_modelled_kernel_bytes_next_to_a_root_are_inside_the_class."""
+    from mxq.frontend.spec import GATED_ACTIVATIONS
+
+    op = mxq.fused_quant(rowwise=True, colwise=True, fp8="e5m2", dact=name, dbias=True)(lambda_free)
+    gated = name in GATED_ACTIVATIONS
+    inner = GATED_ACTIVATIONS.get(name, name)
+    m, n = 1024, 4096
     gen = torch.Generator().manual_seed(0)
-    d = torch.randn(m, n, generator=gen)
-    a = torch.randn(m, n, generator=gen)
-    near = torch.randperm(m * n, generator=gen)[: m * n // 4096]
-    ulps = torch.randint(-64, 65, near.shape, generator=gen, dtype=torch.int32)
-    a.view(-1)[near] = (torch.tensor(QGELU_ROOT).view(torch.int32) + ulps).view(torch.float32)
+    d = torch.randn(m, n // 2 if gated else n, generator=gen).to(dtype)
+    a = torch.randn(m, n, generator=gen).to(dtype)
+    gate = a[:, : n // 2].contiguous() if gated else a
+    _near_root(inner, gate, gen, 4, 256 if dtype == torch.float32 else 8)
+    if gated:
+        a[:, : n // 2] = gate
     want = op.reference(d, act_input=a)
     got = op(d.cuda(), act_input=a.cuda(), out=poisoned(op, d.cuda()))
     v_abs = v_abs_sum(op, d, act_input=a)
     assert compare(got, want, False, v_abs, v_bound=v_bound(op, d, act_input=a)) == []
-    old = compare(got, want, False, v_abs)
-    assert old and all("by more than one code" in p for p in old), old  # else the class could be one code again
+    if dtype == torch.float32:
+        assert compare(got, want, False, v_abs) != []  # else the class could be one code again
 
 
 def test_padded_rows_by_hand():
