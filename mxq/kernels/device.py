@@ -165,6 +165,53 @@ def fp8x4(a, b, c, d, fp8: str):
         write_only_types=[Uint32], read_only_args=[a, b, c, d])
 
 
+# --- NVFP4's scales (docs/NUMERICS.md steps N2, N4, N5; mxq/formats/fp4.py) -------------------------
+FLT_MAX = 3.4028234663852886e38
+SIXTH = 0.1666666716337204  # fp32(1/6)
+E4M3_SUBNORMAL_QUANTUM = 2.0 ** -9
+
+
+def _at_most_flt_max(x):
+    """min(x, FLT_MAX) for x >= 0 (inf -> FLT_MAX)."""
+    return Float32(cutlass.select_(x > Float32(FLT_MAX), Float32(FLT_MAX), x))
+
+
+def nvfp4_global(amax):
+    """(fp32(S_enc * fp32(1/6)), fp32(1 / S_enc)) of the per-tensor amax (fp32, >= 0, no NaN):
+    S_enc = min(fp32(2688 / amax), FLT_MAX), 1 where amax is 0 or S_enc is 0 (step N2); the
+    products N4 and N5 take, each rounded once."""
+    s = _at_most_flt_max(div_rn(Float32(2688.0), amax))
+    s = Float32(cutlass.select_((amax == Float32(0.0)) | (s == Float32(0.0)), Float32(1.0), s))
+    return mul_rn(s, Float32(SIXTH)), div_rn(Float32(1.0), s)
+
+
+def nvfp4_scale(block_amax, sf):
+    """Step N4: the E4M3 scale byte (Int32) of a block amax (>= 0, no NaN):
+    e4m3_rn_satfinite(min(block_amax * sf, FLT_MAX)), ``sf`` = nvfp4_global's first value."""
+    return Int32(to_fp8(_at_most_flt_max(mul_rn(block_amax, sf)), "e4m3"))
+
+
+def e4m3_value_bits(e, ops=DEVICE):
+    """The fp32 bits of a non-negative normal E4M3 byte ``e`` (8..126: exponent field + 120, the
+    three mantissa bits on top of fp32's); subnormal bytes (< 8) are e4m3_value's."""
+    U32 = ops.U32
+    return (((e >> U32(3)) + U32(120)) << U32(23)) | ((e & U32(7)) << U32(20))
+
+
+def e4m3_value(e):
+    """The fp32 value of a non-negative E4M3 byte ``e`` (Int32 0..126), exact."""
+    u = Uint32(e)
+    normal = e4m3_value_bits(u).bitcast(Float32)
+    sub = mul_rn(Float32(Int32(u & Uint32(7))), Float32(E4M3_SUBNORMAL_QUANTUM))
+    return Float32(cutlass.select_(u >= Uint32(8), normal, sub))
+
+
+def nvfp4_multiplier(e, s_dec):
+    """Step N5: min(fp32(1 / fp32(fp32(scale) * s_dec)), FLT_MAX) of the E4M3 scale byte ``e``,
+    ``s_dec`` = nvfp4_global's second value (scale 0: FLT_MAX)."""
+    return _at_most_flt_max(div_rn(Float32(1.0), mul_rn(e4m3_value(e), s_dec)))
+
+
 # --- E2M1 (FP4) encoding (docs/NUMERICS.md step N7) ---------------------------------------------
 # E2M1 codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign. sm_100a converts in hardware
 # (cvt.rn.satfinite.e2m1x2.f32); sm_90 has no such cvt and encodes with the integer rule below,

@@ -108,7 +108,7 @@ class PackedKernel:
         PERIOD = cutlass.const_expr(ua.plans_per_thread(PK_ROWS, RSTEP))  # row i takes plan i % PERIOD
         TILE_ROWS, TILE_COLS = tile(cfg, GROUPED, UNALIGNED)
         DIVBY = cutlass.const_expr(1 if UNALIGNED else VEC)  # what N is a multiple of
-        RS_BLOCKS = cutlass.const_expr(TILE_COLS // 32)  # row-scale blocks per tile row
+        RS_BLOCKS = cutlass.const_expr(TILE_COLS // cfg.fmt.block[1])  # row-scale blocks per tile row
         if cutlass.const_expr(use_pdl):
             cute.arch.griddepcontrol_launch_dependents()  # dbias_kernel may start; it waits for this grid to finish
         tidx, _, _ = cute.arch.thread_idx()
@@ -224,16 +224,19 @@ class PackedKernel:
             owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
             if cutlass.const_expr(cfg.col_reduce):
                 self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
-            sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv}), io.rec(), sr)
-            if cutlass.const_expr(UNALIGNED):
-                self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
-                                                     Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
-            elif cutlass.const_expr(cfg.transposed):
-                self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr},
-                                                               tRow=tRow if cfg.rowwise else None), io.rec(), words, sr, sc)
-            else:
-                self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow if cfg.rowwise else None,
-                                                tCol=tCol if cfg.colwise else None).rec(), words, sr, sc)
+            if cutlass.const_expr(cfg.rowwise or cfg.colwise):  # (else NVFP4's amax pass: the owners' amax alone)
+                sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv}), io.rec(), sr)
+                if cutlass.const_expr(UNALIGNED):
+                    self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
+                                                         Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
+                elif cutlass.const_expr(cfg.transposed):
+                    self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr},
+                                                                   tRow=tRow if cfg.rowwise else None),
+                                               io.rec(), words, sr, sc)
+                else:
+                    self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms,
+                                                    tRow=tRow if cfg.rowwise else None,
+                                                    tCol=tCol if cfg.colwise else None).rec(), words, sr, sc)
 
     # -- loads -------------------------------------------------------------------------------
     @cute.jit
@@ -408,12 +411,12 @@ class PackedKernel:
 
     # -- scales --------------------------------------------------------------------------------
     def row_scale_phase(self):
-        """The row-scale phase of the config's format: row_scales for 1x32 blocks (4 lanes),
+        """The row-scale phase of the config's format: row_scales for 1x32 and 1x16 blocks (4, 2 lanes),
         row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes); none for 128x128
         tiles (their scales come from the column owners: block_multipliers)."""
         if self.cfg.tiles:
             return self.no_row_scales
-        return self.row_scales if self.cfg.fmt.block[1] == 32 else self.row_block_scales
+        return self.row_scales if self.cfg.fmt.block[1] <= 32 else self.row_block_scales
 
     def no_row_scales(self, k, t, io, absw):
         """128x128 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
@@ -421,46 +424,54 @@ class PackedKernel:
 
     @cute.jit
     def row_scales(self, k, t, io, absw):
-        """The rows' scales, stored, and the inverse scale of each of the thread's rows. A row's
-        32-column block is the 4 adjacent lanes q = lane % 4. Their partial maxima are
-        reduce-scattered (two butterfly stages), so that lane q finishes rows q * PK_ROWS / 4 ..
-        and computes their scales alone, then every lane fetches the PK_ROWS inverse scales it
-        needs: PK_ROWS shuffles instead of PK_ROWS scale computations."""
+        """The rows' scales, stored, and the multiplier of each of the thread's rows. A row's
+        block is the LANES = 4 (1x32) or 2 (NVFP4's 1x16) adjacent lanes q = lane % LANES. Their
+        partial maxima are reduce-scattered (one butterfly stage per halving, offsets LANES / 2
+        down to 1), so that lane q finishes rows q * PK_ROWS / LANES .. and computes their
+        scales alone, then every lane fetches the PK_ROWS multipliers it needs: PK_ROWS shuffles
+        instead of PK_ROWS scale computations. NaN-dropping maxima where the format says
+        (codec.block_amax_nan); NVFP4 reads its per-tensor scale first (codec.global_scales)."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
-        HALF = cutlass.const_expr(k.PK_ROWS // 2)
-        QUARTER = cutlass.const_expr(k.PK_ROWS // 4)
+        NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
+        LANES = cutlass.const_expr(codec.block_lanes(cfg.fmt, VEC))
+        SHARE = cutlass.const_expr(k.PK_ROWS // LANES)  # rows each lane finishes
+        B = cutlass.const_expr(cfg.fmt.block[1])
         lane = t.lane
-        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16), dev.pk_max(a[2], a[3], is_bf16), is_bf16) for a in absw]
-        hi2 = (lane & 2) != 0
-        rs = [dev.pk_max_shuffled(rp[m], rp[HALF + m], 2, hi2, is_bf16) for m in range(HALF)]
+        glob = codec.global_scales(cfg.fmt, io.amax)
+        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, NAN), dev.pk_max(a[2], a[3], is_bf16, NAN), is_bf16, NAN)
+              for a in absw]
+        for st in cutlass.range_constexpr(LANES.bit_length() - 2):  # offsets LANES / 2, ..., 2
+            bfly = LANES >> (st + 1)
+            h = len(rp) // 2
+            rp = [dev.pk_max_shuffled(rp[m], rp[h + m], bfly, (lane & bfly) != 0, is_bf16, NAN) for m in range(h)]
         hi1 = (lane & 1) != 0
-        qrow = (lane % 4) * QUARTER  # first row this lane finishes
-        grp_ok = t.c0 - (lane % 4) * VEC < io.N  # the block's first lane has valid columns
-        si = []  # inverse scales of the rows this lane finished
-        for m in cutlass.range_constexpr(QUARTER):
-            rq = dev.pk_max_shuffled(rs[m], rs[QUARTER + m], 1, hi1, is_bf16)
-            er = codec.block_scale(cfg.fmt, dev.pk_amax(rq, is_bf16), k.use_hw_e8m0)
-            si.append(dev.inv_scale(er))
+        qrow = (lane % LANES) * SHARE  # first row this lane finishes
+        grp_ok = t.c0 - (lane % LANES) * VEC < io.N  # the block's first lane has valid columns
+        si = []  # multipliers of the rows this lane finished
+        for m in cutlass.range_constexpr(SHARE):
+            rq = dev.pk_max_shuffled(rp[m], rp[SHARE + m], 1, hi1, is_bf16, NAN)  # (the last stage, offset 1)
+            er = codec.block_scale(cfg.fmt, dev.pk_amax(rq, is_bf16, NAN), k.use_hw_e8m0, glob=glob)
+            si.append(codec.multiplier(cfg.fmt, er, glob))
             if cutlass.const_expr(k.WIDE):
-                t.smem["rs"][t.rbase - t.rb * k.TILE_ROWS + qrow + m, t.g // 4 - t.cb * k.RS_BLOCKS] = Uint8(er)
+                t.smem["rs"][t.rbase - t.rb * k.TILE_ROWS + qrow + m, t.g // LANES - t.cb * k.RS_BLOCKS] = Uint8(er)
             else:
                 srow_i = t.rbase + qrow + m  # the thread's row qrow + m (two forms, so the aligned
                 if cutlass.const_expr(k.RSTEP > 1):  # kernel keeps its own simpler index)
                     srow_i = t.rbase + (qrow + m) * k.RSTEP
                 if grp_ok and srow_i < t.Ms:
                     if cutlass.const_expr(k.GROUPED):
-                        off = codec.group_row_scale_offset(cfg.fmt, t.gt, srow_i, (t.co + t.c0) // 32, t.nbr)
+                        off = codec.group_row_scale_offset(cfg.fmt, t.gt, srow_i, (t.co + t.c0) // B, t.nbr)
                     elif cutlass.const_expr(cfg.fmt.swizzled):
-                        off = dev.swizzle_offset(srow_i, (t.co + t.c0) // 32, t.nbr)
+                        off = dev.swizzle_offset(srow_i, (t.co + t.c0) // B, t.nbr)
                     else:
-                        off = srow_i * t.nbr + (t.co + t.c0) // 32
+                        off = srow_i * t.nbr + (t.co + t.c0) // B
                     codec.store_row_scale(cfg, io.row_scale, off, er)
         if cutlass.const_expr(k.WIDE):
             cute.arch.sync_threads()
             self.store_gathered_row_scales(k, t, io.row_scale)
-        gl = lane - lane % 4
-        return [cute.arch.shuffle_sync(si[i % QUARTER], gl + i // QUARTER) for i in range(k.PK_ROWS)]
+        gl = lane - lane % LANES
+        return [cute.arch.shuffle_sync(si[i % SHARE], gl + i // SHARE) for i in range(k.PK_ROWS)]
 
     @cute.jit
     def row_block_scales(self, k, t, io, absw):
@@ -588,8 +599,8 @@ class PackedKernel:
             cw = sMax[0, p]
             for w in cutlass.range_constexpr(1, k.WARPS):
                 cw = dev.pk_max(cw, sMax[w, p], is_bf16, codec.column_max_nan(cfg))
-            if cutlass.const_expr(OWN_AMAX):
-                tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
+            if cutlass.const_expr(OWN_AMAX):  # (NVFP4's amax drops NaN: codec.amax_nan)
+                tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16, codec.amax_nan(cfg.fmt)), nan=codec.amax_nan(cfg.fmt))
             if cutlass.const_expr(cfg.tiles):
                 self.tile_partial(t, dev.pk_amax(cw, is_bf16, False))
             elif cutlass.const_expr(cfg.colwise):

@@ -15,7 +15,12 @@ launchers (one per variant) call ``Quantize.launch`` while they trace:
   dbias compiles its packed kernel at 8 and at 4 warps, and the launcher picks one by the
   parity of the input's row stride (KernelConfig.rows8_warps, ``launch_packed_by_parity``);
 - with ``group_ends`` (a grouped call, group_offsets) the same kernels take the groups'
-  colwise blocks as their row tiles (grouped.py).
+  colwise blocks as their row tiles (grouped.py);
+- NVFP4 (a per-tensor amax before any block is quantized, KernelConfig.global_passes): variant
+  "vec" launches two packed kernels on the stream with no host sync, the amax pass (the op's
+  values, their NaN-dropping amax into the amax slot) and the quantize pass (which reads it);
+  variant "vec_given" the quantize pass alone, for a call whose amax is given (global_amax=,
+  copied into the amax slot by the launcher).
 
 Around the quantize kernel, ops with amax zero it first (reduce.amax_init_kernel) and ops with
 dbias reduce the per-CTA partial sums afterwards (reduce.dbias_kernel, launched early with
@@ -39,7 +44,7 @@ from .reduce import amax_init_kernel, dbias_grid, dbias_groups_grid, dbias_group
 from .vectorized import VectorizedKernel
 from .vectorized import grid as vec_grid
 
-VARIANTS = ("vec", "generic", "rows8")
+VARIANTS = ("vec", "generic", "rows8", "vec_given")
 
 
 class Quantize:
@@ -49,6 +54,8 @@ class Quantize:
         self.packed = PackedKernel(cfg, self.op)
         self.vectorized = VectorizedKernel(cfg, self.op)
         self.generic = GenericKernel(cfg, self.op)
+        passes = cfg.global_passes()
+        self.passes = None if passes is None else tuple(Quantize(c, epilogue, act, dact) for c in passes)
 
     def launch(self, variant: str, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale,
                amax, dbias, dbias_ws, noop, group_ends, use_hw_e8m0: bool, use_pdl: bool, stream):
@@ -59,6 +66,17 @@ class Quantize:
         ``group_ends``: None, or a grouped call's int32 group ends (then the grid has
         grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N])."""
         cfg = self.cfg
+        if self.passes is not None:  # NVFP4: the amax pass (unless the amax is given), then the quantize pass
+            if ins[0].element_type.width != 16 or variant not in ("vec", "vec_given"):
+                # (limits.fp4_unserved keeps such calls on the reference)
+                raise NotImplementedError("mxq: NVFP4 is served by the packed kernel alone (16-bit inputs, "
+                                          "variant 'vec')")
+            if variant == "vec":
+                self.passes[0].launch("vec", ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax,
+                                      dbias, dbias_ws, noop, group_ends, use_hw_e8m0, use_pdl, stream)
+            self.passes[1].launch("vec", ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias,
+                                  dbias_ws, noop, group_ends, use_hw_e8m0, use_pdl, stream)
+            return
         if cfg.tile_rows != ROWS and (ins[0].element_type.width != 16 or group_ends is not None or cfg.halves
                                       or (cfg.transposed and variant != "vec")):
             # (limits.fp8_block_unserved keeps such calls on the reference)

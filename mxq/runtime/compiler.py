@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..formats.numerics import dbias_partial_dtype
 from ..frontend import gated
-from ..frontend.codegen import LAUNCHERS
+from ..frontend.codegen import GIVEN_AMAX_LAUNCHERS, LAUNCHERS
 from ..frontend.spec import DTYPES
 from . import cache, slots, targets, toolchain
 
@@ -156,8 +156,9 @@ VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
 # tensors), the any-shape ones (16-bit: unaligned rows; fp32: element-wise), "rows8" (any shape
 # whose FP8 output rows start on 8-byte boundaries: padded outputs, launch.variant_for; fp32: the
 # vectorised kernel with staged rows, KernelConfig.vec_unaligned),
-# and the grouped twins of the first two (group_offsets): codegen.LAUNCHERS, the template's list
-VARIANTS = {variant + ("_grouped" if grouped else ""): fn for fn, variant, grouped in LAUNCHERS}
+# and the grouped twins of the first two (group_offsets): codegen.LAUNCHERS, the template's list;
+# NVFP4 modules also have "vec_given" (the quantize pass alone: codegen.GIVEN_AMAX_LAUNCHERS)
+VARIANTS = {variant + ("_grouped" if grouped else ""): fn for fn, variant, grouped in LAUNCHERS + GIVEN_AMAX_LAUNCHERS}
 
 
 def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec", layouts=None,

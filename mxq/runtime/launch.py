@@ -174,12 +174,16 @@ class Launcher:
             else:
                 args.append(operand[slot.role]())
         key = tuple(kinds[:len(tensors)]) if operand_kinds else None
+        given = call.fp4.global_amax if call.fp4 is not None else None
         if spec.is_fp4:
-            variant = fp4_variant(n, mats, kinds, row_data)
+            variant = fp4_variant(n, mats, kinds, row_data) + ("_given" if given is not None else "")
         else:
             # (the transposed copy's rows are the kernel's own concern: store_transposed checks their alignment)
             variant = variant_for(n, n_out, mats, kinds, (row_data, None if transposed else col_data), grouped)
-        return (self._fn(variant, key) if m * n else None), args, out
+        fn = self._fn(variant, key) if m * n else None
+        if given is not None:
+            fn = given_amax_first(fn, out.amax, given, noop)
+        return fn, args, out
 
     def _dispatch_into(self, call):
         """A call into ``call.out`` through the destination-passing dispatcher (a noop call
@@ -253,6 +257,26 @@ def fp4_variant(n: int, mats, kinds, row_data) -> str:
                      "(limits.fp4_unserved)")
 
 
+def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
+    """NVFP4 with a known per-tensor amax (global_amax=, a float or a one-element fp32 tensor on the
+    device): ``fn`` (the quantize pass alone, variant "vec_given"; None for an empty call) run
+    after the amax is written into ``amax`` on the stream (no host sync; unless ``noop`` holds
+    1.0; re-read at every launch of a prepared call, so a tensor changed in place between
+    launches is followed)."""
+    def launch(*args):
+        value = given.reshape(()) if isinstance(given, torch.Tensor) else float(given)
+        if noop is None and isinstance(value, torch.Tensor):
+            amax.copy_(value)
+        elif noop is None:
+            amax.fill_(value)
+        else:
+            amax.copy_(torch.where(noop.reshape(()) == 1.0, amax, value))
+        if fn is not None:
+            fn(*args)
+
+    return launch
+
+
 def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):
     """``op.prepare``'s launch of a grouped call: the kernel reads ``group_offsets`` (the caller's
     int32 tensor, bound by reference) at every launch, so the groups may change in place between
@@ -289,6 +313,8 @@ def flat_scale(s: torch.Tensor) -> torch.Tensor:
     """A scale tensor as the kernels' flat buffer: its elements in memory order from its first,
     contiguous or not (the GEMM-ready fp32 scales are a transposed view of a padded buffer,
     mxq/formats/fp8_block_layouts.gemm_scale; validation.check_out holds out='s strides to it)."""
+    if s.dtype == torch.float8_e4m3fn:  # (NVFP4's E4M3 scales: the kernels store bytes)
+        s = s.view(torch.uint8)
     if s.is_contiguous():
         return s.view(-1)
     span = 1 + sum((d - 1) * st for d, st in zip(s.shape, s.stride())) if s.numel() else 0

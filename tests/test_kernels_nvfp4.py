@@ -1,0 +1,248 @@
+"""NVFP4 on the kernels: rowwise 1x16 blocks of E2M1 elements from 16-bit inputs (N % 16 == 0,
+aligned), two launches with no host sync: the amax pass (the op's values, their NaN-dropping
+amax) and the quantize pass (E4M3 scales under the per-tensor scale, mxq/kernels/device.py
+nvfp4_global / nvfp4_scale / nvfp4_multiplier); with ``global_amax=`` the quantize pass alone
+(variant "vec_given"). Everything else runs the reference (limits.fp4_unserved).
+
+CPU: what is served, the compiled passes per arch (sm_90a: the integer E2M1 encode; sm_100a:
+cvt.rn.satfinite.e2m1x2.f32) and the E4M3 decode the multiplier reads. GPU (marked gpu): every
+dtype, layout and shape class against the torch reference byte for byte (data, scales, amax),
+planted NaN/inf/ties/saturating values, zero blocks, subnormal scales, amax 0, a given amax
+(float, tensor, under noop), fused ops, prepare() under a CUDA graph, and a case against the
+oracle of tests/oracle_fp4.py.
+"""
+
+import struct
+
+import pytest
+import torch
+
+import mxq
+from mxq.kernels import device as dev
+from mxq.runtime import compiler, limits
+from mxq.testing import planted, poisoned, same_bytes
+
+from . import oracle_fp4 as oracle
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+FIELDS = ("rowwise_data", "rowwise_scale", "amax", "dbias")
+
+
+def ident(x):
+    return x
+
+
+def scaled_shift(x, b, s: float = 1.5):
+    return x * s + b
+
+
+# -- what is served ------------------------------------------------------------------------------
+def _unserved(op, x, call=None):
+    return limits.unserved(op.spec, op.epilogue, x, lambda: None, call)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()))
+@pytest.mark.parametrize("opts", [dict(), dict(scale_layout="swizzled"), dict(act="gelu"),
+                                  dict(dact="relu", dbias=True)])
+def test_served_calls(dtype, opts):
+    op = mxq.fused_quant(format="nvfp4", **opts)(ident)
+    for n in (16, 48, 208, 4096):
+        assert _unserved(op, torch.zeros(3, n, dtype=dtype)) is None
+
+
+def test_source_has_the_given_amax_launcher():
+    src = mxq.fused_quant(format="nvfp4")(ident).source
+    assert "def launch_vec_given(" in src and '"vec_given"' in src
+    assert "launch_vec_given" not in mxq.fused_quant(format="mxfp4")(ident).source
+
+
+def test_e4m3_decode_of_every_scale_byte():
+    """device.e4m3_value_bits (normal bytes; the kernels' subnormal ones are mantissa * 2^-9) equal
+    to torch's float8_e4m3fn decode and the oracle's, for every byte a scale can take (0..126)."""
+    want = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
+    for e in range(127):
+        if e >= 8:
+            got = struct.unpack("<f", struct.pack("<I", dev.e4m3_value_bits(e, ops=dev.HOST)))[0]
+        else:
+            got = (e & 7) * dev.E4M3_SUBNORMAL_QUANTUM
+        assert got == want[e] == float(oracle.e4m3_value(e)), e
+
+
+# -- compiled code ---------------------------------------------------------------------------------
+def _ptx(op, arch, dtype, variant="vec"):
+    return compiler.compile_op(op, arch, dtype, keep_ptx=True, variant=variant).__ptx__
+
+
+@pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "compact"), ("sm_100a", "fp16", "swizzled")])
+def test_two_passes_compile_per_arch(arch, dtype, layout):
+    op = mxq.fused_quant(format="nvfp4", scale_layout=layout)(ident)
+    ptx = _ptx(op, arch, dtype)
+    assert f".target {arch}" in ptx
+    # amax zeroed, the amax pass (one atomic max per owner warp), the quantize pass
+    assert ptx.count(".entry") == 3 and ptx.count("atom.global.max") == 1
+    assert "max.NaN.bf16x2" not in ptx and "max.NaN.f16x2" not in ptx  # (NaN enters no maximum)
+    assert "0f45280000" in ptx and "0f3E2AAAAB" in ptx  # S_enc = 2688 / amax; S_enc * fp32(1/6)
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # the E4M3 scales
+    cvts = ptx.count("cvt.rn.satfinite.e2m1x2.f32")
+    if arch == "sm_100a":
+        assert cvts > 0 and cvts % 4 == 0
+    else:  # no FP4 conversion on Hopper: the integer encode
+        assert cvts == 0 and "2097151" in ptx
+    given = _ptx(op, arch, dtype, "vec_given")  # the quantize pass alone
+    assert given.count(".entry") == 1 and "atom.global" not in given and "0f45280000" in given
+
+
+def test_fused_ops_compile():
+    for op in (mxq.fused_quant(format="nvfp4", act="gelu")(ident),
+               mxq.fused_quant(format="nvfp4", dact="relu", dbias=True)(ident),
+               mxq.fused_quant(format="nvfp4")(scaled_shift)):
+        assert "cvt.rn.satfinite.e2m1x2.f32" in _ptx(op, "sm_100a", "bf16")
+
+
+def test_fp32_and_unaligned_variants_refuse_to_trace():
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    with pytest.raises(Exception, match="NVFP4"):
+        _ptx(op, "sm_90a", "fp32")
+    with pytest.raises(Exception, match="NVFP4"):
+        _ptx(op, "sm_90a", "bf16", "generic")
+
+
+# -- on the device -----------------------------------------------------------------------------
+@pytest.fixture
+def strict(monkeypatch):
+    """No fallback: every call here is one the kernels serve (MXQ_STRICT=1 raises otherwise)."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+
+
+def _check(op, ins, got, **kw):
+    """Every output byte equal to the reference's (amax included: NaN never enters it); dbias
+    within one ulp of the input dtype (the kernels sum in another order)."""
+    want = op.reference(*ins, **kw)
+    for f in FIELDS:
+        w = getattr(want, f)
+        if w is not None:
+            g = getattr(got, f)
+            if f == "dbias":
+                gd, wd = g.cpu().double(), w.double()
+                ulp = torch.finfo(w.dtype).eps * wd.abs() + torch.finfo(w.dtype).tiny
+                assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), f
+            else:
+                assert same_bytes(g.contiguous(), w.contiguous()), f
+
+
+def _specials(m, n, dtype, seed):
+    """planted data (NaN, inf, subnormals, zeros) plus NVFP4's edge blocks: ties of the E2M1 grid
+    at a block scale of 1 (the tensor amax 2688 makes S_enc 1), values that saturate, a block of
+    tiny values (a subnormal E4M3 scale), a zero block, a block of NaN alone."""
+    x = planted(m, n, torch.float32, seed=seed, specials=False)
+    if m >= 4 and n >= 48:
+        x[0, 0] = 2688.0  # (the tensor amax: S_enc = 1)
+        ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.1, 5.5, -5.9, 6.0, 0.0, -0.0, 1.0, 3.0])
+        x[0, 16:32] = ties  # (block amax 6: scale 1, multiplier 1)
+        x[1, :16] = 2.0 ** -10  # block amax 2^-10: scale 2^-10 / 6, a subnormal E4M3 byte
+        x[1, 16:32] = float("nan")
+        x[2, :n] = 0.0
+        x[3, 32:48] = torch.tensor([float("inf"), -float("inf"), float("nan")] + [1.0] * 13)
+    return x.to(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 1000])
+@pytest.mark.parametrize("n", [16, 48, 208, 4096])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_rowwise_matches_reference(strict, m, n, dtype, layout):
+    op = mxq.fused_quant(format="nvfp4", scale_layout=layout)(ident)
+    x = _specials(m, n, DTYPES[dtype], seed=m + n)
+    _check(op, [x], op(x.cuda()))
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_specials_and_finite_tensors(strict, dtype):
+    """The planted specials (inf makes the amax inf: S_enc 1), a finite tensor (a real S_enc),
+    a tensor of zeros and NaN alone (amax 0), tiny values (subnormal scales everywhere)."""
+    t = DTYPES[dtype]
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    for x in (planted(64, 256, t, seed=3), planted(64, 256, t, seed=4, specials=False),
+              torch.zeros(8, 64, dtype=t).index_fill_(1, torch.tensor([3, 40]), float("nan")),
+              (planted(16, 64, torch.float32, seed=5, specials=False) * 1e-4).to(t)):
+        got = op(x.cuda())
+        _check(op, [x], got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_given_amax_skips_the_first_pass(strict, dtype):
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    x = _specials(70, 384, DTYPES[dtype], seed=11)
+    for given in (100.0, 1e-3, 0.0, torch.tensor(3000.0)):
+        got = op(x.cuda(), global_amax=given.cuda() if isinstance(given, torch.Tensor) else given)
+        _check(op, [x], got, global_amax=given)
+        assert got.amax.item() == float(given)
+    out = op(x.cuda())
+    before = [getattr(out, f).clone() for f in FIELDS[:3]]
+    noop = torch.ones(1, device="cuda")
+    op(x.cuda(), out=out, noop=noop, global_amax=5.0)  # noop: nothing written, the amax included
+    assert all(torch.equal(b, getattr(out, f)) for b, f in zip(before, FIELDS[:3]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_fused_ops_match_reference(strict, dtype):
+    t = DTYPES[dtype]
+    x, b = _specials(70, 384, t, seed=1), planted(1, 384, t, seed=2, specials=False).reshape(384)
+    relu = mxq.fused_quant(format="nvfp4", act="relu")(ident)
+    _check(relu, [x], relu(x.cuda()))
+    epi = mxq.fused_quant(format="nvfp4", scale_layout="swizzled")(scaled_shift)
+    _check(epi, [x, b], epi(x.cuda(), b.cuda()))
+    drelu = mxq.fused_quant(format="nvfp4", dact="relu", dbias=True)(ident)
+    a = planted(70, 384, t, seed=5)
+    _check(drelu, [x], drelu(x.cuda(), act_input=a.cuda()), act_input=a)
+    y = _specials(4, 4096, t, seed=6).reshape(4, 2, 2048)  # (leading dims)
+    _check(relu, [y], relu(y.cuda()))
+
+
+@pytest.mark.gpu
+def test_prepare_under_a_cuda_graph(strict):
+    """Both passes (and the given amax's copy) replay from a graph; the amax follows the input."""
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    x = planted(256, 512, torch.bfloat16, seed=7, specials=False).cuda()
+    for kw in ({}, {"global_amax": torch.tensor(40.0, device="cuda")}):
+        launch, out = op.prepare(x, **kw)
+        launch()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            launch()
+        x.mul_(2.0)
+        if kw:
+            kw["global_amax"].fill_(80.0)
+        g.replay()
+        torch.cuda.synchronize()
+        ref_kw = {k: v.cpu() for k, v in kw.items()}
+        _check(op, [x.cpu()], out, **ref_kw)
+
+
+@pytest.mark.gpu
+def test_unserved_shapes_fall_back_with_the_reference(monkeypatch):
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    x = planted(5, 40, torch.bfloat16, seed=8)  # N % 16 != 0
+    _check(op, [x], op(x.cuda()))  # (after a one-time warning)
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    with pytest.raises(RuntimeError, match="N % 16"):
+        op(x.cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_kernels_match_the_oracle(strict, dtype):
+    x = _specials(4, 96, DTYPES[dtype], seed=9)
+    got = mxq.quantize(x.cuda(), format="nvfp4")
+    v = x.float().tolist()
+    ga = oracle.amax([e for row in v for e in row])
+    assert got.amax.item() == ga
+    codes, scales = oracle.nvfp4(v, ga)
+    assert got.rowwise_data.cpu().tolist() == oracle.pack(codes)
+    assert got.rowwise_scale.cpu().view(torch.uint8).tolist() == scales
