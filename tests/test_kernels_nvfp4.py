@@ -131,18 +131,20 @@ def _check(op, ins, got, **kw):
 
 
 def _specials(m, n, dtype, seed):
-    """planted data (NaN, inf, subnormals, zeros) plus NVFP4's edge blocks: ties of the E2M1 grid
-    at a block scale of 1 (the tensor amax 2688 makes S_enc 1), values that saturate, a block of
-    tiny values (a subnormal E4M3 scale), a zero block, a block of NaN alone."""
+    """planted finite data plus NVFP4's edge blocks under the tensor amax 2688 (S_enc = 1): ties
+    of the E2M1 grid at block scale 1, a block whose scale rounds down so its maximum saturates
+    (6.3 -> 6), a subnormal E4M3 scale (block amax 0.03), a block too small for any scale (byte
+    0: multiplier FLT_MAX), a block of NaN alone, a zero row."""
     x = planted(m, n, torch.float32, seed=seed, specials=False)
     if m >= 4 and n >= 48:
         x[0, 0] = 2688.0  # (the tensor amax: S_enc = 1)
         ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.1, 5.5, -5.9, 6.0, 0.0, -0.0, 1.0, 3.0])
         x[0, 16:32] = ties  # (block amax 6: scale 1, multiplier 1)
-        x[1, :16] = 2.0 ** -10  # block amax 2^-10: scale 2^-10 / 6, a subnormal E4M3 byte
+        x[1, :16] = torch.linspace(-0.03, 0.03, 16)  # scale 0.005: a subnormal E4M3 byte
         x[1, 16:32] = float("nan")
+        x[1, 32:48] = 2.0 ** -10  # scale below E4M3's least subnormal: byte 0
         x[2, :n] = 0.0
-        x[3, 32:48] = torch.tensor([float("inf"), -float("inf"), float("nan")] + [1.0] * 13)
+        x[3, 32:48] = torch.tensor([6.3, -6.25, float("nan")] + [1.0] * 13)
     return x.to(dtype)
 
 
