@@ -1,6 +1,6 @@
-"""NVFP4 on the kernels: rowwise 1x16 blocks of E2M1 elements from 16-bit inputs (N % 16 == 0,
-aligned), two launches with no host sync: the amax pass (the op's values, their NaN-dropping
-amax) and the quantize pass (E4M3 scales under the per-tensor scale, mxq/kernels/device.py
+"""NVFP4 on the kernels: rowwise 1x16 blocks of E2M1 elements (N % 16 == 0, aligned; the packed
+kernel for bf16/fp16, the vectorised one for fp32), two launches with no host sync: the amax
+pass (the op's values, their NaN-dropping amax) and the quantize pass (E4M3 scales under the per-tensor scale, mxq/kernels/device.py
 nvfp4_global / nvfp4_scale / nvfp4_multiplier); with ``global_amax=`` the quantize pass alone
 (variant "vec_given"). Everything else runs the reference (limits.fp4_unserved).
 
@@ -24,7 +24,7 @@ from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp4 as oracle
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FIELDS = ("rowwise_data", "rowwise_scale", "amax", "dbias")
 
 
@@ -73,14 +73,15 @@ def _ptx(op, arch, dtype, variant="vec"):
     return compiler.compile_op(op, arch, dtype, keep_ptx=True, variant=variant).__ptx__
 
 
-@pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "compact"), ("sm_100a", "fp16", "swizzled")])
+@pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "compact"), ("sm_100a", "fp16", "swizzled"),
+                                                 ("sm_90a", "fp32", "swizzled")])
 def test_two_passes_compile_per_arch(arch, dtype, layout):
     op = mxq.fused_quant(format="nvfp4", scale_layout=layout)(ident)
     ptx = _ptx(op, arch, dtype)
     assert f".target {arch}" in ptx
     # amax zeroed, the amax pass (one atomic max per owner warp), the quantize pass
     assert ptx.count(".entry") == 3 and ptx.count("atom.global.max") == 1
-    assert "max.NaN.bf16x2" not in ptx and "max.NaN.f16x2" not in ptx  # (NaN enters no maximum)
+    assert "max.NaN.bf16x2" not in ptx and "max.NaN.f16x2" not in ptx  # (NaN enters no packed maximum)
     assert "0f45280000" in ptx and "0f3E2AAAAB" in ptx  # S_enc = 2688 / amax; S_enc * fp32(1/6)
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # the E4M3 scales
     cvts = ptx.count("cvt.rn.satfinite.e2m1x2.f32")
@@ -93,18 +94,17 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
 
 
 def test_fused_ops_compile():
-    for op in (mxq.fused_quant(format="nvfp4", act="gelu")(ident),
-               mxq.fused_quant(format="nvfp4", dact="relu", dbias=True)(ident),
-               mxq.fused_quant(format="nvfp4")(scaled_shift)):
-        assert "cvt.rn.satfinite.e2m1x2.f32" in _ptx(op, "sm_100a", "bf16")
+    for op, dtype in ((mxq.fused_quant(format="nvfp4", act="gelu")(ident), "bf16"),
+                      (mxq.fused_quant(format="nvfp4", dact="relu", dbias=True)(ident), "fp32"),
+                      (mxq.fused_quant(format="nvfp4")(scaled_shift), "bf16")):
+        assert "cvt.rn.satfinite.e2m1x2.f32" in _ptx(op, "sm_100a", dtype)
 
 
-def test_fp32_and_unaligned_variants_refuse_to_trace():
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_unaligned_variants_refuse_to_trace(dtype):
     op = mxq.fused_quant(format="nvfp4")(ident)
     with pytest.raises(Exception, match="NVFP4"):
-        _ptx(op, "sm_90a", "fp32")
-    with pytest.raises(Exception, match="NVFP4"):
-        _ptx(op, "sm_90a", "bf16", "generic")
+        _ptx(op, "sm_90a", dtype, "generic")
 
 
 # -- on the device -----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ launchers (one per variant) call ``Quantize.launch`` while they trace:
 - with ``group_ends`` (a grouped call, group_offsets) the same kernels take the groups'
   colwise blocks as their row tiles (grouped.py);
 - NVFP4 (a per-tensor amax before any block is quantized, KernelConfig.global_passes): variant
-  "vec" launches two packed kernels on the stream with no host sync, the amax pass (the op's
+  "vec" launches two aligned kernels (packed or vectorised) on the stream with no host sync, the amax pass (the op's
   values, their NaN-dropping amax into the amax slot) and the quantize pass (which reads it);
   variant "vec_given" the quantize pass alone, for a call whose amax is given (global_amax=,
   copied into the amax slot by the launcher).
@@ -67,10 +67,8 @@ class Quantize:
         grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N])."""
         cfg = self.cfg
         if self.passes is not None:  # NVFP4: the amax pass (unless the amax is given), then the quantize pass
-            if ins[0].element_type.width != 16 or variant not in ("vec", "vec_given"):
-                # (limits.fp4_unserved keeps such calls on the reference)
-                raise NotImplementedError("mxq: NVFP4 is served by the packed kernel alone (16-bit inputs, "
-                                          "variant 'vec')")
+            if variant not in ("vec", "vec_given"):  # (limits.fp4_unserved keeps such calls on the reference)
+                raise NotImplementedError("mxq: NVFP4 is served by the aligned kernels alone (variant 'vec')")
             if variant == "vec":
                 self.passes[0].launch("vec", ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax,
                                       dbias, dbias_ws, noop, group_ends, use_hw_e8m0, use_pdl, stream)

@@ -97,10 +97,10 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
 def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an MXFP4 or NVFP4 call the kernels do not serve, or None. They serve rowwise blocks
     of ungrouped, one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
-    vectorised one for fp32, MXFP4 only; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0),
-    every tensor operand and the data 16-byte aligned, matrix rows a multiple of 8 elements
-    apart. The colwise copy (transposed), NVFP4's block_2d, hadamard and stochastic_rounding,
-    fp32 NVFP4 inputs, groups, two halves and other shapes or alignments run the reference."""
+    vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
+    operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart. The
+    colwise copy (transposed), NVFP4's block_2d, hadamard and stochastic_rounding, groups, two
+    halves and other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
@@ -108,8 +108,6 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with a gated backward (two output halves) has no GPU kernels yet"
     if call is not None and call.group_offsets is not None:
         return "with group_offsets has no GPU kernels yet"
-    if spec.format == "nvfp4" and x.element_size() != 2:
-        return "with fp32 inputs has no GPU kernels yet"
     mult = NVFP4_N_MULTIPLE if spec.format == "nvfp4" else kconfig.VEC
     if x.dim() == 0 or x.shape[-1] % mult:
         return f"with N % {mult} != 0 (N = {x.shape[-1] if x.dim() else 1}) has no GPU kernels yet"
