@@ -56,6 +56,65 @@ def test_source_has_the_given_amax_launcher():
     assert "launch_vec_given" not in mxq.fused_quant(format="mxfp4")(ident).source
 
 
+class TORCH:
+    """device.NV_DEVICE's operations on torch tensors: fp32 0-d or 1-d values (IEEE fp32
+    arithmetic, one rounding each, as div.rn / mul.rn), int64 ones holding uint32 values, and
+    the E4M3 conversion as cvt.rn.satfinite does it (RNE, saturating at 448)."""
+
+    @staticmethod
+    def U32(v):
+        return v & 0xFFFFFFFF if isinstance(v, torch.Tensor) else torch.tensor(int(v) & 0xFFFFFFFF)
+
+    @staticmethod
+    def F32(v):
+        return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float32)
+
+    div = staticmethod(torch.div)
+    mul = staticmethod(torch.mul)
+    select = staticmethod(torch.where)
+
+    @staticmethod
+    def e4m3(x):
+        return x.clamp(max=448.0).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)
+
+    @staticmethod
+    def f32_bits(b):
+        return b.to(torch.int32).view(torch.float32)
+
+    @staticmethod
+    def small_int_f32(u):
+        return u.to(torch.float32)
+
+
+def _amaxes(g):
+    """fp32 magnitudes of every kind the scales meet: 0, fp32 subnormals, E4M3's subnormal and
+    zero-scale ranges, ordinary values, the largest finite, inf; plus random bit patterns."""
+    pts = [0.0, 1e-45, 1e-40, 2.0 ** -126, 1e-10, 2.0 ** -10, 0.005, 0.03, 0.1, 1.0, 5.25, 6.0, 6.3, 448.0,
+           2688.0, 3000.0, 1e20, 3.4028234663852886e38, float("inf")]
+    rnd = torch.randint(0, 0x7F800000, (3000,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    return torch.cat([torch.tensor(pts), rnd])
+
+
+def test_scale_expressions_equal_the_reference():
+    """device.nvfp4_global / nvfp4_scale / nvfp4_multiplier, the very expressions the kernels
+    trace, on fp32 tensors (TORCH) against mxq/formats/fp4.py's steps N2, N4 and N5, for every
+    pair of a global and a block amax drawn from _amaxes (block <= global, as in a tensor)."""
+    from mxq.formats import fp4
+
+    g = torch.Generator().manual_seed(41)
+    ga = _amaxes(g)
+    for gv in ga.tolist()[::7] + [0.0, 2688.0, float("inf"), 1e-40]:
+        gt = torch.tensor(gv, dtype=torch.float32)
+        sf, s_dec = dev.nvfp4_global(gt, ops=TORCH)
+        s_enc = fp4.global_encode_scale(gt)
+        assert torch.equal(s_dec, 1 / s_enc)
+        blocks = ga[ga <= gv] if gv > 0 else torch.zeros(1)
+        e = dev.nvfp4_scale(blocks, sf, ops=TORCH)
+        want = fp4.block_scale(blocks, s_enc)
+        assert torch.equal(e, want.view(torch.uint8).to(torch.int64)), gv
+        assert torch.equal(dev.nvfp4_multiplier(e, s_dec, ops=TORCH), fp4.block_multiplier(want, s_enc)), gv
+
+
 def test_e4m3_decode_of_every_scale_byte():
     """device.e4m3_value_bits (normal bytes; the kernels' subnormal ones are mantissa * 2^-9) equal
     to torch's float8_e4m3fn decode and the oracle's, for every byte a scale can take (0..126)."""

@@ -166,29 +166,52 @@ def fp8x4(a, b, c, d, fp8: str):
 
 
 # --- NVFP4's scales (docs/NUMERICS.md steps N2, N4, N5; mxq/formats/fp4.py) -------------------------
+# Written against ``ops`` like the E8M0 rules: NV_DEVICE (DSL values) in the kernels, and
+# tests/test_kernels_nvfp4.py runs the very expressions on fp32 torch tensors against fp4.py.
 FLT_MAX = 3.4028234663852886e38
 SIXTH = 0.1666666716337204  # fp32(1/6)
 E4M3_SUBNORMAL_QUANTUM = 2.0 ** -9
 
 
-def _at_most_flt_max(x):
+class NV_DEVICE(DEVICE):
+    """DEVICE's operations and the fp32 ones of NVFP4's scales, on DSL values."""
+
+    F32 = Float32
+    div = staticmethod(div_rn)
+    mul = staticmethod(mul_rn)
+
+    @staticmethod
+    def e4m3(x):
+        """The E4M3 byte (Int32) of fp32 ``x``: RNE, saturating (cvt.rn.satfinite)."""
+        return Int32(to_fp8(x, "e4m3"))
+
+    @staticmethod
+    def f32_bits(b):
+        return b.bitcast(Float32)
+
+    @staticmethod
+    def small_int_f32(u):
+        return Float32(Int32(u))
+
+
+def _at_most_flt_max(x, ops):
     """min(x, FLT_MAX) for x >= 0 (inf -> FLT_MAX)."""
-    return Float32(cutlass.select_(x > Float32(FLT_MAX), Float32(FLT_MAX), x))
+    return ops.F32(ops.select(x > ops.F32(FLT_MAX), ops.F32(FLT_MAX), x))
 
 
-def nvfp4_global(amax):
+def nvfp4_global(amax, ops=NV_DEVICE):
     """(fp32(S_enc * fp32(1/6)), fp32(1 / S_enc)) of the per-tensor amax (fp32, >= 0, no NaN):
     S_enc = min(fp32(2688 / amax), FLT_MAX), 1 where amax is 0 or S_enc is 0 (step N2); the
     products N4 and N5 take, each rounded once."""
-    s = _at_most_flt_max(div_rn(Float32(2688.0), amax))
-    s = Float32(cutlass.select_((amax == Float32(0.0)) | (s == Float32(0.0)), Float32(1.0), s))
-    return mul_rn(s, Float32(SIXTH)), div_rn(Float32(1.0), s)
+    s = _at_most_flt_max(ops.div(ops.F32(2688.0), amax), ops)
+    s = ops.F32(ops.select((amax == ops.F32(0.0)) | (s == ops.F32(0.0)), ops.F32(1.0), s))
+    return ops.mul(s, ops.F32(SIXTH)), ops.div(ops.F32(1.0), s)
 
 
-def nvfp4_scale(block_amax, sf):
+def nvfp4_scale(block_amax, sf, ops=NV_DEVICE):
     """Step N4: the E4M3 scale byte (Int32) of a block amax (>= 0, no NaN):
     e4m3_rn_satfinite(min(block_amax * sf, FLT_MAX)), ``sf`` = nvfp4_global's first value."""
-    return Int32(to_fp8(_at_most_flt_max(mul_rn(block_amax, sf)), "e4m3"))
+    return ops.e4m3(_at_most_flt_max(ops.mul(block_amax, sf), ops))
 
 
 def e4m3_value_bits(e, ops=DEVICE):
@@ -198,18 +221,19 @@ def e4m3_value_bits(e, ops=DEVICE):
     return (((e >> U32(3)) + U32(120)) << U32(23)) | ((e & U32(7)) << U32(20))
 
 
-def e4m3_value(e):
-    """The fp32 value of a non-negative E4M3 byte ``e`` (Int32 0..126), exact."""
-    u = Uint32(e)
-    normal = e4m3_value_bits(u).bitcast(Float32)
-    sub = mul_rn(Float32(Int32(u & Uint32(7))), Float32(E4M3_SUBNORMAL_QUANTUM))
-    return Float32(cutlass.select_(u >= Uint32(8), normal, sub))
+def e4m3_value(e, ops=NV_DEVICE):
+    """The fp32 value of a non-negative E4M3 byte ``e`` (0..126), exact: normal bytes by their
+    bits, subnormal ones as mantissa * 2^-9."""
+    u = ops.U32(e)
+    normal = ops.f32_bits(e4m3_value_bits(u, ops))
+    sub = ops.mul(ops.small_int_f32(u & ops.U32(7)), ops.F32(E4M3_SUBNORMAL_QUANTUM))
+    return ops.F32(ops.select(u >= ops.U32(8), normal, sub))
 
 
-def nvfp4_multiplier(e, s_dec):
+def nvfp4_multiplier(e, s_dec, ops=NV_DEVICE):
     """Step N5: min(fp32(1 / fp32(fp32(scale) * s_dec)), FLT_MAX) of the E4M3 scale byte ``e``,
     ``s_dec`` = nvfp4_global's second value (scale 0: FLT_MAX)."""
-    return _at_most_flt_max(div_rn(Float32(1.0), mul_rn(e4m3_value(e), s_dec)))
+    return _at_most_flt_max(ops.div(ops.F32(1.0), ops.mul(e4m3_value(e, ops), s_dec)), ops)
 
 
 # --- E2M1 (FP4) encoding (docs/NUMERICS.md step N7) ---------------------------------------------
