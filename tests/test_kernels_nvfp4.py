@@ -307,3 +307,65 @@ def test_kernels_match_the_oracle(strict, dtype):
     codes, scales = oracle.nvfp4(v, ga)
     assert got.rowwise_data.cpu().tolist() == oracle.pack(codes)
     assert got.rowwise_scale.cpu().view(torch.uint8).tolist() == scales
+
+
+# -- stochastic rounding's device expressions (CPU) ----------------------------------------------------
+class RNG_HOST(dev.HOST):
+    """device.RNG_DEVICE's multiplies on Python ints."""
+
+    @staticmethod
+    def mulhi(a, b):
+        return (a * b) >> 32 & 0xFFFFFFFF
+
+    @staticmethod
+    def mullo(a, b):
+        return a * b & 0xFFFFFFFF
+
+
+class INT_TORCH:
+    """device.DEVICE's integer operations on int64 tensors holding uint32 values."""
+
+    @staticmethod
+    def U32(v):
+        return v & 0xFFFFFFFF if isinstance(v, torch.Tensor) else torch.tensor(int(v) & 0xFFFFFFFF)
+
+    min = staticmethod(torch.minimum)
+    max = staticmethod(torch.maximum)
+    select = staticmethod(torch.where)
+
+
+def test_philox_rounds_equal_the_reference():
+    from mxq.formats import fp4
+
+    g = torch.Generator().manual_seed(5)
+    words = torch.randint(0, 2 ** 32, (20, 6), generator=g, dtype=torch.int64).tolist()
+    for c0, c1, c2, c3, k0, k1 in words + [[0] * 6, [0xFFFFFFFF] * 6]:
+        got = dev.philox((c0, c1, c2, c3), (k0, k1), ops=RNG_HOST)
+        want = fp4.philox(tuple(torch.tensor([v]) for v in (c0, c1, c2, c3)), (k0, k1))
+        assert list(got) == [int(w) for w in want]
+
+
+def test_stochastic_rule_equals_the_reference():
+    """device.e2m1_code_sr on int64 tensors against fp4.encode_sr: every threshold's neighbours and
+    2^20 sampled patterns below 8 (and 2^18 of any kind), each with random bytes, plus r = 0 and
+    255 at every edge."""
+    from mxq.formats import fp4
+
+    g = torch.Generator().manual_seed(9)
+    edges = []
+    for p in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 2.0 ** -9, 2.0 ** -10,
+              2.0 ** -126, 1e-45, 1e30):
+        b = struct.unpack("<I", struct.pack("<f", p))[0]
+        edges += [b + d for d in (-2, -1, 0, 1, 2) if 0 <= b + d <= 0x7F800000]
+    edges += [0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF]
+    edges = torch.tensor(edges, dtype=torch.int64)
+    near = torch.randint(0, 0x41000000, (2 ** 20,), generator=g, dtype=torch.int64)
+    wide = torch.randint(0, 2 ** 32, (2 ** 18,), generator=g, dtype=torch.int64)
+    for bits in (edges.repeat(256), near, wide):
+        bits = bits | (torch.randint(0, 2, bits.shape, generator=g, dtype=torch.int64) << 31)
+        r = torch.randint(0, 256, bits.shape, generator=g, dtype=torch.int64)
+        if bits.numel() == edges.numel() * 256:
+            r = torch.arange(256).repeat_interleave(edges.numel())
+        y = bits.to(torch.int32).view(torch.float32)
+        want = fp4.encode_sr(y, r.to(torch.uint8)).to(torch.int64)
+        assert torch.equal(dev.e2m1_code_sr(bits, r, ops=INT_TORCH), want)
