@@ -43,11 +43,15 @@ def _unserved(op, x, call=None):
 
 @pytest.mark.parametrize("dtype", list(DTYPES.values()))
 @pytest.mark.parametrize("opts", [dict(), dict(scale_layout="swizzled"), dict(act="gelu"),
-                                  dict(dact="relu", dbias=True)])
+                                  dict(dact="relu", dbias=True), dict(stochastic_rounding=True)])
 def test_served_calls(dtype, opts):
     op = mxq.fused_quant(format="nvfp4", **opts)(ident)
     for n in (16, 48, 208, 4096):
-        assert _unserved(op, torch.zeros(3, n, dtype=dtype)) is None
+        why = _unserved(op, torch.zeros(3, n, dtype=dtype))
+        if opts.get("stochastic_rounding") and dtype is torch.float32:
+            assert "stochastic_rounding" in why and "fp32" in why
+        else:
+            assert why is None
 
 
 def test_source_has_the_given_amax_launcher():
@@ -150,6 +154,17 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
         assert cvts == 0 and "2097151" in ptx
     given = _ptx(op, arch, dtype, "vec_given")  # the quantize pass alone
     assert given.count(".entry") == 1 and "atom.global" not in given and "0f45280000" in given
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
+    """Philox's rounds (two random words per row of 8 values: 20 mul.hi each) and the integer
+    stochastic rule on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell)."""
+    op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident)
+    ptx = _ptx(op, arch, "bf16")
+    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") % 20 == 0 and ptx.count("mul.hi.u32") > 0
+    assert "-766435501" in ptx or "3528531795" in ptx  # (Philox's first multiplier, 0xD2511F53)
+    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx
 
 
 def test_fused_ops_compile():
@@ -263,6 +278,21 @@ def test_fused_ops_match_reference(strict, dtype):
     _check(drelu, [x], drelu(x.cuda(), act_input=a.cuda()), act_input=a)
     y = _specials(4, 4096, t, seed=6).reshape(4, 2, 2048)  # (leading dims)
     _check(relu, [y], relu(y.cuda()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES)[:2])
+@pytest.mark.parametrize("m, n, layout", [(1, 16, "compact"), (5, 48, "swizzled"), (1000, 4096, "compact")])
+def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
+    """The same Philox bytes and rule as the reference (docs/NUMERICS.md): byte for byte, for
+    seeds and offsets of every width (a seed of 2^63 or more, offsets past 2^32), a given amax."""
+    op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, scale_layout=layout)(ident)
+    x = _specials(m, n, DTYPES[dtype], seed=m + 3)
+    for seed, offset in ((1, 0), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3)):
+        _check(op, [x], op(x.cuda(), seed=seed, offset=offset), seed=seed, offset=offset)
+    _check(op, [x], op(x.cuda(), seed=9, offset=2, global_amax=50.0), seed=9, offset=2, global_amax=50.0)
+    relu = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, act="relu")(ident)
+    _check(relu, [x], relu(x.cuda(), seed=4, offset=1), seed=4, offset=1)
 
 
 @pytest.mark.gpu

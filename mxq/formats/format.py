@@ -75,6 +75,7 @@ class Format:
     rule: str  # how a block's amax becomes its scale (RULES[scale])
     layout: str  # LAYOUTS: how the scales are laid out
     global_scale: bool = False  # an fp32 per-tensor scale on top of the block scales (NVFP4)
+    rounding: str = "rn"  # the element encoding's rounding: "rn" (to nearest even) or "sr" (stochastic, NVFP4)
 
     def __post_init__(self):
         if self.element not in ENCODINGS:
@@ -86,6 +87,8 @@ class Format:
                              f"got {self.rule!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"mxq: Format.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.rounding not in ("rn", "sr"):
+            raise ValueError(f"mxq: Format.rounding must be 'rn' or 'sr', got {self.rounding!r}")
         if not (isinstance(self.block, tuple) and len(self.block) == 2 and all(
                 isinstance(b, int) and b > 0 for b in self.block)):
             raise ValueError(f"mxq: Format.block must be (rows, columns) of positive ints, got {self.block!r}")
@@ -110,10 +113,12 @@ class Format:
         return cls(block=(1, 32), element="e2m1", scale="e8m0", rule=scale_mode, layout=layout)
 
     @classmethod
-    def nvfp4(cls, layout: str) -> "Format":
+    def nvfp4(cls, layout: str, stochastic: bool = False) -> "Format":
         """NVFP4 (TransformerEngine's NVFP4BlockScaling, 1-D blocks): 1x16 blocks of E2M1 elements
-        two per byte, E4M3 scales under the per-tensor fp32 scale of the tensor's amax."""
-        return cls(block=(1, 16), element="e2m1", scale="e4m3", rule="e4m3", layout=layout, global_scale=True)
+        two per byte, E4M3 scales under the per-tensor fp32 scale of the tensor's amax, rounded to
+        nearest or (``stochastic``) stochastically."""
+        return cls(block=(1, 16), element="e2m1", scale="e4m3", rule="e4m3", layout=layout, global_scale=True,
+                   rounding="sr" if stochastic else "rn")
 
     @property
     def col_block(self) -> tuple:

@@ -391,7 +391,7 @@ def kernel_gap(spec: QuantSpec) -> str:
     if spec.format == "mxfp8":
         return ""
     if spec.format == "nvfp4":
-        for name in ("block_2d", "hadamard", "stochastic_rounding"):
+        for name in ("block_2d", "hadamard"):
             if getattr(spec, name):
                 return f"with {name}=True"
     if spec.is_fp4:

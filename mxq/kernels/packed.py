@@ -86,7 +86,8 @@ class PackedKernel:
     @cute.kernel
     def packed_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
                       dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr,
-                      use_pdl: cutlass.Constexpr, unaligned: cutlass.Constexpr, rows8: cutlass.Constexpr = False):
+                      use_pdl: cutlass.Constexpr, unaligned: cutlass.Constexpr, rows8: cutlass.Constexpr = False,
+                      rng=None):
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # any N and alignment: rows through unaligned.py
@@ -236,7 +237,8 @@ class PackedKernel:
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms,
                                                     tRow=tRow if cfg.rowwise else None,
-                                                    tCol=tCol if cfg.colwise else None).rec(), words, sr, sc)
+                                                    tCol=tCol if cfg.colwise else None, g=g, N=N, rng=rng).rec(),
+                                    words, sr, sc)
 
     # -- loads -------------------------------------------------------------------------------
     @cute.jit
@@ -691,11 +693,12 @@ class PackedKernel:
         return sc
 
     # -- encode and store ----------------------------------------------------------------------
-    def quantize_row(self, row_words, s_row, sc, is_bf16: bool, use_hw: bool = False):
+    def quantize_row(self, row_words, s_row, sc, is_bf16: bool, use_hw: bool = False, rand=None):
         """One row's FP8 bytes, four per word: (rowwise words, colwise words), each None where the op
         does not write that direction. ``row_words``: its packed values; ``s_row``: its inverse
         row scale; ``sc``: the thread's inverse column scales. FP4 (rowwise only): the row's eight
-        E2M1 codes in one word (``use_hw``: sm_100a's conversion)."""
+        E2M1 codes in one word (``use_hw``: sm_100a's conversion; ``rand``: stochastic rounding's
+        two random words, device.e2m1x8_sr)."""
         cfg = self.cfg
         if cfg.fmt.packed:
             qr = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
@@ -703,7 +706,7 @@ class PackedKernel:
             for j in range(PKW):
                 lo, hi = dev.pk_unpack(row_words[j], is_bf16)
                 vals += [dev.mul_rn(lo, s_row), dev.mul_rn(hi, s_row)]
-            qr[0] = codec.encode8(cfg.fmt, vals, use_hw)
+            qr[0] = codec.encode8(cfg.fmt, vals, use_hw, rand)
             return qr, None
         qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.rowwise else None
         qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.colwise else None
@@ -720,11 +723,21 @@ class PackedKernel:
 
     @cute.jit
     def store_rows(self, k, t, words, sr, sc):
-        """Aligned rows: each row's FP8 words as whole vector stores."""
+        """Aligned rows: each row's FP8 words as whole vector stores. Stochastic rounding (NVFP4):
+        each row's two random words of the thread's 8 columns (device.random_word, words 2g and
+        2g + 1 of the row, direction 0) drawn first."""
         cfg = self.cfg
+        SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
+        if cutlass.const_expr(SR):
+            seed, offset = t.rng[0], t.rng[1]
         for i in cutlass.range_constexpr(k.PK_ROWS):
             if t.col_ok and t.rbase + i < t.Ms:
-                qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16, k.use_hw_e8m0)
+                rand = None
+                if cutlass.const_expr(SR):
+                    groups = t.N // 4
+                    rand = [dev.random_word(t.rbase + i, t.g * 2 + h, groups, seed, offset, 0) for h in range(2)]
+                qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16, k.use_hw_e8m0,
+                                           rand)
                 if cutlass.const_expr(cfg.rowwise):
                     cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
                 if cutlass.const_expr(cfg.colwise):

@@ -58,23 +58,26 @@ class Quantize:
         self.passes = None if passes is None else tuple(Quantize(c, epilogue, act, dact) for c in passes)
 
     def launch(self, variant: str, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale,
-               amax, dbias, dbias_ws, noop, group_ends, use_hw_e8m0: bool, use_pdl: bool, stream):
+               amax, dbias, dbias_ws, noop, group_ends, rng, use_hw_e8m0: bool, use_pdl: bool, stream):
         """Launch the op's kernels (called while a generated @cute.jit launcher traces).
 
         Slots the config does not use are None; ``ins`` and ``scalars`` are the epilogue's tensor
         and float parameters in order. M and N are the first input's (symbolic) shape.
         ``group_ends``: None, or a grouped call's int32 group ends (then the grid has
-        grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N])."""
+        grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N]). ``rng``: NVFP4's
+        stochastic rounding's int64 [seed, offset] (the packed kernel reads it), else None."""
         cfg = self.cfg
         if self.passes is not None:  # NVFP4: the amax pass (unless the amax is given), then the quantize pass
             if variant not in ("vec", "vec_given"):  # (limits.fp4_unserved keeps such calls on the reference)
                 raise NotImplementedError("mxq: NVFP4 is served by the aligned kernels alone (variant 'vec')")
             if variant == "vec":
                 self.passes[0].launch("vec", ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax,
-                                      dbias, dbias_ws, noop, group_ends, use_hw_e8m0, use_pdl, stream)
+                                      dbias, dbias_ws, noop, group_ends, None, use_hw_e8m0, use_pdl, stream)
             self.passes[1].launch("vec", ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias,
-                                  dbias_ws, noop, group_ends, use_hw_e8m0, use_pdl, stream)
+                                  dbias_ws, noop, group_ends, rng, use_hw_e8m0, use_pdl, stream)
             return
+        if cfg.fmt.rounding == "sr" and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
+            raise NotImplementedError("mxq: stochastic rounding is served by the packed kernel alone (16-bit inputs)")
         if cfg.tile_rows != ROWS and (ins[0].element_type.width != 16 or group_ends is not None or cfg.halves
                                       or (cfg.transposed and variant != "vec")):
             # (limits.fp8_block_unserved keeps such calls on the reference)
@@ -95,7 +98,7 @@ class Quantize:
         if ins[0].element_type.width == 16:
             twins = self.rows8_twins() if variant == "rows8" and G is None else None
             if twins is None:
-                self.launch_packed(variant, args, M, N, G, use_pdl, stream)
+                self.launch_packed(variant, args, M, N, G, use_pdl, stream, rng)
             else:
                 # (a plain cast's rows8 kernel at the warps its input's row stride runs fastest with)
                 self.launch_packed_by_parity(twins, ins[0].layout.stride[0], args, M, N, use_pdl, stream)
@@ -112,13 +115,14 @@ class Quantize:
             dargs = (dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, cfg.tile_rows), M, NO)
             self.launch_dbias_by_rows(dargs, M, G, grid, block, use_pdl and cfg.pdl, stream)
 
-    def launch_packed(self, variant: str, args, M, N, G, use_pdl: bool, stream):
-        """The packed kernel (16-bit inputs) of ``variant`` with this config's warps."""
+    def launch_packed(self, variant: str, args, M, N, G, use_pdl: bool, stream, rng=None):
+        """The packed kernel (16-bit inputs) of ``variant`` with this config's warps (``rng``:
+        stochastic rounding's seed and offset, or None)."""
         cfg = self.cfg
         unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
         grid, block = packed_grid(cfg, M, N, G, unaligned)
         cap = cfg.rows8_min_blocks if variant == "rows8" else cfg.min_blocks  # (Tuning's register caps)
-        self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
+        self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8", rng).launch(
             grid=grid, block=block, stream=stream, **register_cap(cap))
 
     def rows8_twins(self):

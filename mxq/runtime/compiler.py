@@ -139,6 +139,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "dbias_workspace": lambda: mat({4: cutlass.Float32, 8: cutlass.Float64}[ws_bytes], ws_bytes,
                                        rows=cute.sym_int(), cols=n_out),
         "noop": f32_one,
+        "rng": lambda: fake(cutlass.Int64, (2,), assumed_align=8),
         "group_offsets": lambda: fake(cutlass.Int32, (cute.sym_int(),), assumed_align=4),
     }
     table = slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), grouped)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import groups
+from ..formats import fp4, groups
 from ..formats.numerics import dbias_partial_dtype
 from ..frontend import gated
 from ..kernels.config import UNIT
@@ -164,6 +164,7 @@ class Launcher:
                                                     n_out), dtype=dbias_partial_dtype(x.dtype), device=x.device),
             "noop": lambda: noop.reshape(1) if noop is not None else noop_tensor(x.device),
             "group_offsets": lambda: group_offsets.to(torch.int32).contiguous(),
+            "rng": lambda: rng_tensor(call.fp4, x.device),
         }
         args = []
         for slot in slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), grouped):
@@ -255,6 +256,16 @@ def fp4_variant(n: int, mats, kinds, row_data) -> str:
         return "vec"
     raise ValueError("mxq: an FP4 call needs N % 8 == 0 and 16-byte aligned tensors on the kernels "
                      "(limits.fp4_unserved)")
+
+
+def rng_tensor(args, device) -> torch.Tensor:
+    """NVFP4's stochastic-rounding slot: int64 [seed, offset] on the device (``args``:
+    fp4.CallArgs or None; a seed left None is drawn as the reference draws it, the offset 0; a
+    seed of 2^63 or more as its two's complement, the same 64 bits). A prepared call keeps the
+    values it was bound with."""
+    seed = args.seed if args is not None and args.seed is not None else fp4.default_seed()
+    offset = args.offset if args is not None and args.offset is not None else 0
+    return torch.tensor([seed - (seed >> 63 << 64), offset], dtype=torch.int64, device=device)
 
 
 def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
