@@ -19,7 +19,8 @@ MXFP4 is ``Format.mxfp4(scale_mode, layout)``: 1x32 blocks of e2m1 elements, two
 (element 2j in the low nibble), E8M0 scales by MXFP8's "floor" or "rceil" rule with E2M1's
 constants (mxq/formats/fp4.py). NVFP4 is ``Format.nvfp4(layout)``: 1x16 blocks of e2m1, E4M3
 scales (rule "e4m3": TransformerEngine's, docs/NUMERICS.md steps N2-N5) under an fp32
-per-tensor scale from the tensor's amax (``global_scale``: the kernels run two passes).
+per-tensor scale from the tensor's amax (``global_scale``: the kernels run two passes), its
+elements rounded to nearest or stochastically (``rounding``, "rn" or "sr").
 
 Nothing here imports cutlass or torch: the config, codegen and tests build and compare formats
 as plain values; the kernels read them through ``cutlass.const_expr``.
