@@ -1,15 +1,18 @@
 """NVFP4 on the kernels: rowwise 1x16 blocks of E2M1 elements (N % 16 == 0, aligned; the packed
 kernel for bf16/fp16, the vectorised one for fp32), two launches with no host sync: the amax
-pass (the op's values, their NaN-dropping amax) and the quantize pass (E4M3 scales under the per-tensor scale, mxq/kernels/device.py
-nvfp4_global / nvfp4_scale / nvfp4_multiplier); with ``global_amax=`` the quantize pass alone
-(variant "vec_given"). Everything else runs the reference (limits.fp4_unserved).
+pass (the op's values, their NaN-dropping amax) and the quantize pass (E4M3 scales under the
+per-tensor scale, mxq/kernels/device.py nvfp4_global / nvfp4_scale / nvfp4_multiplier); with
+``global_amax=`` the quantize pass alone (variant "vec_given"); stochastic rounding from 16-bit
+inputs (Philox words per row, device.e2m1_code_sr). Everything else runs the reference
+(limits.fp4_unserved).
 
-CPU: what is served, the compiled passes per arch (sm_90a: the integer E2M1 encode; sm_100a:
-cvt.rn.satfinite.e2m1x2.f32) and the E4M3 decode the multiplier reads. GPU (marked gpu): every
-dtype, layout and shape class against the torch reference byte for byte (data, scales, amax),
-planted NaN/inf/ties/saturating values, zero blocks, subnormal scales, amax 0, a given amax
-(float, tensor, under noop), fused ops, prepare() under a CUDA graph, and a case against the
-oracle of tests/oracle_fp4.py.
+CPU: what is served; the device expressions of the scales, Philox and the stochastic rule run on
+torch tensors and ints against mxq/formats/fp4.py; the compiled passes per arch (sm_90a: the
+integer E2M1 encode; sm_100a: cvt.rn.satfinite.e2m1x2.f32). GPU (marked gpu): every dtype,
+layout and shape class against the torch reference byte for byte (data, scales, amax), planted
+NaN/inf/ties/saturating values, zero blocks, subnormal scales, amax 0, a given amax (float,
+tensor, under noop), fused ops, stochastic rounding's bytes, prepare() under a CUDA graph, and a
+case against the oracle of tests/oracle_fp4.py.
 """
 
 import struct
