@@ -134,6 +134,28 @@ def test_e4m3_decode_of_every_scale_byte():
         assert got == want[e] == float(oracle.e4m3_value(e)), e
 
 
+def test_given_amax_and_rng_operands():
+    """launch.given_amax_first writes the given amax (float or tensor) before the quantize pass,
+    nothing under noop; launch.rng_tensor holds seed and offset as int64, a seed >= 2^63 as the
+    same 64 bits."""
+    from mxq.formats import fp4
+    from mxq.runtime import launch
+
+    ran = []
+    amax = torch.zeros(())
+    launch.given_amax_first(lambda *a: ran.append(a), amax, 7.5)(1, 2)
+    assert amax.item() == 7.5 and ran == [(1, 2)]
+    launch.given_amax_first(None, amax, torch.tensor([3.0]))()
+    assert amax.item() == 3.0
+    launch.given_amax_first(None, amax, 9.0, torch.ones(1))()
+    assert amax.item() == 3.0
+    launch.given_amax_first(None, amax, 9.0, torch.zeros(1))()
+    assert amax.item() == 9.0
+    r = launch.rng_tensor(fp4.CallArgs(seed=2 ** 64 - 5, offset=2 ** 40), "cpu")
+    assert r.dtype == torch.int64 and r.tolist() == [-5, 2 ** 40]
+    assert launch.rng_tensor(None, "cpu")[1].item() == 0
+
+
 # -- compiled code ---------------------------------------------------------------------------------
 def _ptx(op, arch, dtype, variant="vec"):
     return compiler.compile_op(op, arch, dtype, keep_ptx=True, variant=variant).__ptx__
