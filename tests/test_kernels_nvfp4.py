@@ -46,13 +46,16 @@ def _unserved(op, x, call=None):
 
 @pytest.mark.parametrize("dtype", list(DTYPES.values()))
 @pytest.mark.parametrize("opts", [dict(), dict(scale_layout="swizzled"), dict(act="gelu"),
-                                  dict(dact="relu", dbias=True), dict(stochastic_rounding=True)])
+                                  dict(dact="relu", dbias=True), dict(stochastic_rounding=True),
+                                  dict(colwise=True), dict(colwise=True, rowwise=False, stochastic_rounding=True)])
 def test_served_calls(dtype, opts):
     op = mxq.fused_quant(format="nvfp4", **opts)(ident)
     for n in (16, 48, 208, 4096):
-        why = _unserved(op, torch.zeros(3, n, dtype=dtype))
+        why = _unserved(op, torch.zeros(24, n, dtype=dtype))
         if opts.get("stochastic_rounding") and dtype is torch.float32:
             assert "stochastic_rounding" in why and "fp32" in why
+        elif opts.get("colwise") and dtype is torch.float32:
+            assert "colwise" in why and "fp32" in why
         else:
             assert why is None
 
@@ -192,6 +195,20 @@ def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
     assert "e2m1x2" not in ptx and "cvt.rs" not in ptx
 
 
+@pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
+def test_colwise_copy_compiles(arch, dtype, layout):
+    """The transposed copy: 16-row tiles of two 8-row warps, each thread's 8 columns stored as one
+    word of 8 codes per output row (8 stores, beside the rowwise copy's), 8 column scales."""
+    both = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident), arch, dtype)
+    col = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, rowwise=False, scale_layout=layout)(ident), arch,
+               dtype)
+    assert both.count(".entry") == col.count(".entry") == 3
+    assert col.count("st.global.b32") >= 8 and both.count("st.global.b32") > col.count("st.global.b32")
+    assert col.count("cvt.rn.satfinite.e4m3x2.f32") == 8
+    if arch == "sm_100a":
+        assert col.count("cvt.rn.satfinite.e2m1x2.f32") == 32
+
+
 def test_fused_ops_compile():
     for op, dtype in ((mxq.fused_quant(format="nvfp4", act="gelu")(ident), "bf16"),
                       (mxq.fused_quant(format="nvfp4", dact="relu", dbias=True)(ident), "fp32"),
@@ -318,6 +335,30 @@ def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     _check(op, [x], op(x.cuda(), seed=9, offset=2, global_amax=50.0), seed=9, offset=2, global_amax=50.0)
     relu = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, act="relu")(ident)
     _check(relu, [x], relu(x.cuda(), seed=4, offset=1), seed=4, offset=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES)[:2])
+@pytest.mark.parametrize("m, n", [(8, 16), (24, 48), (1000, 208), (4096, 4096)])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
+    """The transposed copy [N, M/2] and its [N, ceil(M/16)] scales (M % 16 == 8: a partial last
+    block), with and without the rowwise copy, a given amax, an act, stochastic rounding."""
+    t = DTYPES[dtype]
+    x = _specials(m, n, t, seed=m * 7 + n)
+    both = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident)
+    for got, kw in ((both(x.cuda()), {}), (both(x.cuda(), global_amax=300.0), {"global_amax": 300.0}),
+                    (both(x.cuda(), out=poisoned(both, x.cuda())), {})):
+        want = both.reference(x, **kw)
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), f
+    for opts, kw in ((dict(rowwise=False), {}), (dict(act="relu"), {}),
+                     (dict(stochastic_rounding=True), {"seed": 3, "offset": 2 ** 35 + 1})):
+        op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, **opts)(ident)
+        got, want = op(x.cuda(), **kw), op.reference(x, **kw)
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            if getattr(want, f) is not None:
+                assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), (opts, f)
 
 
 @pytest.mark.gpu

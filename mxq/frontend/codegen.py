@@ -391,11 +391,11 @@ def kernel_gap(spec: QuantSpec) -> str:
     if spec.format == "mxfp8":
         return ""
     if spec.format == "nvfp4":
-        for name in ("block_2d", "hadamard"):
+        for name in ("block_2d", "hadamard"):  # (its colwise copy: 16-bit inputs, limits.fp4_unserved)
             if getattr(spec, name):
                 return f"with {name}=True"
     if spec.is_fp4:
-        return "with colwise=True (the transposed copy)" if spec.colwise else ""
+        return "with colwise=True (the transposed copy)" if spec.colwise and spec.format == "mxfp4" else ""
     if spec.format != "fp8_block":
         return "(the format)"
     return ""

@@ -180,7 +180,8 @@ class PackedKernel:
                 tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, codec.data_cols(cfg.fmt, VEC)), trow,
                                        rbase, g, GROUPED)
             nbr = (NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
-        if cutlass.const_expr(cfg.colwise and PASSES == 1 and not cfg.transposed):  # (transposed: store_transposed)
+        if cutlass.const_expr(cfg.colwise and PASSES == 1 and not cfg.transposed and not cfg.fmt.packed):
+            # (transposed: store_transposed; FP4: store_fp4_columns)
             tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
         # Each phase call gets its own records (Fields.rec) of this body's values: a record shared
         # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
@@ -226,7 +227,7 @@ class PackedKernel:
             if cutlass.const_expr(cfg.col_reduce):
                 self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
             if cutlass.const_expr(cfg.rowwise or cfg.colwise):  # (else NVFP4's amax pass: the owners' amax alone)
-                sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv}), io.rec(), sr)
+                sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv, "max": sMax}), io.rec(), sr)
                 if cutlass.const_expr(UNALIGNED):
                     self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
                                                          Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
@@ -237,7 +238,8 @@ class PackedKernel:
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms,
                                                     tRow=tRow if cfg.rowwise else None,
-                                                    tCol=tCol if cfg.colwise else None, g=g, N=N, rng=rng).rec(),
+                                                    tCol=tCol if cfg.colwise and not cfg.fmt.packed else None,
+                                                    g=g, N=N, rng=rng, c0=c0, M=M, col_data=col_data).rec(),
                                     words, sr, sc)
 
     # -- loads -------------------------------------------------------------------------------
@@ -605,7 +607,7 @@ class PackedKernel:
                 tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16, codec.amax_nan(cfg.fmt)), nan=codec.amax_nan(cfg.fmt))
             if cutlass.const_expr(cfg.tiles):
                 self.tile_partial(t, dev.pk_amax(cw, is_bf16, False))
-            elif cutlass.const_expr(cfg.colwise):
+            elif cutlass.const_expr(cfg.colwise and not cfg.fmt.packed):  # (FP4: fp4_column_scales)
                 self.column_pair_scales(k, t, io, Ns, p, cw)
         if cutlass.const_expr(OWN_AMAX):
             tm = dev.warp_max(tm)
@@ -660,7 +662,41 @@ class PackedKernel:
             e = self.tile_scales(k, t, io)
             m = codec.multiplier(self.cfg.fmt, e)
             return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
+        if self.cfg.colwise and self.cfg.fmt.packed:
+            return sr, self.fp4_column_scales(k, t, io)
         return sr, (self.column_scales(t) if self.cfg.colwise else None)
+
+    @cute.jit
+    def fp4_column_scales(self, k, t, io):
+        """NVFP4's colwise copy (the transposed values, 16-element blocks along M): the scales of
+        the thread's 8 columns over the 16 rows of its block, from the column maxima the warps
+        holding them left in sMax (16 // PK_ROWS warps; NaN dropped), stored by the block's first
+        warp (compact [N, ceil(M/16)] or its swizzled atoms), and the 8 multipliers."""
+        cfg = self.cfg
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        WPB = cutlass.const_expr(16 // k.PK_ROWS)  # warps per 16-row block
+        glob = codec.global_scales(cfg.fmt, io.amax)
+        w0 = t.warp - t.warp % WPB
+        nbm = (io.M + 15) // 16
+        blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // 16
+        c0 = t.co + (t.cb * 32 + t.lane) * VEC
+        sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+        for j in cutlass.range_constexpr(PKW):
+            cw = t.smem["max"][w0, j * 32 + t.lane]
+            for w in cutlass.range_constexpr(1, WPB):
+                cw = dev.pk_max(cw, t.smem["max"][w0 + w, j * 32 + t.lane], is_bf16, False)
+            lo, hi = dev.pk_unpack(cw, is_bf16)
+            for h in cutlass.range_constexpr(2):
+                e = codec.block_scale(cfg.fmt, cute.arch.fmax(lo if h == 0 else hi, Float32(0.0)), k.use_hw_e8m0,
+                                      glob=glob)
+                sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
+                c = c0 + 2 * j + h
+                if t.warp == w0 and c < io.N and blk * 16 < t.Ms:
+                    off = c * nbm + blk
+                    if cutlass.const_expr(cfg.fmt.swizzled):
+                        off = dev.swizzle_offset(c, blk, nbm)
+                    io.col_scale[off] = Uint8(e)
+        return sc
 
     @cute.jit
     def tile_scales(self, k, t, io):
@@ -730,18 +766,40 @@ class PackedKernel:
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
         if cutlass.const_expr(SR):
             seed, offset = t.rng[0], t.rng[1]
-        for i in cutlass.range_constexpr(k.PK_ROWS):
-            if t.col_ok and t.rbase + i < t.Ms:
-                rand = None
-                if cutlass.const_expr(SR):
-                    groups = t.N // 4
-                    rand = [dev.random_word(t.rbase + i, t.g * 2 + h, groups, seed, offset, 0) for h in range(2)]
-                qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16, k.use_hw_e8m0,
-                                           rand)
-                if cutlass.const_expr(cfg.rowwise):
-                    cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
-                if cutlass.const_expr(cfg.colwise):
-                    cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
+        if cutlass.const_expr(cfg.rowwise or not cfg.fmt.packed):
+            for i in cutlass.range_constexpr(k.PK_ROWS):
+                if t.col_ok and t.rbase + i < t.Ms:
+                    rand = None
+                    if cutlass.const_expr(SR):
+                        groups = t.N // 4
+                        rand = [dev.random_word(t.rbase + i, t.g * 2 + h, groups, seed, offset, 0) for h in range(2)]
+                    qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16,
+                                               k.use_hw_e8m0, rand)
+                    if cutlass.const_expr(cfg.rowwise):
+                        cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
+                    if cutlass.const_expr(cfg.colwise and not cfg.fmt.packed):
+                        cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
+        if cutlass.const_expr(cfg.colwise and cfg.fmt.packed):
+            if t.col_ok and t.rbase < t.Ms:
+                for c in cutlass.range_constexpr(VEC):
+                    rand = None
+                    if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
+                        rand = [dev.random_word(t.c0 + c, t.rbase // 4 + h, t.M // 4, seed, offset, 1)
+                                for h in range(2)]
+                    self.store_fp4_column(k, t, words, sc, c, rand)
+
+    def store_fp4_column(self, k, t, words, sc, c: int, rand):
+        """NVFP4's transposed colwise copy [N, M/2]: column c's PK_ROWS (8) codes of the thread's
+        rows as one word at byte rbase / 2 of output row c0 + c (row 2j's code in the low nibble
+        of byte j: e2m1x8's order); M % 16 == 0, so a thread's rows are all in or all past M
+        (limits.fp4_unserved)."""
+        vals = []
+        for i in range(k.PK_ROWS):
+            lo, hi = dev.pk_unpack(words[i][c // 2], k.is_bf16)
+            vals.append(dev.mul_rn(lo if c % 2 == 0 else hi, sc[c]))
+        q = codec.encode8(self.cfg.fmt, vals, k.use_hw_e8m0, rand)
+        addr = t.col_data.iterator.toint() + Int64(t.c0 + c) * Int64(t.M // 2) + Int64(t.rbase // 2)
+        cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[addr, q])
 
     # -- the transposed colwise copy (FP8 block scaling's GEMM-ready layout, KernelConfig.transposed) --
     @cute.jit

@@ -78,6 +78,10 @@ class Quantize:
             return
         if cfg.fmt.rounding == "sr" and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
             raise NotImplementedError("mxq: stochastic rounding is served by the packed kernel alone (16-bit inputs)")
+        if cfg.fmt.packed and cfg.colwise and (ins[0].element_type.width != 16 or cfg.dbias
+                                               or cfg.tile_rows // cfg.packed_warps() != 8):
+            raise NotImplementedError("mxq: NVFP4's colwise copy is served by the packed kernel's 8-row threads alone "
+                                      "(16-bit inputs, no dbias)")
         if cfg.tile_rows != ROWS and (ins[0].element_type.width != 16 or group_ends is not None or cfg.halves
                                       or (cfg.transposed and variant != "vec")):
             # (limits.fp8_block_unserved keeps such calls on the reference)

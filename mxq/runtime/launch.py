@@ -151,7 +151,8 @@ class Launcher:
                 for t, kind in zip(sources, kinds)]
         row_data = _as_u8_2d(out.rowwise_data, m, n_out // 2 if spec.is_fp4 else n_out) if spec.rowwise else None
         transposed = spec.colwise and spec.scale_layout == "gemm"  # (FP8 block scaling's [N, M] copy)
-        col_data = _as_u8_2d(out.colwise_data, *((n_out, m) if transposed else (m, n_out))) if spec.colwise else None
+        col_shape = (n_out, m // 2) if spec.is_fp4 else (n_out, m) if transposed else (m, n_out)  # (FP4: [N, M/2])
+        col_data = _as_u8_2d(out.colwise_data, *col_shape) if spec.colwise else None
         operand = {
             "act_input": lambda: mats[-1],
             "rowwise_data": lambda: row_data,
@@ -249,10 +250,11 @@ def fp4_variant(n: int, mats, kinds, row_data) -> str:
     """The compiled variant of an FP4 call: "vec", the only one with FP4 outputs (N % 8 == 0,
     16-byte aligned operands and data, data rows whole words apart: limits.fp4_unserved keeps
     other calls on the reference); anything else is a ValueError."""
-    wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + [row_data]
+    wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + [
+        t for t in (row_data,) if t is not None]
     if (n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
             and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided")
-            and (row_data.shape[0] <= 1 or row_data.stride(0) % (VEC_DIVISOR // 2) == 0)):
+            and (row_data is None or row_data.shape[0] <= 1 or row_data.stride(0) % (VEC_DIVISOR // 2) == 0)):
         return "vec"
     raise ValueError("mxq: an FP4 call needs N % 8 == 0 and 16-byte aligned tensors on the kernels "
                      "(limits.fp4_unserved)")

@@ -99,8 +99,9 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     of ungrouped, one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
     vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
     operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart. The
-    colwise copy (transposed), NVFP4's block_2d and hadamard, stochastic_rounding from fp32
-    inputs, groups, two halves and other shapes or alignments run the reference."""
+    colwise copy (transposed; NVFP4's from bf16/fp16 without dbias where M % 8 == 0 is served),
+    NVFP4's block_2d and hadamard, stochastic_rounding from fp32 inputs, groups, two halves and
+    other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
@@ -110,6 +111,15 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with group_offsets has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2:
         return "with stochastic_rounding=True and fp32 inputs has no GPU kernels yet"
+    if spec.colwise:  # (NVFP4's transposed copy: the packed kernel's 8-row threads, whole words of output rows)
+        m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+        if x.element_size() != 2 or spec.dbias:
+            return "with colwise=True and fp32 inputs or dbias has no GPU kernels yet"
+        if m % kconfig.VEC:
+            return f"with colwise=True and M % {kconfig.VEC} != 0 (M = {m}) has no GPU kernels yet"
+        col = call.out.colwise_data if call is not None and call.out is not None else None
+        if col is not None and (col.data_ptr() % 16 or not col.is_contiguous()):
+            return "with colwise=True into colwise data not contiguous and 16-byte aligned has no GPU kernels yet"
     mult = NVFP4_N_MULTIPLE if spec.format == "nvfp4" else kconfig.VEC
     if x.dim() == 0 or x.shape[-1] % mult:
         return f"with N % {mult} != 0 (N = {x.shape[-1] if x.dim() else 1}) has no GPU kernels yet"
