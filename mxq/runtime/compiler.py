@@ -130,7 +130,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "act_input": lambda: mat(el, big or nbytes),
         "rowwise_data": lambda: mat(Uint8, big or 1, cols=fp4_cols() if fmt.packed else n_out),
         "rowwise_scale": flat_scale,
-        "colwise_data": lambda: (mat(Uint8, 4, rows=n_out, cols=cute.sym_int(divisibility=8)) if fmt.packed
+        "colwise_data": lambda: (mat(Uint8, 4, rows=n_out, cols=cute.sym_int(divisibility=4)) if fmt.packed
                                  else mat(Uint8, 1, rows=n_out, cols=m) if transposed  # (the GEMM-ready [N, M] copy)
                                  else mat(Uint8, big or 1, cols=n_out)),
         "colwise_scale": flat_scale,
