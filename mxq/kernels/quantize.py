@@ -17,10 +17,10 @@ launchers (one per variant) call ``Quantize.launch`` while they trace:
 - with ``group_ends`` (a grouped call, group_offsets) the same kernels take the groups'
   colwise blocks as their row tiles (grouped.py);
 - NVFP4 (a per-tensor amax before any block is quantized, KernelConfig.global_passes): variant
-  "vec" launches two aligned kernels (packed or vectorised) on the stream with no host sync, the amax pass (the op's
-  values, their NaN-dropping amax into the amax slot) and the quantize pass (which reads it);
-  variant "vec_given" the quantize pass alone, for a call whose amax is given (global_amax=,
-  copied into the amax slot by the launcher).
+  "vec" launches two aligned kernels (packed or vectorised) on the stream with no host sync,
+  the amax pass (the op's values, their NaN-dropping amax into the amax slot) and the quantize
+  pass (which reads it); variant "vec_given" the quantize pass alone, for a call whose amax is
+  given (global_amax=, copied into the amax slot by the launcher).
 
 Around the quantize kernel, ops with amax zero it first (reduce.amax_init_kernel) and ops with
 dbias reduce the per-CTA partial sums afterwards (reduce.dbias_kernel, launched early with
