@@ -9,7 +9,8 @@ combination of plain/act/dact/epilogue x dbias x amax x direction x dtype, on th
 vectorised kernel, the generic one and variant rows8) plus the scale modes, layouts and formats
 (FP8 block scaling: 1x128 rowwise blocks in both layouts, 128-row colwise blocks compact and
 transposed, with and without amax; 128x128 tiles; MXFP4's rowwise blocks on the aligned kernels,
-sm_90's integer E2M1 encode and sm_100a's cvt). The PTX is
+sm_90's integer E2M1 encode and sm_100a's cvt; NVFP4's rowwise blocks, both passes and the
+quantize pass alone, with stochastic rounding and the transposed colwise copy too). The PTX is
 normalised before hashing: kernel entry names (derived from Python function names and argument
 types) become their position, and comments and the version header are dropped; what remains is
 the instruction stream ptxas sees.
@@ -56,6 +57,15 @@ def all_cases(quick: bool = False):
         v = dict(BASE_SPEC, scale_mode=mode, scale_layout=layout, format="mxfp4", act=act)
         for dtype, arch in (("bf16", "sm_90"), ("fp16", "sm_100a"), ("fp32", "sm_90"), ("fp32", "sm_100a")):
             out.append((v, "identity", dtype, "vec", arch))  # (MXFP4: the aligned kernels alone)
+    for layout, act, sr, col in (("compact", None, False, False), ("swizzled", None, False, False),
+                                 ("compact", "gelu", False, False), ("compact", None, True, False),
+                                 ("swizzled", None, False, True), ("compact", None, True, True)):
+        v = dict(BASE_SPEC, scale_mode="e4m3", scale_layout=layout, format="nvfp4", act=act, stochastic_rounding=sr,
+                 colwise=col)
+        for dtype, arch in (("bf16", "sm_90a"), ("fp16", "sm_100a"), ("fp32", "sm_90a")):
+            for variant in ("vec", "vec_given"):  # (NVFP4: both passes, or the quantize pass alone)
+                if not ((sr or col) and dtype == "fp32"):
+                    out.append((v, "identity", dtype, variant, arch))
     # the GEMM-ready transposed colwise copy and the amax beside colwise blocks (16-bit inputs, aligned rows)
     for fp8, layout, rowwise, amax in itertools.product(("e4m3", "e5m2"), ("compact", "gemm"), (True, False),
                                                         (False, True)):

@@ -87,6 +87,24 @@ def test_nvfp4_zero_and_nan_only_tensors():
     assert codes_of(t.rowwise_data) == [[0, 8, 7, 0]]
 
 
+def test_nvfp4_subnormal_and_zero_scale_bytes():
+    # amax 2688: S_enc 1. Block 1 (amax 0.03): 0.03 * fp32(1/6) = 0.005 -> the E4M3 subnormal
+    # 3 * 2^-9 (byte 3); multiplier fp32(1 / 0.005859375) = 170.66667: 0.03 -> 5.12 -> 6 (7),
+    # -0.015 -> -2.56 -> -3 (0xD), 0.0075 -> 1.28 -> 1.5 (3), 0.002 -> 0.34 -> 0.5 (1). Block 2
+    # (amax 2^-10): 2^-10 / 6 is below half E4M3's least subnormal -> byte 0, multiplier FLT_MAX:
+    # 2^-10 saturates to 6 (7), -0.0 stays 0x8
+    x = torch.zeros(1, 48)
+    x[0, 0] = 2688.0
+    x[0, 16:20] = torch.tensor([0.03, -0.015, 0.0075, 0.002])
+    x[0, 32:35] = torch.tensor([2.0 ** -10, -0.0, 2.0 ** -11])
+    t = mxq.quantize(x, format="nvfp4")
+    assert scale_bytes(t.rowwise_scale) == [[0x7E, 3, 0]]
+    codes = codes_of(t.rowwise_data)[0]
+    assert codes[16:20] == [7, 0xD, 3, 1] and codes[32:35] == [7, 8, 7]
+    want_codes, want_scales = oracle.nvfp4(f32_rows(x), 2688.0)
+    assert (codes, scale_bytes(t.rowwise_scale)) == (want_codes[0], want_scales)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("shape", [(5, 40), (1, 18), (17, 32), (4, 2)])
 @pytest.mark.parametrize("block_2d", [False, True])

@@ -39,8 +39,9 @@ def test_spec_defaults_and_repr():
     assert QuantSpec(format="mxfp4").scale_mode == "floor" and QuantSpec(format="mxfp4").block == (1, 32)
     assert "hadamard" not in repr(QuantSpec()) and "format" not in repr(QuantSpec())
     assert "hadamard=False" in repr(s) and "hadamard" not in repr(QuantSpec(format="mxfp4"))
+    assert (s.block_format.block, s.block_format.scale, s.block_format.global_scale) == ((1, 16), "e4m3", True)
     with pytest.raises(NotImplementedError, match="nvfp4"):
-        s.block_format
+        QuantSpec(format="nvfp4", block_2d=True).block_format
 
 
 @pytest.mark.parametrize("options, match", [
@@ -192,14 +193,13 @@ def test_cpp_routes_refuse_and_cuda_calls_fall_back_by_name(fmt):
     for call in (lambda: op.register(f"fp4_{fmt}"), op.dispatcher, lambda: op.export("/tmp/none")):
         with pytest.raises(ValueError, match=fmt):
             call()
-    if fmt == "nvfp4":
-        assert fmt in limits.unserved(op.spec, op.epilogue, torch.zeros(4, 32), lambda: None)
-        with pytest.raises(NotImplementedError):
-            op.source
-    else:  # MXFP4's rowwise blocks have kernels (tests/test_kernels_fp4.py); its colwise copy does not
-        assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 32), lambda: None) is None
-        col = mxq.fused_quant(format=fmt, colwise=True)(double)
-        assert fmt in limits.unserved(col.spec, col.epilogue, torch.zeros(4, 32), lambda: None)
+    # rowwise blocks have kernels (tests/test_kernels_fp4.py, tests/test_kernels_nvfp4.py); MXFP4's colwise
+    # copy does not
+    x = torch.zeros(4, 32, dtype=torch.bfloat16)
+    assert limits.unserved(op.spec, op.epilogue, x, lambda: None) is None
+    col = mxq.fused_quant(format=fmt, colwise=True)(double)
+    assert fmt in limits.unserved(col.spec, col.epilogue, x, lambda: None)  # (NVFP4's: M % 8 != 0 here)
+    if fmt == "mxfp4":
         with pytest.raises(NotImplementedError):
             col.source
 

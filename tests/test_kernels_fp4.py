@@ -1,6 +1,7 @@
 """MXFP4 on the kernels: rowwise 1x32 blocks of E2M1 elements two per byte (mxq/kernels/codec.py
 encode8, device.e2m1_code / e2m1x8) on the aligned packed (bf16/fp16) and vectorised (fp32)
-kernels; NVFP4, the colwise copy and other shapes run the reference (limits.fp4_unserved).
+kernels; the colwise copy and other shapes run the reference (limits.fp4_unserved). NVFP4's
+kernels: tests/test_kernels_nvfp4.py.
 
 CPU: the integer E2M1 encode sm_90 runs (device.e2m1_code, the very expression, on Python ints
 and torch tensors) against mxq/formats/fp4.encode_rn at every threshold and on sampled fp32
@@ -128,8 +129,13 @@ def test_rowwise_mxfp4_is_served(dtype, opts):
     ("mxfp4", dict(), torch.zeros(4, 66, dtype=torch.bfloat16), "N % 8"),
     ("mxfp4", dict(), torch.zeros(4 * 64 + 4, dtype=torch.bfloat16)[4:].view(4, 64), "aligned"),
     ("mxfp4", dict(), torch.zeros(4, 68)[:, :64], "aligned"),
-    ("nvfp4", dict(), torch.zeros(4, 64, dtype=torch.bfloat16), "nvfp4"),
-    ("nvfp4", dict(colwise=True, hadamard=True), torch.zeros(4, 64, dtype=torch.bfloat16), "nvfp4"),
+    ("nvfp4", dict(), torch.zeros(4, 40, dtype=torch.bfloat16), "N % 16"),
+    ("nvfp4", dict(colwise=True), torch.zeros(4, 64, dtype=torch.bfloat16), "M % 8"),
+    ("nvfp4", dict(colwise=True), torch.zeros(8, 64), "colwise"),
+    ("nvfp4", dict(colwise=True, dbias=True), torch.zeros(8, 64, dtype=torch.bfloat16), "dbias"),
+    ("nvfp4", dict(block_2d=True), torch.zeros(4, 64, dtype=torch.bfloat16), "block_2d"),
+    ("nvfp4", dict(colwise=True, hadamard=True), torch.zeros(4, 64, dtype=torch.bfloat16), "hadamard"),
+    ("nvfp4", dict(stochastic_rounding=True), torch.zeros(4, 64), "stochastic_rounding"),
 ])
 def test_unserved_names_what_has_no_kernel(fmt, opts, x, why):
     op = mxq.fused_quant(format=fmt, **opts)(ident)
@@ -152,7 +158,7 @@ def test_groups_and_misaligned_out_fall_back():
 
 def test_source_renders_for_served_specs_only():
     assert "mxfp4" in mxq.fused_quant(format="mxfp4")(ident).source
-    for opts in (dict(format="mxfp4", colwise=True), dict(format="nvfp4")):
+    for opts in (dict(format="mxfp4", colwise=True), dict(format="nvfp4", block_2d=True)):
         with pytest.raises(NotImplementedError):
             mxq.fused_quant(**opts)(ident).source
     cfg = codegen.kernel_config(mxq.fused_quant(format="mxfp4")(ident).spec, mxq.fused_quant()(ident).epilogue)

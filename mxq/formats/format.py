@@ -17,8 +17,10 @@ compact or GEMM-ready (``gemm``) layout; the kernels serve it from 16-bit inputs
 rowwise blocks from any (mxq/kernels/codec.py, mxq/runtime/limits.py), the torch reference the rest.
 MXFP4 is ``Format.mxfp4(scale_mode, layout)``: 1x32 blocks of e2m1 elements, two per byte
 (element 2j in the low nibble), E8M0 scales by MXFP8's "floor" or "rceil" rule with E2M1's
-constants (mxq/formats/fp4.py). NVFP4 (1x16 blocks, e2m1, E4M3 scales under an fp32 per-tensor
-scale, ``global_scale``) enters SCALES with the kernels that implement it.
+constants (mxq/formats/fp4.py). NVFP4 is ``Format.nvfp4(layout)``: 1x16 blocks of e2m1, E4M3
+scales (rule "e4m3": TransformerEngine's, docs/NUMERICS.md steps N2-N5) under an fp32
+per-tensor scale from the tensor's amax (``global_scale``: the kernels run two passes), its
+elements rounded to nearest or stochastically (``rounding``, "rn" or "sr").
 
 Nothing here imports cutlass or torch: the config, codegen and tests build and compare formats
 as plain values; the kernels read them through ``cutlass.const_expr``.
@@ -51,10 +53,12 @@ ENCODINGS = {
 # scale encodings, by name, and the rules each one admits
 SCALES = {
     "e8m0": Encoding(8, 2.0 ** 127),
+    "e4m3": Encoding(8, 448.0),
     "fp32": Encoding(32, 3.4028234663852886e38),
 }
 RULES = {
     "e8m0": ("rceil", "floor", "ceil", "even"),
+    "e4m3": ("e4m3",),
     "fp32": ("pow2", "fp32"),
 }
 LAYOUTS = ("compact", "swizzled", "gemm")
@@ -72,6 +76,7 @@ class Format:
     rule: str  # how a block's amax becomes its scale (RULES[scale])
     layout: str  # LAYOUTS: how the scales are laid out
     global_scale: bool = False  # an fp32 per-tensor scale on top of the block scales (NVFP4)
+    rounding: str = "rn"  # the element encoding's rounding: "rn" (to nearest even) or "sr" (stochastic, NVFP4)
 
     def __post_init__(self):
         if self.element not in ENCODINGS:
@@ -83,6 +88,8 @@ class Format:
                              f"got {self.rule!r}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"mxq: Format.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.rounding not in ("rn", "sr"):
+            raise ValueError(f"mxq: Format.rounding must be 'rn' or 'sr', got {self.rounding!r}")
         if not (isinstance(self.block, tuple) and len(self.block) == 2 and all(
                 isinstance(b, int) and b > 0 for b in self.block)):
             raise ValueError(f"mxq: Format.block must be (rows, columns) of positive ints, got {self.block!r}")
@@ -105,6 +112,14 @@ class Format:
         """MXFP4 (OCP MX v1.0): 1x32 blocks of E2M1 elements two per byte, E8M0 scales by
         ``scale_mode`` ("floor" or "rceil", mxq/formats/fp4.py SCALE_MODES)."""
         return cls(block=(1, 32), element="e2m1", scale="e8m0", rule=scale_mode, layout=layout)
+
+    @classmethod
+    def nvfp4(cls, layout: str, stochastic: bool = False) -> "Format":
+        """NVFP4 (TransformerEngine's NVFP4BlockScaling, 1-D blocks): 1x16 blocks of E2M1 elements
+        two per byte, E4M3 scales under the per-tensor fp32 scale of the tensor's amax, rounded to
+        nearest or (``stochastic``) stochastically."""
+        return cls(block=(1, 16), element="e2m1", scale="e4m3", rule="e4m3", layout=layout, global_scale=True,
+                   rounding="sr" if stochastic else "rn")
 
     @property
     def col_block(self) -> tuple:

@@ -30,6 +30,14 @@ SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "formats/format.py",
 # group ends), one template loop; compiler.VARIANTS names the same functions
 LAUNCHERS = (("launch", "generic", False), ("launch_vec", "vec", False), ("launch_rows8", "rows8", False),
              ("launch_grouped", "generic", True), ("launch_vec_grouped", "vec", True))
+# NVFP4's further launcher: the quantize pass alone, for calls whose per-tensor amax is given
+# (global_amax=; mxq/kernels/quantize.py)
+GIVEN_AMAX_LAUNCHERS = (("launch_vec_given", "vec_given", False),)
+
+
+def launchers(spec: QuantSpec) -> tuple:
+    """The launchers rendered into ``spec``'s module: LAUNCHERS, and NVFP4's GIVEN_AMAX_LAUNCHERS."""
+    return LAUNCHERS + (GIVEN_AMAX_LAUNCHERS if spec.format == "nvfp4" else ())
 
 
 def _template_dir():
@@ -378,12 +386,16 @@ def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = N
 
 
 def kernel_gap(spec: QuantSpec) -> str:
-    """What of an FP8 block-scaling or MXFP4 spec the kernels do not serve ("" when they serve it;
-    NVFP4: the format itself)."""
+    """What of an FP8 block-scaling, MXFP4 or NVFP4 spec the kernels do not serve ("" when they
+    serve it)."""
     if spec.format == "mxfp8":
         return ""
-    if spec.format == "mxfp4":
-        return "with colwise=True (the transposed copy)" if spec.colwise else ""
+    if spec.format == "nvfp4":
+        for name in ("block_2d", "hadamard"):  # (its colwise copy: 16-bit inputs, limits.fp4_unserved)
+            if getattr(spec, name):
+                return f"with {name}=True"
+    if spec.is_fp4:
+        return "with colwise=True (the transposed copy)" if spec.colwise and spec.format == "mxfp4" else ""
     if spec.format != "fp8_block":
         return "(the format)"
     return ""
@@ -392,8 +404,8 @@ def kernel_gap(spec: QuantSpec) -> str:
 def has_kernels(spec: QuantSpec) -> bool:
     """Whether a module can be rendered for ``spec``: MXFP8, FP8 block scaling (1x128 rowwise
     and 128-row colwise blocks, 128x128 tiles; compact or gemm layout: the transposed colwise
-    copy) and MXFP4's rowwise blocks."""
-    return spec.format in ("mxfp8", "fp8_block", "mxfp4") and not kernel_gap(spec)
+    copy) and MXFP4's and NVFP4's 1x16 rowwise blocks."""
+    return spec.format in ("mxfp8", "fp8_block", "mxfp4", "nvfp4") and not kernel_gap(spec)
 
 
 def _launcher_text(spec: QuantSpec, epilogue: Epilogue, grouped: bool = False) -> tuple[str, str]:
@@ -444,7 +456,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         "call_args": call_args,
         "grouped_params": grouped_params,
         "grouped_call_args": grouped_call_args,
-        "launchers": LAUNCHERS,
+        "launchers": launchers(spec),
         "functions": _element_functions(inputs, scalars, epi, epi_out, act, dact),
         "kernels_hash": kernels_hash(),
     }

@@ -9,7 +9,8 @@ GEMM-ready) and MXFP4's rowwise blocks (E8M0 scales, E2M1 elements two per byte:
 the aligned kernels only) are implemented: device.py holds their exact arithmetic.
 
 A block's scale ``e`` (block_scale) is what the format computes once per block: an E8M0 byte
-(Int32) for MXFP8, the fp32 quantization multiplier for FP8 block scaling. ``multiplier`` is what
+(Int32) for MXFP8 and MXFP4, an E4M3 byte (Int32) for NVFP4, the fp32 quantization multiplier
+for FP8 block scaling. ``multiplier`` is what
 the block's values are multiplied by before encoding, ``store_row_scale`` what is stored (the
 byte; the dequantization multiplier 1 / e).
 """
@@ -34,10 +35,21 @@ def input_max(element_type) -> float:
     return torch.finfo(_TORCH_DTYPES[element_type.__name__]).max
 
 
-def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float | None = None):
+def global_scales(fmt, amax):
+    """A format's per-tensor values, read once per thread from the amax tensor ``amax`` (NVFP4:
+    the amax pass's result or the caller's global_amax; device.nvfp4_global), or None."""
+    if not fmt.global_scale:
+        return None
+    return dev.nvfp4_global(amax[0])
+
+
+def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float | None = None, glob=None):
     """The scale of a block with magnitude maximum ``amax``: an E8M0 byte as Int32, or (fp32
     scales: amax >= 0 without NaN, ``in_max`` the input type's largest finite value, required)
-    the fp32 quantization multiplier."""
+    the fp32 quantization multiplier, or (NVFP4: amax >= 0 without NaN, ``glob`` its
+    global_scales) an E4M3 byte as Int32."""
+    if fmt.global_scale:
+        return dev.nvfp4_scale(amax, glob[0])
     if fmt.scale == "fp32":
         if in_max is None:  # (an infinite quotient becomes in_max: no default may stand in for it)
             raise TypeError("mxq: codec.block_scale of fp32 scales needs in_max (codec.input_max)")
@@ -45,24 +57,33 @@ def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float | None = None):
     return dev.e8m0_scale(amax, fmt.element, fmt.rule, use_hw_e8m0)
 
 
-def multiplier(fmt, e):
-    """What a block's values are multiplied by before encoding, from its scale ``e``."""
+def multiplier(fmt, e, glob=None):
+    """What a block's values are multiplied by before encoding, from its scale ``e`` (NVFP4:
+    and its global_scales ``glob``)."""
+    if fmt.global_scale:
+        return dev.nvfp4_multiplier(e, glob[1])
     if fmt.scale == "fp32":
         return e
     return dev.inv_scale(e)
 
 
 def block_amax_nan(fmt) -> bool:
-    """Whether a NaN element makes its block's amax NaN (MXFP8) or is left out of it (FP8 block
-    scaling, TransformerEngine's fmaxf; a block of NaN alone has amax 0)."""
-    return fmt.scale != "fp32"
+    """Whether a NaN element makes its block's amax NaN (MXFP8, MXFP4) or is left out of it (FP8
+    block scaling and NVFP4, TransformerEngine's fmaxf; a block of NaN alone has amax 0)."""
+    return fmt.scale == "e8m0"
+
+
+def amax_nan(fmt) -> bool:
+    """Whether a NaN element makes the tensor amax NaN (mxq's amax output) or is left out of it
+    (NVFP4's per-tensor amax, TransformerEngine's CUDA)."""
+    return not fmt.global_scale
 
 
 def column_max_nan(cfg) -> bool:
     """Whether the packed kernel's column maxima propagate NaN: yes for MXFP8's colwise scales and
     for the tensor amax; no where they make FP8 block scaling's colwise or 128x128 tile scales
-    (which then cannot also give the amax: amax_by_owners)."""
-    return block_amax_nan(cfg.fmt) or not (cfg.colwise or cfg.tiles)
+    (which then cannot also give the amax: amax_by_owners), nor for NVFP4's amax."""
+    return block_amax_nan(cfg.fmt) or (amax_nan(cfg.fmt) and not (cfg.colwise or cfg.tiles))
 
 
 def block_lanes(fmt, vec: int) -> int:
@@ -85,9 +106,13 @@ def encode4(fmt, a, b, c, d):
     return dev.fp8x4(a, b, c, d, fmt.element)
 
 
-def encode8(fmt, vals, use_hw: bool):
+def encode8(fmt, vals, use_hw: bool, rand=None):
     """Eight scaled values as one word of 4-bit element codes (E2M1, two per byte: value k in
-    bits 4k..4k+3); ``use_hw``: sm_100a's conversion, else the integer encode (device.e2m1x8)."""
+    bits 4k..4k+3); ``use_hw``: sm_100a's conversion, else the integer encode (device.e2m1x8);
+    stochastic rounding (``fmt.rounding``, ``rand`` its two random words): the integer rule on
+    every arch (device.e2m1x8_sr; sm_100a's cvt.rs is not yet checked against it)."""
+    if fmt.rounding == "sr":
+        return dev.e2m1x8_sr(vals, rand)
     return dev.e2m1x8(vals, use_hw)
 
 
@@ -156,9 +181,10 @@ def tile_scale_offset(fmt, rb, blk, mb, nb, colwise: bool):
 
 def amax_by_owners(cfg) -> bool:
     """Whether the packed kernel's column owners give the tensor amax from the column maxima
-    (which then propagate NaN, column_max_nan); else (FP8 block scaling's colwise scales drop NaN)
-    each thread keeps a NaN-propagating maximum of its own values beside them."""
-    return column_max_nan(cfg)
+    (which then propagate NaN, column_max_nan, or drop it as NVFP4's amax does); else (FP8 block
+    scaling's colwise scales drop NaN) each thread keeps a NaN-propagating maximum of its own
+    values beside them."""
+    return column_max_nan(cfg) == amax_nan(cfg.fmt)
 
 
 def put_col_scale(fmt, col_scale, gt, c, rb, M, NOUT, e):

@@ -263,8 +263,8 @@ class KernelConfig:
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps
         out = [group_scratch(warps)] if grouped else []
-        if self.wide_tile(grouped, unaligned) and self.fmt.scale == "e8m0":  # (fp32 scales are stored directly)
-            out.append(Buffer("rs", "u8", (rows, cols * warps // 32)))
+        if self.wide_tile(grouped, unaligned) and self.fmt.scale != "fp32":  # (fp32 scales are stored directly)
+            out.append(Buffer("rs", "u8", (rows, cols * warps // self.fmt.block[1])))
         if self.col_reduce:
             out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))
         if self.colwise or self.tiles:  # (tiles: the owner warps' maxima of the CTA's two tiles)
@@ -344,6 +344,16 @@ class KernelConfig:
         if warps is None:
             return None
         return tuple(replace(self, unaligned_warps=w) for w in warps)
+
+    def global_passes(self):
+        """NVFP4's two passes (a per-tensor amax before any block is quantized) as the configs of
+        their kernels, (amax pass, quantize pass), or None for a one-pass format or a config that
+        is one of them already. The amax pass computes the op's values and writes their NaN-dropping
+        amax alone; the quantize pass reads it (the amax slot) and writes the rest."""
+        if not (self.fmt.global_scale and self.amax and (self.rowwise or self.colwise)):
+            return None
+        return (replace(self, rowwise=False, colwise=False, dbias=False),
+                replace(self, amax=False))
 
     @property
     def halves_passes(self) -> int:

@@ -165,6 +165,77 @@ def fp8x4(a, b, c, d, fp8: str):
         write_only_types=[Uint32], read_only_args=[a, b, c, d])
 
 
+# --- NVFP4's scales (docs/NUMERICS.md steps N2, N4, N5; mxq/formats/fp4.py) -------------------------
+# Written against ``ops`` like the E8M0 rules: NV_DEVICE (DSL values) in the kernels, and
+# tests/test_kernels_nvfp4.py runs the very expressions on fp32 torch tensors against fp4.py.
+FLT_MAX = 3.4028234663852886e38
+SIXTH = 0.1666666716337204  # fp32(1/6)
+E4M3_SUBNORMAL_QUANTUM = 2.0 ** -9
+
+
+class NV_DEVICE(DEVICE):
+    """DEVICE's operations and the fp32 ones of NVFP4's scales, on DSL values."""
+
+    F32 = Float32
+    div = staticmethod(div_rn)
+    mul = staticmethod(mul_rn)
+
+    @staticmethod
+    def e4m3(x):
+        """The E4M3 byte (Int32) of fp32 ``x``: RNE, saturating (cvt.rn.satfinite)."""
+        return Int32(to_fp8(x, "e4m3"))
+
+    @staticmethod
+    def f32_bits(b):
+        return b.bitcast(Float32)
+
+    @staticmethod
+    def small_int_f32(u):
+        return Float32(Int32(u))
+
+
+def _at_most_flt_max(x, ops):
+    """min(x, FLT_MAX) for x >= 0 (inf -> FLT_MAX)."""
+    return ops.F32(ops.select(x > ops.F32(FLT_MAX), ops.F32(FLT_MAX), x))
+
+
+def nvfp4_global(amax, ops=NV_DEVICE):
+    """(fp32(S_enc * fp32(1/6)), fp32(1 / S_enc)) of the per-tensor amax (fp32, >= 0, no NaN):
+    S_enc = min(fp32(2688 / amax), FLT_MAX), 1 where amax is 0 or S_enc is 0 (step N2); the
+    products N4 and N5 take, each rounded once."""
+    s = _at_most_flt_max(ops.div(ops.F32(2688.0), amax), ops)
+    s = ops.F32(ops.select((amax == ops.F32(0.0)) | (s == ops.F32(0.0)), ops.F32(1.0), s))
+    return ops.mul(s, ops.F32(SIXTH)), ops.div(ops.F32(1.0), s)
+
+
+def nvfp4_scale(block_amax, sf, ops=NV_DEVICE):
+    """Step N4: the E4M3 scale byte (Int32) of a block amax (>= 0, no NaN):
+    e4m3_rn_satfinite(min(block_amax * sf, FLT_MAX)), ``sf`` = nvfp4_global's first value."""
+    return ops.e4m3(_at_most_flt_max(ops.mul(block_amax, sf), ops))
+
+
+def e4m3_value_bits(e, ops=DEVICE):
+    """The fp32 bits of a non-negative normal E4M3 byte ``e`` (8..126: exponent field + 120, the
+    three mantissa bits on top of fp32's); subnormal bytes (< 8) are e4m3_value's."""
+    U32 = ops.U32
+    return (((e >> U32(3)) + U32(120)) << U32(23)) | ((e & U32(7)) << U32(20))
+
+
+def e4m3_value(e, ops=NV_DEVICE):
+    """The fp32 value of a non-negative E4M3 byte ``e`` (0..126), exact: normal bytes by their
+    bits, subnormal ones as mantissa * 2^-9."""
+    u = ops.U32(e)
+    normal = ops.f32_bits(e4m3_value_bits(u, ops))
+    sub = ops.mul(ops.small_int_f32(u & ops.U32(7)), ops.F32(E4M3_SUBNORMAL_QUANTUM))
+    return ops.F32(ops.select(u >= ops.U32(8), normal, sub))
+
+
+def nvfp4_multiplier(e, s_dec, ops=NV_DEVICE):
+    """Step N5: min(fp32(1 / fp32(fp32(scale) * s_dec)), FLT_MAX) of the E4M3 scale byte ``e``,
+    ``s_dec`` = nvfp4_global's second value (scale 0: FLT_MAX)."""
+    return _at_most_flt_max(ops.div(ops.F32(1.0), ops.mul(e4m3_value(e, ops), s_dec)), ops)
+
+
 # --- E2M1 (FP4) encoding (docs/NUMERICS.md step N7) ---------------------------------------------
 # E2M1 codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 the sign. sm_100a converts in hardware
 # (cvt.rn.satfinite.e2m1x2.f32); sm_90 has no such cvt and encodes with the integer rule below,
@@ -204,6 +275,94 @@ def e2m1x8(vals, use_hw: bool):
     word = e2m1_code(vals[0].bitcast(Uint32))
     for k in range(1, 8):
         word = word | (e2m1_code(vals[k].bitcast(Uint32)) << Uint32(4 * k))
+    return word
+
+
+# --- stochastic rounding (docs/NUMERICS.md N7's stochastic rule; fp4.encode_sr, fp4.random_bytes) ---
+# Written against ``ops`` too (DEVICE's, with RNG_DEVICE's 32-bit multiplies), so the tests run the
+# Philox rounds and the rounding rule on Python ints and int64 tensors against mxq/formats/fp4.py.
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+E2M1_SIX = 0x40C00000  # fp32 bits of 6.0, 4.0 and 2.0: the E2M1 spacings' bounds
+E2M1_FOUR = 0x40800000
+E2M1_TWO = 0x40000000
+
+
+class RNG_DEVICE(DEVICE):
+    """DEVICE's operations and the 32-bit multiplies of Philox, on DSL values."""
+
+    @staticmethod
+    def mulhi(a, b):
+        return cute.arch.inline_ptx("mul.hi.u32 {$w0}, {$r0}, {$r1};", write_only_types=[Uint32],
+                                    read_only_args=[Uint32(a), b])
+
+    @staticmethod
+    def mullo(a, b):
+        return cute.arch.inline_ptx("mul.lo.u32 {$w0}, {$r0}, {$r1};", write_only_types=[Uint32],
+                                    read_only_args=[Uint32(a), b])
+
+
+def philox(counter, key, ops=RNG_DEVICE):
+    """Philox4x32-10 (Random123's, curand's): four uint32 counter words and two key words ->
+    four uint32 words (fp4.philox's rounds)."""
+    U32 = ops.U32
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for r in range(10):
+        if r:
+            k0, k1 = U32(k0 + U32(PHILOX_W[0])), U32(k1 + U32(PHILOX_W[1]))
+        hi0, lo0 = ops.mulhi(PHILOX_M[0], c0), ops.mullo(PHILOX_M[0], c0)
+        hi1, lo1 = ops.mulhi(PHILOX_M[1], c2), ops.mullo(PHILOX_M[1], c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    return c0, c1, c2, c3
+
+
+def random_word(row, q, groups, seed, offset, direction: int):
+    """The 32-bit word of elements 4q .. 4q+3 of ``row`` (Int32s) in a direction's values of
+    ``groups`` = ceil(C/4) words per row: word w % 4 of Philox with key (seed low, high) and
+    counter (w // 4 low, high, direction, 0), w = offset + row * groups + q (Int64 seed and
+    offset; fp4.random_bytes)."""
+    w = offset + Int64(row) * Int64(groups) + Int64(q)
+    ctr = w >> Int64(2)
+    words = philox((Uint32(ctr & Int64(0xFFFFFFFF)), Uint32((ctr >> Int64(32)) & Int64(0xFFFFFFFF)),
+                    Uint32(direction), Uint32(0)),
+                   (Uint32(seed & Int64(0xFFFFFFFF)), Uint32((seed >> Int64(32)) & Int64(0xFFFFFFFF))))
+    j = Int32(w & Int64(3))
+    pick = Uint32(cutlass.select_(j == Int32(1), words[1], words[0]))
+    pick = Uint32(cutlass.select_(j == Int32(2), words[2], pick))
+    return Uint32(cutlass.select_(j == Int32(3), words[3], pick))
+
+
+def e2m1_code_sr(b, r, ops=DEVICE):
+    """N7's stochastic rule on the fp32 bits ``b`` (unsigned) with the random byte ``r``: |y|
+    clamped to 6 is u = floor(|y| * 2^9) (integer shifts of its significand), the spacing 2^s
+    half-units (s = 0 below 2, 1 below 4, else 2); k = u >> (8 + s) whole spacings, the 8 bits
+    below them floor(256 f) = (u >> s) & 255; rounded up to k + 1 iff they and r carry
+    (>= 256); (k + up) << s half-units, at most 12 (6.0), to its code; the sign kept, NaN -> 0x7."""
+    U32 = ops.U32
+    a = b & U32(0x7FFFFFFF)
+    a6 = U32(ops.select(a > U32(E2M1_SIX), U32(E2M1_SIX), a))
+    e = a6 >> U32(23)
+    sig = (a6 & U32(0x7FFFFF)) | U32(0x800000)
+    shift = ops.min(U32(141) - ops.min(e, U32(141)), U32(31))  # (141 - e: 2^9 |y| = sig >> shift)
+    u = U32(ops.select(e >= U32(110), sig >> shift, U32(0)))
+    s = U32(ops.select(a6 < U32(E2M1_TWO), U32(0), U32(ops.select(a6 < U32(E2M1_FOUR), U32(1), U32(2)))))
+    k = u >> (s + U32(8))
+    up = U32(ops.select(((u >> s) & U32(255)) + r >= U32(256), U32(1), U32(0)))
+    units = ops.min((k + up) << s, U32(12))
+    code = U32(ops.select(units <= U32(4), units, U32(ops.select(units == U32(6), U32(5),
+                                                                  U32(ops.select(units == U32(8), U32(6), U32(7)))))))
+    code = code | ((b >> U32(28)) & U32(8))
+    return U32(ops.select(a > U32(0x7F800000), U32(7), code))
+
+
+def e2m1x8_sr(vals, rand):
+    """Eight scaled fp32 values as one word of E2M1 codes (e2m1x8's order) by the stochastic rule,
+    value k taking byte k % 4 of ``rand[k // 4]`` (two random words, fp4.random_bytes' order)."""
+    word = Uint32(0)
+    for k in range(8):
+        r = (rand[k // 4] >> Uint32(8 * (k % 4))) & Uint32(0xFF)
+        word = word | (e2m1_code_sr(vals[k].bitcast(Uint32), r) << Uint32(4 * k))
     return word
 
 

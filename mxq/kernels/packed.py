@@ -86,7 +86,8 @@ class PackedKernel:
     @cute.kernel
     def packed_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
                       dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr,
-                      use_pdl: cutlass.Constexpr, unaligned: cutlass.Constexpr, rows8: cutlass.Constexpr = False):
+                      use_pdl: cutlass.Constexpr, unaligned: cutlass.Constexpr, rows8: cutlass.Constexpr = False,
+                      rng=None):
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # any N and alignment: rows through unaligned.py
@@ -108,7 +109,7 @@ class PackedKernel:
         PERIOD = cutlass.const_expr(ua.plans_per_thread(PK_ROWS, RSTEP))  # row i takes plan i % PERIOD
         TILE_ROWS, TILE_COLS = tile(cfg, GROUPED, UNALIGNED)
         DIVBY = cutlass.const_expr(1 if UNALIGNED else VEC)  # what N is a multiple of
-        RS_BLOCKS = cutlass.const_expr(TILE_COLS // 32)  # row-scale blocks per tile row
+        RS_BLOCKS = cutlass.const_expr(TILE_COLS // cfg.fmt.block[1])  # row-scale blocks per tile row
         if cutlass.const_expr(use_pdl):
             cute.arch.griddepcontrol_launch_dependents()  # dbias_kernel may start; it waits for this grid to finish
         tidx, _, _ = cute.arch.thread_idx()
@@ -179,7 +180,8 @@ class PackedKernel:
                 tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, codec.data_cols(cfg.fmt, VEC)), trow,
                                        rbase, g, GROUPED)
             nbr = (NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
-        if cutlass.const_expr(cfg.colwise and PASSES == 1 and not cfg.transposed):  # (transposed: store_transposed)
+        if cutlass.const_expr(cfg.colwise and PASSES == 1 and not cfg.transposed and not cfg.fmt.packed):
+            # (transposed: store_transposed; FP4: store_fp4_columns)
             tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
         # Each phase call gets its own records (Fields.rec) of this body's values: a record shared
         # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
@@ -224,16 +226,21 @@ class PackedKernel:
             owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
             if cutlass.const_expr(cfg.col_reduce):
                 self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
-            sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv}), io.rec(), sr)
-            if cutlass.const_expr(UNALIGNED):
-                self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
-                                                     Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
-            elif cutlass.const_expr(cfg.transposed):
-                self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr},
-                                                               tRow=tRow if cfg.rowwise else None), io.rec(), words, sr, sc)
-            else:
-                self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow if cfg.rowwise else None,
-                                                tCol=tCol if cfg.colwise else None).rec(), words, sr, sc)
+            if cutlass.const_expr(cfg.rowwise or cfg.colwise):  # (else NVFP4's amax pass: the owners' amax alone)
+                sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv, "max": sMax}), io.rec(), sr)
+                if cutlass.const_expr(UNALIGNED):
+                    self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
+                                                         Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
+                elif cutlass.const_expr(cfg.transposed):
+                    self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr},
+                                                                   tRow=tRow if cfg.rowwise else None),
+                                               io.rec(), words, sr, sc)
+                else:
+                    self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms,
+                                                    tRow=tRow if cfg.rowwise else None,
+                                                    tCol=tCol if cfg.colwise and not cfg.fmt.packed else None,
+                                                    g=g, N=N, rng=rng, c0=c0, M=M, col_data=col_data).rec(),
+                                    words, sr, sc)
 
     # -- loads -------------------------------------------------------------------------------
     @cute.jit
@@ -408,12 +415,12 @@ class PackedKernel:
 
     # -- scales --------------------------------------------------------------------------------
     def row_scale_phase(self):
-        """The row-scale phase of the config's format: row_scales for 1x32 blocks (4 lanes),
+        """The row-scale phase of the config's format: row_scales for 1x32 and 1x16 blocks (4, 2 lanes),
         row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes); none for 128x128
         tiles (their scales come from the column owners: block_multipliers)."""
         if self.cfg.tiles:
             return self.no_row_scales
-        return self.row_scales if self.cfg.fmt.block[1] == 32 else self.row_block_scales
+        return self.row_scales if self.cfg.fmt.block[1] <= 32 else self.row_block_scales
 
     def no_row_scales(self, k, t, io, absw):
         """128x128 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
@@ -421,46 +428,54 @@ class PackedKernel:
 
     @cute.jit
     def row_scales(self, k, t, io, absw):
-        """The rows' scales, stored, and the inverse scale of each of the thread's rows. A row's
-        32-column block is the 4 adjacent lanes q = lane % 4. Their partial maxima are
-        reduce-scattered (two butterfly stages), so that lane q finishes rows q * PK_ROWS / 4 ..
-        and computes their scales alone, then every lane fetches the PK_ROWS inverse scales it
-        needs: PK_ROWS shuffles instead of PK_ROWS scale computations."""
+        """The rows' scales, stored, and the multiplier of each of the thread's rows. A row's
+        block is the LANES = 4 (1x32) or 2 (NVFP4's 1x16) adjacent lanes q = lane % LANES. Their
+        partial maxima are reduce-scattered (one butterfly stage per halving, offsets LANES / 2
+        down to 1), so that lane q finishes rows q * PK_ROWS / LANES .. and computes their
+        scales alone, then every lane fetches the PK_ROWS multipliers it needs: PK_ROWS shuffles
+        instead of PK_ROWS scale computations. NaN-dropping maxima where the format says
+        (codec.block_amax_nan); NVFP4 reads its per-tensor scale first (codec.global_scales)."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
-        HALF = cutlass.const_expr(k.PK_ROWS // 2)
-        QUARTER = cutlass.const_expr(k.PK_ROWS // 4)
+        NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
+        LANES = cutlass.const_expr(codec.block_lanes(cfg.fmt, VEC))
+        SHARE = cutlass.const_expr(k.PK_ROWS // LANES)  # rows each lane finishes
+        B = cutlass.const_expr(cfg.fmt.block[1])
         lane = t.lane
-        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16), dev.pk_max(a[2], a[3], is_bf16), is_bf16) for a in absw]
-        hi2 = (lane & 2) != 0
-        rs = [dev.pk_max_shuffled(rp[m], rp[HALF + m], 2, hi2, is_bf16) for m in range(HALF)]
+        glob = codec.global_scales(cfg.fmt, io.amax)
+        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, NAN), dev.pk_max(a[2], a[3], is_bf16, NAN), is_bf16, NAN)
+              for a in absw]
+        for st in cutlass.range_constexpr(LANES.bit_length() - 2):  # offsets LANES / 2, ..., 2
+            bfly = LANES >> (st + 1)
+            h = len(rp) // 2
+            rp = [dev.pk_max_shuffled(rp[m], rp[h + m], bfly, (lane & bfly) != 0, is_bf16, NAN) for m in range(h)]
         hi1 = (lane & 1) != 0
-        qrow = (lane % 4) * QUARTER  # first row this lane finishes
-        grp_ok = t.c0 - (lane % 4) * VEC < io.N  # the block's first lane has valid columns
-        si = []  # inverse scales of the rows this lane finished
-        for m in cutlass.range_constexpr(QUARTER):
-            rq = dev.pk_max_shuffled(rs[m], rs[QUARTER + m], 1, hi1, is_bf16)
-            er = codec.block_scale(cfg.fmt, dev.pk_amax(rq, is_bf16), k.use_hw_e8m0)
-            si.append(dev.inv_scale(er))
+        qrow = (lane % LANES) * SHARE  # first row this lane finishes
+        grp_ok = t.c0 - (lane % LANES) * VEC < io.N  # the block's first lane has valid columns
+        si = []  # multipliers of the rows this lane finished
+        for m in cutlass.range_constexpr(SHARE):
+            rq = dev.pk_max_shuffled(rp[m], rp[SHARE + m], 1, hi1, is_bf16, NAN)  # (the last stage, offset 1)
+            er = codec.block_scale(cfg.fmt, dev.pk_amax(rq, is_bf16, NAN), k.use_hw_e8m0, glob=glob)
+            si.append(codec.multiplier(cfg.fmt, er, glob))
             if cutlass.const_expr(k.WIDE):
-                t.smem["rs"][t.rbase - t.rb * k.TILE_ROWS + qrow + m, t.g // 4 - t.cb * k.RS_BLOCKS] = Uint8(er)
+                t.smem["rs"][t.rbase - t.rb * k.TILE_ROWS + qrow + m, t.g // LANES - t.cb * k.RS_BLOCKS] = Uint8(er)
             else:
                 srow_i = t.rbase + qrow + m  # the thread's row qrow + m (two forms, so the aligned
                 if cutlass.const_expr(k.RSTEP > 1):  # kernel keeps its own simpler index)
                     srow_i = t.rbase + (qrow + m) * k.RSTEP
                 if grp_ok and srow_i < t.Ms:
                     if cutlass.const_expr(k.GROUPED):
-                        off = codec.group_row_scale_offset(cfg.fmt, t.gt, srow_i, (t.co + t.c0) // 32, t.nbr)
+                        off = codec.group_row_scale_offset(cfg.fmt, t.gt, srow_i, (t.co + t.c0) // B, t.nbr)
                     elif cutlass.const_expr(cfg.fmt.swizzled):
-                        off = dev.swizzle_offset(srow_i, (t.co + t.c0) // 32, t.nbr)
+                        off = dev.swizzle_offset(srow_i, (t.co + t.c0) // B, t.nbr)
                     else:
-                        off = srow_i * t.nbr + (t.co + t.c0) // 32
+                        off = srow_i * t.nbr + (t.co + t.c0) // B
                     codec.store_row_scale(cfg, io.row_scale, off, er)
         if cutlass.const_expr(k.WIDE):
             cute.arch.sync_threads()
             self.store_gathered_row_scales(k, t, io.row_scale)
-        gl = lane - lane % 4
-        return [cute.arch.shuffle_sync(si[i % QUARTER], gl + i // QUARTER) for i in range(k.PK_ROWS)]
+        gl = lane - lane % LANES
+        return [cute.arch.shuffle_sync(si[i % SHARE], gl + i // SHARE) for i in range(k.PK_ROWS)]
 
     @cute.jit
     def row_block_scales(self, k, t, io, absw):
@@ -588,11 +603,11 @@ class PackedKernel:
             cw = sMax[0, p]
             for w in cutlass.range_constexpr(1, k.WARPS):
                 cw = dev.pk_max(cw, sMax[w, p], is_bf16, codec.column_max_nan(cfg))
-            if cutlass.const_expr(OWN_AMAX):
-                tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16), nan=True)
+            if cutlass.const_expr(OWN_AMAX):  # (NVFP4's amax drops NaN: codec.amax_nan)
+                tm = cute.arch.fmax(tm, dev.pk_amax(cw, is_bf16, codec.amax_nan(cfg.fmt)), nan=codec.amax_nan(cfg.fmt))
             if cutlass.const_expr(cfg.tiles):
                 self.tile_partial(t, dev.pk_amax(cw, is_bf16, False))
-            elif cutlass.const_expr(cfg.colwise):
+            elif cutlass.const_expr(cfg.colwise and not cfg.fmt.packed):  # (FP4: fp4_column_scales)
                 self.column_pair_scales(k, t, io, Ns, p, cw)
         if cutlass.const_expr(OWN_AMAX):
             tm = dev.warp_max(tm)
@@ -647,7 +662,41 @@ class PackedKernel:
             e = self.tile_scales(k, t, io)
             m = codec.multiplier(self.cfg.fmt, e)
             return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
+        if self.cfg.colwise and self.cfg.fmt.packed:
+            return sr, self.fp4_column_scales(k, t, io)
         return sr, (self.column_scales(t) if self.cfg.colwise else None)
+
+    @cute.jit
+    def fp4_column_scales(self, k, t, io):
+        """NVFP4's colwise copy (the transposed values, 16-element blocks along M): the scales of
+        the thread's 8 columns over the 16 rows of its block, from the column maxima the warps
+        holding them left in sMax (16 // PK_ROWS warps; NaN dropped), stored by the block's first
+        warp (compact [N, ceil(M/16)] or its swizzled atoms), and the 8 multipliers."""
+        cfg = self.cfg
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        WPB = cutlass.const_expr(16 // k.PK_ROWS)  # warps per 16-row block
+        glob = codec.global_scales(cfg.fmt, io.amax)
+        w0 = t.warp - t.warp % WPB
+        nbm = (io.M + 15) // 16
+        blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // 16
+        c0 = t.co + (t.cb * 32 + t.lane) * VEC
+        sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+        for j in cutlass.range_constexpr(PKW):
+            cw = t.smem["max"][w0, j * 32 + t.lane]
+            for w in cutlass.range_constexpr(1, WPB):
+                cw = dev.pk_max(cw, t.smem["max"][w0 + w, j * 32 + t.lane], is_bf16, False)
+            lo, hi = dev.pk_unpack(cw, is_bf16)
+            for h in cutlass.range_constexpr(2):
+                e = codec.block_scale(cfg.fmt, cute.arch.fmax(lo if h == 0 else hi, Float32(0.0)), k.use_hw_e8m0,
+                                      glob=glob)
+                sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
+                c = c0 + 2 * j + h
+                if t.warp == w0 and c < io.N and blk * 16 < t.Ms:
+                    off = c * nbm + blk
+                    if cutlass.const_expr(cfg.fmt.swizzled):
+                        off = dev.swizzle_offset(c, blk, nbm)
+                    io.col_scale[off] = Uint8(e)
+        return sc
 
     @cute.jit
     def tile_scales(self, k, t, io):
@@ -680,11 +729,12 @@ class PackedKernel:
         return sc
 
     # -- encode and store ----------------------------------------------------------------------
-    def quantize_row(self, row_words, s_row, sc, is_bf16: bool, use_hw: bool = False):
+    def quantize_row(self, row_words, s_row, sc, is_bf16: bool, use_hw: bool = False, rand=None):
         """One row's FP8 bytes, four per word: (rowwise words, colwise words), each None where the op
         does not write that direction. ``row_words``: its packed values; ``s_row``: its inverse
         row scale; ``sc``: the thread's inverse column scales. FP4 (rowwise only): the row's eight
-        E2M1 codes in one word (``use_hw``: sm_100a's conversion)."""
+        E2M1 codes in one word (``use_hw``: sm_100a's conversion; ``rand``: stochastic rounding's
+        two random words, device.e2m1x8_sr)."""
         cfg = self.cfg
         if cfg.fmt.packed:
             qr = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
@@ -692,7 +742,7 @@ class PackedKernel:
             for j in range(PKW):
                 lo, hi = dev.pk_unpack(row_words[j], is_bf16)
                 vals += [dev.mul_rn(lo, s_row), dev.mul_rn(hi, s_row)]
-            qr[0] = codec.encode8(cfg.fmt, vals, use_hw)
+            qr[0] = codec.encode8(cfg.fmt, vals, use_hw, rand)
             return qr, None
         qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.rowwise else None
         qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.colwise else None
@@ -709,15 +759,47 @@ class PackedKernel:
 
     @cute.jit
     def store_rows(self, k, t, words, sr, sc):
-        """Aligned rows: each row's FP8 words as whole vector stores."""
+        """Aligned rows: each row's FP8 words as whole vector stores. Stochastic rounding (NVFP4):
+        each row's two random words of the thread's 8 columns (device.random_word, words 2g and
+        2g + 1 of the row, direction 0) drawn first."""
         cfg = self.cfg
-        for i in cutlass.range_constexpr(k.PK_ROWS):
-            if t.col_ok and t.rbase + i < t.Ms:
-                qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16, k.use_hw_e8m0)
-                if cutlass.const_expr(cfg.rowwise):
-                    cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
-                if cutlass.const_expr(cfg.colwise):
-                    cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
+        SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
+        if cutlass.const_expr(SR):
+            seed, offset = t.rng[0], t.rng[1]
+        if cutlass.const_expr(cfg.rowwise or not cfg.fmt.packed):
+            for i in cutlass.range_constexpr(k.PK_ROWS):
+                if t.col_ok and t.rbase + i < t.Ms:
+                    rand = None
+                    if cutlass.const_expr(SR):
+                        groups = t.N // 4
+                        rand = [dev.random_word(t.rbase + i, t.g * 2 + h, groups, seed, offset, 0) for h in range(2)]
+                    qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16,
+                                               k.use_hw_e8m0, rand)
+                    if cutlass.const_expr(cfg.rowwise):
+                        cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
+                    if cutlass.const_expr(cfg.colwise and not cfg.fmt.packed):
+                        cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
+        if cutlass.const_expr(cfg.colwise and cfg.fmt.packed):
+            if t.col_ok and t.rbase < t.Ms:
+                for c in cutlass.range_constexpr(VEC):
+                    rand = None
+                    if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
+                        rand = [dev.random_word(t.c0 + c, t.rbase // 4 + h, t.M // 4, seed, offset, 1)
+                                for h in range(2)]
+                    self.store_fp4_column(k, t, words, sc, c, rand)
+
+    def store_fp4_column(self, k, t, words, sc, c: int, rand):
+        """NVFP4's transposed colwise copy [N, M/2]: column c's PK_ROWS (8) codes of the thread's
+        rows as one word at byte rbase / 2 of output row c0 + c (row 2j's code in the low nibble
+        of byte j: e2m1x8's order); M % 16 == 0, so a thread's rows are all in or all past M
+        (limits.fp4_unserved)."""
+        vals = []
+        for i in range(k.PK_ROWS):
+            lo, hi = dev.pk_unpack(words[i][c // 2], k.is_bf16)
+            vals.append(dev.mul_rn(lo if c % 2 == 0 else hi, sc[c]))
+        q = codec.encode8(self.cfg.fmt, vals, k.use_hw_e8m0, rand)
+        addr = t.col_data.iterator.toint() + Int64(t.c0 + c) * Int64(t.M // 2) + Int64(t.rbase // 2)
+        cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[addr, q])
 
     # -- the transposed colwise copy (FP8 block scaling's GEMM-ready layout, KernelConfig.transposed) --
     @cute.jit

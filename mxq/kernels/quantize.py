@@ -15,7 +15,12 @@ launchers (one per variant) call ``Quantize.launch`` while they trace:
   dbias compiles its packed kernel at 8 and at 4 warps, and the launcher picks one by the
   parity of the input's row stride (KernelConfig.rows8_warps, ``launch_packed_by_parity``);
 - with ``group_ends`` (a grouped call, group_offsets) the same kernels take the groups'
-  colwise blocks as their row tiles (grouped.py).
+  colwise blocks as their row tiles (grouped.py);
+- NVFP4 (a per-tensor amax before any block is quantized, KernelConfig.global_passes): variant
+  "vec" launches two aligned kernels (packed or vectorised) on the stream with no host sync,
+  the amax pass (the op's values, their NaN-dropping amax into the amax slot) and the quantize
+  pass (which reads it); variant "vec_given" the quantize pass alone, for a call whose amax is
+  given (global_amax=, copied into the amax slot by the launcher).
 
 Around the quantize kernel, ops with amax zero it first (reduce.amax_init_kernel) and ops with
 dbias reduce the per-CTA partial sums afterwards (reduce.dbias_kernel, launched early with
@@ -39,7 +44,7 @@ from .reduce import amax_init_kernel, dbias_grid, dbias_groups_grid, dbias_group
 from .vectorized import VectorizedKernel
 from .vectorized import grid as vec_grid
 
-VARIANTS = ("vec", "generic", "rows8")
+VARIANTS = ("vec", "generic", "rows8", "vec_given")
 
 
 class Quantize:
@@ -49,16 +54,34 @@ class Quantize:
         self.packed = PackedKernel(cfg, self.op)
         self.vectorized = VectorizedKernel(cfg, self.op)
         self.generic = GenericKernel(cfg, self.op)
+        passes = cfg.global_passes()
+        self.passes = None if passes is None else tuple(Quantize(c, epilogue, act, dact) for c in passes)
 
     def launch(self, variant: str, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale,
-               amax, dbias, dbias_ws, noop, group_ends, use_hw_e8m0: bool, use_pdl: bool, stream):
+               amax, dbias, dbias_ws, noop, group_ends, rng, use_hw_e8m0: bool, use_pdl: bool, stream):
         """Launch the op's kernels (called while a generated @cute.jit launcher traces).
 
         Slots the config does not use are None; ``ins`` and ``scalars`` are the epilogue's tensor
         and float parameters in order. M and N are the first input's (symbolic) shape.
         ``group_ends``: None, or a grouped call's int32 group ends (then the grid has
-        grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N])."""
+        grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N]). ``rng``: NVFP4's
+        stochastic rounding's int64 [seed, offset] (the packed kernel reads it), else None."""
         cfg = self.cfg
+        if self.passes is not None:  # NVFP4: the amax pass (unless the amax is given), then the quantize pass
+            if variant not in ("vec", "vec_given"):  # (limits.fp4_unserved keeps such calls on the reference)
+                raise NotImplementedError("mxq: NVFP4 is served by the aligned kernels alone (variant 'vec')")
+            if variant == "vec":
+                self.passes[0].launch("vec", ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax,
+                                      dbias, dbias_ws, noop, group_ends, None, use_hw_e8m0, use_pdl, stream)
+            self.passes[1].launch("vec", ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias,
+                                  dbias_ws, noop, group_ends, rng, use_hw_e8m0, use_pdl, stream)
+            return
+        if cfg.fmt.rounding == "sr" and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
+            raise NotImplementedError("mxq: stochastic rounding is served by the packed kernel alone (16-bit inputs)")
+        if cfg.fmt.packed and cfg.colwise and (ins[0].element_type.width != 16 or cfg.dbias
+                                               or cfg.tile_rows // cfg.packed_warps() != 8):
+            raise NotImplementedError("mxq: NVFP4's colwise copy is served by the packed kernel's 8-row threads alone "
+                                      "(16-bit inputs, no dbias)")
         if cfg.tile_rows != ROWS and (ins[0].element_type.width != 16 or group_ends is not None or cfg.halves
                                       or (cfg.transposed and variant != "vec")):
             # (limits.fp8_block_unserved keeps such calls on the reference)
@@ -79,7 +102,7 @@ class Quantize:
         if ins[0].element_type.width == 16:
             twins = self.rows8_twins() if variant == "rows8" and G is None else None
             if twins is None:
-                self.launch_packed(variant, args, M, N, G, use_pdl, stream)
+                self.launch_packed(variant, args, M, N, G, use_pdl, stream, rng)
             else:
                 # (a plain cast's rows8 kernel at the warps its input's row stride runs fastest with)
                 self.launch_packed_by_parity(twins, ins[0].layout.stride[0], args, M, N, use_pdl, stream)
@@ -96,13 +119,14 @@ class Quantize:
             dargs = (dbias_ws, dbias, noop, group_ends, cute.ceil_div(M, cfg.tile_rows), M, NO)
             self.launch_dbias_by_rows(dargs, M, G, grid, block, use_pdl and cfg.pdl, stream)
 
-    def launch_packed(self, variant: str, args, M, N, G, use_pdl: bool, stream):
-        """The packed kernel (16-bit inputs) of ``variant`` with this config's warps."""
+    def launch_packed(self, variant: str, args, M, N, G, use_pdl: bool, stream, rng=None):
+        """The packed kernel (16-bit inputs) of ``variant`` with this config's warps (``rng``:
+        stochastic rounding's seed and offset, or None)."""
         cfg = self.cfg
         unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
         grid, block = packed_grid(cfg, M, N, G, unaligned)
         cap = cfg.rows8_min_blocks if variant == "rows8" else cfg.min_blocks  # (Tuning's register caps)
-        self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
+        self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8", rng).launch(
             grid=grid, block=block, stream=stream, **register_cap(cap))
 
     def rows8_twins(self):

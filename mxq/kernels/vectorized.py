@@ -141,6 +141,7 @@ class VectorizedKernel:
         if noop[0] != Float32(1.0):
             vals = cute.make_rmem_tensor(cute.make_layout(VROWS * VEC), Float32)
             cmax, dsum = self.column_partials(dbias_ws)
+            glob = codec.global_scales(cfg.fmt, amax) if cfg.rowwise else None  # (NVFP4's, codec.py)
             for i in cutlass.range_constexpr(VROWS):
                 row_ok = col_ok and rbase + i < row_end
                 if cutlass.const_expr(len(STAGED) > 0):
@@ -149,7 +150,7 @@ class VectorizedKernel:
                 if cutlass.const_expr(cfg.rowwise):
                     if cutlass.const_expr(UNALIGNED and i == 0):
                         out_row = ua.row_base(row_data, rbase, c0)  # (unaligned: row i's units at row_at(out_row, i))
-                    er, sr = self.row_scale(vals, i, use_hw_e8m0, codec.input_max(ins[0].element_type))
+                    er, sr = self.row_scale(vals, i, use_hw_e8m0, codec.input_max(ins[0].element_type), glob)
                     self.store_row(rec(k), rec(at, co=co, nbr=nbr, gt=gt, whole=whole, part=part, M=M), i, row_ok, vals,
                                    er, sr, out_row if UNALIGNED else None, tRow, row_scale)
             if cutlass.const_expr(cfg.col_reduce):
@@ -324,14 +325,15 @@ class VectorizedKernel:
                 dsum[c] = dsum[c] + v.to(Float64)
             v = self.op.round_to_input(v, in_type)
             vals[i * VEC + c] = v
-            if cfg.col_reduce:
-                cmax[c] = cute.arch.fmax(cmax[c], cute.math.abs(v), nan=True)
+            if cfg.col_reduce:  # (NaN-dropping for NVFP4's amax: codec.amax_nan)
+                cmax[c] = cute.arch.fmax(cmax[c], cute.math.abs(v), nan=codec.amax_nan(cfg.fmt))
 
     # -- rowwise -------------------------------------------------------------------------------
-    def row_scale(self, vals, i: int, use_hw_e8m0, in_max: float):
-        """Row i's block scale and its multiplier: the block is adjacent lanes (4 for 32 columns,
-        16 for 128; codec.block_lanes), NaN-dropping where the format says (codec.block_amax_nan).
-        ``in_max``: the input type's largest finite value (codec.block_scale)."""
+    def row_scale(self, vals, i: int, use_hw_e8m0, in_max: float, glob=None):
+        """Row i's block scale and its multiplier: the block is adjacent lanes (2 for 16 columns,
+        4 for 32, 16 for 128; codec.block_lanes), NaN-dropping where the format says
+        (codec.block_amax_nan). ``in_max``: the input type's largest finite value; ``glob``:
+        NVFP4's per-tensor values (codec.block_scale, codec.global_scales)."""
         fmt = self.cfg.fmt
         nan = codec.block_amax_nan(fmt)
         ramax = Float32(0.0)
@@ -339,8 +341,8 @@ class VectorizedKernel:
             ramax = cute.arch.fmax(ramax, cute.math.abs(vals[i * VEC + c]), nan=nan)
         for st in range(codec.block_lanes(fmt, VEC).bit_length() - 1):
             ramax = cute.arch.fmax(ramax, cute.arch.shuffle_sync_bfly(ramax, offset=1 << st), nan=nan)
-        er = codec.block_scale(fmt, ramax, use_hw_e8m0, in_max)
-        return er, codec.multiplier(fmt, er)
+        er = codec.block_scale(fmt, ramax, use_hw_e8m0, in_max, glob)
+        return er, codec.multiplier(fmt, er, glob)
 
     @cute.jit
     def store_row(self, k, t, i: cutlass.Constexpr, row_ok, vals, er, sr, out_row, tRow, row_scale):
@@ -376,7 +378,7 @@ class VectorizedKernel:
         if cfg.fmt.layout == "gemm":
             return codec.row_scale_offset(cfg.fmt, r, (t.co + t.c0) // cfg.fmt.block[1], t.nbr, t.M)
         if cfg.fmt.swizzled:
-            return dev.swizzle_offset(r, (t.co + t.c0) // 32, t.nbr)
+            return dev.swizzle_offset(r, (t.co + t.c0) // cfg.fmt.block[1], t.nbr)
         return r * t.nbr + (t.co + t.c0) // cfg.fmt.block[1]  # (this order of operations: MXFP8's PTX)
 
     # -- colwise -------------------------------------------------------------------------------
@@ -403,9 +405,9 @@ class VectorizedKernel:
             c = t.cb * VCOLS + (p % 32) * VEC + p // 32
             m = sMax[0, p]
             for w in cutlass.range_constexpr(1, k.WARPS):
-                m = cute.arch.fmax(m, sMax[w, p], nan=True)
+                m = cute.arch.fmax(m, sMax[w, p], nan=codec.amax_nan(cfg.fmt))
             if cutlass.const_expr(cfg.amax):
-                tm = cute.arch.fmax(tm, m, nan=True)
+                tm = cute.arch.fmax(tm, m, nan=codec.amax_nan(cfg.fmt))
             if cutlass.const_expr(cfg.colwise):
                 e = codec.block_scale(cfg.fmt, m, k.use_hw_e8m0)
                 sInv[p] = dev.inv_scale(e)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..formats.numerics import dbias_partial_dtype
 from ..frontend import gated
-from ..frontend.codegen import LAUNCHERS
+from ..frontend.codegen import GIVEN_AMAX_LAUNCHERS, LAUNCHERS
 from ..frontend.spec import DTYPES
 from . import cache, slots, targets, toolchain
 
@@ -130,7 +130,8 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "act_input": lambda: mat(el, big or nbytes),
         "rowwise_data": lambda: mat(Uint8, big or 1, cols=fp4_cols() if fmt.packed else n_out),
         "rowwise_scale": flat_scale,
-        "colwise_data": lambda: (mat(Uint8, 1, rows=n_out, cols=m) if transposed  # (the GEMM-ready [N, M] copy)
+        "colwise_data": lambda: (mat(Uint8, 4, rows=n_out, cols=cute.sym_int(divisibility=4)) if fmt.packed
+                                 else mat(Uint8, 1, rows=n_out, cols=m) if transposed  # (the GEMM-ready [N, M] copy)
                                  else mat(Uint8, big or 1, cols=n_out)),
         "colwise_scale": flat_scale,
         "amax": f32_one,
@@ -139,6 +140,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         "dbias_workspace": lambda: mat({4: cutlass.Float32, 8: cutlass.Float64}[ws_bytes], ws_bytes,
                                        rows=cute.sym_int(), cols=n_out),
         "noop": f32_one,
+        "rng": lambda: fake(cutlass.Int64, (2,), assumed_align=8),
         "group_offsets": lambda: fake(cutlass.Int32, (cute.sym_int(),), assumed_align=4),
     }
     table = slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), grouped)
@@ -156,8 +158,9 @@ VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
 # tensors), the any-shape ones (16-bit: unaligned rows; fp32: element-wise), "rows8" (any shape
 # whose FP8 output rows start on 8-byte boundaries: padded outputs, launch.variant_for; fp32: the
 # vectorised kernel with staged rows, KernelConfig.vec_unaligned),
-# and the grouped twins of the first two (group_offsets): codegen.LAUNCHERS, the template's list
-VARIANTS = {variant + ("_grouped" if grouped else ""): fn for fn, variant, grouped in LAUNCHERS}
+# and the grouped twins of the first two (group_offsets): codegen.LAUNCHERS, the template's list;
+# NVFP4 modules also have "vec_given" (the quantize pass alone: codegen.GIVEN_AMAX_LAUNCHERS)
+VARIANTS = {variant + ("_grouped" if grouped else ""): fn for fn, variant, grouped in LAUNCHERS + GIVEN_AMAX_LAUNCHERS}
 
 
 def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec", layouts=None,

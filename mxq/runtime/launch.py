@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import groups
+from ..formats import fp4, groups
 from ..formats.numerics import dbias_partial_dtype
 from ..frontend import gated
 from ..kernels.config import UNIT
@@ -151,7 +151,8 @@ class Launcher:
                 for t, kind in zip(sources, kinds)]
         row_data = _as_u8_2d(out.rowwise_data, m, n_out // 2 if spec.is_fp4 else n_out) if spec.rowwise else None
         transposed = spec.colwise and spec.scale_layout == "gemm"  # (FP8 block scaling's [N, M] copy)
-        col_data = _as_u8_2d(out.colwise_data, *((n_out, m) if transposed else (m, n_out))) if spec.colwise else None
+        col_shape = (n_out, m // 2) if spec.is_fp4 else (n_out, m) if transposed else (m, n_out)  # (FP4: [N, M/2])
+        col_data = _as_u8_2d(out.colwise_data, *col_shape) if spec.colwise else None
         operand = {
             "act_input": lambda: mats[-1],
             "rowwise_data": lambda: row_data,
@@ -164,6 +165,7 @@ class Launcher:
                                                     n_out), dtype=dbias_partial_dtype(x.dtype), device=x.device),
             "noop": lambda: noop.reshape(1) if noop is not None else noop_tensor(x.device),
             "group_offsets": lambda: group_offsets.to(torch.int32).contiguous(),
+            "rng": lambda: rng_tensor(call.fp4, x.device),
         }
         args = []
         for slot in slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), grouped):
@@ -174,12 +176,16 @@ class Launcher:
             else:
                 args.append(operand[slot.role]())
         key = tuple(kinds[:len(tensors)]) if operand_kinds else None
+        given = call.fp4.global_amax if call.fp4 is not None else None
         if spec.is_fp4:
-            variant = fp4_variant(n, mats, kinds, row_data)
+            variant = fp4_variant(n, mats, kinds, row_data) + ("_given" if given is not None else "")
         else:
             # (the transposed copy's rows are the kernel's own concern: store_transposed checks their alignment)
             variant = variant_for(n, n_out, mats, kinds, (row_data, None if transposed else col_data), grouped)
-        return (self._fn(variant, key) if m * n else None), args, out
+        fn = self._fn(variant, key) if m * n else None
+        if given is not None:
+            fn = given_amax_first(fn, out.amax, given, noop)
+        return fn, args, out
 
     def _dispatch_into(self, call):
         """A call into ``call.out`` through the destination-passing dispatcher (a noop call
@@ -244,13 +250,44 @@ def fp4_variant(n: int, mats, kinds, row_data) -> str:
     """The compiled variant of an FP4 call: "vec", the only one with FP4 outputs (N % 8 == 0,
     16-byte aligned operands and data, data rows whole words apart: limits.fp4_unserved keeps
     other calls on the reference); anything else is a ValueError."""
-    wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + [row_data]
+    wide = [t for t, kind in zip(mats, kinds) if kind in ("full", "strided", "row")] + [
+        t for t in (row_data,) if t is not None]
     if (n % VEC_DIVISOR == 0 and all(t.data_ptr() % VEC_ALIGN == 0 for t in wide)
             and all(t.stride(0) % VEC_DIVISOR == 0 for t, kind in zip(mats, kinds) if kind == "strided")
-            and (row_data.shape[0] <= 1 or row_data.stride(0) % (VEC_DIVISOR // 2) == 0)):
+            and (row_data is None or row_data.shape[0] <= 1 or row_data.stride(0) % (VEC_DIVISOR // 2) == 0)):
         return "vec"
     raise ValueError("mxq: an FP4 call needs N % 8 == 0 and 16-byte aligned tensors on the kernels "
                      "(limits.fp4_unserved)")
+
+
+def rng_tensor(args, device) -> torch.Tensor:
+    """NVFP4's stochastic-rounding slot: int64 [seed, offset] on the device (``args``:
+    fp4.CallArgs or None; a seed left None is drawn as the reference draws it, the offset 0; a
+    seed of 2^63 or more as its two's complement, the same 64 bits). A prepared call keeps the
+    values it was bound with."""
+    seed = args.seed if args is not None and args.seed is not None else fp4.default_seed()
+    offset = args.offset if args is not None and args.offset is not None else 0
+    return torch.tensor([seed - (seed >> 63 << 64), offset], dtype=torch.int64, device=device)
+
+
+def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
+    """NVFP4 with a known per-tensor amax (global_amax=, a float or a one-element fp32 tensor on the
+    device): ``fn`` (the quantize pass alone, variant "vec_given"; None for an empty call) run
+    after the amax is written into ``amax`` on the stream (no host sync; unless ``noop`` holds
+    1.0; re-read at every launch of a prepared call, so a tensor changed in place between
+    launches is followed)."""
+    def launch(*args):
+        value = given.reshape(()) if isinstance(given, torch.Tensor) else float(given)
+        if noop is None and isinstance(value, torch.Tensor):
+            amax.copy_(value)
+        elif noop is None:
+            amax.fill_(value)
+        else:
+            amax.copy_(torch.where(noop.reshape(()) == 1.0, amax, value))
+        if fn is not None:
+            fn(*args)
+
+    return launch
 
 
 def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):
@@ -289,6 +326,8 @@ def flat_scale(s: torch.Tensor) -> torch.Tensor:
     """A scale tensor as the kernels' flat buffer: its elements in memory order from its first,
     contiguous or not (the GEMM-ready fp32 scales are a transposed view of a padded buffer,
     mxq/formats/fp8_block_layouts.gemm_scale; validation.check_out holds out='s strides to it)."""
+    if s.dtype == torch.float8_e4m3fn:  # (NVFP4's E4M3 scales: the kernels store bytes)
+        s = s.view(torch.uint8)
     if s.is_contiguous():
         return s.view(-1)
     span = 1 + sum((d - 1) * st for d, st in zip(s.shape, s.stride())) if s.numel() else 0

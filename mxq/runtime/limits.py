@@ -30,7 +30,7 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str 
     [M, 2N] output must not straddle the halves (each half is its own CTAs). FP8 block scaling:
     fp8_block_unserved (``call``: the call's out= and group_offsets)."""
     if spec.format != "mxfp8":
-        why = {"fp8_block": fp8_block_unserved, "mxfp4": fp4_unserved}.get(spec.format)
+        why = {"fp8_block": fp8_block_unserved, "mxfp4": fp4_unserved, "nvfp4": fp4_unserved}.get(spec.format)
         why = why(spec, epilogue, x, call) if why else "has no GPU kernels yet"
         if why:
             return f"format={spec.format!r} {why}; running the torch reference"
@@ -95,11 +95,13 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
 
 
 def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
-    """What of an MXFP4 call the kernels do not serve, or None. They serve rowwise blocks of
-    ungrouped, one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
-    vectorised one for fp32; launch.fp4_variant): N % 8 == 0, every tensor operand and the data
-    16-byte aligned, matrix rows a multiple of 8 elements apart. The colwise copy (transposed),
-    groups, two halves and other shapes or alignments run the reference."""
+    """What of an MXFP4 or NVFP4 call the kernels do not serve, or None. They serve rowwise blocks
+    of ungrouped, one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
+    vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
+    operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart. The
+    colwise copy (transposed; NVFP4's from bf16/fp16 without dbias where M % 8 == 0 is served),
+    NVFP4's block_2d and hadamard, stochastic_rounding from fp32 inputs, groups, two halves and
+    other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
@@ -107,13 +109,28 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with a gated backward (two output halves) has no GPU kernels yet"
     if call is not None and call.group_offsets is not None:
         return "with group_offsets has no GPU kernels yet"
-    if x.dim() == 0 or x.shape[-1] % kconfig.VEC:
-        return f"with N % {kconfig.VEC} != 0 (N = {x.shape[-1] if x.dim() else 1}) has no GPU kernels yet"
+    if spec.stochastic_rounding and x.element_size() != 2:
+        return "with stochastic_rounding=True and fp32 inputs has no GPU kernels yet"
+    if spec.colwise:  # (NVFP4's transposed copy: the packed kernel's 8-row threads, whole words of output rows)
+        m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+        if x.element_size() != 2 or spec.dbias:
+            return "with colwise=True and fp32 inputs or dbias has no GPU kernels yet"
+        if m % kconfig.VEC:
+            return f"with colwise=True and M % {kconfig.VEC} != 0 (M = {m}) has no GPU kernels yet"
+        col = call.out.colwise_data if call is not None and call.out is not None else None
+        if col is not None and (col.data_ptr() % 16 or not col.is_contiguous()):
+            return "with colwise=True into colwise data not contiguous and 16-byte aligned has no GPU kernels yet"
+    mult = NVFP4_N_MULTIPLE if spec.format == "nvfp4" else kconfig.VEC
+    if x.dim() == 0 or x.shape[-1] % mult:
+        return f"with N % {mult} != 0 (N = {x.shape[-1] if x.dim() else 1}) has no GPU kernels yet"
     ins = [x] if call is None else [t for t in (*call.tensors, call.act_input) if isinstance(t, torch.Tensor)]
     data = call.out.rowwise_data if call is not None and call.out is not None else None
     if any(_misaligned(t, kconfig.VEC) for t in ins) or (data is not None and _misaligned(data, kconfig.VEC // 2)):
         return "with tensors not 16-byte aligned or rows not whole 16-byte vectors apart has no GPU kernels yet"
     return None
+
+
+NVFP4_N_MULTIPLE = 16  # NVFP4's kernels serve whole 1x16 blocks
 
 
 def _misaligned(t: torch.Tensor, row_multiple: int) -> bool:

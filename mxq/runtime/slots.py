@@ -31,8 +31,8 @@ DESTINATIONS = ("act_input", *OUTPUTS, "noop")
 
 # The operands Quantize.launch (mxq/kernels/quantize.py) takes after the epilogue's tensors and
 # floats, in order (a slot the spec does not use is passed as None; group_offsets is used by the
-# grouped launchers only).
-LAUNCH_OPERANDS = ("act_input", *OUTPUTS, "dbias_workspace", "noop", "group_offsets")
+# grouped launchers only; rng by NVFP4's stochastic rounding: its seed and offset).
+LAUNCH_OPERANDS = ("act_input", *OUTPUTS, "dbias_workspace", "noop", "group_offsets", "rng")
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ class Slot:
 
     name: str  # the generated launcher's parameter name
     role: str  # "input" | "scalar" | "act_input" | an OUTPUTS field | "dbias_workspace" | "noop" | "group_offsets"
+    # | "rng"
     index: int = 0  # position among the epilogue's tensors / floats
     doc: str = ""  # shape and dtype, for the AOT header
 
@@ -63,6 +64,8 @@ def uses(spec, role: str) -> bool:
         return spec.amax
     if role == "noop":
         return True
+    if role == "rng":
+        return spec.stochastic_rounding
     if role == "group_offsets":
         return False  # a call-time option: kernel_slots(..., grouped=True) adds it
     raise ValueError(f"mxq: unknown slot role {role!r}")
@@ -124,6 +127,7 @@ def kernel_slots(spec, n_inputs: int, n_scalars: int, grouped: bool = False, n_o
         Slot("mDbias", "dbias", 0, f"dtype[G, {w}]" if grouped else f"dtype[{w}]"),
         Slot("mDbiasWs", "dbias_workspace", 0, f"ws[{ws_rows}, {w}]  (dbias workspace: scratch)"),
         Slot("mNoop", "noop", 0, "float32[1]         (1.0: write nothing)"),
+        Slot("mRng", "rng", 0, "int64[2]           (stochastic rounding: seed, offset)"),
     ]
     if grouped:
         table.append(Slot("mGroupEnds", "group_offsets", 0, "int32[G]           (cumulative group ends)"))

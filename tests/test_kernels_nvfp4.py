@@ -1,0 +1,467 @@
+"""NVFP4 on the kernels: rowwise 1x16 blocks of E2M1 elements (N % 16 == 0, aligned; the packed
+kernel for bf16/fp16, the vectorised one for fp32), two launches with no host sync: the amax
+pass (the op's values, their NaN-dropping amax) and the quantize pass (E4M3 scales under the
+per-tensor scale, mxq/kernels/device.py nvfp4_global / nvfp4_scale / nvfp4_multiplier); with
+``global_amax=`` the quantize pass alone (variant "vec_given"); stochastic rounding from 16-bit
+inputs (Philox words per row, device.e2m1_code_sr). Everything else runs the reference
+(limits.fp4_unserved).
+
+CPU: what is served; the device expressions of the scales, Philox and the stochastic rule run on
+torch tensors and ints against mxq/formats/fp4.py; the compiled passes per arch (sm_90a: the
+integer E2M1 encode; sm_100a: cvt.rn.satfinite.e2m1x2.f32). GPU (marked gpu): every dtype,
+layout and shape class against the torch reference byte for byte (data, scales, amax), planted
+NaN/inf/ties/saturating values, zero blocks, subnormal scales, amax 0, a given amax (float,
+tensor, under noop), fused ops, stochastic rounding's bytes, prepare() under a CUDA graph, and a
+case against the oracle of tests/oracle_fp4.py.
+"""
+
+import struct
+
+import pytest
+import torch
+
+import mxq
+from mxq.kernels import device as dev
+from mxq.runtime import compiler, limits
+from mxq.testing import planted, poisoned, same_bytes
+
+from . import oracle_fp4 as oracle
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+FIELDS = ("rowwise_data", "rowwise_scale", "amax", "dbias")
+
+
+def ident(x):
+    return x
+
+
+def scaled_shift(x, b, s: float = 1.5):
+    return x * s + b
+
+
+# -- what is served ------------------------------------------------------------------------------
+def _unserved(op, x, call=None):
+    return limits.unserved(op.spec, op.epilogue, x, lambda: None, call)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()))
+@pytest.mark.parametrize("opts", [dict(), dict(scale_layout="swizzled"), dict(act="gelu"),
+                                  dict(dact="relu", dbias=True), dict(stochastic_rounding=True),
+                                  dict(colwise=True), dict(colwise=True, rowwise=False, stochastic_rounding=True)])
+def test_served_calls(dtype, opts):
+    op = mxq.fused_quant(format="nvfp4", **opts)(ident)
+    for n in (16, 48, 208, 4096):
+        why = _unserved(op, torch.zeros(24, n, dtype=dtype))
+        if opts.get("stochastic_rounding") and dtype is torch.float32:
+            assert "stochastic_rounding" in why and "fp32" in why
+        elif opts.get("colwise") and dtype is torch.float32:
+            assert "colwise" in why and "fp32" in why
+        else:
+            assert why is None
+
+
+def test_source_has_the_given_amax_launcher():
+    src = mxq.fused_quant(format="nvfp4")(ident).source
+    assert "def launch_vec_given(" in src and '"vec_given"' in src
+    assert "launch_vec_given" not in mxq.fused_quant(format="mxfp4")(ident).source
+
+
+class TORCH:
+    """device.NV_DEVICE's operations on torch tensors: fp32 0-d or 1-d values (IEEE fp32
+    arithmetic, one rounding each, as div.rn / mul.rn), int64 ones holding uint32 values, and
+    the E4M3 conversion as cvt.rn.satfinite does it (RNE, saturating at 448)."""
+
+    @staticmethod
+    def U32(v):
+        return v & 0xFFFFFFFF if isinstance(v, torch.Tensor) else torch.tensor(int(v) & 0xFFFFFFFF)
+
+    @staticmethod
+    def F32(v):
+        return v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float32)
+
+    div = staticmethod(torch.div)
+    mul = staticmethod(torch.mul)
+    select = staticmethod(torch.where)
+
+    @staticmethod
+    def e4m3(x):
+        return x.clamp(max=448.0).to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)
+
+    @staticmethod
+    def f32_bits(b):
+        return b.to(torch.int32).view(torch.float32)
+
+    @staticmethod
+    def small_int_f32(u):
+        return u.to(torch.float32)
+
+
+def _amaxes(g):
+    """fp32 magnitudes of every kind the scales meet: 0, fp32 subnormals, E4M3's subnormal and
+    zero-scale ranges, ordinary values, the largest finite, inf; plus random bit patterns."""
+    pts = [0.0, 1e-45, 1e-40, 2.0 ** -126, 1e-10, 2.0 ** -10, 0.005, 0.03, 0.1, 1.0, 5.25, 6.0, 6.3, 448.0,
+           2688.0, 3000.0, 1e20, 3.4028234663852886e38, float("inf")]
+    rnd = torch.randint(0, 0x7F800000, (3000,), generator=g, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    return torch.cat([torch.tensor(pts), rnd])
+
+
+def test_scale_expressions_equal_the_reference():
+    """device.nvfp4_global / nvfp4_scale / nvfp4_multiplier, the very expressions the kernels
+    trace, on fp32 tensors (TORCH) against mxq/formats/fp4.py's steps N2, N4 and N5, for every
+    pair of a global and a block amax drawn from _amaxes (block <= global, as in a tensor)."""
+    from mxq.formats import fp4
+
+    g = torch.Generator().manual_seed(41)
+    ga = _amaxes(g)
+    for gv in ga.tolist()[::7] + [0.0, 2688.0, float("inf"), 1e-40]:
+        gt = torch.tensor(gv, dtype=torch.float32)
+        sf, s_dec = dev.nvfp4_global(gt, ops=TORCH)
+        s_enc = fp4.global_encode_scale(gt)
+        assert torch.equal(s_dec, 1 / s_enc)
+        blocks = ga[ga <= gv] if gv > 0 else torch.zeros(1)
+        e = dev.nvfp4_scale(blocks, sf, ops=TORCH)
+        want = fp4.block_scale(blocks, s_enc)
+        assert torch.equal(e, want.view(torch.uint8).to(torch.int64)), gv
+        assert torch.equal(dev.nvfp4_multiplier(e, s_dec, ops=TORCH), fp4.block_multiplier(want, s_enc)), gv
+
+
+def test_e4m3_decode_of_every_scale_byte():
+    """device.e4m3_value_bits (normal bytes; the kernels' subnormal ones are mantissa * 2^-9) equal
+    to torch's float8_e4m3fn decode and the oracle's, for every byte a scale can take (0..126)."""
+    want = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float().tolist()
+    for e in range(127):
+        if e >= 8:
+            got = struct.unpack("<f", struct.pack("<I", dev.e4m3_value_bits(e, ops=dev.HOST)))[0]
+        else:
+            got = (e & 7) * dev.E4M3_SUBNORMAL_QUANTUM
+        assert got == want[e] == float(oracle.e4m3_value(e)), e
+
+
+def test_given_amax_and_rng_operands():
+    """launch.given_amax_first writes the given amax (float or tensor) before the quantize pass,
+    nothing under noop; launch.rng_tensor holds seed and offset as int64, a seed >= 2^63 as the
+    same 64 bits."""
+    from mxq.formats import fp4
+    from mxq.runtime import launch
+
+    ran = []
+    amax = torch.zeros(())
+    launch.given_amax_first(lambda *a: ran.append(a), amax, 7.5)(1, 2)
+    assert amax.item() == 7.5 and ran == [(1, 2)]
+    launch.given_amax_first(None, amax, torch.tensor([3.0]))()
+    assert amax.item() == 3.0
+    launch.given_amax_first(None, amax, 9.0, torch.ones(1))()
+    assert amax.item() == 3.0
+    launch.given_amax_first(None, amax, 9.0, torch.zeros(1))()
+    assert amax.item() == 9.0
+    r = launch.rng_tensor(fp4.CallArgs(seed=2 ** 64 - 5, offset=2 ** 40), "cpu")
+    assert r.dtype == torch.int64 and r.tolist() == [-5, 2 ** 40]
+    assert launch.rng_tensor(None, "cpu")[1].item() == 0
+
+
+# -- compiled code ---------------------------------------------------------------------------------
+def _ptx(op, arch, dtype, variant="vec"):
+    return compiler.compile_op(op, arch, dtype, keep_ptx=True, variant=variant).__ptx__
+
+
+@pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "compact"), ("sm_100a", "fp16", "swizzled"),
+                                                 ("sm_90a", "fp32", "swizzled")])
+def test_two_passes_compile_per_arch(arch, dtype, layout):
+    op = mxq.fused_quant(format="nvfp4", scale_layout=layout)(ident)
+    ptx = _ptx(op, arch, dtype)
+    assert f".target {arch}" in ptx
+    # amax zeroed, the amax pass (one atomic max per owner warp), the quantize pass
+    assert ptx.count(".entry") == 3 and ptx.count("atom.global.max") == 1
+    assert "max.NaN.bf16x2" not in ptx and "max.NaN.f16x2" not in ptx  # (NaN enters no packed maximum)
+    assert "0f45280000" in ptx and "0f3E2AAAAB" in ptx  # S_enc = 2688 / amax; S_enc * fp32(1/6)
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx  # the E4M3 scales
+    cvts = ptx.count("cvt.rn.satfinite.e2m1x2.f32")
+    if arch == "sm_100a":
+        assert cvts > 0 and cvts % 4 == 0
+    else:  # no FP4 conversion on Hopper: the integer encode
+        assert cvts == 0 and "2097151" in ptx
+    given = _ptx(op, arch, dtype, "vec_given")  # the quantize pass alone
+    assert given.count(".entry") == 1 and "atom.global" not in given and "0f45280000" in given
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
+    """Philox's rounds (two random words per row of 8 values: 20 mul.hi each) and the integer
+    stochastic rule on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell)."""
+    op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident)
+    ptx = _ptx(op, arch, "bf16")
+    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") % 20 == 0 and ptx.count("mul.hi.u32") > 0
+    assert "-766435501" in ptx or "3528531795" in ptx  # (Philox's first multiplier, 0xD2511F53)
+    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx
+
+
+@pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
+def test_colwise_copy_compiles(arch, dtype, layout):
+    """The transposed copy: 16-row tiles of two 8-row warps, each thread's 8 columns stored as one
+    word of 8 codes per output row (8 stores, beside the rowwise copy's), 8 column scales."""
+    both = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident), arch, dtype)
+    col = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, rowwise=False, scale_layout=layout)(ident), arch,
+               dtype)
+    assert both.count(".entry") == col.count(".entry") == 3
+    assert col.count("st.global.b32") >= 8 and both.count("st.global.b32") > col.count("st.global.b32")
+    assert col.count("cvt.rn.satfinite.e4m3x2.f32") == 8
+    if arch == "sm_100a":
+        assert col.count("cvt.rn.satfinite.e2m1x2.f32") == 32
+
+
+def test_fused_ops_compile():
+    for op, dtype in ((mxq.fused_quant(format="nvfp4", act="gelu")(ident), "bf16"),
+                      (mxq.fused_quant(format="nvfp4", dact="relu", dbias=True)(ident), "fp32"),
+                      (mxq.fused_quant(format="nvfp4")(scaled_shift), "bf16")):
+        assert "cvt.rn.satfinite.e2m1x2.f32" in _ptx(op, "sm_100a", dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_unaligned_variants_refuse_to_trace(dtype):
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    with pytest.raises(Exception, match="NVFP4"):
+        _ptx(op, "sm_90a", dtype, "generic")
+
+
+# -- on the device -----------------------------------------------------------------------------
+@pytest.fixture
+def strict(monkeypatch):
+    """No fallback: every call here is one the kernels serve (MXQ_STRICT=1 raises otherwise)."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+
+
+def _check(op, ins, got, **kw):
+    """Every output byte equal to the reference's (amax included: NaN never enters it); dbias
+    within one ulp of the input dtype (the kernels sum in another order)."""
+    want = op.reference(*ins, **kw)
+    for f in FIELDS:
+        w = getattr(want, f)
+        if w is not None:
+            g = getattr(got, f)
+            if f == "dbias":
+                gd, wd = g.cpu().double(), w.double()
+                ulp = torch.finfo(w.dtype).eps * wd.abs() + torch.finfo(w.dtype).tiny
+                assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), f
+            else:
+                assert same_bytes(g.contiguous(), w.contiguous()), f
+
+
+def _specials(m, n, dtype, seed):
+    """planted finite data plus NVFP4's edge blocks under the tensor amax 2688 (S_enc = 1): ties
+    of the E2M1 grid at block scale 1, a block whose scale rounds down so its maximum saturates
+    (6.3 -> 6), a subnormal E4M3 scale (block amax 0.03), a block too small for any scale (byte
+    0: multiplier FLT_MAX), a block of NaN alone, a zero row."""
+    x = planted(m, n, torch.float32, seed=seed, specials=False)
+    if m >= 4 and n >= 48:
+        x[0, 0] = 2688.0  # (the tensor amax: S_enc = 1)
+        ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.1, 5.5, -5.9, 6.0, 0.0, -0.0, 1.0, 3.0])
+        x[0, 16:32] = ties  # (block amax 6: scale 1, multiplier 1)
+        x[1, :16] = torch.linspace(-0.03, 0.03, 16)  # scale 0.005: a subnormal E4M3 byte
+        x[1, 16:32] = float("nan")
+        x[1, 32:48] = 2.0 ** -10  # scale below E4M3's least subnormal: byte 0
+        x[2, :n] = 0.0
+        x[3, 32:48] = torch.tensor([6.3, -6.25, float("nan")] + [1.0] * 13)
+    return x.to(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 1000])
+@pytest.mark.parametrize("n", [16, 48, 208, 4096])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_rowwise_matches_reference(strict, m, n, dtype, layout):
+    op = mxq.fused_quant(format="nvfp4", scale_layout=layout)(ident)
+    x = _specials(m, n, DTYPES[dtype], seed=m + n)
+    _check(op, [x], op(x.cuda()))
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_specials_and_finite_tensors(strict, dtype):
+    """The planted specials (inf makes the amax inf: S_enc 1), a finite tensor (a real S_enc),
+    a tensor of zeros and NaN alone (amax 0), tiny values (subnormal scales everywhere)."""
+    t = DTYPES[dtype]
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    for x in (planted(64, 256, t, seed=3), planted(64, 256, t, seed=4, specials=False),
+              torch.zeros(8, 64, dtype=t).index_fill_(1, torch.tensor([3, 40]), float("nan")),
+              (planted(16, 64, torch.float32, seed=5, specials=False) * 1e-4).to(t)):
+        got = op(x.cuda())
+        _check(op, [x], got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_given_amax_skips_the_first_pass(strict, dtype):
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    x = _specials(70, 384, DTYPES[dtype], seed=11)
+    for given in (100.0, 1e-3, 0.0, torch.tensor(3000.0)):
+        got = op(x.cuda(), global_amax=given.cuda() if isinstance(given, torch.Tensor) else given)
+        _check(op, [x], got, global_amax=given)
+        assert got.amax.item() == float(given)
+    out = op(x.cuda())
+    before = [getattr(out, f).clone() for f in FIELDS[:3]]
+    noop = torch.ones(1, device="cuda")
+    op(x.cuda(), out=out, noop=noop, global_amax=5.0)  # noop: nothing written, the amax included
+    assert all(torch.equal(b, getattr(out, f)) for b, f in zip(before, FIELDS[:3]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_fused_ops_match_reference(strict, dtype):
+    t = DTYPES[dtype]
+    x, b = _specials(70, 384, t, seed=1), planted(1, 384, t, seed=2, specials=False).reshape(384)
+    relu = mxq.fused_quant(format="nvfp4", act="relu")(ident)
+    _check(relu, [x], relu(x.cuda()))
+    epi = mxq.fused_quant(format="nvfp4", scale_layout="swizzled")(scaled_shift)
+    _check(epi, [x, b], epi(x.cuda(), b.cuda()))
+    drelu = mxq.fused_quant(format="nvfp4", dact="relu", dbias=True)(ident)
+    a = planted(70, 384, t, seed=5)
+    _check(drelu, [x], drelu(x.cuda(), act_input=a.cuda()), act_input=a)
+    y = _specials(4, 4096, t, seed=6).reshape(4, 2, 2048)  # (leading dims)
+    _check(relu, [y], relu(y.cuda()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES)[:2])
+@pytest.mark.parametrize("m, n, layout", [(1, 16, "compact"), (5, 48, "swizzled"), (1000, 4096, "compact")])
+def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
+    """The same Philox bytes and rule as the reference (docs/NUMERICS.md): byte for byte, for
+    seeds and offsets of every width (a seed of 2^63 or more, offsets past 2^32), a given amax."""
+    op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, scale_layout=layout)(ident)
+    x = _specials(m, n, DTYPES[dtype], seed=m + 3)
+    for seed, offset in ((1, 0), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3)):
+        _check(op, [x], op(x.cuda(), seed=seed, offset=offset), seed=seed, offset=offset)
+    _check(op, [x], op(x.cuda(), seed=9, offset=2, global_amax=50.0), seed=9, offset=2, global_amax=50.0)
+    relu = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, act="relu")(ident)
+    _check(relu, [x], relu(x.cuda(), seed=4, offset=1), seed=4, offset=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES)[:2])
+@pytest.mark.parametrize("m, n", [(8, 16), (24, 48), (1000, 208), (4096, 4096)])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
+    """The transposed copy [N, M/2] and its [N, ceil(M/16)] scales (M % 16 == 8: a partial last
+    block), with and without the rowwise copy, a given amax, an act, stochastic rounding."""
+    t = DTYPES[dtype]
+    x = _specials(m, n, t, seed=m * 7 + n)
+    both = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident)
+    for got, kw in ((both(x.cuda()), {}), (both(x.cuda(), global_amax=300.0), {"global_amax": 300.0}),
+                    (both(x.cuda(), out=poisoned(both, x.cuda())), {})):
+        want = both.reference(x, **kw)
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), f
+    for opts, kw in ((dict(rowwise=False), {}), (dict(act="relu"), {}),
+                     (dict(stochastic_rounding=True), {"seed": 3, "offset": 2 ** 35 + 1})):
+        op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, **opts)(ident)
+        got, want = op(x.cuda(), **kw), op.reference(x, **kw)
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            if getattr(want, f) is not None:
+                assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), (opts, f)
+
+
+@pytest.mark.gpu
+def test_prepare_under_a_cuda_graph(strict):
+    """Both passes (and the given amax's copy) replay from a graph; the amax follows the input."""
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    x = planted(256, 512, torch.bfloat16, seed=7, specials=False).cuda()
+    for kw in ({}, {"global_amax": torch.tensor(40.0, device="cuda")}):
+        launch, out = op.prepare(x, **kw)
+        launch()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            launch()
+        x.mul_(2.0)
+        if kw:
+            kw["global_amax"].fill_(80.0)
+        g.replay()
+        torch.cuda.synchronize()
+        ref_kw = {k: v.cpu() for k, v in kw.items()}
+        _check(op, [x.cpu()], out, **ref_kw)
+
+
+@pytest.mark.gpu
+def test_unserved_shapes_fall_back_with_the_reference(monkeypatch):
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    x = planted(5, 40, torch.bfloat16, seed=8)  # N % 16 != 0
+    _check(op, [x], op(x.cuda()))  # (after a one-time warning)
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    with pytest.raises(RuntimeError, match="N % 16"):
+        op(x.cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_kernels_match_the_oracle(strict, dtype):
+    x = _specials(4, 96, DTYPES[dtype], seed=9)
+    got = mxq.quantize(x.cuda(), format="nvfp4")
+    v = x.float().tolist()
+    ga = oracle.amax([e for row in v for e in row])
+    assert got.amax.item() == ga
+    codes, scales = oracle.nvfp4(v, ga)
+    assert got.rowwise_data.cpu().tolist() == oracle.pack(codes)
+    assert got.rowwise_scale.cpu().view(torch.uint8).tolist() == scales
+
+
+# -- stochastic rounding's device expressions (CPU) ----------------------------------------------------
+class RNG_HOST(dev.HOST):
+    """device.RNG_DEVICE's multiplies on Python ints."""
+
+    @staticmethod
+    def mulhi(a, b):
+        return (a * b) >> 32 & 0xFFFFFFFF
+
+    @staticmethod
+    def mullo(a, b):
+        return a * b & 0xFFFFFFFF
+
+
+class INT_TORCH:
+    """device.DEVICE's integer operations on int64 tensors holding uint32 values."""
+
+    @staticmethod
+    def U32(v):
+        return v & 0xFFFFFFFF if isinstance(v, torch.Tensor) else torch.tensor(int(v) & 0xFFFFFFFF)
+
+    min = staticmethod(torch.minimum)
+    max = staticmethod(torch.maximum)
+    select = staticmethod(torch.where)
+
+
+def test_philox_rounds_equal_the_reference():
+    from mxq.formats import fp4
+
+    g = torch.Generator().manual_seed(5)
+    words = torch.randint(0, 2 ** 32, (20, 6), generator=g, dtype=torch.int64).tolist()
+    for c0, c1, c2, c3, k0, k1 in words + [[0] * 6, [0xFFFFFFFF] * 6]:
+        got = dev.philox((c0, c1, c2, c3), (k0, k1), ops=RNG_HOST)
+        want = fp4.philox(tuple(torch.tensor([v]) for v in (c0, c1, c2, c3)), (k0, k1))
+        assert list(got) == [int(w) for w in want]
+
+
+def test_stochastic_rule_equals_the_reference():
+    """device.e2m1_code_sr on int64 tensors against fp4.encode_sr: every threshold's neighbours and
+    2^20 sampled patterns below 8 (and 2^18 of any kind), each with random bytes, plus r = 0 and
+    255 at every edge."""
+    from mxq.formats import fp4
+
+    g = torch.Generator().manual_seed(9)
+    edges = []
+    for p in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 2.0 ** -9, 2.0 ** -10,
+              2.0 ** -126, 1e-45, 1e30):
+        b = struct.unpack("<I", struct.pack("<f", p))[0]
+        edges += [b + d for d in (-2, -1, 0, 1, 2) if 0 <= b + d <= 0x7F800000]
+    edges += [0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF]
+    edges = torch.tensor(edges, dtype=torch.int64)
+    near = torch.randint(0, 0x41000000, (2 ** 20,), generator=g, dtype=torch.int64)
+    wide = torch.randint(0, 2 ** 32, (2 ** 18,), generator=g, dtype=torch.int64)
+    for bits in (edges.repeat(256), near, wide):
+        bits = bits | (torch.randint(0, 2, bits.shape, generator=g, dtype=torch.int64) << 31)
+        r = torch.randint(0, 256, bits.shape, generator=g, dtype=torch.int64)
+        if bits.numel() == edges.numel() * 256:
+            r = torch.arange(256).repeat_interleave(edges.numel())
+        y = bits.to(torch.int32).view(torch.float32)
+        want = fp4.encode_sr(y, r.to(torch.uint8)).to(torch.int64)
+        assert torch.equal(dev.e2m1_code_sr(bits, r, ops=INT_TORCH), want)
