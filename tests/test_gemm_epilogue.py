@@ -6,9 +6,9 @@ operands; refusals are ValueErrors naming the option (TypeError / ValueError nam
 argument for bad tensors) before anything compiles; on CPU op.gemm is the reference on the fp32
 accumulator, checked against the independent oracles (tests/oracle.py, oracle_fp8_block.py).
 GPU (marked ``gpu``): data and scale bytes equal op.reference applied to the kernel's own
-accumulator (the acc_out hook), for random shapes with partial M and N tiles, every served
-format and scale layout; the accumulator against a float64 matmul; the hook-free launch writes
-the same bytes.
+accumulator (the acc_out hook; every byte for exact ops, docs/NUMERICS.md's transcendental
+class for gelu), for random shapes with partial M and N tiles, every served format and scale
+layout; the accumulator against a float64 matmul; the hook-free launch writes the same bytes.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 import mxq
 from mxq.runtime import gemm as g
+from mxq.testing import compare, is_exact, v_bound
 
 from . import oracle, oracle_fp8_block
 
@@ -60,8 +61,18 @@ def plus_bias(x, b):
     return x + b
 
 
+@mxq.fused_quant(format="fp8_block", block=(1, 128), scale_layout="gemm", scale_mode="fp32")
+def plus_bias_gemm(x, b):
+    return x + b
+
+
 @mxq.fused_quant()
 def plus_bias_mx(x, b):
+    return x + b
+
+
+@mxq.fused_quant(scale_layout="swizzled")
+def plus_bias_mx_sw(x, b):
     return x + b
 
 
@@ -216,7 +227,8 @@ def test_cpu_gemm_takes_operands_and_floats_as_a_call_does():
 
 
 # --- GPU: bit-exact against the reference on the kernel's own accumulator ----------------------
-GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw]
+GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw, plus_bias, plus_bias_gemm, plus_bias_mx,
+           plus_bias_mx_sw]
 SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 1032, 136), (1024, 768, 512)]
 
 
@@ -230,14 +242,25 @@ def _acc_bound(a, w):
 def _check_against_reference(op, a, w, *operands, **params):
     acc = torch.full((a.shape[0], w.shape[0]), float("nan"), device=a.device)
     t = op.gemm(a, w, *operands, acc_out=acc, **params)
-    torch.cuda.synchronize()
     exact = a.double() @ w.double().t()
     assert ((acc.double() - exact).abs() <= _acc_bound(a, w)).all()
-    ref = op.reference(acc, *[o.float() for o in operands], **params)
-    assert torch.equal(t.rowwise_data.view(torch.uint8), ref.rowwise_data.view(torch.uint8))
-    sb = (lambda s: s.view(torch.int32)) if t.rowwise_scale.dtype == torch.float32 else (lambda s: s)
-    assert torch.equal(sb(launch_flat(t.rowwise_scale)), sb(launch_flat(ref.rowwise_scale)))
+    _same_as_reference(op, t, acc, *operands, **params)
     return t
+
+
+def _same_as_reference(op, t, acc, *operands, **params):
+    """t against op.reference on the accumulator ``acc``: every byte for ops of the exact class,
+    docs/NUMERICS.md's transcendental class (gelu) through mxq.testing.compare otherwise; the
+    scales' padding (GEMM-ready, swizzled) included."""
+    args = (acc, *[o.float() for o in operands])
+    ref = op.reference(*args, **params)
+    exact = is_exact(op)
+    assert compare(t, ref, exact, v_bound=None if exact else v_bound(op, *args, **params)) == []
+    flat_t, flat_ref = launch_flat(t.rowwise_scale), launch_flat(ref.rowwise_scale)
+    if exact:
+        assert torch.equal(flat_t.view(torch.uint8), flat_ref.view(torch.uint8))
+    else:
+        assert flat_t.shape == flat_ref.shape
 
 
 def launch_flat(s):
@@ -285,28 +308,49 @@ def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op):
     assert torch.equal(launch_flat(plain.rowwise_scale), launch_flat(hooked.rowwise_scale))
 
 
-@pytest.mark.gpu
-def test_gpu_gemm_specials_nan_and_overflow_in_the_accumulator():
-    """Planted specials: a row of A with inf (acc inf/NaN), a huge bias (saturation); FP8 block
-    scaling drops NaN from its block amax, MXFP8 propagates it; both as the reference."""
+def _specials(device):
+    """A, W and a bias with planted specials: an inf in a row of A (that row's accumulator
+    inf/NaN), a zero row (blocks of amax 0), a huge bias (saturation)."""
     m, n, k = 130, 264, 64
-    gen = torch.Generator(device="cuda").manual_seed(3)
-    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-    w = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+    gen = torch.Generator(device=device).manual_seed(3)
+    a = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, device=device, generator=gen).to(torch.bfloat16)
     a[3, 5] = float("inf")
     a[7, :] = 0
-    b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, device=device, generator=gen).to(torch.bfloat16)
     b[17] = 3e38
+    return a, w, b
+
+
+@pytest.mark.gpu
+def test_gpu_gemm_specials_nan_and_overflow_in_the_accumulator():
+    """FP8 block scaling drops NaN from its block amax, MXFP8 propagates it; both as the
+    reference on the kernel's accumulator."""
+    a, w, b = _specials("cuda")
     for op in (bias_gelu, bias_gelu_mx, plus_bias, plus_bias_mx):
+        _check_against_reference_loose_acc(op, a, w, b)
+
+
+def test_cpu_counterpart_of_the_gpu_checks():
+    """The GPU tests' checks, run on the CPU route (the reference on torch's fp32 matmul): a
+    random shape with partial tiles, the operands and floats, the specials."""
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(200, 72, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(264, 72, generator=gen) / 8).to(torch.bfloat16)
+    b = torch.randn(264, generator=gen).to(torch.bfloat16)
+    for op in (bias_gelu_gemm, plus_bias_mx_sw):
+        _check_against_reference(op, a, w, b)
+    s, r = torch.rand(200, 1, generator=gen).to(torch.bfloat16), torch.randn(200, 264, generator=gen).to(torch.bfloat16)
+    _check_against_reference(scaled_residual, a, w, s, r, alpha=0.5)
+    a, w, b = _specials("cpu")
+    for op in (bias_gelu, plus_bias_mx):
         _check_against_reference_loose_acc(op, a, w, b)
 
 
 def _check_against_reference_loose_acc(op, a, w, *operands):
     acc = torch.empty((a.shape[0], w.shape[0]), device=a.device)
     t = op.gemm(a, w, *operands, acc_out=acc)
-    ref = op.reference(acc, *[o.float() for o in operands])
-    assert torch.equal(t.rowwise_data.view(torch.uint8), ref.rowwise_data.view(torch.uint8))
-    assert torch.equal(launch_flat(t.rowwise_scale).view(torch.uint8), launch_flat(ref.rowwise_scale).view(torch.uint8))
+    _same_as_reference(op, t, acc, *operands)
 
 
 @pytest.mark.gpu
