@@ -359,3 +359,15 @@ def test_gpu_gemm_empty_m_returns_empty_outputs():
     w = torch.zeros(256, 64, device="cuda", dtype=torch.bfloat16)
     t = bias_gelu.gemm(a, w, torch.zeros(256, device="cuda", dtype=torch.bfloat16))
     assert t.rowwise_data.shape == (0, 256)
+
+
+def test_bench_fused_rows_check_on_the_cpu_route():
+    """bench/gemm.py's op.gemm rows (gelu + FP8 block scaling, gelu + MXFP8) check on op.gemm's
+    CPU route (the timing needs the GPU)."""
+    from .test_codegen import _bench_tool
+
+    tool = _bench_tool("gemm")
+    assert [op.spec.format for op in tool.FUSED] == ["fp8_block", "mxfp8"]
+    for op in tool.FUSED:
+        row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu")
+        assert row["checked"], row
