@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,6 +108,28 @@ def test_launch_gemm_compiles_to_sm90a_with_the_quantize_in_its_epilogue(ptx, fm
         assert text.count("st.global.L2::cache_hint.b8") == 16
         assert "max.NaN.f32" in text
         assert text.count("st.global.v2.b32") == 2 * 64  # a full tile's and an edge tile's
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
+@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
+def test_ptxas_assembles_the_fused_kernel_without_spills_or_serialised_wgmmas(ptx, fmt):
+    """The local ptxas takes the fused kernel with no spills and no C7514 warning (an
+    instruction reading the accumulators while a wgmma group is in flight)."""
+    text = ptx[fmt]
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        for _ in range(2):
+            src.write_text(text)
+            r = subprocess.run(["ptxas", "-v", "-arch=sm_90a", str(src), "-o", str(Path(d) / "k.cubin")],
+                               capture_output=True, text=True, timeout=600)
+            m = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", r.stderr)
+            if r.returncode == 0 or not m:
+                break
+            text = re.sub(r"^\.version \S+", f".version {m.group(1)}", text, count=1, flags=re.M)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-2000:]
+    assert "C7514" not in out and "wgmma" not in out.lower(), out[-2000:]
+    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", out), out[-2000:]
 
 
 def test_the_accumulator_layout_assumption_is_checked_at_trace_time():

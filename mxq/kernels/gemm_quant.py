@@ -61,46 +61,29 @@ class GemmQuant:
     def write(self, acc: cute.Tensor, tile_m: Int32, tile_n: Int32, thr_mma, tile: cutlass.Constexpr, lane: Int32,
               ins: list, scalars: list, row_data: cute.Tensor, row_scale: cute.Tensor):
         """Tile (tile_m, tile_n) of the outputs from this thread's accumulator fragment ``acc``
-        (overwritten with the op's values)."""
+        (overwritten with the op's values), one block of each of its two rows at a time (so
+        that the operands' loads stay a block's: all 128 at once spill registers): the values
+        (``value``), the block's amax over the quad (NaN-dropping for FP8 block scaling,
+        codec.block_amax_nan), its scale (lane 0 of the quad stores it, codec's layout offsets),
+        its values' FP8 bytes (pairs of adjacent columns, one 16-bit store)."""
+        fmt = self.cfg.fmt
         M, N = row_data.shape[0], row_data.shape[1]
         coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor((M, N)), tile, (tile_m, tile_n)))
-        self.values(acc, coords, M, N, ins, scalars)
-        self.quantize(acc, coords, M, N, tile, tile_n, lane, row_data, row_scale)
-
-    @cute.jit
-    def values(self, acc, coords, M, N, ins, scalars):
-        """acc[i] = the op's value of element i (NUMERICS steps 1-4), 0 at columns past N. The
-        other tensors are read at coordinates clamped into [M, N] (an edge tile's rows and
-        columns outside hold no output)."""
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            r = cutlass.min(coords[i][0], M - 1)
-            c = cutlass.min(coords[i][1], N - 1)
-
-            def load(t, k, r=r, c=c):
-                return acc[k] if t == 0 else ins[t - 1][(r, c)].to(Float32)
-
-            v = self.op.value(list(range(self.cfg.n_inputs)), i, scalars, load)
-            acc[i] = Float32(cutlass.select_(coords[i][1] < N, v, Float32(0.0)))
-
-    @cute.jit
-    def quantize(self, vals, coords, M, N, tile: cutlass.Constexpr, tile_n, lane, row_data, row_scale):
-        """Each of the thread's two rows' blocks: its amax over the quad (NaN-dropping for FP8
-        block scaling, codec.block_amax_nan), its scale (lane 0 of the quad stores it, codec's
-        layout offsets), its values' FP8 bytes (pairs of adjacent columns, one 16-bit store)."""
-        fmt = self.cfg.fmt
         nan = codec.block_amax_nan(fmt)
         in_max = codec.input_max(Float32)
         width = fmt.block[1]
         groups = width // 8  # 8-column groups per block
         blocks = tile[1] // width  # blocks per tile row
         nbr = (N + width - 1) // width  # blocks per output row
-        for h in cutlass.range_constexpr(2):
-            r = coords[2 * h][0]
-            for b in cutlass.range_constexpr(blocks):
+        for b in cutlass.range_constexpr(blocks):  # (the two rows inner: a row operand's loads are shared)
+            for h in cutlass.range_constexpr(2):
+                r = coords[2 * h][0]
                 amax = Float32(0.0)
                 for g in cutlass.range_constexpr(b * groups, (b + 1) * groups):
                     for c in cutlass.range_constexpr(2):
-                        amax = cute.arch.fmax(amax, cute.math.abs(vals[c + 2 * h + VALUES_PER_GROUP * g]), nan=nan)
+                        i = c + 2 * h + VALUES_PER_GROUP * g
+                        acc[i] = self.value(acc, i, coords, M, N, ins, scalars)
+                        amax = cute.arch.fmax(amax, cute.math.abs(acc[i]), nan=nan)
                 for st in cutlass.range_constexpr(2):  # the quad: offsets 1, 2
                     amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << st), nan=nan)
                 e = codec.block_scale(fmt, amax, False, in_max)
@@ -112,9 +95,23 @@ class GemmQuant:
                     i = 2 * h + VALUES_PER_GROUP * g
                     c0 = coords[i][1]
                     if r < M and c0 < N:  # (N % 8 == 0: a pair never straddles N)
-                        pair = codec.encode2_word(fmt, dev.mul_rn(vals[i], s), dev.mul_rn(vals[i + 1], s))
+                        pair = codec.encode2_word(fmt, dev.mul_rn(acc[i], s), dev.mul_rn(acc[i + 1], s))
                         dev.store_global_u16(row_data.iterator.toint() + cutlass.Int64(r) * cutlass.Int64(N)
                                              + cutlass.Int64(c0), pair)
+
+    def value(self, acc, i: int, coords, M, N, ins, scalars):
+        """The op's value of accumulator element i (NUMERICS steps 1-4), 0 at columns past N (an
+        epilogue of the zero padding need not be 0, and must not enter a block amax). The other
+        tensors are read at coordinates clamped into [M, N] (an edge tile's rows and columns
+        outside hold no output)."""
+        r = cutlass.min(coords[i][0], M - 1)
+        c = cutlass.min(coords[i][1], N - 1)
+
+        def load(t, k):
+            return acc[k] if t == 0 else ins[t - 1][(r, c)].to(Float32)
+
+        v = self.op.value(list(range(self.cfg.n_inputs)), i, scalars, load)
+        return Float32(cutlass.select_(coords[i][1] < N, v, Float32(0.0)))
 
 
 def check_layout(tiled_mma, tile) -> None:

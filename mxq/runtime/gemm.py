@@ -192,12 +192,9 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
     fake = cute.runtime.make_fake_compact_tensor
     args = [fake(el, (m, k), stride_order=(1, 0), assumed_align=16),
             fake(el, (n, k), stride_order=(1, 0), assumed_align=16)]
-    for kind in kinds:
-        if kind == "full":
-            args.append(fake(el, (m, n), stride_order=(1, 0), assumed_align=16))
-        else:
-            stride = {"row": (0, 1), "col": (1, 0), "scalar": (0, 0)}[kind]
-            args.append(cute.runtime.make_fake_tensor(el, (m, n), stride=stride, assumed_align=2))
+    for kind in kinds:  # (read an element at a time: any element-aligned address)
+        stride = {"full": (n, 1), "row": (0, 1), "col": (1, 0), "scalar": (0, 0)}[kind]
+        args.append(cute.runtime.make_fake_tensor(el, (m, n), stride=stride, assumed_align=2))
     args += [cutlass.Float32(0.0)] * gated.launch_scalars(op.epilogue)
     data = fake(cutlass.Uint8, (m, n), stride_order=(1, 0), assumed_align=16)
     scale_el, scale_align = (cutlass.Float32, 4) if op.spec.block_format.scale == "fp32" else (cutlass.Uint8, 1)
@@ -252,9 +249,10 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]))
     m, n = a.shape[0], w.shape[0]
-    views = [operands_mod.as_matrix(t, kind, m, n) for t, kind in zip(operands, kinds)]
+    views = [operands_mod.as_matrix(t.detach(), kind, m, n) for t, kind in zip(operands, kinds)]
     data = out.rowwise_data.view(torch.uint8)
     scale = launch.flat_scale(out.rowwise_scale)
-    with torch.cuda.device(a.device):
-        fn(a, w, *views, *[float(s) for s in scalars], data, scale, data if acc_out is None else acc_out)
+    with torch.cuda.device(a.device):  # (detached: DLPack exports no tensor that requires grad)
+        fn(a.detach(), w.detach(), *views, *[float(s) for s in scalars], data, scale,
+           data if acc_out is None else acc_out)
     return out
