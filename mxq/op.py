@@ -203,6 +203,10 @@ class FusedOp:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes rowwise "
                              "MXFP8 or 1x128 FP8 block-scaling outputs, without colwise, amax, dbias, dact or gated "
                              "activations")
+        taken = [k for k in ("group_offsets", "out", "noop", "act_input") if params.get(k) is not None]
+        if taken:
+            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs, out= buffers, "
+                             "noop and act_input are calls' keywords it has no route for)")
         gemm_rt.check_args(a, w, acc_out=acc_out)
         m, n = a.shape[0], w.shape[0]
         acc = torch.empty((m, n), dtype=torch.float32, device="meta")  # (the accumulator's place)

@@ -193,6 +193,13 @@ def test_unserved_options_are_value_errors_naming_the_option(options, named):
         op.gemm(a, w)
 
 
+@pytest.mark.parametrize("keyword", ["group_offsets", "out", "noop"])
+def test_call_keywords_without_a_gemm_route_are_named(keyword):
+    a, w = _ab()
+    with pytest.raises(ValueError, match=f"does not serve {keyword}="):
+        plus_bias.gemm(a, w, torch.zeros(16, dtype=torch.bfloat16), **{keyword: torch.zeros(2, dtype=torch.int32)})
+
+
 def test_bad_tensors_are_named_before_anything_runs():
     a, w = _ab()
     b = torch.zeros(16, dtype=torch.bfloat16)
