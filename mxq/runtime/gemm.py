@@ -193,7 +193,7 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
     args = [fake(el, (m, k), stride_order=(1, 0), assumed_align=16),
             fake(el, (n, k), stride_order=(1, 0), assumed_align=16)]
     for kind in kinds:  # (read an element at a time: any element-aligned address)
-        stride = {"full": (n, 1), "row": (0, 1), "col": (1, 0), "scalar": (0, 0)}[kind]
+        stride = (n, 1) if kind == "full" else operands_mod.BROADCAST_STRIDES[kind]
         args.append(cute.runtime.make_fake_tensor(el, (m, n), stride=stride, assumed_align=2))
     args += [cutlass.Float32(0.0)] * gated.launch_scalars(op.epilogue)
     data = fake(cutlass.Uint8, (m, n), stride_order=(1, 0), assumed_align=16)
