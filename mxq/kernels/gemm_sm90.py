@@ -228,13 +228,14 @@ class GemmSm90:
         """An edge tile's stores: each pair of adjacent columns (one 32-bit bf16 pair of D) stored
         when it lies inside [M, N]; N % 8 == 0, so a pair never straddles N. ``mD`` None: the
         accumulator pairs alone (the fused epilogue's hook; ``mAcc`` has D's shape either way)."""
-        coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(mAcc.shape), (TILE[0], TILE[1]),
+        shape = mAcc.shape if cutlass.const_expr(mD is None) else mD.shape
+        coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(shape), (TILE[0], TILE[1]),
                                                      (tile_m, tile_n)))
         tAgA = thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n)))
         if cutlass.const_expr(mD is not None):
             tDgD = thr_mma.partition_C(cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n)))
         for i in cutlass.range_constexpr(0, cute.size(acc), 2):
-            if cute.elem_less(coords[i], mAcc.shape):
+            if cute.elem_less(coords[i], shape):
                 if cutlass.const_expr(mD is not None):
                     tDgD[i], tDgD[i + 1] = out[i], out[i + 1]
                 if cutlass.const_expr(self.acc_hook):
