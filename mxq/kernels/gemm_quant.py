@@ -1,7 +1,7 @@
 """The sm_90 GEMM's fused epilogue (``op.gemm``): the op's epilogue and act on the fp32
 accumulator, then its rowwise quantize, writing FP8 data and scales and never the product.
 
-``GemmQuant`` is what GemmSm90's seam (``GemmSm90.epilogue``) calls per output tile with the
+``GemmQuant`` is what GemmSm90's fused seam (``GemmSm90.fused_epilogue``) calls per output tile with the
 consumer thread's accumulator fragment. The value of element (r, c) is the ElementOp's
 (docs/NUMERICS.md steps 1-4) with the accumulator as the epilogue's first tensor and the other
 tensors read at (r, c) through their [M, N] views (full, or broadcast with stride 0: a bias [N],
@@ -14,8 +14,8 @@ its warpgroup's 64 x 256 half, values ``i = c + 2 h + 4 g`` (c, h in {0, 1}) at 
 ``16 (t // 32) + (t % 32) // 4 + 8 h`` and column ``8 g + 2 (t % 4) + c``. So the 4 lanes of a
 quad (t % 4) share their two rows, and a row's block of B columns is groups ``g`` in
 ``[b B/8, (b+1) B/8)`` of those 4 lanes: ``B / 4`` values per lane, reduced over the quad with
-two butterfly shuffles (``ACC_QUAD``). ``check_layout`` asserts this at trace time on thread 0's
-coordinates. Columns past N (zeros from TMA, but the epilogue of zero need not be zero) are
+two butterfly shuffles (``ACC_QUAD``). ``check_layout`` asserts this at trace time on a few
+threads' static coordinates. Columns past N (zeros from TMA, but the epilogue of zero need not be zero) are
 left out of the block maxima; rows past M and columns past N are not stored.
 """
 
@@ -35,8 +35,8 @@ VALUES_PER_GROUP = 4  # a lane's values per 8-column group: 2 columns x 2 rows
 
 def config_gap(cfg) -> str:
     """What of a KernelConfig the fused GEMM epilogue does not serve ("" when it serves it):
-    rowwise 1x32 (MXFP8) or 1x128 (FP8 block scaling) blocks alone. runtime/gemm.py names the
-    option from the spec before anything compiles; this is the kernel's own guard."""
+    rowwise 1x32 (MXFP8) or 1x128 (FP8 block scaling) blocks alone. op.gemm names the option
+    from the spec (codegen.gemm_gap) before anything compiles; this is the kernel's own guard."""
     fmt = cfg.fmt
     if fmt.packed or fmt.block[0] != 1 or fmt.block[1] not in (32, 128):
         return f"the format's block {fmt.block}"
