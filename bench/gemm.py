@@ -1,6 +1,6 @@
 """mxq's sm_90 GEMM (mxq/kernels/gemm_sm90.py) on the GPU: checked, then timed against torch.matmul.
 
-    python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8]
+    python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8] [--no-fused]
 
 Cases (M x N x K, bf16, D = A @ W^T with A [M, K], W [N, K]): M in (8192, 16384) crossed with
 (K, N) in ((4096, 14336), (14336, 4096), (8192, 28672)), and small or odd shapes with partial
@@ -10,7 +10,15 @@ hook within a K-dependent fp32 tolerance; torch.matmul is held to the same D bou
 timed by bench/device_check.py's busy-GPU method (``dc.time_ms``) and printed as TFLOP/s with
 the ratio torch time / mxq time (> 1: mxq faster); ``--swizzle`` also times the kernel with those
 tile orders (GemmSm90's ``swizzle``; each must give D bit for bit). A case that raises prints its
-error and the run goes on. Results: <out>/<device>-<date>-gemm.json.
+error and the run goes on.
+
+Fused rows (``op.gemm``, mxq/kernels/gemm_quant.py; off with --no-fused), on the large cases
+(--quick: the first): gelu + FP8 block scaling 1x128 rowwise (``gelu_fp8_block``) and gelu +
+MXFP8 rowwise (``gelu_mxfp8``) in the GEMM's epilogue, checked against op.reference on the
+kernel's own accumulator (docs/NUMERICS.md's transcendental class, mxq.testing.compare), then
+timed against torch.matmul alone (``vs_matmul``: fused time / matmul time, issue 42's target
+<= 1.05) and against torch.matmul followed by the same op on its bf16 output (``speedup``:
+unfused time / fused time, target >= 1.15). Results: <out>/<device>-<date>-gemm.json.
 """
 
 from __future__ import annotations
@@ -27,6 +35,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import device_check as dc  # noqa: E402
+
+import mxq  # noqa: E402
+
+
+@mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128))
+def gelu_fp8_block(x):
+    return x
+
+
+@mxq.fused_quant(act="gelu")
+def gelu_mxfp8(x):
+    return x
+
+
+FUSED = (gelu_fp8_block, gelu_mxfp8)
 
 LARGE = [(m, n, k) for m in (8192, 16384) for k, n in ((4096, 14336), (14336, 4096), (8192, 28672))]
 SMALL = [(200, 136, 64), (1000, 520, 4096), (128, 256, 64), (1, 8, 8), (129, 264, 72), (300, 1000, 200)]
@@ -147,12 +170,49 @@ def run_case(m, n, k, bench: bool = True, swizzles=()):
         return dc.error_row(name, m, n, exc, why="failed") | {"K": k}
 
 
+def fused_row(op, m, n, k, bench: bool = True, device="cuda"):
+    """One op.gemm row: checked against op.reference on the accumulator hook's values (and the
+    hook-free launch the same bytes), then timed against torch.matmul and torch.matmul + op.
+    (``device`` "cpu": the check on op.gemm's CPU route, for the tests.)"""
+    from mxq.testing import compare, is_exact, v_bound
+
+    name = f"gemm_{op.__name__} {m}x{n}x{k}"
+    try:
+        a, w = inputs(m, n, k, device=device)
+        w = (w.float() / math.sqrt(k)).to(a.dtype)  # (activations of unit size: gelu's both sides)
+        acc = torch.empty(m, n, dtype=torch.float32, device=a.device)
+        got = op.gemm(a, w, acc_out=acc)
+        exact = is_exact(op)
+        problems = compare(got, op.reference(acc), exact, v_bound=None if exact else v_bound(op, acc))
+        plain = op.gemm(a, w)
+        if not torch.equal(plain.rowwise_data.view(torch.uint8), got.rowwise_data.view(torch.uint8)):
+            problems.append("data differs between the hook and plain variants")
+        del acc, got, plain
+        row = dict(name=name, M=m, N=n, K=k, checked=problems == [], problems=problems[:3])
+        if bench:
+            d = torch.empty(m, n, dtype=a.dtype, device=a.device)
+            fused_ms = dc.time_ms(lambda: op.gemm(a, w))
+            torch_ms = dc.time_ms(lambda: torch.matmul(a, w.T, out=d))
+            unfused_ms = dc.time_ms(lambda: op(torch.matmul(a, w.T, out=d)))
+            row.update(ms=fused_ms, torch_ms=torch_ms, unfused_ms=unfused_ms, vs_matmul=fused_ms / torch_ms,
+                       speedup=unfused_ms / fused_ms, tflops=2 * m * n * k / fused_ms / 1e9)
+            print(f"  {name:40s} fused {fused_ms:7.3f} ms  matmul {torch_ms:7.3f}  matmul+op {unfused_ms:7.3f}  "
+                  f"fused/matmul {row['vs_matmul']:5.3f}  speedup {row['speedup']:5.2f}  checked={row['checked']} "
+                  f"{problems[:1]}", flush=True)
+        else:
+            print(f"  {name:40s} checked={row['checked']} {problems[:2]}", flush=True)
+        return row
+    except Exception as exc:  # (print and go on)
+        return dc.error_row(name, m, n, exc, why="failed") | {"K": k}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true", help="check only")
     ap.add_argument("--swizzle", default="", help="tile orders to time too, e.g. '4,8'")
+    ap.add_argument("--no-fused", action="store_true", help="skip the op.gemm rows")
     args = ap.parse_args(argv)
     swizzles = [int(s) for s in args.swizzle.split(",") if s]
     if not torch.cuda.is_available():
@@ -162,6 +222,9 @@ def main(argv=None):
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     dev = torch.cuda.get_device_name()
     rows = [run_case(m, n, k, not args.no_bench, swizzles) for m, n, k in cases(args.quick)]
+    if not args.no_fused:
+        rows += [fused_row(op, m, n, k, not args.no_bench) for m, n, k in (LARGE[:1] if args.quick else LARGE)
+                 for op in FUSED]
     dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
                                      "rows": rows}, "-gemm")
     return 0 if all(r.get("checked") for r in rows) else 1

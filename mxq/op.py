@@ -23,6 +23,7 @@ import torch
 
 from .frontend import codegen, gated
 from .runtime import export, ffi, inspection, launch, limits, targets, validation
+from .runtime import gemm as gemm_rt
 from .runtime.call import FP4_KEYWORDS, Binder, Call, halves_call, has_dtensor
 from .integrations import torch_ops
 from .formats import fp4
@@ -186,6 +187,46 @@ class FusedOp:
         op, call = self._lower(self._bind_call(args, kwargs, act_input, noop, out, group_offsets))
         validation.check_call(op.spec, op.epilogue, call)
         return op._reference_run(call)
+
+    def gemm(self, a, w, *operands, acc_out=None, **params) -> MXFP8Tensor:
+        """The op applied to the GEMM ``a @ w.T`` in the GEMM's epilogue: a [M, K], w [N, K]
+        (bf16 or fp16, K-major), the accumulator (fp32) as the epilogue's first tensor; the
+        other tensors (``operands``: [M, N], a row [N], a column [M, 1] or a scalar, in a's
+        dtype) and floats (``params``) as in a call. Returns the op's outputs, written by the
+        epilogue of mxq's sm_90 GEMM (mxq/kernels/gemm_quant.py); the product itself is never
+        stored. On CPU (and GPUs other than sm_90) the reference: the op on the fp32 matmul.
+        ``acc_out``: an fp32 [M, N] tensor that also receives the accumulator (a test hook).
+        Serves rowwise MXFP8 and 1x128 FP8 block scaling (any scale layout) with an ordinary
+        act; other options raise ValueError naming the option (codegen.gemm_gap)."""
+        gap = codegen.gemm_gap(self.spec, self.epilogue)
+        if gap:
+            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes rowwise "
+                             "MXFP8 or 1x128 FP8 block-scaling outputs, without colwise, amax, dbias, dact or gated "
+                             "activations")
+        taken = [k for k in ("group_offsets", "out", "noop", "act_input") if params.get(k) is not None]
+        if taken:
+            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs, out= buffers, "
+                             "noop and act_input are calls' keywords it has no route for)")
+        gemm_rt.check_args(a, w, acc_out=acc_out)
+        m, n = a.shape[0], w.shape[0]
+        acc = torch.empty((m, n), dtype=torch.float32, device="meta")  # (the accumulator's place)
+        call = self._bind_call((acc, *operands), params, None, None, None, None)
+        if call.tensors[0] is not acc:
+            raise TypeError(f"mxq: {self.__name__}.gemm: the accumulator is the epilogue's first parameter, which "
+                            "must be its first tensor")
+        others = call.tensors[1:]
+        gemm_rt.operand_kinds(a, w, others)
+        if a.is_cuda and targets.device_arch(a.device) == gemm_rt.ARCH:
+            out = MXFP8Tensor.empty(self.spec, (m, n), a.dtype, a.device, row_align=1)
+            return gemm_rt.gemm_op(self, a, w, others, call.scalars, out, acc_out)
+        if a.is_cuda:
+            validation.fallback(f"op.gemm runs on sm_90a only, not {targets.device_arch(a.device)}")
+        acc = torch.matmul(a.float(), w.float().t())
+        if acc_out is not None:
+            acc_out.copy_(acc)
+        call = call._replace(tensors=[acc, *[t.float() for t in others]])
+        validation.check_call(self.spec, self.epilogue, call)
+        return self._reference_run(call)
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                 **kwargs):

@@ -25,7 +25,7 @@ from .spec import QuantSpec
 TEMPLATE_NAME = "module.py.j2"
 # mxq/ files beside kernels/ and the templates that shape the compiled code (kernels_hash)
 SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "formats/format.py", "runtime/compiler.py",
-                 "runtime/targets.py")
+                 "runtime/targets.py", "runtime/gemm.py")
 # The generated module's launchers: (function, Quantize.launch variant, takes a grouped call's
 # group ends), one template loop; compiler.VARIANTS names the same functions
 LAUNCHERS = (("launch", "generic", False), ("launch_vec", "vec", False), ("launch_rows8", "rows8", False),
@@ -408,6 +408,41 @@ def has_kernels(spec: QuantSpec) -> bool:
     return spec.format in ("mxfp8", "fp8_block", "mxfp4", "nvfp4") and not kernel_gap(spec)
 
 
+def gemm_gap(spec: QuantSpec, epilogue: Epilogue) -> str:
+    """The option of an op that ``op.gemm`` (the GEMM whose epilogue is the op,
+    mxq/kernels/gemm_quant.py) does not serve, as the user wrote it ("" when it serves the op):
+    it serves rowwise MXFP8 (1x32) and FP8 block scaling 1x128 blocks, an ordinary act, any
+    scale layout of those, operands that broadcast or match [M, N]."""
+    if spec.format not in ("mxfp8", "fp8_block"):
+        return f"format={spec.format!r}"
+    if spec.format == "fp8_block" and tuple(spec.block) != (1, 128):
+        return f"block={tuple(spec.block)}"
+    for name in ("colwise", "amax", "dbias"):
+        if getattr(spec, name):
+            return f"{name}=True"
+    if not spec.rowwise:
+        return "rowwise=False"
+    if spec.dact is not None:
+        return f"dact={spec.dact!r}"
+    if gated.is_gated(spec.act) or gated.is_halves(epilogue):
+        return f"act={spec.act!r} (a gated activation)"
+    return ""
+
+
+def _gemm_launcher_text(epilogue: Epilogue) -> dict:
+    """(parameters, run_fused arguments) of the module's ``launch_gemm``: A and W, the
+    epilogue's tensors after the first (the accumulator's place) and its floats, the outputs,
+    the accumulator hook's tensor, the compile-time options."""
+    ins = [f"x{i}" for i in range(1, len(epilogue.tensor_params))]
+    scalars = [f"s{i}" for i in range(gated.launch_scalars(epilogue))]
+    params = ["a: cute.Tensor", "w: cute.Tensor", *[f"{x}: cute.Tensor" for x in ins],
+              *[f"{x}: Float32" for x in scalars], "row_data: cute.Tensor", "row_scale: cute.Tensor",
+              "acc: cute.Tensor", "acc_hook: cutlass.Constexpr", "num_sms: cutlass.Constexpr",
+              "swizzle: cutlass.Constexpr", "stream"]
+    args = ["a", "w", "row_data", "row_scale", f"[{', '.join(ins)}]", f"[{', '.join(scalars)}]", "acc", "stream"]
+    return {"params": ", ".join(params), "args": ", ".join(args)}
+
+
 def _launcher_text(spec: QuantSpec, epilogue: Epilogue, grouped: bool = False) -> tuple[str, str]:
     """(parameter list, Quantize.launch argument list) of the generated launchers, both from the
     slot table (``grouped``: the grouped launchers')."""
@@ -457,6 +492,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         "grouped_params": grouped_params,
         "grouped_call_args": grouped_call_args,
         "launchers": launchers(spec),
+        "gemm": _gemm_launcher_text(epilogue),
         "functions": _element_functions(inputs, scalars, epi, epi_out, act, dact),
         "kernels_hash": kernels_hash(),
     }

@@ -101,6 +101,11 @@ def encode2(fmt, lo, hi):
     return dev.to_fp8x2(lo, hi, fmt.element)
 
 
+def encode2_word(fmt, lo, hi):
+    """Two scaled values as one 16-bit word of element bytes (lo in the low byte)."""
+    return dev.to_fp8x2_word(lo, hi, fmt.element)
+
+
 def encode4(fmt, a, b, c, d):
     """Four scaled values as one word of element bytes (a in the lowest byte)."""
     return dev.fp8x4(a, b, c, d, fmt.element)

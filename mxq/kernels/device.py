@@ -149,10 +149,15 @@ def to_fp8(q, fp8: str):
     return Uint8(pk & Uint16(0xFF))
 
 
+def to_fp8x2_word(lo, hi, fp8: str):
+    """Two values in one conversion, as one 16-bit word (lo in the low byte)."""
+    return cute.arch.inline_ptx(f"cvt.rn.satfinite.{_cvt(fp8)}.f32 {{$w0}}, {{$r0}}, {{$r1}};",
+                                write_only_types=[Uint16], read_only_args=[hi, lo])
+
+
 def to_fp8x2(lo, hi, fp8: str):
     """Two values in one conversion: (byte of lo, byte of hi)."""
-    pk = cute.arch.inline_ptx(f"cvt.rn.satfinite.{_cvt(fp8)}.f32 {{$w0}}, {{$r0}}, {{$r1}};",
-                              write_only_types=[Uint16], read_only_args=[hi, lo])
+    pk = to_fp8x2_word(lo, hi, fp8)
     return Uint8(pk & Uint16(0xFF)), Uint8(pk >> 8)
 
 
@@ -405,6 +410,11 @@ def pack64(lo, hi):
 def store_global_v4(addr, w):
     """Four words at 16-byte aligned global byte address ``addr`` as one store."""
     cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *w])
+
+
+def store_global_u16(addr, h):
+    """A 16-bit store at global address ``addr`` (2-byte aligned)."""
+    cute.arch.inline_ptx("st.global.b16 [{$r0}], {$r1};", read_only_args=[addr, Uint16(h)])
 
 
 def store_global_u8(addr, b):

@@ -16,7 +16,9 @@ scheduler); see docs/DESIGN.md "The sm_90 GEMM".
   TMA can describe: K and N multiples of 8 for 16-byte rows), and the epilogue predicates its
   stores on the tile coordinates, so partial tiles at the M and N edges are exact.
 - ``epilogue`` is the seam: it receives the accumulator fragment and its tile coordinates and
-  writes D (and, with the ``acc_hook`` test option, the fp32 accumulator too).
+  writes D (and, with the ``acc_hook`` test option, the fp32 accumulator too). With ``fused``
+  (a gemm_quant.GemmQuant: ``op.gemm``) it writes the op's FP8 data and scales instead of D,
+  launched by ``run_fused`` from a rendered module's ``launch_gemm`` (templates/module.py.j2).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32
+
+from . import gemm_quant
 
 TILE = (128, 256, 64)  # CTA tile (M, N, K)
 STAGES = 4  # shared-memory stages of A and W tiles (4 x 48 KiB)
@@ -40,10 +44,12 @@ class GemmSm90:
     accumulator (a test hook: the numerics of the mainloop alone). ``num_sms``: the persistent
     grid's width (the device's SM count). ``swizzle``: the scheduler walks groups of this many N
     tiles down M (1: plain M-fastest order; > 1 pads the N tile count to a multiple, and the
-    padding tiles store nothing)."""
+    padding tiles store nothing). ``fused``: the op's epilogue and quantize (gemm_quant.GemmQuant)
+    in place of D."""
 
-    def __init__(self, acc_hook: bool = False, num_sms: int = 132, swizzle: int = 1):
+    def __init__(self, acc_hook: bool = False, num_sms: int = 132, swizzle: int = 1, fused=None):
         self.acc_hook = acc_hook
+        self.fused = fused
         self.num_sms = num_sms
         self.swizzle = swizzle
         self.threads = THREADS_PER_WG * (1 + CONSUMER_WGS)
@@ -69,9 +75,17 @@ class GemmSm90:
         """D = A @ W^T, and the fp32 accumulator into ``mAcc`` (the acc_hook variant)."""
         self.run(mA, mW, mD, mAcc, stream)
 
-    def run(self, mA, mW, mD, mAcc, stream):
-        """Traced by both launchers: TMA descriptors, the tile scheduler, the launch."""
+    def run_fused(self, mA, mW, row_data, row_scale, ins: list, scalars: list, mAcc, stream):
+        """The fused GEMM (``fused`` set): the op's FP8 data [M, N] and scales from A @ W^T, the
+        op's other tensors ``ins`` as [M, N] views and its floats ``scalars``; ``mAcc``: the
+        fp32 accumulator (acc_hook), else any tensor (unused). Traced by a module's launch_gemm."""
+        self.run(mA, mW, row_data, mAcc, stream, row_scale, ins, scalars)
+
+    def run(self, mA, mW, mD, mAcc, stream, row_scale=None, ins=(), scalars=()):
+        """Traced by every launcher: TMA descriptors, the tile scheduler, the launch."""
         self.setup(mA.element_type)
+        if cutlass.const_expr(self.fused is not None):
+            gemm_quant.check_layout(self.tiled_mma, (TILE[0], TILE[1]))
         op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         tma_a, gA = cute.nvgpu.cpasync.make_tiled_tma_atom(
             op, mA, cute.slice_(self.a_layout, (None, None, 0)), (TILE[0], TILE[2]))
@@ -80,13 +94,15 @@ class GemmSm90:
         tiles = cute.zipped_divide(mD, (TILE[0], TILE[1]))[(0, (None, None))].shape
         sched = utils.PersistentTileSchedulerParams((*tiles, 1), (1, 1, 1), self.swizzle, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms)
-        self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched).launch(
+        self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched,
+                    row_scale, list(ins), list(scalars)).launch(
             grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, gA_full: cute.Tensor, tma_w: cute.CopyAtom, gW_full: cute.Tensor,
                mD: cute.Tensor, mAcc: cute.Tensor, tiled_mma: cute.TiledMma, a_layout: cute.ComposedLayout,
-               w_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams):
+               w_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams, row_scale,
+               ins: list, scalars: list):
         """One persistent CTA: warpgroup 0 loads, warpgroups 1 and 2 multiply and write."""
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -109,7 +125,8 @@ class GemmSm90:
                 self.produce(pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
-            self.consume(pipe, tiled_mma, sA, sW, mD, mAcc, sched, tidx - THREADS_PER_WG, gA_full)
+            self.consume(pipe, tiled_mma, sA, sW, mD, mAcc, sched, tidx - THREADS_PER_WG, gA_full,
+                         (row_scale, ins, scalars))
 
     @cute.jit
     def produce(self, pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched):
@@ -138,8 +155,9 @@ class GemmSm90:
         pipe.producer_tail(state)
 
     @cute.jit
-    def consume(self, pipe, tiled_mma, sA, sW, mD, mAcc, sched, ctid, gA_full):
-        """The consumer warpgroups: the K loop on wgmma for each tile, then ``epilogue``."""
+    def consume(self, pipe, tiled_mma, sA, sW, mD, mAcc, sched, ctid, gA_full, fused_args):
+        """The consumer warpgroups: the K loop on wgmma for each tile, then ``epilogue`` (or,
+        with ``fused``, the op's: ``fused_args`` are its row_scale, ins and scalars)."""
         thr_mma = tiled_mma.get_slice(ctid)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrW = tiled_mma.make_fragment_B(thr_mma.partition_B(sW))
@@ -150,7 +168,10 @@ class GemmSm90:
         work = tiles.initial_work_tile_info()
         while work.is_valid_tile:
             read = self.mainloop(pipe, read, tiled_mma, tCrA, tCrW, acc, k_tiles)
-            self.epilogue(acc, work.tile_idx[0], work.tile_idx[1], thr_mma, mD, mAcc)
+            if cutlass.const_expr(self.fused is None):
+                self.epilogue(acc, work.tile_idx[0], work.tile_idx[1], thr_mma, mD, mAcc)
+            else:
+                self.fused_epilogue(acc, work.tile_idx[0], work.tile_idx[1], thr_mma, ctid % 32, mD, mAcc, fused_args)
             tiles.advance_to_next_work()
             work = tiles.get_current_work()
 
@@ -205,13 +226,31 @@ class GemmSm90:
     @cute.jit
     def store_edge(self, acc, out, tile_m, tile_n, thr_mma, mD, mAcc):
         """An edge tile's stores: each pair of adjacent columns (one 32-bit bf16 pair of D) stored
-        when it lies inside [M, N]; N % 8 == 0, so a pair never straddles N."""
-        coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(mD.shape), (TILE[0], TILE[1]),
+        when it lies inside [M, N]; N % 8 == 0, so a pair never straddles N. ``mD`` None: the
+        accumulator pairs alone (the fused epilogue's hook; ``mAcc`` has D's shape either way)."""
+        shape = mAcc.shape if cutlass.const_expr(mD is None) else mD.shape
+        coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(shape), (TILE[0], TILE[1]),
                                                      (tile_m, tile_n)))
-        tDgD = thr_mma.partition_C(cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n)))
         tAgA = thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n)))
+        if cutlass.const_expr(mD is not None):
+            tDgD = thr_mma.partition_C(cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n)))
         for i in cutlass.range_constexpr(0, cute.size(acc), 2):
-            if cute.elem_less(coords[i], mD.shape):
-                tDgD[i], tDgD[i + 1] = out[i], out[i + 1]
+            if cute.elem_less(coords[i], shape):
+                if cutlass.const_expr(mD is not None):
+                    tDgD[i], tDgD[i + 1] = out[i], out[i + 1]
                 if cutlass.const_expr(self.acc_hook):
                     tAgA[i], tAgA[i + 1] = acc[i], acc[i + 1]
+
+    @cute.jit
+    def fused_epilogue(self, acc, tile_m: Int32, tile_n: Int32, thr_mma, lane: Int32, row_data: cute.Tensor,
+                       mAcc: cute.Tensor, fused_args):
+        """The seam with ``fused``: the fp32 accumulator first (acc_hook), then the op's values,
+        FP8 data and scales (gemm_quant.GemmQuant.write, which overwrites ``acc``)."""
+        row_scale, ins, scalars = fused_args
+        if cutlass.const_expr(self.acc_hook):
+            full = cutlass.Boolean((tile_m + 1) * TILE[0] <= mAcc.shape[0])
+            if full & ((tile_n + 1) * TILE[1] <= mAcc.shape[1]):
+                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n))))
+            else:
+                self.store_edge(acc, None, tile_m, tile_n, thr_mma, None, mAcc)
+        self.fused.write(acc, tile_m, tile_n, thr_mma, (TILE[0], TILE[1]), lane, ins, scalars, row_data, row_scale)

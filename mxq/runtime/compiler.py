@@ -28,7 +28,7 @@ from ..formats.numerics import dbias_partial_dtype
 from ..frontend import gated
 from ..frontend.codegen import GIVEN_AMAX_LAUNCHERS, LAUNCHERS
 from ..frontend.spec import DTYPES
-from . import cache, slots, targets, toolchain
+from . import cache, operands, slots, targets, toolchain
 
 _DTYPE_BY_NAME = {v: k for k, v in DTYPES.items()}
 _compile_lock = threading.Lock()
@@ -119,7 +119,7 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
         if kind == "strided":
             ld = cute.sym_int64(divisibility=VEC_DIVISOR if vec else 1)
             return cute.runtime.make_fake_tensor(el, (m, n), stride=(ld, 1), assumed_align=big or nbytes)
-        stride = {"row": (0, 1), "col": (1, 0), "scalar": (0, 0)}[kind]
+        stride = operands.BROADCAST_STRIDES[kind]
         return cute.runtime.make_fake_tensor(el, (m, n), stride=stride,
                                              assumed_align=(big or nbytes) if kind == "row" else nbytes)
 

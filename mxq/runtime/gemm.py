@@ -1,6 +1,8 @@
-"""The sm_90 GEMM from Python (not public API yet): ``gemm(a, w, out=None, acc_out=None)`` returns
+"""The sm_90 GEMM from Python: ``gemm(a, w, out=None, acc_out=None)`` (not public API yet) returns
 D = a @ w^T (mxq/kernels/gemm_sm90.py), compiled once per (dtype, arch, options, SM count) with
-TVM-FFI (symbolic M, N, K; the stream is torch's current one) and kept in memory.
+TVM-FFI (symbolic M, N, K; the stream is torch's current one) and kept in memory; ``gemm_op``
+runs ``op.gemm`` (an op's rendered ``launch_gemm``: the GEMM with the op's epilogue and quantize,
+mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds.
 
 Arguments are checked here, before any launch, each error naming its argument: a [M, K] and
 w [N, K] of one dtype (bf16 or fp16), both K-major (row-major, contiguous rows) on one CUDA
@@ -10,6 +12,7 @@ device, K and N multiples of 8 (TMA's 16-byte rows); ``out`` [M, N] of a's dtype
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import shutil
 import tempfile
@@ -17,7 +20,9 @@ import threading
 
 import torch
 
-from . import cache, toolchain
+from ..frontend import gated
+from . import cache, launch, toolchain
+from . import operands as operands_mod
 
 ARCH = "sm_90a"  # wgmma needs the arch-specific target
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -144,4 +149,110 @@ def gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, acc_
     fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]))
     with torch.cuda.device(a.device):
         fn(a, w, out, *(() if acc_out is None else (acc_out,)))
+    return out
+
+
+# --- op.gemm: the GEMM whose epilogue is an op (mxq/kernels/gemm_quant.py) ---------------------------
+OPERAND_KINDS = ("full", "row", "col", "scalar")  # operands.py's kinds launch_gemm takes (not strided views)
+
+
+def operand_kinds(a, w, operands) -> tuple:
+    """Each operand's layout kind against the GEMM's [M, N] (operands.kind_of), checked by name:
+    a tensor of a's dtype on a's device, full ones contiguous; raise otherwise."""
+    m, n = a.shape[0], w.shape[0]
+    kinds = []
+    for i, t in enumerate(operands):
+        name = f"operand {i + 1} (the epilogue's tensor {i + 2})"
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"mxq: op.gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+        kind = operands_mod.kind_of(t.shape, m, n, (m, n))
+        if kind is None:
+            raise ValueError(f"mxq: op.gemm: {name} of shape {tuple(t.shape)} does not broadcast against the "
+                             f"GEMM's [M, N] = {(m, n)} (full [M, N], row [N], column [M, 1] or a scalar)")
+        if t.dtype != a.dtype:
+            raise TypeError(f"mxq: op.gemm: {name} must have a's dtype {a.dtype}, got {t.dtype}")
+        if t.device != a.device:
+            raise ValueError(f"mxq: op.gemm: {name} must be on a's device {a.device}, got {t.device}")
+        if kind == "full" and not t.is_contiguous():
+            raise ValueError(f"mxq: op.gemm: {name} (full [M, N]) must be contiguous, got strides {t.stride()}")
+        kinds.append(kind)
+    return tuple(kinds)
+
+
+def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
+    """The compile-time arguments of a module's ``launch_gemm`` (codegen._gemm_launcher_text):
+    A and W as fake_args', the operands as [M, N] views of their kinds (broadcast dims of stride
+    0), the floats, FP8 data [M, N] (bytes), the flat scale buffer (E8M0 bytes or fp32), the
+    fp32 accumulator (or, without the hook, the data again)."""
+    cute = toolchain.import_cutlass(ARCH)
+    import cutlass
+
+    el = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[dtype_name]
+    m, n, k = cute.sym_int(), cute.sym_int(divisibility=ALIGN), cute.sym_int(divisibility=ALIGN)
+    fake = cute.runtime.make_fake_compact_tensor
+    args = [fake(el, (m, k), stride_order=(1, 0), assumed_align=16),
+            fake(el, (n, k), stride_order=(1, 0), assumed_align=16)]
+    for kind in kinds:  # (read an element at a time: any element-aligned address)
+        stride = (n, 1) if kind == "full" else operands_mod.BROADCAST_STRIDES[kind]
+        args.append(cute.runtime.make_fake_tensor(el, (m, n), stride=stride, assumed_align=2))
+    args += [cutlass.Float32(0.0)] * gated.launch_scalars(op.epilogue)
+    data = fake(cutlass.Uint8, (m, n), stride_order=(1, 0), assumed_align=16)
+    scale_el, scale_align = (cutlass.Float32, 4) if op.spec.block_format.scale == "fp32" else (cutlass.Uint8, 1)
+    args += [data, fake(scale_el, (cute.sym_int(),), assumed_align=scale_align)]
+    args.append(fake(cutlass.Float32, (m, n), stride_order=(1, 0), assumed_align=16) if acc_hook else data)
+    return args
+
+
+def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: int, swizzle: int,
+                    keep_ptx: bool = False):
+    """The compiled ``launch_gemm`` of ``op``'s rendered module (cached in memory by its source,
+    dtype, operand kinds, hook, SM count and tile order, unless keep_ptx)."""
+    from . import compiler
+
+    source = op.source
+    key = ("op", hashlib.sha256(source.encode()).hexdigest(), dtype_name, kinds, acc_hook, num_sms, swizzle)
+    fn = _compiled.get(key)
+    if fn is not None and not keep_ptx:
+        return fn
+    with _lock:
+        fn = _compiled.get(key)
+        if fn is not None and not keep_ptx:
+            return fn
+        args = fake_gemm_args(op, dtype_name, kinds, acc_hook)
+        cute = toolchain.import_cutlass(ARCH)
+        mod = compiler.load_module(source)
+        options = f"--enable-tvm-ffi --gpu-arch {ARCH}"
+        dump = tempfile.mkdtemp(prefix="mxq-gemm-ptx-") if keep_ptx else None
+        if dump is not None:
+            options += f" --keep-ptx --dump-dir {shlex.quote(dump)}"
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)  # (after the compile-time options)
+        try:
+            fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, stream, options=options)
+        except Exception as exc:
+            raise RuntimeError(f"mxq: compiling op.gemm of {op.__name__} ({dtype_name}, operands {kinds}, "
+                               f"acc_hook={acc_hook}) for {ARCH} failed: {exc}") from exc
+        finally:
+            if dump is not None:
+                shutil.rmtree(dump, ignore_errors=True)
+        if not keep_ptx:
+            _compiled[key] = fn
+        return fn
+
+
+def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
+    """op.gemm on CUDA: ``out`` (an MXFP8Tensor of op's spec, [M, N], contiguous data) from a @ w^T
+    through the op's epilogue (launch_gemm); ``acc_out``: also the fp32 accumulator. Arguments
+    checked by the caller (op.gemm, check_args, operand_kinds)."""
+    kinds = operand_kinds(a, w, operands)
+    if a.shape[0] == 0 or w.shape[0] == 0:
+        return out
+    num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]))
+    m, n = a.shape[0], w.shape[0]
+    views = [operands_mod.as_matrix(t.detach(), kind, m, n) for t, kind in zip(operands, kinds)]
+    data = out.rowwise_data.view(torch.uint8)
+    scale = launch.flat_scale(out.rowwise_scale)
+    with torch.cuda.device(a.device):  # (detached: DLPack exports no tensor that requires grad)
+        fn(a.detach(), w.detach(), *views, *[float(s) for s in scalars], data, scale,
+           data if acc_out is None else acc_out)
     return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 KINDS = ("full", "row", "col", "scalar")
+BROADCAST_STRIDES = {"row": (0, 1), "col": (1, 0), "scalar": (0, 0)}  # a broadcast kind's [M, N] view strides
 
 
 def kind_of(shape, m: int, n: int, full_shape) -> str | None:
@@ -59,4 +60,4 @@ def is_row_strided(t: torch.Tensor, n: int) -> bool:
     return t.dim() == 2 and t.stride(-1) == 1 and t.stride(0) > n and t.shape[0] > 1
 
 
-__all__ = ["KINDS", "as_matrix", "is_row_strided", "kind_of"]
+__all__ = ["BROADCAST_STRIDES", "KINDS", "as_matrix", "is_row_strided", "kind_of"]

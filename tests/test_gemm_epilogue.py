@@ -1,0 +1,406 @@
+"""op.gemm: the sm_90 GEMM whose epilogue is the op (mxq/kernels/gemm_quant.py).
+
+CPU: launch_gemm compiles to sm_90a PTX (wgmma, the FP8 conversions, 16-bit data stores, scale
+stores, no store of the product) for FP8 block scaling and MXFP8 with broadcast, full and float
+operands; refusals are ValueErrors naming the option (TypeError / ValueError naming the
+argument for bad tensors) before anything compiles; on CPU op.gemm is the reference on the fp32
+accumulator, checked against the independent oracles (tests/oracle.py, oracle_fp8_block.py).
+GPU (marked ``gpu``): data and scale bytes equal op.reference applied to the kernel's own
+accumulator (the acc_out hook; every byte for exact ops, docs/NUMERICS.md's transcendental
+class for gelu), for random shapes with partial M and N tiles, every served format and scale
+layout; the accumulator against a float64 matmul; the hook-free launch writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import mxq
+from mxq.runtime import gemm as g
+from mxq.testing import compare, is_exact, v_bound
+
+from . import oracle, oracle_fp8_block
+
+
+@mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128))
+def bias_gelu(x, b):
+    return x + b
+
+
+@mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128), scale_layout="gemm")
+def bias_gelu_gemm(x, b):
+    return x + b
+
+
+@mxq.fused_quant(act="gelu")
+def bias_gelu_mx(x, b):
+    return x + b
+
+
+@mxq.fused_quant(act="gelu", scale_layout="swizzled")
+def bias_gelu_mx_sw(x, b):
+    return x + b
+
+
+@mxq.fused_quant(format="fp8_block", block=(1, 128), fp8="e5m2")
+def scaled_residual(x, s, r, alpha: float = 1.0):
+    return x * s * alpha + r
+
+
+@mxq.fused_quant(fp8="e5m2")
+def scaled_residual_mx(x, s, r, alpha: float = 1.0):
+    return x * s * alpha + r
+
+
+@mxq.fused_quant(format="fp8_block", block=(1, 128))
+def plus_bias(x, b):
+    return x + b
+
+
+@mxq.fused_quant(format="fp8_block", block=(1, 128), scale_layout="gemm", scale_mode="fp32")
+def plus_bias_gemm(x, b):
+    return x + b
+
+
+@mxq.fused_quant()
+def plus_bias_mx(x, b):
+    return x + b
+
+
+@mxq.fused_quant(scale_layout="swizzled")
+def plus_bias_mx_sw(x, b):
+    return x + b
+
+
+# --- CPU: PTX ---------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def ptx():
+    """PTX of two launch_gemm compiles: FP8 block scaling + bias + gelu (bf16), and MXFP8 e5m2
+    with a column operand, a full residual and a float (fp16, with the accumulator hook)."""
+    return {"fp8_block": g.compile_gemm_op(bias_gelu, "bf16", ("row",), False, 132, 1, keep_ptx=True).__ptx__,
+            "mxfp8": g.compile_gemm_op(scaled_residual_mx, "fp16", ("col", "full"), True, 132, 8,
+                                       keep_ptx=True).__ptx__}
+
+
+@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
+def test_launch_gemm_compiles_to_sm90a_with_the_quantize_in_its_epilogue(ptx, fmt):
+    text = ptx[fmt]
+    assert re.search(r"^\.target sm_90a", text, re.M)
+    el = "bf16" if fmt == "fp8_block" else "f16"
+    assert f"wgmma.mma_async.sync.aligned.m64n256k16.f32.{el}.{el}" in text
+    cvt = "e4m3x2" if fmt == "fp8_block" else "e5m2x2"
+    assert text.count(f"cvt.rn.satfinite.{cvt}.f32") == 64  # 128 accumulator values a thread, in pairs
+    assert text.count("st.global.b16") == 64  # the FP8 pairs; no bf16/fp16 product anywhere
+    assert not re.search(r"cvt\.rn\.(bf16|f16)x2\.f32", text)
+    if fmt == "fp8_block":  # 2 rows x 2 blocks of 1x128 a thread: fp32 1/scale by div.rn, NaN-dropping max
+        stores = re.findall(r"st\.global\.[\w.:]+", text)
+        assert sorted(set(stores)) == ["st.global.b16", "st.global.b32"] and stores.count("st.global.b32") == 4
+        assert "div.rn.f32" in text and "max.NaN.f32" not in text
+    else:  # 2 rows x 8 blocks of 1x32: E8M0 bytes (L2-kept), NaN-propagating max; the hook's fp32 pairs
+        assert text.count("st.global.L2::cache_hint.b8") == 16
+        assert "max.NaN.f32" in text
+        assert text.count("st.global.v2.b32") == 2 * 64  # a full tile's and an edge tile's
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
+@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
+def test_ptxas_assembles_the_fused_kernel_without_spills_or_serialised_wgmmas(ptx, fmt):
+    """The local ptxas takes the fused kernel with no spills and no C7514 warning (an
+    instruction reading the accumulators while a wgmma group is in flight)."""
+    text = ptx[fmt]
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        for _ in range(2):
+            src.write_text(text)
+            r = subprocess.run(["ptxas", "-v", "-arch=sm_90a", str(src), "-o", str(Path(d) / "k.cubin")],
+                               capture_output=True, text=True, timeout=600)
+            m = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", r.stderr)
+            if r.returncode == 0 or not m:
+                break
+            text = re.sub(r"^\.version \S+", f".version {m.group(1)}", text, count=1, flags=re.M)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-2000:]
+    assert "C7514" not in out and "wgmma" not in out.lower(), out[-2000:]
+    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", out), out[-2000:]
+
+
+def test_the_accumulator_layout_assumption_is_checked_at_trace_time():
+    """gemm_quant.check_layout passes on GemmSm90's tiled MMA (it runs in every fused compile)
+    and fails on a tiled MMA of another value order (planted: two warpgroups along N)."""
+    from mxq.runtime import toolchain
+
+    toolchain.import_cutlass(g.ARCH)
+    import cutlass
+    import cutlass.utils as utils
+    import cutlass.utils.hopper_helpers as sm90
+
+    from mxq.kernels import gemm_quant
+    from mxq.kernels.gemm_sm90 import TILE
+
+    k_major = utils.LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
+
+    def mma(atoms, tiler):
+        return sm90.make_trivial_tiled_mma(cutlass.BFloat16, cutlass.BFloat16, k_major, k_major, cutlass.Float32,
+                                           atoms, tiler_mn=tiler)
+
+    import cutlass.cute as cute
+
+    @cute.jit
+    def gemm_sm90s():  # (host-only: the check runs while these trace)
+        gemm_quant.check_layout(mma((2, 1, 1), (64, TILE[1])), (TILE[0], TILE[1]))
+
+    @cute.jit
+    def planted():
+        gemm_quant.check_layout(mma((1, 2, 1), (TILE[0] // 2, TILE[1])), (TILE[0], TILE[1]))
+
+    cute.compile(gemm_sm90s, options=f"--gpu-arch {g.ARCH}")
+    with pytest.raises(Exception, match="layout assumption"):
+        cute.compile(planted, options=f"--gpu-arch {g.ARCH}")
+
+
+# --- CPU: refusals ----------------------------------------------------------------------------
+def _ab(m=4, n=16, k=16, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(m, k, generator=gen).to(dtype), torch.randn(n, k, generator=gen).to(dtype))
+
+
+@pytest.mark.parametrize("options, named", [
+    (dict(colwise=True), "colwise=True"),
+    (dict(rowwise=False, colwise=True), "colwise=True"),
+    (dict(amax=True), "amax=True"),
+    (dict(dbias=True), "dbias=True"),
+    (dict(dact="gelu"), "dact='gelu'"),
+    (dict(act="swiglu"), "act='swiglu'"),
+    (dict(format="fp8_block", block=(128, 128)), "block=(128, 128)"),
+    (dict(format="mxfp4"), "format='mxfp4'"),
+    (dict(format="nvfp4"), "format='nvfp4'"),
+])
+def test_unserved_options_are_value_errors_naming_the_option(options, named):
+    def identity(x):
+        return x
+
+    op = mxq.fused_quant(**options)(identity)
+    a, w = _ab()
+    with pytest.raises(ValueError, match=re.escape(named)):
+        op.gemm(a, w)
+
+
+@pytest.mark.parametrize("keyword", ["group_offsets", "out", "noop"])
+def test_call_keywords_without_a_gemm_route_are_named(keyword):
+    a, w = _ab()
+    with pytest.raises(ValueError, match=f"does not serve {keyword}="):
+        plus_bias.gemm(a, w, torch.zeros(16, dtype=torch.bfloat16), **{keyword: torch.zeros(2, dtype=torch.int32)})
+
+
+def test_bad_tensors_are_named_before_anything_runs():
+    a, w = _ab()
+    b = torch.zeros(16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="a must be bfloat16 or float16"):
+        plus_bias.gemm(a.float(), w.float(), b)
+    with pytest.raises(ValueError, match="N \\(w.shape\\[0\\]\\) must be a multiple of 8"):
+        plus_bias.gemm(a, w[:12], b[:12])
+    with pytest.raises(ValueError, match="operand 1 .* does not broadcast"):
+        plus_bias.gemm(a, w, torch.zeros(15, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="operand 1 .* must have a's dtype"):
+        plus_bias.gemm(a, w, b.float())
+    with pytest.raises(ValueError, match="acc_out must be a torch.float32 tensor of shape \\(4, 16\\)"):
+        plus_bias.gemm(a, w, b, acc_out=torch.zeros(4, 15))
+
+
+# --- CPU: the reference on the fp32 accumulator -----------------------------------------------
+def _f32_rows(t):
+    return [[float(v) for v in row] for row in t.tolist()]
+
+
+@pytest.mark.parametrize("mode", ["pow2", "fp32"])
+def test_cpu_gemm_is_the_op_on_the_fp32_accumulator_fp8_block(mode):
+    """FP8 block scaling: codes and scales of fp32(acc + b) by the independent oracle; N = 136,
+    a partial second 1x128 block."""
+    op = mxq.fused_quant(format="fp8_block", block=(1, 128), scale_mode=mode)(plus_bias.fn)
+    a, w = _ab(5, 136, 24)
+    b = torch.randn(136).to(torch.bfloat16)
+    acc = torch.empty(5, 136)
+    t = op.gemm(a, w, b, acc_out=acc)
+    assert torch.equal(acc, a.float() @ w.float().t())
+    v = _f32_rows(acc + b.float())
+    codes, scales = oracle_fp8_block.quantize(v, "e4m3", (1, 128), mode, "fp32")
+    assert t.rowwise_data.view(torch.uint8).tolist() == codes
+    assert t.rowwise_scale.tolist() == scales
+
+
+def test_cpu_gemm_is_the_op_on_the_fp32_accumulator_mxfp8():
+    a, w = _ab(3, 64, 16)
+    b = torch.randn(64).to(torch.bfloat16)
+    acc = torch.empty(3, 64)
+    t = plus_bias_mx.gemm(a, w, b, acc_out=acc)
+    codes, scales = oracle.quantize_rows(_f32_rows(acc + b.float()), "e4m3", plus_bias_mx.spec.scale_mode)
+    assert t.rowwise_data.view(torch.uint8).tolist() == codes
+    assert t.rowwise_scale.tolist() == scales
+
+
+def test_cpu_gemm_takes_operands_and_floats_as_a_call_does():
+    """Column scale, full residual and a float by keyword: op.reference on the accumulator."""
+    a, w = _ab(6, 256, 32)
+    s = torch.rand(6, 1).to(torch.bfloat16)
+    r = torch.randn(6, 256).to(torch.bfloat16)
+    acc = torch.empty(6, 256)
+    for op in (scaled_residual, scaled_residual_mx):
+        t = op.gemm(a, w, s, r, alpha=0.75, acc_out=acc)
+        ref = op.reference(acc, s.float(), r.float(), alpha=0.75)
+        assert torch.equal(t.rowwise_data.view(torch.uint8), ref.rowwise_data.view(torch.uint8))
+        assert torch.equal(t.rowwise_scale, ref.rowwise_scale)
+
+
+# --- GPU: bit-exact against the reference on the kernel's own accumulator ----------------------
+GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw, plus_bias, plus_bias_gemm, plus_bias_mx,
+           plus_bias_mx_sw]
+SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 1032, 136), (1024, 768, 512)]
+
+
+def _acc_bound(a, w):
+    """The fp32 accumulator's bound against the float64 product (bench/gemm.py's): 8 sqrt(K)
+    2^-24 |A| |W|^T."""
+    k = a.shape[1]
+    return 8 * math.sqrt(k) * 2.0 ** -24 * (a.double().abs() @ w.double().abs().t())
+
+
+def _check_against_reference(op, a, w, *operands, **params):
+    acc = torch.full((a.shape[0], w.shape[0]), float("nan"), device=a.device)
+    t = op.gemm(a, w, *operands, acc_out=acc, **params)
+    exact = a.double() @ w.double().t()
+    assert ((acc.double() - exact).abs() <= _acc_bound(a, w)).all()
+    _same_as_reference(op, t, acc, *operands, **params)
+    return t
+
+
+def _same_as_reference(op, t, acc, *operands, **params):
+    """t against op.reference on the accumulator ``acc``: every byte for ops of the exact class,
+    docs/NUMERICS.md's transcendental class (gelu) through mxq.testing.compare otherwise; the
+    scales' padding (GEMM-ready, swizzled) included."""
+    args = (acc, *[o.float() for o in operands])
+    ref = op.reference(*args, **params)
+    exact = is_exact(op)
+    assert compare(t, ref, exact, v_bound=None if exact else v_bound(op, *args, **params)) == []
+    flat_t, flat_ref = launch_flat(t.rowwise_scale), launch_flat(ref.rowwise_scale)
+    if exact:
+        assert torch.equal(flat_t.view(torch.uint8), flat_ref.view(torch.uint8))
+    else:
+        assert flat_t.shape == flat_ref.shape
+
+
+def launch_flat(s):
+    from mxq.runtime.launch import flat_scale
+
+    return flat_scale(s)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", GPU_OPS, ids=lambda o: o.__name__)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gpu_gemm_bytes_equal_the_reference_on_its_accumulator(op, shape):
+    m, n, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / math.sqrt(k)).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    _check_against_reference(op, a, w, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [scaled_residual, scaled_residual_mx], ids=lambda o: o.__name__)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gemm_column_full_and_float_operands(op, dtype):
+    m, n, k = 333, 392, 264
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / 16).to(dtype)
+    s = torch.rand(m, 1, device="cuda", generator=gen).to(dtype)
+    r = torch.randn(m, n, device="cuda", generator=gen).to(dtype)
+    _check_against_reference(op, a, w, s, r, alpha=0.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [bias_gelu, bias_gelu_mx_sw], ids=lambda o: o.__name__)
+def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op):
+    m, n, k = 515, 1288, 392
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / 20).to(torch.bfloat16)
+    b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
+    hooked = _check_against_reference(op, a, w, b)
+    plain = op.gemm(a, w, b)
+    assert torch.equal(plain.rowwise_data.view(torch.uint8), hooked.rowwise_data.view(torch.uint8))
+    assert torch.equal(launch_flat(plain.rowwise_scale), launch_flat(hooked.rowwise_scale))
+
+
+def _specials(device):
+    """A, W and a bias with planted specials: an inf in a row of A (that row's accumulator
+    inf/NaN), a zero row (blocks of amax 0), a huge bias (saturation)."""
+    m, n, k = 130, 264, 64
+    gen = torch.Generator(device=device).manual_seed(3)
+    a = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
+    w = torch.randn(n, k, device=device, generator=gen).to(torch.bfloat16)
+    a[3, 5] = float("inf")
+    a[7, :] = 0
+    b = torch.randn(n, device=device, generator=gen).to(torch.bfloat16)
+    b[17] = 3e38
+    return a, w, b
+
+
+@pytest.mark.gpu
+def test_gpu_gemm_specials_nan_and_overflow_in_the_accumulator():
+    """FP8 block scaling drops NaN from its block amax, MXFP8 propagates it; both as the
+    reference on the kernel's accumulator."""
+    a, w, b = _specials("cuda")
+    for op in (bias_gelu, bias_gelu_mx, plus_bias, plus_bias_mx):
+        _check_against_reference_loose_acc(op, a, w, b)
+
+
+def test_cpu_counterpart_of_the_gpu_checks():
+    """The GPU tests' checks, run on the CPU route (the reference on torch's fp32 matmul): a
+    random shape with partial tiles, the operands and floats, the specials."""
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn(200, 72, generator=gen).to(torch.bfloat16)
+    w = (torch.randn(264, 72, generator=gen) / 8).to(torch.bfloat16)
+    b = torch.randn(264, generator=gen).to(torch.bfloat16)
+    for op in (bias_gelu_gemm, plus_bias_mx_sw):
+        _check_against_reference(op, a, w, b)
+    s, r = torch.rand(200, 1, generator=gen).to(torch.bfloat16), torch.randn(200, 264, generator=gen).to(torch.bfloat16)
+    _check_against_reference(scaled_residual, a, w, s, r, alpha=0.5)
+    a, w, b = _specials("cpu")
+    for op in (bias_gelu, plus_bias_mx):
+        _check_against_reference_loose_acc(op, a, w, b)
+
+
+def _check_against_reference_loose_acc(op, a, w, *operands):
+    acc = torch.empty((a.shape[0], w.shape[0]), device=a.device)
+    t = op.gemm(a, w, *operands, acc_out=acc)
+    _same_as_reference(op, t, acc, *operands)
+
+
+@pytest.mark.gpu
+def test_gpu_gemm_empty_m_returns_empty_outputs():
+    a = torch.zeros(0, 64, device="cuda", dtype=torch.bfloat16)
+    w = torch.zeros(256, 64, device="cuda", dtype=torch.bfloat16)
+    t = bias_gelu.gemm(a, w, torch.zeros(256, device="cuda", dtype=torch.bfloat16))
+    assert t.rowwise_data.shape == (0, 256)
+
+
+def test_bench_fused_rows_check_on_the_cpu_route():
+    """bench/gemm.py's op.gemm rows (gelu + FP8 block scaling, gelu + MXFP8) check on op.gemm's
+    CPU route (the timing needs the GPU)."""
+    from .test_codegen import _bench_tool
+
+    tool = _bench_tool("gemm")
+    assert [op.spec.format for op in tool.FUSED] == ["fp8_block", "mxfp8"]
+    for op in tool.FUSED:
+        row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu")
+        assert row["checked"], row
