@@ -290,20 +290,37 @@ def test_specials_and_finite_tensors(strict, dtype):
         _check(op, [x], got)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", list(DTYPES))
-def test_given_amax_skips_the_first_pass(strict, dtype):
+def _fp32(v) -> float:
+    """``v`` rounded to fp32, as the amax slot holds it (1e-3 is not an fp32 value)."""
+    return struct.unpack("<f", struct.pack("<f", float(v)))[0]
+
+
+def _given_amax_case(dtype, device):
+    """A given amax (float, tensor, 0) is the amax slot's fp32 value and the scales' base: the
+    planted inf makes the computed amax inf, so an amax pass that ran would show; under noop
+    nothing is written, the amax included."""
     op = mxq.fused_quant(format="nvfp4")(ident)
     x = _specials(70, 384, DTYPES[dtype], seed=11)
     for given in (100.0, 1e-3, 0.0, torch.tensor(3000.0)):
-        got = op(x.cuda(), global_amax=given.cuda() if isinstance(given, torch.Tensor) else given)
+        got = op(x.to(device), global_amax=given.to(device) if isinstance(given, torch.Tensor) else given)
         _check(op, [x], got, global_amax=given)
-        assert got.amax.item() == float(given)
-    out = op(x.cuda())
+        assert got.amax.item() == _fp32(given)
+    out = op(x.to(device))
     before = [getattr(out, f).clone() for f in FIELDS[:3]]
-    noop = torch.ones(1, device="cuda")
-    op(x.cuda(), out=out, noop=noop, global_amax=5.0)  # noop: nothing written, the amax included
+    noop = torch.ones(1, device=device)
+    op(x.to(device), out=out, noop=noop, global_amax=5.0)
     assert all(torch.equal(b, getattr(out, f)) for b, f in zip(before, FIELDS[:3]))
+
+
+def test_given_amax_on_cpu():
+    """_given_amax_case on the reference (the GPU test's expectations hold there too)."""
+    _given_amax_case("bf16", "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_given_amax_skips_the_first_pass(strict, dtype):
+    _given_amax_case(dtype, "cuda")
 
 
 @pytest.mark.gpu
