@@ -26,12 +26,16 @@ def planted(m: int, n: int, dtype=torch.float32, seed: int = 0, scale: float = 1
     return x.to(dtype).to(device)
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bytes in logical element order, on the CPU (a fresh 1-D copy: reshape(-1) of a view
+    keeps a stride even of a single element, e.g. one row of GEMM-ready scales, and
+    view(uint8) refuses a stride other than 1)."""
+    return t.new_empty(t.numel()).copy_(t.reshape(-1)).view(torch.uint8).cpu()
+
+
 def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN-safe) of two tensors of one dtype and shape."""
-    def flat(t):  # (a fresh 1-D copy: a view's stride, even of a single element, cannot be viewed as bytes)
-        return t.new_empty(t.numel()).copy_(t.reshape(-1)).view(torch.uint8).cpu()
-
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(flat(a), flat(b))
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b))
 
 
 def poisoned(op, x: torch.Tensor, group_offsets=None, row_align: int = 1):
@@ -77,8 +81,7 @@ def padded_rows(t: torch.Tensor) -> torch.Tensor:
 
 def byte_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
     """(number of differing bytes, largest difference of two differing bytes as codes)."""
-    a = a.reshape(-1).view(torch.uint8).cpu().to(torch.int16)
-    b = b.reshape(-1).view(torch.uint8).cpu().to(torch.int16)
+    a, b = _bytes(a).to(torch.int16), _bytes(b).to(torch.int16)
     d = a != b
     return int(d.sum()), int((a - b).abs()[d].max()) if d.any() else 0
 

@@ -380,6 +380,19 @@ def test_cpu_counterpart_of_the_gpu_checks():
         _check_against_reference_loose_acc(op, a, w, b)
 
 
+def test_cpu_one_row_of_gemm_ready_scales():
+    """M = 1 with GEMM-ready scales (the GPU test's 1x8x8 shape): [1, ceil(N/128)] views of
+    strides (1, 4), whose reshape(-1) keeps stride 4. The checks compare their bytes, and the
+    flat scale buffer op.gemm launches with is of unit stride (launch_gemm's compact 1-D scales)."""
+    for n in (8, 136):
+        a, w = _ab(1, n, 8)
+        b = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(torch.bfloat16)
+        for op in (bias_gelu_gemm, plus_bias_gemm):
+            t = _check_against_reference(op, a, w, b)
+            assert t.rowwise_scale.stride() == (1, 4)
+            assert launch_flat(t.rowwise_scale).stride() == (1,)
+
+
 def _check_against_reference_loose_acc(op, a, w, *operands):
     acc = torch.empty((a.shape[0], w.shape[0]), device=a.device)
     t = op.gemm(a, w, *operands, acc_out=acc)

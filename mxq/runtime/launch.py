@@ -325,11 +325,12 @@ def _clear_padding(out: MXFP8Tensor, noop) -> None:
 def flat_scale(s: torch.Tensor) -> torch.Tensor:
     """A scale tensor as the kernels' flat buffer: its elements in memory order from its first,
     contiguous or not (the GEMM-ready fp32 scales are a transposed view of a padded buffer,
-    mxq/formats/fp8_block_layouts.gemm_scale; validation.check_out holds out='s strides to it)."""
+    mxq/formats/fp8_block_layouts.gemm_scale; validation.check_out holds out='s strides to it).
+    Always of unit stride, as the kernels' compact 1-D scale tensors are: a contiguous view's
+    ``view(-1)`` keeps a size-1 dimension's stride (one row of GEMM-ready scales, [1, 1] of
+    strides (1, 4), would flatten to [1] of stride 4)."""
     if s.dtype == torch.float8_e4m3fn:  # (NVFP4's E4M3 scales: the kernels store bytes)
         s = s.view(torch.uint8)
-    if s.is_contiguous():
-        return s.view(-1)
     span = 1 + sum((d - 1) * st for d, st in zip(s.shape, s.stride())) if s.numel() else 0
     return s.as_strided((span,), (1,))
 
