@@ -13,6 +13,7 @@ loaded by later processes in milliseconds without importing cutlass.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import math
@@ -163,6 +164,23 @@ VEC_ALIGN = 16  # ... and every [M, N] tensor 16-byte aligned
 VARIANTS = {variant + ("_grouped" if grouped else ""): fn for fn, variant, grouped in LAUNCHERS + GIVEN_AMAX_LAUNCHERS}
 
 
+@contextlib.contextmanager
+def compile_options(arch: str, keep_ptx: bool):
+    """cute.compile's options for ``arch`` (TVM-FFI functions); ``keep_ptx``: with the PTX kept.
+    CuTeDSL writes kept PTX into a file named by the kernel signature alone (two ops of one
+    signature share a name, across processes too) and splits the option string like a shell
+    line: a fresh private directory per compile, quoted, removed after it."""
+    options = f"--enable-tvm-ffi --gpu-arch {arch}"
+    if not keep_ptx:
+        yield options
+        return
+    dump = tempfile.mkdtemp(prefix="mxq-ptx-")
+    try:
+        yield options + f" --keep-ptx --dump-dir {shlex.quote(dump)}"
+    finally:
+        shutil.rmtree(dump, ignore_errors=True)
+
+
 def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: str = "vec", layouts=None,
                n_multiple: int = 1):
     """The compiled CuTeDSL function (TVM-FFI wrapper) for ``op`` on ``arch`` with input dtype.
@@ -191,25 +209,13 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
         args = fake_args(op, dtype_name, targets.uses_hw_e8m0(arch), arch, vec=variant.startswith("vec"), layouts=layouts,
                          grouped=variant.endswith("_grouped"), n_multiple=n_multiple)
         cute = toolchain.import_cutlass(arch)
-        options = f"--enable-tvm-ffi --gpu-arch {arch}"
-        dump = None
-        if keep_ptx:
-            # CuTeDSL writes the PTX into a file named by the kernel signature alone (two ops of
-            # one signature share a name, across processes too) and the option string is split
-            # like a shell line: a fresh private directory per compile, quoted
-            dump = tempfile.mkdtemp(prefix="mxq-ptx-")
-            options += f" --keep-ptx --dump-dir {shlex.quote(dump)}"
-        try:
-            with _compile_lock:
-                try:
-                    entry = getattr(mod, VARIANTS[variant])
-                    compiled = cute.compile(entry, *args, options=options)
-                except Exception as exc:
-                    raise RuntimeError(f"mxq: compiling {cache.source_file(source)} ({variant}) for {arch}/{dtype_name} "
-                                       f"failed: {exc}") from exc
-        finally:
-            if dump is not None:
-                shutil.rmtree(dump, ignore_errors=True)
+        with compile_options(arch, keep_ptx) as options, _compile_lock:
+            try:
+                entry = getattr(mod, VARIANTS[variant])
+                compiled = cute.compile(entry, *args, options=options)
+            except Exception as exc:
+                raise RuntimeError(f"mxq: compiling {cache.source_file(source)} ({variant}) for {arch}/{dtype_name} "
+                                   f"failed: {exc}") from exc
         _compiled[key] = compiled
         return compiled
 

@@ -13,9 +13,6 @@ device, K and N multiples of 8 (TMA's 16-byte rows); ``out`` [M, N] of a's dtype
 from __future__ import annotations
 
 import hashlib
-import shlex
-import shutil
-import tempfile
 import threading
 
 import torch
@@ -105,22 +102,17 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
             return fn
         args = fake_args(dtype_name, acc_hook)
         cute = toolchain.import_cutlass(ARCH)
+        from . import compiler
         from ..kernels.gemm_sm90 import GemmSm90
 
         kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle)
         entry = kernel.launch_acc if acc_hook else kernel.launch
-        options = f"--enable-tvm-ffi --gpu-arch {ARCH}"
-        dump = tempfile.mkdtemp(prefix="mxq-gemm-ptx-") if keep_ptx else None
-        if dump is not None:  # (CuTeDSL writes kept PTX into the dump directory: a private one, as compiler.py's)
-            options += f" --keep-ptx --dump-dir {shlex.quote(dump)}"
-        try:
-            fn = cute.compile(entry, *args, options=options)
-        except Exception as exc:
-            raise RuntimeError(f"mxq: compiling the sm_90 GEMM ({dtype_name}, acc_hook={acc_hook}, swizzle={swizzle}) "
-                               f"for {ARCH} failed: {exc}") from exc
-        finally:
-            if dump is not None:
-                shutil.rmtree(dump, ignore_errors=True)
+        with compiler.compile_options(ARCH, keep_ptx) as options:
+            try:
+                fn = cute.compile(entry, *args, options=options)
+            except Exception as exc:
+                raise RuntimeError(f"mxq: compiling the sm_90 GEMM ({dtype_name}, acc_hook={acc_hook}, "
+                                   f"swizzle={swizzle}) for {ARCH} failed: {exc}") from exc
         if not keep_ptx:
             _compiled[key] = fn
         return fn
@@ -221,19 +213,13 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
         args = fake_gemm_args(op, dtype_name, kinds, acc_hook)
         cute = toolchain.import_cutlass(ARCH)
         mod = compiler.load_module(source)
-        options = f"--enable-tvm-ffi --gpu-arch {ARCH}"
-        dump = tempfile.mkdtemp(prefix="mxq-gemm-ptx-") if keep_ptx else None
-        if dump is not None:
-            options += f" --keep-ptx --dump-dir {shlex.quote(dump)}"
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)  # (after the compile-time options)
-        try:
-            fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, stream, options=options)
-        except Exception as exc:
-            raise RuntimeError(f"mxq: compiling op.gemm of {op.__name__} ({dtype_name}, operands {kinds}, "
-                               f"acc_hook={acc_hook}) for {ARCH} failed: {exc}") from exc
-        finally:
-            if dump is not None:
-                shutil.rmtree(dump, ignore_errors=True)
+        with compiler.compile_options(ARCH, keep_ptx) as options:
+            try:
+                fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, stream, options=options)
+            except Exception as exc:
+                raise RuntimeError(f"mxq: compiling op.gemm of {op.__name__} ({dtype_name}, operands {kinds}, "
+                                   f"acc_hook={acc_hook}) for {ARCH} failed: {exc}") from exc
         if not keep_ptx:
             _compiled[key] = fn
         return fn
