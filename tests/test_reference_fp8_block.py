@@ -153,8 +153,9 @@ def test_spec_key_round_trips():
 
 
 def test_cpp_routes_refuse():
-    """No C++ route serves fp8_block (tests/test_kernels_fp8_block.py: what the kernels serve)."""
-    op = mxq.fused_quant(format="fp8_block")(ident)
+    """The C++ routes refuse by name what of fp8_block they do not serve, before building anything
+    (128x128 tiles here; tests/test_cpp_fp8_block.py: the 1x128 blocks they serve)."""
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128))(ident)
     for call in (lambda: op.register("fp8_block_x"), op.dispatcher, lambda: op.export("/nonexistent")):
         with pytest.raises(ValueError, match="fp8_block"):
             call()
