@@ -32,6 +32,8 @@ PDL_MAX_ROWS = 4096  # dbias reduction: up to these rows M launched early (progr
 CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy
 UNIT = 8  # ... and per FP8 store: rows starting on such boundaries store whole units (variant "rows8")
 N_TERMS = 5  # grouped calls: terms find_group reduces (before, start, end, swizzled rowwise / colwise start)
+GROUPED_TILES_MAX = 8  # Tuning.grouped_tiles: at most this many row tiles per CTA (each is unrolled in the kernel)
+MAX_WARPS_PER_SM = 64  # resident warps of an SM on sm_90 / sm_100 (Tuning.grouped_min_warps)
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
 # 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the factor codegen.half_tanh_as_sigmoid
 # folds into y's constants (or multiplies y by) before device.half_tanh_ex2_act
@@ -84,7 +86,14 @@ class Tuning:
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those
     8 warps sum about 4 partial rows each); the same additions in the same order, so the same
     bits. 0: never. SwiGLU backward + dbias at 32768 x 2048 on the H200: 0.906x the time at 256
-    groups, 0.978x at 64, 0.987x at 8 (compact)."""
+    groups, 0.978x at 64, 0.987x at 8 (compact).
+    ``grouped_tiles``: row tiles each CTA of a grouped call's packed kernel (16-bit inputs) covers,
+    T consecutive ones (its grid has ceil(row tiles / T) rows of CTAs); the group search of the
+    next tile (grouped.find_group: the group ends' loads, a block reduction and a barrier) is
+    issued right behind the current tile's row copies, so its latency hides behind them instead
+    of preceding every CTA's first load. The same tiles, so the same bytes. 1: a CTA per tile.
+    ``grouped_min_warps``: warps per SM a grouped call's packed kernel is compiled to keep resident
+    (``min_blocks_per_mp`` = ceil(warps / the kernel's warps per CTA), a register cap); None: no cap."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -94,8 +103,17 @@ class Tuning:
     vec_stage: bool = True
     rows8_min_blocks: int = 0
     dbias_group_rows: int = 1024
+    grouped_tiles: int = 1
+    grouped_min_warps: int | None = None
 
     def __post_init__(self):
+        if type(self.grouped_tiles) is not int or not 1 <= self.grouped_tiles <= GROUPED_TILES_MAX:
+            raise ValueError(f"mxq: Tuning.grouped_tiles must be an int in [1, {GROUPED_TILES_MAX}], "
+                             f"got {self.grouped_tiles!r}")
+        if self.grouped_min_warps is not None and (type(self.grouped_min_warps) is not int
+                                                   or not 1 <= self.grouped_min_warps <= MAX_WARPS_PER_SM):
+            raise ValueError(f"mxq: Tuning.grouped_min_warps must be None or an int in [1, {MAX_WARPS_PER_SM}], "
+                             f"got {self.grouped_min_warps!r}")
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
             raise ValueError(f"mxq: Tuning.vec_unaligned_copy must be '', 'words' or 'chunks', "
                              f"got {self.vec_unaligned_copy!r}")
@@ -348,3 +366,14 @@ class KernelConfig:
         """CTAs per SM the packed kernel of variant "rows8" is compiled for; 0: no register cap
         (Tuning.rows8_min_blocks)."""
         return self.tuned.rows8_min_blocks
+
+    @property
+    def grouped_tiles(self) -> int:
+        """Row tiles per CTA of a grouped call's packed kernel (Tuning.grouped_tiles)."""
+        return self.tuned.grouped_tiles
+
+    def grouped_min_blocks(self, warps: int) -> int:
+        """CTAs per SM a grouped call's packed kernel of ``warps`` warps per CTA is compiled for
+        (Tuning.grouped_min_warps rounded up to whole CTAs); 0: no register cap."""
+        want = self.tuned.grouped_min_warps
+        return 0 if want is None else -(-want // warps)

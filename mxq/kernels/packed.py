@@ -57,6 +57,8 @@ def grid(cfg, M, N, G=None, unaligned: bool = False):
     tile_rows, tile_cols = tile(cfg, G is not None, unaligned)
     n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves and cfg.halves_passes == 1 else 1)  # (two-halves ops: each tile twice)
     n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
+    if G is not None and cfg.grouped_tiles > 1:  # (Tuning.grouped_tiles row tiles per CTA)
+        n_slow = cute.ceil_div(n_slow, cfg.grouped_tiles)
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
     return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.packed_warps(unaligned) * 32, 1, 1]
 
@@ -134,29 +136,62 @@ class PackedKernel:
         if cutlass.const_expr(len(buffers) > 0):
             buf = shared.allocate(cutlass.memory.SmemAllocator(), buffers,
                                   {f"in{t}": s.element_type for t, s in enumerate(sources)})
+        # Each phase call gets its own records (Fields.rec) of this body's values: a record shared
+        # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
+        k = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, ROWS8=ROWS8, WIDE=WIDE, ROW_MASK=ROW_MASK, is_bf16=is_bf16,
+                   WARPS=WARPS, NTHREADS=NTHREADS, PK_ROWS=PK_ROWS, RSTEP=RSTEP, PERIOD=PERIOD, TILE_ROWS=TILE_ROWS,
+                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, use_hw_e8m0=use_hw_e8m0, IN_MAX=codec.input_max(ins[0].element_type),
+                   ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src), DIVBY=DIVBY)
+        io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
+                    row_data=row_data, col_data=col_data)
+        cta = SimpleNamespace(sources=sources, once=once, staged_src=staged_src, buf=buf if len(buffers) > 0 else None,
+                              group_ends=group_ends, lane=lane, warp=warp, tidx=tidx, cb=cb, co=co, NOUT=NOUT,
+                              scalars=scalars)
+        # a grouped CTA's row tiles: GT consecutive ones (Tuning.grouped_tiles), each tile's group
+        # search (grouped.py) issued while the previous tile's row copies are in flight
+        GT = cutlass.const_expr(cfg.grouped_tiles if GROUPED else 1)
+        rb0 = rb if GT == 1 else rb * GT
         gt = None
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, buf["group"], rb, M, NOUT, cfg.fmt.swizzled, NTHREADS)
-            in_grid = rb < grouped.row_tiles(M, group_ends.shape[0])
+            gt = grouped.GroupTile(group_ends, buf["group"], rb0, M, NOUT, cfg.fmt.swizzled, NTHREADS)
+        for t in cutlass.range_constexpr(GT):
+            if cutlass.const_expr(t > 0):
+                cute.arch.sync_threads()  # the previous tile's readers of shared memory are done
+            s = self.tile_loads(k, io, cta, rb0 if t == 0 else rb0 + t, gt)
+            if cutlass.const_expr(t + 1 < GT):
+                gt = grouped.GroupTile(group_ends, buf["group"], rb0 + (t + 1), M, NOUT, cfg.fmt.swizzled, NTHREADS)
+            self.tile_passes(k, io, cta, s)
+
+    def tile_loads(self, k, io, c, rb, gt):
+        """Row tile rb's place (``gt``: its GroupTile in a grouped call) and loads: cp.async of
+        the staged rows and the register loads. Returns the tile's values for tile_passes."""
+        cfg = self.cfg
+        K, IO = k.rec(), io.rec()  # (read here; each phase call gets its own records)
+        GROUPED, UNALIGNED, WIDE, PK_ROWS, RSTEP = K.GROUPED, K.UNALIGNED, K.WIDE, K.PK_ROWS, K.RSTEP
+        N, M, lane, warp, cb, co = IO.N, IO.M, c.lane, c.warp, c.cb, c.co
+        sources, once, staged_src, buf = c.sources, c.once, c.staged_src, c.buf
+        if GROUPED:
+            in_grid = rb < grouped.row_tiles(M, c.group_ends.shape[0])
             row_end = gt.row_end
         else:
-            in_grid = rb < (M + TILE_ROWS - 1) // TILE_ROWS
+            in_grid = rb < (M + K.TILE_ROWS - 1) // K.TILE_ROWS
             row_end = M
-        if cutlass.const_expr(WIDE):
-            g = (cb * WARPS + warp) * 32 + lane  # this lane's group of VEC columns
+        if WIDE:
+            g = (cb * K.WARPS + warp) * 32 + lane  # this lane's group of VEC columns
             trow = rb  # this thread's PK_ROWS-row tile index
             rbase = rb * PK_ROWS
         else:
             g = cb * 32 + lane
-            trow = rb * WARPS + warp
-            WROWS = cutlass.const_expr(PK_ROWS if RSTEP == 1 else 1)  # rows between two warps' first rows
+            trow = rb * K.WARPS + warp
+            WROWS = PK_ROWS if RSTEP == 1 else 1  # rows between two warps' first rows
             rbase = rb * cfg.tile_rows + warp * WROWS
-            if cutlass.const_expr(GROUPED):
+            if GROUPED:
                 rbase = gt.row0 + warp * WROWS
         c0 = g * VEC
         col_ok = c0 < N  # aligned: N % VEC == 0, a group is wholly inside or outside
-        if cutlass.const_expr(UNALIGNED):
+        cT = ncols = None
+        if UNALIGNED:
             # the CTA's row segments: columns [cT, cT + ncols) of every row. The thread's values past
             # column N (the next tile's, the next row's) are never stored; their magnitudes, which
             # the row maxima read, are masked to +0 (abs_masks)
@@ -170,68 +205,80 @@ class PackedKernel:
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
         # conflicts. sEdge: each warp's partial output units (two words), head and tail of each of
         # its rows, per direction.
-        sRS, sMax, sInv, sSum, sEdge = (buf.get(n) if len(buffers) > 0 else None
+        sRS, sMax, sInv, sSum, sEdge = (buf.get(n) if buf is not None else None
                                         for n in ("rs", "max", "inv", "sum", "edge"))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
-        if cutlass.const_expr(cfg.rowwise):
-            if cutlass.const_expr(PASSES == 1):
-                tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-            nbr = (NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
-        if cutlass.const_expr(cfg.colwise and PASSES == 1):
-            tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-        # Each phase call gets its own records (Fields.rec) of this body's values: a record shared
-        # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
-        k = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, ROWS8=ROWS8, WIDE=WIDE, ROW_MASK=ROW_MASK, is_bf16=is_bf16,
-                   WARPS=WARPS, NTHREADS=NTHREADS, PK_ROWS=PK_ROWS, RSTEP=RSTEP, PERIOD=PERIOD, TILE_ROWS=TILE_ROWS,
-                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, use_hw_e8m0=use_hw_e8m0, IN_MAX=codec.input_max(ins[0].element_type),
-                   ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
-        io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
-                    row_data=row_data, col_data=col_data)
-        staged = Fields({f"in{t}": buf[f"in{t}"] for t in range(NSRC) if staged_src[t]})
+        tRow = tCol = nbr = None
+        if cfg.rowwise:
+            if K.PASSES == 1:
+                tRow = dev.thread_tile(self.op.out_window(IO.row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+            nbr = (c.NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
+        if cfg.colwise and K.PASSES == 1:
+            tCol = dev.thread_tile(self.op.out_window(IO.col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+        staged = Fields({f"in{t}": buf[f"in{t}"] for t in range(len(sources)) if staged_src[t]})
         mis = None
-        if cutlass.const_expr(any(staged_src)):
+        if any(staged_src):
             mis = self.stage_loads(k.rec(), Fields(rbase=rbase, lane=lane, warp=warp, col_ok=col_ok, row_end=row_end,
-                                                   tidx=tidx, cT=cT if UNALIGNED else None,
-                                                   ncols=ncols if UNALIGNED else None).rec(smem=staged.copy()),
+                                                   tidx=c.tidx, cT=cT, ncols=ncols).rec(smem=staged.copy()),
                                    sources, tiles, once, staged_src)
         frags = self.load_registers(k.rec(), Fields(col_ok=col_ok, rbase=rbase, row_end=row_end).rec(), tiles, once,
                                     staged_src)
+        return SimpleNamespace(rb=rb, gt=gt, in_grid=in_grid, row_end=row_end, g=g, trow=trow, rbase=rbase, c0=c0,
+                               col_ok=col_ok, cT=cT, ncols=ncols, abs_masks=abs_masks, sRS=sRS, sMax=sMax, sInv=sInv,
+                               sSum=sSum, sEdge=sEdge, tRow=tRow, tCol=tCol, nbr=nbr, staged=staged, mis=mis,
+                               frags=frags)
+
+    def tile_passes(self, k, io, c, s):
+        """Row tile ``s`` (tile_loads) from its loaded rows: per output half the values, scales and
+        stores."""
+        cfg = self.cfg
+        K, IO = k.rec(), io.rec()  # (read here; each phase call gets its own records)
+        UNALIGNED, PASSES, PK_ROWS, GROUPED = K.UNALIGNED, K.PASSES, K.PK_ROWS, K.GROUPED
+        lane, warp, tidx, cb, co, NOUT, scalars = c.lane, c.warp, c.tidx, c.cb, c.co, c.NOUT, c.scalars
+        rbase, row_end, in_grid, tRow, tCol, staged = s.rbase, s.row_end, s.in_grid, s.tRow, s.tCol, s.staged
+        noop, N = IO.noop, IO.N
         # every store below is bounded by Ms: 0 under noop (nothing written) or past the grid
         Ms = Int32(cutlass.select_(noop[0] != Float32(1.0), row_end, Int32(0)))
         Ms = Int32(cutlass.select_(in_grid, Ms, Int32(0)))
         # Two-halves ops with PASSES == 2: everything below runs once per output half over the same
         # loaded tile (the staged inputs are still in shared memory), writing at column offset co.
-        for hp in cutlass.range_constexpr(PASSES):
-            if cutlass.const_expr(PASSES == 2):
-                co, scalars_p = self.op.pass_half(hp, N, scalars, divby=DIVBY)
-                if cutlass.const_expr(hp == 1):
+        for hp in range(PASSES):
+            if PASSES == 2:
+                co, scalars_p = self.op.pass_half(hp, N, scalars, divby=K.DIVBY)
+                if hp == 1:
                     cute.arch.sync_threads()  # pass 0's readers of sMax/sSum/sInv are done
-                if cutlass.const_expr(cfg.rowwise):
-                    tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-                if cutlass.const_expr(cfg.colwise):
-                    tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+                if cfg.rowwise:
+                    tRow = dev.thread_tile(self.op.out_window(IO.row_data, co), (PK_ROWS, VEC), s.trow, rbase, s.g,
+                                           GROUPED)
+                if cfg.colwise:
+                    tCol = dev.thread_tile(self.op.out_window(IO.col_data, co), (PK_ROWS, VEC), s.trow, rbase, s.g,
+                                           GROUPED)
             else:
                 scalars_p = scalars
             words, absw, cm, dsum = self.values(
-                k.rec(), Fields(lane=lane, warp=warp, tidx=tidx, col_ok=col_ok, rbase=rbase, row_end=row_end,
-                                abs_masks=abs_masks).rec(smem=staged.copy()), hp, frags, mis, once, staged_src, scalars_p)
+                k.rec(), Fields(lane=lane, warp=warp, tidx=tidx, col_ok=s.col_ok, rbase=rbase, row_end=row_end,
+                                abs_masks=s.abs_masks).rec(smem=staged.copy()), hp, s.frags, s.mis, c.once,
+                c.staged_src, scalars_p)
             sr = None
-            if cutlass.const_expr(cfg.rowwise):
-                sr = self.row_scale_phase()(k.rec(), Fields(lane=lane, c0=c0, rbase=rbase, rb=rb, g=g, cb=cb, Ms=Ms, co=co,
-                                                     gt=gt, nbr=nbr, tidx=tidx).rec(smem={"rs": sRS}), io.rec(), absw)
-            owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
-            if cutlass.const_expr(cfg.col_reduce):
-                self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
+            if cfg.rowwise:
+                sr = self.row_scale_phase()(k.rec(), Fields(lane=lane, c0=s.c0, rbase=rbase, rb=s.rb, g=s.g, cb=cb, Ms=Ms,
+                                                            co=co, gt=s.gt, nbr=s.nbr, tidx=tidx).rec(smem={"rs": s.sRS}),
+                                            io.rec(), absw)
+            owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=s.rb, co=co, gt=s.gt,
+                            NOUT=NOUT)
+            if cfg.col_reduce:
+                self.column_owners(k.rec(), owners.rec(smem={"max": s.sMax, "sum": s.sSum, "inv": s.sInv}), io.rec(),
+                                   cm, dsum)
             sc = None
-            if cutlass.const_expr(cfg.colwise):
-                sc = self.column_scales(owners.rec(smem={"inv": sInv}))
-            if cutlass.const_expr(UNALIGNED):
-                self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
-                                                     Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
+            if cfg.colwise:
+                sc = self.column_scales(owners.rec(smem={"inv": s.sInv}))
+            if UNALIGNED:
+                self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=s.cT, ncols=s.ncols, lane=lane, warp=warp,
+                                                     Ms=Ms).rec(smem={"edge": s.sEdge}), io.rec(), words, sr, sc)
             else:
-                self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow if cfg.rowwise else None,
-                                                tCol=tCol if cfg.colwise else None).rec(), words, sr, sc)
+                self.store_rows(k.rec(), Fields(col_ok=s.col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol).rec(),
+                                words, sr, sc)
 
     # -- loads -------------------------------------------------------------------------------
     @cute.jit

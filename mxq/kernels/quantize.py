@@ -100,8 +100,14 @@ class Quantize:
         unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
         grid, block = packed_grid(cfg, M, N, G, unaligned)
         cap = cfg.rows8_min_blocks if variant == "rows8" else 0  # (a benchmark's register cap)
+        capped = {"min_blocks_per_mp": cap} if cap else {}
+        if G is not None and cfg.grouped_min_blocks(cfg.packed_warps(unaligned)):
+            # (Tuning.grouped_min_warps; naming the default carveout spares the DSL asking the driver
+            # for the SM's shared memory, so the capped kernel compiles without a GPU too)
+            capped = {"min_blocks_per_mp": cfg.grouped_min_blocks(cfg.packed_warps(unaligned)),
+                      "preferred_smem_carveout": -1}
         self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8").launch(
-            grid=grid, block=block, stream=stream, **({"min_blocks_per_mp": cap} if cap else {}))
+            grid=grid, block=block, stream=stream, **capped)
 
     def rows8_twins(self):
         """(kernels for an even, for an odd input row stride) of variant rows8 where the config
