@@ -470,3 +470,134 @@ def test_workspace_rows_by_hand():
     (70 rows in 3 groups: at most 70 // 32 + 3 blocks)."""
     assert [groups.workspace_rows(m) for m in (1, 32, 33, 64, 65)] == [1, 1, 2, 2, 3]
     assert groups.workspace_rows(70, 3) == 5 and groups.workspace_rows(31, 1) == 1 and groups.workspace_rows(0, 2) == 2
+
+
+# --- a grouped CTA's row tiles and register cap (kernels.config.Tuning.grouped_tiles / grouped_min_warps) ---
+GROUPED_TUNINGS = [kconfig.Tuning(grouped_tiles=2), kconfig.Tuning(grouped_tiles=2, grouped_min_warps=24),
+                   kconfig.Tuning(grouped_tiles=4, grouped_min_warps=24), kconfig.Tuning(grouped_tiles=3)]
+
+
+def _tuning_id(t):
+    return f"tiles{t.grouped_tiles}-warps{t.grouped_min_warps}"
+
+
+def _swiglu(direction: str, layout: str, tuning=None):
+    """SwiGLU forward, or backward + dbias, rowwise + colwise with ``layout`` scales, built as
+    ``tuning``'s variant (a gated op runs its inner op, which the hook renders)."""
+    opts = dict(rowwise=True, colwise=True, scale_layout=layout)
+    op = mxq.fused_quant(**opts, **({"act": "swiglu"} if direction == "fwd" else {"dact": "swiglu", "dbias": True}))(
+        _ident)
+    if tuning is not None:
+        op.inner._with_tuning(tuning)
+    return op
+
+
+def _tile_sizes(seed: int):
+    """Random group sizes (_group_sizes) with at least two empty groups, one of them first."""
+    sizes = _group_sizes(seed, m_max=700)
+    return [0, *sizes[:3], 0, *sizes[3:]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+@pytest.mark.parametrize("n", [256, 70])
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("tuning", GROUPED_TUNINGS, ids=_tuning_id)
+def test_grouped_tile_variants_equal_the_default_and_the_reference(tuning, seed, n, direction, layout, monkeypatch):
+    """Each variant's bytes (every output, dbias included) equal the default kernel's and the CPU
+    reference's (within the transcendental class), on random groups with empty ones, into
+    poisoned outputs, for aligned (N = 256) and unaligned (N = 70) rows: the same tiles in other
+    CTAs. CPU counterpart: test_grouped_tile_variants_compile."""
+    monkeypatch.setenv("MXQ_STRICT", "1")  # (a fallback would raise: the kernels run)
+    sizes = _tile_sizes(seed)
+    m = sum(sizes)
+    offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
+    x = planted(m, 2 * n, torch.bfloat16, seed=40 + seed)
+    g = planted(m, n, torch.bfloat16, seed=50 + seed)
+    args, kw = ((x,), {}) if direction == "fwd" else ((g,), {"act_input": x})
+    base, op = _swiglu(direction, layout), _swiglu(direction, layout, tuning)
+    want = base.reference(*args, group_offsets=offs, **kw)
+    v_abs = v_abs_sum(base.inner, g, x[:, :n], x[:, n:], 0.0, group_offsets=offs) if direction == "bwd" else None
+    bound = v_bound(base, *args, **kw) if direction == "bwd" else None
+    cargs, ckw, coffs = [a.cuda() for a in args], {k: v.cuda() for k, v in kw.items()}, offs.cuda()
+    first = base(*cargs, group_offsets=coffs, **ckw)
+    got = op(*cargs, group_offsets=coffs, out=poisoned(op, cargs[0], coffs), **ckw)
+    assert compare(got, want, False, v_abs, v_bound=bound) == [], sizes
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "dbias"):
+        if getattr(first, f) is not None:
+            assert same_bytes(getattr(got, f), getattr(first, f)), (f, sizes)
+
+
+def _grouped_ptx(op, arch):
+    from mxq.runtime import inspection
+
+    return inspection.ptx_of(op.inner, arch, "bf16", "vec_grouped")  # (a gated op compiles its inner op)
+
+
+def _packed_entry(ptx):
+    body = ptx[ptx.index(".entry kernel_cutlass_packed_kernel"):]
+    return body[:body.index("\n}\n")]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_grouped_tile_variants_compile(direction, arch):
+    """CPU counterpart of the GPU test above: each variant compiles for Hopper and Blackwell; its
+    packed kernel issues T tiles' staged row copies (T x the default's cp.async) and group
+    searches (T x the default's barriers before the first tile's rows), and carries the register
+    cap as .minnctapersm ceil(24 / warps) exactly where grouped_min_warps is set (4 warps forward,
+    8 backward + dbias)."""
+    import re
+
+    layout = "swizzled" if arch == "sm_100a" else "compact"
+    base = _packed_entry(_grouped_ptx(_swiglu(direction, layout), arch))
+    assert ".minnctapersm" not in base
+    copies = base.count("cp.async.cg")
+    assert copies > 0
+    for tuning in GROUPED_TUNINGS[:3]:
+        ptx = _packed_entry(_grouped_ptx(_swiglu(direction, layout, tuning), arch))
+        assert ptx.count("cp.async.cg") == tuning.grouped_tiles * copies, tuning
+        assert ptx.count("bar.sync") > base.count("bar.sync"), tuning
+        cap = re.findall(r"\.minnctapersm\s+(\d+)", ptx)
+        want = [] if tuning.grouped_min_warps is None else [str(-(-24 // (4 if direction == "fwd" else 8)))]
+        assert cap == want, tuning
+
+
+def test_grouped_tiles_default_compiles_to_the_library_kernel():
+    """Tuning's defaults (grouped_tiles=1, grouped_min_warps=None) named explicitly compile to the
+    library's grouped kernel (the same PTX, module and kernel names aside)."""
+    import re
+
+    strip = re.compile(r"^//.*$|kernel_cutlass_\w+|mxq_gen_\w+|_mxq\w*", re.M)
+    for direction in ("fwd", "bwd"):
+        lib = _grouped_ptx(_swiglu(direction, "compact"), "sm_90a")
+        named = _grouped_ptx(_swiglu(direction, "compact", kconfig.Tuning(grouped_tiles=1, grouped_min_warps=None)),
+                             "sm_90a")
+        assert strip.sub("", lib) == strip.sub("", named)
+
+
+@pytest.mark.parametrize("field, bad", [("grouped_tiles", 0), ("grouped_tiles", -1), ("grouped_tiles", 9),
+                                        ("grouped_tiles", 2.0), ("grouped_tiles", True), ("grouped_min_warps", 0),
+                                        ("grouped_min_warps", 65), ("grouped_min_warps", "24"),
+                                        ("grouped_min_warps", 8.5)])
+def test_grouped_tuning_refuses_bad_values_by_name(field, bad):
+    with pytest.raises(ValueError, match=f"Tuning.{field} must be"):
+        kconfig.Tuning(**{field: bad})
+
+
+def test_grouped_tuning_by_hand():
+    """The cap in whole CTAs (rounded up), none by default; the grid's row tiles per CTA."""
+    from mxq.formats.format import Format
+
+    def cfg(tuning):
+        return kconfig.KernelConfig(fmt=Format.mxfp8("e4m3", "rceil", "compact"), rowwise=True, colwise=True,
+                                    amax=False, dbias=False, n_inputs=1, n_scalars=0, identity=True, has_act=False,
+                                    has_dact=False, heavy=False, tuning=tuning)
+
+    assert cfg(None).grouped_min_blocks(4) == 0 and cfg(None).grouped_tiles == 1
+    t24 = cfg(kconfig.Tuning(grouped_min_warps=24, grouped_tiles=3))
+    assert (t24.grouped_min_blocks(4), t24.grouped_min_blocks(8), t24.grouped_min_blocks(16)) == (6, 3, 2)
+    assert cfg(kconfig.Tuning(grouped_min_warps=25)).grouped_min_blocks(8) == 4
+    assert t24.grouped_tiles == 3
+    assert kconfig.Tuning(grouped_min_warps=64).grouped_min_warps == 64
