@@ -40,9 +40,10 @@ SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_
 HALF_TANH_K = -2.0 * math.log2(math.e)
 
 
-def group_scratch(warps: int) -> Buffer:
-    """The shared scratch grouped.find_group reduces through (one per CTA of a grouped call)."""
-    return Buffer("group", "i32", (N_TERMS, warps))
+def group_scratch(warps: int, name: str = "group") -> Buffer:
+    """The shared scratch grouped.find_group reduces through (one per CTA of a grouped call; a
+    second, "group1", where a CTA covers several row tiles: KernelConfig.packed_buffers)."""
+    return Buffer(name, "i32", (N_TERMS, warps))
 
 
 def unaligned_row_elements(cols: int, elem_bytes: int) -> int:
@@ -252,13 +253,17 @@ class KernelConfig:
 
     def packed_buffers(self, staged, unaligned: bool, grouped: bool = False) -> list:
         """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
-        scratch, the wide tile's row-scale bytes, the column maxima (packed words), the inverse
+        scratch (two with Tuning.grouped_tiles > 1), the wide tile's row-scale bytes, the column maxima (packed words), the inverse
         column scales, the dbias partial sums, the parked partial output units (unaligned rows:
         head and tail of each row, per direction), then each staged source (``staged``: per
         source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps
         out = [group_scratch(warps)] if grouped else []
+        if grouped and self.grouped_tiles > 1:
+            # (tiles alternate scratches: a tile's search may start before every thread has read
+            # the previous search's result)
+            out.append(group_scratch(warps, "group1"))
         if self.wide_tile(grouped, unaligned) and self.fmt.scale == "e8m0":  # (fp32 scales are stored directly)
             out.append(Buffer("rs", "u8", (rows, cols * warps // 32)))
         if self.col_reduce:

@@ -160,7 +160,9 @@ class PackedKernel:
                 cute.arch.sync_threads()  # the previous tile's readers of shared memory are done
             s = self.tile_loads(k, io, cta, rb0 if t == 0 else rb0 + t, gt)
             if cutlass.const_expr(t + 1 < GT):
-                gt = grouped.GroupTile(group_ends, buf["group"], rb0 + (t + 1), M, NOUT, cfg.fmt.swizzled, NTHREADS)
+                # (searches alternate scratches: this one starts before every thread has read the last's)
+                gt = grouped.GroupTile(group_ends, buf["group1" if t % 2 == 0 else "group"], rb0 + (t + 1), M, NOUT,
+                                       cfg.fmt.swizzled, NTHREADS)
             self.tile_passes(k, io, cta, s)
 
     def tile_loads(self, k, io, c, rb, gt):
