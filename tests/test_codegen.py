@@ -1418,3 +1418,26 @@ def test_unaligned_warps(arch):
         "vec_stage": True, "ops": "dgelu_dbias_both", "dtype": "fp32"}
     assert dc.parse_tuning("vec_unaligned_copy=words,rows8_min_blocks=4") == {
         "vec_unaligned_copy": "words", "rows8_min_blocks": 4}
+
+
+def test_gated_bench_builds_each_grouped_variant_and_compares_every_output():
+    """bench/gated.py --variants: a variant's ops render its Tuning (optional integers parsed as
+    such, 'none' unset), the default's render none; same_as sees a byte of any output differ."""
+    tool = _bench_tool("gated")
+    assert tool.dc.parse_tuning("grouped_tiles=4,grouped_min_warps=24") == {"grouped_tiles": 4,
+                                                                           "grouped_min_warps": 24}
+    assert tool.dc.parse_tuning("grouped_min_warps=none") == {"grouped_min_warps": None}
+    fwd, bwd = tool.grouped_ops("swizzled", "grouped_tiles=2,grouped_min_warps=24")
+    for op in (fwd, bwd):
+        assert "grouped_tiles=2, grouped_min_warps=24" in op.inner.source and op.spec.scale_layout == "swizzled"
+    assert all("Tuning(" not in op.inner.source for op in tool.grouped_ops("compact"))
+    x = torch.randn(64, 128, dtype=torch.bfloat16)
+    a, b = fwd.reference(x), fwd.reference(x)
+    assert tool.same_as(a, b)
+    b.colwise_scale.view(torch.uint8)[1, 3] ^= 1
+    assert not tool.same_as(a, b)
+    g = torch.randn(64, 64, dtype=torch.bfloat16)
+    c, d = bwd.reference(g, act_input=x), bwd.reference(g, act_input=x)
+    assert tool.same_as(c, d)
+    d.dbias[5] += 1
+    assert not tool.same_as(c, d)
