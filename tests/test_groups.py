@@ -500,15 +500,15 @@ def _tile_sizes(seed: int):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
-@pytest.mark.parametrize("direction", ["fwd", "bwd"])
-@pytest.mark.parametrize("n", [256, 70])
+@pytest.mark.parametrize("direction, n", [("fwd", 256), ("fwd", 70), ("bwd", 256), ("bwd", 96)])
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("tuning", GROUPED_TUNINGS, ids=_tuning_id)
 def test_grouped_tile_variants_equal_the_default_and_the_reference(tuning, seed, n, direction, layout, monkeypatch):
     """Each variant's bytes (every output, dbias included) equal the default kernel's and the CPU
     reference's (within the transcendental class), on random groups with empty ones, into
-    poisoned outputs, for aligned (N = 256) and unaligned (N = 70) rows: the same tiles in other
-    CTAs. CPU counterpart: test_grouped_tile_variants_compile."""
+    poisoned outputs, for aligned rows (N = 256; 96: a partial column tile) and unaligned ones
+    (forward N = 70; a gated backward with rowwise blocks needs N % 32 == 0): the same tiles in
+    other CTAs. CPU counterpart: test_grouped_tile_variants_compile."""
     monkeypatch.setenv("MXQ_STRICT", "1")  # (a fallback would raise: the kernels run)
     sizes = _tile_sizes(seed)
     m = sum(sizes)

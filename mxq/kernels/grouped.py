@@ -12,7 +12,9 @@ strictly increasing, so with h running over the groups, "h < g" is "f(h + 1) <= 
 g = the number of such h, start_g = the largest of their ends, end_g = the smallest of the
 other ends, and the swizzled layouts' group starts (sums over the groups before g) are sums over
 the same h. One pass of the CTA's threads over the G ends (independent loads: one memory
-latency) and a block reduction give all five.
+latency) and a block reduction give all five. With Tuning.grouped_tiles = T a CTA of the packed
+kernel covers T consecutive row tiles and searches for each, the next tile's search issued behind
+the current tile's row copies (packed.PackedKernel.packed_kernel).
 
 The offsets are not validated on the device: every end is clamped to [0, M] first, so offsets
 that are not non-decreasing give unspecified bytes but never an access outside the buffers.
