@@ -4,7 +4,7 @@ mixture-of-experts form, grouped by random expert sizes (empty experts possible)
 ungrouped op of the same shape.
 
     python bench/gated.py [--out DIR] [--quick] [--grouped-only] [--variants 'k=v,...;k=v']
-    ncu -k regex:packed_kernel -s 2 -c 1 python bench/gated.py --launch fwd|bwd [--groups G]
+    ncu -k regex:packed_kernel -s 2 -c 1 python bench/gated.py --launch fwd|bwd [--groups G] [--variants V]
 
 Shapes are the gated output's [M, N] (the input is [M, 2N]): forward reads 2MN inputs and writes
 two [M, N] FP8 copies with scales; backward reads the [M, N] gradient and the [M, 2N] forward
@@ -136,9 +136,10 @@ def grouped_case(built: dict, x, g, offs, copy_gbps, layout: str) -> list:
     return rows
 
 
-def launch_only(what: str, groups: int):
+def launch_only(what: str, groups: int, variant: str = ""):
     """Build GROUPED_SHAPE's swiglu forward or backward + dbias (both directions, compact scales;
-    ``groups`` > 0: grouped like grouped_rows) and launch it 4 times, for a profiler."""
+    ``groups`` > 0: grouped like grouped_rows; ``variant``: a Tuning variant, grouped_ops) and
+    launch it 4 times, for a profiler."""
     from grouped import group_sizes
 
     m, n = GROUPED_SHAPE
@@ -147,11 +148,11 @@ def launch_only(what: str, groups: int):
     offs = None
     if groups:
         offs = torch.cumsum(torch.tensor(group_sizes(groups, seed=groups + n)), 0).to(torch.int32).cuda()
+    fwd, bwd = grouped_ops("compact", variant)
     if what == "fwd":
-        launch = mxq.fused_quant(act="swiglu", rowwise=True, colwise=True)(_ident).prepare(x, group_offsets=offs)[0]
+        launch = fwd.prepare(x, group_offsets=offs)[0]
     else:
-        op = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
-        launch = op.prepare(g, act_input=x, group_offsets=offs)[0]
+        launch = bwd.prepare(g, act_input=x, group_offsets=offs)[0]
     for _ in range(4):
         launch()
     torch.cuda.synchronize()
@@ -168,7 +169,7 @@ def main():
                     "'grouped_tiles=2;grouped_tiles=4,grouped_min_warps=24'), timed beside the default")
     args = ap.parse_args()
     if args.launch:
-        launch_only(args.launch, args.groups)
+        launch_only(args.launch, args.groups, args.variants.split(";")[0])  # (the first variant, if any)
         return
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
