@@ -601,3 +601,9 @@ def test_grouped_tuning_by_hand():
     assert cfg(kconfig.Tuning(grouped_min_warps=25)).grouped_min_blocks(8) == 4
     assert t24.grouped_tiles == 3
     assert kconfig.Tuning(grouped_min_warps=64).grouped_min_warps == 64
+    from mxq.kernels import packed
+
+    # 1000 rows in 5 groups: 1000 // 32 + 5 = 36 row tiles, 12 CTAs of 3; ungrouped calls keep a CTA per tile
+    assert packed.grid(cfg(None), 1000, 512, 5)[0] == [2, 36, 1]
+    assert packed.grid(t24, 1000, 512, 5)[0] == [2, 12, 1] and packed.grid(t24, 1000, 512)[0] == [2, 32, 1]
+    assert packed.grid(t24, 32 * 65535 * 4, 512, 1)[0] == [2, 43691, 2]  # (87381 CTA rows split over y and z)
