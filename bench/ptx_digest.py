@@ -7,7 +7,8 @@ layer (a refactor, a rename) compiles to the same code -- no GPU needed.
 Each case is (spec, epilogue, dtype, variant, arch), drawn from device_check.matrix_cases() (every
 combination of plain/act/dact/epilogue x dbias x amax x direction x dtype, on the packed or
 vectorised kernel, the generic one and variant rows8) plus the scale modes, layouts and formats
-(FP8 block scaling's 1x128 blocks: rowwise in both layouts, colwise compact). The PTX is
+(FP8 block scaling's 1x128 blocks: rowwise in both layouts, colwise compact), and the grouped
+kernels (grouped_cases: a gated op compiles its inner op). The PTX is
 normalised before hashing: kernel entry names (derived from Python function names and argument
 types) become their position, and comments and the version header are dropped; what remains is
 the instruction stream ptxas sees.
@@ -52,6 +53,22 @@ def all_cases(quick: bool = False):
                 out.append((v, "identity", dtype, variant, "sm_100a" if fp8 == "e5m2" else "sm_90a"))
     if quick:
         out = out[::7]
+    return out + grouped_cases()
+
+
+def grouped_cases():
+    """The grouped kernels (variants vec_grouped / generic_grouped, every one kept by --quick): the
+    SwiGLU forward and backward + dbias (a gated op's inner op) in both layouts, a plain cast and
+    dgelu + dbias."""
+    from device_check import BASE_SPEC
+
+    out = []
+    for layout in ("compact", "swizzled"):
+        arch = "sm_90" if layout == "compact" else "sm_100a"
+        for extra in (dict(act="swiglu"), dict(dact="swiglu", dbias=True), {}, dict(dact="gelu", dbias=True)):
+            v = dict(BASE_SPEC, colwise=True, scale_layout=layout, **extra)
+            for variant in ("vec_grouped", "generic_grouped"):
+                out.append((v, "identity", "bf16", variant, arch))
     return out
 
 
@@ -74,6 +91,7 @@ def digest(case) -> dict:
     warnings.filterwarnings("ignore")
     from device_check import EPILOGUES
 
+    import mxq
     from mxq.runtime import compiler
     from mxq.op import FusedOp
     from mxq.frontend.spec import QuantSpec
@@ -82,7 +100,8 @@ def digest(case) -> dict:
     # CuTeDSL names its PTX dump by the kernel signature alone and does not replace an existing
     # file: a fresh directory per case, or a case may read an earlier case's PTX
     os.environ["MXQ_CACHE_DIR"] = tempfile.mkdtemp(prefix="mxq-ptx-digest-")
-    op = FusedOp(EPILOGUES[epi], QuantSpec(**v))
+    spec = QuantSpec(**v)
+    op = mxq.fused_quant(**v)(EPILOGUES[epi]).inner if spec.gated else FusedOp(EPILOGUES[epi], spec)
     ptx = compiler.compile_op(op, arch, dtype, keep_ptx=True, variant=variant).__ptx__
     body = normalise(ptx)
     return {"spec": v, "epilogue": epi, "dtype": dtype, "variant": variant, "arch": arch,
