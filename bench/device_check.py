@@ -611,9 +611,9 @@ def host_breakdown(x, launcher, n):
 def parse_tuning(variant: str) -> dict:
     """'pdl=0,row_scale_l2_keep=0' -> {'pdl': False, 'row_scale_l2_keep': False}: fields of
     mxq.kernels.config.Tuning (the benchmark-only switches: booleans as 0/1, integers and
-    strings as such, e.g. 'vec_unaligned_copy=words', optional integers as such or 'none'), plus 'ops=a+b' to limit a variant to those
-    ops and 'dtype=fp32' to time it on that input dtype (default bf16; strings both). See
-    make_tuning."""
+    strings as such, e.g. 'vec_unaligned_copy=words', optional integers as such or 'none'),
+    plus 'ops=a+b' to limit a variant to those ops and 'dtype=fp32' to time it on that input
+    dtype (default bf16; strings both). See make_tuning."""
     import dataclasses
 
     from mxq.kernels.config import Tuning

@@ -253,9 +253,10 @@ class KernelConfig:
 
     def packed_buffers(self, staged, unaligned: bool, grouped: bool = False) -> list:
         """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
-        scratch (two with Tuning.grouped_tiles > 1), the wide tile's row-scale bytes, the column maxima (packed words), the inverse
-        column scales, the dbias partial sums, the parked partial output units (unaligned rows:
-        head and tail of each row, per direction), then each staged source (``staged``: per
+        scratch (two with Tuning.grouped_tiles > 1), the wide tile's row-scale bytes, the column
+        maxima (packed words), the inverse column scales, the dbias partial sums, the parked
+        partial output units (unaligned rows: head and tail of each row, per direction), then each
+        staged source (``staged``: per
         source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps

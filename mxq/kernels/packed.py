@@ -264,9 +264,9 @@ class PackedKernel:
                 c.staged_src, scalars_p)
             sr = None
             if cfg.rowwise:
-                sr = self.row_scale_phase()(k.rec(), Fields(lane=lane, c0=s.c0, rbase=rbase, rb=s.rb, g=s.g, cb=cb, Ms=Ms,
-                                                            co=co, gt=s.gt, nbr=s.nbr, tidx=tidx).rec(smem={"rs": s.sRS}),
-                                            io.rec(), absw)
+                rt = Fields(lane=lane, c0=s.c0, rbase=rbase, rb=s.rb, g=s.g, cb=cb, Ms=Ms, co=co, gt=s.gt, nbr=s.nbr,
+                            tidx=tidx)
+                sr = self.row_scale_phase()(k.rec(), rt.rec(smem={"rs": s.sRS}), io.rec(), absw)
             owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=s.rb, co=co, gt=s.gt,
                             NOUT=NOUT)
             if cfg.col_reduce:
