@@ -6,9 +6,10 @@ built-in quantize, a decorated op with row, column, full and strided operands, f
 torch's own per-op floor (``y.copy_(x)``) measured in the same process: wall time of many calls
 with torch.cuda.synchronize only at the ends, best of several repeats. Each case's outputs are
 first checked against ``op.reference`` (NUMERICS.md's classes). ``--dry``: build every case and
-run it once on the CPU (the reference), timing nothing (what the CPU tests run). Then the pieces
-of one allocating call (host_parts: allocation, the native call, the conversion of its outputs to
-torch tensors, the result object), each timed alone, to show what bounds the ratio.
+run it once on the CPU (the reference), timing nothing (what the CPU tests run). A timed run also
+times the pieces of one allocating call (host_parts: torch's allocations, the native call, the
+conversion of its outputs to torch tensors, the result object), each alone, to show what bounds
+the ratio.
 
     python bench/fixed_cost.py host [PATH]      # PATH default $OUT/nvidia-h200-host.json
 
@@ -170,7 +171,7 @@ def host_parts(device: str = "cuda") -> list:
     launch, _ = both.prepare(x)
     return [
         ("torch.empty(1), one allocation", lambda: torch.empty(1, device=device)),
-        ("torch.empty x4 (the outputs as torch would allocate them)",
+        ("torch.empty x4 (the outputs' count, [M, N] uint8 each)",
          lambda: [torch.empty(m, n, device=device, dtype=torch.uint8) for _ in range(4)]),
         ("op.prepare() launch (TVM-FFI call + launch)", launch),
         ("allocating route: native allocate + launch, no torch tensors", lambda: fast.allocating(*args)),
