@@ -21,7 +21,8 @@ from mxq.formats.layouts import cdiv, roundup
 from mxq.runtime import limits
 from mxq.testing import planted, same_bytes
 
-FIELDS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")
+from .test_kernels_fp8_block import _check  # (one rule for the kernels' bytes against the reference)
+
 ALIGN = 4  # the GEMM-ready scales' padding, written out (fp8_block_layouts.GEMM_SCALE_ALIGN)
 
 
@@ -235,24 +236,6 @@ def test_dispatcher_names_a_wrong_scale_buffer():
 
 
 # -- on the device ---------------------------------------------------------------------------------
-def _check(op, ins, got, **kw):
-    """Every output byte equal to the torch reference's (dbias within one ulp: another order of sums)."""
-    want = op.reference(*ins, **kw)
-    for f in FIELDS:
-        w = getattr(want, f)
-        if w is None:
-            continue
-        g = getattr(got, f)
-        if f == "dbias":
-            gd, wd = g.cpu().double(), w.double()
-            ulp = torch.finfo(w.dtype).eps * wd.abs() + torch.finfo(w.dtype).tiny
-            assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), f
-        elif f == "amax":  # (a NaN amax: NaN, any payload, as mxq.testing.compare has it)
-            assert same_bytes(g.cpu(), w) or bool(g.isnan().cpu() & w.isnan()), f
-        else:
-            assert same_bytes(g.contiguous().cpu(), w.contiguous()), f
-
-
 def _poisoned(op, x):
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
     for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
