@@ -152,11 +152,12 @@ def test_spec_key_round_trips():
         QuantSpec.from_key(1 << 18 | 2)  # a 128x128 block on an MXFP8 key
 
 
-def test_cpp_routes_refuse():
-    """No C++ route serves fp8_block (tests/test_kernels_fp8_block.py: what the kernels serve)."""
-    op = mxq.fused_quant(format="fp8_block")(ident)
+def test_cpp_routes_refuse_128x128_tiles():
+    """The C++ routes serve fp8_block's 1x128 blocks (tests/test_cpp_fp8_block.py) and refuse
+    its 128x128 tiles by name, before anything is built."""
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128))(ident)
     for call in (lambda: op.register("fp8_block_x"), op.dispatcher, lambda: op.export("/nonexistent")):
-        with pytest.raises(ValueError, match="fp8_block"):
+        with pytest.raises(ValueError, match="128"):
             call()
 
 

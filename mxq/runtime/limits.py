@@ -171,7 +171,7 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
     if spec.format == "mxfp8":
         return None
     why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant) or cpp_only_gap(spec)
-           if spec.format == "fp8_block" else "has no GPU kernels yet")
+           if spec.format == "fp8_block" else "is not served by the C++ routes yet")
     return f"format={spec.format!r} {why}" if why else None
 
 
@@ -223,8 +223,7 @@ def refuse_cpp(what: str, spec, epilogue, smem_shortfall, dtype: str | None = No
     gated op serves them itself), and refuse_unlaunchable's."""
     gap = cpp_gap(spec, epilogue, dtype, grouped=grouped)
     if gap:
-        raise ValueError(f"mxq: {what}: {gap}, so it has no C++ route; call the op from Python (which runs the "
-                         "torch reference for it)")
+        raise ValueError(f"mxq: {what}: {gap}, so it has no C++ route; call the op from Python")
     if spec.gated or gated.is_halves(epilogue):
         raise ValueError(f"mxq: {what}: the inner op of a gated activation is not served by this C++ route; "
                          "use the gated op's own register(), dispatcher() or export(), or call it from Python "
