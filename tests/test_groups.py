@@ -450,8 +450,9 @@ def test_grouped_dbias_forms_match_reference_and_each_other(opts, dtype, small):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_grouped_dbias_forms_compile(arch):
     """CPU counterpart: a grouped dbias op's modules hold dbias_groups_kernel (early and late)
-    beside the three dbias_kernel forms by default, and not with Tuning(dbias_group_rows=0), for
-    Hopper and Blackwell, both grouped variants and input dtypes."""
+    beside the three dbias_kernel forms by default, for Hopper and Blackwell, both grouped
+    variants and input dtypes; and not with Tuning(dbias_group_rows=0) (a switch of the config,
+    not of the arch: checked on sm_90a)."""
     from mxq.runtime import inspection
 
     opts = DBIAS_OPTS[0]
@@ -460,9 +461,11 @@ def test_grouped_dbias_forms_compile(arch):
     old._with_tuning(OLD_DBIAS)
     for dtype in ("bf16", "fp32"):
         for kind in ("vec_grouped", "generic_grouped"):
-            ptx, base = inspection.ptx_of(op, arch, dtype, kind), inspection.ptx_of(old, arch, dtype, kind)
-            assert ptx.count(".entry") == 6 and base.count(".entry") == 4
-            assert "dbias_groups_kernel" in ptx and "dbias_groups_kernel" not in base
+            ptx = inspection.ptx_of(op, arch, dtype, kind)
+            assert ptx.count(".entry") == 6 and "dbias_groups_kernel" in ptx
+            if arch == "sm_90a":
+                base = inspection.ptx_of(old, arch, dtype, kind)
+                assert base.count(".entry") == 4 and "dbias_groups_kernel" not in base
 
 
 def test_workspace_rows_by_hand():
