@@ -625,7 +625,7 @@ def parse_tuning(variant: str) -> dict:
         if k in ("ops", "dtype") or kind in (str, "str"):
             out[k] = v
         else:
-            out[k] = int(v) if kind in (int, "int") else bool(int(v))
+            out[k] = int(v) if kind in (int, "int", "int | None") else bool(int(v))
     return out
 
 

@@ -151,14 +151,19 @@ def test_library_configs_hold_no_benchmark_switch():
 
 def test_rows128_register_cap_is_the_128_row_tiles_and_validated():
     """Tuning.rows128_min_blocks caps the 128-row tile (FP8 block scaling's colwise blocks) and
-    no other; a negative cap is a clear error naming the field; register_cap names the default
-    carveout beside the cap, and nothing for no cap."""
+    no other; by default (None) a plain cast writing both directions (amax or not) is capped at
+    2 and nothing else is (colwise only, an act, a dbias); a negative cap is a clear error naming
+    the field; register_cap names the default carveout beside the cap, and nothing for no cap."""
     from mxq.kernels.quantize import register_cap
 
     cap = kconfig.Tuning(rows128_min_blocks=2)
     fb = Format.fp8_block("e4m3", (1, 128), "pow2", "compact")
     assert _cfg(fmt=fb, colwise=True, tuning=cap).min_blocks == 2
-    assert _cfg(fmt=fb, colwise=True).min_blocks == 0
+    assert _cfg(fmt=fb, colwise=True).min_blocks == 2 and _cfg(fmt=fb, colwise=True, amax=True).min_blocks == 2
+    assert _cfg(fmt=fb, colwise=True, tuning=kconfig.Tuning(rows128_min_blocks=0)).min_blocks == 0
+    assert _cfg(fmt=fb, rowwise=False, colwise=True).min_blocks == 0
+    assert _cfg(fmt=fb, colwise=True, has_act=True, identity=False).min_blocks == 0
+    assert _cfg(fmt=fb, colwise=True, dbias=True, has_dact=True, identity=False).min_blocks == 0
     assert _cfg(fmt=fb, tuning=cap).min_blocks == 0 and _cfg(colwise=True, tuning=cap).min_blocks == 0
     for field in ("rows128_min_blocks", "rows8_min_blocks"):
         with pytest.raises(ValueError, match=field):

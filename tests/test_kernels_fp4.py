@@ -109,6 +109,140 @@ def test_integer_encode_against_the_oracle():
         assert dev.e2m1_code(b | 0x80000000, ops=dev.HOST) == oracle.e2m1(_f32(b | 0x80000000)), hex(b)
 
 
+# -- the same rule two at a time in 16-bit lanes (device.e2m1x2_codes, sm_90) ---------------------
+def _bf16_exact(h: int):
+    """A finite bf16's value as (integer, power of two), exactly."""
+    e, m = (h >> 7) & 0xFF, h & 0x7F
+    mant, exp = (m, -133) if e == 0 else (m | 0x80, e - 134)
+    return (-mant if h & 0x8000 else mant), exp
+
+
+def _bf16_rn(num: int, exp: int) -> int:
+    """The bf16 bits of num * 2^exp (num >= 0) rounded to nearest even (finite results only)."""
+    if num == 0:
+        return 0
+    top = num.bit_length() + exp - 1  # the leading bit's weight
+    q = max(top - 7, -133)  # the weight of the last kept bit
+    shift = q - exp
+    if shift > 0:
+        kept, rest, half = num >> shift, num & ((1 << shift) - 1), 1 << (shift - 1)
+        kept += 1 if rest > half or (rest == half and kept & 1) else 0
+    else:
+        kept = num << -shift
+    if kept >> 8:  # a carry into the next binade
+        kept, q = kept >> 1, q + 1
+    e = q + 134 if kept >> 7 else 0
+    if e >= 0xFF:
+        return 0x7F80  # (overflow: inf)
+    return (e << 7) | (kept & 0x7F) if e else kept
+
+
+class PAIRS:
+    """device.PAIR_DEVICE's lane operations on Python ints, written from PTX's definitions
+    (per-lane unsigned min/max; bf16 add and multiply rounded once to nearest even)."""
+
+    U32 = staticmethod(dev.HOST.U32)
+
+    @staticmethod
+    def _lanes(f, a, b):
+        return f(a & 0xFFFF, b & 0xFFFF) | (f(a >> 16 & 0xFFFF, b >> 16 & 0xFFFF) << 16)
+
+    @staticmethod
+    def min16x2(a, b):
+        return PAIRS._lanes(min, a, b)
+
+    @staticmethod
+    def max16x2(a, b):
+        return PAIRS._lanes(max, a, b)
+
+    @staticmethod
+    def _arith(mul):
+        def lane(x, y):
+            sign = (x ^ y) & 0x8000 if mul else 0
+            if (x & 0x7FFF) > 0x7F80 or (y & 0x7FFF) > 0x7F80:
+                return 0x7FFF  # (the canonical NaN)
+            if (x & 0x7FFF) == 0x7F80 or (y & 0x7FFF) == 0x7F80:
+                assert mul and x & 0x7FFF and y & 0x7FFF, "only finite sums and nonzero products with inf"
+                return 0x7F80 | sign
+            (nx, ex), (ny, ey) = _bf16_exact(x), _bf16_exact(y)
+            if mul:
+                num, exp = nx * ny, ex + ey
+            else:
+                exp = min(ex, ey)
+                num = (nx << (ex - exp)) + (ny << (ey - exp))
+            return _bf16_rn(abs(num), exp) | (0x8000 if num < 0 or (num == 0 and mul and (x ^ y) & 0x8000) else 0)
+        return lane
+
+    @staticmethod
+    def add_bf16x2(a, b):
+        return PAIRS._lanes(PAIRS._arith(False), a, b)
+
+    @staticmethod
+    def mul_bf16x2(a, b):
+        return PAIRS._lanes(PAIRS._arith(True), a, b)
+
+    @staticmethod
+    def prmt(a, b, selector: int):
+        src = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
+        return sum(((src >> (8 * ((selector >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+
+
+def _bf16_code(h: int) -> int:
+    """The oracle's code of a bf16 (bits)."""
+    return oracle.e2m1(_f32(h << 16))
+
+
+def test_pair_encode_on_every_bf16():
+    """e2m1x2_codes on all 65,536 bf16 patterns in each lane (paired with a shuffled copy), on
+    the PTX lane operations written out by hand: each lane's code is the oracle's; the lanes do
+    not disturb each other."""
+    g = torch.Generator().manual_seed(5)
+    other = torch.randperm(1 << 16, generator=g).tolist()
+    for lo in range(1 << 16):
+        hi = other[lo]
+        codes = dev.e2m1x2_codes(lo | (hi << 16), ops=PAIRS)
+        assert codes & 0xFFF0FFF0 == 0, hex(lo)
+        assert (codes & 0xF, codes >> 16) == (_bf16_code(lo), _bf16_code(hi)), (hex(lo), hex(hi))
+
+
+def test_round_to_odd_pairs_encode_as_fp32():
+    """bf16x2_rto then e2m1x2_codes gives fp32's codes (rounding to odd keeps what E2M1's
+    rounding needs): every threshold edge and 2^14 sampled patterns, against the oracle."""
+    g = torch.Generator().manual_seed(11)
+    near = torch.randint(0, _bits(8.0), (1 << 13,), generator=g, dtype=torch.int64)
+    near = (near | (torch.randint(0, 2, near.shape, generator=g, dtype=torch.int64) << 31)).tolist()
+    wide = torch.randint(0, 2 ** 32, (1 << 13,), generator=g, dtype=torch.int64).tolist()
+    bits = _edges() + near + wide
+    for lo, hi in zip(bits, bits[1:] + bits[:1]):
+        w = dev.bf16x2_rto(lo, hi, ops=PAIRS)
+        codes = dev.e2m1x2_codes(w, ops=PAIRS)
+        assert (codes & 0xF, codes >> 16) == (oracle.e2m1(_f32(lo)), oracle.e2m1(_f32(hi))), (hex(lo), hex(hi))
+
+
+def test_pairs_pack_in_element_order():
+    """e2m1x8_from_pairs puts element k at bits 4k (element 2j in the low nibble of byte j)."""
+    for trial in range(64):
+        c = [(trial * 7 + 3 * k) % 16 for k in range(8)]
+        pairs = [c[2 * j] | (c[2 * j + 1] << 16) for j in range(4)]
+        want = sum(c[k] << (4 * k) for k in range(8))
+        assert dev.e2m1x8_from_pairs(pairs, ops=PAIRS) == want
+
+
+def test_bf16_pairs_scaled_in_bf16_encode_as_fp32():
+    """MXFP4 on bf16 (codec.pow2_bf16_pairs): a bf16 times every E8M0 inverse scale, multiplied
+    in bf16 (the multiplier's high half in both lanes), encodes as the fp32 product does."""
+    g = torch.Generator().manual_seed(13)
+    xs = torch.randint(0, 1 << 16, (96,), generator=g).tolist() + [0x3F80, 0xBF80, 0x7FC0, 0xFFC0, 0x7F80, 0x0001]
+    for e in range(256):
+        m = dev.inv_scale_bits(e, ops=dev.HOST) & 0xFFFFFFFF
+        assert m & 0xFFFF == 0
+        m2 = PAIRS.prmt(m, m, 0x3232)
+        for lo, hi in zip(xs, xs[::-1]):
+            codes = dev.e2m1x2_codes(PAIRS.mul_bf16x2(lo | (hi << 16), m2), ops=PAIRS)
+            want = [oracle.e2m1(_f32(h << 16) * _f32(m)) if not math.isnan(_f32(m)) else 7 for h in (lo, hi)]
+            assert [codes & 0xF, codes >> 16] == want, (e, hex(lo), hex(hi))
+
+
 # -- what is served ------------------------------------------------------------------------------
 def _unserved(op, x, call=None):
     return limits.unserved(op.spec, op.epilogue, x, lambda: None, call)
@@ -186,8 +320,10 @@ def test_rowwise_compiles_per_arch(arch, dtype, mode, layout):
     cvts = ptx.count("cvt.rn.satfinite.e2m1x2.f32")
     if arch == "sm_100a":  # four conversions of two values per row of 8 values
         assert cvts > 0 and cvts % 4 == 0
-    else:  # no FP4 conversion on Hopper: the integer encode (0x1FFFFF: half an ulp of one mantissa bit)
-        assert cvts == 0 and "2097151" in ptx
+    else:  # no FP4 conversion on Hopper: the integer encode two values at a time (device.e2m1x2_codes)
+        assert cvts == 0 and "min.u16x2" in ptx and "add.rn.bf16x2" in ptx
+        # bf16 scaled in bf16 (codec.pow2_bf16_pairs), the rest in fp32 and rounded to odd
+        assert ("mul.rn.bf16x2" in ptx) == (dtype == "bf16")
     assert "cvt.rn.satfinite.e4m3x2" not in ptx and "e5m2x2" not in ptx  # (no FP8 byte anywhere)
     assert "st.global.b32" in ptx or "st.global.u32" in ptx  # a row's 8 codes: one 4-byte store
     if mode == "rceil":  # E2M1's fp32(1/6) in the scale rule

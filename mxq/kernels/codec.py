@@ -121,6 +121,26 @@ def encode8(fmt, vals, use_hw: bool, rand=None):
     return dev.e2m1x8(vals, use_hw)
 
 
+def pow2_bf16_pairs(fmt, is_bf16: bool, use_hw: bool) -> bool:
+    """E2M1 from bf16 words scaled in bf16 (device.e2m1x8_bf16): MXFP4 rounding to nearest on
+    bf16 input without sm_100a's conversion (an E8M0 inverse scale is a power of two, so the
+    bf16 products are exact)."""
+    return fmt.packed and fmt.scale == "e8m0" and fmt.rounding == "rn" and is_bf16 and not use_hw
+
+
+def encode8_words(fmt, words, mult, is_bf16: bool, use_hw: bool, rand=None):
+    """Eight values held as four words of two 16-bit inputs (element 2j in word j's low half),
+    times ``mult`` (fp32), as encode8's word: bf16 pairs scaled in bf16 where pow2_bf16_pairs
+    allows, else unpacked and scaled in fp32."""
+    if pow2_bf16_pairs(fmt, is_bf16, use_hw):
+        return dev.e2m1x8_bf16(words, mult)
+    vals = []
+    for w in words:
+        lo, hi = dev.pk_unpack(w, is_bf16)
+        vals += [dev.mul_rn(lo, mult), dev.mul_rn(hi, mult)]
+    return encode8(fmt, vals, use_hw, rand)
+
+
 def data_cols(fmt, n: int) -> int:
     """Bytes of ``n`` adjacent elements (``n`` a multiple of the elements per byte)."""
     return n // fmt.elem.per_byte

@@ -81,8 +81,9 @@ class Tuning:
     5-12 (equal or slower).
     ``rows128_min_blocks``: CTAs per SM the packed kernel's 128-row tile (FP8 block scaling's
     colwise blocks, KernelConfig.tile_rows) is compiled for (``min_blocks_per_mp``, a register
-    cap); 0: no cap. Rowwise + colwise compiles to 81 registers on that 512-thread tile, which
-    holds it at one CTA per SM (65,536 registers); capped at 2: 64, no spills (ptxas).
+    cap); 0: no cap; None (the default): the library's choice, KernelConfig.min_blocks. Rowwise
+    + colwise compiles to 81 registers on that 512-thread tile, which holds it at one CTA per SM
+    (65,536 registers); capped at 2: 64, no spills (ptxas).
     ``dbias_group_rows``: a grouped dbias reduction whose groups average at most this many rows
     (M <= dbias_group_rows * G) runs reduce.dbias_groups_kernel, a warp per group, 8 groups per
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those
@@ -97,7 +98,7 @@ class Tuning:
     vec_unaligned_copy: str = ""
     vec_stage: bool = True
     rows8_min_blocks: int = 0
-    rows128_min_blocks: int = 0
+    rows128_min_blocks: int | None = None
     dbias_group_rows: int = 1024
 
     def __post_init__(self):
@@ -105,7 +106,7 @@ class Tuning:
             raise ValueError(f"mxq: Tuning.vec_unaligned_copy must be '', 'words' or 'chunks', "
                              f"got {self.vec_unaligned_copy!r}")
         for name in ("rows8_min_blocks", "rows128_min_blocks"):
-            if getattr(self, name) < 0:
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"mxq: Tuning.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.dbias_group_rows < 0:
             raise ValueError(f"mxq: Tuning.dbias_group_rows must be >= 0, got {self.dbias_group_rows!r}")
@@ -380,8 +381,15 @@ class KernelConfig:
     @property
     def min_blocks(self) -> int:
         """CTAs per SM the packed kernel of this config is compiled for on the 128-row tile
-        (Tuning.rows128_min_blocks); 0: no register cap."""
-        return self.tuned.rows128_min_blocks if self.tile_rows != ROWS else 0
+        (Tuning.rows128_min_blocks); 0: no register cap. The library's choice: 2 for a plain cast
+        writing both directions (81 registers hold it at one 512-thread CTA per SM; capped, 64 and
+        no spills: 88-93% of copy against 67-70% on the H200, docs/performance.md), none for the
+        rest (an op with arithmetic spills under the cap)."""
+        if self.tile_rows == ROWS:
+            return 0
+        if self.tuned.rows128_min_blocks is not None:
+            return self.tuned.rows128_min_blocks
+        return 2 if self.rowwise and self.colwise and not self.computed and not self.dbias else 0
 
     @property
     def rows8_min_blocks(self) -> int:

@@ -271,16 +271,102 @@ def e2m1_code(b, ops=DEVICE):
 def e2m1x8(vals, use_hw: bool):
     """Eight scaled fp32 values as one word of E2M1 codes, value k in bits 4k..4k+3 (element 2j
     in the low nibble of byte j): sm_100a's cvt.rn.satfinite.e2m1x2.f32 (``use_hw``; its first
-    source goes to the high nibble), else e2m1_code."""
+    source goes to the high nibble), else two at a time in 16-bit lanes: each pair rounded to
+    bf16 by round-to-odd (bf16x2_rto), then e2m1x2_codes."""
     if use_hw:
         cvts = " ".join(f"cvt.rn.satfinite.e2m1x2.f32 b{j}, {{$r{2 * j + 1}}}, {{$r{2 * j}}};" for j in range(4))
         return cute.arch.inline_ptx(
             f"{{ .reg .b8 b0, b1, b2, b3; {cvts} mov.b32 {{$w0}}, {{b0, b1, b2, b3}}; }}",
             write_only_types=[Uint32], read_only_args=list(vals))
-    word = e2m1_code(vals[0].bitcast(Uint32))
-    for k in range(1, 8):
-        word = word | (e2m1_code(vals[k].bitcast(Uint32)) << Uint32(4 * k))
-    return word
+    return e2m1x8_from_pairs([e2m1x2_codes(bf16x2_rto(vals[2 * j].bitcast(Uint32), vals[2 * j + 1].bitcast(Uint32)))
+                              for j in range(4)])
+
+
+def e2m1x8_bf16(words, mult):
+    """Eight bf16 values (four words of two, element 2j in the low lane of word j) times a power
+    of two ``mult`` (fp32; MXFP4's inverse scale, whose low 16 bits are zero: inv_scale_bits) as
+    one word of E2M1 codes (e2m1x8's order). The products are exact in bf16 (a bf16 times a power
+    of two; below bf16's range only values that encode as a signed 0 round), so one mul.rn.bf16x2
+    per pair replaces two fp32 multiplies and the rounding to bf16."""
+    m = mult.bitcast(Uint32)
+    m2 = prmt(m, m, 0x3232)  # (the high half in both lanes)
+    return e2m1x8_from_pairs([e2m1x2_codes(PAIR_DEVICE.mul_bf16x2(w, m2)) for w in words])
+
+
+# --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has add/mul.bf16x2 and min/max.u16x2) --
+# The rule of e2m1_code on bf16 bits: |y| < 1 rounds to 0, 0.5 or 1 as 64 + |y| does in bf16
+# (whose spacing on [64, 128) is 0.5: round to nearest even on the half-units, the E2M1 ties);
+# from 1 on the bits rounded to one mantissa bit, minus 254, are the code minus 2; codes add
+# (each lane's sum is at most 15, so lanes never carry into each other). A bf16 rounded to odd
+# from fp32 (8 significant bits) rounds to E2M1 (at most 2) exactly as the fp32 value would.
+BF16X2_ONE = 0x3F803F80  # 1.0 in both lanes
+BF16X2_64 = 0x42804280  # 64.0: the bf16 addend whose spacing is E2M1's below 2
+BF16X2_INF = 0x7F807F80
+
+
+class PAIR_DEVICE(DEVICE):
+    """DEVICE's operations and the 16-bit-lane ones of e2m1x2_codes, on DSL words. The lane
+    instructions take no immediates, and LLVM folds a constant operand into one: each goes
+    through a scoped register (ptxas hoists the moves)."""
+
+    @staticmethod
+    def _lanes(op: str, a, b):
+        return cute.arch.inline_ptx(
+            f"{{ .reg .b32 x, y; mov.b32 x, {{$r0}}; mov.b32 y, {{$r1}}; {op} {{$w0}}, x, y; }}",
+            write_only_types=[Uint32], read_only_args=[Uint32(a), Uint32(b)])
+
+    @staticmethod
+    def min16x2(a, b):
+        return PAIR_DEVICE._lanes("min.u16x2", a, b)
+
+    @staticmethod
+    def max16x2(a, b):
+        return PAIR_DEVICE._lanes("max.u16x2", a, b)
+
+    @staticmethod
+    def add_bf16x2(a, b):
+        return PAIR_DEVICE._lanes("add.rn.bf16x2", a, b)
+
+    @staticmethod
+    def mul_bf16x2(a, b):
+        return PAIR_DEVICE._lanes("mul.rn.bf16x2", a, b)
+
+    @staticmethod
+    def prmt(a, b, selector: int):
+        return prmt(a, b, selector)
+
+
+def bf16x2_rto(lo, hi, ops=PAIR_DEVICE):
+    """The fp32 bits ``lo``, ``hi`` as one word of two bf16 rounded to odd (lo in the low lane):
+    each high half, its last bit set where the dropped half is nonzero (inf stays inf, NaN NaN)."""
+    U32 = ops.U32
+    kept = ops.prmt(lo, hi, 0x7632)
+    return kept | ops.min16x2(ops.prmt(lo, hi, 0x5410), U32(0x00010001))
+
+
+def e2m1x2_codes(w, ops=PAIR_DEVICE):
+    """The E2M1 codes of the two bf16 values of word ``w`` (bits), each in the low nibble of its
+    lane: e2m1_code's rule (round to nearest even, saturating at 6, the sign kept, NaN -> 0x7)."""
+    U32 = ops.U32
+    a = w & U32(0x7FFF7FFF)
+    small = ops.add_bf16x2(ops.min16x2(a, U32(BF16X2_ONE)), U32(BF16X2_64)) - U32(BF16X2_64)  # 0, 1, 2
+    r = ((a + U32(0x001F001F) + ((a >> U32(6)) & U32(0x00010001))) >> U32(6)) & U32(0x03FF03FF)
+    normal = ops.min16x2(ops.max16x2(r, U32(0x00FE00FE)), U32(0x01030103)) - U32(0x00FE00FE)  # 0 below 1; to 5
+    nan = ops.min16x2(ops.max16x2(a, U32(BF16X2_INF)) - U32(BF16X2_INF), U32(0x00010001))
+    sign = (w >> U32(12)) & (U32(0x00080008) ^ (nan << U32(3)))
+    return small + normal + sign
+
+
+def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
+    """Four words of e2m1x2_codes (word j: elements 2j, 2j + 1) as one word, element k in bits
+    4k..4k+3: two pairs' codes interleave into the low half of a word (elements 0-3 or 4-7),
+    and one prmt joins the halves."""
+    U32 = ops.U32
+    halves = []
+    for h in range(2):
+        x = codes[2 * h] | (codes[2 * h + 1] << U32(8))  # bytes: e0, e2, e1, e3 (one code each)
+        halves.append(x | (x >> U32(12)))  # low half: e0 | e1 << 4, e2 | e3 << 4
+    return ops.prmt(halves[0], halves[1], 0x5410)
 
 
 # --- stochastic rounding (docs/NUMERICS.md N7's stochastic rule; fp4.encode_sr, fp4.random_bytes) ---
@@ -465,6 +551,18 @@ def warp_max(x):
     for k in range(5):
         x = cute.arch.fmax(x, cute.arch.shuffle_sync_bfly(x, offset=1 << k), nan=True)
     return x
+
+
+def amax_atomic(t, v):
+    """Combine ``v`` (>= 0, or NaN) into the amax slot t[0] as atom.max.s32 on its bits (the
+    order of non-negative floats, NaN above inf), skipped when the slot already holds at least
+    ``v``: the slot only grows within a launch, so a stale read costs at most the atomic it would
+    have issued anyway, and most warps of a large tensor find the maximum already there (one
+    load instead of a read-modify-write on one address every warp contends for)."""
+    cute.arch.inline_ptx(
+        "{ .reg .s32 cur; .reg .pred p; ld.relaxed.gpu.global.s32 cur, [{$r0}]; "
+        "setp.gt.s32 p, {$r1}, cur; @p red.relaxed.gpu.global.max.s32 [{$r0}], {$r1}; }",
+        read_only_args=[t.iterator.toint(), Float32(v).bitcast(Int32)])
 
 
 ABS32 = 0x7FFFFFFF  # the magnitude bits of an fp32

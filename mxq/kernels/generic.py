@@ -102,7 +102,7 @@ class GenericKernel:
             if cutlass.const_expr(cfg.amax):
                 wmax = dev.warp_max(cmax)
                 if lane == 0:
-                    cute.arch.atomic_fmax(amax.iterator, wmax, sign_bit=False)
+                    dev.amax_atomic(amax, wmax)
             if cutlass.const_expr(cfg.dbias):
                 if col_ok:
                     dbias_ws[rb, co + col] = dsum  # this CTA's partial column sum, reduced in order later

@@ -586,7 +586,7 @@ class PackedKernel:
         NaN-propagating maximum of its threads' words ``am``, one atomic per warp."""
         tm = dev.warp_max(dev.pk_amax(am, is_bf16))
         if t.lane == 0 and t.Ms > 0:
-            cute.arch.atomic_fmax(io.amax.iterator, tm, sign_bit=False)
+            dev.amax_atomic(io.amax, tm)
 
     @cute.jit
     def column_scales_owned(self, k, t, io, Ns):
@@ -612,7 +612,7 @@ class PackedKernel:
         if cutlass.const_expr(OWN_AMAX):
             tm = dev.warp_max(tm)
             if t.lane == 0 and t.Ms > 0:
-                cute.arch.atomic_fmax(io.amax.iterator, tm, sign_bit=False)  # one atomic per owner warp
+                dev.amax_atomic(io.amax, tm)  # one atomic per owner warp
 
     @cute.jit
     def column_pair_scales(self, k, t, io, Ns, p, cw):
@@ -738,11 +738,7 @@ class PackedKernel:
         cfg = self.cfg
         if cfg.fmt.packed:
             qr = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
-            vals = []
-            for j in range(PKW):
-                lo, hi = dev.pk_unpack(row_words[j], is_bf16)
-                vals += [dev.mul_rn(lo, s_row), dev.mul_rn(hi, s_row)]
-            qr[0] = codec.encode8(cfg.fmt, vals, use_hw, rand)
+            qr[0] = codec.encode8_words(cfg.fmt, [row_words[j] for j in range(PKW)], s_row, is_bf16, use_hw, rand)
             return qr, None
         qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.rowwise else None
         qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.colwise else None

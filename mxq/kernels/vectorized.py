@@ -422,7 +422,7 @@ class VectorizedKernel:
         if cutlass.const_expr(cfg.amax):
             tm = dev.warp_max(tm)
             if t.lane == 0:
-                cute.arch.atomic_fmax(amax.iterator, tm, sign_bit=False)  # one atomic per warp
+                dev.amax_atomic(amax, tm)  # one atomic per warp
 
     @cute.jit
     def put_col_scale(self, grouped_: cutlass.Constexpr, gt, col_scale, c, e, rb, co, M, NOUT):
