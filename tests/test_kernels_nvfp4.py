@@ -483,3 +483,100 @@ def test_stochastic_rule_equals_the_reference():
         y = bits.to(torch.int32).view(torch.float32)
         want = fp4.encode_sr(y, r.to(torch.uint8)).to(torch.int64)
         assert torch.equal(dev.e2m1_code_sr(bits, r, ops=INT_TORCH), want)
+
+
+def _mulhilo(a: int, b: torch.Tensor):
+    """(hi, lo) words of a * b for uint32 words ``b`` (int64 tensors): four 16x16-bit products."""
+    al, ah, bl, bh = a & 0xFFFF, a >> 16, b & 0xFFFF, b >> 16
+    mid = (al * bh) + (ah * bl)  # < 2^33
+    low = al * bl + ((mid & 0xFFFF) << 16)  # < 2^49
+    return (ah * bh + (mid >> 16) + (low >> 32)) & 0xFFFFFFFF, low & 0xFFFFFFFF
+
+
+class RNG_LANES:
+    """device.RNG_DEVICE's operations on int64 tensors with one element per lane of a warp (lanes
+    2l and 2l + 1 neighbours): ``when`` runs both sides and keeps each lane's, ``swap_pair``
+    exchanges neighbours' values."""
+
+    @staticmethod
+    def U32(v):
+        return torch.as_tensor(v, dtype=torch.int64) & 0xFFFFFFFF
+
+    @staticmethod
+    def I32(v):
+        v = torch.as_tensor(v, dtype=torch.int64) & 0xFFFFFFFF
+        return v - ((v >> 31) << 32)
+
+    @staticmethod
+    def I64(v):
+        return torch.as_tensor(v, dtype=torch.int64)
+
+    select = staticmethod(torch.where)
+
+    @staticmethod
+    def mulhi(a, b):
+        return _mulhilo(a, b)[0]
+
+    @staticmethod
+    def mullo(a, b):
+        return _mulhilo(a, b)[1]
+
+    @staticmethod
+    def swap_pair(v):
+        return v.reshape(-1, 2).flip(1).reshape(-1)
+
+    @staticmethod
+    def when(cond, n, then, other):
+        t, o = then(), other()
+        return [torch.where(cond, t[i], o[i]) for i in range(n)]
+
+
+def _oracle_words(n_rows: int, n_cols: int, seed: int, offset: int, direction: int) -> list:
+    """tests/oracle_fp4.py's random bytes of [n_rows, n_cols] as each row's 32-bit words."""
+    b = oracle.random_bytes(n_rows, n_cols, seed, offset, direction)
+    return [[sum(row[4 * q + i] << (8 * i) for i in range(4)) for q in range(n_cols // 4)] for row in b]
+
+
+def _signed64(seed: int) -> int:
+    """A seed as the rng slot holds it (int64, two's complement)."""
+    return seed - (seed >> 63 << 64)
+
+
+# (seed, offset): every offset % 4, counters past 2^32, a seed of 2^63 or more
+RNG_CASES = [(0, 0), (1, 1), (2, 2), (3, 3), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3), (9, 4 * 2 ** 32 - 8),
+             (2 ** 63 + 11, 4 * 2 ** 32 - 5), (77, 2 ** 62 - 4096), (5, 2 ** 62 - 4095), (6, 2 ** 35 + 2)]
+
+
+@pytest.mark.parametrize("seed, offset", RNG_CASES)
+@pytest.mark.parametrize("n", [16, 48, 528, 24, 40])
+def test_rowwise_random_words_equal_the_oracle(seed, offset, n):
+    """device.sr_row_words on int64 lanes (g = 0, 1, ...: lanes 2l, 2l + 1 neighbours) against
+    the oracle's random bytes of rows 2k, 2k + 1 of [rows, N]: N % 16 == 0 (lanes sharing Philox
+    where offset % 4 == 0, the per-row path otherwise), N = 24, 40 (rows not starting on a
+    counter: the per-row path for any offset); rows from 0 and from row 3001 (the oracle called
+    at that row's offset)."""
+    groups = n // 4
+    g = torch.arange(2 * -(-n // 16), dtype=torch.int64)  # (past N / 8: columns never stored)
+    for row0 in (0, 3001):
+        want = _oracle_words(4, n, seed, offset + row0 * groups, 0)  # rows row0 .. row0 + 3
+        for r in (0, 2):
+            got = dev.sr_row_words(row0 + r, g, groups, _signed64(seed), offset, ops=RNG_LANES)
+            for lane in range(len(g)):
+                if 2 * lane + 1 < groups:
+                    words = [int(got[j][lane]) for j in range(4)]
+                    assert words == want[r][2 * lane:2 * lane + 2] + want[r + 1][2 * lane:2 * lane + 2], (r, lane)
+
+
+@pytest.mark.parametrize("seed, offset", RNG_CASES)
+@pytest.mark.parametrize("m", [16, 24, 48])
+def test_colwise_random_words_equal_the_oracle(seed, offset, m):
+    """device.sr_word_pair for the transposed copy (direction 1): row c of [N, M], words
+    rbase / 4 and rbase / 4 + 1 of each 8-row thread, for columns 0 .. 5 and 2000 .. 2005."""
+    groups = m // 4
+    for c0 in (0, 2000):
+        want = _oracle_words(6, m, seed, offset + c0 * groups, 1)
+        c = c0 + torch.arange(6, dtype=torch.int64)
+        for rbase in range(0, m, 8):
+            got = dev.sr_word_pair(c, rbase // 4, groups, _signed64(seed), offset, 1, ops=RNG_LANES)
+            for i in range(6):
+                assert [int(got[0][i]), int(got[1][i])] == want[i][rbase // 4:rbase // 4 + 2], (rbase, i)

@@ -380,7 +380,10 @@ E2M1_TWO = 0x40000000
 
 
 class RNG_DEVICE(DEVICE):
-    """DEVICE's operations and the 32-bit multiplies of Philox, on DSL values."""
+    """DEVICE's operations with the 64-bit word index, the 32-bit multiplies of Philox, the lane
+    exchange and the branch of the random-word rules, on DSL values."""
+
+    I64 = Int64
 
     @staticmethod
     def mulhi(a, b):
@@ -391,6 +394,27 @@ class RNG_DEVICE(DEVICE):
     def mullo(a, b):
         return cute.arch.inline_ptx("mul.lo.u32 {$w0}, {$r0}, {$r1};", write_only_types=[Uint32],
                                     read_only_args=[Uint32(a), b])
+
+    @staticmethod
+    def swap_pair(v):
+        """The value of the lane next to this one (lane ^ 1); every lane of the warp takes part."""
+        return Uint32(cute.arch.shuffle_sync_bfly(Uint32(v), offset=1))
+
+    @staticmethod
+    @cute.jit
+    def when(cond, n: cutlass.Constexpr, then, other):
+        """``then()`` where ``cond`` holds, else ``other()`` (each a list of ``n`` Uint32): a
+        branch, so only the side taken runs (uniform over a warp where ``cond`` is)."""
+        box = cute.make_rmem_tensor(cute.make_layout(n), Uint32)
+        if cond:
+            v = then()
+            for i in cutlass.range_constexpr(n):
+                box[i] = Uint32(v[i])
+        else:
+            v = other()
+            for i in cutlass.range_constexpr(n):
+                box[i] = Uint32(v[i])
+        return [box[i] for i in range(n)]
 
 
 def philox(counter, key, ops=RNG_DEVICE):
@@ -408,20 +432,72 @@ def philox(counter, key, ops=RNG_DEVICE):
     return c0, c1, c2, c3
 
 
-def random_word(row, q, groups, seed, offset, direction: int):
-    """The 32-bit word of elements 4q .. 4q+3 of ``row`` (Int32s) in a direction's values of
-    ``groups`` = ceil(C/4) words per row: word w % 4 of Philox with key (seed low, high) and
-    counter (w // 4 low, high, direction, 0), w = offset + row * groups + q (Int64 seed and
-    offset; fp4.random_bytes)."""
-    w = offset + Int64(row) * Int64(groups) + Int64(q)
-    ctr = w >> Int64(2)
-    words = philox((Uint32(ctr & Int64(0xFFFFFFFF)), Uint32((ctr >> Int64(32)) & Int64(0xFFFFFFFF)),
-                    Uint32(direction), Uint32(0)),
-                   (Uint32(seed & Int64(0xFFFFFFFF)), Uint32((seed >> Int64(32)) & Int64(0xFFFFFFFF))))
-    j = Int32(w & Int64(3))
-    pick = Uint32(cutlass.select_(j == Int32(1), words[1], words[0]))
-    pick = Uint32(cutlass.select_(j == Int32(2), words[2], pick))
-    return Uint32(cutlass.select_(j == Int32(3), words[3], pick))
+# The random words (fp4.random_bytes): word w = offset + row * groups + q of a direction's values is
+# word w % 4 of Philox at counter (w // 4 low, high, direction, 0), key = seed. A thread's 8
+# values of a row take words q, q + 1 (q even); both lie in one counter unless w % 4 == 3 (odd
+# offsets), so one Philox serves them, and a second runs only in the lanes that need it. Rowwise,
+# where a row's words start on a counter (groups and offset multiples of 4: NVFP4's N % 16 == 0
+# and an offset % 4 == 0), lanes 2l and 2l + 1 (columns 16l .. 16l + 15) need the four words of
+# one counter per row: each computes one row of a pair and they swap halves (sr_row_pair_shared),
+# one Philox per 16 values.
+def philox_at(ctr, direction: int, seed, ops=RNG_DEVICE):
+    """Philox's four words at the 64-bit counter index ``ctr`` (>= 0), key ``seed`` (64 bits)."""
+    U32, I64 = ops.U32, ops.I64
+    m = I64(0xFFFFFFFF)
+    return philox((U32(ctr & m), U32((ctr >> I64(32)) & m), U32(direction), U32(0)),
+                  (U32(seed & m), U32((seed >> I64(32)) & m)), ops)
+
+
+def word_index(row, q, groups, offset, ops=RNG_DEVICE):
+    """w = offset + row * groups + q as a 64-bit value."""
+    I64 = ops.I64
+    return I64(offset) + I64(row) * I64(groups) + I64(q)
+
+
+def sr_word_pair(row, q, groups, seed, offset, direction: int, ops=RNG_DEVICE):
+    """Words q and q + 1 of ``row`` (q even; ``groups`` words a row): Philox at w // 4 and, in the
+    lanes where w % 4 == 3, the first word of Philox at w // 4 + 1."""
+    U32, I32, I64 = ops.U32, ops.I32, ops.I64
+    w = word_index(row, q, groups, offset, ops)
+    ctr = w >> I64(2)
+    j = I32(w & I64(3))
+    a = philox_at(ctr, direction, seed, ops)
+    first = U32(ops.select(j == I32(1), a[1], a[0]))
+    first = U32(ops.select(j == I32(2), a[2], first))
+    first = U32(ops.select(j == I32(3), a[3], first))
+    second = U32(ops.select(j == I32(1), a[2], a[1]))
+    second = U32(ops.select(j == I32(2), a[3], second))
+    nxt = ops.when(j == I32(3), 1, lambda: [philox_at(ctr + I64(1), direction, seed, ops)[0]], lambda: [second])
+    return [first, nxt[0]]
+
+
+def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE):
+    """Rowwise words 2g, 2g + 1 of rows ``row`` and ``row + 1`` where lanes g and g ^ 1 are
+    neighbours and (offset + r * groups + 4 (g // 2)) % 4 == 0 for both rows: the even lane runs
+    Philox for ``row``, the odd one for ``row + 1``; each keeps its own two words (0, 1 for an
+    even lane, 2, 3 for an odd one) and gives the other two to its neighbour."""
+    U32, I32 = ops.U32, ops.I32
+    odd = (I32(g) & I32(1)) == I32(1)
+    p = I32(ops.select(odd, I32(1), I32(0)))
+    c = philox_at(word_index(I32(row) + p, I32(g) * I32(2) - p * I32(2), groups, offset, ops) >> ops.I64(2), 0,
+                  seed, ops)
+    mine = [U32(ops.select(odd, c[2 + h], c[h])) for h in range(2)]
+    given = [ops.swap_pair(U32(ops.select(odd, c[h], c[2 + h]))) for h in range(2)]
+    first = [U32(ops.select(odd, given[h], mine[h])) for h in range(2)]
+    second = [U32(ops.select(odd, mine[h], given[h])) for h in range(2)]
+    return first + second
+
+
+def sr_row_words(row, g, groups, seed, offset, ops=RNG_DEVICE):
+    """Rowwise words 2g, 2g + 1 of rows ``row`` and ``row + 1`` (four words, row by row) of the
+    lane owning columns 8g .. 8g + 7, its neighbour lane g ^ 1 in the same warp: shared Philox
+    calls where groups and offset are multiples of 4 (a warp-uniform branch), sr_word_pair per row
+    otherwise. Every lane of the warp must call it (the shared path exchanges words)."""
+    I64 = ops.I64
+    aligned = ((I64(offset) | I64(groups)) & I64(3)) == I64(0)
+    return ops.when(aligned, 4, lambda: sr_row_pair_shared(row, g, groups, seed, offset, ops),
+                    lambda: (sr_word_pair(row, g * 2, groups, seed, offset, 0, ops)
+                             + sr_word_pair(row + 1, g * 2, groups, seed, offset, 0, ops)))
 
 
 def e2m1_code_sr(b, r, ops=DEVICE):
