@@ -447,6 +447,15 @@ class INT_TORCH:
     max = staticmethod(torch.maximum)
     select = staticmethod(torch.where)
 
+    @staticmethod
+    def one_plus_rz(a):
+        """fp32 bits of 1 + y rounded toward zero (y >= 0 finite, bits ``a``): 1 + y exact in
+        float64, its significand cut to 24 bits."""
+        v = 1.0 + (a & 0xFFFFFFFF).to(torch.int32).view(torch.float32).to(torch.float64)
+        m, e = torch.frexp(v)  # v = m * 2^e, 0.5 <= m < 1
+        cut = torch.floor(torch.ldexp(m, torch.full_like(e, 24))) * torch.pow(2.0, (e - 24).to(torch.float64))
+        return cut.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
 
 def test_philox_rounds_equal_the_reference():
     from mxq.formats import fp4
@@ -460,9 +469,10 @@ def test_philox_rounds_equal_the_reference():
 
 
 def test_stochastic_rule_equals_the_reference():
-    """device.e2m1_code_sr on int64 tensors against fp4.encode_sr: every threshold's neighbours and
-    2^20 sampled patterns below 8 (and 2^18 of any kind), each with random bytes, plus r = 0 and
-    255 at every edge."""
+    """device.e2m1_code_sr on int64 tensors against fp4.encode_sr: every threshold's neighbours,
+    values below 1 whose bits below 2^-23 a rounding to nearest of 1 + |y| would carry, and 2^20
+    sampled patterns below 8 (and 2^18 of any kind), each with random bytes, plus every r at
+    every edge."""
     from mxq.formats import fp4
 
     g = torch.Generator().manual_seed(9)
@@ -472,6 +482,9 @@ def test_stochastic_rule_equals_the_reference():
         b = struct.unpack("<I", struct.pack("<f", p))[0]
         edges += [b + d for d in (-2, -1, 0, 1, 2) if 0 <= b + d <= 0x7F800000]
     edges += [0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF]
+    for j in (0, 1, 5, 63, 127):  # below 1: 2^23 |y| just under a multiple of 2^14 (1 + |y| rounded to nearest would carry)
+        for frac in (0.25, 0.5, 0.75):
+            edges.append(struct.unpack("<I", struct.pack("<f", (j * 2 ** 14 + 2 ** 14 - 1 + frac) * 2.0 ** -23))[0])
     edges = torch.tensor(edges, dtype=torch.int64)
     near = torch.randint(0, 0x41000000, (2 ** 20,), generator=g, dtype=torch.int64)
     wide = torch.randint(0, 2 ** 32, (2 ** 18,), generator=g, dtype=torch.int64)

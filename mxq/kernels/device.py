@@ -500,25 +500,31 @@ def sr_row_words(row, g, groups, seed, offset, ops=RNG_DEVICE):
                              + sr_word_pair(row + 1, g * 2, groups, seed, offset, 0, ops)))
 
 
-def e2m1_code_sr(b, r, ops=DEVICE):
-    """N7's stochastic rule on the fp32 bits ``b`` (unsigned) with the random byte ``r``: |y|
-    clamped to 6 is u = floor(|y| * 2^9) (integer shifts of its significand), the spacing 2^s
-    half-units (s = 0 below 2, 1 below 4, else 2); k = u >> (8 + s) whole spacings, the 8 bits
-    below them floor(256 f) = (u >> s) & 255; rounded up to k + 1 iff they and r carry
-    (>= 256); (k + up) << s half-units, at most 12 (6.0), to its code; the sign kept, NaN -> 0x7."""
+class SR_DEVICE(DEVICE):
+    """DEVICE's operations and the one float addition of the stochastic rule, on DSL values."""
+
+    @staticmethod
+    def one_plus_rz(a):
+        """The fp32 bits of 1 + (the fp32 of bits ``a``), rounded toward zero."""
+        return cute.math.add(a.bitcast(Float32), Float32(1.0), rounding=RoundingMode.ZERO).bitcast(Uint32)
+
+
+E2M1_ONE = 0x3F800000
+
+
+def e2m1_code_sr(b, r, ops=SR_DEVICE):
+    """N7's stochastic rule on the fp32 bits ``b`` (unsigned) with the random byte ``r``, as one
+    integer addition on fp32 bits: |y| clamped to 6 has its E2M1 spacing at bit 22 of its bits
+    (one mantissa bit kept; below 1, where the spacing is fixed at 0.5, of those of 1 + |y|
+    rounded toward zero, which keeps floor(2^23 |y|)); bits 14 .. 21 are floor(256 f), so adding
+    r << 14 carries into bit 22 iff floor(256 f) + r >= 256. Bits >> 22 less 252 (less 254
+    below 1) are the code (1.0 -> 2, ... 6.0 -> 7; 6.0's bits below 22 are 0, so nothing carries
+    past it); the sign kept, NaN -> 0x7."""
     U32 = ops.U32
     a = b & U32(0x7FFFFFFF)
-    a6 = U32(ops.select(a > U32(E2M1_SIX), U32(E2M1_SIX), a))
-    e = a6 >> U32(23)
-    sig = (a6 & U32(0x7FFFFF)) | U32(0x800000)
-    shift = ops.min(U32(141) - ops.min(e, U32(141)), U32(31))  # (141 - e: 2^9 |y| = sig >> shift)
-    u = U32(ops.select(e >= U32(110), sig >> shift, U32(0)))
-    s = U32(ops.select(a6 < U32(E2M1_TWO), U32(0), U32(ops.select(a6 < U32(E2M1_FOUR), U32(1), U32(2)))))
-    k = u >> (s + U32(8))
-    up = U32(ops.select(((u >> s) & U32(255)) + r >= U32(256), U32(1), U32(0)))
-    units = ops.min((k + up) << s, U32(12))
-    code = U32(ops.select(units <= U32(4), units, U32(ops.select(units == U32(6), U32(5),
-                                                                  U32(ops.select(units == U32(8), U32(6), U32(7)))))))
+    a6 = ops.min(a, U32(E2M1_SIX))
+    z = U32(ops.select(a6 < U32(E2M1_ONE), ops.one_plus_rz(a6) - U32(254 << 22), a6 - U32(252 << 22)))
+    code = (z + (r << U32(14))) >> U32(22)
     code = code | ((b >> U32(28)) & U32(8))
     return U32(ops.select(a > U32(0x7F800000), U32(7), code))
 
