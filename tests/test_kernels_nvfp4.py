@@ -15,6 +15,7 @@ tensor, under noop), fused ops, stochastic rounding's bytes, prepare() under a C
 case against the oracle of tests/oracle_fp4.py.
 """
 
+import re
 import struct
 
 import pytest
@@ -187,13 +188,20 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
-    """Philox's rounds (two random words per row of 8 values: 20 mul.hi each) and the integer
-    stochastic rule on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell)."""
+    """Philox's rounds (20 mul.hi each) and the integer stochastic rule (one add.rz.f32 per value)
+    on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell). A thread's 8
+    rows: 4 Philox shared by neighbour lanes (2 lane swaps per row pair), else 8 (one per row) and
+    8 more in the lanes whose words straddle two counters; the colwise copy 8 + 8 more."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident)
     ptx = _ptx(op, arch, "bf16")
-    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") % 20 == 0 and ptx.count("mul.hi.u32") > 0
+    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * (4 + 8 + 8)
     assert "-766435501" in ptx or "3528531795" in ptx  # (Philox's first multiplier, 0xD2511F53)
-    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx
+    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx and ptx.count("add.rz.f32") == 64
+    rn = _ptx(mxq.fused_quant(format="nvfp4")(ident), arch, "bf16")
+    swaps = re.compile(r"shfl\.sync\.bfly\.b32[^;]*, 1, 31, -1;")
+    assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8
+    both = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident), arch, "bf16")
+    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 8 + 8) and both.count("add.rz.f32") == 128
 
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
