@@ -353,10 +353,12 @@ def test_fused_ops_match_reference(strict, dtype):
 @pytest.mark.parametrize("m, n, layout", [(1, 16, "compact"), (5, 48, "swizzled"), (1000, 4096, "compact")])
 def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     """The same Philox bytes and rule as the reference (docs/NUMERICS.md): byte for byte, for
-    seeds and offsets of every width (a seed of 2^63 or more, offsets past 2^32), a given amax."""
+    seeds and offsets of every width (a seed of 2^63 or more, offsets past 2^32) and offset % 4
+    (0: neighbour lanes sharing Philox), a given amax."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, scale_layout=layout)(ident)
     x = _specials(m, n, DTYPES[dtype], seed=m + 3)
-    for seed, offset in ((1, 0), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3)):
+    for seed, offset in ((1, 0), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3), (2 ** 63 + 1, 2 ** 34 + 4),
+                         (6, 2 ** 32 - 2)):
         _check(op, [x], op(x.cuda(), seed=seed, offset=offset), seed=seed, offset=offset)
     _check(op, [x], op(x.cuda(), seed=9, offset=2, global_amax=50.0), seed=9, offset=2, global_amax=50.0)
     relu = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, act="relu")(ident)
@@ -369,7 +371,8 @@ def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
 def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
     """The transposed copy [N, M/2] and its [N, ceil(M/16)] scales (M % 16 == 8: a partial last
-    block), with and without the rowwise copy, a given amax, an act, stochastic rounding."""
+    block), with and without the rowwise copy, a given amax, an act, stochastic rounding (offsets
+    % 4 of 1, 0 and 2)."""
     t = DTYPES[dtype]
     x = _specials(m, n, t, seed=m * 7 + n)
     both = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident)
@@ -379,7 +382,9 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
         for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
             assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), f
     for opts, kw in ((dict(rowwise=False), {}), (dict(act="relu"), {}),
-                     (dict(stochastic_rounding=True), {"seed": 3, "offset": 2 ** 35 + 1})):
+                     (dict(stochastic_rounding=True), {"seed": 3, "offset": 2 ** 35 + 1}),
+                     (dict(stochastic_rounding=True), {"seed": 2 ** 63 + 9, "offset": 2 ** 34}),
+                     (dict(stochastic_rounding=True), {"seed": 5, "offset": 6})):
         op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, **opts)(ident)
         got, want = op(x.cuda(), **kw), op.reference(x, **kw)
         for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
