@@ -495,7 +495,8 @@ def test_stochastic_rule_equals_the_reference():
         b = struct.unpack("<I", struct.pack("<f", p))[0]
         edges += [b + d for d in (-2, -1, 0, 1, 2) if 0 <= b + d <= 0x7F800000]
     edges += [0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF]
-    for j in (0, 1, 5, 63, 127):  # below 1: 2^23 |y| just under a multiple of 2^14 (1 + |y| rounded to nearest would carry)
+    # below 1: 2^23 |y| just under a multiple of 2^14 (1 + |y| rounded to nearest would carry)
+    for j in (0, 1, 5, 63, 127):
         for frac in (0.25, 0.5, 0.75):
             edges.append(struct.unpack("<I", struct.pack("<f", (j * 2 ** 14 + 2 ** 14 - 1 + frac) * 2.0 ** -23))[0])
     edges = torch.tensor(edges, dtype=torch.int64)
