@@ -370,13 +370,12 @@ def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
 
 
 # --- stochastic rounding (docs/NUMERICS.md N7's stochastic rule; fp4.encode_sr, fp4.random_bytes) ---
-# Written against ``ops`` too (DEVICE's, with RNG_DEVICE's 32-bit multiplies), so the tests run the
-# Philox rounds and the rounding rule on Python ints and int64 tensors against mxq/formats/fp4.py.
+# Written against ``ops`` too (RNG_DEVICE's, SR_DEVICE's), so the tests run the Philox rounds, the
+# word selection (a warp's lanes on a tensor axis) and the rounding rule on Python ints and int64
+# tensors against mxq/formats/fp4.py and tests/oracle_fp4.py.
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
-E2M1_SIX = 0x40C00000  # fp32 bits of 6.0, 4.0 and 2.0: the E2M1 spacings' bounds
-E2M1_FOUR = 0x40800000
-E2M1_TWO = 0x40000000
+E2M1_SIX = 0x40C00000  # fp32 bits of 6.0, E2M1's largest magnitude
 
 
 class RNG_DEVICE(DEVICE):
@@ -507,9 +506,6 @@ class SR_DEVICE(DEVICE):
     def one_plus_rz(a):
         """The fp32 bits of 1 + (the fp32 of bits ``a``), rounded toward zero."""
         return cute.math.add(a.bitcast(Float32), Float32(1.0), rounding=RoundingMode.ZERO).bitcast(Uint32)
-
-
-E2M1_ONE = 0x3F800000
 
 
 def e2m1_code_sr(b, r, ops=SR_DEVICE):
