@@ -12,7 +12,7 @@ input and writes two [M, 2N] FP8 copies with scales and a [2N] dbias. Timing: be
 busy-GPU method on a prepared launch; the user-epilogue form over half views for comparison, and
 the backward with Tuning(halves_one_cta=False) (one CTA per half instead of one for both).
 ``--variants``: Tuning variants of the grouped ops (device_check.parse_tuning's form, e.g.
-'grouped_tiles=2;grouped_tiles=4,grouped_min_warps=24'), each timed in the same run beside the
+'group_search=block;group_search=warps'), each timed in the same run beside the
 default's row of the same case, its bytes checked equal to the default's first (every output).
 """
 
@@ -166,7 +166,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="the first shape only")
     ap.add_argument("--grouped-only", action="store_true", help="only the grouped rows and their ungrouped twins")
     ap.add_argument("--variants", default="", help="Tuning variants of the grouped ops, 'k=v,...;k=v' (e.g. "
-                    "'grouped_tiles=2;grouped_tiles=4,grouped_min_warps=24'), timed beside the default")
+                    "'group_search=block;group_search=warps'), timed beside the default")
     args = ap.parse_args()
     if args.launch:
         launch_only(args.launch, args.groups, args.variants.split(";")[0])  # (the first variant, if any)
