@@ -552,10 +552,9 @@ def _quantize_entry(ptx):
 def test_group_search_forms_compile(search, arch):
     """CPU counterpart of the GPU test above: each form's grouped kernels compile for Hopper and
     Blackwell (the packed kernel aligned and not, from bf16; the vectorised and element-wise
-    kernels from fp32) with the modules' kernels unchanged; the warp forms reduce with
-    signed redux.sync (three terms compact, four or five swizzled) where the library's form has none,
-    "warps" with one barrier fewer, and the block form with fewer butterflies where it reduces
-    fewer terms."""
+    kernels from fp32) with the modules' kernels unchanged; each reduces a warp's terms with a
+    signed redux.sync apiece (three terms compact, four or five swizzled) where the library's
+    form has none and five shuffle butterflies of five steps; "warps" with one barrier fewer."""
     from mxq.runtime import inspection
 
     for k, opts in enumerate(SEARCH_OPTS[:3]):
@@ -571,9 +570,6 @@ def test_group_search_forms_compile(search, arch):
             lib_q, q = _quantize_entry(lib), _quantize_entry(ptx)
             terms = 3 if opts["scale_layout"] == "compact" else 4 if not (opts["rowwise"] and opts["colwise"]) else 5
             assert len(S32_REDUX.findall(lib_q)) == 0 and lib_q.count("shfl.sync.bfly") >= 25
-            if search in ("warp", "warps"):
-                assert len(S32_REDUX.findall(q)) == terms, (kind, dtype, opts)
-            else:
-                assert len(S32_REDUX.findall(q)) == 0
-                assert lib_q.count("shfl.sync.bfly") - q.count("shfl.sync.bfly") == 5 * (5 - terms), (kind, dtype)
+            assert len(S32_REDUX.findall(q)) == terms, (kind, dtype, opts)
+            assert lib_q.count("shfl.sync.bfly") - q.count("shfl.sync.bfly") == 25, (kind, dtype)
             assert q.count("bar.sync") == lib_q.count("bar.sync") - (search == "warps"), (kind, dtype, opts)

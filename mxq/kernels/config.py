@@ -98,13 +98,14 @@ class Tuning:
     groups, 0.978x at 64, 0.987x at 8 (compact).
     ``group_search``: how a CTA of a grouped call finds its row tile's group (grouped.find_group;
     every form reduces the same integer terms with exact min / max / sum, so every form gives the
-    same tile for any offsets): "block_all" reduces all N_TERMS terms over the CTA (a warp
-    butterfly per term, a word per warp and term in shared memory, a barrier, a sum over the
-    warps); "block" the same for only the terms the config reads (KernelConfig.group_terms);
-    "warp" has warp 0 alone reduce those terms (redux.sync) and broadcast them through shared
-    memory (the other warps wait at the barrier); "warps" has every warp reduce them itself (no
-    shared memory, no barrier; each warp reads all G ends). "": the library's choice
-    (KernelConfig.group_search)."""
+    same tile for any offsets): "block_all" reduces all N_TERMS terms over the CTA (a five-step
+    shuffle butterfly per warp and term, a word per warp and term in shared memory, a barrier, a
+    sum over the warps); "block" the same for only the terms the config reads
+    (KernelConfig.group_terms), its divisions by powers of two as shifts and a warp's reduction
+    one redux.sync per term; "warp" has warp 0 alone reduce those terms (redux.sync) and
+    broadcast them through shared memory (the other warps wait at the barrier); "warps" has
+    every warp reduce them itself (no shared memory, no barrier; each warp reads all G ends).
+    "": the library's choice (KernelConfig.group_search)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True

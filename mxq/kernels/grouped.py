@@ -125,15 +125,18 @@ def _thread_pass(ends: cute.Tensor, rb: Int32, M: Int32, first: Int32, step: cut
 
 @cute.jit
 def _block_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, nthreads: cutlass.Constexpr,
-                  used: cutlass.Constexpr, shift: cutlass.Constexpr):
-    """The CTA's reductions (every thread gets them): the threads share the pass, a butterfly per
-    warp and term, lane 0 of each warp writes a word per term, one barrier, a sum over the warps."""
+                  used: cutlass.Constexpr, redux: cutlass.Constexpr):
+    """The CTA's reductions (every thread gets them): the threads share the pass, each warp
+    reduces each term (``redux``: one redux.sync, sm_80+; else a five-step shuffle butterfly),
+    lane 0 of each warp writes a word per term, one barrier, a sum over the warps."""
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % 32
     warp = tidx // 32
-    a = list(_thread_pass(ends, rb, M, tidx, stride("block", nthreads), used, shift))
+    a = list(_thread_pass(ends, rb, M, tidx, stride("block", nthreads), used, redux))
     for k in cutlass.range_constexpr(N_TERMS):
-        if cutlass.const_expr(k in used):
+        if cutlass.const_expr(k in used and redux):
+            a[k] = cute.arch.warp_redux_sync(a[k], REDUX[k])
+        elif cutlass.const_expr(k in used):
             for s in cutlass.range_constexpr(5):
                 a[k] = combine(k, a[k], cute.arch.shuffle_sync_bfly(a[k], offset=1 << s))
     if lane == 0:
@@ -168,8 +171,8 @@ def find_group(ends: cute.Tensor, red, rb: Int32, M: Int32, nthreads: cutlass.Co
     """(g, start_g, end_g, swizzled rowwise rows before g, swizzled colwise block rows before g)
     of row tile rb for every thread of the CTA's ``nthreads``, by ``search`` (config.Tuning.
     group_search; terms not in ``used`` are left at their identities, init; every search but
-    "block_all", today's expressions, computes terms with a shift): "block_all" / "block":
-    _block_search, through ``red`` (shared Int32, N_TERMS x (nthreads / 32)); "warp":
+    "block_all", the library's, computes terms with shifts and reduces a warp's with redux.sync):
+    "block_all" / "block": _block_search, through ``red`` (shared Int32, N_TERMS x (nthreads / 32)); "warp":
     warp 0 alone runs _warp_search, its lane 0 writes a word per term to ``red`` (N_TERMS x 1),
     one barrier; "warps": every warp runs _warp_search for itself (``red``: None, no barrier)."""
     if cutlass.const_expr(search == "warps"):
