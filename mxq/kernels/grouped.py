@@ -12,13 +12,19 @@ strictly increasing, so with h running over the groups, "h < g" is "f(h + 1) <= 
 g = the number of such h, start_g = the largest of their ends, end_g = the smallest of the
 other ends, and the swizzled layouts' group starts (sums over the groups before g) are sums over
 the same h. One pass of the CTA's threads over the G ends (independent loads: one memory
-latency) and a block reduction give all five.
+latency) and a block reduction give all five. Tuning.group_search picks how (find_group): the
+library's "block_all" reduces all five; "block" only those the config reads (three compact,
+four or five swizzled: KernelConfig.group_terms), with shifts and a redux.sync per warp and
+term; "warp" and "warps" pass over the ends in one warp, broadcasting through shared memory
+behind one barrier or (each warp searching for itself) with none. Integer sums, maxima and
+minima are exact, so every form gives every tile the same group.
 
 The offsets are not validated on the device: every end is clamped to [0, M] first, so offsets
 that are not non-decreasing give unspecified bytes but never an access outside the buffers.
 
-``terms`` and ``tile`` are written against device.DEVICE / device.HOST ops, so the very
-expressions the kernels trace run on Python ints in tests/test_kernels.py.
+``terms``, ``accumulate``, ``combine`` and ``tile`` are written against device.DEVICE /
+device.HOST ops, so the very expressions the kernels trace run on Python ints in
+tests/test_kernels.py.
 """
 
 from __future__ import annotations
