@@ -573,3 +573,17 @@ def test_group_search_forms_compile(search, arch):
             assert len(S32_REDUX.findall(q)) == terms, (kind, dtype, opts)
             assert lib_q.count("shfl.sync.bfly") - q.count("shfl.sync.bfly") == 25, (kind, dtype)
             assert q.count("bar.sync") == lib_q.count("bar.sync") - (search == "warps"), (kind, dtype, opts)
+
+
+def test_group_search_named_default_compiles_to_the_library_kernel():
+    """Tuning(group_search="block_all") named explicitly compiles to the library's grouped kernels
+    (the same PTX, module and kernel names aside): the library's form is that one."""
+    from mxq.runtime import inspection
+
+    strip = re.compile(r"^//.*$|kernel_cutlass_\w+|mxq_gen_\w+|_mxq\w*", re.M)
+    for opts in SEARCH_OPTS[:2]:
+        _, lib = _search_op(opts)
+        _, named = _search_op(opts, "block_all")
+        for dtype in ("bf16", "fp32"):
+            assert strip.sub("", inspection.ptx_of(lib, "sm_90a", dtype, "vec_grouped")) == strip.sub(
+                "", inspection.ptx_of(named, "sm_90a", dtype, "vec_grouped")), (opts, dtype)

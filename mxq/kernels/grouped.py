@@ -139,12 +139,15 @@ def _block_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, nthr
     lane = tidx % 32
     warp = tidx // 32
     a = list(_thread_pass(ends, rb, M, tidx, stride("block", nthreads), used, redux))
-    for k in cutlass.range_constexpr(N_TERMS):
-        if cutlass.const_expr(k in used and redux):
-            a[k] = cute.arch.warp_redux_sync(a[k], REDUX[k])
-        elif cutlass.const_expr(k in used):
-            for s in cutlass.range_constexpr(5):
-                a[k] = combine(k, a[k], cute.arch.shuffle_sync_bfly(a[k], offset=1 << s))
+    if cutlass.const_expr(redux):
+        for k in cutlass.range_constexpr(N_TERMS):
+            if cutlass.const_expr(k in used):
+                a[k] = cute.arch.warp_redux_sync(a[k], REDUX[k])
+    else:
+        for s in cutlass.range_constexpr(5):
+            for k in cutlass.range_constexpr(N_TERMS):
+                if cutlass.const_expr(k in used):
+                    a[k] = combine(k, a[k], cute.arch.shuffle_sync_bfly(a[k], offset=1 << s))
     if lane == 0:
         for k in cutlass.range_constexpr(N_TERMS):
             if cutlass.const_expr(k in used):
@@ -154,7 +157,9 @@ def _block_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, nthr
     for k in cutlass.range_constexpr(N_TERMS):
         if cutlass.const_expr(k in used):
             r[k] = red[k, 0]
-            for w in cutlass.range_constexpr(1, nthreads // 32):
+    for w in cutlass.range_constexpr(1, nthreads // 32):
+        for k in cutlass.range_constexpr(N_TERMS):
+            if cutlass.const_expr(k in used):
                 r[k] = combine(k, r[k], red[k, w])
     return r[0], r[1], r[2], r[3], r[4]
 
