@@ -177,31 +177,38 @@ def _warp_search(ends: cute.Tensor, rb: Int32, M: Int32, used: cutlass.Constexpr
 
 
 @cute.jit
+def _broadcast_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, used: cutlass.Constexpr):
+    """Warp 0's reductions (_warp_search) for every thread of the CTA: its lane 0 writes a word
+    per term to ``red`` (N_TERMS x 1), one barrier, every thread reads them."""
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx < 32:
+        a = _warp_search(ends, rb, M, used)
+        if tidx == 0:
+            for k in cutlass.range_constexpr(N_TERMS):
+                if cutlass.const_expr(k in used):
+                    red[k, 0] = a[k]
+    cute.arch.sync_threads()
+    r = list(init(M))
+    for k in cutlass.range_constexpr(N_TERMS):
+        if cutlass.const_expr(k in used):
+            r[k] = red[k, 0]
+    return r[0], r[1], r[2], r[3], r[4]
+
+
+@cute.jit
 def find_group(ends: cute.Tensor, red, rb: Int32, M: Int32, nthreads: cutlass.Constexpr,
                search: cutlass.Constexpr = "block_all", used: cutlass.Constexpr = tuple(range(N_TERMS))):
     """(g, start_g, end_g, swizzled rowwise rows before g, swizzled colwise block rows before g)
     of row tile rb for every thread of the CTA's ``nthreads``, by ``search`` (config.Tuning.
     group_search; terms not in ``used`` are left at their identities, init; every search but
     "block_all", the library's, computes terms with shifts and reduces a warp's with redux.sync):
-    "block_all" / "block": _block_search, through ``red`` (shared Int32, N_TERMS x (nthreads / 32)); "warp":
-    warp 0 alone runs _warp_search, its lane 0 writes a word per term to ``red`` (N_TERMS x 1),
-    one barrier; "warps": every warp runs _warp_search for itself (``red``: None, no barrier)."""
+    "block_all" / "block": _block_search, through ``red`` (shared Int32, N_TERMS x (nthreads /
+    32)); "warp": _broadcast_search, through ``red`` (N_TERMS x 1); "warps": every warp runs
+    _warp_search for itself (``red``: None, no barrier)."""
     if cutlass.const_expr(search == "warps"):
         r0, r1, r2, r3, r4 = _warp_search(ends, rb, M, used)
     elif cutlass.const_expr(search == "warp"):
-        tidx, _, _ = cute.arch.thread_idx()
-        if tidx < 32:
-            a = _warp_search(ends, rb, M, used)
-            if tidx == 0:
-                for k in cutlass.range_constexpr(N_TERMS):
-                    if cutlass.const_expr(k in used):
-                        red[k, 0] = a[k]
-        cute.arch.sync_threads()
-        r = list(init(M))
-        for k in cutlass.range_constexpr(N_TERMS):
-            if cutlass.const_expr(k in used):
-                r[k] = red[k, 0]
-        r0, r1, r2, r3, r4 = r
+        r0, r1, r2, r3, r4 = _broadcast_search(ends, red, rb, M, used)
     else:
         r0, r1, r2, r3, r4 = _block_search(ends, red, rb, M, nthreads, used, search == "block")
     return r0, r1, r2, r3, r4

@@ -133,14 +133,13 @@ class PackedKernel:
         # the CTA's shared memory, declared once (KernelConfig.packed_buffers)
         buffers = cfg.packed_buffers([(s.element_type.width, once[t]) if staged_src[t] else None
                                       for t, s in enumerate(sources)], UNALIGNED, GROUPED)
-        buf = {}
         if cutlass.const_expr(len(buffers) > 0):
             buf = shared.allocate(cutlass.memory.SmemAllocator(), buffers,
                                   {f"in{t}": s.element_type for t, s in enumerate(sources)})
         gt = None
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, buf.get("group"), rb, M, NOUT, cfg, NTHREADS)
+            gt = grouped.GroupTile(group_ends, buf.get("group") if buffers else None, rb, M, NOUT, cfg, NTHREADS)
             in_grid = rb < grouped.row_tiles(M, group_ends.shape[0])
             row_end = gt.row_end
         else:
