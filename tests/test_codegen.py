@@ -941,7 +941,8 @@ def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
 
 def test_rows128_register_cap_reaches_the_ptx_with_no_device_query(monkeypatch):
     """Tuning.rows128_min_blocks compiles into the 128-row tile's packed kernel (FP8 block
-    scaling's colwise blocks) as .minnctapersm, and not into a 32-row tile's; the cap names the
+    scaling's colwise blocks) as .minnctapersm, and not into a 32-row tile's; with no Tuning a
+    plain cast writing both directions takes the library's cap of 2; the cap names the
     default carveout, so the DSL asks no device for the SM's shared memory (a query here fails)."""
     toolchain.import_cutlass("sm_90")
     import cutlass.cutlass_dsl.cutlass as dsl
@@ -960,6 +961,10 @@ def test_rows128_register_cap_reaches_the_ptx_with_no_device_query(monkeypatch):
         return _entry(inspection.compile_artifacts(op, "sm_90", "bf16", "vec")["ptx"], "packed_kernel")
 
     assert re.search(r"\.minnctapersm\s+2", ptx(format="fp8_block", colwise=True))
+    # the library's default (KernelConfig.min_blocks) caps a plain cast writing both directions
+    default = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
+    assert re.search(r"\.minnctapersm\s+2",
+                     _entry(inspection.compile_artifacts(default, "sm_90", "bf16", "vec")["ptx"], "packed_kernel"))
     assert ".minnctapersm" not in ptx(format="fp8_block")  # (1x128 rowwise: the 32-row tile)
     assert ".minnctapersm" not in ptx(colwise=True)  # (MXFP8)
 
