@@ -8,7 +8,7 @@ bench/device_check.py's busy-GPU method against a 1 GiB copy. MXQ_STRICT=1 is se
 kernels do not serve (yet) is listed with its error instead of timing the torch reference. Rows:
 MXFP4 rowwise (floor, rceil), NVFP4 rowwise with a given global amax (one launch) and without
 (the amax launch counted), both directions, with the Hadamard transform, with stochastic
-rounding, and gelu. Results: <out>/<device>-<date>-fp4.json.
+rounding (rowwise, both directions), and gelu. Results: <out>/<device>-<date>-fp4.json.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def cases(m, n):
         "nvfp4_both": (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True), True, False),
         "nvfp4_both_hadamard": (dict(nv, colwise=True, hadamard=True), moved(m, n, "nvfp4", True, True), True, False),
         "nvfp4_rowwise_sr": (dict(nv, stochastic_rounding=True), moved(m, n, "nvfp4"), False, False),
+        "nvfp4_both_sr": (dict(nv, colwise=True, stochastic_rounding=True), moved(m, n, "nvfp4", True, True), False,
+                          False),
         "nvfp4_gelu_rowwise": (dict(nv, act="gelu"), moved(m, n, "nvfp4"), False, False),
     }
 

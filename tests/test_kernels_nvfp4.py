@@ -15,6 +15,7 @@ tensor, under noop), fused ops, stochastic rounding's bytes, prepare() under a C
 case against the oracle of tests/oracle_fp4.py.
 """
 
+import re
 import struct
 
 import pytest
@@ -187,13 +188,20 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
-    """Philox's rounds (two random words per row of 8 values: 20 mul.hi each) and the integer
-    stochastic rule on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell)."""
+    """Philox's rounds (20 mul.hi each) and the integer stochastic rule (one add.rz.f32 per value)
+    on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell). A thread's 8
+    rows: 4 Philox shared by neighbour lanes (2 lane swaps per row pair), else 8 (one per row) and
+    8 more in the lanes whose words straddle two counters; the colwise copy 8 + 8 more."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident)
     ptx = _ptx(op, arch, "bf16")
-    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") % 20 == 0 and ptx.count("mul.hi.u32") > 0
+    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * (4 + 8 + 8)
     assert "-766435501" in ptx or "3528531795" in ptx  # (Philox's first multiplier, 0xD2511F53)
-    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx
+    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx and ptx.count("add.rz.f32") == 64
+    rn = _ptx(mxq.fused_quant(format="nvfp4")(ident), arch, "bf16")
+    swaps = re.compile(r"shfl\.sync\.bfly\.b32[^;]*, 1, 31, -1;")
+    assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8
+    both = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident), arch, "bf16")
+    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 8 + 8) and both.count("add.rz.f32") == 128
 
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
@@ -345,10 +353,12 @@ def test_fused_ops_match_reference(strict, dtype):
 @pytest.mark.parametrize("m, n, layout", [(1, 16, "compact"), (5, 48, "swizzled"), (1000, 4096, "compact")])
 def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     """The same Philox bytes and rule as the reference (docs/NUMERICS.md): byte for byte, for
-    seeds and offsets of every width (a seed of 2^63 or more, offsets past 2^32), a given amax."""
+    seeds and offsets of every width (a seed of 2^63 or more, offsets past 2^32) and offset % 4
+    (0: neighbour lanes sharing Philox), a given amax."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, scale_layout=layout)(ident)
     x = _specials(m, n, DTYPES[dtype], seed=m + 3)
-    for seed, offset in ((1, 0), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3)):
+    for seed, offset in ((1, 0), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3), (2 ** 63 + 1, 2 ** 34 + 4),
+                         (6, 2 ** 32 - 2)):
         _check(op, [x], op(x.cuda(), seed=seed, offset=offset), seed=seed, offset=offset)
     _check(op, [x], op(x.cuda(), seed=9, offset=2, global_amax=50.0), seed=9, offset=2, global_amax=50.0)
     relu = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, act="relu")(ident)
@@ -361,7 +371,8 @@ def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
 def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
     """The transposed copy [N, M/2] and its [N, ceil(M/16)] scales (M % 16 == 8: a partial last
-    block), with and without the rowwise copy, a given amax, an act, stochastic rounding."""
+    block), with and without the rowwise copy, a given amax, an act, stochastic rounding (offsets
+    % 4 of 1, 0 and 2)."""
     t = DTYPES[dtype]
     x = _specials(m, n, t, seed=m * 7 + n)
     both = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident)
@@ -371,7 +382,9 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
         for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
             assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), f
     for opts, kw in ((dict(rowwise=False), {}), (dict(act="relu"), {}),
-                     (dict(stochastic_rounding=True), {"seed": 3, "offset": 2 ** 35 + 1})):
+                     (dict(stochastic_rounding=True), {"seed": 3, "offset": 2 ** 35 + 1}),
+                     (dict(stochastic_rounding=True), {"seed": 2 ** 63 + 9, "offset": 2 ** 34}),
+                     (dict(stochastic_rounding=True), {"seed": 5, "offset": 6})):
         op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, **opts)(ident)
         got, want = op(x.cuda(), **kw), op.reference(x, **kw)
         for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
@@ -447,6 +460,15 @@ class INT_TORCH:
     max = staticmethod(torch.maximum)
     select = staticmethod(torch.where)
 
+    @staticmethod
+    def one_plus_rz(a):
+        """fp32 bits of 1 + y rounded toward zero (y >= 0 finite, bits ``a``): 1 + y exact in
+        float64, its significand cut to 24 bits."""
+        v = 1.0 + (a & 0xFFFFFFFF).to(torch.int32).view(torch.float32).to(torch.float64)
+        m, e = torch.frexp(v)  # v = m * 2^e, 0.5 <= m < 1
+        cut = torch.floor(torch.ldexp(m, torch.full_like(e, 24))) * torch.pow(2.0, (e - 24).to(torch.float64))
+        return cut.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
 
 def test_philox_rounds_equal_the_reference():
     from mxq.formats import fp4
@@ -460,9 +482,10 @@ def test_philox_rounds_equal_the_reference():
 
 
 def test_stochastic_rule_equals_the_reference():
-    """device.e2m1_code_sr on int64 tensors against fp4.encode_sr: every threshold's neighbours and
-    2^20 sampled patterns below 8 (and 2^18 of any kind), each with random bytes, plus r = 0 and
-    255 at every edge."""
+    """device.e2m1_code_sr on int64 tensors against fp4.encode_sr: every threshold's neighbours,
+    values below 1 whose bits below 2^-23 a rounding to nearest of 1 + |y| would carry, and 2^20
+    sampled patterns below 8 (and 2^18 of any kind), each with random bytes, plus every r at
+    every edge."""
     from mxq.formats import fp4
 
     g = torch.Generator().manual_seed(9)
@@ -472,6 +495,10 @@ def test_stochastic_rule_equals_the_reference():
         b = struct.unpack("<I", struct.pack("<f", p))[0]
         edges += [b + d for d in (-2, -1, 0, 1, 2) if 0 <= b + d <= 0x7F800000]
     edges += [0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF]
+    # below 1: 2^23 |y| just under a multiple of 2^14 (1 + |y| rounded to nearest would carry)
+    for j in (0, 1, 5, 63, 127):
+        for frac in (0.25, 0.5, 0.75):
+            edges.append(struct.unpack("<I", struct.pack("<f", (j * 2 ** 14 + 2 ** 14 - 1 + frac) * 2.0 ** -23))[0])
     edges = torch.tensor(edges, dtype=torch.int64)
     near = torch.randint(0, 0x41000000, (2 ** 20,), generator=g, dtype=torch.int64)
     wide = torch.randint(0, 2 ** 32, (2 ** 18,), generator=g, dtype=torch.int64)
@@ -483,3 +510,100 @@ def test_stochastic_rule_equals_the_reference():
         y = bits.to(torch.int32).view(torch.float32)
         want = fp4.encode_sr(y, r.to(torch.uint8)).to(torch.int64)
         assert torch.equal(dev.e2m1_code_sr(bits, r, ops=INT_TORCH), want)
+
+
+def _mulhilo(a: int, b: torch.Tensor):
+    """(hi, lo) words of a * b for uint32 words ``b`` (int64 tensors): four 16x16-bit products."""
+    al, ah, bl, bh = a & 0xFFFF, a >> 16, b & 0xFFFF, b >> 16
+    mid = (al * bh) + (ah * bl)  # < 2^33
+    low = al * bl + ((mid & 0xFFFF) << 16)  # < 2^49
+    return (ah * bh + (mid >> 16) + (low >> 32)) & 0xFFFFFFFF, low & 0xFFFFFFFF
+
+
+class RNG_LANES:
+    """device.RNG_DEVICE's operations on int64 tensors with one element per lane of a warp (lanes
+    2l and 2l + 1 neighbours): ``when`` runs both sides and keeps each lane's, ``swap_pair``
+    exchanges neighbours' values."""
+
+    @staticmethod
+    def U32(v):
+        return torch.as_tensor(v, dtype=torch.int64) & 0xFFFFFFFF
+
+    @staticmethod
+    def I32(v):
+        v = torch.as_tensor(v, dtype=torch.int64) & 0xFFFFFFFF
+        return v - ((v >> 31) << 32)
+
+    @staticmethod
+    def I64(v):
+        return torch.as_tensor(v, dtype=torch.int64)
+
+    select = staticmethod(torch.where)
+
+    @staticmethod
+    def mulhi(a, b):
+        return _mulhilo(a, b)[0]
+
+    @staticmethod
+    def mullo(a, b):
+        return _mulhilo(a, b)[1]
+
+    @staticmethod
+    def swap_pair(v):
+        return v.reshape(-1, 2).flip(1).reshape(-1)
+
+    @staticmethod
+    def when(cond, n, then, other):
+        t, o = then(), other()
+        return [torch.where(cond, t[i], o[i]) for i in range(n)]
+
+
+def _oracle_words(n_rows: int, n_cols: int, seed: int, offset: int, direction: int) -> list:
+    """tests/oracle_fp4.py's random bytes of [n_rows, n_cols] as each row's 32-bit words."""
+    b = oracle.random_bytes(n_rows, n_cols, seed, offset, direction)
+    return [[sum(row[4 * q + i] << (8 * i) for i in range(4)) for q in range(n_cols // 4)] for row in b]
+
+
+def _signed64(seed: int) -> int:
+    """A seed as the rng slot holds it (int64, two's complement)."""
+    return seed - (seed >> 63 << 64)
+
+
+# (seed, offset): every offset % 4, counters past 2^32, a seed of 2^63 or more
+RNG_CASES = [(0, 0), (1, 1), (2, 2), (3, 3), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3), (9, 4 * 2 ** 32 - 8),
+             (2 ** 63 + 11, 4 * 2 ** 32 - 5), (77, 2 ** 62 - 4096), (5, 2 ** 62 - 4095), (6, 2 ** 35 + 2)]
+
+
+@pytest.mark.parametrize("seed, offset", RNG_CASES)
+@pytest.mark.parametrize("n", [16, 48, 528, 24, 40])
+def test_rowwise_random_words_equal_the_oracle(seed, offset, n):
+    """device.sr_row_words on int64 lanes (g = 0, 1, ...: lanes 2l, 2l + 1 neighbours) against
+    the oracle's random bytes of rows 2k, 2k + 1 of [rows, N]: N % 16 == 0 (lanes sharing Philox
+    where offset % 4 == 0, the per-row path otherwise), N = 24, 40 (rows not starting on a
+    counter: the per-row path for any offset); rows from 0 and from row 3001 (the oracle called
+    at that row's offset)."""
+    groups = n // 4
+    g = torch.arange(2 * -(-n // 16), dtype=torch.int64)  # (past N / 8: columns never stored)
+    for row0 in (0, 3001):
+        want = _oracle_words(4, n, seed, offset + row0 * groups, 0)  # rows row0 .. row0 + 3
+        for r in (0, 2):
+            got = dev.sr_row_words(row0 + r, g, groups, _signed64(seed), offset, ops=RNG_LANES)
+            for lane in range(len(g)):
+                if 2 * lane + 1 < groups:
+                    words = [int(got[j][lane]) for j in range(4)]
+                    assert words == want[r][2 * lane:2 * lane + 2] + want[r + 1][2 * lane:2 * lane + 2], (r, lane)
+
+
+@pytest.mark.parametrize("seed, offset", RNG_CASES)
+@pytest.mark.parametrize("m", [16, 24, 48])
+def test_colwise_random_words_equal_the_oracle(seed, offset, m):
+    """device.sr_word_pair for the transposed copy (direction 1): row c of [N, M], words
+    rbase / 4 and rbase / 4 + 1 of each 8-row thread, for columns 0 .. 5 and 2000 .. 2005."""
+    groups = m // 4
+    for c0 in (0, 2000):
+        want = _oracle_words(6, m, seed, offset + c0 * groups, 1)
+        c = c0 + torch.arange(6, dtype=torch.int64)
+        for rbase in range(0, m, 8):
+            got = dev.sr_word_pair(c, rbase // 4, groups, _signed64(seed), offset, 1, ops=RNG_LANES)
+            for i in range(6):
+                assert [int(got[0][i]), int(got[1][i])] == want[i][rbase // 4:rbase // 4 + 2], (rbase, i)

@@ -370,17 +370,19 @@ def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
 
 
 # --- stochastic rounding (docs/NUMERICS.md N7's stochastic rule; fp4.encode_sr, fp4.random_bytes) ---
-# Written against ``ops`` too (DEVICE's, with RNG_DEVICE's 32-bit multiplies), so the tests run the
-# Philox rounds and the rounding rule on Python ints and int64 tensors against mxq/formats/fp4.py.
+# Written against ``ops`` too (RNG_DEVICE's, SR_DEVICE's), so the tests run the Philox rounds, the
+# word selection (a warp's lanes on a tensor axis) and the rounding rule on Python ints and int64
+# tensors against mxq/formats/fp4.py and tests/oracle_fp4.py.
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
-E2M1_SIX = 0x40C00000  # fp32 bits of 6.0, 4.0 and 2.0: the E2M1 spacings' bounds
-E2M1_FOUR = 0x40800000
-E2M1_TWO = 0x40000000
+E2M1_SIX = 0x40C00000  # fp32 bits of 6.0, E2M1's largest magnitude
 
 
 class RNG_DEVICE(DEVICE):
-    """DEVICE's operations and the 32-bit multiplies of Philox, on DSL values."""
+    """DEVICE's operations with the 64-bit word index, the 32-bit multiplies of Philox, the lane
+    exchange and the branch of the random-word rules, on DSL values."""
+
+    I64 = Int64
 
     @staticmethod
     def mulhi(a, b):
@@ -391,6 +393,27 @@ class RNG_DEVICE(DEVICE):
     def mullo(a, b):
         return cute.arch.inline_ptx("mul.lo.u32 {$w0}, {$r0}, {$r1};", write_only_types=[Uint32],
                                     read_only_args=[Uint32(a), b])
+
+    @staticmethod
+    def swap_pair(v):
+        """The value of the lane next to this one (lane ^ 1); every lane of the warp takes part."""
+        return Uint32(cute.arch.shuffle_sync_bfly(Uint32(v), offset=1))
+
+    @staticmethod
+    @cute.jit
+    def when(cond, n: cutlass.Constexpr, then, other):
+        """``then()`` where ``cond`` holds, else ``other()`` (each a list of ``n`` Uint32): a
+        branch, so only the side taken runs (uniform over a warp where ``cond`` is)."""
+        box = cute.make_rmem_tensor(cute.make_layout(n), Uint32)
+        if cond:
+            v = then()
+            for i in cutlass.range_constexpr(n):
+                box[i] = Uint32(v[i])
+        else:
+            v = other()
+            for i in cutlass.range_constexpr(n):
+                box[i] = Uint32(v[i])
+        return [box[i] for i in range(n)]
 
 
 def philox(counter, key, ops=RNG_DEVICE):
@@ -408,41 +431,96 @@ def philox(counter, key, ops=RNG_DEVICE):
     return c0, c1, c2, c3
 
 
-def random_word(row, q, groups, seed, offset, direction: int):
-    """The 32-bit word of elements 4q .. 4q+3 of ``row`` (Int32s) in a direction's values of
-    ``groups`` = ceil(C/4) words per row: word w % 4 of Philox with key (seed low, high) and
-    counter (w // 4 low, high, direction, 0), w = offset + row * groups + q (Int64 seed and
-    offset; fp4.random_bytes)."""
-    w = offset + Int64(row) * Int64(groups) + Int64(q)
-    ctr = w >> Int64(2)
-    words = philox((Uint32(ctr & Int64(0xFFFFFFFF)), Uint32((ctr >> Int64(32)) & Int64(0xFFFFFFFF)),
-                    Uint32(direction), Uint32(0)),
-                   (Uint32(seed & Int64(0xFFFFFFFF)), Uint32((seed >> Int64(32)) & Int64(0xFFFFFFFF))))
-    j = Int32(w & Int64(3))
-    pick = Uint32(cutlass.select_(j == Int32(1), words[1], words[0]))
-    pick = Uint32(cutlass.select_(j == Int32(2), words[2], pick))
-    return Uint32(cutlass.select_(j == Int32(3), words[3], pick))
+# The random words (fp4.random_bytes): word w = offset + row * groups + q of a direction's values is
+# word w % 4 of Philox at counter (w // 4 low, high, direction, 0), key = seed. A thread's 8
+# values of a row take words q, q + 1 (q even); both lie in one counter unless w % 4 == 3 (odd
+# offsets), so one Philox serves them, and a second runs only in the lanes that need it. Rowwise,
+# where a row's words start on a counter (groups and offset multiples of 4: NVFP4's N % 16 == 0
+# and an offset % 4 == 0), lanes 2l and 2l + 1 (columns 16l .. 16l + 15) need the four words of
+# one counter per row: each computes one row of a pair and they swap halves (sr_row_pair_shared),
+# one Philox per 16 values.
+def philox_at(ctr, direction: int, seed, ops=RNG_DEVICE):
+    """Philox's four words at the 64-bit counter index ``ctr`` (>= 0), key ``seed`` (64 bits)."""
+    U32, I64 = ops.U32, ops.I64
+    m = I64(0xFFFFFFFF)
+    return philox((U32(ctr & m), U32((ctr >> I64(32)) & m), U32(direction), U32(0)),
+                  (U32(seed & m), U32((seed >> I64(32)) & m)), ops)
 
 
-def e2m1_code_sr(b, r, ops=DEVICE):
-    """N7's stochastic rule on the fp32 bits ``b`` (unsigned) with the random byte ``r``: |y|
-    clamped to 6 is u = floor(|y| * 2^9) (integer shifts of its significand), the spacing 2^s
-    half-units (s = 0 below 2, 1 below 4, else 2); k = u >> (8 + s) whole spacings, the 8 bits
-    below them floor(256 f) = (u >> s) & 255; rounded up to k + 1 iff they and r carry
-    (>= 256); (k + up) << s half-units, at most 12 (6.0), to its code; the sign kept, NaN -> 0x7."""
+def word_index(row, q, groups, offset, ops=RNG_DEVICE):
+    """w = offset + row * groups + q as a 64-bit value."""
+    I64 = ops.I64
+    return I64(offset) + I64(row) * I64(groups) + I64(q)
+
+
+def sr_word_pair(row, q, groups, seed, offset, direction: int, ops=RNG_DEVICE):
+    """Words q and q + 1 of ``row`` (q even; ``groups`` words a row): Philox at w // 4 and, in the
+    lanes where w % 4 == 3, the first word of Philox at w // 4 + 1."""
+    U32, I32, I64 = ops.U32, ops.I32, ops.I64
+    w = word_index(row, q, groups, offset, ops)
+    ctr = w >> I64(2)
+    j = I32(w & I64(3))
+    a = philox_at(ctr, direction, seed, ops)
+    first = U32(ops.select(j == I32(1), a[1], a[0]))
+    first = U32(ops.select(j == I32(2), a[2], first))
+    first = U32(ops.select(j == I32(3), a[3], first))
+    second = U32(ops.select(j == I32(1), a[2], a[1]))
+    second = U32(ops.select(j == I32(2), a[3], second))
+    nxt = ops.when(j == I32(3), 1, lambda: [philox_at(ctr + I64(1), direction, seed, ops)[0]], lambda: [second])
+    return [first, nxt[0]]
+
+
+def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE):
+    """Rowwise words 2g, 2g + 1 of rows ``row`` and ``row + 1`` where lanes g and g ^ 1 are
+    neighbours and (offset + r * groups + 4 (g // 2)) % 4 == 0 for both rows: the even lane runs
+    Philox for ``row``, the odd one for ``row + 1``; each keeps its own two words (0, 1 for an
+    even lane, 2, 3 for an odd one) and gives the other two to its neighbour."""
+    U32, I32 = ops.U32, ops.I32
+    odd = (I32(g) & I32(1)) == I32(1)
+    p = I32(ops.select(odd, I32(1), I32(0)))
+    c = philox_at(word_index(I32(row) + p, I32(g) * I32(2) - p * I32(2), groups, offset, ops) >> ops.I64(2), 0,
+                  seed, ops)
+    mine = [U32(ops.select(odd, c[2 + h], c[h])) for h in range(2)]
+    given = [ops.swap_pair(U32(ops.select(odd, c[h], c[2 + h]))) for h in range(2)]
+    first = [U32(ops.select(odd, given[h], mine[h])) for h in range(2)]
+    second = [U32(ops.select(odd, mine[h], given[h])) for h in range(2)]
+    return first + second
+
+
+def sr_row_words(row, g, groups, seed, offset, ops=RNG_DEVICE):
+    """Rowwise words 2g, 2g + 1 of rows ``row`` and ``row + 1`` (four words, row by row) of the
+    lane owning columns 8g .. 8g + 7, its neighbour lane g ^ 1 in the same warp: shared Philox
+    calls where groups and offset are multiples of 4 (a warp-uniform branch), sr_word_pair per row
+    otherwise. Every lane of the warp must call it (the shared path exchanges words)."""
+    I64 = ops.I64
+    aligned = ((I64(offset) | I64(groups)) & I64(3)) == I64(0)
+    return ops.when(aligned, 4, lambda: sr_row_pair_shared(row, g, groups, seed, offset, ops),
+                    lambda: (sr_word_pair(row, g * 2, groups, seed, offset, 0, ops)
+                             + sr_word_pair(row + 1, g * 2, groups, seed, offset, 0, ops)))
+
+
+class SR_DEVICE(DEVICE):
+    """DEVICE's operations and the one float addition of the stochastic rule, on DSL values."""
+
+    @staticmethod
+    def one_plus_rz(a):
+        """The fp32 bits of 1 + (the fp32 of bits ``a``), rounded toward zero."""
+        return cute.math.add(a.bitcast(Float32), Float32(1.0), rounding=RoundingMode.ZERO).bitcast(Uint32)
+
+
+def e2m1_code_sr(b, r, ops=SR_DEVICE):
+    """N7's stochastic rule on the fp32 bits ``b`` (unsigned) with the random byte ``r``, as one
+    integer addition on fp32 bits: |y| clamped to 6 has its E2M1 spacing at bit 22 of its bits
+    (one mantissa bit kept; below 1, where the spacing is fixed at 0.5, of those of 1 + |y|
+    rounded toward zero, which keeps floor(2^23 |y|)); bits 14 .. 21 are floor(256 f), so adding
+    r << 14 carries into bit 22 iff floor(256 f) + r >= 256. Bits >> 22 less 252 (less 254
+    below 1) are the code (1.0 -> 2, ... 6.0 -> 7; 6.0's bits below 22 are 0, so nothing carries
+    past it); the sign kept, NaN -> 0x7."""
     U32 = ops.U32
     a = b & U32(0x7FFFFFFF)
-    a6 = U32(ops.select(a > U32(E2M1_SIX), U32(E2M1_SIX), a))
-    e = a6 >> U32(23)
-    sig = (a6 & U32(0x7FFFFF)) | U32(0x800000)
-    shift = ops.min(U32(141) - ops.min(e, U32(141)), U32(31))  # (141 - e: 2^9 |y| = sig >> shift)
-    u = U32(ops.select(e >= U32(110), sig >> shift, U32(0)))
-    s = U32(ops.select(a6 < U32(E2M1_TWO), U32(0), U32(ops.select(a6 < U32(E2M1_FOUR), U32(1), U32(2)))))
-    k = u >> (s + U32(8))
-    up = U32(ops.select(((u >> s) & U32(255)) + r >= U32(256), U32(1), U32(0)))
-    units = ops.min((k + up) << s, U32(12))
-    code = U32(ops.select(units <= U32(4), units, U32(ops.select(units == U32(6), U32(5),
-                                                                  U32(ops.select(units == U32(8), U32(6), U32(7)))))))
+    a6 = ops.min(a, U32(E2M1_SIX))
+    z = U32(ops.select(a6 < U32(E2M1_ONE), ops.one_plus_rz(a6) - U32(254 << 22), a6 - U32(252 << 22)))
+    code = (z + (r << U32(14))) >> U32(22)
     code = code | ((b >> U32(28)) & U32(8))
     return U32(ops.select(a > U32(0x7F800000), U32(7), code))
 

@@ -756,19 +756,23 @@ class PackedKernel:
     @cute.jit
     def store_rows(self, k, t, words, sr, sc):
         """Aligned rows: each row's FP8 words as whole vector stores. Stochastic rounding (NVFP4):
-        each row's two random words of the thread's 8 columns (device.random_word, words 2g and
-        2g + 1 of the row, direction 0) drawn first."""
+        each row's two random words of the thread's 8 columns (words 2g and 2g + 1 of the row,
+        direction 0), drawn for two rows at a time by every lane of the warp
+        (device.sr_row_words: lanes g and g ^ 1 share their Philox calls); the colwise copy's
+        (direction 1) per column (device.sr_word_pair)."""
         cfg = self.cfg
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
         if cutlass.const_expr(SR):
             seed, offset = t.rng[0], t.rng[1]
         if cutlass.const_expr(cfg.rowwise or not cfg.fmt.packed):
             for i in cutlass.range_constexpr(k.PK_ROWS):
+                if cutlass.const_expr(SR and i % 2 == 0):
+                    assert k.PK_ROWS % 2 == 0
+                    pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, seed, offset)
                 if t.col_ok and t.rbase + i < t.Ms:
                     rand = None
                     if cutlass.const_expr(SR):
-                        groups = t.N // 4
-                        rand = [dev.random_word(t.rbase + i, t.g * 2 + h, groups, seed, offset, 0) for h in range(2)]
+                        rand = pair[2 * (i % 2):2 * (i % 2) + 2]
                     qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16,
                                                k.use_hw_e8m0, rand)
                     if cutlass.const_expr(cfg.rowwise):
@@ -780,8 +784,7 @@ class PackedKernel:
                 for c in cutlass.range_constexpr(VEC):
                     rand = None
                     if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
-                        rand = [dev.random_word(t.c0 + c, t.rbase // 4 + h, t.M // 4, seed, offset, 1)
-                                for h in range(2)]
+                        rand = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
                     self.store_fp4_column(k, t, words, sc, c, rand)
 
     def store_fp4_column(self, k, t, words, sc, c: int, rand):
