@@ -3,14 +3,17 @@ against a device copy of the same bytes, each checked against the reference firs
 mixture-of-experts form, grouped by random expert sizes (empty experts possible), beside the
 ungrouped op of the same shape.
 
-    python bench/gated.py [--out DIR] [--quick] [--grouped-only]
-    ncu -k regex:packed_kernel -s 2 -c 1 python bench/gated.py --launch fwd|bwd [--groups G]
+    python bench/gated.py [--out DIR] [--quick] [--grouped-only] [--variants 'k=v,...;k=v']
+    ncu -k regex:packed_kernel -s 2 -c 1 python bench/gated.py --launch fwd|bwd [--groups G] [--variants V]
 
 Shapes are the gated output's [M, N] (the input is [M, 2N]): forward reads 2MN inputs and writes
 two [M, N] FP8 copies with scales; backward reads the [M, N] gradient and the [M, 2N] forward
 input and writes two [M, 2N] FP8 copies with scales and a [2N] dbias. Timing: bench/device_check.py's
 busy-GPU method on a prepared launch; the user-epilogue form over half views for comparison, and
 the backward with Tuning(halves_one_cta=False) (one CTA per half instead of one for both).
+``--variants``: Tuning variants of the grouped ops (device_check.parse_tuning's form, e.g.
+'group_search=block;group_search=warps'), each timed in the same run beside the
+default's row of the same case, its bytes checked equal to the default's first (every output).
 """
 
 from __future__ import annotations
@@ -57,20 +60,39 @@ def bwd_bytes(m, n, groups=0):
     return m * n * 2 + m * 2 * n * 2 + 2 * (2 * m * n) + scale_bytes(m, 2 * n) + max(1, groups) * 2 * n * 2
 
 
-def grouped_rows(copy_gbps):
+def grouped_ops(layout: str, variant: str = ""):
+    """(forward, backward + dbias) SwiGLU ops, rowwise + colwise with ``layout`` scales, built as
+    Tuning ``variant`` (device_check.parse_tuning's form; "": the library's)."""
+    opts = dict(rowwise=True, colwise=True, scale_layout=layout)
+    ops = (mxq.fused_quant(act="swiglu", **opts)(_ident), mxq.fused_quant(dact="swiglu", dbias=True, **opts)(_ident))
+    if variant:
+        for op in ops:
+            op.inner._with_tuning(dc.make_tuning(dc.parse_tuning(variant)))  # (a gated op runs its inner op)
+    return ops
+
+
+def same_as(got, want) -> bool:
+    """Every output of ``got`` byte-equal to ``want``'s (a variant against the default)."""
+    fields = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")
+    return all((getattr(got, f) is None) == (getattr(want, f) is None)
+               and (getattr(got, f) is None or dc.same_bytes(getattr(got, f), getattr(want, f))) for f in fields)
+
+
+def grouped_rows(copy_gbps, variants: str = ""):
     """SwiGLU forward and backward + dbias, rowwise + colwise, over GROUPS random expert groups
     of GROUPED_SHAPE's tokens, compact and swizzled scales, each checked against the reference
-    (within the transcendental class) first."""
+    (within the transcendental class) first; each Tuning variant of ``variants`` ('k=v,...;k=v')
+    checked byte-equal to the default and timed beside it."""
     from grouped import group_sizes  # (bench/grouped.py: router-like random sizes)
 
     m, n = GROUPED_SHAPE
     x = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
     g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    names = ["", *filter(None, variants.split(";"))]
     rows = []
     for layout in ("compact", "swizzled"):
-        opts = dict(rowwise=True, colwise=True, scale_layout=layout)
-        fwd = mxq.fused_quant(act="swiglu", **opts)(_ident)
-        bwd = mxq.fused_quant(dact="swiglu", dbias=True, **opts)(_ident)
+        built = {v: grouped_ops(layout, v) for v in names}
+        fwd, bwd = built[""]
         plain = [("fwd", fwd.prepare(x)[0], fwd_bytes(m, n)), ("bwd", bwd.prepare(g, act_input=x)[0], bwd_bytes(m, n))]
         for what, launch, moved in plain:
             row = dc.timed_row(launch, moved, copy_gbps, name=f"mxq/swiglu_{what}_both_{layout}", M=m, N=n, G=0)
@@ -78,27 +100,46 @@ def grouped_rows(copy_gbps):
             print(f"  {row['name']:36s} G=0    {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy", flush=True)
         for groups in GROUPS:
             offs = torch.cumsum(torch.tensor(group_sizes(groups, seed=groups + n)), 0).to(torch.int32).cuda()
-            sizes = torch.diff(offs, prepend=offs.new_zeros(1))
-            v_abs = v_abs_sum(bwd.inner, g, x[:, :n], x[:, n:], 0.0, group_offsets=offs)
-            checks = {"fwd": compare(fwd(x, group_offsets=offs), fwd.reference(x, group_offsets=offs), False) == [],
-                      "bwd": compare(bwd(g, act_input=x, group_offsets=offs),
-                                     bwd.reference(g, act_input=x, group_offsets=offs), False, v_abs,
-                                     v_bound=v_bound(bwd, g, act_input=x)) == [],
-                      "empty_groups": int((sizes == 0).sum())}
-            cases = [("fwd", fwd.prepare(x, group_offsets=offs)[0], fwd_bytes(m, n, groups)),
-                     ("bwd", bwd.prepare(g, act_input=x, group_offsets=offs)[0], bwd_bytes(m, n, groups))]
-            for what, launch, moved in cases:
-                row = dc.timed_row(launch, moved, copy_gbps, name=f"mxq/swiglu_{what}_both_{layout}_grouped",
-                                   M=m, N=n, G=groups, checks=checks)
-                rows.append(row)
-                print(f"  {row['name']:36s} G={groups:<4d} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of "
-                      f"copy {checks}", flush=True)
+            rows += grouped_case(built, x, g, offs, copy_gbps, layout)
     return rows
 
 
-def launch_only(what: str, groups: int):
+def grouped_case(built: dict, x, g, offs, copy_gbps, layout: str) -> list:
+    """Rows of one grouping ``offs``: the default ops (checked against the reference) and each
+    variant of ``built`` (variant -> (fwd, bwd); checked byte-equal to the default), interleaved
+    per direction."""
+    m, n = GROUPED_SHAPE
+    groups = offs.numel()
+    fwd, bwd = built[""]
+    sizes = torch.diff(offs, prepend=offs.new_zeros(1))
+    v_abs = v_abs_sum(bwd.inner, g, x[:, :n], x[:, n:], 0.0, group_offsets=offs)
+    base = {"fwd": fwd(x, group_offsets=offs), "bwd": bwd(g, act_input=x, group_offsets=offs)}
+    checks = {"fwd": compare(base["fwd"], fwd.reference(x, group_offsets=offs), False) == [],
+              "bwd": compare(base["bwd"], bwd.reference(g, act_input=x, group_offsets=offs), False, v_abs,
+                             v_bound=v_bound(bwd, g, act_input=x)) == [],
+              "empty_groups": int((sizes == 0).sum())}
+    rows = []
+    for what in ("fwd", "bwd"):
+        for variant, (vf, vb) in built.items():
+            op, args, kw = (vf, (x,), {}) if what == "fwd" else (vb, (g,), {"act_input": x})
+            mine = checks
+            if variant:
+                mine = {"same_bytes_as_default": same_as(op(*args, group_offsets=offs, **kw), base[what])}
+            launch = op.prepare(*args, group_offsets=offs, **kw)[0]
+            moved = (fwd_bytes if what == "fwd" else bwd_bytes)(m, n, groups)
+            prefix = f"mxq[{variant}]" if variant else "mxq"
+            row = dc.timed_row(launch, moved, copy_gbps, name=f"{prefix}/swiglu_{what}_both_{layout}_grouped",
+                               M=m, N=n, G=groups, checks=mine)
+            rows.append(row)
+            print(f"  {row['name']:72s} G={groups:<4d} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of "
+                  f"copy {mine}", flush=True)
+    return rows
+
+
+def launch_only(what: str, groups: int, variant: str = ""):
     """Build GROUPED_SHAPE's swiglu forward or backward + dbias (both directions, compact scales;
-    ``groups`` > 0: grouped like grouped_rows) and launch it 4 times, for a profiler."""
+    ``groups`` > 0: grouped like grouped_rows; ``variant``: a Tuning variant, grouped_ops) and
+    launch it 4 times, for a profiler."""
     from grouped import group_sizes
 
     m, n = GROUPED_SHAPE
@@ -107,11 +148,11 @@ def launch_only(what: str, groups: int):
     offs = None
     if groups:
         offs = torch.cumsum(torch.tensor(group_sizes(groups, seed=groups + n)), 0).to(torch.int32).cuda()
+    fwd, bwd = grouped_ops("compact", variant)
     if what == "fwd":
-        launch = mxq.fused_quant(act="swiglu", rowwise=True, colwise=True)(_ident).prepare(x, group_offsets=offs)[0]
+        launch = fwd.prepare(x, group_offsets=offs)[0]
     else:
-        op = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
-        launch = op.prepare(g, act_input=x, group_offsets=offs)[0]
+        launch = bwd.prepare(g, act_input=x, group_offsets=offs)[0]
     for _ in range(4):
         launch()
     torch.cuda.synchronize()
@@ -124,13 +165,15 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="the first shape only")
     ap.add_argument("--grouped-only", action="store_true", help="only the grouped rows and their ungrouped twins")
+    ap.add_argument("--variants", default="", help="Tuning variants of the grouped ops, 'k=v,...;k=v' (e.g. "
+                    "'group_search=block;group_search=warps'), timed beside the default")
     args = ap.parse_args()
     if args.launch:
-        launch_only(args.launch, args.groups)
+        launch_only(args.launch, args.groups, args.variants.split(";")[0])  # (the first variant, if any)
         return
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
-    rows = grouped_rows(copy_gbps)
+    rows = grouped_rows(copy_gbps, args.variants)
     fwd = mxq.fused_quant(act="swiglu", rowwise=True, colwise=True)(_ident)
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
     # the same backward with one CTA per half (the default writes both halves from one CTA)

@@ -1,6 +1,6 @@
 """Grouped quantize on the GPU (row groups, as mixture-of-experts training uses).
 
-    python bench/grouped.py [--out DIR]
+    python bench/grouped.py [--out DIR] [--no-peers] [--variants 'k=v,...;k=v']
 
 For G = 8, 64, 256 groups of random sizes (seeded; empty groups possible, sizes not multiples of
 32) totalling 32768 rows, at K = 4096 and 7168, bf16: mxq's one grouped launch (rowwise +
@@ -9,6 +9,9 @@ the reference first; the ungrouped call of the same shape for comparison; and th
 torchao user runs today (pad the groups to 32 rows, quantize dim0 and dim1, rearrange the scales
 per group), each piece timed on its own and as a whole where it runs; a piece that cannot run
 here (Hopper) is listed with its error. Timing: bench/device_check.py's busy-GPU method.
+``--variants``: Tuning variants of mxq's grouped call (device_check.parse_tuning's form, e.g.
+'group_search=block;group_search=warps'), each checked byte-equal to the default's outputs and
+timed beside it in the same run.
 """
 
 from __future__ import annotations
@@ -52,24 +55,38 @@ def moved(m, k, groups, layout):
     return m * k * 2 + 2 * m * k + scales
 
 
-def mxq_rows(copy_gbps, x, offs, groups):
+OUTPUTS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale")
+
+
+def mxq_rows(copy_gbps, x, offs, groups, variants: str = ""):
+    """mxq's grouped rowwise + colwise call, swizzled and compact, checked against the reference;
+    then each Tuning variant of ``variants`` ('k=v,...;k=v'), checked byte-equal to it."""
     rows = []
     m, k = x.shape
     for layout in ("swizzled", "compact"):
-        op = FusedOp(dc.identity, QuantSpec(rowwise=True, colwise=True, scale_layout=layout))
-        launcher = op._launcher_for(x)
-        fn, args, out = launcher.bind(Call([x], [], group_offsets=offs), ("full",))
-        fn(*args)
-        try:  # the torch reference runs on the GPU too (the CPU takes minutes at these sizes)
-            want = op.reference(x, group_offsets=offs)
-        except Exception:
-            want = op.reference(x.cpu(), group_offsets=offs.cpu())
-        problems = compare(out, want, exact=True)
-        row = dc.timed_row(lambda: fn(*args), moved(m, k, groups, layout), copy_gbps,
-                           name=f"mxq/grouped_both_{layout}", M=m, N=k, G=groups, exact=problems == [])
-        rows.append(row)
-        print(f"  {row['name']:30s} G={groups:<4d} {m}x{k} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of copy"
-              f"  bit-exact={problems == []} {problems[:2]}", flush=True)
+        base = None
+        for variant in ["", *filter(None, variants.split(";"))]:
+            op = FusedOp(dc.identity, QuantSpec(rowwise=True, colwise=True, scale_layout=layout))
+            if variant:
+                op._with_tuning(dc.make_tuning(dc.parse_tuning(variant)))
+            fn, args, out = op._launcher_for(x).bind(Call([x], [], group_offsets=offs), ("full",))
+            fn(*args)
+            if base is None:
+                try:  # the torch reference runs on the GPU too (the CPU takes minutes at these sizes)
+                    want = op.reference(x, group_offsets=offs)
+                except Exception:
+                    want = op.reference(x.cpu(), group_offsets=offs.cpu())
+                problems = compare(out, want, exact=True)
+                base, check = out, {"exact": problems == []}
+            else:
+                same = all(dc.same_bytes(getattr(out, f), getattr(base, f)) for f in OUTPUTS)
+                problems, check = [], {"same_bytes_as_default": same}
+            prefix = f"mxq[{variant}]" if variant else "mxq"
+            row = dc.timed_row(lambda: fn(*args), moved(m, k, groups, layout), copy_gbps,
+                               name=f"{prefix}/grouped_both_{layout}", M=m, N=k, G=groups, **check)
+            rows.append(row)
+            print(f"  {row['name']:52s} G={groups:<4d} {m}x{k} {row['ms'] * 1000:8.1f} us {row['pct_copy']:5.1f}% of "
+                  f"copy  {check} {problems[:2]}", flush=True)
     return rows
 
 
@@ -169,6 +186,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--probe", action="store_true", help="only the rowwise/colwise x compact/swizzled probe")
+    ap.add_argument("--variants", default="", help="Tuning variants of mxq's grouped call, 'k=v,...;k=v' (e.g. "
+                    "'group_search=block;group_search=warps'), timed beside the default")
     args = ap.parse_args()
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
@@ -187,7 +206,7 @@ def main():
         for groups in (8, 64, 256):
             sizes = group_sizes(groups, seed=groups + k)
             offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32).cuda()
-            mrows = mxq_rows(copy_gbps, x, offs, groups)
+            mrows = mxq_rows(copy_gbps, x, offs, groups, args.variants)
             rows += mrows
             if not args.no_peers and groups == 64:
                 rows += torchao_rows(copy_gbps, x, offs, groups, mrows[0]["ms"] * 1000)

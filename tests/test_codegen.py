@@ -1493,3 +1493,26 @@ def test_unaligned_warps(arch):
         "vec_stage": True, "ops": "dgelu_dbias_both", "dtype": "fp32"}
     assert dc.parse_tuning("vec_unaligned_copy=words,rows8_min_blocks=4") == {
         "vec_unaligned_copy": "words", "rows8_min_blocks": 4}
+
+
+def test_grouped_benches_build_each_group_search_variant_and_compare_every_output():
+    """bench/gated.py and bench/grouped.py --variants: 'group_search=warps' parses as the string;
+    a variant's ops render its Tuning (a gated op's inner op), the default's render none;
+    gated.same_as sees a byte of any output differ, dbias included."""
+    gated = _bench_tool("gated")
+    assert gated.dc.parse_tuning("group_search=warps") == {"group_search": "warps"}
+    assert _bench_tool("grouped").OUTPUTS == ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale")
+    fwd, bwd = gated.grouped_ops("swizzled", "group_search=warp")
+    for op in (fwd, bwd):
+        assert "group_search='warp'" in op.inner.source and op.spec.scale_layout == "swizzled"
+    assert all("Tuning(" not in op.inner.source for op in gated.grouped_ops("compact"))
+    x = torch.randn(64, 128, dtype=torch.bfloat16)
+    a, b = fwd.reference(x), fwd.reference(x)
+    assert gated.same_as(a, b)
+    b.colwise_scale.view(torch.uint8)[1, 3] ^= 1
+    assert not gated.same_as(a, b)
+    g = torch.randn(64, 64, dtype=torch.bfloat16)
+    c, d = bwd.reference(g, act_input=x), bwd.reference(g, act_input=x)
+    assert gated.same_as(c, d)
+    d.dbias[5] += 1
+    assert not gated.same_as(c, d)

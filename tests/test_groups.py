@@ -3,6 +3,8 @@ against tests/oracle.py and independent rearrangements), and marked gpu the grou
 (mxq/kernels/grouped.py) against the reference; their CPU counterparts are the compile test below
 and tests/test_kernels.py's host checks of the tile rules."""
 
+import re
+
 import pytest
 import torch
 
@@ -474,3 +476,115 @@ def test_workspace_rows_by_hand():
     (70 rows in 3 groups: at most 70 // 32 + 3 blocks)."""
     assert [groups.workspace_rows(m) for m in (1, 32, 33, 64, 65)] == [1, 1, 2, 2, 3]
     assert groups.workspace_rows(70, 3) == 5 and groups.workspace_rows(31, 1) == 1 and groups.workspace_rows(0, 2) == 2
+
+
+# --- the group search's forms (kernels.config.Tuning.group_search) ----------------------------------------
+SEARCHES = kconfig.GROUP_SEARCHES[1:]  # (the library's, "block_all", is every other test's kernel)
+SEARCH_OPTS = [dict(rowwise=True, colwise=True, scale_layout="swizzled"),
+               dict(rowwise=True, colwise=True, act="swiglu", scale_layout="compact"),
+               dict(rowwise=False, colwise=True, dact="swiglu", dbias=True, scale_layout="swizzled"),
+               dict(rowwise=True, colwise=False, act="gelu", scale_layout="swizzled")]
+
+
+def _search_op(opts, search=None):
+    """The op of ``opts`` built with Tuning(group_search=search) (None: the library's); a gated
+    op's inner op (which the kernels run) is the one tuned and returned beside it."""
+    op = mxq.fused_quant(**opts)(_ident)
+    inner = op.inner if hasattr(op, "inner") else op
+    if search is not None:
+        inner._with_tuning(kconfig.Tuning(group_search=search))
+    return op, inner
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n", [256, 70])
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("opts", SEARCH_OPTS)
+@pytest.mark.parametrize("search", SEARCHES)
+def test_group_search_forms_equal_the_library_and_the_reference(search, opts, seed, n, dtype, monkeypatch):
+    """Each form's bytes (every output, dbias included) equal the library kernel's and the CPU
+    reference's (within the op's class), into poisoned outputs, on random groups with empty ones
+    (the first and the last among them), aligned (N = 256: the packed and vectorised kernels)
+    and not (N = 70: unaligned packed rows, the element-wise fp32 kernel); seed 2 adds groups
+    enough (300) for every thread of a block search and every lane of a warp search to pass
+    over several. CPU counterpart: test_group_search_forms_compile."""
+    monkeypatch.setenv("MXQ_STRICT", "1")  # (a fallback would raise: the kernels run)
+    gated = "swiglu" in (opts.get("act"), opts.get("dact"))  # (inputs [M, 2N])
+    if opts.get("dbias") and n % 32:
+        n = 96  # (a gated backward with rowwise or colwise blocks takes N % 32 == 0)
+    g = torch.Generator().manual_seed(60 + seed)
+    count = 300 if seed == 2 else 12
+    sizes = [int(s) for s in torch.randint(0, 90 if seed == 2 else 300, (count,), generator=g)]
+    sizes[::4] = [0] * len(sizes[::4])
+    sizes = [0, *sizes, 0]
+    m = sum(sizes)
+    offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
+    base, base_inner = _search_op(opts)
+    op, _ = _search_op(opts, search)
+    x = planted(m, 2 * n if gated else n, dtype, seed=70 + seed)
+    args, kw, v_abs = (x,), {}, None
+    if "dact" in opts:  # (the gated backward: the gradient, the forward's input; its inner op's halves)
+        args, kw = (planted(m, n, dtype, seed=80 + seed),), {"act_input": x}
+        v_abs = v_abs_sum(base_inner, args[0], x[:, :n], x[:, n:], 0.0, group_offsets=offs)
+    want = base.reference(*args, group_offsets=offs, **kw)
+    exact = "act" not in opts and "dact" not in opts
+    bound = None if exact else v_bound(base, *args, **kw)
+    cargs, ckw, coffs = [a.cuda() for a in args], {k: v.cuda() for k, v in kw.items()}, offs.cuda()
+    first = base(*cargs, group_offsets=coffs, **ckw)
+    got = op(*cargs, group_offsets=coffs, out=poisoned(op, cargs[0], coffs), **ckw)
+    assert compare(got, want, exact, v_abs, v_bound=bound) == [], sizes
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
+        if getattr(first, f) is not None:
+            assert same_bytes(getattr(got, f), getattr(first, f)), (f, search, sizes)
+
+
+S32_REDUX = re.compile(r"redux\.sync\.(?:add|max|min)\.s32")  # (the search's; amax's are .u32)
+
+
+def _quantize_entry(ptx):
+    """The PTX of a module's quantize kernel (its first entry: packed, vectorised or generic)."""
+    body = ptx[ptx.index(".entry "):]
+    return body[:body.index("\n}\n")]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("search", SEARCHES)
+def test_group_search_forms_compile(search, arch):
+    """CPU counterpart of the GPU test above: each form's grouped kernels compile for Hopper and
+    Blackwell (the packed kernel aligned and not, from bf16; the vectorised and element-wise
+    kernels from fp32) with the modules' kernels unchanged; each reduces a warp's terms with a
+    signed redux.sync apiece (three terms compact, four or five swizzled) where the library's
+    form has none and five shuffle butterflies of five steps; "warps" with one barrier fewer."""
+    from mxq.runtime import inspection
+
+    for k, opts in enumerate(SEARCH_OPTS[:3]):
+        base, base_inner = _search_op(opts)
+        op, inner = _search_op(opts, search)
+        for dtype, kind in (("bf16", "vec_grouped"), ("bf16", "generic_grouped"), ("fp32", "vec_grouped"),
+                            ("fp32", "generic_grouped")):
+            if k > 0 and (dtype, kind) != ("bf16", "vec_grouped"):
+                continue  # (every kernel once; the other ops on the packed kernel alone)
+            lib = inspection.ptx_of(base_inner, arch, dtype, kind)
+            ptx = inspection.ptx_of(inner, arch, dtype, kind)
+            assert ptx.count(".entry") == lib.count(".entry")
+            lib_q, q = _quantize_entry(lib), _quantize_entry(ptx)
+            terms = 3 if opts["scale_layout"] == "compact" else 4 if not (opts["rowwise"] and opts["colwise"]) else 5
+            assert len(S32_REDUX.findall(lib_q)) == 0 and lib_q.count("shfl.sync.bfly") >= 25
+            assert len(S32_REDUX.findall(q)) == terms, (kind, dtype, opts)
+            assert lib_q.count("shfl.sync.bfly") - q.count("shfl.sync.bfly") == 25, (kind, dtype)
+            assert q.count("bar.sync") == lib_q.count("bar.sync") - (search == "warps"), (kind, dtype, opts)
+
+
+def test_group_search_named_default_compiles_to_the_library_kernel():
+    """Tuning(group_search="block_all") named explicitly compiles to the library's grouped kernels
+    (the same PTX, module and kernel names aside): the library's form is that one."""
+    from mxq.runtime import inspection
+
+    strip = re.compile(r"^//.*$|kernel_cutlass_\w+|mxq_gen_\w+|_mxq\w*", re.M)
+    for opts in SEARCH_OPTS[:2]:
+        _, lib = _search_op(opts)
+        _, named = _search_op(opts, "block_all")
+        for dtype in ("bf16", "fp32"):
+            assert strip.sub("", inspection.ptx_of(lib, "sm_90a", dtype, "vec_grouped")) == strip.sub(
+                "", inspection.ptx_of(named, "sm_90a", dtype, "vec_grouped")), (opts, dtype)

@@ -226,6 +226,154 @@ def test_grouped_row_tiles_stay_in_bounds_for_bad_offsets():
             assert 0 <= row0 <= row_end <= m and row_end - row0 <= 32 and 0 <= g < len(ends)
 
 
+# --- the group search's forms (kernels.config.Tuning.group_search), on HOST ops ------------------------
+SEARCHES = kconfig.GROUP_SEARCHES
+
+
+def _host_find_group(ends, rb, m, search, used, nthreads=128):
+    """grouped.find_group's reductions for row tile rb on HOST ops: the pass over the ends split
+    over threads as the kernels split it (the CTA's ``nthreads`` threads, or a warp's 32 lanes,
+    each from its index by grouped.stride), each thread accumulating its groups' terms (grouped.accumulate, with the
+    search's expressions), then the threads' partial results combined (grouped.combine: the
+    butterflies, redux.sync and the sum over warps, any order). Terms not in ``used`` stay at
+    their identities (grouped.init)."""
+    from mxq.kernels import grouped
+
+    H = dev.HOST
+    G = len(ends)
+    step = grouped.stride(search, nthreads)
+    lanes = nthreads if search.startswith("block") else 32  # (the kernels' first group: tidx, or the lane)
+    out = list(grouped.init(m, H))
+    for first in range(min(lanes, G)):  # (threads past G pass over no group: identities)
+        acc = grouped.init(m, H)
+        for h in range(first, G, step):
+            e = grouped.clamp_end(ends[h], m, H)
+            e_prev = 0
+            if 3 in used or 4 in used:
+                e_prev = grouped.clamp_end(ends[max(h - 1, 0)], m, H) if h > 0 else 0
+            acc = grouped.accumulate(acc, h, e_prev, e, G, rb, m, used, search != "block_all", H)
+        out = [grouped.combine(k, out[k], acc[k], H) if k in used else out[k] for k in range(kconfig.N_TERMS)]
+    return out
+
+
+def _brute_force_tiles(sizes):
+    """Row tile -> (g, first row, row end, block in the group, the group's blocks, swizzled rowwise
+    rows and colwise block rows before the group), walking the groups in order (docs/NUMERICS.md
+    "Groups"): every other tile of the M // 32 + G holds no rows."""
+    want, start, rows_sw, blocks_sw = {}, 0, 0, 0
+    for g, size in enumerate(sizes):
+        nb = -(-size // 32)
+        for b in range(nb):
+            want[start // 32 + g + b] = (g, start + 32 * b, min(start + 32 * b + 32, start + size), b, nb, rows_sw,
+                                         blocks_sw)
+        rows_sw += -(-size // 128) * 128
+        blocks_sw += -(-nb // 4) * 4
+        start += size
+    return want
+
+
+def _search_sizes():
+    """Group sizes: random with empty groups (first and last among them), one group (empty or
+    not), 256 groups (empty ones, small and large), all empty but one."""
+    rng = random.Random(11)
+    cases = [[70], [0], [5000], [0, 0, 33, 0], [31, 33, 32, 1, 0, 300, 64]]
+    for n in (3, 9, 40):
+        sizes = [rng.choice([0, 0, rng.randrange(1, 33), rng.randrange(1, 300)]) for _ in range(n)]
+        cases.append([0, *sizes, 0])
+    cases.append([rng.choice([0, 1, 31, 32, 33, rng.randrange(0, 200)]) for _ in range(256)])
+    cases.append([0] * 255 + [1000])
+    cases.append([1000] + [0] * 255)
+    return cases
+
+
+def _search_configs(search):
+    """A config per set of terms the kernels read: compact, and swizzled rowwise, colwise, both."""
+    def cfg(layout, rowwise, colwise):
+        return _cfg(fmt=Format.mxfp8("e4m3", "rceil", layout), rowwise=rowwise, colwise=colwise,
+                    tuning=kconfig.Tuning(group_search=search))
+    return [cfg("compact", True, True), cfg("swizzled", True, False), cfg("swizzled", False, True),
+            cfg("swizzled", True, True)]
+
+
+@pytest.mark.parametrize("search", SEARCHES)
+def test_group_search_forms_find_every_tile_by_brute_force(search):
+    """Each form of the group search, for each set of terms a config reads and the CTA sizes of
+    the kernels (128 and 256 threads), gives every row tile the group, rows and block a walk over
+    the groups gives (_brute_force_tiles), and where the config reads them the swizzled starts;
+    tiles past a group's blocks hold no rows. 256-group calls: a sample of tiles (groups' first
+    and last blocks, the tiles after them, random others)."""
+    from mxq.kernels import grouped
+
+    H = dev.HOST
+    rng = random.Random(13)
+    for sizes in _search_sizes():
+        m, G = sum(sizes), len(sizes)
+        ends = list(itertools.accumulate(sizes))
+        want = _brute_force_tiles(sizes)
+        tiles = range(m // 32 + G)
+        if G > 64:
+            firsts = sorted(t for t in want if want[t][3] == 0)
+            lasts = sorted(t for t in want if want[t][3] == want[t][4] - 1)
+            pick = [*rng.sample(firsts, min(12, len(firsts))), *rng.sample(lasts, min(12, len(lasts)))]
+            tiles = sorted({*pick, *(t + 1 for t in pick), *rng.sample(tiles, 12)} & set(tiles))
+        for cfg in _search_configs(search):
+            used = cfg.group_terms
+            for nthreads in ((128, 256) if search.startswith("block") else (128,)):
+                for rb in tiles:
+                    g, start, end, rows_before, blocks_before = _host_find_group(ends, rb, m, search, used, nthreads)
+                    row0, row_end, b, nb = grouped.tile(rb, g, start, end, H)
+                    if rb in want:
+                        wg, w0, wend, wb, wnb, wrows, wblocks = want[rb]
+                        assert (g, row0, row_end, b, nb) == (wg, w0, wend, wb, wnb), (search, sizes, rb)
+                        if cfg.fmt.swizzled and cfg.rowwise:
+                            assert rows_before == wrows, (search, sizes, rb)
+                        if cfg.fmt.swizzled and cfg.colwise:
+                            assert blocks_before == wblocks, (search, sizes, rb)
+                    else:
+                        assert row0 == row_end == 0, (search, sizes, rb)
+
+
+def test_group_search_forms_agree_on_bad_offsets():
+    """Offsets the CUDA path does not validate (decreasing, negative, past M): every form gives
+    the library's form's ("block_all") values of the terms it reduces (exact integer min, max and
+    sums of the same terms, shifts for divisions by powers of two), so the same tiles: inside
+    [0, M], at most 32 rows."""
+    rng = random.Random(17)
+    for _ in range(40):
+        m = rng.randrange(1, 300)
+        ends = [rng.randrange(-50, m + 80) for _ in range(rng.randrange(1, 24))]
+        for rb in range(m // 32 + len(ends)):
+            base = _host_find_group(ends, rb, m, "block_all", tuple(range(kconfig.N_TERMS)))
+            for search in SEARCHES:
+                for cfg in _search_configs(search):
+                    got = _host_find_group(ends, rb, m, search, cfg.group_terms)
+                    assert [got[k] for k in cfg.group_terms] == [base[k] for k in cfg.group_terms], (search, ends, rb)
+
+
+def test_group_search_terms_and_scratch_by_hand():
+    """The library's form reduces all five terms through a word per warp and term; the others
+    the group's index, start and end, plus the swizzled rowwise rows before it where the config
+    writes swizzled rowwise scales and the colwise block rows where it writes swizzled colwise
+    ones; "warp" broadcasts through a word per term, "warps" takes no shared memory; a form that
+    does not exist is an error naming the field."""
+    from mxq.kernels.smem import nbytes
+
+    assert _cfg().group_search == "block_all" and _cfg(colwise=True).group_terms == (0, 1, 2, 3, 4)
+    want = {("compact", True, True): (0, 1, 2), ("swizzled", True, False): (0, 1, 2, 3),
+            ("swizzled", False, True): (0, 1, 2, 4), ("swizzled", True, True): (0, 1, 2, 3, 4)}
+    for search in SEARCHES[1:]:
+        for cfg in _search_configs(search):
+            assert cfg.group_search == search
+            assert cfg.group_terms == want[(cfg.fmt.layout, cfg.rowwise, cfg.colwise)]
+    for search, words in (("block_all", 5 * 4), ("block", 5 * 4), ("warp", 5), ("warps", 0)):
+        cfg = _cfg(colwise=True, tuning=kconfig.Tuning(group_search=search))
+        grouped_bytes = nbytes(cfg.packed_buffers([], False, grouped=True))
+        assert grouped_bytes - nbytes(cfg.packed_buffers([], False)) == -(-words * 4 // 16) * 16, search
+    for bad in ("Block", "warp0", "none"):
+        with pytest.raises(ValueError, match="Tuning.group_search must be"):
+            kconfig.Tuning(group_search=bad)
+
+
 def test_grouped_swizzled_offsets_regroup_the_swizzle():
     """The grouped tiles' split swizzled offsets (a per-tile base + a per-element rest) equal the
     group region's start + device.swizzle_offset of the row / column within the group."""

@@ -32,15 +32,21 @@ PDL_MAX_ROWS = 4096  # dbias reduction: up to these rows M launched early (progr
 CHUNK = 16  # unaligned rows (unaligned.py): bytes per staged copy
 UNIT = 8  # ... and per FP8 store: rows starting on such boundaries store whole units (variant "rows8")
 N_TERMS = 5  # grouped calls: terms find_group reduces (before, start, end, swizzled rowwise / colwise start)
+# grouped calls: how a CTA finds its row tile's group (Tuning.group_search, grouped.find_group)
+GROUP_SEARCHES = ("block_all", "block", "warp", "warps")
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
 # 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the factor codegen.half_tanh_as_sigmoid
 # folds into y's constants (or multiplies y by) before device.half_tanh_ex2_act
 HALF_TANH_K = -2.0 * math.log2(math.e)
 
 
-def group_scratch(warps: int) -> Buffer:
-    """The shared scratch grouped.find_group reduces through (one per CTA of a grouped call)."""
-    return Buffer("group", "i32", (N_TERMS, warps))
+def group_scratch(warps: int, search: str = "block_all") -> list:
+    """The shared scratch grouped.find_group reduces through (one per CTA of a grouped call), as a
+    list of at most one Buffer: a word per term and warp for the block searches, a word per term
+    for "warp" (one warp's result, broadcast), none for "warps" (each warp searches alone)."""
+    if search == "warps":
+        return []
+    return [Buffer("group", "i32", (N_TERMS, 1 if search == "warp" else warps))]
 
 
 def unaligned_row_elements(cols: int, elem_bytes: int) -> int:
@@ -89,7 +95,17 @@ class Tuning:
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those
     8 warps sum about 4 partial rows each); the same additions in the same order, so the same
     bits. 0: never. SwiGLU backward + dbias at 32768 x 2048 on the H200: 0.906x the time at 256
-    groups, 0.978x at 64, 0.987x at 8 (compact)."""
+    groups, 0.978x at 64, 0.987x at 8 (compact).
+    ``group_search``: how a CTA of a grouped call finds its row tile's group (grouped.find_group;
+    every form reduces the same integer terms with exact min / max / sum, so every form gives the
+    same tile for any offsets): "block_all" reduces all N_TERMS terms over the CTA (a five-step
+    shuffle butterfly per warp and term, a word per warp and term in shared memory, a barrier, a
+    sum over the warps); "block" the same for only the terms the config reads
+    (KernelConfig.group_terms), its divisions by powers of two as shifts and a warp's reduction
+    one redux.sync per term; "warp" has warp 0 alone reduce those terms (redux.sync) and
+    broadcast them through shared memory (the other warps wait at the barrier); "warps" has
+    every warp reduce them itself (no shared memory, no barrier; each warp reads all G ends).
+    "": the library's choice (KernelConfig.group_search)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -100,6 +116,7 @@ class Tuning:
     rows8_min_blocks: int = 0
     rows128_min_blocks: int | None = None
     dbias_group_rows: int = 1024
+    group_search: str = ""
 
     def __post_init__(self):
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
@@ -110,6 +127,9 @@ class Tuning:
                 raise ValueError(f"mxq: Tuning.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.dbias_group_rows < 0:
             raise ValueError(f"mxq: Tuning.dbias_group_rows must be >= 0, got {self.dbias_group_rows!r}")
+        if self.group_search not in ("", *GROUP_SEARCHES):
+            raise ValueError(f"mxq: Tuning.group_search must be '' or one of {', '.join(GROUP_SEARCHES)}, "
+                             f"got {self.group_search!r}")
 
 
 @dataclass(frozen=True)
@@ -194,7 +214,7 @@ class KernelConfig:
         (dead once every row is read back), and the inverse column scales."""
         warps = self.vec_warps
         cols = 32 * VEC
-        out = [group_scratch(warps)] if grouped else []
+        out = group_scratch(warps, self.group_search) if grouped else []
         for t, st in enumerate(staged):
             if st:
                 shape = (ROWS, unaligned_row_elements(cols, 4)) if chunks else (ROWS // warps, warps * 32, 1, VEC)
@@ -263,7 +283,7 @@ class KernelConfig:
         source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps
-        out = [group_scratch(warps)] if grouped else []
+        out = group_scratch(warps, self.group_search) if grouped else []
         if self.wide_tile(grouped, unaligned) and self.fmt.scale != "fp32":  # (fp32 scales are stored directly)
             out.append(Buffer("rs", "u8", (rows, cols * warps // self.fmt.block[1])))
         if self.col_reduce:
@@ -396,3 +416,19 @@ class KernelConfig:
         """CTAs per SM the packed kernel of variant "rows8" is compiled for; 0: no register cap
         (Tuning.rows8_min_blocks)."""
         return self.tuned.rows8_min_blocks
+
+    @property
+    def group_search(self) -> str:
+        """How a grouped call's CTA finds its group (Tuning.group_search; GROUP_SEARCHES)."""
+        return self.tuned.group_search or "block_all"
+
+    @property
+    def group_terms(self) -> tuple:
+        """The terms of grouped.terms that find_group reduces (indices < N_TERMS): all of them for
+        "block_all"; else the group's index, start and end (grouped.tile), and with swizzled
+        scales the swizzled rowwise rows before the group where the op writes rowwise scales, the
+        colwise block rows before it where it writes colwise scales (grouped.swizzled_bases)."""
+        if self.group_search == "block_all":
+            return tuple(range(N_TERMS))
+        swz = self.fmt.swizzled
+        return (0, 1, 2) + ((3,) if swz and self.rowwise else ()) + ((4,) if swz and self.colwise else ())

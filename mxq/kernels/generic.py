@@ -59,7 +59,8 @@ class GenericKernel:
         row_end = M
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, grouped.scratch(cutlass.memory.SmemAllocator(), COLS), rb, M, NOUT, cfg.fmt.swizzled, COLS)
+            red = grouped.scratch(cutlass.memory.SmemAllocator(), COLS, cfg.group_search)
+            gt = grouped.GroupTile(group_ends, red, rb, M, NOUT, cfg, COLS)
             row0 = gt.row0
             row_end = gt.row_end
         col_ok = col < N

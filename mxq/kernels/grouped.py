@@ -12,13 +12,19 @@ strictly increasing, so with h running over the groups, "h < g" is "f(h + 1) <= 
 g = the number of such h, start_g = the largest of their ends, end_g = the smallest of the
 other ends, and the swizzled layouts' group starts (sums over the groups before g) are sums over
 the same h. One pass of the CTA's threads over the G ends (independent loads: one memory
-latency) and a block reduction give all five.
+latency) and a block reduction give all five. Tuning.group_search picks how (find_group): the
+library's "block_all" reduces all five; "block" only those the config reads (three compact,
+four or five swizzled: KernelConfig.group_terms), with shifts and a redux.sync per warp and
+term; "warp" and "warps" pass over the ends in one warp, broadcasting through shared memory
+behind one barrier or (each warp searching for itself) with none. Integer sums, maxima and
+minima are exact, so every form gives every tile the same group.
 
 The offsets are not validated on the device: every end is clamped to [0, M] first, so offsets
 that are not non-decreasing give unspecified bytes but never an access outside the buffers.
 
-``terms`` and ``tile`` are written against device.DEVICE / device.HOST ops, so the very
-expressions the kernels trace run on Python ints in tests/test_kernels.py.
+``terms``, ``accumulate``, ``combine`` and ``tile`` are written against device.DEVICE /
+device.HOST ops, so the very expressions the kernels trace run on Python ints in
+tests/test_kernels.py.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import cutlass.cute as cute
 from cutlass import Int32
 
 from . import smem as shared
-from .config import ROWS, group_scratch
+from .config import N_TERMS, ROWS, group_scratch
 from .device import DEVICE
 
 
@@ -36,17 +42,25 @@ def clamp_end(e, M, ops=DEVICE):
     return ops.min(ops.max(e, ops.I32(0)), M)
 
 
-def terms(h, e_prev, e, G, rb, M, ops=DEVICE):
+def _div(x, k: int, shift: bool):
+    """x // k for a power of two k: as an arithmetic shift with ``shift`` (the same value for
+    every integer: both round down; a signed division compiles to a shift and corrections for
+    negative x, which LLVM cannot rule out here)."""
+    return x >> (k.bit_length() - 1) if shift else x // k
+
+
+def terms(h, e_prev, e, G, rb, M, ops=DEVICE, shift: bool = False):
     """Group h's contribution to row tile rb's reductions: (1 if h is before rb's group else 0,
     its end if before else 0 [max], M if before else its end [min], and if before its swizzled
     rowwise rows roundup(m_h, 128) and colwise block rows roundup(ceil(m_h / 32), 4) [sums]).
-    ``e``, ``e_prev``: ends h and h - 1 (0 for h = 0), clamped to [0, M]."""
+    ``e``, ``e_prev``: ends h and h - 1 (0 for h = 0), clamped to [0, M]. ``shift``: the
+    divisions by powers of two as shifts (_div; the same values)."""
     I32 = ops.I32
     after_first = ops.select(h + 1 < G, I32(1), I32(0))
-    before = after_first * ops.select(e // ROWS + h + 1 <= rb, I32(1), I32(0))
+    before = after_first * ops.select(_div(e, ROWS, shift) + h + 1 <= rb, I32(1), I32(0))
     m = ops.max(e - e_prev, I32(0))
-    rows_sw = (m + 127) // 128 * 128
-    blocks_sw = ((m + ROWS - 1) // ROWS + 3) // 4 * 4
+    rows_sw = _div(m + 127, 128, shift) * 128
+    blocks_sw = _div(_div(m + ROWS - 1, ROWS, shift) + 3, 4, shift) * 4
     return (before, ops.select(before == 1, e, I32(0)), ops.select(before == 1, M, e),
             ops.select(before == 1, rows_sw, I32(0)), ops.select(before == 1, blocks_sw, I32(0)))
 
@@ -64,61 +78,147 @@ def tile(rb, g, start, end, ops=DEVICE):
             ops.select(has_rows == 1, b, I32(0)), nb)
 
 
-def _combine(k: int, a, b):
-    """How reduction k combines two partial results."""
+def init(M, ops=DEVICE):
+    """The five reductions' identities: 0 for the sums and the max (clamped ends are >= 0), M
+    for the min."""
+    I32 = ops.I32
+    return I32(0), I32(0), M, I32(0), I32(0)
+
+
+def combine(k: int, a, b, ops=DEVICE):
+    """How reduction k combines two partial results: exact integer operations, so any order and
+    any partition of the groups over threads gives the same result."""
     if k == 1:
-        return cutlass.max(a, b)
+        return ops.max(a, b)
     if k == 2:
-        return cutlass.min(a, b)
+        return ops.min(a, b)
     return a + b
 
 
+REDUX = ("add", "max", "min", "add", "add")  # combine's operation per term, as warp_redux_sync names it
+
+
+def stride(search: str, nthreads: int) -> int:
+    """Groups between two of one thread's in find_group's pass over the ends: the CTA's
+    ``nthreads`` threads share the pass in the block searches, a warp's lanes in the warp ones."""
+    return nthreads if search in ("block_all", "block") else 32
+
+
+def accumulate(acc, h, e_prev, e, G, rb, M, used, shift: bool, ops=DEVICE):
+    """``acc`` (five partial results) with group h's terms (``shift``: see terms) combined into
+    the reductions in ``used`` (KernelConfig.group_terms); the others unchanged."""
+    t = terms(h, e_prev, e, G, rb, M, ops, shift)
+    return tuple(combine(k, acc[k], t[k], ops) if k in used else acc[k] for k in range(len(acc)))
+
+
 @cute.jit
-def find_group(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, nthreads: cutlass.Constexpr):
-    """(g, start_g, end_g, swizzled rowwise rows before g, swizzled colwise block rows before g)
-    of row tile rb, reduced over the CTA's ``nthreads`` threads (every thread gets them; one
-    barrier). ``red``: shared Int32 scratch of N_TERMS x (nthreads / 32)."""
+def _thread_pass(ends: cute.Tensor, rb: Int32, M: Int32, first: Int32, step: cutlass.Constexpr,
+                 used: cutlass.Constexpr, shift: cutlass.Constexpr):
+    """One thread's partial results over groups first, first + step, ... (``step``: stride)."""
+    G = Int32(ends.shape[0])
+    a0, a1, a2, a3, a4 = init(M)
+    # (the block searches' threads pass over at most ceil(G / nthreads) groups each: one trip
+    # for G <= nthreads, no unrolling; a warp's lanes over G / 32: LLVM's unrolling batches loads)
+    for h in cutlass.range(first, G, step, unroll=1 if step > 32 else 0):
+        e = clamp_end(Int32(ends[h]), M)
+        e_prev = Int32(0)
+        if cutlass.const_expr(3 in used or 4 in used):  # (group sizes: the swizzled starts' terms only)
+            e_prev = clamp_end(Int32(ends[cutlass.max(h - 1, Int32(0))]), M)
+            e_prev = Int32(cutlass.select_(h > 0, e_prev, Int32(0)))
+        a0, a1, a2, a3, a4 = accumulate((a0, a1, a2, a3, a4), h, e_prev, e, G, rb, M, used, shift)
+    return a0, a1, a2, a3, a4
+
+
+@cute.jit
+def _block_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, nthreads: cutlass.Constexpr,
+                  used: cutlass.Constexpr, redux: cutlass.Constexpr):
+    """The CTA's reductions (every thread gets them): the threads share the pass, each warp
+    reduces each term (``redux``: one redux.sync, sm_80+; else a five-step shuffle butterfly),
+    lane 0 of each warp writes a word per term, one barrier, a sum over the warps."""
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % 32
     warp = tidx // 32
-    G = Int32(ends.shape[0])
-    a0, a1, a2, a3, a4 = Int32(0), Int32(0), M, Int32(0), Int32(0)
-    for h in cutlass.range(tidx, G, nthreads):
-        e = clamp_end(Int32(ends[h]), M)
-        e_prev = clamp_end(Int32(ends[cutlass.max(h - 1, Int32(0))]), M)
-        e_prev = Int32(cutlass.select_(h > 0, e_prev, Int32(0)))
-        t0, t1, t2, t3, t4 = terms(h, e_prev, e, G, rb, M)
-        a0 = a0 + t0
-        a1 = cutlass.max(a1, t1)
-        a2 = cutlass.min(a2, t2)
-        a3 = a3 + t3
-        a4 = a4 + t4
-    for s in cutlass.range_constexpr(5):
-        a0 = a0 + cute.arch.shuffle_sync_bfly(a0, offset=1 << s)
-        a1 = cutlass.max(a1, cute.arch.shuffle_sync_bfly(a1, offset=1 << s))
-        a2 = cutlass.min(a2, cute.arch.shuffle_sync_bfly(a2, offset=1 << s))
-        a3 = a3 + cute.arch.shuffle_sync_bfly(a3, offset=1 << s)
-        a4 = a4 + cute.arch.shuffle_sync_bfly(a4, offset=1 << s)
+    a = list(_thread_pass(ends, rb, M, tidx, stride("block", nthreads), used, redux))
+    if cutlass.const_expr(redux):
+        for k in cutlass.range_constexpr(N_TERMS):
+            if cutlass.const_expr(k in used):
+                a[k] = cute.arch.warp_redux_sync(a[k], REDUX[k])
+    else:
+        for s in cutlass.range_constexpr(5):
+            for k in cutlass.range_constexpr(N_TERMS):
+                if cutlass.const_expr(k in used):
+                    a[k] = combine(k, a[k], cute.arch.shuffle_sync_bfly(a[k], offset=1 << s))
     if lane == 0:
-        red[0, warp] = a0
-        red[1, warp] = a1
-        red[2, warp] = a2
-        red[3, warp] = a3
-        red[4, warp] = a4
+        for k in cutlass.range_constexpr(N_TERMS):
+            if cutlass.const_expr(k in used):
+                red[k, warp] = a[k]
     cute.arch.sync_threads()
-    r0, r1, r2, r3, r4 = red[0, 0], red[1, 0], red[2, 0], red[3, 0], red[4, 0]
+    r = list(init(M))
+    for k in cutlass.range_constexpr(N_TERMS):
+        if cutlass.const_expr(k in used):
+            r[k] = red[k, 0]
     for w in cutlass.range_constexpr(1, nthreads // 32):
-        r0 = r0 + red[0, w]
-        r1 = cutlass.max(r1, red[1, w])
-        r2 = cutlass.min(r2, red[2, w])
-        r3 = r3 + red[3, w]
-        r4 = r4 + red[4, w]
+        for k in cutlass.range_constexpr(N_TERMS):
+            if cutlass.const_expr(k in used):
+                r[k] = combine(k, r[k], red[k, w])
+    return r[0], r[1], r[2], r[3], r[4]
+
+
+@cute.jit
+def _warp_search(ends: cute.Tensor, rb: Int32, M: Int32, used: cutlass.Constexpr):
+    """This warp's reductions, every lane getting them: the lanes share the pass, one redux.sync
+    per term (sm_80+)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    a = list(_thread_pass(ends, rb, M, tidx % 32, stride("warps", 32), used, True))
+    for k in cutlass.range_constexpr(N_TERMS):
+        if cutlass.const_expr(k in used):
+            a[k] = cute.arch.warp_redux_sync(a[k], REDUX[k])
+    return a[0], a[1], a[2], a[3], a[4]
+
+
+@cute.jit
+def _broadcast_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, used: cutlass.Constexpr):
+    """Warp 0's reductions (_warp_search) for every thread of the CTA: its lane 0 writes a word
+    per term to ``red`` (N_TERMS x 1), one barrier, every thread reads them."""
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx < 32:
+        a = _warp_search(ends, rb, M, used)
+        if tidx == 0:
+            for k in cutlass.range_constexpr(N_TERMS):
+                if cutlass.const_expr(k in used):
+                    red[k, 0] = a[k]
+    cute.arch.sync_threads()
+    r = list(init(M))
+    for k in cutlass.range_constexpr(N_TERMS):
+        if cutlass.const_expr(k in used):
+            r[k] = red[k, 0]
+    return r[0], r[1], r[2], r[3], r[4]
+
+
+@cute.jit
+def find_group(ends: cute.Tensor, red, rb: Int32, M: Int32, nthreads: cutlass.Constexpr,
+               search: cutlass.Constexpr = "block_all", used: cutlass.Constexpr = tuple(range(N_TERMS))):
+    """(g, start_g, end_g, swizzled rowwise rows before g, swizzled colwise block rows before g)
+    of row tile rb for every thread of the CTA's ``nthreads``, by ``search`` (config.Tuning.
+    group_search; terms not in ``used`` are left at their identities, init; every search but
+    "block_all", the library's, computes terms with shifts and reduces a warp's with redux.sync):
+    "block_all" / "block": _block_search, through ``red`` (shared Int32, N_TERMS x (nthreads /
+    32)); "warp": _broadcast_search, through ``red`` (N_TERMS x 1); "warps": every warp runs
+    _warp_search for itself (``red``: None, no barrier)."""
+    if cutlass.const_expr(search == "warps"):
+        r0, r1, r2, r3, r4 = _warp_search(ends, rb, M, used)
+    elif cutlass.const_expr(search == "warp"):
+        r0, r1, r2, r3, r4 = _broadcast_search(ends, red, rb, M, used)
+    else:
+        r0, r1, r2, r3, r4 = _block_search(ends, red, rb, M, nthreads, used, search == "block")
     return r0, r1, r2, r3, r4
 
 
-def scratch(smem, nthreads: int):
-    """The shared scratch find_group reduces through (config.group_scratch), from allocator ``smem``."""
-    return shared.allocate(smem, [group_scratch(nthreads // 32)])["group"]
+def scratch(smem, nthreads: int, search: str = "block_all"):
+    """The shared scratch find_group reduces through (config.group_scratch), from allocator
+    ``smem``; None for "warps"."""
+    bufs = group_scratch(nthreads // 32, search)
+    return shared.allocate(smem, bufs)["group"] if bufs else None
 
 
 # Swizzled scale offsets of a grouped tile, split into a per-tile base and a per-element rest so
@@ -150,12 +250,14 @@ class GroupTile:
     ``row_end`` its rows; swizzled layouts: ``row_sw``, ``col_sw``, ``col_t512`` (swizzled_bases).
     A tile with no rows has b = 0 and writes nothing to the swizzled buffers."""
 
-    def __init__(self, ends, red, rb, M, N, swizzled: bool, nthreads: int):
-        """``red``: the CTA's scratch (config.group_scratch); ``N``: the outputs' width (2N for a
-        two-halves op, whose halves share the groups' scale rows)."""
-        g, start, end, rows_before, blocks_before = find_group(ends, red, rb, M, nthreads)
+    def __init__(self, ends, red, rb, M, N, cfg, nthreads: int):
+        """``red``: the CTA's scratch (config.group_scratch; None for "warps"); ``N``: the outputs'
+        width (2N for a two-halves op, whose halves share the groups' scale rows); ``cfg``: the
+        KernelConfig (its scale layout, group_search and group_terms)."""
+        g, start, end, rows_before, blocks_before = find_group(ends, red, rb, M, nthreads, cfg.group_search,
+                                                               cfg.group_terms)
         self.row0, self.row_end, b, nb = tile(rb, g, start, end)
-        if swizzled:
+        if cfg.fmt.swizzled:
             self.row_sw, self.col_sw, self.col_t512 = swizzled_bases(rows_before, blocks_before, b, nb, N)
 
 

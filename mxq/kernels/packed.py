@@ -139,7 +139,7 @@ class PackedKernel:
         gt = None
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, buf["group"], rb, M, NOUT, cfg.fmt.swizzled, NTHREADS)
+            gt = grouped.GroupTile(group_ends, buf.get("group") if buffers else None, rb, M, NOUT, cfg, NTHREADS)
             in_grid = rb < grouped.row_tiles(M, group_ends.shape[0])
             row_end = gt.row_end
         else:

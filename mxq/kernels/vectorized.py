@@ -106,7 +106,7 @@ class VectorizedKernel:
         gt = None
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
-            gt = grouped.GroupTile(group_ends, buf["group"], rb, M, NOUT, cfg.fmt.swizzled, WARPS * 32)
+            gt = grouped.GroupTile(group_ends, buf.get("group"), rb, M, NOUT, cfg, WARPS * 32)
             rbase = gt.row0 + warp * VROWS
             row_end = gt.row_end
         tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
