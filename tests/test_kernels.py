@@ -592,3 +592,19 @@ def test_kernel_functions_are_short_and_shallow():
                 where = f"{path.name}:{node.lineno} {node.name}"
                 assert node.end_lineno - node.lineno + 1 <= over.get((path.name, node.name), 150), where
                 assert _blocks_deep(node) <= 5, where
+
+
+def test_fp4_column_slots_are_a_conflict_free_permutation():
+    """packed.fp4_column_slot: each warp's VCOLS column words take distinct slots of its own row;
+    a warp's stores (lane l, column 8l + k, for each k) and a warp's loads (32 consecutive
+    columns) fall in 32 distinct banks (by hand: slot mod 32)."""
+    from mxq.kernels import packed
+
+    V = packed.VCOLS
+    for w in range(2):
+        slots = [packed.fp4_column_slot(w, c) for c in range(V)]
+        assert sorted(slots) == list(range(w * V, (w + 1) * V))
+        for k in range(8):
+            assert len({packed.fp4_column_slot(w, 8 * lane + k) % 32 for lane in range(32)}) == 32
+        for c0 in range(0, V, 32):
+            assert len({packed.fp4_column_slot(w, c0 + i) % 32 for i in range(32)}) == 32

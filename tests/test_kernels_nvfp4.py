@@ -206,12 +206,15 @@ def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
 def test_colwise_copy_compiles(arch, dtype, layout):
-    """The transposed copy: 16-row tiles of two 8-row warps, each thread's 8 columns stored as one
-    word of 8 codes per output row (8 stores, beside the rowwise copy's), 8 column scales."""
+    """The transposed copy: 16-row tiles of two 8-row warps, each thread's 8 columns as one word of
+    8 codes each, staged in shared memory and leaving as one 8-byte run (both warps' words) per
+    output row: 256 columns over 64 threads, 4 vector stores per thread (store_fp4_columns; their
+    word-by-word fallback below M beside them); 8 column scales."""
     both = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident), arch, dtype)
     col = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, rowwise=False, scale_layout=layout)(ident), arch,
                dtype)
     assert both.count(".entry") == col.count(".entry") == 3
+    assert col.count("st.global.v2.b32") == both.count("st.global.v2.b32") == 4
     assert col.count("st.global.b32") >= 8 and both.count("st.global.b32") > col.count("st.global.b32")
     assert col.count("cvt.rn.satfinite.e4m3x2.f32") == 8
     if arch == "sm_100a":

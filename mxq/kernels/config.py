@@ -292,6 +292,8 @@ class KernelConfig:
             out.append(Buffer("inv", "f32", (cols,)))
         if self.transposed:
             out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
+        if self.colwise and self.fmt.packed:  # (FP4's transposed copy: each warp's word of each column)
+            out.append(Buffer("fp4t", "u32", (warps * cols,)))
         if self.dbias:
             out.append(Buffer("sum", "f32", (warps, cols)))
         if unaligned:

@@ -576,6 +576,14 @@ def store_global_v4(addr, w):
     cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *w])
 
 
+def store_global_words(addr, w):
+    """One, two or four words at global byte address ``addr`` (aligned to their size) as one store."""
+    regs = ", ".join(f"{{$r{j + 1}}}" for j in range(len(w)))
+    vec = {1: "", 2: ".v2", 4: ".v4"}[len(w)]
+    cute.arch.inline_ptx(f"st.global{vec}.b32 [{{$r0}}], {regs if len(w) == 1 else '{' + regs + '}'};",
+                         read_only_args=[addr, *w])
+
+
 def store_global_u16(addr, h):
     """A 16-bit store at global address ``addr`` (2-byte aligned)."""
     cute.arch.inline_ptx("st.global.b16 [{$r0}], {$r1};", read_only_args=[addr, Uint16(h)])

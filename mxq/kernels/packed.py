@@ -46,6 +46,14 @@ PKW = VEC // 2  # 32-bit words per row per thread
 TR_CHUNKS = 16  # 8-byte chunks of a 128-row tile's column (the transposed colwise copy)
 
 
+def fp4_column_slot(warp, c):
+    """Where warp ``warp``'s word of tile column ``c`` (its 8 rows' codes) lies in "fp4t"
+    (FP4's transposed colwise copy): a row of VCOLS words per warp, each 8 columns XOR-swizzled by
+    (c >> 5) & 7, so that a warp's stores (lane l writes column 8l + k) and the readers' loads
+    (consecutive columns) hit 32 distinct banks."""
+    return warp * VCOLS + ((c & ~7) | ((c & 7) ^ ((c >> 5) & 7)))
+
+
 def tile(cfg, grouped: bool = False, unaligned: bool = False):
     """(rows, columns) of one CTA's tile."""
     if cfg.wide_tile(grouped, unaligned):
@@ -171,8 +179,8 @@ class PackedKernel:
         # sMax, sSum and sInv are indexed by position j * 32 + lane (word or column j of lane), so
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
         # conflicts. sEdge: each warp's partial output units (two words), head and tail per row and direction.
-        sRS, sMax, sInv, sSum, sEdge, sTr = (buf.get(n) if len(buffers) > 0 else None
-                                             for n in ("rs", "max", "inv", "sum", "edge", "tr"))
+        sRS, sMax, sInv, sSum, sEdge, sTr, sF4 = (buf.get(n) if len(buffers) > 0 else None
+                                                  for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t"))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
@@ -239,7 +247,8 @@ class PackedKernel:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms,
                                                     tRow=tRow if cfg.rowwise else None,
                                                     tCol=tCol if cfg.colwise and not cfg.fmt.packed else None,
-                                                    g=g, N=N, rng=rng, c0=c0, M=M, col_data=col_data).rec(),
+                                                    g=g, N=N, rng=rng, c0=c0, M=M, col_data=col_data, lane=lane,
+                                                    warp=warp, tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}),
                                     words, sr, sc)
 
     # -- loads -------------------------------------------------------------------------------
@@ -780,25 +789,50 @@ class PackedKernel:
                     if cutlass.const_expr(cfg.colwise and not cfg.fmt.packed):
                         cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
         if cutlass.const_expr(cfg.colwise and cfg.fmt.packed):
+            sF = t.smem["fp4t"]
             if t.col_ok and t.rbase < t.Ms:
                 for c in cutlass.range_constexpr(VEC):
                     rand = None
                     if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
                         rand = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
-                    self.store_fp4_column(k, t, words, sc, c, rand)
+                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rand)
+            cute.arch.sync_threads()
+            self.store_fp4_columns(k, t)
 
-    def store_fp4_column(self, k, t, words, sc, c: int, rand):
-        """NVFP4's transposed colwise copy [N, M/2]: column c's PK_ROWS (8) codes of the thread's
-        rows as one word at byte rbase / 2 of output row c0 + c (row 2j's code in the low nibble
-        of byte j: e2m1x8's order); M % 16 == 0, so a thread's rows are all in or all past M
-        (limits.fp4_unserved)."""
+    def fp4_column_word(self, k, words, sc, c: int, rand):
+        """NVFP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
+        one word (row 2j's code in the low nibble of byte j: e2m1x8's order)."""
         vals = []
         for i in range(k.PK_ROWS):
             lo, hi = dev.pk_unpack(words[i][c // 2], k.is_bf16)
             vals.append(dev.mul_rn(lo if c % 2 == 0 else hi, sc[c]))
-        q = codec.encode8(self.cfg.fmt, vals, k.use_hw_e8m0, rand)
-        addr = t.col_data.iterator.toint() + Int64(t.c0 + c) * Int64(t.M // 2) + Int64(t.rbase // 2)
-        cute.arch.inline_ptx("st.global.b32 [{$r0}], {$r1};", read_only_args=[addr, q])
+        return codec.encode8(self.cfg.fmt, vals, k.use_hw_e8m0, rand)
+
+    @cute.jit
+    def store_fp4_columns(self, k, t):
+        """The staged transposed copy [N, M/2]: tile column c's TILE_ROWS rows are its warps'
+        words (8 rows each), 4 * WARPS bytes at byte rb * TILE_ROWS / 2 of output row cb * VCOLS
+        + c; one thread per column, as one vector store where the copy's rows and base are aligned
+        to it and the run lies below M, else a word per warp below M (M % 8 == 0,
+        limits.fp4_unserved: a warp's rows are all in or all past M)."""
+        sF = t.smem["fp4t"]
+        RUN = cutlass.const_expr(4 * k.WARPS)  # bytes of a column's run
+        half_m = t.M // 2
+        base = t.col_data.iterator.toint()
+        fast = ((base | Int64(half_m)) & Int64(RUN - 1)) == Int64(0)
+        r0 = t.rb * k.TILE_ROWS
+        for s in cutlass.range_constexpr(VCOLS // k.NTHREADS):
+            c = t.tidx + s * k.NTHREADS
+            oc = t.cb * VCOLS + c
+            w = [sF[fp4_column_slot(j, c)] for j in range(k.WARPS)]
+            if oc < t.N and r0 < t.Ms:
+                addr = base + Int64(oc) * Int64(half_m) + Int64(r0 // 2)
+                if fast and r0 + k.TILE_ROWS <= t.Ms:
+                    dev.store_global_words(addr, w)
+                else:
+                    for j in cutlass.range_constexpr(k.WARPS):
+                        if r0 + j * k.PK_ROWS < t.Ms:
+                            dev.store_global_words(addr + Int64(4 * j), [w[j]])
 
     # -- the transposed colwise copy (FP8 block scaling's GEMM-ready layout, KernelConfig.transposed) --
     @cute.jit
