@@ -315,21 +315,10 @@ class PAIR_DEVICE(DEVICE):
             f"{{ .reg .b32 x, y; mov.b32 x, {{$r0}}; mov.b32 y, {{$r1}}; {op} {{$w0}}, x, y; }}",
             write_only_types=[Uint32], read_only_args=[Uint32(a), Uint32(b)])
 
-    @staticmethod
-    def min16x2(a, b):
-        return PAIR_DEVICE._lanes("min.u16x2", a, b)
-
-    @staticmethod
-    def max16x2(a, b):
-        return PAIR_DEVICE._lanes("max.u16x2", a, b)
-
-    @staticmethod
-    def add_bf16x2(a, b):
-        return PAIR_DEVICE._lanes("add.rn.bf16x2", a, b)
-
-    @staticmethod
-    def mul_bf16x2(a, b):
-        return PAIR_DEVICE._lanes("mul.rn.bf16x2", a, b)
+    min16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("min.u16x2", a, b))
+    max16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("max.u16x2", a, b))
+    add_bf16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("add.rn.bf16x2", a, b))
+    mul_bf16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("mul.rn.bf16x2", a, b))
 
     @staticmethod
     def prmt(a, b, selector: int):
@@ -640,7 +629,7 @@ def warp_max(x):
 
 
 def amax_atomic(t, v):
-    """Combine ``v`` (>= 0, or NaN) into the amax slot t[0] as atom.max.s32 on its bits (the
+    """Combine ``v`` (>= 0, or NaN) into the amax slot t[0] as red.max.s32 on its bits (the
     order of non-negative floats, NaN above inf), skipped when the slot already holds at least
     ``v``: the slot only grows within a launch, so a stale read costs at most the atomic it would
     have issued anyway, and most warps of a large tensor find the maximum already there (one
