@@ -23,6 +23,8 @@ from ..formats.format import Format
 from .smem import Buffer, nbytes
 
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
+FP4_COL_ROWS = 32  # NVFP4's colwise copy: rows per CTA (two 16-row blocks; KernelConfig.tile_rows)
+FP4_COL_TILES = (16, 32, 64)  # ... the tiles Tuning.fp4_col_rows may pick
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
 DBIAS_WARPS = 8  # dbias reduction: warps per CTA ...
@@ -105,7 +107,10 @@ class Tuning:
     one redux.sync per term; "warp" has warp 0 alone reduce those terms (redux.sync) and
     broadcast them through shared memory (the other warps wait at the barrier); "warps" has
     every warp reduce them itself (no shared memory, no barrier; each warp reads all G ends).
-    "": the library's choice (KernelConfig.group_search)."""
+    "": the library's choice (KernelConfig.group_search).
+    ``fp4_col_rows``: rows of the packed kernel's tile for NVFP4's transposed colwise copy
+    (KernelConfig.fp4_columns), one of FP4_COL_TILES: 8-row warps, each output row of the copy
+    getting a run of fp4_col_rows / 2 bytes per CTA; 0: the library's choice, FP4_COL_ROWS."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -117,6 +122,7 @@ class Tuning:
     rows128_min_blocks: int | None = None
     dbias_group_rows: int = 1024
     group_search: str = ""
+    fp4_col_rows: int = 0
 
     def __post_init__(self):
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
@@ -130,6 +136,9 @@ class Tuning:
         if self.group_search not in ("", *GROUP_SEARCHES):
             raise ValueError(f"mxq: Tuning.group_search must be '' or one of {', '.join(GROUP_SEARCHES)}, "
                              f"got {self.group_search!r}")
+        if self.fp4_col_rows not in (0, *FP4_COL_TILES):
+            raise ValueError(f"mxq: Tuning.fp4_col_rows must be 0 or one of {FP4_COL_TILES}, "
+                             f"got {self.fp4_col_rows!r}")
 
 
 @dataclass(frozen=True)
@@ -288,7 +297,8 @@ class KernelConfig:
             out.append(Buffer("rs", "u8", (rows, cols * warps // self.fmt.block[1])))
         if self.col_reduce:
             out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))
-        if self.colwise or self.tiles:  # (tiles: the owner warps' maxima of the CTA's two tiles)
+        if (self.colwise and not self.fp4_columns) or self.tiles:  # (tiles: the owner warps' maxima of the
+            # CTA's two tiles; NVFP4's colwise multipliers stay in registers, PackedKernel.fp4_column_scales)
             out.append(Buffer("inv", "f32", (cols,)))
         if self.transposed:
             out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
@@ -322,18 +332,41 @@ class KernelConfig:
         return 8 if self.heavy else 4
 
     @property
+    def fp4_columns(self) -> bool:
+        """NVFP4's transposed colwise copy ([N, M/2], 16-row blocks along M): the packed kernel's
+        8-row warps, fp4_col_rows rows per CTA (packed.store_fp4_columns)."""
+        return self.colwise and self.fmt.packed
+
+    @property
+    def fp4_col_rows(self) -> int:
+        """Rows of NVFP4's colwise tile (Tuning.fp4_col_rows, else FP4_COL_ROWS): each output row
+        of the transposed copy gets a run of half as many bytes per CTA, and the CTA computes the
+        scales of fp4_col_rows / 16 blocks of each of its columns."""
+        return self.tuned.fp4_col_rows or FP4_COL_ROWS
+
+    @property
     def tile_rows(self) -> int:
         """Rows of a CTA's (non-wide) tile: one colwise block, ROWS for MXFP8's 32x1 blocks and
         rowwise-only ops, 128 for FP8 block scaling's colwise blocks and 128x128 tiles (the packed kernel only:
-        docs/DESIGN.md "FP8 block scaling on the kernels")."""
+        docs/DESIGN.md "FP8 block scaling on the kernels"); NVFP4's colwise copy fp4_col_rows
+        (whole 16-row blocks)."""
+        if self.fp4_columns:
+            return self.fp4_col_rows
         return self.fmt.col_block[0] if self.colwise else max(ROWS, self.fmt.block[0])
+
+    @property
+    def eight_row_warps(self) -> bool:
+        """The packed kernel's warps are tile_rows / 8 warps of 8 rows, whatever the op: tiles
+        other than ROWS rows and NVFP4's colwise copy (a thread's 8 rows of a column are one
+        word of codes)."""
+        return self.tile_rows != ROWS or self.fp4_columns
 
     @property
     def pk_warps(self) -> int:
         """Packed (16-bit) kernel: 4 warps x 8 rows; dbias ops 8 x 4 (at 4 warps they need 80
         registers and 43 KB of shared memory per CTA and ran 4 points slower); 128-row tiles
-        (tile_rows) 16 x 8."""
-        if self.tile_rows != ROWS:
+        (tile_rows) 16 x 8, NVFP4's colwise tile tile_rows / 8 x 8 (eight_row_warps)."""
+        if self.eight_row_warps:
             return self.tile_rows // 8
         return 8 if self.dbias else 4
 
@@ -342,7 +375,7 @@ class KernelConfig:
         (unaligned_warps) or Tuning.unaligned_warps where set, else 8 for a plain cast with
         colwise output (its 4-row threads keep 47 registers against 71 for 8 rows, and the kernel
         is latency-bound), and never fewer than pk_warps."""
-        if not unaligned or self.tile_rows != ROWS:
+        if not unaligned or self.eight_row_warps:
             return self.pk_warps
         pinned = self.unaligned_warps or self.tuned.unaligned_warps
         warps = pinned or (8 if self.colwise and not self.computed else 4)
@@ -356,7 +389,7 @@ class KernelConfig:
         85-85.5% against 81-82% at 8, colwise and both 86-87.5% against 80-84% (4096x14335 and
         8191x8191)."""
         if (self.computed or self.dbias or self.halves or self.unaligned_warps or self.tuned.unaligned_warps
-                or self.tile_rows != ROWS):
+                or self.eight_row_warps):
             return None
         return (8, 4)
 
@@ -407,7 +440,7 @@ class KernelConfig:
         writing both directions (81 registers hold it at one 512-thread CTA per SM; capped, 64 and
         no spills: 88-93% of copy against 67-70% on the H200, docs/performance.md), none for the
         rest (an op with arithmetic spills under the cap)."""
-        if self.tile_rows == ROWS:
+        if self.tile_rows == ROWS or self.fp4_columns:
             return 0
         if self.tuned.rows128_min_blocks is not None:
             return self.tuned.rows128_min_blocks

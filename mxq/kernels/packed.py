@@ -54,6 +54,31 @@ def fp4_column_slot(warp, c):
     return warp * VCOLS + ((c & ~7) | ((c & 7) ^ ((c >> 5) & 7)))
 
 
+def fp4_store_words(a, warps: int, ops=dev.RNG_DEVICE):
+    """Words per store of NVFP4's colwise runs (PackedKernel.store_fp4_columns), from ``a`` = the
+    copy's base address | its row bytes M / 2: 4 where ``a`` % 16 == 0 (then M % 32 == 0) and
+    the run has 4 words or more (``warps`` >= 4), else 2 where ``a`` % 8 == 0 (M % 16 == 0), else
+    1 (M % 8 == 0). A store of W words then covers 8 * W rows starting on a multiple of 8 * W,
+    and M is a multiple of 8 * W: a store whose first row is below M lies wholly below M."""
+    I32, I64 = ops.I32, ops.I64
+    w = I32(ops.select((I64(a) & I64(15)) == I64(0), I32(4 if warps >= 4 else 2), I32(2)))
+    return I32(ops.select((I64(a) & I64(7)) == I64(0), w, I32(1)))
+
+
+def fp4_run_stores(words: int, warps: int):
+    """A column's run of ``warps`` words (one per 8-row warp) as stores of ``words`` words
+    (fp4_store_words): (first word, words) each; the store's first row is 8 * first word."""
+    return [(q, words) for q in range(0, warps, words)]
+
+
+def fp4_scale_warps(warp, rows: int, block: int = 16):
+    """NVFP4's colwise scales on a tile of ``rows``-row warps: warp ``warp``'s 16-row block is
+    held by warps w0 .. w0 + block // rows - 1 (w0 = warp - warp % (block // rows)), whose
+    column maxima give its scales; w0 stores them. Returns (w0, warps per block)."""
+    wpb = block // rows
+    return warp - warp % wpb, wpb
+
+
 def tile(cfg, grouped: bool = False, unaligned: bool = False):
     """(rows, columns) of one CTA's tile."""
     if cfg.wide_tile(grouped, unaligned):
@@ -683,11 +708,11 @@ class PackedKernel:
         warp (compact [N, ceil(M/16)] or its swizzled atoms), and the 8 multipliers."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
-        WPB = cutlass.const_expr(16 // k.PK_ROWS)  # warps per 16-row block
+        B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16)
         glob = codec.global_scales(cfg.fmt, io.amax)
-        w0 = t.warp - t.warp % WPB
-        nbm = (io.M + 15) // 16
-        blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // 16
+        w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
+        nbm = (io.M + B - 1) // B
+        blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
         c0 = t.co + (t.cb * 32 + t.lane) * VEC
         sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
         for j in cutlass.range_constexpr(PKW):
@@ -700,7 +725,7 @@ class PackedKernel:
                                       glob=glob)
                 sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
-                if t.warp == w0 and c < io.N and blk * 16 < t.Ms:
+                if t.warp == w0 and c < io.N and blk * B < t.Ms:
                     off = c * nbm + blk
                     if cutlass.const_expr(cfg.fmt.swizzled):
                         off = dev.swizzle_offset(c, blk, nbm)
@@ -811,15 +836,14 @@ class PackedKernel:
     @cute.jit
     def store_fp4_columns(self, k, t):
         """The staged transposed copy [N, M/2]: tile column c's TILE_ROWS rows are its warps'
-        words (8 rows each), 4 * WARPS bytes at byte rb * TILE_ROWS / 2 of output row cb * VCOLS
-        + c; one thread per column, as one vector store where the copy's rows and base are aligned
-        to it and the run lies below M, else a word per warp below M (M % 8 == 0,
-        limits.fp4_unserved: a warp's rows are all in or all past M)."""
+        words (8 rows each), a run of 4 * WARPS bytes at byte rb * TILE_ROWS / 2 of output row
+        cb * VCOLS + c; one thread per column, the run as stores of 4, 2 or 1 words, the widest
+        that the copy's base and row bytes M / 2 align (fp4_store_words), each below M where its
+        first row is (M % 8 == 0, limits.fp4_unserved)."""
         sF = t.smem["fp4t"]
-        RUN = cutlass.const_expr(4 * k.WARPS)  # bytes of a column's run
         half_m = t.M // 2
         base = t.col_data.iterator.toint()
-        fast = ((base | Int64(half_m)) & Int64(RUN - 1)) == Int64(0)
+        words = fp4_store_words(base | Int64(half_m), k.WARPS)
         r0 = t.rb * k.TILE_ROWS
         for s in cutlass.range_constexpr(VCOLS // k.NTHREADS):
             c = t.tidx + s * k.NTHREADS
@@ -827,12 +851,22 @@ class PackedKernel:
             w = [sF[fp4_column_slot(j, c)] for j in range(k.WARPS)]
             if oc < t.N and r0 < t.Ms:
                 addr = base + Int64(oc) * Int64(half_m) + Int64(r0 // 2)
-                if fast and r0 + k.TILE_ROWS <= t.Ms:
-                    dev.store_global_words(addr, w)
-                else:
-                    for j in cutlass.range_constexpr(k.WARPS):
-                        if r0 + j * k.PK_ROWS < t.Ms:
-                            dev.store_global_words(addr + Int64(4 * j), [w[j]])
+                if cutlass.const_expr(k.WARPS >= 4):
+                    if words == 4:
+                        self.store_fp4_run(k, t, addr, r0, w, 4)
+                if words == 2:
+                    self.store_fp4_run(k, t, addr, r0, w, 2)
+                if words == 1:
+                    self.store_fp4_run(k, t, addr, r0, w, 1)
+
+    @cute.jit
+    def store_fp4_run(self, k, t, addr, r0, w, words: cutlass.Constexpr):
+        """One column's run ``w`` at ``addr`` as stores of ``words`` words (fp4_run_stores)."""
+        for q, n in fp4_run_stores(words, k.WARPS):
+            if cutlass.const_expr(q == 0):
+                dev.store_global_words(addr, w[0:n])
+            elif r0 + 8 * q < t.Ms:
+                dev.store_global_words(addr + Int64(4 * q), w[q:q + n])
 
     # -- the transposed colwise copy (FP8 block scaling's GEMM-ready layout, KernelConfig.transposed) --
     @cute.jit
