@@ -595,13 +595,13 @@ def test_kernel_functions_are_short_and_shallow():
 
 
 def test_fp4_column_slots_are_a_conflict_free_permutation():
-    """packed.fp4_column_slot: each warp's VCOLS column words take distinct slots of its own row;
-    a warp's stores (lane l, column 8l + k, for each k) and a warp's loads (32 consecutive
-    columns) fall in 32 distinct banks (by hand: slot mod 32)."""
+    """packed.fp4_column_slot: each warp's VCOLS column words take distinct slots of its own row
+    (up to the 64-row tile's 8 warps); a warp's stores (lane l, column 8l + k, for each k) and
+    a warp's loads (32 consecutive columns) fall in 32 distinct banks (by hand: slot mod 32)."""
     from mxq.kernels import packed
 
     V = packed.VCOLS
-    for w in range(2):
+    for w in range(8):
         slots = [packed.fp4_column_slot(w, c) for c in range(V)]
         assert sorted(slots) == list(range(w * V, (w + 1) * V))
         for k in range(8):

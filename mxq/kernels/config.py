@@ -286,7 +286,7 @@ class KernelConfig:
     def packed_buffers(self, staged, unaligned: bool, grouped: bool = False) -> list:
         """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
         scratch, the wide tile's row-scale bytes, the column maxima (packed words), the inverse
-        column scales (or 128x128 tiles' partial maxima), the transposed colwise copy
+        column scales (but NVFP4's; or 128x128 tiles' partial maxima), the transposed colwise copy
         (``transposed``), the dbias partial sums, the parked partial output units (unaligned
         rows: head and tail of each row, per direction), then each staged source (``staged``: per
         source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
