@@ -10,7 +10,9 @@ against fp32 values, which is what bounds the rowwise+colwise pass on the H200.
 Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = 32 / W rows per thread):
 - ops with a column reduction (colwise, amax, dbias): a CTA covers 32 rows x 32 * VEC columns;
   lane l owns columns 8l..8l+7, warp w owns PK_ROWS adjacent rows (unaligned rows: rows w,
-  w + W, ..., which share their read and store plans, unaligned.py);
+  w + W, ..., which share their read and store plans, unaligned.py); FP8 block scaling's
+  colwise blocks take 128 rows and NVFP4's transposed colwise copy 32 (KernelConfig.tile_rows),
+  both as warps of 8 rows;
 - a pure rowwise cast ("wide", KernelConfig.wide): the warps lie side by side along one band of
   PK_ROWS rows (8 x 1024 columns), so a CTA's rows are long runs of memory and its row-scale
   bytes, gathered in shared memory, leave as whole 4-byte words.
@@ -704,8 +706,8 @@ class PackedKernel:
     def fp4_column_scales(self, k, t, io):
         """NVFP4's colwise copy (the transposed values, 16-element blocks along M): the scales of
         the thread's 8 columns over the 16 rows of its block, from the column maxima the warps
-        holding them left in sMax (16 // PK_ROWS warps; NaN dropped), stored by the block's first
-        warp (compact [N, ceil(M/16)] or its swizzled atoms), and the 8 multipliers."""
+        holding them left in sMax (16 // PK_ROWS warps, fp4_scale_warps; NaN dropped), stored by the
+        block's first warp (compact [N, ceil(M/16)] or its swizzled atoms), and the 8 multipliers."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
         B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16)
