@@ -266,8 +266,8 @@ def test_colwise_tile_config():
         kconfig.Tuning(fp4_col_rows=128)
     tuned = kconfig.Tuning(fp4_col_rows=64)
     for opts, rows, warps in ((dict(format="nvfp4"), 32, 4), (dict(colwise=True), 32, 4),
-                              (dict(colwise=True, dbias=True), 32, 8), (dict(format="fp8_block", colwise=True), 128, 16),
-                              (dict(format="mxfp4"), 32, 4)):
+                              (dict(colwise=True, dbias=True), 32, 8),
+                              (dict(format="fp8_block", colwise=True), 128, 16), (dict(format="mxfp4"), 32, 4)):
         for c in (cfg(**opts), cfg(tuned, **opts)):
             assert not c.fp4_columns and (c.tile_rows, c.pk_warps) == (rows, warps), opts
 
