@@ -608,6 +608,29 @@ def host_breakdown(x, launcher, n):
             "python_checks": per_call(lambda: mxq.runtime.validation.check_call(op.spec, op.epilogue, Call([x], [])))}
 
 
+PROFILED_RANGE = "mxq_launch"  # (the NVTX range bench/ncu.py profiles inside)
+
+
+def launch_for_profiler(launch, times: int = 4):
+    """Run ``launch`` once (compiling, autotuning), then ``times`` times inside the NVTX range
+    PROFILED_RANGE, for a profiler (bench/ncu.py profiles only kernels inside it)."""
+    launch()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push(PROFILED_RANGE)
+    for _ in range(times):
+        launch()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """'8192x4096' -> (8192, 4096); anything else is a ValueError naming it."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"a shape is MxN with positive integers, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
 def parse_tuning(variant: str) -> dict:
     """'pdl=0,row_scale_l2_keep=0' -> {'pdl': False, 'row_scale_l2_keep': False}: fields of
     mxq.kernels.config.Tuning (the benchmark-only switches: booleans as 0/1, integers and

@@ -1,6 +1,7 @@
 """NVFP4 and MXFP4 (format="nvfp4" / "mxfp4") on the GPU against a device copy.
 
     python bench/fp4.py [--out DIR] [--quick] [--variants 'k=v,...;k=v']
+    python bench/fp4.py --launch ROW [--shape MxN] [--variants 'k=v,...']   (bench/ncu.py's run)
 
 At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each row is
 checked against the reference on the GPU (byte for byte: plain casts are exact) and timed by
@@ -9,6 +10,8 @@ kernels do not serve (yet) is listed with its error instead of timing the torch 
 MXFP4 rowwise (floor, rceil), NVFP4 rowwise with a given global amax (one launch) and without
 (the amax launch counted), both directions, with the Hadamard transform, with stochastic
 rounding (rowwise, both directions), and gelu. Results: <out>/<device>-<date>-fp4.json.
+``--launch ROW``: only build one row's op at one shape under the first variant and launch it 4
+times, for a profiler (bench/ncu.py).
 """
 
 from __future__ import annotations
@@ -55,17 +58,24 @@ def cases(m, n):
     }
 
 
+def prepared(opts, given, x, variant=""):
+    """(op, launch, outputs, call keywords) of one row's op on ``x`` (``variant``: a Tuning
+    variant; ``given``: the global amax passed in; stochastic rounding seeded)."""
+    op = mxq.fused_quant(**opts)(dc.identity)
+    if variant:
+        op._with_tuning(dc.make_tuning(dc.parse_tuning(variant)))
+    kw = {"global_amax": x.float().abs().amax().reshape(1)} if given else {}
+    if opts.get("stochastic_rounding"):
+        kw["seed"] = 1
+    launch, out = op.prepare(x, **kw)
+    return op, launch, out, kw
+
+
 def run(name, opts, mv, exact, given, x, copy_gbps, variant=""):
     m, n = x.shape
     prefix = f"mxq[{variant}]" if variant else "mxq"
     try:
-        op = mxq.fused_quant(**opts)(dc.identity)
-        if variant:
-            op._with_tuning(dc.make_tuning(dc.parse_tuning(variant)))
-        kw = {"global_amax": x.float().abs().amax().reshape(1)} if given else {}
-        if opts.get("stochastic_rounding"):
-            kw["seed"] = 1
-        launch, out = op.prepare(x, **kw)
+        op, launch, out, kw = prepared(opts, given, x, variant)
         launch()
         # (stochastic rounding draws its own bits: its bytes are checked by the statistical tests)
         problems = None if opts.get("stochastic_rounding") else compare(out, op.reference(x, **kw), exact)
@@ -74,12 +84,26 @@ def run(name, opts, mv, exact, given, x, copy_gbps, variant=""):
         return dc.error_row(f"{prefix}/{name}", m, n, exc)
 
 
-def main():
+def launch_only(row: str, m: int, n: int, variant: str = ""):
+    """Build ``row``'s op on a random bf16 [m, n] input and launch it 4 times, for a profiler."""
+    torch.manual_seed(m + n)
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    opts, _, _, given = cases(m, n)[row]
+    launch = prepared(opts, given, x, variant)[1]
+    dc.launch_for_profiler(launch)
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--variants", default="", help="Tuning variants 'k=v,...;k=v' timed after the default")
-    args = ap.parse_args()
+    ap.add_argument("--launch", choices=list(cases(128, 128)), help="only build one row's op and launch it 4 "
+                    "times (a profiler's run)")
+    ap.add_argument("--shape", default="8192x8192", help="with --launch: MxN")
+    args = ap.parse_args(argv)
+    if args.launch:
+        return launch_only(args.launch, *dc.parse_shape(args.shape), args.variants.split(";")[0])
     os.environ["MXQ_STRICT"] = "1"  # (a fallback raises: no row times the reference)
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)

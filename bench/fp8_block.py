@@ -1,6 +1,7 @@
 """FP8 block scaling (format="fp8_block") on the GPU against torchao's Triton block-scaling kernels.
 
     python bench/fp8_block.py [--out DIR] [--no-peers] [--quick] [--step] [--variants 'k=v,...;k=v']
+    python bench/fp8_block.py --launch ROW [--shape MxN] [--variants 'k=v,...']   (bench/ncu.py's run)
 
 At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each of mxq's
 rows (1x128 rowwise compact and GEMM-ready, 128-row colwise compact and transposed, both, both with
@@ -15,7 +16,9 @@ backward) of examples/fp8_block_linear.py's FP8BlockMLP at an MLP shape against 
 bf16 (``vs_bf16``: the bf16 step's time / the FP8 step's). ``--variants``: the rows on the
 128-row tile (colwise, both, dgelu + dbias + both) again under each Tuning variant
 (device_check.parse_tuning's form, e.g. 'rows128_min_blocks=2'), checked the same way. Results:
-<out>/<device>-<date>-fp8-block.json.
+<out>/<device>-<date>-fp8-block.json. ``--launch ROW``: only build one row's op (a name of
+mxq_cases, or torchao/<kernel>) at one shape under the first variant and launch it 4 times, for a
+profiler (bench/ncu.py).
 """
 
 from __future__ import annotations
@@ -75,17 +78,23 @@ def mxq_cases(m, n):
 TILE128_ROWS = ("colwise_compact", "both_compact", "dgelu_dbias_both")  # (--variants: the 128-row tile's rows)
 
 
+def prepared(opts, ins, kw, fn=None, tuning=None):
+    """(op, launch, outputs) of ``opts``' op over ``fn`` (default the identity) on ``ins``,
+    compiled with ``tuning`` (parse_tuning's dict; None: the library's)."""
+    op = mxq.fused_quant(**opts)(fn or dc.identity)
+    if tuning:
+        op._with_tuning(dc.make_tuning(tuning))
+    launch, out = op.prepare(*ins, **kw)
+    return op, launch, out
+
+
 def run_mxq(name, opts, mv, exact, x, copy_gbps, kw=None, fn=None, args=None, tuning=None):
     """One checked and timed row of an op on ``args`` (default [x]), compiled with ``tuning``
     (parse_tuning's dict; None: the library's); the row is named by x's shape."""
     m, n = x.shape
     try:
-        op = mxq.fused_quant(**opts)(fn or dc.identity)
-        if tuning:
-            op._with_tuning(dc.make_tuning(tuning))
-        ins = args or [x]
-        kw = kw or {}
-        launch, out = op.prepare(*ins, **kw)
+        ins, kw = args or [x], kw or {}
+        op, launch, out = prepared(opts, ins, kw, fn, tuning)
         launch()
         problems = compare(out, op.reference(*ins, **kw), exact)
         return dc.printed_row(launch, mv, copy_gbps, f"mxq/{name}", m, n, problems)
@@ -157,7 +166,27 @@ def step_rows(copy_gbps, m=8192, d_in=4096, hidden=14336):
     return [row]
 
 
-def main():
+def launch_rows() -> list:
+    """The rows --launch accepts: mxq_cases' names and torchao's kernels (torchao/<name>)."""
+    return list(mxq_cases(128, 128)) + [f"torchao/{k}" for k in ("rowwise", "colwise", "transposed", "weight_128x128")]
+
+
+def launch_only(row: str, m: int, n: int, variant: str = ""):
+    """Build ``row``'s op (or torchao's kernel) on a random bf16 [m, n] input and launch it 4
+    times, for a profiler."""
+    torch.manual_seed(m + n)
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    if row.startswith("torchao/"):
+        fn = torchao_kernels()[row.split("/", 1)[1]]
+        launch = lambda: fn(x)  # noqa: E731
+    else:
+        opts = mxq_cases(m, n)[row][0]
+        kw = {"act_input": torch.randn_like(x)} if "dact" in opts else {}
+        launch = prepared(opts, [x], kw, tuning=dc.parse_tuning(variant) if variant else None)[1]
+    dc.launch_for_profiler(launch)
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-peers", action="store_true")
@@ -165,7 +194,12 @@ def main():
     ap.add_argument("--step", action="store_true", help="also the example's training step against bf16")
     ap.add_argument("--variants", default="", help="also the 128-row tile's rows under Tuning variants, "
                     "e.g. 'rows128_min_blocks=2;rows128_min_blocks=3'")
-    args = ap.parse_args()
+    ap.add_argument("--launch", choices=launch_rows(), help="only build one row's op and launch it 4 times "
+                    "(a profiler's run)")
+    ap.add_argument("--shape", default="8192x8192", help="with --launch: MxN")
+    args = ap.parse_args(argv)
+    if args.launch:
+        return launch_only(args.launch, *dc.parse_shape(args.shape), args.variants.split(";")[0])
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     dev = torch.cuda.get_device_name()
