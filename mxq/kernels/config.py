@@ -35,6 +35,8 @@ N_TERMS = 5  # grouped calls: terms find_group reduces (before, start, end, swiz
 # grouped calls: how a CTA finds its row tile's group (Tuning.group_search, grouped.find_group)
 GROUP_SEARCHES = ("block_all", "block", "warp", "warps")
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
+SM_SMEM = 228 * 1024  # ... and one SM holds, of which ...
+CTA_SMEM_RESERVED = 1024  # ... each resident CTA takes this much more
 # 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the factor codegen.half_tanh_as_sigmoid
 # folds into y's constants (or multiplies y by) before device.half_tanh_ex2_act
 HALF_TANH_K = -2.0 * math.log2(math.e)
@@ -274,15 +276,17 @@ class KernelConfig:
         unaligned calls take 32-row tiles."""
         return self.wide and not grouped and not self.halves and not unaligned
 
-    def packed_buffers(self, staged, unaligned: bool, grouped: bool = False) -> list:
+    def packed_buffers(self, staged, unaligned: bool, grouped: bool = False, depth: int = 0) -> list:
         """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
         scratch, the wide tile's row-scale bytes, the column maxima (packed words), the inverse
         column scales (or 128x128 tiles' partial maxima), the transposed colwise copy
         (``transposed``), the dbias partial sums, the parked partial output units (unaligned
         rows: head and tail of each row, per direction), then each staged source (``staged``: per
-        source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
+        source None, or (element bits, broadcast along rows: one row staged, aligned kernel)),
+        ``depth`` rows per thread (0: stage_rows)."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps
+        depth = depth or self.stage_rows(unaligned, grouped)
         out = group_scratch(warps, self.group_search) if grouped else []
         if self.wide_tile(grouped, unaligned) and self.fmt.scale != "fp32":  # (fp32 scales are stored directly)
             out.append(Buffer("rs", "u8", (rows, cols * warps // self.fmt.block[1])))
@@ -304,17 +308,38 @@ class KernelConfig:
                 if unaligned:
                     shape = (self.tile_rows, unaligned_row_elements(cols, bits // 8))
                 else:
-                    shape = (1 if once else rows, warps * 32, VEC)
+                    shape = (1 if once else depth, warps * 32, VEC)
                 out.append(Buffer(f"in{t}", "src", shape, bits))
         return out
 
-    def packed_shared_bytes(self, n_sources: int, unaligned: bool, grouped: bool = False) -> int:
+    def packed_shared_bytes(self, n_sources: int, unaligned: bool, grouped: bool = False, depth: int = 0) -> int:
         """The shared memory of the packed kernel with ``n_sources`` full-size 16-bit tensors read
         per element (packed_buffers; an upper bound for an op whose row operands stage one row):
         whether an op with many epilogue tensors fits SMEM_LIMIT (mxq/op.py refuses one that
         does not, before any launch)."""
         staged = [(16, False)] * n_sources if (self.stage or unaligned) else []
-        return nbytes(self.packed_buffers(staged, unaligned, grouped))
+        return nbytes(self.packed_buffers(staged, unaligned, grouped, depth))
+
+    def stage_rows(self, unaligned: bool, grouped: bool = False) -> int:
+        """Rows per thread of each staged source the packed kernel holds in shared memory at once:
+        all the thread's rows, or half of them where the 128-row tile is compiled for
+        min_blocks CTAs per SM and only half lets their shared memory share an SM (aligned rows,
+        one pass: a ring, row i + half requested into row i's slot once row i is read; the
+        shared memory counted with every epilogue tensor and the dact input staged,
+        packed_shared_bytes)."""
+        rows = self.tile_rows // self.packed_warps(unaligned)
+        if unaligned or self.halves_passes > 1 or self.tuned_min_blocks < 2:
+            return rows
+        n = self.n_inputs + self.has_dact
+        if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows), self.tuned_min_blocks):
+            return rows
+        half = self.packed_shared_bytes(n, False, grouped, rows // 2)
+        return rows // 2 if self.ctas_fit(half, self.tuned_min_blocks) else rows
+
+    @staticmethod
+    def ctas_fit(smem_bytes: int, ctas: int) -> bool:
+        """``ctas`` CTAs of ``smem_bytes`` shared memory each fit one SM (sm_90 / sm_100)."""
+        return ctas * (smem_bytes + CTA_SMEM_RESERVED) <= SM_SMEM
 
     @property
     def vec_warps(self) -> int:
@@ -401,17 +426,35 @@ class KernelConfig:
         return self.tuned.dbias_group_rows if self.dbias else 0
 
     @property
-    def min_blocks(self) -> int:
-        """CTAs per SM the packed kernel of this config is compiled for on the 128-row tile
-        (Tuning.rows128_min_blocks); 0: no register cap. The library's choice: 2 for a plain cast
-        writing both directions (81 registers hold it at one 512-thread CTA per SM; capped, 64 and
-        no spills: 88-93% of copy against 67-70% on the H200, docs/performance.md), none for the
-        rest (an op with arithmetic spills under the cap)."""
+    def tuned_min_blocks(self) -> int:
+        """CTAs per SM the packed kernel's 128-row tile is meant for (Tuning.rows128_min_blocks);
+        0: no register cap. The library's choice: 2 for a plain cast writing both directions (81
+        registers hold it at one 512-thread CTA per SM; capped, 64 and no spills: 88-93% of copy
+        against 67-70% on the H200, docs/performance.md) and for a dact op writing both (dbias or
+        not; its two staged inputs then take half the rows at once, stage_rows); none for the
+        rest (act ops compile to 64 registers uncapped; a plain cast with dbias spills under the
+        cap)."""
         if self.tile_rows == ROWS:
             return 0
         if self.tuned.rows128_min_blocks is not None:
             return self.tuned.rows128_min_blocks
-        return 2 if self.rowwise and self.colwise and not self.computed and not self.dbias else 0
+        plain = not self.computed and not self.dbias
+        dact = self.has_dact and not self.halves and self.tile_rows > ROWS
+        return 2 if self.rowwise and self.colwise and (plain or dact) else 0
+
+    def packed_min_blocks(self, unaligned: bool = False, grouped: bool = False) -> int:
+        """CTAs per SM the packed kernel (aligned or ``unaligned`` rows) is compiled for
+        (``min_blocks_per_mp``, a register cap); 0: no cap. tuned_min_blocks where that many
+        CTAs' shared memory (at stage_rows) fits an SM, else none (more registers would not
+        buy a second CTA)."""
+        ctas = self.tuned_min_blocks
+        n = self.n_inputs + self.has_dact
+        return ctas if ctas and self.ctas_fit(self.packed_shared_bytes(n, unaligned, grouped), ctas) else 0
+
+    @property
+    def min_blocks(self) -> int:
+        """CTAs per SM the packed kernel with aligned rows is compiled for (packed_min_blocks)."""
+        return self.packed_min_blocks()
 
     @property
     def rows8_min_blocks(self) -> int:

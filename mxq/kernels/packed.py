@@ -118,6 +118,8 @@ class PackedKernel:
         TILE_ROWS, TILE_COLS = tile(cfg, GROUPED, UNALIGNED)
         DIVBY = cutlass.const_expr(1 if UNALIGNED else VEC)  # what N is a multiple of
         RS_BLOCKS = cutlass.const_expr(TILE_COLS // cfg.fmt.block[1])  # row-scale blocks per tile row
+        # the staged rows are a ring (KernelConfig.stage_rows): phases ordered for registers
+        RING = cutlass.const_expr(cfg.stage_rows(UNALIGNED, GROUPED) < PK_ROWS)
         if cutlass.const_expr(use_pdl):
             cute.arch.griddepcontrol_launch_dependents()  # dbias_kernel may start; it waits for this grid to finish
         tidx, _, _ = cute.arch.thread_idx()
@@ -184,13 +186,9 @@ class PackedKernel:
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
-            if cutlass.const_expr(PASSES == 1):
-                tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, codec.data_cols(cfg.fmt, VEC)), trow,
-                                       rbase, g, GROUPED)
             nbr = (NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
-        if cutlass.const_expr(cfg.colwise and PASSES == 1 and not cfg.transposed and not cfg.fmt.packed):
-            # (transposed: store_transposed; FP4: store_fp4_columns)
-            tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+        if cutlass.const_expr(PASSES == 1 and not RING):  # (a ring's are built where its stores begin)
+            tRow, tCol = self.out_tiles(PK_ROWS, row_data, col_data, co, trow, rbase, g, GROUPED)
         # Each phase call gets its own records (Fields.rec) of this body's values: a record shared
         # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
         k = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, ROWS8=ROWS8, WIDE=WIDE, ROW_MASK=ROW_MASK, is_bf16=is_bf16,
@@ -200,9 +198,9 @@ class PackedKernel:
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
                     row_data=row_data, col_data=col_data)
         staged = Fields({f"in{t}": buf[f"in{t}"] for t in range(NSRC) if staged_src[t]})
-        mis = None
+        stg = None
         if cutlass.const_expr(any(staged_src)):
-            mis = self.stage_loads(k.rec(), Fields(rbase=rbase, lane=lane, warp=warp, col_ok=col_ok, row_end=row_end,
+            stg = self.stage_loads(k.rec(), Fields(rbase=rbase, lane=lane, warp=warp, col_ok=col_ok, row_end=row_end,
                                                    tidx=tidx, cT=cT if UNALIGNED else None,
                                                    ncols=ncols if UNALIGNED else None).rec(smem=staged.copy()),
                                    sources, tiles, once, staged_src)
@@ -218,47 +216,63 @@ class PackedKernel:
                 co, scalars_p = self.op.pass_half(hp, N, scalars, divby=DIVBY)
                 if cutlass.const_expr(hp == 1):
                     cute.arch.sync_threads()  # pass 0's readers of sMax/sSum/sInv are done
-                if cutlass.const_expr(cfg.rowwise):
-                    tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-                if cutlass.const_expr(cfg.colwise and not cfg.transposed):
-                    tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+                tRow, tCol = self.out_tiles(PK_ROWS, row_data, col_data, co, trow, rbase, g, GROUPED)
             else:
                 scalars_p = scalars
             words, absw, cm, dsum = self.values(
                 k.rec(), Fields(lane=lane, warp=warp, tidx=tidx, col_ok=col_ok, rbase=rbase, row_end=row_end,
-                                abs_masks=abs_masks).rec(smem=staged.copy()), hp, frags, mis, once, staged_src, scalars_p)
+                                abs_masks=abs_masks).rec(smem=staged.copy()), hp, frags, stg, once, staged_src, scalars_p)
             sr = None
+            owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
+            if cutlass.const_expr(cfg.col_reduce and RING):  # (their registers free before the row scales')
+                self.publish_columns(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum}), io.rec(), cm, dsum)
+                cm = None
             if cutlass.const_expr(cfg.rowwise):
                 sr = self.row_scale_phase()(k.rec(), Fields(lane=lane, c0=c0, rbase=rbase, rb=rb, g=g, cb=cb, Ms=Ms, co=co,
                                                      gt=gt, nbr=nbr, tidx=tidx).rec(smem={"rs": sRS}), io.rec(), absw)
-            owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
             if cutlass.const_expr(cfg.col_reduce):
                 self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
             if cutlass.const_expr(cfg.rowwise or cfg.colwise):  # (else NVFP4's amax pass: the owners' amax alone)
                 sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv, "max": sMax}), io.rec(), sr)
+                if cutlass.const_expr(RING):
+                    tRow, tCol = self.out_tiles(PK_ROWS, row_data, col_data, co, trow, rbase, g, GROUPED)
                 if cutlass.const_expr(UNALIGNED):
                     self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
                                                          Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
                 elif cutlass.const_expr(cfg.transposed):
                     self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr},
-                                                                   tRow=tRow if cfg.rowwise else None),
+                                                                   tRow=tRow),
                                                io.rec(), words, sr, sc)
                 else:
-                    self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms,
-                                                    tRow=tRow if cfg.rowwise else None,
-                                                    tCol=tCol if cfg.colwise and not cfg.fmt.packed else None,
-                                                    g=g, N=N, rng=rng, c0=c0, M=M, col_data=col_data, lane=lane,
+                    self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N, rng=rng, c0=c0, M=M, col_data=col_data, lane=lane,
                                                     warp=warp, tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}),
                                     words, sr, sc)
+
+    def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
+        """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
+        offset ``co`` (None where the op writes no such copy; the colwise copy of the transposed
+        and FP4 layouts is staged instead, store_transposed, store_fp4_columns), built where the
+        stores begin: their 64-bit addresses then live through no earlier phase."""
+        cfg = self.cfg
+        tRow = tCol = None
+        if cfg.rowwise:
+            tRow = dev.thread_tile(self.op.out_window(row_data, co), (rows, codec.data_cols(cfg.fmt, VEC)), trow, rbase,
+                                   g, grouped)
+        if cfg.colwise and not cfg.transposed and not cfg.fmt.packed:
+            tCol = dev.thread_tile(self.op.out_window(col_data, co), (rows, VEC), trow, rbase, g, grouped)
+        return tRow, tCol
 
     # -- loads -------------------------------------------------------------------------------
     @cute.jit
     def stage_loads(self, k, t, sources, tiles, once, staged_src):
         """Staged loads: every row of every staged input is requested at once with cp.async into
         this thread's own shared-memory slots (one commit group per row) and read back just
-        before its row is computed. Unaligned: each row segment is staged whole (its covering
-        16-byte chunks, copied by the warp) and every lane reads its 8 columns back realigned
-        (unaligned.py). Returns each staged source's misalignment per class of rows (unaligned)."""
+        before its row is computed; where the config stages fewer rows at once
+        (KernelConfig.stage_rows, aligned rows), the first of them, each later row requested by
+        ``values`` into the slot of the row read just before (stage_row). Unaligned: each row
+        segment is staged whole (its covering 16-byte chunks, copied by the warp) and every lane
+        reads its 8 columns back realigned (unaligned.py). Returns a record of each staged
+        source's misalignment per class of rows (unaligned), copy atom and thread tile."""
         NSRC = cutlass.const_expr(len(sources))
         g2s = [cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                    sources[s].element_type, num_bits_per_copy=128) if staged_src[s] else None
@@ -268,19 +282,28 @@ class PackedKernel:
             # each source's rows and their misalignment (one per class of rows 8 apart)
             ga = [ua.row_base(sources[s], t.rbase, t.cT, k.RSTEP) if staged_src[s] else None for s in range(NSRC)]
             mis = [ua.per_class(ga[s], k.PERIOD, ua.chunk_misalignment) if staged_src[s] else None for s in range(NSRC)]
-        for i in cutlass.range_constexpr(k.PK_ROWS):
+        for i in cutlass.range_constexpr(self.cfg.stage_rows(k.UNALIGNED, k.GROUPED)):
             if cutlass.const_expr(k.UNALIGNED):
                 for s in cutlass.range_constexpr(NSRC):
                     if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
                         ua.stage_row(sources[s].element_type, t.smem[f"in{s}"][(t.warp * k.PK_ROWS + i, None)],
                                      ua.row_at(ga[s], i), mis[s][i % k.PERIOD], t.ncols, t.lane,
                                      t.rbase + i * k.RSTEP < t.row_end, k.ZERO_ROWS)
-            elif t.col_ok and t.rbase + i < t.row_end:
-                for s in cutlass.range_constexpr(NSRC):
-                    if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
-                        cute.copy(g2s[s], tiles[s][(i, None)], t.smem[f"in{s}"][(i, t.tidx, None)])
-            cute.arch.cp_async_commit_group()
-        return mis
+                cute.arch.cp_async_commit_group()
+            else:
+                self.stage_row(k, t, i, g2s, tiles, once, staged_src)
+        return SimpleNamespace(mis=mis, g2s=g2s, tiles=tiles)
+
+    @cute.jit
+    def stage_row(self, k, t, i: cutlass.Constexpr, g2s, tiles, once, staged_src):
+        """Aligned rows: row i of each staged source requested (cp.async) into its slot, i modulo
+        the rows staged at once (KernelConfig.stage_rows), as one commit group."""
+        slot = cutlass.const_expr(i % self.cfg.stage_rows(False, k.GROUPED))
+        if t.col_ok and t.rbase + i < t.row_end:
+            for s in cutlass.range_constexpr(len(tiles)):
+                if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
+                    cute.copy(g2s[s], tiles[s][(i, None)], t.smem[f"in{s}"][(slot, t.tidx, None)])
+        cute.arch.cp_async_commit_group()
 
     @cute.jit
     def load_registers(self, k, t, tiles, once, staged_src):
@@ -309,8 +332,9 @@ class PackedKernel:
         """Row i of the staged sources into its fragments ``frag``: pass 0 waits for its copies,
         pass 1 reloads it from shared memory (pass 0's values need not stay live until then)."""
         NSRC = cutlass.const_expr(len(frag))
+        DEPTH = cutlass.const_expr(self.cfg.stage_rows(k.UNALIGNED, k.GROUPED))  # (rows staged at once)
         if cutlass.const_expr(hp == 0):
-            cute.arch.cp_async_wait_group(k.PK_ROWS - 1 - i)  # row i's copies have landed
+            cute.arch.cp_async_wait_group(min(DEPTH - 1, k.PK_ROWS - 1 - i))  # row i's copies have landed
         else:
             for s in cutlass.range_constexpr(NSRC):
                 if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
@@ -325,7 +349,7 @@ class PackedKernel:
             else:
                 for s in cutlass.range_constexpr(NSRC):
                     if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
-                        cute.autovec_copy(t.smem[f"in{s}"][(i, t.tidx, None)], frag[s])
+                        cute.autovec_copy(t.smem[f"in{s}"][(i % DEPTH, t.tidx, None)], frag[s])
 
     def read_unaligned_row(self, t, frag, rplan, srow: int, plan: int, once, staged_src, i: int):
         """Unaligned rows: row ``i`` of each staged source (shared-memory row ``srow``, read plan
@@ -338,9 +362,10 @@ class PackedKernel:
                     fw[j] = got[j]
 
     # -- one output half -----------------------------------------------------------------------
-    def values(self, k, t, hp: int, frags, mis, once, staged_src, scalars):
+    def values(self, k, t, hp: int, frags, stg, once, staged_src, scalars):
         """Each row's values as packed words, their magnitudes, the thread's column maxima (one
-        word per two columns) and dbias sums: (words[i][j], absw[i][j], cm[j], dsum[k])."""
+        word per two columns) and dbias sums: (words[i][j], absw[i][j], cm[j], dsum[k]). ``stg``:
+        stage_loads' record (the staged rows' misalignment; the copies a ring's later rows take)."""
         cfg = self.cfg
         dsum = None
         if cutlass.const_expr(cfg.dbias):
@@ -352,10 +377,13 @@ class PackedKernel:
         cm = None
         rplan = None
         if cutlass.const_expr(k.UNALIGNED and any(staged_src)):
-            rplan = [ua.read_plans(mis[s], t.lane) if staged_src[s] else None for s in range(len(staged_src))]
+            rplan = [ua.read_plans(stg.mis[s], t.lane) if staged_src[s] else None for s in range(len(staged_src))]
+        depth = self.cfg.stage_rows(k.UNALIGNED, k.GROUPED)
         for i in range(k.PK_ROWS):
             if cutlass.const_expr(any(staged_src)):
                 self.read_staged_row(k, t, i, hp, frags[i], rplan, once, staged_src)
+                if cutlass.const_expr(i + depth < k.PK_ROWS):  # (the ring: row i's slot takes row i + depth)
+                    self.stage_row(k, t, i + depth, stg.g2s, stg.tiles, once, staged_src)
             row_words, row_abs = self.row_values(k, t, i, frags[i], scalars, dsum)
             words.append(row_words)
             absw.append(row_abs)
@@ -559,14 +587,8 @@ class PackedKernel:
         scales and stored once per CTA, by one thread, instead of by every warp for its own
         lane's columns; likewise each column's dbias sum."""
         cfg = self.cfg
-        sMax = t.smem["max"]
-        for j in cutlass.range_constexpr(PKW):
-            sMax[t.warp, j * 32 + t.lane] = cm[j]
-        if cutlass.const_expr(cfg.dbias):
-            for c in cutlass.range_constexpr(VEC):
-                t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
-        if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
-            self.thread_amax(t, io, cm[PKW], k.is_bf16)
+        if cutlass.const_expr(cm is not None):
+            self.publish_columns(k, t, io, cm, dsum)
         cute.arch.sync_threads()
         Ns = Int32(cutlass.select_(t.Ms > 0, io.N, Int32(0)))  # column bound of the owners' stores
         if cutlass.const_expr(k.GROUPED and not cfg.fmt.swizzled):
@@ -588,6 +610,18 @@ class PackedKernel:
                     oc = Int32(cutlass.select_(t.tidx < 32 * VEC, oc, Ns))
                 if oc < Ns:
                     io.dbias_ws[t.rb, t.co + oc] = s
+
+    @cute.jit
+    def publish_columns(self, k, t, io, cm, dsum):
+        """The thread's column maxima and dbias sums into shared memory for the column owners
+        (and its amax word's atomic, thread_amax)."""
+        for j in cutlass.range_constexpr(PKW):
+            t.smem["max"][t.warp, j * 32 + t.lane] = cm[j]
+        if cutlass.const_expr(self.cfg.dbias):
+            for c in cutlass.range_constexpr(VEC):
+                t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
+        if cutlass.const_expr(self.cfg.amax and not codec.amax_by_owners(self.cfg)):
+            self.thread_amax(t, io, cm[PKW], k.is_bf16)
 
     @cute.jit
     def thread_amax(self, t, io, am, is_bf16: cutlass.Constexpr):
