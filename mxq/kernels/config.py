@@ -320,21 +320,29 @@ class KernelConfig:
         staged = [(16, False)] * n_sources if (self.stage or unaligned) else []
         return nbytes(self.packed_buffers(staged, unaligned, grouped, depth))
 
-    def stage_rows(self, unaligned: bool, grouped: bool = False) -> int:
+    def stage_rows(self, unaligned: bool, grouped: bool = False, fp16: bool = False) -> int:
         """Rows per thread of each staged source the packed kernel holds in shared memory at once:
         all the thread's rows, or half of them where the 128-row tile is compiled for
-        min_blocks CTAs per SM and only half lets their shared memory share an SM (aligned rows,
-        one pass: a ring, row i + half requested into row i's slot once row i is read; the
+        ``ring_ctas`` CTAs per SM and only half lets their shared memory share an SM (aligned
+        rows, one pass: a ring, row i + half requested into row i's slot once row i is read; the
         shared memory counted with every epilogue tensor and the dact input staged,
         packed_shared_bytes)."""
         rows = self.tile_rows // self.packed_warps(unaligned)
-        if unaligned or self.halves_passes > 1 or self.tuned_min_blocks < 2:
+        ctas = self.ring_ctas(fp16)
+        if unaligned or self.halves_passes > 1 or ctas < 2:
             return rows
         n = self.n_inputs + self.has_dact
-        if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows), self.tuned_min_blocks):
+        if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows), ctas):
             return rows
-        half = self.packed_shared_bytes(n, False, grouped, rows // 2)
-        return rows // 2 if self.ctas_fit(half, self.tuned_min_blocks) else rows
+        return rows // 2 if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows // 2), ctas) else rows
+
+    def ring_ctas(self, fp16: bool = False) -> int:
+        """tuned_min_blocks for the packed kernel of 16-bit inputs (``fp16``: float16, else
+        bfloat16): the library's choice for a dact op is bf16's alone (fp16's conversions spill
+        32 bytes under the cap on sm_90)."""
+        if fp16 and self.tuned.rows128_min_blocks is None and self.computed:
+            return 0
+        return self.tuned_min_blocks
 
     @staticmethod
     def ctas_fit(smem_bytes: int, ctas: int) -> bool:
@@ -439,17 +447,18 @@ class KernelConfig:
         if self.tuned.rows128_min_blocks is not None:
             return self.tuned.rows128_min_blocks
         plain = not self.computed and not self.dbias
-        dact = self.has_dact and not self.halves and self.tile_rows > ROWS
+        dact = self.has_dact and self.dbias and not self.halves and self.tile_rows > ROWS
         return 2 if self.rowwise and self.colwise and (plain or dact) else 0
 
-    def packed_min_blocks(self, unaligned: bool = False, grouped: bool = False) -> int:
-        """CTAs per SM the packed kernel (aligned or ``unaligned`` rows) is compiled for
-        (``min_blocks_per_mp``, a register cap); 0: no cap. tuned_min_blocks where that many
-        CTAs' shared memory (at stage_rows) fits an SM, else none (more registers would not
-        buy a second CTA)."""
-        ctas = self.tuned_min_blocks
+    def packed_min_blocks(self, unaligned: bool = False, grouped: bool = False, fp16: bool = False) -> int:
+        """CTAs per SM the packed kernel (aligned or ``unaligned`` rows; ``fp16`` inputs, else
+        bf16) is compiled for (``min_blocks_per_mp``, a register cap); 0: no cap. ring_ctas where
+        that many CTAs' shared memory (at stage_rows) fits an SM, else none (more registers
+        would not buy a second CTA)."""
+        ctas = self.ring_ctas(fp16)
         n = self.n_inputs + self.has_dact
-        return ctas if ctas and self.ctas_fit(self.packed_shared_bytes(n, unaligned, grouped), ctas) else 0
+        depth = self.stage_rows(unaligned, grouped, fp16)
+        return ctas if ctas and self.ctas_fit(self.packed_shared_bytes(n, unaligned, grouped, depth), ctas) else 0
 
     @property
     def min_blocks(self) -> int:

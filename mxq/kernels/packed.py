@@ -118,8 +118,9 @@ class PackedKernel:
         TILE_ROWS, TILE_COLS = tile(cfg, GROUPED, UNALIGNED)
         DIVBY = cutlass.const_expr(1 if UNALIGNED else VEC)  # what N is a multiple of
         RS_BLOCKS = cutlass.const_expr(TILE_COLS // cfg.fmt.block[1])  # row-scale blocks per tile row
-        # the staged rows are a ring (KernelConfig.stage_rows): phases ordered for registers
-        RING = cutlass.const_expr(cfg.stage_rows(UNALIGNED, GROUPED) < PK_ROWS)
+        # rows per thread staged at once; fewer than PK_ROWS: a ring, its phases ordered for registers
+        DEPTH = cutlass.const_expr(cfg.stage_rows(UNALIGNED, GROUPED, ins[0].element_type is cutlass.Float16))
+        RING = cutlass.const_expr(DEPTH < PK_ROWS)
         if cutlass.const_expr(use_pdl):
             cute.arch.griddepcontrol_launch_dependents()  # dbias_kernel may start; it waits for this grid to finish
         tidx, _, _ = cute.arch.thread_idx()
@@ -142,7 +143,7 @@ class PackedKernel:
         staged_src = [(cfg.stage or UNALIGNED) and not dev.broadcast_cols(src) for src in sources]
         # the CTA's shared memory, declared once (KernelConfig.packed_buffers)
         buffers = cfg.packed_buffers([(s.element_type.width, once[t]) if staged_src[t] else None
-                                      for t, s in enumerate(sources)], UNALIGNED, GROUPED)
+                                      for t, s in enumerate(sources)], UNALIGNED, GROUPED, DEPTH)
         if cutlass.const_expr(len(buffers) > 0):
             buf = shared.allocate(cutlass.memory.SmemAllocator(), buffers,
                                   {f"in{t}": s.element_type for t, s in enumerate(sources)})
@@ -193,7 +194,8 @@ class PackedKernel:
         # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
         k = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, ROWS8=ROWS8, WIDE=WIDE, ROW_MASK=ROW_MASK, is_bf16=is_bf16,
                    WARPS=WARPS, NTHREADS=NTHREADS, PK_ROWS=PK_ROWS, RSTEP=RSTEP, PERIOD=PERIOD, TILE_ROWS=TILE_ROWS,
-                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, use_hw_e8m0=use_hw_e8m0, IN_MAX=codec.input_max(ins[0].element_type),
+                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, DEPTH=DEPTH, RING=RING, use_hw_e8m0=use_hw_e8m0,
+                   IN_MAX=codec.input_max(ins[0].element_type),
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
                     row_data=row_data, col_data=col_data)
@@ -282,7 +284,7 @@ class PackedKernel:
             # each source's rows and their misalignment (one per class of rows 8 apart)
             ga = [ua.row_base(sources[s], t.rbase, t.cT, k.RSTEP) if staged_src[s] else None for s in range(NSRC)]
             mis = [ua.per_class(ga[s], k.PERIOD, ua.chunk_misalignment) if staged_src[s] else None for s in range(NSRC)]
-        for i in cutlass.range_constexpr(self.cfg.stage_rows(k.UNALIGNED, k.GROUPED)):
+        for i in cutlass.range_constexpr(k.DEPTH):
             if cutlass.const_expr(k.UNALIGNED):
                 for s in cutlass.range_constexpr(NSRC):
                     if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
@@ -298,7 +300,7 @@ class PackedKernel:
     def stage_row(self, k, t, i: cutlass.Constexpr, g2s, tiles, once, staged_src):
         """Aligned rows: row i of each staged source requested (cp.async) into its slot, i modulo
         the rows staged at once (KernelConfig.stage_rows), as one commit group."""
-        slot = cutlass.const_expr(i % self.cfg.stage_rows(False, k.GROUPED))
+        slot = cutlass.const_expr(i % k.DEPTH)
         if t.col_ok and t.rbase + i < t.row_end:
             for s in cutlass.range_constexpr(len(tiles)):
                 if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
@@ -332,7 +334,7 @@ class PackedKernel:
         """Row i of the staged sources into its fragments ``frag``: pass 0 waits for its copies,
         pass 1 reloads it from shared memory (pass 0's values need not stay live until then)."""
         NSRC = cutlass.const_expr(len(frag))
-        DEPTH = cutlass.const_expr(self.cfg.stage_rows(k.UNALIGNED, k.GROUPED))  # (rows staged at once)
+        DEPTH = cutlass.const_expr(k.DEPTH)
         if cutlass.const_expr(hp == 0):
             cute.arch.cp_async_wait_group(min(DEPTH - 1, k.PK_ROWS - 1 - i))  # row i's copies have landed
         else:
@@ -378,25 +380,59 @@ class PackedKernel:
         rplan = None
         if cutlass.const_expr(k.UNALIGNED and any(staged_src)):
             rplan = [ua.read_plans(stg.mis[s], t.lane) if staged_src[s] else None for s in range(len(staged_src))]
-        depth = self.cfg.stage_rows(k.UNALIGNED, k.GROUPED)
+        depth = k.DEPTH
         for i in range(k.PK_ROWS):
             if cutlass.const_expr(any(staged_src)):
                 self.read_staged_row(k, t, i, hp, frags[i], rplan, once, staged_src)
                 if cutlass.const_expr(i + depth < k.PK_ROWS):  # (the ring: row i's slot takes row i + depth)
                     self.stage_row(k, t, i + depth, stg.g2s, stg.tiles, once, staged_src)
             row_words, row_abs = self.row_values(k, t, i, frags[i], scalars, dsum)
-            words.append(row_words)
-            absw.append(row_abs)
             if cutlass.const_expr(cfg.col_reduce):
                 if cutlass.const_expr(i == 0):
-                    cm = list(absw[0])  # this thread's column maxima, one word per two columns
+                    cm = list(row_abs)  # this thread's column maxima, one word per two columns
                 else:
-                    cm = [dev.pk_max(cm[j], absw[i][j], k.is_bf16, codec.column_max_nan(cfg)) for j in range(PKW)]
+                    cm = [dev.pk_max(cm[j], row_abs[j], k.is_bf16, codec.column_max_nan(cfg)) for j in range(PKW)]
             if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
-                am = self.fold_amax(am if i > 0 else None, absw[i], k.is_bf16)
+                am = self.fold_amax(am if i > 0 else None, row_abs, k.is_bf16)
+            if cutlass.const_expr(depth < k.PK_ROWS and i >= k.PK_ROWS - depth):  # (its slot takes no later row)
+                # the row's reductions first, so that its words leave registers here
+                row_abs = [self.row_partial(row_abs, k.is_bf16, codec.block_amax_nan(cfg.fmt))]
+                row_words = self.park(t, i % depth, row_words, once, staged_src)
+            words.append(row_words)
+            absw.append(row_abs)
         if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
             cm.append(am)  # (a last word: the NaN-propagating maximum of all the thread's values)
         return words, absw, cm, dsum
+
+    @staticmethod
+    def row_partial(row_abs, is_bf16: bool, nan: bool):
+        """A row's maximum word of its magnitudes ``row_abs`` (itself where already one word)."""
+        if len(row_abs) == 1:
+            return row_abs[0]
+        a = row_abs
+        return dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, nan), dev.pk_max(a[2], a[3], is_bf16, nan), is_bf16, nan)
+
+    @staticmethod
+    def park(t, slot: int, row_words, once, staged_src):
+        """A ring's row read from a slot that takes no later row: its words stored there (the first
+        full staged source's slot ``slot``), in registers again only where the stores begin
+        (unpark). Returns the slot, as words."""
+        s = next(s for s in range(len(staged_src)) if staged_src[s] and not once[s])
+        at = cute.recast_tensor(t.smem[f"in{s}"][(slot, t.tidx, None)], Uint32)
+        fr = cute.make_rmem_tensor(cute.make_layout(PKW), Uint32)
+        for j in range(PKW):
+            fr[j] = row_words[j]
+        cute.autovec_copy(fr, at)
+        return at
+
+    @staticmethod
+    def unpark(row_words):
+        """A row's words: ``row_words`` itself, or where park left them in shared memory, loaded."""
+        if isinstance(row_words, list):
+            return row_words
+        fr = cute.make_rmem_tensor(cute.make_layout(PKW), Uint32)
+        cute.autovec_copy(row_words, fr)
+        return [fr[j] for j in range(PKW)]
 
     @staticmethod
     def fold_amax(am, row_abs, is_bf16: bool):
@@ -530,8 +566,7 @@ class PackedKernel:
         LANES = cutlass.const_expr(codec.block_lanes(cfg.fmt, VEC))
         SPAN = cutlass.const_expr(LANES // k.PK_ROWS)  # lanes that finish the same row
         lane = t.lane
-        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, NAN), dev.pk_max(a[2], a[3], is_bf16, NAN), is_bf16, NAN)
-              for a in absw]
+        rp = [self.row_partial(a, is_bf16, NAN) for a in absw]
         for st in cutlass.range_constexpr(k.PK_ROWS.bit_length() - 1):  # reduce-scatter: offsets LANES / 2, ...
             off = LANES >> (st + 1)
             h = len(rp) // 2
@@ -808,15 +843,18 @@ class PackedKernel:
         if cutlass.const_expr(SR):
             seed, offset = t.rng[0], t.rng[1]
         if cutlass.const_expr(cfg.rowwise or not cfg.fmt.packed):
+            first, end = t.rbase, t.Ms  # row i is stored where first + i < end
+            if cutlass.const_expr(k.RING):  # (one register for every row's bound: i < Ms - rbase)
+                first, end = Int32(0), t.Ms - t.rbase
             for i in cutlass.range_constexpr(k.PK_ROWS):
                 if cutlass.const_expr(SR and i % 2 == 0):
                     assert k.PK_ROWS % 2 == 0
                     pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, seed, offset)
-                if t.col_ok and t.rbase + i < t.Ms:
+                if t.col_ok and first + i < end:
                     rand = None
                     if cutlass.const_expr(SR):
                         rand = pair[2 * (i % 2):2 * (i % 2) + 2]
-                    qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16,
+                    qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc, k.is_bf16,
                                                k.use_hw_e8m0, rand)
                     if cutlass.const_expr(cfg.rowwise):
                         cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
@@ -878,7 +916,7 @@ class PackedKernel:
         cfg = self.cfg
         qcs = []
         for i in cutlass.range_constexpr(k.PK_ROWS):
-            qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16)
+            qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc, k.is_bf16)
             if cutlass.const_expr(cfg.rowwise):
                 if t.col_ok and t.rbase + i < t.Ms:
                     cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
