@@ -54,6 +54,25 @@ def fp4_column_slot(warp, c):
     return warp * VCOLS + ((c & ~7) | ((c & 7) ^ ((c >> 5) & 7)))
 
 
+def ring_wait(i: int, depth: int, rows: int) -> int:
+    """Staged rows (one cp.async commit group each, ``depth`` of a thread's ``rows`` at once):
+    the groups that may still be pending when row i is read (``cp.async.wait_group``). Rows 0 ..
+    depth - 1 are requested first, each later row once the row ``depth`` before it is read
+    (ring_next), so row i's read follows min(i + depth, rows) commits, i + 1 of them needed."""
+    return min(depth - 1, rows - 1 - i)
+
+
+def ring_next(i: int, depth: int, rows: int):
+    """The row requested into row i's slot (i % depth) once row i is read, or None."""
+    return i + depth if i + depth < rows else None
+
+
+def ring_parks(i: int, depth: int, rows: int) -> bool:
+    """Row i's words are parked in its slot after it is read (PackedKernel.park): a ring's slot
+    that takes no later row."""
+    return depth < rows and ring_next(i, depth, rows) is None
+
+
 def tile(cfg, grouped: bool = False, unaligned: bool = False):
     """(rows, columns) of one CTA's tile."""
     if cfg.wide_tile(grouped, unaligned):
@@ -336,7 +355,7 @@ class PackedKernel:
         NSRC = cutlass.const_expr(len(frag))
         DEPTH = cutlass.const_expr(k.DEPTH)
         if cutlass.const_expr(hp == 0):
-            cute.arch.cp_async_wait_group(min(DEPTH - 1, k.PK_ROWS - 1 - i))  # row i's copies have landed
+            cute.arch.cp_async_wait_group(ring_wait(i, DEPTH, k.PK_ROWS))  # row i's copies have landed
         else:
             for s in cutlass.range_constexpr(NSRC):
                 if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
@@ -384,8 +403,8 @@ class PackedKernel:
         for i in range(k.PK_ROWS):
             if cutlass.const_expr(any(staged_src)):
                 self.read_staged_row(k, t, i, hp, frags[i], rplan, once, staged_src)
-                if cutlass.const_expr(i + depth < k.PK_ROWS):  # (the ring: row i's slot takes row i + depth)
-                    self.stage_row(k, t, i + depth, stg.g2s, stg.tiles, once, staged_src)
+                if cutlass.const_expr(ring_next(i, depth, k.PK_ROWS) is not None):  # (row i's slot takes the next)
+                    self.stage_row(k, t, ring_next(i, depth, k.PK_ROWS), stg.g2s, stg.tiles, once, staged_src)
             row_words, row_abs = self.row_values(k, t, i, frags[i], scalars, dsum)
             if cutlass.const_expr(cfg.col_reduce):
                 if cutlass.const_expr(i == 0):
@@ -394,7 +413,7 @@ class PackedKernel:
                     cm = [dev.pk_max(cm[j], row_abs[j], k.is_bf16, codec.column_max_nan(cfg)) for j in range(PKW)]
             if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
                 am = self.fold_amax(am if i > 0 else None, row_abs, k.is_bf16)
-            if cutlass.const_expr(depth < k.PK_ROWS and i >= k.PK_ROWS - depth):  # (its slot takes no later row)
+            if cutlass.const_expr(ring_parks(i, depth, k.PK_ROWS)):
                 # the row's reductions first, so that its words leave registers here
                 row_abs = [self.row_partial(row_abs, k.is_bf16, codec.block_amax_nan(cfg.fmt))]
                 row_words = self.park(t, i % depth, row_words, once, staged_src)
