@@ -89,9 +89,11 @@ class Tuning:
     5-12 (equal or slower).
     ``rows128_min_blocks``: CTAs per SM the packed kernel's 128-row tile (FP8 block scaling's
     colwise blocks, KernelConfig.tile_rows) is compiled for (``min_blocks_per_mp``, a register
-    cap); 0: no cap; None (the default): the library's choice, KernelConfig.min_blocks. Rowwise
-    + colwise compiles to 81 registers on that 512-thread tile, which holds it at one CTA per SM
-    (65,536 registers); capped at 2: 64, no spills (ptxas).
+    cap; and its shared memory: KernelConfig.stage_rows); 0: no cap; None (the default): the
+    library's choice, KernelConfig.tuned_min_blocks. Rowwise + colwise compiles to 81 registers
+    on that 512-thread tile, which holds it at one CTA per SM (65,536 registers); capped at 2:
+    64, no spills (ptxas). A cap whose CTAs' shared memory would not share an SM is none
+    (KernelConfig.packed_min_blocks).
     ``dbias_group_rows``: a grouped dbias reduction whose groups average at most this many rows
     (M <= dbias_group_rows * G) runs reduce.dbias_groups_kernel, a warp per group, 8 groups per
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those

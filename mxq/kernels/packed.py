@@ -17,7 +17,9 @@ Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = 32 / W rows per thread):
 
 The kernel body finds the thread's place and the CTA's shared memory (KernelConfig.packed_buffers)
 and runs the phases, each a method below with one job: ``stage_loads`` (cp.async of every row,
-ops with arithmetic and unaligned rows), ``load_registers``; then per output half ``values``
+ops with arithmetic and unaligned rows; where KernelConfig.stage_rows stages half the rows at
+once, a ring whose later rows ``values`` requests, ``stage_row``), ``load_registers``; then per
+output half ``values``
 (the op, rounding, magnitudes, dbias sums: ``row_values``), ``row_scales``, ``column_owners``
 after one barrier, and one pass over the rows that widens each word once for both directions'
 FP8 bytes and stores them (``store_rows`` / ``store_unaligned``). The grid is (column tiles, row
@@ -386,7 +388,9 @@ class PackedKernel:
     def values(self, k, t, hp: int, frags, stg, once, staged_src, scalars):
         """Each row's values as packed words, their magnitudes, the thread's column maxima (one
         word per two columns) and dbias sums: (words[i][j], absw[i][j], cm[j], dsum[k]). ``stg``:
-        stage_loads' record (the staged rows' misalignment; the copies a ring's later rows take)."""
+        stage_loads' record (the staged rows' misalignment; the copies a ring's later rows take).
+        A ring's rows whose slots take no later row (ring_parks) leave their words in the slot
+        (words[i]: the slot, PackedKernel.unpark) and their magnitudes as one row maximum word."""
         cfg = self.cfg
         dsum = None
         if cutlass.const_expr(cfg.dbias):
