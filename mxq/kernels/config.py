@@ -440,10 +440,11 @@ class KernelConfig:
         """CTAs per SM the packed kernel's 128-row tile is meant for (Tuning.rows128_min_blocks);
         0: no register cap. The library's choice: 2 for a plain cast writing both directions (81
         registers hold it at one 512-thread CTA per SM; capped, 64 and no spills: 88-93% of copy
-        against 67-70% on the H200, docs/performance.md) and for a dact op writing both (dbias or
-        not; its two staged inputs then take half the rows at once, stage_rows); none for the
-        rest (act ops compile to 64 registers uncapped; a plain cast with dbias spills under the
-        cap)."""
+        against 67-70% on the H200, docs/performance.md) and for a dact op with dbias writing both
+        (its two staged inputs then take half the rows at once, stage_rows: 64 registers, no
+        spills for dgelu on sm_90, 8 bytes for the other dacts; bf16 inputs, ring_ctas); none
+        for the rest (act ops compile to 64 registers uncapped; dgelu without dbias and a plain
+        cast with dbias spill under the cap)."""
         if self.tile_rows == ROWS:
             return 0
         if self.tuned.rows128_min_blocks is not None:

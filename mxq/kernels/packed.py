@@ -263,13 +263,12 @@ class PackedKernel:
                     self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
                                                          Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
                 elif cutlass.const_expr(cfg.transposed):
-                    self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr},
-                                                                   tRow=tRow),
+                    self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr}, tRow=tRow),
                                                io.rec(), words, sr, sc)
                 else:
-                    self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N, rng=rng, c0=c0, M=M, col_data=col_data, lane=lane,
-                                                    warp=warp, tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}),
-                                    words, sr, sc)
+                    self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
+                                                    rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
+                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}), words, sr, sc)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
