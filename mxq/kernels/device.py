@@ -341,8 +341,8 @@ def e2m1x2_codes(w, ops=PAIR_DEVICE):
     small = ops.add_bf16x2(ops.min16x2(a, U32(BF16X2_ONE)), U32(BF16X2_64)) - U32(BF16X2_64)  # 0, 1, 2
     r = ((a + U32(0x001F001F) + ((a >> U32(6)) & U32(0x00010001))) >> U32(6)) & U32(0x03FF03FF)
     normal = ops.min16x2(ops.max16x2(r, U32(0x00FE00FE)), U32(0x01030103)) - U32(0x00FE00FE)  # 0 below 1; to 5
-    nan = ops.min16x2(ops.max16x2(a, U32(BF16X2_INF)) - U32(BF16X2_INF), U32(0x00010001))
-    sign = (w >> U32(12)) & (U32(0x00080008) ^ (nan << U32(3)))
+    nan = a + U32(0x007F007F)  # bit 15 of a lane: set exactly where it is NaN (a > 0x7F80; no carry out)
+    sign = ((w & (nan ^ U32(0xFFFFFFFF))) & U32(0x80008000)) >> U32(12)
     return small + normal + sign
 
 
