@@ -182,6 +182,11 @@ class PAIRS:
         return PAIRS._lanes(PAIRS._arith(True), a, b)
 
     @staticmethod
+    def lop3(a, b, c, lut: int):
+        """Bit i of the result is bit (a_i << 2 | b_i << 1 | c_i) of the look-up table."""
+        return sum(((lut >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1))) & 1) << i for i in range(32))
+
+    @staticmethod
     def prmt(a, b, selector: int):
         src = (a & 0xFFFFFFFF) | ((b & 0xFFFFFFFF) << 32)
         return sum(((src >> (8 * ((selector >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))

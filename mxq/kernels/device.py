@@ -324,6 +324,13 @@ class PAIR_DEVICE(DEVICE):
     def prmt(a, b, selector: int):
         return prmt(a, b, selector)
 
+    @staticmethod
+    def lop3(a, b, c, lut: int):
+        """lop3.b32 (bit i of the result: bit 4a_i + 2b_i + c_i of ``lut``), one instruction that
+        LLVM cannot split (it moves a mask past a shift, which ptxas then issues apart)."""
+        return cute.arch.inline_ptx(f"lop3.b32 {{$w0}}, {{$r0}}, {{$r1}}, {{$r2}}, {lut};", write_only_types=[Uint32],
+                                    read_only_args=[Uint32(a), Uint32(b), Uint32(c)])
+
 
 def bf16x2_rto(lo, hi, ops=PAIR_DEVICE):
     """The fp32 bits ``lo``, ``hi`` as one word of two bf16 rounded to odd (lo in the low lane):
@@ -342,7 +349,7 @@ def e2m1x2_codes(w, ops=PAIR_DEVICE):
     r = ((a + U32(0x001F001F) + ((a >> U32(6)) & U32(0x00010001))) >> U32(6)) & U32(0x03FF03FF)
     normal = ops.min16x2(ops.max16x2(r, U32(0x00FE00FE)), U32(0x01030103)) - U32(0x00FE00FE)  # 0 below 1; to 5
     nan = a + U32(0x007F007F)  # bit 15 of a lane: set exactly where it is NaN (a > 0x7F80; no carry out)
-    sign = ((w & (nan ^ U32(0xFFFFFFFF))) & U32(0x80008000)) >> U32(12)
+    sign = ops.lop3(w, nan, U32(0x80008000), 0x20) >> U32(12)  # w & ~nan & 0x80008000: the sign bits kept
     return small + normal + sign
 
 
