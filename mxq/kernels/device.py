@@ -290,7 +290,8 @@ def e2m1x8_bf16(words, mult):
     per pair replaces two fp32 multiplies and the rounding to bf16."""
     m = mult.bitcast(Uint32)
     m2 = prmt(m, m, 0x3232)  # (the high half in both lanes)
-    return e2m1x8_from_pairs([e2m1x2_codes(PAIR_DEVICE.mul_bf16x2(w, m2)) for w in words])
+    return e2m1x8_from_pairs([e2m1x2_scaled_codes(w, m2) for w in words])
+
 
 
 # --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has add/mul.bf16x2 and min/max.u16x2) --
@@ -340,17 +341,31 @@ def bf16x2_rto(lo, hi, ops=PAIR_DEVICE):
     return kept | ops.min16x2(ops.prmt(lo, hi, 0x5410), U32(0x00010001))
 
 
-def e2m1x2_codes(w, ops=PAIR_DEVICE):
+NAN_LANES = 0x007F007F  # |x| + this sets bit 15 of a 16-bit lane exactly where |x| is NaN (no carry out)
+
+
+def e2m1x2_codes(w, ops=PAIR_DEVICE, nan=None):
     """The E2M1 codes of the two bf16 values of word ``w`` (bits), each in the low nibble of its
-    lane: e2m1_code's rule (round to nearest even, saturating at 6, the sign kept, NaN -> 0x7)."""
+    lane: e2m1_code's rule (round to nearest even, saturating at 6, the sign kept, NaN -> 0x7).
+    ``nan``: a word whose lanes' bit 15 marks the NaN lanes (default |w| + NAN_LANES; a caller
+    that knows them otherwise, e2m1x2_scaled_codes, passes its own)."""
     U32 = ops.U32
     a = w & U32(0x7FFF7FFF)
     small = ops.add_bf16x2(ops.min16x2(a, U32(BF16X2_ONE)), U32(BF16X2_64)) - U32(BF16X2_64)  # 0, 1, 2
     r = ((a + U32(0x001F001F) + ((a >> U32(6)) & U32(0x00010001))) >> U32(6)) & U32(0x03FF03FF)
     normal = ops.min16x2(ops.max16x2(r, U32(0x00FE00FE)), U32(0x01030103)) - U32(0x00FE00FE)  # 0 below 1; to 5
-    nan = a + U32(0x007F007F)  # bit 15 of a lane: set exactly where it is NaN (a > 0x7F80; no carry out)
+    if nan is None:
+        nan = a + U32(NAN_LANES)  # bit 15 of a lane: set exactly where it is NaN (a > 0x7F80)
     sign = ops.lop3(w, nan, U32(0x80008000), 0x20) >> U32(12)  # w & ~nan & 0x80008000: the sign bits kept
     return small + normal + sign
+
+
+def e2m1x2_scaled_codes(w, m2, ops=PAIR_DEVICE):
+    """e2m1x2_codes of the bf16 pair ``w`` times ``m2`` (an E8M0 inverse scale's bf16 in both lanes)
+    in one mul.rn.bf16x2, the NaN lanes those of the multiplier (m2 + NAN_LANES: one add per row,
+    the same for every pair of it): a product is NaN only where the scale is (a NaN element makes
+    its block's scale 255, and no E8M0 inverse scale is 0), and then in both lanes."""
+    return e2m1x2_codes(ops.mul_bf16x2(w, m2), ops, m2 + ops.U32(NAN_LANES))
 
 
 def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
