@@ -375,8 +375,9 @@ def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
     U32 = ops.U32
     halves = []
     for h in range(2):
-        x = codes[2 * h] | (codes[2 * h + 1] << U32(8))  # bytes: e0, e2, e1, e3 (one code each)
-        halves.append(x | (x >> U32(12)))  # low half: e0 | e1 << 4, e2 | e3 << 4
+        # (sums of disjoint bits: ptxas folds the codes' constants into one add and the shifts into lea)
+        x = codes[2 * h] + (codes[2 * h + 1] << U32(8))  # bytes: e0, e2, e1, e3 (one code each)
+        halves.append(x + (x >> U32(12)))  # low half: e0 | e1 << 4, e2 | e3 << 4
     return ops.prmt(halves[0], halves[1], 0x5410)
 
 
