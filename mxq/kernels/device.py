@@ -272,13 +272,13 @@ def e2m1x8(vals, use_hw: bool):
     """Eight scaled fp32 values as one word of E2M1 codes, value k in bits 4k..4k+3 (element 2j
     in the low nibble of byte j): sm_100a's cvt.rn.satfinite.e2m1x2.f32 (``use_hw``; its first
     source goes to the high nibble), else two at a time in 16-bit lanes: each pair rounded to
-    bf16 by round-to-odd (bf16x2_rto), then e2m1x2_codes."""
+    bf16 by round-to-odd (bf16x2_rto), then e2m1x2_codes (e2m1x2_rto_codes)."""
     if use_hw:
         cvts = " ".join(f"cvt.rn.satfinite.e2m1x2.f32 b{j}, {{$r{2 * j + 1}}}, {{$r{2 * j}}};" for j in range(4))
         return cute.arch.inline_ptx(
             f"{{ .reg .b8 b0, b1, b2, b3; {cvts} mov.b32 {{$w0}}, {{b0, b1, b2, b3}}; }}",
             write_only_types=[Uint32], read_only_args=list(vals))
-    return e2m1x8_from_pairs([e2m1x2_codes(bf16x2_rto(vals[2 * j].bitcast(Uint32), vals[2 * j + 1].bitcast(Uint32)))
+    return e2m1x8_from_pairs([e2m1x2_rto_codes(vals[2 * j].bitcast(Uint32), vals[2 * j + 1].bitcast(Uint32))
                               for j in range(4)])
 
 
@@ -336,21 +336,28 @@ class PAIR_DEVICE(DEVICE):
 def bf16x2_rto(lo, hi, ops=PAIR_DEVICE):
     """The fp32 bits ``lo``, ``hi`` as one word of two bf16 rounded to odd (lo in the low lane):
     each high half, its last bit set where the dropped half is nonzero (inf stays inf, NaN NaN)."""
-    U32 = ops.U32
-    kept = ops.prmt(lo, hi, 0x7632)
-    return kept | ops.min16x2(ops.prmt(lo, hi, 0x5410), U32(0x00010001))
+    kept, sticky = bf16x2_rto_parts(lo, hi, ops)
+    return kept | sticky
+
+
+def bf16x2_rto_parts(lo, hi, ops=PAIR_DEVICE):
+    """bf16x2_rto's two parts: (the high halves, each lane's last bit: 1 where the dropped half
+    is nonzero)."""
+    return ops.prmt(lo, hi, 0x7632), ops.min16x2(ops.prmt(lo, hi, 0x5410), ops.U32(0x00010001))
 
 
 NAN_LANES = 0x007F007F  # |x| + this sets bit 15 of a 16-bit lane exactly where |x| is NaN (no carry out)
 
 
-def e2m1x2_codes(w, ops=PAIR_DEVICE, nan=None):
+def e2m1x2_codes(w, ops=PAIR_DEVICE, nan=None, sticky=None):
     """The E2M1 codes of the two bf16 values of word ``w`` (bits), each in the low nibble of its
     lane: e2m1_code's rule (round to nearest even, saturating at 6, the sign kept, NaN -> 0x7).
     ``nan``: a word whose lanes' bit 15 marks the NaN lanes (default |w| + NAN_LANES; a caller
-    that knows them otherwise, e2m1x2_scaled_codes, passes its own)."""
+    that knows them otherwise, e2m1x2_scaled_codes, passes its own); ``sticky``: last bits OR'ed
+    into the values (round-to-odd's, e2m1x2_rto_codes: |w| then takes one lop3, and the sign
+    and the kept bit do not depend on them)."""
     U32 = ops.U32
-    a = w & U32(0x7FFF7FFF)
+    a = w & U32(0x7FFF7FFF) if sticky is None else ops.lop3(w, sticky, U32(0x7FFF7FFF), 0xA8)  # (w | s) & m
     small = ops.add_bf16x2(ops.min16x2(a, U32(BF16X2_ONE)), U32(BF16X2_64)) - U32(BF16X2_64)  # 0, 1, 2
     r = ((a + U32(0x001F001F) + ((a >> U32(6)) & U32(0x00010001))) >> U32(6)) & U32(0x03FF03FF)
     normal = ops.min16x2(ops.max16x2(r, U32(0x00FE00FE)), U32(0x01030103)) - U32(0x00FE00FE)  # 0 below 1; to 5
@@ -358,6 +365,13 @@ def e2m1x2_codes(w, ops=PAIR_DEVICE, nan=None):
         nan = a + U32(NAN_LANES)  # bit 15 of a lane: set exactly where it is NaN (a > 0x7F80)
     sign = ops.lop3(w, nan, U32(0x80008000), 0x20) >> U32(12)  # w & ~nan & 0x80008000: the sign bits kept
     return small + normal + sign
+
+
+def e2m1x2_rto_codes(lo, hi, ops=PAIR_DEVICE):
+    """e2m1x2_codes of the fp32 bits ``lo``, ``hi`` rounded to odd bf16 (bf16x2_rto), the sticky
+    bits kept apart (bf16x2_rto_parts)."""
+    kept, sticky = bf16x2_rto_parts(lo, hi, ops)
+    return e2m1x2_codes(kept, ops, sticky=sticky)
 
 
 def e2m1x2_scaled_codes(w, m2, ops=PAIR_DEVICE):
