@@ -139,47 +139,45 @@ def _bf16_rn(num: int, exp: int) -> int:
 
 class PAIRS:
     """device.PAIR_DEVICE's lane operations on Python ints, written from PTX's definitions
-    (per-lane unsigned min/max; bf16 add and multiply rounded once to nearest even)."""
+    (per-lane unsigned min; bf16 fma, a * b + c exactly, rounded once to nearest even, and
+    multiply, a * b + (-0) likewise; NaN results the canonical NaN)."""
 
     U32 = staticmethod(dev.HOST.U32)
 
     @staticmethod
-    def _lanes(f, a, b):
-        return f(a & 0xFFFF, b & 0xFFFF) | (f(a >> 16 & 0xFFFF, b >> 16 & 0xFFFF) << 16)
+    def _lanes(f, *words):
+        return sum(f(*(w >> k & 0xFFFF for w in words)) << k for k in (0, 16))
 
     @staticmethod
     def min16x2(a, b):
         return PAIRS._lanes(min, a, b)
 
     @staticmethod
-    def max16x2(a, b):
-        return PAIRS._lanes(max, a, b)
+    def _fma(x, y, z):
+        """One lane of fma.rn.bf16x2."""
+        if any(v & 0x7FFF > 0x7F80 for v in (x, y, z)):
+            return 0x7FFF  # (the canonical NaN)
+        psign, zsign = (x ^ y) & 0x8000, z & 0x8000
+        if x & 0x7FFF == 0x7F80 or y & 0x7FFF == 0x7F80:  # an infinite product
+            if not (x & 0x7FFF and y & 0x7FFF) or (z & 0x7FFF == 0x7F80 and zsign != psign):
+                return 0x7FFF  # (inf * 0, inf - inf)
+            return 0x7F80 | psign
+        if z & 0x7FFF == 0x7F80:
+            return z
+        (nx, ex), (ny, ey), (nz, ez) = _bf16_exact(x), _bf16_exact(y), _bf16_exact(z)
+        exp = min(ex + ey, ez)
+        num = ((nx * ny) << (ex + ey - exp)) + (nz << (ez - exp))
+        if num == 0:  # (an exact zero: -0 only from -0 + -0)
+            return 0x8000 if psign and zsign and not (nx * ny) and not nz else 0
+        return _bf16_rn(abs(num), exp) | (0x8000 if num < 0 else 0)
 
     @staticmethod
-    def _arith(mul):
-        def lane(x, y):
-            sign = (x ^ y) & 0x8000 if mul else 0
-            if (x & 0x7FFF) > 0x7F80 or (y & 0x7FFF) > 0x7F80:
-                return 0x7FFF  # (the canonical NaN)
-            if (x & 0x7FFF) == 0x7F80 or (y & 0x7FFF) == 0x7F80:
-                assert mul and x & 0x7FFF and y & 0x7FFF, "only finite sums and nonzero products with inf"
-                return 0x7F80 | sign
-            (nx, ex), (ny, ey) = _bf16_exact(x), _bf16_exact(y)
-            if mul:
-                num, exp = nx * ny, ex + ey
-            else:
-                exp = min(ex, ey)
-                num = (nx << (ex - exp)) + (ny << (ey - exp))
-            return _bf16_rn(abs(num), exp) | (0x8000 if num < 0 or (num == 0 and mul and (x ^ y) & 0x8000) else 0)
-        return lane
-
-    @staticmethod
-    def add_bf16x2(a, b):
-        return PAIRS._lanes(PAIRS._arith(False), a, b)
+    def fma_bf16x2(a, b, c):
+        return PAIRS._lanes(PAIRS._fma, a, b, c)
 
     @staticmethod
     def mul_bf16x2(a, b):
-        return PAIRS._lanes(PAIRS._arith(True), a, b)
+        return PAIRS._lanes(PAIRS._fma, a, b, 0x80008000)
 
     @staticmethod
     def lop3(a, b, c, lut: int):
@@ -193,16 +191,23 @@ class PAIRS:
 
 
 class PAIRS_SIGNED_NAN(PAIRS):
-    """PAIRS with a NaN product signed as the operands' signs say (PTX leaves a NaN result's sign
-    open): the encode must not depend on it."""
+    """PAIRS with a NaN result signed as the product's operands say (PTX leaves a NaN result's
+    sign open): the encode must not depend on it."""
 
     @staticmethod
-    def mul_bf16x2(a, b):
-        r = PAIRS.mul_bf16x2(a, b)
+    def _signed(r, a, b):
         for k in (0, 16):
             if (r >> k) & 0x7FFF > 0x7F80:
                 r |= ((a ^ b) >> k & 0x8000) << k
         return r
+
+    @staticmethod
+    def mul_bf16x2(a, b):
+        return PAIRS_SIGNED_NAN._signed(PAIRS.mul_bf16x2(a, b), a, b)
+
+    @staticmethod
+    def fma_bf16x2(a, b, c):
+        return PAIRS_SIGNED_NAN._signed(PAIRS.fma_bf16x2(a, b, c), a, b)
 
 
 def _bf16_code(h: int) -> int:

@@ -294,15 +294,18 @@ def e2m1x8_bf16(words, mult):
 
 
 
-# --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has add/mul.bf16x2 and min/max.u16x2) --
-# The rule of e2m1_code on bf16 bits: |y| < 1 rounds to 0, 0.5 or 1 as 64 + |y| does in bf16
-# (whose spacing on [64, 128) is 0.5: round to nearest even on the half-units, the E2M1 ties);
-# from 1 on the bits rounded to one mantissa bit, minus 254, are the code minus 2; codes add
-# (each lane's sum is at most 15, so lanes never carry into each other). A bf16 rounded to odd
-# from fp32 (8 significant bits) rounds to E2M1 (at most 2) exactly as the fp32 value would.
-BF16X2_ONE = 0x3F803F80  # 1.0 in both lanes
-BF16X2_64 = 0x42804280  # 64.0: the bf16 addend whose spacing is E2M1's below 2
-BF16X2_INF = 0x7F807F80
+# --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has fma.bf16x2 and min/max.u16x2) ----
+# The rule of e2m1_code on bf16 bits: E2M1's code of |y| is min(2|y|, |y| + 2, |y| / 2 + 4, 7)
+# rounded to the nearest integer, ties to even (the three lines meet at |y| = 2 and 4, their
+# slopes E2M1's spacings 0.5, 1 and 2; the offsets are even, so an even integer is an even code;
+# rounding commutes with min). Each line plus 128 is one fma.rn.bf16x2 (an exact product and sum
+# rounded once, in [128, 256) to bf16's spacing 1 there), so the lane's code is the unsigned min
+# of the three results and 128 + 7, minus 128's bits; inf and NaN (any sign) take the 7. The sign
+# bit is added apart (each lane's sum is at most 15, so lanes never carry into each other). A
+# bf16 rounded to odd from fp32 (8 significant bits) rounds to E2M1 exactly as the fp32 value would.
+BF16X2_128 = 0x43004300  # 128.0 in both lanes: codes are the results' bits minus these
+E2M1_LINES = ((0x40004000, 0x43004300), (0x3F803F80, 0x43024302), (0x3F003F00, 0x43044304))  # (slope, 128 + offset)
+BF16X2_128_7 = 0x43074307  # 135.0: the largest code, 7, plus 128
 
 
 class PAIR_DEVICE(DEVICE):
@@ -316,9 +319,13 @@ class PAIR_DEVICE(DEVICE):
             f"{{ .reg .b32 x, y; mov.b32 x, {{$r0}}; mov.b32 y, {{$r1}}; {op} {{$w0}}, x, y; }}",
             write_only_types=[Uint32], read_only_args=[Uint32(a), Uint32(b)])
 
+    @staticmethod
+    def fma_bf16x2(a, b, c):
+        return cute.arch.inline_ptx(
+            "{ .reg .b32 x, y, z; mov.b32 x, {$r0}; mov.b32 y, {$r1}; mov.b32 z, {$r2}; fma.rn.bf16x2 {$w0}, x, y, z; }",
+            write_only_types=[Uint32], read_only_args=[Uint32(a), Uint32(b), Uint32(c)])
+
     min16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("min.u16x2", a, b))
-    max16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("max.u16x2", a, b))
-    add_bf16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("add.rn.bf16x2", a, b))
     mul_bf16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("mul.rn.bf16x2", a, b))
 
     @staticmethod
@@ -358,13 +365,13 @@ def e2m1x2_codes(w, ops=PAIR_DEVICE, nan=None, sticky=None):
     and the kept bit do not depend on them)."""
     U32 = ops.U32
     a = w & U32(0x7FFF7FFF) if sticky is None else ops.lop3(w, sticky, U32(0x7FFF7FFF), 0xA8)  # (w | s) & m
-    small = ops.add_bf16x2(ops.min16x2(a, U32(BF16X2_ONE)), U32(BF16X2_64)) - U32(BF16X2_64)  # 0, 1, 2
-    r = ((a + U32(0x001F001F) + ((a >> U32(6)) & U32(0x00010001))) >> U32(6)) & U32(0x03FF03FF)
-    normal = ops.min16x2(ops.max16x2(r, U32(0x00FE00FE)), U32(0x01030103)) - U32(0x00FE00FE)  # 0 below 1; to 5
+    (s0, c0), (s1, c1), (s2, c2) = E2M1_LINES
+    lines = ops.min16x2(ops.fma_bf16x2(a, U32(s0), U32(c0)), ops.fma_bf16x2(a, U32(s1), U32(c1)))
+    mag = ops.min16x2(lines, ops.min16x2(ops.fma_bf16x2(a, U32(s2), U32(c2)), U32(BF16X2_128_7)))
     if nan is None:
         nan = a + U32(NAN_LANES)  # bit 15 of a lane: set exactly where it is NaN (a > 0x7F80)
     sign = ops.lop3(w, nan, U32(0x80008000), 0x20) >> U32(12)  # w & ~nan & 0x80008000: the sign bits kept
-    return small + normal + sign
+    return mag - U32(BF16X2_128) + sign
 
 
 def e2m1x2_rto_codes(lo, hi, ops=PAIR_DEVICE):
