@@ -285,31 +285,27 @@ def e2m1x8(vals, use_hw: bool):
 def e2m1x8_bf16(words, mult):
     """Eight bf16 values (four words of two, element 2j in the low lane of word j) times a power
     of two ``mult`` (fp32; MXFP4's inverse scale, whose low 16 bits are zero: inv_scale_bits) as
-    one word of E2M1 codes (e2m1x8's order). The products are exact (a bf16 times a power of
-    two), so each is made inside the encode's fma.rn.bf16x2 (e2m1x2_scaled_codes), rounded once
-    with the line's offset, in place of two fp32 multiplies and the rounding to bf16."""
+    one word of E2M1 codes (e2m1x8's order). The products are exact in bf16 (a bf16 times a power
+    of two; below bf16's range only values that encode as a signed 0 round), so one mul.rn.bf16x2
+    per pair replaces two fp32 multiplies and the rounding to bf16."""
     m = mult.bitcast(Uint32)
     m2 = prmt(m, m, 0x3232)  # (the high half in both lanes)
     return e2m1x8_from_pairs([e2m1x2_scaled_codes(w, m2) for w in words])
 
 
 
-# --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has fma.bf16x2 and min.u16x2) ---------
-# The rule of e2m1_code on bf16 bits: E2M1's value of |y| is min(|y|, |y| / 2 + 1, |y| / 4 + 2,
-# 3.5) rounded to a multiple of 0.5, ties to even, times 2 (the three lines meet at |y| = 2 and 4,
-# their slopes halve where E2M1's spacing doubles, and a line's offset is a whole number of codes;
-# rounding commutes with min). Each line plus 64 is one fma.rn.bf16x2 (the exact product and sum
-# rounded once, in [64, 128) to bf16's spacing 0.5 there), so the lane's code is the unsigned min
-# of the three results and 67.5, minus 64's bits; inf and NaN (either sign) take the 7. A lane's
-# |y| may come as |x| times a slope factor m (the lines' slopes m, m / 2, m / 4: MXFP4's power-of-
-# two inverse scale, whose product then never rounds before the fma does). The sign bit is added
-# apart (each lane's sum is at most 15, so lanes never carry into each other). A bf16 rounded to
-# odd from fp32 (8 significant bits) rounds to E2M1 exactly as the fp32 value would.
-BF16X2_64 = 0x42804280  # 64.0 in both lanes: codes are the results' bits minus these
-E2M1_OFFSETS = (0x42804280, 0x42824282, 0x42844284)  # 64, 65, 66: the lines' offsets plus 64
-BF16X2_64_7 = 0x42874287  # 67.5: the largest code, 7, over 64
-BF16X2_ONE = 0x3F803F80  # the slope factor of unscaled values
-BF16X2_HALF, BF16X2_QUARTER = 0x3F003F00, 0x3E803E80
+# --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has fma.bf16x2 and min/max.u16x2) ----
+# The rule of e2m1_code on bf16 bits: E2M1's code of |y| is min(2|y|, |y| + 2, |y| / 2 + 4, 7)
+# rounded to the nearest integer, ties to even (the three lines meet at |y| = 2 and 4, their
+# slopes E2M1's spacings 0.5, 1 and 2; the offsets are even, so an even integer is an even code;
+# rounding commutes with min). Each line plus 128 is one fma.rn.bf16x2 (an exact product and sum
+# rounded once, in [128, 256) to bf16's spacing 1 there), so the lane's code is the unsigned min
+# of the three results and 128 + 7, minus 128's bits; inf and NaN (any sign) take the 7. The sign
+# bit is added apart (each lane's sum is at most 15, so lanes never carry into each other). A
+# bf16 rounded to odd from fp32 (8 significant bits) rounds to E2M1 exactly as the fp32 value would.
+BF16X2_128 = 0x43004300  # 128.0 in both lanes: codes are the results' bits minus these
+E2M1_LINES = ((0x40004000, 0x43004300), (0x3F803F80, 0x43024302), (0x3F003F00, 0x43044304))  # (slope, 128 + offset)
+BF16X2_128_7 = 0x43074307  # 135.0: the largest code, 7, plus 128
 
 
 class PAIR_DEVICE(DEVICE):
@@ -360,30 +356,22 @@ def bf16x2_rto_parts(lo, hi, ops=PAIR_DEVICE):
 NAN_LANES = 0x007F007F  # |x| + this sets bit 15 of a 16-bit lane exactly where |x| is NaN (no carry out)
 
 
-def e2m1_slopes(m2, ops=PAIR_DEVICE):
-    """The three lines' slopes for values scaled by ``m2`` (bf16 in both lanes): m, m / 2, m / 4
-    (exact for a power of two, bf16's subnormals included)."""
-    return m2, ops.mul_bf16x2(m2, ops.U32(BF16X2_HALF)), ops.mul_bf16x2(m2, ops.U32(BF16X2_QUARTER))
-
-
-def e2m1x2_codes(w, ops=PAIR_DEVICE, nan=None, sticky=None, slopes=None):
+def e2m1x2_codes(w, ops=PAIR_DEVICE, nan=None, sticky=None):
     """The E2M1 codes of the two bf16 values of word ``w`` (bits), each in the low nibble of its
     lane: e2m1_code's rule (round to nearest even, saturating at 6, the sign kept, NaN -> 0x7).
     ``nan``: a word whose lanes' bit 15 marks the NaN lanes (default |w| + NAN_LANES; a caller
     that knows them otherwise, e2m1x2_scaled_codes, passes its own); ``sticky``: last bits OR'ed
     into the values (round-to-odd's, e2m1x2_rto_codes: |w| then takes one lop3, and the sign
-    and the kept bit do not depend on them); ``slopes``: e2m1_slopes of a factor the values are
-    encoded times (default 1)."""
+    and the kept bit do not depend on them)."""
     U32 = ops.U32
     a = w & U32(0x7FFF7FFF) if sticky is None else ops.lop3(w, sticky, U32(0x7FFF7FFF), 0xA8)  # (w | s) & m
-    s0, s1, s2 = slopes or (U32(BF16X2_ONE), U32(BF16X2_HALF), U32(BF16X2_QUARTER))
-    c0, c1, c2 = E2M1_OFFSETS
-    lines = ops.min16x2(ops.fma_bf16x2(a, s0, U32(c0)), ops.fma_bf16x2(a, s1, U32(c1)))
-    mag = ops.min16x2(lines, ops.min16x2(ops.fma_bf16x2(a, s2, U32(c2)), U32(BF16X2_64_7)))
+    (s0, c0), (s1, c1), (s2, c2) = E2M1_LINES
+    lines = ops.min16x2(ops.fma_bf16x2(a, U32(s0), U32(c0)), ops.fma_bf16x2(a, U32(s1), U32(c1)))
+    mag = ops.min16x2(lines, ops.min16x2(ops.fma_bf16x2(a, U32(s2), U32(c2)), U32(BF16X2_128_7)))
     if nan is None:
         nan = a + U32(NAN_LANES)  # bit 15 of a lane: set exactly where it is NaN (a > 0x7F80)
     sign = ops.lop3(w, nan, U32(0x80008000), 0x20) >> U32(12)  # w & ~nan & 0x80008000: the sign bits kept
-    return mag - U32(BF16X2_64) + sign
+    return mag - U32(BF16X2_128) + sign
 
 
 def e2m1x2_rto_codes(lo, hi, ops=PAIR_DEVICE):
@@ -394,13 +382,11 @@ def e2m1x2_rto_codes(lo, hi, ops=PAIR_DEVICE):
 
 
 def e2m1x2_scaled_codes(w, m2, ops=PAIR_DEVICE):
-    """e2m1x2_codes of the bf16 pair ``w`` times ``m2`` (an E8M0 inverse scale's bf16 in both
-    lanes), the product made inside the lines' fma (slopes e2m1_slopes(m2)); the sign is w's (m2
-    is positive) and the NaN lanes those of the multiplier (m2 + NAN_LANES): a product is NaN only
-    where the scale is (a NaN element makes its block's scale 255, and no E8M0 inverse scale is
-    0), and then in both lanes. The slopes and NaN lanes are the same for every pair of a row
-    (computed once)."""
-    return e2m1x2_codes(w, ops, m2 + ops.U32(NAN_LANES), slopes=e2m1_slopes(m2, ops))
+    """e2m1x2_codes of the bf16 pair ``w`` times ``m2`` (an E8M0 inverse scale's bf16 in both lanes)
+    in one mul.rn.bf16x2, the NaN lanes those of the multiplier (m2 + NAN_LANES: one add per row,
+    the same for every pair of it): a product is NaN only where the scale is (a NaN element makes
+    its block's scale 255, and no E8M0 inverse scale is 0), and then in both lanes."""
+    return e2m1x2_codes(ops.mul_bf16x2(w, m2), ops, m2 + ops.U32(NAN_LANES))
 
 
 def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
