@@ -350,8 +350,8 @@ def test_rowwise_compiles_per_arch(arch, dtype, mode, layout):
     cvts = ptx.count("cvt.rn.satfinite.e2m1x2.f32")
     if arch == "sm_100a":  # four conversions of two values per row of 8 values
         assert cvts > 0 and cvts % 4 == 0
-    else:  # no FP4 conversion on Hopper: the integer encode two values at a time (device.e2m1x2_codes)
-        assert cvts == 0 and "min.u16x2" in ptx and "add.rn.bf16x2" in ptx
+    else:  # no FP4 conversion on Hopper: the lane encode two values at a time (device.e2m1x2_codes)
+        assert cvts == 0 and "min.u16x2" in ptx and "fma.rn.bf16x2" in ptx
         # bf16 scaled in bf16 (codec.pow2_bf16_pairs), the rest in fp32 and rounded to odd
         assert ("mul.rn.bf16x2" in ptx) == (dtype == "bf16")
     assert "cvt.rn.satfinite.e4m3x2" not in ptx and "e5m2x2" not in ptx  # (no FP8 byte anywhere)

@@ -294,7 +294,7 @@ def e2m1x8_bf16(words, mult):
 
 
 
-# --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has fma.bf16x2 and min/max.u16x2) ----
+# --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has fma.bf16x2 and min.u16x2) --------
 # The rule of e2m1_code on bf16 bits: E2M1's code of |y| is min(2|y|, |y| + 2, |y| / 2 + 4, 7)
 # rounded to the nearest integer, ties to even (the three lines meet at |y| = 2 and 4, their
 # slopes E2M1's spacings 0.5, 1 and 2; the offsets are even, so an even integer is an even code;
