@@ -125,7 +125,8 @@ class Quantize:
         cfg = self.cfg
         unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
         grid, block = packed_grid(cfg, M, N, G, unaligned)
-        cap = cfg.rows8_min_blocks if variant == "rows8" else cfg.min_blocks  # (Tuning's register caps)
+        fp16 = args[0][0].element_type is cutlass.Float16
+        cap = cfg.rows8_min_blocks if variant == "rows8" else cfg.packed_min_blocks(unaligned, G is not None, fp16)
         self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8", rng).launch(
             grid=grid, block=block, stream=stream, **register_cap(cap))
 
