@@ -184,7 +184,7 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
     if arch == "sm_100a":
         assert cvts > 0 and cvts % 4 == 0
     else:  # no FP4 conversion on Hopper: the integer encode two at a time, fp32 products rounded to odd
-        assert cvts == 0 and "min.u16x2" in ptx and "add.rn.bf16x2" in ptx and "mul.rn.bf16x2" not in ptx
+        assert cvts == 0 and "min.u16x2" in ptx and "fma.rn.bf16x2" in ptx and "mul.rn.bf16x2" not in ptx
         assert "0x7632" in ptx or "30258" in ptx  # (bf16x2_rto's prmt of the high halves)
     given = _ptx(op, arch, dtype, "vec_given")  # the quantize pass alone
     assert given.count(".entry") == 1 and "global.max" not in given and "0f45280000" in given

@@ -895,16 +895,20 @@ class PackedKernel:
             first, end = t.rbase, t.Ms  # row i is stored where first + i < end
             if cutlass.const_expr(k.RING):  # (one register for every row's bound: i < Ms - rbase)
                 first, end = Int32(0), t.Ms - t.rbase
+            nrows = cutlass.select_(t.col_ok, t.Ms - t.rbase, Int32(0))  # (FP4: one compare a row)
             for i in cutlass.range_constexpr(k.PK_ROWS):
                 if cutlass.const_expr(SR and i % 2 == 0):
                     assert k.PK_ROWS % 2 == 0
                     pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, seed, offset)
-                if t.col_ok and first + i < end:
-                    rand = None
-                    if cutlass.const_expr(SR):
-                        rand = pair[2 * (i % 2):2 * (i % 2) + 2]
-                    qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc, k.is_bf16,
-                                               k.use_hw_e8m0, rand)
+                rand = None
+                if cutlass.const_expr(SR):
+                    rand = pair[2 * (i % 2):2 * (i % 2) + 2]
+                if cutlass.const_expr(cfg.fmt.packed):  # (FP4: encoded whatever the row, stored under the
+                    qr, qc = self.quantize_row(words[i], sr[i], sc, k.is_bf16, k.use_hw_e8m0, rand)  # bound alone)
+                if (i < nrows) if cutlass.const_expr(cfg.fmt.packed) else (t.col_ok and first + i < end):
+                    if cutlass.const_expr(not cfg.fmt.packed):
+                        qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc,
+                                                   k.is_bf16, k.use_hw_e8m0, rand)
                     if cutlass.const_expr(cfg.rowwise):
                         cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
                     if cutlass.const_expr(cfg.colwise and not cfg.fmt.packed):
