@@ -903,16 +903,18 @@ class PackedKernel:
                 rand = None
                 if cutlass.const_expr(SR):
                     rand = pair[2 * (i % 2):2 * (i % 2) + 2]
-                if cutlass.const_expr(cfg.fmt.packed):  # (FP4: encoded whatever the row, stored under the
-                    qr, qc = self.quantize_row(words[i], sr[i], sc, k.is_bf16, k.use_hw_e8m0, rand)  # bound alone)
-                if (i < nrows) if cutlass.const_expr(cfg.fmt.packed) else (t.col_ok and first + i < end):
-                    if cutlass.const_expr(not cfg.fmt.packed):
+                if cutlass.const_expr(cfg.fmt.packed):  # (FP4, rowwise: encoded whatever the row, stored under
+                    q4, _ = self.quantize_row(words[i], sr[i], sc, k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
+                    if i < nrows:
+                        cute.autovec_copy(cute.recast_tensor(q4, Uint8), t.tRow[(i, None)])
+                if cutlass.const_expr(not cfg.fmt.packed):
+                    if t.col_ok and first + i < end:
                         qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc,
                                                    k.is_bf16, k.use_hw_e8m0, rand)
-                    if cutlass.const_expr(cfg.rowwise):
-                        cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
-                    if cutlass.const_expr(cfg.colwise and not cfg.fmt.packed):
-                        cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
+                        if cutlass.const_expr(cfg.rowwise):
+                            cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
+                        if cutlass.const_expr(cfg.colwise):
+                            cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
         if cutlass.const_expr(cfg.colwise and cfg.fmt.packed):
             sF = t.smem["fp4t"]
             if t.col_ok and t.rbase < t.Ms:
