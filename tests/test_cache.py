@@ -320,7 +320,8 @@ def test_gated_backward_exports_its_two_halves_kernels(tmp_path, monkeypatch):
     2N wide; with rowwise output every function refuses an N that is not a multiple of 32 (a
     rowwise block would straddle the halves: compiled in as N's divisibility, which TVM-FFI
     checks, see tests/test_gpu.py's counterpart), and "_rows8" an N % 8 != 0 (its second half
-    starts at column N); a grouped export adds the grouped kernels, their buffers 2N wide too."""
+    starts at column N); a grouped export adds the grouped kernels, their buffers 2N wide too
+    (one grouped export checks both kinds)."""
     from mxq.runtime import export as export_mod
 
     seen = {}
@@ -332,8 +333,11 @@ def test_gated_backward_exports_its_two_halves_kernels(tmp_path, monkeypatch):
 
     monkeypatch.setattr(export_mod, "compile_op", spy)
     bwd = mxq.fused_quant(dact="swiglu", dbias=True, colwise=True)(_gate_bias)
-    info = bwd.export(tmp_path / "out", arch="sm_90", dtype="bf16", name="bw", operands=("full", "row"))
-    assert info["functions"] == ["bw", "bw_vec", "bw_rows8"] and seen == {"generic": 32, "vec": 32, "rows8": 32}
+    # (one grouped export: it holds the ungrouped functions and documents both kinds' buffers)
+    info = bwd.export(tmp_path / "out", arch="sm_90", dtype="bf16", name="bw", operands=("full", "row"), grouped=True)
+    assert info["functions"] == ["bw", "bw_vec", "bw_rows8", "bw_grouped", "bw_vec_grouped"]
+    assert {v: seen[v] for v in ("generic", "vec", "rows8", "vec_grouped")} == {
+        "generic": 32, "vec": 32, "rows8": 32, "vec_grouped": 32}
     text = " ".join(Path(info["header"]).read_text().replace(" * ", " ").split())
     assert ("Gated backward _gate_bias (dact='swiglu'): the arguments are the incoming gradient (x, b, [M, N]), "
             "then act_input (the forward's [M, 2N] input) as its two halves, _mxq_gate = act_input[:, :N] and "
@@ -342,7 +346,8 @@ def test_gated_backward_exports_its_two_halves_kernels(tmp_path, monkeypatch):
     lines = " ".join(Path(info["header"]).read_text().split())  # (the header's own " * " kept)
     for doc in ("mRowData uint8[M, 2N]", "mColScale uint8[ceil(M/32) * 2N]", "mDbias bfloat16[2N]",
                 "mDbiasWs float32[ceil(M/32), 2N]", "mIn1 (b): strides (0, 1)", "mIn2 (_mxq_gate): strides (ld, 1)",
-                "mIn3 (_mxq_up): strides (ld, 1)", '"bw_rows8" serves any M and N % 8 == 0'):
+                "mIn3 (_mxq_up): strides (ld, 1)", '"bw_rows8" serves any M and N % 8 == 0',
+                "mColScale uint8[(M//32 + G) * 2N]", "mDbias bfloat16[G, 2N]", "mDbiasWs float32[M//32 + G, 2N]"):
         assert doc in lines, doc
     assert " s0 " not in lines  # (the kernels' own half parameter is no argument)
     seen.clear()
@@ -350,11 +355,6 @@ def test_gated_backward_exports_its_two_halves_kernels(tmp_path, monkeypatch):
     colwise.export(tmp_path / "col", arch="sm_90", dtype="bf16")
     assert seen == {"generic": 1, "vec": 1, "rows8": 8}
     assert "multiple of 32" not in Path(tmp_path / "col" / "mxq__gate_bias.h").read_text()
-    grouped = bwd.export(tmp_path / "grouped", arch="sm_90", dtype="bf16", name="gbw", grouped=True)
-    assert grouped["functions"][3:] == ["gbw_grouped", "gbw_vec_grouped"] and seen["vec_grouped"] == 32
-    lines = " ".join(Path(grouped["header"]).read_text().split())
-    for doc in ("mColScale uint8[(M//32 + G) * 2N]", "mDbias bfloat16[G, 2N]", "mDbiasWs float32[M//32 + G, 2N]"):
-        assert doc in lines, doc
     # the multiple reaches the compiled signature as N's divisibility (what TVM-FFI checks)
     inner = bwd.inner
     for vec, mult, want in ((False, 32, 32), (True, 32, 32), (True, 1, 8), (False, 1, 1), (False, 8, 8)):
