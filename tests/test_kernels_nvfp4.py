@@ -206,6 +206,9 @@ def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
     assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8
     both = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident), arch, "bf16")
     assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 8 + 8) and both.count("add.rz.f32") == 128
+    col = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True, rowwise=False)(ident), arch,
+               "bf16")  # (the colwise copy alone: served, so compiled here too)
+    assert col.count("mul.hi.u32") == 20 * (8 + 8) and col.count("add.rz.f32") == 64
 
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])

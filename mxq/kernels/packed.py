@@ -7,7 +7,7 @@ words (AND + max.NaN.{bf16x2,f16x2}, exact), values widen to fp32 only to be mul
 scale, and four FP8 bytes leave as one word. This cuts the instructions per element about 3x
 against fp32 values, which is what bounds the rowwise+colwise pass on the H200.
 
-Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = 32 / W rows per thread):
+Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = KernelConfig.tile_rows / W rows per thread):
 - ops with a column reduction (colwise, amax, dbias): a CTA covers 32 rows x 32 * VEC columns;
   lane l owns columns 8l..8l+7, warp w owns PK_ROWS adjacent rows (unaligned rows: rows w,
   w + W, ..., which share their read and store plans, unaligned.py); FP8 block scaling's
@@ -919,10 +919,10 @@ class PackedKernel:
             sF = t.smem["fp4t"]
             if t.col_ok and t.rbase < t.Ms:
                 for c in cutlass.range_constexpr(VEC):
-                    rand = None
+                    rc = None  # (not ``rand``: a name the rows' loop assigned would be carried into this if)
                     if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
-                        rand = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
-                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rand)
+                        rc = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
+                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc)
             cute.arch.sync_threads()
             self.store_fp4_columns(k, t)
 
