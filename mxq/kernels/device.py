@@ -604,11 +604,6 @@ def pack64(lo, hi):
     return (Uint64(hi) << Uint64(32)) | Uint64(lo)
 
 
-def store_global_v4(addr, w):
-    """Four words at 16-byte aligned global byte address ``addr`` as one store."""
-    cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *w])
-
-
 def store_global_words(addr, w):
     """One, two or four words at global byte address ``addr`` (aligned to their size) as one store."""
     regs = ", ".join(f"{{$r{j + 1}}}" for j in range(len(w)))

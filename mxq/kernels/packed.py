@@ -1028,7 +1028,7 @@ class PackedKernel:
             if oc < io.N and r0 < t.Ms:
                 addr = base + Int64(oc) * Int64(M) + Int64(r0)
                 if fast and r0 + 16 <= t.Ms:
-                    dev.store_global_v4(addr, w)
+                    dev.store_global_words(addr, w)
                 else:
                     for j in cutlass.range_constexpr(16):
                         if r0 + j < t.Ms:
