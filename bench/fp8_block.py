@@ -102,15 +102,18 @@ def run_mxq(name, opts, mv, exact, x, copy_gbps, kw=None, fn=None, args=None, tu
         return dc.error_row(f"mxq/{name}", m, n, exc)
 
 
+TORCHAO_KERNELS = {"rowwise": "triton_fp8_blockwise_act_quant_lhs", "colwise": "triton_fp8_blockwise_act_quant_rhs",
+                   "transposed": "triton_fp8_blockwise_act_quant_transposed_lhs",
+                   "weight_128x128": "triton_fp8_blockwise_weight_quant_rhs"}  # (our name: torchao's function)
+
+
 def torchao_kernels():
     try:
         from torchao.prototype.blockwise_fp8_training import kernels as k
     except Exception as exc:
         print(f"  torchao: cannot import: {exc}", flush=True)
         return {}
-    return {"rowwise": k.triton_fp8_blockwise_act_quant_lhs, "colwise": k.triton_fp8_blockwise_act_quant_rhs,
-            "transposed": k.triton_fp8_blockwise_act_quant_transposed_lhs,
-            "weight_128x128": k.triton_fp8_blockwise_weight_quant_rhs}
+    return {name: getattr(k, fn) for name, fn in TORCHAO_KERNELS.items()}
 
 
 def run_torchao(name, fn, x, mv, copy_gbps):
@@ -168,7 +171,7 @@ def step_rows(copy_gbps, m=8192, d_in=4096, hidden=14336):
 
 def launch_rows() -> list:
     """The rows --launch accepts: mxq_cases' names and torchao's kernels (torchao/<name>)."""
-    return list(mxq_cases(128, 128)) + [f"torchao/{k}" for k in ("rowwise", "colwise", "transposed", "weight_128x128")]
+    return list(mxq_cases(128, 128)) + [f"torchao/{k}" for k in TORCHAO_KERNELS]
 
 
 def launch_only(row: str, m: int, n: int, variant: str = ""):
@@ -177,7 +180,10 @@ def launch_only(row: str, m: int, n: int, variant: str = ""):
     torch.manual_seed(m + n)
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     if row.startswith("torchao/"):
-        fn = torchao_kernels()[row.split("/", 1)[1]]
+        peers = torchao_kernels()
+        if not peers:
+            raise SystemExit(f"{row}: torchao's kernels cannot be imported here")
+        fn = peers[row.split("/", 1)[1]]
         launch = lambda: fn(x)  # noqa: E731
     else:
         opts = mxq_cases(m, n)[row][0]
