@@ -137,8 +137,10 @@ def rerun_summary(whole: str, rerun: str, k: int) -> str:
     of its ``k`` failed or unfinished tests whose report's first line is ``rerun``."""
     total = int(whole.split(" tests", 1)[0])
     passed = re.search(r"(\d+) passed", whole)
+    failed = re.search(r"(\d+) failed", whole)
+    why = "failed or unfinished there" if failed else "unfinished there"
     return (f"{total} tests: {passed[1] if passed else 0} passed in a whole run ({whole.split(': ', 1)[0]}), the other "
-            f"{k} (failed or unfinished there) in a rerun after fixes to them ({rerun.split(': ', 1)[1]})")
+            f"{k} ({why}) in a rerun on the same kernel layer ({rerun.split(': ', 1)[1]})")
 
 
 def write_record(path: Path, text: str) -> dict:

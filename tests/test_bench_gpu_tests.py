@@ -118,6 +118,8 @@ def test_rerun_takes_the_failed_and_unfinished_tests_and_its_record_counts_both_
     assert kernels_hash() != "0123"
     summary = tool.rerun_summary(report.splitlines()[0], "3 tests in 1 shards, 2 s: 3 passed", 3)
     assert summary == ("10 tests: 7 passed in a whole run (10 tests in 2 shards, 5 s), the other 3 (failed or "
-                       "unfinished there) in a rerun after fixes to them (3 passed)")
+                       "unfinished there) in a rerun on the same kernel layer (3 passed)")
+    assert tool.rerun_summary("9 tests in 2 shards, 5 s: 7 passed, 2 did not finish", "2 tests in 1 shards, 1 s: 2 passed",
+                              2).endswith("the other 2 (unfinished there) in a rerun on the same kernel layer (2 passed)")
     counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|error|did not finish)", summary))
     assert "failed" not in counts and counts["passed"] > 0

@@ -969,6 +969,38 @@ def test_rows128_register_cap_reaches_the_ptx_with_no_device_query(monkeypatch):
     assert ".minnctapersm" not in ptx(colwise=True)  # (MXFP8)
 
 
+def test_rows128_default_cap_reaches_dact_dbias_ptx(monkeypatch):
+    """The library's default cap (KernelConfig.packed_min_blocks) reaches the PTX of FP8 block
+    scaling's dgelu + dbias writing both directions on bf16 inputs as .minnctapersm 2, with its
+    staged rows as a ring (KernelConfig.stage_rows: no cp.async.wait_group above 3, the last
+    four rows' words parked with st.shared.v4); not the same op on fp16 inputs (all 8 rows
+    staged at once: a wait_group 7) nor its unaligned kernel (whose staged rows would not let two
+    CTAs share an SM). No device is asked for the SM's shared memory."""
+    toolchain.import_cutlass("sm_90")
+    import cutlass.cutlass_dsl.cutlass as dsl
+
+    def no_device(attr):
+        raise AssertionError("the register cap asked the driver for a device attribute")
+
+    monkeypatch.setattr(dsl.cuda_helpers, "get_device_attribute", no_device)
+
+    def ident(x):
+        return x
+
+    op = mxq.fused_quant(format="fp8_block", colwise=True, dact="gelu", dbias=True)(ident)
+
+    def ptx(dtype, variant):
+        return _entry(inspection.compile_artifacts(op, "sm_90", dtype, variant)["ptx"], "packed_kernel")
+
+    bf16 = ptx("bf16", "vec")
+    waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", bf16)]
+    assert re.search(r"\.minnctapersm\s+2", bf16) and max(waits) == 3 and len(waits) == 8
+    assert len(re.findall(r"st\.shared\.v4\.b32", bf16)) == 4
+    fp16 = ptx("fp16", "vec")
+    assert ".minnctapersm" not in fp16 and re.search(r"cp\.async\.wait_group\s+7", fp16)
+    assert ".minnctapersm" not in ptx("bf16", "generic")
+
+
 def test_fp8_block_bench_cases_are_served_ops_with_their_bytes():
     """bench/fp8_block.py: every mxq row is an op whose reference runs (so the GPU run checks it
     first), its bytes by hand (bf16 in, FP8 out, fp32 scales per 128), and the example it times

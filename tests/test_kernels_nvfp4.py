@@ -17,12 +17,16 @@ case against the oracle of tests/oracle_fp4.py.
 
 import re
 import struct
+from dataclasses import replace
 
 import pytest
 import torch
 
 import mxq
+from mxq.frontend import codegen
+from mxq.kernels import config as kconfig
 from mxq.kernels import device as dev
+from mxq.kernels import packed
 from mxq.runtime import compiler, limits
 from mxq.testing import planted, poisoned, same_bytes
 
@@ -180,7 +184,7 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
     if arch == "sm_100a":
         assert cvts > 0 and cvts % 4 == 0
     else:  # no FP4 conversion on Hopper: the integer encode two at a time, fp32 products rounded to odd
-        assert cvts == 0 and "min.u16x2" in ptx and "add.rn.bf16x2" in ptx and "mul.rn.bf16x2" not in ptx
+        assert cvts == 0 and "min.u16x2" in ptx and "fma.rn.bf16x2" in ptx and "mul.rn.bf16x2" not in ptx
         assert "0x7632" in ptx or "30258" in ptx  # (bf16x2_rto's prmt of the high halves)
     given = _ptx(op, arch, dtype, "vec_given")  # the quantize pass alone
     assert given.count(".entry") == 1 and "global.max" not in given and "0f45280000" in given
@@ -202,23 +206,119 @@ def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
     assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8
     both = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident), arch, "bf16")
     assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 8 + 8) and both.count("add.rz.f32") == 128
+    col = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True, rowwise=False)(ident), arch,
+               "bf16")  # (the colwise copy alone: served, so compiled here too)
+    assert col.count("mul.hi.u32") == 20 * (8 + 8) and col.count("add.rz.f32") == 64
 
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
 def test_colwise_copy_compiles(arch, dtype, layout):
-    """The transposed copy: 16-row tiles of two 8-row warps, each thread's 8 columns as one word of
-    8 codes each, staged in shared memory and leaving as one 8-byte run (both warps' words) per
-    output row: 256 columns over 64 threads, 4 vector stores per thread (store_fp4_columns; their
-    word-by-word fallback below M beside them); 8 column scales."""
+    """The transposed copy: 32-row tiles of four 8-row warps, each thread's 8 columns as one word
+    of 8 codes each, staged in shared memory and leaving as one 16-byte run (the four warps'
+    words) per output row: 256 columns over 128 threads, two runs per thread, each as one
+    16-byte store, two 8-byte or four 4-byte ones (store_fp4_columns, by the copy's alignment);
+    8 column scales (both 16-row blocks' from one thread's rows: its own block's)."""
     both = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident), arch, dtype)
     col = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, rowwise=False, scale_layout=layout)(ident), arch,
                dtype)
     assert both.count(".entry") == col.count(".entry") == 3
+    assert col.count("st.global.v4.b32") == both.count("st.global.v4.b32") == 2
     assert col.count("st.global.v2.b32") == both.count("st.global.v2.b32") == 4
-    assert col.count("st.global.b32") >= 8 and both.count("st.global.b32") > col.count("st.global.b32")
+    assert _stores(col)[2] == 8 and both.count("st.global.b32") > col.count("st.global.b32")
     assert col.count("cvt.rn.satfinite.e4m3x2.f32") == 8
     if arch == "sm_100a":
         assert col.count("cvt.rn.satfinite.e2m1x2.f32") == 32
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("rows, v4, v2, b32", [(16, 0, 4, 8), (64, 2, 4, 8)])
+def test_colwise_tiles_compile(arch, rows, v4, v2, b32):
+    """Tuning.fp4_col_rows' other tiles: 16 rows (two warps: an 8-byte run, no 16-byte store,
+    four columns a thread), 64 rows (eight warps: a 32-byte run as two 16-byte, four 8-byte or
+    eight 4-byte stores, one column a thread)."""
+    op = mxq.fused_quant(format="nvfp4", colwise=True, rowwise=False)(ident)._with_tuning(
+        kconfig.Tuning(fp4_col_rows=rows))
+    ptx = _ptx(op, arch, "bf16")
+    assert ptx.count(".entry") == 3
+    assert _stores(ptx) == (v4, v2, b32)
+
+
+def _stores(ptx):
+    """The 16-, 8- and 4-byte global stores of the quantize pass (the entry with stores of FP4
+    codes; the amax passes store nothing but their amax)."""
+    entry = max(ptx.split(".entry")[1:], key=lambda e: e.count("st.global.v"))
+    return tuple(entry.count(f"st.global{v}.b32") for v in (".v4", ".v2", ""))
+
+
+def test_colwise_tile_config():
+    """NVFP4's colwise copy takes FP4_COL_ROWS (32) rows of 8-row warps, or Tuning.fp4_col_rows;
+    its rowwise-only casts and every other format keep their tiles."""
+    def cfg(tuning=None, **opts):
+        op = mxq.fused_quant(**opts)(ident)
+        c = codegen.kernel_config(op.spec, op.epilogue)
+        return replace(c.global_passes()[1] if c.global_passes() else c, tuning=tuning)
+
+    both = cfg(format="nvfp4", colwise=True)
+    assert kconfig.FP4_COL_ROWS == 32 and both.fp4_columns and both.tile_rows == 32
+    assert both.packed_warps() == both.packed_warps(True) == 4 and both.min_blocks == 0 and both.rows8_warps() is None
+    assert [b.name for b in both.packed_buffers([], False)] == ["max", "fp4t"]  # (no "inv": scales in registers)
+    for rows in kconfig.FP4_COL_TILES:
+        c = cfg(kconfig.Tuning(fp4_col_rows=rows), format="nvfp4", colwise=True, rowwise=False)
+        assert (c.tile_rows, c.packed_warps()) == (rows, rows // 8) and c.min_blocks == 0
+    with pytest.raises(ValueError, match="fp4_col_rows"):
+        kconfig.Tuning(fp4_col_rows=128)
+    tuned = kconfig.Tuning(fp4_col_rows=64)
+    for opts, rows, warps in ((dict(format="nvfp4"), 32, 4), (dict(colwise=True), 32, 4),
+                              (dict(colwise=True, dbias=True), 32, 8),
+                              (dict(format="fp8_block", colwise=True), 128, 16), (dict(format="mxfp4"), 32, 4)):
+        for c in (cfg(**opts), cfg(tuned, **opts)):
+            assert not c.fp4_columns and (c.tile_rows, c.pk_warps) == (rows, warps), opts
+
+
+class ADDR(dev.HOST):
+    """device.RNG_DEVICE's 64-bit integers as Python ints."""
+
+    I64 = staticmethod(int)
+
+
+@pytest.mark.parametrize("rows", [16, 32, 64])
+def test_colwise_run_stores_write_each_byte_once(rows):
+    """packed.fp4_store_words / fp4_run_stores, as store_fp4_columns issues them, against brute
+    force: over every row tile of M (% 8 == 0) rows and columns whose row bytes start at any
+    4-byte offset, each byte of a column's M / 2 is written once, by the store of its 8 rows'
+    word, every store aligned to its size, nothing outside the row."""
+    warps = rows // 8
+    for m in range(8, 8 * 26, 8):
+        half = m // 2
+        for base in (0, 4, 8, 12, 2 ** 20 + 16):
+            a = base | half
+            words = packed.fp4_store_words(a, warps, ADDR)
+            assert words == (4 if a % 16 == 0 and warps >= 4 else 2 if a % 8 == 0 else 1)
+            for oc in range(3):
+                start = base + oc * half
+                wrote = {}
+                for r0 in range(0, m, rows):  # (the grid's row tiles; the kernel stores below M only)
+                    addr = start + r0 // 2
+                    for q, n in packed.fp4_run_stores(words, warps):
+                        if q == 0 or r0 + 8 * q < m:
+                            assert (addr + 4 * q) % (4 * n) == 0, (m, base, oc, r0, q)
+                            for b in range(4 * n):
+                                pos = addr + 4 * q + b
+                                assert pos not in wrote, (m, base, oc, r0, q)
+                                wrote[pos] = r0 // 8 + q + b // 4  # (the word of rows 8 * that ..)
+                assert wrote == {start + b: b // 4 for b in range(half)}, (m, base, oc)
+
+
+def test_colwise_scale_warps():
+    """packed.fp4_scale_warps against brute force: the warps whose 8 rows lie in warp w's 16-row
+    block are w0 .. w0 + wpb - 1, w0 the first of them (the one that stores the block's scales),
+    on every tile; 16-row warps hold a block alone."""
+    for tile in (16, 32, 64, 128):
+        for rows in (8, 16):
+            for w in range(tile // rows):
+                same = [v for v in range(tile // rows) if v * rows // 16 == w * rows // 16]
+                w0, wpb = packed.fp4_scale_warps(w, rows)
+                assert list(range(w0, w0 + wpb)) == same and (w0 * rows) // 16 == (w * rows) // 16
 
 
 def test_fused_ops_compile():
@@ -273,6 +373,11 @@ def _specials(m, n, dtype, seed):
         x[1, 32:48] = 2.0 ** -10  # scale below E4M3's least subnormal: byte 0
         x[2, :n] = 0.0
         x[3, 32:48] = torch.tensor([6.3, -6.25, float("nan")] + [1.0] * 13)
+    if m >= 48 and n >= 48:  # (the colwise copy's later 16-row blocks: a column block of NaN alone,
+        x[16:32, 3] = float("nan")  # one too small for any scale, one of E2M1 ties at scale 1)
+        x[32:48, 4] = 2.0 ** -10
+        x[32:48, 5] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -0.1, 5.5, -5.9, 6.0, 0.0, -0.0,
+                                    1.0, 3.0])
     return x.to(dtype)
 
 
@@ -370,12 +475,15 @@ def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(DTYPES)[:2])
-@pytest.mark.parametrize("m, n", [(8, 16), (24, 48), (1000, 208), (4096, 4096)])
+@pytest.mark.parametrize("m, n", [(8, 16), (16, 272), (24, 48), (48, 528), (80, 16), (96, 48), (1000, 208),
+                                  (4096, 4096)])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
 def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
-    """The transposed copy [N, M/2] and its [N, ceil(M/16)] scales (M % 16 == 8: a partial last
-    block), with and without the rowwise copy, a given amax, an act, stochastic rounding (offsets
-    % 4 of 1, 0 and 2)."""
+    """The transposed copy [N, M/2] and its [N, ceil(M/16)] scales on the 32-row tile: M % 32 of
+    0 (16-byte stores), 16 (a last tile of one block: 8-byte stores) and 8 or 24 (M % 16 == 8: a
+    partial last block, 4-byte stores); N a multiple of the 256-column tile or not; with and
+    without the rowwise copy, a given amax, an act, stochastic rounding (offsets % 4 of 1, 0 and
+    2)."""
     t = DTYPES[dtype]
     x = _specials(m, n, t, seed=m * 7 + n)
     both = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident)
@@ -389,6 +497,23 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
                      (dict(stochastic_rounding=True), {"seed": 2 ** 63 + 9, "offset": 2 ** 34}),
                      (dict(stochastic_rounding=True), {"seed": 5, "offset": 6})):
         op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, **opts)(ident)
+        got, want = op(x.cuda(), **kw), op.reference(x, **kw)
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            if getattr(want, f) is not None:
+                assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), (opts, f)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [16, 64])
+@pytest.mark.parametrize("m, n", [(16, 48), (48, 272), (80, 16), (200, 208), (1024, 528)])
+def test_colwise_tiles_match_reference(strict, rows, m, n):
+    """Tuning.fp4_col_rows' other tiles, the 64-row one with M % 64 of 16, 48, 8 and 0: both
+    directions, the colwise copy alone, stochastic rounding, byte for byte."""
+    x = _specials(m, n, torch.bfloat16, seed=m + n + rows)
+    for opts, kw in ((dict(), {}), (dict(rowwise=False, scale_layout="swizzled"), {}),
+                     (dict(stochastic_rounding=True), {"seed": 7, "offset": 2 ** 33 + 1})):
+        op = mxq.fused_quant(format="nvfp4", colwise=True, **opts)(ident)._with_tuning(
+            kconfig.Tuning(fp4_col_rows=rows))
         got, want = op(x.cuda(), **kw), op.reference(x, **kw)
         for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
             if getattr(want, f) is not None:
@@ -598,7 +723,7 @@ def test_rowwise_random_words_equal_the_oracle(seed, offset, n):
 
 
 @pytest.mark.parametrize("seed, offset", RNG_CASES)
-@pytest.mark.parametrize("m", [16, 24, 48])
+@pytest.mark.parametrize("m", [16, 24, 48, 80])
 def test_colwise_random_words_equal_the_oracle(seed, offset, m):
     """device.sr_word_pair for the transposed copy (direction 1): row c of [N, M], words
     rbase / 4 and rbase / 4 + 1 of each 8-row thread, for columns 0 .. 5 and 2000 .. 2005."""

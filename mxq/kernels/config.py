@@ -23,6 +23,8 @@ from ..formats.format import Format
 from .smem import Buffer, nbytes
 
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
+FP4_COL_ROWS = 32  # NVFP4's colwise copy: rows per CTA (two 16-row blocks; KernelConfig.tile_rows)
+FP4_COL_TILES = (16, 32, 64)  # ... the tiles Tuning.fp4_col_rows may pick
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
 DBIAS_WARPS = 8  # dbias reduction: warps per CTA ...
@@ -35,6 +37,8 @@ N_TERMS = 5  # grouped calls: terms find_group reduces (before, start, end, swiz
 # grouped calls: how a CTA finds its row tile's group (Tuning.group_search, grouped.find_group)
 GROUP_SEARCHES = ("block_all", "block", "warp", "warps")
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
+SM_SMEM = 228 * 1024  # ... and one SM holds, of which ...
+CTA_SMEM_RESERVED = 1024  # ... each resident CTA takes this much more
 # 0.5 + 0.5 * tanh(y) = sigmoid(2y) = 1 / (1 + 2^(K y)): the factor codegen.half_tanh_as_sigmoid
 # folds into y's constants (or multiplies y by) before device.half_tanh_ex2_act
 HALF_TANH_K = -2.0 * math.log2(math.e)
@@ -87,9 +91,11 @@ class Tuning:
     5-12 (equal or slower).
     ``rows128_min_blocks``: CTAs per SM the packed kernel's 128-row tile (FP8 block scaling's
     colwise blocks, KernelConfig.tile_rows) is compiled for (``min_blocks_per_mp``, a register
-    cap); 0: no cap; None (the default): the library's choice, KernelConfig.min_blocks. Rowwise
-    + colwise compiles to 81 registers on that 512-thread tile, which holds it at one CTA per SM
-    (65,536 registers); capped at 2: 64, no spills (ptxas).
+    cap; and its shared memory: KernelConfig.stage_rows); 0: no cap; None (the default): the
+    library's choice, KernelConfig.tuned_min_blocks. Rowwise + colwise compiles to 81 registers
+    on that 512-thread tile, which holds it at one CTA per SM (65,536 registers); capped at 2:
+    64, no spills (ptxas). A cap whose CTAs' shared memory would not share an SM is none
+    (KernelConfig.packed_min_blocks).
     ``dbias_group_rows``: a grouped dbias reduction whose groups average at most this many rows
     (M <= dbias_group_rows * G) runs reduce.dbias_groups_kernel, a warp per group, 8 groups per
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those
@@ -105,7 +111,10 @@ class Tuning:
     one redux.sync per term; "warp" has warp 0 alone reduce those terms (redux.sync) and
     broadcast them through shared memory (the other warps wait at the barrier); "warps" has
     every warp reduce them itself (no shared memory, no barrier; each warp reads all G ends).
-    "": the library's choice (KernelConfig.group_search)."""
+    "": the library's choice (KernelConfig.group_search).
+    ``fp4_col_rows``: rows of the packed kernel's tile for NVFP4's transposed colwise copy
+    (KernelConfig.fp4_columns), one of FP4_COL_TILES: 8-row warps, each output row of the copy
+    getting a run of fp4_col_rows / 2 bytes per CTA; 0: the library's choice, FP4_COL_ROWS."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -117,6 +126,7 @@ class Tuning:
     rows128_min_blocks: int | None = None
     dbias_group_rows: int = 1024
     group_search: str = ""
+    fp4_col_rows: int = 0
 
     def __post_init__(self):
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
@@ -130,6 +140,9 @@ class Tuning:
         if self.group_search not in ("", *GROUP_SEARCHES):
             raise ValueError(f"mxq: Tuning.group_search must be '' or one of {', '.join(GROUP_SEARCHES)}, "
                              f"got {self.group_search!r}")
+        if self.fp4_col_rows not in (0, *FP4_COL_TILES):
+            raise ValueError(f"mxq: Tuning.fp4_col_rows must be 0 or one of {FP4_COL_TILES}, "
+                             f"got {self.fp4_col_rows!r}")
 
 
 @dataclass(frozen=True)
@@ -274,21 +287,24 @@ class KernelConfig:
         unaligned calls take 32-row tiles."""
         return self.wide and not grouped and not self.halves and not unaligned
 
-    def packed_buffers(self, staged, unaligned: bool, grouped: bool = False) -> list:
+    def packed_buffers(self, staged, unaligned: bool, grouped: bool = False, depth: int = 0) -> list:
         """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
         scratch, the wide tile's row-scale bytes, the column maxima (packed words), the inverse
-        column scales (or 128x128 tiles' partial maxima), the transposed colwise copy
+        column scales (but NVFP4's; or 128x128 tiles' partial maxima), the transposed colwise copy
         (``transposed``), the dbias partial sums, the parked partial output units (unaligned
         rows: head and tail of each row, per direction), then each staged source (``staged``: per
-        source None, or (element bits, broadcast along rows: one row staged, aligned kernel))."""
+        source None, or (element bits, broadcast along rows: one row staged, aligned kernel)),
+        ``depth`` rows per thread (0: stage_rows)."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps
+        depth = depth or self.stage_rows(unaligned, grouped)
         out = group_scratch(warps, self.group_search) if grouped else []
         if self.wide_tile(grouped, unaligned) and self.fmt.scale != "fp32":  # (fp32 scales are stored directly)
             out.append(Buffer("rs", "u8", (rows, cols * warps // self.fmt.block[1])))
         if self.col_reduce:
             out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))
-        if self.colwise or self.tiles:  # (tiles: the owner warps' maxima of the CTA's two tiles)
+        if (self.colwise and not self.fp4_columns) or self.tiles:  # (tiles: the owner warps' maxima of the
+            # CTA's two tiles; NVFP4's colwise multipliers stay in registers, PackedKernel.fp4_column_scales)
             out.append(Buffer("inv", "f32", (cols,)))
         if self.transposed:
             out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
@@ -304,17 +320,46 @@ class KernelConfig:
                 if unaligned:
                     shape = (self.tile_rows, unaligned_row_elements(cols, bits // 8))
                 else:
-                    shape = (1 if once else rows, warps * 32, VEC)
+                    shape = (1 if once else depth, warps * 32, VEC)
                 out.append(Buffer(f"in{t}", "src", shape, bits))
         return out
 
-    def packed_shared_bytes(self, n_sources: int, unaligned: bool, grouped: bool = False) -> int:
+    def packed_shared_bytes(self, n_sources: int, unaligned: bool, grouped: bool = False, depth: int = 0) -> int:
         """The shared memory of the packed kernel with ``n_sources`` full-size 16-bit tensors read
         per element (packed_buffers; an upper bound for an op whose row operands stage one row):
         whether an op with many epilogue tensors fits SMEM_LIMIT (mxq/op.py refuses one that
         does not, before any launch)."""
         staged = [(16, False)] * n_sources if (self.stage or unaligned) else []
-        return nbytes(self.packed_buffers(staged, unaligned, grouped))
+        return nbytes(self.packed_buffers(staged, unaligned, grouped, depth))
+
+    def stage_rows(self, unaligned: bool, grouped: bool = False, fp16: bool = False) -> int:
+        """Rows per thread of each staged source the packed kernel holds in shared memory at once:
+        all the thread's rows, or half of them where the 128-row tile is compiled for
+        ``ring_ctas`` CTAs per SM and only half lets their shared memory share an SM (aligned
+        rows, one pass: a ring, row i + half requested into row i's slot once row i is read; the
+        shared memory counted with every epilogue tensor and the dact input staged,
+        packed_shared_bytes)."""
+        rows = self.tile_rows // self.packed_warps(unaligned)
+        ctas = self.ring_ctas(fp16)
+        if unaligned or self.halves_passes > 1 or ctas < 2:
+            return rows
+        n = self.n_inputs + self.has_dact
+        if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows), ctas):
+            return rows
+        return rows // 2 if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows // 2), ctas) else rows
+
+    def ring_ctas(self, fp16: bool = False) -> int:
+        """tuned_min_blocks for the packed kernel of 16-bit inputs (``fp16``: float16, else
+        bfloat16): the library's choice for a dact op is bf16's alone (fp16's conversions spill
+        32 bytes under the cap on sm_90)."""
+        if fp16 and self.tuned.rows128_min_blocks is None and self.computed:
+            return 0
+        return self.tuned_min_blocks
+
+    @staticmethod
+    def ctas_fit(smem_bytes: int, ctas: int) -> bool:
+        """``ctas`` CTAs of ``smem_bytes`` shared memory each fit one SM (sm_90 / sm_100)."""
+        return ctas * (smem_bytes + CTA_SMEM_RESERVED) <= SM_SMEM
 
     @property
     def vec_warps(self) -> int:
@@ -322,18 +367,41 @@ class KernelConfig:
         return 8 if self.heavy else 4
 
     @property
+    def fp4_columns(self) -> bool:
+        """NVFP4's transposed colwise copy ([N, M/2], 16-row blocks along M): the packed kernel's
+        8-row warps, fp4_col_rows rows per CTA (packed.store_fp4_columns)."""
+        return self.colwise and self.fmt.packed
+
+    @property
+    def fp4_col_rows(self) -> int:
+        """Rows of NVFP4's colwise tile (Tuning.fp4_col_rows, else FP4_COL_ROWS): each output row
+        of the transposed copy gets a run of half as many bytes per CTA, and the CTA computes the
+        scales of fp4_col_rows / 16 blocks of each of its columns."""
+        return self.tuned.fp4_col_rows or FP4_COL_ROWS
+
+    @property
     def tile_rows(self) -> int:
         """Rows of a CTA's (non-wide) tile: one colwise block, ROWS for MXFP8's 32x1 blocks and
         rowwise-only ops, 128 for FP8 block scaling's colwise blocks and 128x128 tiles (the packed kernel only:
-        docs/DESIGN.md "FP8 block scaling on the kernels")."""
+        docs/DESIGN.md "FP8 block scaling on the kernels"); NVFP4's colwise copy fp4_col_rows
+        (whole 16-row blocks)."""
+        if self.fp4_columns:
+            return self.fp4_col_rows
         return self.fmt.col_block[0] if self.colwise else max(ROWS, self.fmt.block[0])
+
+    @property
+    def eight_row_warps(self) -> bool:
+        """The packed kernel's warps are tile_rows / 8 warps of 8 rows, whatever the op: tiles
+        other than ROWS rows and NVFP4's colwise copy (a thread's 8 rows of a column are one
+        word of codes)."""
+        return self.tile_rows != ROWS or self.fp4_columns
 
     @property
     def pk_warps(self) -> int:
         """Packed (16-bit) kernel: 4 warps x 8 rows; dbias ops 8 x 4 (at 4 warps they need 80
         registers and 43 KB of shared memory per CTA and ran 4 points slower); 128-row tiles
-        (tile_rows) 16 x 8."""
-        if self.tile_rows != ROWS:
+        (tile_rows) 16 x 8, NVFP4's colwise tile tile_rows / 8 x 8 (eight_row_warps)."""
+        if self.eight_row_warps:
             return self.tile_rows // 8
         return 8 if self.dbias else 4
 
@@ -342,7 +410,7 @@ class KernelConfig:
         (unaligned_warps) or Tuning.unaligned_warps where set, else 8 for a plain cast with
         colwise output (its 4-row threads keep 47 registers against 71 for 8 rows, and the kernel
         is latency-bound), and never fewer than pk_warps."""
-        if not unaligned or self.tile_rows != ROWS:
+        if not unaligned or self.eight_row_warps:
             return self.pk_warps
         pinned = self.unaligned_warps or self.tuned.unaligned_warps
         warps = pinned or (8 if self.colwise and not self.computed else 4)
@@ -356,7 +424,7 @@ class KernelConfig:
         85-85.5% against 81-82% at 8, colwise and both 86-87.5% against 80-84% (4096x14335 and
         8191x8191)."""
         if (self.computed or self.dbias or self.halves or self.unaligned_warps or self.tuned.unaligned_warps
-                or self.tile_rows != ROWS):
+                or self.eight_row_warps):
             return None
         return (8, 4)
 
@@ -401,17 +469,37 @@ class KernelConfig:
         return self.tuned.dbias_group_rows if self.dbias else 0
 
     @property
-    def min_blocks(self) -> int:
-        """CTAs per SM the packed kernel of this config is compiled for on the 128-row tile
-        (Tuning.rows128_min_blocks); 0: no register cap. The library's choice: 2 for a plain cast
-        writing both directions (81 registers hold it at one 512-thread CTA per SM; capped, 64 and
-        no spills: 88-93% of copy against 67-70% on the H200, docs/performance.md), none for the
-        rest (an op with arithmetic spills under the cap)."""
-        if self.tile_rows == ROWS:
+    def tuned_min_blocks(self) -> int:
+        """CTAs per SM the packed kernel's 128-row tile is meant for (Tuning.rows128_min_blocks);
+        0: no register cap. The library's choice: 2 for a plain cast writing both directions (81
+        registers hold it at one 512-thread CTA per SM; capped, 64 and no spills: 88-93% of copy
+        against 67-70% on the H200, docs/performance.md) and for a dact op with dbias writing both
+        (its two staged inputs then take half the rows at once, stage_rows: 64 registers, no
+        spills for dgelu on sm_90, 8 bytes for the other dacts; bf16 inputs, ring_ctas); none
+        for the rest (act ops compile to 64 registers uncapped; dgelu without dbias and a plain
+        cast with dbias spill under the cap)."""
+        if self.tile_rows == ROWS or self.fp4_columns:
             return 0
         if self.tuned.rows128_min_blocks is not None:
             return self.tuned.rows128_min_blocks
-        return 2 if self.rowwise and self.colwise and not self.computed and not self.dbias else 0
+        plain = not self.computed and not self.dbias
+        dact = self.has_dact and self.dbias and not self.halves and self.tile_rows > ROWS
+        return 2 if self.rowwise and self.colwise and (plain or dact) else 0
+
+    def packed_min_blocks(self, unaligned: bool = False, grouped: bool = False, fp16: bool = False) -> int:
+        """CTAs per SM the packed kernel (aligned or ``unaligned`` rows; ``fp16`` inputs, else
+        bf16) is compiled for (``min_blocks_per_mp``, a register cap); 0: no cap. ring_ctas where
+        that many CTAs' shared memory (at stage_rows) fits an SM, else none (more registers
+        would not buy a second CTA)."""
+        ctas = self.ring_ctas(fp16)
+        n = self.n_inputs + self.has_dact
+        depth = self.stage_rows(unaligned, grouped, fp16)
+        return ctas if ctas and self.ctas_fit(self.packed_shared_bytes(n, unaligned, grouped, depth), ctas) else 0
+
+    @property
+    def min_blocks(self) -> int:
+        """CTAs per SM the packed kernel with aligned rows is compiled for (packed_min_blocks)."""
+        return self.packed_min_blocks()
 
     @property
     def rows8_min_blocks(self) -> int:

@@ -272,13 +272,13 @@ def e2m1x8(vals, use_hw: bool):
     """Eight scaled fp32 values as one word of E2M1 codes, value k in bits 4k..4k+3 (element 2j
     in the low nibble of byte j): sm_100a's cvt.rn.satfinite.e2m1x2.f32 (``use_hw``; its first
     source goes to the high nibble), else two at a time in 16-bit lanes: each pair rounded to
-    bf16 by round-to-odd (bf16x2_rto), then e2m1x2_codes."""
+    bf16 by round-to-odd (bf16x2_rto), then e2m1x2_codes (e2m1x2_rto_codes)."""
     if use_hw:
         cvts = " ".join(f"cvt.rn.satfinite.e2m1x2.f32 b{j}, {{$r{2 * j + 1}}}, {{$r{2 * j}}};" for j in range(4))
         return cute.arch.inline_ptx(
             f"{{ .reg .b8 b0, b1, b2, b3; {cvts} mov.b32 {{$w0}}, {{b0, b1, b2, b3}}; }}",
             write_only_types=[Uint32], read_only_args=list(vals))
-    return e2m1x8_from_pairs([e2m1x2_codes(bf16x2_rto(vals[2 * j].bitcast(Uint32), vals[2 * j + 1].bitcast(Uint32)))
+    return e2m1x8_from_pairs([e2m1x2_rto_codes(vals[2 * j].bitcast(Uint32), vals[2 * j + 1].bitcast(Uint32))
                               for j in range(4)])
 
 
@@ -290,18 +290,22 @@ def e2m1x8_bf16(words, mult):
     per pair replaces two fp32 multiplies and the rounding to bf16."""
     m = mult.bitcast(Uint32)
     m2 = prmt(m, m, 0x3232)  # (the high half in both lanes)
-    return e2m1x8_from_pairs([e2m1x2_codes(PAIR_DEVICE.mul_bf16x2(w, m2)) for w in words])
+    return e2m1x8_from_pairs([e2m1x2_scaled_codes(w, m2) for w in words])
 
 
-# --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has add/mul.bf16x2 and min/max.u16x2) --
-# The rule of e2m1_code on bf16 bits: |y| < 1 rounds to 0, 0.5 or 1 as 64 + |y| does in bf16
-# (whose spacing on [64, 128) is 0.5: round to nearest even on the half-units, the E2M1 ties);
-# from 1 on the bits rounded to one mantissa bit, minus 254, are the code minus 2; codes add
-# (each lane's sum is at most 15, so lanes never carry into each other). A bf16 rounded to odd
-# from fp32 (8 significant bits) rounds to E2M1 (at most 2) exactly as the fp32 value would.
-BF16X2_ONE = 0x3F803F80  # 1.0 in both lanes
-BF16X2_64 = 0x42804280  # 64.0: the bf16 addend whose spacing is E2M1's below 2
-BF16X2_INF = 0x7F807F80
+
+# --- E2M1 two at a time: the 16-bit lanes of a word (sm_90 has fma.bf16x2 and min.u16x2) --------
+# The rule of e2m1_code on bf16 bits: E2M1's code of |y| is min(2|y|, |y| + 2, |y| / 2 + 4, 7)
+# rounded to the nearest integer, ties to even (the three lines meet at |y| = 2 and 4, their
+# slopes E2M1's spacings 0.5, 1 and 2; the offsets are even, so an even integer is an even code;
+# rounding commutes with min). Each line plus 128 is one fma.rn.bf16x2 (an exact product and sum
+# rounded once, in [128, 256) to bf16's spacing 1 there), so the lane's code is the unsigned min
+# of the three results and 128 + 7, minus 128's bits; inf and NaN (any sign) take the 7. The sign
+# bit is added apart (each lane's sum is at most 15, so lanes never carry into each other). A
+# bf16 rounded to odd from fp32 (8 significant bits) rounds to E2M1 exactly as the fp32 value would.
+BF16X2_128 = 0x43004300  # 128.0 in both lanes: codes are the results' bits minus these
+E2M1_LINES = ((0x40004000, 0x43004300), (0x3F803F80, 0x43024302), (0x3F003F00, 0x43044304))  # (slope, 128 + offset)
+BF16X2_128_7 = 0x43074307  # 135.0: the largest code, 7, plus 128
 
 
 class PAIR_DEVICE(DEVICE):
@@ -315,35 +319,74 @@ class PAIR_DEVICE(DEVICE):
             f"{{ .reg .b32 x, y; mov.b32 x, {{$r0}}; mov.b32 y, {{$r1}}; {op} {{$w0}}, x, y; }}",
             write_only_types=[Uint32], read_only_args=[Uint32(a), Uint32(b)])
 
+    @staticmethod
+    def fma_bf16x2(a, b, c):
+        return cute.arch.inline_ptx(
+            "{ .reg .b32 x, y, z; mov.b32 x, {$r0}; mov.b32 y, {$r1}; mov.b32 z, {$r2}; fma.rn.bf16x2 {$w0}, x, y, z; }",
+            write_only_types=[Uint32], read_only_args=[Uint32(a), Uint32(b), Uint32(c)])
+
     min16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("min.u16x2", a, b))
-    max16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("max.u16x2", a, b))
-    add_bf16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("add.rn.bf16x2", a, b))
     mul_bf16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("mul.rn.bf16x2", a, b))
 
     @staticmethod
     def prmt(a, b, selector: int):
         return prmt(a, b, selector)
 
+    @staticmethod
+    def lop3(a, b, c, lut: int):
+        """lop3.b32 (bit i of the result: bit 4a_i + 2b_i + c_i of ``lut``), one instruction that
+        LLVM cannot split (it moves a mask past a shift, which ptxas then issues apart)."""
+        return cute.arch.inline_ptx(f"lop3.b32 {{$w0}}, {{$r0}}, {{$r1}}, {{$r2}}, {lut};", write_only_types=[Uint32],
+                                    read_only_args=[Uint32(a), Uint32(b), Uint32(c)])
+
 
 def bf16x2_rto(lo, hi, ops=PAIR_DEVICE):
     """The fp32 bits ``lo``, ``hi`` as one word of two bf16 rounded to odd (lo in the low lane):
     each high half, its last bit set where the dropped half is nonzero (inf stays inf, NaN NaN)."""
-    U32 = ops.U32
-    kept = ops.prmt(lo, hi, 0x7632)
-    return kept | ops.min16x2(ops.prmt(lo, hi, 0x5410), U32(0x00010001))
+    kept, sticky = bf16x2_rto_parts(lo, hi, ops)
+    return kept | sticky
 
 
-def e2m1x2_codes(w, ops=PAIR_DEVICE):
+def bf16x2_rto_parts(lo, hi, ops=PAIR_DEVICE):
+    """bf16x2_rto's two parts: (the high halves, each lane's last bit: 1 where the dropped half
+    is nonzero)."""
+    return ops.prmt(lo, hi, 0x7632), ops.min16x2(ops.prmt(lo, hi, 0x5410), ops.U32(0x00010001))
+
+
+NAN_LANES = 0x007F007F  # |x| + this sets bit 15 of a 16-bit lane exactly where |x| is NaN (no carry out)
+
+
+def e2m1x2_codes(w, ops=PAIR_DEVICE, nan=None, sticky=None):
     """The E2M1 codes of the two bf16 values of word ``w`` (bits), each in the low nibble of its
-    lane: e2m1_code's rule (round to nearest even, saturating at 6, the sign kept, NaN -> 0x7)."""
+    lane: e2m1_code's rule (round to nearest even, saturating at 6, the sign kept, NaN -> 0x7).
+    ``nan``: a word whose lanes' bit 15 marks the NaN lanes (default |w| + NAN_LANES; a caller
+    that knows them otherwise, e2m1x2_scaled_codes, passes its own); ``sticky``: last bits OR'ed
+    into the values (round-to-odd's, e2m1x2_rto_codes: |w| then takes one lop3, and the sign
+    and the kept bit do not depend on them)."""
     U32 = ops.U32
-    a = w & U32(0x7FFF7FFF)
-    small = ops.add_bf16x2(ops.min16x2(a, U32(BF16X2_ONE)), U32(BF16X2_64)) - U32(BF16X2_64)  # 0, 1, 2
-    r = ((a + U32(0x001F001F) + ((a >> U32(6)) & U32(0x00010001))) >> U32(6)) & U32(0x03FF03FF)
-    normal = ops.min16x2(ops.max16x2(r, U32(0x00FE00FE)), U32(0x01030103)) - U32(0x00FE00FE)  # 0 below 1; to 5
-    nan = ops.min16x2(ops.max16x2(a, U32(BF16X2_INF)) - U32(BF16X2_INF), U32(0x00010001))
-    sign = (w >> U32(12)) & (U32(0x00080008) ^ (nan << U32(3)))
-    return small + normal + sign
+    a = w & U32(0x7FFF7FFF) if sticky is None else ops.lop3(w, sticky, U32(0x7FFF7FFF), 0xA8)  # (w | s) & m
+    (s0, c0), (s1, c1), (s2, c2) = E2M1_LINES
+    lines = ops.min16x2(ops.fma_bf16x2(a, U32(s0), U32(c0)), ops.fma_bf16x2(a, U32(s1), U32(c1)))
+    mag = ops.min16x2(lines, ops.min16x2(ops.fma_bf16x2(a, U32(s2), U32(c2)), U32(BF16X2_128_7)))
+    if nan is None:
+        nan = a + U32(NAN_LANES)  # bit 15 of a lane: set exactly where it is NaN (a > 0x7F80)
+    sign = ops.lop3(w, nan, U32(0x80008000), 0x20) >> U32(12)  # w & ~nan & 0x80008000: the sign bits kept
+    return mag - U32(BF16X2_128) + sign
+
+
+def e2m1x2_rto_codes(lo, hi, ops=PAIR_DEVICE):
+    """e2m1x2_codes of the fp32 bits ``lo``, ``hi`` rounded to odd bf16 (bf16x2_rto), the sticky
+    bits kept apart (bf16x2_rto_parts)."""
+    kept, sticky = bf16x2_rto_parts(lo, hi, ops)
+    return e2m1x2_codes(kept, ops, sticky=sticky)
+
+
+def e2m1x2_scaled_codes(w, m2, ops=PAIR_DEVICE):
+    """e2m1x2_codes of the bf16 pair ``w`` times ``m2`` (an E8M0 inverse scale's bf16 in both lanes)
+    in one mul.rn.bf16x2, the NaN lanes those of the multiplier (m2 + NAN_LANES: one add per row,
+    the same for every pair of it): a product is NaN only where the scale is (a NaN element makes
+    its block's scale 255, and no E8M0 inverse scale is 0), and then in both lanes."""
+    return e2m1x2_codes(ops.mul_bf16x2(w, m2), ops, m2 + ops.U32(NAN_LANES))
 
 
 def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
@@ -353,8 +396,9 @@ def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
     U32 = ops.U32
     halves = []
     for h in range(2):
-        x = codes[2 * h] | (codes[2 * h + 1] << U32(8))  # bytes: e0, e2, e1, e3 (one code each)
-        halves.append(x | (x >> U32(12)))  # low half: e0 | e1 << 4, e2 | e3 << 4
+        # (sums of disjoint bits: ptxas folds the codes' constants into one add and the shifts into lea)
+        x = codes[2 * h] + (codes[2 * h + 1] << U32(8))  # bytes: e0, e2, e1, e3 (one code each)
+        halves.append(x + (x >> U32(12)))  # low half: e0 | e1 << 4, e2 | e3 << 4
     return ops.prmt(halves[0], halves[1], 0x5410)
 
 
@@ -558,11 +602,6 @@ def transpose8x8(rows):
 def pack64(lo, hi):
     """Two words as one 64-bit value (lo in the low half)."""
     return (Uint64(hi) << Uint64(32)) | Uint64(lo)
-
-
-def store_global_v4(addr, w):
-    """Four words at 16-byte aligned global byte address ``addr`` as one store."""
-    cute.arch.inline_ptx("st.global.v4.b32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};", read_only_args=[addr, *w])
 
 
 def store_global_words(addr, w):

@@ -7,17 +7,21 @@ words (AND + max.NaN.{bf16x2,f16x2}, exact), values widen to fp32 only to be mul
 scale, and four FP8 bytes leave as one word. This cuts the instructions per element about 3x
 against fp32 values, which is what bounds the rowwise+colwise pass on the H200.
 
-Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = 32 / W rows per thread):
+Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = KernelConfig.tile_rows / W rows per thread):
 - ops with a column reduction (colwise, amax, dbias): a CTA covers 32 rows x 32 * VEC columns;
   lane l owns columns 8l..8l+7, warp w owns PK_ROWS adjacent rows (unaligned rows: rows w,
-  w + W, ..., which share their read and store plans, unaligned.py);
+  w + W, ..., which share their read and store plans, unaligned.py); FP8 block scaling's
+  colwise blocks take 128 rows and NVFP4's transposed colwise copy 32 (KernelConfig.tile_rows),
+  both as warps of 8 rows;
 - a pure rowwise cast ("wide", KernelConfig.wide): the warps lie side by side along one band of
   PK_ROWS rows (8 x 1024 columns), so a CTA's rows are long runs of memory and its row-scale
   bytes, gathered in shared memory, leave as whole 4-byte words.
 
 The kernel body finds the thread's place and the CTA's shared memory (KernelConfig.packed_buffers)
 and runs the phases, each a method below with one job: ``stage_loads`` (cp.async of every row,
-ops with arithmetic and unaligned rows), ``load_registers``; then per output half ``values``
+ops with arithmetic and unaligned rows; where KernelConfig.stage_rows stages half the rows at
+once, a ring whose later rows ``values`` requests, ``stage_row``), ``load_registers``; then per
+output half ``values``
 (the op, rounding, magnitudes, dbias sums: ``row_values``), ``row_scales``, ``column_owners``
 after one barrier, and one pass over the rows that widens each word once for both directions'
 FP8 bytes and stores them (``store_rows`` / ``store_unaligned``). The grid is (column tiles, row
@@ -52,6 +56,50 @@ def fp4_column_slot(warp, c):
     (c >> 5) & 7, so that a warp's stores (lane l writes column 8l + k) and the readers' loads
     (consecutive columns) hit 32 distinct banks."""
     return warp * VCOLS + ((c & ~7) | ((c & 7) ^ ((c >> 5) & 7)))
+
+
+def fp4_store_words(a, warps: int, ops=dev.RNG_DEVICE):
+    """Words per store of NVFP4's colwise runs (PackedKernel.store_fp4_columns), from ``a`` = the
+    copy's base address | its row bytes M / 2: 4 where ``a`` % 16 == 0 (then M % 32 == 0) and
+    the run has 4 words or more (``warps`` >= 4), else 2 where ``a`` % 8 == 0 (M % 16 == 0), else
+    1 (M % 8 == 0). A store of W words then covers 8 * W rows starting on a multiple of 8 * W,
+    and M is a multiple of 8 * W: a store whose first row is below M lies wholly below M."""
+    I32, I64 = ops.I32, ops.I64
+    w = I32(ops.select((I64(a) & I64(15)) == I64(0), I32(4 if warps >= 4 else 2), I32(2)))
+    return I32(ops.select((I64(a) & I64(7)) == I64(0), w, I32(1)))
+
+
+def fp4_run_stores(words: int, warps: int):
+    """A column's run of ``warps`` words (one per 8-row warp) as stores of ``words`` words
+    (fp4_store_words): (first word, words) each; the store's first row is 8 * first word."""
+    return [(q, words) for q in range(0, warps, words)]
+
+
+def fp4_scale_warps(warp, rows: int, block: int = 16):
+    """NVFP4's colwise scales on a tile of ``rows``-row warps: warp ``warp``'s 16-row block is
+    held by warps w0 .. w0 + block // rows - 1 (w0 = warp - warp % (block // rows)), whose
+    column maxima give its scales; w0 stores them. Returns (w0, warps per block)."""
+    wpb = block // rows
+    return warp - warp % wpb, wpb
+
+
+def ring_wait(i: int, depth: int, rows: int) -> int:
+    """Staged rows (one cp.async commit group each, ``depth`` of a thread's ``rows`` at once):
+    the groups that may still be pending when row i is read (``cp.async.wait_group``). Rows 0 ..
+    depth - 1 are requested first, each later row once the row ``depth`` before it is read
+    (ring_next), so row i's read follows min(i + depth, rows) commits, i + 1 of them needed."""
+    return min(depth - 1, rows - 1 - i)
+
+
+def ring_next(i: int, depth: int, rows: int):
+    """The row requested into row i's slot (i % depth) once row i is read, or None."""
+    return i + depth if i + depth < rows else None
+
+
+def ring_parks(i: int, depth: int, rows: int) -> bool:
+    """Row i's words are parked in its slot after it is read (PackedKernel.park): a ring's slot
+    that takes no later row."""
+    return depth < rows and ring_next(i, depth, rows) is None
 
 
 def tile(cfg, grouped: bool = False, unaligned: bool = False):
@@ -118,6 +166,9 @@ class PackedKernel:
         TILE_ROWS, TILE_COLS = tile(cfg, GROUPED, UNALIGNED)
         DIVBY = cutlass.const_expr(1 if UNALIGNED else VEC)  # what N is a multiple of
         RS_BLOCKS = cutlass.const_expr(TILE_COLS // cfg.fmt.block[1])  # row-scale blocks per tile row
+        # rows per thread staged at once; fewer than PK_ROWS: a ring, its phases ordered for registers
+        DEPTH = cutlass.const_expr(cfg.stage_rows(UNALIGNED, GROUPED, ins[0].element_type is cutlass.Float16))
+        RING = cutlass.const_expr(DEPTH < PK_ROWS)
         if cutlass.const_expr(use_pdl):
             cute.arch.griddepcontrol_launch_dependents()  # dbias_kernel may start; it waits for this grid to finish
         tidx, _, _ = cute.arch.thread_idx()
@@ -140,7 +191,7 @@ class PackedKernel:
         staged_src = [(cfg.stage or UNALIGNED) and not dev.broadcast_cols(src) for src in sources]
         # the CTA's shared memory, declared once (KernelConfig.packed_buffers)
         buffers = cfg.packed_buffers([(s.element_type.width, once[t]) if staged_src[t] else None
-                                      for t, s in enumerate(sources)], UNALIGNED, GROUPED)
+                                      for t, s in enumerate(sources)], UNALIGNED, GROUPED, DEPTH)
         if cutlass.const_expr(len(buffers) > 0):
             buf = shared.allocate(cutlass.memory.SmemAllocator(), buffers,
                                   {f"in{t}": s.element_type for t, s in enumerate(sources)})
@@ -184,25 +235,22 @@ class PackedKernel:
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
-            if cutlass.const_expr(PASSES == 1):
-                tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, codec.data_cols(cfg.fmt, VEC)), trow,
-                                       rbase, g, GROUPED)
             nbr = (NOUT + cfg.fmt.block[1] - 1) // cfg.fmt.block[1]  # rowwise blocks per row
-        if cutlass.const_expr(cfg.colwise and PASSES == 1 and not cfg.transposed and not cfg.fmt.packed):
-            # (transposed: store_transposed; FP4: store_fp4_columns)
-            tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+        if cutlass.const_expr(PASSES == 1 and not RING):  # (a ring's are built where its stores begin)
+            tRow, tCol = self.out_tiles(PK_ROWS, row_data, col_data, co, trow, rbase, g, GROUPED)
         # Each phase call gets its own records (Fields.rec) of this body's values: a record shared
         # by two @cute.jit calls is tracked by the DSL as a mutable place, and that reorders the PTX.
         k = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, ROWS8=ROWS8, WIDE=WIDE, ROW_MASK=ROW_MASK, is_bf16=is_bf16,
                    WARPS=WARPS, NTHREADS=NTHREADS, PK_ROWS=PK_ROWS, RSTEP=RSTEP, PERIOD=PERIOD, TILE_ROWS=TILE_ROWS,
-                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, use_hw_e8m0=use_hw_e8m0, IN_MAX=codec.input_max(ins[0].element_type),
+                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, DEPTH=DEPTH, RING=RING, use_hw_e8m0=use_hw_e8m0,
+                   IN_MAX=codec.input_max(ins[0].element_type),
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
                     row_data=row_data, col_data=col_data)
         staged = Fields({f"in{t}": buf[f"in{t}"] for t in range(NSRC) if staged_src[t]})
-        mis = None
+        stg = None
         if cutlass.const_expr(any(staged_src)):
-            mis = self.stage_loads(k.rec(), Fields(rbase=rbase, lane=lane, warp=warp, col_ok=col_ok, row_end=row_end,
+            stg = self.stage_loads(k.rec(), Fields(rbase=rbase, lane=lane, warp=warp, col_ok=col_ok, row_end=row_end,
                                                    tidx=tidx, cT=cT if UNALIGNED else None,
                                                    ncols=ncols if UNALIGNED else None).rec(smem=staged.copy()),
                                    sources, tiles, once, staged_src)
@@ -218,47 +266,62 @@ class PackedKernel:
                 co, scalars_p = self.op.pass_half(hp, N, scalars, divby=DIVBY)
                 if cutlass.const_expr(hp == 1):
                     cute.arch.sync_threads()  # pass 0's readers of sMax/sSum/sInv are done
-                if cutlass.const_expr(cfg.rowwise):
-                    tRow = dev.thread_tile(self.op.out_window(row_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
-                if cutlass.const_expr(cfg.colwise and not cfg.transposed):
-                    tCol = dev.thread_tile(self.op.out_window(col_data, co), (PK_ROWS, VEC), trow, rbase, g, GROUPED)
+                tRow, tCol = self.out_tiles(PK_ROWS, row_data, col_data, co, trow, rbase, g, GROUPED)
             else:
                 scalars_p = scalars
             words, absw, cm, dsum = self.values(
                 k.rec(), Fields(lane=lane, warp=warp, tidx=tidx, col_ok=col_ok, rbase=rbase, row_end=row_end,
-                                abs_masks=abs_masks).rec(smem=staged.copy()), hp, frags, mis, once, staged_src, scalars_p)
+                                abs_masks=abs_masks).rec(smem=staged.copy()), hp, frags, stg, once, staged_src, scalars_p)
             sr = None
+            owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
+            if cutlass.const_expr(cfg.col_reduce and RING):  # (their registers free before the row scales')
+                self.publish_columns(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum}), io.rec(), cm, dsum)
+                cm = None
             if cutlass.const_expr(cfg.rowwise):
                 sr = self.row_scale_phase()(k.rec(), Fields(lane=lane, c0=c0, rbase=rbase, rb=rb, g=g, cb=cb, Ms=Ms, co=co,
                                                      gt=gt, nbr=nbr, tidx=tidx).rec(smem={"rs": sRS}), io.rec(), absw)
-            owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
             if cutlass.const_expr(cfg.col_reduce):
                 self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
             if cutlass.const_expr(cfg.rowwise or cfg.colwise):  # (else NVFP4's amax pass: the owners' amax alone)
                 sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv, "max": sMax}), io.rec(), sr)
+                if cutlass.const_expr(RING):
+                    tRow, tCol = self.out_tiles(PK_ROWS, row_data, col_data, co, trow, rbase, g, GROUPED)
                 if cutlass.const_expr(UNALIGNED):
                     self.store_unaligned(k.rec(), Fields(rbase=rbase, co=co, cT=cT, ncols=ncols, lane=lane, warp=warp,
                                                          Ms=Ms).rec(smem={"edge": sEdge}), io.rec(), words, sr, sc)
                 elif cutlass.const_expr(cfg.transposed):
-                    self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr},
-                                                                   tRow=tRow if cfg.rowwise else None),
+                    self.store_transposed_rows(k.rec(), owners.rec(col_ok=col_ok, rbase=rbase, smem={"tr": sTr}, tRow=tRow),
                                                io.rec(), words, sr, sc)
                 else:
-                    self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms,
-                                                    tRow=tRow if cfg.rowwise else None,
-                                                    tCol=tCol if cfg.colwise and not cfg.fmt.packed else None,
-                                                    g=g, N=N, rng=rng, c0=c0, M=M, col_data=col_data, lane=lane,
-                                                    warp=warp, tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}),
-                                    words, sr, sc)
+                    self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
+                                                    rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
+                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}), words, sr, sc)
+
+    def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
+        """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
+        offset ``co`` (None where the op writes no such copy; the colwise copy of the transposed
+        and FP4 layouts is staged instead, store_transposed, store_fp4_columns), built where the
+        stores begin: their 64-bit addresses then live through no earlier phase."""
+        cfg = self.cfg
+        tRow = tCol = None
+        if cfg.rowwise:
+            tRow = dev.thread_tile(self.op.out_window(row_data, co), (rows, codec.data_cols(cfg.fmt, VEC)), trow, rbase,
+                                   g, grouped)
+        if cfg.colwise and not cfg.transposed and not cfg.fmt.packed:
+            tCol = dev.thread_tile(self.op.out_window(col_data, co), (rows, VEC), trow, rbase, g, grouped)
+        return tRow, tCol
 
     # -- loads -------------------------------------------------------------------------------
     @cute.jit
     def stage_loads(self, k, t, sources, tiles, once, staged_src):
         """Staged loads: every row of every staged input is requested at once with cp.async into
         this thread's own shared-memory slots (one commit group per row) and read back just
-        before its row is computed. Unaligned: each row segment is staged whole (its covering
-        16-byte chunks, copied by the warp) and every lane reads its 8 columns back realigned
-        (unaligned.py). Returns each staged source's misalignment per class of rows (unaligned)."""
+        before its row is computed; where the config stages fewer rows at once
+        (KernelConfig.stage_rows, aligned rows), the first of them, each later row requested by
+        ``values`` into the slot of the row read just before (stage_row). Unaligned: each row
+        segment is staged whole (its covering 16-byte chunks, copied by the warp) and every lane
+        reads its 8 columns back realigned (unaligned.py). Returns a record of each staged
+        source's misalignment per class of rows (unaligned), copy atom and thread tile."""
         NSRC = cutlass.const_expr(len(sources))
         g2s = [cute.make_copy_atom(cute.nvgpu.cpasync.CopyG2SOp(cute.nvgpu.cpasync.LoadCacheMode.GLOBAL),
                                    sources[s].element_type, num_bits_per_copy=128) if staged_src[s] else None
@@ -268,19 +331,28 @@ class PackedKernel:
             # each source's rows and their misalignment (one per class of rows 8 apart)
             ga = [ua.row_base(sources[s], t.rbase, t.cT, k.RSTEP) if staged_src[s] else None for s in range(NSRC)]
             mis = [ua.per_class(ga[s], k.PERIOD, ua.chunk_misalignment) if staged_src[s] else None for s in range(NSRC)]
-        for i in cutlass.range_constexpr(k.PK_ROWS):
+        for i in cutlass.range_constexpr(k.DEPTH):
             if cutlass.const_expr(k.UNALIGNED):
                 for s in cutlass.range_constexpr(NSRC):
                     if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
                         ua.stage_row(sources[s].element_type, t.smem[f"in{s}"][(t.warp * k.PK_ROWS + i, None)],
                                      ua.row_at(ga[s], i), mis[s][i % k.PERIOD], t.ncols, t.lane,
                                      t.rbase + i * k.RSTEP < t.row_end, k.ZERO_ROWS)
-            elif t.col_ok and t.rbase + i < t.row_end:
-                for s in cutlass.range_constexpr(NSRC):
-                    if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
-                        cute.copy(g2s[s], tiles[s][(i, None)], t.smem[f"in{s}"][(i, t.tidx, None)])
-            cute.arch.cp_async_commit_group()
-        return mis
+                cute.arch.cp_async_commit_group()
+            else:
+                self.stage_row(k, t, i, g2s, tiles, once, staged_src)
+        return SimpleNamespace(mis=mis, g2s=g2s, tiles=tiles)
+
+    @cute.jit
+    def stage_row(self, k, t, i: cutlass.Constexpr, g2s, tiles, once, staged_src):
+        """Aligned rows: row i of each staged source requested (cp.async) into its slot, i modulo
+        the rows staged at once (KernelConfig.stage_rows), as one commit group."""
+        slot = cutlass.const_expr(i % k.DEPTH)
+        if t.col_ok and t.rbase + i < t.row_end:
+            for s in cutlass.range_constexpr(len(tiles)):
+                if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
+                    cute.copy(g2s[s], tiles[s][(i, None)], t.smem[f"in{s}"][(slot, t.tidx, None)])
+        cute.arch.cp_async_commit_group()
 
     @cute.jit
     def load_registers(self, k, t, tiles, once, staged_src):
@@ -309,8 +381,9 @@ class PackedKernel:
         """Row i of the staged sources into its fragments ``frag``: pass 0 waits for its copies,
         pass 1 reloads it from shared memory (pass 0's values need not stay live until then)."""
         NSRC = cutlass.const_expr(len(frag))
+        DEPTH = cutlass.const_expr(k.DEPTH)
         if cutlass.const_expr(hp == 0):
-            cute.arch.cp_async_wait_group(k.PK_ROWS - 1 - i)  # row i's copies have landed
+            cute.arch.cp_async_wait_group(ring_wait(i, DEPTH, k.PK_ROWS))  # row i's copies have landed
         else:
             for s in cutlass.range_constexpr(NSRC):
                 if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
@@ -325,7 +398,7 @@ class PackedKernel:
             else:
                 for s in cutlass.range_constexpr(NSRC):
                     if cutlass.const_expr(staged_src[s] and (i == 0 or not once[s])):
-                        cute.autovec_copy(t.smem[f"in{s}"][(i, t.tidx, None)], frag[s])
+                        cute.autovec_copy(t.smem[f"in{s}"][(i % DEPTH, t.tidx, None)], frag[s])
 
     def read_unaligned_row(self, t, frag, rplan, srow: int, plan: int, once, staged_src, i: int):
         """Unaligned rows: row ``i`` of each staged source (shared-memory row ``srow``, read plan
@@ -338,9 +411,12 @@ class PackedKernel:
                     fw[j] = got[j]
 
     # -- one output half -----------------------------------------------------------------------
-    def values(self, k, t, hp: int, frags, mis, once, staged_src, scalars):
+    def values(self, k, t, hp: int, frags, stg, once, staged_src, scalars):
         """Each row's values as packed words, their magnitudes, the thread's column maxima (one
-        word per two columns) and dbias sums: (words[i][j], absw[i][j], cm[j], dsum[k])."""
+        word per two columns) and dbias sums: (words[i][j], absw[i][j], cm[j], dsum[k]). ``stg``:
+        stage_loads' record (the staged rows' misalignment; the copies a ring's later rows take).
+        A ring's rows whose slots take no later row (ring_parks) leave their words in the slot
+        (words[i]: the slot, PackedKernel.unpark) and their magnitudes as one row maximum word."""
         cfg = self.cfg
         dsum = None
         if cutlass.const_expr(cfg.dbias):
@@ -352,23 +428,60 @@ class PackedKernel:
         cm = None
         rplan = None
         if cutlass.const_expr(k.UNALIGNED and any(staged_src)):
-            rplan = [ua.read_plans(mis[s], t.lane) if staged_src[s] else None for s in range(len(staged_src))]
+            rplan = [ua.read_plans(stg.mis[s], t.lane) if staged_src[s] else None for s in range(len(staged_src))]
+        depth = k.DEPTH
         for i in range(k.PK_ROWS):
             if cutlass.const_expr(any(staged_src)):
                 self.read_staged_row(k, t, i, hp, frags[i], rplan, once, staged_src)
+                if cutlass.const_expr(ring_next(i, depth, k.PK_ROWS) is not None):  # (row i's slot takes the next)
+                    self.stage_row(k, t, ring_next(i, depth, k.PK_ROWS), stg.g2s, stg.tiles, once, staged_src)
             row_words, row_abs = self.row_values(k, t, i, frags[i], scalars, dsum)
-            words.append(row_words)
-            absw.append(row_abs)
             if cutlass.const_expr(cfg.col_reduce):
                 if cutlass.const_expr(i == 0):
-                    cm = list(absw[0])  # this thread's column maxima, one word per two columns
+                    cm = list(row_abs)  # this thread's column maxima, one word per two columns
                 else:
-                    cm = [dev.pk_max(cm[j], absw[i][j], k.is_bf16, codec.column_max_nan(cfg)) for j in range(PKW)]
+                    cm = [dev.pk_max(cm[j], row_abs[j], k.is_bf16, codec.column_max_nan(cfg)) for j in range(PKW)]
             if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
-                am = self.fold_amax(am if i > 0 else None, absw[i], k.is_bf16)
+                am = self.fold_amax(am if i > 0 else None, row_abs, k.is_bf16)
+            if cutlass.const_expr(ring_parks(i, depth, k.PK_ROWS)):
+                # the row's reductions first, so that its words leave registers here
+                row_abs = [self.row_partial(row_abs, k.is_bf16, codec.block_amax_nan(cfg.fmt))]
+                row_words = self.park(t, i % depth, row_words, once, staged_src)
+            words.append(row_words)
+            absw.append(row_abs)
         if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
             cm.append(am)  # (a last word: the NaN-propagating maximum of all the thread's values)
         return words, absw, cm, dsum
+
+    @staticmethod
+    def row_partial(row_abs, is_bf16: bool, nan: bool):
+        """A row's maximum word of its magnitudes ``row_abs`` (itself where already one word)."""
+        if len(row_abs) == 1:
+            return row_abs[0]
+        a = row_abs
+        return dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, nan), dev.pk_max(a[2], a[3], is_bf16, nan), is_bf16, nan)
+
+    @staticmethod
+    def park(t, slot: int, row_words, once, staged_src):
+        """A ring's row read from a slot that takes no later row: its words stored there (the first
+        full staged source's slot ``slot``), in registers again only where the stores begin
+        (unpark). Returns the slot, as words."""
+        s = next(s for s in range(len(staged_src)) if staged_src[s] and not once[s])
+        at = cute.recast_tensor(t.smem[f"in{s}"][(slot, t.tidx, None)], Uint32)
+        fr = cute.make_rmem_tensor(cute.make_layout(PKW), Uint32)
+        for j in range(PKW):
+            fr[j] = row_words[j]
+        cute.autovec_copy(fr, at)
+        return at
+
+    @staticmethod
+    def unpark(row_words):
+        """A row's words: ``row_words`` itself, or where park left them in shared memory, loaded."""
+        if isinstance(row_words, list):
+            return row_words
+        fr = cute.make_rmem_tensor(cute.make_layout(PKW), Uint32)
+        cute.autovec_copy(row_words, fr)
+        return [fr[j] for j in range(PKW)]
 
     @staticmethod
     def fold_amax(am, row_abs, is_bf16: bool):
@@ -502,8 +615,7 @@ class PackedKernel:
         LANES = cutlass.const_expr(codec.block_lanes(cfg.fmt, VEC))
         SPAN = cutlass.const_expr(LANES // k.PK_ROWS)  # lanes that finish the same row
         lane = t.lane
-        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, NAN), dev.pk_max(a[2], a[3], is_bf16, NAN), is_bf16, NAN)
-              for a in absw]
+        rp = [self.row_partial(a, is_bf16, NAN) for a in absw]
         for st in cutlass.range_constexpr(k.PK_ROWS.bit_length() - 1):  # reduce-scatter: offsets LANES / 2, ...
             off = LANES >> (st + 1)
             h = len(rp) // 2
@@ -559,14 +671,8 @@ class PackedKernel:
         scales and stored once per CTA, by one thread, instead of by every warp for its own
         lane's columns; likewise each column's dbias sum."""
         cfg = self.cfg
-        sMax = t.smem["max"]
-        for j in cutlass.range_constexpr(PKW):
-            sMax[t.warp, j * 32 + t.lane] = cm[j]
-        if cutlass.const_expr(cfg.dbias):
-            for c in cutlass.range_constexpr(VEC):
-                t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
-        if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
-            self.thread_amax(t, io, cm[PKW], k.is_bf16)
+        if cutlass.const_expr(cm is not None):
+            self.publish_columns(k, t, io, cm, dsum)
         cute.arch.sync_threads()
         Ns = Int32(cutlass.select_(t.Ms > 0, io.N, Int32(0)))  # column bound of the owners' stores
         if cutlass.const_expr(k.GROUPED and not cfg.fmt.swizzled):
@@ -588,6 +694,18 @@ class PackedKernel:
                     oc = Int32(cutlass.select_(t.tidx < 32 * VEC, oc, Ns))
                 if oc < Ns:
                     io.dbias_ws[t.rb, t.co + oc] = s
+
+    @cute.jit
+    def publish_columns(self, k, t, io, cm, dsum):
+        """The thread's column maxima and dbias sums into shared memory for the column owners
+        (and its amax word's atomic, thread_amax)."""
+        for j in cutlass.range_constexpr(PKW):
+            t.smem["max"][t.warp, j * 32 + t.lane] = cm[j]
+        if cutlass.const_expr(self.cfg.dbias):
+            for c in cutlass.range_constexpr(VEC):
+                t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
+        if cutlass.const_expr(self.cfg.amax and not codec.amax_by_owners(self.cfg)):
+            self.thread_amax(t, io, cm[PKW], k.is_bf16)
 
     @cute.jit
     def thread_amax(self, t, io, am, is_bf16: cutlass.Constexpr):
@@ -679,15 +797,15 @@ class PackedKernel:
     def fp4_column_scales(self, k, t, io):
         """NVFP4's colwise copy (the transposed values, 16-element blocks along M): the scales of
         the thread's 8 columns over the 16 rows of its block, from the column maxima the warps
-        holding them left in sMax (16 // PK_ROWS warps; NaN dropped), stored by the block's first
-        warp (compact [N, ceil(M/16)] or its swizzled atoms), and the 8 multipliers."""
+        holding them left in sMax (16 // PK_ROWS warps, fp4_scale_warps; NaN dropped), stored by the
+        block's first warp (compact [N, ceil(M/16)] or its swizzled atoms), and the 8 multipliers."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
-        WPB = cutlass.const_expr(16 // k.PK_ROWS)  # warps per 16-row block
+        B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16)
         glob = codec.global_scales(cfg.fmt, io.amax)
-        w0 = t.warp - t.warp % WPB
-        nbm = (io.M + 15) // 16
-        blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // 16
+        w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
+        nbm = (io.M + B - 1) // B
+        blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
         c0 = t.co + (t.cb * 32 + t.lane) * VEC
         sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
         for j in cutlass.range_constexpr(PKW):
@@ -700,7 +818,7 @@ class PackedKernel:
                                       glob=glob)
                 sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
-                if t.warp == w0 and c < io.N and blk * 16 < t.Ms:
+                if t.warp == w0 and c < io.N and blk * B < t.Ms:
                     off = c * nbm + blk
                     if cutlass.const_expr(cfg.fmt.swizzled):
                         off = dev.swizzle_offset(c, blk, nbm)
@@ -774,28 +892,37 @@ class PackedKernel:
         if cutlass.const_expr(SR):
             seed, offset = t.rng[0], t.rng[1]
         if cutlass.const_expr(cfg.rowwise or not cfg.fmt.packed):
+            first, end = t.rbase, t.Ms  # row i is stored where first + i < end
+            if cutlass.const_expr(k.RING):  # (one register for every row's bound: i < Ms - rbase)
+                first, end = Int32(0), t.Ms - t.rbase
+            nrows = cutlass.select_(t.col_ok, t.Ms - t.rbase, Int32(0))  # (FP4: one compare a row)
             for i in cutlass.range_constexpr(k.PK_ROWS):
                 if cutlass.const_expr(SR and i % 2 == 0):
                     assert k.PK_ROWS % 2 == 0
                     pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, seed, offset)
-                if t.col_ok and t.rbase + i < t.Ms:
-                    rand = None
-                    if cutlass.const_expr(SR):
-                        rand = pair[2 * (i % 2):2 * (i % 2) + 2]
-                    qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16,
-                                               k.use_hw_e8m0, rand)
-                    if cutlass.const_expr(cfg.rowwise):
-                        cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
-                    if cutlass.const_expr(cfg.colwise and not cfg.fmt.packed):
-                        cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
+                rand = None
+                if cutlass.const_expr(SR):
+                    rand = pair[2 * (i % 2):2 * (i % 2) + 2]
+                if cutlass.const_expr(cfg.fmt.packed):  # (FP4, rowwise: encoded whatever the row, stored under
+                    q4, _ = self.quantize_row(words[i], sr[i], sc, k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
+                    if i < nrows:
+                        cute.autovec_copy(cute.recast_tensor(q4, Uint8), t.tRow[(i, None)])
+                if cutlass.const_expr(not cfg.fmt.packed):
+                    if t.col_ok and first + i < end:
+                        qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc,
+                                                   k.is_bf16, k.use_hw_e8m0, rand)
+                        if cutlass.const_expr(cfg.rowwise):
+                            cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
+                        if cutlass.const_expr(cfg.colwise):
+                            cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
         if cutlass.const_expr(cfg.colwise and cfg.fmt.packed):
             sF = t.smem["fp4t"]
             if t.col_ok and t.rbase < t.Ms:
                 for c in cutlass.range_constexpr(VEC):
-                    rand = None
+                    rc = None  # (not ``rand``: a name the rows' loop assigned would be carried into this if)
                     if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
-                        rand = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
-                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rand)
+                        rc = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
+                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc)
             cute.arch.sync_threads()
             self.store_fp4_columns(k, t)
 
@@ -811,15 +938,14 @@ class PackedKernel:
     @cute.jit
     def store_fp4_columns(self, k, t):
         """The staged transposed copy [N, M/2]: tile column c's TILE_ROWS rows are its warps'
-        words (8 rows each), 4 * WARPS bytes at byte rb * TILE_ROWS / 2 of output row cb * VCOLS
-        + c; one thread per column, as one vector store where the copy's rows and base are aligned
-        to it and the run lies below M, else a word per warp below M (M % 8 == 0,
-        limits.fp4_unserved: a warp's rows are all in or all past M)."""
+        words (8 rows each), a run of 4 * WARPS bytes at byte rb * TILE_ROWS / 2 of output row
+        cb * VCOLS + c; one thread per column, the run as stores of 4, 2 or 1 words, the widest
+        that the copy's base and row bytes M / 2 align (fp4_store_words), each below M where its
+        first row is (M % 8 == 0, limits.fp4_unserved)."""
         sF = t.smem["fp4t"]
-        RUN = cutlass.const_expr(4 * k.WARPS)  # bytes of a column's run
         half_m = t.M // 2
         base = t.col_data.iterator.toint()
-        fast = ((base | Int64(half_m)) & Int64(RUN - 1)) == Int64(0)
+        words = fp4_store_words(base | Int64(half_m), k.WARPS)
         r0 = t.rb * k.TILE_ROWS
         for s in cutlass.range_constexpr(VCOLS // k.NTHREADS):
             c = t.tidx + s * k.NTHREADS
@@ -827,12 +953,22 @@ class PackedKernel:
             w = [sF[fp4_column_slot(j, c)] for j in range(k.WARPS)]
             if oc < t.N and r0 < t.Ms:
                 addr = base + Int64(oc) * Int64(half_m) + Int64(r0 // 2)
-                if fast and r0 + k.TILE_ROWS <= t.Ms:
-                    dev.store_global_words(addr, w)
-                else:
-                    for j in cutlass.range_constexpr(k.WARPS):
-                        if r0 + j * k.PK_ROWS < t.Ms:
-                            dev.store_global_words(addr + Int64(4 * j), [w[j]])
+                if cutlass.const_expr(k.WARPS >= 4):
+                    if words == 4:
+                        self.store_fp4_run(k, t, addr, r0, w, 4)
+                if words == 2:
+                    self.store_fp4_run(k, t, addr, r0, w, 2)
+                if words == 1:
+                    self.store_fp4_run(k, t, addr, r0, w, 1)
+
+    @cute.jit
+    def store_fp4_run(self, k, t, addr, r0, w, words: cutlass.Constexpr):
+        """One column's run ``w`` at ``addr`` as stores of ``words`` words (fp4_run_stores)."""
+        for q, n in fp4_run_stores(words, k.WARPS):
+            if cutlass.const_expr(q == 0):
+                dev.store_global_words(addr, w[0:n])
+            elif r0 + 8 * q < t.Ms:
+                dev.store_global_words(addr + Int64(4 * q), w[q:q + n])
 
     # -- the transposed colwise copy (FP8 block scaling's GEMM-ready layout, KernelConfig.transposed) --
     @cute.jit
@@ -844,7 +980,7 @@ class PackedKernel:
         cfg = self.cfg
         qcs = []
         for i in cutlass.range_constexpr(k.PK_ROWS):
-            qr, qc = self.quantize_row(words[i], sr[i] if cfg.rowwise else None, sc, k.is_bf16)
+            qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc, k.is_bf16)
             if cutlass.const_expr(cfg.rowwise):
                 if t.col_ok and t.rbase + i < t.Ms:
                     cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
@@ -892,7 +1028,7 @@ class PackedKernel:
             if oc < io.N and r0 < t.Ms:
                 addr = base + Int64(oc) * Int64(M) + Int64(r0)
                 if fast and r0 + 16 <= t.Ms:
-                    dev.store_global_v4(addr, w)
+                    dev.store_global_words(addr, w)
                 else:
                     for j in cutlass.range_constexpr(16):
                         if r0 + j < t.Ms:

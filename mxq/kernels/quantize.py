@@ -82,7 +82,7 @@ class Quantize:
                                                or cfg.tile_rows // cfg.packed_warps() != 8):
             raise NotImplementedError("mxq: NVFP4's colwise copy is served by the packed kernel's 8-row threads alone "
                                       "(16-bit inputs, no dbias)")
-        if cfg.tile_rows != ROWS and (ins[0].element_type.width != 16 or group_ends is not None or cfg.halves
+        if cfg.tile_rows != ROWS and not cfg.fp4_columns and (ins[0].element_type.width != 16 or group_ends is not None or cfg.halves
                                       or (cfg.transposed and variant != "vec")):
             # (limits.fp8_block_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: colwise blocks of 128 rows are served by the packed kernel alone, "
@@ -125,7 +125,8 @@ class Quantize:
         cfg = self.cfg
         unaligned = variant != "vec"  # any N and alignment: rows through unaligned.py
         grid, block = packed_grid(cfg, M, N, G, unaligned)
-        cap = cfg.rows8_min_blocks if variant == "rows8" else cfg.min_blocks  # (Tuning's register caps)
+        fp16 = args[0][0].element_type is cutlass.Float16
+        cap = cfg.rows8_min_blocks if variant == "rows8" else cfg.packed_min_blocks(unaligned, G is not None, fp16)
         self.packed.packed_kernel(*args, use_pdl and cfg.pdl, unaligned, variant == "rows8", rng).launch(
             grid=grid, block=block, stream=stream, **register_cap(cap))
 
