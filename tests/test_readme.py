@@ -43,7 +43,7 @@ def test_quickstart_runs_on_cpu(tmp_path, monkeypatch, capsys):
 
 
 DEMO = "bash .ci/setup.sh && .venv/bin/python examples/demo.py"
-TESTS = "bash .ci/setup.sh && .venv/bin/python -m pytest -q"
+TESTS = "bash .ci/setup.sh && .venv/bin/python -m pytest -q -n 2"
 
 
 def test_the_two_commands_are_written_as_ci_runs_them():
