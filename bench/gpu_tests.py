@@ -6,7 +6,8 @@
 Run from the repository root (node ids are relative to it). Collects the tests marked ``gpu``
 (``--marker``) under PATHS (default ``tests/``), deals them
 round-robin to ``--shards`` pytest processes (they compile their kernels in parallel; the GPU
-runs them one after another), stops them all ``--timeout`` seconds after the start, and writes
+runs them one after another; on a machine of several GPUs shard n runs on GPU n % ``--gpus``,
+all visible ones by default), stops them all ``--timeout`` seconds after the start, and writes
 one text file:
 counts, every failed or erroring test with pytest's summary line and the head of its traceback,
 and the tests that did not finish. One file, because a device call returns a limited number of
@@ -50,6 +51,25 @@ def collect(paths, marker: str, kexpr: str | None) -> list[str]:
 def shard(ids: list[str], k: int) -> list[list[str]]:
     """Deal ``ids`` round-robin to ``k`` shards (neighbouring, similar tests spread out)."""
     return [ids[i::k] for i in range(k)]
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs the shards may use: CUDA_VISIBLE_DEVICES's entries where it is set, else one
+    index per GPU ``nvidia-smi -L`` lists (["0"] where it lists none or is missing)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()] or ["0"]
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    n = sum(line.startswith("GPU ") for line in out.splitlines())
+    return [str(i) for i in range(max(n, 1))]
+
+
+def shard_env(n: int, gpus: list[str]) -> dict:
+    """The environment of shard ``n``: this one with CUDA_VISIBLE_DEVICES the shard's one GPU."""
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[n % len(gpus)]}
 
 
 def parse(text: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
@@ -164,6 +184,7 @@ def main(argv=None) -> int:
     ap.add_argument("paths", nargs="*", default=["tests/"])
     ap.add_argument("--shards", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per shard")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs the shards share (0: every visible one)")
     ap.add_argument("--marker", default="gpu", help="pytest -m expression (default: gpu)")
     ap.add_argument("-k", dest="kexpr", default=None)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu-tests.txt"))
@@ -187,12 +208,15 @@ def main(argv=None) -> int:
     else:
         ids = collect(args.paths, args.marker, args.kexpr)
     shards = [s for s in shard(ids, max(1, args.shards)) if s]
+    gpus = visible_gpus()
+    gpus = gpus[:args.gpus] if args.gpus > 0 else gpus
     with tempfile.TemporaryDirectory() as tmp:
         procs = []
         for n, ids_n in enumerate(shards):
             log = open(Path(tmp) / f"shard{n}.txt", "w")
             cmd = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "-m", args.marker, *ids_n]
-            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True), log))
+            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                                           env=shard_env(n, gpus)), log))
         deadline = t0 + args.timeout
         for p, log in procs:
             try:

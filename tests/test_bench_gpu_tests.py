@@ -54,14 +54,16 @@ def test_shards_deal_round_robin_and_report_counts_every_test():
 
 def test_whole_run_on_a_small_test_file(tmp_path, monkeypatch):
     """Three shards over a file of its own: the report counts the pass, names the failure with its
-    assertion and lists the test the timeout stopped; the exit status says a test failed."""
+    assertion and lists the test the timeout stopped; the exit status says a test failed. Each
+    shard sees one of the visible GPUs (CUDA_VISIBLE_DEVICES)."""
     tool = _bench_tool("gpu_tests")
     f = tmp_path / "test_sample.py"
     f.write_text(textwrap.dedent("""\
+        import os
         import time
 
         def test_ok():
-            assert 1 + 1 == 2
+            assert os.environ["CUDA_VISIBLE_DEVICES"] in ("7", "9")
 
         def test_bad():
             assert 1 + 1 == 3
@@ -71,6 +73,7 @@ def test_whole_run_on_a_small_test_file(tmp_path, monkeypatch):
         """))
     out = tmp_path / "report.txt"
     monkeypatch.chdir(tmp_path)  # (node ids are relative to where pytest runs)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7,9")
     status = tool.main([f.name, "--shards", "3", "--timeout", "10", "--marker", "not gpu", "--out", str(out)])
     text = out.read_text()
     assert status == 1
@@ -123,3 +126,16 @@ def test_rerun_takes_the_failed_and_unfinished_tests_and_its_record_counts_both_
                               2).endswith("the other 2 (unfinished there) in a rerun on the same kernel layer (2 passed)")
     counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|error|did not finish)", summary))
     assert "failed" not in counts and counts["passed"] > 0
+
+
+def test_shards_share_the_visible_gpus_round_robin(monkeypatch):
+    """Shard n runs on GPU n % (visible GPUs): CUDA_VISIBLE_DEVICES's entries where it is set,
+    else nvidia-smi's count, else one."""
+    tool = _bench_tool("gpu_tests")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
+    gpus = tool.visible_gpus()
+    assert gpus == ["3", "5"]
+    assert [tool.shard_env(n, gpus)["CUDA_VISIBLE_DEVICES"] for n in range(5)] == ["3", "5", "3", "5", "3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("PATH", "/nonexistent")  # (no nvidia-smi)
+    assert tool.visible_gpus() == ["0"]
