@@ -96,6 +96,11 @@ class Tuning:
     on that 512-thread tile, which holds it at one CTA per SM (65,536 registers); capped at 2:
     64, no spills (ptxas). A cap whose CTAs' shared memory would not share an SM is none
     (KernelConfig.packed_min_blocks).
+    ``rows32_min_blocks``: CTAs per SM the packed kernel's 32-row tile (every kernel but the
+    128-row tile: MXFP8, 1x128 rowwise, MXFP4 and NVFP4, NVFP4's colwise tile included) is
+    compiled for (``min_blocks_per_mp``, a register cap; none where that many CTAs' shared memory
+    would not share an SM; not NVFP4's amax pass); 0 (the default): no cap. For an A/B of the FP4 rowwise kernels,
+    which compile to 48 (MXFP4) and 86 (NVFP4) registers: 10 and 5 CTAs of 128 threads per SM.
     ``dbias_group_rows``: a grouped dbias reduction whose groups average at most this many rows
     (M <= dbias_group_rows * G) runs reduce.dbias_groups_kernel, a warp per group, 8 groups per
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those
@@ -124,6 +129,7 @@ class Tuning:
     vec_stage: bool = True
     rows8_min_blocks: int = 0
     rows128_min_blocks: int | None = None
+    rows32_min_blocks: int = 0
     dbias_group_rows: int = 1024
     group_search: str = ""
     fp4_col_rows: int = 0
@@ -132,7 +138,7 @@ class Tuning:
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
             raise ValueError(f"mxq: Tuning.vec_unaligned_copy must be '', 'words' or 'chunks', "
                              f"got {self.vec_unaligned_copy!r}")
-        for name in ("rows8_min_blocks", "rows128_min_blocks"):
+        for name in ("rows8_min_blocks", "rows128_min_blocks", "rows32_min_blocks"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"mxq: Tuning.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.dbias_group_rows < 0:
@@ -341,8 +347,8 @@ class KernelConfig:
         packed_shared_bytes)."""
         rows = self.tile_rows // self.packed_warps(unaligned)
         ctas = self.ring_ctas(fp16)
-        if unaligned or self.halves_passes > 1 or ctas < 2:
-            return rows
+        if unaligned or self.halves_passes > 1 or ctas < 2 or self.tile_rows == ROWS or self.fp4_columns:
+            return rows  # (the ring serves the 128-row tile alone)
         n = self.n_inputs + self.has_dact
         if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows), ctas):
             return rows
@@ -352,7 +358,7 @@ class KernelConfig:
         """tuned_min_blocks for the packed kernel of 16-bit inputs (``fp16``: float16, else
         bfloat16): the library's choice for a dact op is bf16's alone (fp16's conversions spill
         32 bytes under the cap on sm_90)."""
-        if fp16 and self.tuned.rows128_min_blocks is None and self.computed:
+        if fp16 and self.tuned.rows128_min_blocks is None and self.computed and self.tile_rows > ROWS:
             return 0
         return self.tuned_min_blocks
 
@@ -478,8 +484,8 @@ class KernelConfig:
         spills for dgelu on sm_90, 8 bytes for the other dacts; bf16 inputs, ring_ctas); none
         for the rest (act ops compile to 64 registers uncapped; dgelu without dbias and a plain
         cast with dbias spill under the cap)."""
-        if self.tile_rows == ROWS or self.fp4_columns:
-            return 0
+        if self.tile_rows == ROWS or self.fp4_columns:  # (not NVFP4's amax pass: no data, no cap)
+            return self.tuned.rows32_min_blocks if self.rowwise or self.colwise else 0
         if self.tuned.rows128_min_blocks is not None:
             return self.tuned.rows128_min_blocks
         plain = not self.computed and not self.dbias
