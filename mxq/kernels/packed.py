@@ -283,7 +283,9 @@ class PackedKernel:
             if cutlass.const_expr(cfg.col_reduce):
                 self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
             if cutlass.const_expr(cfg.rowwise or cfg.colwise):  # (else NVFP4's amax pass: the owners' amax alone)
-                sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv, "max": sMax}), io.rec(), sr)
+                sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv, "max": sMax}, rbase=rbase, c0=c0,
+                                                                    col_ok=col_ok, nbr=nbr if cfg.rowwise else None),
+                                                io.rec(), sr)
                 if cutlass.const_expr(RING):
                     tRow, tCol = self.out_tiles(PK_ROWS, row_data, col_data, co, trow, rbase, g, GROUPED)
                 if cutlass.const_expr(UNALIGNED):
@@ -539,13 +541,13 @@ class PackedKernel:
     def row_scale_phase(self):
         """The row-scale phase of the config's format: row_scales for 1x32 and 1x16 blocks (4, 2 lanes),
         row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes); none for 128x128
-        tiles (their scales come from the column owners: block_multipliers)."""
-        if self.cfg.tiles:
+        and NVFP4's 16x16 tiles (their scales come after the column maxima: block_multipliers)."""
+        if self.cfg.tiles or self.cfg.fp4_tiles:
             return self.no_row_scales
         return self.row_scales if self.cfg.fmt.block[1] <= 32 else self.row_block_scales
 
     def no_row_scales(self, k, t, io, absw):
-        """128x128 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
+        """128x128 and 16x16 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
         return None
 
     @cute.jit
@@ -678,8 +680,9 @@ class PackedKernel:
         if cutlass.const_expr(k.GROUPED and not cfg.fmt.swizzled):
             # compact grouped: a tile with no rows writes its scale row's zeros (grouped.py)
             Ns = Int32(cutlass.select_(t.in_grid and io.noop[0] != Float32(1.0), io.N, Int32(0)))
-        if t.tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
-            self.column_scales_owned(k, t, io, Ns)
+        if cutlass.const_expr(not (cfg.fp4_tiles and not cfg.amax)):  # (16x16 tiles: fp4_tile_scales)
+            if t.tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
+                self.column_scales_owned(k, t, io, Ns)
         if cutlass.const_expr(cfg.dbias):
             # dbias: each thread sums its column(s) over the warps in a fixed order (deterministic)
             for r in cutlass.range_constexpr(max(1, 32 * VEC // k.NTHREADS)):
@@ -698,9 +701,13 @@ class PackedKernel:
     @cute.jit
     def publish_columns(self, k, t, io, cm, dsum):
         """The thread's column maxima and dbias sums into shared memory for the column owners
-        (and its amax word's atomic, thread_amax)."""
-        for j in cutlass.range_constexpr(PKW):
-            t.smem["max"][t.warp, j * 32 + t.lane] = cm[j]
+        (and its amax word's atomic, thread_amax); NVFP4's 16x16 tiles (quantize pass): the
+        maximum word of the thread's 8 x 8 values alone, at [warp, lane] (fp4_tile_scales)."""
+        if cutlass.const_expr(self.cfg.fp4_tiles and not self.cfg.amax):
+            t.smem["max"][t.warp, t.lane] = self.row_partial(cm, k.is_bf16, False)
+        else:
+            for j in cutlass.range_constexpr(PKW):
+                t.smem["max"][t.warp, j * 32 + t.lane] = cm[j]
         if cutlass.const_expr(self.cfg.dbias):
             for c in cutlass.range_constexpr(VEC):
                 t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
@@ -789,6 +796,9 @@ class PackedKernel:
             e = self.tile_scales(k, t, io)
             m = codec.multiplier(self.cfg.fmt, e)
             return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
+        if self.cfg.fp4_tiles:
+            m = self.fp4_tile_scales(k, t, io)
+            return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
         if self.cfg.colwise and self.cfg.fmt.packed:
             return sr, self.fp4_column_scales(k, t, io)
         return sr, (self.column_scales(t) if self.cfg.colwise else None)
@@ -824,6 +834,48 @@ class PackedKernel:
                         off = dev.swizzle_offset(c, blk, nbm)
                     io.col_scale[off] = Uint8(e)
         return sc
+
+    @cute.jit
+    def fp4_tile_scales(self, k, t, io):
+        """NVFP4's 16x16 tiles (block_2d): the thread's tile is rows w0 * 8 .. of the CTA (the 16
+        // PK_ROWS warps w0 .. of fp4_scale_warps) and columns of lanes 2q, 2q + 1 (lane ^ 1). Its
+        amax (NaN dropped, partial tiles the rows below M alone: rows past M are zero) is those
+        warps' words at [w, lane] (publish_columns) and the partner lane's, one shuffle; its E4M3
+        scale is stored in each of its rows' entries of the rowwise scales (each of the two lanes
+        half the thread's rows) and each of its columns' entries of the colwise ones (each of the
+        warps VEC // (16 // PK_ROWS) of the thread's columns). Returns the tile's multiplier."""
+        cfg = self.cfg
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        B = cutlass.const_expr(cfg.fmt.block[0])  # (16)
+        glob = codec.global_scales(cfg.fmt, io.amax)
+        w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
+        cw = t.smem["max"][w0, t.lane]
+        for w in cutlass.range_constexpr(1, WPB):
+            cw = dev.pk_max(cw, t.smem["max"][w0 + w, t.lane], is_bf16, False)
+        cw = dev.pk_max_bfly(cw, 1, is_bf16, False)  # (the tile's other 8 columns: lane ^ 1)
+        e = codec.block_scale(cfg.fmt, dev.pk_amax(cw, is_bf16, False), k.use_hw_e8m0, glob=glob)
+        if cutlass.const_expr(cfg.rowwise):
+            HALF = cutlass.const_expr(k.PK_ROWS // 2)
+            blk = (t.co + t.c0) // B
+            r0 = t.rbase + (t.lane % 2) * HALF
+            for i in cutlass.range_constexpr(HALF):
+                if t.col_ok and r0 + i < t.Ms:
+                    off = r0 * t.nbr + i * t.nbr + blk
+                    if cutlass.const_expr(cfg.fmt.swizzled):
+                        off = dev.swizzle_offset(r0 + i, blk, t.nbr)
+                    codec.store_row_scale(cfg, io.row_scale, off, e)
+        if cutlass.const_expr(cfg.colwise):
+            CPW = cutlass.const_expr(VEC // WPB)  # columns whose scales each of the warps stores
+            nbm = (io.M + B - 1) // B
+            blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
+            c1 = t.co + t.c0 + (t.warp - w0) * CPW
+            for q in cutlass.range_constexpr(CPW):
+                if c1 + q < io.N and blk * B < t.Ms:
+                    off = (c1 + q) * nbm + blk
+                    if cutlass.const_expr(cfg.fmt.swizzled):
+                        off = dev.swizzle_offset(c1 + q, blk, nbm)
+                    io.col_scale[off] = Uint8(e)
+        return codec.multiplier(cfg.fmt, e, glob)
 
     @cute.jit
     def tile_scales(self, k, t, io):
