@@ -113,6 +113,12 @@ def test_tiles_compile(arch, dtype, opts):
         assert q.count("cvt.rn.satfinite.e2m1x2.f32") == 32 * (2 if opts.get("colwise") else 1)
 
 
+def test_fp32_refuses_to_trace():
+    """fp32 2-D calls run the reference (limits), and their kernel is not traced either."""
+    with pytest.raises(Exception, match="16x16"):
+        _ptx(_op(), "sm_90a", "fp32")
+
+
 # -- a hand-made case ------------------------------------------------------------------------------
 HAND_M, HAND_N = 40, 48  # (3 tile rows, the last of 8 rows; 3 tile columns)
 # the E4M3 bytes of 0.25, 0.5, 1, 2, 4: tile amax 6 * that under S_enc = 1 (global amax 2688)

@@ -283,9 +283,7 @@ class PackedKernel:
             if cutlass.const_expr(cfg.col_reduce):
                 self.column_owners(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum, "inv": sInv}), io.rec(), cm, dsum)
             if cutlass.const_expr(cfg.rowwise or cfg.colwise):  # (else NVFP4's amax pass: the owners' amax alone)
-                sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv, "max": sMax}, rbase=rbase, c0=c0,
-                                                                    col_ok=col_ok, nbr=nbr if cfg.rowwise else None),
-                                                io.rec(), sr)
+                sr, sc = self.block_multipliers(k.rec(), owners.rec(smem={"inv": sInv, "max": sMax}), io.rec(), sr)
                 if cutlass.const_expr(RING):
                     tRow, tCol = self.out_tiles(PK_ROWS, row_data, col_data, co, trow, rbase, g, GROUPED)
                 if cutlass.const_expr(UNALIGNED):
@@ -854,21 +852,23 @@ class PackedKernel:
             cw = dev.pk_max(cw, t.smem["max"][w0 + w, t.lane], is_bf16, False)
         cw = dev.pk_max_bfly(cw, 1, is_bf16, False)  # (the tile's other 8 columns: lane ^ 1)
         e = codec.block_scale(cfg.fmt, dev.pk_amax(cw, is_bf16, False), k.use_hw_e8m0, glob=glob)
+        c0 = t.co + (t.cb * 32 + t.lane) * VEC  # the thread's first column
         if cutlass.const_expr(cfg.rowwise):
             HALF = cutlass.const_expr(k.PK_ROWS // 2)
-            blk = (t.co + t.c0) // B
-            r0 = t.rbase + (t.lane % 2) * HALF
+            nbr = (t.NOUT + B - 1) // B
+            blk = c0 // B
+            r0 = t.rb * k.TILE_ROWS + t.warp * k.PK_ROWS + (t.lane % 2) * HALF
             for i in cutlass.range_constexpr(HALF):
-                if t.col_ok and r0 + i < t.Ms:
-                    off = r0 * t.nbr + i * t.nbr + blk
+                if c0 < io.N and r0 + i < t.Ms:
+                    off = r0 * nbr + i * nbr + blk
                     if cutlass.const_expr(cfg.fmt.swizzled):
-                        off = dev.swizzle_offset(r0 + i, blk, t.nbr)
+                        off = dev.swizzle_offset(r0 + i, blk, nbr)
                     codec.store_row_scale(cfg, io.row_scale, off, e)
         if cutlass.const_expr(cfg.colwise):
             CPW = cutlass.const_expr(VEC // WPB)  # columns whose scales each of the warps stores
             nbm = (io.M + B - 1) // B
             blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
-            c1 = t.co + t.c0 + (t.warp - w0) * CPW
+            c1 = c0 + (t.warp - w0) * CPW
             for q in cutlass.range_constexpr(CPW):
                 if c1 + q < io.N and blk * B < t.Ms:
                     off = (c1 + q) * nbm + blk
