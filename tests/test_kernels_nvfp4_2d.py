@@ -21,6 +21,7 @@ import torch
 import mxq
 from mxq.frontend import codegen
 from mxq.frontend.spec import QuantSpec
+from mxq.kernels import packed
 from mxq.runtime import limits
 from mxq.testing import planted, poisoned, same_bytes
 
@@ -87,6 +88,39 @@ def test_tile_config():
             b.name for b in c.packed_buffers([], False)]
     plain = cfg()
     assert not plain.fp4_tiles and plain.wide and replace(plain, colwise=True).tile_rows == 32
+
+
+@pytest.mark.parametrize("tile_rows", [16, 32, 64])
+def test_tile_scale_entries_write_each_once(tile_rows):
+    """packed.fp4_tile_entries under fp4_tile_scales' bounds (a row below M, a first column below
+    N; a colwise entry's tile starting below M), over every thread of the grid, against brute
+    force: each rowwise entry (r, b) and colwise entry (c, b) of an [M, N] operand (N % 16 == 0,
+    any M rowwise, M % 8 == 0 colwise) is written once, by a thread whose own 8 x 8 values lie in
+    tile (r // 16, b), (b, c // 16) (its tile: rows of its warp, columns of its lane)."""
+    warps, vec = tile_rows // 8, 8
+    for m in list(range(1, 70, 3)) + [8, 16, 24, 40, 64, 72, 136]:
+        for n in (16, 48, 272, 528):
+            rows, cols = {}, {}
+            for rb in range(-(-m // tile_rows)):
+                for cb in range(-(-n // 256)):
+                    for w in range(warps):
+                        for lane in range(32):
+                            tile = ((rb * tile_rows + w * 8) // 16, ((cb * 32 + lane) * vec) // 16)
+                            r0, c1 = packed.fp4_tile_entries(w, lane, rb, cb, tile_rows, 8)
+                            w0, wpb = packed.fp4_scale_warps(w, 8)
+                            c0, blk = (cb * 32 + lane) * vec, (rb * tile_rows + w0 * 8) // 16
+                            assert blk == tile[0]
+                            for i in range(4):
+                                if c0 < n and r0 + i < m:
+                                    assert (r0 + i, c0 // 16) not in rows
+                                    rows[(r0 + i, c0 // 16)] = tile
+                            for q in range(vec // wpb):
+                                if c1 + q < n and blk * 16 < m and m % 8 == 0:
+                                    assert (c1 + q, blk) not in cols
+                                    cols[(c1 + q, blk)] = tile
+            assert rows == {(r, b): (r // 16, b) for r in range(m) for b in range(n // 16)}, (m, n)
+            if m % 8 == 0:
+                assert cols == {(c, b): (b, c // 16) for c in range(n) for b in range(-(-m // 16))}, (m, n)
 
 
 # -- compiled code ---------------------------------------------------------------------------------

@@ -83,6 +83,19 @@ def fp4_scale_warps(warp, rows: int, block: int = 16):
     return warp - warp % wpb, wpb
 
 
+def fp4_tile_entries(warp, lane, rb, cb, tile_rows: int, rows: int, block: int = 16):
+    """NVFP4's 16x16 tiles (PackedKernel.fp4_tile_scales) on a tile of ``rows``-row warps: the
+    scale entries thread (warp, lane) of CTA (cb, rb) stores, as (its first row, its first
+    column): rows first .. first + rows / 2 - 1 of the rowwise scales (lanes 2q and 2q + 1 each
+    half of their warp's rows) and columns first .. first + VEC // (block // rows) - 1 of the
+    colwise ones (the tile's warps each a share of the lane's columns). Plain integer arithmetic:
+    the tests run it on ints."""
+    w0, wpb = fp4_scale_warps(warp, rows, block)
+    row = rb * tile_rows + warp * rows + (lane % 2) * (rows // 2)
+    col = (cb * 32 + lane) * VEC + (warp - w0) * (VEC // wpb)
+    return row, col
+
+
 def ring_wait(i: int, depth: int, rows: int) -> int:
     """Staged rows (one cp.async commit group each, ``depth`` of a thread's ``rows`` at once):
     the groups that may still be pending when row i is read (``cp.async.wait_group``). Rows 0 ..
@@ -853,11 +866,11 @@ class PackedKernel:
         cw = dev.pk_max_bfly(cw, 1, is_bf16, False)  # (the tile's other 8 columns: lane ^ 1)
         e = codec.block_scale(cfg.fmt, dev.pk_amax(cw, is_bf16, False), k.use_hw_e8m0, glob=glob)
         c0 = t.co + (t.cb * 32 + t.lane) * VEC  # the thread's first column
+        r0, c1 = fp4_tile_entries(t.warp, t.lane, t.rb, t.cb, k.TILE_ROWS, k.PK_ROWS, B)
         if cutlass.const_expr(cfg.rowwise):
             HALF = cutlass.const_expr(k.PK_ROWS // 2)
             nbr = (t.NOUT + B - 1) // B
             blk = c0 // B
-            r0 = t.rb * k.TILE_ROWS + t.warp * k.PK_ROWS + (t.lane % 2) * HALF
             for i in cutlass.range_constexpr(HALF):
                 if c0 < io.N and r0 + i < t.Ms:
                     off = r0 * nbr + i * nbr + blk
@@ -868,12 +881,12 @@ class PackedKernel:
             CPW = cutlass.const_expr(VEC // WPB)  # columns whose scales each of the warps stores
             nbm = (io.M + B - 1) // B
             blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
-            c1 = c0 + (t.warp - w0) * CPW
+            col = t.co + c1
             for q in cutlass.range_constexpr(CPW):
-                if c1 + q < io.N and blk * B < t.Ms:
-                    off = (c1 + q) * nbm + blk
+                if col + q < io.N and blk * B < t.Ms:
+                    off = (col + q) * nbm + blk
                     if cutlass.const_expr(cfg.fmt.swizzled):
-                        off = dev.swizzle_offset(c1 + q, blk, nbm)
+                        off = dev.swizzle_offset(col + q, blk, nbm)
                     io.col_scale[off] = Uint8(e)
         return codec.multiplier(cfg.fmt, e, glob)
 
