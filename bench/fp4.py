@@ -55,6 +55,8 @@ def cases(m, n):
         "nvfp4_both_sr": (dict(nv, colwise=True, stochastic_rounding=True), moved(m, n, "nvfp4", True, True), False,
                           False),
         "nvfp4_gelu_rowwise": (dict(nv, act="gelu"), moved(m, n, "nvfp4"), False, False),
+        "nvfp4_2d_rowwise": (dict(nv, block_2d=True), moved(m, n, "nvfp4"), True, False),
+        "nvfp4_2d_both": (dict(nv, colwise=True, block_2d=True), moved(m, n, "nvfp4", True, True), True, False),
     }
 
 

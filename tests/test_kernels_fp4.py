@@ -297,7 +297,7 @@ def test_rowwise_mxfp4_is_served(dtype, opts):
     ("nvfp4", dict(colwise=True), torch.zeros(4, 64, dtype=torch.bfloat16), "M % 8"),
     ("nvfp4", dict(colwise=True), torch.zeros(8, 64), "colwise"),
     ("nvfp4", dict(colwise=True, dbias=True), torch.zeros(8, 64, dtype=torch.bfloat16), "dbias"),
-    ("nvfp4", dict(block_2d=True), torch.zeros(4, 64, dtype=torch.bfloat16), "block_2d"),
+    ("nvfp4", dict(block_2d=True), torch.zeros(4, 64), "block_2d"),
     ("nvfp4", dict(colwise=True, hadamard=True), torch.zeros(4, 64, dtype=torch.bfloat16), "hadamard"),
     ("nvfp4", dict(stochastic_rounding=True), torch.zeros(4, 64), "stochastic_rounding"),
 ])
@@ -322,7 +322,7 @@ def test_groups_and_misaligned_out_fall_back():
 
 def test_source_renders_for_served_specs_only():
     assert "mxfp4" in mxq.fused_quant(format="mxfp4")(ident).source
-    for opts in (dict(format="mxfp4", colwise=True), dict(format="nvfp4", block_2d=True)):
+    for opts in (dict(format="mxfp4", colwise=True), dict(format="nvfp4", colwise=True, hadamard=True)):
         with pytest.raises(NotImplementedError):
             mxq.fused_quant(**opts)(ident).source
     cfg = codegen.kernel_config(mxq.fused_quant(format="mxfp4")(ident).spec, mxq.fused_quant()(ident).epilogue)

@@ -17,7 +17,8 @@ compact or GEMM-ready (``gemm``) layout; the kernels serve it from 16-bit inputs
 rowwise blocks from any (mxq/kernels/codec.py, mxq/runtime/limits.py), the torch reference the rest.
 MXFP4 is ``Format.mxfp4(scale_mode, layout)``: 1x32 blocks of e2m1 elements, two per byte
 (element 2j in the low nibble), E8M0 scales by MXFP8's "floor" or "rceil" rule with E2M1's
-constants (mxq/formats/fp4.py). NVFP4 is ``Format.nvfp4(layout)``: 1x16 blocks of e2m1, E4M3
+constants (mxq/formats/fp4.py). NVFP4 is ``Format.nvfp4(layout)``: 1x16 blocks (or, ``block_2d``,
+16x16 tiles) of e2m1, E4M3
 scales (rule "e4m3": TransformerEngine's, docs/NUMERICS.md steps N2-N5) under an fp32
 per-tensor scale from the tensor's amax (``global_scale``: the kernels run two passes), its
 elements rounded to nearest or stochastically (``rounding``, "rn" or "sr").
@@ -114,12 +115,13 @@ class Format:
         return cls(block=(1, 32), element="e2m1", scale="e8m0", rule=scale_mode, layout=layout)
 
     @classmethod
-    def nvfp4(cls, layout: str, stochastic: bool = False) -> "Format":
-        """NVFP4 (TransformerEngine's NVFP4BlockScaling, 1-D blocks): 1x16 blocks of E2M1 elements
-        two per byte, E4M3 scales under the per-tensor fp32 scale of the tensor's amax, rounded to
+    def nvfp4(cls, layout: str, stochastic: bool = False, block_2d: bool = False) -> "Format":
+        """NVFP4 (TransformerEngine's NVFP4BlockScaling): 1x16 blocks (``block_2d``: 16x16 tiles,
+        one scale each, which the colwise copy's transposed tiles share) of E2M1 elements two per
+        byte, E4M3 scales under the per-tensor fp32 scale of the tensor's amax, rounded to
         nearest or (``stochastic``) stochastically."""
-        return cls(block=(1, 16), element="e2m1", scale="e4m3", rule="e4m3", layout=layout, global_scale=True,
-                   rounding="sr" if stochastic else "rn")
+        return cls(block=(16, 16) if block_2d else (1, 16), element="e2m1", scale="e4m3", rule="e4m3",
+                   layout=layout, global_scale=True, rounding="sr" if stochastic else "rn")
 
     @property
     def col_block(self) -> tuple:

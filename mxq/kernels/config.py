@@ -193,14 +193,23 @@ class KernelConfig:
 
     @property
     def col_reduce(self) -> bool:
-        """The CTA reduces over its rows: colwise scales, amax, dbias or 128x128 tile scales."""
-        return self.colwise or self.amax or self.dbias or self.tiles
+        """The CTA reduces over its rows: colwise scales, amax, dbias, 128x128 or NVFP4's 16x16
+        tile scales."""
+        return self.colwise or self.amax or self.dbias or self.tiles or self.fp4_tiles
 
     @property
     def tiles(self) -> bool:
         """One scale per 128x128 tile (FP8 block scaling's block=(128, 128)): the packed kernel's
         128-row tile, whose column owners reduce each tile's maxima (packed.tile_scales)."""
-        return self.fmt.block[0] > 1
+        return self.fmt.block[0] > 1 and not self.fmt.packed
+
+    @property
+    def fp4_tiles(self) -> bool:
+        """One E4M3 scale per 16x16 tile (NVFP4's block_2d), each tile two 8-row warps' threads of
+        two adjacent lanes: the packed kernel's 32-row tile of 8-row warps (eight_row_warps),
+        each thread's maximum over its 8 x 8 values meeting its partners' in shared memory and by
+        one shuffle (packed.fp4_tile_scales); one multiplier per thread serves both copies."""
+        return self.fmt.packed and self.fmt.block[0] > 1
 
     @property
     def transposed(self) -> bool:
@@ -390,7 +399,7 @@ class KernelConfig:
         """Rows of a CTA's (non-wide) tile: one colwise block, ROWS for MXFP8's 32x1 blocks and
         rowwise-only ops, 128 for FP8 block scaling's colwise blocks and 128x128 tiles (the packed kernel only:
         docs/DESIGN.md "FP8 block scaling on the kernels"); NVFP4's colwise copy fp4_col_rows
-        (whole 16-row blocks)."""
+        (whole 16-row blocks; its 16x16 tiles too, and ROWS, two tiles' rows, without the copy)."""
         if self.fp4_columns:
             return self.fp4_col_rows
         return self.fmt.col_block[0] if self.colwise else max(ROWS, self.fmt.block[0])
@@ -398,15 +407,15 @@ class KernelConfig:
     @property
     def eight_row_warps(self) -> bool:
         """The packed kernel's warps are tile_rows / 8 warps of 8 rows, whatever the op: tiles
-        other than ROWS rows and NVFP4's colwise copy (a thread's 8 rows of a column are one
-        word of codes)."""
-        return self.tile_rows != ROWS or self.fp4_columns
+        other than ROWS rows, NVFP4's colwise copy (a thread's 8 rows of a column are one
+        word of codes) and its 16x16 tiles (two warps' rows, fp4_tiles)."""
+        return self.tile_rows != ROWS or self.fp4_columns or self.fp4_tiles
 
     @property
     def pk_warps(self) -> int:
         """Packed (16-bit) kernel: 4 warps x 8 rows; dbias ops 8 x 4 (at 4 warps they need 80
         registers and 43 KB of shared memory per CTA and ran 4 points slower); 128-row tiles
-        (tile_rows) 16 x 8, NVFP4's colwise tile tile_rows / 8 x 8 (eight_row_warps)."""
+        (tile_rows) 16 x 8, NVFP4's colwise tile and 16x16 tiles tile_rows / 8 x 8 (eight_row_warps)."""
         if self.eight_row_warps:
             return self.tile_rows // 8
         return 8 if self.dbias else 4

@@ -83,6 +83,19 @@ def fp4_scale_warps(warp, rows: int, block: int = 16):
     return warp - warp % wpb, wpb
 
 
+def fp4_tile_entries(warp, lane, rb, cb, tile_rows: int, rows: int, block: int = 16):
+    """NVFP4's 16x16 tiles (PackedKernel.fp4_tile_scales) on a tile of ``rows``-row warps: the
+    scale entries thread (warp, lane) of CTA (cb, rb) stores, as (its first row, its first
+    column): rows first .. first + rows / 2 - 1 of the rowwise scales (lanes 2q and 2q + 1 each
+    half of their warp's rows) and columns first .. first + VEC // (block // rows) - 1 of the
+    colwise ones (the tile's warps each a share of the lane's columns). Plain integer arithmetic:
+    the tests run it on ints."""
+    w0, wpb = fp4_scale_warps(warp, rows, block)
+    row = rb * tile_rows + warp * rows + (lane % 2) * (rows // 2)
+    col = (cb * 32 + lane) * VEC + (warp - w0) * (VEC // wpb)
+    return row, col
+
+
 def ring_wait(i: int, depth: int, rows: int) -> int:
     """Staged rows (one cp.async commit group each, ``depth`` of a thread's ``rows`` at once):
     the groups that may still be pending when row i is read (``cp.async.wait_group``). Rows 0 ..
@@ -539,13 +552,13 @@ class PackedKernel:
     def row_scale_phase(self):
         """The row-scale phase of the config's format: row_scales for 1x32 and 1x16 blocks (4, 2 lanes),
         row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes); none for 128x128
-        tiles (their scales come from the column owners: block_multipliers)."""
-        if self.cfg.tiles:
+        and NVFP4's 16x16 tiles (their scales come after the column maxima: block_multipliers)."""
+        if self.cfg.tiles or self.cfg.fp4_tiles:
             return self.no_row_scales
         return self.row_scales if self.cfg.fmt.block[1] <= 32 else self.row_block_scales
 
     def no_row_scales(self, k, t, io, absw):
-        """128x128 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
+        """128x128 and 16x16 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
         return None
 
     @cute.jit
@@ -678,8 +691,9 @@ class PackedKernel:
         if cutlass.const_expr(k.GROUPED and not cfg.fmt.swizzled):
             # compact grouped: a tile with no rows writes its scale row's zeros (grouped.py)
             Ns = Int32(cutlass.select_(t.in_grid and io.noop[0] != Float32(1.0), io.N, Int32(0)))
-        if t.tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
-            self.column_scales_owned(k, t, io, Ns)
+        if cutlass.const_expr(not (cfg.fp4_tiles and not cfg.amax)):  # (16x16 tiles: fp4_tile_scales)
+            if t.tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
+                self.column_scales_owned(k, t, io, Ns)
         if cutlass.const_expr(cfg.dbias):
             # dbias: each thread sums its column(s) over the warps in a fixed order (deterministic)
             for r in cutlass.range_constexpr(max(1, 32 * VEC // k.NTHREADS)):
@@ -698,9 +712,13 @@ class PackedKernel:
     @cute.jit
     def publish_columns(self, k, t, io, cm, dsum):
         """The thread's column maxima and dbias sums into shared memory for the column owners
-        (and its amax word's atomic, thread_amax)."""
-        for j in cutlass.range_constexpr(PKW):
-            t.smem["max"][t.warp, j * 32 + t.lane] = cm[j]
+        (and its amax word's atomic, thread_amax); NVFP4's 16x16 tiles (quantize pass): the
+        maximum word of the thread's 8 x 8 values alone, at [warp, lane] (fp4_tile_scales)."""
+        if cutlass.const_expr(self.cfg.fp4_tiles and not self.cfg.amax):
+            t.smem["max"][t.warp, t.lane] = self.row_partial(cm, k.is_bf16, False)
+        else:
+            for j in cutlass.range_constexpr(PKW):
+                t.smem["max"][t.warp, j * 32 + t.lane] = cm[j]
         if cutlass.const_expr(self.cfg.dbias):
             for c in cutlass.range_constexpr(VEC):
                 t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
@@ -789,6 +807,9 @@ class PackedKernel:
             e = self.tile_scales(k, t, io)
             m = codec.multiplier(self.cfg.fmt, e)
             return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
+        if self.cfg.fp4_tiles:
+            m = self.fp4_tile_scales(k, t, io)
+            return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
         if self.cfg.colwise and self.cfg.fmt.packed:
             return sr, self.fp4_column_scales(k, t, io)
         return sr, (self.column_scales(t) if self.cfg.colwise else None)
@@ -824,6 +845,50 @@ class PackedKernel:
                         off = dev.swizzle_offset(c, blk, nbm)
                     io.col_scale[off] = Uint8(e)
         return sc
+
+    @cute.jit
+    def fp4_tile_scales(self, k, t, io):
+        """NVFP4's 16x16 tiles (block_2d): the thread's tile is rows w0 * 8 .. of the CTA (the 16
+        // PK_ROWS warps w0 .. of fp4_scale_warps) and columns of lanes 2q, 2q + 1 (lane ^ 1). Its
+        amax (NaN dropped, partial tiles the rows below M alone: rows past M are zero) is those
+        warps' words at [w, lane] (publish_columns) and the partner lane's, one shuffle; its E4M3
+        scale is stored in each of its rows' entries of the rowwise scales (each of the two lanes
+        half the thread's rows) and each of its columns' entries of the colwise ones (each of the
+        warps VEC // (16 // PK_ROWS) of the thread's columns). Returns the tile's multiplier."""
+        cfg = self.cfg
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        B = cutlass.const_expr(cfg.fmt.block[0])  # (16)
+        glob = codec.global_scales(cfg.fmt, io.amax)
+        w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
+        cw = t.smem["max"][w0, t.lane]
+        for w in cutlass.range_constexpr(1, WPB):
+            cw = dev.pk_max(cw, t.smem["max"][w0 + w, t.lane], is_bf16, False)
+        cw = dev.pk_max_bfly(cw, 1, is_bf16, False)  # (the tile's other 8 columns: lane ^ 1)
+        e = codec.block_scale(cfg.fmt, dev.pk_amax(cw, is_bf16, False), k.use_hw_e8m0, glob=glob)
+        c0 = t.co + (t.cb * 32 + t.lane) * VEC  # the thread's first column
+        r0, c1 = fp4_tile_entries(t.warp, t.lane, t.rb, t.cb, k.TILE_ROWS, k.PK_ROWS, B)
+        if cutlass.const_expr(cfg.rowwise):
+            HALF = cutlass.const_expr(k.PK_ROWS // 2)
+            nbr = (t.NOUT + B - 1) // B
+            blk = c0 // B
+            for i in cutlass.range_constexpr(HALF):
+                if c0 < io.N and r0 + i < t.Ms:
+                    off = r0 * nbr + i * nbr + blk
+                    if cutlass.const_expr(cfg.fmt.swizzled):
+                        off = dev.swizzle_offset(r0 + i, blk, nbr)
+                    codec.store_row_scale(cfg, io.row_scale, off, e)
+        if cutlass.const_expr(cfg.colwise):
+            CPW = cutlass.const_expr(VEC // WPB)  # columns whose scales each of the warps stores
+            nbm = (io.M + B - 1) // B
+            blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
+            col = t.co + c1
+            for q in cutlass.range_constexpr(CPW):
+                if col + q < io.N and blk * B < t.Ms:
+                    off = (col + q) * nbm + blk
+                    if cutlass.const_expr(cfg.fmt.swizzled):
+                        off = dev.swizzle_offset(col + q, blk, nbm)
+                    io.col_scale[off] = Uint8(e)
+        return codec.multiplier(cfg.fmt, e, glob)
 
     @cute.jit
     def tile_scales(self, k, t, io):

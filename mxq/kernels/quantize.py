@@ -78,6 +78,8 @@ class Quantize:
             return
         if cfg.fmt.rounding == "sr" and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
             raise NotImplementedError("mxq: stochastic rounding is served by the packed kernel alone (16-bit inputs)")
+        if cfg.fp4_tiles and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
+            raise NotImplementedError("mxq: NVFP4's 16x16 tiles are served by the packed kernel alone (16-bit inputs)")
         if cfg.fmt.packed and cfg.colwise and (ins[0].element_type.width != 16 or cfg.dbias
                                                or cfg.tile_rows // cfg.packed_warps() != 8):
             raise NotImplementedError("mxq: NVFP4's colwise copy is served by the packed kernel's 8-row threads alone "

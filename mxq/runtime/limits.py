@@ -100,8 +100,9 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
     operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart. The
     colwise copy (transposed; NVFP4's from bf16/fp16 without dbias where M % 8 == 0 is served),
-    NVFP4's block_2d and hadamard, stochastic_rounding from fp32 inputs, groups, two halves and
-    other shapes or alignments run the reference."""
+    NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
+    rowwise, the colwise copy's rule with it), hadamard, stochastic_rounding from fp32 inputs,
+    groups, two halves and other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
@@ -109,6 +110,8 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with a gated backward (two output halves) has no GPU kernels yet"
     if call is not None and call.group_offsets is not None:
         return "with group_offsets has no GPU kernels yet"
+    if spec.block_2d and x.element_size() != 2:
+        return "with block_2d=True and fp32 inputs has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2:
         return "with stochastic_rounding=True and fp32 inputs has no GPU kernels yet"
     if spec.colwise:  # (NVFP4's transposed copy: the packed kernel's 8-row threads, whole words of output rows)
