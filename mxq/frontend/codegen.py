@@ -391,7 +391,7 @@ def kernel_gap(spec: QuantSpec) -> str:
     if spec.format == "mxfp8":
         return ""
     if spec.format == "nvfp4":
-        for name in ("block_2d", "hadamard"):  # (its colwise copy: 16-bit inputs, limits.fp4_unserved)
+        for name in ("block_2d",):  # (its colwise copy: 16-bit inputs, limits.fp4_unserved)
             if getattr(spec, name):
                 return f"with {name}=True"
     if spec.is_fp4:

@@ -274,6 +274,15 @@ class PackedKernel:
                                 abs_masks=abs_masks).rec(smem=staged.copy()), hp, frags, stg, once, staged_src, scalars_p)
             sr = None
             owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
+            hw = None  # the colwise copy's words: NVFP4's Hadamard transform of ``words``
+            if cutlass.const_expr(cfg.fmt.hadamard):
+                assert not RING and not UNALIGNED and PASSES == 1 and PK_ROWS == 8
+                hw, hcm = self.hadamard_columns(k.rec(), Fields(warp=warp, lane=lane, col_ok=col_ok, rbase=rbase,
+                                                                row_end=row_end).rec(smem={"rht": buf["rht"]}), words)
+                if cutlass.const_expr(cfg.colwise):
+                    cm = hcm  # (the colwise scales: the transformed copy's column maxima)
+                else:  # (the amax pass: the transformed copy's amax too)
+                    self.hadamard_amax(owners.rec(), io.rec(), hcm)
             if cutlass.const_expr(cfg.col_reduce and RING):  # (their registers free before the row scales')
                 self.publish_columns(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum}), io.rec(), cm, dsum)
                 cm = None
@@ -295,7 +304,8 @@ class PackedKernel:
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
                                                     rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
-                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}), words, sr, sc)
+                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}), words, sr, sc,
+                                    hw)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
@@ -802,7 +812,7 @@ class PackedKernel:
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
         B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16)
-        glob = codec.global_scales(cfg.fmt, io.amax)
+        glob = codec.global_scales(cfg.fmt, io.amax, colwise=True)
         w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
         nbm = (io.M + B - 1) // B
         blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
@@ -881,12 +891,13 @@ class PackedKernel:
         return qr, qc
 
     @cute.jit
-    def store_rows(self, k, t, words, sr, sc):
+    def store_rows(self, k, t, words, sr, sc, cwords=None):
         """Aligned rows: each row's FP8 words as whole vector stores. Stochastic rounding (NVFP4):
         each row's two random words of the thread's 8 columns (words 2g and 2g + 1 of the row,
         direction 0), drawn for two rows at a time by every lane of the warp
         (device.sr_row_words: lanes g and g ^ 1 share their Philox calls); the colwise copy's
-        (direction 1) per column (device.sr_word_pair)."""
+        (direction 1) per column (device.sr_word_pair). ``cwords``: the colwise copy's words where
+        they are not ``words`` (NVFP4's Hadamard transform, hadamard_columns)."""
         cfg = self.cfg
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
         if cutlass.const_expr(SR):
@@ -922,9 +933,66 @@ class PackedKernel:
                     rc = None  # (not ``rand``: a name the rows' loop assigned would be carried into this if)
                     if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
                         rc = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
-                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc)
+                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(
+                        k, words if cwords is None else cwords, sc, c, rc)
             cute.arch.sync_threads()
             self.store_fp4_columns(k, t)
+
+    # -- NVFP4's Hadamard transform of the colwise copy (Format.hadamard) ------------------------
+    @cute.jit
+    def hadamard_columns(self, k, t, words):
+        """The transform of the thread's 8 columns (device.rht_half): a 16-row group is the same
+        lane's rows in warps w0 = warp & ~1 and w0 + 1. Every thread leaves its rows' words in
+        "rht" (per word j, two 4-row halves as 16-byte vectors, lanes adjacent: no bank
+        conflicts), and after one barrier reads both warps' words j, flips the upper rows' signs
+        where it is the upper warp (x1f), and computes its own rows' outputs. Returns (the
+        transformed words, hw[i][j] as ``words``; their column maxima, NaN dropped, 0 where the
+        thread's rows or columns lie outside the tensor: M % 16 == 0, so a group is wholly in or
+        out)."""
+        sH = t.smem["rht"]
+        for j in cutlass.range_constexpr(PKW):
+            for h in cutlass.range_constexpr(2):
+                fr = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+                for r in cutlass.range_constexpr(4):
+                    fr[r] = words[4 * h + r][j]
+                cute.autovec_copy(fr, sH[(t.warp, 2 * j + h, t.lane, None)])
+        cute.arch.sync_threads()
+        w0 = t.warp - t.warp % 2
+        flip = Uint32(cutlass.select_(t.warp % 2 != 0, Uint32(0x80008000), Uint32(0)))
+        keep = Uint32(cutlass.select_(t.rbase < t.row_end, Uint32(dev.ABS_BITS), Uint32(0)))
+        keep = Uint32(cutlass.select_(t.col_ok, keep, Uint32(0)))
+        hw = [[None] * PKW for _ in range(k.PK_ROWS)]
+        hcm = []
+        for j in cutlass.range_constexpr(PKW):
+            xw = []  # word j of the group's 16 rows (rows 8-15 sign-flipped in the upper warp)
+            for b in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(2):
+                    fr = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+                    cute.autovec_copy(sH[(w0 + b, 2 * j + h, t.lane, None)], fr)
+                    for r in cutlass.range_constexpr(4):
+                        xw.append(fr[r] if b == 0 else fr[r] ^ flip)
+            ys = []
+            for half in cutlass.range_constexpr(2):
+                x = [dev.bf16_to_f64(w, half) for w in xw]
+                ys.append(dev.rht_half(x[:8], x[8:]))
+            for i in cutlass.range_constexpr(k.PK_ROWS):
+                hw[i][j] = dev.rht_bf16x2(ys[0][i], ys[1][i])
+            m = hw[0][j] & keep
+            for i in cutlass.range_constexpr(1, k.PK_ROWS):
+                m = dev.pk_max(m, hw[i][j] & keep, True, False)
+            hcm.append(m)
+        return hw, hcm
+
+    @cute.jit
+    def hadamard_amax(self, t, io, hcm):
+        """The amax pass: the transformed copy's amax (NaN dropped) into the amax slot's entry 1
+        (``colwise_amax``), one atomic per warp."""
+        m = hcm[0]
+        for j in cutlass.range_constexpr(1, PKW):
+            m = dev.pk_max(m, hcm[j], True, False)
+        tm = dev.warp_amax(dev.pk_amax(m, True, False))
+        if t.lane == 0 and t.Ms > 0:
+            dev.amax_atomic(io.amax, tm, 1)
 
     def fp4_column_word(self, k, words, sc, c: int, rand):
         """NVFP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
