@@ -175,7 +175,7 @@ class QuantSpec:
         if self.format == "mxfp4":
             return Format.mxfp4(self.scale_mode, self.scale_layout)
         if self.format == "nvfp4" and not self.block_2d:
-            return Format.nvfp4(self.scale_layout, self.stochastic_rounding, self.hadamard)
+            return Format.nvfp4(self.scale_layout, self.stochastic_rounding, hadamard=self.hadamard)
         if self.is_fp4:
             raise NotImplementedError(f"mxq: format={self.format!r} with block_2d has no Format value "
                                       "yet (no GPU kernels); its calls run the torch reference")
