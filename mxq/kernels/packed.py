@@ -247,7 +247,7 @@ class PackedKernel:
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
                     row_data=row_data, col_data=col_data)
-        staged = Fields({f"in{t}": buf[f"in{t}"] for t in range(NSRC) if staged_src[t]})
+        staged = Fields({n: buf[n] for n in [f"in{t}" for t in range(NSRC) if staged_src[t]] + ["rht"] * cfg.fmt.hadamard})
         stg = None
         if cutlass.const_expr(any(staged_src)):
             stg = self.stage_loads(k.rec(), Fields(rbase=rbase, lane=lane, warp=warp, col_ok=col_ok, row_end=row_end,
@@ -274,15 +274,6 @@ class PackedKernel:
                                 abs_masks=abs_masks).rec(smem=staged.copy()), hp, frags, stg, once, staged_src, scalars_p)
             sr = None
             owners = Fields(warp=warp, lane=lane, Ms=Ms, in_grid=in_grid, tidx=tidx, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT)
-            hw = None  # the colwise copy's words: NVFP4's Hadamard transform of ``words``
-            if cutlass.const_expr(cfg.fmt.hadamard):
-                assert not RING and not UNALIGNED and PASSES == 1 and PK_ROWS == 8
-                hw, hcm = self.hadamard_columns(k.rec(), Fields(warp=warp, lane=lane, col_ok=col_ok, rbase=rbase,
-                                                                row_end=row_end).rec(smem={"rht": buf["rht"]}), words)
-                if cutlass.const_expr(cfg.colwise):
-                    cm = hcm  # (the colwise scales: the transformed copy's column maxima)
-                else:  # (the amax pass: the transformed copy's amax too)
-                    self.hadamard_amax(owners.rec(), io.rec(), hcm)
             if cutlass.const_expr(cfg.col_reduce and RING):  # (their registers free before the row scales')
                 self.publish_columns(k.rec(), owners.rec(smem={"max": sMax, "sum": sSum}), io.rec(), cm, dsum)
                 cm = None
@@ -304,8 +295,7 @@ class PackedKernel:
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
                                                     rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
-                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}), words, sr, sc,
-                                    hw)
+                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, **staged}), words, sr, sc)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
@@ -426,7 +416,10 @@ class PackedKernel:
         word per two columns) and dbias sums: (words[i][j], absw[i][j], cm[j], dsum[k]). ``stg``:
         stage_loads' record (the staged rows' misalignment; the copies a ring's later rows take).
         A ring's rows whose slots take no later row (ring_parks) leave their words in the slot
-        (words[i]: the slot, PackedKernel.unpark) and their magnitudes as one row maximum word."""
+        (words[i]: the slot, PackedKernel.unpark) and their magnitudes as one row maximum word.
+        NVFP4's Hadamard transform: ``words`` are the colwise copy's (transformed) rows (the rows'
+        own stay in shared memory, staged_row), absw one row maximum word per row, and cm the
+        transformed rows' column maxima, or in the amax pass cm's last word their maximum."""
         cfg = self.cfg
         dsum = None
         if cutlass.const_expr(cfg.dbias):
@@ -461,6 +454,12 @@ class PackedKernel:
             absw.append(row_abs)
         if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
             cm.append(am)  # (a last word: the NaN-propagating maximum of all the thread's values)
+        if cutlass.const_expr(cfg.fmt.hadamard):  # (NVFP4's transform of the colwise copy: hadamard_columns)
+            assert not k.RING and not k.UNALIGNED and k.PASSES == 1 and k.PK_ROWS == 8
+            absw = [[self.row_partial(a, k.is_bf16, codec.block_amax_nan(cfg.fmt))] for a in absw]  # (registers)
+            words, hcm = self.hadamard_columns(k, t, words)  # (the rows' own words: staged_row)
+            # the colwise scales' column maxima: the transformed copy's; the amax pass's last word: its amax
+            cm = hcm if cfg.colwise else cm + [self.row_partial(hcm, k.is_bf16, False)]
         return words, absw, cm, dsum
 
     @staticmethod
@@ -575,8 +574,7 @@ class PackedKernel:
         B = cutlass.const_expr(cfg.fmt.block[1])
         lane = t.lane
         glob = codec.global_scales(cfg.fmt, io.amax)
-        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, NAN), dev.pk_max(a[2], a[3], is_bf16, NAN), is_bf16, NAN)
-              for a in absw]
+        rp = [self.row_partial(a, is_bf16, NAN) for a in absw]
         for st in cutlass.range_constexpr(LANES.bit_length() - 2):  # offsets LANES / 2, ..., 2
             bfly = LANES >> (st + 1)
             h = len(rp) // 2
@@ -708,7 +706,7 @@ class PackedKernel:
     @cute.jit
     def publish_columns(self, k, t, io, cm, dsum):
         """The thread's column maxima and dbias sums into shared memory for the column owners
-        (and its amax word's atomic, thread_amax)."""
+        (and its amax word's atomic, thread_amax; NVFP4's transformed copy's, hadamard_amax)."""
         for j in cutlass.range_constexpr(PKW):
             t.smem["max"][t.warp, j * 32 + t.lane] = cm[j]
         if cutlass.const_expr(self.cfg.dbias):
@@ -716,6 +714,8 @@ class PackedKernel:
                 t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
         if cutlass.const_expr(self.cfg.amax and not codec.amax_by_owners(self.cfg)):
             self.thread_amax(t, io, cm[PKW], k.is_bf16)
+        if cutlass.const_expr(self.cfg.fmt.hadamard and not self.cfg.colwise):  # (NVFP4's amax pass)
+            self.hadamard_amax(t, io, cm[PKW])
 
     @cute.jit
     def thread_amax(self, t, io, am, is_bf16: cutlass.Constexpr):
@@ -891,13 +891,13 @@ class PackedKernel:
         return qr, qc
 
     @cute.jit
-    def store_rows(self, k, t, words, sr, sc, cwords=None):
+    def store_rows(self, k, t, words, sr, sc):
         """Aligned rows: each row's FP8 words as whole vector stores. Stochastic rounding (NVFP4):
         each row's two random words of the thread's 8 columns (words 2g and 2g + 1 of the row,
         direction 0), drawn for two rows at a time by every lane of the warp
         (device.sr_row_words: lanes g and g ^ 1 share their Philox calls); the colwise copy's
-        (direction 1) per column (device.sr_word_pair). ``cwords``: the colwise copy's words where
-        they are not ``words`` (NVFP4's Hadamard transform, hadamard_columns)."""
+        (direction 1) per column (device.sr_word_pair). NVFP4's Hadamard transform: ``words`` are
+        the colwise copy's (transformed) rows, the rows' own are read back from "rht" (staged_row)."""
         cfg = self.cfg
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
         if cutlass.const_expr(SR):
@@ -915,7 +915,8 @@ class PackedKernel:
                 if cutlass.const_expr(SR):
                     rand = pair[2 * (i % 2):2 * (i % 2) + 2]
                 if cutlass.const_expr(cfg.fmt.packed):  # (FP4, rowwise: encoded whatever the row, stored under
-                    q4, _ = self.quantize_row(words[i], sr[i], sc, k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
+                    q4, _ = self.quantize_row(self.staged_row(t, i) if cfg.fmt.hadamard else words[i], sr[i], sc,
+                                              k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
                     if i < nrows:
                         cute.autovec_copy(cute.recast_tensor(q4, Uint8), t.tRow[(i, None)])
                 if cutlass.const_expr(not cfg.fmt.packed):
@@ -933,8 +934,7 @@ class PackedKernel:
                     rc = None  # (not ``rand``: a name the rows' loop assigned would be carried into this if)
                     if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
                         rc = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
-                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(
-                        k, words if cwords is None else cwords, sc, c, rc)
+                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc)
             cute.arch.sync_threads()
             self.store_fp4_columns(k, t)
 
@@ -983,13 +983,17 @@ class PackedKernel:
             hcm.append(m)
         return hw, hcm
 
+    @staticmethod
+    def staged_row(t, i: int):
+        """Row i's words as hadamard_columns staged them (word j in the 4-row half i // 4 of its
+        chunk), read back where the rows are stored."""
+        return [t.smem["rht"][t.warp, 2 * j + i // 4, t.lane, i % 4] for j in range(PKW)]
+
     @cute.jit
-    def hadamard_amax(self, t, io, hcm):
-        """The amax pass: the transformed copy's amax (NaN dropped) into the amax slot's entry 1
-        (``colwise_amax``), one atomic per warp."""
-        m = hcm[0]
-        for j in cutlass.range_constexpr(1, PKW):
-            m = dev.pk_max(m, hcm[j], True, False)
+    def hadamard_amax(self, t, io, m):
+        """The amax pass: the transformed copy's amax (NaN dropped; ``m``: the maximum word of the
+        thread's transformed values) into the amax slot's entry 1 (``colwise_amax``), one atomic
+        per warp."""
         tm = dev.warp_amax(dev.pk_amax(m, True, False))
         if t.lane == 0 and t.Ms > 0:
             dev.amax_atomic(io.amax, tm, 1)
