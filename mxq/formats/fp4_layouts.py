@@ -69,6 +69,8 @@ def outputs(spec, shape, m: int, n: int, device, zeroed: bool) -> dict:
 def amax_pair(amax: torch.Tensor, colwise_amax: torch.Tensor) -> torch.Tensor | None:
     """NVFP4 with the Hadamard transform: ``amax`` and ``colwise_amax`` as the one fp32[2] view
     the kernels write (outputs' ``pair``), or None where they do not lie side by side."""
+    if amax is None or colwise_amax is None:
+        return None
     if amax.dtype != torch.float32 or colwise_amax.dtype != torch.float32 or amax.device != colwise_amax.device:
         return None
     if amax.untyped_storage().data_ptr() != colwise_amax.untyped_storage().data_ptr():
