@@ -169,9 +169,12 @@ def _compare(got, want, what=""):
 
 
 def _values(m, n, seed, specials):
-    """planted bf16 values; with ``specials``: inf and NaN in some groups, a group of 2^40-wide
-    magnitudes, E2M1 ties after the transform's scale, zero columns and -0 groups."""
+    """planted bf16 values and a group of bf16 subnormals (sums rounding to bf16's subnormal grid,
+    ties among them); with ``specials``: inf and NaN in some groups, a group of 2^40-wide
+    magnitudes, zero columns and -0 groups, a group whose sums overflow to inf."""
     x = planted(m, n, torch.float32, seed=seed, specials=False)
+    if m >= 48 and n >= 16:
+        x[32:48, 7] = torch.arange(16) * 3 * 2.0 ** -133
     if specials and m >= 32 and n >= 16:
         x[0, 0] = float("inf")
         x[16:32, 1] = float("nan")
@@ -180,6 +183,8 @@ def _values(m, n, seed, specials):
         x[16:32, 4] = -0.0
         x[0, 5], x[3, 5] = float("inf"), float("-inf")  # (opposite infinities: NaN outputs)
         x[5, 6] = float("-inf")
+        if m >= 48:
+            x[32:48, 8] = torch.tensor(SIGNS, dtype=torch.float32) * 1.5 * 2.0 ** 126  # (y[0]: 1.5 * 2^128)
     return x.to(torch.bfloat16)
 
 
