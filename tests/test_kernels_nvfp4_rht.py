@@ -150,7 +150,7 @@ def test_transform_compiles_per_arch(arch, layout):
     assert f".target {arch}" in ptx and ptx.count(".entry") == 3
     assert ptx.count("red.relaxed.gpu.global.max.s32") == 2
     assert ptx.count("add.rn.f64") + ptx.count("sub.rn.f64") == 2 * 4 * 64
-    assert ptx.count("cvt.rn.bf16.f64") == 2 * 64 and ptx.count("cvt.f64.f32") == 2 * 128
+    assert ptx.count("cvt.rn.bf16.f64") == 2 * 64 and ptx.count("cvt.f64.bf16") == 2 * 128
     assert ptx.count("fma.rn.f64") == 2 * 64 and "0d0000000000000000" in ptx
     assert "max.NaN.bf16x2" not in ptx  # (NaN enters no packed maximum)
 

@@ -625,10 +625,11 @@ def rht_half(x0, x1f, ops=F64_DEVICE):
     return v
 
 
-def bf16_to_f64(w, half: int):
-    """Half ``half`` of a bf16x2 word as fp64 (exact)."""
-    f = pk_unpack(w, True)[half]
-    return cute.arch.inline_ptx("cvt.f64.f32 {$w0}, {$r0};", write_only_types=[Float64], read_only_args=[f])
+def bf16x2_to_f64(w):
+    """The two halves of a bf16x2 word as fp64 (low, high; exact: one F2F.F64.BF16 each, reading
+    the half in place)."""
+    return cute.arch.inline_ptx("{ .reg .b16 l, h; mov.b32 {l, h}, {$r0}; cvt.f64.bf16 {$w0}, l; "
+                                "cvt.f64.bf16 {$w1}, h; }", write_only_types=[Float64, Float64], read_only_args=[w])
 
 
 _QUARTER = {False: "0d3FD0000000000000", True: "0dBFD0000000000000"}  # +-1/4
