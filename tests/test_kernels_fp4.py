@@ -298,7 +298,6 @@ def test_rowwise_mxfp4_is_served(dtype, opts):
     ("nvfp4", dict(colwise=True), torch.zeros(8, 64), "colwise"),
     ("nvfp4", dict(colwise=True, dbias=True), torch.zeros(8, 64, dtype=torch.bfloat16), "dbias"),
     ("nvfp4", dict(block_2d=True), torch.zeros(4, 64), "block_2d"),
-    ("nvfp4", dict(colwise=True, hadamard=True), torch.zeros(4, 64, dtype=torch.bfloat16), "hadamard"),
     ("nvfp4", dict(stochastic_rounding=True), torch.zeros(4, 64), "stochastic_rounding"),
 ])
 def test_unserved_names_what_has_no_kernel(fmt, opts, x, why):

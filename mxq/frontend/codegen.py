@@ -390,8 +390,6 @@ def kernel_gap(spec: QuantSpec) -> str:
     serve it)."""
     if spec.format == "mxfp8":
         return ""
-    if spec.format == "nvfp4" and spec.hadamard:  # (its colwise copy and block_2d: 16-bit inputs, limits.fp4_unserved)
-        return "with hadamard=True"
     if spec.is_fp4:
         return "with colwise=True (the transposed copy)" if spec.colwise and spec.format == "mxfp4" else ""
     if spec.format != "fp8_block":

@@ -325,6 +325,9 @@ class KernelConfig:
             out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
         if self.colwise and self.fmt.packed:  # (FP4's transposed copy: each warp's word of each column)
             out.append(Buffer("fp4t", "u32", (warps * cols,)))
+        if self.fmt.hadamard:  # (NVFP4's Hadamard transform: each thread's rows, packed words, for its
+            # partner warp; per word j two 4-row halves, PackedKernel.hadamard_columns)
+            out.append(Buffer("rht", "u32", (warps, VEC, 32, 4)))
         if self.dbias:
             out.append(Buffer("sum", "f32", (warps, cols)))
         if unaligned:

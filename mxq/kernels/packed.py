@@ -260,7 +260,7 @@ class PackedKernel:
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
                     row_data=row_data, col_data=col_data)
-        staged = Fields({f"in{t}": buf[f"in{t}"] for t in range(NSRC) if staged_src[t]})
+        staged = Fields({n: buf[n] for n in [f"in{t}" for t in range(NSRC) if staged_src[t]] + ["rht"] * cfg.fmt.hadamard})
         stg = None
         if cutlass.const_expr(any(staged_src)):
             stg = self.stage_loads(k.rec(), Fields(rbase=rbase, lane=lane, warp=warp, col_ok=col_ok, row_end=row_end,
@@ -308,7 +308,7 @@ class PackedKernel:
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
                                                     rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
-                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}), words, sr, sc)
+                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, **staged}), words, sr, sc)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
@@ -429,7 +429,10 @@ class PackedKernel:
         word per two columns) and dbias sums: (words[i][j], absw[i][j], cm[j], dsum[k]). ``stg``:
         stage_loads' record (the staged rows' misalignment; the copies a ring's later rows take).
         A ring's rows whose slots take no later row (ring_parks) leave their words in the slot
-        (words[i]: the slot, PackedKernel.unpark) and their magnitudes as one row maximum word."""
+        (words[i]: the slot, PackedKernel.unpark) and their magnitudes as one row maximum word.
+        NVFP4's Hadamard transform: ``words`` are the colwise copy's (transformed) rows (the rows'
+        own stay in shared memory, staged_row), absw one row maximum word per row, and cm the
+        transformed rows' column maxima, or in the amax pass cm's last word their maximum."""
         cfg = self.cfg
         dsum = None
         if cutlass.const_expr(cfg.dbias):
@@ -464,6 +467,12 @@ class PackedKernel:
             absw.append(row_abs)
         if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
             cm.append(am)  # (a last word: the NaN-propagating maximum of all the thread's values)
+        if cutlass.const_expr(cfg.fmt.hadamard):  # (NVFP4's transform of the colwise copy: hadamard_columns)
+            assert not k.RING and not k.UNALIGNED and k.PASSES == 1 and k.PK_ROWS == 8
+            absw = [[self.row_partial(a, k.is_bf16, codec.block_amax_nan(cfg.fmt))] for a in absw]  # (registers)
+            words, hcm = self.hadamard_columns(k, t, words)  # (the rows' own words: staged_row)
+            # the colwise scales' column maxima: the transformed copy's; the amax pass's last word: its amax
+            cm = hcm if cfg.colwise else cm + [self.row_partial(hcm, k.is_bf16, False)]
         return words, absw, cm, dsum
 
     @staticmethod
@@ -578,8 +587,7 @@ class PackedKernel:
         B = cutlass.const_expr(cfg.fmt.block[1])
         lane = t.lane
         glob = codec.global_scales(cfg.fmt, io.amax)
-        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, NAN), dev.pk_max(a[2], a[3], is_bf16, NAN), is_bf16, NAN)
-              for a in absw]
+        rp = [self.row_partial(a, is_bf16, NAN) for a in absw]
         for st in cutlass.range_constexpr(LANES.bit_length() - 2):  # offsets LANES / 2, ..., 2
             bfly = LANES >> (st + 1)
             h = len(rp) // 2
@@ -712,8 +720,9 @@ class PackedKernel:
     @cute.jit
     def publish_columns(self, k, t, io, cm, dsum):
         """The thread's column maxima and dbias sums into shared memory for the column owners
-        (and its amax word's atomic, thread_amax); NVFP4's 16x16 tiles (quantize pass): the
-        maximum word of the thread's 8 x 8 values alone, at [warp, lane] (fp4_tile_scales)."""
+        (and its amax word's atomic, thread_amax; NVFP4's transformed copy's, hadamard_amax);
+        NVFP4's 16x16 tiles (quantize pass): the maximum word of the thread's 8 x 8 values alone,
+        at [warp, lane] (fp4_tile_scales)."""
         if cutlass.const_expr(self.cfg.fp4_tiles and not self.cfg.amax):
             t.smem["max"][t.warp, t.lane] = self.row_partial(cm, k.is_bf16, False)
         else:
@@ -724,6 +733,8 @@ class PackedKernel:
                 t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
         if cutlass.const_expr(self.cfg.amax and not codec.amax_by_owners(self.cfg)):
             self.thread_amax(t, io, cm[PKW], k.is_bf16)
+        if cutlass.const_expr(self.cfg.fmt.hadamard and not self.cfg.colwise):  # (NVFP4's amax pass)
+            self.hadamard_amax(t, io, cm[PKW])
 
     @cute.jit
     def thread_amax(self, t, io, am, is_bf16: cutlass.Constexpr):
@@ -823,7 +834,7 @@ class PackedKernel:
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
         B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16)
-        glob = codec.global_scales(cfg.fmt, io.amax)
+        glob = codec.global_scales(cfg.fmt, io.amax, colwise=True)
         w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
         nbm = (io.M + B - 1) // B
         blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
@@ -951,7 +962,8 @@ class PackedKernel:
         each row's two random words of the thread's 8 columns (words 2g and 2g + 1 of the row,
         direction 0), drawn for two rows at a time by every lane of the warp
         (device.sr_row_words: lanes g and g ^ 1 share their Philox calls); the colwise copy's
-        (direction 1) per column (device.sr_word_pair)."""
+        (direction 1) per column (device.sr_word_pair). NVFP4's Hadamard transform: ``words`` are
+        the colwise copy's (transformed) rows, the rows' own are read back from "rht" (staged_row)."""
         cfg = self.cfg
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
         if cutlass.const_expr(SR):
@@ -969,7 +981,8 @@ class PackedKernel:
                 if cutlass.const_expr(SR):
                     rand = pair[2 * (i % 2):2 * (i % 2) + 2]
                 if cutlass.const_expr(cfg.fmt.packed):  # (FP4, rowwise: encoded whatever the row, stored under
-                    q4, _ = self.quantize_row(words[i], sr[i], sc, k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
+                    q4, _ = self.quantize_row(self.staged_row(t, i) if cfg.fmt.hadamard else words[i], sr[i], sc,
+                                              k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
                     if i < nrows:
                         cute.autovec_copy(cute.recast_tensor(q4, Uint8), t.tRow[(i, None)])
                 if cutlass.const_expr(not cfg.fmt.packed):
@@ -990,6 +1003,64 @@ class PackedKernel:
                     sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc)
             cute.arch.sync_threads()
             self.store_fp4_columns(k, t)
+
+    # -- NVFP4's Hadamard transform of the colwise copy (Format.hadamard) ------------------------
+    @cute.jit
+    def hadamard_columns(self, k, t, words):
+        """The transform of the thread's 8 columns (device.rht_half): a 16-row group is the same
+        lane's rows in warps w0 = warp & ~1 and w0 + 1. Every thread leaves its rows' words in
+        "rht" (per word j, two 4-row halves as 16-byte vectors, lanes adjacent: no bank
+        conflicts), and after one barrier reads both warps' words j, flips the upper rows' signs
+        where it is the upper warp (x1f), and computes its own rows' outputs. Returns (the
+        transformed words, hw[i][j] as ``words``; their column maxima, NaN dropped, 0 where the
+        thread's rows or columns lie outside the tensor: M % 16 == 0, so a group is wholly in or
+        out)."""
+        sH = t.smem["rht"]
+        for j in cutlass.range_constexpr(PKW):
+            for h in cutlass.range_constexpr(2):
+                fr = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+                for r in cutlass.range_constexpr(4):
+                    fr[r] = words[4 * h + r][j]
+                cute.autovec_copy(fr, sH[(t.warp, 2 * j + h, t.lane, None)])
+        cute.arch.sync_threads()
+        w0 = t.warp - t.warp % 2
+        flip = Uint32(cutlass.select_(t.warp % 2 != 0, Uint32(0x80008000), Uint32(0)))
+        keep = Uint32(cutlass.select_(t.rbase < t.row_end, Uint32(dev.ABS_BITS), Uint32(0)))
+        keep = Uint32(cutlass.select_(t.col_ok, keep, Uint32(0)))
+        hw = [[None] * PKW for _ in range(k.PK_ROWS)]
+        hcm = []
+        for j in cutlass.range_constexpr(PKW):
+            xw = []  # word j of the group's 16 rows (rows 8-15 sign-flipped in the upper warp)
+            for b in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(2):
+                    fr = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+                    cute.autovec_copy(sH[(w0 + b, 2 * j + h, t.lane, None)], fr)
+                    for r in cutlass.range_constexpr(4):
+                        xw.append(fr[r] if b == 0 else fr[r] ^ flip)
+            x = [dev.bf16x2_to_f64(w) for w in xw]  # (row r's columns 2j, 2j + 1)
+            ys = [dev.rht_half([x[r][half] for r in range(8)], [x[8 + r][half] for r in range(8)]) for half in range(2)]
+            for i in cutlass.range_constexpr(k.PK_ROWS):
+                hw[i][j] = dev.rht_bf16x2(ys[0][i], ys[1][i])
+            m = hw[0][j] & keep
+            for i in cutlass.range_constexpr(1, k.PK_ROWS):
+                m = dev.pk_max(m, hw[i][j] & keep, True, False)
+            hcm.append(m)
+        return hw, hcm
+
+    @staticmethod
+    def staged_row(t, i: int):
+        """Row i's words as hadamard_columns staged them (word j in the 4-row half i // 4 of its
+        chunk), read back where the rows are stored."""
+        return [t.smem["rht"][t.warp, 2 * j + i // 4, t.lane, i % 4] for j in range(PKW)]
+
+    @cute.jit
+    def hadamard_amax(self, t, io, m):
+        """The amax pass: the transformed copy's amax (NaN dropped; ``m``: the maximum word of the
+        thread's transformed values) into the amax slot's entry 1 (``colwise_amax``), one atomic
+        per warp."""
+        tm = dev.warp_amax(dev.pk_amax(m, True, False))
+        if t.lane == 0 and t.Ms > 0:
+            dev.amax_atomic(io.amax, tm, 1)
 
     def fp4_column_word(self, k, words, sc, c: int, rand):
         """NVFP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
