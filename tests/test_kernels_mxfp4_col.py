@@ -7,7 +7,8 @@ block's scale 255). The tile is NVFP4's colwise one (KernelConfig.fp4_columns: 3
 (limits.fp4_unserved).
 
 CPU: what is served and what falls back with which message; the config; the warps that store a
-column block's scales, on ints over every warp of the grid; one compiled kernel per arch; a
+column block's scales, on ints over every warp of the grid; sm_90's column word from bf16 on
+ints against the oracle; one compiled kernel per arch; a
 hand-made 64x32 case of known codes and scales against the oracle and the reference. GPU (marked
 gpu): random shapes (partial last blocks), NaN/inf/zero/tie blocks, both scale modes and layouts,
 each direction, fused ops, other tiles, byte for byte against the reference, and the hand-made
@@ -23,12 +24,13 @@ import torch
 import mxq
 from mxq.frontend import codegen
 from mxq.kernels import config as kconfig
+from mxq.kernels import device as dev
 from mxq.kernels import packed
 from mxq.runtime import limits
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp4 as oracle
-from .test_kernels_fp4 import _ptx, ident, scaled_shift, strict  # noqa: F401  (strict: a fixture)
+from .test_kernels_fp4 import PAIRS, _f32, _ptx, ident, scaled_shift, strict  # noqa: F401  (strict: a fixture)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OUTS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax")
@@ -119,6 +121,30 @@ def test_column_scales_write_each_once(tile_rows):
         assert sorted(wrote) == list(range(-(-m // 32))), m
 
 
+def test_column_words_on_ints():
+    """sm_90's column word from bf16 (PackedKernel.fp4_column_word, codec.pow2_bf16_pairs): a
+    thread's 8 rows of 4 packed words, each of its 8 columns as two rows' values a word
+    (device.column_pairs), scaled in bf16 and encoded (device.e2m1x2_scaled_codes,
+    e2m1x8_from_pairs), run on ints with test_kernels_fp4's PAIRS: each column's 8 codes, row
+    2j's in the low nibble of byte j, equal the oracle's E2M1 of the column's values times the
+    scale's multiplier (7 where it is NaN: scale 255)."""
+    g = torch.Generator().manual_seed(5)
+    for e in (0, 100, 124, 127, 131, 200, 254, 255):
+        m = dev.inv_scale_bits(e, ops=dev.HOST) & 0xFFFFFFFF
+        m2 = PAIRS.prmt(m, m, 0x3232)
+        for trial in range(6):
+            vals = torch.randint(0, 1 << 16, (8, 8), generator=g)
+            if e != 255:  # (a NaN value only meets scale 255, its block's)
+                vals = torch.where((vals & 0x7FFF) > 0x7F80, vals & 0x8000, vals)
+            vals[trial % 8, (3 * trial) % 8] = 0x3FC0 if trial % 2 else 0xC0C0  # (1.5, -6)
+            rows = [[int(vals[i, 2 * j]) | int(vals[i, 2 * j + 1]) << 16 for j in range(4)] for i in range(8)]
+            for c in range(8):
+                pairs = dev.column_pairs(rows, c, ops=PAIRS)
+                word = dev.e2m1x8_from_pairs([dev.e2m1x2_scaled_codes(w, m2, ops=PAIRS) for w in pairs], ops=PAIRS)
+                want = [7 if e == 255 else oracle.e2m1(_f32(int(vals[i, c]) << 16) * _f32(m)) for i in range(8)]
+                assert [(word >> (4 * i)) & 0xF for i in range(8)] == want, (e, trial, c)
+
+
 # -- compiled code ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch, dtype, opts", [
     ("sm_90a", "bf16", dict()),
@@ -144,8 +170,9 @@ def test_colwise_copy_compiles(arch, dtype, opts):
     if arch == "sm_100a":
         assert cvts == 32 * (2 if both else 1)
         assert ptx.count("cvt.rp.satfinite.ue8m0x2.f32") == 8 + (2 if both else 0)
-    else:
+    else:  # (bf16: each column's 8 values as 4 words of two rows, scaled in bf16, as 8 rows' words)
         assert cvts == 0 and "min.u16x2" in ptx
+        assert ptx.count("mul.rn.bf16x2") == 32 * (2 if both else 1)
 
 
 # -- a hand-made case ------------------------------------------------------------------------------

@@ -999,7 +999,12 @@ class PackedKernel:
 
     def fp4_column_word(self, k, words, sc, c: int, rand):
         """FP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
-        one word (row 2j's code in the low nibble of byte j: e2m1x8's order)."""
+        one word (row 2j's code in the low nibble of byte j: e2m1x8's order). MXFP4 on bf16 without
+        sm_100a's conversion (codec.pow2_bf16_pairs): two rows' bf16 values a word
+        (device.column_pairs), scaled in bf16 as the rowwise copy's (codec.encode8_words)."""
+        fmt = self.cfg.fmt
+        if codec.pow2_bf16_pairs(fmt, k.is_bf16, k.use_hw_e8m0):
+            return codec.encode8_words(fmt, dev.column_pairs(words, c), sc[c], k.is_bf16, k.use_hw_e8m0, rand)
         vals = []
         for i in range(k.PK_ROWS):
             lo, hi = dev.pk_unpack(words[i][c // 2], k.is_bf16)
