@@ -9,9 +9,9 @@ combination of plain/act/dact/epilogue x dbias x amax x direction x dtype, on th
 vectorised kernel, the generic one and variant rows8) plus the scale modes, layouts and formats
 (FP8 block scaling: 1x128 rowwise blocks in both layouts, 128-row colwise blocks compact and
 transposed, with and without amax; 128x128 tiles; MXFP4's rowwise blocks on the aligned kernels,
-sm_90's integer E2M1 encode and sm_100a's cvt, and its transposed colwise copy; NVFP4's rowwise blocks, both passes and the
-quantize pass alone, with stochastic rounding and the transposed colwise copy too, and its 16x16
-tiles rowwise and with the copy). The PTX is
+sm_90's integer E2M1 encode and sm_100a's cvt, and its transposed colwise copy; NVFP4's rowwise
+blocks, both passes and the quantize pass alone, with stochastic rounding and the transposed
+colwise copy too, and its 16x16 tiles rowwise and with the copy). The PTX is
 normalised before hashing: kernel entry names (derived from Python function names and argument
 types) become their position, and comments and the version header are dropped; what remains is
 the instruction stream ptxas sees.

@@ -338,7 +338,8 @@ def test_colwise_copy_decodes_as_the_reference(strict):
 @pytest.mark.gpu
 def test_unserved_calls_fall_back_with_the_reference(monkeypatch):
     op = _op()
-    for x, why in ((_blocks(64, 64, torch.float32, seed=8), "fp32"), (_blocks(20, 64, torch.bfloat16, seed=9), "M % 8")):
+    for x, why in ((_blocks(64, 64, torch.float32, seed=8), "fp32"),
+                   (_blocks(20, 64, torch.bfloat16, seed=9), "M % 8")):
         _same(op, x, op(x.cuda()))  # (after a one-time warning)
         monkeypatch.setenv("MXQ_STRICT", "1")
         with pytest.raises(RuntimeError, match=why):
