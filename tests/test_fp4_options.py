@@ -193,15 +193,14 @@ def test_cpp_routes_refuse_and_cuda_calls_fall_back_by_name(fmt):
     for call in (lambda: op.register(f"fp4_{fmt}"), op.dispatcher, lambda: op.export("/tmp/none")):
         with pytest.raises(ValueError, match=fmt):
             call()
-    # rowwise blocks have kernels (tests/test_kernels_fp4.py, tests/test_kernels_nvfp4.py); MXFP4's colwise
-    # copy does not
+    # rowwise blocks and the colwise copy have kernels (tests/test_kernels_fp4.py, tests/test_kernels_nvfp4.py,
+    # tests/test_kernels_mxfp4_col.py), the copy where M % 8 == 0
     x = torch.zeros(4, 32, dtype=torch.bfloat16)
     assert limits.unserved(op.spec, op.epilogue, x, lambda: None) is None
     col = mxq.fused_quant(format=fmt, colwise=True)(double)
-    assert fmt in limits.unserved(col.spec, col.epilogue, x, lambda: None)  # (NVFP4's: M % 8 != 0 here)
-    if fmt == "mxfp4":
-        with pytest.raises(NotImplementedError):
-            col.source
+    assert fmt in limits.unserved(col.spec, col.epilogue, x, lambda: None)  # (M % 8 != 0 here)
+    assert limits.unserved(col.spec, col.epilogue, torch.zeros(8, 32, dtype=torch.bfloat16), lambda: None) is None
+    assert fmt in col.source
 
 
 def test_all_gather_refuses_fp4():

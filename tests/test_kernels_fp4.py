@@ -1,7 +1,7 @@
 """MXFP4 on the kernels: rowwise 1x32 blocks of E2M1 elements two per byte (mxq/kernels/codec.py
 encode8, device.e2m1_code / e2m1x8) on the aligned packed (bf16/fp16) and vectorised (fp32)
-kernels; the colwise copy and other shapes run the reference (limits.fp4_unserved). NVFP4's
-kernels: tests/test_kernels_nvfp4.py.
+kernels; the transposed colwise copy: tests/test_kernels_mxfp4_col.py; other shapes run the
+reference (limits.fp4_unserved). NVFP4's kernels: tests/test_kernels_nvfp4.py.
 
 CPU: the integer E2M1 encode sm_90 runs (device.e2m1_code, the very expression, on Python ints
 and torch tensors) against mxq/formats/fp4.encode_rn at every threshold and on sampled fp32
@@ -321,9 +321,8 @@ def test_groups_and_misaligned_out_fall_back():
 
 def test_source_renders_for_served_specs_only():
     assert "mxfp4" in mxq.fused_quant(format="mxfp4")(ident).source
-    for opts in (dict(format="mxfp4", colwise=True),):
-        with pytest.raises(NotImplementedError):
-            mxq.fused_quant(**opts)(ident).source
+    for opts in (dict(format="mxfp4", colwise=True), dict(format="nvfp4", colwise=True, hadamard=True)):
+        assert opts["format"] in mxq.fused_quant(**opts)(ident).source
     cfg = codegen.kernel_config(mxq.fused_quant(format="mxfp4")(ident).spec, mxq.fused_quant()(ident).epilogue)
     assert cfg.fmt.packed and cfg.fmt.element == "e2m1" and cfg.fmt.block == (1, 32)
 

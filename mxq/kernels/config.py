@@ -23,7 +23,7 @@ from ..formats.format import Format
 from .smem import Buffer, nbytes
 
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
-FP4_COL_ROWS = 32  # NVFP4's colwise copy: rows per CTA (two 16-row blocks; KernelConfig.tile_rows)
+FP4_COL_ROWS = 32  # FP4's colwise copy: rows per CTA (NVFP4: two 16-row blocks, MXFP4: one 32-row block)
 FP4_COL_TILES = (16, 32, 64)  # ... the tiles Tuning.fp4_col_rows may pick
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
@@ -117,9 +117,10 @@ class Tuning:
     broadcast them through shared memory (the other warps wait at the barrier); "warps" has
     every warp reduce them itself (no shared memory, no barrier; each warp reads all G ends).
     "": the library's choice (KernelConfig.group_search).
-    ``fp4_col_rows``: rows of the packed kernel's tile for NVFP4's transposed colwise copy
+    ``fp4_col_rows``: rows of the packed kernel's tile for FP4's transposed colwise copy
     (KernelConfig.fp4_columns), one of FP4_COL_TILES: 8-row warps, each output row of the copy
-    getting a run of fp4_col_rows / 2 bytes per CTA; 0: the library's choice, FP4_COL_ROWS."""
+    getting a run of fp4_col_rows / 2 bytes per CTA; 0: the library's choice, FP4_COL_ROWS.
+    MXFP4's 32-row blocks take at least 32 (16 runs as 32)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -319,7 +320,7 @@ class KernelConfig:
         if self.col_reduce:
             out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))
         if (self.colwise and not self.fp4_columns) or self.tiles:  # (tiles: the owner warps' maxima of the
-            # CTA's two tiles; NVFP4's colwise multipliers stay in registers, PackedKernel.fp4_column_scales)
+            # CTA's two tiles; FP4's colwise multipliers stay in registers, PackedKernel.fp4_column_scales)
             out.append(Buffer("inv", "f32", (cols,)))
         if self.transposed:
             out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
@@ -386,23 +387,24 @@ class KernelConfig:
 
     @property
     def fp4_columns(self) -> bool:
-        """NVFP4's transposed colwise copy ([N, M/2], 16-row blocks along M): the packed kernel's
-        8-row warps, fp4_col_rows rows per CTA (packed.store_fp4_columns)."""
+        """FP4's transposed colwise copy ([N, M/2], blocks along M: NVFP4's 16 rows, MXFP4's 32):
+        the packed kernel's 8-row warps, fp4_col_rows rows per CTA (packed.store_fp4_columns)."""
         return self.colwise and self.fmt.packed
 
     @property
     def fp4_col_rows(self) -> int:
-        """Rows of NVFP4's colwise tile (Tuning.fp4_col_rows, else FP4_COL_ROWS): each output row
-        of the transposed copy gets a run of half as many bytes per CTA, and the CTA computes the
-        scales of fp4_col_rows / 16 blocks of each of its columns."""
-        return self.tuned.fp4_col_rows or FP4_COL_ROWS
+        """Rows of FP4's colwise tile (Tuning.fp4_col_rows, else FP4_COL_ROWS; at least one
+        colwise block, MXFP4's 32 rows): each output row of the transposed copy gets a run of half
+        as many bytes per CTA, and the CTA computes the scales of fp4_col_rows / B blocks (B: 16
+        or 32 rows) of each of its columns."""
+        return max(self.tuned.fp4_col_rows or FP4_COL_ROWS, self.fmt.col_block[0])
 
     @property
     def tile_rows(self) -> int:
         """Rows of a CTA's (non-wide) tile: one colwise block, ROWS for MXFP8's 32x1 blocks and
         rowwise-only ops, 128 for FP8 block scaling's colwise blocks and 128x128 tiles (the packed kernel only:
-        docs/DESIGN.md "FP8 block scaling on the kernels"); NVFP4's colwise copy fp4_col_rows
-        (whole 16-row blocks; its 16x16 tiles too, and ROWS, two tiles' rows, without the copy)."""
+        docs/DESIGN.md "FP8 block scaling on the kernels"); FP4's colwise copy fp4_col_rows
+        (whole 16- or 32-row blocks; NVFP4's 16x16 tiles too, and ROWS, two tiles' rows, without the copy)."""
         if self.fp4_columns:
             return self.fp4_col_rows
         return self.fmt.col_block[0] if self.colwise else max(ROWS, self.fmt.block[0])

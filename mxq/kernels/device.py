@@ -658,6 +658,15 @@ TRANSPOSE_INTERLEAVE = (0x5140, 0x7362)
 TRANSPOSE_HALVES = (0x5410, 0x7632)
 
 
+def column_pairs(rows, c: int, ops=PAIR_DEVICE):
+    """Column ``c`` of rows of packed 16-bit words (``rows[i][j]``: row i's columns 2j, 2j + 1) as
+    words of two rows' values, e2m1x8_bf16's order: word j holds rows 2j (low lane) and 2j + 1
+    (high lane), each the low lane of its word c // 2 for even c, the high lane for odd c (one
+    prmt per word)."""
+    sel = TRANSPOSE_HALVES[c % 2]
+    return [ops.prmt(rows[2 * j][c // 2], rows[2 * j + 1][c // 2], sel) for j in range(len(rows) // 2)]
+
+
 def transpose4x4(a, b, c, d):
     """Four words of four bytes (rows a-d) as the four words of their columns: byte i of word j
     of the result is byte j of row i (eight prmt)."""

@@ -11,7 +11,7 @@ Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = KernelConfig.tile_rows / 
 - ops with a column reduction (colwise, amax, dbias): a CTA covers 32 rows x 32 * VEC columns;
   lane l owns columns 8l..8l+7, warp w owns PK_ROWS adjacent rows (unaligned rows: rows w,
   w + W, ..., which share their read and store plans, unaligned.py); FP8 block scaling's
-  colwise blocks take 128 rows and NVFP4's transposed colwise copy 32 (KernelConfig.tile_rows),
+  colwise blocks take 128 rows and FP4's transposed colwise copy (NVFP4, MXFP4) 32 (KernelConfig.tile_rows),
   both as warps of 8 rows;
 - a pure rowwise cast ("wide", KernelConfig.wide): the warps lie side by side along one band of
   PK_ROWS rows (8 x 1024 columns), so a CTA's rows are long runs of memory and its row-scale
@@ -59,7 +59,7 @@ def fp4_column_slot(warp, c):
 
 
 def fp4_store_words(a, warps: int, ops=dev.RNG_DEVICE):
-    """Words per store of NVFP4's colwise runs (PackedKernel.store_fp4_columns), from ``a`` = the
+    """Words per store of FP4's colwise runs (PackedKernel.store_fp4_columns), from ``a`` = the
     copy's base address | its row bytes M / 2: 4 where ``a`` % 16 == 0 (then M % 32 == 0) and
     the run has 4 words or more (``warps`` >= 4), else 2 where ``a`` % 8 == 0 (M % 16 == 0), else
     1 (M % 8 == 0). A store of W words then covers 8 * W rows starting on a multiple of 8 * W,
@@ -76,9 +76,10 @@ def fp4_run_stores(words: int, warps: int):
 
 
 def fp4_scale_warps(warp, rows: int, block: int = 16):
-    """NVFP4's colwise scales on a tile of ``rows``-row warps: warp ``warp``'s 16-row block is
-    held by warps w0 .. w0 + block // rows - 1 (w0 = warp - warp % (block // rows)), whose
-    column maxima give its scales; w0 stores them. Returns (w0, warps per block)."""
+    """FP4's colwise scales on a tile of ``rows``-row warps: warp ``warp``'s ``block``-row block
+    (NVFP4's 16, MXFP4's 32) is held by warps w0 .. w0 + block // rows - 1 (w0 = warp - warp %
+    (block // rows)), whose column maxima give its scales; w0 stores them. Returns (w0, warps
+    per block)."""
     wpb = block // rows
     return warp - warp % wpb, wpb
 
@@ -827,13 +828,16 @@ class PackedKernel:
 
     @cute.jit
     def fp4_column_scales(self, k, t, io):
-        """NVFP4's colwise copy (the transposed values, 16-element blocks along M): the scales of
-        the thread's 8 columns over the 16 rows of its block, from the column maxima the warps
-        holding them left in sMax (16 // PK_ROWS warps, fp4_scale_warps; NaN dropped), stored by the
-        block's first warp (compact [N, ceil(M/16)] or its swizzled atoms), and the 8 multipliers."""
+        """FP4's colwise copy (the transposed values, blocks along M: NVFP4's 16 rows, MXFP4's 32):
+        the scales of the thread's 8 columns over the rows of its block, from the column maxima
+        the warps holding them left in sMax (B // PK_ROWS warps, fp4_scale_warps: two of a 32-row
+        tile for NVFP4, all four for MXFP4; NVFP4 drops NaN, MXFP4 propagates it: scale 255,
+        codec.block_amax_nan), stored by the block's first warp (compact [N, ceil(M/B)] or its
+        swizzled atoms), and the 8 multipliers."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
-        B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16)
+        NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
+        B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16, 32)
         glob = codec.global_scales(cfg.fmt, io.amax, colwise=True)
         w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
         nbm = (io.M + B - 1) // B
@@ -843,11 +847,13 @@ class PackedKernel:
         for j in cutlass.range_constexpr(PKW):
             cw = t.smem["max"][w0, j * 32 + t.lane]
             for w in cutlass.range_constexpr(1, WPB):
-                cw = dev.pk_max(cw, t.smem["max"][w0 + w, j * 32 + t.lane], is_bf16, False)
+                cw = dev.pk_max(cw, t.smem["max"][w0 + w, j * 32 + t.lane], is_bf16, NAN)
             lo, hi = dev.pk_unpack(cw, is_bf16)
             for h in cutlass.range_constexpr(2):
-                e = codec.block_scale(cfg.fmt, cute.arch.fmax(lo if h == 0 else hi, Float32(0.0)), k.use_hw_e8m0,
-                                      glob=glob)
+                a = lo if h == 0 else hi
+                if cutlass.const_expr(not NAN):  # (NVFP4: a column of NaN alone has amax 0)
+                    a = cute.arch.fmax(a, Float32(0.0))
+                e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
                 sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
                 if t.warp == w0 and c < io.N and blk * B < t.Ms:
@@ -1063,8 +1069,13 @@ class PackedKernel:
             dev.amax_atomic(io.amax, tm, 1)
 
     def fp4_column_word(self, k, words, sc, c: int, rand):
-        """NVFP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
-        one word (row 2j's code in the low nibble of byte j: e2m1x8's order)."""
+        """FP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
+        one word (row 2j's code in the low nibble of byte j: e2m1x8's order). MXFP4 on bf16 without
+        sm_100a's conversion (codec.pow2_bf16_pairs): two rows' bf16 values a word
+        (device.column_pairs), scaled in bf16 as the rowwise copy's (codec.encode8_words)."""
+        fmt = self.cfg.fmt
+        if codec.pow2_bf16_pairs(fmt, k.is_bf16, k.use_hw_e8m0):
+            return codec.encode8_words(fmt, dev.column_pairs(words, c), sc[c], k.is_bf16, k.use_hw_e8m0, rand)
         vals = []
         for i in range(k.PK_ROWS):
             lo, hi = dev.pk_unpack(words[i][c // 2], k.is_bf16)

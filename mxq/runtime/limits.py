@@ -99,12 +99,14 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an MXFP4 or NVFP4 call the kernels do not serve, or None. They serve rowwise blocks
     of ungrouped, one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
     vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
-    operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart. The
-    colwise copy (transposed; NVFP4's from bf16/fp16 without dbias where M % 8 == 0 is served, and
-    with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax that
-    are one fp32[2] buffer), NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed
-    kernel's: bf16/fp16, any M rowwise, the colwise copy's rule with it), stochastic_rounding
-    from fp32 inputs, groups, two halves and other shapes or alignments run the reference."""
+    operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart; the
+    transposed colwise copy from bf16/fp16 without dbias where M % 8 == 0 (the packed kernel's
+    32-row tile: NVFP4's 16-row blocks, MXFP4's 32-row ones, a partial last block zero-padded;
+    NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
+    that are one fp32[2] buffer). The colwise copy from fp32 inputs or with dbias,
+    NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
+    rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs,
+    groups, two halves and other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
@@ -116,7 +118,7 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with block_2d=True and fp32 inputs has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2:
         return "with stochastic_rounding=True and fp32 inputs has no GPU kernels yet"
-    if spec.colwise:  # (NVFP4's transposed copy: the packed kernel's 8-row threads, whole words of output rows)
+    if spec.colwise:  # (the transposed copy: the packed kernel's 8-row threads, whole words of output rows)
         m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
         if x.element_size() != 2 or spec.dbias:
             return "with colwise=True and fp32 inputs or dbias has no GPU kernels yet"
