@@ -131,9 +131,15 @@ def test_served_calls_and_the_amax_pair():
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
     assert out.colwise_amax.data_ptr() == out.amax.data_ptr() + 4
     assert _unserved(op, x, Call([x], [], out=out)) is None
+    paired = Call([x], [], out=out).key()
     out.colwise_amax = torch.zeros((), dtype=torch.float32)
     why = _unserved(op, x, Call([x], [], out=out))
     assert "hadamard" in why and "colwise_amax" in why and "reference" in why
+    # (a call's kept route must not serve the other kind of out=: the keys differ)
+    assert Call([x], [], out=out).key() != paired
+    out.colwise_amax = None
+    with pytest.raises(ValueError, match="colwise_amax"):
+        op(x, out=out)
 
 
 def _ptx(op, arch):
@@ -230,6 +236,7 @@ def test_out_with_separate_amaxes_falls_back(monkeypatch):
     op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(ident)
     x = _values(64, 64, 1, False)
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cuda")
+    _compare(op(x.cuda(), out=out), op.reference(x))  # (the pair first: its route is kept under its key)
     out.colwise_amax = torch.zeros((), dtype=torch.float32, device="cuda")
     _compare(op(x.cuda(), out=out), op.reference(x))
     monkeypatch.setenv("MXQ_STRICT", "1")
