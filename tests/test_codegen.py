@@ -939,11 +939,9 @@ def test_rows8_register_cap_reaches_the_ptx(monkeypatch):
     assert re.search(r"\.minnctapersm\s+4", ptx8) and ".minnctapersm" not in ptxg
 
 
-def test_rows128_register_cap_reaches_the_ptx_with_no_device_query(monkeypatch):
-    """Tuning.rows128_min_blocks compiles into the 128-row tile's packed kernel (FP8 block
-    scaling's colwise blocks) as .minnctapersm, and not into a 32-row tile's; with no Tuning a
-    plain cast writing both directions takes the library's cap of 2; the cap names the
-    default carveout, so the DSL asks no device for the SM's shared memory (a query here fails)."""
+@pytest.fixture
+def no_device_query(monkeypatch):
+    """The DSL may not ask a device for an attribute (the SM's shared memory): a query fails."""
     toolchain.import_cutlass("sm_90")
     import cutlass.cutlass_dsl.cutlass as dsl
 
@@ -952,6 +950,12 @@ def test_rows128_register_cap_reaches_the_ptx_with_no_device_query(monkeypatch):
 
     monkeypatch.setattr(dsl.cuda_helpers, "get_device_attribute", no_device)
 
+
+def test_rows128_register_cap_reaches_the_ptx_with_no_device_query(no_device_query):
+    """Tuning.rows128_min_blocks compiles into the 128-row tile's packed kernel (FP8 block
+    scaling's colwise blocks) as .minnctapersm, and not into a 32-row tile's; with no Tuning a
+    plain cast writing both directions takes the library's cap of 2; the cap names the
+    default carveout, so the DSL asks no device for the SM's shared memory (a query here fails)."""
     def ident(x):
         return x
 
@@ -969,21 +973,13 @@ def test_rows128_register_cap_reaches_the_ptx_with_no_device_query(monkeypatch):
     assert ".minnctapersm" not in ptx(colwise=True)  # (MXFP8)
 
 
-def test_rows128_default_cap_reaches_dact_dbias_ptx(monkeypatch):
+def test_rows128_default_cap_reaches_dact_dbias_ptx(no_device_query):
     """The library's default cap (KernelConfig.packed_min_blocks) reaches the PTX of FP8 block
     scaling's dgelu + dbias writing both directions on bf16 inputs as .minnctapersm 2, with its
     staged rows as a ring (KernelConfig.stage_rows: no cp.async.wait_group above 3, the last
     four rows' words parked with st.shared.v4); not the same op on fp16 inputs (all 8 rows
     staged at once: a wait_group 7) nor its unaligned kernel (whose staged rows would not let two
     CTAs share an SM). No device is asked for the SM's shared memory."""
-    toolchain.import_cutlass("sm_90")
-    import cutlass.cutlass_dsl.cutlass as dsl
-
-    def no_device(attr):
-        raise AssertionError("the register cap asked the driver for a device attribute")
-
-    monkeypatch.setattr(dsl.cuda_helpers, "get_device_attribute", no_device)
-
     def ident(x):
         return x
 
