@@ -30,7 +30,7 @@ from mxq.runtime import limits
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp4 as oracle
-from .test_kernels_fp4 import PAIRS, _f32, _ptx, ident, scaled_shift, strict  # noqa: F401  (strict: a fixture)
+from .test_kernels_fp4 import PAIRS, _f32, _ptx, ident, scaled_shift, strict, within_gelu_class  # noqa: F401  (strict: a fixture)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 OUTS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax")
@@ -293,14 +293,18 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, mode, layout):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(DTYPES)[:2])
 def test_fused_ops_match_reference(strict, dtype):
-    """gelu (planted and finite data) with the amax, relu with the copy alone, a user epilogue whose
-    padding rows are nonzero (M % 32 != 0), the copy beside a dact."""
+    """gelu (planted and finite data) with the amax, in the transcendental class; relu with the
+    amax and with the copy alone, a user epilogue whose padding rows are nonzero (M % 32 != 0), the
+    copy beside a dact: byte for byte."""
     t = DTYPES[dtype]
     x, b = _blocks(72, 528, t, seed=1), planted(1, 528, t, seed=2, specials=False).reshape(528)
     fin = _blocks(72, 528, t, seed=3, specials=False)
     for xx in (x, fin):
-        gelu = _op(act="gelu", amax=True)
-        _same(gelu, xx, gelu(xx.cuda()))
+        gelu, relu = _op(act="gelu", amax=True), _op(act="relu", amax=True)
+        got, want = gelu(xx.cuda()), gelu.reference(xx)
+        for direction in ("rowwise", "colwise"):
+            within_gelu_class(got, want, direction)
+        _same(relu, xx, relu(xx.cuda()))
     relu = _op(act="relu", rowwise=False, scale_mode="rceil")
     _same(relu, x, relu(x.cuda()))
     epi = mxq.fused_quant(format="mxfp4", colwise=True, scale_layout="swizzled")(scaled_shift)

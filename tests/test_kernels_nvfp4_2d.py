@@ -26,6 +26,7 @@ from mxq.kernels import packed
 from mxq.runtime import limits
 from mxq.testing import planted, poisoned, same_bytes
 
+from .test_kernels_fp4 import within_gelu_class
 from .test_kernels_nvfp4 import _check, _ptx, ident, scaled_shift, strict  # noqa: F401  (strict: a fixture)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -257,15 +258,18 @@ def test_tiles_match_reference(strict, dtype, m, n, layout):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(DTYPES)[:2])
 def test_fused_ops_match_reference(strict, dtype):
-    """gelu (both directions; planted and finite data, a real S_enc), a user epilogue whose
-    padding rows are nonzero (M % 16 != 0), drelu + dbias (rowwise; dbias within an ulp, as
-    test_kernels_nvfp4._check), stochastic rounding."""
+    """gelu (both directions; planted and finite data, a real S_enc) in the transcendental class,
+    relu byte for byte; a user epilogue whose padding rows are nonzero (M % 16 != 0), drelu + dbias
+    (rowwise; dbias within an ulp, as test_kernels_nvfp4._check), stochastic rounding."""
     t = DTYPES[dtype]
     x, b = _tiles(72, 528, t, seed=1), planted(1, 528, t, seed=2, specials=False).reshape(528)
     fin = _tiles(72, 528, t, seed=3, specials=False)
     for xx in (x, fin):
-        gelu = _op(act="gelu", colwise=True)
-        _same(gelu, xx, gelu(xx.cuda()))
+        gelu, relu = _op(act="gelu", colwise=True), _op(act="relu", colwise=True)
+        got, want = gelu(xx.cuda()), gelu.reference(xx)
+        for direction in ("rowwise", "colwise"):
+            within_gelu_class(got, want, direction, block=16)
+        _same(relu, xx, relu(xx.cuda()))
     epi = mxq.fused_quant(format="nvfp4", block_2d=True, scale_layout="swizzled")(scaled_shift)
     y = x[:37]
     want = epi.reference(y, b)
