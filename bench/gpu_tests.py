@@ -68,8 +68,19 @@ def visible_gpus() -> list[str]:
 
 
 def shard_env(n: int, gpus: list[str]) -> dict:
-    """The environment of shard ``n``: this one with CUDA_VISIBLE_DEVICES the shard's one GPU."""
-    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[n % len(gpus)]}
+    """The environment of shard ``n``: this one with CUDA_VISIBLE_DEVICES the shard's one GPU, and
+    this directory on PYTHONPATH (the shards load this module as a pytest plugin: ``-p gpu_tests``)."""
+    path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[n % len(gpus)], "PYTHONPATH": path}
+
+
+def pytest_runtest_logreport(report):
+    """(In a shard, as a pytest plugin.) A failure's traceback printed when it happens, as a section
+    ``parse`` reads, so a shard killed at the time limit still shows why its failures failed
+    (pytest prints its own sections only at the end of a run)."""
+    if report.failed:
+        print(f"\n{'_' * 8} {report.nodeid.split('::')[-1]} {'_' * 8}\n{report.longreprtext}\n"
+              f"{'=' * 8} end of {report.nodeid} in this shard {'=' * 8}", flush=True)
 
 
 def parse(text: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
@@ -214,7 +225,8 @@ def main(argv=None) -> int:
         procs = []
         for n, ids_n in enumerate(shards):
             log = open(Path(tmp) / f"shard{n}.txt", "w")
-            cmd = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "-m", args.marker, *ids_n]
+            cmd = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "-p", "gpu_tests",
+                   "-m", args.marker, *ids_n]
             procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
                                            env=shard_env(n, gpus)), log))
         deadline = t0 + args.timeout

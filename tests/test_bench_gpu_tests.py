@@ -82,6 +82,28 @@ def test_whole_run_on_a_small_test_file(tmp_path, monkeypatch):
     assert "test_sample.py::test_slow" in text.split("did not finish (timeout):")[1]
 
 
+def test_a_failure_in_a_shard_the_timeout_kills_keeps_its_traceback(tmp_path, monkeypatch):
+    """The failure's traceback is printed when it happens (the module as the shards' pytest plugin),
+    so a report whose shard was killed after it still shows the assertion."""
+    tool = _bench_tool("gpu_tests")
+    f = tmp_path / "test_killed.py"
+    f.write_text(textwrap.dedent("""\
+        import time
+
+        def test_bad():
+            assert 2 + 2 == 5
+
+        def test_slow():
+            time.sleep(60)
+        """))
+    out = tmp_path / "report.txt"
+    monkeypatch.chdir(tmp_path)
+    status = tool.main([f.name, "--shards", "1", "--timeout", "10", "--marker", "not gpu", "--out", str(out)])
+    text = out.read_text()
+    assert status == 1 and "1 failed, 1 did not finish" in text.splitlines()[0]
+    assert "FAILED test_killed.py::test_bad" in text and "assert (2 + 2) == 5" in text
+
+
 def test_record_is_written_only_for_a_whole_passing_suite(tmp_path):
     """--record: a suite cut by -k cannot write the record; the record holds the hash the CPU test
     (tests/test_gpu_record.py) compares."""
