@@ -9,8 +9,10 @@ round-robin to ``--shards`` pytest processes (they compile their kernels in para
 runs them one after another; on a machine of several GPUs shard n runs on GPU n % ``--gpus``,
 all visible ones by default), stops them all ``--timeout`` seconds after the start, and writes
 one text file:
-counts, every failed or erroring test with pytest's summary line and the head of its traceback,
-and the tests that did not finish. One file, because a device call returns a limited number of
+counts, every failed or erroring test with pytest's summary line and the head of its traceback
+(printed by each shard when it happens: this module is the shards' pytest plugin, so a shard
+killed at the time limit keeps its tracebacks), the tests that did not finish, and the seconds
+each test file's calls took (compiles included). One file, because a device call returns a limited number of
 files and may lose some of several shard logs. Exits 1 if a test
 failed or errored, 2 if none failed but some did not finish.
 
@@ -33,10 +35,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
+
 OUTCOMES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 _RESULT = re.compile(r"^(?P<id>\S.*?) (?P<out>" + "|".join(OUTCOMES) + r")\b")
 _SUMMARY = re.compile(r"^(?P<out>FAILED|ERROR) (?P<id>\S+)(?: - (?P<msg>.*))?$")
 _SECTION = re.compile(r"^_{3,} (?P<name>.+?) _{3,}$")
+_DURATION = re.compile(r"^gpu_tests: (?P<s>[\d.]+) s (?P<id>\S+)$", re.M)
 
 
 def collect(paths, marker: str, kexpr: str | None) -> list[str]:
@@ -74,13 +79,22 @@ def shard_env(n: int, gpus: list[str]) -> dict:
     return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[n % len(gpus)], "PYTHONPATH": path}
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report):
-    """(In a shard, as a pytest plugin.) A failure's traceback printed when it happens, as a section
-    ``parse`` reads, so a shard killed at the time limit still shows why its failures failed
-    (pytest prints its own sections only at the end of a run)."""
+    """(In a shard, as a pytest plugin, after pytest's own line.) A failure's traceback printed when
+    it happens, as a section ``parse`` reads, so a shard killed at the time limit still shows why
+    its failures failed (pytest prints its own sections only at the end of a run); and each test's
+    call time, which ``report`` sums per file (compiles included: where the suite's time goes)."""
+    if report.when == "call":
+        print(f"\ngpu_tests: {report.duration:.1f} s {report.nodeid}", flush=True)
     if report.failed:
         print(f"\n{'_' * 8} {report.nodeid.split('::')[-1]} {'_' * 8}\n{report.longreprtext}\n"
               f"{'=' * 8} end of {report.nodeid} in this shard {'=' * 8}", flush=True)
+
+
+def durations(text: str) -> dict[str, float]:
+    """Seconds per node id from a shard's log (the plugin's lines)."""
+    return {m["id"]: float(m["s"]) for m in _DURATION.finditer(text)}
 
 
 def parse(text: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
@@ -143,6 +157,16 @@ def report(shards: list[list[str]], logs: list[str], elapsed: float, max_traceba
     if unfinished:
         lines.append("\ndid not finish (timeout):")
         lines += [f"  {i}" for i in unfinished]
+    took = {}
+    for text in logs:
+        took.update(durations(text))
+    if took:
+        files = {}
+        for i, t in took.items():
+            f = files.setdefault(i.split("::")[0], [0.0, 0])
+            f[0], f[1] = f[0] + t, f[1] + 1
+        lines.append(f"\ntime in the tests' calls, per file ({sum(took.values()):.0f} s in all, compiles included):")
+        lines += [f"  {t:8.0f} s {n:5d} tests  {f}" for f, (t, n) in sorted(files.items(), key=lambda kv: -kv[1][0])]
     return "\n".join(lines) + "\n", 1 if bad else 2 if unfinished else 0
 
 

@@ -102,6 +102,8 @@ def test_a_failure_in_a_shard_the_timeout_kills_keeps_its_traceback(tmp_path, mo
     text = out.read_text()
     assert status == 1 and "1 failed, 1 did not finish" in text.splitlines()[0]
     assert "FAILED test_killed.py::test_bad" in text and "assert (2 + 2) == 5" in text
+    per_file = text.split("time in the tests' calls, per file")[1].splitlines()[1:]
+    assert len(per_file) == 1 and per_file[0].split()[2:] == ["1", "tests", "test_killed.py"]
 
 
 def test_record_is_written_only_for_a_whole_passing_suite(tmp_path):
