@@ -623,6 +623,18 @@ def launch_for_profiler(launch, times: int = 4):
     torch.cuda.nvtx.range_pop()
 
 
+def pick_shapes(text: str, quick: bool, shapes: list) -> list:
+    """A benchmark's shapes: ``text``'s ('MxN,MxN', each one of ``shapes``: a ValueError names
+    another), else the first two of ``shapes`` with ``quick``, else all of them."""
+    if not text:
+        return shapes[:2] if quick else shapes
+    picked = [parse_shape(s) for s in text.split(",")]
+    for s in picked:
+        if s not in shapes:
+            raise ValueError(f"--shapes: {s[0]}x{s[1]} is not one of {', '.join(f'{m}x{n}' for m, n in shapes)}")
+    return picked
+
+
 def parse_shape(text: str) -> tuple[int, int]:
     """'8192x4096' -> (8192, 4096); anything else is a ValueError naming it."""
     parts = text.lower().split("x")

@@ -98,10 +98,13 @@ def launch_only(row: str, m: int, n: int, variant: str = ""):
     dc.launch_for_profiler(launch)
 
 
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--shapes", default="", help="only these of the shapes, e.g. '4096x14336,32768x4096' "
+                    "(a run that a device call's time limit would cut, in parts)")
     ap.add_argument("--variants", default="", help="Tuning variants 'k=v,...;k=v' timed after the default")
     ap.add_argument("--launch", choices=list(cases(128, 128)), help="only build one row's op and launch it 4 "
                     "times (a profiler's run)")
@@ -114,7 +117,7 @@ def main(argv=None):
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     dev = torch.cuda.get_device_name()
     rows = []
-    for m, n in SHAPES[:2] if args.quick else SHAPES:
+    for m, n in dc.pick_shapes(args.shapes, args.quick, SHAPES):
         torch.manual_seed(m + n)
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         for variant in ["", *filter(None, args.variants.split(";"))]:

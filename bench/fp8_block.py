@@ -192,11 +192,14 @@ def launch_only(row: str, m: int, n: int, variant: str = ""):
     dc.launch_for_profiler(launch)
 
 
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--shapes", default="", help="only these of the shapes, e.g. '4096x14336,32768x4096' "
+                    "(a run that a device call's time limit would cut, in parts)")
     ap.add_argument("--step", action="store_true", help="also the example's training step against bf16")
     ap.add_argument("--variants", default="", help="also the 128-row tile's rows under Tuning variants, "
                     "e.g. 'rows128_min_blocks=2;rows128_min_blocks=3'")
@@ -211,7 +214,7 @@ def main(argv=None):
     dev = torch.cuda.get_device_name()
     peers = {} if args.no_peers else torchao_kernels()
     rows = step_rows(copy_gbps) if args.step else []
-    for m, n in SHAPES[:2] if args.quick else SHAPES:
+    for m, n in dc.pick_shapes(args.shapes, args.quick, SHAPES):
         torch.manual_seed(m + n)
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, device="cuda", dtype=torch.bfloat16)

@@ -70,3 +70,12 @@ def test_shapes_parse(text, want):
 def test_bad_shapes_are_refused(text):
     with pytest.raises(ValueError, match="MxN"):
         _bench_tool("device_check").parse_shape(text)
+
+
+def test_a_benchmark_runs_the_shapes_it_is_given():
+    pick = _bench_tool("device_check").pick_shapes
+    shapes = [(8192, 8192), (16384, 16384), (4096, 14336)]
+    assert pick("", False, shapes) == shapes and pick("", True, shapes) == shapes[:2]
+    assert pick("4096x14336,8192x8192", True, shapes) == [(4096, 14336), (8192, 8192)]
+    with pytest.raises(ValueError, match="--shapes: 4096x4096 is not one of 8192x8192, 16384x16384"):
+        pick("8192x8192,4096x4096", False, shapes)
