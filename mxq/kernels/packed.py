@@ -246,6 +246,10 @@ class PackedKernel:
         # conflicts. sEdge: each warp's partial output units (two words), head and tail per row and direction.
         sRS, sMax, sInv, sSum, sEdge, sTr, sF4 = (buf.get(n) if len(buffers) > 0 else None
                                                   for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t"))
+        if cutlass.const_expr(cfg.tr_aliased):
+            # the transposed tile in the staged input's shared memory (KernelConfig.tr_aliased)
+            sTr = cute.make_tensor(cute.recast_ptr(buf[f"in{staged_src.index(True)}"].iterator, dtype=Uint64),
+                                   cute.make_layout(VCOLS * cfg.tile_rows // 8))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
@@ -464,6 +468,11 @@ class PackedKernel:
                 # the row's reductions first, so that its words leave registers here
                 row_abs = [self.row_partial(row_abs, k.is_bf16, codec.block_amax_nan(cfg.fmt))]
                 row_words = self.park(t, i % depth, row_words, once, staged_src)
+            elif cutlass.const_expr(cfg.tr_stage == "park"):
+                # a plain cast's row is its staged words: left in the slot, read again where it is
+                # encoded (unpark); its reductions first, as above
+                row_abs = [self.row_partial(row_abs, k.is_bf16, codec.block_amax_nan(cfg.fmt))]
+                row_words = self.slot_words(t, i % depth, once, staged_src)
             words.append(row_words)
             absw.append(row_abs)
         if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
@@ -496,6 +505,13 @@ class PackedKernel:
             fr[j] = row_words[j]
         cute.autovec_copy(fr, at)
         return at
+
+    @staticmethod
+    def slot_words(t, slot: int, once, staged_src):
+        """The words of staged slot ``slot`` (the first full staged source's), unread: a plain
+        cast's row, whose words are its staged input (tr_stage "park"; unpark reads them)."""
+        s = next(s for s in range(len(staged_src)) if staged_src[s] and not once[s])
+        return cute.recast_tensor(t.smem[f"in{s}"][(slot, t.tidx, None)], Uint32)
 
     @staticmethod
     def unpark(row_words):
@@ -1132,6 +1148,8 @@ class PackedKernel:
                 if t.col_ok and t.rbase + i < t.Ms:
                     cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
             qcs.append([qc[0], qc[1]])
+        if cutlass.const_expr(cfg.tr_stage == "park"):
+            cute.arch.sync_threads()  # every thread's parked rows are read: "tr" may overwrite them
         self.stage_transposed(t, qcs)
         cute.arch.sync_threads()
         self.store_transposed(k, t, io)
