@@ -11,7 +11,9 @@ the logical scales. GPU (marked gpu): every dtype, fp8, scale mode, layout and v
 torch reference byte for byte, and a small case against tests/oracle_fp8_block.py.
 """
 
+import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -216,6 +218,72 @@ def test_transposed_copy_compiles(arch, dtype, opts):
     assert ("max.NaN" in ptx) == bool(opts.get("amax"))
     assert ("red.relaxed.gpu.global.max.s32" in ptx) == bool(opts.get("amax"))  # (device.amax_atomic)
     assert codegen.kernel_config(op.spec, op.epilogue).transposed
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype, rowwise", [("bf16", False), ("fp16", True)])
+def test_transposed_copy_stage_forms_compile(arch, dtype, rowwise):
+    """Tuning.tr_stage, the transposed copy of a plain cast: "regs" loads the thread's 8 rows into
+    registers (no cp.async) and has a "tr" buffer of its own; "stage" and "park" request all 8
+    rows as 16-byte cp.async copies (one commit group each, a wait before each row's read) and
+    transpose the tile in the staged input's shared memory (32 KB less), "park" with one barrier
+    more (every thread's parked rows read before "tr" overwrites them) and fewer registers (none of
+    the input words live across the scale phases). 3 CTAs of the staged forms share an SM's
+    shared memory. The library's choice is "park"; ops with arithmetic or dbias are not switched."""
+    from mxq.kernels import config as kc
+
+    def build(form):
+        op = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=rowwise, scale_layout="gemm")(ident)
+        return op._with_tuning(kc.Tuning(tr_stage=form)) if form else op
+
+    ptx = {form: _ptx(build(form), arch, dtype) for form in kc.TR_STAGES}
+    assert "cp.async" not in ptx["regs"]
+    for form in ("stage", "park"):
+        copies = re.findall(r"cp\.async\.cg\.shared\.global(?:\.L2::128B)? \[[^]]+\], \[[^]]+\], (\d+)", ptx[form])
+        assert copies == ["16"] * 8, copies
+        assert ptx[form].count("cp.async.commit_group") == 8
+        assert ptx[form].count("cp.async.wait_group") == 8
+    assert ptx["park"].count("bar.sync") == ptx["stage"].count("bar.sync") + 1 == ptx["regs"].count("bar.sync") + 1
+    for p in ptx.values():  # (the same transpose and stores in every form)
+        assert p.count("prmt.b32") == 32 and p.count("st.global.v4.b32") == 4
+    assert _ptx(build(None), arch, dtype) == ptx["park"]
+    op = build(None)
+    cfg = codegen.kernel_config(op.spec, op.epilogue)
+    assert cfg.tr_stage == "park" and cfg.stage and cfg.tr_aliased
+    sizes = {}
+    for form in kc.TR_STAGES:
+        c = dataclasses.replace(cfg, tuning=kc.Tuning(tr_stage=form))
+        names = [b.name for b in c.packed_buffers([(16, False)] if c.stage else [], False)]
+        assert ("tr" in names) == (form == "regs") and ("in0" in names) == (form != "regs")
+        sizes[form] = c.packed_shared_bytes(1, False)
+    # the staged input (128 x 256 bf16) holds the transposed tile (128 x 256 bytes)
+    assert sizes["regs"] + 128 * 256 * 2 - 128 * 256 == sizes["stage"] == sizes["park"]
+    assert kc.KernelConfig.ctas_fit(sizes["park"], 3) and not kc.KernelConfig.ctas_fit(sizes["park"] + 128 * 256, 3)
+    for opts in (dict(act="gelu"), dict(dact="gelu", dbias=True), dict(dbias=True)):
+        other = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", **opts)(ident)
+        oc = codegen.kernel_config(other.spec, other.epilogue)
+        assert oc.transposed and oc.tr_stage == "" and not oc.tr_aliased
+    with pytest.raises(ValueError, match="tr_stage"):
+        kc.Tuning(tr_stage="ring")
+
+
+@pytest.mark.parametrize("arch", ["sm_90"])
+def test_transposed_park_registers(arch):
+    """Where ptxas is present: the "park" form of the colwise-only transposed copy fits 3 CTAs of
+    512 threads per SM by registers (at most 40) without a cap and without spills, and takes fewer
+    registers than "regs" (53 on sm_90 with CuTeDSL's ptxas)."""
+    from mxq.kernels import config as kc
+    from mxq.runtime import inspection
+
+    regs = {}
+    for form in ("regs", "park"):
+        op = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False, scale_layout="gemm")(ident)
+        art = inspection.compile_artifacts(op._with_tuning(kc.Tuning(tr_stage=form)), arch, "bf16", "vec")
+        regs[form] = next((v for k, v in art["kernels"].items() if "packed_kernel" in k), None)
+    if regs["park"] is None or regs["park"].get("registers") is None:
+        pytest.skip("no local ptxas")
+    assert regs["park"]["registers"] <= 40 and regs["park"]["registers"] < regs["regs"]["registers"], regs
+    assert not regs["park"].get("spill_stores"), regs
 
 
 def test_colwise_amax_compiles():
@@ -462,6 +530,28 @@ def test_transposed_colwise_matches_reference(shape, dtype, rowwise, amax):
     if amax:  # (an amax of finite values, exactly)
         clean = _colwise_specials(*shape, DTYPES[dtype], seed=sum(shape), specials=False)
         _check(op, [clean], op(clean.cuda()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["regs", "stage", "park"])
+@pytest.mark.parametrize("shape", [(1, 8), (129, 200), (300, 264), (1000, 1000), (2056, 520)])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("fp8, mode", [("e4m3", "pow2"), ("e5m2", "fp32")])
+@pytest.mark.parametrize("rowwise", [True, False])
+def test_transposed_stage_forms_match_reference(form, shape, dtype, fp8, mode, rowwise):
+    """Each Tuning.tr_stage form of the transposed copy (registers, staged, staged and parked)
+    byte for byte against the reference: partial row tiles (M % 128 of 1, 8, 44, 104: rows past M
+    staged by no copy, their slots never loaded), M % 16 != 0 (the byte stores), partial column
+    tiles (N % 256), into poisoned outputs, with the amax beside it in the parked form."""
+    from mxq.kernels import config as kc
+
+    amax = form == "park"
+    op = mxq.fused_quant(format="fp8_block", fp8=fp8, scale_mode=mode, scale_layout="gemm", rowwise=rowwise,
+                         colwise=True, amax=amax)(ident)
+    op._with_tuning(kc.Tuning(tr_stage=form))
+    x = _colwise_specials(*shape, DTYPES[dtype], seed=sum(shape))
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+    _check(op, [x], op(x.cuda()))
 
 
 @pytest.mark.gpu
