@@ -14,8 +14,11 @@ and paired with mxq's row of the same output (``vs_torchao``: torchao's time / m
 does not serve (yet) is listed with its error. ``--step``: also one training step (forward and
 backward) of examples/fp8_block_linear.py's FP8BlockMLP at an MLP shape against the same step in
 bf16 (``vs_bf16``: the bf16 step's time / the FP8 step's). ``--variants``: the rows on the
-128-row tile (colwise, both, dgelu + dbias + both) again under each Tuning variant
-(device_check.parse_tuning's form, e.g. 'rows128_min_blocks=2'), checked the same way. Results:
+128-row tile (colwise and both, compact and transposed, dgelu + dbias + both) again under each
+Tuning variant (device_check.parse_tuning's form, e.g. 'rows128_min_blocks=2'; 'ops=a+b' limits a
+variant to those rows), checked the same way; the transposed copy's input staging, old and new
+forms beside the library's choice and torchao's transposed kernel: ``--quick --variants
+'tr_stage=regs,ops=colwise_gemm+both_gemm;tr_stage=stage,ops=colwise_gemm+both_gemm'``. Results:
 <out>/<device>-<date>-fp8-block.json. ``--launch ROW``: only build one row's op (a name of
 mxq_cases, or torchao/<kernel>) at one shape under the first variant and launch it 4 times, for a
 profiler (bench/ncu.py).
@@ -75,7 +78,8 @@ def mxq_cases(m, n):
     return cases
 
 
-TILE128_ROWS = ("colwise_compact", "both_compact", "dgelu_dbias_both")  # (--variants: the 128-row tile's rows)
+# (--variants: the 128-row tile's rows; the transposed copy's two rows are the ones Tuning.tr_stage switches)
+TILE128_ROWS = ("colwise_compact", "both_compact", "colwise_gemm", "both_gemm", "dgelu_dbias_both")
 
 
 def prepared(opts, ins, kw, fn=None, tuning=None):
@@ -188,7 +192,9 @@ def launch_only(row: str, m: int, n: int, variant: str = ""):
     else:
         opts = mxq_cases(m, n)[row][0]
         kw = {"act_input": torch.randn_like(x)} if "dact" in opts else {}
-        launch = prepared(opts, [x], kw, tuning=dc.parse_tuning(variant) if variant else None)[1]
+        tuning = dc.parse_tuning(variant) if variant else {}
+        tuning.pop("ops", None)  # (a row named already)
+        launch = prepared(opts, [x], kw, tuning=tuning or None)[1]
     dc.launch_for_profiler(launch)
 
 
@@ -219,8 +225,9 @@ def main(argv=None):
             kw = {"act_input": torch.randn_like(x)} if "dact" in opts else None
             rows.append(run_mxq(name, opts, mv, exact, x, copy_gbps, kw=kw))
             for variant in filter(None, args.variants.split(";")) if name in TILE128_ROWS else ():
-                rows.append(run_mxq(f"{name}[{variant}]", opts, mv, exact, x, copy_gbps, kw=kw,
-                                    tuning=dc.parse_tuning(variant)))
+                tuning = dc.parse_tuning(variant)
+                if name in tuning.pop("ops", name).split("+"):  # ('ops=a+b': those rows alone)
+                    rows.append(run_mxq(f"{name}[{variant}]", opts, mv, exact, x, copy_gbps, kw=kw, tuning=tuning))
         rows.append(run_mxq("bias_gelu_rowwise_gemm", dict(format="fp8_block", act="gelu", scale_layout="gemm"),
                             moved(m, n, extra=2 * n), False, x, copy_gbps, fn=dc.bias_gelu, args=[x, b]))
         gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
