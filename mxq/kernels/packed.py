@@ -244,12 +244,8 @@ class PackedKernel:
         # sMax, sSum and sInv are indexed by position j * 32 + lane (word or column j of lane), so
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
         # conflicts. sEdge: each warp's partial output units (two words), head and tail per row and direction.
-        sRS, sMax, sInv, sSum, sEdge, sTr, sF4 = (buf.get(n) if len(buffers) > 0 else None
+        sRS, sMax, sInv, sSum, sEdge, sTr, sF4 = (self.shared_buffer(buf, n, staged_src) if len(buffers) > 0 else None
                                                   for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t"))
-        if cutlass.const_expr(cfg.tr_aliased):
-            # the transposed tile in the staged input's shared memory (KernelConfig.tr_aliased)
-            sTr = cute.make_tensor(cute.recast_ptr(buf[f"in{staged_src.index(True)}"].iterator, dtype=Uint64),
-                                   cute.make_layout(VCOLS * cfg.tile_rows // 8))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
@@ -314,6 +310,15 @@ class PackedKernel:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
                                                     rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
                                                     tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, **staged}), words, sr, sc)
+
+    def shared_buffer(self, buf: dict, name: str, staged_src):
+        """Shared-memory buffer ``name`` (KernelConfig.packed_buffers), None where the config has
+        none; "tr" where it lies in the staged input's memory (KernelConfig.tr_aliased) a view of
+        the first staged source's bytes as the transposed tile's 8-byte chunks."""
+        if name == "tr" and self.cfg.tr_aliased:
+            return cute.make_tensor(cute.recast_ptr(buf[f"in{staged_src.index(True)}"].iterator, dtype=Uint64),
+                                    cute.make_layout(VCOLS * self.cfg.tile_rows // 8))
+        return buf.get(name)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
