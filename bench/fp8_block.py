@@ -18,7 +18,7 @@ bf16 (``vs_bf16``: the bf16 step's time / the FP8 step's). ``--variants``: the r
 Tuning variant (device_check.parse_tuning's form, e.g. 'rows128_min_blocks=2'; 'ops=a+b' limits a
 variant to those rows), checked the same way; the transposed copy's input staging, old and new
 forms beside the library's choice and torchao's transposed kernel: ``--quick --variants
-'tr_stage=regs,ops=colwise_gemm+both_gemm;tr_stage=stage,ops=colwise_gemm+both_gemm'``. Results:
+'tr_stage=regs,ops=colwise_gemm;tr_stage=stage,ops=colwise_gemm+both_gemm;tr_stage=park,ops=both_gemm'``. Results:
 <out>/<device>-<date>-fp8-block.json. ``--launch ROW``: only build one row's op (a name of
 mxq_cases, or torchao/<kernel>) at one shape under the first variant and launch it 4 times, for a
 profiler (bench/ncu.py).

@@ -129,7 +129,8 @@ class Tuning:
     latencies per CTA), "stage" requests them all with cp.async into shared memory and reads each
     back where it is used, "park" stages them the same way and leaves every row's words in its slot
     until its FP8 bytes are encoded (no input words in registers across the scale phases); both
-    staged forms transpose the tile in the staged input's shared memory. "": the library's choice."""
+    staged forms transpose the tile in the staged input's shared memory. "": the library's choice
+    ("park" for the transposed copy alone, "regs" beside the rowwise copy)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -236,10 +237,14 @@ class KernelConfig:
     def tr_stage(self) -> str:
         """How the packed kernel loads a plain cast's input (no dbias) where it writes the
         transposed colwise copy (Tuning.tr_stage; TR_STAGES; "" for every other op): "regs",
-        "stage" or "park". The library's choice: "park"."""
+        "stage" or "park". The library's choice: "park" for the transposed copy alone (in
+        registers ptxas issues 5 of a thread's 8 row loads, then their maxima, then the other 3;
+        parked, 38 registers instead of 53 on sm_90: 3 CTAs per SM instead of 2), "regs" beside
+        the rowwise copy (its 8 loads are issued first; parked, the same 64 registers under the
+        cap without its 8 bytes of stack, untimed)."""
         if not self.transposed or self.computed or self.dbias:
             return ""
-        return self.tuned.tr_stage or "park"
+        return self.tuned.tr_stage or ("regs" if self.rowwise else "park")
 
     @property
     def tr_aliased(self) -> bool:
