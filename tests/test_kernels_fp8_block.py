@@ -540,18 +540,20 @@ def test_transposed_colwise_matches_reference(shape, dtype, rowwise, amax):
 @pytest.mark.parametrize("form", ["regs", "stage", "park"])
 @pytest.mark.parametrize("shape", [(1, 8), (129, 200), (300, 264), (1000, 1000), (2056, 520)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("fp8, mode", [("e4m3", "pow2"), ("e5m2", "fp32")])
+@pytest.mark.parametrize("fp8, mode, block", [("e4m3", "pow2", (1, 128)), ("e5m2", "fp32", (1, 128)),
+                                              ("e4m3", "fp32", (128, 128))])
 @pytest.mark.parametrize("rowwise", [True, False])
-def test_transposed_stage_forms_match_reference(form, shape, dtype, fp8, mode, rowwise):
+def test_transposed_stage_forms_match_reference(form, shape, dtype, fp8, mode, block, rowwise):
     """Each Tuning.tr_stage form of the transposed copy (registers, staged, staged and parked)
-    byte for byte against the reference: partial row tiles (M % 128 of 1, 8, 44, 104: rows past M
-    staged by no copy, their slots never loaded), M % 16 != 0 (the byte stores), partial column
-    tiles (N % 256), into poisoned outputs, with the amax beside it in the parked form."""
+    byte for byte against the reference, 1x128 blocks and 128x128 tiles: partial row tiles (M %
+    128 of 1, 8, 44, 104: rows past M staged by no copy, their slots never loaded), M % 16 != 0
+    (the byte stores), partial column tiles (N % 256), into poisoned outputs and fresh ones, with
+    the amax beside it in the parked form."""
     from mxq.kernels import config as kc
 
     amax = form == "park"
     op = mxq.fused_quant(format="fp8_block", fp8=fp8, scale_mode=mode, scale_layout="gemm", rowwise=rowwise,
-                         colwise=True, amax=amax)(ident)
+                         colwise=True, amax=amax, block=block)(ident)
     op._with_tuning(kc.Tuning(tr_stage=form))
     x = _colwise_specials(*shape, DTYPES[dtype], seed=sum(shape))
     _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
