@@ -263,6 +263,13 @@ def test_transposed_copy_stage_forms_compile(arch, dtype, rowwise):
     assert sizes["regs"] == 16 * 128 * 4 + 256 * 4 + 128 * 256
     assert sizes["stage"] == sizes["park"] == 16 * 128 * 4 + 256 * 4 + 8 * 512 * 16
     assert kc.KernelConfig.ctas_fit(sizes["park"], 3) and not kc.KernelConfig.ctas_fit(sizes["park"] + 128 * 256, 3)
+    # a cap that 4 CTAs' shared memory cannot meet is none: the staged forms never halve their rows
+    # into a ring (a parked row keeps its slot until encoded)
+    for form in ("stage", "park"):
+        c = dataclasses.replace(cfg, tuning=kc.Tuning(tr_stage=form, rows128_min_blocks=4))
+        assert c.stage_rows(False) == 8 and c.min_blocks == 0
+        c = dataclasses.replace(cfg, tuning=kc.Tuning(tr_stage=form, rows128_min_blocks=3))
+        assert c.stage_rows(False) == 8 and c.min_blocks == 3
     for opts in (dict(act="gelu"), dict(dact="gelu", dbias=True), dict(dbias=True)):
         other = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", **opts)(ident)
         oc = codegen.kernel_config(other.spec, other.epilogue)

@@ -395,8 +395,9 @@ class KernelConfig:
         packed_shared_bytes)."""
         rows = self.tile_rows // self.packed_warps(unaligned)
         ctas = self.ring_ctas(fp16)
-        if unaligned or self.halves_passes > 1 or ctas < 2 or self.tile_rows == ROWS or self.fp4_columns:
-            return rows  # (the ring serves the 128-row tile alone)
+        if (unaligned or self.halves_passes > 1 or ctas < 2 or self.tile_rows == ROWS or self.fp4_columns
+                or self.tr_aliased):
+            return rows  # (the ring serves the 128-row tile alone; a parked row keeps its slot)
         n = self.n_inputs + self.has_dact
         if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows), ctas):
             return rows
