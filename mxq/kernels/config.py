@@ -230,7 +230,8 @@ class KernelConfig:
     def transposed(self) -> bool:
         """The colwise copy is written transposed, [N, M] (FP8 block scaling's GEMM-ready layout):
         the packed kernel's 128-row tile stages it in shared memory (``packed_buffers``' "tr": the
-        tile's columns as rows of 8-byte chunks) and stores it as 16-byte runs of output rows."""
+        tile's columns as rows of 8-byte chunks; in the staged input's memory where tr_aliased)
+        and stores it as 16-byte runs of output rows."""
         return self.colwise and self.fmt.layout == "gemm"
 
     @property

@@ -19,9 +19,9 @@ Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = KernelConfig.tile_rows / 
 
 The kernel body finds the thread's place and the CTA's shared memory (KernelConfig.packed_buffers)
 and runs the phases, each a method below with one job: ``stage_loads`` (cp.async of every row,
-ops with arithmetic and unaligned rows; where KernelConfig.stage_rows stages half the rows at
-once, a ring whose later rows ``values`` requests, ``stage_row``), ``load_registers``; then per
-output half ``values``
+ops with arithmetic, unaligned rows and KernelConfig.tr_stage's staged transposed copy; where
+KernelConfig.stage_rows stages half the rows at once, a ring whose later rows ``values``
+requests, ``stage_row``), ``load_registers``; then per output half ``values``
 (the op, rounding, magnitudes, dbias sums: ``row_values``), ``row_scales``, ``column_owners``
 after one barrier, and one pass over the rows that widens each word once for both directions'
 FP8 bytes and stores them (``store_rows`` / ``store_unaligned``). The grid is (column tiles, row
@@ -1144,7 +1144,8 @@ class PackedKernel:
         """Aligned rows with the colwise copy transposed ([N, M]): each row's rowwise words are
         stored as store_rows does; its colwise words (the thread's 8 rows x 8 columns of bytes)
         are transposed in registers into 8 columns of 8 rows, staged in shared memory, and leave
-        as 16-byte runs of output rows (store_transposed)."""
+        as 16-byte runs of output rows (store_transposed). Parked rows (KernelConfig.tr_stage
+        "park") are read from their slots here, and "tr" lies over those slots: one barrier more."""
         cfg = self.cfg
         qcs = []
         for i in cutlass.range_constexpr(k.PK_ROWS):
