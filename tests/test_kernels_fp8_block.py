@@ -297,6 +297,30 @@ def test_transposed_park_registers(arch):
     assert not regs["park"].get("spill_stores"), regs
 
 
+def test_transposed_rows_fast_grid():
+    """Tuning.tr_rows_fast: the transposed copy's grid takes its row tiles along x and its column
+    tiles along y (split over z past 65535 as the row tiles are otherwise), by hand: M = 1000 is 8
+    row tiles of 128, N = 3000 12 column tiles of 256; 70000 column tiles take y = 35000, z = 2.
+    Other ops ignore the switch; the kernel reads its tile from the swapped indices (its PTX
+    differs, its registers do not: test_transposed_park_registers)."""
+    from mxq.kernels import config as kc
+    from mxq.kernels import packed
+
+    op = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False, scale_layout="gemm")(ident)
+    cfg = codegen.kernel_config(op.spec, op.epilogue)
+    fast = dataclasses.replace(cfg, tuning=kc.Tuning(tr_rows_fast=True))
+    assert not cfg.rows_fast and fast.rows_fast
+    assert packed.grid(cfg, 1000, 3000) == ([12, 8, 1], [512, 1, 1])
+    assert packed.grid(fast, 1000, 3000) == ([8, 12, 1], [512, 1, 1])
+    assert packed.grid(fast, 128 * 9, 256 * 70000)[0] == [9, 35000, 2]
+    compact = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False)(ident)
+    ccfg = codegen.kernel_config(compact.spec, compact.epilogue, kc.Tuning(tr_rows_fast=True))
+    assert not ccfg.rows_fast and packed.grid(ccfg, 1000, 3000)[0] == [12, 8, 1]
+    ptx = _ptx(op, "sm_90a", "bf16")
+    op2 = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False, scale_layout="gemm")(ident)
+    assert _ptx(op2._with_tuning(kc.Tuning(tr_rows_fast=True)), "sm_90a", "bf16") != ptx
+
+
 def test_colwise_amax_compiles():
     """amax beside compact colwise blocks: NaN-dropping column maxima for the scales, a
     NaN-propagating maximum per thread for the amax (codec.amax_by_owners)."""
@@ -541,6 +565,22 @@ def test_transposed_colwise_matches_reference(shape, dtype, rowwise, amax):
     if amax:  # (an amax of finite values, exactly)
         clean = _colwise_specials(*shape, DTYPES[dtype], seed=sum(shape), specials=False)
         _check(op, [clean], op(clean.cuda()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["regs", "park"])
+@pytest.mark.parametrize("shape", [(129, 200), (300, 600), (1000, 1000), (2056, 520)])
+@pytest.mark.parametrize("rowwise", [True, False])
+def test_transposed_rows_fast_matches_reference(form, shape, rowwise):
+    """Tuning.tr_rows_fast (row tiles along x, column tiles along y): byte for byte against the
+    reference at partial tiles in both directions, several of each, into poisoned outputs."""
+    from mxq.kernels import config as kc
+
+    op = mxq.fused_quant(format="fp8_block", fp8="e4m3", scale_mode="pow2", scale_layout="gemm", rowwise=rowwise,
+                         colwise=True, amax=True)(ident)
+    op._with_tuning(kc.Tuning(tr_stage=form, tr_rows_fast=True))
+    x = _colwise_specials(*shape, torch.bfloat16, seed=sum(shape))
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
 
 
 @pytest.mark.gpu

@@ -130,7 +130,12 @@ class Tuning:
     back where it is used, "park" stages them the same way and leaves every row's words in its slot
     until its FP8 bytes are encoded (no input words in registers across the scale phases); both
     staged forms transpose the tile in the staged input's shared memory. "": the library's choice
-    ("park" for the transposed copy alone, "regs" beside the rowwise copy)."""
+    ("park" for the transposed copy alone, "regs" beside the rowwise copy).
+    ``tr_rows_fast``: the packed kernel's grid of the transposed copy runs its row tiles along x
+    and its column tiles along y (KernelConfig.rows_fast): CTAs resident together then cover
+    few column tiles of many row tiles, so each output row of the copy ([N, M]) gets long runs
+    at once and the input is read in shorter ones. False (the library's choice): column tiles
+    along x, as every other kernel."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -145,6 +150,7 @@ class Tuning:
     group_search: str = ""
     fp4_col_rows: int = 0
     tr_stage: str = ""
+    tr_rows_fast: bool = False
 
     def __post_init__(self):
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
@@ -246,6 +252,12 @@ class KernelConfig:
         if not self.transposed or self.computed or self.dbias:
             return ""
         return self.tuned.tr_stage or ("regs" if self.rowwise else "park")
+
+    @property
+    def rows_fast(self) -> bool:
+        """The packed kernel's grid runs row tiles along x and column tiles along y and z
+        (Tuning.tr_rows_fast: the transposed copy, which is never grouped nor two halves)."""
+        return self.transposed and self.tuned.tr_rows_fast
 
     @property
     def tr_aliased(self) -> bool:

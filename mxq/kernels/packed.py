@@ -25,7 +25,9 @@ requests, ``stage_row``), ``load_registers``; then per output half ``values``
 (the op, rounding, magnitudes, dbias sums: ``row_values``), ``row_scales``, ``column_owners``
 after one barrier, and one pass over the rows that widens each word once for both directions'
 FP8 bytes and stores them (``store_rows`` / ``store_unaligned``). The grid is (column tiles, row
-tiles), the row tiles split over y and z past 65535, so no integer division finds the tile.
+tiles), the row tiles split over y and z past 65535, so no integer division finds the tile
+(KernelConfig.rows_fast: (row tiles, column tiles), the column tiles split the same way; a
+padding tile past N has no column inside N, and every load and store is bounded by N).
 Nothing branches on noop: it zeroes the row bound Ms of every store instead (with an early exit
 ptxas sank three of the four row loads below the noop load, serialising two memory latencies).
 """
@@ -128,6 +130,8 @@ def grid(cfg, M, N, G=None, unaligned: bool = False):
     tile_rows, tile_cols = tile(cfg, G is not None, unaligned)
     n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves and cfg.halves_passes == 1 else 1)  # (two-halves ops: each tile twice)
     n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
+    if cfg.rows_fast:  # (KernelConfig.rows_fast: row tiles along x, column tiles along y and z)
+        n_fast, n_slow = n_slow, n_fast
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
     return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.packed_warps(unaligned) * 32, 1, 1]
 
@@ -190,11 +194,10 @@ class PackedKernel:
         _, gy, _ = cute.arch.grid_dim()
         lane = tidx % 32
         warp = tidx // 32
-        cb = bx
+        cb, rb = (by + bz * gy, bx) if cutlass.const_expr(cfg.rows_fast) else (bx, by + bz * gy)  # (grid)
         # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, ElementOp.output_half)
         PASSES = cutlass.const_expr(cfg.halves_passes)  # 2: this CTA writes both halves (Tuning.halves_one_cta)
         cb, co, NOUT, scalars = self.op.output_half(cb, N, NO, TILE_COLS, scalars, divby=DIVBY, passes=PASSES)
-        rb = by + bz * gy
         # the tensors read per element; operands broadcast along rows (a bias) are loaded once, for
         # row 0, and shared by every row; operands broadcast along columns (a row scale, a scalar)
         # take element loads; the others are staged through shared memory by ops with arithmetic
