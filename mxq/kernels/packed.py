@@ -19,13 +19,15 @@ Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = KernelConfig.tile_rows / 
 
 The kernel body finds the thread's place and the CTA's shared memory (KernelConfig.packed_buffers)
 and runs the phases, each a method below with one job: ``stage_loads`` (cp.async of every row,
-ops with arithmetic and unaligned rows; where KernelConfig.stage_rows stages half the rows at
-once, a ring whose later rows ``values`` requests, ``stage_row``), ``load_registers``; then per
-output half ``values``
+ops with arithmetic, unaligned rows and KernelConfig.tr_stage's staged transposed copy; where
+KernelConfig.stage_rows stages half the rows at once, a ring whose later rows ``values``
+requests, ``stage_row``), ``load_registers``; then per output half ``values``
 (the op, rounding, magnitudes, dbias sums: ``row_values``), ``row_scales``, ``column_owners``
 after one barrier, and one pass over the rows that widens each word once for both directions'
 FP8 bytes and stores them (``store_rows`` / ``store_unaligned``). The grid is (column tiles, row
-tiles), the row tiles split over y and z past 65535, so no integer division finds the tile.
+tiles), the row tiles split over y and z past 65535, so no integer division finds the tile
+(KernelConfig.rows_fast: (row tiles, column tiles), the column tiles split the same way; a
+padding tile past N has no column inside N, and every load and store is bounded by N).
 Nothing branches on noop: it zeroes the row bound Ms of every store instead (with an early exit
 ptxas sank three of the four row loads below the noop load, serialising two memory latencies).
 """
@@ -128,6 +130,8 @@ def grid(cfg, M, N, G=None, unaligned: bool = False):
     tile_rows, tile_cols = tile(cfg, G is not None, unaligned)
     n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves and cfg.halves_passes == 1 else 1)  # (two-halves ops: each tile twice)
     n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
+    if cfg.rows_fast:  # (KernelConfig.rows_fast: row tiles along x, column tiles along y and z)
+        n_fast, n_slow = n_slow, n_fast
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
     return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.packed_warps(unaligned) * 32, 1, 1]
 
@@ -190,11 +194,10 @@ class PackedKernel:
         _, gy, _ = cute.arch.grid_dim()
         lane = tidx % 32
         warp = tidx // 32
-        cb = bx
+        cb, rb = (by + bz * gy, bx) if cutlass.const_expr(cfg.rows_fast) else (bx, by + bz * gy)  # (grid)
         # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, ElementOp.output_half)
         PASSES = cutlass.const_expr(cfg.halves_passes)  # 2: this CTA writes both halves (Tuning.halves_one_cta)
         cb, co, NOUT, scalars = self.op.output_half(cb, N, NO, TILE_COLS, scalars, divby=DIVBY, passes=PASSES)
-        rb = by + bz * gy
         # the tensors read per element; operands broadcast along rows (a bias) are loaded once, for
         # row 0, and shared by every row; operands broadcast along columns (a row scale, a scalar)
         # take element loads; the others are staged through shared memory by ops with arithmetic
@@ -244,7 +247,7 @@ class PackedKernel:
         # sMax, sSum and sInv are indexed by position j * 32 + lane (word or column j of lane), so
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
         # conflicts. sEdge: each warp's partial output units (two words), head and tail per row and direction.
-        sRS, sMax, sInv, sSum, sEdge, sTr, sF4 = (buf.get(n) if len(buffers) > 0 else None
+        sRS, sMax, sInv, sSum, sEdge, sTr, sF4 = (self.shared_buffer(buf, n, staged_src) if len(buffers) > 0 else None
                                                   for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t"))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
@@ -310,6 +313,15 @@ class PackedKernel:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
                                                     rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
                                                     tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, **staged}), words, sr, sc)
+
+    def shared_buffer(self, buf: dict, name: str, staged_src):
+        """Shared-memory buffer ``name`` (KernelConfig.packed_buffers), None where the config has
+        none; "tr" where it lies in the staged input's memory (KernelConfig.tr_aliased) a view of
+        the first staged source's bytes as the transposed tile's 8-byte chunks."""
+        if name == "tr" and self.cfg.tr_aliased:
+            return cute.make_tensor(cute.recast_ptr(buf[f"in{staged_src.index(True)}"].iterator, dtype=Uint64),
+                                    cute.make_layout(VCOLS * self.cfg.tile_rows // 8))
+        return buf.get(name)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
@@ -464,6 +476,11 @@ class PackedKernel:
                 # the row's reductions first, so that its words leave registers here
                 row_abs = [self.row_partial(row_abs, k.is_bf16, codec.block_amax_nan(cfg.fmt))]
                 row_words = self.park(t, i % depth, row_words, once, staged_src)
+            elif cutlass.const_expr(cfg.tr_stage == "park"):
+                # a plain cast's row is its staged words: left in the slot, read again where it is
+                # encoded (unpark); its reductions first, as above
+                row_abs = [self.row_partial(row_abs, k.is_bf16, codec.block_amax_nan(cfg.fmt))]
+                row_words = self.slot_words(t, i % depth, once, staged_src)
             words.append(row_words)
             absw.append(row_abs)
         if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
@@ -496,6 +513,13 @@ class PackedKernel:
             fr[j] = row_words[j]
         cute.autovec_copy(fr, at)
         return at
+
+    @staticmethod
+    def slot_words(t, slot: int, once, staged_src):
+        """The words of staged slot ``slot`` (the first full staged source's), unread: a plain
+        cast's row, whose words are its staged input (tr_stage "park"; unpark reads them)."""
+        s = next(s for s in range(len(staged_src)) if staged_src[s] and not once[s])
+        return cute.recast_tensor(t.smem[f"in{s}"][(slot, t.tidx, None)], Uint32)
 
     @staticmethod
     def unpark(row_words):
@@ -1123,7 +1147,8 @@ class PackedKernel:
         """Aligned rows with the colwise copy transposed ([N, M]): each row's rowwise words are
         stored as store_rows does; its colwise words (the thread's 8 rows x 8 columns of bytes)
         are transposed in registers into 8 columns of 8 rows, staged in shared memory, and leave
-        as 16-byte runs of output rows (store_transposed)."""
+        as 16-byte runs of output rows (store_transposed). Parked rows (KernelConfig.tr_stage
+        "park") are read from their slots here, and "tr" lies over those slots: one barrier more."""
         cfg = self.cfg
         qcs = []
         for i in cutlass.range_constexpr(k.PK_ROWS):
@@ -1132,6 +1157,8 @@ class PackedKernel:
                 if t.col_ok and t.rbase + i < t.Ms:
                     cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
             qcs.append([qc[0], qc[1]])
+        if cutlass.const_expr(cfg.tr_stage == "park"):
+            cute.arch.sync_threads()  # every thread's parked rows are read: "tr" may overwrite them
         self.stage_transposed(t, qcs)
         cute.arch.sync_threads()
         self.store_transposed(k, t, io)
