@@ -448,5 +448,23 @@ def test_bench_fused_rows_check_on_the_cpu_route():
     tool = _bench_tool("gemm")
     assert [op.spec.format for op in tool.FUSED] == ["fp8_block", "mxfp8"]
     for op in tool.FUSED:
-        row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu")
-        assert row["checked"], row
+        for pp in (False, True):
+            row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu", pingpong=pp)
+            assert row["checked"], row
+            assert row["name"] == f"gemm_{op.__name__} 130x264x72" + (" pingpong" if pp else "")
+
+
+def test_bench_runs_each_form_through_the_runtime_switch():
+    """bench/gemm.py's --forms: both by default, each row run with mxq.runtime.gemm.PINGPONG set
+    to its form and restored after; an unknown name is refused before anything runs."""
+    from .test_codegen import _bench_tool
+
+    tool = _bench_tool("gemm")
+    assert tool.FORMS == {"cooperative": False, "pingpong": True}
+    before = g.PINGPONG
+    for pp in (False, True):
+        with tool.use_form(pp):
+            assert g.PINGPONG is pp
+        assert g.PINGPONG is before
+    with pytest.raises(SystemExit):
+        tool.main(["--forms", "cooperative,pinpong"])

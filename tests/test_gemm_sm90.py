@@ -113,7 +113,8 @@ def test_pingpong_orders_the_mainloops_with_a_named_barrier_pair(ptx):
         assert pp.index("wgmma.mma_async") < arrives[1]
         assert coop.count("mbarrier.init.shared.b64") == 2 * 4 and pp.count("mbarrier.init.shared.b64") == 2 * 5
         tma = r"cp\.async\.bulk\.tensor\.2d[^\n]*\[%r\d+\+{}\]"
-        assert re.search(tma.format(1024 + 5 * 64 * 64 * 2), pp) and re.search(tma.format(1024 + 4 * 128 * 64 * 2), coop)
+        assert re.search(tma.format(1024 + 5 * 64 * 64 * 2), pp)
+        assert re.search(tma.format(1024 + 4 * 128 * 64 * 2), coop)
 
 
 def _simulate_pingpong(tiles: int, k_tiles: int):

@@ -10,8 +10,9 @@ the format's rowwise blocks (1x128 FP8 block scaling, 1x32 MXFP8) with codec.py'
 
 The accumulator layout of wgmma m64nNk16 (fp32; CUTLASS's SM90 ``CLayout_64xN``, thread layout
 (4, 8, 4), value layout (2, 2, N/8)): thread t of a warpgroup holds, for each 8-column group g of
-its warpgroup's 64 x 256 part (half the cooperative tile, GemmSm90's whole ping-pong tile), values ``i = c + 2 h + 4 g`` (c, h in {0, 1}) at row
-``16 (t // 32) + (t % 32) // 4 + 8 h`` and column ``8 g + 2 (t % 4) + c``. So the 4 lanes of a
+its warpgroup's 64 x 256 part (half the cooperative tile, GemmSm90's whole ping-pong tile),
+values ``i = c + 2 h + 4 g`` (c, h in {0, 1}) at row ``16 (t // 32) + (t % 32) // 4 + 8 h`` and
+column ``8 g + 2 (t % 4) + c``. So the 4 lanes of a
 quad (t % 4) share their two rows, and a row's block of B columns is groups ``g`` in
 ``[b B/8, (b+1) B/8)`` of those 4 lanes: ``B / 4`` values per lane, reduced over the quad with
 two butterfly shuffles (``ACC_QUAD``). ``check_layout`` asserts this at trace time on a few

@@ -76,6 +76,7 @@ class GemmSm90:
         self.swizzle = swizzle
         self.pingpong = pingpong
         self.tile = PINGPONG_TILE if pingpong else TILE
+        self.tile_mn = self.tile[:2]  # (an output tile)
         self.stages = PINGPONG_STAGES if pingpong else STAGES
         self.mma_wgs = 1 if pingpong else CONSUMER_WGS  # warpgroups on one tile (and one stage)
         self.threads = THREADS_PER_WG * (1 + CONSUMER_WGS)
@@ -111,13 +112,13 @@ class GemmSm90:
         """Traced by every launcher: TMA descriptors, the tile scheduler, the launch."""
         self.setup(mA.element_type)
         if cutlass.const_expr(self.fused is not None):
-            gemm_quant.check_layout(self.tiled_mma, (self.tile[0], self.tile[1]), self.mma_wgs)
+            gemm_quant.check_layout(self.tiled_mma, self.tile_mn, self.mma_wgs)
         op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         tma_a, gA = cute.nvgpu.cpasync.make_tiled_tma_atom(
             op, mA, cute.slice_(self.a_layout, (None, None, 0)), (self.tile[0], self.tile[2]))
         tma_w, gW = cute.nvgpu.cpasync.make_tiled_tma_atom(
             op, mW, cute.slice_(self.w_layout, (None, None, 0)), (self.tile[1], self.tile[2]))
-        tiles = cute.zipped_divide(mD, (self.tile[0], self.tile[1]))[(0, (None, None))].shape
+        tiles = cute.zipped_divide(mD, self.tile_mn)[(0, (None, None))].shape
         sched = utils.PersistentTileSchedulerParams((*tiles, 1), (1, 1, 1), self.swizzle, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms)
         self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched,
@@ -194,7 +195,7 @@ class GemmSm90:
         thr_mma = tiled_mma.get_slice(ctid)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrW = tiled_mma.make_fragment_B(thr_mma.partition_B(sW))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.local_tile(mD, (self.tile[0], self.tile[1]), (0, 0))).shape, Float32)
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.local_tile(mD, self.tile_mn, (0, 0))).shape, Float32)
         k_tiles = (gA_full.shape[1] + self.tile[2] - 1) // self.tile[2]
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
@@ -261,7 +262,7 @@ class GemmSm90:
         """The seam: this thread's accumulator fragment of output tile (tile_m, tile_n) -> D (the
         input dtype), and with ``acc_hook`` the fp32 accumulator too. A full tile stores whole
         fragments; an edge tile stores the column pairs inside [M, N] (``store_edge``)."""
-        gD = cute.local_tile(mD, (self.tile[0], self.tile[1]), (tile_m, tile_n))
+        gD = cute.local_tile(mD, self.tile_mn, (tile_m, tile_n))
         tDgD = thr_mma.partition_C(gD)
         out = cute.make_rmem_tensor(acc.shape, mD.element_type)
         out.store(acc.load().to(mD.element_type))
@@ -269,7 +270,7 @@ class GemmSm90:
         if full_m & ((tile_n + 1) * self.tile[1] <= mD.shape[1]):
             cute.autovec_copy(out, tDgD)
             if cutlass.const_expr(self.acc_hook):
-                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, (self.tile[0], self.tile[1]), (tile_m, tile_n))))
+                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n))))
         else:
             self.store_edge(acc, out, tile_m, tile_n, thr_mma, mD, mAcc)
 
@@ -279,11 +280,11 @@ class GemmSm90:
         when it lies inside [M, N]; N % 8 == 0, so a pair never straddles N. ``mD`` None: the
         accumulator pairs alone (the fused epilogue's hook; ``mAcc`` has D's shape either way)."""
         shape = mAcc.shape if cutlass.const_expr(mD is None) else mD.shape
-        coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(shape), (self.tile[0], self.tile[1]),
+        coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(shape), self.tile_mn,
                                                      (tile_m, tile_n)))
-        tAgA = thr_mma.partition_C(cute.local_tile(mAcc, (self.tile[0], self.tile[1]), (tile_m, tile_n)))
+        tAgA = thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n)))
         if cutlass.const_expr(mD is not None):
-            tDgD = thr_mma.partition_C(cute.local_tile(mD, (self.tile[0], self.tile[1]), (tile_m, tile_n)))
+            tDgD = thr_mma.partition_C(cute.local_tile(mD, self.tile_mn, (tile_m, tile_n)))
         for i in cutlass.range_constexpr(0, cute.size(acc), 2):
             if cute.elem_less(coords[i], shape):
                 if cutlass.const_expr(mD is not None):
@@ -300,7 +301,7 @@ class GemmSm90:
         if cutlass.const_expr(self.acc_hook):
             full = cutlass.Boolean((tile_m + 1) * self.tile[0] <= mAcc.shape[0])
             if full & ((tile_n + 1) * self.tile[1] <= mAcc.shape[1]):
-                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, (self.tile[0], self.tile[1]), (tile_m, tile_n))))
+                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n))))
             else:
                 self.store_edge(acc, None, tile_m, tile_n, thr_mma, None, mAcc)
-        self.fused.write(acc, tile_m, tile_n, thr_mma, (self.tile[0], self.tile[1]), lane, ins, scalars, row_data, row_scale)
+        self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, lane, ins, scalars, row_data, row_scale)
