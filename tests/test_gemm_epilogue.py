@@ -30,7 +30,7 @@ from mxq.runtime import gemm as g
 from mxq.testing import compare, is_exact, v_bound
 
 from . import oracle, oracle_fp8_block
-from .test_gemm_sm90 import CUOBJDUMP, FORMS, _form, assert_within_budget, cubin_resources
+from .test_gemm_sm90 import CUOBJDUMP, FORMS, _form, assert_within_budget, cubin_resources, form  # noqa: F401
 
 
 @mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128))
@@ -290,12 +290,6 @@ GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw, plus_bias, 
 SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 1032, 136), (1024, 768, 512),
           (2176, 2048, 256)]  # (the last: 272 ping-pong tiles on 132 CTAs, some with an odd count)
 
-
-@pytest.fixture(params=FORMS, ids=_form)
-def form(request, monkeypatch):
-    """Both forms of the GEMM: runtime/gemm.PINGPONG set for the test."""
-    monkeypatch.setattr(g, "PINGPONG", request.param)
-    return request.param
 
 
 def _acc_bound(a, w):

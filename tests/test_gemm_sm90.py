@@ -331,9 +331,18 @@ def test_bench_case_errors_become_rows(monkeypatch):
 
 @pytest.fixture(params=FORMS, ids=_form)
 def form(request, monkeypatch):
-    """Both kernel forms: runtime/gemm.PINGPONG set for the test."""
+    """Both kernel forms: runtime/gemm.PINGPONG set for the test, and every compile the test
+    makes (gemm, op.gemm) checked to have asked for that form."""
+    seen = []
+    for name in ("compile_gemm", "compile_gemm_op"):
+        def spy(*args, _real=getattr(g, name), **kw):
+            seen.append(kw.get("pingpong"))
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(g, name, spy)
     monkeypatch.setattr(g, "PINGPONG", request.param)
-    return request.param
+    yield request.param
+    assert all(p is request.param for p in seen), seen
 
 
 GPU_SHAPES = [(128, 256, 64), (200, 136, 64), (1000, 520, 4096), (1, 8, 8), (129, 264, 72), (384, 768, 1024),
