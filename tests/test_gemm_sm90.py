@@ -279,9 +279,9 @@ def test_tile_order_groups_divide_the_n_tiles():
     from mxq.runtime import toolchain
 
     toolchain.import_cutlass(g.ARCH)  # (the kernel module imports cutlass: with the arch set first)
-    from mxq.kernels.gemm_sm90 import TILE
+    from mxq.kernels.gemm_sm90 import PINGPONG_TILE, TILE
 
-    assert g.TILE_N == TILE[1]
+    assert g.TILE_N == TILE[1] == PINGPONG_TILE[1]  # (one tile order rule serves both forms)
     assert [g.swizzle_for(n) for n in (8, 256, 512, 768, 1024, 4096, 14336, 28672, 2056)] == [1, 1, 2, 1, 4, 8, 8, 8, 1]
     for n in range(8, 40000, 8):
         tiles = -(-n // 256)
