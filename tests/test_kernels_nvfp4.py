@@ -3,7 +3,7 @@ kernel for bf16/fp16, the vectorised one for fp32), two launches with no host sy
 pass (the op's values, their NaN-dropping amax) and the quantize pass (E4M3 scales under the
 per-tensor scale, mxq/kernels/device.py nvfp4_global / nvfp4_scale / nvfp4_multiplier); with
 ``global_amax=`` the quantize pass alone (variant "vec_given"); stochastic rounding from 16-bit
-inputs (Philox words per row, device.e2m1_code_sr). Everything else runs the reference
+inputs (Philox words per row, device.e2m1x8_sr). Everything else runs the reference
 (limits.fp4_unserved).
 
 CPU: what is served; the device expressions of the scales, Philox and the stochastic rule run on
@@ -15,9 +15,11 @@ tensor, under noop), fused ops, stochastic rounding's bytes, prepare() under a C
 case against the oracle of tests/oracle_fp4.py.
 """
 
+import math
 import re
 import struct
 from dataclasses import replace
+from fractions import Fraction
 
 import pytest
 import torch
@@ -31,6 +33,7 @@ from mxq.runtime import compiler, limits
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp4 as oracle
+from .test_kernels_fp4 import PAIRS
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FIELDS = ("rowwise_data", "rowwise_scale", "amax", "dbias")
@@ -192,23 +195,23 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
-    """Philox's rounds (20 mul.hi each) and the integer stochastic rule (one add.rz.f32 per value)
-    on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell). A thread's 8
+    """Philox's rounds (20 mul.hi each) and the stochastic rule on fp16 pairs (one cvt.rz.f16x2.f32
+    per two values) on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell). A thread's 8
     rows: 4 Philox shared by neighbour lanes (2 lane swaps per row pair), else 8 (one per row) and
     8 more in the lanes whose words straddle two counters; the colwise copy 8 + 8 more."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident)
     ptx = _ptx(op, arch, "bf16")
     assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * (4 + 8 + 8)
     assert "-766435501" in ptx or "3528531795" in ptx  # (Philox's first multiplier, 0xD2511F53)
-    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx and ptx.count("add.rz.f32") == 64
+    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx and ptx.count("cvt.rz.f16x2.f32") == 32
     rn = _ptx(mxq.fused_quant(format="nvfp4")(ident), arch, "bf16")
     swaps = re.compile(r"shfl\.sync\.bfly\.b32[^;]*, 1, 31, -1;")
     assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8
     both = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident), arch, "bf16")
-    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 8 + 8) and both.count("add.rz.f32") == 128
+    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 8 + 8) and both.count("cvt.rz.f16x2.f32") == 64
     col = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True, rowwise=False)(ident), arch,
                "bf16")  # (the colwise copy alone: served, so compiled here too)
-    assert col.count("mul.hi.u32") == 20 * (8 + 8) and col.count("add.rz.f32") == 64
+    assert col.count("mul.hi.u32") == 20 * (8 + 8) and col.count("cvt.rz.f16x2.f32") == 32
 
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
@@ -577,27 +580,6 @@ class RNG_HOST(dev.HOST):
         return a * b & 0xFFFFFFFF
 
 
-class INT_TORCH:
-    """device.DEVICE's integer operations on int64 tensors holding uint32 values."""
-
-    @staticmethod
-    def U32(v):
-        return v & 0xFFFFFFFF if isinstance(v, torch.Tensor) else torch.tensor(int(v) & 0xFFFFFFFF)
-
-    min = staticmethod(torch.minimum)
-    max = staticmethod(torch.maximum)
-    select = staticmethod(torch.where)
-
-    @staticmethod
-    def one_plus_rz(a):
-        """fp32 bits of 1 + y rounded toward zero (y >= 0 finite, bits ``a``): 1 + y exact in
-        float64, its significand cut to 24 bits."""
-        v = 1.0 + (a & 0xFFFFFFFF).to(torch.int32).view(torch.float32).to(torch.float64)
-        m, e = torch.frexp(v)  # v = m * 2^e, 0.5 <= m < 1
-        cut = torch.floor(torch.ldexp(m, torch.full_like(e, 24))) * torch.pow(2.0, (e - 24).to(torch.float64))
-        return cut.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-
-
 def test_philox_rounds_equal_the_reference():
     from mxq.formats import fp4
 
@@ -609,35 +591,125 @@ def test_philox_rounds_equal_the_reference():
         assert list(got) == [int(w) for w in want]
 
 
-def test_stochastic_rule_equals_the_reference():
-    """device.e2m1_code_sr on int64 tensors against fp4.encode_sr: every threshold's neighbours,
-    values below 1 whose bits below 2^-23 a rounding to nearest of 1 + |y| would carry, and 2^20
-    sampled patterns below 8 (and 2^18 of any kind), each with random bytes, plus every r at
-    every edge."""
+def _f32_rn(x: float) -> int:
+    """fp32 bits of the float64 ``x`` rounded to nearest even (subnormals included)."""
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _f16_rz(b: int) -> int:
+    """cvt.rz.f16.f32 of the fp32 bits ``b``, from IEEE's definition: the fp16 at or below |x|
+    (subnormals kept, a finite value past the range the largest finite, inf stays inf); NaN
+    the canonical 0x7FFF."""
+    sign, a = (b >> 16) & 0x8000, b & 0x7FFFFFFF
+    if a > 0x7F800000:
+        return 0x7FFF
+    if a == 0x7F800000:
+        return sign | 0x7C00
+    x = Fraction(struct.unpack("<f", struct.pack("<I", a))[0])
+    if x >= 65504:
+        return sign | 0x7BFF
+    if x < Fraction(1, 2 ** 14):
+        return sign | math.floor(x * 2 ** 24)  # (subnormal: multiples of 2^-24)
+    e = math.floor(math.log2(x))
+    while Fraction(2) ** e > x:  # (log2's float rounding, corrected exactly)
+        e -= 1
+    while Fraction(2) ** (e + 1) <= x:
+        e += 1
+    m = math.floor(x / Fraction(2) ** (e - 10))  # 1024 <= m < 2048
+    return sign | ((e + 15) << 10) | (m - 1024)
+
+
+class SR_PAIRS(PAIRS):
+    """device.SR_PAIR_DEVICE's operations on Python ints (fp32 values as their bits): a product
+    rounded once to fp32 (a NaN kept as it is), the fp16 conversion toward zero (_f16_rz), NaN
+    results canonical."""
+
+    @staticmethod
+    def mul_f32(b, c: float):
+        x = struct.unpack("<f", struct.pack("<I", b))[0]
+        return _f32_rn(x * c) if math.isfinite(x) else b  # (c a power of two: x * c exact in float64)
+
+    @staticmethod
+    def f16x2_rz(lo, hi):
+        return _f16_rz(lo) | (_f16_rz(hi) << 16)
+
+
+class SR_PAIRS_SIGNED_NAN(SR_PAIRS):
+    """SR_PAIRS with a NaN converted keeping its sign and payload's top bits (PTX leaves a NaN
+    result's bits open): the rule must not depend on them."""
+
+    @staticmethod
+    def f16x2_rz(lo, hi):
+        def one(b):
+            return ((b >> 16) & 0x8000) | 0x7C00 | ((b >> 13) & 0x3FF) | 1 if b & 0x7FFFFFFF > 0x7F800000 else _f16_rz(b)
+        return one(lo) | (one(hi) << 16)
+
+
+def _sr_edges() -> list:
+    """fp32 bits around every E2M1 grid value, every point where floor(256 f) steps near them, and
+    specials, both signs: where the rule's bits can go wrong."""
+    pts = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 2.0 ** -9, 2.0 ** -10, 2.0 ** -14, 2.0 ** -24,
+           2.0 ** -25, 2.0 ** -112, 2.0 ** -113, 2.0 ** -126, 1e-45, 65504.0, 65520.0, 1e30]
+    pts += [k * 2.0 ** -9 for k in (1, 127, 255, 256, 257, 511)]  # (steps of floor(256 f) below 1)
+    pts += [1 + k * 2.0 ** -9 for k in (1, 255, 511)] + [2 + k * 2.0 ** -8 for k in (1, 255, 511)]
+    pts += [4 + k * 2.0 ** -7 for k in (1, 255)]
+    bits = set()
+    for p in pts:
+        b = _f32_rn(p)
+        for d in (-2, -1, 0, 1, 2):
+            if 0 <= b + d <= 0x7F800000:
+                bits.update({b + d, (b + d) | 0x80000000})
+    bits.update({0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FFFFFFF})
+    return sorted(bits)
+
+
+def _sr_words(vals: list, rbytes: list, ops) -> list:
+    """device.e2m1x8_sr on the values (fp32 bits) eight at a time, element k taking byte k % 4 of
+    random word k // 4 (the bytes given in element order): each element's code."""
+    codes = []
+    for i in range(0, len(vals), 8):
+        rand = [sum(rbytes[i + 4 * w + k] << (8 * k) for k in range(4)) for w in range(2)]
+        word = dev.e2m1x8_sr(vals[i:i + 8], rand, ops=ops)
+        codes += [word >> (4 * k) & 0xF for k in range(8)]
+    return codes
+
+
+@pytest.mark.parametrize("ops", [SR_PAIRS, SR_PAIRS_SIGNED_NAN])
+def test_stochastic_rule_equals_the_reference(ops):
+    """device.e2m1x8_sr (fp16 pairs: each value times 2^-14 converted toward zero, the rule in
+    16-bit lanes) on the PTX operations written out by hand, against fp4.encode_sr and the
+    oracle's e2m1_sr: every r at every edge (_sr_edges), 2^13 sampled patterns below 8 and 2^12
+    of any kind with random bytes; each element takes byte k % 4 of word k // 4."""
     from mxq.formats import fp4
 
     g = torch.Generator().manual_seed(9)
-    edges = []
-    for p in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 2.0 ** -9, 2.0 ** -10,
-              2.0 ** -126, 1e-45, 1e30):
-        b = struct.unpack("<I", struct.pack("<f", p))[0]
-        edges += [b + d for d in (-2, -1, 0, 1, 2) if 0 <= b + d <= 0x7F800000]
-    edges += [0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF]
-    # below 1: 2^23 |y| just under a multiple of 2^14 (1 + |y| rounded to nearest would carry)
-    for j in (0, 1, 5, 63, 127):
-        for frac in (0.25, 0.5, 0.75):
-            edges.append(struct.unpack("<I", struct.pack("<f", (j * 2 ** 14 + 2 ** 14 - 1 + frac) * 2.0 ** -23))[0])
-    edges = torch.tensor(edges, dtype=torch.int64)
-    near = torch.randint(0, 0x41000000, (2 ** 20,), generator=g, dtype=torch.int64)
-    wide = torch.randint(0, 2 ** 32, (2 ** 18,), generator=g, dtype=torch.int64)
-    for bits in (edges.repeat(256), near, wide):
-        bits = bits | (torch.randint(0, 2, bits.shape, generator=g, dtype=torch.int64) << 31)
-        r = torch.randint(0, 256, bits.shape, generator=g, dtype=torch.int64)
-        if bits.numel() == edges.numel() * 256:
-            r = torch.arange(256).repeat_interleave(edges.numel())
-        y = bits.to(torch.int32).view(torch.float32)
-        want = fp4.encode_sr(y, r.to(torch.uint8)).to(torch.int64)
-        assert torch.equal(dev.e2m1_code_sr(bits, r, ops=INT_TORCH), want)
+    edges = _sr_edges()
+    near = torch.randint(0, 0x41000000, (1 << 13,), generator=g, dtype=torch.int64)
+    near = (near | (torch.randint(0, 2, near.shape, generator=g, dtype=torch.int64) << 31)).tolist()
+    wide = torch.randint(0, 2 ** 32, (1 << 12,), generator=g, dtype=torch.int64).tolist()
+    pad = [0] * (-len(edges) % 8)
+    cases = [((edges + pad) * 256, [r for r in range(256) for _ in edges + pad])]
+    for bits in (near, wide):
+        cases.append((bits, torch.randint(0, 256, (len(bits),), generator=g).tolist()))
+    for bits, r in cases:
+        got = _sr_words(bits, r, ops)
+        y = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+        want = fp4.encode_sr(y, torch.tensor(r, dtype=torch.uint8)).tolist()
+        bad = [i for i in range(len(bits)) if got[i] != want[i]]
+        assert not bad, [(hex(bits[i]), r[i], got[i], want[i]) for i in bad[:8]]
+    for b in edges + near[:512]:  # (the oracle, Fraction arithmetic: every rule spelt out once more)
+        for rr in (0, 1, 127, 128, 254, 255):
+            assert _sr_words([b] * 8, [rr] * 8, ops)[0] == oracle.e2m1_sr(struct.unpack("<f", struct.pack(
+                "<I", b))[0], rr), (hex(b), rr)
+
+
+def test_stochastic_pairs_take_the_random_bytes_in_element_order():
+    """Element k of e2m1x8_sr's eight takes byte k % 4 of random word k // 4: with every element
+    0.75 (f = 0.5: rounded up iff r >= 128), the codes read back the bytes' top bits."""
+    for trial in range(64):
+        rbytes = [((trial * 37 + 11 * k) % 256) for k in range(8)]
+        got = _sr_words([_f32_rn(0.75)] * 8, rbytes, SR_PAIRS)
+        assert got == [1 + (rb >= 128) for rb in rbytes], (trial, rbytes)
 
 
 def _mulhilo(a: int, b: torch.Tensor):

@@ -116,7 +116,7 @@ def encode8(fmt, vals, use_hw: bool, rand=None):
     """Eight scaled values as one word of 4-bit element codes (E2M1, two per byte: value k in
     bits 4k..4k+3); ``use_hw``: sm_100a's conversion, else the integer encode (device.e2m1x8);
     stochastic rounding (``fmt.rounding``, ``rand`` its two random words): the integer rule on
-    every arch (device.e2m1x8_sr; sm_100a's cvt.rs is not yet checked against it)."""
+    every arch (device.e2m1x8_sr, fp16 pairs; sm_100a's cvt.rs is not yet checked against it)."""
     if fmt.rounding == "sr":
         return dev.e2m1x8_sr(vals, rand)
     return dev.e2m1x8(vals, use_hw)

@@ -403,12 +403,11 @@ def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
 
 
 # --- stochastic rounding (docs/NUMERICS.md N7's stochastic rule; fp4.encode_sr, fp4.random_bytes) ---
-# Written against ``ops`` too (RNG_DEVICE's, SR_DEVICE's), so the tests run the Philox rounds, the
+# Written against ``ops`` too (RNG_DEVICE's, SR_PAIR_DEVICE's), so the tests run the Philox rounds, the
 # word selection (a warp's lanes on a tensor axis) and the rounding rule on Python ints and int64
 # tensors against mxq/formats/fp4.py and tests/oracle_fp4.py.
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
-E2M1_SIX = 0x40C00000  # fp32 bits of 6.0, E2M1's largest magnitude
 
 
 class RNG_DEVICE(DEVICE):
@@ -532,40 +531,62 @@ def sr_row_words(row, g, groups, seed, offset, ops=RNG_DEVICE):
                              + sr_word_pair(row + 1, g * 2, groups, seed, offset, 0, ops)))
 
 
-class SR_DEVICE(DEVICE):
-    """DEVICE's operations and the one float addition of the stochastic rule, on DSL values."""
+# N7's stochastic rule two values at a time, in the 16-bit lanes of a word (sm_90 and sm_100a
+# alike). E2M1 is itself a binary float (two exponent bits, one mantissa bit, the codes below 1 its
+# subnormals), so the fp16 bits of |y| * 2^-14 rounded toward zero, h (1.0 lands on fp16's
+# smallest normal 2^-14, 0.5 on bit 9 of its subnormals), hold E2M1's spacing at bit 9 everywhere:
+# h = floor(1024 |y|) below 2, 1024 + floor(512 |y|) below 4, 2048 + floor(256 |y|) below 8; so
+# floor(h / 2) = floor(256 c) for the code line c = min(2|y|, |y| + 2, |y| / 2 + 4) whose integer
+# part is the code and fraction f, and the code is (min(h, 6's bits) + 2 r) >> 9: bits 1 .. 8 of
+# h are floor(256 f), and adding r there carries into bit 9 iff floor(256 f) + r >= 256. fp16 keeps
+# the 8 bits below the kept one at every |y| < 8, and rounding toward zero never carries into
+# them. |y| * 2^-14 is exact unless below fp32's normals (|y| < 2^-112), where every |y| has code
+# 0 either way; a value past fp16's range becomes its largest finite (toward zero) or inf, both
+# clamped to 6. NaN (any sign; |h| above 0x7C00) clamps to 6, code 7, its sign cleared.
+F16_SIX = 0x0E000E00  # fp16 bits of 6 * 2^-14 in both lanes: the clamp, code 7
+F16_NAN_LANES = 0x03FF03FF  # |h| + this sets bit 15 of a 16-bit lane exactly where |h| is NaN
+SR_SCALE = 2.0 ** -14  # |y| = 1 onto fp16's smallest normal
+
+
+class SR_PAIR_DEVICE(PAIR_DEVICE):
+    """PAIR_DEVICE's operations and the conversion of the stochastic rule (fp32 pair -> fp16x2
+    rounded toward zero), on DSL values."""
 
     @staticmethod
-    def one_plus_rz(a):
-        """The fp32 bits of 1 + (the fp32 of bits ``a``), rounded toward zero."""
-        return cute.math.add(a.bitcast(Float32), Float32(1.0), rounding=RoundingMode.ZERO).bitcast(Uint32)
+    def mul_f32(v, c: float):
+        """v * c (fp32, one explicit rounding: never contracted or reassociated)."""
+        return mul_rn(v, Float32(c))
+
+    @staticmethod
+    def f16x2_rz(lo, hi):
+        """The fp32 values ``lo``, ``hi`` as fp16 rounded toward zero, lo in the low lane."""
+        return cute.arch.inline_ptx("cvt.rz.f16x2.f32 {$w0}, {$r1}, {$r0};", write_only_types=[Uint32],
+                                    read_only_args=[Float32(lo), Float32(hi)])
 
 
-def e2m1_code_sr(b, r, ops=SR_DEVICE):
-    """N7's stochastic rule on the fp32 bits ``b`` (unsigned) with the random byte ``r``, as one
-    integer addition on fp32 bits: |y| clamped to 6 has its E2M1 spacing at bit 22 of its bits
-    (one mantissa bit kept; below 1, where the spacing is fixed at 0.5, of those of 1 + |y|
-    rounded toward zero, which keeps floor(2^23 |y|)); bits 14 .. 21 are floor(256 f), so adding
-    r << 14 carries into bit 22 iff floor(256 f) + r >= 256. Bits >> 22 less 252 (less 254
-    below 1) are the code (1.0 -> 2, ... 6.0 -> 7; 6.0's bits below 22 are 0, so nothing carries
-    past it); the sign kept, NaN -> 0x7."""
+def e2m1x2_sr_codes(h, rb, ops=SR_PAIR_DEVICE):
+    """N7's stochastic rule on the fp16 pair ``h`` (bits of |y| * 2^-14 rounded toward zero, the
+    sign kept) with the random bytes ``rb`` (one in bits 0 .. 7 of each lane): each lane's code
+    in its low nibble, as e2m1x2_codes (the sign kept, NaN -> 0x7). A lane's clamped value plus
+    2 r is at most 0xFFE, so lanes never carry into each other."""
     U32 = ops.U32
-    a = b & U32(0x7FFFFFFF)
-    a6 = ops.min(a, U32(E2M1_SIX))
-    z = U32(ops.select(a6 < U32(E2M1_ONE), ops.one_plus_rz(a6) - U32(254 << 22), a6 - U32(252 << 22)))
-    code = (z + (r << U32(14))) >> U32(22)
-    code = code | ((b >> U32(28)) & U32(8))
-    return U32(ops.select(a > U32(0x7F800000), U32(7), code))
+    a = h & U32(0x7FFF7FFF)
+    s = ops.min16x2(a, U32(F16_SIX)) + (rb << U32(1))  # (the code in bits 9 .. 11 of each lane)
+    sign = ops.lop3(h, a + U32(F16_NAN_LANES), U32(0x80008000), 0x20) >> U32(12)  # h & ~nan & 0x80008000
+    return ops.lop3(s >> U32(9), U32(0x00070007), sign, 0xEA)  # (s >> 9) & 7 | sign, per lane
 
 
-def e2m1x8_sr(vals, rand):
-    """Eight scaled fp32 values as one word of E2M1 codes (e2m1x8's order) by the stochastic rule,
-    value k taking byte k % 4 of ``rand[k // 4]`` (two random words, fp4.random_bytes' order)."""
-    word = Uint32(0)
-    for k in range(8):
-        r = (rand[k // 4] >> Uint32(8 * (k % 4))) & Uint32(0xFF)
-        word = word | (e2m1_code_sr(vals[k].bitcast(Uint32), r) << Uint32(4 * k))
-    return word
+def e2m1x8_sr(vals, rand, ops=SR_PAIR_DEVICE):
+    """Eight scaled fp32 values (bits) as one word of E2M1 codes (e2m1x8's order) by the
+    stochastic rule, value k taking byte k % 4 of ``rand[k // 4]`` (two random words,
+    fp4.random_bytes' order): each pair times 2^-14 (exact, fp32), converted to fp16 toward zero,
+    then e2m1x2_sr_codes with its two bytes moved into the lanes by one prmt."""
+    codes = []
+    for j in range(4):
+        lo, hi = (ops.mul_f32(vals[2 * j + i], SR_SCALE) for i in range(2))
+        rb = ops.prmt(rand[j // 2], ops.U32(0), 0x4140 if j % 2 == 0 else 0x4342)  # bytes 2j % 4, + 1 -> lanes
+        codes.append(e2m1x2_sr_codes(ops.f16x2_rz(lo, hi), rb, ops))
+    return e2m1x8_from_pairs(codes, ops)
 
 
     # --- NVFP4's random Hadamard transform (docs/NUMERICS.md, "hadamard=True") -------------------------
