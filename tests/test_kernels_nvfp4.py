@@ -195,10 +195,11 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
-    """Philox's rounds (20 mul.hi each) and the stochastic rule on fp16 pairs (one cvt.rz.f16x2.f32
-    per two values) on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell). A thread's 8
-    rows: 4 Philox shared by neighbour lanes (2 lane swaps per row pair), else 8 (one per row) and
-    8 more in the lanes whose words straddle two counters; the colwise copy 8 + 8 more."""
+    """Philox's rounds (20 mul.hi each) and the stochastic rule on fp16 pairs (one
+    cvt.rz.f16x2.f32 per two values) on both archs (sm_100a's cvt.rs is not used: not yet checked
+    on a Blackwell). A thread's 8 rows: 4 Philox shared by neighbour lanes (2 lane swaps per row
+    pair), else 8 (one per row) and 8 more in the lanes whose words straddle two counters; the
+    colwise copy the same: 4 shared by the two warps of a 16-row group, else 8 + 8."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident)
     ptx = _ptx(op, arch, "bf16")
     assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * (4 + 8 + 8)
@@ -208,10 +209,10 @@ def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
     swaps = re.compile(r"shfl\.sync\.bfly\.b32[^;]*, 1, 31, -1;")
     assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8
     both = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident), arch, "bf16")
-    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 8 + 8) and both.count("cvt.rz.f16x2.f32") == 64
+    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 4 + 8 + 8) and both.count("cvt.rz.f16x2.f32") == 64
     col = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True, rowwise=False)(ident), arch,
                "bf16")  # (the colwise copy alone: served, so compiled here too)
-    assert col.count("mul.hi.u32") == 20 * (8 + 8) and col.count("cvt.rz.f16x2.f32") == 32
+    assert col.count("mul.hi.u32") == 20 * (4 + 8 + 8) and col.count("cvt.rz.f16x2.f32") == 32
 
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
@@ -265,6 +266,10 @@ def test_colwise_tile_config():
     assert kconfig.FP4_COL_ROWS == 32 and both.fp4_columns and both.tile_rows == 32
     assert both.packed_warps() == both.packed_warps(True) == 4 and both.min_blocks == 0 and both.rows8_warps() is None
     assert [b.name for b in both.packed_buffers([], False)] == ["max", "fp4t"]  # (no "inv": scales in registers)
+    for rows in kconfig.FP4_COL_TILES:  # (stochastic rounding: each warp pair's words of its 8 columns, 4 per lane)
+        sr = cfg(kconfig.Tuning(fp4_col_rows=rows), format="nvfp4", colwise=True, stochastic_rounding=True)
+        bufs = {b.name: b for b in sr.packed_buffers([], False)}
+        assert list(bufs) == ["max", "fp4t", "srx"] and bufs["srx"].shape == (rows // 16, 8, 2, 32, 2)
     for rows in kconfig.FP4_COL_TILES:
         c = cfg(kconfig.Tuning(fp4_col_rows=rows), format="nvfp4", colwise=True, rowwise=False)
         assert (c.tile_rows, c.packed_warps()) == (rows, rows // 8) and c.min_blocks == 0
@@ -486,7 +491,8 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
     0 (16-byte stores), 16 (a last tile of one block: 8-byte stores) and 8 or 24 (M % 16 == 8: a
     partial last block, 4-byte stores); N a multiple of the 256-column tile or not; with and
     without the rowwise copy, a given amax, an act, stochastic rounding (offsets % 4 of 1, 0 and
-    2)."""
+    2; the colwise copy alone at 0: where M % 16 == 0 the two warps of a 16-row group share
+    their Philox)."""
     t = DTYPES[dtype]
     x = _specials(m, n, t, seed=m * 7 + n)
     both = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident)
@@ -498,7 +504,8 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
     for opts, kw in ((dict(rowwise=False), {}), (dict(act="relu"), {}),
                      (dict(stochastic_rounding=True), {"seed": 3, "offset": 2 ** 35 + 1}),
                      (dict(stochastic_rounding=True), {"seed": 2 ** 63 + 9, "offset": 2 ** 34}),
-                     (dict(stochastic_rounding=True), {"seed": 5, "offset": 6})):
+                     (dict(stochastic_rounding=True), {"seed": 5, "offset": 6}),
+                     (dict(stochastic_rounding=True, rowwise=False), {"seed": 13, "offset": 8})):
         op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, **opts)(ident)
         got, want = op(x.cuda(), **kw), op.reference(x, **kw)
         for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
@@ -511,10 +518,12 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
 @pytest.mark.parametrize("m, n", [(16, 48), (48, 272), (80, 16), (200, 208), (1024, 528)])
 def test_colwise_tiles_match_reference(strict, rows, m, n):
     """Tuning.fp4_col_rows' other tiles, the 64-row one with M % 64 of 16, 48, 8 and 0: both
-    directions, the colwise copy alone, stochastic rounding, byte for byte."""
+    directions, the colwise copy alone, stochastic rounding (offsets % 4 of 1 and 0: 16-row groups
+    of M % 16 == 0 share their Philox between their warps), byte for byte."""
     x = _specials(m, n, torch.bfloat16, seed=m + n + rows)
     for opts, kw in ((dict(), {}), (dict(rowwise=False, scale_layout="swizzled"), {}),
-                     (dict(stochastic_rounding=True), {"seed": 7, "offset": 2 ** 33 + 1})):
+                     (dict(stochastic_rounding=True), {"seed": 7, "offset": 2 ** 33 + 1}),
+                     (dict(stochastic_rounding=True), {"seed": 9, "offset": 2 ** 33 + 4})):
         op = mxq.fused_quant(format="nvfp4", colwise=True, **opts)(ident)._with_tuning(
             kconfig.Tuning(fp4_col_rows=rows))
         got, want = op(x.cuda(), **kw), op.reference(x, **kw)
@@ -807,6 +816,35 @@ def test_colwise_random_words_equal_the_oracle(seed, offset, m):
             got = dev.sr_word_pair(c, rbase // 4, groups, _signed64(seed), offset, 1, ops=RNG_LANES)
             for i in range(6):
                 assert [int(got[0][i]), int(got[1][i])] == want[i][rbase // 4:rbase // 4 + 2], (rbase, i)
+
+
+@pytest.mark.parametrize("seed, offset", RNG_CASES)
+@pytest.mark.parametrize("m", [16, 24, 48, 80])
+def test_colwise_shared_random_words_equal_the_oracle(seed, offset, m):
+    """PackedKernel.sr_col_stage's shared path, restated on int64 lanes: where the 16-row groups
+    start on a counter (device.sr_col_aligned: M % 16 == 0 and offset % 4 == 0, else the
+    per-column path) the thread of warp w (rows 8w ..; parity p = w % 2) computes
+    device.sr_col_group of its columns 2q + p at row 8w - 8p and leaves half h of the words for
+    the warp of parity h; every warp then reads its own half of every column: the oracle's words
+    of its rows, for columns 0 .. 7 and 2000 .. 2007 (lanes: the 8 columns of one thread)."""
+    groups = m // 4
+    aligned = m % 16 == 0 and offset % 4 == 0
+    assert bool(dev.sr_col_aligned(groups, offset, ops=RNG_LANES)) == aligned
+    if not aligned:
+        return
+    for c0 in (0, 2000):
+        want = _oracle_words(8, m, seed, offset + c0 * groups, 1)
+        srx = {}
+        for w in range(m // 8):
+            p = w % 2
+            c = c0 + 2 * torch.arange(4, dtype=torch.int64) + p  # (one column per lane)
+            words = dev.sr_col_group(c, 8 * w - 8 * p, groups, _signed64(seed), offset, ops=RNG_LANES)
+            for q in range(4):
+                for h in range(2):
+                    srx[(w // 2, 2 * q + p, h)] = [int(words[2 * h][q]), int(words[2 * h + 1][q])]
+        for w in range(m // 8):
+            for c in range(8):
+                assert srx[(w // 2, c, w % 2)] == want[c][2 * w:2 * w + 2], (w, c)
 
 
 def test_rows32_register_cap_reaches_the_quantize_pass_not_the_amax_pass():

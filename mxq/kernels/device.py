@@ -519,6 +519,22 @@ def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE):
     return first + second
 
 
+def sr_col_aligned(groups, offset, ops=RNG_DEVICE):
+    """The colwise copy's 16-row groups start on a counter (word 0 of a Philox) in every column:
+    ``groups`` (M / 4 words a row of the transposed values) and ``offset`` multiples of 4, so
+    (offset + col * groups + 4 k) % 4 == 0."""
+    I64 = ops.I64
+    return ((I64(offset) | I64(groups)) & I64(3)) == I64(0)
+
+
+def sr_col_group(col, row, groups, seed, offset, ops=RNG_DEVICE):
+    """Philox's four words of the colwise copy's (direction 1) 16 rows from ``row`` (a multiple of
+    16) of transposed row ``col`` where sr_col_aligned holds: words 0, 1 the upper 8 rows' (row ..
+    row + 7), 2, 3 the lower 8 rows'. The two 8-row warps of a group share them: each computes half
+    the columns and gives the other its words through shared memory (PackedKernel.store_rows)."""
+    return philox_at(word_index(col, ops.I32(row) >> ops.I32(2), groups, offset, ops) >> ops.I64(2), 1, seed, ops)
+
+
 def sr_row_words(row, g, groups, seed, offset, ops=RNG_DEVICE):
     """Rowwise words 2g, 2g + 1 of rows ``row`` and ``row + 1`` (four words, row by row) of the
     lane owning columns 8g .. 8g + 7, its neighbour lane g ^ 1 in the same warp: shared Philox

@@ -244,8 +244,8 @@ class PackedKernel:
         # sMax, sSum and sInv are indexed by position j * 32 + lane (word or column j of lane), so
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
         # conflicts. sEdge: each warp's partial output units (two words), head and tail per row and direction.
-        sRS, sMax, sInv, sSum, sEdge, sTr, sF4 = (buf.get(n) if len(buffers) > 0 else None
-                                                  for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t"))
+        sRS, sMax, sInv, sSum, sEdge, sTr, sF4, sSX = (buf.get(n) if len(buffers) > 0 else None
+                                                       for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t", "srx"))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
@@ -309,7 +309,8 @@ class PackedKernel:
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
                                                     rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
-                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, **staged}), words, sr, sc)
+                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, "srx": sSX, **staged}),
+                                    words, sr, sc)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
@@ -968,12 +969,17 @@ class PackedKernel:
         each row's two random words of the thread's 8 columns (words 2g and 2g + 1 of the row,
         direction 0), drawn for two rows at a time by every lane of the warp
         (device.sr_row_words: lanes g and g ^ 1 share their Philox calls); the colwise copy's
-        (direction 1) per column (device.sr_word_pair). NVFP4's Hadamard transform: ``words`` are
-        the colwise copy's (transformed) rows, the rows' own are read back from "rht" (staged_row)."""
+        (direction 1) staged in shared memory before the rows (sr_col_stage: warps 2q and 2q + 1
+        share their Philox calls where the 16-row groups start on a counter) and read back per
+        column after one barrier. NVFP4's Hadamard transform: ``words`` are the colwise copy's
+        (transformed) rows, the rows' own are read back from "rht" (staged_row)."""
         cfg = self.cfg
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
+        SR_COL = cutlass.const_expr(SR and cfg.colwise and cfg.fmt.packed)
         if cutlass.const_expr(SR):
             seed, offset = t.rng[0], t.rng[1]
+        if cutlass.const_expr(SR_COL):  # (before the rows: their stores lie between the words' stores and loads)
+            self.sr_col_stage(t, seed, offset)
         if cutlass.const_expr(cfg.rowwise or not cfg.fmt.packed):
             first, end = t.rbase, t.Ms  # row i is stored where first + i < end
             if cutlass.const_expr(k.RING):  # (one register for every row's bound: i < Ms - rbase)
@@ -1001,14 +1007,50 @@ class PackedKernel:
                             cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
         if cutlass.const_expr(cfg.colwise and cfg.fmt.packed):
             sF = t.smem["fp4t"]
+            if cutlass.const_expr(SR_COL):
+                cute.arch.sync_threads()  # (the partner warp's words are in "srx")
             if t.col_ok and t.rbase < t.Ms:
                 for c in cutlass.range_constexpr(VEC):
                     rc = None  # (not ``rand``: a name the rows' loop assigned would be carried into this if)
-                    if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
-                        rc = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
+                    if cutlass.const_expr(SR):
+                        rc = self.sr_col_words(t, c)
                     sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc)
             cute.arch.sync_threads()
             self.store_fp4_columns(k, t)
+
+    @cute.jit
+    def sr_col_stage(self, t, seed, offset):
+        """Stochastic rounding's colwise words (direction 1: row c0 + c of the transposed values, M
+        / 4 words a row) into "srx" [warp pair, c, half, lane, 2] (half 0: the upper warp's rows),
+        read back per column by sr_col_words. Where the 16-row groups start on a counter
+        (device.sr_col_aligned) the thread of warp parity p computes the Philox of its columns c =
+        2q + p (device.sr_col_group, the group's first row rbase - 8 p) and leaves both halves,
+        one Philox per 16 values: every thread of the CTA takes part (an aligned group is wholly
+        inside or outside M, and both warps of a group hold the same columns). Else each thread
+        leaves its own two words of every column (device.sr_word_pair)."""
+        sX = t.smem["srx"]
+        p = t.warp % 2
+        if dev.sr_col_aligned(t.M // 4, offset):
+            for q in cutlass.range_constexpr(VEC // 2):
+                c = 2 * q + p
+                w = dev.sr_col_group(t.c0 + c, t.rbase - 8 * p, t.M // 4, seed, offset)
+                for h in cutlass.range_constexpr(2):
+                    fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
+                    fr[0], fr[1] = w[2 * h], w[2 * h + 1]
+                    cute.autovec_copy(fr, sX[(t.warp // 2, c, h, t.lane, None)])
+        else:
+            for c in cutlass.range_constexpr(VEC):
+                w = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
+                fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
+                fr[0], fr[1] = w[0], w[1]
+                cute.autovec_copy(fr, sX[(t.warp // 2, c, p, t.lane, None)])
+
+    @staticmethod
+    def sr_col_words(t, c: int):
+        """Column c's two words of the thread's rows from "srx" (sr_col_shared)."""
+        fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
+        cute.autovec_copy(t.smem["srx"][(t.warp // 2, c, t.warp % 2, t.lane, None)], fr)
+        return [fr[0], fr[1]]
 
     # -- NVFP4's Hadamard transform of the colwise copy (Format.hadamard) ------------------------
     @cute.jit
