@@ -197,19 +197,20 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
 def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
     """Philox's rounds (20 mul.hi each) and the stochastic rule on fp16 pairs (one
     cvt.rz.f16x2.f32 per two values) on both archs (sm_100a's cvt.rs is not used: not yet checked
-    on a Blackwell). A thread's 8 rows: 4 Philox shared by neighbour lanes (2 lane swaps per row
-    pair), else 8 (one per row) and 8 more in the lanes whose words straddle two counters; the
-    colwise copy the same: 4 shared by the two warps of a 16-row group, else 8 + 8."""
+    on a Blackwell). A thread's 8 rows: 4 Philox shared by neighbour lanes where the rows' words
+    start on a counter, else 8 (2 lane swaps per row pair either way); the colwise copy: 4 shared
+    by the two warps of a 16-row group, else 8 (one per column) and 8 more in the threads whose
+    words straddle two counters."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident)
     ptx = _ptx(op, arch, "bf16")
-    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * (4 + 8 + 8)
+    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * (4 + 8)
     assert "-766435501" in ptx or "3528531795" in ptx  # (Philox's first multiplier, 0xD2511F53)
     assert "e2m1x2" not in ptx and "cvt.rs" not in ptx and ptx.count("cvt.rz.f16x2.f32") == 32
     rn = _ptx(mxq.fused_quant(format="nvfp4")(ident), arch, "bf16")
     swaps = re.compile(r"shfl\.sync\.bfly\.b32[^;]*, 1, 31, -1;")
-    assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8
+    assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8 + 8
     both = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident), arch, "bf16")
-    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 4 + 8 + 8) and both.count("cvt.rz.f16x2.f32") == 64
+    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 4 + 8 + 8) and both.count("cvt.rz.f16x2.f32") == 64
     col = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True, rowwise=False)(ident), arch,
                "bf16")  # (the colwise copy alone: served, so compiled here too)
     assert col.count("mul.hi.u32") == 20 * (4 + 8 + 8) and col.count("cvt.rz.f16x2.f32") == 32
@@ -629,9 +630,9 @@ def _f16_rz(b: int) -> int:
 
 
 class SR_PAIRS(PAIRS):
-    """device.SR_PAIR_DEVICE's operations on Python ints (fp32 values as their bits): a product
-    rounded once to fp32 (a NaN kept as it is), the fp16 conversion toward zero (_f16_rz), NaN
-    results canonical."""
+    """device.SR_PAIR_DEVICE's operations on Python ints (fp32 values as their bits), from PTX's
+    definitions: a product rounded once to fp32 (a NaN kept as it is), the fp16 conversion toward
+    zero (_f16_rz), fp16 lane min and max (NaN results canonical)."""
 
     @staticmethod
     def mul_f32(b, c: float):
@@ -641,6 +642,24 @@ class SR_PAIRS(PAIRS):
     @staticmethod
     def f16x2_rz(lo, hi):
         return _f16_rz(lo) | (_f16_rz(hi) << 16)
+
+    @staticmethod
+    def _pick(x, y, smaller: bool):
+        """One lane of min/max.f16x2: the operand whose fp16 value is smaller (larger), the other
+        one where one is NaN, the canonical NaN where both are."""
+        nx, ny = x & 0x7FFF > 0x7C00, y & 0x7FFF > 0x7C00
+        if nx or ny:
+            return 0x7FFF if nx and ny else (y if nx else x)
+        vx, vy = (struct.unpack("<e", struct.pack("<H", v))[0] for v in (x, y))
+        return x if (vx <= vy) == smaller else y
+
+    @staticmethod
+    def min_f16x2(a, b):
+        return PAIRS._lanes(lambda x, y: SR_PAIRS._pick(x, y, True), a, b)
+
+    @staticmethod
+    def max_f16x2(a, b):
+        return PAIRS._lanes(lambda x, y: SR_PAIRS._pick(x, y, False), a, b)
 
 
 class SR_PAIRS_SIGNED_NAN(SR_PAIRS):
@@ -685,8 +704,8 @@ def _sr_words(vals: list, rbytes: list, ops) -> list:
 
 @pytest.mark.parametrize("ops", [SR_PAIRS, SR_PAIRS_SIGNED_NAN])
 def test_stochastic_rule_equals_the_reference(ops):
-    """device.e2m1x8_sr (fp16 pairs: each value times 2^-14 converted toward zero, the rule in
-    16-bit lanes) on the PTX operations written out by hand, against fp4.encode_sr and the
+    """device.e2m1x8_sr (fp16 pairs: each value times 2^-14 converted toward zero, clamped by
+    fp16 min and max, the rule in 16-bit lanes) on the PTX operations written out by hand, against fp4.encode_sr and the
     oracle's e2m1_sr: every r at every edge (_sr_edges), 2^13 sampled patterns below 8 and 2^12
     of any kind with random bytes; each element takes byte k % 4 of word k // 4."""
     from mxq.formats import fp4
@@ -787,9 +806,9 @@ RNG_CASES = [(0, 0), (1, 1), (2, 2), (3, 3), (2 ** 40 + 7, 12345), (2 ** 64 - 5,
 @pytest.mark.parametrize("n", [16, 48, 528, 24, 40])
 def test_rowwise_random_words_equal_the_oracle(seed, offset, n):
     """device.sr_row_words on int64 lanes (g = 0, 1, ...: lanes 2l, 2l + 1 neighbours) against
-    the oracle's random bytes of rows 2k, 2k + 1 of [rows, N]: N % 16 == 0 (lanes sharing Philox
-    where offset % 4 == 0, the per-row path otherwise), N = 24, 40 (rows not starting on a
-    counter: the per-row path for any offset); rows from 0 and from row 3001 (the oracle called
+    the oracle's random bytes of rows 2k, 2k + 1 of [rows, N]: N % 16 == 0 (one Philox per lane
+    pair and row where offset % 4 == 0, two otherwise), N = 24, 40 (rows not starting on a
+    counter: two for any offset); rows from 0 and from row 3001 (the oracle called
     at that row's offset)."""
     groups = n // 4
     g = torch.arange(2 * -(-n // 16), dtype=torch.int64)  # (past N / 8: columns never stored)

@@ -466,11 +466,12 @@ def philox(counter, key, ops=RNG_DEVICE):
 # The random words (fp4.random_bytes): word w = offset + row * groups + q of a direction's values is
 # word w % 4 of Philox at counter (w // 4 low, high, direction, 0), key = seed. A thread's 8
 # values of a row take words q, q + 1 (q even); both lie in one counter unless w % 4 == 3 (odd
-# offsets), so one Philox serves them, and a second runs only in the lanes that need it. Rowwise,
-# where a row's words start on a counter (groups and offset multiples of 4: NVFP4's N % 16 == 0
-# and an offset % 4 == 0), lanes 2l and 2l + 1 (columns 16l .. 16l + 15) need the four words of
-# one counter per row: each computes one row of a pair and they swap halves (sr_row_pair_shared),
-# one Philox per 16 values.
+# offsets), so one Philox serves them, and a second runs only in the lanes that need it
+# (sr_word_pair). Rowwise, lanes 2l and 2l + 1 (columns 16l .. 16l + 15) need four consecutive
+# words of each row: each draws them for one row of a pair and they swap halves
+# (sr_row_pair_shared), one Philox per 16 values where a row's words start on a counter (groups
+# and offset multiples of 4: NVFP4's N % 16 == 0 and an offset % 4 == 0), else two. The colwise
+# copy's 16-row groups are shared by two warps the same way (sr_col_group, through shared memory).
 def philox_at(ctr, direction: int, seed, ops=RNG_DEVICE):
     """Philox's four words at the 64-bit counter index ``ctr`` (>= 0), key ``seed`` (64 bits)."""
     U32, I64 = ops.U32, ops.I64
@@ -502,16 +503,27 @@ def sr_word_pair(row, q, groups, seed, offset, direction: int, ops=RNG_DEVICE):
     return [first, nxt[0]]
 
 
-def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE):
+def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE, straddle: bool = False):
     """Rowwise words 2g, 2g + 1 of rows ``row`` and ``row + 1`` where lanes g and g ^ 1 are
-    neighbours and (offset + r * groups + 4 (g // 2)) % 4 == 0 for both rows: the even lane runs
-    Philox for ``row``, the odd one for ``row + 1``; each keeps its own two words (0, 1 for an
-    even lane, 2, 3 for an odd one) and gives the other two to its neighbour."""
-    U32, I32 = ops.U32, ops.I32
+    neighbours (columns 16l .. 16l + 15: the four words from w = offset + r * groups + 4 (g // 2)
+    of each row r): the even lane draws them for ``row``, the odd one for ``row + 1``; each keeps
+    its own two (0, 1 for an even lane, 2, 3 for an odd one) and gives the other two to its
+    neighbour. They are Philox's four at w // 4 where w % 4 == 0; ``straddle``: any w, Philox at
+    w // 4 and w // 4 + 1, words w % 4 .. w % 4 + 3 of their eight (two Philox per 16 values)."""
+    U32, I32, I64 = ops.U32, ops.I32, ops.I64
     odd = (I32(g) & I32(1)) == I32(1)
     p = I32(ops.select(odd, I32(1), I32(0)))
-    c = philox_at(word_index(I32(row) + p, I32(g) * I32(2) - p * I32(2), groups, offset, ops) >> ops.I64(2), 0,
-                  seed, ops)
+    w = word_index(I32(row) + p, I32(g) * I32(2) - p * I32(2), groups, offset, ops)
+    c = philox_at(w >> I64(2), 0, seed, ops)
+    if straddle:
+        seq = list(c) + list(philox_at((w >> I64(2)) + I64(1), 0, seed, ops))
+        d = I32(w & I64(3))
+        c = []
+        for k in range(4):
+            x = seq[k]
+            for j in range(1, 4):
+                x = U32(ops.select(d == I32(j), seq[k + j], x))
+            c.append(x)
     mine = [U32(ops.select(odd, c[2 + h], c[h])) for h in range(2)]
     given = [ops.swap_pair(U32(ops.select(odd, c[h], c[2 + h]))) for h in range(2)]
     first = [U32(ops.select(odd, given[h], mine[h])) for h in range(2)]
@@ -537,14 +549,14 @@ def sr_col_group(col, row, groups, seed, offset, ops=RNG_DEVICE):
 
 def sr_row_words(row, g, groups, seed, offset, ops=RNG_DEVICE):
     """Rowwise words 2g, 2g + 1 of rows ``row`` and ``row + 1`` (four words, row by row) of the
-    lane owning columns 8g .. 8g + 7, its neighbour lane g ^ 1 in the same warp: shared Philox
-    calls where groups and offset are multiples of 4 (a warp-uniform branch), sr_word_pair per row
-    otherwise. Every lane of the warp must call it (the shared path exchanges words)."""
+    lane owning columns 8g .. 8g + 7, its neighbour lane g ^ 1 in the same warp
+    (sr_row_pair_shared): one Philox per 16 values where groups and offset are multiples of 4 (a
+    warp-uniform branch), two otherwise. Every lane of the warp must call it (it exchanges
+    words)."""
     I64 = ops.I64
     aligned = ((I64(offset) | I64(groups)) & I64(3)) == I64(0)
     return ops.when(aligned, 4, lambda: sr_row_pair_shared(row, g, groups, seed, offset, ops),
-                    lambda: (sr_word_pair(row, g * 2, groups, seed, offset, 0, ops)
-                             + sr_word_pair(row + 1, g * 2, groups, seed, offset, 0, ops)))
+                    lambda: sr_row_pair_shared(row, g, groups, seed, offset, ops, straddle=True))
 
 
 # N7's stochastic rule two values at a time, in the 16-bit lanes of a word (sm_90 and sm_100a
@@ -558,15 +570,15 @@ def sr_row_words(row, g, groups, seed, offset, ops=RNG_DEVICE):
 # the 8 bits below the kept one at every |y| < 8, and rounding toward zero never carries into
 # them. |y| * 2^-14 is exact unless below fp32's normals (|y| < 2^-112), where every |y| has code
 # 0 either way; a value past fp16's range becomes its largest finite (toward zero) or inf, both
-# clamped to 6. NaN (any sign; |h| above 0x7C00) clamps to 6, code 7, its sign cleared.
+# clamped to 6. The clamp is fp16's own min and max (against +-6 * 2^-14): they keep the sign,
+# and take the other operand where one is NaN, so a NaN of either sign becomes +6, code 7.
 F16_SIX = 0x0E000E00  # fp16 bits of 6 * 2^-14 in both lanes: the clamp, code 7
-F16_NAN_LANES = 0x03FF03FF  # |h| + this sets bit 15 of a 16-bit lane exactly where |h| is NaN
 SR_SCALE = 2.0 ** -14  # |y| = 1 onto fp16's smallest normal
 
 
 class SR_PAIR_DEVICE(PAIR_DEVICE):
-    """PAIR_DEVICE's operations and the conversion of the stochastic rule (fp32 pair -> fp16x2
-    rounded toward zero), on DSL values."""
+    """PAIR_DEVICE's operations and those of the stochastic rule (fp32 pair -> fp16x2 rounded
+    toward zero, fp16 lane min and max), on DSL values."""
 
     @staticmethod
     def mul_f32(v, c: float):
@@ -579,17 +591,20 @@ class SR_PAIR_DEVICE(PAIR_DEVICE):
         return cute.arch.inline_ptx("cvt.rz.f16x2.f32 {$w0}, {$r1}, {$r0};", write_only_types=[Uint32],
                                     read_only_args=[Float32(lo), Float32(hi)])
 
+    min_f16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("min.f16x2", a, b))
+    max_f16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("max.f16x2", a, b))
+
 
 def e2m1x2_sr_codes(h, rb, ops=SR_PAIR_DEVICE):
-    """N7's stochastic rule on the fp16 pair ``h`` (bits of |y| * 2^-14 rounded toward zero, the
-    sign kept) with the random bytes ``rb`` (one in bits 0 .. 7 of each lane): each lane's code
-    in its low nibble, as e2m1x2_codes (the sign kept, NaN -> 0x7). A lane's clamped value plus
-    2 r is at most 0xFFE, so lanes never carry into each other."""
+    """N7's stochastic rule on the fp16 pair ``h`` (bits of y * 2^-14 rounded toward zero) with
+    the random bytes ``rb`` (one in bits 0 .. 7 of each lane): each lane's code in its low nibble,
+    as e2m1x2_codes (the sign kept, NaN -> 0x7). The clamped lane is at most 0xE00 below its sign
+    bit and 2 r at most 0x1FE, so the sum leaves bits 12 .. 15 alone and the lanes apart: its bits
+    9 .. 11 are the code, bit 15 the sign."""
     U32 = ops.U32
-    a = h & U32(0x7FFF7FFF)
-    s = ops.min16x2(a, U32(F16_SIX)) + (rb << U32(1))  # (the code in bits 9 .. 11 of each lane)
-    sign = ops.lop3(h, a + U32(F16_NAN_LANES), U32(0x80008000), 0x20) >> U32(12)  # h & ~nan & 0x80008000
-    return ops.lop3(s >> U32(9), U32(0x00070007), sign, 0xEA)  # (s >> 9) & 7 | sign, per lane
+    v = ops.max_f16x2(ops.min_f16x2(h, U32(F16_SIX)), U32(F16_SIX | 0x80008000))  # |y| <= 6; NaN -> +6
+    s = v + (rb << U32(1))
+    return ops.lop3(s >> U32(9), s >> U32(12), U32(0x000F000F), 0xA8)  # (code | sign << 3) per lane
 
 
 def e2m1x8_sr(vals, rand, ops=SR_PAIR_DEVICE):
