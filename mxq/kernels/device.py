@@ -465,13 +465,13 @@ def philox(counter, key, ops=RNG_DEVICE):
 
 # The random words (fp4.random_bytes): word w = offset + row * groups + q of a direction's values is
 # word w % 4 of Philox at counter (w // 4 low, high, direction, 0), key = seed. A thread's 8
-# values of a row take words q, q + 1 (q even); both lie in one counter unless w % 4 == 3 (odd
-# offsets), so one Philox serves them, and a second runs only in the lanes that need it
-# (sr_word_pair). Rowwise, lanes 2l and 2l + 1 (columns 16l .. 16l + 15) need four consecutive
-# words of each row: each draws them for one row of a pair and they swap halves
-# (sr_row_pair_shared), one Philox per 16 values where a row's words start on a counter (groups
-# and offset multiples of 4: NVFP4's N % 16 == 0 and an offset % 4 == 0), else two. The colwise
-# copy's 16-row groups are shared by two warps the same way (sr_col_group, through shared memory).
+# values of a row take two words; two threads' 16 values, four consecutive words, which are one
+# Philox's where they start on a counter (w % 4 == 0) and straddle two otherwise (sr_words4).
+# Rowwise, lanes 2l and 2l + 1 (columns 16l .. 16l + 15) each draw the four words of one row of a
+# pair and swap halves (sr_row_pair_shared); the colwise copy's 16-row groups are shared by their
+# two 8-row warps the same way, through shared memory (sr_col_group). One Philox per 16 values
+# where the words start on counters (rowwise: offset % 4 == 0, NVFP4's N % 16 == 0 making every
+# row start on one; colwise also M % 16 == 0), two otherwise.
 def philox_at(ctr, direction: int, seed, ops=RNG_DEVICE):
     """Philox's four words at the 64-bit counter index ``ctr`` (>= 0), key ``seed`` (64 bits)."""
     U32, I64 = ops.U32, ops.I64
@@ -486,21 +486,23 @@ def word_index(row, q, groups, offset, ops=RNG_DEVICE):
     return I64(offset) + I64(row) * I64(groups) + I64(q)
 
 
-def sr_word_pair(row, q, groups, seed, offset, direction: int, ops=RNG_DEVICE):
-    """Words q and q + 1 of ``row`` (q even; ``groups`` words a row): Philox at w // 4 and, in the
-    lanes where w % 4 == 3, the first word of Philox at w // 4 + 1."""
+def sr_words4(w, direction: int, seed, ops=RNG_DEVICE, straddle: bool = False):
+    """Words w .. w + 3 (w a 64-bit word index) of a direction's random words: Philox's four at w
+    // 4 where w % 4 == 0; ``straddle``: any w, Philox at w // 4 and w // 4 + 1, words w % 4 ..
+    w % 4 + 3 of their eight (three selects a word)."""
     U32, I32, I64 = ops.U32, ops.I32, ops.I64
-    w = word_index(row, q, groups, offset, ops)
-    ctr = w >> I64(2)
-    j = I32(w & I64(3))
-    a = philox_at(ctr, direction, seed, ops)
-    first = U32(ops.select(j == I32(1), a[1], a[0]))
-    first = U32(ops.select(j == I32(2), a[2], first))
-    first = U32(ops.select(j == I32(3), a[3], first))
-    second = U32(ops.select(j == I32(1), a[2], a[1]))
-    second = U32(ops.select(j == I32(2), a[3], second))
-    nxt = ops.when(j == I32(3), 1, lambda: [philox_at(ctr + I64(1), direction, seed, ops)[0]], lambda: [second])
-    return [first, nxt[0]]
+    c = philox_at(w >> I64(2), direction, seed, ops)
+    if not straddle:
+        return list(c)
+    seq = list(c) + list(philox_at((w >> I64(2)) + I64(1), direction, seed, ops))
+    d = I32(w & I64(3))
+    out = []
+    for k in range(4):
+        x = seq[k]
+        for j in range(1, 4):
+            x = U32(ops.select(d == I32(j), seq[k + j], x))
+        out.append(x)
+    return out
 
 
 def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE, straddle: bool = False):
@@ -508,22 +510,11 @@ def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE, straddle: b
     neighbours (columns 16l .. 16l + 15: the four words from w = offset + r * groups + 4 (g // 2)
     of each row r): the even lane draws them for ``row``, the odd one for ``row + 1``; each keeps
     its own two (0, 1 for an even lane, 2, 3 for an odd one) and gives the other two to its
-    neighbour. They are Philox's four at w // 4 where w % 4 == 0; ``straddle``: any w, Philox at
-    w // 4 and w // 4 + 1, words w % 4 .. w % 4 + 3 of their eight (two Philox per 16 values)."""
-    U32, I32, I64 = ops.U32, ops.I32, ops.I64
+    neighbour (sr_words4: ``straddle`` for any w, else w % 4 == 0)."""
+    U32, I32 = ops.U32, ops.I32
     odd = (I32(g) & I32(1)) == I32(1)
     p = I32(ops.select(odd, I32(1), I32(0)))
-    w = word_index(I32(row) + p, I32(g) * I32(2) - p * I32(2), groups, offset, ops)
-    c = philox_at(w >> I64(2), 0, seed, ops)
-    if straddle:
-        seq = list(c) + list(philox_at((w >> I64(2)) + I64(1), 0, seed, ops))
-        d = I32(w & I64(3))
-        c = []
-        for k in range(4):
-            x = seq[k]
-            for j in range(1, 4):
-                x = U32(ops.select(d == I32(j), seq[k + j], x))
-            c.append(x)
+    c = sr_words4(word_index(I32(row) + p, I32(g) * I32(2) - p * I32(2), groups, offset, ops), 0, seed, ops, straddle)
     mine = [U32(ops.select(odd, c[2 + h], c[h])) for h in range(2)]
     given = [ops.swap_pair(U32(ops.select(odd, c[h], c[2 + h]))) for h in range(2)]
     first = [U32(ops.select(odd, given[h], mine[h])) for h in range(2)]
@@ -539,12 +530,13 @@ def sr_col_aligned(groups, offset, ops=RNG_DEVICE):
     return ((I64(offset) | I64(groups)) & I64(3)) == I64(0)
 
 
-def sr_col_group(col, row, groups, seed, offset, ops=RNG_DEVICE):
-    """Philox's four words of the colwise copy's (direction 1) 16 rows from ``row`` (a multiple of
-    16) of transposed row ``col`` where sr_col_aligned holds: words 0, 1 the upper 8 rows' (row ..
-    row + 7), 2, 3 the lower 8 rows'. The two 8-row warps of a group share them: each computes half
-    the columns and gives the other its words through shared memory (PackedKernel.store_rows)."""
-    return philox_at(word_index(col, ops.I32(row) >> ops.I32(2), groups, offset, ops) >> ops.I64(2), 1, seed, ops)
+def sr_col_group(col, row, groups, seed, offset, ops=RNG_DEVICE, straddle: bool = False):
+    """The colwise copy's (direction 1) four words from row ``row`` (a multiple of 16) of transposed
+    row ``col`` (sr_words4: ``straddle`` unless sr_col_aligned): words 0, 1 the upper 8 rows'
+    (row .. row + 7), 2, 3 the lower 8 rows'. The two 8-row warps of a 16-row group share them:
+    each draws half the columns and gives the other its words through shared memory
+    (PackedKernel.sr_col_stage)."""
+    return sr_words4(word_index(col, ops.I32(row) >> ops.I32(2), groups, offset, ops), 1, seed, ops, straddle)
 
 
 def sr_row_words(row, g, groups, seed, offset, ops=RNG_DEVICE):

@@ -970,8 +970,7 @@ class PackedKernel:
         direction 0), drawn for two rows at a time by every lane of the warp
         (device.sr_row_words: lanes g and g ^ 1 share their Philox calls); the colwise copy's
         (direction 1) staged in shared memory before the rows (sr_col_stage: warps 2q and 2q + 1
-        share their Philox calls where the 16-row groups start on a counter) and read back per
-        column after one barrier. NVFP4's Hadamard transform: ``words`` are the colwise copy's
+        share their Philox calls) and read back per column after one barrier. NVFP4's Hadamard transform: ``words`` are the colwise copy's
         (transformed) rows, the rows' own are read back from "rht" (staged_row)."""
         cfg = self.cfg
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
@@ -1021,29 +1020,30 @@ class PackedKernel:
     @cute.jit
     def sr_col_stage(self, t, seed, offset):
         """Stochastic rounding's colwise words (direction 1: row c0 + c of the transposed values, M
-        / 4 words a row) into "srx" [warp pair, c, half, lane, 2] (half 0: the upper warp's rows),
-        read back per column by sr_col_words. Where the 16-row groups start on a counter
-        (device.sr_col_aligned) the thread of warp parity p computes the Philox of its columns c =
-        2q + p (device.sr_col_group, the group's first row rbase - 8 p) and leaves both halves,
-        one Philox per 16 values: every thread of the CTA takes part (an aligned group is wholly
-        inside or outside M, and both warps of a group hold the same columns). Else each thread
-        leaves its own two words of every column (device.sr_word_pair)."""
+        / 4 words a row) into "srx" [warp pair, c, half, lane, 2] (half 0: the upper warp's
+        rows), read back per column by sr_col_words: the thread of warp parity p draws the four
+        words of its columns c = 2q + p from the group's first row rbase - 8 p
+        (device.sr_col_group: one Philox where the groups start on a counter,
+        device.sr_col_aligned, else two) and leaves both halves. Every thread of the CTA takes
+        part (a thread whose rows lie past M draws its partner's words), and both warps of a
+        group hold the same columns."""
+        if dev.sr_col_aligned(t.M // 4, offset):
+            self.sr_col_draw(t, seed, offset, False)
+        else:
+            self.sr_col_draw(t, seed, offset, True)
+
+    @cute.jit
+    def sr_col_draw(self, t, seed, offset, straddle: cutlass.Constexpr):
+        """sr_col_stage's words (``straddle``: device.sr_words4's)."""
         sX = t.smem["srx"]
         p = t.warp % 2
-        if dev.sr_col_aligned(t.M // 4, offset):
-            for q in cutlass.range_constexpr(VEC // 2):
-                c = 2 * q + p
-                w = dev.sr_col_group(t.c0 + c, t.rbase - 8 * p, t.M // 4, seed, offset)
-                for h in cutlass.range_constexpr(2):
-                    fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
-                    fr[0], fr[1] = w[2 * h], w[2 * h + 1]
-                    cute.autovec_copy(fr, sX[(t.warp // 2, c, h, t.lane, None)])
-        else:
-            for c in cutlass.range_constexpr(VEC):
-                w = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
+        for q in cutlass.range_constexpr(VEC // 2):
+            c = 2 * q + p
+            w = dev.sr_col_group(t.c0 + c, t.rbase - 8 * p, t.M // 4, seed, offset, straddle=straddle)
+            for h in cutlass.range_constexpr(2):
                 fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
-                fr[0], fr[1] = w[0], w[1]
-                cute.autovec_copy(fr, sX[(t.warp // 2, c, p, t.lane, None)])
+                fr[0], fr[1] = w[2 * h], w[2 * h + 1]
+                cute.autovec_copy(fr, sX[(t.warp // 2, c, h, t.lane, None)])
 
     @staticmethod
     def sr_col_words(t, c: int):
