@@ -196,23 +196,26 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
     """Philox's rounds (20 mul.hi each) and the stochastic rule on fp16 pairs (one
-    cvt.rz.f16x2.f32 per two values) on both archs (sm_100a's cvt.rs is not used: not yet checked
-    on a Blackwell). A thread's 8 rows: 4 Philox shared by neighbour lanes where the rows' words
-    start on a counter, else 8 (2 lane swaps per row pair either way); the colwise copy the same,
-    shared by the two warps of a 16-row group."""
+    cvt.rz.f16x2.f32 and one min.f16x2 per two values) on both archs (sm_100a's cvt.rs is not
+    used: not yet checked on a Blackwell). A thread's 8 rows: 4 Philox shared by neighbour lanes
+    where the rows' words start on a counter, else 8 (2 lane swaps per row pair either way); the
+    colwise copy the same, shared by the two warps of a 16-row group. Each copy's encode is
+    compiled twice, its multipliers taken times 2^-14 or not (one vote: PackedKernel.sr_prescaled),
+    the rows' words with each."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident)
     ptx = _ptx(op, arch, "bf16")
-    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * (4 + 8)
+    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * 2 * (4 + 8)
     assert "-766435501" in ptx or "3528531795" in ptx  # (Philox's first multiplier, 0xD2511F53)
-    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx and ptx.count("cvt.rz.f16x2.f32") == 32
+    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx and ptx.count("cvt.rz.f16x2.f32") == 2 * 32
+    assert ptx.count("min.f16x2") == 2 * 32 and ptx.count("vote.sync.all") == 1
     rn = _ptx(mxq.fused_quant(format="nvfp4")(ident), arch, "bf16")
     swaps = re.compile(r"shfl\.sync\.bfly\.b32[^;]*, 1, 31, -1;")
-    assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8 + 8
+    assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 2 * (8 + 8)
     both = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident), arch, "bf16")
-    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 4 + 8) and both.count("cvt.rz.f16x2.f32") == 64
+    assert both.count("mul.hi.u32") == 20 * (2 * (4 + 8) + 4 + 8) and both.count("cvt.rz.f16x2.f32") == 2 * 64
     col = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True, rowwise=False)(ident), arch,
                "bf16")  # (the colwise copy alone: served, so compiled here too)
-    assert col.count("mul.hi.u32") == 20 * (4 + 8) and col.count("cvt.rz.f16x2.f32") == 32
+    assert col.count("mul.hi.u32") == 20 * (4 + 8) and col.count("cvt.rz.f16x2.f32") == 2 * 32
 
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
@@ -470,7 +473,8 @@ def test_fused_ops_match_reference(strict, dtype):
 def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     """The same Philox bytes and rule as the reference (docs/NUMERICS.md): byte for byte, for
     seeds and offsets of every width (a seed of 2^63 or more, offsets past 2^32) and offset % 4
-    (0: neighbour lanes sharing Philox), a given amax."""
+    (0: neighbour lanes sharing Philox), a given amax, values near bf16's largest (multipliers
+    that 2^-14 would take below fp32's normals: PackedKernel.sr_prescaled's other path)."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, scale_layout=layout)(ident)
     x = _specials(m, n, DTYPES[dtype], seed=m + 3)
     for seed, offset in ((1, 0), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3), (2 ** 63 + 1, 2 ** 34 + 4),
@@ -479,6 +483,9 @@ def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     _check(op, [x], op(x.cuda(), seed=9, offset=2, global_amax=50.0), seed=9, offset=2, global_amax=50.0)
     relu = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, act="relu")(ident)
     _check(relu, [x], relu(x.cuda(), seed=4, offset=1), seed=4, offset=1)
+    if dtype == "bf16":  # (a global amax near 2^122: multipliers below 2^-112, each value scaled apart)
+        big = (torch.randn(m, n, generator=torch.Generator().manual_seed(m)) * 2.0 ** 120).to(torch.bfloat16)
+        _check(op, [big], op(big.cuda(), seed=3, offset=4), seed=3, offset=4)
 
 
 @pytest.mark.gpu
@@ -511,6 +518,12 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
         for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
             if getattr(want, f) is not None:
                 assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), (opts, f)
+    if t is torch.bfloat16:  # (stochastic rounding with multipliers below 2^-112: each value scaled apart)
+        big = (torch.randn(m, n, generator=torch.Generator().manual_seed(n)) * 2.0 ** 120).to(t)
+        op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, stochastic_rounding=True)(ident)
+        got, want = op(big.cuda(), seed=2, offset=8), op.reference(big, seed=2, offset=8)
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), ("big", f)
 
 
 @pytest.mark.gpu
@@ -690,13 +703,13 @@ def _sr_edges() -> list:
     return sorted(bits)
 
 
-def _sr_words(vals: list, rbytes: list, ops) -> list:
+def _sr_words(vals: list, rbytes: list, ops, prescaled: bool = False) -> list:
     """device.e2m1x8_sr on the values (fp32 bits) eight at a time, element k taking byte k % 4 of
     random word k // 4 (the bytes given in element order): each element's code."""
     codes = []
     for i in range(0, len(vals), 8):
         rand = [sum(rbytes[i + 4 * w + k] << (8 * k) for k in range(4)) for w in range(2)]
-        word = dev.e2m1x8_sr(vals[i:i + 8], rand, ops=ops)
+        word = dev.e2m1x8_sr(vals[i:i + 8], rand, ops=ops, prescaled=prescaled)
         codes += [word >> (4 * k) & 0xF for k in range(8)]
     return codes
 
@@ -728,6 +741,37 @@ def test_stochastic_rule_equals_the_reference(ops):
         for rr in (0, 1, 127, 128, 254, 255):
             assert _sr_words([b] * 8, [rr] * 8, ops)[0] == oracle.e2m1_sr(struct.unpack("<f", struct.pack(
                 "<I", b))[0], rr), (hex(b), rr)
+
+
+def test_stochastic_rule_on_prescaled_products():
+    """PackedKernel.sr_prescaled: a multiplier m >= 2^-112 taken times 2^-14 (exact), the products
+    fp32(v * m * 2^-14) encoded with ``prescaled`` give fp4.encode_sr's codes of fp32(v * m): for
+    bf16 values of every magnitude class (random, up to 2^126 so that the smallest multipliers
+    give codes too, tiny, huge, inf, NaN) and multipliers from 2^-112 to FLT_MAX, each with the
+    byte where the reference starts rounding it up and the byte below (a product off by one
+    step of floor(256 f) fails one of them)."""
+    from mxq.formats import fp4
+
+    g = torch.Generator().manual_seed(21)
+    v = torch.randn(4096, generator=g) * torch.pow(2.0, torch.randint(-30, 30, (4096,), generator=g).float())
+    big = torch.randn(1024, generator=g) * torch.pow(2.0, torch.randint(100, 126, (1024,), generator=g).float())
+    v = torch.cat([v, big, torch.tensor([0.0, -0.0, 2.0 ** -133, -(2.0 ** -120), 3e38, -3e38, float("inf"),
+                                    float("-inf"), float("nan")] * 8)]).to(torch.bfloat16).float()
+    ms = [2.0 ** -112, 1.5 * 2.0 ** -112, 2.0 ** -100, 1e-20, 0.37, 1.0, 6.0 / 448, 5e3, 2.0 ** 100, 3.4028234e38]
+    for m in ms:
+        m = torch.tensor(m, dtype=torch.float32)
+        y = v * m  # (fp32 products, rounded once)
+        yp = v * (m * 2.0 ** -14)  # (m * 2^-14 exact: m >= 2^-112)
+        assert (m * 2.0 ** -14) * 2.0 ** 14 == m
+        # each value's byte where it starts rounding up (256: never), and the one below it
+        every = fp4.encode_sr(y[:, None].expand(-1, 256), torch.arange(256, dtype=torch.uint8).expand(len(y), -1))
+        up = torch.where(every != every[:, :1], torch.arange(256), 256).amin(1)
+        bits = (yp.view(torch.int32).to(torch.int64) & 0xFFFFFFFF).tolist()
+        for r in (up.clamp(max=255), (up - 1).clamp(min=0)):
+            got = _sr_words(bits[:len(bits) // 8 * 8], r.tolist(), SR_PAIRS, prescaled=True)
+            want = fp4.encode_sr(y[:len(got)], r[:len(got)].to(torch.uint8)).tolist()
+            bad = [i for i in range(len(got)) if got[i] != want[i]]
+            assert not bad, (float(m), [(float(v[i]), int(r[i]), got[i], want[i]) for i in bad[:6]])
 
 
 def test_stochastic_pairs_take_the_random_bytes_in_element_order():

@@ -599,14 +599,18 @@ def e2m1x2_sr_codes(h, rb, ops=SR_PAIR_DEVICE):
     return ops.lop3(s >> U32(9), s >> U32(12), U32(0x000F000F), 0xA8)  # (code | sign << 3) per lane
 
 
-def e2m1x8_sr(vals, rand, ops=SR_PAIR_DEVICE):
+def e2m1x8_sr(vals, rand, ops=SR_PAIR_DEVICE, prescaled: bool = False):
     """Eight scaled fp32 values (bits) as one word of E2M1 codes (e2m1x8's order) by the
     stochastic rule, value k taking byte k % 4 of ``rand[k // 4]`` (two random words,
-    fp4.random_bytes' order): each pair times 2^-14 (exact, fp32), converted to fp16 toward zero,
-    then e2m1x2_sr_codes with its two bytes moved into the lanes by one prmt."""
+    fp4.random_bytes' order): each pair times 2^-14 (exact, fp32; ``prescaled``: the values are
+    already, their multiplier taken times 2^-14 where that is exact, PackedKernel.sr_prescaled),
+    converted to fp16 toward zero, then e2m1x2_sr_codes with its two bytes moved into the lanes by
+    one prmt."""
     codes = []
     for j in range(4):
-        lo, hi = (ops.mul_f32(vals[2 * j + i], SR_SCALE) for i in range(2))
+        lo, hi = vals[2 * j], vals[2 * j + 1]
+        if not prescaled:
+            lo, hi = ops.mul_f32(lo, SR_SCALE), ops.mul_f32(hi, SR_SCALE)
         rb = ops.prmt(rand[j // 2], ops.U32(0), 0x4140 if j % 2 == 0 else 0x4342)  # bytes 2j % 4, + 1 -> lanes
         codes.append(e2m1x2_sr_codes(ops.f16x2_rz(lo, hi), rb, ops))
     return e2m1x8_from_pairs(codes, ops)
