@@ -308,9 +308,8 @@ class PackedKernel:
                                                io.rec(), words, sr, sc)
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
-                                                    rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
-                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, "srx": sSX, **staged}),
-                                    words, sr, sc)
+                                                    rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp, tidx=tidx,
+                                                    cb=cb, rb=rb).rec(smem={"fp4t": sF4, "srx": sSX, **staged}), words, sr, sc)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
