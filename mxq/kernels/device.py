@@ -600,12 +600,12 @@ def e2m1x2_sr_codes(h, rb, ops=SR_PAIR_DEVICE):
 
 
 def e2m1x8_sr(vals, rand, ops=SR_PAIR_DEVICE, prescaled: bool = False):
-    """Eight scaled fp32 values (bits) as one word of E2M1 codes (e2m1x8's order) by the
-    stochastic rule, value k taking byte k % 4 of ``rand[k // 4]`` (two random words,
-    fp4.random_bytes' order): each pair times 2^-14 (exact, fp32; ``prescaled``: the values are
-    already, their multiplier taken times 2^-14 where that is exact, PackedKernel.sr_prescaled),
-    converted to fp16 toward zero, then e2m1x2_sr_codes with its two bytes moved into the lanes by
-    one prmt."""
+    """Eight scaled fp32 values (the tests' ops: their bits) as one word of E2M1 codes (e2m1x8's
+    order) by the stochastic rule, value k taking byte k % 4 of ``rand[k // 4]`` (two random
+    words, fp4.random_bytes' order): each pair times 2^-14 (exact, fp32; ``prescaled``: the
+    values come so scaled, their multiplier taken times 2^-14 where that is exact,
+    PackedKernel.sr_prescaled), converted to fp16 toward zero, then e2m1x2_sr_codes with its two
+    bytes moved into the lanes by one prmt."""
     codes = []
     for j in range(4):
         lo, hi = vals[2 * j], vals[2 * j + 1]
