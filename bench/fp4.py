@@ -9,7 +9,8 @@ bench/device_check.py's busy-GPU method against a 1 GiB copy. MXQ_STRICT=1 is se
 kernels do not serve (yet) is listed with its error instead of timing the torch reference. Rows:
 MXFP4 rowwise and both directions (floor, rceil), NVFP4 rowwise with a given global amax (one launch) and without
 (the amax launch counted), both directions, with the Hadamard transform, with stochastic
-rounding (rowwise, both directions), and gelu. Results: <out>/<device>-<date>-fp4.json.
+rounding (rowwise, both directions; each also with a given global amax, ``_given``), and gelu.
+Results: <out>/<device>-<date>-fp4.json.
 ``--launch ROW``: only build one row's op at one shape under the first variant and launch it 4
 times, for a profiler (bench/ncu.py).
 """
@@ -57,6 +58,9 @@ def cases(m, n):
         "nvfp4_rowwise_sr": (dict(nv, stochastic_rounding=True), moved(m, n, "nvfp4"), False, False),
         "nvfp4_both_sr": (dict(nv, colwise=True, stochastic_rounding=True), moved(m, n, "nvfp4", True, True), False,
                           False),
+        "nvfp4_rowwise_sr_given": (dict(nv, stochastic_rounding=True), moved(m, n, "nvfp4"), False, True),
+        "nvfp4_both_sr_given": (dict(nv, colwise=True, stochastic_rounding=True), moved(m, n, "nvfp4", True, True),
+                                False, True),
         "nvfp4_gelu_rowwise": (dict(nv, act="gelu"), moved(m, n, "nvfp4"), False, False),
         "nvfp4_2d_rowwise": (dict(nv, block_2d=True), moved(m, n, "nvfp4"), True, False),
         "nvfp4_2d_both": (dict(nv, colwise=True, block_2d=True), moved(m, n, "nvfp4", True, True), True, False),

@@ -355,10 +355,11 @@ class KernelConfig:
         """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
         scratch, the wide tile's row-scale bytes, the column maxima (packed words), the inverse
         column scales (but NVFP4's; or 128x128 tiles' partial maxima), the transposed colwise copy
-        (``transposed``), the dbias partial sums, the parked partial output units (unaligned
-        rows: head and tail of each row, per direction), then each staged source (``staged``: per
-        source None, or (element bits, broadcast along rows: one row staged, aligned kernel)),
-        ``depth`` rows per thread (0: stage_rows)."""
+        (``transposed``) and FP4's (with stochastic rounding, the random words its warps share), the
+        dbias partial sums, the parked partial output units (unaligned rows: head and tail of each
+        row, per direction), then each staged source (``staged``: per source None, or (element
+        bits, broadcast along rows: one row staged, aligned kernel)), ``depth`` rows per thread
+        (0: stage_rows)."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps
         depth = depth or self.stage_rows(unaligned, grouped)
@@ -374,6 +375,9 @@ class KernelConfig:
             out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
         if self.colwise and self.fmt.packed:  # (FP4's transposed copy: each warp's word of each column)
             out.append(Buffer("fp4t", "u32", (warps * cols,)))
+        if self.colwise and self.fmt.packed and self.fmt.rounding == "sr":  # (stochastic rounding: each
+            # 16-row group's Philox words per column, half of them for the partner warp, PackedKernel.store_rows)
+            out.append(Buffer("srx", "u32", (warps // 2, VEC, 2, 32, 2)))
         if self.fmt.hadamard:  # (NVFP4's Hadamard transform: each thread's rows, packed words, for its
             # partner warp; per word j two 4-row halves, PackedKernel.hadamard_columns)
             out.append(Buffer("rht", "u32", (warps, VEC, 32, 4)))

@@ -247,8 +247,9 @@ class PackedKernel:
         # sMax, sSum and sInv are indexed by position j * 32 + lane (word or column j of lane), so
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
         # conflicts. sEdge: each warp's partial output units (two words), head and tail per row and direction.
-        sRS, sMax, sInv, sSum, sEdge, sTr, sF4 = (self.shared_buffer(buf, n, staged_src) if len(buffers) > 0 else None
-                                                  for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t"))
+        sRS, sMax, sInv, sSum, sEdge, sTr, sF4, sSX = (
+            self.shared_buffer(buf, n, staged_src) if len(buffers) > 0 else None
+            for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t", "srx"))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
@@ -311,8 +312,8 @@ class PackedKernel:
                                                io.rec(), words, sr, sc)
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
-                                                    rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
-                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, **staged}), words, sr, sc)
+                                                    rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp, tidx=tidx,
+                                                    cb=cb, rb=rb).rec(smem={"fp4t": sF4, "srx": sSX, **staged}), words, sr, sc)
 
     def shared_buffer(self, buf: dict, name: str, staged_src):
         """Shared-memory buffer ``name`` (KernelConfig.packed_buffers), None where the config has
@@ -962,16 +963,18 @@ class PackedKernel:
         return sc
 
     # -- encode and store ----------------------------------------------------------------------
-    def quantize_row(self, row_words, s_row, sc, is_bf16: bool, use_hw: bool = False, rand=None):
+    def quantize_row(self, row_words, s_row, sc, is_bf16: bool, use_hw: bool = False, rand=None,
+                     prescaled: bool = False):
         """One row's FP8 bytes, four per word: (rowwise words, colwise words), each None where the op
         does not write that direction. ``row_words``: its packed values; ``s_row``: its inverse
         row scale; ``sc``: the thread's inverse column scales. FP4 (rowwise only): the row's eight
         E2M1 codes in one word (``use_hw``: sm_100a's conversion; ``rand``: stochastic rounding's
-        two random words, device.e2m1x8_sr)."""
+        two random words, device.e2m1x8_sr; ``prescaled``: ``s_row`` already times 2^-14)."""
         cfg = self.cfg
         if cfg.fmt.packed:
             qr = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
-            qr[0] = codec.encode8_words(cfg.fmt, [row_words[j] for j in range(PKW)], s_row, is_bf16, use_hw, rand)
+            qr[0] = codec.encode8_words(cfg.fmt, [row_words[j] for j in range(PKW)], s_row, is_bf16, use_hw, rand,
+                                        prescaled)
             return qr, None
         qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.rowwise else None
         qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.colwise else None
@@ -992,47 +995,141 @@ class PackedKernel:
         each row's two random words of the thread's 8 columns (words 2g and 2g + 1 of the row,
         direction 0), drawn for two rows at a time by every lane of the warp
         (device.sr_row_words: lanes g and g ^ 1 share their Philox calls); the colwise copy's
-        (direction 1) per column (device.sr_word_pair). NVFP4's Hadamard transform: ``words`` are
-        the colwise copy's (transformed) rows, the rows' own are read back from "rht" (staged_row)."""
+        (direction 1) staged in shared memory before the rows (sr_col_stage: warps 2q and 2q + 1
+        share their Philox calls) and read back per column after one barrier; the rule's 2^-14
+        taken into the multipliers where that is exact (sr_prescaled). NVFP4's Hadamard
+        transform: ``words`` are the colwise copy's (transformed) rows, the rows' own are read
+        back from "rht" (staged_row)."""
         cfg = self.cfg
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
+        SR_COL = cutlass.const_expr(SR and cfg.colwise and cfg.fmt.packed)
         if cutlass.const_expr(SR):
             seed, offset = t.rng[0], t.rng[1]
-        if cutlass.const_expr(cfg.rowwise or not cfg.fmt.packed):
+            fold, mr, mc = self.sr_prescaled(k, sr, sc)
+        if cutlass.const_expr(SR_COL):  # (before the rows: their stores lie between the words' stores and loads)
+            self.sr_col_stage(t, seed, offset)
+        if cutlass.const_expr(cfg.fmt.packed and cfg.rowwise):
+            nrows = cutlass.select_(t.col_ok, t.Ms - t.rbase, Int32(0))  # (FP4: one compare a row)
+            if cutlass.const_expr(SR):
+                if fold:
+                    self.fp4_rows(k, t, words, mr, nrows, seed, offset, True)
+                else:
+                    self.fp4_rows(k, t, words, sr, nrows, seed, offset, False)
+            else:
+                self.fp4_rows(k, t, words, sr, nrows, None, None, False)
+        if cutlass.const_expr(not cfg.fmt.packed):
             first, end = t.rbase, t.Ms  # row i is stored where first + i < end
             if cutlass.const_expr(k.RING):  # (one register for every row's bound: i < Ms - rbase)
                 first, end = Int32(0), t.Ms - t.rbase
-            nrows = cutlass.select_(t.col_ok, t.Ms - t.rbase, Int32(0))  # (FP4: one compare a row)
             for i in cutlass.range_constexpr(k.PK_ROWS):
-                if cutlass.const_expr(SR and i % 2 == 0):
-                    assert k.PK_ROWS % 2 == 0
-                    pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, seed, offset)
-                rand = None
-                if cutlass.const_expr(SR):
-                    rand = pair[2 * (i % 2):2 * (i % 2) + 2]
-                if cutlass.const_expr(cfg.fmt.packed):  # (FP4, rowwise: encoded whatever the row, stored under
-                    q4, _ = self.quantize_row(self.staged_row(t, i) if cfg.fmt.hadamard else words[i], sr[i], sc,
-                                              k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
-                    if i < nrows:
-                        cute.autovec_copy(cute.recast_tensor(q4, Uint8), t.tRow[(i, None)])
-                if cutlass.const_expr(not cfg.fmt.packed):
-                    if t.col_ok and first + i < end:
-                        qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc,
-                                                   k.is_bf16, k.use_hw_e8m0, rand)
-                        if cutlass.const_expr(cfg.rowwise):
-                            cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
-                        if cutlass.const_expr(cfg.colwise):
-                            cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
+                if t.col_ok and first + i < end:
+                    qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc,
+                                               k.is_bf16, k.use_hw_e8m0)
+                    if cutlass.const_expr(cfg.rowwise):
+                        cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
+                    if cutlass.const_expr(cfg.colwise):
+                        cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
         if cutlass.const_expr(cfg.colwise and cfg.fmt.packed):
-            sF = t.smem["fp4t"]
+            if cutlass.const_expr(SR_COL):
+                cute.arch.sync_threads()  # (the partner warp's words are in "srx")
             if t.col_ok and t.rbase < t.Ms:
-                for c in cutlass.range_constexpr(VEC):
-                    rc = None  # (not ``rand``: a name the rows' loop assigned would be carried into this if)
-                    if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
-                        rc = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
-                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc)
+                if cutlass.const_expr(SR):
+                    if fold:
+                        self.fp4_columns(k, t, words, mc, True)
+                    else:
+                        self.fp4_columns(k, t, words, sc, False)
+                else:
+                    self.fp4_columns(k, t, words, sc, False)
             cute.arch.sync_threads()
             self.store_fp4_columns(k, t)
+
+    @cute.jit
+    def fp4_rows(self, k, t, words, sr, nrows, seed, offset, prescaled: cutlass.Constexpr):
+        """FP4's rowwise copy: each row's word of codes, encoded whatever the row and stored under
+        ``nrows`` alone; stochastic rounding (``seed`` not None): its random words two rows at a
+        time (device.sr_row_words), ``prescaled``: ``sr`` already times 2^-14."""
+        SR = cutlass.const_expr(seed is not None)
+        for i in cutlass.range_constexpr(k.PK_ROWS):
+            if cutlass.const_expr(SR and i % 2 == 0):
+                assert k.PK_ROWS % 2 == 0
+                pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, seed, offset)
+            rand = None
+            if cutlass.const_expr(SR):
+                rand = pair[2 * (i % 2):2 * (i % 2) + 2]
+            q4, _ = self.quantize_row(self.staged_row(t, i) if self.cfg.fmt.hadamard else words[i], sr[i], None,
+                                      k.is_bf16, k.use_hw_e8m0, rand, prescaled)
+            if i < nrows:
+                cute.autovec_copy(cute.recast_tensor(q4, Uint8), t.tRow[(i, None)])
+
+    @cute.jit
+    def fp4_columns(self, k, t, words, sc, prescaled: cutlass.Constexpr):
+        """FP4's transposed colwise copy: each column's word of codes into "fp4t"; stochastic
+        rounding: its two random words from "srx" (sr_col_words), ``prescaled``: ``sc`` already
+        times 2^-14."""
+        sF = t.smem["fp4t"]
+        for c in cutlass.range_constexpr(VEC):
+            rc = None
+            if cutlass.const_expr(self.cfg.fmt.rounding == "sr"):
+                rc = self.sr_col_words(t, c)
+            sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc, prescaled)
+
+    @cute.jit
+    def sr_prescaled(self, k, sr, sc):
+        """Stochastic rounding's multipliers times 2^-14 (device.e2m1x8_sr's scaling taken into
+        them), (fold, rows', columns'): fold where every multiplier of the warp is at least
+        2^-112 (a vote), so that each product is exact: a multiplier below that (a global amax
+        past about 2^114) would lose bits to fp32's subnormals, and those warps scale each value
+        instead. Then fp32(v * m * 2^-14) is fp32(v * m) * 2^-14 wherever that is an fp32
+        normal, and both are below 2^-126 otherwise, where every code is 0 (the sign kept)."""
+        cfg = self.cfg
+        low = Float32(2.0 ** 30)
+        mr = mc = None
+        if cutlass.const_expr(cfg.rowwise):
+            mr = cute.make_rmem_tensor(cute.make_layout(k.PK_ROWS), Float32)
+            for i in cutlass.range_constexpr(k.PK_ROWS):
+                mr[i] = dev.mul_rn(sr[i], Float32(dev.SR_SCALE))
+                low = cute.arch.fmin(low, sr[i])
+        if cutlass.const_expr(cfg.colwise):
+            mc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+            for c in cutlass.range_constexpr(VEC):
+                mc[c] = dev.mul_rn(sc[c], Float32(dev.SR_SCALE))
+                low = cute.arch.fmin(low, sc[c])
+        return cute.arch.vote_all_sync(low >= Float32(2.0 ** -112)), mr, mc
+
+    @cute.jit
+    def sr_col_stage(self, t, seed, offset):
+        """Stochastic rounding's colwise words (direction 1: row c0 + c of the transposed values, M
+        / 4 words a row) into "srx" [warp pair, c, half, lane, 2] (half 0: the upper warp's
+        rows), read back per column by sr_col_words: the thread of warp parity p draws the four
+        words of its columns c = 2q + p from the group's first row rbase - 8 p
+        (device.sr_col_group: one Philox where the groups start on a counter,
+        device.sr_col_aligned, else two) and leaves both halves. Every thread of the CTA takes
+        part (a thread whose rows lie past M draws its partner's words), and both warps of a
+        group hold the same columns."""
+        if dev.sr_col_aligned(t.M // 4, offset):
+            self.sr_col_draw(t, seed, offset, False)
+        else:
+            self.sr_col_draw(t, seed, offset, True)
+
+    @cute.jit
+    def sr_col_draw(self, t, seed, offset, straddle: cutlass.Constexpr):
+        """sr_col_stage's words (``straddle``: device.sr_words4's)."""
+        sX = t.smem["srx"]
+        p = t.warp % 2
+        for q in cutlass.range_constexpr(VEC // 2):
+            c = 2 * q + p
+            w = dev.sr_col_group(t.c0 + c, t.rbase - 8 * p, t.M // 4, seed, offset, straddle=straddle)
+            for h in cutlass.range_constexpr(2):
+                fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
+                fr[0], fr[1] = w[2 * h], w[2 * h + 1]
+                cute.autovec_copy(fr, sX[(t.warp // 2, c, h, t.lane, None)])
+
+    @staticmethod
+    def sr_col_words(t, c: int):
+        """Column c's two words of the thread's rows from "srx" (sr_col_shared)."""
+        fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
+        cute.autovec_copy(t.smem["srx"][(t.warp // 2, c, t.warp % 2, t.lane, None)], fr)
+        return [fr[0], fr[1]]
 
     # -- NVFP4's Hadamard transform of the colwise copy (Format.hadamard) ------------------------
     @cute.jit
@@ -1092,11 +1189,12 @@ class PackedKernel:
         if t.lane == 0 and t.Ms > 0:
             dev.amax_atomic(io.amax, tm, 1)
 
-    def fp4_column_word(self, k, words, sc, c: int, rand):
+    def fp4_column_word(self, k, words, sc, c: int, rand, prescaled: bool = False):
         """FP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
         one word (row 2j's code in the low nibble of byte j: e2m1x8's order). MXFP4 on bf16 without
         sm_100a's conversion (codec.pow2_bf16_pairs): two rows' bf16 values a word
-        (device.column_pairs), scaled in bf16 as the rowwise copy's (codec.encode8_words)."""
+        (device.column_pairs), scaled in bf16 as the rowwise copy's (codec.encode8_words).
+        ``prescaled``: stochastic rounding's multipliers already times 2^-14 (sr_prescaled)."""
         fmt = self.cfg.fmt
         if codec.pow2_bf16_pairs(fmt, k.is_bf16, k.use_hw_e8m0):
             return codec.encode8_words(fmt, dev.column_pairs(words, c), sc[c], k.is_bf16, k.use_hw_e8m0, rand)
@@ -1104,7 +1202,7 @@ class PackedKernel:
         for i in range(k.PK_ROWS):
             lo, hi = dev.pk_unpack(words[i][c // 2], k.is_bf16)
             vals.append(dev.mul_rn(lo if c % 2 == 0 else hi, sc[c]))
-        return codec.encode8(self.cfg.fmt, vals, k.use_hw_e8m0, rand)
+        return codec.encode8(self.cfg.fmt, vals, k.use_hw_e8m0, rand, prescaled)
 
     @cute.jit
     def store_fp4_columns(self, k, t):
