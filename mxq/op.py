@@ -489,7 +489,8 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
     # rowwise=1 would skip the validation that refuses it in a fresh process)
-    if all(f.__class__ is bool for f in (rowwise, colwise, amax, block_2d, hadamard, stochastic_rounding)):
+    if (rowwise.__class__ is colwise.__class__ is amax.__class__ is block_2d.__class__ is hadamard.__class__
+            is stochastic_rounding.__class__ is bool):  # (a chain, not all(...) over a generator: every call)
         try:
             op = _QUANTIZE_OPS.get(key)
         except TypeError:  # unhashable option values: QuantSpec names the bad one

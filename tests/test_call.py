@@ -94,6 +94,13 @@ def test_key_follows_out_layout():
     e5 = MXFP8Tensor.empty(QuantSpec(rowwise=True, colwise=True, fp8="e5m2"), (64, 32), torch.float32, "cpu")
     assert Call([b], [], out=one).key() != Call([b], [], out=e5).key()
     assert Call([b], [], out=one).key() != Call([b], []).key()
+    # an out of another format or block whose tensors are laid out alike (FP8 block scaling's 1x128 and
+    # 128x128 scales of one row: [1, 2] fp32 both): check_out refuses it, so a kept route must not take it
+    x = torch.zeros(1, 256)
+    outs = [MXFP8Tensor.empty(QuantSpec(format="fp8_block", block=block), (1, 256), torch.float32, "cpu")
+            for block in ((1, 128), (128, 128))]
+    assert [(t.rowwise_scale.shape, t.rowwise_scale.dtype) for t in outs] == [((1, 2), torch.float32)] * 2
+    assert Call([x], [], out=outs[0]).key() != Call([x], [], out=outs[1]).key()
 
 
 def test_has_dtensor_looks_at_inputs_act_input_and_offsets_by_type_name():

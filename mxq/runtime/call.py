@@ -45,27 +45,38 @@ class Call(NamedTuple):
     def key(self):
         """The call's layout signature (module docstring), or None where it cannot be read (a
         sparse tensor's strides, an ``out`` that is not an MXFP8Tensor): such calls are checked
-        every time."""
+        every time. Read on every call that is not an ordinary allocating one (out=, keywords,
+        views), so each value's part is read attribute by attribute, without a loop."""
         out = self.out
         try:
             if out is not None:
                 if out.__class__ is not MXFP8Tensor:
                     return None
-                pair = out.colwise_amax is not None and fp4_layouts.amax_pair(out.amax, out.colwise_amax) is not None
-                out = (out.fp8, out.scale_layout, *[_layout(getattr(out, f)) for f in validation.OUT_FIELDS], pair)
+                col_amax = out.colwise_amax
+                pair = col_amax is not None and fp4_layouts.amax_pair(out.amax, col_amax) is not None
+                # (format and block: check_out refuses an out of another format or block, whose
+                # tensors can be laid out alike, e.g. FP8 block scaling's 1x128 and 128x128 at M = 1)
+                out = (out.fp8, out.scale_layout, out.format, out.block, _layout(out.rowwise_data),
+                       _layout(out.colwise_data), _layout(out.rowwise_scale), _layout(out.colwise_scale),
+                       _layout(out.amax), _layout(out.dbias), _layout(col_amax), pair)
             fp4 = None if self.fp4 is None else tuple(map(_layout, self.fp4))
             return (tuple(map(_layout, self.tensors)), tuple(map(type, self.scalars)), _layout(self.act_input),
-                    _layout(self.noop), out, _layout(self.group_offsets), torch.is_grad_enabled(), fp4)
+                    _layout(self.noop), out, _layout(self.group_offsets), _grad_enabled(), fp4)
         except Exception:  # (what the checks will name)
             return None
+
+
+_Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 
 
 def _layout(t):
     """One value's part of Call.key: a tensor's (class, shape, strides, dtype, device,
     requires_grad, layout), anything else's class."""
-    if isinstance(t, torch.Tensor):
-        return t.__class__, t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.layout
-    return t.__class__
+    cls = t.__class__
+    if cls is _Tensor or isinstance(t, _Tensor):
+        return cls, t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.layout
+    return cls
 
 
 class Binder:
