@@ -67,6 +67,7 @@ class Call(NamedTuple):
 
 
 _Tensor = torch.Tensor
+_NoneType = type(None)
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -74,6 +75,8 @@ def _layout(t):
     """One value's part of Call.key: a tensor's (class, shape, strides, dtype, device,
     requires_grad, layout), anything else's class."""
     cls = t.__class__
+    if cls is _NoneType:  # (most of a call's slots; isinstance against torch.Tensor costs as much as a tensor's reads)
+        return cls
     if cls is _Tensor or isinstance(t, _Tensor):
         return cls, t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.layout
     return cls
@@ -101,6 +104,8 @@ class Binder:
         # (plain): each positional argument's class, and whether the tensors come first
         self.classes = tuple(torch.Tensor if n in epilogue.tensor_params else float for n in self.order)
         self.in_order = self.tensor_pos == list(range(len(self.tensor_pos)))
+        # (_bind_names) per count of positional arguments: the names that must follow, as a tuple and a set
+        self._named = [(self.order[i:], frozenset(self.order[i:])) for i in range(len(self.order) + 1)]
 
     def __call__(self, args, kwargs, act_input=None, noop=None, out=None, group_offsets=None,
                  traced: bool = False) -> Call:
@@ -144,6 +149,10 @@ class Binder:
     def _bind_names(self, args, kwargs) -> tuple:
         """The arguments in parameter order, bound as __call__ does, without inspect."""
         order = self.order
+        given = len(args)
+        if given < len(self._named) and kwargs.keys() == self._named[given][1]:
+            # (the common keyword call: exactly the parameters after the positional ones, by name)
+            return (*args, *[kwargs[k] for k in self._named[given][0]])
         if len(args) > len(order):
             raise TypeError(f"mxq: {self.name}() takes {len(order)} arguments, got {len(args)}")
         values = dict(zip(order, args))
