@@ -56,9 +56,9 @@ class Call(NamedTuple):
                 pair = col_amax is not None and fp4_layouts.amax_pair(out.amax, col_amax) is not None
                 # (format and block: check_out refuses an out of another format or block, whose
                 # tensors can be laid out alike, e.g. FP8 block scaling's 1x128 and 128x128 at M = 1)
-                out = (out.fp8, out.scale_layout, out.format, out.block, _layout(out.rowwise_data),
-                       _layout(out.colwise_data), _layout(out.rowwise_scale), _layout(out.colwise_scale),
-                       _layout(out.amax), _layout(out.dbias), _layout(col_amax), pair)
+                out = (out.fp8, out.scale_layout, out.format, out.block, _out_layout(out.rowwise_data),
+                       _out_layout(out.colwise_data), _out_layout(out.rowwise_scale), _out_layout(out.colwise_scale),
+                       _out_layout(out.amax), _out_layout(out.dbias), _out_layout(col_amax), pair)
             fp4 = None if self.fp4 is None else tuple(map(_layout, self.fp4))
             return (tuple(map(_layout, self.tensors)), tuple(map(type, self.scalars)), _layout(self.act_input),
                     _layout(self.noop), out, _layout(self.group_offsets), _grad_enabled(), fp4)
@@ -69,6 +69,17 @@ class Call(NamedTuple):
 _Tensor = torch.Tensor
 _NoneType = type(None)
 _grad_enabled = torch.is_grad_enabled
+
+
+def _out_layout(t):
+    """An ``out`` field's part of Call.key: _layout's but requires_grad, which no check of a
+    destination reads (validation.check_out)."""
+    cls = t.__class__
+    if cls is _NoneType:
+        return cls
+    if cls is _Tensor or isinstance(t, _Tensor):
+        return cls, t.shape, t.stride(), t.dtype, t.device, t.layout
+    return cls
 
 
 def _layout(t):
@@ -117,7 +128,7 @@ class Binder:
             try:
                 if not (traced or self.by_name):
                     raise TypeError
-                args = self._bind_names(args, kwargs)
+                args = self._bind_names(args, kwargs, not traced)
             except TypeError:
                 if traced:
                     raise
@@ -146,11 +157,12 @@ class Binder:
             return None
         return args if self.in_order else [args[i] for i in self.tensor_pos] + [args[i] for i in self.scalar_pos]
 
-    def _bind_names(self, args, kwargs) -> tuple:
-        """The arguments in parameter order, bound as __call__ does, without inspect."""
+    def _bind_names(self, args, kwargs, eager: bool = True) -> tuple:
+        """The arguments in parameter order, bound as __call__ does, without inspect (``eager``:
+        not while torch.compile traces, which takes the plain loop)."""
         order = self.order
         given = len(args)
-        if given < len(self._named) and kwargs.keys() == self._named[given][1]:
+        if eager and given < len(self._named) and kwargs.keys() == self._named[given][1]:
             # (the common keyword call: exactly the parameters after the positional ones, by name)
             return (*args, *[kwargs[k] for k in self._named[given][0]])
         if len(args) > len(order):
