@@ -3,9 +3,10 @@
 validation, launch, the reference, torch_ops and distributed read its fields by name.
 
 ``Call.key`` is what a call's checks and route depend on apart from values: the class, shape,
-strides, dtype, device, requires_grad and layout of every tensor it holds (``out``'s too, and whether
-its amax and colwise_amax are the one fp32[2] buffer the Hadamard kernels write), the floats'
-types and the grad mode. FusedOp keeps the route of a checked call under its key, and later calls
+strides, dtype, device, requires_grad and layout of every tensor it holds (``out``'s too but
+requires_grad, which no check of a destination reads; ``out``'s format, block, fp8 and scale layout,
+and whether its amax and colwise_amax are the one fp32[2] buffer the Hadamard kernels write), the
+floats' types and the grad mode. FusedOp keeps the route of a checked call under its key, and later calls
 of the same key run it without the checks that depend only on the key (FusedOp._plans).
 """
 
