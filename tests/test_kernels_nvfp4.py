@@ -485,7 +485,8 @@ def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     _check(relu, [x], relu(x.cuda(), seed=4, offset=1), seed=4, offset=1)
     if dtype == "bf16":  # (a global amax near 2^122: multipliers below 2^-112, each value scaled apart)
         big = (torch.randn(m, n, generator=torch.Generator().manual_seed(m)) * 2.0 ** 120).to(torch.bfloat16)
-        _check(op, [big], op(big.cuda(), seed=3, offset=4), seed=3, offset=4)
+        for offset in (4, 2 ** 33 + 3):  # (and words straddling two counters: two Philox per 16 values)
+            _check(op, [big], op(big.cuda(), seed=3, offset=offset), seed=3, offset=offset)
 
 
 @pytest.mark.gpu
@@ -521,9 +522,10 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
     if t is torch.bfloat16:  # (stochastic rounding with multipliers below 2^-112: each value scaled apart)
         big = (torch.randn(m, n, generator=torch.Generator().manual_seed(n)) * 2.0 ** 120).to(t)
         op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, stochastic_rounding=True)(ident)
-        got, want = op(big.cuda(), seed=2, offset=8), op.reference(big, seed=2, offset=8)
-        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
-            assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), ("big", f)
+        for offset in (8, 2 ** 33 + 5):  # (and words straddling two counters)
+            got, want = op(big.cuda(), seed=2, offset=offset), op.reference(big, seed=2, offset=offset)
+            for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+                assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), ("big", offset, f)
 
 
 @pytest.mark.gpu

@@ -1080,7 +1080,7 @@ class PackedKernel:
         2^-112 (a vote), so that each product is exact: a multiplier below that (a global amax
         past about 2^114) would lose bits to fp32's subnormals, and those warps scale each value
         instead. Then fp32(v * m * 2^-14) is fp32(v * m) * 2^-14 wherever that is an fp32
-        normal, and both are below 2^-126 otherwise, where every code is 0 (the sign kept)."""
+        normal, and both are at most 2^-126 otherwise, where every code is 0 (the sign kept)."""
         cfg = self.cfg
         low = Float32(2.0 ** 30)
         mr = mc = None
@@ -1126,7 +1126,7 @@ class PackedKernel:
 
     @staticmethod
     def sr_col_words(t, c: int):
-        """Column c's two words of the thread's rows from "srx" (sr_col_shared)."""
+        """Column c's two words of the thread's rows from "srx" (sr_col_stage)."""
         fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
         cute.autovec_copy(t.smem["srx"][(t.warp // 2, c, t.warp % 2, t.lane, None)], fr)
         return [fr[0], fr[1]]
