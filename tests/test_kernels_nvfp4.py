@@ -103,6 +103,14 @@ class TORCH:
     def small_int_f32(u):
         return u.to(torch.float32)
 
+    @staticmethod
+    def e4m3_f32(e):  # (the device converts in hardware, exactly: the integer rule stands in here)
+        return dev.e4m3_value(e, ops=TORCH)
+
+    @staticmethod
+    def rcp(x):  # (rcp.rn.f32: IEEE's reciprocal, one rounding)
+        return torch.div(1.0, x)
+
 
 def _amaxes(g):
     """fp32 magnitudes of every kind the scales meet: 0, fp32 subnormals, E4M3's subnormal and

@@ -198,6 +198,22 @@ class NV_DEVICE(DEVICE):
     def small_int_f32(u):
         return Float32(Int32(u))
 
+    @staticmethod
+    def e4m3_f32(e):
+        """e4m3_value of a scale byte by the hardware: cvt.rn.f16x2.e4m3x2 (every E4M3 value is an
+        fp16 exactly) and cvt.f32.f16, two instructions."""
+        return Float32(cute.arch.inline_ptx(
+            "{ .reg .b16 b, h, x; .reg .b32 p; cvt.u16.u32 b, {$r0}; cvt.rn.f16x2.e4m3x2 p, b; "
+            "mov.b32 {h, x}, p; cvt.f32.f16 {$w0}, h; }",
+            write_only_types=[Float32], read_only_args=[Uint32(e)]))
+
+    @staticmethod
+    def rcp(x):
+        """1 / x rounded once to nearest even (rcp.rn.f32: IEEE's reciprocal, the quotient
+        div.rn.f32 gives for 1 / x; subnormals kept)."""
+        return Float32(cute.arch.inline_ptx("rcp.rn.f32 {$w0}, {$r0};", write_only_types=[Float32],
+                                            read_only_args=[Float32(x)]))
+
 
 def _at_most_flt_max(x, ops):
     """min(x, FLT_MAX) for x >= 0 (inf -> FLT_MAX)."""
@@ -237,8 +253,10 @@ def e4m3_value(e, ops=NV_DEVICE):
 
 def nvfp4_multiplier(e, s_dec, ops=NV_DEVICE):
     """Step N5: min(fp32(1 / fp32(fp32(scale) * s_dec)), FLT_MAX) of the E4M3 scale byte ``e``,
-    ``s_dec`` = nvfp4_global's second value (scale 0: FLT_MAX)."""
-    return _at_most_flt_max(ops.div(ops.F32(1.0), ops.mul(e4m3_value(e, ops), s_dec)), ops)
+    ``s_dec`` = nvfp4_global's second value (scale 0: FLT_MAX). The device decodes the byte with
+    cvt (ops.e4m3_f32, exact: e4m3_value's value) and takes rcp.rn.f32 (ops.rcp: the quotient of
+    div.rn.f32 1 / x, without the division's extra refinement steps)."""
+    return _at_most_flt_max(ops.rcp(ops.mul(ops.e4m3_f32(e), s_dec)), ops)
 
 
 # --- E2M1 (FP4) encoding (docs/NUMERICS.md step N7) ---------------------------------------------
