@@ -921,3 +921,22 @@ def test_rows32_register_cap_reaches_the_quantize_pass_not_the_amax_pass():
     ptx = inspection.ptx_of(op, "sm_90", "bf16")
     entries = [e for e in ptx.split(".entry ")[1:] if e.startswith("kernel_cutlass_packed_kernel")]
     assert len(entries) == 2 and sum(bool(re.search(r"\.minnctapersm\s+6\b", e)) for e in entries) == 1
+
+
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_colwise_scale_runs_match_each_columns_offset(swizzled):
+    """packed.fp4_column_scale_run, as fp4_column_scales stores a thread's VEC columns' scales
+    (column c0 + q at offset + q * step, c0 % VEC == 0), against each column's own offset in the
+    oracle's layouts (compact c * nbm + blk; swizzled tests/oracle.py swizzle_offset), for column
+    runs across several 128-row atoms and blocks across several 4-block atoms."""
+    from . import oracle as base_oracle
+
+    vec = packed.VEC
+    for nbm in (1, 3, 4, 5, 9):
+        for blk in range(nbm):
+            for c0 in range(0, 3 * 128 + 64, vec):
+                off, step = packed.fp4_column_scale_run(swizzled, c0, blk, nbm)
+                for q in range(vec):
+                    c = c0 + q
+                    want = base_oracle.swizzle_offset(c, blk, nbm) if swizzled else c * nbm + blk
+                    assert off + q * step == want, (swizzled, nbm, blk, c0, q)

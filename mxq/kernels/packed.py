@@ -86,6 +86,14 @@ def fp4_scale_warps(warp, rows: int, block: int = 16):
     return warp - warp % wpb, wpb
 
 
+def fp4_column_scale_run(swizzled: bool, c0, blk, nbm):
+    """(offset, step): where the colwise scales of block ``blk`` of columns c0 .. c0 + VEC - 1
+    (c0 % VEC == 0) lie in a [N, nbm] scale matrix, column c0 + q's at offset + q * step: apart
+    by nbm (compact) or by 16 bytes (swizzled: the columns are rows c0 % 32 + q of one 32-row
+    group of a 128x4 atom). Plain integer arithmetic: the tests run it on ints."""
+    return dev.scale_offset(swizzled, c0, blk, nbm), (16 if swizzled else nbm)
+
+
 def fp4_tile_entries(warp, lane, rb, cb, tile_rows: int, rows: int, block: int = 16):
     """NVFP4's 16x16 tiles (PackedKernel.fp4_tile_scales) on a tile of ``rows``-row warps: the
     scale entries thread (warp, lane) of CTA (cb, rb) stores, as (its first row, its first
@@ -869,6 +877,9 @@ class PackedKernel:
         blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
         c0 = t.co + (t.cb * 32 + t.lane) * VEC
         sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+        HOIST = cutlass.const_expr(not (cfg.halves and k.UNALIGNED))  # c0 % VEC == 0 (else co % VEC is unknown)
+        if cutlass.const_expr(HOIST):
+            off0, step = fp4_column_scale_run(cfg.fmt.swizzled, c0, blk, nbm)
         for j in cutlass.range_constexpr(PKW):
             cw = t.smem["max"][w0, j * 32 + t.lane]
             for w in cutlass.range_constexpr(1, WPB):
@@ -882,10 +893,10 @@ class PackedKernel:
                 sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
                 if t.warp == w0 and c < io.N and blk * B < t.Ms:
-                    off = c * nbm + blk
-                    if cutlass.const_expr(cfg.fmt.swizzled):
-                        off = dev.swizzle_offset(c, blk, nbm)
-                    io.col_scale[off] = Uint8(e)
+                    if cutlass.const_expr(HOIST):
+                        io.col_scale[off0 + (2 * j + h) * step] = Uint8(e)
+                    else:
+                        io.col_scale[dev.scale_offset(cfg.fmt.swizzled, c, blk, nbm)] = Uint8(e)
         return sc
 
     @cute.jit
