@@ -272,7 +272,7 @@ class PackedKernel:
                    IN_MAX=codec.input_max(ins[0].element_type),
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
-                    row_data=row_data, col_data=col_data)
+                    row_data=row_data, col_data=col_data, glob=None)
         staged = Fields({n: buf[n] for n in [f"in{t}" for t in range(NSRC) if staged_src[t]] + ["rht"] * cfg.fmt.hadamard})
         stg = None
         if cutlass.const_expr(any(staged_src)):
@@ -285,6 +285,8 @@ class PackedKernel:
         # every store below is bounded by Ms: 0 under noop (nothing written) or past the grid
         Ms = Int32(cutlass.select_(noop[0] != Float32(1.0), row_end, Int32(0)))
         Ms = Int32(cutlass.select_(in_grid, Ms, Int32(0)))
+        if cutlass.const_expr(codec.shared_global_scales(cfg)):  # (read and computed once for both copies)
+            io["glob"] = codec.global_scales(cfg.fmt, amax)
         # Two-halves ops with PASSES == 2: everything below runs once per output half over the same
         # loaded tile (the staged inputs are still in shared memory), writing at column offset co.
         for hp in cutlass.range_constexpr(PASSES):
@@ -620,7 +622,7 @@ class PackedKernel:
         SHARE = cutlass.const_expr(k.PK_ROWS // LANES)  # rows each lane finishes
         B = cutlass.const_expr(cfg.fmt.block[1])
         lane = t.lane
-        glob = codec.global_scales(cfg.fmt, io.amax)
+        glob = codec.global_scales(cfg.fmt, io.amax, glob=io.glob)
         rp = [self.row_partial(a, is_bf16, NAN) for a in absw]
         for st in cutlass.range_constexpr(LANES.bit_length() - 2):  # offsets LANES / 2, ..., 2
             bfly = LANES >> (st + 1)
@@ -871,7 +873,7 @@ class PackedKernel:
         is_bf16 = cutlass.const_expr(k.is_bf16)
         NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
         B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16, 32)
-        glob = codec.global_scales(cfg.fmt, io.amax, colwise=True)
+        glob = codec.global_scales(cfg.fmt, io.amax, colwise=True, glob=io.glob)
         w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
         nbm = (io.M + B - 1) // B
         blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
