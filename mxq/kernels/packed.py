@@ -887,12 +887,19 @@ class PackedKernel:
             for w in cutlass.range_constexpr(1, WPB):
                 cw = dev.pk_max(cw, t.smem["max"][w0 + w, j * 32 + t.lane], is_bf16, NAN)
             lo, hi = dev.pk_unpack(cw, is_bf16)
+            if cutlass.const_expr(cfg.fmt.global_scale):  # NVFP4: the two columns' scales at once
+                assert not NAN  # (NVFP4's maxima drop NaN: a column of NaN alone has amax 0)
+                ew, sc[2 * j], sc[2 * j + 1] = dev.nvfp4_scales2(cute.arch.fmax(lo, Float32(0.0)),
+                                                                 cute.arch.fmax(hi, Float32(0.0)), glob[0], glob[1])
             for h in cutlass.range_constexpr(2):
-                a = lo if h == 0 else hi
-                if cutlass.const_expr(not NAN):  # (NVFP4: a column of NaN alone has amax 0)
-                    a = cute.arch.fmax(a, Float32(0.0))
-                e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
-                sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
+                if cutlass.const_expr(cfg.fmt.global_scale):
+                    e = ew if h == 0 else ew >> Uint32(8)  # (a byte store keeps the low byte)
+                else:
+                    a = lo if h == 0 else hi
+                    if cutlass.const_expr(not NAN):  # (NVFP4: a column of NaN alone has amax 0)
+                        a = cute.arch.fmax(a, Float32(0.0))
+                    e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
+                    sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
                 if t.warp == w0 and c < io.N and blk * B < t.Ms:
                     if cutlass.const_expr(HOIST):
