@@ -94,6 +94,16 @@ def fp4_column_scale_run(swizzled: bool, c0, blk, nbm):
     return dev.scale_offset(swizzled, c0, blk, nbm), (16 if swizzled else nbm)
 
 
+def fp4_split_column_scales(cfg, wpb: int, pkw: int) -> bool:
+    """Whether the two warps of an NVFP4 colwise block share its scales' work
+    (PackedKernel.fp4_split_column_scales): 1x16 blocks of two 8-row warps, rounding to nearest
+    or stochastic, no Hadamard transform (its maxima buffer serves the transform), the copy's
+    column run aligned (its scale offsets hoisted); else each warp computes all 8."""
+    fmt = cfg.fmt
+    return bool(fmt.global_scale and wpb == 2 and pkw == 4 and not fmt.hadamard and not cfg.fp4_tiles
+                and not (cfg.halves))
+
+
 def fp4_tile_entries(warp, lane, rb, cb, tile_rows: int, rows: int, block: int = 16):
     """NVFP4's 16x16 tiles (PackedKernel.fp4_tile_scales) on a tile of ``rows``-row warps: the
     scale entries thread (warp, lane) of CTA (cb, rb) stores, as (its first row, its first
@@ -868,7 +878,8 @@ class PackedKernel:
         the warps holding them left in sMax (B // PK_ROWS warps, fp4_scale_warps: two of a 32-row
         tile for NVFP4, all four for MXFP4; NVFP4 drops NaN, MXFP4 propagates it: scale 255,
         codec.block_amax_nan), stored by the block's first warp (compact [N, ceil(M/B)] or its
-        swizzled atoms), and the 8 multipliers."""
+        swizzled atoms), and the 8 multipliers. NVFP4's two warps of a block each compute half
+        of them (fp4_split_column_scales)."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
         NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
@@ -882,6 +893,9 @@ class PackedKernel:
         HOIST = cutlass.const_expr(not (cfg.halves and k.UNALIGNED))  # c0 % VEC == 0 (else co % VEC is unknown)
         if cutlass.const_expr(HOIST):
             off0, step = fp4_column_scale_run(cfg.fmt.swizzled, c0, blk, nbm)
+        if cutlass.const_expr(fp4_split_column_scales(cfg, WPB, PKW)):
+            self.fp4_split_column_scales(k, t, io, sc, glob, w0, blk, B, nbm, c0, off0, step)
+            return sc
         for j in cutlass.range_constexpr(PKW):
             cw = t.smem["max"][w0, j * 32 + t.lane]
             for w in cutlass.range_constexpr(1, WPB):
@@ -907,6 +921,34 @@ class PackedKernel:
                     else:
                         io.col_scale[dev.scale_offset(cfg.fmt.swizzled, c, blk, nbm)] = Uint8(e)
         return sc
+
+    @cute.jit
+    def fp4_split_column_scales(self, k, t, io, sc, glob, w0, blk, B: cutlass.Constexpr, nbm, c0, off0, step):
+        """NVFP4's colwise scales shared by the block's two warps (fp4_split_column_scales): warp
+        w0 + s computes and stores the scales of the thread's column pairs j = 2s, 2s + 1 (words j
+        of the maxima) and leaves each pair's two multipliers where it read the pair's maxima,
+        sMax[w0 + h, j * 32 + lane] (read by this thread alone); after a barrier every thread reads
+        its 8 multipliers back."""
+        sMax = t.smem["max"]
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        half = t.warp - w0
+        for jj in cutlass.range_constexpr(2):
+            j = 2 * half + jj
+            cw = dev.pk_max(sMax[w0, j * 32 + t.lane], sMax[w0 + 1, j * 32 + t.lane], is_bf16, False)
+            lo, hi = dev.pk_unpack(cw, is_bf16)
+            ew, m0, m1 = dev.nvfp4_scales2(cute.arch.fmax(lo, Float32(0.0)), cute.arch.fmax(hi, Float32(0.0)),
+                                            glob[0], glob[1])
+            sMax[w0, j * 32 + t.lane] = m0.bitcast(Uint32)
+            sMax[w0 + 1, j * 32 + t.lane] = m1.bitcast(Uint32)
+            if blk * B < t.Ms:
+                for h in cutlass.range_constexpr(2):
+                    e = ew if h == 0 else ew >> Uint32(8)  # (a byte store keeps the low byte)
+                    if c0 + 2 * j + h < io.N:
+                        io.col_scale[off0 + (2 * j + h) * step] = Uint8(e)
+        cute.arch.sync_threads()
+        for j in cutlass.range_constexpr(PKW):
+            for h in cutlass.range_constexpr(2):
+                sc[2 * j + h] = sMax[w0 + h, j * 32 + t.lane].bitcast(Float32)
 
     @cute.jit
     def fp4_tile_scales(self, k, t, io):
