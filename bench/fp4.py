@@ -54,6 +54,7 @@ def cases(m, n):
         "nvfp4_rowwise_given_amax": (dict(nv), moved(m, n, "nvfp4"), True, True),
         "nvfp4_rowwise": (dict(nv), moved(m, n, "nvfp4"), True, False),
         "nvfp4_both": (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True), True, False),
+        "nvfp4_both_given": (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True), True, True),
         "nvfp4_both_hadamard": (dict(nv, colwise=True, hadamard=True), moved(m, n, "nvfp4", True, True), True, False),
         "nvfp4_rowwise_sr": (dict(nv, stochastic_rounding=True), moved(m, n, "nvfp4"), True, False),
         "nvfp4_both_sr": (dict(nv, colwise=True, stochastic_rounding=True), moved(m, n, "nvfp4", True, True), True,

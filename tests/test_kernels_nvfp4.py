@@ -103,6 +103,22 @@ class TORCH:
     def small_int_f32(u):
         return u.to(torch.float32)
 
+    @staticmethod
+    def e4m3_f32(e):  # (the device converts in hardware, exactly: the integer rule stands in here)
+        return dev.e4m3_value(e, ops=TORCH)
+
+    @staticmethod
+    def rcp(x):  # (rcp.rn.f32: IEEE's reciprocal, one rounding)
+        return torch.div(1.0, x)
+
+    @staticmethod
+    def e4m3x2(x0, x1):
+        return TORCH.e4m3(x0) | (TORCH.e4m3(x1) << 8)
+
+    @staticmethod
+    def e4m3x2_f32(w):
+        return dev.e4m3_value(w & 0xFF, ops=TORCH), dev.e4m3_value(w >> 8, ops=TORCH)
+
 
 def _amaxes(g):
     """fp32 magnitudes of every kind the scales meet: 0, fp32 subnormals, E4M3's subnormal and
@@ -130,7 +146,13 @@ def test_scale_expressions_equal_the_reference():
         e = dev.nvfp4_scale(blocks, sf, ops=TORCH)
         want = fp4.block_scale(blocks, s_enc)
         assert torch.equal(e, want.view(torch.uint8).to(torch.int64)), gv
-        assert torch.equal(dev.nvfp4_multiplier(e, s_dec, ops=TORCH), fp4.block_multiplier(want, s_enc)), gv
+        mult = fp4.block_multiplier(want, s_enc)
+        assert torch.equal(dev.nvfp4_multiplier(e, s_dec, ops=TORCH), mult), gv
+        # two columns' at once (device.nvfp4_scales2): each block paired with the reversed order's
+        w, m0, m1 = dev.nvfp4_scales2(blocks, blocks.flip(0), sf, s_dec, ops=TORCH)
+        byte = want.view(torch.uint8).to(torch.int64)
+        assert torch.equal(w, byte | (byte.flip(0) << 8)), gv
+        assert torch.equal(m0, mult) and torch.equal(m1, mult.flip(0)), gv
 
 
 def test_e4m3_decode_of_every_scale_byte():
@@ -224,7 +246,9 @@ def test_colwise_copy_compiles(arch, dtype, layout):
     of 8 codes each, staged in shared memory and leaving as one 16-byte run (the four warps'
     words) per output row: 256 columns over 128 threads, two runs per thread, each as one
     16-byte store, two 8-byte or four 4-byte ones (store_fp4_columns, by the copy's alignment);
-    8 column scales (both 16-row blocks' from one thread's rows: its own block's)."""
+    8 column scales (both 16-row blocks' from one thread's rows: its own block's), two per E4M3
+    conversion (device.nvfp4_scales2), the block's two warps computing half of them each
+    (PackedKernel.fp4_split_column_scales)."""
     both = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident), arch, dtype)
     col = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, rowwise=False, scale_layout=layout)(ident), arch,
                dtype)
@@ -232,7 +256,7 @@ def test_colwise_copy_compiles(arch, dtype, layout):
     assert col.count("st.global.v4.b32") == both.count("st.global.v4.b32") == 2
     assert col.count("st.global.v2.b32") == both.count("st.global.v2.b32") == 4
     assert _stores(col)[2] == 8 and both.count("st.global.b32") > col.count("st.global.b32")
-    assert col.count("cvt.rn.satfinite.e4m3x2.f32") == 8
+    assert col.count("cvt.rn.satfinite.e4m3x2.f32") == 2 and col.count("cvt.rn.f16x2.e4m3x2") == 2
     if arch == "sm_100a":
         assert col.count("cvt.rn.satfinite.e2m1x2.f32") == 32
 
@@ -915,3 +939,22 @@ def test_rows32_register_cap_reaches_the_quantize_pass_not_the_amax_pass():
     ptx = inspection.ptx_of(op, "sm_90", "bf16")
     entries = [e for e in ptx.split(".entry ")[1:] if e.startswith("kernel_cutlass_packed_kernel")]
     assert len(entries) == 2 and sum(bool(re.search(r"\.minnctapersm\s+6\b", e)) for e in entries) == 1
+
+
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_colwise_scale_runs_match_each_columns_offset(swizzled):
+    """packed.fp4_column_scale_run, as fp4_column_scales stores a thread's VEC columns' scales
+    (column c0 + q at offset + q * step, c0 % VEC == 0), against each column's own offset in the
+    oracle's layouts (compact c * nbm + blk; swizzled tests/oracle.py swizzle_offset), for column
+    runs across several 128-row atoms and blocks across several 4-block atoms."""
+    from . import oracle as base_oracle
+
+    vec = packed.VEC
+    for nbm in (1, 3, 4, 5, 9):
+        for blk in range(nbm):
+            for c0 in range(0, 3 * 128 + 64, vec):
+                off, step = packed.fp4_column_scale_run(swizzled, c0, blk, nbm)
+                for q in range(vec):
+                    c = c0 + q
+                    want = base_oracle.swizzle_offset(c, blk, nbm) if swizzled else c * nbm + blk
+                    assert off + q * step == want, (swizzled, nbm, blk, c0, q)

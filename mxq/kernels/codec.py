@@ -35,13 +35,25 @@ def input_max(element_type) -> float:
     return torch.finfo(_TORCH_DTYPES[element_type.__name__]).max
 
 
-def global_scales(fmt, amax, colwise: bool = False):
+def global_scales(fmt, amax, colwise: bool = False, glob=None):
     """A format's per-tensor values, read once per thread from the amax tensor ``amax`` (NVFP4:
     the amax pass's result or the caller's global_amax; device.nvfp4_global), or None. The
-    ``colwise`` copy of NVFP4 with the Hadamard transform has its own amax, entry 1."""
+    ``colwise`` copy of NVFP4 with the Hadamard transform has its own amax, entry 1. ``glob``:
+    the values already computed (shared_global_scales), returned as they are."""
     if not fmt.global_scale:
         return None
+    if glob is not None:
+        return glob
     return dev.nvfp4_global(amax[1 if colwise and fmt.hadamard else 0])
+
+
+def shared_global_scales(cfg) -> bool:
+    """Whether the packed kernel computes global_scales once for both copies: NVFP4 (1x16 blocks)
+    writing both, the same amax entry for each (no Hadamard transform). Else each copy's scale
+    phase reads the amax itself: the colwise one after a barrier, which keeps the compiler from
+    reusing the rowwise read (a second load and two more IEEE divisions a thread)."""
+    fmt = cfg.fmt
+    return bool(fmt.global_scale and cfg.rowwise and cfg.colwise and not fmt.hadamard and not cfg.fp4_tiles)
 
 
 def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float | None = None, glob=None):

@@ -198,6 +198,37 @@ class NV_DEVICE(DEVICE):
     def small_int_f32(u):
         return Float32(Int32(u))
 
+    @staticmethod
+    def e4m3_f32(e):
+        """e4m3_value of a scale byte by the hardware: cvt.rn.f16x2.e4m3x2 (every E4M3 value is an
+        fp16 exactly) and cvt.f32.f16, two instructions."""
+        return Float32(cute.arch.inline_ptx(
+            "{ .reg .b16 b, h, x; .reg .b32 p; cvt.u16.u32 b, {$r0}; cvt.rn.f16x2.e4m3x2 p, b; "
+            "mov.b32 {h, x}, p; cvt.f32.f16 {$w0}, h; }",
+            write_only_types=[Float32], read_only_args=[Uint32(e)]))
+
+    @staticmethod
+    def e4m3x2(x0, x1):
+        """The E4M3 bytes of fp32 ``x0``, ``x1`` (RNE, saturating) in one cvt, as a word: x0's
+        byte in bits 0-7, x1's in bits 8-15."""
+        return Uint32(to_fp8x2_word(x0, x1, "e4m3"))
+
+    @staticmethod
+    def e4m3x2_f32(w):
+        """The fp32 values of the two E4M3 bytes of ``w`` (bits 0-7, 8-15), exactly: one
+        cvt.rn.f16x2.e4m3x2 and two cvt.f32.f16."""
+        return cute.arch.inline_ptx(
+            "{ .reg .b16 b, h0, h1; .reg .b32 p; cvt.u16.u32 b, {$r0}; cvt.rn.f16x2.e4m3x2 p, b; "
+            "mov.b32 {h0, h1}, p; cvt.f32.f16 {$w0}, h0; cvt.f32.f16 {$w1}, h1; }",
+            write_only_types=[Float32, Float32], read_only_args=[Uint32(w)])
+
+    @staticmethod
+    def rcp(x):
+        """1 / x rounded once to nearest even (rcp.rn.f32: IEEE's reciprocal, the quotient
+        div.rn.f32 gives for 1 / x; subnormals kept)."""
+        return Float32(cute.arch.inline_ptx("rcp.rn.f32 {$w0}, {$r0};", write_only_types=[Float32],
+                                            read_only_args=[Float32(x)]))
+
 
 def _at_most_flt_max(x, ops):
     """min(x, FLT_MAX) for x >= 0 (inf -> FLT_MAX)."""
@@ -237,8 +268,24 @@ def e4m3_value(e, ops=NV_DEVICE):
 
 def nvfp4_multiplier(e, s_dec, ops=NV_DEVICE):
     """Step N5: min(fp32(1 / fp32(fp32(scale) * s_dec)), FLT_MAX) of the E4M3 scale byte ``e``,
-    ``s_dec`` = nvfp4_global's second value (scale 0: FLT_MAX)."""
-    return _at_most_flt_max(ops.div(ops.F32(1.0), ops.mul(e4m3_value(e, ops), s_dec)), ops)
+    ``s_dec`` = nvfp4_global's second value (scale 0: FLT_MAX). The device decodes the byte with
+    cvt (ops.e4m3_f32, exact: e4m3_value's value) and takes rcp.rn.f32 (ops.rcp: the quotient of
+    div.rn.f32 1 / x, without the division's extra refinement steps)."""
+    return nvfp4_multiplier_of(ops.e4m3_f32(e), s_dec, ops)
+
+
+def nvfp4_multiplier_of(v, s_dec, ops=NV_DEVICE):
+    """nvfp4_multiplier of the scale's fp32 value ``v``."""
+    return _at_most_flt_max(ops.rcp(ops.mul(v, s_dec)), ops)
+
+
+def nvfp4_scales2(a0, a1, sf, s_dec, ops=NV_DEVICE):
+    """nvfp4_scale and nvfp4_multiplier of two block amaxes at once: (the word of the two scale
+    bytes, a0's in bits 0-7 and a1's in bits 8-15; a0's multiplier, a1's): one conversion to
+    E4M3 and one back (ops.e4m3x2, ops.e4m3x2_f32) for the two."""
+    w = ops.e4m3x2(_at_most_flt_max(ops.mul(a0, sf), ops), _at_most_flt_max(ops.mul(a1, sf), ops))
+    v0, v1 = ops.e4m3x2_f32(w)
+    return w, nvfp4_multiplier_of(v0, s_dec, ops), nvfp4_multiplier_of(v1, s_dec, ops)
 
 
 # --- E2M1 (FP4) encoding (docs/NUMERICS.md step N7) ---------------------------------------------

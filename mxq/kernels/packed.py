@@ -86,6 +86,24 @@ def fp4_scale_warps(warp, rows: int, block: int = 16):
     return warp - warp % wpb, wpb
 
 
+def fp4_column_scale_run(swizzled: bool, c0, blk, nbm):
+    """(offset, step): where the colwise scales of block ``blk`` of columns c0 .. c0 + VEC - 1
+    (c0 % VEC == 0) lie in a [N, nbm] scale matrix, column c0 + q's at offset + q * step: apart
+    by nbm (compact) or by 16 bytes (swizzled: the columns are rows c0 % 32 + q of one 32-row
+    group of a 128x4 atom). Plain integer arithmetic: the tests run it on ints."""
+    return dev.scale_offset(swizzled, c0, blk, nbm), (16 if swizzled else nbm)
+
+
+def fp4_split_column_scales(cfg, wpb: int, pkw: int) -> bool:
+    """Whether the two warps of an NVFP4 colwise block share its scales' work
+    (PackedKernel.fp4_split_column_scales): 1x16 blocks of two 8-row warps, rounding to nearest
+    or stochastic, no Hadamard transform (its maxima buffer serves the transform), the copy's
+    column run aligned (its scale offsets hoisted); else each warp computes all 8."""
+    fmt = cfg.fmt
+    return bool(fmt.global_scale and wpb == 2 and pkw == 4 and not fmt.hadamard and not cfg.fp4_tiles
+                and not (cfg.halves))
+
+
 def fp4_tile_entries(warp, lane, rb, cb, tile_rows: int, rows: int, block: int = 16):
     """NVFP4's 16x16 tiles (PackedKernel.fp4_tile_scales) on a tile of ``rows``-row warps: the
     scale entries thread (warp, lane) of CTA (cb, rb) stores, as (its first row, its first
@@ -264,7 +282,7 @@ class PackedKernel:
                    IN_MAX=codec.input_max(ins[0].element_type),
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
-                    row_data=row_data, col_data=col_data)
+                    row_data=row_data, col_data=col_data, glob=None)
         staged = Fields({n: buf[n] for n in [f"in{t}" for t in range(NSRC) if staged_src[t]] + ["rht"] * cfg.fmt.hadamard})
         stg = None
         if cutlass.const_expr(any(staged_src)):
@@ -277,6 +295,8 @@ class PackedKernel:
         # every store below is bounded by Ms: 0 under noop (nothing written) or past the grid
         Ms = Int32(cutlass.select_(noop[0] != Float32(1.0), row_end, Int32(0)))
         Ms = Int32(cutlass.select_(in_grid, Ms, Int32(0)))
+        if cutlass.const_expr(codec.shared_global_scales(cfg)):  # (read and computed once for both copies)
+            io["glob"] = codec.global_scales(cfg.fmt, amax)
         # Two-halves ops with PASSES == 2: everything below runs once per output half over the same
         # loaded tile (the staged inputs are still in shared memory), writing at column offset co.
         for hp in cutlass.range_constexpr(PASSES):
@@ -612,7 +632,7 @@ class PackedKernel:
         SHARE = cutlass.const_expr(k.PK_ROWS // LANES)  # rows each lane finishes
         B = cutlass.const_expr(cfg.fmt.block[1])
         lane = t.lane
-        glob = codec.global_scales(cfg.fmt, io.amax)
+        glob = codec.global_scales(cfg.fmt, io.amax, glob=io.glob)
         rp = [self.row_partial(a, is_bf16, NAN) for a in absw]
         for st in cutlass.range_constexpr(LANES.bit_length() - 2):  # offsets LANES / 2, ..., 2
             bfly = LANES >> (st + 1)
@@ -858,35 +878,77 @@ class PackedKernel:
         the warps holding them left in sMax (B // PK_ROWS warps, fp4_scale_warps: two of a 32-row
         tile for NVFP4, all four for MXFP4; NVFP4 drops NaN, MXFP4 propagates it: scale 255,
         codec.block_amax_nan), stored by the block's first warp (compact [N, ceil(M/B)] or its
-        swizzled atoms), and the 8 multipliers."""
+        swizzled atoms), and the 8 multipliers. NVFP4's two warps of a block each compute half
+        of them (fp4_split_column_scales)."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
         NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
         B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16, 32)
-        glob = codec.global_scales(cfg.fmt, io.amax, colwise=True)
+        glob = codec.global_scales(cfg.fmt, io.amax, colwise=True, glob=io.glob)
         w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
         nbm = (io.M + B - 1) // B
         blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
         c0 = t.co + (t.cb * 32 + t.lane) * VEC
         sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+        HOIST = cutlass.const_expr(not (cfg.halves and k.UNALIGNED))  # c0 % VEC == 0 (else co % VEC is unknown)
+        if cutlass.const_expr(HOIST):
+            off0, step = fp4_column_scale_run(cfg.fmt.swizzled, c0, blk, nbm)
+        if cutlass.const_expr(fp4_split_column_scales(cfg, WPB, PKW)):
+            self.fp4_split_column_scales(k, t, io, sc, glob, w0, blk, B, nbm, c0, off0, step)
+            return sc
         for j in cutlass.range_constexpr(PKW):
             cw = t.smem["max"][w0, j * 32 + t.lane]
             for w in cutlass.range_constexpr(1, WPB):
                 cw = dev.pk_max(cw, t.smem["max"][w0 + w, j * 32 + t.lane], is_bf16, NAN)
             lo, hi = dev.pk_unpack(cw, is_bf16)
+            if cutlass.const_expr(cfg.fmt.global_scale):  # NVFP4: the two columns' scales at once
+                assert not NAN  # (NVFP4's maxima drop NaN: a column of NaN alone has amax 0)
+                ew, sc[2 * j], sc[2 * j + 1] = dev.nvfp4_scales2(cute.arch.fmax(lo, Float32(0.0)),
+                                                                 cute.arch.fmax(hi, Float32(0.0)), glob[0], glob[1])
             for h in cutlass.range_constexpr(2):
-                a = lo if h == 0 else hi
-                if cutlass.const_expr(not NAN):  # (NVFP4: a column of NaN alone has amax 0)
-                    a = cute.arch.fmax(a, Float32(0.0))
-                e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
-                sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
+                if cutlass.const_expr(cfg.fmt.global_scale):
+                    e = ew if h == 0 else ew >> Uint32(8)  # (a byte store keeps the low byte)
+                else:
+                    a = lo if h == 0 else hi
+                    if cutlass.const_expr(not NAN):  # (NVFP4: a column of NaN alone has amax 0)
+                        a = cute.arch.fmax(a, Float32(0.0))
+                    e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
+                    sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
                 if t.warp == w0 and c < io.N and blk * B < t.Ms:
-                    off = c * nbm + blk
-                    if cutlass.const_expr(cfg.fmt.swizzled):
-                        off = dev.swizzle_offset(c, blk, nbm)
-                    io.col_scale[off] = Uint8(e)
+                    if cutlass.const_expr(HOIST):
+                        io.col_scale[off0 + (2 * j + h) * step] = Uint8(e)
+                    else:
+                        io.col_scale[dev.scale_offset(cfg.fmt.swizzled, c, blk, nbm)] = Uint8(e)
         return sc
+
+    @cute.jit
+    def fp4_split_column_scales(self, k, t, io, sc, glob, w0, blk, B: cutlass.Constexpr, nbm, c0, off0, step):
+        """NVFP4's colwise scales shared by the block's two warps (fp4_split_column_scales): warp
+        w0 + s computes and stores the scales of the thread's column pairs j = 2s, 2s + 1 (words j
+        of the maxima) and leaves each pair's two multipliers where it read the pair's maxima,
+        sMax[w0 + h, j * 32 + lane] (read by this thread alone); after a barrier every thread reads
+        its 8 multipliers back."""
+        sMax = t.smem["max"]
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        half = t.warp - w0
+        for jj in cutlass.range_constexpr(2):
+            j = 2 * half + jj
+            cw = dev.pk_max(sMax[w0, j * 32 + t.lane], sMax[w0 + 1, j * 32 + t.lane], is_bf16, False)
+            lo, hi = dev.pk_unpack(cw, is_bf16)
+            ew, m0, m1 = dev.nvfp4_scales2(cute.arch.fmax(lo, Float32(0.0)), cute.arch.fmax(hi, Float32(0.0)),
+                                            glob[0], glob[1])
+            sMax[w0, j * 32 + t.lane] = m0.bitcast(Uint32)
+            sMax[w0 + 1, j * 32 + t.lane] = m1.bitcast(Uint32)
+            if blk * B < t.Ms:
+                for h in cutlass.range_constexpr(2):
+                    e = ew if h == 0 else ew >> Uint32(8)  # (a byte store keeps the low byte)
+                    if c0 + 2 * j + h < io.N:
+                        io.col_scale[off0 + (2 * j + h) * step] = Uint8(e)
+        cute.arch.sync_threads()
+        for j in cutlass.range_constexpr(PKW):
+            for h in cutlass.range_constexpr(2):
+                sc[2 * j + h] = sMax[w0 + h, j * 32 + t.lane].bitcast(Float32)
 
     @cute.jit
     def fp4_tile_scales(self, k, t, io):
