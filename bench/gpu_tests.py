@@ -1,7 +1,7 @@
 """Run the GPU tests in parallel shards and write one report (for one device call).
 
     python bench/gpu_tests.py [--shards 7] [--timeout 300] [--out FILE] [-k EXPR] [PATHS...]
-    python bench/gpu_tests.py --rerun REPORT [--record FILE]
+    python bench/gpu_tests.py --rerun REPORT[,REPORT...] [--record FILE]
 
 Run from the repository root (node ids are relative to it). Collects the tests marked ``gpu``
 (``--marker``) under PATHS (default ``tests/``), deals them
@@ -20,7 +20,8 @@ failed or errored, 2 if none failed but some did not finish.
 unfinished (after fixes to those tests: the kernel layer must be the one the report names on its
 second line), and with ``--record`` writes the record when they all pass: every GPU test has then
 passed on this kernel layer, most in the whole run and these in the rerun, which the record's
-summary says.
+summary says. A rerun that leaves some unfinished is rerun in turn: ``--rerun WHOLE,RERUN1,...``
+takes the last report's tests, and the record counts each run.
 """
 
 from __future__ import annotations
@@ -187,15 +188,30 @@ def rerun_ids(text: str) -> list[str]:
     return ids
 
 
-def rerun_summary(whole: str, rerun: str, k: int) -> str:
-    """The record's summary of a whole run's report (its first line ``whole``) completed by a rerun
-    of its ``k`` failed or unfinished tests whose report's first line is ``rerun``."""
-    total = int(whole.split(" tests", 1)[0])
-    passed = re.search(r"(\d+) passed", whole)
-    failed = re.search(r"(\d+) failed", whole)
-    why = "failed or unfinished there" if failed else "unfinished there"
-    return (f"{total} tests: {passed[1] if passed else 0} passed in a whole run ({whole.split(': ', 1)[0]}), the other "
-            f"{k} ({why}) in a rerun on the same kernel layer ({rerun.split(': ', 1)[1]})")
+def rerun_summary(whole: str, rerun: str, k: int, between: list[str] = ()) -> str:
+    """The record's summary of a whole run's report (its first line ``whole``) completed by reruns
+    on the same kernel layer: ``between``, the first lines of earlier reruns' reports in order
+    (each ran what the report before it left failed or unfinished), and the last rerun, of ``k``
+    tests, whose report's first line is ``rerun``."""
+    def passed(line: str) -> str:
+        m = re.search(r"(\d+) passed", line)
+        return m[1] if m else "0"
+
+    def why(line: str) -> str:
+        return "failed or unfinished there" if re.search(r"(\d+) failed", line) else "unfinished there"
+
+    def nth(i: int) -> str:
+        return ("", "second ", "third ", "fourth ")[i] if i < 4 else f"{i + 1}th "
+
+    parts = [f"{int(whole.split(' tests', 1)[0])} tests: {passed(whole)} passed in a whole run ({whole.split(': ', 1)[0]})"]
+    prev = whole
+    for i, line in enumerate(between):
+        parts.append(f"{passed(line)} of the {'remaining' if i else 'other'} {int(line.split(' tests', 1)[0])} "
+                     f"({why(prev)}) in a {nth(i)}rerun ({line.split(': ', 1)[0]})")
+        prev = line
+    parts.append(f"the {'last' if between else 'other'} {k} ({why(prev)}) in a {nth(len(between))}rerun on the same "
+                 f"kernel layer ({rerun.split(': ', 1)[1]})")
+    return ", ".join(parts)
 
 
 def write_record(path: Path, text: str) -> dict:
@@ -223,7 +239,8 @@ def main(argv=None) -> int:
     ap.add_argument("--marker", default="gpu", help="pytest -m expression (default: gpu)")
     ap.add_argument("-k", dest="kexpr", default=None)
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu-tests.txt"))
-    ap.add_argument("--rerun", metavar="REPORT", help="run only the failed or unfinished tests of a whole run's report")
+    ap.add_argument("--rerun", metavar="REPORT[,REPORT...]", help="run only the failed or unfinished tests of a whole "
+                    "run's report (or of the last of a whole run's report and its reruns', in order)")
     ap.add_argument("--record", metavar="FILE", help="after a whole suite (default paths, marker and no -k) that "
                     f"passed, write its record there (commit it as {RECORD.relative_to(RECORD.parents[2])})")
     args = ap.parse_args(argv)
@@ -235,11 +252,12 @@ def main(argv=None) -> int:
     layer = f"kernel layer {kernels_hash()}"
     t0 = time.time()
     if args.rerun:
-        before = Path(args.rerun).read_text()
-        named = before.splitlines()[1:2]
-        if named != [layer]:
-            ap.error(f"--rerun: {args.rerun} names {named[0] if named else 'no kernel layer'}; this tree has {layer}")
-        ids = rerun_ids(before)
+        reports = [Path(p).read_text() for p in args.rerun.split(",")]
+        for path, text in zip(args.rerun.split(","), reports):
+            named = text.splitlines()[1:2]
+            if named != [layer]:
+                ap.error(f"--rerun: {path} names {named[0] if named else 'no kernel layer'}; this tree has {layer}")
+        ids = rerun_ids(reports[-1])
     else:
         ids = collect(args.paths, args.marker, args.kexpr)
     shards = [s for s in shard(ids, max(1, args.shards)) if s]
@@ -269,7 +287,9 @@ def main(argv=None) -> int:
     Path(args.out).write_text(text)
     print(first, flush=True)
     if args.record and status == 0 and ids:
-        write_record(Path(args.record), rerun_summary(before.splitlines()[0], first, len(ids)) if args.rerun else text)
+        write_record(Path(args.record), rerun_summary(reports[0].splitlines()[0], first, len(ids),
+                                                      [r.splitlines()[0] for r in reports[1:]])
+                     if args.rerun else text)
         print("recorded", args.record, flush=True)
     return status
 

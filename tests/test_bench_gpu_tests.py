@@ -150,6 +150,39 @@ def test_rerun_takes_the_failed_and_unfinished_tests_and_its_record_counts_both_
                               2).endswith("the other 2 (unfinished there) in a rerun on the same kernel layer (2 passed)")
     counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|error|did not finish)", summary))
     assert "failed" not in counts and counts["passed"] > 0
+    chain = tool.rerun_summary("2775 tests in 16 shards, 560 s: 1868 passed, 907 did not finish",
+                               "1 tests in 1 shards, 60 s: 1 passed", 1,
+                               ["907 tests in 16 shards, 553 s: 757 passed, 3 failed, 147 did not finish",
+                                "150 tests in 16 shards, 223 s: 149 passed, 1 failed"])
+    assert chain == ("2775 tests: 1868 passed in a whole run (2775 tests in 16 shards, 560 s), 757 of the other 907 "
+                     "(unfinished there) in a rerun (907 tests in 16 shards, 553 s), 149 of the remaining 150 (failed "
+                     "or unfinished there) in a second rerun (150 tests in 16 shards, 223 s), the last 1 (failed or "
+                     "unfinished there) in a third rerun on the same kernel layer (1 passed)")
+    counts = dict((k, int(v)) for v, k in re.findall(r"(\d+) (passed|failed|error|did not finish)", chain))
+    assert "failed" not in counts and "did not finish" not in chain and re.findall(r"(\d+) passed", chain)[0] == "1868"
+
+
+def test_a_rerun_of_reruns_takes_the_last_reports_tests_and_checks_every_report(tmp_path, monkeypatch):
+    """--rerun WHOLE,RERUN: the tests the last report left; every report must name this kernel layer."""
+    import pytest
+
+    from mxq.frontend.codegen import kernels_hash
+
+    tool = _bench_tool("gpu_tests")
+    layer = f"kernel layer {kernels_hash()}"
+    whole, first = tmp_path / "whole.txt", tmp_path / "first.txt"
+    whole.write_text(f"3 tests in 1 shards, 5 s: 1 passed, 2 did not finish\n{layer}\n\ndid not finish (timeout):\n"
+                     "  test_r.py::test_a\n  test_r.py::test_b\n")
+    first.write_text(f"2 tests in 1 shards, 5 s: 1 passed, 1 did not finish\n{layer}\n\ndid not finish (timeout):\n"
+                     "  test_r.py::test_b\n")
+    (tmp_path / "test_r.py").write_text("def test_a():\n    pass\n\ndef test_b():\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "o.txt"
+    status = tool.main(["--rerun", f"{whole},{first}", "--marker", "not gpu", "--out", str(out)])
+    assert status == 0 and out.read_text().startswith("1 tests in 1 shards") and "1 passed" in out.read_text()
+    first.write_text("2 tests in 1 shards, 5 s: 1 passed\nkernel layer 0123\n")
+    with pytest.raises(SystemExit):
+        tool.main(["--rerun", f"{whole},{first}", "--marker", "not gpu", "--out", str(out)])
 
 
 def test_shards_share_the_visible_gpus_round_robin(monkeypatch):
