@@ -102,7 +102,6 @@ def launch_only(row: str, m: int, n: int, variant: str = ""):
     dc.launch_for_profiler(launch)
 
 
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))

@@ -12,9 +12,9 @@ one text file:
 counts, every failed or erroring test with pytest's summary line and the head of its traceback
 (printed by each shard when it happens: this module is the shards' pytest plugin, so a shard
 killed at the time limit keeps its tracebacks), the tests that did not finish, and the seconds
-each test file's calls took (compiles included). One file, because a device call returns a limited number of
-files and may lose some of several shard logs. Exits 1 if a test
-failed or errored, 2 if none failed but some did not finish.
+each test file's calls took (compiles included). One file, because a device call returns a
+limited number of files and may lose some of several shard logs. Exits 1 if a test failed or
+errored, 2 if none failed but some did not finish.
 
 ``--rerun REPORT`` runs again only the tests a whole run's report lists as failed, erroring or
 unfinished (after fixes to those tests: the kernel layer must be the one the report names on its
@@ -188,7 +188,7 @@ def rerun_ids(text: str) -> list[str]:
     return ids
 
 
-def rerun_summary(whole: str, rerun: str, k: int, between: list[str] = ()) -> str:
+def rerun_summary(whole: str, rerun: str, k: int, between: tuple[str, ...] | list[str] = ()) -> str:
     """The record's summary of a whole run's report (its first line ``whole``) completed by reruns
     on the same kernel layer: ``between``, the first lines of earlier reruns' reports in order
     (each ran what the report before it left failed or unfinished), and the last rerun, of ``k``
@@ -252,8 +252,9 @@ def main(argv=None) -> int:
     layer = f"kernel layer {kernels_hash()}"
     t0 = time.time()
     if args.rerun:
-        reports = [Path(p).read_text() for p in args.rerun.split(",")]
-        for path, text in zip(args.rerun.split(","), reports):
+        paths = args.rerun.split(",")
+        reports = [Path(p).read_text() for p in paths]
+        for path, text in zip(paths, reports):
             named = text.splitlines()[1:2]
             if named != [layer]:
                 ap.error(f"--rerun: {path} names {named[0] if named else 'no kernel layer'}; this tree has {layer}")
