@@ -14,7 +14,9 @@ counts, every failed or erroring test with pytest's summary line and the head of
 killed at the time limit keeps its tracebacks), the tests that did not finish, and the seconds
 each test file's calls took (compiles included). One file, because a device call returns a
 limited number of files and may lose some of several shard logs. Exits 1 if a test failed or
-errored, 2 if none failed but some did not finish.
+errored, 2 if none failed but some did not finish. While the shards run, the report is rewritten
+every ``--every`` seconds (with the tests not finished yet as unfinished), so a run killed from
+outside (a device call's own limit) still leaves one that ``--rerun`` can take.
 
 ``--rerun REPORT`` runs again only the tests a whole run's report lists as failed, erroring or
 unfinished (after fixes to those tests: the kernel layer must be the one the report names on its
@@ -77,7 +79,7 @@ def shard_env(n: int, gpus: list[str]) -> dict:
     """The environment of shard ``n``: this one with CUDA_VISIBLE_DEVICES the shard's one GPU, and
     this directory on PYTHONPATH (the shards load this module as a pytest plugin: ``-p gpu_tests``)."""
     path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[n % len(gpus)], "PYTHONPATH": path}
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[n % len(gpus)], "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.hookimpl(trylast=True)
@@ -235,6 +237,7 @@ def main(argv=None) -> int:
     ap.add_argument("paths", nargs="*", default=["tests/"])
     ap.add_argument("--shards", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per shard")
+    ap.add_argument("--every", type=float, default=20.0, help="seconds between the reports written while running")
     ap.add_argument("--gpus", type=int, default=0, help="GPUs the shards share (0: every visible one)")
     ap.add_argument("--marker", default="gpu", help="pytest -m expression (default: gpu)")
     ap.add_argument("-k", dest="kexpr", default=None)
@@ -272,20 +275,30 @@ def main(argv=None) -> int:
                    "-m", args.marker, *ids_n]
             procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
                                            env=shard_env(n, gpus)), log))
-        deadline = t0 + args.timeout
+        def write() -> tuple[str, str, int]:
+            logs = [(Path(tmp) / f"shard{n}.txt").read_text(errors="replace") for n in range(len(procs))]
+            text, status = report(shards, logs, time.time() - t0)
+            first, rest = text.split("\n", 1)
+            text = f"{first}\n{layer}\n{rest}"
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            part = out.with_name(out.name + ".part")
+            part.write_text(text)
+            os.replace(part, out)  # (a reader, or a kill, never sees half a report)
+            return text, first, status
+
+        deadline, written = t0 + args.timeout, time.time()
+        while any(p.poll() is None for p, _ in procs) and time.time() < deadline:
+            time.sleep(min(0.5, max(0.0, deadline - time.time())))
+            if time.time() - written >= args.every:
+                write()
+                written = time.time()
         for p, log in procs:
-            try:
-                p.wait(timeout=max(1.0, deadline - time.time()))
-            except subprocess.TimeoutExpired:
+            if p.poll() is None:
                 p.kill()
-                p.wait()
+            p.wait()
             log.close()
-        logs = [(Path(tmp) / f"shard{n}.txt").read_text(errors="replace") for n in range(len(procs))]
-    text, status = report(shards, logs, time.time() - t0)
-    first, rest = text.split("\n", 1)
-    text = f"{first}\n{layer}\n{rest}"
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text)
+        text, first, status = write()
     print(first, flush=True)
     if args.record and status == 0 and ids:
         write_record(Path(args.record), rerun_summary(reports[0].splitlines()[0], first, len(ids),

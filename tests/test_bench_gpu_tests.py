@@ -2,7 +2,13 @@
 on a hand-written pytest log, and a whole run over a small test file of its own with a passing,
 a failing and a too-slow test."""
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
+from pathlib import Path
 
 from .test_codegen import _bench_tool
 
@@ -104,6 +110,30 @@ def test_a_failure_in_a_shard_the_timeout_kills_keeps_its_traceback(tmp_path, mo
     assert "FAILED test_killed.py::test_bad" in text and "assert (2 + 2) == 5" in text
     per_file = text.split("time in the tests' calls, per file")[1].splitlines()[1:]
     assert len(per_file) == 1 and per_file[0].split()[2:] == ["1", "tests", "test_killed.py"]
+
+
+def test_a_run_killed_from_outside_leaves_a_report_a_rerun_can_take(tmp_path):
+    """A device call's limit kills the whole run, not only its shards: the report rewritten while
+    the shards run already counts the finished test and lists the running one as unfinished."""
+    f = tmp_path / "test_cut.py"
+    f.write_text("import time\n\ndef test_ok():\n    pass\n\ndef test_slow():\n    time.sleep(120)\n")
+    out = tmp_path / "report.txt"
+    tool = Path(__file__).resolve().parent.parent / "bench" / "gpu_tests.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tool.parent.parent), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.Popen([sys.executable, str(tool), f.name, "--shards", "1", "--timeout", "300", "--every", "1",
+                            "--marker", "not gpu", "--out", str(out)], cwd=tmp_path, env=env,
+                           start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.time() + 60
+        while time.time() < end and not (out.exists() and "1 passed" in out.read_text()):
+            time.sleep(0.5)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    text = out.read_text()
+    assert text.startswith("2 tests in 1 shards") and "1 passed, 1 did not finish" in text.splitlines()[0]
+    assert text.splitlines()[1].startswith("kernel layer ")
+    assert "test_cut.py::test_slow" in text.split("did not finish (timeout):")[1]
 
 
 def test_record_is_written_only_for_a_whole_passing_suite(tmp_path):
