@@ -7,7 +7,7 @@ At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two)
 checked against the reference on the GPU (byte for byte: plain casts are exact) and timed by
 bench/device_check.py's busy-GPU method against a 1 GiB copy. MXQ_STRICT=1 is set: a row the
 kernels do not serve (yet) is listed with its error instead of timing the torch reference. Rows:
-MXFP4 rowwise (floor, rceil), NVFP4 rowwise with a given global amax (one launch) and without
+MXFP4 rowwise and both directions (floor, rceil), NVFP4 rowwise with a given global amax (one launch) and without
 (the amax launch counted), both directions, with the Hadamard transform, with stochastic
 rounding (rowwise, both directions), and gelu. Results: <out>/<device>-<date>-fp4.json.
 ``--launch ROW``: only build one row's op at one shape under the first variant and launch it 4
@@ -47,6 +47,9 @@ def cases(m, n):
     return {
         "mxfp4_rowwise_floor": (dict(format="mxfp4"), moved(m, n, "mxfp4"), True, False),
         "mxfp4_rowwise_rceil": (dict(format="mxfp4", scale_mode="rceil"), moved(m, n, "mxfp4"), True, False),
+        "mxfp4_both_floor": (dict(format="mxfp4", colwise=True), moved(m, n, "mxfp4", True, True), True, False),
+        "mxfp4_both_rceil": (dict(format="mxfp4", colwise=True, scale_mode="rceil"), moved(m, n, "mxfp4", True, True),
+                             True, False),
         "nvfp4_rowwise_given_amax": (dict(nv), moved(m, n, "nvfp4"), True, True),
         "nvfp4_rowwise": (dict(nv), moved(m, n, "nvfp4"), True, False),
         "nvfp4_both": (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True), True, False),
@@ -55,6 +58,8 @@ def cases(m, n):
         "nvfp4_both_sr": (dict(nv, colwise=True, stochastic_rounding=True), moved(m, n, "nvfp4", True, True), False,
                           False),
         "nvfp4_gelu_rowwise": (dict(nv, act="gelu"), moved(m, n, "nvfp4"), False, False),
+        "nvfp4_2d_rowwise": (dict(nv, block_2d=True), moved(m, n, "nvfp4"), True, False),
+        "nvfp4_2d_both": (dict(nv, colwise=True, block_2d=True), moved(m, n, "nvfp4", True, True), True, False),
     }
 
 

@@ -109,7 +109,8 @@ class MXFP8Tensor:
             fields = fp4_layouts.outputs(spec, shape, m, n, device, zeroed)
             return MXFP8Tensor(
                 **{f: fields[f] for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale")},
-                amax=torch.zeros((), dtype=torch.float32, device=device) if spec.amax else None,
+                amax=fields["amax"] if fields["amax"] is not None else (
+                    torch.zeros((), dtype=torch.float32, device=device) if spec.amax else None),
                 dbias=torch.zeros((n,), dtype=dtype, device=device) if spec.dbias else None,
                 fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape, scale_mode=spec.scale_mode,
                 format=spec.format, block=spec.block, colwise_amax=fields["colwise_amax"])

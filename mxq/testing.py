@@ -199,7 +199,7 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
             v_bound: VBound | None = None) -> list[str]:
     """Differences between two MXFP8Tensors under docs/NUMERICS.md's exactness classes ([] if none).
 
-    Exact class: every data and scale byte and the amax bits equal. Transcendental class, with
+    Exact class: every data and scale byte and the amax bits (and colwise_amax's) equal. Transcendental class, with
     ``v_bound`` (the op's ``v_bound``): every data byte is the FP8 code, under its block's scale
     as written in ``got``, of some v in the element's interval; at most 1 in 1e4 are not, each
     within one code of the interval's codes. Without ``v_bound``: at most 1 in 1e4 data bytes
@@ -239,11 +239,12 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
                     + " by more than one code")
         elif nd and (exact or nd > max(1, total // 3200)):
             problems.append(f"{name}: {nd} scale bytes differ")
-    if want.amax is not None:
-        ga, wa = got.amax.cpu(), want.amax.cpu()
-        same = same_bytes(ga, wa) or bool(torch.isnan(ga) & torch.isnan(wa))
-        if not same and (exact or not torch.allclose(ga, wa, rtol=1e-5)):
-            problems.append(f"amax {ga.item()} != {wa.item()}")
+    for name in ("amax", "colwise_amax"):  # (colwise_amax: NVFP4's Hadamard-transformed copy's)
+        if getattr(want, name) is not None:
+            ga, wa = getattr(got, name).cpu(), getattr(want, name).cpu()
+            same = same_bytes(ga, wa) or bool(torch.isnan(ga) & torch.isnan(wa))
+            if not same and (exact or not torch.allclose(ga, wa, rtol=1e-5)):
+                problems.append(f"{name} {ga.item()} != {wa.item()}")
     if want.dbias is not None:
         gd, wd = got.dbias.cpu().double(), want.dbias.cpu().double()
         ulp = torch.finfo(want.dbias.dtype).eps * wd.abs() + torch.finfo(want.dbias.dtype).tiny

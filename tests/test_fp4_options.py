@@ -40,8 +40,8 @@ def test_spec_defaults_and_repr():
     assert "hadamard" not in repr(QuantSpec()) and "format" not in repr(QuantSpec())
     assert "hadamard=False" in repr(s) and "hadamard" not in repr(QuantSpec(format="mxfp4"))
     assert (s.block_format.block, s.block_format.scale, s.block_format.global_scale) == ((1, 16), "e4m3", True)
-    with pytest.raises(NotImplementedError, match="nvfp4"):
-        QuantSpec(format="nvfp4", block_2d=True).block_format
+    assert QuantSpec(format="nvfp4", block_2d=True).block_format.block == (16, 16)
+    assert QuantSpec(format="nvfp4", colwise=True, hadamard=True).block_format.hadamard
 
 
 @pytest.mark.parametrize("options, match", [
@@ -193,15 +193,14 @@ def test_cpp_routes_refuse_and_cuda_calls_fall_back_by_name(fmt):
     for call in (lambda: op.register(f"fp4_{fmt}"), op.dispatcher, lambda: op.export("/tmp/none")):
         with pytest.raises(ValueError, match=fmt):
             call()
-    # rowwise blocks have kernels (tests/test_kernels_fp4.py, tests/test_kernels_nvfp4.py); MXFP4's colwise
-    # copy does not
+    # rowwise blocks and the colwise copy have kernels (tests/test_kernels_fp4.py, tests/test_kernels_nvfp4.py,
+    # tests/test_kernels_mxfp4_col.py), the copy where M % 8 == 0
     x = torch.zeros(4, 32, dtype=torch.bfloat16)
     assert limits.unserved(op.spec, op.epilogue, x, lambda: None) is None
     col = mxq.fused_quant(format=fmt, colwise=True)(double)
-    assert fmt in limits.unserved(col.spec, col.epilogue, x, lambda: None)  # (NVFP4's: M % 8 != 0 here)
-    if fmt == "mxfp4":
-        with pytest.raises(NotImplementedError):
-            col.source
+    assert fmt in limits.unserved(col.spec, col.epilogue, x, lambda: None)  # (M % 8 != 0 here)
+    assert limits.unserved(col.spec, col.epilogue, torch.zeros(8, 32, dtype=torch.bfloat16), lambda: None) is None
+    assert fmt in col.source
 
 
 def test_all_gather_refuses_fp4():

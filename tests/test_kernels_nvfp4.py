@@ -735,3 +735,24 @@ def test_colwise_random_words_equal_the_oracle(seed, offset, m):
             got = dev.sr_word_pair(c, rbase // 4, groups, _signed64(seed), offset, 1, ops=RNG_LANES)
             for i in range(6):
                 assert [int(got[0][i]), int(got[1][i])] == want[i][rbase // 4:rbase // 4 + 2], (rbase, i)
+
+
+def test_rows32_register_cap_reaches_the_quantize_pass_not_the_amax_pass():
+    """Tuning.rows32_min_blocks (an A/B switch; 0 by default) caps the 32-row tile's kernels:
+    NVFP4's quantize pass is compiled for that many CTAs per SM (.minnctapersm), its amax pass
+    (no data written) and the library's default are not; the 128-row tile keeps its own cap."""
+    from mxq.runtime import inspection
+
+    op = mxq.fused_quant(format="nvfp4")(ident)
+    capped = codegen.kernel_config(op.spec, op.epilogue, kconfig.Tuning(rows32_min_blocks=6))
+    amax_pass, quantize_pass = capped.global_passes()
+    assert (amax_pass.packed_min_blocks(), quantize_pass.packed_min_blocks()) == (0, 6)
+    assert codegen.kernel_config(op.spec, op.epilogue).global_passes()[1].packed_min_blocks() == 0
+    block = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
+    assert codegen.kernel_config(block.spec, block.epilogue, kconfig.Tuning(rows32_min_blocks=6)).min_blocks == 2
+    with pytest.raises(ValueError, match="rows32_min_blocks"):
+        kconfig.Tuning(rows32_min_blocks=-1)
+    op._with_tuning(kconfig.Tuning(rows32_min_blocks=6))
+    ptx = inspection.ptx_of(op, "sm_90", "bf16")
+    entries = [e for e in ptx.split(".entry ")[1:] if e.startswith("kernel_cutlass_packed_kernel")]
+    assert len(entries) == 2 and sum(bool(re.search(r"\.minnctapersm\s+6\b", e)) for e in entries) == 1

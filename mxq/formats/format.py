@@ -17,10 +17,12 @@ compact or GEMM-ready (``gemm``) layout; the kernels serve it from 16-bit inputs
 rowwise blocks from any (mxq/kernels/codec.py, mxq/runtime/limits.py), the torch reference the rest.
 MXFP4 is ``Format.mxfp4(scale_mode, layout)``: 1x32 blocks of e2m1 elements, two per byte
 (element 2j in the low nibble), E8M0 scales by MXFP8's "floor" or "rceil" rule with E2M1's
-constants (mxq/formats/fp4.py). NVFP4 is ``Format.nvfp4(layout)``: 1x16 blocks of e2m1, E4M3
+constants (mxq/formats/fp4.py). NVFP4 is ``Format.nvfp4(layout)``: 1x16 blocks (or, ``block_2d``,
+16x16 tiles) of e2m1, E4M3
 scales (rule "e4m3": TransformerEngine's, docs/NUMERICS.md steps N2-N5) under an fp32
 per-tensor scale from the tensor's amax (``global_scale``: the kernels run two passes), its
-elements rounded to nearest or stochastically (``rounding``, "rn" or "sr").
+elements rounded to nearest or stochastically (``rounding``, "rn" or "sr"), its colwise copy
+optionally Hadamard-transformed (``hadamard``).
 
 Nothing here imports cutlass or torch: the config, codegen and tests build and compare formats
 as plain values; the kernels read them through ``cutlass.const_expr``.
@@ -77,6 +79,7 @@ class Format:
     layout: str  # LAYOUTS: how the scales are laid out
     global_scale: bool = False  # an fp32 per-tensor scale on top of the block scales (NVFP4)
     rounding: str = "rn"  # the element encoding's rounding: "rn" (to nearest even) or "sr" (stochastic, NVFP4)
+    hadamard: bool = False  # NVFP4's colwise copy takes TE's 16-point random Hadamard transform first
 
     def __post_init__(self):
         if self.element not in ENCODINGS:
@@ -90,6 +93,8 @@ class Format:
             raise ValueError(f"mxq: Format.layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.rounding not in ("rn", "sr"):
             raise ValueError(f"mxq: Format.rounding must be 'rn' or 'sr', got {self.rounding!r}")
+        if self.hadamard and not self.global_scale:
+            raise ValueError("mxq: Format.hadamard is NVFP4's (a format with global_scale)")
         if not (isinstance(self.block, tuple) and len(self.block) == 2 and all(
                 isinstance(b, int) and b > 0 for b in self.block)):
             raise ValueError(f"mxq: Format.block must be (rows, columns) of positive ints, got {self.block!r}")
@@ -114,12 +119,15 @@ class Format:
         return cls(block=(1, 32), element="e2m1", scale="e8m0", rule=scale_mode, layout=layout)
 
     @classmethod
-    def nvfp4(cls, layout: str, stochastic: bool = False) -> "Format":
-        """NVFP4 (TransformerEngine's NVFP4BlockScaling, 1-D blocks): 1x16 blocks of E2M1 elements
-        two per byte, E4M3 scales under the per-tensor fp32 scale of the tensor's amax, rounded to
-        nearest or (``stochastic``) stochastically."""
-        return cls(block=(1, 16), element="e2m1", scale="e4m3", rule="e4m3", layout=layout, global_scale=True,
-                   rounding="sr" if stochastic else "rn")
+    def nvfp4(cls, layout: str, stochastic: bool = False, block_2d: bool = False, hadamard: bool = False) -> "Format":
+        """NVFP4 (TransformerEngine's NVFP4BlockScaling): 1x16 blocks (``block_2d``: 16x16 tiles,
+        one scale each, which the colwise copy's transposed tiles share) of E2M1 elements two per
+        byte, E4M3 scales under the per-tensor fp32 scale of the tensor's amax, rounded to
+        nearest or (``stochastic``) stochastically; with ``hadamard`` the colwise copy is TE's
+        random Hadamard transform of the values (16-row groups, rounded to bf16), under its own
+        per-tensor amax (docs/NUMERICS.md)."""
+        return cls(block=(16, 16) if block_2d else (1, 16), element="e2m1", scale="e4m3", rule="e4m3",
+                   layout=layout, global_scale=True, rounding="sr" if stochastic else "rn", hadamard=hadamard)
 
     @property
     def col_block(self) -> tuple:

@@ -222,10 +222,11 @@ def round_bf16(x: torch.Tensor) -> torch.Tensor:
 def hadamard(w: torch.Tensor, signs=HADAMARD_SIGNS) -> torch.Tensor:
     """Step H: TE's random Hadamard transform along the last dim of fp32 [R, C] (C % 16 == 0):
     each row's 16-element groups times diag(signs) @ H16 / 4, summed in float64 (exact unless a
-    group's magnitudes span more than 2^40) and rounded once to bf16 (as fp32)."""
+    group's magnitudes span more than 2^41; an exact zero is +0, whatever the matrix product's
+    order: the + 0.0) and rounded once to bf16 (as fp32)."""
     rows, cols = w.shape
     groups = w.to(torch.float64).reshape(rows, cols // HADAMARD_SIZE, HADAMARD_SIZE)
-    return round_bf16(groups @ hadamard_matrix(signs).to(w.device)).reshape(rows, cols)
+    return round_bf16(groups @ hadamard_matrix(signs).to(w.device) + 0.0).reshape(rows, cols)
 
 
 # -- Philox4x32-10 and the random bytes of stochastic rounding ------------------------------------

@@ -45,12 +45,13 @@ def data_shape(shape) -> tuple:
 
 def outputs(spec, shape, m: int, n: int, device, zeroed: bool) -> dict:
     """The FP4 output tensors of ``spec`` for a logical ``shape`` read as [m, n] (MXFP8Tensor
-    fields by name; absent ones None). Swizzled scales and the colwise amax start zeroed, the
-    rest too when ``zeroed``."""
+    fields by name; absent ones None; ``amax`` only with the Hadamard transform: it and
+    ``colwise_amax`` are the two entries of one zeroed fp32[2], amax_pair). Swizzled scales start
+    zeroed, the rest too when ``zeroed``."""
     alloc = torch.zeros if zeroed else torch.empty
     scale_alloc = torch.zeros if zeroed or spec.scale_layout == "swizzled" else torch.empty
     sdt = scale_dtype(spec.format)
-    out = dict.fromkeys(("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "colwise_amax"))
+    out = dict.fromkeys(("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "colwise_amax"))
     if spec.rowwise:
         out["rowwise_data"] = alloc(data_shape(shape), dtype=torch.uint8, device=device)
         out["rowwise_scale"] = scale_alloc(scale_shape(m, n, spec.format, spec.scale_layout), dtype=sdt,
@@ -59,9 +60,24 @@ def outputs(spec, shape, m: int, n: int, device, zeroed: bool) -> dict:
         out["colwise_data"] = alloc((n, m // 2), dtype=torch.uint8, device=device)
         out["colwise_scale"] = scale_alloc(scale_shape(n, m, spec.format, spec.scale_layout), dtype=sdt,
                                            device=device)
-        if spec.hadamard:
-            out["colwise_amax"] = torch.zeros((), dtype=torch.float32, device=device)
+    if spec.hadamard:  # the amax and the transformed copy's: one fp32[2] buffer, the kernels' amax slot
+        pair = torch.zeros((2,), dtype=torch.float32, device=device)
+        out["amax"], out["colwise_amax"] = pair[0], pair[1]
     return out
+
+
+def amax_pair(amax: torch.Tensor, colwise_amax: torch.Tensor) -> torch.Tensor | None:
+    """NVFP4 with the Hadamard transform: ``amax`` and ``colwise_amax`` as the one fp32[2] view
+    the kernels write (outputs' ``pair``), or None where they do not lie side by side."""
+    if amax is None or colwise_amax is None:
+        return None
+    if amax.dtype != torch.float32 or colwise_amax.dtype != torch.float32 or amax.device != colwise_amax.device:
+        return None
+    if amax.untyped_storage().data_ptr() != colwise_amax.untyped_storage().data_ptr():
+        return None
+    if colwise_amax.data_ptr() != amax.data_ptr() + 4:
+        return None
+    return torch.as_strided(amax, (2,), (1,))
 
 
 def to_layout(s: torch.Tensor, layout: str) -> torch.Tensor:
@@ -83,5 +99,5 @@ def operand_dims(direction: str, m: int, n: int) -> tuple[int, int]:
     return (m, n) if direction == "rowwise" else (n, m)
 
 
-__all__ = ["compact", "data_shape", "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape",
+__all__ = ["amax_pair", "compact", "data_shape", "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape",
            "to_layout"]

@@ -390,12 +390,8 @@ def kernel_gap(spec: QuantSpec) -> str:
     serve it)."""
     if spec.format == "mxfp8":
         return ""
-    if spec.format == "nvfp4":
-        for name in ("block_2d", "hadamard"):  # (its colwise copy: 16-bit inputs, limits.fp4_unserved)
-            if getattr(spec, name):
-                return f"with {name}=True"
     if spec.is_fp4:
-        return "with colwise=True (the transposed copy)" if spec.colwise and spec.format == "mxfp4" else ""
+        return ""  # (the transposed colwise copy: 16-bit inputs, limits.fp4_unserved)
     if spec.format != "fp8_block":
         return "(the format)"
     return ""
@@ -404,7 +400,7 @@ def kernel_gap(spec: QuantSpec) -> str:
 def has_kernels(spec: QuantSpec) -> bool:
     """Whether a module can be rendered for ``spec``: MXFP8, FP8 block scaling (1x128 rowwise
     and 128-row colwise blocks, 128x128 tiles; compact or gemm layout: the transposed colwise
-    copy) and MXFP4's and NVFP4's 1x16 rowwise blocks."""
+    copy) and MXFP4's and NVFP4's blocks (rowwise, and the transposed colwise copy)."""
     return spec.format in ("mxfp8", "fp8_block", "mxfp4", "nvfp4") and not kernel_gap(spec)
 
 

@@ -170,16 +170,12 @@ class QuantSpec:
 
     @property
     def block_format(self) -> Format:
-        """The Format value (mxq/formats/format.py) of this spec's blocks, encodings and layout.
-        NVFP4's 16x16 tiles and Hadamard transform have none (NotImplementedError: their calls
-        run the reference)."""
+        """The Format value (mxq/formats/format.py) of this spec's blocks, encodings and layout."""
         if self.format == "mxfp4":
             return Format.mxfp4(self.scale_mode, self.scale_layout)
-        if self.format == "nvfp4" and not (self.block_2d or self.hadamard):
-            return Format.nvfp4(self.scale_layout, self.stochastic_rounding)
-        if self.is_fp4:
-            raise NotImplementedError(f"mxq: format={self.format!r} with block_2d or hadamard has no Format value "
-                                      "yet (no GPU kernels); its calls run the torch reference")
+        if self.format == "nvfp4":
+            return Format.nvfp4(self.scale_layout, self.stochastic_rounding, block_2d=self.block_2d,
+                                hadamard=self.hadamard)
         if self.format == "fp8_block":
             return Format.fp8_block(self.fp8, self.block, self.scale_mode, self.scale_layout)
         return Format.mxfp8(self.fp8, self.scale_mode, self.scale_layout)

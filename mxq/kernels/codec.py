@@ -35,12 +35,13 @@ def input_max(element_type) -> float:
     return torch.finfo(_TORCH_DTYPES[element_type.__name__]).max
 
 
-def global_scales(fmt, amax):
+def global_scales(fmt, amax, colwise: bool = False):
     """A format's per-tensor values, read once per thread from the amax tensor ``amax`` (NVFP4:
-    the amax pass's result or the caller's global_amax; device.nvfp4_global), or None."""
+    the amax pass's result or the caller's global_amax; device.nvfp4_global), or None. The
+    ``colwise`` copy of NVFP4 with the Hadamard transform has its own amax, entry 1."""
     if not fmt.global_scale:
         return None
-    return dev.nvfp4_global(amax[0])
+    return dev.nvfp4_global(amax[1 if colwise and fmt.hadamard else 0])
 
 
 def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float | None = None, glob=None):

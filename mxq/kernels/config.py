@@ -23,7 +23,7 @@ from ..formats.format import Format
 from .smem import Buffer, nbytes
 
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
-FP4_COL_ROWS = 32  # NVFP4's colwise copy: rows per CTA (two 16-row blocks; KernelConfig.tile_rows)
+FP4_COL_ROWS = 32  # FP4's colwise copy: rows per CTA (NVFP4: two 16-row blocks, MXFP4: one 32-row block)
 FP4_COL_TILES = (16, 32, 64)  # ... the tiles Tuning.fp4_col_rows may pick
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
@@ -96,6 +96,11 @@ class Tuning:
     on that 512-thread tile, which holds it at one CTA per SM (65,536 registers); capped at 2:
     64, no spills (ptxas). A cap whose CTAs' shared memory would not share an SM is none
     (KernelConfig.packed_min_blocks).
+    ``rows32_min_blocks``: CTAs per SM the packed kernel's 32-row tile (every kernel but the
+    128-row tile: MXFP8, 1x128 rowwise, MXFP4 and NVFP4, NVFP4's colwise tile included) is
+    compiled for (``min_blocks_per_mp``, a register cap; none where that many CTAs' shared memory
+    would not share an SM; not NVFP4's amax pass); 0 (the default): no cap. For an A/B of the FP4 rowwise kernels,
+    which compile to 48 (MXFP4) and 86 (NVFP4) registers: 10 and 5 CTAs of 128 threads per SM.
     ``dbias_group_rows``: a grouped dbias reduction whose groups average at most this many rows
     (M <= dbias_group_rows * G) runs reduce.dbias_groups_kernel, a warp per group, 8 groups per
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those
@@ -112,9 +117,10 @@ class Tuning:
     broadcast them through shared memory (the other warps wait at the barrier); "warps" has
     every warp reduce them itself (no shared memory, no barrier; each warp reads all G ends).
     "": the library's choice (KernelConfig.group_search).
-    ``fp4_col_rows``: rows of the packed kernel's tile for NVFP4's transposed colwise copy
+    ``fp4_col_rows``: rows of the packed kernel's tile for FP4's transposed colwise copy
     (KernelConfig.fp4_columns), one of FP4_COL_TILES: 8-row warps, each output row of the copy
-    getting a run of fp4_col_rows / 2 bytes per CTA; 0: the library's choice, FP4_COL_ROWS."""
+    getting a run of fp4_col_rows / 2 bytes per CTA; 0: the library's choice, FP4_COL_ROWS.
+    MXFP4's 32-row blocks take at least 32 (16 runs as 32)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -124,6 +130,7 @@ class Tuning:
     vec_stage: bool = True
     rows8_min_blocks: int = 0
     rows128_min_blocks: int | None = None
+    rows32_min_blocks: int = 0
     dbias_group_rows: int = 1024
     group_search: str = ""
     fp4_col_rows: int = 0
@@ -132,7 +139,7 @@ class Tuning:
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
             raise ValueError(f"mxq: Tuning.vec_unaligned_copy must be '', 'words' or 'chunks', "
                              f"got {self.vec_unaligned_copy!r}")
-        for name in ("rows8_min_blocks", "rows128_min_blocks"):
+        for name in ("rows8_min_blocks", "rows128_min_blocks", "rows32_min_blocks"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"mxq: Tuning.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.dbias_group_rows < 0:
@@ -187,14 +194,23 @@ class KernelConfig:
 
     @property
     def col_reduce(self) -> bool:
-        """The CTA reduces over its rows: colwise scales, amax, dbias or 128x128 tile scales."""
-        return self.colwise or self.amax or self.dbias or self.tiles
+        """The CTA reduces over its rows: colwise scales, amax, dbias, 128x128 or NVFP4's 16x16
+        tile scales."""
+        return self.colwise or self.amax or self.dbias or self.tiles or self.fp4_tiles
 
     @property
     def tiles(self) -> bool:
         """One scale per 128x128 tile (FP8 block scaling's block=(128, 128)): the packed kernel's
         128-row tile, whose column owners reduce each tile's maxima (packed.tile_scales)."""
-        return self.fmt.block[0] > 1
+        return self.fmt.block[0] > 1 and not self.fmt.packed
+
+    @property
+    def fp4_tiles(self) -> bool:
+        """One E4M3 scale per 16x16 tile (NVFP4's block_2d), each tile two 8-row warps' threads of
+        two adjacent lanes: the packed kernel's 32-row tile of 8-row warps (eight_row_warps),
+        each thread's maximum over its 8 x 8 values meeting its partners' in shared memory and by
+        one shuffle (packed.fp4_tile_scales); one multiplier per thread serves both copies."""
+        return self.fmt.packed and self.fmt.block[0] > 1
 
     @property
     def transposed(self) -> bool:
@@ -304,12 +320,15 @@ class KernelConfig:
         if self.col_reduce:
             out.append(Buffer("max", "u32", (warps, 32 * (VEC // 2))))
         if (self.colwise and not self.fp4_columns) or self.tiles:  # (tiles: the owner warps' maxima of the
-            # CTA's two tiles; NVFP4's colwise multipliers stay in registers, PackedKernel.fp4_column_scales)
+            # CTA's two tiles; FP4's colwise multipliers stay in registers, PackedKernel.fp4_column_scales)
             out.append(Buffer("inv", "f32", (cols,)))
         if self.transposed:
             out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
         if self.colwise and self.fmt.packed:  # (FP4's transposed copy: each warp's word of each column)
             out.append(Buffer("fp4t", "u32", (warps * cols,)))
+        if self.fmt.hadamard:  # (NVFP4's Hadamard transform: each thread's rows, packed words, for its
+            # partner warp; per word j two 4-row halves, PackedKernel.hadamard_columns)
+            out.append(Buffer("rht", "u32", (warps, VEC, 32, 4)))
         if self.dbias:
             out.append(Buffer("sum", "f32", (warps, cols)))
         if unaligned:
@@ -341,8 +360,8 @@ class KernelConfig:
         packed_shared_bytes)."""
         rows = self.tile_rows // self.packed_warps(unaligned)
         ctas = self.ring_ctas(fp16)
-        if unaligned or self.halves_passes > 1 or ctas < 2:
-            return rows
+        if unaligned or self.halves_passes > 1 or ctas < 2 or self.tile_rows == ROWS or self.fp4_columns:
+            return rows  # (the ring serves the 128-row tile alone)
         n = self.n_inputs + self.has_dact
         if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows), ctas):
             return rows
@@ -352,7 +371,7 @@ class KernelConfig:
         """tuned_min_blocks for the packed kernel of 16-bit inputs (``fp16``: float16, else
         bfloat16): the library's choice for a dact op is bf16's alone (fp16's conversions spill
         32 bytes under the cap on sm_90)."""
-        if fp16 and self.tuned.rows128_min_blocks is None and self.computed:
+        if fp16 and self.tuned.rows128_min_blocks is None and self.computed and self.tile_rows > ROWS:
             return 0
         return self.tuned_min_blocks
 
@@ -368,23 +387,24 @@ class KernelConfig:
 
     @property
     def fp4_columns(self) -> bool:
-        """NVFP4's transposed colwise copy ([N, M/2], 16-row blocks along M): the packed kernel's
-        8-row warps, fp4_col_rows rows per CTA (packed.store_fp4_columns)."""
+        """FP4's transposed colwise copy ([N, M/2], blocks along M: NVFP4's 16 rows, MXFP4's 32):
+        the packed kernel's 8-row warps, fp4_col_rows rows per CTA (packed.store_fp4_columns)."""
         return self.colwise and self.fmt.packed
 
     @property
     def fp4_col_rows(self) -> int:
-        """Rows of NVFP4's colwise tile (Tuning.fp4_col_rows, else FP4_COL_ROWS): each output row
-        of the transposed copy gets a run of half as many bytes per CTA, and the CTA computes the
-        scales of fp4_col_rows / 16 blocks of each of its columns."""
-        return self.tuned.fp4_col_rows or FP4_COL_ROWS
+        """Rows of FP4's colwise tile (Tuning.fp4_col_rows, else FP4_COL_ROWS; at least one
+        colwise block, MXFP4's 32 rows): each output row of the transposed copy gets a run of half
+        as many bytes per CTA, and the CTA computes the scales of fp4_col_rows / B blocks (B: 16
+        or 32 rows) of each of its columns."""
+        return max(self.tuned.fp4_col_rows or FP4_COL_ROWS, self.fmt.col_block[0])
 
     @property
     def tile_rows(self) -> int:
         """Rows of a CTA's (non-wide) tile: one colwise block, ROWS for MXFP8's 32x1 blocks and
         rowwise-only ops, 128 for FP8 block scaling's colwise blocks and 128x128 tiles (the packed kernel only:
-        docs/DESIGN.md "FP8 block scaling on the kernels"); NVFP4's colwise copy fp4_col_rows
-        (whole 16-row blocks)."""
+        docs/DESIGN.md "FP8 block scaling on the kernels"); FP4's colwise copy fp4_col_rows
+        (whole 16- or 32-row blocks; NVFP4's 16x16 tiles too, and ROWS, two tiles' rows, without the copy)."""
         if self.fp4_columns:
             return self.fp4_col_rows
         return self.fmt.col_block[0] if self.colwise else max(ROWS, self.fmt.block[0])
@@ -392,15 +412,15 @@ class KernelConfig:
     @property
     def eight_row_warps(self) -> bool:
         """The packed kernel's warps are tile_rows / 8 warps of 8 rows, whatever the op: tiles
-        other than ROWS rows and NVFP4's colwise copy (a thread's 8 rows of a column are one
-        word of codes)."""
-        return self.tile_rows != ROWS or self.fp4_columns
+        other than ROWS rows, NVFP4's colwise copy (a thread's 8 rows of a column are one
+        word of codes) and its 16x16 tiles (two warps' rows, fp4_tiles)."""
+        return self.tile_rows != ROWS or self.fp4_columns or self.fp4_tiles
 
     @property
     def pk_warps(self) -> int:
         """Packed (16-bit) kernel: 4 warps x 8 rows; dbias ops 8 x 4 (at 4 warps they need 80
         registers and 43 KB of shared memory per CTA and ran 4 points slower); 128-row tiles
-        (tile_rows) 16 x 8, NVFP4's colwise tile tile_rows / 8 x 8 (eight_row_warps)."""
+        (tile_rows) 16 x 8, NVFP4's colwise tile and 16x16 tiles tile_rows / 8 x 8 (eight_row_warps)."""
         if self.eight_row_warps:
             return self.tile_rows // 8
         return 8 if self.dbias else 4
@@ -478,8 +498,8 @@ class KernelConfig:
         spills for dgelu on sm_90, 8 bytes for the other dacts; bf16 inputs, ring_ctas); none
         for the rest (act ops compile to 64 registers uncapped; dgelu without dbias and a plain
         cast with dbias spill under the cap)."""
-        if self.tile_rows == ROWS or self.fp4_columns:
-            return 0
+        if self.tile_rows == ROWS or self.fp4_columns:  # (not NVFP4's amax pass: no data, no cap)
+            return self.tuned.rows32_min_blocks if self.rowwise or self.colwise else 0
         if self.tuned.rows128_min_blocks is not None:
             return self.tuned.rows128_min_blocks
         plain = not self.computed and not self.dbias

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32, Uint64
+from cutlass import Float32, Float64, Int32, Int64, Uint8, Uint16, Uint32, Uint64
 from cutlass.cute.math import RoundingMode
 
-from ..formats.fp4 import E2M1
+from ..formats.fp4 import E2M1, HADAMARD_SIGNS
 from ..formats.numerics import FORMATS
 
 ELEMENTS = {**FORMATS, "e2m1": E2M1}  # the element formats' constants (the E8M0 rules read them)
@@ -568,6 +568,84 @@ def e2m1x8_sr(vals, rand):
     return word
 
 
+    # --- NVFP4's random Hadamard transform (docs/NUMERICS.md, "hadamard=True") -------------------------
+# A 16-row group x of a column is held by two 8-row threads (the same lane of warps w0, w0 + 1).
+# With i = 8 * beta + a, Sylvester's H16[i, j'] = H8[a, j] * (-1)^(beta * b) for j' = 8 * b + j, so
+# the thread of half b computes its own 8 outputs as
+#     y[8b + j] = sum_a H8[a, j] * (s[a] * x0[a] + s[8 + a] * x1f[a]) / 4,   x1f = (-1)^b * x1
+# (x0, x1: the group's rows 0-7 and 8-15): 8 additions, then the 3 stages of an 8-point Walsh-
+# Hadamard butterfly, all in fp64 (rht_half). Every node is a signed subset sum of the bf16 inputs,
+# kept as (value, negative) so that no stage negates anything: the sign reaches the last step,
+# fma(value, +-1/4, +0), whose +0 addend makes an exact zero +0 (the oracle's and TE's). The sums
+# are exact while a group's magnitudes span at most 2^41 (16 terms below 2^(e_max + 5), all
+# multiples of 2^(e_min - 7): span + 12 bits of fp64's 53), and the one rounding is cvt.rn.bf16.f64;
+# inf and NaN follow IEEE (a node holding +inf and -inf terms is NaN, as is the output that
+# holds them). The rule runs on the host with HOST_F64 (tests/test_kernels_nvfp4.py).
+class F64_DEVICE:
+    """fp64 addition and subtraction, rounded once each (explicit .rn: never contracted)."""
+
+    @staticmethod
+    def add(a, b):
+        return cute.arch.inline_ptx("add.rn.f64 {$w0}, {$r0}, {$r1};", write_only_types=[Float64],
+                                    read_only_args=[a, b])
+
+    @staticmethod
+    def sub(a, b):
+        return cute.arch.inline_ptx("sub.rn.f64 {$w0}, {$r0}, {$r1};", write_only_types=[Float64],
+                                    read_only_args=[a, b])
+
+
+class HOST_F64:
+    """The same on Python floats (IEEE binary64, round to nearest even)."""
+
+    @staticmethod
+    def add(a, b):
+        return a + b
+
+    @staticmethod
+    def sub(a, b):
+        return a - b
+
+
+def rht_half(x0, x1f, ops=F64_DEVICE):
+    """Half b of a 16-row group's transform (see above): ``x0`` rows 0-7, ``x1f`` rows 8-15 times
+    (-1)^b, as fp64 values; returns the 8 outputs j as (value, negative): y[8b + j] is
+    (-1 if negative else 1) * value / 4."""
+    s = HADAMARD_SIGNS
+    v = [(ops.add(x0[a], x1f[a]) if s[a] == s[8 + a] else ops.sub(x0[a], x1f[a]), s[a] < 0) for a in range(8)]
+    h = 1
+    while h < 8:
+        for a in range(8):
+            if a & h == 0:
+                (p, pn), (q, qn) = v[a], v[a + h]
+                same = pn == qn  # P = (-1)^pn p and Q: P + Q = (-1)^pn (p + q or p - q), P - Q likewise
+                v[a] = (ops.add(p, q) if same else ops.sub(p, q), pn)
+                v[a + h] = (ops.sub(p, q) if same else ops.add(p, q), pn)
+        h *= 2
+    return v
+
+
+def bf16x2_to_f64(w):
+    """The two halves of a bf16x2 word as fp64 (low, high; exact: one F2F.F64.BF16 each, reading
+    the half in place)."""
+    return cute.arch.inline_ptx("{ .reg .b16 l, h; mov.b32 {l, h}, {$r0}; cvt.f64.bf16 {$w0}, l; "
+                                "cvt.f64.bf16 {$w1}, h; }", write_only_types=[Float64, Float64], read_only_args=[w])
+
+
+_QUARTER = {False: "0d3FD0000000000000", True: "0dBFD0000000000000"}  # +-1/4
+
+
+def rht_bf16x2(lo, hi):
+    """Two of rht_half's outputs (value, negative) as one bf16x2 word: each fma(value, +-1/4, +0)
+    (exact: a power of two, the +0 making a zero +0) rounded once to bf16 (cvt.rn.bf16.f64)."""
+    return cute.arch.inline_ptx(
+        "{ .reg .f64 a, b; .reg .b16 l, h; "
+        f"fma.rn.f64 a, {{$r0}}, {_QUARTER[lo[1]]}, 0d0000000000000000; "
+        f"fma.rn.f64 b, {{$r1}}, {_QUARTER[hi[1]]}, 0d0000000000000000; "
+        "cvt.rn.bf16.f64 l, a; cvt.rn.bf16.f64 h, b; mov.b32 {$w0}, {l, h}; }",
+        write_only_types=[Uint32], read_only_args=[lo[0], hi[0]])
+
+
 def prmt(a, b, selector: int):
     """The bytes of words ``a`` (bytes 0-3) and ``b`` (4-7) that ``selector``'s nibbles pick."""
     return cute.arch.inline_ptx(f"prmt.b32 {{$w0}}, {{$r0}}, {{$r1}}, {selector:#x};", write_only_types=[Uint32],
@@ -578,6 +656,15 @@ def prmt(a, b, selector: int):
 # then take two such words' low and high halves (a0 b0 c0 d0, a1 b1 c1 d1)
 TRANSPOSE_INTERLEAVE = (0x5140, 0x7362)
 TRANSPOSE_HALVES = (0x5410, 0x7632)
+
+
+def column_pairs(rows, c: int, ops=PAIR_DEVICE):
+    """Column ``c`` of rows of packed 16-bit words (``rows[i][j]``: row i's columns 2j, 2j + 1) as
+    words of two rows' values, e2m1x8_bf16's order: word j holds rows 2j (low lane) and 2j + 1
+    (high lane), each the low lane of its word c // 2 for even c, the high lane for odd c (one
+    prmt per word)."""
+    sel = TRANSPOSE_HALVES[c % 2]
+    return [ops.prmt(rows[2 * j][c // 2], rows[2 * j + 1][c // 2], sel) for j in range(len(rows) // 2)]
 
 
 def transpose4x4(a, b, c, d):
@@ -667,16 +754,18 @@ def warp_max(x):
     return x
 
 
-def amax_atomic(t, v):
+def amax_atomic(t, v, index: int = 0):
     """Combine ``v`` (>= 0, or NaN) into the amax slot t[0] as red.max.s32 on its bits (the
     order of non-negative floats, NaN above inf), skipped when the slot already holds at least
     ``v``: the slot only grows within a launch, so a stale read costs at most the atomic it would
     have issued anyway, and most warps of a large tensor find the maximum already there (one
-    load instead of a read-modify-write on one address every warp contends for)."""
+    load instead of a read-modify-write on one address every warp contends for). ``index``: the
+    slot's entry (1: NVFP4's colwise_amax beside the amax)."""
     cute.arch.inline_ptx(
         "{ .reg .s32 cur; .reg .pred p; ld.relaxed.gpu.global.s32 cur, [{$r0}]; "
         "setp.gt.s32 p, {$r1}, cur; @p red.relaxed.gpu.global.max.s32 [{$r0}], {$r1}; }",
-        read_only_args=[t.iterator.toint(), Float32(v).bitcast(Int32)])
+        read_only_args=[t.iterator.toint() if index == 0 else t.iterator.toint() + Int64(4 * index),
+                        Float32(v).bitcast(Int32)])
 
 
 ABS32 = 0x7FFFFFFF  # the magnitude bits of an fp32

@@ -11,7 +11,7 @@ Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = KernelConfig.tile_rows / 
 - ops with a column reduction (colwise, amax, dbias): a CTA covers 32 rows x 32 * VEC columns;
   lane l owns columns 8l..8l+7, warp w owns PK_ROWS adjacent rows (unaligned rows: rows w,
   w + W, ..., which share their read and store plans, unaligned.py); FP8 block scaling's
-  colwise blocks take 128 rows and NVFP4's transposed colwise copy 32 (KernelConfig.tile_rows),
+  colwise blocks take 128 rows and FP4's transposed colwise copy (NVFP4, MXFP4) 32 (KernelConfig.tile_rows),
   both as warps of 8 rows;
 - a pure rowwise cast ("wide", KernelConfig.wide): the warps lie side by side along one band of
   PK_ROWS rows (8 x 1024 columns), so a CTA's rows are long runs of memory and its row-scale
@@ -59,7 +59,7 @@ def fp4_column_slot(warp, c):
 
 
 def fp4_store_words(a, warps: int, ops=dev.RNG_DEVICE):
-    """Words per store of NVFP4's colwise runs (PackedKernel.store_fp4_columns), from ``a`` = the
+    """Words per store of FP4's colwise runs (PackedKernel.store_fp4_columns), from ``a`` = the
     copy's base address | its row bytes M / 2: 4 where ``a`` % 16 == 0 (then M % 32 == 0) and
     the run has 4 words or more (``warps`` >= 4), else 2 where ``a`` % 8 == 0 (M % 16 == 0), else
     1 (M % 8 == 0). A store of W words then covers 8 * W rows starting on a multiple of 8 * W,
@@ -76,11 +76,25 @@ def fp4_run_stores(words: int, warps: int):
 
 
 def fp4_scale_warps(warp, rows: int, block: int = 16):
-    """NVFP4's colwise scales on a tile of ``rows``-row warps: warp ``warp``'s 16-row block is
-    held by warps w0 .. w0 + block // rows - 1 (w0 = warp - warp % (block // rows)), whose
-    column maxima give its scales; w0 stores them. Returns (w0, warps per block)."""
+    """FP4's colwise scales on a tile of ``rows``-row warps: warp ``warp``'s ``block``-row block
+    (NVFP4's 16, MXFP4's 32) is held by warps w0 .. w0 + block // rows - 1 (w0 = warp - warp %
+    (block // rows)), whose column maxima give its scales; w0 stores them. Returns (w0, warps
+    per block)."""
     wpb = block // rows
     return warp - warp % wpb, wpb
+
+
+def fp4_tile_entries(warp, lane, rb, cb, tile_rows: int, rows: int, block: int = 16):
+    """NVFP4's 16x16 tiles (PackedKernel.fp4_tile_scales) on a tile of ``rows``-row warps: the
+    scale entries thread (warp, lane) of CTA (cb, rb) stores, as (its first row, its first
+    column): rows first .. first + rows / 2 - 1 of the rowwise scales (lanes 2q and 2q + 1 each
+    half of their warp's rows) and columns first .. first + VEC // (block // rows) - 1 of the
+    colwise ones (the tile's warps each a share of the lane's columns). Plain integer arithmetic:
+    the tests run it on ints."""
+    w0, wpb = fp4_scale_warps(warp, rows, block)
+    row = rb * tile_rows + warp * rows + (lane % 2) * (rows // 2)
+    col = (cb * 32 + lane) * VEC + (warp - w0) * (VEC // wpb)
+    return row, col
 
 
 def ring_wait(i: int, depth: int, rows: int) -> int:
@@ -247,7 +261,7 @@ class PackedKernel:
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
                     row_data=row_data, col_data=col_data)
-        staged = Fields({f"in{t}": buf[f"in{t}"] for t in range(NSRC) if staged_src[t]})
+        staged = Fields({n: buf[n] for n in [f"in{t}" for t in range(NSRC) if staged_src[t]] + ["rht"] * cfg.fmt.hadamard})
         stg = None
         if cutlass.const_expr(any(staged_src)):
             stg = self.stage_loads(k.rec(), Fields(rbase=rbase, lane=lane, warp=warp, col_ok=col_ok, row_end=row_end,
@@ -295,7 +309,7 @@ class PackedKernel:
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
                                                     rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
-                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4}), words, sr, sc)
+                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, **staged}), words, sr, sc)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
@@ -416,7 +430,10 @@ class PackedKernel:
         word per two columns) and dbias sums: (words[i][j], absw[i][j], cm[j], dsum[k]). ``stg``:
         stage_loads' record (the staged rows' misalignment; the copies a ring's later rows take).
         A ring's rows whose slots take no later row (ring_parks) leave their words in the slot
-        (words[i]: the slot, PackedKernel.unpark) and their magnitudes as one row maximum word."""
+        (words[i]: the slot, PackedKernel.unpark) and their magnitudes as one row maximum word.
+        NVFP4's Hadamard transform: ``words`` are the colwise copy's (transformed) rows (the rows'
+        own stay in shared memory, staged_row), absw one row maximum word per row, and cm the
+        transformed rows' column maxima, or in the amax pass cm's last word their maximum."""
         cfg = self.cfg
         dsum = None
         if cutlass.const_expr(cfg.dbias):
@@ -451,6 +468,12 @@ class PackedKernel:
             absw.append(row_abs)
         if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
             cm.append(am)  # (a last word: the NaN-propagating maximum of all the thread's values)
+        if cutlass.const_expr(cfg.fmt.hadamard):  # (NVFP4's transform of the colwise copy: hadamard_columns)
+            assert not k.RING and not k.UNALIGNED and k.PASSES == 1 and k.PK_ROWS == 8
+            absw = [[self.row_partial(a, k.is_bf16, codec.block_amax_nan(cfg.fmt))] for a in absw]  # (registers)
+            words, hcm = self.hadamard_columns(k, t, words)  # (the rows' own words: staged_row)
+            # the colwise scales' column maxima: the transformed copy's; the amax pass's last word: its amax
+            cm = hcm if cfg.colwise else cm + [self.row_partial(hcm, k.is_bf16, False)]
         return words, absw, cm, dsum
 
     @staticmethod
@@ -539,13 +562,13 @@ class PackedKernel:
     def row_scale_phase(self):
         """The row-scale phase of the config's format: row_scales for 1x32 and 1x16 blocks (4, 2 lanes),
         row_block_scales for wider ones (FP8 block scaling's 1x128: 16 lanes); none for 128x128
-        tiles (their scales come from the column owners: block_multipliers)."""
-        if self.cfg.tiles:
+        and NVFP4's 16x16 tiles (their scales come after the column maxima: block_multipliers)."""
+        if self.cfg.tiles or self.cfg.fp4_tiles:
             return self.no_row_scales
         return self.row_scales if self.cfg.fmt.block[1] <= 32 else self.row_block_scales
 
     def no_row_scales(self, k, t, io, absw):
-        """128x128 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
+        """128x128 and 16x16 tiles: no per-row scales (block_multipliers gives the rows theirs)."""
         return None
 
     @cute.jit
@@ -565,8 +588,7 @@ class PackedKernel:
         B = cutlass.const_expr(cfg.fmt.block[1])
         lane = t.lane
         glob = codec.global_scales(cfg.fmt, io.amax)
-        rp = [dev.pk_max(dev.pk_max(a[0], a[1], is_bf16, NAN), dev.pk_max(a[2], a[3], is_bf16, NAN), is_bf16, NAN)
-              for a in absw]
+        rp = [self.row_partial(a, is_bf16, NAN) for a in absw]
         for st in cutlass.range_constexpr(LANES.bit_length() - 2):  # offsets LANES / 2, ..., 2
             bfly = LANES >> (st + 1)
             h = len(rp) // 2
@@ -678,8 +700,9 @@ class PackedKernel:
         if cutlass.const_expr(k.GROUPED and not cfg.fmt.swizzled):
             # compact grouped: a tile with no rows writes its scale row's zeros (grouped.py)
             Ns = Int32(cutlass.select_(t.in_grid and io.noop[0] != Float32(1.0), io.N, Int32(0)))
-        if t.tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
-            self.column_scales_owned(k, t, io, Ns)
+        if cutlass.const_expr(not (cfg.fp4_tiles and not cfg.amax)):  # (16x16 tiles: fp4_tile_scales)
+            if t.tidx < 32 * PKW:  # warp-uniform (always true below 8 warps)
+                self.column_scales_owned(k, t, io, Ns)
         if cutlass.const_expr(cfg.dbias):
             # dbias: each thread sums its column(s) over the warps in a fixed order (deterministic)
             for r in cutlass.range_constexpr(max(1, 32 * VEC // k.NTHREADS)):
@@ -698,14 +721,21 @@ class PackedKernel:
     @cute.jit
     def publish_columns(self, k, t, io, cm, dsum):
         """The thread's column maxima and dbias sums into shared memory for the column owners
-        (and its amax word's atomic, thread_amax)."""
-        for j in cutlass.range_constexpr(PKW):
-            t.smem["max"][t.warp, j * 32 + t.lane] = cm[j]
+        (and its amax word's atomic, thread_amax; NVFP4's transformed copy's, hadamard_amax);
+        NVFP4's 16x16 tiles (quantize pass): the maximum word of the thread's 8 x 8 values alone,
+        at [warp, lane] (fp4_tile_scales)."""
+        if cutlass.const_expr(self.cfg.fp4_tiles and not self.cfg.amax):
+            t.smem["max"][t.warp, t.lane] = self.row_partial(cm, k.is_bf16, False)
+        else:
+            for j in cutlass.range_constexpr(PKW):
+                t.smem["max"][t.warp, j * 32 + t.lane] = cm[j]
         if cutlass.const_expr(self.cfg.dbias):
             for c in cutlass.range_constexpr(VEC):
                 t.smem["sum"][t.warp, c * 32 + t.lane] = dsum[c]
         if cutlass.const_expr(self.cfg.amax and not codec.amax_by_owners(self.cfg)):
             self.thread_amax(t, io, cm[PKW], k.is_bf16)
+        if cutlass.const_expr(self.cfg.fmt.hadamard and not self.cfg.colwise):  # (NVFP4's amax pass)
+            self.hadamard_amax(t, io, cm[PKW])
 
     @cute.jit
     def thread_amax(self, t, io, am, is_bf16: cutlass.Constexpr):
@@ -789,20 +819,26 @@ class PackedKernel:
             e = self.tile_scales(k, t, io)
             m = codec.multiplier(self.cfg.fmt, e)
             return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
+        if self.cfg.fp4_tiles:
+            m = self.fp4_tile_scales(k, t, io)
+            return ([m] * k.PK_ROWS if self.cfg.rowwise else None), ([m] * VEC if self.cfg.colwise else None)
         if self.cfg.colwise and self.cfg.fmt.packed:
             return sr, self.fp4_column_scales(k, t, io)
         return sr, (self.column_scales(t) if self.cfg.colwise else None)
 
     @cute.jit
     def fp4_column_scales(self, k, t, io):
-        """NVFP4's colwise copy (the transposed values, 16-element blocks along M): the scales of
-        the thread's 8 columns over the 16 rows of its block, from the column maxima the warps
-        holding them left in sMax (16 // PK_ROWS warps, fp4_scale_warps; NaN dropped), stored by the
-        block's first warp (compact [N, ceil(M/16)] or its swizzled atoms), and the 8 multipliers."""
+        """FP4's colwise copy (the transposed values, blocks along M: NVFP4's 16 rows, MXFP4's 32):
+        the scales of the thread's 8 columns over the rows of its block, from the column maxima
+        the warps holding them left in sMax (B // PK_ROWS warps, fp4_scale_warps: two of a 32-row
+        tile for NVFP4, all four for MXFP4; NVFP4 drops NaN, MXFP4 propagates it: scale 255,
+        codec.block_amax_nan), stored by the block's first warp (compact [N, ceil(M/B)] or its
+        swizzled atoms), and the 8 multipliers."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
-        B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16)
-        glob = codec.global_scales(cfg.fmt, io.amax)
+        NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
+        B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16, 32)
+        glob = codec.global_scales(cfg.fmt, io.amax, colwise=True)
         w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
         nbm = (io.M + B - 1) // B
         blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
@@ -811,11 +847,13 @@ class PackedKernel:
         for j in cutlass.range_constexpr(PKW):
             cw = t.smem["max"][w0, j * 32 + t.lane]
             for w in cutlass.range_constexpr(1, WPB):
-                cw = dev.pk_max(cw, t.smem["max"][w0 + w, j * 32 + t.lane], is_bf16, False)
+                cw = dev.pk_max(cw, t.smem["max"][w0 + w, j * 32 + t.lane], is_bf16, NAN)
             lo, hi = dev.pk_unpack(cw, is_bf16)
             for h in cutlass.range_constexpr(2):
-                e = codec.block_scale(cfg.fmt, cute.arch.fmax(lo if h == 0 else hi, Float32(0.0)), k.use_hw_e8m0,
-                                      glob=glob)
+                a = lo if h == 0 else hi
+                if cutlass.const_expr(not NAN):  # (NVFP4: a column of NaN alone has amax 0)
+                    a = cute.arch.fmax(a, Float32(0.0))
+                e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
                 sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
                 if t.warp == w0 and c < io.N and blk * B < t.Ms:
@@ -824,6 +862,50 @@ class PackedKernel:
                         off = dev.swizzle_offset(c, blk, nbm)
                     io.col_scale[off] = Uint8(e)
         return sc
+
+    @cute.jit
+    def fp4_tile_scales(self, k, t, io):
+        """NVFP4's 16x16 tiles (block_2d): the thread's tile is rows w0 * 8 .. of the CTA (the 16
+        // PK_ROWS warps w0 .. of fp4_scale_warps) and columns of lanes 2q, 2q + 1 (lane ^ 1). Its
+        amax (NaN dropped, partial tiles the rows below M alone: rows past M are zero) is those
+        warps' words at [w, lane] (publish_columns) and the partner lane's, one shuffle; its E4M3
+        scale is stored in each of its rows' entries of the rowwise scales (each of the two lanes
+        half the thread's rows) and each of its columns' entries of the colwise ones (each of the
+        warps VEC // (16 // PK_ROWS) of the thread's columns). Returns the tile's multiplier."""
+        cfg = self.cfg
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        B = cutlass.const_expr(cfg.fmt.block[0])  # (16)
+        glob = codec.global_scales(cfg.fmt, io.amax)
+        w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
+        cw = t.smem["max"][w0, t.lane]
+        for w in cutlass.range_constexpr(1, WPB):
+            cw = dev.pk_max(cw, t.smem["max"][w0 + w, t.lane], is_bf16, False)
+        cw = dev.pk_max_bfly(cw, 1, is_bf16, False)  # (the tile's other 8 columns: lane ^ 1)
+        e = codec.block_scale(cfg.fmt, dev.pk_amax(cw, is_bf16, False), k.use_hw_e8m0, glob=glob)
+        c0 = t.co + (t.cb * 32 + t.lane) * VEC  # the thread's first column
+        r0, c1 = fp4_tile_entries(t.warp, t.lane, t.rb, t.cb, k.TILE_ROWS, k.PK_ROWS, B)
+        if cutlass.const_expr(cfg.rowwise):
+            HALF = cutlass.const_expr(k.PK_ROWS // 2)
+            nbr = (t.NOUT + B - 1) // B
+            blk = c0 // B
+            for i in cutlass.range_constexpr(HALF):
+                if c0 < io.N and r0 + i < t.Ms:
+                    off = r0 * nbr + i * nbr + blk
+                    if cutlass.const_expr(cfg.fmt.swizzled):
+                        off = dev.swizzle_offset(r0 + i, blk, nbr)
+                    codec.store_row_scale(cfg, io.row_scale, off, e)
+        if cutlass.const_expr(cfg.colwise):
+            CPW = cutlass.const_expr(VEC // WPB)  # columns whose scales each of the warps stores
+            nbm = (io.M + B - 1) // B
+            blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
+            col = t.co + c1
+            for q in cutlass.range_constexpr(CPW):
+                if col + q < io.N and blk * B < t.Ms:
+                    off = (col + q) * nbm + blk
+                    if cutlass.const_expr(cfg.fmt.swizzled):
+                        off = dev.swizzle_offset(col + q, blk, nbm)
+                    io.col_scale[off] = Uint8(e)
+        return codec.multiplier(cfg.fmt, e, glob)
 
     @cute.jit
     def tile_scales(self, k, t, io):
@@ -886,7 +968,8 @@ class PackedKernel:
         each row's two random words of the thread's 8 columns (words 2g and 2g + 1 of the row,
         direction 0), drawn for two rows at a time by every lane of the warp
         (device.sr_row_words: lanes g and g ^ 1 share their Philox calls); the colwise copy's
-        (direction 1) per column (device.sr_word_pair)."""
+        (direction 1) per column (device.sr_word_pair). NVFP4's Hadamard transform: ``words`` are
+        the colwise copy's (transformed) rows, the rows' own are read back from "rht" (staged_row)."""
         cfg = self.cfg
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
         if cutlass.const_expr(SR):
@@ -904,7 +987,8 @@ class PackedKernel:
                 if cutlass.const_expr(SR):
                     rand = pair[2 * (i % 2):2 * (i % 2) + 2]
                 if cutlass.const_expr(cfg.fmt.packed):  # (FP4, rowwise: encoded whatever the row, stored under
-                    q4, _ = self.quantize_row(words[i], sr[i], sc, k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
+                    q4, _ = self.quantize_row(self.staged_row(t, i) if cfg.fmt.hadamard else words[i], sr[i], sc,
+                                              k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
                     if i < nrows:
                         cute.autovec_copy(cute.recast_tensor(q4, Uint8), t.tRow[(i, None)])
                 if cutlass.const_expr(not cfg.fmt.packed):
@@ -926,9 +1010,72 @@ class PackedKernel:
             cute.arch.sync_threads()
             self.store_fp4_columns(k, t)
 
+    # -- NVFP4's Hadamard transform of the colwise copy (Format.hadamard) ------------------------
+    @cute.jit
+    def hadamard_columns(self, k, t, words):
+        """The transform of the thread's 8 columns (device.rht_half): a 16-row group is the same
+        lane's rows in warps w0 = warp & ~1 and w0 + 1. Every thread leaves its rows' words in
+        "rht" (per word j, two 4-row halves as 16-byte vectors, lanes adjacent: no bank
+        conflicts), and after one barrier reads both warps' words j, flips the upper rows' signs
+        where it is the upper warp (x1f), and computes its own rows' outputs. Returns (the
+        transformed words, hw[i][j] as ``words``; their column maxima, NaN dropped, 0 where the
+        thread's rows or columns lie outside the tensor: M % 16 == 0, so a group is wholly in or
+        out)."""
+        sH = t.smem["rht"]
+        for j in cutlass.range_constexpr(PKW):
+            for h in cutlass.range_constexpr(2):
+                fr = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+                for r in cutlass.range_constexpr(4):
+                    fr[r] = words[4 * h + r][j]
+                cute.autovec_copy(fr, sH[(t.warp, 2 * j + h, t.lane, None)])
+        cute.arch.sync_threads()
+        w0 = t.warp - t.warp % 2
+        flip = Uint32(cutlass.select_(t.warp % 2 != 0, Uint32(0x80008000), Uint32(0)))
+        keep = Uint32(cutlass.select_(t.rbase < t.row_end, Uint32(dev.ABS_BITS), Uint32(0)))
+        keep = Uint32(cutlass.select_(t.col_ok, keep, Uint32(0)))
+        hw = [[None] * PKW for _ in range(k.PK_ROWS)]
+        hcm = []
+        for j in cutlass.range_constexpr(PKW):
+            xw = []  # word j of the group's 16 rows (rows 8-15 sign-flipped in the upper warp)
+            for b in cutlass.range_constexpr(2):
+                for h in cutlass.range_constexpr(2):
+                    fr = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+                    cute.autovec_copy(sH[(w0 + b, 2 * j + h, t.lane, None)], fr)
+                    for r in cutlass.range_constexpr(4):
+                        xw.append(fr[r] if b == 0 else fr[r] ^ flip)
+            x = [dev.bf16x2_to_f64(w) for w in xw]  # (row r's columns 2j, 2j + 1)
+            ys = [dev.rht_half([x[r][half] for r in range(8)], [x[8 + r][half] for r in range(8)]) for half in range(2)]
+            for i in cutlass.range_constexpr(k.PK_ROWS):
+                hw[i][j] = dev.rht_bf16x2(ys[0][i], ys[1][i])
+            m = hw[0][j] & keep
+            for i in cutlass.range_constexpr(1, k.PK_ROWS):
+                m = dev.pk_max(m, hw[i][j] & keep, True, False)
+            hcm.append(m)
+        return hw, hcm
+
+    @staticmethod
+    def staged_row(t, i: int):
+        """Row i's words as hadamard_columns staged them (word j in the 4-row half i // 4 of its
+        chunk), read back where the rows are stored."""
+        return [t.smem["rht"][t.warp, 2 * j + i // 4, t.lane, i % 4] for j in range(PKW)]
+
+    @cute.jit
+    def hadamard_amax(self, t, io, m):
+        """The amax pass: the transformed copy's amax (NaN dropped; ``m``: the maximum word of the
+        thread's transformed values) into the amax slot's entry 1 (``colwise_amax``), one atomic
+        per warp."""
+        tm = dev.warp_amax(dev.pk_amax(m, True, False))
+        if t.lane == 0 and t.Ms > 0:
+            dev.amax_atomic(io.amax, tm, 1)
+
     def fp4_column_word(self, k, words, sc, c: int, rand):
-        """NVFP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
-        one word (row 2j's code in the low nibble of byte j: e2m1x8's order)."""
+        """FP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
+        one word (row 2j's code in the low nibble of byte j: e2m1x8's order). MXFP4 on bf16 without
+        sm_100a's conversion (codec.pow2_bf16_pairs): two rows' bf16 values a word
+        (device.column_pairs), scaled in bf16 as the rowwise copy's (codec.encode8_words)."""
+        fmt = self.cfg.fmt
+        if codec.pow2_bf16_pairs(fmt, k.is_bf16, k.use_hw_e8m0):
+            return codec.encode8_words(fmt, dev.column_pairs(words, c), sc[c], k.is_bf16, k.use_hw_e8m0, rand)
         vals = []
         for i in range(k.PK_ROWS):
             lo, hi = dev.pk_unpack(words[i][c // 2], k.is_bf16)

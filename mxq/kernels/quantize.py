@@ -78,6 +78,10 @@ class Quantize:
             return
         if cfg.fmt.rounding == "sr" and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
             raise NotImplementedError("mxq: stochastic rounding is served by the packed kernel alone (16-bit inputs)")
+        if cfg.fp4_tiles and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
+            raise NotImplementedError("mxq: NVFP4's 16x16 tiles are served by the packed kernel alone (16-bit inputs)")
+        if cfg.fmt.hadamard and ins[0].element_type is not cutlass.BFloat16:  # (validation's rule)
+            raise NotImplementedError("mxq: NVFP4's Hadamard transform takes bf16 inputs only")
         if cfg.fmt.packed and cfg.colwise and (ins[0].element_type.width != 16 or cfg.dbias
                                                or cfg.tile_rows // cfg.packed_warps() != 8):
             raise NotImplementedError("mxq: NVFP4's colwise copy is served by the packed kernel's 8-row threads alone "
@@ -93,7 +97,8 @@ class Quantize:
         N = ins[0].shape[1]
         G = None if group_ends is None else group_ends.shape[0]
         if cfg.amax:
-            amax_init_kernel(amax, noop).launch(grid=[1, 1, 1], block=[32, 1, 1], stream=stream)
+            amax_init_kernel(amax, noop, 2 if cfg.fmt.hadamard else 1).launch(grid=[1, 1, 1], block=[32, 1, 1],
+                                                                                stream=stream)
         NO = N  # the outputs' width: 2N for a two-halves op (mxq/gated.py)
         if cfg.halves:
             NO = (row_data if row_data is not None else col_data).shape[1]

@@ -14,10 +14,12 @@ from .grouped import clamp_end
 
 
 @cute.kernel
-def amax_init_kernel(amax: cute.Tensor, noop: cute.Tensor):
-    """Zero the amax before the quantize kernel's atomic max-combine (unless noop)."""
+def amax_init_kernel(amax: cute.Tensor, noop: cute.Tensor, entries: cutlass.Constexpr = 1):
+    """Zero the amax (``entries`` of it: 2 for NVFP4's Hadamard transform, amax and colwise_amax)
+    before the quantize kernel's atomic max-combine (unless noop)."""
     if noop[0] != Float32(1.0):
-        amax[0] = Float32(0.0)
+        for i in cutlass.range_constexpr(entries):
+            amax[i] = Float32(0.0)
 
 
 def dbias_grid(N, G=None):

@@ -3,7 +3,8 @@
 validation, launch, the reference, torch_ops and distributed read its fields by name.
 
 ``Call.key`` is what a call's checks and route depend on apart from values: the class, shape,
-strides, dtype, device, requires_grad and layout of every tensor it holds (``out``'s too), the floats'
+strides, dtype, device, requires_grad and layout of every tensor it holds (``out``'s too, and whether
+its amax and colwise_amax are the one fp32[2] buffer the Hadamard kernels write), the floats'
 types and the grad mode. FusedOp keeps the route of a checked call under its key, and later calls
 of the same key run it without the checks that depend only on the key (FusedOp._plans).
 """
@@ -16,7 +17,7 @@ from typing import Any, NamedTuple
 import torch
 
 from ..frontend.epilogue import Epilogue, EpilogueError
-from ..formats import fp4
+from ..formats import fp4, fp4_layouts
 from ..tensor import MXFP8Tensor
 from . import validation
 
@@ -50,7 +51,8 @@ class Call(NamedTuple):
             if out is not None:
                 if out.__class__ is not MXFP8Tensor:
                     return None
-                out = (out.fp8, out.scale_layout, *[_layout(getattr(out, f)) for f in validation.OUT_FIELDS])
+                pair = out.colwise_amax is not None and fp4_layouts.amax_pair(out.amax, out.colwise_amax) is not None
+                out = (out.fp8, out.scale_layout, *[_layout(getattr(out, f)) for f in validation.OUT_FIELDS], pair)
             fp4 = None if self.fp4 is None else tuple(map(_layout, self.fp4))
             return (tuple(map(_layout, self.tensors)), tuple(map(type, self.scalars)), _layout(self.act_input),
                     _layout(self.noop), out, _layout(self.group_offsets), torch.is_grad_enabled(), fp4)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import fp4, groups
+from ..formats import fp4, fp4_layouts, groups
 from ..formats.numerics import dbias_partial_dtype
 from ..frontend import gated
 from ..kernels.config import UNIT
@@ -159,7 +159,8 @@ class Launcher:
             "rowwise_scale": lambda: flat_scale(out.rowwise_scale),
             "colwise_data": lambda: col_data,
             "colwise_scale": lambda: flat_scale(out.colwise_scale),
-            "amax": lambda: out.amax.view(1),
+            "amax": lambda: (fp4_layouts.amax_pair(out.amax, out.colwise_amax) if spec.hadamard  # (limits.fp4_unserved)
+                             else out.amax.view(1)),
             "dbias": lambda: out.dbias,
             "dbias_workspace": lambda: torch.empty((groups.workspace_rows(m, group_offsets.numel() if grouped else None),
                                                     n_out), dtype=dbias_partial_dtype(x.dtype), device=x.device),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..formats import fp4_layouts
 from ..formats.numerics import BLOCK
 from ..frontend import codegen, gated
 from ..kernels import config as kconfig
@@ -98,10 +99,14 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an MXFP4 or NVFP4 call the kernels do not serve, or None. They serve rowwise blocks
     of ungrouped, one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
     vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
-    operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart. The
-    colwise copy (transposed; NVFP4's from bf16/fp16 without dbias where M % 8 == 0 is served),
-    NVFP4's block_2d and hadamard, stochastic_rounding from fp32 inputs, groups, two halves and
-    other shapes or alignments run the reference."""
+    operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart; the
+    transposed colwise copy from bf16/fp16 without dbias where M % 8 == 0 (the packed kernel's
+    32-row tile: NVFP4's 16-row blocks, MXFP4's 32-row ones, a partial last block zero-padded;
+    NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
+    that are one fp32[2] buffer). The colwise copy from fp32 inputs or with dbias,
+    NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
+    rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs,
+    groups, two halves and other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
@@ -109,9 +114,11 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with a gated backward (two output halves) has no GPU kernels yet"
     if call is not None and call.group_offsets is not None:
         return "with group_offsets has no GPU kernels yet"
+    if spec.block_2d and x.element_size() != 2:
+        return "with block_2d=True and fp32 inputs has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2:
         return "with stochastic_rounding=True and fp32 inputs has no GPU kernels yet"
-    if spec.colwise:  # (NVFP4's transposed copy: the packed kernel's 8-row threads, whole words of output rows)
+    if spec.colwise:  # (the transposed copy: the packed kernel's 8-row threads, whole words of output rows)
         m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
         if x.element_size() != 2 or spec.dbias:
             return "with colwise=True and fp32 inputs or dbias has no GPU kernels yet"
@@ -120,6 +127,10 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         col = call.out.colwise_data if call is not None and call.out is not None else None
         if col is not None and (col.data_ptr() % 16 or not col.is_contiguous()):
             return "with colwise=True into colwise data not contiguous and 16-byte aligned has no GPU kernels yet"
+        out = call.out if call is not None else None
+        if spec.hadamard and out is not None and fp4_layouts.amax_pair(out.amax, out.colwise_amax) is None:
+            return ("with hadamard=True into an out= whose amax and colwise_amax are not the two entries of one "
+                    "fp32[2] buffer (MXFP8Tensor.empty's) has no GPU kernels yet")
     mult = NVFP4_N_MULTIPLE if spec.format == "nvfp4" else kconfig.VEC
     if x.dim() == 0 or x.shape[-1] % mult:
         return f"with N % {mult} != 0 (N = {x.shape[-1] if x.dim() else 1}) has no GPU kernels yet"

@@ -123,7 +123,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
                 warn_no_autograd(epilogue.name, name)
 
 
-OUT_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias")
+OUT_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "colwise_amax")
 
 
 def _span(t: torch.Tensor):

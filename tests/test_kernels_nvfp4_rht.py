@@ -1,0 +1,258 @@
+"""NVFP4 with ``hadamard=True`` on the kernels: the colwise copy of bf16 input through TE's
+16-point random Hadamard transform (docs/NUMERICS.md), the amax pass writing the amax and the
+transformed copy's colwise_amax (the amax slot is their fp32[2] buffer), the packed kernel's
+colwise path transforming each 16-row group held by two 8-row warps (device.rht_half).
+
+CPU: the transform's rule (the very function the kernels trace, on Python floats) against exact
+rational sums with a Hadamard matrix built here, wide exponent spans, ties, signed zeros, inf and
+NaN; what is served; one compile per arch. GPU (marked gpu): bytes and amax/colwise_amax against
+the torch reference, random shapes, specials, both layouts, fused ops, out=.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from fractions import Fraction
+
+import pytest
+import torch
+
+import mxq
+from mxq.kernels import device as dev
+from mxq.runtime import compiler, limits
+from mxq.runtime.call import Call
+from mxq.testing import planted, poisoned, same_bytes
+
+from . import oracle_fp4 as oracle
+
+SIGNS = (1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1)  # TE's (get_wgrad_sign_vector)
+FIELDS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "colwise_amax")
+
+
+def ident(x):
+    return x
+
+
+def shift_scale(x, b):
+    return x * 1.5 + b
+
+
+def _h16(i: int, j: int) -> int:
+    """Sylvester's H16 entry: (-1)^popcount(i & j)."""
+    return -1 if bin(i & j).count("1") % 2 else 1
+
+
+def _exact(x: list) -> list:
+    """y_j = sum_i x_i s_i H16[i, j] / 4 as exact rationals (finite x)."""
+    return [sum(Fraction(x[i]) * SIGNS[i] * _h16(i, j) for i in range(16)) / 4 for j in range(16)]
+
+
+def _rule(x: list) -> list:
+    """The kernels' rule on the host: each half b from rows 0-7 and rows 8-15 times (-1)^b, then
+    fma(value, +-1/4, +0) (exact: Python's float product by a power of two, then + 0.0), as the
+    16 outputs in fp64 before the bf16 rounding."""
+    out = []
+    for b in range(2):
+        x1f = [-v if b else v for v in x[8:]]
+        out += [v * (-0.25 if neg else 0.25) + 0.0 for v, neg in dev.rht_half(x[:8], x1f, dev.HOST_F64)]
+    return out
+
+
+def _random_group(rng, lo: int, hi: int) -> list:
+    """16 bf16 values (random bit patterns) with exponent fields in [lo, hi] (0: zeros and
+    subnormals), random signs, some zeros."""
+    bits = [rng.randrange(2) << 15 | rng.randint(lo, hi) << 7 | rng.randrange(128) for _ in range(16)]
+    bits = [b & 0x8000 if rng.random() < 0.1 else b for b in bits]
+    return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float().tolist()
+
+
+def test_rule_equals_exact_sums():
+    """Random groups (narrow and 2^40-wide exponent spans, bf16 subnormals), ties to even, a tie
+    broken by a term 2^-40 below it (lost by any fp32 sum), and canceling groups: the rule's fp64
+    sums are exact, so rounding them once gives the exact sum's bf16."""
+    rng = random.Random(20261203)
+    groups = [_random_group(rng, 124, 130) for _ in range(300)] + [_random_group(rng, 107, 147) for _ in range(300)]
+    groups += [_random_group(rng, 0, 40) for _ in range(100)]  # (bf16 subnormals among them)
+    groups += [_random_group(rng, 214, 254) for _ in range(100)]  # (sums past bf16's largest: inf)
+    tie = [1.0, 2.0 ** -8] + [0.0] * 14  # y = (1 +- 2^-8) / 4: 1 + 2^-8 is a bf16 midpoint (to 1)
+    groups += [tie, [1.0 + 2.0 ** -7, 2.0 ** -8] + [0.0] * 14,  # (midpoint above an odd code: up)
+               [1.0, 2.0 ** -8, 2.0 ** -40] + [0.0] * 13,  # (just above the midpoint: up)
+               [1.0, 2.0 ** -8, -(2.0 ** -40)] + [0.0] * 13,  # (just below: down)
+               [2.0 ** 20, -(2.0 ** 20), 2.0 ** -20] + [0.0] * 13, [3.0] * 16, [-0.0] * 16]
+    for x in groups:
+        got, want = _rule(x), _exact(x)
+        for j in range(16):  # (exact, so one rounding of it is the exact sum's: cvt.rn.bf16.f64 on the GPU)
+            assert got[j] == want[j] and (want[j] != 0 or math.copysign(1, got[j]) == 1), (x, j)
+    assert [oracle.round_bf16(v) for v in _exact(tie)][:2] == [0.25, 0.25 - 2.0 ** -10]  # (the tie went to even)
+
+
+def test_rule_zeros_are_positive():
+    """An exact zero is +0 whatever the inputs' zero signs (the oracle's; a product summed from +0):
+    for each output j, the zero pattern whose every term s_i H16[i, j] x_i is -0."""
+    for j in range(16):
+        x = [-0.0 if SIGNS[i] * _h16(i, j) > 0 else 0.0 for i in range(16)]
+        assert all(math.copysign(1, v) == 1 and v == 0 for v in _rule(x)), j
+
+
+def test_rule_inf_and_nan():
+    """inf terms: each output is +-inf by the sign of its inf terms, NaN where they differ or a
+    NaN is in the group (IEEE, whatever the order)."""
+    rng = random.Random(5)
+    for _ in range(200):
+        x = _random_group(rng, 122, 132)
+        specials = rng.sample(range(16), rng.randint(1, 3))
+        for i in specials:
+            x[i] = rng.choice((math.inf, -math.inf, math.inf, -math.inf, math.nan))
+        got = _rule(x)
+        for j in range(16):
+            terms = [x[i] * SIGNS[i] * _h16(i, j) for i in specials]
+            if any(math.isnan(t) for t in terms) or (math.inf in terms and -math.inf in terms):
+                assert math.isnan(got[j]), (x, j)
+            else:
+                assert got[j] == terms[0], (x, j)
+
+
+# -- what is served ------------------------------------------------------------------------------
+def _unserved(op, x, call=None):
+    return limits.unserved(op.spec, op.epilogue, x, lambda: None, call)
+
+
+def test_served_calls_and_the_amax_pair():
+    """bf16, M % 16 == 0 (validation's), both copies or the colwise one, compact or swizzled, fused
+    ops: served; an out= whose amax and colwise_amax are not one fp32[2] buffer: the reference."""
+    for opts in (dict(), dict(rowwise=False), dict(scale_layout="swizzled"), dict(act="gelu"),
+                 dict(stochastic_rounding=True)):
+        op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, **opts)(ident)
+        for m, n in ((16, 16), (48, 272), (1024, 4096)):
+            assert _unserved(op, torch.zeros(m, n, dtype=torch.bfloat16)) is None, (opts, m, n)
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(ident)
+    x = torch.zeros(32, 64, dtype=torch.bfloat16)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
+    assert out.colwise_amax.data_ptr() == out.amax.data_ptr() + 4
+    assert _unserved(op, x, Call([x], [], out=out)) is None
+    paired = Call([x], [], out=out).key()
+    out.colwise_amax = torch.zeros((), dtype=torch.float32)
+    why = _unserved(op, x, Call([x], [], out=out))
+    assert "hadamard" in why and "colwise_amax" in why and "reference" in why
+    # (a call's kept route must not serve the other kind of out=: the keys differ)
+    assert Call([x], [], out=out).key() != paired
+    out.colwise_amax = None
+    with pytest.raises(ValueError, match="colwise_amax"):
+        op(x, out=out)
+
+
+def _ptx(op, arch):
+    return compiler.compile_op(op, arch, "bf16", keep_ptx=True).__ptx__
+
+
+@pytest.mark.parametrize("arch, layout", [("sm_90a", "compact"), ("sm_100a", "swizzled")])
+def test_transform_compiles_per_arch(arch, layout):
+    """Both copies: the amax zeroing (both entries), the amax pass (the owners' amax and the
+    transformed copy's, one atomic each per warp) and the quantize pass, each pass transforming
+    its thread's 8 columns x 8 rows: 4 fp64 additions and one fma and one cvt.rn.bf16.f64 per value."""
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, scale_layout=layout)(ident)
+    ptx = _ptx(op, arch)
+    assert f".target {arch}" in ptx and ptx.count(".entry") == 3
+    assert ptx.count("red.relaxed.gpu.global.max.s32") == 2
+    assert ptx.count("add.rn.f64") + ptx.count("sub.rn.f64") == 2 * 4 * 64
+    assert ptx.count("cvt.rn.bf16.f64") == 2 * 64 and ptx.count("cvt.f64.bf16") == 2 * 128
+    assert ptx.count("fma.rn.f64") == 2 * 64 and "0d0000000000000000" in ptx
+    assert "max.NaN.bf16x2" not in ptx  # (NaN enters no packed maximum)
+
+
+# -- on the device -----------------------------------------------------------------------------
+@pytest.fixture
+def strict(monkeypatch):
+    monkeypatch.setenv("MXQ_STRICT", "1")
+
+
+def _compare(got, want, what=""):
+    for f in FIELDS:
+        w = getattr(want, f)
+        if w is not None:
+            assert same_bytes(getattr(got, f).contiguous(), w.contiguous()), (what, f)
+
+
+def _values(m, n, seed, specials):
+    """planted bf16 values and a group of bf16 subnormals (sums rounding to bf16's subnormal grid,
+    ties among them); with ``specials``: inf and NaN in some groups, a group of 2^40-wide
+    magnitudes, zero columns and -0 groups, a group whose sums overflow to inf."""
+    x = planted(m, n, torch.float32, seed=seed, specials=False)
+    if m >= 48 and n >= 16:
+        x[32:48, 7] = torch.arange(16) * 3 * 2.0 ** -133
+    if specials and m >= 32 and n >= 16:
+        x[0, 0] = float("inf")
+        x[16:32, 1] = float("nan")
+        x[0:16, 2] = torch.tensor([2.0 ** 20, -(2.0 ** 18), 2.0 ** -20, 1.0] * 4)
+        x[:, 3] = 0.0
+        x[16:32, 4] = -0.0
+        x[0, 5], x[3, 5] = float("inf"), float("-inf")  # (opposite infinities: NaN outputs)
+        x[5, 6] = float("-inf")
+        if m >= 48:
+            x[32:48, 8] = torch.tensor(SIGNS, dtype=torch.float32) * 1.5 * 2.0 ** 126  # (y[0]: 1.5 * 2^128)
+    return x.to(torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n", [(16, 16), (32, 48), (48, 272), (80, 16), (1024, 528), (4096, 4096)])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+@pytest.mark.parametrize("specials", [False, True])
+def test_transform_matches_reference(strict, m, n, layout, specials):
+    """Both copies, the colwise copy alone and into a poisoned out=, byte for byte with amax and
+    colwise_amax (M % 32 of 0 and 16: the tile's second block past M)."""
+    x = _values(m, n, m * 3 + n, specials)
+    for opts in (dict(), dict(rowwise=False)):
+        op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, scale_layout=layout, **opts)(ident)
+        want = op.reference(x)
+        _compare(op(x.cuda()), want, opts)
+        out = poisoned(op, x.cuda())
+        out.colwise_amax.fill_(-1.0)
+        _compare(op(x.cuda(), out=out), want, (opts, "out="))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n", [(48, 272), (1024, 528)])
+def test_fused_ops_match_reference(strict, m, n):
+    """A user epilogue with a bias (rows past M map to the bias: masked from both amaxes), gelu,
+    stochastic rounding, another colwise tile."""
+    x = _values(m, n, m + n, True)
+    b = planted(1, n, torch.float32, seed=3, specials=False).to(torch.bfloat16).reshape(n)
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(shift_scale)
+    _compare(op(x.cuda(), b.cuda()), op.reference(x, b), "epilogue")
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, act="gelu", scale_layout="swizzled")(ident)
+    _compare(op(x.cuda()), op.reference(x), "gelu")
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, stochastic_rounding=True)(ident)
+    _compare(op(x.cuda(), seed=11, offset=2 ** 33 + 1), op.reference(x, seed=11, offset=2 ** 33 + 1), "sr")
+    from mxq.kernels import config as kconfig
+    for rows in (16, 64):
+        op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(ident)._with_tuning(
+            kconfig.Tuning(fp4_col_rows=rows))
+        _compare(op(x.cuda()), op.reference(x), rows)
+
+
+@pytest.mark.gpu
+def test_out_with_separate_amaxes_falls_back(monkeypatch):
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(ident)
+    x = _values(64, 64, 1, False)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cuda")
+    _compare(op(x.cuda(), out=out), op.reference(x))  # (the pair first: its route is kept under its key)
+    out.colwise_amax = torch.zeros((), dtype=torch.float32, device="cuda")
+    _compare(op(x.cuda(), out=out), op.reference(x))
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    with pytest.raises(RuntimeError, match="colwise_amax"):
+        op(x.cuda(), out=out)
+
+
+@pytest.mark.gpu
+def test_kernels_match_the_oracle(strict):
+    """The colwise copy's transformed values (dequantized) against tests/oracle_fp4.py's exact
+    transform, through the bytes: the codes of the kernels' copy equal the oracle's."""
+    x = _values(32, 48, 9, False)
+    t = mxq.quantize(x.cuda(), format="nvfp4", colwise=True, hadamard=True)
+    v = x.float().tolist()
+    w = oracle.hadamard_rows([list(col) for col in zip(*v)])
+    ga = oracle.amax([e for row in w for e in row])
+    assert float(t.colwise_amax) == ga and float(t.amax) == oracle.amax([e for row in v for e in row])
+    codes, scales = oracle.nvfp4(w, ga, 1)
+    assert t.colwise_data.cpu().tolist() == oracle.pack(codes)
