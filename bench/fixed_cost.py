@@ -150,6 +150,19 @@ def host_cases(device: str) -> list:
     ]
 
 
+# (out= case, its allocating counterpart): an out= call must be no slower (ratio <= 1.0)
+OUT_PAIRS = (("quantize(x, colwise=True, out=t)", "quantize(x, colwise=True)"),
+             ("op out=: x + b into out", "row [N] operand: x + b, gelu, both"),
+             ("noop=0 with out=", "noop=0 alone"))
+
+
+def out_vs_alloc(rows) -> list:
+    """Each OUT_PAIRS case's time over its allocating counterpart's (rows: host_main's)."""
+    us = {row["case"]: row["us"] for row in rows}
+    return [{"out": o, "alloc": a, "ratio": round(us[o] / us[a], 2), "meets": us[o] <= us[a]}
+            for o, a in OUT_PAIRS if o in us and a in us]
+
+
 def host_parts(device: str = "cuda") -> list:
     """(name, fn) of the pieces of one allocating call of ``quantize(x, colwise=True)`` on its
     native route (launch.Launcher.call_alloc), each timed alone: where the host's time goes. The
@@ -205,7 +218,9 @@ def host_main(argv) -> int:
         for name, fn, op, ref, _ in host_cases("cpu"):
             if fn is not None:
                 fn()
-        print(f"{len(host_cases('cpu'))} cases build and run on the CPU (--dry: nothing timed)")
+        names = [case[0] for case in host_cases("cpu")]
+        assert all(o in names and a in names for o, a in OUT_PAIRS), "OUT_PAIRS names a case host_cases lacks"
+        print(f"{len(names)} cases build and run on the CPU (--dry: nothing timed)")
         return 0
     if not torch.cuda.is_available():
         print("fixed_cost.py host: needs a CUDA device (use --dry on a machine without one)", file=sys.stderr)
@@ -233,6 +248,10 @@ def host_main(argv) -> int:
     for row in rows:
         print(f"{row['case']:52s} {row['us']:7.2f} {row['x_floor']:8.2f}  <= {row['target_x_floor']}"
               + ("" if row["meets"] else "  MISSED"))
+    pairs = out_vs_alloc(rows)
+    for pair in pairs:
+        print(f"out= against allocating: {pair['out']} / {pair['alloc']}: {pair['ratio']:.2f}  <= 1.0"
+              + ("" if pair["meets"] else "  MISSED"))
     print("where one allocating call's time goes (quantize(x, colwise=True), each piece alone):")
     for part in parts:
         print(f"  {part['part']:60s} {part['us']:7.2f} us  {part['us'] / floor:5.2f}x floor")
@@ -242,7 +261,7 @@ def host_main(argv) -> int:
               "method": "wall time of 2000 eager calls between two torch.cuda.synchronize, best of 7, after 50 "
                         "warm-up calls; ratio to torch's y.copy_(x) on the same tensors in the same process",
               "cpu_affinity": sorted(os.sched_getaffinity(0)), "floor_us": round(floor, 2),
-              "floor_us_after": round(floor_end, 2), "cases": rows, "parts": parts, "checks": len(cases) - 1,
+              "floor_us_after": round(floor_end, 2), "cases": rows, "out_vs_alloc": pairs, "parts": parts, "checks": len(cases) - 1,
               "failures": failures}
     Path(args.path).parent.mkdir(parents=True, exist_ok=True)
     Path(args.path).write_text(json.dumps(result, indent=1) + "\n")

@@ -9,7 +9,8 @@ bench/device_check.py's busy-GPU method against a 1 GiB copy. MXQ_STRICT=1 is se
 kernels do not serve (yet) is listed with its error instead of timing the torch reference. Rows:
 MXFP4 rowwise and both directions (floor, rceil), NVFP4 rowwise with a given global amax (one launch) and without
 (the amax launch counted), both directions, with the Hadamard transform, with stochastic
-rounding (rowwise, both directions), and gelu. Results: <out>/<device>-<date>-fp4.json.
+rounding (rowwise, both directions; each also with a given global amax, ``_given``), and gelu.
+Results: <out>/<device>-<date>-fp4.json.
 ``--launch ROW``: only build one row's op at one shape under the first variant and launch it 4
 times, for a profiler (bench/ncu.py).
 """
@@ -53,10 +54,14 @@ def cases(m, n):
         "nvfp4_rowwise_given_amax": (dict(nv), moved(m, n, "nvfp4"), True, True),
         "nvfp4_rowwise": (dict(nv), moved(m, n, "nvfp4"), True, False),
         "nvfp4_both": (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True), True, False),
+        "nvfp4_both_given": (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True), True, True),
         "nvfp4_both_hadamard": (dict(nv, colwise=True, hadamard=True), moved(m, n, "nvfp4", True, True), True, False),
-        "nvfp4_rowwise_sr": (dict(nv, stochastic_rounding=True), moved(m, n, "nvfp4"), False, False),
-        "nvfp4_both_sr": (dict(nv, colwise=True, stochastic_rounding=True), moved(m, n, "nvfp4", True, True), False,
+        "nvfp4_rowwise_sr": (dict(nv, stochastic_rounding=True), moved(m, n, "nvfp4"), True, False),
+        "nvfp4_both_sr": (dict(nv, colwise=True, stochastic_rounding=True), moved(m, n, "nvfp4", True, True), True,
                           False),
+        "nvfp4_rowwise_sr_given": (dict(nv, stochastic_rounding=True), moved(m, n, "nvfp4"), True, True),
+        "nvfp4_both_sr_given": (dict(nv, colwise=True, stochastic_rounding=True), moved(m, n, "nvfp4", True, True),
+                                True, True),
         "nvfp4_gelu_rowwise": (dict(nv, act="gelu"), moved(m, n, "nvfp4"), False, False),
         "nvfp4_2d_rowwise": (dict(nv, block_2d=True), moved(m, n, "nvfp4"), True, False),
         "nvfp4_2d_both": (dict(nv, colwise=True, block_2d=True), moved(m, n, "nvfp4", True, True), True, False),
@@ -82,8 +87,7 @@ def run(name, opts, mv, exact, given, x, copy_gbps, variant=""):
     try:
         op, launch, out, kw = prepared(opts, given, x, variant)
         launch()
-        # (stochastic rounding draws its own bits: its bytes are checked by the statistical tests)
-        problems = None if opts.get("stochastic_rounding") else compare(out, op.reference(x, **kw), exact)
+        problems = compare(out, op.reference(x, **kw), exact)  # (stochastic rounding too: seeded, exact)
         return dc.printed_row(launch, mv, copy_gbps, f"{prefix}/{name}", m, n, problems)
     except Exception as exc:  # (a row not served yet: say why)
         return dc.error_row(f"{prefix}/{name}", m, n, exc)

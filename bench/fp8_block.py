@@ -1,6 +1,6 @@
 """FP8 block scaling (format="fp8_block") on the GPU against torchao's Triton block-scaling kernels.
 
-    python bench/fp8_block.py [--out DIR] [--no-peers] [--quick] [--step] [--variants 'k=v,...;k=v']
+    python bench/fp8_block.py [--out DIR] [--no-peers] [--quick] [--step] [--rows a,b] [--variants 'k=v,...;k=v']
     python bench/fp8_block.py --launch ROW [--shape MxN] [--variants 'k=v,...']   (bench/ncu.py's run)
 
 At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each of mxq's
@@ -14,8 +14,13 @@ and paired with mxq's row of the same output (``vs_torchao``: torchao's time / m
 does not serve (yet) is listed with its error. ``--step``: also one training step (forward and
 backward) of examples/fp8_block_linear.py's FP8BlockMLP at an MLP shape against the same step in
 bf16 (``vs_bf16``: the bf16 step's time / the FP8 step's). ``--variants``: the rows on the
-128-row tile (colwise, both, dgelu + dbias + both) again under each Tuning variant
-(device_check.parse_tuning's form, e.g. 'rows128_min_blocks=2'), checked the same way. Results:
+128-row tile (colwise and both, compact and transposed, dgelu + dbias + both) again under each
+Tuning variant (device_check.parse_tuning's form, e.g. 'rows128_min_blocks=2'; 'ops=a+b' limits a
+variant to those rows), checked the same way; the transposed copy's input staging, old and new
+forms beside the library's choice and torchao's transposed kernel: ``--quick --rows
+colwise_compact,colwise_gemm,both_gemm --variants
+'tr_stage=regs,ops=colwise_gemm;tr_stage=stage,ops=colwise_gemm+both_gemm;tr_stage=park,ops=both_gemm'``.
+``--rows``: only those of mxq's rows (torchao's kernels all the same). Results:
 <out>/<device>-<date>-fp8-block.json. ``--launch ROW``: only build one row's op (a name of
 mxq_cases, or torchao/<kernel>) at one shape under the first variant and launch it 4 times, for a
 profiler (bench/ncu.py).
@@ -75,7 +80,9 @@ def mxq_cases(m, n):
     return cases
 
 
-TILE128_ROWS = ("colwise_compact", "both_compact", "dgelu_dbias_both")  # (--variants: the 128-row tile's rows)
+# (--variants: the 128-row tile's rows; the transposed copy's two rows are the ones Tuning.tr_stage switches)
+EXTRA_ROWS = ("bias_gelu_rowwise_gemm", "swiglu_fwd_rowwise")  # (mxq's rows beside mxq_cases)
+TILE128_ROWS = ("colwise_compact", "both_compact", "colwise_gemm", "both_gemm", "dgelu_dbias_both")
 
 
 def prepared(opts, ins, kw, fn=None, tuning=None):
@@ -188,7 +195,9 @@ def launch_only(row: str, m: int, n: int, variant: str = ""):
     else:
         opts = mxq_cases(m, n)[row][0]
         kw = {"act_input": torch.randn_like(x)} if "dact" in opts else {}
-        launch = prepared(opts, [x], kw, tuning=dc.parse_tuning(variant) if variant else None)[1]
+        tuning = dc.parse_tuning(variant) if variant else {}
+        tuning.pop("ops", None)  # (a row named already)
+        launch = prepared(opts, [x], kw, tuning=tuning or None)[1]
     dc.launch_for_profiler(launch)
 
 
@@ -205,7 +214,14 @@ def main(argv=None):
     ap.add_argument("--launch", choices=launch_rows(), help="only build one row's op and launch it 4 times "
                     "(a profiler's run)")
     ap.add_argument("--shape", default="8192x8192", help="with --launch: MxN")
+    ap.add_argument("--rows", default="", help="only these of mxq's rows (comma-separated: names of "
+                    "mxq_cases, bias_gelu_rowwise_gemm, swiglu_fwd_rowwise); torchao's kernels all the same")
     args = ap.parse_args(argv)
+    keep = set(filter(None, args.rows.split(",")))
+    unknown = keep - set(mxq_cases(128, 128)) - set(EXTRA_ROWS)
+    if unknown:
+        raise SystemExit(f"--rows: no such rows {sorted(unknown)}")
+    wanted = lambda name: not keep or name in keep  # noqa: E731
     if args.launch:
         return launch_only(args.launch, *dc.parse_shape(args.shape), args.variants.split(";")[0])
     copy_gbps = dc.copy_bandwidth()
@@ -218,16 +234,21 @@ def main(argv=None):
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         for name, (opts, mv, exact) in mxq_cases(m, n).items():
+            if not wanted(name):
+                continue
             kw = {"act_input": torch.randn_like(x)} if "dact" in opts else None
             rows.append(run_mxq(name, opts, mv, exact, x, copy_gbps, kw=kw))
             for variant in filter(None, args.variants.split(";")) if name in TILE128_ROWS else ():
-                rows.append(run_mxq(f"{name}[{variant}]", opts, mv, exact, x, copy_gbps, kw=kw,
-                                    tuning=dc.parse_tuning(variant)))
-        rows.append(run_mxq("bias_gelu_rowwise_gemm", dict(format="fp8_block", act="gelu", scale_layout="gemm"),
-                            moved(m, n, extra=2 * n), False, x, copy_gbps, fn=dc.bias_gelu, args=[x, b]))
-        gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
-        rows.append(run_mxq("swiglu_fwd_rowwise", dict(format="fp8_block", act="swiglu"),
-                            moved(m, n, inputs=2), False, x, copy_gbps, args=[gu]))  # (x: the output's shape)
+                tuning = dc.parse_tuning(variant)
+                if name in tuning.pop("ops", name).split("+"):  # ('ops=a+b': those rows alone)
+                    rows.append(run_mxq(f"{name}[{variant}]", opts, mv, exact, x, copy_gbps, kw=kw, tuning=tuning))
+        if wanted("bias_gelu_rowwise_gemm"):
+            rows.append(run_mxq("bias_gelu_rowwise_gemm", dict(format="fp8_block", act="gelu", scale_layout="gemm"),
+                                moved(m, n, extra=2 * n), False, x, copy_gbps, fn=dc.bias_gelu, args=[x, b]))
+        if wanted("swiglu_fwd_rowwise"):
+            gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+            rows.append(run_mxq("swiglu_fwd_rowwise", dict(format="fp8_block", act="swiglu"),
+                                moved(m, n, inputs=2), False, x, copy_gbps, args=[gu]))  # (x: the output's shape)
         for name, fn in peers.items():
             mv = moved(m, n, name != "colwise", name == "colwise") if name != "weight_128x128" else tile_moved(m, n)
             rows.append(run_torchao(name, fn, x, mv, copy_gbps))
@@ -241,6 +262,7 @@ def main(argv=None):
                 r = pair([r for r in rows if r.get("M") == m and r.get("N") == n], mine, theirs, label)
                 if r is not None:
                     rows.append(r)
+        if peers and wanted("bias_gelu_rowwise_gemm"):  # (torch's bias + gelu, then torchao)
             composed = None
             try:
                 lhs = peers["rowwise"]

@@ -1,6 +1,7 @@
 """mxq's sm_90 GEMM (mxq/kernels/gemm_sm90.py) on the GPU: checked, then timed against torch.matmul.
 
     python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8] [--no-fused]
+                         [--forms cooperative,pingpong]
 
 Cases (M x N x K, bf16, D = A @ W^T with A [M, K], W [N, K]): M in (8192, 16384) crossed with
 (K, N) in ((4096, 14336), (14336, 4096), (8192, 28672)), and small or odd shapes with partial
@@ -11,6 +12,12 @@ timed by bench/device_check.py's busy-GPU method (``dc.time_ms``) and printed as
 the ratio torch time / mxq time (> 1: mxq faster); ``--swizzle`` also times the kernel with those
 tile orders (GemmSm90's ``swizzle``; each must give D bit for bit). A case that raises prints its
 error and the run goes on.
+
+Forms (``--forms``, both by default): every mxq row runs once per form of the kernel, the
+cooperative one (two consumer warpgroups on a 128 x 256 tile; rows named as before) and the
+ping-pong one (each warpgroup its own 64 x 256 tile, their mainloops alternating; rows named
+``... pingpong``), set through mxq.runtime.gemm.PINGPONG, each checked and timed beside the same
+torch baselines.
 
 Fused rows (``op.gemm``, mxq/kernels/gemm_quant.py; off with --no-fused), on the large cases
 (--quick: the first): gelu + FP8 block scaling 1x128 rowwise (``gelu_fp8_block``) and gelu +
@@ -24,6 +31,7 @@ unfused time / fused time, target >= 1.15). Results: <out>/<device>-<date>-gemm.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -55,6 +63,25 @@ LARGE = [(m, n, k) for m in (8192, 16384) for k, n in ((4096, 14336), (14336, 40
 SMALL = [(200, 136, 64), (1000, 520, 4096), (128, 256, 64), (1, 8, 8), (129, 264, 72), (300, 1000, 200)]
 U_FP32 = 2.0 ** -24  # unit roundoff of fp32
 U_OUT = 2.0 ** -8  # bf16's relative spacing: twice its unit roundoff (rounding plus slack)
+
+
+FORMS = {"cooperative": False, "pingpong": True}  # --forms names -> GemmSm90's pingpong
+
+
+@contextlib.contextmanager
+def use_form(pingpong: bool):
+    """mxq.runtime.gemm's kernel form set to ``pingpong`` for the rows run inside."""
+    from mxq.runtime import gemm as g
+
+    old, g.PINGPONG = g.PINGPONG, pingpong
+    try:
+        yield
+    finally:
+        g.PINGPONG = old
+
+
+def _suffix(pingpong: bool) -> str:
+    return " pingpong" if pingpong else ""
 
 
 def cases(quick: bool = False):
@@ -126,6 +153,7 @@ def time_case(m, n, k):
 def swizzle_rows(m, n, k, swizzles):
     """{swizzle: ms, or the error} of the kernel compiled with each tile order; D must equal the
     default order's bit for bit."""
+    from mxq.runtime import gemm as g
     from mxq.runtime.gemm import compile_gemm, gemm
 
     a, w = inputs(m, n, k)
@@ -134,7 +162,7 @@ def swizzle_rows(m, n, k, swizzles):
     rows = {}
     for sw in swizzles:
         try:
-            fn = compile_gemm("bf16", False, sms, swizzle=sw)
+            fn = compile_gemm("bf16", False, sms, swizzle=sw, pingpong=g.PINGPONG)
             out = torch.empty_like(want)
             fn(a, w, out)
             if not torch.equal(out, want):
@@ -145,9 +173,14 @@ def swizzle_rows(m, n, k, swizzles):
     return rows
 
 
-def run_case(m, n, k, bench: bool = True, swizzles=()):
-    """One printed and returned row; an exception becomes the row's error."""
-    name = f"gemm_bf16 {m}x{n}x{k}"
+def run_case(m, n, k, bench: bool = True, swizzles=(), pingpong: bool = False):
+    """One printed and returned row of the kernel form ``pingpong``; an exception becomes the row's error."""
+    name = f"gemm_bf16 {m}x{n}x{k}{_suffix(pingpong)}"
+    with use_form(pingpong):
+        return _run_case(name, m, n, k, bench, swizzles)
+
+
+def _run_case(name, m, n, k, bench, swizzles):
     try:
         problems, torch_problems = check(m, n, k)
         row = dict(name=name, M=m, N=n, K=k, checked=problems == [], problems=problems[:3],
@@ -170,13 +203,19 @@ def run_case(m, n, k, bench: bool = True, swizzles=()):
         return dc.error_row(name, m, n, exc, why="failed") | {"K": k}
 
 
-def fused_row(op, m, n, k, bench: bool = True, device="cuda"):
-    """One op.gemm row: checked against op.reference on the accumulator hook's values (and the
-    hook-free launch the same bytes), then timed against torch.matmul and torch.matmul + op.
-    (``device`` "cpu": the check on op.gemm's CPU route, for the tests.)"""
+def fused_row(op, m, n, k, bench: bool = True, device="cuda", pingpong: bool = False):
+    """One op.gemm row of the kernel form ``pingpong``: checked against op.reference on the
+    accumulator hook's values (and the hook-free launch the same bytes), then timed against
+    torch.matmul and torch.matmul + op. (``device`` "cpu": the check on op.gemm's CPU route, for
+    the tests.)"""
+    name = f"gemm_{op.__name__} {m}x{n}x{k}{_suffix(pingpong)}"
+    with use_form(pingpong):
+        return _fused_row(name, op, m, n, k, bench, device)
+
+
+def _fused_row(name, op, m, n, k, bench, device):
     from mxq.testing import compare, is_exact, v_bound
 
-    name = f"gemm_{op.__name__} {m}x{n}x{k}"
     try:
         a, w = inputs(m, n, k, device=device)
         w = (w.float() / math.sqrt(k)).to(a.dtype)  # (activations of unit size: gelu's both sides)
@@ -213,18 +252,23 @@ def main(argv=None):
     ap.add_argument("--no-bench", action="store_true", help="check only")
     ap.add_argument("--swizzle", default="", help="tile orders to time too, e.g. '4,8'")
     ap.add_argument("--no-fused", action="store_true", help="skip the op.gemm rows")
+    ap.add_argument("--forms", default=",".join(FORMS), help="kernel forms to run: cooperative, pingpong")
     args = ap.parse_args(argv)
     swizzles = [int(s) for s in args.swizzle.split(",") if s]
+    unknown = [f for f in args.forms.split(",") if f not in FORMS]
+    if unknown:
+        ap.error(f"--forms: {unknown} not among {list(FORMS)}")
+    forms = [FORMS[f] for f in args.forms.split(",")]
     if not torch.cuda.is_available():
         print("bench/gemm.py needs a CUDA device", file=sys.stderr)
         return 2
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     dev = torch.cuda.get_device_name()
-    rows = [run_case(m, n, k, not args.no_bench, swizzles) for m, n, k in cases(args.quick)]
+    rows = [run_case(m, n, k, not args.no_bench, swizzles, pp) for m, n, k in cases(args.quick) for pp in forms]
     if not args.no_fused:
-        rows += [fused_row(op, m, n, k, not args.no_bench) for m, n, k in (LARGE[:1] if args.quick else LARGE)
-                 for op in FUSED]
+        rows += [fused_row(op, m, n, k, not args.no_bench, pingpong=pp)
+                 for m, n, k in (LARGE[:1] if args.quick else LARGE) for op in FUSED for pp in forms]
     dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
                                      "rows": rows}, "-gemm")
     return 0 if all(r.get("checked") for r in rows) else 1

@@ -489,7 +489,8 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
     # rowwise=1 would skip the validation that refuses it in a fresh process)
-    if all(f.__class__ is bool for f in (rowwise, colwise, amax, block_2d, hadamard, stochastic_rounding)):
+    if (rowwise.__class__ is colwise.__class__ is amax.__class__ is block_2d.__class__ is hadamard.__class__
+            is stochastic_rounding.__class__ is bool):  # (a chain, not all(...) over a generator: every call)
         try:
             op = _QUANTIZE_OPS.get(key)
         except TypeError:  # unhashable option values: QuantSpec names the bad one
@@ -503,8 +504,16 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
             _QUANTIZE_OPS[key] = op
     if extra is not None:  # (checked for every format: validation names what the op does not take)
         return op._route(Call([x], [], None, noop, out, group_offsets, extra))
-    got = op._fast_call((x,), None, None, noop, group_offsets) if op._fast and out is None else None
-    return got if got is not None else op(x, noop=noop, out=out, group_offsets=group_offsets)
+    if out is None and op._fast:
+        got = op._fast_call((x,), None, None, noop, group_offsets)
+        if got is not None:
+            return got
+    # what op(x, noop=..., out=..., group_offsets=...) runs (FusedOp.__call__), bound here: the
+    # identity op's one tensor
+    call = Call([x], [], None, noop, out, group_offsets)
+    key = call.key()
+    plan = op._plans.get(key)
+    return plan(call) if plan is not None else op._route(call, False, key=key)
 
 
 @torch_ops.constant_result

@@ -37,3 +37,15 @@ def test_host_run_refuses_without_cuda(monkeypatch, tmp_path, capsys):
     path = tmp_path / "host.json"
     assert tool.host_main([str(path)]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err and not path.exists()
+
+
+def test_out_pairs_name_cases_and_ratio_their_times():
+    """Each out= case is timed against its allocating counterpart (out= no slower: ratio <= 1.0)."""
+    tool = _bench_tool("fixed_cost")
+    names = [c[0] for c in tool.host_cases("cpu")]
+    assert tool.OUT_PAIRS and all(o in names and a in names and "out=" in o and "out=" not in a
+                                  for o, a in tool.OUT_PAIRS)
+    rows = [{"case": o, "us": 3.0} for o, _ in tool.OUT_PAIRS] + [{"case": a, "us": 2.0} for _, a in tool.OUT_PAIRS]
+    rows[0]["us"] = 1.0
+    got = tool.out_vs_alloc(rows)
+    assert [(p["ratio"], p["meets"]) for p in got] == [(0.5, True)] + [(1.5, False)] * (len(tool.OUT_PAIRS) - 1)

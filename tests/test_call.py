@@ -94,6 +94,13 @@ def test_key_follows_out_layout():
     e5 = MXFP8Tensor.empty(QuantSpec(rowwise=True, colwise=True, fp8="e5m2"), (64, 32), torch.float32, "cpu")
     assert Call([b], [], out=one).key() != Call([b], [], out=e5).key()
     assert Call([b], [], out=one).key() != Call([b], []).key()
+    # an out of another format or block whose tensors are laid out alike (FP8 block scaling's 1x128 and
+    # 128x128 scales of one row: [1, 2] fp32 both): check_out refuses it, so a kept route must not take it
+    x = torch.zeros(1, 256)
+    outs = [MXFP8Tensor.empty(QuantSpec(format="fp8_block", block=block), (1, 256), torch.float32, "cpu")
+            for block in ((1, 128), (128, 128))]
+    assert [(t.rowwise_scale.shape, t.rowwise_scale.dtype) for t in outs] == [((1, 2), torch.float32)] * 2
+    assert Call([x], [], out=outs[0]).key() != Call([x], [], out=outs[1]).key()
 
 
 def test_has_dtensor_looks_at_inputs_act_input_and_offsets_by_type_name():
@@ -157,3 +164,61 @@ def test_a_gated_backwards_act_input_is_named_as_the_caller_passed_it():
         with pytest.raises(kind, match="argument 'act_input'") as err:
             op(g, act_input=a)
         assert "_mxq_" not in str(err.value)
+
+
+def test_a_kept_route_does_not_outlive_an_in_place_change():
+    """FusedOp._plans keeps a checked call's route under Call.key: a later call whose tensors were
+    changed in place (the same objects resized, re-strided, their .data swapped for another dtype)
+    has another key and is checked again (here: refused by name, or run by the CPU reference),
+    by the op and by mxq.quantize alike."""
+    from mxq.op import _quantize_op
+
+    spec = QuantSpec(rowwise=True, colwise=True)
+    for op, call in ((mxq.fused_quant(rowwise=True, colwise=True)(_ident), lambda x, out: op(x, out=out)),
+                     (_quantize_op(spec), lambda x, out: mxq.quantize(x, colwise=True, out=out))):
+        x = torch.randn(64, 32)
+        out = MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu")
+        op._plans[Call([x], [], out=out).key()] = lambda c: "kept"
+        try:
+            assert call(x, out) == "kept"
+            out.rowwise_data.resize_(32, 32)
+            with pytest.raises(ValueError, match="out.rowwise_data"):
+                call(x, out)
+            out.rowwise_data.resize_(64, 32)
+            assert call(x, out) == "kept"
+            out.colwise_data.data = torch.zeros(64, 32, dtype=torch.float8_e5m2)
+            with pytest.raises(ValueError, match="out.colwise_data"):
+                call(x, out)
+            out.colwise_data.data = torch.zeros(64, 32, dtype=torch.float8_e4m3fn)
+            assert call(x, out) == "kept"
+            x.as_strided_((64, 32), (1, 64))  # (the same elements, column-major)
+            assert isinstance(call(x, out), MXFP8Tensor)  # (checked: the reference, into out)
+            x.resize_(32, 64)
+            with pytest.raises(ValueError, match="out.rowwise_data"):  # (out is for [64, 32])
+                call(x, out)
+        finally:
+            op._plans.clear()
+
+
+def _ident(x):
+    return x
+
+
+def test_bind_names_in_one_step_binds_as_the_loop():
+    """Binder._bind_names' one step (a keyword call naming exactly the parameters after the
+    positional ones) binds as the loop torch.compile traces, and every other call takes the loop,
+    which names what is wrong."""
+    bind = Binder(_axr, mxq.fused_quant()(_axr).epilogue)
+    x, r = torch.zeros(2, 32), torch.ones(2, 32)
+    for args, kwargs in (((x,), dict(r=r, alpha=0.5, beta=3.0)), ((x, r), dict(beta=3.0, alpha=0.5)),
+                         ((), dict(beta=3.0, x=x, alpha=0.5, r=r)), ((x, r, 0.5), dict(beta=3.0)),
+                         ((x,), dict(r=r)), ((x, r, 0.5, 3.0), {})):
+        fast, loop = bind._bind_names(args, kwargs), bind._bind_names(args, kwargs, eager=False)
+        assert len(fast) == len(loop) == 4 and all(a is b for a, b in zip(fast, loop)), (args, kwargs)
+    for args, kwargs, match in (((x, r), dict(r=r, alpha=0.5), "repeated argument 'r'"),
+                                ((x,), dict(r=r, alpha=0.5, gamma=1.0), "unexpected or repeated argument 'gamma'"),
+                                ((x, r, 0.5), dict(gamma=1.0), "unexpected or repeated argument 'gamma'"),
+                                ((), dict(r=r), "missing argument 'x'")):
+        for eager in (True, False):
+            with pytest.raises(TypeError, match=match):
+                bind._bind_names(args, kwargs, eager)

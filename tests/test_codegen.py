@@ -1007,6 +1007,9 @@ def test_fp8_block_bench_cases_are_served_ops_with_their_bytes():
     assert tool.moved(m, n, False, True) == 2 * m * n + m * n + 4 * 2 * n
     assert tool.moved(m, n, True, True, 2, 2 * n) == 4 * m * n + 2 * m * n + 4 * (3 * m + 2 * n) + 2 * n
     assert set(tool.TILE128_ROWS) <= set(tool.mxq_cases(m, n))  # (--variants re-times these rows)
+    assert not set(tool.EXTRA_ROWS) & set(tool.mxq_cases(m, n))  # (--rows names either)
+    with pytest.raises(SystemExit, match="nope"):  # (before any device call)
+        tool.main(["--rows", "colwise_gemm,nope"])
     assert tool.tile_moved(m, n) == 2 * m * n + m * n + 4 * 2 * 3
     assert tool.tile_moved(m, n, 2) == 2 * m * n + 2 * (m * n + 4 * 2 * 3)
     x = torch.randn(m, n, dtype=torch.bfloat16)

@@ -2,13 +2,15 @@
 
 CPU: launch_gemm compiles to sm_90a PTX (wgmma, the FP8 conversions, 16-bit data stores, scale
 stores, no store of the product) for FP8 block scaling and MXFP8 with broadcast, full and float
-operands; refusals are ValueErrors naming the option (TypeError / ValueError naming the
+operands, in both forms of the GEMM (cooperative and ping-pong), within the setmaxnreg budget and
+with no local memory (cuobjdump); refusals are ValueErrors naming the option (TypeError / ValueError naming the
 argument for bad tensors) before anything compiles; on CPU op.gemm is the reference on the fp32
 accumulator, checked against the independent oracles (tests/oracle.py, oracle_fp8_block.py).
 GPU (marked ``gpu``): data and scale bytes equal op.reference applied to the kernel's own
 accumulator (the acc_out hook; every byte for exact ops, docs/NUMERICS.md's transcendental
 class for gelu), for random shapes with partial M and N tiles, every served format and scale
-layout; the accumulator against a float64 matmul; the hook-free launch writes the same bytes.
+layout; the accumulator against a float64 matmul; the hook-free launch writes the same bytes;
+each in both forms of the GEMM.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from mxq.runtime import gemm as g
 from mxq.testing import compare, is_exact, v_bound
 
 from . import oracle, oracle_fp8_block
+from .test_gemm_sm90 import CUOBJDUMP, FORMS, _form, assert_within_budget, cubin_resources, form  # noqa: F401
 
 
 @mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128))
@@ -83,16 +86,18 @@ def plus_bias_mx_sw(x, b):
 # --- CPU: PTX ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ptx():
-    """PTX of two launch_gemm compiles: FP8 block scaling + bias + gelu (bf16), and MXFP8 e5m2
-    with a column operand, a full residual and a float (fp16, with the accumulator hook)."""
-    return {"fp8_block": g.compile_gemm_op(bias_gelu, "bf16", ("row",), False, 132, 1, keep_ptx=True).__ptx__,
-            "mxfp8": g.compile_gemm_op(scaled_residual_mx, "fp16", ("col", "full"), True, 132, 8,
-                                       keep_ptx=True).__ptx__}
+    """PTX of two launch_gemm compiles in both forms (by (format, pingpong)): FP8 block scaling +
+    bias + gelu (bf16), and MXFP8 e5m2 with a column operand, a full residual and a float (fp16,
+    with the accumulator hook)."""
+    return {(fmt, pp): g.compile_gemm_op(*args, keep_ptx=True, pingpong=pp).__ptx__ for pp in FORMS
+            for fmt, args in (("fp8_block", (bias_gelu, "bf16", ("row",), False, 132, 1)),
+                              ("mxfp8", (scaled_residual_mx, "fp16", ("col", "full"), True, 132, 8)))}
 
 
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
-def test_launch_gemm_compiles_to_sm90a_with_the_quantize_in_its_epilogue(ptx, fmt):
-    text = ptx[fmt]
+def test_launch_gemm_compiles_to_sm90a_with_the_quantize_in_its_epilogue(ptx, fmt, pingpong):
+    text = ptx[fmt, pingpong]
     assert re.search(r"^\.target sm_90a", text, re.M)
     el = "bf16" if fmt == "fp8_block" else "f16"
     assert f"wgmma.mma_async.sync.aligned.m64n256k16.f32.{el}.{el}" in text
@@ -111,11 +116,12 @@ def test_launch_gemm_compiles_to_sm90a_with_the_quantize_in_its_epilogue(ptx, fm
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
-def test_ptxas_assembles_the_fused_kernel_without_spills_or_serialised_wgmmas(ptx, fmt):
+def test_ptxas_assembles_the_fused_kernel_without_spills_or_serialised_wgmmas(ptx, fmt, pingpong):
     """The local ptxas takes the fused kernel with no spills and no C7514 warning (an
     instruction reading the accumulators while a wgmma group is in flight)."""
-    text = ptx[fmt]
+    text = ptx[fmt, pingpong]
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "k.ptx"
         for _ in range(2):
@@ -132,9 +138,21 @@ def test_ptxas_assembles_the_fused_kernel_without_spills_or_serialised_wgmmas(pt
     assert re.search(r"0 bytes spill stores, 0 bytes spill loads", out), out[-2000:]
 
 
+@pytest.mark.skipif(CUOBJDUMP is None, reason="needs cuobjdump (PATH or MXQ_CUOBJDUMP)")
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
+def test_fused_cubin_registers_within_the_setmaxnreg_budget_without_local_memory(monkeypatch, pingpong):
+    """gelu + FP8 block scaling with a bias row in the epilogue (the 128 accumulators and the
+    op's values live together) fits the consumers' registers with no local memory, either form."""
+    res = cubin_resources(monkeypatch, lambda: g.compile_gemm_op(bias_gelu, "bf16", ("row",), False, 132, 1,
+                                                                 keep_ptx=True, pingpong=pingpong))
+    assert_within_budget(res)
+
+
 def test_the_accumulator_layout_assumption_is_checked_at_trace_time():
-    """gemm_quant.check_layout passes on GemmSm90's tiled MMA (it runs in every fused compile)
-    and fails on a tiled MMA of another value order (planted: two warpgroups along N)."""
+    """gemm_quant.check_layout passes on GemmSm90's tiled MMAs (it runs in every fused compile):
+    the cooperative form's two warpgroups on 128 rows, the ping-pong form's one on 64; it fails on
+    a tiled MMA of another value order (planted: two warpgroups along N) and on a tile that is not
+    64 rows a warpgroup."""
     from mxq.runtime import toolchain
 
     toolchain.import_cutlass(g.ARCH)
@@ -143,7 +161,7 @@ def test_the_accumulator_layout_assumption_is_checked_at_trace_time():
     import cutlass.utils.hopper_helpers as sm90
 
     from mxq.kernels import gemm_quant
-    from mxq.kernels.gemm_sm90 import TILE
+    from mxq.kernels.gemm_sm90 import PINGPONG_TILE, TILE
 
     k_major = utils.LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
 
@@ -156,14 +174,21 @@ def test_the_accumulator_layout_assumption_is_checked_at_trace_time():
     @cute.jit
     def gemm_sm90s():  # (host-only: the check runs while these trace)
         gemm_quant.check_layout(mma((2, 1, 1), (64, TILE[1])), (TILE[0], TILE[1]))
+        gemm_quant.check_layout(mma((1, 1, 1), (64, PINGPONG_TILE[1])), PINGPONG_TILE[:2], 1)
 
     @cute.jit
     def planted():
         gemm_quant.check_layout(mma((1, 2, 1), (TILE[0] // 2, TILE[1])), (TILE[0], TILE[1]))
 
+    @cute.jit
+    def planted_rows():
+        gemm_quant.check_layout(mma((1, 1, 1), (64, TILE[1])), (TILE[0], TILE[1]), 1)
+
     cute.compile(gemm_sm90s, options=f"--gpu-arch {g.ARCH}")
     with pytest.raises(Exception, match="layout assumption"):
         cute.compile(planted, options=f"--gpu-arch {g.ARCH}")
+    with pytest.raises(Exception, match="not 1 warpgroups of 64 rows"):
+        cute.compile(planted_rows, options=f"--gpu-arch {g.ARCH}")
 
 
 # --- CPU: refusals ----------------------------------------------------------------------------
@@ -262,7 +287,9 @@ def test_cpu_gemm_takes_operands_and_floats_as_a_call_does():
 # --- GPU: bit-exact against the reference on the kernel's own accumulator ----------------------
 GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw, plus_bias, plus_bias_gemm, plus_bias_mx,
            plus_bias_mx_sw]
-SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 1032, 136), (1024, 768, 512)]
+SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 1032, 136), (1024, 768, 512),
+          (2176, 2048, 256)]  # (the last: 272 ping-pong tiles on 132 CTAs, some with an odd count)
+
 
 
 def _acc_bound(a, w):
@@ -305,7 +332,7 @@ def launch_flat(s):
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", GPU_OPS, ids=lambda o: o.__name__)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_gpu_gemm_bytes_equal_the_reference_on_its_accumulator(op, shape):
+def test_gpu_gemm_bytes_equal_the_reference_on_its_accumulator(op, shape, form):
     m, n, k = shape
     gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
     a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
@@ -317,7 +344,7 @@ def test_gpu_gemm_bytes_equal_the_reference_on_its_accumulator(op, shape):
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", [scaled_residual, scaled_residual_mx], ids=lambda o: o.__name__)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_gemm_column_full_and_float_operands(op, dtype):
+def test_gpu_gemm_column_full_and_float_operands(op, dtype, form):
     m, n, k = 333, 392, 264
     gen = torch.Generator(device="cuda").manual_seed(5)
     a = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
@@ -329,7 +356,7 @@ def test_gpu_gemm_column_full_and_float_operands(op, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("op", [bias_gelu, bias_gelu_mx_sw], ids=lambda o: o.__name__)
-def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op):
+def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op, form):
     m, n, k = 515, 1288, 392
     gen = torch.Generator(device="cuda").manual_seed(9)
     a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
@@ -356,7 +383,7 @@ def _specials(device):
 
 
 @pytest.mark.gpu
-def test_gpu_gemm_specials_nan_and_overflow_in_the_accumulator():
+def test_gpu_gemm_specials_nan_and_overflow_in_the_accumulator(form):
     """FP8 block scaling drops NaN from its block amax, MXFP8 propagates it; both as the
     reference on the kernel's accumulator."""
     a, w, b = _specials("cuda")
@@ -400,7 +427,7 @@ def _check_against_reference_loose_acc(op, a, w, *operands):
 
 
 @pytest.mark.gpu
-def test_gpu_gemm_empty_m_returns_empty_outputs():
+def test_gpu_gemm_empty_m_returns_empty_outputs(form):
     a = torch.zeros(0, 64, device="cuda", dtype=torch.bfloat16)
     w = torch.zeros(256, 64, device="cuda", dtype=torch.bfloat16)
     t = bias_gelu.gemm(a, w, torch.zeros(256, device="cuda", dtype=torch.bfloat16))
@@ -415,5 +442,23 @@ def test_bench_fused_rows_check_on_the_cpu_route():
     tool = _bench_tool("gemm")
     assert [op.spec.format for op in tool.FUSED] == ["fp8_block", "mxfp8"]
     for op in tool.FUSED:
-        row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu")
-        assert row["checked"], row
+        for pp in (False, True):
+            row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu", pingpong=pp)
+            assert row["checked"], row
+            assert row["name"] == f"gemm_{op.__name__} 130x264x72" + (" pingpong" if pp else "")
+
+
+def test_bench_runs_each_form_through_the_runtime_switch():
+    """bench/gemm.py's --forms: both by default, each row run with mxq.runtime.gemm.PINGPONG set
+    to its form and restored after; an unknown name is refused before anything runs."""
+    from .test_codegen import _bench_tool
+
+    tool = _bench_tool("gemm")
+    assert tool.FORMS == {"cooperative": False, "pingpong": True}
+    before = g.PINGPONG
+    for pp in (False, True):
+        with tool.use_form(pp):
+            assert g.PINGPONG is pp
+        assert g.PINGPONG is before
+    with pytest.raises(SystemExit):
+        tool.main(["--forms", "cooperative,pinpong"])

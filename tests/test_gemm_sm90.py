@@ -1,19 +1,24 @@
 """The sm_90 GEMM (mxq/kernels/gemm_sm90.py, mxq/runtime/gemm.py).
 
 CPU: the kernel compiles to sm_90a PTX holding wgmma and TMA loads, with and without the fp32
-accumulator hook; bad arguments raise before any launch, naming the argument; bench/gemm.py's
-cases and tolerances (the tolerances checked on an fp32 CPU matmul, and a planted wrong K tile
-caught). GPU (marked ``gpu``): D and the accumulator against a float64 matmul on full and
-partial tiles, fp16, ``out=`` into a view, and empty M.
+accumulator hook, in both forms (cooperative, and ``pingpong``: its mainloops ordered by a named
+barrier pair, whose protocol is also simulated on ints); the kernel CuTeDSL assembles stays
+within the setmaxnreg budget with no local memory (cuobjdump); bad arguments raise before any
+launch, naming the argument; bench/gemm.py's cases and tolerances (the tolerances checked on an
+fp32 CPU matmul, and a planted wrong K tile caught). GPU (marked ``gpu``), both forms: D and the
+accumulator against a float64 matmul on full and partial tiles, fp16, ``out=`` into a view, and
+empty M.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
 
 import pytest
 import torch
@@ -23,15 +28,27 @@ from mxq.runtime import gemm as g
 from .test_codegen import _bench_tool
 
 
+FORMS = [False, True]  # GemmSm90's pingpong
+
+
+def _form(pingpong):
+    return "pingpong" if pingpong else "cooperative"
+
+
 @pytest.fixture(scope="module")
 def ptx():
-    """PTX of both variants (bf16), by hook."""
-    return {hook: g.compile_gemm("bf16", acc_hook=hook, keep_ptx=True).__ptx__ for hook in (False, True)}
+    """PTX of both variants (bf16), by hook; [hook, pingpong] for both forms."""
+    out = {hook: g.compile_gemm("bf16", acc_hook=hook, keep_ptx=True).__ptx__ for hook in (False, True)}
+    out.update({(hook, pp): out[hook] if not pp else
+                g.compile_gemm("bf16", acc_hook=hook, keep_ptx=True, pingpong=True).__ptx__
+                for hook in (False, True) for pp in FORMS})
+    return out
 
 
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 @pytest.mark.parametrize("hook", [False, True])
-def test_compiles_to_sm90a_ptx_with_wgmma_and_tma(ptx, hook):
-    text = ptx[hook]
+def test_compiles_to_sm90a_ptx_with_wgmma_and_tma(ptx, hook, pingpong):
+    text = ptx[hook, pingpong]
     assert re.search(r"^\.target sm_90a", text, re.M)
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in text
     assert "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes" in text
@@ -40,12 +57,13 @@ def test_compiles_to_sm90a_ptx_with_wgmma_and_tma(ptx, hook):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 @pytest.mark.parametrize("hook", [False, True])
-def test_ptxas_keeps_wgmmas_pipelined_without_spills(ptx, hook):
+def test_ptxas_keeps_wgmmas_pipelined_without_spills(ptx, hook, pingpong):
     """The local ptxas assembles the kernel with no spills and without serialising the wgmmas
     (its C7514 warning: a non-wgmma instruction reading the accumulators while a wgmma group is in
     flight, which an edge store of single elements caused)."""
-    text = ptx[hook]
+    text = ptx[hook, pingpong]
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "k.ptx"
         for _ in range(2):
@@ -75,6 +93,143 @@ def test_d_leaves_as_bf16_pairs_and_the_hook_adds_fp32_stores(ptx):
     plain = re.findall(r"st\.global[\w.]*", ptx[False])
     assert plain and set(plain) == {"st.global.b32"}
     assert "st.global.v2.b32" in ptx[True]
+
+
+def test_pingpong_orders_the_mainloops_with_a_named_barrier_pair(ptx):
+    """The ping-pong form: one 256-thread bar.sync (a warpgroup waits for its turn) and two
+    bar.arrive (warpgroup 0 opens its own barrier once; each warpgroup signals the other's after
+    its last wgmmas are issued, before it waits for them); five 40 KiB stages of a 64-row A tile
+    (W's stages start after 5 x 64 x 64 bf16 of A, at 1024 + 40960). The cooperative form has
+    no named barrier and four 48 KiB stages (W after 4 x 128 x 64 bf16 of A)."""
+    for hook in (False, True):
+        coop, pp = ptx[hook, False], ptx[hook, True]
+        assert not re.search(r"\bbar\.(sync|arrive)\s+%r", coop)
+        assert len(re.findall(r"\bbar\.sync\s+%r\d+, 256;", pp)) == 1
+        arrives = [m.start() for m in re.finditer(r"\bbar\.arrive\s+%r\d+, 256;", pp)]
+        assert len(arrives) == 2
+        last_wait = [m.start() for m in re.finditer(r"wgmma\.wait_group\.sync\.aligned\s+0;", pp)]
+        assert len(last_wait) == 1 and arrives[1] < last_wait[0]
+        assert "wgmma" not in pp[arrives[1]:last_wait[0]]
+        assert pp.index("wgmma.mma_async") < arrives[1]
+        assert coop.count("mbarrier.init.shared.b64") == 2 * 4 and pp.count("mbarrier.init.shared.b64") == 2 * 5
+        tma = r"cp\.async\.bulk\.tensor\.2d[^\n]*\[%r\d+\+{}\]"
+        assert re.search(tma.format(1024 + 5 * 64 * 64 * 2), pp)
+        assert re.search(tma.format(1024 + 4 * 128 * 64 * 2), coop)
+
+
+def _simulate_pingpong(tiles: int, k_tiles: int):
+    """The ping-pong consumers' protocol (GemmSm90.consume / mainloop) run on ints against a model
+    of named barriers (128 threads a warpgroup: a phase completes at 2 warpgroups' arrivals, a
+    bar.sync arriving too and waiting for its phase to complete). Returns the mainloops in the
+    order they ran, as (warpgroup, CTA-local tile, the stage counts it read)."""
+    from mxq.kernels.gemm_sm90 import CONSUMER_WGS, ordered_barrier_ids
+
+    count, phase = {}, {}  # barrier id -> arrivals on its current phase, phases completed
+    order = []
+
+    def arrive(bar):
+        count[bar] = count.get(bar, 0) + 1
+        if count[bar] == CONSUMER_WGS:
+            count[bar] = 0
+            phase[bar] = phase.get(bar, 0) + 1
+
+    def consumer(wg):
+        wait_id, signal_id = ordered_barrier_ids(wg)
+        if wg == 0:
+            arrive(wait_id)
+        read, j = k_tiles * wg, wg
+        while j < tiles:
+            done = phase.get(wait_id, 0)
+            arrive(wait_id)  # (bar.sync: arrive, then wait for the phase to complete)
+            while phase.get(wait_id, 0) == done:
+                yield "blocked"
+            order.append((wg, j, list(range(read, read + k_tiles))))
+            read += k_tiles
+            arrive(signal_id)
+            yield "epilogue"
+            read += k_tiles
+            j += CONSUMER_WGS
+
+    runs = [consumer(0), consumer(1)]
+    live = list(runs)
+    for _ in range(100 * (tiles + 2)):
+        for r in list(live):
+            if next(r, None) is None:
+                live.remove(r)
+        if not live:
+            return order
+    raise AssertionError(f"deadlock with {tiles} tiles: {order}")
+
+
+@pytest.mark.parametrize("tiles", [0, 1, 2, 3, 4, 7, 10])
+def test_pingpong_barrier_pair_alternates_the_mainloops_in_schedule_order(tiles):
+    """Simulated on ints: whatever the CTA's tile count, the mainloops run in the producer's tile
+    order (tile j by warpgroup j % 2, alternating), each reading exactly the stages the producer
+    filled for that tile (j k_tiles .. (j + 1) k_tiles - 1), and nothing deadlocks."""
+    from mxq.runtime import toolchain
+
+    toolchain.import_cutlass(g.ARCH)
+    for k_tiles in (1, 3, 64):
+        order = _simulate_pingpong(tiles, k_tiles)
+        assert order == [(j % 2, j, list(range(j * k_tiles, (j + 1) * k_tiles))) for j in range(tiles)]
+
+
+def test_ordered_barrier_ids_are_a_pair_of_named_barriers():
+    from mxq.runtime import toolchain
+
+    toolchain.import_cutlass(g.ARCH)
+    from mxq.kernels.gemm_sm90 import ordered_barrier_ids
+
+    (w0, s0), (w1, s1) = ordered_barrier_ids(0), ordered_barrier_ids(1)
+    assert (w0, s0) == (s1, w1) and w0 != w1  # each signals the barrier the other waits on
+    assert {w0, w1} <= set(range(1, 16))  # named barriers; 0 is __syncthreads'
+
+
+CUOBJDUMP = shutil.which("cuobjdump") or os.environ.get("MXQ_CUOBJDUMP")
+
+
+def cubin_resources(monkeypatch, compile_fn) -> dict:
+    """cuobjdump's resource line of the cubin ``compile_fn()`` produces (CuTeDSL's own ptxas:
+    what would run), with ``max_reg``: the highest register its SASS names, and ``local``: its
+    local-memory instructions."""
+    import contextlib
+    import shlex
+
+    from mxq.runtime import compiler
+
+    with tempfile.TemporaryDirectory() as d:
+        @contextlib.contextmanager
+        def options(arch, keep_ptx):
+            yield f"--enable-tvm-ffi --gpu-arch {arch} --keep-cubin --dump-dir {shlex.quote(d)}"
+
+        monkeypatch.setattr(compiler, "compile_options", options)
+        compile_fn()
+        cubins = list(Path(d).glob("*.cubin"))
+        assert len(cubins) == 1, cubins
+        res = subprocess.run([CUOBJDUMP, "-res-usage", str(cubins[0])], capture_output=True, text=True).stdout
+        sass = subprocess.run([CUOBJDUMP, "-sass", str(cubins[0])], capture_output=True, text=True).stdout
+    line = re.search(r"Function \S+:\n\s*(REG:.*)", res).group(1)
+    out = {k: int(v) for k, v in re.findall(r"(\w+):(\d+)", line)}
+    out["max_reg"] = max(int(r) for r in re.findall(r"\bR(\d+)\b", sass))
+    out["local"] = len(re.findall(r"\b(LDL|STL)\b", sass))
+    return out
+
+
+def assert_within_budget(res: dict):
+    """The launch's registers fit 384 threads, the consumers' code the setmaxnreg budget (the
+    highest register named below CONSUMER_REGS), and no stack or local memory (no spills)."""
+    from mxq.kernels.gemm_sm90 import CONSUMER_REGS, CONSUMER_WGS, THREADS_PER_WG
+
+    assert res["REG"] <= 65536 // (THREADS_PER_WG * (1 + CONSUMER_WGS)), res
+    assert res["max_reg"] < CONSUMER_REGS, res
+    assert res["STACK"] == 0 and res["LOCAL"] == 0 and res["local"] == 0, res
+
+
+@pytest.mark.skipif(CUOBJDUMP is None, reason="needs cuobjdump (PATH or MXQ_CUOBJDUMP)")
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
+def test_cubin_registers_within_the_setmaxnreg_budget_without_local_memory(monkeypatch, pingpong):
+    res = cubin_resources(monkeypatch, lambda: g.compile_gemm("bf16", keep_ptx=True, pingpong=pingpong))
+    assert_within_budget(res)
 
 
 def _bf16(*shape):
@@ -124,9 +279,9 @@ def test_tile_order_groups_divide_the_n_tiles():
     from mxq.runtime import toolchain
 
     toolchain.import_cutlass(g.ARCH)  # (the kernel module imports cutlass: with the arch set first)
-    from mxq.kernels.gemm_sm90 import TILE
+    from mxq.kernels.gemm_sm90 import PINGPONG_TILE, TILE
 
-    assert g.TILE_N == TILE[1]
+    assert g.TILE_N == TILE[1] == PINGPONG_TILE[1]  # (one tile order rule serves both forms)
     assert [g.swizzle_for(n) for n in (8, 256, 512, 768, 1024, 4096, 14336, 28672, 2056)] == [1, 1, 2, 1, 4, 8, 8, 8, 1]
     for n in range(8, 40000, 8):
         tiles = -(-n // 256)
@@ -174,13 +329,30 @@ def test_bench_case_errors_become_rows(monkeypatch):
     assert tool.main([]) == 2
 
 
+@pytest.fixture(params=FORMS, ids=_form)
+def form(request, monkeypatch):
+    """Both kernel forms: runtime/gemm.PINGPONG set for the test, and every compile the test
+    makes (gemm, op.gemm) checked to have asked for that form."""
+    seen = []
+    for name in ("compile_gemm", "compile_gemm_op"):
+        def spy(*args, _real=getattr(g, name), **kw):
+            seen.append(kw.get("pingpong"))
+            return _real(*args, **kw)
+
+        monkeypatch.setattr(g, name, spy)
+    monkeypatch.setattr(g, "PINGPONG", request.param)
+    yield request.param
+    assert all(p is request.param for p in seen), seen
+
+
 GPU_SHAPES = [(128, 256, 64), (200, 136, 64), (1000, 520, 4096), (1, 8, 8), (129, 264, 72), (384, 768, 1024),
-              (4096, 4096, 4096), (8192, 14336, 512)]
+              (4096, 4096, 4096), (8192, 14336, 512),
+              (64, 256, 64), (65, 520, 136), (2176, 2048, 256)]  # (ping-pong: 1 tile; 2 x 3; 272 tiles on 132 CTAs)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,n,k", GPU_SHAPES)
-def test_gpu_gemm_against_float64(m, n, k):
+def test_gpu_gemm_against_float64(m, n, k, form):
     tool = _bench_tool("gemm")
     # (torch.matmul's own verdict is only printed by the bench: cuBLAS may reduce split-K partials in bf16)
     problems, _ = tool.check(m, n, k)
@@ -189,7 +361,7 @@ def test_gpu_gemm_against_float64(m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_out_argument_and_dtypes(dtype):
+def test_gpu_out_argument_and_dtypes(dtype, form):
     tool = _bench_tool("gemm")
     a, w = tool.inputs(300, 1000, 200, dtype=dtype)
     out = torch.full((300, 1000), float("nan"), dtype=dtype, device="cuda")
@@ -199,7 +371,7 @@ def test_gpu_out_argument_and_dtypes(dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_edges_leave_memory_outside_d_untouched():
+def test_gpu_edges_leave_memory_outside_d_untouched(form):
     """D written into a view of a larger buffer's leading rows: the rows after it keep their values."""
     tool = _bench_tool("gemm")
     a, w = tool.inputs(130, 264, 64)
@@ -211,7 +383,7 @@ def test_gpu_edges_leave_memory_outside_d_untouched():
 
 
 @pytest.mark.gpu
-def test_gpu_empty_m_returns_empty():
+def test_gpu_empty_m_returns_empty(form):
     a, w = torch.zeros(0, 64, dtype=torch.bfloat16, device="cuda"), torch.zeros(8, 64, dtype=torch.bfloat16,
                                                                               device="cuda")
     assert g.gemm(a, w).shape == (0, 8)

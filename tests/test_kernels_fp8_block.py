@@ -11,7 +11,9 @@ the logical scales. GPU (marked gpu): every dtype, fp8, scale mode, layout and v
 torch reference byte for byte, and a small case against tests/oracle_fp8_block.py.
 """
 
+import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -216,6 +218,107 @@ def test_transposed_copy_compiles(arch, dtype, opts):
     assert ("max.NaN" in ptx) == bool(opts.get("amax"))
     assert ("red.relaxed.gpu.global.max.s32" in ptx) == bool(opts.get("amax"))  # (device.amax_atomic)
     assert codegen.kernel_config(op.spec, op.epilogue).transposed
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype, rowwise", [("bf16", False), ("fp16", True)])
+def test_transposed_copy_stage_forms_compile(arch, dtype, rowwise):
+    """Tuning.tr_stage, the transposed copy of a plain cast: "regs" loads the thread's 8 rows into
+    registers (no cp.async) and has a "tr" buffer of its own; "stage" and "park" request all 8
+    rows as 16-byte cp.async copies (one commit group each, a wait before each row's read) and
+    transpose the tile in the staged input's shared memory (32 KB less), "park" with one barrier
+    more (every thread's parked rows read before "tr" overwrites them) and fewer registers (none of
+    the input words live across the scale phases). 3 CTAs of the staged forms share an SM's
+    shared memory. The library's choice is "park" for the transposed copy alone, "regs" beside the
+    rowwise copy; ops with arithmetic or dbias are not switched."""
+    from mxq.kernels import config as kc
+
+    def build(form):
+        op = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=rowwise, scale_layout="gemm")(ident)
+        return op._with_tuning(kc.Tuning(tr_stage=form)) if form else op
+
+    ptx = {form: _ptx(build(form), arch, dtype) for form in kc.TR_STAGES}
+    assert "cp.async" not in ptx["regs"]
+    for form in ("stage", "park"):
+        copies = re.findall(r"cp\.async\.cg\.shared\.global(?:\.L2::128B)? \[[^]]+\], \[[^]]+\], (\d+)", ptx[form])
+        assert copies == ["16"] * 8, copies
+        assert ptx[form].count("cp.async.commit_group") == 8
+        assert ptx[form].count("cp.async.wait_group") == 8
+    assert ptx["park"].count("bar.sync") == ptx["stage"].count("bar.sync") + 1 == ptx["regs"].count("bar.sync") + 1
+    for p in ptx.values():  # (the same transpose and stores in every form)
+        assert p.count("prmt.b32") == 32 and p.count("st.global.v4.b32") == 4
+    default = "regs" if rowwise else "park"
+    assert _ptx(build(None), arch, dtype) == ptx[default]
+    op = build(None)
+    cfg = codegen.kernel_config(op.spec, op.epilogue)
+    assert cfg.tr_stage == default and cfg.stage == cfg.tr_aliased == (default == "park")
+    sizes = {}
+    for form in kc.TR_STAGES:
+        c = dataclasses.replace(cfg, tuning=kc.Tuning(tr_stage=form))
+        names = [b.name for b in c.packed_buffers([(16, False)] if c.stage else [], False)]
+        assert ("tr" in names) == (form == "regs") and ("in0" in names) == (form != "regs")
+        sizes[form] = c.packed_shared_bytes(1, False)
+    # by hand: column maxima 16 warps x 128 words, 256 inverse scales, then "tr" (128 x 256 bytes)
+    # or the staged input (8 rows x 512 threads x 16 bytes), which holds it
+    assert sizes["regs"] == 16 * 128 * 4 + 256 * 4 + 128 * 256
+    assert sizes["stage"] == sizes["park"] == 16 * 128 * 4 + 256 * 4 + 8 * 512 * 16
+    assert kc.KernelConfig.ctas_fit(sizes["park"], 3) and not kc.KernelConfig.ctas_fit(sizes["park"] + 128 * 256, 3)
+    # a cap that 4 CTAs' shared memory cannot meet is none: the staged forms never halve their rows
+    # into a ring (a parked row keeps its slot until encoded)
+    for form in ("stage", "park"):
+        c = dataclasses.replace(cfg, tuning=kc.Tuning(tr_stage=form, rows128_min_blocks=4))
+        assert c.stage_rows(False) == 8 and c.min_blocks == 0
+        c = dataclasses.replace(cfg, tuning=kc.Tuning(tr_stage=form, rows128_min_blocks=3))
+        assert c.stage_rows(False) == 8 and c.min_blocks == 3
+    for opts in (dict(act="gelu"), dict(dact="gelu", dbias=True), dict(dbias=True)):
+        other = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", **opts)(ident)
+        oc = codegen.kernel_config(other.spec, other.epilogue)
+        assert oc.transposed and oc.tr_stage == "" and not oc.tr_aliased
+    with pytest.raises(ValueError, match="tr_stage"):
+        kc.Tuning(tr_stage="ring")
+
+
+@pytest.mark.parametrize("arch", ["sm_90"])
+def test_transposed_park_registers(arch):
+    """Where ptxas is present: the "park" form of the colwise-only transposed copy fits 3 CTAs of
+    512 threads per SM by registers (at most 40) without a cap and without spills, and takes fewer
+    registers than "regs" (53 on sm_90 with CuTeDSL's ptxas)."""
+    from mxq.kernels import config as kc
+    from mxq.runtime import inspection
+
+    regs = {}
+    for form in ("regs", "park"):
+        op = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False, scale_layout="gemm")(ident)
+        art = inspection.compile_artifacts(op._with_tuning(kc.Tuning(tr_stage=form)), arch, "bf16", "vec")
+        regs[form] = next((v for k, v in art["kernels"].items() if "packed_kernel" in k), None)
+    if regs["park"] is None or regs["park"].get("registers") is None:
+        pytest.skip("no local ptxas")
+    assert regs["park"]["registers"] <= 40 and regs["park"]["registers"] < regs["regs"]["registers"], regs
+    assert not regs["park"].get("spill_stores"), regs
+
+
+def test_transposed_rows_fast_grid():
+    """Tuning.tr_rows_fast: the transposed copy's grid takes its row tiles along x and its column
+    tiles along y (split over z past 65535 as the row tiles are otherwise), by hand: M = 1000 is 8
+    row tiles of 128, N = 3000 12 column tiles of 256; 70000 column tiles take y = 35000, z = 2.
+    Other ops ignore the switch; the kernel reads its tile from the swapped indices (its PTX
+    differs)."""
+    from mxq.kernels import config as kc
+    from mxq.kernels import packed
+
+    op = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False, scale_layout="gemm")(ident)
+    cfg = codegen.kernel_config(op.spec, op.epilogue)
+    fast = dataclasses.replace(cfg, tuning=kc.Tuning(tr_rows_fast=True))
+    assert not cfg.rows_fast and fast.rows_fast
+    assert packed.grid(cfg, 1000, 3000) == ([12, 8, 1], [512, 1, 1])
+    assert packed.grid(fast, 1000, 3000) == ([8, 12, 1], [512, 1, 1])
+    assert packed.grid(fast, 128 * 9, 256 * 70000)[0] == [9, 35000, 2]
+    compact = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False)(ident)
+    ccfg = codegen.kernel_config(compact.spec, compact.epilogue, kc.Tuning(tr_rows_fast=True))
+    assert not ccfg.rows_fast and packed.grid(ccfg, 1000, 3000)[0] == [12, 8, 1]
+    ptx = _ptx(op, "sm_90a", "bf16")
+    op2 = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False, scale_layout="gemm")(ident)
+    assert _ptx(op2._with_tuning(kc.Tuning(tr_rows_fast=True)), "sm_90a", "bf16") != ptx
 
 
 def test_colwise_amax_compiles():
@@ -462,6 +565,47 @@ def test_transposed_colwise_matches_reference(shape, dtype, rowwise, amax):
     if amax:  # (an amax of finite values, exactly)
         clean = _colwise_specials(*shape, DTYPES[dtype], seed=sum(shape), specials=False)
         _check(op, [clean], op(clean.cuda()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["regs", "park"])
+@pytest.mark.parametrize("shape", [(129, 200), (300, 600), (1000, 1000), (2056, 520)])
+@pytest.mark.parametrize("rowwise", [True, False])
+def test_transposed_rows_fast_matches_reference(form, shape, rowwise):
+    """Tuning.tr_rows_fast (row tiles along x, column tiles along y): byte for byte against the
+    reference at partial tiles in both directions, several of each, into poisoned outputs."""
+    from mxq.kernels import config as kc
+
+    op = mxq.fused_quant(format="fp8_block", fp8="e4m3", scale_mode="pow2", scale_layout="gemm", rowwise=rowwise,
+                         colwise=True, amax=True)(ident)
+    op._with_tuning(kc.Tuning(tr_stage=form, tr_rows_fast=True))
+    x = _colwise_specials(*shape, torch.bfloat16, seed=sum(shape))
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["regs", "stage", "park"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("fp8, mode, block", [("e4m3", "pow2", (1, 128)), ("e5m2", "fp32", (1, 128)),
+                                              ("e4m3", "fp32", (128, 128))])
+@pytest.mark.parametrize("rowwise", [True, False])
+def test_transposed_stage_forms_match_reference(form, dtype, fp8, mode, block, rowwise):
+    """Each Tuning.tr_stage form of the transposed copy (registers, staged, staged and parked)
+    byte for byte against the reference, 1x128 blocks and 128x128 tiles: partial row tiles (M %
+    128 of 1, 8, 44, 104: rows past M staged by no copy; the parked form encodes their slots,
+    never loaded, and the stores drop them), M % 16 != 0 (the byte stores) and M % 16 == 0 (the
+    16-byte stores), partial column tiles (N % 256), into poisoned outputs and fresh ones, with
+    the amax beside the staged forms. (One kernel per case: the shapes are symbolic.)"""
+    from mxq.kernels import config as kc
+
+    amax = form != "regs"
+    op = mxq.fused_quant(format="fp8_block", fp8=fp8, scale_mode=mode, scale_layout="gemm", rowwise=rowwise,
+                         colwise=True, amax=amax, block=block)(ident)
+    op._with_tuning(kc.Tuning(tr_stage=form))
+    for shape in [(1, 8), (129, 200), (300, 264), (1000, 1000), (2056, 520), (1024, 520)]:
+        x = _colwise_specials(*shape, DTYPES[dtype], seed=sum(shape))
+        _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+        _check(op, [x], op(x.cuda()))
 
 
 @pytest.mark.gpu

@@ -3,7 +3,7 @@ kernel for bf16/fp16, the vectorised one for fp32), two launches with no host sy
 pass (the op's values, their NaN-dropping amax) and the quantize pass (E4M3 scales under the
 per-tensor scale, mxq/kernels/device.py nvfp4_global / nvfp4_scale / nvfp4_multiplier); with
 ``global_amax=`` the quantize pass alone (variant "vec_given"); stochastic rounding from 16-bit
-inputs (Philox words per row, device.e2m1_code_sr). Everything else runs the reference
+inputs (Philox words per row, device.e2m1x8_sr). Everything else runs the reference
 (limits.fp4_unserved).
 
 CPU: what is served; the device expressions of the scales, Philox and the stochastic rule run on
@@ -15,9 +15,11 @@ tensor, under noop), fused ops, stochastic rounding's bytes, prepare() under a C
 case against the oracle of tests/oracle_fp4.py.
 """
 
+import math
 import re
 import struct
 from dataclasses import replace
+from fractions import Fraction
 
 import pytest
 import torch
@@ -31,6 +33,7 @@ from mxq.runtime import compiler, limits
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp4 as oracle
+from .test_kernels_fp4 import PAIRS
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FIELDS = ("rowwise_data", "rowwise_scale", "amax", "dbias")
@@ -100,6 +103,22 @@ class TORCH:
     def small_int_f32(u):
         return u.to(torch.float32)
 
+    @staticmethod
+    def e4m3_f32(e):  # (the device converts in hardware, exactly: the integer rule stands in here)
+        return dev.e4m3_value(e, ops=TORCH)
+
+    @staticmethod
+    def rcp(x):  # (rcp.rn.f32: IEEE's reciprocal, one rounding)
+        return torch.div(1.0, x)
+
+    @staticmethod
+    def e4m3x2(x0, x1):
+        return TORCH.e4m3(x0) | (TORCH.e4m3(x1) << 8)
+
+    @staticmethod
+    def e4m3x2_f32(w):
+        return dev.e4m3_value(w & 0xFF, ops=TORCH), dev.e4m3_value(w >> 8, ops=TORCH)
+
 
 def _amaxes(g):
     """fp32 magnitudes of every kind the scales meet: 0, fp32 subnormals, E4M3's subnormal and
@@ -127,7 +146,13 @@ def test_scale_expressions_equal_the_reference():
         e = dev.nvfp4_scale(blocks, sf, ops=TORCH)
         want = fp4.block_scale(blocks, s_enc)
         assert torch.equal(e, want.view(torch.uint8).to(torch.int64)), gv
-        assert torch.equal(dev.nvfp4_multiplier(e, s_dec, ops=TORCH), fp4.block_multiplier(want, s_enc)), gv
+        mult = fp4.block_multiplier(want, s_enc)
+        assert torch.equal(dev.nvfp4_multiplier(e, s_dec, ops=TORCH), mult), gv
+        # two columns' at once (device.nvfp4_scales2): each block paired with the reversed order's
+        w, m0, m1 = dev.nvfp4_scales2(blocks, blocks.flip(0), sf, s_dec, ops=TORCH)
+        byte = want.view(torch.uint8).to(torch.int64)
+        assert torch.equal(w, byte | (byte.flip(0) << 8)), gv
+        assert torch.equal(m0, mult) and torch.equal(m1, mult.flip(0)), gv
 
 
 def test_e4m3_decode_of_every_scale_byte():
@@ -192,23 +217,27 @@ def test_two_passes_compile_per_arch(arch, dtype, layout):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
-    """Philox's rounds (20 mul.hi each) and the integer stochastic rule (one add.rz.f32 per value)
-    on both archs (sm_100a's cvt.rs is not used: not yet checked on a Blackwell). A thread's 8
-    rows: 4 Philox shared by neighbour lanes (2 lane swaps per row pair), else 8 (one per row) and
-    8 more in the lanes whose words straddle two counters; the colwise copy 8 + 8 more."""
+    """Philox's rounds (20 mul.hi each) and the stochastic rule on fp16 pairs (one
+    cvt.rz.f16x2.f32 and one min.f16x2 per two values) on both archs (sm_100a's cvt.rs is not
+    used: not yet checked on a Blackwell). A thread's 8 rows: 4 Philox shared by neighbour lanes
+    where the rows' words start on a counter, else 8 (2 lane swaps per row pair either way); the
+    colwise copy the same, shared by the two warps of a 16-row group. Each copy's encode is
+    compiled twice, its multipliers taken times 2^-14 or not (one vote: PackedKernel.sr_prescaled),
+    the rows' words with each."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident)
     ptx = _ptx(op, arch, "bf16")
-    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * (4 + 8 + 8)
+    assert ptx.count(".entry") == 3 and ptx.count("mul.hi.u32") == 20 * 2 * (4 + 8)
     assert "-766435501" in ptx or "3528531795" in ptx  # (Philox's first multiplier, 0xD2511F53)
-    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx and ptx.count("add.rz.f32") == 64
+    assert "e2m1x2" not in ptx and "cvt.rs" not in ptx and ptx.count("cvt.rz.f16x2.f32") == 2 * 32
+    assert ptx.count("min.f16x2") == 2 * 32 and ptx.count("vote.sync.all") == 1
     rn = _ptx(mxq.fused_quant(format="nvfp4")(ident), arch, "bf16")
     swaps = re.compile(r"shfl\.sync\.bfly\.b32[^;]*, 1, 31, -1;")
-    assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 8
+    assert len(swaps.findall(ptx)) - len(swaps.findall(rn)) == 2 * (8 + 8)
     both = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident), arch, "bf16")
-    assert both.count("mul.hi.u32") == 20 * (4 + 8 + 8 + 8 + 8) and both.count("add.rz.f32") == 128
+    assert both.count("mul.hi.u32") == 20 * (2 * (4 + 8) + 4 + 8) and both.count("cvt.rz.f16x2.f32") == 2 * 64
     col = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True, rowwise=False)(ident), arch,
                "bf16")  # (the colwise copy alone: served, so compiled here too)
-    assert col.count("mul.hi.u32") == 20 * (8 + 8) and col.count("add.rz.f32") == 64
+    assert col.count("mul.hi.u32") == 20 * (4 + 8) and col.count("cvt.rz.f16x2.f32") == 2 * 32
 
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
@@ -217,7 +246,9 @@ def test_colwise_copy_compiles(arch, dtype, layout):
     of 8 codes each, staged in shared memory and leaving as one 16-byte run (the four warps'
     words) per output row: 256 columns over 128 threads, two runs per thread, each as one
     16-byte store, two 8-byte or four 4-byte ones (store_fp4_columns, by the copy's alignment);
-    8 column scales (both 16-row blocks' from one thread's rows: its own block's)."""
+    8 column scales (both 16-row blocks' from one thread's rows: its own block's), two per E4M3
+    conversion (device.nvfp4_scales2), the block's two warps computing half of them each
+    (PackedKernel.fp4_split_column_scales)."""
     both = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident), arch, dtype)
     col = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, rowwise=False, scale_layout=layout)(ident), arch,
                dtype)
@@ -225,7 +256,7 @@ def test_colwise_copy_compiles(arch, dtype, layout):
     assert col.count("st.global.v4.b32") == both.count("st.global.v4.b32") == 2
     assert col.count("st.global.v2.b32") == both.count("st.global.v2.b32") == 4
     assert _stores(col)[2] == 8 and both.count("st.global.b32") > col.count("st.global.b32")
-    assert col.count("cvt.rn.satfinite.e4m3x2.f32") == 8
+    assert col.count("cvt.rn.satfinite.e4m3x2.f32") == 2 and col.count("cvt.rn.f16x2.e4m3x2") == 2
     if arch == "sm_100a":
         assert col.count("cvt.rn.satfinite.e2m1x2.f32") == 32
 
@@ -262,6 +293,10 @@ def test_colwise_tile_config():
     assert kconfig.FP4_COL_ROWS == 32 and both.fp4_columns and both.tile_rows == 32
     assert both.packed_warps() == both.packed_warps(True) == 4 and both.min_blocks == 0 and both.rows8_warps() is None
     assert [b.name for b in both.packed_buffers([], False)] == ["max", "fp4t"]  # (no "inv": scales in registers)
+    for rows in kconfig.FP4_COL_TILES:  # (stochastic rounding: each warp pair's words of its 8 columns, 4 per lane)
+        sr = cfg(kconfig.Tuning(fp4_col_rows=rows), format="nvfp4", colwise=True, stochastic_rounding=True)
+        bufs = {b.name: b for b in sr.packed_buffers([], False)}
+        assert list(bufs) == ["max", "fp4t", "srx"] and bufs["srx"].shape == (rows // 16, 8, 2, 32, 2)
     for rows in kconfig.FP4_COL_TILES:
         c = cfg(kconfig.Tuning(fp4_col_rows=rows), format="nvfp4", colwise=True, rowwise=False)
         assert (c.tile_rows, c.packed_warps()) == (rows, rows // 8) and c.min_blocks == 0
@@ -462,7 +497,8 @@ def test_fused_ops_match_reference(strict, dtype):
 def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     """The same Philox bytes and rule as the reference (docs/NUMERICS.md): byte for byte, for
     seeds and offsets of every width (a seed of 2^63 or more, offsets past 2^32) and offset % 4
-    (0: neighbour lanes sharing Philox), a given amax."""
+    (0: neighbour lanes sharing Philox), a given amax, values near bf16's largest (multipliers
+    that 2^-14 would take below fp32's normals: PackedKernel.sr_prescaled's other path)."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, scale_layout=layout)(ident)
     x = _specials(m, n, DTYPES[dtype], seed=m + 3)
     for seed, offset in ((1, 0), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3), (2 ** 63 + 1, 2 ** 34 + 4),
@@ -471,6 +507,10 @@ def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     _check(op, [x], op(x.cuda(), seed=9, offset=2, global_amax=50.0), seed=9, offset=2, global_amax=50.0)
     relu = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, act="relu")(ident)
     _check(relu, [x], relu(x.cuda(), seed=4, offset=1), seed=4, offset=1)
+    if dtype == "bf16":  # (a global amax near 2^122: multipliers below 2^-112, each value scaled apart)
+        big = (torch.randn(m, n, generator=torch.Generator().manual_seed(m)) * 2.0 ** 120).to(torch.bfloat16)
+        for offset in (4, 2 ** 33 + 3):  # (and words straddling two counters: two Philox per 16 values)
+            _check(op, [big], op(big.cuda(), seed=3, offset=offset), seed=3, offset=offset)
 
 
 @pytest.mark.gpu
@@ -483,7 +523,8 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
     0 (16-byte stores), 16 (a last tile of one block: 8-byte stores) and 8 or 24 (M % 16 == 8: a
     partial last block, 4-byte stores); N a multiple of the 256-column tile or not; with and
     without the rowwise copy, a given amax, an act, stochastic rounding (offsets % 4 of 1, 0 and
-    2)."""
+    2; the colwise copy alone at 0: where M % 16 == 0 the two warps of a 16-row group share
+    their Philox)."""
     t = DTYPES[dtype]
     x = _specials(m, n, t, seed=m * 7 + n)
     both = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident)
@@ -495,12 +536,20 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
     for opts, kw in ((dict(rowwise=False), {}), (dict(act="relu"), {}),
                      (dict(stochastic_rounding=True), {"seed": 3, "offset": 2 ** 35 + 1}),
                      (dict(stochastic_rounding=True), {"seed": 2 ** 63 + 9, "offset": 2 ** 34}),
-                     (dict(stochastic_rounding=True), {"seed": 5, "offset": 6})):
+                     (dict(stochastic_rounding=True), {"seed": 5, "offset": 6}),
+                     (dict(stochastic_rounding=True, rowwise=False), {"seed": 13, "offset": 8})):
         op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, **opts)(ident)
         got, want = op(x.cuda(), **kw), op.reference(x, **kw)
         for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
             if getattr(want, f) is not None:
                 assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), (opts, f)
+    if t is torch.bfloat16:  # (stochastic rounding with multipliers below 2^-112: each value scaled apart)
+        big = (torch.randn(m, n, generator=torch.Generator().manual_seed(n)) * 2.0 ** 120).to(t)
+        op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, stochastic_rounding=True)(ident)
+        for offset in (8, 2 ** 33 + 5):  # (and words straddling two counters)
+            got, want = op(big.cuda(), seed=2, offset=offset), op.reference(big, seed=2, offset=offset)
+            for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+                assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), ("big", offset, f)
 
 
 @pytest.mark.gpu
@@ -508,10 +557,12 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
 @pytest.mark.parametrize("m, n", [(16, 48), (48, 272), (80, 16), (200, 208), (1024, 528)])
 def test_colwise_tiles_match_reference(strict, rows, m, n):
     """Tuning.fp4_col_rows' other tiles, the 64-row one with M % 64 of 16, 48, 8 and 0: both
-    directions, the colwise copy alone, stochastic rounding, byte for byte."""
+    directions, the colwise copy alone, stochastic rounding (offsets % 4 of 1 and 0: 16-row groups
+    of M % 16 == 0 share their Philox between their warps), byte for byte."""
     x = _specials(m, n, torch.bfloat16, seed=m + n + rows)
     for opts, kw in ((dict(), {}), (dict(rowwise=False, scale_layout="swizzled"), {}),
-                     (dict(stochastic_rounding=True), {"seed": 7, "offset": 2 ** 33 + 1})):
+                     (dict(stochastic_rounding=True), {"seed": 7, "offset": 2 ** 33 + 1}),
+                     (dict(stochastic_rounding=True), {"seed": 9, "offset": 2 ** 33 + 4})):
         op = mxq.fused_quant(format="nvfp4", colwise=True, **opts)(ident)._with_tuning(
             kconfig.Tuning(fp4_col_rows=rows))
         got, want = op(x.cuda(), **kw), op.reference(x, **kw)
@@ -577,27 +628,6 @@ class RNG_HOST(dev.HOST):
         return a * b & 0xFFFFFFFF
 
 
-class INT_TORCH:
-    """device.DEVICE's integer operations on int64 tensors holding uint32 values."""
-
-    @staticmethod
-    def U32(v):
-        return v & 0xFFFFFFFF if isinstance(v, torch.Tensor) else torch.tensor(int(v) & 0xFFFFFFFF)
-
-    min = staticmethod(torch.minimum)
-    max = staticmethod(torch.maximum)
-    select = staticmethod(torch.where)
-
-    @staticmethod
-    def one_plus_rz(a):
-        """fp32 bits of 1 + y rounded toward zero (y >= 0 finite, bits ``a``): 1 + y exact in
-        float64, its significand cut to 24 bits."""
-        v = 1.0 + (a & 0xFFFFFFFF).to(torch.int32).view(torch.float32).to(torch.float64)
-        m, e = torch.frexp(v)  # v = m * 2^e, 0.5 <= m < 1
-        cut = torch.floor(torch.ldexp(m, torch.full_like(e, 24))) * torch.pow(2.0, (e - 24).to(torch.float64))
-        return cut.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-
-
 def test_philox_rounds_equal_the_reference():
     from mxq.formats import fp4
 
@@ -609,35 +639,174 @@ def test_philox_rounds_equal_the_reference():
         assert list(got) == [int(w) for w in want]
 
 
-def test_stochastic_rule_equals_the_reference():
-    """device.e2m1_code_sr on int64 tensors against fp4.encode_sr: every threshold's neighbours,
-    values below 1 whose bits below 2^-23 a rounding to nearest of 1 + |y| would carry, and 2^20
-    sampled patterns below 8 (and 2^18 of any kind), each with random bytes, plus every r at
-    every edge."""
+def _f32_rn(x: float) -> int:
+    """fp32 bits of the float64 ``x`` rounded to nearest even (subnormals included)."""
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+def _f16_rz(b: int) -> int:
+    """cvt.rz.f16.f32 of the fp32 bits ``b``, from IEEE's definition: the fp16 at or below |x|
+    (subnormals kept, a finite value past the range the largest finite, inf stays inf); NaN
+    the canonical 0x7FFF."""
+    sign, a = (b >> 16) & 0x8000, b & 0x7FFFFFFF
+    if a > 0x7F800000:
+        return 0x7FFF
+    if a == 0x7F800000:
+        return sign | 0x7C00
+    x = Fraction(struct.unpack("<f", struct.pack("<I", a))[0])
+    if x >= 65504:
+        return sign | 0x7BFF
+    if x < Fraction(1, 2 ** 14):
+        return sign | math.floor(x * 2 ** 24)  # (subnormal: multiples of 2^-24)
+    e = math.floor(math.log2(x))
+    while Fraction(2) ** e > x:  # (log2's float rounding, corrected exactly)
+        e -= 1
+    while Fraction(2) ** (e + 1) <= x:
+        e += 1
+    m = math.floor(x / Fraction(2) ** (e - 10))  # 1024 <= m < 2048
+    return sign | ((e + 15) << 10) | (m - 1024)
+
+
+class SR_PAIRS(PAIRS):
+    """device.SR_PAIR_DEVICE's operations on Python ints (fp32 values as their bits), from PTX's
+    definitions: a product rounded once to fp32 (a NaN kept as it is), the fp16 conversion toward
+    zero (_f16_rz), fp16 lane min and max (NaN results canonical)."""
+
+    @staticmethod
+    def mul_f32(b, c: float):
+        x = struct.unpack("<f", struct.pack("<I", b))[0]
+        return _f32_rn(x * c) if math.isfinite(x) else b  # (c a power of two: x * c exact in float64)
+
+    @staticmethod
+    def f16x2_rz(lo, hi):
+        return _f16_rz(lo) | (_f16_rz(hi) << 16)
+
+    @staticmethod
+    def _pick(x, y, smaller: bool):
+        """One lane of min/max.f16x2: the operand whose fp16 value is smaller (larger), the other
+        one where one is NaN, the canonical NaN where both are."""
+        nx, ny = x & 0x7FFF > 0x7C00, y & 0x7FFF > 0x7C00
+        if nx or ny:
+            return 0x7FFF if nx and ny else (y if nx else x)
+        vx, vy = (struct.unpack("<e", struct.pack("<H", v))[0] for v in (x, y))
+        return x if (vx <= vy) == smaller else y
+
+    @staticmethod
+    def min_f16x2(a, b):
+        return PAIRS._lanes(lambda x, y: SR_PAIRS._pick(x, y, True), a, b)
+
+    @staticmethod
+    def max_f16x2(a, b):
+        return PAIRS._lanes(lambda x, y: SR_PAIRS._pick(x, y, False), a, b)
+
+
+class SR_PAIRS_SIGNED_NAN(SR_PAIRS):
+    """SR_PAIRS with a NaN converted keeping its sign and payload's top bits (PTX leaves a NaN
+    result's bits open): the rule must not depend on them."""
+
+    @staticmethod
+    def f16x2_rz(lo, hi):
+        def one(b):
+            return ((b >> 16) & 0x8000) | 0x7C00 | ((b >> 13) & 0x3FF) | 1 if b & 0x7FFFFFFF > 0x7F800000 else _f16_rz(b)
+        return one(lo) | (one(hi) << 16)
+
+
+def _sr_edges() -> list:
+    """fp32 bits around every E2M1 grid value, every point where floor(256 f) steps near them, and
+    specials, both signs: where the rule's bits can go wrong."""
+    pts = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 2.0 ** -9, 2.0 ** -10, 2.0 ** -14, 2.0 ** -24,
+           2.0 ** -25, 2.0 ** -112, 2.0 ** -113, 2.0 ** -126, 1e-45, 65504.0, 65520.0, 1e30]
+    pts += [k * 2.0 ** -9 for k in (1, 127, 255, 256, 257, 511)]  # (steps of floor(256 f) below 1)
+    pts += [1 + k * 2.0 ** -9 for k in (1, 255, 511)] + [2 + k * 2.0 ** -8 for k in (1, 255, 511)]
+    pts += [4 + k * 2.0 ** -7 for k in (1, 255)]
+    bits = set()
+    for p in pts:
+        b = _f32_rn(p)
+        for d in (-2, -1, 0, 1, 2):
+            if 0 <= b + d <= 0x7F800000:
+                bits.update({b + d, (b + d) | 0x80000000})
+    bits.update({0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FFFFFFF})
+    return sorted(bits)
+
+
+def _sr_words(vals: list, rbytes: list, ops, prescaled: bool = False) -> list:
+    """device.e2m1x8_sr on the values (fp32 bits) eight at a time, element k taking byte k % 4 of
+    random word k // 4 (the bytes given in element order): each element's code."""
+    codes = []
+    for i in range(0, len(vals), 8):
+        rand = [sum(rbytes[i + 4 * w + k] << (8 * k) for k in range(4)) for w in range(2)]
+        word = dev.e2m1x8_sr(vals[i:i + 8], rand, ops=ops, prescaled=prescaled)
+        codes += [word >> (4 * k) & 0xF for k in range(8)]
+    return codes
+
+
+@pytest.mark.parametrize("ops", [SR_PAIRS, SR_PAIRS_SIGNED_NAN])
+def test_stochastic_rule_equals_the_reference(ops):
+    """device.e2m1x8_sr (fp16 pairs: each value times 2^-14 converted toward zero, clamped by
+    fp16 min and max, the rule in 16-bit lanes) on the PTX operations written out by hand, against fp4.encode_sr and the
+    oracle's e2m1_sr: every r at every edge (_sr_edges), 2^13 sampled patterns below 8 and 2^12
+    of any kind with random bytes; each element takes byte k % 4 of word k // 4."""
     from mxq.formats import fp4
 
     g = torch.Generator().manual_seed(9)
-    edges = []
-    for p in (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 2.0 ** -9, 2.0 ** -10,
-              2.0 ** -126, 1e-45, 1e30):
-        b = struct.unpack("<I", struct.pack("<f", p))[0]
-        edges += [b + d for d in (-2, -1, 0, 1, 2) if 0 <= b + d <= 0x7F800000]
-    edges += [0x7F800000, 0x7FC00000, 0x7F800001, 0x7FFFFFFF]
-    # below 1: 2^23 |y| just under a multiple of 2^14 (1 + |y| rounded to nearest would carry)
-    for j in (0, 1, 5, 63, 127):
-        for frac in (0.25, 0.5, 0.75):
-            edges.append(struct.unpack("<I", struct.pack("<f", (j * 2 ** 14 + 2 ** 14 - 1 + frac) * 2.0 ** -23))[0])
-    edges = torch.tensor(edges, dtype=torch.int64)
-    near = torch.randint(0, 0x41000000, (2 ** 20,), generator=g, dtype=torch.int64)
-    wide = torch.randint(0, 2 ** 32, (2 ** 18,), generator=g, dtype=torch.int64)
-    for bits in (edges.repeat(256), near, wide):
-        bits = bits | (torch.randint(0, 2, bits.shape, generator=g, dtype=torch.int64) << 31)
-        r = torch.randint(0, 256, bits.shape, generator=g, dtype=torch.int64)
-        if bits.numel() == edges.numel() * 256:
-            r = torch.arange(256).repeat_interleave(edges.numel())
-        y = bits.to(torch.int32).view(torch.float32)
-        want = fp4.encode_sr(y, r.to(torch.uint8)).to(torch.int64)
-        assert torch.equal(dev.e2m1_code_sr(bits, r, ops=INT_TORCH), want)
+    edges = _sr_edges()
+    near = torch.randint(0, 0x41000000, (1 << 13,), generator=g, dtype=torch.int64)
+    near = (near | (torch.randint(0, 2, near.shape, generator=g, dtype=torch.int64) << 31)).tolist()
+    wide = torch.randint(0, 2 ** 32, (1 << 12,), generator=g, dtype=torch.int64).tolist()
+    pad = [0] * (-len(edges) % 8)
+    cases = [((edges + pad) * 256, [r for r in range(256) for _ in edges + pad])]
+    for bits in (near, wide):
+        cases.append((bits, torch.randint(0, 256, (len(bits),), generator=g).tolist()))
+    for bits, r in cases:
+        got = _sr_words(bits, r, ops)
+        y = torch.tensor(bits, dtype=torch.int64).to(torch.int32).view(torch.float32)
+        want = fp4.encode_sr(y, torch.tensor(r, dtype=torch.uint8)).tolist()
+        bad = [i for i in range(len(bits)) if got[i] != want[i]]
+        assert not bad, [(hex(bits[i]), r[i], got[i], want[i]) for i in bad[:8]]
+    for b in edges + near[:512]:  # (the oracle, Fraction arithmetic: every rule spelt out once more)
+        for rr in (0, 1, 127, 128, 254, 255):
+            assert _sr_words([b] * 8, [rr] * 8, ops)[0] == oracle.e2m1_sr(struct.unpack("<f", struct.pack(
+                "<I", b))[0], rr), (hex(b), rr)
+
+
+def test_stochastic_rule_on_prescaled_products():
+    """PackedKernel.sr_prescaled: a multiplier m >= 2^-112 taken times 2^-14 (exact), the products
+    fp32(v * m * 2^-14) encoded with ``prescaled`` give fp4.encode_sr's codes of fp32(v * m): for
+    bf16 values of every magnitude class (random, up to 2^126 so that the smallest multipliers
+    give codes too, tiny, huge, inf, NaN) and multipliers from 2^-112 to FLT_MAX, each with the
+    byte where the reference starts rounding it up and the byte below (a product off by one
+    step of floor(256 f) fails one of them)."""
+    from mxq.formats import fp4
+
+    g = torch.Generator().manual_seed(21)
+    v = torch.randn(4096, generator=g) * torch.pow(2.0, torch.randint(-30, 30, (4096,), generator=g).float())
+    big = torch.randn(1024, generator=g) * torch.pow(2.0, torch.randint(100, 126, (1024,), generator=g).float())
+    v = torch.cat([v, big, torch.tensor([0.0, -0.0, 2.0 ** -133, -(2.0 ** -120), 3e38, -3e38, float("inf"),
+                                    float("-inf"), float("nan")] * 8)]).to(torch.bfloat16).float()
+    ms = [2.0 ** -112, 1.5 * 2.0 ** -112, 2.0 ** -100, 1e-20, 0.37, 1.0, 6.0 / 448, 5e3, 2.0 ** 100, 3.4028234e38]
+    for m in ms:
+        m = torch.tensor(m, dtype=torch.float32)
+        y = v * m  # (fp32 products, rounded once)
+        yp = v * (m * 2.0 ** -14)  # (m * 2^-14 exact: m >= 2^-112)
+        assert (m * 2.0 ** -14) * 2.0 ** 14 == m
+        # each value's byte where it starts rounding up (256: never), and the one below it
+        every = fp4.encode_sr(y[:, None].expand(-1, 256), torch.arange(256, dtype=torch.uint8).expand(len(y), -1))
+        up = torch.where(every != every[:, :1], torch.arange(256), 256).amin(1)
+        bits = (yp.view(torch.int32).to(torch.int64) & 0xFFFFFFFF).tolist()
+        for r in (up.clamp(max=255), (up - 1).clamp(min=0)):
+            got = _sr_words(bits[:len(bits) // 8 * 8], r.tolist(), SR_PAIRS, prescaled=True)
+            want = fp4.encode_sr(y[:len(got)], r[:len(got)].to(torch.uint8)).tolist()
+            bad = [i for i in range(len(got)) if got[i] != want[i]]
+            assert not bad, (float(m), [(float(v[i]), int(r[i]), got[i], want[i]) for i in bad[:6]])
+
+
+def test_stochastic_pairs_take_the_random_bytes_in_element_order():
+    """Element k of e2m1x8_sr's eight takes byte k % 4 of random word k // 4: with every element
+    0.75 (f = 0.5: rounded up iff r >= 128), the codes read back the bytes' top bits."""
+    for trial in range(64):
+        rbytes = [((trial * 37 + 11 * k) % 256) for k in range(8)]
+        got = _sr_words([_f32_rn(0.75)] * 8, rbytes, SR_PAIRS)
+        assert got == [1 + (rb >= 128) for rb in rbytes], (trial, rbytes)
 
 
 def _mulhilo(a: int, b: torch.Tensor):
@@ -706,9 +875,9 @@ RNG_CASES = [(0, 0), (1, 1), (2, 2), (3, 3), (2 ** 40 + 7, 12345), (2 ** 64 - 5,
 @pytest.mark.parametrize("n", [16, 48, 528, 24, 40])
 def test_rowwise_random_words_equal_the_oracle(seed, offset, n):
     """device.sr_row_words on int64 lanes (g = 0, 1, ...: lanes 2l, 2l + 1 neighbours) against
-    the oracle's random bytes of rows 2k, 2k + 1 of [rows, N]: N % 16 == 0 (lanes sharing Philox
-    where offset % 4 == 0, the per-row path otherwise), N = 24, 40 (rows not starting on a
-    counter: the per-row path for any offset); rows from 0 and from row 3001 (the oracle called
+    the oracle's random bytes of rows 2k, 2k + 1 of [rows, N]: N % 16 == 0 (one Philox per lane
+    pair and row where offset % 4 == 0, two otherwise), N = 24, 40 (rows not starting on a
+    counter: two for any offset); rows from 0 and from row 3001 (the oracle called
     at that row's offset)."""
     groups = n // 4
     g = torch.arange(2 * -(-n // 16), dtype=torch.int64)  # (past N / 8: columns never stored)
@@ -724,17 +893,31 @@ def test_rowwise_random_words_equal_the_oracle(seed, offset, n):
 
 @pytest.mark.parametrize("seed, offset", RNG_CASES)
 @pytest.mark.parametrize("m", [16, 24, 48, 80])
-def test_colwise_random_words_equal_the_oracle(seed, offset, m):
-    """device.sr_word_pair for the transposed copy (direction 1): row c of [N, M], words
-    rbase / 4 and rbase / 4 + 1 of each 8-row thread, for columns 0 .. 5 and 2000 .. 2005."""
+def test_colwise_shared_random_words_equal_the_oracle(seed, offset, m):
+    """PackedKernel.sr_col_stage restated on int64 lanes: the thread of warp w (rows 8w ..;
+    parity p = w % 2) draws device.sr_col_group of its columns 2q + p from row 8w - 8p (one
+    Philox where device.sr_col_aligned, M % 16 == 0 and offset % 4 == 0, else two: sr_words4's
+    straddle) and leaves half h of the words for the warp of parity h; every warp then reads its
+    own half of every column: the oracle's words of its rows (those below M), for columns 0 .. 7
+    and 2000 .. 2007 (lanes: the 8 columns of one thread)."""
     groups = m // 4
+    aligned = m % 16 == 0 and offset % 4 == 0
+    assert bool(dev.sr_col_aligned(groups, offset, ops=RNG_LANES)) == aligned
+    warps = -(-m // 16) * 2  # (a partial last group: its lower warp's rows lie past M)
     for c0 in (0, 2000):
-        want = _oracle_words(6, m, seed, offset + c0 * groups, 1)
-        c = c0 + torch.arange(6, dtype=torch.int64)
-        for rbase in range(0, m, 8):
-            got = dev.sr_word_pair(c, rbase // 4, groups, _signed64(seed), offset, 1, ops=RNG_LANES)
-            for i in range(6):
-                assert [int(got[0][i]), int(got[1][i])] == want[i][rbase // 4:rbase // 4 + 2], (rbase, i)
+        want = _oracle_words(8, m, seed, offset + c0 * groups, 1)
+        srx = {}
+        for w in range(warps):
+            p = w % 2
+            c = c0 + 2 * torch.arange(4, dtype=torch.int64) + p  # (one column per lane)
+            words = dev.sr_col_group(c, 8 * w - 8 * p, groups, _signed64(seed), offset, ops=RNG_LANES,
+                                     straddle=not aligned)
+            for q in range(4):
+                for h in range(2):
+                    srx[(w // 2, 2 * q + p, h)] = [int(words[2 * h][q]), int(words[2 * h + 1][q])]
+        for w in range(m // 8):
+            for c in range(8):
+                assert srx[(w // 2, c, w % 2)] == want[c][2 * w:2 * w + 2], (w, c)
 
 
 def test_rows32_register_cap_reaches_the_quantize_pass_not_the_amax_pass():
@@ -756,3 +939,22 @@ def test_rows32_register_cap_reaches_the_quantize_pass_not_the_amax_pass():
     ptx = inspection.ptx_of(op, "sm_90", "bf16")
     entries = [e for e in ptx.split(".entry ")[1:] if e.startswith("kernel_cutlass_packed_kernel")]
     assert len(entries) == 2 and sum(bool(re.search(r"\.minnctapersm\s+6\b", e)) for e in entries) == 1
+
+
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_colwise_scale_runs_match_each_columns_offset(swizzled):
+    """packed.fp4_column_scale_run, as fp4_column_scales stores a thread's VEC columns' scales
+    (column c0 + q at offset + q * step, c0 % VEC == 0), against each column's own offset in the
+    oracle's layouts (compact c * nbm + blk; swizzled tests/oracle.py swizzle_offset), for column
+    runs across several 128-row atoms and blocks across several 4-block atoms."""
+    from . import oracle as base_oracle
+
+    vec = packed.VEC
+    for nbm in (1, 3, 4, 5, 9):
+        for blk in range(nbm):
+            for c0 in range(0, 3 * 128 + 64, vec):
+                off, step = packed.fp4_column_scale_run(swizzled, c0, blk, nbm)
+                for q in range(vec):
+                    c = c0 + q
+                    want = base_oracle.swizzle_offset(c, blk, nbm) if swizzled else c * nbm + blk
+                    assert off + q * step == want, (swizzled, nbm, blk, c0, q)

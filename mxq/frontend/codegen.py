@@ -428,13 +428,13 @@ def gemm_gap(spec: QuantSpec, epilogue: Epilogue) -> str:
 def _gemm_launcher_text(epilogue: Epilogue) -> dict:
     """(parameters, run_fused arguments) of the module's ``launch_gemm``: A and W, the
     epilogue's tensors after the first (the accumulator's place) and its floats, the outputs,
-    the accumulator hook's tensor, the compile-time options."""
+    the accumulator hook's tensor, the compile-time options (GemmSm90's)."""
     ins = [f"x{i}" for i in range(1, len(epilogue.tensor_params))]
     scalars = [f"s{i}" for i in range(gated.launch_scalars(epilogue))]
     params = ["a: cute.Tensor", "w: cute.Tensor", *[f"{x}: cute.Tensor" for x in ins],
               *[f"{x}: Float32" for x in scalars], "row_data: cute.Tensor", "row_scale: cute.Tensor",
               "acc: cute.Tensor", "acc_hook: cutlass.Constexpr", "num_sms: cutlass.Constexpr",
-              "swizzle: cutlass.Constexpr", "stream"]
+              "swizzle: cutlass.Constexpr", "pingpong: cutlass.Constexpr", "stream"]
     args = ["a", "w", "row_data", "row_scale", f"[{', '.join(ins)}]", f"[{', '.join(scalars)}]", "acc", "stream"]
     return {"params": ", ".join(params), "args": ", ".join(args)}
 

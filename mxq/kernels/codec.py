@@ -35,13 +35,25 @@ def input_max(element_type) -> float:
     return torch.finfo(_TORCH_DTYPES[element_type.__name__]).max
 
 
-def global_scales(fmt, amax, colwise: bool = False):
+def global_scales(fmt, amax, colwise: bool = False, glob=None):
     """A format's per-tensor values, read once per thread from the amax tensor ``amax`` (NVFP4:
     the amax pass's result or the caller's global_amax; device.nvfp4_global), or None. The
-    ``colwise`` copy of NVFP4 with the Hadamard transform has its own amax, entry 1."""
+    ``colwise`` copy of NVFP4 with the Hadamard transform has its own amax, entry 1. ``glob``:
+    the values already computed (shared_global_scales), returned as they are."""
     if not fmt.global_scale:
         return None
+    if glob is not None:
+        return glob
     return dev.nvfp4_global(amax[1 if colwise and fmt.hadamard else 0])
+
+
+def shared_global_scales(cfg) -> bool:
+    """Whether the packed kernel computes global_scales once for both copies: NVFP4 (1x16 blocks)
+    writing both, the same amax entry for each (no Hadamard transform). Else each copy's scale
+    phase reads the amax itself: the colwise one after a barrier, which keeps the compiler from
+    reusing the rowwise read (a second load and two more IEEE divisions a thread)."""
+    fmt = cfg.fmt
+    return bool(fmt.global_scale and cfg.rowwise and cfg.colwise and not fmt.hadamard and not cfg.fp4_tiles)
 
 
 def block_scale(fmt, amax, use_hw_e8m0: bool, in_max: float | None = None, glob=None):
@@ -112,13 +124,14 @@ def encode4(fmt, a, b, c, d):
     return dev.fp8x4(a, b, c, d, fmt.element)
 
 
-def encode8(fmt, vals, use_hw: bool, rand=None):
+def encode8(fmt, vals, use_hw: bool, rand=None, prescaled: bool = False):
     """Eight scaled values as one word of 4-bit element codes (E2M1, two per byte: value k in
     bits 4k..4k+3); ``use_hw``: sm_100a's conversion, else the integer encode (device.e2m1x8);
-    stochastic rounding (``fmt.rounding``, ``rand`` its two random words): the integer rule on
-    every arch (device.e2m1x8_sr; sm_100a's cvt.rs is not yet checked against it)."""
+    stochastic rounding (``fmt.rounding``, ``rand`` its two random words): the rule on fp16 pairs
+    on every arch (device.e2m1x8_sr; ``prescaled``: the values already times 2^-14; sm_100a's
+    cvt.rs is not yet checked against it)."""
     if fmt.rounding == "sr":
-        return dev.e2m1x8_sr(vals, rand)
+        return dev.e2m1x8_sr(vals, rand, prescaled=prescaled)
     return dev.e2m1x8(vals, use_hw)
 
 
@@ -129,17 +142,17 @@ def pow2_bf16_pairs(fmt, is_bf16: bool, use_hw: bool) -> bool:
     return fmt.packed and fmt.scale == "e8m0" and fmt.rounding == "rn" and is_bf16 and not use_hw
 
 
-def encode8_words(fmt, words, mult, is_bf16: bool, use_hw: bool, rand=None):
+def encode8_words(fmt, words, mult, is_bf16: bool, use_hw: bool, rand=None, prescaled: bool = False):
     """Eight values held as four words of two 16-bit inputs (element 2j in word j's low half),
     times ``mult`` (fp32), as encode8's word: bf16 pairs scaled in bf16 where pow2_bf16_pairs
-    allows, else unpacked and scaled in fp32."""
+    allows, else unpacked and scaled in fp32 (``prescaled``: encode8's)."""
     if pow2_bf16_pairs(fmt, is_bf16, use_hw):
         return dev.e2m1x8_bf16(words, mult)
     vals = []
     for w in words:
         lo, hi = dev.pk_unpack(w, is_bf16)
         vals += [dev.mul_rn(lo, mult), dev.mul_rn(hi, mult)]
-    return encode8(fmt, vals, use_hw, rand)
+    return encode8(fmt, vals, use_hw, rand, prescaled)
 
 
 def data_cols(fmt, n: int) -> int:

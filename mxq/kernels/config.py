@@ -36,6 +36,8 @@ UNIT = 8  # ... and per FP8 store: rows starting on such boundaries store whole 
 N_TERMS = 5  # grouped calls: terms find_group reduces (before, start, end, swizzled rowwise / colwise start)
 # grouped calls: how a CTA finds its row tile's group (Tuning.group_search, grouped.find_group)
 GROUP_SEARCHES = ("block_all", "block", "warp", "warps")
+# the transposed colwise copy of a plain cast: how its input is loaded (Tuning.tr_stage, KernelConfig.tr_stage)
+TR_STAGES = ("regs", "stage", "park")
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory one CTA may take on sm_90 / sm_100
 SM_SMEM = 228 * 1024  # ... and one SM holds, of which ...
 CTA_SMEM_RESERVED = 1024  # ... each resident CTA takes this much more
@@ -120,7 +122,20 @@ class Tuning:
     ``fp4_col_rows``: rows of the packed kernel's tile for FP4's transposed colwise copy
     (KernelConfig.fp4_columns), one of FP4_COL_TILES: 8-row warps, each output row of the copy
     getting a run of fp4_col_rows / 2 bytes per CTA; 0: the library's choice, FP4_COL_ROWS.
-    MXFP4's 32-row blocks take at least 32 (16 runs as 32)."""
+    MXFP4's 32-row blocks take at least 32 (16 runs as 32).
+    ``tr_stage``: how the packed kernel's 128-row tile loads the input of a plain cast writing the
+    transposed colwise copy (KernelConfig.tr_stage): "regs" loads each thread's 8 rows into
+    registers (ptxas issues the last rows' loads only after the first rows' maxima: two memory
+    latencies per CTA), "stage" requests them all with cp.async into shared memory and reads each
+    back where it is used, "park" stages them the same way and leaves every row's words in its slot
+    until its FP8 bytes are encoded (no input words in registers across the scale phases); both
+    staged forms transpose the tile in the staged input's shared memory. "": the library's choice
+    ("park" for the transposed copy alone, "regs" beside the rowwise copy).
+    ``tr_rows_fast``: the packed kernel's grid of the transposed copy runs its row tiles along x
+    and its column tiles along y (KernelConfig.rows_fast): CTAs resident together then cover
+    few column tiles of many row tiles, so each output row of the copy ([N, M]) gets long runs
+    at once and the input is read in shorter ones. False (the library's choice): column tiles
+    along x, as every other kernel."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -134,6 +149,8 @@ class Tuning:
     dbias_group_rows: int = 1024
     group_search: str = ""
     fp4_col_rows: int = 0
+    tr_stage: str = ""
+    tr_rows_fast: bool = False
 
     def __post_init__(self):
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
@@ -147,6 +164,9 @@ class Tuning:
         if self.group_search not in ("", *GROUP_SEARCHES):
             raise ValueError(f"mxq: Tuning.group_search must be '' or one of {', '.join(GROUP_SEARCHES)}, "
                              f"got {self.group_search!r}")
+        if self.tr_stage not in ("", *TR_STAGES):
+            raise ValueError(f"mxq: Tuning.tr_stage must be '' or one of {', '.join(TR_STAGES)}, "
+                             f"got {self.tr_stage!r}")
         if self.fp4_col_rows not in (0, *FP4_COL_TILES):
             raise ValueError(f"mxq: Tuning.fp4_col_rows must be 0 or one of {FP4_COL_TILES}, "
                              f"got {self.fp4_col_rows!r}")
@@ -216,14 +236,42 @@ class KernelConfig:
     def transposed(self) -> bool:
         """The colwise copy is written transposed, [N, M] (FP8 block scaling's GEMM-ready layout):
         the packed kernel's 128-row tile stages it in shared memory (``packed_buffers``' "tr": the
-        tile's columns as rows of 8-byte chunks) and stores it as 16-byte runs of output rows."""
+        tile's columns as rows of 8-byte chunks; in the staged input's memory where tr_aliased)
+        and stores it as 16-byte runs of output rows."""
         return self.colwise and self.fmt.layout == "gemm"
+
+    @property
+    def tr_stage(self) -> str:
+        """How the packed kernel loads a plain cast's input (no dbias) where it writes the
+        transposed colwise copy (Tuning.tr_stage; TR_STAGES; "" for every other op): "regs",
+        "stage" or "park". The library's choice: "park" for the transposed copy alone (in
+        registers ptxas issues 5 of a thread's 8 row loads, then their maxima, then the other 3;
+        parked, 38 registers instead of 53 on sm_90: 3 CTAs per SM instead of 2), "regs" beside
+        the rowwise copy (its 8 loads are issued first; parked, the same 64 registers under the
+        cap without its 8 bytes of stack, untimed)."""
+        if not self.transposed or self.computed or self.dbias:
+            return ""
+        return self.tuned.tr_stage or ("regs" if self.rowwise else "park")
+
+    @property
+    def rows_fast(self) -> bool:
+        """The packed kernel's grid runs row tiles along x and column tiles along y and z
+        (Tuning.tr_rows_fast: the transposed copy, which is never grouped nor two halves)."""
+        return self.transposed and self.tuned.tr_rows_fast
+
+    @property
+    def tr_aliased(self) -> bool:
+        """The transposed copy's tile ("tr") lies in the staged input's shared memory (tr_stage
+        "stage" or "park": a plain cast's one staged source, dead or parked by then), not in a
+        buffer of its own."""
+        return self.tr_stage in ("stage", "park")
 
     @property
     def stage(self) -> bool:
         """Packed kernel: stage the inputs through shared memory with cp.async (ops with
-        arithmetic; with plain loads ptxas issues later rows' loads after earlier rows' math)."""
-        return self.computed
+        arithmetic, and a plain cast's transposed copy unless tr_stage is "regs"; with plain loads
+        ptxas issues later rows' loads after earlier rows' math)."""
+        return self.computed or self.tr_aliased
 
     @property
     def vec_stage(self) -> bool:
@@ -307,10 +355,11 @@ class KernelConfig:
         """The packed kernel's shared memory (smem.Buffer), in allocation order: a grouped call's
         scratch, the wide tile's row-scale bytes, the column maxima (packed words), the inverse
         column scales (but NVFP4's; or 128x128 tiles' partial maxima), the transposed colwise copy
-        (``transposed``), the dbias partial sums, the parked partial output units (unaligned
-        rows: head and tail of each row, per direction), then each staged source (``staged``: per
-        source None, or (element bits, broadcast along rows: one row staged, aligned kernel)),
-        ``depth`` rows per thread (0: stage_rows)."""
+        (``transposed``) and FP4's (with stochastic rounding, the random words its warps share), the
+        dbias partial sums, the parked partial output units (unaligned rows: head and tail of each
+        row, per direction), then each staged source (``staged``: per source None, or (element
+        bits, broadcast along rows: one row staged, aligned kernel)), ``depth`` rows per thread
+        (0: stage_rows)."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps
         depth = depth or self.stage_rows(unaligned, grouped)
@@ -322,10 +371,13 @@ class KernelConfig:
         if (self.colwise and not self.fp4_columns) or self.tiles:  # (tiles: the owner warps' maxima of the
             # CTA's two tiles; FP4's colwise multipliers stay in registers, PackedKernel.fp4_column_scales)
             out.append(Buffer("inv", "f32", (cols,)))
-        if self.transposed:
+        if self.transposed and not self.tr_aliased:
             out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
         if self.colwise and self.fmt.packed:  # (FP4's transposed copy: each warp's word of each column)
             out.append(Buffer("fp4t", "u32", (warps * cols,)))
+        if self.colwise and self.fmt.packed and self.fmt.rounding == "sr":  # (stochastic rounding: each
+            # 16-row group's Philox words per column, half of them for the partner warp, PackedKernel.store_rows)
+            out.append(Buffer("srx", "u32", (warps // 2, VEC, 2, 32, 2)))
         if self.fmt.hadamard:  # (NVFP4's Hadamard transform: each thread's rows, packed words, for its
             # partner warp; per word j two 4-row halves, PackedKernel.hadamard_columns)
             out.append(Buffer("rht", "u32", (warps, VEC, 32, 4)))
@@ -360,8 +412,9 @@ class KernelConfig:
         packed_shared_bytes)."""
         rows = self.tile_rows // self.packed_warps(unaligned)
         ctas = self.ring_ctas(fp16)
-        if unaligned or self.halves_passes > 1 or ctas < 2 or self.tile_rows == ROWS or self.fp4_columns:
-            return rows  # (the ring serves the 128-row tile alone)
+        if (unaligned or self.halves_passes > 1 or ctas < 2 or self.tile_rows == ROWS or self.fp4_columns
+                or self.tr_aliased):
+            return rows  # (the ring serves the 128-row tile alone; a parked row keeps its slot)
         n = self.n_inputs + self.has_dact
         if self.ctas_fit(self.packed_shared_bytes(n, False, grouped, rows), ctas):
             return rows

@@ -198,6 +198,37 @@ class NV_DEVICE(DEVICE):
     def small_int_f32(u):
         return Float32(Int32(u))
 
+    @staticmethod
+    def e4m3_f32(e):
+        """e4m3_value of a scale byte by the hardware: cvt.rn.f16x2.e4m3x2 (every E4M3 value is an
+        fp16 exactly) and cvt.f32.f16, two instructions."""
+        return Float32(cute.arch.inline_ptx(
+            "{ .reg .b16 b, h, x; .reg .b32 p; cvt.u16.u32 b, {$r0}; cvt.rn.f16x2.e4m3x2 p, b; "
+            "mov.b32 {h, x}, p; cvt.f32.f16 {$w0}, h; }",
+            write_only_types=[Float32], read_only_args=[Uint32(e)]))
+
+    @staticmethod
+    def e4m3x2(x0, x1):
+        """The E4M3 bytes of fp32 ``x0``, ``x1`` (RNE, saturating) in one cvt, as a word: x0's
+        byte in bits 0-7, x1's in bits 8-15."""
+        return Uint32(to_fp8x2_word(x0, x1, "e4m3"))
+
+    @staticmethod
+    def e4m3x2_f32(w):
+        """The fp32 values of the two E4M3 bytes of ``w`` (bits 0-7, 8-15), exactly: one
+        cvt.rn.f16x2.e4m3x2 and two cvt.f32.f16."""
+        return cute.arch.inline_ptx(
+            "{ .reg .b16 b, h0, h1; .reg .b32 p; cvt.u16.u32 b, {$r0}; cvt.rn.f16x2.e4m3x2 p, b; "
+            "mov.b32 {h0, h1}, p; cvt.f32.f16 {$w0}, h0; cvt.f32.f16 {$w1}, h1; }",
+            write_only_types=[Float32, Float32], read_only_args=[Uint32(w)])
+
+    @staticmethod
+    def rcp(x):
+        """1 / x rounded once to nearest even (rcp.rn.f32: IEEE's reciprocal, the quotient
+        div.rn.f32 gives for 1 / x; subnormals kept)."""
+        return Float32(cute.arch.inline_ptx("rcp.rn.f32 {$w0}, {$r0};", write_only_types=[Float32],
+                                            read_only_args=[Float32(x)]))
+
 
 def _at_most_flt_max(x, ops):
     """min(x, FLT_MAX) for x >= 0 (inf -> FLT_MAX)."""
@@ -237,8 +268,24 @@ def e4m3_value(e, ops=NV_DEVICE):
 
 def nvfp4_multiplier(e, s_dec, ops=NV_DEVICE):
     """Step N5: min(fp32(1 / fp32(fp32(scale) * s_dec)), FLT_MAX) of the E4M3 scale byte ``e``,
-    ``s_dec`` = nvfp4_global's second value (scale 0: FLT_MAX)."""
-    return _at_most_flt_max(ops.div(ops.F32(1.0), ops.mul(e4m3_value(e, ops), s_dec)), ops)
+    ``s_dec`` = nvfp4_global's second value (scale 0: FLT_MAX). The device decodes the byte with
+    cvt (ops.e4m3_f32, exact: e4m3_value's value) and takes rcp.rn.f32 (ops.rcp: the quotient of
+    div.rn.f32 1 / x, without the division's extra refinement steps)."""
+    return nvfp4_multiplier_of(ops.e4m3_f32(e), s_dec, ops)
+
+
+def nvfp4_multiplier_of(v, s_dec, ops=NV_DEVICE):
+    """nvfp4_multiplier of the scale's fp32 value ``v``."""
+    return _at_most_flt_max(ops.rcp(ops.mul(v, s_dec)), ops)
+
+
+def nvfp4_scales2(a0, a1, sf, s_dec, ops=NV_DEVICE):
+    """nvfp4_scale and nvfp4_multiplier of two block amaxes at once: (the word of the two scale
+    bytes, a0's in bits 0-7 and a1's in bits 8-15; a0's multiplier, a1's): one conversion to
+    E4M3 and one back (ops.e4m3x2, ops.e4m3x2_f32) for the two."""
+    w = ops.e4m3x2(_at_most_flt_max(ops.mul(a0, sf), ops), _at_most_flt_max(ops.mul(a1, sf), ops))
+    v0, v1 = ops.e4m3x2_f32(w)
+    return w, nvfp4_multiplier_of(v0, s_dec, ops), nvfp4_multiplier_of(v1, s_dec, ops)
 
 
 # --- E2M1 (FP4) encoding (docs/NUMERICS.md step N7) ---------------------------------------------
@@ -403,12 +450,11 @@ def e2m1x8_from_pairs(codes, ops=PAIR_DEVICE):
 
 
 # --- stochastic rounding (docs/NUMERICS.md N7's stochastic rule; fp4.encode_sr, fp4.random_bytes) ---
-# Written against ``ops`` too (RNG_DEVICE's, SR_DEVICE's), so the tests run the Philox rounds, the
+# Written against ``ops`` too (RNG_DEVICE's, SR_PAIR_DEVICE's), so the tests run the Philox rounds, the
 # word selection (a warp's lanes on a tensor axis) and the rounding rule on Python ints and int64
 # tensors against mxq/formats/fp4.py and tests/oracle_fp4.py.
 PHILOX_M = (0xD2511F53, 0xCD9E8D57)
 PHILOX_W = (0x9E3779B9, 0xBB67AE85)
-E2M1_SIX = 0x40C00000  # fp32 bits of 6.0, E2M1's largest magnitude
 
 
 class RNG_DEVICE(DEVICE):
@@ -466,12 +512,13 @@ def philox(counter, key, ops=RNG_DEVICE):
 
 # The random words (fp4.random_bytes): word w = offset + row * groups + q of a direction's values is
 # word w % 4 of Philox at counter (w // 4 low, high, direction, 0), key = seed. A thread's 8
-# values of a row take words q, q + 1 (q even); both lie in one counter unless w % 4 == 3 (odd
-# offsets), so one Philox serves them, and a second runs only in the lanes that need it. Rowwise,
-# where a row's words start on a counter (groups and offset multiples of 4: NVFP4's N % 16 == 0
-# and an offset % 4 == 0), lanes 2l and 2l + 1 (columns 16l .. 16l + 15) need the four words of
-# one counter per row: each computes one row of a pair and they swap halves (sr_row_pair_shared),
-# one Philox per 16 values.
+# values of a row take two words; two threads' 16 values, four consecutive words, which are one
+# Philox's where they start on a counter (w % 4 == 0) and straddle two otherwise (sr_words4).
+# Rowwise, lanes 2l and 2l + 1 (columns 16l .. 16l + 15) each draw the four words of one row of a
+# pair and swap halves (sr_row_pair_shared); the colwise copy's 16-row groups are shared by their
+# two 8-row warps the same way, through shared memory (sr_col_group). One Philox per 16 values
+# where the words start on counters (rowwise: offset % 4 == 0, NVFP4's N % 16 == 0 making every
+# row start on one; colwise also M % 16 == 0), two otherwise.
 def philox_at(ctr, direction: int, seed, ops=RNG_DEVICE):
     """Philox's four words at the 64-bit counter index ``ctr`` (>= 0), key ``seed`` (64 bits)."""
     U32, I64 = ops.U32, ops.I64
@@ -486,33 +533,35 @@ def word_index(row, q, groups, offset, ops=RNG_DEVICE):
     return I64(offset) + I64(row) * I64(groups) + I64(q)
 
 
-def sr_word_pair(row, q, groups, seed, offset, direction: int, ops=RNG_DEVICE):
-    """Words q and q + 1 of ``row`` (q even; ``groups`` words a row): Philox at w // 4 and, in the
-    lanes where w % 4 == 3, the first word of Philox at w // 4 + 1."""
+def sr_words4(w, direction: int, seed, ops=RNG_DEVICE, straddle: bool = False):
+    """Words w .. w + 3 (w a 64-bit word index) of a direction's random words: Philox's four at w
+    // 4 where w % 4 == 0; ``straddle``: any w, Philox at w // 4 and w // 4 + 1, words w % 4 ..
+    w % 4 + 3 of their eight (three selects a word)."""
     U32, I32, I64 = ops.U32, ops.I32, ops.I64
-    w = word_index(row, q, groups, offset, ops)
-    ctr = w >> I64(2)
-    j = I32(w & I64(3))
-    a = philox_at(ctr, direction, seed, ops)
-    first = U32(ops.select(j == I32(1), a[1], a[0]))
-    first = U32(ops.select(j == I32(2), a[2], first))
-    first = U32(ops.select(j == I32(3), a[3], first))
-    second = U32(ops.select(j == I32(1), a[2], a[1]))
-    second = U32(ops.select(j == I32(2), a[3], second))
-    nxt = ops.when(j == I32(3), 1, lambda: [philox_at(ctr + I64(1), direction, seed, ops)[0]], lambda: [second])
-    return [first, nxt[0]]
+    c = philox_at(w >> I64(2), direction, seed, ops)
+    if not straddle:
+        return list(c)
+    seq = list(c) + list(philox_at((w >> I64(2)) + I64(1), direction, seed, ops))
+    d = I32(w & I64(3))
+    out = []
+    for k in range(4):
+        x = seq[k]
+        for j in range(1, 4):
+            x = U32(ops.select(d == I32(j), seq[k + j], x))
+        out.append(x)
+    return out
 
 
-def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE):
+def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE, straddle: bool = False):
     """Rowwise words 2g, 2g + 1 of rows ``row`` and ``row + 1`` where lanes g and g ^ 1 are
-    neighbours and (offset + r * groups + 4 (g // 2)) % 4 == 0 for both rows: the even lane runs
-    Philox for ``row``, the odd one for ``row + 1``; each keeps its own two words (0, 1 for an
-    even lane, 2, 3 for an odd one) and gives the other two to its neighbour."""
+    neighbours (columns 16l .. 16l + 15: the four words from w = offset + r * groups + 4 (g // 2)
+    of each row r): the even lane draws them for ``row``, the odd one for ``row + 1``; each keeps
+    its own two (0, 1 for an even lane, 2, 3 for an odd one) and gives the other two to its
+    neighbour (sr_words4: ``straddle`` for any w, else w % 4 == 0)."""
     U32, I32 = ops.U32, ops.I32
     odd = (I32(g) & I32(1)) == I32(1)
     p = I32(ops.select(odd, I32(1), I32(0)))
-    c = philox_at(word_index(I32(row) + p, I32(g) * I32(2) - p * I32(2), groups, offset, ops) >> ops.I64(2), 0,
-                  seed, ops)
+    c = sr_words4(word_index(I32(row) + p, I32(g) * I32(2) - p * I32(2), groups, offset, ops), 0, seed, ops, straddle)
     mine = [U32(ops.select(odd, c[2 + h], c[h])) for h in range(2)]
     given = [ops.swap_pair(U32(ops.select(odd, c[h], c[2 + h]))) for h in range(2)]
     first = [U32(ops.select(odd, given[h], mine[h])) for h in range(2)]
@@ -520,52 +569,98 @@ def sr_row_pair_shared(row, g, groups, seed, offset, ops=RNG_DEVICE):
     return first + second
 
 
+def sr_col_aligned(groups, offset, ops=RNG_DEVICE):
+    """The colwise copy's 16-row groups start on a counter (word 0 of a Philox) in every column:
+    ``groups`` (M / 4 words a row of the transposed values) and ``offset`` multiples of 4, so
+    (offset + col * groups + 4 k) % 4 == 0."""
+    I64 = ops.I64
+    return ((I64(offset) | I64(groups)) & I64(3)) == I64(0)
+
+
+def sr_col_group(col, row, groups, seed, offset, ops=RNG_DEVICE, straddle: bool = False):
+    """The colwise copy's (direction 1) four words from row ``row`` (a multiple of 16) of transposed
+    row ``col`` (sr_words4: ``straddle`` unless sr_col_aligned): words 0, 1 the upper 8 rows'
+    (row .. row + 7), 2, 3 the lower 8 rows'. The two 8-row warps of a 16-row group share them:
+    each draws half the columns and gives the other its words through shared memory
+    (PackedKernel.sr_col_stage)."""
+    return sr_words4(word_index(col, ops.I32(row) >> ops.I32(2), groups, offset, ops), 1, seed, ops, straddle)
+
+
 def sr_row_words(row, g, groups, seed, offset, ops=RNG_DEVICE):
     """Rowwise words 2g, 2g + 1 of rows ``row`` and ``row + 1`` (four words, row by row) of the
-    lane owning columns 8g .. 8g + 7, its neighbour lane g ^ 1 in the same warp: shared Philox
-    calls where groups and offset are multiples of 4 (a warp-uniform branch), sr_word_pair per row
-    otherwise. Every lane of the warp must call it (the shared path exchanges words)."""
+    lane owning columns 8g .. 8g + 7, its neighbour lane g ^ 1 in the same warp
+    (sr_row_pair_shared): one Philox per 16 values where groups and offset are multiples of 4 (a
+    warp-uniform branch), two otherwise. Every lane of the warp must call it (it exchanges
+    words)."""
     I64 = ops.I64
     aligned = ((I64(offset) | I64(groups)) & I64(3)) == I64(0)
     return ops.when(aligned, 4, lambda: sr_row_pair_shared(row, g, groups, seed, offset, ops),
-                    lambda: (sr_word_pair(row, g * 2, groups, seed, offset, 0, ops)
-                             + sr_word_pair(row + 1, g * 2, groups, seed, offset, 0, ops)))
+                    lambda: sr_row_pair_shared(row, g, groups, seed, offset, ops, straddle=True))
 
 
-class SR_DEVICE(DEVICE):
-    """DEVICE's operations and the one float addition of the stochastic rule, on DSL values."""
+# N7's stochastic rule two values at a time, in the 16-bit lanes of a word (sm_90 and sm_100a
+# alike). E2M1 is itself a binary float (two exponent bits, one mantissa bit, the codes below 1 its
+# subnormals), so the fp16 bits of |y| * 2^-14 rounded toward zero, h (1.0 lands on fp16's
+# smallest normal 2^-14, 0.5 on bit 9 of its subnormals), hold E2M1's spacing at bit 9 everywhere:
+# h = floor(1024 |y|) below 2, 1024 + floor(512 |y|) below 4, 2048 + floor(256 |y|) below 8; so
+# floor(h / 2) = floor(256 c) for the code line c = min(2|y|, |y| + 2, |y| / 2 + 4) whose integer
+# part is the code and fraction f, and the code is (min(h, 6's bits) + 2 r) >> 9: bits 1 .. 8 of
+# h are floor(256 f), and adding r there carries into bit 9 iff floor(256 f) + r >= 256. fp16 keeps
+# the 8 bits below the kept one at every |y| < 8, and rounding toward zero never carries into
+# them. |y| * 2^-14 is exact unless below fp32's normals (|y| < 2^-112), where every |y| has code
+# 0 either way; a value past fp16's range becomes its largest finite (toward zero) or inf, both
+# clamped to 6. The clamp is fp16's own min and max (against +-6 * 2^-14): they keep the sign,
+# and take the other operand where one is NaN, so a NaN of either sign becomes +6, code 7.
+F16_SIX = 0x0E000E00  # fp16 bits of 6 * 2^-14 in both lanes: the clamp, code 7
+SR_SCALE = 2.0 ** -14  # |y| = 1 onto fp16's smallest normal
+
+
+class SR_PAIR_DEVICE(PAIR_DEVICE):
+    """PAIR_DEVICE's operations and those of the stochastic rule (fp32 pair -> fp16x2 rounded
+    toward zero, fp16 lane min and max), on DSL values."""
 
     @staticmethod
-    def one_plus_rz(a):
-        """The fp32 bits of 1 + (the fp32 of bits ``a``), rounded toward zero."""
-        return cute.math.add(a.bitcast(Float32), Float32(1.0), rounding=RoundingMode.ZERO).bitcast(Uint32)
+    def mul_f32(v, c: float):
+        """v * c (fp32, one explicit rounding: never contracted or reassociated)."""
+        return mul_rn(v, Float32(c))
+
+    @staticmethod
+    def f16x2_rz(lo, hi):
+        """The fp32 values ``lo``, ``hi`` as fp16 rounded toward zero, lo in the low lane."""
+        return cute.arch.inline_ptx("cvt.rz.f16x2.f32 {$w0}, {$r1}, {$r0};", write_only_types=[Uint32],
+                                    read_only_args=[Float32(lo), Float32(hi)])
+
+    min_f16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("min.f16x2", a, b))
+    max_f16x2 = staticmethod(lambda a, b: PAIR_DEVICE._lanes("max.f16x2", a, b))
 
 
-def e2m1_code_sr(b, r, ops=SR_DEVICE):
-    """N7's stochastic rule on the fp32 bits ``b`` (unsigned) with the random byte ``r``, as one
-    integer addition on fp32 bits: |y| clamped to 6 has its E2M1 spacing at bit 22 of its bits
-    (one mantissa bit kept; below 1, where the spacing is fixed at 0.5, of those of 1 + |y|
-    rounded toward zero, which keeps floor(2^23 |y|)); bits 14 .. 21 are floor(256 f), so adding
-    r << 14 carries into bit 22 iff floor(256 f) + r >= 256. Bits >> 22 less 252 (less 254
-    below 1) are the code (1.0 -> 2, ... 6.0 -> 7; 6.0's bits below 22 are 0, so nothing carries
-    past it); the sign kept, NaN -> 0x7."""
+def e2m1x2_sr_codes(h, rb, ops=SR_PAIR_DEVICE):
+    """N7's stochastic rule on the fp16 pair ``h`` (bits of y * 2^-14 rounded toward zero) with
+    the random bytes ``rb`` (one in bits 0 .. 7 of each lane): each lane's code in its low nibble,
+    as e2m1x2_codes (the sign kept, NaN -> 0x7). The clamped lane is at most 0xE00 below its sign
+    bit and 2 r at most 0x1FE, so the sum leaves bits 12 .. 15 alone and the lanes apart: its bits
+    9 .. 11 are the code, bit 15 the sign."""
     U32 = ops.U32
-    a = b & U32(0x7FFFFFFF)
-    a6 = ops.min(a, U32(E2M1_SIX))
-    z = U32(ops.select(a6 < U32(E2M1_ONE), ops.one_plus_rz(a6) - U32(254 << 22), a6 - U32(252 << 22)))
-    code = (z + (r << U32(14))) >> U32(22)
-    code = code | ((b >> U32(28)) & U32(8))
-    return U32(ops.select(a > U32(0x7F800000), U32(7), code))
+    v = ops.max_f16x2(ops.min_f16x2(h, U32(F16_SIX)), U32(F16_SIX | 0x80008000))  # |y| <= 6; NaN -> +6
+    s = v + (rb << U32(1))
+    return ops.lop3(s >> U32(9), s >> U32(12), U32(0x000F000F), 0xA8)  # (code | sign << 3) per lane
 
 
-def e2m1x8_sr(vals, rand):
-    """Eight scaled fp32 values as one word of E2M1 codes (e2m1x8's order) by the stochastic rule,
-    value k taking byte k % 4 of ``rand[k // 4]`` (two random words, fp4.random_bytes' order)."""
-    word = Uint32(0)
-    for k in range(8):
-        r = (rand[k // 4] >> Uint32(8 * (k % 4))) & Uint32(0xFF)
-        word = word | (e2m1_code_sr(vals[k].bitcast(Uint32), r) << Uint32(4 * k))
-    return word
+def e2m1x8_sr(vals, rand, ops=SR_PAIR_DEVICE, prescaled: bool = False):
+    """Eight scaled fp32 values (the tests' ops: their bits) as one word of E2M1 codes (e2m1x8's
+    order) by the stochastic rule, value k taking byte k % 4 of ``rand[k // 4]`` (two random
+    words, fp4.random_bytes' order): each pair times 2^-14 (exact, fp32; ``prescaled``: the
+    values come so scaled, their multiplier taken times 2^-14 where that is exact,
+    PackedKernel.sr_prescaled), converted to fp16 toward zero, then e2m1x2_sr_codes with its two
+    bytes moved into the lanes by one prmt."""
+    codes = []
+    for j in range(4):
+        lo, hi = vals[2 * j], vals[2 * j + 1]
+        if not prescaled:
+            lo, hi = ops.mul_f32(lo, SR_SCALE), ops.mul_f32(hi, SR_SCALE)
+        rb = ops.prmt(rand[j // 2], ops.U32(0), 0x4140 if j % 2 == 0 else 0x4342)  # bytes 2j % 4, + 1 -> lanes
+        codes.append(e2m1x2_sr_codes(ops.f16x2_rz(lo, hi), rb, ops))
+    return e2m1x8_from_pairs(codes, ops)
 
 
     # --- NVFP4's random Hadamard transform (docs/NUMERICS.md, "hadamard=True") -------------------------

@@ -10,13 +10,17 @@ the format's rowwise blocks (1x128 FP8 block scaling, 1x32 MXFP8) with codec.py'
 
 The accumulator layout of wgmma m64nNk16 (fp32; CUTLASS's SM90 ``CLayout_64xN``, thread layout
 (4, 8, 4), value layout (2, 2, N/8)): thread t of a warpgroup holds, for each 8-column group g of
-its warpgroup's 64 x 256 half, values ``i = c + 2 h + 4 g`` (c, h in {0, 1}) at row
-``16 (t // 32) + (t % 32) // 4 + 8 h`` and column ``8 g + 2 (t % 4) + c``. So the 4 lanes of a
+its warpgroup's 64 x 256 part (half the cooperative tile, GemmSm90's whole ping-pong tile),
+values ``i = c + 2 h + 4 g`` (c, h in {0, 1}) at row ``16 (t // 32) + (t % 32) // 4 + 8 h`` and
+column ``8 g + 2 (t % 4) + c``. So the 4 lanes of a
 quad (t % 4) share their two rows, and a row's block of B columns is groups ``g`` in
 ``[b B/8, (b+1) B/8)`` of those 4 lanes: ``B / 4`` values per lane, reduced over the quad with
 two butterfly shuffles (``ACC_QUAD``). ``check_layout`` asserts this at trace time on a few
 threads' static coordinates. Columns past N (zeros from TMA, but the epilogue of zero need not be zero) are
-left out of the block maxima; rows past M and columns past N are not stored.
+left out of the block maxima; rows past M and columns past N are not stored. Both forms of the
+GEMM give a warpgroup 64 full rows of 256 columns, so a rowwise block never leaves one thread
+quad; colwise blocks (128 rows in FP8 block scaling: more than a ping-pong tile holds), amax and
+dbias would need a reduction across warpgroups or tiles, and ``config_gap`` refuses them.
 """
 
 from __future__ import annotations
@@ -114,12 +118,15 @@ class GemmQuant:
         return Float32(cutlass.select_(coords[i][1] < N, v, Float32(0.0)))
 
 
-def check_layout(tiled_mma, tile) -> None:
+def check_layout(tiled_mma, tile, wgs: int = 2) -> None:
     """Trace-time check of the accumulator layout the module docstring states, on the static
-    coordinates of a few threads t (each warpgroup a 64-row half): value i = c + 2h + 4g of
-    thread t at row 64 (t // 128) + 16 (t % 128 // 32) + (t % 32) // 4 + 8h, column
-    8g + 2 (t % 4) + c."""
-    for t in (0, 1, 2, 3, 4, 37, 128):
+    coordinates of a few threads t of the ``wgs`` warpgroups sharing a tile (each a 64-row
+    part: GemmSm90's cooperative 128 x 256 tile has two, its ping-pong 64 x 256 tile one):
+    value i = c + 2h + 4g of thread t at row 64 (t // 128) + 16 (t % 128 // 32) + (t % 32) // 4
+    + 8h, column 8g + 2 (t % 4) + c."""
+    if tile[0] != 64 * wgs:
+        raise AssertionError(f"mxq: a {tile} tile is not {wgs} warpgroups of 64 rows")
+    for t in (0, 1, 2, 3, 4, 37, 127, *((128, 255) if wgs == 2 else ())):
         coords = tiled_mma.get_slice(t).partition_C(cute.make_identity_tensor(tile))
         row0 = 64 * (t // 128) + 16 * (t % 128 // 32) + (t % 32) // 4
         for i in range(0, cute.size(coords), 9):  # a sample of the values (all of them is slow to trace)

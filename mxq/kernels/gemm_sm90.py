@@ -12,6 +12,17 @@ scheduler); see docs/DESIGN.md "The sm_90 GEMM".
   and four stages (192 KiB) fit the 227 KiB of an H100/H200 CTA.
 - Persistent: the grid is min(tiles, SMs); each CTA walks output tiles in the scheduler's order,
   the producer running ahead into the next tile's stages while the consumers write the last one.
+- ``pingpong`` (CUTLASS's KernelTmaWarpSpecializedPingpong): each consumer warpgroup owns a whole
+  64 x 256 output tile (PINGPONG_TILE, the same 128 accumulators a thread) and the two take
+  alternate tiles of the CTA's schedule (warpgroup w its tiles j = w, w + 2, ...). An ordered
+  barrier pair (two named barriers, ``ordered_barrier_ids``) makes their mainloops alternate: a
+  warpgroup waits on its own barrier before its first wgmma of a tile and arrives on the other's
+  once its last K tile's wgmmas are issued, so one warpgroup's epilogue (the op, block amax,
+  cast, stores) runs while the other's wgmmas fill the tensor cores. The producer still loads
+  every tile of the CTA in schedule order into one pipeline whose stages each warpgroup consumes
+  for its own tiles alone (a stage's empty barrier counts one warpgroup's 4 warps); warpgroup 1
+  starts k_tiles stages in and each warpgroup skips the other's k_tiles stages per tile. A
+  64 x 256 x 64 stage is 40 KiB: five stages (200 KiB) fit.
 - Edges: TMA fills out-of-bounds rows and columns of A and W with zeros (M, N, K at any size that
   TMA can describe: K and N multiples of 8 for 16-byte rows), and the epilogue predicates its
   stores on the tile coordinates, so partial tiles at the M and N edges are exact.
@@ -32,11 +43,20 @@ from cutlass import Float32, Int32
 
 from . import gemm_quant
 
-TILE = (128, 256, 64)  # CTA tile (M, N, K)
-STAGES = 4  # shared-memory stages of A and W tiles (4 x 48 KiB)
+TILE = (128, 256, 64)  # CTA tile (M, N, K) of the cooperative form
+STAGES = 4  # its shared-memory stages of A and W tiles (4 x 48 KiB)
+PINGPONG_TILE = (64, 256, 64)  # the ping-pong form's tile: one consumer warpgroup's
+PINGPONG_STAGES = 5  # 5 x 40 KiB
 THREADS_PER_WG = 128
-CONSUMER_WGS = 2  # each owns 64 rows of the 128-row tile
+CONSUMER_WGS = 2  # cooperative: each owns 64 rows of the 128-row tile; ping-pong: alternate tiles
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 <= 64 Ki registers
+ORDER_BARRIER = 1  # ping-pong: named barriers ORDER_BARRIER + w (0 is __syncthreads')
+
+
+def ordered_barrier_ids(wg):
+    """(the barrier warpgroup ``wg`` (0 or 1) waits on before its mainloop, the one it arrives on
+    once its wgmmas are issued): its own, then the other's. Python ints or Int32."""
+    return ORDER_BARRIER + wg, ORDER_BARRIER + 1 - wg
 
 
 class GemmSm90:
@@ -45,13 +65,20 @@ class GemmSm90:
     grid's width (the device's SM count). ``swizzle``: the scheduler walks groups of this many N
     tiles down M (1: plain M-fastest order; > 1 pads the N tile count to a multiple, and the
     padding tiles store nothing). ``fused``: the op's epilogue and quantize (gemm_quant.GemmQuant)
-    in place of D."""
+    in place of D. ``pingpong``: each consumer warpgroup a whole 64 x 256 tile, the two
+    alternating (module docstring); else both cooperate on a 128 x 256 tile."""
 
-    def __init__(self, acc_hook: bool = False, num_sms: int = 132, swizzle: int = 1, fused=None):
+    def __init__(self, acc_hook: bool = False, num_sms: int = 132, swizzle: int = 1, fused=None,
+                 pingpong: bool = False):
         self.acc_hook = acc_hook
         self.fused = fused
         self.num_sms = num_sms
         self.swizzle = swizzle
+        self.pingpong = pingpong
+        self.tile = PINGPONG_TILE if pingpong else TILE
+        self.tile_mn = self.tile[:2]  # (an output tile)
+        self.stages = PINGPONG_STAGES if pingpong else STAGES
+        self.mma_wgs = 1 if pingpong else CONSUMER_WGS  # warpgroups on one tile (and one stage)
         self.threads = THREADS_PER_WG * (1 + CONSUMER_WGS)
 
     def setup(self, dtype):
@@ -60,10 +87,10 @@ class GemmSm90:
         k_major = utils.LayoutEnum.ROW_MAJOR  # A [M, K] and W [N, K] both have K innermost
         self.tiled_mma = sm90.make_trivial_tiled_mma(
             dtype, dtype, k_major.sm90_mma_major_mode(), k_major.sm90_mma_major_mode(), Float32,
-            (CONSUMER_WGS, 1, 1), tiler_mn=(64, TILE[1]))
-        self.a_layout = sm90.make_smem_layout_a(k_major, TILE, dtype, STAGES)
-        self.w_layout = sm90.make_smem_layout_b(k_major, TILE, dtype, STAGES)
-        self.stage_bytes = (TILE[0] + TILE[1]) * TILE[2] * dtype.width // 8
+            (self.mma_wgs, 1, 1), tiler_mn=(64, self.tile[1]))
+        self.a_layout = sm90.make_smem_layout_a(k_major, self.tile, dtype, self.stages)
+        self.w_layout = sm90.make_smem_layout_b(k_major, self.tile, dtype, self.stages)
+        self.stage_bytes = (self.tile[0] + self.tile[1]) * self.tile[2] * dtype.width // 8
 
     @cute.jit
     def launch(self, mA: cute.Tensor, mW: cute.Tensor, mD: cute.Tensor, stream):
@@ -85,13 +112,13 @@ class GemmSm90:
         """Traced by every launcher: TMA descriptors, the tile scheduler, the launch."""
         self.setup(mA.element_type)
         if cutlass.const_expr(self.fused is not None):
-            gemm_quant.check_layout(self.tiled_mma, (TILE[0], TILE[1]))
+            gemm_quant.check_layout(self.tiled_mma, self.tile_mn, self.mma_wgs)
         op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         tma_a, gA = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            op, mA, cute.slice_(self.a_layout, (None, None, 0)), (TILE[0], TILE[2]))
+            op, mA, cute.slice_(self.a_layout, (None, None, 0)), (self.tile[0], self.tile[2]))
         tma_w, gW = cute.nvgpu.cpasync.make_tiled_tma_atom(
-            op, mW, cute.slice_(self.w_layout, (None, None, 0)), (TILE[1], TILE[2]))
-        tiles = cute.zipped_divide(mD, (TILE[0], TILE[1]))[(0, (None, None))].shape
+            op, mW, cute.slice_(self.w_layout, (None, None, 0)), (self.tile[1], self.tile[2]))
+        tiles = cute.zipped_divide(mD, self.tile_mn)[(0, (None, None))].shape
         sched = utils.PersistentTileSchedulerParams((*tiles, 1), (1, 1, 1), self.swizzle, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms)
         self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched,
@@ -103,20 +130,21 @@ class GemmSm90:
                mD: cute.Tensor, mAcc: cute.Tensor, tiled_mma: cute.TiledMma, a_layout: cute.ComposedLayout,
                w_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams, row_scale,
                ins: list, scalars: list):
-        """One persistent CTA: warpgroup 0 loads, warpgroups 1 and 2 multiply and write."""
+        """One persistent CTA: warpgroup 0 loads, warpgroups 1 and 2 multiply and write (a tile
+        together, or with ``pingpong`` alternate tiles)."""
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
             cute.nvgpu.cpasync.prefetch_descriptor(tma_w)
         smem = cutlass.utils.SmemAllocator()
-        bars = smem.allocate_array(cutlass.Int64, 2 * STAGES)
+        bars = smem.allocate_array(cutlass.Int64, 2 * self.stages)
         sA = smem.allocate_tensor(self.dtype, a_layout.outer, byte_alignment=1024, swizzle=a_layout.inner)
         sW = smem.allocate_tensor(self.dtype, w_layout.outer, byte_alignment=1024, swizzle=w_layout.inner)
         pipe = pipeline.PipelineTmaAsync.create(
-            barrier_storage=bars, num_stages=STAGES,
+            barrier_storage=bars, num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
-            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_WGS * 4),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.mma_wgs * 4),
             tx_count=self.stage_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
         wg = cute.arch.make_warp_uniform(tidx // THREADS_PER_WG)
         if wg == 0:
@@ -131,14 +159,14 @@ class GemmSm90:
     @cute.jit
     def produce(self, pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched):
         """The producer warp: for each of the CTA's tiles, every K tile of A and W into the next free stage."""
-        gA = cute.local_tile(gA_full, (TILE[0], TILE[2]), (None, None))  # (bM, bK, tiles M, tiles K)
-        gW = cute.local_tile(gW_full, (TILE[1], TILE[2]), (None, None))
+        gA = cute.local_tile(gA_full, (self.tile[0], self.tile[2]), (None, None))  # (bM, bK, tiles M, tiles K)
+        gW = cute.local_tile(gW_full, (self.tile[1], self.tile[2]), (None, None))
         tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
             tma_a, 0, cute.make_layout(1), cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
         tWsW, tWgW = cute.nvgpu.cpasync.tma_partition(
             tma_w, 0, cute.make_layout(1), cute.group_modes(sW, 0, 2), cute.group_modes(gW, 0, 2))
         k_tiles = cute.size(gA, mode=[3])
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, STAGES)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = tiles.initial_work_tile_info()
         while work.is_valid_tile:
@@ -157,29 +185,50 @@ class GemmSm90:
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sW, mD, mAcc, sched, ctid, gA_full, fused_args):
         """The consumer warpgroups: the K loop on wgmma for each tile, then ``epilogue`` (or,
-        with ``fused``, the op's: ``fused_args`` are its row_scale, ins and scalars)."""
+        with ``fused``, the op's: ``fused_args`` are its row_scale, ins and scalars). With
+        ``pingpong`` warpgroup w takes the CTA's tiles w, w + 2, ... (its read state starts w
+        tiles' stages in and skips the other's after each), its mainloop ordered after the
+        other's by the barrier pair (warpgroup 0 opens its own barrier once to start)."""
+        wg = cute.arch.make_warp_uniform(ctid // THREADS_PER_WG)
+        if cutlass.const_expr(self.pingpong):
+            ctid = ctid % THREADS_PER_WG
         thr_mma = tiled_mma.get_slice(ctid)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrW = tiled_mma.make_fragment_B(thr_mma.partition_B(sW))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.local_tile(mD, (TILE[0], TILE[1]), (0, 0))).shape, Float32)
-        k_tiles = (gA_full.shape[1] + TILE[2] - 1) // TILE[2]
-        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, STAGES)
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(cute.local_tile(mD, self.tile_mn, (0, 0))).shape, Float32)
+        k_tiles = (gA_full.shape[1] + self.tile[2] - 1) // self.tile[2]
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         tiles = utils.StaticPersistentTileScheduler.create(sched, cute.arch.block_idx(), cute.arch.grid_dim())
         work = tiles.initial_work_tile_info()
+        wait_id, signal_id = ordered_barrier_ids(wg)
+        if cutlass.const_expr(self.pingpong):
+            if wg == 0:
+                cute.arch.barrier_arrive(barrier_id=wait_id, number_of_threads=2 * THREADS_PER_WG)
+            read.advance(k_tiles * wg)  # (branch-free: warpgroup 1 starts one tile in)
+            tiles.advance_to_next_work(advance_count=wg)
+            work = tiles.get_current_work()
         while work.is_valid_tile:
-            read = self.mainloop(pipe, read, tiled_mma, tCrA, tCrW, acc, k_tiles)
+            if cutlass.const_expr(self.pingpong):
+                cute.arch.barrier(barrier_id=wait_id, number_of_threads=2 * THREADS_PER_WG)
+            read = self.mainloop(pipe, read, tiled_mma, tCrA, tCrW, acc, k_tiles, signal_id)
             if cutlass.const_expr(self.fused is None):
                 self.epilogue(acc, work.tile_idx[0], work.tile_idx[1], thr_mma, mD, mAcc)
             else:
                 self.fused_epilogue(acc, work.tile_idx[0], work.tile_idx[1], thr_mma, ctid % 32, mD, mAcc, fused_args)
-            tiles.advance_to_next_work()
+            if cutlass.const_expr(self.pingpong):
+                read.advance(k_tiles)  # (the other warpgroup's tile)
+                tiles.advance_to_next_work(advance_count=CONSUMER_WGS)
+            else:
+                tiles.advance_to_next_work()
             work = tiles.get_current_work()
 
     @cute.jit
-    def mainloop(self, pipe, read, tiled_mma, tCrA, tCrW, acc, k_tiles):
+    def mainloop(self, pipe, read, tiled_mma, tCrA, tCrW, acc, k_tiles, signal_id):
         """acc = the tile's A @ W^T over every K tile (K > 0): the first K tile's wgmmas overwrite
         acc, each later one waits for its stage, issues its wgmmas, and keeps them in flight while
-        it releases the stage before it. Returns the advanced read state."""
+        it releases the stage before it. With ``pingpong``, once the last wgmmas are issued it
+        arrives on the other warpgroup's barrier ``signal_id`` (its mainloop may start). Returns
+        the advanced read state."""
         release = read.clone()
         self.k_tile(pipe, read, tiled_mma, tCrA, tCrW, acc, False)
         read.advance()
@@ -189,6 +238,8 @@ class GemmSm90:
             pipe.consumer_release(release)
             release.advance()
             read.advance()
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier_arrive(barrier_id=signal_id, number_of_threads=2 * THREADS_PER_WG)
         cute.nvgpu.warpgroup.wait_group(0)
         pipe.consumer_release(release)
         return read
@@ -211,15 +262,15 @@ class GemmSm90:
         """The seam: this thread's accumulator fragment of output tile (tile_m, tile_n) -> D (the
         input dtype), and with ``acc_hook`` the fp32 accumulator too. A full tile stores whole
         fragments; an edge tile stores the column pairs inside [M, N] (``store_edge``)."""
-        gD = cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n))
+        gD = cute.local_tile(mD, self.tile_mn, (tile_m, tile_n))
         tDgD = thr_mma.partition_C(gD)
         out = cute.make_rmem_tensor(acc.shape, mD.element_type)
         out.store(acc.load().to(mD.element_type))
-        full_m = cutlass.Boolean((tile_m + 1) * TILE[0] <= mD.shape[0])
-        if full_m & ((tile_n + 1) * TILE[1] <= mD.shape[1]):
+        full_m = cutlass.Boolean((tile_m + 1) * self.tile[0] <= mD.shape[0])
+        if full_m & ((tile_n + 1) * self.tile[1] <= mD.shape[1]):
             cute.autovec_copy(out, tDgD)
             if cutlass.const_expr(self.acc_hook):
-                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n))))
+                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n))))
         else:
             self.store_edge(acc, out, tile_m, tile_n, thr_mma, mD, mAcc)
 
@@ -229,11 +280,11 @@ class GemmSm90:
         when it lies inside [M, N]; N % 8 == 0, so a pair never straddles N. ``mD`` None: the
         accumulator pairs alone (the fused epilogue's hook; ``mAcc`` has D's shape either way)."""
         shape = mAcc.shape if cutlass.const_expr(mD is None) else mD.shape
-        coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(shape), (TILE[0], TILE[1]),
+        coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor(shape), self.tile_mn,
                                                      (tile_m, tile_n)))
-        tAgA = thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n)))
+        tAgA = thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n)))
         if cutlass.const_expr(mD is not None):
-            tDgD = thr_mma.partition_C(cute.local_tile(mD, (TILE[0], TILE[1]), (tile_m, tile_n)))
+            tDgD = thr_mma.partition_C(cute.local_tile(mD, self.tile_mn, (tile_m, tile_n)))
         for i in cutlass.range_constexpr(0, cute.size(acc), 2):
             if cute.elem_less(coords[i], shape):
                 if cutlass.const_expr(mD is not None):
@@ -248,9 +299,9 @@ class GemmSm90:
         FP8 data and scales (gemm_quant.GemmQuant.write, which overwrites ``acc``)."""
         row_scale, ins, scalars = fused_args
         if cutlass.const_expr(self.acc_hook):
-            full = cutlass.Boolean((tile_m + 1) * TILE[0] <= mAcc.shape[0])
-            if full & ((tile_n + 1) * TILE[1] <= mAcc.shape[1]):
-                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, (TILE[0], TILE[1]), (tile_m, tile_n))))
+            full = cutlass.Boolean((tile_m + 1) * self.tile[0] <= mAcc.shape[0])
+            if full & ((tile_n + 1) * self.tile[1] <= mAcc.shape[1]):
+                cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n))))
             else:
                 self.store_edge(acc, None, tile_m, tile_n, thr_mma, None, mAcc)
-        self.fused.write(acc, tile_m, tile_n, thr_mma, (TILE[0], TILE[1]), lane, ins, scalars, row_data, row_scale)
+        self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, lane, ins, scalars, row_data, row_scale)

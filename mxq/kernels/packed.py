@@ -19,13 +19,15 @@ Tiling (KernelConfig.packed_warps = W warps, PK_ROWS = KernelConfig.tile_rows / 
 
 The kernel body finds the thread's place and the CTA's shared memory (KernelConfig.packed_buffers)
 and runs the phases, each a method below with one job: ``stage_loads`` (cp.async of every row,
-ops with arithmetic and unaligned rows; where KernelConfig.stage_rows stages half the rows at
-once, a ring whose later rows ``values`` requests, ``stage_row``), ``load_registers``; then per
-output half ``values``
+ops with arithmetic, unaligned rows and KernelConfig.tr_stage's staged transposed copy; where
+KernelConfig.stage_rows stages half the rows at once, a ring whose later rows ``values``
+requests, ``stage_row``), ``load_registers``; then per output half ``values``
 (the op, rounding, magnitudes, dbias sums: ``row_values``), ``row_scales``, ``column_owners``
 after one barrier, and one pass over the rows that widens each word once for both directions'
 FP8 bytes and stores them (``store_rows`` / ``store_unaligned``). The grid is (column tiles, row
-tiles), the row tiles split over y and z past 65535, so no integer division finds the tile.
+tiles), the row tiles split over y and z past 65535, so no integer division finds the tile
+(KernelConfig.rows_fast: (row tiles, column tiles), the column tiles split the same way; a
+padding tile past N has no column inside N, and every load and store is bounded by N).
 Nothing branches on noop: it zeroes the row bound Ms of every store instead (with an early exit
 ptxas sank three of the four row loads below the noop load, serialising two memory latencies).
 """
@@ -84,6 +86,24 @@ def fp4_scale_warps(warp, rows: int, block: int = 16):
     return warp - warp % wpb, wpb
 
 
+def fp4_column_scale_run(swizzled: bool, c0, blk, nbm):
+    """(offset, step): where the colwise scales of block ``blk`` of columns c0 .. c0 + VEC - 1
+    (c0 % VEC == 0) lie in a [N, nbm] scale matrix, column c0 + q's at offset + q * step: apart
+    by nbm (compact) or by 16 bytes (swizzled: the columns are rows c0 % 32 + q of one 32-row
+    group of a 128x4 atom). Plain integer arithmetic: the tests run it on ints."""
+    return dev.scale_offset(swizzled, c0, blk, nbm), (16 if swizzled else nbm)
+
+
+def fp4_split_column_scales(cfg, wpb: int, pkw: int) -> bool:
+    """Whether the two warps of an NVFP4 colwise block share its scales' work
+    (PackedKernel.fp4_split_column_scales): 1x16 blocks of two 8-row warps, rounding to nearest
+    or stochastic, no Hadamard transform (its maxima buffer serves the transform), the copy's
+    column run aligned (its scale offsets hoisted); else each warp computes all 8."""
+    fmt = cfg.fmt
+    return bool(fmt.global_scale and wpb == 2 and pkw == 4 and not fmt.hadamard and not cfg.fp4_tiles
+                and not (cfg.halves))
+
+
 def fp4_tile_entries(warp, lane, rb, cb, tile_rows: int, rows: int, block: int = 16):
     """NVFP4's 16x16 tiles (PackedKernel.fp4_tile_scales) on a tile of ``rows``-row warps: the
     scale entries thread (warp, lane) of CTA (cb, rb) stores, as (its first row, its first
@@ -128,6 +148,8 @@ def grid(cfg, M, N, G=None, unaligned: bool = False):
     tile_rows, tile_cols = tile(cfg, G is not None, unaligned)
     n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves and cfg.halves_passes == 1 else 1)  # (two-halves ops: each tile twice)
     n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
+    if cfg.rows_fast:  # (KernelConfig.rows_fast: row tiles along x, column tiles along y and z)
+        n_fast, n_slow = n_slow, n_fast
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
     return [n_fast, cute.ceil_div(n_slow, gz), gz], [cfg.packed_warps(unaligned) * 32, 1, 1]
 
@@ -190,11 +212,10 @@ class PackedKernel:
         _, gy, _ = cute.arch.grid_dim()
         lane = tidx % 32
         warp = tidx // 32
-        cb = bx
+        cb, rb = (by + bz * gy, bx) if cutlass.const_expr(cfg.rows_fast) else (bx, by + bz * gy)  # (grid)
         # outputs: NOUT columns, this CTA's at column offset co (two-halves ops: half h of 2N, ElementOp.output_half)
         PASSES = cutlass.const_expr(cfg.halves_passes)  # 2: this CTA writes both halves (Tuning.halves_one_cta)
         cb, co, NOUT, scalars = self.op.output_half(cb, N, NO, TILE_COLS, scalars, divby=DIVBY, passes=PASSES)
-        rb = by + bz * gy
         # the tensors read per element; operands broadcast along rows (a bias) are loaded once, for
         # row 0, and shared by every row; operands broadcast along columns (a row scale, a scalar)
         # take element loads; the others are staged through shared memory by ops with arithmetic
@@ -244,8 +265,9 @@ class PackedKernel:
         # sMax, sSum and sInv are indexed by position j * 32 + lane (word or column j of lane), so
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
         # conflicts. sEdge: each warp's partial output units (two words), head and tail per row and direction.
-        sRS, sMax, sInv, sSum, sEdge, sTr, sF4 = (buf.get(n) if len(buffers) > 0 else None
-                                                  for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t"))
+        sRS, sMax, sInv, sSum, sEdge, sTr, sF4, sSX = (
+            self.shared_buffer(buf, n, staged_src) if len(buffers) > 0 else None
+            for n in ("rs", "max", "inv", "sum", "edge", "tr", "fp4t", "srx"))
         # this thread's PK_ROWS x VEC tile of each tensor: row i is the tile's base + i * RSTEP row strides
         tiles = [dev.thread_tile(s, (PK_ROWS, VEC), trow, rbase, g, GROUPED, RSTEP) for s in sources]
         if cutlass.const_expr(cfg.rowwise):
@@ -260,7 +282,7 @@ class PackedKernel:
                    IN_MAX=codec.input_max(ins[0].element_type),
                    ZERO_ROWS=UNALIGNED and cfg.computed and not cfg.dbias and any(staged_src))
         io = Fields(N=N, M=M, noop=noop, amax=amax, dbias_ws=dbias_ws, col_scale=col_scale, row_scale=row_scale,
-                    row_data=row_data, col_data=col_data)
+                    row_data=row_data, col_data=col_data, glob=None)
         staged = Fields({n: buf[n] for n in [f"in{t}" for t in range(NSRC) if staged_src[t]] + ["rht"] * cfg.fmt.hadamard})
         stg = None
         if cutlass.const_expr(any(staged_src)):
@@ -273,6 +295,8 @@ class PackedKernel:
         # every store below is bounded by Ms: 0 under noop (nothing written) or past the grid
         Ms = Int32(cutlass.select_(noop[0] != Float32(1.0), row_end, Int32(0)))
         Ms = Int32(cutlass.select_(in_grid, Ms, Int32(0)))
+        if cutlass.const_expr(codec.shared_global_scales(cfg)):  # (read and computed once for both copies)
+            io["glob"] = codec.global_scales(cfg.fmt, amax)
         # Two-halves ops with PASSES == 2: everything below runs once per output half over the same
         # loaded tile (the staged inputs are still in shared memory), writing at column offset co.
         for hp in cutlass.range_constexpr(PASSES):
@@ -308,8 +332,17 @@ class PackedKernel:
                                                io.rec(), words, sr, sc)
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
-                                                    rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp,
-                                                    tidx=tidx, cb=cb, rb=rb).rec(smem={"fp4t": sF4, **staged}), words, sr, sc)
+                                                    rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp, tidx=tidx,
+                                                    cb=cb, rb=rb).rec(smem={"fp4t": sF4, "srx": sSX, **staged}), words, sr, sc)
+
+    def shared_buffer(self, buf: dict, name: str, staged_src):
+        """Shared-memory buffer ``name`` (KernelConfig.packed_buffers), None where the config has
+        none; "tr" where it lies in the staged input's memory (KernelConfig.tr_aliased) a view of
+        the first staged source's bytes as the transposed tile's 8-byte chunks."""
+        if name == "tr" and self.cfg.tr_aliased:
+            return cute.make_tensor(cute.recast_ptr(buf[f"in{staged_src.index(True)}"].iterator, dtype=Uint64),
+                                    cute.make_layout(VCOLS * self.cfg.tile_rows // 8))
+        return buf.get(name)
 
     def out_tiles(self, rows: int, row_data, col_data, co, trow, rbase, g, grouped: bool):
         """The thread's ``rows`` x VEC tiles of the aligned rowwise and colwise outputs at column
@@ -464,6 +497,11 @@ class PackedKernel:
                 # the row's reductions first, so that its words leave registers here
                 row_abs = [self.row_partial(row_abs, k.is_bf16, codec.block_amax_nan(cfg.fmt))]
                 row_words = self.park(t, i % depth, row_words, once, staged_src)
+            elif cutlass.const_expr(cfg.tr_stage == "park"):
+                # a plain cast's row is its staged words: left in the slot, read again where it is
+                # encoded (unpark); its reductions first, as above
+                row_abs = [self.row_partial(row_abs, k.is_bf16, codec.block_amax_nan(cfg.fmt))]
+                row_words = self.slot_words(t, i % depth, once, staged_src)
             words.append(row_words)
             absw.append(row_abs)
         if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
@@ -496,6 +534,13 @@ class PackedKernel:
             fr[j] = row_words[j]
         cute.autovec_copy(fr, at)
         return at
+
+    @staticmethod
+    def slot_words(t, slot: int, once, staged_src):
+        """The words of staged slot ``slot`` (the first full staged source's), unread: a plain
+        cast's row, whose words are its staged input (tr_stage "park"; unpark reads them)."""
+        s = next(s for s in range(len(staged_src)) if staged_src[s] and not once[s])
+        return cute.recast_tensor(t.smem[f"in{s}"][(slot, t.tidx, None)], Uint32)
 
     @staticmethod
     def unpark(row_words):
@@ -587,7 +632,7 @@ class PackedKernel:
         SHARE = cutlass.const_expr(k.PK_ROWS // LANES)  # rows each lane finishes
         B = cutlass.const_expr(cfg.fmt.block[1])
         lane = t.lane
-        glob = codec.global_scales(cfg.fmt, io.amax)
+        glob = codec.global_scales(cfg.fmt, io.amax, glob=io.glob)
         rp = [self.row_partial(a, is_bf16, NAN) for a in absw]
         for st in cutlass.range_constexpr(LANES.bit_length() - 2):  # offsets LANES / 2, ..., 2
             bfly = LANES >> (st + 1)
@@ -833,35 +878,77 @@ class PackedKernel:
         the warps holding them left in sMax (B // PK_ROWS warps, fp4_scale_warps: two of a 32-row
         tile for NVFP4, all four for MXFP4; NVFP4 drops NaN, MXFP4 propagates it: scale 255,
         codec.block_amax_nan), stored by the block's first warp (compact [N, ceil(M/B)] or its
-        swizzled atoms), and the 8 multipliers."""
+        swizzled atoms), and the 8 multipliers. NVFP4's two warps of a block each compute half
+        of them (fp4_split_column_scales)."""
         cfg = self.cfg
         is_bf16 = cutlass.const_expr(k.is_bf16)
         NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
         B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16, 32)
-        glob = codec.global_scales(cfg.fmt, io.amax, colwise=True)
+        glob = codec.global_scales(cfg.fmt, io.amax, colwise=True, glob=io.glob)
         w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
         nbm = (io.M + B - 1) // B
         blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
         c0 = t.co + (t.cb * 32 + t.lane) * VEC
         sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+        HOIST = cutlass.const_expr(not (cfg.halves and k.UNALIGNED))  # c0 % VEC == 0 (else co % VEC is unknown)
+        if cutlass.const_expr(HOIST):
+            off0, step = fp4_column_scale_run(cfg.fmt.swizzled, c0, blk, nbm)
+        if cutlass.const_expr(fp4_split_column_scales(cfg, WPB, PKW)):
+            self.fp4_split_column_scales(k, t, io, sc, glob, w0, blk, B, nbm, c0, off0, step)
+            return sc
         for j in cutlass.range_constexpr(PKW):
             cw = t.smem["max"][w0, j * 32 + t.lane]
             for w in cutlass.range_constexpr(1, WPB):
                 cw = dev.pk_max(cw, t.smem["max"][w0 + w, j * 32 + t.lane], is_bf16, NAN)
             lo, hi = dev.pk_unpack(cw, is_bf16)
+            if cutlass.const_expr(cfg.fmt.global_scale):  # NVFP4: the two columns' scales at once
+                assert not NAN  # (NVFP4's maxima drop NaN: a column of NaN alone has amax 0)
+                ew, sc[2 * j], sc[2 * j + 1] = dev.nvfp4_scales2(cute.arch.fmax(lo, Float32(0.0)),
+                                                                 cute.arch.fmax(hi, Float32(0.0)), glob[0], glob[1])
             for h in cutlass.range_constexpr(2):
-                a = lo if h == 0 else hi
-                if cutlass.const_expr(not NAN):  # (NVFP4: a column of NaN alone has amax 0)
-                    a = cute.arch.fmax(a, Float32(0.0))
-                e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
-                sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
+                if cutlass.const_expr(cfg.fmt.global_scale):
+                    e = ew if h == 0 else ew >> Uint32(8)  # (a byte store keeps the low byte)
+                else:
+                    a = lo if h == 0 else hi
+                    if cutlass.const_expr(not NAN):  # (NVFP4: a column of NaN alone has amax 0)
+                        a = cute.arch.fmax(a, Float32(0.0))
+                    e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
+                    sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
                 if t.warp == w0 and c < io.N and blk * B < t.Ms:
-                    off = c * nbm + blk
-                    if cutlass.const_expr(cfg.fmt.swizzled):
-                        off = dev.swizzle_offset(c, blk, nbm)
-                    io.col_scale[off] = Uint8(e)
+                    if cutlass.const_expr(HOIST):
+                        io.col_scale[off0 + (2 * j + h) * step] = Uint8(e)
+                    else:
+                        io.col_scale[dev.scale_offset(cfg.fmt.swizzled, c, blk, nbm)] = Uint8(e)
         return sc
+
+    @cute.jit
+    def fp4_split_column_scales(self, k, t, io, sc, glob, w0, blk, B: cutlass.Constexpr, nbm, c0, off0, step):
+        """NVFP4's colwise scales shared by the block's two warps (fp4_split_column_scales): warp
+        w0 + s computes and stores the scales of the thread's column pairs j = 2s, 2s + 1 (words j
+        of the maxima) and leaves each pair's two multipliers where it read the pair's maxima,
+        sMax[w0 + h, j * 32 + lane] (read by this thread alone); after a barrier every thread reads
+        its 8 multipliers back."""
+        sMax = t.smem["max"]
+        is_bf16 = cutlass.const_expr(k.is_bf16)
+        half = t.warp - w0
+        for jj in cutlass.range_constexpr(2):
+            j = 2 * half + jj
+            cw = dev.pk_max(sMax[w0, j * 32 + t.lane], sMax[w0 + 1, j * 32 + t.lane], is_bf16, False)
+            lo, hi = dev.pk_unpack(cw, is_bf16)
+            ew, m0, m1 = dev.nvfp4_scales2(cute.arch.fmax(lo, Float32(0.0)), cute.arch.fmax(hi, Float32(0.0)),
+                                            glob[0], glob[1])
+            sMax[w0, j * 32 + t.lane] = m0.bitcast(Uint32)
+            sMax[w0 + 1, j * 32 + t.lane] = m1.bitcast(Uint32)
+            if blk * B < t.Ms:
+                for h in cutlass.range_constexpr(2):
+                    e = ew if h == 0 else ew >> Uint32(8)  # (a byte store keeps the low byte)
+                    if c0 + 2 * j + h < io.N:
+                        io.col_scale[off0 + (2 * j + h) * step] = Uint8(e)
+        cute.arch.sync_threads()
+        for j in cutlass.range_constexpr(PKW):
+            for h in cutlass.range_constexpr(2):
+                sc[2 * j + h] = sMax[w0 + h, j * 32 + t.lane].bitcast(Float32)
 
     @cute.jit
     def fp4_tile_scales(self, k, t, io):
@@ -938,16 +1025,18 @@ class PackedKernel:
         return sc
 
     # -- encode and store ----------------------------------------------------------------------
-    def quantize_row(self, row_words, s_row, sc, is_bf16: bool, use_hw: bool = False, rand=None):
+    def quantize_row(self, row_words, s_row, sc, is_bf16: bool, use_hw: bool = False, rand=None,
+                     prescaled: bool = False):
         """One row's FP8 bytes, four per word: (rowwise words, colwise words), each None where the op
         does not write that direction. ``row_words``: its packed values; ``s_row``: its inverse
         row scale; ``sc``: the thread's inverse column scales. FP4 (rowwise only): the row's eight
         E2M1 codes in one word (``use_hw``: sm_100a's conversion; ``rand``: stochastic rounding's
-        two random words, device.e2m1x8_sr)."""
+        two random words, device.e2m1x8_sr; ``prescaled``: ``s_row`` already times 2^-14)."""
         cfg = self.cfg
         if cfg.fmt.packed:
             qr = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
-            qr[0] = codec.encode8_words(cfg.fmt, [row_words[j] for j in range(PKW)], s_row, is_bf16, use_hw, rand)
+            qr[0] = codec.encode8_words(cfg.fmt, [row_words[j] for j in range(PKW)], s_row, is_bf16, use_hw, rand,
+                                        prescaled)
             return qr, None
         qr = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.rowwise else None
         qc = cute.make_rmem_tensor(cute.make_layout(PKW // 2), Uint32) if cfg.colwise else None
@@ -968,47 +1057,141 @@ class PackedKernel:
         each row's two random words of the thread's 8 columns (words 2g and 2g + 1 of the row,
         direction 0), drawn for two rows at a time by every lane of the warp
         (device.sr_row_words: lanes g and g ^ 1 share their Philox calls); the colwise copy's
-        (direction 1) per column (device.sr_word_pair). NVFP4's Hadamard transform: ``words`` are
-        the colwise copy's (transformed) rows, the rows' own are read back from "rht" (staged_row)."""
+        (direction 1) staged in shared memory before the rows (sr_col_stage: warps 2q and 2q + 1
+        share their Philox calls) and read back per column after one barrier; the rule's 2^-14
+        taken into the multipliers where that is exact (sr_prescaled). NVFP4's Hadamard
+        transform: ``words`` are the colwise copy's (transformed) rows, the rows' own are read
+        back from "rht" (staged_row)."""
         cfg = self.cfg
         SR = cutlass.const_expr(cfg.fmt.rounding == "sr")
+        SR_COL = cutlass.const_expr(SR and cfg.colwise and cfg.fmt.packed)
         if cutlass.const_expr(SR):
             seed, offset = t.rng[0], t.rng[1]
-        if cutlass.const_expr(cfg.rowwise or not cfg.fmt.packed):
+            fold, mr, mc = self.sr_prescaled(k, sr, sc)
+        if cutlass.const_expr(SR_COL):  # (before the rows: their stores lie between the words' stores and loads)
+            self.sr_col_stage(t, seed, offset)
+        if cutlass.const_expr(cfg.fmt.packed and cfg.rowwise):
+            nrows = cutlass.select_(t.col_ok, t.Ms - t.rbase, Int32(0))  # (FP4: one compare a row)
+            if cutlass.const_expr(SR):
+                if fold:
+                    self.fp4_rows(k, t, words, mr, nrows, seed, offset, True)
+                else:
+                    self.fp4_rows(k, t, words, sr, nrows, seed, offset, False)
+            else:
+                self.fp4_rows(k, t, words, sr, nrows, None, None, False)
+        if cutlass.const_expr(not cfg.fmt.packed):
             first, end = t.rbase, t.Ms  # row i is stored where first + i < end
             if cutlass.const_expr(k.RING):  # (one register for every row's bound: i < Ms - rbase)
                 first, end = Int32(0), t.Ms - t.rbase
-            nrows = cutlass.select_(t.col_ok, t.Ms - t.rbase, Int32(0))  # (FP4: one compare a row)
             for i in cutlass.range_constexpr(k.PK_ROWS):
-                if cutlass.const_expr(SR and i % 2 == 0):
-                    assert k.PK_ROWS % 2 == 0
-                    pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, seed, offset)
-                rand = None
-                if cutlass.const_expr(SR):
-                    rand = pair[2 * (i % 2):2 * (i % 2) + 2]
-                if cutlass.const_expr(cfg.fmt.packed):  # (FP4, rowwise: encoded whatever the row, stored under
-                    q4, _ = self.quantize_row(self.staged_row(t, i) if cfg.fmt.hadamard else words[i], sr[i], sc,
-                                              k.is_bf16, k.use_hw_e8m0, rand)  # the bound alone)
-                    if i < nrows:
-                        cute.autovec_copy(cute.recast_tensor(q4, Uint8), t.tRow[(i, None)])
-                if cutlass.const_expr(not cfg.fmt.packed):
-                    if t.col_ok and first + i < end:
-                        qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc,
-                                                   k.is_bf16, k.use_hw_e8m0, rand)
-                        if cutlass.const_expr(cfg.rowwise):
-                            cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
-                        if cutlass.const_expr(cfg.colwise):
-                            cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
+                if t.col_ok and first + i < end:
+                    qr, qc = self.quantize_row(self.unpark(words[i]), sr[i] if cfg.rowwise else None, sc,
+                                               k.is_bf16, k.use_hw_e8m0)
+                    if cutlass.const_expr(cfg.rowwise):
+                        cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
+                    if cutlass.const_expr(cfg.colwise):
+                        cute.autovec_copy(cute.recast_tensor(qc, Uint8), t.tCol[(i, None)])
         if cutlass.const_expr(cfg.colwise and cfg.fmt.packed):
-            sF = t.smem["fp4t"]
+            if cutlass.const_expr(SR_COL):
+                cute.arch.sync_threads()  # (the partner warp's words are in "srx")
             if t.col_ok and t.rbase < t.Ms:
-                for c in cutlass.range_constexpr(VEC):
-                    rc = None  # (not ``rand``: a name the rows' loop assigned would be carried into this if)
-                    if cutlass.const_expr(SR):  # (direction 1: row c of the transposed values, M // 4 words a row)
-                        rc = dev.sr_word_pair(t.c0 + c, t.rbase // 4, t.M // 4, seed, offset, 1)
-                    sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc)
+                if cutlass.const_expr(SR):
+                    if fold:
+                        self.fp4_columns(k, t, words, mc, True)
+                    else:
+                        self.fp4_columns(k, t, words, sc, False)
+                else:
+                    self.fp4_columns(k, t, words, sc, False)
             cute.arch.sync_threads()
             self.store_fp4_columns(k, t)
+
+    @cute.jit
+    def fp4_rows(self, k, t, words, sr, nrows, seed, offset, prescaled: cutlass.Constexpr):
+        """FP4's rowwise copy: each row's word of codes, encoded whatever the row and stored under
+        ``nrows`` alone; stochastic rounding (``seed`` not None): its random words two rows at a
+        time (device.sr_row_words), ``prescaled``: ``sr`` already times 2^-14."""
+        SR = cutlass.const_expr(seed is not None)
+        for i in cutlass.range_constexpr(k.PK_ROWS):
+            if cutlass.const_expr(SR and i % 2 == 0):
+                assert k.PK_ROWS % 2 == 0
+                pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, seed, offset)
+            rand = None
+            if cutlass.const_expr(SR):
+                rand = pair[2 * (i % 2):2 * (i % 2) + 2]
+            q4, _ = self.quantize_row(self.staged_row(t, i) if self.cfg.fmt.hadamard else words[i], sr[i], None,
+                                      k.is_bf16, k.use_hw_e8m0, rand, prescaled)
+            if i < nrows:
+                cute.autovec_copy(cute.recast_tensor(q4, Uint8), t.tRow[(i, None)])
+
+    @cute.jit
+    def fp4_columns(self, k, t, words, sc, prescaled: cutlass.Constexpr):
+        """FP4's transposed colwise copy: each column's word of codes into "fp4t"; stochastic
+        rounding: its two random words from "srx" (sr_col_words), ``prescaled``: ``sc`` already
+        times 2^-14."""
+        sF = t.smem["fp4t"]
+        for c in cutlass.range_constexpr(VEC):
+            rc = None
+            if cutlass.const_expr(self.cfg.fmt.rounding == "sr"):
+                rc = self.sr_col_words(t, c)
+            sF[fp4_column_slot(t.warp, t.lane * VEC + c)] = self.fp4_column_word(k, words, sc, c, rc, prescaled)
+
+    @cute.jit
+    def sr_prescaled(self, k, sr, sc):
+        """Stochastic rounding's multipliers times 2^-14 (device.e2m1x8_sr's scaling taken into
+        them), (fold, rows', columns'): fold where every multiplier of the warp is at least
+        2^-112 (a vote), so that each product is exact: a multiplier below that (a global amax
+        past about 2^114) would lose bits to fp32's subnormals, and those warps scale each value
+        instead. Then fp32(v * m * 2^-14) is fp32(v * m) * 2^-14 wherever that is an fp32
+        normal, and both are at most 2^-126 otherwise, where every code is 0 (the sign kept)."""
+        cfg = self.cfg
+        low = Float32(2.0 ** 30)
+        mr = mc = None
+        if cutlass.const_expr(cfg.rowwise):
+            mr = cute.make_rmem_tensor(cute.make_layout(k.PK_ROWS), Float32)
+            for i in cutlass.range_constexpr(k.PK_ROWS):
+                mr[i] = dev.mul_rn(sr[i], Float32(dev.SR_SCALE))
+                low = cute.arch.fmin(low, sr[i])
+        if cutlass.const_expr(cfg.colwise):
+            mc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+            for c in cutlass.range_constexpr(VEC):
+                mc[c] = dev.mul_rn(sc[c], Float32(dev.SR_SCALE))
+                low = cute.arch.fmin(low, sc[c])
+        return cute.arch.vote_all_sync(low >= Float32(2.0 ** -112)), mr, mc
+
+    @cute.jit
+    def sr_col_stage(self, t, seed, offset):
+        """Stochastic rounding's colwise words (direction 1: row c0 + c of the transposed values, M
+        / 4 words a row) into "srx" [warp pair, c, half, lane, 2] (half 0: the upper warp's
+        rows), read back per column by sr_col_words: the thread of warp parity p draws the four
+        words of its columns c = 2q + p from the group's first row rbase - 8 p
+        (device.sr_col_group: one Philox where the groups start on a counter,
+        device.sr_col_aligned, else two) and leaves both halves. Every thread of the CTA takes
+        part (a thread whose rows lie past M draws its partner's words), and both warps of a
+        group hold the same columns."""
+        if dev.sr_col_aligned(t.M // 4, offset):
+            self.sr_col_draw(t, seed, offset, False)
+        else:
+            self.sr_col_draw(t, seed, offset, True)
+
+    @cute.jit
+    def sr_col_draw(self, t, seed, offset, straddle: cutlass.Constexpr):
+        """sr_col_stage's words (``straddle``: device.sr_words4's)."""
+        sX = t.smem["srx"]
+        p = t.warp % 2
+        for q in cutlass.range_constexpr(VEC // 2):
+            c = 2 * q + p
+            w = dev.sr_col_group(t.c0 + c, t.rbase - 8 * p, t.M // 4, seed, offset, straddle=straddle)
+            for h in cutlass.range_constexpr(2):
+                fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
+                fr[0], fr[1] = w[2 * h], w[2 * h + 1]
+                cute.autovec_copy(fr, sX[(t.warp // 2, c, h, t.lane, None)])
+
+    @staticmethod
+    def sr_col_words(t, c: int):
+        """Column c's two words of the thread's rows from "srx" (sr_col_stage)."""
+        fr = cute.make_rmem_tensor(cute.make_layout(2), Uint32)
+        cute.autovec_copy(t.smem["srx"][(t.warp // 2, c, t.warp % 2, t.lane, None)], fr)
+        return [fr[0], fr[1]]
 
     # -- NVFP4's Hadamard transform of the colwise copy (Format.hadamard) ------------------------
     @cute.jit
@@ -1068,11 +1251,12 @@ class PackedKernel:
         if t.lane == 0 and t.Ms > 0:
             dev.amax_atomic(io.amax, tm, 1)
 
-    def fp4_column_word(self, k, words, sc, c: int, rand):
+    def fp4_column_word(self, k, words, sc, c: int, rand, prescaled: bool = False):
         """FP4's transposed colwise copy: column c's PK_ROWS (8) codes of the thread's rows as
         one word (row 2j's code in the low nibble of byte j: e2m1x8's order). MXFP4 on bf16 without
         sm_100a's conversion (codec.pow2_bf16_pairs): two rows' bf16 values a word
-        (device.column_pairs), scaled in bf16 as the rowwise copy's (codec.encode8_words)."""
+        (device.column_pairs), scaled in bf16 as the rowwise copy's (codec.encode8_words).
+        ``prescaled``: stochastic rounding's multipliers already times 2^-14 (sr_prescaled)."""
         fmt = self.cfg.fmt
         if codec.pow2_bf16_pairs(fmt, k.is_bf16, k.use_hw_e8m0):
             return codec.encode8_words(fmt, dev.column_pairs(words, c), sc[c], k.is_bf16, k.use_hw_e8m0, rand)
@@ -1080,7 +1264,7 @@ class PackedKernel:
         for i in range(k.PK_ROWS):
             lo, hi = dev.pk_unpack(words[i][c // 2], k.is_bf16)
             vals.append(dev.mul_rn(lo if c % 2 == 0 else hi, sc[c]))
-        return codec.encode8(self.cfg.fmt, vals, k.use_hw_e8m0, rand)
+        return codec.encode8(self.cfg.fmt, vals, k.use_hw_e8m0, rand, prescaled)
 
     @cute.jit
     def store_fp4_columns(self, k, t):
@@ -1123,7 +1307,8 @@ class PackedKernel:
         """Aligned rows with the colwise copy transposed ([N, M]): each row's rowwise words are
         stored as store_rows does; its colwise words (the thread's 8 rows x 8 columns of bytes)
         are transposed in registers into 8 columns of 8 rows, staged in shared memory, and leave
-        as 16-byte runs of output rows (store_transposed)."""
+        as 16-byte runs of output rows (store_transposed). Parked rows (KernelConfig.tr_stage
+        "park") are read from their slots here, and "tr" lies over those slots: one barrier more."""
         cfg = self.cfg
         qcs = []
         for i in cutlass.range_constexpr(k.PK_ROWS):
@@ -1132,6 +1317,8 @@ class PackedKernel:
                 if t.col_ok and t.rbase + i < t.Ms:
                     cute.autovec_copy(cute.recast_tensor(qr, Uint8), t.tRow[(i, None)])
             qcs.append([qc[0], qc[1]])
+        if cutlass.const_expr(cfg.tr_stage == "park"):
+            cute.arch.sync_threads()  # every thread's parked rows are read: "tr" may overwrite them
         self.stage_transposed(t, qcs)
         cute.arch.sync_threads()
         self.store_transposed(k, t, io)

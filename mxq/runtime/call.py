@@ -3,9 +3,10 @@
 validation, launch, the reference, torch_ops and distributed read its fields by name.
 
 ``Call.key`` is what a call's checks and route depend on apart from values: the class, shape,
-strides, dtype, device, requires_grad and layout of every tensor it holds (``out``'s too, and whether
-its amax and colwise_amax are the one fp32[2] buffer the Hadamard kernels write), the floats'
-types and the grad mode. FusedOp keeps the route of a checked call under its key, and later calls
+strides, dtype, device, requires_grad and layout of every tensor it holds (``out``'s too but
+requires_grad, which no check of a destination reads; ``out``'s format, block, fp8 and scale layout,
+and whether its amax and colwise_amax are the one fp32[2] buffer the Hadamard kernels write), the
+floats' types and the grad mode. FusedOp keeps the route of a checked call under its key, and later calls
 of the same key run it without the checks that depend only on the key (FusedOp._plans).
 """
 
@@ -45,27 +46,52 @@ class Call(NamedTuple):
     def key(self):
         """The call's layout signature (module docstring), or None where it cannot be read (a
         sparse tensor's strides, an ``out`` that is not an MXFP8Tensor): such calls are checked
-        every time."""
+        every time. Read on every call that is not an ordinary allocating one (out=, keywords,
+        views), so each value's part is read attribute by attribute, without a loop."""
         out = self.out
         try:
             if out is not None:
                 if out.__class__ is not MXFP8Tensor:
                     return None
-                pair = out.colwise_amax is not None and fp4_layouts.amax_pair(out.amax, out.colwise_amax) is not None
-                out = (out.fp8, out.scale_layout, *[_layout(getattr(out, f)) for f in validation.OUT_FIELDS], pair)
+                col_amax = out.colwise_amax
+                pair = col_amax is not None and fp4_layouts.amax_pair(out.amax, col_amax) is not None
+                # (format and block: check_out refuses an out of another format or block, whose
+                # tensors can be laid out alike, e.g. FP8 block scaling's 1x128 and 128x128 at M = 1)
+                out = (out.fp8, out.scale_layout, out.format, out.block, _out_layout(out.rowwise_data),
+                       _out_layout(out.colwise_data), _out_layout(out.rowwise_scale), _out_layout(out.colwise_scale),
+                       _out_layout(out.amax), _out_layout(out.dbias), _out_layout(col_amax), pair)
             fp4 = None if self.fp4 is None else tuple(map(_layout, self.fp4))
             return (tuple(map(_layout, self.tensors)), tuple(map(type, self.scalars)), _layout(self.act_input),
-                    _layout(self.noop), out, _layout(self.group_offsets), torch.is_grad_enabled(), fp4)
+                    _layout(self.noop), out, _layout(self.group_offsets), _grad_enabled(), fp4)
         except Exception:  # (what the checks will name)
             return None
+
+
+_Tensor = torch.Tensor
+_NoneType = type(None)
+_grad_enabled = torch.is_grad_enabled
+
+
+def _out_layout(t):
+    """An ``out`` field's part of Call.key: _layout's but requires_grad, which no check of a
+    destination reads (validation.check_out)."""
+    cls = t.__class__
+    if cls is _NoneType:
+        return cls
+    if cls is _Tensor or isinstance(t, _Tensor):
+        return cls, t.shape, t.stride(), t.dtype, t.device, t.layout
+    return cls
 
 
 def _layout(t):
     """One value's part of Call.key: a tensor's (class, shape, strides, dtype, device,
     requires_grad, layout), anything else's class."""
-    if isinstance(t, torch.Tensor):
-        return t.__class__, t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.layout
-    return t.__class__
+    cls = t.__class__
+    if cls is _NoneType:  # (most of a call's slots; isinstance against torch.Tensor costs as much as a tensor's reads)
+        return cls
+    if cls is _Tensor or isinstance(t, _Tensor):
+        return cls, t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.layout
+    return cls
 
 
 class Binder:
@@ -90,6 +116,8 @@ class Binder:
         # (plain): each positional argument's class, and whether the tensors come first
         self.classes = tuple(torch.Tensor if n in epilogue.tensor_params else float for n in self.order)
         self.in_order = self.tensor_pos == list(range(len(self.tensor_pos)))
+        # (_bind_names) per count of positional arguments: the names that must follow, as a tuple and a set
+        self._named = [(self.order[i:], frozenset(self.order[i:])) for i in range(len(self.order) + 1)]
 
     def __call__(self, args, kwargs, act_input=None, noop=None, out=None, group_offsets=None,
                  traced: bool = False) -> Call:
@@ -101,7 +129,7 @@ class Binder:
             try:
                 if not (traced or self.by_name):
                     raise TypeError
-                args = self._bind_names(args, kwargs)
+                args = self._bind_names(args, kwargs, not traced)
             except TypeError:
                 if traced:
                     raise
@@ -130,9 +158,14 @@ class Binder:
             return None
         return args if self.in_order else [args[i] for i in self.tensor_pos] + [args[i] for i in self.scalar_pos]
 
-    def _bind_names(self, args, kwargs) -> tuple:
-        """The arguments in parameter order, bound as __call__ does, without inspect."""
+    def _bind_names(self, args, kwargs, eager: bool = True) -> tuple:
+        """The arguments in parameter order, bound as __call__ does, without inspect (``eager``:
+        not while torch.compile traces, which takes the plain loop)."""
         order = self.order
+        given = len(args)
+        if eager and given < len(self._named) and kwargs.keys() == self._named[given][1]:
+            # (the common keyword call: exactly the parameters after the positional ones, by name)
+            return (*args, *[kwargs[k] for k in self._named[given][0]])
         if len(args) > len(order):
             raise TypeError(f"mxq: {self.name}() takes {len(order)} arguments, got {len(args)}")
         values = dict(zip(order, args))

@@ -2,7 +2,10 @@
 D = a @ w^T (mxq/kernels/gemm_sm90.py), compiled once per (dtype, arch, options, SM count) with
 TVM-FFI (symbolic M, N, K; the stream is torch's current one) and kept in memory; ``gemm_op``
 runs ``op.gemm`` (an op's rendered ``launch_gemm``: the GEMM with the op's epilogue and quantize,
-mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds.
+mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds. Both run the kernel's
+form ``PINGPONG`` names at call time (GemmSm90's ``pingpong``: the two consumer warpgroups on
+alternate 64 x 256 tiles, or together on 128 x 256; a benchmark or test may set it to time or
+check either form).
 
 Arguments are checked here, before any launch, each error naming its argument: a [M, K] and
 w [N, K] of one dtype (bf16 or fp16), both K-major (row-major, contiguous rows) on one CUDA
@@ -26,8 +29,9 @@ DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
 TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
+PINGPONG = False  # the kernel form gemm() and gemm_op() launch: cooperative until an H200 run times both
 
-_compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle) -> compiled function
+_compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong) -> compiled function
 _lock = threading.Lock()
 
 
@@ -89,10 +93,10 @@ def fake_args(dtype_name: str, acc_hook: bool):
 
 
 def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int = 132, keep_ptx: bool = False,
-                 swizzle: int = 1):
+                 swizzle: int = 1, pingpong: bool = False):
     """The compiled TVM-FFI function ``f(a, w, d[, acc])`` (cached in memory unless keep_ptx);
-    ``swizzle``: GemmSm90's tile order option (benchmarks try others)."""
-    key = (dtype_name, ARCH, acc_hook, num_sms, swizzle)
+    ``swizzle``: GemmSm90's tile order option (benchmarks try others); ``pingpong``: its form."""
+    key = (dtype_name, ARCH, acc_hook, num_sms, swizzle, pingpong)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn
@@ -105,14 +109,14 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
         from . import compiler
         from ..kernels.gemm_sm90 import GemmSm90
 
-        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle)
+        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle, pingpong=pingpong)
         entry = kernel.launch_acc if acc_hook else kernel.launch
         with compiler.compile_options(ARCH, keep_ptx) as options:
             try:
                 fn = cute.compile(entry, *args, options=options)
             except Exception as exc:
                 raise RuntimeError(f"mxq: compiling the sm_90 GEMM ({dtype_name}, acc_hook={acc_hook}, "
-                                   f"swizzle={swizzle}) for {ARCH} failed: {exc}") from exc
+                                   f"swizzle={swizzle}, pingpong={pingpong}) for {ARCH} failed: {exc}") from exc
         if not keep_ptx:
             _compiled[key] = fn
         return fn
@@ -138,7 +142,7 @@ def gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, acc_
     if a.shape[0] == 0 or w.shape[0] == 0:
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]))
+    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]), pingpong=PINGPONG)
     with torch.cuda.device(a.device):
         fn(a, w, out, *(() if acc_out is None else (acc_out,)))
     return out
@@ -196,13 +200,13 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
 
 
 def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: int, swizzle: int,
-                    keep_ptx: bool = False):
+                    keep_ptx: bool = False, pingpong: bool = False):
     """The compiled ``launch_gemm`` of ``op``'s rendered module (cached in memory by its source,
-    dtype, operand kinds, hook, SM count and tile order, unless keep_ptx)."""
+    dtype, operand kinds, hook, SM count, tile order and form, unless keep_ptx)."""
     from . import compiler
 
     source = op.source
-    key = ("op", hashlib.sha256(source.encode()).hexdigest(), dtype_name, kinds, acc_hook, num_sms, swizzle)
+    key = ("op", hashlib.sha256(source.encode()).hexdigest(), dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn
@@ -216,10 +220,11 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)  # (after the compile-time options)
         with compiler.compile_options(ARCH, keep_ptx) as options:
             try:
-                fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, stream, options=options)
+                fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, pingpong, stream,
+                                  options=options)
             except Exception as exc:
                 raise RuntimeError(f"mxq: compiling op.gemm of {op.__name__} ({dtype_name}, operands {kinds}, "
-                                   f"acc_hook={acc_hook}) for {ARCH} failed: {exc}") from exc
+                                   f"acc_hook={acc_hook}, pingpong={pingpong}) for {ARCH} failed: {exc}") from exc
         if not keep_ptx:
             _compiled[key] = fn
         return fn
@@ -233,7 +238,8 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
     if a.shape[0] == 0 or w.shape[0] == 0:
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]))
+    fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]),
+                         pingpong=PINGPONG)
     m, n = a.shape[0], w.shape[0]
     views = [operands_mod.as_matrix(t.detach(), kind, m, n) for t, kind in zip(operands, kinds)]
     data = out.rowwise_data.view(torch.uint8)
