@@ -1,7 +1,8 @@
-"""Run the GPU tests in parallel shards and write one report (for one device call).
+"""Run the GPU tests in parallel shards and write one report (for device calls).
 
     python bench/gpu_tests.py [--shards 7] [--timeout 300] [--out FILE] [-k EXPR] [PATHS...]
     python bench/gpu_tests.py --rerun REPORT[,REPORT...] [--record FILE]
+    python bench/gpu_tests.py --detach --out /tmp/gpu/whole.txt [...]; ... --wait 570 --out /tmp/gpu/whole.txt
 
 Run from the repository root (node ids are relative to it). Collects the tests marked ``gpu``
 (``--marker``) under PATHS (default ``tests/``), deals them
@@ -12,7 +13,8 @@ one text file:
 counts, every failed or erroring test with pytest's summary line and the head of its traceback
 (printed by each shard when it happens: this module is the shards' pytest plugin, so a shard
 killed at the time limit keeps its tracebacks), the tests that did not finish, and the seconds
-each test file's calls took (compiles included). One file, because a device call returns a
+each test file's calls took (compiles included) and the slowest tests'. Each shard's CPU threads
+(torch's references, inductor's compiles) are held to its share of the cores. One file, because a device call returns a
 limited number of files and may lose some of several shard logs. Exits 1 if a test failed or
 errored, 2 if none failed but some did not finish. While the shards run, the report is rewritten
 every ``--every`` seconds (with the tests not finished yet as unfinished), so a run killed from
@@ -24,6 +26,13 @@ second line), and with ``--record`` writes the record when they all pass: every 
 passed on this kernel layer, most in the whole run and these in the rerun, which the record's
 summary says. A rerun that leaves some unfinished is rerun in turn: ``--rerun WHOLE,RERUN1,...``
 takes the last report's tests, and the record counts each run.
+
+The whole suite takes longer than one device call. ``--detach`` starts the run in a process session
+of its own, which outlives the call on a machine kept warm, and returns; each following call runs
+``--wait SECONDS`` (the same ``--out``), which returns when the run ends or the seconds pass and
+prints the report's first line (exit 3 while it runs), then copies the report to ``$OUT``. No test
+is cut and restarted at a call's end; if the machine goes back mid-run, the last copy is a report
+``--rerun`` takes.
 """
 
 from __future__ import annotations
@@ -75,11 +84,19 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(max(n, 1))]
 
 
-def shard_env(n: int, gpus: list[str]) -> dict:
-    """The environment of shard ``n``: this one with CUDA_VISIBLE_DEVICES the shard's one GPU, and
-    this directory on PYTHONPATH (the shards load this module as a pytest plugin: ``-p gpu_tests``)."""
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")
+
+
+def shard_env(n: int, gpus: list[str], shards: int = 1) -> dict:
+    """The environment of shard ``n`` of ``shards``: this one with CUDA_VISIBLE_DEVICES the shard's
+    one GPU, this directory on PYTHONPATH (the shards load this module as a pytest plugin: ``-p
+    gpu_tests``), and the CPU threads of each shard's torch (its references on the CPU) and
+    inductor (torch.compile tests) held to its share of the cores, where the caller set none:
+    shards that each start one thread per core oversubscribe the machine."""
     path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p)
-    return {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[n % len(gpus)], "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+    share = str(max(1, (os.cpu_count() or 1) // max(1, shards)))
+    return {**{v: share for v in THREAD_VARS}, **os.environ,
+            "CUDA_VISIBLE_DEVICES": gpus[n % len(gpus)], "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
 @pytest.hookimpl(trylast=True)
@@ -132,7 +149,8 @@ def parse(text: str) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
     return outcomes, messages, sections
 
 
-def report(shards: list[list[str]], logs: list[str], elapsed: float, max_traceback: int = 40) -> tuple[str, int]:
+def report(shards: list[list[str]], logs: list[str], elapsed: float, max_traceback: int = 40,
+           slowest: int = 20) -> tuple[str, int]:
     """The combined report and the exit status (0 all passed, 1 a failure, 2 unfinished only)."""
     outcomes, messages, sections = {}, {}, {}
     for text in logs:
@@ -170,6 +188,8 @@ def report(shards: list[list[str]], logs: list[str], elapsed: float, max_traceba
             f[0], f[1] = f[0] + t, f[1] + 1
         lines.append(f"\ntime in the tests' calls, per file ({sum(took.values()):.0f} s in all, compiles included):")
         lines += [f"  {t:8.0f} s {n:5d} tests  {f}" for f, (t, n) in sorted(files.items(), key=lambda kv: -kv[1][0])]
+        lines.append(f"\nthe {min(slowest, len(took))} slowest tests:")
+        lines += [f"  {t:8.1f} s  {i}" for i, t in sorted(took.items(), key=lambda kv: -kv[1])[:slowest]]
     return "\n".join(lines) + "\n", 1 if bad else 2 if unfinished else 0
 
 
@@ -187,6 +207,8 @@ def rerun_ids(text: str) -> list[str]:
             unfinished = True
         elif unfinished and line.startswith("  ") and "::" in line:
             ids.append(line.strip())
+        elif unfinished:  # (the list ends at its first other line: the time sections name tests too)
+            unfinished = False
     return ids
 
 
@@ -232,6 +254,47 @@ def write_record(path: Path, text: str) -> dict:
     return rec
 
 
+def detach(argv: list[str], out: Path) -> int:
+    """Run this tool with ``argv`` in a process session of its own (a device call's end kills only
+    its own session's processes), its output in ``out``.log and its pid in ``out``.pid."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".log"), "w") as log:
+        proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    out.with_name(out.name + ".pid").write_text(f"{proc.pid}\n")
+    print(f"detached: pid {proc.pid}, report {out}", flush=True)
+    return 0
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` is alive (a zombie nobody reaped yet has ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def wait(out: Path, seconds: float) -> int:
+    """Wait up to ``seconds`` for the detached run writing ``out`` to end; print the first line of
+    its report (as it stands, while it runs). Exit status as the run's, 3 while it still runs."""
+    pid = int(out.with_name(out.name + ".pid").read_text())
+    end = time.time() + seconds
+    while running(pid) and time.time() < end:
+        time.sleep(max(0.0, min(2.0, end - time.time())))
+    alive = running(pid)
+    first = out.read_text().split("\n", 1)[0] if out.exists() else "no report yet"
+    print(("still running: " if alive else "") + first, flush=True)
+    if alive:
+        return 3
+    return 1 if re.search(r"\d+ (failed|error)\b", first) else 2 if "did not finish" in first or not out.exists() else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="*", default=["tests/"])
@@ -244,9 +307,17 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu-tests.txt"))
     ap.add_argument("--rerun", metavar="REPORT[,REPORT...]", help="run only the failed or unfinished tests of a whole "
                     "run's report (or of the last of a whole run's report and its reruns', in order)")
+    ap.add_argument("--detach", action="store_true", help="start the run in a process session of its own and "
+                    "return at once (the run outlives a device call; --out outside $OUT, which each call empties)")
+    ap.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the detached run "
+                    "writing --out to end, print its report's first line; exit 3 while it still runs")
     ap.add_argument("--record", metavar="FILE", help="after a whole suite (default paths, marker and no -k) that "
                     f"passed, write its record there (commit it as {RECORD.relative_to(RECORD.parents[2])})")
     args = ap.parse_args(argv)
+    if args.wait is not None:
+        return wait(Path(args.out), args.wait)
+    if args.detach:
+        return detach([a for a in (sys.argv[1:] if argv is None else argv) if a != "--detach"], Path(args.out))
     whole = args.paths == ["tests/"] and args.marker == "gpu" and args.kexpr is None
     if args.record and not whole:
         ap.error("--record needs the whole GPU suite: no paths, -k or --marker")
@@ -274,7 +345,7 @@ def main(argv=None) -> int:
             cmd = [sys.executable, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", "-p", "gpu_tests",
                    "-m", args.marker, *ids_n]
             procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                           env=shard_env(n, gpus)), log))
+                                           env=shard_env(n, gpus, len(shards))), log))
         def write() -> tuple[str, str, int]:
             logs = [(Path(tmp) / f"shard{n}.txt").read_text(errors="replace") for n in range(len(procs))]
             text, status = report(shards, logs, time.time() - t0)

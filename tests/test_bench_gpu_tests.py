@@ -108,8 +108,11 @@ def test_a_failure_in_a_shard_the_timeout_kills_keeps_its_traceback(tmp_path, mo
     text = out.read_text()
     assert status == 1 and "1 failed, 1 did not finish" in text.splitlines()[0]
     assert "FAILED test_killed.py::test_bad" in text and "assert (2 + 2) == 5" in text
-    per_file = text.split("time in the tests' calls, per file")[1].splitlines()[1:]
+    per_file = text.split("time in the tests' calls, per file")[1].split("\n\n")[0].splitlines()[1:]
     assert len(per_file) == 1 and per_file[0].split()[2:] == ["1", "tests", "test_killed.py"]
+    slowest = text.split("the 1 slowest tests:\n")[1].splitlines()
+    assert len(slowest) == 1 and slowest[0].split()[1:] == ["s", "test_killed.py::test_bad"]
+    assert tool.rerun_ids(text) == ["test_killed.py::test_bad", "test_killed.py::test_slow"]
 
 
 def test_a_run_killed_from_outside_leaves_a_report_a_rerun_can_take(tmp_path):
@@ -226,3 +229,63 @@ def test_shards_share_the_visible_gpus_round_robin(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setenv("PATH", "/nonexistent")  # (no nvidia-smi)
     assert tool.visible_gpus() == ["0"]
+
+
+def test_report_lists_the_slowest_tests_and_a_rerun_takes_only_the_unfinished():
+    """The slowest tests' section names tests too: the rerun's list ends where the unfinished list
+    does."""
+    tool = _bench_tool("gpu_tests")
+    log = "\n".join([f"gpu_tests: {t} s t.py::t{i}\nt.py::t{i} PASSED" for i, t in enumerate((3.0, 9.5, 1.25))])
+    text, status = tool.report([["t.py::t0", "t.py::t1", "t.py::t2", "t.py::t3"]], [log], 20.0, slowest=2)
+    assert status == 2 and "3 passed, 1 did not finish" in text.splitlines()[0]
+    assert text.split("the 2 slowest tests:\n")[1].splitlines() == ["       9.5 s  t.py::t1", "       3.0 s  t.py::t0"]
+    assert tool.rerun_ids(text) == ["t.py::t3"]
+
+
+def test_shards_hold_their_cpu_threads_to_their_share(monkeypatch):
+    """Each shard's torch and inductor threads: the cores over the shards (at least one), unless
+    the caller set them."""
+    tool = _bench_tool("gpu_tests")
+    for v in tool.THREAD_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setattr(tool.os, "cpu_count", lambda: 16)
+    env = tool.shard_env(3, ["0"], 4)
+    assert [env[v] for v in tool.THREAD_VARS] == ["4", "4", "4"]
+    assert tool.shard_env(0, ["0"], 32)["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert tool.shard_env(0, ["0"], 4)["OMP_NUM_THREADS"] == "7"
+
+
+def test_a_detached_run_outlives_its_caller_and_wait_follows_it(tmp_path):
+    """--detach returns at once with the run going on in a session of its own; --wait says it
+    still runs (exit 3) until it ends, then gives the run's status and the report's first line."""
+    f = tmp_path / "test_detached.py"
+    gate = tmp_path / "go"
+    f.write_text(f"import os, time\n\ndef test_ok():\n    pass\n\ndef test_gated():\n"
+                 f"    while not os.path.exists({str(gate)!r}):\n        time.sleep(0.2)\n")
+    out = tmp_path / "gpu" / "whole.txt"
+    tool = Path(__file__).resolve().parent.parent / "bench" / "gpu_tests.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tool.parent.parent), os.environ.get("PYTHONPATH", "")]))
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(tool), *args, "--out", str(out)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    t0 = time.time()
+    started = run(f.name, "--detach", "--shards", "2", "--timeout", "100", "--every", "1", "--marker", "not gpu")
+    pid = int((tmp_path / "gpu" / "whole.txt.pid").read_text())
+    try:
+        assert started.returncode == 0 and f"pid {pid}" in started.stdout and time.time() - t0 < 30
+        assert os.getsid(pid) == pid  # (a session of its own: a device call's end does not kill it)
+        waited = run("--wait", "1")
+        assert waited.returncode == 3 and waited.stdout.startswith("still running: ")
+        gate.write_text("")
+        waited = run("--wait", "90")
+        assert waited.returncode == 0, waited.stdout
+        assert waited.stdout.strip() == out.read_text().splitlines()[0]
+        assert waited.stdout.startswith("2 tests in 2 shards") and "2 passed" in waited.stdout
+    finally:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
