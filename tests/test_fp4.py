@@ -229,10 +229,12 @@ def test_philox_known_answers():
     assert [int(w) for w in fp4.philox(tuple(torch.tensor([c]) for c in ctr), (0xA4093822, 0x299F31D0))] == want
 
 
-@pytest.mark.parametrize("seed, offset", [(0, 0), (2 ** 40 + 7, 5), (2 ** 64 - 1, 2 ** 33 + 3)])
-def test_random_bytes_against_the_oracle(seed, offset):
-    got = fp4.random_bytes(3, 10, seed, offset, 1, "cpu")
-    assert got.tolist() == oracle.random_bytes(3, 10, seed, offset, 1)
+@pytest.mark.parametrize("seed, offset", [(0, 0), (2 ** 40 + 7, 5), (9, 2), (2 ** 64 - 1, 2 ** 33 + 3)])
+@pytest.mark.parametrize("rows, cols", [(3, 10), (1, 1), (5, 16)])
+def test_random_bytes_against_the_oracle(seed, offset, rows, cols):
+    """Every offset % 4 (a run of words starting and ending anywhere in a Philox call's four)."""
+    got = fp4.random_bytes(rows, cols, seed, offset, 1, "cpu")
+    assert got.tolist() == oracle.random_bytes(rows, cols, seed, offset, 1)
 
 
 def test_stochastic_rounding_against_the_oracle():

@@ -266,12 +266,14 @@ def random_bytes(rows: int, cols: int, seed: int, offset: int, direction: int, d
     high 32 bits) and counter (low, high 32 bits of w // 4, ``direction``, 0); ``direction`` is 0
     for the rowwise data, 1 for the colwise copy."""
     groups = -(-cols // 4)
-    w = offset + torch.arange(rows * groups, dtype=torch.int64, device=device)
-    q = w >> 2
+    # (the words offset .. offset + rows * groups - 1 come from consecutive counters q, each run once)
+    q0, q1 = offset >> 2, (offset + rows * groups - 1) >> 2
+    q = torch.arange(q0, q1 + 1, dtype=torch.int64, device=device)
     zeros = torch.zeros_like(q)
     words = torch.stack(philox((q & _U32, (q >> 32) & _U32, zeros + direction, zeros),
-                               (seed & _U32, (seed >> 32) & _U32)))
-    word = words.gather(0, (w & 3)[None]).reshape(rows, groups)
+                               (seed & _U32, (seed >> 32) & _U32)), dim=1).reshape(-1)  # word 4q + i
+    start = offset - 4 * q0
+    word = words[start:start + rows * groups].reshape(rows, groups)
     shifts = torch.arange(4, dtype=torch.int64, device=device) * 8
     per_elem = (word[:, :, None] >> shifts) & 0xFF
     return per_elem.reshape(rows, groups * 4)[:, :cols].to(torch.uint8)
