@@ -13,9 +13,10 @@ one text file:
 counts, every failed or erroring test with pytest's summary line and the head of its traceback
 (printed by each shard when it happens: this module is the shards' pytest plugin, so a shard
 killed at the time limit keeps its tracebacks), the tests that did not finish, and the seconds
-each test file's calls took (compiles included) and the slowest tests'. Each shard's CPU threads
-(torch's references, inductor's compiles) are held to its share of the cores. One file, because a device call returns a
-limited number of files and may lose some of several shard logs. Exits 1 if a test failed or
+the calls took (compiles included) per test file, per test function (the costliest) and of the
+slowest tests. Each shard's CPU threads (torch's references, inductor's compiles) are held to its
+share of the cores. One file, because a device call returns a limited number of files and may lose
+some of several shard logs. Exits 1 if a test failed or
 errored, 2 if none failed but some did not finish. While the shards run, the report is rewritten
 every ``--every`` seconds (with the tests not finished yet as unfinished), so a run killed from
 outside (a device call's own limit) still leaves one that ``--rerun`` can take.
@@ -188,6 +189,13 @@ def report(shards: list[list[str]], logs: list[str], elapsed: float, max_traceba
             f[0], f[1] = f[0] + t, f[1] + 1
         lines.append(f"\ntime in the tests' calls, per file ({sum(took.values()):.0f} s in all, compiles included):")
         lines += [f"  {t:8.0f} s {n:5d} tests  {f}" for f, (t, n) in sorted(files.items(), key=lambda kv: -kv[1][0])]
+        funcs = {}
+        for i, t in took.items():
+            f = funcs.setdefault(i.split("[")[0], [0.0, 0])
+            f[0], f[1] = f[0] + t, f[1] + 1
+        top = sorted(funcs.items(), key=lambda kv: -kv[1][0])[:slowest]
+        lines.append(f"\nthe {len(top)} test functions of most time (all their parameters):")
+        lines += [f"  {t:8.0f} s {n:5d} tests  {f}" for f, (t, n) in top]
         lines.append(f"\nthe {min(slowest, len(took))} slowest tests:")
         lines += [f"  {t:8.1f} s  {i}" for i, t in sorted(took.items(), key=lambda kv: -kv[1])[:slowest]]
     return "\n".join(lines) + "\n", 1 if bad else 2 if unfinished else 0
