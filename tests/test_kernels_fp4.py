@@ -67,10 +67,9 @@ def _reference_codes(bits: torch.Tensor) -> torch.Tensor:
     return fp4.encode_rn(bits.to(torch.int32).view(torch.float32)).to(torch.int64)
 
 
-def _edges() -> list:
-    """Every threshold of the E2M1 grid, the grid values, their fp32 neighbours, and specials, both signs."""
-    pts = [0.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0, 1e30,
-           2.0 ** -149, 2.0 ** -126, 0.125, 0.9999999]
+def bits_around(pts) -> list:
+    """The fp32 bits of each of ``pts`` (rounded to nearest) and its two neighbours each way, both
+    signs, and the specials (infs, NaNs of either sign and payload)."""
     bits = set()
     for p in pts:
         b = _bits(p)
@@ -79,6 +78,12 @@ def _edges() -> list:
                 bits.update({b + d, (b + d) | 0x80000000})
     bits.update({0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FFFFFFF})
     return sorted(bits)
+
+
+def _edges() -> list:
+    """Every threshold of the E2M1 grid, the grid values, their fp32 neighbours, and specials, both signs."""
+    return bits_around([0.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 7.0, 8.0,
+                        1e30, 2.0 ** -149, 2.0 ** -126, 0.125, 0.9999999])
 
 
 def test_integer_encode_at_every_threshold():
@@ -379,6 +384,17 @@ def test_unaligned_variants_refuse_to_trace(dtype, variant):
 def strict(monkeypatch):
     """No fallback: every call here is one the kernels serve (MXQ_STRICT=1 raises otherwise)."""
     monkeypatch.setenv("MXQ_STRICT", "1")
+
+
+BOTH = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax")
+
+
+def same_outputs(op, x, got, **kw):
+    """Every output of both directions (and amax) that the reference has, byte-equal to ``got``'s."""
+    want = op.reference(x, **kw)
+    for f in BOTH:
+        if getattr(want, f) is not None:
+            assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), f
 
 
 def _check(op, ins, got, **kw):

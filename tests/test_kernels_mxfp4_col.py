@@ -30,10 +30,11 @@ from mxq.runtime import limits
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp4 as oracle
+from .test_kernels_fp4 import BOTH as OUTS
 from .test_kernels_fp4 import PAIRS, _f32, _ptx, ident, scaled_shift, strict, within_gelu_class  # noqa: F401  (strict: a fixture)
+from .test_kernels_fp4 import same_outputs as _same
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-OUTS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax")
 
 
 def _op(**opts):
@@ -264,13 +265,6 @@ def _blocks(m, n, dtype, seed, specials=True):
         x[32:64, 5] = torch.linspace(-7.0, 7.0, 32)
         x[0:32, 6] = 2.0 ** -130 if dtype is torch.float32 else 1e-7
     return x.to(dtype)
-
-
-def _same(op, x, got, **kw):
-    want = op.reference(x, **kw)
-    for f in OUTS:
-        if getattr(want, f) is not None:
-            assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), f
 
 
 @pytest.mark.gpu

@@ -33,7 +33,7 @@ from mxq.runtime import compiler, limits
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp4 as oracle
-from .test_kernels_fp4 import PAIRS
+from .test_kernels_fp4 import PAIRS, bits_around
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FIELDS = ("rowwise_data", "rowwise_scale", "amax", "dbias")
@@ -719,14 +719,7 @@ def _sr_edges() -> list:
     pts += [k * 2.0 ** -9 for k in (1, 127, 255, 256, 257, 511)]  # (steps of floor(256 f) below 1)
     pts += [1 + k * 2.0 ** -9 for k in (1, 255, 511)] + [2 + k * 2.0 ** -8 for k in (1, 255, 511)]
     pts += [4 + k * 2.0 ** -7 for k in (1, 255)]
-    bits = set()
-    for p in pts:
-        b = _f32_rn(p)
-        for d in (-2, -1, 0, 1, 2):
-            if 0 <= b + d <= 0x7F800000:
-                bits.update({b + d, (b + d) | 0x80000000})
-    bits.update({0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0x7FFFFFFF})
-    return sorted(bits)
+    return bits_around(pts)
 
 
 def _sr_words(vals: list, rbytes: list, ops, prescaled: bool = False) -> list:

@@ -26,11 +26,12 @@ from mxq.kernels import packed
 from mxq.runtime import limits
 from mxq.testing import planted, poisoned, same_bytes
 
+from .test_kernels_fp4 import BOTH as OUTS
+from .test_kernels_fp4 import same_outputs as _same
 from .test_kernels_fp4 import within_gelu_class
 from .test_kernels_nvfp4 import _check, _ptx, ident, scaled_shift, strict  # noqa: F401  (strict: a fixture)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-OUTS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax")
 
 
 def _op(**opts):
@@ -229,13 +230,6 @@ def _tiles(m, n, dtype, seed, specials=True):
         if m >= 40:
             x[33, 3] = -float("inf") if m % 2 else -1e4
     return x.to(dtype)
-
-
-def _same(op, x, got, **kw):
-    want = op.reference(x, **kw)
-    for f in OUTS:
-        if getattr(want, f) is not None:
-            assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), f
 
 
 @pytest.mark.gpu
