@@ -195,9 +195,10 @@ class FusedOp:
         dtype) and floats (``params``) as in a call. Returns the op's outputs, written by the
         epilogue of mxq's sm_90 GEMM (mxq/kernels/gemm_quant.py); the product itself is never
         stored. On CPU (and GPUs other than sm_90) the reference: the op on the fp32 matmul.
-        ``acc_out``: an fp32 [M, N] tensor that also receives the accumulator (a test hook).
-        Serves rowwise MXFP8 and 1x128 FP8 block scaling (any scale layout) with an ordinary
-        act; other options raise ValueError naming the option (codegen.gemm_gap)."""
+        ``acc_out``: an fp32 [M, N] tensor that also receives the accumulator (a test hook, eager
+        calls only). Serves rowwise MXFP8 and 1x128 FP8 block scaling (any scale layout) with an
+        ordinary act; other options raise ValueError naming the option (codegen.gemm_gap). Under
+        torch.compile one operator node (torch.ops.mxq.fused_gemm, integrations/torch_ops.py)."""
         gap = codegen.gemm_gap(self.spec, self.epilogue)
         if gap:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes rowwise "
@@ -207,24 +208,36 @@ class FusedOp:
         if taken:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs, out= buffers, "
                              "noop and act_input are calls' keywords it has no route for)")
-        gemm_rt.check_args(a, w, acc_out=acc_out)
+        traced = torch.compiler.is_compiling()
+        if traced and acc_out is not None:
+            raise ValueError(f"mxq: {self.__name__}.gemm: acc_out= (the accumulator's test hook) serves eager calls "
+                             "only, not torch.compile")
+        if not traced:  # (traced: the operator checks its real tensors when the graph runs; addresses need them)
+            gemm_rt.check_args(a, w, acc_out=acc_out)
         m, n = a.shape[0], w.shape[0]
         acc = torch.empty((m, n), dtype=torch.float32, device="meta")  # (the accumulator's place)
-        call = self._bind_call((acc, *operands), params, None, None, None, None)
+        call = self._bind_call((acc, *operands), params, None, None, None, None, traced)
         if call.tensors[0] is not acc:
             raise TypeError(f"mxq: {self.__name__}.gemm: the accumulator is the epilogue's first parameter, which "
                             "must be its first tensor")
         others = call.tensors[1:]
         gemm_rt.operand_kinds(a, w, others)
+        if traced:
+            return torch_ops.gemm_call(self._torch_id, a, w, others, call.scalars)
+        return self._gemm_run(a, w, others, call.scalars, acc_out)
+
+    def _gemm_run(self, a, w, others, scalars, acc_out=None) -> MXFP8Tensor:
+        """op.gemm's checked call (what the torch operator runs): the fused GEMM on sm_90, else the
+        reference on the fp32 matmul."""
         if a.is_cuda and targets.device_arch(a.device) == gemm_rt.ARCH:
-            out = MXFP8Tensor.empty(self.spec, (m, n), a.dtype, a.device, row_align=1)
-            return gemm_rt.gemm_op(self, a, w, others, call.scalars, out, acc_out)
+            out = MXFP8Tensor.empty(self.spec, (a.shape[0], w.shape[0]), a.dtype, a.device, row_align=1)
+            return gemm_rt.gemm_op(self, a, w, others, scalars, out, acc_out)
         if a.is_cuda:
             validation.fallback(f"op.gemm runs on sm_90a only, not {targets.device_arch(a.device)}")
         acc = torch.matmul(a.float(), w.float().t())
         if acc_out is not None:
             acc_out.copy_(acc)
-        call = call._replace(tensors=[acc, *[t.float() for t in others]])
+        call = Call([acc, *[t.float() for t in others]], list(scalars))
         validation.check_call(self.spec, self.epilogue, call)
         return self._reference_run(call)
 

@@ -368,6 +368,25 @@ def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op, form):
     assert torch.equal(launch_flat(plain.rowwise_scale), launch_flat(hooked.rowwise_scale))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw], ids=lambda o: o.__name__)
+def test_gpu_compiled_gemm_writes_the_eager_bytes(op):
+    """op.gemm under torch.compile on the H200 (one torch.ops.mxq.fused_gemm node; inductor, static
+    and dynamic M): the eager call's bytes, partial tiles included. CPU counterpart:
+    tests/test_torch_ops.py::test_op_gemm_compiles_to_one_node_with_the_eager_bytes."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    w = (torch.randn(1288, 392, device="cuda", generator=gen) / 20).to(torch.bfloat16)
+    b = torch.randn(1288, device="cuda", generator=gen).to(torch.bfloat16)
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        f = torch.compile(lambda a, w, b: op.gemm(a, w, b), fullgraph=True, dynamic=dynamic)
+        for m in (515, 128):
+            a = torch.randn(m, 392, device="cuda", generator=gen).to(torch.bfloat16)
+            got, want = f(a, w, b), op.gemm(a, w, b)
+            assert torch.equal(got.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8)), (m, dynamic)
+            assert torch.equal(launch_flat(got.rowwise_scale), launch_flat(want.rowwise_scale)), (m, dynamic)
+
+
 def _specials(device):
     """A, W and a bias with planted specials: an inf in a row of A (that row's accumulator
     inf/NaN), a zero row (blocks of amax 0), a huge bias (saturation)."""

@@ -309,3 +309,45 @@ def test_nvfp4_and_mxfp4_compile_through_the_operator():
         assert (got.format, got.block) == (want.format, want.block)
     with pytest.raises(Exception, match="stochastic_rounding"):
         torch.compile(lambda u: mxq.quantize(u, format="nvfp4", stochastic_rounding=True), fullgraph=True)(x)
+
+
+@mxq.fused_quant(act="gelu", format="fp8_block", scale_layout="gemm")
+def gemm_bias(acc, b, s: float = 1.0):
+    return acc * s + b
+
+
+@mxq.fused_quant(act="silu", scale_mode="even")
+def gemm_resid(acc, r):
+    return acc + r
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_op_gemm_compiles_to_one_node_with_the_eager_bytes(dynamic):
+    """op.gemm under torch.compile: one torch.ops.mxq.fused_gemm node per call (a bias row and a
+    float; a full residual), no graph break, the eager call's bytes (on CPU the reference on the
+    fp32 matmul), static and dynamic M."""
+    def f(a, w, b, r):
+        return gemm_bias.gemm(a, w, b, s=0.5), gemm_resid.gemm(a, w, r)
+
+    for m in (64, 40):
+        a = torch.randn(m, 256, dtype=torch.bfloat16)
+        w, b = torch.randn(384, 256, dtype=torch.bfloat16), torch.randn(384, dtype=torch.bfloat16)
+        r = torch.randn(m, 384, dtype=torch.bfloat16)
+        got, graphs = _graphs(f, a, w, b, r, dynamic=dynamic)
+        nodes = _mxq_nodes(graphs)
+        assert len(graphs) == 1 and [str(n.target) for n in nodes] == ["mxq.fused_gemm"] * 2
+        for g, want in zip(got, f(a, w, b, r)):
+            assert isinstance(g, mxq.MXFP8Tensor) and g.shape == (m, 384) and g.format == want.format
+            assert compare(g, want, exact=True) == []
+            assert g.rowwise_scale.stride() == want.rowwise_scale.stride()
+
+
+def test_op_gemm_operator_passes_opcheck_and_refuses_the_hook_under_compile():
+    """opcheck of fused_gemm (fake against real outputs: the gemm layout's outer-dim-major scales);
+    acc_out=, the eager test hook, is refused by name while tracing."""
+    a, w = torch.randn(48, 128, dtype=torch.bfloat16), torch.randn(256, 128, dtype=torch.bfloat16)
+    b = torch.randn(256, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.mxq.fused_gemm.default, (a, w, [b], [0.25], torch_ops.op_id(gemm_bias)))
+    acc = torch.empty(48, 256)
+    with pytest.raises(Exception, match="acc_out"):
+        torch.compile(lambda a, w, b: gemm_bias.gemm(a, w, b, acc_out=acc), fullgraph=True)(a, w, b)

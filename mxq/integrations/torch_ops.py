@@ -1,6 +1,7 @@
-"""mxq ops as torch operators: what torch.compile traces (issue "PyTorch-native", part 1).
+"""mxq ops as torch operators: what torch.compile traces.
 
-One custom operator, ``torch.ops.mxq.fused_quant``, serves every op: its string argument names
+One custom operator, ``torch.ops.mxq.fused_quant``, serves every op (``fused_quant_out`` its
+``out=`` calls, ``fused_gemm`` its ``op.gemm`` calls, gemm_call): its string argument names
 the FusedOp by its identity (``identity``: spec key, epilogue fingerprint and mxq's version, the
 same in every process; a registry of the live ops, filled as they are built), the tensors and
 floats are the epilogue's, and it returns the six output slots (slots.OUTPUTS; an unused slot is
@@ -112,6 +113,26 @@ def _fused_quant_out_fake(tensors, scalars, act_input, noop, group_offsets, outs
     return None
 
 
+@torch.library.custom_op("mxq::fused_gemm", mutates_args=())
+def fused_gemm(a: torch.Tensor, w: torch.Tensor, tensors: list[torch.Tensor], scalars: list[float],
+               op: str) -> list[torch.Tensor]:
+    """``op.gemm(a, w, *tensors, **floats)``: the GEMM with the op in its epilogue (FusedOp.gemm),
+    its outputs in slots.OUTPUTS order (an unused slot an empty tensor)."""
+    from ..runtime import gemm as gemm_rt
+
+    fused = _op(op)
+    gemm_rt.check_args(a, w)  # (what tracing could not check: the real tensors' addresses)
+    t = fused._gemm_run(a, w, list(tensors), list(scalars))
+    return [getattr(t, f) if getattr(t, f) is not None else a.new_empty(0) for f in slots.OUTPUTS]
+
+
+@fused_gemm.register_fake
+def _fused_gemm_fake(a, w, tensors, scalars, op):
+    like = MXFP8Tensor.empty(_op(op).spec, (a.shape[0], w.shape[0]), a.dtype, "meta", row_align=1)
+    return [a.new_empty_strided(g.shape, g.stride(), dtype=g.dtype) if g is not None else a.new_empty(0)
+            for g in (getattr(like, f) for f in slots.OUTPUTS)]
+
+
 def constant_result(fn):
     """``torch.compiler.assume_constant_result(fn)`` without importing torch._dynamo, which takes
     about a second, more than all the rest of ``import mxq``: that decorator imports it only to
@@ -168,6 +189,20 @@ def call(i: str, call: Call):
                        spec.scale_mode, spec.format, spec.block)
 
 
+def gemm_call(i: str, a, w, others, scalars) -> MXFP8Tensor:
+    """The traced ``op.gemm`` of op ``i``: the operator, then an MXFP8Tensor of [M, N]."""
+    from ..frontend.spec import QuantSpec
+
+    spec, _ = QuantSpec.from_key(_spec_key(i))
+    validation.check_scalars(_scalar_names(i), scalars)
+    res = torch.ops.mxq.fused_gemm(a.detach(), w.detach(), [t.detach() for t in others],
+                                   [float(s) for s in scalars], i)
+    fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
+    return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
+                       fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
+                       torch.Size((a.shape[0], w.shape[0])), None, spec.scale_mode, spec.format, spec.block)
+
+
 _FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "group_offsets",
            "colwise_amax")
 
@@ -186,4 +221,4 @@ def _unflatten(children, context):
 pytree.register_pytree_node(MXFP8Tensor, _flatten, _unflatten,
                             serialized_type_name="mxq.MXFP8Tensor")
 
-__all__ = ["call", "fused_quant", "identity", "op_id"]
+__all__ = ["call", "fused_gemm", "fused_quant", "gemm_call", "identity", "op_id"]
