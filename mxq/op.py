@@ -298,8 +298,17 @@ class FusedOp:
         self._packed_smem = limits.packed_shared_bytes(self.spec, self.epilogue, tuning)
         return self
 
-    def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:
-        """Compile without a GPU and return {"ptx", "mlir", "source", "path", ...}."""
+    def asm(self, arch: str = "sm_90", dtype: str = "bf16", gemm: bool = False, operands=None) -> dict:
+        """Compile without a GPU and return {"ptx", "mlir", "source", "path", ...}. ``gemm=True``:
+        the kernel of ``op.gemm`` instead (sm_90a, bf16 or fp16; ``operands``: the kind of each
+        epilogue tensor after the accumulator, "full", "row", "col" or "scalar", all "full" by
+        default)."""
+        if gemm:
+            if targets.normalize_arch(arch) not in ("sm_90", "sm_90a"):
+                raise ValueError(f"mxq: asm(gemm=True): op.gemm's kernel is sm_90a's (wgmma), got arch={arch!r}")
+            return inspection.gemm_artifacts(self, dtype, operands)
+        if operands is not None:
+            raise ValueError("mxq: asm(): operands= names op.gemm's operand kinds; pass gemm=True")
         return inspection.compile_artifacts(self, arch=arch, dtype=dtype)
 
     def register(self, name: str):
@@ -430,8 +439,8 @@ class GatedOp(FusedOp):
     def source(self) -> str:
         return self.inner.source
 
-    def asm(self, arch: str = "sm_90", dtype: str = "bf16") -> dict:
-        return self.inner.asm(arch, dtype)
+    def asm(self, arch: str = "sm_90", dtype: str = "bf16", gemm: bool = False, operands=None) -> dict:
+        return self.inner.asm(arch, dtype, gemm, operands)
 
 
 _OPTION_NAMES = ("fp8", "rowwise", "colwise", "scale_mode", "scale_layout", "amax", "act", "dact", "dbias",

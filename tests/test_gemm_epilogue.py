@@ -148,6 +148,28 @@ def test_fused_cubin_registers_within_the_setmaxnreg_budget_without_local_memory
     assert_within_budget(res)
 
 
+def _ident(x):
+    return x
+
+
+def test_asm_gemm_is_the_kernel_op_gemm_launches(ptx):
+    """op.asm(gemm=True): the PTX of the very compile op.gemm runs (operand kinds as given, the
+    cooperative form by default), with ptxas's report; bad arguments named."""
+    art = bias_gelu.asm(gemm=True, operands=["row"])
+    assert art["ptx"] == ptx["fp8_block", False] and art["variant"] == "gemm" and art["arch"] == "sm_90a"
+    assert "wgmma.mma_async" in art["ptx"] and art["operands"] == ("row",) and "launch_gemm" in art["source"]
+    if art["ptxas"] is not None:
+        assert art["ptxas"] == "ok" and all(k.get("spill_stores", 0) == 0 for k in art["kernels"].values())
+    for kw, named in ((dict(operands=["row", "row"]), "operands"), (dict(operands=["diag"]), "operands"),
+                      (dict(dtype="fp32"), "dtype"), (dict(arch="sm_100a"), "arch")):
+        with pytest.raises(ValueError, match=named):
+            bias_gelu.asm(gemm=True, **kw)
+    with pytest.raises(ValueError, match="colwise"):
+        mxq.fused_quant(colwise=True)(_ident).asm(gemm=True)
+    with pytest.raises(ValueError, match="operands"):
+        bias_gelu.asm(operands=["row"])
+
+
 def test_the_accumulator_layout_assumption_is_checked_at_trace_time():
     """gemm_quant.check_layout passes on GemmSm90's tiled MMAs (it runs in every fused compile):
     the cooperative form's two warpgroups on 128 rows, the ping-pong form's one on 64; it fails on

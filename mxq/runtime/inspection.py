@@ -38,6 +38,39 @@ def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec
     return out
 
 
+GEMM_OPERAND_KINDS = ("full", "row", "col", "scalar")  # (operands.kind_of's, as op.gemm reads them)
+
+
+def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool = False) -> dict:
+    """Compile ``op.gemm``'s kernel (the sm_90 GEMM with the op in its epilogue) without a GPU and
+    return {"ptx", "mlir", "source", "path", ...} as compile_artifacts does. ``operands``: each of
+    the epilogue's tensors after the accumulator, as "full" ([M, N]), "row" ([N]), "col" ([M, 1])
+    or "scalar"; all "full" by default. ``pingpong``: the GEMM's ping-pong form (gemm.PINGPONG)."""
+    from ..frontend import codegen
+    from . import gemm as gemm_rt
+
+    gap = codegen.gemm_gap(op.spec, op.epilogue)
+    if gap:
+        raise ValueError(f"mxq: asm(gemm=True): op.gemm does not serve {gap}")
+    dtype = targets.normalize_dtype(dtype)
+    if dtype not in gemm_rt.DTYPES.values():
+        raise ValueError(f"mxq: asm(gemm=True): dtype must be one of {tuple(gemm_rt.DTYPES.values())}, got {dtype!r}")
+    n = len(op.epilogue.tensor_params) - 1
+    kinds = ("full",) * n if operands is None else tuple(operands)
+    if len(kinds) != n or any(k not in GEMM_OPERAND_KINDS for k in kinds):
+        raise ValueError(f"mxq: asm(gemm=True): operands must name the kind of each of the epilogue's {n} tensors "
+                         f"after the accumulator, each one of {GEMM_OPERAND_KINDS}; got {operands!r}")
+    compiled = gemm_rt.compile_gemm_op(op, dtype, kinds, False, 132, 1, keep_ptx=True, pingpong=bool(pingpong))
+    ptx = compiled.__ptx__
+    mlir = compiled.ir_module
+    out = {"ptx": ptx, "mlir": str(mlir) if mlir is not None else "", "source": op.source,
+           "path": str(cache.source_file(op.source)), "arch": gemm_rt.ARCH, "dtype": dtype, "variant": "gemm",
+           "operands": kinds}
+    out.update(ptxas_report(ptx, gemm_rt.ARCH))
+    out["conversions"] = sorted(set(re.findall(r"\bcvt\.[a-z0-9.]+", ptx)))
+    return out
+
+
 def ptxas_report(ptx: str, arch: str) -> dict:
     """Registers and spills per kernel from the local ``ptxas -v``, when a CUDA toolkit is present.
 
