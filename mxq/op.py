@@ -188,15 +188,17 @@ class FusedOp:
         validation.check_call(op.spec, op.epilogue, call)
         return op._reference_run(call)
 
-    def gemm(self, a, w, *operands, acc_out=None, **params) -> MXFP8Tensor:
+    def gemm(self, a, w, *operands, out: MXFP8Tensor | None = None, acc_out=None, **params) -> MXFP8Tensor:
         """The op applied to the GEMM ``a @ w.T`` in the GEMM's epilogue: a [M, K], w [N, K]
         (bf16 or fp16, K-major), the accumulator (fp32) as the epilogue's first tensor; the
         other tensors (``operands``: [M, N], a row [N], a column [M, 1] or a scalar, in a's
         dtype) and floats (``params``) as in a call. Returns the op's outputs, written by the
         epilogue of mxq's sm_90 GEMM (mxq/kernels/gemm_quant.py); the product itself is never
         stored. On CPU (and GPUs other than sm_90) the reference: the op on the fp32 matmul.
-        ``acc_out``: an fp32 [M, N] tensor that also receives the accumulator (a test hook, eager
-        calls only). Serves rowwise MXFP8 and 1x128 FP8 block scaling (any scale layout) with an
+        ``out``: an MXFP8Tensor of the op's outputs for [M, N] with contiguous data rows
+        (``MXFP8Tensor.empty(spec, (M, N), a.dtype, device, row_align=1)``) to write into, eager
+        calls only. ``acc_out``: an fp32 [M, N] tensor that also receives the accumulator (a test
+        hook, eager calls only). Serves rowwise MXFP8 and 1x128 FP8 block scaling (any scale layout) with an
         ordinary act; other options raise ValueError naming the option (codegen.gemm_gap). Under
         torch.compile one operator node (torch.ops.mxq.fused_gemm, integrations/torch_ops.py)."""
         gap = codegen.gemm_gap(self.spec, self.epilogue)
@@ -204,14 +206,14 @@ class FusedOp:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes rowwise "
                              "MXFP8 or 1x128 FP8 block-scaling outputs, without colwise, amax, dbias, dact or gated "
                              "activations")
-        taken = [k for k in ("group_offsets", "out", "noop", "act_input") if params.get(k) is not None]
+        taken = [k for k in ("group_offsets", "noop", "act_input") if params.get(k) is not None]
         if taken:
-            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs, out= buffers, "
-                             "noop and act_input are calls' keywords it has no route for)")
+            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs, noop and "
+                             "act_input are calls' keywords it has no route for)")
         traced = torch.compiler.is_compiling()
-        if traced and acc_out is not None:
-            raise ValueError(f"mxq: {self.__name__}.gemm: acc_out= (the accumulator's test hook) serves eager calls "
-                             "only, not torch.compile")
+        for name, given in (("acc_out", acc_out), ("out", out)):
+            if traced and given is not None:
+                raise ValueError(f"mxq: {self.__name__}.gemm: {name}= serves eager calls only, not torch.compile")
         if not traced:  # (traced: the operator checks its real tensors when the graph runs; addresses need them)
             gemm_rt.check_args(a, w, acc_out=acc_out)
         m, n = a.shape[0], w.shape[0]
@@ -224,20 +226,29 @@ class FusedOp:
         gemm_rt.operand_kinds(a, w, others)
         if traced:
             return torch_ops.gemm_call(self._torch_id, a, w, others, call.scalars)
-        return self._gemm_run(a, w, others, call.scalars, acc_out)
+        if out is not None:
+            validation.check_out(self.spec, out, a, None, (m, n))
+            if not out.rowwise_data.is_contiguous():
+                raise ValueError(f"mxq: {self.__name__}.gemm: argument 'out.rowwise_data' must be contiguous (the "
+                                 "GEMM writes whole rows: MXFP8Tensor.empty(..., row_align=1)), got strides "
+                                 f"{tuple(out.rowwise_data.stride())}")
+            reads = [("a", a), ("w", w), *((f"operand {i + 1}", t) for i, t in enumerate(others))]
+            validation.check_apart(out, reads + ([("acc_out", acc_out)] if acc_out is not None else []))
+        return self._gemm_run(a, w, others, call.scalars, acc_out, out)
 
-    def _gemm_run(self, a, w, others, scalars, acc_out=None) -> MXFP8Tensor:
+    def _gemm_run(self, a, w, others, scalars, acc_out=None, out: MXFP8Tensor | None = None) -> MXFP8Tensor:
         """op.gemm's checked call (what the torch operator runs): the fused GEMM on sm_90, else the
-        reference on the fp32 matmul."""
+        reference on the fp32 matmul; into ``out`` where given (checked by the caller)."""
         if a.is_cuda and targets.device_arch(a.device) == gemm_rt.ARCH:
-            out = MXFP8Tensor.empty(self.spec, (a.shape[0], w.shape[0]), a.dtype, a.device, row_align=1)
+            if out is None:
+                out = MXFP8Tensor.empty(self.spec, (a.shape[0], w.shape[0]), a.dtype, a.device, row_align=1)
             return gemm_rt.gemm_op(self, a, w, others, scalars, out, acc_out)
         if a.is_cuda:
             validation.fallback(f"op.gemm runs on sm_90a only, not {targets.device_arch(a.device)}")
         acc = torch.matmul(a.float(), w.float().t())
         if acc_out is not None:
             acc_out.copy_(acc)
-        call = Call([acc, *[t.float() for t in others]], list(scalars))
+        call = Call([acc, *[t.float() for t in others]], list(scalars), out=out)
         validation.check_call(self.spec, self.epilogue, call)
         return self._reference_run(call)
 

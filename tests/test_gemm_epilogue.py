@@ -240,11 +240,37 @@ def test_unserved_options_are_value_errors_naming_the_option(options, named):
         op.gemm(a, w)
 
 
-@pytest.mark.parametrize("keyword", ["group_offsets", "out", "noop"])
+@pytest.mark.parametrize("keyword", ["group_offsets", "noop"])
 def test_call_keywords_without_a_gemm_route_are_named(keyword):
     a, w = _ab()
     with pytest.raises(ValueError, match=f"does not serve {keyword}="):
         plus_bias.gemm(a, w, torch.zeros(16, dtype=torch.bfloat16), **{keyword: torch.zeros(2, dtype=torch.int32)})
+
+
+def test_out_receives_the_allocating_calls_bytes_and_bad_outs_are_named():
+    """out=: the call writes into it and returns it, the allocating call's bytes (the CPU route:
+    the reference into out); an out of the wrong shape or format, with data rows apart (which a
+    quantize call takes) or overlapping an input is refused by name."""
+    for op, n in ((plus_bias_gemm, 24), (plus_bias_mx_sw, 40)):
+        a, w = _ab(n=n, k=32)
+        b = torch.randn(n, dtype=torch.bfloat16)
+        o = mxq.MXFP8Tensor.empty(op.spec, (4, n), a.dtype, "cpu", row_align=1)
+        o.rowwise_data.view(torch.uint8).fill_(0x5A)
+        assert op.gemm(a, w, b, out=o) is o
+        assert compare(o, op.gemm(a, w, b), exact=True) == []
+        padded = mxq.MXFP8Tensor.empty(op.spec, (4, n), a.dtype, "cpu", row_align=1)
+        padded.rowwise_data = torch.empty(4, n + 8, dtype=o.rowwise_data.dtype)[:, :n]  # (rows n + 8 apart)
+        with pytest.raises(ValueError, match="out.rowwise_data"):
+            op.gemm(a, w, b, out=padded)
+        with pytest.raises(ValueError, match="out"):
+            op.gemm(a, w, b, out=mxq.MXFP8Tensor.empty(op.spec, (4, n + 8), a.dtype, "cpu", row_align=1))
+        with pytest.raises(ValueError, match="out"):
+            op.gemm(a, w, b, out=mxq.MXFP8Tensor.empty(plus_bias.spec, (4, n), a.dtype, "cpu", row_align=1))
+    a, w = _ab(n=16, k=32)
+    o = mxq.MXFP8Tensor.empty(plus_bias_gemm.spec, (4, 16), a.dtype, "cpu", row_align=1)
+    b = o.rowwise_data.view(torch.uint8).view(torch.bfloat16).reshape(-1)[:16]  # (a bias inside out's data)
+    with pytest.raises(ValueError, match="overlaps"):
+        plus_bias_gemm.gemm(a, w, b, out=o)
 
 
 def test_bad_tensors_are_named_before_anything_runs():
@@ -388,6 +414,25 @@ def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op, form):
     plain = op.gemm(a, w, b)
     assert torch.equal(plain.rowwise_data.view(torch.uint8), hooked.rowwise_data.view(torch.uint8))
     assert torch.equal(launch_flat(plain.rowwise_scale), launch_flat(hooked.rowwise_scale))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw], ids=lambda o: o.__name__)
+def test_gpu_gemm_into_out_writes_the_allocating_bytes(op, form):
+    """out= on the H200: the poisoned buffer gets the allocating call's bytes, partial tiles
+    included; the call returns it. CPU counterpart: test_out_receives_the_allocating_calls_bytes_and_bad_outs_are_named."""
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    a = torch.randn(515, 392, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(1288, 392, device="cuda", generator=gen) / 20).to(torch.bfloat16)
+    b = torch.randn(1288, device="cuda", generator=gen).to(torch.bfloat16)
+    o = mxq.MXFP8Tensor.empty(op.spec, (515, 1288), a.dtype, "cuda", row_align=1)
+    o.rowwise_data.view(torch.uint8).fill_(0x5A)
+    if o.rowwise_scale.dtype == torch.float32:  # (the logical entries: padding stays zero, as allocated)
+        o.rowwise_scale.fill_(float("nan"))
+    want = op.gemm(a, w, b)
+    assert op.gemm(a, w, b, out=o) is o
+    assert torch.equal(o.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+    assert torch.equal(launch_flat(o.rowwise_scale), launch_flat(want.rowwise_scale))
 
 
 @pytest.mark.gpu

@@ -342,12 +342,15 @@ def test_op_gemm_compiles_to_one_node_with_the_eager_bytes(dynamic):
             assert g.rowwise_scale.stride() == want.rowwise_scale.stride()
 
 
-def test_op_gemm_operator_passes_opcheck_and_refuses_the_hook_under_compile():
+def test_op_gemm_operator_passes_opcheck_and_refuses_out_and_the_hook_under_compile():
     """opcheck of fused_gemm (fake against real outputs: the gemm layout's outer-dim-major scales);
-    acc_out=, the eager test hook, is refused by name while tracing."""
+    acc_out= (the eager test hook) and out= are refused by name while tracing."""
     a, w = torch.randn(48, 128, dtype=torch.bfloat16), torch.randn(256, 128, dtype=torch.bfloat16)
     b = torch.randn(256, dtype=torch.bfloat16)
     torch.library.opcheck(torch.ops.mxq.fused_gemm.default, (a, w, [b], [0.25], torch_ops.op_id(gemm_bias)))
     acc = torch.empty(48, 256)
     with pytest.raises(Exception, match="acc_out"):
         torch.compile(lambda a, w, b: gemm_bias.gemm(a, w, b, acc_out=acc), fullgraph=True)(a, w, b)
+    o = mxq.MXFP8Tensor.empty(gemm_bias.spec, (48, 256), a.dtype, "cpu", row_align=1)
+    with pytest.raises(Exception, match="out= serves eager calls only"):
+        torch.compile(lambda a, w, b: gemm_bias.gemm(a, w, b, out=o), fullgraph=True)(a, w, b)
