@@ -187,6 +187,30 @@ def test_compiled_cuda_calls_write_the_eager_bytes(mode, dynamic):
     assert [p for g, w in zip(got, want) for p in compare(g, w, exact=True)] == []
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,dynamic", [(None, False), (None, True), ("reduce-overhead", False)])
+def test_compiled_cuda_fp4_call_values_write_the_eager_bytes(mode, dynamic):
+    """On the GPU (the NVFP4 kernels): a given amax tensor, stochastic rounding with a seed and an
+    offset, and the Hadamard transform's pair, fullgraph-compiled (static, dynamic, and captured in
+    a CUDA graph), write the eager calls' bytes. CPU counterpart:
+    test_fp4_call_values_compile_to_one_node_with_the_eager_bytes."""
+    def f(x, a):
+        return (mxq.quantize(x, format="nvfp4", colwise=True, global_amax=a),
+                sr_scaled(x, s=0.5, seed=2 ** 63 + 11, offset=8),
+                mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True))
+
+    x = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    a = x.float().abs().amax().reshape(1)
+    want = f(x, a)
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True, dynamic=dynamic, mode=mode)
+    for _ in range(3):  # reduce-overhead records the graph on a later call
+        got = cf(x, a)
+    torch.cuda.synchronize()
+    for g, w in zip(got, want):
+        _same_fp4(g, w)
+
+
 def test_import_mxq_does_not_load_torch_dynamo():
     """torch._dynamo takes about a second to import, more than the rest of ``import mxq``: mxq
     leaves it to torch.compile, which loads it before it traces (bench/import_time.py)."""
@@ -307,8 +331,76 @@ def test_nvfp4_and_mxfp4_compile_through_the_operator():
             as_bytes = (lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)  # noqa: E731
             assert (a is None) == (b is None) and (a is None or torch.equal(as_bytes(a), as_bytes(b))), f
         assert (got.format, got.block) == (want.format, want.block)
-    with pytest.raises(Exception, match="stochastic_rounding"):
-        torch.compile(lambda u: mxq.quantize(u, format="nvfp4", stochastic_rounding=True), fullgraph=True)(x)
+
+
+FP4_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "colwise_amax")
+
+
+def _same_fp4(got, want):
+    for f in FP4_FIELDS:
+        a, b = getattr(got, f), getattr(want, f)
+        as_bytes = (lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)  # noqa: E731
+        assert (a is None) == (b is None) and (a is None or torch.equal(as_bytes(a), as_bytes(b))), f
+
+
+@mxq.fused_quant(format="nvfp4", colwise=True, stochastic_rounding=True, act="relu")
+def sr_scaled(x, s: float = 2.0):
+    return x * s
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
+    """NVFP4's own call values under torch.compile: global_amax as a tensor and as a float,
+    stochastic rounding with a seed of 64 bits and an offset (a decorated op's too), and the
+    Hadamard transform's amax pair; one torch.ops.mxq.fused_quant_fp4 node each, no graph break,
+    the eager call's bytes. A seed left out is drawn when the compiled call runs, from torch's
+    generator as in eager mode: the same seed in both after torch.manual_seed."""
+    x = torch.randn(64, 96, dtype=torch.bfloat16)
+    ga = torch.tensor([3.5])
+    cases = [
+        (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, global_amax=a), dict(format="nvfp4", colwise=True), dict(global_amax=ga)),
+        (lambda u, a: mxq.quantize(u, format="nvfp4", global_amax=2.75), dict(format="nvfp4"), dict(global_amax=2.75)),
+        (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, stochastic_rounding=True, seed=2 ** 64 - 5,
+                                   offset=2 ** 40 + 3),
+         dict(format="nvfp4", colwise=True, stochastic_rounding=True), dict(seed=2 ** 64 - 5, offset=2 ** 40 + 3)),
+        (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, hadamard=True),
+         dict(format="nvfp4", colwise=True, hadamard=True), {}),
+    ]
+    for f, opts, kw in cases:
+        got, graphs = _graphs(f, x, ga, dynamic=dynamic)
+        assert [str(n.target) for n in _mxq_nodes(graphs)] == ["mxq.fused_quant_fp4"]
+        _same_fp4(got, mxq.quantize(x, **opts, **kw))
+    got, graphs = _graphs(lambda u: sr_scaled(u, s=1.5, seed=7, offset=12), x, dynamic=dynamic)
+    assert len(_mxq_nodes(graphs)) == 1
+    _same_fp4(got, sr_scaled(x, s=1.5, seed=7, offset=12))
+    torch.manual_seed(5)
+    got, _ = _graphs(lambda u: sr_scaled(u), x, dynamic=dynamic)
+    torch.manual_seed(5)
+    _same_fp4(got, sr_scaled(x))
+
+
+@mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, scale_layout="swizzled")
+def rht(x):
+    return x
+
+
+def test_fp4_operator_passes_opcheck_and_bad_call_values_are_named_under_compile():
+    """opcheck of fused_quant_fp4 (fake against real outputs): a seed's two halves and an offset, a
+    seed drawn when it runs, a given amax tensor, the Hadamard amax pair; bad values refused by
+    name while tracing."""
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    for op, scalars, amax, seed, offset in ((sr_scaled, [1.0], None, [9, 1], 4), (sr_scaled, [1.0], None, [], None),
+                                            (sr_scaled, [0.5], torch.tensor([2.0]), [3, 0], 0),
+                                            (rht, [], None, [], None)):
+        torch.library.opcheck(torch.ops.mxq.fused_quant_fp4.default,
+                              ([x], scalars, None, None, amax, None, seed, offset, torch_ops.op_id(op)))
+    with pytest.raises(Exception, match="seed"):
+        torch.compile(lambda u: sr_scaled(u, seed=-1), fullgraph=True)(x)
+    with pytest.raises(Exception, match="global_amax"):
+        torch.compile(lambda u: mxq.quantize(u, format="mxfp4", global_amax=1.0), fullgraph=True)(x)
+    o = mxq.MXFP8Tensor.empty(sr_scaled.spec, x.shape, x.dtype, "cpu")
+    with pytest.raises(Exception, match="out="):
+        torch.compile(lambda u: sr_scaled(u, seed=3, out=o), fullgraph=True)(x)
 
 
 @mxq.fused_quant(act="gelu", format="fp8_block", scale_layout="gemm")

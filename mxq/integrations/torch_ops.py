@@ -1,7 +1,8 @@
 """mxq ops as torch operators: what torch.compile traces.
 
 One custom operator, ``torch.ops.mxq.fused_quant``, serves every op (``fused_quant_out`` its
-``out=`` calls, ``fused_gemm`` its ``op.gemm`` calls, gemm_call): its string argument names
+``out=`` calls, ``fused_quant_fp4`` the FP4 calls with their own values or outputs: global_amax,
+seed, offset, stochastic rounding, the Hadamard pair; ``fused_gemm`` its ``op.gemm`` calls, gemm_call): its string argument names
 the FusedOp by its identity (``identity``: spec key, epilogue fingerprint and mxq's version, the
 same in every process; a registry of the live ops, filled as they are built), the tensors and
 floats are the epilogue's, and it returns the six output slots (slots.OUTPUTS; an unused slot is
@@ -27,6 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .._version import __version__
+from ..formats import fp4
 from ..frontend import gated
 from ..runtime import slots, validation
 from ..runtime.call import Call
@@ -113,6 +115,46 @@ def _fused_quant_out_fake(tensors, scalars, act_input, noop, group_offsets, outs
     return None
 
 
+@torch.library.custom_op("mxq::fused_quant_fp4", mutates_args=())
+def fused_quant_fp4(tensors: list[torch.Tensor], scalars: list[float], act_input: torch.Tensor | None,
+                    noop: torch.Tensor | None, global_amax: torch.Tensor | None, global_amax_value: float | None,
+                    seed: list[int], offset: int | None, op: str) -> list[torch.Tensor]:
+    """An FP4 call with its own values (fp4.CallArgs): ``global_amax`` a tensor or
+    ``global_amax_value`` a float (or neither: computed), ``seed`` as [low, high] 32-bit halves
+    (a seed takes 64 bits, more than an int argument holds) or [] (drawn when the call runs, as
+    in eager mode), ``offset``. Outputs as fused_quant's, then NVFP4's Hadamard [amax,
+    colwise_amax] pair (one buffer, as MXFP8Tensor.empty lays them out) or an empty tensor."""
+    fused = _op(op)
+    x = tensors[0]
+    args = fp4.CallArgs(global_amax if global_amax is not None else global_amax_value,
+                        seed[0] | seed[1] << 32 if seed else None, offset)
+    out = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, x.device,
+                            zeroed=noop is not None)
+    t = fused._eager(Call(tensors, scalars, act_input, noop, out, None, args))
+    res = [getattr(t, f) if getattr(t, f) is not None else x.new_empty(0) for f in slots.OUTPUTS]
+    if t.colwise_amax is not None:  # (amax and colwise_amax: one fp32[2] buffer, returned whole)
+        res[slots.OUTPUTS.index("amax")] = x.new_empty(0)
+        res.append(torch.stack([t.amax.reshape(()), t.colwise_amax.reshape(())]))
+    else:
+        res.append(x.new_empty(0))
+    return res
+
+
+@fused_quant_fp4.register_fake
+def _fused_quant_fp4_fake(tensors, scalars, act_input, noop, global_amax, global_amax_value, seed, offset, op):
+    fused = _op(op)
+    x = tensors[0]
+    like = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, "meta")
+    out = [x.new_empty_strided(g.shape, g.stride(), dtype=g.dtype) if g is not None else x.new_empty(0)
+           for g in (getattr(like, f) for f in slots.OUTPUTS)]
+    if like.colwise_amax is not None:
+        out[slots.OUTPUTS.index("amax")] = x.new_empty(0)
+        out.append(x.new_empty(2, dtype=torch.float32))
+    else:
+        out.append(x.new_empty(0))
+    return out
+
+
 @torch.library.custom_op("mxq::fused_gemm", mutates_args=())
 def fused_gemm(a: torch.Tensor, w: torch.Tensor, tensors: list[torch.Tensor], scalars: list[float],
                op: str) -> list[torch.Tensor]:
@@ -165,9 +207,10 @@ def call(i: str, call: Call):
     tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
-    if spec.hadamard or spec.stochastic_rounding or fp4_args is not None:
-        raise ValueError("mxq: torch.compile does not trace NVFP4's hadamard, stochastic_rounding, global_amax, "
-                         "seed or offset yet; call such an op outside the compiled region "
+    fp4_call = spec.hadamard or spec.stochastic_rounding or fp4_args is not None
+    if fp4_call and out is not None:
+        raise ValueError("mxq: torch.compile does not trace out= with NVFP4's hadamard, stochastic_rounding, "
+                         "global_amax, seed or offset yet; call such an op outside the compiled region "
                          "(torch.compiler.disable)")
     shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape
     validation.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
@@ -181,12 +224,25 @@ def call(i: str, call: Call):
         outs = [getattr(out, f) for f in slots.OUTPUTS if slots.uses(spec, f)]
         torch.ops.mxq.fused_quant_out(list(tensors), floats, act_input, noop, group_offsets, outs, i)
         return out
-    res = torch.ops.mxq.fused_quant(list(tensors), floats, act_input, noop, group_offsets, i)
+    colwise_amax = None
+    if fp4_call:
+        args = fp4_args if fp4_args is not None else fp4.CallArgs()
+        validation.check_fp4(spec, args, tensors[0], shape, group_offsets)  # (group_offsets refused: no groups)
+        amax = args.global_amax
+        seed = [] if args.seed is None else [args.seed & 0xFFFFFFFF, args.seed >> 32]
+        res = torch.ops.mxq.fused_quant_fp4(list(tensors), floats, act_input, noop,
+                                            amax if isinstance(amax, torch.Tensor) else None,
+                                            None if amax is None or isinstance(amax, torch.Tensor) else float(amax),
+                                            seed, args.offset, i)
+    else:
+        res = torch.ops.mxq.fused_quant(list(tensors), floats, act_input, noop, group_offsets, i)
     fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
+    if spec.hadamard:  # (the amax pair: views of one fp32[2] buffer, as MXFP8Tensor.empty lays them out)
+        fields["amax"], colwise_amax = res[-1][0], res[-1][1]
     return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                        fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
                        shape, None if group_offsets is None else group_offsets.clone(),  # (a copy, as eager keeps)
-                       spec.scale_mode, spec.format, spec.block)
+                       spec.scale_mode, spec.format, spec.block, colwise_amax)
 
 
 def gemm_call(i: str, a, w, others, scalars) -> MXFP8Tensor:
@@ -221,4 +277,4 @@ def _unflatten(children, context):
 pytree.register_pytree_node(MXFP8Tensor, _flatten, _unflatten,
                             serialized_type_name="mxq.MXFP8Tensor")
 
-__all__ = ["call", "fused_gemm", "fused_quant", "gemm_call", "identity", "op_id"]
+__all__ = ["call", "fused_gemm", "fused_quant", "fused_quant_fp4", "gemm_call", "identity", "op_id"]
