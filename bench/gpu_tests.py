@@ -29,9 +29,10 @@ summary says. A rerun that leaves some unfinished is rerun in turn: ``--rerun WH
 takes the last report's tests, and the record counts each run.
 
 The whole suite takes longer than one device call. ``--detach`` starts the run in a process session
-of its own, which outlives the call on a machine kept warm, and returns; each following call runs
-``--wait SECONDS`` (the same ``--out``), which returns when the run ends or the seconds pass and
-prints the report's first line (exit 3 while it runs), then copies the report to ``$OUT``. No test
+of its own, which outlives the call on a machine kept warm, and returns (an earlier run's report,
+record and status removed first); each following call runs ``--wait SECONDS`` (the same
+``--out``), which returns when the run ends (its status in OUT.rc) or the seconds pass and prints
+the report's first line (exit 3 while it runs), then copies the report to ``$OUT``. No test
 is cut and restarted at a call's end; if the machine goes back mid-run, the last copy is a report
 ``--rerun`` takes.
 """
@@ -42,6 +43,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -95,7 +97,8 @@ def shard_env(n: int, gpus: list[str], shards: int = 1) -> dict:
     inductor (torch.compile tests) held to its share of the cores, where the caller set none:
     shards that each start one thread per core oversubscribe the machine."""
     path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH")) if p)
-    share = str(max(1, (os.cpu_count() or 1) // max(1, shards)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = str(max(1, cores // max(1, shards)))
     return {**{v: share for v in THREAD_VARS}, **os.environ,
             "CUDA_VISIBLE_DEVICES": gpus[n % len(gpus)], "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
@@ -262,20 +265,59 @@ def write_record(path: Path, text: str) -> dict:
     return rec
 
 
-def detach(argv: list[str], out: Path) -> int:
+DETACHED = "MXQ_GPU_TESTS_DETACHED"  # set in a detached run: it writes OUT.rc when it ends, and never detaches
+
+
+def descendants(pid: int) -> list[int]:
+    """The pids of ``pid``'s children, theirs, and so on (from /proc; [] where it cannot be read)."""
+    children: dict = {}
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int(Path(d, "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    found, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.append(c)
+            todo.append(c)
+    return found
+
+
+def _side(out: Path, suffix: str) -> Path:
+    return out.with_name(out.name + suffix)
+
+
+def detach(argv: list[str], out: Path, record: str | None) -> int:
     """Run this tool with ``argv`` in a process session of its own (a device call's end kills only
-    its own session's processes), its output in ``out``.log and its pid in ``out``.pid."""
+    its own session's processes): its output in OUT.log, its pid and start time in OUT.pid, its
+    exit status in OUT.rc when it ends. An earlier run's report, record and status are removed
+    first, so none of them passes for this run's."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_name(out.name + ".log"), "w") as log:
+    for old in (out, _side(out, ".part"), _side(out, ".rc"), *([Path(record)] if record else [])):
+        old.unlink(missing_ok=True)
+    with open(_side(out, ".log"), "w") as log:
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    out.with_name(out.name + ".pid").write_text(f"{proc.pid}\n")
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, DETACHED: "1"})
+    _side(out, ".pid").write_text(f"{proc.pid} {_start_time(proc.pid)}\n")
     print(f"detached: pid {proc.pid}, report {out}", flush=True)
     return 0
 
 
-def running(pid: int) -> bool:
-    """Whether process ``pid`` is alive (a zombie nobody reaped yet has ended)."""
+def _start_time(pid: int) -> str:
+    """Process ``pid``'s start time (/proc/PID/stat field 22), "" where it cannot be read: with
+    the pid it names one process, not a later one given the same pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def running(pid: int, start: str = "") -> bool:
+    """Whether process ``pid`` (started at ``start``, where given) is alive; a zombie nobody reaped
+    yet has ended, and a process started at another time is another process."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -283,28 +325,37 @@ def running(pid: int) -> bool:
     except PermissionError:
         return True
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return True
+    return fields[0] != "Z" and (not start or fields[19] == start)
 
 
 def wait(out: Path, seconds: float) -> int:
     """Wait up to ``seconds`` for the detached run writing ``out`` to end; print the first line of
-    its report (as it stands, while it runs). Exit status as the run's, 3 while it still runs."""
-    pid = int(out.with_name(out.name + ".pid").read_text())
+    its report (as it stands, while it runs). Exit status as the run's (OUT.rc), 3 while it still
+    runs; a run that ended without one (killed) is read from its report: 1 a failure, else 2."""
+    pidfile, rcfile = _side(out, ".pid"), _side(out, ".rc")
+    if not pidfile.exists():
+        print(f"no detached run writes {out} (no {pidfile.name}: start one with --detach)", flush=True)
+        return 2
+    pid, _, start = pidfile.read_text().strip().partition(" ")
     end = time.time() + seconds
-    while running(pid) and time.time() < end:
+    while not rcfile.exists() and running(int(pid), start) and time.time() < end:
         time.sleep(max(0.0, min(2.0, end - time.time())))
-    alive = running(pid)
-    first = out.read_text().split("\n", 1)[0] if out.exists() else "no report yet"
+    done = rcfile.exists()
+    alive = not done and running(int(pid), start)
+    first = out.read_text().split("\n", 1)[0] if out.exists() else f"no report yet (see {_side(out, '.log')})"
     print(("still running: " if alive else "") + first, flush=True)
     if alive:
         return 3
-    return 1 if re.search(r"\d+ (failed|error)\b", first) else 2 if "did not finish" in first or not out.exists() else 0
+    if done:
+        return int(rcfile.read_text().strip() or 2)
+    return 1 if re.search(r"\d+ (failed|error)\b", first) else 2
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("paths", nargs="*", default=["tests/"])
     ap.add_argument("--shards", type=int, default=7)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per shard")
@@ -324,11 +375,23 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.wait is not None:
         return wait(Path(args.out), args.wait)
-    if args.detach:
-        return detach([a for a in (sys.argv[1:] if argv is None else argv) if a != "--detach"], Path(args.out))
     whole = args.paths == ["tests/"] and args.marker == "gpu" and args.kexpr is None
     if args.record and not whole:
         ap.error("--record needs the whole GPU suite: no paths, -k or --marker")
+    if args.detach and not os.environ.get(DETACHED):
+        return detach([a for a in (sys.argv[1:] if argv is None else argv) if a != "--detach"], Path(args.out),
+                      args.record)
+    status = 2
+    try:
+        status = run(args, ap, whole)
+    finally:
+        if os.environ.get(DETACHED):  # (what --wait reads: the run has ended, with this status)
+            _side(Path(args.out), ".rc").write_text(f"{status}\n")
+    return status
+
+
+def run(args, ap, whole: bool) -> int:
+    """The run ``main`` parsed: collect (or take a report's tests), shard, write the report."""
     from mxq.frontend.codegen import kernels_hash
 
     layer = f"kernel layer {kernels_hash()}"
@@ -373,8 +436,12 @@ def main(argv=None) -> int:
                 write()
                 written = time.time()
         for p, log in procs:
-            if p.poll() is None:
-                p.kill()
+            if p.poll() is None:  # (its own children too: inductor's compile workers would outlive it)
+                for pid in [*descendants(p.pid), p.pid]:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             p.wait()
             log.close()
         text, first, status = write()

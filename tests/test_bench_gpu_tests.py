@@ -252,7 +252,7 @@ def test_shards_hold_their_cpu_threads_to_their_share(monkeypatch):
     tool = _bench_tool("gpu_tests")
     for v in tool.THREAD_VARS:
         monkeypatch.delenv(v, raising=False)
-    monkeypatch.setattr(tool.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(tool.os, "sched_getaffinity", lambda pid: set(range(16)))  # (the cores this process may use)
     env = tool.shard_env(3, ["0"], 4)
     assert [env[v] for v in tool.THREAD_VARS] == ["4", "4", "4"]
     assert tool.shard_env(0, ["0"], 32)["OMP_NUM_THREADS"] == "1"
@@ -275,21 +275,57 @@ def test_a_detached_run_outlives_its_caller_and_wait_follows_it(tmp_path):
         return subprocess.run([sys.executable, str(tool), *args, "--out", str(out)], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=120)
 
+    out.parent.mkdir()
+    out.write_text("9 tests in 1 shards, 1 s: 9 passed\n")  # (an earlier run's: removed, never read as this one's)
     t0 = time.time()
     started = run(f.name, "--detach", "--shards", "2", "--timeout", "100", "--every", "1", "--marker", "not gpu")
-    pid = int((tmp_path / "gpu" / "whole.txt.pid").read_text())
+    pid = int((tmp_path / "gpu" / "whole.txt.pid").read_text().split()[0])
     try:
         assert started.returncode == 0 and f"pid {pid}" in started.stdout and time.time() - t0 < 30
         assert os.getsid(pid) == pid  # (a session of its own: a device call's end does not kill it)
         waited = run("--wait", "1")
         assert waited.returncode == 3 and waited.stdout.startswith("still running: ")
+        assert "9 tests" not in waited.stdout
         gate.write_text("")
         waited = run("--wait", "90")
         assert waited.returncode == 0, waited.stdout
         assert waited.stdout.strip() == out.read_text().splitlines()[0]
         assert waited.stdout.startswith("2 tests in 2 shards") and "2 passed" in waited.stdout
+        assert (tmp_path / "gpu" / "whole.txt.rc").read_text() == "0\n"
     finally:
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_wait_names_a_missing_run_and_abbreviations_do_not_detach(tmp_path, capsys):
+    """--wait with no detached run says so (exit 2, no traceback); "--det" is not --detach (an
+    abbreviation would be stripped by no one and detach again in the child, forever)."""
+    import pytest
+
+    tool = _bench_tool("gpu_tests")
+    assert tool.main(["--wait", "1", "--out", str(tmp_path / "none.txt")]) == 2
+    assert "no detached run" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tool.main(["--det", "--out", str(tmp_path / "x.txt")])
+
+
+def test_a_process_is_known_by_pid_and_start_time_and_its_descendants_found():
+    """running(pid, start): this process with its start time, not with another one (a pid reused
+    by a later process); descendants: a child's child."""
+    tool = _bench_tool("gpu_tests")
+    me = os.getpid()
+    assert tool.running(me, tool._start_time(me)) and not tool.running(me, "1")
+    outer = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
+    try:
+        end = time.time() + 30
+        while time.time() < end and not tool.descendants(outer.pid):
+            time.sleep(0.2)
+        (inner,) = tool.descendants(outer.pid)
+        assert tool.running(inner)
+    finally:
+        for pid in [*tool.descendants(outer.pid), outer.pid]:
+            os.kill(pid, signal.SIGKILL)
+        outer.wait()
