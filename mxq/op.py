@@ -214,8 +214,12 @@ class FusedOp:
         for name, given in (("acc_out", acc_out), ("out", out)):
             if traced and given is not None:
                 raise ValueError(f"mxq: {self.__name__}.gemm: {name}= serves eager calls only, not torch.compile")
-        if not traced:  # (traced: the operator checks its real tensors when the graph runs; addresses need them)
+        if not traced:
             gemm_rt.check_args(a, w, acc_out=acc_out)
+        else:  # (the operator checks the rest on its real tensors when the graph runs: addresses need them)
+            for name, t in (("a", a), ("w", w)):
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"mxq.gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
         m, n = a.shape[0], w.shape[0]
         acc = torch.empty((m, n), dtype=torch.float32, device="meta")  # (the accumulator's place)
         call = self._bind_call((acc, *operands), params, None, None, None, None, traced)
@@ -313,7 +317,7 @@ class FusedOp:
         """Compile without a GPU and return {"ptx", "mlir", "source", "path", ...}. ``gemm=True``:
         the kernel of ``op.gemm`` instead (sm_90a, bf16 or fp16; ``operands``: the kind of each
         epilogue tensor after the accumulator, "full", "row", "col" or "scalar", all "full" by
-        default)."""
+        default; inspection.gemm_artifacts)."""
         if gemm:
             if targets.normalize_arch(arch) not in ("sm_90", "sm_90a"):
                 raise ValueError(f"mxq: asm(gemm=True): op.gemm's kernel is sm_90a's (wgmma), got arch={arch!r}")

@@ -153,10 +153,11 @@ def _ident(x):
 
 
 def test_asm_gemm_is_the_kernel_op_gemm_launches(ptx):
-    """op.asm(gemm=True): the PTX of the very compile op.gemm runs (operand kinds as given, the
-    cooperative form by default), with ptxas's report; bad arguments named."""
+    """op.asm(gemm=True): the PTX of the compile op.gemm runs (operand kinds as given, op.gemm's
+    form, tile order 1), with ptxas's report; bad arguments named."""
     art = bias_gelu.asm(gemm=True, operands=["row"])
-    assert art["ptx"] == ptx["fp8_block", False] and art["variant"] == "gemm" and art["arch"] == "sm_90a"
+    assert art["ptx"] == ptx["fp8_block", g.PINGPONG] and art["pingpong"] == g.PINGPONG
+    assert art["variant"] == "gemm" and art["arch"] == "sm_90a"
     assert "wgmma.mma_async" in art["ptx"] and art["operands"] == ("row",) and "launch_gemm" in art["source"]
     if art["ptxas"] is not None:
         assert art["ptxas"] == "ok" and all(k.get("spill_stores", 0) == 0 for k in art["kernels"].values())

@@ -209,6 +209,9 @@ def test_compiled_cuda_fp4_call_values_write_the_eager_bytes(mode, dynamic):
     torch.cuda.synchronize()
     for g, w in zip(got, want):
         _same_fp4(g, w)
+    drawn = torch.compile(lambda u: sr_scaled(u), fullgraph=True, mode=mode)  # (a seed drawn per call)
+    a, b, c = (drawn(x).rowwise_data.clone() for _ in range(3))
+    assert not torch.equal(b, c) and not torch.equal(a, b)
 
 
 def test_import_mxq_does_not_load_torch_dynamo():
@@ -354,7 +357,7 @@ def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
     stochastic rounding with a seed of 64 bits and an offset (a decorated op's too), and the
     Hadamard transform's amax pair; one torch.ops.mxq.fused_quant_fp4 node each, no graph break,
     the eager call's bytes. A seed left out is drawn when the compiled call runs, from torch's
-    generator as in eager mode: the same seed in both after torch.manual_seed."""
+    generator as in eager mode (the same bytes after torch.manual_seed), a new one for each call."""
     x = torch.randn(64, 96, dtype=torch.bfloat16)
     ga = torch.tensor([3.5])
     cases = [
@@ -373,10 +376,16 @@ def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
     got, graphs = _graphs(lambda u: sr_scaled(u, s=1.5, seed=7, offset=12), x, dynamic=dynamic)
     assert len(_mxq_nodes(graphs)) == 1
     _same_fp4(got, sr_scaled(x, s=1.5, seed=7, offset=12))
+    torch._dynamo.reset()
+    once = torch.compile(lambda u: sr_scaled(u), fullgraph=True, dynamic=dynamic)
+    once(x)  # (compiling draws from torch's generator too)
     torch.manual_seed(5)
-    got, _ = _graphs(lambda u: sr_scaled(u), x, dynamic=dynamic)
+    got = once(x)
     torch.manual_seed(5)
     _same_fp4(got, sr_scaled(x))
+    assert not torch.equal(once(x).rowwise_data, once(x).rowwise_data)  # (a new seed each call)
+    a, b = torch.compile(lambda u: (sr_scaled(u), sr_scaled(u)), fullgraph=True, dynamic=dynamic)(x)
+    assert not torch.equal(a.rowwise_data, b.rowwise_data)  # (two calls, two draws: never merged)
 
 
 @mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, scale_layout="swizzled")

@@ -115,7 +115,13 @@ def _fused_quant_out_fake(tensors, scalars, act_input, noop, group_offsets, outs
     return None
 
 
-@torch.library.custom_op("mxq::fused_quant_fp4", mutates_args=())
+# (a seed left out is drawn from torch's generator when the call runs: two calls are never merged,
+# and they run outside CUDA graphs, whose replay would repeat one draw and which cannot capture
+# the seed's copy to the device; given seeds and amaxes take the same path)
+_FP4_TAGS = tuple(getattr(torch.Tag, t) for t in ("nondeterministic_seeded", "cudagraph_unsafe") if hasattr(torch.Tag, t))
+
+
+@torch.library.custom_op("mxq::fused_quant_fp4", mutates_args=(), tags=_FP4_TAGS)
 def fused_quant_fp4(tensors: list[torch.Tensor], scalars: list[float], act_input: torch.Tensor | None,
                     noop: torch.Tensor | None, global_amax: torch.Tensor | None, global_amax_value: float | None,
                     seed: list[int], offset: int | None, op: str) -> list[torch.Tensor]:

@@ -41,11 +41,13 @@ def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec
 GEMM_OPERAND_KINDS = ("full", "row", "col", "scalar")  # (operands.kind_of's, as op.gemm reads them)
 
 
-def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool = False) -> dict:
+def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool | None = None) -> dict:
     """Compile ``op.gemm``'s kernel (the sm_90 GEMM with the op in its epilogue) without a GPU and
-    return {"ptx", "mlir", "source", "path", ...} as compile_artifacts does. ``operands``: each of
-    the epilogue's tensors after the accumulator, as "full" ([M, N]), "row" ([N]), "col" ([M, 1])
-    or "scalar"; all "full" by default. ``pingpong``: the GEMM's ping-pong form (gemm.PINGPONG)."""
+    return {"ptx", "mlir", "source", "path", ...} as compile_artifacts does: the compile op.gemm
+    launches for these operand kinds on a 132-SM GPU at tile order 1 (op.gemm picks the tile order
+    by N: runtime/gemm.swizzle_for). ``operands``: each of the epilogue's tensors after the
+    accumulator, as "full" ([M, N]), "row" ([N]), "col" ([M, 1]) or "scalar"; all "full" by
+    default. ``pingpong``: the GEMM's form, op.gemm's (gemm.PINGPONG) by default."""
     from ..frontend import codegen
     from . import gemm as gemm_rt
 
@@ -60,12 +62,13 @@ def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool = False) -> d
     if len(kinds) != n or any(k not in GEMM_OPERAND_KINDS for k in kinds):
         raise ValueError(f"mxq: asm(gemm=True): operands must name the kind of each of the epilogue's {n} tensors "
                          f"after the accumulator, each one of {GEMM_OPERAND_KINDS}; got {operands!r}")
-    compiled = gemm_rt.compile_gemm_op(op, dtype, kinds, False, 132, 1, keep_ptx=True, pingpong=bool(pingpong))
+    pingpong = gemm_rt.PINGPONG if pingpong is None else bool(pingpong)
+    compiled = gemm_rt.compile_gemm_op(op, dtype, kinds, False, 132, 1, keep_ptx=True, pingpong=pingpong)
     ptx = compiled.__ptx__
     mlir = compiled.ir_module
     out = {"ptx": ptx, "mlir": str(mlir) if mlir is not None else "", "source": op.source,
            "path": str(cache.source_file(op.source)), "arch": gemm_rt.ARCH, "dtype": dtype, "variant": "gemm",
-           "operands": kinds}
+           "operands": kinds, "pingpong": pingpong}
     out.update(ptxas_report(ptx, gemm_rt.ARCH))
     out["conversions"] = sorted(set(re.findall(r"\bcvt\.[a-z0-9.]+", ptx)))
     return out
