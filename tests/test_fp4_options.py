@@ -137,7 +137,7 @@ def test_fused_epilogue_act_and_dbias_quantize_the_step_5_values(fmt, dtype):
 
 
 def test_gated_forward_quantizes_the_gated_values():
-    x = torch.randn(4, 128)
+    x = torch.randn(4, 128, generator=torch.Generator().manual_seed(0))
 
     @mxq.fused_quant(format="nvfp4", act="swiglu")
     def op(x):
@@ -149,9 +149,11 @@ def test_gated_forward_quantizes_the_gated_values():
 
     t = op(x)
     assert t.shape == (4, 64) and t.rowwise_data.shape == (4, 32)
-    # the gated values are MXFP8's (steps 1-5 shared): the NVFP4 error is within half a block step
+    # the gated values g are MXFP8's (steps 1-5 shared). NVFP4 is within half the E2M1 grid's widest
+    # step (1, between 4 and 6) times its block's scale, at most amax / 6 raised by the E4M3 scale's
+    # rounding (2^-4); MXFP8 E4M3 within 2^-4 |g| <= amax / 16
     err = (t.dequantize() - mx(x).dequantize()).abs().max()
-    assert err <= t.amax / 6
+    assert 0 < err <= t.amax * ((1 + 2 ** -4) / 6 + 2 ** -4)
 
 
 @pytest.mark.parametrize("kwargs", [dict(format="nvfp4", colwise=True, scale_layout="swizzled"),
