@@ -12,12 +12,21 @@
 A shard boundary that would cut a block is an error naming the placement: with Shard(0), every
 rank's first row (after flattening) must be a multiple of the blocks' rows when the op writes
 blocks spanning rows (MXFP8's colwise blocks: 32; FP8 block scaling's colwise blocks and
-128x128 tiles: 128); with Shard(-1), every rank's first column a multiple of the blocks'
-columns when it writes blocks spanning columns (MXFP8's rowwise blocks: 32; FP8 block scaling's
-1x128 blocks and tiles: 128). Scales are compact only (swizzled tiles span 128 rows; FP8 block
-scaling's GEMM-ready scales are padded over all rows); a 128x128 op's one scale grid [ceil(M/128),
-ceil(N/128)] serves both directions and is split like the data. NVFP4 and MXFP4 DTensors are
-refused (their packed data and NVFP4's global amax are not split yet). The other tensor
+128x128 tiles: 128; NVFP4's colwise blocks and 16x16 tiles: 16; MXFP4's colwise blocks: 32);
+with Shard(-1), every rank's first column a multiple of the blocks' columns when it writes
+blocks spanning columns (MXFP8's and MXFP4's rowwise blocks: 32; FP8 block scaling's 1x128
+blocks and tiles: 128; NVFP4's: 16). Scales are compact only (swizzled tiles span 128 rows; FP8
+block scaling's GEMM-ready scales are padded over all rows); a 128x128 op's one scale grid
+[ceil(M/128), ceil(N/128)] serves both directions and is split like the data.
+
+NVFP4 and MXFP4: the packed data [M, N/2] and the transposed colwise copy [N, M/2] (and their
+scales [M, ceil(N/B)], [N, ceil(M/B)]) are split along the input's split dim (a row split splits
+the colwise copy's columns). NVFP4's per-tensor amax is the whole tensor's, so a split call
+quantizes its shard twice: once for the shard's amax, then, after an all-reduce (max) of the
+ranks' amaxes, with that as ``global_amax`` (one quantize where ``global_amax`` is given); its
+amax field is Replicate(). Stochastic rounding (whose random words follow the element's place in
+the whole tensor) and the Hadamard transform are refused, and so is an NVFP4 split without
+``global_amax`` under torch.compile (the all-reduce is eager). The other tensor
 operands must have the same placement (or be plain tensors broadcast against the local shard);
 ``act_input`` likewise. A Partial("sum") dbias reduces the ranks' rounded sums: within the
 dbias class of docs/NUMERICS.md of the single-device value, not byte-equal to it.
@@ -35,7 +44,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from ..formats import fp8_block, numerics
+from ..formats import fp4, fp8_block, numerics
 from ..tensor import MXFP8Tensor, flat_dims
 
 
@@ -67,13 +76,15 @@ def _placement(x: DTensor, name: str):
 
 
 def _edge(fmt: str) -> int:
-    """Elements a scale covers along its block's long side: MXFP8's 32, FP8 block scaling's 128."""
-    return fp8_block.BLOCK if fmt == "fp8_block" else numerics.BLOCK
+    """Elements a scale covers along its block's long side: MXFP8's and MXFP4's 32, FP8 block
+    scaling's 128, NVFP4's 16."""
+    return {"fp8_block": fp8_block.BLOCK, "nvfp4": fp4.BLOCKS["nvfp4"]}.get(fmt, numerics.BLOCK)
 
 
 def _tiles(fmt: str, block: tuple) -> bool:
-    """FP8 block scaling's 128x128 tiles: one scale grid for both directions, spanning rows and columns."""
-    return fmt == "fp8_block" and block[0] > 1
+    """FP8 block scaling's 128x128 tiles (one scale grid for both directions, spanning rows and
+    columns) and NVFP4's 16x16 ones (block_2d): blocks spanning rows and columns."""
+    return fmt in ("fp8_block", "nvfp4") and block[0] > 1
 
 
 def _spans(spec) -> tuple:
@@ -104,7 +115,8 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
     span = _spans(spec)[0 if kind == "rows" else 1]
     if span and world > 1 and (chunk * per_index) % span and chunk < size:
         what = "rows" if kind == "rows" else "columns"
-        blocks = "128x128" if _tiles(spec.format, spec.block) else "colwise" if kind == "rows" else "rowwise"
+        blocks = ("x".join(map(str, spec.block)) if _tiles(spec.format, spec.block) else "colwise" if kind == "rows"
+                  else "rowwise")
         raise ValueError(f"mxq: placement {_name(x.placements[0])} cuts a {span}-element block: each rank holds "
                          f"{chunk * per_index} {what} (a multiple of {span} is needed for {blocks} blocks)")
 
@@ -130,9 +142,11 @@ def call(op, call) -> MXFP8Tensor:
             raise TypeError("mxq: argument 'group_offsets' is a DTensor but the inputs are plain tensors: pass it "
                             "as a plain tensor")
         raise TypeError("mxq: with DTensor operands, the first tensor input must be a DTensor too")
-    if op.spec.format not in ("mxfp8", "fp8_block"):  # (FP4's packed data and NVFP4's global amax)
-        raise ValueError(f"mxq: DTensor inputs of format={op.spec.format!r} are not supported yet; pass the local "
-                         "shard (.to_local()) or the full tensor")
+    packed = op.spec.format in fp4.FORMATS
+    for name in ("stochastic_rounding", "hadamard"):
+        if packed and getattr(op.spec, name):
+            raise ValueError(f"mxq: DTensor inputs with {name}=True are not supported (its values follow each "
+                             "element's place in the whole tensor); pass the full tensor")
     if out is not None:
         raise ValueError("mxq: out= is not supported with DTensor inputs")
     mesh, kind, dim = _placement(x, op.epilogue.tensor_params[0])
@@ -160,12 +174,21 @@ def call(op, call) -> MXFP8Tensor:
     if isinstance(noop, DTensor):
         noop = noop.to_local()
     # contiguous FP8 data (not the padded rows of N % 8 != 0): the DTensors below state a
-    # contiguous global layout, which a shard's padded rows would not match
+    # contiguous global layout, which a shard's padded rows would not match (FP4's packed data
+    # always is: those calls allocate their own, as torch.compile traces them without out=)
     x0 = local[0]
-    out = MXFP8Tensor.empty(spec, op.output_shape(x0.shape), x0.dtype, x0.device, zeroed=noop is not None,
-                            row_align=1, group_offsets=group_offsets)
-    t = op._route(call._replace(tensors=local, act_input=act, noop=noop, out=out, group_offsets=group_offsets),
-                  shards=True)
+    out = None if packed else MXFP8Tensor.empty(spec, op.output_shape(x0.shape), x0.dtype, x0.device,
+                                                zeroed=noop is not None, row_align=1, group_offsets=group_offsets)
+    fp4_args = call.fp4
+    if fp4_args is not None and isinstance(fp4_args.global_amax, DTensor):
+        if fp4_args.global_amax.placements != (Replicate(),):
+            raise ValueError(f"mxq: argument 'global_amax' must be a plain tensor, a float or replicated, got "
+                             f"placements {fp4_args.global_amax.placements}")
+        fp4_args = fp4_args._replace(global_amax=fp4_args.global_amax.to_local())
+    lowered = call._replace(tensors=local, act_input=act, noop=noop, out=out, group_offsets=group_offsets, fp4=fp4_args)
+    if spec.format == "nvfp4" and kind != "replicate" and (fp4_args is None or fp4_args.global_amax is None):
+        lowered = _whole_amax(op, lowered, mesh, placement)
+    t = op._route(lowered, shards=True)
     gshape = torch.Size(op.output_shape(x.shape))
     m, n = flat_dims(gshape)
     tiles, edge = _tiles(spec.format, spec.block), _edge(spec.format)
@@ -173,9 +196,11 @@ def call(op, call) -> MXFP8Tensor:
     def wrap(field, value):
         if value is None:
             return None
-        if kind == "replicate":  # (the global tensor is the local one, in any layout)
+        if kind == "replicate" or (field == "amax" and spec.format == "nvfp4"):  # (the same on every rank)
             return DTensor.from_local(value, mesh, [Replicate()], run_check=False, shape=value.shape,
                                       stride=value.stride())
+        if spec.format in fp4.FORMATS and field != "amax" and field != "dbias":
+            return wrap_fp4(field, value)
         if field in ("rowwise_data", "colwise_data"):
             p, shape = Shard(dim), gshape
         elif field in ("rowwise_scale", "colwise_scale") and tiles:  # (one grid of 128x128 tiles)
@@ -192,10 +217,37 @@ def call(op, call) -> MXFP8Tensor:
             shape = torch.Size((*value.shape[:-1], n))
         return DTensor.from_local(value, mesh, [p], run_check=False, shape=shape, stride=_contiguous_stride(shape))
 
+    def wrap_fp4(field, value):
+        """Packed data [M, N/2] and the transposed copy [N, M/2], scales [M, ceil(N/B)] and
+        [N, ceil(M/B)]: split along the input's split dim (the copy's other one)."""
+        rowwise = field.startswith("rowwise")
+        along = 0 if (kind == "rows") == rowwise else 1
+        rows, cols = (m, n) if rowwise else (n, m)
+        width = cols // 2 if field.endswith("data") else -(-cols // edge)
+        shape = torch.Size((rows, width))
+        return DTensor.from_local(value, mesh, [Shard(along)], run_check=False, shape=shape,
+                                  stride=_contiguous_stride(shape))
+
     return MXFP8Tensor(wrap("rowwise_data", t.rowwise_data), wrap("colwise_data", t.colwise_data),
                        wrap("rowwise_scale", t.rowwise_scale), wrap("colwise_scale", t.colwise_scale),
                        wrap("amax", t.amax), wrap("dbias", t.dbias), t.fp8, t.scale_layout, gshape,
                        t.group_offsets, t.scale_mode, format=t.format, block=t.block)
+
+
+def _whole_amax(op, call, mesh, placement):
+    """``call`` (on this rank's shard) with NVFP4's global amax set to the whole tensor's: the
+    shard quantized once for its own amax (the op's values, act and epilogue included), then the
+    ranks' maximum (an all-reduce; NaN-free, as each amax is)."""
+    import torch.distributed as dist
+
+    if torch.compiler.is_compiling():
+        raise ValueError(f"mxq: an NVFP4 call on DTensor shards ({_name(placement)}) needs the whole tensor's amax, "
+                         "an all-reduce that torch.compile does not trace here; pass global_amax= (e.g. delayed "
+                         "scaling) or call it outside the compiled region")
+    first = op._route(call, shards=True)
+    amax = first.amax.reshape(1).clone()
+    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
+    return call._replace(fp4=(call.fp4 or fp4.CallArgs())._replace(global_amax=amax))
 
 
 def _contiguous_stride(shape) -> tuple:
