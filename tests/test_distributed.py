@@ -119,7 +119,9 @@ else:
 from mxq import distributed as mxd
 for bad_t, words in ((mxq.quantize(torch.randn(64)), "2 to 8 dimensions"),
                      (mxq.quantize(torch.randn(64, 32), colwise=True, group_offsets=torch.tensor([64])), "grouped"),
-                     (mxq.quantize(torch.randn(64, 32), format="mxfp4"), "'mxfp4' is not written yet"),
+                     (mxq.quantize(torch.randn(64, 32, dtype=torch.bfloat16), format="nvfp4", colwise=True,
+                                   hadamard=True), "no Hadamard-transformed colwise copy"),
+                     (mxq.quantize(torch.randn(48, 32), format="mxfp4", colwise=True), "multiple of its blocks' rows"),
                      (mxq.quantize(torch.randn(64, 256), format="fp8_block", colwise=True), "128 for FP8 block"),
                      (mxq.quantize(torch.randn(64, 256), format="fp8_block", block=(128, 128)), "128 for FP8 block")):
     try:
@@ -345,6 +347,21 @@ for opts in (dict(format="fp8_block", colwise=True, amax=True), dict(format="fp8
         if a is not None:
             bits = torch.int32 if b.dtype == torch.float32 else torch.uint8
             assert a.shape == b.shape and torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)), (opts, f)
+# NVFP4 and MXFP4: the transposed colwise copies side by side; NVFP4's shards under one amax
+fullf = torch.randn(2, 64, 96, dtype=torch.bfloat16)
+for opts in (dict(format="mxfp4", colwise=True, scale_mode="rceil"), dict(format="nvfp4", colwise=True,
+                                                                           global_amax=torch.tensor([4.0])),
+             dict(format="nvfp4", block_2d=True, colwise=True, global_amax=2.5)):
+    g = distributed.all_gather(mxq.quantize(fullf[rank:rank + 1], **opts))
+    w = mxq.quantize(fullf, **opts)
+    assert g.shape == w.shape and (g.format, g.block) == (w.format, w.block), opts
+    for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax"):
+        a, b = getattr(g, f), getattr(w, f)
+        assert (a is None) == (b is None), (opts, f)
+        if a is not None:
+            bits = torch.int32 if b.dtype == torch.float32 else torch.uint8
+            assert a.shape == b.shape and torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)), (opts, f)
+    checked += 1
 a = mxq.quantize(torch.randn(128, 256), format="fp8_block") if rank == 0 else mxq.quantize(torch.randn(128, 256))
 try:  # the ranks disagree on the format: every rank raises the same error
     distributed.all_gather(a)
@@ -416,6 +433,7 @@ cases = [  # (this rank's tensor, the exception both ranks must raise, words in 
      "rank 1's block differs"),
     (mxq.quantize(x, colwise=True, scale_layout="swizzled") if rank == 0 else mxq.quantize(x, colwise=True),
      ValueError, "compact scales (swizzled tiles span 128 rows) on every rank; rank 0 has not"),
+    (mxq.quantize(x * (rank + 1), format="nvfp4", colwise=True), ValueError, "rank 1's NVFP4 amax differs"),
     (x if rank else mxq.quantize(x, colwise=True), TypeError, "needs an MXFP8Tensor on every rank; rank 1 has not"),
 ]
 for i, (t, kind, words) in enumerate(cases):

@@ -1,5 +1,5 @@
-"""Several processes: DTensor inputs (each rank quantizes its local shard, no communication) and
-``all_gather`` of MXFP8Tensors.
+"""Several processes: DTensor inputs (each rank quantizes its local shard; no communication but
+NVFP4's amax all-reduce) and ``all_gather`` of MXFP8Tensors of every format.
 
 ``mxq.quantize`` and decorated ops accept DTensors on a 1-D device mesh with one placement:
 
@@ -270,11 +270,12 @@ _CHECKS = (
     "an ungrouped tensor (a grouped tensor's scale buffers are per group)",
     "a row count per rank that is a multiple of its blocks' rows when it has blocks spanning rows (32 for "
     "MXFP8's colwise blocks, 128 for FP8 block scaling's colwise blocks and 128x128 tiles)",
-    "MXFP8 or FP8 block scaling (all_gather of format='nvfp4' or 'mxfp4' is not written yet)",
+    "MXFP8, FP8 block scaling, NVFP4 or MXFP4",
+    "no Hadamard-transformed colwise copy (its amax is its own: gather the full tensor's copy instead)",
 )
 _FP8_CODES = {"e4m3": 1, "e5m2": 2}
-_MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4, "pow2": 5, "fp32": 6}
-_FORMAT_CODES = {"mxfp8": 1, "fp8_block": 2}
+_MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4, "pow2": 5, "fp32": 6, "e4m3": 7}
+_FORMAT_CODES = {"mxfp8": 1, "fp8_block": 2, "nvfp4": 3, "mxfp4": 4}
 _DBIAS_CODES = {None: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
 
 
@@ -292,20 +293,24 @@ def _local_verdict(t) -> int:
         return 6
     if (t.colwise_data is not None or _tiles(t.format, t.block)) and flat_dims(t.shape)[0] % _edge(t.format):
         return 5
+    if t.colwise_amax is not None:
+        return 7
     return 0
 
 
 def _descriptor(t, verdict: int, nbytes: int) -> list:
     """The fixed-width int64 record every rank sends first: its verdict, then its format, block
-    rows, fp8 format, directions, optional fields, shape, byte count and scale mode (zeros where
-    the verdict is not 0)."""
+    rows, fp8 format, directions, optional fields, shape, byte count, scale mode and NVFP4's amax
+    (its fp32 bits: every rank's shard must be quantized under one per-tensor amax, as the whole
+    tensor is; zeros where the verdict is not 0)."""
     if verdict:
-        return [verdict] + [0] * (10 + _MAX_DIMS)
+        return [verdict] + [0] * (11 + _MAX_DIMS)
     dims = list(t.shape) + [0] * (_MAX_DIMS - len(t.shape))
-    return [0, _FORMAT_CODES[t.format], t.block[0], _FP8_CODES[t.fp8], int(t.rowwise_data is not None),
+    amax_bits = int(t.amax.float().reshape(1).view(torch.int32).item()) if t.format == "nvfp4" else 0
+    return [0, _FORMAT_CODES[t.format], t.block[0], _FP8_CODES.get(t.fp8, 9), int(t.rowwise_data is not None),
             int(t.colwise_data is not None), int(t.amax is not None),
             _DBIAS_CODES.get(t.dbias.dtype if t.dbias is not None else None, 9),
-            len(t.shape), *dims, nbytes, _MODE_CODES.get(t.scale_mode, 9)]
+            len(t.shape), *dims, nbytes, _MODE_CODES.get(t.scale_mode, 9), amax_bits]
 
 
 def _exchange_device(t, group):
@@ -344,7 +349,7 @@ def _agree(t, parts_bytes: int, group) -> None:
     for r in range(1, world):
         if not torch.equal(every[r], first):
             what = ("format", "block", "fp8 format", "rowwise direction", "colwise direction", "amax", "dbias dtype",
-                    "number of dimensions") + ("shape",) * _MAX_DIMS + ("byte count", "scale mode")
+                    "number of dimensions") + ("shape",) * _MAX_DIMS + ("byte count", "scale mode", "NVFP4 amax")
             i = next(i for i in range(1, first.numel()) if every[r, i] != first[i]) - 1
             raise ValueError(f"mxq: all_gather() needs every rank's tensor to agree; rank {r}'s {what[i]} "
                              f"differs from rank 0's (shape {_shape_of(every[r])} against {_shape_of(first)})")
@@ -357,7 +362,9 @@ def _shape_of(desc) -> tuple:
 
 def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     """Concatenate the ranks' MXFP8Tensors along rows (rank order): byte-equal to quantizing the
-    gathered full tensor, for data, scales and amax. Two collectives: a fixed-width record per
+    gathered full tensor, for data, scales and amax (NVFP4: every rank's amax must be the same, the
+    whole tensor's, as DTensor calls and ``global_amax=`` give; FP4's transposed colwise copies
+    side by side). Two collectives: a fixed-width record per
     rank (every rank's own checks and what must agree, _agree: any failure raises the same
     error on every rank, before the data moves), then every rank's fields in one byte buffer (so
     formats torch's backends cannot reduce, float8 included, travel as bytes). Each rank's tensor
@@ -388,7 +395,9 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
             fields[f] = b[at:at + fl.numel()].view(v.dtype).reshape(v.shape)
             at += fl.numel()
         per_rank.append(fields)
-    out = {f: torch.cat([r[f] for r in per_rank], dim=0) for f, _ in parts if f in _GATHER_FIELDS}
+    packed = t.format in fp4.FORMATS  # (FP4's colwise copy is transposed, [N, M/2]: its rows' ranks side by side)
+    out = {f: torch.cat([r[f] for r in per_rank], dim=1 if packed and f.startswith("colwise") else 0)
+           for f, _ in parts if f in _GATHER_FIELDS}
     if t.amax is not None:
         out["amax"] = torch.stack([r["amax"] for r in per_rank]).amax()
     if t.dbias is not None:
