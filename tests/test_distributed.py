@@ -335,25 +335,18 @@ except ValueError as exc:
     assert "multiple of its blocks' rows" in str(exc) and "32 for MXFP8" in str(exc), exc
 else:
     raise AssertionError("a 40-row colwise gather was accepted")
+# FP8 block scaling; NVFP4 and MXFP4 (the transposed colwise copies side by side; NVFP4's shards
+# under one amax)
 fullb = torch.randn(2, 128, 384, dtype=torch.bfloat16)
-for opts in (dict(format="fp8_block", colwise=True, amax=True), dict(format="fp8_block", block=(128, 128)),
-             dict(format="fp8_block", fp8="e5m2", scale_mode="fp32")):
-    g = distributed.all_gather(mxq.quantize(fullb[rank:rank + 1], **opts))
-    w = mxq.quantize(fullb, **opts)
-    assert g.shape == w.shape and (g.format, g.block) == (w.format, w.block), opts
-    for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax"):
-        a, b = getattr(g, f), getattr(w, f)
-        assert (a is None) == (b is None), (opts, f)
-        if a is not None:
-            bits = torch.int32 if b.dtype == torch.float32 else torch.uint8
-            assert a.shape == b.shape and torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)), (opts, f)
-# NVFP4 and MXFP4: the transposed colwise copies side by side; NVFP4's shards under one amax
 fullf = torch.randn(2, 64, 96, dtype=torch.bfloat16)
-for opts in (dict(format="mxfp4", colwise=True, scale_mode="rceil"), dict(format="nvfp4", colwise=True,
-                                                                           global_amax=torch.tensor([4.0])),
-             dict(format="nvfp4", block_2d=True, colwise=True, global_amax=2.5)):
-    g = distributed.all_gather(mxq.quantize(fullf[rank:rank + 1], **opts))
-    w = mxq.quantize(fullf, **opts)
+for full, opts in ((fullb, dict(format="fp8_block", colwise=True, amax=True)),
+                   (fullb, dict(format="fp8_block", block=(128, 128))),
+                   (fullb, dict(format="fp8_block", fp8="e5m2", scale_mode="fp32")),
+                   (fullf, dict(format="mxfp4", colwise=True, scale_mode="rceil")),
+                   (fullf, dict(format="nvfp4", colwise=True, global_amax=torch.tensor([4.0]))),
+                   (fullf, dict(format="nvfp4", block_2d=True, colwise=True, global_amax=2.5))):
+    g = distributed.all_gather(mxq.quantize(full[rank:rank + 1], **opts))
+    w = mxq.quantize(full, **opts)
     assert g.shape == w.shape and (g.format, g.block) == (w.format, w.block), opts
     for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax"):
         a, b = getattr(g, f), getattr(w, f)

@@ -205,8 +205,15 @@ def test_cpp_routes_refuse_and_cuda_calls_fall_back_by_name(fmt):
     assert fmt in col.source
 
 
-def test_all_gather_refuses_fp4():
+def test_all_gather_takes_fp4_but_not_its_hadamard_copy():
+    """all_gather's own check (before any collective): FP4 tensors gather; a Hadamard-transformed
+    copy (its own amax) and colwise copies of rows that are not whole blocks do not."""
     from mxq.integrations import distributed
 
-    t = mxq.quantize(torch.randn(32, 32), format="nvfp4")
-    assert distributed._CHECKS[distributed._local_verdict(t) - 1].startswith("MXFP8")
+    verdict = distributed._local_verdict
+    assert verdict(mxq.quantize(torch.randn(32, 32), format="nvfp4")) == 0
+    assert verdict(mxq.quantize(torch.randn(64, 64), format="mxfp4", colwise=True)) == 0
+    had = mxq.quantize(torch.randn(32, 32, dtype=torch.bfloat16), format="nvfp4", colwise=True, hadamard=True)
+    assert "Hadamard" in distributed._CHECKS[verdict(had) - 1]
+    odd = mxq.quantize(torch.randn(48, 64), format="mxfp4", colwise=True)
+    assert "multiple of its blocks' rows" in distributed._CHECKS[verdict(odd) - 1]
