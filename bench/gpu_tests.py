@@ -268,15 +268,22 @@ def write_record(path: Path, text: str) -> dict:
 DETACHED = "MXQ_GPU_TESTS_DETACHED"  # set in a detached run: it writes OUT.rc when it ends, and never detaches
 
 
+def _stat(pid) -> list[str] | None:
+    """Process ``pid``'s /proc/PID/stat fields after its name (state, ppid, ...; the start time is
+    [19]), None where it cannot be read."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def descendants(pid: int) -> list[int]:
     """The pids of ``pid``'s children, theirs, and so on (from /proc; [] where it cannot be read)."""
     children: dict = {}
     for d in Path("/proc").glob("[0-9]*"):
-        try:
-            ppid = int(Path(d, "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
+        fields = _stat(d.name)
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append(int(d.name))
     found, todo = [], [pid]
     while todo:
         for c in children.get(todo.pop(), []):
@@ -309,10 +316,8 @@ def detach(argv: list[str], out: Path, record: str | None) -> int:
 def _start_time(pid: int) -> str:
     """Process ``pid``'s start time (/proc/PID/stat field 22), "" where it cannot be read: with
     the pid it names one process, not a later one given the same pid."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+    fields = _stat(pid)
+    return fields[19] if fields is not None else ""
 
 
 def running(pid: int, start: str = "") -> bool:
@@ -324,9 +329,8 @@ def running(pid: int, start: str = "") -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = _stat(pid)
+    if fields is None:
         return True
     return fields[0] != "Z" and (not start or fields[19] == start)
 

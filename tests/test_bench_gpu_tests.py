@@ -243,7 +243,8 @@ def test_report_lists_the_slowest_tests_and_a_rerun_takes_only_the_unfinished():
     log += "\ngpu_tests: 2.5 s t.py::tp[a]\nt.py::tp[a] PASSED\ngpu_tests: 4.5 s t.py::tp[b]\nt.py::tp[b] PASSED"
     text, _ = tool.report([["t.py::t0", "t.py::t1", "t.py::t2", "t.py::tp[a]", "t.py::tp[b]"]], [log], 20.0, slowest=2)
     funcs = text.split("the 2 test functions of most time (all their parameters):\n")[1].split("\n\n")[0]
-    assert [ln.split() for ln in funcs.splitlines()] == [["10", "s", "1", "tests", "t.py::t1"], ["7", "s", "2", "tests", "t.py::tp"]]
+    assert [ln.split() for ln in funcs.splitlines()] == [["10", "s", "1", "tests", "t.py::t1"],
+                                                         ["7", "s", "2", "tests", "t.py::tp"]]
 
 
 def test_shards_hold_their_cpu_threads_to_their_share(monkeypatch):

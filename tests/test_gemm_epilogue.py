@@ -421,7 +421,8 @@ def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op, form):
 @pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw], ids=lambda o: o.__name__)
 def test_gpu_gemm_into_out_writes_the_allocating_bytes(op, form):
     """out= on the H200: the poisoned buffer gets the allocating call's bytes, partial tiles
-    included; the call returns it. CPU counterpart: test_out_receives_the_allocating_calls_bytes_and_bad_outs_are_named."""
+    included; the call returns it. CPU counterpart:
+    test_out_receives_the_allocating_calls_bytes_and_bad_outs_are_named."""
     gen = torch.Generator(device="cuda").manual_seed(12)
     a = torch.randn(515, 392, device="cuda", generator=gen).to(torch.bfloat16)
     w = (torch.randn(1288, 392, device="cuda", generator=gen) / 20).to(torch.bfloat16)

@@ -166,6 +166,17 @@ def test_compiled_calls_with_requires_grad_inputs_trace_and_carry_no_gradient():
         assert not got.amax.requires_grad and (got.dbias is None or not got.dbias.requires_grad)
 
 
+def _compiled_outputs(f, args, mode, dynamic):
+    """``f(*args)`` fullgraph-compiled in ``mode``, run three times (reduce-overhead records its CUDA
+    graph on a later call): the last call's outputs, the GPU synchronised."""
+    torch._dynamo.reset()
+    cf = torch.compile(f, fullgraph=True, dynamic=dynamic, mode=mode)
+    for _ in range(3):
+        got = cf(*args)
+    torch.cuda.synchronize()
+    return got
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,dynamic", [(None, False), (None, True), ("reduce-overhead", False)])
 def test_compiled_cuda_calls_write_the_eager_bytes(mode, dynamic):
@@ -179,11 +190,7 @@ def test_compiled_cuda_calls_write_the_eager_bytes(mode, dynamic):
     x = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
     want = f(x, b)
-    torch._dynamo.reset()
-    cf = torch.compile(f, fullgraph=True, dynamic=dynamic, mode=mode)
-    for _ in range(3):  # reduce-overhead records the graph on a later call
-        got = cf(x, b)
-    torch.cuda.synchronize()
+    got = _compiled_outputs(f, (x, b), mode, dynamic)
     assert [p for g, w in zip(got, want) for p in compare(g, w, exact=True)] == []
 
 
@@ -202,12 +209,7 @@ def test_compiled_cuda_fp4_call_values_write_the_eager_bytes(mode, dynamic):
     x = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
     a = x.float().abs().amax().reshape(1)
     want = f(x, a)
-    torch._dynamo.reset()
-    cf = torch.compile(f, fullgraph=True, dynamic=dynamic, mode=mode)
-    for _ in range(3):  # reduce-overhead records the graph on a later call
-        got = cf(x, a)
-    torch.cuda.synchronize()
-    for g, w in zip(got, want):
+    for g, w in zip(_compiled_outputs(f, (x, a), mode, dynamic), want):
         _same_fp4(g, w)
     drawn = torch.compile(lambda u: sr_scaled(u), fullgraph=True, mode=mode)  # (a seed drawn per call)
     a, b, c = (drawn(x).rowwise_data.clone() for _ in range(3))
@@ -361,7 +363,8 @@ def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
     x = torch.randn(64, 96, dtype=torch.bfloat16)
     ga = torch.tensor([3.5])
     cases = [
-        (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, global_amax=a), dict(format="nvfp4", colwise=True), dict(global_amax=ga)),
+        (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, global_amax=a),
+         dict(format="nvfp4", colwise=True), dict(global_amax=ga)),
         (lambda u, a: mxq.quantize(u, format="nvfp4", global_amax=2.75), dict(format="nvfp4"), dict(global_amax=2.75)),
         (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, stochastic_rounding=True, seed=2 ** 64 - 5,
                                    offset=2 ** 40 + 3),

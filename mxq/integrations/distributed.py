@@ -78,7 +78,7 @@ def _placement(x: DTensor, name: str):
 def _edge(fmt: str) -> int:
     """Elements a scale covers along its block's long side: MXFP8's and MXFP4's 32, FP8 block
     scaling's 128, NVFP4's 16."""
-    return {"fp8_block": fp8_block.BLOCK, "nvfp4": fp4.BLOCKS["nvfp4"]}.get(fmt, numerics.BLOCK)
+    return {"fp8_block": fp8_block.BLOCK, **fp4.BLOCKS}.get(fmt, numerics.BLOCK)
 
 
 def _tiles(fmt: str, block: tuple) -> bool:
@@ -199,7 +199,7 @@ def call(op, call) -> MXFP8Tensor:
         if kind == "replicate" or (field == "amax" and spec.format == "nvfp4"):  # (the same on every rank)
             return DTensor.from_local(value, mesh, [Replicate()], run_check=False, shape=value.shape,
                                       stride=value.stride())
-        if spec.format in fp4.FORMATS and field != "amax" and field != "dbias":
+        if packed and field not in ("amax", "dbias"):
             return wrap_fp4(field, value)
         if field in ("rowwise_data", "colwise_data"):
             p, shape = Shard(dim), gshape

@@ -2,11 +2,11 @@
 
 One custom operator, ``torch.ops.mxq.fused_quant``, serves every op (``fused_quant_out`` its
 ``out=`` calls, ``fused_quant_fp4`` the FP4 calls with their own values or outputs: global_amax,
-seed, offset, stochastic rounding, the Hadamard pair; ``fused_gemm`` its ``op.gemm`` calls, gemm_call): its string argument names
-the FusedOp by its identity (``identity``: spec key, epilogue fingerprint and mxq's version, the
-same in every process; a registry of the live ops, filled as they are built), the tensors and
-floats are the epilogue's, and it returns the six output slots (slots.OUTPUTS; an unused slot is
-an empty tensor). torch's on-disk caches (inductor's FX graph cache, the AOTAutograd cache) key a
+seed, offset, stochastic rounding, the Hadamard pair; ``fused_gemm`` its ``op.gemm`` calls,
+gemm_call): its string argument names the FusedOp by its identity (``identity``: spec key,
+epilogue fingerprint and mxq's version, the same in every process; a registry of the live ops,
+filled as they are built), the tensors and floats are the epilogue's, and it returns the six
+output slots (slots.OUTPUTS; an unused slot is an empty tensor). torch's on-disk caches (inductor's FX graph cache, the AOTAutograd cache) key a
 compiled graph by its code and constants, and the graph bakes in what the fake implementation
 said of the op (its outputs' shapes, strides and dtypes): the identity in that code is what
 keeps one op's cached graph from serving another op in a later process, which a per-process
@@ -66,6 +66,30 @@ def _op(i: str):
                        "a compiled graph calls must live as long as the graph")
 
 
+def _slots(t: MXFP8Tensor, x: torch.Tensor) -> list:
+    """An operator's outputs: ``t``'s fields in slots.OUTPUTS order, an unused one an empty tensor."""
+    return [getattr(t, f) if getattr(t, f) is not None else x.new_empty(0) for f in slots.OUTPUTS]
+
+
+def _fake_slots(like: MXFP8Tensor, x: torch.Tensor) -> list:
+    """_slots of fake tensors shaped, strided and typed as ``like``'s fields (strides too: FP8 data
+    of N % 8 != 0 are views of padded rows, GEMM-ready fp32 scales of padded buffers)."""
+    return [x.new_empty_strided(g.shape, g.stride(), dtype=g.dtype) if g is not None else x.new_empty(0)
+            for g in (getattr(like, f) for f in slots.OUTPUTS)]
+
+
+def _result(spec, res: list, shape, group_offsets=None, pair=None) -> MXFP8Tensor:
+    """The MXFP8Tensor of an operator's outputs ``res`` (slots.OUTPUTS order; unused slots None);
+    ``pair``: NVFP4's Hadamard [amax, colwise_amax] buffer, whose entries the two fields view."""
+    fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
+    colwise_amax = None
+    if pair is not None:
+        fields["amax"], colwise_amax = pair[0], pair[1]
+    return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
+                       fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
+                       shape, group_offsets, spec.scale_mode, spec.format, spec.block, colwise_amax)
+
+
 @torch.library.custom_op("mxq::fused_quant", mutates_args=())
 def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: torch.Tensor | None,
                 noop: torch.Tensor | None, group_offsets: torch.Tensor | None, op: str) -> list[torch.Tensor]:
@@ -75,22 +99,15 @@ def fused_quant(tensors: list[torch.Tensor], scalars: list[float], act_input: to
     # CUDA graph captured by torch.compile must own its outputs)
     out = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, x.device,
                             zeroed=noop is not None, group_offsets=group_offsets)
-    t = fused._eager(Call(tensors, scalars, act_input, noop, out, group_offsets))
-    return [getattr(t, f) if getattr(t, f) is not None else x.new_empty(0) for f in slots.OUTPUTS]
+    return _slots(fused._eager(Call(tensors, scalars, act_input, noop, out, group_offsets)), x)
 
 
 @fused_quant.register_fake
 def _fused_quant_fake(tensors, scalars, act_input, noop, group_offsets, op):
     fused = _op(op)
     x = tensors[0]
-    like = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, "meta",
-                             group_offsets=group_offsets)
-    out = []
-    for f in slots.OUTPUTS:
-        g = getattr(like, f)
-        # (strides too: FP8 data of N % 8 != 0 are views of padded rows, MXFP8Tensor.empty)
-        out.append(x.new_empty_strided(g.shape, g.stride(), dtype=g.dtype) if g is not None else x.new_empty(0))
-    return out
+    return _fake_slots(MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, "meta",
+                                         group_offsets=group_offsets), x)
 
 
 @torch.library.custom_op("mxq::fused_quant_out", mutates_args=("outs",))
@@ -118,7 +135,8 @@ def _fused_quant_out_fake(tensors, scalars, act_input, noop, group_offsets, outs
 # (a seed left out is drawn from torch's generator when the call runs: two calls are never merged,
 # and they run outside CUDA graphs, whose replay would repeat one draw and which cannot capture
 # the seed's copy to the device; given seeds and amaxes take the same path)
-_FP4_TAGS = tuple(getattr(torch.Tag, t) for t in ("nondeterministic_seeded", "cudagraph_unsafe") if hasattr(torch.Tag, t))
+_FP4_TAGS = tuple(getattr(torch.Tag, t) for t in ("nondeterministic_seeded", "cudagraph_unsafe")
+                  if hasattr(torch.Tag, t))
 
 
 @torch.library.custom_op("mxq::fused_quant_fp4", mutates_args=(), tags=_FP4_TAGS)
@@ -137,7 +155,7 @@ def fused_quant_fp4(tensors: list[torch.Tensor], scalars: list[float], act_input
     out = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, x.device,
                             zeroed=noop is not None)
     t = fused._eager(Call(tensors, scalars, act_input, noop, out, None, args))
-    res = [getattr(t, f) if getattr(t, f) is not None else x.new_empty(0) for f in slots.OUTPUTS]
+    res = _slots(t, x)
     if t.colwise_amax is not None:  # (amax and colwise_amax: one fp32[2] buffer, returned whole)
         res[slots.OUTPUTS.index("amax")] = x.new_empty(0)
         res.append(torch.stack([t.amax.reshape(()), t.colwise_amax.reshape(())]))
@@ -151,8 +169,7 @@ def _fused_quant_fp4_fake(tensors, scalars, act_input, noop, global_amax, global
     fused = _op(op)
     x = tensors[0]
     like = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, "meta")
-    out = [x.new_empty_strided(g.shape, g.stride(), dtype=g.dtype) if g is not None else x.new_empty(0)
-           for g in (getattr(like, f) for f in slots.OUTPUTS)]
+    out = _fake_slots(like, x)
     if like.colwise_amax is not None:
         out[slots.OUTPUTS.index("amax")] = x.new_empty(0)
         out.append(x.new_empty(2, dtype=torch.float32))
@@ -170,15 +187,12 @@ def fused_gemm(a: torch.Tensor, w: torch.Tensor, tensors: list[torch.Tensor], sc
 
     fused = _op(op)
     gemm_rt.check_args(a, w)  # (what tracing could not check: the real tensors' addresses)
-    t = fused._gemm_run(a, w, list(tensors), list(scalars))
-    return [getattr(t, f) if getattr(t, f) is not None else a.new_empty(0) for f in slots.OUTPUTS]
+    return _slots(fused._gemm_run(a, w, list(tensors), list(scalars)), a)
 
 
 @fused_gemm.register_fake
 def _fused_gemm_fake(a, w, tensors, scalars, op):
-    like = MXFP8Tensor.empty(_op(op).spec, (a.shape[0], w.shape[0]), a.dtype, "meta", row_align=1)
-    return [a.new_empty_strided(g.shape, g.stride(), dtype=g.dtype) if g is not None else a.new_empty(0)
-            for g in (getattr(like, f) for f in slots.OUTPUTS)]
+    return _fake_slots(MXFP8Tensor.empty(_op(op).spec, (a.shape[0], w.shape[0]), a.dtype, "meta", row_align=1), a)
 
 
 def constant_result(fn):
@@ -230,7 +244,6 @@ def call(i: str, call: Call):
         outs = [getattr(out, f) for f in slots.OUTPUTS if slots.uses(spec, f)]
         torch.ops.mxq.fused_quant_out(list(tensors), floats, act_input, noop, group_offsets, outs, i)
         return out
-    colwise_amax = None
     if fp4_call:
         args = fp4_args if fp4_args is not None else fp4.CallArgs()
         validation.check_fp4(spec, args, tensors[0], shape, group_offsets)  # (group_offsets refused: no groups)
@@ -242,13 +255,8 @@ def call(i: str, call: Call):
                                             seed, args.offset, i)
     else:
         res = torch.ops.mxq.fused_quant(list(tensors), floats, act_input, noop, group_offsets, i)
-    fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
-    if spec.hadamard:  # (the amax pair: views of one fp32[2] buffer, as MXFP8Tensor.empty lays them out)
-        fields["amax"], colwise_amax = res[-1][0], res[-1][1]
-    return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
-                       fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
-                       shape, None if group_offsets is None else group_offsets.clone(),  # (a copy, as eager keeps)
-                       spec.scale_mode, spec.format, spec.block, colwise_amax)
+    return _result(spec, res, shape, None if group_offsets is None else group_offsets.clone(),  # (a copy, as eager)
+                   res[-1] if spec.hadamard else None)
 
 
 def gemm_call(i: str, a, w, others, scalars) -> MXFP8Tensor:
@@ -259,10 +267,7 @@ def gemm_call(i: str, a, w, others, scalars) -> MXFP8Tensor:
     validation.check_scalars(_scalar_names(i), scalars)
     res = torch.ops.mxq.fused_gemm(a.detach(), w.detach(), [t.detach() for t in others],
                                    [float(s) for s in scalars], i)
-    fields = {f: (r if slots.uses(spec, f) else None) for f, r in zip(slots.OUTPUTS, res)}
-    return MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
-                       fields["colwise_scale"], fields["amax"], fields["dbias"], spec.fp8, spec.scale_layout,
-                       torch.Size((a.shape[0], w.shape[0])), None, spec.scale_mode, spec.format, spec.block)
+    return _result(spec, res, torch.Size((a.shape[0], w.shape[0])))
 
 
 _FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "group_offsets",

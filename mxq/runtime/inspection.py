@@ -29,10 +29,14 @@ def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec
     if variant not in VARIANTS:
         raise ValueError(f"mxq: variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant, layouts=layouts)
-    ptx = ptx_of(op, arch, dtype, variant, layouts)
-    mlir = compiled.ir_module
+    return _artifacts(op, ptx_of(op, arch, dtype, variant, layouts), compiled.ir_module, arch, dtype, variant)
+
+
+def _artifacts(op, ptx: str, mlir, arch: str, dtype: str, variant: str, **more) -> dict:
+    """What a compile for inspection returns: PTX, MLIR, the module's source and file, ptxas's
+    report and the conversions the PTX uses (``more``: further entries)."""
     out = {"ptx": ptx, "mlir": str(mlir) if mlir is not None else "", "source": op.source,
-           "path": str(cache.source_file(op.source)), "arch": arch, "dtype": dtype, "variant": variant}
+           "path": str(cache.source_file(op.source)), "arch": arch, "dtype": dtype, "variant": variant, **more}
     out.update(ptxas_report(ptx, arch))
     out["conversions"] = sorted(set(re.findall(r"\bcvt\.[a-z0-9.]+", ptx)))
     return out
@@ -64,14 +68,8 @@ def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool | None = None
                          f"after the accumulator, each one of {GEMM_OPERAND_KINDS}; got {operands!r}")
     pingpong = gemm_rt.PINGPONG if pingpong is None else bool(pingpong)
     compiled = gemm_rt.compile_gemm_op(op, dtype, kinds, False, 132, 1, keep_ptx=True, pingpong=pingpong)
-    ptx = compiled.__ptx__
-    mlir = compiled.ir_module
-    out = {"ptx": ptx, "mlir": str(mlir) if mlir is not None else "", "source": op.source,
-           "path": str(cache.source_file(op.source)), "arch": gemm_rt.ARCH, "dtype": dtype, "variant": "gemm",
-           "operands": kinds, "pingpong": pingpong}
-    out.update(ptxas_report(ptx, gemm_rt.ARCH))
-    out["conversions"] = sorted(set(re.findall(r"\bcvt\.[a-z0-9.]+", ptx)))
-    return out
+    return _artifacts(op, compiled.__ptx__, compiled.ir_module, gemm_rt.ARCH, dtype, "gemm", operands=kinds,
+                      pingpong=pingpong)
 
 
 def ptxas_report(ptx: str, arch: str) -> dict:
