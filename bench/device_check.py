@@ -686,7 +686,12 @@ def make_tuning(tuning: dict | None):
 
 
 def write_results(out, dev: str, result: dict, suffix: str = "") -> Path:
-    """Write ``result`` as <out>/<device>-<yyyymmdd><suffix>.json."""
+    """Write ``result`` as <out>/<device>-<yyyymmdd><suffix>.json, led by the date, the kernel
+    layer's hash (mxq.frontend.codegen.kernels_hash: which kernels were timed) and the command."""
+    from mxq.frontend.codegen import kernels_hash
+
+    result = {"date": time.strftime("%Y-%m-%d"), "kernel_layer": kernels_hash(),
+              "command": " ".join(["python", *sys.argv]), **result}
     Path(out).mkdir(parents=True, exist_ok=True)
     name = "".join(c if c.isalnum() else "-" for c in dev).strip("-").lower()
     path = Path(out) / f"{name}-{time.strftime('%Y%m%d')}{suffix}.json"
