@@ -640,15 +640,12 @@ def test_kernel_functions_are_short_and_shallow():
     nests its blocks more than 5 deep (a planted 6-deep function is caught)."""
     planted = ast.parse("def f(a):\n" + "".join("    " * (d + 1) + "if a:\n" for d in range(6)) + "    " * 7 + "pass\n")
     assert _blocks_deep(planted.body[0]) == 6
-    # A ratchet for a function over the limit whose split changes the kernel layer, so it lands
-    # with the next GPU suite (PackedKernel.store_outputs): it may not grow meanwhile.
-    over = {("packed.py", "packed_kernel"): 158}
     kernels = pathlib.Path(kconfig.__file__).parent
     for path in sorted(kernels.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.FunctionDef):
                 where = f"{path.name}:{node.lineno} {node.name}"
-                assert node.end_lineno - node.lineno + 1 <= over.get((path.name, node.name), 150), where
+                assert node.end_lineno - node.lineno + 1 <= 150, where
                 assert _blocks_deep(node) <= 5, where
 
 

@@ -239,28 +239,8 @@ class PackedKernel:
         else:
             in_grid = rb < (M + TILE_ROWS - 1) // TILE_ROWS
             row_end = M
-        if cutlass.const_expr(WIDE):
-            g = (cb * WARPS + warp) * 32 + lane  # this lane's group of VEC columns
-            trow = rb  # this thread's PK_ROWS-row tile index
-            rbase = rb * PK_ROWS
-        else:
-            g = cb * 32 + lane
-            trow = rb * WARPS + warp
-            WROWS = cutlass.const_expr(PK_ROWS if RSTEP == 1 else 1)  # rows between two warps' first rows
-            rbase = rb * cfg.tile_rows + warp * WROWS
-            if cutlass.const_expr(GROUPED):
-                rbase = gt.row0 + warp * WROWS
-        c0 = g * VEC
-        col_ok = c0 < N  # aligned: N % VEC == 0, a group is wholly inside or outside
-        if cutlass.const_expr(UNALIGNED):
-            # the CTA's row segments: columns [cT, cT + ncols) of every row. The thread's values past
-            # column N (the next tile's, the next row's) are never stored; their magnitudes, which
-            # the row maxima read, are masked to +0 (abs_masks)
-            cT = cb * VCOLS
-            ncols = cutlass.min(Int32(VCOLS), N - cT)
-            abs_masks = [m & Uint32(dev.ABS_BITS) for m in ua.column_masks(N - c0, PKW)]
-        else:
-            abs_masks = [Uint32(dev.ABS_BITS)] * PKW  # every column exists
+        g, trow, rbase, c0, col_ok, cT, ncols, abs_masks = self.thread_place(WIDE, GROUPED, UNALIGNED, WARPS, PK_ROWS,
+                                                                             RSTEP, cb, rb, warp, lane, gt, N)
         # sRS: the wide tile's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words.
         # sMax, sSum and sInv are indexed by position j * 32 + lane (word or column j of lane), so
         # that a warp's stores and the owners' loads below touch consecutive words: no bank
@@ -287,8 +267,7 @@ class PackedKernel:
         stg = None
         if cutlass.const_expr(any(staged_src)):
             stg = self.stage_loads(k.rec(), Fields(rbase=rbase, lane=lane, warp=warp, col_ok=col_ok, row_end=row_end,
-                                                   tidx=tidx, cT=cT if UNALIGNED else None,
-                                                   ncols=ncols if UNALIGNED else None).rec(smem=staged.copy()),
+                                                   tidx=tidx, cT=cT, ncols=ncols).rec(smem=staged.copy()),
                                    sources, tiles, once, staged_src)
         frags = self.load_registers(k.rec(), Fields(col_ok=col_ok, rbase=rbase, row_end=row_end).rec(), tiles, once,
                                     staged_src)
@@ -334,6 +313,37 @@ class PackedKernel:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
                                                     rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp, tidx=tidx,
                                                     cb=cb, rb=rb).rec(smem={"fp4t": sF4, "srx": sSX, **staged}), words, sr, sc)
+
+    def thread_place(self, WIDE, GROUPED, UNALIGNED, WARPS, PK_ROWS, RSTEP, cb, rb, warp, lane, gt, N):
+        """Where the thread's tile lies (traced inline, no call of its own): (g, trow, rbase, c0,
+        col_ok, cT, ncols, abs_masks). g: the lane's group of VEC columns, c0 its first column,
+        col_ok whether it exists (aligned: N % VEC == 0, a group is wholly inside or outside); trow:
+        the thread's PK_ROWS-row tile index, rbase its first row. Unaligned rows: the CTA's row
+        segments are columns [cT, cT + ncols) of every row; the thread's values past column N (the
+        next tile's, the next row's) are never stored, and their magnitudes, which the row maxima
+        read, are masked to +0 (abs_masks; aligned: every column exists)."""
+        cfg = self.cfg
+        if cutlass.const_expr(WIDE):
+            g = (cb * WARPS + warp) * 32 + lane
+            trow = rb
+            rbase = rb * PK_ROWS
+        else:
+            g = cb * 32 + lane
+            trow = rb * WARPS + warp
+            WROWS = cutlass.const_expr(PK_ROWS if RSTEP == 1 else 1)  # rows between two warps' first rows
+            rbase = rb * cfg.tile_rows + warp * WROWS
+            if cutlass.const_expr(GROUPED):
+                rbase = gt.row0 + warp * WROWS
+        c0 = g * VEC
+        col_ok = c0 < N
+        cT = ncols = None
+        if cutlass.const_expr(UNALIGNED):
+            cT = cb * VCOLS
+            ncols = cutlass.min(Int32(VCOLS), N - cT)
+            abs_masks = [m & Uint32(dev.ABS_BITS) for m in ua.column_masks(N - c0, PKW)]
+        else:
+            abs_masks = [Uint32(dev.ABS_BITS)] * PKW
+        return g, trow, rbase, c0, col_ok, cT, ncols, abs_masks
 
     def shared_buffer(self, buf: dict, name: str, staged_src):
         """Shared-memory buffer ``name`` (KernelConfig.packed_buffers), None where the config has
