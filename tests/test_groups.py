@@ -554,12 +554,12 @@ def test_group_search_forms_compile(search, arch):
     """CPU counterpart of the GPU test above: each form's grouped kernels compile for Hopper, one
     for Blackwell too (the packed kernel aligned and not, from bf16; the vectorised and element-wise
     kernels from fp32) with the modules' kernels unchanged; each reduces a warp's terms with a
-    signed redux.sync apiece (three terms compact, four or five swizzled) where the library's
-    form has none and five shuffle butterflies of five steps; "warps" with one barrier fewer."""
+    signed redux.sync apiece (three terms compact, four or five swizzled) where "block_all" has
+    none and five shuffle butterflies of five steps; "warps" with one barrier fewer."""
     from mxq.runtime import inspection
 
     for k, opts in enumerate(SEARCH_OPTS[:3]):
-        base, base_inner = _search_op(opts)
+        base, base_inner = _search_op(opts, "block_all")
         op, inner = _search_op(opts, search)
         for dtype, kind in (("bf16", "vec_grouped"), ("bf16", "generic_grouped"), ("fp32", "vec_grouped"),
                             ("fp32", "generic_grouped")):
@@ -577,14 +577,15 @@ def test_group_search_forms_compile(search, arch):
 
 
 def test_group_search_named_default_compiles_to_the_library_kernel():
-    """Tuning(group_search="block_all") named explicitly compiles to the library's grouped kernels
-    (the same PTX, module and kernel names aside): the library's form is that one."""
+    """The library's form named explicitly compiles to the library's grouped kernels (the same
+    PTX, module and kernel names aside): "block_all" for a plain cast, "warps" for an op with
+    arithmetic (KernelConfig.group_search)."""
     from mxq.runtime import inspection
 
     strip = re.compile(r"^//.*$|kernel_cutlass_\w+|mxq_gen_\w+|_mxq\w*", re.M)
-    for opts in SEARCH_OPTS[:2]:
+    for opts, form in zip(SEARCH_OPTS[:2], ("block_all", "warps")):
         _, lib = _search_op(opts)
-        _, named = _search_op(opts, "block_all")
+        _, named = _search_op(opts, form)
         for dtype in ("bf16", "fp32"):
             assert strip.sub("", inspection.ptx_of(lib, "sm_90a", dtype, "vec_grouped")) == strip.sub(
                 "", inspection.ptx_of(named, "sm_90a", dtype, "vec_grouped")), (opts, dtype)

@@ -230,8 +230,9 @@ def test_ring_schedule_against_a_simulated_copy_queue(depth, rows):
 
 
 # --- grouped row tiles (mxq/kernels/grouped.py), traced expressions run on Python ints ---------------
-def _host_group_tile(ends, rb, m):
-    """grouped.find_group's reduction and grouped.tile, on HOST ops, for row tile rb."""
+def _host_group_tile(ends, rb, m, rows=32):
+    """grouped.find_group's reduction and grouped.tile, on HOST ops, for row tile rb of ``rows``
+    rows."""
     from mxq.kernels import grouped
 
     H = dev.HOST
@@ -239,49 +240,60 @@ def _host_group_tile(ends, rb, m):
     for h, e in enumerate(ends):
         e = grouped.clamp_end(e, m, H)
         e_prev = grouped.clamp_end(ends[h - 1], m, H) if h > 0 else 0
-        t = grouped.terms(h, e_prev, e, len(ends), rb, m, H)
+        t = grouped.terms(h, e_prev, e, len(ends), rb, m, H, rows=rows)
         acc = [acc[0] + t[0], max(acc[1], t[1]), min(acc[2], t[2]), acc[3] + t[3], acc[4] + t[4]]
     g, start, end, rows_before, blocks_before = acc
-    return (g, *grouped.tile(rb, g, start, end, H), rows_before, blocks_before)
+    return (g, *grouped.tile(rb, g, start, end, H, rows=rows), rows_before, blocks_before)
 
 
+@pytest.mark.parametrize("rows", [32, 128])
 @pytest.mark.parametrize("sizes", [[70], [20, 0, 50], [0, 0, 33], [1] * 40, [31, 33, 32, 1, 0, 300, 64],
-                                   [5000, 3, 0, 29], [0], [32] * 9])
-def test_grouped_row_tiles_on_host(sizes):
-    """Every group's colwise blocks are row tiles start_g // 32 + g + b holding rows
-    [start_g + 32 b, min(+32, end_g)); every other tile of the M // 32 + G holds no rows; the
-    swizzled starts are the sums over the groups before (counted here by hand)."""
+                                   [5000, 3, 0, 29], [0], [32] * 9, [127, 128, 129, 0, 256, 1]])
+def test_grouped_row_tiles_on_host(sizes, rows):
+    """Every group's colwise blocks (``rows`` rows: MXFP8's 32, FP8 block scaling's 128) are row
+    tiles start_g // rows + g + b holding rows [start_g + rows b, min(+rows, end_g)); every other
+    tile of the M // rows + G (kernels.grouped.row_tiles) holds no rows; the tile of group g's
+    first block is the scale row the placement of mxq/formats/groups.py gives it; the swizzled
+    starts (32-row blocks) are the sums over the groups before (counted here by hand)."""
+    from mxq.formats import groups
+    from mxq.kernels import grouped
+
     m, G = sum(sizes), len(sizes)
+    assert grouped.row_tiles(m, G, rows) == m // rows + G
     ends = list(itertools.accumulate(sizes))
     want = {}
     start, rows_sw, blocks_sw = 0, 0, 0
     for g, size in enumerate(sizes):
-        nb = -(-size // 32)
+        nb = -(-size // rows)
+        if nb:
+            assert groups.first_block_row(g, start, rows) == start // rows + g
         for b in range(nb):
-            want[start // 32 + g + b] = (g, start + 32 * b, min(start + 32 * b + 32, start + size), b, nb,
-                                         rows_sw, blocks_sw)
+            want[start // rows + g + b] = (g, start + rows * b, min(start + rows * b + rows, start + size), b, nb,
+                                           rows_sw, blocks_sw)
         rows_sw += -(-size // 128) * 128
-        blocks_sw += -(-nb // 4) * 4
+        nb32 = -(-size // 32)  # (the swizzled colwise starts count 32-row blocks)
+        blocks_sw += -(-nb32 // 4) * 4
         start += size
-    assert max(want, default=-1) < m // 32 + G
-    for rb in range(m // 32 + G):
-        g, row0, row_end, b, nb, rows_before, blocks_before = _host_group_tile(ends, rb, m)
+    assert max(want, default=-1) < m // rows + G <= groups.grouped_colwise_rows(m, G, rows)
+    for rb in range(m // rows + G):
+        g, row0, row_end, b, nb, rows_before, blocks_before = _host_group_tile(ends, rb, m, rows)
         if rb in want:
             assert (g, row0, row_end, b, nb, rows_before, blocks_before) == want[rb], rb
         else:
             assert row0 == row_end == 0, rb
 
 
-def test_grouped_row_tiles_stay_in_bounds_for_bad_offsets():
+@pytest.mark.parametrize("rows", [32, 128])
+def test_grouped_row_tiles_stay_in_bounds_for_bad_offsets(rows):
     """Offsets the CUDA path does not validate (decreasing, negative, past M) give tiles inside
-    [0, M], at most 32 rows each: unspecified bytes, never an access outside the buffers."""
+    [0, M], at most ``rows`` rows each: unspecified bytes, never an access outside the buffers."""
     rng = random.Random(3)
     for _ in range(300):
         m = rng.randrange(1, 400)
         ends = [rng.randrange(-50, m + 80) for _ in range(rng.randrange(1, 9))]
-        for rb in range(m // 32 + len(ends)):
-            g, row0, row_end, b, nb, _, _ = _host_group_tile(ends, rb, m)
-            assert 0 <= row0 <= row_end <= m and row_end - row0 <= 32 and 0 <= g < len(ends)
+        for rb in range(m // rows + len(ends)):
+            g, row0, row_end, b, nb, _, _ = _host_group_tile(ends, rb, m, rows)
+            assert 0 <= row0 <= row_end <= m and row_end - row0 <= rows and 0 <= g < len(ends)
 
 
 # --- the group search's forms (kernels.config.Tuning.group_search), on HOST ops ------------------------
@@ -417,6 +429,8 @@ def test_group_search_terms_and_scratch_by_hand():
     from mxq.kernels.smem import nbytes
 
     assert _cfg().group_search == "block_all" and _cfg(colwise=True).group_terms == (0, 1, 2, 3, 4)
+    # the library's choice for ops with arithmetic: every warp searches for itself
+    assert _cfg(has_act=True, identity=False).group_search == "warps"
     want = {("compact", True, True): (0, 1, 2), ("swizzled", True, False): (0, 1, 2, 3),
             ("swizzled", False, True): (0, 1, 2, 4), ("swizzled", True, True): (0, 1, 2, 3, 4)}
     for search in SEARCHES[1:]:

@@ -89,13 +89,20 @@ def test_colwise_128_rows_are_served_from_16_bit_inputs(dtype):
         assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 200, dtype=dtype), lambda: None) is None
 
 
-def test_grouped_and_unaligned_fp32_rows_fall_back():
+def test_grouped_fp32_and_unaligned_fp32_rows_fall_back():
+    """Grouped calls from fp32 inputs and fp32 rows into FP8 rows not on 8-byte boundaries run the
+    reference; grouped calls from 16-bit inputs (1x128, 128-row colwise blocks, 128x128 tiles)
+    the kernels."""
     from mxq.runtime.call import Call
 
     op = mxq.fused_quant(format="fp8_block")(ident)
     x = torch.zeros(8, 131)
     grouped = Call([x], [], group_offsets=torch.tensor([8]))
-    assert "group_offsets" in limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped)
+    assert "group_offsets and fp32" in limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped)
+    for opts in (dict(), dict(colwise=True, dbias=True), dict(block=(128, 128), colwise=True)):
+        op16 = mxq.fused_quant(format="fp8_block", **opts)(ident)
+        x16 = x.bfloat16()
+        assert limits.unserved(op16.spec, op16.epilogue, x16, lambda: None, Call([x16], [], group_offsets=torch.tensor([8]))) is None
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu", row_align=1)  # rows 131 bytes apart
     into = Call([x], [], out=out)
     assert "8-byte" in limits.unserved(op.spec, op.epilogue, x, lambda: None, into)
@@ -190,6 +197,22 @@ def test_colwise_dbias_compiles():
         assert ".reqntid 512, 1, 1" in ptx and ("add.rn.f64" in ptx or "add.f64" in ptx)
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype, variant", [("bf16", "vec_grouped"), ("fp16", "generic_grouped")])
+def test_grouped_compiles_as_128_row_tiles(arch, dtype, variant):
+    """CPU counterpart of test_grouped_matches_reference: a grouped op with colwise blocks (and
+    dbias) compiles to the 128-row tile, with the grouped dbias reduction's five kernel forms; a
+    rowwise-only grouped op keeps the 32-row tile (1x128 rowwise blocks do not depend on groups)."""
+    op = mxq.fused_quant(format="fp8_block", colwise=True, dact="relu", dbias=True)(ident)
+    ptx = _ptx(op, arch, dtype, variant)
+    assert ".reqntid 512, 1, 1" in ptx and ptx.count(".entry") == 6
+    tiles = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True)(ident)
+    assert ".reqntid 512, 1, 1" in _ptx(tiles, arch, dtype, variant)
+    row = mxq.fused_quant(format="fp8_block", dbias=True)(ident)
+    assert codegen.kernel_config(row.spec, row.epilogue).tile_rows == 32
+    assert ".reqntid 512, 1, 1" not in _ptx(row, arch, dtype, variant)
+
+
 def test_colwise_refuses_to_trace_what_it_does_not_serve():
     op = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
     with pytest.raises(Exception, match="128 rows"):
@@ -229,8 +252,8 @@ def test_transposed_copy_stage_forms_compile(arch, dtype, rowwise):
     transpose the tile in the staged input's shared memory (32 KB less), "park" with one barrier
     more (every thread's parked rows read before "tr" overwrites them) and fewer registers (none of
     the input words live across the scale phases). 3 CTAs of the staged forms share an SM's
-    shared memory. The library's choice is "park" for the transposed copy alone, "regs" beside the
-    rowwise copy; ops with arithmetic or dbias are not switched."""
+    shared memory. The library's choice is "park" (the transposed copy alone and beside the
+    rowwise copy); ops with arithmetic or dbias are not switched."""
     from mxq.kernels import config as kc
 
     def build(form):
@@ -247,7 +270,7 @@ def test_transposed_copy_stage_forms_compile(arch, dtype, rowwise):
     assert ptx["park"].count("bar.sync") == ptx["stage"].count("bar.sync") + 1 == ptx["regs"].count("bar.sync") + 1
     for p in ptx.values():  # (the same transpose and stores in every form)
         assert p.count("prmt.b32") == 32 and p.count("st.global.v4.b32") == 4
-    default = "regs" if rowwise else "park"
+    default = "park"
     assert _ptx(build(None), arch, dtype) == ptx[default]
     op = build(None)
     cfg = codegen.kernel_config(op.spec, op.epilogue)
@@ -301,15 +324,18 @@ def test_transposed_rows_fast_grid():
     """Tuning.tr_rows_fast: the transposed copy's grid takes its row tiles along x and its column
     tiles along y (split over z past 65535 as the row tiles are otherwise), by hand: M = 1000 is 8
     row tiles of 128, N = 3000 12 column tiles of 256; 70000 column tiles take y = 35000, z = 2.
+    The library's choice: rows along x for the transposed copy alone, not beside the rowwise copy.
     Other ops ignore the switch; the kernel reads its tile from the swapped indices (its PTX
     differs)."""
     from mxq.kernels import config as kc
     from mxq.kernels import packed
 
     op = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False, scale_layout="gemm")(ident)
-    cfg = codegen.kernel_config(op.spec, op.epilogue)
+    cfg = dataclasses.replace(codegen.kernel_config(op.spec, op.epilogue), tuning=kc.Tuning(tr_rows_fast=False))
     fast = dataclasses.replace(cfg, tuning=kc.Tuning(tr_rows_fast=True))
-    assert not cfg.rows_fast and fast.rows_fast
+    assert not cfg.rows_fast and fast.rows_fast and codegen.kernel_config(op.spec, op.epilogue).rows_fast
+    both = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident)
+    assert not codegen.kernel_config(both.spec, both.epilogue).rows_fast
     assert packed.grid(cfg, 1000, 3000) == ([12, 8, 1], [512, 1, 1])
     assert packed.grid(fast, 1000, 3000) == ([8, 12, 1], [512, 1, 1])
     assert packed.grid(fast, 128 * 9, 256 * 70000)[0] == [9, 35000, 2]
@@ -318,7 +344,9 @@ def test_transposed_rows_fast_grid():
     assert not ccfg.rows_fast and packed.grid(ccfg, 1000, 3000)[0] == [12, 8, 1]
     ptx = _ptx(op, "sm_90a", "bf16")
     op2 = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False, scale_layout="gemm")(ident)
-    assert _ptx(op2._with_tuning(kc.Tuning(tr_rows_fast=True)), "sm_90a", "bf16") != ptx
+    assert _ptx(op2._with_tuning(kc.Tuning(tr_rows_fast=True)), "sm_90a", "bf16") == ptx
+    op3 = mxq.fused_quant(format="fp8_block", colwise=True, rowwise=False, scale_layout="gemm")(ident)
+    assert _ptx(op3._with_tuning(kc.Tuning(tr_rows_fast=False)), "sm_90a", "bf16") != ptx
 
 
 def test_colwise_amax_compiles():
@@ -697,6 +725,57 @@ def test_colwise_fused_and_unaligned_match_reference(dtype):
         _check(op, [x], op(x.cuda(), **{k: v.cuda() for k, v in kw.items()}), **kw)
         y = planted(1000, 512, t, seed=24)  # (8 tiles of 128 rows: 8 dbias partials)
         _check(op, [y], op(y.cuda(), **({"act_input": y.cuda()} if kw else {})), **({"act_input": y} if kw else {}))
+
+
+GROUPED_OPTS = [dict(colwise=True), dict(rowwise=False, colwise=True, amax=True),
+                dict(block=(128, 128), colwise=True), dict(block=(128, 128), rowwise=True),
+                dict(colwise=True, dact="gelu", dbias=True), dict(dbias=True, act="relu"),
+                dict(colwise=True, act="relu", amax=True, fp8="e5m2", scale_mode="fp32")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [264, 261])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("opts", GROUPED_OPTS)
+def test_grouped_matches_reference(opts, dtype, n, monkeypatch):
+    """Grouped calls on the kernels (MXQ_STRICT: a fallback would raise): 128-row colwise blocks
+    and 128x128 tiles restart at each group (kernels/grouped.py with 128-row tiles), rows
+    between groups zero, dbias per group, amax; random group sizes around the block with empty
+    groups first, last and between; aligned rows (N = 264) and not (261: the unaligned packed
+    rows), into fresh and poisoned outputs. CPU counterpart: test_grouped_compiles_as_128_row_tiles."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    t = DTYPES[dtype]
+    g = torch.Generator().manual_seed(n + len(GROUPED_OPTS[0]) + sum(map(len, opts)))
+    sizes = [0, 127, 128, 129, 1, 0, *(int(v) for v in torch.randint(0, 400, (6,), generator=g)), 0, 300, 0]
+    offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
+    m = int(offs[-1])
+    op = mxq.fused_quant(format="fp8_block", **opts)(ident)
+    x = _colwise_specials(m, n, t, seed=m + n)
+    kw = {"act_input": planted(m, n, t, seed=m)} if "dact" in opts else {}
+    cuda_kw = {k: v.cuda() for k, v in kw.items()}
+    got = op(x.cuda(), group_offsets=offs.cuda(), **cuda_kw)
+    _check(op, [x], got, group_offsets=offs, **kw)
+    into = op(x.cuda(), group_offsets=offs.cuda(), out=poisoned(op, x.cuda(), group_offsets=offs.cuda()), **cuda_kw)
+    _check(op, [x], into, group_offsets=offs, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("search", ["block_all", "block", "warp", "warps"])
+def test_grouped_search_forms_match_reference(search, monkeypatch):
+    """Every group search form (Tuning.group_search) finds the 128-row tiles' groups: a plain
+    cast (the library's block_all) and a computed op (its warps), 300 groups."""
+    from mxq.kernels.config import Tuning
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    g = torch.Generator().manual_seed(5)
+    sizes = [int(v) for v in torch.randint(0, 200, (300,), generator=g)]
+    sizes[::7] = [0] * len(sizes[::7])
+    offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
+    x = _colwise_specials(int(offs[-1]), 256, torch.bfloat16, seed=6)
+    for opts in (dict(colwise=True), dict(colwise=True, act="relu", dbias=True)):
+        op = mxq.fused_quant(format="fp8_block", **opts)(ident)
+        op._with_tuning(Tuning(group_search=search))
+        _check(op, [x], op(x.cuda(), group_offsets=offs.cuda()), group_offsets=offs)
 
 
 @pytest.mark.gpu

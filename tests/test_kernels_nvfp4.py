@@ -914,9 +914,10 @@ def test_colwise_shared_random_words_equal_the_oracle(seed, offset, m):
 
 
 def test_rows32_register_cap_reaches_the_quantize_pass_not_the_amax_pass():
-    """Tuning.rows32_min_blocks (an A/B switch; 0 by default) caps the 32-row tile's kernels:
-    NVFP4's quantize pass is compiled for that many CTAs per SM (.minnctapersm), its amax pass
-    (no data written) and the library's default are not; the 128-row tile keeps its own cap."""
+    """Tuning.rows32_min_blocks caps the 32-row tile's kernels: NVFP4's quantize pass is compiled
+    for that many CTAs per SM (.minnctapersm), its amax pass (no data written) and the library's
+    default are not; the 128-row tile keeps its own cap. The library's choice caps MXFP4's
+    rowwise-only kernel alone, at 6 (0 switches it off)."""
     from mxq.runtime import inspection
 
     op = mxq.fused_quant(format="nvfp4")(ident)
@@ -928,6 +929,14 @@ def test_rows32_register_cap_reaches_the_quantize_pass_not_the_amax_pass():
     assert codegen.kernel_config(block.spec, block.epilogue, kconfig.Tuning(rows32_min_blocks=6)).min_blocks == 2
     with pytest.raises(ValueError, match="rows32_min_blocks"):
         kconfig.Tuning(rows32_min_blocks=-1)
+    caps = {}
+    for name, opts in (("mxfp4", dict(format="mxfp4")), ("mxfp4 both", dict(format="mxfp4", colwise=True)),
+                       ("mxfp8", dict()), ("nvfp4 both", dict(format="nvfp4", colwise=True))):
+        o = mxq.fused_quant(**opts)(ident)
+        caps[name] = codegen.kernel_config(o.spec, o.epilogue).min_blocks
+    assert caps == {"mxfp4": 6, "mxfp4 both": 0, "mxfp8": 0, "nvfp4 both": 0}, caps
+    mx = mxq.fused_quant(format="mxfp4")(ident)
+    assert codegen.kernel_config(mx.spec, mx.epilogue, kconfig.Tuning(rows32_min_blocks=0)).min_blocks == 0
     op._with_tuning(kconfig.Tuning(rows32_min_blocks=6))
     ptx = inspection.ptx_of(op, "sm_90", "bf16")
     entries = [e for e in ptx.split(".entry ")[1:] if e.startswith("kernel_cutlass_packed_kernel")]

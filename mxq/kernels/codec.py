@@ -18,6 +18,7 @@ byte; the dequantization multiplier 1 / e).
 from __future__ import annotations
 
 import torch
+import cutlass
 from cutlass import Float32, Uint8
 
 from . import device as dev
@@ -226,11 +227,15 @@ def amax_by_owners(cfg) -> bool:
     return column_max_nan(cfg) == amax_nan(cfg.fmt)
 
 
-def put_col_scale(fmt, col_scale, gt, c, rb, M, NOUT, e):
+def put_col_scale(fmt, col_scale, gt, c, rb, M, NOUT, e, empty=None):
     """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None); fp32
-    scales (FP8 block scaling, ungrouped): the dequantization multiplier 1 / e, at col_scale_row."""
+    scales (FP8 block scaling): the dequantization multiplier 1 / e, at col_scale_row, or 0.0
+    where ``empty`` (a grouped tile with no rows; None: ungrouped)."""
     if fmt.scale == "fp32":
-        col_scale[col_scale_row(fmt, NOUT) * rb + c] = dequantization_scale(e)
+        d = dequantization_scale(e)
+        if empty is not None:
+            d = Float32(cutlass.select_(empty, Float32(0.0), d))
+        col_scale[col_scale_row(fmt, NOUT) * rb + c] = d
     elif gt is not None and fmt.swizzled:
         col_scale[group_col_scale_offset(gt, c)] = Uint8(e)
     elif gt is None and fmt.swizzled:

@@ -101,8 +101,9 @@ class Tuning:
     ``rows32_min_blocks``: CTAs per SM the packed kernel's 32-row tile (every kernel but the
     128-row tile: MXFP8, 1x128 rowwise, MXFP4 and NVFP4, NVFP4's colwise tile included) is
     compiled for (``min_blocks_per_mp``, a register cap; none where that many CTAs' shared memory
-    would not share an SM; not NVFP4's amax pass); 0 (the default): no cap. For an A/B of the FP4 rowwise kernels,
-    which compile to 48 (MXFP4) and 86 (NVFP4) registers: 10 and 5 CTAs of 128 threads per SM.
+    would not share an SM; not NVFP4's amax pass); 0: no cap; None (the default): the library's
+    choice, KernelConfig.tuned_min_blocks (6 for MXFP4's rowwise-only kernel,
+    KernelConfig.mxfp4_rowwise_only; else no cap).
     ``dbias_group_rows``: a grouped dbias reduction whose groups average at most this many rows
     (M <= dbias_group_rows * G) runs reduce.dbias_groups_kernel, a warp per group, 8 groups per
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those
@@ -130,12 +131,13 @@ class Tuning:
     back where it is used, "park" stages them the same way and leaves every row's words in its slot
     until its FP8 bytes are encoded (no input words in registers across the scale phases); both
     staged forms transpose the tile in the staged input's shared memory. "": the library's choice
-    ("park" for the transposed copy alone, "regs" beside the rowwise copy).
+    ("park").
     ``tr_rows_fast``: the packed kernel's grid of the transposed copy runs its row tiles along x
     and its column tiles along y (KernelConfig.rows_fast): CTAs resident together then cover
     few column tiles of many row tiles, so each output row of the copy ([N, M]) gets long runs
-    at once and the input is read in shorter ones. False (the library's choice): column tiles
-    along x, as every other kernel."""
+    at once and the input is read in shorter ones. False: column tiles along x, as every other
+    kernel; None (the default): the library's choice, rows along x for the transposed copy
+    alone (KernelConfig.rows_fast)."""
 
     pdl: bool = True
     row_scale_l2_keep: bool = True
@@ -145,12 +147,12 @@ class Tuning:
     vec_stage: bool = True
     rows8_min_blocks: int = 0
     rows128_min_blocks: int | None = None
-    rows32_min_blocks: int = 0
+    rows32_min_blocks: int | None = None
     dbias_group_rows: int = 1024
     group_search: str = ""
     fp4_col_rows: int = 0
     tr_stage: str = ""
-    tr_rows_fast: bool = False
+    tr_rows_fast: bool | None = None
 
     def __post_init__(self):
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
@@ -244,20 +246,26 @@ class KernelConfig:
     def tr_stage(self) -> str:
         """How the packed kernel loads a plain cast's input (no dbias) where it writes the
         transposed colwise copy (Tuning.tr_stage; TR_STAGES; "" for every other op): "regs",
-        "stage" or "park". The library's choice: "park" for the transposed copy alone (in
-        registers ptxas issues 5 of a thread's 8 row loads, then their maxima, then the other 3;
-        parked, 38 registers instead of 53 on sm_90: 3 CTAs per SM instead of 2), "regs" beside
-        the rowwise copy (its 8 loads are issued first; parked, the same 64 registers under the
-        cap without its 8 bytes of stack, untimed)."""
+        "stage" or "park". The library's choice: "park" (the transposed copy alone: in registers
+        ptxas issues 5 of a thread's 8 row loads, then their maxima, then the other 3; parked, 38
+        registers instead of 53 on sm_90, 3 CTAs per SM instead of 2; beside the rowwise copy, the
+        same 64 registers under the cap without "regs"' 8 bytes of stack). On the H200 at 8192^2 /
+        16384^2 (docs/performance.md): the copy alone 87.0 / 92.8% of copy parked against 72.3 /
+        79.1% in registers, both directions 86.6 / 90.5% parked against 85.0 / 89.1%."""
         if not self.transposed or self.computed or self.dbias:
             return ""
-        return self.tuned.tr_stage or ("regs" if self.rowwise else "park")
+        return self.tuned.tr_stage or "park"
 
     @property
     def rows_fast(self) -> bool:
         """The packed kernel's grid runs row tiles along x and column tiles along y and z
-        (Tuning.tr_rows_fast: the transposed copy, which is never grouped nor two halves)."""
-        return self.transposed and self.tuned.tr_rows_fast
+        (Tuning.tr_rows_fast: the transposed copy, which is never grouped nor two halves). The
+        library's choice: the transposed copy alone (on the H200 at 8192^2 / 16384^2: 89.6 /
+        97.5% of copy against 87.0 / 92.8% with column tiles along x; beside the rowwise copy
+        85.0 / 89.1% either way, so that keeps column tiles along x)."""
+        if self.tuned.tr_rows_fast is not None:
+            return self.transposed and self.tuned.tr_rows_fast
+        return self.transposed and not self.rowwise
 
     @property
     def tr_aliased(self) -> bool:
@@ -552,7 +560,11 @@ class KernelConfig:
         for the rest (act ops compile to 64 registers uncapped; dgelu without dbias and a plain
         cast with dbias spill under the cap)."""
         if self.tile_rows == ROWS or self.fp4_columns:  # (not NVFP4's amax pass: no data, no cap)
-            return self.tuned.rows32_min_blocks if self.rowwise or self.colwise else 0
+            if not (self.rowwise or self.colwise):
+                return 0
+            if self.tuned.rows32_min_blocks is not None:
+                return self.tuned.rows32_min_blocks
+            return 6 if self.mxfp4_rowwise_only else 0
         if self.tuned.rows128_min_blocks is not None:
             return self.tuned.rows128_min_blocks
         plain = not self.computed and not self.dbias
@@ -581,9 +593,23 @@ class KernelConfig:
         return self.tuned.rows8_min_blocks
 
     @property
+    def mxfp4_rowwise_only(self) -> bool:
+        """MXFP4's rowwise-only cast (E2M1 data, E8M0 scales, no per-tensor scale). Compiled for
+        6 CTAs per SM, ptxas schedules it in 72 registers instead of 48 on sm_90 (more of a
+        thread's loads in flight): 93.4 / 102.2% of copy on the H200 at 8192^2 / 16384^2 against
+        79.3 / 89.2%; the same cap did not move NVFP4 or either format's both-direction kernels
+        (docs/performance.md)."""
+        return (self.fmt.packed and not self.fmt.global_scale and self.rowwise and not self.colwise)
+
+    @property
     def group_search(self) -> str:
-        """How a grouped call's CTA finds its group (Tuning.group_search; GROUP_SEARCHES)."""
-        return self.tuned.group_search or "block_all"
+        """How a grouped call's CTA finds its group (Tuning.group_search; GROUP_SEARCHES). The
+        library's choice: "warps" for ops with arithmetic (no barrier before a warp's first load:
+        the grouped SwiGLU forward ran at 95.0-95.7% of copy compact and 87.4-89.8% swizzled on
+        the H200 at 8 / 64 / 256 groups, against 80.2-80.3% and 76.0-77.2% with "block_all"; its
+        backward 0-3 points faster), "block_all" for a plain cast (the four forms within 1.5
+        points there, docs/performance.md)."""
+        return self.tuned.group_search or ("warps" if self.computed else "block_all")
 
     @property
     def group_terms(self) -> tuple:

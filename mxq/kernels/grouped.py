@@ -1,11 +1,14 @@
 """Row groups in the kernels: which rows a grouped call's row tile covers (mxq/groups.py and
 docs/NUMERICS.md "Groups" define the placements).
 
-A grouped call's grid has M // 32 + G row tiles, one per row of the compact grouped colwise scale
-buffer. Group g's first block sits at row f(g) = start_g // 32 + g, so row tile rb is block
-b = rb - f(g) of the group g with the last f(g) <= rb, and holds rows [start_g + 32 b,
-min(start_g + 32 b + 32, end_g)); a tile past its group's last block (the rows the placement
-leaves between groups) holds no rows and writes zero scales.
+A grouped call's grid has M // R + G row tiles, one per row of the compact grouped colwise scale
+buffer, R the rows of a colwise block (the kernel's tile rows, KernelConfig.tile_rows: 32 for
+MXFP8 and FP8 block scaling's 1x128 rowwise blocks, 128 for its 128-row colwise blocks and
+128x128 tiles). Group g's first block sits at row f(g) = start_g // R + g, so row tile rb is
+block b = rb - f(g) of the group g with the last f(g) <= rb, and holds rows [start_g + R b,
+min(start_g + R b + R, end_g)); a tile past its group's last block (the rows the placement
+leaves between groups) holds no rows and writes zero scales (MXFP8's E8M0 zeros; FP8 block
+scaling's fp32 buffers are zeroed by the host and such a tile writes nothing).
 
 Every CTA finds its group from the offsets alone, with no search and no prefix-sum pass: f is
 strictly increasing, so with h running over the groups, "h < g" is "f(h + 1) <= rb", and then
@@ -49,15 +52,16 @@ def _div(x, k: int, shift: bool):
     return x >> (k.bit_length() - 1) if shift else x // k
 
 
-def terms(h, e_prev, e, G, rb, M, ops=DEVICE, shift: bool = False):
+def terms(h, e_prev, e, G, rb, M, ops=DEVICE, shift: bool = False, rows: int = ROWS):
     """Group h's contribution to row tile rb's reductions: (1 if h is before rb's group else 0,
     its end if before else 0 [max], M if before else its end [min], and if before its swizzled
     rowwise rows roundup(m_h, 128) and colwise block rows roundup(ceil(m_h / 32), 4) [sums]).
     ``e``, ``e_prev``: ends h and h - 1 (0 for h = 0), clamped to [0, M]. ``shift``: the
-    divisions by powers of two as shifts (_div; the same values)."""
+    divisions by powers of two as shifts (_div; the same values). ``rows``: a row tile's rows,
+    R (the swizzled layouts, MXFP8's alone, have R = 32)."""
     I32 = ops.I32
     after_first = ops.select(h + 1 < G, I32(1), I32(0))
-    before = after_first * ops.select(_div(e, ROWS, shift) + h + 1 <= rb, I32(1), I32(0))
+    before = after_first * ops.select(_div(e, rows, shift) + h + 1 <= rb, I32(1), I32(0))
     m = ops.max(e - e_prev, I32(0))
     rows_sw = _div(m + 127, 128, shift) * 128
     blocks_sw = _div(_div(m + ROWS - 1, ROWS, shift) + 3, 4, shift) * 4
@@ -65,15 +69,16 @@ def terms(h, e_prev, e, G, rb, M, ops=DEVICE, shift: bool = False):
             ops.select(before == 1, rows_sw, I32(0)), ops.select(before == 1, blocks_sw, I32(0)))
 
 
-def tile(rb, g, start, end, ops=DEVICE):
+def tile(rb, g, start, end, ops=DEVICE, rows: int = ROWS):
     """(first row, row end, block index b in the group, the group's block count) of row tile rb
-    of group g = [start, end); rows [0, 0) when the tile holds no rows."""
+    of group g = [start, end), whose tiles have ``rows`` rows; rows [0, 0) when the tile holds
+    no rows."""
     I32 = ops.I32
-    b = rb - (start // ROWS + g)
-    row0 = start + b * ROWS
+    b = rb - (start // rows + g)
+    row0 = start + b * rows
     has_rows = ops.select(b >= 0, ops.select(row0 < end, I32(1), I32(0)), I32(0))
-    row_end = ops.min(row0 + ROWS, end)
-    nb = (ops.max(end - start, I32(0)) + ROWS - 1) // ROWS
+    row_end = ops.min(row0 + rows, end)
+    nb = (ops.max(end - start, I32(0)) + rows - 1) // rows
     return (ops.select(has_rows == 1, row0, I32(0)), ops.select(has_rows == 1, row_end, I32(0)),
             ops.select(has_rows == 1, b, I32(0)), nb)
 
@@ -104,17 +109,18 @@ def stride(search: str, nthreads: int) -> int:
     return nthreads if search in ("block_all", "block") else 32
 
 
-def accumulate(acc, h, e_prev, e, G, rb, M, used, shift: bool, ops=DEVICE):
-    """``acc`` (five partial results) with group h's terms (``shift``: see terms) combined into
-    the reductions in ``used`` (KernelConfig.group_terms); the others unchanged."""
-    t = terms(h, e_prev, e, G, rb, M, ops, shift)
+def accumulate(acc, h, e_prev, e, G, rb, M, used, shift: bool, ops=DEVICE, rows: int = ROWS):
+    """``acc`` (five partial results) with group h's terms (``shift``, ``rows``: see terms)
+    combined into the reductions in ``used`` (KernelConfig.group_terms); the others unchanged."""
+    t = terms(h, e_prev, e, G, rb, M, ops, shift, rows)
     return tuple(combine(k, acc[k], t[k], ops) if k in used else acc[k] for k in range(len(acc)))
 
 
 @cute.jit
 def _thread_pass(ends: cute.Tensor, rb: Int32, M: Int32, first: Int32, step: cutlass.Constexpr,
-                 used: cutlass.Constexpr, shift: cutlass.Constexpr):
-    """One thread's partial results over groups first, first + step, ... (``step``: stride)."""
+                 used: cutlass.Constexpr, shift: cutlass.Constexpr, rows: cutlass.Constexpr):
+    """One thread's partial results over groups first, first + step, ... (``step``: stride;
+    ``rows``: a row tile's, terms)."""
     G = Int32(ends.shape[0])
     a0, a1, a2, a3, a4 = init(M)
     # (the block searches' threads pass over at most ceil(G / nthreads) groups each: one trip
@@ -125,20 +131,20 @@ def _thread_pass(ends: cute.Tensor, rb: Int32, M: Int32, first: Int32, step: cut
         if cutlass.const_expr(3 in used or 4 in used):  # (group sizes: the swizzled starts' terms only)
             e_prev = clamp_end(Int32(ends[cutlass.max(h - 1, Int32(0))]), M)
             e_prev = Int32(cutlass.select_(h > 0, e_prev, Int32(0)))
-        a0, a1, a2, a3, a4 = accumulate((a0, a1, a2, a3, a4), h, e_prev, e, G, rb, M, used, shift)
+        a0, a1, a2, a3, a4 = accumulate((a0, a1, a2, a3, a4), h, e_prev, e, G, rb, M, used, shift, rows=rows)
     return a0, a1, a2, a3, a4
 
 
 @cute.jit
 def _block_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, nthreads: cutlass.Constexpr,
-                  used: cutlass.Constexpr, redux: cutlass.Constexpr):
+                  used: cutlass.Constexpr, redux: cutlass.Constexpr, rows: cutlass.Constexpr):
     """The CTA's reductions (every thread gets them): the threads share the pass, each warp
     reduces each term (``redux``: one redux.sync, sm_80+; else a five-step shuffle butterfly),
     lane 0 of each warp writes a word per term, one barrier, a sum over the warps."""
     tidx, _, _ = cute.arch.thread_idx()
     lane = tidx % 32
     warp = tidx // 32
-    a = list(_thread_pass(ends, rb, M, tidx, stride("block", nthreads), used, redux))
+    a = list(_thread_pass(ends, rb, M, tidx, stride("block", nthreads), used, redux, rows))
     if cutlass.const_expr(redux):
         for k in cutlass.range_constexpr(N_TERMS):
             if cutlass.const_expr(k in used):
@@ -165,11 +171,11 @@ def _block_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, nthr
 
 
 @cute.jit
-def _warp_search(ends: cute.Tensor, rb: Int32, M: Int32, used: cutlass.Constexpr):
+def _warp_search(ends: cute.Tensor, rb: Int32, M: Int32, used: cutlass.Constexpr, rows: cutlass.Constexpr):
     """This warp's reductions, every lane getting them: the lanes share the pass, one redux.sync
     per term (sm_80+)."""
     tidx, _, _ = cute.arch.thread_idx()
-    a = list(_thread_pass(ends, rb, M, tidx % 32, stride("warps", 32), used, True))
+    a = list(_thread_pass(ends, rb, M, tidx % 32, stride("warps", 32), used, True, rows))
     for k in cutlass.range_constexpr(N_TERMS):
         if cutlass.const_expr(k in used):
             a[k] = cute.arch.warp_redux_sync(a[k], REDUX[k])
@@ -177,12 +183,13 @@ def _warp_search(ends: cute.Tensor, rb: Int32, M: Int32, used: cutlass.Constexpr
 
 
 @cute.jit
-def _broadcast_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, used: cutlass.Constexpr):
+def _broadcast_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, used: cutlass.Constexpr,
+                      rows: cutlass.Constexpr):
     """Warp 0's reductions (_warp_search) for every thread of the CTA: its lane 0 writes a word
     per term to ``red`` (N_TERMS x 1), one barrier, every thread reads them."""
     tidx, _, _ = cute.arch.thread_idx()
     if tidx < 32:
-        a = _warp_search(ends, rb, M, used)
+        a = _warp_search(ends, rb, M, used, rows)
         if tidx == 0:
             for k in cutlass.range_constexpr(N_TERMS):
                 if cutlass.const_expr(k in used):
@@ -197,20 +204,21 @@ def _broadcast_search(ends: cute.Tensor, red: cute.Tensor, rb: Int32, M: Int32, 
 
 @cute.jit
 def find_group(ends: cute.Tensor, red, rb: Int32, M: Int32, nthreads: cutlass.Constexpr,
-               search: cutlass.Constexpr = "block_all", used: cutlass.Constexpr = tuple(range(N_TERMS))):
+               search: cutlass.Constexpr = "block_all", used: cutlass.Constexpr = tuple(range(N_TERMS)),
+               rows: cutlass.Constexpr = ROWS):
     """(g, start_g, end_g, swizzled rowwise rows before g, swizzled colwise block rows before g)
     of row tile rb for every thread of the CTA's ``nthreads``, by ``search`` (config.Tuning.
     group_search; terms not in ``used`` are left at their identities, init; every search but
     "block_all", the library's, computes terms with shifts and reduces a warp's with redux.sync):
     "block_all" / "block": _block_search, through ``red`` (shared Int32, N_TERMS x (nthreads /
     32)); "warp": _broadcast_search, through ``red`` (N_TERMS x 1); "warps": every warp runs
-    _warp_search for itself (``red``: None, no barrier)."""
+    _warp_search for itself (``red``: None, no barrier). ``rows``: a row tile's rows (terms)."""
     if cutlass.const_expr(search == "warps"):
-        r0, r1, r2, r3, r4 = _warp_search(ends, rb, M, used)
+        r0, r1, r2, r3, r4 = _warp_search(ends, rb, M, used, rows)
     elif cutlass.const_expr(search == "warp"):
-        r0, r1, r2, r3, r4 = _broadcast_search(ends, red, rb, M, used)
+        r0, r1, r2, r3, r4 = _broadcast_search(ends, red, rb, M, used, rows)
     else:
-        r0, r1, r2, r3, r4 = _block_search(ends, red, rb, M, nthreads, used, search == "block")
+        r0, r1, r2, r3, r4 = _block_search(ends, red, rb, M, nthreads, used, search == "block", rows)
     return r0, r1, r2, r3, r4
 
 
@@ -253,14 +261,15 @@ class GroupTile:
     def __init__(self, ends, red, rb, M, N, cfg, nthreads: int):
         """``red``: the CTA's scratch (config.group_scratch; None for "warps"); ``N``: the outputs'
         width (2N for a two-halves op, whose halves share the groups' scale rows); ``cfg``: the
-        KernelConfig (its scale layout, group_search and group_terms)."""
+        KernelConfig (its scale layout, group_search, group_terms and tile_rows)."""
         g, start, end, rows_before, blocks_before = find_group(ends, red, rb, M, nthreads, cfg.group_search,
-                                                               cfg.group_terms)
-        self.row0, self.row_end, b, nb = tile(rb, g, start, end)
+                                                               cfg.group_terms, cfg.tile_rows)
+        self.row0, self.row_end, b, nb = tile(rb, g, start, end, rows=cfg.tile_rows)
         if cfg.fmt.swizzled:
             self.row_sw, self.col_sw, self.col_t512 = swizzled_bases(rows_before, blocks_before, b, nb, N)
 
 
-def row_tiles(M, G):
-    """Row tiles of a grouped call (rows of the compact grouped colwise scale buffer)."""
-    return M // ROWS + G
+def row_tiles(M, G, rows: int = ROWS):
+    """Row tiles of a grouped call whose tiles have ``rows`` rows (rows of the compact grouped
+    colwise scale buffer)."""
+    return M // rows + G

@@ -147,7 +147,7 @@ def grid(cfg, M, N, G=None, unaligned: bool = False):
     """Grid and block; ``G``: the group count of a grouped call (grouped.row_tiles row tiles)."""
     tile_rows, tile_cols = tile(cfg, G is not None, unaligned)
     n_fast = cute.ceil_div(N, tile_cols) * (2 if cfg.halves and cfg.halves_passes == 1 else 1)  # (two-halves ops: each tile twice)
-    n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G)
+    n_slow = cute.ceil_div(M, tile_rows) if G is None else grouped.row_tiles(M, G, cfg.tile_rows)
     if cfg.rows_fast:  # (KernelConfig.rows_fast: row tiles along x, column tiles along y and z)
         n_fast, n_slow = n_slow, n_fast
     gz = cute.ceil_div(n_slow, 65535)  # grid y is at most 65535
@@ -234,7 +234,7 @@ class PackedKernel:
         if cutlass.const_expr(GROUPED):
             # row tile rb is one colwise block of a group: rows [gt.row0, gt.row_end) (grouped.py)
             gt = grouped.GroupTile(group_ends, buf.get("group") if buffers else None, rb, M, NOUT, cfg, NTHREADS)
-            in_grid = rb < grouped.row_tiles(M, group_ends.shape[0])
+            in_grid = rb < grouped.row_tiles(M, group_ends.shape[0], cfg.tile_rows)
             row_end = gt.row_end
         else:
             in_grid = rb < (M + TILE_ROWS - 1) // TILE_ROWS
@@ -837,7 +837,10 @@ class PackedKernel:
             cl, ch = cute.arch.fmax(cl, Float32(0.0)), cute.arch.fmax(ch, Float32(0.0))
         e_lo = codec.block_scale(cfg.fmt, cl, k.use_hw_e8m0, k.IN_MAX)
         e_hi = codec.block_scale(cfg.fmt, ch, k.use_hw_e8m0, k.IN_MAX)
-        if cutlass.const_expr(k.GROUPED):
+        empty = None  # (a grouped tile with no rows: FP8 block scaling's fp32 scales store 0.0 for it)
+        if cutlass.const_expr(k.GROUPED and cfg.fmt.scale == "fp32"):
+            empty = t.Ms == 0
+        elif cutlass.const_expr(k.GROUPED):
             e_lo = Int32(cutlass.select_(t.Ms > 0, e_lo, Int32(0)))
             e_hi = Int32(cutlass.select_(t.Ms > 0, e_hi, Int32(0)))
         pj = p // 32
@@ -845,12 +848,12 @@ class PackedKernel:
         sInv[(2 * pj + 1) * 32 + p % 32] = codec.multiplier(cfg.fmt, e_hi)
         oc = t.cb * VCOLS + (p % 32) * VEC + 2 * pj  # its first column
         if oc < Ns:  # aligned: N % VEC == 0, both columns are in or out
-            codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc, rb, M, t.NOUT, e_lo)
+            codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc, rb, M, t.NOUT, e_lo, empty)
             if cutlass.const_expr(k.UNALIGNED):
                 if oc + 1 < Ns:
-                    codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc + 1, rb, M, t.NOUT, e_hi)
+                    codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc + 1, rb, M, t.NOUT, e_hi, empty)
             else:
-                codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc + 1, rb, M, t.NOUT, e_hi)
+                codec.put_col_scale(cfg.fmt, io.col_scale, gt, co + oc + 1, rb, M, t.NOUT, e_hi, empty)
 
     # -- 128x128 tiles (FP8 block scaling's block=(128, 128), KernelConfig.tiles) ------------------
     @cute.jit
@@ -1009,7 +1012,8 @@ class PackedKernel:
         """The scale of the thread's 128x128 tile (h = lane // 16): the owner warps' partial
         maxima (tile_partial) reduced, TransformerEngine's rule; lanes 0 and 16 of warp 0 store
         tile h's 1 / scale in each direction's layout (codec.tile_scale_offset; one value serves
-        both copies, as the reference's single tile amax)."""
+        both copies, as the reference's single tile amax). A grouped tile with no rows stores 0.0
+        (the rows between groups of the grouped buffers, grouped.py)."""
         cfg = self.cfg
         cute.arch.sync_threads()
         h = t.lane // 16
@@ -1019,11 +1023,16 @@ class PackedKernel:
         e = codec.block_scale(cfg.fmt, amax, k.use_hw_e8m0, k.IN_MAX)
         mb, nb = (io.M + 127) // 128, (io.N + 127) // 128
         blk = t.cb * 2 + h
-        if t.warp == 0 and t.lane % 16 == 0 and blk < nb and t.Ms > 0:
+        writes = t.Ms > 0
+        d = codec.dequantization_scale(e)
+        if cutlass.const_expr(k.GROUPED):
+            writes = t.in_grid and io.noop[0] != Float32(1.0)
+            d = Float32(cutlass.select_(t.Ms > 0, d, Float32(0.0)))
+        if t.warp == 0 and t.lane % 16 == 0 and blk < nb and writes:
             if cutlass.const_expr(cfg.rowwise):
-                io.row_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, False)] = codec.dequantization_scale(e)
+                io.row_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, False)] = d
             if cutlass.const_expr(cfg.colwise):
-                io.col_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, True)] = codec.dequantization_scale(e)
+                io.col_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, True)] = d
         return e
 
     def column_scales(self, t):

@@ -64,7 +64,7 @@ class Quantize:
         Slots the config does not use are None; ``ins`` and ``scalars`` are the epilogue's tensor
         and float parameters in order. M and N are the first input's (symbolic) shape.
         ``group_ends``: None, or a grouped call's int32 group ends (then the grid has
-        grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws [M // 32 + G, N]). ``rng``: NVFP4's
+        grouped.row_tiles row tiles, dbias is [G, N] and dbias_ws at least a row per row tile). ``rng``: NVFP4's
         stochastic rounding's int64 [seed, offset] (the packed kernel reads it), else None."""
         cfg = self.cfg
         if self.passes is not None:  # NVFP4: the amax pass (unless the amax is given), then the quantize pass
@@ -86,11 +86,11 @@ class Quantize:
                                                or cfg.tile_rows // cfg.packed_warps() != 8):
             raise NotImplementedError("mxq: NVFP4's colwise copy is served by the packed kernel's 8-row threads alone "
                                       "(16-bit inputs, no dbias)")
-        if cfg.tile_rows != ROWS and not cfg.fp4_columns and (ins[0].element_type.width != 16 or group_ends is not None or cfg.halves
-                                      or (cfg.transposed and variant != "vec")):
+        if cfg.tile_rows != ROWS and not cfg.fp4_columns and (ins[0].element_type.width != 16 or cfg.halves
+                                                              or (cfg.transposed and variant != "vec")):
             # (limits.fp8_block_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: colwise blocks of 128 rows are served by the packed kernel alone, "
-                                      "without groups or two halves; the transposed copy with aligned rows only")
+                                      "without two halves; the transposed copy with aligned rows only")
         if cfg.fmt.packed and variant != "vec":  # (limits.fp4_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: FP4 outputs are served by the aligned kernels alone (variant 'vec')")
         M = ins[0].shape[0]
@@ -152,6 +152,7 @@ class Quantize:
         group's own rows: staged only where its groups average more than PDL_MAX_ROWS rows (many
         small groups would each copy and zero-fill a whole staged round); groups averaging at
         most Tuning.dbias_group_rows rows are reduced a warp per group (dbias_groups_kernel)."""
+        R = cutlass.const_expr(self.cfg.tile_rows)  # (a grouped call's partial rows: its row tiles')
         if cutlass.const_expr(G is None):
             if M <= PDL_MAX_ROWS:
                 dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
@@ -162,10 +163,10 @@ class Quantize:
                 ws, dbias, noop, ends, _, _, NO = args
                 ggrid, gblock = dbias_groups_grid(NO, G)
                 if M <= PDL_MAX_ROWS:
-                    dbias_groups_kernel(ws, dbias, noop, ends, M, NO, pdl).launch(grid=ggrid, block=gblock,
+                    dbias_groups_kernel(ws, dbias, noop, ends, M, NO, pdl, R).launch(grid=ggrid, block=gblock,
                                                                                   stream=stream, use_pdl=pdl)
                 else:
-                    dbias_groups_kernel(ws, dbias, noop, ends, M, NO, False).launch(grid=ggrid, block=gblock,
+                    dbias_groups_kernel(ws, dbias, noop, ends, M, NO, False, R).launch(grid=ggrid, block=gblock,
                                                                                     stream=stream)
             else:
                 self.launch_dbias_per_group(args, M, G, grid, block, pdl, stream)
@@ -175,13 +176,14 @@ class Quantize:
     @cute.jit
     def launch_dbias_per_group(self, args, M, G, grid, block, pdl: cutlass.Constexpr, stream):
         """A grouped dbias reduction by dbias_kernel, a CTA per group and column tile (see
-        launch_dbias_by_rows)."""
+        launch_dbias_by_rows; the partial rows are the quantize kernel's row tiles of tile_rows)."""
+        R = cutlass.const_expr(self.cfg.tile_rows)
         if M <= PDL_MAX_ROWS:
-            dbias_kernel(*args, pdl, False).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
+            dbias_kernel(*args, pdl, False, R).launch(grid=grid, block=block, stream=stream, use_pdl=pdl)
         elif M <= PDL_MAX_ROWS * G:
-            dbias_kernel(*args, False, False).launch(grid=grid, block=block, stream=stream)
+            dbias_kernel(*args, False, False, R).launch(grid=grid, block=block, stream=stream)
         else:
-            dbias_kernel(*args, False, True).launch(grid=grid, block=block, stream=stream)
+            dbias_kernel(*args, False, True, R).launch(grid=grid, block=block, stream=stream)
 
     @cute.jit
     def launch_packed_by_parity(self, twins, stride, args, M, N, use_pdl: cutlass.Constexpr, stream):

@@ -51,19 +51,19 @@ def dbias_round(sBuf, acc, a0, rbytes, b, MB, n: cutlass.Constexpr, tidx):
 
 
 @cute.jit
-def group_partials(group_ends: cute.Tensor, g: Int32, M: Int32):
+def group_partials(group_ends: cute.Tensor, g: Int32, M: Int32, rows: cutlass.Constexpr = ROWS):
     """(first row, rows) of group g's partial sums in a grouped call's dbias workspace: its
-    colwise blocks (grouped.py)."""
+    colwise blocks of ``rows`` rows, the quantize kernel's row tiles (grouped.py)."""
     start = Int32(0)
     if g > 0:
         start = clamp_end(Int32(group_ends[g - 1]), M)
     end = clamp_end(Int32(group_ends[g]), M)
-    return start // ROWS + g, (cutlass.max(end - start, Int32(0)) + ROWS - 1) // ROWS
+    return start // rows + g, (cutlass.max(end - start, Int32(0)) + rows - 1) // rows
 
 
 @cute.kernel
 def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, group_ends, MB: Int32, M: Int32,
-                 N: Int32, use_pdl: cutlass.Constexpr, staged: cutlass.Constexpr):
+                 N: Int32, use_pdl: cutlass.Constexpr, staged: cutlass.Constexpr, rows: cutlass.Constexpr = ROWS):
     """dbias[c] = sum of the per-CTA partials of column c (fp32 for 16-bit inputs, fp64 for fp32
     inputs), added in fp64 in a fixed order (deterministic, no atomics). A grouped call
     (``group_ends``) sums each group's own partial rows (its colwise blocks, grouped.py) into
@@ -103,7 +103,7 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
         acc.fill(0.0)
         first = Int32(0)  # the partials' first row and count
         if cutlass.const_expr(group_ends is not None):
-            first, MB = group_partials(group_ends, gy, M)
+            first, MB = group_partials(group_ends, gy, M, rows)
         if cutlass.const_expr(staged):
             if c < N:
                 step = DBIAS_WARPS * NV  # rows per round of the CTA
@@ -149,7 +149,7 @@ ROUND = DBIAS_WARPS * DBIAS_UNROLL  # dbias_groups_kernel: rows of partials per 
 
 @cute.kernel
 def dbias_groups_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, group_ends: cute.Tensor,
-                        M: Int32, N: Int32, use_pdl: cutlass.Constexpr):
+                        M: Int32, N: Int32, use_pdl: cutlass.Constexpr, rows: cutlass.Constexpr = ROWS):
     """A grouped call's dbias[g, c] for many small groups (Tuning.dbias_group_rows): a warp per
     group (warp w of CTA y: group y * DBIAS_WARPS + w), lane = column, with dbias_kernel's
     additions in dbias_kernel's order, so the same bits: sum u of "warp" v is its rows
@@ -165,7 +165,7 @@ def dbias_groups_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Te
     g = gb * DBIAS_WARPS + tidx // 32
     c = cb * 32 + tidx % 32
     if noop[0] != Float32(1.0) and g < group_ends.shape[0] and c < N:
-        first, MB = group_partials(group_ends, g, M)
+        first, MB = group_partials(group_ends, g, M, rows)
         last = MB - 1
         # (rows past the end read the last row, an empty group's its first row: group_partials'
         # first row exists for every group, even an empty one at the end)

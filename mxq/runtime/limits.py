@@ -77,7 +77,8 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     (compact or gemm layout) and, from 16-bit inputs, colwise 128-row blocks (the packed kernel's
     128-row tile, KernelConfig.tile_rows; compact, or the GEMM-ready transposed copy from aligned
     rows; with or without amax) and 128x128 tiles (the same tile, either layout and direction),
-    of ungrouped, one-output-half ops; fp32 inputs rowwise 1x128 blocks only, through the
+    of one-output-half ops, grouped ones too from 16-bit inputs (compact: the grouped row tiles of
+    the kernel's tile rows, kernels/grouped.py); fp32 inputs ungrouped rowwise 1x128 blocks only, through the
     vectorised kernel, aligned or with staged rows (launch.variant_for picks "vec" or "rows8":
     variant_gap), where the staged rows fit shared memory. The rule of the Python routes
     (fp8_block_unserved) and, with cpp_only_gap, the C++ ones (cpp_gap)."""
@@ -86,8 +87,8 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
         return f"{gap} has no GPU kernels yet"
     if gated.is_halves(epilogue):
         return "with a gated backward (two output halves) has no GPU kernels yet"
-    if grouped:
-        return "with group_offsets has no GPU kernels yet"
+    if grouped and dtype == "fp32":
+        return "with group_offsets and fp32 inputs has no GPU kernels yet"
     if (spec.colwise or spec.block[0] > 1) and dtype == "fp32":
         return "with colwise=True or block=(128, 128) and fp32 inputs has no GPU kernels yet"
     if dtype == "fp32" and not codegen.kernel_config(spec, epilogue).vec_unaligned:
@@ -181,7 +182,7 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
     variant it exports (a variant with a gap is left out of the library)."""
     if spec.format == "mxfp8":
         return None
-    why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant) or cpp_only_gap(spec)
+    why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant) or cpp_only_gap(spec, grouped)
            if spec.format == "fp8_block" else "is not served by the C++ routes yet")
     return f"format={spec.format!r} {why}" if why else None
 
@@ -191,10 +192,12 @@ def cpp_facts(spec, epilogue) -> tuple[int, ...]:
     return slots.scale_facts(spec, codegen.kernel_config(spec, epilogue).tile_rows)
 
 
-def cpp_only_gap(spec) -> str | None:
+def cpp_only_gap(spec, grouped: bool = False) -> str | None:
     """What of an FP8 block-scaling op the Python routes run on the kernels and the C++ routes do
-    not serve yet (their argument checks know [M, N] data and 1x128 / 128-row blocks only): 128x128
-    tiles, the transposed colwise copy, amax beside colwise blocks."""
+    not serve yet (their argument checks know [M, N] data and ungrouped 1x128 / 128-row blocks
+    only): 128x128 tiles, the transposed colwise copy, amax beside colwise blocks, groups."""
+    if grouped:
+        return "with group_offsets is not served by the C++ routes yet"
     if spec.block != (1, 128):
         return f"with block={spec.block} is not served by the C++ routes yet"
     if spec.colwise and spec.scale_layout == "gemm":
