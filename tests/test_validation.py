@@ -283,20 +283,21 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference(monkeypat
     assert big._unserved(torch.zeros(4, 8, dtype=torch.float32)) is None
     # a variant op's tuning counts (FusedOp._with_tuning sets its need with its source): 8 warps of the unaligned
     # kernel take 2048 bytes more than 4 (Tuning.unaligned_warps: column maxima 4 x 128 words) and
-    # a grouped call's scratch 80 more (5 Int32 terms x 4 warps); with a limit between the two,
-    # 13 tensors without dbias fit 4 warps and not 8
+    # a grouped call's "block_all" scratch 80 more (5 Int32 terms x 4 warps; the library's "warps"
+    # search, this op's, takes none); with a limit between the two, 13 tensors without dbias fit
+    # 4 warps and not 8
     from mxq.frontend import codegen
     from mxq.kernels import config as kconfig
     from mxq.kernels.config import Tuning
 
     four = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
-    four._with_tuning(Tuning(unaligned_warps=4))  # (its default too: the op computes)
+    four._with_tuning(Tuning(unaligned_warps=4, group_search="block_all"))  # (4 warps: its default too)
     eight = mxq.fused_quant(rowwise=True, colwise=True)(_thirteen)
-    eight._with_tuning(Tuning(unaligned_warps=8))
+    eight._with_tuning(Tuning(unaligned_warps=8, group_search="block_all"))
     assert four._unserved(x16) is None and eight._unserved(x16) is None  # both fit 227 KiB
-    need = [codegen.kernel_config(op.spec, op.epilogue, Tuning(unaligned_warps=w)).packed_shared_bytes(13, True, True)
-            for op, w in ((four, 4), (eight, 8))]
-    assert need[1] - need[0] == 2048 + 80
+    need = [codegen.kernel_config(op.spec, op.epilogue, Tuning(unaligned_warps=w, group_search=s)).packed_shared_bytes(
+        13, True, True) for op, w, s in ((four, 4, "block_all"), (eight, 8, "block_all"), (four, 4, ""), (eight, 8, ""))]
+    assert need[1] - need[0] == 2048 + 80 and need[3] - need[2] == 2048 and need[0] - need[2] == 4 * 5 * 4
     monkeypatch.setattr(kconfig, "SMEM_LIMIT", need[0])  # (each op's need is its own, against the limit of the call)
     assert four._unserved(x16) is None
     assert "shared memory" in (eight._unserved(x16) or "")
