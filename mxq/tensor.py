@@ -96,24 +96,30 @@ class MXFP8Tensor:
         zeroed padded buffers) and, in its ``gemm`` layout, colwise data transposed, [N, M]
         contiguous (``row_align`` applies to the rowwise data). NVFP4 and MXFP4 (packed uint8 data,
         the colwise copy transposed; mxq/formats/fp4_layouts.py): contiguous data, ``row_align``
-        must be left None or 1, never grouped."""
+        must be left None or 1; grouped, compact colwise scales [N, M // B + G] and NVFP4's amax
+        per group, [G]."""
         if not hasattr(spec, "scale_layout"):
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
                             f"{type(spec).__name__}")
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
         if spec.format in fp4.FORMATS:
-            if row_align not in (None, 1) or group_offsets is not None:
-                raise ValueError(f"mxq: format={spec.format!r} outputs are contiguous and never grouped: "
-                                 "leave 'row_align' and 'group_offsets' None")
-            fields = fp4_layouts.outputs(spec, shape, m, n, device, zeroed)
+            if row_align not in (None, 1):
+                raise ValueError(f"mxq: format={spec.format!r} outputs are contiguous: leave 'row_align' None")
+            g = None
+            if group_offsets is not None:
+                if spec.scale_layout != "compact":
+                    raise ValueError(f"mxq: format={spec.format!r} outputs with 'group_offsets' take "
+                                     "scale_layout='compact'")
+                group_offsets, g = group_offsets.clone(), group_offsets.numel()  # (the caller may reuse its tensor)
+            fields = fp4_layouts.outputs(spec, shape, m, n, device, zeroed, g)
             return MXFP8Tensor(
                 **{f: fields[f] for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale")},
                 amax=fields["amax"] if fields["amax"] is not None else (
                     torch.zeros((), dtype=torch.float32, device=device) if spec.amax else None),
-                dbias=torch.zeros((n,), dtype=dtype, device=device) if spec.dbias else None,
-                fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape, scale_mode=spec.scale_mode,
-                format=spec.format, block=spec.block, colwise_amax=fields["colwise_amax"])
+                dbias=torch.zeros((n,) if g is None else (g, n), dtype=dtype, device=device) if spec.dbias else None,
+                fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape, group_offsets=group_offsets,
+                scale_mode=spec.scale_mode, format=spec.format, block=spec.block, colwise_amax=fields["colwise_amax"])
         if row_align is None:
             row_align = default_row_align(shape, group_offsets is not None)
         if isinstance(row_align, bool) or not isinstance(row_align, int) or row_align < 1 or row_align & (row_align - 1):
@@ -180,6 +186,8 @@ class MXFP8Tensor:
         if self.format in fp4.FORMATS:  # the scales of the rowwise data [M, N] or the colwise copy [N, M]
             if direction not in ("rowwise", "colwise"):
                 raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
+            if self.group_offsets is not None and direction == "colwise":
+                raise ValueError("mxq: a grouped tensor's colwise scales are per group: use group(g).compact_scale()")
             rows, cols = fp4_layouts.operand_dims(direction, m, n)
             return fp4_layouts.compact(self._need(f"{direction}_scale"), rows, cols, self.format, self.scale_layout)
         if self.group_offsets is not None and (direction == "colwise" or self.scale_layout != "compact"):
@@ -205,9 +213,10 @@ class MXFP8Tensor:
         if direction not in ("rowwise", "colwise"):
             raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         m, n = flat_dims(self.shape)
-        if self.format in fp4.FORMATS:
+        if self.format in fp4.FORMATS and self.group_offsets is None:
             return self._fp4_values(direction).reshape(self.shape)
-        per_group = self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
+        per_group = (self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
+                     or self.format in fp4.FORMATS)
         if self.group_offsets is not None and per_group:
             parts = [self.group(g).dequantize(direction).reshape(-1, n)
                      for g in range(len(groups.bounds(self.group_offsets)))]
@@ -231,7 +240,7 @@ class MXFP8Tensor:
         with compact scales: byte-equal to quantizing those rows alone with the same options
         (amax, which covers the whole tensor, is not part of it; dbias is row g)."""
         if self.group_offsets is None:
-            raise ValueError("mxq: group() needs a tensor quantized with group_offsets")  # (FP4 never is)
+            raise ValueError("mxq: group() needs a tensor quantized with group_offsets")
         bnds = groups.bounds(self.group_offsets)
         if not isinstance(g, bool) and hasattr(g, "__index__"):  # (an int, numpy's ints, a 0-d int tensor)
             try:
@@ -245,6 +254,8 @@ class MXFP8Tensor:
         mg, nb = end - start, layouts.cdiv(end - start, BLOCK)
         rows = lambda t: t.reshape(m, n)[start:end] if t is not None else None  # noqa: E731
         row_scale = col_scale = None
+        if self.format in fp4.FORMATS:
+            return self._fp4_group(g, start, end)
         if self.format == "fp8_block":  # (compact: grouped calls refuse the gemm layout)
             first, nb = fp8_block_layouts.first_block_row(g, start), layouts.cdiv(mg, fp8_block.BLOCK)
             if self.rowwise_scale is not None:
@@ -268,6 +279,24 @@ class MXFP8Tensor:
                 region = self.colwise_scale[c0:c0 + layouts.roundup(nb, 4)]
                 col_scale = layouts.compact_colwise(region, mg, n, "swizzled")
         return MXFP8Tensor(rows(self.rowwise_data), rows(self.colwise_data), row_scale, col_scale, None,
+                           self.dbias[g] if self.dbias is not None else None, self.fp8, "compact",
+                           torch.Size((mg, n)), scale_mode=self.scale_mode, format=self.format, block=self.block)
+
+    def _fp4_group(self, g: int, start: int, end: int) -> "MXFP8Tensor":
+        """group(g) of a grouped NVFP4 / MXFP4 tensor (mxq/formats/fp4_layouts.py): its rows of the
+        rowwise data and scales, its columns [start / 2, end / 2) of the colwise copy and its
+        colwise blocks, NVFP4's amax its own (MXFP4's amax=True covers the whole tensor: left out)."""
+        m, n = flat_dims(self.shape)
+        mg = end - start
+        row_data = self.rowwise_data.reshape(m, n // 2)[start:end] if self.rowwise_data is not None else None
+        row_scale = self.rowwise_scale[start:end] if self.rowwise_scale is not None else None
+        col_data = col_scale = None
+        if self.colwise_data is not None:
+            col_data = self.colwise_data[:, start // 2:end // 2]
+            first = fp4_layouts.first_colwise_block(g, start, self.format)
+            col_scale = self.colwise_scale[:, first:first + layouts.cdiv(mg, fp4.BLOCKS[self.format])]
+        amax = self.amax[g] if self.format == "nvfp4" else None
+        return MXFP8Tensor(row_data, col_data, row_scale, col_scale, amax,
                            self.dbias[g] if self.dbias is not None else None, self.fp8, "compact",
                            torch.Size((mg, n)), scale_mode=self.scale_mode, format=self.format, block=self.block)
 

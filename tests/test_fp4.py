@@ -327,3 +327,135 @@ def test_mxfp4_dequantize_is_exact():
             e = t.rowwise_scale[r, c // 32].item()
             want = math.nan if e == 255 else oracle.round_f32(oracle.Fraction(oracle.e2m1_value(codes[r][c])) * oracle.Fraction(2) ** (e - 127))
             assert got[r][c] == want or (math.isnan(got[r][c]) and math.isnan(want))
+
+
+# -- groups (group_offsets; mxq/formats/fp4_layouts.py) --------------------------------------------
+GROUP_SIZES = [[0, 18, 2, 40, 0, 64, 6], [34], [2, 0, 0, 30, 32, 0]]
+
+
+@pytest.mark.parametrize("fmt, mode", [("nvfp4", None), ("mxfp4", "floor"), ("mxfp4", "rceil")])
+@pytest.mark.parametrize("sizes", GROUP_SIZES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_against_the_oracle_group_by_group(fmt, mode, sizes, dtype):
+    """Each group's rows quantized alone by the oracle, placed by hand: its rowwise rows, its
+    columns [start/2, end/2) of the colwise copy, its ceil(m/B) colwise blocks from column
+    start // B + g of the [N, M // B + G] buffer (every other column zero), NVFP4's amax its own
+    (an empty group's 0); group(g) is the same bytes."""
+    offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+    m, n, B = int(offs[-1]), 40, fp4.BLOCKS[fmt]
+    x = edge_input(m, n, dtype, seed=len(sizes))
+    opts = dict(format=fmt, colwise=True, **({"scale_mode": mode} if mode else {}))
+    t = mxq.quantize(x, group_offsets=offs, **opts)
+    assert t.colwise_scale.shape == (n, m // B + len(sizes))
+    assert t.amax.shape == (len(sizes),) if fmt == "nvfp4" else t.amax is None
+    v = f32_rows(x)
+    rows, cols, scale_cols, used = codes_of(t.rowwise_data), codes_of(t.colwise_data), scale_bytes(t.colwise_scale), set()
+    start = 0
+    for g, size in enumerate(sizes):
+        end = start + size
+        part = v[start:end]
+        part_t = [list(c) for c in zip(*part)] if size else [[] for _ in range(n)]
+        if fmt == "nvfp4":
+            ga = oracle.amax([e for row in part for e in row])
+            assert t.amax[g].item() == ga
+            (codes, scales), (codes_t, scales_t) = oracle.nvfp4(part, ga), oracle.nvfp4(part_t, ga)
+        else:
+            (codes, scales), (codes_t, scales_t) = oracle.mxfp4(part, mode), oracle.mxfp4(part_t, mode)
+        assert rows[start:end] == codes and scale_bytes(t.rowwise_scale)[start:end] == scales
+        assert [row[start:end] for row in cols] == codes_t
+        first = start // B + g
+        nb = -(-size // B)
+        assert [row[first:first + nb] for row in scale_cols] == scales_t
+        used.update(range(first, first + nb))
+        if size:
+            mine = t.group(g)
+            assert codes_of(mine.colwise_data) == codes_t and scale_bytes(mine.colwise_scale) == scales_t
+            assert codes_of(mine.rowwise_data) == codes and mine.shape == (size, n)
+        start = end
+    assert all(row[c] == 0 for row in scale_cols for c in range(len(scale_cols[0])) if c not in used)
+
+
+def test_grouped_nvfp4_global_amax_per_group_or_one_for_all():
+    """global_amax= of a grouped NVFP4 call: one value for every group or a [G] tensor of one per
+    group; each group is quantized with its own, as quantizing its rows alone with that amax."""
+    offs = torch.tensor([16, 16, 48], dtype=torch.int32)
+    x = edge_input(48, 32, torch.float32, seed=5)
+    per = torch.tensor([3.0, 0.0, 250.0])
+    for given, amaxes in ((per, per.tolist()), (7.5, [7.5] * 3), (torch.tensor([7.5]), [7.5] * 3)):
+        t = mxq.quantize(x, format="nvfp4", colwise=True, group_offsets=offs, global_amax=given)
+        assert t.amax.tolist() == amaxes
+        for g, (s, e) in enumerate(((0, 16), (16, 16), (16, 48))):
+            if e > s:
+                alone = mxq.quantize(x[s:e], format="nvfp4", colwise=True, global_amax=amaxes[g])
+                got = t.group(g)
+                assert torch.equal(got.rowwise_data, alone.rowwise_data)
+                assert torch.equal(got.colwise_data, alone.colwise_data)
+                assert scale_bytes(got.colwise_scale) == scale_bytes(alone.colwise_scale)
+    with pytest.raises(ValueError, match="global_amax"):
+        mxq.quantize(x, format="nvfp4", group_offsets=offs, global_amax=torch.ones(2))
+
+
+def test_grouped_dequantize_out_and_dbias():
+    """dequantize() of a grouped FP4 tensor is each group's, in order; poisoned out= buffers come
+    back with every byte the fresh call writes (the columns between groups' blocks zeroed); dbias
+    per group."""
+    from mxq.testing import poisoned
+
+    offs = torch.tensor([0, 10, 10, 64], dtype=torch.int32)
+    x = edge_input(64, 48, torch.bfloat16, seed=6).nan_to_num(0.0, 0.0, 0.0)
+    for fmt in ("nvfp4", "mxfp4"):
+        op = mxq.fused_quant(format=fmt, colwise=True, dbias=True)(_ident)
+        t = op(x, group_offsets=offs)
+        for d in ("rowwise", "colwise"):
+            want = torch.cat([t.group(g).dequantize(d) for g in (1, 3)])
+            assert torch.equal(t.dequantize(d), want)
+        assert torch.equal(t.dbias[2], torch.zeros(48, dtype=torch.bfloat16))
+        assert torch.equal(t.dbias[3], x[10:].float().sum(0, dtype=torch.float64).float().bfloat16())
+        into = op(x, group_offsets=offs, out=poisoned(op, x, group_offsets=offs))
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
+            a, b = getattr(into, f), getattr(t, f)
+            assert (a is None) == (b is None) and (a is None or scale_bytes(a) == scale_bytes(b)), (fmt, f)
+
+
+def _ident(x):
+    return x
+
+
+@pytest.mark.parametrize("opts, offsets, match", [
+    (dict(format="nvfp4", colwise=True), [3, 8], "even row"),
+    (dict(format="mxfp4", colwise=True), [4, 7, 8], "even row"),
+    (dict(format="nvfp4", scale_layout="swizzled"), [4, 8], "compact"),
+    (dict(format="nvfp4", colwise=True, stochastic_rounding=True), [4, 8], "stochastic_rounding"),
+    (dict(format="nvfp4", colwise=True, block_2d=True), [4, 8], "block_2d"),
+])
+def test_grouped_refusals_name_group_offsets(opts, offsets, match):
+    """What a grouped FP4 call may not be, refused by name before anything runs (rowwise-only
+    calls take odd group ends: only the colwise copy packs rows)."""
+    x = torch.randn(8, 32)
+    with pytest.raises(ValueError, match="group_offsets") as e:
+        mxq.quantize(x, group_offsets=torch.tensor(offsets, dtype=torch.int32), **opts)
+    assert match in str(e.value)
+    mxq.quantize(x, format="nvfp4", group_offsets=torch.tensor([3, 8], dtype=torch.int32))  # (rowwise: any ends)
+    h = torch.randn(16, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="hadamard"):
+        mxq.quantize(h, format="nvfp4", colwise=True, hadamard=True, group_offsets=torch.tensor([16], dtype=torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_grouped_on_cuda_runs_the_reference(fmt, monkeypatch):
+    """A grouped FP4 call on CUDA has no kernels yet: it runs the reference (a warning; an error
+    under MXQ_STRICT) with the CPU's bytes, odd ends refused when the reference reads them.
+    CPU counterpart: test_grouped_against_the_oracle_group_by_group."""
+    offs = torch.tensor([0, 18, 20, 60, 60, 124, 130], dtype=torch.int32)
+    x = edge_input(130, 96, torch.bfloat16, seed=7)
+    want = mxq.quantize(x, format=fmt, colwise=True, group_offsets=offs)
+    got = mxq.quantize(x.cuda(), format=fmt, colwise=True, group_offsets=offs.cuda())
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+        a, b = getattr(got, f), getattr(want, f)
+        assert (a is None) == (b is None) and (a is None or scale_bytes(a.cpu()) == scale_bytes(b)), f
+    with pytest.raises(ValueError, match="even row"):
+        mxq.quantize(x.cuda(), format=fmt, colwise=True, group_offsets=torch.tensor([3, 130], device="cuda"))
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    with pytest.raises(Exception, match="group_offsets"):
+        mxq.quantize(x.cuda(), format=fmt, colwise=True, group_offsets=offs.cuda())

@@ -149,6 +149,26 @@ def test_compiled_grouped_result_keeps_its_own_offsets(backend):
         offs.copy_(torch.tensor([32, 96]))
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_compiled_grouped_fp4_writes_the_eager_bytes(fmt):
+    """A grouped NVFP4 / MXFP4 call compiles to the eager bytes (NVFP4's per-group amax [G]
+    included); with NVFP4's global_amax it is refused by name while tracing."""
+    from mxq.testing import same_bytes
+
+    offs = torch.tensor([0, 18, 20, 60, 60, 124, 130], dtype=torch.int32)
+    x = torch.randn(130, 96, dtype=torch.bfloat16)
+    f = torch.compile(lambda a, o: mxq.quantize(a, format=fmt, colwise=True, group_offsets=o), fullgraph=True)
+    got, want = f(x, offs), mxq.quantize(x, format=fmt, colwise=True, group_offsets=offs)
+    for field in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert (a is None) == (b is None) and (a is None or same_bytes(a, b)), field
+    assert got.group_offsets.tolist() == offs.tolist() and (fmt == "mxfp4" or got.amax.shape == (7,))
+    if fmt == "nvfp4":
+        g = torch.compile(lambda a, o: mxq.quantize(a, format=fmt, group_offsets=o, global_amax=1.0), fullgraph=True)
+        with pytest.raises(Exception, match="group_offsets with NVFP4's global_amax"):
+            g(x, offs)
+
+
 def test_compiled_calls_with_requires_grad_inputs_trace_and_carry_no_gradient():
     """A compiled training step that quantizes activations: inputs with requires_grad trace (no
     autograd formula is asked for) and the outputs carry no gradient, as in eager."""

@@ -12,15 +12,21 @@ For an input read as [M, N] (mxq/tensor.py ``flat_dims``), B = 16 (NVFP4) or 32 
 - scales are torch.float8_e4m3fn (NVFP4) or uint8 E8M0 bytes (MXFP4); NVFP4 results also hold
   the per-tensor fp32 amax (``amax``, and with the Hadamard transform the colwise copy's own,
   ``colwise_amax``).
+- grouped (``group_offsets``, G groups; compact scales): group g is its rows [start_g, end_g)
+  quantized alone. Rowwise data and scales are its rows; the colwise copy's bytes are columns
+  [start_g / 2, end_g / 2) of [N, M/2] (every end even: a byte packs rows 2j and 2j + 1) and its
+  ceil(m_g / B) colwise blocks columns start_g // B + g onwards of a zeroed [N, M // B + G]
+  buffer (the transposed placement of MXFP8's grouped colwise rows, mxq/formats/groups.py);
+  NVFP4's amax is per group, [G].
 
-FP4 outputs are never grouped and their data is always contiguous.
+FP4 data is always contiguous.
 """
 
 from __future__ import annotations
 
 import torch
 
-from . import layouts
+from . import groups, layouts
 from .fp4 import BLOCKS
 
 
@@ -43,11 +49,34 @@ def data_shape(shape) -> tuple:
     return (*shape[:-1], shape[-1] // 2)
 
 
-def outputs(spec, shape, m: int, n: int, device, zeroed: bool) -> dict:
+def group_bounds(offsets, colwise: bool) -> list[tuple[int, int]]:
+    """(start, end) of every group on the host (groups.bounds), every end even where the op
+    writes the colwise copy (a ValueError naming group_offsets otherwise)."""
+    bnds = groups.bounds(offsets)
+    odd = next(((g, e) for g, (_, e) in enumerate(bnds) if e % 2), None) if colwise else None
+    if odd is not None:
+        raise ValueError(f"mxq: argument 'group_offsets': FP4's colwise copy [N, M/2] packs rows 2j and 2j + 1 "
+                         f"in one byte, so every group must end on an even row; group {odd[0]} ends at {odd[1]}")
+    return bnds
+
+
+def grouped_colwise_blocks(m: int, g: int, fmt: str) -> int:
+    """Columns of a grouped colwise scale buffer [N, M // B + G] (groups.grouped_colwise_rows
+    with B-row blocks)."""
+    return groups.grouped_colwise_rows(m, g, BLOCKS[fmt])
+
+
+def first_colwise_block(g: int, start: int, fmt: str) -> int:
+    """The column of group g's first colwise block in the grouped buffer."""
+    return groups.first_block_row(g, start, BLOCKS[fmt])
+
+
+def outputs(spec, shape, m: int, n: int, device, zeroed: bool, groups_count: int | None = None) -> dict:
     """The FP4 output tensors of ``spec`` for a logical ``shape`` read as [m, n] (MXFP8Tensor
     fields by name; absent ones None; ``amax`` only with the Hadamard transform: it and
-    ``colwise_amax`` are the two entries of one zeroed fp32[2], amax_pair). Swizzled scales start
-    zeroed, the rest too when ``zeroed``."""
+    ``colwise_amax`` are the two entries of one zeroed fp32[2], amax_pair; grouped, NVFP4's
+    per-group [G]). Swizzled scales start zeroed, the rest too when ``zeroed``; grouped
+    (``groups_count`` G), the colwise scales are the zeroed [N, M // B + G] buffer."""
     alloc = torch.zeros if zeroed else torch.empty
     scale_alloc = torch.zeros if zeroed or spec.scale_layout == "swizzled" else torch.empty
     sdt = scale_dtype(spec.format)
@@ -58,8 +87,14 @@ def outputs(spec, shape, m: int, n: int, device, zeroed: bool) -> dict:
                                            device=device)
     if spec.colwise:
         out["colwise_data"] = alloc((n, m // 2), dtype=torch.uint8, device=device)
-        out["colwise_scale"] = scale_alloc(scale_shape(n, m, spec.format, spec.scale_layout), dtype=sdt,
-                                           device=device)
+        if groups_count is None:
+            out["colwise_scale"] = scale_alloc(scale_shape(n, m, spec.format, spec.scale_layout), dtype=sdt,
+                                               device=device)
+        else:  # (rows between groups' blocks stay 0)
+            out["colwise_scale"] = torch.zeros((n, grouped_colwise_blocks(m, groups_count, spec.format)), dtype=sdt,
+                                               device=device)
+    if groups_count is not None and spec.format == "nvfp4":  # each group's own amax
+        out["amax"] = torch.zeros((groups_count,), dtype=torch.float32, device=device)
     if spec.hadamard:  # the amax and the transformed copy's: one fp32[2] buffer, the kernels' amax slot
         pair = torch.zeros((2,), dtype=torch.float32, device=device)
         out["amax"], out["colwise_amax"] = pair[0], pair[1]
@@ -99,5 +134,5 @@ def operand_dims(direction: str, m: int, n: int) -> tuple[int, int]:
     return (m, n) if direction == "rowwise" else (n, m)
 
 
-__all__ = ["amax_pair", "compact", "data_shape", "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape",
-           "to_layout"]
+__all__ = ["amax_pair", "compact", "data_shape", "first_colwise_block", "group_bounds", "grouped_colwise_blocks",
+           "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape", "to_layout"]

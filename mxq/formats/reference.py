@@ -78,7 +78,10 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
         write_fp8_block(spec, v, out, bnds, x.dtype)
         return out
     if spec.is_fp4:
-        write_fp4(spec, v, out, fp4_args or fp4.CallArgs())
+        if bnds is None:
+            write_fp4(spec, v, out, fp4_args or fp4.CallArgs())
+        else:
+            write_fp4_groups(spec, v, out, fp4_args or fp4.CallArgs(), group_offsets)
         return out
     fmt = spec.element
     swizzled_groups = bnds is not None and spec.scale_layout == "swizzled"
@@ -150,9 +153,41 @@ def write_fp8_block(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, bnds, in
                 out.colwise_scale[first:first + s.shape[0]].copy_(s)
 
 
+def write_fp4_groups(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args, group_offsets) -> None:
+    """write_fp4 of each group's rows alone (docs/NUMERICS.md "NVFP4 and MXFP4", groups; the
+    grouped layouts of fp4_layouts.py): its rowwise rows, its columns [start / 2, end / 2) of the
+    colwise copy, its colwise blocks from column start // B + g of the zeroed grouped buffer;
+    NVFP4's amax per group (``args.global_amax``: one value for every group, or one per group)."""
+    m, n = v.shape
+    bnds = fp4_layouts.group_bounds(group_offsets, spec.colwise)
+    if spec.colwise:
+        out.colwise_scale.zero_()  # (the columns between groups' blocks are 0: a reused out= too)
+    given = args.global_amax
+    if given is not None and not isinstance(given, torch.Tensor):
+        given = torch.tensor(float(given), dtype=torch.float32)
+    for g, (start, end) in enumerate(bnds):
+        if spec.format == "nvfp4":
+            if given is None:
+                g_amax = None
+            else:
+                g_amax = given.reshape(-1)[g if given.numel() > 1 else 0]
+            out.amax[g].copy_(fp4.global_amax(v[start:end]) if g_amax is None else g_amax)
+        if end == start:
+            continue
+        part = MXFP8Tensor.empty(spec, (end - start, n), v.dtype, v.device)
+        write_fp4(spec, v[start:end], part, fp4.CallArgs(out.amax[g].clone() if spec.format == "nvfp4" else None))
+        if spec.rowwise:
+            out.rowwise_data.reshape(m, n // 2)[start:end].copy_(part.rowwise_data)
+            out.rowwise_scale[start:end].copy_(part.rowwise_scale)
+        if spec.colwise:
+            out.colwise_data[:, start // 2:end // 2].copy_(part.colwise_data)
+            first = fp4_layouts.first_colwise_block(g, start, spec.format)
+            out.colwise_scale[:, first:first + part.colwise_scale.shape[1]].copy_(part.colwise_scale)
+
+
 def write_fp4(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args) -> None:
     """The FP4 steps (docs/NUMERICS.md "NVFP4 and MXFP4") on the [M, N] values ``v``, into ``out``
-    (mxq/formats/fp4.py; the layouts of fp4_layouts.py; never grouped). The colwise copy is the
+    (mxq/formats/fp4.py; the layouts of fp4_layouts.py; a group's rows alone: write_fp4_groups). The colwise copy is the
     same quantization of v transposed ([N, M]; after the Hadamard transform with ``hadamard``).
     NVFP4's global amax is ``args.global_amax`` when given, else computed from v (step N1); it
     is computed in full before any block is quantized (TE's two passes). ``args``: fp4.CallArgs."""

@@ -160,6 +160,9 @@ def call(op, call) -> MXFP8Tensor:
                          "use Shard(0) or Replicate()")
     _check_blocks(spec, x, kind, dim)
     if group_offsets is not None:
+        if packed:
+            raise ValueError(f"mxq: group_offsets with DTensor inputs and format={spec.format!r} are not supported "
+                             "yet; quantize each rank's local tensor (.to_local()) with the groups")
         if kind == "rows":
             raise ValueError(f"mxq: group_offsets with placement {_name(placement)}: the groups run along the rows, "
                              "which the ranks split; use Shard(-1) or Replicate()")

@@ -228,6 +228,10 @@ def call(i: str, call: Call):
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
     fp4_call = spec.hadamard or spec.stochastic_rounding or fp4_args is not None
+    if fp4_call and group_offsets is not None:  # (hadamard and stochastic_rounding never take groups: check_fp4)
+        validation.check_fp4(spec, fp4_args, tensors[0], tensors[0].shape, group_offsets)
+        raise ValueError("mxq: torch.compile does not trace group_offsets with NVFP4's global_amax yet; call such "
+                         "an op outside the compiled region (torch.compiler.disable), or without global_amax")
     if fp4_call and out is not None:
         raise ValueError("mxq: torch.compile does not trace out= with NVFP4's hadamard, stochastic_rounding, "
                          "global_amax, seed or offset yet; call such an op outside the compiled region "

@@ -16,7 +16,7 @@ import torch
 from ..frontend.epilogue import Epilogue
 from ..frontend.spec import DTYPES, QuantSpec
 from ..frontend import gated
-from ..formats import groups
+from ..formats import fp4_layouts, groups
 from . import operands
 from ..tensor import MXFP8Tensor, data_rows, flat_dims
 
@@ -158,9 +158,12 @@ def check_out_apart(epilogue: Epilogue, call) -> None:
 
 def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> None:
     """An NVFP4 / MXFP4 call (mxq/formats/fp4.py): outputs of ``shape`` whose packed dims are even
-    (N; M too with colwise, whose copy is [N, M/2]), no groups, the Hadamard transform's bf16
-    input and 16-row blocks; and ``args`` (fp4.CallArgs: global_amax, seed, offset; any op's call
-    may carry them, only the ops that use them take them)."""
+    (N; M too with colwise, whose copy is [N, M/2]); groups (``group_offsets``) with compact scales
+    and without hadamard, stochastic_rounding or block_2d, with colwise every group end even
+    (checked here on CPU; on CUDA where the reference reads them); the Hadamard
+    transform's bf16 input and 16-row blocks; and ``args`` (fp4.CallArgs: global_amax, seed,
+    offset; any op's call may carry them, only the ops that use them take them; a grouped NVFP4
+    call's global_amax one value for every group or one per group)."""
     m, n = flat_dims(shape)
     if spec.is_fp4:
         what = f"format={spec.format!r} packs two E2M1 elements per byte"
@@ -171,7 +174,7 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
             raise ValueError(f"mxq: {what}; its colwise copy [N, M/2] packs along the rows, whose count M (the "
                              f"product of the leading dimensions) must be even; got output shape {tuple(shape)}")
         if group_offsets is not None:
-            raise ValueError(f"mxq: argument 'group_offsets' is not supported with format={spec.format!r} yet")
+            check_fp4_groups(spec, group_offsets)
     if spec.hadamard:
         if x.dtype != torch.bfloat16:
             raise TypeError(f"mxq: hadamard=True takes bfloat16 inputs only (the transform's result is rounded to "
@@ -189,7 +192,16 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
         if spec.hadamard:
             raise ValueError("mxq: argument 'global_amax' does not go with hadamard=True yet (the colwise copy "
                              "has its own amax after the transform)")
-        if isinstance(amax, torch.Tensor):
+        if isinstance(amax, torch.Tensor) and group_offsets is not None and amax.numel() != 1:
+            check_plain_tensor("global_amax", amax)
+            g = group_offsets.numel()
+            if amax.dtype != torch.float32 or amax.shape != (g,):
+                raise ValueError(f"mxq: argument 'global_amax' of a grouped call must be a float32 tensor of one "
+                                 f"amax per group ({g},) or one value for all, got dtype {amax.dtype} and shape "
+                                 f"{tuple(amax.shape)}")
+            if amax.device != x.device:
+                raise ValueError(f"mxq: argument 'global_amax' is on {amax.device} but the input is on {x.device}")
+        elif isinstance(amax, torch.Tensor):
             check_one_float32("global_amax", amax, "a one-element float32 tensor or a float", x.device, "the input")
         elif isinstance(amax, bool) or not isinstance(amax, (int, float)):
             _fail_type("global_amax", "a one-element float32 tensor or a float", type(amax).__name__)
@@ -205,6 +217,22 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
             _fail_type(name, "an int", type(value).__name__)
         if not 0 <= value < bound:
             raise ValueError(f"mxq: argument {name!r} must be in [0, 2^{bound.bit_length() - 1}), got {value}")
+
+
+def check_fp4_groups(spec: QuantSpec, group_offsets) -> None:
+    """What a grouped NVFP4 / MXFP4 call may be (docs/NUMERICS.md "NVFP4 and MXFP4", groups):
+    compact scales, no Hadamard transform, stochastic rounding or 16x16 tiles; with the colwise
+    copy, whose bytes pack rows 2j and 2j + 1, even group ends (checked on CPU offsets; CUDA
+    ones where the reference reads them, fp4_layouts.group_bounds)."""
+    what = f"mxq: argument 'group_offsets' with format={spec.format!r}"
+    if spec.scale_layout != "compact":
+        raise ValueError(f"{what} takes scale_layout='compact' (each group's colwise blocks in the [N, M // "
+                         f"{fp4_layouts.BLOCKS[spec.format]} + G] buffer); got {spec.scale_layout!r}")
+    for flag in ("hadamard", "stochastic_rounding", "block_2d"):
+        if getattr(spec, flag):
+            raise ValueError(f"{what} does not go with {flag}=True yet")
+    if spec.colwise and group_offsets.device.type == "cpu":
+        fp4_layouts.group_bounds(group_offsets, colwise=True)
 
 
 def check_scalars(names, scalars) -> None:
