@@ -1,13 +1,18 @@
 """FP8 block scaling on the C++ routes: export() (csrc/export_check.h's checks over the size facts
 of slots.scale_facts) and register()/dispatcher() (csrc/dispatch.cc), for what the kernels serve:
-1x128 rowwise blocks (compact and gemm layouts; bf16, fp16, fp32 inputs) and 128-row colwise
-blocks (compact; 16-bit inputs, no amax). What they do not serve is refused by name, by
-limits.cpp_gap (one rule for every route).
+1x128 rowwise blocks (compact and gemm layouts; bf16, fp16, fp32 inputs) and, from 16-bit inputs,
+128-row colwise blocks and 128x128 tiles (compact, and in the gemm layout the transposed colwise
+copy [N, M] from aligned rows: the "_vec" kernel alone), with or without amax. What they do not
+serve is refused by name, by limits.cpp_gap (one rule for every route): groups, gated backwards,
+fp32 inputs with colwise blocks or tiles, fp32 into unaligned FP8 rows, the transposed copy on
+any kernel but "_vec".
 
 CPU: refusals before anything is built; exported libraries build and check their arguments
 (a call whose arguments pass reaches the compiled function's device check, "expected
 device_type=cuda"); the dispatcher's CPU route fills flat and GEMM-ready scale buffers with the
-reference. GPU (marked gpu): the exported functions and the dispatcher on CUDA, byte for byte
+reference; the dispatcher's native route (its checks, its choice of kernel variant, the views it
+hands the kernel) runs on host memory labelled as CUDA, the kernel a recording stand-in
+(``native``). GPU (marked gpu): the exported functions and the dispatcher on CUDA, byte for byte
 against the Python route and the torch reference.
 """
 
@@ -21,7 +26,7 @@ from mxq.formats.layouts import cdiv, roundup
 from mxq.runtime import limits
 from mxq.testing import planted, same_bytes
 
-from .test_kernels_fp8_block import _check  # (one rule for the kernels' bytes against the reference)
+from .test_kernels_fp8_block import FIELDS, _check  # (one rule for the kernels' bytes against the reference)
 
 ALIGN = 4  # the GEMM-ready scales' padding, written out (fp8_block_layouts.GEMM_SCALE_ALIGN)
 
@@ -41,19 +46,46 @@ def _error(fn, *args):
 
 
 # -- refusals ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("opts, words", [
-    (dict(block=(128, 128)), "block=(128, 128)"),
-    (dict(colwise=True, scale_layout="gemm"), "the transposed copy"),
-    (dict(colwise=True, amax=True), "amax"),
+# The forms the C++ routes once refused by name (their checks knew [M, N] data and 1x128 / 128-row
+# blocks only), which they now serve as the kernels do
+NEW_FORMS = {
+    "tiles": dict(block=(128, 128), colwise=True),
+    "tiles_gemm": dict(block=(128, 128), colwise=True, scale_layout="gemm"),
+    "transposed": dict(colwise=True, scale_layout="gemm"),
+    "colwise_amax": dict(colwise=True, amax=True),
+}
+
+
+@pytest.mark.parametrize("opts, routes, words", [
+    (dict(dact="swiglu"), ("register", "dispatcher", "export"), "with a gated backward"),
+    (dict(dact="swiglu", colwise=True, scale_layout="gemm"), ("register", "dispatcher", "export"), "gated backward"),
+    *((dict(opts), ("export_fp32",), "fp32 inputs") for opts in NEW_FORMS.values()),
+    *((dict(opts), ("export_grouped",), "with group_offsets is not served by the C++ routes")
+      for opts in NEW_FORMS.values()),
 ])
-def test_every_cpp_route_refuses_what_the_kernels_do_not_serve(tmp_path, opts, words):
+def test_every_cpp_route_refuses_what_the_kernels_do_not_serve(tmp_path, opts, routes, words):
+    """What no kernel serves (a gated backward on every route; fp32 inputs with colwise blocks or
+    tiles and groups where export() is asked for them) is refused by name before anything is
+    built; the forms once refused by the C++ routes alone (128x128 tiles, the transposed copy,
+    colwise blocks with amax) build on every route (the tests below run them)."""
     op = mxq.fused_quant(format="fp8_block", **opts)(ident)
-    for call in (lambda: op.register("fp8_block_refused"), op.dispatcher,
-                 lambda: op.export(tmp_path / "x", dtype="bf16")):
-        msg = _error(call)
-        assert msg.startswith("ValueError: mxq: ") and "format='fp8_block'" in msg and words in msg, msg
+    calls = {"register": lambda: op.register("fp8_block_refused"), "dispatcher": op.dispatcher,
+             "export": lambda: op.export(tmp_path / "x", dtype="bf16"),
+             "export_fp32": lambda: op.export(tmp_path / "x", dtype="fp32"),
+             "export_grouped": lambda: op.export(tmp_path / "x", dtype="bf16", grouped=True)}
+    for route in routes:
+        msg = _error(calls[route])
+        assert msg.startswith("ValueError: mxq: ") and "format='fp8_block'" in msg and words in msg, (route, msg)
         assert "no C++ route" in msg, msg
     assert not (tmp_path / "x").exists()  # (refused before anything is built)
+
+
+@pytest.mark.parametrize("form", sorted(NEW_FORMS))
+def test_the_forms_once_refused_have_every_cpp_route(form):
+    """register() and dispatcher() of the newly served forms (their exports: the fixtures below)."""
+    op = mxq.fused_quant(format="fp8_block", **NEW_FORMS[form])(ident)
+    assert limits.cpp_gap(op.spec, op.epilogue) is None and limits.cpp_gap(op.spec, op.epilogue, "bf16", "vec") is None
+    assert op.dispatcher() is op.register(f"fp8_block_{form}")
 
 
 def test_export_refuses_by_dtype_and_groups(tmp_path):
@@ -71,20 +103,32 @@ def test_export_refuses_by_dtype_and_groups(tmp_path):
 
 def test_cpp_gap_is_the_python_routes_rule():
     """What the Python routes fall back for (fp8_block_unserved) is what cpp_gap names for the
-    same dtype: one rule; beyond it cpp_gap names only what the C++ routes' checks do not know yet
-    (cpp_only_gap: 128x128 tiles, the transposed copy, colwise with amax), which Python serves."""
-    cpp_only = (dict(colwise=True, amax=True), dict(block=(128, 128)), dict(colwise=True, scale_layout="gemm"))
-    for opts in (dict(), dict(colwise=True), *cpp_only, dict(scale_layout="gemm")):
+    same dtype and kernel variant: one rule; beyond it cpp_gap names only what the C++ routes
+    cannot serve although Python does (cpp_only_gap): groups, and the transposed colwise copy on a
+    variant other than "vec" (the Python routes run the reference for such calls: inputs not on
+    the aligned rows, limits._aligned_rows)."""
+    for opts in (dict(), dict(colwise=True), dict(scale_layout="gemm"), *NEW_FORMS.values(),
+                 dict(block=(128, 128), scale_layout="gemm", colwise=True, rowwise=False)):
         op = mxq.fused_quant(format="fp8_block", **opts)(ident)
-        only = limits.cpp_only_gap(op.spec)
-        assert (only is not None) == (opts in cpp_only), opts
+        assert limits.cpp_only_gap(op.spec) is None, opts  # (whatever the variant)
+        assert limits.cpp_only_gap(op.spec, grouped=True), opts
+        transposed = opts.get("colwise", False) and opts.get("scale_layout") == "gemm"
+        assert limits.cpp_transposed(op.spec) == transposed, opts
         for dtype, name in limits.DTYPE_NAMES.items():
-            py = limits.unserved(op.spec, op.epilogue, torch.zeros(4, 256, dtype=dtype), lambda: None)
-            cpp = limits.cpp_gap(op.spec, op.epilogue, name)
-            if py is None and only is not None:
-                assert cpp is not None and only in cpp, (opts, name, cpp)
-                continue
-            assert (py is None) == (cpp is None) and (py is None or cpp in py), (opts, name, py, cpp)
+            # (aligned rows: the "vec" kernel; N % 8 != 0: "generic" / "rows8", launch.variant_for)
+            for n, variants in ((256, ("vec",)), (100, ("generic", "rows8"))):
+                py = limits.unserved(op.spec, op.epilogue, torch.zeros(4, n, dtype=dtype), lambda: None)
+                for variant in variants:
+                    cpp = limits.cpp_gap(op.spec, op.epilogue, name, variant)
+                    if py is None and cpp is not None:
+                        # (fp32 into FP8 rows not on 8-byte boundaries: the Python route's own outputs are
+                        # on such boundaries, so its N % 8 != 0 calls take "rows8")
+                        assert "8-byte boundaries" in cpp and variant == "generic", (opts, name, variant, cpp)
+                        continue
+                    assert (py is None) == (cpp is None), (opts, name, variant, py, cpp)
+                    if cpp is not None and name != "fp32":
+                        assert transposed and "the transposed copy" in cpp and "variant 'vec'" in cpp, cpp
+                        assert limits.cpp_only_gap(op.spec, False, variant) in cpp
     op = mxq.fused_quant(format="fp8_block")(ident)
     assert limits.cpp_gap(op.spec, op.epilogue, "fp32", "generic")  # (the element-wise kernel: 1x32 only)
     assert limits.cpp_gap(op.spec, op.epilogue, "fp32", "rows8") is None
@@ -185,29 +229,184 @@ def test_exported_gemm_function_checks_the_padded_buffer(gemm_lib, m, n):
             assert f"'mRowScale'" in msg and f"needs {padded.numel()} elements" in msg, msg
 
 
+# The newly served forms as exported here: dbias beside the compact ones and the 1x128 transposed
+# copy (its workspace one row per 128-row tile), amax beside every one but the compact tiles
+EXPORTED = {
+    "tiles": dict(NEW_FORMS["tiles"], dbias=True),
+    "tiles_gemm": dict(NEW_FORMS["tiles_gemm"], amax=True),
+    "transposed": dict(NEW_FORMS["transposed"], amax=True, dbias=True),
+    "colwise_amax": dict(NEW_FORMS["colwise_amax"], dbias=True),
+}
+
+
+@pytest.fixture(scope="module")
+def new_libs(tmp_path_factory):
+    """(op, loaded library, export info) of a bf16 export of an EXPORTED form, built on first use."""
+    import tvm_ffi
+
+    built = {}
+
+    def get(form):
+        if form not in built:
+            op = mxq.fused_quant(format="fp8_block", **EXPORTED[form])(ident)
+            info = op.export(tmp_path_factory.mktemp("fb") / form, arch="sm_90", dtype="bf16", name=f"fb_{form}")
+            built[form] = (op, tvm_ffi.load_module(info["library"]), info)
+        return built[form]
+
+    return get
+
+
+def _lib_args(op, m, n, out=None, x=None, **wrong):
+    """An exported function's arguments by slot name (slots.kernel_slots' order) for [M, N]: the
+    buffers of ``out`` (default: MXFP8Tensor.empty's, CPU), scales as their whole flat buffers (a
+    GEMM-ready view's padded buffer, as the header states), the workspace one row per 128-row tile
+    (written out: the kernels' tile); ``wrong``: {slot name: a replacement}."""
+    from mxq.runtime import slots
+
+    device = "cpu" if x is None else x.device
+    out = out if out is not None else mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, device, row_align=1)
+    by_role = {"input": x if x is not None else torch.zeros(m, n, dtype=torch.bfloat16),
+               "dbias_workspace": torch.zeros(cdiv(m, 128), n, device=device),
+               "noop": torch.zeros(1, device=device)}
+    for field in FIELDS:
+        t = getattr(out, field)
+        if t is not None:
+            by_role[field] = (_flat(t) if field.endswith("_scale") else t.view(1) if field == "amax"
+                              else t.view(torch.uint8) if field.endswith("_data") else t)
+    args = {s.name: by_role[s.role] for s in slots.kernel_slots(op.spec, 1, 0)}
+    assert set(wrong) <= set(args), wrong
+    args.update(wrong)
+    return args
+
+
+def _call(lib, fname, args):
+    return _error(lib[fname], *args.values())
+
+
+def test_exported_headers_of_the_new_forms(new_libs):
+    """The header states each form's sizes (the slot table's, from slots.direction_facts) and the
+    transposed copy's [N, M]; the transposed copy's library holds "_vec" alone, the header saying why."""
+    lines = {
+        "tiles": ("mRowScale   float32[ceil(M/128) * ceil(N/128)] flat fp32",
+                  "mColScale   float32[ceil(M/128) * ceil(N/128)] flat fp32",
+                  "mColData    uint8[M, N]", "mDbiasWs    float32[ceil(M/128), N]"),
+        "tiles_gemm": ("mRowScale   float32[roundup(ceil(M/128),4) * roundup(ceil(N/128),4)] flat fp32\n",
+                       "mColScale   float32[roundup(ceil(M/128),4) * roundup(ceil(N/128),4)] flat fp32, the "
+                       "transposed tile grid", "mColData    uint8[N, M]        (FP8 bytes, the transposed colwise "
+                       "copy: contiguous, 128x128 tiles)"),
+        "transposed": ("mColData    uint8[N, M]        (FP8 bytes, the transposed colwise copy: contiguous, "
+                       "blocks of 128 along M)", "mColScale   float32[ceil(M/128) * roundup(N,4)] flat fp32\n",
+                       "mRowScale   float32[roundup(M,4) * ceil(N/128)] flat fp32, outer-dim-major",
+                       "mDbiasWs    float32[ceil(M/128), N]", "mAmax       float32[1]"),
+        "colwise_amax": ("mColData    uint8[M, N]", "mColScale   float32[ceil(M/128) * N] flat fp32",
+                         "mAmax       float32[1]"),
+    }
+    for form, want in lines.items():
+        _, _, info = new_libs(form)
+        text = open(info["header"]).read()
+        for line in want:
+            assert line in text, (form, line)
+        transposed = form in ("tiles_gemm", "transposed")
+        assert info["functions"] == ([f"fb_{form}_vec"] if transposed else
+                                     [f"fb_{form}", f"fb_{form}_vec", f"fb_{form}_rows8"]), form
+        flat = " ".join(text.replace("\n * ", " ").split())
+        if transposed:
+            assert f'"fb_{form}_vec" needs N % 8 == 0 and 16-byte aligned [M, N] tensors. It takes' in flat, flat
+            for left in (f"fb_{form}", f"fb_{form}_rows8"):
+                assert (f'Not in this library: "{left}" (format=\'fp8_block\' with colwise=True and '
+                        f"scale_layout='gemm' (the transposed copy) from inputs with N % 8 != 0") in flat, flat
+            assert "_rows8\" serves" not in flat
+
+
+@pytest.mark.parametrize("form", sorted(EXPORTED))
+@pytest.mark.parametrize("m, n", [(200, 96), (64, 256), (129, 136), (128, 128), (1, 8)])
+def test_exported_new_forms_check_every_size(new_libs, form, m, n):
+    """The sizes Python allocates pass (the call reaches the compiled function's device check);
+    each buffer one element short or long, the transposed copy as [M, N] or with padded rows, a
+    GEMM-ready scale buffer of the logical count, the workspace of MXFP8's 32-row tiles: refused,
+    naming the argument and what M and N need."""
+    op, lib, info = new_libs(form)
+    transposed = limits.cpp_transposed(op.spec)
+    for fname in info["functions"]:
+        ok = _lib_args(op, m, n)
+        assert "expected device_type=cuda" in _call(lib, fname, ok), fname
+        refusals = []  # (slot, bad tensor, words of the refusal)
+        for slot in ("mRowScale", "mColScale", "mDbias"):
+            if slot in ok:
+                t = ok[slot]
+                refusals += [(slot, t[:-1], f"needs {t.numel()} elements"),
+                             (slot, torch.zeros(t.numel() + 1, dtype=t.dtype), f"needs {t.numel()} elements")]
+        for slot, field in (("mRowScale", "rowwise_scale"), ("mColScale", "colwise_scale")):
+            logical = getattr(mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, "cpu"), field)
+            if slot in ok and logical.numel() != ok[slot].numel():  # (GEMM-ready: the padded buffer)
+                refusals.append((slot, torch.zeros(logical.numel()), f"needs {ok[slot].numel()} elements"))
+        if "mDbiasWs" in ok and cdiv(m, 32) != cdiv(m, 128):
+            refusals.append(("mDbiasWs", torch.zeros(cdiv(m, 32), n), f"needs shape [{cdiv(m, 128)}, {n}]"))
+        data = ok["mColData"]
+        if transposed:
+            assert data.shape == (n, m)
+            if m != n:
+                refusals.append(("mColData", torch.zeros(m, n, dtype=torch.uint8),
+                                 f"needs shape [{n}, {m}] (the transposed colwise copy, [N, M])"))
+            refusals.append(("mColData", torch.zeros(n, m + 16, dtype=torch.uint8)[:, :m],
+                             f"needs a contiguous tensor (the transposed colwise copy's rows {m} elements apart"
+                             if n > 1 else "expected device_type=cuda"))
+            refusals.append(("mColData", torch.zeros(n * m, dtype=torch.uint8), f"needs shape [{n}, {m}]"))
+        else:
+            assert data.shape == (m, n)
+            if m != n:
+                refusals.append(("mColData", torch.zeros(n, m, dtype=torch.uint8), f"needs shape [{m}, {n}]"))
+        for slot, bad, words in refusals:
+            msg = _call(lib, fname, _lib_args(op, m, n, **{slot: bad}))
+            if words == "expected device_type=cuda":  # (one row: its stride does not matter)
+                assert words in msg, msg
+                continue
+            assert msg.startswith(f"ValueError: mxq: {fname}: argument #") and f"'{slot}'" in msg, (slot, msg)
+            assert words in msg and f"M = {m}, N = {n}" in msg, (slot, words, msg)
+
+
+@pytest.mark.parametrize("form", ["tiles", "tiles_gemm"])
+def test_exported_tiles_take_two_scale_buffers(new_libs, form):
+    """128x128 tiles: one scale per tile serves both copies (docs/NUMERICS.md), and each direction's
+    field holds it (compact: the same values in the same grid; gemm: the transposed grid), so the
+    kernels write two buffers; one buffer passed for both is refused (outputs apart, spans.h)."""
+    op, lib, info = new_libs(form)
+    m, n = 200, 136
+    ok = _lib_args(op, m, n)
+    assert ok["mRowScale"].numel() == ok["mColScale"].numel()
+    shared = dict(ok, mColScale=ok["mRowScale"])
+    for fname in info["functions"]:
+        msg = _call(lib, fname, shared)
+        assert msg.startswith(f"ValueError: mxq: {fname}: argument #4 'mColScale' overlaps argument #2 'mRowScale'"), msg
+
+
 # -- register() / dispatcher() ---------------------------------------------------------------------
 @pytest.mark.parametrize("layout", ["compact", "gemm"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_dispatcher_cpu_route_fills_flat_and_gemm_buffers(layout, dtype):
+@pytest.mark.parametrize("n", [300, 100])
+def test_dispatcher_cpu_route_fills_flat_and_gemm_buffers(layout, dtype, n):
     """CPU tensors run the reference into the caller's buffers: compact scales, GEMM-ready ones as
-    their padded buffer (what C++ callers pass) or as the logical view (what Python holds)."""
+    their padded buffer (what C++ callers pass, as the native route takes it) or as the logical
+    view (what Python holds; at N <= 128 one column, a view torch calls contiguous)."""
     op = mxq.fused_quant(format="fp8_block", scale_layout=layout)(ident)
     fn = op.dispatcher()
-    x = planted(6, 300, dtype, seed=1)
+    x = planted(6, n, dtype, seed=1)
     want = op.reference(x)
     for as_view in (False, True):
         out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu", zeroed=True)
         scale = out.rowwise_scale if as_view or layout == "compact" else out.rowwise_scale._base.reshape(-1)
         if layout == "gemm":
             assert scale.stride() == ((1, roundup(6, ALIGN)) if as_view else (1,))
+            assert scale.numel() == (6 if as_view else roundup(6, ALIGN)) * cdiv(n, 128)
         fn(x, None, out.rowwise_data, scale, None, None, None, None, None)
         assert same_bytes(out.rowwise_data, want.rowwise_data) and same_bytes(out.rowwise_scale, want.rowwise_scale)
 
 
 def test_get_quantize_kernel_serves_fp8_block_keys():
     """mxq.get_quantize_kernel (mxq::GetQuantizeKernel in C++) of an FP8 block-scaling key: the
-    op's dispatcher; a 128x128 key is refused by name. The key bits as mxq/include/mxq/mxq.hpp
-    spells them (kFp8Block 1 << 17, kSwizzled 1 << 5: the gemm layout, kTiles128 1 << 18)."""
+    op's dispatcher, 128x128 keys and the transposed copy's too; a key of a format the C++ routes
+    do not serve is refused by name. The key bits as mxq/include/mxq/mxq.hpp spells them
+    (kFp8Block 1 << 17, kSwizzled 1 << 5: the gemm layout, kTiles128 1 << 18, kColwise 1 << 2)."""
     import tvm_ffi
 
     from mxq.frontend.spec import QuantSpec
@@ -222,8 +421,19 @@ def test_get_quantize_kernel_serves_fp8_block_keys():
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     fn(x, None, out.rowwise_data, out.rowwise_scale._base.reshape(-1), None, None, None, None, None)
     assert same_bytes(out.rowwise_scale, want.rowwise_scale) and same_bytes(out.rowwise_data, want.rowwise_data)
-    msg = _error(get, QuantSpec(format="fp8_block", block=(128, 128)).key("bf16"))
-    assert "block=(128, 128)" in msg and "no C++ route" in msg, msg
+    spec = QuantSpec(format="fp8_block", block=(128, 128), colwise=True, scale_layout="gemm")
+    key = spec.key("bf16")
+    assert key & (1 << 17) and key & (1 << 5) and key & (1 << 18) and key & (1 << 2)
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True, scale_layout="gemm")(ident)
+    x = planted(200, 136, torch.bfloat16, seed=5)
+    want = op.reference(x)
+    out = _poisoned(op, x)
+    get(key)(x, None, out.rowwise_data, _flat(out.rowwise_scale), out.colwise_data, _flat(out.colwise_scale),
+             None, None, None)
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale"):
+        assert same_bytes(getattr(out, f), getattr(want, f)), f
+    msg = _error(get, QuantSpec(format="nvfp4").key("bf16"))
+    assert "format='nvfp4' is not served by the C++ routes" in msg and "no C++ route" in msg, msg
 
 
 def test_dispatcher_names_a_wrong_scale_buffer():
@@ -233,6 +443,235 @@ def test_dispatcher_names_a_wrong_scale_buffer():
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     msg = _error(fn, x, None, out.rowwise_data, torch.zeros(6 * 3), None, None, None, None, None)
     assert "'rowwise_scale'" in msg and f"{3 * roundup(6, ALIGN)} elements" in msg, msg
+
+
+def _dispatch_args(op, out, x, views: bool, **wrong):
+    """The dispatcher's arguments after the epilogue's (act_input, the six outputs, noop) for
+    ``out``: scales as their whole flat buffers (what C++ callers pass) or, ``views``, as the
+    logical views Python holds (a GEMM-ready scale's view of its padded buffer); ``wrong``: {slot:
+    a replacement}."""
+    args = {"act_input": None}
+    for field in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
+        t = getattr(out, field)
+        args[field] = None if t is None else (t if views else _flat(t)) if field.endswith("_scale") else t
+    args["noop"] = torch.zeros(1, device=x.device)
+    args.update(wrong)
+    return list(args.values())
+
+
+@pytest.mark.parametrize("form", sorted(NEW_FORMS))
+@pytest.mark.parametrize("m, n", [(200, 296), (6, 100), (128, 128)])
+def test_dispatcher_cpu_route_fills_the_new_forms(form, m, n):
+    """CPU tensors run the reference into the caller's buffers: 128x128 tiles (both scale
+    fields), the transposed copy [N, M], colwise blocks with amax; scales as flat buffers or as
+    Python's views, the bytes of op.reference and of the Python route."""
+    op = mxq.fused_quant(format="fp8_block", **NEW_FORMS[form])(ident)
+    fn = op.dispatcher()
+    x = planted(m, n, torch.bfloat16, seed=m + n)
+    want, python = op.reference(x), op(x)
+    for views in (False, True):
+        out = _poisoned(op, x)
+        fn(x, *_dispatch_args(op, out, x, views))
+        for f in FIELDS:
+            if getattr(want, f) is not None:
+                assert same_bytes(getattr(out, f), getattr(want, f)), (f, views)
+                assert same_bytes(getattr(out, f), getattr(python, f)), (f, views)
+        if limits.cpp_transposed(op.spec):
+            assert out.colwise_data.shape == (n, m)
+
+
+def test_dispatcher_cpu_route_refuses_wrong_buffers_of_the_new_forms():
+    """The CPU route's checks (Python's, in front of the reference) name a wrong buffer as the
+    native route does: the transposed copy as [M, N] or with padded rows, a GEMM-ready scale
+    buffer of the logical count, compact tiles' colwise scales one short."""
+    m, n = 200, 298
+    x = torch.zeros(m, n, dtype=torch.bfloat16)
+    op = mxq.fused_quant(format="fp8_block", **NEW_FORMS["transposed"])(ident)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    for bad in (torch.zeros(m, n, dtype=torch.uint8), torch.zeros(n, m + 8, dtype=torch.uint8)[:, :m]):
+        msg = _error(op.dispatcher(), x, *_dispatch_args(op, out, x, False, colwise_data=bad))
+        assert f"'colwise_data' is the transposed colwise copy: a contiguous tensor of shape ({n}, {m})" in msg, msg
+    msg = _error(op.dispatcher(), x, *_dispatch_args(op, out, x, False, colwise_scale=torch.zeros(cdiv(m, 128) * n)))
+    assert f"'colwise_scale' must be a contiguous torch.float32 buffer of {cdiv(m, 128) * roundup(n, ALIGN)}" in msg
+    tiles = mxq.fused_quant(format="fp8_block", **NEW_FORMS["tiles_gemm"])(ident)
+    out = mxq.MXFP8Tensor.empty(tiles.spec, x.shape, x.dtype, "cpu")
+    msg = _error(tiles.dispatcher(), x, *_dispatch_args(tiles, out, x, False, rowwise_scale=torch.zeros(2 * 3)))
+    assert f"'rowwise_scale' must be a contiguous torch.float32 buffer of {ALIGN * ALIGN} elements" in msg, msg
+    compact = mxq.fused_quant(format="fp8_block", **NEW_FORMS["tiles"])(ident)
+    out = mxq.MXFP8Tensor.empty(compact.spec, x.shape, x.dtype, "cpu")
+    msg = _error(compact.dispatcher(), x, *_dispatch_args(compact, out, x, False, colwise_scale=torch.zeros(5)))
+    assert "'colwise_scale' has 5 elements, expected 6" in msg, msg
+    msg = _error(compact.dispatcher(), x, *_dispatch_args(compact, out, x, False, colwise_scale=out.rowwise_scale))
+    assert "'colwise_scale' overlaps 'rowwise_scale'" in msg, msg  # (two buffers: each direction's field)
+
+
+# -- the native route on host memory ----------------------------------------------------------------
+# Tensors labelled as on CUDA device 0 over host memory (tvm-ffi tensors that alias a torch
+# tensor's memory): the dispatcher takes its native route with them (checks, variant, views)
+# and hands them to the kernel, here a stand-in that records what it got; nothing dereferences them.
+ON_CUDA = r"""
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/function.h>
+
+#include <vector>
+
+namespace {
+struct Keep {
+  tvm::ffi::Tensor src;
+  void AllocData(DLTensor* t) {
+    const DLTensor* s = src.GetDLTensorPtr();
+    t->data = static_cast<char*>(s->data) + s->byte_offset;
+  }
+  void FreeData(DLTensor*) {}
+};
+}  // namespace
+
+tvm::ffi::Tensor on_cuda(tvm::ffi::Tensor src) {
+  const DLTensor* s = src.GetDLTensorPtr();
+  std::vector<int64_t> strides(s->ndim, 1);
+  for (int d = s->ndim - 2; d >= 0; --d) strides[d] = strides[d + 1] * s->shape[d + 1];
+  if (s->strides != nullptr) strides.assign(s->strides, s->strides + s->ndim);
+  int64_t span = 1;
+  for (int d = 0; d < s->ndim; ++d) span += (s->shape[d] - 1) * strides[d];
+  tvm::ffi::Tensor flat = tvm::ffi::Tensor::FromNDAlloc(Keep{src}, tvm::ffi::Shape({span}), s->dtype,
+                                                        DLDevice{kDLCUDA, 0});
+  return flat.as_strided(tvm::ffi::ShapeView(s->shape, s->ndim), tvm::ffi::ShapeView(strides.data(), s->ndim));
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def on_cuda():
+    import tvm_ffi
+    import tvm_ffi.cpp
+
+    mod = tvm_ffi.cpp.load_inline(name="mxq_test_on_cuda", cpp_sources=ON_CUDA, functions=["on_cuda"])
+    # (a 0-d tensor, e.g. amax, as its one element: what C++ callers pass)
+    return lambda t: None if t is None else mod.on_cuda(tvm_ffi.from_dlpack(t.reshape(1) if t.dim() == 0 else t))
+
+
+@pytest.fixture
+def native(monkeypatch, on_cuda):
+    """(call, launches): call(op, x, *slots) runs op's dispatcher on x and the slots labelled as
+    CUDA; each launch is (dtype, variant, [(shape, strides, address) or float of each kernel
+    argument]). The kernel is resolved through ffi's own resolve (limits.cpp_gap first)."""
+    import tvm_ffi
+
+    from mxq.runtime import compiler, targets
+
+    launches = []
+
+    def stand_in(op, arch, dtype, variant, layouts):
+        def kernel(*args):
+            launches.append((dtype, variant, [(tuple(a.shape), tuple(a.strides), a.data_ptr())
+                                              if isinstance(a, tvm_ffi.Tensor) else a for a in args]))
+        return tvm_ffi.convert(kernel)
+
+    monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(compiler, "native_function", stand_in)
+
+    def call(op, x, *slots):
+        return op.dispatcher()(on_cuda(x), *(on_cuda(t) for t in slots))
+
+    return call, launches
+
+
+@pytest.mark.parametrize("form", sorted(NEW_FORMS))
+@pytest.mark.parametrize("m, n", [(200, 296), (128, 128), (1, 8)])
+def test_native_route_takes_the_new_forms(native, form, m, n):
+    """dispatch.cc's checks pass the buffers Python allocates (scales flat or as Python's views),
+    the call resolves the "vec" kernel, and the kernel gets the slot table's arguments: the
+    transposed copy [N, M] at the caller's address, each scale buffer flat from its start with
+    the layout's element count (scale_sizes.h)."""
+    from mxq.runtime import slots
+
+    call, launches = native
+    op = mxq.fused_quant(format="fp8_block", **NEW_FORMS[form])(ident)
+    x = torch.zeros(m, n, dtype=torch.bfloat16)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    for views in (False, True):
+        call(op, x, *_dispatch_args(op, out, x, views))
+    assert len(launches) == 2 and launches[0][2][:-1] == launches[1][2][:-1], launches  # (but the two noops)
+    dtype, variant, got = launches[0]
+    assert (dtype, variant) == ("bf16", "vec")
+    table = slots.kernel_slots(op.spec, 1, 0)
+    assert [s.role for s in table] == [s for s in ("input", "rowwise_data", "rowwise_scale", "colwise_data",
+                                                   "colwise_scale", "amax", "noop") if s in [t.role for t in table]]
+    for s, (shape, _, address) in zip(table, got):
+        t = x if s.role == "input" else getattr(out, s.role, None)
+        if s.role in ("rowwise_scale", "colwise_scale"):
+            assert address == t.data_ptr() and shape == (_flat(t).numel(),), s.role
+        elif s.role == "colwise_data":
+            assert address == t.data_ptr() and shape == ((n, m) if form in ("transposed", "tiles_gemm") else (m, n))
+        elif t is not None:
+            assert address == t.data_ptr(), s.role
+
+
+@pytest.mark.parametrize("form", sorted(NEW_FORMS))
+def test_native_route_refuses_wrong_buffers_of_the_new_forms(native, form):
+    """Each scale buffer one element short or long (and a GEMM-ready one of the logical count),
+    colwise data of the other direction's shape, the transposed copy with padded rows, amax of two
+    elements, one buffer for both directions' scales: refused by dispatch.cc naming the argument,
+    before any kernel is resolved."""
+    call, launches = native
+    op = mxq.fused_quant(format="fp8_block", **NEW_FORMS[form])(ident)
+    m, n = 200, 296
+    x = torch.zeros(m, n, dtype=torch.bfloat16)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    transposed = limits.cpp_transposed(op.spec)
+    cases = []  # (slot, bad, words)
+    for field in ("rowwise_scale", "colwise_scale"):
+        whole = _flat(getattr(out, field))
+        cases += [(field, whole[:-1], f"needs {whole.numel()} contiguous"),
+                  (field, torch.zeros(whole.numel() + 1), f"needs {whole.numel()} contiguous")]
+        if getattr(out, field).numel() != whole.numel():
+            cases.append((field, torch.zeros(getattr(out, field).numel()), f"needs {whole.numel()} contiguous"))
+    if transposed:
+        cases += [("colwise_data", torch.zeros(m, n, dtype=torch.uint8), f"a contiguous tensor of shape [{n}, {m}]"),
+                  ("colwise_data", torch.zeros(n, m + 8, dtype=torch.uint8)[:, :m], "(not contiguous)"),
+                  ("colwise_data", torch.zeros(n * m, dtype=torch.uint8), f"shape [{n}, {m}] ([N, M]), got shape "
+                                                                           f"[{n * m}]")]
+    else:
+        cases.append(("colwise_data", torch.zeros(n * m - 1, dtype=torch.uint8), f"expected {m * n}"))
+    if op.spec.amax:
+        cases.append(("amax", torch.zeros(2), "'amax' must have 1 element(s)"))
+    if op.spec.block == (128, 128):
+        cases.append(("colwise_scale", out.rowwise_scale, "'colwise_scale' overlaps 'rowwise_scale'"))
+    for slot, bad, words in cases:
+        msg = _error(call, op, x, *_dispatch_args(op, out, x, False, **{slot: bad}))
+        assert msg.startswith("ValueError: mxq: argument '") and f"'{slot}'" in msg and words in msg, (slot, msg)
+    assert not launches
+
+
+@pytest.mark.parametrize("form", ["transposed", "tiles_gemm"])
+def test_native_route_refuses_the_transposed_copy_from_unaligned_rows(native, form):
+    """The transposed copy is written by the "vec" kernel alone: a call from rows N % 8 != 0, or
+    into rowwise FP8 data not 16-byte aligned, would take "generic" / "rows8", which the native
+    route refuses by name when it resolves the kernel (the Python routes run the reference);
+    the compact tiles take those kernels."""
+    call, launches = native
+    op = mxq.fused_quant(format="fp8_block", **NEW_FORMS[form])(ident)
+    compact = mxq.fused_quant(format="fp8_block", **NEW_FORMS["tiles"])(ident)
+    m = 200
+    x = torch.zeros(m, 100, dtype=torch.bfloat16)
+    for o, variant in ((op, None), (compact, "generic")):
+        out = mxq.MXFP8Tensor.empty(o.spec, x.shape, x.dtype, "cpu", row_align=1)  # (100-byte rows: not rows8)
+        if variant is None:
+            msg = _error(call, o, x, *_dispatch_args(o, out, x, False))
+            assert ("format='fp8_block' with colwise=True and scale_layout='gemm' (the transposed copy) from inputs "
+                    "with N % 8 != 0") in msg and "variant 'vec', alone writes the copy" in msg, msg
+            assert "this bf16 call has no kernel on the C++ routes" in msg, msg
+        else:
+            call(o, x, *_dispatch_args(o, out, x, False))
+            assert launches[-1][:2] == ("bf16", variant)
+    # aligned input, rowwise FP8 data 8 bytes off a 16-byte boundary: "rows8"
+    x = torch.zeros(m, 128, dtype=torch.bfloat16)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    shifted = torch.zeros(m * 128 + 8, dtype=torch.uint8)[8:].view(m, 128)
+    msg = _error(call, op, x, *_dispatch_args(op, out, x, False, rowwise_data=shifted))
+    assert "the transposed copy" in msg and "no kernel on the C++ routes" in msg, msg
+    call(op, x, *_dispatch_args(op, out, x, False))
+    assert launches[-1][:2] == ("bf16", "vec")
 
 
 # -- on the device ---------------------------------------------------------------------------------
@@ -348,3 +787,98 @@ def test_dispatcher_refuses_a_calls_dtype_and_variant_by_name():
     out = mxq.MXFP8Tensor.empty(row_op.spec, x.shape, x.dtype, x.device, row_align=1)  # (13-byte rows)
     msg = _error(row, x, None, out.rowwise_data, out.rowwise_scale, None, None, None, None, None)
     assert "fp32 inputs into FP8 rows not on 8-byte boundaries" in msg, msg
+
+
+def _same_as_python(got, want, what=""):
+    """Every output of ``got`` byte-equal to the Python route's ``want`` (amax: a NaN amax any NaN;
+    dbias is left to _check's rule against the reference: another kernel variant sums in another
+    order)."""
+    for f in FIELDS:
+        w = getattr(want, f)
+        if w is None or f == "dbias":
+            continue
+        g = getattr(got, f)
+        if f == "amax":
+            assert same_bytes(g.cpu(), w.cpu()) or bool(g.isnan().cpu() & w.isnan().cpu()), (f, what)
+        else:
+            assert same_bytes(g.contiguous().cpu(), w.contiguous().cpu()), (f, what)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", sorted(EXPORTED))
+@pytest.mark.parametrize("shape", [(64, 256), (300, 264), (129, 136), (128, 128), (33, 100)])
+def test_exported_new_forms_run_on_cuda(tmp_path, form, shape):
+    """Each exported function of the newly served forms writes the Python route's bytes (and the
+    reference's): 128x128 tiles compact and GEMM-ready (two scale fields), the transposed copy
+    [N, M] ("_vec" alone), colwise blocks with amax. (CPU: test_exported_new_forms_check_every_size.)"""
+    import tvm_ffi
+
+    from mxq.runtime import targets
+
+    arch = targets.device_arch(torch.device("cuda"))
+    m, n = shape
+    op = mxq.fused_quant(format="fp8_block", **EXPORTED[form])(ident)
+    info = op.export(tmp_path / form, arch=arch, dtype="bf16", name=f"fb_{form}")
+    if n % 8 and limits.cpp_transposed(op.spec):  # (its library's one function, "_vec", takes N % 8 == 0)
+        assert info["functions"] == [f"fb_{form}_vec"]
+        return
+    lib = tvm_ffi.load_module(info["library"])
+    x = planted(m, n, torch.bfloat16, seed=m + n).cuda()
+    want = op(x)  # (the Python route, on the kernels)
+    ran = 0
+    for fname in info["functions"]:
+        if fname.endswith("_vec") and n % 8:
+            continue
+        got = _poisoned(op, x)  # (rows padded to 16 bytes at N % 8 != 0: "_rows8" takes them)
+        lib[fname](*_lib_args(op, m, n, out=got, x=x).values())
+        torch.cuda.synchronize()
+        _same_as_python(got, want, fname)
+        _check(op, [x.cpu()], got)
+        ran += 1
+    assert ran
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", sorted(NEW_FORMS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_registered_new_forms_run_on_cuda(form, dtype):
+    """The native dispatcher launches the newly served forms of a fused op (a row bias broadcast):
+    scales as flat buffers and as Python's views, the Python route's bytes; compact ones from rows
+    N % 8 != 0 too ("generic" / "rows8"). (CPU: test_dispatcher_cpu_route_fills_the_new_forms,
+    test_native_route_takes_the_new_forms.)"""
+    op = mxq.fused_quant(format="fp8_block", **NEW_FORMS[form])(bias_gelu)
+    fn = op.register(f"fp8_block_{form}_test")
+    transposed = limits.cpp_transposed(op.spec)
+    for m, n in ((64, 256), (300, 264), (129, 136), (128, 128), *(() if transposed else ((33, 100),))):
+        x, b = planted(m, n, dtype, seed=m).cuda(), planted(1, n, dtype, seed=n).reshape(n).cuda()
+        want = op(x, b)
+        for views in (False, True):
+            got = _poisoned(op, x)
+            fn(x, b, *_dispatch_args(op, got, x, views))
+            torch.cuda.synchronize()
+            _same_as_python(got, want, (m, n, views))
+            if transposed:
+                assert got.colwise_data.shape == (n, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["transposed", "tiles_gemm"])
+def test_dispatcher_refuses_the_unaligned_transposed_copy_on_cuda(form):
+    """On CUDA as on host memory labelled CUDA: the transposed copy from rows N % 8 != 0 is
+    refused by name (no kernel but "_vec" writes it), and so are its data as [M, N] and a GEMM-ready
+    scale buffer of the logical count. (CPU: test_native_route_refuses_the_transposed_copy_from_unaligned_rows,
+    test_native_route_refuses_wrong_buffers_of_the_new_forms.)"""
+    op = mxq.fused_quant(format="fp8_block", **NEW_FORMS[form])(ident)
+    fn = op.dispatcher()
+    x = torch.zeros(200, 100, dtype=torch.bfloat16, device="cuda")
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
+    msg = _error(fn, x, *_dispatch_args(op, out, x, False))
+    assert "the transposed copy) from inputs with N % 8 != 0" in msg and "no kernel on the C++ routes" in msg, msg
+    x = torch.zeros(200, 296, dtype=torch.bfloat16, device="cuda")
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
+    bad = torch.zeros(200, 296, dtype=torch.uint8, device="cuda")
+    msg = _error(fn, x, *_dispatch_args(op, out, x, False, colwise_data=bad))
+    assert "'colwise_data' is the transposed colwise copy: a contiguous tensor of shape [296, 200]" in msg, msg
+    whole = _flat(out.colwise_scale)
+    msg = _error(fn, x, *_dispatch_args(op, out, x, False, colwise_scale=whole[:-1]))
+    assert f"'colwise_scale' has {whole.numel() - 1} elements" in msg and f"needs {whole.numel()}" in msg, msg

@@ -56,9 +56,10 @@ SPECS = [(dict(scale_layout=layout), 32) for layout in ("compact", "swizzled")] 
 
 @pytest.mark.parametrize("opts, tile", SPECS)
 def test_cxx_scale_sizes_equal_what_python_allocates(tmp_path, opts, tile):
-    """Every layout's buffers, those the kernels do not serve yet too (their facts are ready for
-    later kernels): the C++ sizes equal MXFP8Tensor.empty's buffers (a GEMM-ready view's whole
-    padded buffer), the workspace the launcher's rule at the kernels' tile."""
+    """Every layout's buffers (FP8 block scaling's 1x128 blocks and 128x128 tiles, compact and
+    GEMM-ready, the transposed colwise copy's scales too): the C++ sizes equal MXFP8Tensor.empty's
+    buffers (a GEMM-ready view's whole padded buffer), the workspace the launcher's rule at the
+    kernels' tile."""
     grouped = (-1,) if opts.get("format") == "fp8_block" and opts["scale_layout"] == "gemm" else (-1, 1, 3)
     spec = QuantSpec(colwise=True, dbias=True, **opts)
     facts = slots.scale_facts(spec, tile or 32)
@@ -80,9 +81,31 @@ def test_scale_facts_come_from_the_op(tmp_path):
     from mxq.runtime import limits
 
     for opts, tile in (({}, 32), (dict(format="fp8_block"), 32), (dict(format="fp8_block", colwise=True), 128),
-                       (dict(format="fp8_block", scale_layout="gemm"), 32)):
+                       (dict(format="fp8_block", scale_layout="gemm"), 32),
+                       (dict(format="fp8_block", colwise=True, scale_layout="gemm"), 128),
+                       (dict(format="fp8_block", block=(128, 128)), 128),
+                       (dict(format="fp8_block", block=(128, 128), colwise=True, scale_layout="gemm"), 128)):
         op = mxq.fused_quant(dbias=True, **opts)(_ident)
         assert limits.cpp_facts(op.spec, op.epilogue) == slots.scale_facts(op.spec, tile), opts
+
+
+@pytest.mark.parametrize("opts", [dict(scale_layout=layout) for layout in ("compact", "swizzled")] + [
+    dict(format="fp8_block", block=block, scale_layout=layout, rowwise=rowwise)
+    for block in ((1, 128), (128, 128)) for layout in ("compact", "gemm") for rowwise in (True, False)])
+def test_the_transposed_copy_is_what_python_allocates(opts):
+    """limits.cpp_transposed (the C++ checks' [N, M] colwise data: export_check.h's kColDataT,
+    dispatch.cc's State::transposed) holds exactly where MXFP8Tensor.empty's colwise data is [N, M]
+    and the kernels write the copy transposed (KernelConfig.transposed)."""
+    from mxq.frontend import codegen
+    from mxq.runtime import limits
+
+    op = mxq.fused_quant(colwise=True, **opts)(_ident)
+    m, n = 200, 96
+    t = mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, "cpu")
+    assert t.colwise_data.shape in ((m, n), (n, m))
+    assert limits.cpp_transposed(op.spec) == (t.colwise_data.shape == (n, m))
+    assert limits.cpp_transposed(op.spec) == codegen.kernel_config(op.spec, op.epilogue).transposed
+    assert t.colwise_data.is_contiguous()
 
 
 def _ident(x):

@@ -13,7 +13,9 @@
 // with int32 group ends are launched here too, on the grouped kernels (GroupEnds); other grouped
 // calls (int64 ends, which Python converts; swizzled scales, whose padding Python clears), and
 // operands it does not take as they are, go to Python's binding of the kernels
-// (mxq/runtime/ffi.py, _python_callback). Errors are tvm::ffi::Error with a Python kind.
+// (mxq/runtime/ffi.py, _python_callback). FP8 data is [M, N] but for the transposed colwise copy
+// (FP8 block scaling's GEMM-ready layout, State::transposed), [N, M] contiguous. Errors are
+// tvm::ffi::Error with a Python kind.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/string.h>
@@ -30,6 +32,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "scale_sizes.h"  // (mxq/runtime/ffi.py puts the headers' text here: load_inline builds one source)
@@ -50,6 +53,10 @@ struct State {
   uint8_t fp8_code = 10;  // DLPack kDLFloat8_e4m3fn, or 12 (kDLFloat8_e5m2)
   bool swizzled = false;  // the op's scale layout is MXFP8's swizzled one (grouped calls go to Python)
   mxq_sizes::Facts facts{};  // the op's scale buffers and workspace (slots.scale_facts, from Python)
+  // the colwise data is the transposed copy [N, M], contiguous (FP8 block scaling's GEMM-ready layout;
+  // limits.cpp_transposed, from Python): it takes no part in the choice of variant (the kernel
+  // stores it at any alignment; the "vec" kernel alone writes it, Python's resolve refuses others)
+  bool transposed = false;
   bool want[8] = {false};
   std::vector<std::string> names;  // the op's tensor and float parameter names, for errors
   ffi::Function python, resolve, zero;  // Python: the CPU/grouped route, compile-or-load, a zero noop
@@ -402,10 +409,12 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   for (int i = 0; i < st.ns; ++i) call.emplace_back(args[st.nt + i]);
   if (st.want[kAct]) input(base + kAct, 'f');
   // a scale buffer: E8M0 bytes or fp32 (the facts' scale_bits) of exactly the layout's count
-  // (ScaleElements), contiguous in any shape; outer-dim-major scales may also come as the logical
-  // [rows, blocks] view of their buffer, strides (1, padded rows) (Python's GEMM-ready view,
-  // fp8_block_layouts.gemm_scale), which starts where the buffer does
-  auto scale = [&](int i, const mxq_sizes::ScaleFacts& f) {
+  // (ScaleElements), contiguous in any shape; the GEMM-ready layouts' scales (padded, row-major
+  // or outer-dim-major: fp8_block_layouts.gemm_scale) may also come as the logical view of their
+  // buffer that Python holds, which starts where the buffer does: the [rows, blocks] grid with
+  // the layout's strides, (1, padded rows) outer-dim-major or (padded blocks, 1) row-major, or for
+  // the transposed colwise copy, whose scales describe [N, M], that grid transposed
+  auto scale = [&](int i, const mxq_sizes::ScaleFacts& f, bool flip) {
     const DLTensor* t = TensorArg(st, args, i);
     same_device(t, i, true);
     const bool fp32 = st.facts.scale_bits == 32;
@@ -415,28 +424,57 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
                                << (fp32 ? "float32 tensor (fp32 scales)" : "float8 or uint8 tensor");
     }
     const int64_t count = mxq_sizes::ScaleElements(f, m, n, groups);
-    const int64_t rows = mxq_sizes::Cdiv(m, f.block_rows), blocks = mxq_sizes::Cdiv(n, f.block_cols);
-    const bool view = f.order == mxq_sizes::kOuterMajor && groups < 0 && t->ndim == 2 && t->shape[0] == rows &&
-                      t->shape[1] == blocks && t->strides != nullptr && (rows == 1 || t->strides[0] == 1) &&
-                      (blocks == 1 || t->strides[1] == mxq_sizes::ScaleRows(f, m));
+    // the grid's shape and strides in the flat buffer, as the view of this direction's data
+    int64_t shape[2] = {mxq_sizes::Cdiv(m, f.block_rows), mxq_sizes::Cdiv(n, f.block_cols)};
+    int64_t strides[2] = {f.order == mxq_sizes::kOuterMajor ? 1 : mxq_sizes::ScaleCols(f, n),
+                          f.order == mxq_sizes::kOuterMajor ? mxq_sizes::ScaleRows(f, m) : 1};
+    if (flip) {
+      std::swap(shape[0], shape[1]);
+      std::swap(strides[0], strides[1]);
+    }
+    const bool padded = f.order != mxq_sizes::kBlocked && (f.pad_rows > 1 || f.pad_cols > 1 || flip);
+    const bool view = padded && groups < 0 && t->ndim == 2 && t->shape[0] == shape[0] && t->shape[1] == shape[1] &&
+                      t->strides != nullptr && (shape[0] == 1 || t->strides[0] == strides[0]) &&
+                      (shape[1] == 1 || t->strides[1] == strides[1]);
     if (!view && (Numel(t) != count || !Compact(t))) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has " << Numel(t) << " elements"
-                                << (Compact(t) ? "" : " (not contiguous)") << "; this op's " << kLayoutNames[f.order]
+                                << (Compact(t) ? "" : " (not contiguous)") << "; this op's "
+                                << (padded && f.order == mxq_sizes::kRowMajor ? "padded row-major" : kLayoutNames[f.order])
                                 << " layout needs " << count << " contiguous"
-                                << (f.order == mxq_sizes::kOuterMajor ? " (or the [" + std::to_string(rows) + ", " +
-                                    std::to_string(blocks) + "] view of strides (1, " +
-                                    std::to_string(mxq_sizes::ScaleRows(f, m)) + ") of such a buffer)" : std::string())
+                                << (padded ? " (or the [" + std::to_string(shape[0]) + ", " + std::to_string(shape[1]) +
+                                    "] view of strides (" + std::to_string(strides[0]) + ", " +
+                                    std::to_string(strides[1]) + ") of such a buffer)" : std::string())
                                 << grouped_note;
     }
     push(Alias(t, fp32 ? f32 : u8, count, 1, 1));
   };
+  // the transposed colwise copy: [N, M] contiguous (the kernel stores its rows M bytes apart)
+  auto transposed_bytes = [&](int i) {
+    const DLTensor* t = TensorArg(st, args, i);
+    same_device(t, i, true);
+    if (t->dtype.bits != 8 || t->dtype.lanes != 1) {
+      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' must be a float8 or uint8 tensor";
+    }
+    if (t->ndim != 2 || t->shape[0] != n || t->shape[1] != m || !Compact(t)) {
+      std::string shape = "[";
+      for (int d = 0; d < t->ndim; ++d) shape += (d ? ", " : "") + std::to_string(t->shape[d]);
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' is the transposed colwise copy: a "
+                                << "contiguous tensor of shape [" << n << ", " << m << "] ([N, M]), got shape "
+                                << shape << "]" << (Compact(t) ? "" : " (not contiguous)");
+    }
+    push(Alias(t, u8, n, m, 2));
+  };
   if (st.want[kRowData]) {
     bytes(base + kRowData, m * n, true);
-    scale(base + kRowScale, st.facts.row);
+    scale(base + kRowScale, st.facts.row, false);
   }
   if (st.want[kColData]) {
-    bytes(base + kColData, m * n, true);
-    scale(base + kColScale, st.facts.col);
+    if (st.transposed) {
+      transposed_bytes(base + kColData);
+    } else {
+      bytes(base + kColData, m * n, true);
+    }
+    scale(base + kColScale, st.facts.col, st.transposed);
   }
   // a one-dimensional output (or, with ``rows`` > 0, a grouped dbias's [rows, count / rows])
   auto scalar_tensor = [&](int i, DLDataType dt, int64_t count, int64_t rows = 0) {
@@ -524,6 +562,9 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   if (numel == 0) {
     TVM_FFI_THROW(ValueError) << "mxq: the allocating route serves non-empty tensors only";
   }
+  if (st.transposed) {  // (FP8 block-scaling ops take Python's binding for their Python calls: ffi.dispatchers_or_none)
+    TVM_FFI_THROW(ValueError) << "mxq: the allocating route does not make the transposed colwise copy";
+  }
   const bool zeroed = args[base + 1] != nullptr;  // a noop call
   const DLTensor* ends = nullptr;
   if (args.size() == base + 3 && args[base + 2] != nullptr) {
@@ -609,16 +650,18 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
 }  // namespace
 
 // [destination-passing route, allocating route] of one op. `unit`, `pad`, `max_groups`: State's;
-// `facts`: its scale buffers' and workspace's (slots.scale_facts; scale_sizes.h's Facts).
+// `facts`: its scale buffers' and workspace's (slots.scale_facts; scale_sizes.h's Facts);
+// `transposed`: its colwise data is the transposed copy [N, M] (limits.cpp_transposed).
 ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Array<ffi::String> names,
                               ffi::Function python, ffi::Function resolve, ffi::Function zero,
                               int64_t share_max, int64_t unit, int64_t pad, int64_t max_groups,
-                              ffi::Array<int64_t> facts) {
+                              ffi::Array<int64_t> facts, bool transposed) {
   auto st = std::make_shared<State>();
   if (facts.size() != mxq_sizes::kFacts) TVM_FFI_THROW(ValueError) << "mxq: make_dispatcher needs the op's size facts";
   int64_t list[mxq_sizes::kFacts];
   for (int i = 0; i < mxq_sizes::kFacts; ++i) list[i] = facts[i];
   st->facts = mxq_sizes::FromList(list);
+  st->transposed = transposed;
   st->max_groups = max_groups;
   st->share_max = share_max;
   st->unit = unit;

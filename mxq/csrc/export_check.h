@@ -8,7 +8,9 @@
 // signature), so a buffer that is too small would be written past its end; nor can it refuse
 // G = 0 (the kernels then treat all rows as one group, which buffers sized for no group do not
 // hold) or more groups than the grouped dbias reduction's grid serves; the FP8 data's row
-// stride, like the workspace's, is a symbol of its own, so rows that overlap would pass; and
+// stride, like the workspace's, is a symbol of its own, so rows that overlap would pass (the
+// transposed colwise copy, [N, M] where the other data is [M, N], is checked here as that shape,
+// contiguous: the kernel stores its rows M bytes apart); and
 // nothing says that one argument's memory is apart from another's (spans.h); and a scale
 // buffer's dtype (E8M0 bytes or fp32, scale_sizes.h's facts) is checked here so that a call on
 // the wrong device still hears of it. Each
@@ -42,13 +44,15 @@ enum Role : int {
   kWorkspace = 7,  // [WorkspaceRows(M, facts.tile_rows), W]
   kGroupEnds = 8,  // int32 [G]
   kAmax = 9,       // float32 [1]
+  kColDataT = 10,  // uint8 [W, M], contiguous: the transposed colwise copy (FP8 block scaling's GEMM-ready
+                   // layout; export.py renders this role for limits.cpp_transposed's ops)
 };
 
 // The roles an exported function writes: they must not share memory with each other or with any
 // other tensor argument (spans.h).
 inline bool Writes(int role) {
   return role == kRowData || role == kRowScale || role == kColData || role == kColScale || role == kDbias ||
-         role == kWorkspace || role == kAmax;
+         role == kWorkspace || role == kAmax || role == kColDataT;
 }
 
 // One exported function: its argument roles and names (the header's), its op's size facts
@@ -97,6 +101,12 @@ inline int Refuse(const std::string& msg) {
 // outputs' rows must not overlap.
 inline bool RowsApart(const DLTensor* t, int64_t w) {
   return t->strides == nullptr || t->shape[0] <= 1 || t->strides[0] >= w;
+}
+
+// Whether a 2-D tensor is contiguous (strides of dimensions of one element do not matter).
+inline bool Contiguous(const DLTensor* t) {
+  return t->strides == nullptr || ((t->shape[1] <= 1 || t->strides[1] == 1) &&
+                                   (t->shape[0] <= 1 || t->strides[0] == t->shape[1]));
 }
 
 inline std::string RowsNeed(const DLTensor* t, int64_t w) {
@@ -153,6 +163,15 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
           need = dims(m, w);
         } else if (!RowsApart(t, w)) {
           need = RowsNeed(t, w);
+        }
+        break;
+      case kColDataT:  // (the kernel stores its rows M bytes apart: padded or overlapping rows are refused)
+        if (t->ndim != 2 || t->shape[0] != w || t->shape[1] != m) {
+          need = dims(w, m) + " (the transposed colwise copy, [N, M])";
+        } else if (!Contiguous(t)) {
+          need = "a contiguous tensor (the transposed colwise copy's rows " + std::to_string(m) +
+                 " elements apart; its strides are (" + std::to_string(t->strides[0]) + ", " +
+                 std::to_string(t->strides[1]) + "))";
         }
         break;
       case kRowScale:

@@ -175,7 +175,8 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
 UNCHECKED = "_mxq_unchecked_"
 
 # mxq/runtime/slots.py's roles -> export_check.h's Role enumerators (kOther for the rest; the first
-# input, kInput0, is found by its index)
+# input, kInput0, is found by its index; the colwise data of an op whose colwise copy is transposed,
+# limits.cpp_transposed, is kColDataT: [N, M])
 _CHECK_ROLES = {"rowwise_data": "kRowData", "rowwise_scale": "kRowScale", "colwise_data": "kColData",
                 "colwise_scale": "kColScale", "dbias": "kDbias", "dbias_workspace": "kWorkspace",
                 "group_offsets": "kGroupEnds", "amax": "kAmax"}
@@ -190,12 +191,13 @@ def _compile_checks(op, functions, directory: Path) -> Path:
     spec, epi = op.spec, op.epilogue
     halves = int(gated.is_halves(epi))
     facts = limits.cpp_facts(spec, epi)
+    roles_by = dict(_CHECK_ROLES, **({"colwise_data": "kColDataT"} if limits.cpp_transposed(spec) else {}))
     parts = ['#include "export_check.h"', "",
              f"static const int64_t kFacts[mxq_sizes::kFacts] = {{{', '.join(map(str, facts))}}};  "
              "// slots.scale_facts", ""]
     for k, (variant, fname) in enumerate(functions):
         table = slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), variant.endswith("_grouped"))
-        roles = ["kInput0" if (s.role == "input" and s.index == 0) else _CHECK_ROLES.get(s.role, "kOther")
+        roles = ["kInput0" if (s.role == "input" and s.index == 0) else roles_by.get(s.role, "kOther")
                  for s in table]
         names = ", ".join(f'"{s.name}"' for s in table)
         parts.append(f"""extern "C" int __tvm_ffi_{UNCHECKED}{fname}(void*, const TVMFFIAny*, int32_t, TVMFFIAny*);
@@ -235,12 +237,21 @@ def _served_functions(op, name: str, dtype: str, grouped: bool):
     return served, left_out
 
 
+# the colwise data's line of an op whose colwise copy is transposed (limits.cpp_transposed; the slot
+# table's line says [M, N])
+TRANSPOSED_DOC = "uint8[N, M]        (FP8 bytes, the transposed colwise copy: contiguous, {})"
+
+
 def _slot_lines(spec, epi, el: str, ws: str, grouped: bool) -> str:
     args = []
     n_out = "2N" if gated.is_halves(epi) else "N"
     tile_rows = limits.cpp_facts(spec, epi)[-1]
+    transposed = limits.cpp_transposed(spec)
     for s in slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), grouped, n_out, tile_rows):
         doc = s.doc.replace("dtype[", f"{el}[").replace("ws[", f"{ws}[")
+        if transposed and s.role == "colwise_data":
+            br, bc = slots.direction_facts(spec, True)[:2]
+            doc = TRANSPOSED_DOC.format(f"blocks of {br} along M" if bc == 1 else f"{br}x{bc} tiles")
         args.append(f"  {s.name:<11} {doc}")
     return "\n".join(" * " + a for a in args)
 
@@ -291,7 +302,10 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
     left_doc = "".join("\n *\n * " + "\n * ".join(textwrap.wrap(
         f'Not in this library: "{f}" ({why}; the calls it would serve have no kernel).', 92))
         for f, why in left_out.items())
-    if name in left_out:  # (no "{name}": the two others serve what has a kernel)
+    faster, take = " and is faster", "take"
+    if name in left_out and f"{name}_rows8" in left_out:  # (the transposed copy: "_vec" alone has a kernel)
+        serves, takers, rows8_doc, faster, take = "", "It", "", "", "takes"
+    elif name in left_out:  # (no "{name}": the two others serve what has a kernel)
         serves, takers = "", f'It and "{name}_rows8" (below)'
     else:
         serves = f'"{name}" serves any M, N >= 1; '
@@ -303,7 +317,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
  *{note_doc}
  * lib{name}.so exports {len(functions)} TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
  * GetFunction): {serves}"{name}_vec" needs N % 8 == 0 and 16-byte
- * aligned [M, N] tensors and is faster. {takers} take these positional arguments (DLPack tensors on
+ * aligned [M, N] tensors{faster}. {takers} {take} these positional arguments (DLPack tensors on
  * one CUDA device; the launch uses TVM-FFI's environment stream, see TVMFFIEnvSetStream):
  *
 {lines}{operand_doc}{rows8_doc}{grouped_doc}{left_doc}

@@ -56,7 +56,7 @@ def _dispatch_module():
                 include = f'#include "{header}"'
                 assert include in src, f"mxq: csrc/dispatch.cc must include {header}"
                 src = src.replace(include, csrc.joinpath(header).read_text(), 1)
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v18", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v19", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -73,6 +73,7 @@ def _python_callback(op):
     spec, epi = op.spec, op.epilogue
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
     fp8 = spec.element.torch_dtype
+    transposed = limits.cpp_transposed(spec)  # (colwise data [N, M])
 
     import tvm_ffi
 
@@ -105,8 +106,14 @@ def _python_callback(op):
                                  f"by this op")
             if t is None:
                 return None
-            if name.endswith("_scale") and not like.is_contiguous():
-                return _outer_major(t, like, name)
+            if name.endswith("_scale") and (like._base is not None or not like.is_contiguous()):
+                # (GEMM-ready scales: views of padded buffers)
+                return _padded_scale(t, like, name)
+            if name == "colwise_data" and transposed and (t.shape != like.shape or not t.is_contiguous()):
+                # (as the native dispatcher: the kernel stores the copy's rows M bytes apart)
+                raise ValueError(f"mxq: argument 'colwise_data' is the transposed colwise copy: a contiguous "
+                                 f"tensor of shape {tuple(like.shape)} ([N, M]), got shape {tuple(t.shape)} and "
+                                 f"strides {tuple(t.stride())}")
             if t.numel() != like.numel():
                 raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}"
                                  f"{' (grouped buffers: docs/NUMERICS.md, Groups)' if offsets is not None else ''}")
@@ -144,14 +151,17 @@ def _python_callback(op):
     return call
 
 
-def _outer_major(t, like, name: str):
-    """A destination for GEMM-ready (outer-dim-major) scales ``like`` (a view of a padded buffer,
-    fp8_block_layouts.gemm_scale): that view itself, or its whole buffer, contiguous (what the
-    native dispatcher takes, slots.direction_facts), as the view."""
-    if t.shape == like.shape and t.stride() == like.stride():
+def _padded_scale(t, like, name: str):
+    """A destination for GEMM-ready scales ``like`` (a view of a padded buffer,
+    fp8_block_layouts.gemm_scale: 1x128 scales outer-dim-major, 128x128 tiles row-major with a
+    padded row stride): that view itself (strides of dimensions of one element aside), or its whole
+    buffer, contiguous (what the native dispatcher takes, slots.direction_facts), as the view."""
+    if t.dtype == like.dtype and t.shape == like.shape and all(
+            a == b for a, b, d in zip(t.stride(), like.stride(), like.shape) if d > 1):
         return t
-    if t.dtype != like.dtype or t.numel() != like._base.numel() or not t.is_contiguous():
-        raise ValueError(f"mxq: argument {name!r} must be a contiguous {like.dtype} buffer of {like._base.numel()} "
+    whole = (like._base if like._base is not None else like).numel()
+    if t.dtype != like.dtype or t.numel() != whole or not t.is_contiguous():
+        raise ValueError(f"mxq: argument {name!r} must be a contiguous {like.dtype} buffer of {whole} "
                          f"elements, or its view of shape {tuple(like.shape)} and strides {like.stride()}")
     return t.reshape(-1).as_strided(like.shape, like.stride())
 
@@ -228,7 +238,7 @@ def make_dispatchers(op) -> tuple:
         pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
                                    list(epi.tensor_params + epi.scalar_params), py, res, _zero_callback,
                                    SHARED_ALLOC_MAX_BYTES, UNIT, PADDED_ROW_BYTES, groups.MAX_GROUPS,
-                                   list(limits.cpp_facts(op.spec, op.epilogue)))
+                                   list(limits.cpp_facts(op.spec, op.epilogue)), limits.cpp_transposed(op.spec))
         return pair[0], pair[1], py, res  # (the callbacks too: kept alive with the dispatchers)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import fp4_layouts
+from ..formats import fp4_layouts, fp8_block_layouts
 from ..formats.numerics import BLOCK
 from ..frontend import codegen, gated
 from ..kernels import config as kconfig
@@ -176,14 +176,14 @@ def variant_gap(spec, dtype: str | None, variant: str | None) -> str | None:
 
 def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None, grouped: bool = False) -> str | None:
     """What of an op the C++ routes (register, dispatcher, export) cannot serve, as
-    "format=... <why>", or None: formats without kernels, fp8_block_gap, variant_gap. register()
-    and dispatcher() ask it with no dtype before anything is built and the native dispatcher with
-    each call's dtype and variant (ffi's resolve); export() with its dtype, grouped, and each
-    variant it exports (a variant with a gap is left out of the library)."""
+    "format=... <why>", or None: formats without kernels, fp8_block_gap, variant_gap,
+    cpp_only_gap. register() and dispatcher() ask it with no dtype before anything is built and
+    the native dispatcher with each call's dtype and variant (ffi's resolve); export() with its
+    dtype, grouped, and each variant it exports (a variant with a gap is left out of the library)."""
     if spec.format == "mxfp8":
         return None
-    why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant) or cpp_only_gap(spec, grouped)
-           if spec.format == "fp8_block" else "is not served by the C++ routes yet")
+    why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant)
+           or cpp_only_gap(spec, grouped, variant) if spec.format == "fp8_block" else "is not served by the C++ routes yet")
     return f"format={spec.format!r} {why}" if why else None
 
 
@@ -192,19 +192,34 @@ def cpp_facts(spec, epilogue) -> tuple[int, ...]:
     return slots.scale_facts(spec, codegen.kernel_config(spec, epilogue).tile_rows)
 
 
-def cpp_only_gap(spec, grouped: bool = False) -> str | None:
-    """What of an FP8 block-scaling op the Python routes run on the kernels and the C++ routes do
-    not serve yet (their argument checks know [M, N] data and ungrouped 1x128 / 128-row blocks
-    only): 128x128 tiles, the transposed colwise copy, amax beside colwise blocks, groups."""
+def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None) -> str | None:
+    """What of an FP8 block-scaling op the Python routes serve and the C++ routes do not (they
+    cannot fall back to the reference): groups (their checks know ungrouped calls only), and the
+    GEMM-ready transposed colwise copy (cpp_transposed) on a kernel ``variant`` other than the
+    aligned one (variant None: whatever the variant, which register() and dispatcher() ask): the
+    packed kernel writes that copy from aligned rows alone, variant "vec" (N % 8 == 0, the
+    tensors it reads 16 bytes at a time 16-byte aligned, rows a multiple of 8 elements apart;
+    launch.variant_for's rule, the Python routes running the reference for other calls,
+    fp8_block_unserved), so export() leaves "generic" and "rows8" out of the library and the
+    native dispatcher refuses a call that would take them when it resolves the kernel. 128x128
+    tiles and amax beside colwise blocks are served as the kernels serve them (fp8_block_gap)."""
     if grouped:
         return "with group_offsets is not served by the C++ routes yet"
-    if spec.block != (1, 128):
-        return f"with block={spec.block} is not served by the C++ routes yet"
-    if spec.colwise and spec.scale_layout == "gemm":
-        return "with colwise=True and scale_layout='gemm' (the transposed copy) is not served by the C++ routes yet"
-    if spec.colwise and spec.amax:
-        return "with colwise=True and amax is not served by the C++ routes yet"
+    if variant is not None and not variant.startswith("vec") and cpp_transposed(spec):
+        return ("with colwise=True and scale_layout='gemm' (the transposed copy) from inputs with N % 8 != 0, or "
+                "tensors not 16-byte aligned or rows not a multiple of 8 elements apart (the rowwise FP8 data's too), "
+                "has no GPU kernels yet (the aligned kernel, variant 'vec', alone writes the copy)")
     return None
+
+
+def cpp_transposed(spec) -> bool:
+    """Whether an op's colwise FP8 data is the transposed copy [N, M] (FP8 block scaling's
+    GEMM-ready layout: what fp8_block_layouts.colwise_data allocates, the kernels'
+    KernelConfig.transposed). The C++ routes take it as a contiguous [N, M] tensor
+    (csrc/export_check.h's kColDataT, rendered by export; dispatch.cc's State::transposed, passed
+    by ffi.make_dispatchers) and serve it on the aligned kernel alone (cpp_only_gap)."""
+    return (spec.format == "fp8_block" and spec.colwise
+            and fp8_block_layouts.colwise_data(spec, 1, 2, "meta", False) is not None)
 
 
 def n_multiple(spec, epilogue) -> int:
@@ -256,6 +271,6 @@ def refuse_unlaunchable(what: str, smem_shortfall, dtype: str | None = None) -> 
                          + (" or export it for dtype='fp32'" if dtype else ""))
 
 
-__all__ = ["DTYPE_NAMES", "cpp_facts", "cpp_gap", "fp8_block_gap", "fp8_block_unserved", "n_multiple",
-           "packed_shared_bytes", "refuse_cpp", "refuse_unlaunchable", "smem_shortfall", "unserved",
-           "unsupported", "variant_gap"]
+__all__ = ["DTYPE_NAMES", "cpp_facts", "cpp_gap", "cpp_only_gap", "cpp_transposed", "fp8_block_gap",
+           "fp8_block_unserved", "n_multiple", "packed_shared_bytes", "refuse_cpp", "refuse_unlaunchable",
+           "smem_shortfall", "unserved", "unsupported", "variant_gap"]

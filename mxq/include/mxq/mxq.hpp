@@ -7,12 +7,14 @@
 //   (*epilogue_tensors, *epilogue_scalars, act_input, rowwise_data, rowwise_scale,
 //    colwise_data, colwise_scale, amax, dbias, noop[, group_offsets])
 // with None (tvm::ffi::Optional<tvm::ffi::Tensor>()) in every slot the op does not use. Data
-// slots take float8 or uint8 tensors of the input's shape, scale slots uint8 (E8M0) in the op's
-// layout, or float32 for format fp8_block (flat, contiguous; the gemm layout's 1x128 scales as
-// their padded outer-dim-major buffer [ceil(N/128), roundup(M, 4)]), amax a float32 tensor of one
-// element. CUDA tensors run the kernel on TVM-FFI's environment
-// stream (TVMFFIEnvSetStream); CPU tensors run the torch reference, so C++ code can be tested
-// without a GPU. Pass owning tvm::ffi::Tensor objects (not TensorView) on the CPU route.
+// slots take float8 or uint8 tensors of the input's shape (format fp8_block's gemm layout: the
+// colwise data is the transposed copy, a contiguous [N, M] tensor), scale slots uint8 (E8M0) in
+// the op's layout, or float32 for format fp8_block (flat, contiguous; the gemm layout's scales as
+// their padded buffer, e.g. 1x128 rowwise outer-dim-major [ceil(N/128), roundup(M, 4)], 128x128
+// [roundup(ceil(M/128), 4), roundup(ceil(N/128), 4)]; 128x128 tiles fill both directions' scale
+// buffers), amax a float32 tensor of one element. CUDA tensors run the kernel on TVM-FFI's
+// environment stream (TVMFFIEnvSetStream); CPU tensors run the torch reference, so C++ code can be
+// tested without a GPU. Pass owning tvm::ffi::Tensor objects (not TensorView) on the CPU route.
 // Errors arrive as tvm::ffi::Error carrying the Python exception kind (ValueError, TypeError).
 // group_offsets (optional; None or absent: ungrouped): a 1-D int32/int64 tensor of the G
 // cumulative group ends along the rows, on the input's device (docs/NUMERICS.md, "Groups"):
@@ -34,9 +36,10 @@
 //   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16 (informational: one function serves all)
 //   bit 16     gated          act/dact is the gated form (swiglu, ...): refused by the C++ routes
 //   bit 17     format         fp8_block (bits 3-4 then: 0 pow2, 1 fp32; bit 5: gemm layout): served as
-//                             the kernels serve it (1x128 rowwise; 128-row colwise, compact, from
-//                             bf16/fp16, no amax); the rest is refused by name (limits.cpp_gap)
-//   bit 18     block          fp8_block 128x128 (else 1x128; refused: no kernels yet); nvfp4 block_2d (16x16)
+//                             the kernels serve it (1x128 rowwise, any dtype; 128-row colwise and
+//                             128x128 from bf16/fp16, the gemm layout's transposed colwise copy from
+//                             aligned rows only); the rest is refused by name (limits.cpp_gap)
+//   bit 18     block          fp8_block 128x128 (else 1x128); nvfp4 block_2d (16x16)
 //   bit 19     format, high   format = bit 17 | bit 19 << 1: 2 nvfp4, 3 mxfp4 (refused by the C++ routes)
 //   bit 20     hadamard       nvfp4
 //   bit 21     stochastic_rounding  nvfp4
