@@ -111,6 +111,10 @@ class MXFP8Tensor:
                 if spec.scale_layout != "compact":
                     raise ValueError(f"mxq: format={spec.format!r} outputs with 'group_offsets' take "
                                      "scale_layout='compact'")
+                flags = [f for f in ("hadamard", "stochastic_rounding", "block_2d") if getattr(spec, f)]
+                if flags:
+                    raise ValueError(f"mxq: format={spec.format!r} outputs with 'group_offsets' do not go with "
+                                     f"{flags[0]}=True yet")
                 group_offsets, g = group_offsets.clone(), group_offsets.numel()  # (the caller may reuse its tensor)
             fields = fp4_layouts.outputs(spec, shape, m, n, device, zeroed, g)
             return MXFP8Tensor(
@@ -218,8 +222,8 @@ class MXFP8Tensor:
         per_group = (self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
                      or self.format in fp4.FORMATS)
         if self.group_offsets is not None and per_group:
-            parts = [self.group(g).dequantize(direction).reshape(-1, n)
-                     for g in range(len(groups.bounds(self.group_offsets)))]
+            parts = [self.group(g).dequantize(direction).reshape(e - s, n)
+                     for g, (s, e) in enumerate(groups.bounds(self.group_offsets))]
             return torch.cat(parts).reshape(self.shape)
         if self.format == "fp8_block":
             data = self._need(f"{direction}_data")

@@ -406,9 +406,9 @@ def test_grouped_dequantize_out_and_dbias():
     for fmt in ("nvfp4", "mxfp4"):
         op = mxq.fused_quant(format=fmt, colwise=True, dbias=True)(_ident)
         t = op(x, group_offsets=offs)
-        for d in ("rowwise", "colwise"):
-            want = torch.cat([t.group(g).dequantize(d) for g in (1, 3)])
-            assert torch.equal(t.dequantize(d), want)
+        for d in ("rowwise", "colwise"):  # (each group's rows quantized alone, decoded)
+            want = torch.cat([mxq.quantize(x[s:e], format=fmt, colwise=True).dequantize(d) for s, e in ((0, 10), (10, 64))])
+            assert torch.equal(t.dequantize(d).nan_to_num(7.0), want.nan_to_num(7.0))
         assert torch.equal(t.dbias[2], torch.zeros(48, dtype=torch.bfloat16))
         assert torch.equal(t.dbias[3], x[10:].float().sum(0, dtype=torch.float64).float().bfloat16())
         into = op(x, group_offsets=offs, out=poisoned(op, x, group_offsets=offs))
@@ -459,3 +459,42 @@ def test_grouped_on_cuda_runs_the_reference(fmt, monkeypatch):
     monkeypatch.setenv("MXQ_STRICT", "1")
     with pytest.raises(Exception, match="group_offsets"):
         mxq.quantize(x.cuda(), format=fmt, colwise=True, group_offsets=offs.cuda())
+
+
+def test_grouped_noop_amax_option_and_out_shapes():
+    """noop=1 writes nothing into poisoned grouped outputs; MXFP4's amax=True covers the whole
+    tensor; out= buffers of another group count or an ungrouped amax are refused by name."""
+    from mxq.testing import poisoned
+
+    offs = torch.tensor([6, 6, 40], dtype=torch.int32)
+    x = edge_input(40, 64, torch.float32, seed=8)
+    op = mxq.fused_quant(format="nvfp4", colwise=True)(_ident)
+    out = poisoned(op, x, group_offsets=offs)
+    before = {f: getattr(out, f).clone() for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale",
+                                                    "amax")}
+    op(x, group_offsets=offs, noop=torch.ones(1), out=out)
+    assert all(torch.equal(getattr(out, f).view(torch.uint8), b.view(torch.uint8)) for f, b in before.items())
+    clean = torch.randn(40, 64)
+    mx = mxq.quantize(clean, format="mxfp4", amax=True, group_offsets=offs)
+    assert mx.amax.shape == () and mx.amax.item() == oracle.amax(clean.flatten().tolist())
+    other = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu", group_offsets=torch.tensor([40], dtype=torch.int32))
+    with pytest.raises(ValueError, match="out"):
+        op(x, group_offsets=offs, out=other)
+    with pytest.raises(ValueError, match="out"):
+        op(x, group_offsets=offs, out=mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu"))
+
+
+def test_grouped_reference_clamps_offsets_it_cannot_check():
+    """Offsets the CUDA route does not validate (decreasing, negative, past M) reach the reference
+    unchecked: each end clamped to [0, M] as the kernels clamp them, no error but an odd end with
+    the colwise copy (run here through reference.run, as a CUDA call runs it)."""
+    from mxq.formats import reference
+    from mxq.runtime.call import Call
+
+    x = torch.randn(8, 32)
+    op = mxq.fused_quant(format="nvfp4", colwise=True)(_ident)
+    for ends in ([6, 4, 8], [-2, 8], [4, 10], [8, 2]):
+        t = reference.run(op.spec, op.epilogue, Call([x], [], group_offsets=torch.tensor(ends, dtype=torch.int32)))
+        assert t.rowwise_data.shape == (8, 16)
+    with pytest.raises(ValueError, match="even row"):
+        reference.run(op.spec, op.epilogue, Call([x], [], group_offsets=torch.tensor([3, 8], dtype=torch.int32)))

@@ -152,7 +152,7 @@ def test_compiled_grouped_result_keeps_its_own_offsets(backend):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_compiled_grouped_fp4_writes_the_eager_bytes(fmt):
     """A grouped NVFP4 / MXFP4 call compiles to the eager bytes (NVFP4's per-group amax [G]
-    included); with NVFP4's global_amax it is refused by name while tracing."""
+    included; with a per-group global_amax too, with and without fullgraph)."""
     from mxq.testing import same_bytes
 
     offs = torch.tensor([0, 18, 20, 60, 60, 124, 130], dtype=torch.int32)
@@ -163,10 +163,14 @@ def test_compiled_grouped_fp4_writes_the_eager_bytes(fmt):
         a, b = getattr(got, field), getattr(want, field)
         assert (a is None) == (b is None) and (a is None or same_bytes(a, b)), field
     assert got.group_offsets.tolist() == offs.tolist() and (fmt == "mxfp4" or got.amax.shape == (7,))
-    if fmt == "nvfp4":
-        g = torch.compile(lambda a, o: mxq.quantize(a, format=fmt, group_offsets=o, global_amax=1.0), fullgraph=True)
-        with pytest.raises(Exception, match="group_offsets with NVFP4's global_amax"):
-            g(x, offs)
+    if fmt == "nvfp4":  # (global_amax with groups: one fused_quant_fp4 node; fullgraph and not)
+        per = torch.arange(1, 8, dtype=torch.float32)
+        for full in (True, False):
+            g = torch.compile(lambda a, o, p: mxq.quantize(a, format=fmt, colwise=True, group_offsets=o, global_amax=p),
+                              fullgraph=full)
+            got, want = g(x, offs, per), mxq.quantize(x, format=fmt, colwise=True, group_offsets=offs, global_amax=per)
+            for field in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+                assert same_bytes(getattr(got, field), getattr(want, field)), (full, field)
 
 
 def test_compiled_calls_with_requires_grad_inputs_trace_and_carry_no_gradient():
@@ -416,16 +420,23 @@ def rht(x):
     return x
 
 
+def _same(x):
+    return x
+
+
 def test_fp4_operator_passes_opcheck_and_bad_call_values_are_named_under_compile():
     """opcheck of fused_quant_fp4 (fake against real outputs): a seed's two halves and an offset, a
-    seed drawn when it runs, a given amax tensor, the Hadamard amax pair; bad values refused by
-    name while tracing."""
+    seed drawn when it runs, a given amax tensor, the Hadamard amax pair, a grouped call's amax
+    per group; bad values refused by name while tracing."""
     x = torch.randn(32, 64, dtype=torch.bfloat16)
-    for op, scalars, amax, seed, offset in ((sr_scaled, [1.0], None, [9, 1], 4), (sr_scaled, [1.0], None, [], None),
-                                            (sr_scaled, [0.5], torch.tensor([2.0]), [3, 0], 0),
-                                            (rht, [], None, [], None)):
+    plain = mxq.fused_quant(format="nvfp4", colwise=True)(_same)
+    offs = torch.tensor([0, 10, 32], dtype=torch.int32)
+    for op, scalars, amax, seed, offset, groups in (
+            (sr_scaled, [1.0], None, [9, 1], 4, None), (sr_scaled, [1.0], None, [], None, None),
+            (sr_scaled, [0.5], torch.tensor([2.0]), [3, 0], 0, None), (rht, [], None, [], None, None),
+            (plain, [], torch.tensor([1.0, 2.0, 3.0]), [], None, offs)):
         torch.library.opcheck(torch.ops.mxq.fused_quant_fp4.default,
-                              ([x], scalars, None, None, amax, None, seed, offset, torch_ops.op_id(op)))
+                              ([x], scalars, None, None, amax, None, seed, offset, groups, torch_ops.op_id(op)))
     with pytest.raises(Exception, match="seed"):
         torch.compile(lambda u: sr_scaled(u, seed=-1), fullgraph=True)(x)
     with pytest.raises(Exception, match="global_amax"):

@@ -49,10 +49,16 @@ def data_shape(shape) -> tuple:
     return (*shape[:-1], shape[-1] // 2)
 
 
-def group_bounds(offsets, colwise: bool) -> list[tuple[int, int]]:
+def group_bounds(offsets, colwise: bool, m: int | None = None) -> list[tuple[int, int]]:
     """(start, end) of every group on the host (groups.bounds), every end even where the op
-    writes the colwise copy (a ValueError naming group_offsets otherwise)."""
+    writes the colwise copy (a ValueError naming group_offsets otherwise). ``m``: the rows; each
+    end is then clamped to [0, m] and each start to at most its end, as the kernels clamp offsets
+    they cannot validate (CUDA offsets are not checked: bad ones give unspecified bytes, never
+    an error past these checks or an access outside the buffers)."""
     bnds = groups.bounds(offsets)
+    if m is not None:
+        ends = [min(max(e, 0), m) for _, e in bnds]
+        bnds = [(min(ends[g - 1] if g else 0, e), e) for g, e in enumerate(ends)]
     odd = next(((g, e) for g, (_, e) in enumerate(bnds) if e % 2), None) if colwise else None
     if odd is not None:
         raise ValueError(f"mxq: argument 'group_offsets': FP4's colwise copy [N, M/2] packs rows 2j and 2j + 1 "

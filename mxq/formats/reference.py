@@ -49,6 +49,8 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
     tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
     x = tensors[0]
     shape = gated.out_shape(epilogue, x.shape)
+    if spec.is_fp4 and group_offsets is not None:  # (an odd end with the colwise copy: refused before any write)
+        fp4_layouts.group_bounds(group_offsets, spec.colwise, flat_dims(shape)[0])
     if out is None:
         out = MXFP8Tensor.empty(spec, shape, x.dtype, x.device, group_offsets=group_offsets)
     if noop is not None and bool(noop.reshape(-1)[0] == 1.0):
@@ -159,7 +161,7 @@ def write_fp4_groups(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args, g
     colwise copy, its colwise blocks from column start // B + g of the zeroed grouped buffer;
     NVFP4's amax per group (``args.global_amax``: one value for every group, or one per group)."""
     m, n = v.shape
-    bnds = fp4_layouts.group_bounds(group_offsets, spec.colwise)
+    bnds = fp4_layouts.group_bounds(group_offsets, spec.colwise, m)  # (checked in run first: before any write)
     if spec.colwise:
         out.colwise_scale.zero_()  # (the columns between groups' blocks are 0: a reused out= too)
     given = args.global_amax

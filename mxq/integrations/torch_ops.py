@@ -142,19 +142,21 @@ _FP4_TAGS = tuple(getattr(torch.Tag, t) for t in ("nondeterministic_seeded", "cu
 @torch.library.custom_op("mxq::fused_quant_fp4", mutates_args=(), tags=_FP4_TAGS)
 def fused_quant_fp4(tensors: list[torch.Tensor], scalars: list[float], act_input: torch.Tensor | None,
                     noop: torch.Tensor | None, global_amax: torch.Tensor | None, global_amax_value: float | None,
-                    seed: list[int], offset: int | None, op: str) -> list[torch.Tensor]:
+                    seed: list[int], offset: int | None, group_offsets: torch.Tensor | None,
+                    op: str) -> list[torch.Tensor]:
     """An FP4 call with its own values (fp4.CallArgs): ``global_amax`` a tensor or
     ``global_amax_value`` a float (or neither: computed), ``seed`` as [low, high] 32-bit halves
     (a seed takes 64 bits, more than an int argument holds) or [] (drawn when the call runs, as
-    in eager mode), ``offset``. Outputs as fused_quant's, then NVFP4's Hadamard [amax,
-    colwise_amax] pair (one buffer, as MXFP8Tensor.empty lays them out) or an empty tensor."""
+    in eager mode), ``offset``; ``group_offsets`` (NVFP4's amax then per group). Outputs as
+    fused_quant's, then NVFP4's Hadamard [amax, colwise_amax] pair (one buffer, as
+    MXFP8Tensor.empty lays them out) or an empty tensor."""
     fused = _op(op)
     x = tensors[0]
     args = fp4.CallArgs(global_amax if global_amax is not None else global_amax_value,
                         seed[0] | seed[1] << 32 if seed else None, offset)
     out = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, x.device,
-                            zeroed=noop is not None)
-    t = fused._eager(Call(tensors, scalars, act_input, noop, out, None, args))
+                            zeroed=noop is not None, group_offsets=group_offsets)
+    t = fused._eager(Call(tensors, scalars, act_input, noop, out, group_offsets, args))
     res = _slots(t, x)
     if t.colwise_amax is not None:  # (amax and colwise_amax: one fp32[2] buffer, returned whole)
         res[slots.OUTPUTS.index("amax")] = x.new_empty(0)
@@ -165,10 +167,12 @@ def fused_quant_fp4(tensors: list[torch.Tensor], scalars: list[float], act_input
 
 
 @fused_quant_fp4.register_fake
-def _fused_quant_fp4_fake(tensors, scalars, act_input, noop, global_amax, global_amax_value, seed, offset, op):
+def _fused_quant_fp4_fake(tensors, scalars, act_input, noop, global_amax, global_amax_value, seed, offset,
+                          group_offsets, op):
     fused = _op(op)
     x = tensors[0]
-    like = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, "meta")
+    like = MXFP8Tensor.empty(fused.spec, gated.out_shape(fused.epilogue, x.shape), x.dtype, "meta",
+                             group_offsets=group_offsets)
     out = _fake_slots(like, x)
     if like.colwise_amax is not None:
         out[slots.OUTPUTS.index("amax")] = x.new_empty(0)
@@ -228,10 +232,6 @@ def call(i: str, call: Call):
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
     fp4_call = spec.hadamard or spec.stochastic_rounding or fp4_args is not None
-    if fp4_call and group_offsets is not None:  # (hadamard and stochastic_rounding never take groups: check_fp4)
-        validation.check_fp4(spec, fp4_args, tensors[0], tensors[0].shape, group_offsets)
-        raise ValueError("mxq: torch.compile does not trace group_offsets with NVFP4's global_amax yet; call such "
-                         "an op outside the compiled region (torch.compiler.disable), or without global_amax")
     if fp4_call and out is not None:
         raise ValueError("mxq: torch.compile does not trace out= with NVFP4's hadamard, stochastic_rounding, "
                          "global_amax, seed or offset yet; call such an op outside the compiled region "
@@ -250,13 +250,13 @@ def call(i: str, call: Call):
         return out
     if fp4_call:
         args = fp4_args if fp4_args is not None else fp4.CallArgs()
-        validation.check_fp4(spec, args, tensors[0], shape, group_offsets)  # (group_offsets refused: no groups)
+        validation.check_fp4(spec, args, tensors[0], shape, group_offsets)  # (group values: when the call runs)
         amax = args.global_amax
         seed = [] if args.seed is None else [args.seed & 0xFFFFFFFF, args.seed >> 32]
         res = torch.ops.mxq.fused_quant_fp4(list(tensors), floats, act_input, noop,
                                             amax if isinstance(amax, torch.Tensor) else None,
                                             None if amax is None or isinstance(amax, torch.Tensor) else float(amax),
-                                            seed, args.offset, i)
+                                            seed, args.offset, group_offsets, i)
     else:
         res = torch.ops.mxq.fused_quant(list(tensors), floats, act_input, noop, group_offsets, i)
     return _result(spec, res, shape, None if group_offsets is None else group_offsets.clone(),  # (a copy, as eager)
