@@ -341,8 +341,13 @@ class FusedOp:
 
     def _destination_passing(self, what: str):
         """The function ``what`` publishes: the native dispatcher (csrc/dispatch.cc; FP8 block
-        scaling's are built here, its Python calls take none: ffi.dispatchers_or_none)."""
-        self._refuse_cpp(what)
+        scaling's are built here, its Python calls take none: ffi.dispatchers_or_none); NVFP4's
+        and MXFP4's run in Python on every call (ffi.python_dispatcher, as a gated op's)."""
+        self._refuse_cpp(what, native=not self.spec.is_fp4)
+        if self.spec.is_fp4:
+            if self._cpp_dispatchers is None:
+                self._cpp_dispatchers = (ffi.python_dispatcher(self), None)
+            return self._cpp_dispatchers[0]
         if self.spec.format != "mxfp8":
             if self._cpp_dispatchers is None:
                 self._cpp_dispatchers = ffi.make_dispatchers(self)
@@ -373,9 +378,10 @@ class FusedOp:
         return export.export(self, directory, arch=arch, dtype=dtype, name=name, grouped=grouped, operands=operands,
                              note=note, n_multiple=n_multiple)
 
-    def _refuse_cpp(self, what: str, dtype: str | None = None, grouped: bool = False) -> None:
-        """What this op's C++ routes cannot serve, refused before anything is built (limits.refuse_cpp)."""
-        limits.refuse_cpp(what, self.spec, self.epilogue, self._packed_smem_shortfall, dtype, grouped)
+    def _refuse_cpp(self, what: str, dtype: str | None = None, grouped: bool = False, native: bool = True) -> None:
+        """What this op's C++ routes cannot serve, refused before anything is built (limits.refuse_cpp;
+        ``native``: a route of compiled code alone, export or the native dispatcher)."""
+        limits.refuse_cpp(what, self.spec, self.epilogue, self._packed_smem_shortfall, dtype, grouped, native)
 
     def output_shape(self, shape):
         """The outputs' shape for a first input of ``shape`` (wider for mxq/frontend/gated.py's ops)."""
@@ -430,7 +436,7 @@ class GatedOp(FusedOp):
         its own tensors (x [..., 2N] forward; the gradient [..., N] and act_input [..., 2N]
         backward) and outputs, run in Python on every call (ffi.python_dispatcher: CPU tensors the
         reference, CUDA ones the kernels over the halves)."""
-        gap = limits.cpp_gap(self.inner.spec, self.inner.epilogue)
+        gap = limits.cpp_gap(self.inner.spec, self.inner.epilogue, native=False)
         if gap:
             raise ValueError(f"mxq: {what}: {gap}, so it has no C++ route; call the op from Python")
         if self._dispatcher is None:

@@ -432,8 +432,13 @@ def test_get_quantize_kernel_serves_fp8_block_keys():
              None, None, None)
     for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale"):
         assert same_bytes(getattr(out, f), getattr(want, f)), f
-    msg = _error(get, QuantSpec(format="nvfp4").key("bf16"))
-    assert "format='nvfp4' is not served by the C++ routes" in msg and "no C++ route" in msg, msg
+    nv = get(QuantSpec(format="nvfp4").key("bf16"))  # (FP4 keys: Python's route, tests/test_fp4_options.py)
+    x = torch.randn(16, 64)
+    want = mxq.quantize(x, format="nvfp4")
+    data, scale, amax = torch.empty(16, 32, dtype=torch.uint8), torch.empty(64, dtype=torch.uint8), torch.empty(1)
+    nv(x, None, data, scale, None, None, amax, None, None)
+    assert same_bytes(data, want.rowwise_data) and same_bytes(scale, want.rowwise_scale.view(torch.uint8).reshape(-1))
+    assert amax.item() == want.amax.item()
 
 
 def test_dispatcher_names_a_wrong_scale_buffer():

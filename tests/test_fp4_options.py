@@ -186,15 +186,78 @@ def test_save_and_load(tmp_path):
     assert torch.equal(u.dequantize("colwise"), t.dequantize("colwise"))
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_cpp_routes_refuse_and_cuda_calls_fall_back_by_name(fmt):
-    def double(x):
-        return x * 2
+def _double(x):
+    return x * 2
 
+
+def _dest_call(fn, op, x, offs=None, poison=False):
+    """Call destination-passing ``fn`` as a C++ caller does (flat scale buffers, FP4 data and
+    NVFP4's E4M3 scales as bytes; every slot the op does not use None) into buffers shaped like
+    op's outputs (``poison``: filled with 0xAB first); returns them by field."""
+    like = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device, group_offsets=offs)
+    bufs = {}
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
+        t = getattr(like, f)
+        if t is not None:
+            t = t.view(torch.uint8) if t.dtype.itemsize == 1 else t
+            t = t.reshape(-1) if f.endswith("_scale") or f == "amax" else t
+            bufs[f] = t.fill_(0xAB) if poison and t.dtype == torch.uint8 else t
+    args = [x, None, *(bufs.get(f) for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale",
+                                             "amax", "dbias")), None]
+    fn(*args, *([offs] if offs is not None else []))
+    return bufs
+
+
+def _as_bytes(w, like):
+    return (w.view(torch.uint8) if w.dtype.itemsize == 1 else w).reshape(like.shape)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_register_and_dispatcher_serve_fp4_through_python(fmt):
+    """register() and dispatcher() of an NVFP4 / MXFP4 op: the destination-passing signature, run in
+    Python (CPU tensors: the reference), into a C++ caller's flat byte buffers the bytes of the
+    Python call, grouped too; export() refused by name; stochastic rounding and the Hadamard
+    transform (whose seed and colwise_amax have no slot) refused."""
+    import tvm_ffi
+
+    op = mxq.fused_quant(format=fmt, colwise=True, dbias=True)(_double)
+    op.register(f"fp4_{fmt}")
+    x = torch.randn(64, 96)
+    offs = torch.tensor([0, 30, 64], dtype=torch.int32)
+    for fn in (tvm_ffi.get_global_func(f"mxq.fp4_{fmt}"), op.dispatcher()):
+        for groups in (None, offs):
+            want = op(x, group_offsets=groups)
+            got = _dest_call(fn, op, x, groups, poison=True)
+            for f, buf in got.items():
+                assert torch.equal(buf, _as_bytes(getattr(want, f), buf)), (f, groups is None)
+    with pytest.raises(ValueError, match=f"{fmt}.*export"):
+        op.export("/tmp/none")
+    bad = [mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(_double),
+           mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(_double)]
+    for b, word in zip(bad, ("stochastic_rounding", "hadamard")):
+        for call in (lambda: b.register("fp4_bad"), b.dispatcher):
+            with pytest.raises(ValueError, match=word):
+                call()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_dispatcher_on_cuda_writes_the_python_bytes(fmt):
+    """CUDA tensors through an FP4 op's dispatcher (Python, then the kernels as a Python call
+    takes them) into a caller's byte buffers: the Python call's bytes. CPU counterpart:
+    test_register_and_dispatcher_serve_fp4_through_python."""
+    op = mxq.fused_quant(format=fmt, colwise=True)(_double)
+    x = torch.randn(128, 256, dtype=torch.bfloat16, device="cuda")
+    want = op(x)
+    got = _dest_call(op.dispatcher(), op, x, poison=True)
+    for f, buf in got.items():
+        assert torch.equal(buf, _as_bytes(getattr(want, f), buf)), f
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_cuda_calls_fall_back_by_name(fmt):
+    double = _double
     op = mxq.fused_quant(format=fmt)(double)
-    for call in (lambda: op.register(f"fp4_{fmt}"), op.dispatcher, lambda: op.export("/tmp/none")):
-        with pytest.raises(ValueError, match=fmt):
-            call()
     # rowwise blocks and the colwise copy have kernels (tests/test_kernels_fp4.py, tests/test_kernels_nvfp4.py,
     # tests/test_kernels_mxfp4_col.py), the copy where M % 8 == 0
     x = torch.zeros(4, 32, dtype=torch.bfloat16)

@@ -72,7 +72,6 @@ def _python_callback(op):
     op's whole destination-passing function (python_dispatcher)."""
     spec, epi = op.spec, op.epilogue
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
-    fp8 = spec.element.torch_dtype
     transposed = limits.cpp_transposed(spec)  # (colwise data [N, M])
 
     import tvm_ffi
@@ -117,8 +116,8 @@ def _python_callback(op):
             if t.numel() != like.numel():
                 raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}"
                                  f"{' (grouped buffers: docs/NUMERICS.md, Groups)' if offsets is not None else ''}")
-            if like.dtype == fp8 and t.dtype == torch.uint8:
-                t = t.view(fp8)
+            if like.dtype != t.dtype and like.dtype.itemsize == t.dtype.itemsize == 1:
+                t = t.view(like.dtype)  # (FP8 data and NVFP4's E4M3 scales passed as bytes)
             if name.endswith("_data") and offsets is None and not t.is_contiguous():
                 # FP8 data of padded rows (what the allocating route makes at N % 8 != 0), as its shape
                 m, n = flat_dims(like.shape)

@@ -174,17 +174,37 @@ def variant_gap(spec, dtype: str | None, variant: str | None) -> str | None:
     return None
 
 
-def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None, grouped: bool = False) -> str | None:
+def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None, grouped: bool = False,
+            native: bool = True) -> str | None:
     """What of an op the C++ routes (register, dispatcher, export) cannot serve, as
     "format=... <why>", or None: formats without kernels, fp8_block_gap, variant_gap,
-    cpp_only_gap. register() and dispatcher() ask it with no dtype before anything is built and
+    cpp_only_gap, fp4_cpp_gap. register() and dispatcher() ask it with no dtype before anything is built and
     the native dispatcher with each call's dtype and variant (ffi's resolve); export() with its
-    dtype, grouped, and each variant it exports (a variant with a gap is left out of the library)."""
+    dtype, grouped, and each variant it exports (a variant with a gap is left out of the library).
+    ``native``: a route of compiled code alone (export, the native dispatcher); NVFP4's and
+    MXFP4's register() and dispatcher() run in Python (ffi.python_dispatcher)."""
     if spec.format == "mxfp8":
         return None
+    if spec.is_fp4:
+        why = fp4_cpp_gap(spec, native)
+        return f"format={spec.format!r} {why}" if why else None
     why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant)
            or cpp_only_gap(spec, grouped, variant) if spec.format == "fp8_block" else "is not served by the C++ routes yet")
     return f"format={spec.format!r} {why}" if why else None
+
+
+def fp4_cpp_gap(spec, native: bool) -> str | None:
+    """What of an NVFP4 / MXFP4 op the C++ routes do not serve: export() (compiled code alone: its
+    argument checks know FP8 data); in register(), dispatcher() and get_quantize_kernel (Python
+    on every call, the destination-passing signature), stochastic rounding and the Hadamard
+    transform, whose seed, offset and colwise_amax have no slot there."""
+    if native:
+        return "is served by register(), dispatcher() and get_quantize_kernel (through Python), not by export() yet"
+    for flag in ("stochastic_rounding", "hadamard"):
+        if getattr(spec, flag):
+            return (f"with {flag}=True is not served by the C++ routes yet (its seed, offset or colwise_amax "
+                    "have no slot in the destination-passing signature)")
+    return None
 
 
 def cpp_facts(spec, epilogue) -> tuple[int, ...]:
@@ -246,11 +266,13 @@ def smem_shortfall(epilogue, need: int) -> str | None:
             f"memory in the 16-bit kernel (at most {kconfig.SMEM_LIMIT})")
 
 
-def refuse_cpp(what: str, spec, epilogue, smem_shortfall, dtype: str | None = None, grouped: bool = False) -> None:
+def refuse_cpp(what: str, spec, epilogue, smem_shortfall, dtype: str | None = None, grouped: bool = False,
+               native: bool = True) -> None:
     """Ops a C++ route cannot serve, refused before anything is built: what the kernels do not
-    serve (cpp_gap: a C++ route cannot fall back to the reference), a gated op's inner op (the
-    gated op serves them itself), and refuse_unlaunchable's."""
-    gap = cpp_gap(spec, epilogue, dtype, grouped=grouped)
+    serve (cpp_gap: a C++ route cannot fall back to the reference; ``native``: its route of
+    compiled code alone), a gated op's inner op (the gated op serves them itself), and
+    refuse_unlaunchable's."""
+    gap = cpp_gap(spec, epilogue, dtype, grouped=grouped, native=native)
     if gap:
         raise ValueError(f"mxq: {what}: {gap}, so it has no C++ route; call the op from Python")
     if spec.gated or gated.is_halves(epilogue):

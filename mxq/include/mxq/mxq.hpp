@@ -1,4 +1,4 @@
-// mxq C++ API: call mxq's fused MXFP8 and FP8 block-scaling quantization ops from C++ through TVM-FFI.
+// mxq C++ API: call mxq's fused quantization ops (MXFP8, FP8 block scaling, NVFP4, MXFP4) from C++ through TVM-FFI.
 //
 // In a process where Python has imported mxq, two kinds of globals exist:
 //   "mxq.<name>"                 an op registered with op.register(name)
@@ -40,7 +40,8 @@
 //                             128x128 from bf16/fp16, the gemm layout's transposed colwise copy from
 //                             aligned rows only); the rest is refused by name (limits.cpp_gap)
 //   bit 18     block          fp8_block 128x128 (else 1x128); nvfp4 block_2d (16x16)
-//   bit 19     format, high   format = bit 17 | bit 19 << 1: 2 nvfp4, 3 mxfp4 (refused by the C++ routes)
+//   bit 19     format, high   format = bit 17 | bit 19 << 1: 2 nvfp4, 3 mxfp4 (served through Python: packed
+//                             data and NVFP4's E4M3 scales as uint8; stochastic rounding and hadamard refused)
 //   bit 20     hadamard       nvfp4
 //   bit 21     stochastic_rounding  nvfp4
 //   bits 22-31 zero
