@@ -53,6 +53,7 @@ class FusedOp:
         self._launchers: dict = {}  # (device, dtype name) -> launch.Launcher
         self._dispatchers = None  # (destination-passing, allocating) native functions, built once
         self._cpp_dispatchers = None  # the same for register()/dispatcher() where Python calls take none
+        self._gemm_dispatcher = None  # op.gemm's destination-passing function (dispatcher(gemm=True))
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by (its identity)
         self._source: str | None = None
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
@@ -326,18 +327,31 @@ class FusedOp:
             raise ValueError("mxq: asm(): operands= names op.gemm's operand kinds; pass gemm=True")
         return inspection.compile_artifacts(self, arch=arch, dtype=dtype)
 
-    def register(self, name: str):
+    def register(self, name: str, gemm: bool = False):
         """Register this op as TVM-FFI global ``mxq.<name>`` (destination-passing signature, see
-        docs/DESIGN.md); returns the native function. CPU tensors run the reference."""
+        docs/DESIGN.md); returns the native function. CPU tensors run the reference. ``gemm=True``:
+        ``op.gemm``'s instead (dispatcher(gemm=True))."""
         if name == "get_quantize_kernel":
             raise ValueError("mxq: register() name 'get_quantize_kernel' is mxq's own entry point")
-        fn = self._destination_passing("register()")
+        fn = self.dispatcher(gemm) if gemm is not False else self._destination_passing("register()")
         ffi.register_global(name, fn)
         return fn
 
-    def dispatcher(self):
-        """The op's destination-passing function (what ``register`` publishes)."""
-        return self._destination_passing("dispatcher()")
+    def dispatcher(self, gemm: bool = False):
+        """The op's destination-passing function (what ``register`` publishes). ``gemm=True``:
+        ``op.gemm``'s, in Python on every call (ffi.gemm_dispatcher: ``(a, w, *the epilogue's other
+        tensors, *its floats, act_input, rowwise_data, rowwise_scale, colwise_data, colwise_scale,
+        amax, dbias, noop)``, the slots op.gemm does not write None)."""
+        if not isinstance(gemm, bool):
+            raise TypeError(f"mxq: dispatcher() argument 'gemm' must be a bool, got {type(gemm).__name__}")
+        if not gemm:
+            return self._destination_passing("dispatcher()")
+        gap = codegen.gemm_gap(self.spec, self.epilogue)
+        if gap:
+            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}, so it has no C++ route")
+        if self._gemm_dispatcher is None:
+            self._gemm_dispatcher = ffi.gemm_dispatcher(self)
+        return self._gemm_dispatcher
 
     def _destination_passing(self, what: str):
         """The function ``what`` publishes: the native dispatcher (csrc/dispatch.cc; FP8 block

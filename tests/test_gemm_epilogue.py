@@ -274,6 +274,83 @@ def test_out_receives_the_allocating_calls_bytes_and_bad_outs_are_named():
         plus_bias_gemm.gemm(a, w, b, out=o)
 
 
+def _dest_args(op, m, n, poison: int = 0x5A):
+    """A C++ caller's destinations for op.gemm's dispatcher: rowwise data as bytes [M, N], the
+    rowwise scales as one flat buffer (GEMM-ready scales: the whole padded buffer), the other
+    slots None; and the MXFP8Tensor view of them (to compare)."""
+    like = mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, "cpu", row_align=1)
+    data = like.rowwise_data.view(torch.uint8).fill_(poison)
+    scale = like.rowwise_scale
+    flat = (scale._base if scale._base is not None else scale).reshape(-1)
+    flat = flat.view(torch.uint8) if flat.dtype.itemsize == 1 else flat
+    return [None, data, flat, None, None, None, None, None], like
+
+
+@pytest.mark.parametrize("op", [plus_bias_gemm, plus_bias_mx_sw, scaled_residual], ids=lambda o: o.__name__)
+def test_gemm_dispatcher_writes_what_op_gemm_writes(op):
+    """op.dispatcher(gemm=True) and op.register(name, gemm=True): op.gemm's destination-passing
+    function (a, w, the epilogue's other tensors and floats, the eight destination slots) writes
+    into a C++ caller's buffers (FP8 data as bytes, flat scales) the bytes op.gemm returns (CPU:
+    the reference); slots op.gemm does not write, a wrong count, a wrong type are named."""
+    import tvm_ffi
+
+    a, w = _ab(n=40, k=32)
+    m, n = a.shape[0], w.shape[0]
+    if op is scaled_residual:
+        others, floats = [torch.randn(m, 1, dtype=a.dtype), torch.randn(m, n, dtype=a.dtype)], [0.75]
+    else:
+        others, floats = [torch.randn(n, dtype=a.dtype)], []
+    want = op.gemm(a, w, *others, **dict(zip(op.epilogue.scalar_params, floats)))
+    op.register(f"gemm_{op.__name__}", gemm=True)
+    for fn in (op.dispatcher(gemm=True), tvm_ffi.get_global_func(f"mxq.gemm_{op.__name__}")):
+        dests, got = _dest_args(op, m, n)
+        fn(a, w, *others, *floats, *dests)
+        assert compare(got, want, exact=True) == []
+    dests, _ = _dest_args(op, m, n)
+    bad = list(dests)
+    bad[3] = torch.empty(m, n, dtype=torch.uint8)  # (colwise_data: op.gemm writes none)
+    with pytest.raises(ValueError, match="colwise_data"):
+        op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
+    with pytest.raises(TypeError, match="arguments"):
+        op.dispatcher(gemm=True)(a, w, *others, *floats, *dests[:-1])
+    bad = list(dests)
+    bad[2] = torch.empty(3, dtype=bad[2].dtype)
+    with pytest.raises(ValueError, match="rowwise_scale"):
+        op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
+    with pytest.raises(TypeError, match="gemm"):
+        op.dispatcher(gemm=1)
+
+
+def test_gemm_dispatcher_refuses_what_op_gemm_does_not_serve():
+    op = mxq.fused_quant(act="gelu", colwise=True)(_plus)
+    with pytest.raises(ValueError, match="colwise"):
+        op.dispatcher(gemm=True)
+    with pytest.raises(ValueError, match="colwise"):
+        op.register("gemm_refused", gemm=True)
+
+
+def _plus(x, b):
+    return x + b
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw], ids=lambda o: o.__name__)
+def test_gpu_gemm_dispatcher_writes_op_gemms_bytes(op):
+    """op.gemm's dispatcher on CUDA tensors (the caller's stream) writes op.gemm's bytes. CPU
+    counterpart: test_gemm_dispatcher_writes_what_op_gemm_writes."""
+    a = torch.randn(300, 256, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(520, 256, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(520, dtype=torch.bfloat16, device="cuda")
+    want = op.gemm(a, w, b)
+    like = mxq.MXFP8Tensor.empty(op.spec, (300, 520), a.dtype, "cuda", row_align=1)
+    scale = like.rowwise_scale
+    flat = (scale._base if scale._base is not None else scale).reshape(-1)
+    flat = flat.view(torch.uint8) if flat.dtype.itemsize == 1 else flat
+    op.dispatcher(gemm=True)(a, w, b, None, like.rowwise_data.view(torch.uint8), flat, None, None, None, None, None)
+    torch.cuda.synchronize()
+    assert compare(like, want, exact=True) == []
+
+
 def test_bad_tensors_are_named_before_anything_runs():
     a, w = _ab()
     b = torch.zeros(16, dtype=torch.bfloat16)

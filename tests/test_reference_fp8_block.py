@@ -152,13 +152,15 @@ def test_spec_key_round_trips():
         QuantSpec.from_key(1 << 18 | 2)  # a 128x128 block on an MXFP8 key
 
 
-def test_cpp_routes_refuse_128x128_tiles():
-    """The C++ routes serve fp8_block's 1x128 blocks (tests/test_cpp_fp8_block.py) and refuse
-    its 128x128 tiles by name, before anything is built."""
+def test_cpp_routes_take_128x128_tiles_where_the_kernels_do(tmp_path):
+    """The C++ routes serve fp8_block's 128x128 tiles as the kernels do (tests/test_cpp_fp8_block.py):
+    register() and dispatcher() build; an export for fp32 inputs, which no kernel serves, is
+    refused by name before anything is built."""
     op = mxq.fused_quant(format="fp8_block", block=(128, 128))(ident)
-    for call in (lambda: op.register("fp8_block_x"), op.dispatcher, lambda: op.export("/nonexistent")):
-        with pytest.raises(ValueError, match="128"):
-            call()
+    assert op.dispatcher() is op.register("fp8_block_tiles")
+    with pytest.raises(ValueError, match=r"block=\(128, 128\) and fp32"):
+        op.export(tmp_path / "x", dtype="fp32")
+    assert not (tmp_path / "x").exists()
 
 
 def test_cuda_calls_fall_back_to_the_reference(monkeypatch):

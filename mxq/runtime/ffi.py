@@ -100,34 +100,7 @@ def _python_callback(op):
                                  group_offsets=None if offsets is None else offsets.to("meta"))
 
         def dest(t, like, name):
-            if (t is None) != (like is None):
-                raise ValueError(f"mxq: argument {name!r} is {'required' if like is not None else 'not used'} "
-                                 f"by this op")
-            if t is None:
-                return None
-            if name.endswith("_scale") and (like._base is not None or not like.is_contiguous()):
-                # (GEMM-ready scales: views of padded buffers)
-                return _padded_scale(t, like, name)
-            if name == "colwise_data" and transposed and (t.shape != like.shape or not t.is_contiguous()):
-                # (as the native dispatcher: the kernel stores the copy's rows M bytes apart)
-                raise ValueError(f"mxq: argument 'colwise_data' is the transposed colwise copy: a contiguous "
-                                 f"tensor of shape {tuple(like.shape)} ([N, M]), got shape {tuple(t.shape)} and "
-                                 f"strides {tuple(t.stride())}")
-            if t.numel() != like.numel():
-                raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}"
-                                 f"{' (grouped buffers: docs/NUMERICS.md, Groups)' if offsets is not None else ''}")
-            if like.dtype != t.dtype and like.dtype.itemsize == t.dtype.itemsize == 1:
-                t = t.view(like.dtype)  # (FP8 data and NVFP4's E4M3 scales passed as bytes)
-            if name.endswith("_data") and offsets is None and not t.is_contiguous():
-                # FP8 data of padded rows (what the allocating route makes at N % 8 != 0), as its shape
-                m, n = flat_dims(like.shape)
-                if t.shape != like.shape or data_rows(t, m, n) is None:
-                    raise ValueError(f"mxq: argument {name!r} must be contiguous or rows of unit stride at least "
-                                     f"{n} elements apart, of shape {tuple(like.shape)}")
-                return t
-            if not t.is_contiguous():  # (a reshape would copy it: the call would write into the copy)
-                raise ValueError(f"mxq: argument {name!r} must be contiguous")
-            return t.view(like.shape)
+            return _destination(t, like, name, transposed, offsets is not None)
 
         out = MXFP8Tensor(
             rowwise_data=dest(rd, want.rowwise_data, "rowwise_data"),
@@ -148,6 +121,40 @@ def _python_callback(op):
             op(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
 
     return call
+
+
+def _destination(t, like, name: str, transposed: bool = False, grouped: bool = False):
+    """A C++ caller's destination tensor ``t`` (or None) for output field ``name`` shaped like
+    ``like`` (a meta tensor of MXFP8Tensor.empty's): checked, and viewed as the field (flat
+    scale buffers, bytes for 1-byte dtypes, GEMM-ready padded scales: _padded_scale)."""
+    if (t is None) != (like is None):
+        raise ValueError(f"mxq: argument {name!r} is {'required' if like is not None else 'not used'} "
+                         f"by this op")
+    if t is None:
+        return None
+    if name.endswith("_scale") and (like._base is not None or not like.is_contiguous()):
+        # (GEMM-ready scales: views of padded buffers)
+        return _padded_scale(t, like, name)
+    if name == "colwise_data" and transposed and (t.shape != like.shape or not t.is_contiguous()):
+        # (as the native dispatcher: the kernel stores the copy's rows M bytes apart)
+        raise ValueError(f"mxq: argument 'colwise_data' is the transposed colwise copy: a contiguous "
+                         f"tensor of shape {tuple(like.shape)} ([N, M]), got shape {tuple(t.shape)} and "
+                         f"strides {tuple(t.stride())}")
+    if t.numel() != like.numel():
+        raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}"
+                         f"{' (grouped buffers: docs/NUMERICS.md, Groups)' if grouped else ''}")
+    if like.dtype != t.dtype and like.dtype.itemsize == t.dtype.itemsize == 1:
+        t = t.view(like.dtype)  # (FP8 data and NVFP4's E4M3 scales passed as bytes)
+    if name.endswith("_data") and not grouped and not t.is_contiguous():
+        # FP8 data of padded rows (what the allocating route makes at N % 8 != 0), as its shape
+        m, n = flat_dims(like.shape)
+        if t.shape != like.shape or data_rows(t, m, n) is None:
+            raise ValueError(f"mxq: argument {name!r} must be contiguous or rows of unit stride at least "
+                             f"{n} elements apart, of shape {tuple(like.shape)}")
+        return t
+    if not t.is_contiguous():  # (a reshape would copy it: the call would write into the copy)
+        raise ValueError(f"mxq: argument {name!r} must be contiguous")
+    return t.view(like.shape)
 
 
 def _padded_scale(t, like, name: str):
@@ -171,6 +178,61 @@ def python_dispatcher(op):
     import tvm_ffi
 
     return tvm_ffi.convert(_python_callback(op))
+
+
+def gemm_dispatcher(op):
+    """``op.gemm``'s destination-passing function (``op.register(name, gemm=True)``,
+    ``op.dispatcher(gemm=True)``), in Python on every call: ``(a, w, *epilogue tensors after the
+    accumulator, *epilogue floats, act_input, rowwise_data, rowwise_scale, colwise_data,
+    colwise_scale, amax, dbias, noop)``, the slots op.gemm does not write None (act_input, the
+    colwise ones, amax, dbias, noop: a ValueError naming them otherwise), the rowwise data a
+    contiguous [M, N] FP8 (or uint8) tensor, its scales flat or as Python holds them. CPU tensors
+    run op.gemm's reference; CUDA ones its sm_90 GEMM on the caller's stream."""
+    import tvm_ffi
+
+    spec, epi = op.spec, op.epilogue
+    nt, ns = len(epi.tensor_params) - 1, len(epi.scalar_params)  # (the first tensor: the accumulator)
+    names = ["a", "w", *epi.tensor_params[1:], *epi.scalar_params, *slots.DESTINATIONS]
+
+    def call(*args):
+        if len(args) != 2 + nt + ns + len(slots.DESTINATIONS):
+            raise TypeError(f"mxq: {op.__name__}.gemm's dispatcher expects {2 + nt + ns + len(slots.DESTINATIONS)} "
+                            f"arguments ({', '.join(names)}), got {len(args)}")
+        for i, arg in enumerate(args):
+            if 2 + nt <= i < 2 + nt + ns:
+                if isinstance(arg, bool) or not isinstance(arg, (int, float)):
+                    raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a float, got {type(arg).__name__}")
+            elif not (arg is None and i >= 2 + nt) and not isinstance(arg, tvm_ffi.Tensor):
+                raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a tensor"
+                                f"{' or None' if i >= 2 + nt else ''}, got {type(arg).__name__}")
+        a, w = _torch(args[0]), _torch(args[1])
+        others = [_torch(t) for t in args[2:2 + nt]]
+        scalars = [float(v) for v in args[2 + nt:2 + nt + ns]]
+        dests = dict(zip(slots.DESTINATIONS, (_torch(t) for t in args[2 + nt + ns:])))
+        unused = [k for k, t in dests.items() if t is not None and k not in ("rowwise_data", "rowwise_scale")]
+        if unused:
+            raise ValueError(f"mxq: argument {unused[0]!r} is not written by {op.__name__}.gemm (its epilogue "
+                             "writes the rowwise data and scales): pass None")
+        if a.dim() != 2 or w.dim() != 2:
+            raise ValueError(f"mxq: {op.__name__}.gemm takes a [M, K] and w [N, K], got shapes {tuple(a.shape)} and "
+                             f"{tuple(w.shape)}")
+        shape = torch.Size((a.shape[0], w.shape[0]))
+        want = MXFP8Tensor.empty(spec, shape, a.dtype, "meta", row_align=1)
+        data = _destination(dests["rowwise_data"], want.rowwise_data, "rowwise_data")
+        if data is not None and not data.is_contiguous():
+            raise ValueError("mxq: argument 'rowwise_data' of op.gemm must be contiguous (the GEMM writes whole rows)")
+        out = MXFP8Tensor(rowwise_data=data, colwise_data=None,
+                          rowwise_scale=_destination(dests["rowwise_scale"], want.rowwise_scale, "rowwise_scale"),
+                          colwise_scale=None, amax=None, dbias=None, fp8=spec.fp8, scale_layout=spec.scale_layout,
+                          shape=shape, scale_mode=spec.scale_mode, format=want.format, block=want.block)
+        kwargs = dict(zip(epi.scalar_params, scalars))
+        if a.device.type != "cuda":
+            op.gemm(a, w, *others, out=out, **kwargs)
+            return
+        with _caller_stream(a.device):  # the C++ caller's stream (TVMFFIEnvSetStream), not torch's
+            op.gemm(a, w, *others, out=out, **kwargs)
+
+    return tvm_ffi.convert(call)
 
 
 def _caller_stream(device):
@@ -271,4 +333,5 @@ def register_global(name: str, fn) -> None:
     tvm_ffi.register_global_func(f"mxq.{name}", fn, override=True)
 
 
-__all__ = ["SHARED_ALLOC_MAX_BYTES", "dispatchers_or_none", "make_dispatchers", "python_dispatcher", "register_global"]
+__all__ = ["SHARED_ALLOC_MAX_BYTES", "dispatchers_or_none", "gemm_dispatcher", "make_dispatchers", "python_dispatcher",
+           "register_global"]
