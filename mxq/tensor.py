@@ -108,13 +108,9 @@ class MXFP8Tensor:
                 raise ValueError(f"mxq: format={spec.format!r} outputs are contiguous: leave 'row_align' None")
             g = None
             if group_offsets is not None:
-                if spec.scale_layout != "compact":
-                    raise ValueError(f"mxq: format={spec.format!r} outputs with 'group_offsets' take "
-                                     "scale_layout='compact'")
-                flags = [f for f in ("hadamard", "stochastic_rounding", "block_2d") if getattr(spec, f)]
-                if flags:
-                    raise ValueError(f"mxq: format={spec.format!r} outputs with 'group_offsets' do not go with "
-                                     f"{flags[0]}=True yet")
+                gap = fp4_layouts.grouped_gap(spec)
+                if gap:
+                    raise ValueError(f"mxq: argument 'group_offsets' with format={spec.format!r} {gap}")
                 group_offsets, g = group_offsets.clone(), group_offsets.numel()  # (the caller may reuse its tensor)
             fields = fp4_layouts.outputs(spec, shape, m, n, device, zeroed, g)
             return MXFP8Tensor(

@@ -49,6 +49,17 @@ def data_shape(shape) -> tuple:
     return (*shape[:-1], shape[-1] // 2)
 
 
+def grouped_gap(spec) -> str | None:
+    """What of an NVFP4 / MXFP4 op its grouped outputs cannot be, or None: compact scales only,
+    no Hadamard transform, stochastic rounding or 16x16 tiles (validation.check_fp4_groups and
+    MXFP8Tensor.empty say it after the option's name)."""
+    if spec.scale_layout != "compact":
+        return (f"takes scale_layout='compact' (each group's colwise blocks in the [N, M // {BLOCKS[spec.format]} + "
+                f"G] buffer); got {spec.scale_layout!r}")
+    flag = next((f for f in ("hadamard", "stochastic_rounding", "block_2d") if getattr(spec, f)), None)
+    return f"does not go with {flag}=True yet" if flag else None
+
+
 def group_bounds(offsets, colwise: bool, m: int | None = None) -> list[tuple[int, int]]:
     """(start, end) of every group on the host (groups.bounds), every end even where the op
     writes the colwise copy (a ValueError naming group_offsets otherwise). ``m``: the rows; each
@@ -141,4 +152,4 @@ def operand_dims(direction: str, m: int, n: int) -> tuple[int, int]:
 
 
 __all__ = ["amax_pair", "compact", "data_shape", "first_colwise_block", "group_bounds", "grouped_colwise_blocks",
-           "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape", "to_layout"]
+           "grouped_gap", "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape", "to_layout"]

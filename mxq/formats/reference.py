@@ -49,15 +49,17 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
     tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
     x = tensors[0]
     shape = gated.out_shape(epilogue, x.shape)
-    if spec.is_fp4 and group_offsets is not None:  # (an odd end with the colwise copy: refused before any write)
-        fp4_layouts.group_bounds(group_offsets, spec.colwise, flat_dims(shape)[0])
+    bnds = None
+    if spec.is_fp4 and group_offsets is not None:  # (ends clamped; an odd one with the colwise copy refused before any write)
+        bnds = fp4_layouts.group_bounds(group_offsets, spec.colwise, flat_dims(shape)[0])
     if out is None:
         out = MXFP8Tensor.empty(spec, shape, x.dtype, x.device, group_offsets=group_offsets)
     if noop is not None and bool(noop.reshape(-1)[0] == 1.0):
         return out  # write nothing at all
     m, n = flat_dims(shape)
     v = epilogue_value(spec, epilogue, tensors, scalars, act_input)
-    bnds = groups.bounds(group_offsets) if group_offsets is not None else None
+    if group_offsets is not None and bnds is None:
+        bnds = groups.bounds(group_offsets)
     if bnds is not None:
         out.group_offsets = group_offsets.clone()  # what the outputs were laid out by
         # the padding between groups moves with the offsets: a reused out= starts from zero (the
@@ -83,7 +85,7 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
         if bnds is None:
             write_fp4(spec, v, out, fp4_args or fp4.CallArgs())
         else:
-            write_fp4_groups(spec, v, out, fp4_args or fp4.CallArgs(), group_offsets)
+            write_fp4_groups(spec, v, out, fp4_args or fp4.CallArgs(), bnds)
         return out
     fmt = spec.element
     swizzled_groups = bnds is not None and spec.scale_layout == "swizzled"
@@ -155,13 +157,13 @@ def write_fp8_block(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, bnds, in
                 out.colwise_scale[first:first + s.shape[0]].copy_(s)
 
 
-def write_fp4_groups(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args, group_offsets) -> None:
+def write_fp4_groups(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args, bnds) -> None:
     """write_fp4 of each group's rows alone (docs/NUMERICS.md "NVFP4 and MXFP4", groups; the
     grouped layouts of fp4_layouts.py): its rowwise rows, its columns [start / 2, end / 2) of the
     colwise copy, its colwise blocks from column start // B + g of the zeroed grouped buffer;
-    NVFP4's amax per group (``args.global_amax``: one value for every group, or one per group)."""
+    NVFP4's amax per group (``args.global_amax``: one value for every group, or one per group).
+    ``bnds``: the groups' (start, end), fp4_layouts.group_bounds."""
     m, n = v.shape
-    bnds = fp4_layouts.group_bounds(group_offsets, spec.colwise, m)  # (checked in run first: before any write)
     if spec.colwise:
         out.colwise_scale.zero_()  # (the columns between groups' blocks are 0: a reused out= too)
     given = args.global_amax

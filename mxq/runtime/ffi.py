@@ -74,20 +74,12 @@ def _python_callback(op):
     nt, ns = len(epi.tensor_params), len(epi.scalar_params)
     transposed = limits.cpp_transposed(spec)  # (colwise data [N, M])
 
-    import tvm_ffi
-
     def call(*args):
         if len(args) not in (nt + ns + 8, nt + ns + 9):
             raise TypeError(f"mxq: expected {nt + ns + 8} arguments (or {nt + ns + 9} with group_offsets), got "
                             f"{len(args)}")
         names = list(epi.tensor_params) + list(epi.scalar_params) + list(slots.DESTINATIONS) + ["group_offsets"]
-        for i, a in enumerate(args):
-            if nt <= i < nt + ns:
-                if isinstance(a, bool) or not isinstance(a, (int, float)):
-                    raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a float, got {type(a).__name__}")
-            elif not (a is None and i >= nt) and not isinstance(a, tvm_ffi.Tensor):
-                raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a tensor{' or None' if i >= nt else ''}, "
-                                f"got {type(a).__name__}")
+        _check_arg_types(args, names, nt, ns)
         tensors = [_torch(a) for a in args[:nt]]
         scalars = [float(s) for s in args[nt:nt + ns]]
         act, rd, rs, cd, cs, amax, dbias, noop = (_torch(a) for a in args[nt + ns:nt + ns + 8])
@@ -121,6 +113,21 @@ def _python_callback(op):
             op(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
 
     return call
+
+
+def _check_arg_types(args, names, tensors: int, floats: int) -> None:
+    """A destination-passing call's arguments (``names`` for the messages): ``tensors`` tensors,
+    then ``floats`` Python numbers (not bools), then tensors or None; a TypeError naming the
+    first that is not."""
+    import tvm_ffi
+
+    for i, a in enumerate(args):
+        if tensors <= i < tensors + floats:
+            if isinstance(a, bool) or not isinstance(a, (int, float)):
+                raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a float, got {type(a).__name__}")
+        elif not (a is None and i >= tensors) and not isinstance(a, tvm_ffi.Tensor):
+            raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a tensor{' or None' if i >= tensors else ''}, "
+                            f"got {type(a).__name__}")
 
 
 def _destination(t, like, name: str, transposed: bool = False, grouped: bool = False):
@@ -198,13 +205,7 @@ def gemm_dispatcher(op):
         if len(args) != 2 + nt + ns + len(slots.DESTINATIONS):
             raise TypeError(f"mxq: {op.__name__}.gemm's dispatcher expects {2 + nt + ns + len(slots.DESTINATIONS)} "
                             f"arguments ({', '.join(names)}), got {len(args)}")
-        for i, arg in enumerate(args):
-            if 2 + nt <= i < 2 + nt + ns:
-                if isinstance(arg, bool) or not isinstance(arg, (int, float)):
-                    raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a float, got {type(arg).__name__}")
-            elif not (arg is None and i >= 2 + nt) and not isinstance(arg, tvm_ffi.Tensor):
-                raise TypeError(f"mxq: argument #{i} ({names[i]}) must be a tensor"
-                                f"{' or None' if i >= 2 + nt else ''}, got {type(arg).__name__}")
+        _check_arg_types(args, names, 2 + nt, ns)
         a, w = _torch(args[0]), _torch(args[1])
         others = [_torch(t) for t in args[2:2 + nt]]
         scalars = [float(v) for v in args[2 + nt:2 + nt + ns]]

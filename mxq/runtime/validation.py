@@ -224,13 +224,9 @@ def check_fp4_groups(spec: QuantSpec, group_offsets) -> None:
     compact scales, no Hadamard transform, stochastic rounding or 16x16 tiles; with the colwise
     copy, whose bytes pack rows 2j and 2j + 1, even group ends (checked on CPU offsets; CUDA
     ones where the reference reads them, fp4_layouts.group_bounds)."""
-    what = f"mxq: argument 'group_offsets' with format={spec.format!r}"
-    if spec.scale_layout != "compact":
-        raise ValueError(f"{what} takes scale_layout='compact' (each group's colwise blocks in the [N, M // "
-                         f"{fp4_layouts.BLOCKS[spec.format]} + G] buffer); got {spec.scale_layout!r}")
-    for flag in ("hadamard", "stochastic_rounding", "block_2d"):
-        if getattr(spec, flag):
-            raise ValueError(f"{what} does not go with {flag}=True yet")
+    gap = fp4_layouts.grouped_gap(spec)
+    if gap:
+        raise ValueError(f"mxq: argument 'group_offsets' with format={spec.format!r} {gap}")
     if spec.colwise and group_offsets.device.type == "cpu" and not torch.compiler.is_compiling():
         # (traced offsets have no values: the compiled call checks them when it runs)
         fp4_layouts.group_bounds(group_offsets, colwise=True)
