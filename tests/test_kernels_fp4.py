@@ -12,6 +12,7 @@ NaN/inf/subnormal/saturating values, and a small case against the oracle.
 """
 
 import math
+import re
 import struct
 
 import pytest
@@ -311,12 +312,24 @@ def test_unserved_names_what_has_no_kernel(fmt, opts, x, why):
     assert reason is not None and fmt in reason and why in reason and "reference" in reason
 
 
-def test_groups_and_misaligned_out_fall_back():
+def test_grouped_rowwise_is_served_and_the_rest_falls_back():
+    """Grouped rowwise calls of either format run the grouped kernels (NVFP4's amax per group);
+    grouped calls with the colwise copy or NVFP4's global_amax, and misaligned out= data, run the
+    reference."""
+    from mxq.formats.fp4 import CallArgs
     from mxq.runtime.call import Call
 
-    op = mxq.fused_quant(format="mxfp4")(ident)
     x = torch.zeros(8, 64, dtype=torch.bfloat16)
-    assert "group_offsets" in _unserved(op, x, Call([x], [], group_offsets=torch.tensor([8])))
+    offs = torch.tensor([8])
+    for fmt in ("mxfp4", "nvfp4"):
+        row = mxq.fused_quant(format=fmt)(ident)
+        assert _unserved(row, x, Call([x], [], group_offsets=offs)) is None
+        both = mxq.fused_quant(format=fmt, colwise=True)(ident)
+        assert "group_offsets and colwise" in _unserved(both, x, Call([x], [], group_offsets=offs))
+    nv = mxq.fused_quant(format="nvfp4")(ident)
+    given = Call([x], [], group_offsets=offs)._replace(fp4=CallArgs(1.0, None, None))
+    assert "group_offsets and global_amax" in _unserved(nv, x, given)
+    op = mxq.fused_quant(format="mxfp4")(ident)
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     assert _unserved(op, x, Call([x], [], out=out)) is None
     buf = torch.zeros(8 * 32 + 4, dtype=torch.uint8)
@@ -330,6 +343,22 @@ def test_source_renders_for_served_specs_only():
         assert opts["format"] in mxq.fused_quant(**opts)(ident).source
     cfg = codegen.kernel_config(mxq.fused_quant(format="mxfp4")(ident).spec, mxq.fused_quant()(ident).epilogue)
     assert cfg.fmt.packed and cfg.fmt.element == "e2m1" and cfg.fmt.block == (1, 32)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_grouped_rowwise_compiles(arch, dtype):
+    """CPU counterpart of test_grouped_rowwise_matches_reference: the grouped kernels of both
+    formats compile (the packed and vectorised ones); NVFP4's zero its amax per group in a loop
+    over the [G] slot before the amax pass and the quantize pass (three kernels)."""
+    mx = _ptx(mxq.fused_quant(format="mxfp4")(ident), arch, dtype, "vec_grouped")
+    assert mx.count(".entry") == 1
+    nv = _ptx(mxq.fused_quant(format="nvfp4")(ident), arch, dtype, "vec_grouped")
+    assert nv.count(".entry") == 3
+    init = next(e for e in nv.split(".entry ")[1:] if "amax_init" in e.split("(")[0])
+    # (the block's 256 threads stride over the G entries: a loop of zero stores stepping by 256)
+    assert ".reqntid 256" in init and "%tid.x" in init and "st.global.b32" in init
+    assert re.search(r"add\.s32\s+(%r\d+), \1, 256;", init)
 
 
 def test_cpp_routes_of_compiled_code_alone_still_refuse(tmp_path):
@@ -509,3 +538,40 @@ def test_kernels_match_the_oracle(strict, dtype, mode):
     assert got.rowwise_data.cpu().tolist() == oracle.pack(codes)
     assert got.rowwise_scale.cpu().tolist() == scales
     assert math.prod(got.rowwise_data.shape) == 4 * 48
+
+
+GROUP_SIZES = [0, 1, 31, 32, 33, 0, 100, 7, 0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("fmt, opts", [("mxfp4", dict()), ("mxfp4", dict(scale_mode="rceil", amax=True)),
+                                       ("nvfp4", dict()), ("nvfp4", dict(act="gelu", dbias=True)),
+                                       ("mxfp4", dict(dact="relu", dbias=True))])
+def test_grouped_rowwise_matches_reference(fmt, opts, dtype, strict):
+    """Grouped rowwise calls on the kernels (no fallback): random group sizes with empty ones
+    first, last and between; NVFP4's amax per group (its amax pass and quantize pass read entry
+    g), dbias per group, MXFP4's amax over the whole tensor; into fresh and poisoned outputs.
+    CPU counterpart: test_grouped_rowwise_compiles."""
+    t = DTYPES[dtype]
+    offs = torch.tensor(GROUP_SIZES).cumsum(0).to(torch.int32)
+    m, n = int(offs[-1]), 96
+    op = mxq.fused_quant(format=fmt, **opts)(ident)
+    x = planted(m, n, t, seed=m + len(opts))
+    kw = {"act_input": planted(m, n, t, seed=m + 1)} if "dact" in opts else {}
+    cuda_kw = {k: v.cuda() for k, v in kw.items()}
+    got = op(x.cuda(), group_offsets=offs.cuda(), **cuda_kw)
+    exact = not (opts.get("act") == "gelu")
+    if exact:
+        _check(op, [x], got, group_offsets=offs, **kw)
+    else:
+        from mxq.testing import compare
+        assert compare(got, op.reference(x, group_offsets=offs, **kw), exact=False) == []
+    into = op(x.cuda(), group_offsets=offs.cuda(), out=poisoned(op, x.cuda(), group_offsets=offs.cuda()), **cuda_kw)
+    if exact:
+        _check(op, [x], into, group_offsets=offs, **kw)
+    if fmt == "nvfp4":
+        want = torch.stack([x[s:e].float().nan_to_num(0.0, 0.0, 0.0).abs().amax() if e > s else torch.zeros(())
+                            for s, e in zip([0, *offs[:-1].tolist()], offs.tolist())]) if not opts else None
+        if want is not None:
+            assert torch.equal(got.amax.cpu(), want)

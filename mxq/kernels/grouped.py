@@ -254,8 +254,8 @@ def col_swizzled_offset(col_sw, col_t512, c):
 
 
 class GroupTile:
-    """Row tile rb of a grouped call, as the kernels use it (Int32 device values): ``row0`` and
-    ``row_end`` its rows; swizzled layouts: ``row_sw``, ``col_sw``, ``col_t512`` (swizzled_bases).
+    """Row tile rb of a grouped call, as the kernels use it (Int32 device values): ``g`` its group,
+    ``row0`` and ``row_end`` its rows; swizzled layouts: ``row_sw``, ``col_sw``, ``col_t512`` (swizzled_bases).
     A tile with no rows has b = 0 and writes nothing to the swizzled buffers."""
 
     def __init__(self, ends, red, rb, M, N, cfg, nthreads: int):
@@ -264,9 +264,18 @@ class GroupTile:
         KernelConfig (its scale layout, group_search, group_terms and tile_rows)."""
         g, start, end, rows_before, blocks_before = find_group(ends, red, rb, M, nthreads, cfg.group_search,
                                                                cfg.group_terms, cfg.tile_rows)
+        self.g = g
         self.row0, self.row_end, b, nb = tile(rb, g, start, end, rows=cfg.tile_rows)
         if cfg.fmt.swizzled:
             self.row_sw, self.col_sw, self.col_t512 = swizzled_bases(rows_before, blocks_before, b, nb, N)
+
+
+def group_amax(amax: cute.Tensor, gt: "GroupTile") -> cute.Tensor:
+    """NVFP4's amax slot of a grouped call's tile: entry g of the per-group amax [G] (each group
+    quantized with its own, docs/NUMERICS.md), as a tensor whose entry 0 it is, so the amax pass's
+    atomics and the quantize pass's reads (codec.global_scales, device.amax_atomic) take it as
+    they take an ungrouped call's one amax."""
+    return cute.make_tensor(amax.iterator + gt.g, cute.make_layout(1))
 
 
 def row_tiles(M, G, rows: int = ROWS):

@@ -236,6 +236,8 @@ class PackedKernel:
             gt = grouped.GroupTile(group_ends, buf.get("group") if buffers else None, rb, M, NOUT, cfg, NTHREADS)
             in_grid = rb < grouped.row_tiles(M, group_ends.shape[0], cfg.tile_rows)
             row_end = gt.row_end
+            if cutlass.const_expr(cfg.fmt.global_scale):  # (NVFP4: each group's own amax)
+                amax = grouped.group_amax(amax, gt)
         else:
             in_grid = rb < (M + TILE_ROWS - 1) // TILE_ROWS
             row_end = M

@@ -96,7 +96,9 @@ class Quantize:
         M = ins[0].shape[0]
         N = ins[0].shape[1]
         G = None if group_ends is None else group_ends.shape[0]
-        if cfg.amax:
+        if cfg.amax and group_ends is not None and cfg.fmt.global_scale:  # (NVFP4's amax per group)
+            amax_init_kernel(amax, noop, 0).launch(grid=[1, 1, 1], block=[256, 1, 1], stream=stream)
+        elif cfg.amax:
             amax_init_kernel(amax, noop, 2 if cfg.fmt.hadamard else 1).launch(grid=[1, 1, 1], block=[32, 1, 1],
                                                                                 stream=stream)
         NO = N  # the outputs' width: 2N for a two-halves op (mxq/gated.py)

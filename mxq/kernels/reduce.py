@@ -15,11 +15,18 @@ from .grouped import clamp_end
 
 @cute.kernel
 def amax_init_kernel(amax: cute.Tensor, noop: cute.Tensor, entries: cutlass.Constexpr = 1):
-    """Zero the amax (``entries`` of it: 2 for NVFP4's Hadamard transform, amax and colwise_amax)
+    """Zero the amax (``entries`` of it: 2 for NVFP4's Hadamard transform, amax and colwise_amax;
+    0: all of it, a grouped NVFP4 call's amax per group, the block's threads striding over it)
     before the quantize kernel's atomic max-combine (unless noop)."""
     if noop[0] != Float32(1.0):
-        for i in cutlass.range_constexpr(entries):
-            amax[i] = Float32(0.0)
+        if cutlass.const_expr(entries == 0):
+            tidx, _, _ = cute.arch.thread_idx()
+            bdim, _, _ = cute.arch.block_dim()
+            for i in cutlass.range(tidx, amax.shape[0], bdim):
+                amax[i] = Float32(0.0)
+        else:
+            for i in cutlass.range_constexpr(entries):
+                amax[i] = Float32(0.0)
 
 
 def dbias_grid(N, G=None):

@@ -109,6 +109,8 @@ class VectorizedKernel:
             gt = grouped.GroupTile(group_ends, buf.get("group"), rb, M, NOUT, cfg, WARPS * 32)
             rbase = gt.row0 + warp * VROWS
             row_end = gt.row_end
+            if cutlass.const_expr(cfg.fmt.global_scale):  # (NVFP4: each group's own amax)
+                amax = grouped.group_amax(amax, gt)
         tiles = [cute.zipped_divide(s, (1, VEC)) for s in sources]
         staged = [buf[f"in{t}"] if staged_src[t] else None for t in range(NSRC)]
         sMax, sSum, sInv = self.column_buffers(buf, staged, STAGED)

@@ -135,7 +135,9 @@ def fake_args(op, dtype_name: str, use_hw: bool, arch: str, vec: bool, layouts=N
                                  else mat(Uint8, 1, rows=n_out, cols=m) if transposed  # (the GEMM-ready [N, M] copy)
                                  else mat(Uint8, big or 1, cols=n_out)),
         "colwise_scale": flat_scale,
-        "amax": lambda: fake(Float32, (2,), assumed_align=4) if fmt.hadamard else f32_one(),  # (and colwise_amax)
+        "amax": lambda: (fake(Float32, (2,), assumed_align=4) if fmt.hadamard  # (and colwise_amax)
+                         else fake(Float32, (cute.sym_int(),), assumed_align=4) if grouped and fmt.global_scale
+                         else f32_one()),  # (grouped NVFP4: an amax per group)
         "dbias": lambda: (fake(el, (cute.sym_int(), n_out), stride_order=(1, 0), assumed_align=nbytes) if grouped
                           else fake(el, (n_out,), assumed_align=nbytes)),
         "dbias_workspace": lambda: mat({4: cutlass.Float32, 8: cutlass.Float64}[ws_bytes], ws_bytes,

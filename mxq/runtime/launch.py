@@ -160,7 +160,7 @@ class Launcher:
             "colwise_data": lambda: col_data,
             "colwise_scale": lambda: flat_scale(out.colwise_scale),
             "amax": lambda: (fp4_layouts.amax_pair(out.amax, out.colwise_amax) if spec.hadamard  # (limits.fp4_unserved)
-                             else out.amax.view(1)),
+                             else out.amax.view(-1)),  # (a grouped NVFP4 call's: one per group)
             "dbias": lambda: out.dbias,
             "dbias_workspace": lambda: torch.empty((groups.workspace_rows(m, group_offsets.numel() if grouped else None),
                                                     n_out), dtype=dbias_partial_dtype(x.dtype), device=x.device),
@@ -179,7 +179,8 @@ class Launcher:
         key = tuple(kinds[:len(tensors)]) if operand_kinds else None
         given = call.fp4.global_amax if call.fp4 is not None else None
         if spec.is_fp4:
-            variant = fp4_variant(n, mats, kinds, row_data) + ("_given" if given is not None else "")
+            variant = fp4_variant(n, mats, kinds, row_data) + ("_given" if given is not None else "") + (
+                "_grouped" if grouped else "")  # (limits.fp4_unserved: grouped, rowwise only, no given amax)
         else:
             # (the transposed copy's rows are the kernel's own concern: store_transposed checks their alignment)
             variant = variant_for(n, n_out, mats, kinds, (row_data, None if transposed else col_data), grouped)

@@ -98,7 +98,7 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
 
 def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an MXFP4 or NVFP4 call the kernels do not serve, or None. They serve rowwise blocks
-    of ungrouped, one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
+    of one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
     vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
     operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart; the
     transposed colwise copy from bf16/fp16 without dbias where M % 8 == 0 (the packed kernel's
@@ -106,15 +106,20 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
     that are one fp32[2] buffer). The colwise copy from fp32 inputs or with dbias,
     NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
-    rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs,
-    groups, two halves and other shapes or alignments run the reference."""
+    rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs, grouped
+    calls with the colwise copy or NVFP4's global_amax (grouped rowwise calls run the grouped
+    kernels: NVFP4's amax pass and quantize pass with an amax per group, grouped.group_amax),
+    two halves and other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
     if gated.is_halves(epilogue):
         return "with a gated backward (two output halves) has no GPU kernels yet"
     if call is not None and call.group_offsets is not None:
-        return "with group_offsets has no GPU kernels yet"
+        if spec.colwise:
+            return "with group_offsets and colwise=True has no GPU kernels yet"
+        if call.fp4 is not None and call.fp4.global_amax is not None:
+            return "with group_offsets and global_amax has no GPU kernels yet"
     if spec.block_2d and x.element_size() != 2:
         return "with block_2d=True and fp32 inputs has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2:
