@@ -9,7 +9,8 @@ bench/device_check.py's busy-GPU method against a 1 GiB copy. MXQ_STRICT=1 is se
 kernels do not serve (yet) is listed with its error instead of timing the torch reference. Rows:
 MXFP4 rowwise and both directions (floor, rceil), NVFP4 rowwise with a given global amax (one launch) and without
 (the amax launch counted), both directions, with the Hadamard transform, with stochastic
-rounding (rowwise, both directions; each also with a given global amax, ``_given``), and gelu.
+rounding (rowwise, both directions; each also with a given global amax, ``_given``), gelu, and
+grouped rowwise calls of 64 random expert groups (``_grouped64``; NVFP4's amax per group).
 Results: <out>/<device>-<date>-fp4.json.
 ``--launch ROW``: only build one row's op at one shape under the first variant and launch it 4
 times, for a profiler (bench/ncu.py).
@@ -43,9 +44,10 @@ def moved(m, n, fmt, rowwise=True, colwise=False):
 
 
 def cases(m, n):
-    """name -> (quantize options, moved bytes, exact, wants a given global amax)."""
+    """name -> (quantize options, moved bytes, exact, wants a given global amax, row groups: 0 for
+    an ungrouped call, else that many random expert groups, group_offsets)."""
     nv = dict(format="nvfp4")
-    return {
+    rows = {
         "mxfp4_rowwise_floor": (dict(format="mxfp4"), moved(m, n, "mxfp4"), True, False),
         "mxfp4_rowwise_rceil": (dict(format="mxfp4", scale_mode="rceil"), moved(m, n, "mxfp4"), True, False),
         "mxfp4_both_floor": (dict(format="mxfp4", colwise=True), moved(m, n, "mxfp4", True, True), True, False),
@@ -66,26 +68,40 @@ def cases(m, n):
         "nvfp4_2d_rowwise": (dict(nv, block_2d=True), moved(m, n, "nvfp4"), True, False),
         "nvfp4_2d_both": (dict(nv, colwise=True, block_2d=True), moved(m, n, "nvfp4", True, True), True, False),
     }
+    rows = {name: (*row, 0) for name, row in rows.items()}
+    rows["mxfp4_rowwise_grouped64"] = (dict(format="mxfp4"), moved(m, n, "mxfp4"), True, False, 64)
+    rows["nvfp4_rowwise_grouped64"] = (dict(nv), moved(m, n, "nvfp4"), True, False, 64)
+    return rows
 
 
-def prepared(opts, given, x, variant=""):
+def group_offsets(m: int, groups: int, device) -> torch.Tensor:
+    """``groups`` random expert groups of the m rows (a fixed seed; some empty), int32 ends."""
+    g = torch.Generator().manual_seed(m + groups)
+    cuts = torch.sort(torch.randint(0, m + 1, (groups - 1,), generator=g)).values
+    return torch.cat([cuts, torch.tensor([m])]).to(torch.int32).to(device)
+
+
+def prepared(opts, given, x, variant="", groups=0):
     """(op, launch, outputs, call keywords) of one row's op on ``x`` (``variant``: a Tuning
-    variant; ``given``: the global amax passed in; stochastic rounding seeded)."""
+    variant; ``given``: the global amax passed in; stochastic rounding seeded; ``groups``: that
+    many random row groups)."""
     op = mxq.fused_quant(**opts)(dc.identity)
     if variant:
         op._with_tuning(dc.make_tuning(dc.parse_tuning(variant)))
     kw = {"global_amax": x.float().abs().amax().reshape(1)} if given else {}
+    if groups:
+        kw["group_offsets"] = group_offsets(x.shape[0], groups, x.device)
     if opts.get("stochastic_rounding"):
         kw["seed"] = 1
     launch, out = op.prepare(x, **kw)
     return op, launch, out, kw
 
 
-def run(name, opts, mv, exact, given, x, copy_gbps, variant=""):
+def run(name, opts, mv, exact, given, groups, x, copy_gbps, variant=""):
     m, n = x.shape
     prefix = f"mxq[{variant}]" if variant else "mxq"
     try:
-        op, launch, out, kw = prepared(opts, given, x, variant)
+        op, launch, out, kw = prepared(opts, given, x, variant, groups)
         launch()
         problems = compare(out, op.reference(x, **kw), exact)  # (stochastic rounding too: seeded, exact)
         return dc.printed_row(launch, mv, copy_gbps, f"{prefix}/{name}", m, n, problems)
@@ -97,8 +113,8 @@ def launch_only(row: str, m: int, n: int, variant: str = ""):
     """Build ``row``'s op on a random bf16 [m, n] input and launch it 4 times, for a profiler."""
     torch.manual_seed(m + n)
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-    opts, _, _, given = cases(m, n)[row]
-    launch = prepared(opts, given, x, variant)[1]
+    opts, _, _, given, groups = cases(m, n)[row]
+    launch = prepared(opts, given, x, variant, groups)[1]
     dc.launch_for_profiler(launch)
 
 
@@ -124,8 +140,8 @@ def main(argv=None):
         torch.manual_seed(m + n)
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         for variant in ["", *filter(None, args.variants.split(";"))]:
-            for name, (opts, mv, exact, given) in cases(m, n).items():
-                rows.append(run(name, opts, mv, exact, given, x, copy_gbps, variant))
+            for name, (opts, mv, exact, given, groups) in cases(m, n).items():
+                rows.append(run(name, opts, mv, exact, given, groups, x, copy_gbps, variant))
         dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
                                          "rows": rows}, "-fp4")
 
