@@ -729,6 +729,7 @@ def test_colwise_fused_and_unaligned_match_reference(dtype):
 
 GROUPED_OPTS = [dict(colwise=True), dict(rowwise=False, colwise=True, amax=True),
                 dict(block=(128, 128), colwise=True), dict(block=(128, 128), rowwise=True),
+                dict(block=(128, 128), colwise=True, amax=True), dict(block=(128, 128), rowwise=True, dbias=True),
                 dict(colwise=True, dact="relu", dbias=True), dict(dbias=True, act="relu"),
                 dict(colwise=True, act="relu", amax=True, fp8="e5m2", scale_mode="fp32")]
 
@@ -760,10 +761,12 @@ def test_grouped_matches_reference(opts, dtype, n, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype, n", [("bf16", 256), ("fp16", 261)])
 @pytest.mark.parametrize("search", ["block_all", "block", "warp", "warps"])
-def test_grouped_search_forms_match_reference(search, monkeypatch):
+def test_grouped_search_forms_match_reference(search, dtype, n, monkeypatch):
     """Every group search form (Tuning.group_search) finds the 128-row tiles' groups: a plain
-    cast (the library's block_all) and a computed op (its warps), 300 groups."""
+    cast (the library's block_all) and a computed op (its warps), 300 groups, aligned rows and
+    not (N = 261: the unaligned packed rows)."""
     from mxq.kernels.config import Tuning
 
     monkeypatch.setenv("MXQ_STRICT", "1")
@@ -771,11 +774,43 @@ def test_grouped_search_forms_match_reference(search, monkeypatch):
     sizes = [int(v) for v in torch.randint(0, 200, (300,), generator=g)]
     sizes[::7] = [0] * len(sizes[::7])
     offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
-    x = _colwise_specials(int(offs[-1]), 256, torch.bfloat16, seed=6)
+    x = _colwise_specials(int(offs[-1]), n, DTYPES[dtype], seed=6)
     for opts in (dict(colwise=True), dict(colwise=True, act="relu", dbias=True)):
         op = mxq.fused_quant(format="fp8_block", **opts)(ident)
         op._with_tuning(Tuning(group_search=search))
         _check(op, [x], op(x.cuda(), group_offsets=offs.cuda()), group_offsets=offs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sizes", [[0, 5000], [9000], [3000, 0], [5000] + [0] * 7, [130] * 40])
+def test_grouped_dbias_forms_with_128_row_partials(sizes, monkeypatch):
+    """The grouped dbias reduction's forms on 128-row partial sums (FP8 block scaling's colwise
+    blocks): a CTA per group and column tile in registers ([0, 5000]), staged ([9000]) and
+    launched early ([3000, 0]), and a warp per group past its first round ([5000] + 7 empty:
+    ROUND partial rows are 4096 rows here) and within it (40 groups of 130 rows); dbias within
+    one ulp, every other byte the reference's."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    offs = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
+    m = int(offs[-1])
+    x = planted(m, 264, torch.bfloat16, seed=m, specials=False)
+    op = mxq.fused_quant(format="fp8_block", colwise=True, dbias=True)(ident)
+    _check(op, [x], op(x.cuda(), group_offsets=offs.cuda()), group_offsets=offs)
+
+
+@pytest.mark.gpu
+def test_grouped_noop_writes_nothing(monkeypatch):
+    """noop=1 on grouped 128-row tiles (colwise blocks with dbias and amax; 128x128 tiles): every
+    byte of poisoned outputs unchanged, scales, amax and dbias included."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    offs = torch.tensor([0, 100, 300, 300, 700], dtype=torch.int32)
+    x = planted(700, 264, torch.bfloat16, seed=9).cuda()
+    for opts in (dict(colwise=True, dbias=True, amax=True), dict(block=(128, 128), colwise=True, amax=True)):
+        op = mxq.fused_quant(format="fp8_block", **opts)(ident)
+        out = poisoned(op, x, group_offsets=offs.cuda())
+        before = {f: getattr(out, f).clone() for f in FIELDS if getattr(out, f) is not None}
+        op(x, group_offsets=offs.cuda(), noop=torch.ones(1, device="cuda"), out=out)
+        for f, b in before.items():
+            assert same_bytes(getattr(out, f), b), (opts, f)
 
 
 @pytest.mark.gpu

@@ -931,10 +931,13 @@ def test_rows32_register_cap_reaches_the_quantize_pass_not_the_amax_pass():
         kconfig.Tuning(rows32_min_blocks=-1)
     caps = {}
     for name, opts in (("mxfp4", dict(format="mxfp4")), ("mxfp4 both", dict(format="mxfp4", colwise=True)),
-                       ("mxfp8", dict()), ("nvfp4 both", dict(format="nvfp4", colwise=True))):
+                       ("mxfp8", dict()), ("nvfp4 both", dict(format="nvfp4", colwise=True)),
+                       ("mxfp4 gelu dbias", dict(format="mxfp4", act="gelu", dbias=True)),
+                       ("mxfp4 amax", dict(format="mxfp4", amax=True))):
         o = mxq.fused_quant(**opts)(ident)
         caps[name] = codegen.kernel_config(o.spec, o.epilogue).min_blocks
-    assert caps == {"mxfp4": 6, "mxfp4 both": 0, "mxfp8": 0, "nvfp4 both": 0}, caps
+    assert caps == {"mxfp4": 6, "mxfp4 both": 0, "mxfp8": 0, "nvfp4 both": 0, "mxfp4 gelu dbias": 0,
+                    "mxfp4 amax": 0}, caps
     mx = mxq.fused_quant(format="mxfp4")(ident)
     assert codegen.kernel_config(mx.spec, mx.epilogue, kconfig.Tuning(rows32_min_blocks=0)).min_blocks == 0
     op._with_tuning(kconfig.Tuning(rows32_min_blocks=6))

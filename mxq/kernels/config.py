@@ -105,7 +105,8 @@ class Tuning:
     choice, KernelConfig.tuned_min_blocks (6 for MXFP4's rowwise-only kernel,
     KernelConfig.mxfp4_rowwise_only; else no cap).
     ``dbias_group_rows``: a grouped dbias reduction whose groups average at most this many rows
-    (M <= dbias_group_rows * G) runs reduce.dbias_groups_kernel, a warp per group, 8 groups per
+    of 32-row tiles (M <= dbias_group_rows * G; with 128-row tiles four times as many rows, the
+    same partial rows: M <= 4 dbias_group_rows * G) runs reduce.dbias_groups_kernel, a warp per group, 8 groups per
     CTA, instead of dbias_kernel's CTA per group and column tile (at 256 groups of 128 rows those
     8 warps sum about 4 partial rows each); the same additions in the same order, so the same
     bits. 0: never. SwiGLU backward + dbias at 32768 x 2048 on the H200: 0.906x the time at 256
@@ -594,12 +595,14 @@ class KernelConfig:
 
     @property
     def mxfp4_rowwise_only(self) -> bool:
-        """MXFP4's rowwise-only cast (E2M1 data, E8M0 scales, no per-tensor scale). Compiled for
-        6 CTAs per SM, ptxas schedules it in 72 registers instead of 48 on sm_90 (more of a
-        thread's loads in flight): 93.4 / 102.2% of copy on the H200 at 8192^2 / 16384^2 against
-        79.3 / 89.2%; the same cap did not move NVFP4 or either format's both-direction kernels
-        (docs/performance.md)."""
-        return (self.fmt.packed and not self.fmt.global_scale and self.rowwise and not self.colwise)
+        """MXFP4's plain rowwise-only cast (E2M1 data, E8M0 scales, no per-tensor scale, no
+        arithmetic, dbias or amax: what was timed). Compiled for 6 CTAs per SM, ptxas schedules it
+        in 72 registers instead of 48 on sm_90 (more of a thread's loads in flight): 93.4 / 102.2%
+        of copy on the H200 at 8192^2 / 16384^2 against 79.3 / 89.2%; the same cap did not move
+        NVFP4 or either format's both-direction kernels (docs/performance.md). Ops with arithmetic
+        compile to fewer registers under it (gelu + dbias: 40 against 48), untimed: uncapped."""
+        return (self.fmt.packed and not self.fmt.global_scale and self.rowwise and not self.colwise
+                and not self.computed and not self.dbias and not self.amax)
 
     @property
     def group_search(self) -> str:

@@ -8,15 +8,15 @@ MXFP8 and FP8 block scaling's 1x128 rowwise blocks, 128 for its 128-row colwise 
 block b = rb - f(g) of the group g with the last f(g) <= rb, and holds rows [start_g + R b,
 min(start_g + R b + R, end_g)); a tile past its group's last block (the rows the placement
 leaves between groups) holds no rows and writes zero scales (MXFP8's E8M0 zeros; FP8 block
-scaling's fp32 buffers are zeroed by the host and such a tile writes nothing).
+scaling's fp32 0.0, not the 1 / scale of an amax 0).
 
 Every CTA finds its group from the offsets alone, with no search and no prefix-sum pass: f is
 strictly increasing, so with h running over the groups, "h < g" is "f(h + 1) <= rb", and then
 g = the number of such h, start_g = the largest of their ends, end_g = the smallest of the
 other ends, and the swizzled layouts' group starts (sums over the groups before g) are sums over
 the same h. One pass of the CTA's threads over the G ends (independent loads: one memory
-latency) and a block reduction give all five. Tuning.group_search picks how (find_group): the
-library's "block_all" reduces all five; "block" only those the config reads (three compact,
+latency) and a block reduction give all five. Tuning.group_search picks how (find_group; the
+library's choice: KernelConfig.group_search): "block_all" reduces all five; "block" only those the config reads (three compact,
 four or five swizzled: KernelConfig.group_terms), with shifts and a redux.sync per warp and
 term; "warp" and "warps" pass over the ends in one warp, broadcasting through shared memory
 behind one barrier or (each warp searching for itself) with none. Integer sums, maxima and
@@ -209,7 +209,7 @@ def find_group(ends: cute.Tensor, red, rb: Int32, M: Int32, nthreads: cutlass.Co
     """(g, start_g, end_g, swizzled rowwise rows before g, swizzled colwise block rows before g)
     of row tile rb for every thread of the CTA's ``nthreads``, by ``search`` (config.Tuning.
     group_search; terms not in ``used`` are left at their identities, init; every search but
-    "block_all", the library's, computes terms with shifts and reduces a warp's with redux.sync):
+    "block_all" computes terms with shifts and reduces a warp's with redux.sync):
     "block_all" / "block": _block_search, through ``red`` (shared Int32, N_TERMS x (nthreads /
     32)); "warp": _broadcast_search, through ``red`` (N_TERMS x 1); "warps": every warp runs
     _warp_search for itself (``red``: None, no barrier). ``rows``: a row tile's rows (terms)."""

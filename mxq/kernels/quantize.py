@@ -161,7 +161,7 @@ class Quantize:
             else:
                 dbias_kernel(*args, False, True).launch(grid=grid, block=block, stream=stream)
         elif cutlass.const_expr(self.cfg.dbias_group_rows > 0):
-            if M <= self.cfg.dbias_group_rows * G:
+            if M <= self.cfg.dbias_group_rows * (R // 32) * G:  # (at most ROUND partial rows a group on average)
                 ws, dbias, noop, ends, _, _, NO = args
                 ggrid, gblock = dbias_groups_grid(NO, G)
                 if M <= PDL_MAX_ROWS:

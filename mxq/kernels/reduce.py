@@ -163,8 +163,8 @@ def dbias_groups_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Te
     v + 8 u + 32 k (k = 0, 1, ...) in row order, fp64; each v's sums added in index order, then the
     v's in order (where dbias_kernel's warp v holds them). A group's first ROUND rows are loaded
     at once (rows past its end read its last row and add 0, as in dbias_kernel; 32 independent
-    loads), the rest a round at a time for each v in turn (rare: a group above ROUND blocks, 1024
-    rows). An empty group's row is 0."""
+    loads), the rest a round at a time for each v in turn (rare: a group above ROUND partial
+    rows, 1024 rows of 32-row tiles, 4096 of 128-row ones). An empty group's row is 0."""
     if cutlass.const_expr(use_pdl):
         cute.arch.griddepcontrol_wait()  # (launched early: the quantize kernel's partials are visible)
     tidx, _, _ = cute.arch.thread_idx()
