@@ -1031,10 +1031,14 @@ def test_fp4_bench_cases_are_ops_with_their_bytes():
     assert tool.moved(m, n, "nvfp4") == 2 * m * n + m * n // 2 + m * n // 16
     assert tool.moved(m, n, "mxfp4", True, True) == 2 * m * n + 2 * (m * n // 2 + m * n // 32)
     x = torch.randn(m, n, dtype=torch.bfloat16)
-    for name, (opts, moved, exact, given) in tool.cases(m, n).items():
+    for name, (opts, moved, exact, given, groups) in tool.cases(m, n).items():
         op = mxq.fused_quant(**opts)(tool.dc.identity)
         kw = {"global_amax": x.float().abs().amax().reshape(1)} if given else {}
         kw.update({"seed": 1} if opts.get("stochastic_rounding") else {})
+        if groups:  # (random expert groups of the rows, ending at M)
+            offs = tool.group_offsets(m, groups, "cpu")
+            assert offs.shape == (groups,) and int(offs[-1]) == m and bool((offs[1:] >= offs[:-1]).all()), name
+            kw["group_offsets"] = offs
         assert op.reference(x, **kw).rowwise_data.shape == (m, n // 2), name
 
 
