@@ -23,6 +23,22 @@ def test_compare_flags_a_single_byte_and_accepts_equal():
     assert any("amax" in p for p in compare(got, want, exact=False))
 
 
+def test_compare_reads_a_grouped_amax_entry_by_entry():
+    """A grouped NVFP4 call's amax holds one value per group: each entry compared by its bits (a
+    NaN for a NaN), a transcendental-class entry within rtol 1e-5."""
+    offs = torch.tensor([0, 3, 3, 9], dtype=torch.int32)
+    x = planted(9, 32, torch.bfloat16, seed=4, specials=False)
+    op = mxq.fused_quant(format="nvfp4")(lambda_free)
+    want = op.reference(x, group_offsets=offs)
+    got = op.reference(x, group_offsets=offs)
+    assert want.amax.shape == (4,) and compare(got, want, exact=True) == []
+    got.amax[3] = torch.nextafter(got.amax[3], torch.tensor(float("inf")))
+    assert [p for p in compare(got, want, exact=True) if p.startswith("amax")] != []
+    assert [p for p in compare(got, want, exact=False) if p.startswith("amax")] == []
+    got.amax[3] *= 1.001
+    assert [p for p in compare(got, want, exact=False) if p.startswith("amax")] != []
+
+
 def test_poisoned_outputs_are_not_valid_results():
     op = mxq.fused_quant(colwise=True, dbias=True, amax=True)(lambda_free)
     x = planted(40, 70, seed=2)
