@@ -1,7 +1,7 @@
 """mxq's sm_90 GEMM (mxq/kernels/gemm_sm90.py) on the GPU: checked, then timed against torch.matmul.
 
     python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8] [--no-fused]
-                         [--forms cooperative,pingpong]
+                         [--forms cooperative,pingpong,cooperative1]
 
 Cases (M x N x K, bf16, D = A @ W^T with A [M, K], W [N, K]): M in (8192, 16384) crossed with
 (K, N) in ((4096, 14336), (14336, 4096), (8192, 28672)), and small or odd shapes with partial
@@ -13,11 +13,13 @@ the ratio torch time / mxq time (> 1: mxq faster); ``--swizzle`` also times the 
 tile orders (GemmSm90's ``swizzle``; each must give D bit for bit). A case that raises prints its
 error and the run goes on.
 
-Forms (``--forms``, both by default): every mxq row runs once per form of the kernel, the
-cooperative one (two consumer warpgroups on a 128 x 256 tile; rows named as before) and the
+Forms (``--forms``, cooperative and pingpong by default): every mxq row runs once per form of
+the kernel, the cooperative one (two consumer warpgroups on a 128 x 256 tile, CTAs in clusters of
+mxq.runtime.gemm.CLUSTER_M along M sharing W by TMA multicast; rows named as before), the
 ping-pong one (each warpgroup its own 64 x 256 tile, their mainloops alternating; rows named
-``... pingpong``), set through mxq.runtime.gemm.PINGPONG, each checked and timed beside the same
-torch baselines.
+``... pingpong``) and ``cooperative1`` (the cooperative form without clusters: ``... cluster1``),
+set through mxq.runtime.gemm.PINGPONG and CLUSTER_M, each checked and timed beside the same torch
+baselines.
 
 Fused rows (``op.gemm``, mxq/kernels/gemm_quant.py; off with --no-fused), on the large cases
 (--quick: the first): gelu + FP8 block scaling 1x128 rowwise (``gelu_fp8_block``) and gelu +
@@ -65,23 +67,28 @@ U_FP32 = 2.0 ** -24  # unit roundoff of fp32
 U_OUT = 2.0 ** -8  # bf16's relative spacing: twice its unit roundoff (rounding plus slack)
 
 
-FORMS = {"cooperative": False, "pingpong": True}  # --forms names -> GemmSm90's pingpong
+# --forms names -> (GemmSm90's pingpong, its cluster_m; None: the library's), row-name suffix
+FORMS = {"cooperative": (False, None, ""), "pingpong": (True, None, " pingpong"),
+         "cooperative1": (False, 1, " cluster1")}
+DEFAULT_FORMS = ("cooperative", "pingpong")
 
 
 @contextlib.contextmanager
-def use_form(pingpong: bool):
-    """mxq.runtime.gemm's kernel form set to ``pingpong`` for the rows run inside."""
+def use_form(form: str):
+    """mxq.runtime.gemm's kernel form (PINGPONG, CLUSTER_M) set to ``form``'s for the rows run inside."""
     from mxq.runtime import gemm as g
 
-    old, g.PINGPONG = g.PINGPONG, pingpong
+    pingpong, cluster, _ = FORMS[form]
+    old = g.PINGPONG, g.CLUSTER_M
+    g.PINGPONG, g.CLUSTER_M = pingpong, g.CLUSTER_M if cluster is None else cluster
     try:
         yield
     finally:
-        g.PINGPONG = old
+        g.PINGPONG, g.CLUSTER_M = old
 
 
-def _suffix(pingpong: bool) -> str:
-    return " pingpong" if pingpong else ""
+def _suffix(form: str) -> str:
+    return FORMS[form][2]
 
 
 def cases(quick: bool = False):
@@ -162,7 +169,7 @@ def swizzle_rows(m, n, k, swizzles):
     rows = {}
     for sw in swizzles:
         try:
-            fn = compile_gemm("bf16", False, sms, swizzle=sw, pingpong=g.PINGPONG)
+            fn = compile_gemm("bf16", False, sms, swizzle=sw, pingpong=g.PINGPONG, cluster_m=g.cluster_for(g.PINGPONG))
             out = torch.empty_like(want)
             fn(a, w, out)
             if not torch.equal(out, want):
@@ -173,10 +180,10 @@ def swizzle_rows(m, n, k, swizzles):
     return rows
 
 
-def run_case(m, n, k, bench: bool = True, swizzles=(), pingpong: bool = False):
-    """One printed and returned row of the kernel form ``pingpong``; an exception becomes the row's error."""
-    name = f"gemm_bf16 {m}x{n}x{k}{_suffix(pingpong)}"
-    with use_form(pingpong):
+def run_case(m, n, k, bench: bool = True, swizzles=(), form: str = "cooperative"):
+    """One printed and returned row of the kernel form ``form``; an exception becomes the row's error."""
+    name = f"gemm_bf16 {m}x{n}x{k}{_suffix(form)}"
+    with use_form(form):
         return _run_case(name, m, n, k, bench, swizzles)
 
 
@@ -203,13 +210,13 @@ def _run_case(name, m, n, k, bench, swizzles):
         return dc.error_row(name, m, n, exc, why="failed") | {"K": k}
 
 
-def fused_row(op, m, n, k, bench: bool = True, device="cuda", pingpong: bool = False):
-    """One op.gemm row of the kernel form ``pingpong``: checked against op.reference on the
+def fused_row(op, m, n, k, bench: bool = True, device="cuda", form: str = "cooperative"):
+    """One op.gemm row of the kernel form ``form``: checked against op.reference on the
     accumulator hook's values (and the hook-free launch the same bytes), then timed against
     torch.matmul and torch.matmul + op. (``device`` "cpu": the check on op.gemm's CPU route, for
     the tests.)"""
-    name = f"gemm_{op.__name__} {m}x{n}x{k}{_suffix(pingpong)}"
-    with use_form(pingpong):
+    name = f"gemm_{op.__name__} {m}x{n}x{k}{_suffix(form)}"
+    with use_form(form):
         return _fused_row(name, op, m, n, k, bench, device)
 
 
@@ -252,13 +259,13 @@ def main(argv=None):
     ap.add_argument("--no-bench", action="store_true", help="check only")
     ap.add_argument("--swizzle", default="", help="tile orders to time too, e.g. '4,8'")
     ap.add_argument("--no-fused", action="store_true", help="skip the op.gemm rows")
-    ap.add_argument("--forms", default=",".join(FORMS), help="kernel forms to run: cooperative, pingpong")
+    ap.add_argument("--forms", default=",".join(DEFAULT_FORMS), help=f"kernel forms to run, of {list(FORMS)}")
     args = ap.parse_args(argv)
     swizzles = [int(s) for s in args.swizzle.split(",") if s]
     unknown = [f for f in args.forms.split(",") if f not in FORMS]
     if unknown:
         ap.error(f"--forms: {unknown} not among {list(FORMS)}")
-    forms = [FORMS[f] for f in args.forms.split(",")]
+    forms = args.forms.split(",")
     if not torch.cuda.is_available():
         print("bench/gemm.py needs a CUDA device", file=sys.stderr)
         return 2
@@ -267,7 +274,7 @@ def main(argv=None):
     dev = torch.cuda.get_device_name()
     rows = [run_case(m, n, k, not args.no_bench, swizzles, pp) for m, n, k in cases(args.quick) for pp in forms]
     if not args.no_fused:
-        rows += [fused_row(op, m, n, k, not args.no_bench, pingpong=pp)
+        rows += [fused_row(op, m, n, k, not args.no_bench, form=pp)
                  for m, n, k in (LARGE[:1] if args.quick else LARGE) for op in FUSED for pp in forms]
     dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
                                      "rows": rows}, "-gemm")

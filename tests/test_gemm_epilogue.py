@@ -607,23 +607,25 @@ def test_bench_fused_rows_check_on_the_cpu_route():
     tool = _bench_tool("gemm")
     assert [op.spec.format for op in tool.FUSED] == ["fp8_block", "mxfp8"]
     for op in tool.FUSED:
-        for pp in (False, True):
-            row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu", pingpong=pp)
+        for form, suffix in (("cooperative", ""), ("pingpong", " pingpong"), ("cooperative1", " cluster1")):
+            row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu", form=form)
             assert row["checked"], row
-            assert row["name"] == f"gemm_{op.__name__} 130x264x72" + (" pingpong" if pp else "")
+            assert row["name"] == f"gemm_{op.__name__} 130x264x72" + suffix
 
 
 def test_bench_runs_each_form_through_the_runtime_switch():
-    """bench/gemm.py's --forms: both by default, each row run with mxq.runtime.gemm.PINGPONG set
-    to its form and restored after; an unknown name is refused before anything runs."""
+    """bench/gemm.py's --forms: cooperative and pingpong by default, each row run with
+    mxq.runtime.gemm.PINGPONG and CLUSTER_M set to its form's and restored after (cooperative1:
+    the cooperative form without clusters); an unknown name is refused before anything runs."""
     from .test_codegen import _bench_tool
 
     tool = _bench_tool("gemm")
-    assert tool.FORMS == {"cooperative": False, "pingpong": True}
-    before = g.PINGPONG
-    for pp in (False, True):
-        with tool.use_form(pp):
-            assert g.PINGPONG is pp
-        assert g.PINGPONG is before
+    assert tool.DEFAULT_FORMS == ("cooperative", "pingpong") and set(tool.FORMS) == {*tool.DEFAULT_FORMS, "cooperative1"}
+    before = g.PINGPONG, g.CLUSTER_M
+    for form, want in (("cooperative", (False, before[1])), ("pingpong", (True, before[1])), ("cooperative1", (False, 1))):
+        with tool.use_form(form):
+            assert (g.PINGPONG, g.CLUSTER_M) == want
+            assert g.cluster_for(g.PINGPONG) == (1 if g.PINGPONG else want[1])
+        assert (g.PINGPONG, g.CLUSTER_M) == before
     with pytest.raises(SystemExit):
         tool.main(["--forms", "cooperative,pinpong"])

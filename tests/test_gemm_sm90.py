@@ -45,13 +45,32 @@ def ptx():
     return out
 
 
+def test_cooperative_form_multicasts_w_across_its_cluster():
+    """The cooperative form (CLUSTER_M = 2): W's TMA loads multicast to the cluster, A's not; a
+    stage's release arrives on the peer CTA's barrier too (mapa: its address in the cluster); the
+    barriers' initialisation synced across the cluster. Without clusters (and in ping-pong)
+    none of it. GemmSm90 refuses clusters other than 1 and 2, and any with ping-pong."""
+    from mxq.kernels.gemm_sm90 import GemmSm90
+
+    assert g.CLUSTER_M == 2 and g.cluster_for(False) == 2 and g.cluster_for(True) == 1
+    text = g.compile_gemm("bf16", keep_ptx=True).__ptx__
+    loads = re.findall(r"cp\.async\.bulk\.tensor\.2d\.\S+", text)
+    assert sum("multicast::cluster" in x for x in loads) == len(loads) // 2 > 0  # (W's half of the loads)
+    assert "mapa.shared::cluster" in text and "barrier.cluster.arrive" in text and "barrier.cluster.wait" in text
+    plain = g.compile_gemm("bf16", keep_ptx=True, cluster_m=1).__ptx__
+    assert "multicast" not in plain and "mapa" not in plain and "barrier.cluster" not in plain
+    for bad in (dict(cluster_m=3), dict(cluster_m=2, pingpong=True)):
+        with pytest.raises(ValueError, match="cluster_m"):
+            GemmSm90(**bad)
+
+
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 @pytest.mark.parametrize("hook", [False, True])
 def test_compiles_to_sm90a_ptx_with_wgmma_and_tma(ptx, hook, pingpong):
     text = ptx[hook, pingpong]
     assert re.search(r"^\.target sm_90a", text, re.M)
     assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16" in text
-    assert "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes" in text
+    assert "cp.async.bulk.tensor.2d.shared::cta.global.tile.mbarrier::complete_tx::bytes" in text  # (A's)
     assert "setmaxnreg.dec" in text and "setmaxnreg.inc" in text  # producer / consumer warpgroups
     assert "mbarrier.try_wait" in text  # the stages' full / empty barriers
 
@@ -329,10 +348,15 @@ def test_bench_case_errors_become_rows(monkeypatch):
     assert tool.main([]) == 2
 
 
-@pytest.fixture(params=FORMS, ids=_form)
+GPU_FORMS = [(False, None), (True, None), (False, 1)]  # (PINGPONG, CLUSTER_M; None: the library's)
+
+
+@pytest.fixture(params=GPU_FORMS, ids=["cooperative", "pingpong", "cluster1"])
 def form(request, monkeypatch):
-    """Both kernel forms: runtime/gemm.PINGPONG set for the test, and every compile the test
-    makes (gemm, op.gemm) checked to have asked for that form."""
+    """Every kernel form (the cooperative one with the library's clusters and without, ping-pong):
+    runtime/gemm.PINGPONG and CLUSTER_M set for the test, and every compile the test makes (gemm,
+    op.gemm) checked to have asked for that form. Yields the form's pingpong."""
+    pingpong, cluster = request.param
     seen = []
     for name in ("compile_gemm", "compile_gemm_op"):
         def spy(*args, _real=getattr(g, name), **kw):
@@ -340,9 +364,11 @@ def form(request, monkeypatch):
             return _real(*args, **kw)
 
         monkeypatch.setattr(g, name, spy)
-    monkeypatch.setattr(g, "PINGPONG", request.param)
-    yield request.param
-    assert all(p is request.param for p in seen), seen
+    monkeypatch.setattr(g, "PINGPONG", pingpong)
+    if cluster is not None:
+        monkeypatch.setattr(g, "CLUSTER_M", cluster)
+    yield pingpong
+    assert all(p is pingpong for p in seen), seen
 
 
 GPU_SHAPES = [(128, 256, 64), (200, 136, 64), (1000, 520, 4096), (1, 8, 8), (129, 264, 72), (384, 768, 1024),

@@ -434,7 +434,7 @@ def _gemm_launcher_text(epilogue: Epilogue) -> dict:
     params = ["a: cute.Tensor", "w: cute.Tensor", *[f"{x}: cute.Tensor" for x in ins],
               *[f"{x}: Float32" for x in scalars], "row_data: cute.Tensor", "row_scale: cute.Tensor",
               "acc: cute.Tensor", "acc_hook: cutlass.Constexpr", "num_sms: cutlass.Constexpr",
-              "swizzle: cutlass.Constexpr", "pingpong: cutlass.Constexpr", "stream"]
+              "swizzle: cutlass.Constexpr", "pingpong: cutlass.Constexpr", "cluster_m: cutlass.Constexpr", "stream"]
     args = ["a", "w", "row_data", "row_scale", f"[{', '.join(ins)}]", f"[{', '.join(scalars)}]", "acc", "stream"]
     return {"params": ", ".join(params), "args": ", ".join(args)}
 

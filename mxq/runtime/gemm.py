@@ -30,8 +30,9 @@ ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
 TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
 PINGPONG = False  # the kernel form gemm() and gemm_op() launch: cooperative until an H200 run times both
+CLUSTER_M = 2  # the cooperative form's CTAs per cluster along M (GemmSm90's cluster_m: W stages multicast)
 
-_compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong) -> compiled function
+_compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong, cluster) -> function
 _lock = threading.Lock()
 
 
@@ -93,10 +94,12 @@ def fake_args(dtype_name: str, acc_hook: bool):
 
 
 def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int = 132, keep_ptx: bool = False,
-                 swizzle: int = 1, pingpong: bool = False):
+                 swizzle: int = 1, pingpong: bool = False, cluster_m: int | None = None):
     """The compiled TVM-FFI function ``f(a, w, d[, acc])`` (cached in memory unless keep_ptx);
-    ``swizzle``: GemmSm90's tile order option (benchmarks try others); ``pingpong``: its form."""
-    key = (dtype_name, ARCH, acc_hook, num_sms, swizzle, pingpong)
+    ``swizzle``: GemmSm90's tile order option (benchmarks try others); ``pingpong``: its form;
+    ``cluster_m``: its CTAs per cluster (None: cluster_for(pingpong))."""
+    cluster_m = cluster_for(pingpong) if cluster_m is None else cluster_m
+    key = (dtype_name, ARCH, acc_hook, num_sms, swizzle, pingpong, cluster_m)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn
@@ -109,17 +112,23 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
         from . import compiler
         from ..kernels.gemm_sm90 import GemmSm90
 
-        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle, pingpong=pingpong)
+        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle, pingpong=pingpong, cluster_m=cluster_m)
         entry = kernel.launch_acc if acc_hook else kernel.launch
         with compiler.compile_options(ARCH, keep_ptx) as options:
             try:
                 fn = cute.compile(entry, *args, options=options)
             except Exception as exc:
                 raise RuntimeError(f"mxq: compiling the sm_90 GEMM ({dtype_name}, acc_hook={acc_hook}, "
-                                   f"swizzle={swizzle}, pingpong={pingpong}) for {ARCH} failed: {exc}") from exc
+                                   f"swizzle={swizzle}, pingpong={pingpong}, cluster_m={cluster_m}) for {ARCH} "
+                                   f"failed: {exc}") from exc
         if not keep_ptx:
             _compiled[key] = fn
         return fn
+
+
+def cluster_for(pingpong: bool) -> int:
+    """CTAs per cluster of the kernel form: CLUSTER_M for the cooperative one, 1 for ping-pong."""
+    return 1 if pingpong else CLUSTER_M
 
 
 def swizzle_for(n: int) -> int:
@@ -200,13 +209,15 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
 
 
 def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: int, swizzle: int,
-                    keep_ptx: bool = False, pingpong: bool = False):
+                    keep_ptx: bool = False, pingpong: bool = False, cluster_m: int | None = None):
     """The compiled ``launch_gemm`` of ``op``'s rendered module (cached in memory by its source,
-    dtype, operand kinds, hook, SM count, tile order and form, unless keep_ptx)."""
+    dtype, operand kinds, hook, SM count, tile order, form and cluster, unless keep_ptx)."""
     from . import compiler
 
+    cluster_m = cluster_for(pingpong) if cluster_m is None else cluster_m
     source = op.source
-    key = ("op", hashlib.sha256(source.encode()).hexdigest(), dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong)
+    key = ("op", hashlib.sha256(source.encode()).hexdigest(), dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong,
+           cluster_m)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn
@@ -220,11 +231,12 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)  # (after the compile-time options)
         with compiler.compile_options(ARCH, keep_ptx) as options:
             try:
-                fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, pingpong, stream,
+                fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, pingpong, cluster_m, stream,
                                   options=options)
             except Exception as exc:
                 raise RuntimeError(f"mxq: compiling op.gemm of {op.__name__} ({dtype_name}, operands {kinds}, "
-                                   f"acc_hook={acc_hook}, pingpong={pingpong}) for {ARCH} failed: {exc}") from exc
+                                   f"acc_hook={acc_hook}, pingpong={pingpong}, cluster_m={cluster_m}) for {ARCH} "
+                                   f"failed: {exc}") from exc
         if not keep_ptx:
             _compiled[key] = fn
         return fn
