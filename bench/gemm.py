@@ -1,7 +1,7 @@
 """mxq's sm_90 GEMM (mxq/kernels/gemm_sm90.py) on the GPU: checked, then timed against torch.matmul.
 
     python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8] [--no-fused]
-                         [--forms cooperative,pingpong,cooperative1]
+                         [--forms cooperative,pingpong,cooperative1,pingpong1]
 
 Cases (M x N x K, bf16, D = A @ W^T with A [M, K], W [N, K]): M in (8192, 16384) crossed with
 (K, N) in ((4096, 14336), (14336, 4096), (8192, 28672)), and small or odd shapes with partial
@@ -17,7 +17,7 @@ Forms (``--forms``, cooperative and pingpong by default): every mxq row runs onc
 the kernel, the cooperative one (two consumer warpgroups on a 128 x 256 tile, CTAs in clusters of
 mxq.runtime.gemm.CLUSTER_M along M sharing W by TMA multicast; rows named as before), the
 ping-pong one (each warpgroup its own 64 x 256 tile, their mainloops alternating; rows named
-``... pingpong``) and ``cooperative1`` (the cooperative form without clusters: ``... cluster1``),
+``... pingpong``), ``cooperative1`` and ``pingpong1`` (each without clusters: ``... cluster1``),
 set through mxq.runtime.gemm.PINGPONG and CLUSTER_M, each checked and timed beside the same torch
 baselines.
 
@@ -69,7 +69,7 @@ U_OUT = 2.0 ** -8  # bf16's relative spacing: twice its unit roundoff (rounding 
 
 # --forms names -> (GemmSm90's pingpong, its cluster_m; None: the library's), row-name suffix
 FORMS = {"cooperative": (False, None, ""), "pingpong": (True, None, " pingpong"),
-         "cooperative1": (False, 1, " cluster1")}
+         "cooperative1": (False, 1, " cluster1"), "pingpong1": (True, 1, " pingpong cluster1")}
 DEFAULT_FORMS = ("cooperative", "pingpong")
 
 

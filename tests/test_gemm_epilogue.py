@@ -607,7 +607,8 @@ def test_bench_fused_rows_check_on_the_cpu_route():
     tool = _bench_tool("gemm")
     assert [op.spec.format for op in tool.FUSED] == ["fp8_block", "mxfp8"]
     for op in tool.FUSED:
-        for form, suffix in (("cooperative", ""), ("pingpong", " pingpong"), ("cooperative1", " cluster1")):
+        for form, suffix in (("cooperative", ""), ("pingpong", " pingpong"), ("cooperative1", " cluster1"),
+                             ("pingpong1", " pingpong cluster1")):
             row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu", form=form)
             assert row["checked"], row
             assert row["name"] == f"gemm_{op.__name__} 130x264x72" + suffix
@@ -615,17 +616,18 @@ def test_bench_fused_rows_check_on_the_cpu_route():
 
 def test_bench_runs_each_form_through_the_runtime_switch():
     """bench/gemm.py's --forms: cooperative and pingpong by default, each row run with
-    mxq.runtime.gemm.PINGPONG and CLUSTER_M set to its form's and restored after (cooperative1:
-    the cooperative form without clusters); an unknown name is refused before anything runs."""
+    mxq.runtime.gemm.PINGPONG and CLUSTER_M set to its form's and restored after (cooperative1,
+    pingpong1: each form without clusters); an unknown name is refused before anything runs."""
     from .test_codegen import _bench_tool
 
     tool = _bench_tool("gemm")
-    assert tool.DEFAULT_FORMS == ("cooperative", "pingpong") and set(tool.FORMS) == {*tool.DEFAULT_FORMS, "cooperative1"}
+    assert tool.DEFAULT_FORMS == ("cooperative", "pingpong")
+    assert set(tool.FORMS) == {*tool.DEFAULT_FORMS, "cooperative1", "pingpong1"}
     before = g.PINGPONG, g.CLUSTER_M
-    for form, want in (("cooperative", (False, before[1])), ("pingpong", (True, before[1])), ("cooperative1", (False, 1))):
+    for form, want in (("cooperative", (False, before[1])), ("pingpong", (True, before[1])),
+                       ("cooperative1", (False, 1)), ("pingpong1", (True, 1))):
         with tool.use_form(form):
-            assert (g.PINGPONG, g.CLUSTER_M) == want
-            assert g.cluster_for(g.PINGPONG) == (1 if g.PINGPONG else want[1])
+            assert (g.PINGPONG, g.CLUSTER_M) == want and g.cluster_for(g.PINGPONG) == want[1]
         assert (g.PINGPONG, g.CLUSTER_M) == before
     with pytest.raises(SystemExit):
         tool.main(["--forms", "cooperative,pinpong"])

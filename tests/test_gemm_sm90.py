@@ -45,23 +45,23 @@ def ptx():
     return out
 
 
-def test_cooperative_form_multicasts_w_across_its_cluster():
-    """The cooperative form (CLUSTER_M = 2): W's TMA loads multicast to the cluster, A's not; a
-    stage's release arrives on the peer CTA's barrier too (mapa: its address in the cluster); the
-    barriers' initialisation synced across the cluster. Without clusters (and in ping-pong)
-    none of it. GemmSm90 refuses clusters other than 1 and 2, and any with ping-pong."""
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
+def test_forms_multicast_w_across_their_cluster(pingpong):
+    """Either form with CLUSTER_M = 2: W's TMA loads multicast to the cluster, A's not; a stage's
+    release arrives on the peer CTA's barrier too (mapa: its address in the cluster); the
+    barriers' initialisation synced across the cluster. Without clusters none of it. GemmSm90
+    refuses clusters other than 1 and 2."""
     from mxq.kernels.gemm_sm90 import GemmSm90
 
-    assert g.CLUSTER_M == 2 and g.cluster_for(False) == 2 and g.cluster_for(True) == 1
-    text = g.compile_gemm("bf16", keep_ptx=True).__ptx__
+    assert g.CLUSTER_M == 2 and g.cluster_for(pingpong) == 2
+    text = g.compile_gemm("bf16", keep_ptx=True, pingpong=pingpong).__ptx__
     loads = re.findall(r"cp\.async\.bulk\.tensor\.2d\.\S+", text)
     assert sum("multicast::cluster" in x for x in loads) == len(loads) // 2 > 0  # (W's half of the loads)
     assert "mapa.shared::cluster" in text and "barrier.cluster.arrive" in text and "barrier.cluster.wait" in text
-    plain = g.compile_gemm("bf16", keep_ptx=True, cluster_m=1).__ptx__
+    plain = g.compile_gemm("bf16", keep_ptx=True, pingpong=pingpong, cluster_m=1).__ptx__
     assert "multicast" not in plain and "mapa" not in plain and "barrier.cluster" not in plain
-    for bad in (dict(cluster_m=3), dict(cluster_m=2, pingpong=True)):
-        with pytest.raises(ValueError, match="cluster_m"):
-            GemmSm90(**bad)
+    with pytest.raises(ValueError, match="cluster_m"):
+        GemmSm90(cluster_m=3, pingpong=pingpong)
 
 
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
@@ -348,12 +348,12 @@ def test_bench_case_errors_become_rows(monkeypatch):
     assert tool.main([]) == 2
 
 
-GPU_FORMS = [(False, None), (True, None), (False, 1)]  # (PINGPONG, CLUSTER_M; None: the library's)
+GPU_FORMS = [(False, None), (True, None), (False, 1), (True, 1)]  # (PINGPONG, CLUSTER_M; None: the library's)
 
 
-@pytest.fixture(params=GPU_FORMS, ids=["cooperative", "pingpong", "cluster1"])
+@pytest.fixture(params=GPU_FORMS, ids=["cooperative", "pingpong", "cooperative1", "pingpong1"])
 def form(request, monkeypatch):
-    """Every kernel form (the cooperative one with the library's clusters and without, ping-pong):
+    """Every kernel form (cooperative and ping-pong, each with the library's clusters and without):
     runtime/gemm.PINGPONG and CLUSTER_M set for the test, and every compile the test makes (gemm,
     op.gemm) checked to have asked for that form. Yields the form's pingpong."""
     pingpong, cluster = request.param

@@ -12,8 +12,8 @@ scheduler); see docs/DESIGN.md "The sm_90 GEMM".
   and four stages (192 KiB) fit the 227 KiB of an H100/H200 CTA.
 - Persistent: the grid is min(tiles, SMs); each CTA walks output tiles in the scheduler's order,
   the producer running ahead into the next tile's stages while the consumers write the last one.
-- ``cluster_m`` (the cooperative form): CTAs in clusters of that many along M, which the scheduler
-  gives tiles of one N column; each loads 1/cluster_m of the stage's W tile and multicasts it to
+- ``cluster_m``: CTAs in clusters of that many along M, which the scheduler gives tiles of one N
+  column (in ping-pong each warpgroup's tiles pair with the peer warpgroup's of the other CTA); each loads 1/cluster_m of the stage's W tile and multicasts it to
   the cluster (TMA multicast), so W leaves L2 once per cluster instead of once per CTA. Each
   consumer warp releases a stage on every CTA of its cluster (the empty barrier counts all of
   them: a peer's multicast may overwrite the stage only when both CTAs are done with it). At
@@ -78,8 +78,8 @@ class GemmSm90:
 
     def __init__(self, acc_hook: bool = False, num_sms: int = 132, swizzle: int = 1, fused=None,
                  pingpong: bool = False, cluster_m: int = 1):
-        if cluster_m not in (1, 2) or (pingpong and cluster_m != 1):
-            raise ValueError(f"mxq: GemmSm90: cluster_m must be 1 or 2 (1 with pingpong), got {cluster_m}")
+        if cluster_m not in (1, 2):
+            raise ValueError(f"mxq: GemmSm90: cluster_m must be 1 or 2, got {cluster_m}")
         self.cluster_m = cluster_m
         self.acc_hook = acc_hook
         self.fused = fused

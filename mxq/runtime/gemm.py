@@ -30,7 +30,7 @@ ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
 TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
 PINGPONG = False  # the kernel form gemm() and gemm_op() launch: cooperative until an H200 run times both
-CLUSTER_M = 2  # the cooperative form's CTAs per cluster along M (GemmSm90's cluster_m: W stages multicast)
+CLUSTER_M = 2  # CTAs per cluster along M of either form (GemmSm90's cluster_m: W stages multicast)
 
 _compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong, cluster) -> function
 _lock = threading.Lock()
@@ -127,8 +127,8 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
 
 
 def cluster_for(pingpong: bool) -> int:
-    """CTAs per cluster of the kernel form: CLUSTER_M for the cooperative one, 1 for ping-pong."""
-    return 1 if pingpong else CLUSTER_M
+    """CTAs per cluster of the kernel form ``pingpong``: CLUSTER_M for either."""
+    return CLUSTER_M
 
 
 def swizzle_for(n: int) -> int:
