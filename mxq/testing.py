@@ -242,6 +242,9 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
     for name in ("amax", "colwise_amax"):  # (colwise_amax: NVFP4's Hadamard-transformed copy's)
         if getattr(want, name) is not None:
             ga, wa = getattr(got, name).cpu(), getattr(want, name).cpu()
+            if ga.shape != wa.shape or ga.dtype != wa.dtype:  # (before any elementwise rule broadcasts them)
+                problems.append(f"{name}: {tuple(ga.shape)} {ga.dtype} where {tuple(wa.shape)} {wa.dtype} is due")
+                continue
             # (bit for bit, a NaN for a NaN; per entry where a grouped NVFP4 call has one per group)
             same = same_bytes(ga, wa) or bool(((ga.view(torch.int32) == wa.view(torch.int32))
                                                 | (torch.isnan(ga) & torch.isnan(wa))).all())

@@ -101,6 +101,13 @@ def test_key_follows_out_layout():
             for block in ((1, 128), (128, 128))]
     assert [(t.rowwise_scale.shape, t.rowwise_scale.dtype) for t in outs] == [((1, 2), torch.float32)] * 2
     assert Call([x], [], out=outs[0]).key() != Call([x], [], out=outs[1]).key()
+    # rowwise data of one layout 8 bytes off 16 (the transposed copy's kernel writes aligned rows only,
+    # limits.fp8_block_unserved): another key; 16 bytes off: the same
+    buf = torch.zeros(64 * 32 + 32, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    for off, same in ((8, False), (16, True)):
+        moved = MXFP8Tensor.empty(spec, (64, 32), torch.float32, "cpu")
+        moved.rowwise_data = buf[off:off + 64 * 32].view(64, 32)
+        assert (Call([b], [], out=one).key() == Call([b], [], out=moved).key()) is same, off
 
 
 def test_has_dtensor_looks_at_inputs_act_input_and_offsets_by_type_name():

@@ -73,6 +73,13 @@ def test_transposed_copy_and_colwise_amax_are_served(dtype):
     x, b = torch.zeros(4, 200, dtype=dtype), torch.zeros(201, dtype=dtype)
     assert limits.unserved(epi.spec, epi.epilogue, x, lambda: None, Call([x, b[:200]], [])) is None
     assert "transposed" in limits.unserved(epi.spec, epi.epilogue, x, lambda: None, Call([x, b[1:]], []))
+    # into rowwise FP8 rows the aligned kernel cannot write (variant_for would pick another: the reference)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    assert limits.unserved(op.spec, op.epilogue, x, lambda: None, Call([x], [], out=out)) is None
+    buf = torch.zeros(4 * 200 + 16, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    for data in (buf[8:808].view(4, 200), buf[:812].as_strided((4, 200), (203, 1))):  # (8 bytes off; rows 203 apart)
+        out.rowwise_data = data
+        assert "rowwise FP8 rows" in limits.unserved(op.spec, op.epilogue, x, lambda: None, Call([x], [], out=out))
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES.values()))
@@ -593,6 +600,24 @@ def test_transposed_colwise_matches_reference(shape, dtype, rowwise, amax):
     if amax:  # (an amax of finite values, exactly)
         clean = _colwise_specials(*shape, DTYPES[dtype], seed=sum(shape), specials=False)
         _check(op, [clean], op(clean.cuda()))
+
+
+@pytest.mark.gpu
+def test_transposed_copy_into_unaligned_rowwise_rows_falls_back(monkeypatch):
+    """An out= whose rowwise FP8 rows the aligned kernel cannot write (8 bytes off 16): the
+    reference serves the call (its bytes, a one-time warning; under MXQ_STRICT an error naming
+    it), not a NotImplementedError from the kernels' launch. CPU counterpart:
+    test_transposed_copy_and_colwise_amax_are_served."""
+    op = mxq.fused_quant(format="fp8_block", scale_layout="gemm", colwise=True)(ident)
+    x = _colwise_specials(256, 200, torch.bfloat16, seed=5)
+    _check(op, [x], op(x.cuda(), out=mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cuda")))  # (a route kept)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cuda")
+    buf = torch.zeros(256 * 200 + 16, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)
+    out.rowwise_data = buf[8:8 + 256 * 200].view(256, 200)  # (the same layout, 8 bytes off: not that route)
+    _check(op, [x], op(x.cuda(), out=out))
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    with pytest.raises(RuntimeError, match="rowwise FP8 rows"):
+        op(x.cuda(), out=out)
 
 
 @pytest.mark.gpu

@@ -37,6 +37,9 @@ def test_compare_reads_a_grouped_amax_entry_by_entry():
     assert [p for p in compare(got, want, exact=False) if p.startswith("amax")] == []
     got.amax[3] *= 1.001
     assert [p for p in compare(got, want, exact=False) if p.startswith("amax")] != []
+    for wrong in (want.amax[:1].clone(), want.amax[:3].clone(), want.amax.double()):  # (no broadcasting)
+        got.amax = wrong
+        assert [p for p in compare(got, want, exact=False) if p.startswith("amax")] != [], wrong
 
 
 def test_poisoned_outputs_are_not_valid_results():

@@ -57,7 +57,11 @@ class Call(NamedTuple):
                 pair = col_amax is not None and fp4_layouts.amax_pair(out.amax, col_amax) is not None
                 # (format and block: check_out refuses an out of another format or block, whose
                 # tensors can be laid out alike, e.g. FP8 block scaling's 1x128 and 128x128 at M = 1)
-                out = (out.fp8, out.scale_layout, out.format, out.block, _out_layout(out.rowwise_data),
+                # (and whether the rowwise data is 16-byte aligned: the transposed copy's kernel writes
+                # only such rows, limits.fp8_block_unserved, so a route kept for them serves no other)
+                row = out.rowwise_data
+                out = (out.fp8, out.scale_layout, out.format, out.block, _out_layout(row),
+                       row is None or row.data_ptr() % 16 == 0,
                        _out_layout(out.colwise_data), _out_layout(out.rowwise_scale), _out_layout(out.colwise_scale),
                        _out_layout(out.amax), _out_layout(out.dbias), _out_layout(col_amax), pair)
             fp4 = None if self.fp4 is None else tuple(map(_layout, self.fp4))

@@ -57,7 +57,7 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return gap
     if spec.colwise and spec.scale_layout == "gemm" and not _aligned_rows(x, call):
         return ("with colwise=True and scale_layout='gemm' (the transposed copy) from inputs with N % 8 != 0 or "
-                "not 16-byte aligned rows has no GPU kernels yet")
+                "not 16-byte aligned rows, or into rowwise FP8 rows not 16-byte aligned, has no GPU kernels yet")
     if x.dtype != torch.float32:
         return None
     data = call.out.rowwise_data if call is not None and call.out is not None else None
@@ -121,7 +121,8 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
             return "with group_offsets and colwise=True has no GPU kernels yet"
         if call.fp4 is not None and call.fp4.global_amax is not None:
             return "with group_offsets and global_amax has no GPU kernels yet"
-        if spec.format == "nvfp4" and x.element_size() != 2:  # (the vectorised kernel's grouped NVFP4: wrong scales)
+        if spec.format == "nvfp4" and x.element_size() != 2:  # (the vectorised kernel's grouped row-scale
+            # offset counts 32-column blocks: NVFP4's 16-column ones would land in the wrong bytes)
             return "with group_offsets and fp32 inputs has no GPU kernels yet"
     if spec.block_2d and x.element_size() != 2:
         return "with block_2d=True and fp32 inputs has no GPU kernels yet"
@@ -160,10 +161,14 @@ def _misaligned(t: torch.Tensor, row_multiple: int) -> bool:
 
 
 def _aligned_rows(x: torch.Tensor, call) -> bool:
-    """Whether a call's inputs take the packed kernel's aligned rows (variant "vec", which alone
-    writes the transposed colwise copy): N % 8 == 0, and every input read per element 16-byte
-    aligned with rows a multiple of 8 elements apart (launch.variant_for's rule; a broadcast
-    operand's zero strides pass)."""
+    """Whether a call takes the packed kernel's aligned rows (variant "vec", which alone writes
+    the transposed colwise copy): N % 8 == 0, and every input read per element and an ``out=``'s
+    rowwise FP8 data 16-byte aligned with rows a multiple of 8 elements apart
+    (launch.variant_for's rule; a broadcast operand's zero strides pass)."""
+    data = call.out.rowwise_data if call is not None and call.out is not None else None
+    if data is not None and data.dim() and (data.data_ptr() % 16 or (
+            data.dim() > 1 and data.numel() > data.shape[-1] and data.stride(-2) % kconfig.VEC)):
+        return False
     tensors = [x] if call is None else [*call.tensors, call.act_input]
     for t in tensors:
         if not isinstance(t, torch.Tensor) or t.dim() == 0:
