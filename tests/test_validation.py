@@ -102,6 +102,21 @@ def test_out_is_checked():
         mxq.quantize(x, out=(good.rowwise_data, good.rowwise_scale))
 
 
+def test_transposed_colwise_copy_into_padded_rows_is_named():
+    """The transposed colwise copy ([N, M]: FP8 block scaling's GEMM-ready layout, FP4's) must
+    be contiguous: at M == N a padded view has the right shape (and would pass the [M, N] rows'
+    rule), but the kernels store its rows a whole row apart."""
+    for opts, width in ((dict(format="fp8_block", scale_layout="gemm"), 64), (dict(format="mxfp4"), 32)):
+        op = mxq.fused_quant(colwise=True, **opts)(_ident)
+        x = torch.randn(64, 64, dtype=torch.bfloat16)
+        out = op(x)
+        pad = torch.zeros(64, width + 16, dtype=out.colwise_data.dtype)[:, :width]
+        assert pad.shape == out.colwise_data.shape and not pad.is_contiguous()
+        out.colwise_data = pad
+        with pytest.raises(ValueError, match="out.colwise_data' is the transposed colwise copy"):
+            op(x, out=out)
+
+
 def _aliased_out_cases():
     """(name, call) pairs: each call passes an ``out`` whose tensors share memory with each other
     or with an input (each gave wrong bytes with no error before the check)."""
