@@ -775,6 +775,39 @@ def test_registered_colwise_op_runs_on_cuda(dtype):
         _check(op, [x.cpu()], got, act_input=a.cpu())
 
 
+def test_dispatcher_sends_grouped_calls_to_pythons_binding():
+    """A registered FP8 block-scaling op's grouped calls take Python's binding of the kernels
+    (the flag of ffi.dispatcher_flags), int32 ends as int64 ones: the native route has no grouped
+    kernels for it (limits.cpp_only_gap). MXFP8's compact ops launch int32-ended groups natively.
+    GPU counterpart: test_registered_grouped_calls_run_on_cuda."""
+    from mxq.runtime import ffi, slots
+
+    for opts, python in ((dict(format="fp8_block"), True), (dict(format="fp8_block", colwise=True), True),
+                         (dict(), False), (dict(scale_layout="swizzled"), False)):
+        spec = mxq.fused_quant(**opts)(ident).spec
+        flags = ffi.dispatcher_flags(spec)
+        assert flags & ~ffi.GROUPS_IN_PYTHON == slots.dispatch_flags(spec)
+        assert bool(flags & ffi.GROUPS_IN_PYTHON) is python, opts
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts", [dict(), dict(colwise=True)])
+def test_registered_grouped_calls_run_on_cuda(opts):
+    """Grouped calls through a registered FP8 block-scaling op's dispatcher, int32 and int64 ends
+    alike (int32 ones were refused: the native route has no grouped kernels for it), write the
+    Python route's bytes. CPU counterpart: test_dispatcher_sends_grouped_calls_to_pythons_binding."""
+    op = mxq.fused_quant(format="fp8_block", **opts)(ident)
+    fn = op.dispatcher()
+    x = planted(300, 256, torch.bfloat16, seed=3).cuda()
+    for ends in (torch.tensor([0, 130, 130, 300], dtype=torch.int32), torch.tensor([0, 130, 130, 300])):
+        ends = ends.cuda()
+        want = op(x, group_offsets=ends)
+        got = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device, group_offsets=ends)
+        fn(x, None, got.rowwise_data, got.rowwise_scale, got.colwise_data, got.colwise_scale, None, None, None, ends)
+        torch.cuda.synchronize()
+        _same_as_python(got, want, str(ends.dtype))
+
+
 @pytest.mark.gpu
 def test_dispatcher_refuses_a_calls_dtype_and_variant_by_name():
     """What register() could not refuse up front: a colwise op's fp32 call; fp32 into FP8 rows

@@ -11,7 +11,8 @@
 // scalar) and strided 2-D views are launched here too, on the kernels compiled for those
 // layouts (OperandKinds). Grouped calls (group_offsets given and not None) of compact scales
 // with int32 group ends are launched here too, on the grouped kernels (GroupEnds); other grouped
-// calls (int64 ends, which Python converts; swizzled scales, whose padding Python clears), and
+// calls (int64 ends, which Python converts; swizzled scales, whose padding Python clears; FP8
+// block scaling's, which have no grouped kernels here: State::groups_in_python), and
 // operands it does not take as they are, go to Python's binding of the kernels
 // (mxq/runtime/ffi.py, _python_callback). FP8 data is [M, N] but for the transposed colwise copy
 // (FP8 block scaling's GEMM-ready layout, State::transposed), [N, M] contiguous. Errors are
@@ -51,7 +52,9 @@ const char* const kLayoutNames[3] = {"compact", "outer-dim-major", "swizzled"};
 struct State {
   int nt = 0, ns = 0;
   uint8_t fp8_code = 10;  // DLPack kDLFloat8_e4m3fn, or 12 (kDLFloat8_e5m2)
-  bool swizzled = false;  // the op's scale layout is MXFP8's swizzled one (grouped calls go to Python)
+  // grouped calls go to Python's binding of the kernels: MXFP8's swizzled scales (whose padding
+  // Python clears) and FP8 block scaling (no grouped kernels on this route: limits.cpp_only_gap)
+  bool groups_in_python = false;
   mxq_sizes::Facts facts{};  // the op's scale buffers and workspace (slots.scale_facts, from Python)
   // the colwise data is the transposed copy [N, M], contiguous (FP8 block scaling's GEMM-ready layout;
   // limits.cpp_transposed, from Python): it takes no part in the choice of variant (the kernel
@@ -212,7 +215,7 @@ bool OperandKinds(const State& st, ffi::PackedArgs args, const DLTensor* x, std:
 // values are never read on the host (mxq/formats/groups.py: the kernels clamp them).
 const DLTensor* GroupEnds(const State& st, ffi::PackedArgs args, int i, const DLTensor* x) {
   std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
-  if (!t.has_value() || st.swizzled) return nullptr;
+  if (!t.has_value() || st.groups_in_python) return nullptr;
   const DLTensor* g = *t;
   const bool ok = g->dtype.code == kDLInt && g->dtype.bits == 32 && g->dtype.lanes == 1 && g->ndim == 1 &&
                   g->shape[0] >= 1 && g->shape[0] <= st.max_groups && Compact(g) &&
@@ -671,7 +674,7 @@ ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags,
   st->ns = static_cast<int>(ns);
   for (int s = 0; s < 7; ++s) st->want[s] = (flags >> s) & 1;
   st->fp8_code = (flags >> 7) & 1 ? 12 : 10;
-  st->swizzled = (flags >> 8) & 1;
+  st->groups_in_python = ((flags >> 8) & 1) || ((flags >> 9) & 1);  // (swizzled scales; ffi.GROUPS_IN_PYTHON)
   st->python = python;
   st->resolve = resolve;
   st->zero = zero;
