@@ -169,6 +169,12 @@ class QuantSpec:
         return self.format in fp4.FORMATS
 
     @property
+    def colwise_transposed(self) -> bool:
+        """The colwise copy is the transposed one, [N, M] contiguous: NVFP4's and MXFP4's (FP4 GEMMs
+        take only the TN layout), FP8 block scaling's GEMM-ready layout (fp8_block_layouts.colwise_data)."""
+        return self.colwise and (self.is_fp4 or (self.format == "fp8_block" and self.scale_layout == "gemm"))
+
+    @property
     def block_format(self) -> Format:
         """The Format value (mxq/formats/format.py) of this spec's blocks, encodings and layout."""
         if self.format == "mxfp4":

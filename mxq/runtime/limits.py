@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats import fp4_layouts, fp8_block_layouts
+from ..formats import fp4_layouts
 from ..formats.numerics import BLOCK
 from ..frontend import codegen, gated
 from ..kernels import config as kconfig
@@ -166,8 +166,7 @@ def _aligned_rows(x: torch.Tensor, call) -> bool:
     rowwise FP8 data 16-byte aligned with rows a multiple of 8 elements apart
     (launch.variant_for's rule; a broadcast operand's zero strides pass)."""
     data = call.out.rowwise_data if call is not None and call.out is not None else None
-    if data is not None and data.dim() and (data.data_ptr() % 16 or (
-            data.dim() > 1 and data.numel() > data.shape[-1] and data.stride(-2) % kconfig.VEC)):
+    if data is not None and _misaligned(data, kconfig.VEC):
         return False
     tensors = [x] if call is None else [*call.tensors, call.act_input]
     for t in tensors:
@@ -253,8 +252,7 @@ def cpp_transposed(spec) -> bool:
     KernelConfig.transposed). The C++ routes take it as a contiguous [N, M] tensor
     (csrc/export_check.h's kColDataT, rendered by export; dispatch.cc's State::transposed, passed
     by ffi.make_dispatchers) and serve it on the aligned kernel alone (cpp_only_gap)."""
-    return (spec.format == "fp8_block" and spec.colwise
-            and fp8_block_layouts.colwise_data(spec, 1, 2, "meta", False) is not None)
+    return spec.format == "fp8_block" and spec.colwise_transposed
 
 
 def n_multiple(spec, epilogue) -> int:

@@ -252,8 +252,6 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
         _fail_type("out", "an MXFP8Tensor", type(out).__name__)
     shape = x.shape if shape is None else shape
     want = MXFP8Tensor.empty(spec, shape, x.dtype, "meta", group_offsets=group_offsets)
-    # (the colwise copy transposed, [N, M]: FP8 block scaling's GEMM-ready layout, FP4's)
-    transposed = spec.colwise and (spec.is_fp4 or (spec.format == "fp8_block" and spec.scale_layout == "gemm"))
     for field in OUT_FIELDS:
         w, g = getattr(want, field), getattr(out, field)
         if w is None:
@@ -266,7 +264,7 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
                              f"got {g.dtype} of shape {tuple(g.shape)}")
         if g.device != x.device:
             raise ValueError(f"mxq: argument 'out.{field}' is on {g.device} but the input is on {x.device}")
-        if field == "colwise_data" and transposed and not g.is_contiguous():
+        if field == "colwise_data" and spec.colwise_transposed and not g.is_contiguous():
             # (the kernels store the copy's rows a whole row apart; at M == N a padded [N, M] view has
             # the right shape, and the rule for [M, N] rows below would take it)
             raise ValueError(f"mxq: argument 'out.colwise_data' is the transposed colwise copy: it must be "
