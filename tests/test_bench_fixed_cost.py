@@ -49,3 +49,20 @@ def test_out_pairs_name_cases_and_ratio_their_times():
     rows[0]["us"] = 1.0
     got = tool.out_vs_alloc(rows)
     assert [(p["ratio"], p["meets"]) for p in got] == [(0.5, True)] + [(1.5, False)] * (len(tool.OUT_PAIRS) - 1)
+
+
+def test_host_pair_times_the_case_beside_its_floor():
+    """host_pair: each repeat times the floor's calls, then the case's, each between two
+    synchronizations, keeping each one's best; host_us is the case alone (a CPU counterpart: a
+    counting clock stands in for the CUDA synchronization)."""
+    tool = _bench_tool("fixed_cost")
+    order = []
+    us, floor = tool.host_pair(lambda: order.append("f"), lambda: order.append("c"), calls=3, repeats=2,
+                               sync=lambda: order.append("|"))
+    warm = ["c"] * 50 + ["f"] * 50 + ["|"]
+    assert order == warm + (["c"] * 3 + ["|"] + ["f"] * 3 + ["|"]) * 2
+    assert us > 0 and floor > 0
+    order.clear()
+    us, floor = tool.host_pair(lambda: order.append("f"), None, calls=2, repeats=1, sync=lambda: order.append("|"))
+    assert order == ["f"] * 50 + ["|"] + ["f"] * 2 + ["|"] and floor != floor  # (NaN: no floor)
+    assert tool.host_us(lambda: None, calls=2, repeats=1, sync=lambda: None) >= 0
