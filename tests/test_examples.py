@@ -18,8 +18,11 @@ def test_examples_exist():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(_ROOT)))
 def test_example_runs(path, tmp_path):
+    # (PYTHONPATH: the checkout under test, whatever mxq the interpreter has installed)
+    path_before = os.environ.get("PYTHONPATH")
     env = dict(os.environ, MXQ_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore",
-               MXQ_CPP_BUILD=str(tmp_path / "cpp"), MXQ_AOT_BUILD=str(tmp_path / "aot"))
+               MXQ_CPP_BUILD=str(tmp_path / "cpp"), MXQ_AOT_BUILD=str(tmp_path / "aot"),
+               PYTHONPATH=os.pathsep.join([str(_ROOT.parent), *([path_before] if path_before else [])]))
     r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600,
                        env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
