@@ -1,8 +1,10 @@
 """``python -m mxq {info,render,compile,export}``: what mxq generates, from the shell.
 
 An op is chosen either by quantize options (``--fp8 e5m2 --colwise --act gelu`` builds the
-built-in identity-epilogue op) or by ``FILE.py[:NAME]``, which imports that file and takes the
-``@mxq.fused_quant`` op called NAME (or the only one there).
+built-in identity-epilogue op; ``--format fp8_block --block 128x128``, ``--format nvfp4
+--stochastic-rounding`` pick the other formats and their options, mxq.QuantSpec's) or by
+``FILE.py[:NAME]``, which imports that file and takes the ``@mxq.fused_quant`` op called NAME
+(or the only one there).
 
 Errors a user can cause (a bad option or combination, an unsupported arch, a missing file, an
 epilogue outside the language, a bad export name) print one line, ``mxq: ...``, on stderr and exit
@@ -30,7 +32,7 @@ from .frontend import codegen
 from .runtime import cache
 from .frontend.epilogue import EpilogueError
 from .op import FusedOp, GatedOp, _identity, _quantize_op
-from .frontend.spec import ACTIVATIONS, GATED_ACTIVATIONS, QuantSpec
+from .frontend.spec import ACTIVATIONS, FORMAT_NAMES, GATED_ACTIVATIONS, QuantSpec, format_choices
 from .runtime.targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
 
 PROG = "python -m mxq"
@@ -45,8 +47,12 @@ BUILTIN_EXPORT_NAME = "mxq_quantize"  # export's default --name for the built-in
 
 # the options that build the built-in quantize op (dest -> default); a FILE.py op takes its own
 # options from its @mxq.fused_quant(...), so these must stay at their defaults with a FILE.py target
-_OP_DEFAULTS = {"fp8": "e4m3", "no_rowwise": False, "colwise": False, "scale_mode": "rceil",
-                "scale_layout": "compact", "amax": False, "act": None, "dact": None, "dbias": False}
+_OP_DEFAULTS = {"format": "mxfp8", "fp8": "e4m3", "no_rowwise": False, "colwise": False, "scale_mode": None,
+                "scale_layout": "compact", "block": None, "amax": False, "act": None, "dact": None, "dbias": False,
+                "block_2d": False, "hadamard": False, "stochastic_rounding": False}
+# every format's scale modes and layouts, in QuantSpec's order (each option's own choices per format: --help)
+_SCALE_MODES = tuple(dict.fromkeys(m for f in FORMAT_NAMES for m in format_choices(f)["scale_mode"]))
+_SCALE_LAYOUTS = tuple(dict.fromkeys(m for f in FORMAT_NAMES for m in format_choices(f)["scale_layout"]))
 
 
 class UsageError(Exception):
@@ -62,8 +68,14 @@ _AS_FLAGS = (
     (r"\bact and dact are exclusive", "--act and --dact are exclusive"),
     (r"\bexport\(\) argument 'operands'", "--operands"),
     (r"\bexport name\b", "--name"),
-    (r"\b(fp8|act|dact|dtype|arch|scale_mode|scale_layout)=(?:'([^']*)'|None)",
+    (r"\b(fp8|act|dact|dtype|arch|scale_mode|scale_layout|format)=(?:'([^']*)'|None)",
      lambda m: f"--{m[1].replace('_', '-')} {m[2] or 'None'}"),
+    (r"\b(block_2d|hadamard|stochastic_rounding)=True", lambda m: "--" + m[1].replace("_", "-")),
+    (r"\bblock=\((\d+), (\d+)\)", lambda m: f"--block {m[1]}x{m[2]}"),
+    (r"\b(block|scale_mode|scale_layout|fp8|format) must be one of",
+     lambda m: f"--{m[1].replace('_', '-')} must be one of"),
+    (r"\((\d+), (\d+)\)", lambda m: f"{m[1]}x{m[2]}"),  # (a block's (rows, columns) as --block writes it)
+    (r"\bcolwise=True", "--colwise"),
 )
 
 
@@ -117,18 +129,51 @@ def _dtype(value: str) -> str:
                                          "or torch's name for one, e.g. bfloat16)") from None
 
 
+def _block_arg(value: str) -> tuple:
+    """--block RxC (e.g. 1x128) as QuantSpec's (rows, columns)."""
+    m = re.fullmatch(r"(\d+)x(\d+)", value)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLUMNS such as 1x128 or 128x128, got {value!r}")
+    return int(m[1]), int(m[2])
+
+
+def _per_format(option: str) -> str:
+    """An option's choices per format, for --help: "mxfp8: a (default), b; fp8_block: ..."."""
+    parts = []
+    for f in FORMAT_NAMES:
+        values = format_choices(f)[option]
+        if option == "block":
+            values = tuple(f"{r}x{c}" for r, c in values)
+        parts.append(f"{f}: " + ", ".join(v + (" (default)" if i == 0 and len(values) > 1 else "")
+                                          for i, v in enumerate(values)))
+    return "; ".join(parts)
+
+
 def _add_op_args(p: argparse.ArgumentParser) -> None:
     d = _OP_DEFAULTS
     p.add_argument("target", nargs="?", metavar="FILE.py[:NAME]",
                    help="a file holding @mxq.fused_quant ops, and which one (needed if it holds several); "
                         "without it, the built-in quantize op the options below describe")
+    p.add_argument("--format", default=d["format"], choices=FORMAT_NAMES,
+                   help="the block-scaled format (default mxfp8): mxfp8 (E8M0 scales per 32), fp8_block (fp32 "
+                        "scales per 1x128 or 128x128, FP8 block scaling), nvfp4 (E2M1, E4M3 scales per 16, a "
+                        "tensor amax), mxfp4 (E2M1, E8M0 scales per 32)")
     p.add_argument("--fp8", default=d["fp8"], choices=("e4m3", "e5m2"), help="FP8 format (default e4m3)")
-    p.add_argument("--no-rowwise", action="store_true", help="do not write rowwise data (1x32 blocks along N)")
-    p.add_argument("--colwise", action="store_true", help="also write colwise data (32x1 blocks along M)")
-    p.add_argument("--scale-mode", default=d["scale_mode"], choices=("rceil", "floor", "ceil", "even"),
-                   help="how the E8M0 block scale is chosen (default rceil)")
-    p.add_argument("--scale-layout", default=d["scale_layout"], choices=("compact", "swizzled"),
-                   help="scale layout: compact, or swizzled as cuBLAS wants it (default compact)")
+    p.add_argument("--no-rowwise", action="store_true", help="do not write rowwise data (blocks along N)")
+    p.add_argument("--colwise", action="store_true",
+                   help="also write colwise data (blocks along M; FP4 and fp8_block's gemm layout: the transposed copy)")
+    p.add_argument("--scale-mode", default=d["scale_mode"], choices=_SCALE_MODES,
+                   help="how the block scale is chosen, per format (" + _per_format("scale_mode") + ")")
+    p.add_argument("--scale-layout", default=d["scale_layout"], choices=_SCALE_LAYOUTS,
+                   help="scale layout (default compact): " + _per_format("scale_layout") +
+                        " (swizzled: cuBLAS's 128x4 atoms; gemm: what a Hopper FP8 GEMM takes)")
+    p.add_argument("--block", default=d["block"], type=_block_arg, metavar="RxC",
+                   help="fp8_block's block: 1x128 (default; activations, gradients) or 128x128 (weights)")
+    p.add_argument("--block-2d", action="store_true", help="nvfp4: 16x16 tiles (weights), each tile's scale in "
+                                                           "every row's entry")
+    p.add_argument("--hadamard", action="store_true",
+                   help="nvfp4: the random Hadamard transform on the colwise copy (bf16 inputs)")
+    p.add_argument("--stochastic-rounding", action="store_true", help="nvfp4: stochastic rounding (gradients)")
     p.add_argument("--amax", action="store_true", help="also write the input's absolute maximum")
     p.add_argument("--act", choices=ACTIVATIONS + tuple(GATED_ACTIVATIONS),
                    help="activation applied before quantizing (swiglu, ...: gated, over the input's two halves)")
@@ -191,7 +236,9 @@ def _op_from_args(args) -> FusedOp:
     with _in_flags():
         spec = QuantSpec(fp8=args.fp8, rowwise=not args.no_rowwise, colwise=args.colwise,
                          scale_mode=args.scale_mode, scale_layout=args.scale_layout, amax=args.amax,
-                         act=args.act, dact=args.dact, dbias=args.dbias)
+                         act=args.act, dact=args.dact, dbias=args.dbias, format=args.format, block=args.block,
+                         block_2d=args.block_2d, hadamard=args.hadamard,
+                         stochastic_rounding=args.stochastic_rounding)
         return GatedOp(_identity, spec) if spec.gated else _quantize_op(spec)
 
 

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # written out by hand: the CLI's public contract
 COMMANDS = ("info", "render", "compile", "export")
-OP_FLAGS = ("--fp8", "--no-rowwise", "--colwise", "--scale-mode", "--scale-layout", "--amax", "--act", "--dact",
-            "--dbias")
+OP_FLAGS = ("--format", "--fp8", "--no-rowwise", "--colwise", "--scale-mode", "--scale-layout", "--block",
+            "--block-2d", "--hadamard", "--stochastic-rounding", "--amax", "--act", "--dact", "--dbias")
 FLAGS = {"info": (), "render": OP_FLAGS, "compile": OP_FLAGS + ("--arch", "--dtype", "--ptx"),
          "export": OP_FLAGS + ("--dir", "--arch", "--dtype", "--name", "--grouped", "--operands")}
 ARCHS = ("sm_89", "sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_103f", "sm_110a", "sm_110f",
@@ -119,6 +119,31 @@ print(all(m[f] is not None for f in ("q_g", "q_g_vec", "q_g_rows8", "q_g_grouped
     assert out.stdout.split()[-1:] == ["True"], out.stderr
 
 
+def test_every_format_from_the_command_line(tmp_path):
+    """--format and its options build the built-in op of each format (QuantSpec's, rendered and
+    compiled for sm_90 with that format's conversions), and export an FP8 block-scaling op."""
+    r = run("render", "--format", "fp8_block", "--block", "128x128", "--colwise", "--scale-layout", "gemm",
+            tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "format='fp8_block', block=(128, 128)" in r.stdout and "scale_layout='gemm'" in r.stdout
+    for args, spec, cvt in ((("--format", "nvfp4", "--colwise", "--stochastic-rounding"),
+                             "format='nvfp4', block=(1, 16), block_2d=False, hadamard=False, stochastic_rounding=True",
+                             None),
+                            (("--format", "mxfp4", "--scale-mode", "rceil", "--scale-layout", "swizzled"),
+                             "scale_mode='rceil', scale_layout='swizzled'", None),
+                            (("--format", "fp8_block", "--scale-mode", "fp32", "--dtype", "fp32"), "scale_mode='fp32'",
+                             "cvt.rn.satfinite.e4m3x2.f32")):
+        r = run("compile", *args, tmp_path=tmp_path)
+        assert r.returncode == 0, r.stderr
+        assert spec in r.stdout, (args, r.stdout)
+        if cvt:
+            assert cvt in r.stdout, r.stdout
+    r = run("export", "--format", "fp8_block", "--colwise", "--dir", str(tmp_path / "fb"), tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    header = (tmp_path / "fb" / "mxq_quantize.h").read_text()
+    assert "FP8 block-scaling (1x128 blocks, fp32 scales)" in header
+
+
 def test_info(tmp_path):
     r = run("info", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -149,7 +174,8 @@ def test_help_lists_every_command_and_every_flag(tmp_path):
     for arch in ARCHS:
         assert arch in out, arch
     assert "{bf16,fp16,fp32}" in out
-    for values in ("{e4m3,e5m2}", "{rceil,floor,ceil,even}", "{compact,swizzled}", "{gelu,silu,relu,qgelu,srelu,swiglu,geglu,reglu,qgeglu,sreglu}"):
+    for values in ("{e4m3,e5m2}", "{rceil,floor,ceil,even,pow2,fp32,e4m3}", "{compact,swizzled,gemm}",
+                   "{mxfp8,fp8_block,nvfp4,mxfp4}", "{gelu,silu,relu,qgelu,srelu,swiglu,geglu,reglu,qgeglu,sreglu}"):
         assert values in out, values
 
 
@@ -251,6 +277,18 @@ USER_ERRORS = [
     (("compile", "--dtype", "fp64"), "mxq: argument --dtype: invalid choice: 'fp64'"),
     (("compile", "--dtype", "torch.float16"), "mxq: argument --dtype: invalid choice: 'torch.float16'"),
     (("render", "--act", "tanh"), "mxq: argument --act: invalid choice: 'tanh'"),
+    (("render", "--format", "fp8_block", "--block", "2x2"),
+     "mxq: --block must be one of (1x128, 128x128) with --format fp8_block, got 2x2"),
+    (("render", "--block", "1x128"), "mxq: --block must be one of (1x32,) with --format mxfp8, got 1x128"),
+    (("render", "--block", "wide"), "mxq: argument --block: expected ROWSxCOLUMNS such as 1x128 or 128x128"),
+    (("render", "--scale-mode", "pow2"), "mxq: --scale-mode must be one of ('rceil', 'floor', 'ceil', 'even') with "
+     "--format mxfp8, got 'pow2'"),
+    (("render", "--format", "fp8_block", "--scale-layout", "swizzled"),
+     "mxq: --scale-layout must be one of ('compact', 'gemm') with --format fp8_block, got 'swizzled'"),
+    (("render", "--format", "mxfp4", "--stochastic-rounding"),
+     "mxq: --stochastic-rounding is an option of --format nvfp4, not 'mxfp4'"),
+    (("render", "--format", "nvfp4", "--hadamard"), "mxq: --hadamard transforms the colwise copy only: it needs --colwise"),
+    (("render", "--format", "int4"), "mxq: argument --format: invalid choice: 'int4'"),
     (("render", "nope.py"), "mxq: no such file: nope.py"),
     (("render", "{u}"), "mxq: {u} is not a file"),
     (("render", "{u}/notes.txt"), "mxq: {u}/notes.txt is not a Python file"),
@@ -282,7 +320,8 @@ def test_user_errors_print_one_line_and_exit_2(args, start, user_files, tmp_path
     assert r.stderr.startswith(start.format(**fill)), r.stderr
     if not any("{u}" in a for a in args):  # the CLI's own options: named as its flags, not as Python's
         assert not re.search(r"(?<![-\w])(rowwise|colwise|act|dact|dtype|arch|name|grouped|operands|fp8|scale_mode|"
-                             r"scale_layout)(=| must| and dact)|export\(\)|argument '", r.stderr), r.stderr
+                             r"scale_layout|format|block|block_2d|hadamard|stochastic_rounding)(=| must| and dact)|"
+                             r"export\(\)|argument '", r.stderr), r.stderr
 
 
 def test_unsupported_arch_is_refused_before_compiling(tmp_path):

@@ -29,6 +29,13 @@ _LAYOUTS = {"mxfp8": LAYOUTS, "fp8_block": fp8_block.LAYOUTS, "nvfp4": LAYOUTS, 
 _BLOCKS = {"mxfp8": ((1, 32),), "fp8_block": FP8_BLOCKS, "nvfp4": ((1, 16), (16, 16)), "mxfp4": ((1, 32),)}
 _NVFP4_OPTIONS = ("block_2d", "hadamard", "stochastic_rounding")  # NVFP4's own options (mxq/formats/fp4.py)
 
+
+def format_choices(fmt: str) -> dict:
+    """A format's choices of scale_mode, scale_layout and block, each default first (NVFP4's block
+    follows block_2d: 1x16, or 16x16)."""
+    _check_choice("format", fmt, FORMAT_NAMES)
+    return {"scale_mode": _MODES[fmt], "scale_layout": _LAYOUTS[fmt], "block": _BLOCKS[fmt]}
+
 # 32-bit key layout (documented again in mxq/include/mxq/mxq.hpp for C++ callers):
 #   bit 0      fp8            0 = e4m3, 1 = e5m2
 #   bit 1      rowwise
@@ -64,9 +71,9 @@ def _gated(base, gated: int):
     return next(g for g, b in GATED_ACTIVATIONS.items() if b == base)
 
 
-def _check_choice(name: str, value, choices) -> None:
+def _check_choice(name: str, value, choices, context: str = "") -> None:
     if not any(value is c or (type(value) is type(c) and value == c) for c in choices):
-        raise ValueError(f"mxq: {name} must be one of {tuple(choices)}, got {value!r}")
+        raise ValueError(f"mxq: {name} must be one of {tuple(choices)}{context}, got {value!r}")
 
 
 def _check_bool(name: str, value) -> None:
@@ -108,8 +115,8 @@ class QuantSpec:
         _check_choice("fp8", self.fp8, FORMATS)
         if self.scale_mode is None:
             object.__setattr__(self, "scale_mode", _MODES[self.format][0])
-        _check_choice("scale_mode", self.scale_mode, _MODES[self.format])
-        _check_choice("scale_layout", self.scale_layout, _LAYOUTS[self.format])
+        _check_choice("scale_mode", self.scale_mode, _MODES[self.format], f" with format={self.format!r}")
+        _check_choice("scale_layout", self.scale_layout, _LAYOUTS[self.format], f" with format={self.format!r}")
         for name in _NVFP4_OPTIONS:
             _check_bool(name, getattr(self, name))
             if getattr(self, name) and self.format != "nvfp4":
