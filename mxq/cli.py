@@ -142,8 +142,6 @@ def _per_format(option: str) -> str:
     parts = []
     for f in FORMAT_NAMES:
         values = format_choices(f)[option]
-        if option == "block":
-            values = tuple(f"{r}x{c}" for r, c in values)
         parts.append(f"{f}: " + ", ".join(v + (" (default)" if i == 0 and len(values) > 1 else "")
                                           for i, v in enumerate(values)))
     return "; ".join(parts)

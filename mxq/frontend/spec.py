@@ -31,10 +31,10 @@ _NVFP4_OPTIONS = ("block_2d", "hadamard", "stochastic_rounding")  # NVFP4's own 
 
 
 def format_choices(fmt: str) -> dict:
-    """A format's choices of scale_mode, scale_layout and block, each default first (NVFP4's block
-    follows block_2d: 1x16, or 16x16)."""
+    """A format's choices of scale_mode and scale_layout, each default first (python -m mxq's --help)."""
     _check_choice("format", fmt, FORMAT_NAMES)
-    return {"scale_mode": _MODES[fmt], "scale_layout": _LAYOUTS[fmt], "block": _BLOCKS[fmt]}
+    return {"scale_mode": _MODES[fmt], "scale_layout": _LAYOUTS[fmt]}
+
 
 # 32-bit key layout (documented again in mxq/include/mxq/mxq.hpp for C++ callers):
 #   bit 0      fp8            0 = e4m3, 1 = e5m2
