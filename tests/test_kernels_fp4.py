@@ -329,9 +329,6 @@ def test_grouped_rowwise_is_served_and_the_rest_falls_back():
     nv = mxq.fused_quant(format="nvfp4")(ident)
     given = Call([x], [], group_offsets=offs)._replace(fp4=CallArgs(1.0, None, None))
     assert "group_offsets and global_amax" in _unserved(nv, x, given)
-    x32 = x.float()  # (grouped NVFP4 from fp32: the reference; grouped MXFP4 from fp32: the vectorised kernel)
-    assert "group_offsets and fp32" in _unserved(nv, x32, Call([x32], [], group_offsets=offs))
-    assert _unserved(mxq.fused_quant(format="mxfp4")(ident), x32, Call([x32], [], group_offsets=offs)) is None
     op = mxq.fused_quant(format="mxfp4")(ident)
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     assert _unserved(op, x, Call([x], [], out=out)) is None
@@ -552,10 +549,9 @@ GROUP_SIZES = [0, 1, 31, 32, 33, 0, 100, 7, 0]
                                        ("nvfp4", dict()), ("nvfp4", dict(act="gelu", dbias=True)),
                                        ("mxfp4", dict(dact="relu", dbias=True))])
 def test_grouped_rowwise_matches_reference(fmt, opts, dtype, strict):
-    """Grouped rowwise calls on the kernels (no fallback; grouped NVFP4 from fp32 refused under
-    MXQ_STRICT): random group sizes with empty ones first, last and between; NVFP4's amax per
-    group (its amax pass and quantize pass read entry g), dbias per group, MXFP4's amax over the
-    whole tensor; into fresh and poisoned outputs.
+    """Grouped rowwise calls on the kernels (no fallback): random group sizes with empty ones
+    first, last and between; NVFP4's amax per group (its amax pass and quantize pass read entry
+    g), dbias per group, MXFP4's amax over the whole tensor; into fresh and poisoned outputs.
     CPU counterpart: test_grouped_rowwise_compiles."""
     t = DTYPES[dtype]
     offs = torch.tensor(GROUP_SIZES).cumsum(0).to(torch.int32)
@@ -564,10 +560,6 @@ def test_grouped_rowwise_matches_reference(fmt, opts, dtype, strict):
     x = planted(m, n, t, seed=m + len(opts))
     kw = {"act_input": planted(m, n, t, seed=m + 1)} if "dact" in opts else {}
     cuda_kw = {k: v.cuda() for k, v in kw.items()}
-    if fmt == "nvfp4" and dtype == "fp32":  # (the reference serves it: limits.fp4_unserved)
-        with pytest.raises(RuntimeError, match="group_offsets and fp32"):
-            op(x.cuda(), group_offsets=offs.cuda(), **cuda_kw)
-        return
     got = op(x.cuda(), group_offsets=offs.cuda(), **cuda_kw)
     into = op(x.cuda(), group_offsets=offs.cuda(), out=poisoned(op, x.cuda(), group_offsets=offs.cuda()), **cuda_kw)
     for t_out in (got, into):

@@ -107,9 +107,8 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     that are one fp32[2] buffer). The colwise copy from fp32 inputs or with dbias,
     NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
     rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs, grouped
-    calls with the colwise copy or NVFP4's global_amax, grouped NVFP4 from fp32 inputs (grouped
-    rowwise calls run the grouped kernels: NVFP4's amax pass and quantize pass with an amax per
-    group, grouped.group_amax, on the packed kernel alone),
+    calls with the colwise copy or NVFP4's global_amax (grouped rowwise calls run the grouped
+    kernels: NVFP4's amax pass and quantize pass with an amax per group, grouped.group_amax),
     two halves and other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
@@ -121,9 +120,6 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
             return "with group_offsets and colwise=True has no GPU kernels yet"
         if call.fp4 is not None and call.fp4.global_amax is not None:
             return "with group_offsets and global_amax has no GPU kernels yet"
-        if spec.format == "nvfp4" and x.element_size() != 2:  # (the vectorised kernel's grouped row-scale
-            # offset counts 32-column blocks: NVFP4's 16-column ones would land in the wrong bytes)
-            return "with group_offsets and fp32 inputs has no GPU kernels yet"
     if spec.block_2d and x.element_size() != 2:
         return "with block_2d=True and fp32 inputs has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2:
