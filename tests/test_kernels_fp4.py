@@ -329,12 +329,37 @@ def test_grouped_rowwise_is_served_and_the_rest_falls_back():
     nv = mxq.fused_quant(format="nvfp4")(ident)
     given = Call([x], [], group_offsets=offs)._replace(fp4=CallArgs(1.0, None, None))
     assert "group_offsets and global_amax" in _unserved(nv, x, given)
+    x32 = x.float()  # (grouped rowwise from fp32: the vectorised kernel, either format)
+    for fmt in ("mxfp4", "nvfp4"):
+        assert _unserved(mxq.fused_quant(format=fmt)(ident), x32, Call([x32], [], group_offsets=offs)) is None
     op = mxq.fused_quant(format="mxfp4")(ident)
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     assert _unserved(op, x, Call([x], [], out=out)) is None
     buf = torch.zeros(8 * 32 + 4, dtype=torch.uint8)
     out.rowwise_data = buf[4:].view(8, 32)  # data not 16-byte aligned
     assert "aligned" in _unserved(op, x, Call([x], [], out=out))
+
+
+def test_grouped_row_scale_offsets_count_the_formats_blocks():
+    """The vectorised kernel's (fp32 inputs) grouped rowwise scale byte of row r and a lane's
+    columns c0: compact grouped scales are the ungrouped ones, block c0 // B of B columns (16 for
+    NVFP4, 32 for MXFP4/MXFP8): a hard-coded 32 wrote NVFP4's scales into half the blocks on the
+    H200 (the GPU counterpart: test_grouped_rowwise_matches_reference)."""
+    import types
+
+    from mxq.kernels.vectorized import VectorizedKernel
+
+    for fmt, block in (("nvfp4", 16), ("mxfp4", 32), ("mxfp8", 32)):
+        op = mxq.fused_quant(format=fmt)(ident)
+        cfg = codegen.kernel_config(op.spec, op.epilogue)
+        kern = VectorizedKernel(cfg, types.SimpleNamespace(out_col=lambda co, c: c))
+        nbr = 96 // block
+        for grouped in (True, False):
+            k = types.SimpleNamespace(GROUPED=grouped)
+            for r in (0, 5):
+                for c0 in range(0, 96, 4):
+                    t = types.SimpleNamespace(gt=None, co=0, c0=c0, nbr=nbr, M=204)
+                    assert kern.row_scale_offset(k, t, r) == r * nbr + c0 // block, (fmt, grouped, r, c0)
 
 
 def test_source_renders_for_served_specs_only():
