@@ -376,7 +376,8 @@ class VectorizedKernel:
         """The row-scale byte offset of row ``r``'s block of this lane's columns."""
         cfg = self.cfg
         if k.GROUPED:
-            return codec.group_row_scale_offset(cfg.fmt, t.gt, r, self.op.out_col(t.co, t.c0) // cfg.fmt.block[1], t.nbr)
+            blk = self.op.out_col(t.co, t.c0) // cfg.fmt.block[1]
+            return codec.group_row_scale_offset(cfg.fmt, t.gt, r, blk, t.nbr)
         if cfg.fmt.layout == "gemm":
             return codec.row_scale_offset(cfg.fmt, r, (t.co + t.c0) // cfg.fmt.block[1], t.nbr, t.M)
         if cfg.fmt.swizzled:

@@ -29,7 +29,7 @@ DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
 TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
-PINGPONG = False  # the kernel form gemm() and gemm_op() launch: cooperative until an H200 run times both
+PINGPONG = True  # the kernel form gemm() and gemm_op() launch: ping-pong, the faster at every shape timed
 CLUSTER_M = 2  # CTAs per cluster along M of either form (GemmSm90's cluster_m: W stages multicast)
 
 _compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong, cluster) -> function
