@@ -105,6 +105,8 @@ def test_launch_gemm_compiles_to_sm90a_with_the_quantize_in_its_epilogue(ptx, fm
     assert text.count(f"cvt.rn.satfinite.{cvt}.f32") == 64  # 128 accumulator values a thread, in pairs
     assert text.count("st.global.b16") == 64  # the FP8 pairs; no bf16/fp16 product anywhere
     assert not re.search(r"cvt\.rn\.(bf16|f16)x2\.f32", text)
+    # (the library's clusters of two: W multicast, the release on both CTAs, the cluster's sync)
+    assert g.CLUSTER_M == 2 and "multicast::cluster" in text and "mapa.shared::cluster" in text
     if fmt == "fp8_block":  # 2 rows x 2 blocks of 1x128 a thread: fp32 1/scale by div.rn, NaN-dropping max
         stores = re.findall(r"st\.global\.[\w.:]+", text)
         assert sorted(set(stores)) == ["st.global.b16", "st.global.b32"] and stores.count("st.global.b32") == 4

@@ -5,9 +5,10 @@ accumulator hook, in both forms (cooperative, and ``pingpong``: its mainloops or
 barrier pair, whose protocol is also simulated on ints); the kernel CuTeDSL assembles stays
 within the setmaxnreg budget with no local memory (cuobjdump); bad arguments raise before any
 launch, naming the argument; bench/gemm.py's cases and tolerances (the tolerances checked on an
-fp32 CPU matmul, and a planted wrong K tile caught). GPU (marked ``gpu``), both forms: D and the
-accumulator against a float64 matmul on full and partial tiles, fp16, ``out=`` into a view, and
-empty M.
+fp32 CPU matmul, and a planted wrong K tile caught); W multicast to clusters of two and the
+barriers' counts, and where clusters are taken (cluster_for). GPU (marked ``gpu``), each form in
+clusters of two and without: D and the accumulator against a float64 matmul on full and partial
+tiles, fp16, ``out=`` into a view, and empty M.
 """
 
 from __future__ import annotations
@@ -45,6 +46,30 @@ def ptx():
     return out
 
 
+def init_counts(ptx: str) -> set:
+    """The arrival counts the PTX's mbarrier.init instructions set (immediates, or registers
+    moved from one)."""
+    counts = set()
+    for reg_or_imm in re.findall(r"mbarrier\.init\.\S+\s+\[[^\]]+\],\s*([^;]+);", ptx):
+        v = reg_or_imm.strip()
+        if not v.isdigit():
+            v = re.search(rf"mov\.[bu]32\s+{re.escape(v)},\s*(\d+);", ptx).group(1)
+        counts.add(int(v))
+    return counts
+
+
+def test_cluster_for_pairs_the_m_tiles():
+    """Clusters of two where the M tiles (64 rows ping-pong, 128 cooperative) pair up or are
+    at least CLUSTER_MIN_ODD_TILES (9: one padding tile in ten at most); a small odd count runs
+    unclustered (one tile of M: half the CTAs would compute zeros); CLUSTER_M = 1 never."""
+    assert (g.CLUSTER_M, g.CLUSTER_MIN_ODD_TILES) == (2, 9)
+    for pingpong, rows in ((True, 64), (False, 128)):
+        for tiles, want in ((1, 1), (2, 2), (3, 1), (4, 2), (7, 1), (8, 2), (9, 2), (10, 2), (129, 2)):
+            for m in (tiles * rows - (rows - 1), tiles * rows):  # (the first and the last M of that many tiles)
+                assert g.cluster_for(pingpong, m) == want, (pingpong, m)
+        assert g.cluster_for(pingpong) == 2  # (no M: the compile of a given cluster)
+
+
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 def test_forms_multicast_w_across_their_cluster(pingpong):
     """Either form with CLUSTER_M = 2: W's TMA loads multicast to the cluster, A's not; a stage's
@@ -60,6 +85,10 @@ def test_forms_multicast_w_across_their_cluster(pingpong):
     assert "mapa.shared::cluster" in text and "barrier.cluster.arrive" in text and "barrier.cluster.wait" in text
     plain = g.compile_gemm("bf16", keep_ptx=True, pingpong=pingpong, cluster_m=1).__ptx__
     assert "multicast" not in plain and "mapa" not in plain and "barrier.cluster" not in plain
+    # the empty barriers count every consumer warp of the cluster (4 a warpgroup, one or two warpgroups
+    # a stage, one or two CTAs); the full ones the producer's one arrival
+    warps = 4 if pingpong else 8
+    assert init_counts(text) == {1, 2 * warps} and init_counts(plain) == {1, warps}
     with pytest.raises(ValueError, match="cluster_m"):
         GemmSm90(cluster_m=3, pingpong=pingpong)
 
@@ -348,27 +377,29 @@ def test_bench_case_errors_become_rows(monkeypatch):
     assert tool.main([]) == 2
 
 
-GPU_FORMS = [(False, None), (True, None), (False, 1), (True, 1)]  # (PINGPONG, CLUSTER_M; None: the library's)
+GPU_FORMS = [(False, 2), (True, 2), (False, 1), (True, 1)]  # (PINGPONG, CLUSTER_M)
 
 
 @pytest.fixture(params=GPU_FORMS, ids=["cooperative", "pingpong", "cooperative1", "pingpong1"])
 def form(request, monkeypatch):
-    """Every kernel form (cooperative and ping-pong, each with the library's clusters and without):
-    runtime/gemm.PINGPONG and CLUSTER_M set for the test, and every compile the test makes (gemm,
-    op.gemm) checked to have asked for that form. Yields the form's pingpong."""
+    """Every kernel form (cooperative and ping-pong, each in clusters of two and without):
+    runtime/gemm.PINGPONG and CLUSTER_M set for the test, clusters taken at any M (the padding
+    tile of an odd M tile count exercised at the small shapes too: cluster_for's own rule is
+    tests/test_gemm_sm90.py::test_cluster_for_pairs_the_m_tiles), and every compile the test
+    makes (gemm, op.gemm) checked to have asked for that form and cluster. Yields its pingpong."""
     pingpong, cluster = request.param
     seen = []
     for name in ("compile_gemm", "compile_gemm_op"):
         def spy(*args, _real=getattr(g, name), **kw):
-            seen.append(kw.get("pingpong"))
+            seen.append((kw.get("pingpong"), kw.get("cluster_m")))
             return _real(*args, **kw)
 
         monkeypatch.setattr(g, name, spy)
     monkeypatch.setattr(g, "PINGPONG", pingpong)
-    if cluster is not None:
-        monkeypatch.setattr(g, "CLUSTER_M", cluster)
+    monkeypatch.setattr(g, "CLUSTER_M", cluster)
+    monkeypatch.setattr(g, "CLUSTER_MIN_ODD_TILES", 1)
     yield pingpong
-    assert all(p is pingpong for p in seen), seen
+    assert all(s == (pingpong, cluster) for s in seen), seen
 
 
 GPU_SHAPES = [(128, 256, 64), (200, 136, 64), (1000, 520, 4096), (1, 8, 8), (129, 264, 72), (384, 768, 1024),

@@ -5,7 +5,8 @@ runs ``op.gemm`` (an op's rendered ``launch_gemm``: the GEMM with the op's epilo
 mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds. Both run the kernel's
 form ``PINGPONG`` names at call time (GemmSm90's ``pingpong``: the two consumer warpgroups on
 alternate 64 x 256 tiles, or together on 128 x 256; a benchmark or test may set it to time or
-check either form).
+check either form), in clusters of ``CLUSTER_M`` CTAs along M where the M tiles pair up
+(``cluster_for``: GemmSm90's ``cluster_m``).
 
 Arguments are checked here, before any launch, each error naming its argument: a [M, K] and
 w [N, K] of one dtype (bf16 or fp16), both K-major (row-major, contiguous rows) on one CUDA
@@ -31,6 +32,7 @@ TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
 PINGPONG = True  # the kernel form gemm() and gemm_op() launch: ping-pong, the faster at every shape timed
 CLUSTER_M = 2  # CTAs per cluster along M of either form (GemmSm90's cluster_m: W stages multicast)
+CLUSTER_MIN_ODD_TILES = 9  # an odd M tile count takes clusters from this many tiles (padding <= 1/9)
 
 _compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong, cluster) -> function
 _lock = threading.Lock()
@@ -126,9 +128,16 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
         return fn
 
 
-def cluster_for(pingpong: bool) -> int:
-    """CTAs per cluster of the kernel form ``pingpong``: CLUSTER_M for either."""
-    return CLUSTER_M
+def cluster_for(pingpong: bool, m: int | None = None) -> int:
+    """CTAs per cluster of the kernel form ``pingpong`` for a GEMM of ``m`` rows: CLUSTER_M, but
+    1 where clusters would pad the M tiles (64 rows ping-pong, 128 cooperative) by a whole tile
+    in more than an eighth: an odd count below CLUSTER_MIN_ODD_TILES (a decode-sized M of one
+    tile would run twice the CTAs, half of them on zeros, and beyond 66 N tiles twice the waves).
+    ``m`` None: CLUSTER_M (the compile of a given cluster, benchmarks, tests)."""
+    if m is None or CLUSTER_M == 1:
+        return CLUSTER_M
+    tiles = -(-m // (64 if pingpong else 128))
+    return CLUSTER_M if tiles % CLUSTER_M == 0 or tiles >= CLUSTER_MIN_ODD_TILES else 1
 
 
 def swizzle_for(n: int) -> int:
@@ -151,7 +160,8 @@ def gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, acc_
     if a.shape[0] == 0 or w.shape[0] == 0:
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]), pingpong=PINGPONG)
+    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]), pingpong=PINGPONG,
+                      cluster_m=cluster_for(PINGPONG, a.shape[0]))
     with torch.cuda.device(a.device):
         fn(a, w, out, *(() if acc_out is None else (acc_out,)))
     return out
@@ -251,7 +261,7 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]),
-                         pingpong=PINGPONG)
+                         pingpong=PINGPONG, cluster_m=cluster_for(PINGPONG, a.shape[0]))
     m, n = a.shape[0], w.shape[0]
     views = [operands_mod.as_matrix(t.detach(), kind, m, n) for t, kind in zip(operands, kinds)]
     data = out.rowwise_data.view(torch.uint8)
