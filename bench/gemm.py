@@ -169,7 +169,7 @@ def swizzle_rows(m, n, k, swizzles):
     rows = {}
     for sw in swizzles:
         try:
-            fn = compile_gemm("bf16", False, sms, swizzle=sw, pingpong=g.PINGPONG, cluster_m=g.cluster_for(g.PINGPONG))
+            fn = compile_gemm("bf16", False, sms, swizzle=sw, pingpong=g.PINGPONG, cluster_m=g.cluster_for(g.PINGPONG, m))
             out = torch.empty_like(want)
             fn(a, w, out)
             if not torch.equal(out, want):
