@@ -200,13 +200,14 @@ class FusedOp:
         (``MXFP8Tensor.empty(spec, (M, N), a.dtype, device, row_align=1)``) to write into, eager
         calls only. ``acc_out``: an fp32 [M, N] tensor that also receives the accumulator (a test
         hook, eager calls only). Serves rowwise MXFP8 and 1x128 FP8 block scaling (any scale layout) with an
-        ordinary act; other options raise ValueError naming the option (codegen.gemm_gap). Under
+        ordinary act, with or without amax; other options raise ValueError naming the option
+        (codegen.gemm_gap). Under
         torch.compile one operator node (torch.ops.mxq.fused_gemm, integrations/torch_ops.py)."""
         gap = codegen.gemm_gap(self.spec, self.epilogue)
         if gap:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes rowwise "
-                             "MXFP8 or 1x128 FP8 block-scaling outputs, without colwise, amax, dbias, dact or gated "
-                             "activations")
+                             "MXFP8 or 1x128 FP8 block-scaling outputs (and their amax), without colwise, dbias, dact "
+                             "or gated activations")
         taken = [k for k in ("group_offsets", "noop", "act_input") if params.get(k) is not None]
         if taken:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs, noop and "

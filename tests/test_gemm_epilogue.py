@@ -83,6 +83,16 @@ def plus_bias_mx_sw(x, b):
     return x + b
 
 
+@mxq.fused_quant(format="fp8_block", block=(1, 128), amax=True)
+def plus_bias_amax(x, b):
+    return x + b
+
+
+@mxq.fused_quant(act="gelu", amax=True)
+def bias_gelu_mx_amax(x, b):
+    return x + b
+
+
 # --- CPU: PTX ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ptx():
@@ -115,6 +125,16 @@ def test_launch_gemm_compiles_to_sm90a_with_the_quantize_in_its_epilogue(ptx, fm
         assert text.count("st.global.L2::cache_hint.b8") == 16
         assert "max.NaN.f32" in text
         assert text.count("st.global.v2.b32") == 2 * 64  # a full tile's and an edge tile's
+
+
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
+def test_amax_is_one_atomic_per_warp_in_the_epilogue(ptx, pingpong):
+    """An op with amax: the epilogue's values' maximum, over the warp, into the amax slot by one
+    red.max a warp (device.amax_atomic), in either form; ops without amax write none."""
+    text = g.compile_gemm_op(plus_bias_amax, "bf16", ("row",), False, 132, 1, keep_ptx=True,
+                             pingpong=pingpong).__ptx__
+    assert text.count("red.relaxed.gpu.global.max.s32") == 1
+    assert "red.relaxed.gpu.global.max.s32" not in ptx["fp8_block", pingpong]
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
@@ -225,7 +245,6 @@ def _ab(m=4, n=16, k=16, dtype=torch.bfloat16):
 @pytest.mark.parametrize("options, named", [
     (dict(colwise=True), "colwise=True"),
     (dict(rowwise=False, colwise=True), "colwise=True"),
-    (dict(amax=True), "amax=True"),
     (dict(dbias=True), "dbias=True"),
     (dict(dact="gelu"), "dact='gelu'"),
     (dict(act="swiglu"), "act='swiglu'"),
@@ -278,17 +297,20 @@ def test_out_receives_the_allocating_calls_bytes_and_bad_outs_are_named():
 
 def _dest_args(op, m, n, poison: int = 0x5A):
     """A C++ caller's destinations for op.gemm's dispatcher: rowwise data as bytes [M, N], the
-    rowwise scales as one flat buffer (GEMM-ready scales: the whole padded buffer), the other
-    slots None; and the MXFP8Tensor view of them (to compare)."""
+    rowwise scales as one flat buffer (GEMM-ready scales: the whole padded buffer), the amax
+    (fp32 [1], poisoned) where the op has one, the other slots None; and the MXFP8Tensor view of
+    them (to compare)."""
     like = mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, "cpu", row_align=1)
     data = like.rowwise_data.view(torch.uint8).fill_(poison)
     scale = like.rowwise_scale
     flat = (scale._base if scale._base is not None else scale).reshape(-1)
     flat = flat.view(torch.uint8) if flat.dtype.itemsize == 1 else flat
-    return [None, data, flat, None, None, None, None, None], like
+    amax = like.amax.view(1).fill_(-1.0) if like.amax is not None else None
+    return [None, data, flat, None, None, amax, None, None], like
 
 
-@pytest.mark.parametrize("op", [plus_bias_gemm, plus_bias_mx_sw, scaled_residual], ids=lambda o: o.__name__)
+@pytest.mark.parametrize("op", [plus_bias_gemm, plus_bias_mx_sw, scaled_residual, plus_bias_amax],
+                         ids=lambda o: o.__name__)
 def test_gemm_dispatcher_writes_what_op_gemm_writes(op):
     """op.dispatcher(gemm=True) and op.register(name, gemm=True): op.gemm's destination-passing
     function (a, w, the epilogue's other tensors and floats, the eight destination slots) writes
@@ -318,6 +340,10 @@ def test_gemm_dispatcher_writes_what_op_gemm_writes(op):
     bad = list(dests)
     bad[2] = torch.empty(3, dtype=bad[2].dtype)
     with pytest.raises(ValueError, match="rowwise_scale"):
+        op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
+    bad = list(dests)  # (the amax slot: required where the op has amax, refused where it has none)
+    bad[5] = None if op.spec.amax else torch.empty(1)
+    with pytest.raises(ValueError, match="amax"):
         op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
     with pytest.raises(TypeError, match="gemm"):
         op.dispatcher(gemm=1)
@@ -414,7 +440,7 @@ def test_cpu_gemm_takes_operands_and_floats_as_a_call_does():
 
 # --- GPU: bit-exact against the reference on the kernel's own accumulator ----------------------
 GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw, plus_bias, plus_bias_gemm, plus_bias_mx,
-           plus_bias_mx_sw]
+           plus_bias_mx_sw, plus_bias_amax, bias_gelu_mx_amax]
 SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 1032, 136), (1024, 768, 512),
           (2176, 2048, 256)]  # (the last: 272 ping-pong tiles on 132 CTAs, some with an odd count)
 
@@ -497,7 +523,7 @@ def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op, form):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw], ids=lambda o: o.__name__)
+@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax], ids=lambda o: o.__name__)
 def test_gpu_gemm_into_out_writes_the_allocating_bytes(op, form):
     """out= on the H200: the poisoned buffer gets the allocating call's bytes, partial tiles
     included; the call returns it. CPU counterpart:
@@ -510,10 +536,14 @@ def test_gpu_gemm_into_out_writes_the_allocating_bytes(op, form):
     o.rowwise_data.view(torch.uint8).fill_(0x5A)
     if o.rowwise_scale.dtype == torch.float32:  # (the logical entries: padding stays zero, as allocated)
         o.rowwise_scale.fill_(float("nan"))
+    if o.amax is not None:  # (a stale amax above the product's: the call starts it from zero)
+        o.amax.fill_(1e30)
     want = op.gemm(a, w, b)
     assert op.gemm(a, w, b, out=o) is o
     assert torch.equal(o.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
     assert torch.equal(launch_flat(o.rowwise_scale), launch_flat(want.rowwise_scale))
+    if o.amax is not None:
+        assert torch.equal(o.amax, want.amax) and 0 < float(want.amax) < 1e30
 
 
 @pytest.mark.gpu
@@ -554,7 +584,7 @@ def test_gpu_gemm_specials_nan_and_overflow_in_the_accumulator(form):
     """FP8 block scaling drops NaN from its block amax, MXFP8 propagates it; both as the
     reference on the kernel's accumulator."""
     a, w, b = _specials("cuda")
-    for op in (bias_gelu, bias_gelu_mx, plus_bias, plus_bias_mx):
+    for op in (bias_gelu, bias_gelu_mx, plus_bias, plus_bias_mx, plus_bias_amax, bias_gelu_mx_amax):
         _check_against_reference_loose_acc(op, a, w, b)
 
 
@@ -570,7 +600,7 @@ def test_cpu_counterpart_of_the_gpu_checks():
     s, r = torch.rand(200, 1, generator=gen).to(torch.bfloat16), torch.randn(200, 264, generator=gen).to(torch.bfloat16)
     _check_against_reference(scaled_residual, a, w, s, r, alpha=0.5)
     a, w, b = _specials("cpu")
-    for op in (bias_gelu, plus_bias_mx):
+    for op in (bias_gelu, plus_bias_mx, plus_bias_amax):
         _check_against_reference_loose_acc(op, a, w, b)
 
 

@@ -407,13 +407,13 @@ def has_kernels(spec: QuantSpec) -> bool:
 def gemm_gap(spec: QuantSpec, epilogue: Epilogue) -> str:
     """The option of an op that ``op.gemm`` (the GEMM whose epilogue is the op,
     mxq/kernels/gemm_quant.py) does not serve, as the user wrote it ("" when it serves the op):
-    it serves rowwise MXFP8 (1x32) and FP8 block scaling 1x128 blocks, an ordinary act, any
-    scale layout of those, operands that broadcast or match [M, N]."""
+    it serves rowwise MXFP8 (1x32) and FP8 block scaling 1x128 blocks, with or without amax, an
+    ordinary act, any scale layout of those, operands that broadcast or match [M, N]."""
     if spec.format not in ("mxfp8", "fp8_block"):
         return f"format={spec.format!r}"
     if spec.format == "fp8_block" and tuple(spec.block) != (1, 128):
         return f"block={tuple(spec.block)}"
-    for name in ("colwise", "amax", "dbias"):
+    for name in ("colwise", "dbias"):
         if getattr(spec, name):
             return f"{name}=True"
     if not spec.rowwise:
@@ -432,10 +432,11 @@ def _gemm_launcher_text(epilogue: Epilogue) -> dict:
     ins = [f"x{i}" for i in range(1, len(epilogue.tensor_params))]
     scalars = [f"s{i}" for i in range(gated.launch_scalars(epilogue))]
     params = ["a: cute.Tensor", "w: cute.Tensor", *[f"{x}: cute.Tensor" for x in ins],
-              *[f"{x}: Float32" for x in scalars], "row_data: cute.Tensor", "row_scale: cute.Tensor",
+              *[f"{x}: Float32" for x in scalars], "row_data: cute.Tensor", "row_scale: cute.Tensor", "amax: cute.Tensor",
               "acc: cute.Tensor", "acc_hook: cutlass.Constexpr", "num_sms: cutlass.Constexpr",
               "swizzle: cutlass.Constexpr", "pingpong: cutlass.Constexpr", "cluster_m: cutlass.Constexpr", "stream"]
-    args = ["a", "w", "row_data", "row_scale", f"[{', '.join(ins)}]", f"[{', '.join(scalars)}]", "acc", "stream"]
+    args = ["a", "w", "row_data", "row_scale", "amax", f"[{', '.join(ins)}]", f"[{', '.join(scalars)}]", "acc",
+            "stream"]
     return {"params": ", ".join(params), "args": ", ".join(args)}
 
 

@@ -19,8 +19,11 @@ two butterfly shuffles (``ACC_QUAD``). ``check_layout`` asserts this at trace ti
 threads' static coordinates. Columns past N (zeros from TMA, but the epilogue of zero need not be zero) are
 left out of the block maxima; rows past M and columns past N are not stored. Both forms of the
 GEMM give a warpgroup 64 full rows of 256 columns, so a rowwise block never leaves one thread
-quad; colwise blocks (128 rows in FP8 block scaling: more than a ping-pong tile holds), amax and
-dbias would need a reduction across warpgroups or tiles, and ``config_gap`` refuses them.
+quad. The tensor amax (``amax``) is a NaN-propagating max of every value a thread writes (mxq's
+amax rule, codec.amax_nan), over the warp, then one atomic per warp into the zeroed slot
+(device.amax_atomic). Colwise blocks (128 rows in FP8 block scaling: more than a ping-pong tile
+holds) and dbias would need a reduction across warpgroups or tiles, and ``config_gap`` refuses
+them.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ VALUES_PER_GROUP = 4  # a lane's values per 8-column group: 2 columns x 2 rows
 
 def config_gap(cfg) -> str:
     """What of a KernelConfig the fused GEMM epilogue does not serve ("" when it serves it):
-    rowwise 1x32 (MXFP8) or 1x128 (FP8 block scaling) blocks alone. op.gemm names the option
+    rowwise 1x32 (MXFP8) or 1x128 (FP8 block scaling) blocks, with or without amax. op.gemm names the option
     from the spec (codegen.gemm_gap) before anything compiles; this is the kernel's own guard."""
     fmt = cfg.fmt
     if fmt.packed or fmt.block[0] != 1 or fmt.block[1] not in (32, 128):
         return f"the format's block {fmt.block}"
-    for name in ("colwise", "amax", "dbias", "has_dact", "halves"):
+    for name in ("colwise", "dbias", "has_dact", "halves"):
         if getattr(cfg, name):
             return name
     return ""
@@ -63,13 +66,14 @@ class GemmQuant:
 
     @cute.jit
     def write(self, acc: cute.Tensor, tile_m: Int32, tile_n: Int32, thr_mma, tile: cutlass.Constexpr, lane: Int32,
-              ins: list, scalars: list, row_data: cute.Tensor, row_scale: cute.Tensor):
+              ins: list, scalars: list, row_data: cute.Tensor, row_scale: cute.Tensor, amax_slot=None):
         """Tile (tile_m, tile_n) of the outputs from this thread's accumulator fragment ``acc``
         (overwritten with the op's values), one block of each of its two rows at a time (so
         that the operands' loads stay a block's: all 128 at once spill registers): the values
         (``value``), the block's amax over the quad (NaN-dropping for FP8 block scaling,
         codec.block_amax_nan), its scale (lane 0 of the quad stores it, codec's layout offsets),
-        its values' FP8 bytes (pairs of adjacent columns, one 16-bit store)."""
+        its values' FP8 bytes (pairs of adjacent columns, one 16-bit store); with the op's amax,
+        the maximum |value| of the thread's, the warp's, one atomic into ``amax_slot`` per warp."""
         fmt = self.cfg.fmt
         M, N = row_data.shape[0], row_data.shape[1]
         coords = thr_mma.partition_C(cute.local_tile(cute.make_identity_tensor((M, N)), tile, (tile_m, tile_n)))
@@ -79,6 +83,8 @@ class GemmQuant:
         groups = width // 8  # 8-column groups per block
         blocks = tile[1] // width  # blocks per tile row
         nbr = (N + width - 1) // width  # blocks per output row
+        tensor_nan = codec.amax_nan(fmt)
+        tmax = Float32(0.0)  # (the thread's share of the tensor amax; columns past N are 0, rows past M repeat M - 1)
         for b in cutlass.range_constexpr(blocks):  # (the two rows inner: a row operand's loads are shared)
             for h in cutlass.range_constexpr(2):
                 r = coords[2 * h][0]
@@ -88,6 +94,8 @@ class GemmQuant:
                         i = c + 2 * h + VALUES_PER_GROUP * g
                         acc[i] = self.value(acc, i, coords, M, N, ins, scalars)
                         amax = cute.arch.fmax(amax, cute.math.abs(acc[i]), nan=nan)
+                        if cutlass.const_expr(self.cfg.amax):
+                            tmax = cute.arch.fmax(tmax, cute.math.abs(acc[i]), nan=tensor_nan)
                 for st in cutlass.range_constexpr(2):  # the quad: offsets 1, 2
                     amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << st), nan=nan)
                 e = codec.block_scale(fmt, amax, False, in_max)
@@ -102,6 +110,10 @@ class GemmQuant:
                         pair = codec.encode2_word(fmt, dev.mul_rn(acc[i], s), dev.mul_rn(acc[i + 1], s))
                         dev.store_global_u16(row_data.iterator.toint() + cutlass.Int64(r) * cutlass.Int64(N)
                                              + cutlass.Int64(c0), pair)
+        if cutlass.const_expr(self.cfg.amax):
+            tmax = dev.warp_max(tmax)  # (NaN-propagating, as mxq's amax of these formats is)
+            if lane == 0:
+                dev.amax_atomic(amax_slot, tmax)
 
     def value(self, acc, i: int, coords, M, N, ins, scalars):
         """The op's value of accumulator element i (NUMERICS steps 1-4), 0 at columns past N (an

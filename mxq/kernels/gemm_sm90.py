@@ -117,13 +117,14 @@ class GemmSm90:
         """D = A @ W^T, and the fp32 accumulator into ``mAcc`` (the acc_hook variant)."""
         self.run(mA, mW, mD, mAcc, stream)
 
-    def run_fused(self, mA, mW, row_data, row_scale, ins: list, scalars: list, mAcc, stream):
-        """The fused GEMM (``fused`` set): the op's FP8 data [M, N] and scales from A @ W^T, the
+    def run_fused(self, mA, mW, row_data, row_scale, amax, ins: list, scalars: list, mAcc, stream):
+        """The fused GEMM (``fused`` set): the op's FP8 data [M, N] and scales from A @ W^T, its
+        amax into ``amax`` (fp32 [1], zeroed by the caller; unused unless the op has amax), the
         op's other tensors ``ins`` as [M, N] views and its floats ``scalars``; ``mAcc``: the
         fp32 accumulator (acc_hook), else any tensor (unused). Traced by a module's launch_gemm."""
-        self.run(mA, mW, row_data, mAcc, stream, row_scale, ins, scalars)
+        self.run(mA, mW, row_data, mAcc, stream, row_scale, ins, scalars, amax)
 
-    def run(self, mA, mW, mD, mAcc, stream, row_scale=None, ins=(), scalars=()):
+    def run(self, mA, mW, mD, mAcc, stream, row_scale=None, ins=(), scalars=(), amax=None):
         """Traced by every launcher: TMA descriptors, the tile scheduler, the launch."""
         self.setup(mA.element_type)
         if cutlass.const_expr(self.fused is not None):
@@ -139,7 +140,7 @@ class GemmSm90:
         sched = utils.PersistentTileSchedulerParams((*tiles, 1), (self.cluster_m, 1, 1), self.swizzle, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms // self.cluster_m)
         kernel = self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched,
-                             row_scale, list(ins), list(scalars))
+                             row_scale, amax, list(ins), list(scalars))
         if cutlass.const_expr(self.cluster_m > 1):
             kernel.launch(grid=grid, block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1], min_blocks_per_mp=1,
                           stream=stream)
@@ -149,7 +150,7 @@ class GemmSm90:
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, gA_full: cute.Tensor, tma_w: cute.CopyAtom, gW_full: cute.Tensor,
                mD: cute.Tensor, mAcc: cute.Tensor, tiled_mma: cute.TiledMma, a_layout: cute.ComposedLayout,
-               w_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams, row_scale,
+               w_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams, row_scale, amax,
                ins: list, scalars: list):
         """One persistent CTA: warpgroup 0 loads, warpgroups 1 and 2 multiply and write (a tile
         together, or with ``pingpong`` alternate tiles)."""
@@ -177,7 +178,7 @@ class GemmSm90:
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self.consume(pipe, tiled_mma, sA, sW, mD, mAcc, sched, tidx - THREADS_PER_WG, gA_full,
-                         (row_scale, ins, scalars))
+                         (row_scale, ins, scalars, amax))
 
     @cute.jit
     def produce(self, pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched):
@@ -218,7 +219,7 @@ class GemmSm90:
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sW, mD, mAcc, sched, ctid, gA_full, fused_args):
         """The consumer warpgroups: the K loop on wgmma for each tile, then ``epilogue`` (or,
-        with ``fused``, the op's: ``fused_args`` are its row_scale, ins and scalars). With
+        with ``fused``, the op's: ``fused_args`` are its row_scale, ins, scalars and amax). With
         ``pingpong`` warpgroup w takes the CTA's tiles w, w + 2, ... (its read state starts w
         tiles' stages in and skips the other's after each), its mainloop ordered after the
         other's by the barrier pair (warpgroup 0 opens its own barrier once to start)."""
@@ -330,11 +331,11 @@ class GemmSm90:
                        mAcc: cute.Tensor, fused_args):
         """The seam with ``fused``: the fp32 accumulator first (acc_hook), then the op's values,
         FP8 data and scales (gemm_quant.GemmQuant.write, which overwrites ``acc``)."""
-        row_scale, ins, scalars = fused_args
+        row_scale, ins, scalars, amax = fused_args
         if cutlass.const_expr(self.acc_hook):
             full = cutlass.Boolean((tile_m + 1) * self.tile[0] <= mAcc.shape[0])
             if full & ((tile_n + 1) * self.tile[1] <= mAcc.shape[1]):
                 cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n))))
             else:
                 self.store_edge(acc, None, tile_m, tile_n, thr_mma, None, mAcc)
-        self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, lane, ins, scalars, row_data, row_scale)
+        self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, lane, ins, scalars, row_data, row_scale, amax)

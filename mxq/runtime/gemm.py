@@ -198,7 +198,8 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
     """The compile-time arguments of a module's ``launch_gemm`` (codegen._gemm_launcher_text):
     A and W as fake_args', the operands as [M, N] views of their kinds (broadcast dims of stride
     0), the floats, FP8 data [M, N] (bytes), the flat scale buffer (E8M0 bytes or fp32), the
-    fp32 accumulator (or, without the hook, the data again)."""
+    amax slot (fp32 [1]; written where the op has amax), the fp32 accumulator (or, without the
+    hook, the data again)."""
     cute = toolchain.import_cutlass(ARCH)
     import cutlass
 
@@ -213,7 +214,8 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
     args += [cutlass.Float32(0.0)] * gated.launch_scalars(op.epilogue)
     data = fake(cutlass.Uint8, (m, n), stride_order=(1, 0), assumed_align=16)
     scale_el, scale_align = (cutlass.Float32, 4) if op.spec.block_format.scale == "fp32" else (cutlass.Uint8, 1)
-    args += [data, fake(scale_el, (cute.sym_int(),), assumed_align=scale_align)]
+    args += [data, fake(scale_el, (cute.sym_int(),), assumed_align=scale_align),
+             fake(cutlass.Float32, (1,), assumed_align=4)]  # (the amax slot: written where the op has amax)
     args.append(fake(cutlass.Float32, (m, n), stride_order=(1, 0), assumed_align=16) if acc_hook else data)
     return args
 
@@ -266,7 +268,12 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
     views = [operands_mod.as_matrix(t.detach(), kind, m, n) for t, kind in zip(operands, kinds)]
     data = out.rowwise_data.view(torch.uint8)
     scale = launch.flat_scale(out.rowwise_scale)
+    if op.spec.amax:  # (the epilogue's atomics grow it from 0: an out= given holds whatever it held)
+        amax = out.amax.view(1)
+        amax.zero_()
+    else:  # (not written: the kernel has no amax)
+        amax = launch.noop_tensor(a.device)
     with torch.cuda.device(a.device):  # (detached: DLPack exports no tensor that requires grad)
-        fn(a.detach(), w.detach(), *views, *[float(s) for s in scalars], data, scale,
+        fn(a.detach(), w.detach(), *views, *[float(s) for s in scalars], data, scale, amax,
            data if acc_out is None else acc_out)
     return out
