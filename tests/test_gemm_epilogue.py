@@ -362,10 +362,11 @@ def _plus(x, b):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw], ids=lambda o: o.__name__)
+@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax], ids=lambda o: o.__name__)
 def test_gpu_gemm_dispatcher_writes_op_gemms_bytes(op):
-    """op.gemm's dispatcher on CUDA tensors (the caller's stream) writes op.gemm's bytes. CPU
-    counterpart: test_gemm_dispatcher_writes_what_op_gemm_writes."""
+    """op.gemm's dispatcher on CUDA tensors (the caller's stream) writes op.gemm's bytes (and
+    its amax into a stale slot, zeroed on that stream first). CPU counterpart:
+    test_gemm_dispatcher_writes_what_op_gemm_writes."""
     a = torch.randn(300, 256, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(520, 256, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(520, dtype=torch.bfloat16, device="cuda")
@@ -374,9 +375,30 @@ def test_gpu_gemm_dispatcher_writes_op_gemms_bytes(op):
     scale = like.rowwise_scale
     flat = (scale._base if scale._base is not None else scale).reshape(-1)
     flat = flat.view(torch.uint8) if flat.dtype.itemsize == 1 else flat
-    op.dispatcher(gemm=True)(a, w, b, None, like.rowwise_data.view(torch.uint8), flat, None, None, None, None, None)
+    amax = like.amax.view(1).fill_(1e30) if like.amax is not None else None
+    op.dispatcher(gemm=True)(a, w, b, None, like.rowwise_data.view(torch.uint8), flat, None, None, amax, None, None)
     torch.cuda.synchronize()
     assert compare(like, want, exact=True) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 65, 129, 200])
+def test_gpu_gemm_amax_leaves_out_rows_past_m(m, form):
+    """Every output value exactly 0 (a's first column 1, the rest 0; w's first column -b: x + b =
+    0), so the amax is 0; a row past M (the tile's padding, a cluster's padding tile) holds the
+    op of a zero accumulator, b, which must not enter it. An empty product's amax is 0 too,
+    into a stale out=."""
+    n, k = 264, 64
+    b = torch.randn(n, device="cuda").to(torch.bfloat16) + 2.0
+    a = torch.zeros(m, k, device="cuda", dtype=torch.bfloat16)
+    a[:, 0] = 1.0
+    w = torch.zeros(n, k, device="cuda", dtype=torch.bfloat16)
+    w[:, 0] = -b
+    t = plus_bias_amax.gemm(a, w, b)
+    assert float(t.amax) == 0.0 and float(b.float().abs().min()) > 0
+    out = mxq.MXFP8Tensor.empty(plus_bias_amax.spec, (0, n), a.dtype, "cuda", row_align=1)
+    out.amax.fill_(5.0)
+    assert float(plus_bias_amax.gemm(a[:0], w, b, out=out).amax) == 0.0
 
 
 def test_bad_tensors_are_named_before_anything_runs():

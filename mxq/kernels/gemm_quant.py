@@ -84,7 +84,7 @@ class GemmQuant:
         blocks = tile[1] // width  # blocks per tile row
         nbr = (N + width - 1) // width  # blocks per output row
         tensor_nan = codec.amax_nan(fmt)
-        tmax = Float32(0.0)  # (the thread's share of the tensor amax; columns past N are 0, rows past M repeat M - 1)
+        tmax = Float32(0.0)  # (the thread's share of the tensor amax: rows past M left out, columns past N are 0)
         for b in cutlass.range_constexpr(blocks):  # (the two rows inner: a row operand's loads are shared)
             for h in cutlass.range_constexpr(2):
                 r = coords[2 * h][0]
@@ -94,8 +94,9 @@ class GemmQuant:
                         i = c + 2 * h + VALUES_PER_GROUP * g
                         acc[i] = self.value(acc, i, coords, M, N, ins, scalars)
                         amax = cute.arch.fmax(amax, cute.math.abs(acc[i]), nan=nan)
-                        if cutlass.const_expr(self.cfg.amax):
-                            tmax = cute.arch.fmax(tmax, cute.math.abs(acc[i]), nan=tensor_nan)
+                        if cutlass.const_expr(self.cfg.amax):  # (a row past M: the op of a zero accumulator)
+                            tmax = cute.arch.fmax(tmax, cutlass.select_(r < M, cute.math.abs(acc[i]), Float32(0.0)),
+                                                  nan=tensor_nan)
                 for st in cutlass.range_constexpr(2):  # the quad: offsets 1, 2
                     amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << st), nan=nan)
                 e = codec.block_scale(fmt, amax, False, in_max)

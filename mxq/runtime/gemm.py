@@ -260,6 +260,8 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
     checked by the caller (op.gemm, check_args, operand_kinds)."""
     kinds = operand_kinds(a, w, operands)
     if a.shape[0] == 0 or w.shape[0] == 0:
+        if op.spec.amax:  # (an empty product's amax is 0, as the reference's; an out= may hold anything)
+            out.amax.zero_()
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]),
