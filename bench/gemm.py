@@ -23,7 +23,8 @@ baselines.
 
 Fused rows (``op.gemm``, mxq/kernels/gemm_quant.py; off with --no-fused), on the large cases
 (--quick: the first): gelu + FP8 block scaling 1x128 rowwise (``gelu_fp8_block``) and gelu +
-MXFP8 rowwise (``gelu_mxfp8``) in the GEMM's epilogue, checked against op.reference on the
+MXFP8 rowwise (``gelu_mxfp8``), and the first with its amax (``gelu_fp8_block_amax``: what the
+amax's warp reductions and atomics cost) in the GEMM's epilogue, checked against op.reference on the
 kernel's own accumulator (docs/NUMERICS.md's transcendental class, mxq.testing.compare), then
 timed against torch.matmul alone (``vs_matmul``: fused time / matmul time, issue 42's target
 <= 1.05) and against torch.matmul followed by the same op on its bf16 output (``speedup``:
@@ -59,7 +60,12 @@ def gelu_mxfp8(x):
     return x
 
 
-FUSED = (gelu_fp8_block, gelu_mxfp8)
+@mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128), amax=True)
+def gelu_fp8_block_amax(x):
+    return x
+
+
+FUSED = (gelu_fp8_block, gelu_mxfp8, gelu_fp8_block_amax)
 
 LARGE = [(m, n, k) for m in (8192, 16384) for k, n in ((4096, 14336), (14336, 4096), (8192, 28672))]
 SMALL = [(200, 136, 64), (1000, 520, 4096), (128, 256, 64), (1, 8, 8), (129, 264, 72), (300, 1000, 200)]

@@ -659,7 +659,8 @@ def test_bench_fused_rows_check_on_the_cpu_route():
     from .test_codegen import _bench_tool
 
     tool = _bench_tool("gemm")
-    assert [op.spec.format for op in tool.FUSED] == ["fp8_block", "mxfp8"]
+    assert [(op.spec.format, op.spec.amax) for op in tool.FUSED] == [("fp8_block", False), ("mxfp8", False),
+                                                                      ("fp8_block", True)]
     for op in tool.FUSED:
         for form, suffix in (("cooperative", ""), ("pingpong", " pingpong"), ("cooperative1", " cluster1"),
                              ("pingpong1", " pingpong cluster1")):
