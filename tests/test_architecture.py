@@ -135,6 +135,7 @@ def test_dispatch_flags_by_hand():
     assert slots.dispatch_flags(QuantSpec(scale_layout="swizzled", colwise=True)) == 0b1_0001_1110
     assert slots.dispatch_flags(QuantSpec(fp8="e5m2", rowwise=False, colwise=True, amax=True)) == 0b1011_1000
     assert slots.dispatch_flags(QuantSpec(dact="relu", dbias=True)) == 0b0100_0111
+    assert slots.dispatch_flags(QuantSpec(format="fp8_block")) == 0b1_0000_0110  # (grouped calls: Python)
 
 
 def test_generated_launchers_take_the_table_in_order():

@@ -674,7 +674,7 @@ ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags,
   st->ns = static_cast<int>(ns);
   for (int s = 0; s < 7; ++s) st->want[s] = (flags >> s) & 1;
   st->fp8_code = (flags >> 7) & 1 ? 12 : 10;
-  st->groups_in_python = ((flags >> 8) & 1) || ((flags >> 9) & 1);  // (swizzled scales; ffi.GROUPS_IN_PYTHON)
+  st->groups_in_python = (flags >> 8) & 1;
   st->python = python;
   st->resolve = resolve;
   st->zero = zero;

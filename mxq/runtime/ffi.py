@@ -56,7 +56,7 @@ def _dispatch_module():
                 include = f'#include "{header}"'
                 assert include in src, f"mxq: csrc/dispatch.cc must include {header}"
                 src = src.replace(include, csrc.joinpath(header).read_text(), 1)
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v19", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v20", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -285,16 +285,6 @@ def _zero_callback(device_id):
     return tvm_ffi.from_dlpack(launch.noop_tensor(torch.device("cuda", int(device_id))))
 
 
-GROUPS_IN_PYTHON = 1 << 9  # dispatch.cc's flag: grouped calls take Python's binding (State::groups_in_python)
-
-
-def dispatcher_flags(spec) -> int:
-    """The native dispatcher's flag word: slots.dispatch_flags, and GROUPS_IN_PYTHON for FP8 block
-    scaling, whose grouped calls the C++ route has no kernels for (limits.cpp_only_gap) and
-    Python's binding serves: int32 group ends go there as int64 ones always did, not to a refusal."""
-    return slots.dispatch_flags(spec) | (GROUPS_IN_PYTHON if spec.format == "fp8_block" else 0)
-
-
 def make_dispatchers(op) -> tuple:
     """(destination-passing dispatcher, allocating route, *their Python callbacks) of ``op``. The allocating route takes
     (*tensors, *scalars, act_input, noop[, group_offsets]) and returns the six output slots
@@ -310,7 +300,7 @@ def make_dispatchers(op) -> tuple:
         # as the dispatchers, which the op keeps)
         py, res = _python_callback(op), _resolve_callback(op)
         epi = op.epilogue
-        pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), dispatcher_flags(op.spec),
+        pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
                                    list(epi.tensor_params + epi.scalar_params), py, res, _zero_callback,
                                    SHARED_ALLOC_MAX_BYTES, UNIT, PADDED_ROW_BYTES, groups.MAX_GROUPS,
                                    list(limits.cpp_facts(op.spec, op.epilogue)), limits.cpp_transposed(op.spec))

@@ -16,7 +16,6 @@ device, K and N multiples of 8 (TMA's 16-byte rows); ``out`` [M, N] of a's dtype
 
 from __future__ import annotations
 
-import hashlib
 import threading
 
 import torch
@@ -228,8 +227,9 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
 
     cluster_m = cluster_for(pingpong) if cluster_m is None else cluster_m
     source = op.source
-    key = ("op", hashlib.sha256(source.encode()).hexdigest(), dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong,
-           cluster_m)
+    # (the source itself: op.source is kept on the op, and a str caches its hash, so a call's lookup
+    # hashes nothing; a digest of it was recomputed on every op.gemm call)
+    key = ("op", source, dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong, cluster_m)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn

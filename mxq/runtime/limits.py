@@ -224,7 +224,7 @@ def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None) -> str
     """What of an FP8 block-scaling op the Python routes serve and the C++ routes do not (they
     cannot fall back to the reference): groups (their checks know ungrouped calls only: export()
     refuses them; a registered op's dispatcher sends its grouped calls, int32 or int64 ends, to
-    Python's binding of the kernels, ffi.dispatcher_flags), and the
+    Python's binding of the kernels, slots.dispatch_flags), and the
     GEMM-ready transposed colwise copy (cpp_transposed) on a kernel ``variant`` other than the
     aligned one (variant None: whatever the variant, which register() and dispatcher() ask): the
     packed kernel writes that copy from aligned rows alone, variant "vec" (N % 8 == 0, the
