@@ -200,14 +200,15 @@ class FusedOp:
         (``MXFP8Tensor.empty(spec, (M, N), a.dtype, device, row_align=1)``) to write into, eager
         calls only. ``acc_out``: an fp32 [M, N] tensor that also receives the accumulator (a test
         hook, eager calls only). Serves rowwise MXFP8 and 1x128 FP8 block scaling (any scale layout) with an
-        ordinary act, with or without amax; other options raise ValueError naming the option
+        ordinary act, with or without amax and dbias (a's dtype, as the outputs of a call on the
+        GEMM's bf16/fp16 product would have it); other options raise ValueError naming the option
         (codegen.gemm_gap). Under
         torch.compile one operator node (torch.ops.mxq.fused_gemm, integrations/torch_ops.py)."""
         gap = codegen.gemm_gap(self.spec, self.epilogue)
         if gap:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes rowwise "
-                             "MXFP8 or 1x128 FP8 block-scaling outputs (and their amax), without colwise, dbias, dact "
-                             "or gated activations")
+                             "MXFP8 or 1x128 FP8 block-scaling outputs (and their amax and dbias), without colwise, "
+                             "dact or gated activations")
         taken = [k for k in ("group_offsets", "noop", "act_input") if params.get(k) is not None]
         if taken:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs, noop and "
@@ -254,9 +255,18 @@ class FusedOp:
         acc = torch.matmul(a.float(), w.float().t())
         if acc_out is not None:
             acc_out.copy_(acc)
+        given = out
+        if self.spec.dbias and out is not None:  # (the reference's dbias is fp32, the input's: given's a's dtype)
+            out = dataclasses.replace(out, dbias=torch.empty_like(out.dbias, dtype=acc.dtype))
         call = Call([acc, *[t.float() for t in others]], list(scalars), out=out)
         validation.check_call(self.spec, self.epilogue, call)
-        return self._reference_run(call)
+        res = self._reference_run(call)
+        if not self.spec.dbias:
+            return res
+        if given is None:  # (dbias in a's dtype, as the kernel writes it: the reference's fp32 sum rounded once more)
+            return dataclasses.replace(res, dbias=res.dbias.to(a.dtype))
+        given.dbias.copy_(res.dbias)
+        return given
 
     def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                 **kwargs):

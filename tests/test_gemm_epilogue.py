@@ -93,6 +93,16 @@ def bias_gelu_mx_amax(x, b):
     return x + b
 
 
+@mxq.fused_quant(format="fp8_block", block=(1, 128), dbias=True)
+def plus_bias_dbias(x, b):
+    return x + b
+
+
+@mxq.fused_quant(act="gelu", dbias=True, amax=True, scale_layout="swizzled")
+def bias_gelu_mx_dbias(x, b):
+    return x + b
+
+
 # --- CPU: PTX ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ptx():
@@ -125,6 +135,19 @@ def test_launch_gemm_compiles_to_sm90a_with_the_quantize_in_its_epilogue(ptx, fm
         assert text.count("st.global.L2::cache_hint.b8") == 16
         assert "max.NaN.f32" in text
         assert text.count("st.global.v2.b32") == 2 * 64  # a full tile's and an edge tile's
+
+
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
+def test_dbias_is_a_partial_row_per_warp_then_a_reduction(pingpong):
+    """An op with dbias: the epilogue's column sums over a warp's 16 rows (butterfly shuffles over
+    the 8 lanes of a column: 3 a column, 64 columns a thread), stored to the fp32 workspace, then
+    a second kernel (reduce.dbias_kernel) adding the partial rows in fp64; either form."""
+    text = g.compile_gemm_op(plus_bias_dbias, "bf16", ("row",), False, 132, 1, keep_ptx=True,
+                             pingpong=pingpong).__ptx__
+    entries = re.findall(r"\.entry\s+(\w+)", text)
+    assert len(entries) == 2 and any("dbias_kernel" in e for e in entries), entries
+    gemm = text.split(".entry")[1 if "dbias_kernel" not in entries[0] else 2]
+    assert gemm.count("shfl.sync.bfly") >= 3 * 64 and "add.f64" not in gemm  # (fp32 partials in the GEMM)
 
 
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
@@ -245,7 +268,6 @@ def _ab(m=4, n=16, k=16, dtype=torch.bfloat16):
 @pytest.mark.parametrize("options, named", [
     (dict(colwise=True), "colwise=True"),
     (dict(rowwise=False, colwise=True), "colwise=True"),
-    (dict(dbias=True), "dbias=True"),
     (dict(dact="gelu"), "dact='gelu'"),
     (dict(act="swiglu"), "act='swiglu'"),
     (dict(format="fp8_block", block=(128, 128)), "block=(128, 128)"),
@@ -306,10 +328,11 @@ def _dest_args(op, m, n, poison: int = 0x5A):
     flat = (scale._base if scale._base is not None else scale).reshape(-1)
     flat = flat.view(torch.uint8) if flat.dtype.itemsize == 1 else flat
     amax = like.amax.view(1).fill_(-1.0) if like.amax is not None else None
-    return [None, data, flat, None, None, amax, None, None], like
+    dbias = like.dbias.fill_(7.0) if like.dbias is not None else None
+    return [None, data, flat, None, None, amax, dbias, None], like
 
 
-@pytest.mark.parametrize("op", [plus_bias_gemm, plus_bias_mx_sw, scaled_residual, plus_bias_amax],
+@pytest.mark.parametrize("op", [plus_bias_gemm, plus_bias_mx_sw, scaled_residual, plus_bias_amax, plus_bias_dbias],
                          ids=lambda o: o.__name__)
 def test_gemm_dispatcher_writes_what_op_gemm_writes(op):
     """op.dispatcher(gemm=True) and op.register(name, gemm=True): op.gemm's destination-passing
@@ -341,10 +364,11 @@ def test_gemm_dispatcher_writes_what_op_gemm_writes(op):
     bad[2] = torch.empty(3, dtype=bad[2].dtype)
     with pytest.raises(ValueError, match="rowwise_scale"):
         op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
-    bad = list(dests)  # (the amax slot: required where the op has amax, refused where it has none)
-    bad[5] = None if op.spec.amax else torch.empty(1)
-    with pytest.raises(ValueError, match="amax"):
-        op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
+    for slot, name, has in ((5, "amax", op.spec.amax), (6, "dbias", op.spec.dbias)):
+        bad = list(dests)  # (the amax and dbias slots: required where the op has them, refused where not)
+        bad[slot] = None if has else torch.empty(n, dtype=a.dtype)
+        with pytest.raises(ValueError, match=name):
+            op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
     with pytest.raises(TypeError, match="gemm"):
         op.dispatcher(gemm=1)
 
@@ -362,7 +386,8 @@ def _plus(x, b):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax], ids=lambda o: o.__name__)
+@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax, plus_bias_dbias],
+                         ids=lambda o: o.__name__)
 def test_gpu_gemm_dispatcher_writes_op_gemms_bytes(op):
     """op.gemm's dispatcher on CUDA tensors (the caller's stream) writes op.gemm's bytes (and
     its amax into a stale slot, zeroed on that stream first). CPU counterpart:
@@ -376,9 +401,10 @@ def test_gpu_gemm_dispatcher_writes_op_gemms_bytes(op):
     flat = (scale._base if scale._base is not None else scale).reshape(-1)
     flat = flat.view(torch.uint8) if flat.dtype.itemsize == 1 else flat
     amax = like.amax.view(1).fill_(1e30) if like.amax is not None else None
-    op.dispatcher(gemm=True)(a, w, b, None, like.rowwise_data.view(torch.uint8), flat, None, None, amax, None, None)
+    dbias = like.dbias.fill_(7.0) if like.dbias is not None else None
+    op.dispatcher(gemm=True)(a, w, b, None, like.rowwise_data.view(torch.uint8), flat, None, None, amax, dbias, None)
     torch.cuda.synchronize()
-    assert compare(like, want, exact=True) == []
+    assert compare(like, want, exact=True) == []  # (dbias too: the same kernel's, in the same order)
 
 
 @pytest.mark.gpu
@@ -462,7 +488,7 @@ def test_cpu_gemm_takes_operands_and_floats_as_a_call_does():
 
 # --- GPU: bit-exact against the reference on the kernel's own accumulator ----------------------
 GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw, plus_bias, plus_bias_gemm, plus_bias_mx,
-           plus_bias_mx_sw, plus_bias_amax, bias_gelu_mx_amax]
+           plus_bias_mx_sw, plus_bias_amax, bias_gelu_mx_amax, plus_bias_dbias, bias_gelu_mx_dbias]
 SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 1032, 136), (1024, 768, 512),
           (2176, 2048, 256)]  # (the last: 272 ping-pong tiles on 132 CTAs, some with an odd count)
 
@@ -490,6 +516,9 @@ def _same_as_reference(op, t, acc, *operands, **params):
     scales' padding (GEMM-ready, swizzled) included."""
     args = (acc, *[o.float() for o in operands])
     ref = op.reference(*args, **params)
+    if ref.dbias is not None:  # (the column sums: dbias_close, in a's dtype; the rest as any op's)
+        dbias_close(op, t, args, ref, **params)
+        ref.dbias = None
     exact = is_exact(op)
     assert compare(t, ref, exact, v_bound=None if exact else v_bound(op, *args, **params)) == []
     flat_t, flat_ref = launch_flat(t.rowwise_scale), launch_flat(ref.rowwise_scale)
@@ -497,6 +526,24 @@ def _same_as_reference(op, t, acc, *operands, **params):
         assert torch.equal(flat_t.view(torch.uint8), flat_ref.view(torch.uint8))
     else:
         assert flat_t.shape == flat_ref.shape
+
+
+def dbias_close(op, t, args, ref, **params):
+    """op.gemm's dbias ([N], a's dtype) against the float64 column sums of the op's values on
+    the kernel's accumulator (mxq.testing.v_abs_sum's values, summed signed): within one ulp of
+    the dtype plus 2^-18 of the column's sum of |v| (the epilogue adds fp32 partials of 16 rows
+    each, in another order than the reference's fp64 sum; a column that cancels may not keep a
+    relative ulp), NaN where the sum is NaN."""
+    from mxq.testing import v_abs_sum
+
+    want = ref.dbias.double().cpu()
+    got = t.dbias.double().cpu()
+    assert t.dbias.dtype in (torch.bfloat16, torch.float16) and t.dbias.shape == ref.dbias.shape  # (a's dtype)
+    va = v_abs_sum(op, *args, **params).double().cpu().reshape(want.shape)
+    va = torch.where(torch.isfinite(va), va, torch.zeros_like(va))
+    bound = torch.finfo(t.dbias.dtype).eps * want.abs() + 2.0 ** -18 * va + torch.finfo(t.dbias.dtype).tiny
+    ok = ((got - want).abs() <= bound) | (got.isnan() & want.isnan()) | (got == want)
+    assert bool(ok.all()), f"dbias: {int((~ok).sum())} of {ok.numel()} columns off"
 
 
 def launch_flat(s):
@@ -545,7 +592,8 @@ def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op, form):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax], ids=lambda o: o.__name__)
+@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax, bias_gelu_mx_dbias],
+                         ids=lambda o: o.__name__)
 def test_gpu_gemm_into_out_writes_the_allocating_bytes(op, form):
     """out= on the H200: the poisoned buffer gets the allocating call's bytes, partial tiles
     included; the call returns it. CPU counterpart:
@@ -560,12 +608,16 @@ def test_gpu_gemm_into_out_writes_the_allocating_bytes(op, form):
         o.rowwise_scale.fill_(float("nan"))
     if o.amax is not None:  # (a stale amax above the product's: the call starts it from zero)
         o.amax.fill_(1e30)
+    if o.dbias is not None:
+        o.dbias.fill_(float("nan"))
     want = op.gemm(a, w, b)
     assert op.gemm(a, w, b, out=o) is o
     assert torch.equal(o.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
     assert torch.equal(launch_flat(o.rowwise_scale), launch_flat(want.rowwise_scale))
     if o.amax is not None:
         assert torch.equal(o.amax, want.amax) and 0 < float(want.amax) < 1e30
+    if o.dbias is not None:  # (the same kernels in the same order: the same bits)
+        assert torch.equal(o.dbias, want.dbias) and not bool(want.dbias.isnan().any())
 
 
 @pytest.mark.gpu
@@ -617,7 +669,7 @@ def test_cpu_counterpart_of_the_gpu_checks():
     a = torch.randn(200, 72, generator=gen).to(torch.bfloat16)
     w = (torch.randn(264, 72, generator=gen) / 8).to(torch.bfloat16)
     b = torch.randn(264, generator=gen).to(torch.bfloat16)
-    for op in (bias_gelu_gemm, plus_bias_mx_sw):
+    for op in (bias_gelu_gemm, plus_bias_mx_sw, plus_bias_dbias, bias_gelu_mx_dbias):
         _check_against_reference(op, a, w, b)
     s, r = torch.rand(200, 1, generator=gen).to(torch.bfloat16), torch.randn(200, 264, generator=gen).to(torch.bfloat16)
     _check_against_reference(scaled_residual, a, w, s, r, alpha=0.5)

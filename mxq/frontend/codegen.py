@@ -407,15 +407,14 @@ def has_kernels(spec: QuantSpec) -> bool:
 def gemm_gap(spec: QuantSpec, epilogue: Epilogue) -> str:
     """The option of an op that ``op.gemm`` (the GEMM whose epilogue is the op,
     mxq/kernels/gemm_quant.py) does not serve, as the user wrote it ("" when it serves the op):
-    it serves rowwise MXFP8 (1x32) and FP8 block scaling 1x128 blocks, with or without amax, an
-    ordinary act, any scale layout of those, operands that broadcast or match [M, N]."""
+    it serves rowwise MXFP8 (1x32) and FP8 block scaling 1x128 blocks, with or without amax and
+    dbias, an ordinary act, any scale layout of those, operands that broadcast or match [M, N]."""
     if spec.format not in ("mxfp8", "fp8_block"):
         return f"format={spec.format!r}"
     if spec.format == "fp8_block" and tuple(spec.block) != (1, 128):
         return f"block={tuple(spec.block)}"
-    for name in ("colwise", "dbias"):
-        if getattr(spec, name):
-            return f"{name}=True"
+    if spec.colwise:
+        return "colwise=True"
     if not spec.rowwise:
         return "rowwise=False"
     if spec.dact is not None:
@@ -425,10 +424,11 @@ def gemm_gap(spec: QuantSpec, epilogue: Epilogue) -> str:
     return ""
 
 
-def _gemm_launcher_text(epilogue: Epilogue) -> dict:
+def _gemm_launcher_text(spec: QuantSpec, epilogue: Epilogue) -> dict:
     """(parameters, run_fused arguments) of the module's ``launch_gemm``: A and W, the
     epilogue's tensors after the first (the accumulator's place) and its floats, the outputs,
-    the accumulator hook's tensor, the compile-time options (GemmSm90's)."""
+    the accumulator hook's tensor, the compile-time options (GemmSm90's); with dbias, last, the
+    dbias, its fp32 workspace and the zero noop its reduction reads (before the accumulator's)."""
     ins = [f"x{i}" for i in range(1, len(epilogue.tensor_params))]
     scalars = [f"s{i}" for i in range(gated.launch_scalars(epilogue))]
     params = ["a: cute.Tensor", "w: cute.Tensor", *[f"{x}: cute.Tensor" for x in ins],
@@ -437,6 +437,10 @@ def _gemm_launcher_text(epilogue: Epilogue) -> dict:
               "swizzle: cutlass.Constexpr", "pingpong: cutlass.Constexpr", "cluster_m: cutlass.Constexpr", "stream"]
     args = ["a", "w", "row_data", "row_scale", "amax", f"[{', '.join(ins)}]", f"[{', '.join(scalars)}]", "acc",
             "stream"]
+    if spec.dbias:
+        at = params.index("acc: cute.Tensor")
+        params[at:at] = ["dbias: cute.Tensor", "dbias_ws: cute.Tensor", "noop: cute.Tensor"]
+        args += ["dbias=dbias", "dbias_ws=dbias_ws", "noop=noop"]
     return {"params": ", ".join(params), "args": ", ".join(args)}
 
 
@@ -489,7 +493,7 @@ def context(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -
         "grouped_params": grouped_params,
         "grouped_call_args": grouped_call_args,
         "launchers": launchers(spec),
-        "gemm": _gemm_launcher_text(epilogue),
+        "gemm": _gemm_launcher_text(spec, epilogue),
         "functions": _element_functions(inputs, scalars, epi, epi_out, act, dact),
         "kernels_hash": kernels_hash(),
     }

@@ -21,9 +21,12 @@ left out of the block maxima; rows past M and columns past N are not stored. Bot
 GEMM give a warpgroup 64 full rows of 256 columns, so a rowwise block never leaves one thread
 quad. The tensor amax (``amax``) is a NaN-propagating max of every value a thread writes (mxq's
 amax rule, codec.amax_nan), over the warp, then one atomic per warp into the zeroed slot
-(device.amax_atomic). Colwise blocks (128 rows in FP8 block scaling: more than a ping-pong tile
-holds) and dbias would need a reduction across warpgroups or tiles, and ``config_gap`` refuses
-them.
+(device.amax_atomic). dbias: each warp sums its 16-row stripe of every column (a thread's two
+rows, then the 8 lanes of the column's quad position, by butterfly shuffles: a fixed order) into
+one row of an fp32 workspace, which GemmSm90 reduces after the GEMM (reduce.dbias_kernel, the
+quantize kernels' fp64 reduction). Colwise blocks (128 rows in FP8 block scaling: more than a
+ping-pong tile holds) would need a reduction across warpgroups or tiles, and ``config_gap``
+refuses them.
 """
 
 from __future__ import annotations
@@ -42,12 +45,12 @@ VALUES_PER_GROUP = 4  # a lane's values per 8-column group: 2 columns x 2 rows
 
 def config_gap(cfg) -> str:
     """What of a KernelConfig the fused GEMM epilogue does not serve ("" when it serves it):
-    rowwise 1x32 (MXFP8) or 1x128 (FP8 block scaling) blocks, with or without amax. op.gemm names the option
+    rowwise 1x32 (MXFP8) or 1x128 (FP8 block scaling) blocks, with or without amax and dbias. op.gemm names the option
     from the spec (codegen.gemm_gap) before anything compiles; this is the kernel's own guard."""
     fmt = cfg.fmt
     if fmt.packed or fmt.block[0] != 1 or fmt.block[1] not in (32, 128):
         return f"the format's block {fmt.block}"
-    for name in ("colwise", "dbias", "has_dact", "halves"):
+    for name in ("colwise", "has_dact", "halves"):
         if getattr(cfg, name):
             return name
     return ""
@@ -66,7 +69,8 @@ class GemmQuant:
 
     @cute.jit
     def write(self, acc: cute.Tensor, tile_m: Int32, tile_n: Int32, thr_mma, tile: cutlass.Constexpr, lane: Int32,
-              ins: list, scalars: list, row_data: cute.Tensor, row_scale: cute.Tensor, amax_slot=None):
+              ins: list, scalars: list, row_data: cute.Tensor, row_scale: cute.Tensor, amax_slot=None,
+              dbias_ws=None):
         """Tile (tile_m, tile_n) of the outputs from this thread's accumulator fragment ``acc``
         (overwritten with the op's values), one block of each of its two rows at a time (so
         that the operands' loads stay a block's: all 128 at once spill registers): the values
@@ -115,6 +119,27 @@ class GemmQuant:
             tmax = dev.warp_max(tmax)  # (NaN-propagating, as mxq's amax of these formats is)
             if lane == 0:
                 dev.amax_atomic(amax_slot, tmax)
+        if cutlass.const_expr(self.cfg.dbias):
+            self.column_partials(acc, coords, M, N, lane, dbias_ws, tile[1] // 8)
+
+    @cute.jit
+    def column_partials(self, acc, coords, M, N, lane: Int32, dbias_ws: cute.Tensor, groups: cutlass.Constexpr):
+        """dbias's partial sums of this warp's 16-row stripe (``acc``: the op's values, write's):
+        per column, the thread's two rows (rows past M left out: the op of a zero accumulator),
+        then the 8 lanes sharing the column (butterfly shuffles over lane bits 2-4, every lane
+        getting the same sum), stored by the quad's 4 lanes into workspace row ``r // 16``
+        (columns past N, and a stripe past the workspace's rows, not stored)."""
+        r0, r1 = coords[0][0], coords[2][0]
+        stripe = r0 // 16
+        for g in cutlass.range_constexpr(groups):
+            for c in cutlass.range_constexpr(2):
+                i = c + VALUES_PER_GROUP * g
+                s = cutlass.select_(r0 < M, acc[i], Float32(0.0)) + cutlass.select_(r1 < M, acc[i + 2], Float32(0.0))
+                for st in cutlass.range_constexpr(2, 5):
+                    s = s + cute.arch.shuffle_sync_bfly(s, offset=1 << st)
+                col = coords[i][1]
+                if lane < ACC_QUAD and col < N and stripe < dbias_ws.shape[0]:
+                    dbias_ws[stripe, col] = s
 
     def value(self, acc, i: int, coords, M, N, ins, scalars):
         """The op's value of accumulator element i (NUMERICS steps 1-4), 0 at columns past N (an

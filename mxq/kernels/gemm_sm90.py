@@ -52,7 +52,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32
 
-from . import gemm_quant
+from . import gemm_quant, reduce
 
 TILE = (128, 256, 64)  # CTA tile (M, N, K) of the cooperative form
 STAGES = 4  # its shared-memory stages of A and W tiles (4 x 48 KiB)
@@ -117,14 +117,19 @@ class GemmSm90:
         """D = A @ W^T, and the fp32 accumulator into ``mAcc`` (the acc_hook variant)."""
         self.run(mA, mW, mD, mAcc, stream)
 
-    def run_fused(self, mA, mW, row_data, row_scale, amax, ins: list, scalars: list, mAcc, stream):
+    def run_fused(self, mA, mW, row_data, row_scale, amax, ins: list, scalars: list, mAcc, stream, dbias=None,
+                  dbias_ws=None, noop=None):
         """The fused GEMM (``fused`` set): the op's FP8 data [M, N] and scales from A @ W^T, its
         amax into ``amax`` (fp32 [1], zeroed by the caller; unused unless the op has amax), the
         op's other tensors ``ins`` as [M, N] views and its floats ``scalars``; ``mAcc``: the
-        fp32 accumulator (acc_hook), else any tensor (unused). Traced by a module's launch_gemm."""
-        self.run(mA, mW, row_data, mAcc, stream, row_scale, ins, scalars, amax)
+        fp32 accumulator (acc_hook), else any tensor (unused). With the op's dbias: ``dbias`` [N]
+        (a's dtype), ``dbias_ws`` fp32 [ceil(M / 16), N] for the epilogue's partial sums (one row
+        per 16-row warp stripe, gemm_quant.GemmQuant.column_partials) and the zero ``noop`` the
+        reduction kernel reads. Traced by a module's launch_gemm."""
+        self.run(mA, mW, row_data, mAcc, stream, row_scale, ins, scalars, amax, dbias, dbias_ws, noop)
 
-    def run(self, mA, mW, mD, mAcc, stream, row_scale=None, ins=(), scalars=(), amax=None):
+    def run(self, mA, mW, mD, mAcc, stream, row_scale=None, ins=(), scalars=(), amax=None, dbias=None, dbias_ws=None,
+            noop=None):
         """Traced by every launcher: TMA descriptors, the tile scheduler, the launch."""
         self.setup(mA.element_type)
         if cutlass.const_expr(self.fused is not None):
@@ -140,18 +145,23 @@ class GemmSm90:
         sched = utils.PersistentTileSchedulerParams((*tiles, 1), (self.cluster_m, 1, 1), self.swizzle, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms // self.cluster_m)
         kernel = self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched,
-                             row_scale, amax, list(ins), list(scalars))
+                             row_scale, amax, dbias_ws, list(ins), list(scalars))
         if cutlass.const_expr(self.cluster_m > 1):
             kernel.launch(grid=grid, block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1], min_blocks_per_mp=1,
                           stream=stream)
         else:
             kernel.launch(grid=grid, block=[self.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
+        if cutlass.const_expr(self.fused is not None and self.fused.cfg.dbias):
+            # dbias[c] = the partial rows' sum, in fp64 in a fixed order (the quantize kernels' reduction)
+            rgrid, rblock = reduce.dbias_grid(mD.shape[1])
+            reduce.dbias_kernel(dbias_ws, dbias, noop, None, dbias_ws.shape[0], mD.shape[0], mD.shape[1], False,
+                                True).launch(grid=rgrid, block=rblock, stream=stream)
 
     @cute.kernel
     def kernel(self, tma_a: cute.CopyAtom, gA_full: cute.Tensor, tma_w: cute.CopyAtom, gW_full: cute.Tensor,
                mD: cute.Tensor, mAcc: cute.Tensor, tiled_mma: cute.TiledMma, a_layout: cute.ComposedLayout,
                w_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams, row_scale, amax,
-               ins: list, scalars: list):
+               dbias_ws, ins: list, scalars: list):
         """One persistent CTA: warpgroup 0 loads, warpgroups 1 and 2 multiply and write (a tile
         together, or with ``pingpong`` alternate tiles)."""
         tidx, _, _ = cute.arch.thread_idx()
@@ -178,7 +188,7 @@ class GemmSm90:
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self.consume(pipe, tiled_mma, sA, sW, mD, mAcc, sched, tidx - THREADS_PER_WG, gA_full,
-                         (row_scale, ins, scalars, amax))
+                         (row_scale, ins, scalars, amax, dbias_ws))
 
     @cute.jit
     def produce(self, pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched):
@@ -331,11 +341,12 @@ class GemmSm90:
                        mAcc: cute.Tensor, fused_args):
         """The seam with ``fused``: the fp32 accumulator first (acc_hook), then the op's values,
         FP8 data and scales (gemm_quant.GemmQuant.write, which overwrites ``acc``)."""
-        row_scale, ins, scalars, amax = fused_args
+        row_scale, ins, scalars, amax, dbias_ws = fused_args
         if cutlass.const_expr(self.acc_hook):
             full = cutlass.Boolean((tile_m + 1) * self.tile[0] <= mAcc.shape[0])
             if full & ((tile_n + 1) * self.tile[1] <= mAcc.shape[1]):
                 cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n))))
             else:
                 self.store_edge(acc, None, tile_m, tile_n, thr_mma, None, mAcc)
-        self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, lane, ins, scalars, row_data, row_scale, amax)
+        self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, lane, ins, scalars, row_data, row_scale, amax,
+                         dbias_ws)

@@ -192,7 +192,7 @@ def gemm_dispatcher(op):
     ``op.dispatcher(gemm=True)``), in Python on every call: ``(a, w, *epilogue tensors after the
     accumulator, *epilogue floats, act_input, rowwise_data, rowwise_scale, colwise_data,
     colwise_scale, amax, dbias, noop)``, the slots op.gemm does not write None (act_input, the
-    colwise ones, dbias, noop, and amax unless the op has it: a ValueError naming them
+    colwise ones, noop, and amax and dbias unless the op has them: a ValueError naming them
     otherwise), the rowwise data a
     contiguous [M, N] FP8 (or uint8) tensor, its scales flat or as Python holds them. CPU tensors
     run op.gemm's reference; CUDA ones its sm_90 GEMM on the caller's stream."""
@@ -211,7 +211,7 @@ def gemm_dispatcher(op):
         others = [_torch(t) for t in args[2:2 + nt]]
         scalars = [float(v) for v in args[2 + nt:2 + nt + ns]]
         dests = dict(zip(slots.DESTINATIONS, (_torch(t) for t in args[2 + nt + ns:])))
-        written = ("rowwise_data", "rowwise_scale", *(("amax",) if spec.amax else ()))
+        written = ("rowwise_data", "rowwise_scale", *(("amax",) if spec.amax else ()), *(("dbias",) if spec.dbias else ()))
         unused = [k for k, t in dests.items() if t is not None and k not in written]
         if unused:
             raise ValueError(f"mxq: argument {unused[0]!r} is not written by {op.__name__}.gemm (its epilogue "
@@ -227,7 +227,8 @@ def gemm_dispatcher(op):
         out = MXFP8Tensor(rowwise_data=data, colwise_data=None,
                           rowwise_scale=_destination(dests["rowwise_scale"], want.rowwise_scale, "rowwise_scale"),
                           colwise_scale=None, amax=_destination(dests["amax"], want.amax, "amax") if spec.amax else None,
-                          dbias=None, fp8=spec.fp8, scale_layout=spec.scale_layout,
+                          dbias=_destination(dests["dbias"], want.dbias, "dbias") if spec.dbias else None,
+                          fp8=spec.fp8, scale_layout=spec.scale_layout,
                           shape=shape, scale_mode=spec.scale_mode, format=want.format, block=want.block)
         kwargs = dict(zip(epi.scalar_params, scalars))
         if a.device.type != "cuda":

@@ -28,6 +28,7 @@ ARCH = "sm_90a"  # wgmma needs the arch-specific target
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
 TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
+DBIAS_ROWS = 16  # rows of one dbias partial sum in op.gemm's epilogue: a warp's stripe (gemm_quant.column_partials)
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
 PINGPONG = True  # the kernel form gemm() and gemm_op() launch: ping-pong, the faster at every shape timed
 CLUSTER_M = 2  # CTAs per cluster along M of either form (GemmSm90's cluster_m: W stages multicast)
@@ -197,7 +198,8 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
     """The compile-time arguments of a module's ``launch_gemm`` (codegen._gemm_launcher_text):
     A and W as fake_args', the operands as [M, N] views of their kinds (broadcast dims of stride
     0), the floats, FP8 data [M, N] (bytes), the flat scale buffer (E8M0 bytes or fp32), the
-    amax slot (fp32 [1]; written where the op has amax), the fp32 accumulator (or, without the
+    amax slot (fp32 [1]; written where the op has amax), with dbias its [N] output, fp32
+    workspace [ceil(M / 16), N] and zero noop (DBIAS_ROWS), the fp32 accumulator (or, without the
     hook, the data again)."""
     cute = toolchain.import_cutlass(ARCH)
     import cutlass
@@ -215,6 +217,11 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
     scale_el, scale_align = (cutlass.Float32, 4) if op.spec.block_format.scale == "fp32" else (cutlass.Uint8, 1)
     args += [data, fake(scale_el, (cute.sym_int(),), assumed_align=scale_align),
              fake(cutlass.Float32, (1,), assumed_align=4)]  # (the amax slot: written where the op has amax)
+    if op.spec.dbias:  # dbias [N], its fp32 partials [ceil(M / 16), N] (rows of any stride), the zero noop
+        args += [fake(el, (n,), assumed_align=2),
+                 cute.runtime.make_fake_tensor(cutlass.Float32, (cute.sym_int(), n), stride=(cute.sym_int(), 1),
+                                               assumed_align=4),
+                 fake(cutlass.Float32, (1,), assumed_align=4)]
     args.append(fake(cutlass.Float32, (m, n), stride_order=(1, 0), assumed_align=16) if acc_hook else data)
     return args
 
@@ -260,8 +267,9 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
     checked by the caller (op.gemm, check_args, operand_kinds)."""
     kinds = operand_kinds(a, w, operands)
     if a.shape[0] == 0 or w.shape[0] == 0:
-        if op.spec.amax:  # (an empty product's amax is 0, as the reference's; an out= may hold anything)
-            out.amax.zero_()
+        for t in (out.amax, out.dbias):  # (an empty product's amax and dbias are 0, as the reference's)
+            if t is not None:
+                t.zero_()
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]),
@@ -275,7 +283,11 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
         amax.zero_()
     else:  # (not written: the kernel has no amax)
         amax = launch.noop_tensor(a.device)
+    reduction = ()
+    if op.spec.dbias:  # (each warp's 16-row stripe a row of partials, reduced after the GEMM)
+        ws = torch.empty((-(-m // DBIAS_ROWS), n), dtype=torch.float32, device=a.device)
+        reduction = (out.dbias, ws, launch.noop_tensor(a.device))
     with torch.cuda.device(a.device):  # (detached: DLPack exports no tensor that requires grad)
-        fn(a.detach(), w.detach(), *views, *[float(s) for s in scalars], data, scale, amax,
+        fn(a.detach(), w.detach(), *views, *[float(s) for s in scalars], data, scale, amax, *reduction,
            data if acc_out is None else acc_out)
     return out
