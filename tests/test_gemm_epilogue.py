@@ -103,6 +103,11 @@ def bias_gelu_mx_dbias(x, b):
     return x + b
 
 
+@mxq.fused_quant(format="fp8_block", block=(1, 128), fp8="e5m2", dbias=True)
+def scaled_residual_dbias(x, s, r, alpha: float = 1.0):
+    return x * s * alpha + r
+
+
 # --- CPU: PTX ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ptx():
@@ -142,6 +147,9 @@ def test_dbias_is_a_partial_row_per_warp_then_a_reduction(pingpong):
     """An op with dbias: the epilogue's column sums over a warp's 16 rows (butterfly shuffles over
     the 8 lanes of a column: 3 a column, 64 columns a thread), stored to the fp32 workspace, then
     a second kernel (reduce.dbias_kernel) adding the partial rows in fp64; either form."""
+    from mxq.kernels import gemm_quant
+
+    assert gemm_quant.DBIAS_ROWS == g.DBIAS_ROWS  # (the kernel's stripe, the workspace's rows per partial)
     text = g.compile_gemm_op(plus_bias_dbias, "bf16", ("row",), False, 132, 1, keep_ptx=True,
                              pingpong=pingpong).__ptx__
     entries = re.findall(r"\.entry\s+(\w+)", text)
@@ -565,7 +573,7 @@ def test_gpu_gemm_bytes_equal_the_reference_on_its_accumulator(op, shape, form):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", [scaled_residual, scaled_residual_mx], ids=lambda o: o.__name__)
+@pytest.mark.parametrize("op", [scaled_residual, scaled_residual_mx, scaled_residual_dbias], ids=lambda o: o.__name__)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_gemm_column_full_and_float_operands(op, dtype, form):
     m, n, k = 333, 392, 264
@@ -658,7 +666,7 @@ def test_gpu_gemm_specials_nan_and_overflow_in_the_accumulator(form):
     """FP8 block scaling drops NaN from its block amax, MXFP8 propagates it; both as the
     reference on the kernel's accumulator."""
     a, w, b = _specials("cuda")
-    for op in (bias_gelu, bias_gelu_mx, plus_bias, plus_bias_mx, plus_bias_amax, bias_gelu_mx_amax):
+    for op in (bias_gelu, bias_gelu_mx, plus_bias, plus_bias_mx, plus_bias_amax, bias_gelu_mx_amax, plus_bias_dbias):
         _check_against_reference_loose_acc(op, a, w, b)
 
 
@@ -674,7 +682,7 @@ def test_cpu_counterpart_of_the_gpu_checks():
     s, r = torch.rand(200, 1, generator=gen).to(torch.bfloat16), torch.randn(200, 264, generator=gen).to(torch.bfloat16)
     _check_against_reference(scaled_residual, a, w, s, r, alpha=0.5)
     a, w, b = _specials("cpu")
-    for op in (bias_gelu, plus_bias_mx, plus_bias_amax):
+    for op in (bias_gelu, plus_bias_mx, plus_bias_amax, plus_bias_dbias):
         _check_against_reference_loose_acc(op, a, w, b)
 
 
@@ -703,6 +711,10 @@ def test_gpu_gemm_empty_m_returns_empty_outputs(form):
     w = torch.zeros(256, 64, device="cuda", dtype=torch.bfloat16)
     t = bias_gelu.gemm(a, w, torch.zeros(256, device="cuda", dtype=torch.bfloat16))
     assert t.rowwise_data.shape == (0, 256)
+    out = mxq.MXFP8Tensor.empty(plus_bias_dbias.spec, (0, 256), a.dtype, "cuda", row_align=1)
+    out.dbias.fill_(3.0)  # (an empty product's column sums: 0, as the reference's)
+    assert plus_bias_dbias.gemm(a, w, torch.zeros(256, device="cuda", dtype=a.dtype), out=out) is out
+    assert bool((out.dbias == 0).all())
 
 
 def test_bench_fused_rows_check_on_the_cpu_route():

@@ -40,6 +40,7 @@ from . import device as dev
 from .element import ElementOp
 
 ACC_QUAD = 4  # lanes that share an accumulator row (wgmma's fp32 C layout)
+DBIAS_ROWS = 16  # rows of one dbias partial: a warp's stripe (runtime/gemm.DBIAS_ROWS sizes the workspace by it)
 VALUES_PER_GROUP = 4  # a lane's values per 8-column group: 2 columns x 2 rows
 
 
@@ -130,7 +131,7 @@ class GemmQuant:
         getting the same sum), stored by the quad's 4 lanes into workspace row ``r // 16``
         (columns past N, and a stripe past the workspace's rows, not stored)."""
         r0, r1 = coords[0][0], coords[2][0]
-        stripe = r0 // 16
+        stripe = r0 // DBIAS_ROWS
         for g in cutlass.range_constexpr(groups):
             for c in cutlass.range_constexpr(2):
                 i = c + VALUES_PER_GROUP * g

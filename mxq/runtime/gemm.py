@@ -267,8 +267,8 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
     checked by the caller (op.gemm, check_args, operand_kinds)."""
     kinds = operand_kinds(a, w, operands)
     if a.shape[0] == 0 or w.shape[0] == 0:
-        for t in (out.amax, out.dbias):  # (an empty product's amax and dbias are 0, as the reference's)
-            if t is not None:
+        for t, owned in ((out.amax, op.spec.amax), (out.dbias, op.spec.dbias)):  # (0, as the reference's)
+            if owned:
                 t.zero_()
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
