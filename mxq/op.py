@@ -199,16 +199,17 @@ class FusedOp:
         ``out``: an MXFP8Tensor of the op's outputs for [M, N] with contiguous data rows
         (``MXFP8Tensor.empty(spec, (M, N), a.dtype, device, row_align=1)``) to write into, eager
         calls only. ``acc_out``: an fp32 [M, N] tensor that also receives the accumulator (a test
-        hook, eager calls only). Serves rowwise MXFP8 and 1x128 FP8 block scaling (any scale layout) with an
-        ordinary act, with or without amax and dbias (a's dtype, as the outputs of a call on the
-        GEMM's bf16/fp16 product would have it); other options raise ValueError naming the option
-        (codegen.gemm_gap). Under
+        hook, eager calls only). Serves MXFP8 and 1x128 FP8 block scaling, rowwise and/or colwise
+        (32- or 128-row blocks; the colwise data [M, N], or FP8 block scaling's transposed copy
+        [N, M] with scale_layout="gemm"), every scale layout, with an ordinary act, with or without amax and dbias (a's dtype, as the outputs of a call
+        on the GEMM's bf16/fp16 product would have it); other options raise ValueError naming the
+        option (codegen.gemm_gap). Under
         torch.compile one operator node (torch.ops.mxq.fused_gemm, integrations/torch_ops.py)."""
         gap = codegen.gemm_gap(self.spec, self.epilogue)
         if gap:
-            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes rowwise "
-                             "MXFP8 or 1x128 FP8 block-scaling outputs (and their amax and dbias), without colwise, "
-                             "dact or gated activations")
+            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes MXFP8 or "
+                             "1x128 FP8 block-scaling outputs, rowwise and/or colwise (and their amax and dbias), "
+                             "without dact or gated activations")
         taken = [k for k in ("group_offsets", "noop", "act_input") if params.get(k) is not None]
         if taken:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs, noop and "
@@ -235,10 +236,16 @@ class FusedOp:
             return torch_ops.gemm_call(self._torch_id, a, w, others, call.scalars)
         if out is not None:
             validation.check_out(self.spec, out, a, None, (m, n))
-            if not out.rowwise_data.is_contiguous():
-                raise ValueError(f"mxq: {self.__name__}.gemm: argument 'out.rowwise_data' must be contiguous (the "
-                                 "GEMM writes whole rows: MXFP8Tensor.empty(..., row_align=1)), got strides "
-                                 f"{tuple(out.rowwise_data.stride())}")
+            for name in ("rowwise_data", "colwise_data"):
+                data = getattr(out, name)
+                if data is not None and not data.is_contiguous():
+                    raise ValueError(f"mxq: {self.__name__}.gemm: argument 'out.{name}' must be contiguous (the "
+                                     "GEMM writes whole rows: MXFP8Tensor.empty(..., row_align=1)), got strides "
+                                     f"{tuple(data.stride())}")
+            if self.spec.colwise_transposed and out.colwise_data.data_ptr() % 16:
+                raise ValueError(f"mxq: {self.__name__}.gemm: argument 'out.colwise_data' (the transposed copy, "
+                                 "stored 16 bytes at a time) must start on a 16-byte boundary, got address "
+                                 f"{out.colwise_data.data_ptr():#x}")
             reads = [("a", a), ("w", w), *((f"operand {i + 1}", t) for i, t in enumerate(others))]
             validation.check_apart(out, reads + ([("acc_out", acc_out)] if acc_out is not None else []))
         return self._gemm_run(a, w, others, call.scalars, acc_out, out)

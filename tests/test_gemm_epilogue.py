@@ -108,6 +108,37 @@ def scaled_residual_dbias(x, s, r, alpha: float = 1.0):
     return x * s * alpha + r
 
 
+@mxq.fused_quant(act="gelu", colwise=True)
+def bias_gelu_mx_both(x, b):
+    return x + b
+
+
+@mxq.fused_quant(rowwise=False, colwise=True, scale_layout="swizzled", amax=True)
+def plus_bias_mx_col_sw(x, b):
+    return x + b
+
+
+@mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128), colwise=True)
+def bias_gelu_both(x, b):
+    return x + b
+
+
+@mxq.fused_quant(format="fp8_block", block=(1, 128), colwise=True, scale_mode="fp32", amax=True, dbias=True)
+def plus_bias_both_dbias(x, b):
+    return x + b
+
+
+@mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128), colwise=True, scale_layout="gemm")
+def bias_gelu_gemm_both(x, b):
+    return x + b
+
+
+@mxq.fused_quant(format="fp8_block", block=(1, 128), rowwise=False, colwise=True, scale_layout="gemm",
+                 scale_mode="fp32", fp8="e5m2")
+def plus_bias_tr(x, b):
+    return x + b
+
+
 # --- CPU: PTX ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ptx():
@@ -144,9 +175,11 @@ def test_launch_gemm_compiles_to_sm90a_with_the_quantize_in_its_epilogue(ptx, fm
 
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 def test_dbias_is_a_partial_row_per_warp_then_a_reduction(pingpong):
-    """An op with dbias: the epilogue's column sums over a warp's 16 rows (butterfly shuffles over
-    the 8 lanes of a column: 3 a column, 64 columns a thread), stored to the fp32 workspace, then
-    a second kernel (reduce.dbias_kernel) adding the partial rows in fp64; either form."""
+    """An op with dbias: the epilogue's column sums over a warp's 16 rows, reduce-scattered over
+    the 8 lanes of a column (4 chunks of 16 values a thread, 8 + 4 + 2 shuffles each: 56, beside
+    the rowwise blocks' 2 a row and block), each lane storing two columns' partials to the fp32
+    workspace (4 chunks x 2), then a second kernel (reduce.dbias_kernel) adding the partial rows
+    in fp64; either form."""
     from mxq.kernels import gemm_quant
 
     assert gemm_quant.DBIAS_ROWS == g.DBIAS_ROWS  # (the kernel's stripe, the workspace's rows per partial)
@@ -155,7 +188,8 @@ def test_dbias_is_a_partial_row_per_warp_then_a_reduction(pingpong):
     entries = re.findall(r"\.entry\s+(\w+)", text)
     assert len(entries) == 2 and any("dbias_kernel" in e for e in entries), entries
     gemm = text.split(".entry")[1 if "dbias_kernel" not in entries[0] else 2]
-    assert gemm.count("shfl.sync.bfly") >= 3 * 64 and "add.f64" not in gemm  # (fp32 partials in the GEMM)
+    assert gemm.count("shfl.sync.bfly") == 56 + 2 * 2 * 2 and "add.f64" not in gemm  # (fp32 partials in the GEMM)
+    assert gemm.count("st.global.b32") == 2 * 2 + 4 * 2  # (the 1x128 row scales, the partial pairs)
 
 
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
@@ -168,13 +202,159 @@ def test_amax_is_one_atomic_per_warp_in_the_epilogue(ptx, pingpong):
     assert "red.relaxed.gpu.global.max.s32" not in ptx["fp8_block", pingpong]
 
 
+COLWISE_FORMS = [(bias_gelu_mx_both, True), (bias_gelu_mx_both, False), (bias_gelu_both, False),
+                 (bias_gelu_gemm_both, False)]
+
+
+@pytest.fixture(scope="module")
+def colwise_ptx():
+    """PTX of gelu + both directions (bias row, bf16): MXFP8 in either form, FP8 block scaling
+    (128-row colwise blocks) in the cooperative one."""
+    return {(op.__name__, pp): g.compile_gemm_op(op, "bf16", ("row",), False, 132, 1, keep_ptx=True,
+                                                 pingpong=pp).__ptx__ for op, pp in COLWISE_FORMS}
+
+
+@pytest.mark.parametrize("op, pingpong", COLWISE_FORMS, ids=lambda v: getattr(v, "__name__", _form(v)))
+def test_colwise_blocks_are_reduced_across_the_tiles_warps(colwise_ptx, op, pingpong):
+    """The colwise copy in the epilogue: each warp's column maxima reduce-scattered over its 8
+    lanes of a column (4 chunks x (8 + 4 + 2) butterfly shuffles, beside the rowwise blocks' 2 a
+    row and block), 8 column maxima a lane into shared memory and its block's R / 16 warps' read
+    back (16 loads for MXFP8's 32 rows, 64 for 128) between two barriers of the tile's threads
+    (ping-pong: the warpgroup's 128 on barrier 3 + wg; cooperative: 256 on 3), each value's
+    multiplier by one indexed shuffle a column (64), 64 more 16-bit data stores or, for the
+    transposed copy, the lane exchange of stripe_transpose (4 chunks x 12 shuffles) and 8 16-byte
+    stores (where M % 16 == 0; else 16 predicated bytes each); the scales: MXFP8's E8M0 bytes (8
+    colwise a thread beside the 16 L2-kept rowwise), FP8 block scaling's fp32 (8 beside 4)."""
+    text = colwise_ptx[op.__name__, pingpong]
+    mx = op.spec.format == "mxfp8"
+    row_blocks = 8 if mx else 2
+    tr = op.spec.colwise_transposed
+    assert text.count("shfl.sync.bfly") == 4 * (8 + 4 + 2) + 2 * 2 * row_blocks + 4 * 12 * tr
+    assert len(re.findall(r"shfl\.sync\.idx\.b32\s+%r\d+, %r\d+, %r\d+,", text)) == 64
+    assert text.count("st.shared.b32") == 8 and text.count("ld.shared.b32") == 8 * (2 if mx else 8)
+    bars = re.findall(r"bar\.sync\s+(\S+), (\d+);", text)
+    assert bars.count(("3", "256") if not pingpong else bars[-1]) == 2 and bars[-1][1] == ("128" if pingpong else "256")
+    assert text.count("st.global.b16") == 128 - 64 * tr and text.count("cvt.rn.satfinite.e4m3x2.f32") == 128
+    assert text.count("st.global.v4.b32") == 8 * tr and text.count("st.global.b8") == (8 if mx else 16 * 8 * tr)
+    assert text.count("prmt.b32") >= 4 * 3 * 8 * tr
+    if mx:
+        assert text.count("st.global.L2::cache_hint.b8") == 16
+    else:
+        assert text.count("st.global.b32") == 4 + 8
+
+
+def test_colwise_forms_and_exchange():
+    """op.gemm's form: ping-pong (the library's) unless the colwise blocks have 128 rows, which
+    a 64-row ping-pong tile cannot hold (GemmSm90 refuses that form for them); the exchange
+    holds a lane's 8 kept columns (XCH_SLOTS: 4 chunks of 8 groups, two columns each)."""
+    import types
+
+    from mxq.frontend import codegen
+    from mxq.kernels import gemm_quant, gemm_sm90
+
+    assert g.pingpong_for(bias_gelu_mx_both.spec) == g.PINGPONG and g.pingpong_for(bias_gelu.spec) == g.PINGPONG
+    assert g.pingpong_for(bias_gelu_both.spec) is False
+    assert gemm_sm90.XCH_SLOTS == 2 * gemm_sm90.TILE[1] // 8 // gemm_quant.CHUNK_GROUPS
+    rows = {op: gemm_quant.colwise_rows(codegen.kernel_config(op.spec, op.epilogue))
+            for op in (bias_gelu, bias_gelu_mx_both, bias_gelu_both)}
+    assert rows == {bias_gelu: 0, bias_gelu_mx_both: 32, bias_gelu_both: 128}
+    fused = types.SimpleNamespace(cfg=codegen.kernel_config(bias_gelu_both.spec, bias_gelu_both.epilogue))
+    with pytest.raises(ValueError, match="128 rows"):
+        gemm_sm90.GemmSm90(fused=fused, pingpong=True)
+    gemm_sm90.GemmSm90(fused=fused, pingpong=False)
+
+
+class LANES:
+    """gemm_quant's warp operations on 32 emulated lanes (a value: a list of the 32 lanes')."""
+
+    @staticmethod
+    def _v(x):
+        return x if isinstance(x, list) else [x] * 32
+
+    @staticmethod
+    def bit(lane, b):
+        return [((lo >> b) & 1) == 1 for lo in lane]
+
+    @staticmethod
+    def select(c, a, b):
+        return [x if ci else y for ci, x, y in zip(c, LANES._v(a), LANES._v(b))]
+
+    @staticmethod
+    def bfly(v, offset):
+        return [v[lo ^ offset] for lo in range(32)]
+
+    @staticmethod
+    def prmt(a, b, sel):
+        out = []
+        for x, y, s in zip(LANES._v(a), LANES._v(b), LANES._v(sel)):
+            src = x.to_bytes(4, "little") + y.to_bytes(4, "little")
+            out.append(int.from_bytes(bytes(src[(s >> (4 * k)) & 7] for k in range(4)), "little"))
+        return out
+
+    u32 = staticmethod(lambda x: x)
+
+
+@pytest.mark.parametrize("combine", ["max", "sum"])
+def test_stripe_reduce_leaves_each_lane_its_groups_columns_over_the_8_lanes(combine):
+    """gemm_quant.stripe_reduce (the colwise maxima and dbias partials of a warp's stripe) on 32
+    emulated lanes: lane l ends with, for c = 0, 1, the combination over the 8 lanes of its quad
+    position (l % 4) of their value 2 (l // 4) + c: group 8u + l // 4's columns."""
+    from mxq.kernels import gemm_quant
+
+    gen = torch.Generator().manual_seed(6)
+    vals = [torch.randint(-1000, 1000, (32,), generator=gen).tolist() for _ in range(16)]
+    fn = (lambda a, b: [max(x, y) for x, y in zip(a, b)]) if combine == "max" else \
+        (lambda a, b: [x + y for x, y in zip(a, b)])
+    kept = gemm_quant.stripe_reduce(vals, list(range(32)), fn, ops=LANES)
+    red = max if combine == "max" else sum
+    for lane in range(32):
+        p, q = divmod(lane, 4)
+        assert [kept[c][lane] for c in range(2)] == [red(vals[2 * p + c][4 * pp + q] for pp in range(8))
+                                                     for c in range(2)], lane
+
+
+def test_stripe_transpose_gives_each_lane_its_columns_16_rows_in_order():
+    """gemm_quant.stripe_transpose (the transposed colwise copy's lane exchange) on 32 emulated
+    lanes: lane (p, q) starts with, per group gg, the bytes of columns 2 gg, 2 gg + 1 in rows p
+    and p + 8 (each byte naming its row, column and q); it ends with columns 2p, 2p + 1, each as
+    four words holding rows 0-15 in order."""
+    from mxq.kernels import gemm_quant
+
+    def byte(row, col, q):
+        return (16 * row + col + 37 * q) % 256
+
+    words = []
+    for gg in range(8):
+        lanes = []
+        for lane in range(32):
+            p, q = divmod(lane, 4)
+            b = [byte(p + 8 * h, 2 * gg + c, q) for h in range(2) for c in range(2)]
+            lanes.append(int.from_bytes(bytes(b), "little"))
+        words.append(lanes)
+    cols = gemm_quant.stripe_transpose(words, list(range(32)), ops=LANES)
+    for lane in range(32):
+        p, q = divmod(lane, 4)
+        for c in range(2):
+            got = b"".join(w[lane].to_bytes(4, "little") for w in cols[c])
+            assert list(got) == [byte(row, 2 * p + c, q) for row in range(16)], (lane, c)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
+@pytest.mark.parametrize("op, pingpong", COLWISE_FORMS, ids=lambda v: getattr(v, "__name__", _form(v)))
+def test_ptxas_assembles_the_colwise_kernel_without_spills(colwise_ptx, op, pingpong):
+    _assert_ptxas_clean(colwise_ptx[op.__name__, pingpong])
+
+
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
 def test_ptxas_assembles_the_fused_kernel_without_spills_or_serialised_wgmmas(ptx, fmt, pingpong):
     """The local ptxas takes the fused kernel with no spills and no C7514 warning (an
     instruction reading the accumulators while a wgmma group is in flight)."""
-    text = ptx[fmt, pingpong]
+    _assert_ptxas_clean(ptx[fmt, pingpong])
+
+
+def _assert_ptxas_clean(text):
     with tempfile.TemporaryDirectory() as d:
         src = Path(d) / "k.ptx"
         for _ in range(2):
@@ -218,8 +398,8 @@ def test_asm_gemm_is_the_kernel_op_gemm_launches(ptx):
                       (dict(dtype="fp32"), "dtype"), (dict(arch="sm_100a"), "arch")):
         with pytest.raises(ValueError, match=named):
             bias_gelu.asm(gemm=True, **kw)
-    with pytest.raises(ValueError, match="colwise"):
-        mxq.fused_quant(colwise=True)(_ident).asm(gemm=True)
+    with pytest.raises(ValueError, match="dact"):
+        mxq.fused_quant(dact="gelu")(_ident).asm(gemm=True)
     with pytest.raises(ValueError, match="operands"):
         bias_gelu.asm(operands=["row"])
 
@@ -274,8 +454,7 @@ def _ab(m=4, n=16, k=16, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("options, named", [
-    (dict(colwise=True), "colwise=True"),
-    (dict(rowwise=False, colwise=True), "colwise=True"),
+    (dict(colwise=True, dact="gelu"), "dact='gelu'"),
     (dict(dact="gelu"), "dact='gelu'"),
     (dict(act="swiglu"), "act='swiglu'"),
     (dict(format="fp8_block", block=(128, 128)), "block=(128, 128)"),
@@ -323,24 +502,41 @@ def test_out_receives_the_allocating_calls_bytes_and_bad_outs_are_named():
     b = o.rowwise_data.view(torch.uint8).view(torch.bfloat16).reshape(-1)[:16]  # (a bias inside out's data)
     with pytest.raises(ValueError, match="overlaps"):
         plus_bias_gemm.gemm(a, w, b, out=o)
+    b = torch.randn(16, dtype=torch.bfloat16)
+    for op in (bias_gelu_mx_both, plus_bias_tr):  # (the colwise copy: contiguous; transposed: 16-byte aligned)
+        o = mxq.MXFP8Tensor.empty(op.spec, (4, 16), a.dtype, "cpu", row_align=1)
+        assert op.gemm(a, w, b, out=o) is o and compare(o, op.gemm(a, w, b), exact=is_exact(op)) == []
+        shape = tuple(o.colwise_data.shape)
+        o.colwise_data = torch.empty(shape[0], shape[1] + 8, dtype=o.colwise_data.dtype)[:, :shape[1]]
+        with pytest.raises(ValueError, match="out.colwise_data"):
+            op.gemm(a, w, b, out=o)
+    o = mxq.MXFP8Tensor.empty(plus_bias_tr.spec, (4, 16), a.dtype, "cpu", row_align=1)
+    o.colwise_data = torch.empty(16 * 4 + 1, dtype=torch.uint8)[1:].view(o.colwise_data.dtype).view(16, 4)
+    with pytest.raises(ValueError, match="16-byte boundary"):
+        plus_bias_tr.gemm(a, w, b, out=o)
 
 
-def _dest_args(op, m, n, poison: int = 0x5A):
-    """A C++ caller's destinations for op.gemm's dispatcher: rowwise data as bytes [M, N], the
-    rowwise scales as one flat buffer (GEMM-ready scales: the whole padded buffer), the amax
-    (fp32 [1], poisoned) where the op has one, the other slots None; and the MXFP8Tensor view of
-    them (to compare)."""
-    like = mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, "cpu", row_align=1)
-    data = like.rowwise_data.view(torch.uint8).fill_(poison)
-    scale = like.rowwise_scale
-    flat = (scale._base if scale._base is not None else scale).reshape(-1)
-    flat = flat.view(torch.uint8) if flat.dtype.itemsize == 1 else flat
-    amax = like.amax.view(1).fill_(-1.0) if like.amax is not None else None
+def _dest_args(op, m, n, poison: int = 0x5A, device="cpu", stale_amax: float = -1.0):
+    """A C++ caller's destinations for op.gemm's dispatcher: the data the op writes (rowwise,
+    colwise) as bytes [M, N], poisoned, their scales as flat buffers (GEMM-ready scales: the
+    whole padded buffer), the amax (fp32 [1], poisoned) and dbias where the op has them, the
+    other slots None; and the MXFP8Tensor view of them (to compare)."""
+    like = mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, device, row_align=1)
+    slots = []
+    for d in ("rowwise", "colwise"):
+        data, scale = getattr(like, f"{d}_data"), getattr(like, f"{d}_scale")
+        if data is None:
+            slots += [None, None]
+            continue
+        flat = (scale._base if scale._base is not None else scale).reshape(-1)
+        slots += [data.view(torch.uint8).fill_(poison), flat.view(torch.uint8) if flat.dtype.itemsize == 1 else flat]
+    amax = like.amax.view(1).fill_(stale_amax) if like.amax is not None else None
     dbias = like.dbias.fill_(7.0) if like.dbias is not None else None
-    return [None, data, flat, None, None, amax, dbias, None], like
+    return [None, *slots, amax, dbias, None], like
 
 
-@pytest.mark.parametrize("op", [plus_bias_gemm, plus_bias_mx_sw, scaled_residual, plus_bias_amax, plus_bias_dbias],
+@pytest.mark.parametrize("op", [plus_bias_gemm, plus_bias_mx_sw, scaled_residual, plus_bias_amax, plus_bias_dbias,
+                                bias_gelu_mx_both, plus_bias_mx_col_sw, plus_bias_both_dbias, plus_bias_tr],
                          ids=lambda o: o.__name__)
 def test_gemm_dispatcher_writes_what_op_gemm_writes(op):
     """op.dispatcher(gemm=True) and op.register(name, gemm=True): op.gemm's destination-passing
@@ -362,15 +558,17 @@ def test_gemm_dispatcher_writes_what_op_gemm_writes(op):
         fn(a, w, *others, *floats, *dests)
         assert compare(got, want, exact=True) == []
     dests, _ = _dest_args(op, m, n)
-    bad = list(dests)
-    bad[3] = torch.empty(m, n, dtype=torch.uint8)  # (colwise_data: op.gemm writes none)
-    with pytest.raises(ValueError, match="colwise_data"):
-        op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
+    for slot, name, has in ((1, "rowwise_data", op.spec.rowwise), (3, "colwise_data", op.spec.colwise)):
+        bad = list(dests)  # (a copy the op writes: required; one it does not: refused)
+        bad[slot] = None if has else torch.empty(m, n, dtype=torch.uint8)
+        with pytest.raises(ValueError, match=name):
+            op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
     with pytest.raises(TypeError, match="arguments"):
         op.dispatcher(gemm=True)(a, w, *others, *floats, *dests[:-1])
     bad = list(dests)
-    bad[2] = torch.empty(3, dtype=bad[2].dtype)
-    with pytest.raises(ValueError, match="rowwise_scale"):
+    at = 2 if op.spec.rowwise else 4
+    bad[at] = torch.empty(3, dtype=bad[at].dtype)
+    with pytest.raises(ValueError, match="rowwise_scale" if op.spec.rowwise else "colwise_scale"):
         op.dispatcher(gemm=True)(a, w, *others, *floats, *bad)
     for slot, name, has in ((5, "amax", op.spec.amax), (6, "dbias", op.spec.dbias)):
         bad = list(dests)  # (the amax and dbias slots: required where the op has them, refused where not)
@@ -382,10 +580,10 @@ def test_gemm_dispatcher_writes_what_op_gemm_writes(op):
 
 
 def test_gemm_dispatcher_refuses_what_op_gemm_does_not_serve():
-    op = mxq.fused_quant(act="gelu", colwise=True)(_plus)
-    with pytest.raises(ValueError, match="colwise"):
+    op = mxq.fused_quant(act="swiglu", colwise=True)(_plus)
+    with pytest.raises(ValueError, match="gated"):
         op.dispatcher(gemm=True)
-    with pytest.raises(ValueError, match="colwise"):
+    with pytest.raises(ValueError, match="gated"):
         op.register("gemm_refused", gemm=True)
 
 
@@ -394,8 +592,8 @@ def _plus(x, b):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax, plus_bias_dbias],
-                         ids=lambda o: o.__name__)
+@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax, plus_bias_dbias, plus_bias_mx_col_sw,
+                                plus_bias_both_dbias, plus_bias_tr], ids=lambda o: o.__name__)
 def test_gpu_gemm_dispatcher_writes_op_gemms_bytes(op):
     """op.gemm's dispatcher on CUDA tensors (the caller's stream) writes op.gemm's bytes (and
     its amax into a stale slot, zeroed on that stream first). CPU counterpart:
@@ -404,13 +602,8 @@ def test_gpu_gemm_dispatcher_writes_op_gemms_bytes(op):
     w = torch.randn(520, 256, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(520, dtype=torch.bfloat16, device="cuda")
     want = op.gemm(a, w, b)
-    like = mxq.MXFP8Tensor.empty(op.spec, (300, 520), a.dtype, "cuda", row_align=1)
-    scale = like.rowwise_scale
-    flat = (scale._base if scale._base is not None else scale).reshape(-1)
-    flat = flat.view(torch.uint8) if flat.dtype.itemsize == 1 else flat
-    amax = like.amax.view(1).fill_(1e30) if like.amax is not None else None
-    dbias = like.dbias.fill_(7.0) if like.dbias is not None else None
-    op.dispatcher(gemm=True)(a, w, b, None, like.rowwise_data.view(torch.uint8), flat, None, None, amax, dbias, None)
+    dests, like = _dest_args(op, 300, 520, device="cuda", stale_amax=1e30)
+    op.dispatcher(gemm=True)(a, w, b, *dests)
     torch.cuda.synchronize()
     assert compare(like, want, exact=True) == []  # (dbias too: the same kernel's, in the same order)
 
@@ -481,6 +674,52 @@ def test_cpu_gemm_is_the_op_on_the_fp32_accumulator_mxfp8():
     assert t.rowwise_scale.tolist() == scales
 
 
+def _t(rows):
+    return [list(col) for col in zip(*rows)]
+
+
+def test_cpu_gemm_colwise_is_the_op_on_the_fp32_accumulator():
+    """The colwise copy on CPU by the independent oracles, on the columns of fp32(acc + b): MXFP8
+    32-row blocks (M = 70: a partial third block; compact and, colwise alone, swizzled scales)
+    and FP8 block scaling 128-row blocks (M = 130: a partial second block), with the rowwise
+    copy beside."""
+    a, w = _ab(70, 64, 16)
+    b = torch.randn(64, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    acc = torch.empty(70, 64)
+    op = mxq.fused_quant(colwise=True)(plus_bias.fn)
+    mode = op.spec.scale_mode
+    assert mode == plus_bias_mx_col_sw.spec.scale_mode
+    t = op.gemm(a, w, b, acc_out=acc)
+    v = _f32_rows(acc + b.float())
+    codes, scales = oracle.quantize_rows(_t(v), "e4m3", mode)
+    assert t.colwise_data.view(torch.uint8).tolist() == _t(codes)
+    assert t.colwise_scale.tolist() == _t(scales)
+    assert t.rowwise_data.view(torch.uint8).tolist() == oracle.quantize_rows(v, "e4m3", mode)[0]
+    t = plus_bias_mx_col_sw.gemm(a, w, b)
+    assert t.rowwise_data is None and t.colwise_data.view(torch.uint8).tolist() == _t(codes)
+    flat = t.colwise_scale.reshape(-1).tolist()
+    for j, col in enumerate(scales):  # (column j's blocks: the 128x4 atoms, as oracle.swizzle_offset places them)
+        assert [flat[oracle.swizzle_offset(j, rb, 3)] for rb in range(3)] == col
+    assert float(t.amax) == max(abs(x) for row in v for x in row)
+    a, w = _ab(130, 136, 24)
+    b = torch.randn(136, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    acc = torch.empty(130, 136)
+    t = bias_gelu_both.gemm(a, w, b, acc_out=acc)
+    ref = bias_gelu_both.reference(acc, b.float())
+    assert compare(t, ref, exact=False, v_bound=v_bound(bias_gelu_both, acc, b.float())) == []
+    op = mxq.fused_quant(format="fp8_block", block=(1, 128), colwise=True, fp8="e5m2", scale_mode="fp32")(plus_bias.fn)
+    t = op.gemm(a, w, b, acc_out=acc)
+    v = _f32_rows(acc + b.float())
+    codes, scales = oracle_fp8_block.quantize(_t(v), "e5m2", (1, 128), "fp32", "fp32")
+    assert t.colwise_data.view(torch.uint8).tolist() == _t(codes)
+    assert t.colwise_scale.tolist() == _t(scales)
+    t = plus_bias_tr.gemm(a, w, b)  # (the transposed copy [N, M], its 1x128 scales outer-dim-major)
+    assert t.rowwise_data is None and t.colwise_data.shape == (136, 130)
+    assert t.colwise_data.view(torch.uint8).tolist() == codes
+    assert t.colwise_scale.shape == (136, 2) and t.colwise_scale.stride() == (1, 136)
+    assert t.colwise_scale.tolist() == scales
+
+
 def test_cpu_gemm_takes_operands_and_floats_as_a_call_does():
     """Column scale, full residual and a float by keyword: op.reference on the accumulator."""
     a, w = _ab(6, 256, 32)
@@ -496,7 +735,8 @@ def test_cpu_gemm_takes_operands_and_floats_as_a_call_does():
 
 # --- GPU: bit-exact against the reference on the kernel's own accumulator ----------------------
 GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw, plus_bias, plus_bias_gemm, plus_bias_mx,
-           plus_bias_mx_sw, plus_bias_amax, bias_gelu_mx_amax, plus_bias_dbias, bias_gelu_mx_dbias]
+           plus_bias_mx_sw, plus_bias_amax, bias_gelu_mx_amax, plus_bias_dbias, bias_gelu_mx_dbias, bias_gelu_mx_both,
+           plus_bias_mx_col_sw, bias_gelu_both, plus_bias_both_dbias, bias_gelu_gemm_both, plus_bias_tr]
 SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 1032, 136), (1024, 768, 512),
           (2176, 2048, 256)]  # (the last: 272 ping-pong tiles on 132 CTAs, some with an odd count)
 
@@ -529,11 +769,13 @@ def _same_as_reference(op, t, acc, *operands, **params):
         ref.dbias = None
     exact = is_exact(op)
     assert compare(t, ref, exact, v_bound=None if exact else v_bound(op, *args, **params)) == []
-    flat_t, flat_ref = launch_flat(t.rowwise_scale), launch_flat(ref.rowwise_scale)
-    if exact:
-        assert torch.equal(flat_t.view(torch.uint8), flat_ref.view(torch.uint8))
-    else:
-        assert flat_t.shape == flat_ref.shape
+    for d in ("rowwise", "colwise"):
+        if getattr(op.spec, d):
+            flat_t, flat_ref = launch_flat(getattr(t, f"{d}_scale")), launch_flat(getattr(ref, f"{d}_scale"))
+            if exact:
+                assert torch.equal(flat_t.view(torch.uint8), flat_ref.view(torch.uint8))
+            else:
+                assert flat_t.shape == flat_ref.shape
 
 
 def dbias_close(op, t, args, ref, **params):
@@ -586,7 +828,8 @@ def test_gpu_gemm_column_full_and_float_operands(op, dtype, form):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", [bias_gelu, bias_gelu_mx_sw], ids=lambda o: o.__name__)
+@pytest.mark.parametrize("op", [bias_gelu, bias_gelu_mx_sw, bias_gelu_mx_both, bias_gelu_both, bias_gelu_gemm_both],
+                         ids=lambda o: o.__name__)
 def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op, form):
     m, n, k = 515, 1288, 392
     gen = torch.Generator(device="cuda").manual_seed(9)
@@ -595,12 +838,15 @@ def test_gpu_gemm_without_the_hook_writes_the_same_bytes(op, form):
     b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
     hooked = _check_against_reference(op, a, w, b)
     plain = op.gemm(a, w, b)
-    assert torch.equal(plain.rowwise_data.view(torch.uint8), hooked.rowwise_data.view(torch.uint8))
-    assert torch.equal(launch_flat(plain.rowwise_scale), launch_flat(hooked.rowwise_scale))
+    for d in ("rowwise", "colwise"):
+        if getattr(op.spec, d):
+            assert torch.equal(getattr(plain, f"{d}_data").view(torch.uint8), getattr(hooked, f"{d}_data").view(torch.uint8))
+            assert torch.equal(launch_flat(getattr(plain, f"{d}_scale")), launch_flat(getattr(hooked, f"{d}_scale")))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax, bias_gelu_mx_dbias],
+@pytest.mark.parametrize("op", [bias_gelu_gemm, bias_gelu_mx_sw, plus_bias_amax, bias_gelu_mx_dbias, bias_gelu_mx_both,
+                                plus_bias_mx_col_sw, plus_bias_both_dbias, bias_gelu_gemm_both, plus_bias_tr],
                          ids=lambda o: o.__name__)
 def test_gpu_gemm_into_out_writes_the_allocating_bytes(op, form):
     """out= on the H200: the poisoned buffer gets the allocating call's bytes, partial tiles
@@ -611,17 +857,21 @@ def test_gpu_gemm_into_out_writes_the_allocating_bytes(op, form):
     w = (torch.randn(1288, 392, device="cuda", generator=gen) / 20).to(torch.bfloat16)
     b = torch.randn(1288, device="cuda", generator=gen).to(torch.bfloat16)
     o = mxq.MXFP8Tensor.empty(op.spec, (515, 1288), a.dtype, "cuda", row_align=1)
-    o.rowwise_data.view(torch.uint8).fill_(0x5A)
-    if o.rowwise_scale.dtype == torch.float32:  # (the logical entries: padding stays zero, as allocated)
-        o.rowwise_scale.fill_(float("nan"))
+    for d in ("rowwise", "colwise"):
+        if getattr(op.spec, d):
+            getattr(o, f"{d}_data").view(torch.uint8).fill_(0x5A)
+            if getattr(o, f"{d}_scale").dtype == torch.float32:  # (the logical entries: padding stays zero)
+                getattr(o, f"{d}_scale").fill_(float("nan"))
     if o.amax is not None:  # (a stale amax above the product's: the call starts it from zero)
         o.amax.fill_(1e30)
     if o.dbias is not None:
         o.dbias.fill_(float("nan"))
     want = op.gemm(a, w, b)
     assert op.gemm(a, w, b, out=o) is o
-    assert torch.equal(o.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
-    assert torch.equal(launch_flat(o.rowwise_scale), launch_flat(want.rowwise_scale))
+    for d in ("rowwise", "colwise"):
+        if getattr(op.spec, d):
+            assert torch.equal(getattr(o, f"{d}_data").view(torch.uint8), getattr(want, f"{d}_data").view(torch.uint8))
+            assert torch.equal(launch_flat(getattr(o, f"{d}_scale")), launch_flat(getattr(want, f"{d}_scale")))
     if o.amax is not None:
         assert torch.equal(o.amax, want.amax) and 0 < float(want.amax) < 1e30
     if o.dbias is not None:  # (the same kernels in the same order: the same bits)
@@ -668,7 +918,8 @@ def test_gpu_gemm_specials_nan_and_overflow_in_the_accumulator(form):
     a, w, b = _specials("cuda")
     # (no dbias op: the planted 3e38 bias overflows the epilogue's fp32 partials of 16 rows, which
     # an inf row of the other sign then meets as NaN where the reference's fp64 sum keeps -inf)
-    for op in (bias_gelu, bias_gelu_mx, plus_bias, plus_bias_mx, plus_bias_amax, bias_gelu_mx_amax):
+    for op in (bias_gelu, bias_gelu_mx, plus_bias, plus_bias_mx, plus_bias_amax, bias_gelu_mx_amax, bias_gelu_mx_both,
+               plus_bias_mx_col_sw, bias_gelu_both, bias_gelu_gemm_both):
         _check_against_reference_loose_acc(op, a, w, b)
 
 
@@ -679,12 +930,13 @@ def test_cpu_counterpart_of_the_gpu_checks():
     a = torch.randn(200, 72, generator=gen).to(torch.bfloat16)
     w = (torch.randn(264, 72, generator=gen) / 8).to(torch.bfloat16)
     b = torch.randn(264, generator=gen).to(torch.bfloat16)
-    for op in (bias_gelu_gemm, plus_bias_mx_sw, plus_bias_dbias, bias_gelu_mx_dbias):
+    for op in (bias_gelu_gemm, plus_bias_mx_sw, plus_bias_dbias, bias_gelu_mx_dbias, bias_gelu_mx_both, plus_bias_mx_col_sw,
+               bias_gelu_both, plus_bias_both_dbias, bias_gelu_gemm_both, plus_bias_tr):
         _check_against_reference(op, a, w, b)
     s, r = torch.rand(200, 1, generator=gen).to(torch.bfloat16), torch.randn(200, 264, generator=gen).to(torch.bfloat16)
     _check_against_reference(scaled_residual, a, w, s, r, alpha=0.5)
     a, w, b = _specials("cpu")
-    for op in (bias_gelu, plus_bias_mx, plus_bias_amax, plus_bias_dbias):
+    for op in (bias_gelu, plus_bias_mx, plus_bias_amax, plus_bias_dbias, bias_gelu_mx_both, bias_gelu_both):
         _check_against_reference_loose_acc(op, a, w, b)
 
 
@@ -725,11 +977,15 @@ def test_bench_fused_rows_check_on_the_cpu_route():
     from .test_codegen import _bench_tool
 
     tool = _bench_tool("gemm")
-    assert [(op.spec.format, op.spec.amax) for op in tool.FUSED] == [("fp8_block", False), ("mxfp8", False),
-                                                                      ("fp8_block", True)]
+    assert [(op.spec.format, op.spec.amax, op.spec.colwise) for op in tool.FUSED] == [
+        ("fp8_block", False, False), ("mxfp8", False, False), ("fp8_block", True, False), ("mxfp8", False, True),
+        ("fp8_block", False, True)]
     for op in tool.FUSED:
         for form, suffix in (("cooperative", ""), ("pingpong", " pingpong"), ("cooperative1", " cluster1"),
                              ("pingpong1", " pingpong cluster1")):
+            assert tool.runs_in(op, form) == (not (form.startswith("pingpong") and op is tool.gelu_fp8_block_both))
+            if not tool.runs_in(op, form):
+                continue
             row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu", form=form)
             assert row["checked"], row
             assert row["name"] == f"gemm_{op.__name__} 130x264x72" + suffix

@@ -407,16 +407,14 @@ def has_kernels(spec: QuantSpec) -> bool:
 def gemm_gap(spec: QuantSpec, epilogue: Epilogue) -> str:
     """The option of an op that ``op.gemm`` (the GEMM whose epilogue is the op,
     mxq/kernels/gemm_quant.py) does not serve, as the user wrote it ("" when it serves the op):
-    it serves rowwise MXFP8 (1x32) and FP8 block scaling 1x128 blocks, with or without amax and
-    dbias, an ordinary act, any scale layout of those, operands that broadcast or match [M, N]."""
+    it serves MXFP8 (1x32, colwise 32x1) and FP8 block scaling 1x128 (colwise 128x1) blocks,
+    rowwise and/or colwise (the colwise data [M, N], or FP8 block scaling's transposed copy
+    [N, M] with scale_layout="gemm"), every scale layout, with or without amax and dbias, an
+    ordinary act, operands that broadcast or match [M, N]."""
     if spec.format not in ("mxfp8", "fp8_block"):
         return f"format={spec.format!r}"
     if spec.format == "fp8_block" and tuple(spec.block) != (1, 128):
         return f"block={tuple(spec.block)}"
-    if spec.colwise:
-        return "colwise=True"
-    if not spec.rowwise:
-        return "rowwise=False"
     if spec.dact is not None:
         return f"dact={spec.dact!r}"
     if gated.is_gated(spec.act) or gated.is_halves(epilogue):
@@ -426,9 +424,10 @@ def gemm_gap(spec: QuantSpec, epilogue: Epilogue) -> str:
 
 def _gemm_launcher_text(spec: QuantSpec, epilogue: Epilogue) -> dict:
     """(parameters, run_fused arguments) of the module's ``launch_gemm``: A and W, the
-    epilogue's tensors after the first (the accumulator's place) and its floats, the outputs,
-    the accumulator hook's tensor, the compile-time options (GemmSm90's); with dbias, last, the
-    dbias, its fp32 workspace and the zero noop its reduction reads (before the accumulator's)."""
+    epilogue's tensors after the first (the accumulator's place) and its floats, the outputs
+    (rowwise data and scales, amax; then, with the colwise copy, its data and scales; with dbias,
+    the dbias, its fp32 workspace and the zero noop its reduction reads), the accumulator hook's
+    tensor, the compile-time options (GemmSm90's)."""
     ins = [f"x{i}" for i in range(1, len(epilogue.tensor_params))]
     scalars = [f"s{i}" for i in range(gated.launch_scalars(epilogue))]
     params = ["a: cute.Tensor", "w: cute.Tensor", *[f"{x}: cute.Tensor" for x in ins],
@@ -437,6 +436,10 @@ def _gemm_launcher_text(spec: QuantSpec, epilogue: Epilogue) -> dict:
               "swizzle: cutlass.Constexpr", "pingpong: cutlass.Constexpr", "cluster_m: cutlass.Constexpr", "stream"]
     args = ["a", "w", "row_data", "row_scale", "amax", f"[{', '.join(ins)}]", f"[{', '.join(scalars)}]", "acc",
             "stream"]
+    if spec.colwise:
+        at = params.index("acc: cute.Tensor")
+        params[at:at] = ["col_data: cute.Tensor", "col_scale: cute.Tensor"]
+        args += ["col_data=col_data", "col_scale=col_scale"]
     if spec.dbias:
         at = params.index("acc: cute.Tensor")
         params[at:at] = ["dbias: cute.Tensor", "dbias_ws: cute.Tensor", "noop: cute.Tensor"]

@@ -747,6 +747,12 @@ def prmt(a, b, selector: int):
                                 read_only_args=[a, b])
 
 
+def prmt_var(a, b, selector):
+    """prmt with a selector held in a register (a choice made at run time, e.g. by a lane's bit)."""
+    return cute.arch.inline_ptx("prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Uint32],
+                                read_only_args=[Uint32(a), Uint32(b), Uint32(selector)])
+
+
 # transpose4x4's prmt selectors: interleave two rows' bytes 0-1 and 2-3 (a0 b0 a1 b1, a2 b2 a3 b3),
 # then take two such words' low and high halves (a0 b0 c0 d0, a1 b1 c1 d1)
 TRANSPOSE_INTERLEAVE = (0x5140, 0x7362)

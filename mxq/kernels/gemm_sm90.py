@@ -62,6 +62,7 @@ THREADS_PER_WG = 128
 CONSUMER_WGS = 2  # cooperative: each owns 64 rows of the 128-row tile; ping-pong: alternate tiles
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 <= 64 Ki registers
 ORDER_BARRIER = 1  # ping-pong: named barriers ORDER_BARRIER + w (0 is __syncthreads')
+XCH_SLOTS = 8  # the colwise exchange's fp32 values per lane (gemm_quant.GemmQuant.colwise_write)
 
 
 def ordered_barrier_ids(wg):
@@ -84,6 +85,9 @@ class GemmSm90:
                  pingpong: bool = False, cluster_m: int = 1):
         if cluster_m not in (1, 2):
             raise ValueError(f"mxq: GemmSm90: cluster_m must be 1 or 2, got {cluster_m}")
+        if fused is not None and pingpong and gemm_quant.colwise_rows(fused.cfg) > PINGPONG_TILE[0]:
+            raise ValueError(f"mxq: GemmSm90: colwise blocks of {gemm_quant.colwise_rows(fused.cfg)} rows need the "
+                             f"cooperative form's {TILE[0]}-row tile, not ping-pong's {PINGPONG_TILE[0]}")
         self.cluster_m = cluster_m
         self.acc_hook = acc_hook
         self.fused = fused
@@ -118,18 +122,21 @@ class GemmSm90:
         self.run(mA, mW, mD, mAcc, stream)
 
     def run_fused(self, mA, mW, row_data, row_scale, amax, ins: list, scalars: list, mAcc, stream, dbias=None,
-                  dbias_ws=None, noop=None):
-        """The fused GEMM (``fused`` set): the op's FP8 data [M, N] and scales from A @ W^T, its
-        amax into ``amax`` (fp32 [1], zeroed by the caller; unused unless the op has amax), the
-        op's other tensors ``ins`` as [M, N] views and its floats ``scalars``; ``mAcc``: the
-        fp32 accumulator (acc_hook), else any tensor (unused). With the op's dbias: ``dbias`` [N]
-        (a's dtype), ``dbias_ws`` fp32 [ceil(M / 16), N] for the epilogue's partial sums (one row
-        per 16-row warp stripe, gemm_quant.GemmQuant.column_partials) and the zero ``noop`` the
-        reduction kernel reads. Traced by a module's launch_gemm."""
-        self.run(mA, mW, row_data, mAcc, stream, row_scale, ins, scalars, amax, dbias, dbias_ws, noop)
+                  dbias_ws=None, noop=None, col_data=None, col_scale=None):
+        """The fused GEMM (``fused`` set): the op's FP8 data [M, N] and scales from A @ W^T (a
+        colwise-only op's launcher passes its colwise data as ``row_data``, which then gives the
+        shape alone), its amax into ``amax`` (fp32 [1], zeroed by the caller; unused unless the
+        op has amax), the op's other tensors ``ins`` as [M, N] views and its floats ``scalars``;
+        ``mAcc``: the fp32 accumulator (acc_hook), else any tensor (unused). With the op's dbias:
+        ``dbias`` [N] (a's dtype), ``dbias_ws`` fp32 [ceil(M / 16), N] for the epilogue's partial
+        sums (one row per 16-row warp stripe, gemm_quant.GemmQuant.column_partials) and the zero
+        ``noop`` the reduction kernel reads. With its colwise copy: ``col_data`` [M, N] and its
+        flat ``col_scale``. Traced by a module's launch_gemm."""
+        self.run(mA, mW, row_data, mAcc, stream, row_scale, ins, scalars, amax, dbias, dbias_ws, noop, col_data,
+                 col_scale)
 
     def run(self, mA, mW, mD, mAcc, stream, row_scale=None, ins=(), scalars=(), amax=None, dbias=None, dbias_ws=None,
-            noop=None):
+            noop=None, col_data=None, col_scale=None):
         """Traced by every launcher: TMA descriptors, the tile scheduler, the launch."""
         self.setup(mA.element_type)
         if cutlass.const_expr(self.fused is not None):
@@ -145,7 +152,7 @@ class GemmSm90:
         sched = utils.PersistentTileSchedulerParams((*tiles, 1), (self.cluster_m, 1, 1), self.swizzle, True)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms // self.cluster_m)
         kernel = self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched,
-                             row_scale, amax, dbias_ws, list(ins), list(scalars))
+                             row_scale, amax, dbias_ws, list(ins), list(scalars), col_data, col_scale)
         if cutlass.const_expr(self.cluster_m > 1):
             kernel.launch(grid=grid, block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1], min_blocks_per_mp=1,
                           stream=stream)
@@ -161,9 +168,10 @@ class GemmSm90:
     def kernel(self, tma_a: cute.CopyAtom, gA_full: cute.Tensor, tma_w: cute.CopyAtom, gW_full: cute.Tensor,
                mD: cute.Tensor, mAcc: cute.Tensor, tiled_mma: cute.TiledMma, a_layout: cute.ComposedLayout,
                w_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams, row_scale, amax,
-               dbias_ws, ins: list, scalars: list):
+               dbias_ws, ins: list, scalars: list, col_data, col_scale):
         """One persistent CTA: warpgroup 0 loads, warpgroups 1 and 2 multiply and write (a tile
-        together, or with ``pingpong`` alternate tiles)."""
+        together, or with ``pingpong`` alternate tiles). With the op's colwise copy, an fp32
+        exchange [consumer warps, 8, 32] in shared memory (gemm_quant.GemmQuant.colwise_write)."""
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
@@ -173,6 +181,11 @@ class GemmSm90:
         bars = smem.allocate_array(cutlass.Int64, 2 * self.stages)
         sA = smem.allocate_tensor(self.dtype, a_layout.outer, byte_alignment=1024, swizzle=a_layout.inner)
         sW = smem.allocate_tensor(self.dtype, w_layout.outer, byte_alignment=1024, swizzle=w_layout.inner)
+        xch = None
+        if cutlass.const_expr(self.fused is not None and self.fused.cfg.colwise):
+            warps = CONSUMER_WGS * THREADS_PER_WG // 32  # ([warp, slot, lane], lane fastest: no bank conflict)
+            xch = smem.allocate_tensor(Float32, cute.make_layout((warps, XCH_SLOTS, 32), stride=(XCH_SLOTS * 32, 32, 1)),
+                                       byte_alignment=16)
         # (a stage is empty once every consumer warp of the cluster released it: lane r of each
         # warp arrives on CTA r's barrier, PipelineTmaAsync's signalling; create() syncs the cluster)
         pipe = pipeline.PipelineTmaAsync.create(
@@ -188,7 +201,7 @@ class GemmSm90:
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self.consume(pipe, tiled_mma, sA, sW, mD, mAcc, sched, tidx - THREADS_PER_WG, gA_full,
-                         (row_scale, ins, scalars, amax, dbias_ws))
+                         (row_scale, ins, scalars, amax, dbias_ws, col_data, col_scale, xch))
 
     @cute.jit
     def produce(self, pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched):
@@ -258,7 +271,7 @@ class GemmSm90:
             if cutlass.const_expr(self.fused is None):
                 self.epilogue(acc, work.tile_idx[0], work.tile_idx[1], thr_mma, mD, mAcc)
             else:
-                self.fused_epilogue(acc, work.tile_idx[0], work.tile_idx[1], thr_mma, ctid % 32, mD, mAcc, fused_args)
+                self.fused_epilogue(acc, work.tile_idx[0], work.tile_idx[1], thr_mma, ctid, wg, mD, mAcc, fused_args)
             if cutlass.const_expr(self.pingpong):
                 read.advance(k_tiles)  # (the other warpgroup's tile)
                 tiles.advance_to_next_work(advance_count=CONSUMER_WGS)
@@ -337,16 +350,25 @@ class GemmSm90:
                     tAgA[i], tAgA[i + 1] = acc[i], acc[i + 1]
 
     @cute.jit
-    def fused_epilogue(self, acc, tile_m: Int32, tile_n: Int32, thr_mma, lane: Int32, row_data: cute.Tensor,
-                       mAcc: cute.Tensor, fused_args):
+    def fused_epilogue(self, acc, tile_m: Int32, tile_n: Int32, thr_mma, ctid: Int32, wg: Int32,
+                       row_data: cute.Tensor, mAcc: cute.Tensor, fused_args):
         """The seam with ``fused``: the fp32 accumulator first (acc_hook), then the op's values,
-        FP8 data and scales (gemm_quant.GemmQuant.write, which overwrites ``acc``)."""
-        row_scale, ins, scalars, amax, dbias_ws = fused_args
+        FP8 data and scales (gemm_quant.GemmQuant.write, which overwrites ``acc``; ``ctid`` the
+        thread's index in the tile, ``wg`` its warpgroup). The colwise copy's exchange is the
+        tile's: in ping-pong the warpgroup's 4 warps of it and a barrier of its 128 threads
+        (gemm_quant.COLWISE_BARRIER + wg), cooperative all 8 and the 256 threads'."""
+        row_scale, ins, scalars, amax, dbias_ws, col_data, col_scale, xch = fused_args
+        col = None
+        if cutlass.const_expr(self.fused.cfg.colwise):
+            if cutlass.const_expr(self.pingpong):
+                col = (col_data, col_scale, xch, gemm_quant.COLWISE_BARRIER + wg, THREADS_PER_WG, 4 * wg)
+            else:
+                col = (col_data, col_scale, xch, gemm_quant.COLWISE_BARRIER, CONSUMER_WGS * THREADS_PER_WG, 0)
         if cutlass.const_expr(self.acc_hook):
             full = cutlass.Boolean((tile_m + 1) * self.tile[0] <= mAcc.shape[0])
             if full & ((tile_n + 1) * self.tile[1] <= mAcc.shape[1]):
                 cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n))))
             else:
                 self.store_edge(acc, None, tile_m, tile_n, thr_mma, None, mAcc)
-        self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, lane, ins, scalars, row_data, row_scale, amax,
-                         dbias_ws)
+        self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, ctid, ins, scalars, row_data, row_scale, amax,
+                         dbias_ws, col)

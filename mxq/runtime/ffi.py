@@ -191,11 +191,11 @@ def gemm_dispatcher(op):
     """``op.gemm``'s destination-passing function (``op.register(name, gemm=True)``,
     ``op.dispatcher(gemm=True)``), in Python on every call: ``(a, w, *epilogue tensors after the
     accumulator, *epilogue floats, act_input, rowwise_data, rowwise_scale, colwise_data,
-    colwise_scale, amax, dbias, noop)``, the slots op.gemm does not write None (act_input, the
-    colwise ones, noop, and amax and dbias unless the op has them: a ValueError naming them
-    otherwise), the rowwise data a
-    contiguous [M, N] FP8 (or uint8) tensor, its scales flat or as Python holds them. CPU tensors
-    run op.gemm's reference; CUDA ones its sm_90 GEMM on the caller's stream."""
+    colwise_scale, amax, dbias, noop)``, the slots op.gemm does not write None (act_input, noop,
+    and the rowwise, colwise, amax and dbias ones unless the op has them: a ValueError naming them
+    otherwise), the data contiguous [M, N] FP8 (or uint8) tensors, the scales flat or as Python
+    holds them. CPU tensors run op.gemm's reference; CUDA ones its sm_90 GEMM on the caller's
+    stream."""
     import tvm_ffi
 
     spec, epi = op.spec, op.epilogue
@@ -211,7 +211,9 @@ def gemm_dispatcher(op):
         others = [_torch(t) for t in args[2:2 + nt]]
         scalars = [float(v) for v in args[2 + nt:2 + nt + ns]]
         dests = dict(zip(slots.DESTINATIONS, (_torch(t) for t in args[2 + nt + ns:])))
-        written = ("rowwise_data", "rowwise_scale", *(("amax",) if spec.amax else ()), *(("dbias",) if spec.dbias else ()))
+        written = (*(("rowwise_data", "rowwise_scale") if spec.rowwise else ()),
+                   *(("colwise_data", "colwise_scale") if spec.colwise else ()),
+                   *(("amax",) if spec.amax else ()), *(("dbias",) if spec.dbias else ()))
         unused = [k for k, t in dests.items() if t is not None and k not in written]
         if unused:
             raise ValueError(f"mxq: argument {unused[0]!r} is not written by {op.__name__}.gemm (its epilogue "
@@ -221,12 +223,12 @@ def gemm_dispatcher(op):
                              f"{tuple(w.shape)}")
         shape = torch.Size((a.shape[0], w.shape[0]))
         want = MXFP8Tensor.empty(spec, shape, a.dtype, "meta", row_align=1)
-        data = _destination(dests["rowwise_data"], want.rowwise_data, "rowwise_data")
-        if data is not None and not data.is_contiguous():
-            raise ValueError("mxq: argument 'rowwise_data' of op.gemm must be contiguous (the GEMM writes whole rows)")
-        out = MXFP8Tensor(rowwise_data=data, colwise_data=None,
-                          rowwise_scale=_destination(dests["rowwise_scale"], want.rowwise_scale, "rowwise_scale"),
-                          colwise_scale=None, amax=_destination(dests["amax"], want.amax, "amax") if spec.amax else None,
+        fields = {}
+        for name in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale"):
+            fields[name] = _destination(dests[name], getattr(want, name), name) if name in written else None
+            if name.endswith("data") and fields[name] is not None and not fields[name].is_contiguous():
+                raise ValueError(f"mxq: argument {name!r} of op.gemm must be contiguous (the GEMM writes whole rows)")
+        out = MXFP8Tensor(**fields, amax=_destination(dests["amax"], want.amax, "amax") if spec.amax else None,
                           dbias=_destination(dests["dbias"], want.dbias, "dbias") if spec.dbias else None,
                           fp8=spec.fp8, scale_layout=spec.scale_layout,
                           shape=shape, scale_mode=spec.scale_mode, format=want.format, block=want.block)

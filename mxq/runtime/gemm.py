@@ -5,7 +5,8 @@ runs ``op.gemm`` (an op's rendered ``launch_gemm``: the GEMM with the op's epilo
 mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds. Both run the kernel's
 form ``PINGPONG`` names at call time (GemmSm90's ``pingpong``: the two consumer warpgroups on
 alternate 64 x 256 tiles, or together on 128 x 256; a benchmark or test may set it to time or
-check either form), in clusters of ``CLUSTER_M`` CTAs along M where the M tiles pair up
+check either form; op.gemm's ``pingpong_for`` takes the cooperative form for an op with 128-row
+colwise blocks), in clusters of ``CLUSTER_M`` CTAs along M where the M tiles pair up
 (``cluster_for``: GemmSm90's ``cluster_m``).
 
 Arguments are checked here, before any launch, each error naming its argument: a [M, K] and
@@ -140,6 +141,12 @@ def cluster_for(pingpong: bool, m: int | None = None) -> int:
     return CLUSTER_M if tiles % CLUSTER_M == 0 or tiles >= CLUSTER_MIN_ODD_TILES else 1
 
 
+def pingpong_for(spec) -> bool:
+    """The kernel form of op.gemm for an op: PINGPONG, but cooperative where the op's colwise
+    blocks have 128 rows (FP8 block scaling: a ping-pong tile has 64; gemm_quant.colwise_rows)."""
+    return PINGPONG and not (spec.colwise and spec.format == "fp8_block")
+
+
 def swizzle_for(n: int) -> int:
     """The tile order for N columns: groups of the largest of SWIZZLES N tiles that divides their
     count (a wave of persistent CTAs then shares A's rows across a few W tiles instead of
@@ -197,8 +204,10 @@ def operand_kinds(a, w, operands) -> tuple:
 def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
     """The compile-time arguments of a module's ``launch_gemm`` (codegen._gemm_launcher_text):
     A and W as fake_args', the operands as [M, N] views of their kinds (broadcast dims of stride
-    0), the floats, FP8 data [M, N] (bytes), the flat scale buffer (E8M0 bytes or fp32), the
-    amax slot (fp32 [1]; written where the op has amax), with dbias its [N] output, fp32
+    0), the floats, FP8 data [M, N] (bytes; a colwise-only op's: one byte of zero strides as
+    [M, N]), the flat scale buffer (E8M0 bytes or fp32), the amax slot (fp32 [1]; written where
+    the op has amax), with the colwise copy its data ([M, N], or [N, M] transposed) and flat
+    scales, with dbias its [N] output, fp32
     workspace [ceil(M / 16), N] and zero noop (DBIAS_ROWS), the fp32 accumulator (or, without the
     hook, the data again)."""
     cute = toolchain.import_cutlass(ARCH)
@@ -213,10 +222,17 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
         stride = (n, 1) if kind == "full" else operands_mod.BROADCAST_STRIDES[kind]
         args.append(cute.runtime.make_fake_tensor(el, (m, n), stride=stride, assumed_align=2))
     args += [cutlass.Float32(0.0)] * gated.launch_scalars(op.epilogue)
-    data = fake(cutlass.Uint8, (m, n), stride_order=(1, 0), assumed_align=16)
     scale_el, scale_align = (cutlass.Float32, 4) if op.spec.block_format.scale == "fp32" else (cutlass.Uint8, 1)
+    if op.spec.rowwise:
+        data = fake(cutlass.Uint8, (m, n), stride_order=(1, 0), assumed_align=16)
+    else:  # (a colwise-only op: a byte of zero strides stands for [M, N], the shape the kernel tiles)
+        data = cute.runtime.make_fake_tensor(cutlass.Uint8, (m, n), stride=(0, 0), assumed_align=1)
     args += [data, fake(scale_el, (cute.sym_int(),), assumed_align=scale_align),
              fake(cutlass.Float32, (1,), assumed_align=4)]  # (the amax slot: written where the op has amax)
+    if op.spec.colwise:  # the colwise data ([M, N], or the transposed [N, M]) and its flat scales
+        shape = (n, m) if op.spec.colwise_transposed else (m, n)
+        args += [fake(cutlass.Uint8, shape, stride_order=(1, 0), assumed_align=16),
+                 fake(scale_el, (cute.sym_int(),), assumed_align=scale_align)]
     if op.spec.dbias:  # dbias [N], its fp32 partials [ceil(M / 16), N] (rows of any stride), the zero noop
         args += [fake(el, (n,), assumed_align=2),
                  cute.runtime.make_fake_tensor(cutlass.Float32, (cute.sym_int(), n), stride=(cute.sym_int(), 1),
@@ -272,12 +288,18 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
                 t.zero_()
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    pingpong = pingpong_for(op.spec)
     fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]),
-                         pingpong=PINGPONG, cluster_m=cluster_for(PINGPONG, a.shape[0]))
+                         pingpong=pingpong, cluster_m=cluster_for(pingpong, a.shape[0]))
     m, n = a.shape[0], w.shape[0]
     views = [operands_mod.as_matrix(t.detach(), kind, m, n) for t, kind in zip(operands, kinds)]
-    data = out.rowwise_data.view(torch.uint8)
-    scale = launch.flat_scale(out.rowwise_scale)
+    colwise = ()
+    if op.spec.colwise:
+        colwise = (out.colwise_data.view(torch.uint8), launch.flat_scale(out.colwise_scale))
+    if op.spec.rowwise:
+        data, scale = out.rowwise_data.view(torch.uint8), launch.flat_scale(out.rowwise_scale)
+    else:  # (no rowwise copy: one byte of zero strides gives the kernel [M, N], the scales any buffer)
+        data, scale = torch.empty(1, dtype=torch.uint8, device=a.device).as_strided((m, n), (0, 0)), colwise[1]
     if op.spec.amax:  # (the epilogue's atomics grow it from 0: an out= given holds whatever it held)
         amax = out.amax.view(1)
         amax.zero_()
@@ -288,6 +310,6 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
         ws = torch.empty((-(-m // DBIAS_ROWS), n), dtype=torch.float32, device=a.device)
         reduction = (out.dbias, ws, launch.noop_tensor(a.device))
     with torch.cuda.device(a.device):  # (detached: DLPack exports no tensor that requires grad)
-        fn(a.detach(), w.detach(), *views, *[float(s) for s in scalars], data, scale, amax, *reduction,
+        fn(a.detach(), w.detach(), *views, *[float(s) for s in scalars], data, scale, amax, *colwise, *reduction,
            data if acc_out is None else acc_out)
     return out
