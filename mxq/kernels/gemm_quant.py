@@ -22,7 +22,7 @@ GEMM give a warpgroup 64 full rows of 256 columns, so a rowwise block never leav
 quad. The tensor amax (``amax``) is a NaN-propagating max of every value a thread writes (mxq's
 amax rule, codec.amax_nan), over the warp, then one atomic per warp into the zeroed slot
 (device.amax_atomic). dbias: each warp sums its 16-row stripe of every column (a thread's two
-rows, then the 8 lanes of the column's quad position, by butterfly shuffles: a fixed order) into
+rows, then the 8 lanes of the column's quad position, by stripe_reduce: a fixed order) into
 one row of an fp32 workspace, which GemmSm90 reduces after the GEMM (reduce.dbias_kernel, the
 quantize kernels' fp64 reduction). The colwise copy (``GemmQuant.colwise_write``): blocks of 32
 rows (MXFP8: two warps' stripes) or 128 (FP8 block scaling: the cooperative tile's eight warps;

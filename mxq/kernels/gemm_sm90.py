@@ -129,7 +129,7 @@ class GemmSm90:
         op has amax), the op's other tensors ``ins`` as [M, N] views and its floats ``scalars``;
         ``mAcc``: the fp32 accumulator (acc_hook), else any tensor (unused). With the op's dbias:
         ``dbias`` [N] (a's dtype), ``dbias_ws`` fp32 [ceil(M / 16), N] for the epilogue's partial
-        sums (one row per 16-row warp stripe, gemm_quant.GemmQuant.column_partials) and the zero
+        sums (one row per 16-row warp stripe, gemm_quant.GemmQuant.columns) and the zero
         ``noop`` the reduction kernel reads. With its colwise copy: ``col_data`` [M, N] and its
         flat ``col_scale``. Traced by a module's launch_gemm."""
         self.run(mA, mW, row_data, mAcc, stream, row_scale, ins, scalars, amax, dbias, dbias_ws, noop, col_data,
