@@ -10,6 +10,11 @@ weight tiles (``scale_layout="gemm"``, as examples/fp8_block_linear.py; its floa
 CPU). The two outputs agree within FP8 error: the fused path quantizes the fp32 accumulator, the
 unfused one the accumulator rounded to bf16.
 
+Training needs h twice more: its transposed copy (1x128 blocks along T) is what w2's weight
+gradient ``dW2 = dy^T h`` reads. ``gelu_q_train.gemm(x, w1)`` writes it from the same epilogue
+(``colwise=True``: the GEMM's cooperative form, whose 128-row tiles hold the colwise blocks), and
+the weight gradients from the fused and unfused copies agree within FP8 error too.
+
 On an sm_90 GPU (H100/H200) it runs at an MLP's size and times both paths; elsewhere op.gemm is
 the reference (the op on a float32 matmul), shown at a small size.
 """
@@ -26,6 +31,11 @@ def gelu_q(h):
     return h
 
 
+@mxq.fused_quant(act="gelu", colwise=True, **GEMM)  # (and h's transposed copy, [F, T])
+def gelu_q_train(h):
+    return h
+
+
 def scaled_mm(a, b, scale_a, scale_b):
     """a [M, K] @ b [K, N] in bf16 from FP8 operands and their block scales (1x128 or 128x128)."""
     if a.is_cuda:
@@ -33,12 +43,17 @@ def scaled_mm(a, b, scale_a, scale_b):
     m, k = a.shape
     n = b.shape[1]
     kb = torch.arange(k) // 128
-    cols = torch.arange(n) // 128
+    cols = torch.arange(n) if scale_b.shape[1] == n else torch.arange(n) // 128  # (1x128 or 128x128 blocks)
     return ((a.float() * scale_a[torch.arange(m)][:, kb]) @ (b.float() * scale_b[kb][:, cols])).bfloat16()
 
 
 def second(qa, qw2):
     return scaled_mm(qa.rowwise_data, qw2.rowwise_data.t(), qa.rowwise_scale, qw2.rowwise_scale.t())
+
+
+def weight_grad(qdy, qh):
+    """dW2 = dy^T h from the two transposed copies ([D, T] and [F, T]: both K-major)."""
+    return scaled_mm(qdy.colwise_data, qh.colwise_data.t(), qdy.colwise_scale, qh.colwise_scale.t())
 
 
 def unfused(x, w1, qw2):
@@ -77,6 +92,12 @@ def main():
     rel = ((y_fused.float() - y_unfused.float()).norm() / y_unfused.float().norm()).item()
     print(f"MLP block T={t} D={d} F={f}: fused vs unfused output, relative difference {rel:.2e}")
     assert rel < 0.05, rel  # (FP8 e4m3 block quantization of the hidden activations, both ways)
+    qdy = mxq.quantize(torch.randn(t, d, generator=g, device=device).to(torch.bfloat16), colwise=True, **GEMM)
+    dw2_unfused = weight_grad(qdy, gelu_q_train(x @ w1.T))
+    dw2_fused = weight_grad(qdy, gelu_q_train.gemm(x, w1))
+    rel = ((dw2_fused.float() - dw2_unfused.float()).norm() / dw2_unfused.float().norm()).item()
+    print(f"w2's weight gradient from h's transposed copy, fused vs unfused: relative difference {rel:.2e}")
+    assert rel < 0.05, rel
     if on_sm90:
         ms_u = time_ms(lambda: unfused(x, w1, qw2))
         ms_f = time_ms(lambda: fused(x, w1, qw2))
