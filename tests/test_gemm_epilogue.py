@@ -899,13 +899,16 @@ def test_gpu_compiled_gemm_writes_the_eager_bytes(op):
 
 def _specials(device):
     """A, W and a bias with planted specials: an inf in a row of A (that row's accumulator
-    inf/NaN), a zero row (blocks of amax 0), a huge bias (saturation)."""
+    inf/NaN), a zero row (blocks of amax 0), a NaN in a row of W (that column NaN in every row:
+    a 128-row colwise block of NaN alone, whose FP8 block-scaling amax is 0), a huge bias
+    (saturation)."""
     m, n, k = 130, 264, 64
     gen = torch.Generator(device=device).manual_seed(3)
     a = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
     w = torch.randn(n, k, device=device, generator=gen).to(torch.bfloat16)
     a[3, 5] = float("inf")
     a[7, :] = 0
+    w[40, 9] = float("nan")
     b = torch.randn(n, device=device, generator=gen).to(torch.bfloat16)
     b[17] = 3e38
     return a, w, b

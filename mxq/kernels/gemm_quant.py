@@ -1,12 +1,14 @@
 """The sm_90 GEMM's fused epilogue (``op.gemm``): the op's epilogue and act on the fp32
-accumulator, then its rowwise quantize, writing FP8 data and scales and never the product.
+accumulator, then its quantize (rowwise and/or colwise), writing FP8 data and scales and never
+the product.
 
 ``GemmQuant`` is what GemmSm90's fused seam (``GemmSm90.fused_epilogue``) calls per output tile with the
 consumer thread's accumulator fragment. The value of element (r, c) is the ElementOp's
 (docs/NUMERICS.md steps 1-4) with the accumulator as the epilogue's first tensor and the other
 tensors read at (r, c) through their [M, N] views (full, or broadcast with stride 0: a bias [N],
 a row scale [M, 1], a scalar); the inputs are fp32, so there is no step-5 rounding. Blocks are
-the format's rowwise blocks (1x128 FP8 block scaling, 1x32 MXFP8) with codec.py's arithmetic.
+the format's (1x128 FP8 block scaling, 1x32 MXFP8; colwise their transposes) with codec.py's
+arithmetic.
 
 The accumulator layout of wgmma m64nNk16 (fp32; CUTLASS's SM90 ``CLayout_64xN``, thread layout
 (4, 8, 4), value layout (2, 2, N/8)): thread t of a warpgroup holds, for each 8-column group g of
@@ -231,6 +233,8 @@ class GemmQuant:
             amax = xch[warp0 + first, s, lane]
             for w in cutlass.range_constexpr(1, wpb):
                 amax = cute.arch.fmax(amax, xch[warp0 + first + w, s, lane], nan=nan)
+            if cutlass.const_expr(not nan):  # (max.f32 keeps a NaN met only by NaN: a block of NaN alone has amax 0)
+                amax = cute.arch.fmax(amax, Float32(0.0))
             e = codec.block_scale(fmt, amax, False, in_max)
             mults.append(codec.multiplier(fmt, e))
             c = c_own + (8 * CHUNK_GROUPS * (s // 2) + s % 2)
