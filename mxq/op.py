@@ -199,21 +199,25 @@ class FusedOp:
         ``out``: an MXFP8Tensor of the op's outputs for [M, N] with contiguous data rows
         (``MXFP8Tensor.empty(spec, (M, N), a.dtype, device, row_align=1)``) to write into, eager
         calls only. ``acc_out``: an fp32 [M, N] tensor that also receives the accumulator (a test
-        hook, eager calls only). Serves MXFP8 and 1x128 FP8 block scaling, rowwise and/or colwise
-        (32- or 128-row blocks; the colwise data [M, N], or FP8 block scaling's transposed copy
-        [N, M] with scale_layout="gemm"), every scale layout, with an ordinary act, with or without amax and dbias (a's dtype, as the outputs of a call
+        hook, eager calls only). ``act_input``: a dact op's [M, N] tensor in a's dtype (the
+        forward's pre-activation: the backward's dgrad GEMM then writes dact(act_input) times
+        the op's value, quantized, and its dbias). Serves MXFP8 and 1x128 FP8 block scaling,
+        rowwise and/or colwise (32- or 128-row blocks; the colwise data [M, N], or FP8 block
+        scaling's transposed copy [N, M] with scale_layout="gemm"), every scale layout, with an
+        ordinary act or dact, with or without amax and dbias (a's dtype, as the outputs of a call
         on the GEMM's bf16/fp16 product would have it); other options raise ValueError naming the
-        option (codegen.gemm_gap). Under
-        torch.compile one operator node (torch.ops.mxq.fused_gemm, integrations/torch_ops.py)."""
+        option (codegen.gemm_gap). Under torch.compile one operator node (torch.ops.mxq.fused_gemm,
+        integrations/torch_ops.py; a dact op's act_input its last tensor)."""
         gap = codegen.gemm_gap(self.spec, self.epilogue)
         if gap:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes MXFP8 or "
                              "1x128 FP8 block-scaling outputs, rowwise and/or colwise (and their amax and dbias), "
-                             "without dact or gated activations")
-        taken = [k for k in ("group_offsets", "noop", "act_input") if params.get(k) is not None]
+                             "with an ordinary act or dact, not a gated one")
+        act_input = params.pop("act_input", None)
+        taken = [k for k in ("group_offsets", "noop") if params.get(k) is not None]
         if taken:
-            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs, noop and "
-                             "act_input are calls' keywords it has no route for)")
+            raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs and noop are "
+                             "calls' keywords it has no route for)")
         traced = torch.compiler.is_compiling()
         for name, given in (("acc_out", acc_out), ("out", out)):
             if traced and given is not None:
@@ -232,6 +236,8 @@ class FusedOp:
                             "must be its first tensor")
         others = call.tensors[1:]
         gemm_rt.operand_kinds(a, w, others)
+        if self.spec.dact is not None or act_input is not None:  # (the kernel reads it as one more full operand)
+            others = [*others, gemm_rt.check_act_input(self, a, w, act_input)]
         if traced:
             return torch_ops.gemm_call(self._torch_id, a, w, others, call.scalars)
         if out is not None:
@@ -247,6 +253,8 @@ class FusedOp:
                                  "stored 16 bytes at a time) must start on a 16-byte boundary, got address "
                                  f"{out.colwise_data.data_ptr():#x}")
             reads = [("a", a), ("w", w), *((f"operand {i + 1}", t) for i, t in enumerate(others))]
+            if act_input is not None:
+                reads[-1] = ("act_input", act_input)
             validation.check_apart(out, reads + ([("acc_out", acc_out)] if acc_out is not None else []))
         return self._gemm_run(a, w, others, call.scalars, acc_out, out)
 
@@ -265,7 +273,10 @@ class FusedOp:
         given = out
         if self.spec.dbias and out is not None:  # (the reference's dbias is fp32, the input's: given's a's dtype)
             out = dataclasses.replace(out, dbias=torch.empty_like(out.dbias, dtype=acc.dtype))
-        call = Call([acc, *[t.float() for t in others]], list(scalars), out=out)
+        act_input = None
+        if self.spec.dact is not None:  # (act_input: the last of the kernel's operands)
+            others, act_input = others[:-1], others[-1].float()
+        call = Call([acc, *[t.float() for t in others]], list(scalars), act_input=act_input, out=out)
         validation.check_call(self.spec, self.epilogue, call)
         res = self._reference_run(call)
         if not self.spec.dbias:

@@ -133,6 +133,16 @@ def bias_gelu_gemm_both(x, b):
     return x + b
 
 
+@mxq.fused_quant(dact="gelu", dbias=True, colwise=True)
+def dgelu_both(dy):  # (the backward: dgrad GEMM, dgelu of the forward's pre-activation, dbias, both)
+    return dy
+
+
+@mxq.fused_quant(dact="relu", dbias=True, colwise=True, format="fp8_block", block=(1, 128), scale_layout="gemm")
+def drelu_scaled_gemm(dy, s):
+    return dy * s
+
+
 @mxq.fused_quant(format="fp8_block", block=(1, 128), rowwise=False, colwise=True, scale_layout="gemm",
                  scale_mode="fp32", fp8="e5m2")
 def plus_bias_tr(x, b):
@@ -241,6 +251,27 @@ def test_colwise_blocks_are_reduced_across_the_tiles_warps(colwise_ptx, op, ping
         assert text.count("st.global.L2::cache_hint.b8") == 16
     else:
         assert text.count("st.global.b32") == 4 + 8
+
+
+def test_dact_reads_act_input_as_one_more_full_operand():
+    """A dact op's kernel (drelu, dbias, both directions, GEMM-ready; a row scale): per thread its
+    128 act_input values (16-bit loads, one an element) more than the same op without dact, the
+    launcher's parameter after the epilogue's tensors; ptxas takes the rowwise dgelu op without
+    spills."""
+    from mxq.frontend import codegen
+
+    loads = []
+    for op, kinds in ((drelu_scaled_gemm, ("row", "full")), (mxq.fused_quant(
+            dbias=True, colwise=True, format="fp8_block", scale_layout="gemm")(drelu_scaled_gemm.fn), ("row",))):
+        text = g.compile_gemm_op(op, "bf16", kinds, False, 132, 1, keep_ptx=True, pingpong=False).__ptx__
+        loads.append(len(re.findall(r"ld\.global(?:\.nc)?(?:\.L2::\w+)?\.(?:b16|u16)", text)))
+    assert loads[0] == loads[1] + 128, loads
+    params = codegen._gemm_launcher_text(drelu_scaled_gemm.spec, drelu_scaled_gemm.epilogue)["params"]
+    assert params.index("x1: cute.Tensor") < params.index("act_in: cute.Tensor") < params.index("row_data")
+    op = mxq.fused_quant(dact="gelu", format="fp8_block", scale_layout="gemm")(_ident)
+    if shutil.which("ptxas") is not None:
+        _assert_ptxas_clean(g.compile_gemm_op(op, "bf16", ("full",), False, 132, 1, keep_ptx=True,
+                                              pingpong=True).__ptx__)
 
 
 def test_colwise_forms_and_exchange():
@@ -398,8 +429,8 @@ def test_asm_gemm_is_the_kernel_op_gemm_launches(ptx):
                       (dict(dtype="fp32"), "dtype"), (dict(arch="sm_100a"), "arch")):
         with pytest.raises(ValueError, match=named):
             bias_gelu.asm(gemm=True, **kw)
-    with pytest.raises(ValueError, match="dact"):
-        mxq.fused_quant(dact="gelu")(_ident).asm(gemm=True)
+    with pytest.raises(ValueError, match="gated"):
+        mxq.fused_quant(dact="swiglu")(_ident).asm(gemm=True)
     with pytest.raises(ValueError, match="operands"):
         bias_gelu.asm(operands=["row"])
 
@@ -454,8 +485,7 @@ def _ab(m=4, n=16, k=16, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("options, named", [
-    (dict(colwise=True, dact="gelu"), "dact='gelu'"),
-    (dict(dact="gelu"), "dact='gelu'"),
+    (dict(colwise=True, dact="swiglu"), "dact='swiglu' (a gated activation)"),
     (dict(act="swiglu"), "act='swiglu'"),
     (dict(format="fp8_block", block=(128, 128)), "block=(128, 128)"),
     (dict(format="mxfp4"), "format='mxfp4'"),
@@ -476,6 +506,63 @@ def test_call_keywords_without_a_gemm_route_are_named(keyword):
     a, w = _ab()
     with pytest.raises(ValueError, match=f"does not serve {keyword}="):
         plus_bias.gemm(a, w, torch.zeros(16, dtype=torch.bfloat16), **{keyword: torch.zeros(2, dtype=torch.int32)})
+
+
+def test_cpu_gemm_dact_is_the_value_times_the_derivative_at_act_input():
+    """A dact op in the GEMM: v = epilogue(acc, ...) * dact(act_input), quantized and summed (the
+    backward's dgrad GEMM with the activation's derivative, dbias and both directions). drelu
+    (exact: 1 where act_input > 0, else 0) by the independent oracle on v: 1x128 rowwise codes
+    and scales, the transposed colwise copy's, dbias within one bf16 ulp of the float64 sums."""
+    a, w = _ab(130, 136, 24)
+    gen = torch.Generator().manual_seed(8)
+    s = torch.randn(136, generator=gen).to(torch.bfloat16)
+    x = torch.randn(130, 136, generator=gen).to(torch.bfloat16)
+    x[5, :] = 0  # (drelu(0) = 0)
+    acc = torch.empty(130, 136)
+    t = drelu_scaled_gemm.gemm(a, w, s, act_input=x, acc_out=acc)
+    v = [[float(oracle.f32(p * q)) * (1.0 if xx > 0 else 0.0) for p, q, xx in zip(ra, s.float().tolist(), rx)]
+         for ra, rx in zip(acc.tolist(), x.float().tolist())]
+    codes, scales = oracle_fp8_block.quantize(v, "e4m3", (1, 128), "pow2", "fp32")
+    assert t.rowwise_data.view(torch.uint8).tolist() == codes
+    assert t.rowwise_scale.tolist() == scales
+    codes, scales = oracle_fp8_block.quantize(_t(v), "e4m3", (1, 128), "pow2", "fp32")
+    assert t.colwise_data.view(torch.uint8).tolist() == codes and t.colwise_scale.tolist() == scales
+    want = torch.tensor(v, dtype=torch.float64).sum(0)
+    assert t.dbias.dtype == torch.bfloat16
+    assert bool(((t.dbias.double() - want).abs() <= torch.finfo(torch.bfloat16).eps * want.abs() + 1e-30).all())
+    _check_against_reference(dgelu_both, a, w, act_input=x)  # (a transcendental dact: the reference's class)
+
+
+def test_gemm_dispatcher_takes_act_input_for_dact_ops():
+    """op.gemm's dispatcher of a dact op: the act_input slot (the first destination slot's
+    place, as a quantize dispatcher's) carries the forward's pre-activation; the bytes op.gemm
+    writes; a missing one named."""
+    a, w = _ab(n=40, k=32)
+    gen = torch.Generator().manual_seed(2)
+    s, x = torch.randn(40, generator=gen).to(a.dtype), torch.randn(4, 40, generator=gen).to(a.dtype)
+    want = drelu_scaled_gemm.gemm(a, w, s, act_input=x)
+    dests, got = _dest_args(drelu_scaled_gemm, 4, 40)
+    dests[0] = x
+    drelu_scaled_gemm.dispatcher(gemm=True)(a, w, s, *dests)
+    assert compare(got, want, exact=True) == []
+    dests[0] = None
+    with pytest.raises(ValueError, match="needs act_input"):
+        drelu_scaled_gemm.dispatcher(gemm=True)(a, w, s, *dests)
+
+
+def test_act_input_is_checked_by_name():
+    """act_input: required by a dact op, refused by one without dact, [M, N] in a's dtype,
+    contiguous, on a's device; named before anything runs."""
+    a, w = _ab(4, 16, 16)
+    x = torch.randn(4, 16).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="needs act_input"):
+        dgelu_both.gemm(a, w)
+    with pytest.raises(ValueError, match="has no dact"):
+        plus_bias.gemm(a, w, torch.zeros(16, dtype=torch.bfloat16), act_input=x)
+    for bad, named in ((x.float(), "act_input must be"), (x[:, :8], "act_input must be"),
+                       (torch.randn(16, 4).to(torch.bfloat16).t(), "contiguous"), ([1.0], "torch.Tensor")):
+        with pytest.raises((ValueError, TypeError), match=named):
+            dgelu_both.gemm(a, w, act_input=bad)
 
 
 def test_out_receives_the_allocating_calls_bytes_and_bad_outs_are_named():
@@ -763,6 +850,8 @@ def _same_as_reference(op, t, acc, *operands, **params):
     docs/NUMERICS.md's transcendental class (gelu) through mxq.testing.compare otherwise; the
     scales' padding (GEMM-ready, swizzled) included."""
     args = (acc, *[o.float() for o in operands])
+    if params.get("act_input") is not None:  # (the GEMM reads a's dtype; the reference's fp32 call an fp32 copy)
+        params = dict(params, act_input=params["act_input"].float())
     ref = op.reference(*args, **params)
     if ref.dbias is not None:  # (the column sums: dbias_close, in a's dtype; the rest as any op's)
         dbias_close(op, t, args, ref, **params)
@@ -812,6 +901,23 @@ def test_gpu_gemm_bytes_equal_the_reference_on_its_accumulator(op, shape, form):
     w = (torch.randn(n, k, device="cuda", generator=gen) / math.sqrt(k)).to(torch.bfloat16)
     b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
     _check_against_reference(op, a, w, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", [dgelu_both, drelu_scaled_gemm], ids=lambda o: o.__name__)
+@pytest.mark.parametrize("shape", [(1, 8, 8), (200, 264, 72), (257, 1032, 136), (1024, 768, 512)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gpu_gemm_dact_bytes_equal_the_reference_on_its_accumulator(op, shape, form):
+    """The backward's dgrad GEMM with the activation's derivative: dact(act_input) times the
+    op's value, both directions, dbias, against the reference on the kernel's accumulator. CPU
+    counterpart: test_cpu_gemm_dact_is_the_value_times_the_derivative_at_act_input."""
+    m, n, k = shape
+    gen = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+    w = (torch.randn(n, k, device="cuda", generator=gen) / math.sqrt(k)).to(torch.bfloat16)
+    x = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
+    ops = [torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)] if op is drelu_scaled_gemm else []
+    _check_against_reference(op, a, w, *ops, act_input=x)
 
 
 @pytest.mark.gpu

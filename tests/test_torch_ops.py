@@ -461,13 +461,20 @@ def gemm_both(acc, b):
     return acc + b
 
 
+@mxq.fused_quant(dact="gelu", dbias=True, colwise=True)
+def gemm_dgelu(acc):
+    return acc
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_op_gemm_compiles_to_one_node_with_the_eager_bytes(dynamic):
     """op.gemm under torch.compile: one torch.ops.mxq.fused_gemm node per call (a bias row and a
-    float; a full residual; both directions with the transposed colwise copy), no graph break,
+    float; a full residual; both directions with the transposed colwise copy; a dact op's
+    act_input, with dbias), no graph break,
     the eager call's bytes (on CPU the reference on the fp32 matmul), static and dynamic M."""
     def f(a, w, b, r):
-        return gemm_bias.gemm(a, w, b, s=0.5), gemm_resid.gemm(a, w, r), gemm_both.gemm(a, w, b)
+        return (gemm_bias.gemm(a, w, b, s=0.5), gemm_resid.gemm(a, w, r), gemm_both.gemm(a, w, b),
+                gemm_dgelu.gemm(a, w, act_input=r))
 
     for m in (64, 40):
         a = torch.randn(m, 256, dtype=torch.bfloat16)
@@ -475,13 +482,15 @@ def test_op_gemm_compiles_to_one_node_with_the_eager_bytes(dynamic):
         r = torch.randn(m, 384, dtype=torch.bfloat16)
         got, graphs = _graphs(f, a, w, b, r, dynamic=dynamic)
         nodes = _mxq_nodes(graphs)
-        assert len(graphs) == 1 and [str(n.target) for n in nodes] == ["mxq.fused_gemm"] * 3
+        assert len(graphs) == 1 and [str(n.target) for n in nodes] == ["mxq.fused_gemm"] * 4
         for g, want in zip(got, f(a, w, b, r)):
             assert isinstance(g, mxq.MXFP8Tensor) and g.shape == (m, 384) and g.format == want.format
             assert compare(g, want, exact=True) == []
             assert g.rowwise_scale.stride() == want.rowwise_scale.stride()
-            if want.colwise_data is not None:  # (the transposed copy [N, M], its outer-dim-major scales)
-                assert g.colwise_data.shape == (384, m) and g.colwise_scale.stride() == want.colwise_scale.stride()
+            if want.colwise_data is not None:  # (the transposed copy [N, M] and its outer-dim-major scales too)
+                assert g.colwise_data.shape == want.colwise_data.shape
+                assert g.colwise_scale.stride() == want.colwise_scale.stride()
+        assert got[2].colwise_data.shape == (384, m)
 
 
 def test_op_gemm_operator_passes_opcheck_and_refuses_out_and_the_hook_under_compile():

@@ -410,13 +410,13 @@ def gemm_gap(spec: QuantSpec, epilogue: Epilogue) -> str:
     it serves MXFP8 (1x32, colwise 32x1) and FP8 block scaling 1x128 (colwise 128x1) blocks,
     rowwise and/or colwise (the colwise data [M, N], or FP8 block scaling's transposed copy
     [N, M] with scale_layout="gemm"), every scale layout, with or without amax and dbias, an
-    ordinary act, operands that broadcast or match [M, N]."""
+    ordinary act or dact (act_input [M, N]), operands that broadcast or match [M, N]."""
     if spec.format not in ("mxfp8", "fp8_block"):
         return f"format={spec.format!r}"
     if spec.format == "fp8_block" and tuple(spec.block) != (1, 128):
         return f"block={tuple(spec.block)}"
-    if spec.dact is not None:
-        return f"dact={spec.dact!r}"
+    if gated.is_gated(spec.dact):
+        return f"dact={spec.dact!r} (a gated activation)"
     if gated.is_gated(spec.act) or gated.is_halves(epilogue):
         return f"act={spec.act!r} (a gated activation)"
     return ""
@@ -428,7 +428,7 @@ def _gemm_launcher_text(spec: QuantSpec, epilogue: Epilogue) -> dict:
     (rowwise data and scales, amax; then, with the colwise copy, its data and scales; with dbias,
     the dbias, its fp32 workspace and the zero noop its reduction reads), the accumulator hook's
     tensor, the compile-time options (GemmSm90's)."""
-    ins = [f"x{i}" for i in range(1, len(epilogue.tensor_params))]
+    ins = [f"x{i}" for i in range(1, len(epilogue.tensor_params))] + (["act_in"] if spec.dact else [])
     scalars = [f"s{i}" for i in range(gated.launch_scalars(epilogue))]
     params = ["a: cute.Tensor", "w: cute.Tensor", *[f"{x}: cute.Tensor" for x in ins],
               *[f"{x}: Float32" for x in scalars], "row_data: cute.Tensor", "row_scale: cute.Tensor", "amax: cute.Tensor",

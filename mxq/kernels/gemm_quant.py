@@ -59,15 +59,14 @@ COLWISE_BARRIER = 3  # named barrier of the colwise exchange: + the warpgroup in
 def config_gap(cfg) -> str:
     """What of a KernelConfig the fused GEMM epilogue does not serve ("" when it serves it): 1x32
     (MXFP8) or 1x128 (FP8 block scaling) blocks, rowwise and/or colwise (32 or 128 rows, the
-    colwise data [M, N] or FP8 block scaling's transposed copy [N, M]), with or without amax and
-    dbias. op.gemm names the option from the spec
+    colwise data [M, N] or FP8 block scaling's transposed copy [N, M]), with or without amax,
+    dbias and an ordinary act or dact (not the two halves of a gated one). op.gemm names the option from the spec
     (codegen.gemm_gap) before anything compiles; this is the kernel's own guard."""
     fmt = cfg.fmt
     if fmt.packed or fmt.block[0] != 1 or fmt.block[1] not in (32, 128):
         return f"the format's block {fmt.block}"
-    for name in ("has_dact", "halves"):
-        if getattr(cfg, name):
-            return name
+    if cfg.halves:
+        return "halves"
     return ""
 
 
@@ -80,12 +79,12 @@ class GemmQuant:
     """The fused epilogue of one op: its KernelConfig and element functions (a rendered
     module's CONFIG, epilogue and act)."""
 
-    def __init__(self, cfg, epilogue, act=None):
+    def __init__(self, cfg, epilogue, act=None, dact=None):
         gap = config_gap(cfg)
         if gap:
             raise NotImplementedError(f"mxq: the GEMM epilogue does not serve {gap}")
         self.cfg = cfg
-        self.op = ElementOp(cfg, epilogue, act)
+        self.op = ElementOp(cfg, epilogue, act, dact)
 
     @cute.jit
     def write(self, acc: cute.Tensor, tile_m: Int32, tile_n: Int32, thr_mma, tile: cutlass.Constexpr, ctid: Int32,
@@ -306,15 +305,16 @@ class GemmQuant:
     def value(self, acc, i: int, coords, M, N, ins, scalars):
         """The op's value of accumulator element i (NUMERICS steps 1-4), 0 at columns past N (an
         epilogue of the zero padding need not be 0, and must not enter a block amax). The other
-        tensors are read at coordinates clamped into [M, N] (an edge tile's rows and columns
-        outside hold no output)."""
+        tensors (the epilogue's after the accumulator, then a dact op's act_input, [M, N]) are
+        read at coordinates clamped into [M, N] (an edge tile's rows and columns outside hold no
+        output)."""
         r = cutlass.min(coords[i][0], M - 1)
         c = cutlass.min(coords[i][1], N - 1)
 
         def load(t, k):
             return acc[k] if t == 0 else ins[t - 1][(r, c)].to(Float32)
 
-        v = self.op.value(list(range(self.cfg.n_inputs)), i, scalars, load)
+        v = self.op.value(list(range(self.cfg.n_inputs + self.cfg.has_dact)), i, scalars, load)
         return Float32(cutlass.select_(coords[i][1] < N, v, Float32(0.0)))
 
 

@@ -191,9 +191,9 @@ def gemm_dispatcher(op):
     """``op.gemm``'s destination-passing function (``op.register(name, gemm=True)``,
     ``op.dispatcher(gemm=True)``), in Python on every call: ``(a, w, *epilogue tensors after the
     accumulator, *epilogue floats, act_input, rowwise_data, rowwise_scale, colwise_data,
-    colwise_scale, amax, dbias, noop)``, the slots op.gemm does not write None (act_input, noop,
-    and the rowwise, colwise, amax and dbias ones unless the op has them: a ValueError naming them
-    otherwise), the data contiguous [M, N] FP8 (or uint8) tensors, the scales flat or as Python
+    colwise_scale, amax, dbias, noop)``, act_input a dact op's [M, N] input (else None), the
+    slots op.gemm does not write None (noop, and the rowwise, colwise, amax and dbias ones unless
+    the op has them: a ValueError naming them otherwise), the data contiguous [M, N] FP8 (or uint8) tensors, the scales flat or as Python
     holds them. CPU tensors run op.gemm's reference; CUDA ones its sm_90 GEMM on the caller's
     stream."""
     import tvm_ffi
@@ -214,7 +214,7 @@ def gemm_dispatcher(op):
         written = (*(("rowwise_data", "rowwise_scale") if spec.rowwise else ()),
                    *(("colwise_data", "colwise_scale") if spec.colwise else ()),
                    *(("amax",) if spec.amax else ()), *(("dbias",) if spec.dbias else ()))
-        unused = [k for k, t in dests.items() if t is not None and k not in written]
+        unused = [k for k, t in dests.items() if t is not None and k not in written and k != "act_input"]
         if unused:
             raise ValueError(f"mxq: argument {unused[0]!r} is not written by {op.__name__}.gemm (its epilogue "
                              f"writes {', '.join(written)}): pass None")
@@ -233,6 +233,8 @@ def gemm_dispatcher(op):
                           fp8=spec.fp8, scale_layout=spec.scale_layout,
                           shape=shape, scale_mode=spec.scale_mode, format=want.format, block=want.block)
         kwargs = dict(zip(epi.scalar_params, scalars))
+        if dests["act_input"] is not None or spec.dact is not None:  # (op.gemm names it where it does not belong)
+            kwargs["act_input"] = dests["act_input"]
         if a.device.type != "cuda":
             op.gemm(a, w, *others, out=out, **kwargs)
             return

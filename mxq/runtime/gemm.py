@@ -201,6 +201,30 @@ def operand_kinds(a, w, operands) -> tuple:
     return tuple(kinds)
 
 
+def check_act_input(op, a, w, act_input):
+    """A dact op's ``act_input`` for op.gemm, checked by name: an [M, N] tensor of a's dtype on
+    a's device, contiguous (the kernel reads it as one more full operand); refused for an op
+    without dact."""
+    name = op.__name__
+    if op.spec.dact is None:
+        raise ValueError(f"mxq: {name}.gemm: act_input= is a dact op's (the forward's pre-activation); {name} has "
+                         "no dact")
+    if act_input is None:
+        raise ValueError(f"mxq: {name}.gemm: dact={op.spec.dact!r} needs act_input= (the forward's pre-activation, "
+                         f"[M, N] in a's dtype)")
+    if not isinstance(act_input, torch.Tensor):
+        raise TypeError(f"mxq: {name}.gemm: act_input must be a torch.Tensor, got {type(act_input).__name__}")
+    shape = (a.shape[0], w.shape[0])
+    if tuple(act_input.shape) != shape or act_input.dtype != a.dtype:
+        raise ValueError(f"mxq: {name}.gemm: act_input must be [M, N] = {shape} in a's dtype {a.dtype}, got "
+                         f"{act_input.dtype} {tuple(act_input.shape)}")
+    if act_input.device != a.device:
+        raise ValueError(f"mxq: {name}.gemm: act_input must be on a's device {a.device}, got {act_input.device}")
+    if not act_input.is_contiguous():
+        raise ValueError(f"mxq: {name}.gemm: act_input must be contiguous, got strides {act_input.stride()}")
+    return act_input
+
+
 def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
     """The compile-time arguments of a module's ``launch_gemm`` (codegen._gemm_launcher_text):
     A and W as fake_args', the operands as [M, N] views of their kinds (broadcast dims of stride
