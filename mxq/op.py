@@ -347,7 +347,7 @@ class FusedOp:
         """Compile without a GPU and return {"ptx", "mlir", "source", "path", ...}. ``gemm=True``:
         the kernel of ``op.gemm`` instead (sm_90a, bf16 or fp16; ``operands``: the kind of each
         epilogue tensor after the accumulator, "full", "row", "col" or "scalar", all "full" by
-        default; inspection.gemm_artifacts)."""
+        default; a dact op's act_input is full and not named; inspection.gemm_artifacts)."""
         if gemm:
             if targets.normalize_arch(arch) not in ("sm_90", "sm_90a"):
                 raise ValueError(f"mxq: asm(gemm=True): op.gemm's kernel is sm_90a's (wgmma), got arch={arch!r}")
@@ -504,6 +504,8 @@ class GatedOp(FusedOp):
         return self.inner.source
 
     def asm(self, arch: str = "sm_90", dtype: str = "bf16", gemm: bool = False, operands=None) -> dict:
+        if gemm is True:  # (op.gemm refuses a gated op: no kernel of its inner op stands for it)
+            raise ValueError(f"mxq: asm(gemm=True): op.gemm does not serve {codegen.gemm_gap(self.spec, self.epilogue)}")
         return self.inner.asm(arch, dtype, gemm, operands)
 
 

@@ -293,14 +293,20 @@ class GemmQuant:
             cols = stripe_transpose(words, lane)
             for c in cutlass.range_constexpr(2):
                 col = c_own + (8 * CHUNK_GROUPS * u + c)
-                addr = base + cutlass.Int64(col) * cutlass.Int64(M) + cutlass.Int64(stripe_row)
                 if col < N and stripe_row < M:
-                    if aligned:
-                        dev.store_global_words(addr, cols[c])
-                    else:
-                        for k in cutlass.range_constexpr(16):
-                            if stripe_row + k < M:
-                                dev.store_global_u8(addr + cutlass.Int64(k), cols[c][k // 4] >> Uint32(8 * (k % 4)))
+                    self.store_run(base + cutlass.Int64(col) * cutlass.Int64(M) + cutlass.Int64(stripe_row), cols[c],
+                                   aligned, M - stripe_row)
+
+    @cute.jit
+    def store_run(self, addr, words, aligned, left: Int32):
+        """One column's 16 stripe rows of the transposed copy at ``addr``: one 16-byte store where
+        ``aligned`` (M % 16 == 0), else the bytes of the ``left`` rows inside M one at a time."""
+        if aligned:
+            dev.store_global_words(addr, words)
+        else:
+            for k in cutlass.range_constexpr(16):
+                if k < left:
+                    dev.store_global_u8(addr + cutlass.Int64(k), words[k // 4] >> Uint32(8 * (k % 4)))
 
     def value(self, acc, i: int, coords, M, N, ins, scalars):
         """The op's value of accumulator element i (NUMERICS steps 1-4), 0 at columns past N (an

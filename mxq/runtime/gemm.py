@@ -273,6 +273,10 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
     from . import compiler
 
     cluster_m = cluster_for(pingpong) if cluster_m is None else cluster_m
+    want = len(op.epilogue.tensor_params) - 1 + (op.spec.dact is not None)
+    if len(kinds) != want:  # (launch_gemm's tensors: the epilogue's after the accumulator, then act_input)
+        raise ValueError(f"mxq: compile_gemm_op: {op.__name__} takes {want} operand kind(s) (the epilogue's "
+                         f"tensors after the accumulator{', then act_input' if op.spec.dact else ''}), got {kinds}")
     source = op.source
     # (the source itself: op.source is kept on the op, and a str caches its hash, so a call's lookup
     # hashes nothing; a digest of it was recomputed on every op.gemm call)

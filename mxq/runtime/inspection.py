@@ -51,7 +51,7 @@ def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool | None = None
     launches for these operand kinds on a 132-SM GPU at tile order 1 (op.gemm picks the tile order
     by N: runtime/gemm.swizzle_for). ``operands``: each of the epilogue's tensors after the
     accumulator, as "full" ([M, N]), "row" ([N]), "col" ([M, 1]) or "scalar"; all "full" by
-    default. ``pingpong``: the GEMM's form, op.gemm's (gemm.pingpong_for) by default, in clusters of
+    default (a dact op's act_input is always full and not named here). ``pingpong``: the GEMM's form, op.gemm's (gemm.pingpong_for) by default, in clusters of
     gemm.CLUSTER_M (a large M's: op.gemm takes none where they would pad its M tiles,
     gemm.cluster_for)."""
     from ..frontend import codegen
@@ -68,6 +68,7 @@ def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool | None = None
     if len(kinds) != n or any(k not in GEMM_OPERAND_KINDS for k in kinds):
         raise ValueError(f"mxq: asm(gemm=True): operands must name the kind of each of the epilogue's {n} tensors "
                          f"after the accumulator, each one of {GEMM_OPERAND_KINDS}; got {operands!r}")
+    kinds += ("full",) if op.spec.dact else ()  # (act_input: one more full operand)
     pingpong = gemm_rt.pingpong_for(op.spec) if pingpong is None else bool(pingpong)
     compiled = gemm_rt.compile_gemm_op(op, dtype, kinds, False, 132, 1, keep_ptx=True, pingpong=pingpong)
     return _artifacts(op, compiled.__ptx__, compiled.ir_module, gemm_rt.ARCH, dtype, "gemm", operands=kinds,
