@@ -378,6 +378,20 @@ def test_ptxas_assembles_the_colwise_kernel_without_spills(colwise_ptx, op, ping
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
+def test_mxfp8_amax_takes_the_row_blocks_maxima(pingpong):
+    """MXFP8's tensor amax from its rowwise blocks' maxima (the same NaN rule), one max a block
+    and row (16 a thread) instead of one a value (128): gelu + both + amax adds 16 + 5 (the
+    warp's) NaN-propagating maxima to the same op without amax, and assembles without spills."""
+    op = mxq.fused_quant(act="gelu", colwise=True, amax=True)(bias_gelu_mx_both.fn)
+    text = g.compile_gemm_op(op, "bf16", ("row",), False, 132, 1, keep_ptx=True, pingpong=pingpong).__ptx__
+    _assert_ptxas_clean(text)
+    twin = g.compile_gemm_op(bias_gelu_mx_both, "bf16", ("row",), False, 132, 1, keep_ptx=True,
+                             pingpong=pingpong).__ptx__
+    assert text.count("max.NaN.f32") - twin.count("max.NaN.f32") == 16 + 5  # (16 block maxima, the warp's 5)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
 def test_ptxas_assembles_the_fused_kernel_without_spills_or_serialised_wgmmas(ptx, fmt, pingpong):
     """The local ptxas takes the fused kernel with no spills and no C7514 warning (an

@@ -112,6 +112,8 @@ class GemmQuant:
         blocks = tile[1] // width  # blocks per tile row
         nbr = (N + width - 1) // width  # blocks per output row
         tmax = Float32(0.0)  # (the thread's share of the tensor amax: rows past M left out, columns past N are 0)
+        # (MXFP8's block maxima propagate NaN as its tensor amax does: the amax takes the blocks')
+        by_blocks = cfg.rowwise and codec.block_amax_nan(fmt) == codec.amax_nan(fmt)
         if cutlass.const_expr(not cfg.rowwise):  # (the values alone: the colwise copy reads them from acc)
             for i in cutlass.range_constexpr(cute.size(acc)):
                 acc[i] = self.value(acc, i, coords, M, N, ins, scalars)
@@ -125,9 +127,12 @@ class GemmQuant:
                         i = c + 2 * h + VALUES_PER_GROUP * g
                         acc[i] = self.value(acc, i, coords, M, N, ins, scalars)
                         amax = cute.arch.fmax(amax, cute.math.abs(acc[i]), nan=nan)
-                        tmax = self.amax_step(tmax, acc[i], r < M)  # (a row past M: the op of a zero accumulator)
+                        if cutlass.const_expr(not by_blocks):  # (a row past M: the op of a zero accumulator)
+                            tmax = self.amax_step(tmax, acc[i], r < M)
                 for st in cutlass.range_constexpr(2):  # the quad: offsets 1, 2
                     amax = cute.arch.fmax(amax, cute.arch.shuffle_sync_bfly(amax, offset=1 << st), nan=nan)
+                if cutlass.const_expr(by_blocks):  # (the block's amax: its |values| under the tensor amax's rule)
+                    tmax = self.amax_step(tmax, amax, r < M)
                 e = codec.block_scale(fmt, amax, False, in_max)
                 s = codec.multiplier(fmt, e)
                 blk = tile_n * blocks + b
