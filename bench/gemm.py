@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -75,9 +76,14 @@ def gelu_fp8_block_both(x):
     return x
 
 
+@mxq.fused_quant(dact="gelu", dbias=True, format="fp8_block", block=(1, 128), colwise=True, scale_layout="gemm")
+def dgelu_fp8_block_both(dy):  # (the backward's dgrad GEMM: dgelu at the forward's pre-activation, dbias)
+    return dy
+
+
 # (the colwise rows: MXFP8's 32-row blocks in either form; FP8 block scaling's GEMM-ready pair, the
 # transposed colwise copy of 128-row blocks, in the cooperative form alone)
-FUSED = (gelu_fp8_block, gelu_mxfp8, gelu_fp8_block_amax, gelu_mxfp8_both, gelu_fp8_block_both)
+FUSED = (gelu_fp8_block, gelu_mxfp8, gelu_fp8_block_amax, gelu_mxfp8_both, gelu_fp8_block_both, dgelu_fp8_block_both)
 
 LARGE = [(m, n, k) for m in (8192, 16384) for k, n in ((4096, 14336), (14336, 4096), (8192, 28672))]
 SMALL = [(200, 136, 64), (1000, 520, 4096), (128, 256, 64), (1, 8, 8), (129, 264, 72), (300, 1000, 200)]
@@ -254,11 +260,18 @@ def _fused_row(name, op, m, n, k, bench, device):
     try:
         a, w = inputs(m, n, k, device=device)
         w = (w.float() / math.sqrt(k)).to(a.dtype)  # (activations of unit size: gelu's both sides)
+        # (a dact op's act_input: the forward's pre-activation, of unit size too)
+        kw = dict(act_input=torch.randn(m, n, device=a.device).to(a.dtype)) if op.spec.dact else {}
+        ref_kw = {key: t.float() for key, t in kw.items()}
         acc = torch.empty(m, n, dtype=torch.float32, device=a.device)
-        got = op.gemm(a, w, acc_out=acc)
+        got = op.gemm(a, w, acc_out=acc, **kw)
         exact = is_exact(op)
-        problems = compare(got, op.reference(acc), exact, v_bound=None if exact else v_bound(op, acc))
-        plain = op.gemm(a, w)
+        ref = op.reference(acc, **ref_kw)
+        # (dbias: op.gemm's is in a's dtype, the reference's fp32; tests/test_gemm_epilogue.py's dbias_close
+        # checks it, the bench the data and scales)
+        problems = compare(dataclasses.replace(got, dbias=None), dataclasses.replace(ref, dbias=None), exact,
+                           v_bound=None if exact else v_bound(op, acc, **ref_kw))
+        plain = op.gemm(a, w, **kw)
         for d in ("rowwise_data", "colwise_data"):
             if getattr(got, d) is not None and not torch.equal(getattr(plain, d).view(torch.uint8),
                                                                getattr(got, d).view(torch.uint8)):
@@ -267,9 +280,9 @@ def _fused_row(name, op, m, n, k, bench, device):
         row = dict(name=name, M=m, N=n, K=k, checked=problems == [], problems=problems[:3])
         if bench:
             d = torch.empty(m, n, dtype=a.dtype, device=a.device)
-            fused_ms = dc.time_ms(lambda: op.gemm(a, w))
+            fused_ms = dc.time_ms(lambda: op.gemm(a, w, **kw))
             torch_ms = dc.time_ms(lambda: torch.matmul(a, w.T, out=d))
-            unfused_ms = dc.time_ms(lambda: op(torch.matmul(a, w.T, out=d)))
+            unfused_ms = dc.time_ms(lambda: op(torch.matmul(a, w.T, out=d), **kw))
             row.update(ms=fused_ms, torch_ms=torch_ms, unfused_ms=unfused_ms, vs_matmul=fused_ms / torch_ms,
                        speedup=unfused_ms / fused_ms, tflops=2 * m * n * k / fused_ms / 1e9)
             print(f"  {name:40s} fused {fused_ms:7.3f} ms  matmul {torch_ms:7.3f}  matmul+op {unfused_ms:7.3f}  "

@@ -1106,13 +1106,14 @@ def test_bench_fused_rows_check_on_the_cpu_route():
     from .test_codegen import _bench_tool
 
     tool = _bench_tool("gemm")
-    assert [(op.spec.format, op.spec.amax, op.spec.colwise) for op in tool.FUSED] == [
-        ("fp8_block", False, False), ("mxfp8", False, False), ("fp8_block", True, False), ("mxfp8", False, True),
-        ("fp8_block", False, True)]
+    assert [(op.spec.format, op.spec.amax, op.spec.colwise, op.spec.dact) for op in tool.FUSED] == [
+        ("fp8_block", False, False, None), ("mxfp8", False, False, None), ("fp8_block", True, False, None),
+        ("mxfp8", False, True, None), ("fp8_block", False, True, None), ("fp8_block", False, True, "gelu")]
     for op in tool.FUSED:
         for form, suffix in (("cooperative", ""), ("pingpong", " pingpong"), ("cooperative1", " cluster1"),
                              ("pingpong1", " pingpong cluster1")):
-            assert tool.runs_in(op, form) == (not (form.startswith("pingpong") and op is tool.gelu_fp8_block_both))
+            assert tool.runs_in(op, form) == (not (form.startswith("pingpong") and op.spec.format == "fp8_block"
+                                                   and op.spec.colwise))
             if not tool.runs_in(op, form):
                 continue
             row = tool.fused_row(op, 130, 264, 72, bench=False, device="cpu", form=form)
