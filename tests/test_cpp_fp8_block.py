@@ -64,9 +64,9 @@ NEW_FORMS = {
       for opts in NEW_FORMS.values()),
 ])
 def test_every_cpp_route_refuses_what_the_kernels_do_not_serve(tmp_path, opts, routes, words):
-    """What no kernel serves (a gated backward on every route; fp32 inputs with colwise blocks or
-    tiles and groups where export() is asked for them) is refused by name before anything is
-    built; the forms once refused by the C++ routes alone (128x128 tiles, the transposed copy,
+    """What no kernel or no C++ route serves (a gated backward on every route, which the Python
+    routes run on the kernels; fp32 inputs with colwise blocks or tiles and groups where export()
+    is asked for them) is refused by name before anything is built; the forms once refused by the C++ routes alone (128x128 tiles, the transposed copy,
     colwise blocks with amax) build on every route (the tests below run them)."""
     op = mxq.fused_quant(format="fp8_block", **opts)(ident)
     calls = {"register": lambda: op.register("fp8_block_refused"), "dispatcher": op.dispatcher,

@@ -24,7 +24,7 @@ from mxq.formats.format import Format
 from mxq.frontend import codegen
 from mxq.frontend.spec import QuantSpec
 from mxq.kernels import codec
-from mxq.runtime import compiler, launch, limits
+from mxq.runtime import compiler, inspection, launch, limits
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp8_block as oracle
@@ -54,6 +54,73 @@ def test_unserved_names_what_has_no_kernel(opts, dtype, n, why):
     reason = limits.unserved(spec, mxq.fused_quant(format="fp8_block", **opts)(ident).epilogue,
                              torch.zeros(4, n, dtype=dtype), lambda: None)
     assert "fp8_block" in reason and why in reason
+
+
+GATED_BWD = [dict(rowwise=True, colwise=True, dbias=True), dict(colwise=True, scale_layout="gemm", dbias=True),
+             dict(block=(128, 128), colwise=True), dict(rowwise=False, colwise=True, amax=True)]
+
+
+@pytest.mark.parametrize("opts", GATED_BWD, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_gated_backward_is_served_where_no_block_straddles_the_halves(opts):
+    """A gated backward (two output halves [M, 2N]) on the kernels from 16-bit inputs: served
+    where its blocks do not straddle the halves (N % 128 == 0 with 1x128 rowwise blocks or
+    128x128 tiles; any N for 128-row colwise blocks alone), not with group_offsets or fp32
+    colwise blocks; the C++ routes refuse it (they cannot fall back to the reference)."""
+    from mxq.runtime.call import Call
+
+    inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident).inner
+    spec, epi = inner.spec, inner.epilogue
+    assert limits.unserved(spec, epi, torch.zeros(4, 256, dtype=torch.bfloat16), lambda: None) is None
+    straddles = spec.rowwise or spec.block[0] > 1
+    reason = limits.unserved(spec, epi, torch.zeros(4, 96, dtype=torch.float16), lambda: None)
+    assert (reason is not None and "N % 128 == 0" in reason) == straddles, reason
+    x = torch.zeros(8, 256, dtype=torch.bfloat16)
+    grouped = Call([x], [], group_offsets=torch.tensor([8], dtype=torch.int32))
+    assert "group_offsets" in limits.unserved(spec, epi, x, lambda: None, grouped)
+    if spec.colwise:
+        assert "fp32" in limits.unserved(spec, epi, x.float(), lambda: None)
+    assert "C++ routes" in limits.cpp_gap(spec, epi, "bf16")
+
+
+@pytest.mark.parametrize("opts", GATED_BWD[:3], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_gated_backward_kernels_compile_with_both_halves(opts):
+    """The packed kernel of a gated backward (128-row tiles, one CTA writing both halves: two
+    passes) traces for bf16 and fp16; the aligned one assembles without spills."""
+    import shutil
+
+    op = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident)
+    for dtype in ("bf16", "fp16"):
+        text = inspection.ptx_of(op.inner, "sm_90", dtype, "vec")
+        assert "cvt.rn.satfinite.e4m3x2.f32" in text
+        if shutil.which("ptxas") is not None and dtype == "bf16":
+            from .test_gemm_epilogue import _assert_ptxas_clean
+
+            _assert_ptxas_clean(text)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [256, 96])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("opts", GATED_BWD, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_gpu_gated_backward_matches_the_reference(opts, dtype, n, monkeypatch):
+    """FP8 block scaling's gated backward (dswiglu, dgeglu's class too) on the kernels, into
+    poisoned outputs, against the reference within the op's class; MXQ_STRICT: no fallback
+    (N = 96 only where no block straddles the halves). CPU counterparts: the two tests above."""
+    from mxq.testing import compare, v_abs_sum, v_bound
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident)
+    if n % 128 and (inner.spec.rowwise or inner.spec.block[0] > 1):
+        pytest.skip("a block would straddle the halves: the reference's (test_gated's fallback test)")
+    for name in ("swiglu", "geglu"):
+        op = mxq.fused_quant(format="fp8_block", dact=name, **opts)(ident)
+        a = planted(131, 2 * n, dtype, seed=n, scale=2.0)
+        grad = planted(131, n, dtype, seed=n + 1, specials=False)
+        want = op.reference(grad, act_input=a)
+        exact = False
+        v_abs = v_abs_sum(op.inner, grad, a[:, :n], a[:, n:], 0.0) if op.spec.dbias else None
+        got = op(grad.cuda(), act_input=a.cuda(), out=poisoned(op, grad.cuda()))
+        assert compare(got, want, exact, v_abs, v_bound=v_bound(op, grad, act_input=a)) == [], name
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from ..formats import fp4_layouts
-from ..formats.numerics import BLOCK
 from ..frontend import codegen, gated
 from ..kernels import config as kconfig
 from ..tensor import flat_dims
@@ -40,9 +39,10 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str 
         return f"{too_big}; running the torch reference"
     if not gated.is_halves(epilogue):
         return None
-    if x.dim() and x.shape[-1] % n_multiple(spec, epilogue):
-        return (f"a gated backward with rowwise blocks needs N % {BLOCK} == 0 on the kernels (N = {x.shape[-1]}: "
-                f"a {BLOCK}-element block would straddle the two halves); running the torch reference")
+    mult = n_multiple(spec, epilogue)
+    if x.dim() and x.shape[-1] % mult:
+        return (f"a gated backward with rowwise blocks needs N % {mult} == 0 on the kernels (N = {x.shape[-1]}: "
+                f"a {mult}-element block would straddle the two halves); running the torch reference")
     return None
 
 
@@ -77,16 +77,18 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     (compact or gemm layout) and, from 16-bit inputs, colwise 128-row blocks (the packed kernel's
     128-row tile, KernelConfig.tile_rows; compact, or the GEMM-ready transposed copy from aligned
     rows; with or without amax) and 128x128 tiles (the same tile, either layout and direction),
-    of one-output-half ops, grouped ones too from 16-bit inputs (compact: the grouped row tiles of
-    the kernel's tile rows, kernels/grouped.py); fp32 inputs ungrouped rowwise 1x128 blocks only, through the
+    grouped ones too from 16-bit inputs (compact: the grouped row tiles of the kernel's tile
+    rows, kernels/grouped.py), gated backwards (two output halves, ungrouped; N a multiple of the
+    blocks' width where they would straddle the halves: unserved, n_multiple; the C++ routes
+    refuse them, cpp_gap); fp32 inputs ungrouped rowwise 1x128 blocks only, through the
     vectorised kernel, aligned or with staged rows (launch.variant_for picks "vec" or "rows8":
     variant_gap), where the staged rows fit shared memory. The rule of the Python routes
     (fp8_block_unserved) and, with cpp_only_gap, the C++ ones (cpp_gap)."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
-    if gated.is_halves(epilogue):
-        return "with a gated backward (two output halves) has no GPU kernels yet"
+    if gated.is_halves(epilogue) and grouped:
+        return "with a gated backward (two output halves) and group_offsets has no GPU kernels yet"
     if grouped and dtype == "fp32":
         return "with group_offsets and fp32 inputs has no GPU kernels yet"
     if (spec.colwise or spec.block[0] > 1) and dtype == "fp32":
@@ -197,7 +199,10 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
         why = fp4_cpp_gap(spec, native)
         return f"format={spec.format!r} {why}" if why else None
     why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant)
-           or cpp_only_gap(spec, grouped, variant) if spec.format == "fp8_block" else "is not served by the C++ routes yet")
+           or cpp_only_gap(spec, grouped, variant)
+           or ("with a gated backward (two output halves) is not served by the C++ routes yet"
+               if gated.is_halves(epilogue) else None)
+           if spec.format == "fp8_block" else "is not served by the C++ routes yet")
     return f"format={spec.format!r} {why}" if why else None
 
 
@@ -253,8 +258,11 @@ def cpp_transposed(spec) -> bool:
 
 def n_multiple(spec, epilogue) -> int:
     """What N must be a multiple of for the kernels to serve an op: a two-halves op with rowwise
-    output, a block (a rowwise block may not straddle the halves); else 1."""
-    return BLOCK if gated.is_halves(epilogue) and spec.rowwise else 1
+    output or 128x128 tiles, its blocks' width (a block may not straddle the halves: 32 MXFP8,
+    128 FP8 block scaling); else 1."""
+    if gated.is_halves(epilogue) and (spec.rowwise or spec.block[0] > 1):
+        return spec.block[1]
+    return 1
 
 
 def packed_shared_bytes(spec, epilogue, tuning) -> int:
