@@ -56,42 +56,64 @@ def test_unserved_names_what_has_no_kernel(opts, dtype, n, why):
     assert "fp8_block" in reason and why in reason
 
 
-GATED_BWD = [dict(rowwise=True, colwise=True, dbias=True), dict(colwise=True, scale_layout="gemm", dbias=True),
-             dict(block=(128, 128), colwise=True), dict(rowwise=False, colwise=True, amax=True)]
+GATED_BWD = [dict(rowwise=True, colwise=True, dbias=True), dict(rowwise=True, scale_layout="gemm", amax=True),
+             dict(rowwise=False, colwise=True, amax=True, dbias=True)]
 
 
-@pytest.mark.parametrize("opts", GATED_BWD, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def _ids(o):
+    return "-".join(f"{k}={v}" for k, v in o.items())
+
+
+@pytest.mark.parametrize("opts", GATED_BWD, ids=_ids)
 def test_gated_backward_is_served_where_no_block_straddles_the_halves(opts):
-    """A gated backward (two output halves [M, 2N]) on the kernels from 16-bit inputs: served
-    where its blocks do not straddle the halves (N % 128 == 0 with 1x128 rowwise blocks or
-    128x128 tiles; any N for 128-row colwise blocks alone), not with group_offsets or fp32
-    colwise blocks; the C++ routes refuse it (they cannot fall back to the reference)."""
-    from mxq.runtime.call import Call
-
+    """A gated backward (two output halves [M, 2N]) on the kernels from 16-bit inputs, the op's
+    own shared-memory rule included: served at N = 256, and at N = 96 only without rowwise
+    blocks (a 1x128 block would straddle the halves); the C++ routes refuse it (they cannot fall
+    back to the reference)."""
     inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident).inner
-    spec, epi = inner.spec, inner.epilogue
-    assert limits.unserved(spec, epi, torch.zeros(4, 256, dtype=torch.bfloat16), lambda: None) is None
-    straddles = spec.rowwise or spec.block[0] > 1
-    reason = limits.unserved(spec, epi, torch.zeros(4, 96, dtype=torch.float16), lambda: None)
-    assert (reason is not None and "N % 128 == 0" in reason) == straddles, reason
-    x = torch.zeros(8, 256, dtype=torch.bfloat16)
-    grouped = Call([x], [], group_offsets=torch.tensor([8], dtype=torch.int32))
-    assert "group_offsets" in limits.unserved(spec, epi, x, lambda: None, grouped)
-    if spec.colwise:
-        assert "fp32" in limits.unserved(spec, epi, x.float(), lambda: None)
+    spec, epi, smem = inner.spec, inner.epilogue, inner._packed_smem_shortfall
+    for dtype in (torch.bfloat16, torch.float16):
+        assert limits.unserved(spec, epi, torch.zeros(4, 256, dtype=dtype), smem) is None
+    reason = limits.unserved(spec, epi, torch.zeros(4, 96, dtype=torch.float16), smem)
+    assert (reason is None) == (opts.get("rowwise") is False), reason
+    if reason is not None:
+        assert "N % 128 == 0" in reason and "straddle" in reason
     assert "C++ routes" in limits.cpp_gap(spec, epi, "bf16")
 
 
-@pytest.mark.parametrize("opts", GATED_BWD[:3], ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("opts, why", [
+    (dict(block=(128, 128), colwise=True), "block=(128, 128)"),
+    (dict(colwise=True, scale_layout="gemm"), "transposed colwise copy"),
+    (dict(rowwise=False, colwise=True, scale_layout="gemm", dbias=True), "transposed colwise copy"),
+    (dict(), "fp32 inputs"),
+])
+def test_gated_backward_forms_without_kernels_are_named(opts, why):
+    """What the two passes do not serve yet runs the reference with a reason naming it: 128x128
+    tiles and the transposed copy (their stores take no half offset), fp32 inputs, groups; the
+    kernels' own guard refuses the first two."""
+    from mxq.runtime.call import Call
+
+    inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident).inner
+    x = torch.zeros(8, 256, dtype=torch.float32 if why == "fp32 inputs" else torch.bfloat16)
+    reason = limits.unserved(inner.spec, inner.epilogue, x, inner._packed_smem_shortfall)
+    assert reason is not None and why in reason and "gated backward" in reason
+    grouped = Call([x.bfloat16()], [], group_offsets=torch.tensor([8], dtype=torch.int32))
+    assert "group_offsets" in limits.unserved(inner.spec, inner.epilogue, x.bfloat16(), lambda: None, grouped)
+    if why != "fp32 inputs":
+        with pytest.raises(RuntimeError, match="two output halves"):
+            inspection.ptx_of(inner, "sm_90", "bf16", "vec")
+
+
+@pytest.mark.parametrize("opts", GATED_BWD, ids=_ids)
 def test_gated_backward_kernels_compile_with_both_halves(opts):
-    """The packed kernel of a gated backward (128-row tiles, one CTA writing both halves: two
-    passes) traces for bf16 and fp16; the aligned one assembles without spills."""
+    """The packed kernel of a served gated backward (128-row tile, one CTA writing both halves:
+    two passes) traces for bf16 and fp16, and assembles without spills."""
     import shutil
 
     op = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident)
     for dtype in ("bf16", "fp16"):
         text = inspection.ptx_of(op.inner, "sm_90", dtype, "vec")
-        assert "cvt.rn.satfinite.e4m3x2.f32" in text
+        assert "cvt.rn.satfinite.e4m3x2.f32" in text and text.count("bar.sync") >= 2
         if shutil.which("ptxas") is not None and dtype == "bf16":
             from .test_gemm_epilogue import _assert_ptxas_clean
 
@@ -101,7 +123,7 @@ def test_gated_backward_kernels_compile_with_both_halves(opts):
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [256, 96])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("opts", GATED_BWD, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+@pytest.mark.parametrize("opts", GATED_BWD, ids=_ids)
 def test_gpu_gated_backward_matches_the_reference(opts, dtype, n, monkeypatch):
     """FP8 block scaling's gated backward (dswiglu, dgeglu's class too) on the kernels, into
     poisoned outputs, against the reference within the op's class; MXQ_STRICT: no fallback
@@ -109,13 +131,12 @@ def test_gpu_gated_backward_matches_the_reference(opts, dtype, n, monkeypatch):
     from mxq.testing import compare, v_abs_sum, v_bound
 
     monkeypatch.setenv("MXQ_STRICT", "1")
-    inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident)
-    if n % 128 and (inner.spec.rowwise or inner.spec.block[0] > 1):
+    if n % 128 and opts.get("rowwise", True):
         pytest.skip("a block would straddle the halves: the reference's (test_gated's fallback test)")
-    for name in ("swiglu", "geglu"):
+    for name, m in (("swiglu", 131), ("geglu", 300)):  # (partial 128-row tiles: 2 and 3 of them)
         op = mxq.fused_quant(format="fp8_block", dact=name, **opts)(ident)
-        a = planted(131, 2 * n, dtype, seed=n, scale=2.0)
-        grad = planted(131, n, dtype, seed=n + 1, specials=False)
+        a = planted(m, 2 * n, dtype, seed=n, scale=2.0)
+        grad = planted(m, n, dtype, seed=n + 1, specials=False)
         want = op.reference(grad, act_input=a)
         exact = False
         v_abs = v_abs_sum(op.inner, grad, a[:, :n], a[:, n:], 0.0) if op.spec.dbias else None

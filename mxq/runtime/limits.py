@@ -41,8 +41,8 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str 
         return None
     mult = n_multiple(spec, epilogue)
     if x.dim() and x.shape[-1] % mult:
-        return (f"a gated backward with rowwise blocks needs N % {mult} == 0 on the kernels (N = {x.shape[-1]}: "
-                f"a {mult}-element block would straddle the two halves); running the torch reference")
+        return (f"a gated backward with blocks of {mult} columns needs N % {mult} == 0 on the kernels (N = "
+                f"{x.shape[-1]}: a block would straddle the two halves); running the torch reference")
     return None
 
 
@@ -78,17 +78,22 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     128-row tile, KernelConfig.tile_rows; compact, or the GEMM-ready transposed copy from aligned
     rows; with or without amax) and 128x128 tiles (the same tile, either layout and direction),
     grouped ones too from 16-bit inputs (compact: the grouped row tiles of the kernel's tile
-    rows, kernels/grouped.py), gated backwards (two output halves, ungrouped; N a multiple of the
-    blocks' width where they would straddle the halves: unserved, n_multiple; the C++ routes
-    refuse them, cpp_gap); fp32 inputs ungrouped rowwise 1x128 blocks only, through the
+    rows, kernels/grouped.py), gated backwards from 16-bit inputs (two output halves, ungrouped,
+    1x128 rowwise blocks in either layout and compact 128-row colwise blocks, N % 128 == 0 with
+    the rowwise blocks: unserved, n_multiple; the C++ routes refuse them, cpp_gap); fp32 inputs
+    ungrouped rowwise 1x128 blocks only, through the
     vectorised kernel, aligned or with staged rows (launch.variant_for picks "vec" or "rows8":
     variant_gap), where the staged rows fit shared memory. The rule of the Python routes
     (fp8_block_unserved) and, with cpp_only_gap, the C++ ones (cpp_gap)."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
-    if gated.is_halves(epilogue) and grouped:
-        return "with a gated backward (two output halves) and group_offsets has no GPU kernels yet"
+    if gated.is_halves(epilogue):  # (the packed kernel's two passes: 1x128 rows, compact 128-row columns)
+        for flag, what in ((grouped, "group_offsets"), (spec.block[0] > 1, "block=(128, 128)"),
+                           (spec.colwise_transposed, "the transposed colwise copy (scale_layout='gemm')"),
+                           (dtype == "fp32", "fp32 inputs")):
+            if flag:
+                return f"with a gated backward (two output halves) and {what} has no GPU kernels yet"
     if grouped and dtype == "fp32":
         return "with group_offsets and fp32 inputs has no GPU kernels yet"
     if (spec.colwise or spec.block[0] > 1) and dtype == "fp32":
