@@ -10,8 +10,8 @@ weight tiles (``scale_layout="gemm"``, as examples/fp8_block_linear.py; its floa
 CPU). The two outputs agree within FP8 error: the fused path quantizes the fp32 accumulator, the
 unfused one the accumulator rounded to bf16.
 
-Training needs h twice more: its transposed copy (1x128 blocks along T) is what w2's weight
-gradient ``dW2 = dy^T h`` reads. ``gelu_q_train.gemm(x, w1)`` writes it from the same epilogue
+Training also needs h's transposed copy (1x128 blocks along T): what w2's weight gradient
+``dW2 = dy^T h`` reads. ``gelu_q_train.gemm(x, w1)`` writes it from the same epilogue
 (``colwise=True``: the GEMM's cooperative form, whose 128-row tiles hold the colwise blocks), and
 the weight gradients from the fused and unfused copies agree within FP8 error too.
 

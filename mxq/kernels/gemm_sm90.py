@@ -1,5 +1,5 @@
-"""The Hopper (sm_90a) GEMM: D = A @ W^T, the mainloop a later fused epilogue (the user's op,
-then quantize) runs behind.
+"""The Hopper (sm_90a) GEMM: D = A @ W^T, the mainloop the fused epilogue (the user's op, then
+quantize: gemm_quant.py) runs behind.
 
 A is [M, K], W is [N, K] (both K-major, bf16 or fp16), D is [M, N] in the input dtype; the
 accumulator is fp32 on wgmma. Built from nvidia-cutlass-dsl's pieces (TMA atoms, the
@@ -130,8 +130,8 @@ class GemmSm90:
         ``mAcc``: the fp32 accumulator (acc_hook), else any tensor (unused). With the op's dbias:
         ``dbias`` [N] (a's dtype), ``dbias_ws`` fp32 [ceil(M / 16), N] for the epilogue's partial
         sums (one row per 16-row warp stripe, gemm_quant.GemmQuant.columns) and the zero
-        ``noop`` the reduction kernel reads. With its colwise copy: ``col_data`` [M, N] and its
-        flat ``col_scale``. Traced by a module's launch_gemm."""
+        ``noop`` the reduction kernel reads. With its colwise copy: ``col_data`` ([M, N], or the
+        transposed [N, M]) and its flat ``col_scale``. Traced by a module's launch_gemm."""
         self.run(mA, mW, row_data, mAcc, stream, row_scale, ins, scalars, amax, dbias, dbias_ws, noop, col_data,
                  col_scale)
 
@@ -242,7 +242,8 @@ class GemmSm90:
     @cute.jit
     def consume(self, pipe, tiled_mma, sA, sW, mD, mAcc, sched, ctid, gA_full, fused_args):
         """The consumer warpgroups: the K loop on wgmma for each tile, then ``epilogue`` (or,
-        with ``fused``, the op's: ``fused_args`` are its row_scale, ins, scalars and amax). With
+        with ``fused``, the op's: ``fused_args`` are its row_scale, ins, scalars, amax, dbias_ws,
+        col_data, col_scale and the colwise exchange). With
         ``pingpong`` warpgroup w takes the CTA's tiles w, w + 2, ... (its read state starts w
         tiles' stages in and skips the other's after each), its mainloop ordered after the
         other's by the barrier pair (warpgroup 0 opens its own barrier once to start)."""

@@ -6,7 +6,8 @@ mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds. Bot
 form ``PINGPONG`` names at call time (GemmSm90's ``pingpong``: the two consumer warpgroups on
 alternate 64 x 256 tiles, or together on 128 x 256; a benchmark or test may set it to time or
 check either form; op.gemm's ``pingpong_for`` takes the cooperative form for an op with 128-row
-colwise blocks), in clusters of ``CLUSTER_M`` CTAs along M where the M tiles pair up
+colwise blocks), in clusters of ``CLUSTER_M`` CTAs along M where the M tiles pair up or number
+at least CLUSTER_MIN_ODD_TILES
 (``cluster_for``: GemmSm90's ``cluster_m``).
 
 Arguments are checked here, before any launch, each error naming its argument: a [M, K] and
@@ -279,7 +280,7 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
                          f"tensors after the accumulator{', then act_input' if op.spec.dact else ''}), got {kinds}")
     source = op.source
     # (the source itself: op.source is kept on the op, and a str caches its hash, so a call's lookup
-    # hashes nothing; a digest of it was recomputed on every op.gemm call)
+    # hashes nothing)
     key = ("op", source, dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong, cluster_m)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:

@@ -26,8 +26,8 @@ def unsupported(x: torch.Tensor) -> str | None:
 def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str | None:
     """Why the kernels cannot serve an op's call on CUDA tensor ``x``, or None. A 16-bit op whose
     inputs do not fit the packed kernel's shared memory (many epilogue tensors; ``smem_shortfall()``,
-    the op's own smem_shortfall). A two-halves op (mxq/frontend/gated.py): rowwise blocks of the
-    [M, 2N] output must not straddle the halves (each half is its own CTAs). FP8 block scaling:
+    the op's own smem_shortfall). A two-halves op (mxq/frontend/gated.py): a block of the
+    [M, 2N] output must not straddle the halves (n_multiple). FP8 block scaling:
     fp8_block_unserved (``call``: the call's out= and group_offsets)."""
     if spec.format != "mxfp8":
         why = {"fp8_block": fp8_block_unserved, "mxfp4": fp4_unserved, "nvfp4": fp4_unserved}.get(spec.format)
@@ -193,7 +193,8 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
             native: bool = True) -> str | None:
     """What of an op the C++ routes (register, dispatcher, export) cannot serve, as
     "format=... <why>", or None: formats without kernels, fp8_block_gap, variant_gap,
-    cpp_only_gap, fp4_cpp_gap. register() and dispatcher() ask it with no dtype before anything is built and
+    cpp_only_gap, FP8 block scaling's gated backwards (the Python routes run them on the
+    kernels), fp4_cpp_gap. register() and dispatcher() ask it with no dtype before anything is built and
     the native dispatcher with each call's dtype and variant (ffi's resolve); export() with its
     dtype, grouped, and each variant it exports (a variant with a gap is left out of the library).
     ``native``: a route of compiled code alone (export, the native dispatcher); NVFP4's and
