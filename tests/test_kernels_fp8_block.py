@@ -57,7 +57,8 @@ def test_unserved_names_what_has_no_kernel(opts, dtype, n, why):
 
 
 GATED_BWD = [dict(rowwise=True, colwise=True, dbias=True), dict(rowwise=True, scale_layout="gemm", amax=True),
-             dict(rowwise=False, colwise=True, amax=True, dbias=True)]
+             dict(rowwise=False, colwise=True, amax=True, dbias=True), dict(block=(128, 128), colwise=True),
+             dict(block=(128, 128), scale_layout="gemm")]
 
 
 def _ids(o):
@@ -68,8 +69,8 @@ def _ids(o):
 def test_gated_backward_is_served_where_no_block_straddles_the_halves(opts):
     """A gated backward (two output halves [M, 2N]) on the kernels from 16-bit inputs, the op's
     own shared-memory rule included: served at N = 256, and at N = 96 only without rowwise
-    blocks (a 1x128 block would straddle the halves); the C++ routes refuse it (they cannot fall
-    back to the reference)."""
+    blocks or tiles (a 1x128 block or 128x128 tile would straddle the halves); the C++ routes
+    refuse it (they cannot fall back to the reference)."""
     inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident).inner
     spec, epi, smem = inner.spec, inner.epilogue, inner._packed_smem_shortfall
     for dtype in (torch.bfloat16, torch.float16):
@@ -82,15 +83,15 @@ def test_gated_backward_is_served_where_no_block_straddles_the_halves(opts):
 
 
 @pytest.mark.parametrize("opts, why", [
-    (dict(block=(128, 128), colwise=True), "block=(128, 128)"),
     (dict(colwise=True, scale_layout="gemm"), "transposed colwise copy"),
+    (dict(block=(128, 128), colwise=True, scale_layout="gemm"), "transposed colwise copy"),
     (dict(rowwise=False, colwise=True, scale_layout="gemm", dbias=True), "transposed colwise copy"),
     (dict(), "fp32 inputs"),
 ])
 def test_gated_backward_forms_without_kernels_are_named(opts, why):
-    """What the two passes do not serve yet runs the reference with a reason naming it: 128x128
-    tiles and the transposed copy (their stores take no half offset), fp32 inputs, groups; the
-    kernels' own guard refuses the first two."""
+    """What the two passes do not serve yet runs the reference with a reason naming it: the
+    transposed copy (its stores take no half offset), fp32 inputs, groups; the kernels' own
+    guard refuses the first."""
     from mxq.runtime.call import Call
 
     inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident).inner

@@ -1014,8 +1014,9 @@ class PackedKernel:
         """The scale of the thread's 128x128 tile (h = lane // 16): the owner warps' partial
         maxima (tile_partial) reduced, TransformerEngine's rule; lanes 0 and 16 of warp 0 store
         tile h's 1 / scale in each direction's layout (codec.tile_scale_offset; one value serves
-        both copies, as the reference's single tile amax). A grouped tile with no rows stores 0.0
-        (the rows between groups of the grouped buffers, grouped.py)."""
+        both copies, as the reference's single tile amax); a two-halves op's half at tile column
+        co / 128 of outputs NOUT wide (N % 128 == 0: limits.n_multiple). A grouped tile with no
+        rows stores 0.0 (the rows between groups of the grouped buffers, grouped.py)."""
         cfg = self.cfg
         cute.arch.sync_threads()
         h = t.lane // 16
@@ -1025,12 +1026,16 @@ class PackedKernel:
         e = codec.block_scale(cfg.fmt, amax, k.use_hw_e8m0, k.IN_MAX)
         mb, nb = (io.M + 127) // 128, (io.N + 127) // 128
         blk = t.cb * 2 + h
+        inside = blk < nb
+        if cutlass.const_expr(cfg.halves):  # (half h's tiles from column co = h N of the 2N-wide outputs)
+            blk = t.co // 128 + t.cb * 2 + h
+            nb = (t.NOUT + 127) // 128
         writes = t.Ms > 0
         d = codec.dequantization_scale(e)
         if cutlass.const_expr(k.GROUPED):
             writes = t.in_grid and io.noop[0] != Float32(1.0)
             d = Float32(cutlass.select_(t.Ms > 0, d, Float32(0.0)))
-        if t.warp == 0 and t.lane % 16 == 0 and blk < nb and writes:
+        if t.warp == 0 and t.lane % 16 == 0 and inside and writes:
             if cutlass.const_expr(cfg.rowwise):
                 io.row_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, False)] = d
             if cutlass.const_expr(cfg.colwise):

@@ -91,9 +91,9 @@ class Quantize:
             # (limits.fp8_block_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: colwise blocks of 128 rows are served by the packed kernel alone; "
                                       "the transposed copy with aligned rows only")
-        if cfg.halves and (cfg.tiles or cfg.transposed):  # (limits.fp8_block_gap keeps such calls on the reference)
-            raise NotImplementedError("mxq: two output halves are not served with 128x128 tiles or the transposed "
-                                      "colwise copy (their scale and data stores take no half offset)")
+        if cfg.halves and cfg.transposed:  # (limits.fp8_block_gap keeps such calls on the reference)
+            raise NotImplementedError("mxq: two output halves are not served with the transposed colwise copy (its "
+                                      "stores take no half offset)")
         if cfg.fmt.packed and variant != "vec":  # (limits.fp4_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: FP4 outputs are served by the aligned kernels alone (variant 'vec')")
         M = ins[0].shape[0]

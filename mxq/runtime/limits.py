@@ -79,8 +79,9 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     rows; with or without amax) and 128x128 tiles (the same tile, either layout and direction),
     grouped ones too from 16-bit inputs (compact: the grouped row tiles of the kernel's tile
     rows, kernels/grouped.py), gated backwards from 16-bit inputs (two output halves, ungrouped,
-    1x128 rowwise blocks in either layout and compact 128-row colwise blocks, N % 128 == 0 with
-    the rowwise blocks: unserved, n_multiple; the C++ routes refuse them, cpp_gap); fp32 inputs
+    1x128 rowwise blocks in either layout, compact 128-row colwise blocks, 128x128 tiles; N % 128
+    == 0 with the rowwise blocks or tiles: unserved, n_multiple; the C++ routes refuse them,
+    cpp_gap); fp32 inputs
     ungrouped rowwise 1x128 blocks only, through the
     vectorised kernel, aligned or with staged rows (launch.variant_for picks "vec" or "rows8":
     variant_gap), where the staged rows fit shared memory. The rule of the Python routes
@@ -89,7 +90,7 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     if gap:
         return f"{gap} has no GPU kernels yet"
     if gated.is_halves(epilogue):  # (the packed kernel's two passes: 1x128 rows, compact 128-row columns)
-        for flag, what in ((grouped, "group_offsets"), (spec.block[0] > 1, "block=(128, 128)"),
+        for flag, what in ((grouped, "group_offsets"),
                            (spec.colwise_transposed, "the transposed colwise copy (scale_layout='gemm')"),
                            (dtype == "fp32", "fp32 inputs")):
             if flag:
