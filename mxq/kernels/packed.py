@@ -1026,16 +1026,17 @@ class PackedKernel:
         e = codec.block_scale(cfg.fmt, amax, k.use_hw_e8m0, k.IN_MAX)
         mb, nb = (io.M + 127) // 128, (io.N + 127) // 128
         blk = t.cb * 2 + h
-        inside = blk < nb
-        if cutlass.const_expr(cfg.halves):  # (half h's tiles from column co = h N of the 2N-wide outputs)
-            blk = t.co // 128 + t.cb * 2 + h
+        lim = nb
+        if cutlass.const_expr(cfg.halves):  # (this pass's half: tile columns from co / 128 of NOUT / 128)
+            blk = t.co // 128 + blk
+            lim = t.co // 128 + nb
             nb = (t.NOUT + 127) // 128
         writes = t.Ms > 0
         d = codec.dequantization_scale(e)
         if cutlass.const_expr(k.GROUPED):
             writes = t.in_grid and io.noop[0] != Float32(1.0)
             d = Float32(cutlass.select_(t.Ms > 0, d, Float32(0.0)))
-        if t.warp == 0 and t.lane % 16 == 0 and inside and writes:
+        if t.warp == 0 and t.lane % 16 == 0 and blk < lim and writes:
             if cutlass.const_expr(cfg.rowwise):
                 io.row_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, False)] = d
             if cutlass.const_expr(cfg.colwise):
