@@ -330,6 +330,7 @@ def test_tile_order_groups_divide_the_n_tiles():
     from mxq.kernels.gemm_sm90 import PINGPONG_TILE, TILE
 
     assert g.TILE_N == TILE[1] == PINGPONG_TILE[1]  # (one tile order rule serves both forms)
+    assert g.TILE_M == {True: PINGPONG_TILE[0], False: TILE[0]}  # (cluster_for's and pingpong_for's rows)
     assert [g.swizzle_for(n) for n in (8, 256, 512, 768, 1024, 4096, 14336, 28672, 2056)] == [1, 1, 2, 1, 4, 8, 8, 8, 1]
     for n in range(8, 40000, 8):
         tiles = -(-n // 256)

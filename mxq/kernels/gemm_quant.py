@@ -261,9 +261,7 @@ class GemmQuant:
         rows_at = [col_data.iterator.toint() + cutlass.Int64(rr) * cutlass.Int64(N) + cutlass.Int64(c_first)
                    for rr in (r0, r1)]
         for g in cutlass.range_constexpr(tile[1] // 8):
-            src = ACC_QUAD * (g % CHUNK_GROUPS) + q  # (the lane keeping group g's columns)
-            m0 = cute.arch.shuffle_sync(mults[2 * (g // CHUNK_GROUPS)], offset=src)
-            m1 = cute.arch.shuffle_sync(mults[2 * (g // CHUNK_GROUPS) + 1], offset=src)
+            m0, m1 = group_multipliers(mults, g, q)
             for h in cutlass.range_constexpr(2):
                 i = 2 * h + VALUES_PER_GROUP * g
                 if (r0, r1)[h] < M and c_first + 8 * g < N:
@@ -290,8 +288,7 @@ class GemmQuant:
             words = []
             for gg in cutlass.range_constexpr(CHUNK_GROUPS):
                 g = CHUNK_GROUPS * u + gg
-                m0 = cute.arch.shuffle_sync(mults[2 * u], offset=ACC_QUAD * gg + q)
-                m1 = cute.arch.shuffle_sync(mults[2 * u + 1], offset=ACC_QUAD * gg + q)
+                m0, m1 = group_multipliers(mults, g, q)
                 pairs = [codec.encode2_word(fmt, dev.mul_rn(acc[2 * h + VALUES_PER_GROUP * g], m0),
                                             dev.mul_rn(acc[2 * h + VALUES_PER_GROUP * g + 1], m1)) for h in range(2)]
                 words.append(Uint32(pairs[0]) | (Uint32(pairs[1]) << Uint32(16)))
@@ -327,6 +324,14 @@ class GemmQuant:
 
         v = self.op.value(list(range(self.cfg.n_inputs + self.cfg.has_dact)), i, scalars, load)
         return Float32(cutlass.select_(coords[i][1] < N, v, Float32(0.0)))
+
+
+def group_multipliers(mults, g: int, q):
+    """The multipliers of column group g's two columns for a lane of quad position ``q``: from
+    the lane that keeps them after stripe_reduce (4 (g % 8) + q, slots 2 (g // 8) + c), one
+    indexed shuffle each."""
+    src = ACC_QUAD * (g % CHUNK_GROUPS) + q
+    return [cute.arch.shuffle_sync(mults[2 * (g // CHUNK_GROUPS) + c], offset=src) for c in range(2)]
 
 
 # --- the lane exchanges of a warp's 16-row stripe, written against ``ops`` (WARP's on the device;

@@ -30,6 +30,7 @@ ARCH = "sm_90a"  # wgmma needs the arch-specific target
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
 TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
+TILE_M = {True: 64, False: 128}  # output tile rows by form (pingpong): gemm_sm90's PINGPONG_TILE[0], TILE[0]
 DBIAS_ROWS = 16  # rows of one dbias partial sum in op.gemm's epilogue: a warp's stripe (gemm_quant.GemmQuant.columns)
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
 PINGPONG = True  # the kernel form gemm() and gemm_op() launch: ping-pong, the faster at every shape timed
@@ -138,14 +139,14 @@ def cluster_for(pingpong: bool, m: int | None = None) -> int:
     ``m`` None: CLUSTER_M (the compile of a given cluster, benchmarks, tests)."""
     if m is None or CLUSTER_M == 1:
         return CLUSTER_M
-    tiles = -(-m // (64 if pingpong else 128))
+    tiles = -(-m // TILE_M[pingpong])
     return CLUSTER_M if tiles % CLUSTER_M == 0 or tiles >= CLUSTER_MIN_ODD_TILES else 1
 
 
 def pingpong_for(spec) -> bool:
     """The kernel form of op.gemm for an op: PINGPONG, but cooperative where the op's colwise
-    blocks have 128 rows (FP8 block scaling: a ping-pong tile has 64; gemm_quant.colwise_rows)."""
-    return PINGPONG and not (spec.colwise and spec.format == "fp8_block")
+    blocks have more rows than a ping-pong tile (FP8 block scaling's 128; gemm_quant.colwise_rows)."""
+    return PINGPONG and not (spec.colwise and spec.block_format.col_block[0] > TILE_M[True])
 
 
 def swizzle_for(n: int) -> int:
@@ -327,8 +328,8 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
         colwise = (out.colwise_data.view(torch.uint8), launch.flat_scale(out.colwise_scale))
     if op.spec.rowwise:
         data, scale = out.rowwise_data.view(torch.uint8), launch.flat_scale(out.rowwise_scale)
-    else:  # (no rowwise copy: one byte of zero strides gives the kernel [M, N], the scales any buffer)
-        data, scale = torch.empty(1, dtype=torch.uint8, device=a.device).as_strided((m, n), (0, 0)), colwise[1]
+    else:  # (no rowwise copy: a byte of the colwise data at zero strides gives the kernel [M, N]; never written)
+        data, scale = colwise[0].as_strided((m, n), (0, 0)), colwise[1]
     if op.spec.amax:  # (the epilogue's atomics grow it from 0: an out= given holds whatever it held)
         amax = out.amax.view(1)
         amax.zero_()
