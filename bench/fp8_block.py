@@ -81,7 +81,7 @@ def mxq_cases(m, n):
 
 
 # (--variants: the 128-row tile's rows; the transposed copy's two rows are the ones Tuning.tr_stage switches)
-EXTRA_ROWS = ("bias_gelu_rowwise_gemm", "swiglu_fwd_rowwise")  # (mxq's rows beside mxq_cases)
+EXTRA_ROWS = ("bias_gelu_rowwise_gemm", "swiglu_fwd_rowwise", "swiglu_bwd_dbias_both_gemm")  # (beside mxq_cases)
 TILE128_ROWS = ("colwise_compact", "both_compact", "colwise_gemm", "both_gemm", "dgelu_dbias_both")
 
 
@@ -249,6 +249,12 @@ def main(argv=None):
             gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
             rows.append(run_mxq("swiglu_fwd_rowwise", dict(format="fp8_block", act="swiglu"),
                                 moved(m, n, inputs=2), False, x, copy_gbps, args=[gu]))  # (x: the output's shape)
+        if wanted("swiglu_bwd_dbias_both_gemm"):  # (x: the gradient [M, N]; outputs [M, 2N], the transposed copy)
+            gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.bfloat16)
+            rows.append(run_mxq("swiglu_bwd_dbias_both_gemm", dict(format="fp8_block", dact="swiglu", dbias=True,
+                                                                    colwise=True, scale_layout="gemm"),
+                                moved(m, 2 * n, True, True, extra=2 * m * n + 4 * n), False, x, copy_gbps,
+                                kw={"act_input": gu}))
         for name, fn in peers.items():
             mv = moved(m, n, name != "colwise", name == "colwise") if name != "weight_128x128" else tile_moved(m, n)
             rows.append(run_torchao(name, fn, x, mv, copy_gbps))

@@ -58,7 +58,14 @@ def test_unserved_names_what_has_no_kernel(opts, dtype, n, why):
 
 GATED_BWD = [dict(rowwise=True, colwise=True, dbias=True), dict(rowwise=True, scale_layout="gemm", amax=True),
              dict(rowwise=False, colwise=True, amax=True, dbias=True), dict(block=(128, 128), colwise=True),
-             dict(block=(128, 128), scale_layout="gemm")]
+             dict(block=(128, 128), scale_layout="gemm"),
+             # the transposed colwise copy (staged in KernelConfig.tr_parts column parts beside the two passes' inputs)
+             dict(colwise=True, scale_layout="gemm"), dict(colwise=True, scale_layout="gemm", dbias=True),
+             dict(rowwise=False, colwise=True, scale_layout="gemm", amax=True, dbias=True),
+             dict(block=(128, 128), colwise=True, scale_layout="gemm")]
+# grouped (compact layout: validation refuses group_offsets with scale_layout="gemm")
+GATED_BWD_GROUPED = [dict(colwise=True, dbias=True), dict(rowwise=False, colwise=True, dbias=True, amax=True),
+                     dict(block=(128, 128), colwise=True), dict(dbias=True)]
 
 
 def _ids(o):
@@ -82,27 +89,40 @@ def test_gated_backward_is_served_where_no_block_straddles_the_halves(opts):
     assert "C++ routes" in limits.cpp_gap(spec, epi, "bf16")
 
 
-@pytest.mark.parametrize("opts, why", [
-    (dict(colwise=True, scale_layout="gemm"), "transposed colwise copy"),
-    (dict(block=(128, 128), colwise=True, scale_layout="gemm"), "transposed colwise copy"),
-    (dict(rowwise=False, colwise=True, scale_layout="gemm", dbias=True), "transposed colwise copy"),
-    (dict(), "fp32 inputs"),
-])
-def test_gated_backward_forms_without_kernels_are_named(opts, why):
-    """What the two passes do not serve yet runs the reference with a reason naming it: the
-    transposed copy (its stores take no half offset), fp32 inputs, groups; the kernels' own
-    guard refuses the first."""
+def test_gated_backward_from_fp32_is_named():
+    """What the two passes do not serve yet runs the reference with a reason naming it: fp32
+    inputs (grouped or not)."""
     from mxq.runtime.call import Call
 
-    inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident).inner
-    x = torch.zeros(8, 256, dtype=torch.float32 if why == "fp32 inputs" else torch.bfloat16)
+    inner = mxq.fused_quant(format="fp8_block", dact="swiglu")(ident).inner
+    x = torch.zeros(8, 256, dtype=torch.float32)
     reason = limits.unserved(inner.spec, inner.epilogue, x, inner._packed_smem_shortfall)
-    assert reason is not None and why in reason and "gated backward" in reason
-    grouped = Call([x.bfloat16()], [], group_offsets=torch.tensor([8], dtype=torch.int32))
-    assert "group_offsets" in limits.unserved(inner.spec, inner.epilogue, x.bfloat16(), lambda: None, grouped)
-    if why != "fp32 inputs":
-        with pytest.raises(RuntimeError, match="two output halves"):
-            inspection.ptx_of(inner, "sm_90", "bf16", "vec")
+    assert reason is not None and "fp32 inputs" in reason and "gated backward" in reason
+    grouped = Call([x], [], group_offsets=torch.tensor([8], dtype=torch.int32))
+    assert "fp32" in limits.unserved(inner.spec, inner.epilogue, x, lambda: None, grouped)
+
+
+@pytest.mark.parametrize("opts", GATED_BWD_GROUPED, ids=_ids)
+def test_grouped_gated_backward_is_served_and_compiles(opts):
+    """A grouped gated backward from 16-bit inputs on the grouped packed kernel (128-row group
+    tiles, both halves per CTA): served, traced for bf16 and fp16, and assembled without spills."""
+    import shutil
+
+    from mxq.runtime.call import Call
+
+    op = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident)
+    inner = op.inner
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.zeros(300, 256, dtype=dtype)
+        call = Call([x], [], group_offsets=torch.tensor([0, 100, 300], dtype=torch.int32))
+        assert limits.unserved(inner.spec, inner.epilogue, x, inner._packed_smem_shortfall, call) is None
+    for dtype in ("bf16", "fp16"):
+        text = inspection.ptx_of(inner, "sm_90", dtype, "vec_grouped")
+        assert "cvt.rn.satfinite.e4m3x2.f32" in text
+        if shutil.which("ptxas") is not None and dtype == "bf16":
+            from .test_gemm_epilogue import _assert_ptxas_clean
+
+            _assert_ptxas_clean(text)
 
 
 @pytest.mark.parametrize("opts", GATED_BWD, ids=_ids)
@@ -134,7 +154,8 @@ def test_gpu_gated_backward_matches_the_reference(opts, dtype, n, monkeypatch):
     monkeypatch.setenv("MXQ_STRICT", "1")
     if n % 128 and opts.get("rowwise", True):
         pytest.skip("a block would straddle the halves: the reference's (test_gated's fallback test)")
-    for name, m in (("swiglu", 131), ("geglu", 300)):  # (partial 128-row tiles: 2 and 3 of them)
+    # (partial 128-row tiles: 2 and 3 of them; M % 16 == 0 for the transposed copy's 16-byte stores)
+    for name, m in (("swiglu", 131), ("geglu", 300), ("swiglu", 272)):
         op = mxq.fused_quant(format="fp8_block", dact=name, **opts)(ident)
         a = planted(m, 2 * n, dtype, seed=n, scale=2.0)
         grad = planted(m, n, dtype, seed=n + 1, specials=False)
@@ -142,7 +163,35 @@ def test_gpu_gated_backward_matches_the_reference(opts, dtype, n, monkeypatch):
         exact = False
         v_abs = v_abs_sum(op.inner, grad, a[:, :n], a[:, n:], 0.0) if op.spec.dbias else None
         got = op(grad.cuda(), act_input=a.cuda(), out=poisoned(op, grad.cuda()))
-        assert compare(got, want, exact, v_abs, v_bound=v_bound(op, grad, act_input=a)) == [], name
+        assert compare(got, want, exact, v_abs, v_bound=v_bound(op, grad, act_input=a)) == [], (name, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("opts", GATED_BWD_GROUPED, ids=_ids)
+def test_gpu_grouped_gated_backward_matches_the_reference(opts, dtype, monkeypatch):
+    """FP8 block scaling's grouped gated backward (dswiglu) on the grouped kernels, into poisoned
+    outputs and allocating, against the reference within the op's class, for random group sizes
+    with empty groups; MXQ_STRICT: no fallback. CPU counterpart: the compile test above."""
+    from mxq.testing import compare, v_abs_sum, v_bound
+
+    from .test_gated import _random_groups
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    n, m = 256, 333
+    for g in (3, 9):
+        offs = _random_groups(m, g, seed=g)
+        op = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident)
+        a = planted(m, 2 * n, dtype, seed=g, scale=2.0)
+        grad = planted(m, n, dtype, seed=g + 1, specials=False)
+        want = op.reference(grad, act_input=a, group_offsets=offs)
+        v_abs = v_abs_sum(op.inner, grad, a[:, :n], a[:, n:], 0.0, group_offsets=offs) if op.spec.dbias else None
+        gc, ac, oc = grad.cuda(), a.cuda(), offs.cuda()
+        bound = v_bound(op, grad, act_input=a)
+        got = op(gc, act_input=ac, group_offsets=oc, out=poisoned(op, gc, oc))
+        assert compare(got, want, False, v_abs, v_bound=bound) == [], offs.tolist()
+        again = op(gc, act_input=ac, group_offsets=oc)  # (allocating)
+        assert compare(again, want, False, v_abs, v_bound=bound) == [], offs.tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

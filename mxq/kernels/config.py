@@ -260,7 +260,7 @@ class KernelConfig:
     @property
     def rows_fast(self) -> bool:
         """The packed kernel's grid runs row tiles along x and column tiles along y and z
-        (Tuning.tr_rows_fast: the transposed copy, which is never grouped nor two halves). The
+        (Tuning.tr_rows_fast: the transposed copy, which is never grouped). The
         library's choice: the transposed copy alone (on the H200 at 8192^2 / 16384^2: 89.6 /
         97.5% of copy against 87.0 / 92.8% with column tiles along x; beside the rowwise copy
         85.0 / 89.1% either way, so that keeps column tiles along x)."""
@@ -274,6 +274,21 @@ class KernelConfig:
         "stage" or "park": a plain cast's one staged source, dead or parked by then), not in a
         buffer of its own."""
         return self.tr_stage in ("stage", "park")
+
+    @property
+    def tr_parts(self) -> int:
+        """Column parts the transposed copy's tile is staged and stored in, one after another
+        ("tr" holds one part: PackedKernel.store_transposed_rows, a barrier more per part): 1,
+        but for a two-halves op (a gated backward), whose two passes keep its three staged
+        inputs (192 KiB at 128 rows) for the second: the fewest of 2 and 4 that fit SMEM_LIMIT
+        with every epilogue tensor staged (4 beside the dbias sums)."""
+        if not (self.transposed and self.halves):
+            return 1
+        n = self.n_inputs + self.has_dact
+        for parts in (2, 4):
+            if nbytes(self._packed_buffers([(16, False)] * n, False, False, 0, parts)) <= SMEM_LIMIT:
+                return parts
+        return 4
 
     @property
     def stage(self) -> bool:
@@ -369,6 +384,10 @@ class KernelConfig:
         row, per direction), then each staged source (``staged``: per source None, or (element
         bits, broadcast along rows: one row staged, aligned kernel)), ``depth`` rows per thread
         (0: stage_rows)."""
+        return self._packed_buffers(staged, unaligned, grouped, depth, self.tr_parts)
+
+    def _packed_buffers(self, staged, unaligned: bool, grouped: bool, depth: int, tr_parts: int) -> list:
+        """packed_buffers with "tr" holding one of ``tr_parts`` column parts of the tile."""
         warps = self.packed_warps(unaligned)
         cols, rows = 32 * VEC, self.tile_rows // warps
         depth = depth or self.stage_rows(unaligned, grouped)
@@ -381,7 +400,8 @@ class KernelConfig:
             # CTA's two tiles; FP4's colwise multipliers stay in registers, PackedKernel.fp4_column_scales)
             out.append(Buffer("inv", "f32", (cols,)))
         if self.transposed and not self.tr_aliased:
-            out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))  # (a column's 8-byte chunks per row)
+            # (a column's 8-byte chunks per row, for cols / tr_parts columns)
+            out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8 // tr_parts,)))
         if self.colwise and self.fmt.packed:  # (FP4's transposed copy: each warp's word of each column)
             out.append(Buffer("fp4t", "u32", (warps * cols,)))
         if self.colwise and self.fmt.packed and self.fmt.rounding == "sr":  # (stochastic rounding: each

@@ -1346,48 +1346,69 @@ class PackedKernel:
             qcs.append([qc[0], qc[1]])
         if cutlass.const_expr(cfg.tr_stage == "park"):
             cute.arch.sync_threads()  # every thread's parked rows are read: "tr" may overwrite them
-        self.stage_transposed(t, qcs)
-        cute.arch.sync_threads()
-        self.store_transposed(k, t, io)
+        for part in cutlass.range_constexpr(cfg.tr_parts):  # (KernelConfig.tr_parts: "tr" holds one part)
+            if cutlass.const_expr(part > 0):
+                cute.arch.sync_threads()  # the previous part's readers are done
+            self.stage_transposed(t, qcs, part)
+            cute.arch.sync_threads()
+            self.store_transposed(k, t, io, part)
 
     @staticmethod
-    def transposed_chunk(c, chunk):
+    def transposed_chunk(c, chunk, first: int = 0):
         """Where 8-byte chunk ``chunk`` (rows 8 * chunk ..) of tile column ``c`` lies in "tr" (rows
-        of TR_CHUNKS chunks, one per column): XOR-swizzled by the column's lane (c >> 3) and parity,
-        so that a warp's chunk stores (one column per lane, lanes 8 columns apart) and the readers'
-        loads (8 lanes per column, two adjacent columns per 16 lanes) hit distinct banks."""
-        return c * TR_CHUNKS + (chunk ^ (((c >> 3) ^ (c & 1)) & (TR_CHUNKS - 1)))
+        of TR_CHUNKS chunks, one per column from column ``first`` on: a column part's first,
+        KernelConfig.tr_parts): XOR-swizzled by the column's lane (c >> 3) and parity, so that a
+        warp's chunk stores (one column per lane, lanes 8 columns apart) and the readers' loads (8
+        lanes per column, two adjacent columns per 16 lanes) hit distinct banks."""
+        return (c - first if first else c) * TR_CHUNKS + (chunk ^ (((c >> 3) ^ (c & 1)) & (TR_CHUNKS - 1)))
 
-    def stage_transposed(self, t, qcs):
+    def stage_transposed(self, t, qcs, part: int = 0):
         """The thread's colwise bytes (``qcs[i]``: row i's two words) into "tr" as its 8 columns'
-        chunks (the warp's 8 rows are chunk ``warp`` of each column)."""
+        chunks (the warp's 8 rows are chunk ``warp`` of each column); where the tile is staged in
+        parts (KernelConfig.tr_parts), part ``part``'s threads alone (stage_transposed_part)."""
         sT = t.smem["tr"]
         cols = dev.transpose8x8(qcs)
-        for c in range(VEC):
-            sT[self.transposed_chunk(t.lane * VEC + c, t.warp)] = dev.pack64(cols[c][0], cols[c][1])
+        if cutlass.const_expr(self.cfg.tr_parts > 1):
+            self.stage_transposed_part(t.lane, t.warp, sT, cols, part)
+        else:
+            for c in range(VEC):
+                sT[self.transposed_chunk(t.lane * VEC + c, t.warp)] = dev.pack64(cols[c][0], cols[c][1])
 
     @cute.jit
-    def store_transposed(self, k, t, io):
-        """The staged tile as rows of the transposed copy: output row cb * VCOLS + c (the input's
-        column), bytes rb * 128 .. rb * 128 + 127; 8 threads per row, 16 bytes each (two chunks),
-        as one 16-byte store where the copy's rows and base are 16-byte aligned (M % 16 == 0: the
-        FP8 GEMMs' own rule) and the run lies below M, else byte by byte below M."""
+    def stage_transposed_part(self, lane, warp, sT, cols, part: cutlass.Constexpr):
+        """stage_transposed's stores of column part ``part``: its lanes' columns, from the part's
+        first column on."""
+        PART_COLS = cutlass.const_expr(VCOLS // self.cfg.tr_parts)
+        if lane // (32 // self.cfg.tr_parts) == part:
+            for c in cutlass.range_constexpr(VEC):
+                sT[self.transposed_chunk(lane * VEC + c, warp, part * PART_COLS)] = dev.pack64(cols[c][0], cols[c][1])
+
+    @cute.jit
+    def store_transposed(self, k, t, io, part: cutlass.Constexpr = 0):
+        """The staged tile (column part ``part`` of KernelConfig.tr_parts) as rows of the transposed
+        copy: output row cb * VCOLS + c (the input's column; a two-halves op's from its half's
+        first row, co), bytes rb * 128 .. rb * 128 + 127; 8 threads per row, 16 bytes each (two
+        chunks), as one 16-byte store where the copy's rows and base are 16-byte aligned (M % 16
+        == 0: the FP8 GEMMs' own rule) and the run lies below M, else byte by byte below M."""
         sT = t.smem["tr"]
         base = io.col_data.iterator.toint()
         M = io.M
+        PART_COLS = cutlass.const_expr(VCOLS // self.cfg.tr_parts)
         fast = ((base | Int64(M)) & Int64(15)) == Int64(0)
-        for s in cutlass.range_constexpr(VCOLS * TR_CHUNKS // 2 // k.NTHREADS):
+        for s in cutlass.range_constexpr(PART_COLS * TR_CHUNKS // 2 // k.NTHREADS):
             p = t.tidx + s * k.NTHREADS
             c = p // (TR_CHUNKS // 2)
+            if cutlass.const_expr(part > 0):
+                c = c + part * PART_COLS
             q = p % (TR_CHUNKS // 2)
-            a = sT[self.transposed_chunk(c, 2 * q)]
-            b = sT[self.transposed_chunk(c, 2 * q + 1)]
+            a = sT[self.transposed_chunk(c, 2 * q, part * PART_COLS)]
+            b = sT[self.transposed_chunk(c, 2 * q + 1, part * PART_COLS)]
             w = [Uint32(a & Uint64(0xFFFFFFFF)), Uint32(a >> Uint64(32)), Uint32(b & Uint64(0xFFFFFFFF)),
                  Uint32(b >> Uint64(32))]
             oc = t.cb * VCOLS + c
             r0 = t.rb * k.TILE_ROWS + q * 16
             if oc < io.N and r0 < t.Ms:
-                addr = base + Int64(oc) * Int64(M) + Int64(r0)
+                addr = base + Int64(self.op.out_col(t.co, oc)) * Int64(M) + Int64(r0)
                 if fast and r0 + 16 <= t.Ms:
                     dev.store_global_words(addr, w)
                 else:

@@ -91,9 +91,6 @@ class Quantize:
             # (limits.fp8_block_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: colwise blocks of 128 rows are served by the packed kernel alone; "
                                       "the transposed copy with aligned rows only")
-        if cfg.halves and cfg.transposed:  # (limits.fp8_block_gap keeps such calls on the reference)
-            raise NotImplementedError("mxq: two output halves are not served with the transposed colwise copy (its "
-                                      "stores take no half offset)")
         if cfg.fmt.packed and variant != "vec":  # (limits.fp4_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: FP4 outputs are served by the aligned kernels alone (variant 'vec')")
         M = ins[0].shape[0]
@@ -105,8 +102,8 @@ class Quantize:
             amax_init_kernel(amax, noop, 2 if cfg.fmt.hadamard else 1).launch(grid=[1, 1, 1], block=[32, 1, 1],
                                                                                 stream=stream)
         NO = N  # the outputs' width: 2N for a two-halves op (mxq/gated.py)
-        if cfg.halves:
-            NO = (row_data if row_data is not None else col_data).shape[1]
+        if cfg.halves:  # (the transposed colwise copy is [NO, M])
+            NO = row_data.shape[1] if row_data is not None else col_data.shape[0 if cfg.transposed else 1]
         args = (ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias_ws, noop, group_ends,
                 M, N, NO, use_hw_e8m0)
         if ins[0].element_type.width == 16:

@@ -78,10 +78,10 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     128-row tile, KernelConfig.tile_rows; compact, or the GEMM-ready transposed copy from aligned
     rows; with or without amax) and 128x128 tiles (the same tile, either layout and direction),
     grouped ones too from 16-bit inputs (compact: the grouped row tiles of the kernel's tile
-    rows, kernels/grouped.py), gated backwards from 16-bit inputs (two output halves, ungrouped,
-    1x128 rowwise blocks in either layout, compact 128-row colwise blocks, 128x128 tiles; N % 128
-    == 0 with the rowwise blocks or tiles: unserved, n_multiple; the C++ routes refuse them,
-    cpp_gap); fp32 inputs
+    rows, kernels/grouped.py), gated backwards from 16-bit inputs (two output halves, grouped or
+    not, in every form above: 1x128 rowwise blocks, 128-row colwise blocks, the transposed copy,
+    128x128 tiles; N % 128 == 0 with the rowwise blocks or tiles: unserved, n_multiple; the C++
+    routes refuse them, cpp_gap); fp32 inputs
     ungrouped rowwise 1x128 blocks only, through the
     vectorised kernel, aligned or with staged rows (launch.variant_for picks "vec" or "rows8":
     variant_gap), where the staged rows fit shared memory. The rule of the Python routes
@@ -90,11 +90,8 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     if gap:
         return f"{gap} has no GPU kernels yet"
     if gated.is_halves(epilogue):  # (the packed kernel's two passes: 1x128 rows, compact 128-row columns)
-        for flag, what in ((grouped, "group_offsets"),
-                           (spec.colwise_transposed, "the transposed colwise copy (scale_layout='gemm')"),
-                           (dtype == "fp32", "fp32 inputs")):
-            if flag:
-                return f"with a gated backward (two output halves) and {what} has no GPU kernels yet"
+        if dtype == "fp32":
+            return "with a gated backward (two output halves) and fp32 inputs has no GPU kernels yet"
     if grouped and dtype == "fp32":
         return "with group_offsets and fp32 inputs has no GPU kernels yet"
     if (spec.colwise or spec.block[0] > 1) and dtype == "fp32":
@@ -275,9 +272,11 @@ def n_multiple(spec, epilogue) -> int:
 def packed_shared_bytes(spec, epilogue, tuning) -> int:
     """The shared memory the 16-bit kernel needs for an op at its largest (unaligned rows,
     grouped, either warp count of a rows8 plain cast; KernelConfig.packed_shared_bytes for the
-    op's config and ``tuning``)."""
+    op's config and ``tuning``). The transposed colwise copy is written from aligned rows alone
+    (fp8_block_unserved) and never grouped (validation refuses groups with the gemm layout)."""
     cfg = codegen.kernel_config(spec, epilogue, tuning)
-    return max(c.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=True, grouped=True)
+    any_rows = not cfg.transposed
+    return max(c.packed_shared_bytes(cfg.n_inputs + cfg.has_dact, unaligned=any_rows, grouped=any_rows)
                for c in (cfg, *(cfg.rows8_twins() or ())))
 
 
