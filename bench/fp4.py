@@ -67,6 +67,11 @@ def cases(m, n):
         "nvfp4_gelu_rowwise": (dict(nv, act="gelu"), moved(m, n, "nvfp4"), False, False),
         "nvfp4_2d_rowwise": (dict(nv, block_2d=True), moved(m, n, "nvfp4"), True, False),
         "nvfp4_2d_both": (dict(nv, colwise=True, block_2d=True), moved(m, n, "nvfp4", True, True), True, False),
+        # (a gradient's backward: drelu with dbias and both copies; the dact input is a second [M, N] read)
+        "nvfp4_drelu_dbias_both_given": (dict(nv, colwise=True, dact="relu", dbias=True),
+                                         moved(m, n, "nvfp4", True, True) + 2 * m * n + 2 * n, True, True),
+        "mxfp4_drelu_dbias_both": (dict(format="mxfp4", colwise=True, dact="relu", dbias=True),
+                                   moved(m, n, "mxfp4", True, True) + 2 * m * n + 2 * n, True, False),
     }
     rows = {name: (*row, 0) for name, row in rows.items()}
     rows["mxfp4_rowwise_grouped64"] = (dict(format="mxfp4"), moved(m, n, "mxfp4"), True, False, 64)
@@ -93,6 +98,8 @@ def prepared(opts, given, x, variant="", groups=0):
         kw["group_offsets"] = group_offsets(x.shape[0], groups, x.device)
     if opts.get("stochastic_rounding"):
         kw["seed"] = 1
+    if opts.get("dact"):  # (the forward's input: x's rows in reverse order)
+        kw["act_input"] = x.flip(0)
     launch, out = op.prepare(x, **kw)
     return op, launch, out, kw
 

@@ -1035,6 +1035,7 @@ def test_fp4_bench_cases_are_ops_with_their_bytes():
         op = mxq.fused_quant(**opts)(tool.dc.identity)
         kw = {"global_amax": x.float().abs().amax().reshape(1)} if given else {}
         kw.update({"seed": 1} if opts.get("stochastic_rounding") else {})
+        kw.update({"act_input": x.flip(0)} if opts.get("dact") else {})
         if groups:  # (random expert groups of the rows, ending at M)
             offs = tool.group_offsets(m, groups, "cpu")
             assert offs.shape == (groups,) and int(offs[-1]) == m and bool((offs[1:] >= offs[:-1]).all()), name

@@ -302,7 +302,6 @@ def test_rowwise_mxfp4_is_served(dtype, opts):
     ("nvfp4", dict(), torch.zeros(4, 40, dtype=torch.bfloat16), "N % 16"),
     ("nvfp4", dict(colwise=True), torch.zeros(4, 64, dtype=torch.bfloat16), "M % 8"),
     ("nvfp4", dict(colwise=True), torch.zeros(8, 64), "colwise"),
-    ("nvfp4", dict(colwise=True, dbias=True), torch.zeros(8, 64, dtype=torch.bfloat16), "dbias"),
     ("nvfp4", dict(block_2d=True), torch.zeros(4, 64), "block_2d"),
     ("nvfp4", dict(stochastic_rounding=True), torch.zeros(4, 64), "stochastic_rounding"),
 ])
@@ -434,6 +433,42 @@ def test_unaligned_variants_refuse_to_trace(dtype, variant):
     op = mxq.fused_quant(format="mxfp4")(ident)
     with pytest.raises(Exception, match="FP4"):
         _ptx(op, "sm_90", dtype, variant)
+
+
+# the colwise copy beside dbias (its column sums: PackedKernel.column_owners, over the 32-row tile)
+COLWISE_DBIAS = [("mxfp4", dict(dact="relu")), ("mxfp4", dict(dact="relu", rowwise=False, scale_mode="rceil")),
+                 ("mxfp4", dict(scale_layout="swizzled")), ("nvfp4", dict(dact="relu")),
+                 ("nvfp4", dict(dact="relu", rowwise=False, scale_layout="swizzled")),
+                 ("nvfp4", dict(dact="relu", stochastic_rounding=True)), ("nvfp4", dict(dact="relu", block_2d=True)),
+                 ("nvfp4", dict(dact="relu", hadamard=True))]
+
+
+def _fmt_ids(case):
+    return "-".join([case[0]] + [f"{k}={v}" for k, v in case[1].items()])
+
+
+@pytest.mark.parametrize("case", COLWISE_DBIAS, ids=_fmt_ids)
+def test_colwise_copy_with_dbias_is_served_and_compiles(case):
+    """The transposed colwise copy beside dbias from 16-bit inputs (M % 8 == 0; Hadamard M % 16):
+    served, and the packed kernel traces for sm_90 and sm_100a and assembles without spills."""
+    import shutil
+
+    fmt, opts = case
+    op = mxq.fused_quant(format=fmt, colwise=True, dbias=True, **opts)(ident)
+    for dtype in (torch.bfloat16, torch.float16):
+        if opts.get("hadamard") and dtype is torch.float16:
+            continue
+        assert _unserved(op, torch.zeros(208, 272, dtype=dtype)) is None, dtype
+    assert "fp32" in _unserved(op, torch.zeros(208, 272))
+    for arch in ("sm_90", "sm_100a"):
+        ptx = _ptx(op, arch, "bf16")
+        # (Hopper has no E2M1 cvt; stochastic rounding runs the software rule on sm_100a too)
+        want_cvt = arch == "sm_100a" and not opts.get("stochastic_rounding")
+        assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == want_cvt, arch
+        if arch == "sm_90" and shutil.which("ptxas") is not None:
+            from .test_gemm_epilogue import _assert_ptxas_clean
+
+            _assert_ptxas_clean(ptx)
 
 
 # -- on the device -----------------------------------------------------------------------------
@@ -600,3 +635,35 @@ def test_grouped_rowwise_matches_reference(fmt, opts, dtype, strict):
                             for s, e in zip([0, *offs[:-1].tolist()], offs.tolist())]) if not opts else None
         if want is not None:
             assert torch.equal(got.amax.cpu(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", COLWISE_DBIAS, ids=_fmt_ids)
+def test_gpu_colwise_copy_with_dbias_matches_reference(strict, case, dtype):
+    """The colwise copy beside dbias on the kernels, allocating and into poisoned outputs: every
+    data, scale and amax byte equal to the reference's (drelu, a plain cast and the exact NVFP4
+    options: stochastic rounding, 16x16 tiles, the Hadamard transform), dbias within an ulp
+    (_check's rule); M with a partial 32-row tile (72) and whole ones (256); N past one 256-column
+    tile. CPU counterpart: the compile test above."""
+    fmt, opts = case
+    if opts.get("hadamard") and dtype == "fp16":
+        pytest.skip("the Hadamard transform takes bf16 inputs")
+    t = DTYPES[dtype]
+    op = mxq.fused_quant(format=fmt, colwise=True, dbias=True, **opts)(ident)
+    kw = {"seed": 11, "offset": 2 ** 33 + 4} if opts.get("stochastic_rounding") else {}
+    for m, n in ((80 if opts.get("hadamard") else 72, 528), (256, 272)):
+        x = planted(m, n, t, seed=m + n, specials=not opts.get("hadamard"))
+        a = planted(m, n, t, seed=m + n + 1)
+        args = dict(act_input=a) if "dact" in opts else {}
+        want = op.reference(x, **args, **kw)
+        cuda_args = {k: v.cuda() for k, v in args.items()}
+        for got in (op(x.cuda(), **cuda_args, **kw), op(x.cuda(), **cuda_args, out=poisoned(op, x.cuda()), **kw)):
+            for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "colwise_amax"):
+                if getattr(want, f) is not None:
+                    g, w = getattr(got, f), getattr(want, f)
+                    assert same_bytes(g.contiguous(), w.contiguous()) or (
+                        f.endswith("amax") and bool(g.isnan().cpu().all() & w.isnan().all())), (m, f)
+            gd, wd = got.dbias.cpu().double(), want.dbias.double()
+            ulp = torch.finfo(t).eps * wd.abs() + torch.finfo(t).tiny
+            assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), m

@@ -3,7 +3,7 @@ the transposed values, one E8M0 scale per 32 consecutive elements along M of eac
 (``[N, ceil(M/32)]`` compact or swizzled), by the rowwise rule (floor or rceil, a NaN makes its
 block's scale 255). The tile is NVFP4's colwise one (KernelConfig.fp4_columns: 32 rows of four
 8-row warps), a 32-row block the whole tile, its column maxima reduced over the four warps
-(PackedKernel.fp4_column_scales). fp32 inputs, dbias and M % 8 != 0 run the reference
+(PackedKernel.fp4_column_scales). fp32 inputs and M % 8 != 0 run the reference
 (limits.fp4_unserved).
 
 CPU: what is served and what falls back with which message; the config; the warps that store a
@@ -59,7 +59,6 @@ def test_served_calls(opts):
 
 @pytest.mark.parametrize("opts, x, why", [
     (dict(), torch.zeros(32, 64), "fp32"),
-    (dict(dbias=True), torch.zeros(32, 64, dtype=torch.bfloat16), "dbias"),
     (dict(rowwise=False), torch.zeros(20, 64, dtype=torch.bfloat16), "M % 8"),
     (dict(), torch.zeros(4, 64, dtype=torch.bfloat16), "M % 8"),
     (dict(), torch.zeros(32, 36, dtype=torch.bfloat16), "N % 8"),

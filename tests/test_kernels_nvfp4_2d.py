@@ -59,7 +59,6 @@ def test_served_calls(opts):
 @pytest.mark.parametrize("opts, x, why", [
     (dict(), torch.zeros(32, 40, dtype=torch.bfloat16), "N % 16"),
     (dict(colwise=True), torch.zeros(20, 64, dtype=torch.bfloat16), "M % 8"),
-    (dict(colwise=True, dbias=True), torch.zeros(32, 64, dtype=torch.bfloat16), "dbias"),
     (dict(colwise=True), torch.zeros(32, 64), "fp32"),
 ])
 def test_unserved_names_what_has_no_kernel(opts, x, why):

@@ -106,10 +106,10 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     of one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
     vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
     operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart; the
-    transposed colwise copy from bf16/fp16 without dbias where M % 8 == 0 (the packed kernel's
+    transposed colwise copy from bf16/fp16 (dbias too) where M % 8 == 0 (the packed kernel's
     32-row tile: NVFP4's 16-row blocks, MXFP4's 32-row ones, a partial last block zero-padded;
     NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
-    that are one fp32[2] buffer). The colwise copy from fp32 inputs or with dbias,
+    that are one fp32[2] buffer). The colwise copy from fp32 inputs,
     NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
     rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs, grouped
     calls with the colwise copy or NVFP4's global_amax (grouped rowwise calls run the grouped
@@ -131,8 +131,8 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with stochastic_rounding=True and fp32 inputs has no GPU kernels yet"
     if spec.colwise:  # (the transposed copy: the packed kernel's 8-row threads, whole words of output rows)
         m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-        if x.element_size() != 2 or spec.dbias:
-            return "with colwise=True and fp32 inputs or dbias has no GPU kernels yet"
+        if x.element_size() != 2:
+            return "with colwise=True and fp32 inputs has no GPU kernels yet"
         if m % kconfig.VEC:
             return f"with colwise=True and M % {kconfig.VEC} != 0 (M = {m}) has no GPU kernels yet"
         col = call.out.colwise_data if call is not None and call.out is not None else None
