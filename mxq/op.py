@@ -57,6 +57,9 @@ class FusedOp:
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by (its identity)
         self._source: str | None = None
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
+        # whether a call's route depends on its inputs' 16-byte alignment (FP4's kernels and FP8
+        # block scaling's transposed copy serve aligned inputs alone, limits): then its key holds it
+        self._key_aligned = spec.is_fp4 or (spec.format == "fp8_block" and spec.colwise_transposed)
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
@@ -68,7 +71,7 @@ class FusedOp:
             if got is not None:
                 return got
         call = self._bind_call(args, kwargs, act_input, noop, out, group_offsets, traced)
-        key = None if traced else call.key()
+        key = None if traced else call.key(self._key_aligned)
         plan = self._plans.get(key)
         return plan(call) if plan is not None else self._route(call, traced, key=key)
 
@@ -599,7 +602,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     # what op(x, noop=..., out=..., group_offsets=...) runs (FusedOp.__call__), bound here: the
     # identity op's one tensor
     call = Call([x], [], None, noop, out, group_offsets)
-    key = call.key()
+    key = call.key(op._key_aligned)
     plan = op._plans.get(key)
     return plan(call) if plan is not None else op._route(call, False, key=key)
 

@@ -229,3 +229,25 @@ def test_bind_names_in_one_step_binds_as_the_loop():
         for eager in (True, False):
             with pytest.raises(TypeError, match=match):
                 bind._bind_names(args, kwargs, eager)
+
+
+def test_key_holds_the_inputs_alignment_for_ops_that_need_it():
+    """Ops whose kernels serve 16-byte aligned inputs alone (FP4, FP8 block scaling's transposed
+    copy; limits.fp4_unserved, fp8_block_unserved) keep a route per alignment too: a checked
+    call's route (the kernels) must not serve a later call of the same layout whose inputs are
+    not aligned (the reference does); other ops keep one route per layout."""
+    flat = torch.zeros(2 * 64 + 8, dtype=torch.bfloat16)
+    aligned, shifted = flat[:128].view(2, 64), flat[4:132].view(2, 64)  # (8 bytes apart: same layout)
+    assert aligned.data_ptr() % 16 == 0 and shifted.data_ptr() % 16 == 8
+    a, b = Call([aligned], []), Call([shifted], [])
+    assert a.key() == b.key() and a.key(True) != b.key(True) and a.key(True) == Call([aligned.clone()], []).key(True)
+
+    def ident(x):
+        return x
+
+    needs = {(fmt, tuple(sorted(o.items()))): mxq.fused_quant(format=fmt, **o)(ident)._key_aligned
+             for fmt, o in (("mxfp8", {}), ("mxfp8", dict(colwise=True)), ("fp8_block", dict(colwise=True)),
+                            ("fp8_block", dict(colwise=True, scale_layout="gemm")), ("nvfp4", {}), ("mxfp4", {}))}
+    assert [v for v in needs.values()] == [False, False, False, True, True, True]
+    gated = mxq.fused_quant(format="fp8_block", dact="swiglu", colwise=True, scale_layout="gemm")(ident)
+    assert gated._key_aligned

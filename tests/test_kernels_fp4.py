@@ -35,6 +35,10 @@ def ident(x):
     return x
 
 
+def _fmt_ids(case):
+    return "-".join([case[0]] + [f"{k}={v}" for k, v in case[1].items()])
+
+
 def scaled_shift(x, b, s: float = 1.5):
     return x * s + b
 
@@ -312,8 +316,8 @@ def test_unserved_names_what_has_no_kernel(fmt, opts, x, why):
 
 
 def test_grouped_rowwise_is_served_and_the_rest_falls_back():
-    """Grouped rowwise calls of either format run the grouped kernels (NVFP4's amax per group);
-    grouped calls with the colwise copy or NVFP4's global_amax, and misaligned out= data, run the
+    """Grouped calls of either format run the grouped kernels (NVFP4's amax per group), the
+    colwise copy too; grouped calls with NVFP4's global_amax, and misaligned out= data, run the
     reference."""
     from mxq.formats.fp4 import CallArgs
     from mxq.runtime.call import Call
@@ -324,7 +328,7 @@ def test_grouped_rowwise_is_served_and_the_rest_falls_back():
         row = mxq.fused_quant(format=fmt)(ident)
         assert _unserved(row, x, Call([x], [], group_offsets=offs)) is None
         both = mxq.fused_quant(format=fmt, colwise=True)(ident)
-        assert "group_offsets and colwise" in _unserved(both, x, Call([x], [], group_offsets=offs))
+        assert _unserved(both, x, Call([x], [], group_offsets=offs)) is None
     nv = mxq.fused_quant(format="nvfp4")(ident)
     given = Call([x], [], group_offsets=offs)._replace(fp4=CallArgs(1.0, None, None))
     assert "group_offsets and global_amax" in _unserved(nv, x, given)
@@ -385,6 +389,30 @@ def test_grouped_rowwise_compiles(arch, dtype):
     assert re.search(r"add\.s32\s+(%r\d+), \1, 256;", init)
 
 
+GROUPED_COLWISE = [("mxfp4", dict()), ("mxfp4", dict(rowwise=False, scale_mode="rceil")),
+                   ("mxfp4", dict(dact="relu", dbias=True)), ("nvfp4", dict()), ("nvfp4", dict(rowwise=False)),
+                   ("nvfp4", dict(dact="relu", dbias=True, amax=True))]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("case", GROUPED_COLWISE, ids=_fmt_ids)
+def test_grouped_colwise_compiles(arch, case):
+    """CPU counterpart of test_gpu_grouped_colwise_matches_reference: the grouped packed kernel
+    with the transposed colwise copy traces (its scales at [N, M // B + G] columns start // B + g
+    on, PackedKernel.fp4_column_scales; the copy's runs stored a byte at a time where a group's
+    rows do not align them, store_fp4_columns) and, on sm_90, assembles without spills."""
+    import shutil
+
+    fmt, opts = case
+    op = mxq.fused_quant(format=fmt, colwise=True, **opts)(ident)
+    ptx = _ptx(op, arch, "bf16", "vec_grouped")
+    assert "st.global.u8" in ptx or "st.global.b8" in ptx  # (the byte stores of unaligned group runs)
+    if arch == "sm_90a" and shutil.which("ptxas") is not None:
+        from .test_gemm_epilogue import _assert_ptxas_clean
+
+        _assert_ptxas_clean(ptx)
+
+
 def test_cpp_routes_of_compiled_code_alone_still_refuse(tmp_path):
     """export() has no FP4 route yet (dispatcher() and register() run in Python:
     tests/test_fp4_options.py)."""
@@ -441,10 +469,6 @@ COLWISE_DBIAS = [("mxfp4", dict(dact="relu")), ("mxfp4", dict(dact="relu", rowwi
                  ("nvfp4", dict(dact="relu", rowwise=False, scale_layout="swizzled")),
                  ("nvfp4", dict(dact="relu", stochastic_rounding=True)), ("nvfp4", dict(dact="relu", block_2d=True)),
                  ("nvfp4", dict(dact="relu", hadamard=True))]
-
-
-def _fmt_ids(case):
-    return "-".join([case[0]] + [f"{k}={v}" for k, v in case[1].items()])
 
 
 @pytest.mark.parametrize("case", COLWISE_DBIAS, ids=_fmt_ids)
@@ -667,3 +691,38 @@ def test_gpu_colwise_copy_with_dbias_matches_reference(strict, case, dtype):
             gd, wd = got.dbias.cpu().double(), want.dbias.double()
             ulp = torch.finfo(t).eps * wd.abs() + torch.finfo(t).tiny
             assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), m
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", GROUPED_COLWISE, ids=_fmt_ids)
+def test_gpu_grouped_colwise_matches_reference(strict, case, dtype):
+    """Grouped calls with the transposed colwise copy on the kernels (no fallback), allocating and
+    into poisoned outputs (whose colwise scales between the groups' blocks the launch zeroes):
+    every byte equal to the reference's, dbias within an ulp, NVFP4's amax per group; group sizes
+    even (a byte packs two rows), empty ones first, between and last, and group starts both
+    aligned to the 4-byte runs and not (6, 38, ...: the byte stores). CPU counterpart:
+    test_grouped_colwise_compiles."""
+    fmt, opts = case
+    t = DTYPES[dtype]
+    for sizes in ([0, 6, 32, 0, 100, 2, 64, 0], [16, 48, 32, 0, 64]):
+        offs = torch.tensor(sizes).cumsum(0).to(torch.int32)
+        m, n = int(offs[-1]), 272
+        op = mxq.fused_quant(format=fmt, colwise=True, **opts)(ident)
+        x = planted(m, n, t, seed=m + len(opts))
+        kw = {"act_input": planted(m, n, t, seed=m + 1)} if "dact" in opts else {}
+        cuda_kw = {k: v.cuda() for k, v in kw.items()}
+        want = op.reference(x, group_offsets=offs, **kw)
+        got = op(x.cuda(), group_offsets=offs.cuda(), **cuda_kw)
+        into = op(x.cuda(), group_offsets=offs.cuda(), out=poisoned(op, x.cuda(), group_offsets=offs.cuda()),
+                  **cuda_kw)
+        for res in (got, into):
+            for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+                if getattr(want, f) is not None:
+                    g, w = getattr(res, f), getattr(want, f)
+                    assert same_bytes(g.contiguous(), w.contiguous()) or (
+                        f == "amax" and bool((g.cpu().isnan() & w.isnan()).all())), (sizes, f)
+            if want.dbias is not None:
+                gd, wd = res.dbias.cpu().double(), want.dbias.double()
+                ulp = torch.finfo(t).eps * wd.abs() + torch.finfo(t).tiny
+                assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), sizes

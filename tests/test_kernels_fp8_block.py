@@ -116,6 +116,11 @@ def test_grouped_gated_backward_is_served_and_compiles(opts):
         x = torch.zeros(300, 256, dtype=dtype)
         call = Call([x], [], group_offsets=torch.tensor([0, 100, 300], dtype=torch.int32))
         assert limits.unserved(inner.spec, inner.epilogue, x, inner._packed_smem_shortfall, call) is None
+    if opts.get("rowwise") is False:  # (colwise blocks alone: any N, unaligned rows on the unaligned grouped kernel)
+        x = torch.zeros(300, 100, dtype=torch.bfloat16)
+        call = Call([x], [], group_offsets=torch.tensor([0, 100, 300], dtype=torch.int32))
+        assert limits.unserved(inner.spec, inner.epilogue, x, inner._packed_smem_shortfall, call) is None
+        assert "cvt.rn.satfinite.e4m3x2.f32" in inspection.ptx_of(inner, "sm_90", "bf16", "generic_grouped")
     for dtype in ("bf16", "fp16"):
         text = inspection.ptx_of(inner, "sm_90", dtype, "vec_grouped")
         assert "cvt.rn.satfinite.e4m3x2.f32" in text
@@ -142,13 +147,14 @@ def test_gated_backward_kernels_compile_with_both_halves(opts):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [256, 96])
+@pytest.mark.parametrize("n", [256, 96, 640])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("opts", GATED_BWD, ids=_ids)
 def test_gpu_gated_backward_matches_the_reference(opts, dtype, n, monkeypatch):
     """FP8 block scaling's gated backward (dswiglu, dgeglu's class too) on the kernels, into
     poisoned outputs, against the reference within the op's class; MXQ_STRICT: no fallback
-    (N = 96 only where no block straddles the halves). CPU counterparts: the two tests above."""
+    (N = 96 only where no block straddles the halves; N = 640: three column tiles per half, the
+    last partial). CPU counterparts: the two tests above."""
     from mxq.testing import compare, v_abs_sum, v_bound
 
     monkeypatch.setenv("MXQ_STRICT", "1")
@@ -178,8 +184,9 @@ def test_gpu_grouped_gated_backward_matches_the_reference(opts, dtype, monkeypat
     from .test_gated import _random_groups
 
     monkeypatch.setenv("MXQ_STRICT", "1")
-    n, m = 256, 333
-    for g in (3, 9):
+    m = 333
+    # (N = 100, colwise blocks alone: rows not whole 16-byte vectors, the unaligned grouped kernel)
+    for g, n in ((3, 256), (9, 256), (5, 100 if opts.get("rowwise") is False else 640)):
         offs = _random_groups(m, g, seed=g)
         op = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident)
         a = planted(m, 2 * n, dtype, seed=g, scale=2.0)

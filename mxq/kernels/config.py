@@ -285,8 +285,9 @@ class KernelConfig:
         if not (self.transposed and self.halves):
             return 1
         n = self.n_inputs + self.has_dact
+        rows = self.tile_rows // self.packed_warps(False)  # (every row staged: not stage_rows, which reads this)
         for parts in (2, 4):
-            if nbytes(self._packed_buffers([(16, False)] * n, False, False, 0, parts)) <= SMEM_LIMIT:
+            if nbytes(self._packed_buffers([(16, False)] * n, False, False, rows, parts)) <= SMEM_LIMIT:
                 return parts
         return 4
 

@@ -255,8 +255,9 @@ def col_swizzled_offset(col_sw, col_t512, c):
 
 class GroupTile:
     """Row tile rb of a grouped call, as the kernels use it (Int32 device values): ``g`` its group,
-    ``row0`` and ``row_end`` its rows; swizzled layouts: ``row_sw``, ``col_sw``, ``col_t512`` (swizzled_bases).
-    A tile with no rows has b = 0 and writes nothing to the swizzled buffers."""
+    ``start`` the group's first row, ``b`` the tile's index in the group, ``row0`` and ``row_end``
+    its rows, ``G`` the group count; swizzled layouts: ``row_sw``, ``col_sw``, ``col_t512``
+    (swizzled_bases). A tile with no rows has b = 0 and writes nothing to the swizzled buffers."""
 
     def __init__(self, ends, red, rb, M, N, cfg, nthreads: int):
         """``red``: the CTA's scratch (config.group_scratch; None for "warps"); ``N``: the outputs'
@@ -264,8 +265,9 @@ class GroupTile:
         KernelConfig (its scale layout, group_search, group_terms and tile_rows)."""
         g, start, end, rows_before, blocks_before = find_group(ends, red, rb, M, nthreads, cfg.group_search,
                                                                cfg.group_terms, cfg.tile_rows)
-        self.g = g
+        self.g, self.start, self.G = g, start, Int32(ends.shape[0])
         self.row0, self.row_end, b, nb = tile(rb, g, start, end, rows=cfg.tile_rows)
+        self.b = b
         if cfg.fmt.swizzled:
             self.row_sw, self.col_sw, self.col_t512 = swizzled_bases(rows_before, blocks_before, b, nb, N)
 

@@ -313,7 +313,7 @@ class PackedKernel:
                                                io.rec(), words, sr, sc)
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
-                                                    rng=rng, c0=c0, M=M, col_data=col_data, lane=lane, warp=warp, tidx=tidx,
+                                                    rng=rng, c0=c0, M=M, col_data=col_data, gt=gt, lane=lane, warp=warp, tidx=tidx,
                                                     cb=cb, rb=rb).rec(smem={"fp4t": sF4, "srx": sSX, **staged}), words, sr, sc)
 
     def thread_place(self, WIDE, GROUPED, UNALIGNED, WARPS, PK_ROWS, RSTEP, cb, rb, warp, lane, gt, N):
@@ -901,15 +901,23 @@ class PackedKernel:
         B = cutlass.const_expr(cfg.fmt.col_block[0])  # rows of a block (16, 32)
         glob = codec.global_scales(cfg.fmt, io.amax, colwise=True, glob=io.glob)
         w0, WPB = fp4_scale_warps(t.warp, k.PK_ROWS, B)
-        nbm = (io.M + B - 1) // B
-        blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
+        if cutlass.const_expr(k.GROUPED):
+            # [N, M // B + G]: the group's blocks from column start // B + g (fp4_layouts), this
+            # tile's b-th of the group's row tiles; brow the block's first row
+            nbm = io.M // B + t.gt.G
+            blk = t.gt.start // B + t.gt.g + (t.gt.b * k.TILE_ROWS + w0 * k.PK_ROWS) // B
+            brow = t.gt.row0 + w0 * k.PK_ROWS
+        else:
+            nbm = (io.M + B - 1) // B
+            blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
+            brow = blk * B
         c0 = t.co + (t.cb * 32 + t.lane) * VEC
         sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
         HOIST = cutlass.const_expr(not (cfg.halves and k.UNALIGNED))  # c0 % VEC == 0 (else co % VEC is unknown)
         if cutlass.const_expr(HOIST):
             off0, step = fp4_column_scale_run(cfg.fmt.swizzled, c0, blk, nbm)
         if cutlass.const_expr(fp4_split_column_scales(cfg, WPB, PKW)):
-            self.fp4_split_column_scales(k, t, io, sc, glob, w0, blk, B, nbm, c0, off0, step)
+            self.fp4_split_column_scales(k, t, io, sc, glob, w0, brow, c0, off0, step)
             return sc
         for j in cutlass.range_constexpr(PKW):
             cw = t.smem["max"][w0, j * 32 + t.lane]
@@ -930,7 +938,7 @@ class PackedKernel:
                     e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
                     sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
-                if t.warp == w0 and c < io.N and blk * B < t.Ms:
+                if t.warp == w0 and c < io.N and brow < t.Ms:
                     if cutlass.const_expr(HOIST):
                         io.col_scale[off0 + (2 * j + h) * step] = Uint8(e)
                     else:
@@ -938,7 +946,7 @@ class PackedKernel:
         return sc
 
     @cute.jit
-    def fp4_split_column_scales(self, k, t, io, sc, glob, w0, blk, B: cutlass.Constexpr, nbm, c0, off0, step):
+    def fp4_split_column_scales(self, k, t, io, sc, glob, w0, brow, c0, off0, step):
         """NVFP4's colwise scales shared by the block's two warps (fp4_split_column_scales): warp
         w0 + s computes and stores the scales of the thread's column pairs j = 2s, 2s + 1 (words j
         of the maxima) and leaves each pair's two multipliers where it read the pair's maxima,
@@ -955,7 +963,7 @@ class PackedKernel:
                                             glob[0], glob[1])
             sMax[w0, j * 32 + t.lane] = m0.bitcast(Uint32)
             sMax[w0 + 1, j * 32 + t.lane] = m1.bitcast(Uint32)
-            if blk * B < t.Ms:
+            if brow < t.Ms:  # (the block's first row)
                 for h in cutlass.range_constexpr(2):
                     e = ew if h == 0 else ew >> Uint32(8)  # (a byte store keeps the low byte)
                     if c0 + 2 * j + h < io.N:
@@ -1296,15 +1304,23 @@ class PackedKernel:
     @cute.jit
     def store_fp4_columns(self, k, t):
         """The staged transposed copy [N, M/2]: tile column c's TILE_ROWS rows are its warps'
-        words (8 rows each), a run of 4 * WARPS bytes at byte rb * TILE_ROWS / 2 of output row
-        cb * VCOLS + c; one thread per column, the run as stores of 4, 2 or 1 words, the widest
-        that the copy's base and row bytes M / 2 align (fp4_store_words), each below M where its
-        first row is (M % 8 == 0, limits.fp4_unserved)."""
+        words (8 rows each), a run of 4 * WARPS bytes at byte r0 / 2 of output row cb * VCOLS + c
+        (r0 the tile's first row: rb * TILE_ROWS, or a grouped tile's); one thread per column, the
+        run as stores of 4, 2 or 1 words, the widest that the copy's base and row bytes M / 2
+        align (fp4_store_words; grouped: the run's first byte and its group's end too), each
+        below M (a group's end) where its first row is (M % 8 == 0, limits.fp4_unserved); a
+        grouped run that is not 4-byte aligned as bytes, each below its group's end."""
         sF = t.smem["fp4t"]
         half_m = t.M // 2
         base = t.col_data.iterator.toint()
-        words = fp4_store_words(base | Int64(half_m), k.WARPS)
-        r0 = t.rb * k.TILE_ROWS
+        if cutlass.const_expr(k.GROUPED):
+            r0 = t.gt.row0
+            a = base | Int64(half_m) | Int64(r0 // 2) | Int64(t.Ms // 2)
+            words = fp4_store_words(a, k.WARPS)
+            words = Int32(cutlass.select_((a & Int64(3)) == Int64(0), words, Int32(0)))  # (0: bytes)
+        else:
+            r0 = t.rb * k.TILE_ROWS
+            words = fp4_store_words(base | Int64(half_m), k.WARPS)
         for s in cutlass.range_constexpr(VCOLS // k.NTHREADS):
             c = t.tidx + s * k.NTHREADS
             oc = t.cb * VCOLS + c
@@ -1318,6 +1334,11 @@ class PackedKernel:
                     self.store_fp4_run(k, t, addr, r0, w, 2)
                 if words == 1:
                     self.store_fp4_run(k, t, addr, r0, w, 1)
+                if cutlass.const_expr(k.GROUPED):
+                    if words == 0:
+                        for j in cutlass.range_constexpr(4 * k.WARPS):  # (byte j: rows r0 + 2j, r0 + 2j + 1)
+                            if r0 + 2 * j < t.Ms:
+                                dev.store_global_u8(addr + Int64(j), w[j // 4] >> Uint32(8 * (j % 4)))
 
     @cute.jit
     def store_fp4_run(self, k, t, addr, r0, w, words: cutlass.Constexpr):

@@ -43,13 +43,18 @@ class Call(NamedTuple):
         """Every tensor-like value the call passes, keywords included (None where absent)."""
         return (*self.tensors, self.act_input, self.noop, self.group_offsets)
 
-    def key(self):
+    def key(self, aligned: bool = False):
         """The call's layout signature (module docstring), or None where it cannot be read (a
         sparse tensor's strides, an ``out`` that is not an MXFP8Tensor): such calls are checked
         every time. Read on every call that is not an ordinary allocating one (out=, keywords,
-        views), so each value's part is read attribute by attribute, without a loop."""
+        views), so each value's part is read attribute by attribute, without a loop. ``aligned``:
+        with whether each tensor operand starts on a 16-byte boundary (ops whose kernels serve
+        aligned inputs alone: FusedOp._key)."""
         out = self.out
         try:
+            if aligned:
+                return (self.key(), tuple(t.data_ptr() % 16 == 0 if isinstance(t, _Tensor) else None
+                                          for t in self.operands()))
             if out is not None:
                 if out.__class__ is not MXFP8Tensor:
                     return None

@@ -142,6 +142,8 @@ class Launcher:
             out.group_offsets = group_offsets.clone()  # what the outputs are laid out by
             if spec.scale_layout == "swizzled":
                 _clear_padding(out, noop)
+            elif spec.is_fp4 and spec.colwise:  # (FP4's [N, M // B + G] colwise scales: the kernels
+                _clear_padding(out, noop, rowwise=False)  # write the groups' blocks alone, fp4_layouts)
         kinds = list(operand_kinds or ("full",) * len(tensors)) + (["full"] if spec.dact else [])
         sources = [*tensors, act_input] if spec.dact else list(tensors)
         for name, t, kind in zip((*epi.tensor_params, "act_input"), sources, kinds):
@@ -312,12 +314,14 @@ def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):
     return relaunch
 
 
-def _clear_padding(out: MXFP8Tensor, noop) -> None:
-    """Zero a reused ``out``'s swizzled grouped scale buffers before a grouped call (the kernels
-    write only the groups' scales; the padding between them moves with the offsets), unless
-    noop holds 1.0: a multiply by (noop == 1), so no host sync and CUDA-graph safe."""
-    for buf in (out.rowwise_scale, out.colwise_scale):
+def _clear_padding(out: MXFP8Tensor, noop, rowwise: bool = True) -> None:
+    """Zero a reused ``out``'s grouped scale buffers (the swizzled ones; ``rowwise`` False: the
+    colwise one alone) before a grouped call (the kernels write only the groups' scales; the
+    padding between them moves with the offsets), unless noop holds 1.0: a multiply by (noop ==
+    1), so no host sync and CUDA-graph safe."""
+    for buf in (out.rowwise_scale if rowwise else None, out.colwise_scale):
         if buf is not None:
+            buf = buf.view(torch.uint8) if buf.dtype == torch.float8_e4m3fn else buf  # (NVFP4's E4M3 scales)
             if noop is None:
                 buf.zero_()
             else:

@@ -89,7 +89,7 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
-    if gated.is_halves(epilogue):  # (the packed kernel's two passes: 1x128 rows, compact 128-row columns)
+    if gated.is_halves(epilogue):  # (the packed kernel's two passes, from 16-bit inputs)
         if dtype == "fp32":
             return "with a gated backward (two output halves) and fp32 inputs has no GPU kernels yet"
     if grouped and dtype == "fp32":
@@ -112,17 +112,16 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     that are one fp32[2] buffer). The colwise copy from fp32 inputs,
     NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
     rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs, grouped
-    calls with the colwise copy or NVFP4's global_amax (grouped rowwise calls run the grouped
-    kernels: NVFP4's amax pass and quantize pass with an amax per group, grouped.group_amax),
-    two halves and other shapes or alignments run the reference."""
+    calls with NVFP4's global_amax (other grouped calls run the grouped kernels: NVFP4's amax
+    pass and quantize pass with an amax per group, grouped.group_amax; the colwise copy's tiles
+    from each group's first row, packed.store_fp4_columns), two halves and other shapes or
+    alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
     if gated.is_halves(epilogue):
         return "with a gated backward (two output halves) has no GPU kernels yet"
     if call is not None and call.group_offsets is not None:
-        if spec.colwise:
-            return "with group_offsets and colwise=True has no GPU kernels yet"
         if call.fp4 is not None and call.fp4.global_amax is not None:
             return "with group_offsets and global_amax has no GPU kernels yet"
     if spec.block_2d and x.element_size() != 2:
