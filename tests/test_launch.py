@@ -3,7 +3,9 @@ side (each variant's bytes against the reference): tests/test_gpu.py."""
 
 import torch
 
+from mxq.frontend.spec import QuantSpec
 from mxq.runtime.launch import variant_for
+from mxq.tensor import MXFP8Tensor
 
 
 def _at(nbytes_off: int, shape, dtype, row_stride=None):
@@ -148,3 +150,26 @@ def test_destination_passing_route_hands_the_dispatcher_group_ends():
 
 def _ident(x):
     return x
+
+
+def test_clear_padding_zeroes_the_scales_the_grouped_kernels_leave():
+    """launch._clear_padding before a grouped launch into a reused out=: the swizzled buffers
+    (both directions) and FP4's colwise [N, M // B + G] buffer (the kernels write only the
+    groups' blocks there), nothing else (compact MXFP8, FP4's rowwise scales); a noop of 1.0
+    keeps everything (a multiply, no host sync)."""
+    from mxq.runtime.launch import _clear_padding
+
+    offs = torch.tensor([4, 10], dtype=torch.int32)
+    cases = [(QuantSpec(format="nvfp4", colwise=True), (False, True)),
+             (QuantSpec(format="mxfp4", colwise=True), (False, True)),
+             (QuantSpec(colwise=True, scale_layout="swizzled"), (True, True)),
+             (QuantSpec(colwise=True), (False, False))]
+    for spec, cleared in cases:
+        for noop, keep in ((None, False), (torch.zeros(1), False), (torch.ones(1), True)):
+            out = MXFP8Tensor.empty(spec, (10, 64), torch.bfloat16, "cpu", group_offsets=offs)
+            for f in ("rowwise_scale", "colwise_scale"):
+                getattr(out, f).view(torch.uint8).fill_(0x7E)
+            _clear_padding(spec, out, noop)
+            for f, c in zip(("rowwise_scale", "colwise_scale"), cleared):
+                got = getattr(out, f).view(torch.uint8)
+                assert bool((got == (0 if c and not keep else 0x7E)).all()), (spec.format, f, noop)

@@ -140,10 +140,7 @@ class Launcher:
             out = MXFP8Tensor.empty(spec, shape, x.dtype, x.device, group_offsets=group_offsets)
         elif grouped:
             out.group_offsets = group_offsets.clone()  # what the outputs are laid out by
-            if spec.scale_layout == "swizzled":
-                _clear_padding(out, noop)
-            elif spec.is_fp4 and spec.colwise:  # (FP4's [N, M // B + G] colwise scales: the kernels
-                _clear_padding(out, noop, rowwise=False)  # write the groups' blocks alone, fp4_layouts)
+            _clear_padding(spec, out, noop)
         kinds = list(operand_kinds or ("full",) * len(tensors)) + (["full"] if spec.dact else [])
         sources = [*tensors, act_input] if spec.dact else list(tensors)
         for name, t, kind in zip((*epi.tensor_params, "act_input"), sources, kinds):
@@ -299,27 +296,26 @@ def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):
     int32 tensor, bound by reference) at every launch, so the groups may change in place between
     launches; the swizzled padding moves with them and is cleared first, and ``out.group_offsets``
     follows (a device copy; all CUDA-graph safe)."""
-    swizzled = spec.scale_layout == "swizzled"
-
     def relaunch():
         if noop is None:
             out.group_offsets.copy_(group_offsets)
         else:  # (noop == 1 writes nothing: keep the offsets the outputs were written by)
             keep = (noop.reshape(()) == 1.0)
             out.group_offsets.copy_(torch.where(keep, out.group_offsets, group_offsets.to(out.group_offsets.dtype)))
-        if swizzled:
-            _clear_padding(out, noop)
+        _clear_padding(spec, out, noop)
         fn(*args)
 
     return relaunch
 
 
-def _clear_padding(out: MXFP8Tensor, noop, rowwise: bool = True) -> None:
-    """Zero a reused ``out``'s grouped scale buffers (the swizzled ones; ``rowwise`` False: the
-    colwise one alone) before a grouped call (the kernels write only the groups' scales; the
-    padding between them moves with the offsets), unless noop holds 1.0: a multiply by (noop ==
-    1), so no host sync and CUDA-graph safe."""
-    for buf in (out.rowwise_scale if rowwise else None, out.colwise_scale):
+def _clear_padding(spec, out: MXFP8Tensor, noop) -> None:
+    """Zero a reused ``out``'s grouped scale buffers whose padding the kernels do not write
+    before a grouped call of op ``spec`` (they write only the groups' scales; the padding between
+    them moves with the offsets): swizzled ones, and FP4's colwise [N, M // B + G] (fp4_layouts);
+    unless noop holds 1.0: a multiply by (noop == 1), so no host sync and CUDA-graph safe."""
+    swizzled = spec.scale_layout == "swizzled"
+    fp4_col = spec.is_fp4 and spec.colwise
+    for buf in (out.rowwise_scale if swizzled else None, out.colwise_scale if swizzled or fp4_col else None):
         if buf is not None:
             buf = buf.view(torch.uint8) if buf.dtype == torch.float8_e4m3fn else buf  # (NVFP4's E4M3 scales)
             if noop is None:
