@@ -495,6 +495,40 @@ def test_colwise_copy_with_dbias_is_served_and_compiles(case):
             _assert_ptxas_clean(ptx)
 
 
+# gated backwards (two output halves [M, 2N]: the packed kernel's two passes over one loaded tile)
+GATED_BWD = [("mxfp4", dict()), ("mxfp4", dict(colwise=True, dbias=True, scale_mode="rceil")),
+             ("mxfp4", dict(rowwise=False, colwise=True, amax=True)), ("nvfp4", dict()),
+             ("nvfp4", dict(colwise=True, dbias=True)), ("nvfp4", dict(colwise=True, scale_layout="swizzled"))]
+
+
+@pytest.mark.parametrize("case", GATED_BWD, ids=_fmt_ids)
+def test_gated_backward_is_served_and_compiles(case):
+    """A gated backward from 16-bit inputs on the packed kernel (each half's rowwise bytes from
+    byte co / 2, its transposed colwise rows from row co, its scales from column co): served
+    (N a multiple of the rowwise block: none straddles the halves), traced for sm_90 and
+    sm_100a, assembled without spills; fp32 inputs, stochastic rounding, the Hadamard transform
+    and 16x16 tiles with two halves run the reference, named."""
+    import shutil
+
+    fmt, opts = case
+    op = mxq.fused_quant(format=fmt, dact="swiglu", **opts)(ident)
+    inner = op.inner
+    x = torch.zeros(72, 96, dtype=torch.bfloat16)
+    assert limits.unserved(inner.spec, inner.epilogue, x, inner._packed_smem_shortfall) is None
+    assert "fp32" in limits.unserved(inner.spec, inner.epilogue, x.float(), inner._packed_smem_shortfall)
+    for arch in ("sm_90", "sm_100a"):
+        ptx = _ptx(inner, arch, "bf16")
+        assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == (arch == "sm_100a")
+        if arch == "sm_90" and shutil.which("ptxas") is not None:
+            from .test_gemm_epilogue import _assert_ptxas_clean
+
+            _assert_ptxas_clean(ptx)
+    for flag in ("stochastic_rounding", "block_2d", "hadamard") if fmt == "nvfp4" else ():  # (NVFP4's options)
+        other = mxq.fused_quant(format=fmt, dact="swiglu", colwise=True, **{flag: True})(ident).inner
+        why = limits.unserved(other.spec, other.epilogue, x, other._packed_smem_shortfall)
+        assert why is not None and flag in why and "two output halves" in why, flag
+
+
 # -- on the device -----------------------------------------------------------------------------
 @pytest.fixture
 def strict(monkeypatch):
@@ -740,3 +774,41 @@ def test_gpu_grouped_colwise_matches_reference(strict, case, dtype):
             for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
                 if getattr(want, f) is not None:
                     assert same_bytes(getattr(out, f).contiguous(), getattr(want, f).contiguous()), (ends.tolist(), f)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", GATED_BWD, ids=_fmt_ids)
+def test_gpu_gated_backward_matches_reference(strict, case, dtype):
+    """A gated backward on the kernels (no fallback), into poisoned outputs: the exact gated
+    derivatives (dreglu, dsreglu) byte for byte against the reference, dbias within an ulp;
+    dswiglu in the transcendental class (within_gelu_class, each direction); N = 96 (one partial
+    column tile a half) and 288; M with a partial 32-row tile. CPU counterpart: the compile test
+    above."""
+    fmt, opts = case
+    t = DTYPES[dtype]
+    for m, n in ((72, 96), (40, 288)):
+        a = planted(m, 2 * n, t, seed=m + n, scale=2.0)
+        grad = planted(m, n, t, seed=m + n + 1, specials=False)
+        for name in ("reglu", "sreglu", "swiglu"):
+            op = mxq.fused_quant(format=fmt, dact=name, **opts)(ident)
+            want = op.reference(grad, act_input=a)
+            got = op(grad.cuda(), act_input=a.cuda(), out=poisoned(op, grad.cuda()))
+            if name == "swiglu":
+                if fmt == "nvfp4":  # (the amax within rtol 1e-5, the bytes in the class under the kernels' amax)
+                    assert torch.allclose(got.amax.cpu(), want.amax, rtol=1e-5, atol=0.0)
+                    want = op.reference(grad, act_input=a, global_amax=got.amax.cpu())
+                for d in ("rowwise", "colwise"):
+                    if getattr(want, f"{d}_data") is not None:
+                        within_gelu_class(got, want, d, block=16 if fmt == "nvfp4" else 32,
+                                          zero_scale_saturates=fmt == "nvfp4")
+                continue
+            for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+                if getattr(want, f) is not None:
+                    g, w = getattr(got, f), getattr(want, f)
+                    assert same_bytes(g.contiguous(), w.contiguous()) or (
+                        f == "amax" and bool((g.cpu().isnan() & w.isnan()).all())), (name, m, f)
+            if want.dbias is not None:
+                gd, wd = got.dbias.cpu().double(), want.dbias.double()
+                ulp = torch.finfo(t).eps * wd.abs() + torch.finfo(t).tiny
+                assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), (name, m)

@@ -313,7 +313,7 @@ class PackedKernel:
                                                io.rec(), words, sr, sc)
                 else:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
-                                                    rng=rng, c0=c0, M=M, col_data=col_data, gt=gt, lane=lane, warp=warp, tidx=tidx,
+                                                    rng=rng, c0=c0, M=M, col_data=col_data, gt=gt, co=co, lane=lane, warp=warp, tidx=tidx,
                                                     cb=cb, rb=rb).rec(smem={"fp4t": sF4, "srx": sSX, **staged}), words, sr, sc)
 
     def thread_place(self, WIDE, GROUPED, UNALIGNED, WARPS, PK_ROWS, RSTEP, cb, rb, warp, lane, gt, N):
@@ -363,9 +363,9 @@ class PackedKernel:
         stores begin: their 64-bit addresses then live through no earlier phase."""
         cfg = self.cfg
         tRow = tCol = None
-        if cfg.rowwise:
-            tRow = dev.thread_tile(self.op.out_window(row_data, co), (rows, codec.data_cols(cfg.fmt, VEC)), trow, rbase,
-                                   g, grouped)
+        if cfg.rowwise:  # (FP4's data columns are bytes of two values: the half's from byte co / 2)
+            tRow = dev.thread_tile(self.op.out_window(row_data, co // 2 if cfg.fmt.packed else co),
+                                   (rows, codec.data_cols(cfg.fmt, VEC)), trow, rbase, g, grouped)
         if cfg.colwise and not cfg.transposed and not cfg.fmt.packed:
             tCol = dev.thread_tile(self.op.out_window(col_data, co), (rows, VEC), trow, rbase, g, grouped)
         return tRow, tCol
@@ -1326,7 +1326,7 @@ class PackedKernel:
             oc = t.cb * VCOLS + c
             w = [sF[fp4_column_slot(j, c)] for j in range(k.WARPS)]
             if oc < t.N and r0 < t.Ms:
-                addr = base + Int64(oc) * Int64(half_m) + Int64(r0 // 2)
+                addr = base + Int64(self.op.out_col(t.co, oc)) * Int64(half_m) + Int64(r0 // 2)
                 if cutlass.const_expr(k.WARPS >= 4):
                     if words == 4:
                         self.store_fp4_run(k, t, addr, r0, w, 4)

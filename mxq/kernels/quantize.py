@@ -102,8 +102,11 @@ class Quantize:
             amax_init_kernel(amax, noop, 2 if cfg.fmt.hadamard else 1).launch(grid=[1, 1, 1], block=[32, 1, 1],
                                                                                 stream=stream)
         NO = N  # the outputs' width: 2N for a two-halves op (mxq/gated.py)
-        if cfg.halves:  # (the transposed colwise copy is [NO, M])
-            NO = row_data.shape[1] if row_data is not None else col_data.shape[0 if cfg.transposed else 1]
+        if cfg.halves:  # (FP4's rowwise data holds two values a byte; the transposed colwise copies are [NO, ...])
+            if row_data is not None:
+                NO = row_data.shape[1] * 2 if cfg.fmt.packed else row_data.shape[1]
+            else:
+                NO = col_data.shape[0 if cfg.transposed or cfg.fmt.packed else 1]
         args = (ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias_ws, noop, group_ends,
                 M, N, NO, use_hw_e8m0)
         if ins[0].element_type.width == 16:

@@ -114,13 +114,18 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs, grouped
     calls with NVFP4's global_amax (other grouped calls run the grouped kernels: NVFP4's amax
     pass and quantize pass with an amax per group, grouped.group_amax; the colwise copy's tiles
-    from each group's first row, packed.store_fp4_columns), two halves and other shapes or
-    alignments run the reference."""
+    from each group's first row, packed.store_fp4_columns), two halves from fp32 inputs or with
+    stochastic rounding, the Hadamard transform or 16x16 tiles (whose words and tiles are placed
+    by the input's columns), and other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
-    if gated.is_halves(epilogue):
-        return "with a gated backward (two output halves) has no GPU kernels yet"
+    if gated.is_halves(epilogue):  # (the packed kernel's two passes; the options whose words or tiles
+        # are placed by the input's columns stay on the reference)
+        flag = next((f for f in ("stochastic_rounding", "hadamard", "block_2d") if getattr(spec, f)), None)
+        if flag or x.element_size() != 2:
+            return (f"with a gated backward (two output halves) and {f'{flag}=True' if flag else 'fp32 inputs'} "
+                    "has no GPU kernels yet")
     if call is not None and call.group_offsets is not None:
         if call.fp4 is not None and call.fp4.global_amax is not None:
             return "with group_offsets and global_amax has no GPU kernels yet"
