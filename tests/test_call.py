@@ -1,5 +1,7 @@
 """mxq/runtime/call.py: one call as one value -- binding, the gated halves, the signature."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -251,3 +253,17 @@ def test_key_holds_the_inputs_alignment_for_ops_that_need_it():
     assert [v for v in needs.values()] == [False, False, False, True, True, True]
     gated = mxq.fused_quant(format="fp8_block", dact="swiglu", colwise=True, scale_layout="gemm")(ident)
     assert gated._key_aligned
+
+    class Out(MXFP8Tensor):  # (an out= of a subclass: no key, so checked every time, aligned or not)
+        pass
+
+    spec = QuantSpec(format="nvfp4", colwise=True)
+    sub = Out(**{f.name: getattr(MXFP8Tensor.empty(spec, (16, 64), torch.bfloat16, "cpu"), f.name)
+                 for f in dataclasses.fields(MXFP8Tensor)})
+    assert Call([aligned], [], out=sub).key() is None and Call([aligned], [], out=sub).key(True) is None
+    # (an out='s colwise data 16-byte aligned or not: FP4's kernels write aligned copies alone)
+    out = MXFP8Tensor.empty(spec, (16, 64), torch.bfloat16, "cpu")
+    key = Call([aligned], [], out=out).key()
+    buf = torch.zeros(64 * 8 + 16, dtype=torch.uint8)
+    out.colwise_data = buf[1:1 + 64 * 8].view(64, 8)
+    assert Call([aligned], [], out=out).key() != key

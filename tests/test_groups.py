@@ -476,6 +476,14 @@ def test_workspace_rows_by_hand():
     (70 rows in 3 groups: at most 70 // 32 + 3 blocks)."""
     assert [groups.workspace_rows(m) for m in (1, 32, 33, 64, 65)] == [1, 1, 2, 2, 3]
     assert groups.workspace_rows(70, 3) == 5 and groups.workspace_rows(31, 1) == 1 and groups.workspace_rows(0, 2) == 2
+    # (a row per tile of other rows: NVFP4's 16-row colwise tiles, launch._ws_tile_rows)
+    assert groups.workspace_rows(33, None, 16) == 3 and groups.workspace_rows(70, 3, 16) == 7
+    from mxq.frontend.spec import QuantSpec
+    from mxq.runtime.launch import _ws_tile_rows
+
+    assert [_ws_tile_rows(QuantSpec(**o)) for o in (dict(format="nvfp4", colwise=True, dbias=True),
+                                                    dict(format="nvfp4", dbias=True), dict(format="mxfp4", colwise=True),
+                                                    dict(colwise=True, dbias=True))] == [16, 32, 32, 32]
 
 
 # --- the group search's forms (kernels.config.Tuning.group_search) ----------------------------------------

@@ -413,13 +413,123 @@ def test_grouped_colwise_compiles(arch, case):
         _assert_ptxas_clean(ptx)
 
 
-def test_cpp_routes_of_compiled_code_alone_still_refuse(tmp_path):
-    """export() has no FP4 route yet (dispatcher() and register() run in Python:
-    tests/test_fp4_options.py)."""
-    op = mxq.fused_quant(format="mxfp4")(ident)
-    with pytest.raises(ValueError, match="mxfp4.*export"):
-        op.export(tmp_path / "x")
+def cdiv(a, b):
+    return -(-a // b)
+
+
+@pytest.fixture(scope="module")
+def fp4_libs(tmp_path_factory):
+    """Exported NVFP4 and MXFP4 ops (both directions with drelu and dbias; NVFP4 grouped too),
+    loaded: (op, library, export info) by format."""
+    import tvm_ffi
+
+    libs = {}
+    for fmt, opts in (("nvfp4", dict(colwise=True, dact="relu", dbias=True)),
+                      ("mxfp4", dict(colwise=True, dact="relu", dbias=True, scale_layout="swizzled"))):
+        op = mxq.fused_quant(format=fmt, **opts)(ident)
+        info = op.export(tmp_path_factory.mktemp(fmt), arch="sm_90", dtype="bf16", name=f"e_{fmt}",
+                         grouped=fmt == "nvfp4")
+        libs[fmt] = (op, tvm_ffi.load_module(info["library"]), info)
+    return libs
+
+
+def _fp4_args(fmt, m, n, groups=None, device="cpu", **wrong):
+    """An exported FP4 op's arguments of the sizes written out here: data [M, N/2] and the
+    transposed copy [N, M/2]; scales per 16 (NVFP4, compact) or per 32 (MXFP4, swizzled:
+    roundup(M, 128) x roundup(ceil(N/32), 4) and roundup(N, 128) x roundup(ceil(M/32), 4)); the
+    amax [1] ([G] grouped); the workspace a row per 32-row tile."""
+    z = dict(device=device)
+    if fmt == "nvfp4":
+        row_scale, col_scale = m * cdiv(n, 16), n * (m // 16 + len(groups) if groups is not None else cdiv(m, 16))
+    else:
+        row_scale = -(-m // 128) * 128 * cdiv(cdiv(n, 32), 4) * 4
+        col_scale = -(-n // 128) * 128 * cdiv(cdiv(m, 32), 4) * 4
+    ws = m // 32 + len(groups) if groups is not None else cdiv(m, 32)
+    args = dict(mIn0=torch.zeros(m, n, dtype=torch.bfloat16, **z), mActIn=torch.zeros(m, n, dtype=torch.bfloat16, **z),
+                mRowData=torch.zeros(m, n // 2, dtype=torch.uint8, **z), mRowScale=torch.zeros(row_scale, dtype=torch.uint8, **z),
+                mColData=torch.zeros(n, m // 2, dtype=torch.uint8, **z), mColScale=torch.zeros(col_scale, dtype=torch.uint8, **z),
+                mAmax=torch.zeros(len(groups) if groups is not None else 1, **z),
+                mDbias=torch.zeros((len(groups), n) if groups is not None else (n,), dtype=torch.bfloat16, **z),
+                mDbiasWs=torch.zeros(ws, n, **z), mNoop=torch.zeros(1, **z))
+    if fmt == "mxfp4":  # (MXFP4 without amax=True has no amax)
+        del args["mAmax"]
+    if groups is not None:
+        args["mGroupEnds"] = groups.to(device)
+    args.update(wrong)
+    return list(args.values())
+
+
+def _error(fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:  # (tvm_ffi raises the check's ValueError, or the compiled function's error)
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def test_export_serves_the_aligned_kernels_and_refuses_the_rest(fp4_libs, tmp_path):
+    """export() of FP4 ops: the aligned kernel alone ("_vec"; NVFP4 also "_vec_given", the
+    quantize pass of a given amax; grouped "_vec_grouped"), the header naming what is left out
+    and the packed data's shapes; the Hadamard transform, gated backwards and fp32 colwise ops
+    refused before anything is built."""
+    _, _, info = fp4_libs["nvfp4"]
+    assert info["functions"] == ["e_nvfp4_vec", "e_nvfp4_vec_given", "e_nvfp4_vec_grouped"]
+    text = open(info["header"]).read()
+    for words in ("NVFP4 (E2M1 data, E4M3 scales per 16", "mRowData    uint8[M, N/2]", "mColData    uint8[N, M/2]",
+                  "mRowScale   uint8[M * ceil(N/16)] flat E4M3", '"e_nvfp4_vec_given" takes the same arguments',
+                  'Not in this library: "e_nvfp4"', "N % 16 == 0 (and M % 8 == 0", "mColScale must be zero before"):
+        assert words in text, words
+    _, _, info = fp4_libs["mxfp4"]
+    assert info["functions"] == ["e_mxfp4_vec"]
+    for opts, word in ((dict(format="nvfp4", colwise=True, hadamard=True), "hadamard"),
+                       (dict(format="mxfp4", dact="swiglu"), "gated backward")):
+        with pytest.raises(ValueError, match=word):
+            mxq.fused_quant(**opts)(ident).export(tmp_path / "x")
+    with pytest.raises(ValueError, match="fp32"):
+        mxq.fused_quant(format="mxfp4", colwise=True)(ident).export(tmp_path / "x", dtype="fp32")
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("m, n", [(64, 96), (8, 512), (200, 48)])
+def test_exported_fp4_functions_check_every_size(fp4_libs, fmt, m, n):
+    """csrc/export_check.h on FP4's arguments: the right sizes pass to the compiled function
+    (which refuses the CPU device); each buffer one element short or long, the data as FP8's
+    [M, N], the transposed copy as [M, N/2], an amax of two entries, M % 8 != 0: a ValueError
+    naming the argument and the size due."""
+    op, lib, _ = fp4_libs[fmt]
+    fname = f"e_{fmt}_vec"
+    names = ("mIn0", "mActIn", "mRowData", "mRowScale", "mColData", "mColScale") + ("mAmax",) * (fmt == "nvfp4") + (
+        "mDbias", "mDbiasWs")
+    assert "device_type=cuda" in _error(lib[fname], *_fp4_args(fmt, m, n)), fname  # (sizes pass)
+    ok = dict(zip(names, _fp4_args(fmt, m, n)))
+    for slot in ("mRowScale", "mColScale", "mDbias") + ("mAmax",) * (fmt == "nvfp4"):
+        t = ok[slot]
+        for bad in (t[:-1], torch.zeros(t.numel() + 1, dtype=t.dtype)):
+            msg = _error(lib[fname], *_fp4_args(fmt, m, n, **{slot: bad}))
+            assert msg.startswith(f"ValueError: mxq: {fname}: argument #") and f"'{slot}'" in msg, msg
+    for slot, bad, want in (("mRowData", torch.zeros(m, n, dtype=torch.uint8), f"[{m}, {n // 2}]"),
+                            ("mColData", torch.zeros(m, n // 2, dtype=torch.uint8), f"[{n}, {m // 2}]")):
+        msg = _error(lib[fname], *_fp4_args(fmt, m, n, **{slot: bad}))
+        assert f"'{slot}'" in msg and want in msg, msg
+    msg = _error(lib[fname], *_fp4_args(fmt, m, n, mRowScale=ok["mRowScale"].float()))
+    assert "'mRowScale'" in msg and "8-bit" in msg, msg
+    msg = _error(lib[fname], *_fp4_args(fmt, m + 4, n))  # (M % 8 == 4: the colwise words)
+    assert "M % 8 == 0" in msg, msg
+
+
+def test_exported_grouped_fp4_function_checks_the_groups(fp4_libs):
+    """The grouped NVFP4 function: its amax one per group, its colwise scales [N, M // 16 + G],
+    its dbias [G, N]."""
+    op, lib, _ = fp4_libs["nvfp4"]
+    m, n = 64, 96
+    offs = torch.tensor([0, 16, 40, 64], dtype=torch.int32)
+    fname = "e_nvfp4_vec_grouped"
+    assert "device_type=cuda" in _error(lib[fname], *_fp4_args("nvfp4", m, n, offs))
+    msg = _error(lib[fname], *_fp4_args("nvfp4", m, n, offs, mAmax=torch.zeros(1)))
+    assert "'mAmax'" in msg and "4 elements (one per group)" in msg, msg
+    msg = _error(lib[fname], *_fp4_args("nvfp4", m, n, offs, mColScale=torch.zeros(n * (m // 16), dtype=torch.uint8)))
+    assert "'mColScale'" in msg and f"needs {n * (m // 16 + 4)} elements" in msg, msg
 
 
 # -- compiled code ---------------------------------------------------------------------------------
@@ -812,3 +922,50 @@ def test_gpu_gated_backward_matches_reference(strict, case, dtype):
                 gd, wd = got.dbias.cpu().double(), want.dbias.double()
                 ulp = torch.finfo(t).eps * wd.abs() + torch.finfo(t).tiny
                 assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), (name, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt):
+    """The exported FP4 functions write the reference's bytes on the H200: drelu + dbias, both
+    directions (NVFP4 compact, MXFP4 swizzled), NVFP4's "_vec_given" with a given amax and its
+    grouped function (the colwise scales zeroed first, as the header says). CPU counterparts:
+    the size checks above."""
+    import tvm_ffi
+
+    from mxq.runtime import targets
+
+    arch = targets.device_arch(torch.device("cuda"))
+    opts = dict(colwise=True, dact="relu", dbias=True, scale_layout="compact" if fmt == "nvfp4" else "swizzled")
+    op = mxq.fused_quant(format=fmt, **opts)(ident)
+    info = op.export(tmp_path / "e", arch=arch, dtype="bf16", name=f"e_{fmt}", grouped=fmt == "nvfp4")
+    lib = tvm_ffi.load_module(info["library"])
+    m, n = 200, 272
+    x, a = planted(m, n, torch.bfloat16, seed=1), planted(m, n, torch.bfloat16, seed=2)
+
+    def flat(t):
+        return (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).reshape(-1)
+
+    def run(fname, kw, groups=None):
+        got = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cuda", zeroed=True, group_offsets=groups)
+        if "given" in kw:
+            got.amax.fill_(kw["global_amax"])
+        args = [x.cuda(), a.cuda(), got.rowwise_data, flat(got.rowwise_scale), got.colwise_data,
+                flat(got.colwise_scale), *([got.amax.reshape(-1)] if got.amax is not None else []), got.dbias,
+                torch.empty(m // 32 + len(groups) if groups is not None else cdiv(m, 32), n, device="cuda"),
+                torch.zeros(1, device="cuda")] + ([groups.cuda()] if groups is not None else [])
+        lib[fname](*args)
+        torch.cuda.synchronize()
+        want = op.reference(x, act_input=a, group_offsets=groups,
+                            **({"global_amax": kw["global_amax"]} if "given" in kw else {}))
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            if getattr(want, f) is not None:
+                assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), (fname, f)
+        gd, wd = got.dbias.cpu().double(), want.dbias.double()
+        ulp = torch.finfo(torch.bfloat16).eps * wd.abs() + torch.finfo(torch.bfloat16).tiny
+        assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), fname
+
+    run(f"e_{fmt}_vec", {})
+    if fmt == "nvfp4":
+        run("e_nvfp4_vec_given", {"given": True, "global_amax": 300.0})
+        run("e_nvfp4_vec_grouped", {}, torch.tensor([0, 16, 16, 120, 200], dtype=torch.int32))

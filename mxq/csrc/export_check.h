@@ -45,8 +45,12 @@ enum Role : int {
   kGroupEnds = 8,  // int32 [G]
   kAmax = 9,       // float32 [1]
   kColDataT = 10,  // uint8 [W, M], contiguous: the transposed colwise copy (FP8 block scaling's GEMM-ready
-                   // layout; export.py renders this role for limits.cpp_transposed's ops)
+                   // layout, limits.cpp_transposed's ops; FP4's colwise copy, [W, M / 2]: export.py renders it)
 };
+
+// How many entries the amax argument holds (Function::amax): one, or NVFP4's one per group of a
+// grouped call (each group quantized with its own; one ungrouped).
+enum AmaxRule : int { kAmaxOne = 0, kAmaxPerGroup = 1 };
 
 // The roles an exported function writes: they must not share memory with each other or with any
 // other tensor argument (spans.h).
@@ -66,6 +70,10 @@ struct Function {
   const int64_t* facts;  // mxq_sizes::kFacts of them
   bool halves;
   int64_t max_groups;
+  int per_byte;           // data elements per byte: 1 (FP8), 2 (FP4's E2M1 codes: rows of W / 2 bytes)
+  int64_t m_multiple;     // what M must be a multiple of (FP4's colwise copy: 8, whole 8-row words)
+  int amax;               // AmaxRule
+  const char* scale_text;  // the scales' dtype, as the refusal names it
 };
 
 inline const DLTensor* AsTensor(const TVMFFIAny& a) {
@@ -150,6 +158,11 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
                   " group ends; a grouped call takes 1 to " + std::to_string(f.max_groups));
   }
   const int64_t m = x->shape[0], n = x->shape[1], w = f.halves ? 2 * n : n;
+  if (m % f.m_multiple != 0) {
+    return Refuse(std::string("mxq: ") + f.name + ": argument 'mIn0' has M = " + std::to_string(m) +
+                  " rows; this op's colwise copy needs M % " + std::to_string(f.m_multiple) + " == 0");
+  }
+  const int64_t wb = w / f.per_byte;  // (data bytes per output row: N % 8 == 0 where per_byte is 2)
   const mxq_sizes::Facts facts = mxq_sizes::FromList(f.facts);
   auto dims = [](int64_t a, int64_t b) { return "shape [" + std::to_string(a) + ", " + std::to_string(b) + "]"; };
   for (int i = 0; i < f.nargs; ++i) {
@@ -159,21 +172,33 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
     switch (f.roles[i]) {
       case kRowData:
       case kColData:
-        if (t->ndim != 2 || t->shape[0] != m || t->shape[1] != w) {
-          need = dims(m, w);
-        } else if (!RowsApart(t, w)) {
-          need = RowsNeed(t, w);
+        if (t->ndim != 2 || t->shape[0] != m || t->shape[1] != wb) {
+          need = dims(m, wb);
+        } else if (!RowsApart(t, wb)) {
+          need = RowsNeed(t, wb);
         }
         break;
-      case kColDataT:  // (the kernel stores its rows M bytes apart: padded or overlapping rows are refused)
-        if (t->ndim != 2 || t->shape[0] != w || t->shape[1] != m) {
-          need = dims(w, m) + " (the transposed colwise copy, [N, M])";
+      case kColDataT: {  // (the kernel stores its rows M bytes apart: padded or overlapping rows are refused)
+        const int64_t mb = m / f.per_byte;
+        if (t->ndim != 2 || t->shape[0] != w || t->shape[1] != mb) {
+          need = dims(w, mb) + (f.per_byte == 1 ? " (the transposed colwise copy, [N, M])"
+                                                : " (the transposed colwise copy, [N, M/2])");
         } else if (!Contiguous(t)) {
-          need = "a contiguous tensor (the transposed colwise copy's rows " + std::to_string(m) +
+          need = "a contiguous tensor (the transposed colwise copy's rows " + std::to_string(mb) +
                  " elements apart; its strides are (" + std::to_string(t->strides[0]) + ", " +
                  std::to_string(t->strides[1]) + "))";
         }
         break;
+      }
+      case kAmax: {
+        const int64_t want = f.amax == kAmaxPerGroup && groups >= 0 ? groups : 1;
+        if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) {
+          return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
+                        "' has dtype " + DtypeText(t->dtype) + "; the amax is float32");
+        }
+        if (Numel(t) != want) need = std::to_string(want) + (want == 1 ? " element" : " elements (one per group)");
+        break;
+      }
       case kRowScale:
       case kColScale: {
         // (checked here: on tensors of another device the compiled function names the device first)
@@ -181,8 +206,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
         if (fp32 ? t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1
                  : t->dtype.bits != 8 || t->dtype.lanes != 1) {
           return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
-                        "' has dtype " + DtypeText(t->dtype) + "; this op's scales are " +
-                        (fp32 ? "float32 (fp32 scales)" : "uint8 (E8M0 bytes)"));
+                        "' has dtype " + DtypeText(t->dtype) + "; this op's scales are " + f.scale_text);
         }
         const int64_t want = mxq_sizes::ScaleElements(f.roles[i] == kRowScale ? facts.row : facts.col, m, w, groups);
         if (Numel(t) != want) need = std::to_string(want) + " elements";

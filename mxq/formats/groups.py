@@ -26,10 +26,10 @@ def grouped_colwise_rows(m: int, groups: int, block: int = BLOCK) -> int:
     return m // block + groups
 
 
-def workspace_rows(m: int, groups: int | None = None) -> int:
-    """Rows of the dbias workspace (one row of partial sums per 32-row block; grouped, the
-    compact grouped colwise scales' rows: every group's blocks)."""
-    return -(-m // BLOCK) if groups is None else grouped_colwise_rows(m, groups)
+def workspace_rows(m: int, groups: int | None = None, rows: int = BLOCK) -> int:
+    """Rows of the dbias workspace (one row of partial sums per ``rows``-row tile, by default a
+    32-row block; grouped, every group's tiles: the compact grouped colwise scales' rows)."""
+    return -(-m // rows) if groups is None else grouped_colwise_rows(m, groups, rows)
 
 
 # Swizzled grouped scales: each group's scales in the cuBLAS 128x4 blocked layout of its own,

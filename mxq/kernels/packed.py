@@ -912,6 +912,7 @@ class PackedKernel:
             blk = (t.rb * k.TILE_ROWS + w0 * k.PK_ROWS) // B
             brow = blk * B
         c0 = t.co + (t.cb * 32 + t.lane) * VEC
+        col_end = t.co + io.N if cutlass.const_expr(cfg.halves) else io.N  # (this half's columns end at co + N)
         sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
         HOIST = cutlass.const_expr(not (cfg.halves and k.UNALIGNED))  # c0 % VEC == 0 (else co % VEC is unknown)
         if cutlass.const_expr(HOIST):
@@ -938,7 +939,7 @@ class PackedKernel:
                     e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
                     sc[2 * j + h] = codec.multiplier(cfg.fmt, e, glob)
                 c = c0 + 2 * j + h
-                if t.warp == w0 and c < io.N and brow < t.Ms:
+                if t.warp == w0 and c < col_end and brow < t.Ms:
                     if cutlass.const_expr(HOIST):
                         io.col_scale[off0 + (2 * j + h) * step] = Uint8(e)
                     else:
@@ -1336,9 +1337,15 @@ class PackedKernel:
                     self.store_fp4_run(k, t, addr, r0, w, 1)
                 if cutlass.const_expr(k.GROUPED):
                     if words == 0:
-                        for j in cutlass.range_constexpr(4 * k.WARPS):  # (byte j: rows r0 + 2j, r0 + 2j + 1)
-                            if r0 + 2 * j < t.Ms:
-                                dev.store_global_u8(addr + Int64(j), w[j // 4] >> Uint32(8 * (j % 4)))
+                        self.store_fp4_bytes(k, t, addr, r0, w)
+
+    @cute.jit
+    def store_fp4_bytes(self, k, t, addr, r0, w):
+        """One column's run ``w`` at ``addr`` byte by byte (a grouped run not 4-byte aligned): byte
+        j holds rows r0 + 2j and r0 + 2j + 1, stored where they lie below Ms (the group's end)."""
+        for j in cutlass.range_constexpr(4 * k.WARPS):
+            if r0 + 2 * j < t.Ms:
+                dev.store_global_u8(addr + Int64(j), w[j // 4] >> Uint32(8 * (j % 4)))
 
     @cute.jit
     def store_fp4_run(self, k, t, addr, r0, w, words: cutlass.Constexpr):

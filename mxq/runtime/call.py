@@ -53,8 +53,9 @@ class Call(NamedTuple):
         out = self.out
         try:
             if aligned:
-                return (self.key(), tuple(t.data_ptr() % 16 == 0 if isinstance(t, _Tensor) else None
-                                          for t in self.operands()))
+                key = self.key()  # (None: checked every time, aligned or not)
+                return None if key is None else (key, tuple(t.data_ptr() % 16 == 0 if isinstance(t, _Tensor) else None
+                                                            for t in self.operands()))
             if out is not None:
                 if out.__class__ is not MXFP8Tensor:
                     return None
@@ -64,10 +65,10 @@ class Call(NamedTuple):
                 # tensors can be laid out alike, e.g. FP8 block scaling's 1x128 and 128x128 at M = 1)
                 # (and whether the rowwise data is 16-byte aligned: the transposed copy's kernel writes
                 # only such rows, limits.fp8_block_unserved, so a route kept for them serves no other)
-                row = out.rowwise_data
+                row, col = out.rowwise_data, out.colwise_data  # (and FP4's colwise data: limits.fp4_unserved)
                 out = (out.fp8, out.scale_layout, out.format, out.block, _out_layout(row),
-                       row is None or row.data_ptr() % 16 == 0,
-                       _out_layout(out.colwise_data), _out_layout(out.rowwise_scale), _out_layout(out.colwise_scale),
+                       row is None or row.data_ptr() % 16 == 0, col is None or col.data_ptr() % 16 == 0,
+                       _out_layout(col), _out_layout(out.rowwise_scale), _out_layout(out.colwise_scale),
                        _out_layout(out.amax), _out_layout(out.dbias), _out_layout(col_amax), pair)
             fp4 = None if self.fp4 is None else tuple(map(_layout, self.fp4))
             return (tuple(map(_layout, self.tensors)), tuple(map(type, self.scalars)), _layout(self.act_input),

@@ -145,6 +145,8 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     with tempfile.TemporaryDirectory() as d:
         for variant, fname in functions:
             mult = math.lcm(n_multiple, UNIT) if variant == "rows8" and gated.is_halves(op.epilogue) else n_multiple
+            if op.spec.is_fp4:  # (whole 1x16 blocks: limits.fp4_unserved's N rule)
+                mult = math.lcm(mult, limits.NVFP4_N_MULTIPLE if op.spec.format == "nvfp4" else UNIT)
             compiled = compile_op(op, arch, dtype, variant=variant, layouts=layouts, n_multiple=mult)
             obj = Path(d) / f"{fname}.o"
             compiled.export_to_c(str(obj), function_name=UNCHECKED + fname, export_only_tvm_ffi_symbols=True)
@@ -191,7 +193,14 @@ def _compile_checks(op, functions, directory: Path) -> Path:
     spec, epi = op.spec, op.epilogue
     halves = int(gated.is_halves(epi))
     facts = limits.cpp_facts(spec, epi)
-    roles_by = dict(_CHECK_ROLES, **({"colwise_data": "kColDataT"} if limits.cpp_transposed(spec) else {}))
+    # (FP4's colwise copy is transposed too, [N, M/2]: two values a byte, per_byte)
+    transposed = limits.cpp_transposed(spec) or (spec.is_fp4 and spec.colwise)
+    roles_by = dict(_CHECK_ROLES, **({"colwise_data": "kColDataT"} if transposed else {}))
+    per_byte = 2 if spec.is_fp4 else 1
+    m_multiple = UNIT if spec.is_fp4 and spec.colwise else 1  # (FP4's colwise words: 8 rows each)
+    amax = ("mxq_export::kAmaxPerGroup" if spec.format == "nvfp4" else "mxq_export::kAmaxOne")
+    scale_text = {"nvfp4": "8-bit (E4M3 bytes)", "mxfp4": "8-bit (E8M0 bytes)"}.get(
+        spec.format, "float32 (fp32 scales)" if spec.block_format.scale == "fp32" else "uint8 (E8M0 bytes)")
     parts = ['#include "export_check.h"', "",
              f"static const int64_t kFacts[mxq_sizes::kFacts] = {{{', '.join(map(str, facts))}}};  "
              "// slots.scale_facts", ""]
@@ -204,7 +213,8 @@ def _compile_checks(op, functions, directory: Path) -> Path:
 static const int kRoles{k}[] = {{{", ".join("mxq_export::" + r for r in roles)}}};
 static const char* const kNames{k}[] = {{{names}}};
 static const mxq_export::Function kFunction{k} = {{"{fname}", {len(table)}, kRoles{k}, kNames{k}, kFacts, {halves},
-                                                 {groups.MAX_GROUPS}}};
+                                                 {groups.MAX_GROUPS}, {per_byte}, {m_multiple}, {amax},
+                                                 "{scale_text}"}};
 extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_{fname}(void* self, const TVMFFIAny* args, int32_t num_args,
                                                   TVMFFIAny* result) {{
   if (mxq_export::Check(kFunction{k}, args, num_args) != 0) return -1;
@@ -218,9 +228,11 @@ extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_{fname}(void* self, const TVMFFIAny*
     return obj
 
 
-def _functions(name: str, grouped: bool):
-    """(compiler variant, exported function name) pairs."""
+def _functions(name: str, grouped: bool, given: bool = False):
+    """(compiler variant, exported function name) pairs; ``given``: NVFP4's quantize pass of a
+    given amax too ("vec_given": the caller writes the amax into mAmax)."""
     pairs = [("generic", name), ("vec", f"{name}_vec"), ("rows8", f"{name}_rows8")]
+    pairs += [("vec_given", f"{name}_vec_given")] if given else []
     return pairs + ([("generic_grouped", f"{name}_grouped"), ("vec_grouped", f"{name}_vec_grouped")] if grouped else [])
 
 
@@ -228,7 +240,7 @@ def _served_functions(op, name: str, dtype: str, grouped: bool):
     """(the (variant, name) pairs exported, {a name left out: why}): a variant the kernels do not
     serve for ``dtype`` (limits.cpp_gap: FP8 block scaling's fp32 "generic") is left out."""
     served, left_out = [], {}
-    for variant, fname in _functions(name, grouped):
+    for variant, fname in _functions(name, grouped, op.spec.format == "nvfp4"):
         gap = limits.cpp_gap(op.spec, op.epilogue, dtype, variant, variant.endswith("_grouped"))
         if gap:
             left_out[fname] = gap
@@ -277,6 +289,8 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
     padding = (" * Swizzled scale buffers must be zero before each grouped call: the kernels write the\n"
                " * groups' scales only, and the padding between groups moves with the offsets (e.g.\n"
                " * cudaMemsetAsync them first)." if spec.scale_layout == "swizzled" else
+               " * mColScale must be zero before each grouped call: the kernels write the groups' colwise\n"
+               " * blocks only, and the columns between groups move with the offsets." if spec.is_fp4 and spec.colwise else
                " * The kernels write every scale byte, the compact padding rows between groups as zero.")
     grouped_doc = "" if not grouped else f"""
  *
@@ -309,14 +323,23 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
         serves, takers = "", f'It and "{name}_rows8" (below)'
     else:
         serves = f'"{name}" serves any M, N >= 1; '
-    label = {"mxfp8": "MXFP8", "fp8_block": f"FP8 block-scaling ({spec.block[0]}x{spec.block[1]} blocks, fp32 scales)"}
+    label = {"mxfp8": "MXFP8", "fp8_block": f"FP8 block-scaling ({spec.block[0]}x{spec.block[1]} blocks, fp32 scales)",
+             "nvfp4": "NVFP4 (E2M1 data, E4M3 scales per 16, a per-tensor amax)",
+             "mxfp4": "MXFP4 (E2M1 data, E8M0 scales per 32)"}
+    if spec.is_fp4:  # (the aligned kernel alone: whole blocks, 16-byte aligned tensors)
+        rows8_doc = "" if spec.format != "nvfp4" else f"""
+ *
+ * "{name}_vec_given" takes the same arguments with mAmax holding a known amax (delayed scaling,
+ * Python's global_amax=): it runs the quantize pass alone."""
+    aligned = ("N % 16 == 0" if spec.format == "nvfp4" else "N % 8 == 0") + (
+        " (and M % 8 == 0: the colwise copy's 8-row words)" if spec.is_fp4 and spec.colwise else "")
     return f"""/* Generated by mxq {__version__}: AOT export of one fused {label.get(spec.format, spec.format)} quantization op.
  *
  * op: {epi.name}  spec: {spec}
  * input dtype: {dtype}   arch: {arch}   epilogue fingerprint: {epi.fingerprint}
  *{note_doc}
  * lib{name}.so exports {len(functions)} TVM-FFI functions (load with tvm::ffi::Module::LoadFromFile and
- * GetFunction): {serves}"{name}_vec" needs N % 8 == 0 and 16-byte
+ * GetFunction): {serves}"{name}_vec" needs {aligned} and 16-byte
  * aligned [M, N] tensors{faster}. {takers} {take} these positional arguments (DLPack tensors on
  * one CUDA device; the launch uses TVM-FFI's environment stream, see TVMFFIEnvSetStream):
  *

@@ -161,7 +161,9 @@ class Launcher:
             "amax": lambda: (fp4_layouts.amax_pair(out.amax, out.colwise_amax) if spec.hadamard  # (limits.fp4_unserved)
                              else out.amax.view(-1)),  # (a grouped NVFP4 call's: one per group)
             "dbias": lambda: out.dbias,
-            "dbias_workspace": lambda: torch.empty((groups.workspace_rows(m, group_offsets.numel() if grouped else None),
+            # (a row per tile: 32 rows or more, NVFP4's colwise tile 16 under Tuning(fp4_col_rows=16))
+            "dbias_workspace": lambda: torch.empty((groups.workspace_rows(m, group_offsets.numel() if grouped else None,
+                                                                          _ws_tile_rows(spec)),
                                                     n_out), dtype=dbias_partial_dtype(x.dtype), device=x.device),
             "noop": lambda: noop.reshape(1) if noop is not None else noop_tensor(x.device),
             "group_offsets": lambda: group_offsets.to(torch.int32).contiguous(),
@@ -205,6 +207,13 @@ class Launcher:
         if given is not None and offsets is not None:  # (outputs made here hold a copy already)
             given.group_offsets = offsets.clone()
         return out
+
+
+def _ws_tile_rows(spec) -> int:
+    """The fewest rows of a tile of ``spec``'s kernels (the dbias workspace's row of partial sums
+    per tile, Launcher.bind): NVFP4's colwise 16-row blocks (KernelConfig.fp4_col_rows may tile
+    by one block), else 32."""
+    return spec.block_format.col_block[0] if spec.is_fp4 and spec.colwise else groups.BLOCK
 
 
 def native_groups(spec, group_offsets) -> bool:

@@ -204,7 +204,7 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
     if spec.format == "mxfp8":
         return None
     if spec.is_fp4:
-        why = fp4_cpp_gap(spec, native)
+        why = fp4_cpp_gap(spec, epilogue, native, dtype, variant, grouped)
         return f"format={spec.format!r} {why}" if why else None
     why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant)
            or cpp_only_gap(spec, grouped, variant)
@@ -214,17 +214,36 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
     return f"format={spec.format!r} {why}" if why else None
 
 
-def fp4_cpp_gap(spec, native: bool) -> str | None:
-    """What of an NVFP4 / MXFP4 op the C++ routes do not serve: export() (compiled code alone: its
-    argument checks know FP8 data); in register(), dispatcher() and get_quantize_kernel (Python
-    on every call, the destination-passing signature), stochastic rounding and the Hadamard
-    transform, whose seed, offset and colwise_amax have no slot there."""
-    if native:
-        return "is served by register(), dispatcher() and get_quantize_kernel (through Python), not by export() yet"
-    for flag in ("stochastic_rounding", "hadamard"):
-        if getattr(spec, flag):
-            return (f"with {flag}=True is not served by the C++ routes yet (its seed, offset or colwise_amax "
-                    "have no slot in the destination-passing signature)")
+def fp4_cpp_gap(spec, epilogue, native: bool, dtype: str | None = None, variant: str | None = None,
+                grouped: bool = False) -> str | None:
+    """What of an NVFP4 / MXFP4 op the C++ routes do not serve. export() (``native``: compiled code
+    alone, which cannot fall back to the reference) serves what the kernels serve for every call
+    its checks let through (csrc/export_check.h): the aligned kernel alone (variant "vec", and
+    NVFP4's "vec_given": the quantize pass of a given amax; fp4_unserved's N % 8 == 0, NVFP4's N %
+    16 == 0, 16-byte aligned tensors), the colwise copy, 16x16 tiles and stochastic rounding from
+    16-bit inputs, groups but with a given amax; not the Hadamard transform (its amax and
+    colwise_amax pair) nor gated backwards. register(), dispatcher() and get_quantize_kernel run
+    Python on every call (the destination-passing signature): there stochastic rounding and the
+    Hadamard transform, whose seed, offset and colwise_amax have no slot."""
+    if not native:
+        for flag in ("stochastic_rounding", "hadamard"):
+            if getattr(spec, flag):
+                return (f"with {flag}=True is not served by the C++ routes yet (its seed, offset or colwise_amax "
+                        "have no slot in the destination-passing signature)")
+        return None
+    if spec.hadamard:
+        return "with hadamard=True is not served by export() yet (its amax and colwise_amax pair)"
+    if gated.is_halves(epilogue):
+        return "with a gated backward (two output halves) is not served by the C++ routes yet"
+    if dtype == "fp32":
+        flag = next((f for f in ("colwise", "block_2d", "stochastic_rounding") if getattr(spec, f)), None)
+        if flag:
+            return f"with {flag}=True and fp32 inputs has no GPU kernels yet"
+    if variant is not None and not variant.startswith("vec"):
+        return ("is served by the aligned kernel alone ('_vec': N % 8 == 0, NVFP4's N % 16 == 0, 16-byte aligned "
+                "tensors with rows a multiple of 8 elements apart)")
+    if grouped and variant is not None and "given" in variant:
+        return "with group_offsets and a given amax has no GPU kernels yet"
     return None
 
 

@@ -85,7 +85,7 @@ def direction_facts(spec, colwise: bool) -> tuple[int, int, int, int, int]:
     transposed copy [N, M]: row-major over its M blocks), tiles row-major (colwise: transposed)."""
     fmt = spec.block_format
     block = fmt.col_block if colwise else fmt.block
-    if spec.format == "mxfp8":
+    if spec.format in ("mxfp8", "mxfp4", "nvfp4"):  # (FP4's colwise grid: the transposed copy's scales, transposed)
         if spec.scale_layout == "compact":
             return (*block, 1, 1, ROW_MAJOR)
         tile = layouts.SWIZZLE_TILE[::-1] if colwise else layouts.SWIZZLE_TILE
@@ -113,17 +113,26 @@ def kernel_slots(spec, n_inputs: int, n_scalars: int, grouped: bool = False, n_o
     row, col = direction_facts(spec, False), direction_facts(spec, True)
     el, enc = ("float32", "fp32") if spec.block_format.scale == "fp32" else ("uint8", "E8M0")
     ws_rows = (f"M//{tile_rows} + G" if grouped else f"ceil(M/{tile_rows})")
+    row_data = f"uint8[M, {w}]{' ' * (9 - len(w))}(FP8 bytes, rowwise blocks of {row[1]} along {w})"
+    col_data = f"uint8[M, {w}]{' ' * (9 - len(w))}(FP8 bytes, colwise blocks of {col[0]} along M)"
+    amax = "float32[1]         (set to max|v|; zeroed by the kernel first)"
+    if spec.is_fp4:  # (E2M1 codes two a byte, element 2j in the low nibble; the colwise copy transposed)
+        enc = "E4M3" if spec.format == "nvfp4" else "E8M0"
+        row_data = f"uint8[M, {w}/2]     (E2M1 codes two a byte, rowwise blocks of {row[1]} along {w})"
+        col_data = (f"uint8[{w}, M/2]     (E2M1 codes two a byte, the transposed colwise copy: contiguous, "
+                    f"blocks of {col[0]} along M; its scales [{w}, ceil(M/{col[0]})] row-major)")
+        if spec.format == "nvfp4":
+            amax = (f"float32[{'G' if grouped else 1}]         (the tensor amax{' of each group' if grouped else ''} "
+                    "the scales use: set by the amax pass, zeroed first; \"_vec_given\": the given amax, read)")
     table = [
         *(Slot(f"mIn{i}", "input", i, "dtype[M, N]       (epilogue tensor %d)" % i) for i in range(n_inputs)),
         *(Slot(f"s{i}", "scalar", i, "float32            (epilogue float %d)" % i) for i in range(n_scalars)),
         Slot("mActIn", "act_input", 0, "dtype[M, N]"),
-        Slot("mRowData", "rowwise_data", 0,
-             f"uint8[M, {w}]{' ' * (9 - len(w))}(FP8 bytes, rowwise blocks of {row[1]} along {w})"),
+        Slot("mRowData", "rowwise_data", 0, row_data),
         Slot("mRowScale", "rowwise_scale", 0, f"{el}[{scale_size_text(row, w, grouped)}] flat {enc}{_order_text(row)}"),
-        Slot("mColData", "colwise_data", 0,
-             f"uint8[M, {w}]{' ' * (9 - len(w))}(FP8 bytes, colwise blocks of {col[0]} along M)"),
+        Slot("mColData", "colwise_data", 0, col_data),
         Slot("mColScale", "colwise_scale", 0, f"{el}[{scale_size_text(col, w, grouped)}] flat {enc}{_order_text(col)}"),
-        Slot("mAmax", "amax", 0, "float32[1]         (set to max|v|; zeroed by the kernel first)"),
+        Slot("mAmax", "amax", 0, amax),
         Slot("mDbias", "dbias", 0, f"dtype[G, {w}]" if grouped else f"dtype[{w}]"),
         Slot("mDbiasWs", "dbias_workspace", 0, f"ws[{ws_rows}, {w}]  (dbias workspace: scratch)"),
         Slot("mNoop", "noop", 0, "float32[1]         (1.0: write nothing)"),
