@@ -57,17 +57,16 @@ NEW_FORMS = {
 
 
 @pytest.mark.parametrize("opts, routes, words", [
-    (dict(dact="swiglu"), ("register", "dispatcher", "export"), "with a gated backward"),
-    (dict(dact="swiglu", colwise=True, scale_layout="gemm"), ("register", "dispatcher", "export"), "gated backward"),
+    (dict(dact="swiglu"), ("export_fp32",), "gated backward (two output halves) and fp32 inputs"),
     *((dict(opts), ("export_fp32",), "fp32 inputs") for opts in NEW_FORMS.values()),
-    *((dict(opts), ("export_grouped",), "with group_offsets is not served by the C++ routes")
-      for opts in NEW_FORMS.values()),
+    *((dict(opts), ("export_grouped",), "group_offsets and scale_layout='gemm'")
+      for opts in NEW_FORMS.values() if opts.get("scale_layout") == "gemm"),
 ])
 def test_every_cpp_route_refuses_what_the_kernels_do_not_serve(tmp_path, opts, routes, words):
-    """What no kernel or no C++ route serves (a gated backward on every route, which the Python
-    routes run on the kernels; fp32 inputs with colwise blocks or tiles and groups where export()
-    is asked for them) is refused by name before anything is built; the forms once refused by the C++ routes alone (128x128 tiles, the transposed copy,
-    colwise blocks with amax) build on every route (the tests below run them)."""
+    """What no kernel or no C++ route serves (fp32 inputs with colwise blocks, tiles or a gated
+    backward; groups with the GEMM-ready layout) is refused by name before anything is built; the
+    forms once refused by the C++ routes alone (128x128 tiles, the transposed copy, colwise
+    blocks with amax, groups, gated backwards) build on every route (the tests below run them)."""
     op = mxq.fused_quant(format="fp8_block", **opts)(ident)
     calls = {"register": lambda: op.register("fp8_block_refused"), "dispatcher": op.dispatcher,
              "export": lambda: op.export(tmp_path / "x", dtype="bf16"),
@@ -89,16 +88,70 @@ def test_the_forms_once_refused_have_every_cpp_route(form):
 
 
 def test_export_refuses_by_dtype_and_groups(tmp_path):
-    """A colwise op serves 16-bit inputs only; no fp8_block op serves group_offsets."""
+    """A colwise op serves 16-bit inputs only, grouped ones too (compact); a gated backward
+    serves 16-bit inputs on every route."""
     col = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
     assert "fp32 inputs" in _error(lambda: col.export(tmp_path / "a", dtype="fp32"))
-    row = mxq.fused_quant(format="fp8_block")(ident)
+    assert "fp32" in _error(lambda: col.export(tmp_path / "a", dtype="fp32", grouped=True))
+    row = mxq.fused_quant(format="fp8_block", scale_layout="gemm")(ident)
     assert "group_offsets" in _error(lambda: row.export(tmp_path / "b", dtype="bf16", grouped=True))
     fwd = mxq.fused_quant(format="fp8_block", act="swiglu", colwise=True)(ident)
     assert "fp32 inputs" in _error(lambda: fwd.export(tmp_path / "c", dtype="fp32"))
     bwd = mxq.fused_quant(format="fp8_block", dact="swiglu")(ident)
-    for call in (bwd.dispatcher, lambda: bwd.export(tmp_path / "d", dtype="bf16")):
-        assert "gated backward" in _error(call)
+    assert bwd.dispatcher() is not None
+    assert "fp32" in _error(lambda: bwd.export(tmp_path / "d", dtype="fp32"))
+
+
+@pytest.fixture(scope="module")
+def grouped_gated_libs(tmp_path_factory):
+    """Exported grouped colwise + dbias (compact) and a gated backward with the transposed copy
+    and dbias, loaded."""
+    import tvm_ffi
+
+    d = tmp_path_factory.mktemp("fbgg")
+    grp = mxq.fused_quant(format="fp8_block", colwise=True, dbias=True)(ident)
+    gi = grp.export(d / "g", arch="sm_90", dtype="bf16", name="fbgr", grouped=True)
+    bwd = mxq.fused_quant(format="fp8_block", dact="swiglu", colwise=True, scale_layout="gemm", dbias=True)(ident)
+    bi = bwd.export(d / "b", arch="sm_90", dtype="bf16", name="fbbw")
+    return (grp, tvm_ffi.load_module(gi["library"]), gi), (bwd, tvm_ffi.load_module(bi["library"]), bi)
+
+
+def test_exported_grouped_and_gated_functions_check_their_sizes(grouped_gated_libs):
+    """export(grouped=True) of a compact colwise op: its grouped functions take [ceil(M/128) +
+    G]-row colwise scales... as MXFP8Tensor.empty allocates them ([M // 128 + G, N]) and a
+    workspace row per 128-row group tile; a gated backward with the transposed copy: "_vec"
+    alone, the copy [2N, M] and its padded scales for 2N columns, N a multiple of 128."""
+    (grp, glib, gi), (bwd, blib, bi) = grouped_gated_libs
+    assert gi["functions"] == ["fbgr", "fbgr_vec", "fbgr_rows8", "fbgr_grouped", "fbgr_vec_grouped"]
+    assert bi["functions"] == ["fbbw_vec"]
+    assert "mColData    uint8[2N, M]" in open(bi["header"]).read()
+    m, n = 300, 256
+    offs = torch.tensor([0, 100, 300], dtype=torch.int32)
+    t = mxq.MXFP8Tensor.empty(grp.spec, (m, n), torch.bfloat16, "cpu", group_offsets=offs)
+    args = [torch.zeros(m, n, dtype=torch.bfloat16), t.rowwise_data.view(torch.uint8), t.rowwise_scale.reshape(-1),
+            t.colwise_data.view(torch.uint8), t.colwise_scale.reshape(-1), t.dbias, torch.zeros(m // 128 + 3, n),
+            torch.zeros(1), offs]
+    for fname in ("fbgr_grouped", "fbgr_vec_grouped"):
+        assert "device_type=cuda" in _error(glib[fname], *args), fname  # (sizes pass)
+        short = list(args)
+        short[4] = t.colwise_scale.reshape(-1)[:-1]
+        msg = _error(glib[fname], *short)
+        assert "'mColScale'" in msg and f"needs {t.colwise_scale.numel()} elements" in msg, msg
+        short = list(args)
+        short[6] = torch.zeros(cdiv(m, 128), n)
+        assert "'mDbiasWs'" in _error(glib[fname], *short)
+    out = mxq.MXFP8Tensor.empty(bwd.spec, (m, 2 * n), torch.bfloat16, "cpu")
+    flat = [s if s is not None else None for s in (out.rowwise_scale, out.colwise_scale)]
+    args = [torch.zeros(m, n, dtype=torch.bfloat16), torch.zeros(m, n, dtype=torch.bfloat16),
+            torch.zeros(m, n, dtype=torch.bfloat16), out.rowwise_data.view(torch.uint8), _flat(flat[0]),
+            out.colwise_data.view(torch.uint8), _flat(flat[1]), out.dbias, torch.zeros(cdiv(m, 128), 2 * n),
+            torch.zeros(1)]
+    assert out.colwise_data.shape == (2 * n, m)
+    assert "device_type=cuda" in _error(blib["fbbw_vec"], *args)  # (sizes pass)
+    bad = list(args)
+    bad[5] = torch.zeros(n, m, dtype=torch.uint8)  # (one half's copy)
+    msg = _error(blib["fbbw_vec"], *bad)
+    assert "'mColData'" in msg and f"[{2 * n}, {m}]" in msg, msg
 
 
 def test_cpp_gap_is_the_python_routes_rule():
@@ -111,7 +164,7 @@ def test_cpp_gap_is_the_python_routes_rule():
                  dict(block=(128, 128), scale_layout="gemm", colwise=True, rowwise=False)):
         op = mxq.fused_quant(format="fp8_block", **opts)(ident)
         assert limits.cpp_only_gap(op.spec) is None, opts  # (whatever the variant)
-        assert limits.cpp_only_gap(op.spec, grouped=True), opts
+        assert bool(limits.cpp_only_gap(op.spec, grouped=True)) == (opts.get("scale_layout") == "gemm"), opts
         transposed = opts.get("colwise", False) and opts.get("scale_layout") == "gemm"
         assert limits.cpp_transposed(op.spec) == transposed, opts
         for dtype, name in limits.DTYPE_NAMES.items():
@@ -918,3 +971,33 @@ def test_dispatcher_refuses_the_unaligned_transposed_copy_on_cuda(form):
     whole = _flat(out.colwise_scale)
     msg = _error(fn, x, *_dispatch_args(op, out, x, False, colwise_scale=whole[:-1]))
     assert f"'colwise_scale' has {whole.numel() - 1} elements" in msg and f"needs {whole.numel()}" in msg, msg
+
+
+@pytest.mark.gpu
+def test_exported_grouped_and_gated_functions_run_on_cuda(grouped_gated_libs):
+    """The exported grouped colwise function and the gated backward with the transposed copy
+    write the Python route's bytes on the H200 (dbias within an ulp, the reference's class).
+    CPU counterpart: the size checks above."""
+    from mxq.testing import compare
+
+    (grp, glib, _), (bwd, blib, _) = grouped_gated_libs
+    m, n = 300, 256
+    offs = torch.tensor([0, 100, 100, 300], dtype=torch.int32)
+    x = planted(m, n, torch.bfloat16, seed=3).cuda()
+    want = grp(x, group_offsets=offs.cuda())
+    for fname in ("fbgr_grouped", "fbgr_vec_grouped"):
+        got = mxq.MXFP8Tensor.empty(grp.spec, (m, n), torch.bfloat16, "cuda", group_offsets=offs)
+        glib[fname](x, got.rowwise_data.view(torch.uint8), got.rowwise_scale.reshape(-1), got.colwise_data.view(torch.uint8),
+                    got.colwise_scale.reshape(-1), got.dbias, torch.empty(m // 128 + len(offs), n, device="cuda"),
+                    torch.zeros(1, device="cuda"), offs.cuda())
+        torch.cuda.synchronize()
+        assert compare(got, want, True) == [], fname
+    g = planted(m, n, torch.bfloat16, seed=4, specials=False).cuda()
+    a = planted(m, 2 * n, torch.bfloat16, seed=5, scale=2.0).cuda()
+    want = bwd(g, act_input=a)
+    got = mxq.MXFP8Tensor.empty(bwd.spec, (m, 2 * n), torch.bfloat16, "cuda")
+    blib["fbbw_vec"](g, a[:, :n], a[:, n:], got.rowwise_data.view(torch.uint8), _flat(got.rowwise_scale),
+                     got.colwise_data.view(torch.uint8), _flat(got.colwise_scale), got.dbias,
+                     torch.empty(cdiv(m, 128), 2 * n, device="cuda"), torch.zeros(1, device="cuda"))
+    torch.cuda.synchronize()
+    assert compare(got, want, True) == []

@@ -251,7 +251,7 @@ def _served_functions(op, name: str, dtype: str, grouped: bool):
 
 # the colwise data's line of an op whose colwise copy is transposed (limits.cpp_transposed; the slot
 # table's line says [M, N])
-TRANSPOSED_DOC = "uint8[N, M]        (FP8 bytes, the transposed colwise copy: contiguous, {})"
+TRANSPOSED_DOC = "uint8[{w}, M]{pad}(FP8 bytes, the transposed colwise copy: contiguous, {blocks})"
 
 
 def _slot_lines(spec, epi, el: str, ws: str, grouped: bool) -> str:
@@ -263,7 +263,8 @@ def _slot_lines(spec, epi, el: str, ws: str, grouped: bool) -> str:
         doc = s.doc.replace("dtype[", f"{el}[").replace("ws[", f"{ws}[")
         if transposed and s.role == "colwise_data":
             br, bc = slots.direction_facts(spec, True)[:2]
-            doc = TRANSPOSED_DOC.format(f"blocks of {br} along M" if bc == 1 else f"{br}x{bc} tiles")
+            doc = TRANSPOSED_DOC.format(w=n_out, pad=" " * (9 - len(n_out)),
+                                        blocks=f"blocks of {br} along M" if bc == 1 else f"{br}x{bc} tiles")
         args.append(f"  {s.name:<11} {doc}")
     return "\n".join(" * " + a for a in args)
 

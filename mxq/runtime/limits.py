@@ -195,8 +195,7 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
             native: bool = True) -> str | None:
     """What of an op the C++ routes (register, dispatcher, export) cannot serve, as
     "format=... <why>", or None: formats without kernels, fp8_block_gap, variant_gap,
-    cpp_only_gap, FP8 block scaling's gated backwards (the Python routes run them on the
-    kernels), fp4_cpp_gap. register() and dispatcher() ask it with no dtype before anything is built and
+    cpp_only_gap, fp4_cpp_gap. register() and dispatcher() ask it with no dtype before anything is built and
     the native dispatcher with each call's dtype and variant (ffi's resolve); export() with its
     dtype, grouped, and each variant it exports (a variant with a gap is left out of the library).
     ``native``: a route of compiled code alone (export, the native dispatcher); NVFP4's and
@@ -208,8 +207,6 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
         return f"format={spec.format!r} {why}" if why else None
     why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant)
            or cpp_only_gap(spec, grouped, variant)
-           or ("with a gated backward (two output halves) is not served by the C++ routes yet"
-               if gated.is_halves(epilogue) else None)
            if spec.format == "fp8_block" else "is not served by the C++ routes yet")
     return f"format={spec.format!r} {why}" if why else None
 
@@ -254,9 +251,10 @@ def cpp_facts(spec, epilogue) -> tuple[int, ...]:
 
 def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None) -> str | None:
     """What of an FP8 block-scaling op the Python routes serve and the C++ routes do not (they
-    cannot fall back to the reference): groups (their checks know ungrouped calls only: export()
-    refuses them; a registered op's dispatcher sends its grouped calls, int32 or int64 ends, to
-    Python's binding of the kernels, slots.dispatch_flags), and the
+    cannot fall back to the reference): groups with the GEMM-ready layout (validation refuses
+    them everywhere; export(grouped=True) serves compact scales; a registered op's dispatcher
+    sends its grouped calls, int32 or int64 ends, to Python's binding of the kernels,
+    slots.dispatch_flags), and the
     GEMM-ready transposed colwise copy (cpp_transposed) on a kernel ``variant`` other than the
     aligned one (variant None: whatever the variant, which register() and dispatcher() ask): the
     packed kernel writes that copy from aligned rows alone, variant "vec" (N % 8 == 0, the
@@ -265,8 +263,8 @@ def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None) -> str
     fp8_block_unserved), so export() leaves "generic" and "rows8" out of the library and the
     native dispatcher refuses a call that would take them when it resolves the kernel. 128x128
     tiles and amax beside colwise blocks are served as the kernels serve them (fp8_block_gap)."""
-    if grouped:
-        return "with group_offsets is not served by the C++ routes yet"
+    if grouped and spec.scale_layout == "gemm":  # (validation's rule: grouped FP8 block scales are compact)
+        return "with group_offsets and scale_layout='gemm' is not served (grouped scales are compact)"
     if variant is not None and not variant.startswith("vec") and cpp_transposed(spec):
         return ("with colwise=True and scale_layout='gemm' (the transposed copy) from inputs with N % 8 != 0, or "
                 "tensors not 16-byte aligned or rows not a multiple of 8 elements apart (the rowwise FP8 data's too), "
