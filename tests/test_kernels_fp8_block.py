@@ -77,7 +77,7 @@ def test_gated_backward_is_served_where_no_block_straddles_the_halves(opts):
     """A gated backward (two output halves [M, 2N]) on the kernels from 16-bit inputs, the op's
     own shared-memory rule included: served at N = 256, and at N = 96 only without rowwise
     blocks or tiles (a 1x128 block or 128x128 tile would straddle the halves); the C++ routes
-    refuse it (they cannot fall back to the reference)."""
+    serve it from 16-bit inputs and refuse fp32 (they cannot fall back to the reference)."""
     inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident).inner
     spec, epi, smem = inner.spec, inner.epilogue, inner._packed_smem_shortfall
     for dtype in (torch.bfloat16, torch.float16):
@@ -86,7 +86,7 @@ def test_gated_backward_is_served_where_no_block_straddles_the_halves(opts):
     assert (reason is None) == (opts.get("rowwise") is False), reason
     if reason is not None:
         assert "N % 128 == 0" in reason and "straddle" in reason
-    assert "C++ routes" in limits.cpp_gap(spec, epi, "bf16")
+    assert limits.cpp_gap(spec, epi, "bf16") is None and "fp32" in limits.cpp_gap(spec, epi, "fp32")
 
 
 def test_gated_backward_from_fp32_is_named():
