@@ -317,8 +317,8 @@ def test_unserved_names_what_has_no_kernel(fmt, opts, x, why):
 
 def test_grouped_rowwise_is_served_and_the_rest_falls_back():
     """Grouped calls of either format run the grouped kernels (NVFP4's amax per group), the
-    colwise copy too; grouped calls with NVFP4's global_amax, and misaligned out= data, run the
-    reference."""
+    colwise copy too, NVFP4's global_amax too (one value or one per group); misaligned out=
+    data runs the reference."""
     from mxq.formats.fp4 import CallArgs
     from mxq.runtime.call import Call
 
@@ -331,7 +331,9 @@ def test_grouped_rowwise_is_served_and_the_rest_falls_back():
         assert _unserved(both, x, Call([x], [], group_offsets=offs)) is None
     nv = mxq.fused_quant(format="nvfp4")(ident)
     given = Call([x], [], group_offsets=offs)._replace(fp4=CallArgs(1.0, None, None))
-    assert "group_offsets and global_amax" in _unserved(nv, x, given)
+    assert _unserved(nv, x, given) is None
+    per_group = Call([x], [], group_offsets=offs)._replace(fp4=CallArgs(torch.ones(1), None, None))
+    assert _unserved(nv, x, per_group) is None
     x32 = x.float()  # (grouped rowwise from fp32: the vectorised kernel, either format)
     for fmt in ("mxfp4", "nvfp4"):
         assert _unserved(mxq.fused_quant(format=fmt)(ident), x32, Call([x32], [], group_offsets=offs)) is None
@@ -383,6 +385,8 @@ def test_grouped_rowwise_compiles(arch, dtype):
     assert mx.count(".entry") == 1
     nv = _ptx(mxq.fused_quant(format="nvfp4")(ident), arch, dtype, "vec_grouped")
     assert nv.count(".entry") == 3
+    given = _ptx(mxq.fused_quant(format="nvfp4")(ident), arch, dtype, "vec_given_grouped")
+    assert given.count(".entry") == 1  # (a given amax: the quantize pass alone, its entries written first)
     init = next(e for e in nv.split(".entry ")[1:] if "amax_init" in e.split("(")[0])
     # (the block's 256 threads stride over the G entries: a loop of zero stores stepping by 256)
     assert ".reqntid 256" in init and "%tid.x" in init and "st.global.b32" in init
@@ -473,7 +477,8 @@ def test_export_serves_the_aligned_kernels_and_refuses_the_rest(fp4_libs, tmp_pa
     and the packed data's shapes; the Hadamard transform, gated backwards and fp32 colwise ops
     refused before anything is built."""
     _, _, info = fp4_libs["nvfp4"]
-    assert info["functions"] == ["e_nvfp4_vec", "e_nvfp4_vec_given", "e_nvfp4_vec_grouped"]
+    assert info["functions"] == ["e_nvfp4_vec", "e_nvfp4_vec_given", "e_nvfp4_vec_grouped",
+                                 "e_nvfp4_vec_given_grouped"]
     text = open(info["header"]).read()
     for words in ("NVFP4 (E2M1 data, E4M3 scales per 16", "mRowData    uint8[M, N/2]", "mColData    uint8[N, M/2]",
                   "mRowScale   uint8[M * ceil(N/16)] flat E4M3", '"e_nvfp4_vec_given" takes the same arguments',
@@ -969,3 +974,35 @@ def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt):
     if fmt == "nvfp4":
         run("e_nvfp4_vec_given", {"given": True, "global_amax": 300.0})
         run("e_nvfp4_vec_grouped", {}, torch.tensor([0, 16, 16, 120, 200], dtype=torch.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("colwise", [False, True])
+def test_gpu_grouped_given_amax_matches_reference(strict, colwise):
+    """NVFP4's grouped calls with global_amax= on the kernels (the quantize pass alone, each
+    group's entry written first): one value for every group and a [G] tensor of one per group
+    (on the device, and changed in place between launches of a prepared call); every byte the
+    reference's. CPU counterpart: test_grouped_rowwise_is_served_and_the_rest_falls_back and
+    test_launch's given_amax_first test."""
+    offs = torch.tensor([0, 6, 38, 38, 138, 140], dtype=torch.int32)
+    m, n = 140, 272
+    x = planted(m, n, torch.bfloat16, seed=5)
+    op = mxq.fused_quant(format="nvfp4", colwise=colwise)(ident)
+    fields = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax")
+    per_group = torch.tensor([300.0, 5.0, 1.0, 7.5, 2.0e4, 1.0])
+    for given in (100.0, per_group):
+        g_cuda = given.cuda() if isinstance(given, torch.Tensor) else given
+        got = op(x.cuda(), group_offsets=offs.cuda(), global_amax=g_cuda)
+        want = op.reference(x, group_offsets=offs, global_amax=given)
+        for f in fields:
+            if getattr(want, f) is not None:
+                assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), (f, given)
+    g_cuda = per_group.cuda()
+    launch, out = op.prepare(x.cuda(), group_offsets=offs.cuda(), global_amax=g_cuda)
+    for scale in (1.0, 0.5):
+        g_cuda.copy_(per_group * scale)
+        launch()
+        want = op.reference(x, group_offsets=offs, global_amax=per_group * scale)
+        for f in fields:
+            if getattr(want, f) is not None:
+                assert same_bytes(getattr(out, f).contiguous(), getattr(want, f).contiguous()), (f, scale)

@@ -184,6 +184,15 @@ def test_given_amax_and_rng_operands():
     assert amax.item() == 3.0
     launch.given_amax_first(None, amax, 9.0, torch.zeros(1))()
     assert amax.item() == 9.0
+    groups = torch.zeros(3)  # (a grouped call's amax [G]: one value for every group, or one per group)
+    launch.given_amax_first(None, groups, 2.0)()
+    assert groups.tolist() == [2.0, 2.0, 2.0]
+    launch.given_amax_first(None, groups, torch.tensor([4.0]))()
+    assert groups.tolist() == [4.0, 4.0, 4.0]
+    launch.given_amax_first(None, groups, torch.tensor([1.0, 5.0, 6.0]))()
+    assert groups.tolist() == [1.0, 5.0, 6.0]
+    launch.given_amax_first(None, groups, torch.tensor([7.0, 8.0, 9.0]), torch.tensor([1.0]))()
+    assert groups.tolist() == [1.0, 5.0, 6.0]
     r = launch.rng_tensor(fp4.CallArgs(seed=2 ** 64 - 5, offset=2 ** 40), "cpu")
     assert r.dtype == torch.int64 and r.tolist() == [-5, 2 ** 40]
     assert launch.rng_tensor(None, "cpu")[1].item() == 0

@@ -32,7 +32,7 @@ LAUNCHERS = (("launch", "generic", False), ("launch_vec", "vec", False), ("launc
              ("launch_grouped", "generic", True), ("launch_vec_grouped", "vec", True))
 # NVFP4's further launcher: the quantize pass alone, for calls whose per-tensor amax is given
 # (global_amax=; mxq/kernels/quantize.py)
-GIVEN_AMAX_LAUNCHERS = (("launch_vec_given", "vec_given", False),)
+GIVEN_AMAX_LAUNCHERS = (("launch_vec_given", "vec_given", False), ("launch_vec_given_grouped", "vec_given", True))
 
 
 def launchers(spec: QuantSpec) -> tuple:

@@ -233,7 +233,8 @@ def _functions(name: str, grouped: bool, given: bool = False):
     given amax too ("vec_given": the caller writes the amax into mAmax)."""
     pairs = [("generic", name), ("vec", f"{name}_vec"), ("rows8", f"{name}_rows8")]
     pairs += [("vec_given", f"{name}_vec_given")] if given else []
-    return pairs + ([("generic_grouped", f"{name}_grouped"), ("vec_grouped", f"{name}_vec_grouped")] if grouped else [])
+    pairs += [("generic_grouped", f"{name}_grouped"), ("vec_grouped", f"{name}_vec_grouped")] if grouped else []
+    return pairs + ([("vec_given_grouped", f"{name}_vec_given_grouped")] if grouped and given else [])
 
 
 def _served_functions(op, name: str, dtype: str, grouped: bool):

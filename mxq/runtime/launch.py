@@ -181,7 +181,7 @@ class Launcher:
         given = call.fp4.global_amax if call.fp4 is not None else None
         if spec.is_fp4:
             variant = fp4_variant(n, mats, kinds, row_data) + ("_given" if given is not None else "") + (
-                "_grouped" if grouped else "")  # (limits.fp4_unserved: grouped, rowwise only, no given amax)
+                "_grouped" if grouped else "")
         else:
             # (the transposed copy's rows are the kernel's own concern: store_transposed checks their alignment)
             variant = variant_for(n, n_out, mats, kinds, (row_data, None if transposed else col_data), grouped)
@@ -282,12 +282,16 @@ def rng_tensor(args, device) -> torch.Tensor:
 
 def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
     """NVFP4 with a known per-tensor amax (global_amax=, a float or a one-element fp32 tensor on the
-    device): ``fn`` (the quantize pass alone, variant "vec_given"; None for an empty call) run
+    device; a grouped call's ``amax`` [G] takes it for every group, or a [G] tensor, one per
+    group): ``fn`` (the quantize pass alone, variant "vec_given"; None for an empty call) run
     after the amax is written into ``amax`` on the stream (no host sync; unless ``noop`` holds
     1.0; re-read at every launch of a prepared call, so a tensor changed in place between
     launches is followed)."""
     def launch(*args):
-        value = given.reshape(()) if isinstance(given, torch.Tensor) else float(given)
+        if isinstance(given, torch.Tensor):
+            value = given.reshape(()) if given.numel() == 1 else given.reshape(amax.shape)
+        else:
+            value = float(given)
         if noop is None and isinstance(value, torch.Tensor):
             amax.copy_(value)
         elif noop is None:

@@ -111,10 +111,11 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
     that are one fp32[2] buffer). The colwise copy from fp32 inputs,
     NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
-    rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs, grouped
-    calls with NVFP4's global_amax (other grouped calls run the grouped kernels: NVFP4's amax
-    pass and quantize pass with an amax per group, grouped.group_amax; the colwise copy's tiles
-    from each group's first row, packed.store_fp4_columns), two halves from fp32 inputs or with
+    rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs (grouped
+    calls run the grouped kernels: NVFP4's amax pass and quantize pass with an amax per group,
+    grouped.group_amax, or the quantize pass alone after a given amax is written into each
+    group's entry, launch.given_amax_first; the colwise copy's tiles from each group's first
+    row, packed.store_fp4_columns), two halves from fp32 inputs or with
     stochastic rounding, the Hadamard transform or 16x16 tiles (whose words and tiles are placed
     by the input's columns), and other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
@@ -126,9 +127,6 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         if flag or x.element_size() != 2:
             return (f"with a gated backward (two output halves) and {f'{flag}=True' if flag else 'fp32 inputs'} "
                     "has no GPU kernels yet")
-    if call is not None and call.group_offsets is not None:
-        if call.fp4 is not None and call.fp4.global_amax is not None:
-            return "with group_offsets and global_amax has no GPU kernels yet"
     if spec.block_2d and x.element_size() != 2:
         return "with block_2d=True and fp32 inputs has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2:
@@ -239,8 +237,6 @@ def fp4_cpp_gap(spec, epilogue, native: bool, dtype: str | None = None, variant:
     if variant is not None and not variant.startswith("vec"):
         return ("is served by the aligned kernel alone ('_vec': N % 8 == 0, NVFP4's N % 16 == 0, 16-byte aligned "
                 "tensors with rows a multiple of 8 elements apart)")
-    if grouped and variant is not None and "given" in variant:
-        return "with group_offsets and a given amax has no GPU kernels yet"
     return None
 
 
