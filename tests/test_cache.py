@@ -300,7 +300,7 @@ def test_gated_forward_exports_its_halves_kernels(tmp_path):
     text = " ".join(Path(info["header"]).read_text().replace(" * ", " ").split())
     assert ("Gated op _gate_bias (act='swiglu'): its [M, 2N] tensors go in as their two halves, every gate half "
             "first, then every up half: x = x[:, :N], _mxq_up_x = x[:, N:]; b = b[:N], _mxq_up_b = b[N:] (as "
-            "[M, N] views of strides (0, 1)). The outputs are [M, N].") in text
+            "[M, N] views of strides (0, 1)). The outputs are those of an [M, N] input.") in text
     for i, (p, doc) in enumerate((("x", "strides (ld, 1)"), ("b", "strides (0, 1)"), ("_mxq_up_x", "strides (ld, 1)"),
                                   ("_mxq_up_b", "strides (0, 1)"))):
         assert f"mIn{i} ({p}): {doc}" in text, (i, p)

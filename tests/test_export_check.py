@@ -52,7 +52,8 @@ def _buffer_elements(t):
 SPECS = [(dict(scale_layout=layout), 32) for layout in ("compact", "swizzled")] + [
     (dict(format="fp8_block", block=block, scale_layout=layout), 128 if block == (1, 128) else None)
     for block in ((1, 128), (128, 128)) for layout in ("compact", "gemm")] + [
-    (dict(format=fmt, scale_layout=layout), 32) for fmt in ("nvfp4", "mxfp4") for layout in ("compact", "swizzled")]
+    (dict(format=fmt, scale_layout=layout), 32) for fmt in ("nvfp4", "mxfp4") for layout in ("compact", "swizzled")] + [
+    (dict(format="nvfp4", block_2d=True, scale_layout=layout), 32) for layout in ("compact", "swizzled")]
 
 
 @pytest.mark.parametrize("opts, tile", SPECS)
@@ -62,8 +63,8 @@ def test_cxx_scale_sizes_equal_what_python_allocates(tmp_path, opts, tile):
     buffers (a GEMM-ready view's whole padded buffer), the workspace the launcher's rule at the
     kernels' tile."""
     # (FP8 block scaling's gemm layout and FP4's swizzled scales take no groups: validation)
-    no_groups = opts["scale_layout"] == ("gemm" if opts.get("format") == "fp8_block" else "swizzled") and (
-        opts.get("format") in ("fp8_block", "nvfp4", "mxfp4"))
+    no_groups = opts.get("block_2d") or opts["scale_layout"] == (
+        "gemm" if opts.get("format") == "fp8_block" else "swizzled") and opts.get("format") in ("fp8_block", "nvfp4", "mxfp4")
     grouped = (-1,) if no_groups else (-1, 1, 3)
     spec = QuantSpec(colwise=True, dbias=True, **opts)
     facts = slots.scale_facts(spec, tile or 32)

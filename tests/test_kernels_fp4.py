@@ -492,6 +492,11 @@ def test_export_serves_the_aligned_kernels_and_refuses_the_rest(fp4_libs, tmp_pa
             mxq.fused_quant(**opts)(ident).export(tmp_path / "x")
     with pytest.raises(ValueError, match="fp32"):
         mxq.fused_quant(format="mxfp4", colwise=True)(ident).export(tmp_path / "x", dtype="fp32")
+    for opts, word in ((dict(format="mxfp4", scale_layout="swizzled"), "compact"),
+                       (dict(format="nvfp4", stochastic_rounding=True), "stochastic_rounding"),
+                       (dict(format="nvfp4", block_2d=True), "block_2d")):  # (grouped: validation's rule)
+        with pytest.raises(ValueError, match=word):
+            mxq.fused_quant(**opts)(ident).export(tmp_path / "x", grouped=True)
     assert not (tmp_path / "x").exists()
 
 

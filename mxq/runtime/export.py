@@ -101,7 +101,7 @@ def gated_args(spec, epilogue, inner_epilogue, kinds, n_multiple: int):
         which = "; ".join(how(p, k, g, u) for p, k, g, u in zip(params, kinds, gate, up))
         return halves * 2, (f"Gated op {epilogue.name} (act={spec.act!r}): its [M, 2N] tensors go in as "
                             f"their two halves, every gate half first, then every up half: {which}. The outputs are "
-                            f"[M, N].")
+                            f"those of an [M, N] input.")
     params = ", ".join(epilogue.tensor_params)
     need = (f"N must be a multiple of {n_multiple} (rowwise blocks may not straddle the halves; the functions "
             f"check it), " if n_multiple > 1 else "")
@@ -294,9 +294,12 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
                " * mColScale must be zero before each grouped call: the kernels write the groups' colwise\n"
                " * blocks only, and the columns between groups move with the offsets." if spec.is_fp4 and spec.colwise else
                " * The kernels write every scale byte, the compact padding rows between groups as zero.")
+    which_grouped = (f'"{name}_vec_grouped" (the same conditions; the colwise copy\'s group ends even: a byte packs '
+                     f'two rows) is the grouped kernel' if spec.is_fp4 else
+                     f'"{name}_grouped" and "{name}_vec_grouped" (same conditions) are the grouped kernels')
     grouped_doc = "" if not grouped else f"""
  *
- * "{name}_grouped" and "{name}_vec_grouped" (same conditions) are the grouped kernels (row groups,
+ * {which_grouped} (row groups,
  * docs/NUMERICS.md "Groups"): G cumulative int32 group ends along the rows, read on the device
  * (clamped to [0, M]; not validated). Their arguments:
  *

@@ -228,6 +228,8 @@ def fp4_cpp_gap(spec, epilogue, native: bool, dtype: str | None = None, variant:
         return None
     if spec.hadamard:
         return "with hadamard=True is not served by export() yet (its amax and colwise_amax pair)"
+    if grouped and fp4_layouts.grouped_gap(spec):  # (validation's rule for grouped FP4 outputs)
+        return f"with group_offsets {fp4_layouts.grouped_gap(spec)}"
     if gated.is_halves(epilogue):
         return "with a gated backward (two output halves) is not served by the C++ routes yet"
     if dtype == "fp32":

@@ -85,6 +85,8 @@ def direction_facts(spec, colwise: bool) -> tuple[int, int, int, int, int]:
     transposed copy [N, M]: row-major over its M blocks), tiles row-major (colwise: transposed)."""
     fmt = spec.block_format
     block = fmt.col_block if colwise else fmt.block
+    if spec.is_fp4:  # (NVFP4's 16x16 tiles too: each tile's scale stored in every row's / column's entry)
+        block = (spec.block[1], 1) if colwise else (1, spec.block[1])
     if spec.format in ("mxfp8", "mxfp4", "nvfp4"):  # (FP4's colwise grid: the transposed copy's scales, transposed)
         if spec.scale_layout == "compact":
             return (*block, 1, 1, ROW_MAJOR)
@@ -120,7 +122,7 @@ def kernel_slots(spec, n_inputs: int, n_scalars: int, grouped: bool = False, n_o
         enc = "E4M3" if spec.format == "nvfp4" else "E8M0"
         row_data = f"uint8[M, {w}/2]     (E2M1 codes two a byte, rowwise blocks of {row[1]} along {w})"
         col_data = (f"uint8[{w}, M/2]     (E2M1 codes two a byte, the transposed colwise copy: contiguous, "
-                    f"blocks of {col[0]} along M; its scales [{w}, ceil(M/{col[0]})] row-major)")
+                    f"blocks of {col[0]} along M; its scales are the copy's rowwise ones, [{w}, ceil(M/{col[0]})])")
         if spec.format == "nvfp4":
             amax = (f"float32[{'G' if grouped else 1}]         (the tensor amax{' of each group' if grouped else ''} "
                     "the scales use: set by the amax pass, zeroed first; \"_vec_given\": the given amax, read)")
