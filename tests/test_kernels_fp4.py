@@ -1011,3 +1011,25 @@ def test_gpu_grouped_given_amax_matches_reference(strict, colwise):
         for f in fields:
             if getattr(want, f) is not None:
                 assert same_bytes(getattr(out, f).contiguous(), getattr(want, f).contiguous()), (f, scale)
+
+
+def test_exported_fp4_gated_forward_takes_the_halves(tmp_path):
+    """A gated FP4 forward exports its inner op over the [M, 2N] input's halves (strided views;
+    GatedOp.export): the check passes the halves and [M, N] outputs to the compiled function and
+    refuses outputs sized for 2N."""
+    import tvm_ffi
+
+    op = mxq.fused_quant(format="nvfp4", act="swiglu")(ident)
+    info = op.export(tmp_path / "g", arch="sm_90", dtype="bf16", name="e_swiglu_fp4")
+    assert info["functions"] == ["e_swiglu_fp4_vec", "e_swiglu_fp4_vec_given"]
+    lib = tvm_ffi.load_module(info["library"])
+    m, n = 64, 96
+    x = torch.zeros(m, 2 * n, dtype=torch.bfloat16)
+
+    def args(w):
+        return [x[:, :n], x[:, n:], torch.zeros(m, w // 2, dtype=torch.uint8), torch.zeros(m * cdiv(w, 16), dtype=torch.uint8),
+                torch.zeros(1), torch.zeros(1)]
+
+    assert "device_type=cuda" in _error(lib["e_swiglu_fp4_vec"], *args(n))
+    msg = _error(lib["e_swiglu_fp4_vec"], *args(2 * n))
+    assert msg.startswith("ValueError") and "'mRowData'" in msg, msg
