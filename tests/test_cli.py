@@ -142,6 +142,9 @@ def test_every_format_from_the_command_line(tmp_path):
     assert r.returncode == 0, r.stderr
     header = (tmp_path / "fb" / "mxq_quantize.h").read_text()
     assert "FP8 block-scaling (1x128 blocks, fp32 scales)" in header
+    r = run("export", "--format", "nvfp4", "--colwise", "--dir", str(tmp_path / "nv"), "--grouped", tmp_path=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "functions mxq_quantize_vec, mxq_quantize_vec_given, mxq_quantize_vec_grouped, " in r.stdout, r.stdout
 
 
 def test_info(tmp_path):
