@@ -76,13 +76,18 @@ def cases(m, n):
     rows = {name: (*row, 0) for name, row in rows.items()}
     rows["mxfp4_rowwise_grouped64"] = (dict(format="mxfp4"), moved(m, n, "mxfp4"), True, False, 64)
     rows["nvfp4_rowwise_grouped64"] = (dict(nv), moved(m, n, "nvfp4"), True, False, 64)
+    # (grouped with the colwise copy: each group's 32-row tiles from its first row; a known amax per group)
+    rows["mxfp4_both_grouped64"] = (dict(format="mxfp4", colwise=True), moved(m, n, "mxfp4", True, True), True,
+                                    False, 64)
+    rows["nvfp4_both_given_grouped64"] = (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True), True, True, 64)
     return rows
 
 
 def group_offsets(m: int, groups: int, device) -> torch.Tensor:
-    """``groups`` random expert groups of the m rows (a fixed seed; some empty), int32 ends."""
+    """``groups`` random expert groups of the m rows (a fixed seed; some empty), int32 ends, each
+    even (the colwise copy packs two rows a byte)."""
     g = torch.Generator().manual_seed(m + groups)
-    cuts = torch.sort(torch.randint(0, m + 1, (groups - 1,), generator=g)).values
+    cuts = torch.sort(torch.randint(0, m // 2 + 1, (groups - 1,), generator=g)).values * 2
     return torch.cat([cuts, torch.tensor([m])]).to(torch.int32).to(device)
 
 

@@ -61,9 +61,13 @@ def bwd_bytes(m, n, groups=0):
 
 
 def grouped_ops(layout: str, variant: str = ""):
-    """(forward, backward + dbias) SwiGLU ops, rowwise + colwise with ``layout`` scales, built as
-    Tuning ``variant`` (device_check.parse_tuning's form; "": the library's)."""
+    """(forward, backward + dbias) SwiGLU ops, rowwise + colwise with ``layout`` scales (MXFP8's
+    "compact" or "swizzled"; "fp8_block": FP8 block scaling's 1x128 and 128-row blocks, compact),
+    built as Tuning ``variant`` (device_check.parse_tuning's form; "": the library's). FP8 block
+    scaling's fp32 scale per 128 elements moves as many bytes as MXFP8's byte per 32 (scale_bytes)."""
     opts = dict(rowwise=True, colwise=True, scale_layout=layout)
+    if layout == "fp8_block":
+        opts = dict(opts, format="fp8_block", scale_layout="compact")
     ops = (mxq.fused_quant(act="swiglu", **opts)(_ident), mxq.fused_quant(dact="swiglu", dbias=True, **opts)(_ident))
     if variant:
         for op in ops:
@@ -90,7 +94,7 @@ def grouped_rows(copy_gbps, variants: str = ""):
     g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     names = ["", *filter(None, variants.split(";"))]
     rows = []
-    for layout in ("compact", "swizzled"):
+    for layout in ("compact", "swizzled", "fp8_block"):
         built = {v: grouped_ops(layout, v) for v in names}
         fwd, bwd = built[""]
         plain = [("fwd", fwd.prepare(x)[0], fwd_bytes(m, n)), ("bwd", bwd.prepare(g, act_input=x)[0], bwd_bytes(m, n))]

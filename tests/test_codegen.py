@@ -1542,6 +1542,8 @@ def test_grouped_benches_build_each_group_search_variant_and_compare_every_outpu
     for op in (fwd, bwd):
         assert "group_search='warp'" in op.inner.source and op.spec.scale_layout == "swizzled"
     assert all("Tuning(" not in op.inner.source for op in gated.grouped_ops("compact"))
+    fb = gated.grouped_ops("fp8_block")  # (FP8 block scaling's grouped SwiGLU rows: compact 1x128 / 128-row blocks)
+    assert all(op.spec.format == "fp8_block" and op.spec.scale_layout == "compact" and op.spec.colwise for op in fb)
     x = torch.randn(64, 128, dtype=torch.bfloat16)
     a, b = fwd.reference(x), fwd.reference(x)
     assert gated.same_as(a, b)
