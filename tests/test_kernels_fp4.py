@@ -1033,3 +1033,72 @@ def test_exported_fp4_gated_forward_takes_the_halves(tmp_path):
     assert "device_type=cuda" in _error(lib["e_swiglu_fp4_vec"], *args(n))
     msg = _error(lib["e_swiglu_fp4_vec"], *args(2 * n))
     assert msg.startswith("ValueError") and "'mRowData'" in msg, msg
+
+
+class _ADDR(dev.HOST):
+    """device.RNG_DEVICE's 64-bit integers as Python ints (the store rules' ``ops``)."""
+
+    I64 = staticmethod(int)
+
+
+def _even_groups(m, g, seed):
+    gen = torch.Generator().manual_seed(seed)
+    cuts = sorted(torch.randint(0, m // 2 + 1, (g - 1,), generator=gen).tolist())
+    ends = [2 * c for c in cuts] + [m]
+    return list(zip([0, *ends[:-1]], ends))
+
+
+@pytest.mark.parametrize("rows", [16, 32, 64])
+def test_grouped_colwise_stores_write_each_byte_of_its_group_once(rows):
+    """packed.fp4_group_store_words / fp4_run_stores / the byte path, as store_fp4_columns issues
+    them for a grouped call, against brute force: over random even group ends of M (% 8 == 0)
+    rows and bases 16-byte aligned, every tile of every group (rows start + k * tile rows, below
+    its end) writes each byte of the group's [start / 2, end / 2) of a column's M / 2 exactly
+    once, word stores aligned to their size, nothing of another group's or past the row."""
+    from mxq.kernels import packed
+
+    warps = rows // 8
+    for m in (8, 40, 96, 256):
+        half = m // 2
+        for seed in range(6):
+            for base in (0, 2 ** 20 + 16):
+                wrote = {}
+                for g, (start, end) in enumerate(_even_groups(m, 5, seed + m)):
+                    for r0 in range(start, end, rows):
+                        words = packed.fp4_group_store_words(base | half | r0 // 2 | end // 2, warps, _ADDR)
+                        addr = base + r0 // 2
+                        if words:
+                            stores = [(addr + 4 * q, 4 * n) for q, n in packed.fp4_run_stores(words, warps)
+                                      if q == 0 or r0 + 8 * q < end]
+                        else:
+                            stores = [(addr + j, 1) for j in range(4 * warps) if r0 + 2 * j < end]
+                        for at, size in stores:
+                            assert at % size == 0, (m, seed, g, r0)
+                            for b in range(at, at + size):
+                                assert b not in wrote and base + start // 2 <= b < base + end // 2, (m, seed, g, r0)
+                                wrote[b] = g
+                assert sorted(wrote) == list(range(base, base + half)), (m, seed)
+
+
+@pytest.mark.parametrize("fmt, rows", [("nvfp4", 16), ("nvfp4", 32), ("nvfp4", 64), ("mxfp4", 32), ("mxfp4", 64)])
+def test_grouped_colwise_scale_columns(fmt, rows):
+    """packed.fp4_group_block on ints: every colwise block of every group's tiles lands on the
+    column fp4_layouts places it (first_colwise_block + its index in the group), each once,
+    inside the [N, M // B + G] buffer."""
+    from mxq.formats import fp4_layouts
+    from mxq.kernels import packed
+
+    block = 16 if fmt == "nvfp4" else 32
+    for m in (32, 96, 256, 1000):
+        m -= m % 8
+        groups = _even_groups(m, 7, m)
+        seen = set()
+        for g, (start, end) in enumerate(groups):
+            for b, r0 in enumerate(range(start, end, rows)):
+                for w0 in range(0, rows // 8, max(1, block // 8)):  # (each block's first warp)
+                    if r0 + w0 * 8 >= end:
+                        continue
+                    col = packed.fp4_group_block(start, g, b, rows, w0, 8, block)
+                    want = fp4_layouts.first_colwise_block(g, start, fmt) + (r0 + w0 * 8 - start) // block
+                    assert col == want and col not in seen and col < m // block + len(groups), (m, g, b, w0)
+                    seen.add(col)

@@ -71,6 +71,24 @@ def fp4_store_words(a, warps: int, ops=dev.RNG_DEVICE):
     return I32(ops.select((I64(a) & I64(7)) == I64(0), w, I32(1)))
 
 
+def fp4_group_store_words(a, warps: int, ops=dev.RNG_DEVICE):
+    """Words per store of a grouped call's colwise runs (store_fp4_columns), from ``a`` = the
+    copy's base address | M / 2 | the tile's first row / 2 | its group's row end / 2 (every one
+    a byte offset): fp4_store_words where ``a`` % 4 == 0 (then the run and the group's end lie on
+    whole 8-row words), else 0: the run byte by byte (store_fp4_bytes), each byte below the
+    group's end."""
+    I32, I64 = ops.I32, ops.I64
+    return I32(ops.select((I64(a) & I64(3)) == I64(0), fp4_store_words(a, warps, ops), I32(0)))
+
+
+def fp4_group_block(start, g, b, tile_rows: int, w0, rows: int, block: int):
+    """The column, in a grouped call's colwise scale buffer [N, M // block + G], of the block
+    held from warp ``w0`` of the ``b``-th row tile of group ``g`` (its first row ``start``;
+    ``rows`` rows a warp): the group's blocks start at column start // block + g
+    (fp4_layouts.first_colwise_block). Plain integer arithmetic: the tests run it on ints."""
+    return start // block + g + (b * tile_rows + w0 * rows) // block
+
+
 def fp4_run_stores(words: int, warps: int):
     """A column's run of ``warps`` words (one per 8-row warp) as stores of ``words`` words
     (fp4_store_words): (first word, words) each; the store's first row is 8 * first word."""
@@ -905,7 +923,7 @@ class PackedKernel:
             # [N, M // B + G]: the group's blocks from column start // B + g (fp4_layouts), this
             # tile's b-th of the group's row tiles; brow the block's first row
             nbm = io.M // B + t.gt.G
-            blk = t.gt.start // B + t.gt.g + (t.gt.b * k.TILE_ROWS + w0 * k.PK_ROWS) // B
+            blk = fp4_group_block(t.gt.start, t.gt.g, t.gt.b, k.TILE_ROWS, w0, k.PK_ROWS, B)
             brow = t.gt.row0 + w0 * k.PK_ROWS
         else:
             nbm = (io.M + B - 1) // B
@@ -1316,9 +1334,7 @@ class PackedKernel:
         base = t.col_data.iterator.toint()
         if cutlass.const_expr(k.GROUPED):
             r0 = t.gt.row0
-            a = base | Int64(half_m) | Int64(r0 // 2) | Int64(t.Ms // 2)
-            words = fp4_store_words(a, k.WARPS)
-            words = Int32(cutlass.select_((a & Int64(3)) == Int64(0), words, Int32(0)))  # (0: bytes)
+            words = fp4_group_store_words(base | Int64(half_m) | Int64(r0 // 2) | Int64(t.Ms // 2), k.WARPS)
         else:
             r0 = t.rb * k.TILE_ROWS
             words = fp4_store_words(base | Int64(half_m), k.WARPS)
