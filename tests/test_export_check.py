@@ -50,7 +50,7 @@ def _buffer_elements(t):
 # (spec options, tile rows of the dbias workspace: the kernels' KernelConfig.tile_rows, written
 # out here: MXFP8 and rowwise-only FP8 block scaling one 32-row block, colwise 128-row blocks 128)
 SPECS = [(dict(scale_layout=layout), 32) for layout in ("compact", "swizzled")] + [
-    (dict(format="fp8_block", block=block, scale_layout=layout), 128 if block == (1, 128) else None)
+    (dict(format="fp8_block", block=block, scale_layout=layout), 128)
     for block in ((1, 128), (128, 128)) for layout in ("compact", "gemm")] + [
     (dict(format=fmt, scale_layout=layout), 32) for fmt in ("nvfp4", "mxfp4") for layout in ("compact", "swizzled")] + [
     (dict(format="nvfp4", block_2d=True, scale_layout=layout), 32) for layout in ("compact", "swizzled")]

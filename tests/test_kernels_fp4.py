@@ -1065,13 +1065,14 @@ def test_grouped_colwise_stores_write_each_byte_of_its_group_once(rows):
                 wrote = {}
                 for g, (start, end) in enumerate(_even_groups(m, 5, seed + m)):
                     for r0 in range(start, end, rows):
-                        words = packed.fp4_group_store_words(base | half | r0 // 2 | end // 2, warps, _ADDR)
+                        end_t = min(r0 + rows, end)  # (the kernel's Ms: GroupTile.row_end)
+                        words = packed.fp4_group_store_words(base | half | r0 // 2 | end_t // 2, warps, _ADDR)
                         addr = base + r0 // 2
                         if words:
                             stores = [(addr + 4 * q, 4 * n) for q, n in packed.fp4_run_stores(words, warps)
-                                      if q == 0 or r0 + 8 * q < end]
+                                      if q == 0 or r0 + 8 * q < end_t]
                         else:
-                            stores = [(addr + j, 1) for j in range(4 * warps) if r0 + 2 * j < end]
+                            stores = [(addr + j, 1) for j in range(4 * warps) if r0 + 2 * j < end_t]
                         for at, size in stores:
                             assert at % size == 0, (m, seed, g, r0)
                             for b in range(at, at + size):

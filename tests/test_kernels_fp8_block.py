@@ -45,7 +45,7 @@ def scaled_shift(x, b, s: float = 1.5):
 @pytest.mark.parametrize("opts, dtype, n, why", [
     (dict(colwise=True, scale_layout="gemm"), torch.bfloat16, 131, "transposed"),
     (dict(colwise=True, scale_layout="gemm"), torch.float32, 128, "fp32"),
-    (dict(colwise=True), torch.float32, 128, "fp32"),
+    (dict(colwise=True), torch.float32, 131, "fp32"),  # (fp32 colwise blocks: aligned rows alone)
     (dict(block=(128, 128)), torch.float32, 128, "fp32"),
     (dict(block=(128, 128), colwise=True, scale_layout="gemm"), torch.float16, 100, "transposed"),
 ])
@@ -366,9 +366,16 @@ def test_grouped_compiles_as_128_row_tiles(arch, dtype, variant):
 
 
 def test_colwise_refuses_to_trace_what_it_does_not_serve():
+    """fp32 colwise blocks: the vectorised kernel's aligned 128-row tile alone (no "rows8" or
+    "generic"), compact (no transposed copy, no 128x128 tiles); the transposed copy from aligned
+    rows alone."""
     op = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
-    with pytest.raises(Exception, match="128 rows"):
-        _ptx(op, "sm_90a", "fp32")
+    for variant in ("rows8", "generic"):
+        with pytest.raises(Exception, match="128 rows"):
+            _ptx(op, "sm_90a", "fp32", variant)
+    for opts in (dict(scale_layout="gemm"), dict(block=(128, 128))):
+        with pytest.raises(Exception, match="128 rows"):
+            _ptx(mxq.fused_quant(format="fp8_block", colwise=True, **opts)(ident), "sm_90a", "fp32")
     op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident)
     with pytest.raises(Exception, match="aligned rows"):
         _ptx(op, "sm_90a", "bf16", "generic")
@@ -694,11 +701,13 @@ def test_rowwise_matches_reference(shape, dtype, fp8, mode, layout):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(1, 8), (33, 200), (130, 264), (257, 1000), (4, 5, 96)])
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("fp8, mode", [("e4m3", "pow2"), ("e5m2", "fp32")])
 @pytest.mark.parametrize("rowwise", [True, False])
-def test_colwise_matches_reference(shape, dtype, fp8, mode, rowwise):
-    """128-row colwise blocks (partial at M % 128), with and without the rowwise copy."""
+def test_colwise_matches_reference(shape, dtype, fp8, mode, rowwise, monkeypatch):
+    """128-row colwise blocks (partial at M % 128), with and without the rowwise copy (fp32: the
+    vectorised kernel's 128-row tile, aligned rows); MXQ_STRICT: no fallback."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
     op = mxq.fused_quant(format="fp8_block", fp8=fp8, scale_mode=mode, rowwise=rowwise, colwise=True)(ident)
     m = math.prod(shape[:-1])
     x = _specials(m, shape[-1], DTYPES[dtype], seed=m).reshape(shape)
@@ -708,6 +717,55 @@ def test_colwise_matches_reference(shape, dtype, fp8, mode, rowwise):
         x.view(m, -1)[:, 5] = 0.0
     got = op(x.cuda(), out=poisoned(op, x.cuda()))
     _check(op, [x], got)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("opts", [dict(), dict(rowwise=False, amax=True), dict(dbias=True, amax=True),
+                                  dict(dact="gelu", dbias=True)], ids=_ids)
+def test_fp32_colwise_compiles(arch, opts):
+    """fp32 colwise blocks on the vectorised kernel's 128-row tile (16 warps of 8 rows): served
+    on aligned rows alone; IEEE divisions for the scales; with amax, a NaN-propagating maximum
+    per thread beside the NaN-dropping column maxima (vectorized.split_amax); plain casts
+    without spills on sm_90."""
+    import shutil
+
+    op = mxq.fused_quant(format="fp8_block", colwise=True, **opts)(ident)
+    assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 256), lambda: None) is None
+    assert "fp32" in limits.unserved(op.spec, op.epilogue, torch.zeros(4, 100), lambda: None)
+    ptx = _ptx(op, arch, "fp32")
+    assert ".reqntid 512, 1, 1" in ptx and "div.rn.f32" in ptx
+    if opts.get("amax"):
+        assert "red.relaxed.gpu.global.max.s32" in ptx  # (device.amax_atomic)
+    if arch == "sm_90a" and not opts.get("dact") and shutil.which("ptxas") is not None:
+        from .test_gemm_epilogue import _assert_ptxas_clean
+
+        _assert_ptxas_clean(ptx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(131, 256), (300, 1000)])
+def test_gpu_fp32_colwise_fused_ops(shape, monkeypatch):
+    """fp32 colwise blocks with the amax (a NaN column: the amax NaN, its block's scale from the
+    rest), dbias, a bias + gelu (the transcendental class) and dgelu + dbias, against the
+    reference; MXQ_STRICT: no fallback. CPU counterpart: test_fp32_colwise_compiles."""
+    from mxq.testing import compare, v_abs_sum, v_bound
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    m, n = shape
+    x = _colwise_specials(m, n, torch.float32, seed=m)
+    a = planted(m, n, torch.float32, seed=m + 1)
+    b = planted(1, n, torch.float32, seed=m + 2, specials=False).reshape(n)
+    for opts in (dict(amax=True), dict(rowwise=False, amax=True), dict(dbias=True)):
+        op = mxq.fused_quant(format="fp8_block", colwise=True, **opts)(ident)
+        _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+    fin = planted(m, n, torch.float32, seed=m + 3, specials=False)
+    gelu = mxq.fused_quant(format="fp8_block", colwise=True, act="gelu")(scaled_shift)
+    assert compare(gelu(fin.cuda(), b.cuda()), gelu.reference(fin, b), False,
+                   v_bound=v_bound(gelu, fin, b)) == []
+    dg = mxq.fused_quant(format="fp8_block", colwise=True, dact="gelu", dbias=True)(ident)
+    got = dg(fin.cuda(), act_input=a.cuda())
+    assert compare(got, dg.reference(fin, act_input=a), False, v_abs_sum(dg, fin, act_input=a),
+                   v_bound=v_bound(dg, fin, act_input=a)) == []
 
 
 def _colwise_specials(m, n, dtype, seed, specials=True):

@@ -158,7 +158,7 @@ def test_cpp_routes_take_128x128_tiles_where_the_kernels_do(tmp_path):
     refused by name before anything is built."""
     op = mxq.fused_quant(format="fp8_block", block=(128, 128))(ident)
     assert op.dispatcher() is op.register("fp8_block_tiles")
-    with pytest.raises(ValueError, match=r"block=\(128, 128\) and fp32"):
+    with pytest.raises(ValueError, match=r"block=\(128, 128\).* and fp32"):
         op.export(tmp_path / "x", dtype="fp32")
     assert not (tmp_path / "x").exists()
 

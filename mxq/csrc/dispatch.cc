@@ -12,7 +12,7 @@
 // layouts (OperandKinds). Grouped calls (group_offsets given and not None) of compact scales
 // with int32 group ends are launched here too, on the grouped kernels (GroupEnds); other grouped
 // calls (int64 ends, which Python converts; swizzled scales, whose padding Python clears; FP8
-// block scaling's, which have no grouped kernels here: State::groups_in_python), and
+// block scaling's, which this dispatcher does not bind: State::groups_in_python), and
 // operands it does not take as they are, go to Python's binding of the kernels
 // (mxq/runtime/ffi.py, _python_callback). FP8 data is [M, N] but for the transposed colwise copy
 // (FP8 block scaling's GEMM-ready layout, State::transposed), [N, M] contiguous. Errors are
@@ -53,7 +53,7 @@ struct State {
   int nt = 0, ns = 0;
   uint8_t fp8_code = 10;  // DLPack kDLFloat8_e4m3fn, or 12 (kDLFloat8_e5m2)
   // grouped calls go to Python's binding of the kernels: MXFP8's swizzled scales (whose padding
-  // Python clears) and FP8 block scaling (no grouped kernels on this route: limits.cpp_only_gap)
+  // Python clears) and FP8 block scaling (whose grouped calls this route does not bind)
   bool groups_in_python = false;
   mxq_sizes::Facts facts{};  // the op's scale buffers and workspace (slots.scale_facts, from Python)
   // the colwise data is the transposed copy [N, M], contiguous (FP8 block scaling's GEMM-ready layout;

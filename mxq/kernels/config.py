@@ -319,7 +319,8 @@ class KernelConfig:
         out = group_scratch(warps, self.group_search) if grouped else []
         for t, st in enumerate(staged):
             if st:
-                shape = (ROWS, unaligned_row_elements(cols, 4)) if chunks else (ROWS // warps, warps * 32, 1, VEC)
+                rows = self.tile_rows
+                shape = (rows, unaligned_row_elements(cols, 4)) if chunks else (rows // warps, warps * 32, 1, VEC)
                 out.append(Buffer(f"in{t}", "f32", shape))
         n = sum(bool(st) for st in staged)
         if self.col_reduce:
@@ -345,7 +346,8 @@ class KernelConfig:
         rowwise output or computes, and its staged rows fit a CTA; else the element-wise kernel
         (generic.py), which ran a plain colwise cast 2% faster on the H200."""
         fits = self.vec_unaligned_bytes(chunks=False) <= SMEM_LIMIT
-        return fits and not self.halves and (self.rowwise or self.computed)
+        # (tiles of other than ROWS rows: the aligned kernel alone, limits.fp8_block_gap)
+        return fits and not self.halves and (self.rowwise or self.computed) and self.tile_rows == ROWS
 
     @property
     def vec_unaligned_chunks(self) -> bool:
@@ -465,7 +467,10 @@ class KernelConfig:
 
     @property
     def vec_warps(self) -> int:
-        """Vectorised (fp32) kernel: 4 warps x 8 rows, 8 x 4 for the register-hungry ops."""
+        """Vectorised (fp32) kernel: 4 warps x 8 rows, 8 x 4 for the register-hungry ops; tiles of
+        other than ROWS rows (FP8 block scaling's 128-row colwise blocks) warps of 8 rows."""
+        if self.tile_rows != ROWS:
+            return self.tile_rows // 8
         return 8 if self.heavy else 4
 
     @property

@@ -73,10 +73,10 @@ def fp4_store_words(a, warps: int, ops=dev.RNG_DEVICE):
 
 def fp4_group_store_words(a, warps: int, ops=dev.RNG_DEVICE):
     """Words per store of a grouped call's colwise runs (store_fp4_columns), from ``a`` = the
-    copy's base address | M / 2 | the tile's first row / 2 | its group's row end / 2 (every one
-    a byte offset): fp4_store_words where ``a`` % 4 == 0 (then the run and the group's end lie on
-    whole 8-row words), else 0: the run byte by byte (store_fp4_bytes), each byte below the
-    group's end."""
+    copy's base address | M / 2 | the tile's first row / 2 | the tile's row end / 2 (Ms: its
+    group's end within the tile; 0 under noop; every one a byte offset): fp4_store_words where
+    ``a`` % 4 == 0 (then the run and that end lie on whole 8-row words), else 0: the run byte by
+    byte (store_fp4_bytes), each byte below that end."""
     I32, I64 = ops.I32, ops.I64
     return I32(ops.select((I64(a) & I64(3)) == I64(0), fp4_store_words(a, warps, ops), I32(0)))
 

@@ -50,7 +50,7 @@ VCOLS = 32 * VEC
 
 
 def grid(cfg, M, N, G=None):
-    rows = cute.ceil_div(M, ROWS) if G is None else grouped.row_tiles(M, G)
+    rows = cute.ceil_div(M, cfg.tile_rows) if G is None else grouped.row_tiles(M, G, cfg.tile_rows)
     return [rows, cute.ceil_div(N, VCOLS) * (2 if cfg.halves else 1), 1], [cfg.vec_warps * 32, 1, 1]
 
 
@@ -74,7 +74,8 @@ class VectorizedKernel:
         UNALIGNED = cutlass.const_expr(unaligned)  # (never grouped nor two-halves: KernelConfig.vec_unaligned)
         CHUNKS = cutlass.const_expr(unaligned and cfg.vec_unaligned_chunks)
         WARPS = cutlass.const_expr(cfg.vec_warps)
-        VROWS = cutlass.const_expr(ROWS // cfg.vec_warps)  # rows per warp
+        TILE = cutlass.const_expr(cfg.tile_rows)  # ROWS, or FP8 block scaling's 128-row colwise blocks
+        VROWS = cutlass.const_expr(TILE // cfg.vec_warps)  # rows per warp
         NTHREADS = cutlass.const_expr(WARPS * 32)
         tidx, _, _ = cute.arch.thread_idx()
         rb, cb, _ = cute.arch.block_idx()
@@ -88,7 +89,7 @@ class VectorizedKernel:
         nvalid = None
         if cutlass.const_expr(UNALIGNED):
             nvalid = N - c0  # this lane's columns that exist (<= 0: none, >= VEC: all, else a partial unit)
-        rbase = rb * ROWS + warp * VROWS
+        rbase = rb * TILE + warp * VROWS
         row_end = M
         sources = self.op.sources(ins, act_in)
         NSRC = cutlass.const_expr(len(sources))
@@ -129,7 +130,8 @@ class VectorizedKernel:
             part = (nvalid > 0) & (nvalid < VEC)
         # Each phase call gets its own records (Fields.rec) of this body's values (packed.py says why).
         k = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, CHUNKS=CHUNKS, WARPS=WARPS, VROWS=VROWS, NTHREADS=NTHREADS,
-                   STAGED=STAGED, use_hw_e8m0=use_hw_e8m0)
+                   STAGED=STAGED, use_hw_e8m0=use_hw_e8m0, IN_MAX=codec.input_max(ins[0].element_type),
+                   SPLIT_AMAX=self.split_amax())
         at = Fields(tidx=tidx, lane=lane, warp=warp, g=g, c0=c0, col_ok=col_ok, rbase=rbase, row_end=row_end,
                     nvalid=nvalid)
         ga = None
@@ -142,7 +144,7 @@ class VectorizedKernel:
         frags = self.load_registers(rec(k), rec(at), sources, tiles, once, staged_src)
         if noop[0] != Float32(1.0):
             vals = cute.make_rmem_tensor(cute.make_layout(VROWS * VEC), Float32)
-            cmax, dsum = self.column_partials(dbias_ws)
+            cmax, dsum = self.column_partials(dbias_ws)  # (cmax[VEC]: the thread's amax, split_amax)
             glob = codec.global_scales(cfg.fmt, amax) if cfg.rowwise else None  # (NVFP4's, codec.py)
             for i in cutlass.range_constexpr(VROWS):
                 row_ok = col_ok and rbase + i < row_end
@@ -159,7 +161,7 @@ class VectorizedKernel:
                 # colwise: the warps' partial column amax (and dbias sums) meet in shared memory
                 self.share_partials(rec(k), rec(at), cmax, dsum, sMax, sSum)
                 self.column_owners(rec(k), rec(at, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT, M=M, N=N), sMax, sSum, sInv,
-                                   col_scale, dbias_ws, amax)
+                                   col_scale, dbias_ws, amax, cmax)
             if cutlass.const_expr(cfg.colwise):
                 sc = self.column_scales(rec(at), sInv)
                 self.store_columns(rec(k), rec(at, whole=whole, part=part), vals, sc, col_data, tCol)
@@ -297,12 +299,20 @@ class VectorizedKernel:
                     cute.autovec_copy(staged[s][(i, t.tidx, None, None)], frag[s])
 
     # -- values --------------------------------------------------------------------------------
+    def split_amax(self) -> bool:
+        """The column maxima drop NaN (FP8 block scaling's colwise scales, codec.column_max_nan)
+        while the tensor amax keeps it: each thread then also keeps its own NaN-propagating
+        maximum (column_partials' last entry), one atomic per warp."""
+        cfg = self.cfg
+        return cfg.amax and codec.column_max_nan(cfg) != codec.amax_nan(cfg.fmt)
+
     def column_partials(self, dbias_ws):
-        """The thread's column maxima and dbias sums (None where the op has none), zeroed."""
+        """The thread's column maxima (and its amax, split_amax) and dbias sums (None where the op
+        has none), zeroed."""
         cfg = self.cfg
         cmax, dsum = None, None
         if cfg.col_reduce:
-            cmax = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+            cmax = cute.make_rmem_tensor(cute.make_layout(VEC + int(self.split_amax())), Float32)
             cmax.fill(0.0)
         if cfg.dbias:
             # the block's partial sums in the workspace's precision (numerics.dbias_partial_dtype)
@@ -327,8 +337,10 @@ class VectorizedKernel:
                 dsum[c] = dsum[c] + v.to(Float64)
             v = self.op.round_to_input(v, in_type)
             vals[i * VEC + c] = v
-            if cfg.col_reduce:  # (NaN-dropping for NVFP4's amax: codec.amax_nan)
-                cmax[c] = cute.arch.fmax(cmax[c], cute.math.abs(v), nan=codec.amax_nan(cfg.fmt))
+            if cfg.col_reduce:  # (NaN-dropping for NVFP4's amax and FP8 block scaling's colwise scales)
+                cmax[c] = cute.arch.fmax(cmax[c], cute.math.abs(v), nan=codec.column_max_nan(cfg))
+                if cutlass.const_expr(k.SPLIT_AMAX):
+                    cmax[VEC] = cute.arch.fmax(cmax[VEC], cute.math.abs(v), nan=True)
 
     # -- rowwise -------------------------------------------------------------------------------
     def row_scale(self, vals, i: int, use_hw_e8m0, in_max: float, glob=None):
@@ -396,24 +408,34 @@ class VectorizedKernel:
         cute.arch.sync_threads()
 
     @cute.jit
-    def column_owners(self, k, t, sMax, sSum, sInv, col_scale, dbias_ws, amax):
+    def column_owners(self, k, t, sMax, sSum, sInv, col_scale, dbias_ws, amax, cmax):
         """Column owners: each of the CTA's VCOLS columns is reduced over the warps, turned into
         its scale and stored by one thread, not by every warp for its own lane's columns;
-        likewise its dbias sum, and the amax (one atomic per warp)."""
+        likewise its dbias sum, and the amax (one atomic per warp; split_amax: every warp's, of its
+        threads' own maxima ``cmax[VEC]``)."""
         cfg = self.cfg
-        if cutlass.const_expr(cfg.amax):
+        OWN_AMAX = cutlass.const_expr(cfg.amax and not k.SPLIT_AMAX)
+        if cutlass.const_expr(k.SPLIT_AMAX):
+            tm = dev.warp_max(cmax[VEC])
+            if t.lane == 0:
+                dev.amax_atomic(amax, tm)  # (every warp: each its threads' NaN-propagating maximum)
+        if cutlass.const_expr(OWN_AMAX):
             tm = Float32(0.0)
         for r in cutlass.range_constexpr(max(1, VCOLS // k.NTHREADS)):
             p = t.tidx + r * k.NTHREADS  # position c * 32 + l: column l * VEC + c of the tile
+            if cutlass.const_expr(k.NTHREADS > VCOLS):  # (a 128-row tile: threads past the columns
+                p = cutlass.min(p, Int32(VCOLS - 1))  # read the last one's and store nothing)
             c = t.cb * VCOLS + (p % 32) * VEC + p // 32
+            if cutlass.const_expr(k.NTHREADS > VCOLS):
+                c = Int32(cutlass.select_(t.tidx < VCOLS, c, t.N))
             m = sMax[0, p]
             for w in cutlass.range_constexpr(1, k.WARPS):
-                m = cute.arch.fmax(m, sMax[w, p], nan=codec.amax_nan(cfg.fmt))
-            if cutlass.const_expr(cfg.amax):
+                m = cute.arch.fmax(m, sMax[w, p], nan=codec.column_max_nan(cfg))
+            if cutlass.const_expr(OWN_AMAX):
                 tm = cute.arch.fmax(tm, m, nan=codec.amax_nan(cfg.fmt))
             if cutlass.const_expr(cfg.colwise):
-                e = codec.block_scale(cfg.fmt, m, k.use_hw_e8m0)
-                sInv[p] = dev.inv_scale(e)
+                e = codec.block_scale(cfg.fmt, m, k.use_hw_e8m0, k.IN_MAX if cfg.fmt.scale == "fp32" else None)
+                sInv[p] = codec.multiplier(cfg.fmt, e)  # (threads past a 128-row tile's columns: the last one's, alike)
                 if c < t.N:
                     self.put_col_scale(k.GROUPED, t.gt, col_scale, c, e, t.rb, t.co, t.M, t.NOUT)
             if cutlass.const_expr(cfg.dbias):
@@ -422,7 +444,7 @@ class VectorizedKernel:
                     sm = sm + sSum[w, p]  # fixed order: deterministic
                 if c < t.N:
                     dbias_ws[t.rb, t.co + c] = sm
-        if cutlass.const_expr(cfg.amax):
+        if cutlass.const_expr(OWN_AMAX):
             tm = dev.warp_max(tm)
             if t.lane == 0:
                 dev.amax_atomic(amax, tm)  # one atomic per warp

@@ -70,6 +70,8 @@ class Call(NamedTuple):
                        row is None or row.data_ptr() % 16 == 0, col is None or col.data_ptr() % 16 == 0,
                        _out_layout(col), _out_layout(out.rowwise_scale), _out_layout(out.colwise_scale),
                        _out_layout(out.amax), _out_layout(out.dbias), _out_layout(col_amax), pair)
+            if self.fp4 is not None and any(v is not None and not isinstance(v, _Tensor) for v in self.fp4):
+                return None  # (a float global_amax, an int seed or offset: their values are checked every call)
             fp4 = None if self.fp4 is None else tuple(map(_layout, self.fp4))
             return (tuple(map(_layout, self.tensors)), tuple(map(type, self.scalars)), _layout(self.act_input),
                     _layout(self.noop), out, _layout(self.group_offsets), _grad_enabled(), fp4)

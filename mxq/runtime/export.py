@@ -294,8 +294,9 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
                " * mColScale must be zero before each grouped call: the kernels write the groups' colwise\n"
                " * blocks only, and the columns between groups move with the offsets." if spec.is_fp4 and spec.colwise else
                " * The kernels write every scale byte, the compact padding rows between groups as zero.")
-    which_grouped = (f'"{name}_vec_grouped" (the same conditions; the colwise copy\'s group ends even: a byte packs '
-                     f'two rows) is the grouped kernel' if spec.is_fp4 else
+    which_grouped = (f'"{name}_vec_grouped"' + (f' and "{name}_vec_given_grouped"' if spec.format == "nvfp4" else "")
+                     + ' (the same conditions; the colwise copy\'s group ends even: a byte packs two rows) are the '
+                     'grouped kernels' if spec.is_fp4 else
                      f'"{name}_grouped" and "{name}_vec_grouped" (same conditions) are the grouped kernels')
     grouped_doc = "" if not grouped else f"""
  *

@@ -60,6 +60,9 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
                 "not 16-byte aligned rows, or into rowwise FP8 rows not 16-byte aligned, has no GPU kernels yet")
     if x.dtype != torch.float32:
         return None
+    if spec.colwise and not _aligned_rows(x, call):  # (the vectorised kernel's 128-row tile: aligned rows alone)
+        return ("with colwise=True and fp32 inputs from rows that are not aligned (N % 8 != 0 or tensors not "
+                "16-byte aligned) has no GPU kernels yet")
     data = call.out.rowwise_data if call is not None and call.out is not None else None
     if data is not None and (data.data_ptr() % kconfig.UNIT or (data.dim() > 1 and data.shape[0] > 1
                                                                  and data.stride(0) % kconfig.UNIT)):
@@ -80,11 +83,11 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     grouped ones too from 16-bit inputs (compact: the grouped row tiles of the kernel's tile
     rows, kernels/grouped.py), gated backwards from 16-bit inputs (two output halves, grouped or
     not, in every form above: 1x128 rowwise blocks, 128-row colwise blocks, the transposed copy,
-    128x128 tiles; N % 128 == 0 with the rowwise blocks or tiles: unserved, n_multiple; the C++
-    routes refuse them, cpp_gap); fp32 inputs
-    ungrouped rowwise 1x128 blocks only, through the
-    vectorised kernel, aligned or with staged rows (launch.variant_for picks "vec" or "rows8":
-    variant_gap), where the staged rows fit shared memory. The rule of the Python routes
+    128x128 tiles; N % 128 == 0 with the rowwise blocks or tiles: unserved, n_multiple); fp32
+    inputs ungrouped, through the vectorised kernel: rowwise 1x128 blocks aligned or with staged
+    rows (launch.variant_for picks "vec" or "rows8": variant_gap), where the staged rows fit
+    shared memory, and compact 128-row colwise blocks on aligned rows (its 128-row tile, "vec"
+    alone: fp8_block_unserved, variant_gap). The rule of the Python routes
     (fp8_block_unserved) and, with cpp_only_gap, the C++ ones (cpp_gap)."""
     gap = codegen.kernel_gap(spec)
     if gap:
@@ -94,9 +97,11 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
             return "with a gated backward (two output halves) and fp32 inputs has no GPU kernels yet"
     if grouped and dtype == "fp32":
         return "with group_offsets and fp32 inputs has no GPU kernels yet"
-    if (spec.colwise or spec.block[0] > 1) and dtype == "fp32":
-        return "with colwise=True or block=(128, 128) and fp32 inputs has no GPU kernels yet"
-    if dtype == "fp32" and not codegen.kernel_config(spec, epilogue).vec_unaligned:
+    if (spec.colwise_transposed or spec.block[0] > 1) and dtype == "fp32":
+        return ("with block=(128, 128), or colwise=True and scale_layout='gemm' (the transposed copy), and fp32 "
+                "inputs has no GPU kernels yet")
+    if dtype == "fp32" and not spec.colwise and not codegen.kernel_config(spec, epilogue).vec_unaligned:
+        # (fp32 colwise blocks: the aligned kernel alone, fp8_block_unserved and variant_gap say so)
         return "with fp32 inputs whose staged rows would not fit shared memory has no GPU kernels yet"
     return None
 
@@ -186,6 +191,9 @@ def variant_gap(spec, dtype: str | None, variant: str | None) -> str | None:
     1x32 blocks only; fp32 FP8 rows not on 8-byte boundaries)."""
     if spec.format == "fp8_block" and dtype == "fp32" and variant is not None and variant.startswith("generic"):
         return "with fp32 inputs into FP8 rows not on 8-byte boundaries has no GPU kernels yet"
+    if spec.format == "fp8_block" and dtype == "fp32" and spec.colwise and variant is not None and variant != "vec":
+        return ("with colwise=True and fp32 inputs from unaligned rows (N % 8 != 0 or tensors not 16-byte aligned) "
+                "has no GPU kernels yet (the aligned kernel, variant 'vec', alone)")
     return None
 
 
@@ -216,7 +224,7 @@ def fp4_cpp_gap(spec, epilogue, native: bool, dtype: str | None = None, variant:
     its checks let through (csrc/export_check.h): the aligned kernel alone (variant "vec", and
     NVFP4's "vec_given": the quantize pass of a given amax; fp4_unserved's N % 8 == 0, NVFP4's N %
     16 == 0, 16-byte aligned tensors), the colwise copy, 16x16 tiles and stochastic rounding from
-    16-bit inputs, groups but with a given amax; not the Hadamard transform (its amax and
+    16-bit inputs, groups (a given amax too); not the Hadamard transform (its amax and
     colwise_amax pair) nor gated backwards. register(), dispatcher() and get_quantize_kernel run
     Python on every call (the destination-passing signature): there stochastic rounding and the
     Hadamard transform, whose seed, offset and colwise_amax have no slot."""

@@ -170,7 +170,8 @@ def dispatch_flags(spec) -> int:
     """The C++ dispatcher's flag word: bit i for DESTINATIONS[i] used (i < 7), bit 7 for e5m2,
     bit 8 where its grouped calls take Python's binding of the kernels (csrc/dispatch.cc's
     State::groups_in_python): swizzled scales, whose padding Python clears, and FP8 block
-    scaling, which has no grouped kernels on the native route (limits.cpp_only_gap)."""
+    scaling, whose grouped calls its dispatcher does not bind (they take Python's binding of the
+    grouped kernels; export(grouped=True) serves them compiled)."""
     bits = sum(1 << i for i, role in enumerate(DESTINATIONS[:-1]) if uses(spec, role))
     return bits | (spec.fp8 == "e5m2") << 7 | (spec.scale_layout == "swizzled" or spec.format == "fp8_block") << 8
 
