@@ -1095,3 +1095,22 @@ def test_prepare_and_noop():
     before = keep.rowwise_data.clone()
     op(x, out=keep, noop=torch.ones(1, device="cuda"))
     assert same_bytes(keep.rowwise_data, before)
+
+
+def test_fp32_colwise_routes_by_every_rows_alignment():
+    """fp32 colwise blocks (the vectorised kernel's aligned 128-row tile): an out= whose colwise FP8
+    rows are not 16-byte aligned, or not a multiple of 8 bytes apart, runs the reference; a column
+    operand [M, 1] or a one-element one (read an element at a time) does not stop the kernel."""
+    from mxq.runtime.call import Call
+
+    op = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
+    x = torch.zeros(256, 264)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    assert limits.unserved(op.spec, op.epilogue, x, lambda: None, Call([x], [], out=out)) is None
+    buf = torch.zeros(256 * 268 + 16, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    for col in (buf[8:8 + 256 * 264].view(256, 264), buf[:256 * 268].as_strided((256, 264), (268, 1))):
+        out.colwise_data = col
+        assert "colwise FP8 rows" in limits.unserved(op.spec, op.epilogue, x, lambda: None, Call([x], [], out=out))
+    epi = mxq.fused_quant(format="fp8_block", colwise=True)(scaled_shift)
+    for s in (torch.zeros(256, 1), torch.zeros(1)):
+        assert limits.unserved(epi.spec, epi.epilogue, x, lambda: None, Call([x, s], [])) is None, tuple(s.shape)

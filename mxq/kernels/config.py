@@ -310,8 +310,8 @@ class KernelConfig:
 
     def vec_buffers(self, staged, grouped: bool = False, chunks: bool = False) -> list:
         """The vectorised kernel's shared memory (smem.Buffer), in allocation order: a grouped
-        call's scratch, each staged source (``staged``: per source whether it is staged; 32 rows
-        of 32 * VEC fp32 words, or with ``chunks`` the 16-byte chunks covering them), then the
+        call's scratch, each staged source (``staged``: per source whether it is staged; tile_rows
+        rows of 32 * VEC fp32 words, or with ``chunks`` the 16-byte chunks covering them), then the
         column maxima and dbias sums where they cannot reuse a first and second staged source
         (dead once every row is read back), and the inverse column scales."""
         warps = self.vec_warps

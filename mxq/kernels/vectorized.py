@@ -1,9 +1,9 @@
 """The vectorised kernel for fp32 inputs: N % 8 == 0 and 16-byte aligned tensors, and (variant
 "rows8", ``unaligned``) any N and input alignment whose FP8 output rows start on 8-byte boundaries.
 
-Tiling: a CTA of W warps (KernelConfig.vec_warps) covers 32 rows x 32 * VEC columns. Lane l of
-every warp owns the VEC adjacent columns 8l..8l+7 and warp w owns rows w * (32 / W) .. of the
-tile. Rowwise: a 32-column block is 4 adjacent lanes, its amax two xor shuffles. Colwise: a
+Tiling: a CTA of W warps (KernelConfig.vec_warps) covers KernelConfig.tile_rows rows (32; FP8
+block scaling's 128-row colwise blocks 128, W = 16) x 32 * VEC columns. Lane l of every warp
+owns the VEC adjacent columns 8l..8l+7 and warp w owns rows w * (rows / W) .. of the tile. Rowwise: a 32-column block is 4 adjacent lanes, its amax two xor shuffles. Colwise: a
 column's 32 rows are spread over the W warps; their partial amax (and dbias sums) meet in
 shared memory. Every input byte is read from global memory once, all rows' loads first.
 

@@ -60,9 +60,11 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
                 "not 16-byte aligned rows, or into rowwise FP8 rows not 16-byte aligned, has no GPU kernels yet")
     if x.dtype != torch.float32:
         return None
-    if spec.colwise and not _aligned_rows(x, call):  # (the vectorised kernel's 128-row tile: aligned rows alone)
+    col = call.out.colwise_data if call is not None and call.out is not None else None
+    if spec.colwise and (not _aligned_rows(x, call) or (col is not None and _misaligned(col, kconfig.VEC))):
+        # (the vectorised kernel's 128-row tile: aligned rows alone, its colwise FP8 rows too)
         return ("with colwise=True and fp32 inputs from rows that are not aligned (N % 8 != 0 or tensors not "
-                "16-byte aligned) has no GPU kernels yet")
+                "16-byte aligned), or into colwise FP8 rows that are not, has no GPU kernels yet")
     data = call.out.rowwise_data if call is not None and call.out is not None else None
     if data is not None and (data.data_ptr() % kconfig.UNIT or (data.dim() > 1 and data.shape[0] > 1
                                                                  and data.stride(0) % kconfig.UNIT)):
@@ -172,13 +174,14 @@ def _aligned_rows(x: torch.Tensor, call) -> bool:
     """Whether a call takes the packed kernel's aligned rows (variant "vec", which alone writes
     the transposed colwise copy): N % 8 == 0, and every input read per element and an ``out=``'s
     rowwise FP8 data 16-byte aligned with rows a multiple of 8 elements apart
-    (launch.variant_for's rule; a broadcast operand's zero strides pass)."""
+    (launch.variant_for's rule; a broadcast operand's zero strides pass, and operands broadcast
+    along the columns, [M, 1] or one element, are read one element at a time)."""
     data = call.out.rowwise_data if call is not None and call.out is not None else None
     if data is not None and _misaligned(data, kconfig.VEC):
         return False
     tensors = [x] if call is None else [*call.tensors, call.act_input]
     for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.dim() == 0:
+        if not isinstance(t, torch.Tensor) or t.dim() == 0 or (t is not x and t.shape[-1] == 1):
             continue
         if t.shape[-1] % kconfig.VEC or t.data_ptr() % 16 or (t.dim() > 1 and t.stride(-2) % kconfig.VEC):
             return False
