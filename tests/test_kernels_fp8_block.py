@@ -242,15 +242,22 @@ def test_colwise_128_rows_are_served_from_16_bit_inputs(dtype):
 
 
 def test_grouped_fp32_and_unaligned_fp32_rows_fall_back():
-    """Grouped calls from fp32 inputs and fp32 rows into FP8 rows not on 8-byte boundaries run the
-    reference; grouped calls from 16-bit inputs (1x128, 128-row colwise blocks, 128x128 tiles)
-    the kernels."""
+    """Grouped calls from unaligned fp32 rows (the vectorised kernel's aligned rows alone), fp32
+    tiles, and fp32 rows into FP8 rows not on 8-byte boundaries run the reference; grouped calls
+    from aligned fp32 rows (1x128, compact 128-row colwise blocks) and from 16-bit inputs (1x128,
+    128-row colwise blocks, 128x128 tiles) the kernels."""
     from mxq.runtime.call import Call
 
     op = mxq.fused_quant(format="fp8_block")(ident)
     x = torch.zeros(8, 131)
     grouped = Call([x], [], group_offsets=torch.tensor([8]))
     assert "group_offsets and fp32" in limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped)
+    x32 = torch.zeros(8, 256)
+    for opts, served in ((dict(), True), (dict(colwise=True, dbias=True, amax=True), True),
+                         (dict(block=(128, 128)), False)):
+        o = mxq.fused_quant(format="fp8_block", **opts)(ident)
+        why = limits.unserved(o.spec, o.epilogue, x32, lambda: None, Call([x32], [], group_offsets=torch.tensor([8])))
+        assert (why is None) == served, (opts, why)
     for opts in (dict(), dict(colwise=True, dbias=True), dict(block=(128, 128), colwise=True)):
         op16 = mxq.fused_quant(format="fp8_block", **opts)(ident)
         x16 = x.bfloat16()
@@ -766,6 +773,35 @@ def test_gpu_fp32_colwise_fused_ops(shape, monkeypatch):
     got = dg(fin.cuda(), act_input=a.cuda())
     assert compare(got, dg.reference(fin, act_input=a), False, v_abs_sum(dg, fin, act_input=a),
                    v_bound=v_bound(dg, fin, act_input=a)) == []
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_grouped_fp32_compiles(arch):
+    """Grouped fp32 calls on the vectorised kernel: 1x128 rowwise on 32-row group tiles, compact
+    128-row colwise blocks on 128-row ones (a tile between groups storing 0.0 scales)."""
+    for opts in (dict(), dict(colwise=True, dbias=True, amax=True)):
+        ptx = _ptx(mxq.fused_quant(format="fp8_block", **opts)(ident), arch, "fp32", "vec_grouped")
+        assert "div.rn.f32" in ptx and (".reqntid 512, 1, 1" in ptx) == ("colwise" in opts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts", [dict(), dict(scale_mode="fp32", amax=True), dict(colwise=True, dbias=True),
+                                  dict(rowwise=False, colwise=True, amax=True)], ids=_ids)
+def test_gpu_grouped_fp32_matches_the_reference(opts, monkeypatch):
+    """Grouped fp32 calls on the vectorised kernel against the reference byte for byte (dbias
+    within an ulp), random groups with empty ones, into poisoned outputs and allocating; MXQ_STRICT:
+    no fallback. CPU counterpart: test_grouped_fp32_compiles."""
+    from .test_gated import _random_groups
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    m, n = 333, 264
+    op = mxq.fused_quant(format="fp8_block", **opts)(ident)
+    for g in (3, 9):
+        offs = _random_groups(m, g, seed=g)
+        x = _colwise_specials(m, n, torch.float32, seed=g)
+        _check(op, [x], op(x.cuda(), group_offsets=offs.cuda(), out=poisoned(op, x.cuda(), offs.cuda())),
+               group_offsets=offs)
+        _check(op, [x], op(x.cuda(), group_offsets=offs.cuda()), group_offsets=offs)
 
 
 def _colwise_specials(m, n, dtype, seed, specials=True):

@@ -88,7 +88,7 @@ class Quantize:
                                       "(16-bit inputs)")
         if cfg.tile_rows != ROWS and not cfg.fp4_columns and (
                 (cfg.transposed and variant != "vec") or (ins[0].element_type.width != 16 and (
-                    variant != "vec" or cfg.transposed or cfg.tiles or cfg.halves or group_ends is not None))):
+                    variant != "vec" or cfg.transposed or cfg.tiles or cfg.halves))):
             # (limits.fp8_block_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: colwise blocks of 128 rows are served by the packed kernel and, from fp32 "
                                       "inputs, compact and on aligned rows, the vectorised one; the transposed copy "

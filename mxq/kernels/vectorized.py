@@ -451,10 +451,12 @@ class VectorizedKernel:
 
     @cute.jit
     def put_col_scale(self, grouped_: cutlass.Constexpr, gt, col_scale, c, e, rb, co, M, NOUT):
-        """Column c's scale byte ``e``: a grouped tile with no rows writes none (swizzled) or its
-        scale row's zeros (compact)."""
+        """Column c's scale ``e``: a grouped tile with no rows writes none (swizzled) or its scale
+        row's zeros (compact; FP8 block scaling's fp32 scales 0.0, codec.put_col_scale)."""
         cfg = self.cfg
-        if cutlass.const_expr(grouped_ and cfg.fmt.swizzled):
+        if cutlass.const_expr(grouped_ and cfg.fmt.scale == "fp32"):
+            codec.put_col_scale(cfg.fmt, col_scale, gt, self.op.out_col(co, c), rb, M, NOUT, e, gt.row_end <= gt.row0)
+        elif cutlass.const_expr(grouped_ and cfg.fmt.swizzled):
             if gt.row_end > gt.row0:
                 col_scale[codec.group_col_scale_offset(gt, self.op.out_col(co, c))] = Uint8(e)
         elif cutlass.const_expr(grouped_):

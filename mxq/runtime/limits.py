@@ -60,6 +60,9 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
                 "not 16-byte aligned rows, or into rowwise FP8 rows not 16-byte aligned, has no GPU kernels yet")
     if x.dtype != torch.float32:
         return None
+    if grouped and not _aligned_rows(x, call):  # (fp32 grouped calls: the vectorised kernel's aligned rows alone)
+        return ("with group_offsets and fp32 inputs from rows that are not aligned (N % 8 != 0 or tensors not "
+                "16-byte aligned) has no GPU kernels yet")
     col = call.out.colwise_data if call is not None and call.out is not None else None
     if spec.colwise and (not _aligned_rows(x, call) or (col is not None and _misaligned(col, kconfig.VEC))):
         # (the vectorised kernel's 128-row tile: aligned rows alone, its colwise FP8 rows too)
@@ -86,10 +89,11 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     rows, kernels/grouped.py), gated backwards from 16-bit inputs (two output halves, grouped or
     not, in every form above: 1x128 rowwise blocks, 128-row colwise blocks, the transposed copy,
     128x128 tiles; N % 128 == 0 with the rowwise blocks or tiles: unserved, n_multiple); fp32
-    inputs ungrouped, through the vectorised kernel: rowwise 1x128 blocks aligned or with staged
-    rows (launch.variant_for picks "vec" or "rows8": variant_gap), where the staged rows fit
-    shared memory, and compact 128-row colwise blocks on aligned rows (its 128-row tile, "vec"
-    alone: fp8_block_unserved, variant_gap). The rule of the Python routes
+    inputs through the vectorised kernel: rowwise 1x128 blocks aligned or with staged rows
+    (launch.variant_for picks "vec" or "rows8": variant_gap), where the staged rows fit shared
+    memory, compact 128-row colwise blocks on aligned rows (its 128-row tile, "vec" alone:
+    fp8_block_unserved, variant_gap), and grouped calls of either from aligned rows
+    ("vec_grouped"). The rule of the Python routes
     (fp8_block_unserved) and, with cpp_only_gap, the C++ ones (cpp_gap)."""
     gap = codegen.kernel_gap(spec)
     if gap:
@@ -97,8 +101,6 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     if gated.is_halves(epilogue):  # (the packed kernel's two passes, from 16-bit inputs)
         if dtype == "fp32":
             return "with a gated backward (two output halves) and fp32 inputs has no GPU kernels yet"
-    if grouped and dtype == "fp32":
-        return "with group_offsets and fp32 inputs has no GPU kernels yet"
     if (spec.colwise_transposed or spec.block[0] > 1) and dtype == "fp32":
         return ("with block=(128, 128), or colwise=True and scale_layout='gemm' (the transposed copy), and fp32 "
                 "inputs has no GPU kernels yet")
