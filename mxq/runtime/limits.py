@@ -196,7 +196,8 @@ def variant_gap(spec, dtype: str | None, variant: str | None) -> str | None:
     1x32 blocks only; fp32 FP8 rows not on 8-byte boundaries)."""
     if spec.format == "fp8_block" and dtype == "fp32" and variant is not None and variant.startswith("generic"):
         return "with fp32 inputs into FP8 rows not on 8-byte boundaries has no GPU kernels yet"
-    if spec.format == "fp8_block" and dtype == "fp32" and spec.colwise and variant is not None and variant != "vec":
+    if spec.format == "fp8_block" and dtype == "fp32" and spec.colwise and variant is not None and (
+            not variant.startswith("vec")):
         return ("with colwise=True and fp32 inputs from unaligned rows (N % 8 != 0 or tensors not 16-byte aligned) "
                 "has no GPU kernels yet (the aligned kernel, variant 'vec', alone)")
     return None
