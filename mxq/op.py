@@ -59,7 +59,8 @@ class FusedOp:
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
         # whether a call's route depends on its inputs' 16-byte alignment (FP4's kernels and FP8
         # block scaling's transposed copy serve aligned inputs alone, limits): then its key holds it
-        self._key_aligned = spec.is_fp4 or (spec.format == "fp8_block" and spec.colwise_transposed)
+        # (FP8 block scaling: its transposed copy, and fp32 colwise or grouped calls on the aligned vectorised kernel)
+        self._key_aligned = spec.is_fp4 or spec.format == "fp8_block"
         functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------

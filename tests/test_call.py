@@ -234,8 +234,9 @@ def test_bind_names_in_one_step_binds_as_the_loop():
 
 
 def test_key_holds_the_inputs_alignment_for_ops_that_need_it():
-    """Ops whose kernels serve 16-byte aligned inputs alone (FP4, FP8 block scaling's transposed
-    copy; limits.fp4_unserved, fp8_block_unserved) keep a route per alignment too: a checked
+    """Ops whose kernels serve 16-byte aligned inputs alone (FP4, FP8 block scaling: its transposed
+    copy, fp32 colwise and grouped calls; limits.fp4_unserved, fp8_block_unserved) keep a route
+    per alignment too: a checked
     call's route (the kernels) must not serve a later call of the same layout whose inputs are
     not aligned (the reference does); other ops keep one route per layout."""
     flat = torch.zeros(2 * 64 + 8, dtype=torch.bfloat16)
@@ -250,7 +251,7 @@ def test_key_holds_the_inputs_alignment_for_ops_that_need_it():
     needs = {(fmt, tuple(sorted(o.items()))): mxq.fused_quant(format=fmt, **o)(ident)._key_aligned
              for fmt, o in (("mxfp8", {}), ("mxfp8", dict(colwise=True)), ("fp8_block", dict(colwise=True)),
                             ("fp8_block", dict(colwise=True, scale_layout="gemm")), ("nvfp4", {}), ("mxfp4", {}))}
-    assert [v for v in needs.values()] == [False, False, False, True, True, True]
+    assert [v for v in needs.values()] == [False, False, True, True, True, True]
     gated = mxq.fused_quant(format="fp8_block", dact="swiglu", colwise=True, scale_layout="gemm")(ident)
     assert gated._key_aligned
 

@@ -1144,9 +1144,13 @@ def test_fp32_colwise_routes_by_every_rows_alignment():
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     assert limits.unserved(op.spec, op.epilogue, x, lambda: None, Call([x], [], out=out)) is None
     buf = torch.zeros(256 * 268 + 16, dtype=torch.uint8).view(torch.float8_e4m3fn)
-    for col in (buf[8:8 + 256 * 264].view(256, 264), buf[:256 * 268].as_strided((256, 264), (268, 1))):
+    for col in (buf[8:8 + 256 * 264].view(256, 264), buf[:256 * 268].as_strided((256, 264), (268, 1)),
+                buf[:256 * 268].as_strided((256, 1, 264), (268, 264, 1))):  # (3-D: rows 268 apart)
         out.colwise_data = col
         assert "colwise FP8 rows" in limits.unserved(op.spec, op.epilogue, x, lambda: None, Call([x], [], out=out))
+    out3 = mxq.MXFP8Tensor.empty(op.spec, (256, 1, 264), x.dtype, "cpu")  # (the same rows as [M, N])
+    x3 = x.view(256, 1, 264)
+    assert limits.unserved(op.spec, op.epilogue, x3, lambda: None, Call([x3], [], out=out3)) is None
     epi = mxq.fused_quant(format="fp8_block", colwise=True)(scaled_shift)
     for s in (torch.zeros(256, 1), torch.zeros(1)):
         assert limits.unserved(epi.spec, epi.epilogue, x, lambda: None, Call([x, s], [])) is None, tuple(s.shape)

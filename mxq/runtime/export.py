@@ -294,10 +294,11 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
                " * mColScale must be zero before each grouped call: the kernels write the groups' colwise\n"
                " * blocks only, and the columns between groups move with the offsets." if spec.is_fp4 and spec.colwise else
                " * The kernels write every scale byte, the compact padding rows between groups as zero.")
-    which_grouped = (f'"{name}_vec_grouped"' + (f' and "{name}_vec_given_grouped"' if spec.format == "nvfp4" else "")
-                     + ' (the same conditions; the colwise copy\'s group ends even: a byte packs two rows) are the '
-                     'grouped kernels' if spec.is_fp4 else
-                     f'"{name}_grouped" and "{name}_vec_grouped" (same conditions) are the grouped kernels')
+    exported = [f for _, f in (functions if functions is not None else _functions(name, grouped))]
+    which = [f'"{f}"' for f in exported if f.endswith("_grouped")]
+    which_grouped = (" and ".join(which) + " (the same conditions" + (
+        "; the colwise copy's group ends even: a byte packs two rows" if spec.is_fp4 and spec.colwise else "")
+        + (") are the grouped kernels" if len(which) > 1 else ") is the grouped kernel"))
     grouped_doc = "" if not grouped else f"""
  *
  * {which_grouped} (row groups,

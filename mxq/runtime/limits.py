@@ -11,7 +11,7 @@ import torch
 from ..formats import fp4_layouts
 from ..frontend import codegen, gated
 from ..kernels import config as kconfig
-from ..tensor import flat_dims
+from ..tensor import data_rows, flat_dims
 from . import slots
 
 
@@ -64,7 +64,10 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return ("with group_offsets and fp32 inputs from rows that are not aligned (N % 8 != 0 or tensors not "
                 "16-byte aligned) has no GPU kernels yet")
     col = call.out.colwise_data if call is not None and call.out is not None else None
-    if spec.colwise and (not _aligned_rows(x, call) or (col is not None and _misaligned(col, kconfig.VEC))):
+    if col is not None:  # (its [M, N] rows, as the kernel writes them; None: not viewable so)
+        col = data_rows(col, *flat_dims(x.shape))
+    if spec.colwise and (not _aligned_rows(x, call) or (call is not None and call.out is not None and (
+            col is None or _misaligned(col, kconfig.VEC)))):
         # (the vectorised kernel's 128-row tile: aligned rows alone, its colwise FP8 rows too)
         return ("with colwise=True and fp32 inputs from rows that are not aligned (N % 8 != 0 or tensors not "
                 "16-byte aligned), or into colwise FP8 rows that are not, has no GPU kernels yet")
