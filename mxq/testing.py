@@ -272,8 +272,7 @@ def _unexplained(got, want, direction: str, v_bound: VBound | None) -> tuple[int
     from .tensor import flat_dims
 
     m, n = flat_dims(want.shape)
-    codes = [getattr(t, f"{direction}_data").reshape(m, n).view(torch.uint8).cpu().to(torch.int16)
-             for t in (got, want)]
+    codes = [_data_mn(t, direction, m, n).view(torch.uint8).cpu().to(torch.int16) for t in (got, want)]
     off = codes[0] != codes[1]
     far = off & ((codes[0] - codes[1]).abs() > 1)
     if v_bound is not None and off.any():
@@ -298,6 +297,17 @@ def _on_the_line(b: torch.Tensor) -> torch.Tensor:
     return torch.where(b >= 0x80, -mag, mag)
 
 
+def _transposed(t, direction: str) -> bool:
+    """Whether ``t``'s ``direction`` data is FP8 block scaling's transposed colwise copy [N, M]."""
+    return direction == "colwise" and t.format == "fp8_block" and t.scale_layout == "gemm"
+
+
+def _data_mn(t, direction: str, m: int, n: int) -> torch.Tensor:
+    """``t``'s ``direction`` FP8 data as [M, N] (the transposed copy transposed back)."""
+    data = getattr(t, f"{direction}_data")
+    return data.reshape(n, m).t() if _transposed(t, direction) else data.reshape(m, n)
+
+
 def _decoded(t, direction: str, at) -> tuple[torch.Tensor, torch.Tensor]:
     """(decoded value, the block's decoded scale) in fp64 of ``t``'s ``direction`` data at
     indices ``at`` of [M, N]: data x the scale, and the scale (data 1 decoded)."""
@@ -305,7 +315,7 @@ def _decoded(t, direction: str, at) -> tuple[torch.Tensor, torch.Tensor]:
 
     m, n = flat_dims(t.shape)
     data = getattr(t, f"{direction}_data")
-    ones = replace(t, **{f"{direction}_data": torch.ones(t.shape, device=data.device).to(data.dtype)})
+    ones = replace(t, **{f"{direction}_data": torch.ones(data.shape, device=data.device).to(data.dtype)})
     scale = ones.dequantize(direction).reshape(m, n)[at].cpu().double()
-    q = data.reshape(m, n).view(torch.uint8)[at].view(data.dtype).cpu().double()
+    q = _data_mn(t, direction, m, n).view(torch.uint8)[at].view(data.dtype).cpu().double()
     return q * scale, scale

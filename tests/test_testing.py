@@ -368,3 +368,23 @@ def test_padded_rows_by_hand():
         assert p.shape == (rows, 16), (shape, p.shape)
         p.fill_(7)
         assert bool((d.view(torch.uint8) == 7).all())
+
+
+def test_compare_reads_the_transposed_copy_at_its_elements():
+    """compare's class check of FP8 block scaling's transposed colwise copy ([N, M]) reads each
+    byte at its element [i, j] of [M, N] (testing._data_mn, _decoded): the decoded value at (i, j)
+    is the dequantized tensor's there, on a non-square shape."""
+    from mxq.testing import _data_mn, _decoded
+
+    op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(lambda_free_ident)
+    x = torch.randn(40, 24) * 3
+    t = op.reference(x)
+    assert t.colwise_data.shape == (24, 40)
+    assert torch.equal(_data_mn(t, "colwise", 40, 24).view(torch.uint8), t.colwise_data.view(torch.uint8).t())
+    at = (torch.tensor([0, 5, 39]), torch.tensor([0, 17, 23]))
+    q, _ = _decoded(t, "colwise", at)
+    assert torch.equal(q.float(), t.dequantize("colwise")[at].float())
+
+
+def lambda_free_ident(x):
+    return x
