@@ -864,15 +864,16 @@ def test_registered_grouped_calls_run_on_cuda(opts):
 
 @pytest.mark.gpu
 def test_dispatcher_refuses_a_calls_dtype_and_variant_by_name():
-    """What register() could not refuse up front: a colwise op's fp32 call; fp32 into FP8 rows
-    not on 8-byte boundaries (no "generic" kernel)."""
+    """What register() could not refuse up front: a colwise op's fp32 call from unaligned rows (the
+    aligned kernel alone serves fp32 colwise blocks); fp32 into FP8 rows not on 8-byte boundaries
+    (no "generic" kernel)."""
     col = mxq.fused_quant(format="fp8_block", colwise=True)(ident).dispatcher()
-    x = torch.zeros(64, 256, device="cuda")
+    x = torch.zeros(64, 100, device="cuda")
     out = mxq.MXFP8Tensor.empty(mxq.fused_quant(format="fp8_block", colwise=True)(ident).spec, x.shape,
                                 torch.bfloat16, x.device)
     msg = _error(col, x, None, out.rowwise_data, out.rowwise_scale, out.colwise_data, out.colwise_scale,
                  None, None, None)
-    assert "format='fp8_block' with colwise=True or block=(128, 128) and fp32 inputs" in msg, msg
+    assert "with colwise=True and fp32 inputs from unaligned rows" in msg, msg
     row_op = mxq.fused_quant(format="fp8_block")(ident)
     row = row_op.dispatcher()
     x = torch.zeros(4, 13, device="cuda")
