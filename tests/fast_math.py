@@ -26,7 +26,7 @@ def moved(t: torch.Tensor, ulps) -> torch.Tensor:
 
 
 def unary_ops(ex2_ulps, rcp_ulps) -> dict:
-    """tanh_act and sigmoid_act as device.py computes them, with ex2 and rcp off by the given
+    """tanh_act, sigmoid_act and half_tanh_ex2_act as device.py computes them, with ex2 and rcp off by the given
     ulps (ints, or callables of the shape giving int32 tensors)."""
     def ulps(k, t):
         return k(t.shape) if callable(k) else k
@@ -44,7 +44,11 @@ def unary_ops(ex2_ulps, rcp_ulps) -> dict:
     def sigmoid_act(x):
         return one_over_one_plus_ex2(x * f32(-1.4426950408889634))
 
-    return {"tanh_act": tanh_act, "sigmoid_act": sigmoid_act}
+    def half_tanh_ex2_act(z):  # (0.5 + 0.5 tanh(y) from z = -2 y log2(e): two fmas, each rounded once)
+        t = (one_over_one_plus_ex2(z).double() * -2.0 + 1.0).float()
+        return (t.double() * -0.5 + 0.5).float()
+
+    return {"tanh_act": tanh_act, "sigmoid_act": sigmoid_act, "half_tanh_ex2_act": half_tanh_ex2_act}
 
 
 def run(records: list[dict], out: str, env: dict, unary: dict) -> torch.Tensor:

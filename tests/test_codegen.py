@@ -402,6 +402,43 @@ def test_fast_dact_error_bound():
     assert worst > DACT_SLACK / 8, math.log2(worst)
 
 
+def test_fast_act_error_bound():
+    """docs/NUMERICS.md bounds the kernels' built-in act(a) by V_SLACK |act(a)| + ACT_SLACK |a|
+    around the reference's (testing.ACT_SLACK: relative accuracy alone fails in the tails, where
+    gelu's 0.5 + 0.5 tanh cancels and the sigmoid's absolute error dominates a tiny v). The
+    lowered records, with ex2 and rcp off by up to 2 and 1 ulp in a fixed pseudo-random pattern
+    (tests/fast_math.py), over a in [-30, 30] and every finite bf16 and fp16 input: within the
+    bound, the absolute term needed (relative error alone reaches far past V_SLACK) and within 8x
+    of ACT_SLACK (not loose by orders of magnitude)."""
+    from mxq.frontend import activations
+    from mxq.testing import ACT_SLACK, V_SLACK
+    from tests import fast_math
+
+    gen = torch.Generator().manual_seed(0)
+
+    def noise(k):
+        return lambda shape: torch.randint(-k, k + 1, shape, generator=gen, dtype=torch.int32)
+
+    every16 = torch.arange(-2 ** 15, 2 ** 15, dtype=torch.int32).to(torch.int16)
+    a = torch.cat([torch.linspace(-30, 30, 600001, dtype=torch.float32), every16.view(torch.bfloat16).float(),
+                   every16.view(torch.float16).float()])
+    a = a[torch.isfinite(a)]
+    worst, worst_rel = 0.0, 0.0
+    for name in ("gelu", "silu", "qgelu"):
+        records, out = mxq.frontend.codegen.ssa(activations.act_ir(name).expr, "g", {0: "a"}, {}, builtin=True)
+        got = fast_math.run(records, out, {"a": a}, fast_math.unary_ops(noise(fast_math.EX2_ULPS),
+                                                                        noise(fast_math.RCP_ULPS))).double()
+        want = mxq.frontend.ir.evaluate(activations.act_ir(name).expr, [a], []).double()
+        finite = torch.isfinite(want)
+        err = (got - want).abs()[finite]
+        over = ((err - V_SLACK * want.abs()[finite]).clamp_min(0.0) / a.double().abs()[finite]).nan_to_num(0.0)
+        assert over.max().item() <= ACT_SLACK, (name, math.log2(over.max().item()))
+        worst = max(worst, over.max().item())
+        worst_rel = max(worst_rel, (err / want.abs()[finite]).nan_to_num(0.0, 0.0, 0.0).max().item())
+    assert worst > ACT_SLACK / 8, math.log2(worst)
+    assert worst_rel > 2 ** 10 * V_SLACK, math.log2(worst_rel)
+
+
 def test_fast_dact_error_bound_next_to_its_roots():
     """dgelu, dsilu and dqgelu each cross zero once, at a ~ -0.7525, -1.2785 and -0.7512 (the
     gated gate halves too: geglu, swiglu, qgeglu). There both the kernels' and the reference's

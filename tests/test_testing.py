@@ -5,7 +5,7 @@ import torch
 
 import mxq
 from tests import fast_math
-from mxq.testing import (DACT_SLACK, V_SLACK, VBound, byte_diff, compare, padded_rows, planted, poisoned, v_abs_sum,
+from mxq.testing import (ACT_SLACK, DACT_SLACK, V_SLACK, VBound, byte_diff, compare, padded_rows, planted, poisoned, v_abs_sum,
                          v_bound, v_weight)
 
 
@@ -90,8 +90,8 @@ def test_dbias_slack_of_a_builtin_dact_is_absolute_in_dact():
     assert abs(v) < 0.05  # 3 * dgelu(-3) = 3 * -0.0119...
     v_abs = v_abs_sum(op, d, act_input=a)
     assert abs(v_abs[0].item() - (abs(v) + 24.0)) < 1e-6
-    plain = mxq.fused_quant(colwise=True, dbias=True, act="gelu")(lambda_free)  # no dact: |v| alone
-    assert torch.equal(v_abs_sum(plain, d), plain.reference(d).dbias.abs().double())
+    plain = mxq.fused_quant(colwise=True, dbias=True, act="gelu")(lambda_free)  # act=: |v| + ACT_SLACK / V_SLACK |a|
+    assert torch.equal(v_abs_sum(plain, d), plain.reference(d).dbias.abs().double() + 0.5 * 3.0)
     got = op.reference(d, act_input=a)
     got.dbias[0] = v + 2.0 ** -22 * 3.0 * 4.0  # within the dact slack (24 x 2^-21 = 1.1e-5)
     assert compare(got, want, exact=False, v_abs=torch.full_like(v_abs, abs(v))) != []  # |v| alone: too tight
@@ -193,7 +193,7 @@ def test_compare_bound_reaches_across_zero_and_keeps_nan():
 
 def test_v_weight_by_hand():
     """|v|, plus DACT_SLACK / V_SLACK = 2 times the factor the derivative multiplies: |d| (1 + |a|)
-    for dact=; for a gated backward |d u| (1 + |g|) on the gate half, nothing on the up half
+    for dact=; ACT_SLACK / V_SLACK times |a| for act= (gelu, silu, qgelu; a its argument); for a gated backward |d u| (1 + |g|) on the gate half, nothing on the up half
     (d * act(g)). A gated op and its inner op over the halves give the same weights; v_abs_sum
     is their column sum."""
     k = DACT_SLACK / V_SLACK
@@ -203,8 +203,10 @@ def test_v_weight_by_hand():
     w = v_weight(op, d, act_input=a)
     assert w.dtype == torch.float64 and abs(w[0, 0].item() - (3.0 * 0.011584 + k * 3.0 * 4.0)) < 1e-5  # dgelu(-3)
     assert torch.equal(v_abs_sum(op, d, act_input=a), w.sum(0))
-    plain = mxq.fused_quant(act="silu")(lambda_free)
-    assert torch.equal(v_weight(plain, d), (d * torch.sigmoid(d)).abs().double())
+    plain = mxq.fused_quant(act="silu")(lambda_free)  # (act=: ACT_SLACK / V_SLACK = 1/2 times |a|, a = d here)
+    assert ACT_SLACK / V_SLACK == 0.5
+    assert torch.equal(v_weight(plain, d), (d * torch.sigmoid(d)).abs().double() + 0.5 * 3.0)
+    assert torch.equal(v_weight(mxq.fused_quant(act="relu")(lambda_free), d), d.double())  # (relu: exact, |v|)
     gen = torch.Generator().manual_seed(5)
     grad, a = torch.randn(2, 32, generator=gen), torch.randn(2, 64, generator=gen) * 2
     g, u = a[:, :32], a[:, 32:]
