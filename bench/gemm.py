@@ -23,8 +23,10 @@ baselines.
 
 Fused rows (``op.gemm``, mxq/kernels/gemm_quant.py; off with --no-fused), on the large cases
 (--quick: the first): gelu + FP8 block scaling 1x128 rowwise (``gelu_fp8_block``) and gelu +
-MXFP8 rowwise (``gelu_mxfp8``), and the first with its amax (``gelu_fp8_block_amax``: what the
-amax's warp reductions and atomics cost) in the GEMM's epilogue, checked against op.reference on the
+MXFP8 rowwise (``gelu_mxfp8``), the first with its amax (``gelu_fp8_block_amax``: what the
+amax's warp reductions and atomics cost), both directions (``gelu_mxfp8_both``; FP8 block scaling's
+GEMM-ready pair ``gelu_fp8_block_both``, cooperative form alone: runs_in) and the backward's dgrad
+GEMM with dgelu and dbias (``dgelu_fp8_block_both``) in the GEMM's epilogue, checked against op.reference on the
 kernel's own accumulator (docs/NUMERICS.md's transcendental class, mxq.testing.compare), then
 timed against torch.matmul alone (``vs_matmul``: fused time / matmul time, issue 42's target
 <= 1.05) and against torch.matmul followed by the same op on its bf16 output (``speedup``:

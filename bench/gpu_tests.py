@@ -54,9 +54,10 @@ import pytest
 
 OUTCOMES = ("PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS")
 _RESULT = re.compile(r"^(?P<id>\S.*?) (?P<out>" + "|".join(OUTCOMES) + r")\b")
-_SUMMARY = re.compile(r"^(?P<out>FAILED|ERROR) (?P<id>\S+)(?: - (?P<msg>.*))?$")
+# (a node id may hold spaces, "test_x[block=(128, 128)]": it ends at the first " - " or the line's end)
+_SUMMARY = re.compile(r"^(?P<out>FAILED|ERROR) (?P<id>\S.*?)(?: - (?P<msg>.*))?$")
 _SECTION = re.compile(r"^_{3,} (?P<name>.+?) _{3,}$")
-_DURATION = re.compile(r"^gpu_tests: (?P<s>[\d.]+) s (?P<id>\S+)$", re.M)
+_DURATION = re.compile(r"^gpu_tests: (?P<s>[\d.]+) s (?P<id>\S.*)$", re.M)
 
 
 def collect(paths, marker: str, kexpr: str | None) -> list[str]:

@@ -57,9 +57,9 @@ class FusedOp:
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by (its identity)
         self._source: str | None = None
         self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
-        # whether a call's route depends on its inputs' 16-byte alignment (FP4's kernels and FP8
-        # block scaling's transposed copy serve aligned inputs alone, limits): then its key holds it
-        # (FP8 block scaling: its transposed copy, and fp32 colwise or grouped calls on the aligned vectorised kernel)
+        # whether a call's route depends on its inputs' 16-byte alignment (limits: FP4's kernels, and
+        # FP8 block scaling's transposed copy and fp32 colwise or grouped calls on the aligned
+        # vectorised kernel, serve aligned inputs alone): then its key holds it
         self._key_aligned = spec.is_fp4 or spec.format == "fp8_block"
         functools.update_wrapper(self, fn)
 

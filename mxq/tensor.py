@@ -223,7 +223,7 @@ class MXFP8Tensor:
             return torch.cat(parts).reshape(self.shape)
         if self.format == "fp8_block":
             data = self._need(f"{direction}_data")
-            if direction == "colwise" and self.scale_layout == "gemm":  # the transposed copy [N, M]
+            if self._transposed(direction):
                 data = data.t()
             block = self.block if direction == "rowwise" else fp8_block_layouts.colwise_block(self.block)
             return fp8_block.dequantize(data.reshape(m, n), self.compact_scale(direction), block).reshape(self.shape)
@@ -322,7 +322,12 @@ class MXFP8Tensor:
             raise ValueError(f"mxq: a grouped tensor's {direction} scales are per group: use "
                              "group(g).compact_scale()")
         scale = self._need(f"{direction}_scale")
-        return scale.t() if direction == "colwise" and self.scale_layout == "gemm" else scale
+        return scale.t() if self._transposed(direction) else scale
+
+    def _transposed(self, direction: str) -> bool:
+        """Whether an fp8_block tensor's ``direction`` data and scales are the GEMM-ready
+        transposed copy ([N, M] data, its scales transposed likewise: QuantSpec.colwise_transposed)."""
+        return direction == "colwise" and self.format == "fp8_block" and self.scale_layout == "gemm"
 
     def _need(self, name: str) -> torch.Tensor:
         t = getattr(self, name)

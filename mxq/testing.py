@@ -311,15 +311,10 @@ def _on_the_line(b: torch.Tensor) -> torch.Tensor:
     return torch.where(b >= 0x80, -mag, mag)
 
 
-def _transposed(t, direction: str) -> bool:
-    """Whether ``t``'s ``direction`` data is FP8 block scaling's transposed colwise copy [N, M]."""
-    return direction == "colwise" and t.format == "fp8_block" and t.scale_layout == "gemm"
-
-
 def _data_mn(t, direction: str, m: int, n: int) -> torch.Tensor:
     """``t``'s ``direction`` FP8 data as [M, N] (the transposed copy transposed back)."""
     data = getattr(t, f"{direction}_data")
-    return data.reshape(n, m).t() if _transposed(t, direction) else data.reshape(m, n)
+    return data.reshape(n, m).t() if t._transposed(direction) else data.reshape(m, n)
 
 
 def _decoded(t, direction: str, at) -> tuple[torch.Tensor, torch.Tensor]:

@@ -171,6 +171,10 @@ def test_rerun_takes_the_failed_and_unfinished_tests_and_its_record_counts_both_
               "FAILED tests/test_a.py::test_x[1] - AssertionError\n    tb\n\nERROR tests/test_b.py::test_y\n\n"
               "did not finish (timeout):\n  tests/test_c.py::test_z\n")
     assert tool.rerun_ids(report) == ["tests/test_a.py::test_x[1]", "tests/test_b.py::test_y", "tests/test_c.py::test_z"]
+    spaced = "tests/test_a.py::test_x[block=(128, 128)-dtype0]"  # (a parameter id with a space: still rerun)
+    assert tool.rerun_ids(report.replace("test_x[1] - AssertionError", f"{spaced[17:]} - AssertionError: a - b")
+                          ) == [spaced, "tests/test_b.py::test_y", "tests/test_c.py::test_z"]
+    assert tool.rerun_ids(f"FAILED {spaced}\n") == [spaced]
     path = tmp_path / "before.txt"
     path.write_text(report)
     with pytest.raises(SystemExit):  # (kernel layer 0123 is not this tree's)

@@ -981,7 +981,7 @@ def test_dispatcher_refuses_the_unaligned_transposed_copy_on_cuda(form):
 def test_exported_grouped_and_gated_functions_run_on_cuda(grouped_gated_libs):
     """The exported grouped colwise function and the gated backward with the transposed copy
     write the Python route's bytes on the H200 (dbias within an ulp, the reference's class).
-    CPU counterpart: the size checks above."""
+    CPU counterpart: test_exported_grouped_and_gated_functions_check_their_sizes."""
     from mxq.testing import compare
 
     (grp, glib, _), (bwd, blib, _) = grouped_gated_libs

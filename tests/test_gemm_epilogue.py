@@ -732,7 +732,8 @@ def test_gpu_gemm_amax_leaves_out_rows_past_m(m, form):
     """Every output value exactly 0 (a's first column 1, the rest 0; w's first column -b: x + b =
     0), so the amax is 0; a row past M (the tile's padding, a cluster's padding tile) holds the
     op of a zero accumulator, b, which must not enter it. An empty product's amax is 0 too,
-    into a stale out=."""
+    into a stale out=. CPU counterpart: test_amax_is_one_atomic_per_warp_in_the_epilogue (the
+    epilogue's amax in PTX), test_bench_fused_rows_check_on_the_cpu_route (the amax row's reference)."""
     n, k = 264, 64
     b = ((torch.arange(n, device="cuda") % 7) - 3.5).to(torch.bfloat16)  # (|b| >= 0.5: never 0)
     a = torch.zeros(m, k, device="cuda", dtype=torch.bfloat16)

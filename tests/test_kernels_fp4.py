@@ -824,7 +824,7 @@ def test_gpu_colwise_copy_with_dbias_matches_reference(strict, case, dtype):
     data, scale and amax byte equal to the reference's (drelu, a plain cast and the exact NVFP4
     options: stochastic rounding, 16x16 tiles, the Hadamard transform), dbias within an ulp
     (_check's rule); M with a partial 32-row tile (72) and whole ones (256); N past one 256-column
-    tile. CPU counterpart: the compile test above."""
+    tile. CPU counterpart: test_colwise_copy_with_dbias_is_served_and_compiles."""
     fmt, opts = case
     if opts.get("hadamard") and dtype == "fp16":
         pytest.skip("the Hadamard transform takes bf16 inputs")
@@ -904,8 +904,8 @@ def test_gpu_gated_backward_matches_reference(strict, case, dtype):
     """A gated backward on the kernels (no fallback), into poisoned outputs: the exact gated
     derivatives (dreglu, dsreglu) byte for byte against the reference, dbias within an ulp;
     dswiglu in the transcendental class (within_gelu_class, each direction); N = 96 (one partial
-    column tile a half) and 288; M with a partial 32-row tile. CPU counterpart: the compile test
-    above."""
+    column tile a half) and 288; M with a partial 32-row tile. CPU counterpart:
+    test_gated_backward_is_served_and_compiles."""
     fmt, opts = case
     t = DTYPES[dtype]
     for m, n in ((72, 96), (40, 288)):
@@ -943,7 +943,7 @@ def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt):
     """The exported FP4 functions write the reference's bytes on the H200: drelu + dbias, both
     directions (NVFP4 compact, MXFP4 swizzled), NVFP4's "_vec_given" with a given amax and its
     grouped function (the colwise scales zeroed first, as the header says). CPU counterparts:
-    the size checks above."""
+    test_exported_fp4_functions_check_every_size, test_exported_grouped_fp4_function_checks_the_groups."""
     import tvm_ffi
 
     from mxq.runtime import targets
@@ -991,7 +991,7 @@ def test_gpu_grouped_given_amax_matches_reference(strict, colwise):
     group's entry written first): one value for every group and a [G] tensor of one per group
     (on the device, and changed in place between launches of a prepared call); every byte the
     reference's. CPU counterpart: test_grouped_rowwise_is_served_and_the_rest_falls_back and
-    test_launch's given_amax_first test."""
+    tests/test_kernels_nvfp4.py::test_given_amax_and_rng_operands (launch.given_amax_first)."""
     offs = torch.tensor([0, 6, 38, 38, 138, 144], dtype=torch.int32)
     m, n = 144, 272
     x = planted(m, n, torch.bfloat16, seed=5)

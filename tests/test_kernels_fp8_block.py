@@ -154,7 +154,8 @@ def test_gpu_gated_backward_matches_the_reference(opts, dtype, n, monkeypatch):
     """FP8 block scaling's gated backward (dswiglu, dgeglu's class too) on the kernels, into
     poisoned outputs, against the reference within the op's class; MXQ_STRICT: no fallback
     (N = 96 only where no block straddles the halves; N = 640: three column tiles per half, the
-    last partial). CPU counterparts: the two tests above."""
+    last partial). CPU counterparts: test_grouped_gated_backward_is_served_and_compiles,
+    test_gated_backward_kernels_compile_with_both_halves."""
     from mxq.testing import compare, v_abs_sum, v_bound
 
     monkeypatch.setenv("MXQ_STRICT", "1")
@@ -178,7 +179,8 @@ def test_gpu_gated_backward_matches_the_reference(opts, dtype, n, monkeypatch):
 def test_gpu_grouped_gated_backward_matches_the_reference(opts, dtype, monkeypatch):
     """FP8 block scaling's grouped gated backward (dswiglu) on the grouped kernels, into poisoned
     outputs and allocating, against the reference within the op's class, for random group sizes
-    with empty groups; MXQ_STRICT: no fallback. CPU counterpart: the compile test above."""
+    with empty groups; MXQ_STRICT: no fallback. CPU counterpart:
+    test_grouped_gated_backward_is_served_and_compiles."""
     from mxq.testing import compare, v_abs_sum, v_bound
 
     from .test_gated import _random_groups

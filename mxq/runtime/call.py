@@ -49,7 +49,7 @@ class Call(NamedTuple):
         every time. Read on every call that is not an ordinary allocating one (out=, keywords,
         views), so each value's part is read attribute by attribute, without a loop. ``aligned``:
         with whether each tensor operand starts on a 16-byte boundary (ops whose kernels serve
-        aligned inputs alone: FusedOp._key)."""
+        aligned inputs alone: FusedOp._key_aligned)."""
         out = self.out
         try:
             if aligned:

@@ -103,8 +103,8 @@ def gated_args(spec, epilogue, inner_epilogue, kinds, n_multiple: int):
                             f"their two halves, every gate half first, then every up half: {which}. The outputs are "
                             f"those of an [M, N] input.")
     params = ", ".join(epilogue.tensor_params)
-    need = (f"N must be a multiple of {n_multiple} (rowwise blocks may not straddle the halves; the functions "
-            f"check it), " if n_multiple > 1 else "")
+    need = (f"N must be a multiple of {n_multiple} (rowwise blocks and 128x128 tiles may not straddle the "
+            f"halves; the functions check it), " if n_multiple > 1 else "")
     note = (f"Gated backward {epilogue.name} (dact={spec.dact!r}): the arguments are the incoming "
             f"gradient ({params}, [M, N]), then act_input (the forward's [M, 2N] input) as its two halves, "
             f"_mxq_gate = act_input[:, :N] and _mxq_up = act_input[:, N:] (strided views). The outputs hold "
@@ -194,8 +194,7 @@ def _compile_checks(op, functions, directory: Path) -> Path:
     halves = int(gated.is_halves(epi))
     facts = limits.cpp_facts(spec, epi)
     # (FP4's colwise copy is transposed too, [N, M/2]: two values a byte, per_byte)
-    transposed = limits.cpp_transposed(spec) or (spec.is_fp4 and spec.colwise)
-    roles_by = dict(_CHECK_ROLES, **({"colwise_data": "kColDataT"} if transposed else {}))
+    roles_by = dict(_CHECK_ROLES, **({"colwise_data": "kColDataT"} if spec.colwise_transposed else {}))
     per_byte = 2 if spec.is_fp4 else 1
     m_multiple = UNIT if spec.is_fp4 and spec.colwise else 1  # (FP4's colwise words: 8 rows each)
     amax = ("mxq_export::kAmaxPerGroup" if spec.format == "nvfp4" else "mxq_export::kAmaxOne")

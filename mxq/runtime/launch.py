@@ -307,7 +307,8 @@ def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
 def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):
     """``op.prepare``'s launch of a grouped call: the kernel reads ``group_offsets`` (the caller's
     int32 tensor, bound by reference) at every launch, so the groups may change in place between
-    launches; the swizzled padding moves with them and is cleared first, and ``out.group_offsets``
+    launches; the padding that moves with them (swizzled scales', FP4's colwise scales: _clear_padding)
+    is cleared first, and ``out.group_offsets``
     follows (a device copy; all CUDA-graph safe)."""
     def relaunch():
         if noop is None:
