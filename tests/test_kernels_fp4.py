@@ -403,14 +403,15 @@ GROUPED_COLWISE = [("mxfp4", dict()), ("mxfp4", dict(rowwise=False, scale_mode="
 def test_grouped_colwise_compiles(arch, case):
     """CPU counterpart of test_gpu_grouped_colwise_matches_reference: the grouped packed kernel
     with the transposed colwise copy traces (its scales at [N, M // B + G] columns start // B + g
-    on, PackedKernel.fp4_column_scales; the copy's runs stored a byte at a time where a group's
-    rows do not align them, store_fp4_columns) and, on sm_90, assembles without spills."""
+    on, PackedKernel.fp4_column_scales; the copy's runs stored as aligned words with 2- and
+    1-byte pieces at their ends where a group's rows do not align them, store_fp4_shifted) and,
+    on sm_90, assembles without spills."""
     import shutil
 
     fmt, opts = case
     op = mxq.fused_quant(format=fmt, colwise=True, **opts)(ident)
     ptx = _ptx(op, arch, "bf16", "vec_grouped")
-    assert "st.global.u8" in ptx or "st.global.b8" in ptx  # (the byte stores of unaligned group runs)
+    assert "st.global.b16" in ptx and "st.global.b8" in ptx  # (the end pieces of unaligned group runs)
     if arch == "sm_90a" and shutil.which("ptxas") is not None:
         from .test_gemm_epilogue import _assert_ptxas_clean
 
@@ -1051,9 +1052,66 @@ def _even_groups(m, g, seed):
     return list(zip([0, *ends[:-1]], ends))
 
 
+def _shifted_stores(addr, w, nv, warps):
+    """PackedKernel.store_fp4_shifted on ints: its stores (address, bytes, value) of run ``w``
+    (``warps`` words) at byte address ``addr`` whose first ``nv`` bytes lie below the group's end."""
+    from mxq.kernels import packed
+
+    s = addr % 4
+    aligned, out = addr - s, []
+    for kk, i0, width, j0 in packed.fp4_shifted_plan(s, warps):
+        word = packed.fp4_shifted_word(w, kk, s, warps, const=int, mask=0xFFFFFFFF)
+        at = aligned + 4 * kk
+        first, halves = packed.fp4_piece_stores(i0, width, j0)
+
+        def piece(tries):
+            (i, size, need), rest = tries[0], tries[1:]
+            if need < nv:
+                out.append((at + i, size, (word >> 8 * i) & (0xFFFF if size == 2 else 0xFF)))
+            elif rest and rest[0][2] < nv:
+                out.append((at + rest[0][0], 1, (word >> 8 * rest[0][0]) & 0xFF))
+
+        if not halves:
+            piece(first)
+        elif j0 + 3 < nv:
+            out.append((at, 4, word))
+        else:
+            for half in halves:
+                piece(half[0])
+    return out
+
+
+@pytest.mark.parametrize("warps", [2, 4, 8])
+def test_shifted_colwise_stores_write_the_run_below_its_end(warps):
+    """packed.fp4_shifted_plan / fp4_piece_stores / fp4_shifted_word, as store_fp4_shifted issues
+    them: for a run at every address % 4 and every count of bytes below its group's end, each
+    of those bytes is written once with its own value (run byte j: byte j % 4 of word j // 4),
+    nothing else, every store aligned to its size, and at most warps + 3 stores (a whole run:
+    warps at address % 4 == 0, warps + 1 at 2, warps + 2 at 1 or 3; byte by byte took 4 warps)."""
+    import random
+
+    rng = random.Random(warps)
+    for trial in range(20):
+        w = [rng.getrandbits(32) for _ in range(warps)]
+        run = [(w[j // 4] >> 8 * (j % 4)) & 0xFF for j in range(4 * warps)]
+        for addr in (4096, 4097, 4098, 4099):
+            for nv in range(1, 4 * warps + 1):
+                stores = _shifted_stores(addr, w, nv, warps)
+                wrote = {}
+                for at, size, value in stores:
+                    assert at % size == 0, (addr, nv, at, size)
+                    for b in range(size):
+                        assert at + b not in wrote, (addr, nv)
+                        wrote[at + b] = (value >> 8 * b) & 0xFF
+                assert wrote == {addr + j: run[j] for j in range(nv)}, (addr, nv)
+                assert len(stores) <= warps + 3
+                if nv == 4 * warps:
+                    assert len(stores) == warps + [0, 2, 1, 2][addr % 4], (addr, len(stores))
+
+
 @pytest.mark.parametrize("rows", [16, 32, 64])
 def test_grouped_colwise_stores_write_each_byte_of_its_group_once(rows):
-    """packed.fp4_group_store_words / fp4_run_stores / the byte path, as store_fp4_columns issues
+    """packed.fp4_group_store_words / fp4_run_stores / the shifted path, as store_fp4_columns issues
     them for a grouped call, against brute force: over random even group ends of M (% 8 == 0)
     rows and bases 16-byte aligned, every tile of every group (rows start + k * tile rows, below
     its end) writes each byte of the group's [start / 2, end / 2) of a column's M / 2 exactly
@@ -1075,7 +1133,8 @@ def test_grouped_colwise_stores_write_each_byte_of_its_group_once(rows):
                             stores = [(addr + 4 * q, 4 * n) for q, n in packed.fp4_run_stores(words, warps)
                                       if q == 0 or r0 + 8 * q < end_t]
                         else:
-                            stores = [(addr + j, 1) for j in range(4 * warps) if r0 + 2 * j < end_t]
+                            nv = min((end_t - r0 + 1) // 2, 4 * warps)
+                            stores = [(at, size) for at, size, _ in _shifted_stores(addr, [0] * warps, nv, warps)]
                         for at, size in stores:
                             assert at % size == 0, (m, seed, g, r0)
                             for b in range(at, at + size):

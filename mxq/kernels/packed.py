@@ -75,10 +75,57 @@ def fp4_group_store_words(a, warps: int, ops=dev.RNG_DEVICE):
     """Words per store of a grouped call's colwise runs (store_fp4_columns), from ``a`` = the
     copy's base address | M / 2 | the tile's first row / 2 | the tile's row end / 2 (Ms: its
     group's end within the tile; 0 under noop; every one a byte offset): fp4_store_words where
-    ``a`` % 4 == 0 (then the run and that end lie on whole 8-row words), else 0: the run byte by
-    byte (store_fp4_bytes), each byte below that end."""
+    ``a`` % 4 == 0 (then the run and that end lie on whole 8-row words), else 0: the run as
+    aligned words and halves (store_fp4_shifted, fp4_shifted_plan), each byte below that end."""
     I32, I64 = ops.I32, ops.I64
     return I32(ops.select((I64(a) & I64(3)) == I64(0), fp4_store_words(a, warps, ops), I32(0)))
+
+
+def fp4_shifted_plan(s: int, warps: int):
+    """The stores of a grouped colwise run (``warps`` words, 4 * warps bytes) whose first byte
+    lies ``s`` = its address % 4 past a word boundary (store_fp4_shifted; ``s`` 0 to 3): the
+    aligned words k = 0 .. warps at (address - s) + 4k, word k holding run bytes j = 4k - s + i
+    (i its byte, fp4_shifted_word), as pieces (k, i0, width, j0): a word whose four bytes are
+    all the run's (width 4), else its run bytes as 2-byte pieces on even i and single bytes
+    (the first word's bytes s..3, the last's 0..s-1). Each piece is stored where its last byte
+    is one of the run's nv bytes that lie below the group's end (fp4_piece_stores)."""
+    plan = []
+    for k in range(warps + 1):
+        lo, hi = max(0, s - 4 * k), min(3, 4 * warps - 1 + s - 4 * k)
+        if lo > hi:
+            continue
+        if (lo, hi) == (0, 3):
+            plan.append((k, 0, 4, 4 * k - s))
+            continue
+        i = lo
+        while i <= hi:
+            width = 2 if i % 2 == 0 and i + 1 <= hi else 1
+            plan.append((k, i, width, 4 * k - s + i))
+            i += width
+    return plan
+
+
+def fp4_piece_stores(i0: int, width: int, j0: int):
+    """A piece of fp4_shifted_plan as the stores tried in order, each (byte i in its word, width,
+    the run byte whose index must be below nv for it): the piece whole, else (a word) its two
+    halves, else (a half) its first byte; the first of a piece's alternatives whose byte is below
+    nv is stored, and none if none is."""
+    if width == 4:
+        return [(0, 4, j0 + 3)], [fp4_piece_stores(0, 2, j0), fp4_piece_stores(2, 2, j0 + 2)]
+    if width == 2:
+        return [(i0, 2, j0 + 1), (i0, 1, j0)], []
+    return [(i0, 1, j0)], []
+
+
+def fp4_shifted_word(w, k: int, s: int, warps: int, const=Uint32, mask=None):
+    """Aligned word k of fp4_shifted_plan from the run's words ``w`` (little-endian: run byte j
+    is byte j % 4 of w[j // 4]): w[k] moved up s bytes, the top s bytes of w[k - 1] below it.
+    On Uint32 values, or on Python ints with ``const`` int and ``mask`` 0xFFFFFFFF (32 bits)."""
+    hi = (const(w[k]) << const(8 * s)) if k < warps else None  # (unsigned: the shifts below are logical)
+    if hi is not None and mask is not None:
+        hi = hi & mask
+    lo = (const(w[k - 1]) >> const(32 - 8 * s)) if k > 0 and s > 0 else None
+    return hi if lo is None else lo if hi is None else hi | lo
 
 
 def fp4_group_block(start, g, b, tile_rows: int, w0, rows: int, block: int):
@@ -1353,15 +1400,45 @@ class PackedKernel:
                     self.store_fp4_run(k, t, addr, r0, w, 1)
                 if cutlass.const_expr(k.GROUPED):
                     if words == 0:
-                        self.store_fp4_bytes(k, t, addr, r0, w)
+                        nv = cutlass.min((t.Ms - r0 + 1) // 2, Int32(4 * k.WARPS))  # (its bytes below the group's end)
+                        sh = Int32(addr & Int64(3))
+                        for s in cutlass.range_constexpr(4):
+                            if sh == s:
+                                self.store_fp4_shifted(k, addr - Int64(s), w, nv, s)
 
     @cute.jit
-    def store_fp4_bytes(self, k, t, addr, r0, w):
-        """One column's run ``w`` at ``addr`` byte by byte (a grouped run not 4-byte aligned): byte
-        j holds rows r0 + 2j and r0 + 2j + 1, stored where they lie below Ms (the group's end)."""
-        for j in cutlass.range_constexpr(4 * k.WARPS):
-            if r0 + 2 * j < t.Ms:
-                dev.store_global_u8(addr + Int64(j), w[j // 4] >> Uint32(8 * (j % 4)))
+    def store_fp4_shifted(self, k, aligned, w, nv, s: cutlass.Constexpr):
+        """One column's run ``w`` of a grouped tile whose address, group end or row bytes are
+        not 4-byte aligned, as aligned words and halves (fp4_shifted_plan) from ``aligned`` (its
+        address - s): run byte j holds rows r0 + 2j and r0 + 2j + 1 and is stored where j < nv
+        (below the group's end); about W + 2 stores where byte by byte took 4W."""
+        for kk, i0, width, j0 in fp4_shifted_plan(s, k.WARPS):
+            word = fp4_shifted_word(w, kk, s, k.WARPS)
+            first, halves = fp4_piece_stores(i0, width, j0)
+            if cutlass.const_expr(len(halves) == 0):
+                self.store_fp4_piece(aligned + Int64(4 * kk), word, first, nv)
+            else:
+                if j0 + 3 < nv:
+                    dev.store_global_words(aligned + Int64(4 * kk), [word])
+                else:
+                    for half in halves:
+                        self.store_fp4_piece(aligned + Int64(4 * kk), word, half[0], nv)
+
+    @cute.jit
+    def store_fp4_piece(self, at, word, tries, nv):
+        """The first of ``tries`` (fp4_piece_stores: byte, width, the run byte it needs below
+        ``nv``) that fits, of aligned word ``word`` at ``at``: a 2-byte store, else one byte."""
+        (i0, width, need), rest = tries[0], tries[1:]
+        if need < nv:
+            if cutlass.const_expr(width == 2):
+                dev.store_global_u16(at + Int64(i0), (word >> Uint32(8 * i0)) & Uint32(0xFFFF))
+            else:
+                dev.store_global_u8(at + Int64(i0), word >> Uint32(8 * i0))
+        else:
+            if cutlass.const_expr(len(rest) > 0):
+                (i1, _, need1) = rest[0]
+                if need1 < nv:
+                    dev.store_global_u8(at + Int64(i1), word >> Uint32(8 * i1))
 
     @cute.jit
     def store_fp4_run(self, k, t, addr, r0, w, words: cutlass.Constexpr):
