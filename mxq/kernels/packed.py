@@ -1400,11 +1400,17 @@ class PackedKernel:
                     self.store_fp4_run(k, t, addr, r0, w, 1)
                 if cutlass.const_expr(k.GROUPED):
                     if words == 0:
-                        nv = cutlass.min((t.Ms - r0 + 1) // 2, Int32(4 * k.WARPS))  # (its bytes below the group's end)
-                        sh = Int32(addr & Int64(3))
-                        for s in cutlass.range_constexpr(4):
-                            if sh == s:
-                                self.store_fp4_shifted(k, addr - Int64(s), w, nv, s)
+                        self.store_fp4_unaligned(k, t, addr, r0, w)
+
+    @cute.jit
+    def store_fp4_unaligned(self, k, t, addr, r0, w):
+        """A grouped run that is not 4-byte aligned (its address, group end or row bytes):
+        store_fp4_shifted for its address % 4, its bytes below the group's end."""
+        nv = cutlass.min((t.Ms - r0 + 1) // 2, Int32(4 * k.WARPS))
+        sh = Int32(addr & Int64(3))
+        for s in cutlass.range_constexpr(4):
+            if sh == s:
+                self.store_fp4_shifted(k, addr - Int64(s), w, nv, s)
 
     @cute.jit
     def store_fp4_shifted(self, k, aligned, w, nv, s: cutlass.Constexpr):
