@@ -46,7 +46,8 @@ def scaled_shift(x, b, s: float = 1.5):
     (dict(colwise=True, scale_layout="gemm"), torch.bfloat16, 131, "transposed"),
     (dict(colwise=True, scale_layout="gemm"), torch.float32, 128, "fp32"),
     (dict(colwise=True), torch.float32, 131, "fp32"),  # (fp32 colwise blocks: aligned rows alone)
-    (dict(block=(128, 128)), torch.float32, 128, "fp32"),
+    (dict(block=(128, 128)), torch.float32, 100, "fp32"),  # (fp32 tiles: aligned rows alone)
+    (dict(block=(128, 128), colwise=True, scale_layout="gemm"), torch.float32, 128, "fp32"),
     (dict(block=(128, 128), colwise=True, scale_layout="gemm"), torch.float16, 100, "transposed"),
 ])
 def test_unserved_names_what_has_no_kernel(opts, dtype, n, why):
@@ -244,10 +245,10 @@ def test_colwise_128_rows_are_served_from_16_bit_inputs(dtype):
 
 
 def test_grouped_fp32_and_unaligned_fp32_rows_fall_back():
-    """Grouped calls from unaligned fp32 rows (the vectorised kernel's aligned rows alone), fp32
-    tiles, and fp32 rows into FP8 rows not on 8-byte boundaries run the reference; grouped calls
-    from aligned fp32 rows (1x128, compact 128-row colwise blocks) and from 16-bit inputs (1x128,
-    128-row colwise blocks, 128x128 tiles) the kernels."""
+    """Grouped calls from unaligned fp32 rows (the vectorised kernel's aligned rows alone) and fp32
+    rows into FP8 rows not on 8-byte boundaries run the reference; grouped calls from aligned
+    fp32 rows (1x128, compact 128-row colwise blocks, 128x128 tiles) and from 16-bit inputs
+    (1x128, 128-row colwise blocks, 128x128 tiles) the kernels."""
     from mxq.runtime.call import Call
 
     op = mxq.fused_quant(format="fp8_block")(ident)
@@ -256,7 +257,7 @@ def test_grouped_fp32_and_unaligned_fp32_rows_fall_back():
     assert "group_offsets and fp32" in limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped)
     x32 = torch.zeros(8, 256)
     for opts, served in ((dict(), True), (dict(colwise=True, dbias=True, amax=True), True),
-                         (dict(block=(128, 128)), False)):
+                         (dict(block=(128, 128)), True), (dict(block=(128, 128), colwise=True, amax=True), True)):
         o = mxq.fused_quant(format="fp8_block", **opts)(ident)
         why = limits.unserved(o.spec, o.epilogue, x32, lambda: None, Call([x32], [], group_offsets=torch.tensor([8])))
         assert (why is None) == served, (opts, why)
@@ -375,16 +376,17 @@ def test_grouped_compiles_as_128_row_tiles(arch, dtype, variant):
 
 
 def test_colwise_refuses_to_trace_what_it_does_not_serve():
-    """fp32 colwise blocks: the vectorised kernel's aligned 128-row tile alone (no "rows8" or
-    "generic"), compact (no transposed copy, no 128x128 tiles); the transposed copy from aligned
-    rows alone."""
-    op = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
-    for variant in ("rows8", "generic"):
-        with pytest.raises(Exception, match="128 rows"):
-            _ptx(op, "sm_90a", "fp32", variant)
-    for opts in (dict(scale_layout="gemm"), dict(block=(128, 128))):
-        with pytest.raises(Exception, match="128 rows"):
-            _ptx(mxq.fused_quant(format="fp8_block", colwise=True, **opts)(ident), "sm_90a", "fp32")
+    """fp32 colwise blocks, 128x128 tiles and the transposed copy: the vectorised kernel's
+    aligned 128-row tile alone (no "rows8" or "generic"), one output half; the transposed copy
+    from aligned rows alone."""
+    for opts in (dict(), dict(scale_layout="gemm"), dict(block=(128, 128))):
+        op = mxq.fused_quant(format="fp8_block", colwise=True, **opts)(ident)
+        for variant in ("rows8", "generic"):
+            with pytest.raises(Exception, match="128 rows"):
+                _ptx(op, "sm_90a", "fp32", variant)
+    gated = mxq.fused_quant(format="fp8_block", block=(128, 128), dact="swiglu")(ident).inner
+    with pytest.raises(Exception, match="128 rows"):
+        _ptx(gated, "sm_90a", "fp32")
     op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident)
     with pytest.raises(Exception, match="aligned rows"):
         _ptx(op, "sm_90a", "bf16", "generic")
@@ -781,14 +783,157 @@ def test_gpu_fp32_colwise_fused_ops(shape, monkeypatch):
 def test_grouped_fp32_compiles(arch):
     """Grouped fp32 calls on the vectorised kernel: 1x128 rowwise on 32-row group tiles, compact
     128-row colwise blocks on 128-row ones (a tile between groups storing 0.0 scales)."""
-    for opts in (dict(), dict(colwise=True, dbias=True, amax=True)):
+    for opts in (dict(), dict(colwise=True, dbias=True, amax=True), dict(block=(128, 128), dbias=True)):
         ptx = _ptx(mxq.fused_quant(format="fp8_block", **opts)(ident), arch, "fp32", "vec_grouped")
-        assert "div.rn.f32" in ptx and (".reqntid 512, 1, 1" in ptx) == ("colwise" in opts)
+        assert "div.rn.f32" in ptx and (".reqntid 512, 1, 1" in ptx) == ("colwise" in opts or "block" in opts)
+
+
+FP32_TILES = [dict(), dict(colwise=True), dict(rowwise=False, colwise=True), dict(scale_layout="gemm"),
+              dict(colwise=True, amax=True, dbias=True), dict(scale_layout="gemm", act="gelu", amax=True),
+              dict(colwise=True, dact="gelu", dbias=True)]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("opts", FP32_TILES, ids=_ids)
+def test_fp32_tiles_compile(arch, opts):
+    """fp32 128x128 tiles on the vectorised kernel's 128-row tile (16 warps of 8 rows, two tiles
+    per CTA): served on aligned rows alone, not with the transposed copy; no per-row scales (no
+    row-block shuffles), the column owners' NaN-dropping maxima reduced per half-warp (4
+    shuffles; amax: a NaN-propagating warp maximum, 5 more) and over the owner warps in shared
+    memory; IEEE divisions for the scale and its inverse, one fp32 scale store per direction;
+    plain casts without spills on sm_90."""
+    import shutil
+
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), **opts)(ident)
+    assert limits.unserved(op.spec, op.epilogue, torch.zeros(4, 256), lambda: None) is None
+    assert "fp32" in limits.unserved(op.spec, op.epilogue, torch.zeros(4, 100), lambda: None)
+    assert limits.cpp_gap(op.spec, op.epilogue, "fp32", "vec") is None
+    assert "fp32" in limits.cpp_gap(op.spec, op.epilogue, "fp32", "rows8")
+    transposed = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True, scale_layout="gemm")(ident)
+    assert "fp32" in limits.unserved(transposed.spec, transposed.epilogue, torch.zeros(4, 256), lambda: None)
+    cfg = codegen.kernel_config(op.spec, op.epilogue)
+    assert cfg.tiles and cfg.tile_rows == 128 and cfg.vec_warps == 16 and not codec.column_max_nan(cfg)
+    ptx = _ptx(op, arch, "fp32")
+    assert ".reqntid 512, 1, 1" in ptx and "div.rn.f32" in ptx
+    assert "rcp.approx" not in ptx or opts.get("act") or opts.get("dact")  # (the acts' own sigmoid)
+    assert ptx.count("shfl.sync.bfly") == 4 + (5 if opts.get("amax") else 0)
+    assert ("max.NaN" in ptx) == bool(opts.get("amax"))
+    assert "st.global.b32" in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx  # (fp32 scales; the data)
+    if arch == "sm_90a" and not opts.get("act") and not opts.get("dact") and shutil.which("ptxas") is not None:
+        from .test_gemm_epilogue import _assert_ptxas_clean
+
+        _assert_ptxas_clean(ptx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(1, 128), (129, 200), (160, 264), (300, 136), (1000, 1000), (4096, 4096)])
+@pytest.mark.parametrize("layout, rowwise, colwise", [("compact", True, False), ("compact", False, True),
+                                                      ("compact", True, True), ("gemm", True, False)])
+def test_gpu_fp32_tiles_match_reference(shape, layout, rowwise, colwise, monkeypatch):
+    """fp32 128x128 tiles on the vectorised kernel, one scale per tile shared by both copies:
+    partial tiles at M and N, NaN, inf and subnormal columns, a tile of NaN alone (amax 0, scale
+    1), fp8max / amax overflowing fp32 (the scale FLT_MAX); amax on the odd shapes; into
+    poisoned outputs and allocating; MXQ_STRICT: no fallback. CPU counterpart:
+    test_fp32_tiles_compile."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    fp8, mode = ("e4m3", "pow2") if shape[1] % 3 else ("e5m2", "fp32")
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), fp8=fp8, scale_mode=mode, scale_layout=layout,
+                         rowwise=rowwise, colwise=colwise, amax=shape[0] % 2 == 1)(ident)
+    x = _colwise_specials(*shape, torch.float32, seed=shape[0] * 5 + shape[1])
+    if shape[0] >= 256 and shape[1] >= 256:
+        x[128:256, 128:256] = float("nan")
+        x[0, 200] = float("nan")
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+    _check(op, [x], op(x.cuda()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts", FP32_TILES[4:], ids=_ids)
+def test_gpu_fp32_tiles_fused_match_reference(opts, monkeypatch):
+    """fp32 128x128 tiles after an act (the transcendental class: mxq.testing.compare's bound),
+    dact + dbias, with amax and dbias, and a user epilogue with a bias operand; MXQ_STRICT: no
+    fallback. CPU counterpart: test_fp32_tiles_compile."""
+    from mxq.testing import compare, v_abs_sum, v_bound
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    m, n = 300, 264
+    x = planted(m, n, torch.float32, seed=61, specials=False)
+    a = planted(m, n, torch.float32, seed=62)
+    b = planted(1, n, torch.float32, seed=63, specials=False).reshape(n)
+    op = mxq.fused_quant(format="fp8_block", block=(128, 128), **opts)(ident)
+    kw = {"act_input": a} if opts.get("dact") else {}
+    got = op(x.cuda(), **{k: v.cuda() for k, v in kw.items()})
+    if opts.get("act") or opts.get("dact"):
+        assert compare(got, op.reference(x, **kw), False, v_abs_sum(op, x, **kw) if opts.get("dbias") else None,
+                       v_bound=v_bound(op, x, **kw)) == []
+    else:
+        _check(op, [x], got)
+    epi = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True)(scaled_shift)
+    _check(epi, [x, b], epi(x.cuda(), b.cuda(), out=poisoned(epi, x.cuda())))
+
+
+FP32_TRANSPOSED = [dict(), dict(rowwise=False), dict(block=(128, 128)), dict(block=(128, 128), rowwise=False, amax=True),
+                   dict(amax=True, dbias=True), dict(act="gelu"), dict(dact="gelu", dbias=True, rowwise=False)]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("opts", FP32_TRANSPOSED, ids=_ids)
+def test_fp32_transposed_compiles(arch, opts):
+    """The transposed colwise copy from fp32 on the vectorised kernel's 128-row tile: served from
+    aligned rows at M % 8 == 0 (each thread's 8 rows of a column one 8-byte store), refused by
+    name at other M and by the C++ routes; its 8 x 8 byte blocks transposed by prmt, 8 stores
+    per thread (and 8 more for the rowwise rows); plain casts without spills on sm_90."""
+    import shutil
+
+    op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", **opts)(ident)
+    assert limits.unserved(op.spec, op.epilogue, torch.zeros(8, 256), lambda: None) is None
+    assert "M % 8 == 0 (M = 12)" in limits.unserved(op.spec, op.epilogue, torch.zeros(12, 256), lambda: None)
+    assert "N % 8" in limits.unserved(op.spec, op.epilogue, torch.zeros(8, 100), lambda: None)
+    assert "C++ routes" in limits.cpp_gap(op.spec, op.epilogue, "fp32", "vec")
+    assert limits.cpp_gap(op.spec, op.epilogue, "bf16", "vec") is None
+    ptx = _ptx(op, arch, "fp32")
+    assert ".reqntid 512, 1, 1" in ptx and "prmt.b32" in ptx
+    assert ptx.count("st.global.v2.b32") == 8 * (1 + opts.get("rowwise", True))
+    assert ptx.count("shfl.sync.bfly") == ((4 if "block" in opts else 32 * opts.get("rowwise", True))
+                                           + (5 if opts.get("amax") else 0))
+    if arch == "sm_90a" and not opts.get("act") and not opts.get("dact") and shutil.which("ptxas") is not None:
+        from .test_gemm_epilogue import _assert_ptxas_clean
+
+        _assert_ptxas_clean(ptx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8, 128), (160, 264), (136, 1000), (1000, 1000), (2048, 4096)])
+@pytest.mark.parametrize("opts", FP32_TRANSPOSED, ids=_ids)
+def test_gpu_fp32_transposed_matches_reference(shape, opts, monkeypatch):
+    """The transposed colwise copy from fp32 (1x128 blocks along M and 128x128 tiles) against the
+    reference: partial blocks and tiles at M and N, NaN, inf and subnormal columns, fused acts
+    (the transcendental class: mxq.testing.compare's bound) and dact + dbias; into poisoned
+    outputs and allocating; MXQ_STRICT: no fallback. CPU counterpart: test_fp32_transposed_compiles."""
+    from mxq.testing import compare, v_abs_sum, v_bound
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    fp8, mode = ("e4m3", "pow2") if shape[1] % 3 else ("e5m2", "fp32")
+    op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", fp8=fp8, scale_mode=mode,
+                         **opts)(ident)
+    m, n = shape
+    if opts.get("act") or opts.get("dact"):
+        x = planted(m, n, torch.float32, seed=m + n, specials=False)
+        kw = {"act_input": planted(m, n, torch.float32, seed=m)} if opts.get("dact") else {}
+        got = op(x.cuda(), **{k: v.cuda() for k, v in kw.items()})
+        assert compare(got, op.reference(x, **kw), False, v_abs_sum(op, x, **kw) if opts.get("dbias") else None,
+                       v_bound=v_bound(op, x, **kw)) == []
+        return
+    x = _colwise_specials(m, n, torch.float32, seed=m * 7 + n)
+    _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
+    _check(op, [x], op(x.cuda()))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("opts", [dict(), dict(scale_mode="fp32", amax=True), dict(colwise=True, dbias=True),
-                                  dict(rowwise=False, colwise=True, amax=True)], ids=_ids)
+                                  dict(rowwise=False, colwise=True, amax=True),
+                                  dict(block=(128, 128), colwise=True, amax=True), dict(block=(128, 128), dbias=True)],
+                         ids=_ids)
 def test_gpu_grouped_fp32_matches_the_reference(opts, monkeypatch):
     """Grouped fp32 calls on the vectorised kernel against the reference byte for byte (dbias
     within an ulp), random groups with empty ones, into poisoned outputs and allocating; MXQ_STRICT:

@@ -328,7 +328,7 @@ class KernelConfig:
                 out.append(Buffer("max", "f32", (warps, cols)))
             if self.dbias and n < 2:
                 out.append(Buffer("sum", "f64", (warps, cols)))
-            if self.colwise:
+            if self.colwise or self.tiles:  # (128x128 tiles: the owner warps' tile maxima)
                 out.append(Buffer("inv", "f32", (cols,)))
         return out
 

@@ -200,7 +200,9 @@ def column_masks(nvalid, nwords: int):
             for k in range(nwords)]
 
 
-def _st_b64(addr, lo, hi, pred=None):
+def store_b64(addr, lo, hi, pred=None):
+    """One 8-byte store of the words ``lo``, ``hi`` at global byte address ``addr`` (a multiple of
+    8), where ``pred`` (None: always)."""
     cute.arch.inline_ptx("st.global.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[addr, Uint32(lo), Uint32(hi)],
                          predicate=pred)
 
@@ -209,7 +211,7 @@ def _st_b64(addr, lo, hi, pred=None):
 def store_unit_or_prefix(addr, lo, hi, whole, part, n):
     """The unit ``lo``, ``hi`` at ``addr`` (a multiple of 8): one 8-byte store where ``whole``;
     where ``part`` (a row's partial last unit: rare, so a branch) bytes [0, n) one at a time."""
-    _st_b64(addr, lo, hi, whole)
+    store_b64(addr, lo, hi, whole)
     if part:
         v = (Uint64(hi) << Uint64(32)) | Uint64(lo)
         for k in cutlass.range_constexpr(UNIT - 1):
@@ -277,7 +279,7 @@ def store_row(p0, plan, lane, d0, d1, edges, slot: cutlass.Constexpr):
     lo = shf_r(x0, x1, sh)
     hi = shf_r(x1, x2, sh)
     if whole:
-        _st_b64(p0 + Int64(o), lo, hi)
+        store_b64(p0 + Int64(o), lo, hi)
     if lane == 0:  # the head unit at offset -b holds lane 0's bytes from byte b on (flush_edges shifts them)
         edges[2 * slot] = d0
         edges[2 * slot + 1] = d1
@@ -302,7 +304,7 @@ def store_unit_aligned(p, ok, plan, d0, d1, edges, slot: cutlass.Constexpr):
     segment's partial last unit is parked in ``edges`` (slots ``slot + 1``) for
     flush_edges(..., aligned_rows=True)."""
     whole, part = plan
-    _st_b64(p, d0, d1, ok & whole)
+    store_b64(p, d0, d1, ok & whole)
     if ok & part:
         edges[2 * slot + 2] = d0
         edges[2 * slot + 3] = d1

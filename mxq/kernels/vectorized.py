@@ -2,10 +2,13 @@
 "rows8", ``unaligned``) any N and input alignment whose FP8 output rows start on 8-byte boundaries.
 
 Tiling: a CTA of W warps (KernelConfig.vec_warps) covers KernelConfig.tile_rows rows (32; FP8
-block scaling's 128-row colwise blocks 128, W = 16) x 32 * VEC columns. Lane l of every warp
-owns the VEC adjacent columns 8l..8l+7 and warp w owns rows w * (rows / W) .. of the tile. Rowwise: a 32-column block is 4 adjacent lanes, its amax two xor shuffles. Colwise: a
-column's 32 rows are spread over the W warps; their partial amax (and dbias sums) meet in
-shared memory. Every input byte is read from global memory once, all rows' loads first.
+block scaling's 128-row colwise blocks and 128x128 tiles 128, W = 16) x 32 * VEC columns. Lane
+l of every warp owns the VEC adjacent columns 8l..8l+7 and warp w owns rows w * (rows / W) .. of
+the tile. Rowwise: a 32-column block is 4 adjacent lanes, its amax two xor shuffles. Colwise: a
+column's rows are spread over the W warps; their partial amax (and dbias sums) meet in shared
+memory. 128x128 tiles (two per CTA, lanes 0-15 and 16-31): the column owners' maxima meet per
+half-warp and over the owner warps (``tile_scales``), and every row is stored after them. Every
+input byte is read from global memory once, all rows' loads first.
 
 Unaligned rows (KernelConfig.vec_unaligned): an fp32 row starts on any 4-byte boundary, so a
 lane's 8 columns are not one 16-byte load. Every full-size source is staged through shared
@@ -29,7 +32,8 @@ The kernel body finds the thread's place and the CTA's shared memory (KernelConf
 and runs the phases, each a method below with one job: staging (``stage_rows``, or for
 unaligned rows ``stage_words`` / ``stage_chunks``), ``load_registers``; then, unless noop, per
 row ``read_staged_row``, ``row_values``, ``row_scale`` and ``store_row``; then
-``share_partials``, ``column_owners``, ``column_scales`` and ``store_columns``.
+``share_partials``, ``column_owners``, ``column_scales`` (128x128 tiles: ``tile_scales``) and
+``store_columns``.
 """
 
 from __future__ import annotations
@@ -120,7 +124,7 @@ class VectorizedKernel:
             tRow = cute.zipped_divide(self.op.out_window(row_data, co), (1, codec.data_cols(cfg.fmt, VEC)))
             B = cutlass.const_expr(cfg.fmt.block[1])  # (rowwise blocks per row)
             nbr = NOUT // B + Int32(cutlass.select_(NOUT % B != 0, Int32(1), Int32(0)))
-        if cutlass.const_expr(cfg.colwise):
+        if cutlass.const_expr(cfg.colwise and not cfg.transposed):
             tCol = cute.zipped_divide(self.op.out_window(col_data, co), (1, VEC))
         whole, part = None, None
         if cutlass.const_expr(UNALIGNED):
@@ -151,7 +155,7 @@ class VectorizedKernel:
                 if cutlass.const_expr(len(STAGED) > 0):
                     self.read_staged_row(rec(k), rec(at), i, row_ok, frags[i], ga, staged, staged_src)
                 self.row_values(rec(k), rec(at), i, row_ok, frags[i], vals, cmax, dsum, scalars, ins[0].element_type)
-                if cutlass.const_expr(cfg.rowwise):
+                if cutlass.const_expr(cfg.rowwise and not cfg.tiles):  # (128x128 tiles: after the tile's scale)
                     if cutlass.const_expr(UNALIGNED and i == 0):
                         out_row = ua.row_base(row_data, rbase, c0)  # (unaligned: row i's units at row_at(out_row, i))
                     er, sr = self.row_scale(vals, i, use_hw_e8m0, codec.input_max(ins[0].element_type), glob)
@@ -162,8 +166,17 @@ class VectorizedKernel:
                 self.share_partials(rec(k), rec(at), cmax, dsum, sMax, sSum)
                 self.column_owners(rec(k), rec(at, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT, M=M, N=N), sMax, sSum, sInv,
                                    col_scale, dbias_ws, amax, cmax)
-            if cutlass.const_expr(cfg.colwise):
+            sc = None
+            if cutlass.const_expr(cfg.tiles):
+                # one multiplier per 128x128 tile serves every row and column of it
+                sc = self.tile_scales(rec(k), rec(at, cb=cb, rb=rb, gt=gt, M=M, N=N), sInv, row_scale, col_scale)
+                if cutlass.const_expr(cfg.rowwise):
+                    self.store_columns(rec(k), rec(at), vals, sc, row_data, tRow)
+            elif cutlass.const_expr(cfg.colwise):
                 sc = self.column_scales(rec(at), sInv)
+            if cutlass.const_expr(cfg.transposed):
+                self.store_transposed(rec(at), vals, sc, col_data)
+            elif cutlass.const_expr(cfg.colwise):
                 self.store_columns(rec(k), rec(at, whole=whole, part=part), vals, sc, col_data, tCol)
         if cutlass.const_expr(len(STAGED) > 0):
             cute.arch.cp_async_wait_group(0)  # (under noop nothing above waited for the staged copies)
@@ -187,8 +200,8 @@ class VectorizedKernel:
                                             cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
                 else:
                     sSum = buf["sum"]
-            if cfg.colwise:
-                sInv = buf["inv"]  # the columns' inverse scales
+            if cfg.colwise or cfg.tiles:
+                sInv = buf["inv"]  # the columns' inverse scales (128x128 tiles: the owner warps' tile maxima)
         return sMax, sSum, sInv
 
     # -- loads -------------------------------------------------------------------------------
@@ -433,7 +446,15 @@ class VectorizedKernel:
                 m = cute.arch.fmax(m, sMax[w, p], nan=codec.column_max_nan(cfg))
             if cutlass.const_expr(OWN_AMAX):
                 tm = cute.arch.fmax(tm, m, nan=codec.amax_nan(cfg.fmt))
-            if cutlass.const_expr(cfg.colwise):
+            if cutlass.const_expr(cfg.tiles):
+                # the column's tile (lanes 0-15 of an owner warp: tile 0, 16-31: tile 1) maximum over
+                # the warp's 16 columns, NaN-dropping (column_max_nan); tile_scales reduces the warps'
+                tm16 = m
+                for st in cutlass.range_constexpr(4):
+                    tm16 = cute.arch.fmax(tm16, cute.arch.shuffle_sync_bfly(tm16, offset=1 << st))
+                if t.tidx < VCOLS and t.lane % 16 == 0:
+                    sInv[t.warp * 2 + t.lane // 16] = tm16
+            elif cutlass.const_expr(cfg.colwise):
                 e = codec.block_scale(cfg.fmt, m, k.use_hw_e8m0, k.IN_MAX if cfg.fmt.scale == "fp32" else None)
                 sInv[p] = codec.multiplier(cfg.fmt, e)  # (threads past a 128-row tile's columns: the last one's, alike)
                 if c < t.N:
@@ -464,6 +485,36 @@ class VectorizedKernel:
         else:
             codec.put_col_scale(cfg.fmt, col_scale, None, co + c, rb, M, NOUT, e)
 
+    @cute.jit
+    def tile_scales(self, k, t, sTile, row_scale, col_scale):
+        """The multipliers of the thread's 128x128 tile (h = lane // 16, columns 128h.. of the CTA's
+        VCOLS), as VEC copies: the owner warps' tile maxima (column_owners) reduced, NaN-dropping,
+        TransformerEngine's rule (codec.block_scale); lanes 0 and 16 of warp 0 store tile h's 1 /
+        scale in each direction's layout (codec.tile_scale_offset: compact, one [mb, nb] grid for
+        both; the rowwise copy's GEMM-ready padded grid). A grouped tile with no rows stores 0.0
+        (the rows between groups of the grouped buffers, grouped.py)."""
+        cfg = self.cfg
+        cute.arch.sync_threads()
+        h = t.lane // 16
+        amax = sTile[h]
+        for w in cutlass.range_constexpr(1, VCOLS // 32):
+            amax = cute.arch.fmax(amax, sTile[w * 2 + h])
+        e = codec.block_scale(cfg.fmt, amax, k.use_hw_e8m0, k.IN_MAX)
+        mb, nb = (t.M + 127) // 128, (t.N + 127) // 128
+        blk = t.cb * (VCOLS // 128) + h
+        d = codec.dequantization_scale(e)
+        if cutlass.const_expr(k.GROUPED):
+            d = Float32(cutlass.select_(t.gt.row_end > t.gt.row0, d, Float32(0.0)))
+        if t.warp == 0 and t.lane % 16 == 0 and blk < nb:
+            if cutlass.const_expr(cfg.rowwise):
+                row_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, False)] = d
+            if cutlass.const_expr(cfg.colwise):
+                col_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, True)] = d
+        sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+        for c in cutlass.range_constexpr(VEC):
+            sc[c] = codec.multiplier(cfg.fmt, e)
+        return sc
+
     def column_scales(self, t, sInv):
         """The thread's VEC inverse column scales, once the owners have written them."""
         cute.arch.sync_threads()
@@ -490,6 +541,24 @@ class VectorizedKernel:
                     qc[c] = lo
                     qc[c + 1] = hi
                 cute.autovec_copy(qc, tCol[(None, (t.rbase + i, t.g))])
+
+    @cute.jit
+    def store_transposed(self, t, vals, sc, col_data):
+        """The transposed colwise copy (KernelConfig.transposed: [N, M], FP8 block scaling's
+        GEMM-ready layout): the thread's 8 x 8 block of FP8 bytes (rows rbase.., columns c0..)
+        transposed in registers (device.transpose8x8), column j's 8 bytes one 8-byte store at byte
+        rbase of output row c0 + j. M % 8 == 0 (limits.fp8_block_unserved): a thread's 8 rows all
+        exist or none, and every store is 8-byte aligned."""
+        fmt = self.cfg.fmt
+        rows = []
+        for i in cutlass.range_constexpr(VEC):  # (VROWS == VEC: the 128-row tile's 16 warps of 8 rows)
+            q = [dev.mul_rn(vals[i * VEC + c], sc[c]) for c in range(VEC)]
+            rows.append([codec.encode4(fmt, q[0], q[1], q[2], q[3]), codec.encode4(fmt, q[4], q[5], q[6], q[7])])
+        cols = dev.transpose8x8(rows)
+        out = ua.row_base(col_data, t.c0, t.rbase)  # (row c0 + j of the copy at row_at(out, j))
+        ok = t.col_ok and t.rbase < t.row_end
+        for j in cutlass.range_constexpr(VEC):
+            ua.store_b64(ua.row_at(out, j), cols[j][0], cols[j][1], ok)
 
     def store_unit_row(self, p, vals, i: int, inv, ok, whole, part, nvalid):
         """Unaligned rows: row i's VEC values times their inverse scales ``inv`` as one FP8 unit

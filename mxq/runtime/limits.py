@@ -49,8 +49,9 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str 
 def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an FP8 block-scaling call the kernels do not serve, or None: fp8_block_gap for the
     call's dtype and groups; the GEMM-ready transposed colwise copy from rows that are not aligned
-    (_aligned_rows); fp32 inputs into FP8 rows not on 8-byte boundaries (the element-wise kernel,
-    variant_gap), which mxq's own outputs never are."""
+    (_aligned_rows); fp32 inputs: colwise blocks and tiles from rows that are not aligned, the
+    transposed copy at M % 8 != 0 (fp32_transposed_gap), FP8 rows not on 8-byte boundaries (the
+    element-wise kernel, variant_gap), which mxq's own outputs never are."""
     grouped = call is not None and call.group_offsets is not None
     gap = fp8_block_gap(spec, epilogue, DTYPE_NAMES.get(x.dtype), grouped)
     if gap:
@@ -64,17 +65,34 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return ("with group_offsets and fp32 inputs from rows that are not aligned (N % 8 != 0 or tensors not "
                 "16-byte aligned) has no GPU kernels yet")
     col = call.out.colwise_data if call is not None and call.out is not None else None
-    if col is not None:  # (its [M, N] rows, as the kernel writes them; None: not viewable so)
+    if spec.colwise_transposed:  # (the vectorised kernel's 8-byte column words; aligned rows, above)
+        gap = fp32_transposed_gap(flat_dims(x.shape)[0], col)
+        if gap:
+            return gap
+    elif col is not None:  # (its [M, N] rows, as the kernel writes them; None: not viewable so)
         col = data_rows(col, *flat_dims(x.shape))
-    if spec.colwise and (not _aligned_rows(x, call) or (call is not None and call.out is not None and (
-            col is None or _misaligned(col, kconfig.VEC)))):
+    if (spec.colwise or spec.block[0] > 1) and (not _aligned_rows(x, call) or (
+            spec.colwise and not spec.colwise_transposed and call is not None and call.out is not None and (col is None or _misaligned(col, kconfig.VEC)))):
         # (the vectorised kernel's 128-row tile: aligned rows alone, its colwise FP8 rows too)
-        return ("with colwise=True and fp32 inputs from rows that are not aligned (N % 8 != 0 or tensors not "
-                "16-byte aligned), or into colwise FP8 rows that are not, has no GPU kernels yet")
+        return ("with colwise=True or block=(128, 128) and fp32 inputs from rows that are not aligned (N % 8 != 0 or "
+                "tensors not 16-byte aligned), or into colwise FP8 rows that are not, has no GPU kernels yet")
     data = call.out.rowwise_data if call is not None and call.out is not None else None
     if data is not None and (data.data_ptr() % kconfig.UNIT or (data.dim() > 1 and data.shape[0] > 1
                                                                  and data.stride(0) % kconfig.UNIT)):
         return "with fp32 inputs into FP8 rows not on 8-byte boundaries has no GPU kernels yet"
+    return None
+
+
+def fp32_transposed_gap(m: int, col: torch.Tensor | None) -> str | None:
+    """Why the vectorised kernel cannot write an fp32 call's transposed colwise copy from aligned
+    rows, or None: each thread stores its 8 rows of a column as one 8-byte word at byte ``row``
+    of the copy's [N, M] rows (VectorizedKernel.store_transposed), so M % 8 == 0 and an
+    ``out=``'s copy (``col``) contiguous and 8-byte aligned."""
+    if m % kconfig.UNIT or (col is not None and col.numel() and (col.data_ptr() % kconfig.UNIT
+                                                                 or not col.is_contiguous())):
+        return (f"with colwise=True and scale_layout='gemm' (the transposed copy) and fp32 inputs needs M % "
+                f"{kconfig.UNIT} == 0 (M = {m}) and an out= whose colwise data is contiguous and 8-byte aligned "
+                "on the kernels")
     return None
 
 
@@ -94,9 +112,9 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     128x128 tiles; N % 128 == 0 with the rowwise blocks or tiles: unserved, n_multiple); fp32
     inputs through the vectorised kernel: rowwise 1x128 blocks aligned or with staged rows
     (launch.variant_for picks "vec" or "rows8": variant_gap), where the staged rows fit shared
-    memory, compact 128-row colwise blocks on aligned rows (its 128-row tile, "vec" alone:
-    fp8_block_unserved, variant_gap), and grouped calls of either from aligned rows
-    ("vec_grouped"). The rule of the Python routes
+    memory, compact 128-row colwise blocks and 128x128 tiles (either rowwise layout, the compact
+    colwise one) on aligned rows (its 128-row tile, "vec" alone: fp8_block_unserved, variant_gap),
+    and grouped calls of these from aligned rows ("vec_grouped"). The rule of the Python routes
     (fp8_block_unserved) and, with cpp_only_gap, the C++ ones (cpp_gap)."""
     gap = codegen.kernel_gap(spec)
     if gap:
@@ -104,11 +122,9 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     if gated.is_halves(epilogue):  # (the packed kernel's two passes, from 16-bit inputs)
         if dtype == "fp32":
             return "with a gated backward (two output halves) and fp32 inputs has no GPU kernels yet"
-    if (spec.colwise_transposed or spec.block[0] > 1) and dtype == "fp32":
-        return ("with block=(128, 128), or colwise=True and scale_layout='gemm' (the transposed copy), and fp32 "
-                "inputs has no GPU kernels yet")
-    if dtype == "fp32" and not spec.colwise and not codegen.kernel_config(spec, epilogue).vec_unaligned:
-        # (fp32 colwise blocks: the aligned kernel alone, fp8_block_unserved and variant_gap say so)
+    if dtype == "fp32" and not spec.colwise and spec.block[0] == 1 and not codegen.kernel_config(
+            spec, epilogue).vec_unaligned:
+        # (fp32 colwise blocks and tiles: the aligned kernel alone, fp8_block_unserved and variant_gap say so)
         return "with fp32 inputs whose staged rows would not fit shared memory has no GPU kernels yet"
     return None
 
@@ -199,10 +215,10 @@ def variant_gap(spec, dtype: str | None, variant: str | None) -> str | None:
     1x32 blocks only; fp32 FP8 rows not on 8-byte boundaries)."""
     if spec.format == "fp8_block" and dtype == "fp32" and variant is not None and variant.startswith("generic"):
         return "with fp32 inputs into FP8 rows not on 8-byte boundaries has no GPU kernels yet"
-    if spec.format == "fp8_block" and dtype == "fp32" and spec.colwise and variant is not None and (
-            not variant.startswith("vec")):
-        return ("with colwise=True and fp32 inputs from unaligned rows (N % 8 != 0 or tensors not 16-byte aligned) "
-                "has no GPU kernels yet (the aligned kernel, variant 'vec', alone)")
+    if spec.format == "fp8_block" and dtype == "fp32" and (spec.colwise or spec.block[0] > 1) and (
+            variant is not None and not variant.startswith("vec")):
+        return ("with colwise=True or block=(128, 128) and fp32 inputs from unaligned rows (N % 8 != 0 or tensors "
+                "not 16-byte aligned) has no GPU kernels yet (the aligned kernel, variant 'vec', alone)")
     return None
 
 
@@ -221,7 +237,7 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
         why = fp4_cpp_gap(spec, epilogue, native, dtype, variant, grouped)
         return f"format={spec.format!r} {why}" if why else None
     why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant)
-           or cpp_only_gap(spec, grouped, variant)
+           or cpp_only_gap(spec, grouped, variant, dtype)
            if spec.format == "fp8_block" else "is not served by the C++ routes yet")
     return f"format={spec.format!r} {why}" if why else None
 
@@ -264,7 +280,7 @@ def cpp_facts(spec, epilogue) -> tuple[int, ...]:
     return slots.scale_facts(spec, codegen.kernel_config(spec, epilogue).tile_rows)
 
 
-def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None) -> str | None:
+def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None, dtype: str | None = None) -> str | None:
     """What of an FP8 block-scaling op the Python routes serve and the C++ routes do not (they
     cannot fall back to the reference): groups with the GEMM-ready layout (validation refuses
     them everywhere; export(grouped=True) serves compact scales; a registered op's dispatcher
@@ -277,7 +293,12 @@ def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None) -> str
     launch.variant_for's rule, the Python routes running the reference for other calls,
     fp8_block_unserved), so export() leaves "generic" and "rows8" out of the library and the
     native dispatcher refuses a call that would take them when it resolves the kernel. 128x128
-    tiles and amax beside colwise blocks are served as the kernels serve them (fp8_block_gap)."""
+    tiles and amax beside colwise blocks are served as the kernels serve them (fp8_block_gap).
+    The transposed copy from fp32 inputs (``dtype``), whose kernel needs M % 8 == 0
+    (fp32_transposed_gap), which the C++ checks do not ask, stays with the Python routes."""
+    if cpp_transposed(spec) and dtype == "fp32":
+        return ("with colwise=True and scale_layout='gemm' (the transposed copy) and fp32 inputs is not served by the "
+                "C++ routes (its kernel needs M % 8 == 0, which they do not check)")
     if grouped and spec.scale_layout == "gemm":  # (validation's rule: grouped FP8 block scales are compact)
         return "with group_offsets and scale_layout='gemm' is not served (grouped scales are compact)"
     if variant is not None and not variant.startswith("vec") and cpp_transposed(spec):
@@ -352,6 +373,6 @@ def refuse_unlaunchable(what: str, smem_shortfall, dtype: str | None = None) -> 
                          + (" or export it for dtype='fp32'" if dtype else ""))
 
 
-__all__ = ["DTYPE_NAMES", "cpp_facts", "cpp_gap", "cpp_only_gap", "cpp_transposed", "fp8_block_gap",
-           "fp8_block_unserved", "n_multiple", "packed_shared_bytes", "refuse_cpp", "refuse_unlaunchable",
+__all__ = ["DTYPE_NAMES", "cpp_facts", "cpp_gap", "cpp_only_gap", "cpp_transposed", "fp32_transposed_gap",
+           "fp8_block_gap", "fp8_block_unserved", "n_multiple", "packed_shared_bytes", "refuse_cpp", "refuse_unlaunchable",
            "smem_shortfall", "unserved", "unsupported", "variant_gap"]
