@@ -88,11 +88,11 @@ class Quantize:
                                       "(16-bit inputs)")
         if cfg.tile_rows != ROWS and not cfg.fp4_columns and (
                 (cfg.transposed and variant != "vec") or (ins[0].element_type.width != 16 and (
-                    variant != "vec" or cfg.halves))):
+                    variant != "vec"))):
             # (limits.fp8_block_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: colwise blocks of 128 rows, 128x128 tiles and the transposed copy are "
-                                      "served by the packed kernel and, from fp32 inputs on aligned rows (one output "
-                                      "half), the vectorised one; the transposed copy with aligned rows only")
+                                      "served by the packed kernel and, from fp32 inputs on aligned rows, the "
+                                      "vectorised one; the transposed copy with aligned rows only")
         if cfg.fmt.packed and variant != "vec":  # (limits.fp4_unserved keeps such calls on the reference)
             raise NotImplementedError("mxq: FP4 outputs are served by the aligned kernels alone (variant 'vec')")
         M = ins[0].shape[0]

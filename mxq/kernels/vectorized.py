@@ -145,16 +145,20 @@ class VectorizedKernel:
             self.stage_words(rec(k), rec(at), sources, staged, staged_src, cb, N)
         elif cutlass.const_expr(len(STAGED) > 0):
             self.stage_rows(rec(k), rec(at), sources, staged, staged_src)
-        frags = self.load_registers(rec(k), rec(at), sources, tiles, once, staged_src)
+        LAZY = cutlass.const_expr(self.lazy_loads())
+        frags = self.load_registers(rec(k), rec(at), sources, tiles, once, staged_src, 0, 1 if LAZY else None)
         if noop[0] != Float32(1.0):
             vals = cute.make_rmem_tensor(cute.make_layout(VROWS * VEC), Float32)
             cmax, dsum = self.column_partials(dbias_ws)  # (cmax[VEC]: the thread's amax, split_amax)
             glob = codec.global_scales(cfg.fmt, amax) if cfg.rowwise else None  # (NVFP4's, codec.py)
             for i in cutlass.range_constexpr(VROWS):
                 row_ok = col_ok and rbase + i < row_end
+                frag = frags[0] if cutlass.const_expr(LAZY) else frags[i]
+                if cutlass.const_expr(LAZY and i > 0):
+                    frag = self.load_registers(rec(k), rec(at), sources, tiles, once, staged_src, i, i + 1, frags[0])[0]
                 if cutlass.const_expr(len(STAGED) > 0):
-                    self.read_staged_row(rec(k), rec(at), i, row_ok, frags[i], ga, staged, staged_src)
-                self.row_values(rec(k), rec(at), i, row_ok, frags[i], vals, cmax, dsum, scalars, ins[0].element_type)
+                    self.read_staged_row(rec(k), rec(at), i, row_ok, frag, ga, staged, staged_src)
+                self.row_values(rec(k), rec(at), i, row_ok, frag, vals, cmax, dsum, scalars, ins[0].element_type)
                 if cutlass.const_expr(cfg.rowwise and not cfg.tiles):  # (128x128 tiles: after the tile's scale)
                     if cutlass.const_expr(UNALIGNED and i == 0):
                         out_row = ua.row_base(row_data, rbase, c0)  # (unaligned: row i's units at row_at(out_row, i))
@@ -169,13 +173,14 @@ class VectorizedKernel:
             sc = None
             if cutlass.const_expr(cfg.tiles):
                 # one multiplier per 128x128 tile serves every row and column of it
-                sc = self.tile_scales(rec(k), rec(at, cb=cb, rb=rb, gt=gt, M=M, N=N), sInv, row_scale, col_scale)
+                sc = self.tile_scales(rec(k), rec(at, cb=cb, rb=rb, co=co, gt=gt, M=M, N=N, NOUT=NOUT), sInv, row_scale,
+                                      col_scale)
                 if cutlass.const_expr(cfg.rowwise):
                     self.store_columns(rec(k), rec(at), vals, sc, row_data, tRow)
             elif cutlass.const_expr(cfg.colwise):
                 sc = self.column_scales(rec(at), sInv)
             if cutlass.const_expr(cfg.transposed):
-                self.store_transposed(rec(at), vals, sc, col_data)
+                self.store_transposed(rec(at, co=co), vals, sc, col_data)
             elif cutlass.const_expr(cfg.colwise):
                 self.store_columns(rec(k), rec(at, whole=whole, part=part), vals, sc, col_data, tCol)
         if cutlass.const_expr(len(STAGED) > 0):
@@ -252,17 +257,27 @@ class VectorizedKernel:
                                       cute.local_tile(staged[s][(i, t.tidx, 0, None)], (4,), (h,)))
             cute.arch.cp_async_commit_group()
 
+    def lazy_loads(self) -> bool:
+        """Each row's inputs are loaded just before the row is computed, not all rows' first: a
+        two-halves op on the 128-row tile (8 rows a thread), whose three full-size sources (the
+        incoming gradient and both halves of the act input) held for every row need 192 registers
+        of the 128 a 512-thread CTA may take (ptxas spilled 0.7-2.8 KB a thread)."""
+        return self.cfg.halves and self.cfg.tile_rows != ROWS
+
     @cute.jit
-    def load_registers(self, k, t, sources, tiles, once, staged_src):
+    def load_registers(self, k, t, sources, tiles, once, staged_src, lo: cutlass.Constexpr = 0,
+                       hi: cutlass.Constexpr = None, row0=None):
         """All loads first: VROWS independent 16-byte loads per unstaged source in flight per
-        thread (staged sources: read back by read_staged_row). frags[i][s]: row i of source s."""
+        thread (staged sources: read back by read_staged_row). frags[i][s]: row i of source s.
+        ``lo``, ``hi`` (lazy_loads): rows lo..hi - 1 only (frags[0] is row lo), ``row0`` row 0's
+        fragments, which row operands (loaded once) reuse."""
         NSRC = cutlass.const_expr(len(sources))
         frags = []
-        for i in cutlass.range_constexpr(k.VROWS):
+        for i in cutlass.range_constexpr(lo, k.VROWS if hi is None else hi):
             row = []
             for s in cutlass.range_constexpr(NSRC):
                 if cutlass.const_expr(i > 0 and once[s]):
-                    row.append(frags[0][s])
+                    row.append(frags[0][s] if cutlass.const_expr(row0 is None) else row0[s])
                 else:
                     row.append(cute.make_rmem_tensor_like(tiles[s][(None, (0, 0))]))
                     row[s].fill(0)
@@ -491,8 +506,9 @@ class VectorizedKernel:
         VCOLS), as VEC copies: the owner warps' tile maxima (column_owners) reduced, NaN-dropping,
         TransformerEngine's rule (codec.block_scale); lanes 0 and 16 of warp 0 store tile h's 1 /
         scale in each direction's layout (codec.tile_scale_offset: compact, one [mb, nb] grid for
-        both; the rowwise copy's GEMM-ready padded grid). A grouped tile with no rows stores 0.0
-        (the rows between groups of the grouped buffers, grouped.py)."""
+        both; GEMM-ready, padded); a two-halves op's half at tile column co / 128 of outputs NOUT
+        wide (N % 128 == 0: limits.n_multiple). A grouped tile with no rows stores 0.0 (the rows
+        between groups of the grouped buffers, grouped.py)."""
         cfg = self.cfg
         cute.arch.sync_threads()
         h = t.lane // 16
@@ -500,12 +516,14 @@ class VectorizedKernel:
         for w in cutlass.range_constexpr(1, VCOLS // 32):
             amax = cute.arch.fmax(amax, sTile[w * 2 + h])
         e = codec.block_scale(cfg.fmt, amax, k.use_hw_e8m0, k.IN_MAX)
-        mb, nb = (t.M + 127) // 128, (t.N + 127) // 128
-        blk = t.cb * (VCOLS // 128) + h
+        blk = t.cb * (VCOLS // 128) + h  # (of this half)
+        inside = blk < (t.N + 127) // 128
+        blk = self.op.out_col(t.co // 128, blk)
+        mb, nb = (t.M + 127) // 128, (t.NOUT + 127) // 128
         d = codec.dequantization_scale(e)
         if cutlass.const_expr(k.GROUPED):
             d = Float32(cutlass.select_(t.gt.row_end > t.gt.row0, d, Float32(0.0)))
-        if t.warp == 0 and t.lane % 16 == 0 and blk < nb:
+        if t.warp == 0 and t.lane % 16 == 0 and inside:
             if cutlass.const_expr(cfg.rowwise):
                 row_scale[codec.tile_scale_offset(cfg.fmt, t.rb, blk, mb, nb, False)] = d
             if cutlass.const_expr(cfg.colwise):
@@ -547,7 +565,7 @@ class VectorizedKernel:
         """The transposed colwise copy (KernelConfig.transposed: [N, M], FP8 block scaling's
         GEMM-ready layout): the thread's 8 x 8 block of FP8 bytes (rows rbase.., columns c0..)
         transposed in registers (device.transpose8x8), column j's 8 bytes one 8-byte store at byte
-        rbase of output row c0 + j. M % 8 == 0 (limits.fp8_block_unserved): a thread's 8 rows all
+        rbase of output row c0 + j (two-halves ops: co + c0 + j). M % 8 == 0 (limits.fp8_block_unserved): a thread's 8 rows all
         exist or none, and every store is 8-byte aligned."""
         fmt = self.cfg.fmt
         rows = []
@@ -555,7 +573,7 @@ class VectorizedKernel:
             q = [dev.mul_rn(vals[i * VEC + c], sc[c]) for c in range(VEC)]
             rows.append([codec.encode4(fmt, q[0], q[1], q[2], q[3]), codec.encode4(fmt, q[4], q[5], q[6], q[7])])
         cols = dev.transpose8x8(rows)
-        out = ua.row_base(col_data, t.c0, t.rbase)  # (row c0 + j of the copy at row_at(out, j))
+        out = ua.row_base(col_data, self.op.out_col(t.co, t.c0), t.rbase)  # (row c0 + j at row_at(out, j))
         ok = t.col_ok and t.rbase < t.row_end
         for j in cutlass.range_constexpr(VEC):
             ua.store_b64(ua.row_at(out, j), cols[j][0], cols[j][1], ok)

@@ -71,16 +71,24 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
             return gap
     elif col is not None:  # (its [M, N] rows, as the kernel writes them; None: not viewable so)
         col = data_rows(col, *flat_dims(x.shape))
-    if (spec.colwise or spec.block[0] > 1) and (not _aligned_rows(x, call) or (
+    if _fp32_aligned_only(spec, epilogue) and (not _aligned_rows(x, call) or (
             spec.colwise and not spec.colwise_transposed and call is not None and call.out is not None and (col is None or _misaligned(col, kconfig.VEC)))):
         # (the vectorised kernel's 128-row tile: aligned rows alone, its colwise FP8 rows too)
-        return ("with colwise=True or block=(128, 128) and fp32 inputs from rows that are not aligned (N % 8 != 0 or "
-                "tensors not 16-byte aligned), or into colwise FP8 rows that are not, has no GPU kernels yet")
+        return ("with colwise=True, block=(128, 128) or a gated backward and fp32 inputs from rows that are not "
+                "aligned (N % 8 != 0 or tensors not 16-byte aligned), or into colwise FP8 rows that are not, has no GPU "
+                "kernels yet")
     data = call.out.rowwise_data if call is not None and call.out is not None else None
     if data is not None and (data.data_ptr() % kconfig.UNIT or (data.dim() > 1 and data.shape[0] > 1
                                                                  and data.stride(0) % kconfig.UNIT)):
         return "with fp32 inputs into FP8 rows not on 8-byte boundaries has no GPU kernels yet"
     return None
+
+
+def _fp32_aligned_only(spec, epilogue) -> bool:
+    """FP8 block scaling's fp32 calls the vectorised kernel serves from aligned rows alone (variant
+    "vec"): its 128-row tile (colwise blocks, 128x128 tiles) and two-halves ops (no staged rows,
+    KernelConfig.vec_unaligned)."""
+    return spec.colwise or spec.block[0] > 1 or gated.is_halves(epilogue)
 
 
 def fp32_transposed_gap(m: int, col: torch.Tensor | None) -> str | None:
@@ -119,12 +127,9 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
-    if gated.is_halves(epilogue):  # (the packed kernel's two passes, from 16-bit inputs)
-        if dtype == "fp32":
-            return "with a gated backward (two output halves) and fp32 inputs has no GPU kernels yet"
-    if dtype == "fp32" and not spec.colwise and spec.block[0] == 1 and not codegen.kernel_config(
+    if dtype == "fp32" and not _fp32_aligned_only(spec, epilogue) and not codegen.kernel_config(
             spec, epilogue).vec_unaligned:
-        # (fp32 colwise blocks and tiles: the aligned kernel alone, fp8_block_unserved and variant_gap say so)
+        # (fp32 colwise blocks, tiles and two halves: the aligned kernel alone, fp8_block_unserved says so)
         return "with fp32 inputs whose staged rows would not fit shared memory has no GPU kernels yet"
     return None
 
@@ -237,7 +242,7 @@ def cpp_gap(spec, epilogue, dtype: str | None = None, variant: str | None = None
         why = fp4_cpp_gap(spec, epilogue, native, dtype, variant, grouped)
         return f"format={spec.format!r} {why}" if why else None
     why = (fp8_block_gap(spec, epilogue, dtype, grouped) or variant_gap(spec, dtype, variant)
-           or cpp_only_gap(spec, grouped, variant, dtype)
+           or cpp_only_gap(spec, grouped, variant, dtype, gated.is_halves(epilogue))
            if spec.format == "fp8_block" else "is not served by the C++ routes yet")
     return f"format={spec.format!r} {why}" if why else None
 
@@ -280,7 +285,8 @@ def cpp_facts(spec, epilogue) -> tuple[int, ...]:
     return slots.scale_facts(spec, codegen.kernel_config(spec, epilogue).tile_rows)
 
 
-def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None, dtype: str | None = None) -> str | None:
+def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None, dtype: str | None = None,
+                 halves: bool = False) -> str | None:
     """What of an FP8 block-scaling op the Python routes serve and the C++ routes do not (they
     cannot fall back to the reference): groups with the GEMM-ready layout (validation refuses
     them everywhere; export(grouped=True) serves compact scales; a registered op's dispatcher
@@ -295,10 +301,14 @@ def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None, dtype:
     native dispatcher refuses a call that would take them when it resolves the kernel. 128x128
     tiles and amax beside colwise blocks are served as the kernels serve them (fp8_block_gap).
     The transposed copy from fp32 inputs (``dtype``), whose kernel needs M % 8 == 0
-    (fp32_transposed_gap), which the C++ checks do not ask, stays with the Python routes."""
+    (fp32_transposed_gap), which the C++ checks do not ask, and fp32 gated backwards
+    (``halves``: the aligned kernel alone, whose other variants export would leave out by a rule
+    variant_gap does not know) stay with the Python routes."""
     if cpp_transposed(spec) and dtype == "fp32":
         return ("with colwise=True and scale_layout='gemm' (the transposed copy) and fp32 inputs is not served by the "
                 "C++ routes (its kernel needs M % 8 == 0, which they do not check)")
+    if halves and dtype == "fp32":
+        return "with a gated backward (two output halves) and fp32 inputs is not served by the C++ routes yet"
     if grouped and spec.scale_layout == "gemm":  # (validation's rule: grouped FP8 block scales are compact)
         return "with group_offsets and scale_layout='gemm' is not served (grouped scales are compact)"
     if variant is not None and not variant.startswith("vec") and cpp_transposed(spec):
