@@ -51,14 +51,15 @@ def _unserved(op, x, call=None):
                                   dict(act="gelu"), dict(amax=True), dict(dact="relu")])
 def test_served_calls(opts):
     op = _op(**opts)
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for m, n in ((8, 16), (24, 48), (32, 48), (40, 272), (1000, 4096)):
             assert _unserved(op, torch.zeros(m, n, dtype=dtype)) is None, (opts, dtype, m, n)
     assert "mxfp4" in op.source
 
 
 @pytest.mark.parametrize("opts, x, why", [
-    (dict(), torch.zeros(32, 64), "fp32"),
+    (dict(), torch.zeros(20, 64), "M % 8"),
+    (dict(), torch.zeros(32, 36), "N % 8"),
     (dict(rowwise=False), torch.zeros(20, 64, dtype=torch.bfloat16), "M % 8"),
     (dict(), torch.zeros(4, 64, dtype=torch.bfloat16), "M % 8"),
     (dict(), torch.zeros(32, 36, dtype=torch.bfloat16), "N % 8"),
@@ -175,6 +176,37 @@ def test_colwise_copy_compiles(arch, dtype, opts):
         assert ptx.count("mul.rn.bf16x2") == 32 * (2 if both else 1)
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("opts", [dict(), dict(rowwise=False, scale_mode="rceil", scale_layout="swizzled"),
+                                  dict(dbias=True, act="relu")])
+def test_fp32_colwise_copy_compiles(arch, opts):
+    """The colwise copy from fp32 on the vectorised kernel: 4 warps of 8 rows (a 32-row block is
+    all four), each thread's 8 rows of each of its 8 columns one word of codes (8 four-byte
+    stores, 8 more for the rowwise rows), 8 column-scale bytes a thread (warp 0 stores them), the
+    column maxima NaN-propagating; sm_100a: the hardware E2M1 conversion, 4 per column and row
+    word. Without spills on sm_90. GPU counterpart: test_colwise_copy_matches_reference."""
+    import shutil
+
+    op = _op(**opts)
+    cfg = codegen.kernel_config(op.spec, op.epilogue)
+    assert cfg.fp4_columns and cfg.vec_warps == 4 and cfg.tile_rows == 32
+    assert _unserved(op, torch.zeros(8, 256)) is None
+    ptx = _ptx(op, arch, "fp32")
+    both = opts.get("rowwise", True)
+    assert ".reqntid 128, 1, 1" in ptx
+    vec = max(ptx.split(".entry")[1:], key=len)
+    assert vec.count("st.global.b32") == 8 * (2 if both else 1)
+    assert vec.count("st.global.b8 ") == 8  # (colwise scale bytes; the rows' with an L2 hint)
+    assert vec.count("st.global.L2::cache_hint.b8") == (8 if both else 0)
+    assert "max.NaN.f32" in vec and "e4m3x2" not in vec
+    if arch == "sm_100a":
+        assert vec.count("cvt.rn.satfinite.e2m1x2.f32") == 32 * (2 if both else 1)
+    if arch == "sm_90a" and shutil.which("ptxas") is not None:
+        from .test_gemm_epilogue import _assert_ptxas_clean
+
+        _assert_ptxas_clean(ptx)
+
+
 # -- a hand-made case ------------------------------------------------------------------------------
 HAND_M, HAND_N = 64, 32  # two 32-row blocks of each of 32 columns
 NAN_AT = (40, 7)  # block 1 of column 7
@@ -267,7 +299,7 @@ def _blocks(m, n, dtype, seed, specials=True):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", list(DTYPES)[:2])
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("m, n", [(8, 16), (24, 48), (32, 272), (40, 16), (64, 528), (96, 48), (104, 208),
                                   (1000, 208), (4096, 4096)])
 @pytest.mark.parametrize("mode, layout", [("floor", "compact"), ("rceil", "swizzled"), ("floor", "swizzled"),
@@ -275,7 +307,8 @@ def _blocks(m, n, dtype, seed, specials=True):
 def test_colwise_copy_matches_reference(strict, dtype, m, n, mode, layout):
     """Both directions and the colwise copy alone, into fresh and poisoned outputs: M % 32 of 0
     (16-byte runs), 8, 16, 24 (a partial last block: 4- and 8-byte runs), N a multiple of the
-    256-column tile or not."""
+    256-column tile or not; fp32 on the vectorised kernel (a thread's 8 rows of a column one word).
+    CPU counterparts: test_colwise_copy_compiles, test_fp32_colwise_copy_compiles."""
     x = _blocks(m, n, DTYPES[dtype], seed=m * 5 + n)
     for opts in (dict(), dict(rowwise=False)):
         op = _op(scale_mode=mode, scale_layout=layout, **opts)
@@ -284,7 +317,7 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, mode, layout):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", list(DTYPES)[:2])
+@pytest.mark.parametrize("dtype", list(DTYPES))
 def test_fused_ops_match_reference(strict, dtype):
     """gelu (planted and finite data) with the amax, in the transcendental class; relu with the
     amax and with the copy alone, a user epilogue whose padding rows are nonzero (M % 32 != 0), the
@@ -317,10 +350,11 @@ def test_fused_ops_match_reference(strict, dtype):
 @pytest.mark.parametrize("m, n", [(32, 48), (72, 272), (200, 208), (1024, 528)])
 def test_colwise_tiles_match_reference(strict, rows, m, n):
     """Tuning.fp4_col_rows: 64 (two blocks a tile; M % 64 of 32, 8, 0) and 16 (run as 32)."""
-    x = _blocks(m, n, torch.bfloat16, seed=m + n + rows)
-    for opts in (dict(), dict(rowwise=False, scale_layout="swizzled", scale_mode="rceil")):
-        op = _op(**opts)._with_tuning(kconfig.Tuning(fp4_col_rows=rows))
-        _same(op, x, op(x.cuda()))
+    for dtype in (torch.bfloat16, torch.float32):  # (fp32: the vectorised kernel's tile of rows / 8 warps)
+        x = _blocks(m, n, dtype, seed=m + n + rows)
+        for opts in (dict(), dict(rowwise=False, scale_layout="swizzled", scale_mode="rceil")):
+            op = _op(**opts)._with_tuning(kconfig.Tuning(fp4_col_rows=rows))
+            _same(op, x, op(x.cuda()))
 
 
 @pytest.mark.gpu
@@ -335,7 +369,7 @@ def test_colwise_copy_decodes_as_the_reference(strict):
 @pytest.mark.gpu
 def test_unserved_calls_fall_back_with_the_reference(monkeypatch):
     op = _op()
-    for x, why in ((_blocks(64, 64, torch.float32, seed=8), "fp32"),
+    for x, why in ((_blocks(20, 64, torch.float32, seed=8), "M % 8"),
                    (_blocks(20, 64, torch.bfloat16, seed=9), "M % 8")):
         _same(op, x, op(x.cuda()))  # (after a one-time warning)
         monkeypatch.setenv("MXQ_STRICT", "1")

@@ -62,8 +62,6 @@ def test_served_calls(dtype, opts):
         why = _unserved(op, torch.zeros(24, n, dtype=dtype))
         if opts.get("stochastic_rounding") and dtype is torch.float32:
             assert "stochastic_rounding" in why and "fp32" in why
-        elif opts.get("colwise") and dtype is torch.float32:
-            assert "colwise" in why and "fp32" in why
         else:
             assert why is None
 
@@ -559,6 +557,51 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
             got, want = op(big.cuda(), seed=2, offset=offset), op.reference(big, seed=2, offset=offset)
             for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
                 assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), ("big", offset, f)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("opts", [dict(), dict(rowwise=False, scale_layout="swizzled"), dict(act="gelu", dbias=True)])
+def test_fp32_colwise_copy_compiles(arch, opts):
+    """The colwise copy from fp32 on the vectorised kernel (two launches: the amax pass, then
+    the quantize pass): 4 warps of 8 rows, a 16-row block two of them (fp4_scale_warps), each
+    thread's 8 rows of a column one word of codes (8 four-byte stores, 8 more for the rowwise
+    rows), 8 column-scale bytes a thread (each block's first warp stores them), NaN-dropping
+    column maxima; grouped fp32 calls are named. GPU counterpart:
+    test_gpu_fp32_colwise_matches_reference."""
+    from mxq.runtime.call import Call
+
+    op = mxq.fused_quant(format="nvfp4", colwise=True, **opts)(ident)
+    x = torch.zeros(24, 256)
+    assert limits.unserved(op.spec, op.epilogue, x, lambda: None) is None
+    grouped = Call([x], [], group_offsets=torch.tensor([24], dtype=torch.int32))
+    assert "group_offsets and fp32" in limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped)
+    ptx = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, amax=True, **opts)(ident), arch, "fp32")
+    vec = max(ptx.split(".entry")[1:], key=lambda e: e.count("st.global.b32"))
+    both = opts.get("rowwise", True)
+    assert vec.count("st.global.b32") == 8 * (2 if both else 1) and vec.count("st.global.b8 ") >= 8
+    assert ".reqntid 128, 1, 1" in ptx and "max.NaN" not in vec
+    if arch == "sm_100a":
+        assert vec.count("cvt.rn.satfinite.e2m1x2.f32") == 32 * (2 if both else 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n", [(8, 16), (16, 272), (24, 48), (48, 528), (1000, 208), (4096, 4096)])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_gpu_fp32_colwise_matches_reference(strict, m, n, layout):
+    """The transposed copy from fp32 on the vectorised kernel against the reference byte for
+    byte: M % 16 of 0 and 8 (a partial last block), with and without the rowwise copy, a given
+    amax, an act, dbias; into poisoned outputs. CPU counterpart: test_fp32_colwise_copy_compiles."""
+    x = _specials(m, n, torch.float32, seed=m * 7 + n)
+    both = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout)(ident)
+    for got, kw in ((both(x.cuda()), {}), (both(x.cuda(), global_amax=300.0), {"global_amax": 300.0}),
+                    (both(x.cuda(), out=poisoned(both, x.cuda())), {})):
+        want = both.reference(x, **kw)
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), f
+    for opts in (dict(rowwise=False), dict(act="relu"), dict(dact="relu", dbias=True, rowwise=False)):
+        op = mxq.fused_quant(format="nvfp4", colwise=True, scale_layout=layout, **opts)(ident)
+        kw = {"act_input": planted(m, n, torch.float32, seed=m)} if "dact" in opts else {}
+        _check(op, [x], op(x.cuda(), **{k: v.cuda() for k, v in kw.items()}), **kw)
 
 
 @pytest.mark.gpu

@@ -328,7 +328,7 @@ class KernelConfig:
                 out.append(Buffer("max", "f32", (warps, cols)))
             if self.dbias and n < 2:
                 out.append(Buffer("sum", "f64", (warps, cols)))
-            if self.colwise or self.tiles:  # (128x128 tiles: the owner warps' tile maxima)
+            if (self.colwise and not self.fp4_columns) or self.tiles:  # (tiles: the owner warps' tile maxima)
                 out.append(Buffer("inv", "f32", (cols,)))
         return out
 
@@ -469,7 +469,7 @@ class KernelConfig:
     def vec_warps(self) -> int:
         """Vectorised (fp32) kernel: 4 warps x 8 rows, 8 x 4 for the register-hungry ops; tiles of
         other than ROWS rows (FP8 block scaling's 128-row colwise blocks) warps of 8 rows."""
-        if self.tile_rows != ROWS:
+        if self.tile_rows != ROWS or self.fp4_columns:  # (FP4's colwise copy: a thread's 8 rows are one word)
             return self.tile_rows // 8
         return 8 if self.heavy else 4
 

@@ -48,7 +48,7 @@ from . import grouped
 from . import smem as shared
 from . import unaligned as ua
 from .config import ROWS, VEC
-from .packed import Fields, rec
+from .packed import Fields, fp4_column_scale_run, fp4_scale_warps, rec
 
 VCOLS = 32 * VEC
 
@@ -124,7 +124,7 @@ class VectorizedKernel:
             tRow = cute.zipped_divide(self.op.out_window(row_data, co), (1, codec.data_cols(cfg.fmt, VEC)))
             B = cutlass.const_expr(cfg.fmt.block[1])  # (rowwise blocks per row)
             nbr = NOUT // B + Int32(cutlass.select_(NOUT % B != 0, Int32(1), Int32(0)))
-        if cutlass.const_expr(cfg.colwise and not cfg.transposed):
+        if cutlass.const_expr(cfg.colwise and not cfg.transposed and not cfg.fp4_columns):
             tCol = cute.zipped_divide(self.op.out_window(col_data, co), (1, VEC))
         whole, part = None, None
         if cutlass.const_expr(UNALIGNED):
@@ -150,7 +150,7 @@ class VectorizedKernel:
         if noop[0] != Float32(1.0):
             vals = cute.make_rmem_tensor(cute.make_layout(VROWS * VEC), Float32)
             cmax, dsum = self.column_partials(dbias_ws)  # (cmax[VEC]: the thread's amax, split_amax)
-            glob = codec.global_scales(cfg.fmt, amax) if cfg.rowwise else None  # (NVFP4's, codec.py)
+            glob = codec.global_scales(cfg.fmt, amax) if cfg.rowwise or cfg.fp4_columns else None  # (NVFP4's, codec.py)
             for i in cutlass.range_constexpr(VROWS):
                 row_ok = col_ok and rbase + i < row_end
                 frag = frags[0] if cutlass.const_expr(LAZY) else frags[i]
@@ -171,7 +171,12 @@ class VectorizedKernel:
                 self.column_owners(rec(k), rec(at, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT, M=M, N=N), sMax, sSum, sInv,
                                    col_scale, dbias_ws, amax, cmax)
             sc = None
-            if cutlass.const_expr(cfg.tiles):
+            if cutlass.const_expr(cfg.fp4_columns):
+                # FP4's transposed colwise copy: each thread's 8 rows of a column are one word of codes
+                sc = self.fp4_column_scales(rec(k), rec(at, rb=rb, M=M, N=N), sMax, col_scale,
+                                            codec.global_scales(cfg.fmt, amax, colwise=True, glob=glob))
+                self.store_fp4_columns(rec(k), rec(at), vals, sc, col_data)
+            elif cutlass.const_expr(cfg.tiles):
                 # one multiplier per 128x128 tile serves every row and column of it
                 sc = self.tile_scales(rec(k), rec(at, cb=cb, rb=rb, co=co, gt=gt, M=M, N=N, NOUT=NOUT), sInv, row_scale,
                                       col_scale)
@@ -181,7 +186,7 @@ class VectorizedKernel:
                 sc = self.column_scales(rec(at), sInv)
             if cutlass.const_expr(cfg.transposed):
                 self.store_transposed(rec(at, co=co), vals, sc, col_data)
-            elif cutlass.const_expr(cfg.colwise):
+            elif cutlass.const_expr(cfg.colwise and not cfg.fp4_columns):
                 self.store_columns(rec(k), rec(at, whole=whole, part=part), vals, sc, col_data, tCol)
         if cutlass.const_expr(len(STAGED) > 0):
             cute.arch.cp_async_wait_group(0)  # (under noop nothing above waited for the staged copies)
@@ -205,7 +210,7 @@ class VectorizedKernel:
                                             cute.make_layout((WARPS, VCOLS), stride=(VCOLS, 1)))
                 else:
                     sSum = buf["sum"]
-            if cfg.colwise or cfg.tiles:
+            if (cfg.colwise and not cfg.fp4_columns) or cfg.tiles:
                 sInv = buf["inv"]  # the columns' inverse scales (128x128 tiles: the owner warps' tile maxima)
         return sMax, sSum, sInv
 
@@ -469,7 +474,7 @@ class VectorizedKernel:
                     tm16 = cute.arch.fmax(tm16, cute.arch.shuffle_sync_bfly(tm16, offset=1 << st))
                 if t.tidx < VCOLS and t.lane % 16 == 0:
                     sInv[t.warp * 2 + t.lane // 16] = tm16
-            elif cutlass.const_expr(cfg.colwise):
+            elif cutlass.const_expr(cfg.colwise and not cfg.fp4_columns):  # (FP4's: fp4_column_scales)
                 e = codec.block_scale(cfg.fmt, m, k.use_hw_e8m0, k.IN_MAX if cfg.fmt.scale == "fp32" else None)
                 sInv[p] = codec.multiplier(cfg.fmt, e)  # (threads past a 128-row tile's columns: the last one's, alike)
                 if c < t.N:
@@ -577,6 +582,48 @@ class VectorizedKernel:
         ok = t.col_ok and t.rbase < t.row_end
         for j in cutlass.range_constexpr(VEC):
             ua.store_b64(ua.row_at(out, j), cols[j][0], cols[j][1], ok)
+
+    # -- FP4's transposed colwise copy ([N, M/2], blocks along M: NVFP4's 16 rows, MXFP4's 32) ---------
+    @cute.jit
+    def fp4_column_scales(self, k, t, sMax, col_scale, glob):
+        """The scales of the thread's 8 columns over the rows of its block, from the column maxima
+        the block's warps left in sMax (packed.fp4_scale_warps: NVFP4's 16-row block two 8-row
+        warps, MXFP4's 32-row block four; NVFP4 drops NaN, MXFP4 propagates it: scale 255,
+        codec.block_amax_nan), stored by the block's first warp (compact [N, ceil(M/B)] or its
+        swizzled atoms, packed.fp4_column_scale_run), and the 8 multipliers. ``glob``: NVFP4's
+        per-tensor values (codec.global_scales)."""
+        cfg = self.cfg
+        NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
+        B = cutlass.const_expr(cfg.fmt.col_block[0])
+        w0, WPB = fp4_scale_warps(t.warp, k.VROWS, B)
+        nbm = (t.M + B - 1) // B
+        blk = (t.rb * cfg.tile_rows + w0 * k.VROWS) // B
+        off0, step = fp4_column_scale_run(cfg.fmt.swizzled, t.c0, blk, nbm)
+        sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+        for c in cutlass.range_constexpr(VEC):
+            m = sMax[w0, c * 32 + t.lane]
+            for w in cutlass.range_constexpr(1, WPB):
+                m = cute.arch.fmax(m, sMax[w0 + w, c * 32 + t.lane], nan=NAN)
+            if cutlass.const_expr(not NAN):  # (NVFP4: a column of NaN alone has amax 0)
+                m = cute.arch.fmax(m, Float32(0.0))
+            e = codec.block_scale(cfg.fmt, m, k.use_hw_e8m0, glob=glob)
+            sc[c] = codec.multiplier(cfg.fmt, e, glob)
+            if t.warp == w0 and t.c0 + c < t.N and blk * B < t.row_end:
+                col_scale[off0 + c * step] = Uint8(e)
+        return sc
+
+    @cute.jit
+    def store_fp4_columns(self, k, t, vals, sc, col_data):
+        """The thread's 8 rows of each of its 8 columns as one word of E2M1 codes (row rbase + i
+        in bits 4i..4i+3: codec.encode8's order, two rows a byte) at byte rbase / 2 of output row
+        c0 + c of the [N, M/2] copy: M % 8 == 0 (limits.fp4_unserved), so a thread's rows all
+        exist or none and every word is 4-byte aligned."""
+        fmt = self.cfg.fmt
+        if t.col_ok and t.rbase < t.row_end:
+            out = ua.row_base(col_data, t.c0, t.rbase // 2)
+            for c in cutlass.range_constexpr(VEC):
+                w = codec.encode8(fmt, [dev.mul_rn(vals[i * VEC + c], sc[c]) for i in range(k.VROWS)], k.use_hw_e8m0)
+                dev.store_global_words(ua.row_at(out, c), [w])
 
     def store_unit_row(self, p, vals, i: int, inv, ok, whole, part, nvalid):
         """Unaligned rows: row i's VEC values times their inverse scales ``inv`` as one FP8 unit

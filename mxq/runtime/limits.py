@@ -139,10 +139,11 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     of one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
     vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
     operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart; the
-    transposed colwise copy from bf16/fp16 (dbias too) where M % 8 == 0 (the packed kernel's
-    32-row tile: NVFP4's 16-row blocks, MXFP4's 32-row ones, a partial last block zero-padded;
+    transposed colwise copy (dbias too) where M % 8 == 0 (the packed kernel's 32-row tile, and
+    ungrouped from fp32 the vectorised kernel's: NVFP4's 16-row blocks, MXFP4's 32-row ones, a
+    partial last block zero-padded;
     NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
-    that are one fp32[2] buffer). The colwise copy from fp32 inputs,
+    that are one fp32[2] buffer). Grouped colwise copies from fp32 inputs,
     NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
     rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs (grouped
     calls run the grouped kernels: NVFP4's amax pass and quantize pass with an amax per group,
@@ -164,10 +165,12 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with block_2d=True and fp32 inputs has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2:
         return "with stochastic_rounding=True and fp32 inputs has no GPU kernels yet"
+    if spec.hadamard and x.dtype != torch.bfloat16:  # (validation refuses it first; the kernels' own rule)
+        return "with hadamard=True and other than bf16 inputs has no GPU kernels"
     if spec.colwise:  # (the transposed copy: the packed kernel's 8-row threads, whole words of output rows)
         m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-        if x.element_size() != 2:
-            return "with colwise=True and fp32 inputs has no GPU kernels yet"
+        if x.element_size() != 2 and call is not None and call.group_offsets is not None:
+            return "with colwise=True, group_offsets and fp32 inputs has no GPU kernels yet"
         if m % kconfig.VEC:
             return f"with colwise=True and M % {kconfig.VEC} != 0 (M = {m}) has no GPU kernels yet"
         col = call.out.colwise_data if call is not None and call.out is not None else None
