@@ -10,7 +10,8 @@ kernels do not serve (yet) is listed with its error instead of timing the torch 
 MXFP4 rowwise and both directions (floor, rceil), NVFP4 rowwise with a given global amax (one launch) and without
 (the amax launch counted), both directions, with the Hadamard transform, with stochastic
 rounding (rowwise, both directions; each also with a given global amax, ``_given``), gelu, and
-grouped rowwise calls of 64 random expert groups (``_grouped64``; NVFP4's amax per group).
+grouped rowwise calls of 64 random expert groups (``_grouped64``; NVFP4's amax per group), and
+both directions from fp32 inputs (``_fp32``: the vectorised kernel's colwise copy).
 Results: <out>/<device>-<date>-fp4.json.
 ``--launch ROW``: only build one row's op at one shape under the first variant and launch it 4
 times, for a profiler (bench/ncu.py).
@@ -80,7 +81,17 @@ def cases(m, n):
     rows["mxfp4_both_grouped64"] = (dict(format="mxfp4", colwise=True), moved(m, n, "mxfp4", True, True), True,
                                     False, 64)
     rows["nvfp4_both_given_grouped64"] = (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True), True, True, 64)
+    # (fp32 inputs, as_input: the colwise copy on the vectorised kernel; the input read is 4 bytes an element)
+    rows["mxfp4_both_fp32"] = (dict(format="mxfp4", colwise=True), moved(m, n, "mxfp4", True, True) + 2 * m * n,
+                               True, False, 0)
+    rows["nvfp4_both_given_fp32"] = (dict(nv, colwise=True), moved(m, n, "nvfp4", True, True) + 2 * m * n, True,
+                                     True, 0)
     return rows
+
+
+def as_input(name: str, x: torch.Tensor) -> torch.Tensor:
+    """A row's input: ``x`` itself, or fp32 for a row named ``*_fp32``."""
+    return x.float() if name.endswith("_fp32") else x
 
 
 def group_offsets(m: int, groups: int, device) -> torch.Tensor:
@@ -126,7 +137,7 @@ def launch_only(row: str, m: int, n: int, variant: str = ""):
     torch.manual_seed(m + n)
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     opts, _, _, given, groups = cases(m, n)[row]
-    launch = prepared(opts, given, x, variant, groups)[1]
+    launch = prepared(opts, given, as_input(row, x), variant, groups)[1]
     dc.launch_for_profiler(launch)
 
 
@@ -153,7 +164,7 @@ def main(argv=None):
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         for variant in ["", *filter(None, args.variants.split(";"))]:
             for name, (opts, mv, exact, given, groups) in cases(m, n).items():
-                rows.append(run(name, opts, mv, exact, given, groups, x, copy_gbps, variant))
+                rows.append(run(name, opts, mv, exact, given, groups, as_input(name, x), copy_gbps, variant))
         dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
                                          "rows": rows}, "-fp4")
 

@@ -6,7 +6,8 @@
 At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each of mxq's
 rows (1x128 rowwise compact and GEMM-ready, 128-row colwise compact and transposed, both, both with
 amax, 128x128 tiles rowwise and both, gelu, dgelu + dbias, a user epilogue with a bias, SwiGLU
-forward) is checked against the reference on the GPU (exact class:
+forward; fp32 inputs: 128x128 tiles and the transposed copy, ``fp32_cases``) is checked against
+the reference on the GPU (exact class:
 byte for byte; transcendental: mxq.testing.compare's class), then timed by
 bench/device_check.py's busy-GPU method against a 1 GiB copy; torchao's kernels on the same
 input (1x128 lhs, 128x1 rhs, the transposed lhs, 128x128 weights) are timed in the same process
@@ -81,7 +82,20 @@ def mxq_cases(m, n):
 
 
 # (--variants: the 128-row tile's rows; the transposed copy's two rows are the ones Tuning.tr_stage switches)
-EXTRA_ROWS = ("bias_gelu_rowwise_gemm", "swiglu_fwd_rowwise", "swiglu_bwd_dbias_both_gemm")  # (beside mxq_cases)
+EXTRA_ROWS = ("bias_gelu_rowwise_gemm", "swiglu_fwd_rowwise", "swiglu_bwd_dbias_both_gemm",
+              "fp32_swiglu_bwd_dbias_both_gemm")  # (beside mxq_cases)
+
+
+def fp32_cases(m, n):
+    """name -> (options, moved bytes) of fp32 inputs (master weights: 128x128 tiles; the
+    vectorised kernel's 128-row tile), the input read 4 bytes an element; each exact."""
+    fb = dict(format="fp8_block")
+    return {
+        "fp32_tiles_both_compact": (dict(fb, block=(128, 128), colwise=True), tile_moved(m, n, 2) + 2 * m * n),
+        "fp32_tiles_both_gemm": (dict(fb, block=(128, 128), colwise=True, scale_layout="gemm"),
+                                 tile_moved(m, n, 2) + 2 * m * n),
+        "fp32_both_gemm": (dict(fb, colwise=True, scale_layout="gemm"), moved(m, n, True, True) + 2 * m * n),
+    }
 TILE128_ROWS = ("colwise_compact", "both_compact", "colwise_gemm", "both_gemm", "dgelu_dbias_both")
 
 
@@ -218,7 +232,7 @@ def main(argv=None):
                     "mxq_cases, bias_gelu_rowwise_gemm, swiglu_fwd_rowwise); torchao's kernels all the same")
     args = ap.parse_args(argv)
     keep = set(filter(None, args.rows.split(",")))
-    unknown = keep - set(mxq_cases(128, 128)) - set(EXTRA_ROWS)
+    unknown = keep - set(mxq_cases(128, 128)) - set(EXTRA_ROWS) - set(fp32_cases(128, 128))
     if unknown:
         raise SystemExit(f"--rows: no such rows {sorted(unknown)}")
     wanted = lambda name: not keep or name in keep  # noqa: E731
@@ -255,16 +269,33 @@ def main(argv=None):
                                                                     colwise=True, scale_layout="gemm"),
                                 moved(m, 2 * n, True, True, extra=2 * m * n + 4 * n), False, x, copy_gbps,
                                 kw={"act_input": gu}))
+        x32 = None
+        for name, (opts, mv) in fp32_cases(m, n).items():
+            if wanted(name):
+                x32 = x.float() if x32 is None else x32
+                rows.append(run_mxq(name, opts, mv, True, x32, copy_gbps))
+        if wanted("fp32_swiglu_bwd_dbias_both_gemm"):  # (the bf16 row's op from fp32: the vectorised kernel)
+            x32 = x.float() if x32 is None else x32
+            gu = torch.randn(m, 2 * n, device="cuda", dtype=torch.float32)
+            rows.append(run_mxq("fp32_swiglu_bwd_dbias_both_gemm", dict(format="fp8_block", dact="swiglu", dbias=True,
+                                                                         colwise=True, scale_layout="gemm"),
+                                moved(m, 2 * n, True, True, extra=8 * m * n + 4 * n), False, x32, copy_gbps,
+                                kw={"act_input": gu}))
         for name, fn in peers.items():
             mv = moved(m, n, name != "colwise", name == "colwise") if name != "weight_128x128" else tile_moved(m, n)
             rows.append(run_torchao(name, fn, x, mv, copy_gbps))
+        if "weight_128x128" in peers and x32 is not None:  # (torchao's weight kernel on the fp32 master weight)
+            rows.append(run_torchao("weight_128x128_fp32", peers["weight_128x128"], x32,
+                                    tile_moved(m, n) + 2 * m * n, copy_gbps))
         if peers:
             for mine, theirs, label in [("mxq/rowwise_gemm", ["torchao/rowwise"], "rowwise"),
                                         ("mxq/colwise_compact", ["torchao/colwise"], "colwise"),
                                         ("mxq/both_compact", ["torchao/rowwise", "torchao/colwise"], "both"),
                                         ("mxq/colwise_gemm", ["torchao/transposed"], "transposed"),
                                         ("mxq/both_gemm", ["torchao/rowwise", "torchao/transposed"], "both_gemm"),
-                                        ("mxq/tiles_rowwise_gemm", ["torchao/weight_128x128"], "weight_128x128")]:
+                                        ("mxq/tiles_rowwise_gemm", ["torchao/weight_128x128"], "weight_128x128"),
+                                        ("mxq/fp32_tiles_both_compact", ["torchao/weight_128x128_fp32"],
+                                         "weight_128x128_fp32")]:
                 r = pair([r for r in rows if r.get("M") == m and r.get("N") == n], mine, theirs, label)
                 if r is not None:
                     rows.append(r)
