@@ -154,21 +154,23 @@ def test_spec_key_round_trips():
 
 def test_cpp_routes_take_128x128_tiles_where_the_kernels_do(tmp_path):
     """The C++ routes serve fp8_block's 128x128 tiles as the kernels do (tests/test_cpp_fp8_block.py):
-    register() and dispatcher() build; an export for fp32 inputs, which no kernel serves, is
-    refused by name before anything is built."""
+    register() and dispatcher() build; an fp32 export of tiles with the transposed copy (whose
+    kernel needs M % 8 == 0, which the C++ checks do not ask) is refused by name before anything
+    is built."""
     op = mxq.fused_quant(format="fp8_block", block=(128, 128))(ident)
     assert op.dispatcher() is op.register("fp8_block_tiles")
-    with pytest.raises(ValueError, match=r"block=\(128, 128\).* and fp32"):
-        op.export(tmp_path / "x", dtype="fp32")
+    tr = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True, scale_layout="gemm")(ident)
+    with pytest.raises(ValueError, match=r"transposed copy\) and fp32"):
+        tr.export(tmp_path / "x", dtype="fp32")
     assert not (tmp_path / "x").exists()
 
 
 def test_cuda_calls_fall_back_to_the_reference(monkeypatch):
-    """No kernel serves fp8_block's 128x128 tiles from fp32 inputs: limits.unserved says so (the
-    one-time warning; MXQ_STRICT=1 raises) before any kernel is looked for."""
+    """No kernel serves fp8_block's 128x128 tiles from unaligned fp32 rows: limits.unserved says so
+    (the one-time warning; MXQ_STRICT=1 raises) before any kernel is looked for."""
     from mxq.runtime import limits
 
-    x = torch.randn(4, 128)
+    x = torch.randn(4, 100)
     op = mxq.fused_quant(format="fp8_block", block=(128, 128))(ident)
     spec, epi = op.spec, op.epilogue
     assert "fp8_block" in limits.unserved(spec, epi, x, lambda: pytest.fail("not asked"))
