@@ -49,17 +49,19 @@ def _unserved(op, x, call=None):
                                   dict(colwise=True, stochastic_rounding=True)])
 def test_served_calls(opts):
     op = _op(**opts)
-    for dtype in (torch.bfloat16, torch.float16):
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for m, n in ((24, 16), (40, 48), (1000, 4096)):
-            assert _unserved(op, torch.zeros(m, n, dtype=dtype)) is None, (opts, dtype, m, n)
-    why = _unserved(op, torch.zeros(24, 64))
-    assert "nvfp4" in why and "block_2d" in why and "fp32" in why and "reference" in why
+            why = _unserved(op, torch.zeros(m, n, dtype=dtype))
+            if dtype is torch.float32 and opts.get("stochastic_rounding"):  # (16-bit inputs alone)
+                assert "nvfp4" in why and "stochastic_rounding" in why and "fp32" in why and "reference" in why
+            else:
+                assert why is None, (opts, dtype, m, n)
 
 
 @pytest.mark.parametrize("opts, x, why", [
     (dict(), torch.zeros(32, 40, dtype=torch.bfloat16), "N % 16"),
     (dict(colwise=True), torch.zeros(20, 64, dtype=torch.bfloat16), "M % 8"),
-    (dict(colwise=True), torch.zeros(32, 64), "fp32"),
+    (dict(colwise=True), torch.zeros(20, 64), "M % 8"),
 ])
 def test_unserved_names_what_has_no_kernel(opts, x, why):
     reason = _unserved(_op(**opts), x)
@@ -149,10 +151,38 @@ def test_tiles_compile(arch, dtype, opts):
         assert q.count("cvt.rn.satfinite.e2m1x2.f32") == 32 * (2 if opts.get("colwise") else 1)
 
 
-def test_fp32_refuses_to_trace():
-    """fp32 2-D calls run the reference (limits), and their kernel is not traced either."""
+@pytest.mark.parametrize("arch, opts", [("sm_90a", dict(colwise=True)), ("sm_100a", dict(scale_layout="swizzled")),
+                                        ("sm_90a", dict(colwise=True, rowwise=False, act="gelu", dbias=True))])
+def test_fp32_tiles_compile(arch, opts):
+    """fp32 16x16 tiles on the vectorised kernel (4 warps of 8 rows, ungrouped): the quantize pass
+    computes one scale per thread from both warps' column maxima in shared memory and one shuffle
+    with lane ^ 1, stores half its 8 rows' row-scale entries and half its 8 columns' colwise ones,
+    and each row's (and column's) 8 codes as one word; no spills on sm_90. Grouped fp32 calls are
+    named, and not traced. GPU counterpart: test_tiles_match_reference (fp32)."""
+    import shutil
+
+    from mxq.runtime.call import Call
+
+    op = _op(**opts)
+    x = torch.zeros(24, 256)
+    grouped = Call([x], [], group_offsets=torch.tensor([24], dtype=torch.int32))
+    assert "group_offsets and fp32" in _unserved(op, x, grouped)
     with pytest.raises(Exception, match="16x16"):
-        _ptx(_op(), "sm_90a", "fp32")
+        _ptx(op, "sm_90a", "fp32", "vec_grouped")
+    ptx = _ptx(op, arch, "fp32")
+    q = _quantize_entry(ptx)
+    both, rows = opts.get("colwise", False), opts.get("rowwise", True)
+    assert q.count("cvt.rn.satfinite.e4m3x2.f32") == 1 and ".reqntid 128, 1, 1" in q
+    assert q.count("st.global.L2::cache_hint.b8") == (4 if rows else 0)
+    assert q.count("st.global.b8 ") == (4 if both else 0)
+    assert q.count("st.global.b32") == 8 * (rows + both)
+    assert len(re.findall(r"shfl\.sync\.bfly\.b32[^;]*, 1, 31, -1;", q)) == 1
+    if arch == "sm_100a":
+        assert q.count("cvt.rn.satfinite.e2m1x2.f32") == 32 * (rows + both)
+    if arch == "sm_90a" and shutil.which("ptxas") is not None:
+        from .test_gemm_epilogue import _ptxas_output
+
+        assert all(b == "0" for b in re.findall(r"(\d+) bytes spill stores", _ptxas_output(ptx)))
 
 
 # -- a hand-made case ------------------------------------------------------------------------------
@@ -232,13 +262,14 @@ def _tiles(m, n, dtype, seed, specials=True):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", list(DTYPES)[:2])
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("m, n", [(1, 16), (5, 48), (8, 272), (24, 48), (40, 528), (48, 16), (96, 272),
                                   (1000, 208), (4096, 4096)])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])
 def test_tiles_match_reference(strict, dtype, m, n, layout):
     """Rowwise alone (any M), both directions and the colwise copy alone (M % 8 == 0: partial
-    last tiles where M % 16 == 8), into fresh and poisoned outputs, computed and given amax."""
+    last tiles where M % 16 == 8), into fresh and poisoned outputs, computed and given amax; fp32
+    on the vectorised kernel. CPU counterparts: test_tiles_compile, test_fp32_tiles_compile."""
     x = _tiles(m, n, DTYPES[dtype], seed=m * 3 + n)
     dirs = [dict()] + ([dict(colwise=True), dict(colwise=True, rowwise=False)] if m % 8 == 0 else [])
     for opts in dirs:
@@ -286,10 +317,11 @@ def test_fused_ops_match_reference(strict, dtype):
 def test_tiles_under_other_colwise_tile_heights(strict, rows, m, n):
     """Tuning.fp4_col_rows' 16- and 64-row tiles (one and four 16x16 tiles high): both
     directions and the colwise copy alone, byte for byte."""
-    x = _tiles(m, n, torch.bfloat16, seed=m + rows)
-    for opts in (dict(), dict(rowwise=False, scale_layout="swizzled")):
-        op = _op(colwise=True, **opts)._with_tuning(kconfig.Tuning(fp4_col_rows=rows))
-        _same(op, x, op(x.cuda()))
+    for dtype in (torch.bfloat16, torch.float32):  # (fp32: the vectorised kernel's rows / 8 warps)
+        x = _tiles(m, n, dtype, seed=m + rows)
+        for opts in (dict(), dict(rowwise=False, scale_layout="swizzled")):
+            op = _op(colwise=True, **opts)._with_tuning(kconfig.Tuning(fp4_col_rows=rows))
+            _same(op, x, op(x.cuda()))
 
 
 @pytest.mark.gpu
@@ -302,10 +334,32 @@ def test_copies_decode_equal(strict):
 
 
 @pytest.mark.gpu
-def test_fp32_falls_back_with_the_reference(monkeypatch):
+def test_fp32_fused_ops_match_reference(strict):
+    """fp32 16x16 tiles after gelu (both directions, the transcendental class), relu byte for
+    byte, a user epilogue (M % 16 != 0, rowwise), drelu + dbias. CPU counterpart:
+    test_fp32_tiles_compile."""
+    x, b = _tiles(72, 528, torch.float32, seed=11), planted(1, 528, torch.float32, seed=12, specials=False).reshape(528)
+    fin = _tiles(72, 528, torch.float32, seed=13, specials=False)
+    gelu, relu = _op(act="gelu", colwise=True), _op(act="relu", colwise=True)
+    got, want = gelu(fin.cuda()), gelu.reference(fin)
+    for direction in ("rowwise", "colwise"):
+        within_gelu_class(got, want, direction, block=16, zero_scale_saturates=True)
+    _same(relu, x, relu(x.cuda()))
+    epi = mxq.fused_quant(format="nvfp4", block_2d=True)(scaled_shift)
+    y = x[:37]
+    want, got = epi.reference(y, b), epi(y.cuda(), b.cuda())
+    for f in (*OUTS[:2], "amax"):
+        assert same_bytes(getattr(got, f), getattr(want, f)), f
+    drelu = _op(dact="relu", dbias=True, colwise=True)
+    a = planted(72, 528, torch.float32, seed=15)
+    _check(drelu, [fin], drelu(fin.cuda(), act_input=a.cuda()), act_input=a)
+
+
+@pytest.mark.gpu
+def test_unserved_fp32_falls_back_with_the_reference(monkeypatch):
     op = _op(colwise=True)
-    x = _tiles(48, 64, torch.float32, seed=8)
+    x = _tiles(20, 64, torch.float32, seed=8)  # (M % 8 != 0: the colwise copy's rule)
     _same(op, x, op(x.cuda()))  # (after a one-time warning)
     monkeypatch.setenv("MXQ_STRICT", "1")
-    with pytest.raises(RuntimeError, match="block_2d"):
+    with pytest.raises(RuntimeError, match="M % 8"):
         op(x.cuda())

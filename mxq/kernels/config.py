@@ -468,8 +468,9 @@ class KernelConfig:
     @property
     def vec_warps(self) -> int:
         """Vectorised (fp32) kernel: 4 warps x 8 rows, 8 x 4 for the register-hungry ops; tiles of
-        other than ROWS rows (FP8 block scaling's 128-row colwise blocks) warps of 8 rows."""
-        if self.tile_rows != ROWS or self.fp4_columns:  # (FP4's colwise copy: a thread's 8 rows are one word)
+        other than ROWS rows (FP8 block scaling's 128-row colwise blocks), FP4's colwise copy and
+        NVFP4's 16x16 tiles warps of 8 rows."""
+        if self.tile_rows != ROWS or self.fp4_columns or self.fp4_tiles:  # (FP4: a thread's 8 rows, one word a column)
             return self.tile_rows // 8
         return 8 if self.heavy else 4
 

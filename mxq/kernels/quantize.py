@@ -78,8 +78,8 @@ class Quantize:
             return
         if cfg.fmt.rounding == "sr" and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
             raise NotImplementedError("mxq: stochastic rounding is served by the packed kernel alone (16-bit inputs)")
-        if cfg.fp4_tiles and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
-            raise NotImplementedError("mxq: NVFP4's 16x16 tiles are served by the packed kernel alone (16-bit inputs)")
+        if cfg.fp4_tiles and ins[0].element_type.width != 16 and (group_ends is not None or cfg.halves):
+            raise NotImplementedError("mxq: NVFP4's 16x16 tiles from fp32 inputs are served ungrouped, one output half")
         if cfg.fmt.hadamard and ins[0].element_type is not cutlass.BFloat16:  # (validation's rule)
             raise NotImplementedError("mxq: NVFP4's Hadamard transform takes bf16 inputs only")
         if cfg.fmt.packed and cfg.colwise and (

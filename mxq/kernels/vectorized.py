@@ -48,7 +48,7 @@ from . import grouped
 from . import smem as shared
 from . import unaligned as ua
 from .config import ROWS, VEC
-from .packed import Fields, fp4_column_scale_run, fp4_scale_warps, rec
+from .packed import Fields, fp4_column_scale_run, fp4_scale_warps, fp4_tile_entries, rec
 
 VCOLS = 32 * VEC
 
@@ -159,7 +159,7 @@ class VectorizedKernel:
                 if cutlass.const_expr(len(STAGED) > 0):
                     self.read_staged_row(rec(k), rec(at), i, row_ok, frag, ga, staged, staged_src)
                 self.row_values(rec(k), rec(at), i, row_ok, frag, vals, cmax, dsum, scalars, ins[0].element_type)
-                if cutlass.const_expr(cfg.rowwise and not cfg.tiles):  # (128x128 tiles: after the tile's scale)
+                if cutlass.const_expr(cfg.rowwise and not cfg.tiles and not cfg.fp4_tiles):  # (tiles: after their scale)
                     if cutlass.const_expr(UNALIGNED and i == 0):
                         out_row = ua.row_base(row_data, rbase, c0)  # (unaligned: row i's units at row_at(out_row, i))
                     er, sr = self.row_scale(vals, i, use_hw_e8m0, codec.input_max(ins[0].element_type), glob)
@@ -171,7 +171,14 @@ class VectorizedKernel:
                 self.column_owners(rec(k), rec(at, cb=cb, rb=rb, co=co, gt=gt, NOUT=NOUT, M=M, N=N), sMax, sSum, sInv,
                                    col_scale, dbias_ws, amax, cmax)
             sc = None
-            if cutlass.const_expr(cfg.fp4_columns):
+            if cutlass.const_expr(cfg.fp4_tiles and (cfg.rowwise or cfg.colwise)):  # (not the amax pass)
+                # NVFP4's 16x16 tiles: one multiplier for the thread's 8 x 8 values, both copies
+                sc = self.fp4_tile_scales(rec(k), rec(at, rb=rb, cb=cb, M=M, N=N), sMax, row_scale, col_scale, glob)
+                if cutlass.const_expr(cfg.rowwise):
+                    self.store_fp4_rows(rec(k), rec(at), vals, sc[0], tRow)
+                if cutlass.const_expr(cfg.colwise):
+                    self.store_fp4_columns(rec(k), rec(at), vals, sc, col_data)
+            elif cutlass.const_expr(cfg.fp4_columns):
                 # FP4's transposed colwise copy: each thread's 8 rows of a column are one word of codes
                 sc = self.fp4_column_scales(rec(k), rec(at, rb=rb, M=M, N=N), sMax, col_scale,
                                             codec.global_scales(cfg.fmt, amax, colwise=True, glob=glob))
@@ -611,6 +618,52 @@ class VectorizedKernel:
             if t.warp == w0 and t.c0 + c < t.N and blk * B < t.row_end:
                 col_scale[off0 + c * step] = Uint8(e)
         return sc
+
+    @cute.jit
+    def fp4_tile_scales(self, k, t, sMax, row_scale, col_scale, glob):
+        """NVFP4's 16x16 tiles (block_2d): the thread's tile is rows w0 * 8 .. of the CTA (the two
+        8-row warps w0, w0 + 1 of packed.fp4_scale_warps) and the columns of lanes 2q, 2q + 1
+        (lane ^ 1). Its amax (NaN dropped; rows past M are zeros) is both warps' column maxima
+        of the thread's columns in sMax (share_partials) and the partner lane's, one shuffle; its E4M3 scale is stored in each of its rows' rowwise entries (each of the two
+        lanes half the thread's rows) and each of its columns' colwise entries (each of the two
+        warps half the thread's columns: packed.fp4_tile_entries). Returns the tile's multiplier,
+        VEC copies."""
+        cfg = self.cfg
+        B = cutlass.const_expr(cfg.fmt.block[0])  # (16)
+        w0, WPB = fp4_scale_warps(t.warp, k.VROWS, B)
+        a = Float32(0.0)
+        for w in cutlass.range_constexpr(WPB):
+            for c in cutlass.range_constexpr(VEC):
+                a = cute.arch.fmax(a, sMax[w0 + w, c * 32 + t.lane])
+        a = cute.arch.fmax(a, cute.arch.shuffle_sync_bfly(a, offset=1))  # (the tile's other 8 columns)
+        e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
+        r0, c1 = fp4_tile_entries(t.warp, t.lane, t.rb, t.cb, cfg.tile_rows, k.VROWS, B)
+        if cutlass.const_expr(cfg.rowwise):
+            nbr = (t.N + B - 1) // B
+            for i in cutlass.range_constexpr(k.VROWS // 2):
+                if t.col_ok and r0 + i < t.row_end:
+                    codec.store_row_scale(cfg, row_scale, dev.scale_offset(cfg.fmt.swizzled, r0 + i, t.c0 // B, nbr), e)
+        if cutlass.const_expr(cfg.colwise):
+            nbm = (t.M + B - 1) // B
+            blk = (t.rb * cfg.tile_rows + w0 * k.VROWS) // B
+            for q in cutlass.range_constexpr(VEC // WPB):
+                if c1 + q < t.N and blk * B < t.row_end:
+                    col_scale[dev.scale_offset(cfg.fmt.swizzled, c1 + q, blk, nbm)] = Uint8(e)
+        sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
+        for c in cutlass.range_constexpr(VEC):
+            sc[c] = codec.multiplier(cfg.fmt, e, glob)
+        return sc
+
+    @cute.jit
+    def store_fp4_rows(self, k, t, vals, mult, tRow):
+        """Every row's 8 values times ``mult`` as one word of E2M1 codes (16x16 tiles: their scales
+        stored by fp4_tile_scales)."""
+        for i in cutlass.range_constexpr(k.VROWS):
+            if t.col_ok and t.rbase + i < t.row_end:
+                qw = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
+                qw[0] = codec.encode8(self.cfg.fmt, [dev.mul_rn(vals[i * VEC + c], mult) for c in range(VEC)],
+                                      k.use_hw_e8m0)
+                cute.autovec_copy(cute.recast_tensor(qw, Uint8), tRow[(None, (t.rbase + i, t.g))])
 
     @cute.jit
     def store_fp4_columns(self, k, t, vals, sc, col_data):

@@ -144,8 +144,8 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     partial last block zero-padded;
     NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
     that are one fp32[2] buffer). Grouped colwise copies from fp32 inputs,
-    NVFP4's block_2d from fp32 inputs (its 16x16 tiles are the packed kernel's: bf16/fp16, any M
-    rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs (grouped
+    grouped NVFP4 block_2d from fp32 inputs (its 16x16 tiles: the packed kernel's and, ungrouped
+    from fp32, the vectorised one's; any M rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs (grouped
     calls run the grouped kernels: NVFP4's amax pass and quantize pass with an amax per group,
     grouped.group_amax, or the quantize pass alone after a given amax is written into each
     group's entry, launch.given_amax_first; the colwise copy's tiles from each group's first
@@ -161,8 +161,8 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         if flag or x.element_size() != 2:
             return (f"with a gated backward (two output halves) and {f'{flag}=True' if flag else 'fp32 inputs'} "
                     "has no GPU kernels yet")
-    if spec.block_2d and x.element_size() != 2:
-        return "with block_2d=True and fp32 inputs has no GPU kernels yet"
+    if spec.block_2d and x.element_size() != 2 and call is not None and call.group_offsets is not None:
+        return "with block_2d=True, group_offsets and fp32 inputs has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2:
         return "with stochastic_rounding=True and fp32 inputs has no GPU kernels yet"
     if spec.hadamard and x.dtype != torch.bfloat16:  # (validation refuses it first; the kernels' own rule)
