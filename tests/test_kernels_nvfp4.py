@@ -60,10 +60,7 @@ def test_served_calls(dtype, opts):
     op = mxq.fused_quant(format="nvfp4", **opts)(ident)
     for n in (16, 48, 208, 4096):
         why = _unserved(op, torch.zeros(24, n, dtype=dtype))
-        if opts.get("stochastic_rounding") and dtype is torch.float32:
-            assert "stochastic_rounding" in why and "fp32" in why
-        else:
-            assert why is None
+        assert why is None
 
 
 def test_source_has_the_given_amax_launcher():
@@ -245,6 +242,33 @@ def test_stochastic_rounding_compiles_to_the_integer_rule(arch):
     col = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True, rowwise=False)(ident), arch,
                "bf16")  # (the colwise copy alone: served, so compiled here too)
     assert col.count("mul.hi.u32") == 20 * (4 + 8) and col.count("cvt.rz.f16x2.f32") == 2 * 32
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_fp32_stochastic_rounding_compiles(arch):
+    """fp32 on the vectorised kernel: the same Philox rounds and rule as the packed kernel; a
+    thread's 8 rows as 4 row pairs, each one Philox shared by neighbour lanes where the words start
+    on a counter, else two (both compiled: 12 a thread); each of its 8 columns half of its 16-row
+    group's words, one Philox or two (24), unshared; no spills on sm_90; grouped fp32 calls are
+    named. GPU counterparts: test_stochastic_rounding_matches_reference,
+    test_colwise_copy_matches_reference (fp32)."""
+    import shutil
+
+    from mxq.runtime.call import Call
+
+    rows = _ptx(mxq.fused_quant(format="nvfp4", stochastic_rounding=True)(ident), arch, "fp32")
+    assert rows.count("mul.hi.u32") == 20 * 12 and "cvt.rs" not in rows and "e2m1x2" not in rows
+    op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, colwise=True)(ident)
+    both = _ptx(op, arch, "fp32")
+    assert both.count("mul.hi.u32") == 20 * (12 + 24) and both.count("cvt.rz.f16x2.f32") == 64  # (no prescaled twin)
+    x = torch.zeros(16, 256)
+    assert limits.unserved(op.spec, op.epilogue, x, lambda: None) is None
+    grouped = Call([x], [], group_offsets=torch.tensor([16], dtype=torch.int32))
+    assert "group_offsets and fp32" in limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped)
+    if arch == "sm_90a" and shutil.which("ptxas") is not None:
+        from .test_gemm_epilogue import _ptxas_output
+
+        assert all(b == "0" for b in re.findall(r"(\d+) bytes spill stores", _ptxas_output(both)))
 
 
 @pytest.mark.parametrize("arch, dtype, layout", [("sm_90a", "bf16", "swizzled"), ("sm_100a", "fp16", "compact")])
@@ -499,13 +523,15 @@ def test_fused_ops_match_reference(strict, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", list(DTYPES)[:2])
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("m, n, layout", [(1, 16, "compact"), (5, 48, "swizzled"), (1000, 4096, "compact")])
 def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     """The same Philox bytes and rule as the reference (docs/NUMERICS.md): byte for byte, for
     seeds and offsets of every width (a seed of 2^63 or more, offsets past 2^32) and offset % 4
     (0: neighbour lanes sharing Philox), a given amax, values near bf16's largest (multipliers
-    that 2^-14 would take below fp32's normals: PackedKernel.sr_prescaled's other path)."""
+    that 2^-14 would take below fp32's normals: PackedKernel.sr_prescaled's other path); fp32 on
+    the vectorised kernel (each value scaled apart). CPU counterparts:
+    test_stochastic_rounding_compiles_to_the_integer_rule, test_fp32_stochastic_rounding_compiles."""
     op = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, scale_layout=layout)(ident)
     x = _specials(m, n, DTYPES[dtype], seed=m + 3)
     for seed, offset in ((1, 0), (2 ** 40 + 7, 12345), (2 ** 64 - 5, 2 ** 33 + 3), (2 ** 63 + 1, 2 ** 34 + 4),
@@ -514,14 +540,14 @@ def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
     _check(op, [x], op(x.cuda(), seed=9, offset=2, global_amax=50.0), seed=9, offset=2, global_amax=50.0)
     relu = mxq.fused_quant(format="nvfp4", stochastic_rounding=True, act="relu")(ident)
     _check(relu, [x], relu(x.cuda(), seed=4, offset=1), seed=4, offset=1)
-    if dtype == "bf16":  # (a global amax near 2^122: multipliers below 2^-112, each value scaled apart)
-        big = (torch.randn(m, n, generator=torch.Generator().manual_seed(m)) * 2.0 ** 120).to(torch.bfloat16)
+    if dtype in ("bf16", "fp32"):  # (a global amax near 2^122: multipliers below 2^-112, each value scaled apart)
+        big = (torch.randn(m, n, generator=torch.Generator().manual_seed(m)) * 2.0 ** 120).to(DTYPES[dtype])
         for offset in (4, 2 ** 33 + 3):  # (and words straddling two counters: two Philox per 16 values)
             _check(op, [big], op(big.cuda(), seed=3, offset=offset), seed=3, offset=offset)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", list(DTYPES)[:2])
+@pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("m, n", [(8, 16), (16, 272), (24, 48), (48, 528), (80, 16), (96, 48), (1000, 208),
                                   (4096, 4096)])
 @pytest.mark.parametrize("layout", ["compact", "swizzled"])

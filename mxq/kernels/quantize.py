@@ -76,8 +76,8 @@ class Quantize:
             self.passes[1].launch("vec", ins, scalars, act_in, row_data, row_scale, col_data, col_scale, amax, dbias,
                                   dbias_ws, noop, group_ends, rng, use_hw_e8m0, use_pdl, stream)
             return
-        if cfg.fmt.rounding == "sr" and ins[0].element_type.width != 16:  # (limits.fp4_unserved)
-            raise NotImplementedError("mxq: stochastic rounding is served by the packed kernel alone (16-bit inputs)")
+        if cfg.fmt.rounding == "sr" and ins[0].element_type.width != 16 and (group_ends is not None or cfg.halves):
+            raise NotImplementedError("mxq: stochastic rounding from fp32 inputs is served ungrouped, one output half")
         if cfg.fp4_tiles and ins[0].element_type.width != 16 and (group_ends is not None or cfg.halves):
             raise NotImplementedError("mxq: NVFP4's 16x16 tiles from fp32 inputs are served ungrouped, one output half")
         if cfg.fmt.hadamard and ins[0].element_type is not cutlass.BFloat16:  # (validation's rule)
@@ -121,7 +121,7 @@ class Quantize:
                 self.launch_packed_by_parity(twins, ins[0].layout.stride[0], args, M, N, use_pdl, stream)
         elif variant == "vec" or (variant == "rows8" and cfg.vec_unaligned):
             grid, block = vec_grid(cfg, M, N, G)
-            self.vectorized.vec_kernel(*args, variant == "rows8").launch(grid=grid, block=block, stream=stream)
+            self.vectorized.vec_kernel(*args, variant == "rows8", rng).launch(grid=grid, block=block, stream=stream)
         else:
             if cfg.fmt.block[1] != 32:  # (limits.unserved keeps such calls on the reference)
                 raise NotImplementedError(f"mxq: the element-wise kernel serves 1x32 blocks only, not {cfg.fmt.block}")

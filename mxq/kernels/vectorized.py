@@ -72,8 +72,9 @@ class VectorizedKernel:
     @cute.kernel
     def vec_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
                    dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr,
-                   unaligned: cutlass.Constexpr = False):
+                   unaligned: cutlass.Constexpr = False, rng=None):
         cfg = self.cfg
+        SR = cutlass.const_expr(cfg.fmt.rounding == "sr")  # (NVFP4's stochastic rounding: rng, int64 [seed, offset])
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # (never grouped nor two-halves: KernelConfig.vec_unaligned)
         CHUNKS = cutlass.const_expr(unaligned and cfg.vec_unaligned_chunks)
@@ -163,8 +164,13 @@ class VectorizedKernel:
                     if cutlass.const_expr(UNALIGNED and i == 0):
                         out_row = ua.row_base(row_data, rbase, c0)  # (unaligned: row i's units at row_at(out_row, i))
                     er, sr = self.row_scale(vals, i, use_hw_e8m0, codec.input_max(ins[0].element_type), glob)
+                    rand = None
+                    if cutlass.const_expr(SR):  # (two rows' words at a time; every lane draws: they exchange)
+                        if cutlass.const_expr(i % 2 == 0):
+                            pair = dev.sr_row_words(rbase + i, g, N // 4, rng[0], rng[1])
+                        rand = pair[2 * (i % 2):2 * (i % 2) + 2]
                     self.store_row(rec(k), rec(at, co=co, nbr=nbr, gt=gt, whole=whole, part=part, M=M), i, row_ok, vals,
-                                   er, sr, out_row if UNALIGNED else None, tRow, row_scale)
+                                   er, sr, out_row if UNALIGNED else None, tRow, row_scale, rand)
             if cutlass.const_expr(cfg.col_reduce):
                 # colwise: the warps' partial column amax (and dbias sums) meet in shared memory
                 self.share_partials(rec(k), rec(at), cmax, dsum, sMax, sSum)
@@ -175,14 +181,14 @@ class VectorizedKernel:
                 # NVFP4's 16x16 tiles: one multiplier for the thread's 8 x 8 values, both copies
                 sc = self.fp4_tile_scales(rec(k), rec(at, rb=rb, cb=cb, M=M, N=N), sMax, row_scale, col_scale, glob)
                 if cutlass.const_expr(cfg.rowwise):
-                    self.store_fp4_rows(rec(k), rec(at), vals, sc[0], tRow)
+                    self.store_fp4_rows(rec(k), rec(at, N=N), vals, sc[0], tRow, rng)
                 if cutlass.const_expr(cfg.colwise):
-                    self.store_fp4_columns(rec(k), rec(at), vals, sc, col_data)
+                    self.store_fp4_columns(rec(k), rec(at, M=M), vals, sc, col_data, rng)
             elif cutlass.const_expr(cfg.fp4_columns):
                 # FP4's transposed colwise copy: each thread's 8 rows of a column are one word of codes
                 sc = self.fp4_column_scales(rec(k), rec(at, rb=rb, M=M, N=N), sMax, col_scale,
                                             codec.global_scales(cfg.fmt, amax, colwise=True, glob=glob))
-                self.store_fp4_columns(rec(k), rec(at), vals, sc, col_data)
+                self.store_fp4_columns(rec(k), rec(at, M=M), vals, sc, col_data, rng)
             elif cutlass.const_expr(cfg.tiles):
                 # one multiplier per 128x128 tile serves every row and column of it
                 sc = self.tile_scales(rec(k), rec(at, cb=cb, rb=rb, co=co, gt=gt, M=M, N=N, NOUT=NOUT), sInv, row_scale,
@@ -399,8 +405,9 @@ class VectorizedKernel:
         return er, codec.multiplier(fmt, er, glob)
 
     @cute.jit
-    def store_row(self, k, t, i: cutlass.Constexpr, row_ok, vals, er, sr, out_row, tRow, row_scale):
-        """Row i's FP8 values and (lanes 4j) its block's scale byte."""
+    def store_row(self, k, t, i: cutlass.Constexpr, row_ok, vals, er, sr, out_row, tRow, row_scale, rand=None):
+        """Row i's FP8 values and (lanes 4j) its block's scale byte (``rand``: stochastic rounding's
+        two random words of the row's 8 values)."""
         cfg = self.cfg
         if cutlass.const_expr(k.UNALIGNED):
             self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, t.whole, t.part, t.nvalid)
@@ -410,7 +417,8 @@ class VectorizedKernel:
         elif cutlass.const_expr(cfg.fmt.packed):
             if row_ok:  # FP4: the row's eight E2M1 codes as one word
                 qw = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
-                qw[0] = codec.encode8(cfg.fmt, [dev.mul_rn(vals[i * VEC + c], sr) for c in range(VEC)], k.use_hw_e8m0)
+                qw[0] = codec.encode8(cfg.fmt, [dev.mul_rn(vals[i * VEC + c], sr) for c in range(VEC)], k.use_hw_e8m0,
+                                      rand)
                 cute.autovec_copy(cute.recast_tensor(qw, Uint8), tRow[(None, (t.rbase + i, t.g))])
                 if t.lane % codec.block_lanes(cfg.fmt, VEC) == 0:
                     codec.store_row_scale(cfg, row_scale, self.row_scale_offset(k, t, t.rbase + i), er)
@@ -655,27 +663,46 @@ class VectorizedKernel:
         return sc
 
     @cute.jit
-    def store_fp4_rows(self, k, t, vals, mult, tRow):
+    def store_fp4_rows(self, k, t, vals, mult, tRow, rng=None):
         """Every row's 8 values times ``mult`` as one word of E2M1 codes (16x16 tiles: their scales
-        stored by fp4_tile_scales)."""
+        stored by fp4_tile_scales); stochastic rounding (``rng``): the rows' words two rows at a
+        time (device.sr_row_words, drawn by every lane)."""
         for i in cutlass.range_constexpr(k.VROWS):
+            rand = None
+            if cutlass.const_expr(rng is not None):
+                if cutlass.const_expr(i % 2 == 0):
+                    pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, rng[0], rng[1])
+                rand = pair[2 * (i % 2):2 * (i % 2) + 2]
             if t.col_ok and t.rbase + i < t.row_end:
                 qw = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
                 qw[0] = codec.encode8(self.cfg.fmt, [dev.mul_rn(vals[i * VEC + c], mult) for c in range(VEC)],
-                                      k.use_hw_e8m0)
+                                      k.use_hw_e8m0, rand)
                 cute.autovec_copy(cute.recast_tensor(qw, Uint8), tRow[(None, (t.rbase + i, t.g))])
 
     @cute.jit
-    def store_fp4_columns(self, k, t, vals, sc, col_data):
+    def store_fp4_columns(self, k, t, vals, sc, col_data, rng=None):
         """The thread's 8 rows of each of its 8 columns as one word of E2M1 codes (row rbase + i
         in bits 4i..4i+3: codec.encode8's order, two rows a byte) at byte rbase / 2 of output row
         c0 + c of the [N, M/2] copy: M % 8 == 0 (limits.fp4_unserved), so a thread's rows all
-        exist or none and every word is 4-byte aligned."""
+        exist or none and every word is 4-byte aligned. Stochastic rounding (``rng``): each
+        column's words of the thread's 8 rows, half of its 16-row group's four
+        (device.sr_col_group, from the group's first row rbase - 8 p, p the warp's parity; one
+        Philox per column where the groups start on a counter, device.sr_col_aligned, else two)."""
         fmt = self.cfg.fmt
         if t.col_ok and t.rbase < t.row_end:
             out = ua.row_base(col_data, t.c0, t.rbase // 2)
+            if cutlass.const_expr(rng is not None):
+                odd = (t.warp % 2) == 1
+                aligned = dev.sr_col_aligned(t.M // 4, rng[1])
             for c in cutlass.range_constexpr(VEC):
-                w = codec.encode8(fmt, [dev.mul_rn(vals[i * VEC + c], sc[c]) for i in range(k.VROWS)], k.use_hw_e8m0)
+                rand = None
+                if cutlass.const_expr(rng is not None):
+                    args = (t.c0 + c, t.rbase - 8 * (t.warp % 2), t.M // 4, rng[0], rng[1])
+                    w4 = dev.RNG_DEVICE.when(aligned, 4, lambda: dev.sr_col_group(*args),
+                                             lambda: dev.sr_col_group(*args, straddle=True))
+                    rand = [Uint32(cutlass.select_(odd, w4[2 + h], w4[h])) for h in range(2)]
+                w = codec.encode8(fmt, [dev.mul_rn(vals[i * VEC + c], sc[c]) for i in range(k.VROWS)], k.use_hw_e8m0,
+                                  rand)
                 dev.store_global_words(ua.row_at(out, c), [w])
 
     def store_unit_row(self, p, vals, i: int, inv, ok, whole, part, nvalid):

@@ -145,7 +145,7 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
     that are one fp32[2] buffer). Grouped colwise copies from fp32 inputs,
     grouped NVFP4 block_2d from fp32 inputs (its 16x16 tiles: the packed kernel's and, ungrouped
-    from fp32, the vectorised one's; any M rowwise, the colwise copy's rule with it), stochastic_rounding from fp32 inputs (grouped
+    from fp32, the vectorised one's; any M rowwise, the colwise copy's rule with it), grouped stochastic_rounding from fp32 inputs (grouped
     calls run the grouped kernels: NVFP4's amax pass and quantize pass with an amax per group,
     grouped.group_amax, or the quantize pass alone after a given amax is written into each
     group's entry, launch.given_amax_first; the colwise copy's tiles from each group's first
@@ -163,8 +163,8 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
                     "has no GPU kernels yet")
     if spec.block_2d and x.element_size() != 2 and call is not None and call.group_offsets is not None:
         return "with block_2d=True, group_offsets and fp32 inputs has no GPU kernels yet"
-    if spec.stochastic_rounding and x.element_size() != 2:
-        return "with stochastic_rounding=True and fp32 inputs has no GPU kernels yet"
+    if spec.stochastic_rounding and x.element_size() != 2 and call is not None and call.group_offsets is not None:
+        return "with stochastic_rounding=True, group_offsets and fp32 inputs has no GPU kernels yet"
     if spec.hadamard and x.dtype != torch.bfloat16:  # (validation refuses it first; the kernels' own rule)
         return "with hadamard=True and other than bf16 inputs has no GPU kernels"
     if spec.colwise:  # (the transposed copy: the packed kernel's 8-row threads, whole words of output rows)
@@ -273,12 +273,10 @@ def fp4_cpp_gap(spec, epilogue, native: bool, dtype: str | None = None, variant:
         return f"with group_offsets {fp4_layouts.grouped_gap(spec)}"
     if gated.is_halves(epilogue):
         return "with a gated backward (two output halves) is not served by the C++ routes yet"
-    if dtype == "fp32":
-        flag = next((f for f in ("block_2d", "stochastic_rounding") if getattr(spec, f)), None)
+    if dtype == "fp32":  # (the vectorised kernel's, ungrouped: not in export's checks yet)
+        flag = next((f for f in ("colwise", "block_2d", "stochastic_rounding") if getattr(spec, f)), None)
         if flag:
-            return f"with {flag}=True and fp32 inputs has no GPU kernels yet"
-        if spec.colwise:  # (the vectorised kernel's copy, ungrouped: its export is not built yet)
-            return "with colwise=True and fp32 inputs is not served by export() yet (Python calls run its kernel)"
+            return f"with {flag}=True and fp32 inputs is not served by export() yet (Python calls run its kernel)"
     if variant is not None and not variant.startswith("vec"):
         return ("is served by the aligned kernel alone ('_vec': N % 8 == 0, NVFP4's N % 16 == 0, 16-byte aligned "
                 "tensors with rows a multiple of 8 elements apart)")
