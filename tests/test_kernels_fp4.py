@@ -22,7 +22,9 @@ import mxq
 from mxq.formats import fp4
 from mxq.frontend import codegen
 from mxq.kernels import device as dev
+from mxq.kernels.vectorized import VectorizedKernel
 from mxq.runtime import compiler, limits
+from mxq.runtime.call import Call
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp4 as oracle
@@ -320,7 +322,6 @@ def test_grouped_rowwise_is_served_and_the_rest_falls_back():
     colwise copy too, NVFP4's global_amax too (one value or one per group); misaligned out=
     data runs the reference."""
     from mxq.formats.fp4 import CallArgs
-    from mxq.runtime.call import Call
 
     x = torch.zeros(8, 64, dtype=torch.bfloat16)
     offs = torch.tensor([8])
@@ -630,8 +631,10 @@ def test_gated_backward_is_served_and_compiles(case):
     """A gated backward from 16-bit inputs on the packed kernel (each half's rowwise bytes from
     byte co / 2, its transposed colwise rows from row co, its scales from column co): served
     (N a multiple of the rowwise block: none straddles the halves), traced for sm_90 and
-    sm_100a, assembled without spills; fp32 inputs, stochastic rounding, the Hadamard transform
-    and 16x16 tiles with two halves run the reference, named."""
+    sm_100a, assembled without spills; from fp32 on the vectorised kernel (a CTA per half, each
+    row's inputs loaded just before it on 8-row threads: VectorizedKernel.lazy_loads), grouped
+    fp32 calls, stochastic rounding, the Hadamard transform and 16x16 tiles with two halves run
+    the reference, named."""
     import shutil
 
     fmt, opts = case
@@ -639,9 +642,14 @@ def test_gated_backward_is_served_and_compiles(case):
     inner = op.inner
     x = torch.zeros(72, 96, dtype=torch.bfloat16)
     assert limits.unserved(inner.spec, inner.epilogue, x, inner._packed_smem_shortfall) is None
-    assert "fp32" in limits.unserved(inner.spec, inner.epilogue, x.float(), inner._packed_smem_shortfall)
-    for arch in ("sm_90", "sm_100a"):
-        ptx = _ptx(inner, arch, "bf16")
+    x32 = x.float()
+    assert limits.unserved(inner.spec, inner.epilogue, x32, inner._packed_smem_shortfall) is None
+    grouped = Call([x32], [], group_offsets=torch.tensor([72], dtype=torch.int32))
+    assert "group_offsets and fp32" in limits.unserved(inner.spec, inner.epilogue, x32, lambda: None, grouped)
+    cfg = codegen.kernel_config(inner.spec, inner.epilogue)
+    assert VectorizedKernel(cfg, None).lazy_loads() == bool(opts.get("colwise"))
+    for arch, dtype in (("sm_90", "bf16"), ("sm_100a", "bf16"), ("sm_90", "fp32")):
+        ptx = _ptx(inner, arch, dtype)
         assert ("cvt.rn.satfinite.e2m1x2.f32" in ptx) == (arch == "sm_100a")
         if arch == "sm_90" and shutil.which("ptxas") is not None:
             from .test_gemm_epilogue import _assert_ptxas_clean
@@ -902,14 +910,14 @@ def test_gpu_grouped_colwise_matches_reference(strict, case, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("case", GATED_BWD, ids=_fmt_ids)
 def test_gpu_gated_backward_matches_reference(strict, case, dtype):
     """A gated backward on the kernels (no fallback), into poisoned outputs: the exact gated
     derivatives (dreglu, dsreglu) byte for byte against the reference, dbias within an ulp;
     dswiglu in the transcendental class (within_gelu_class, each direction); N = 96 (one partial
-    column tile a half) and 288; M with a partial 32-row tile. CPU counterpart:
-    test_gated_backward_is_served_and_compiles."""
+    column tile a half) and 288; M with a partial 32-row tile; fp32 on the vectorised kernel. CPU
+    counterpart: test_gated_backward_is_served_and_compiles."""
     fmt, opts = case
     t = DTYPES[dtype]
     for m, n in ((72, 96), (40, 288)):

@@ -122,7 +122,9 @@ class VectorizedKernel:
         sMax, sSum, sInv = self.column_buffers(buf, staged, STAGED)
         tRow, tCol, nbr = None, None, None
         if cutlass.const_expr(cfg.rowwise):
-            tRow = cute.zipped_divide(self.op.out_window(row_data, co), (1, codec.data_cols(cfg.fmt, VEC)))
+            # (FP4: two values a byte, a two-halves op's half from byte co / 2)
+            tRow = cute.zipped_divide(self.op.out_window(row_data, codec.data_cols(cfg.fmt, co)),
+                                      (1, codec.data_cols(cfg.fmt, VEC)))
             B = cutlass.const_expr(cfg.fmt.block[1])  # (rowwise blocks per row)
             nbr = NOUT // B + Int32(cutlass.select_(NOUT % B != 0, Int32(1), Int32(0)))
         if cutlass.const_expr(cfg.colwise and not cfg.transposed and not cfg.fp4_columns):
@@ -186,9 +188,9 @@ class VectorizedKernel:
                     self.store_fp4_columns(rec(k), rec(at, M=M), vals, sc, col_data, rng)
             elif cutlass.const_expr(cfg.fp4_columns):
                 # FP4's transposed colwise copy: each thread's 8 rows of a column are one word of codes
-                sc = self.fp4_column_scales(rec(k), rec(at, rb=rb, M=M, N=N), sMax, col_scale,
+                sc = self.fp4_column_scales(rec(k), rec(at, rb=rb, co=co, M=M, N=N), sMax, col_scale,
                                             codec.global_scales(cfg.fmt, amax, colwise=True, glob=glob))
-                self.store_fp4_columns(rec(k), rec(at, M=M), vals, sc, col_data, rng)
+                self.store_fp4_columns(rec(k), rec(at, co=co, M=M), vals, sc, col_data, rng)
             elif cutlass.const_expr(cfg.tiles):
                 # one multiplier per 128x128 tile serves every row and column of it
                 sc = self.tile_scales(rec(k), rec(at, cb=cb, rb=rb, co=co, gt=gt, M=M, N=N, NOUT=NOUT), sInv, row_scale,
@@ -277,10 +279,12 @@ class VectorizedKernel:
 
     def lazy_loads(self) -> bool:
         """Each row's inputs are loaded just before the row is computed, not all rows' first: a
-        two-halves op on the 128-row tile (8 rows a thread), whose three full-size sources (the
-        incoming gradient and both halves of the act input) held for every row need 192 registers
-        of the 128 a 512-thread CTA may take (ptxas spilled 0.7-2.8 KB a thread)."""
-        return self.cfg.halves and self.cfg.tile_rows != ROWS
+        two-halves op on 8-row threads (the 128-row tile, FP4's colwise copy), whose three
+        full-size sources (the incoming gradient and both halves of the act input) held for every
+        row need 192 registers: of the 128 a 512-thread CTA may take, ptxas spilled 0.7-2.8 KB a
+        thread; FP4's 128-thread CTAs took 214-245 registers (2 CTAs an SM) without spills."""
+        cfg = self.cfg
+        return cfg.halves and cfg.tile_rows // cfg.vec_warps == VEC
 
     @cute.jit
     def load_registers(self, k, t, sources, tiles, once, staged_src, lo: cutlass.Constexpr = 0,
@@ -605,15 +609,15 @@ class VectorizedKernel:
         the block's warps left in sMax (packed.fp4_scale_warps: NVFP4's 16-row block two 8-row
         warps, MXFP4's 32-row block four; NVFP4 drops NaN, MXFP4 propagates it: scale 255,
         codec.block_amax_nan), stored by the block's first warp (compact [N, ceil(M/B)] or its
-        swizzled atoms, packed.fp4_column_scale_run), and the 8 multipliers. ``glob``: NVFP4's
-        per-tensor values (codec.global_scales)."""
+        swizzled atoms, packed.fp4_column_scale_run; a two-halves op's half from row co), and the
+        8 multipliers. ``glob``: NVFP4's per-tensor values (codec.global_scales)."""
         cfg = self.cfg
         NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
         B = cutlass.const_expr(cfg.fmt.col_block[0])
         w0, WPB = fp4_scale_warps(t.warp, k.VROWS, B)
         nbm = (t.M + B - 1) // B
         blk = (t.rb * cfg.tile_rows + w0 * k.VROWS) // B
-        off0, step = fp4_column_scale_run(cfg.fmt.swizzled, t.c0, blk, nbm)
+        off0, step = fp4_column_scale_run(cfg.fmt.swizzled, self.op.out_col(t.co, t.c0), blk, nbm)
         sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
         for c in cutlass.range_constexpr(VEC):
             m = sMax[w0, c * 32 + t.lane]
@@ -690,7 +694,7 @@ class VectorizedKernel:
         Philox per column where the groups start on a counter, device.sr_col_aligned, else two)."""
         fmt = self.cfg.fmt
         if t.col_ok and t.rbase < t.row_end:
-            out = ua.row_base(col_data, t.c0, t.rbase // 2)
+            out = ua.row_base(col_data, self.op.out_col(t.co, t.c0), t.rbase // 2)  # (two halves: from row co)
             if cutlass.const_expr(rng is not None):
                 odd = (t.warp % 2) == 1
                 aligned = dev.sr_col_aligned(t.M // 4, rng[1])

@@ -149,7 +149,7 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     calls run the grouped kernels: NVFP4's amax pass and quantize pass with an amax per group,
     grouped.group_amax, or the quantize pass alone after a given amax is written into each
     group's entry, launch.given_amax_first; the colwise copy's tiles from each group's first
-    row, packed.store_fp4_columns), two halves from fp32 inputs or with
+    row, packed.store_fp4_columns), two halves from grouped fp32 inputs or with
     stochastic rounding, the Hadamard transform or 16x16 tiles (whose words and tiles are placed
     by the input's columns), and other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
@@ -158,9 +158,10 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     if gated.is_halves(epilogue):  # (the packed kernel's two passes; the options whose words or tiles
         # are placed by the input's columns stay on the reference)
         flag = next((f for f in ("stochastic_rounding", "hadamard", "block_2d") if getattr(spec, f)), None)
-        if flag or x.element_size() != 2:
-            return (f"with a gated backward (two output halves) and {f'{flag}=True' if flag else 'fp32 inputs'} "
-                    "has no GPU kernels yet")
+        if flag:
+            return f"with a gated backward (two output halves) and {flag}=True has no GPU kernels yet"
+        if x.element_size() != 2 and call is not None and call.group_offsets is not None:
+            return "with a gated backward (two output halves), group_offsets and fp32 inputs has no GPU kernels yet"
     if spec.block_2d and x.element_size() != 2 and call is not None and call.group_offsets is not None:
         return "with block_2d=True, group_offsets and fp32 inputs has no GPU kernels yet"
     if spec.stochastic_rounding and x.element_size() != 2 and call is not None and call.group_offsets is not None:
