@@ -45,10 +45,10 @@ def scaled_shift(x, b, s: float = 1.5):
 # -- what is served ------------------------------------------------------------------------------
 @pytest.mark.parametrize("opts, dtype, n, why", [
     (dict(colwise=True, scale_layout="gemm"), torch.bfloat16, 131, "transposed"),
-    (dict(colwise=True, scale_layout="gemm"), torch.float32, 128, "fp32"),
+    (dict(colwise=True, scale_layout="gemm"), torch.float32, 128, "M % 8"),  # (M = 4: fp32_transposed_gap)
     (dict(colwise=True), torch.float32, 131, "fp32"),  # (fp32 colwise blocks: aligned rows alone)
     (dict(block=(128, 128)), torch.float32, 100, "fp32"),  # (fp32 tiles: aligned rows alone)
-    (dict(block=(128, 128), colwise=True, scale_layout="gemm"), torch.float32, 128, "fp32"),
+    (dict(block=(128, 128), colwise=True, scale_layout="gemm"), torch.float32, 128, "M % 8"),
     (dict(block=(128, 128), colwise=True, scale_layout="gemm"), torch.float16, 100, "transposed"),
 ])
 def test_unserved_names_what_has_no_kernel(opts, dtype, n, why):
@@ -115,6 +115,9 @@ def test_fp32_gated_backward_is_served_and_compiles(opts):
     if not cfg.transposed:
         grouped = Call([torch.zeros(8, 256)], [], group_offsets=torch.tensor([8], dtype=torch.int32))
         assert limits.unserved(spec, epi, torch.zeros(8, 256), smem, grouped) is None
+        x3 = torch.zeros(2, 4, 256)  # (an out= of [.., 2N] rows: its colwise data viewed as [M, 2N])
+        into = Call([x3], [], out=mxq.MXFP8Tensor.empty(spec, (2, 4, 512), torch.float32, "cpu"))
+        assert limits.unserved(spec, epi, x3, smem, into) is None
         assert "div.rn.f32" in _ptx(inner, "sm_90a", "fp32", "vec_grouped")
     if shutil.which("ptxas") is not None:
         from .test_gemm_epilogue import _ptxas_output
@@ -856,7 +859,7 @@ FP32_TILES = [dict(), dict(colwise=True), dict(rowwise=False, colwise=True), dic
 @pytest.mark.parametrize("opts", FP32_TILES, ids=_ids)
 def test_fp32_tiles_compile(arch, opts):
     """fp32 128x128 tiles on the vectorised kernel's 128-row tile (16 warps of 8 rows, two tiles
-    per CTA): served on aligned rows alone, not with the transposed copy; no per-row scales (no
+    per CTA): served on aligned rows alone (the transposed copy at M % 8 == 0); no per-row scales (no
     row-block shuffles), the column owners' NaN-dropping maxima reduced per half-warp (4
     shuffles; amax: a NaN-propagating warp maximum, 5 more) and over the owner warps in shared
     memory; IEEE divisions for the scale and its inverse, one fp32 scale store per direction;
@@ -869,7 +872,8 @@ def test_fp32_tiles_compile(arch, opts):
     assert limits.cpp_gap(op.spec, op.epilogue, "fp32", "vec") is None
     assert "fp32" in limits.cpp_gap(op.spec, op.epilogue, "fp32", "rows8")
     transposed = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True, scale_layout="gemm")(ident)
-    assert "fp32" in limits.unserved(transposed.spec, transposed.epilogue, torch.zeros(4, 256), lambda: None)
+    assert limits.unserved(transposed.spec, transposed.epilogue, torch.zeros(8, 256), lambda: None) is None
+    assert "M % 8" in limits.unserved(transposed.spec, transposed.epilogue, torch.zeros(12, 256), lambda: None)
     cfg = codegen.kernel_config(op.spec, op.epilogue)
     assert cfg.tiles and cfg.tile_rows == 128 and cfg.vec_warps == 16 and not codec.column_max_nan(cfg)
     ptx = _ptx(op, arch, "fp32")

@@ -185,7 +185,7 @@ class VectorizedKernel:
                 if cutlass.const_expr(cfg.rowwise):
                     self.store_fp4_rows(rec(k), rec(at, N=N), vals, sc[0], tRow, rng)
                 if cutlass.const_expr(cfg.colwise):
-                    self.store_fp4_columns(rec(k), rec(at, M=M), vals, sc, col_data, rng)
+                    self.store_fp4_columns(rec(k), rec(at, co=co, M=M), vals, sc, col_data, rng)
             elif cutlass.const_expr(cfg.fp4_columns):
                 # FP4's transposed colwise copy: each thread's 8 rows of a column are one word of codes
                 sc = self.fp4_column_scales(rec(k), rec(at, rb=rb, co=co, M=M, N=N), sMax, col_scale,

@@ -69,8 +69,8 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         gap = fp32_transposed_gap(flat_dims(x.shape)[0], col)
         if gap:
             return gap
-    elif col is not None:  # (its [M, N] rows, as the kernel writes them; None: not viewable so)
-        col = data_rows(col, *flat_dims(x.shape))
+    elif col is not None:  # (its [M, N] rows, as the kernel writes them, [M, 2N] for two halves; None: not viewable so)
+        col = data_rows(col, *flat_dims(gated.out_shape(epilogue, x.shape)))
     if _fp32_aligned_only(spec, epilogue) and (not _aligned_rows(x, call) or (
             spec.colwise and not spec.colwise_transposed and call is not None and call.out is not None and (col is None or _misaligned(col, kconfig.VEC)))):
         # (the vectorised kernel's 128-row tile: aligned rows alone, its colwise FP8 rows too)
