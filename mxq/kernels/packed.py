@@ -1375,7 +1375,8 @@ class PackedKernel:
         run as stores of 4, 2 or 1 words, the widest that the copy's base and row bytes M / 2
         align (fp4_store_words; grouped: the run's first byte and its group's end too), each
         below M (a group's end) where its first row is (M % 8 == 0, limits.fp4_unserved); a
-        grouped run that is not 4-byte aligned as bytes, each below its group's end."""
+        grouped run that is not 4-byte aligned as aligned words and 2- and 1-byte pieces
+        (store_fp4_unaligned), each below its group's end."""
         sF = t.smem["fp4t"]
         half_m = t.M // 2
         base = t.col_data.iterator.toint()
