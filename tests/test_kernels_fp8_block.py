@@ -29,6 +29,7 @@ from mxq.runtime import compiler, inspection, launch, limits
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp8_block as oracle
+from .checks import check_exact as _check
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FIELDS = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")
@@ -723,24 +724,6 @@ def test_gemm_colwise_offsets_land_on_the_logical_scales(m, n):
 def _strict(monkeypatch):
     """No fallback: every call here is one the kernels serve (MXQ_STRICT=1 raises otherwise)."""
     monkeypatch.setenv("MXQ_STRICT", "1")
-
-
-def _check(op, ins, got, **kw):
-    """Every output byte equal to the reference's; dbias within one ulp of the input dtype (the
-    kernels sum in another order) and a NaN amax any NaN (mxq.testing.compare's rules)."""
-    want = op.reference(*ins, **kw)
-    for f in FIELDS:
-        w = getattr(want, f)
-        if w is not None:
-            g = getattr(got, f)
-            if f == "dbias":
-                gd, wd = g.cpu().double(), w.double()
-                ulp = torch.finfo(w.dtype).eps * wd.abs() + torch.finfo(w.dtype).tiny
-                assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), f
-            elif f == "amax":  # (a NaN amax: NaN, any payload, as mxq.testing.compare has it)
-                assert same_bytes(g, w) or bool(g.isnan().cpu() & w.isnan()), f
-            else:
-                assert same_bytes(g.contiguous(), w.contiguous()), f
 
 
 def _specials(m, n, dtype, seed):

@@ -33,6 +33,7 @@ from mxq.runtime import compiler, limits
 from mxq.testing import planted, poisoned, same_bytes
 
 from . import oracle_fp4 as oracle
+from .checks import check_exact as _check
 from .test_kernels_fp4 import PAIRS, bits_around
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -406,22 +407,6 @@ def test_unaligned_variants_refuse_to_trace(dtype):
 def strict(monkeypatch):
     """No fallback: every call here is one the kernels serve (MXQ_STRICT=1 raises otherwise)."""
     monkeypatch.setenv("MXQ_STRICT", "1")
-
-
-def _check(op, ins, got, **kw):
-    """Every output byte equal to the reference's (amax included: NaN never enters it); dbias
-    within one ulp of the input dtype (the kernels sum in another order)."""
-    want = op.reference(*ins, **kw)
-    for f in FIELDS:
-        w = getattr(want, f)
-        if w is not None:
-            g = getattr(got, f)
-            if f == "dbias":
-                gd, wd = g.cpu().double(), w.double()
-                ulp = torch.finfo(w.dtype).eps * wd.abs() + torch.finfo(w.dtype).tiny
-                assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), f
-            else:
-                assert same_bytes(g.contiguous(), w.contiguous()), f
 
 
 def _specials(m, n, dtype, seed):

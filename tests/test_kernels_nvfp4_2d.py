@@ -29,7 +29,8 @@ from mxq.testing import planted, poisoned, same_bytes
 from .test_kernels_fp4 import BOTH as OUTS
 from .test_kernels_fp4 import same_outputs as _same
 from .test_kernels_fp4 import within_gelu_class
-from .test_kernels_nvfp4 import _check, _ptx, ident, scaled_shift, strict  # noqa: F401  (strict: a fixture)
+from .checks import check_exact as _check
+from .test_kernels_nvfp4 import _ptx, ident, scaled_shift, strict  # noqa: F401  (strict: a fixture)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -281,7 +282,7 @@ def test_fused_ops_match_reference(strict, dtype):
     """gelu (both directions; planted and finite data, a real S_enc) in the transcendental class
     (fp16's tiny tile: a scale byte 0 and gelu values at ties of fp16's subnormal grid),
     relu byte for byte; a user epilogue whose padding rows are nonzero (M % 16 != 0), drelu + dbias
-    (rowwise; dbias within an ulp, as test_kernels_nvfp4._check), stochastic rounding."""
+    (rowwise; dbias within an ulp, as checks.check_exact), stochastic rounding."""
     t = DTYPES[dtype]
     x, b = _tiles(72, 528, t, seed=1), planted(1, 528, t, seed=2, specials=False).reshape(528)
     fin = _tiles(72, 528, t, seed=3, specials=False)

@@ -387,3 +387,23 @@ def test_compare_reads_the_transposed_copy_at_its_elements():
     at = (torch.tensor([0, 5, 39]), torch.tensor([0, 17, 23]))
     q, _ = _decoded(t, "colwise", at)
     assert torch.equal(q.float(), t.dequantize("colwise")[at].float())
+
+
+def test_check_exact_flags_each_output_it_owes():
+    """tests/checks.check_exact (the kernel tests' exact-class check): the reference against
+    itself passes; one flipped byte of the FP4 colwise copy or its scales, an amax bit, or a
+    dbias two ulps off fails, naming the field."""
+    from tests.checks import check_exact
+
+    x = planted(32, 64, torch.float32, seed=5)
+    a = planted(32, 64, torch.float32, seed=6)
+    op = mxq.fused_quant(format="nvfp4", colwise=True, dact="relu", dbias=True)(lambda_free)
+    check_exact(op, [x], op.reference(x, act_input=a), act_input=a)
+    for field, spoil in (("colwise_data", lambda t: t.view(torch.uint8).view(-1)[7].__ixor__(1)),
+                         ("colwise_scale", lambda t: t.view(torch.uint8).view(-1)[3].__ixor__(1)),
+                         ("amax", lambda t: t.view(torch.int32).view(-1)[0].__iadd__(1)),
+                         ("dbias", lambda t: t.view(-1)[2].mul_(1 + 2 * torch.finfo(t.dtype).eps))):
+        got = op.reference(x, act_input=a)
+        spoil(getattr(got, field))
+        with pytest.raises(AssertionError, match=field):
+            check_exact(op, [x], got, act_input=a)
