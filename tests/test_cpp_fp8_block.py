@@ -59,14 +59,12 @@ NEW_FORMS = {
 
 @pytest.mark.parametrize("opts, routes, words", [
     (dict(dact="swiglu"), ("export_fp32",), "gated backward (two output halves) and fp32 inputs"),
-    # (fp32 transposed copies: their kernel needs M % 8 == 0, which the C++ checks do not ask)
-    *((dict(opts), ("export_fp32",), "fp32 inputs") for opts in NEW_FORMS.values() if opts.get("scale_layout") == "gemm"),
     *((dict(opts), ("export_grouped",), "group_offsets and scale_layout='gemm'")
       for opts in NEW_FORMS.values() if opts.get("scale_layout") == "gemm"),
 ])
 def test_every_cpp_route_refuses_what_the_kernels_do_not_serve(tmp_path, opts, routes, words):
-    """What no kernel or no C++ route serves (fp32 inputs with the transposed copy or a gated
-    backward; groups with the GEMM-ready layout) is refused by name before anything is built; the
+    """What no kernel or no C++ route serves (fp32 inputs with a gated backward; groups with the
+    GEMM-ready layout) is refused by name before anything is built; the
     forms once refused by the C++ routes alone (128x128 tiles, the transposed copy, colwise
     blocks with amax, groups, gated backwards) build on every route (the tests below run them)."""
     op = mxq.fused_quant(format="fp8_block", **opts)(ident)
@@ -91,14 +89,15 @@ def test_the_forms_once_refused_have_every_cpp_route(form):
 
 def test_export_refuses_by_dtype_and_groups(tmp_path):
     """A colwise op serves 16-bit inputs, grouped ones too (compact), and fp32 ungrouped on the
-    aligned kernel alone ("_vec"), as do 128x128 tiles; a gated backward serves 16-bit inputs on every route."""
+    aligned kernel alone ("_vec"), as do 128x128 tiles and the transposed copy; a gated backward serves 16-bit inputs on every route."""
     col = mxq.fused_quant(format="fp8_block", colwise=True)(ident)
     info = col.export(tmp_path / "a", dtype="fp32")
     assert info["functions"] == ["mxq_ident_vec"], info["functions"]
     info = col.export(tmp_path / "a2", dtype="fp32", grouped=True)
     assert info["functions"] == ["mxq_ident_vec", "mxq_ident_vec_grouped"], info["functions"]
-    tiles = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True)(ident)  # (compact: both copies)
-    assert tiles.export(tmp_path / "t", dtype="fp32")["functions"] == ["mxq_ident_vec"]
+    for i, opts in enumerate((dict(), dict(scale_layout="gemm"))):  # (tiles in both copies; the transposed one)
+        tiles = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True, **opts)(ident)
+        assert tiles.export(tmp_path / f"t{i}", dtype="fp32")["functions"] == ["mxq_ident_vec"]
     row = mxq.fused_quant(format="fp8_block", scale_layout="gemm")(ident)
     assert "group_offsets" in _error(lambda: row.export(tmp_path / "b", dtype="bf16", grouped=True))
     fwd = mxq.fused_quant(format="fp8_block", act="swiglu", colwise=True)(ident)  # (over the input's halves)

@@ -153,15 +153,14 @@ def test_spec_key_round_trips():
 
 
 def test_cpp_routes_take_128x128_tiles_where_the_kernels_do(tmp_path):
-    """The C++ routes serve fp8_block's 128x128 tiles as the kernels do (tests/test_cpp_fp8_block.py):
-    register() and dispatcher() build; an fp32 export of tiles with the transposed copy (whose
-    kernel needs M % 8 == 0, which the C++ checks do not ask) is refused by name before anything
-    is built."""
+    """The C++ routes serve fp8_block's 128x128 tiles as the kernels do (tests/test_cpp_fp8_block.py
+    runs their exports): register() and dispatcher() build; a gated backward's fp32 export, which
+    only Python's route serves, is refused by name before anything is built."""
     op = mxq.fused_quant(format="fp8_block", block=(128, 128))(ident)
     assert op.dispatcher() is op.register("fp8_block_tiles")
-    tr = mxq.fused_quant(format="fp8_block", block=(128, 128), colwise=True, scale_layout="gemm")(ident)
-    with pytest.raises(ValueError, match=r"transposed copy\) and fp32"):
-        tr.export(tmp_path / "x", dtype="fp32")
+    bwd = mxq.fused_quant(format="fp8_block", block=(128, 128), dact="swiglu")(ident)
+    with pytest.raises(ValueError, match=r"gated backward \(two output halves\) and fp32"):
+        bwd.export(tmp_path / "x", dtype="fp32")
     assert not (tmp_path / "x").exists()
 
 

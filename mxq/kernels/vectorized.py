@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Float64, Int32, Uint8, Uint32
+from cutlass import Float32, Float64, Int32, Int64, Uint8, Uint32
 
 from . import codec
 from . import device as dev
@@ -588,9 +588,10 @@ class VectorizedKernel:
     def store_transposed(self, t, vals, sc, col_data):
         """The transposed colwise copy (KernelConfig.transposed: [N, M], FP8 block scaling's
         GEMM-ready layout): the thread's 8 x 8 block of FP8 bytes (rows rbase.., columns c0..)
-        transposed in registers (device.transpose8x8), column j's 8 bytes one 8-byte store at byte
-        rbase of output row c0 + j (two-halves ops: co + c0 + j). M % 8 == 0 (limits.fp8_block_unserved): a thread's 8 rows all
-        exist or none, and every store is 8-byte aligned."""
+        transposed in registers (device.transpose8x8), column j's 8 bytes at byte rbase of output
+        row c0 + j (two-halves ops: co + c0 + j): one 8-byte store where the copy's base and row
+        bytes are multiples of 8 (M % 8 == 0 contiguous: every FP8 GEMM's M) and the thread's 8
+        rows exist, else byte by byte below M (PackedKernel.store_transposed's rule)."""
         fmt = self.cfg.fmt
         rows = []
         for i in cutlass.range_constexpr(VEC):  # (VROWS == VEC: the 128-row tile's 16 warps of 8 rows)
@@ -598,9 +599,16 @@ class VectorizedKernel:
             rows.append([codec.encode4(fmt, q[0], q[1], q[2], q[3]), codec.encode4(fmt, q[4], q[5], q[6], q[7])])
         cols = dev.transpose8x8(rows)
         out = ua.row_base(col_data, self.op.out_col(t.co, t.c0), t.rbase)  # (row c0 + j at row_at(out, j))
-        ok = t.col_ok and t.rbase < t.row_end
-        for j in cutlass.range_constexpr(VEC):
-            ua.store_b64(ua.row_at(out, j), cols[j][0], cols[j][1], ok)
+        fast = ((col_data.iterator.toint() | out[1]) & Int64(7)) == Int64(0)
+        if t.col_ok and t.rbase < t.row_end:
+            if fast and t.rbase + VEC <= t.row_end:
+                for j in cutlass.range_constexpr(VEC):
+                    ua.store_b64(ua.row_at(out, j), cols[j][0], cols[j][1])
+            else:
+                for j in cutlass.range_constexpr(VEC):
+                    for b in cutlass.range_constexpr(VEC):
+                        if t.rbase + b < t.row_end:
+                            dev.store_global_u8(ua.row_at(out, j) + Int64(b), cols[j][b // 4] >> Uint32(8 * (b % 4)))
 
     # -- FP4's transposed colwise copy ([N, M/2], blocks along M: NVFP4's 16 rows, MXFP4's 32) ---------
     @cute.jit

@@ -49,9 +49,9 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str 
 def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an FP8 block-scaling call the kernels do not serve, or None: fp8_block_gap for the
     call's dtype and groups; the GEMM-ready transposed colwise copy from rows that are not aligned
-    (_aligned_rows); fp32 inputs: colwise blocks and tiles from rows that are not aligned, the
-    transposed copy at M % 8 != 0 (fp32_transposed_gap), FP8 rows not on 8-byte boundaries (the
-    element-wise kernel, variant_gap), which mxq's own outputs never are."""
+    (_aligned_rows); fp32 inputs: colwise blocks, tiles and two halves from rows that are not
+    aligned, FP8 rows not on 8-byte boundaries (the element-wise kernel, variant_gap), which mxq's
+    own outputs never are."""
     grouped = call is not None and call.group_offsets is not None
     gap = fp8_block_gap(spec, epilogue, DTYPE_NAMES.get(x.dtype), grouped)
     if gap:
@@ -65,11 +65,8 @@ def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return ("with group_offsets and fp32 inputs from rows that are not aligned (N % 8 != 0 or tensors not "
                 "16-byte aligned) has no GPU kernels yet")
     col = call.out.colwise_data if call is not None and call.out is not None else None
-    if spec.colwise_transposed:  # (the vectorised kernel's 8-byte column words; aligned rows, above)
-        gap = fp32_transposed_gap(flat_dims(x.shape)[0], col)
-        if gap:
-            return gap
-    elif col is not None:  # (its [M, N] rows, as the kernel writes them, [M, 2N] for two halves; None: not viewable so)
+    if col is not None and not spec.colwise_transposed:
+        # (its [M, N] rows as the kernel writes them, [M, 2N] for two halves; None: not viewable so)
         col = data_rows(col, *flat_dims(gated.out_shape(epilogue, x.shape)))
     if _fp32_aligned_only(spec, epilogue) and (not _aligned_rows(x, call) or (
             spec.colwise and not spec.colwise_transposed and call is not None and call.out is not None and (col is None or _misaligned(col, kconfig.VEC)))):
@@ -89,19 +86,6 @@ def _fp32_aligned_only(spec, epilogue) -> bool:
     "vec"): its 128-row tile (colwise blocks, 128x128 tiles) and two-halves ops (no staged rows,
     KernelConfig.vec_unaligned)."""
     return spec.colwise or spec.block[0] > 1 or gated.is_halves(epilogue)
-
-
-def fp32_transposed_gap(m: int, col: torch.Tensor | None) -> str | None:
-    """Why the vectorised kernel cannot write an fp32 call's transposed colwise copy from aligned
-    rows, or None: each thread stores its 8 rows of a column as one 8-byte word at byte ``row``
-    of the copy's [N, M] rows (VectorizedKernel.store_transposed), so M % 8 == 0 and an
-    ``out=``'s copy (``col``) contiguous and 8-byte aligned."""
-    if m % kconfig.UNIT or (col is not None and col.numel() and (col.data_ptr() % kconfig.UNIT
-                                                                 or not col.is_contiguous())):
-        return (f"with colwise=True and scale_layout='gemm' (the transposed copy) and fp32 inputs needs M % "
-                f"{kconfig.UNIT} == 0 (M = {m}) and an out= whose colwise data is contiguous and 8-byte aligned "
-                "on the kernels")
-    return None
 
 
 # input dtypes by the names the C++ routes use (export's dtype=, the dispatcher's resolve)
@@ -304,13 +288,8 @@ def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None, dtype:
     fp8_block_unserved), so export() leaves "generic" and "rows8" out of the library and the
     native dispatcher refuses a call that would take them when it resolves the kernel. 128x128
     tiles and amax beside colwise blocks are served as the kernels serve them (fp8_block_gap).
-    The transposed copy from fp32 inputs (``dtype``), whose kernel needs M % 8 == 0
-    (fp32_transposed_gap), which the C++ checks do not ask, and fp32 gated backwards
-    (``halves``: the aligned kernel alone, whose other variants export would leave out by a rule
-    variant_gap does not know) stay with the Python routes."""
-    if cpp_transposed(spec) and dtype == "fp32":
-        return ("with colwise=True and scale_layout='gemm' (the transposed copy) and fp32 inputs is not served by the "
-                "C++ routes (its kernel needs M % 8 == 0, which they do not check)")
+    fp32 gated backwards (``halves``, ``dtype``: the aligned kernel alone, whose other variants
+    export would leave out by a rule variant_gap does not know) stay with the Python routes."""
     if halves and dtype == "fp32":
         return "with a gated backward (two output halves) and fp32 inputs is not served by the C++ routes yet"
     if grouped and spec.scale_layout == "gemm":  # (validation's rule: grouped FP8 block scales are compact)
@@ -387,6 +366,6 @@ def refuse_unlaunchable(what: str, smem_shortfall, dtype: str | None = None) -> 
                          + (" or export it for dtype='fp32'" if dtype else ""))
 
 
-__all__ = ["DTYPE_NAMES", "cpp_facts", "cpp_gap", "cpp_only_gap", "cpp_transposed", "fp32_transposed_gap",
-           "fp8_block_gap", "fp8_block_unserved", "n_multiple", "packed_shared_bytes", "refuse_cpp", "refuse_unlaunchable",
+__all__ = ["DTYPE_NAMES", "cpp_facts", "cpp_gap", "cpp_only_gap", "cpp_transposed", "fp8_block_gap",
+           "fp8_block_unserved", "n_multiple", "packed_shared_bytes", "refuse_cpp", "refuse_unlaunchable",
            "smem_shortfall", "unserved", "unsupported", "variant_gap"]
