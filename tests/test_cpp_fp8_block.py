@@ -935,16 +935,18 @@ def test_exported_new_forms_run_on_cuda(tmp_path, form, shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", sorted(NEW_FORMS))
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_registered_new_forms_run_on_cuda(form, dtype):
     """The native dispatcher launches the newly served forms of a fused op (a row bias broadcast):
-    scales as flat buffers and as Python's views, the Python route's bytes; compact ones from rows
-    N % 8 != 0 too ("generic" / "rows8"). (CPU: test_dispatcher_cpu_route_fills_the_new_forms,
+    scales as flat buffers and as Python's views, the Python route's bytes; compact ones from 16-bit
+    rows N % 8 != 0 too ("generic" / "rows8"); fp32 on the vectorised kernel's aligned rows (M % 8
+    != 0 too: the transposed copy's byte stores). (CPU: test_dispatcher_cpu_route_fills_the_new_forms,
     test_native_route_takes_the_new_forms.)"""
     op = mxq.fused_quant(format="fp8_block", **NEW_FORMS[form])(bias_gelu)
     fn = op.register(f"fp8_block_{form}_test")
     transposed = limits.cpp_transposed(op.spec)
-    for m, n in ((64, 256), (300, 264), (129, 136), (128, 128), *(() if transposed else ((33, 100),))):
+    aligned_only = transposed or dtype is torch.float32
+    for m, n in ((64, 256), (300, 264), (129, 136), (128, 128), *(() if aligned_only else ((33, 100),))):
         x, b = planted(m, n, dtype, seed=m).cuda(), planted(1, n, dtype, seed=n).reshape(n).cuda()
         want = op(x, b)
         for views in (False, True):
