@@ -204,7 +204,7 @@ def test_gpu_fp32_gated_backward_matches_the_reference(opts, monkeypatch):
     """FP8 block scaling's gated backward from fp32 inputs on the vectorised kernel, into poisoned
     outputs and allocating, against the reference within the op's class, ungrouped (N = 96 only
     where no block straddles the halves; N = 640: three column tiles per half, the last partial;
-    partial 128-row tiles, M % 8 == 0 with the transposed copy) and grouped (compact, random
+    partial 128-row tiles, M % 8 != 0 with the transposed copy too) and grouped (compact, random
     groups with empty ones); MXQ_STRICT: no fallback. CPU counterpart:
     test_fp32_gated_backward_is_served_and_compiles."""
     from mxq.testing import compare, v_abs_sum, v_bound
@@ -212,8 +212,7 @@ def test_gpu_fp32_gated_backward_matches_the_reference(opts, monkeypatch):
     from .test_gated import _random_groups
 
     monkeypatch.setenv("MXQ_STRICT", "1")
-    transposed = opts.get("scale_layout") == "gemm" and opts.get("colwise")
-    for name, m, n in (("swiglu", 136 if transposed else 131, 256), ("geglu", 272, 640), ("swiglu", 40, 96)):
+    for name, m, n in (("swiglu", 131, 256), ("geglu", 272, 640), ("swiglu", 40, 96)):
         if n % 128 and opts.get("rowwise", True):
             continue  # (a block would straddle the halves: the reference's, test_gated's fallback test)
         op = mxq.fused_quant(format="fp8_block", dact=name, **opts)(ident)
@@ -954,8 +953,8 @@ def test_fp32_transposed_compiles(arch, opts):
 @pytest.mark.parametrize("opts", FP32_TRANSPOSED, ids=_ids)
 def test_gpu_fp32_transposed_matches_reference(shape, opts, monkeypatch):
     """The transposed colwise copy from fp32 (1x128 blocks along M and 128x128 tiles) against the
-    reference: partial blocks and tiles at M and N, M % 8 != 0 (the copy's rows not 8-byte
-    aligned: byte stores), NaN, inf and subnormal columns, fused acts
+    reference: partial blocks and tiles at M and N, M % 8 != 0 or the copy at an odd address
+    (its rows not 8-byte aligned: byte stores), NaN, inf and subnormal columns, fused acts
     (the transcendental class: mxq.testing.compare's bound) and dact + dbias; into poisoned
     outputs and allocating; MXQ_STRICT: no fallback. CPU counterpart: test_fp32_transposed_compiles."""
     from mxq.testing import compare, v_abs_sum, v_bound
@@ -975,6 +974,10 @@ def test_gpu_fp32_transposed_matches_reference(shape, opts, monkeypatch):
     x = _colwise_specials(m, n, torch.float32, seed=m * 7 + n)
     _check(op, [x], op(x.cuda(), out=poisoned(op, x.cuda())))
     _check(op, [x], op(x.cuda()))
+    out = poisoned(op, x.cuda())  # (the copy at an odd address: its rows not 8-byte aligned, byte stores)
+    buf = torch.full((n * m + 1,), 0x5A, dtype=torch.uint8, device="cuda")
+    out.colwise_data = buf[1:].view(out.colwise_data.dtype).view(n, m)
+    _check(op, [x], op(x.cuda(), out=out))
 
 
 @pytest.mark.gpu

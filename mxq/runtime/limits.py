@@ -104,9 +104,10 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
     128x128 tiles; N % 128 == 0 with the rowwise blocks or tiles: unserved, n_multiple); fp32
     inputs through the vectorised kernel: rowwise 1x128 blocks aligned or with staged rows
     (launch.variant_for picks "vec" or "rows8": variant_gap), where the staged rows fit shared
-    memory, compact 128-row colwise blocks and 128x128 tiles (either rowwise layout, the compact
-    colwise one) on aligned rows (its 128-row tile, "vec" alone: fp8_block_unserved, variant_gap),
-    and grouped calls of these from aligned rows ("vec_grouped"). The rule of the Python routes
+    memory, 128-row colwise blocks, 128x128 tiles (either layout and direction, the transposed
+    copy too) and gated backwards on aligned rows (its 128-row tile, "vec" alone:
+    fp8_block_unserved, variant_gap), and grouped calls of these (compact) from aligned rows
+    ("vec_grouped"). The rule of the Python routes
     (fp8_block_unserved) and, with cpp_only_gap, the C++ ones (cpp_gap)."""
     gap = codegen.kernel_gap(spec)
     if gap:
@@ -282,7 +283,7 @@ def cpp_only_gap(spec, grouped: bool = False, variant: str | None = None, dtype:
     slots.dispatch_flags), and the
     GEMM-ready transposed colwise copy (cpp_transposed) on a kernel ``variant`` other than the
     aligned one (variant None: whatever the variant, which register() and dispatcher() ask): the
-    packed kernel writes that copy from aligned rows alone, variant "vec" (N % 8 == 0, the
+    packed and vectorised kernels write that copy from aligned rows alone, variant "vec" (N % 8 == 0, the
     tensors it reads 16 bytes at a time 16-byte aligned, rows a multiple of 8 elements apart;
     launch.variant_for's rule, the Python routes running the reference for other calls,
     fp8_block_unserved), so export() leaves "generic" and "rows8" out of the library and the
