@@ -476,8 +476,8 @@ def _error(fn, *args):
 def test_export_serves_the_aligned_kernels_and_refuses_the_rest(fp4_libs, tmp_path):
     """export() of FP4 ops: the aligned kernel alone ("_vec"; NVFP4 also "_vec_given", the
     quantize pass of a given amax; grouped "_vec_grouped"), the header naming what is left out
-    and the packed data's shapes; the Hadamard transform, gated backwards and fp32 colwise ops
-    refused before anything is built."""
+    and the packed data's shapes; the Hadamard transform, gated backwards and grouped fp32 colwise
+    ops refused before anything is built."""
     _, _, info = fp4_libs["nvfp4"]
     assert info["functions"] == ["e_nvfp4_vec", "e_nvfp4_vec_given", "e_nvfp4_vec_grouped",
                                  "e_nvfp4_vec_given_grouped"]
@@ -492,14 +492,26 @@ def test_export_serves_the_aligned_kernels_and_refuses_the_rest(fp4_libs, tmp_pa
                        (dict(format="mxfp4", dact="swiglu"), "gated backward")):
         with pytest.raises(ValueError, match=word):
             mxq.fused_quant(**opts)(ident).export(tmp_path / "x")
-    with pytest.raises(ValueError, match="fp32"):
-        mxq.fused_quant(format="mxfp4", colwise=True)(ident).export(tmp_path / "x", dtype="fp32")
+    with pytest.raises(ValueError, match="group_offsets and fp32"):
+        mxq.fused_quant(format="mxfp4", colwise=True)(ident).export(tmp_path / "x", dtype="fp32", grouped=True)
     for opts, word in ((dict(format="mxfp4", scale_layout="swizzled"), "compact"),
                        (dict(format="nvfp4", stochastic_rounding=True), "stochastic_rounding"),
                        (dict(format="nvfp4", block_2d=True), "block_2d")):  # (grouped: validation's rule)
         with pytest.raises(ValueError, match=word):
             mxq.fused_quant(**opts)(ident).export(tmp_path / "x", grouped=True)
     assert not (tmp_path / "x").exists()
+
+
+def test_fp32_exports_serve_the_vectorised_kernel(tmp_path):
+    """export(dtype="fp32") of FP4 ops the vectorised kernel serves ungrouped: the colwise copy
+    (drelu + dbias), NVFP4's 16x16 tiles and stochastic rounding, each its "_vec" function
+    (NVFP4's "_vec_given" too). GPU counterpart: test_exported_fp4_functions_run_on_cuda (fp32)."""
+    for i, (fmt, opts) in enumerate((("mxfp4", dict(colwise=True, dact="relu", dbias=True)),
+                                     ("nvfp4", dict(colwise=True, block_2d=True)),
+                                     ("nvfp4", dict(stochastic_rounding=True)))):
+        op = mxq.fused_quant(format=fmt, **opts)(ident)
+        info = op.export(tmp_path / f"f{i}", arch="sm_90", dtype="fp32", name=f"f_{fmt}")
+        assert info["functions"] == [f"f_{fmt}_vec"] + ([f"f_{fmt}_vec_given"] if fmt == "nvfp4" else []), opts
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -932,23 +944,28 @@ def test_gpu_gated_backward_matches_reference(strict, case, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt):
+def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt, dtype):
     """The exported FP4 functions write the reference's bytes on the H200: drelu + dbias, both
-    directions (NVFP4 compact, MXFP4 swizzled), NVFP4's "_vec_given" with a given amax and its
-    grouped function (the colwise scales zeroed first, as the header says). CPU counterparts:
-    test_exported_fp4_functions_check_every_size, test_exported_grouped_fp4_function_checks_the_groups."""
+    directions (NVFP4 compact, MXFP4 swizzled), NVFP4's "_vec_given" with a given amax and (bf16)
+    its grouped function (the colwise scales zeroed first, as the header says); fp32 on the
+    vectorised kernel. CPU counterparts: test_exported_fp4_functions_check_every_size,
+    test_exported_grouped_fp4_function_checks_the_groups, test_fp32_exports_serve_the_vectorised_kernel."""
     import tvm_ffi
 
+    from mxq.formats.numerics import dbias_partial_dtype
     from mxq.runtime import targets
 
     arch = targets.device_arch(torch.device("cuda"))
+    t = DTYPES[dtype]
+    grouped = fmt == "nvfp4" and dtype == "bf16"  # (fp32 colwise copies: ungrouped)
     opts = dict(colwise=True, dact="relu", dbias=True, scale_layout="compact" if fmt == "nvfp4" else "swizzled")
     op = mxq.fused_quant(format=fmt, **opts)(ident)
-    info = op.export(tmp_path / "e", arch=arch, dtype="bf16", name=f"e_{fmt}", grouped=fmt == "nvfp4")
+    info = op.export(tmp_path / "e", arch=arch, dtype=dtype, name=f"e_{fmt}", grouped=grouped)
     lib = tvm_ffi.load_module(info["library"])
     m, n = 200, 272
-    x, a = planted(m, n, torch.bfloat16, seed=1), planted(m, n, torch.bfloat16, seed=2)
+    x, a = planted(m, n, t, seed=1), planted(m, n, t, seed=2)
 
     def flat(t):
         return (t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t).reshape(-1)
@@ -959,7 +976,8 @@ def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt):
             got.amax.fill_(kw["global_amax"])
         args = [x.cuda(), a.cuda(), got.rowwise_data, flat(got.rowwise_scale), got.colwise_data,
                 flat(got.colwise_scale), *([got.amax.reshape(-1)] if got.amax is not None else []), got.dbias,
-                torch.empty(m // 32 + len(groups) if groups is not None else cdiv(m, 32), n, device="cuda"),
+                torch.empty(m // 32 + len(groups) if groups is not None else cdiv(m, 32), n, device="cuda",
+                            dtype=dbias_partial_dtype(t)),
                 torch.zeros(1, device="cuda")] + ([groups.cuda()] if groups is not None else [])
         lib[fname](*args)
         torch.cuda.synchronize()
@@ -969,12 +987,13 @@ def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt):
             if getattr(want, f) is not None:
                 assert same_bytes(getattr(got, f).contiguous(), getattr(want, f).contiguous()), (fname, f)
         gd, wd = got.dbias.cpu().double(), want.dbias.double()
-        ulp = torch.finfo(torch.bfloat16).eps * wd.abs() + torch.finfo(torch.bfloat16).tiny
+        ulp = torch.finfo(t).eps * wd.abs() + torch.finfo(t).tiny
         assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), fname
 
     run(f"e_{fmt}_vec", {})
     if fmt == "nvfp4":
         run("e_nvfp4_vec_given", {"given": True, "global_amax": 300.0})
+    if grouped:
         run("e_nvfp4_vec_grouped", {}, torch.tensor([0, 16, 16, 120, 200], dtype=torch.int32))
 
 

@@ -242,9 +242,9 @@ def fp4_cpp_gap(spec, epilogue, native: bool, dtype: str | None = None, variant:
     alone, which cannot fall back to the reference) serves what the kernels serve for every call
     its checks let through (csrc/export_check.h): the aligned kernel alone (variant "vec", and
     NVFP4's "vec_given": the quantize pass of a given amax; fp4_unserved's N % 8 == 0, NVFP4's N %
-    16 == 0, 16-byte aligned tensors), the colwise copy, 16x16 tiles and stochastic rounding from
-    16-bit inputs, groups (a given amax too); not the Hadamard transform (its amax and
-    colwise_amax pair) nor gated backwards. register(), dispatcher() and get_quantize_kernel run
+    16 == 0, 16-byte aligned tensors), the colwise copy, 16x16 tiles and stochastic rounding (the
+    colwise copy grouped from 16-bit inputs alone), groups (a given amax too); not the Hadamard
+    transform (its amax and colwise_amax pair) nor gated backwards. register(), dispatcher() and get_quantize_kernel run
     Python on every call (the destination-passing signature): there stochastic rounding and the
     Hadamard transform, whose seed, offset and colwise_amax have no slot."""
     if not native:
@@ -259,10 +259,8 @@ def fp4_cpp_gap(spec, epilogue, native: bool, dtype: str | None = None, variant:
         return f"with group_offsets {fp4_layouts.grouped_gap(spec)}"
     if gated.is_halves(epilogue):
         return "with a gated backward (two output halves) is not served by the C++ routes yet"
-    if dtype == "fp32":  # (the vectorised kernel's, ungrouped: not in export's checks yet)
-        flag = next((f for f in ("colwise", "block_2d", "stochastic_rounding") if getattr(spec, f)), None)
-        if flag:
-            return f"with {flag}=True and fp32 inputs is not served by export() yet (Python calls run its kernel)"
+    if dtype == "fp32" and grouped and spec.colwise:  # (the vectorised kernel's copy: ungrouped alone)
+        return "with colwise=True, group_offsets and fp32 inputs has no GPU kernels yet"
     if variant is not None and not variant.startswith("vec"):
         return ("is served by the aligned kernel alone ('_vec': N % 8 == 0, NVFP4's N % 16 == 0, 16-byte aligned "
                 "tensors with rows a multiple of 8 elements apart)")
