@@ -335,9 +335,11 @@ def test_grouped_rowwise_is_served_and_the_rest_falls_back():
     assert _unserved(nv, x, given) is None
     per_group = Call([x], [], group_offsets=offs)._replace(fp4=CallArgs(torch.ones(1), None, None))
     assert _unserved(nv, x, per_group) is None
-    x32 = x.float()  # (grouped rowwise from fp32: the vectorised kernel, either format)
+    x32 = x.float()  # (grouped from fp32: the vectorised kernel, either format, the colwise copy too)
     for fmt in ("mxfp4", "nvfp4"):
-        assert _unserved(mxq.fused_quant(format=fmt)(ident), x32, Call([x32], [], group_offsets=offs)) is None
+        for opts in (dict(), dict(colwise=True)):
+            o = mxq.fused_quant(format=fmt, **opts)(ident)
+            assert _unserved(o, x32, Call([x32], [], group_offsets=offs)) is None
     op = mxq.fused_quant(format="mxfp4")(ident)
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     assert _unserved(op, x, Call([x], [], out=out)) is None
@@ -413,6 +415,9 @@ def test_grouped_colwise_compiles(arch, case):
     op = mxq.fused_quant(format=fmt, colwise=True, **opts)(ident)
     ptx = _ptx(op, arch, "bf16", "vec_grouped")
     assert "st.global.b16" in ptx and "st.global.b8" in ptx  # (the end pieces of unaligned group runs)
+    # fp32: the vectorised kernel, each column's word of 8 rows as 4 bytes (32 a thread, 8 scale bytes)
+    vec = max(_ptx(op, arch, "fp32", "vec_grouped").split(".entry")[1:], key=lambda e: e.count("st.global"))
+    assert vec.count("st.global.b8 ") == 32 + 8 and "st.global.b16" not in vec
     if arch == "sm_90a" and shutil.which("ptxas") is not None:
         from .test_gemm_epilogue import _assert_ptxas_clean
 
@@ -476,8 +481,8 @@ def _error(fn, *args):
 def test_export_serves_the_aligned_kernels_and_refuses_the_rest(fp4_libs, tmp_path):
     """export() of FP4 ops: the aligned kernel alone ("_vec"; NVFP4 also "_vec_given", the
     quantize pass of a given amax; grouped "_vec_grouped"), the header naming what is left out
-    and the packed data's shapes; the Hadamard transform, gated backwards and grouped fp32 colwise
-    ops refused before anything is built."""
+    and the packed data's shapes; the Hadamard transform and gated backwards refused before
+    anything is built."""
     _, _, info = fp4_libs["nvfp4"]
     assert info["functions"] == ["e_nvfp4_vec", "e_nvfp4_vec_given", "e_nvfp4_vec_grouped",
                                  "e_nvfp4_vec_given_grouped"]
@@ -492,8 +497,6 @@ def test_export_serves_the_aligned_kernels_and_refuses_the_rest(fp4_libs, tmp_pa
                        (dict(format="mxfp4", dact="swiglu"), "gated backward")):
         with pytest.raises(ValueError, match=word):
             mxq.fused_quant(**opts)(ident).export(tmp_path / "x")
-    with pytest.raises(ValueError, match="group_offsets and fp32"):
-        mxq.fused_quant(format="mxfp4", colwise=True)(ident).export(tmp_path / "x", dtype="fp32", grouped=True)
     for opts, word in ((dict(format="mxfp4", scale_layout="swizzled"), "compact"),
                        (dict(format="nvfp4", stochastic_rounding=True), "stochastic_rounding"),
                        (dict(format="nvfp4", block_2d=True), "block_2d")):  # (grouped: validation's rule)
@@ -503,15 +506,17 @@ def test_export_serves_the_aligned_kernels_and_refuses_the_rest(fp4_libs, tmp_pa
 
 
 def test_fp32_exports_serve_the_vectorised_kernel(tmp_path):
-    """export(dtype="fp32") of FP4 ops the vectorised kernel serves ungrouped: the colwise copy
-    (drelu + dbias), NVFP4's 16x16 tiles and stochastic rounding, each its "_vec" function
-    (NVFP4's "_vec_given" too). GPU counterpart: test_exported_fp4_functions_run_on_cuda (fp32)."""
-    for i, (fmt, opts) in enumerate((("mxfp4", dict(colwise=True, dact="relu", dbias=True)),
-                                     ("nvfp4", dict(colwise=True, block_2d=True)),
-                                     ("nvfp4", dict(stochastic_rounding=True)))):
+    """export(dtype="fp32") of FP4 ops on the vectorised kernel: the colwise copy (drelu + dbias;
+    grouped too), NVFP4's 16x16 tiles and stochastic rounding (ungrouped: validation's rule),
+    each its "_vec" function (NVFP4's "_vec_given" too). GPU counterpart:
+    test_exported_fp4_functions_run_on_cuda (fp32)."""
+    for i, (fmt, opts, grouped) in enumerate((("mxfp4", dict(colwise=True, dact="relu", dbias=True), True),
+                                              ("nvfp4", dict(colwise=True, block_2d=True), False),
+                                              ("nvfp4", dict(stochastic_rounding=True), False))):
         op = mxq.fused_quant(format=fmt, **opts)(ident)
-        info = op.export(tmp_path / f"f{i}", arch="sm_90", dtype="fp32", name=f"f_{fmt}")
-        assert info["functions"] == [f"f_{fmt}_vec"] + ([f"f_{fmt}_vec_given"] if fmt == "nvfp4" else []), opts
+        info = op.export(tmp_path / f"f{i}", arch="sm_90", dtype="fp32", name=f"f_{fmt}", grouped=grouped)
+        want = [f"f_{fmt}_vec"] + ([f"f_{fmt}_vec_given"] if fmt == "nvfp4" else [])
+        assert info["functions"] == want + [f + "_grouped" for f in want if grouped], opts
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -855,14 +860,15 @@ def test_gpu_colwise_copy_with_dbias_matches_reference(strict, case, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("case", GROUPED_COLWISE, ids=_fmt_ids)
 def test_gpu_grouped_colwise_matches_reference(strict, case, dtype):
     """Grouped calls with the transposed colwise copy on the kernels (no fallback), allocating and
     into poisoned outputs (whose colwise scales between the groups' blocks the launch zeroes):
     every byte equal to the reference's, dbias within an ulp, NVFP4's amax per group; group sizes
     even (a byte packs two rows), empty ones first, between and last, and group starts both
-    aligned to the 4-byte runs and not (6, 38, ...: the byte stores). CPU counterpart:
+    aligned to the 4-byte runs and not (6, 38, ...: the byte stores); fp32 on the vectorised
+    kernel (each column's word as 4 bytes below the group's end). CPU counterpart:
     test_grouped_colwise_compiles."""
     fmt, opts = case
     t = DTYPES[dtype]
@@ -948,8 +954,8 @@ def test_gpu_gated_backward_matches_reference(strict, case, dtype):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt, dtype):
     """The exported FP4 functions write the reference's bytes on the H200: drelu + dbias, both
-    directions (NVFP4 compact, MXFP4 swizzled), NVFP4's "_vec_given" with a given amax and (bf16)
-    its grouped function (the colwise scales zeroed first, as the header says); fp32 on the
+    directions (NVFP4 compact, MXFP4 swizzled), NVFP4's "_vec_given" with a given amax and its
+    grouped function (the colwise scales zeroed first, as the header says); fp32 on the
     vectorised kernel. CPU counterparts: test_exported_fp4_functions_check_every_size,
     test_exported_grouped_fp4_function_checks_the_groups, test_fp32_exports_serve_the_vectorised_kernel."""
     import tvm_ffi
@@ -959,7 +965,7 @@ def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt, dtype):
 
     arch = targets.device_arch(torch.device("cuda"))
     t = DTYPES[dtype]
-    grouped = fmt == "nvfp4" and dtype == "bf16"  # (fp32 colwise copies: ungrouped)
+    grouped = fmt == "nvfp4"
     opts = dict(colwise=True, dact="relu", dbias=True, scale_layout="compact" if fmt == "nvfp4" else "swizzled")
     op = mxq.fused_quant(format=fmt, **opts)(ident)
     info = op.export(tmp_path / "e", arch=arch, dtype=dtype, name=f"e_{fmt}", grouped=grouped)

@@ -83,10 +83,9 @@ class Quantize:
         if cfg.fmt.hadamard and ins[0].element_type is not cutlass.BFloat16:  # (validation's rule)
             raise NotImplementedError("mxq: NVFP4's Hadamard transform takes bf16 inputs only")
         if cfg.fmt.packed and cfg.colwise and (
-                (ins[0].element_type.width != 16 and group_ends is not None)
-                or cfg.tile_rows // (cfg.packed_warps() if ins[0].element_type.width == 16 else cfg.vec_warps) != 8):
+                cfg.tile_rows // (cfg.packed_warps() if ins[0].element_type.width == 16 else cfg.vec_warps) != 8):
             raise NotImplementedError("mxq: FP4's colwise copy is served by the packed and vectorised kernels' 8-row "
-                                      "threads (fp32 inputs: ungrouped)")
+                                      "threads")
         if cfg.tile_rows != ROWS and not cfg.fp4_columns and (
                 (cfg.transposed and variant != "vec") or (ins[0].element_type.width != 16 and (
                     variant != "vec"))):

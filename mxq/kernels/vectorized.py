@@ -48,7 +48,7 @@ from . import grouped
 from . import smem as shared
 from . import unaligned as ua
 from .config import ROWS, VEC
-from .packed import Fields, fp4_column_scale_run, fp4_scale_warps, fp4_tile_entries, rec
+from .packed import Fields, fp4_column_scale_run, fp4_group_block, fp4_scale_warps, fp4_tile_entries, rec
 
 VCOLS = 32 * VEC
 
@@ -188,7 +188,7 @@ class VectorizedKernel:
                     self.store_fp4_columns(rec(k), rec(at, co=co, M=M), vals, sc, col_data, rng)
             elif cutlass.const_expr(cfg.fp4_columns):
                 # FP4's transposed colwise copy: each thread's 8 rows of a column are one word of codes
-                sc = self.fp4_column_scales(rec(k), rec(at, rb=rb, co=co, M=M, N=N), sMax, col_scale,
+                sc = self.fp4_column_scales(rec(k), rec(at, rb=rb, co=co, gt=gt, M=M, N=N), sMax, col_scale,
                                             codec.global_scales(cfg.fmt, amax, colwise=True, glob=glob))
                 self.store_fp4_columns(rec(k), rec(at, co=co, M=M), vals, sc, col_data, rng)
             elif cutlass.const_expr(cfg.tiles):
@@ -617,14 +617,21 @@ class VectorizedKernel:
         the block's warps left in sMax (packed.fp4_scale_warps: NVFP4's 16-row block two 8-row
         warps, MXFP4's 32-row block four; NVFP4 drops NaN, MXFP4 propagates it: scale 255,
         codec.block_amax_nan), stored by the block's first warp (compact [N, ceil(M/B)] or its
-        swizzled atoms, packed.fp4_column_scale_run; a two-halves op's half from row co), and the
-        8 multipliers. ``glob``: NVFP4's per-tensor values (codec.global_scales)."""
+        swizzled atoms, packed.fp4_column_scale_run; a two-halves op's half from row co; grouped:
+        [N, M // B + G], the group's blocks from column start // B + g, packed.fp4_group_block),
+        and the 8 multipliers. ``glob``: NVFP4's per-tensor values (codec.global_scales)."""
         cfg = self.cfg
         NAN = cutlass.const_expr(codec.block_amax_nan(cfg.fmt))
         B = cutlass.const_expr(cfg.fmt.col_block[0])
         w0, WPB = fp4_scale_warps(t.warp, k.VROWS, B)
-        nbm = (t.M + B - 1) // B
-        blk = (t.rb * cfg.tile_rows + w0 * k.VROWS) // B
+        if cutlass.const_expr(k.GROUPED):
+            nbm = t.M // B + t.gt.G
+            blk = fp4_group_block(t.gt.start, t.gt.g, t.gt.b, cfg.tile_rows, w0, k.VROWS, B)
+            brow = t.gt.row0 + w0 * k.VROWS  # (the block's first row; a tile with no rows: none below row_end)
+        else:
+            nbm = (t.M + B - 1) // B
+            blk = (t.rb * cfg.tile_rows + w0 * k.VROWS) // B
+            brow = blk * B
         off0, step = fp4_column_scale_run(cfg.fmt.swizzled, self.op.out_col(t.co, t.c0), blk, nbm)
         sc = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)
         for c in cutlass.range_constexpr(VEC):
@@ -635,7 +642,7 @@ class VectorizedKernel:
                 m = cute.arch.fmax(m, Float32(0.0))
             e = codec.block_scale(cfg.fmt, m, k.use_hw_e8m0, glob=glob)
             sc[c] = codec.multiplier(cfg.fmt, e, glob)
-            if t.warp == w0 and t.c0 + c < t.N and blk * B < t.row_end:
+            if t.warp == w0 and t.c0 + c < t.N and brow < t.row_end:
                 col_scale[off0 + c * step] = Uint8(e)
         return sc
 
@@ -644,9 +651,10 @@ class VectorizedKernel:
         """NVFP4's 16x16 tiles (block_2d): the thread's tile is rows w0 * 8 .. of the CTA (the two
         8-row warps w0, w0 + 1 of packed.fp4_scale_warps) and the columns of lanes 2q, 2q + 1
         (lane ^ 1). Its amax (NaN dropped; rows past M are zeros) is both warps' column maxima
-        of the thread's columns in sMax (share_partials) and the partner lane's, one shuffle; its E4M3 scale is stored in each of its rows' rowwise entries (each of the two
-        lanes half the thread's rows) and each of its columns' colwise entries (each of the two
-        warps half the thread's columns: packed.fp4_tile_entries). Returns the tile's multiplier,
+        of the thread's columns in sMax (share_partials) and the partner lane's, one shuffle; its
+        E4M3 scale is stored in each of its rows' rowwise entries (each of the two lanes half the
+        thread's rows) and each of its columns' colwise entries (each of the two warps half the
+        thread's columns: packed.fp4_tile_entries). Returns the tile's multiplier,
         VEC copies."""
         cfg = self.cfg
         B = cutlass.const_expr(cfg.fmt.block[0])  # (16)
@@ -696,7 +704,10 @@ class VectorizedKernel:
         """The thread's 8 rows of each of its 8 columns as one word of E2M1 codes (row rbase + i
         in bits 4i..4i+3: codec.encode8's order, two rows a byte) at byte rbase / 2 of output row
         c0 + c of the [N, M/2] copy: M % 8 == 0 (limits.fp4_unserved), so a thread's rows all
-        exist or none and every word is 4-byte aligned. Stochastic rounding (``rng``): each
+        exist or none and every word is 4-byte aligned; grouped, the group's first row any even
+        row: the word's 4 bytes one at a time, each below the group's end (its rows are another
+        group's past it; the ends are even, so a byte's two rows share a group). Stochastic
+        rounding (``rng``, ungrouped): each
         column's words of the thread's 8 rows, half of its 16-row group's four
         (device.sr_col_group, from the group's first row rbase - 8 p, p the warp's parity; one
         Philox per column where the groups start on a counter, device.sr_col_aligned, else two)."""
@@ -715,7 +726,12 @@ class VectorizedKernel:
                     rand = [Uint32(cutlass.select_(odd, w4[2 + h], w4[h])) for h in range(2)]
                 w = codec.encode8(fmt, [dev.mul_rn(vals[i * VEC + c], sc[c]) for i in range(k.VROWS)], k.use_hw_e8m0,
                                   rand)
-                dev.store_global_words(ua.row_at(out, c), [w])
+                if cutlass.const_expr(k.GROUPED):
+                    for j in cutlass.range_constexpr(VEC // 2):
+                        if t.rbase + 2 * j < t.row_end:
+                            dev.store_global_u8(ua.row_at(out, c) + Int64(j), w >> Uint32(8 * j))
+                else:
+                    dev.store_global_words(ua.row_at(out, c), [w])
 
     def store_unit_row(self, p, vals, i: int, inv, ok, whole, part, nvalid):
         """Unaligned rows: row i's VEC values times their inverse scales ``inv`` as one FP8 unit

@@ -128,8 +128,7 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     ungrouped from fp32 the vectorised kernel's: NVFP4's 16-row blocks, MXFP4's 32-row ones, a
     partial last block zero-padded;
     NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
-    that are one fp32[2] buffer). Grouped colwise copies from fp32 inputs,
-    grouped NVFP4 block_2d from fp32 inputs (its 16x16 tiles: the packed kernel's and, ungrouped
+    that are one fp32[2] buffer). Grouped NVFP4 block_2d from fp32 inputs (its 16x16 tiles: the packed kernel's and, ungrouped
     from fp32, the vectorised one's; any M rowwise, the colwise copy's rule with it), grouped stochastic_rounding from fp32 inputs (grouped
     calls run the grouped kernels: NVFP4's amax pass and quantize pass with an amax per group,
     grouped.group_amax, or the quantize pass alone after a given amax is written into each
@@ -155,8 +154,6 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
         return "with hadamard=True and other than bf16 inputs has no GPU kernels"
     if spec.colwise:  # (the transposed copy: the packed kernel's 8-row threads, whole words of output rows)
         m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-        if x.element_size() != 2 and call is not None and call.group_offsets is not None:
-            return "with colwise=True, group_offsets and fp32 inputs has no GPU kernels yet"
         if m % kconfig.VEC:
             return f"with colwise=True and M % {kconfig.VEC} != 0 (M = {m}) has no GPU kernels yet"
         col = call.out.colwise_data if call is not None and call.out is not None else None
@@ -243,7 +240,7 @@ def fp4_cpp_gap(spec, epilogue, native: bool, dtype: str | None = None, variant:
     its checks let through (csrc/export_check.h): the aligned kernel alone (variant "vec", and
     NVFP4's "vec_given": the quantize pass of a given amax; fp4_unserved's N % 8 == 0, NVFP4's N %
     16 == 0, 16-byte aligned tensors), the colwise copy, 16x16 tiles and stochastic rounding (the
-    colwise copy grouped from 16-bit inputs alone), groups (a given amax too); not the Hadamard
+    colwise copy grouped too), groups (a given amax too); not the Hadamard
     transform (its amax and colwise_amax pair) nor gated backwards. register(), dispatcher() and get_quantize_kernel run
     Python on every call (the destination-passing signature): there stochastic rounding and the
     Hadamard transform, whose seed, offset and colwise_amax have no slot."""
@@ -259,8 +256,6 @@ def fp4_cpp_gap(spec, epilogue, native: bool, dtype: str | None = None, variant:
         return f"with group_offsets {fp4_layouts.grouped_gap(spec)}"
     if gated.is_halves(epilogue):
         return "with a gated backward (two output halves) is not served by the C++ routes yet"
-    if dtype == "fp32" and grouped and spec.colwise:  # (the vectorised kernel's copy: ungrouped alone)
-        return "with colwise=True, group_offsets and fp32 inputs has no GPU kernels yet"
     if variant is not None and not variant.startswith("vec"):
         return ("is served by the aligned kernel alone ('_vec': N % 8 == 0, NVFP4's N % 16 == 0, 16-byte aligned "
                 "tensors with rows a multiple of 8 elements apart)")
