@@ -250,8 +250,8 @@ def test_fp32_stochastic_rounding_compiles(arch):
     """fp32 on the vectorised kernel: the same Philox rounds and rule as the packed kernel; a
     thread's 8 rows as 4 row pairs, each one Philox shared by neighbour lanes where the words start
     on a counter, else two (both compiled: 12 a thread); each of its 8 columns half of its 16-row
-    group's words, one Philox or two (24), unshared; no spills on sm_90; grouped fp32 calls are
-    named. GPU counterparts: test_stochastic_rounding_matches_reference,
+    group's words, one Philox or two (24), unshared; no spills on sm_90; grouped calls are named
+    (fp4_layouts.grouped_gap, validation's rule). GPU counterparts: test_stochastic_rounding_matches_reference,
     test_colwise_copy_matches_reference (fp32)."""
     import shutil
 
@@ -265,7 +265,7 @@ def test_fp32_stochastic_rounding_compiles(arch):
     x = torch.zeros(16, 256)
     assert limits.unserved(op.spec, op.epilogue, x, lambda: None) is None
     grouped = Call([x], [], group_offsets=torch.tensor([16], dtype=torch.int32))
-    assert "group_offsets and fp32" in limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped)
+    assert "stochastic_rounding" in limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped)  # (validation's)
     if arch == "sm_90a" and shutil.which("ptxas") is not None:
         from .test_gemm_epilogue import _ptxas_output
 
@@ -585,7 +585,8 @@ def test_fp32_colwise_copy_compiles(arch, opts):
     x = torch.zeros(24, 256)
     assert limits.unserved(op.spec, op.epilogue, x, lambda: None) is None
     grouped = Call([x], [], group_offsets=torch.tensor([24], dtype=torch.int32))
-    assert limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped) is None
+    why = limits.unserved(op.spec, op.epilogue, x, lambda: None, grouped)  # (grouped scales: compact alone)
+    assert why is None if op.spec.scale_layout == "compact" else "compact" in why
     ptx = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, amax=True, **opts)(ident), arch, "fp32")
     vec = max(ptx.split(".entry")[1:], key=lambda e: e.count("st.global.b32"))
     both = opts.get("rowwise", True)

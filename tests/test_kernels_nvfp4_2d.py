@@ -154,8 +154,8 @@ def test_fp32_tiles_compile(arch, opts):
     """fp32 16x16 tiles on the vectorised kernel (4 warps of 8 rows, ungrouped): the quantize pass
     computes one scale per thread from both warps' column maxima in shared memory and one shuffle
     with lane ^ 1, stores half its 8 rows' row-scale entries and half its 8 columns' colwise ones,
-    and each row's (and column's) 8 codes as one word; no spills on sm_90. Grouped fp32 calls are
-    named, and not traced. GPU counterpart: test_tiles_match_reference (fp32)."""
+    and each row's (and column's) 8 codes as one word; no spills on sm_90. Grouped calls are named
+    (validation's rule), and not traced. GPU counterpart: test_tiles_match_reference (fp32)."""
     import shutil
 
     from mxq.runtime.call import Call
@@ -163,7 +163,7 @@ def test_fp32_tiles_compile(arch, opts):
     op = _op(**opts)
     x = torch.zeros(24, 256)
     grouped = Call([x], [], group_offsets=torch.tensor([24], dtype=torch.int32))
-    assert "group_offsets and fp32" in _unserved(op, x, grouped)
+    assert "group_offsets" in _unserved(op, x, grouped)  # (fp4_layouts.grouped_gap, validation's rule)
     with pytest.raises(Exception, match="16x16"):
         _ptx(op, "sm_90a", "fp32", "vec_grouped")
     ptx = _ptx(op, arch, "fp32")

@@ -72,9 +72,8 @@ class VectorizedKernel:
     @cute.kernel
     def vec_kernel(self, ins: list, scalars: list, act_in, row_data, row_scale, col_data, col_scale, amax,
                    dbias_ws, noop, group_ends, M: Int32, N: Int32, NO: Int32, use_hw_e8m0: cutlass.Constexpr,
-                   unaligned: cutlass.Constexpr = False, rng=None):
+                   unaligned: cutlass.Constexpr = False, rng=None):  # (rng: stochastic rounding's [seed, offset])
         cfg = self.cfg
-        SR = cutlass.const_expr(cfg.fmt.rounding == "sr")  # (NVFP4's stochastic rounding: rng, int64 [seed, offset])
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # (never grouped nor two-halves: KernelConfig.vec_unaligned)
         CHUNKS = cutlass.const_expr(unaligned and cfg.vec_unaligned_chunks)
@@ -166,11 +165,7 @@ class VectorizedKernel:
                     if cutlass.const_expr(UNALIGNED and i == 0):
                         out_row = ua.row_base(row_data, rbase, c0)  # (unaligned: row i's units at row_at(out_row, i))
                     er, sr = self.row_scale(vals, i, use_hw_e8m0, codec.input_max(ins[0].element_type), glob)
-                    rand = None
-                    if cutlass.const_expr(SR):  # (two rows' words at a time; every lane draws: they exchange)
-                        if cutlass.const_expr(i % 2 == 0):
-                            pair = dev.sr_row_words(rbase + i, g, N // 4, rng[0], rng[1])
-                        rand = pair[2 * (i % 2):2 * (i % 2) + 2]
+                    pair, rand = self.sr_row_rand(i, rbase, g, N, rng, pair if i % 2 else None)
                     self.store_row(rec(k), rec(at, co=co, nbr=nbr, gt=gt, whole=whole, part=part, M=M), i, row_ok, vals,
                                    er, sr, out_row if UNALIGNED else None, tRow, row_scale, rand)
             if cutlass.const_expr(cfg.col_reduce):
@@ -181,9 +176,10 @@ class VectorizedKernel:
             sc = None
             if cutlass.const_expr(cfg.fp4_tiles and (cfg.rowwise or cfg.colwise)):  # (not the amax pass)
                 # NVFP4's 16x16 tiles: one multiplier for the thread's 8 x 8 values, both copies
-                sc = self.fp4_tile_scales(rec(k), rec(at, rb=rb, cb=cb, M=M, N=N), sMax, row_scale, col_scale, glob)
+                sc = self.fp4_tile_scales(rec(k), rec(at, rb=rb, cb=cb, co=co, nbr=nbr, gt=gt, M=M, N=N), sMax, row_scale,
+                                          col_scale, glob)
                 if cutlass.const_expr(cfg.rowwise):
-                    self.store_fp4_rows(rec(k), rec(at, N=N), vals, sc[0], tRow, rng)
+                    self.store_fp4_rows(rec(k), rec(at, co=co, N=N), vals, sc[0], tRow, rng)
                 if cutlass.const_expr(cfg.colwise):
                     self.store_fp4_columns(rec(k), rec(at, co=co, M=M), vals, sc, col_data, rng)
             elif cutlass.const_expr(cfg.fp4_columns):
@@ -411,7 +407,8 @@ class VectorizedKernel:
     @cute.jit
     def store_row(self, k, t, i: cutlass.Constexpr, row_ok, vals, er, sr, out_row, tRow, row_scale, rand=None):
         """Row i's FP8 values and (lanes 4j) its block's scale byte (``rand``: stochastic rounding's
-        two random words of the row's 8 values)."""
+        two random words of the row's 8 values; FP4 with ``row_scale`` None: the values alone, their
+        scales stored elsewhere, fp4_tile_scales)."""
         cfg = self.cfg
         if cutlass.const_expr(k.UNALIGNED):
             self.store_unit_row(ua.row_at(out_row, i), vals, i, [sr] * VEC, row_ok, t.whole, t.part, t.nvalid)
@@ -424,8 +421,9 @@ class VectorizedKernel:
                 qw[0] = codec.encode8(cfg.fmt, [dev.mul_rn(vals[i * VEC + c], sr) for c in range(VEC)], k.use_hw_e8m0,
                                       rand)
                 cute.autovec_copy(cute.recast_tensor(qw, Uint8), tRow[(None, (t.rbase + i, t.g))])
-                if t.lane % codec.block_lanes(cfg.fmt, VEC) == 0:
-                    codec.store_row_scale(cfg, row_scale, self.row_scale_offset(k, t, t.rbase + i), er)
+                if cutlass.const_expr(row_scale is not None):
+                    if t.lane % codec.block_lanes(cfg.fmt, VEC) == 0:
+                        codec.store_row_scale(cfg, row_scale, self.row_scale_offset(k, t, t.rbase + i), er)
         elif row_ok:
             qr = cute.make_rmem_tensor_like(tRow[(None, (0, 0))])
             for c in cutlass.range_constexpr(0, VEC, 2):
@@ -667,10 +665,9 @@ class VectorizedKernel:
         e = codec.block_scale(cfg.fmt, a, k.use_hw_e8m0, glob=glob)
         r0, c1 = fp4_tile_entries(t.warp, t.lane, t.rb, t.cb, cfg.tile_rows, k.VROWS, B)
         if cutlass.const_expr(cfg.rowwise):
-            nbr = (t.N + B - 1) // B
             for i in cutlass.range_constexpr(k.VROWS // 2):
                 if t.col_ok and r0 + i < t.row_end:
-                    codec.store_row_scale(cfg, row_scale, dev.scale_offset(cfg.fmt.swizzled, r0 + i, t.c0 // B, nbr), e)
+                    codec.store_row_scale(cfg, row_scale, self.row_scale_offset(k, t, r0 + i), e)
         if cutlass.const_expr(cfg.colwise):
             nbm = (t.M + B - 1) // B
             blk = (t.rb * cfg.tile_rows + w0 * k.VROWS) // B
@@ -684,20 +681,24 @@ class VectorizedKernel:
 
     @cute.jit
     def store_fp4_rows(self, k, t, vals, mult, tRow, rng=None):
-        """Every row's 8 values times ``mult`` as one word of E2M1 codes (16x16 tiles: their scales
-        stored by fp4_tile_scales); stochastic rounding (``rng``): the rows' words two rows at a
-        time (device.sr_row_words, drawn by every lane)."""
+        """Every row's 8 values times ``mult`` (16x16 tiles: their scales stored by
+        fp4_tile_scales) through store_row; stochastic rounding: sr_row_rand's words."""
+        pair = None
         for i in cutlass.range_constexpr(k.VROWS):
-            rand = None
-            if cutlass.const_expr(rng is not None):
-                if cutlass.const_expr(i % 2 == 0):
-                    pair = dev.sr_row_words(t.rbase + i, t.g, t.N // 4, rng[0], rng[1])
-                rand = pair[2 * (i % 2):2 * (i % 2) + 2]
-            if t.col_ok and t.rbase + i < t.row_end:
-                qw = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), Uint32)
-                qw[0] = codec.encode8(self.cfg.fmt, [dev.mul_rn(vals[i * VEC + c], mult) for c in range(VEC)],
-                                      k.use_hw_e8m0, rand)
-                cute.autovec_copy(cute.recast_tensor(qw, Uint8), tRow[(None, (t.rbase + i, t.g))])
+            pair, rand = self.sr_row_rand(i, t.rbase, t.g, t.N, rng, pair)
+            self.store_row(k, t, i, t.col_ok and t.rbase + i < t.row_end, vals, None, mult, None, tRow, None, rand)
+
+    @staticmethod
+    def sr_row_rand(i: int, rbase, g, N, rng, pair):
+        """Stochastic rounding's (``rng``: int64 [seed, offset]; None: none) two random words of
+        row i's 8 values, as (the pair of rows' words, row i's): drawn two rows at a time at even i
+        (device.sr_row_words; every lane of the warp draws: neighbour lanes exchange), ``pair``
+        the words drawn at i - 1 for odd i."""
+        if rng is None:
+            return None, None
+        if i % 2 == 0:
+            pair = dev.sr_row_words(rbase + i, g, N // 4, rng[0], rng[1])
+        return pair, pair[2 * (i % 2):2 * (i % 2) + 2]
 
     @cute.jit
     def store_fp4_columns(self, k, t, vals, sc, col_data, rng=None):

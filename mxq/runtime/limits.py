@@ -121,21 +121,20 @@ def fp8_block_gap(spec, epilogue, dtype: str | None, grouped: bool = False) -> s
 
 def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an MXFP4 or NVFP4 call the kernels do not serve, or None. They serve rowwise blocks
-    of one-output-half ops on the aligned kernels (the packed one for bf16/fp16, the
-    vectorised one for fp32; launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor
-    operand and the data 16-byte aligned, matrix rows a multiple of 8 elements apart; the
-    transposed colwise copy (dbias too) where M % 8 == 0 (the packed kernel's 32-row tile, and
-    ungrouped from fp32 the vectorised kernel's: NVFP4's 16-row blocks, MXFP4's 32-row ones, a
-    partial last block zero-padded;
-    NVFP4's with hadamard=True from bf16 (M % 16 == 0: validation's) into amax and colwise_amax
-    that are one fp32[2] buffer). Grouped NVFP4 block_2d from fp32 inputs (its 16x16 tiles: the packed kernel's and, ungrouped
-    from fp32, the vectorised one's; any M rowwise, the colwise copy's rule with it), grouped stochastic_rounding from fp32 inputs (grouped
-    calls run the grouped kernels: NVFP4's amax pass and quantize pass with an amax per group,
-    grouped.group_amax, or the quantize pass alone after a given amax is written into each
-    group's entry, launch.given_amax_first; the colwise copy's tiles from each group's first
-    row, packed.store_fp4_columns), two halves from grouped fp32 inputs or with
-    stochastic rounding, the Hadamard transform or 16x16 tiles (whose words and tiles are placed
-    by the input's columns), and other shapes or alignments run the reference."""
+    on the aligned kernels (the packed one for bf16/fp16, the vectorised one for fp32;
+    launch.fp4_variant): N % 8 == 0 (NVFP4: N % 16 == 0), every tensor operand and the data
+    16-byte aligned, matrix rows a multiple of 8 elements apart; the transposed colwise copy (dbias
+    too) where M % 8 == 0 (the 32-row tile of 8-row threads: NVFP4's 16-row blocks, MXFP4's 32-row
+    ones, a partial last block zero-padded; NVFP4's with hadamard=True from bf16, M % 16 == 0:
+    validation's, into amax and colwise_amax that are one fp32[2] buffer); NVFP4's 16x16 tiles and
+    stochastic rounding (any M rowwise, the colwise copy's rule with it). Grouped calls run the
+    grouped kernels (NVFP4's amax pass and quantize pass with an amax per group,
+    grouped.group_amax, or the quantize pass alone after a given amax is written into each group's
+    entry, launch.given_amax_first; the colwise copy's tiles from each group's first row), but
+    not what fp4_layouts.grouped_gap refuses (validation's rule, asked first). Two halves (gated
+    backwards) run on the kernels but grouped from fp32 or with stochastic rounding, the Hadamard
+    transform or 16x16 tiles (whose words and tiles are placed by the input's columns); those and
+    other shapes or alignments run the reference."""
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
@@ -146,10 +145,9 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
             return f"with a gated backward (two output halves) and {flag}=True has no GPU kernels yet"
         if x.element_size() != 2 and call is not None and call.group_offsets is not None:
             return "with a gated backward (two output halves), group_offsets and fp32 inputs has no GPU kernels yet"
-    if spec.block_2d and x.element_size() != 2 and call is not None and call.group_offsets is not None:
-        return "with block_2d=True, group_offsets and fp32 inputs has no GPU kernels yet"
-    if spec.stochastic_rounding and x.element_size() != 2 and call is not None and call.group_offsets is not None:
-        return "with stochastic_rounding=True, group_offsets and fp32 inputs has no GPU kernels yet"
+    gap = fp4_layouts.grouped_gap(spec) if call is not None and call.group_offsets is not None else None
+    if gap:  # (validation's rule for grouped FP4 outputs, whatever the dtype: it refuses such calls first)
+        return f"with group_offsets {gap}"
     if spec.hadamard and x.dtype != torch.bfloat16:  # (validation refuses it first; the kernels' own rule)
         return "with hadamard=True and other than bf16 inputs has no GPU kernels"
     if spec.colwise:  # (the transposed copy: the packed kernel's 8-row threads, whole words of output rows)
