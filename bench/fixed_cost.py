@@ -166,7 +166,7 @@ def out_vs_alloc(rows) -> list:
 
 def host_parts(device: str = "cuda") -> list:
     """(name, fn) of the pieces of one allocating call of ``quantize(x, colwise=True)`` on its
-    native route (launch.Launcher.call_alloc), each timed alone: where the host's time goes. The
+    native route (launch.Launcher.allocating), each timed alone: where the host's time goes. The
     route is taken once first (it is kept after a checked call)."""
     from mxq import quantize
     from mxq.op import _quantize_op
@@ -180,17 +180,13 @@ def host_parts(device: str = "cuda") -> list:
     if fast is None or fast.allocating is None:
         return []
     args = (x, None, None, None)  # (*tensors, act_input, noop, group_offsets)
-    r = fast.allocating(*args)
-    item = fast._item
     launch, _ = both.prepare(x)
     return [
         ("torch.empty(1), one allocation", lambda: torch.empty(1, device=device)),
         ("torch.empty x4 (the outputs' count, [M, N] uint8 each)",
          lambda: [torch.empty(m, n, device=device, dtype=torch.uint8) for _ in range(4)]),
         ("op.prepare() launch (TVM-FFI call + launch)", launch),
-        ("allocating route: native allocate + launch, no torch tensors", lambda: fast.allocating(*args)),
-        ("4 outputs to torch tensors (ArrayGetItem + DLPack)", lambda: [item(r, i) for i in (0, 1, 2, 3)]),
-        ("call_alloc: the above + MXFP8Tensor", lambda: fast.call_alloc(*args)),
+        ("allocating route: native allocate + launch + MXFP8Tensor (one callback)", lambda: fast.allocating(*args)),
         ("quantize(x, colwise=True): the whole call", lambda: quantize(x, colwise=True)),
     ]
 

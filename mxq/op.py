@@ -166,7 +166,7 @@ class FusedOp:
                 return None
         args = self._bind.plain(args, act_input, self.spec.dact)
         fast = self._fast_launcher(args[0], noop, group_offsets) if args is not None else None
-        return fast.call_alloc(*args, act_input, noop, group_offsets) if fast is not None else None
+        return fast.allocating(*args, act_input, noop, group_offsets) if fast is not None else None
 
     def _fast_launcher(self, x, noop, group_offsets):
         """The launcher of ``x``'s (dtype, device) whose allocating route serves a call (_fast),
@@ -465,7 +465,7 @@ class GatedOp(FusedOp):
         nt = len(self.epilogue.tensor_params)
         halves = halves_call(self.spec, self.epilogue, Call(list(args[:nt]), list(args[nt:])))
         fast = self._fast_launcher(halves.tensors[0], noop, group_offsets)
-        return None if fast is None else fast.call_alloc(*halves.tensors, *halves.scalars, None, noop, group_offsets)
+        return None if fast is None else fast.allocating(*halves.tensors, *halves.scalars, None, noop, group_offsets)
 
     def _lower(self, call: Call):
         """Every call runs the inner op over the halves (which checks it)."""
@@ -596,10 +596,11 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
             _QUANTIZE_OPS[key] = op
     if extra is not None:  # (checked for every format: validation names what the op does not take)
         return op._route(Call([x], [], None, noop, out, group_offsets, extra))
-    if out is None and op._fast:
-        got = op._fast_call((x,), None, None, noop, group_offsets)
-        if got is not None:
-            return got
+    if out is None and op._fast and x.__class__ is _Tensor and not (x.requires_grad and torch.is_grad_enabled()):
+        # (FusedOp._fast_call without its layers: the identity op's one plain tensor, Binder.plain's rule)
+        fast = op._fast_launcher(x, noop, group_offsets)
+        if fast is not None:
+            return fast.allocating(x, None, noop, group_offsets)
     # what op(x, noop=..., out=..., group_offsets=...) runs (FusedOp.__call__), bound here: the
     # identity op's one tensor
     call = Call([x], [], None, noop, out, group_offsets)

@@ -206,8 +206,10 @@ def test_allocating_route_layout(monkeypatch, opts, share, shape):
     like = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "meta")
     names = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias")  # by hand
     assert names == mxq.runtime.slots.OUTPUTS
-    for i, name in enumerate(names):
-        g, w = r[i], getattr(like, name)
+    assert isinstance(r, mxq.MXFP8Tensor) and r.shape == x.shape and r.group_offsets is None
+    assert (r.fp8, r.scale_layout, r.scale_mode, r.format) == (op.spec.fp8, "compact", op.spec.scale_mode, "mxfp8")
+    for name in names:
+        g, w = getattr(r, name), getattr(like, name)
         assert (g is None) == (w is None), name
         if g is not None:
             assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), name
@@ -215,11 +217,11 @@ def test_allocating_route_layout(monkeypatch, opts, share, shape):
                 assert g.stride()[-2:] == (ld, 1), name
             assert same_bytes(g, getattr(want, name)), name
     data = _round256(m * ld)
-    for d, s in ((0, 1), (2, 3)):
-        if r[d] is not None:
-            assert r[s].data_ptr() - r[d].data_ptr() == data, "scales at the 256-byte boundary after the data"
+    for d, s in (("rowwise_data", "rowwise_scale"), ("colwise_data", "colwise_scale")):
+        if getattr(r, d) is not None:
+            assert getattr(r, s).data_ptr() - getattr(r, d).data_ptr() == data, "scales at the 256-byte boundary"
     if op.spec.rowwise and op.spec.colwise:
-        gap = r[2].data_ptr() - r[0].data_ptr()
+        gap = r.colwise_data.data_ptr() - r.rowwise_data.data_ptr()
         assert (gap == data + _round256(m * ((n + 31) // 32))) == share, "colwise follows rowwise iff shared"
 
 def test_registered_names_are_dotted_identifiers():
@@ -478,16 +480,19 @@ def test_allocating_route_grouped_and_noop_calls(shape):
     r = alloc(x, a, None, offs)
     want = op.reference(x, act_input=a, group_offsets=offs)
     like = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "meta", group_offsets=offs.to("meta"))
-    for i, name in enumerate(mxq.runtime.slots.OUTPUTS):
-        g, w = r[i], getattr(like, name)
+    assert r.shape == x.shape
+    for name in mxq.runtime.slots.OUTPUTS:
+        g, w = getattr(r, name), getattr(like, name)
         assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), name
         assert same_bytes(g, getattr(want, name)), name
-    assert r[6].tolist() == offs.tolist() and r[6].dtype == torch.int32 and r[6].data_ptr() != offs.data_ptr()
+    ends = r.group_offsets
+    assert ends.tolist() == offs.tolist() and ends.dtype == torch.int32 and ends.data_ptr() != offs.data_ptr()
     for grouped in (offs, None):
         z = alloc(x, a, torch.ones(1), grouped)
-        assert all(not z[i].reshape(-1).view(torch.uint8).any() for i in range(6) if z[i].dim()), "zeroed outputs"
-        assert float(z[4]) == 0.0 and (z[6] is None) == (grouped is None)
-        assert same_bytes(alloc(x, a, torch.zeros(1), grouped)[0], op.reference(x, act_input=a).rowwise_data)
+        fields = [getattr(z, name) for name in mxq.runtime.slots.OUTPUTS]
+        assert all(not f.reshape(-1).view(torch.uint8).any() for f in fields if f.dim()), "zeroed outputs"
+        assert float(z.amax) == 0.0 and (z.group_offsets is None) == (grouped is None)
+        assert same_bytes(alloc(x, a, torch.zeros(1), grouped).rowwise_data, op.reference(x, act_input=a).rowwise_data)
     with pytest.raises(ValueError, match="'group_offsets'"):
         alloc(x, a, None, offs.long())
     with pytest.raises(ValueError, match="'group_offsets'"):

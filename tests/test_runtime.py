@@ -124,7 +124,7 @@ class _RecordingLauncher:
         self.calls = []
         self.keywords = []  # (noop, group_offsets) of each call
 
-    def call_alloc(self, *args):
+    def allocating(self, *args):
         *values, noop, offsets = args  # (the allocating route's: *tensors, *floats, act_input, noop, group_offsets)
         self.calls.append(values[0] if len(values) == 2 and values[1] is None else tuple(values))
         self.keywords.append((noop, offsets))

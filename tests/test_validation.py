@@ -450,7 +450,7 @@ def test_the_fast_path_does_not_skip_the_grad_warning(monkeypatch):
     monkeypatch.setattr(validation, "_warned", set())
     op = mxq.fused_quant()(_ident)
     x = torch.randn(64, 32)
-    monkeypatch.setitem(op._fast, (x.dtype, x.get_device()), type("Launcher", (), {"call_alloc": lambda *a: "fast"})())
+    monkeypatch.setitem(op._fast, (x.dtype, x.get_device()), type("Launcher", (), {"allocating": staticmethod(lambda *a: "fast")})())
     assert op(x) == "fast"  # (the fake stands in for a CUDA launcher)
     got = _grad_warnings(lambda: op(x.requires_grad_()))
     assert len(got) == 1 and "argument 'x' requires grad" in str(got[0].message)

@@ -63,6 +63,9 @@ struct State {
   bool want[8] = {false};
   std::vector<std::string> names;  // the op's tensor and float parameter names, for errors
   ffi::Function python, resolve, zero;  // Python: the CPU/grouped route, compile-or-load, a zero noop
+  // Python: the allocating route's result, made from its seven outputs (the MXFP8Tensor; its
+  // arguments reach Python as torch tensors in one call, not one native call per output)
+  ffi::Function wrap;
   std::mutex mu;
   std::map<std::tuple<int, int, int, int, std::string>, ffi::Function> kernels;  // by dtype, variant, device, kinds
   std::map<int, ffi::Tensor> zeros;
@@ -531,8 +534,8 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
 }
 
 // The allocating route, for Python's calls without `out`: (*tensors, *scalars, act_input, noop[,
-// group_offsets]) -> [rowwise_data, rowwise_scale, colwise_data, colwise_scale, amax, dbias,
-// group_offsets] (None where the op writes nothing), compact scales, allocated through the
+// group_offsets]) -> wrap(rowwise_data, rowwise_scale, colwise_data, colwise_scale, amax, dbias,
+// group_offsets) (None where the op writes nothing), compact scales, allocated through the
 // TVM-FFI environment allocator (the caller's framework: torch's caching allocator for torch
 // tensors), then the destination-passing route above. One native call instead of four
 // torch.empty calls and a 13-argument call. The outputs start as MXFP8Tensor.empty leaves them:
@@ -647,7 +650,7 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
     CopyBytes(copy.GetDLTensorPtr(), ends, groups * 4);
     outs[6] = copy;
   }
-  *rv = ffi::Array<ffi::Any>({outs[0], outs[1], outs[2], outs[3], outs[4], outs[5], outs[6]});
+  *rv = st.wrap(outs[0], outs[1], outs[2], outs[3], outs[4], outs[5], outs[6]);
 }
 
 }  // namespace
@@ -656,7 +659,7 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
 // `facts`: its scale buffers' and workspace's (slots.scale_facts; scale_sizes.h's Facts);
 // `transposed`: its colwise data is the transposed copy [N, M] (limits.cpp_transposed).
 ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags, ffi::Array<ffi::String> names,
-                              ffi::Function python, ffi::Function resolve, ffi::Function zero,
+                              ffi::Function python, ffi::Function resolve, ffi::Function zero, ffi::Function wrap,
                               int64_t share_max, int64_t unit, int64_t pad, int64_t max_groups,
                               ffi::Array<int64_t> facts, bool transposed) {
   auto st = std::make_shared<State>();
@@ -678,6 +681,7 @@ ffi::Array<ffi::Function> make_dispatcher(int64_t nt, int64_t ns, int64_t flags,
   st->python = python;
   st->resolve = resolve;
   st->zero = zero;
+  st->wrap = wrap;
   return ffi::Array<ffi::Function>(
       {ffi::Function::FromPacked([st](ffi::PackedArgs args, ffi::Any* rv) { Dispatch(st, args, rv); }),
        ffi::Function::FromPacked([st](ffi::PackedArgs args, ffi::Any* rv) { DispatchAlloc(st, args, rv); })});

@@ -56,7 +56,7 @@ def _dispatch_module():
                 include = f'#include "{header}"'
                 assert include in src, f"mxq: csrc/dispatch.cc must include {header}"
                 src = src.replace(include, csrc.joinpath(header).read_text(), 1)
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v20", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v21", cpp_sources=src, functions=["make_dispatcher"])
         return _shim
 
 
@@ -290,12 +290,27 @@ def _zero_callback(device_id):
     return tvm_ffi.from_dlpack(launch.noop_tensor(torch.device("cuda", int(device_id))))
 
 
+def _wrap_callback(spec):
+    """The allocating route's result, made from its seven outputs (csrc/dispatch.cc): the
+    MXFP8Tensor, its shape its data's (the route allocates data of the input's shape). One
+    callback whose tensors tvm-ffi hands over as torch tensors, where an array of outputs cost
+    one native call per output on the host's path of every small call."""
+    import tvm_ffi
+
+    fp8, layout, mode = spec.fp8, spec.scale_layout, spec.scale_mode
+
+    def wrap(rd, rs, cd, cs, amax, dbias, ends):
+        return MXFP8Tensor(rd, cd, rs, cs, amax, dbias, fp8, layout, (rd if rd is not None else cd).shape, ends, mode)
+
+    return tvm_ffi.convert_func(wrap, tensor_cls=torch.Tensor)
+
+
 def make_dispatchers(op) -> tuple:
     """(destination-passing dispatcher, allocating route, *their Python callbacks) of ``op``. The allocating route takes
-    (*tensors, *scalars, act_input, noop[, group_offsets]) and returns the six output slots
-    (slots.OUTPUTS, compact scales; FP8 data of N % 8 != 0 as views of rows padded to 16 bytes,
-    as MXFP8Tensor.empty makes by default) and a copy of the int32 group ends (None ungrouped),
-    the outputs zeroed where MXFP8Tensor.empty zeroes them (all of a noop call's; a grouped
+    (*tensors, *scalars, act_input, noop[, group_offsets]) and returns the MXFP8Tensor of the six
+    output slots (slots.OUTPUTS, compact scales; FP8 data of N % 8 != 0 as views of rows padded to
+    16 bytes, as MXFP8Tensor.empty makes by default) and a copy of the int32 group ends as its
+    ``group_offsets`` (None ungrouped; _wrap_callback), the outputs zeroed where MXFP8Tensor.empty zeroes them (all of a noop call's; a grouped
     call's colwise scales and dbias); on CPU tensors it allocates the same and fills them with
     the reference (how tests check it without a GPU). The destination-passing one takes FP8 data
     of such padded rows too (the kernels' variant "rows8" when they start on 8-byte boundaries)."""
@@ -303,10 +318,10 @@ def make_dispatchers(op) -> tuple:
         mod = _dispatch_module()
         # (the callbacks become ffi.Functions owned by the dispatcher's state: they live as long
         # as the dispatchers, which the op keeps)
-        py, res = _python_callback(op), _resolve_callback(op)
+        py, res, wrap = _python_callback(op), _resolve_callback(op), _wrap_callback(op.spec)
         epi = op.epilogue
         pair = mod.make_dispatcher(len(epi.tensor_params), len(epi.scalar_params), slots.dispatch_flags(op.spec),
-                                   list(epi.tensor_params + epi.scalar_params), py, res, _zero_callback,
+                                   list(epi.tensor_params + epi.scalar_params), py, res, _zero_callback, wrap,
                                    SHARED_ALLOC_MAX_BYTES, UNIT, PADDED_ROW_BYTES, groups.MAX_GROUPS,
                                    list(limits.cpp_facts(op.spec, op.epilogue)), limits.cpp_transposed(op.spec))
         return pair[0], pair[1], py, res  # (the callbacks too: kept alive with the dispatchers)

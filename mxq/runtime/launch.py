@@ -44,20 +44,16 @@ class Launcher:
     def __init__(self, op, arch: str, dtype_name: str, dispatchers):
         """``dispatchers``: the op's (destination-passing, allocating) native dispatchers
         (ffi.make_dispatchers), or None where they cannot be built: this class's own Python
-        binding (``bind``) then does the same work."""
+        binding (``bind``) then does the same work. ``allocating(*tensors, *scalars, act_input,
+        noop, group_offsets)`` allocates the outputs, launches and returns the MXFP8Tensor in one
+        native call (its arguments already checked in Python as FusedOp._fast_call does; the route
+        checks the rest, csrc/dispatch.cc); compact scales only."""
         self.op, self.arch, self.dtype_name = op, arch, dtype_name
         self.fns: dict = {}
         self.dispatch, self.allocating = dispatchers[:2] if dispatchers is not None else (None, None)
-        if self.dispatch is not None:
-            from tvm_ffi import _ffi_api
-
-            self._item = _ffi_api.ArrayGetItem  # one native call per slot (Array.__getitem__ makes two)
         # calls without out=/noop allocate in the native route; swizzled scales need zeroed padding,
         # which that route does not write (bench/device_check.py turns this off to compare)
-        spec = op.spec
-        self.native_alloc = spec.scale_layout == "compact"
-        # what call_alloc needs of the spec, read once (it runs on every small call)
-        self._fields = (spec.rowwise, spec.colwise, spec.amax, spec.dbias, spec.fp8, spec.scale_layout, spec.scale_mode)
+        self.native_alloc = op.spec.scale_layout == "compact"
 
     def plan(self, call, operand_kinds):
         """How a checked call runs, as (run, allocating): ``run(call)`` runs any call of the same
@@ -78,7 +74,7 @@ class Launcher:
 
             return bound, False
         if call.out is None and self.native_alloc and call.tensors[0].numel():
-            alloc = self.call_alloc
+            alloc = self.allocating
             return (lambda c: alloc(*c.tensors, *c.scalars, c.act_input, c.noop, c.group_offsets)), True
         return self._dispatch_into, False
 
@@ -111,18 +107,6 @@ class Launcher:
         elif self.op.spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
             out.dbias.zero_()
         return out
-
-    def call_alloc(self, *args):
-        """Allocate the outputs and launch in one native call: ``args`` are the allocating
-        route's (*tensors, *scalars, act_input, noop, group_offsets), already checked (the
-        native route checks the rest: csrc/dispatch.cc); compact scales only."""
-        r = self.allocating(*args)
-        item = self._item
-        row, col, amax, dbias, fp8, layout, mode = self._fields
-        return MXFP8Tensor(item(r, 0) if row else None, item(r, 2) if col else None,
-                           item(r, 1) if row else None, item(r, 3) if col else None,
-                           item(r, 4) if amax else None, item(r, 5) if dbias else None,
-                           fp8, layout, args[0].shape, item(r, 6) if args[-1] is not None else None, mode)
 
     def bind(self, call, operand_kinds=None):
         """(native function, its argument list, out) for one call; launching is ``fn(*args)``.
