@@ -232,7 +232,7 @@ def halves_call(spec, epilogue, call: Call) -> Call:
         raise ValueError(f"mxq: argument 'act_input' of a dact={spec.dact!r} op is the forward's input "
                          f"[..., 2N] = {(*x.shape[:-1], 2 * n)} for {names[0]!r} of shape {tuple(x.shape)}, got "
                          f"{tuple(act_input.shape)}")
-    return call._replace(tensors=[*call.tensors, act_input[..., :n], act_input[..., n:]],
+    return call._replace(tensors=[*call.tensors, *act_input.chunk(2, -1)],  # (chunk: both views in one torch call)
                          scalars=[*call.scalars, 0.0], act_input=None)
 
 
@@ -244,7 +244,7 @@ def _split(name, t, width):
     if t.shape[-1] != width:
         raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)}; a gated op's tensors hold "
                          f"[..., {width}] (both halves), or broadcast along the last dimension")
-    return t[..., :width // 2], t[..., width // 2:]
+    return t.chunk(2, -1)  # ([..., :width // 2], [..., width // 2:]: width is even; one torch call for both views)
 
 
 __all__ = ["FP4_KEYWORDS", "KEYWORDS", "Binder", "Call", "halves_call", "has_dtensor"]
