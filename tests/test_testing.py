@@ -407,3 +407,28 @@ def test_check_exact_flags_each_output_it_owes():
         spoil(getattr(got, field))
         with pytest.raises(AssertionError, match=field):
             check_exact(op, [x], got, act_input=a)
+
+
+def test_compare_holds_fp32_scales_to_the_bound_on_v():
+    """FP8 block scaling's fp32 scales (scale_mode "fp32") move with every bit of a block's amax,
+    so in the transcendental class a kernel whose v differs from the reference's by a last bit
+    writes many other scales: compare accepts every scale that some v inside the bound gives its
+    block and still refuses a scale no such v gives. The "kernel" here is the reference run on the
+    bound's upper ends (every v moved as far as the class allows, on rows of many binades, as the
+    GPU test's data: most columns' block maxima move), the spoil doubles ten blocks' scales."""
+    from tests.test_fp8_block import planted as binades
+
+    op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", fp8="e5m2", scale_mode="fp32",
+                         act="gelu")(lambda_free)
+    x = binades(160, 264, torch.float32, seed=424)
+    want, bound = op.reference(x), v_bound(op, x)
+    same = dict(fp8="e5m2", colwise=True, scale_layout="gemm", scale_mode="fp32", format="fp8_block")
+    got = mxq.quantize(bound.hi.float().reshape(x.shape), **same)
+    nd, _ = byte_diff(got.colwise_scale, want.colwise_scale)
+    assert nd > 160 * 264 // 3200, "many scale bytes differ: the count alone would refuse them"
+    assert compare(got, want, False, v_bound=bound) == []
+    flat = got.colwise_scale.flatten()  # (a copy of the GEMM-ready view's elements)
+    flat[:10] *= 2
+    spoiled = flat.reshape(got.colwise_scale.shape)
+    assert any(p.startswith("colwise_scale") for p in compare(
+        mxq.MXFP8Tensor(**{**got.__dict__, "colwise_scale": spoiled}), want, False, v_bound=bound))
