@@ -584,7 +584,7 @@ def host_breakdown(x, launcher, n):
     out = MXFP8Tensor.empty(op.spec, x.shape, x.dtype, x.device)
     dest = launcher.dispatch
     parts = {}
-    if op._fast_call((x,), None, None) is not None:  # the fast path's layers: quantize -> _fast_call -> allocating
+    if op._fast_call((x,), None, None) is not None:  # a decorated op's fast path: _fast_call -> allocating
         parts["fast_call"] = per_call(lambda: op._fast_call((x,), None, None))
     # the same results kept, then dropped together: how much of a call is freeing the last one's
     kept = [native(x, None, None, None) for _ in range(n)]

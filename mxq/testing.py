@@ -186,9 +186,10 @@ class VBound:
     argument. Indexing takes rows (``bound[start:end]``: a group's rows)."""
     lo: torch.Tensor
     hi: torch.Tensor
+    dtype: torch.dtype = torch.float32  # the op's input dtype (its values are the kernels' v after step 5)
 
     def __getitem__(self, rows) -> "VBound":
-        return VBound(self.lo[rows], self.hi[rows])
+        return VBound(self.lo[rows], self.hi[rows], self.dtype)
 
 
 def v_bound(op, *args, act_input=None, group_offsets=None, **kwargs) -> VBound:
@@ -206,7 +207,7 @@ def v_bound(op, *args, act_input=None, group_offsets=None, **kwargs) -> VBound:
     lo, hi = v - b, v + b
     if dtype != torch.float32:  # fp64 -> the kernels' fp32 v -> step 5
         lo, hi = (t.float().to(dtype).double() for t in (lo, hi))
-    return VBound(lo, hi)
+    return VBound(lo, hi, dtype)
 
 
 def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
@@ -278,24 +279,37 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
 
 
 def _fp32_scales_explained(got, want, name: str, v_bound: VBound) -> bool:
-    """Whether every fp32 scale of ``got``'s ``name`` (FP8 block scaling's) is one the block amax
-    of some v in ``v_bound`` gives: each lies between the scales that the reference gives the
-    blocks of the intervals' least and greatest |v| (the scale is monotone in the block amax,
-    NUMERICS steps 1-4 and 6). Every amax bit moves an fp32 scale, so in the transcendental class
-    such scales differ wherever a block's largest |v| is off by an ulp; E8M0 scales move only
-    across a power of two (compare's count)."""
+    """Whether every fp32 scale of ``got``'s ``name`` (FP8 block scaling's, either scale mode) is
+    one that the block amax of some v in ``v_bound`` gives. The scale is monotone in a positive
+    finite amax (NUMERICS steps 2-4 and 6), so such a scale lies between the reference's scales of
+    the blocks' least and greatest |v| in the bound, the least taken as the smallest positive
+    value where an interval holds 0; where every interval of a block holds 0 its amax may be 0,
+    whose scale is the reference's of the least |v| as it is (an amax of 0 is not on that line).
+    The ends are quantized in the op's input dtype (step 3's limits are its). Every amax bit moves
+    an fp32 scale, so in the transcendental class such scales differ wherever a block's largest
+    |v| is off by a last bit; E8M0 scales move only across a power of two (compare's count)."""
     from .op import quantize
 
+    dtype = v_bound.dtype
     lo, hi = (t.cpu().double().reshape(want.shape) for t in (v_bound.lo, v_bound.hi))
     least = torch.where((lo <= 0) & (hi >= 0), torch.zeros_like(lo), torch.minimum(lo.abs(), hi.abs()))
-    ends = [getattr(quantize(a.float(), fp8=want.fp8, rowwise=want.rowwise_data is not None,
-                             colwise=want.colwise_data is not None, scale_mode=want.scale_mode,
-                             scale_layout=want.scale_layout, format=want.format, block=want.block,
-                             group_offsets=None if want.group_offsets is None else want.group_offsets.cpu()),
-                    name).cpu() for a in (least, torch.maximum(lo.abs(), hi.abs()))]
+    greatest = torch.maximum(lo.abs(), hi.abs())
+    top = torch.finfo(dtype).max
+    greatest = torch.where(torch.isfinite(lo) & torch.isfinite(hi), greatest.clamp(max=top), greatest)
+    smallest = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps  # (the least positive subnormal)
+    grouped = None if want.group_offsets is None else want.group_offsets.cpu()
+
+    def scales(a):
+        return getattr(quantize(a.to(dtype), fp8=want.fp8, rowwise=want.rowwise_data is not None,
+                                colwise=want.colwise_data is not None, scale_mode=want.scale_mode,
+                                scale_layout=want.scale_layout, format=want.format, block=want.block,
+                                group_offsets=grouped), name).cpu()
+
+    low_end, high_end = scales(torch.where(least == 0, torch.full_like(least, smallest), least)), scales(greatest)
+    zero_amax = scales(least)
     g, w = getattr(got, name).cpu(), getattr(want, name).cpu()
-    low, high = torch.minimum(*ends), torch.maximum(*ends)
-    ok = ((low <= g) & (g <= high)) | (g == w) | (torch.isnan(g) & torch.isnan(w))
+    low, high = torch.minimum(low_end, high_end), torch.maximum(low_end, high_end)
+    ok = ((low <= g) & (g <= high)) | (g == zero_amax) | (g == w) | (torch.isnan(g) & torch.isnan(w))
     return bool(ok.all())
 
 

@@ -497,3 +497,22 @@ def test_allocating_route_grouped_and_noop_calls(shape):
         alloc(x, a, None, offs.long())
     with pytest.raises(ValueError, match="'group_offsets'"):
         alloc(x, a, None, torch.zeros(0, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("exchange", [True, False])
+def test_allocating_route_result_with_and_without_torchs_exchange_api(monkeypatch, exchange):
+    """The allocating route's one callback (ffi._wrap_callback) makes the MXFP8Tensor of torch
+    tensors whether torch hands tvm-ffi its DLPack exchange API (one conversion call) or not (each
+    tensor through torch.from_dlpack): the same fields and bytes as the reference, on CPU tensors."""
+    from mxq.runtime import ffi
+
+    monkeypatch.setattr(ffi, "TORCH_EXCHANGE_API", exchange and ffi.TORCH_EXCHANGE_API)
+    op = mxq.fused_quant(rowwise=True, colwise=True, amax=True)(_ident)  # a fresh op: fresh dispatchers
+    x = planted(70, 64, torch.bfloat16, seed=5)
+    r = op._native_dispatchers()[1](x, None, None)
+    want = op.reference(x)
+    assert isinstance(r, mxq.MXFP8Tensor) and r.shape == x.shape
+    for name in mxq.runtime.slots.OUTPUTS:
+        g, w = getattr(r, name), getattr(want, name)
+        assert (g is None) == (w is None), name
+        assert g is None or (type(g) is torch.Tensor and same_bytes(g, w)), name

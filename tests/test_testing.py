@@ -432,3 +432,21 @@ def test_compare_holds_fp32_scales_to_the_bound_on_v():
     spoiled = flat.reshape(got.colwise_scale.shape)
     assert any(p.startswith("colwise_scale") for p in compare(
         mxq.MXFP8Tensor(**{**got.__dict__, "colwise_scale": spoiled}), want, False, v_bound=bound))
+
+
+def test_fp32_scales_next_to_a_zero_amax():
+    """Where every interval of a block holds 0, its amax may be anything from 0 to the greatest
+    |v|: a kernel's scales of any v inside are accepted (the reference's 5e-4 blocks against its
+    1e-3 ones), while a scale no such v gives is refused (0.5: above what |v| <= 3e-3 gives; an
+    amax of 0 gives 1, which is not on the line between). Hand-made bound: v = 1e-3 +- 2e-3."""
+    same = dict(format="fp8_block", scale_mode="fp32")
+    v = torch.full((4, 128), 1e-3)
+    bound = VBound((v - 2e-3).double(), (v + 2e-3).double())
+    want = mxq.quantize(v, **same)
+    assert compare(mxq.quantize(torch.full((4, 128), 5e-4), **same), want, False, v_bound=bound) == []
+    assert compare(mxq.quantize(torch.zeros(4, 128), **same), want, False, v_bound=bound) == []  # (amax 0)
+    bad = mxq.quantize(torch.zeros(4, 128), **same)
+    bad.rowwise_scale.fill_(0.5)
+    assert compare(bad, want, False, v_bound=bound) != []
+    wide = VBound((v - 1e30).double(), (v + 1e30).double())  # (a greatest |v| past the dtype: clamped, not inf)
+    assert compare(mxq.quantize(torch.full((4, 128), 7.0), **same), want, False, v_bound=wide) == []

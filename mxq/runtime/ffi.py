@@ -60,6 +60,11 @@ def _dispatch_module():
         return _shim
 
 
+# torch hands tvm-ffi its DLPack exchange API (recent torch, or torch-c-dlpack-ext): tensors cross
+# into a Python callback as torch tensors in one call (_wrap_callback)
+TORCH_EXCHANGE_API = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+
+
 def _torch(t):
     return None if t is None else torch.from_dlpack(t)
 
@@ -302,7 +307,13 @@ def _wrap_callback(spec):
     def wrap(rd, rs, cd, cs, amax, dbias, ends):
         return MXFP8Tensor(rd, cd, rs, cs, amax, dbias, fp8, layout, (rd if rd is not None else cd).shape, ends, mode)
 
-    return tvm_ffi.convert_func(wrap, tensor_cls=torch.Tensor)
+    if TORCH_EXCHANGE_API:
+        return tvm_ffi.convert_func(wrap, tensor_cls=torch.Tensor)
+
+    def each(*outs):  # (older torch: each tensor through torch.from_dlpack)
+        return wrap(*(_torch(t) for t in outs))
+
+    return each
 
 
 def make_dispatchers(op) -> tuple:
