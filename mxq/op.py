@@ -445,6 +445,7 @@ class GatedOp(FusedOp):
     def __init__(self, fn, spec: QuantSpec, epilogue: Epilogue | None = None):
         super().__init__(fn, spec, epilogue)
         self._forward = spec.act is not None
+        self._tensor_count = len(self.epilogue.tensor_params)
         name = spec.act if self._forward else spec.dact
         derived = (gated.forward_epilogue if self._forward else gated.backward_epilogue)(self.epilogue, name)
         self.inner = FusedOp(gated.function_of(derived), dataclasses.replace(spec, act=None, dact=None), derived)
@@ -462,10 +463,22 @@ class GatedOp(FusedOp):
         args = self._bind.plain(args, None, None)
         if args is None or args[0].dim() == 0 or args[0].shape[-1] % 2:
             return None
-        nt = len(self.epilogue.tensor_params)
-        halves = halves_call(self.spec, self.epilogue, Call(list(args[:nt]), list(args[nt:])))
-        fast = self._fast_launcher(halves.tensors[0], noop, group_offsets)
-        return None if fast is None else fast.allocating(*halves.tensors, *halves.scalars, None, noop, group_offsets)
+        # (halves_call's split without its checks' layers: a tensor of another width takes the
+        # checked path, which names it)
+        width, gates, ups = args[0].shape[-1], [], []
+        for t in args[:self._tensor_count]:
+            if t.dim() == 0 or t.shape[-1] == 1:
+                gates.append(t)
+                ups.append(t)
+            elif t.shape[-1] == width:
+                gate, up = t.chunk(2, -1)
+                gates.append(gate)
+                ups.append(up)
+            else:
+                return None
+        fast = self._fast_launcher(gates[0], noop, group_offsets)
+        return None if fast is None else fast.allocating(*gates, *ups, *args[self._tensor_count:], None, noop,
+                                                         group_offsets)
 
     def _lower(self, call: Call):
         """Every call runs the inner op over the halves (which checks it)."""

@@ -274,3 +274,28 @@ def test_gated_forward_takes_the_inner_ops_fast_path():
     back = mxq.fused_quant(rowwise=True, dact="swiglu")(_plain)
     back.inner._fast[(torch.bfloat16, -1)] = fake
     assert isinstance(back(w[:, :64].contiguous(), act_input=w), mxq.MXFP8Tensor) and len(fake.calls) == 2
+
+
+def _gated_operands(x, b, c, alpha: float):
+    return x * c + b * alpha
+
+
+def test_gated_forward_fast_path_splits_each_operand_by_its_kind():
+    """The fast path's split of a gated forward's tensors: a full or row operand of the input's
+    width gives its two halves, a column or scalar operand serves both halves; any other width
+    takes the checked path, which names the argument."""
+    op = mxq.fused_quant(rowwise=True, colwise=True, act="swiglu")(_gated_operands)
+    fake = op.inner._fast[(torch.bfloat16, -1)] = _RecordingLauncher()
+    w, b = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)
+    for c in (torch.randn(64, 1, dtype=torch.bfloat16), torch.randn((), dtype=torch.bfloat16), w.flip(0)):
+        assert op(w, b, c, 0.5) == "fast"
+        gates, ups = fake.calls[-1][:3], fake.calls[-1][3:6]
+        assert fake.calls[-1][6:] == (0.5, None)
+        for t, g, u in zip((w, b, c), gates, ups):
+            if t.dim() and t.shape[-1] == 128:
+                assert torch.equal(g, t[..., :64]) and torch.equal(u, t[..., 64:]) and g.data_ptr() == t.data_ptr()
+            else:
+                assert g is t and u is t
+    with pytest.raises(ValueError, match="'b'"):
+        op(w, torch.randn(64, dtype=torch.bfloat16), w, 0.5)
+    assert len(fake.calls) == 3
