@@ -177,6 +177,17 @@ def test_gated_forward_fast_path_matches_the_reference():
     with pytest.raises(ValueError, match="'x'.*even"):
         glu(torch.zeros(M, 2 * N - 2, device="cuda", dtype=torch.bfloat16)[:, :2 * N - 3])
     assert glu._fast
+    # operands of each kind, split (full, row) or shared (column, scalar) by the fast path
+    ops = mxq.fused_quant(rowwise=True, colwise=True, act="swiglu")(_gated_operands)
+    w, r = planted(M, 2 * N, torch.bfloat16, seed=7), planted(M, 2 * N, torch.bfloat16, seed=8)
+    for second in (r[0].contiguous(), r[:, :1].contiguous(), r[0, 0].clone(), r, r[0].contiguous()):
+        got = ops(w.cuda(), second.cuda(), 0.75)
+        assert compare(got, ops.reference(w, second, 0.75), is_exact(ops)) == [], tuple(second.shape)
+    assert ops._fast
+
+
+def _gated_operands(x, b, alpha: float):
+    return x * alpha + b
 
 
 def test_bad_keywords_on_the_fast_path_raise_by_name():
