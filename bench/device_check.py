@@ -587,12 +587,12 @@ def host_breakdown(x, launcher, n):
     if op._fast_call((x,), None, None) is not None:  # a decorated op's fast path: _fast_call -> allocating
         parts["fast_call"] = per_call(lambda: op._fast_call((x,), None, None))
     # the same results kept, then dropped together: how much of a call is freeing the last one's
-    kept = [native(x, None, None, None) for _ in range(n)]
+    kept = [native(x, None, None) for _ in range(n)]
     torch.cuda.synchronize()
     t = time.perf_counter()
     del kept
     parts["free_one_result"] = round((time.perf_counter() - t) / n * 1e6, 2)
-    r = native(x, None, None, None)
+    r = native(x, None, None)
     t0 = [r.rowwise_data, r.rowwise_scale, r.colwise_data, r.colwise_scale]
     parts["mxfp8tensor_init"] = per_call(lambda: MXFP8Tensor(t0[0], t0[2], t0[1], t0[3], None, None, "e4m3", "compact",
                                                              x.shape))

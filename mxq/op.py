@@ -24,7 +24,7 @@ import torch
 from .frontend import codegen, gated
 from .runtime import export, ffi, inspection, launch, limits, targets, validation
 from .runtime import gemm as gemm_rt
-from .runtime.call import FP4_KEYWORDS, Binder, Call, halves_call, has_dtensor
+from .runtime.call import FP4_KEYWORDS, Binder, Call, halves_call, has_dtensor, split_halves
 from .integrations import torch_ops
 from .formats import fp4
 from .formats import reference as _reference
@@ -445,7 +445,6 @@ class GatedOp(FusedOp):
     def __init__(self, fn, spec: QuantSpec, epilogue: Epilogue | None = None):
         super().__init__(fn, spec, epilogue)
         self._forward = spec.act is not None
-        self._tensor_count = len(self.epilogue.tensor_params)
         name = spec.act if self._forward else spec.dact
         derived = (gated.forward_epilogue if self._forward else gated.backward_epilogue)(self.epilogue, name)
         self.inner = FusedOp(gated.function_of(derived), dataclasses.replace(spec, act=None, dact=None), derived)
@@ -463,22 +462,13 @@ class GatedOp(FusedOp):
         args = self._bind.plain(args, None, None)
         if args is None or args[0].dim() == 0 or args[0].shape[-1] % 2:
             return None
-        # (halves_call's split without its checks' layers: a tensor of another width takes the
-        # checked path, which names it)
-        width, gates, ups = args[0].shape[-1], [], []
-        for t in args[:self._tensor_count]:
-            if t.dim() == 0 or t.shape[-1] == 1:
-                gates.append(t)
-                ups.append(t)
-            elif t.shape[-1] == width:
-                gate, up = t.chunk(2, -1)
-                gates.append(gate)
-                ups.append(up)
-            else:
-                return None
-        fast = self._fast_launcher(gates[0], noop, group_offsets)
-        return None if fast is None else fast.allocating(*gates, *ups, *args[self._tensor_count:], None, noop,
-                                                         group_offsets)
+        # (halves_call's split of each tensor, without the layers of its other checks)
+        names = self.epilogue.tensor_params
+        width = args[0].shape[-1]
+        halves = [split_halves(name, t, width) for name, t in zip(names, args)]
+        fast = self._fast_launcher(halves[0][0], noop, group_offsets)
+        return None if fast is None else fast.allocating(*[h[0] for h in halves], *[h[1] for h in halves],
+                                                         *args[len(names):], None, noop, group_offsets)
 
     def _lower(self, call: Call):
         """Every call runs the inner op over the halves (which checks it)."""

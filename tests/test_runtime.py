@@ -282,8 +282,8 @@ def _gated_operands(x, b, c, alpha: float):
 
 def test_gated_forward_fast_path_splits_each_operand_by_its_kind():
     """The fast path's split of a gated forward's tensors: a full or row operand of the input's
-    width gives its two halves, a column or scalar operand serves both halves; any other width
-    takes the checked path, which names the argument."""
+    width gives its two halves, a column or scalar operand serves both halves; any other width is
+    refused naming the argument (call.split_halves, the checked path's rule), nothing launched."""
     op = mxq.fused_quant(rowwise=True, colwise=True, act="swiglu")(_gated_operands)
     fake = op.inner._fast[(torch.bfloat16, -1)] = _RecordingLauncher()
     w, b = torch.randn(64, 128, dtype=torch.bfloat16), torch.randn(128, dtype=torch.bfloat16)

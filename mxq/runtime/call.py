@@ -216,7 +216,7 @@ def halves_call(spec, epilogue, call: Call) -> Call:
             raise ValueError(f"mxq: argument {names[0]!r} of an act={spec.act!r} op holds the gate and up "
                              f"halves along its last dimension, which must be even; got shape {tuple(x.shape)}")
         n = x.shape[-1] // 2
-        halves = [_split(nm, t, 2 * n) for nm, t in zip(names, call.tensors)]
+        halves = [split_halves(nm, t, 2 * n) for nm, t in zip(names, call.tensors)]
         return call._replace(tensors=[h[0] for h in halves] + [h[1] for h in halves], scalars=list(call.scalars))
     act_input = call.act_input
     if act_input is None:
@@ -236,7 +236,7 @@ def halves_call(spec, epilogue, call: Call) -> Call:
                          scalars=[*call.scalars, 0.0], act_input=None)
 
 
-def _split(name, t, width):
+def split_halves(name, t, width):
     """(gate half, up half) of tensor argument ``t``: full or row operands are split along
     their last dimension, column and scalar operands serve both halves."""
     if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.shape[-1] == 1:
@@ -247,4 +247,4 @@ def _split(name, t, width):
     return t.chunk(2, -1)  # ([..., :width // 2], [..., width // 2:]: width is even; one torch call for both views)
 
 
-__all__ = ["FP4_KEYWORDS", "KEYWORDS", "Binder", "Call", "halves_call", "has_dtensor"]
+__all__ = ["FP4_KEYWORDS", "KEYWORDS", "Binder", "Call", "halves_call", "has_dtensor", "split_halves"]
