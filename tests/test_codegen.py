@@ -1140,6 +1140,46 @@ def test_ab_trees_child_times_the_asked_shapes_and_ops():
     assert tool._device_check_ops() == set(_bench_tool("device_check").OPS)
 
 
+def test_ab_trees_pairs_a_benchmarks_rows(tmp_path):
+    """bench/ab_trees.py --bench: each tree's own bench/SCRIPT runs with its mxq first on the path
+    and --out a fresh folder; its results file's timed rows pair by (name, dtype, M, N, G), B/A of
+    the best times, a failed check in either tree marked. Two stand-in trees whose script writes
+    hand-made rows: A 10 / 12 us, B 9.9 / 9 us (0.9); a row only A has is left out; B's failed
+    check shows."""
+    tool = _bench_tool("ab_trees")
+    script = """
+import argparse, json, os, sys
+from pathlib import Path
+ap = argparse.ArgumentParser(); ap.add_argument("--scale", type=float); ap.add_argument("--out")
+args = ap.parse_args()
+side = Path(__file__).resolve().parent.parent.name
+assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == str(Path(__file__).resolve().parent.parent)
+rows = [dict(name="mxq/x", M=8, N=16, G=4, ms=0.010 * args.scale * (0.9 if side == "b" else 1.0),
+             checks={"bwd": side != "b"}),
+        dict(name="pair/x", M=8, N=16, vs_torchao=1.5)]
+if side == "a":
+    rows.append(dict(name="mxq/only_a", M=8, N=16, ms=0.001, checked=True))
+Path(args.out, "dev-20261205-x.json").write_text(json.dumps({"copy_GBps": 4000.0, "rows": rows}))
+"""
+    roots = {}
+    for side in ("a", "b"):
+        (tmp_path / side / "bench").mkdir(parents=True)
+        (tmp_path / side / "bench" / "fake.py").write_text(script)
+        roots[side] = str(tmp_path / side)
+    scales = {"a": (1, 1.2), "b": (1.1, 1)}  # (B/A of the best times: 9.0 / 10.0)
+    runs = {s: [tool.run_bench(roots[s], f"fake.py --scale {x}") for x in scales[s]] for s in ("a", "b")}
+    assert runs["a"][0]["copy"] == 4000.0 and len(runs["a"][0]["rows"]) == 2 and len(runs["b"][0]["rows"]) == 1
+    (row,) = tool.pair_runs(runs)
+    assert (row["name"], row["M"], row["N"], row["G"]) == ("mxq/x", 8, 16, 4)
+    assert [round(u, 3) for u in row["a_us"]] == [10.0, 12.0] and row["b_over_a"] == 0.9 and row["check_failed"]
+    assert not tool.check_failed({"checked": True, "checks": {"fwd": True}}) and tool.check_failed({"error": "x"})
+    assert tool.check_failed({"exact": False}) and tool.check_failed({"checked": False})
+    with pytest.raises(ValueError, match="--bench"):
+        tool.bench_command("/x", "../evil.py", "/o")
+    assert tool.bench_command("/x", "gated.py --grouped-only", "/o")[1:] == ["/x/bench/gated.py", "--grouped-only",
+                                                                              "--out", "/o"]
+
+
 def test_paired_peer_row_sums_torchaos_two_kernels():
     """device_check's derived row: torchao's dim0 and dim1 kernels back to back against mxq's one
     pass. Hand-made rows: 1024x1024 moves 2 MiB in and 2 x (1 MiB + 32 KiB) out = 4,259,840 bytes;
