@@ -63,7 +63,8 @@ def run_tree(root: str, dtypes: list, odd: bool = False, ops=None, standard: boo
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("JSON")), None)
     if line is None:
         raise RuntimeError(f"{root}: {r.stdout[-2000:]}{r.stderr[-3000:]}")
-    return json.loads(line[4:])
+    result = json.loads(line[4:])
+    return {"copy": result["copy"], "rows": bench_rows(result)}
 
 
 def bench_command(root: str, bench: str, out: str) -> list:
@@ -141,45 +142,28 @@ def main() -> int:
     args = ap.parse_args()
     if args.bench:
         bench_command(".", args.bench, ".")  # (the form checked before any run)
-        runs = {"a": [], "b": []}
-        for rnd in range(args.rounds):
-            for side in ("a", "b"):
-                t = time.time()
-                runs[side].append(run_bench(os.path.abspath(getattr(args, side)), args.bench))
-                print(f"round {rnd} {side}: copy {runs[side][-1]['copy']} GB/s ({time.time() - t:.0f} s)", flush=True)
-        table = pair_runs(runs)
-        for r in table:
-            runs_a = "/".join(f"{x:.1f}" for x in r["a_us"])
-            runs_b = "/".join(f"{x:.1f}" for x in r["b_us"])
-            mark = "  CHECK FAILED" if r["check_failed"] else ""
-            print(f"{r['name']:44} {r['M']}x{r['N']} G={r['G']} {runs_a:>20} {runs_b:>20} {r['b_over_a']:6.3f}{mark}")
-        return write_ab(args, runs, table)
-    ops = set(filter(None, args.ops.split(","))) or None
-    known = _device_check_ops()
-    if ops and not ops <= known:
-        ap.error(f"--ops: unknown {sorted(ops - known)}; device_check.OPS has {sorted(known)}")
-    dtypes = args.dtypes.split(",")
+        run = lambda root: run_bench(root, args.bench)  # noqa: E731
+    else:
+        ops = set(filter(None, args.ops.split(","))) or None
+        known = _device_check_ops()
+        if ops and not ops <= known:
+            ap.error(f"--ops: unknown {sorted(ops - known)}; device_check.OPS has {sorted(known)}")
+        dtypes = args.dtypes.split(",")
+        run = lambda root: run_tree(root, dtypes, args.odd, ops, args.standard)  # noqa: E731
     runs = {"a": [], "b": []}
     for rnd in range(args.rounds):
         for side in ("a", "b"):
             t = time.time()
-            runs[side].append(run_tree(os.path.abspath(getattr(args, side)), dtypes, args.odd, ops, args.standard))
-            print(f"round {rnd} {side}: copy {runs[side][-1]['copy']:.0f} GB/s ({time.time() - t:.0f} s)", flush=True)
-    best = {}
-    for side in ("a", "b"):
-        for run in runs[side]:
-            for r in run["rows"]:
-                k = (r["name"], r["dtype"], r["M"], r["N"])
-                best.setdefault(k, {}).setdefault(side, []).append(r["ms"] * 1000)
-    table = []
-    print(f"{'op':24} {'dtype':5} {'shape':12} {'A us (runs)':>24} {'B us (runs)':>24} {'B/A':>6}")
-    for k, v in best.items():
-        a, b = min(v["a"]), min(v["b"])
-        table.append({"name": k[0], "dtype": k[1], "M": k[2], "N": k[3], "a_us": v["a"], "b_us": v["b"],
-                      "b_over_a": round(b / a, 4)})
-        runs_a = "/".join(f"{x:.1f}" for x in v["a"])
-        runs_b = "/".join(f"{x:.1f}" for x in v["b"])
-        print(f"{k[0]:24} {k[1]:5} {k[2]}x{k[3]:<6} {runs_a:>24} {runs_b:>24} {b / a:6.3f}")
+            runs[side].append(run(os.path.abspath(getattr(args, side))))
+            print(f"round {rnd} {side}: copy {runs[side][-1]['copy']} GB/s ({time.time() - t:.0f} s)", flush=True)
+    table = pair_runs(runs)
+    print(f"{'row':44} {'dtype':5} {'shape':12} {'G':>4} {'A us (runs)':>20} {'B us (runs)':>20} {'B/A':>6}")
+    for r in table:
+        runs_a = "/".join(f"{x:.1f}" for x in r["a_us"])
+        runs_b = "/".join(f"{x:.1f}" for x in r["b_us"])
+        mark = "  CHECK FAILED" if r["check_failed"] else ""
+        print(f"{r['name']:44} {r['dtype']:5} {r['M']}x{r['N']:<6} {str(r['G']):>4} {runs_a:>20} {runs_b:>20} "
+              f"{r['b_over_a']:6.3f}{mark}")
     return write_ab(args, runs, table)
 
 
