@@ -103,7 +103,7 @@ def run_bench(root: str, bench: str) -> dict:
 
 
 def pair_runs(runs: dict) -> list:
-    """Rows of both sides' runs (``runs[side]``: run_bench's results, a round each) paired by key:
+    """Rows of both sides' runs (``runs[side]``: run_bench's or run_tree's results, a round each) paired by key:
     each side's times in us over the rounds, the ratio of the best ones, and whether a check failed."""
     keys = [k for k in runs["a"][0]["rows"] if all(k in run["rows"] for s in ("a", "b") for run in runs[s])]
     table = []
