@@ -12,7 +12,7 @@ times the pieces of one allocating call (host_parts: torch's allocations, the na
 conversion of its outputs to torch tensors, the result object), each alone, to show what bounds
 the ratio.
 
-    python bench/fixed_cost.py host [PATH]      # PATH default $OUT/nvidia-h200-host.json
+    python bench/fixed_cost.py host [PATH]      # PATH default $OUT/<kind>-host.json (nvidia-h200-host.json)
 
 The default: split a kernel's time into a fixed part and a bandwidth part, against a copy of the
 same bytes.
@@ -221,7 +221,7 @@ def host_pair(fn, floor, calls: int = 2000, repeats: int = 7, sync=None) -> tupl
 
 def host_main(argv) -> int:
     ap = argparse.ArgumentParser(prog="fixed_cost.py host")
-    ap.add_argument("path", nargs="?", default=str(Path(os.environ.get("OUT", ".")) / "nvidia-h200-host.json"))
+    ap.add_argument("path", nargs="?", help="default: $OUT/<device kind>-host.json (nvidia-h200-host.json on an H200)")
     ap.add_argument("--dry", action="store_true", help="build every case and run it once on the CPU; no timing")
     args = ap.parse_args(argv)
     if args.dry:
@@ -235,6 +235,9 @@ def host_main(argv) -> int:
     if not torch.cuda.is_available():
         print("fixed_cost.py host: needs a CUDA device (use --dry on a machine without one)", file=sys.stderr)
         return 2
+    if args.path is None:  # (each machine's host is its own CPU: one file per device kind)
+        kind = "nvidia-" + torch.cuda.get_device_name().split()[1].lower()  # "NVIDIA H100 80GB HBM3" -> nvidia-h100
+        args.path = str(Path(os.environ.get("OUT", ".")) / f"{kind}-host.json")
     cases = host_cases("cuda")
     failures = []
     for name, fn, op, ref, _ in cases:  # every case's bytes first (its second call: the fast routes)

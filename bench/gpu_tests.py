@@ -65,8 +65,14 @@ def collect(paths, marker: str, kexpr: str | None) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, "--co", *paths]
     if kexpr:
         cmd += ["-k", kexpr]
-    out = subprocess.run(cmd, capture_output=True, text=True).stdout
-    return [line.strip() for line in out.splitlines() if "::" in line and not line.startswith(" ")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode not in (0, 5):  # (5: nothing collected)
+        # a module that fails to import drops its tests from the listing, and a suite run on the
+        # rest passes: refuse, so that no partial suite is reported or recorded as the whole one
+        errors = [line for line in done.stdout.splitlines() if line.startswith("ERROR ")]
+        raise SystemExit(f"gpu_tests: collecting the tests failed (pytest exit {done.returncode}):\n"
+                         + "\n".join(errors or done.stdout.splitlines()[-20:] + done.stderr.splitlines()[-20:]))
+    return [line.strip() for line in done.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 
 def shard(ids: list[str], k: int) -> list[list[str]]:

@@ -139,6 +139,22 @@ def test_a_run_killed_from_outside_leaves_a_report_a_rerun_can_take(tmp_path):
     assert "test_cut.py::test_slow" in text.split("did not finish (timeout):")[1]
 
 
+def test_a_module_that_fails_to_collect_stops_the_run(tmp_path, monkeypatch):
+    """A test module that cannot be imported drops its tests from pytest's listing, and a suite of
+    the rest passes: collect refuses it, naming the module, and no report (or record) is written."""
+    import pytest
+
+    tool = _bench_tool("gpu_tests")
+    (tmp_path / "test_fine.py").write_text("def test_a():\n    pass\n")
+    (tmp_path / "test_broken.py").write_text("import no_such_module_here\n\ndef test_b():\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "o.txt"
+    with pytest.raises(SystemExit, match="test_broken.py"):
+        tool.main([".", "--marker", "not gpu", "--out", str(out)])
+    assert not out.exists()
+    assert tool.collect(["test_fine.py"], "not gpu", None) == ["test_fine.py::test_a"]
+
+
 def test_record_is_written_only_for_a_whole_passing_suite(tmp_path):
     """--record: a suite cut by -k cannot write the record; the record holds the hash the CPU test
     (tests/test_gpu_record.py) compares."""

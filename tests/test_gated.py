@@ -286,6 +286,48 @@ def test_one_cta_halves_compile(arch):
     assert one.count("bar.sync") > two.count("bar.sync")
 
 
+def test_grouped_backward_warps_skip_rows_past_the_group_end():
+    """The grouped gated backward with the colwise copy (MXFP8, FP8 block scaling): a warp whose rows
+    all lie past its group's end (a tile's last warps, a tile with no rows) runs none of its row
+    pass (PackedKernel.rows_in_group: one warp-uniform branch, the same bytes; on the GPU:
+    test_gated_grouped_backward_on_cuda, whose groups leave such warps). The other grouped ops keep
+    their kernels, where the branch took their registers up. With a local ptxas the MXFP8 kernels
+    keep at most 64 registers and no spills on sm_90 (bf16, fp16; a branch per row took them to
+    83-91)."""
+    import re
+    import shutil
+    from types import SimpleNamespace
+
+    from mxq.frontend import codegen
+    from mxq.kernels.packed import PackedKernel
+    from mxq.runtime import inspection
+
+    def skips(**opts):
+        op = mxq.fused_quant(**opts)(_ident)
+        inner = getattr(op, "inner", op)
+        cfg = codegen.kernel_config(inner.spec, inner.epilogue)
+        ring = cfg.stage_rows(False, True) < cfg.tile_rows // cfg.packed_warps(False)
+        return PackedKernel(cfg, None).skips_rows_past_end(SimpleNamespace(GROUPED=True, UNALIGNED=False, RING=ring))
+
+    both = dict(colwise=True, dbias=True)
+    for name in gated.GATED:
+        assert skips(dact=name, **both) and skips(dact=name, colwise=True, scale_layout="swizzled")
+    assert skips(dact="swiglu", format="fp8_block", **both)
+    assert not skips(dact="swiglu", rowwise=True)  # (the rowwise-only backward: 96 -> 114 registers)
+    assert not skips(dact="swiglu", format="mxfp4", **both) and not skips(dact="swiglu", format="nvfp4", **both)
+    assert not skips(act="swiglu", colwise=True) and not skips(dact="gelu", **both) and not skips(act="gelu", colwise=True)
+    if shutil.which("ptxas") is None:
+        return
+    from .test_gemm_epilogue import _ptxas_output
+
+    bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
+    for dtype in ("bf16", "fp16"):
+        out = _ptxas_output(inspection.ptx_of(bwd.inner, "sm_90a", dtype, "vec_grouped"))
+        packed = out[out.index("Compiling entry function 'kernel_cutlass_packed_kernel"):]
+        assert "0 bytes spill stores" in packed, packed
+        assert int(re.search(r"Used (\d+) registers", packed).group(1)) <= 64, packed
+
+
 # --- on a CUDA device -----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [256, 96, 40, 36])

@@ -664,12 +664,11 @@ def test_register_transpose_on_host(monkeypatch):
 
 
 def test_transposed_staging_is_a_conflict_free_bijection():
-    """packed.PackedKernel.transposed_chunk: each column's 16 chunks land on its own 16 slots; a
+    """packed.transposed_chunk: each column's 16 chunks land on its own 16 slots; a
     half-warp's 8-byte stores (lanes 8 columns apart, one warp's chunk) and loads (8 lanes per
     column, two columns) touch 16 distinct bank pairs."""
-    from mxq.kernels.packed import TR_CHUNKS, VCOLS, PackedKernel
+    from mxq.kernels.packed import TR_CHUNKS, VCOLS, transposed_chunk as at
 
-    at = PackedKernel.transposed_chunk
     for c in range(VCOLS):
         assert sorted(at(c, q) for q in range(TR_CHUNKS)) == list(range(c * TR_CHUNKS, (c + 1) * TR_CHUNKS))
     for w in range(TR_CHUNKS):
@@ -925,9 +924,11 @@ FP32_TRANSPOSED = [dict(), dict(rowwise=False), dict(block=(128, 128)), dict(blo
 @pytest.mark.parametrize("opts", FP32_TRANSPOSED, ids=_ids)
 def test_fp32_transposed_compiles(arch, opts):
     """The transposed colwise copy from fp32 on the vectorised kernel's 128-row tile: served from
-    aligned rows at any M, on the C++ routes too; its 8 x 8 byte blocks transposed by prmt, 8
-    eight-byte stores per thread where the copy's rows are 8-byte aligned (and 8 more for the
-    rowwise rows), else 64 byte stores below M; plain casts without spills on sm_90."""
+    aligned rows at any M, on the C++ routes too; its 8 x 8 byte blocks transposed by prmt and
+    staged in shared memory (8 eight-byte stores a thread), then read back as 16-byte runs of
+    output rows (8 eight-byte loads): 4 sixteen-byte stores a thread where the copy's rows are
+    16-byte aligned, else 64 byte stores below M (and the rowwise rows' 8 eight-byte stores);
+    plain casts without spills on sm_90."""
     import shutil
 
     op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm", **opts)(ident)
@@ -938,13 +939,26 @@ def test_fp32_transposed_compiles(arch, opts):
     assert "fp32" in limits.cpp_gap(op.spec, op.epilogue, "fp32", "rows8")
     ptx = _ptx(op, arch, "fp32")
     assert ".reqntid 512, 1, 1" in ptx and "prmt.b32" in ptx
-    assert ptx.count("st.global.v2.b32") == 8 * (1 + opts.get("rowwise", True)) and ptx.count("st.global.b8 ") >= 64
+    assert ptx.count("st.global.v4.b32") == 4 and ptx.count("st.global.b8 ") >= 64
+    assert ptx.count("st.global.v2.b32") == 8 * opts.get("rowwise", True)
+    assert ptx.count("st.shared.b64") >= 8 and ptx.count("ld.shared.b64") >= 8
     assert ptx.count("shfl.sync.bfly") == ((4 if "block" in opts else 32 * opts.get("rowwise", True))
                                            + (5 if opts.get("amax") else 0))
     if arch == "sm_90a" and not opts.get("act") and not opts.get("dact") and shutil.which("ptxas") is not None:
         from .test_gemm_epilogue import _assert_ptxas_clean
 
         _assert_ptxas_clean(ptx)
+
+
+def test_fp32_transposed_copy_refuses_a_grouped_kernel():
+    """The vectorised kernel stores the transposed copy from row rb * 128 (the GEMM-ready layout
+    takes no groups, so no call reaches a grouped one): a grouped variant fails to compile, by name,
+    rather than writing a group's rows at the wrong place."""
+    op = mxq.fused_quant(format="fp8_block", colwise=True, scale_layout="gemm")(ident)
+    with pytest.raises(RuntimeError, match="transposed colwise copy takes no groups"):
+        compiler.compile_op(op, "sm_90a", "fp32", variant="vec_grouped")
+    with pytest.raises(ValueError, match="group_offsets"):
+        op(torch.zeros(256, 256), group_offsets=torch.tensor([128, 256], dtype=torch.int32))
 
 
 @pytest.mark.gpu

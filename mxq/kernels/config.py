@@ -313,7 +313,8 @@ class KernelConfig:
         call's scratch, each staged source (``staged``: per source whether it is staged; tile_rows
         rows of 32 * VEC fp32 words, or with ``chunks`` the 16-byte chunks covering them), then the
         column maxima and dbias sums where they cannot reuse a first and second staged source
-        (dead once every row is read back), and the inverse column scales."""
+        (dead once every row is read back), the inverse column scales, and the transposed colwise
+        copy's staging tile ("tr", 8-byte chunks of the tile's columns: packed.transposed_chunk)."""
         warps = self.vec_warps
         cols = 32 * VEC
         out = group_scratch(warps, self.group_search) if grouped else []
@@ -330,6 +331,8 @@ class KernelConfig:
                 out.append(Buffer("sum", "f64", (warps, cols)))
             if (self.colwise and not self.fp4_columns) or self.tiles:  # (tiles: the owner warps' tile maxima)
                 out.append(Buffer("inv", "f32", (cols,)))
+        if self.transposed:  # (the transposed copy's staging tile: packed.stage_transposed_block)
+            out.append(Buffer("tr", "u64", (cols * self.tile_rows // 8,)))
         return out
 
     def vec_unaligned_bytes(self, chunks: bool) -> int:

@@ -550,6 +550,9 @@ class PackedKernel:
             # dbias: a 32-row block is summed in fp32 (this thread's rows in order, then the warps in
             # order) and the blocks in fp64 by dbias_kernel (numerics.dbias_partial_dtype says why)
             dsum = cute.make_rmem_tensor(cute.make_layout(VEC), Float32)  # starts at row 0's values
+        if cutlass.const_expr(self.skips_rows_past_end(k)):
+            words, absw = self.rows_in_group(k, t, hp, frags, once, staged_src, scalars, dsum)
+            return words, absw, self.column_partials(k, absw), dsum
         words = []  # words[i][j]: row i's values j*2, j*2+1 as one packed word
         absw = []  # their magnitudes
         cm = None
@@ -590,6 +593,64 @@ class PackedKernel:
             # the colwise scales' column maxima: the transformed copy's; the amax pass's last word: its amax
             cm = hcm if cfg.colwise else cm + [self.row_partial(hcm, k.is_bf16, False)]
         return words, absw, cm, dsum
+
+    def skips_rows_past_end(self, k) -> bool:
+        """A grouped tile's warps with no rows skip their row pass (rows_in_group): the gated
+        backwards with the colwise copy in MXFP8 and FP8 block scaling (two-halves ops, issue-bound
+        where the forward and plain casts are not) on aligned rows, whose rows are each
+        row_values' alone (no ring, no parked rows). Their registers stay about as they were
+        (sm_90, bf16: 63-64; fp16 79 -> 64; FP8 block scaling 102 -> 104, its 128x128 tiles
+        92 -> 102, one 512-thread CTA per SM either way); the branch took the other
+        grouped ops' up by 8-32 (gelu + both 72 -> 80, dgelu + dbias + both 62 -> 79, MXFP4 drelu
+        + dbias 72 -> 96, the rowwise-only SwiGLU backward 96 -> 114, MXFP4's 102 -> 128)."""
+        cfg = self.cfg
+        return (k.GROUPED and cfg.halves and cfg.colwise and cfg.computed and not cfg.fmt.packed
+                and not k.UNALIGNED and not k.RING and cfg.tr_stage != "park")
+
+    @cute.jit
+    def rows_in_group(self, k, t, hp: cutlass.Constexpr, frags, once, staged_src, scalars, dsum):
+        """values' row pass of a grouped tile, (words, absw): a warp whose rows all lie past its
+        group's end (a tile past the group's last rows, or with none: the grid's M / R + G tiles,
+        grouped.py) runs none of it. A grouped op with arithmetic is issue-bound and a masked row
+        costs what a full one does; the test is warp-uniform (a warp's lanes share their rows), and
+        one branch around the pass (not one a row) keeps the registers row_values has. The skipped
+        rows' words and magnitudes are 0 and their dbias sums +0, as row_values' masking gives them
+        (their words are never stored), so the bytes are the same."""
+        words = [[Uint32(0)] * PKW for _ in range(k.PK_ROWS)]
+        absw = [[Uint32(0)] * PKW for _ in range(k.PK_ROWS)]
+        if t.rbase < t.row_end:
+            got_words, got_abs = [], []
+            for i in cutlass.range_constexpr(k.PK_ROWS):
+                if cutlass.const_expr(any(staged_src)):
+                    self.read_staged_row(k, t, i, hp, frags[i], None, once, staged_src)
+                row_words, row_abs = self.row_values(k, t, i, frags[i], scalars, dsum)
+                got_words.append(row_words)
+                got_abs.append(row_abs)
+            words, absw = got_words, got_abs
+        else:
+            if cutlass.const_expr(any(staged_src) and hp == 0):
+                cute.arch.cp_async_wait_group(0)  # (the rows' zero-filled copies land before the memory is reused)
+            if cutlass.const_expr(self.cfg.dbias):
+                for c in cutlass.range_constexpr(VEC):
+                    dsum[c] = Float32(0.0)
+        return words, absw
+
+    def column_partials(self, k, absw):
+        """values' column maxima of rows ``absw`` (one word per two columns), with amax's last word
+        where the thread folds it (codec.amax_by_owners), or None where the CTA reduces no columns."""
+        cfg = self.cfg
+        if cutlass.const_expr(not cfg.col_reduce):
+            return None
+        nan = codec.column_max_nan(cfg)
+        cm = list(absw[0])
+        for i in range(1, len(absw)):
+            cm = [dev.pk_max(cm[j], absw[i][j], k.is_bf16, nan) for j in range(PKW)]
+        if cutlass.const_expr(cfg.amax and not codec.amax_by_owners(cfg)):
+            am = None
+            for i in range(len(absw)):
+                am = self.fold_amax(am, absw[i], k.is_bf16)
+            cm.append(am)
+        return cm
 
     @staticmethod
     def row_partial(row_abs, is_bf16: bool, nan: bool):
@@ -1481,68 +1542,16 @@ class PackedKernel:
             cute.arch.sync_threads()
             self.store_transposed(k, t, io, part)
 
-    @staticmethod
-    def transposed_chunk(c, chunk, first: int = 0):
-        """Where 8-byte chunk ``chunk`` (rows 8 * chunk ..) of tile column ``c`` lies in "tr" (rows
-        of TR_CHUNKS chunks, one per column from column ``first`` on: a column part's first,
-        KernelConfig.tr_parts): XOR-swizzled by the column's lane (c >> 3) and parity, so that a
-        warp's chunk stores (one column per lane, lanes 8 columns apart) and the readers' loads (8
-        lanes per column, two adjacent columns per 16 lanes) hit distinct banks."""
-        return (c - first if first else c) * TR_CHUNKS + (chunk ^ (((c >> 3) ^ (c & 1)) & (TR_CHUNKS - 1)))
-
     def stage_transposed(self, t, qcs, part: int = 0):
-        """The thread's colwise bytes (``qcs[i]``: row i's two words) into "tr" as its 8 columns'
-        chunks (the warp's 8 rows are chunk ``warp`` of each column); where the tile is staged in
-        parts (KernelConfig.tr_parts), part ``part``'s threads alone (stage_transposed_part)."""
-        sT = t.smem["tr"]
-        cols = dev.transpose8x8(qcs)
-        if cutlass.const_expr(self.cfg.tr_parts > 1):
-            self.stage_transposed_part(t.lane, t.warp, sT, cols, part)
-        else:
-            for c in range(VEC):
-                sT[self.transposed_chunk(t.lane * VEC + c, t.warp)] = dev.pack64(cols[c][0], cols[c][1])
-
-    @cute.jit
-    def stage_transposed_part(self, lane, warp, sT, cols, part: cutlass.Constexpr):
-        """stage_transposed's stores of column part ``part``: its lanes' columns, from the part's
-        first column on."""
-        PART_COLS = cutlass.const_expr(VCOLS // self.cfg.tr_parts)
-        if lane // (32 // self.cfg.tr_parts) == part:
-            for c in cutlass.range_constexpr(VEC):
-                sT[self.transposed_chunk(lane * VEC + c, warp, part * PART_COLS)] = dev.pack64(cols[c][0], cols[c][1])
+        """The thread's colwise bytes (``qcs[i]``: row i's two words) into "tr" (stage_transposed_block)."""
+        stage_transposed_block(t.smem["tr"], t.lane, t.warp, dev.transpose8x8(qcs), self.cfg.tr_parts, part)
 
     @cute.jit
     def store_transposed(self, k, t, io, part: cutlass.Constexpr = 0):
         """The staged tile (column part ``part`` of KernelConfig.tr_parts) as rows of the transposed
-        copy: output row cb * VCOLS + c (the input's column; a two-halves op's from its half's
-        first row, co), bytes rb * 128 .. rb * 128 + 127; 8 threads per row, 16 bytes each (two
-        chunks), as one 16-byte store where the copy's rows and base are 16-byte aligned (M % 16
-        == 0: the FP8 GEMMs' own rule) and the run lies below M, else byte by byte below M."""
-        sT = t.smem["tr"]
-        base = io.col_data.iterator.toint()
-        M = io.M
-        PART_COLS = cutlass.const_expr(VCOLS // self.cfg.tr_parts)
-        fast = ((base | Int64(M)) & Int64(15)) == Int64(0)
-        for s in cutlass.range_constexpr(PART_COLS * TR_CHUNKS // 2 // k.NTHREADS):
-            p = t.tidx + s * k.NTHREADS
-            c = p // (TR_CHUNKS // 2)
-            if cutlass.const_expr(part > 0):
-                c = c + part * PART_COLS
-            q = p % (TR_CHUNKS // 2)
-            a = sT[self.transposed_chunk(c, 2 * q, part * PART_COLS)]
-            b = sT[self.transposed_chunk(c, 2 * q + 1, part * PART_COLS)]
-            w = [Uint32(a & Uint64(0xFFFFFFFF)), Uint32(a >> Uint64(32)), Uint32(b & Uint64(0xFFFFFFFF)),
-                 Uint32(b >> Uint64(32))]
-            oc = t.cb * VCOLS + c
-            r0 = t.rb * k.TILE_ROWS + q * 16
-            if oc < io.N and r0 < t.Ms:
-                addr = base + Int64(self.op.out_col(t.co, oc)) * Int64(M) + Int64(r0)
-                if fast and r0 + 16 <= t.Ms:
-                    dev.store_global_words(addr, w)
-                else:
-                    for j in cutlass.range_constexpr(16):
-                        if r0 + j < t.Ms:
-                            dev.store_global_u8(addr + Int64(j), w[j // 4] >> Uint32(8 * (j % 4)))
+        copy (store_transposed_runs)."""
+        store_transposed_runs(t.smem["tr"], io.col_data, io.M, io.N, t.Ms, t.tidx, k.NTHREADS, t.cb,
+                              t.rb * k.TILE_ROWS, t.co, self.op, self.cfg.tr_parts, part)
 
     def store_unaligned(self, k, t, io, words, sr, sc):
         """Unaligned rows: the output rows' segments (rowwise, then colwise), their store plans
@@ -1620,3 +1629,63 @@ class PackedKernel:
         else:
             ua.flush_edges(edges, lane, dirs, PK_ROWS, WARPS, Ms - rbase, ncols, False)
         cute.arch.sync_warp()  # (a second pass parks its own)
+
+
+# -- the transposed colwise copy's staging tile, shared by the packed and the vectorised kernels ------
+def transposed_chunk(c, chunk, first: int = 0):
+    """Where 8-byte chunk ``chunk`` (rows 8 * chunk ..) of tile column ``c`` lies in "tr" (rows
+    of TR_CHUNKS chunks, one per column from column ``first`` on: a column part's first,
+    KernelConfig.tr_parts): XOR-swizzled by the column's lane (c >> 3) and parity, so that a
+    warp's chunk stores (one column per lane, lanes 8 columns apart) and the readers' loads (8
+    lanes per column, two adjacent columns per 16 lanes) hit distinct banks."""
+    return (c - first if first else c) * TR_CHUNKS + (chunk ^ (((c >> 3) ^ (c & 1)) & (TR_CHUNKS - 1)))
+
+
+@cute.jit
+def stage_transposed_block(sT, lane, warp, cols, parts: cutlass.Constexpr = 1, part: cutlass.Constexpr = 0):
+    """A thread's 8 x 8 block of colwise FP8 bytes, already transposed (``cols[c]``: column
+    lane * VEC + c's 8 rows as two words; the warp's 8 rows are chunk ``warp`` of every column),
+    into "tr"; where the tile is staged in ``parts`` column parts (KernelConfig.tr_parts), the
+    threads of part ``part`` alone, from the part's first column on."""
+    PART_COLS = cutlass.const_expr(VCOLS // parts)
+    if cutlass.const_expr(parts == 1):
+        for c in cutlass.range_constexpr(VEC):
+            sT[transposed_chunk(lane * VEC + c, warp)] = dev.pack64(cols[c][0], cols[c][1])
+    elif lane // (32 // parts) == part:
+        for c in cutlass.range_constexpr(VEC):
+            sT[transposed_chunk(lane * VEC + c, warp, part * PART_COLS)] = dev.pack64(cols[c][0], cols[c][1])
+
+
+@cute.jit
+def store_transposed_runs(sT, col_data, M, N, Ms, tidx, nthreads: cutlass.Constexpr, cb, row0, co, op: cutlass.Constexpr,
+                          parts: cutlass.Constexpr = 1, part: cutlass.Constexpr = 0):
+    """The staged tile in "tr" (column part ``part`` of ``parts``) as rows of the transposed copy
+    ([N, M], row stride M): output row cb * VCOLS + c (the input's column; a two-halves op's from
+    its half's first row, ``op.out_col(co, ..)``), bytes row0 .. row0 + 127 (rows below ``Ms``);
+    8 threads per row, 16 bytes each (two chunks), as one 16-byte store where the copy's rows and
+    base are 16-byte aligned (M % 16 == 0: the FP8 GEMMs' own rule) and the run lies below Ms,
+    else byte by byte below Ms."""
+    base = col_data.iterator.toint()
+    PART_COLS = cutlass.const_expr(VCOLS // parts)
+    fast = ((base | Int64(M)) & Int64(15)) == Int64(0)
+    for s in cutlass.range_constexpr(PART_COLS * TR_CHUNKS // 2 // nthreads):
+        p = tidx + s * nthreads
+        c = p // (TR_CHUNKS // 2)
+        if cutlass.const_expr(part > 0):
+            c = c + part * PART_COLS
+        q = p % (TR_CHUNKS // 2)
+        a = sT[transposed_chunk(c, 2 * q, part * PART_COLS)]
+        b = sT[transposed_chunk(c, 2 * q + 1, part * PART_COLS)]
+        w = [Uint32(a & Uint64(0xFFFFFFFF)), Uint32(a >> Uint64(32)), Uint32(b & Uint64(0xFFFFFFFF)),
+             Uint32(b >> Uint64(32))]
+        oc = cb * VCOLS + c
+        r0 = row0 + q * 16
+        orow = op.out_col(co, oc)  # (outside the branch: ``op`` is a Python object)
+        if oc < N and r0 < Ms:
+            addr = base + Int64(orow) * Int64(M) + Int64(r0)
+            if fast and r0 + 16 <= Ms:
+                dev.store_global_words(addr, w)
+            else:
+                for j in cutlass.range_constexpr(16):
+                    if r0 + j < Ms:
+                        dev.store_global_u8(addr + Int64(j), w[j // 4] >> Uint32(8 * (j % 4)))

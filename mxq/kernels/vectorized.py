@@ -48,7 +48,8 @@ from . import grouped
 from . import smem as shared
 from . import unaligned as ua
 from .config import ROWS, VEC
-from .packed import Fields, fp4_column_scale_run, fp4_group_block, fp4_scale_warps, fp4_tile_entries, rec
+from .packed import (Fields, fp4_column_scale_run, fp4_group_block, fp4_scale_warps, fp4_tile_entries, rec,
+                     stage_transposed_block, store_transposed_runs)
 
 VCOLS = 32 * VEC
 
@@ -76,6 +77,9 @@ class VectorizedKernel:
         cfg = self.cfg
         GROUPED = cutlass.const_expr(group_ends is not None)
         UNALIGNED = cutlass.const_expr(unaligned)  # (never grouped nor two-halves: KernelConfig.vec_unaligned)
+        if cutlass.const_expr(GROUPED and cfg.transposed):
+            raise ValueError("mxq: the vectorised kernel's transposed colwise copy takes no groups "
+                             "(store_transposed: the tile's rows start at rb * tile_rows)")
         CHUNKS = cutlass.const_expr(unaligned and cfg.vec_unaligned_chunks)
         WARPS = cutlass.const_expr(cfg.vec_warps)
         TILE = cutlass.const_expr(cfg.tile_rows)  # ROWS, or FP8 block scaling's 128-row colwise blocks
@@ -196,7 +200,7 @@ class VectorizedKernel:
             elif cutlass.const_expr(cfg.colwise):
                 sc = self.column_scales(rec(at), sInv)
             if cutlass.const_expr(cfg.transposed):
-                self.store_transposed(rec(at, co=co), vals, sc, col_data)
+                self.store_transposed(rec(k), rec(at, co=co, cb=cb, rb=rb, M=M, N=N, smem=buf), vals, sc, col_data)
             elif cutlass.const_expr(cfg.colwise and not cfg.fp4_columns):
                 self.store_columns(rec(k), rec(at, whole=whole, part=part), vals, sc, col_data, tCol)
         if cutlass.const_expr(len(STAGED) > 0):
@@ -583,30 +587,24 @@ class VectorizedKernel:
                 cute.autovec_copy(qc, tCol[(None, (t.rbase + i, t.g))])
 
     @cute.jit
-    def store_transposed(self, t, vals, sc, col_data):
+    def store_transposed(self, k, t, vals, sc, col_data):
         """The transposed colwise copy (KernelConfig.transposed: [N, M], FP8 block scaling's
-        GEMM-ready layout): the thread's 8 x 8 block of FP8 bytes (rows rbase.., columns c0..)
-        transposed in registers (device.transpose8x8), column j's 8 bytes at byte rbase of output
-        row c0 + j (two-halves ops: co + c0 + j): one 8-byte store where the copy's base and row
-        bytes are multiples of 8 (M % 8 == 0 contiguous: every FP8 GEMM's M) and the thread's 8
-        rows exist, else byte by byte below M (PackedKernel.store_transposed's rule)."""
+        GEMM-ready layout), as the packed kernel writes it: the thread's 8 x 8 block of FP8 bytes
+        (rows rbase.., columns c0..) transposed in registers (device.transpose8x8), staged in
+        shared memory ("tr": packed.stage_transposed_block), and after one barrier stored as
+        16-byte runs of output rows (packed.store_transposed_runs). The copy is never grouped
+        (FP8 block scaling's GEMM-ready layout takes no groups), so the tile's rows start at
+        rb * 128."""
         fmt = self.cfg.fmt
         rows = []
         for i in cutlass.range_constexpr(VEC):  # (VROWS == VEC: the 128-row tile's 16 warps of 8 rows)
             q = [dev.mul_rn(vals[i * VEC + c], sc[c]) for c in range(VEC)]
             rows.append([codec.encode4(fmt, q[0], q[1], q[2], q[3]), codec.encode4(fmt, q[4], q[5], q[6], q[7])])
-        cols = dev.transpose8x8(rows)
-        out = ua.row_base(col_data, self.op.out_col(t.co, t.c0), t.rbase)  # (row c0 + j at row_at(out, j))
-        fast = ((col_data.iterator.toint() | out[1]) & Int64(7)) == Int64(0)
-        if t.col_ok and t.rbase < t.row_end:
-            if fast and t.rbase + VEC <= t.row_end:
-                for j in cutlass.range_constexpr(VEC):
-                    ua.store_b64(ua.row_at(out, j), cols[j][0], cols[j][1])
-            else:
-                for j in cutlass.range_constexpr(VEC):
-                    for b in cutlass.range_constexpr(VEC):
-                        if t.rbase + b < t.row_end:
-                            dev.store_global_u8(ua.row_at(out, j) + Int64(b), cols[j][b // 4] >> Uint32(8 * (b % 4)))
+        sT = t.smem["tr"]
+        stage_transposed_block(sT, t.lane, t.warp, dev.transpose8x8(rows))
+        cute.arch.sync_threads()
+        store_transposed_runs(sT, col_data, t.M, t.N, t.row_end, t.tidx, k.NTHREADS, t.cb, t.rb * self.cfg.tile_rows,
+                              t.co, self.op)
 
     # -- FP4's transposed colwise copy ([N, M/2], blocks along M: NVFP4's 16 rows, MXFP4's 32) ---------
     @cute.jit
