@@ -28,9 +28,9 @@ passed on this kernel layer, most in the whole run and these in the rerun, which
 summary says. A rerun that leaves some unfinished is rerun in turn: ``--rerun WHOLE,RERUN1,...``
 takes the last report's tests, and the record counts each run.
 
-The whole suite takes longer than one device call. ``--detach`` starts the run in a process session
-of its own, which outlives the call on a machine kept warm, and returns (an earlier run's report,
-record and status removed first); each following call runs ``--wait SECONDS`` (the same
+The whole suite takes longer than one device call. ``--detach`` collects the tests (a collection
+error stops it there), starts the run of them in a process session of its own, which outlives the
+call on a machine kept warm, and returns (an earlier run's report, record and status removed first); each following call runs ``--wait SECONDS`` (the same
 ``--out``), which returns when the run ends (its status in OUT.rc) or the seconds pass and prints
 the report's first line (exit 3 while it runs), then copies the report to ``$OUT``. No test
 is cut and restarted at a call's end; if the machine goes back mid-run, the last copy is a report
@@ -273,6 +273,7 @@ def write_record(path: Path, text: str) -> dict:
 
 
 DETACHED = "MXQ_GPU_TESTS_DETACHED"  # set in a detached run: it writes OUT.rc when it ends, and never detaches
+IDS = "MXQ_GPU_TESTS_IDS"  # set in a detached run: the file of the tests its caller collected
 
 
 def _stat(pid) -> list[str] | None:
@@ -303,18 +304,23 @@ def _side(out: Path, suffix: str) -> Path:
     return out.with_name(out.name + suffix)
 
 
-def detach(argv: list[str], out: Path, record: str | None) -> int:
+def detach(argv: list[str], out: Path, record: str | None, ids: list[str] | None = None) -> int:
     """Run this tool with ``argv`` in a process session of its own (a device call's end kills only
     its own session's processes): its output in OUT.log, its pid and start time in OUT.pid, its
-    exit status in OUT.rc when it ends. An earlier run's report, record and status are removed
-    first, so none of them passes for this run's."""
+    exit status in OUT.rc when it ends; ``ids``: the tests the caller collected (OUT.ids), which
+    it runs instead of collecting. An earlier run's report, record and status are removed first,
+    so none of them passes for this run's."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    for old in (out, _side(out, ".part"), _side(out, ".rc"), *([Path(record)] if record else [])):
+    for old in (out, _side(out, ".part"), _side(out, ".rc"), _side(out, ".ids"), *([Path(record)] if record else [])):
         old.unlink(missing_ok=True)
+    env = {**os.environ, DETACHED: "1"}
+    if ids is not None:
+        _side(out, ".ids").write_text("".join(f"{i}\n" for i in ids))
+        env[IDS] = str(_side(out, ".ids"))
     with open(_side(out, ".log"), "w") as log:
         proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *argv], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, DETACHED: "1"})
+                                env=env)
     _side(out, ".pid").write_text(f"{proc.pid} {_start_time(proc.pid)}\n")
     print(f"detached: pid {proc.pid}, report {out}", flush=True)
     return 0
@@ -378,7 +384,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rerun", metavar="REPORT[,REPORT...]", help="run only the failed or unfinished tests of a whole "
                     "run's report (or of the last of a whole run's report and its reruns', in order)")
     ap.add_argument("--detach", action="store_true", help="start the run in a process session of its own and "
-                    "return at once (the run outlives a device call; --out outside $OUT, which each call empties)")
+                    "return once its tests are collected (the run outlives a device call; --out outside $OUT, which each "
+                    "call empties)")
     ap.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the detached run "
                     "writing --out to end, print its report's first line; exit 3 while it still runs")
     ap.add_argument("--record", metavar="FILE", help="after a whole suite (default paths, marker and no -k) that "
@@ -390,8 +397,11 @@ def main(argv=None) -> int:
     if args.record and not whole:
         ap.error("--record needs the whole GPU suite: no paths, -k or --marker")
     if args.detach and not os.environ.get(DETACHED):
+        # (collected here, in the call: a run detached while collecting came back with a third of
+        # the suite collected and no error; the detached run takes these ids, OUT.ids)
+        ids = None if args.rerun else collect(args.paths, args.marker, args.kexpr)
         return detach([a for a in (sys.argv[1:] if argv is None else argv) if a != "--detach"], Path(args.out),
-                      args.record)
+                      args.record, ids)
     status = 2
     try:
         status = run(args, ap, whole)
@@ -415,6 +425,8 @@ def run(args, ap, whole: bool) -> int:
             if named != [layer]:
                 ap.error(f"--rerun: {path} names {named[0] if named else 'no kernel layer'}; this tree has {layer}")
         ids = rerun_ids(reports[-1])
+    elif os.environ.get(IDS):
+        ids = Path(os.environ[IDS]).read_text().splitlines()
     else:
         ids = collect(args.paths, args.marker, args.kexpr)
     shards = [s for s in shard(ids, max(1, args.shards)) if s]

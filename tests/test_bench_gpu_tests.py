@@ -141,7 +141,8 @@ def test_a_run_killed_from_outside_leaves_a_report_a_rerun_can_take(tmp_path):
 
 def test_a_module_that_fails_to_collect_stops_the_run(tmp_path, monkeypatch):
     """A test module that cannot be imported drops its tests from pytest's listing, and a suite of
-    the rest passes: collect refuses it, naming the module, and no report (or record) is written."""
+    the rest passes: collect refuses it, naming the module, and no report (or record) is written,
+    nor a run detached."""
     import pytest
 
     tool = _bench_tool("gpu_tests")
@@ -151,7 +152,9 @@ def test_a_module_that_fails_to_collect_stops_the_run(tmp_path, monkeypatch):
     out = tmp_path / "o.txt"
     with pytest.raises(SystemExit, match="test_broken.py"):
         tool.main([".", "--marker", "not gpu", "--out", str(out)])
-    assert not out.exists()
+    with pytest.raises(SystemExit, match="test_broken.py"):  # (--detach collects before it detaches)
+        tool.main([".", "--detach", "--marker", "not gpu", "--out", str(out)])
+    assert not out.exists() and not (tmp_path / "o.txt.pid").exists()
     assert tool.collect(["test_fine.py"], "not gpu", None) == ["test_fine.py::test_a"]
 
 
@@ -304,6 +307,9 @@ def test_a_detached_run_outlives_its_caller_and_wait_follows_it(tmp_path):
     try:
         assert started.returncode == 0 and f"pid {pid}" in started.stdout and time.time() - t0 < 30
         assert os.getsid(pid) == pid  # (a session of its own: a device call's end does not kill it)
+        # (collected by the caller, before it returned; the run takes these)
+        assert (tmp_path / "gpu" / "whole.txt.ids").read_text().splitlines() == [f"{f.name}::test_ok",
+                                                                                 f"{f.name}::test_gated"]
         waited = run("--wait", "1")
         assert waited.returncode == 3 and waited.stdout.startswith("still running: ")
         assert "9 tests" not in waited.stdout
