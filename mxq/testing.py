@@ -90,7 +90,12 @@ _INEXACT_ACTS = ("gelu", "silu", "qgelu")  # the built-in acts (and derivatives)
 
 
 def is_exact(op) -> bool:
-    """Whether docs/NUMERICS.md's exact class applies to ``op`` (no transcendental, no division)."""
+    """Whether docs/NUMERICS.md's exact class applies to ``op`` (no transcendental, no division). A
+    gated op (act= or dact= "swiglu", ...) is its inner op over the two halves, whose epilogue holds
+    the gated formula (reglu and sreglu: exact; swiglu, geglu, qgeglu: not)."""
+    inner = getattr(op, "inner", None)
+    if inner is not None:
+        return is_exact(inner)
     return op.epilogue.exact and op.spec.act not in _INEXACT_ACTS and op.spec.dact not in _INEXACT_ACTS
 
 

@@ -678,6 +678,54 @@ def test_gated_backward_is_served_and_compiles(case):
         assert why is not None and flag in why and "two output halves" in why, flag
 
 
+GATED_BWD_GROUPED = [c for c in GATED_BWD if c[1].get("scale_layout", "compact") == "compact"]  # (grouped: compact)
+
+
+def _even_group_ends(m: int, g: int, seed: int) -> torch.Tensor:
+    """Random group ends over m (even) rows with empty groups (test_gated._random_groups), each
+    rounded down to an even row: FP4's colwise copy packs rows 2j and 2j + 1 in one byte."""
+    from .test_gated import _random_groups
+
+    return _random_groups(m, g, seed) // 2 * 2
+
+
+def _check_grouped_gated_backward(fmt, opts, name, dtype, device):
+    """A grouped gated backward (dact ``name``, exact: dreglu or dsreglu) on ``device``, into
+    poisoned outputs and allocating, against the reference byte for byte (dbias [G, 2N] within an
+    ulp), at N = 96 (a partial column tile a half) and 288 over random groups with empty ones."""
+    for m, n, g in ((336, 96, 7), (80, 288, 3)):  # (the colwise copy: M % 8 == 0, limits.fp4_unserved)
+        offs = _even_group_ends(m, g, seed=n)
+        a = planted(m, 2 * n, dtype, seed=m + n, scale=2.0)
+        grad = planted(m, n, dtype, seed=m + n + 1, specials=False)
+        op = mxq.fused_quant(format=fmt, dact=name, **opts)(ident)
+        want = op.reference(grad, act_input=a, group_offsets=offs)
+        gd, ad, od = grad.to(device), a.to(device), offs.to(device)
+        for got in (op(gd, act_input=ad, group_offsets=od, out=poisoned(op, gd, od)),
+                    op(gd, act_input=ad, group_offsets=od)):
+            for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+                if getattr(want, f) is not None:
+                    gf, wf = getattr(got, f).cpu(), getattr(want, f)
+                    assert same_bytes(gf.contiguous(), wf.contiguous()) or (
+                        f == "amax" and bool((gf.isnan() & wf.isnan()).all())), (name, m, f, offs.tolist())
+            if want.dbias is not None:
+                assert got.dbias.shape == (g, 2 * n)
+                gb, wb = got.dbias.cpu().double(), want.dbias.double()
+                ulp = torch.finfo(dtype).eps * wb.abs() + torch.finfo(dtype).tiny
+                assert bool((((gb - wb).abs() <= ulp) | (gb == wb) | (gb.isnan() & wb.isnan())).all()), (name, m)
+
+
+@pytest.mark.parametrize("case", GATED_BWD_GROUPED, ids=_fmt_ids)
+def test_grouped_gated_backward_is_served(case):
+    """The grouped gated backward from 16-bit inputs is served by the grouped kernels (the GPU
+    test below checks their bytes), and its check runs on the reference path (the CPU call)."""
+    fmt, opts = case
+    inner = mxq.fused_quant(format=fmt, dact="reglu", **opts)(ident).inner
+    x = torch.zeros(336, 96, dtype=torch.bfloat16)
+    call = Call([x], [], group_offsets=_even_group_ends(336, 7, seed=96))
+    assert limits.unserved(inner.spec, inner.epilogue, x, inner._packed_smem_shortfall, call) is None
+    _check_grouped_gated_backward(fmt, opts, "reglu", torch.bfloat16, "cpu")
+
+
 # -- on the device -----------------------------------------------------------------------------
 @pytest.fixture
 def strict(monkeypatch):
@@ -947,6 +995,18 @@ def test_gpu_gated_backward_matches_reference(strict, case, dtype):
                 gd, wd = got.dbias.cpu().double(), want.dbias.double()
                 ulp = torch.finfo(t).eps * wd.abs() + torch.finfo(t).tiny
                 assert bool((((gd - wd).abs() <= ulp) | (gd == wd) | (gd.isnan() & wd.isnan())).all()), (name, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("case", GATED_BWD_GROUPED, ids=_fmt_ids)
+def test_gpu_grouped_gated_backward_matches_reference(strict, case, dtype):
+    """The grouped gated backward on the grouped kernels (no fallback): dreglu and dsreglu byte for
+    byte against the reference, into poisoned outputs and allocating, random groups with empty
+    ones (_check_grouped_gated_backward). CPU counterpart: test_grouped_gated_backward_is_served."""
+    fmt, opts = case
+    for name in ("reglu", "sreglu"):
+        _check_grouped_gated_backward(fmt, opts, name, DTYPES[dtype], "cuda")
 
 
 @pytest.mark.gpu

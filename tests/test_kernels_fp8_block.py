@@ -243,30 +243,33 @@ def test_gpu_fp32_gated_backward_matches_the_reference(opts, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("opts", GATED_BWD_GROUPED, ids=_ids)
 def test_gpu_grouped_gated_backward_matches_the_reference(opts, dtype, monkeypatch):
-    """FP8 block scaling's grouped gated backward (dswiglu) on the grouped kernels, into poisoned
-    outputs and allocating, against the reference within the op's class, for random group sizes
-    with empty groups; MXQ_STRICT: no fallback. CPU counterpart:
-    test_grouped_gated_backward_is_served_and_compiles."""
-    from mxq.testing import compare, v_abs_sum, v_bound
+    """FP8 block scaling's grouped gated backward on the grouped kernels, into poisoned outputs and
+    allocating, against the reference within the op's class (dreglu and dsreglu: the exact class),
+    for random group sizes with empty groups: dswiglu at three shapes, every other gated name at
+    one; MXQ_STRICT: no fallback. CPU counterpart: test_grouped_gated_backward_is_served_and_compiles."""
+    from mxq.frontend import gated
+    from mxq.testing import compare, is_exact, v_abs_sum, v_bound
 
     from .test_gated import _random_groups
 
     monkeypatch.setenv("MXQ_STRICT", "1")
     m = 333
     # (N = 100, colwise blocks alone: rows not whole 16-byte vectors, the unaligned grouped kernel)
-    for g, n in ((3, 256), (9, 256), (5, 100 if opts.get("rowwise") is False else 640)):
+    shapes = ((3, 256), (9, 256), (5, 100 if opts.get("rowwise") is False else 640))
+    for name, (g, n) in [("swiglu", s) for s in shapes] + [(nm, shapes[1]) for nm in gated.GATED if nm != "swiglu"]:
         offs = _random_groups(m, g, seed=g)
-        op = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident)
+        op = mxq.fused_quant(format="fp8_block", dact=name, **opts)(ident)
         a = planted(m, 2 * n, dtype, seed=g, scale=2.0)
         grad = planted(m, n, dtype, seed=g + 1, specials=False)
         want = op.reference(grad, act_input=a, group_offsets=offs)
         v_abs = v_abs_sum(op.inner, grad, a[:, :n], a[:, n:], 0.0, group_offsets=offs) if op.spec.dbias else None
         gc, ac, oc = grad.cuda(), a.cuda(), offs.cuda()
-        bound = v_bound(op, grad, act_input=a)
+        exact = is_exact(op)
+        bound = None if exact else v_bound(op, grad, act_input=a)
         got = op(gc, act_input=ac, group_offsets=oc, out=poisoned(op, gc, oc))
-        assert compare(got, want, False, v_abs, v_bound=bound) == [], offs.tolist()
+        assert compare(got, want, exact, v_abs, v_bound=bound) == [], (name, offs.tolist())
         again = op(gc, act_input=ac, group_offsets=oc)  # (allocating)
-        assert compare(again, want, False, v_abs, v_bound=bound) == [], offs.tolist()
+        assert compare(again, want, exact, v_abs, v_bound=bound) == [], (name, offs.tolist())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

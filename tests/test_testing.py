@@ -42,6 +42,35 @@ def test_compare_reads_a_grouped_amax_entry_by_entry():
         assert [p for p in compare(got, want, exact=False) if p.startswith("amax")] != [], wrong
 
 
+def _ident(x):
+    return x
+
+
+def _scaled(x, s: float = 2.0):
+    return x * s
+
+
+def _over(x, y):
+    return x / y
+
+
+def test_is_exact_names_the_exact_class_of_every_kind_of_op():
+    """docs/NUMERICS.md's exact class, written out by hand: the plain cast, relu/srelu and their
+    derivatives, reglu/sreglu (forward and backward), arithmetic epilogues; not gelu, silu, qgelu,
+    swiglu, geglu, qgeglu (either direction) nor division. Gated ops are judged by their inner
+    op (a gated op's own spec names the gated act, which no element-wise list holds)."""
+    from mxq.testing import is_exact
+
+    exact = {"relu", "srelu", "reglu", "sreglu"}
+    for name in ("gelu", "silu", "relu", "qgelu", "srelu", "swiglu", "geglu", "reglu", "qgeglu", "sreglu"):
+        for key in ("act", "dact"):
+            for fmt in ("mxfp8", "fp8_block"):
+                op = mxq.fused_quant(format=fmt, colwise=True, **{key: name})(_ident)
+                assert is_exact(op) == (name in exact), (name, key, fmt)
+    assert is_exact(mxq.fused_quant()(_ident)) and is_exact(mxq.fused_quant()(_scaled))
+    assert not is_exact(mxq.fused_quant(colwise=True)(_over))
+
+
 def test_poisoned_outputs_are_not_valid_results():
     op = mxq.fused_quant(colwise=True, dbias=True, amax=True)(lambda_free)
     x = planted(40, 70, seed=2)
