@@ -328,6 +328,47 @@ def test_grouped_backward_warps_skip_rows_past_the_group_end():
         assert int(re.search(r"Used (\d+) registers", packed).group(1)) <= 64, packed
 
 
+# the gated forward in the other formats: the inner op over the two strided halves, [M, N] outputs
+GATED_FWD_FORMATS = [("fp8_block", dict(colwise=True)), ("fp8_block", dict(colwise=True, scale_layout="gemm")),
+                     ("fp8_block", dict(block=(128, 128), colwise=True)), ("mxfp4", dict(colwise=True)),
+                     ("nvfp4", dict(colwise=True)), ("nvfp4", dict(colwise=True, block_2d=True))]
+
+
+def _format_ids(case):
+    fmt, opts = case
+    return "-".join([fmt] + [f"{k}={v}" for k, v in opts.items()])
+
+
+def _check_gated_forward(fmt, opts, dtype, device):
+    """reglu and sreglu forwards (the exact class) in ``fmt`` on ``device``, into poisoned outputs
+    and allocating, byte for byte against the reference; M a multiple of 8 (FP4's colwise copy)
+    with a partial row tile, N a multiple of 128 (FP8 block scaling's 1x128 blocks)."""
+    for name, m, n in (("reglu", 96, 256), ("sreglu", 72, 384)):
+        op = mxq.fused_quant(format=fmt, act=name, **opts)(_ident)
+        x = planted(m, 2 * n, dtype, seed=n)
+        want = op.reference(x)
+        xd = x.to(device)
+        assert compare(op(xd, out=poisoned(op, xd)), want, True) == [], (name, m, n)
+        assert compare(op(xd), want, True) == [], (name, m, n)
+
+
+@pytest.mark.parametrize("case", GATED_FWD_FORMATS, ids=_format_ids)
+def test_gated_forward_in_other_formats_is_served(case):
+    """The gated forwards test_gated_forward_in_other_formats_on_cuda runs are the kernels'
+    (limits.unserved on the inner op's call over the halves), and its check runs on the
+    reference path (CPU)."""
+    from mxq.runtime import limits
+    from mxq.runtime.call import Call
+
+    fmt, opts = case
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        inner = mxq.fused_quant(format=fmt, act="reglu", **opts)(_ident).inner
+        x = torch.zeros(96, 512, dtype=dtype)
+        call = Call([x[:, :256], x[:, 256:]], [])
+        assert limits.unserved(inner.spec, inner.epilogue, x[:, :256], inner._packed_smem_shortfall, call) is None
+    _check_gated_forward(fmt, opts, torch.bfloat16, "cpu")
+
+
 # --- on a CUDA device -----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [256, 96, 40, 36])
@@ -389,11 +430,12 @@ def test_gated_grouped_backward_on_cuda(name, dtype, layout, monkeypatch):
     """The grouped gated backward (dact + dbias, both directions) on the grouped kernels over the
     two halves, against the reference within the op's class, into poisoned outputs, for random
     group sizes with empty groups; N = 96 and 40 (colwise only: rowwise blocks would straddle the
-    halves), 16-bit inputs at N = 40 with unaligned up halves; MXQ_STRICT: no fallback."""
+    halves) on the aligned grouped kernel ("vec_grouped"), N = 36 (colwise only, N % 8 != 0: the
+    up halves off 16-byte boundaries) on the other one ("generic_grouped"); MXQ_STRICT: no fallback."""
     monkeypatch.setenv("MXQ_STRICT", "1")
     exact = name in EXACT
     m = 333
-    for n, rowwise, groups_ in ((96, True, 7), (40, False, 3)):
+    for n, rowwise, groups_ in ((96, True, 7), (40, False, 3), (36, False, 5)):
         offs = _random_groups(m, groups_, seed=n)
         a = planted(m, 2 * n, dtype, seed=n, scale=2.0)
         grad = planted(m, n, dtype, seed=n + 1, specials=False)
@@ -439,3 +481,16 @@ def test_gated_backward_with_straddling_blocks_falls_back(monkeypatch):
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True)(_ident)
     with pytest.raises(Exception, match="straddle"):
         bwd(torch.randn(32, 40, device="cuda"), act_input=torch.randn(32, 80, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("case", GATED_FWD_FORMATS, ids=_format_ids)
+def test_gated_forward_in_other_formats_on_cuda(case, dtype, monkeypatch):
+    """The gated forward in FP8 block scaling (1x128, the transposed copy, 128x128 tiles), MXFP4
+    and NVFP4 (1x16, 16x16 tiles) on the kernels, every input dtype: byte for byte against the
+    reference (_check_gated_forward); MXQ_STRICT: no fallback. CPU counterpart:
+    test_gated_forward_in_other_formats_is_served."""
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    fmt, opts = case
+    _check_gated_forward(fmt, opts, dtype, "cuda")

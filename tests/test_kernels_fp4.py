@@ -714,6 +714,38 @@ def _check_grouped_gated_backward(fmt, opts, name, dtype, device):
                 assert bool((((gb - wb).abs() <= ulp) | (gb == wb) | (gb.isnan() & wb.isnan())).all()), (name, m)
 
 
+def _check_gated_backward_given_amax(grouped: bool, device):
+    """NVFP4's gated backward (dreglu + dbias, both directions) with global_amax= (the quantize
+    pass alone over the two halves; grouped: one value for every group, and a [G] tensor), on
+    ``device``, byte for byte against the reference with the same amax (dbias within an ulp)."""
+    op = mxq.fused_quant(format="nvfp4", dact="reglu", colwise=True, dbias=True)(ident)
+    m, n = 96, 96
+    a = planted(m, 2 * n, torch.bfloat16, seed=3, scale=2.0)
+    grad = planted(m, n, torch.bfloat16, seed=4, specials=False)
+    offs = _even_group_ends(m, 5, seed=1) if grouped else None
+    givens = (300.0, torch.tensor([300.0, 2.0, 7.5, 1.0, 40.0])) if grouped else (300.0, torch.tensor(0.5))
+    for given in givens:
+        want = op.reference(grad, act_input=a, group_offsets=offs, global_amax=given)
+        got = op(grad.to(device), act_input=a.to(device), group_offsets=None if offs is None else offs.to(device),
+                 global_amax=given.to(device) if isinstance(given, torch.Tensor) else given)
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            assert same_bytes(getattr(got, f).cpu().contiguous(), getattr(want, f).contiguous()), (f, given)
+        gb, wb = got.dbias.cpu().double(), want.dbias.double()
+        ulp = torch.finfo(torch.bfloat16).eps * wb.abs() + torch.finfo(torch.bfloat16).tiny
+        assert bool((((gb - wb).abs() <= ulp) | (gb == wb)).all()), given
+
+
+def test_gated_backward_with_a_given_amax_is_served():
+    """NVFP4's gated backward with global_amax= is the kernels' (grouped or not), and
+    _check_gated_backward_given_amax runs on the reference path."""
+    inner = mxq.fused_quant(format="nvfp4", dact="reglu", colwise=True, dbias=True)(ident).inner
+    g, a = torch.zeros(96, 96, dtype=torch.bfloat16), torch.zeros(96, 192, dtype=torch.bfloat16)
+    for offs in (None, _even_group_ends(96, 5, seed=1)):
+        call = Call([g, a[:, :96], a[:, 96:]], [0.0], group_offsets=offs)._replace(fp4=fp4.CallArgs(300.0, None, None))
+        assert limits.unserved(inner.spec, inner.epilogue, g, inner._packed_smem_shortfall, call) is None
+        _check_gated_backward_given_amax(offs is not None, "cpu")
+
+
 @pytest.mark.parametrize("case", GATED_BWD_GROUPED, ids=_fmt_ids)
 def test_grouped_gated_backward_is_served(case):
     """The grouped gated backward from 16-bit inputs is served by the grouped kernels (the GPU
@@ -998,6 +1030,15 @@ def test_gpu_gated_backward_matches_reference(strict, case, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("grouped", [False, True])
+def test_gpu_gated_backward_with_a_given_amax_matches_reference(strict, grouped):
+    """NVFP4's gated backward with global_amax= on the kernels ("vec_given" over the two halves,
+    grouped too): _check_gated_backward_given_amax. CPU counterpart:
+    test_gated_backward_with_a_given_amax_is_served."""
+    _check_gated_backward_given_amax(grouped, "cuda")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("case", GATED_BWD_GROUPED, ids=_fmt_ids)
 def test_gpu_grouped_gated_backward_matches_reference(strict, case, dtype):
@@ -1064,16 +1105,18 @@ def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("colwise", [False, True])
-def test_gpu_grouped_given_amax_matches_reference(strict, colwise):
+def test_gpu_grouped_given_amax_matches_reference(strict, colwise, dtype):
     """NVFP4's grouped calls with global_amax= on the kernels (the quantize pass alone, each
-    group's entry written first): one value for every group and a [G] tensor of one per group
-    (on the device, and changed in place between launches of a prepared call); every byte the
-    reference's. CPU counterpart: test_grouped_rowwise_is_served_and_the_rest_falls_back and
+    group's entry written first; fp32 on the vectorised kernel): one value for every group and a
+    [G] tensor of one per group (on the device, and changed in place between launches of a
+    prepared call); every byte the reference's. CPU counterpart:
+    test_grouped_rowwise_is_served_and_the_rest_falls_back and
     tests/test_kernels_nvfp4.py::test_given_amax_and_rng_operands (launch.given_amax_first)."""
     offs = torch.tensor([0, 6, 38, 38, 138, 144], dtype=torch.int32)
     m, n = 144, 272
-    x = planted(m, n, torch.bfloat16, seed=5)
+    x = planted(m, n, DTYPES[dtype], seed=5)
     op = mxq.fused_quant(format="nvfp4", colwise=colwise)(ident)
     fields = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax")
     per_group = torch.tensor([300.0, 5.0, 1.0, 7.5, 2.0e4, 1.0])

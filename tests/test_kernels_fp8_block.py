@@ -198,6 +198,74 @@ def test_gpu_gated_backward_matches_the_reference(opts, dtype, n, monkeypatch):
         assert compare(got, want, exact, v_abs, v_bound=v_bound(op, grad, act_input=a)) == [], (name, m)
 
 
+def _on_cuda(t: torch.Tensor, aligned: bool) -> torch.Tensor:
+    """``t`` on the device, as aligned as the allocator makes it or one element off a 16-byte
+    boundary (``t.cuda()`` would align it again)."""
+    if aligned:
+        return t.cuda()
+    out = torch.empty(t.numel() + 1, dtype=t.dtype, device="cuda")[1:].view(t.shape).copy_(t)
+    assert out.data_ptr() % 16
+    return out
+
+
+def _misaligned(m: int, n: int, dtype, seed: int) -> torch.Tensor:
+    """planted(m, n) values in a contiguous [m, n] tensor whose data starts one element past a
+    16-byte boundary (the kernels' rule for "vec": launch.variant_for)."""
+    buf = torch.empty(m * n + 1, dtype=dtype)
+    buf[1:] = planted(m, n, dtype, seed=seed, scale=2.0).reshape(-1)
+    return buf[1:].view(m, n)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("opts", [dict(rowwise=False, colwise=True), dict(rowwise=False, colwise=True, amax=True, dbias=True)],
+                         ids=_ids)
+def test_gpu_gated_backward_from_unaligned_rows_matches_the_reference(opts, dtype, monkeypatch):
+    """FP8 block scaling's gated backward (colwise blocks: no 1x128 block to straddle the halves) on
+    the kernels for unaligned rows: N = 100 (variant "generic") and N = 96 from inputs one
+    element off a 16-byte boundary (variant "rows8"), into poisoned outputs and allocating,
+    against the reference within the op's class (dreglu: the exact class); MXQ_STRICT: no fallback.
+    CPU counterpart: test_gated_backward_from_unaligned_rows_is_served."""
+    from mxq.testing import compare, is_exact, v_abs_sum, v_bound
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    for name, m, n, aligned in (("swiglu", 131, 100, True), ("reglu", 300, 100, True), ("swiglu", 131, 96, False)):
+        op = mxq.fused_quant(format="fp8_block", dact=name, **opts)(ident)
+        if aligned:
+            a = planted(m, 2 * n, dtype, seed=n, scale=2.0)
+            grad = planted(m, n, dtype, seed=n + 1, specials=False)
+        else:
+            a, grad = _misaligned(m, 2 * n, dtype, seed=n), _misaligned(m, n, dtype, seed=n + 1)
+        want = op.reference(grad, act_input=a)
+        exact = is_exact(op)
+        v_abs = v_abs_sum(op.inner, grad, a[:, :n], a[:, n:], 0.0) if op.spec.dbias else None
+        bound = None if exact else v_bound(op, grad, act_input=a)
+        ac, gc = _on_cuda(a, aligned), _on_cuda(grad, aligned)
+        got = op(gc, act_input=ac, out=poisoned(op, gc))
+        assert compare(got, want, exact, v_abs, v_bound=bound) == [], (name, m, n)
+        assert compare(op(gc, act_input=ac), want, exact, v_abs, v_bound=bound) == [], (name, m, n)
+
+
+def test_gated_backward_from_unaligned_rows_is_served():
+    """The calls test_gpu_gated_backward_from_unaligned_rows_matches_the_reference makes are the
+    kernels' (limits.unserved), and its misaligned inputs are what launch.variant_for sends to
+    "rows8", its N = 100 ones to "generic"."""
+    from mxq.runtime.call import Call
+
+    for opts in (dict(rowwise=False, colwise=True), dict(rowwise=False, colwise=True, amax=True, dbias=True)):
+        inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident).inner
+        for n, aligned in ((100, True), (96, False)):
+            if aligned:
+                g, a = torch.zeros(131, n, dtype=torch.bfloat16), torch.zeros(131, 2 * n, dtype=torch.bfloat16)
+            else:
+                g, a = _misaligned(131, n, torch.bfloat16, 1), _misaligned(131, 2 * n, torch.bfloat16, 2)
+            call = Call([g, a[:, :n], a[:, n:]], [0.0])
+            assert limits.unserved(inner.spec, inner.epilogue, g, inner._packed_smem_shortfall, call) is None
+            variant = launch.variant_for(n, 2 * n, [g, a[:, :n], a[:, n:]], ["full", "strided", "strided"],
+                                         (None, torch.empty(131, 2 * n, dtype=torch.uint8)), False)
+            assert variant == ("generic" if aligned else "rows8"), (n, variant)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("opts", GATED_BWD, ids=_ids)
 def test_gpu_fp32_gated_backward_matches_the_reference(opts, monkeypatch):
