@@ -688,3 +688,25 @@ def test_fp32_staged_dact_matches_reference(fn, opts, shape, monkeypatch):
     for name in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
         if getattr(fresh, name) is not None:
             assert same_bytes(getattr(out, name), getattr(fresh, name)), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_noop_and_prepare_in_every_format(dtype, monkeypatch):
+    """MXFP4, NVFP4 (1x16 and 16x16 tiles) and FP8 block scaling (the transposed copy, 128x128
+    tiles) on the kernels: an out= call with noop 1.0 writes nothing, 0.0 the reference's bytes
+    (test_launch.check_noop); a prepared launch writes the reference's bytes, and again after its
+    input changed in place; MXQ_STRICT: no fallback. CPU counterpart:
+    test_launch.py::test_noop_in_every_format_on_the_reference."""
+    from .test_launch import NOOP_CASES, _relu, check_noop
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    for fmt, opts in NOOP_CASES:
+        check_noop(fmt, opts, dtype, "cuda")
+        op = mxq.fused_quant(format=fmt, act="relu", **opts)(_relu)
+        x = planted(96, 256, dtype, seed=2).cuda()
+        launch, out = op.prepare(x)
+        for step in range(2):
+            launch()
+            assert compare(out, op.reference(x.cpu()), True) == [], (fmt, step)
+            x.mul_(-0.75)  # (the next launch reads the new values)
+

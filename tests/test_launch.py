@@ -173,3 +173,39 @@ def test_clear_padding_zeroes_the_scales_the_grouped_kernels_leave():
             for f, c in zip(("rowwise_scale", "colwise_scale"), cleared):
                 got = getattr(out, f).view(torch.uint8)
                 assert bool((got == (0 if c and not keep else 0x7E)).all()), (spec.format, f, noop)
+
+
+# noop and prepare() in the other formats (the GPU side: tests/test_gpu.py::test_noop_and_prepare_in_every_format)
+NOOP_CASES = [("mxfp4", dict(colwise=True)), ("nvfp4", dict(colwise=True)), ("nvfp4", dict(colwise=True, block_2d=True)),
+              ("fp8_block", dict(colwise=True, scale_layout="gemm")), ("fp8_block", dict(block=(128, 128), colwise=True))]
+
+
+def _relu(x):
+    return x
+
+
+def check_noop(fmt, opts, dtype, device):
+    """An ``out=`` call with noop 1.0 writes none of its fields (every byte the poison's, NVFP4's
+    amax pass included); with noop 0.0 the reference's bytes (relu: the exact class)."""
+    import mxq
+    from mxq.testing import compare, planted, poisoned, same_bytes
+
+    op = mxq.fused_quant(format=fmt, act="relu", **opts)(_relu)
+    x = planted(96, 256, dtype, seed=1).to(device)
+    out = poisoned(op, x)
+    fields = [f for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax")
+              if getattr(out, f) is not None]
+    before = {f: getattr(out, f).clone() for f in fields}
+    op(x, out=out, noop=torch.ones(1, device=device))
+    for f in fields:
+        assert same_bytes(getattr(out, f).cpu(), before[f].cpu()), (fmt, f)
+    op(x, out=out, noop=torch.zeros(1, device=device))
+    assert compare(out, op.reference(x.cpu()), True) == [], fmt
+
+
+def test_noop_in_every_format_on_the_reference():
+    """check_noop on CPU (the reference path honours noop as the kernels do)."""
+    for fmt, opts in NOOP_CASES:
+        for dtype in (torch.bfloat16, torch.float32):
+            check_noop(fmt, opts, dtype, "cpu")
+
