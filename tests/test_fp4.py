@@ -264,6 +264,54 @@ def test_stochastic_rounding_is_deterministic_per_seed_and_offset():
     assert torch.equal(e.rowwise_data, f.rowwise_data)
 
 
+class _FakeCudaGenerator:
+    """torch's CUDA generator as seed_and_offset reads it: a seed and a Philox offset that torch
+    keeps a multiple of 4."""
+
+    def __init__(self, seed, offset):
+        self.seed, self.offset = seed, offset
+
+    def initial_seed(self):
+        return self.seed
+
+    def get_offset(self):
+        return self.offset
+
+    def set_offset(self, offset):
+        assert offset % 4 == 0, offset  # (torch's CUDA generator refuses others)
+        self.offset = offset
+
+
+def test_words_drawn_by_hand():
+    # rowwise [5, 9]: 5 rows of ceil(9 / 4) = 3 words; colwise [9, 5]: 9 rows of 2
+    assert fp4.words_drawn(5, 9) == 18 and fp4.words_drawn(9, 5) == 18
+    assert fp4.words_drawn(64, 256) == 64 * 64 and fp4.words_drawn(1, 4) == 4  # (colwise: 4 rows of one word)
+
+
+def test_a_seed_left_none_follows_the_cuda_generator(monkeypatch):
+    """seed_and_offset on a CUDA device (torch's CUDA generator stood in for): its seed and offset,
+    the offset advanced by the words drawn rounded up to 4, so successive calls draw disjoint
+    words; a given offset leaves the generator alone; a given seed never reads it; while a CUDA
+    graph is captured, and on CPU, a draw from the CPU generator (torch.manual_seed repeats it)."""
+    gens = [_FakeCudaGenerator(11, 0), _FakeCudaGenerator(2 ** 64 - 3, 40)]
+    monkeypatch.setattr(torch.cuda, "default_generators", gens)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert fp4.seed_and_offset(None, None, "cuda:0", 18) == (11, 0) and gens[0].offset == 20
+    assert fp4.seed_and_offset(None, None, "cuda:0", 20) == (11, 20) and gens[0].offset == 40
+    assert fp4.seed_and_offset(None, None, "cuda", 1) == (2 ** 64 - 3, 40) and gens[1].offset == 44
+    assert fp4.seed_and_offset(None, 7, "cuda:0", 18) == (11, 7) and gens[0].offset == 40
+    assert fp4.seed_and_offset(5, None, "cuda:0", 18) == (5, 0) and fp4.seed_and_offset(5, 3, "cuda:0", 18) == (5, 3)
+    assert gens[0].offset == 40
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    for device in ("cuda:0", "cpu"):
+        torch.manual_seed(3)
+        first = fp4.seed_and_offset(None, None, device, 18)
+        torch.manual_seed(3)
+        assert fp4.seed_and_offset(None, None, device, 18) == first and first[1] == 0
+    assert gens[0].offset == 40
+
+
 def test_stochastic_rounding_is_unbiased_and_beats_round_to_nearest_on_the_mean():
     # values between grid points in every spacing; the block max 6 fixes the global and block scales
     vals = [0.1, 0.3, 0.6, 1.1, 1.3, 1.9, 2.2, 2.7, 3.3, 4.4, 5.1, 5.7, -0.2, -1.6, -3.9, 6.0]

@@ -532,6 +532,34 @@ def test_stochastic_rounding_matches_reference(strict, dtype, m, n, layout):
 
 
 @pytest.mark.gpu
+def test_a_seed_left_none_follows_the_cuda_generator(strict):
+    """Stochastic rounding with no seed on the kernels: torch's CUDA generator's seed and Philox
+    offset (the bytes the reference gives with them), the offset advanced by the words drawn,
+    so a second call draws other words and torch.cuda.manual_seed repeats the first
+    (fp4.seed_and_offset). CPU counterpart: tests/test_fp4.py::test_a_seed_left_none_follows_the_cuda_generator."""
+    from mxq.formats import fp4
+
+    x = planted(64, 256, torch.bfloat16, seed=5)
+    xc = x.cuda()
+    gen = torch.cuda.default_generators[torch.cuda.current_device()]
+    kw = dict(format="nvfp4", stochastic_rounding=True, colwise=True)
+    torch.cuda.manual_seed(11)
+    start = gen.get_offset()
+    first = mxq.quantize(xc, **kw)
+    assert gen.get_offset() == start + -(-fp4.words_drawn(64, 256) // 4) * 4
+    want = mxq.quantize(x, seed=11, offset=start, **kw)
+    fields = ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax")
+    for f in fields:
+        assert same_bytes(getattr(first, f).cpu(), getattr(want, f)), f
+    second = mxq.quantize(xc, **kw)
+    assert not torch.equal(second.rowwise_data.cpu(), first.rowwise_data.cpu())
+    torch.cuda.manual_seed(11)
+    again = mxq.quantize(xc, **kw)
+    for f in fields:
+        assert same_bytes(getattr(again, f).cpu(), getattr(first, f).cpu()), f
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("m, n", [(8, 16), (16, 272), (24, 48), (48, 528), (80, 16), (96, 48), (1000, 208),
                                   (4096, 4096)])

@@ -279,13 +279,34 @@ def random_bytes(rows: int, cols: int, seed: int, offset: int, direction: int, d
     return per_elem.reshape(rows, groups * 4)[:, :cols].to(torch.uint8)
 
 
-def default_seed() -> int:
-    """A stochastic-rounding call's seed when none is given: one draw from torch's default (CPU)
-    generator, so ``torch.manual_seed`` makes a run repeatable."""
-    return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64))
+def words_drawn(m: int, n: int) -> int:
+    """The random words a stochastic-rounding call of [m, n] values draws from its offset on in
+    either direction (random_bytes: rows * ceil(cols / 4); the directions on counters of their
+    own): the larger of its rowwise [m, n] and colwise [n, m] values'."""
+    return max(m * -(-n // 4), n * -(-m // 4))
+
+
+def seed_and_offset(seed, offset, device, words: int) -> tuple:
+    """A stochastic-rounding call's (seed, offset). A given seed is kept, with the given offset or
+    0. A seed left None: on a CUDA device, torch's CUDA generator of that device gives its seed
+    and, where no offset is given, its Philox offset, which the call then advances by ``words``
+    rounded up to 4 (as torch's own random ops advance it): ``torch.manual_seed`` or
+    ``torch.cuda.manual_seed`` repeats a run, and successive calls draw other words. Elsewhere,
+    and while a CUDA graph is being captured (whose replays could not advance it), one draw from
+    torch's default (CPU) generator, offset 0."""
+    if seed is not None:
+        return seed, 0 if offset is None else offset
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_current_stream_capturing():
+        gen = torch.cuda.default_generators[torch.cuda.current_device() if device.index is None else device.index]
+        if offset is None:
+            offset = gen.get_offset()
+            gen.set_offset(offset + -(-words // 4) * 4)
+        return gen.initial_seed(), offset
+    return int(torch.randint(0, 2 ** 62, (), dtype=torch.int64)), 0 if offset is None else offset
 
 
 __all__ = ["BLOCKS", "CallArgs", "E2M1", "FORMATS", "HADAMARD_SIGNS", "SCALE_MODES", "block_multiplier",
-           "block_scale", "decode", "default_seed", "dequantize_mxfp4", "dequantize_nvfp4", "encode_rn",
+           "block_scale", "decode", "dequantize_mxfp4", "dequantize_nvfp4", "encode_rn",
            "encode_sr", "global_amax", "global_encode_scale", "hadamard", "hadamard_matrix", "pack", "philox",
-           "quantize_mxfp4", "quantize_nvfp4", "random_bytes", "round_bf16", "unpack"]
+           "quantize_mxfp4", "quantize_nvfp4", "random_bytes", "round_bf16", "seed_and_offset", "unpack", "words_drawn"]

@@ -195,7 +195,8 @@ def write_fp4(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args) -> None:
     same quantization of v transposed ([N, M]; after the Hadamard transform with ``hadamard``).
     NVFP4's global amax is ``args.global_amax`` when given, else computed from v (step N1); it
     is computed in full before any block is quantized (TE's two passes). ``args``: fp4.CallArgs."""
-    seed = (fp4.default_seed() if args.seed is None else args.seed) if spec.stochastic_rounding else None
+    seed, offset = (fp4.seed_and_offset(args.seed, args.offset, v.device, fp4.words_drawn(*v.shape))
+                    if spec.stochastic_rounding else (None, None))
     copies = [("rowwise", v)] if spec.rowwise else []
     if spec.colwise:
         copies.append(("colwise", fp4.hadamard(v.t()) if spec.hadamard else v.t()))
@@ -213,7 +214,7 @@ def write_fp4(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args) -> None:
             amax = out.colwise_amax if d and spec.hadamard else out.amax
             rand = None
             if spec.stochastic_rounding:
-                rand = fp4.random_bytes(*w.shape, seed, args.offset or 0, d, v.device)
+                rand = fp4.random_bytes(*w.shape, seed, offset, d, v.device)
             data, s = fp4.quantize_nvfp4(w, fp4.global_encode_scale(amax), spec.block[0], rand)
         getattr(out, f"{direction}_data").copy_(data.reshape(getattr(out, f"{direction}_data").shape))
         getattr(out, f"{direction}_scale").copy_(fp4_layouts.to_layout(s, spec.scale_layout))

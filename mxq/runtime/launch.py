@@ -151,7 +151,7 @@ class Launcher:
                                                     n_out), dtype=dbias_partial_dtype(x.dtype), device=x.device),
             "noop": lambda: noop.reshape(1) if noop is not None else noop_tensor(x.device),
             "group_offsets": lambda: group_offsets.to(torch.int32).contiguous(),
-            "rng": lambda: rng_tensor(call.fp4, x.device),
+            "rng": lambda: rng_tensor(call.fp4, x.device, m, n),
         }
         args = []
         for slot in slots.kernel_slots(spec, len(epi.tensor_params), gated.launch_scalars(epi), grouped):
@@ -254,13 +254,13 @@ def fp4_variant(n: int, mats, kinds, row_data) -> str:
                      "(limits.fp4_unserved)")
 
 
-def rng_tensor(args, device) -> torch.Tensor:
+def rng_tensor(args, device, m: int = 0, n: int = 0) -> torch.Tensor:
     """NVFP4's stochastic-rounding slot: int64 [seed, offset] on the device (``args``:
-    fp4.CallArgs or None; a seed left None is drawn as the reference draws it, the offset 0; a
-    seed of 2^63 or more as its two's complement, the same 64 bits). A prepared call keeps the
-    values it was bound with."""
-    seed = args.seed if args is not None and args.seed is not None else fp4.default_seed()
-    offset = args.offset if args is not None and args.offset is not None else 0
+    fp4.CallArgs or None; a seed left None taken as the reference takes it, fp4.seed_and_offset,
+    for a call of [m, n] values; a seed of 2^63 or more as its two's complement, the same 64
+    bits). A prepared call keeps the values it was bound with."""
+    seed, offset = fp4.seed_and_offset(args.seed if args is not None else None,
+                                       args.offset if args is not None else None, device, fp4.words_drawn(m, n))
     return torch.tensor([seed - (seed >> 63 << 64), offset], dtype=torch.int64, device=device)
 
 
