@@ -218,6 +218,42 @@ def test_compiled_cuda_calls_write_the_eager_bytes(mode, dynamic):
     assert [p for g, w in zip(got, want) for p in compare(g, w, exact=True)] == []
 
 
+@mxq.fused_quant(act="swiglu", colwise=True)
+def glu(x):
+    return x
+
+
+def _every_kind(x, offs):
+    """One call of each kind the MXFP8-only compiled tests leave out: FP8 block scaling's
+    GEMM-ready copy, MXFP4, a grouped MXFP8 call, a gated forward."""
+    return (mxq.quantize(x, format="fp8_block", colwise=True, scale_layout="gemm"),
+            mxq.quantize(x, format="mxfp4", colwise=True),
+            mxq.quantize(x, colwise=True, group_offsets=offs),
+            glu(x))
+
+
+def test_every_kind_compiles_with_the_eager_bytes():
+    """_every_kind fullgraph-compiled on CPU writes the eager calls' bytes (the GPU side:
+    test_compiled_cuda_calls_of_every_kind_write_the_eager_bytes)."""
+    x = torch.randn(128, 256, dtype=torch.bfloat16)
+    offs = torch.tensor([0, 40, 40, 128], dtype=torch.int32)
+    got = torch.compile(_every_kind, fullgraph=True, backend="aot_eager")(x, offs)
+    for g, w in zip(got, _every_kind(x, offs)):
+        assert compare(g, w, exact=True) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,dynamic", [(None, False), (None, True), ("reduce-overhead", False)])
+def test_compiled_cuda_calls_of_every_kind_write_the_eager_bytes(mode, dynamic):
+    """On the GPU, _every_kind fullgraph-compiled (static, dynamic, and captured in a CUDA graph)
+    writes the eager calls' bytes. CPU counterpart: test_every_kind_compiles_with_the_eager_bytes."""
+    x = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    offs = torch.tensor([0, 100, 100, 612, 1024], dtype=torch.int32, device="cuda")
+    want = _every_kind(x, offs)
+    got = _compiled_outputs(_every_kind, (x, offs), mode, dynamic)
+    assert [p for g, w in zip(got, want) for p in compare(g, w, exact=True)] == []
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,dynamic", [(None, False), (None, True), ("reduce-overhead", False)])
 def test_compiled_cuda_fp4_call_values_write_the_eager_bytes(mode, dynamic):
