@@ -314,17 +314,20 @@ def new_libs(tmp_path_factory):
     return get
 
 
-def _lib_args(op, m, n, out=None, x=None, **wrong):
-    """An exported function's arguments by slot name (slots.kernel_slots' order) for [M, N]: the
-    buffers of ``out`` (default: MXFP8Tensor.empty's, CPU), scales as their whole flat buffers (a
-    GEMM-ready view's padded buffer, as the header states), the workspace one row per 128-row tile
-    (written out: the kernels' tile); ``wrong``: {slot name: a replacement}."""
+def _lib_args(op, m, n, out=None, x=None, dtype=torch.bfloat16, **wrong):
+    """An exported function's arguments by slot name (slots.kernel_slots' order) for [M, N] of
+    ``dtype`` (``x``'s where given): the buffers of ``out`` (default: MXFP8Tensor.empty's, CPU),
+    scales as their whole flat buffers (a GEMM-ready view's padded buffer, as the header states),
+    the workspace one row per 128-row tile (written out: the kernels' tile) in
+    numerics.dbias_partial_dtype; ``wrong``: {slot name: a replacement}."""
+    from mxq.formats.numerics import dbias_partial_dtype
     from mxq.runtime import slots
 
     device = "cpu" if x is None else x.device
-    out = out if out is not None else mxq.MXFP8Tensor.empty(op.spec, (m, n), torch.bfloat16, device, row_align=1)
-    by_role = {"input": x if x is not None else torch.zeros(m, n, dtype=torch.bfloat16),
-               "dbias_workspace": torch.zeros(cdiv(m, 128), n, device=device),
+    dtype = dtype if x is None else x.dtype
+    out = out if out is not None else mxq.MXFP8Tensor.empty(op.spec, (m, n), dtype, device, row_align=1)
+    by_role = {"input": x if x is not None else torch.zeros(m, n, dtype=dtype),
+               "dbias_workspace": torch.zeros(cdiv(m, 128), n, device=device, dtype=dbias_partial_dtype(dtype)),
                "noop": torch.zeros(1, device=device)}
     for field in FIELDS:
         t = getattr(out, field)
@@ -897,6 +900,60 @@ def _same_as_python(got, want, what=""):
             assert same_bytes(g.cpu(), w.cpu()) or bool(g.isnan().cpu() & w.isnan().cpu()), (f, what)
         else:
             assert same_bytes(g.contiguous().cpu(), w.contiguous().cpu()), (f, what)
+
+
+@pytest.fixture(scope="module")
+def fp32_libs(tmp_path_factory):
+    """(op, loaded library, export info) of an fp32 export of an EXPORTED form (the vectorised
+    kernel, "_vec" alone), built on first use."""
+    import tvm_ffi
+
+    built = {}
+
+    def get(form):
+        if form not in built:
+            op = mxq.fused_quant(format="fp8_block", **EXPORTED[form])(ident)
+            info = op.export(tmp_path_factory.mktemp("fb32") / form, arch="sm_90", dtype="fp32", name=f"fb32_{form}")
+            assert info["functions"] == [f"fb32_{form}_vec"], info["functions"]
+            built[form] = (op, tvm_ffi.load_module(info["library"]), info)
+        return built[form]
+
+    return get
+
+
+FP32_SHAPES = [(64, 256), (300, 264), (129, 136), (128, 128)]  # (the aligned kernel: N % 8 == 0)
+
+
+@pytest.mark.parametrize("form", sorted(EXPORTED))
+def test_exported_fp32_forms_take_the_fp32_sizes(fp32_libs, form):
+    """An fp32 export's "_vec" function takes fp32 inputs and its fp64 dbias workspace (the
+    arguments test_exported_fp32_forms_run_on_cuda passes): the sizes pass to the compiled
+    function, which refuses the CPU device; a bf16 input is refused by name."""
+    op, lib, info = fp32_libs(form)
+    fname = info["functions"][0]
+    for m, n in FP32_SHAPES:
+        args = _lib_args(op, m, n, dtype=torch.float32)
+        assert "expected device_type=cuda" in _call(lib, fname, args), (fname, m, n)
+    bad = _lib_args(op, 64, 256, dtype=torch.float32, mIn0=torch.zeros(64, 256, dtype=torch.bfloat16))
+    assert "mIn0" in _call(lib, fname, bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", sorted(EXPORTED))
+@pytest.mark.parametrize("shape", FP32_SHAPES)
+def test_exported_fp32_forms_run_on_cuda(fp32_libs, form, shape):
+    """An fp32 export's "_vec" function (the vectorised kernel: 128x128 tiles, the transposed copy,
+    colwise blocks with amax, dbias) writes the Python route's bytes and the reference's. CPU
+    counterpart: test_exported_fp32_forms_take_the_fp32_sizes."""
+    op, lib, info = fp32_libs(form)
+    m, n = shape
+    x = planted(m, n, torch.float32, seed=m + n).cuda()
+    want = op(x)
+    got = _poisoned(op, x)
+    lib[info["functions"][0]](*_lib_args(op, m, n, out=got, x=x).values())
+    torch.cuda.synchronize()
+    _same_as_python(got, want, info["functions"][0])
+    _check(op, [x.cpu()], got)
 
 
 @pytest.mark.gpu
