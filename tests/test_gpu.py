@@ -710,3 +710,21 @@ def test_noop_and_prepare_in_every_format(dtype, monkeypatch):
             assert compare(out, op.reference(x.cpu()), True) == [], (fmt, step)
             x.mul_(-0.75)  # (the next launch reads the new values)
 
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_operands_in_other_formats_match_reference(dtype, monkeypatch):
+    """Column [M, 1], scalar, row [N] and full operands (``x * s + b``, the exact class) in FP8 block
+    scaling (1x128 and 128-row colwise blocks, 128x128 tiles), MXFP4 and NVFP4 on the kernels, into
+    poisoned outputs: every byte the reference's; MXQ_STRICT: no fallback. CPU counterpart:
+    tests/test_operands.py::test_operands_in_other_formats_are_served."""
+    from .test_operands import OPERAND_FORMATS, OPERAND_KINDS, _mul_add, operand_inputs
+
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    for fmt, opts in OPERAND_FORMATS:
+        op = mxq.fused_quant(format=fmt, **opts)(_mul_add)
+        for kinds in OPERAND_KINDS:
+            x, s, b = operand_inputs(kinds, 96, 512, dtype)
+            xc = x.cuda()
+            got = op(xc, s.cuda(), b.cuda(), out=poisoned(op, xc))
+            assert compare(got, op.reference(x, s, b), True) == [], (fmt, opts, kinds)
+

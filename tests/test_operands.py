@@ -133,3 +133,36 @@ def test_swiglu_over_half_views_compiles_for_the_fast_kernels(arch):
     art = inspection.compile_artifacts(op, arch, "bf16", "vec", ("strided", "strided"))
     body = art["ptx"][art["ptx"].index(".entry kernel_cutlass_packed_kernel"):]
     assert body.count("cp.async.cg.shared.global") == 16  # 8 rows x (gate, up)
+
+
+# operand kinds in the other formats (the GPU side: tests/test_gpu.py::test_operands_in_other_formats_match_reference)
+OPERAND_FORMATS = [("fp8_block", dict(colwise=True)), ("fp8_block", dict(block=(128, 128), colwise=True)),
+                   ("mxfp4", dict(colwise=True)), ("nvfp4", dict(colwise=True))]
+OPERAND_KINDS = [("col", "row"), ("scalar", "row"), ("full", "scalar"), ("col", "full")]
+
+
+def operand_inputs(kinds, m: int, n: int, dtype):
+    """x [m, n] and the two operands of ``_mul_add`` of ``kinds`` (full, row [n], col [m, 1],
+    scalar), planted values."""
+    from mxq.testing import planted
+
+    def one(kind, seed):
+        full = planted(m, n, dtype, seed=seed, specials=False)
+        return {"full": full, "row": full[0], "col": full[:, :1].contiguous(), "scalar": full.reshape(-1)[:1].reshape(())}[kind]
+
+    return planted(m, n, dtype, seed=m + n), one(kinds[0], 5), one(kinds[1], 6)
+
+
+def test_operands_in_other_formats_are_served():
+    """Every operand kind in FP8 block scaling, MXFP4 and NVFP4 is the kernels' (limits.unserved)
+    for the calls the GPU test makes, and their reference runs."""
+    from mxq.runtime import limits
+
+    for fmt, opts in OPERAND_FORMATS:
+        op = mxq.fused_quant(format=fmt, **opts)(_mul_add)
+        for dtype in (torch.bfloat16, torch.float32):
+            for kinds in OPERAND_KINDS:
+                x, s, b = operand_inputs(kinds, 96, 512, dtype)
+                assert limits.unserved(op.spec, op.epilogue, x, op._packed_smem_shortfall, Call([x, s, b], [])) is None
+                assert op.reference(x, s, b).rowwise_data.shape[0] == 96
+
