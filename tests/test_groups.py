@@ -254,11 +254,12 @@ def _group_sizes(seed: int, m_max: int = 1200):
 @pytest.mark.gpu
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("n", [256, 72, 70])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("opts", GPU_OPTS)
 def test_grouped_kernel_matches_reference(opts, dtype, n, seed):
     """The grouped kernels (vectorised for N = 256, 72; element-wise for 70) against the CPU
-    reference, byte for byte, into poisoned outputs: every scale byte is written or cleared."""
+    reference, byte for byte, into poisoned outputs: every scale byte is written or cleared (fp16
+    too: its grouped kernels had run only as gated backwards)."""
     sizes = _group_sizes(seed)
     m = sum(sizes)
     op = mxq.fused_quant(**opts)(_ident)
