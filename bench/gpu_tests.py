@@ -30,11 +30,11 @@ takes the last report's tests, and the record counts each run.
 
 The whole suite takes longer than one device call. ``--detach`` collects the tests (a collection
 error stops it there), starts the run of them in a process session of its own, which outlives the
-call on a machine kept warm, and returns (an earlier run's report, record and status removed first); each following call runs ``--wait SECONDS`` (the same
-``--out``), which returns when the run ends (its status in OUT.rc) or the seconds pass and prints
-the report's first line (exit 3 while it runs), then copies the report to ``$OUT``. No test
-is cut and restarted at a call's end; if the machine goes back mid-run, the last copy is a report
-``--rerun`` takes.
+call on a machine kept warm, and returns (an earlier run's report, record and status removed
+first); each following call runs ``--wait SECONDS`` (the same ``--out``), which returns when the
+run ends (its status in OUT.rc) or the seconds pass and prints the report's first line (exit 3
+while it runs), then copies the report to ``$OUT``. No test is cut and restarted at a call's end;
+if the machine goes back mid-run, the last copy is a report ``--rerun`` takes.
 """
 
 from __future__ import annotations
@@ -383,8 +383,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu-tests.txt"))
     ap.add_argument("--rerun", metavar="REPORT[,REPORT...]", help="run only the failed or unfinished tests of a whole "
                     "run's report (or of the last of a whole run's report and its reruns', in order)")
-    ap.add_argument("--detach", action="store_true", help="start the run in a process session of its own and "
-                    "return once its tests are collected (the run outlives a device call; --out outside $OUT, which each "
+    ap.add_argument("--detach", action="store_true", help="collect the tests, start their run in a process "
+                    "session of its own and return (the run outlives a device call; --out outside $OUT, which each "
                     "call empties)")
     ap.add_argument("--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the detached run "
                     "writing --out to end, print its report's first line; exit 3 while it still runs")

@@ -15,6 +15,7 @@ from mxq.frontend.spec import QuantSpec
 from mxq.testing import compare, planted, poisoned, v_abs_sum, v_bound
 
 from . import oracle
+from .test_kernels_fp4 import _fmt_ids
 
 F32 = torch.float32
 
@@ -334,11 +335,6 @@ GATED_FWD_FORMATS = [("fp8_block", dict(colwise=True)), ("fp8_block", dict(colwi
                      ("nvfp4", dict(colwise=True)), ("nvfp4", dict(colwise=True, block_2d=True))]
 
 
-def _format_ids(case):
-    fmt, opts = case
-    return "-".join([fmt] + [f"{k}={v}" for k, v in opts.items()])
-
-
 def _check_gated_forward(fmt, opts, dtype, device):
     """reglu and sreglu forwards (the exact class) in ``fmt`` on ``device``, into poisoned outputs
     and allocating, byte for byte against the reference; M a multiple of 8 (FP4's colwise copy)
@@ -352,7 +348,7 @@ def _check_gated_forward(fmt, opts, dtype, device):
         assert compare(op(xd), want, True) == [], (name, m, n)
 
 
-@pytest.mark.parametrize("case", GATED_FWD_FORMATS, ids=_format_ids)
+@pytest.mark.parametrize("case", GATED_FWD_FORMATS, ids=_fmt_ids)
 def test_gated_forward_in_other_formats_is_served(case):
     """The gated forwards test_gated_forward_in_other_formats_on_cuda runs are the kernels'
     (limits.unserved on the inner op's call over the halves), and its check runs on the
@@ -485,7 +481,7 @@ def test_gated_backward_with_straddling_blocks_falls_back(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("case", GATED_FWD_FORMATS, ids=_format_ids)
+@pytest.mark.parametrize("case", GATED_FWD_FORMATS, ids=_fmt_ids)
 def test_gated_forward_in_other_formats_on_cuda(case, dtype, monkeypatch):
     """The gated forward in FP8 block scaling (1x128, the transposed copy, 128x128 tiles), MXFP4
     and NVFP4 (1x16, 16x16 tiles) on the kernels, every input dtype: byte for byte against the

@@ -208,18 +208,13 @@ def _on_cuda(t: torch.Tensor, aligned: bool) -> torch.Tensor:
     return out
 
 
-def _misaligned(m: int, n: int, dtype, seed: int) -> torch.Tensor:
-    """planted(m, n) values in a contiguous [m, n] tensor whose data starts one element past a
-    16-byte boundary (the kernels' rule for "vec": launch.variant_for)."""
-    buf = torch.empty(m * n + 1, dtype=dtype)
-    buf[1:] = planted(m, n, dtype, seed=seed, scale=2.0).reshape(-1)
-    return buf[1:].view(m, n)
+# colwise blocks alone: no 1x128 block to straddle the halves at N % 128 != 0
+UNALIGNED_GATED_BWD = [dict(rowwise=False, colwise=True), dict(rowwise=False, colwise=True, amax=True, dbias=True)]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("opts", [dict(rowwise=False, colwise=True), dict(rowwise=False, colwise=True, amax=True, dbias=True)],
-                         ids=_ids)
+@pytest.mark.parametrize("opts", UNALIGNED_GATED_BWD, ids=_ids)
 def test_gpu_gated_backward_from_unaligned_rows_matches_the_reference(opts, dtype, monkeypatch):
     """FP8 block scaling's gated backward (colwise blocks: no 1x128 block to straddle the halves) on
     the kernels for unaligned rows: N = 100 (variant "generic") and N = 96 from inputs one
@@ -231,11 +226,8 @@ def test_gpu_gated_backward_from_unaligned_rows_matches_the_reference(opts, dtyp
     monkeypatch.setenv("MXQ_STRICT", "1")
     for name, m, n, aligned in (("swiglu", 131, 100, True), ("reglu", 300, 100, True), ("swiglu", 131, 96, False)):
         op = mxq.fused_quant(format="fp8_block", dact=name, **opts)(ident)
-        if aligned:
-            a = planted(m, 2 * n, dtype, seed=n, scale=2.0)
-            grad = planted(m, n, dtype, seed=n + 1, specials=False)
-        else:
-            a, grad = _misaligned(m, 2 * n, dtype, seed=n), _misaligned(m, n, dtype, seed=n + 1)
+        a = planted(m, 2 * n, dtype, seed=n, scale=2.0)
+        grad = planted(m, n, dtype, seed=n + 1, specials=False)
         want = op.reference(grad, act_input=a)
         exact = is_exact(op)
         v_abs = v_abs_sum(op.inner, grad, a[:, :n], a[:, n:], 0.0) if op.spec.dbias else None
@@ -252,13 +244,13 @@ def test_gated_backward_from_unaligned_rows_is_served():
     "rows8", its N = 100 ones to "generic"."""
     from mxq.runtime.call import Call
 
-    for opts in (dict(rowwise=False, colwise=True), dict(rowwise=False, colwise=True, amax=True, dbias=True)):
+    from .test_launch import _at
+
+    for opts in UNALIGNED_GATED_BWD:
         inner = mxq.fused_quant(format="fp8_block", dact="swiglu", **opts)(ident).inner
         for n, aligned in ((100, True), (96, False)):
-            if aligned:
-                g, a = torch.zeros(131, n, dtype=torch.bfloat16), torch.zeros(131, 2 * n, dtype=torch.bfloat16)
-            else:
-                g, a = _misaligned(131, n, torch.bfloat16, 1), _misaligned(131, 2 * n, torch.bfloat16, 2)
+            off = 0 if aligned else 2  # (bytes past a 64-byte boundary: _on_cuda's misalignment)
+            g, a = _at(off, (131, n), torch.bfloat16), _at(off, (131, 2 * n), torch.bfloat16)
             call = Call([g, a[:, :n], a[:, n:]], [0.0])
             assert limits.unserved(inner.spec, inner.epilogue, g, inner._packed_smem_shortfall, call) is None
             variant = launch.variant_for(n, 2 * n, [g, a[:, :n], a[:, n:]], ["full", "strided", "strided"],

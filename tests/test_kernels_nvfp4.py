@@ -189,9 +189,9 @@ def test_given_amax_and_rng_operands():
     assert groups.tolist() == [1.0, 5.0, 6.0]
     launch.given_amax_first(None, groups, torch.tensor([7.0, 8.0, 9.0]), torch.tensor([1.0]))()
     assert groups.tolist() == [1.0, 5.0, 6.0]
-    r = launch.rng_tensor(fp4.CallArgs(seed=2 ** 64 - 5, offset=2 ** 40), "cpu")
+    r = launch.rng_tensor(fp4.CallArgs(seed=2 ** 64 - 5, offset=2 ** 40), "cpu", 64, 64)
     assert r.dtype == torch.int64 and r.tolist() == [-5, 2 ** 40]
-    assert launch.rng_tensor(None, "cpu")[1].item() == 0
+    assert launch.rng_tensor(None, "cpu", 64, 64)[1].item() == 0
 
 
 # -- compiled code ---------------------------------------------------------------------------------

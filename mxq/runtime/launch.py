@@ -254,7 +254,7 @@ def fp4_variant(n: int, mats, kinds, row_data) -> str:
                      "(limits.fp4_unserved)")
 
 
-def rng_tensor(args, device, m: int = 0, n: int = 0) -> torch.Tensor:
+def rng_tensor(args, device, m: int, n: int) -> torch.Tensor:
     """NVFP4's stochastic-rounding slot: int64 [seed, offset] on the device (``args``:
     fp4.CallArgs or None; a seed left None taken as the reference takes it, fp4.seed_and_offset,
     for a call of [m, n] values; a seed of 2^63 or more as its two's complement, the same 64
