@@ -1631,3 +1631,20 @@ def test_grouped_benches_build_each_group_search_variant_and_compare_every_outpu
     assert gated.same_as(c, d)
     d.dbias[5] += 1
     assert not gated.same_as(c, d)
+
+
+def test_every_module_the_kernels_import_is_hashed():
+    """A module outside mxq/kernels/ that a kernel or the template imports shapes the compiled
+    code: editing it must change kernels_hash (and so every cache key)."""
+    from pathlib import Path
+
+    pkg = Path(codegen.__file__).resolve().parents[1]
+    sources = list((pkg / "kernels").glob("*.py")) + list(codegen._template_dir().glob("**/*.j2"))
+    imported = set()
+    for path in sources:
+        for line in path.read_text().splitlines():
+            m = re.match(r"\s*from (\.\.|mxq\.)([\w.]+) import", line)
+            if m and not m.group(2).startswith("kernels"):
+                imported.add(m.group(2).replace(".", "/") + ".py")
+    assert imported, "the scan found no import from outside mxq/kernels/"
+    assert imported <= set(codegen.SHAPING_FILES), sorted(imported - set(codegen.SHAPING_FILES))

@@ -24,8 +24,8 @@ from .spec import QuantSpec
 
 TEMPLATE_NAME = "module.py.j2"
 # mxq/ files beside kernels/ and the templates that shape the compiled code (kernels_hash)
-SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "formats/format.py", "runtime/compiler.py",
-                 "runtime/targets.py", "runtime/gemm.py")
+SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "formats/format.py", "formats/fp4.py",
+                 "runtime/compiler.py", "runtime/targets.py", "runtime/gemm.py")
 # The generated module's launchers: (function, Quantize.launch variant, takes a grouped call's
 # group ends), one template loop; compiler.VARIANTS names the same functions
 LAUNCHERS = (("launch", "generic", False), ("launch_vec", "vec", False), ("launch_rows8", "rows8", False),
