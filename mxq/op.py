@@ -561,7 +561,8 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     for MXFP8). ``format="nvfp4"`` (TransformerEngine's NVFP4: E2M1 data two per byte, E4M3
     scales per 16 under the per-tensor amax; ``block_2d`` 16x16 weight blocks, ``hadamard`` the
     random Hadamard transform of the colwise copy, ``stochastic_rounding`` with ``seed`` and
-    ``offset``; ``global_amax`` a known amax, skipping the first pass) or ``"mxfp4"`` (E8M0
+    ``offset``; ``global_amax`` a known amax, skipping the first pass: with ``hadamard`` the pair
+    (amax, colwise_amax)) or ``"mxfp4"`` (E8M0
     scales per 32, ``scale_mode`` "floor" or "rceil"): docs/NUMERICS.md "NVFP4 and MXFP4".
 
     ``out`` (an extension of the DESIGN contract) writes into existing buffers, e.g. for CUDA

@@ -161,6 +161,45 @@ def test_transform_compiles_per_arch(arch, layout):
     assert "max.NaN.bf16x2" not in ptx  # (NaN enters no packed maximum)
 
 
+def test_a_given_amax_pair():
+    """global_amax with hadamard=True: the pair (amax, colwise_amax), two floats, an fp32 (2,)
+    tensor or two one-element tensors (an earlier result's), each copy quantized under its own
+    entry (the oracle's codes under those amaxes); any other form is named."""
+    x = _values(32, 48, 6, False)
+    computed = mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True)
+    pair = (float(computed.amax), float(computed.colwise_amax))
+    for given in (pair, list(pair), torch.tensor(pair), (computed.amax, computed.colwise_amax),
+                  (torch.tensor([pair[0]]), torch.tensor(pair[1]))):
+        t = mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True, global_amax=given)
+        assert all(same_bytes(getattr(t, f), getattr(computed, f)) for f in FIELDS), given
+    t = mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True, global_amax=(2.0, 20.0))
+    assert float(t.amax) == 2.0 and float(t.colwise_amax) == 20.0
+    v = x.float().tolist()
+    w = oracle.hadamard_rows([list(col) for col in zip(*v)])
+    assert t.colwise_data.tolist() == oracle.pack(oracle.nvfp4(w, 20.0, 1)[0])
+    assert t.rowwise_data.tolist() == oracle.pack(oracle.nvfp4(v, 2.0, 1)[0])
+    for bad, err in ((1.0, TypeError), ((1.0,), TypeError), ((1.0, 2.0, 3.0), TypeError), ((1.0, -1.0), ValueError),
+                     ((1.0, float("inf")), ValueError), (("1", 2.0), TypeError), ((True, 1.0), TypeError),
+                     (torch.zeros(3), ValueError), (torch.zeros(2, dtype=torch.float64), ValueError),
+                     (torch.zeros(1, 2), ValueError), (torch.zeros(2, 1), ValueError),
+                     ((torch.tensor(1.0), 2.0), TypeError), ((torch.tensor(1.0), torch.zeros(2)), ValueError),
+                     ((torch.tensor(1.0), torch.tensor(2.0, dtype=torch.float64)), ValueError)):
+        with pytest.raises(err, match="global_amax"):
+            mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True, global_amax=bad)
+    with pytest.raises(TypeError, match="global_amax"):  # (without the transform: one amax)
+        mxq.quantize(x, format="nvfp4", colwise=True, global_amax=pair)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_the_quantize_pass_alone_compiles(arch):
+    """The quantize pass alone (variant "vec_given", what a given pair runs: no amax pass, no
+    atomics) of a hadamard op: one kernel, the transform's 64 bf16 roundings."""
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(ident)
+    given = compiler.compile_op(op, arch, "bf16", keep_ptx=True, variant="vec_given").__ptx__
+    assert given.count(".entry") == 1 and "red.relaxed.gpu.global.max" not in given
+    assert given.count("cvt.rn.bf16.f64") == 64
+
+
 # -- on the device -----------------------------------------------------------------------------
 @pytest.fixture
 def strict(monkeypatch):
@@ -257,3 +296,40 @@ def test_kernels_match_the_oracle(strict):
     assert float(t.colwise_amax) == ga and float(t.amax) == oracle.amax([e for row in v for e in row])
     codes, scales = oracle.nvfp4(w, ga, 1)
     assert t.colwise_data.cpu().tolist() == oracle.pack(codes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, n", [(64, 96), (1024, 528)])
+def test_given_pair_matches_reference(strict, m, n):
+    """global_amax=(amax, colwise_amax) with hadamard=True on the kernels (the quantize pass
+    alone): floats and a tensor, equal to the computed pair (the computed call's bytes) and
+    other values (the reference's); into a poisoned out=; noop=1 writes nothing; a prepared
+    launch re-reads a tensor pair changed in place."""
+    x = _values(m, n, 3 * m + n, False).cuda()
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(ident)
+    computed = op(x)
+    pair = (float(computed.amax), float(computed.colwise_amax))
+    for given in (pair, torch.tensor(pair, device="cuda"), (pair[0] * 4, pair[1] / 2)):
+        want = op.reference(x.cpu(), global_amax=given.cpu() if isinstance(given, torch.Tensor) else given)
+        _compare(op(x, global_amax=given), want, given)
+        _compare(op(x, global_amax=given, out=poisoned(op, x)), want, (given, "out="))
+    _compare(op(x, global_amax=pair), computed, "computed")
+    out = poisoned(op, x)
+    before = [getattr(out, f).clone() for f in FIELDS]
+    op(x, global_amax=pair, out=out, noop=torch.ones(1, device="cuda"))
+    assert all(same_bytes(getattr(out, f), b) for f, b in zip(FIELDS, before))
+    amax = torch.tensor(pair, device="cuda")
+    launch, out = op.prepare(x, global_amax=amax)
+    launch()
+    _compare(out, op.reference(x.cpu(), global_amax=pair), "prepared")
+    amax.mul_(3.0)
+    launch()
+    _compare(out, op.reference(x.cpu(), global_amax=amax.cpu()), "prepared, changed in place")
+    halves = (computed.amax.clone(), computed.colwise_amax.clone())  # (an earlier result's two entries)
+    launch, out = op.prepare(x, global_amax=halves)
+    halves[1].mul_(0.5)
+    launch()
+    _compare(out, op.reference(x.cpu(), global_amax=(pair[0], pair[1] * 0.5)), "prepared, two tensors")
+    launch, out = op.prepare(x, global_amax=(pair[0] * 2, pair[1]))
+    launch()
+    _compare(out, op.reference(x.cpu(), global_amax=(pair[0] * 2, pair[1])), "prepared, two floats")

@@ -431,6 +431,11 @@ def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
          dict(format="nvfp4", colwise=True, stochastic_rounding=True), dict(seed=2 ** 64 - 5, offset=2 ** 40 + 3)),
         (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, hadamard=True),
          dict(format="nvfp4", colwise=True, hadamard=True), {}),
+        # (a given pair with the transform, as two floats and as a tensor)
+        (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, hadamard=True, global_amax=(2.5, 3.25)),
+         dict(format="nvfp4", colwise=True, hadamard=True), dict(global_amax=(2.5, 3.25))),
+        (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, hadamard=True, global_amax=a.repeat(2)),
+         dict(format="nvfp4", colwise=True, hadamard=True), dict(global_amax=ga.repeat(2))),
     ]
     for f, opts, kw in cases:
         got, graphs = _graphs(f, x, ga, dynamic=dynamic)
@@ -470,6 +475,7 @@ def test_fp4_operator_passes_opcheck_and_bad_call_values_are_named_under_compile
     for op, scalars, amax, seed, offset, groups in (
             (sr_scaled, [1.0], None, [9, 1], 4, None), (sr_scaled, [1.0], None, [], None, None),
             (sr_scaled, [0.5], torch.tensor([2.0]), [3, 0], 0, None), (rht, [], None, [], None, None),
+            (rht, [], torch.tensor([2.0, 3.0]), [], None, None),
             (plain, [], torch.tensor([1.0, 2.0, 3.0]), [], None, offs)):
         torch.library.opcheck(torch.ops.mxq.fused_quant_fp4.default,
                               ([x], scalars, None, None, amax, None, seed, offset, groups, torch_ops.op_id(op)))
@@ -477,6 +483,8 @@ def test_fp4_operator_passes_opcheck_and_bad_call_values_are_named_under_compile
         torch.compile(lambda u: sr_scaled(u, seed=-1), fullgraph=True)(x)
     with pytest.raises(Exception, match="global_amax"):
         torch.compile(lambda u: mxq.quantize(u, format="mxfp4", global_amax=1.0), fullgraph=True)(x)
+    with pytest.raises(Exception, match="global_amax"):  # (hadamard=True's amax is a pair)
+        torch.compile(lambda u: rht(u, global_amax=1.0), fullgraph=True)(x)
     o = mxq.MXFP8Tensor.empty(sr_scaled.spec, x.shape, x.dtype, "cpu")
     with pytest.raises(Exception, match="out="):
         torch.compile(lambda u: sr_scaled(u, seed=3, out=o), fullgraph=True)(x)

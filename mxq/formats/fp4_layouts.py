@@ -132,6 +132,20 @@ def amax_pair(amax: torch.Tensor, colwise_amax: torch.Tensor) -> torch.Tensor | 
     return torch.as_strided(amax, (2,), (1,))
 
 
+def given_amax(value, device) -> torch.Tensor | None:
+    """A call's ``global_amax`` (fp4.CallArgs) as an fp32 tensor on ``device``, or None: a float
+    as 0-d, a pair (hadamard=True's amax and colwise_amax, which the amax_pair buffer takes: two
+    floats, or two one-element tensors stacked on their device) as [2], a tensor as it is
+    (validation.check_fp4 has checked its dtype and shape)."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        if isinstance(value[0], torch.Tensor):
+            return torch.stack([v.reshape(()) for v in value])
+        return torch.tensor([float(v) for v in value], dtype=torch.float32, device=device)
+    return torch.tensor(float(value), dtype=torch.float32, device=device)
+
+
 def to_layout(s: torch.Tensor, layout: str) -> torch.Tensor:
     """Compact scales [rows, blocks] in ``layout`` (swizzled: zero padded atoms)."""
     if layout == "compact":
@@ -151,5 +165,5 @@ def operand_dims(direction: str, m: int, n: int) -> tuple[int, int]:
     return (m, n) if direction == "rowwise" else (n, m)
 
 
-__all__ = ["amax_pair", "compact", "data_shape", "first_colwise_block", "group_bounds", "grouped_colwise_blocks",
-           "grouped_gap", "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape", "to_layout"]
+__all__ = ["amax_pair", "compact", "data_shape", "first_colwise_block", "given_amax", "group_bounds",
+           "grouped_colwise_blocks", "grouped_gap", "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape", "to_layout"]

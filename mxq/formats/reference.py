@@ -166,9 +166,7 @@ def write_fp4_groups(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args, b
     m, n = v.shape
     if spec.colwise:
         out.colwise_scale.zero_()  # (the columns between groups' blocks are 0: a reused out= too)
-    given = args.global_amax
-    if given is not None and not isinstance(given, torch.Tensor):
-        given = torch.tensor(float(given), dtype=torch.float32)
+    given = fp4_layouts.given_amax(args.global_amax, v.device)
     for g, (start, end) in enumerate(bnds):
         if spec.format == "nvfp4":
             if given is None:
@@ -201,12 +199,12 @@ def write_fp4(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args) -> None:
     if spec.colwise:
         copies.append(("colwise", fp4.hadamard(v.t()) if spec.hadamard else v.t()))
     if spec.format == "nvfp4":  # pass 1: the global amax (of each copy, with the transform)
-        given = args.global_amax
-        if given is not None and not isinstance(given, torch.Tensor):
-            given = torch.tensor(float(given), dtype=torch.float32)
-        out.amax.copy_(fp4.global_amax(v) if given is None else given.reshape(()))
+        given = fp4_layouts.given_amax(args.global_amax, v.device)  # (with hadamard: the pair)
         if spec.hadamard:
-            out.colwise_amax.copy_(fp4.global_amax(copies[-1][1]))
+            out.amax.copy_(fp4.global_amax(v) if given is None else given.reshape(2)[0])
+            out.colwise_amax.copy_(fp4.global_amax(copies[-1][1]) if given is None else given.reshape(2)[1])
+        else:
+            out.amax.copy_(fp4.global_amax(v) if given is None else given.reshape(()))
     for d, (direction, w) in enumerate(copies, start=0 if spec.rowwise else 1):
         if spec.format == "mxfp4":
             data, s = fp4.quantize_mxfp4(w, spec.scale_mode)

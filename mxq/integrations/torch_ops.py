@@ -28,7 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .._version import __version__
-from ..formats import fp4
+from ..formats import fp4, fp4_layouts
 from ..frontend import gated
 from ..runtime import slots, validation
 from ..runtime.call import Call
@@ -252,6 +252,8 @@ def call(i: str, call: Call):
         args = fp4_args if fp4_args is not None else fp4.CallArgs()
         validation.check_fp4(spec, args, tensors[0], shape, group_offsets)  # (group values: when the call runs)
         amax = args.global_amax
+        if isinstance(amax, (tuple, list)):  # (hadamard=True's pair: the operator takes a tensor)
+            amax = fp4_layouts.given_amax(amax, tensors[0].device)
         seed = [] if args.seed is None else [args.seed & 0xFFFFFFFF, args.seed >> 32]
         res = torch.ops.mxq.fused_quant_fp4(list(tensors), floats, act_input, noop,
                                             amax if isinstance(amax, torch.Tensor) else None,

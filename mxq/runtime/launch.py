@@ -170,8 +170,8 @@ class Launcher:
             # (the transposed copy's rows are the kernel's own concern: store_transposed checks their alignment)
             variant = variant_for(n, n_out, mats, kinds, (row_data, None if transposed else col_data), grouped)
         fn = self._fn(variant, key) if m * n else None
-        if given is not None:
-            fn = given_amax_first(fn, out.amax, given, noop)
+        if given is not None:  # (hadamard=True: the amax slot's pair, which the given pair fills)
+            fn = given_amax_first(fn, operand["amax"]() if spec.hadamard else out.amax, given, noop)
         return fn, args, out
 
     def _dispatch_into(self, call):
@@ -267,21 +267,30 @@ def rng_tensor(args, device, m: int, n: int) -> torch.Tensor:
 def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
     """NVFP4 with a known per-tensor amax (global_amax=, a float or a one-element fp32 tensor on the
     device; a grouped call's ``amax`` [G] takes it for every group, or a [G] tensor, one per
-    group): ``fn`` (the quantize pass alone, variant "vec_given"; None for an empty call) run
-    after the amax is written into ``amax`` on the stream (no host sync; unless ``noop`` holds
-    1.0; re-read at every launch of a prepared call, so a tensor changed in place between
-    launches is followed)."""
+    group; hadamard=True's ``amax`` is the fp32[2] pair, given as an fp32 [2] tensor, two floats
+    or two one-element tensors): ``fn`` (the quantize pass alone, variant "vec_given"; None for an
+    empty call) run after the amax is written into ``amax`` on the stream (no host sync, no
+    host-to-device copy; unless ``noop`` holds 1.0; a tensor is re-read at every launch of a
+    prepared call, so one changed in place between launches is followed)."""
+    floats = isinstance(given, (tuple, list)) and not isinstance(given[0], torch.Tensor)  # (a pair of floats)
+
     def launch(*args):
-        if isinstance(given, torch.Tensor):
+        if floats:  # (each entry filled, in place or into the value a noop picks: no copy from the host)
+            value = amax if noop is None else amax.new_empty(2)
+            value[0].fill_(float(given[0]))
+            value[1].fill_(float(given[1]))
+        elif isinstance(given, (tuple, list)):  # (two one-element tensors, stacked on the device)
+            value = fp4_layouts.given_amax(given, amax.device)
+        elif isinstance(given, torch.Tensor):
             value = given.reshape(()) if given.numel() == 1 else given.reshape(amax.shape)
         else:
             value = float(given)
-        if noop is None and isinstance(value, torch.Tensor):
-            amax.copy_(value)
-        elif noop is None:
-            amax.fill_(value)
-        else:
+        if noop is not None:
             amax.copy_(torch.where(noop.reshape(()) == 1.0, amax, value))
+        elif isinstance(value, torch.Tensor) and value is not amax:
+            amax.copy_(value)
+        elif not isinstance(value, torch.Tensor):
+            amax.fill_(value)
         if fn is not None:
             fn(*args)
 

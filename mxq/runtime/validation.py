@@ -156,6 +156,35 @@ def check_out_apart(epilogue: Epilogue, call) -> None:
     check_apart(call.out, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)])
 
 
+_PAIR = ("hadamard=True's pair (amax, colwise_amax): a float32 tensor of shape (2,), two floats, or two "
+         "one-element float32 tensors (such as an earlier result's t.amax and t.colwise_amax)")
+
+
+def _check_amax_pair(amax, device) -> None:
+    """``global_amax`` of a hadamard=True call: the untransformed values' amax and the transformed
+    copy's, as the outputs' amax and colwise_amax hold them (fp4.given_amax's forms)."""
+    if isinstance(amax, torch.Tensor):
+        check_plain_tensor("global_amax", amax)
+        if amax.dtype != torch.float32 or amax.shape != (2,):
+            raise ValueError(f"mxq: argument 'global_amax' must be {_PAIR}, got dtype {amax.dtype} of shape "
+                             f"{tuple(amax.shape)}")
+        if amax.device != device:
+            raise ValueError(f"mxq: argument 'global_amax' is on {amax.device} but the input is on {device}")
+        return
+    if not isinstance(amax, (tuple, list)) or len(amax) != 2:
+        _fail_type("global_amax", _PAIR, type(amax).__name__ if not isinstance(amax, (tuple, list))
+                   else f"{type(amax).__name__} of {len(amax)}")
+    if all(isinstance(v, torch.Tensor) for v in amax):
+        for v in amax:
+            check_one_float32("global_amax", v, _PAIR, device, "the input")
+        return
+    for v in amax:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            _fail_type("global_amax", _PAIR, f"a pair holding {type(v).__name__}")
+        if not 0 <= v < float("inf"):
+            raise ValueError(f"mxq: argument 'global_amax' must be finite and >= 0, got {tuple(amax)!r}")
+
+
 def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> None:
     """An NVFP4 / MXFP4 call (mxq/formats/fp4.py): outputs of ``shape`` whose packed dims are even
     (N; M too with colwise, whose copy is [N, M/2]); groups (``group_offsets``) with compact scales
@@ -163,7 +192,8 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
     (checked here on CPU; on CUDA where the reference reads them); the Hadamard
     transform's bf16 input and 16-row blocks; and ``args`` (fp4.CallArgs: global_amax, seed,
     offset; any op's call may carry them, only the ops that use them take them; a grouped NVFP4
-    call's global_amax one value for every group or one per group)."""
+    call's global_amax one value for every group or one per group; a hadamard=True call's the pair
+    (amax, colwise_amax))."""
     m, n = flat_dims(shape)
     if spec.is_fp4:
         what = f"format={spec.format!r} packs two E2M1 elements per byte"
@@ -190,9 +220,8 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
             raise ValueError(f"mxq: argument 'global_amax' is NVFP4's per-tensor amax; this op has "
                              f"format={spec.format!r}")
         if spec.hadamard:
-            raise ValueError("mxq: argument 'global_amax' does not go with hadamard=True yet (the colwise copy "
-                             "has its own amax after the transform)")
-        if isinstance(amax, torch.Tensor) and group_offsets is not None and amax.numel() != 1:
+            _check_amax_pair(amax, x.device)
+        elif isinstance(amax, torch.Tensor) and group_offsets is not None and amax.numel() != 1:
             check_plain_tensor("global_amax", amax)
             g = group_offsets.numel()
             if amax.dtype != torch.float32 or amax.shape != (g,):
