@@ -29,7 +29,7 @@ from .integrations import torch_ops
 from .formats import fp4
 from .formats import reference as _reference
 from .frontend.epilogue import IDENTITY, Epilogue, parse
-from .frontend.spec import QuantSpec
+from .frontend.spec import BLOCK_SIZES, QuantSpec
 from .tensor import MXFP8Tensor
 
 _Tensor = torch.Tensor
@@ -573,8 +573,8 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     extra = None if global_amax is None and seed is None and offset is None else fp4.CallArgs(global_amax, seed,
                                                                                               offset)
     if torch.compiler.is_compiling():
-        i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format, block, block_2d,
-                            hadamard, stochastic_rounding)
+        i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format,
+                            _traced_ints(block, BLOCK_SIZES), block_2d, hadamard, stochastic_rounding)
         call = Call([x], [], None, noop, out, group_offsets, extra)
         if has_dtensor(call):  # the node runs on the local shards (integrations/distributed.py)
             return getattr(_QUANTIZE_BY_ID, _by_id_name(i))._route(call, traced=True)
@@ -611,6 +611,25 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     key = call.key(op._key_aligned)
     plan = op._plans.get(key)
     return plan(call) if plan is not None else op._route(call, False, key=key)
+
+
+def _traced_ints(values, choices):
+    """A tuple option of mxq.quantize (``block``) with each entry that equals one of ``choices`` as
+    that Python int, while torch.compile traces: under dynamic=True dynamo makes the ints of a
+    closure symbolic, which _quantize_op_id's constant result refuses; a comparison guards on the
+    value and gives the constant. Other entries (bools included) stay as they are, for QuantSpec
+    to name."""
+    if not isinstance(values, (tuple, list)):
+        return values
+    out = []
+    for v in values:
+        for c in choices:
+            if not isinstance(v, bool) and v == c:
+                out.append(c)
+                break
+        else:
+            out.append(v)
+    return tuple(out)
 
 
 @torch_ops.constant_result

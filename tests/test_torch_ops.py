@@ -414,6 +414,24 @@ def sr_scaled(x, s: float = 2.0):
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
+def test_a_tuple_option_held_in_a_closure_compiles(dynamic):
+    """mxq.quantize's block= from a closure (dynamo makes its ints symbolic under dynamic=True,
+    and an op's options must be constants): one node, the eager bytes; a bool in it is still
+    refused by name."""
+    x = torch.randn(256, 256, dtype=torch.bfloat16)
+    block = [128, 128]
+    got, graphs = _graphs(lambda u: mxq.quantize(u, format="fp8_block", colwise=True, block=block), x,
+                          dynamic=dynamic)
+    assert len(_mxq_nodes(graphs)) == 1
+    want = mxq.quantize(x, format="fp8_block", colwise=True, block=(128, 128))
+    assert got.block == (128, 128) and torch.equal(got.rowwise_scale, want.rowwise_scale)
+    assert torch.equal(got.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+    bad = (True, 128)
+    with pytest.raises(Exception, match="block"):
+        _graphs(lambda u: mxq.quantize(u, format="fp8_block", block=bad), x, dynamic=dynamic)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
 def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
     """NVFP4's own call values under torch.compile: global_amax as a tensor and as a float,
     stochastic rounding with a seed of 64 bits and an offset (a decorated op's too), and the

@@ -27,6 +27,7 @@ FORMAT_NAMES = ("mxfp8", "fp8_block", "nvfp4", "mxfp4")  # (their index is the k
 _MODES = {"mxfp8": SCALE_MODES, "fp8_block": fp8_block.SCALE_MODES, **fp4.SCALE_MODES}
 _LAYOUTS = {"mxfp8": LAYOUTS, "fp8_block": fp8_block.LAYOUTS, "nvfp4": LAYOUTS, "mxfp4": LAYOUTS}
 _BLOCKS = {"mxfp8": ((1, 32),), "fp8_block": FP8_BLOCKS, "nvfp4": ((1, 16), (16, 16)), "mxfp4": ((1, 32),)}
+BLOCK_SIZES = tuple(sorted({b for blocks in _BLOCKS.values() for block in blocks for b in block}))  # (1, 16, 32, 128)
 _NVFP4_OPTIONS = ("block_2d", "hadamard", "stochastic_rounding")  # NVFP4's own options (mxq/formats/fp4.py)
 
 
