@@ -166,4 +166,5 @@ def operand_dims(direction: str, m: int, n: int) -> tuple[int, int]:
 
 
 __all__ = ["amax_pair", "compact", "data_shape", "first_colwise_block", "given_amax", "group_bounds",
-           "grouped_colwise_blocks", "grouped_gap", "operand_dims", "outputs", "scale_dtype", "scale_grid", "scale_shape", "to_layout"]
+           "grouped_colwise_blocks", "grouped_gap", "operand_dims", "outputs", "scale_dtype", "scale_grid",
+           "scale_shape", "to_layout"]

@@ -162,7 +162,7 @@ _PAIR = ("hadamard=True's pair (amax, colwise_amax): a float32 tensor of shape (
 
 def _check_amax_pair(amax, device) -> None:
     """``global_amax`` of a hadamard=True call: the untransformed values' amax and the transformed
-    copy's, as the outputs' amax and colwise_amax hold them (fp4.given_amax's forms)."""
+    copy's, as the outputs' amax and colwise_amax hold them (fp4_layouts.given_amax's forms)."""
     if isinstance(amax, torch.Tensor):
         check_plain_tensor("global_amax", amax)
         if amax.dtype != torch.float32 or amax.shape != (2,):
