@@ -49,7 +49,7 @@ BUILTIN_EXPORT_NAME = "mxq_quantize"  # export's default --name for the built-in
 # options from its @mxq.fused_quant(...), so these must stay at their defaults with a FILE.py target
 _OP_DEFAULTS = {"format": "mxfp8", "fp8": "e4m3", "no_rowwise": False, "colwise": False, "scale_mode": None,
                 "scale_layout": "compact", "block": None, "amax": False, "act": None, "dact": None, "dbias": False,
-                "block_2d": False, "hadamard": False, "stochastic_rounding": False}
+                "block_2d": False, "hadamard": False, "hadamard_signs": None, "stochastic_rounding": False}
 # every format's scale modes and layouts, in QuantSpec's order (each option's own choices per format: --help)
 _SCALE_MODES = tuple(dict.fromkeys(m for f in FORMAT_NAMES for m in format_choices(f)["scale_mode"]))
 _SCALE_LAYOUTS = tuple(dict.fromkeys(m for f in FORMAT_NAMES for m in format_choices(f)["scale_layout"]))
@@ -71,6 +71,7 @@ _AS_FLAGS = (
     (r"\b(fp8|act|dact|dtype|arch|scale_mode|scale_layout|format)=(?:'([^']*)'|None)",
      lambda m: f"--{m[1].replace('_', '-')} {m[2] or 'None'}"),
     (r"\b(block_2d|hadamard|stochastic_rounding)=True", lambda m: "--" + m[1].replace("_", "-")),
+    (r"\bhadamard_signs\b", "--hadamard-signs"),
     (r"\bblock=\((\d+), (\d+)\)", lambda m: f"--block {m[1]}x{m[2]}"),
     (r"\b(block|scale_mode|scale_layout|fp8|format) must be one of",
      lambda m: f"--{m[1].replace('_', '-')} must be one of"),
@@ -137,6 +138,14 @@ def _block_arg(value: str) -> tuple:
     return int(m[1]), int(m[2])
 
 
+def _signs_arg(value: str) -> tuple:
+    """--hadamard-signs S0,S1,...,S15 (each 1 or -1) as QuantSpec's tuple."""
+    try:
+        return tuple(int(v) for v in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 16 comma-separated signs such as 1,-1,1,...; got {value!r}") from None
+
+
 def _per_format(option: str) -> str:
     """An option's choices per format, for --help: "mxfp8: a (default), b; fp8_block: ..."."""
     parts = []
@@ -171,6 +180,9 @@ def _add_op_args(p: argparse.ArgumentParser) -> None:
                                                            "every row's entry")
     p.add_argument("--hadamard", action="store_true",
                    help="nvfp4: the random Hadamard transform on the colwise copy (bf16 inputs)")
+    p.add_argument("--hadamard-signs", default=d["hadamard_signs"], type=_signs_arg, metavar="S0,...,S15",
+                   help="nvfp4 with --hadamard: the transform's 16 signs, each 1 or -1 (default TE's; "
+                        "--hadamard-signs=-1,... where the first is -1)")
     p.add_argument("--stochastic-rounding", action="store_true", help="nvfp4: stochastic rounding (gradients)")
     p.add_argument("--amax", action="store_true", help="also write the input's absolute maximum")
     p.add_argument("--act", choices=ACTIVATIONS + tuple(GATED_ACTIVATIONS),
@@ -236,7 +248,7 @@ def _op_from_args(args) -> FusedOp:
                          scale_mode=args.scale_mode, scale_layout=args.scale_layout, amax=args.amax,
                          act=args.act, dact=args.dact, dbias=args.dbias, format=args.format, block=args.block,
                          block_2d=args.block_2d, hadamard=args.hadamard,
-                         stochastic_rounding=args.stochastic_rounding)
+                         stochastic_rounding=args.stochastic_rounding, hadamard_signs=args.hadamard_signs)
         return GatedOp(_identity, spec) if spec.gated else _quantize_op(spec)
 
 

@@ -517,7 +517,7 @@ class GatedOp(FusedOp):
 
 
 _OPTION_NAMES = ("fp8", "rowwise", "colwise", "scale_mode", "scale_layout", "amax", "act", "dact", "dbias",
-                 "format", "block", "block_2d", "hadamard", "stochastic_rounding")
+                 "format", "block", "block_2d", "hadamard", "stochastic_rounding", "hadamard_signs")
 
 
 def fused_quant(fn=None, **options):
@@ -553,16 +553,17 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
              scale_mode: str | None = None, scale_layout: str = "compact", amax: bool = False,
              noop=None, out: MXFP8Tensor | None = None, group_offsets=None, format: str = "mxfp8",
              block=None, block_2d: bool = False, hadamard: bool = False, stochastic_rounding: bool = False,
-             global_amax=None, seed: int | None = None, offset: int | None = None) -> MXFP8Tensor:
+             global_amax=None, seed: int | None = None, offset: int | None = None,
+             hadamard_signs=None) -> MXFP8Tensor:
     """Quantize ``x`` (fp32/fp16/bf16, any shape, CPU or CUDA) to MXFP8, or with
     ``format="fp8_block"`` to FP8 block scaling (``block`` (1, 128), the default, or (128, 128);
     ``scale_mode`` "pow2", the default, or "fp32"; ``scale_layout`` "compact" or "gemm";
     docs/NUMERICS.md "FP8 block scaling"). ``scale_mode`` None is the format's default ("rceil"
     for MXFP8). ``format="nvfp4"`` (TransformerEngine's NVFP4: E2M1 data two per byte, E4M3
     scales per 16 under the per-tensor amax; ``block_2d`` 16x16 weight blocks, ``hadamard`` the
-    random Hadamard transform of the colwise copy, ``stochastic_rounding`` with ``seed`` and
-    ``offset``; ``global_amax`` a known amax, skipping the first pass: with ``hadamard`` the pair
-    (amax, colwise_amax)) or ``"mxfp4"`` (E8M0
+    random Hadamard transform of the colwise copy, by TE's sign vector or ``hadamard_signs`` (16
+    ints of +-1), ``stochastic_rounding`` with ``seed`` and ``offset``; ``global_amax`` a known
+    amax, skipping the first pass: with ``hadamard`` the pair (amax, colwise_amax)) or ``"mxfp4"`` (E8M0
     scales per 32, ``scale_mode`` "floor" or "rceil"): docs/NUMERICS.md "NVFP4 and MXFP4".
 
     ``out`` (an extension of the DESIGN contract) writes into existing buffers, e.g. for CUDA
@@ -574,19 +575,23 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
                                                                                               offset)
     if torch.compiler.is_compiling():
         i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format,
-                            _traced_ints(block, BLOCK_SIZES), block_2d, hadamard, stochastic_rounding)
+                            _traced_ints(block, BLOCK_SIZES), block_2d, hadamard, stochastic_rounding,
+                            _traced_ints(hadamard_signs, (1, -1)))
         call = Call([x], [], None, noop, out, group_offsets, extra)
         if has_dtensor(call):  # the node runs on the local shards (integrations/distributed.py)
             return getattr(_QUANTIZE_BY_ID, _by_id_name(i))._route(call, traced=True)
         return torch_ops.call(i, call)
+    signs = tuple(hadamard_signs) if hadamard_signs.__class__ is list else hadamard_signs
     key = (fp8, rowwise, colwise, scale_mode, scale_layout, amax, format,
            tuple(block) if block.__class__ is list else block,  # (a list block= is a tuple's spec)
-           block_2d, hadamard, stochastic_rounding)
+           block_2d, hadamard, stochastic_rounding, signs)
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
-    # rowwise=1 would skip the validation that refuses it in a fresh process)
+    # rowwise=1 would skip the validation that refuses it in a fresh process; the signs likewise
+    # exact ints)
     if (rowwise.__class__ is colwise.__class__ is amax.__class__ is block_2d.__class__ is hadamard.__class__
-            is stochastic_rounding.__class__ is bool):  # (a chain, not all(...) over a generator: every call)
+            is stochastic_rounding.__class__ is bool  # (a chain, not all(...) over a generator: every call)
+            and (signs is None or (signs.__class__ is tuple and all(v.__class__ is int for v in signs)))):
         try:
             op = _QUANTIZE_OPS.get(key)
         except TypeError:  # unhashable option values: QuantSpec names the bad one
@@ -594,7 +599,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     if op is None:
         spec = QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
                          scale_layout=scale_layout, amax=amax, format=format, block=block, block_2d=block_2d,
-                         hadamard=hadamard, stochastic_rounding=stochastic_rounding)
+                         hadamard=hadamard, stochastic_rounding=stochastic_rounding, hadamard_signs=hadamard_signs)
         op = _quantize_op(spec)
         if len(_QUANTIZE_OPS) < 1024:
             _QUANTIZE_OPS[key] = op
@@ -614,7 +619,7 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
 
 
 def _traced_ints(values, choices):
-    """A tuple option of mxq.quantize (``block``) with each entry that equals one of ``choices`` as
+    """A tuple option of mxq.quantize (``block``, ``hadamard_signs``) with each entry that equals one of ``choices`` as
     that Python int, while torch.compile traces: under dynamic=True dynamo makes the ints of a
     closure symbolic, which _quantize_op_id's constant result refuses; a comparison guards on the
     value and gives the constant. Other entries (bools included) stay as they are, for QuantSpec
@@ -634,12 +639,13 @@ def _traced_ints(values, choices):
 
 @torch_ops.constant_result
 def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format="mxfp8", block=None,
-                    block_2d=False, hadamard=False, stochastic_rounding=False) -> str:
+                    block_2d=False, hadamard=False, stochastic_rounding=False, hadamard_signs=None) -> str:
     """torch_ops' identity of mxq.quantize's op for these options (validated here; torch.compile
     runs this while tracing and keeps the identity as a constant)."""
     op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
                                 scale_layout=scale_layout, amax=amax, format=format, block=block, block_2d=block_2d,
-                                hadamard=hadamard, stochastic_rounding=stochastic_rounding))
+                                hadamard=hadamard, stochastic_rounding=stochastic_rounding,
+                                hadamard_signs=hadamard_signs))
     i = torch_ops.op_id(op)
     setattr(_QUANTIZE_BY_ID, _by_id_name(i), op)
     return i

@@ -189,16 +189,16 @@ def round_bf16(q: Fraction) -> float:
     return math.copysign(math.inf if v >= 2 ** 128 else float(v), float(q))
 
 
-def hadamard_rows(rows: list) -> list:
+def hadamard_rows(rows: list, signs=SIGNS) -> list:
     """Each row's 16-element groups x -> y_j = sum_i x_i s_i (-1)^popcount(i & j) / 4, exact,
-    rounded once to bf16."""
+    rounded once to bf16 (``signs`` s: TE's unless given)."""
     out = []
     for row in rows:
         orow = []
         for g in range(0, len(row), 16):
             x = row[g:g + 16]
             for j in range(16):
-                total = sum(Fraction(x[i]) * SIGNS[i] * (-1) ** bin(i & j).count("1") for i in range(16))
+                total = sum(Fraction(x[i]) * signs[i] * (-1) ** bin(i & j).count("1") for i in range(16))
                 orow.append(round_bf16(total / 4))
         out.append(orow)
     return out

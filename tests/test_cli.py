@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # written out by hand: the CLI's public contract
 COMMANDS = ("info", "render", "compile", "export")
 OP_FLAGS = ("--format", "--fp8", "--no-rowwise", "--colwise", "--scale-mode", "--scale-layout", "--block",
-            "--block-2d", "--hadamard", "--stochastic-rounding", "--amax", "--act", "--dact", "--dbias")
+            "--block-2d", "--hadamard", "--hadamard-signs", "--stochastic-rounding", "--amax", "--act", "--dact",
+            "--dbias")
 FLAGS = {"info": (), "render": OP_FLAGS, "compile": OP_FLAGS + ("--arch", "--dtype", "--ptx"),
          "export": OP_FLAGS + ("--dir", "--arch", "--dtype", "--name", "--grouped", "--operands")}
 ARCHS = ("sm_89", "sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_103f", "sm_110a", "sm_110f",
@@ -129,6 +130,8 @@ def test_every_format_from_the_command_line(tmp_path):
     for args, spec, cvt in ((("--format", "nvfp4", "--colwise", "--stochastic-rounding"),
                              "format='nvfp4', block=(1, 16), block_2d=False, hadamard=False, stochastic_rounding=True",
                              None),
+                            (("--format", "nvfp4", "--colwise", "--hadamard", "--hadamard-signs=" + ",".join(["-1"] * 16)),
+                             "hadamard=True, stochastic_rounding=False, hadamard_signs=(-1, -1,", "cvt.rn.bf16.f64"),
                             (("--format", "mxfp4", "--scale-mode", "rceil", "--scale-layout", "swizzled"),
                              "scale_mode='rceil', scale_layout='swizzled'", None),
                             (("--format", "fp8_block", "--scale-mode", "fp32", "--dtype", "fp32"), "scale_mode='fp32'",
@@ -291,6 +294,11 @@ USER_ERRORS = [
     (("render", "--format", "mxfp4", "--stochastic-rounding"),
      "mxq: --stochastic-rounding is an option of --format nvfp4, not 'mxfp4'"),
     (("render", "--format", "nvfp4", "--hadamard"), "mxq: --hadamard transforms the colwise copy only: it needs --colwise"),
+    (("render", "--format", "nvfp4", "--colwise", "--hadamard", "--hadamard-signs", "1,1"),
+     "mxq: --hadamard-signs must be 16 ints, each 1 or -1 (a tuple or list), got [1, 1]"),
+    (("render", "--format", "nvfp4", "--colwise", "--hadamard-signs", ",".join(["1"] * 16)),
+     "mxq: --hadamard-signs is the sign vector of --hadamard's transform"),
+    (("render", "--hadamard-signs", "a,b"), "mxq: argument --hadamard-signs: expected 16 comma-separated signs"),
     (("render", "--format", "int4"), "mxq: argument --format: invalid choice: 'int4'"),
     (("render", "nope.py"), "mxq: no such file: nope.py"),
     (("render", "{u}"), "mxq: {u} is not a file"),

@@ -43,19 +43,19 @@ def _h16(i: int, j: int) -> int:
     return -1 if bin(i & j).count("1") % 2 else 1
 
 
-def _exact(x: list) -> list:
+def _exact(x: list, signs=SIGNS) -> list:
     """y_j = sum_i x_i s_i H16[i, j] / 4 as exact rationals (finite x)."""
-    return [sum(Fraction(x[i]) * SIGNS[i] * _h16(i, j) for i in range(16)) / 4 for j in range(16)]
+    return [sum(Fraction(x[i]) * signs[i] * _h16(i, j) for i in range(16)) / 4 for j in range(16)]
 
 
-def _rule(x: list) -> list:
+def _rule(x: list, signs=None) -> list:
     """The kernels' rule on the host: each half b from rows 0-7 and rows 8-15 times (-1)^b, then
     fma(value, +-1/4, +0) (exact: Python's float product by a power of two, then + 0.0), as the
-    16 outputs in fp64 before the bf16 rounding."""
+    16 outputs in fp64 before the bf16 rounding (``signs``: the kernels' argument, None for TE's)."""
     out = []
     for b in range(2):
         x1f = [-v if b else v for v in x[8:]]
-        out += [v * (-0.25 if neg else 0.25) + 0.0 for v, neg in dev.rht_half(x[:8], x1f, dev.HOST_F64)]
+        out += [v * (-0.25 if neg else 0.25) + 0.0 for v, neg in dev.rht_half(x[:8], x1f, dev.HOST_F64, signs)]
     return out
 
 
@@ -85,6 +85,23 @@ def test_rule_equals_exact_sums():
         for j in range(16):  # (exact, so one rounding of it is the exact sum's: cvt.rn.bf16.f64 on the GPU)
             assert got[j] == want[j] and (want[j] != 0 or math.copysign(1, got[j]) == 1), (x, j)
     assert [oracle.round_bf16(v) for v in _exact(tie)][:2] == [0.25, 0.25 - 2.0 ** -10]  # (the tie went to even)
+
+
+def _random_signs(rng) -> tuple:
+    return tuple(rng.choice((1, -1)) for _ in range(16))
+
+
+def test_rule_with_a_callers_signs_equals_exact_sums():
+    """hadamard_signs: the rule the kernels trace with a caller's sign vector (all +1, all -1,
+    random ones) gives the exact sums with that vector, and TE's vector is what None means."""
+    rng = random.Random(20261206)
+    vectors = [(1,) * 16, (-1,) * 16] + [_random_signs(rng) for _ in range(20)]
+    for signs in vectors:
+        for _ in range(20):
+            x = _random_group(rng, 107, 147)
+            assert _rule(x, signs) == [float(v) for v in _exact(x, signs)], signs
+    x = _random_group(rng, 120, 130)
+    assert _rule(x, None) == _rule(x, SIGNS) != _rule(x, vectors[0])
 
 
 def test_rule_zeros_are_positive():
@@ -161,6 +178,46 @@ def test_transform_compiles_per_arch(arch, layout):
     assert "max.NaN.bf16x2" not in ptx  # (NaN enters no packed maximum)
 
 
+OTHER_SIGNS = (-1, 1, 1, 1, -1, 1, -1, 1, 1, -1, -1, -1, 1, 1, -1, 1)  # (a caller's: not TE's)
+
+
+def test_a_callers_signs_are_the_ops_own():
+    """hadamard_signs: part of the op (its spec, name, torch identity and rendered source) where
+    it is not TE's; TE's vector given is the default op; what is wrong is named."""
+    te = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(ident)
+    same = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, hadamard_signs=list(SIGNS))(ident)
+    other = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, hadamard_signs=OTHER_SIGNS)(ident)
+    assert same.spec == te.spec and same._torch_id == te._torch_id and same.source == te.source
+    assert other.spec != te.spec and other._torch_id != te._torch_id
+    assert other.spec.name("bf16") != te.spec.name("bf16") and f"hadamard_signs={OTHER_SIGNS!r}" in other.source
+    assert other.spec.key("bf16") == te.spec.key("bf16")  # (the C++ key: TE's transform)
+    assert te.spec.signs_mask() == sum(1 << i for i in range(16) if SIGNS[i] < 0)
+    x = torch.zeros(32, 32, dtype=torch.bfloat16)
+    for bad in ([1] * 15, [1.0] * 16, [True] * 16, [0] + [1] * 15, "1" * 16):
+        with pytest.raises(ValueError, match="hadamard_signs"):
+            mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True, hadamard_signs=bad)
+    mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True, hadamard_signs=OTHER_SIGNS)  # (cached)
+    with pytest.raises(ValueError, match="hadamard_signs"):  # (and not served from that cache)
+        mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True,
+                     hadamard_signs=tuple(bool(v > 0) or -1 for v in OTHER_SIGNS))
+    with pytest.raises(ValueError, match="hadamard_signs.*hadamard=True"):
+        mxq.quantize(x, format="nvfp4", colwise=True, hadamard_signs=OTHER_SIGNS)
+
+
+def test_reference_with_a_callers_signs_matches_the_oracle():
+    """The reference's transformed copy and colwise_amax with a caller's sign vector against
+    tests/oracle_fp4.py's exact transform by the same vector (and not TE's bytes)."""
+    x = _values(32, 48, 4, False)
+    t = mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True, hadamard_signs=OTHER_SIGNS)
+    w = oracle.hadamard_rows([list(col) for col in zip(*x.float().tolist())], OTHER_SIGNS)
+    ga = oracle.amax([e for row in w for e in row])
+    assert float(t.colwise_amax) == ga
+    codes, _ = oracle.nvfp4(w, ga, 1)
+    assert t.colwise_data.tolist() == oracle.pack(codes)
+    te = mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True)
+    assert not torch.equal(te.colwise_data, t.colwise_data) and torch.equal(te.rowwise_data, t.rowwise_data)
+
+
 def test_a_given_amax_pair():
     """global_amax with hadamard=True: the pair (amax, colwise_amax), two floats, an fp32 (2,)
     tensor or two one-element tensors (an earlier result's), each copy quantized under its own
@@ -191,13 +248,19 @@ def test_a_given_amax_pair():
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_the_quantize_pass_alone_compiles(arch):
-    """The quantize pass alone (variant "vec_given", what a given pair runs: no amax pass, no
-    atomics) of a hadamard op: one kernel, the transform's 64 bf16 roundings."""
+def test_given_pair_and_callers_signs_compile(arch):
+    """The quantize pass alone (variant "vec_given": no amax pass, no atomics) of a hadamard op,
+    and the transform with a caller's vector: its additions and subtractions are TE's count in
+    another pattern (the signs are compile-time constants of the fp64 sums)."""
     op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(ident)
     given = compiler.compile_op(op, arch, "bf16", keep_ptx=True, variant="vec_given").__ptx__
     assert given.count(".entry") == 1 and "red.relaxed.gpu.global.max" not in given
     assert given.count("cvt.rn.bf16.f64") == 64
+    te = _ptx(op, arch)
+    other = _ptx(mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, hadamard_signs=OTHER_SIGNS)(ident), arch)
+    count = lambda ptx: ptx.count("add.rn.f64") + ptx.count("sub.rn.f64")  # noqa: E731
+    assert count(other) == count(te) == 2 * 4 * 64
+    assert other.count("sub.rn.f64") != te.count("sub.rn.f64")
 
 
 # -- on the device -----------------------------------------------------------------------------
@@ -299,6 +362,26 @@ def test_kernels_match_the_oracle(strict):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n", [(48, 272), (1024, 528)])
+@pytest.mark.parametrize("layout", ["compact", "swizzled"])
+def test_callers_signs_match_reference(strict, m, n, layout):
+    """A caller's sign vector on the kernels, both copies and the colwise one, a fused op, into a
+    poisoned out=: the reference's bytes (which differ from TE's transform)."""
+    x = _values(m, n, m + 2 * n, True)
+    for signs in (OTHER_SIGNS, (-1,) * 16):
+        for opts in (dict(), dict(rowwise=False)):
+            op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, hadamard_signs=signs,
+                                 scale_layout=layout, **opts)(ident)
+            want = op.reference(x)
+            _compare(op(x.cuda()), want, (signs, opts))
+            out = poisoned(op, x.cuda())
+            _compare(op(x.cuda(), out=out), want, (signs, opts, "out="))
+    b = planted(1, n, torch.float32, seed=5, specials=False).to(torch.bfloat16).reshape(n)
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, hadamard_signs=OTHER_SIGNS)(shift_scale)
+    _compare(op(x.cuda(), b.cuda()), op.reference(x, b), "epilogue")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("m, n", [(64, 96), (1024, 528)])
 def test_given_pair_matches_reference(strict, m, n):
     """global_amax=(amax, colwise_amax) with hadamard=True on the kernels (the quantize pass
@@ -333,3 +416,8 @@ def test_given_pair_matches_reference(strict, m, n):
     launch, out = op.prepare(x, global_amax=(pair[0] * 2, pair[1]))
     launch()
     _compare(out, op.reference(x.cpu(), global_amax=(pair[0] * 2, pair[1])), "prepared, two floats")
+    signed = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, hadamard_signs=OTHER_SIGNS)(ident)
+    for given in ((pair[0], pair[1] * 3), torch.tensor(pair, device="cuda")):  # (the given pass, a caller's signs)
+        _compare(signed(x, global_amax=given),
+                 signed.reference(x.cpu(), global_amax=given.cpu() if isinstance(given, torch.Tensor) else given),
+                 ("signs", given))

@@ -449,7 +449,7 @@ def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
          dict(format="nvfp4", colwise=True, stochastic_rounding=True), dict(seed=2 ** 64 - 5, offset=2 ** 40 + 3)),
         (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, hadamard=True),
          dict(format="nvfp4", colwise=True, hadamard=True), {}),
-        # (a given pair with the transform, as two floats and as a tensor)
+        # (a given pair with the transform, as two floats and as a tensor; a caller's sign vector)
         (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, hadamard=True, global_amax=(2.5, 3.25)),
          dict(format="nvfp4", colwise=True, hadamard=True), dict(global_amax=(2.5, 3.25))),
         (lambda u, a: mxq.quantize(u, format="nvfp4", colwise=True, hadamard=True, global_amax=a.repeat(2)),
@@ -472,6 +472,26 @@ def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
     assert not torch.equal(once(x).rowwise_data, once(x).rowwise_data)  # (a new seed each call)
     a, b = torch.compile(lambda u: (sr_scaled(u), sr_scaled(u)), fullgraph=True, dynamic=dynamic)(x)
     assert not torch.equal(a.rowwise_data, b.rowwise_data)  # (two calls, two draws: never merged)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_callers_hadamard_signs_are_their_own_node(dynamic):
+    """TE's transform and a caller's sign vector in one compiled function: two fused_quant_fp4
+    nodes naming two ops (the signs are in the op's identity), each with its eager call's bytes,
+    which differ."""
+    x = torch.randn(64, 96, dtype=torch.bfloat16)
+    signs = [-1, 1] * 8  # (a list in a closure: symbolic ints under dynamic=True, taken as constants)
+    got, graphs = _graphs(lambda u: (mxq.quantize(u, format="nvfp4", colwise=True, hadamard=True),
+                                     mxq.quantize(u, format="nvfp4", colwise=True, hadamard=True,
+                                                  hadamard_signs=signs)),
+                          x, dynamic=dynamic)
+    nodes = _mxq_nodes(graphs)
+    assert len(nodes) == 2 and nodes[0].args[-1] != nodes[1].args[-1]
+    te, own = mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True), mxq.quantize(
+        x, format="nvfp4", colwise=True, hadamard=True, hadamard_signs=signs)
+    _same_fp4(got[0], te)
+    _same_fp4(got[1], own)
+    assert not torch.equal(te.colwise_data, own.colwise_data)
 
 
 @mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True, scale_layout="swizzled")

@@ -22,7 +22,7 @@ constants (mxq/formats/fp4.py). NVFP4 is ``Format.nvfp4(layout)``: 1x16 blocks (
 scales (rule "e4m3": TransformerEngine's, docs/NUMERICS.md steps N2-N5) under an fp32
 per-tensor scale from the tensor's amax (``global_scale``: the kernels run two passes), its
 elements rounded to nearest or stochastically (``rounding``, "rn" or "sr"), its colwise copy
-optionally Hadamard-transformed (``hadamard``).
+optionally Hadamard-transformed (``hadamard``, by TE's sign vector or ``hadamard_signs``).
 
 Nothing here imports cutlass or torch: the config, codegen and tests build and compare formats
 as plain values; the kernels read them through ``cutlass.const_expr``.
@@ -80,6 +80,8 @@ class Format:
     global_scale: bool = False  # an fp32 per-tensor scale on top of the block scales (NVFP4)
     rounding: str = "rn"  # the element encoding's rounding: "rn" (to nearest even) or "sr" (stochastic, NVFP4)
     hadamard: bool = False  # NVFP4's colwise copy takes TE's 16-point random Hadamard transform first
+    # the transform's 16 signs (+1 / -1), or None: TransformerEngine's (mxq/formats/fp4.py HADAMARD_SIGNS)
+    hadamard_signs: tuple | None = None
 
     def __post_init__(self):
         if self.element not in ENCODINGS:
@@ -95,6 +97,11 @@ class Format:
             raise ValueError(f"mxq: Format.rounding must be 'rn' or 'sr', got {self.rounding!r}")
         if self.hadamard and not self.global_scale:
             raise ValueError("mxq: Format.hadamard is NVFP4's (a format with global_scale)")
+        if self.hadamard_signs is not None and not (
+                self.hadamard and isinstance(self.hadamard_signs, tuple) and len(self.hadamard_signs) == 16
+                and all(type(v) is int and v in (1, -1) for v in self.hadamard_signs)):
+            raise ValueError("mxq: Format.hadamard_signs must be None or 16 ints of +1 or -1, with hadamard, got "
+                             f"{self.hadamard_signs!r}")
         if not (isinstance(self.block, tuple) and len(self.block) == 2 and all(
                 isinstance(b, int) and b > 0 for b in self.block)):
             raise ValueError(f"mxq: Format.block must be (rows, columns) of positive ints, got {self.block!r}")
@@ -119,15 +126,17 @@ class Format:
         return cls(block=(1, 32), element="e2m1", scale="e8m0", rule=scale_mode, layout=layout)
 
     @classmethod
-    def nvfp4(cls, layout: str, stochastic: bool = False, block_2d: bool = False, hadamard: bool = False) -> "Format":
+    def nvfp4(cls, layout: str, stochastic: bool = False, block_2d: bool = False, hadamard: bool = False,
+              hadamard_signs: tuple | None = None) -> "Format":
         """NVFP4 (TransformerEngine's NVFP4BlockScaling): 1x16 blocks (``block_2d``: 16x16 tiles,
         one scale each, which the colwise copy's transposed tiles share) of E2M1 elements two per
         byte, E4M3 scales under the per-tensor fp32 scale of the tensor's amax, rounded to
         nearest or (``stochastic``) stochastically; with ``hadamard`` the colwise copy is TE's
-        random Hadamard transform of the values (16-row groups, rounded to bf16), under its own
-        per-tensor amax (docs/NUMERICS.md)."""
+        random Hadamard transform of the values (16-row groups, rounded to bf16; ``hadamard_signs``
+        its sign vector, None for TE's), under its own per-tensor amax (docs/NUMERICS.md)."""
         return cls(block=(16, 16) if block_2d else (1, 16), element="e2m1", scale="e4m3", rule="e4m3",
-                   layout=layout, global_scale=True, rounding="sr" if stochastic else "rn", hadamard=hadamard)
+                   layout=layout, global_scale=True, rounding="sr" if stochastic else "rn", hadamard=hadamard,
+                   hadamard_signs=hadamard_signs)
 
     @property
     def col_block(self) -> tuple:

@@ -45,10 +45,12 @@ _VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 class CallArgs(NamedTuple):
     """An FP4 call's own values (mxq/runtime/call.py Call.fp4): ``global_amax`` (NVFP4's known
-    per-tensor amax, a 0-d fp32 tensor, or None: computed), and the stochastic-rounding ``seed``
-    and ``offset`` (ints; None where the op does not round stochastically)."""
+    per-tensor amax, a one-element fp32 tensor or a float; a grouped call's one per group [G];
+    with hadamard=True the pair (amax, colwise_amax), fp4_layouts.given_amax's forms; or None:
+    computed), and the stochastic-rounding ``seed`` and ``offset`` (ints; None where the op does
+    not round stochastically)."""
 
-    global_amax: torch.Tensor | None = None
+    global_amax: torch.Tensor | float | tuple | None = None
     seed: int | None = None
     offset: int | None = None
 

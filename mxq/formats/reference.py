@@ -197,7 +197,8 @@ def write_fp4(spec: QuantSpec, v: torch.Tensor, out: MXFP8Tensor, args) -> None:
                     if spec.stochastic_rounding else (None, None))
     copies = [("rowwise", v)] if spec.rowwise else []
     if spec.colwise:
-        copies.append(("colwise", fp4.hadamard(v.t()) if spec.hadamard else v.t()))
+        signs = fp4.HADAMARD_SIGNS if spec.hadamard_signs is None else spec.hadamard_signs
+        copies.append(("colwise", fp4.hadamard(v.t(), signs) if spec.hadamard else v.t()))
     if spec.format == "nvfp4":  # pass 1: the global amax (of each copy, with the transform)
         given = fp4_layouts.given_amax(args.global_amax, v.device)  # (with hadamard: the pair)
         if spec.hadamard:

@@ -110,6 +110,7 @@ class QuantSpec:
     block_2d: bool = False
     hadamard: bool = False
     stochastic_rounding: bool = False
+    hadamard_signs: tuple | None = None  # the transform's 16 signs; None: TE's (fp4.HADAMARD_SIGNS)
 
     def __post_init__(self) -> None:
         _check_choice("format", self.format, FORMAT_NAMES)
@@ -143,6 +144,23 @@ class QuantSpec:
             raise ValueError("mxq: at least one of rowwise and colwise must be True")
         if self.hadamard and not self.colwise:
             raise ValueError("mxq: hadamard=True transforms the colwise copy only: it needs colwise=True")
+        self._check_signs()
+
+    def _check_signs(self) -> None:
+        """``hadamard_signs``: None, or 16 ints of +1 or -1 (a tuple or list) with hadamard=True;
+        kept as a tuple, TE's own vector as None (equal transforms give equal specs)."""
+        signs = self.hadamard_signs
+        if signs is None:
+            return
+        if not self.hadamard:
+            raise ValueError("mxq: hadamard_signs is the sign vector of hadamard=True's transform; set hadamard=True "
+                             "(format='nvfp4', colwise=True) or leave it None")
+        if not isinstance(signs, (tuple, list)) or len(signs) != fp4.HADAMARD_SIZE or not all(
+                type(v) is int and v in (1, -1) for v in signs):
+            raise ValueError(f"mxq: hadamard_signs must be {fp4.HADAMARD_SIZE} ints, each 1 or -1 (a tuple or "
+                             f"list), got {list(signs) if isinstance(signs, tuple) else signs!r}")
+        signs = tuple(signs)
+        object.__setattr__(self, "hadamard_signs", None if signs == fp4.HADAMARD_SIGNS else signs)
 
     def _check_fp4(self) -> None:
         """NVFP4 and MXFP4 options (mxq/formats/fp4.py): E4M3 is NVFP4's scale format and not a choice
@@ -162,7 +180,8 @@ class QuantSpec:
         # (an mxfp8 spec reads as it did before formats were options: its rendered modules, which
         # quote it, keep their bytes; NVFP4's options show on NVFP4 specs only)
         hidden = (() if self.format != "mxfp8" else ("format", "block")) + (
-            () if self.format == "nvfp4" else _NVFP4_OPTIONS)
+            () if self.format == "nvfp4" else _NVFP4_OPTIONS) + (("hadamard_signs",) if self.hadamard_signs is None
+                                                                 else ())
         shown = [f for f in fields(self) if f.name not in hidden]
         return f"QuantSpec({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
@@ -189,13 +208,16 @@ class QuantSpec:
             return Format.mxfp4(self.scale_mode, self.scale_layout)
         if self.format == "nvfp4":
             return Format.nvfp4(self.scale_layout, self.stochastic_rounding, block_2d=self.block_2d,
-                                hadamard=self.hadamard)
+                                hadamard=self.hadamard, hadamard_signs=self.hadamard_signs)
         if self.format == "fp8_block":
             return Format.fp8_block(self.fp8, self.block, self.scale_mode, self.scale_layout)
         return Format.mxfp8(self.fp8, self.scale_mode, self.scale_layout)
 
     def key(self, dtype: str) -> int:
-        """The 32-bit key of this spec for input dtype ``dtype`` ("fp32", "fp16", "bf16")."""
+        """The 32-bit key of this spec for input dtype ``dtype`` ("fp32", "fp16", "bf16"). A
+        caller's ``hadamard_signs`` are not in it: the key of such a spec is its options' with
+        TE's signs, which ``from_key`` gives (a C++ caller reaches TE's transform by key;
+        torch_ops.identity adds the signs)."""
         _check_choice("dtype", dtype, DTYPE_NAMES)
         return (
             (self.fp8 == "e5m2")
@@ -215,6 +237,11 @@ class QuantSpec:
             | self.hadamard << 20
             | self.stochastic_rounding << 21
         )
+
+    def signs_mask(self) -> int:
+        """``hadamard_signs`` as 16 bits, bit i set where sign i is -1 (TE's: 0xd7e8)."""
+        signs = fp4.HADAMARD_SIGNS if self.hadamard_signs is None else self.hadamard_signs
+        return sum(1 << i for i, v in enumerate(signs) if v < 0)
 
     @property
     def gated(self) -> bool:
@@ -257,7 +284,8 @@ class QuantSpec:
         """A readable, unique identifier (used for registry names and cache files)."""
         block = "b%dx%d" % self.block if self.format == "fp8_block" else ""
         if self.is_fp4:
-            block = "_".join([self.format] + [tag for tag, on in (("2d", self.block_2d), ("rht", self.hadamard),
+            rht = "rht" if self.hadamard_signs is None else f"rht{self.signs_mask():04x}"
+            block = "_".join([self.format] + [tag for tag, on in (("2d", self.block_2d), (rht, self.hadamard),
                                                                   ("sr", self.stochastic_rounding)) if on])
         parts = [block, self.fp8, dtype, "r" if self.rowwise else "", "c" if self.colwise else "",
                  self.scale_mode, self.scale_layout]

@@ -41,8 +41,10 @@ def identity(op) -> str:
     """What the torch operator calls ``op`` by: everything its outputs depend on (the spec's key,
     the epilogue's fingerprint, which covers its source, captured values and IR) and mxq's
     version (the fake implementation's shapes are mxq's code). Ops of one identity compute the
-    same bytes, so any of them serves a call."""
-    return f"{op.spec.key('fp32'):05x}-{op.epilogue.fingerprint}-{__version__}"
+    same bytes, so any of them serves a call. A caller's Hadamard signs, which the key does not
+    hold, follow it as their mask."""
+    signs = "" if op.spec.hadamard_signs is None else f"s{op.spec.signs_mask():04x}"
+    return f"{op.spec.key('fp32'):05x}{signs}-{op.epilogue.fingerprint}-{__version__}"
 
 
 def register(op) -> str:

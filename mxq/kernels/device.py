@@ -702,11 +702,12 @@ class HOST_F64:
         return a - b
 
 
-def rht_half(x0, x1f, ops=F64_DEVICE):
+def rht_half(x0, x1f, ops=F64_DEVICE, signs=None):
     """Half b of a 16-row group's transform (see above): ``x0`` rows 0-7, ``x1f`` rows 8-15 times
     (-1)^b, as fp64 values; returns the 8 outputs j as (value, negative): y[8b + j] is
-    (-1 if negative else 1) * value / 4."""
-    s = HADAMARD_SIGNS
+    (-1 if negative else 1) * value / 4. ``signs``: the 16 signs s (Format.hadamard_signs), None
+    for TE's."""
+    s = HADAMARD_SIGNS if signs is None else signs
     v = [(ops.add(x0[a], x1f[a]) if s[a] == s[8 + a] else ops.sub(x0[a], x1f[a]), s[a] < 0) for a in range(8)]
     h = 1
     while h < 8:

@@ -1389,7 +1389,8 @@ class PackedKernel:
                     for r in cutlass.range_constexpr(4):
                         xw.append(fr[r] if b == 0 else fr[r] ^ flip)
             x = [dev.bf16x2_to_f64(w) for w in xw]  # (row r's columns 2j, 2j + 1)
-            ys = [dev.rht_half([x[r][half] for r in range(8)], [x[8 + r][half] for r in range(8)]) for half in range(2)]
+            ys = [dev.rht_half([x[r][half] for r in range(8)], [x[8 + r][half] for r in range(8)],
+                               signs=self.cfg.fmt.hadamard_signs) for half in range(2)]
             for i in cutlass.range_constexpr(k.PK_ROWS):
                 hw[i][j] = dev.rht_bf16x2(ys[0][i], ys[1][i])
             m = hw[0][j] & keep

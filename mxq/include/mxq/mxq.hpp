@@ -42,7 +42,7 @@
 //   bit 18     block          fp8_block 128x128 (else 1x128); nvfp4 block_2d (16x16)
 //   bit 19     format, high   format = bit 17 | bit 19 << 1: 2 nvfp4, 3 mxfp4 (served through Python: packed
 //                             data and NVFP4's E4M3 scales as uint8; stochastic rounding and hadamard refused)
-//   bit 20     hadamard       nvfp4
+//   bit 20     hadamard       nvfp4 (TE's sign vector; a Python op's own hadamard_signs have no key)
 //   bit 21     stochastic_rounding  nvfp4
 //   bits 22-31 zero
 #ifndef MXQ_MXQ_HPP_
