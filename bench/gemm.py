@@ -1,7 +1,8 @@
 """mxq's sm_90 GEMM (mxq/kernels/gemm_sm90.py) on the GPU: checked, then timed against torch.matmul.
 
     python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8] [--no-fused]
-                         [--forms cooperative,pingpong,cooperative1,pingpong1]
+                         [--forms cooperative,pingpong,cooperative1,pingpong1] [--quack]
+                         [--large-only] [--profile MxNxK]
 
 Cases (M x N x K, bf16, D = A @ W^T with A [M, K], W [N, K]): M in (8192, 16384) crossed with
 (K, N) in ((4096, 14336), (14336, 4096), (8192, 28672)), and small or odd shapes with partial
@@ -33,7 +34,22 @@ timed against torch.matmul alone (``vs_matmul``: fused time / matmul time, issue
 unfused time / fused time, target >= 1.15). ``speedup_bound``: unfused time / matmul time, the
 speedup of a fused GEMM as fast as torch.matmul alone (a free epilogue on cuBLAS's mainloop): no
 fused GEMM reaches more without a faster mainloop than cuBLAS's, so where it is below 1.15 that
-target is out of reach at that shape. Results: <out>/<device>-<date>-gemm.json.
+target is out of reach at that shape.
+
+Peer (``--quack``): quack-kernels' sm_90 GEMM (``quack.gemm_interface.gemm_tuned.fn``, its
+un-autotuned entry, one GemmConfig a call) on the same inputs of each large case, under each
+config of ``QUACK_CONFIGS`` (its default sm_90 config and the tiles its autotuner tries most),
+each D checked against float64 like mxq's and timed the same way; the row keeps every config's
+time and the best (``quack_ms``, ``ratio``: torch time / quack's best). It answers issue 42's
+question, whether quack's mainloop is faster than mxq's own at these shapes. ``--large-only``
+skips the small cases. Results: <out>/<device>-<date>-gemm.json.
+
+``--profile MxNxK`` (for Nsight Compute, nothing timed or written): mxq's GEMM in both forms and
+quack's at the same cooperative tile (128 x 256, clusters of 2 along M) and at its default
+(128 x 192 ping-pong), each run twice, then once each between cudaProfilerStart and Stop:
+``ncu --clock-control none --profile-from-start off --section SpeedOfLight --section
+MemoryWorkloadAnalysis ... python bench/gemm.py --profile 8192x14336x4096``
+(``results/nvidia-h100-ncu-gemm.txt``).
 """
 
 from __future__ import annotations
@@ -249,6 +265,95 @@ def _run_case(name, m, n, k, bench, swizzles):
         return dc.error_row(name, m, n, exc, why="failed") | {"K": k}
 
 
+# quack GemmConfig fields (tile_m, tile_n, pingpong, cluster_m, cluster_n) of the --quack rows: its
+# sm_90 default first (128 x 192 ping-pong, clusters of 2 along M), then tiles of its autotuner's list
+QUACK_CONFIGS = ((128, 192, True, 2, 1), (128, 192, True, 1, 2), (128, 208, True, 2, 1), (128, 128, True, 2, 1),
+                 (256, 128, False, 2, 1), (256, 192, False, 2, 1), (256, 208, False, 1, 2), (128, 256, False, 2, 1))
+
+
+def quack_row(m, n, k, configs=QUACK_CONFIGS):
+    """One row of quack's sm_90 GEMM at M x N x K: each config checked against float64 (as mxq's
+    D) and timed; an error (an import, a config it refuses) is kept as that config's entry."""
+    name = f"quack_bf16 {m}x{n}x{k}"
+    try:
+        from quack.gemm_config import GemmConfig
+        from quack.gemm_interface import gemm_tuned
+
+        a, w = inputs(m, n, k)
+        b = w.T  # (quack's B is (K, N); W's transpose: K contiguous, as wgmma's TN operand)
+        ref, _, out_tol = bounds(a, w)
+        out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+        per, problems = {}, []
+        for tm, tn, pp, cm, cn in configs:
+            label = f"{tm}x{tn} {'pingpong' if pp else 'cooperative'} cluster {cm}x{cn}"
+            cfg = GemmConfig(tile_m=tm, tile_n=tn, pingpong=pp, cluster_m=cm, cluster_n=cn,
+                             is_dynamic_persistent=False, device_capacity=9)
+            try:
+                out.zero_()
+                gemm_tuned.fn(a, b, out, config=cfg)
+                torch.cuda.synchronize()
+                bad = violations(out, ref, out_tol, label)
+                problems += bad
+                per[label] = dc.time_ms(lambda: gemm_tuned.fn(a, b, out, config=cfg))  # noqa: B023
+                if bad:
+                    per[label] = f"wrong: {bad[0][:160]}"
+            except Exception as exc:
+                per[label] = f"{type(exc).__name__}: {str(exc)[:160]}"
+        del ref, out_tol
+        torch_ms = dc.time_ms(lambda: torch.matmul(a, w.T, out=out))
+        timed = {c: v for c, v in per.items() if isinstance(v, float)}
+        best = min(timed, key=timed.get) if timed else None
+        flops = 2 * m * n * k
+        row = dict(name=name, M=m, N=n, K=k, checked=problems == [] and best is not None, problems=problems[:3],
+                   configs_ms=per, torch_ms=torch_ms, torch_tflops=flops / torch_ms / 1e9)
+        if best is not None:
+            row.update(best_config=best, quack_ms=timed[best], tflops=flops / timed[best] / 1e9,
+                       ratio=torch_ms / timed[best])
+        print(f"  {name:32s} quack best {row.get('tflops', 0):7.1f} TFLOP/s ({best})  torch "
+              f"{row['torch_tflops']:7.1f} TFLOP/s  ratio {row.get('ratio', 0):5.2f}  checked={row['checked']}",
+              flush=True)
+        for c, v in per.items():
+            print(f"  {'':32s} {c:40s} {v if isinstance(v, str) else f'{flops / v / 1e9:7.1f} TFLOP/s'}", flush=True)
+        return row
+    except Exception as exc:  # (print and go on)
+        return dc.error_row(name, m, n, exc, why="failed") | {"K": k}
+
+
+PROFILED_QUACK = ((128, 256, False, 2, 1), (128, 192, True, 2, 1))  # (--profile: QUACK_CONFIGS' fields)
+
+
+def profile(m, n, k):
+    """Each profiled kernel run once inside cudaProfilerStart/Stop, after two warm-up runs
+    (compiles); the name of each printed before it."""
+    from quack.gemm_config import GemmConfig
+    from quack.gemm_interface import gemm_tuned
+
+    from mxq.runtime.gemm import gemm
+
+    a, w = inputs(m, n, k)
+    out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+    runs = []
+    for form in ("cooperative", "pingpong"):
+        def run(form=form):
+            with use_form(form):
+                gemm(a, w, out=out)
+        runs.append((f"mxq {form}", run))
+    for tm, tn, pp, cm, cn in PROFILED_QUACK:
+        cfg = GemmConfig(tile_m=tm, tile_n=tn, pingpong=pp, cluster_m=cm, cluster_n=cn,
+                         is_dynamic_persistent=False, device_capacity=9)
+        runs.append((f"quack {tm}x{tn} {'pingpong' if pp else 'cooperative'} cluster {cm}x{cn}",
+                     lambda cfg=cfg: gemm_tuned.fn(a, w.T, out, config=cfg)))
+    for _, run in runs:
+        run(), run()
+    torch.cuda.synchronize()
+    for name, run in runs:
+        print(f"profiled: {name} {m}x{n}x{k}", flush=True)
+        torch.cuda.profiler.start()
+        run()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+
+
 def fused_row(op, m, n, k, bench: bool = True, device="cuda", form: str = "cooperative"):
     """One op.gemm row of the kernel form ``form``: checked against op.reference on the
     accumulator hook's values (and the hook-free launch the same bytes), then timed against
@@ -310,6 +415,9 @@ def main(argv=None):
     ap.add_argument("--swizzle", default="", help="tile orders to time too, e.g. '4,8'")
     ap.add_argument("--no-fused", action="store_true", help="skip the op.gemm rows")
     ap.add_argument("--forms", default=",".join(DEFAULT_FORMS), help=f"kernel forms to run, of {list(FORMS)}")
+    ap.add_argument("--quack", action="store_true", help="time quack-kernels' sm_90 GEMM beside (quack_row)")
+    ap.add_argument("--large-only", action="store_true", help="skip the small cases")
+    ap.add_argument("--profile", default="", metavar="MxNxK", help="run the kernels once each for ncu (profile)")
     args = ap.parse_args(argv)
     swizzles = [int(s) for s in args.swizzle.split(",") if s]
     unknown = [f for f in args.forms.split(",") if f not in FORMS]
@@ -319,10 +427,16 @@ def main(argv=None):
     if not torch.cuda.is_available():
         print("bench/gemm.py needs a CUDA device", file=sys.stderr)
         return 2
+    if args.profile:
+        profile(*(int(v) for v in args.profile.split("x")))
+        return 0
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     dev = torch.cuda.get_device_name()
-    rows = [run_case(m, n, k, not args.no_bench, swizzles, pp) for m, n, k in cases(args.quick) for pp in forms]
+    shapes = [c for c in cases(args.quick) if not args.large_only or c in LARGE]
+    rows = [run_case(m, n, k, not args.no_bench, swizzles, pp) for m, n, k in shapes for pp in forms]
+    if args.quack:
+        rows += [quack_row(m, n, k) for m, n, k in shapes if (m, n, k) in LARGE]
     if not args.no_fused:
         rows += [fused_row(op, m, n, k, not args.no_bench, form=pp)
                  for m, n, k in (LARGE[:1] if args.quick else LARGE) for op in FUSED for pp in forms if runs_in(op, pp)]

@@ -3,6 +3,12 @@ layer (a refactor, a rename) compiles to the same code -- no GPU needed.
 
     python bench/ptx_digest.py --out digests.json [--jobs 2] [--quick]
     python bench/ptx_digest.py --compare a.json b.json
+    python bench/ptx_digest.py --quick --preimport quack --out b.json
+
+``--preimport MODULE`` imports a module in every compiling process first: whether a library that
+patches the DSL on import (quack-kernels rewrites its AST preprocessor's ``if`` handling and
+CuTe's tensor indexing) changes what mxq's kernels compile to (``--compare`` against a digest
+without it).
 
 Each case is (spec, epilogue, dtype, variant, arch), drawn from device_check.matrix_cases() (every
 combination of plain/act/dact/epilogue x dbias x amax x direction x dtype, on the packed or
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import itertools
 import json
 import os
@@ -139,6 +146,7 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--quick", action="store_true", help="every 7th case only")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare two digest files")
+    ap.add_argument("--preimport", metavar="MODULE", help="import this module in every worker first")
     args = ap.parse_args()
     if args.compare:
         a, b = ({_key(r): r for r in json.loads(Path(p).read_text())} for p in args.compare)
@@ -149,7 +157,8 @@ def main() -> int:
         print(f"{len(same)} identical, {len(diff)} different, {len(set(a) ^ set(b))} in one file only")
         return 1 if diff else 0
     cases = all_cases(args.quick)
-    with ProcessPoolExecutor(args.jobs) as ex:
+    init = (importlib.import_module, (args.preimport,)) if args.preimport else (None, ())
+    with ProcessPoolExecutor(args.jobs, initializer=init[0], initargs=init[1]) as ex:
         rows = list(ex.map(digest, cases, chunksize=4))
     print(f"{len(rows)} cases digested")
     if args.out:

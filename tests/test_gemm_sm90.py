@@ -378,6 +378,57 @@ def test_bench_case_errors_become_rows(monkeypatch):
     assert tool.main([]) == 2
 
 
+def test_bench_quack_row_keeps_each_config_and_the_best(monkeypatch):
+    """quack's row (--quack): each config's D checked against float64 and timed; a config that
+    raises or writes a wrong D keeps that as its entry and is not the best; the ratio is the
+    best timed config's. Run on CPU tensors with a stand-in for quack's entry and the timer."""
+    import sys
+    import types
+
+    tool = _bench_tool("gemm")
+    m, n, k = 40, 24, 64
+    real_inputs = tool.inputs
+    monkeypatch.setattr(tool, "inputs", lambda mm, nn, kk, **kw: real_inputs(mm, nn, kk, device="cpu"))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    times = iter([2.0, 1.0, 0.5, 3.0])  # (each config that ran, the wrong one the fastest; then torch's)
+    monkeypatch.setattr(tool.dc, "time_ms", lambda fn, **kw: (fn(), next(times))[1])
+
+    class Config:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    def fn(a, b, out, config):
+        if config.tile_n == 208:
+            raise ValueError("refused")
+        out.copy_(a.float() @ b.float())
+        if config.tile_n == 128:  # (a wrong element: not timed as a winner)
+            out[3, 5] += 100
+
+    tuned = types.SimpleNamespace(fn=fn)
+    monkeypatch.setitem(sys.modules, "quack", types.ModuleType("quack"))
+    monkeypatch.setitem(sys.modules, "quack.gemm_config", types.SimpleNamespace(GemmConfig=Config))
+    monkeypatch.setitem(sys.modules, "quack.gemm_interface", types.SimpleNamespace(gemm_tuned=tuned))
+    monkeypatch.setattr(torch, "matmul", lambda a, b, out=None: out.copy_(a.float() @ b.float()))
+    configs = ((128, 192, True, 2, 1), (128, 208, True, 2, 1), (256, 192, False, 2, 1), (128, 128, True, 2, 1))
+    row = tool.quack_row(m, n, k, configs)
+    per = row["configs_ms"]
+    assert per["128x208 pingpong cluster 2x1"].startswith("ValueError: refused")
+    assert per["128x128 pingpong cluster 2x1"].startswith("wrong: ")
+    assert row["best_config"] == "256x192 cooperative cluster 2x1" and row["quack_ms"] == 1.0
+    assert row["ratio"] == 3.0 and row["checked"] is False  # (a config gave a wrong D)
+
+
+def test_bench_quack_row_without_quack_is_an_error_row(monkeypatch):
+    """Where quack cannot be imported the row says so and the run goes on."""
+    import sys
+
+    tool = _bench_tool("gemm")
+    monkeypatch.setitem(sys.modules, "quack", None)
+    monkeypatch.setitem(sys.modules, "quack.gemm_config", None)
+    row = tool.quack_row(8192, 14336, 4096)
+    assert row["name"] == "quack_bf16 8192x14336x4096" and row["error"].startswith("ModuleNotFoundError")
+
+
 GPU_FORMS = [(False, 2), (True, 2), (False, 1), (True, 1)]  # (PINGPONG, CLUSTER_M)
 
 
