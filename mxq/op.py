@@ -575,8 +575,11 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
                                                                                               offset)
     if torch.compiler.is_compiling():
         i = _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format,
-                            _traced_ints(block, BLOCK_SIZES), block_2d, hadamard, stochastic_rounding,
-                            _traced_ints(hadamard_signs, (1, -1)))
+                            _traced_ints(block, BLOCK_SIZES, "block"), block_2d, hadamard, stochastic_rounding,
+                            _traced_ints(hadamard_signs, (1, -1), "hadamard_signs"))
+        if i.startswith(_REFUSED):  # (raised here, in the traced code: mxq's exception, not dynamo's wrapper)
+            kind, message = i[len(_REFUSED):].split(":", 1)
+            raise (TypeError if kind == "TypeError" else ValueError)(message)
         call = Call([x], [], None, noop, out, group_offsets, extra)
         if has_dtensor(call):  # the node runs on the local shards (integrations/distributed.py)
             return getattr(_QUANTIZE_BY_ID, _by_id_name(i))._route(call, traced=True)
@@ -618,16 +621,20 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
     return plan(call) if plan is not None else op._route(call, False, key=key)
 
 
-def _traced_ints(values, choices):
-    """A tuple option of mxq.quantize (``block``, ``hadamard_signs``) with each entry that equals one of ``choices`` as
-    that Python int, while torch.compile traces: under dynamic=True dynamo makes the ints of a
-    closure symbolic, which _quantize_op_id's constant result refuses; a comparison guards on the
-    value and gives the constant. Other entries (bools included) stay as they are, for QuantSpec
-    to name."""
+def _traced_ints(values, choices, name: str):
+    """A tuple option of mxq.quantize (``block``, ``hadamard_signs``: ``name``) with each entry
+    that equals one of ``choices`` as that Python int, while torch.compile traces: under
+    dynamic=True dynamo makes the ints of a closure symbolic, which _quantize_op_id's constant
+    result refuses; a comparison guards on the value and gives the constant. Other ints and bools
+    stay as they are, for QuantSpec to name; an entry of any other type (a float, a tensor: both
+    refused by eager calls, and perhaps symbolic, which no constant can hold) is refused here,
+    naming the option."""
     if not isinstance(values, (tuple, list)):
         return values
     out = []
     for v in values:
+        if not isinstance(v, (int, torch.SymInt)):
+            raise ValueError(f"mxq: {name} must hold ints, got an entry of type {type(v).__name__}")
         for c in choices:
             if not isinstance(v, bool) and v == c:
                 out.append(c)
@@ -641,11 +648,16 @@ def _traced_ints(values, choices):
 def _quantize_op_id(fp8, rowwise, colwise, scale_mode, scale_layout, amax, format="mxfp8", block=None,
                     block_2d=False, hadamard=False, stochastic_rounding=False, hadamard_signs=None) -> str:
     """torch_ops' identity of mxq.quantize's op for these options (validated here; torch.compile
-    runs this while tracing and keeps the identity as a constant)."""
-    op = _quantize_op(QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
-                                scale_layout=scale_layout, amax=amax, format=format, block=block, block_2d=block_2d,
-                                hadamard=hadamard, stochastic_rounding=stochastic_rounding,
-                                hadamard_signs=hadamard_signs))
+    runs this while tracing and keeps the identity as a constant). Options QuantSpec refuses give
+    ``_REFUSED`` + "<exception class>:<message>", which quantize raises in the traced code: an
+    exception raised in here reaches the caller wrapped as dynamo's internal error."""
+    try:
+        spec = QuantSpec(fp8=fp8, rowwise=rowwise, colwise=colwise, scale_mode=scale_mode,
+                         scale_layout=scale_layout, amax=amax, format=format, block=block, block_2d=block_2d,
+                         hadamard=hadamard, stochastic_rounding=stochastic_rounding, hadamard_signs=hadamard_signs)
+    except (TypeError, ValueError) as exc:
+        return f"{_REFUSED}{type(exc).__name__}:{exc}"
+    op = _quantize_op(spec)
     i = torch_ops.op_id(op)
     setattr(_QUANTIZE_BY_ID, _by_id_name(i), op)
     return i
@@ -657,6 +669,7 @@ def _by_id_name(i: str) -> str:
     return "op_" + i.replace(".", "_").replace("-", "_")
 
 
+_REFUSED = "!refused:"  # _quantize_op_id's result for options QuantSpec refuses (no identity starts so)
 _QUANTIZE_OPS: dict = {}  # quantize()'s options as passed -> its op (one dict lookup per call)
 # quantize()'s ops by torch_ops' identity (attribute _by_id_name(identity)), for traced DTensor calls: torch.compile
 # re-reads an attribute at every access, where it would read a dict filled by the trace itself

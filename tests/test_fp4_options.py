@@ -75,6 +75,8 @@ def test_bad_options_are_named(options, match):
     (torch.zeros(4, 32), dict(global_amax=1.0), "global_amax"),
     (torch.zeros(4, 32), dict(seed=3), "seed"),
     (torch.zeros(4, 32), dict(format="nvfp4", global_amax=-1.0), "global_amax"),
+    (torch.zeros(4, 32), dict(format="nvfp4", global_amax=10 ** 400), "global_amax"),  # (no OverflowError)
+    (torch.zeros(4, 32), dict(format="nvfp4", global_amax=1e39), "global_amax"),  # (inf once stored as fp32)
     (torch.zeros(4, 32), dict(format="nvfp4", global_amax=torch.tensor([1.0, 2.0])), "global_amax"),
     (torch.zeros(4, 32), dict(format="nvfp4", global_amax="1"), "global_amax"),
     (torch.zeros(4, 32), dict(format="nvfp4", stochastic_rounding=True, seed=-1), "seed"),

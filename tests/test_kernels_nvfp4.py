@@ -189,6 +189,14 @@ def test_given_amax_and_rng_operands():
     assert groups.tolist() == [1.0, 5.0, 6.0]
     launch.given_amax_first(None, groups, torch.tensor([7.0, 8.0, 9.0]), torch.tensor([1.0]))()
     assert groups.tolist() == [1.0, 5.0, 6.0]
+    # an amax that requires grad (a tensor, a [2] pair, two one-element tensors, under noop too)
+    # gives a slot that does not: the outputs are data
+    for slot, given, noop in ((torch.zeros(()), torch.tensor([3.0], requires_grad=True), None),
+                              (torch.zeros(2), torch.tensor([2.0, 3.0], requires_grad=True), None),
+                              (torch.zeros(2), (torch.tensor(2.0, requires_grad=True), torch.tensor([3.0])), None),
+                              (torch.zeros(2), torch.tensor([2.0, 3.0], requires_grad=True), torch.zeros(1))):
+        launch.given_amax_first(None, slot, given, noop)()
+        assert not slot.requires_grad and slot.reshape(-1)[-1].item() == 3.0
     r = launch.rng_tensor(fp4.CallArgs(seed=2 ** 64 - 5, offset=2 ** 40), "cpu", 64, 64)
     assert r.dtype == torch.int64 and r.tolist() == [-5, 2 ** 40]
     assert launch.rng_tensor(None, "cpu", 64, 64)[1].item() == 0

@@ -431,6 +431,38 @@ def test_a_tuple_option_held_in_a_closure_compiles(dynamic):
         _graphs(lambda u: mxq.quantize(u, format="fp8_block", block=bad), x, dynamic=dynamic)
 
 
+REFUSED_OPTIONS = [  # (options of mxq.quantize eager calls refuse, and the words of the refusal)
+    (dict(fp8="e9m9"), ValueError, "fp8 must be one of"),
+    (dict(format="fp8_block", block=(1.0, 128.0)), ValueError, "block must"),
+    (dict(format="nvfp4", colwise=True, hadamard=True, hadamard_signs=[float(v) for v in [1, -1] * 8]), ValueError,
+     "hadamard_signs must"),
+    (dict(format="nvfp4", colwise=True, hadamard=True, hadamard_signs=[1] * 15), ValueError,
+     "hadamard_signs must be 16 ints"),
+    (dict(format="nvfp4", colwise=True, hadamard=True, hadamard_signs=list(torch.tensor([1, -1] * 8))), ValueError,
+     "hadamard_signs must"),
+]
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("options,exc,words", REFUSED_OPTIONS, ids=["fp8", "float-block", "float-signs", "short-signs",
+                                                                   "tensor-signs"])
+def test_compiled_quantize_refuses_what_eager_refuses_with_mxqs_exception(options, exc, words, dynamic):
+    """Each option an eager call refuses is refused under torch.compile too (floats equal to a
+    block size or a sign are not taken for ints), as mxq's own exception class without fullgraph
+    and as dynamo's Unsupported carrying mxq's message under fullgraph (the validation inside
+    the op's constant identity would otherwise surface as dynamo's internal error)."""
+    x = torch.randn(64, 96, dtype=torch.bfloat16)
+    held = dict(options)  # (held by the closure: under dynamic=True its ints are traced symbolically)
+    with pytest.raises(exc, match=words):
+        mxq.quantize(x, **held)
+    torch._dynamo.reset()
+    with pytest.raises(exc, match=words):
+        torch.compile(lambda u: mxq.quantize(u, **held), backend="aot_eager", dynamic=dynamic)(x)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=words):
+        torch.compile(lambda u: mxq.quantize(u, **held), backend="aot_eager", fullgraph=True, dynamic=dynamic)(x)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
     """NVFP4's own call values under torch.compile: global_amax as a tensor and as a float,

@@ -136,12 +136,13 @@ def given_amax(value, device) -> torch.Tensor | None:
     """A call's ``global_amax`` (fp4.CallArgs) as an fp32 tensor on ``device``, or None: a float
     as 0-d, a pair (hadamard=True's amax and colwise_amax, which the amax_pair buffer takes: two
     floats, or two one-element tensors stacked on their device) as [2], a tensor as it is
-    (validation.check_fp4 has checked its dtype and shape)."""
+    (validation.check_fp4 has checked its dtype and shape), each detached from autograd (the
+    outputs are data, whatever the amax given)."""
     if value is None or isinstance(value, torch.Tensor):
-        return value
+        return value if value is None else value.detach()
     if isinstance(value, (tuple, list)):
         if isinstance(value[0], torch.Tensor):
-            return torch.stack([v.reshape(()) for v in value])
+            return torch.stack([v.detach().reshape(()) for v in value])
         return torch.tensor([float(v) for v in value], dtype=torch.float32, device=device)
     return torch.tensor(float(value), dtype=torch.float32, device=device)
 

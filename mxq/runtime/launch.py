@@ -281,8 +281,8 @@ def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
             value[1].fill_(float(given[1]))
         elif isinstance(given, (tuple, list)):  # (two one-element tensors, stacked on the device)
             value = fp4_layouts.given_amax(given, amax.device)
-        elif isinstance(given, torch.Tensor):
-            value = given.reshape(()) if given.numel() == 1 else given.reshape(amax.shape)
+        elif isinstance(given, torch.Tensor):  # (detached: an amax that requires grad gives outputs that do not)
+            value = given.detach().reshape(()) if given.numel() == 1 else given.detach().reshape(amax.shape)
         else:
             value = float(given)
         if noop is not None:

@@ -181,8 +181,19 @@ def _check_amax_pair(amax, device) -> None:
     for v in amax:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             _fail_type("global_amax", _PAIR, f"a pair holding {type(v).__name__}")
-        if not 0 <= v < float("inf"):
-            raise ValueError(f"mxq: argument 'global_amax' must be finite and >= 0, got {tuple(amax)!r}")
+        _check_amax_value(v, tuple(amax))
+
+
+_FP32_MAX = torch.finfo(torch.float32).max
+
+
+def _check_amax_value(v, shown) -> None:
+    """A Python number given as an amax: >= 0 and at most fp32's largest finite value (it is
+    stored as fp32; a larger finite value would become inf), compared exactly (an int of any size
+    too); ``shown``: what the error repeats of the argument."""
+    if not 0 <= v <= _FP32_MAX:
+        raise ValueError(f"mxq: argument 'global_amax' must be >= 0 and at most fp32's largest finite value "
+                         f"({_FP32_MAX:.8g}), got {shown!r}")
 
 
 def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> None:
@@ -234,8 +245,8 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
             check_one_float32("global_amax", amax, "a one-element float32 tensor or a float", x.device, "the input")
         elif isinstance(amax, bool) or not isinstance(amax, (int, float)):
             _fail_type("global_amax", "a one-element float32 tensor or a float", type(amax).__name__)
-        elif not 0 <= amax < float("inf"):
-            raise ValueError(f"mxq: argument 'global_amax' must be finite and >= 0, got {amax!r}")
+        else:
+            _check_amax_value(amax, amax)
     for name, bound in (("seed", 2 ** 64), ("offset", 2 ** 62)):
         value = getattr(args, name)
         if value is None:
