@@ -24,6 +24,7 @@ import torch
 from .frontend import codegen, gated
 from .runtime import export, ffi, inspection, launch, limits, targets, validation
 from .runtime import gemm as gemm_rt
+from .runtime import operands as operands_mod
 from .runtime.call import FP4_KEYWORDS, Binder, Call, halves_call, has_dtensor, split_halves
 from .integrations import torch_ops
 from .formats import fp4
@@ -172,8 +173,8 @@ class FusedOp:
         """The launcher of ``x``'s (dtype, device) whose allocating route serves a call (_fast),
         or None: ``x`` non-empty below the kernels' size limit, contiguous or a 2-D view of rows
         (the dispatcher's strided kind) whose extent is below it too; ``noop`` and
-        ``group_offsets`` plain tensors, the ends int32 (int64 ones take the checked path, which
-        converts them)."""
+        ``group_offsets`` plain tensors, the ends contiguous int32 (others take the checked path,
+        which converts them)."""
         fast = self._fast.get((x.dtype, x.get_device()))
         if fast is None or not 0 < x.numel() < _FAST_NUMEL:
             return None
@@ -182,8 +183,9 @@ class FusedOp:
             return None
         if noop is not None and noop.__class__ is not _Tensor:
             return None
-        if group_offsets is not None and (group_offsets.__class__ is not _Tensor or group_offsets.dtype != torch.int32):
-            return None
+        if group_offsets is not None and (group_offsets.__class__ is not _Tensor or group_offsets.dtype != torch.int32
+                                          or not group_offsets.is_contiguous()):
+            return None  # (the native route takes contiguous int32 ends; others: the checked path converts them)
         return fast
 
     def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
@@ -218,7 +220,7 @@ class FusedOp:
                              "1x128 FP8 block-scaling outputs, rowwise and/or colwise (and their amax and dbias), "
                              "with an ordinary act or dact, not a gated one")
         act_input = params.pop("act_input", None)
-        taken = [k for k in ("group_offsets", "noop") if params.get(k) is not None]
+        taken = [k for k in ("group_offsets", "noop") if params.pop(k, None) is not None]  # (None: as a call's)
         if taken:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {taken[0]}= (grouped GEMMs and noop are "
                              "calls' keywords it has no route for)")
@@ -244,6 +246,15 @@ class FusedOp:
             others = [*others, gemm_rt.check_act_input(self, a, w, act_input)]
         if traced:
             return torch_ops.gemm_call(self._torch_id, a, w, others, call.scalars)
+        reads = [("a", a), ("w", w), *((f"operand {i + 1}", t) for i, t in enumerate(others))]
+        if act_input is not None:
+            reads[-1] = ("act_input", act_input)
+        if acc_out is not None and out is None:
+            validation.check_apart(None, reads, [("acc_out", acc_out)])
+        if torch.is_grad_enabled():  # (the outputs are data: nothing flows back to a or w)
+            for name, t in (("a", a), ("w", w)):
+                if t.requires_grad:
+                    validation.warn_no_autograd(f"{self.__name__}.gemm", name)
         if out is not None:
             validation.check_out(self.spec, out, a, None, (m, n))
             for name in ("rowwise_data", "colwise_data"):
@@ -256,22 +267,23 @@ class FusedOp:
                 raise ValueError(f"mxq: {self.__name__}.gemm: argument 'out.colwise_data' (the transposed copy, "
                                  "stored 16 bytes at a time) must start on a 16-byte boundary, got address "
                                  f"{out.colwise_data.data_ptr():#x}")
-            reads = [("a", a), ("w", w), *((f"operand {i + 1}", t) for i, t in enumerate(others))]
-            if act_input is not None:
-                reads[-1] = ("act_input", act_input)
-            validation.check_apart(out, reads + ([("acc_out", acc_out)] if acc_out is not None else []))
+            validation.check_apart(out, reads, [("acc_out", acc_out)] if acc_out is not None else [])
         return self._gemm_run(a, w, others, call.scalars, acc_out, out)
 
     def _gemm_run(self, a, w, others, scalars, acc_out=None, out: MXFP8Tensor | None = None) -> MXFP8Tensor:
         """op.gemm's checked call (what the torch operator runs): the fused GEMM on sm_90, else the
         reference on the fp32 matmul; into ``out`` where given (checked by the caller)."""
+        if out is not None:
+            out.label(self.spec)
         if a.is_cuda and targets.device_arch(a.device) == gemm_rt.ARCH:
             if out is None:
                 out = MXFP8Tensor.empty(self.spec, (a.shape[0], w.shape[0]), a.dtype, a.device, row_align=1)
+            others = [operands_mod.unit_stride(t, kind, validation.copied)  # (a dact op's act_input: full)
+                      for t, kind in zip(others, gemm_rt.operand_kinds(a, w, others))]
             return gemm_rt.gemm_op(self, a, w, others, scalars, out, acc_out)
         if a.is_cuda:
             validation.fallback(f"op.gemm runs on sm_90a only, not {targets.device_arch(a.device)}")
-        acc = torch.matmul(a.float(), w.float().t())
+        acc = torch.matmul(a.detach().float(), w.detach().float().t())  # (data: no autograd graph, as the kernel's)
         if acc_out is not None:
             acc_out.copy_(acc)
         given = out

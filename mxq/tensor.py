@@ -59,7 +59,7 @@ def data_rows(t: torch.Tensor, m: int, n: int) -> torch.Tensor | None:
     return v if m <= 1 or v.stride(0) >= n else None
 
 
-@dataclass
+@dataclass(eq=False)  # (identity equality: its fields are tensors, whose == is element-wise)
 class MXFP8Tensor:
     rowwise_data: torch.Tensor | None
     colwise_data: torch.Tensor | None
@@ -175,6 +175,27 @@ class MXFP8Tensor:
             format=spec.format,
             block=spec.block,
         )
+
+    def label(self, spec, group_offsets=None, noop=None) -> "MXFP8Tensor":
+        """This ``out=`` buffer described as what a call of ``spec`` writes into it (every route
+        that takes ``out`` calls this): the spec's scale_mode, no ``colwise_amax`` unless the op's
+        Hadamard transform writes one (its presence says the colwise copy holds transformed
+        values, which ``dequantize`` reads by it), and the call's group ends (a copy, as
+        ``empty`` keeps; None for an ungrouped call). With ``noop`` (a device value: nothing is
+        written where it holds 1) the ends are chosen on the device, the old ones kept where
+        nothing was written; the other two must already be the op's (validation.check_out).
+        Returns ``self``."""
+        self.scale_mode = spec.scale_mode
+        if not spec.hadamard:
+            self.colwise_amax = None
+        old = self.group_offsets
+        if group_offsets is None:
+            self.group_offsets = None
+        elif noop is None or old is None or old.shape != group_offsets.shape:
+            self.group_offsets = group_offsets.clone()
+        else:  # (as op.prepare's grouped launches: launch.grouped_relaunch)
+            self.group_offsets = torch.where(noop.reshape(()) == 1.0, old, group_offsets.to(old.dtype))
+        return self
 
     def compact_scale(self, direction: str = "rowwise") -> torch.Tensor:
         """The scale bytes in compact layout ([M, ceil(N/32)] rowwise, [ceil(M/32), N] colwise;

@@ -77,6 +77,40 @@ def test_out_reuses_gemm_layout_buffers():
         mxq.quantize(x, colwise=True, out=out)  # an MXFP8 op
 
 
+@pytest.mark.parametrize("block, m, n", [((1, 128), 6, 200), ((1, 128), 8, 256), ((128, 128), 200, 300),
+                                          ((128, 128), 130, 130)])
+def test_out_scales_must_keep_the_gemm_layouts_strides(block, m, n):
+    """The gemm layout's scales are views of padded buffers, which the kernels write at the
+    padded offsets (a [M, nb] 1x128 grid M-fastest, rows of roundup(nb, 4) for 128x128): an
+    out= field of the right shape in another layout (a contiguous tensor) is refused by name,
+    on the call's and on op.gemm's route; the same strides on a buffer of one's own are taken."""
+    x = torch.randn(m, n)
+    spec = mxq.op.QuantSpec(format="fp8_block", block=block, scale_layout="gemm")
+    want = mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu").rowwise_scale
+    assert not want.is_contiguous()
+    out = mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu")
+    out.rowwise_scale = torch.zeros(want.shape)
+    with pytest.raises(ValueError, match="out.rowwise_scale' must be laid out"):
+        mxq.quantize(x, format="fp8_block", block=block, scale_layout="gemm", out=out)
+    if block == (1, 128) and n % 8 == 0:
+        op = mxq.fused_quant(format="fp8_block", scale_layout="gemm")(_ident)
+        a, w = torch.randn(m, 32, dtype=torch.bfloat16), torch.randn(n, 32, dtype=torch.bfloat16)
+        out = mxq.MXFP8Tensor.empty(op.spec, (m, n), a.dtype, "cpu", row_align=1)
+        out.rowwise_scale = torch.zeros(want.shape)
+        with pytest.raises(ValueError, match="out.rowwise_scale' must be laid out"):
+            op.gemm(a, w, out=out)
+    own = torch.zeros(want.untyped_storage().nbytes() // 4).as_strided(want.shape, want.stride())
+    out = mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu")
+    out.rowwise_scale = own
+    got = mxq.quantize(x, format="fp8_block", block=block, scale_layout="gemm", out=out)
+    assert torch.equal(got.rowwise_scale, mxq.quantize(x, format="fp8_block", block=block,
+                                                       scale_layout="gemm").rowwise_scale)
+
+
+def _ident(x):
+    return x
+
+
 # -- groups --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("block", [(1, 128), (128, 128)])

@@ -704,6 +704,79 @@ def test_gemm_dispatcher_writes_what_op_gemm_writes(op):
         op.dispatcher(gemm=1)
 
 
+def test_acc_out_sharing_memory_with_an_input_is_refused():
+    """acc_out is written while the inputs are read: one sharing memory with an operand (or a,
+    w, act_input) is refused by name, with or without out= (it was written over the operand the
+    reference then read: wrong bytes, silently)."""
+    a, w = _ab(n=16, k=32)
+    s, r = torch.randn(4, 1, dtype=a.dtype), torch.randn(4, 16, dtype=a.dtype)
+    acc = torch.zeros(4, 16)
+    inside = acc.view(-1).view(a.dtype)[:64].view(4, 16)  # (an operand in acc_out's bytes)
+    inside.copy_(r)
+    out = mxq.MXFP8Tensor.empty(scaled_residual.spec, (4, 16), a.dtype, "cpu", row_align=1)
+    for given in (None, out):
+        with pytest.raises(ValueError, match="'acc_out' overlaps 'operand 2'"):
+            scaled_residual.gemm(a, w, s, inside, alpha=0.5, acc_out=acc, out=given)
+    shared = torch.zeros(4, 16)  # (a's [4, 32] bf16 bytes are an fp32 [4, 16] acc_out's)
+    a_inside = shared.view(a.dtype).view(4, 32)
+    a_inside.copy_(a)
+    with pytest.raises(ValueError, match="'acc_out' overlaps 'a'"):
+        scaled_residual.gemm(a_inside, w, s, r, alpha=0.5, acc_out=shared)
+    got = scaled_residual.gemm(a, w, s, r, alpha=0.5, acc_out=acc)  # (apart: as before)
+    assert compare(got, scaled_residual.reference(acc, s.float(), r.float(), alpha=0.5), exact=False) == []
+
+
+def test_a_w_that_require_grad_are_named_and_outputs_carry_no_graph():
+    """op.gemm's outputs are data: with a w that requires grad (grad mode on) the warning names
+    w, and acc_out (the accumulator) carries no autograd graph."""
+    a, w = _ab(n=16, k=32)
+    acc = torch.zeros(4, 16)
+    w = w.clone().requires_grad_(True)
+    with pytest.warns(UserWarning, match="'w' requires grad"):
+        plus_bias_gemm.gemm(a, w, torch.randn(16, dtype=a.dtype), acc_out=acc)
+    assert not acc.requires_grad and acc.grad_fn is None
+
+
+def test_noop_and_group_offsets_none_are_taken_as_a_calls():
+    a, w = _ab(n=16, k=32)
+    b = torch.randn(16, dtype=a.dtype)
+    want = plus_bias_gemm.gemm(a, w, b)
+    got = plus_bias_gemm.gemm(a, w, b, noop=None, group_offsets=None)
+    assert compare(got, want, exact=True) == []
+    for kw in (dict(noop=torch.zeros(1)), dict(group_offsets=torch.tensor([4], dtype=torch.int32))):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            plus_bias_gemm.gemm(a, w, b, **kw)
+
+
+def test_gemm_dispatcher_refuses_an_untransposed_colwise_buffer():
+    """The transposed colwise copy [N, M] through op.dispatcher(gemm=True): an [M, N] buffer of
+    the same size is refused by name (as the quantize dispatcher refuses it)."""
+    a, w = _ab(m=8, n=16, k=32)
+    dests, _ = _dest_args(plus_bias_tr, 8, 16)
+    dests[3] = torch.empty(8, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="transposed colwise copy"):
+        plus_bias_tr.dispatcher(gemm=True)(a, w, torch.randn(16, dtype=a.dtype), *dests)
+
+
+def test_broadcast_operands_of_other_strides_are_copied_for_the_kernel(monkeypatch):
+    """The GEMM's epilogue reads a row or a column operand of unit stride: a strided or expanded
+    one is copied with the copy's warning (an error under MXQ_STRICT=1); contiguous ones and
+    full ones are passed as they are."""
+    from mxq.runtime import operands, validation
+
+    row = torch.randn(32)[::2]
+    col = torch.randn(4, 2)[:, :1]
+    for t, kind in ((row, "row"), (torch.tensor(1.0).expand(16), "row"), (col, "col")):
+        with pytest.warns(RuntimeWarning, match=f"copies a {kind} operand"):
+            got = operands.unit_stride(t, kind, validation.copied)
+        assert got.is_contiguous() and torch.equal(got, t)
+    for t, kind in ((torch.randn(16), "row"), (torch.randn(4, 1), "col"), (torch.randn(4, 16), "full")):
+        assert operands.unit_stride(t, kind, validation.copied) is t
+    monkeypatch.setenv("MXQ_STRICT", "1")
+    with pytest.raises(Exception, match="copies a row operand"):
+        operands.unit_stride(row, "row", validation.copied)
+
+
 def test_gemm_dispatcher_refuses_what_op_gemm_does_not_serve():
     op = mxq.fused_quant(act="swiglu", colwise=True)(_plus)
     with pytest.raises(ValueError, match="gated"):

@@ -145,6 +145,9 @@ def test_fast_path_takes_only_plain_calls():
     # everything else goes through the checked path (here: the CPU reference)
     assert isinstance(op(x.t()), mxq.MXFP8Tensor)  # not rows of unit stride
     assert isinstance(op(x, group_offsets=ends.long()), mxq.MXFP8Tensor)  # (the checked path converts)
+    strided_ends = torch.tensor([10, 0, 64, 0], dtype=torch.int32)[::2]  # (the native route takes contiguous ends)
+    assert isinstance(op(x, group_offsets=strided_ends), mxq.MXFP8Tensor)
+    assert isinstance(mxq.quantize(x, colwise=True, group_offsets=strided_ends), mxq.MXFP8Tensor)
     assert isinstance(op(x, out=mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")), mxq.MXFP8Tensor)
     assert isinstance(op(torch.nn.Parameter(x, requires_grad=False)), mxq.MXFP8Tensor)  # a subclass
     assert isinstance(op(x[:0]), mxq.MXFP8Tensor)  # empty

@@ -82,3 +82,60 @@ def test_results_carry_their_scale_mode_through_every_route():
 
 def lambda_free_ident(x):
     return x
+
+
+def test_an_out_buffer_describes_the_call_that_wrote_it():
+    """A reused out= is labelled by the call that writes it (MXFP8Tensor.label, on every route:
+    eager, compiled, op.gemm): its scale_mode the op's, no colwise_amax after an op without the
+    Hadamard transform (dequantize reads the colwise copy by it: a stale one decoded the copy
+    as transformed), the call's group ends or none; under noop the ends follow on the device
+    (the old ones kept where nothing was written) and labels a call that may write nothing
+    cannot change are refused. Each label is checked against a fresh call's."""
+    import pytest
+
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    y = torch.randn(32, 64, dtype=torch.bfloat16) * 100
+    kw = dict(format="nvfp4", colwise=True)
+    out = mxq.quantize(x, **kw, hadamard=True)
+    assert out.colwise_amax is not None
+    got, fresh = mxq.quantize(y, **kw, out=out), mxq.quantize(y, **kw)
+    assert got.colwise_amax is None and torch.equal(got.dequantize("colwise"), fresh.dequantize("colwise"))
+    spec = mxq.QuantSpec(format="fp8_block", scale_mode="pow2")
+    for route in ("eager", "compiled"):
+        out = mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu")
+        fn = lambda u, o: mxq.quantize(u, format="fp8_block", scale_mode="fp32", out=o)  # noqa: E731
+        if route == "compiled":
+            torch._dynamo.reset()
+            fn = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        assert fn(x, out).scale_mode == "fp32" and out.scale_mode == "fp32", route
+    grouped = mxq.quantize(x, group_offsets=torch.tensor([8, 32]))  # (rowwise: buffers a plain call takes too)
+    assert grouped.group_offsets is not None and mxq.quantize(x, out=grouped).group_offsets is None
+    a_ends, b_ends = torch.tensor([8, 32], dtype=torch.int32), torch.tensor([16, 32], dtype=torch.int32)
+    for route in ("eager", "compiled"):
+        fn = lambda u, o, e, n: mxq.quantize(u, colwise=True, out=o, group_offsets=e, noop=n)  # noqa: E731
+        if route == "compiled":
+            torch._dynamo.reset()
+            fn = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        out = mxq.MXFP8Tensor.empty(mxq.QuantSpec(colwise=True), x.shape, x.dtype, "cpu", group_offsets=a_ends)
+        fn(x, out, b_ends, torch.ones(1))
+        assert out.group_offsets.tolist() == [8, 32], route  # (nothing written: the old ends)
+        fn(x, out, b_ends, torch.zeros(1))
+        want = mxq.quantize(x, colwise=True, group_offsets=b_ends)
+        assert out.group_offsets.tolist() == [16, 32] and compare(out, want, exact=True) == [], route
+        assert out.group(0).shape[0] == 16
+    out = mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu")
+    with pytest.raises(ValueError, match="with noop"):
+        mxq.quantize(x, format="fp8_block", scale_mode="fp32", out=out, noop=torch.zeros(1))
+    out = mxq.quantize(x, **kw, hadamard=True)
+    with pytest.raises(ValueError, match="with noop"):
+        mxq.quantize(y, **kw, out=out, noop=torch.zeros(1))
+
+
+def test_results_compare_by_identity_and_hash():
+    """Two results are equal only when they are the same object (their tensors' == is
+    element-wise: a dataclass __eq__ raised on any two distinct results), and results hash."""
+    import copy
+
+    t = mxq.quantize(torch.randn(32, 64))
+    assert t == t and (t == copy.deepcopy(t)) is False and t != copy.deepcopy(t)
+    assert len({t, t, copy.deepcopy(t)}) == 2

@@ -619,3 +619,15 @@ def test_op_gemm_operator_passes_opcheck_and_refuses_out_and_the_hook_under_comp
     o = mxq.MXFP8Tensor.empty(gemm_bias.spec, (48, 256), a.dtype, "cpu", row_align=1)
     with pytest.raises(Exception, match="out= serves eager calls only"):
         torch.compile(lambda a, w, b: gemm_bias.gemm(a, w, b, out=o), fullgraph=True)(a, w, b)
+
+
+@pytest.mark.parametrize("ends", [[10, 64], (64,), 64])
+def test_compiled_group_offsets_that_are_not_a_tensor_are_named(ends):
+    """A traced call checks group_offsets' type before the operator's schema refuses it in
+    torch's words: mxq's TypeError naming it, as eager."""
+    x = torch.randn(64, 32)
+    with pytest.raises(TypeError, match="'group_offsets' must be a torch.Tensor"):
+        mxq.quantize(x, colwise=True, group_offsets=ends)
+    torch._dynamo.reset()
+    with pytest.raises(TypeError, match="'group_offsets' must be a torch.Tensor"):
+        torch.compile(lambda u: mxq.quantize(u, colwise=True, group_offsets=ends), backend="aot_eager")(x)

@@ -59,14 +59,20 @@ def swizzled_starts(bnds) -> tuple[list[int], list[int]]:
     return rows, cols
 
 
+def check_type(offsets) -> None:
+    """Raise a TypeError naming ``group_offsets`` unless it is a plain torch.Tensor (what a traced
+    call can check before the operator's schema would refuse it in torch's words)."""
+    if not isinstance(offsets, torch.Tensor) or type(offsets) not in (torch.Tensor,):
+        raise TypeError(f"mxq: argument 'group_offsets' must be a torch.Tensor, got {type(offsets).__name__}")
+
+
 def check(offsets, m: int, device) -> None:
     """Raise a ValueError/TypeError naming ``group_offsets`` unless it is a valid offsets tensor
     for M rows on ``device``. The values (non-decreasing, last == M) are checked on CPU only: on
     CUDA that would be a host sync per call (and impossible inside CUDA-graph capture), so there
     the kernels clamp every end to [0, M] instead (mxq/kernels/grouped.py): bad values give
     unspecified bytes, never an access outside the buffers."""
-    if not isinstance(offsets, torch.Tensor) or type(offsets) not in (torch.Tensor,):
-        raise TypeError(f"mxq: argument 'group_offsets' must be a torch.Tensor, got {type(offsets).__name__}")
+    check_type(offsets)
     if offsets.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"mxq: argument 'group_offsets' must be int32 or int64, got {offsets.dtype}")
     if offsets.dim() != 1 or offsets.numel() == 0:

@@ -54,6 +54,8 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
         bnds = fp4_layouts.group_bounds(group_offsets, spec.colwise, flat_dims(shape)[0])
     if out is None:
         out = MXFP8Tensor.empty(spec, shape, x.dtype, x.device, group_offsets=group_offsets)
+    else:
+        out.label(spec, group_offsets, noop)
     if noop is not None and bool(noop.reshape(-1)[0] == 1.0):
         return out  # write nothing at all
     m, n = flat_dims(shape)
@@ -61,7 +63,6 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
     if group_offsets is not None and bnds is None:
         bnds = groups.bounds(group_offsets)
     if bnds is not None:
-        out.group_offsets = group_offsets.clone()  # what the outputs were laid out by
         # the padding between groups moves with the offsets: a reused out= starts from zero (the
         # kernels write the compact padding rows as zero and launch.bind clears swizzled padding)
         for buf in (out.rowwise_scale if spec.scale_layout == "swizzled" else None, out.colwise_scale):

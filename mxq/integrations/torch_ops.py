@@ -28,7 +28,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .._version import __version__
-from ..formats import fp4, fp4_layouts
+from ..formats import fp4, fp4_layouts, groups
 from ..frontend import gated
 from ..runtime import slots, validation
 from ..runtime.call import Call
@@ -233,6 +233,8 @@ def call(i: str, call: Call):
     tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
+    if group_offsets is not None and not isinstance(group_offsets, torch.Tensor):
+        groups.check_type(group_offsets)  # (the rest of its checks: the operator's eager ones)
     fp4_call = spec.hadamard or spec.stochastic_rounding or fp4_args is not None
     if fp4_call and out is not None:
         raise ValueError("mxq: torch.compile does not trace out= with NVFP4's hadamard, stochastic_rounding, "
@@ -246,10 +248,10 @@ def call(i: str, call: Call):
     tensors = [t.detach() if isinstance(t, torch.Tensor) else t for t in tensors]
     act_input = act_input.detach() if isinstance(act_input, torch.Tensor) else act_input
     if out is not None:  # validated while tracing (static shapes and dtypes), written in place
-        validation.check_out(spec, out, tensors[0], group_offsets, shape)
+        validation.check_out(spec, out, tensors[0], group_offsets, shape, noop)
         outs = [getattr(out, f) for f in slots.OUTPUTS if slots.uses(spec, f)]
         torch.ops.mxq.fused_quant_out(list(tensors), floats, act_input, noop, group_offsets, outs, i)
-        return out
+        return out.label(spec, group_offsets, noop)  # (as the eager routes: what the outputs are laid out by)
     if fp4_call:
         args = fp4_args if fp4_args is not None else fp4.CallArgs()
         validation.check_fp4(spec, args, tensors[0], shape, group_offsets)  # (group values: when the call runs)

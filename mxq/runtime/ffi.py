@@ -230,7 +230,8 @@ def gemm_dispatcher(op):
         want = MXFP8Tensor.empty(spec, shape, a.dtype, "meta", row_align=1)
         fields = {}
         for name in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale"):
-            fields[name] = _destination(dests[name], getattr(want, name), name) if name in written else None
+            fields[name] = (_destination(dests[name], getattr(want, name), name, limits.cpp_transposed(spec))
+                            if name in written else None)
             if name.endswith("data") and fields[name] is not None and not fields[name].is_contiguous():
                 raise ValueError(f"mxq: argument {name!r} of op.gemm must be contiguous (the GEMM writes whole rows)")
         out = MXFP8Tensor(**fields, amax=_destination(dests["amax"], want.amax, "amax") if spec.amax else None,

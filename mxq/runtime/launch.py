@@ -122,9 +122,10 @@ class Launcher:
         grouped = group_offsets is not None
         if out is None:
             out = MXFP8Tensor.empty(spec, shape, x.dtype, x.device, group_offsets=group_offsets)
-        elif grouped:
-            out.group_offsets = group_offsets.clone()  # what the outputs are laid out by
-            _clear_padding(spec, out, noop)
+        else:
+            out.label(spec, group_offsets, noop)  # (the group ends the outputs are laid out by, ...)
+            if grouped:
+                _clear_padding(spec, out, noop)
         kinds = list(operand_kinds or ("full",) * len(tensors)) + (["full"] if spec.dact else [])
         sources = [*tensors, act_input] if spec.dact else list(tensors)
         for name, t, kind in zip((*epi.tensor_params, "act_input"), sources, kinds):
@@ -177,8 +178,8 @@ class Launcher:
     def _dispatch_into(self, call):
         """A call into ``call.out`` through the destination-passing dispatcher (a noop call
         without ``out``: into zeroed outputs; else fresh ones, e.g. swizzled scales, which the
-        allocating route does not make); a grouped call's ``out`` then records the group ends
-        it is laid out by (a copy, as MXFP8Tensor.empty keeps)."""
+        allocating route does not make); a given ``out`` then describes the call
+        (MXFP8Tensor.label: its group ends, scale_mode, colwise_amax)."""
         given = call.out
         call = zeroed_out(self.op.spec, self.op.epilogue, call)
         out, offsets = call.out, call.group_offsets
@@ -188,8 +189,8 @@ class Launcher:
         self.dispatch(*call.tensors, *call.scalars, call.act_input, out.rowwise_data, out.rowwise_scale,
                       out.colwise_data, out.colwise_scale, out.amax, out.dbias, call.noop,
                       *(() if offsets is None else (offsets,)))
-        if given is not None and offsets is not None:  # (outputs made here hold a copy already)
-            given.group_offsets = offsets.clone()
+        if given is not None:  # (outputs made here are labelled already)
+            given.label(self.op.spec, offsets, call.noop)
         return out
 
 

@@ -54,10 +54,23 @@ def as_matrix(t: torch.Tensor, kind: str, m: int, n: int) -> torch.Tensor:
     return t.reshape(1, 1).expand(m, n)
 
 
+def unit_stride(t: torch.Tensor, kind: str, copied) -> torch.Tensor:
+    """A broadcast operand of op.gemm as the GEMM's epilogue reads it (compiled for a row's or a
+    column's unit stride, 0 along the broadcast dimension): a non-contiguous one (a strided or
+    expanded row, a column sliced from a wider tensor) copied, after ``copied(reason)`` (the
+    copy's warning: validation.copied), as a call copies the operands its kernel cannot read in
+    place. Full operands are checked contiguous by runtime/gemm.operand_kinds."""
+    if kind == "full" or t.is_contiguous():
+        return t
+    copied(f"op.gemm copies a {kind} operand of strides {tuple(t.stride())}: the GEMM's epilogue reads "
+           "broadcast operands of unit stride (pass it contiguous to avoid the copy)")
+    return t.contiguous()
+
+
 def is_row_strided(t: torch.Tensor, n: int) -> bool:
     """A 2-D view the kernels take as is: last stride 1 and a row stride of at least N (not the
     contiguous row stride N itself: that is a plain full operand)."""
     return t.dim() == 2 and t.stride(-1) == 1 and t.stride(0) > n and t.shape[0] > 1
 
 
-__all__ = ["BROADCAST_STRIDES", "KINDS", "as_matrix", "is_row_strided", "kind_of"]
+__all__ = ["BROADCAST_STRIDES", "KINDS", "as_matrix", "is_row_strided", "kind_of", "unit_stride"]

@@ -115,7 +115,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
     if spec.is_fp4 or fp4_args is not None:
         check_fp4(spec, fp4_args, f, gated.out_shape(epilogue, f.shape), group_offsets)
     if out is not None:
-        check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape))
+        check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape), noop)
         check_out_apart(epilogue, call)
     if torch.is_grad_enabled():
         for name, t in (*zip(names, tensors), ("act_input", act_input)):
@@ -135,11 +135,13 @@ def _span(t: torch.Tensor):
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
-def check_apart(out: MXFP8Tensor, reads) -> None:
-    """``out``'s tensors must not share memory with each other or with a tensor the call reads
-    (``reads``: (name, tensor) pairs): the kernels read each input once and write each output
-    once, so a shared byte would be written while it is read, or twice (wrong bytes, silently)."""
-    spans = [(f"out.{f}", _span(getattr(out, f))) for f in OUT_FIELDS if getattr(out, f) is not None]
+def check_apart(out: MXFP8Tensor | None, reads, writes=()) -> None:
+    """``out``'s tensors and ``writes`` (further (name, tensor) outputs, e.g. op.gemm's acc_out)
+    must not share memory with each other or with a tensor the call reads (``reads``: (name,
+    tensor) pairs): the kernels read each input once and write each output once, so a shared
+    byte would be written while it is read, or twice (wrong bytes, silently)."""
+    spans = [(f"out.{f}", _span(getattr(out, f))) for f in OUT_FIELDS if out is not None and getattr(out, f) is not None]
+    spans += [(n, _span(t)) for n, t in writes]
     others = [(n, _span(t)) for n, t in reads]
     for i, (name, a) in enumerate(spans):
         for other, b in spans[:i] + others:
@@ -285,9 +287,13 @@ def check_scalars(names, scalars) -> None:
                                  "for a float") from None
 
 
-def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=None, shape=None) -> None:
+def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=None, shape=None,
+              noop=None) -> None:
     """``out`` must hold exactly the tensors ``spec`` writes, shaped as MXFP8Tensor.empty makes them
-    for outputs of ``shape`` (default: x's; mxq/frontend/gated.py's two-halves ops write wider ones)."""
+    for outputs of ``shape`` (default: x's; mxq/frontend/gated.py's two-halves ops write wider ones).
+    With ``noop`` it must already be described as this op's outputs (its scale_mode, and a
+    ``colwise_amax`` only with the Hadamard transform): a call that may write nothing cannot
+    relabel it (MXFP8Tensor.label)."""
     if not isinstance(out, MXFP8Tensor):
         _fail_type("out", "an MXFP8Tensor", type(out).__name__)
     shape = x.shape if shape is None else shape
@@ -315,12 +321,34 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
                 raise ValueError(f"mxq: argument 'out.{field}' must be contiguous or rows of unit stride at least "
                                  f"{n} elements apart (MXFP8Tensor.empty(..., row_align=16)), got strides "
                                  f"{tuple(g.stride())}")
-        elif not g.is_contiguous() and g.stride() != w.stride():  # (GEMM-ready fp32 scales are views)
+        elif field.endswith("_scale") and not _laid_out_as(g, w):
+            raise ValueError(f"mxq: argument 'out.{field}' must be laid out as MXFP8Tensor.empty makes it: "
+                             + ("contiguous" if w.is_contiguous() else
+                                f"strides {tuple(w.stride())} (a view of a padded buffer: the GEMM-ready layout)")
+                             + f", got strides {tuple(g.stride())}")
+        elif not field.endswith("_scale") and not g.is_contiguous() and g.stride() != w.stride():
             raise ValueError(f"mxq: argument 'out.{field}' must be contiguous")
     if out.fp8 != spec.fp8 or out.scale_layout != spec.scale_layout or (out.format, out.block) != (spec.format,
                                                                                                   spec.block):
         raise ValueError(f"mxq: argument 'out' is {out.format} {out.block} {out.fp8}/{out.scale_layout} but the op "
                          f"writes {spec.format} {spec.block} {spec.fp8}/{spec.scale_layout}")
+    if noop is not None and (out.scale_mode not in (None, spec.scale_mode)
+                             or (out.colwise_amax is not None and not spec.hadamard)):
+        raise ValueError(f"mxq: argument 'out' with noop: out holds outputs of scale_mode={out.scale_mode!r}"
+                         f"{' with the Hadamard transform' if out.colwise_amax is not None else ''}, which a call "
+                         f"that writes nothing cannot relabel; this op writes scale_mode={spec.scale_mode!r}"
+                         f"{' with the transform' if spec.hadamard else ''} (pass an out made for it: "
+                         "MXFP8Tensor.empty(op.spec, ...))")
+
+
+def _laid_out_as(g: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether ``g`` (of ``w``'s shape) has ``w``'s layout: contiguous where ``w`` is, else
+    ``w``'s strides on every dimension longer than 1 (the GEMM-ready scales are views of padded
+    buffers, which the kernels write at the padded offsets; a dimension of one element has no
+    stride to keep)."""
+    if w.is_contiguous():
+        return g.is_contiguous()
+    return all(a == b for a, b, size in zip(g.stride(), w.stride(), w.shape) if size > 1)
 
 
 _warned: set = set()
