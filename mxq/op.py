@@ -42,6 +42,7 @@ class FusedOp:
     """One fused MXFP8 quantization op: an epilogue plus a QuantSpec."""
 
     def __init__(self, fn, spec: QuantSpec, epilogue: Epilogue | None = None):
+        functools.update_wrapper(self, fn)  # (first: an attribute of fn's named like one of the op's is the op's)
         self.fn = fn
         self.spec = spec
         self.epilogue = epilogue if epilogue is not None else parse(fn)
@@ -62,10 +63,9 @@ class FusedOp:
         # FP8 block scaling's transposed copy and fp32 colwise or grouped calls on the aligned
         # vectorised kernel, serve aligned inputs alone): then its key holds it
         self._key_aligned = spec.is_fp4 or spec.format == "fp8_block"
-        functools.update_wrapper(self, fn)
 
     # -- calling ---------------------------------------------------------------------------
-    def __call__(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
+    def __call__(self, /, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
         traced = torch.compiler.is_compiling()  # torch.compile: one operator node (integrations/torch_ops.py)
         if not traced and self._fast and out is None:
@@ -188,14 +188,14 @@ class FusedOp:
             return None  # (the native route takes contiguous int32 ends; others: the checked path converts them)
         return fast
 
-    def reference(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
+    def reference(self, /, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
         """The torch reference result, on whatever device the inputs are."""
         op, call = self._lower(self._bind_call(args, kwargs, act_input, noop, out, group_offsets))
         validation.check_call(op.spec, op.epilogue, call)
         return op._reference_run(call)
 
-    def gemm(self, a, w, *operands, out: MXFP8Tensor | None = None, acc_out=None, **params) -> MXFP8Tensor:
+    def gemm(self, a, w, /, *operands, out: MXFP8Tensor | None = None, acc_out=None, **params) -> MXFP8Tensor:
         """The op applied to the GEMM ``a @ w.T`` in the GEMM's epilogue: a [M, K], w [N, K]
         (bf16 or fp16, K-major), the accumulator (fp32) as the epilogue's first tensor; the
         other tensors (``operands``: [M, N], a row [N], a column [M, 1] or a scalar, in a's
@@ -302,7 +302,7 @@ class FusedOp:
         given.dbias.copy_(res.dbias)
         return given
 
-    def prepare(self, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
+    def prepare(self, /, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                 **kwargs):
         """Check and bind one call on CUDA tensors once; return (launch, out) where ``launch()``
         re-runs the kernel into ``out`` with no Python checks or allocation (for CUDA graphs and

@@ -634,3 +634,96 @@ def test_epilogue_typed_in_says_why_and_the_fix(how):
     assert last.startswith(f"mxq.EpilogueError: {where}:2: cannot read the source of 'f'"), last
     assert "Python keeps no source for a function typed into an interactive session, `python -c` or stdin" in last
     assert last.endswith("define it in a .py file (a module) and import it from there"), last
+
+
+def _neg_zero_int(x):
+    return x + -0
+
+
+def _neg_neg_neg_zero(x):
+    return x * 1.0 + -(-(-0))
+
+
+def _neg_zero_float(x):
+    return x * 1.0 + -0.0
+
+
+def test_signs_on_a_literal_are_pythons_then_rounded_once():
+    """``-0`` is the int 0 (Python negates the int): x + -0 keeps x = -0.0 at -0.0 + 0 = +0.0 (byte
+    0x00), as Python and torch compute it; a float literal's sign stays (-0.0); a sign on a
+    literal too large for fp32 rounds to inf as the literal does."""
+    x = torch.tensor([[-0.0] * 32])
+    for fn in (_neg_zero_int, _neg_neg_neg_zero, _neg_zero_float):
+        got = mxq.fused_quant(fn)(x)
+        want = mxq.quantize(fn(x))  # (Python's own evaluation, then the plain cast)
+        assert torch.equal(got.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8)), fn.__name__
+    assert math.copysign(1, parse(_neg_zero_int).expr.b.value) == 1  # (x + Const(+0.0))
+    assert math.copysign(1, parse(_neg_zero_float).expr.b.value) == -1
+
+
+Y_GLOBAL = 3.0
+
+
+def _reads_a_local_first(x):
+    z = x * Y_GLOBAL
+    Y_GLOBAL = 2.0  # noqa: F841 (a local of the same name as the global: Python's read above raises)
+    return z
+
+
+def _augments_an_unset_local(x):
+    Y_GLOBAL += x  # noqa: F821
+    return Y_GLOBAL
+
+
+def test_a_local_read_before_it_is_assigned_is_refused():
+    """Python raises UnboundLocalError where a function reads a local before assigning it; the
+    parser refused nothing and read the module global of that name instead."""
+    for fn in (_reads_a_local_first, _augments_an_unset_local):
+        with pytest.raises(UnboundLocalError):
+            fn(torch.ones(1))
+        with pytest.raises(EpilogueError, match="'Y_GLOBAL' is read before it is assigned"):
+            mxq.fused_quant(fn)
+
+
+def _named_self(self, y):
+    return self + y
+
+
+def _floats_named_a_w(acc, a: float = 1.0, w: float = 2.0):
+    return acc * a + w
+
+
+def _named_acc_out(x, acc_out: float = 1.0):
+    return x * acc_out
+
+
+def test_parameters_named_like_the_ops_own_arguments():
+    """A parameter named self binds by keyword (the op's methods take self positionally only);
+    op.gemm's a and w are positional, so floats named a and w bind by keyword; acc_out, op.gemm's
+    own keyword, is refused at decoration like the call's keywords."""
+    x, y = torch.randn(4, 32), torch.randn(4, 32)
+    op = mxq.fused_quant(_named_self)
+    want = mxq.quantize(x + y)
+    for got in (op(self=x, y=y), op.reference(self=x, y=y), op(x, y)):
+        assert torch.equal(got.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+    g = mxq.fused_quant(format="fp8_block")(_floats_named_a_w)
+    a, w = torch.randn(4, 32, dtype=torch.bfloat16), torch.randn(16, 32, dtype=torch.bfloat16)
+    got = g.gemm(a, w, a=0.5, w=0.25)
+    want = g.reference(torch.matmul(a.float(), w.float().t()), a=0.5, w=0.25)
+    assert torch.equal(got.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+    with pytest.raises(EpilogueError, match="acc_out"):
+        mxq.fused_quant(_named_acc_out)
+
+
+def _carries_attributes(x):
+    return x
+
+
+_carries_attributes.spec = "the function's own"
+_carries_attributes.note = "kept"
+
+
+def test_the_functions_attributes_do_not_replace_the_ops():
+    op = mxq.fused_quant(_carries_attributes)
+    assert isinstance(op.spec, mxq.QuantSpec) and op.note == "kept" and op.__name__ == "_carries_attributes"
+    assert op(torch.randn(4, 32)).rowwise_data.shape == (4, 32)

@@ -119,6 +119,19 @@ def _construct(node: ast.AST) -> str:
     return _CONSTRUCT_NAMES.get(type(node), type(node).__name__)
 
 
+def _signed_literal(node: ast.AST):
+    """The Python value of a literal number under unary signs (``-0``, ``-(-1.5)``, ``+2``), or
+    None: a sign on a literal is folded as Python computes it, before the one rounding to fp32
+    (negating the rounded value would make ``-0`` the float -0.0)."""
+    signs = 1
+    while isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        signs = -signs if isinstance(node.op, ast.USub) else signs
+        node = node.operand
+    if not isinstance(node, ast.Constant) or isinstance(node.value, bool) or not isinstance(node.value, (int, float)):
+        return None
+    return node.value if signs == 1 else -node.value
+
+
 class _Parser:
     def __init__(self, fn, file: str, first_line: int):
         self.fn, self.file, self.first_line = fn, file, first_line
@@ -215,6 +228,9 @@ class _Parser:
     def _exit(self, node: ast.AST, args: list[ir.Expr]) -> ir.Expr:
         if isinstance(node, ast.UnaryOp):
             a = args[0]
+            literal = _signed_literal(node)
+            if literal is not None:  # (signs on a literal taken as Python does, then rounded once: -0 is 0)
+                return ir.Const(ir.f32(self.number(node, literal, "this constant", "constant")))
             if isinstance(node.op, ast.USub):
                 return ir.Const(-a.value) if isinstance(a, ir.Const) else ir.Unary("neg", a)
             return a
@@ -259,6 +275,9 @@ class _Parser:
             self.fail(node, f"dunder name {node.id!r} is not allowed in an epilogue", "dunder name")
         if node.id in self.env:
             return self.env[node.id]
+        if node.id in self.fn.__code__.co_varnames:  # (a local of the function, not assigned yet: Python raises)
+            self.fail(node, f"local variable {node.id!r} is read before it is assigned (Python raises "
+                      "UnboundLocalError here; a module global of that name is not read)", "unassigned local")
         value = self.lookup(node)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(node, f"captured value {node.id!r} is a {type(value).__name__}; an epilogue may "

@@ -112,10 +112,10 @@ class Binder:
     def __init__(self, fn, epilogue: Epilogue, reserved: tuple = ()):
         """``reserved``: call keywords of the op beyond KEYWORDS (an FP4 op's FP4_KEYWORDS)."""
         keywords = KEYWORDS + tuple(reserved)
-        clash = set(epilogue.param_order) & set(keywords)
+        clash = set(epilogue.param_order) & {*keywords, "acc_out"}  # (and op.gemm's own keyword)
         if clash:
             raise EpilogueError(f"parameter name(s) {sorted(clash)} are reserved for the call "
-                                f"({', '.join(keywords)})", inspect.getsourcefile(fn) or "<unknown>",
+                                f"({', '.join(keywords)}, and op.gemm's acc_out)", inspect.getsourcefile(fn) or "<unknown>",
                                 fn.__code__.co_firstlineno, "parameter name")
         self.name, self.order = epilogue.name, epilogue.param_order
         self.signature = inspect.signature(fn)
