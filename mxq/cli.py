@@ -376,5 +376,10 @@ def main(argv=None) -> int:
         if not str(exc).startswith("mxq:"):
             raise  # not one of mxq's messages to users: a bug, keep the traceback
         return _fail(str(exc))
+    except RuntimeError as exc:  # (a compile the kernels refuse for an option and dtype: their own words)
+        cause = exc.__cause__
+        if not (isinstance(cause, NotImplementedError) and str(cause).startswith("mxq:")):
+            raise
+        return _fail(str(cause))
     except OSError as exc:  # unreadable/unwritable paths the user named (--ptx, --dir)
         return _fail(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc))

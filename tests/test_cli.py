@@ -384,3 +384,27 @@ def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path):
     r = run("export", "--colwise", "--dir", str(blocker / "out"), tmp_path=tmp_path)
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1].startswith(f"mxq: {blocker / 'out'}"), r.stderr[-500:]
+
+
+def test_an_option_the_kernels_refuse_for_a_dtype_is_one_mxq_line(tmp_path):
+    """A compile the kernels refuse for an option and dtype (the Hadamard transform takes bf16
+    inputs only) prints their mxq: message and exits 2, with no traceback."""
+    r = run("compile", "--format", "nvfp4", "--colwise", "--hadamard", "--dtype", "fp16", tmp_path=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("mxq:") and "bf16" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_fp4_for_sm89_is_refused_by_name(fmt, tmp_path):
+    """FP4's encode has no sm_89 form (ptxas refuses its bf16x2 / u16x2 arithmetic there): compile
+    and export refuse the arch by name before compiling, one mxq: line, exit 2 (sm_90 compiles)."""
+    for cmd in (["compile"], ["export", "--dir", str(tmp_path / "lib")]):
+        r = run(*cmd, "--format", fmt, "--arch", "sm_89", tmp_path=tmp_path)
+        assert r.returncode == 2 and r.stderr.startswith("mxq:") and "sm_90 or newer" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    from mxq.runtime import limits
+
+    spec = mxq.QuantSpec(format=fmt)
+    assert limits.arch_gap(spec, "sm_89") and limits.arch_gap(spec, "sm_90") is None
+    assert limits.arch_gap(spec, "sm_100a") is None and limits.arch_gap(spec, "sm_120f") is None
+    assert limits.arch_gap(mxq.QuantSpec(), "sm_89") is None

@@ -1273,3 +1273,18 @@ def test_grouped_colwise_scale_columns(fmt, rows):
                     want = fp4_layouts.first_colwise_block(g, start, fmt) + (r0 + w0 * 8 - start) // block
                     assert col == want and col not in seen and col < m // block + len(groups), (m, g, b, w0)
                     seen.add(col)
+
+
+def test_an_sm89_gpu_runs_fp4_on_the_reference(monkeypatch):
+    """limits.fp4_unserved on an sm_89 device: FP4's encode has no form there, so the call runs
+    the reference (with the fallback's warning) instead of failing to compile."""
+    from mxq.runtime import limits
+
+    class _OnAda:  # (a CUDA tensor's two attributes the check reads first)
+        is_cuda = True
+        device = "cuda:0"
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    for fmt in ("nvfp4", "mxfp4"):
+        op = mxq.fused_quant(format=fmt)(ident)
+        assert "sm_90 or newer" in limits.fp4_unserved(op.spec, op.epilogue, _OnAda(), None)

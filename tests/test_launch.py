@@ -209,3 +209,40 @@ def test_noop_in_every_format_on_the_reference():
         for dtype in (torch.bfloat16, torch.float32):
             check_noop(fmt, opts, dtype, "cpu")
 
+
+
+def _ident_for_empty(x):
+    return x
+
+
+def test_an_empty_call_zeroes_its_dbias_and_amax_on_every_route():
+    """A call on an empty input writes the reference's zeros into the dbias and amax its op owns
+    (a reused out= held other values): eager (Launcher.run), prepared (each launch), and
+    not where noop holds 1 (chosen on the device: no host read). The binding of an empty call
+    compiles nothing, so this runs on CPU tensors."""
+    import mxq
+    from mxq.runtime.call import Call
+    from mxq.runtime.launch import Launcher
+
+    op = mxq.fused_quant(colwise=True, dbias=True, amax=True)(_ident_for_empty)
+    x = torch.zeros(0, 128, dtype=torch.bfloat16)
+    launcher = Launcher(op, "sm_90", "bf16", None)
+
+    def stale():
+        out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+        out.dbias.fill_(7.0)
+        out.amax.fill_(5.0)
+        return out
+
+    want = op.reference(x)
+    assert float(want.amax) == 0.0 and not bool(want.dbias.any())
+    got = launcher.run(Call([x], [], None, None, stale(), None, None), None)
+    assert float(got.amax) == 0.0 and not bool(got.dbias.any())
+    launch, got = launcher.prepare(Call([x], [], None, None, stale(), None, None), None)
+    launch()
+    assert float(got.amax) == 0.0 and not bool(got.dbias.any())
+    for held, zeroed in ((1.0, False), (0.0, True)):
+        noop = torch.tensor([held])
+        launch, got = launcher.prepare(Call([x], [], None, noop, stale(), None, None), None)
+        launch()
+        assert (float(got.amax) == 0.0) == zeroed and (not bool(got.dbias.any())) == zeroed

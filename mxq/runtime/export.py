@@ -133,6 +133,9 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     """
     layouts = check_operands(op, operands)
     arch = targets.normalize_arch(arch)
+    gap = limits.arch_gap(op.spec, arch)
+    if gap:
+        raise ValueError(f"mxq: export(): {gap}")
     dtype = targets.normalize_dtype(dtype)
     name = check_name(f"mxq_{op.epilogue.name}" if name is None else name)
     if not isinstance(directory, (str, os.PathLike)):

@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import cache, targets
+from . import cache, limits, targets
 from .compiler import VARIANTS, compile_op
 
 
@@ -26,6 +26,9 @@ def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec
     "fp16", "fp32" or the torch dtype; ``arch``: one of targets.SUPPORTED_ARCHS."""
     arch = targets.normalize_arch(arch)
     dtype = targets.normalize_dtype(dtype)
+    gap = limits.arch_gap(op.spec, arch)
+    if gap:
+        raise ValueError(f"mxq: asm(): {gap}")
     if variant not in VARIANTS:
         raise ValueError(f"mxq: variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant, layouts=layouts)

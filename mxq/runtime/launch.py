@@ -94,18 +94,18 @@ class Launcher:
         """``op.prepare``'s (launch, out): the call bound once, ``launch()`` re-running it with no
         checks (a grouped call re-reads its offsets at every launch: grouped_relaunch)."""
         fn, fargs, out = self.bind(call, operand_kinds)
-        if fn is None:
-            return (lambda: None), out
+        if fn is None:  # (an empty call: its dbias and amax still become the reference's zeros)
+            return (lambda: _empty_call(self.op.spec, out, call.noop)), out
         if call.group_offsets is None:
             return (lambda: fn(*fargs)), out
         return grouped_relaunch(fn, fargs, out, call.group_offsets, call.noop, self.op.spec), out
 
     def _launch(self, fn, args, out, noop):
-        """Launch a bound call; an empty one (no function) still owes dbias its zeros."""
+        """Launch a bound call; an empty one (no function) still owes dbias and amax their zeros."""
         if fn is not None:
             fn(*args)
-        elif self.op.spec.dbias and (noop is None or bool(noop.reshape(-1)[0] != 1.0)):
-            out.dbias.zero_()
+        else:
+            _empty_call(self.op.spec, out, noop)
         return out
 
     def bind(self, call, operand_kinds=None):
@@ -296,6 +296,20 @@ def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
             fn(*args)
 
     return launch
+
+
+def _empty_call(spec, out: MXFP8Tensor, noop) -> None:
+    """What a call on an empty input writes: zeros into the dbias and amax the op owns (the
+    reference's sums and maxima of nothing; with the Hadamard transform both amax entries), unless
+    ``noop`` holds 1 (chosen on the device: no host sync, CUDA-graph safe)."""
+    for t in (out.dbias if spec.dbias else None, out.amax if spec.amax or spec.format == "nvfp4" else None,
+              out.colwise_amax):
+        if t is None:
+            continue
+        if noop is None:
+            t.zero_()
+        else:
+            t.copy_(torch.where(noop.reshape(()) == 1.0, t, torch.zeros((), dtype=t.dtype, device=t.device)))
 
 
 def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):

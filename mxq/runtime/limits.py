@@ -46,6 +46,16 @@ def unserved(spec, epilogue, x: torch.Tensor, smem_shortfall, call=None) -> str 
     return None
 
 
+def arch_gap(spec, arch: str) -> str | None:
+    """What of ``spec`` the kernels cannot compile for ``arch`` (a targets.SUPPORTED_ARCHS name),
+    or None: FP4's encode (sm_90's lane rule on bf16x2 and u16x2 words, sm_100's cvt) has no
+    sm_89 form (ptxas refuses mul.bf16x2 and min.u16x2 below sm_90)."""
+    digits = "".join(c for c in arch[3:] if c.isdigit())  # ("sm_89" -> 8, "sm_90a" -> 9, "sm_100a" -> 10)
+    if spec.is_fp4 and int(digits[:-1]) < 9:
+        return f"format={spec.format!r} needs sm_90 or newer (its E2M1 encode works on bf16x2 and u16x2 words), not {arch}"
+    return None
+
+
 def fp8_block_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     """What of an FP8 block-scaling call the kernels do not serve, or None: fp8_block_gap for the
     call's dtype and groups; the GEMM-ready transposed colwise copy from rows that are not aligned
@@ -138,6 +148,9 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
+    major = torch.cuda.get_device_capability(x.device)[0] if x.is_cuda else 9  # (CPU tensors: the rules below)
+    if major < 9:
+        return f"needs sm_90 or newer (its E2M1 encode works on bf16x2 and u16x2 words), not sm_{major}x"
     if gated.is_halves(epilogue):  # (the packed kernel's two passes; the options whose words or tiles
         # are placed by the input's columns stay on the reference)
         flag = next((f for f in ("stochastic_rounding", "hadamard", "block_2d") if getattr(spec, f)), None)
