@@ -296,9 +296,9 @@ def cmd_compile(args) -> int:
 
 def cmd_export(args) -> int:
     op = _op_from_args(args)
-    operands = tuple(args.operands.split(",")) if args.operands else None
+    operands = tuple(args.operands.split(",")) if args.operands is not None else None
     with _in_flags():
-        name = args.name or (None if args.target else BUILTIN_EXPORT_NAME)  # (None: FusedOp.export's default)
+        name = args.name if args.name is not None else (None if args.target else BUILTIN_EXPORT_NAME)  # (None: FusedOp.export's default)
         info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=name, grouped=args.grouped,
                          operands=operands)
     print(f"library  {info['library']}")

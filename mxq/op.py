@@ -314,9 +314,11 @@ class FusedOp:
     def _prepare(self, call: Call):
         validation.check_call(self.spec, self.epilogue, call, prepare=True)
         x = call.tensors[0]
-        launcher = self._launcher_for(x) if x.is_cuda and not self._unserved(x, call) else None
+        unserved = self._unserved(x, call) if x.is_cuda else "the input is not a CUDA tensor"
+        launcher = self._launcher_for(x) if not unserved else None
         if launcher is None:
-            raise ValueError("mxq: prepare() needs CUDA tensors that a compiled kernel serves")
+            why = unserved or "no kernel serves this GPU"
+            raise ValueError(f"mxq: prepare() needs CUDA tensors that a compiled kernel serves: {why}")
         tensors, act_input, layouts = validation.operand_layouts(call.tensors, call.act_input, copy=False)
         call = launch.zeroed_out(self.spec, self.epilogue, call._replace(tensors=tensors, act_input=act_input))
         return launcher.prepare(call, layouts)
@@ -515,7 +517,8 @@ class GatedOp(FusedOp):
         if gap:
             raise ValueError(f"mxq: export(): {gap}, so it has no C++ route; call the op from Python")
         limits.refuse_unlaunchable("export()", self.inner._packed_smem_shortfall, dtype)
-        return self.inner._export(directory, arch, dtype, name or f"mxq_{self.epilogue.name}", grouped, kinds, note,
+        return self.inner._export(directory, arch, dtype, f"mxq_{self.epilogue.name}" if name is None else name,
+                                  grouped, kinds, note,
                                   n_multiple=mult)
 
     @property

@@ -408,3 +408,17 @@ def test_fp4_for_sm89_is_refused_by_name(fmt, tmp_path):
     assert limits.arch_gap(spec, "sm_89") and limits.arch_gap(spec, "sm_90") is None
     assert limits.arch_gap(spec, "sm_100a") is None and limits.arch_gap(spec, "sm_120f") is None
     assert limits.arch_gap(mxq.QuantSpec(), "sm_89") is None
+
+
+def test_empty_name_and_operands_are_refused_not_ignored(tmp_path):
+    """--name '' and --operands '' are values (refused by name), not the options left out."""
+    for flag in ("--name", "--operands"):
+        r = run("export", "--dir", str(tmp_path / "lib"), flag, "", tmp_path=tmp_path)
+        assert r.returncode == 2 and r.stderr.startswith("mxq:") and flag[2:] in r.stderr, (flag, r.stderr)
+    op = mxq.fused_quant(act="swiglu")(_gate_ident)
+    with pytest.raises(ValueError, match="name"):
+        op.export(tmp_path / "gated", name="")
+
+
+def _gate_ident(x):
+    return x

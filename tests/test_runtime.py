@@ -302,3 +302,9 @@ def test_gated_forward_fast_path_splits_each_operand_by_its_kind():
     with pytest.raises(ValueError, match="'b'"):
         op(w, torch.randn(64, dtype=torch.bfloat16), w, 0.5)
     assert len(fake.calls) == 3
+
+
+def test_prepare_says_why_it_cannot_prepare():
+    x = torch.randn(8, 64)
+    with pytest.raises(ValueError, match="prepare\\(\\) needs CUDA tensors .*: the input is not a CUDA tensor"):
+        mxq.fused_quant(colwise=True)(_ident).prepare(x)
