@@ -1066,3 +1066,38 @@ def test_exported_grouped_and_gated_functions_run_on_cuda(grouped_gated_libs):
                      torch.empty(cdiv(m, 128), 2 * n, device="cuda"), torch.zeros(1, device="cuda"))
     torch.cuda.synchronize()
     assert compare(got, want, True) == []
+
+
+def test_the_headers_key_bits_are_quantspecs():
+    """mxq/include/mxq/mxq.hpp's KeyBits name every bit QuantSpec.key sets (a C++ caller builds keys
+    from them): each flag constant equals the bit the matching option sets, each shift the
+    position of its field."""
+    import re
+    from pathlib import Path
+
+    from mxq.frontend.spec import QuantSpec
+
+    text = (Path(mxq.__file__).parent / "include" / "mxq" / "mxq.hpp").read_text()
+    enum = text[text.index("enum KeyBits"):]
+    enum = enum[:enum.index("};")]
+    bits = {name: 1 << int(b) for name, b in re.findall(r"(k\w+) = 1u << (\d+)", enum)}
+    shifts = {name: int(v) for name, v in re.findall(r"(k\w+Shift) = (\d+)", enum)}
+    base = QuantSpec(rowwise=True).key("fp32")
+
+    def flag(**options):
+        return QuantSpec(**options).key("fp32") ^ base
+
+    assert bits["kColwise"] == flag(colwise=True) & bits["kColwise"] and bits["kE5M2"] == flag(fp8="e5m2")
+    assert bits["kSwizzled"] == flag(scale_layout="swizzled") and bits["kAmax"] == flag(amax=True)
+    assert bits["kDbias"] == flag(dbias=True) and bits["kGated"] == flag(act="swiglu") ^ (2 << shifts["kActShift"])
+    assert bits["kFp8Block"] == flag(format="fp8_block") ^ (base & bits["kFp8Block"])
+    fmt = bits["kFormatHigh"] | bits["kFp8Block"]  # (the format's two bits: NVFP4 also sets kAmax, its amax)
+    assert flag(format="nvfp4") & fmt == bits["kFormatHigh"] and flag(format="mxfp4") & fmt == fmt
+    nv = QuantSpec(format="nvfp4").key("fp32")
+    assert QuantSpec(format="nvfp4", block_2d=True).key("fp32") ^ nv == bits["kTiles128"]
+    assert QuantSpec(format="nvfp4", colwise=True, hadamard=True).key("bf16") ^ QuantSpec(
+        format="nvfp4", colwise=True).key("bf16") == bits["kHadamard"]
+    assert QuantSpec(format="nvfp4", stochastic_rounding=True).key("fp32") ^ nv == bits["kStochasticRounding"]
+    assert flag(scale_mode="floor") == 1 << shifts["kScaleModeShift"]
+    assert QuantSpec().key("bf16") ^ QuantSpec().key("fp32") == 2 << shifts["kDtypeShift"]
+    assert flag(dact="gelu") == 1 << shifts["kDactShift"]

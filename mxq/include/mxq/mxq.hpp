@@ -69,8 +69,12 @@ enum KeyBits : uint32_t {
   kDactShift = 10,
   kDbias = 1u << 13,
   kDtypeShift = 14,  // 0 fp32, 1 fp16, 2 bf16
-  kFp8Block = 1u << 17,  // format fp8_block (kSwizzled then selects its gemm layout)
-  kTiles128 = 1u << 18,  // fp8_block's 128x128 blocks
+  kGated = 1u << 16,  // act / dact is the gated form of its code (swiglu = gated silu, ...)
+  kFp8Block = 1u << 17,  // format fp8_block (kSwizzled then selects its gemm layout); the format's low bit
+  kTiles128 = 1u << 18,  // fp8_block's 128x128 blocks; nvfp4's 16x16 blocks (block_2d)
+  kFormatHigh = 1u << 19,  // the format's high bit: with kFp8Block clear nvfp4, set mxfp4
+  kHadamard = 1u << 20,  // nvfp4's Hadamard transform of the colwise copy
+  kStochasticRounding = 1u << 21,  // nvfp4's stochastic rounding
 };
 
 // A per-key cache of quantize functions. Thread-safe; when several threads ask for one key at
