@@ -246,11 +246,6 @@ class FusedOp:
             others = [*others, gemm_rt.check_act_input(self, a, w, act_input)]
         if traced:
             return torch_ops.gemm_call(self._torch_id, a, w, others, call.scalars)
-        reads = [("a", a), ("w", w), *((f"operand {i + 1}", t) for i, t in enumerate(others))]
-        if act_input is not None:
-            reads[-1] = ("act_input", act_input)
-        if acc_out is not None and out is None:
-            validation.check_apart(None, reads, [("acc_out", acc_out)])
         if torch.is_grad_enabled():  # (the outputs are data: nothing flows back to a or w)
             for name, t in (("a", a), ("w", w)):
                 if t.requires_grad:
@@ -267,6 +262,10 @@ class FusedOp:
                 raise ValueError(f"mxq: {self.__name__}.gemm: argument 'out.colwise_data' (the transposed copy, "
                                  "stored 16 bytes at a time) must start on a 16-byte boundary, got address "
                                  f"{out.colwise_data.data_ptr():#x}")
+        if out is not None or acc_out is not None:  # (what the call writes, apart from what it reads)
+            reads = [("a", a), ("w", w), *((f"operand {i + 1}", t) for i, t in enumerate(others))]
+            if act_input is not None:
+                reads[-1] = ("act_input", act_input)
             validation.check_apart(out, reads, [("acc_out", acc_out)] if acc_out is not None else [])
         return self._gemm_run(a, w, others, call.scalars, acc_out, out)
 
@@ -278,8 +277,9 @@ class FusedOp:
         if a.is_cuda and targets.device_arch(a.device) == gemm_rt.ARCH:
             if out is None:
                 out = MXFP8Tensor.empty(self.spec, (a.shape[0], w.shape[0]), a.dtype, a.device, row_align=1)
-            others = [operands_mod.unit_stride(t, kind, validation.copied)  # (a dact op's act_input: full)
-                      for t, kind in zip(others, gemm_rt.operand_kinds(a, w, others))]
+            if not all(t.is_contiguous() for t in others):  # (the kinds read only then: gemm_op reads them too)
+                others = [operands_mod.unit_stride(t, kind, validation.copied)  # (a dact op's act_input: full)
+                          for t, kind in zip(others, gemm_rt.operand_kinds(a, w, others))]
             return gemm_rt.gemm_op(self, a, w, others, scalars, out, acc_out)
         if a.is_cuda:
             validation.fallback(f"op.gemm runs on sm_90a only, not {targets.device_arch(a.device)}")

@@ -283,7 +283,7 @@ def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
         elif isinstance(given, (tuple, list)):  # (two one-element tensors, stacked on the device)
             value = fp4_layouts.given_amax(given, amax.device)
         elif isinstance(given, torch.Tensor):  # (detached: an amax that requires grad gives outputs that do not)
-            value = given.detach().reshape(()) if given.numel() == 1 else given.detach().reshape(amax.shape)
+            value = given.detach().reshape(() if given.numel() == 1 else amax.shape)
         else:
             value = float(given)
         if noop is not None:
@@ -309,7 +309,7 @@ def _empty_call(spec, out: MXFP8Tensor, noop) -> None:
         if noop is None:
             t.zero_()
         else:
-            t.copy_(torch.where(noop.reshape(()) == 1.0, t, torch.zeros((), dtype=t.dtype, device=t.device)))
+            t.masked_fill_(noop.reshape(()) != 1.0, 0)
 
 
 def grouped_relaunch(fn, args, out: MXFP8Tensor, group_offsets, noop, spec):

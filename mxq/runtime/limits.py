@@ -6,13 +6,15 @@ op up front with a ValueError saying why.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from ..formats import fp4_layouts
 from ..frontend import codegen, gated
 from ..kernels import config as kconfig
 from ..tensor import data_rows, flat_dims
-from . import slots
+from . import slots, targets
 
 
 def unsupported(x: torch.Tensor) -> str | None:
@@ -50,9 +52,14 @@ def arch_gap(spec, arch: str) -> str | None:
     """What of ``spec`` the kernels cannot compile for ``arch`` (a targets.SUPPORTED_ARCHS name),
     or None: FP4's encode (sm_90's lane rule on bf16x2 and u16x2 words, sm_100's cvt) has no
     sm_89 form (ptxas refuses mul.bf16x2 and min.u16x2 below sm_90)."""
-    digits = "".join(c for c in arch[3:] if c.isdigit())  # ("sm_89" -> 8, "sm_90a" -> 9, "sm_100a" -> 10)
-    if spec.is_fp4 and int(digits[:-1]) < 9:
-        return f"format={spec.format!r} needs sm_90 or newer (its E2M1 encode works on bf16x2 and u16x2 words), not {arch}"
+    gap = _fp4_arch_gap(arch) if spec.is_fp4 else None
+    return f"format={spec.format!r} {gap}" if gap else None
+
+
+def _fp4_arch_gap(arch: str) -> str | None:
+    # (the arch's number as targets reads it: "sm_89" 89, "sm_90a" 90, "sm_100a" 100)
+    if int(re.sub(r"\D", "", arch)[:3] or 0) < 90:
+        return f"needs sm_90 or newer (its E2M1 encode works on bf16x2 and u16x2 words), not {arch}"
     return None
 
 
@@ -148,9 +155,9 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     gap = codegen.kernel_gap(spec)
     if gap:
         return f"{gap} has no GPU kernels yet"
-    major = torch.cuda.get_device_capability(x.device)[0] if x.is_cuda else 9  # (CPU tensors: the rules below)
-    if major < 9:
-        return f"needs sm_90 or newer (its E2M1 encode works on bf16x2 and u16x2 words), not sm_{major}x"
+    gap = _fp4_arch_gap(targets.device_arch(x.device)) if x.is_cuda else None  # (CPU tensors: the rules below)
+    if gap:
+        return gap
     if gated.is_halves(epilogue):  # (the packed kernel's two passes; the options whose words or tiles
         # are placed by the input's columns stay on the reference)
         flag = next((f for f in ("stochastic_rounding", "hadamard", "block_2d") if getattr(spec, f)), None)
