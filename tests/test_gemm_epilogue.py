@@ -294,7 +294,7 @@ def test_colwise_forms_and_exchange():
     from mxq.frontend import codegen
     from mxq.kernels import gemm_quant, gemm_sm90
 
-    assert g.pingpong_for(bias_gelu_mx_both.spec) == g.PINGPONG and g.pingpong_for(bias_gelu.spec) == g.PINGPONG
+    assert g.pingpong_for(bias_gelu_mx_both.spec) == g.form_for() and g.pingpong_for(bias_gelu.spec) == g.form_for()
     assert g.pingpong_for(bias_gelu_both.spec) is False
     assert gemm_sm90.XCH_SLOTS == 2 * gemm_sm90.TILE[1] // 8 // gemm_quant.CHUNK_GROUPS
     rows = {op: gemm_quant.colwise_rows(codegen.kernel_config(op.spec, op.epilogue))
@@ -452,7 +452,7 @@ def test_asm_gemm_is_the_kernel_op_gemm_launches(ptx):
     """op.asm(gemm=True): the PTX of the compile op.gemm runs (operand kinds as given, op.gemm's
     form, tile order 1), with ptxas's report; bad arguments named."""
     art = bias_gelu.asm(gemm=True, operands=["row"])
-    assert art["ptx"] == ptx["fp8_block", g.PINGPONG] and art["pingpong"] == g.PINGPONG
+    assert art["ptx"] == ptx["fp8_block", g.form_for()] and art["pingpong"] == g.form_for()
     assert art["variant"] == "gemm" and art["arch"] == "sm_90a"
     assert "wgmma.mma_async" in art["ptx"] and art["operands"] == ("row",) and "launch_gemm" in art["source"]
     if art["ptxas"] is not None:

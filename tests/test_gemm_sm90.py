@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import mxq
 from mxq.runtime import gemm as g
 
 from .test_codegen import _bench_tool
@@ -56,6 +57,43 @@ def init_counts(ptx: str) -> set:
             v = re.search(rf"mov\.[bu]32\s+{re.escape(v)},\s*(\d+);", ptx).group(1)
         counts.add(int(v))
     return counts
+
+
+def _ident(x):
+    return x
+
+
+def test_the_form_follows_the_devices_dram_bandwidth(monkeypatch):
+    """form_for: ping-pong on a GPU whose peak DRAM bandwidth reaches PINGPONG_MIN_GBPS (an
+    H200's properties), cooperative below (an H100 SXM's), ping-pong where the properties do not
+    say or there is no CUDA; PINGPONG, where set, wins; read once per device; op.gemm's form
+    (pingpong_for) is cooperative for 128-row colwise blocks on any device."""
+    import types
+
+    h100 = types.SimpleNamespace(memory_clock_rate=2_619_000, memory_bus_width=5120, multi_processor_count=132)
+    h200 = types.SimpleNamespace(memory_clock_rate=3_201_000, memory_bus_width=6144, multi_processor_count=132)
+    assert round(g.dram_gbps(h100)) == 3352 and round(g.dram_gbps(h200)) == 4917
+    assert g.dram_gbps(types.SimpleNamespace()) is None
+    devices = {0: h100, 1: h200, 2: types.SimpleNamespace(memory_clock_rate=0, memory_bus_width=5120)}
+    reads = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: reads.append(i) or devices[i])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(g, "_forms", {})
+    monkeypatch.setattr(g, "PINGPONG", None)
+    assert g.form_for(0) is False and g.form_for("cuda:1") is True and g.form_for(torch.device("cuda", 2)) is True
+    assert g.form_for() is True and g.form_for(torch.device("cuda")) is True  # (the current device: 1)
+    assert g.form_for(0) is False and reads == [0, 1, 2]  # (each device's properties read once)
+    blocks128 = mxq.fused_quant(format="fp8_block", colwise=True)(_ident)
+    rows = mxq.fused_quant(format="fp8_block")(_ident)
+    assert g.pingpong_for(rows.spec, 0) is False and g.pingpong_for(rows.spec, 1) is True
+    assert g.pingpong_for(blocks128.spec, 1) is False
+    for forced in (True, False):
+        monkeypatch.setattr(g, "PINGPONG", forced)
+        assert g.form_for(0) is forced and g.form_for(1) is forced
+    monkeypatch.setattr(g, "PINGPONG", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert g.form_for() is True
 
 
 def test_cluster_for_pairs_the_m_tiles():

@@ -3,12 +3,12 @@ D = a @ w^T (mxq/kernels/gemm_sm90.py), compiled once per (dtype, arch, options,
 TVM-FFI (symbolic M, N, K; the stream is torch's current one) and kept in memory; ``gemm_op``
 runs ``op.gemm`` (an op's rendered ``launch_gemm``: the GEMM with the op's epilogue and quantize,
 mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds. Both run the kernel's
-form ``PINGPONG`` names at call time (GemmSm90's ``pingpong``: the two consumer warpgroups on
-alternate 64 x 256 tiles, or together on 128 x 256; a benchmark or test may set it to time or
-check either form; op.gemm's ``pingpong_for`` takes the cooperative form for an op with 128-row
-colwise blocks), in clusters of ``CLUSTER_M`` CTAs along M where the M tiles pair up or number
-at least CLUSTER_MIN_ODD_TILES
-(``cluster_for``: GemmSm90's ``cluster_m``).
+form ``form_for`` picks for the device at call time (GemmSm90's ``pingpong``: the two consumer
+warpgroups on alternate 64 x 256 tiles, or together on 128 x 256): ping-pong where the GPU's DRAM
+reaches PINGPONG_MIN_GBPS, cooperative below, unless ``PINGPONG`` names one (a benchmark or test
+sets it to time or check either form); op.gemm's ``pingpong_for`` takes the cooperative form for
+an op with 128-row colwise blocks. CTAs run in clusters of ``CLUSTER_M`` along M where the M
+tiles pair up or number at least CLUSTER_MIN_ODD_TILES (``cluster_for``: GemmSm90's ``cluster_m``).
 
 Arguments are checked here, before any launch, each error naming its argument: a [M, K] and
 w [N, K] of one dtype (bf16 or fp16), both K-major (row-major, contiguous rows) on one CUDA
@@ -33,7 +33,10 @@ TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
 TILE_M = {True: 64, False: 128}  # output tile rows by form (pingpong): gemm_sm90's PINGPONG_TILE[0], TILE[0]
 DBIAS_ROWS = 16  # rows of one dbias partial sum in op.gemm's epilogue: a warp's stripe (gemm_quant.GemmQuant.columns)
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
-PINGPONG = True  # the kernel form gemm() and gemm_op() launch: ping-pong, the faster at every shape timed
+PINGPONG = None  # the kernel form gemm() and gemm_op() launch: True ping-pong, False cooperative, None form_for's
+# (ping-pong's 64-row tiles move more DRAM bytes than the cooperative form's 128-row ones: it timed the faster
+# form on an H200, 4.8 TB/s, and the slower on an H100 SXM, 3.35 TB/s; docs/performance.md)
+PINGPONG_MIN_GBPS = 4000  # a GPU's peak DRAM bandwidth from which form_for takes ping-pong
 CLUSTER_M = 2  # CTAs per cluster along M of either form (GemmSm90's cluster_m: W stages multicast)
 CLUSTER_MIN_ODD_TILES = 9  # an odd M tile count takes clusters from this many tiles (padding <= 1/9)
 
@@ -143,10 +146,45 @@ def cluster_for(pingpong: bool, m: int | None = None) -> int:
     return CLUSTER_M if tiles % CLUSTER_M == 0 or tiles >= CLUSTER_MIN_ODD_TILES else 1
 
 
-def pingpong_for(spec) -> bool:
-    """The kernel form of op.gemm for an op: PINGPONG, but cooperative where the op's colwise
-    blocks have more rows than a ping-pong tile (FP8 block scaling's 128; gemm_quant.colwise_rows)."""
-    return PINGPONG and not (spec.colwise and spec.block_format.col_block[0] > TILE_M[True])
+def form_for(device=None) -> bool:
+    """The kernel form (True: ping-pong) on CUDA ``device`` (None: the current one): PINGPONG
+    where it names one; else ping-pong where the device's peak DRAM bandwidth (its memory clock
+    and bus width, torch's device properties) is at least PINGPONG_MIN_GBPS or cannot be read
+    (also without CUDA: op.asm's compiles), cooperative below."""
+    if PINGPONG is not None:
+        return PINGPONG
+    if device is None:
+        if not torch.cuda.is_available():
+            return True
+        device = torch.cuda.current_device()
+    index = device if isinstance(device, int) else torch.device(device).index
+    if index is None:
+        index = torch.cuda.current_device()
+    form = _forms.get(index)
+    if form is None:
+        gbps = dram_gbps(torch.cuda.get_device_properties(index))
+        form = _forms[index] = gbps is None or gbps >= PINGPONG_MIN_GBPS
+    return form
+
+
+_forms: dict = {}  # device index -> form_for's choice by bandwidth (read once per device)
+
+
+def dram_gbps(props) -> float | None:
+    """Peak DRAM bandwidth in GB/s of a device's properties (memory clock in kHz, double data
+    rate, times the bus width in bits), or None where they do not say."""
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    bus_bits = getattr(props, "memory_bus_width", 0) or 0
+    if clock_khz <= 0 or bus_bits <= 0:
+        return None
+    return clock_khz * 1e3 * 2 * bus_bits / 8 / 1e9
+
+
+def pingpong_for(spec, device=None) -> bool:
+    """The kernel form of op.gemm for an op on ``device`` (None: the current CUDA device):
+    form_for's, but cooperative where the op's colwise blocks have more rows than a ping-pong tile
+    (FP8 block scaling's 128; gemm_quant.colwise_rows)."""
+    return form_for(device) and not (spec.colwise and spec.block_format.col_block[0] > TILE_M[True])
 
 
 def swizzle_for(n: int) -> int:
@@ -169,8 +207,9 @@ def gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, acc_
     if a.shape[0] == 0 or w.shape[0] == 0:
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]), pingpong=PINGPONG,
-                      cluster_m=cluster_for(PINGPONG, a.shape[0]))
+    pingpong = form_for(a.device)
+    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]), pingpong=pingpong,
+                      cluster_m=cluster_for(pingpong, a.shape[0]))
     with torch.cuda.device(a.device):
         fn(a, w, out, *(() if acc_out is None else (acc_out,)))
     return out
@@ -318,7 +357,7 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
                 t.zero_()
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    pingpong = pingpong_for(op.spec)
+    pingpong = pingpong_for(op.spec, a.device)
     fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]),
                          pingpong=pingpong, cluster_m=cluster_for(pingpong, a.shape[0]))
     m, n = a.shape[0], w.shape[0]
