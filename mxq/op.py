@@ -605,11 +605,12 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
            block_2d, hadamard, stochastic_rounding, signs)
     op = None
     # (1 == True and hash(1) == hash(True): only exact bools may hit the cache, or a call with
-    # rowwise=1 would skip the validation that refuses it in a fresh process; the signs likewise
-    # exact ints)
+    # rowwise=1 would skip the validation that refuses it in a fresh process; the signs and the
+    # block's entries likewise exact ints: block=(True, 128) or (1, 128.0) equals (1, 128))
     if (rowwise.__class__ is colwise.__class__ is amax.__class__ is block_2d.__class__ is hadamard.__class__
             is stochastic_rounding.__class__ is bool  # (a chain, not all(...) over a generator: every call)
-            and (signs is None or (signs.__class__ is tuple and all(v.__class__ is int for v in signs)))):
+            and (signs is None or (signs.__class__ is tuple and all(v.__class__ is int for v in signs)))
+            and (block is None or (block.__class__ in (tuple, list) and all(v.__class__ is int for v in block)))):
         try:
             op = _QUANTIZE_OPS.get(key)
         except TypeError:  # unhashable option values: QuantSpec names the bad one

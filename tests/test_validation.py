@@ -210,6 +210,38 @@ def test_option_cache_does_not_skip_validation():
         mxq.quantize(x, amax=0)
 
 
+def test_option_cache_does_not_skip_the_block_check():
+    """True == 1 and 128.0 == 128 hash alike: after a call with block=(1, 128) the cached op
+    must not answer a block of bools or floats, which a fresh process refuses."""
+    x = torch.randn(4, 256)
+    mxq.quantize(x, format="fp8_block", block=(1, 128))
+    mxq.quantize(x, format="fp8_block", block=[1, 128])  # (a list of ints: the tuple's spec)
+    for bad in ((True, 128), (1, 128.0), [1.0, 128], (128.0, 128)):
+        with pytest.raises(ValueError, match="block must be one of"):
+            mxq.quantize(x, format="fp8_block", block=bad)
+
+
+def test_a_cpu_tensor_global_amax_is_checked_as_a_number_is():
+    """NVFP4's global_amax as a CPU tensor (one value, one per group, the Hadamard pair as a
+    (2,) tensor or two one-element tensors): NaN, inf and negative values refused by name as the
+    same numbers are; 0 and fp32's largest value taken."""
+    x = torch.randn(32, 64)
+    for bad in (float("nan"), float("inf"), -3.0):
+        with pytest.raises(ValueError, match="'global_amax' must hold values >= 0"):
+            mxq.quantize(x, format="nvfp4", global_amax=torch.tensor(bad))
+        with pytest.raises(ValueError, match="'global_amax' must be >= 0"):
+            mxq.quantize(x, format="nvfp4", global_amax=bad)
+    ends = torch.tensor([16, 32], dtype=torch.int32)
+    with pytest.raises(ValueError, match="'global_amax' must hold values >= 0.*-1.0"):
+        mxq.quantize(x, format="nvfp4", group_offsets=ends, global_amax=torch.tensor([1.0, -1.0]))
+    xb = x.bfloat16()
+    for pair in (torch.tensor([1.0, float("nan")]), (torch.tensor(1.0), torch.tensor(float("inf")))):
+        with pytest.raises(ValueError, match="'global_amax' must hold values >= 0"):
+            mxq.quantize(xb, format="nvfp4", colwise=True, hadamard=True, global_amax=pair)
+    for good in (0.0, torch.finfo(torch.float32).max):
+        assert float(mxq.quantize(x, format="nvfp4", global_amax=torch.tensor(good)).amax) == good
+
+
 class _Sub(torch.Tensor):
     pass
 

@@ -172,6 +172,7 @@ def _check_amax_pair(amax, device) -> None:
                              f"{tuple(amax.shape)}")
         if amax.device != device:
             raise ValueError(f"mxq: argument 'global_amax' is on {amax.device} but the input is on {device}")
+        _check_amax_tensor(amax)
         return
     if not isinstance(amax, (tuple, list)) or len(amax) != 2:
         _fail_type("global_amax", _PAIR, type(amax).__name__ if not isinstance(amax, (tuple, list))
@@ -179,6 +180,7 @@ def _check_amax_pair(amax, device) -> None:
     if all(isinstance(v, torch.Tensor) for v in amax):
         for v in amax:
             check_one_float32("global_amax", v, _PAIR, device, "the input")
+            _check_amax_tensor(v)
         return
     for v in amax:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -187,6 +189,18 @@ def _check_amax_pair(amax, device) -> None:
 
 
 _FP32_MAX = torch.finfo(torch.float32).max
+
+
+def _check_amax_tensor(t) -> None:
+    """A tensor given as an amax (one value, a group's, or the Hadamard pair's): on the CPU each
+    value >= 0 and at most fp32's largest finite value, as _check_amax_value has a number (NaN
+    refused); on a GPU not read (that would wait for the device: the kernels take the value as
+    docs/NUMERICS.md's formula does)."""
+    if t.device.type == "cpu" and not torch.compiler.is_compiling() and t.numel():
+        if not bool(((t >= 0) & (t <= _FP32_MAX)).all()):
+            bad = t.reshape(-1)[~((t >= 0) & (t <= _FP32_MAX)).reshape(-1)][0]
+            raise ValueError(f"mxq: argument 'global_amax' must hold values >= 0 and at most fp32's largest finite "
+                             f"value ({_FP32_MAX:.8g}), got {float(bad)!r}")
 
 
 def _check_amax_value(v, shown) -> None:
@@ -243,8 +257,10 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
                                  f"{tuple(amax.shape)}")
             if amax.device != x.device:
                 raise ValueError(f"mxq: argument 'global_amax' is on {amax.device} but the input is on {x.device}")
+            _check_amax_tensor(amax)
         elif isinstance(amax, torch.Tensor):
             check_one_float32("global_amax", amax, "a one-element float32 tensor or a float", x.device, "the input")
+            _check_amax_tensor(amax)
         elif isinstance(amax, bool) or not isinstance(amax, (int, float)):
             _fail_type("global_amax", "a one-element float32 tensor or a float", type(amax).__name__)
         else:
