@@ -59,16 +59,21 @@ class UsageError(Exception):
     """A mistake in the command line or in the files it names: one line on stderr, exit 2."""
 
 
-# mxq's words for the options the CLI passes on -> the CLI's flags (an op from FILE.py keeps the
-# words of its own @mxq.fused_quant(...) options)
+# mxq's words for the options the CLI passes on -> the CLI's flags: those every command has (its own
+# arguments), then the built-in quantize op's spec options (an op from FILE.py keeps the words of its
+# own @mxq.fused_quant(...) options, which no flag of the command sets)
 _AS_FLAGS = (
+    (r"^mxq: export\(\): ", "mxq: "),
+    (r"\bexport\(\) argument 'operands'", "--operands"),
+    (r"\bexport\(\) argument 'directory'", "--dir"),
+    (r"\bexport name\b", "--name"),
+    (r"\b(dtype|arch)=(?:'([^']*)'|None)", lambda m: f"--{m[1]} {m[2] or 'None'}"),
+)
+_SPEC_AS_FLAGS = (
     (r"at least one of rowwise and colwise must be True",
      "--no-rowwise needs --colwise (at least one of the rowwise and colwise outputs is written)"),
-    (r"^mxq: export\(\): ", "mxq: "),
     (r"\bact and dact are exclusive", "--act and --dact are exclusive"),
-    (r"\bexport\(\) argument 'operands'", "--operands"),
-    (r"\bexport name\b", "--name"),
-    (r"\b(fp8|act|dact|dtype|arch|scale_mode|scale_layout|format)=(?:'([^']*)'|None)",
+    (r"\b(fp8|act|dact|scale_mode|scale_layout|format)=(?:'([^']*)'|None)",
      lambda m: f"--{m[1].replace('_', '-')} {m[2] or 'None'}"),
     (r"\b(block_2d|hadamard|stochastic_rounding)=True", lambda m: "--" + m[1].replace("_", "-")),
     (r"\bhadamard_signs\b", "--hadamard-signs"),
@@ -81,15 +86,16 @@ _AS_FLAGS = (
 
 
 @contextlib.contextmanager
-def _in_flags():
-    """mxq's errors about options the CLI passed on, reworded in its flags (a UsageError)."""
+def _in_flags(spec_flags: bool = True):
+    """mxq's errors about options the CLI passed on, reworded in its flags (a UsageError);
+    ``spec_flags`` False (an op from FILE.py): only the command's own arguments reworded."""
     try:
         yield
     except (ValueError, TypeError) as exc:
         message = str(exc)
         if not message.startswith("mxq:"):
             raise  # not one of mxq's messages to users (main keeps its traceback)
-        for pattern, flags in _AS_FLAGS:
+        for pattern, flags in _AS_FLAGS + (_SPEC_AS_FLAGS if spec_flags else ()):
             message = re.sub(pattern, flags, message)
         raise UsageError(message) from None
 
@@ -275,7 +281,7 @@ def cmd_compile(args) -> int:
     if args.ptx and not Path(args.ptx).resolve().parent.is_dir():  # before a compile, not after
         raise UsageError(f"mxq: --ptx {args.ptx}: no such directory: {Path(args.ptx).parent}")
     op = _op_from_args(args)
-    with _in_flags():
+    with _in_flags(not args.target):
         art = op.asm(arch=args.arch, dtype=args.dtype)
     print(f"op       {op.epilogue.name} {op.spec}")
     print(f"source   {art['path']}")
@@ -297,7 +303,7 @@ def cmd_compile(args) -> int:
 def cmd_export(args) -> int:
     op = _op_from_args(args)
     operands = tuple(args.operands.split(",")) if args.operands is not None else None
-    with _in_flags():
+    with _in_flags(not args.target):
         name = args.name if args.name is not None else (None if args.target else BUILTIN_EXPORT_NAME)  # (None: FusedOp.export's default)
         info = op.export(args.dir, arch=args.arch, dtype=args.dtype, name=name, grouped=args.grouped,
                          operands=operands)

@@ -526,7 +526,7 @@ class GatedOp(FusedOp):
         return self.inner.source
 
     def asm(self, arch: str = "sm_90", dtype: str = "bf16", gemm: bool = False, operands=None) -> dict:
-        if gemm is True:  # (op.gemm refuses a gated op: no kernel of its inner op stands for it)
+        if gemm:  # (op.gemm refuses a gated op, as FusedOp.asm reads gemm=: no kernel of its inner op stands for it)
             raise ValueError(f"mxq: asm(gemm=True): op.gemm does not serve {codegen.gemm_gap(self.spec, self.epilogue)}")
         return self.inner.asm(arch, dtype, gemm, operands)
 

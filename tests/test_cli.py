@@ -420,5 +420,35 @@ def test_empty_name_and_operands_are_refused_not_ignored(tmp_path):
         op.export(tmp_path / "gated", name="")
 
 
+def test_export_directory_and_runtime_library_names_are_refused(tmp_path):
+    """--dir '' (export's '' directory) is refused, not the current directory; a name whose
+    lib<name>.so is a runtime library the export copies beside it (which would overwrite the
+    export's own library) is refused by name, on the CLI and in op.export."""
+    r = run("export", "--dir", "", tmp_path=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("mxq: --dir must name a directory"), r.stderr
+    from mxq.runtime import toolchain
+
+    for lib in toolchain.runtime_libraries():
+        name = Path(lib).name[len("lib"):-len(".so")]
+        r = run("export", "--dir", str(tmp_path / "d"), "--name", name, tmp_path=tmp_path)
+        assert r.returncode == 2 and f"--name {name!r} is reserved" in r.stderr, r.stderr
+        with pytest.raises(ValueError, match="is reserved: lib"):
+            mxq.fused_quant()(_gate_ident).export(tmp_path / "e", name=name)
+    with pytest.raises(ValueError, match="'directory' must name a directory"):
+        mxq.fused_quant()(_gate_ident).export("")
+
+
+def test_a_file_ops_refusal_keeps_its_own_option_words(tmp_path):
+    """An op from FILE.py takes its options from its decorator, not from flags: its errors keep
+    the option words (hadamard=True), not the flags that describe the built-in op (--hadamard)."""
+    f = tmp_path / "hop.py"
+    f.write_text("import mxq\n\n\n@mxq.fused_quant(format='nvfp4', colwise=True, hadamard=True)\n"
+                 "def hop(x):\n    return x\n")
+    r = run("export", str(f), "--dir", str(tmp_path / "d"), tmp_path=tmp_path)
+    assert r.returncode == 2 and "hadamard=True" in r.stderr and "--hadamard" not in r.stderr, r.stderr
+    r = run("export", "--format", "nvfp4", "--colwise", "--hadamard", "--dir", str(tmp_path / "d"), tmp_path=tmp_path)
+    assert r.returncode == 2 and "--hadamard" in r.stderr, r.stderr  # (the built-in op: in flags)
+
+
 def _gate_ident(x):
     return x

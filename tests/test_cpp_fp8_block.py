@@ -1099,5 +1099,13 @@ def test_the_headers_key_bits_are_quantspecs():
         format="nvfp4", colwise=True).key("bf16") == bits["kHadamard"]
     assert QuantSpec(format="nvfp4", stochastic_rounding=True).key("fp32") ^ nv == bits["kStochasticRounding"]
     assert flag(scale_mode="floor") == 1 << shifts["kScaleModeShift"]
+    # the scale-mode codes the header gives per format (MXFP4's are not MXFP8's)
+    comment = enum[enum.index("kScaleModeShift"):].split("\n")[0]
+    for fmt in ("mxfp8", "mxfp4", "fp8_block"):
+        codes = re.findall(r"(\d) (\w+)", re.search(fmt + r": ([^;]*)", comment).group(1))
+        assert len(codes) >= 2, (fmt, comment)
+        for code, mode in codes:
+            key = QuantSpec(format=fmt, scale_mode=mode).key("fp32")
+            assert (key >> shifts["kScaleModeShift"]) & 3 == int(code), (fmt, mode)
     assert QuantSpec().key("bf16") ^ QuantSpec().key("fp32") == 2 << shifts["kDtypeShift"]
     assert flag(dact="gelu") == 1 << shifts["kDactShift"]

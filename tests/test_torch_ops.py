@@ -297,8 +297,43 @@ def test_constant_result_marks_as_torch_does():
     torch_ops.constant_result(g)
     marks = {k: v for k, v in vars(f).items()}
     assert marks and vars(g) == marks
-    for fn in (torch_ops._spec_key, torch_ops._halves, torch_ops._scalar_names, mxq.op._quantize_op_id):
+    for fn in (torch_ops._spec_key, torch_ops._halves, torch_ops._scalar_names, torch_ops._tensor_names,
+               mxq.op._quantize_op_id):
         assert {k: getattr(fn, k, None) for k in marks} == marks, fn.__name__
+
+
+def test_compiled_calls_refuse_a_number_where_a_tensor_goes_with_mxqs_message():
+    """A number in an epilogue's tensor slot, or as noop or act_input: under torch.compile mxq's
+    TypeError, as eager (not the operator schema's error)."""
+    @mxq.fused_quant(act="silu")
+    def plus(x, r):
+        return x + r
+
+    @mxq.fused_quant(dact="gelu")
+    def back(dy):
+        return dy
+
+    x = torch.randn(8, 32)
+    for fn, words in ((lambda a: plus(a, 2.0), "argument 'r' must be a torch.Tensor, got float; to pass a number"),
+                      (lambda a: mxq.quantize(a, noop=1.0), "argument 'noop' must be a one-element float32 torch.Tensor or None"),
+                      (lambda a: back(a, act_input=1.0), "argument 'act_input' must be a torch.Tensor, got float")):
+        with pytest.raises(TypeError, match=words):
+            fn(x)
+        torch._dynamo.reset()
+        with pytest.raises(TypeError, match=words):
+            torch.compile(fn, backend="aot_eager")(x)
+
+
+def test_compiled_fp4_amax_and_noop_that_require_grad_trace():
+    """NVFP4's global_amax and a noop computed in the graph from a tensor that requires grad: the
+    compiled call traces (no autograd formula asked for) and writes the eager bytes."""
+    h = torch.randn(16, 64, requires_grad=True)
+    cases = (lambda a: mxq.quantize(a.detach(), format="nvfp4", global_amax=a.abs().amax()),
+             lambda a: mxq.quantize(a.detach(), colwise=True, noop=(a.sum() * 0).reshape(1)))
+    for fn in cases:
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="aot_eager")(h)
+        assert compare(got, fn(h), exact=True) == []
 
 
 def test_compiled_gated_op_refuses_a_bad_input_with_mxqs_message():

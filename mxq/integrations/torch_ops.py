@@ -225,6 +225,11 @@ def _scalar_names(i: str) -> tuple:
     return tuple(_op(i).epilogue.scalar_params)
 
 
+@constant_result
+def _tensor_names(i: str) -> tuple:
+    return tuple(_op(i).epilogue.tensor_params)
+
+
 def call(i: str, call: Call):
     """The traced ``call`` of op ``i`` (op_id): the operator, then an MXFP8Tensor (``out`` filled by
     copies)."""
@@ -233,6 +238,13 @@ def call(i: str, call: Call):
     tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
+    # (what is not a tensor where the operator's schema takes one: mxq's error, as eager, not torch's)
+    for name, t in zip(_tensor_names(i), tensors):
+        if not isinstance(t, torch.Tensor):
+            validation.check_tensor_arg(name, t)
+    if act_input is not None and not isinstance(act_input, torch.Tensor):
+        validation.check_plain_tensor("act_input", act_input)
+    validation.check_noop_type(noop)
     if group_offsets is not None and not isinstance(group_offsets, torch.Tensor):
         groups.check_type(group_offsets)  # (the rest of its checks: the operator's eager ones)
     fp4_call = spec.hadamard or spec.stochastic_rounding or fp4_args is not None
@@ -247,6 +259,7 @@ def call(i: str, call: Call):
     # compiled training step with requires_grad inputs traces without an autograd formula)
     tensors = [t.detach() if isinstance(t, torch.Tensor) else t for t in tensors]
     act_input = act_input.detach() if isinstance(act_input, torch.Tensor) else act_input
+    noop = noop.detach() if isinstance(noop, torch.Tensor) else noop
     if out is not None:  # validated while tracing (static shapes and dtypes), written in place
         validation.check_out(spec, out, tensors[0], group_offsets, shape, noop)
         outs = [getattr(out, f) for f in slots.OUTPUTS if slots.uses(spec, f)]
@@ -258,6 +271,8 @@ def call(i: str, call: Call):
         amax = args.global_amax
         if isinstance(amax, (tuple, list)):  # (hadamard=True's pair: the operator takes a tensor)
             amax = fp4_layouts.given_amax(amax, tensors[0].device)
+        if isinstance(amax, torch.Tensor):  # (an amax computed in the graph may require grad: outputs do not)
+            amax = amax.detach()
         seed = [] if args.seed is None else [args.seed & 0xFFFFFFFF, args.seed >> 32]
         res = torch.ops.mxq.fused_quant_fp4(list(tensors), floats, act_input, noop,
                                             amax if isinstance(amax, torch.Tensor) else None,

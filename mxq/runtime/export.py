@@ -141,6 +141,13 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"mxq: export() argument 'directory' must be a path (str or os.PathLike), got "
                         f"{type(directory).__name__}")
+    if not os.fspath(directory):
+        raise ValueError("mxq: export() argument 'directory' must name a directory, got '' (for the current "
+                         "one, '.')")
+    runtime = runtime_libraries()
+    if f"lib{name}.so" in {Path(src).name for src in runtime}:
+        raise ValueError(f"mxq: export name {name!r} is reserved: lib{name}.so is a runtime library the export "
+                         "copies beside its own library, which would overwrite it")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     objects = []
@@ -163,16 +170,16 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         # relocatable: the runtime libraries it needs are copied beside it and found through
         # RUNPATH $ORIGIN, so the directory can move to a machine without this Python environment
         link_shared(objects, lib, rpaths=["$ORIGIN"], flags=["-Xlinker", f"--version-script={script}"])
-    runtime = []
-    for src in runtime_libraries():
+    copies = []
+    for src in runtime:
         dst = out / Path(src).name
         if not dst.exists() or not os.path.samefile(src, dst):
             shutil.copy2(src, dst)
-        runtime.append(str(dst))
+        copies.append(str(dst))
     header = out / f"{name}.h"
     header.write_text(_export_header(op, name, arch, dtype, grouped, layouts, note, functions, left_out))
     return {"library": str(lib), "header": str(header), "functions": [f for _, f in functions],
-            "runtime_libraries": runtime}
+            "runtime_libraries": copies}
 
 
 # The compiled kernel functions' names inside the library; each exported name is the argument

@@ -38,6 +38,22 @@ def check_one_float32(name: str, t, what: str, device, owner: str) -> None:
         raise ValueError(f"mxq: argument {name!r} is on {t.device} but {owner} is on {device}")
 
 
+def check_noop_type(noop) -> None:
+    """``noop`` is a tensor or None (its dtype, size and device: check_call's check_one_float32)."""
+    if noop is not None and not isinstance(noop, torch.Tensor):
+        _fail_type("noop", "a one-element float32 torch.Tensor or None", type(noop).__name__)
+
+
+def check_tensor_arg(name: str, t) -> None:
+    """An epilogue's tensor argument ``name``: a number is refused with the way to pass one (a
+    float parameter), anything else as check_plain_tensor refuses it."""
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        raise TypeError(f"mxq: argument {name!r} must be a torch.Tensor, got {type(t).__name__}; to pass a "
+                        f"number, make it a float parameter of the epilogue: annotate it (`{name}: float`) "
+                        "or give it a float default")
+    check_plain_tensor(name, t)
+
+
 def check_plain_tensor(name: str, t) -> None:
     """``t`` must be a dense, strided torch.Tensor (or nn.Parameter). Tensor subclasses (DTensor,
     FakeTensor wrappers, ...) are refused: their shape and their data pointer may describe
@@ -65,11 +81,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
     names = epilogue.tensor_params
     first = None
     for name, t in zip(names, tensors):
-        if isinstance(t, (int, float)) and not isinstance(t, bool):
-            raise TypeError(f"mxq: argument {name!r} must be a torch.Tensor, got {type(t).__name__}; to pass a "
-                            f"number, make it a float parameter of the epilogue: annotate it (`{name}: float`) "
-                            "or give it a float default")
-        check_plain_tensor(name, t)
+        check_tensor_arg(name, t)
         if t.dtype not in DTYPES:
             _fail_type(name, "float32, float16 or bfloat16", t.dtype)
         if first is None:
@@ -101,8 +113,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
     elif act_input is not None:
         raise ValueError("mxq: argument 'act_input' is only used by ops with dact=...; this op has dact=None")
     if noop is not None:
-        if not isinstance(noop, torch.Tensor):
-            _fail_type("noop", "a one-element float32 torch.Tensor or None", type(noop).__name__)
+        check_noop_type(noop)
         check_one_float32("noop", noop, "a one-element float32 tensor", f.device, repr(fname))
     if group_offsets is not None:
         groups.check(group_offsets, flat_dims(f.shape)[0], f.device)

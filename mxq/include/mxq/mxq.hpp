@@ -12,7 +12,7 @@
 // the op's layout, or float32 for format fp8_block (flat, contiguous; the gemm layout's scales as
 // their padded buffer, e.g. 1x128 rowwise outer-dim-major [ceil(N/128), roundup(M, 4)], 128x128
 // [roundup(ceil(M/128), 4), roundup(ceil(N/128), 4)]; 128x128 tiles fill both directions' scale
-// buffers), amax a float32 tensor of one element. CUDA tensors run the kernel on TVM-FFI's
+// buffers), amax a float32 tensor of one element (a grouped NVFP4 call: one per group, G). CUDA tensors run the kernel on TVM-FFI's
 // environment stream (TVMFFIEnvSetStream); CPU tensors run the torch reference, so C++ code can be
 // tested without a GPU. Pass owning tvm::ffi::Tensor objects (not TensorView) on the CPU route.
 // Errors arrive as tvm::ffi::Error carrying the Python exception kind (ValueError, TypeError).
@@ -27,7 +27,8 @@
 //   bit 0      fp8            0 = e4m3, 1 = e5m2
 //   bit 1      rowwise
 //   bit 2      colwise
-//   bits 3-4   scale_mode     0 rceil, 1 floor, 2 ceil, 3 even
+//   bits 3-4   scale_mode     mxfp8: 0 rceil, 1 floor, 2 ceil, 3 even; mxfp4: 0 floor, 1 rceil;
+//                             nvfp4: 0; fp8_block: bit 17's note
 //   bit 5      scale_layout   0 compact, 1 swizzled
 //   bit 6      amax
 //   bits 7-9   act            0 none, 1 gelu, 2 silu, 3 relu, 4 qgelu, 5 srelu
@@ -62,7 +63,7 @@ enum KeyBits : uint32_t {
   kE5M2 = 1u << 0,
   kRowwise = 1u << 1,
   kColwise = 1u << 2,
-  kScaleModeShift = 3,  // 0 rceil, 1 floor, 2 ceil, 3 even
+  kScaleModeShift = 3,  // mxfp8: 0 rceil, 1 floor, 2 ceil, 3 even; mxfp4: 0 floor, 1 rceil; fp8_block: 0 pow2, 1 fp32
   kSwizzled = 1u << 5,
   kAmax = 1u << 6,
   kActShift = 7,
