@@ -15,9 +15,10 @@ def get_include() -> str:
 
     return str(Path(__file__).resolve().parent / "include")
 
+from .integrations.entrypoints import get_quantize_kernel
 from .integrations.entrypoints import register_entrypoints as _register_entrypoints
 
-_register_entrypoints()  # "mxq.get_quantize_kernel" for C++ callers
+_register_entrypoints()  # "mxq.get_quantize_kernel" for C++ callers, the function above
 
 
 
@@ -69,7 +70,8 @@ def __getattr__(name):
 
 
 __all__ = [
-    "EpilogueError", "FusedOp", "get_include", "MXFP8Tensor", "QuantSpec", "fused_quant", "quantize",
+    "EpilogueError", "FusedOp", "get_include", "get_quantize_kernel", "MXFP8Tensor", "QuantSpec", "fused_quant",
+    "quantize",
     "abs", "erf", "exp", "exp2", "log", "log2", "maximum", "minimum", "rsqrt", "sigmoid", "sqrt",
     "tanh", "where", "gelu", "silu", "relu", "qgelu", "srelu",
 ]

@@ -234,6 +234,24 @@ def test_registered_names_are_dotted_identifiers():
     assert resid.register("ok.name_2") is not None
 
 
+def test_get_quantize_kernel_is_mxqs_attribute_and_the_global():
+    """mxq.get_quantize_kernel (the public name) is the function the TVM-FFI global of that name
+    calls: a key's dispatcher writes what mxq.quantize of its spec writes (CPU route)."""
+    from mxq.frontend.spec import QuantSpec
+
+    spec = QuantSpec(colwise=True, scale_mode="floor")
+    x = torch.randn(40, 64)
+    want = mxq.quantize(x, colwise=True, scale_mode="floor")
+    for get in (mxq.get_quantize_kernel, tvm_ffi.get_global_func("mxq.get_quantize_kernel")):
+        d = mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu")
+        get(spec.key("fp32"))(x, None, d.rowwise_data, d.rowwise_scale, d.colwise_data, d.colwise_scale, None, None,
+                              None)
+        assert torch.equal(d.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+        assert torch.equal(d.colwise_scale, want.colwise_scale)
+    with pytest.raises(TypeError, match="key must be an int"):
+        mxq.get_quantize_kernel("2")
+
+
 @pytest.mark.parametrize("key", ["2", 2.0, 2.5, True])
 def test_get_quantize_kernel_refuses_non_int_keys(key):
     g = tvm_ffi.get_global_func("mxq.get_quantize_kernel")
