@@ -246,3 +246,31 @@ def test_an_empty_call_zeroes_its_dbias_and_amax_on_every_route():
         launch, got = launcher.prepare(Call([x], [], None, noop, stale(), None, None), None)
         launch()
         assert (float(got.amax) == 0.0) == zeroed and (not bool(got.dbias.any())) == zeroed
+
+
+def test_prepare_leaves_a_grouped_out_to_its_launches(monkeypatch):
+    """op.prepare's binding of a grouped call into a given ``out`` writes nothing into it: the
+    swizzled scales' padding is cleared and the ends relabelled at every launch, under that
+    launch's noop (a noop that turns 1 before the first launch keeps out's scales and ends).
+    A native function that writes nothing stands in for the kernel (CPU tensors)."""
+    import mxq
+    from mxq.runtime import launch
+    from mxq.runtime.call import Call
+    from mxq.runtime.launch import Launcher
+
+    op = mxq.fused_quant(colwise=True, scale_layout="swizzled")(_ident)
+    monkeypatch.setattr(launch, "native_function", lambda *a, **k: (lambda *args: None))
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    old, new = torch.tensor([16, 64], dtype=torch.int32), torch.tensor([48, 64], dtype=torch.int32)
+    out = op(x, group_offsets=old)
+    scales = out.colwise_scale.clone()
+    assert scales.view(torch.uint8).any()
+    noop = torch.zeros(1)
+    run, got = Launcher(op, "sm_90", "bf16", None).prepare(Call([x], [], None, noop, out, new), None)
+    assert got is out and out.group_offsets.tolist() == [16, 64] and torch.equal(out.colwise_scale, scales)
+    noop.fill_(1.0)
+    run()  # (nothing written)
+    assert out.group_offsets.tolist() == [16, 64] and torch.equal(out.colwise_scale, scales)
+    noop.fill_(0.0)
+    run()  # (written: the new ends, the padding cleared for the kernel to fill)
+    assert out.group_offsets.tolist() == [48, 64] and not out.colwise_scale.view(torch.uint8).any()

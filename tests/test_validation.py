@@ -210,6 +210,42 @@ def test_option_cache_does_not_skip_validation():
         mxq.quantize(x, amax=0)
 
 
+def test_out_holding_fields_the_op_does_not_write_is_refused():
+    """An out= with a field the op does not write (a rowwise copy, an amax, a dbias of an earlier
+    call) is refused by name: it came back holding the earlier values, and dequantize() read the
+    stale rowwise copy. The C++ routes refuse such slots too."""
+    x, y = torch.randn(64, 64), torch.randn(64, 64) * 100
+    out = mxq.quantize(x, colwise=True, amax=True)
+    with pytest.raises(ValueError, match="'out' holds rowwise_data, which this op does not write"):
+        mxq.quantize(y, rowwise=False, colwise=True, out=out)
+    with pytest.raises(ValueError, match="'out' holds amax, which this op does not write"):
+        mxq.quantize(y, colwise=True, out=out)
+    out.amax = None
+    assert mxq.quantize(y, colwise=True, out=out) is out
+
+
+def test_noop_call_cannot_regroup_its_out():
+    """Under noop (a device value: nothing may be written) a call whose grouping differs from
+    out's (grouped into an ungrouped out, ungrouped into a grouped one, another group count) is
+    refused by name: its group_offsets would change with nothing written. Same grouping: taken."""
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    one = torch.ones(1)
+    plain, grouped = mxq.quantize(x), mxq.quantize(x, group_offsets=torch.tensor([16, 64]))
+    for out, ends in ((plain, torch.tensor([16, 64])), (grouped, None), (grouped, torch.tensor([8, 16, 64]))):
+        with pytest.raises(ValueError, match="'out' with noop: out holds outputs of"):
+            mxq.quantize(x, out=out, group_offsets=ends, noop=one)
+    before = grouped.group_offsets.tolist()
+    mxq.quantize(x, out=grouped, group_offsets=torch.tensor([32, 64]), noop=one)
+    assert grouped.group_offsets.tolist() == before
+
+
+def test_group_offsets_sparse_or_nested_are_named():
+    x = torch.randn(64, 64)
+    for ends in (torch.tensor([16, 64]).to_sparse(), torch.nested.nested_tensor([torch.tensor([16, 64])])):
+        with pytest.raises(TypeError, match="'group_offsets' must be a dense strided tensor"):
+            mxq.quantize(x, colwise=True, group_offsets=ends)
+
+
 def test_option_cache_does_not_skip_the_block_check():
     """True == 1 and 128.0 == 128 hash alike: after a call with block=(1, 128) the cached op
     must not answer a block of bools or floats, which a fresh process refuses."""

@@ -60,10 +60,14 @@ def swizzled_starts(bnds) -> tuple[list[int], list[int]]:
 
 
 def check_type(offsets) -> None:
-    """Raise a TypeError naming ``group_offsets`` unless it is a plain torch.Tensor (what a traced
-    call can check before the operator's schema would refuse it in torch's words)."""
-    if not isinstance(offsets, torch.Tensor) or type(offsets) not in (torch.Tensor,):
+    """Raise a TypeError naming ``group_offsets`` unless it is a plain, dense, strided torch.Tensor
+    (what a traced call can check before the operator's schema would refuse it in torch's words;
+    a sparse or nested tensor would fail inside torch)."""
+    if not isinstance(offsets, torch.Tensor) or type(offsets) not in (torch.Tensor, torch.nn.Parameter):
         raise TypeError(f"mxq: argument 'group_offsets' must be a torch.Tensor, got {type(offsets).__name__}")
+    if offsets.is_nested or offsets.layout is not torch.strided:
+        raise TypeError(f"mxq: argument 'group_offsets' must be a dense strided tensor, got a "
+                        f"{'nested' if offsets.is_nested else str(offsets.layout)} one")
 
 
 def check(offsets, m: int, device) -> None:

@@ -93,7 +93,7 @@ class Launcher:
     def prepare(self, call, operand_kinds):
         """``op.prepare``'s (launch, out): the call bound once, ``launch()`` re-running it with no
         checks (a grouped call re-reads its offsets at every launch: grouped_relaunch)."""
-        fn, fargs, out = self.bind(call, operand_kinds)
+        fn, fargs, out = self.bind(call, operand_kinds, deferred=True)
         if fn is None:  # (an empty call: its dbias and amax still become the reference's zeros)
             return (lambda: _empty_call(self.op.spec, out, call.noop)), out
         if call.group_offsets is None:
@@ -108,11 +108,14 @@ class Launcher:
             _empty_call(self.op.spec, out, noop)
         return out
 
-    def bind(self, call, operand_kinds=None):
+    def bind(self, call, operand_kinds=None, deferred: bool = False):
         """(native function, its argument list, out) for one call; launching is ``fn(*args)``.
         The argument list follows the kernel slot table (mxq/runtime/slots.py); ``operand_kinds``: the
         epilogue inputs' kinds (validation.operand_layouts; None: all full and contiguous); a
-        grouped call's ``group_offsets`` go to the grouped kernels (no host sync)."""
+        grouped call's ``group_offsets`` go to the grouped kernels (no host sync). ``deferred``
+        (op.prepare's binding): a given ``out`` of a grouped call is not cleared or relabelled
+        with the groups here but at every launch (grouped_relaunch), under the noop of that
+        launch (here it keeps its own ends: validation.check_out holds them to the call's count)."""
         tensors, scalars, act_input, noop, out, group_offsets, _ = call
         spec, epi = self.op.spec, self.op.epilogue
         x = tensors[0]
@@ -122,6 +125,8 @@ class Launcher:
         grouped = group_offsets is not None
         if out is None:
             out = MXFP8Tensor.empty(spec, shape, x.dtype, x.device, group_offsets=group_offsets)
+        elif deferred and grouped:
+            out.label(spec, group_offsets if noop is None else out.group_offsets, None)
         else:
             out.label(spec, group_offsets, noop)  # (the group ends the outputs are laid out by, ...)
             if grouped:

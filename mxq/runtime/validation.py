@@ -328,6 +328,11 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
     for field in OUT_FIELDS:
         w, g = getattr(want, field), getattr(out, field)
         if w is None:
+            # (it would come back holding an earlier call's values, and dequantize() read them; a
+            # colwise_amax is a label, which MXFP8Tensor.label clears)
+            if g is not None and field != "colwise_amax":
+                raise ValueError(f"mxq: argument 'out' holds {field}, which this op does not write; set "
+                                 f"out.{field} = None or pass an out made for the op (MXFP8Tensor.empty(op.spec, ...))")
             continue
         if g is None:
             raise ValueError(f"mxq: argument 'out' has no {field}, which this op writes")
@@ -359,6 +364,14 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
                                                                                                   spec.block):
         raise ValueError(f"mxq: argument 'out' is {out.format} {out.block} {out.fp8}/{out.scale_layout} but the op "
                          f"writes {spec.format} {spec.block} {spec.fp8}/{spec.scale_layout}")
+    old = out.group_offsets
+    if noop is not None and ((old is None) != (group_offsets is None)
+                             or (old is not None and old.shape != group_offsets.shape)):
+        raise ValueError(f"mxq: argument 'out' with noop: out holds outputs of "
+                         f"{'no groups' if old is None else f'{old.numel()} groups'}, which a call that writes "
+                         f"nothing cannot relabel; this call has "
+                         f"{'no groups' if group_offsets is None else f'{group_offsets.numel()} groups'} (pass an out "
+                         "made for it: MXFP8Tensor.empty(op.spec, ..., group_offsets=...))")
     if noop is not None and (out.scale_mode not in (None, spec.scale_mode)
                              or (out.colwise_amax is not None and not spec.hadamard)):
         raise ValueError(f"mxq: argument 'out' with noop: out holds outputs of scale_mode={out.scale_mode!r}"
