@@ -224,6 +224,19 @@ def test_out_holding_fields_the_op_does_not_write_is_refused():
     assert mxq.quantize(y, colwise=True, out=out) is out
 
 
+def test_fp4_out_data_must_be_contiguous():
+    """FP4's packed data in out= are contiguous [M, N/2] (and the colwise [N, M/2]): a view of
+    wider rows is refused by name (its row-stride rule was the unpacked N's)."""
+    x = torch.randn(64, 128)
+    for fmt in ("nvfp4", "mxfp4"):
+        out = mxq.quantize(x, format=fmt)
+        out.rowwise_data = torch.zeros(64, 128, dtype=torch.uint8)[:, :64]  # (rows 128 bytes apart: accepted before)
+        with pytest.raises(ValueError, match="'out.rowwise_data' of format=.* must be contiguous"):
+            mxq.quantize(x, format=fmt, out=out)
+        out.rowwise_data = torch.zeros(64, 64, dtype=torch.uint8)
+        assert mxq.quantize(x, format=fmt, out=out) is out
+
+
 def test_noop_call_cannot_regroup_its_out():
     """Under noop (a device value: nothing may be written) a call whose grouping differs from
     out's (grouped into an ungrouped out, ungrouped into a grouped one, another group count) is

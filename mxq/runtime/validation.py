@@ -347,6 +347,10 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
             # the right shape, and the rule for [M, N] rows below would take it)
             raise ValueError(f"mxq: argument 'out.colwise_data' is the transposed colwise copy: it must be "
                              f"contiguous of shape {tuple(w.shape)}, got strides {tuple(g.stride())}")
+        if field in ("rowwise_data", "colwise_data") and spec.is_fp4 and not g.is_contiguous():
+            # (the packed codes, two a byte: the kernels write them as contiguous [M, N/2] and [N, M/2])
+            raise ValueError(f"mxq: argument 'out.{field}' of format={spec.format!r} must be contiguous, got "
+                             f"strides {tuple(g.stride())}")
         if field in ("rowwise_data", "colwise_data") and group_offsets is None and not g.is_contiguous():
             m, n = flat_dims(shape)
             if data_rows(g, m, n) is None:
