@@ -183,7 +183,8 @@ class MXFP8Tensor:
         values, which ``dequantize`` reads by it), and the call's group ends (a copy, as
         ``empty`` keeps; None for an ungrouped call). With ``noop`` (a device value: nothing is
         written where it holds 1) the ends are chosen on the device, the old ones kept where
-        nothing was written; the other two must already be the op's (validation.check_out).
+        nothing was written; the other two, and the grouping (none, or as many groups), must
+        already be the call's (validation.check_out).
         Returns ``self``."""
         self.scale_mode = spec.scale_mode
         if not spec.hadamard:

@@ -269,10 +269,8 @@ def call(i: str, call: Call):
         args = fp4_args if fp4_args is not None else fp4.CallArgs()
         validation.check_fp4(spec, args, tensors[0], shape, group_offsets)  # (group values: when the call runs)
         amax = args.global_amax
-        if isinstance(amax, (tuple, list)):  # (hadamard=True's pair: the operator takes a tensor)
-            amax = fp4_layouts.given_amax(amax, tensors[0].device)
-        if isinstance(amax, torch.Tensor):  # (an amax computed in the graph may require grad: outputs do not)
-            amax = amax.detach()
+        if isinstance(amax, (tuple, list, torch.Tensor)):  # (the operator takes a tensor; given_amax detaches it:
+            amax = fp4_layouts.given_amax(amax, tensors[0].device)  # an amax computed in the graph may require grad)
         seed = [] if args.seed is None else [args.seed & 0xFFFFFFFF, args.seed >> 32]
         res = torch.ops.mxq.fused_quant_fp4(list(tensors), floats, act_input, noop,
                                             amax if isinstance(amax, torch.Tensor) else None,

@@ -208,10 +208,10 @@ def _check_amax_tensor(t) -> None:
     refused); on a GPU not read (that would wait for the device: the kernels take the value as
     docs/NUMERICS.md's formula does)."""
     if t.device.type == "cpu" and not torch.compiler.is_compiling() and t.numel():
-        if not bool(((t >= 0) & (t <= _FP32_MAX)).all()):
-            bad = t.reshape(-1)[~((t >= 0) & (t <= _FP32_MAX)).reshape(-1)][0]
+        bad = t.reshape(-1)[~((t >= 0) & (t <= _FP32_MAX)).reshape(-1)]  # (NaN fails both comparisons)
+        if bad.numel():
             raise ValueError(f"mxq: argument 'global_amax' must hold values >= 0 and at most fp32's largest finite "
-                             f"value ({_FP32_MAX:.8g}), got {float(bad)!r}")
+                             f"value ({_FP32_MAX:.8g}), got {float(bad[0])!r}")
 
 
 def _check_amax_value(v, shown) -> None:
