@@ -1,8 +1,8 @@
 """mxq's sm_90 GEMM (mxq/kernels/gemm_sm90.py) on the GPU: checked, then timed against torch.matmul.
 
-    python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8] [--no-fused]
+    python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8,-16] [--no-fused]
                          [--forms cooperative,pingpong,cooperative1,pingpong1] [--quack]
-                         [--large-only] [--profile MxNxK]
+                         [--large-only] [--profile MxNxK] [--ops gelu_mxfp8,...]
 
 Cases (M x N x K, bf16, D = A @ W^T with A [M, K], W [N, K]): M in (8192, 16384) crossed with
 (K, N) in ((4096, 14336), (14336, 4096), (8192, 28672)), and small or odd shapes with partial
@@ -11,7 +11,8 @@ matmul of the same inputs: D within bf16 GEMM tolerance (``bounds``) and the fp3
 hook within a K-dependent fp32 tolerance; torch.matmul is held to the same D bound. Then both are
 timed by bench/device_check.py's busy-GPU method (``dc.time_ms``) and printed as TFLOP/s with
 the ratio torch time / mxq time (> 1: mxq faster); ``--swizzle`` also times the kernel with those
-tile orders (GemmSm90's ``swizzle``; each must give D bit for bit). A case that raises prints its
+tile orders (GemmSm90's ``swizzle``, < 0 for bands along N; each must give D bit for bit). A case
+that raises prints its
 error and the run goes on.
 
 Forms (``--forms``, cooperative and pingpong by default): every mxq row runs once per form of
@@ -19,8 +20,16 @@ the kernel, the cooperative one (two consumer warpgroups on a 128 x 256 tile, CT
 mxq.runtime.gemm.CLUSTER_M along M sharing W by TMA multicast; rows named as before), the
 ping-pong one (each warpgroup its own 64 x 256 tile, their mainloops alternating; rows named
 ``... pingpong``), ``cooperative1`` and ``pingpong1`` (each without clusters: ``... cluster1``),
-set through mxq.runtime.gemm.PINGPONG and CLUSTER_M, each checked and timed beside the same torch
-baselines.
+``pingpong128x128`` and ``pingpong128x192`` (ping-pong with those tiles, two m64 wgmma rows a
+warpgroup: GemmSm90's ``pp_tile``; 128 x 192 in mxq.runtime.gemm.wide_order's tile order: the
+kernel kernel_for takes on an H100 for the plain GEMM and for ops reading the accumulator alone at
+K up to 8192), ``pingpong128x192n8`` (that tile in bands of 8 M tile clusters along N whatever M)
+and ``cooperativen8`` (the cooperative form in that order), and ``library`` (whatever kernel_for takes on this GPU for each case; rows named
+``... library``), set through mxq.runtime.gemm.PINGPONG, CLUSTER_M, PP_TILE and ORDER, each checked
+and timed beside the same torch baselines. A fused op runs in a ping-pong form only where its tile
+serves it (mxq.runtime.gemm.serves: FP8 block scaling's 1x128 blocks not in 192 columns, its
+128-row colwise blocks in no ping-pong tile) and, on 128 x 192, only what kernel_for would run there
+(wide_serves: what else reads more than the accumulator spills).
 
 Fused rows (``op.gemm``, mxq/kernels/gemm_quant.py; off with --no-fused), on the large cases
 (--quick: the first): gelu + FP8 block scaling 1x128 rowwise (``gelu_fp8_block``) and gelu +
@@ -112,24 +121,34 @@ U_FP32 = 2.0 ** -24  # unit roundoff of fp32
 U_OUT = 2.0 ** -8  # bf16's relative spacing: twice its unit roundoff (rounding plus slack)
 
 
-# --forms names -> (GemmSm90's pingpong, its cluster_m; None: the library's), row-name suffix
-FORMS = {"cooperative": (False, None, ""), "pingpong": (True, None, " pingpong"),
-         "cooperative1": (False, 1, " cluster1"), "pingpong1": (True, 1, " pingpong cluster1")}
+# --forms names -> (GemmSm90's pingpong, its cluster_m; None: the library's), row-name suffix, the
+# ping-pong tile (mxq.runtime.gemm.PP_TILE; None: the library's), the tile order (mxq.runtime.gemm.ORDER:
+# GemmSm90's swizzle, < 0 bands along N; None: the library's); "library": PINGPONG None, kernel_for's choice
+FORMS = {"cooperative": (False, None, "", None, None), "pingpong": (True, None, " pingpong", None, None),
+         "library": (None, None, " library", None, None),
+         "cooperative1": (False, 1, " cluster1", None, None), "pingpong1": (True, 1, " pingpong cluster1", None, None),
+         "pingpong128x128": (True, None, " pingpong 128x128", (128, 128), None),
+         "pingpong128x192": (True, None, " pingpong 128x192", (128, 192), None),
+         "pingpong128x192n8": (True, None, " pingpong 128x192 order -8", (128, 192), -8),
+         "cooperativen8": (False, None, " order -8", None, -8)}
 DEFAULT_FORMS = ("cooperative", "pingpong")
 
 
 @contextlib.contextmanager
 def use_form(form: str):
-    """mxq.runtime.gemm's kernel form (PINGPONG, CLUSTER_M) set to ``form``'s for the rows run inside."""
+    """mxq.runtime.gemm's kernel (PINGPONG, CLUSTER_M, PP_TILE, ORDER) set to ``form``'s for the rows
+    run inside, restored after."""
     from mxq.runtime import gemm as g
 
-    pingpong, cluster, _ = FORMS[form]
-    old = g.PINGPONG, g.CLUSTER_M
+    pingpong, cluster, _, tile, order = FORMS[form]
+    old = g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER
     g.PINGPONG, g.CLUSTER_M = pingpong, g.CLUSTER_M if cluster is None else cluster
+    g.PP_TILE = g.PP_TILE if tile is None else tile
+    g.ORDER = g.ORDER if order is None else order
     try:
         yield
     finally:
-        g.PINGPONG, g.CLUSTER_M = old
+        g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER = old
 
 
 def _suffix(form: str) -> str:
@@ -137,13 +156,17 @@ def _suffix(form: str) -> str:
 
 
 def runs_in(op, form: str) -> bool:
-    """Whether op.gemm of ``op`` runs in ``form`` (an op with 128-row colwise blocks runs
-    cooperative whatever PINGPONG says: mxq.runtime.gemm.pingpong_for), so that no row is named
-    for a form it did not run in."""
+    """Whether op.gemm of ``op`` runs in ``form`` (where the form's ping-pong tile does not serve
+    the op, kernel_for runs it cooperative whatever PINGPONG says), so that no row is named for a
+    form it did not run in; "library" runs every op."""
     from mxq.runtime import gemm as g
 
-    with use_form(form):
-        return g.pingpong_for(op.spec) == g.PINGPONG
+    if FORMS[form][0] is None:
+        return True
+    if FORMS[form][3] == g.WIDE_TILE and not g.wide_serves(op):
+        return False  # (192 accumulators a thread: what the library does not run there spills)
+    with use_form(form):  # (kernel_for: cooperative where the form's tile does not serve the op)
+        return g.kernel_for(op).pingpong == g.PINGPONG
 
 
 def cases(quick: bool = False):
@@ -213,7 +236,9 @@ def time_case(m, n, k):
 
 
 def swizzle_rows(m, n, k, swizzles):
-    """{swizzle: ms, or the error} of the kernel compiled with each tile order; D must equal the
+    """{swizzle: ms, or the error} of the kernel (the form's, mxq.runtime.gemm.PINGPONG and
+    PP_TILE) compiled with each tile order (GemmSm90's ``swizzle``: > 0 bands of that many N tiles
+    moving down M, < 0 bands of that many clusters of M tiles moving along N); D must equal the
     default order's bit for bit."""
     from mxq.runtime import gemm as g
     from mxq.runtime.gemm import compile_gemm, gemm
@@ -224,7 +249,9 @@ def swizzle_rows(m, n, k, swizzles):
     rows = {}
     for sw in swizzles:
         try:
-            fn = compile_gemm("bf16", False, sms, swizzle=sw, pingpong=g.PINGPONG, cluster_m=g.cluster_for(g.PINGPONG, m))
+            kern = g.kernel_for(None, m, n, k)
+            fn = compile_gemm("bf16", False, sms, swizzle=sw, pingpong=kern.pingpong, cluster_m=kern.cluster_m,
+                              pp_tile=kern.tile if kern.pingpong else None)
             out = torch.empty_like(want)
             fn(a, w, out)
             if not torch.equal(out, want):
@@ -412,12 +439,13 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-bench", action="store_true", help="check only")
-    ap.add_argument("--swizzle", default="", help="tile orders to time too, e.g. '4,8'")
+    ap.add_argument("--swizzle", default="", help="tile orders to time too, e.g. '4,8,-16' (< 0: bands along N)")
     ap.add_argument("--no-fused", action="store_true", help="skip the op.gemm rows")
     ap.add_argument("--forms", default=",".join(DEFAULT_FORMS), help=f"kernel forms to run, of {list(FORMS)}")
     ap.add_argument("--quack", action="store_true", help="time quack-kernels' sm_90 GEMM beside (quack_row)")
     ap.add_argument("--large-only", action="store_true", help="skip the small cases")
     ap.add_argument("--profile", default="", metavar="MxNxK", help="run the kernels once each for ncu (profile)")
+    ap.add_argument("--ops", default="", help="only these fused rows (names of FUSED, comma-separated)")
     args = ap.parse_args(argv)
     swizzles = [int(s) for s in args.swizzle.split(",") if s]
     unknown = [f for f in args.forms.split(",") if f not in FORMS]
@@ -437,9 +465,10 @@ def main(argv=None):
     rows = [run_case(m, n, k, not args.no_bench, swizzles, pp) for m, n, k in shapes for pp in forms]
     if args.quack:
         rows += [quack_row(m, n, k) for m, n, k in shapes if (m, n, k) in LARGE]
+    ops = [op for op in FUSED if not args.ops or op.__name__ in args.ops.split(",")]
     if not args.no_fused:
         rows += [fused_row(op, m, n, k, not args.no_bench, form=pp)
-                 for m, n, k in (LARGE[:1] if args.quick else LARGE) for op in FUSED for pp in forms if runs_in(op, pp)]
+                 for m, n, k in (LARGE[:1] if args.quick else LARGE) for op in ops for pp in forms if runs_in(op, pp)]
     dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
                                      "rows": rows}, "-gemm")
     return 0 if all(r.get("checked") for r in rows) else 1

@@ -1648,3 +1648,35 @@ def test_every_module_the_kernels_import_is_hashed():
                 imported.add(m.group(2).replace(".", "/") + ".py")
     assert imported, "the scan found no import from outside mxq/kernels/"
     assert imported <= set(codegen.SHAPING_FILES), sorted(imported - set(codegen.SHAPING_FILES))
+
+
+def test_every_formats_module_a_hashed_file_imports_is_hashed():
+    """The formats/ modules (layouts, constants) that a hashed file imports, directly or through
+    another, shape the compiled code too: each is in SHAPING_FILES (e.g. runtime/slots.py's
+    layouts and fp8_block_layouts, formats/fp4.py's fp8_block)."""
+    from pathlib import Path
+
+    pkg = Path(codegen.__file__).resolve().parents[1]
+    todo = [p.relative_to(pkg).as_posix() for p in (pkg / "kernels").glob("*.py")] + list(codegen.SHAPING_FILES)
+    seen, formats = set(), set()
+    while todo:
+        rel = todo.pop()
+        if rel in seen or not (pkg / rel).is_file():
+            continue
+        seen.add(rel)
+        here = Path(rel).parent
+        for line in (pkg / rel).read_text().splitlines():
+            m = re.match(r"\s*from (\.+)([\w.]*) import ([\w, ]+)", line)
+            if not m:
+                continue
+            base = here
+            for _ in range(len(m.group(1)) - 1):
+                base = base.parent
+            mod = (base / m.group(2).replace(".", "/")).as_posix() if m.group(2) else base.as_posix()
+            names = [n.strip() for n in m.group(3).split(",")]
+            for target in [f"{mod}.py"] + [f"{mod}/{n}.py" for n in names]:
+                if target.startswith("formats/") and (pkg / target).is_file():
+                    formats.add(target)
+                    todo.append(target)
+    assert {"formats/layouts.py", "formats/fp8_block_layouts.py", "formats/fp8_block.py"} <= formats
+    assert formats <= set(codegen.SHAPING_FILES), sorted(formats - set(codegen.SHAPING_FILES))

@@ -281,8 +281,11 @@ def test_gpu_tests_skip_the_ping_pong_forms_a_128_row_colwise_op_does_not_run(mo
     monkeypatch.setattr(g, "PINGPONG", True)
     assert [_in_form(op) for op in (bias_gelu, bias_gelu_mx_both, bias_gelu_both, plus_bias_tr)] == [
         True, True, False, False]
+    monkeypatch.setattr(g, "PP_TILE", g.WIDE_TILE)  # (the wide tile: MXFP8 reading the accumulator alone)
+    wide = mxq.fused_quant(act="gelu")(_ident)
+    assert [_in_form(op) for op in (bias_gelu, bias_gelu_mx_both, bias_gelu_both, wide)] == [False, False, False, True]
     monkeypatch.setattr(g, "PINGPONG", False)
-    assert all(_in_form(op) for op in GPU_OPS + [dgelu_both, drelu_scaled_gemm])
+    assert all(_in_form(op) for op in GPU_OPS + [dgelu_both, drelu_scaled_gemm, wide])
 
 
 def test_colwise_forms_and_exchange():
@@ -294,8 +297,8 @@ def test_colwise_forms_and_exchange():
     from mxq.frontend import codegen
     from mxq.kernels import gemm_quant, gemm_sm90
 
-    assert g.pingpong_for(bias_gelu_mx_both.spec) == g.form_for() and g.pingpong_for(bias_gelu.spec) == g.form_for()
-    assert g.pingpong_for(bias_gelu_both.spec) is False
+    assert g.kernel_for(bias_gelu_mx_both).pingpong == g.form_for() and g.kernel_for(bias_gelu).pingpong == g.form_for()
+    assert g.kernel_for(bias_gelu_both).pingpong is False
     assert gemm_sm90.XCH_SLOTS == 2 * gemm_sm90.TILE[1] // 8 // gemm_quant.CHUNK_GROUPS
     rows = {op: gemm_quant.colwise_rows(codegen.kernel_config(op.spec, op.epilogue))
             for op in (bias_gelu, bias_gelu_mx_both, bias_gelu_both)}
@@ -474,20 +477,16 @@ def test_asm_gemm_is_the_kernel_op_gemm_launches(ptx):
         bias_gelu.asm(operands=["row"])
 
 
-def test_the_accumulator_layout_assumption_is_checked_at_trace_time():
-    """gemm_quant.check_layout passes on GemmSm90's tiled MMAs (it runs in every fused compile):
-    the cooperative form's two warpgroups on 128 rows, the ping-pong form's one on 64; it fails on
-    a tiled MMA of another value order (planted: two warpgroups along N) and on a tile that is not
-    64 rows a warpgroup."""
+def _tiled_mmas():
+    """(cute, mma): CuTe, and a builder of GemmSm90's tiled MMAs (bf16, both operands K-major, fp32
+    accumulator) from warpgroup atoms and an M x N tiler, for trace-time layout checks."""
     from mxq.runtime import toolchain
 
     toolchain.import_cutlass(g.ARCH)
     import cutlass
+    import cutlass.cute as cute
     import cutlass.utils as utils
     import cutlass.utils.hopper_helpers as sm90
-
-    from mxq.kernels import gemm_quant
-    from mxq.kernels.gemm_sm90 import PINGPONG_TILE, TILE
 
     k_major = utils.LayoutEnum.ROW_MAJOR.sm90_mma_major_mode()
 
@@ -495,12 +494,22 @@ def test_the_accumulator_layout_assumption_is_checked_at_trace_time():
         return sm90.make_trivial_tiled_mma(cutlass.BFloat16, cutlass.BFloat16, k_major, k_major, cutlass.Float32,
                                            atoms, tiler_mn=tiler)
 
-    import cutlass.cute as cute
+    return cute, mma
+
+
+def test_the_accumulator_layout_assumption_is_checked_at_trace_time():
+    """gemm_quant.check_layout passes on GemmSm90's tiled MMAs (it runs in every fused compile):
+    the cooperative form's two warpgroups on 128 rows, the ping-pong form's one on 64; it fails on
+    a tiled MMA of another value order (planted: two warpgroups along N) and on a tile that is not
+    64 rows a warpgroup."""
+    cute, mma = _tiled_mmas()
+    from mxq.kernels import gemm_quant
+    from mxq.kernels.gemm_sm90 import TILE
 
     @cute.jit
     def gemm_sm90s():  # (host-only: the check runs while these trace)
         gemm_quant.check_layout(mma((2, 1, 1), (64, TILE[1])), (TILE[0], TILE[1]))
-        gemm_quant.check_layout(mma((1, 1, 1), (64, PINGPONG_TILE[1])), PINGPONG_TILE[:2], 1)
+        gemm_quant.check_layout(mma((1, 1, 1), (64, 256)), (64, 256), 1)  # (the 64 x 256 ping-pong tile)
 
     @cute.jit
     def planted():
@@ -515,6 +524,49 @@ def test_the_accumulator_layout_assumption_is_checked_at_trace_time():
         cute.compile(planted, options=f"--gpu-arch {g.ARCH}")
     with pytest.raises(Exception, match="not 1 warpgroups of 64 rows"):
         cute.compile(planted_rows, options=f"--gpu-arch {g.ARCH}")
+
+
+def test_pingpong_128_row_tile_is_two_parts():
+    """A 128-row ping-pong tile (GemmSm90 pp_tile (128, 128)): a warpgroup's fragment holds two
+    wgmma rows, and its slice at M mode p is value for value part p's own partition (64 x 128),
+    which the fused epilogue writes as a tile (gemm_quant.check_parts, run where GemmSm90
+    traces); a tiled MMA of two warpgroups on the same tile has no such parts (planted)."""
+    cute, mma = _tiled_mmas()
+    from mxq.kernels import gemm_quant
+
+    @cute.jit
+    def parts():
+        gemm_quant.check_parts(mma((1, 1, 1), (64, 128)), (128, 128), (64, 128))
+        gemm_quant.check_layout(mma((1, 1, 1), (64, 128)), (64, 128), 1)
+
+    @cute.jit
+    def planted():
+        gemm_quant.check_parts(mma((2, 1, 1), (64, 128)), (128, 128), (64, 128))  # (the cooperative form's MMA)
+
+    cute.compile(parts, options=f"--gpu-arch {g.ARCH}")
+    with pytest.raises(Exception, match="wgmma rows, not 2 parts"):
+        cute.compile(planted, options=f"--gpu-arch {g.ARCH}")
+
+
+def test_gemm_sm90_refuses_bad_tiles_and_orders():
+    """GemmSm90's options by name: a ping-pong tile not in PINGPONG_TILES, a tile order of 0."""
+    from mxq.runtime import toolchain
+
+    toolchain.import_cutlass(g.ARCH)
+    import types
+
+    from mxq.frontend import codegen
+    from mxq.kernels.gemm_sm90 import PINGPONG_TILES, GemmSm90
+
+    assert g.PP_TILE in PINGPONG_TILES and (128, 128) in PINGPONG_TILES
+    with pytest.raises(ValueError, match="pp_tile"):
+        GemmSm90(pingpong=True, pp_tile=(64, 128))
+    with pytest.raises(ValueError, match="swizzle"):
+        GemmSm90(swizzle=0)
+    fp8_block = types.SimpleNamespace(cfg=codegen.kernel_config(bias_gelu.spec, bias_gelu.epilogue))  # (1x128)
+    with pytest.raises(ValueError, match="no whole rowwise blocks of 128"):
+        GemmSm90(fused=fp8_block, pingpong=True, pp_tile=(128, 192))
+    GemmSm90(fused=fp8_block, pingpong=True, pp_tile=(128, 128))
 
 
 # --- CPU: refusals ----------------------------------------------------------------------------
@@ -815,6 +867,7 @@ def test_gpu_gemm_amax_leaves_out_rows_past_m(m, form):
     op of a zero accumulator, b, which must not enter it. An empty product's amax is 0 too,
     into a stale out=. CPU counterpart: test_amax_is_one_atomic_per_warp_in_the_epilogue (the
     epilogue's amax in PTX), test_bench_fused_rows_check_on_the_cpu_route (the amax row's reference)."""
+    _skip_outside_form(plus_bias_amax)
     n, k = 264, 64
     b = ((torch.arange(n, device="cuda") % 7) - 3.5).to(torch.bfloat16)  # (|b| >= 0.5: never 0)
     a = torch.zeros(m, k, device="cuda", dtype=torch.bfloat16)
@@ -945,6 +998,21 @@ SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 103
 OTHER_FORM_SHAPES = [(1, 8, 8), (300, 520, 1000), (2176, 2048, 256)]
 
 
+@mxq.fused_quant(act="gelu")
+def gelu_mx(x):
+    return x
+
+
+@mxq.fused_quant(act="gelu", amax=True, scale_layout="swizzled")
+def gelu_mx_amax_sw(x):
+    return x
+
+
+# ops whose epilogue reads the accumulator alone: what runtime/gemm.kernel_for runs on the 128 x 192
+# ping-pong tile on an H100 (wide_serves), in every form as GPU_OPS
+ACC_ALONE_OPS = [gelu_mx, gelu_mx_amax_sw]
+
+
 
 def _acc_bound(a, w):
     """The fp32 accumulator's bound against the float64 product (bench/gemm.py's): 8 sqrt(K)
@@ -1003,28 +1071,35 @@ def dbias_close(op, t, args, ref, **params):
 
 
 def _in_form(op) -> bool:
-    """Whether op.gemm of ``op`` runs the kernel form the ``form`` fixture set: an op with 128-row
-    colwise blocks runs the cooperative form whatever PINGPONG says (runtime/gemm.pingpong_for),
-    so under a ping-pong form its test is skipped (the fixture checks every compile's form; the
-    cooperative forms' tests cover the op)."""
-    return g.pingpong_for(op.spec) == g.PINGPONG
+    """Whether op.gemm of ``op`` runs the kernel form the ``form`` fixture set: where the form's
+    ping-pong tile does not serve the op (runtime/gemm.serves: 128-row colwise blocks in any,
+    FP8 block scaling's 1x128 blocks in 192 columns) it runs cooperative whatever PINGPONG says,
+    and on the 128 x 192 tile the library runs only what reads the accumulator alone
+    (wide_serves), so under such a form its test is skipped (the fixture checks every compile's
+    form; the other forms' tests cover the op)."""
+    if g.PINGPONG and g.PP_TILE == g.WIDE_TILE and not g.wide_serves(op):
+        return False
+    return g.kernel_for(op).pingpong == g.PINGPONG
 
 
 def _skip_outside_form(op):
     if not _in_form(op):
-        pytest.skip("128-row colwise blocks run the cooperative form (its own test ids)")
+        pytest.skip("the form's ping-pong tile does not take this op (its other forms' test ids)")
 
 
 def _library_form(op) -> bool:
-    """Whether the ``form`` fixture set the form op.gemm of ``op`` runs in the library
-    (runtime/gemm.pingpong_for under the library's PINGPONG, clusters of its CLUSTER_M)."""
+    """Whether the ``form`` fixture set the kernel op.gemm of ``op`` runs in the library on this
+    GPU (runtime/gemm.kernel_for under the library's settings, K unknown: the short-K choice)."""
+    now = g.kernel_for(op)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(g, "PINGPONG", LIBRARY_FORM[0])
-        pingpong = g.pingpong_for(op.spec)
-    return (g.PINGPONG, g.CLUSTER_M) == (pingpong, LIBRARY_FORM[1])
+        for name, value in LIBRARY_FORM.items():
+            mp.setattr(g, name, value)
+        lib = g.kernel_for(op)
+    return (now.pingpong, now.tile, now.cluster_m) == (lib.pingpong, lib.tile, lib.cluster_m)
 
 
-LIBRARY_FORM = (g.PINGPONG, g.CLUSTER_M)  # (read at import, before the form fixture sets them)
+# (read at import, before the form fixture sets them)
+LIBRARY_FORM = {"PINGPONG": g.PINGPONG, "CLUSTER_M": g.CLUSTER_M, "PP_TILE": g.PP_TILE, "ORDER": g.ORDER}
 
 
 def launch_flat(s):
@@ -1034,11 +1109,13 @@ def launch_flat(s):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("op", GPU_OPS, ids=lambda o: o.__name__)
+@pytest.mark.parametrize("op", GPU_OPS + ACC_ALONE_OPS, ids=lambda o: o.__name__)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_gpu_gemm_bytes_equal_the_reference_on_its_accumulator(op, shape, form):
-    """Every GPU op at every shape in the form the library launches it in, and at
-    OTHER_FORM_SHAPES in the other forms, against the reference on the kernel's accumulator."""
+    """Every GPU op (and those reading the accumulator alone: the 128 x 192 tile's on an H100, with
+    partial 192-column tiles at N = 8, 264, 520, 1032) at every shape in the form the library
+    launches it in, and at OTHER_FORM_SHAPES in the other forms, against the reference on the
+    kernel's accumulator."""
     _skip_outside_form(op)
     if shape not in OTHER_FORM_SHAPES and not _library_form(op):
         pytest.skip("the other kernel forms run OTHER_FORM_SHAPES")
@@ -1047,7 +1124,7 @@ def test_gpu_gemm_bytes_equal_the_reference_on_its_accumulator(op, shape, form):
     a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
     w = (torch.randn(n, k, device="cuda", generator=gen) / math.sqrt(k)).to(torch.bfloat16)
     b = torch.randn(n, device="cuda", generator=gen).to(torch.bfloat16)
-    _check_against_reference(op, a, w, b)
+    _check_against_reference(op, a, w, *((b,) if len(op.epilogue.tensor_params) > 1 else ()))
 
 
 @pytest.mark.gpu
@@ -1072,6 +1149,7 @@ def test_gpu_gemm_dact_bytes_equal_the_reference_on_its_accumulator(op, shape, f
 @pytest.mark.parametrize("op", [scaled_residual, scaled_residual_mx, scaled_residual_dbias], ids=lambda o: o.__name__)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gpu_gemm_column_full_and_float_operands(op, dtype, form):
+    _skip_outside_form(op)
     m, n, k = 333, 392, 264
     gen = torch.Generator(device="cuda").manual_seed(5)
     a = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
@@ -1178,9 +1256,9 @@ def test_gpu_gemm_specials_nan_and_overflow_in_the_accumulator(form):
     # (no dbias op: the planted 3e38 bias overflows the epilogue's fp32 partials of 16 rows, which
     # an inf row of the other sign then meets as NaN where the reference's fp64 sum keeps -inf)
     for op in (bias_gelu, bias_gelu_mx, plus_bias, plus_bias_mx, plus_bias_amax, bias_gelu_mx_amax, bias_gelu_mx_both,
-               plus_bias_mx_col_sw, bias_gelu_both, bias_gelu_gemm_both):
+               plus_bias_mx_col_sw, bias_gelu_both, bias_gelu_gemm_both, *ACC_ALONE_OPS):
         if _in_form(op):
-            _check_against_reference_loose_acc(op, a, w, b)
+            _check_against_reference_loose_acc(op, a, w, *((b,) if len(op.epilogue.tensor_params) > 1 else ()))
 
 
 def test_cpu_counterpart_of_the_gpu_checks():
@@ -1195,6 +1273,8 @@ def test_cpu_counterpart_of_the_gpu_checks():
         _check_against_reference(op, a, w, b)
     s, r = torch.rand(200, 1, generator=gen).to(torch.bfloat16), torch.randn(200, 264, generator=gen).to(torch.bfloat16)
     _check_against_reference(scaled_residual, a, w, s, r, alpha=0.5)
+    for op in ACC_ALONE_OPS:
+        _check_against_reference(op, a, w)
     a, w, b = _specials("cpu")
     for op in (bias_gelu, plus_bias_mx, plus_bias_amax, plus_bias_dbias, bias_gelu_mx_both, bias_gelu_both):
         _check_against_reference_loose_acc(op, a, w, b)
@@ -1260,12 +1340,26 @@ def test_bench_runs_each_form_through_the_runtime_switch():
 
     tool = _bench_tool("gemm")
     assert tool.DEFAULT_FORMS == ("cooperative", "pingpong")
-    assert set(tool.FORMS) == {*tool.DEFAULT_FORMS, "cooperative1", "pingpong1"}
-    before = g.PINGPONG, g.CLUSTER_M
-    for form, want in (("cooperative", (False, before[1])), ("pingpong", (True, before[1])),
-                       ("cooperative1", (False, 1)), ("pingpong1", (True, 1))):
+    assert set(tool.FORMS) == {*tool.DEFAULT_FORMS, "cooperative1", "pingpong1", "pingpong128x128", "pingpong128x192",
+                               "pingpong128x192n8", "cooperativen8", "library"}
+    before = g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER
+    for form, want in (("cooperative", (False, before[1], before[2], before[3])),
+                       ("pingpong", (True, before[1], before[2], before[3])),
+                       ("cooperative1", (False, 1, before[2], before[3])), ("pingpong1", (True, 1, before[2], before[3])),
+                       ("pingpong128x128", (True, before[1], (128, 128), before[3])),
+                       ("pingpong128x192", (True, before[1], (128, 192), before[3])),
+                       ("pingpong128x192n8", (True, before[1], (128, 192), -8)),
+                       ("cooperativen8", (False, before[1], before[2], -8)), ("library", before)):
         with tool.use_form(form):
-            assert (g.PINGPONG, g.CLUSTER_M) == want and g.cluster_for(g.PINGPONG) == want[1]
-        assert (g.PINGPONG, g.CLUSTER_M) == before
+            assert (g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER) == want and g.cluster_for() == want[1]
+            kern = g.kernel_for(None, 8192, 14336, 4096)
+            rule = (g.wide_order(8192, 14336, kern.cluster_m) if kern.pingpong and kern.tile == g.WIDE_TILE
+                    else g.swizzle_for(14336, kern.tile[1]))  # (the order kernel_for's rule gives: any GPU)
+            assert kern.order == (rule if want[3] is None else want[3])
+        assert (g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER) == before
+    # (a row's block inside a tile: MXFP8's 32 in 192 columns, FP8 block scaling's 128 not; no colwise copy there)
+    assert tool.runs_in(tool.gelu_mxfp8, "pingpong128x192") and not tool.runs_in(tool.gelu_fp8_block, "pingpong128x192")
+    assert not tool.runs_in(tool.gelu_mxfp8_both, "pingpong128x192n8") and tool.runs_in(tool.gelu_mxfp8, "pingpong128x128")
+    assert all(tool.runs_in(op, "library") for op in tool.FUSED)
     with pytest.raises(SystemExit):
         tool.main(["--forms", "cooperative,pinpong"])

@@ -63,6 +63,10 @@ def _ident(x):
     return x
 
 
+def _plus(x, b):
+    return x + b
+
+
 def test_the_form_follows_the_devices_dram_bandwidth(monkeypatch):
     """form_for: ping-pong on a GPU whose peak DRAM bandwidth reaches PINGPONG_MIN_GBPS (an
     H200's properties), cooperative below (an H100 SXM's), ping-pong where the properties do not
@@ -86,8 +90,24 @@ def test_the_form_follows_the_devices_dram_bandwidth(monkeypatch):
     assert g.form_for(0) is False and reads == [0, 1, 2]  # (each device's properties read once)
     blocks128 = mxq.fused_quant(format="fp8_block", colwise=True)(_ident)
     rows = mxq.fused_quant(format="fp8_block")(_ident)
-    assert g.pingpong_for(rows.spec, 0) is False and g.pingpong_for(rows.spec, 1) is True
-    assert g.pingpong_for(blocks128.spec, 1) is False
+    mx = mxq.fused_quant(act="gelu")(_ident)
+    mx_both = mxq.fused_quant(act="gelu", colwise=True)(_ident)
+    bias = mxq.fused_quant(act="gelu")(_plus)
+    assert g.kernel_for(rows, device=0).pingpong is False and g.kernel_for(rows, device=1).pingpong is True
+    assert g.kernel_for(blocks128, device=1).pingpong is False and g.kernel_for(blocks128, device=0).pingpong is False
+    # the H100: 128 x 192 ping-pong in bands along N for what reads the accumulator alone at K <= WIDE_MAX_K
+    wide = g.Kernel(True, g.WIDE_TILE, g.WIDE_ORDER, 2)
+    assert g.kernel_for(None, 8192, 14336, 4096, 0) == wide == g.kernel_for(mx, 8192, 14336, 8192, 0)
+    assert g.kernel_for(mx, 8192, 14336, 14336, 0) == g.Kernel(False, g.COOPERATIVE_TILE, 8, 2)
+    assert g.kernel_for(None, 8192, 14336, 14336, 0).pingpong is False
+    assert not g.kernel_for(mx_both, 8192, 14336, 4096, 0).pingpong and not g.kernel_for(bias, 8192, 14336, 4096, 0).pingpong
+    assert not g.kernel_for(rows, 8192, 14336, 4096, 0).pingpong  # (1x128 blocks: not in 192 columns)
+    # the H200: 64 x 256 ping-pong wherever it serves the op, the order by N
+    assert g.kernel_for(mx, 8192, 14336, 14336, 1) == g.Kernel(True, g.PP_TILE, 8, 2) == g.kernel_for(bias, 8192, 14336,
+                                                                                                      4096, 1)
+    assert g.kernel_for(mx, 64, 8, 8, 1) == g.Kernel(True, g.PP_TILE, 1, 1)  # (one M tile: no cluster)
+    # the wide tile's order pads no more than 1/WIDE_MAX_PAD of the M clusters: a decode-sized M in plain order
+    assert g.kernel_for(mx, 64, 14336, 4096, 0) == g.Kernel(True, g.WIDE_TILE, 1, 1)
     for forced in (True, False):
         monkeypatch.setattr(g, "PINGPONG", forced)
         assert g.form_for(0) is forced and g.form_for(1) is forced
@@ -96,16 +116,35 @@ def test_the_form_follows_the_devices_dram_bandwidth(monkeypatch):
     assert g.form_for() is True
 
 
+def test_wide_order_bands_along_n_pad_little():
+    """wide_order: bands of 8, 4 or 2 clusters of 128-row tiles along N where the band pads the M
+    clusters by at most 1/WIDE_MAX_PAD (hand values: 64 clusters -> 8, 4 -> 4, 33 -> 2), else the
+    order along M by N (1 cluster, 5, 9: swizzle_for of 14336 / 192 = 75 tiles, 1); M unknown:
+    WIDE_ORDER. Over every M the padding bound holds and a band divides where one of 8 does."""
+    assert (g.WIDE_ORDER, g.WIDE_MAX_PAD, g.WIDE_TILE) == (-8, 16, (128, 192))
+    for m, cluster, want in ((8192, 2, -8), (16384, 2, -8), (1024, 2, -4), (8320, 2, -2), (64, 1, 1), (640, 1, 1),
+                             (2304, 2, 1), (8192, 1, -8), (128 * 12, 1, -4)):
+        assert g.wide_order(m, 14336, cluster) == want, (m, cluster)
+    assert g.wide_order(None, None, 2) == -8 and g.wide_order(2304, 4096, 2) == g.swizzle_for(4096, 192) == 2
+    for m in range(1, 66000, 61):
+        clusters = -(-(-(-m // 128)) // 2)
+        order = g.wide_order(m, 14336, 2)
+        if order < 0:
+            assert (-(-clusters // -order) * -order - clusters) * 16 <= clusters, m
+        if clusters % 8 == 0:
+            assert order == -8, m
+
+
 def test_cluster_for_pairs_the_m_tiles():
     """Clusters of two where the M tiles (64 rows ping-pong, 128 cooperative) pair up or are
     at least CLUSTER_MIN_ODD_TILES (9: one padding tile in ten at most); a small odd count runs
     unclustered (one tile of M: half the CTAs would compute zeros); CLUSTER_M = 1 never."""
     assert (g.CLUSTER_M, g.CLUSTER_MIN_ODD_TILES) == (2, 9)
-    for pingpong, rows in ((True, 64), (False, 128)):
+    for rows in (64, 128):
         for tiles, want in ((1, 1), (2, 2), (3, 1), (4, 2), (7, 1), (8, 2), (9, 2), (10, 2), (129, 2)):
             for m in (tiles * rows - (rows - 1), tiles * rows):  # (the first and the last M of that many tiles)
-                assert g.cluster_for(pingpong, m) == want, (pingpong, m)
-        assert g.cluster_for(pingpong) == 2  # (no M: the compile of a given cluster)
+                assert g.cluster_for(rows, m) == want, (rows, m)
+    assert g.cluster_for() == 2  # (no M: the compile of a given cluster)
 
 
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
@@ -116,7 +155,7 @@ def test_forms_multicast_w_across_their_cluster(pingpong):
     refuses clusters other than 1 and 2."""
     from mxq.kernels.gemm_sm90 import GemmSm90
 
-    assert g.CLUSTER_M == 2 and g.cluster_for(pingpong) == 2
+    assert g.CLUSTER_M == 2 and g.cluster_for() == 2
     text = g.compile_gemm("bf16", keep_ptx=True, pingpong=pingpong).__ptx__
     loads = re.findall(r"cp\.async\.bulk\.tensor\.2d\.\S+", text)
     assert sum("multicast::cluster" in x for x in loads) == len(loads) // 2 > 0  # (W's half of the loads)
@@ -318,6 +357,25 @@ def test_cubin_registers_within_the_setmaxnreg_budget_without_local_memory(monke
     assert_within_budget(res)
 
 
+@pytest.mark.skipif(CUOBJDUMP is None, reason="needs cuobjdump (PATH or MXQ_CUOBJDUMP)")
+def test_wide_tile_within_the_setmaxnreg_budget_without_local_memory(monkeypatch):
+    """The 128 x 192 ping-pong tile (192 accumulators a thread) in bands along N, as kernel_for
+    launches it on an H100: the plain GEMM and op.gemm of what it takes there (gelu + MXFP8
+    rowwise reading the accumulator alone, with its amax) fit the consumers' registers with no
+    local memory; an op it does not take (a bias row: its loads) is refused by wide_serves."""
+    gelu = mxq.fused_quant(act="gelu")(_ident)
+    gelu_amax = mxq.fused_quant(act="gelu", amax=True)(_ident)
+    assert g.wide_serves(gelu) and g.wide_serves(gelu_amax) and not g.wide_serves(mxq.fused_quant(act="gelu")(_plus))
+    res = cubin_resources(monkeypatch, lambda: g.compile_gemm("bf16", keep_ptx=True, pingpong=True,
+                                                              swizzle=g.WIDE_ORDER, pp_tile=g.WIDE_TILE))
+    assert_within_budget(res)
+    for op in (gelu, gelu_amax):
+        res = cubin_resources(monkeypatch, lambda op=op: g.compile_gemm_op(op, "bf16", (), False, 132, g.WIDE_ORDER,
+                                                                           keep_ptx=True, pingpong=True,
+                                                                           pp_tile=g.WIDE_TILE))
+        assert_within_budget(res)
+
+
 def _bf16(*shape):
     return torch.zeros(*shape, dtype=torch.bfloat16)
 
@@ -365,15 +423,16 @@ def test_tile_order_groups_divide_the_n_tiles():
     from mxq.runtime import toolchain
 
     toolchain.import_cutlass(g.ARCH)  # (the kernel module imports cutlass: with the arch set first)
-    from mxq.kernels.gemm_sm90 import PINGPONG_TILE, TILE
+    from mxq.kernels.gemm_sm90 import PINGPONG_TILES, TILE, WG_ROWS
 
-    assert g.TILE_N == TILE[1] == PINGPONG_TILE[1]  # (one tile order rule serves both forms)
-    assert g.TILE_M == {True: PINGPONG_TILE[0], False: TILE[0]}  # (cluster_for's and pingpong_for's rows)
+    assert g.COOPERATIVE_TILE == TILE[:2] and g.PP_TILE in PINGPONG_TILES and g.WG_ROWS == WG_ROWS
+    assert g.WIDE_TILE in PINGPONG_TILES and g.WIDE_ORDER < 0
     assert [g.swizzle_for(n) for n in (8, 256, 512, 768, 1024, 4096, 14336, 28672, 2056)] == [1, 1, 2, 1, 4, 8, 8, 8, 1]
-    for n in range(8, 40000, 8):
-        tiles = -(-n // 256)
-        s = g.swizzle_for(n)
-        assert tiles % s == 0 and all(tiles % t for t in g.SWIZZLES if t > s), n
+    for tile_n in (256, 192):
+        for n in range(8, 40000, 8):
+            tiles = -(-n // tile_n)
+            s = g.swizzle_for(n, tile_n)
+            assert tiles % s == 0 and all(tiles % t for t in g.SWIZZLES if t > s), n
 
 
 def test_bench_cases_cover_the_shapes_and_partial_tiles():
@@ -467,29 +526,36 @@ def test_bench_quack_row_without_quack_is_an_error_row(monkeypatch):
     assert row["name"] == "quack_bf16 8192x14336x4096" and row["error"].startswith("ModuleNotFoundError")
 
 
-GPU_FORMS = [(False, 2), (True, 2), (False, 1), (True, 1)]  # (PINGPONG, CLUSTER_M)
+# (PINGPONG, CLUSTER_M, PP_TILE, ORDER): each form in clusters of two and without, and the H100's wide tile
+GPU_FORMS = [(False, 2, None, None), (True, 2, (64, 256), None), (False, 1, None, None), (True, 1, (64, 256), None),
+             (True, 2, (128, 192), None)]
 
 
-@pytest.fixture(params=GPU_FORMS, ids=["cooperative", "pingpong", "cooperative1", "pingpong1"])
+@pytest.fixture(params=GPU_FORMS, ids=["cooperative", "pingpong", "cooperative1", "pingpong1", "pingpong128x192"])
 def form(request, monkeypatch):
-    """Every kernel form (cooperative and ping-pong, each in clusters of two and without):
-    runtime/gemm.PINGPONG and CLUSTER_M set for the test, clusters taken at any M (the padding
-    tile of an odd M tile count exercised at the small shapes too: cluster_for's own rule is
-    tests/test_gemm_sm90.py::test_cluster_for_pairs_the_m_tiles), and every compile the test
-    makes (gemm, op.gemm) checked to have asked for that form and cluster. Yields its pingpong."""
-    pingpong, cluster = request.param
+    """Every kernel (cooperative and ping-pong on 64 x 256, each in clusters of two and without;
+    ping-pong on 128 x 192 in its tile order, wide_order's, which runtime/gemm.kernel_for takes on an H100):
+    runtime/gemm.PINGPONG, CLUSTER_M, PP_TILE and ORDER set for the test, clusters taken at any
+    M (the padding tile of an odd M tile count exercised at the small shapes too: cluster_for's
+    own rule is tests/test_gemm_sm90.py::test_cluster_for_pairs_the_m_tiles), and every compile
+    the test makes (gemm, op.gemm) checked to have asked for that form, cluster and tile. Yields
+    its pingpong."""
+    pingpong, cluster, tile, order = request.param
     seen = []
     for name in ("compile_gemm", "compile_gemm_op"):
         def spy(*args, _real=getattr(g, name), **kw):
-            seen.append((kw.get("pingpong"), kw.get("cluster_m")))
+            seen.append((kw.get("pingpong"), kw.get("cluster_m"), kw.get("pp_tile")))
             return _real(*args, **kw)
 
         monkeypatch.setattr(g, name, spy)
     monkeypatch.setattr(g, "PINGPONG", pingpong)
     monkeypatch.setattr(g, "CLUSTER_M", cluster)
     monkeypatch.setattr(g, "CLUSTER_MIN_ODD_TILES", 1)
+    if tile is not None:
+        monkeypatch.setattr(g, "PP_TILE", tile)
+    monkeypatch.setattr(g, "ORDER", order)
     yield pingpong
-    assert all(s == (pingpong, cluster) for s in seen), seen
+    assert all(s == (pingpong, cluster, tile) for s in seen), seen
 
 
 GPU_SHAPES = [(128, 256, 64), (200, 136, 64), (1000, 520, 4096), (1, 8, 8), (129, 264, 72), (384, 768, 1024),

@@ -23,9 +23,12 @@ from ..kernels.config import HALF_TANH_K, KernelConfig, Tuning
 from .spec import QuantSpec
 
 TEMPLATE_NAME = "module.py.j2"
-# mxq/ files beside kernels/ and the templates that shape the compiled code (kernels_hash)
+# mxq/ files beside kernels/ and the templates that shape the compiled code (kernels_hash): those the
+# kernels and the template import, the formats/ modules those import in turn (layouts, constants),
+# and the runtime files that build the compile's fake arguments and options
 SHAPING_FILES = ("runtime/slots.py", "formats/numerics.py", "formats/format.py", "formats/fp4.py",
-                 "runtime/compiler.py", "runtime/targets.py", "runtime/gemm.py")
+                 "formats/fp8_block.py", "formats/layouts.py", "formats/fp8_block_layouts.py", "formats/groups.py",
+                 "runtime/compiler.py", "runtime/targets.py", "runtime/gemm.py", "runtime/operands.py")
 # The generated module's launchers: (function, Quantize.launch variant, takes a grouped call's
 # group ends), one template loop; compiler.VARIANTS names the same functions
 LAUNCHERS = (("launch", "generic", False), ("launch_vec", "vec", False), ("launch_rows8", "rows8", False),
@@ -433,7 +436,8 @@ def _gemm_launcher_text(spec: QuantSpec, epilogue: Epilogue) -> dict:
     params = ["a: cute.Tensor", "w: cute.Tensor", *[f"{x}: cute.Tensor" for x in ins],
               *[f"{x}: Float32" for x in scalars], "row_data: cute.Tensor", "row_scale: cute.Tensor", "amax: cute.Tensor",
               "acc: cute.Tensor", "acc_hook: cutlass.Constexpr", "num_sms: cutlass.Constexpr",
-              "swizzle: cutlass.Constexpr", "pingpong: cutlass.Constexpr", "cluster_m: cutlass.Constexpr", "stream"]
+              "swizzle: cutlass.Constexpr", "pingpong: cutlass.Constexpr", "cluster_m: cutlass.Constexpr",
+              "pp_tile: cutlass.Constexpr", "stream"]
     args = ["a", "w", "row_data", "row_scale", "amax", f"[{', '.join(ins)}]", f"[{', '.join(scalars)}]", "acc",
             "stream"]
     if spec.colwise:

@@ -420,4 +420,32 @@ def check_layout(tiled_mma, tile, wgs: int = 2) -> None:
                                      f"not {want}: gemm_quant.py's layout assumption does not hold")
 
 
-__all__ = ["ACC_QUAD", "GemmQuant", "check_layout", "colwise_rows", "config_gap"]
+def check_parts(tiled_mma, tile, part) -> None:
+    """Trace-time check that a thread's accumulator fragment of a ``tile`` of several wgmma rows
+    (a 128-row ping-pong tile: GemmSm90.parts), sliced at its M mode p, holds exactly the values
+    of ``part`` p of the tile (the fragment of that part's own partition, value for value), so
+    that ``write`` serves each slice as a tile of ``part`` (checked at a sample of threads and
+    values, on static coordinates)."""
+    parts = tile[0] // part[0]
+    if parts * part[0] != tile[0] or part[1] != tile[1]:
+        raise AssertionError(f"mxq: a {tile} tile is not whole parts of {part}")
+    ident = cute.make_identity_tensor(tile)
+    for t in (0, 1, 5, 37, 100, 127):
+        thr = tiled_mma.get_slice(t)
+        whole = thr.partition_C(ident)
+        if cute.size(whole, mode=[1]) != parts:
+            raise AssertionError(f"mxq: thread {t}'s fragment of a {tile} tile holds {cute.size(whole, mode=[1])} "
+                                 f"wgmma rows, not {parts} parts of {part}")
+        for p in range(parts):
+            got = whole[(None, p, None)]
+            want = thr.partition_C(cute.local_tile(ident, part, (p, 0)))
+            if cute.size(got) != cute.size(want):
+                raise AssertionError(f"mxq: part {p} of a {tile} tile holds {cute.size(got)} values of thread {t}, "
+                                     f"its partition {cute.size(want)}")
+            for i in range(0, cute.size(want), 7):
+                if tuple(got[i]) != tuple(want[i]):
+                    raise AssertionError(f"mxq: value {i} of part {p} of thread {t} is at {tuple(got[i])}, its "
+                                         f"partition's at {tuple(want[i])}: GemmSm90's parts do not hold")
+
+
+__all__ = ["ACC_QUAD", "GemmQuant", "check_layout", "check_parts", "colwise_rows", "config_gap"]

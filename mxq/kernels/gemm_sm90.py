@@ -24,7 +24,8 @@ scheduler); see docs/DESIGN.md "The sm_90 GEMM".
   the unclustered kernels read 10.6 GB (cooperative) and 18.2 GB (ping-pong) from L2 against
   cuBLAS's 6.1 GB (docs/performance.md).
 - ``pingpong`` (CUTLASS's KernelTmaWarpSpecializedPingpong): each consumer warpgroup owns a whole
-  64 x 256 output tile (PINGPONG_TILE, the same 128 accumulators a thread) and the two take
+  64 x 256 output tile (``pp_tile``, the same 128 accumulators a thread; or 128 x 128, two wgmma
+  rows, or 128 x 192: PINGPONG_TILES) and the two take
   alternate tiles of the CTA's schedule (warpgroup w its tiles j = w, w + 2, ...). An ordered
   barrier pair (two named barriers, ``ordered_barrier_ids``) makes their mainloops alternate: a
   warpgroup waits on its own barrier before its first wgmma of a tile and arrives on the other's
@@ -56,8 +57,10 @@ from . import gemm_quant, reduce
 
 TILE = (128, 256, 64)  # CTA tile (M, N, K) of the cooperative form
 STAGES = 4  # its shared-memory stages of A and W tiles (4 x 48 KiB)
-PINGPONG_TILE = (64, 256, 64)  # the ping-pong form's tile: one consumer warpgroup's
-PINGPONG_STAGES = 5  # 5 x 40 KiB
+# the ping-pong form's tiles (M, N; one consumer warpgroup's, K as TILE's) -> their stages: 5 x 40 KiB,
+# 6 x 32 KiB, 5 x 40 KiB (the first is GemmSm90's default)
+PINGPONG_TILES = {(64, 256): 5, (128, 128): 6, (128, 192): 5}
+WG_ROWS = 64  # rows of one wgmma (m64): the fused epilogue's part of a tile (gemm_quant's layout)
 THREADS_PER_WG = 128
 CONSUMER_WGS = 2  # cooperative: each owns 64 rows of the 128-row tile; ping-pong: alternate tiles
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 <= 64 Ki registers
@@ -79,25 +82,41 @@ class GemmSm90:
     padding tiles store nothing). ``fused``: the op's epilogue and quantize (gemm_quant.GemmQuant)
     in place of D. ``pingpong``: each consumer warpgroup a whole 64 x 256 tile, the two
     alternating (module docstring); else both cooperate on a 128 x 256 tile. ``cluster_m``: CTAs
-    per cluster along M sharing each W stage by TMA multicast (module docstring)."""
+    per cluster along M sharing each W stage by TMA multicast (module docstring). ``swizzle`` < 0:
+    bands of -swizzle clusters of M tiles moving along N instead (raster along N: W read once per
+    band, A once). ``pp_tile``: the ping-pong form's tile (M, N), one of PINGPONG_TILES (a
+    warpgroup's 128 rows are two m64 wgmma rows, which the fused epilogue writes one at a time)."""
 
     def __init__(self, acc_hook: bool = False, num_sms: int = 132, swizzle: int = 1, fused=None,
-                 pingpong: bool = False, cluster_m: int = 1):
+                 pingpong: bool = False, cluster_m: int = 1, pp_tile: tuple | None = None):
         if cluster_m not in (1, 2):
             raise ValueError(f"mxq: GemmSm90: cluster_m must be 1 or 2, got {cluster_m}")
-        if fused is not None and pingpong and gemm_quant.colwise_rows(fused.cfg) > PINGPONG_TILE[0]:
+        if swizzle == 0:
+            raise ValueError("mxq: GemmSm90: swizzle must be a nonzero int (< 0: bands along N)")
+        pp_tile = next(iter(PINGPONG_TILES)) if pp_tile is None else tuple(pp_tile)
+        if pp_tile not in PINGPONG_TILES:
+            raise ValueError(f"mxq: GemmSm90: pp_tile must be one of {sorted(PINGPONG_TILES)}, got {pp_tile}")
+        tile_n = pp_tile[1] if pingpong else TILE[1]
+        if fused is not None and tile_n % fused.cfg.fmt.block[1]:
+            raise ValueError(f"mxq: GemmSm90: a tile of {tile_n} columns holds no whole rowwise blocks of "
+                             f"{fused.cfg.fmt.block[1]} (the fused epilogue reduces a row's block inside its tile)")
+        if fused is not None and pingpong and gemm_quant.colwise_rows(fused.cfg) > WG_ROWS:
             raise ValueError(f"mxq: GemmSm90: colwise blocks of {gemm_quant.colwise_rows(fused.cfg)} rows need the "
-                             f"cooperative form's {TILE[0]}-row tile, not ping-pong's {PINGPONG_TILE[0]}")
+                             f"cooperative form's {TILE[0]}-row tile, not ping-pong's parts of {WG_ROWS} rows")
         self.cluster_m = cluster_m
         self.acc_hook = acc_hook
         self.fused = fused
         self.num_sms = num_sms
         self.swizzle = swizzle
         self.pingpong = pingpong
-        self.tile = PINGPONG_TILE if pingpong else TILE
+        self.tile = (*pp_tile, TILE[2]) if pingpong else TILE
         self.tile_mn = self.tile[:2]  # (an output tile)
-        self.stages = PINGPONG_STAGES if pingpong else STAGES
+        self.stages = PINGPONG_TILES[pp_tile] if pingpong else STAGES
         self.mma_wgs = 1 if pingpong else CONSUMER_WGS  # warpgroups on one tile (and one stage)
+        # (the fused epilogue's part of a tile: the tile's rows of one wgmma row per warpgroup; a ping-pong
+        # tile of 128 rows is two parts, the accumulator fragment's two M modes)
+        self.part_mn = (WG_ROWS * self.mma_wgs, self.tile[1])
+        self.parts = self.tile[0] // self.part_mn[0]
         self.threads = THREADS_PER_WG * (1 + CONSUMER_WGS)
 
     def setup(self, dtype):
@@ -140,7 +159,9 @@ class GemmSm90:
         """Traced by every launcher: TMA descriptors, the tile scheduler, the launch."""
         self.setup(mA.element_type)
         if cutlass.const_expr(self.fused is not None):
-            gemm_quant.check_layout(self.tiled_mma, self.tile_mn, self.mma_wgs)
+            gemm_quant.check_layout(self.tiled_mma, self.part_mn, self.mma_wgs)
+            if cutlass.const_expr(self.parts > 1):
+                gemm_quant.check_parts(self.tiled_mma, self.tile_mn, self.part_mn)
         op = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
         tma_a, gA = cute.nvgpu.cpasync.make_tiled_tma_atom(
             op, mA, cute.slice_(self.a_layout, (None, None, 0)), (self.tile[0], self.tile[2]))
@@ -149,7 +170,8 @@ class GemmSm90:
             w_op, mW, cute.slice_(self.w_layout, (None, None, 0)), (self.tile[1], self.tile[2]),
             num_multicast=self.cluster_m)
         tiles = cute.zipped_divide(mD, self.tile_mn)[(0, (None, None))].shape
-        sched = utils.PersistentTileSchedulerParams((*tiles, 1), (self.cluster_m, 1, 1), self.swizzle, True)
+        sched = utils.PersistentTileSchedulerParams((*tiles, 1), (self.cluster_m, 1, 1), abs(self.swizzle),
+                                                    self.swizzle > 0)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms // self.cluster_m)
         kernel = self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched,
                              row_scale, amax, dbias_ws, list(ins), list(scalars), col_data, col_scale)
@@ -371,5 +393,10 @@ class GemmSm90:
                 cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n))))
             else:
                 self.store_edge(acc, None, tile_m, tile_n, thr_mma, None, mAcc)
-        self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, ctid, ins, scalars, row_data, row_scale, amax,
-                         dbias_ws, col)
+        if cutlass.const_expr(self.parts == 1):
+            self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, ctid, ins, scalars, row_data, row_scale, amax,
+                             dbias_ws, col)
+        else:  # (each wgmma row of the tile as a part of part_mn: the fragment's M mode p, gemm_quant's layout)
+            for p in cutlass.range_constexpr(self.parts):
+                self.fused.write(acc[(None, p, None)], tile_m * self.parts + p, tile_n, thr_mma, self.part_mn, ctid,
+                                 ins, scalars, row_data, row_scale, amax, dbias_ws, col)

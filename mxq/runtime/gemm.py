@@ -2,13 +2,15 @@
 D = a @ w^T (mxq/kernels/gemm_sm90.py), compiled once per (dtype, arch, options, SM count) with
 TVM-FFI (symbolic M, N, K; the stream is torch's current one) and kept in memory; ``gemm_op``
 runs ``op.gemm`` (an op's rendered ``launch_gemm``: the GEMM with the op's epilogue and quantize,
-mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds. Both run the kernel's
-form ``form_for`` picks for the device at call time (GemmSm90's ``pingpong``: the two consumer
-warpgroups on alternate 64 x 256 tiles, or together on 128 x 256): ping-pong where the GPU's DRAM
-reaches PINGPONG_MIN_GBPS, cooperative below, unless ``PINGPONG`` names one (a benchmark or test
-sets it to time or check either form); op.gemm's ``pingpong_for`` takes the cooperative form for
-an op with 128-row colwise blocks. CTAs run in clusters of ``CLUSTER_M`` along M where the M
-tiles pair up or number at least CLUSTER_MIN_ODD_TILES (``cluster_for``: GemmSm90's ``cluster_m``).
+mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds. Both run the kernel
+``kernel_for`` picks at call time for the device, the shape and the op (GemmSm90's ``pingpong``,
+``pp_tile``, ``swizzle`` and ``cluster_m``): on a GPU whose DRAM reaches PINGPONG_MIN_GBPS (an
+H200) ping-pong on 64 x 256 tiles; below it (an H100) ping-pong on 128 x 192 tiles in bands along
+N for the plain GEMM and ops whose epilogue reads the accumulator alone at K up to WIDE_MAX_K;
+otherwise the cooperative form (two warpgroups on 128 x 256), also wherever a ping-pong tile
+cannot hold the op's blocks (``serves``). ``PINGPONG``, ``PP_TILE`` and ``ORDER`` force a kernel (a
+benchmark or test sets them to time or check it). CTAs run in clusters of ``CLUSTER_M`` along M
+where the M tiles pair up or number at least CLUSTER_MIN_ODD_TILES (``cluster_for``).
 
 Arguments are checked here, before any launch, each error naming its argument: a [M, K] and
 w [N, K] of one dtype (bf16 or fp16), both K-major (row-major, contiguous rows) on one CUDA
@@ -19,6 +21,7 @@ device, K and N multiples of 8 (TMA's 16-byte rows); ``out`` [M, N] of a's dtype
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 import torch
 
@@ -29,18 +32,25 @@ from . import operands as operands_mod
 ARCH = "sm_90a"  # wgmma needs the arch-specific target
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
-TILE_N = 256  # mxq/kernels/gemm_sm90.py's TILE[1]
-TILE_M = {True: 64, False: 128}  # output tile rows by form (pingpong): gemm_sm90's PINGPONG_TILE[0], TILE[0]
+COOPERATIVE_TILE = (128, 256)  # mxq/kernels/gemm_sm90.py's TILE (M, N): the cooperative form's output tile
+PP_TILE = (64, 256)  # the ping-pong tile (M, N) kernel_for takes on a fast-DRAM GPU: one of gemm_sm90.PINGPONG_TILES
+WIDE_TILE = (128, 192)  # the ping-pong tile kernel_for takes on a slower-DRAM GPU (an H100) for K <= WIDE_MAX_K
+WIDE_ORDER = -8  # WIDE_TILE's tile order: bands of 8 clusters of M tiles moving along N (GemmSm90's swizzle < 0),
+# or of fewer where 8 would pad the M clusters by more than 1/WIDE_MAX_PAD (wide_order)
+WIDE_MAX_PAD = 16
+WIDE_MAX_K = 8192  # (longer K: the cooperative tile's fewer loads per flop win over ping-pong's hidden epilogue)
+WG_ROWS = 64  # rows of a warpgroup's wgmma (m64): a ping-pong tile's colwise blocks hold at most this many
 DBIAS_ROWS = 16  # rows of one dbias partial sum in op.gemm's epilogue: a warp's stripe (gemm_quant.GemmQuant.columns)
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
-PINGPONG = None  # the kernel form gemm() and gemm_op() launch: True ping-pong, False cooperative, None form_for's
+ORDER = None  # a tile order gemm() and gemm_op() launch (GemmSm90's swizzle; < 0: bands along N); None: kernel_for's
+PINGPONG = None  # a kernel form gemm() and gemm_op() launch: True ping-pong (on PP_TILE), False cooperative; None: kernel_for's
 # (ping-pong's 64-row tiles move more DRAM bytes than the cooperative form's 128-row ones: it timed the faster
 # form on an H200, 4.8 TB/s, and the slower on an H100 SXM, 3.35 TB/s; docs/performance.md)
 PINGPONG_MIN_GBPS = 4000  # a GPU's peak DRAM bandwidth from which form_for takes ping-pong
 CLUSTER_M = 2  # CTAs per cluster along M of either form (GemmSm90's cluster_m: W stages multicast)
 CLUSTER_MIN_ODD_TILES = 9  # an odd M tile count takes clusters from this many tiles (padding <= 1/9)
 
-_compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong, cluster) -> function
+_compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong, cluster, tile) -> function
 _lock = threading.Lock()
 
 
@@ -102,12 +112,14 @@ def fake_args(dtype_name: str, acc_hook: bool):
 
 
 def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int = 132, keep_ptx: bool = False,
-                 swizzle: int = 1, pingpong: bool = False, cluster_m: int | None = None):
+                 swizzle: int = 1, pingpong: bool = False, cluster_m: int | None = None, pp_tile: tuple | None = None):
     """The compiled TVM-FFI function ``f(a, w, d[, acc])`` (cached in memory unless keep_ptx);
     ``swizzle``: GemmSm90's tile order option (benchmarks try others); ``pingpong``: its form;
-    ``cluster_m``: its CTAs per cluster (None: cluster_for(pingpong))."""
-    cluster_m = cluster_for(pingpong) if cluster_m is None else cluster_m
-    key = (dtype_name, ARCH, acc_hook, num_sms, swizzle, pingpong, cluster_m)
+    ``cluster_m``: its CTAs per cluster (None: CLUSTER_M); ``pp_tile``: GemmSm90's
+    ping-pong tile (None: PP_TILE)."""
+    cluster_m = CLUSTER_M if cluster_m is None else cluster_m
+    pp_tile = PP_TILE if pp_tile is None else tuple(pp_tile)
+    key = (dtype_name, ARCH, acc_hook, num_sms, swizzle, pingpong, cluster_m, pp_tile)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn
@@ -120,29 +132,113 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
         from . import compiler
         from ..kernels.gemm_sm90 import GemmSm90
 
-        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle, pingpong=pingpong, cluster_m=cluster_m)
+        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle, pingpong=pingpong, cluster_m=cluster_m,
+                          pp_tile=pp_tile)
         entry = kernel.launch_acc if acc_hook else kernel.launch
         with compiler.compile_options(ARCH, keep_ptx) as options:
             try:
                 fn = cute.compile(entry, *args, options=options)
             except Exception as exc:
                 raise RuntimeError(f"mxq: compiling the sm_90 GEMM ({dtype_name}, acc_hook={acc_hook}, "
-                                   f"swizzle={swizzle}, pingpong={pingpong}, cluster_m={cluster_m}) for {ARCH} "
+                                   f"swizzle={swizzle}, pingpong={pingpong}, cluster_m={cluster_m}, pp_tile={pp_tile}) "
+                                   f"for {ARCH} "
                                    f"failed: {exc}") from exc
         if not keep_ptx:
             _compiled[key] = fn
         return fn
 
 
-def cluster_for(pingpong: bool, m: int | None = None) -> int:
-    """CTAs per cluster of the kernel form ``pingpong`` for a GEMM of ``m`` rows: CLUSTER_M, but
-    1 where clusters would pad the M tiles (64 rows ping-pong, 128 cooperative) by a whole tile
-    in more than an eighth: an odd count below CLUSTER_MIN_ODD_TILES (a decode-sized M of one
-    tile would run twice the CTAs, half of them on zeros, and beyond 66 N tiles twice the waves).
-    ``m`` None: CLUSTER_M (the compile of a given cluster, benchmarks, tests)."""
+class Kernel(NamedTuple):
+    """The kernel a GEMM launch runs (kernel_for): GemmSm90's ``pingpong``, the output tile (M, N)
+    of that form, the tile order (GemmSm90's ``swizzle``) and CTAs per cluster (``cluster_m``)."""
+
+    pingpong: bool
+    tile: tuple
+    order: int
+    cluster_m: int
+
+
+def kernel_for(op=None, m: int | None = None, n: int | None = None, k: int | None = None, device=None) -> Kernel:
+    """The kernel gemm() (``op`` None) or op.gemm of ``op`` runs for an [M, K] x [N, K] GEMM on CUDA
+    ``device`` (None: the current one; a dimension None: not known, e.g. op.asm's compile):
+
+    - PINGPONG set (benchmarks, tests): that form on PP_TILE, cooperative where PP_TILE does not
+      serve the op (``serves``);
+    - a device under PINGPONG_MIN_GBPS (form_for: an H100 SXM): ping-pong on WIDE_TILE where the
+      op's epilogue reads the accumulator alone (``wide_serves``) and K is at most WIDE_MAX_K,
+      cooperative otherwise;
+    - at or above it (an H200): ping-pong on PP_TILE where it serves the op, else cooperative.
+
+    The order: ORDER where set; on WIDE_TILE wide_order's (bands along N where they divide the M
+    clusters); else swizzle_for's (by N and the tile's columns). Clusters: cluster_for's."""
+    if PINGPONG is not None:
+        pingpong = PINGPONG and serves(op, PP_TILE)
+        tile = PP_TILE if pingpong else COOPERATIVE_TILE
+    elif not form_for(device):
+        pingpong = (k is None or k <= WIDE_MAX_K) and wide_serves(op)
+        tile = WIDE_TILE if pingpong else COOPERATIVE_TILE
+    else:
+        pingpong = serves(op, PP_TILE)
+        tile = PP_TILE if pingpong else COOPERATIVE_TILE
+    cluster_m = cluster_for(tile[0], m)
+    if ORDER is not None:
+        order = ORDER
+    elif pingpong and tile == WIDE_TILE:
+        order = wide_order(m, n, cluster_m)
+    else:
+        order = 1 if n is None else swizzle_for(n, tile[1])
+    return Kernel(pingpong, tile, order, cluster_m)
+
+
+def wide_order(m: int | None, n: int | None, cluster_m: int) -> int:
+    """WIDE_TILE's tile order for an [M, N] output in clusters of ``cluster_m``: bands of the
+    largest of SWIZZLES (up to -WIDE_ORDER) clusters of M tiles moving along N (GemmSm90's
+    swizzle < 0) whose padding stays within 1/WIDE_MAX_PAD of the clusters (the scheduler pads the
+    M clusters to a multiple of the band, and a padding tile runs its whole K loop on zeros: one
+    cluster as a band of 8 took 4.3x the time of plain order on an H100); where none does,
+    swizzle_for's order along M (bands of one cluster along N were slower: 151 against 110 us at
+    640 x 14336 x 4096). M unknown: WIDE_ORDER."""
+    if m is None:
+        return WIDE_ORDER
+    clusters = -(-(-(-m // WIDE_TILE[0])) // cluster_m)
+    for band in SWIZZLES:
+        if 1 < band <= -WIDE_ORDER and (-(-clusters // band) * band - clusters) * WIDE_MAX_PAD <= clusters:
+            return -band
+    return 1 if n is None else swizzle_for(n, WIDE_TILE[1])
+
+
+def serves(op, tile) -> bool:
+    """Whether a ping-pong ``tile`` (M, N) serves op.gemm of ``op`` (None: the plain GEMM, always):
+    its rowwise blocks lie inside the tile's columns (gemm_quant reduces a row's block in one
+    tile: FP8 block scaling's 1x128 not in 192) and its colwise blocks inside a warpgroup's part
+    (WG_ROWS: FP8 block scaling's 128 rows not)."""
+    if op is None:
+        return True
+    fmt = op.spec.block_format
+    return tile[1] % fmt.block[1] == 0 and not (op.spec.colwise and fmt.col_block[0] > WG_ROWS)
+
+
+def wide_serves(op) -> bool:
+    """Whether kernel_for takes WIDE_TILE for op.gemm of ``op`` (None: the plain GEMM, always): the
+    tile serves it, and its epilogue reads the accumulator alone, rowwise, with neither dact nor
+    dbias (192 accumulators a thread leave the epilogue no more registers: an operand's loads, the
+    colwise copy, dact's input or dbias's sums spill, local ptxas, sm_90a)."""
+    if op is None:
+        return True
+    spec = op.spec
+    return (serves(op, WIDE_TILE) and not spec.colwise and not spec.dbias and spec.dact is None
+            and len(op.epilogue.tensor_params) == 1)
+
+
+def cluster_for(tile_rows: int | None = None, m: int | None = None) -> int:
+    """CTAs per cluster of a kernel whose tiles have ``tile_rows`` rows, for a GEMM of ``m`` rows:
+    CLUSTER_M, but 1 where clusters would pad the M tiles by a whole tile in more than an
+    eighth: an odd count below CLUSTER_MIN_ODD_TILES (a decode-sized M of one tile would run
+    twice the CTAs, half of them on zeros, and beyond 66 N tiles twice the waves). ``m`` None:
+    CLUSTER_M (the compile of a given cluster, benchmarks, tests)."""
     if m is None or CLUSTER_M == 1:
         return CLUSTER_M
-    tiles = -(-m // TILE_M[pingpong])
+    tiles = -(-m // tile_rows)
     return CLUSTER_M if tiles % CLUSTER_M == 0 or tiles >= CLUSTER_MIN_ODD_TILES else 1
 
 
@@ -180,19 +276,12 @@ def dram_gbps(props) -> float | None:
     return clock_khz * 1e3 * 2 * bus_bits / 8 / 1e9
 
 
-def pingpong_for(spec, device=None) -> bool:
-    """The kernel form of op.gemm for an op on ``device`` (None: the current CUDA device):
-    form_for's, but cooperative where the op's colwise blocks have more rows than a ping-pong tile
-    (FP8 block scaling's 128; gemm_quant.colwise_rows)."""
-    return form_for(device) and not (spec.colwise and spec.block_format.col_block[0] > TILE_M[True])
-
-
-def swizzle_for(n: int) -> int:
-    """The tile order for N columns: groups of the largest of SWIZZLES N tiles that divides their
-    count (a wave of persistent CTAs then shares A's rows across a few W tiles instead of
-    streaming all of A once per W tile; a count no group divides runs in plain order rather than
-    pay for padding tiles)."""
-    tiles = -(-n // TILE_N)
+def swizzle_for(n: int, tile_n: int = COOPERATIVE_TILE[1]) -> int:
+    """The tile order for N columns in tiles of ``tile_n``: groups of the largest of SWIZZLES N
+    tiles that divides their count (a wave of persistent CTAs then shares A's rows across a few W
+    tiles instead of streaming all of A once per W tile; a count no group divides runs in plain
+    order rather than pay for padding tiles)."""
+    tiles = -(-n // tile_n)
     return next(s for s in SWIZZLES if tiles % s == 0)
 
 
@@ -207,9 +296,9 @@ def gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, acc_
     if a.shape[0] == 0 or w.shape[0] == 0:
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    pingpong = form_for(a.device)
-    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=swizzle_for(w.shape[0]), pingpong=pingpong,
-                      cluster_m=cluster_for(pingpong, a.shape[0]))
+    kern = kernel_for(None, a.shape[0], w.shape[0], a.shape[1], a.device)
+    fn = compile_gemm(DTYPES[a.dtype], acc_out is not None, num_sms, swizzle=kern.order, pingpong=kern.pingpong,
+                      cluster_m=kern.cluster_m, pp_tile=kern.tile if kern.pingpong else None)
     with torch.cuda.device(a.device):
         fn(a, w, out, *(() if acc_out is None else (acc_out,)))
     return out
@@ -308,12 +397,15 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
 
 
 def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: int, swizzle: int,
-                    keep_ptx: bool = False, pingpong: bool = False, cluster_m: int | None = None):
+                    keep_ptx: bool = False, pingpong: bool = False, cluster_m: int | None = None,
+                    pp_tile: tuple | None = None):
     """The compiled ``launch_gemm`` of ``op``'s rendered module (cached in memory by its source,
-    dtype, operand kinds, hook, SM count, tile order, form and cluster, unless keep_ptx)."""
+    dtype, operand kinds, hook, SM count, tile order, form, cluster and ping-pong tile (None:
+    PP_TILE), unless keep_ptx)."""
     from . import compiler
 
-    cluster_m = cluster_for(pingpong) if cluster_m is None else cluster_m
+    cluster_m = CLUSTER_M if cluster_m is None else cluster_m
+    pp_tile = PP_TILE if pp_tile is None else tuple(pp_tile)
     want = len(op.epilogue.tensor_params) - 1 + (op.spec.dact is not None)
     if len(kinds) != want:  # (launch_gemm's tensors: the epilogue's after the accumulator, then act_input)
         raise ValueError(f"mxq: compile_gemm_op: {op.__name__} takes {want} operand kind(s) (the epilogue's "
@@ -321,7 +413,7 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
     source = op.source
     # (the source itself: op.source is kept on the op, and a str caches its hash, so a call's lookup
     # hashes nothing)
-    key = ("op", source, dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong, cluster_m)
+    key = ("op", source, dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong, cluster_m, pp_tile)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn
@@ -335,11 +427,12 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)  # (after the compile-time options)
         with compiler.compile_options(ARCH, keep_ptx) as options:
             try:
-                fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, pingpong, cluster_m, stream,
-                                  options=options)
+                fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, pingpong, cluster_m, pp_tile,
+                                  stream, options=options)
             except Exception as exc:
                 raise RuntimeError(f"mxq: compiling op.gemm of {op.__name__} ({dtype_name}, operands {kinds}, "
-                                   f"acc_hook={acc_hook}, pingpong={pingpong}, cluster_m={cluster_m}) for {ARCH} "
+                                   f"acc_hook={acc_hook}, pingpong={pingpong}, cluster_m={cluster_m}, pp_tile={pp_tile}) "
+                                   f"for {ARCH} "
                                    f"failed: {exc}") from exc
         if not keep_ptx:
             _compiled[key] = fn
@@ -357,9 +450,9 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
                 t.zero_()
         return out
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    pingpong = pingpong_for(op.spec, a.device)
-    fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, swizzle_for(w.shape[0]),
-                         pingpong=pingpong, cluster_m=cluster_for(pingpong, a.shape[0]))
+    kern = kernel_for(op, a.shape[0], w.shape[0], a.shape[1], a.device)
+    fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, kern.order, pingpong=kern.pingpong,
+                         cluster_m=kern.cluster_m, pp_tile=kern.tile if kern.pingpong else None)
     m, n = a.shape[0], w.shape[0]
     views = [operands_mod.as_matrix(t.detach(), kind, m, n) for t, kind in zip(operands, kinds)]
     colwise = ()

@@ -51,12 +51,13 @@ GEMM_OPERAND_KINDS = ("full", "row", "col", "scalar")  # (operands.kind_of's, as
 def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool | None = None) -> dict:
     """Compile ``op.gemm``'s kernel (the sm_90 GEMM with the op in its epilogue) without a GPU and
     return {"ptx", "mlir", "source", "path", ...} as compile_artifacts does: the compile op.gemm
-    launches for these operand kinds on a 132-SM GPU at tile order 1 (op.gemm picks the tile order
-    by N: runtime/gemm.swizzle_for). ``operands``: each of the epilogue's tensors after the
-    accumulator, as "full" ([M, N]), "row" ([N]), "col" ([M, 1]) or "scalar"; all "full" by
-    default (a dact op's act_input is always full and not named here). ``pingpong``: the GEMM's form, op.gemm's (gemm.pingpong_for) by default, in clusters of
-    gemm.CLUSTER_M (a large M's: op.gemm takes none where they would pad its M tiles,
-    gemm.cluster_for)."""
+    launches for these operand kinds on a 132-SM GPU, its kernel runtime/gemm.kernel_for's for the
+    current device with M, N and K unknown (tile order 1 where it picks by N, swizzle_for), in
+    clusters of gemm.CLUSTER_M (a large M's: op.gemm takes none where they would pad its M tiles,
+    gemm.cluster_for). ``operands``: each of the epilogue's tensors after the accumulator, as
+    "full" ([M, N]), "row" ([N]), "col" ([M, 1]) or "scalar"; all "full" by default (a dact op's
+    act_input is always full and not named here). ``pingpong``: a form instead (True: ping-pong
+    on gemm.PP_TILE, False: cooperative)."""
     from ..frontend import codegen
     from . import gemm as gemm_rt
 
@@ -72,10 +73,14 @@ def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool | None = None
         raise ValueError(f"mxq: asm(gemm=True): operands must name the kind of each of the epilogue's {n} tensors "
                          f"after the accumulator, each one of {GEMM_OPERAND_KINDS}; got {operands!r}")
     kinds += ("full",) if op.spec.dact else ()  # (act_input: one more full operand)
-    pingpong = gemm_rt.pingpong_for(op.spec) if pingpong is None else bool(pingpong)
-    compiled = gemm_rt.compile_gemm_op(op, dtype, kinds, False, 132, 1, keep_ptx=True, pingpong=pingpong)
+    kern = gemm_rt.kernel_for(op)
+    if pingpong is not None:
+        pp = bool(pingpong) and gemm_rt.serves(op, gemm_rt.PP_TILE)
+        kern = gemm_rt.Kernel(pp, gemm_rt.PP_TILE if pp else gemm_rt.COOPERATIVE_TILE, 1, gemm_rt.CLUSTER_M)
+    compiled = gemm_rt.compile_gemm_op(op, dtype, kinds, False, 132, kern.order, keep_ptx=True, pingpong=kern.pingpong,
+                                       cluster_m=kern.cluster_m, pp_tile=kern.tile if kern.pingpong else None)
     return _artifacts(op, compiled.__ptx__, compiled.ir_module, gemm_rt.ARCH, dtype, "gemm", operands=kinds,
-                      pingpong=pingpong, cluster_m=gemm_rt.cluster_for(pingpong))
+                      pingpong=kern.pingpong, tile=kern.tile, order=kern.order, cluster_m=kern.cluster_m)
 
 
 def ptxas_report(ptx: str, arch: str) -> dict:
