@@ -141,6 +141,30 @@ def test_nvfp4_global_amax_given_skips_the_first_pass():
     assert torch.equal(t2.rowwise_data, t.rowwise_data)
 
 
+def test_nvfp4_an_amax_of_inf_given_back_is_the_computed_one():
+    """The amax of values holding inf is inf (N1); given back as global_amax (a number, a CPU
+    tensor, a grouped call's per-group amax) it is taken, as N2 defines it, and gives the bytes of
+    the call that computed it."""
+    x = edge_input(64, 48, torch.float32, seed=9)
+    t = mxq.quantize(x, format="nvfp4", colwise=True)
+    assert t.amax.item() == math.inf
+    for given in (math.inf, torch.tensor(math.inf), t.amax):
+        g = mxq.quantize(x, format="nvfp4", colwise=True, global_amax=given)
+        for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+            assert torch.equal(getattr(g, f).reshape(-1).view(torch.uint8),
+                               getattr(t, f).reshape(-1).view(torch.uint8)), (given, f)
+    offs = torch.tensor([16, 16, 40, 64])
+    tg = mxq.quantize(x, format="nvfp4", group_offsets=offs)
+    assert math.inf in tg.amax.tolist() and 0.0 in tg.amax.tolist()  # (an empty group's amax is 0)
+    g = mxq.quantize(x, format="nvfp4", group_offsets=offs, global_amax=tg.amax)
+    assert torch.equal(g.rowwise_data, tg.rowwise_data) and torch.equal(g.rowwise_scale.view(torch.uint8),
+                                                                      tg.rowwise_scale.view(torch.uint8))
+    for bad in (math.nan, -1.0, torch.tensor(math.nan), torch.tensor([1.0, -0.5, 2.0, 3.0])):
+        with pytest.raises(ValueError, match="global_amax"):
+            mxq.quantize(x, format="nvfp4", group_offsets=offs if isinstance(bad, torch.Tensor) and bad.dim()
+                         else None, global_amax=bad)
+
+
 @pytest.mark.parametrize("case", ["ordinary", "inf", "tiny", "given_zero"])
 def test_nvfp4_dequantize_is_tes_formula_or_the_inverse_of_s_enc(case):
     """dequantize(): TE's fp32(e2m1 * fp32(fp32(scale * amax) * fp32(1/2688))) where S_enc was

@@ -272,10 +272,10 @@ def test_option_cache_does_not_skip_the_block_check():
 
 def test_a_cpu_tensor_global_amax_is_checked_as_a_number_is():
     """NVFP4's global_amax as a CPU tensor (one value, one per group, the Hadamard pair as a
-    (2,) tensor or two one-element tensors): NaN, inf and negative values refused by name as the
-    same numbers are; 0 and fp32's largest value taken."""
+    (2,) tensor or two one-element tensors): NaN and negative values refused by name as the same
+    numbers are; 0, fp32's largest value and inf (the amax of values holding inf) taken."""
     x = torch.randn(32, 64)
-    for bad in (float("nan"), float("inf"), -3.0):
+    for bad in (float("nan"), -3.0):
         with pytest.raises(ValueError, match="'global_amax' must hold values >= 0"):
             mxq.quantize(x, format="nvfp4", global_amax=torch.tensor(bad))
         with pytest.raises(ValueError, match="'global_amax' must be >= 0"):
@@ -284,11 +284,15 @@ def test_a_cpu_tensor_global_amax_is_checked_as_a_number_is():
     with pytest.raises(ValueError, match="'global_amax' must hold values >= 0.*-1.0"):
         mxq.quantize(x, format="nvfp4", group_offsets=ends, global_amax=torch.tensor([1.0, -1.0]))
     xb = x.bfloat16()
-    for pair in (torch.tensor([1.0, float("nan")]), (torch.tensor(1.0), torch.tensor(float("inf")))):
+    for pair in (torch.tensor([1.0, float("nan")]), (torch.tensor(1.0), torch.tensor(-0.5))):
         with pytest.raises(ValueError, match="'global_amax' must hold values >= 0"):
             mxq.quantize(xb, format="nvfp4", colwise=True, hadamard=True, global_amax=pair)
-    for good in (0.0, torch.finfo(torch.float32).max):
+    for good in (0.0, torch.finfo(torch.float32).max, float("inf")):
         assert float(mxq.quantize(x, format="nvfp4", global_amax=torch.tensor(good)).amax) == good
+        assert float(mxq.quantize(x, format="nvfp4", global_amax=good).amax) == good
+    for pair in ((1.0, float("inf")), torch.tensor([float("inf"), 2.0])):
+        t = mxq.quantize(xb, format="nvfp4", colwise=True, hadamard=True, global_amax=pair)
+        assert (float(t.amax), float(t.colwise_amax)) == tuple(float(v) for v in pair)
 
 
 class _Sub(torch.Tensor):

@@ -7,6 +7,7 @@ errors. ``MXQ_STRICT=1`` turns a GPU fallback to the reference into an error.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -204,23 +205,24 @@ _FP32_MAX = torch.finfo(torch.float32).max
 
 def _check_amax_tensor(t) -> None:
     """A tensor given as an amax (one value, a group's, or the Hadamard pair's): on the CPU each
-    value >= 0 and at most fp32's largest finite value, as _check_amax_value has a number (NaN
-    refused); on a GPU not read (that would wait for the device: the kernels take the value as
+    value >= 0 (NaN refused; inf taken: an fp32 tensor holds no finite value above fp32's largest,
+    and inf is the amax of values holding inf, which N2 defines), as _check_amax_value has a
+    number; on a GPU not read (that would wait for the device: the kernels take the value as
     docs/NUMERICS.md's formula does)."""
     if t.device.type == "cpu" and not torch.compiler.is_compiling() and t.numel():
-        bad = t.reshape(-1)[~((t >= 0) & (t <= _FP32_MAX)).reshape(-1)]  # (NaN fails both comparisons)
+        bad = t.reshape(-1)[~(t >= 0).reshape(-1)]  # (NaN fails the comparison)
         if bad.numel():
-            raise ValueError(f"mxq: argument 'global_amax' must hold values >= 0 and at most fp32's largest finite "
-                             f"value ({_FP32_MAX:.8g}), got {float(bad[0])!r}")
+            raise ValueError(f"mxq: argument 'global_amax' must hold values >= 0 (or inf), got {float(bad[0])!r}")
 
 
 def _check_amax_value(v, shown) -> None:
     """A Python number given as an amax: >= 0 and at most fp32's largest finite value (it is
-    stored as fp32; a larger finite value would become inf), compared exactly (an int of any size
-    too); ``shown``: what the error repeats of the argument."""
-    if not 0 <= v <= _FP32_MAX:
+    stored as fp32; a larger finite value would become inf, which it is not), or inf itself (the
+    amax of values holding inf: N2 takes S_enc = 1), compared exactly (an int of any size too);
+    ``shown``: what the error repeats of the argument."""
+    if not (0 <= v <= _FP32_MAX or v == math.inf):
         raise ValueError(f"mxq: argument 'global_amax' must be >= 0 and at most fp32's largest finite value "
-                         f"({_FP32_MAX:.8g}), got {shown!r}")
+                         f"({_FP32_MAX:.8g}), or inf, got {shown!r}")
 
 
 def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> None:
