@@ -236,7 +236,7 @@ def test_a_given_amax_pair():
     assert t.colwise_data.tolist() == oracle.pack(oracle.nvfp4(w, 20.0, 1)[0])
     assert t.rowwise_data.tolist() == oracle.pack(oracle.nvfp4(v, 2.0, 1)[0])
     for bad, err in ((1.0, TypeError), ((1.0,), TypeError), ((1.0, 2.0, 3.0), TypeError), ((1.0, -1.0), ValueError),
-                     ((1.0, float("inf")), ValueError), (("1", 2.0), TypeError), ((True, 1.0), TypeError),
+                     ((1.0, -float("inf")), ValueError), (("1", 2.0), TypeError), ((True, 1.0), TypeError),
                      ((10 ** 400, 1.0), ValueError), ((1.0, 1e39), ValueError), ((float("nan"), 1.0), ValueError),
                      (torch.zeros(3), ValueError), (torch.zeros(2, dtype=torch.float64), ValueError),
                      (torch.zeros(1, 2), ValueError), (torch.zeros(2, 1), ValueError),
