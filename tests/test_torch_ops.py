@@ -666,3 +666,36 @@ def test_compiled_group_offsets_that_are_not_a_tensor_are_named(ends):
     torch._dynamo.reset()
     with pytest.raises(TypeError, match="'group_offsets' must be a torch.Tensor"):
         torch.compile(lambda u: mxq.quantize(u, colwise=True, group_offsets=ends), backend="aot_eager")(x)
+
+
+def test_compiled_calls_refuse_tensors_on_another_device_or_meta():
+    """A traced call whose tensors do not share the input's device (here the meta device: an
+    operand, act_input, noop, group_offsets, or the input itself) is refused by name, as eager
+    refuses it: such a call dispatches to the operator's fake implementation, which returned
+    outputs of unwritten memory. op.gemm's operands are checked by its own route first."""
+    @mxq.fused_quant(act="gelu")
+    def plus(x, b):
+        return x + b
+
+    @mxq.fused_quant(dact="gelu")
+    def back(dy):
+        return dy
+
+    x = torch.randn(64, 64)
+    meta = dict(device="meta")
+    cases = [("group_offsets", lambda u: mxq.quantize(u, colwise=True, group_offsets=torch.tensor([30, 64], **meta))),
+             ("noop", lambda u: mxq.quantize(u, noop=torch.zeros(1, **meta))),
+             ("'b'", lambda u: plus(u, torch.randn(64, **meta))),
+             ("act_input", lambda u: back(u, act_input=torch.randn(64, 64, **meta))),
+             ("'x'", lambda u: mxq.quantize(u.to("meta")))]
+    for name, fn in cases:
+        with pytest.raises(ValueError, match=f"{name}.* (is on|on the) meta"):
+            fn(x)
+        torch._dynamo.reset()
+        with pytest.raises(ValueError, match=f"{name}.* (is on|on the) meta"):
+            torch.compile(fn, backend="aot_eager")(x)
+    a, w = torch.randn(48, 128, dtype=torch.bfloat16), torch.randn(256, 128, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="operand 1 .* must be on a's device cpu, got meta"):
+        torch.compile(lambda a, w: gemm_bias.gemm(a, w, torch.randn(256, dtype=torch.bfloat16, **meta)),
+                      backend="aot_eager")(a, w)

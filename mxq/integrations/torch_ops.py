@@ -247,6 +247,8 @@ def call(i: str, call: Call):
     validation.check_noop_type(noop)
     if group_offsets is not None and not isinstance(group_offsets, torch.Tensor):
         groups.check_type(group_offsets)  # (the rest of its checks: the operator's eager ones)
+    # (devices are static while tracing; a mixed call would reach the operator's fake implementation)
+    validation.check_devices(_tensor_names(i), tensors, act_input, noop, group_offsets)
     fp4_call = spec.hadamard or spec.stochastic_rounding or fp4_args is not None
     if fp4_call and out is not None:
         raise ValueError("mxq: torch.compile does not trace out= with NVFP4's hadamard, stochastic_rounding, "

@@ -73,6 +73,23 @@ def check_plain_tensor(name: str, t) -> None:
                          "torch.compile, fake tensors need no such call: the operator has a fake implementation)")
 
 
+def check_devices(names, tensors, act_input=None, noop=None, group_offsets=None) -> None:
+    """The devices of a call's tensor arguments (the epilogue's tensors ``names``, act_input,
+    noop, group_offsets) as check_call has them: each on the first tensor's device, which is not
+    the meta device. For torch.compile's traced call (torch_ops.call), whose tensors are fake
+    ones check_call's class checks refuse: a call mixing devices dispatches to the operator's fake
+    implementation (its Meta kernel), which would return outputs of unwritten memory where eager
+    raises."""
+    fname, f = names[0], tensors[0]
+    if f.device.type == "meta":
+        raise ValueError(f"mxq: argument {fname!r} is on the meta device, which holds no data to quantize")
+    for name, t in [*zip(names[1:], tensors[1:]), ("act_input", act_input), ("noop", noop)]:
+        if isinstance(t, torch.Tensor) and t.device != f.device:
+            raise ValueError(f"mxq: argument {name!r} is on {t.device} but {fname!r} is on {f.device}")
+    if isinstance(group_offsets, torch.Tensor) and group_offsets.device != f.device:
+        raise ValueError(f"mxq: argument 'group_offsets' is on {group_offsets.device} but the input is on {f.device}")
+
+
 def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False) -> None:
     """Raise a TypeError/ValueError naming the first bad argument of ``call`` (a
     mxq/runtime/call.py Call); return None if all is well (after a one-time warning for an input
