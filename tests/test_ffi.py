@@ -534,3 +534,37 @@ def test_allocating_route_result_with_and_without_torchs_exchange_api(monkeypatc
         g, w = getattr(r, name), getattr(want, name)
         assert (g is None) == (w is None), name
         assert g is None or (type(g) is torch.Tensor and same_bytes(g, w)), name
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_registered_op_refuses_data_and_scales_of_another_one_byte_dtype(device):
+    """FP8 data destinations take the op's FP8 dtype or its bytes (uint8), E8M0 scale ones uint8
+    or torch.float8_e8m0fnu: another 1-byte dtype (the other FP8 format, int8, bool) is a
+    TypeError naming the slot (they were viewed as the op's dtype: e4m3 bytes read back as e5m2
+    values). CPU: ffi._destination; CUDA: csrc/dispatch.cc's DataBytes and scale check."""
+    gelu_both.register("test_gelu_both_dtypes")
+    g = tvm_ffi.get_global_func("mxq.test_gelu_both_dtypes")
+    x = planted(64, 64, torch.bfloat16, seed=5).to(device)
+
+    def call(rd, rs, cd=None, cs=None):
+        u8 = dict(dtype=torch.uint8, device=device)
+        g(x, None, rd, rs, torch.empty(64, 64, **u8) if cd is None else cd,
+          torch.empty(2, 64, **u8) if cs is None else cs, None, None, None)
+
+    want = gelu_both(x)
+    for dt in (torch.uint8, torch.float8_e4m3fn):
+        rd, rs = torch.empty(64, 64, dtype=dt, device=device), torch.empty(64, 2, dtype=torch.float8_e8m0fnu,
+                                                                              device=device)
+        call(rd, rs)
+        assert same_bytes(rd.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+        assert same_bytes(rs.view(torch.uint8), want.rowwise_scale)
+    ok_s = torch.empty(64, 2, dtype=torch.uint8, device=device)
+    for dt in (torch.float8_e5m2, torch.int8, torch.bool):
+        with pytest.raises(TypeError, match="'rowwise_data' must be a (torch.)?float8_e4m3fn or uint8"):
+            call(torch.empty(64, 64, dtype=dt, device=device), ok_s)
+        with pytest.raises(TypeError, match="'colwise_data' must be a (torch.)?float8_e4m3fn or uint8"):
+            call(torch.empty(64, 64, dtype=torch.uint8, device=device), ok_s,
+                 cd=torch.empty(64, 64, dtype=dt, device=device))
+    for dt in (torch.int8, torch.float8_e4m3fn):
+        with pytest.raises(TypeError, match="'rowwise_scale' must be a (torch.)?uint8 \\(E8M0 bytes\\) or float8_e8m0fnu"):
+            call(torch.empty(64, 64, dtype=torch.uint8, device=device), torch.empty(64, 2, dtype=dt, device=device))

@@ -76,6 +76,14 @@ struct State {
   int64_t max_groups = 0;  // the most group ends a grouped call may have (groups.MAX_GROUPS)
 };
 
+// An FP8 data destination's dtype: the op's FP8 format or its bytes (uint8); another 1-byte
+// dtype (int8, bool, the other FP8 format) would hand back bytes read as other values.
+bool DataBytes(const State& st, const DLTensor* t) {
+  return t->dtype.bits == 8 && t->dtype.lanes == 1 && (t->dtype.code == kDLUInt || t->dtype.code == st.fp8_code);
+}
+
+const char* Fp8Name(const State& st) { return st.fp8_code == 12 ? "float8_e5m2" : "float8_e4m3fn"; }
+
 // The kernel variants this route launches, in the order the resolve callback (mxq/runtime/ffi.py) names them.
 enum Variant { kGeneric = 0, kVec = 1, kRows8 = 2, kVecGrouped = 3, kGenericGrouped = 4 };
 
@@ -383,8 +391,9 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   auto bytes = [&](int i, int64_t count, bool matrix) {
     const DLTensor* t = TensorArg(st, args, i);
     same_device(t, i, matrix);
-    if (t->dtype.bits != 8 || t->dtype.lanes != 1) {
-      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' must be a float8 or uint8 tensor";
+    if (!DataBytes(st, t)) {
+      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' must be a " << Fp8Name(st)
+                               << " or uint8 tensor (the op's FP8 data)";
     }
     if (Numel(t) != count) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has " << Numel(t)
@@ -424,10 +433,11 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     const DLTensor* t = TensorArg(st, args, i);
     same_device(t, i, true);
     const bool fp32 = st.facts.scale_bits == 32;
+    // (E8M0 bytes as uint8 or float8_e8m0fnu: another 1-byte dtype holds other values)
     if (fp32 ? t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1
-             : t->dtype.bits != 8 || t->dtype.lanes != 1) {
+             : t->dtype.bits != 8 || t->dtype.lanes != 1 || (t->dtype.code != kDLUInt && t->dtype.code != kDLFloat8_e8m0fnu)) {
       TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' must be a "
-                               << (fp32 ? "float32 tensor (fp32 scales)" : "float8 or uint8 tensor");
+                               << (fp32 ? "float32 tensor (fp32 scales)" : "uint8 (E8M0 bytes) or float8_e8m0fnu tensor");
     }
     const int64_t count = mxq_sizes::ScaleElements(f, m, n, groups);
     // the grid's shape and strides in the flat buffer, as the view of this direction's data
@@ -458,8 +468,9 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   auto transposed_bytes = [&](int i) {
     const DLTensor* t = TensorArg(st, args, i);
     same_device(t, i, true);
-    if (t->dtype.bits != 8 || t->dtype.lanes != 1) {
-      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' must be a float8 or uint8 tensor";
+    if (!DataBytes(st, t)) {
+      TVM_FFI_THROW(TypeError) << "mxq: argument '" << ArgName(st, i) << "' must be a " << Fp8Name(st)
+                               << " or uint8 tensor (the op's FP8 data)";
     }
     if (t->ndim != 2 || t->shape[0] != n || t->shape[1] != m || !Compact(t)) {
       std::string shape = "[";

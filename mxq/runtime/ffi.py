@@ -136,6 +136,9 @@ def _check_arg_types(args, names, tensors: int, floats: int) -> None:
                             f"got {type(a).__name__}")
 
 
+_E8M0 = getattr(torch, "float8_e8m0fnu", None)
+
+
 def _destination(t, like, name: str, transposed: bool = False, grouped: bool = False):
     """A C++ caller's destination tensor ``t`` (or None) for output field ``name`` shaped like
     ``like`` (a meta tensor of MXFP8Tensor.empty's): checked, and viewed as the field (flat
@@ -157,7 +160,13 @@ def _destination(t, like, name: str, transposed: bool = False, grouped: bool = F
         raise ValueError(f"mxq: argument {name!r} has {t.numel()} elements, expected {like.numel()}"
                          f"{' (grouped buffers: docs/NUMERICS.md, Groups)' if grouped else ''}")
     if like.dtype != t.dtype and like.dtype.itemsize == t.dtype.itemsize == 1:
-        t = t.view(like.dtype)  # (FP8 data and NVFP4's E4M3 scales passed as bytes)
+        # (FP8 data and NVFP4's E4M3 scales passed as bytes, E8M0 scale bytes as torch's E8M0 dtype;
+        # another 1-byte dtype, int8, bool or the other FP8 format, would hand back other values)
+        e8m0_slot = name.endswith("_scale") and like.dtype == torch.uint8
+        if t.dtype != (_E8M0 if e8m0_slot else torch.uint8):
+            also = " (E8M0 bytes) or float8_e8m0fnu" if e8m0_slot else " or uint8"
+            raise TypeError(f"mxq: argument {name!r} must be a {like.dtype}{also} tensor, got {t.dtype}")
+        t = t.view(like.dtype)
     if name.endswith("_data") and not grouped and not t.is_contiguous():
         # FP8 data of padded rows (what the allocating route makes at N % 8 != 0), as its shape
         m, n = flat_dims(like.shape)

@@ -7,8 +7,8 @@
 //   (*epilogue_tensors, *epilogue_scalars, act_input, rowwise_data, rowwise_scale,
 //    colwise_data, colwise_scale, amax, dbias, noop[, group_offsets])
 // with None (tvm::ffi::Optional<tvm::ffi::Tensor>()) in every slot the op does not use. Data
-// slots take float8 or uint8 tensors of the input's shape (format fp8_block's gemm layout: the
-// colwise data is the transposed copy, a contiguous [N, M] tensor), scale slots uint8 (E8M0) in
+// slots take tensors of the op's FP8 dtype (e4m3 or e5m2) or uint8, of the input's shape (format fp8_block's gemm layout: the
+// colwise data is the transposed copy, a contiguous [N, M] tensor), scale slots uint8 (E8M0; or float8_e8m0fnu) in
 // the op's layout, or float32 for format fp8_block (flat, contiguous; the gemm layout's scales as
 // their padded buffer, e.g. 1x128 rowwise outer-dim-major [ceil(N/128), roundup(M, 4)], 128x128
 // [roundup(ceil(M/128), 4), roundup(ceil(N/128), 4)]; 128x128 tiles fill both directions' scale
