@@ -59,6 +59,9 @@ def data_rows(t: torch.Tensor, m: int, n: int) -> torch.Tensor | None:
     return v if m <= 1 or v.stride(0) >= n else None
 
 
+_INPUT_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
+
+
 @dataclass(eq=False)  # (identity equality: its fields are tensors, whose == is element-wise)
 class MXFP8Tensor:
     rowwise_data: torch.Tensor | None
@@ -101,6 +104,17 @@ class MXFP8Tensor:
         if not hasattr(spec, "scale_layout"):
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
                             f"{type(spec).__name__}")
+        if shape.__class__ is not torch.Size:  # (a tensor's shape, what the routes pass, needs no check)
+            if not isinstance(shape, (tuple, list)) or not all(
+                    isinstance(d, (int, torch.SymInt)) and not isinstance(d, bool) for d in shape):
+                raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'shape' must be a torch.Size or a tuple or "
+                                f"list of ints, got {shape!r}")
+            if any(isinstance(d, int) and d < 0 for d in shape):
+                raise ValueError(f"mxq: MXFP8Tensor.empty() argument 'shape' must hold sizes >= 0, got "
+                                 f"{tuple(shape)}")
+        if dtype not in _INPUT_DTYPES:
+            raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'dtype' (the input's: the dbias dtype) must be "
+                            f"float32, float16 or bfloat16, got {dtype}")
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
         if spec.format in fp4.FORMATS:
@@ -269,7 +283,9 @@ class MXFP8Tensor:
                 g = operator.index(g)
             except TypeError:
                 pass
-        if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < len(bnds):
+        if not isinstance(g, int) or isinstance(g, bool):
+            raise TypeError(f"mxq: group index must be an int in [0, {len(bnds)}), got {type(g).__name__}")
+        if not 0 <= g < len(bnds):
             raise ValueError(f"mxq: group index must be an int in [0, {len(bnds)}), got {g!r}")
         start, end = bnds[g]
         m, n = flat_dims(self.shape)

@@ -8,6 +8,10 @@ import mxq
 from mxq.testing import compare
 
 
+def _ident(x):
+    return x
+
+
 def test_saved_tensors_load_back_with_torch_defaults():
     """torch.save / torch.load with torch's default weights_only=True: the fields come back
     byte-equal, views of padded rows keep their strides, grouped tensors their offsets."""
@@ -47,8 +51,9 @@ def test_group_takes_any_integer_index_and_refuses_the_rest():
     want = mxq.quantize(x[32:], colwise=True)
     for g in (1, _Index(), torch.tensor(1)):
         assert compare(t.group(g), want, exact=True) == [], g
-    for g in (True, 1.0, 2, -1, "1", torch.tensor(0.5)):
-        with pytest.raises(ValueError, match=r"group index must be an int in \[0, 2\)"):
+    for g, exc in ((True, TypeError), (1.0, TypeError), (2, ValueError), (-1, ValueError), ("1", TypeError),
+                   (torch.tensor(0.5), TypeError)):
+        with pytest.raises(exc, match=r"group index must be an int in \[0, 2\)"):
             t.group(g)
 
 
@@ -57,6 +62,25 @@ def test_empty_names_a_spec_that_is_not_one():
 
     with pytest.raises(TypeError, match="MXFP8Tensor.empty\\(\\) argument 'spec' must be a QuantSpec"):
         mxq.MXFP8Tensor.empty(None, (4, 32), torch.float32, "cpu")
+
+
+def test_empty_names_a_bad_shape_or_dtype():
+    """MXFP8Tensor.empty's shape (a torch.Size, tuple or list of ints >= 0) and dtype (the input's,
+    which the dbias takes: float32, float16, bfloat16) are checked by name; they were Python's
+    "'int' object is not iterable", torch's RuntimeError, or a float64 dbias every call refused."""
+    import pytest
+
+    spec = mxq.fused_quant(colwise=True, dbias=True)(_ident).spec
+    for shape in (13, (4, 32.0), "ab", (4, True)):
+        with pytest.raises(TypeError, match="argument 'shape' must be a torch.Size or a tuple or list of ints"):
+            mxq.MXFP8Tensor.empty(spec, shape, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="argument 'shape' must hold sizes >= 0"):
+        mxq.MXFP8Tensor.empty(spec, [4, -1], torch.float32, "cpu")
+    for dtype in (torch.float64, torch.uint8):
+        with pytest.raises(TypeError, match="argument 'dtype'"):
+            mxq.MXFP8Tensor.empty(spec, (4, 32), dtype, "cpu")
+    t = mxq.MXFP8Tensor.empty(spec, [4, 32], torch.bfloat16, "cpu")
+    assert t.shape == (4, 32) and t.dbias.dtype == torch.bfloat16
 
 
 def test_results_carry_their_scale_mode_through_every_route():
