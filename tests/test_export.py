@@ -61,3 +61,23 @@ def test_ordinary_names_pass():
 def test_export_refuses_a_directory_that_is_not_a_path():
     with pytest.raises(TypeError, match="argument 'directory' must be a path"):
         _identity.export(None)
+
+
+def test_export_refuses_a_name_that_differs_from_an_export_beside_it_only_in_case(tmp_path, monkeypatch):
+    """The header's include guard and its functions' _NAME macros upper-case the name: an export
+    of "myquant" into a directory holding the export "MyQuant" (its header and library) is
+    refused before anything compiles; a lone header of that name (not an export) is not in the way."""
+    (tmp_path / "MyQuant.h").write_text("#ifndef MYQUANT_H_\n#define MYQUANT_H_\n#endif\n")
+    (tmp_path / "libMyQuant.so").write_bytes(b"")
+    with pytest.raises(ValueError, match="'myquant' differs from the export 'MyQuant' .* only in case"):
+        _identity.export(tmp_path, name="myquant")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["MyQuant.h", "libMyQuant.so"]
+    (tmp_path / "libMyQuant.so").unlink()
+    from mxq.runtime import export
+
+    def stop(*args):  # (past the name checks: stopped before compiling)
+        raise RuntimeError("compiling")
+
+    monkeypatch.setattr(export, "_served_functions", stop)
+    with pytest.raises(RuntimeError, match="compiling"):
+        _identity.export(tmp_path, name="myquant")

@@ -149,6 +149,14 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         raise ValueError(f"mxq: export name {name!r} is reserved: lib{name}.so is a runtime library the export "
                          "copies beside its own library, which would overwrite it")
     out = Path(directory)
+    # (the header's guard and macros upper-case the name: MyQuant.h and myquant.h would share them,
+    # and an including program would silently get one header's macros)
+    clash = sorted(p.stem for p in out.glob("*.h") if p.stem.upper() == name.upper() and p.stem != name
+                   and (out / f"lib{p.stem}.so").exists()) if out.is_dir() else []
+    if clash:
+        raise ValueError(f"mxq: export name {name!r} differs from the export {clash[0]!r} in {os.fspath(out)!r} "
+                         f"only in case: their headers' include guard ({name.upper()}_H_) and their "
+                         "functions' _NAME macros would collide; pick another name or directory")
     out.mkdir(parents=True, exist_ok=True)
     objects = []
     functions, left_out = _served_functions(op, name, dtype, grouped)
