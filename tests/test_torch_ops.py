@@ -302,17 +302,20 @@ def test_constant_result_marks_as_torch_does():
         assert {k: getattr(fn, k, None) for k in marks} == marks, fn.__name__
 
 
+@mxq.fused_quant(act="silu")
+def _plus_r(x, r):
+    return x + r
+
+
+@mxq.fused_quant(dact="gelu")
+def _back(dy):
+    return dy
+
+
 def test_compiled_calls_refuse_a_number_where_a_tensor_goes_with_mxqs_message():
     """A number in an epilogue's tensor slot, or as noop or act_input: under torch.compile mxq's
     TypeError, as eager (not the operator schema's error)."""
-    @mxq.fused_quant(act="silu")
-    def plus(x, r):
-        return x + r
-
-    @mxq.fused_quant(dact="gelu")
-    def back(dy):
-        return dy
-
+    plus, back = _plus_r, _back
     x = torch.randn(8, 32)
     for fn, words in ((lambda a: plus(a, 2.0), "argument 'r' must be a torch.Tensor, got float; to pass a number"),
                       (lambda a: mxq.quantize(a, noop=1.0), "argument 'noop' must be a one-element float32 torch.Tensor or None"),
@@ -673,20 +676,12 @@ def test_compiled_calls_refuse_tensors_on_another_device_or_meta():
     operand, act_input, noop, group_offsets, or the input itself) is refused by name, as eager
     refuses it: such a call dispatches to the operator's fake implementation, which returned
     outputs of unwritten memory. op.gemm's operands are checked by its own route first."""
-    @mxq.fused_quant(act="gelu")
-    def plus(x, b):
-        return x + b
-
-    @mxq.fused_quant(dact="gelu")
-    def back(dy):
-        return dy
-
     x = torch.randn(64, 64)
     meta = dict(device="meta")
     cases = [("group_offsets", lambda u: mxq.quantize(u, colwise=True, group_offsets=torch.tensor([30, 64], **meta))),
              ("noop", lambda u: mxq.quantize(u, noop=torch.zeros(1, **meta))),
-             ("'b'", lambda u: plus(u, torch.randn(64, **meta))),
-             ("act_input", lambda u: back(u, act_input=torch.randn(64, 64, **meta))),
+             ("'r'", lambda u: _plus_r(u, torch.randn(64, **meta))),
+             ("act_input", lambda u: _back(u, act_input=torch.randn(64, 64, **meta))),
              ("'x'", lambda u: mxq.quantize(u.to("meta")))]
     for name, fn in cases:
         with pytest.raises(ValueError, match=f"{name}.* (is on|on the) meta"):
