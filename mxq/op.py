@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
+import pickle
 import types
 from functools import lru_cache
 
@@ -63,6 +65,25 @@ class FusedOp:
         # FP8 block scaling's transposed copy and fp32 colwise or grouped calls on the aligned
         # vectorised kernel, serve aligned inputs alone): then its key holds it
         self._key_aligned = spec.is_fp4 or spec.format == "fp8_block"
+
+    def __reduce__(self):
+        """Pickled by reference (as functions are): the attribute of the defining module the op
+        is, found again by module and qualified name on loading (a spawned worker imports the
+        module, which decorates the function again); mxq.quantize's built-in ops by their spec. An
+        op that is not its module's attribute of that name (one made in a function) is a
+        PicklingError saying so."""
+        if self.fn is _identity and self.epilogue is IDENTITY:
+            return _quantize_op, (self.spec,)
+        module, name = self.fn.__module__, self.fn.__qualname__
+        try:
+            found = _op_by_name(module, name)
+        except Exception:  # (not importable, or not an attribute path: "<locals>")
+            found = None
+        if found is not self:
+            raise pickle.PicklingError(
+                f"mxq: op {name!r} pickles by reference to {module}.{name}, which is not this op: define the op "
+                "with @mxq.fused_quant at the top level of a module to send it to other processes")
+        return _op_by_name, (module, name)
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, /, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
@@ -228,6 +249,9 @@ class FusedOp:
         for name, given in (("acc_out", acc_out), ("out", out)):
             if traced and given is not None:
                 raise ValueError(f"mxq: {self.__name__}.gemm: {name}= serves eager calls only, not torch.compile")
+        for name, t in (("a", a), ("w", w)):  # (before the epilogue's own tensors are bound and named)
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                raise ValueError(f"mxq.gemm: {name} is on the meta device, which holds no data to multiply")
         if not traced:
             gemm_rt.check_args(a, w, acc_out=acc_out)
         else:  # (the operator checks the rest on its real tensors when the graph runs: addresses need them)
@@ -556,6 +580,14 @@ def fused_quant(fn=None, **options):
 
 
 @lru_cache(maxsize=None)
+def _op_by_name(module: str, qualname: str):
+    """The object at ``module``.``qualname`` (an op a pickle names: FusedOp.__reduce__)."""
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _quantize_op(spec: QuantSpec) -> FusedOp:
     return FusedOp(_identity, spec, IDENTITY)
 

@@ -727,3 +727,48 @@ def test_the_functions_attributes_do_not_replace_the_ops():
     op = mxq.fused_quant(_carries_attributes)
     assert isinstance(op.spec, mxq.QuantSpec) and op.note == "kept" and op.__name__ == "_carries_attributes"
     assert op(torch.randn(4, 32)).rowwise_data.shape == (4, 32)
+
+
+@mxq.fused_quant(act="gelu", colwise=True)
+def _pickled_op(x, b):
+    return x + b
+
+
+@mxq.fused_quant(act="swiglu")
+def _pickled_gated(x):
+    return x
+
+
+def test_ops_pickle_by_reference_and_run_in_a_fresh_process():
+    """An op pickles as a reference to its module's attribute (as a function does): the same op in
+    this process, the module's own op in a fresh one, whose call gives this process's bytes; a
+    built-in quantize op by its spec; an op made inside a function is a PicklingError saying why
+    (it was pickle's "not the same object as ..." about the wrapped function)."""
+    import os
+    import pickle
+
+    for op in (_pickled_op, _pickled_gated):
+        assert pickle.loads(pickle.dumps(op)) is op
+    q = mxq.op._quantize_op(mxq.QuantSpec(colwise=True, amax=True))
+    assert pickle.loads(pickle.dumps(q)).spec == q.spec
+
+    def make():
+        @mxq.fused_quant()
+        def inner(x):
+            return x
+        return inner
+
+    with pytest.raises(pickle.PicklingError, match="define the op with @mxq.fused_quant at the top level"):
+        pickle.dumps(make())
+    x, b = torch.randn(64, 64, generator=torch.Generator().manual_seed(3)), torch.randn(64)
+    want = _pickled_op(x, b)
+    blob = pickle.dumps((_pickled_op, x, b))
+    code = ("import pickle, sys, torch; op, x, b = pickle.loads(sys.stdin.buffer.read()); t = op(x, b); "
+            "sys.stdout.buffer.write(pickle.dumps([t.rowwise_data.view(torch.uint8), t.colwise_scale, type(op).__name__]))")
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    data, scale, kind = pickle.loads(done.stdout)
+    assert kind == "FusedOp" and torch.equal(data, want.rowwise_data.view(torch.uint8))
+    assert torch.equal(scale, want.colwise_scale)

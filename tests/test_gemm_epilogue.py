@@ -894,6 +894,10 @@ def test_bad_tensors_are_named_before_anything_runs():
         plus_bias.gemm(a, w, b.float())
     with pytest.raises(ValueError, match="acc_out must be a torch.float32 tensor of shape \\(4, 16\\)"):
         plus_bias.gemm(a, w, b, acc_out=torch.zeros(4, 15))
+    for meta in ((a.to("meta"), w), (a, w.to("meta")), (a.to("meta"), w.to("meta"))):  # (not the epilogue's 'x')
+        name = "a" if meta[0].is_meta else "w"
+        with pytest.raises(ValueError, match=f"mxq.gemm: {name} is on the meta device"):
+            plus_bias.gemm(*meta, b)
 
 
 # --- CPU: the reference on the fp32 accumulator -----------------------------------------------

@@ -186,10 +186,13 @@ def test_reused_out_with_new_offsets_equals_a_fresh_call_byte_for_byte(layout):
 
 def test_prepare_takes_int32_group_offsets_only():
     """prepare() reads the offsets at every launch, so it binds the caller's int32 tensor itself;
-    an int64 one (which a bind would convert, once) is refused, naming the argument."""
+    an int64 one or a strided view (which a bind would convert, once) is refused, naming the
+    argument and what is wrong with it."""
     op = mxq.fused_quant(colwise=True)(_plain)
-    with pytest.raises(ValueError, match="'group_offsets'.*int32"):
+    with pytest.raises(ValueError, match="'group_offsets'.*int32.*got dtype torch.int64"):
         op.prepare(torch.randn(64, 64), group_offsets=torch.tensor([64]))
+    with pytest.raises(ValueError, match="'group_offsets'.*contiguous int32.*got a view of strides \\(2,\\)"):
+        op.prepare(torch.randn(64, 64), group_offsets=torch.tensor([32, 0, 64, 0], dtype=torch.int32)[::2])
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         op.prepare(torch.randn(64, 64), group_offsets=torch.tensor([64], dtype=torch.int32))
 

@@ -136,8 +136,10 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
     if group_offsets is not None:
         groups.check(group_offsets, flat_dims(f.shape)[0], f.device)
         if prepare and (group_offsets.dtype != torch.int32 or not group_offsets.is_contiguous()):
+            got = (f"dtype {group_offsets.dtype}" if group_offsets.dtype != torch.int32
+                   else f"a view of strides {tuple(group_offsets.stride())}")
             raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
-                             f"tensor (an int64 one would be converted once, at bind time); got {group_offsets.dtype}")
+                             f"tensor (another would be converted once, at bind time); got {got}")
         if spec.scale_layout == "gemm":
             raise ValueError("mxq: argument 'group_offsets' does not go with scale_layout='gemm' (grouped FP8 block "
                              "scaling is laid out compact; docs/NUMERICS.md)")
