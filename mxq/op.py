@@ -579,7 +579,6 @@ def fused_quant(fn=None, **options):
     return wrap(fn) if fn is not None else wrap
 
 
-@lru_cache(maxsize=None)
 def _op_by_name(module: str, qualname: str):
     """The object at ``module``.``qualname`` (an op a pickle names: FusedOp.__reduce__)."""
     obj = importlib.import_module(module)
@@ -588,6 +587,7 @@ def _op_by_name(module: str, qualname: str):
     return obj
 
 
+@lru_cache(maxsize=None)
 def _quantize_op(spec: QuantSpec) -> FusedOp:
     return FusedOp(_identity, spec, IDENTITY)
 
