@@ -355,6 +355,15 @@ for full, opts in ((fullb, dict(format="fp8_block", colwise=True, amax=True)),
             bits = torch.int32 if b.dtype == torch.float32 else torch.uint8
             assert a.shape == b.shape and torch.equal(a.contiguous().view(bits), b.contiguous().view(bits)), (opts, f)
     checked += 1
+# fields whose byte counts leave the next one at an offset its dtype cannot start at (3 rows of
+# 64 FP8 bytes then the fp32 amax; 130 columns of FP8 block scaling): gathered byte-equal
+for full, opts in ((torch.randn(6, 64), dict(amax=True)), (torch.randn(2, 130), dict(format="fp8_block")),
+                   (torch.randn(6, 64), dict(colwise=False, fp8="e5m2", amax=True, scale_mode="floor"))):
+    m = full.shape[0] // 2
+    g = distributed.all_gather(mxq.quantize(full[rank * m:(rank + 1) * m], **opts))
+    w = mxq.quantize(full, **opts)
+    assert compare(g, w, exact=True) == [], (opts, compare(g, w, exact=True))
+    checked += 1
 a = mxq.quantize(torch.randn(128, 256), format="fp8_block") if rank == 0 else mxq.quantize(torch.randn(128, 256))
 try:  # the ranks disagree on the format: every rank raises the same error
     distributed.all_gather(a)
@@ -409,6 +418,9 @@ rank = int(sys.argv[1])
 # a short timeout: a rank left waiting in a collective fails the test in seconds, not minutes
 dist.init_process_group("gloo", init_method=os.environ["MXQ_TEST_INIT"], rank=rank, world_size=2,
                         timeout=datetime.timedelta(seconds=30))
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate
+mesh = init_device_mesh("cpu", (2,))
 x = torch.randn(64, 64)
 cases = [  # (this rank's tensor, the exception both ranks must raise, words in its message)
     (mxq.quantize(x, colwise=True, fp8="e5m2" if rank else "e4m3"), ValueError, "rank 1's fp8 format differs"),
@@ -428,6 +440,9 @@ cases = [  # (this rank's tensor, the exception both ranks must raise, words in 
      ValueError, "compact scales (swizzled tiles span 128 rows) on every rank; rank 0 has not"),
     (mxq.quantize(x * (rank + 1), format="nvfp4", colwise=True), ValueError, "rank 1's NVFP4 amax differs"),
     (x if rank else mxq.quantize(x, colwise=True), TypeError, "needs an MXFP8Tensor on every rank; rank 1 has not"),
+    # one rank's result of a DTensor call (DTensor fields): both raise, the other is not left waiting
+    (mxq.quantize(DTensor.from_local(x, mesh, [Replicate()])) if rank == 0 else mxq.quantize(x), TypeError,
+     "needs an MXFP8Tensor of plain tensors (a DTensor call's result is already distributed"),
 ]
 for i, (t, kind, words) in enumerate(cases):
     try:

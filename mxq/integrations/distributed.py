@@ -275,11 +275,22 @@ _CHECKS = (
     "MXFP8's colwise blocks, 128 for FP8 block scaling's colwise blocks and 128x128 tiles)",
     "MXFP8, FP8 block scaling, NVFP4 or MXFP4",
     "no Hadamard-transformed colwise copy (its amax is its own: gather the full tensor's copy instead)",
+    "an MXFP8Tensor of plain tensors (a DTensor call's result is already distributed: use its fields' "
+    "full_tensor() or redistribute)",
 )
 _FP8_CODES = {"e4m3": 1, "e5m2": 2}
 _MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4, "pow2": 5, "fp32": 6, "e4m3": 7}
 _FORMAT_CODES = {"mxfp8": 1, "fp8_block": 2, "nvfp4": 3, "mxfp4": 4}
 _DBIAS_CODES = {None: 0, torch.float32: 1, torch.bfloat16: 2, torch.float16: 3}
+
+
+_ALIGN = 16  # bytes: each gathered field's start in the byte buffer (any dtype views from there)
+
+
+def _padded(b: torch.Tensor) -> torch.Tensor:
+    """Bytes ``b`` followed by zeros up to a multiple of _ALIGN."""
+    pad = -b.numel() % _ALIGN
+    return torch.cat([b, b.new_zeros(pad)]) if pad else b
 
 
 def _local_verdict(t) -> int:
@@ -298,6 +309,8 @@ def _local_verdict(t) -> int:
         return 5
     if t.colwise_amax is not None:
         return 7
+    if any(isinstance(getattr(t, f), DTensor) for f in (*_GATHER_FIELDS, "amax", "dbias")):
+        return 8
     return 0
 
 
@@ -346,7 +359,7 @@ def _agree(t, parts_bytes: int, group) -> None:
     if failed:
         rank, v = failed[0]
         got = f", got {type(t).__name__}" if v == 1 and rank == dist.get_rank(group) else ""
-        raise (TypeError if v == 1 else ValueError)(
+        raise (TypeError if v in (1, 8) else ValueError)(
             f"mxq: all_gather() needs {_CHECKS[v - 1]} on every rank; rank {rank} has not{got}")
     first = every[0]
     for r in range(1, world):
@@ -379,12 +392,10 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     single-tensor value, not byte-equal to it."""
     import torch.distributed as dist
 
-    if isinstance(t, MXFP8Tensor) and any(isinstance(getattr(t, f), DTensor) for f in _GATHER_FIELDS):
-        raise TypeError("mxq: all_gather() takes an MXFP8Tensor of plain tensors, got one of DTensors (the result of "
-                        "a DTensor call is already distributed: use its fields' full_tensor() or redistribute)")
-    ok = _local_verdict(t) == 0
+    ok = _local_verdict(t) == 0  # (a DTensor field included: every rank raises, _agree)
     parts = [(f, getattr(t, f)) for f in (*_GATHER_FIELDS, "amax", "dbias") if getattr(t, f) is not None] if ok else []
-    flat = [v.contiguous().view(torch.uint8).reshape(-1) if v.dim() else v.reshape(1).view(torch.uint8)
+    # each field's bytes padded to _ALIGN, so that every field starts where its dtype may be viewed
+    flat = [_padded(v.contiguous().view(torch.uint8).reshape(-1) if v.dim() else v.reshape(1).view(torch.uint8))
             for _, v in parts]
     _agree(t, sum(f.numel() for f in flat), group)
     world = dist.get_world_size(group)
@@ -395,7 +406,7 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     for b in gathered.view(world, -1):
         fields, at = {}, 0
         for (f, v), fl in zip(parts, flat):
-            fields[f] = b[at:at + fl.numel()].view(v.dtype).reshape(v.shape)
+            fields[f] = b[at:at + v.numel() * v.element_size()].view(v.dtype).reshape(v.shape)
             at += fl.numel()
         per_rank.append(fields)
     packed = t.format in fp4.FORMATS  # (FP4's colwise copy is transposed, [N, M/2]: its rows' ranks side by side)
