@@ -320,6 +320,15 @@ for call in (lambda o: mxq.quantize(x, colwise=True, group_offsets=o),
         assert "argument 'group_offsets' is a DTensor but the inputs are plain tensors" in str(exc), exc
     else:
         raise AssertionError("DTensor group_offsets with plain inputs were accepted")
+# uneven shards (DTensor.from_local with a shape of its own) are refused by name, not placed by the even split
+local = torch.randn(40, 64)[:40 if rank == 0 else 24]  # (the same draws on both ranks: later tensors agree)
+uneven = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=torch.Size((64, 64)), stride=(64, 1))
+try:
+    mxq.quantize(uneven, colwise=True)
+except ValueError as exc:
+    assert "uneven shards" in str(exc) and f"holds {local.shape[0]} of the 64 rows" in str(exc), exc
+else:
+    raise AssertionError("uneven from_local shards were accepted")
 # all_gather: each rank quantizes its own rows; the gathered tensor is the full tensor's quantization
 from mxq import distributed
 full = torch.randn(2, 64, 96, dtype=torch.bfloat16)

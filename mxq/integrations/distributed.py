@@ -104,6 +104,15 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
     size = x.shape[dim]
     world = x.device_mesh.size()
     chunk = -(-size // world)  # DTensor's even split: ceil(size / world) per rank
+    coord = x.device_mesh.get_coordinate()
+    if coord is not None:  # (the rank's shard as that split gives it: a from_local of other sizes is refused)
+        want = min(chunk, max(0, size - coord[0] * chunk))
+        got = x.to_local().shape[dim]
+        if got != want:
+            raise ValueError(f"mxq: placement {_name(x.placements[0])}: this rank's shard holds {got} of the {size} "
+                             f"{'rows' if kind == 'rows' else 'columns'} where DTensor's even split over {world} "
+                             f"ranks gives it {want} (uneven shards, as DTensor.from_local(..., shape=...) makes, "
+                             "are not supported: the blocks would be placed by the even split)")
     per_index = 1
     if kind == "rows":
         for d in x.shape[1:-1]:
