@@ -223,7 +223,8 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
     ``v_bound`` (the op's ``v_bound``): every data byte is the FP8 code, under its block's scale
     as written in ``got``, of some v in the element's interval; at most 1 in 1e4 are not, each
     within one code of the interval's codes. Without ``v_bound``: at most 1 in 1e4 data bytes
-    off, each by one code. Few scale bytes off (one per 3200 elements). dbias: within 1 ulp of
+    off, each by one code (FP4: E2M1 codes, two a byte, with or without ``v_bound``). Few scale
+    bytes off (one per 3200 elements), a 1-byte scale (E8M0, NVFP4's E4M3) by one code at most. dbias: within 1 ulp of
     the input dtype of the reference's fp64 sum (numerics.dbias_partial_dtype bounds the
     kernels'), plus, outside the exact class and where ``v_abs`` (``v_abs_sum``) is given,
     V_SLACK x the column's sum of |v|. Without it a column whose sum cancels fails that class
@@ -252,15 +253,22 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
                 if nd:
                     problems.append(f"{name}: {nd} bytes differ (worst by {worst})")
                 continue
+            if want.format in _PACKED:  # (FP4: two codes a byte, compared code by code; no v_bound yet)
+                off, far = _fp4_codes_off(g, w) if nd else (0, 0)
+                if off > max(1, total // 10000) or far:
+                    problems.append(f"{name}: {off} codes differ, {far} of them by more than one code")
+                continue
             off, far = _unexplained(got, want, name.split("_")[0], v_bound) if nd else (0, 0)
             if off > max(1, total // 10000) or far:
                 problems.append(f"{name}: {nd} bytes differ (worst by {worst}); " + (
                     f"{off} outside v_bound, {far} of them" if v_bound is not None else f"{far}")
                     + " by more than one code")
-        elif nd and (exact or nd > max(1, total // 3200)) and not (
+        elif nd and (exact or nd > max(1, total // 3200) or (w.element_size() == 1 and worst > 1)) and not (
                 not exact and v_bound is not None and w.dtype == torch.float32 and _fp32_scales_explained(got, want,
                                                                                                          name, v_bound)):
-            problems.append(f"{name}: {nd} scale bytes differ")
+            # (1-byte scales, E8M0 or NVFP4's E4M3, may move by one code where the bound moves a block
+            # amax across a boundary, never more)
+            problems.append(f"{name}: {nd} scale bytes differ" + (f", one by {worst} codes" if worst > 1 else ""))
     for name in ("amax", "colwise_amax"):  # (colwise_amax: NVFP4's Hadamard-transformed copy's)
         if getattr(want, name) is not None:
             ga, wa = getattr(got, name).cpu(), getattr(want, name).cpu()
@@ -281,6 +289,21 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
         if not ok.all():
             problems.append(f"dbias: {int((~ok).sum())} of {ok.numel()} columns off by more than 1 ulp")
     return problems
+
+
+_PACKED = ("nvfp4", "mxfp4")  # formats whose data bytes hold two E2M1 codes
+
+
+def _fp4_codes_off(g: torch.Tensor, w: torch.Tensor) -> tuple[int, int]:
+    """(E2M1 codes that differ between packed data ``g`` and ``w``, those more than one code
+    apart on the number line of codes: sign and 3-bit magnitude, +-0 both 0)."""
+    def line(b):
+        b = b.view(torch.uint8).cpu().to(torch.int16)
+        codes = torch.stack([b & 0xF, b >> 4])
+        return torch.where(codes >= 8, -(codes & 7), codes & 7), codes
+    (lg, cg), (lw, cw) = line(g), line(w)
+    off = cg != cw
+    return int(off.sum()), int((off & ((lg - lw).abs() > 1)).sum())
 
 
 def _fp32_scales_explained(got, want, name: str, v_bound: VBound) -> bool:

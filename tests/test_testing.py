@@ -479,3 +479,40 @@ def test_fp32_scales_next_to_a_zero_amax():
     assert compare(bad, want, False, v_bound=bound) != []
     wide = VBound((v - 1e30).double(), (v + 1e30).double())  # (a greatest |v| past the dtype: clamped, not inf)
     assert compare(mxq.quantize(torch.full((4, 128), 7.0), **same), want, False, v_bound=wide) == []
+
+
+def test_compare_holds_one_byte_scales_to_one_code_outside_the_exact_class():
+    """Outside the exact class a 1-byte scale (E8M0, NVFP4's E4M3) may move by one code where the
+    bound moves a block amax across a boundary, never more: a scale byte 40 codes (2^40) off, or
+    turned NaN, is reported, with or without v_bound; one code off is within the class."""
+    from dataclasses import replace
+
+    op = mxq.fused_quant(act="gelu", colwise=True)(_ident)
+    x = planted(128, 256, torch.float32, seed=4)
+    t, want = op(x), op.reference(x)
+    for delta, flagged in ((40, True), (255, True), (1, False)):
+        bad = replace(t, rowwise_scale=t.rowwise_scale.clone())
+        bad.rowwise_scale[3, 2] = delta if delta == 255 else bad.rowwise_scale[3, 2] + delta
+        for vb in (None, v_bound(op, x)):
+            assert bool(compare(bad, want, False, v_bound=vb)) == flagged, (delta, vb is None)
+    assert compare(t, want, False) == []
+
+
+def test_compare_reads_fp4_codes_outside_the_exact_class():
+    """FP4's packed bytes outside the exact class: compared code by code (two a byte), a code one
+    place off on the line of codes within the count, one further off reported (an [M, N/2] byte
+    tensor was reshaped to [M, N] and raised)."""
+    from dataclasses import replace
+
+    op = mxq.fused_quant(act="gelu", format="nvfp4")(_ident)
+    x = planted(128, 256, torch.float32, seed=5)
+    t, want = op(x), op.reference(x)
+    assert compare(t, want, False) == []
+    b = int(t.rowwise_data[0, 0])
+    lo = b & 0xF
+    near = lo + 1 if lo & 7 < 7 else lo - 1  # (the next magnitude, same sign: one place on the line)
+    far = (lo & 8) | ((lo & 7) + 3) % 8  # (three or five places)
+    for code, want_problems in ((near, []), (far, ["rowwise_data: 1 codes differ, 1 of them by more than one code"])):
+        bad = replace(t, rowwise_data=t.rowwise_data.clone())
+        bad.rowwise_data[0, 0] = (b & 0xF0) | code
+        assert compare(bad, want, False) == want_problems, (hex(b), code)
