@@ -187,7 +187,12 @@ def _padded_scale(t, like, name: str):
     if t.dtype == like.dtype and t.shape == like.shape and all(
             a == b for a, b, d in zip(t.stride(), like.stride(), like.shape) if d > 1):
         return t
-    whole = (like._base if like._base is not None else like).numel()
+    base = like._base if like._base is not None else like
+    whole = base.numel()
+    if t.shape == like.shape and t.shape != base.shape:  # (the grid itself, laid out otherwise: another order)
+        raise ValueError(f"mxq: argument {name!r} has the scales' shape {tuple(like.shape)} but strides "
+                         f"{tuple(t.stride())}: pass the view of strides {like.stride()} of a padded buffer "
+                         f"(MXFP8Tensor.empty's), or the contiguous buffer of {whole} elements")
     if t.dtype != like.dtype or t.numel() != whole or not t.is_contiguous():
         raise ValueError(f"mxq: argument {name!r} must be a contiguous {like.dtype} buffer of {whole} "
                          f"elements, or its view of shape {tuple(like.shape)} and strides {like.stride()}")
