@@ -226,15 +226,20 @@ def _load_file_op(target: str) -> FusedOp:
         raise UsageError(f"mxq: {path} is not a Python file (expected FILE.py[:NAME])")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
+    here = str(file.resolve().parent)  # (its imports of modules beside it resolve as `python FILE.py`'s do)
+    if here not in sys.path:
+        sys.path.insert(0, here)
     try:
         spec.loader.exec_module(mod)  # EpilogueError (and any bug of the file's own) propagate
     except SyntaxError as exc:
         raise UsageError(f"mxq: {exc.filename}:{exc.lineno}: {exc.msg}") from None
-    ops = {k: v for k, v in vars(mod).items() if isinstance(v, FusedOp)}
+    named = {k: v for k, v in vars(mod).items() if isinstance(v, FusedOp)}
+    # the ops the file defines (not ones it imports, nor a second name of one)
+    ops = {k: v for k, v in named.items() if v.fn.__module__ == mod.__name__ and v.fn.__name__ == k}
     if name:
-        if name not in ops:
-            raise UsageError(f"mxq: {path} has no @mxq.fused_quant op named {name!r} (found: {sorted(ops)})")
-        return ops[name]
+        if name not in named:
+            raise UsageError(f"mxq: {path} has no @mxq.fused_quant op named {name!r} (found: {sorted(named)})")
+        return named[name]
     if len(ops) != 1:
         raise UsageError(f"mxq: {path} defines {len(ops)} ops ({sorted(ops)}); pick one with {path}:NAME")
     return next(iter(ops.values()))

@@ -452,3 +452,36 @@ def test_a_file_ops_refusal_keeps_its_own_option_words(tmp_path):
 
 def _gate_ident(x):
     return x
+
+
+def test_a_file_op_imports_its_neighbours_and_counts_only_its_own_ops(tmp_path):
+    """A FILE.py op is loaded as `python FILE.py` runs it: a module beside it imports from any
+    working directory (it was a ModuleNotFoundError traceback from elsewhere), and only the ops the
+    file defines count (an imported op and a second name of one made it "defines 2 ops"); either
+    can still be picked by name."""
+    d = tmp_path / "ops"
+    d.mkdir()
+    (d / "helper.py").write_text("import mxq\n\n\n@mxq.fused_quant(colwise=True)\ndef shared(x):\n    return x\n")
+    (d / "mine.py").write_text(textwrap.dedent("""\
+        import mxq
+        from helper import shared
+
+        SCALE = 2.0
+
+
+        @mxq.fused_quant(act="gelu")
+        def mine(x):
+            return x * SCALE
+
+
+        alias = mine
+    """))
+    r = run("render", str(d / "mine.py"), tmp_path=tmp_path)  # (run from the repository root, not ops/)
+    assert r.returncode == 0, r.stderr
+    assert "gelu" in r.stdout and "2.0" in r.stdout
+    r = run("render", f"{d / 'mine.py'}:shared", tmp_path=tmp_path)
+    assert r.returncode == 0 and "colwise=True" in r.stdout.replace(" ", ""), r.stderr
+    (d / "two.py").write_text("import mxq\n\n\n@mxq.fused_quant()\ndef a(x):\n    return x\n\n\n"
+                              "@mxq.fused_quant()\ndef b(x):\n    return x\n")
+    r = run("render", str(d / "two.py"), tmp_path=tmp_path)
+    assert r.returncode == 2 and "defines 2 ops (['a', 'b'])" in r.stderr, r.stderr
