@@ -271,6 +271,9 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
             problems.append(f"{name}: {nd} scale bytes differ" + (f", one by {worst} codes" if worst > 1 else ""))
     for name in ("amax", "colwise_amax"):  # (colwise_amax: NVFP4's Hadamard-transformed copy's)
         if getattr(want, name) is not None:
+            if getattr(got, name) is None:
+                problems.append(f"{name}: missing")
+                continue
             ga, wa = getattr(got, name).cpu(), getattr(want, name).cpu()
             if ga.shape != wa.shape or ga.dtype != wa.dtype:  # (before any elementwise rule broadcasts them)
                 problems.append(f"{name}: {tuple(ga.shape)} {ga.dtype} where {tuple(wa.shape)} {wa.dtype} is due")
@@ -279,7 +282,9 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
             same = bool(((ga.view(torch.int32) == wa.view(torch.int32)) | (torch.isnan(ga) & torch.isnan(wa))).all())
             if not same and (exact or not torch.allclose(ga, wa, rtol=1e-5, equal_nan=True)):
                 problems.append(f"{name} {ga.tolist()} != {wa.tolist()}")  # (a grouped NVFP4 call's: [G])
-    if want.dbias is not None:
+    if want.dbias is not None and got.dbias is None:
+        problems.append("dbias: missing")
+    elif want.dbias is not None:
         gd, wd = got.dbias.cpu().double(), want.dbias.cpu().double()
         ulp = torch.finfo(want.dbias.dtype).eps * wd.abs() + torch.finfo(want.dbias.dtype).tiny
         if v_abs is not None and not exact:

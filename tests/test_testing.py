@@ -21,6 +21,13 @@ def test_compare_flags_a_single_byte_and_accepts_equal():
     assert any("rowwise_scale" in p for p in compare(got, want, exact=True))
     got.amax.fill_(1.0)
     assert any("amax" in p for p in compare(got, want, exact=False))
+    from dataclasses import replace
+
+    op = mxq.fused_quant(dbias=True)(_ident)
+    full = op(x.float())
+    for field in ("amax", "dbias"):  # (a field the reference has and the result lacks: named, not an AttributeError)
+        ref = replace(full, amax=full.dbias.new_zeros(()).float()) if field == "amax" else full
+        assert f"{field}: missing" in compare(replace(full, **{field: None}), ref, exact=True)
 
 
 def test_compare_reads_a_grouped_amax_entry_by_entry():
