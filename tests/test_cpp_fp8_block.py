@@ -509,15 +509,23 @@ def test_dispatcher_names_a_wrong_scale_buffer():
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     msg = _error(fn, x, None, out.rowwise_data, torch.zeros(6 * 3), None, None, None, None, None)
     assert "'rowwise_scale'" in msg and f"{3 * roundup(6, ALIGN)} elements" in msg, msg
-    # the [M, ceil(N/128)] grid itself, contiguous (row-major): as many elements as the padded buffer
-    # when M % 4 == 0, and once taken as that buffer, whose outer-dim-major order put 60 of 512 scales
-    # elsewhere; the buffer, flat or [ceil(N/128), roundup(M, 4)], and the logical view are taken
-    x = torch.randn(256, 256)
-    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
-    msg = _error(fn, x, None, out.rowwise_data, torch.zeros(256, 2), None, None, None, None, None)
-    assert "'rowwise_scale' has the scales' shape (256, 2) but strides (2, 1)" in msg, msg
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_dispatcher_refuses_the_gemm_scale_grid_in_another_order(device):
+    """The [M, ceil(N/128)] grid of GEMM-ready 1x128 scales itself, contiguous (row-major): as many
+    elements as the padded buffer when M % 4 == 0, and once taken as that buffer, whose
+    outer-dim-major order put 60 of 512 scales elsewhere, is refused by name; the buffer, flat or
+    [ceil(N/128), roundup(M, 4)], and the logical view are taken. CPU: ffi._padded_scale; CUDA:
+    csrc/dispatch.cc's scale check."""
+    op = mxq.fused_quant(format="fp8_block", scale_layout="gemm")(ident)
+    fn = op.dispatcher()
+    x = torch.randn(256, 256, generator=torch.Generator().manual_seed(2)).to(device)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, device)
+    msg = _error(fn, x, None, out.rowwise_data, torch.zeros(256, 2, device=device), None, None, None, None, None)
+    assert "'rowwise_scale' has the scales' shape" in msg and "256, 2" in msg, msg
     want = op(x)
-    for rs in (torch.zeros(512), torch.zeros(2, 256), out.rowwise_scale):
+    for rs in (torch.zeros(512, device=device), torch.zeros(2, 256, device=device), out.rowwise_scale):
         fn(x, None, out.rowwise_data, rs, None, None, None, None, None)
         assert torch.equal(rs.reshape(-1) if rs.dim() == 1 or rs.is_contiguous() else rs._base.reshape(-1),
                            want.rowwise_scale._base.reshape(-1)), tuple(rs.shape)

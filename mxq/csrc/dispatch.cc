@@ -452,6 +452,14 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     const bool view = padded && groups < 0 && t->ndim == 2 && t->shape[0] == shape[0] && t->shape[1] == shape[1] &&
                       t->strides != nullptr && (shape[0] == 1 || t->strides[0] == strides[0]) &&
                       (shape[1] == 1 || t->strides[1] == strides[1]);
+    // the grid's own (non-square) shape with other strides is no padded buffer (whose 2-D shape is
+    // the grid's padded, outer-dim-major ones transposed): the grid laid out in another order
+    if (padded && !view && t->ndim == 2 && shape[0] != shape[1] && t->shape[0] == shape[0] && t->shape[1] == shape[1]) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has the scales' shape [" << shape[0]
+                                << ", " << shape[1] << "] but not their strides (" << strides[0] << ", " << strides[1]
+                                << "): pass that view of a padded buffer, or the contiguous buffer of " << count
+                                << " elements";
+    }
     if (!view && (Numel(t) != count || !Compact(t))) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' has " << Numel(t) << " elements"
                                 << (Compact(t) ? "" : " (not contiguous)") << "; this op's "
