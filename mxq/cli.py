@@ -234,8 +234,11 @@ def _load_file_op(target: str) -> FusedOp:
     except SyntaxError as exc:
         raise UsageError(f"mxq: {exc.filename}:{exc.lineno}: {exc.msg}") from None
     named = {k: v for k, v in vars(mod).items() if isinstance(v, FusedOp)}
-    # the ops the file defines (not ones it imports, nor a second name of one)
-    ops = {k: v for k, v in named.items() if v.fn.__module__ == mod.__name__ and v.fn.__name__ == k}
+    # the ops the file makes (not ones it imports), each once (a second name of one is not another op)
+    ops = {}
+    for k, v in named.items():
+        if v.fn.__module__ == mod.__name__ and all(v is not o for o in ops.values()):
+            ops[k] = v
     if name:
         if name not in named:
             raise UsageError(f"mxq: {path} has no @mxq.fused_quant op named {name!r} (found: {sorted(named)})")

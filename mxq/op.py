@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import pickle
 import types
 from functools import lru_cache
 
@@ -66,24 +65,26 @@ class FusedOp:
         # vectorised kernel, serve aligned inputs alone): then its key holds it
         self._key_aligned = spec.is_fp4 or spec.format == "fp8_block"
 
-    def __reduce__(self):
+    def __reduce_ex__(self, protocol):
         """Pickled by reference (as functions are): the attribute of the defining module the op
-        is, found again by module and qualified name on loading (a spawned worker imports the
-        module, which decorates the function again); mxq.quantize's built-in ops by their spec. An
-        op that is not its module's attribute of that name (one made in a function) is a
-        PicklingError saying so."""
+        is (its function's name, or any other module-level name it is bound to), found again on
+        loading (a spawned worker imports the module, which builds the op again); mxq.quantize's
+        built-in ops by their spec. Any other op (one made inside a function) pickles and copies
+        by its state, as objects do."""
         if self.fn is _identity and self.epilogue is IDENTITY:
             return _quantize_op, (self.spec,)
-        module, name = self.fn.__module__, self.fn.__qualname__
+        module = self.fn.__module__
+        name = self.fn.__qualname__
         try:
-            found = _op_by_name(module, name)
+            found = _op_by_name(module, name) is self
+            if not found:
+                name = next((k for k, v in vars(importlib.import_module(module)).items() if v is self), None)
+                found = name is not None
         except Exception:  # (not importable, or not an attribute path: "<locals>")
-            found = None
-        if found is not self:
-            raise pickle.PicklingError(
-                f"mxq: op {name!r} pickles by reference to {module}.{name}, which is not this op: define the op "
-                "with @mxq.fused_quant at the top level of a module to send it to other processes")
-        return _op_by_name, (module, name)
+            found = False
+        if found:
+            return _op_by_name, (module, name)
+        return super().__reduce_ex__(protocol)
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, /, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
@@ -580,7 +581,7 @@ def fused_quant(fn=None, **options):
 
 
 def _op_by_name(module: str, qualname: str):
-    """The object at ``module``.``qualname`` (an op a pickle names: FusedOp.__reduce__)."""
+    """The object at ``module``.``qualname`` (an op a pickle names: FusedOp.__reduce_ex__)."""
     obj = importlib.import_module(module)
     for part in qualname.split("."):
         obj = getattr(obj, part)

@@ -62,6 +62,27 @@ def data_rows(t: torch.Tensor, m: int, n: int) -> torch.Tensor | None:
 _INPUT_DTYPES = frozenset((torch.float32, torch.float16, torch.bfloat16))
 
 
+def _checked_shape(shape) -> tuple:
+    """MXFP8Tensor.empty's ``shape`` other than a torch.Size: a tuple or list of integers (ints,
+    anything with __index__ such as numpy's, or torch.SymInt), each >= 0, as a tuple."""
+    if not isinstance(shape, (tuple, list)):
+        raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'shape' must be a torch.Size or a tuple or list of ints, "
+                        f"got {shape!r}")
+    out = []
+    for d in shape:
+        if isinstance(d, torch.SymInt):
+            out.append(d)
+            continue
+        if isinstance(d, bool) or not hasattr(d, "__index__"):
+            raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'shape' must be a torch.Size or a tuple or list of "
+                            f"ints, got {shape!r}")
+        d = operator.index(d)
+        if d < 0:
+            raise ValueError(f"mxq: MXFP8Tensor.empty() argument 'shape' must hold sizes >= 0, got {tuple(shape)}")
+        out.append(d)
+    return tuple(out)
+
+
 @dataclass(eq=False)  # (identity equality: its fields are tensors, whose == is element-wise)
 class MXFP8Tensor:
     rowwise_data: torch.Tensor | None
@@ -105,13 +126,7 @@ class MXFP8Tensor:
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
                             f"{type(spec).__name__}")
         if shape.__class__ is not torch.Size:  # (a tensor's shape, what the routes pass, needs no check)
-            if not isinstance(shape, (tuple, list)) or not all(
-                    isinstance(d, (int, torch.SymInt)) and not isinstance(d, bool) for d in shape):
-                raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'shape' must be a torch.Size or a tuple or "
-                                f"list of ints, got {shape!r}")
-            if any(isinstance(d, int) and d < 0 for d in shape):
-                raise ValueError(f"mxq: MXFP8Tensor.empty() argument 'shape' must hold sizes >= 0, got "
-                                 f"{tuple(shape)}")
+            shape = _checked_shape(shape)
         if dtype not in _INPUT_DTYPES:
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'dtype' (the input's: the dbias dtype) must be "
                             f"float32, float16 or bfloat16, got {dtype}")

@@ -457,8 +457,8 @@ def _gate_ident(x):
 def test_a_file_op_imports_its_neighbours_and_counts_only_its_own_ops(tmp_path):
     """A FILE.py op is loaded as `python FILE.py` runs it: a module beside it imports from any
     working directory (it was a ModuleNotFoundError traceback from elsewhere), and only the ops the
-    file defines count (an imported op and a second name of one made it "defines 2 ops"); either
-    can still be picked by name."""
+    file makes count, each once (an imported op and a second name of one made it "defines 2 ops";
+    an op bound by assignment or made by a factory is the file's); any can be picked by name."""
     d = tmp_path / "ops"
     d.mkdir()
     (d / "helper.py").write_text("import mxq\n\n\n@mxq.fused_quant(colwise=True)\ndef shared(x):\n    return x\n")
@@ -481,6 +481,13 @@ def test_a_file_op_imports_its_neighbours_and_counts_only_its_own_ops(tmp_path):
     assert "gelu" in r.stdout and "2.0" in r.stdout
     r = run("render", f"{d / 'mine.py'}:shared", tmp_path=tmp_path)
     assert r.returncode == 0 and "colwise=True" in r.stdout.replace(" ", ""), r.stderr
+    # an op bound by assignment, or made by a factory in the file, is the file's too
+    (d / "bound.py").write_text("import mxq\n\n\ndef f(x):\n    return x\n\n\nop = mxq.fused_quant(colwise=True)(f)\n")
+    (d / "factory.py").write_text("import mxq\n\n\ndef make():\n    @mxq.fused_quant(act='relu')\n    def g(x):\n"
+                                  "        return x\n    return g\n\n\nop = make()\n")
+    for f, words in (("bound.py", "colwise=True"), ("factory.py", "relu")):
+        r = run("render", str(d / f), tmp_path=tmp_path)
+        assert r.returncode == 0 and words in r.stdout.replace(" ", ""), (f, r.stderr)
     (d / "two.py").write_text("import mxq\n\n\n@mxq.fused_quant()\ndef a(x):\n    return x\n\n\n"
                               "@mxq.fused_quant()\ndef b(x):\n    return x\n")
     r = run("render", str(d / "two.py"), tmp_path=tmp_path)

@@ -524,6 +524,10 @@ def test_dispatcher_refuses_the_gemm_scale_grid_in_another_order(device):
     out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, device)
     msg = _error(fn, x, None, out.rowwise_data, torch.zeros(256, 2, device=device), None, None, None, None, None)
     assert "'rowwise_scale' has the scales' shape" in msg and "256, 2" in msg, msg
+    if device == "cpu":  # (the right view in another dtype: the dtype is named, not the strides)
+        wrong = torch.zeros(2, 256, dtype=torch.float64).t()
+        msg = _error(fn, x, None, out.rowwise_data, wrong, None, None, None, None, None)
+        assert "must be a contiguous torch.float32 buffer" in msg, msg
     want = op(x)
     for rs in (torch.zeros(512, device=device), torch.zeros(2, 256, device=device), out.rowwise_scale):
         fn(x, None, out.rowwise_data, rs, None, None, None, None, None)

@@ -739,16 +739,21 @@ def _pickled_gated(x):
     return x
 
 
+_bound_later = mxq.fused_quant(colwise=True)(_pickled_op.fn)  # (a module attribute of another name than its function)
+
+
 def test_ops_pickle_by_reference_and_run_in_a_fresh_process():
-    """An op pickles as a reference to its module's attribute (as a function does): the same op in
-    this process, the module's own op in a fresh one, whose call gives this process's bytes; a
-    built-in quantize op by its spec; an op made inside a function is a PicklingError saying why
-    (it was pickle's "not the same object as ..." about the wrapped function)."""
+    """An op pickles as a reference to its module's attribute (as a function does; it was pickle's
+    "not the same object as ..." about the wrapped function): the same op in this process, the
+    module's own op in a fresh one, whose call gives this process's bytes; an op bound to a name
+    other than its function's by that name; a built-in quantize op by its spec; an op made inside
+    a function by its state, as before (copy.deepcopy of it works; pickle refuses its local function)."""
+    import copy
     import os
     import pickle
 
-    for op in (_pickled_op, _pickled_gated):
-        assert pickle.loads(pickle.dumps(op)) is op
+    for op in (_pickled_op, _pickled_gated, _bound_later):
+        assert pickle.loads(pickle.dumps(op)) is op and copy.deepcopy(op) is op
     q = mxq.op._quantize_op(mxq.QuantSpec(colwise=True, amax=True))
     assert pickle.loads(pickle.dumps(q)).spec == q.spec
 
@@ -758,8 +763,13 @@ def test_ops_pickle_by_reference_and_run_in_a_fresh_process():
             return x
         return inner
 
-    with pytest.raises(pickle.PicklingError, match="define the op with @mxq.fused_quant at the top level"):
-        pickle.dumps(make())
+    local = make()
+    twin = copy.deepcopy(local)
+    assert twin is not local and twin.spec == local.spec
+    x0 = torch.randn(4, 64)
+    assert torch.equal(twin(x0).rowwise_data.view(torch.uint8), local(x0).rowwise_data.view(torch.uint8))
+    with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
+        pickle.dumps(local)
     x, b = torch.randn(64, 64, generator=torch.Generator().manual_seed(3)), torch.randn(64)
     want = _pickled_op(x, b)
     blob = pickle.dumps((_pickled_op, x, b))

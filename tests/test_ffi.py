@@ -568,3 +568,26 @@ def test_registered_op_refuses_data_and_scales_of_another_one_byte_dtype(device)
     for dt in (torch.int8, torch.float8_e4m3fn):
         with pytest.raises(TypeError, match="'rowwise_scale' must be a (torch.)?uint8 \\(E8M0 bytes\\) or float8_e8m0fnu"):
             call(torch.empty(64, 64, dtype=torch.uint8, device=device), torch.empty(64, 2, dtype=dt, device=device))
+
+
+def test_fp4_data_destinations_take_torchs_packed_fp4_dtype():
+    """An FP4 op's packed data destination takes uint8 or torch.float4_e2m1fn_x2 (two E2M1 codes a
+    byte, the same bytes); another 1-byte dtype is named, with what it must be."""
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        pytest.skip("torch without float4_e2m1fn_x2")
+    op = mxq.fused_quant(format="mxfp4")(_ident_fp4)
+    fn = op.dispatcher()
+    x = torch.randn(8, 64)
+    want = op(x)
+    for dt in (torch.uint8, torch.float4_e2m1fn_x2):
+        rd, rs = torch.empty(8, 32, dtype=dt), torch.empty(8, 2, dtype=torch.uint8)
+        fn(x, None, rd, rs, None, None, None, None, None)
+        assert torch.equal(rd.view(torch.uint8), want.rowwise_data) and torch.equal(rs, want.rowwise_scale)
+    with pytest.raises(TypeError, match="'rowwise_data' must be a torch.uint8 \\(packed E2M1 codes\\) or "
+                                        "float4_e2m1fn_x2 tensor, got torch.int8"):
+        fn(x, None, torch.empty(8, 32, dtype=torch.int8), torch.empty(8, 2, dtype=torch.uint8), None, None, None,
+           None, None)
+
+
+def _ident_fp4(x):
+    return x

@@ -137,6 +137,7 @@ def _check_arg_types(args, names, tensors: int, floats: int) -> None:
 
 
 _E8M0 = getattr(torch, "float8_e8m0fnu", None)
+_FP4X2 = getattr(torch, "float4_e2m1fn_x2", None)
 
 
 def _destination(t, like, name: str, transposed: bool = False, grouped: bool = False):
@@ -163,8 +164,10 @@ def _destination(t, like, name: str, transposed: bool = False, grouped: bool = F
         # (FP8 data and NVFP4's E4M3 scales passed as bytes, E8M0 scale bytes as torch's E8M0 dtype;
         # another 1-byte dtype, int8, bool or the other FP8 format, would hand back other values)
         e8m0_slot = name.endswith("_scale") and like.dtype == torch.uint8
-        if t.dtype != (_E8M0 if e8m0_slot else torch.uint8):
-            also = " (E8M0 bytes) or float8_e8m0fnu" if e8m0_slot else " or uint8"
+        fp4_slot = name.endswith("_data") and like.dtype == torch.uint8  # (FP4's packed codes)
+        if t.dtype != (_E8M0 if e8m0_slot else _FP4X2 if fp4_slot else torch.uint8):
+            also = (" (E8M0 bytes) or float8_e8m0fnu" if e8m0_slot else " (packed E2M1 codes) or float4_e2m1fn_x2"
+                    if fp4_slot else " or uint8")
             raise TypeError(f"mxq: argument {name!r} must be a {like.dtype}{also} tensor, got {t.dtype}")
         t = t.view(like.dtype)
     if name.endswith("_data") and not grouped and not t.is_contiguous():
@@ -189,7 +192,7 @@ def _padded_scale(t, like, name: str):
         return t
     base = like._base if like._base is not None else like
     whole = base.numel()
-    if t.shape == like.shape and t.shape != base.shape:  # (the grid itself, laid out otherwise: another order)
+    if t.dtype == like.dtype and t.shape == like.shape and t.shape != base.shape:  # (the grid, in another order)
         raise ValueError(f"mxq: argument {name!r} has the scales' shape {tuple(like.shape)} but strides "
                          f"{tuple(t.stride())}: pass the view of strides {like.stride()} of a padded buffer "
                          f"(MXFP8Tensor.empty's), or the contiguous buffer of {whole} elements")
