@@ -238,8 +238,9 @@ def call(i: str, call: Call):
     tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
 
     spec, _ = QuantSpec.from_key(_spec_key(i))
+    names = _tensor_names(i)
     # (what is not a tensor where the operator's schema takes one: mxq's error, as eager, not torch's)
-    for name, t in zip(_tensor_names(i), tensors):
+    for name, t in zip(names, tensors):
         if not isinstance(t, torch.Tensor):
             validation.check_tensor_arg(name, t)
     if act_input is not None and not isinstance(act_input, torch.Tensor):
@@ -248,7 +249,7 @@ def call(i: str, call: Call):
     if group_offsets is not None and not isinstance(group_offsets, torch.Tensor):
         groups.check_type(group_offsets)  # (the rest of its checks: the operator's eager ones)
     # (devices are static while tracing; a mixed call would reach the operator's fake implementation)
-    validation.check_devices(_tensor_names(i), tensors, act_input, noop, group_offsets)
+    validation.check_devices(names, tensors, act_input, noop, group_offsets)
     fp4_call = spec.hadamard or spec.stochastic_rounding or fp4_args is not None
     if fp4_call and out is not None:
         raise ValueError("mxq: torch.compile does not trace out= with NVFP4's hadamard, stochastic_rounding, "
