@@ -3,7 +3,7 @@ against a device copy of the same bytes, each checked against the reference firs
 mixture-of-experts form, grouped by random expert sizes (empty experts possible), beside the
 ungrouped op of the same shape.
 
-    python bench/gated.py [--out DIR] [--quick] [--grouped-only] [--variants 'k=v,...;k=v']
+    python bench/gated.py [--out DIR] [--quick] [--grouped-only] [--layouts L,...] [--variants 'k=v,...;k=v']
     ncu -k regex:packed_kernel -s 2 -c 1 python bench/gated.py --launch fwd|bwd [--groups G] [--variants V]
 
 Shapes are the gated output's [M, N] (the input is [M, 2N]): forward reads 2MN inputs and writes
@@ -14,6 +14,8 @@ the backward with Tuning(halves_one_cta=False) (one CTA per half instead of one 
 ``--variants``: Tuning variants of the grouped ops (device_check.parse_tuning's form, e.g.
 'group_search=block;group_search=warps'), each timed in the same run beside the
 default's row of the same case, its bytes checked equal to the default's first (every output).
+``--layouts``: the grouped rows' scale layouts (LAYOUTS: MXFP8's compact and swizzled, and
+``fp8_block``), all by default.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from mxq.testing import compare, v_abs_sum, v_bound  # noqa: E402
 SHAPES = [(8192, 8192), (16384, 16384), (4096, 14336), (32768, 4096), (8192, 4096), (32768, 2048)]
 GROUPED_SHAPE = (32768, 2048)  # tokens x an expert's gated width N
 GROUPS = (8, 64, 256)
+LAYOUTS = ("compact", "swizzled", "fp8_block")  # the grouped rows' (grouped_ops)
 
 
 def _ident(x):
@@ -82,11 +85,11 @@ def same_as(got, want) -> bool:
                and (getattr(got, f) is None or dc.same_bytes(getattr(got, f), getattr(want, f))) for f in fields)
 
 
-def grouped_rows(copy_gbps, variants: str = ""):
+def grouped_rows(copy_gbps, variants: str = "", layouts=LAYOUTS):
     """SwiGLU forward and backward + dbias, rowwise + colwise, over GROUPS random expert groups
     of GROUPED_SHAPE's tokens, compact and swizzled scales, each checked against the reference
     (within the transcendental class) first; each Tuning variant of ``variants`` ('k=v,...;k=v')
-    checked byte-equal to the default and timed beside it."""
+    checked byte-equal to the default and timed beside it; ``layouts``: of LAYOUTS."""
     from grouped import group_sizes  # (bench/grouped.py: router-like random sizes)
 
     m, n = GROUPED_SHAPE
@@ -94,7 +97,7 @@ def grouped_rows(copy_gbps, variants: str = ""):
     g = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     names = ["", *filter(None, variants.split(";"))]
     rows = []
-    for layout in ("compact", "swizzled", "fp8_block"):
+    for layout in layouts:
         built = {v: grouped_ops(layout, v) for v in names}
         fwd, bwd = built[""]
         plain = [("fwd", fwd.prepare(x)[0], fwd_bytes(m, n)), ("bwd", bwd.prepare(g, act_input=x)[0], bwd_bytes(m, n))]
@@ -167,15 +170,19 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="the first shape only")
     ap.add_argument("--grouped-only", action="store_true", help="only the grouped rows and their ungrouped twins")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help=f"the grouped rows' scale layouts, of {LAYOUTS}")
     ap.add_argument("--variants", default="", help="Tuning variants of the grouped ops, 'k=v,...;k=v' (e.g. "
                     "'group_search=block;group_search=warps'), timed beside the default")
     args = ap.parse_args()
+    layouts = tuple(filter(None, args.layouts.split(",")))
+    if not set(layouts) <= set(LAYOUTS):
+        ap.error(f"--layouts: {sorted(set(layouts) - set(LAYOUTS))} not among {LAYOUTS}")
     if args.launch:
         launch_only(args.launch, args.groups, args.variants.split(";")[0])  # (the first variant, if any)
         return
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
-    rows = grouped_rows(copy_gbps, args.variants)
+    rows = grouped_rows(copy_gbps, args.variants, layouts)
     fwd = mxq.fused_quant(act="swiglu", rowwise=True, colwise=True)(_ident)
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
     # the same backward with one CTA per half (the default writes both halves from one CTA)

@@ -152,8 +152,10 @@ def test_library_configs_hold_no_benchmark_switch():
 def test_rows128_register_cap_is_the_128_row_tiles_and_validated():
     """Tuning.rows128_min_blocks caps the 128-row tile (FP8 block scaling's colwise blocks) and
     no other; by default (None) a plain cast writing both directions (amax or not) and a dact op
-    with dbias writing both (bf16 inputs) are capped at 2 and nothing else is (colwise only, an
-    act, a dact without dbias, a plain cast with dbias, fp16 dact inputs); a cap whose CTAs'
+    with dbias writing both (bf16 inputs) are capped at 2, and a grouped call of an op with
+    arithmetic but no dact or dbias writing both (bf16), and nothing else is (colwise only, an
+    act ungrouped, a dact without dbias, a plain cast with dbias, fp16 inputs of ops with
+    arithmetic); a cap whose CTAs'
     shared memory would not share an SM is none (the unaligned kernel's two staged 128-row
     inputs, the transposed copy beside a dact op's ring); a negative cap is a clear error naming
     the field; register_cap names the default carveout beside the cap, and nothing for no cap."""
@@ -174,6 +176,17 @@ def test_rows128_register_cap_is_the_128_row_tiles_and_validated():
     assert _cfg(**{**dact, "fmt": gemm}).min_blocks == 0 and _cfg(**{**dact, "fmt": gemm}, tuning=cap).min_blocks == 0
     assert _cfg(**{**dact, "dbias": False}).min_blocks == 0 and _cfg(**{**dact, "has_dact": False}).min_blocks == 0
     assert _cfg(fmt=fb, tuning=cap).min_blocks == 0 and _cfg(colwise=True, tuning=cap).min_blocks == 0
+    # a grouped call of an op with arithmetic, no dact or dbias, writing both directions (bf16): 2 (grouped_ring),
+    # its ungrouped call none; not fp16, the rowwise- or colwise-only tile, a dact op, nor under a Tuning cap
+    act = dict(fmt=fb, colwise=True, has_act=True, identity=False)
+    assert _cfg(**act).packed_min_blocks(grouped=True) == 2 and _cfg(**act).packed_min_blocks() == 0
+    assert _cfg(fmt=fb, colwise=True, identity=False).packed_min_blocks(grouped=True) == 2  # (a user epilogue)
+    assert _cfg(**act).stage_rows(False, True) == 8  # (two 512-thread CTAs' staged rows fit whole)
+    assert _cfg(**act).packed_min_blocks(grouped=True, fp16=True) == 0
+    assert _cfg(**{**act, "rowwise": False}).packed_min_blocks(grouped=True) == 0
+    assert _cfg(**{**act, "has_act": False, "has_dact": True}).packed_min_blocks(grouped=True) == 0
+    assert _cfg(**act, tuning=kconfig.Tuning(rows128_min_blocks=0)).packed_min_blocks(grouped=True) == 0
+    assert _cfg(colwise=True, has_act=True, identity=False).packed_min_blocks(grouped=True) == 0  # (MXFP8's 32 rows)
     for field in ("rows128_min_blocks", "rows8_min_blocks"):
         with pytest.raises(ValueError, match=field):
             kconfig.Tuning(**{field: -1})
