@@ -4,7 +4,7 @@ mixture-of-experts form, grouped by random expert sizes (empty experts possible)
 ungrouped op of the same shape.
 
     python bench/gated.py [--out DIR] [--quick] [--grouped-only] [--layouts L,...] [--variants 'k=v,...;k=v']
-    ncu -k regex:packed_kernel -s 2 -c 1 python bench/gated.py --launch fwd|bwd [--groups G] [--variants V]
+    ncu -k regex:packed_kernel -s 2 -c 1 python bench/gated.py --launch fwd|bwd [--groups G] [--variants V] [--layouts L]
 
 Shapes are the gated output's [M, N] (the input is [M, 2N]): forward reads 2MN inputs and writes
 two [M, N] FP8 copies with scales; backward reads the [M, N] gradient and the [M, 2N] forward
@@ -143,10 +143,10 @@ def grouped_case(built: dict, x, g, offs, copy_gbps, layout: str) -> list:
     return rows
 
 
-def launch_only(what: str, groups: int, variant: str = ""):
-    """Build GROUPED_SHAPE's swiglu forward or backward + dbias (both directions, compact scales;
-    ``groups`` > 0: grouped like grouped_rows; ``variant``: a Tuning variant, grouped_ops) and
-    launch it 4 times, for a profiler."""
+def launch_only(what: str, groups: int, variant: str = "", layout: str = LAYOUTS[0]):
+    """Build GROUPED_SHAPE's swiglu forward or backward + dbias (both directions, ``layout``'s
+    scales, of LAYOUTS; ``groups`` > 0: grouped like grouped_rows; ``variant``: a Tuning variant,
+    grouped_ops) and launch it 4 times, for a profiler."""
     from grouped import group_sizes
 
     m, n = GROUPED_SHAPE
@@ -155,7 +155,7 @@ def launch_only(what: str, groups: int, variant: str = ""):
     offs = None
     if groups:
         offs = torch.cumsum(torch.tensor(group_sizes(groups, seed=groups + n)), 0).to(torch.int32).cuda()
-    fwd, bwd = grouped_ops("compact", variant)
+    fwd, bwd = grouped_ops(layout, variant)
     if what == "fwd":
         launch = fwd.prepare(x, group_offsets=offs)[0]
     else:
@@ -178,7 +178,8 @@ def main():
     if not set(layouts) <= set(LAYOUTS):
         ap.error(f"--layouts: {sorted(set(layouts) - set(LAYOUTS))} not among {LAYOUTS}")
     if args.launch:
-        launch_only(args.launch, args.groups, args.variants.split(";")[0])  # (the first variant, if any)
+        launch_only(args.launch, args.groups, args.variants.split(";")[0], layouts[0])  # (the first variant
+        # and layout, if any)
         return
     copy_gbps = dc.copy_bandwidth()
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)

@@ -3,7 +3,8 @@
     python bench/ncu.py [--out FILE] [--dry-run] CASE [CASE ...]
 
 CASE is ``SCRIPT:ROW[@MxN][+VARIANT][~KERNEL]``: a benchmark with a ``--launch`` mode
-(``fp8_block``, ``fp4``; ``gated`` with ROW ``fwd``/``bwd`` and ``@G`` its group count) and one of
+(``fp8_block``, ``fp4``; ``gated`` with ROW ``fwd``/``bwd``, or ``fwd/LAYOUT``/``bwd/LAYOUT`` with
+one of its grouped layouts (default compact), and ``@G`` its group count) and one of
 its rows, at shape MxN (default the script's), under a Tuning variant ('k=v,...': bench/
 device_check.parse_tuning), profiling the kernels whose name matches the regular expression
 KERNEL (default ``packed_kernel`` for mxq's rows, ``fp8_blockwise`` for torchao's). Each case
@@ -49,7 +50,8 @@ _CASE = re.compile(r"^(?P<script>\w+):(?P<row>[\w/]+)(?:@(?P<shape>\d+x\d+|\d+))
 def script_rows(script: str) -> list[str]:
     """The rows ``script``'s --launch accepts."""
     if script == "gated":
-        return ["fwd", "bwd"]
+        from gated import LAYOUTS
+        return ["fwd", "bwd"] + [f"{what}/{layout}" for what in ("fwd", "bwd") for layout in LAYOUTS]
     tool = importlib.import_module(script)
     return tool.launch_rows() if script == "fp8_block" else list(tool.cases(128, 128))
 
@@ -76,7 +78,8 @@ def parse_case(text: str) -> dict:
 def launch_command(case: dict) -> list[str]:
     """The benchmark's --launch command line for ``case``."""
     script = str(Path(__file__).resolve().parent / f"{case['script']}.py")
-    cmd = [sys.executable, script, "--launch", case["row"]]
+    row, _, layout = case["row"].partition("/")  # (gated's ROW/LAYOUT)
+    cmd = [sys.executable, script, "--launch", row] + (["--layouts", layout] if layout else [])
     if case["shape"]:
         cmd += ["--groups" if case["script"] == "gated" else "--shape", case["shape"]]
     if case["variant"]:

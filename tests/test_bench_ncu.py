@@ -24,6 +24,8 @@ def test_cases_parse_into_launch_and_ncu_commands():
     assert tool.parse_case("fp8_block:torchao/transposed")["kernel"] == "fp8_blockwise"
     assert tool.parse_case("fp4:nvfp4_both~packed|amax")["kernel"] == "packed|amax"
     assert tool.launch_command(tool.parse_case("gated:bwd@64"))[2:] == ["--launch", "bwd", "--groups", "64"]
+    assert tool.launch_command(tool.parse_case("gated:bwd/fp8_block@256~packed|dbias"))[2:] == [
+        "--launch", "bwd", "--layouts", "fp8_block", "--groups", "256"]
     # the profiled range is the one the benchmarks launch in
     assert tool.PROFILED_RANGE == _bench_tool("device_check").PROFILED_RANGE
 
@@ -31,6 +33,7 @@ def test_cases_parse_into_launch_and_ncu_commands():
 @pytest.mark.parametrize("bad, match", [
     ("fp8:rowwise_compact", "SCRIPT:ROW"), ("fp4", "SCRIPT:ROW"), ("fp4:nope", "no row 'nope'"),
     ("gated:fwd@64x64", "@G"), ("fp4:nvfp4_both@64", "@MxN"), ("fp4:nvfp4_both+bogus=1", "bogus"),
+    ("gated:bwd/mxfp4@8", "no row 'bwd/mxfp4'"),
 ])
 def test_bad_cases_are_refused_before_anything_runs(bad, match, capsys):
     tool = _bench_tool("ncu")

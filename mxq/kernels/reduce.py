@@ -152,6 +152,48 @@ def dbias_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Tensor, g
 
 
 ROUND = DBIAS_WARPS * DBIAS_UNROLL  # dbias_groups_kernel: rows of partials per round (dbias_kernel's rows per step)
+FEW_ROWS = DBIAS_WARPS  # ... and the most a group's partials may have for its sum of those rows alone
+
+
+@cute.jit
+def few_rows_sum(dbias_ws: cute.Tensor, first: Int32, top: Int32, last: Int32, c: Int32) -> Float64:
+    """dbias_groups_kernel's sum of a group's rows first .. first + last (last < FEW_ROWS) of
+    column c: 0 + p[0], then + (0 + p[r]) in row order, FEW_ROWS loads at once."""
+    p = cute.make_rmem_tensor(cute.make_layout(FEW_ROWS), dbias_ws.element_type)
+    for r in cutlass.range_constexpr(FEW_ROWS):
+        p[r] = dbias_ws[first + cutlass.min(Int32(r), top), c]
+    s = Float64(0.0)
+    for r in cutlass.range_constexpr(FEW_ROWS):
+        s = s + Float64(cutlass.select_(r <= last, Float64(0.0) + p[r].to(Float64), Float64(0.0)))
+    return s
+
+
+@cute.jit
+def rounds_sum(dbias_ws: cute.Tensor, first: Int32, top: Int32, last: Int32, MB: Int32, c: Int32) -> Float64:
+    """dbias_groups_kernel's sum of a group's MB rows of partials from row ``first`` of column c,
+    in dbias_kernel's order: its first ROUND rows loaded at once, the rest a round at a time."""
+    p0 = cute.make_rmem_tensor(cute.make_layout(ROUND), dbias_ws.element_type)  # row r of the first round, or 0
+    for r in cutlass.range_constexpr(ROUND):
+        q = dbias_ws[first + cutlass.min(Int32(r), top), c]
+        p0[r] = dbias_ws.element_type(cutlass.select_(r <= last, q, dbias_ws.element_type(0.0)))
+    s = Float64(0.0)
+    acc = cute.make_rmem_tensor(cute.make_layout(DBIAS_UNROLL), Float64)
+    for v in cutlass.range_constexpr(DBIAS_WARPS):
+        for u in cutlass.range_constexpr(DBIAS_UNROLL):
+            acc[u] = Float64(0.0) + p0[v + u * DBIAS_WARPS].to(Float64)
+        for base in cutlass.range(ROUND, MB, ROUND):
+            for u in cutlass.range_constexpr(DBIAS_UNROLL):
+                r = base + v + u * DBIAS_WARPS
+                p = dbias_ws[first + cutlass.min(r, top), c].to(Float64)
+                acc[u] = acc[u] + Float64(cutlass.select_(r <= last, p, Float64(0.0)))
+        t = acc[0]
+        for u in cutlass.range_constexpr(1, DBIAS_UNROLL):
+            t = t + acc[u]
+        if cutlass.const_expr(v == 0):
+            s = t
+        else:
+            s = s + t
+    return s  # (the caller rounds fp64 -> fp32 -> dtype, as the reference)
 
 
 @cute.kernel
@@ -164,7 +206,12 @@ def dbias_groups_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Te
     v's in order (where dbias_kernel's warp v holds them). A group's first ROUND rows are loaded
     at once (rows past its end read its last row and add 0, as in dbias_kernel; 32 independent
     loads), the rest a round at a time for each v in turn (rare: a group above ROUND partial
-    rows, 1024 rows of 32-row tiles, 4096 of 128-row ones). An empty group's row is 0."""
+    rows, 1024 rows of 32-row tiles, 4096 of 128-row ones). An empty group's row is 0.
+
+    A group of at most DBIAS_WARPS partial rows (most groups of a call of hundreds) loads only
+    those (FEW_ROWS loads; 8 in place of ROUND's 32): its rows are v + 0 of each v, so the sum
+    above is 0 + p[0], then + (0 + p[v]) in order, and each added 0 it drops is +0.0 added to a
+    sum that is never -0.0 (0 + x is not; nor is a sum of two such), which leaves it unchanged."""
     if cutlass.const_expr(use_pdl):
         cute.arch.griddepcontrol_wait()  # (launched early: the quantize kernel's partials are visible)
     tidx, _, _ = cute.arch.thread_idx()
@@ -177,25 +224,7 @@ def dbias_groups_kernel(dbias_ws: cute.Tensor, dbias: cute.Tensor, noop: cute.Te
         # (rows past the end read the last row, an empty group's its first row: group_partials'
         # first row exists for every group, even an empty one at the end)
         top = cutlass.max(last, Int32(0))
-        p0 = cute.make_rmem_tensor(cute.make_layout(ROUND), dbias_ws.element_type)  # row r of the first round, or 0
-        for r in cutlass.range_constexpr(ROUND):
-            q = dbias_ws[first + cutlass.min(Int32(r), top), c]
-            p0[r] = dbias_ws.element_type(cutlass.select_(r <= last, q, dbias_ws.element_type(0.0)))
-        s = Float64(0.0)
-        acc = cute.make_rmem_tensor(cute.make_layout(DBIAS_UNROLL), Float64)
-        for v in cutlass.range_constexpr(DBIAS_WARPS):
-            for u in cutlass.range_constexpr(DBIAS_UNROLL):
-                acc[u] = Float64(0.0) + p0[v + u * DBIAS_WARPS].to(Float64)
-            for base in cutlass.range(ROUND, MB, ROUND):
-                for u in cutlass.range_constexpr(DBIAS_UNROLL):
-                    r = base + v + u * DBIAS_WARPS
-                    p = dbias_ws[first + cutlass.min(r, top), c].to(Float64)
-                    acc[u] = acc[u] + Float64(cutlass.select_(r <= last, p, Float64(0.0)))
-            t = acc[0]
-            for u in cutlass.range_constexpr(1, DBIAS_UNROLL):
-                t = t + acc[u]
-            if cutlass.const_expr(v == 0):
-                s = t
-            else:
-                s = s + t
-        dbias[g, c] = s.to(Float32).to(dbias.element_type)  # fp64 -> fp32 -> dtype, as the reference
+        if MB <= FEW_ROWS:
+            dbias[g, c] = few_rows_sum(dbias_ws, first, top, last, c).to(Float32).to(dbias.element_type)
+        else:
+            dbias[g, c] = rounds_sum(dbias_ws, first, top, last, MB, c).to(Float32).to(dbias.element_type)
