@@ -187,6 +187,9 @@ def test_rows128_register_cap_is_the_128_row_tiles_and_validated():
     assert _cfg(**{**act, "has_act": False, "has_dact": True}).packed_min_blocks(grouped=True) == 0
     assert _cfg(**act, tuning=kconfig.Tuning(rows128_min_blocks=0)).packed_min_blocks(grouped=True) == 0
     assert _cfg(colwise=True, has_act=True, identity=False).packed_min_blocks(grouped=True) == 0  # (MXFP8's 32 rows)
+    for fp4 in (Format.mxfp4("floor", "compact"), Format.nvfp4("compact")):  # (FP4's colwise tile of 64 rows: not this cap's)
+        tall = _cfg(**{**act, "fmt": fp4}, tuning=kconfig.Tuning(fp4_col_rows=64))
+        assert tall.tile_rows == 64 and tall.packed_min_blocks(grouped=True) == tall.packed_min_blocks() == 0
     for field in ("rows128_min_blocks", "rows8_min_blocks"):
         with pytest.raises(ValueError, match=field):
             kconfig.Tuning(**{field: -1})

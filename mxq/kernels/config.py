@@ -461,8 +461,8 @@ class KernelConfig:
         bf16's alone (fp16's conversions spill 32 bytes under the cap on sm_90), and a grouped call
         of grouped_ring's ops takes 2 (its partly filled and empty tiles, up to G more than an
         ungrouped call's, each costing what a full one does, then run beside a second CTA: the
-        grouped SwiGLU forward in FP8 block scaling at 32768 x 2048 ran at 91.7% of copy against
-        73.4% at one CTA per SM with 256 random groups, 93.4 / 93.2% against 93.7 / 94.1% with 8 /
+        grouped SwiGLU forward in FP8 block scaling at 32768 x 2048 ran at 91.4% of copy against
+        73.0% at one CTA per SM with 256 random groups, 93.4 / 93.3% against 93.9 / 94.1% with 8 /
         64, on an H100, bench/gated.py; 64 registers, 4 bytes of spills on sm_90, where gelu's and
         relu's fit)."""
         if fp16 and self.tuned.rows128_min_blocks is None and self.computed and self.tile_rows > ROWS:
@@ -646,9 +646,10 @@ class KernelConfig:
     def grouped_ring(self) -> bool:
         """Whether a grouped call's packed kernel takes 2 CTAs per SM where an ungrouped one takes 1
         (ring_ctas; Tuning.rows128_min_blocks None): the 128-row tile of an op with arithmetic but
-        no dact or dbias, writing both directions."""
-        return (self.tuned.rows128_min_blocks is None and self.tile_rows > ROWS and self.computed
-                and not self.has_dact and not self.dbias and self.rowwise and self.colwise)
+        no dact or dbias, writing both directions (not FP4's colwise tile, whose rows
+        Tuning.fp4_col_rows sets and Tuning.rows32_min_blocks caps)."""
+        return (self.tuned.rows128_min_blocks is None and self.tile_rows > ROWS and not self.fp4_columns
+                and self.computed and not self.has_dact and not self.dbias and self.rowwise and self.colwise)
 
     @property
     def group_search(self) -> str:
