@@ -87,6 +87,11 @@ def test_key_follows_layout_not_values():
     assert Call([dense], []).key() != Call([a.to_sparse()], []).key()  # (a sparse tensor's strides read (0, 0))
 
 
+def _fields_of(t):
+    return [(f.shape, f.stride(), f.dtype) for f in (t.rowwise_data, t.colwise_data, t.rowwise_scale,
+                                                     t.colwise_scale, t.amax) if f is not None]
+
+
 def test_key_follows_out_layout():
     spec = QuantSpec(rowwise=True, colwise=True)
     one, two = (MXFP8Tensor.empty(spec, (64, 32), torch.float32, "cpu") for _ in range(2))
@@ -103,6 +108,12 @@ def test_key_follows_out_layout():
             for block in ((1, 128), (128, 128))]
     assert [(t.rowwise_scale.shape, t.rowwise_scale.dtype) for t in outs] == [((1, 2), torch.float32)] * 2
     assert Call([x], [], out=outs[0]).key() != Call([x], [], out=outs[1]).key()
+    # an out of another shape whose tensors are laid out alike (FP4's colwise copy reads only M and N)
+    fp4 = QuantSpec(format="nvfp4", rowwise=False, colwise=True)
+    flat, tall = (MXFP8Tensor.empty(fp4, s, torch.float32, "cpu") for s in ((32, 48), (4, 8, 48)))
+    assert [_fields_of(flat)] == [_fields_of(tall)]
+    x3 = torch.zeros(4, 8, 48)
+    assert Call([x3], [], out=flat).key() != Call([x3], [], out=tall).key()
     # rowwise data of one layout 8 bytes off 16 (the transposed copy's kernel writes aligned rows only,
     # limits.fp8_block_unserved): another key; 16 bytes off: the same
     buf = torch.zeros(64 * 32 + 32, dtype=torch.uint8).view(torch.float8_e4m3fn)
@@ -203,7 +214,7 @@ def test_a_kept_route_does_not_outlive_an_in_place_change():
             x.as_strided_((64, 32), (1, 64))  # (the same elements, column-major)
             assert isinstance(call(x, out), MXFP8Tensor)  # (checked: the reference, into out)
             x.resize_(32, 64)
-            with pytest.raises(ValueError, match="out.rowwise_data"):  # (out is for [64, 32])
+            with pytest.raises(ValueError, match="'out' holds outputs of shape"):  # (out is for [64, 32])
                 call(x, out)
         finally:
             op._plans.clear()

@@ -94,6 +94,9 @@ def test_out_is_checked():
     good = mxq.quantize(x, colwise=True)
     with pytest.raises(ValueError, match="out' has no colwise_data"):
         mxq.quantize(x, colwise=True, out=mxq.quantize(x))
+    with pytest.raises(ValueError, match=r"'out' holds outputs of shape \(8, 64\) but this call writes \(8, 32\)"):
+        mxq.quantize(torch.randn(8, 32), colwise=True, out=good)
+    good.shape = torch.Size((8, 32))  # (a label that lies about its fields: they are still checked)
     with pytest.raises(ValueError, match="out.rowwise_data"):
         mxq.quantize(torch.randn(8, 32), colwise=True, out=good)
     with pytest.raises(ValueError, match="out.rowwise_data' must be torch.float8_e5m2"):
@@ -222,6 +225,27 @@ def test_out_holding_fields_the_op_does_not_write_is_refused():
         mxq.quantize(y, colwise=True, out=out)
     out.amax = None
     assert mxq.quantize(y, colwise=True, out=out) is out
+
+
+def test_out_made_for_another_shape_is_refused_even_where_its_fields_fit():
+    """An out= must describe the call's shape: FP4's colwise copy ([N, M/2]) and FP8 block
+    scaling's GEMM-ready one ([N, M]) read only M and N, so an out made for [32, 48] has the
+    fields of a [4, 8, 48] call and came back as [32, 48] (its dequantize() too). Refused by
+    name, on the first call and on a call of a kept route (Call.key holds the shape)."""
+    x = torch.randn(4, 8, 48)
+    cases = [dict(format="nvfp4"), dict(format="mxfp4"),
+             dict(format="fp8_block", scale_layout="gemm", block=(1, 128))]
+    for kw in cases:
+        op = mxq.fused_quant(rowwise=False, colwise=True, **kw)(_ident)
+        good = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+        assert op(x, out=good) is good and good.shape == x.shape  # (the route kept under its key)
+        for shape in ((32, 48), (2, 16, 48)):
+            bad = mxq.MXFP8Tensor.empty(op.spec, shape, x.dtype, "cpu")
+            with pytest.raises(ValueError, match=r"'out' holds outputs of shape \(%s\) but this call writes "
+                               r"\(4, 8, 48\)" % ", ".join(map(str, shape))):
+                op(x, out=bad)
+            with pytest.raises(ValueError, match="'out' holds outputs of shape"):
+                mxq.quantize(x, rowwise=False, colwise=True, out=bad, **kw)
 
 
 def test_fp4_out_data_must_be_contiguous():

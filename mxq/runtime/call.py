@@ -4,7 +4,7 @@ validation, launch, the reference, torch_ops and distributed read its fields by 
 
 ``Call.key`` is what a call's checks and route depend on apart from values: the class, shape,
 strides, dtype, device, requires_grad and layout of every tensor it holds (``out``'s too but
-requires_grad, which no check of a destination reads; ``out``'s format, block, fp8 and scale layout,
+requires_grad, which no check of a destination reads; ``out``'s format, block, fp8, scale layout and shape,
 and whether its amax and colwise_amax are the one fp32[2] buffer the Hadamard kernels write), the
 floats' types and the grad mode. FusedOp keeps the route of a checked call under its key, and later calls
 of the same key run it without the checks that depend only on the key (FusedOp._plans).
@@ -61,12 +61,13 @@ class Call(NamedTuple):
                     return None
                 col_amax = out.colwise_amax
                 pair = col_amax is not None and fp4_layouts.amax_pair(out.amax, col_amax) is not None
-                # (format and block: check_out refuses an out of another format or block, whose
-                # tensors can be laid out alike, e.g. FP8 block scaling's 1x128 and 128x128 at M = 1)
+                # (format, block and shape: check_out refuses an out of another format, block or
+                # shape, whose tensors can be laid out alike, e.g. FP8 block scaling's 1x128 and
+                # 128x128 at M = 1, FP4's colwise copy of [32, 48] and [4, 8, 48])
                 # (and whether the rowwise data is 16-byte aligned: the transposed copy's kernel writes
                 # only such rows, limits.fp8_block_unserved, so a route kept for them serves no other)
                 row, col = out.rowwise_data, out.colwise_data  # (and FP4's colwise data: limits.fp4_unserved)
-                out = (out.fp8, out.scale_layout, out.format, out.block, _out_layout(row),
+                out = (out.fp8, out.scale_layout, out.format, out.block, out.shape, _out_layout(row),
                        row is None or row.data_ptr() % 16 == 0, col is None or col.data_ptr() % 16 == 0,
                        _out_layout(col), _out_layout(out.rowwise_scale), _out_layout(out.colwise_scale),
                        _out_layout(out.amax), _out_layout(out.dbias), _out_layout(col_amax), pair)

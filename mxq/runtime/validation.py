@@ -345,6 +345,11 @@ def check_out(spec: QuantSpec, out: MXFP8Tensor, x: torch.Tensor, group_offsets=
     if not isinstance(out, MXFP8Tensor):
         _fail_type("out", "an MXFP8Tensor", type(out).__name__)
     shape = x.shape if shape is None else shape
+    if tuple(out.shape) != tuple(shape):
+        # (its fields may still fit: FP4's colwise copy [N, M/2] and FP8 block scaling's GEMM-ready
+        # one [N, M] read only M and N; it would come back describing another shape)
+        raise ValueError(f"mxq: argument 'out' holds outputs of shape {tuple(out.shape)} but this call writes "
+                         f"{tuple(shape)} (pass an out made for it: MXFP8Tensor.empty(op.spec, {tuple(shape)}, ...))")
     want = MXFP8Tensor.empty(spec, shape, x.dtype, "meta", group_offsets=group_offsets)
     for field in OUT_FIELDS:
         w, g = getattr(want, field), getattr(out, field)
