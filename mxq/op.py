@@ -49,6 +49,20 @@ class FusedOp:
         self.epilogue = epilogue if epilogue is not None else parse(fn)
         # (args, kwargs, call keywords) -> Call; an FP4 op also takes FP4_KEYWORDS (_bind_call)
         self._bind = Binder(fn, self.epilogue, FP4_KEYWORDS if spec.is_fp4 else ())
+        self._fresh_runtime()
+        self._source: str | None = None
+        self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
+        # whether a call's route depends on its inputs' 16-byte alignment (limits: FP4's kernels, and
+        # FP8 block scaling's transposed copy and fp32 colwise or grouped calls on the aligned
+        # vectorised kernel, serve aligned inputs alone): then its key holds it
+        self._key_aligned = spec.is_fp4 or spec.format == "fp8_block"
+
+    # what an op builds as it runs: process-local (native functions, launchers, routes kept for
+    # this process's calls), never pickled or copied (__getstate__), built again on use
+    _RUNTIME = ("_plans", "_fast", "_launchers", "_dispatchers", "_cpp_dispatchers", "_gemm_dispatcher", "_torch_id")
+
+    def _fresh_runtime(self) -> None:
+        """The op's _RUNTIME state, empty, and the op registered with the torch operator."""
         self._plans: dict = {}  # Call.key -> a checked call's route, for later calls of that key (_route)
         # (dtype, CUDA device index) -> launcher, filled after a checked call took the allocating
         # native route: later ordinary calls go straight to it (_fast_call)
@@ -58,12 +72,16 @@ class FusedOp:
         self._cpp_dispatchers = None  # the same for register()/dispatcher() where Python calls take none
         self._gemm_dispatcher = None  # op.gemm's destination-passing function (dispatcher(gemm=True))
         self._torch_id = torch_ops.register(self)  # what the torch operator calls this op by (its identity)
-        self._source: str | None = None
-        self._packed_smem: int | None = None  # see _packed_smem_shortfall: on first use
-        # whether a call's route depends on its inputs' 16-byte alignment (limits: FP4's kernels, and
-        # FP8 block scaling's transposed copy and fp32 colwise or grouped calls on the aligned
-        # vectorised kernel, serve aligned inputs alone): then its key holds it
-        self._key_aligned = spec.is_fp4 or spec.format == "fp8_block"
+
+    def __getstate__(self) -> dict:
+        """An op pickled or copied by its state (__reduce_ex__): its definition without _RUNTIME."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._RUNTIME}
+
+    def __setstate__(self, state: dict) -> None:
+        """A copy or an unpickled op: its definition, fresh _RUNTIME state, registered with the
+        torch operator as a new op is (a compiled graph finds it by its identity)."""
+        self.__dict__.update(state)
+        self._fresh_runtime()
 
     def __reduce_ex__(self, protocol):
         """Pickled by reference (as functions are): the attribute of the defining module the op
@@ -108,6 +126,20 @@ class FusedOp:
             extra = fp4.CallArgs(*(kwargs.pop(k, None) for k in FP4_KEYWORDS))
         call = self._bind(args, kwargs, act_input, noop, out, group_offsets, traced)
         return call if extra is None else call._replace(fp4=extra)
+
+    def _with_accumulator(self, acc, operands: tuple, params: dict) -> tuple:
+        """(args, kwargs) of op.gemm's epilogue call: the accumulator in the place of the
+        epilogue's first tensor parameter, ``operands`` (positional) and ``params`` (by name) in
+        the others' as in a call: positionally where the operands reach that place, else by name."""
+        names = self.epilogue.param_order
+        first = self.epilogue.tensor_params[0]
+        i = names.index(first)
+        if first in params:
+            raise TypeError(f"mxq: {self.__name__}.gemm: {first!r} is the accumulator (the epilogue's first tensor), "
+                            "which the GEMM computes; pass the other tensors and floats")
+        if len(operands) >= i:
+            return (*operands[:i], acc, *operands[i:]), params
+        return operands, {**params, first: acc}
 
     def _lower(self, call: Call):
         """(the op that runs ``call``, the call it runs): this op itself; GatedOp's inner op over
@@ -261,10 +293,10 @@ class FusedOp:
                     raise TypeError(f"mxq.gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
         m, n = a.shape[0], w.shape[0]
         acc = torch.empty((m, n), dtype=torch.float32, device="meta")  # (the accumulator's place)
-        call = self._bind_call((acc, *operands), params, None, None, None, None, traced)
+        call = self._bind_call(*self._with_accumulator(acc, operands, params), None, None, None, None, traced)
         if call.tensors[0] is not acc:
-            raise TypeError(f"mxq: {self.__name__}.gemm: the accumulator is the epilogue's first parameter, which "
-                            "must be its first tensor")
+            raise TypeError(f"mxq: {self.__name__}.gemm: the accumulator did not bind to the epilogue's first "
+                            f"tensor {self.epilogue.tensor_params[0]!r}")
         others = call.tensors[1:]
         gemm_rt.operand_kinds(a, w, others)
         if self.spec.dact is not None or act_input is not None:  # (the kernel reads it as one more full operand)
@@ -487,9 +519,16 @@ class GatedOp(FusedOp):
         name = spec.act if self._forward else spec.dact
         derived = (gated.forward_epilogue if self._forward else gated.backward_epilogue)(self.epilogue, name)
         self.inner = FusedOp(gated.function_of(derived), dataclasses.replace(spec, act=None, dact=None), derived)
-        self._dispatcher = None  # (_destination_passing(), built once)
-        # the inner op's allocating launchers: a forward call goes straight to them (_fast_call)
-        self._fast = self.inner._fast
+        self._fresh_runtime()
+
+    _RUNTIME = FusedOp._RUNTIME + ("_dispatcher",)
+
+    def _fresh_runtime(self) -> None:
+        super()._fresh_runtime()
+        if "inner" in self.__dict__:  # (FusedOp.__init__ asks before the inner op exists)
+            self._dispatcher = None  # (_destination_passing(), built once)
+            # the inner op's allocating launchers: a forward call goes straight to them (_fast_call)
+            self._fast = self.inner._fast
 
     def _fast_call(self, args, kwargs, act_input, noop=None, group_offsets=None):
         """A forward CUDA call without ``out`` of positional arguments, or None: its tensors split

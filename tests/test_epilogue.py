@@ -770,6 +770,30 @@ def test_ops_pickle_by_reference_and_run_in_a_fresh_process():
     assert torch.equal(twin(x0).rowwise_data.view(torch.uint8), local(x0).rowwise_data.view(torch.uint8))
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         pickle.dumps(local)
+    # a copy is an op of its own: registered with the torch operator (a compiled call finds it
+    # after the original is gone), none of the original's native functions or kept routes copied
+    # (they pickled as "ffi.Function does not support ToJSONGraph" after dispatcher())
+    local.dispatcher()
+    twin = copy.deepcopy(local)
+    assert twin._plans == {} and twin._cpp_dispatchers is None and twin._torch_id == local._torch_id
+    del local
+    import gc
+    gc.collect()
+    compiled = torch.compile(lambda t: twin(t).rowwise_data, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(x0).view(torch.uint8), twin(x0).rowwise_data.view(torch.uint8))
+
+    def make_gated():
+        @mxq.fused_quant(act="swiglu")
+        def g(x):
+            return x
+        return g
+
+    gop = make_gated()
+    gop.dispatcher()
+    gcopy = copy.deepcopy(gop)
+    assert gcopy._fast is gcopy.inner._fast and gcopy._dispatcher is None and gcopy.inner is not gop.inner
+    xg = torch.randn(4, 128)
+    assert torch.equal(gcopy(xg).rowwise_data.view(torch.uint8), gop(xg).rowwise_data.view(torch.uint8))
     x, b = torch.randn(64, 64, generator=torch.Generator().manual_seed(3)), torch.randn(64)
     want = _pickled_op(x, b)
     blob = pickle.dumps((_pickled_op, x, b))

@@ -990,6 +990,31 @@ def test_cpu_gemm_takes_operands_and_floats_as_a_call_does():
         assert torch.equal(t.rowwise_scale, ref.rowwise_scale)
 
 
+@mxq.fused_quant
+def _scale_first(s: float, acc, r):
+    return acc * s + r
+
+
+def test_the_accumulator_is_the_first_tensor_wherever_it_stands():
+    """The accumulator binds to the epilogue's first tensor, also after a float parameter: the
+    other arguments positional, by name or both, as in a call (it was bound to the first
+    parameter, and `f(s: float, acc, r).gemm(a, w, s=2.0, r=r)` a TypeError); the accumulator
+    given by name is refused by name."""
+    a, w = _ab(6, 32, 16)
+    r = torch.randn(6, 32).to(torch.bfloat16)
+    acc = torch.empty(6, 32)
+    want = _scale_first.gemm(a, w, 2.0, r, acc_out=acc)
+    ref = _scale_first.reference(2.0, acc, r.float())
+    assert torch.equal(want.rowwise_data.view(torch.uint8), ref.rowwise_data.view(torch.uint8))
+    for got in (_scale_first.gemm(a, w, s=2.0, r=r), _scale_first.gemm(a, w, r=r, s=2.0),
+                _scale_first.gemm(a, w, 2.0, r=r)):
+        assert torch.equal(got.rowwise_data.view(torch.uint8), ref.rowwise_data.view(torch.uint8))
+    with pytest.raises(TypeError, match="'acc' is the accumulator"):
+        _scale_first.gemm(a, w, 2.0, r, acc=r)
+    with pytest.raises(TypeError, match="too many positional"):
+        _scale_first.gemm(a, w, 2.0, r, r)
+
+
 # --- GPU: bit-exact against the reference on the kernel's own accumulator ----------------------
 GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw, plus_bias, plus_bias_gemm, plus_bias_mx,
            plus_bias_mx_sw, plus_bias_amax, bias_gelu_mx_amax, plus_bias_dbias, bias_gelu_mx_dbias, bias_gelu_mx_both,
