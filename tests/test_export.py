@@ -81,3 +81,21 @@ def test_export_refuses_a_name_that_differs_from_an_export_beside_it_only_in_cas
     monkeypatch.setattr(export, "_served_functions", stop)
     with pytest.raises(RuntimeError, match="compiling"):
         _identity.export(tmp_path, name="myquant")
+
+
+@pytest.mark.parametrize("note, error, words", [
+    ("hello */ #error injected\n/* ", ValueError, "a C comment delimiter"),
+    ("see /* here", ValueError, "a C comment delimiter"),
+    ("bell \a", ValueError, "the character '\\x07'"),
+    (b"bytes", TypeError, "argument 'note' must be a str, got bytes"),
+])
+def test_export_refuses_a_note_that_would_leave_the_headers_comment(tmp_path, note, error, words):
+    """export(note=...) is a paragraph of the header's comment block: text that would end the
+    comment (and compile the rest: '#error injected' failed every program including the header)
+    or is not printable is refused before anything compiles; ordinary text passes."""
+    from mxq.runtime.export import check_note
+
+    with pytest.raises(error, match=re.escape(words)):
+        _identity.export(tmp_path, note=note)
+    assert not any(tmp_path.iterdir())
+    check_note("x[:, :N] is the gate half;\n\tthe up half is x[:, N:] (2 * N columns / 2).")

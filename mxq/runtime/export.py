@@ -114,6 +114,19 @@ def gated_args(spec, epilogue, inner_epilogue, kinds, n_multiple: int):
     return (*kinds, "strided", "strided"), note
 
 
+def check_note(note) -> None:
+    """export()'s ``note``: text for the header's comment block, so a str of printable
+    characters (whitespace folds into the paragraph) without a comment delimiter, which would
+    end the comment and put the rest into the compiled header."""
+    if not isinstance(note, str):
+        raise TypeError(f"mxq: export() argument 'note' must be a str, got {type(note).__name__}")
+    bad = next((c for c in note if not (c.isprintable() or c in " \t\n")), None)
+    if bad is not None or "*/" in note or "/*" in note:
+        what = f"the character {bad!r}" if bad is not None else "a C comment delimiter ('*/' or '/*')"
+        raise ValueError(f"mxq: export() argument 'note' is a paragraph of the header's comment and must not hold "
+                         f"{what}")
+
+
 def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = None, grouped: bool = False,
            operands=None, note: str = "", n_multiple: int = 1) -> dict:
     """Write ``lib<name>.so`` (its kernel variants, cubin embedded) and ``<name>.h`` to ``directory``;
@@ -132,6 +145,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     == 0 (its second half starts at column N; launch.variant_for).
     """
     layouts = check_operands(op, operands)
+    check_note(note)
     arch = targets.normalize_arch(arch)
     gap = limits.arch_gap(op.spec, arch)
     if gap:
