@@ -675,13 +675,34 @@ def _augments_an_unset_local(x):
     return Y_GLOBAL
 
 
+_mxq_tanh = mxq.tanh  # (a module global naming mxq's function, which the next function's local shadows)
+
+
+def _calls_a_local_first(x):
+    y = _mxq_tanh(x)
+    _mxq_tanh = 2.0  # (a local of the global's name: Python's call above raises)
+    return y * _mxq_tanh
+
+
+def _calls_through_a_local_module_first(x):
+    y = mxq.exp(x)
+    mxq = 3.0  # noqa: F841
+    return y * mxq
+
+
 def test_a_local_read_before_it_is_assigned_is_refused():
-    """Python raises UnboundLocalError where a function reads a local before assigning it; the
-    parser refused nothing and read the module global of that name instead."""
+    """Python raises UnboundLocalError where a function reads a local before assigning it (a
+    called name too); the parser refused nothing and read the module global of that name
+    instead (a call of such a name compiled mxq's function)."""
     for fn in (_reads_a_local_first, _augments_an_unset_local):
         with pytest.raises(UnboundLocalError):
             fn(torch.ones(1))
         with pytest.raises(EpilogueError, match="'Y_GLOBAL' is read before it is assigned"):
+            mxq.fused_quant(fn)
+    for fn, name in ((_calls_a_local_first, "_mxq_tanh"), (_calls_through_a_local_module_first, "mxq")):
+        with pytest.raises(UnboundLocalError):
+            fn(torch.ones(1))
+        with pytest.raises(EpilogueError, match=f"'{name}' is read before it is assigned"):
             mxq.fused_quant(fn)
 
 

@@ -338,6 +338,12 @@ class _Parser:
         return fname
 
     def callee(self, func: ast.AST) -> str | None:
+        """The mxq function ``func`` names (``mxq.exp``, ``exp`` imported from mxq), or None. A
+        name that is a local of the function but not assigned yet is refused as name() refuses it
+        (Python raises UnboundLocalError; the global of that name is not what runs)."""
+        base = func.value if isinstance(func, ast.Attribute) else func
+        if isinstance(base, ast.Name) and base.id not in self.env and base.id in self.fn.__code__.co_varnames:
+            self.name(base)  # (fails: an unassigned local)
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             if func.value.id in self.env:
                 return None
