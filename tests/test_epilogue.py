@@ -827,3 +827,29 @@ def test_ops_pickle_by_reference_and_run_in_a_fresh_process():
     data, scale, kind = pickle.loads(done.stdout)
     assert kind == "FusedOp" and torch.equal(data, want.rowwise_data.view(torch.uint8))
     assert torch.equal(scale, want.colwise_scale)
+
+
+def test_a_nested_def_with_lines_indented_less_than_it_parses(tmp_path):
+    """A def inside a function whose docstring or backslash-continued line starts left of the def
+    (dedent then leaves the def indented): parsed as it stands, with its errors at their file lines."""
+    src = ('def make(k):\n'
+           '    def f(x):\n'
+           '        """Scale.\n'
+           'Multiplies by k."""\n'
+           '        y = x * \\\n'
+           '2.0\n'
+           '        return y * k\n'
+           '    return f\n'
+           'def make_bad():\n'
+           '    def f(x):\n'
+           '        """Doc.\n'
+           'more."""\n'
+           '        return x.sum()\n'
+           '    return f\n')
+    mod, _, _ = load(tmp_path, src)
+    op = mxq.fused_quant(mod.make(3.0))
+    x = torch.tensor([[1.0, -2.5, 0.75, 448.0] * 8])
+    assert torch.equal(ir.evaluate(op.epilogue.expr, [x], []), x * 2.0 * 3.0)
+    with pytest.raises(EpilogueError) as err:
+        mxq.fused_quant(mod.make_bad())
+    assert err.value.args and ":14:" in str(err.value)  # (the file's line of x.sum(): 1 header line + 13)

@@ -486,7 +486,18 @@ def parse(fn) -> Epilogue:
                             "(a module) and import it from there", file, line0, "source") from None
     source = textwrap.dedent("".join(lines))
     try:
-        tree = ast.parse(source)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as dedented:
+            if not lines[0][:1].isspace():
+                raise
+            # a nested def whose docstring or continuation lines are indented less than it (dedent
+            # then leaves the def indented): parsed as it stands, inside a block, a line above it
+            try:
+                tree = ast.parse("if True:\n" + "".join(lines))
+            except SyntaxError:
+                raise dedented from None
+            first -= 1
     except (RecursionError, MemoryError):
         raise EpilogueError(f"the source of {fn.__name__!r} is nested too deeply for Python's ast module; "
                             "split long expressions with assignments", file, first, "nesting") from None
