@@ -327,6 +327,30 @@ def test_compiled_calls_refuse_a_number_where_a_tensor_goes_with_mxqs_message():
             torch.compile(fn, backend="aot_eager")(x)
 
 
+@mxq.fused_quant(act="silu")
+def _posonly(x, /, r, t: float = 2.0):
+    return x * t + r
+
+
+def test_compiled_calls_refuse_what_eager_refuses_with_its_message():
+    """A positional-only parameter passed by name, an input of an unserved dtype, a dact input of
+    another dtype: under torch.compile eager's error (the traced binding accepted the name; the
+    fake implementation named MXFP8Tensor.empty's 'dtype' for a float64 input)."""
+    x, r = torch.randn(8, 32), torch.randn(8, 32)
+    cases = ((lambda a: _posonly(x=a, r=r), TypeError, "'x' parameter is positional only"),
+             (lambda a: _plus_r(a.double(), r.double()), TypeError, "argument 'x' must be float32, float16 or bfloat16"),
+             (lambda a: _plus_r(a, r.half()), TypeError, "argument 'r' has dtype torch.float16 but 'x' has torch.float32"),
+             (lambda a: _back(a, act_input=a.half()), TypeError, "argument 'act_input' has dtype torch.float16"))
+    for fn, error, words in cases:
+        with pytest.raises(error, match=words):
+            fn(x)
+        torch._dynamo.reset()
+        with pytest.raises(error, match=words):
+            torch.compile(fn, backend="aot_eager")(x)
+    assert torch.equal(torch.compile(lambda a: _posonly(a, r=r).rowwise_data, backend="aot_eager")(x).view(torch.uint8),
+                       _posonly(x, r).rowwise_data.view(torch.uint8))
+
+
 def test_compiled_fp4_amax_and_noop_that_require_grad_trace():
     """NVFP4's global_amax and a noop computed in the graph from a tensor that requires grad: the
     compiled call traces (no autograd formula asked for) and writes the eager bytes."""

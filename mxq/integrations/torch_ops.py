@@ -250,6 +250,7 @@ def call(i: str, call: Call):
         groups.check_type(group_offsets)  # (the rest of its checks: the operator's eager ones)
     # (devices are static while tracing; a mixed call would reach the operator's fake implementation)
     validation.check_devices(names, tensors, act_input, noop, group_offsets)
+    validation.check_dtypes(names, tensors, act_input)  # (dtypes are static too)
     fp4_call = spec.hadamard or spec.stochastic_rounding or fp4_args is not None
     if fp4_call and out is not None:
         raise ValueError("mxq: torch.compile does not trace out= with NVFP4's hadamard, stochastic_rounding, "

@@ -124,6 +124,8 @@ class Binder:
                          if p.default is not inspect.Parameter.empty}
         # every parameter positional-or-keyword: keywords bind by name without inspect (_bind_names)
         self.by_name = all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values())
+        self.positional_only = frozenset(k for k, p in self.signature.parameters.items()
+                                         if p.kind is inspect.Parameter.POSITIONAL_ONLY)
         self.tensor_pos = [self.order.index(n) for n in epilogue.tensor_params]
         self.scalar_pos = [self.order.index(n) for n in epilogue.scalar_params]
         # (plain): each positional argument's class, and whether the tensors come first
@@ -183,6 +185,8 @@ class Binder:
             raise TypeError(f"mxq: {self.name}() takes {len(order)} arguments, got {len(args)}")
         values = dict(zip(order, args))
         for k, v in kwargs.items():
+            if k in self.positional_only:  # (as inspect's binding of an eager call refuses it)
+                raise TypeError(f"mxq: {self.name}(): {k!r} parameter is positional only, but was passed as a keyword")
             if k not in order or k in values:
                 raise TypeError(f"mxq: {self.name}() got an unexpected or repeated argument {k!r}")
             values[k] = v

@@ -73,6 +73,26 @@ def check_plain_tensor(name: str, t) -> None:
                          "torch.compile, fake tensors need no such call: the operator has a fake implementation)")
 
 
+def check_dtype(name: str, t: torch.Tensor, first=None) -> None:
+    """A tensor argument's dtype: float32, float16 or bfloat16, and (``first``: (name, tensor) of
+    the epilogue's first tensor) the first tensor's."""
+    if t.dtype not in DTYPES:
+        _fail_type(name, "float32, float16 or bfloat16", t.dtype)
+    if first is not None and t.dtype != first[1].dtype:
+        raise TypeError(f"mxq: argument {name!r} has dtype {t.dtype} but {first[0]!r} has {first[1].dtype}; "
+                        "every tensor input of one op has the same dtype")
+
+
+def check_dtypes(names, tensors, act_input=None) -> None:
+    """check_dtype of a call's epilogue tensors (``names``) and act_input, as check_call has it:
+    for torch.compile's traced call (torch_ops.call), whose fake implementation would otherwise
+    meet an unserved dtype first and name its own argument."""
+    first = (names[0], tensors[0])
+    for name, t in [*zip(names, tensors), ("act_input", act_input)]:
+        if isinstance(t, torch.Tensor):
+            check_dtype(name, t, None if t is tensors[0] else first)
+
+
 def check_devices(names, tensors, act_input=None, noop=None, group_offsets=None) -> None:
     """The devices of a call's tensor arguments (the epilogue's tensors ``names``, act_input,
     noop, group_offsets) as check_call has them: each on the first tensor's device, which is not
@@ -100,8 +120,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
     first = None
     for name, t in zip(names, tensors):
         check_tensor_arg(name, t)
-        if t.dtype not in DTYPES:
-            _fail_type(name, "float32, float16 or bfloat16", t.dtype)
+        check_dtype(name, t)
         if first is None:
             first = (name, t)
             continue
@@ -110,9 +129,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
             raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)}, which neither equals "
                              f"{fname!r}'s {tuple(f.shape)} nor broadcasts against it (a row [N], a column "
                              "[..., 1] or a scalar; docs/NUMERICS.md, Operands)")
-        if t.dtype != f.dtype:
-            raise TypeError(f"mxq: argument {name!r} has dtype {t.dtype} but {fname!r} has {f.dtype}; "
-                            "every tensor input of one op has the same dtype")
+        check_dtype(name, t, first)
         if t.device != f.device:
             raise ValueError(f"mxq: argument {name!r} is on {t.device} but {fname!r} is on {f.device}")
     check_scalars(epilogue.scalar_params, scalars)
@@ -124,8 +141,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
         if act_input.shape != f.shape:
             raise ValueError(f"mxq: argument 'act_input' has shape {tuple(act_input.shape)} but "
                              f"{fname!r} has {tuple(f.shape)}")
-        if act_input.dtype != f.dtype:
-            raise TypeError(f"mxq: argument 'act_input' has dtype {act_input.dtype} but {fname!r} has {f.dtype}")
+        check_dtype("act_input", act_input, first)
         if act_input.device != f.device:
             raise ValueError(f"mxq: argument 'act_input' is on {act_input.device} but {fname!r} is on {f.device}")
     elif act_input is not None:
