@@ -207,9 +207,10 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
 
 def split_target(target: str) -> tuple[str, str]:
     """FILE.py[:NAME] -> (FILE.py, NAME or ""): NAME is what follows the last colon when it is an
-    identifier and what precedes it names a file, so a path may hold colons itself."""
+    identifier or a dotted path of them (an op in a class: Holder.op) and what precedes it names
+    a file, so a path may hold colons itself."""
     path, _, name = target.rpartition(":")
-    if path and name.isidentifier() and not Path(target).exists():
+    if path and all(part.isidentifier() for part in name.split(".")) and not Path(target).exists():
         return path, name
     return target, ""
 
@@ -240,9 +241,12 @@ def _load_file_op(target: str) -> FusedOp:
         if v.fn.__module__ == mod.__name__ and all(v is not o for o in ops.values()):
             ops[k] = v
     if name:
-        if name not in named:
+        found = mod
+        for part in name.split("."):  # (Holder.op: an op that is a class attribute)
+            found = getattr(found, part, None)
+        if not isinstance(found, FusedOp):
             raise UsageError(f"mxq: {path} has no @mxq.fused_quant op named {name!r} (found: {sorted(named)})")
-        return named[name]
+        return found
     if len(ops) != 1:
         raise UsageError(f"mxq: {path} defines {len(ops)} ops ({sorted(ops)}); pick one with {path}:NAME")
     return next(iter(ops.values()))

@@ -614,6 +614,8 @@ def fused_quant(fn=None, **options):
     spec = QuantSpec(**options)
 
     def wrap(f):
+        if isinstance(f, staticmethod):  # (above @staticmethod in a class body: its function; the op
+            f = f.__func__  # binds to no instance, as a staticmethod does)
         return GatedOp(f, spec) if spec.gated else FusedOp(f, spec)
 
     return wrap(fn) if fn is not None else wrap

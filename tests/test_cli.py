@@ -376,6 +376,17 @@ def test_paths_with_commas_and_colons(tmp_path):
     assert r.returncode == 2 and f"{odd}/ops.py has no @mxq.fused_quant op named 'nope'" in r.stderr, r.stderr
 
 
+def test_a_dotted_name_picks_an_op_in_a_class(tmp_path):
+    """FILE.py:Holder.op names an op that is a class attribute (it read as a file name: 'no such
+    file'); a dotted name that is no op is named as one."""
+    (tmp_path / "held.py").write_text("import mxq\n\n\nclass Holder:\n    @mxq.fused_quant(colwise=True)\n"
+                                      "    @staticmethod\n    def op(x):\n        return x * 2.0\n")
+    r = run("render", f"{tmp_path}/held.py:Holder.op", tmp_path=tmp_path)
+    assert r.returncode == 0 and "QUANTIZE" in r.stdout, r.stderr[-2000:]
+    r = run("render", f"{tmp_path}/held.py:Holder.nope", tmp_path=tmp_path)
+    assert r.returncode == 2 and "held.py has no @mxq.fused_quant op named 'Holder.nope'" in r.stderr, r.stderr
+
+
 def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path):
     """--dir under a file (as a read-only directory is for a user who is not root): one line
     naming the path, status 1, no traceback."""

@@ -600,6 +600,30 @@ def test_a_bound_method_is_refused_by_name_and_a_quoted_float_annotation_is_a_fl
     assert epi.tensor_params == ("x",) and epi.scalar_params == ("s",)
 
 
+def _renamed(x):
+    return x * 3.0
+
+
+_renamed.__name__ = "renamed_later"
+
+
+def test_the_decorator_above_staticmethod_and_a_renamed_function_are_ops():
+    """@mxq.fused_quant above @staticmethod decorates its function (the op, a class attribute,
+    binds to no instance; it was '<unknown>:0: ... got staticmethod'), and a function whose
+    __name__ was set after its def is found in its source by the def's name ('<unknown>:0:
+    cannot find the definition')."""
+    class _Ops:
+        @mxq.fused_quant(colwise=True)
+        @staticmethod
+        def doubled(x):
+            return x * 2.0
+
+    x = torch.tensor([[1.0, -2.5, 0.75, 448.0] * 8])
+    for op in (_Ops.doubled, _Ops().doubled):
+        assert isinstance(op, mxq.op.FusedOp) and torch.equal(ir.evaluate(op.epilogue.expr, [x], []), x * 2.0)
+    assert torch.equal(ir.evaluate(parse(_renamed).expr, [x], []), x * 3.0)
+
+
 # the functions an epilogue may call (docs/DESIGN.md, the epilogue language), with their arity
 CALLABLE = {"abs": 1, "erf": 1, "exp": 1, "exp2": 1, "log": 1, "log2": 1, "rsqrt": 1, "sigmoid": 1, "sqrt": 1,
             "tanh": 1, "maximum": 2, "minimum": 2, "where": 3,

@@ -39,6 +39,7 @@ def test_every_symbol_the_loader_reserves_is_refused_as_a_name():
     ("", ValueError, "must be a C identifier, got ''"),
     ("bad-name", ValueError, "must be a C identifier"),
     (123, TypeError, "argument 'name' must be a str or None, got int"),
+    ("n" * 201, ValueError, "must be at most 200 characters"),
 ])
 def test_export_refuses_a_bad_name_before_compiling(tmp_path, name, error, words):
     with pytest.raises(error, match=re.escape(words)):
@@ -99,3 +100,13 @@ def test_export_refuses_a_note_that_would_leave_the_headers_comment(tmp_path, no
         _identity.export(tmp_path, note=note)
     assert not any(tmp_path.iterdir())
     check_note("x[:, :N] is the gate half;\n\tthe up half is x[:, N:] (2 * N columns / 2).")
+
+
+def test_export_into_a_file_is_refused_by_name(tmp_path):
+    """A directory argument naming an existing file: a ValueError naming it (it was the raw
+    FileExistsError of mkdir), before anything compiles."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match="argument 'directory' is .*afile.*, which is a file"):
+        _identity.export(blocker)
+    assert check_name("n" * 200) == "n" * 200

@@ -504,7 +504,7 @@ def parse(fn) -> Epilogue:
     except SyntaxError as exc:
         raise EpilogueError(f"cannot parse the source of {fn.__name__!r} on its own ({exc.msg})",
                             file, first + (exc.lineno or 1) - 1, "source") from None
-    node = _fn_node(tree, fn.__name__)
+    node = _fn_node(tree, fn.__code__.co_name)  # (the def's own name: __name__ may have been set since)
     p = _Parser(fn, file, first)
     p.fn_node = node
     if isinstance(node, ast.AsyncFunctionDef):

@@ -49,6 +49,9 @@ def check_operands(op, operands):
     return None if all(k == "full" for k in operands) else tuple(operands)
 
 
+MAX_NAME = 200  # (lib<name>.so, <name>.h; a file name has at most 255 bytes on Linux's file systems)
+
+
 def check_name(name) -> str:
     """An export name: a C identifier starting with a letter. Every exported function is the
     symbol ``__tvm_ffi_<function name>``, and TVM-FFI's loader gives symbols of its own meaning
@@ -59,6 +62,9 @@ def check_name(name) -> str:
         raise TypeError(f"mxq: export() argument 'name' must be a str or None, got {type(name).__name__}")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"mxq: export name must be a C identifier, got {name!r}")
+    if len(name) > MAX_NAME:
+        raise ValueError(f"mxq: export name must be at most {MAX_NAME} characters (its files lib<name>.so and "
+                         f"<name>.h, and the functions' suffixes, within a file name's 255 bytes), got {len(name)}")
     if name.startswith("_") or name == "main":
         raise ValueError(f"mxq: export name {name!r} is reserved: TVM-FFI's loader gives meaning to the symbols "
                          f"'__tvm_ffi_main' and '__tvm_ffi__*'; start the name with a letter and not as 'main'")
@@ -163,6 +169,8 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         raise ValueError(f"mxq: export name {name!r} is reserved: lib{name}.so is a runtime library the export "
                          "copies beside its own library, which would overwrite it")
     out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"mxq: export() argument 'directory' is {os.fspath(out)!r}, which is a file, not a directory")
     # (the header's guard and macros upper-case the name: MyQuant.h and myquant.h would share them,
     # and an including program would silently get one header's macros)
     clash = sorted(p.stem for p in out.glob("*.h") if p.stem.upper() == name.upper() and p.stem != name
