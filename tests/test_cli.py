@@ -314,7 +314,7 @@ USER_ERRORS = [
     (("compile", "{u}/two.py:b", "--colwise", "--scale-mode", "floor"),
      "mxq: --colwise, --scale-mode describe the built-in quantize op"),
     (("compile", "--ptx", "{t}/no/such/dir/k.ptx"), "mxq: --ptx {t}/no/such/dir/k.ptx: no such directory"),
-    (("export", "--dir", "{t}/a_file"), "mxq: {t}/a_file: File exists"),
+    (("export", "--dir", "{t}/a_file"), "mxq: --dir is '{t}/a_file', which is a file, not a directory"),
     (("export", "--colwise"), "mxq: the following arguments are required: --dir"),
     ((), "mxq: the following arguments are required: command"),
     (("quantize",), "mxq: argument command: invalid choice: 'quantize'"),
