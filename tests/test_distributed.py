@@ -216,7 +216,11 @@ for placement in (Shard(-1), Replicate()):
     for name, got, want in (("grouped quantize", mxq.quantize(dx, rowwise=True, colwise=True, group_offsets=offs),
                              mxq.quantize(x, rowwise=True, colwise=True, group_offsets=offs)),
                             ("grouped resid", resid(dx, dr, alpha=0.25, group_offsets=offs),
-                             resid(x, r, alpha=0.25, group_offsets=offs))):
+                             resid(x, r, alpha=0.25, group_offsets=offs)),
+                            # (FP8 block scaling's 128x128 tiles, grouped: a grid of M // 128 + G rows)
+                            ("grouped 128x128", mxq.quantize(dx, format="fp8_block", block=(128, 128), colwise=True,
+                                                             group_offsets=offs),
+                             mxq.quantize(x, format="fp8_block", block=(128, 128), colwise=True, group_offsets=offs))):
         check_shards(name, placement, got, want)
         split = isinstance(placement, Shard)
         for f in ("rowwise_scale", "colwise_scale"):

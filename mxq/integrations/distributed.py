@@ -215,8 +215,10 @@ def call(op, call) -> MXFP8Tensor:
             return wrap_fp4(field, value)
         if field in ("rowwise_data", "colwise_data"):
             p, shape = Shard(dim), gshape
-        elif field in ("rowwise_scale", "colwise_scale") and tiles:  # (one grid of 128x128 tiles)
-            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((-(-m // edge), -(-n // edge)))
+        elif field in ("rowwise_scale", "colwise_scale") and tiles:  # (one grid of 128x128 tiles; split by
+            # columns, every rank holds all its rows, grouped ([M // 128 + G] rows) or not)
+            rows = -(-m // edge) if kind == "rows" else value.shape[0]
+            p, shape = Shard(0 if kind == "rows" else 1), torch.Size((rows, -(-n // edge)))
         elif field == "rowwise_scale":
             p, shape = Shard(0 if kind == "rows" else 1), torch.Size((m, -(-n // edge)))
         elif field == "colwise_scale":  # (split by columns, every rank holds all its rows, grouped or not)
