@@ -519,16 +519,19 @@ class GatedOp(FusedOp):
         name = spec.act if self._forward else spec.dact
         derived = (gated.forward_epilogue if self._forward else gated.backward_epilogue)(self.epilogue, name)
         self.inner = FusedOp(gated.function_of(derived), dataclasses.replace(spec, act=None, dact=None), derived)
-        self._fresh_runtime()
+        self._inner_runtime()
 
     _RUNTIME = FusedOp._RUNTIME + ("_dispatcher",)
 
-    def _fresh_runtime(self) -> None:
-        super()._fresh_runtime()
-        if "inner" in self.__dict__:  # (FusedOp.__init__ asks before the inner op exists)
-            self._dispatcher = None  # (_destination_passing(), built once)
-            # the inner op's allocating launchers: a forward call goes straight to them (_fast_call)
-            self._fast = self.inner._fast
+    def _inner_runtime(self) -> None:
+        """The gated op's own _RUNTIME state, empty, beside FusedOp's."""
+        self._dispatcher = None  # (_destination_passing(), built once)
+        # the inner op's allocating launchers: a forward call goes straight to them (_fast_call)
+        self._fast = self.inner._fast
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._inner_runtime()
 
     def _fast_call(self, args, kwargs, act_input, noop=None, group_offsets=None):
         """A forward CUDA call without ``out`` of positional arguments, or None: its tensors split

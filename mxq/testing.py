@@ -234,6 +234,8 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
     if v_bound is not None and not isinstance(v_bound, VBound):
         raise TypeError(f"mxq.testing.compare: v_bound must be a VBound (mxq.testing.v_bound's answer), "
                         f"got {type(v_bound).__name__}")
+    from .formats import fp4
+
     problems = []
     m = 1
     for d in want.shape:
@@ -253,7 +255,7 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
                 if nd:
                     problems.append(f"{name}: {nd} bytes differ (worst by {worst})")
                 continue
-            if want.format in _PACKED:  # (FP4: two codes a byte, compared code by code; no v_bound yet)
+            if want.format in fp4.FORMATS:  # (FP4: two codes a byte, compared code by code; no v_bound yet)
                 off, far = _fp4_codes_off(g, w) if nd else (0, 0)
                 if off > max(1, total // 10000) or far:
                     problems.append(f"{name}: {off} codes differ, {far} of them by more than one code")
@@ -294,9 +296,6 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
         if not ok.all():
             problems.append(f"dbias: {int((~ok).sum())} of {ok.numel()} columns off by more than 1 ulp")
     return problems
-
-
-_PACKED = ("nvfp4", "mxfp4")  # formats whose data bytes hold two E2M1 codes
 
 
 def _fp4_codes_off(g: torch.Tensor, w: torch.Tensor) -> tuple[int, int]:
