@@ -877,3 +877,25 @@ def test_a_nested_def_with_lines_indented_less_than_it_parses(tmp_path):
     with pytest.raises(EpilogueError) as err:
         mxq.fused_quant(mod.make_bad())
     assert err.value.args and ":14:" in str(err.value)  # (the file's line of x.sum(): 1 header line + 13)
+
+
+def _injected(x):
+    return x * 2.0
+
+
+_injected.__name__ = "f */\n#error INJECTED\n/*"
+
+
+def test_an_ops_name_is_its_defs_name_whatever_its_dunder_name_holds(tmp_path):
+    """The epilogue's name is the def's own (an identifier), not __name__, which any string may
+    replace: that string reached the exported header's comment and planted a preprocessor line
+    (the probe's '*/ #error ... /*'), and the gated ops' notes refused it as the caller's 'note'."""
+    epi = parse(_injected)
+    assert epi.name == "_injected"
+    op = mxq.fused_quant(_injected)
+    header = (tmp_path / "mxq_ok.h")
+    info = op.export(str(tmp_path), name="mxq_ok")
+    text = open(info["header"]).read()
+    assert "#error" not in text and " * op: _injected " in text and header.exists()
+    gated = mxq.fused_quant(act="swiglu")(_injected)
+    assert gated.epilogue.name == "_injected"

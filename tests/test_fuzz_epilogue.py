@@ -107,9 +107,20 @@ def _min(a, b):
     return torch.where((a < b) | torch.isnan(b), a, b)
 
 
-_TORCH_UNARY = {"abs": torch.abs, "exp": torch.exp, "exp2": torch.exp2, "log": torch.log, "log2": torch.log2,
-                "tanh": torch.tanh, "sigmoid": torch.sigmoid, "erf": torch.erf, "sqrt": torch.sqrt,
-                "rsqrt": torch.rsqrt}
+def _runs(fn):
+    """``fn`` as docs/NUMERICS.md defines the epilogue's transcendental functions on the CPU:
+    torch's fp32 function on a contiguous copy zero-padded to whole runs of 64 elements (its
+    vectorised code for every element: the few elements here would take its scalar code)."""
+    def f(a):
+        flat = a.reshape(-1)
+        return fn(torch.cat([flat, flat.new_zeros(-flat.numel() % 64)]))[:flat.numel()].view(a.shape)
+
+    return f
+
+
+_TORCH_UNARY = {"abs": torch.abs, "exp": _runs(torch.exp), "exp2": _runs(torch.exp2), "log": _runs(torch.log),
+                "log2": _runs(torch.log2), "tanh": _runs(torch.tanh), "sigmoid": _runs(torch.sigmoid),
+                "erf": _runs(torch.erf), "sqrt": torch.sqrt, "rsqrt": torch.rsqrt}
 
 
 def value(t, env):

@@ -1,7 +1,8 @@
-"""mxq/tensor.py: MXFP8Tensor as a saved object."""
+"""mxq/tensor.py: MXFP8Tensor as a saved object, and a shape MXFP8Tensor.empty refuses."""
 
 import io
 
+import pytest
 import torch
 
 import mxq
@@ -163,3 +164,12 @@ def test_results_compare_by_identity_and_hash():
     t = mxq.quantize(torch.randn(32, 64))
     assert t == t and (t == copy.deepcopy(t)) is False and t != copy.deepcopy(t)
     assert len({t, t, copy.deepcopy(t)}) == 2
+
+
+def test_empty_checks_a_torch_size_with_a_negative_dim():
+    """A torch.Size is taken unchecked (a tensor's shape) unless it holds a negative size, which
+    is refused by name like a tuple's."""
+    spec = mxq.QuantSpec()
+    for shape in (torch.Size([-1, 4]), (-1, 4)):
+        with pytest.raises(ValueError, match="argument 'shape' must hold sizes >= 0"):
+            mxq.MXFP8Tensor.empty(spec, shape, torch.float32, "cpu")

@@ -718,3 +718,27 @@ def test_compiled_calls_refuse_tensors_on_another_device_or_meta():
     with pytest.raises(ValueError, match="operand 1 .* must be on a's device cpu, got meta"):
         torch.compile(lambda a, w: gemm_bias.gemm(a, w, torch.randn(256, dtype=torch.bfloat16, **meta)),
                       backend="aot_eager")(a, w)
+
+
+def test_an_exported_program_calling_quantize_runs_in_a_fresh_process(tmp_path):
+    """A torch.export program that calls mxq.quantize, loaded in a process that has made no
+    quantize op yet, finds the op its identity names (torch_ops._op builds mxq.quantize's own ops
+    from their spec key; it raised 'no live op of identity'), with the eager call's bytes; an
+    identity of no op is still refused by name."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return mxq.quantize(x, colwise=True, fp8="e5m2").colwise_data
+
+    path = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(M(), (torch.randn(64, 128),)), str(path))
+    child = (f"import torch, mxq\nep = torch.export.load({str(path)!r})\n"
+             "x = torch.randn(64, 128, generator=torch.Generator().manual_seed(1))\n"
+             "got = ep.module()(x).view(torch.uint8)\n"
+             "want = mxq.quantize(x, colwise=True, fp8='e5m2').colwise_data.view(torch.uint8)\n"
+             "print('equal', torch.equal(got, want))\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=600, cwd=root,
+                         env=dict(os.environ, PYTHONPATH=root, PYTHONWARNINGS="ignore"))
+    assert "equal True" in out.stdout, out.stdout + out.stderr[-2000:]
+    with pytest.raises(RuntimeError, match="no live op of identity"):
+        torch_ops._op("fffff-" + "0" * 32 + "-0.0.0")

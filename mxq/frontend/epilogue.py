@@ -556,7 +556,8 @@ def parse(fn) -> Epilogue:
     h.update(f"\0params={len(tensors)},{len(scalars)}\0".encode())
     h.update(ir.serialize(expr).encode())
     return Epilogue(
-        name=fn.__name__,
+        name=node.name,  # (the def's own name, an identifier: __name__ may hold any string, and this one
+        # reaches error messages, the CLI and an exported header's comment)
         tensor_params=tuple(tensors),
         scalar_params=tuple(scalars),
         scalar_defaults=tuple(scalar_defaults),

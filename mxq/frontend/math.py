@@ -38,32 +38,64 @@ def abs(a):  # noqa: A001 - the epilogue language's name
     return torch.abs(_t(a))
 
 
+# _by_value's evaluation: runs of _VALUE_RUN elements (a multiple of every CPU vector width torch
+# uses, zero-padded) and calls of at most _VALUE_CALL elements (under torch's intra-op grain, 32768:
+# one thread, its vectorised loop from the run's start to its end)
+_VALUE_RUN = 64
+_VALUE_CALL = 16384
+
+
+def _by_value(fn, a):
+    """``fn`` of ``a``, a function of each element's value alone. torch's fp32 CPU kernels of these
+    functions give a last bit that depends on where an element lies: a contiguous run goes
+    through vectorised code, a strided or broadcast view and a run's tail (or a thread's chunk
+    boundary) through scalar code (sigmoid and exp2 differed by 1 ulp for the same values). So on
+    the CPU an fp32 tensor is evaluated as one contiguous zero-padded buffer of whole vector runs,
+    in calls one thread runs: every element through torch's vectorised code (NUMERICS
+    "Epilogue language")."""
+    a = _t(a)
+    if a.device.type != "cpu" or a.dtype != torch.float32:
+        return fn(a)
+    flat = a.reshape(-1)
+    n = flat.numel()
+    pad = -n % _VALUE_RUN
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    elif not flat.is_contiguous():
+        flat = flat.contiguous()
+    if flat.numel() <= _VALUE_CALL:
+        out = fn(flat)
+    else:
+        out = torch.cat([fn(flat[i:i + _VALUE_CALL]) for i in range(0, flat.numel(), _VALUE_CALL)])
+    return out[:n].view(a.shape)
+
+
 def exp(a):
-    return torch.exp(_t(a))
+    return _by_value(torch.exp, a)
 
 
 def exp2(a):
-    return torch.exp2(_t(a))
+    return _by_value(torch.exp2, a)
 
 
 def log(a):
-    return torch.log(_t(a))
+    return _by_value(torch.log, a)
 
 
 def log2(a):
-    return torch.log2(_t(a))
+    return _by_value(torch.log2, a)
 
 
 def tanh(a):
-    return torch.tanh(_t(a))
+    return _by_value(torch.tanh, a)
 
 
 def sigmoid(a):
-    return torch.sigmoid(_t(a))
+    return _by_value(torch.sigmoid, a)
 
 
 def erf(a):
-    return torch.erf(_t(a))
+    return _by_value(torch.erf, a)
 
 
 def sqrt(a):
@@ -100,8 +132,8 @@ def resolve_cpu_dispatch() -> None:
     any parallel one; mxq makes these calls when it is imported (tests/test_math.py)."""
     for dtype in (torch.float32, torch.float64):
         one = torch.full((1,), 0.5, dtype=dtype, device="cpu")  # (not a default device set by the user)
-        for f in UNARY.values():
-            f(one)
+        for name in UNARY:  # (torch's own functions: the table's pad and split their argument, _by_value)
+            getattr(torch, name)(one)
 
 
 resolve_cpu_dispatch()

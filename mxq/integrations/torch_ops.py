@@ -61,11 +61,34 @@ def op_id(op) -> str:
 
 
 def _op(i: str):
-    """A live op of identity ``i``."""
+    """A live op of identity ``i``; for mxq.quantize's own ops (the identity epilogue, no caller's
+    Hadamard signs) the op its spec key names, built here: a program saved by torch.export and
+    loaded in a fresh process calls ops no code of that process has made yet."""
     for op in _ops.get(i, ()):
         return op
+    built = _quantize_op_of(i)
+    if built is not None:
+        return built
     raise RuntimeError(f"mxq: no live op of identity {i!r} (the torch operator's 'op' argument): the op "
                        "a compiled graph calls must live as long as the graph")
+
+
+def _quantize_op_of(i: str):
+    """mxq.quantize's op of identity ``i`` (op._quantize_op, kept by its cache), or None where
+    ``i`` names another op or does not parse."""
+    from ..frontend.epilogue import IDENTITY
+    from ..frontend.spec import QuantSpec
+    from ..op import _quantize_op
+
+    key, _, rest = i.partition("-")
+    if rest != f"{IDENTITY.fingerprint}-{__version__}" or not key or any(c not in "0123456789abcdef" for c in key):
+        return None
+    try:
+        spec, _ = QuantSpec.from_key(int(key, 16))
+    except ValueError:
+        return None
+    op = _quantize_op(spec)
+    return op if op._torch_id == i else None
 
 
 def _slots(t: MXFP8Tensor, x: torch.Tensor) -> list:
