@@ -30,11 +30,14 @@ import torch.utils._pytree as pytree
 from .._version import __version__
 from ..formats import fp4, fp4_layouts, groups
 from ..frontend import gated
+from ..frontend.epilogue import IDENTITY
+from ..frontend.spec import QuantSpec
 from ..runtime import slots, validation
 from ..runtime.call import Call
 from ..tensor import MXFP8Tensor
 
 _ops: dict = {}  # identity -> weakref.WeakSet of the live FusedOps of that identity
+quantize_op = None  # mxq.quantize's op of a QuantSpec (mxq/op.py sets it when it is imported: _quantize_op_of)
 
 
 def identity(op) -> str:
@@ -74,12 +77,8 @@ def _op(i: str):
 
 
 def _quantize_op_of(i: str):
-    """mxq.quantize's op of identity ``i`` (op._quantize_op, kept by its cache), or None where
-    ``i`` names another op or does not parse."""
-    from ..frontend.epilogue import IDENTITY
-    from ..frontend.spec import QuantSpec
-    from ..op import _quantize_op
-
+    """mxq.quantize's op of identity ``i`` (``quantize_op``: mxq/op.py's builder, whose cache keeps
+    it), or None where ``i`` names another op or does not parse."""
     key, _, rest = i.partition("-")
     if rest != f"{IDENTITY.fingerprint}-{__version__}" or not key or any(c not in "0123456789abcdef" for c in key):
         return None
@@ -87,7 +86,7 @@ def _quantize_op_of(i: str):
         spec, _ = QuantSpec.from_key(int(key, 16))
     except ValueError:
         return None
-    op = _quantize_op(spec)
+    op = quantize_op(spec)
     return op if op._torch_id == i else None
 
 
