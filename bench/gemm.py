@@ -26,7 +26,9 @@ kernel kernel_for takes on an H100 for the plain GEMM and for ops reading the ac
 K up to 8192), ``pingpong128x192n8`` (that tile in bands of 8 M tile clusters along N whatever M)
 and ``cooperativen8`` (the cooperative form in that order), and ``library`` (whatever kernel_for takes on this GPU for each case; rows named
 ``... library``), set through mxq.runtime.gemm.PINGPONG, CLUSTER_M, PP_TILE and ORDER, each checked
-and timed beside the same torch baselines. A fused op runs in a ping-pong form only where its tile
+and timed beside the same torch baselines; each form as ``FORM-direct`` too (rows ``... direct``):
+op.gemm's rowwise FP8 data stored from registers instead of staged for TMA stores
+(mxq.runtime.gemm.STAGE_ROWS False). A fused op runs in a ping-pong form only where its tile
 serves it (mxq.runtime.gemm.serves: FP8 block scaling's 1x128 blocks not in 192 columns, its
 128-row colwise blocks in no ping-pong tile) and, on 128 x 192, only what kernel_for would run there
 (wide_serves: what else reads more than the accumulator spills).
@@ -123,32 +125,37 @@ U_OUT = 2.0 ** -8  # bf16's relative spacing: twice its unit roundoff (rounding 
 
 # --forms names -> (GemmSm90's pingpong, its cluster_m; None: the library's), row-name suffix, the
 # ping-pong tile (mxq.runtime.gemm.PP_TILE; None: the library's), the tile order (mxq.runtime.gemm.ORDER:
-# GemmSm90's swizzle, < 0 bands along N; None: the library's); "library": PINGPONG None, kernel_for's choice
-FORMS = {"cooperative": (False, None, "", None, None), "pingpong": (True, None, " pingpong", None, None),
-         "library": (None, None, " library", None, None),
-         "cooperative1": (False, 1, " cluster1", None, None), "pingpong1": (True, 1, " pingpong cluster1", None, None),
-         "pingpong128x128": (True, None, " pingpong 128x128", (128, 128), None),
-         "pingpong128x192": (True, None, " pingpong 128x192", (128, 192), None),
-         "pingpong128x192n8": (True, None, " pingpong 128x192 order -8", (128, 192), -8),
-         "cooperativen8": (False, None, " order -8", None, -8)}
+# GemmSm90's swizzle, < 0 bands along N; None: the library's), op.gemm's rowwise stores
+# (mxq.runtime.gemm.STAGE_ROWS; None: the library's, staged by TMA where they can be); "library": PINGPONG
+# None, kernel_for's choice; each form also as FORM-direct: the rowwise FP8 data stored from registers
+_FORMS = {"cooperative": (False, None, "", None, None), "pingpong": (True, None, " pingpong", None, None),
+          "library": (None, None, " library", None, None),
+          "cooperative1": (False, 1, " cluster1", None, None), "pingpong1": (True, 1, " pingpong cluster1", None, None),
+          "pingpong128x128": (True, None, " pingpong 128x128", (128, 128), None),
+          "pingpong128x192": (True, None, " pingpong 128x192", (128, 192), None),
+          "pingpong128x192n8": (True, None, " pingpong 128x192 order -8", (128, 192), -8),
+          "cooperativen8": (False, None, " order -8", None, -8)}
+FORMS = {**{name: (*f, None) for name, f in _FORMS.items()},
+         **{f"{name}-direct": (*f[:2], f[2] + " direct", *f[3:], False) for name, f in _FORMS.items()}}
 DEFAULT_FORMS = ("cooperative", "pingpong")
 
 
 @contextlib.contextmanager
 def use_form(form: str):
-    """mxq.runtime.gemm's kernel (PINGPONG, CLUSTER_M, PP_TILE, ORDER) set to ``form``'s for the rows
-    run inside, restored after."""
+    """mxq.runtime.gemm's kernel (PINGPONG, CLUSTER_M, PP_TILE, ORDER, STAGE_ROWS) set to ``form``'s
+    for the rows run inside, restored after."""
     from mxq.runtime import gemm as g
 
-    pingpong, cluster, _, tile, order = FORMS[form]
-    old = g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER
+    pingpong, cluster, _, tile, order, stage = FORMS[form]
+    old = g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER, g.STAGE_ROWS
     g.PINGPONG, g.CLUSTER_M = pingpong, g.CLUSTER_M if cluster is None else cluster
     g.PP_TILE = g.PP_TILE if tile is None else tile
     g.ORDER = g.ORDER if order is None else order
+    g.STAGE_ROWS = g.STAGE_ROWS if stage is None else stage
     try:
         yield
     finally:
-        g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER = old
+        g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER, g.STAGE_ROWS = old
 
 
 def _suffix(form: str) -> str:

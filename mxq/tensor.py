@@ -132,6 +132,8 @@ class MXFP8Tensor:
                             f"float32, float16 or bfloat16, got {dtype}")
         shape = torch.Size(shape)
         m, n = flat_dims(shape)
+        if group_offsets is not None:
+            groups.check_form(group_offsets)
         if spec.format in fp4.FORMATS:
             if row_align not in (None, 1):
                 raise ValueError(f"mxq: format={spec.format!r} outputs are contiguous: leave 'row_align' None")

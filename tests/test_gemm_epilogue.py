@@ -154,10 +154,15 @@ def plus_bias_tr(x, b):
 def ptx():
     """PTX of two launch_gemm compiles in both forms (by (format, pingpong)): FP8 block scaling +
     bias + gelu (bf16), and MXFP8 e5m2 with a column operand, a full residual and a float (fp16,
-    with the accumulator hook)."""
-    return {(fmt, pp): g.compile_gemm_op(*args, keep_ptx=True, pingpong=pp).__ptx__ for pp in FORMS
-            for fmt, args in (("fp8_block", (bias_gelu, "bf16", ("row",), False, 132, 1)),
-                              ("mxfp8", (scaled_residual_mx, "fp16", ("col", "full"), True, 132, 8)))}
+    with the accumulator hook), their rowwise data stored from registers; and each staged for TMA
+    stores (by (format, pingpong, "staged"))."""
+    out = {}
+    for pp in FORMS:
+        for fmt, args in (("fp8_block", (bias_gelu, "bf16", ("row",), False, 132, 1)),
+                          ("mxfp8", (scaled_residual_mx, "fp16", ("col", "full"), True, 132, 8))):
+            out[fmt, pp] = g.compile_gemm_op(*args, keep_ptx=True, pingpong=pp).__ptx__
+            out[fmt, pp, "staged"] = g.compile_gemm_op(*args, keep_ptx=True, pingpong=pp, stage_rows=True).__ptx__
+    return out
 
 
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
@@ -405,12 +410,33 @@ def test_mxfp8_amax_takes_the_row_blocks_maxima(pingpong):
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 @pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
-def test_ptxas_assembles_the_fused_kernel_without_spills_or_serialised_wgmmas(ptx, fmt, pingpong):
-    """The local ptxas takes the fused kernel with no spills and no C7514 warning (an
-    instruction reading the accumulators while a wgmma group is in flight)."""
-    _assert_ptxas_clean(ptx[fmt, pingpong])
+def test_ptxas_assembles_the_fused_kernel_without_spills_or_serialised_wgmmas(ptx, fmt, pingpong, staged):
+    """The local ptxas takes the fused kernel, its rowwise data stored from registers or staged,
+    with no spills and no C7514 warning (an instruction reading the accumulators while a wgmma
+    group is in flight)."""
+    _assert_ptxas_clean(ptx[(fmt, pingpong, "staged") if staged else (fmt, pingpong)])
+
+
+@pytest.mark.parametrize("pingpong", FORMS, ids=_form)
+@pytest.mark.parametrize("fmt", ["fp8_block", "mxfp8"])
+def test_staged_rows_go_through_shared_memory_and_tma_stores(ptx, fmt, pingpong):
+    """stage_rows: the rowwise FP8 pairs are 16-bit shared stores (64 a thread, none to global
+    memory), made visible to the async proxy, then one TMA store a 128-byte subtile (two a
+    256-column tile) and a commit group, and the next tile waits only for the stores' reads; the
+    scales (and the hook's fp32 pairs) still leave from registers; the data's bytes and scales
+    are computed as in the direct kernel (the same conversions)."""
+    direct, staged = ptx[fmt, pingpong], ptx[fmt, pingpong, "staged"]
+    assert staged.count("st.shared.b16") == 64 and "st.global.b16" not in staged
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", staged)) == 2
+    assert "cp.async.bulk.commit_group" in staged and re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", staged)
+    assert "fence.proxy.async.shared::cta" in staged
+    assert not re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", direct)
+    for pattern in (r"cvt\.rn\.satfinite\.\w+\.f32", r"div\.rn\.f32", r"st\.global\.b32",
+                    r"st\.global\.L2::cache_hint\.b8", r"st\.global\.v2\.b32"):
+        assert len(re.findall(pattern, staged)) == len(re.findall(pattern, direct)), pattern
 
 
 def _ptxas_output(text) -> str:
@@ -447,15 +473,72 @@ def test_fused_cubin_registers_within_the_setmaxnreg_budget_without_local_memory
     assert_within_budget(res)
 
 
+def test_stage_offset_is_a_bijection_without_bank_conflicts():
+    """gemm_quant.stage_offset (the staged tile's address arithmetic): a bijection of the tile's
+    bytes onto its shared memory, and one warp's pair store (8 rows of a stripe, 4 lanes 2 columns
+    apart each) touches 16 different 4-byte banks, two lanes' pairs in each bank word: no conflict
+    (256-byte rows unswizzled would put all 8 rows in one bank pair). GemmSm90 checks it against
+    CuTe's layout of the TMA store at every trace (check_stage_layout)."""
+    from mxq.kernels.gemm_quant import stage_offset
+
+    for rows, width, subs in ((128, 128, 2), (64, 128, 4), (128, 64, 6)):
+        offs = {stage_offset(r, c, rows, width) for r in range(rows) for c in range(width * subs)}
+        assert offs == set(range(rows * width * subs))
+        for r0 in (0, 8, 16, 40):
+            for grp in range(width * subs // 8):
+                at = [stage_offset(r0 + lane // 4, 8 * grp + 2 * (lane % 4), rows, width) for lane in range(32)]
+                assert len({a // 4 % 32 for a in at}) == 16 and len({a // 4 for a in at}) == 16
+
+
+def test_stage_layout_check_catches_a_wrong_swizzle(monkeypatch):
+    """check_stage_layout raises where gemm_quant.stage_offset would address bytes other than where
+    the TMA store's layout puts them (a swizzle of row % 4 instead of row % 8)."""
+    from mxq.kernels import gemm_quant
+
+    monkeypatch.setattr(gemm_quant, "stage_xor", lambda rl, width: (rl & 3) << 4)
+    with pytest.raises(RuntimeError, match="does not match the TMA store's layout"):
+        g.compile_gemm_op(plus_bias, "bf16", ("row",), False, 132, 1, keep_ptx=True, stage_rows=True)
+
+
+def test_stages_rows_where_the_tma_store_can_take_them():
+    """op.gemm stages its rowwise data for TMA stores where it writes the rowwise copy alone and N
+    is a multiple of 16 (a TMA row pitch); STAGE_ROWS forces either way where it can; the plain
+    GEMM, colwise copies and N % 16 != 0 never; the staged kernels' shared memory comes out of the
+    pipeline stages (four from five in ping-pong; three cooperative beside the colwise exchange)."""
+    from mxq.runtime import toolchain
+
+    toolchain.import_cutlass(g.ARCH)
+    from mxq.kernels.gemm_sm90 import stages_that_fit
+
+    assert g.STAGE_ROWS is None
+    assert g.stages_rows(bias_gelu, 14336) and g.stages_rows(bias_gelu) and g.stages_rows(bias_gelu_mx, 784)
+    assert not g.stages_rows(bias_gelu, 1032) and not g.stages_rows(None, 4096)
+    assert not g.stages_rows(bias_gelu_both, 4096) and not g.stages_rows(plus_bias_tr, 4096)
+    assert g.kernel_for(bias_gelu, 8192, 14336, 4096).stage_rows
+    assert not g.kernel_for(bias_gelu, 8192, 14344, 4096).stage_rows
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(g, "STAGE_ROWS", False)
+        assert not g.stages_rows(bias_gelu, 4096)
+        mp.setattr(g, "STAGE_ROWS", True)
+        assert g.stages_rows(bias_gelu, 4096) and not g.stages_rows(bias_gelu, 4104)
+    coop, pp, wide = (128, 256, 64), (64, 256, 64), (128, 192, 64)
+    assert stages_that_fit(4, coop, 1, False, False) == 4 and stages_that_fit(4, coop, 1, False, True) == 4
+    assert stages_that_fit(4, coop, 1, True, True) == 3 and stages_that_fit(4, coop, 1, True, False) == 4
+    assert stages_that_fit(5, pp, 2, False, False) == 5 and stages_that_fit(5, pp, 2, False, True) == 4
+    assert stages_that_fit(5, wide, 2, False, True) == 4
+
+
 def _ident(x):
     return x
 
 
 def test_asm_gemm_is_the_kernel_op_gemm_launches(ptx):
     """op.asm(gemm=True): the PTX of the compile op.gemm runs (operand kinds as given, op.gemm's
-    form, tile order 1), with ptxas's report; bad arguments named."""
+    form, tile order 1, its rowwise data staged: N unknown), with ptxas's report; bad arguments
+    named."""
     art = bias_gelu.asm(gemm=True, operands=["row"])
-    assert art["ptx"] == ptx["fp8_block", g.form_for()] and art["pingpong"] == g.form_for()
+    assert art["ptx"] == ptx["fp8_block", g.form_for(), "staged"] and art["pingpong"] == g.form_for()
+    assert art["stage_rows"] is True
     assert art["variant"] == "gemm" and art["arch"] == "sm_90a"
     assert "wgmma.mma_async" in art["ptx"] and art["operands"] == ("row",) and "launch_gemm" in art["source"]
     if art["ptxas"] is not None:
@@ -1020,11 +1103,13 @@ GPU_OPS = [bias_gelu, bias_gelu_gemm, bias_gelu_mx, bias_gelu_mx_sw, plus_bias, 
            plus_bias_mx_sw, plus_bias_amax, bias_gelu_mx_amax, plus_bias_dbias, bias_gelu_mx_dbias, bias_gelu_mx_both,
            plus_bias_mx_col_sw, bias_gelu_both, plus_bias_both_dbias, bias_gelu_gemm_both, plus_bias_tr]
 SHAPES = [(1, 8, 8), (128, 256, 64), (200, 264, 72), (300, 520, 1000), (257, 1032, 136), (1024, 768, 512),
-          (2176, 2048, 256)]  # (the last: 272 ping-pong tiles on 132 CTAs, some with an odd count)
+          (2176, 2048, 256), (3, 784, 136)]  # (2176: 272 ping-pong tiles on 132 CTAs, some with an odd count)
+# (N % 16 == 0 stages the rowwise data for TMA stores, runtime/gemm.stages_rows: 256, 768, 2048 and 784, whose
+# last N tile holds 16 columns, its TMA boxes past N; the others store from registers)
 # the shapes each op also runs in the kernel forms the library does not launch it in (a fifth of
 # the GPU suite's time went to every shape in all four forms): one tile, K % 64 != 0 with partial
-# M and N tiles, many tiles with an odd count
-OTHER_FORM_SHAPES = [(1, 8, 8), (300, 520, 1000), (2176, 2048, 256)]
+# M and N tiles, many tiles with an odd count, a staged tile of 3 rows and 16 columns
+OTHER_FORM_SHAPES = [(1, 8, 8), (300, 520, 1000), (2176, 2048, 256), (3, 784, 136)]
 
 
 @mxq.fused_quant(act="gelu")
@@ -1369,8 +1454,16 @@ def test_bench_runs_each_form_through_the_runtime_switch():
 
     tool = _bench_tool("gemm")
     assert tool.DEFAULT_FORMS == ("cooperative", "pingpong")
-    assert set(tool.FORMS) == {*tool.DEFAULT_FORMS, "cooperative1", "pingpong1", "pingpong128x128", "pingpong128x192",
-                               "pingpong128x192n8", "cooperativen8", "library"}
+    base = {*tool.DEFAULT_FORMS, "cooperative1", "pingpong1", "pingpong128x128", "pingpong128x192", "pingpong128x192n8",
+            "cooperativen8", "library"}
+    assert set(tool.FORMS) == base | {f"{f}-direct" for f in base}
+    for form in base:  # (-direct: the same kernel, its rowwise data stored from registers)
+        assert tool.FORMS[f"{form}-direct"] == (*tool.FORMS[form][:2], tool.FORMS[form][2] + " direct",
+                                                 *tool.FORMS[form][3:5], False)
+        assert tool.FORMS[form][5] is None
+    with tool.use_form("pingpong-direct"):
+        assert g.PINGPONG is True and g.STAGE_ROWS is False and not g.kernel_for(tool.gelu_mxfp8, 64, 4096).stage_rows
+    assert g.STAGE_ROWS is None and g.kernel_for(tool.gelu_mxfp8, 64, 4096).stage_rows
     before = g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER
     for form, want in (("cooperative", (False, before[1], before[2], before[3])),
                        ("pingpong", (True, before[1], before[2], before[3])),

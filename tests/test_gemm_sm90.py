@@ -96,18 +96,20 @@ def test_the_form_follows_the_devices_dram_bandwidth(monkeypatch):
     assert g.kernel_for(rows, device=0).pingpong is False and g.kernel_for(rows, device=1).pingpong is True
     assert g.kernel_for(blocks128, device=1).pingpong is False and g.kernel_for(blocks128, device=0).pingpong is False
     # the H100: 128 x 192 ping-pong in bands along N for what reads the accumulator alone at K <= WIDE_MAX_K
+    # (op.gemm's rowwise data staged for TMA stores: kernel_for's stage_rows, stages_rows' rule)
     wide = g.Kernel(True, g.WIDE_TILE, g.WIDE_ORDER, 2)
-    assert g.kernel_for(None, 8192, 14336, 4096, 0) == wide == g.kernel_for(mx, 8192, 14336, 8192, 0)
-    assert g.kernel_for(mx, 8192, 14336, 14336, 0) == g.Kernel(False, g.COOPERATIVE_TILE, 8, 2)
+    assert g.kernel_for(None, 8192, 14336, 4096, 0) == wide == g.kernel_for(mx, 8192, 14336, 8192, 0)._replace(
+        stage_rows=False)
+    assert g.kernel_for(mx, 8192, 14336, 14336, 0) == g.Kernel(False, g.COOPERATIVE_TILE, 8, 2, True)
     assert g.kernel_for(None, 8192, 14336, 14336, 0).pingpong is False
     assert not g.kernel_for(mx_both, 8192, 14336, 4096, 0).pingpong and not g.kernel_for(bias, 8192, 14336, 4096, 0).pingpong
     assert not g.kernel_for(rows, 8192, 14336, 4096, 0).pingpong  # (1x128 blocks: not in 192 columns)
     # the H200: 64 x 256 ping-pong wherever it serves the op, the order by N
-    assert g.kernel_for(mx, 8192, 14336, 14336, 1) == g.Kernel(True, g.PP_TILE, 8, 2) == g.kernel_for(bias, 8192, 14336,
-                                                                                                      4096, 1)
-    assert g.kernel_for(mx, 64, 8, 8, 1) == g.Kernel(True, g.PP_TILE, 1, 1)  # (one M tile: no cluster)
+    assert g.kernel_for(mx, 8192, 14336, 14336, 1) == g.Kernel(True, g.PP_TILE, 8, 2, True) == g.kernel_for(
+        bias, 8192, 14336, 4096, 1)
+    assert g.kernel_for(mx, 64, 8, 8, 1) == g.Kernel(True, g.PP_TILE, 1, 1)  # (one M tile: no cluster; N % 16 != 0)
     # the wide tile's order pads no more than 1/WIDE_MAX_PAD of the M clusters: a decode-sized M in plain order
-    assert g.kernel_for(mx, 64, 14336, 4096, 0) == g.Kernel(True, g.WIDE_TILE, 1, 1)
+    assert g.kernel_for(mx, 64, 14336, 4096, 0) == g.Kernel(True, g.WIDE_TILE, 1, 1, True)
     for forced in (True, False):
         monkeypatch.setattr(g, "PINGPONG", forced)
         assert g.form_for(0) is forced and g.form_for(1) is forced

@@ -1,4 +1,4 @@
-"""mxq/tensor.py: MXFP8Tensor as a saved object, and a shape MXFP8Tensor.empty refuses."""
+"""mxq/tensor.py: MXFP8Tensor as a saved object, and what MXFP8Tensor.empty refuses."""
 
 import io
 
@@ -164,6 +164,24 @@ def test_results_compare_by_identity_and_hash():
     t = mxq.quantize(torch.randn(32, 64))
     assert t == t and (t == copy.deepcopy(t)) is False and t != copy.deepcopy(t)
     assert len({t, t, copy.deepcopy(t)}) == 2
+
+
+@pytest.mark.parametrize("offsets, error, named", [
+    ([64], TypeError, "must be a torch.Tensor"),
+    (torch.tensor(64), ValueError, "1-D"),
+    (torch.tensor([64.0]), TypeError, "int32 or int64"),
+    (torch.tensor([[32, 64]]), ValueError, "1-D"),
+    (torch.tensor([], dtype=torch.int32), ValueError, "at least one group end"),
+])
+def test_empty_checks_group_offsets_by_name(offsets, error, named):
+    """MXFP8Tensor.empty(group_offsets=...) refuses offsets that cannot size grouped outputs, by
+    name, before anything is allocated (a list used to fail in torch's words, a 0-d or 2-D tensor
+    and float ends were accepted and failed later in group())."""
+    spec = mxq.QuantSpec(colwise=True)
+    with pytest.raises(error, match=f"group_offsets.*{named}"):
+        mxq.MXFP8Tensor.empty(spec, (64, 32), torch.float32, "cpu", group_offsets=offsets)
+    t = mxq.MXFP8Tensor.empty(spec, (64, 32), torch.float32, "cpu", group_offsets=torch.tensor([32, 64]))
+    assert t.colwise_scale.shape[0] == 64 // 32 + 2
 
 
 def test_empty_checks_a_torch_size_with_a_negative_dim():

@@ -70,6 +70,22 @@ def check_type(offsets) -> None:
                         f"{'nested' if offsets.is_nested else str(offsets.layout)} one")
 
 
+def check_form(offsets) -> None:
+    """Raise a TypeError/ValueError naming ``group_offsets`` unless it is a 1-D int32 or int64
+    tensor of 1 to MAX_GROUPS group ends: what sizes the grouped outputs (check's, after
+    check_type; all MXFP8Tensor.empty checks, whose offsets may be torch.compile's fake tensors)."""
+    if not isinstance(offsets, torch.Tensor):
+        raise TypeError(f"mxq: argument 'group_offsets' must be a torch.Tensor, got {type(offsets).__name__}")
+    if offsets.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"mxq: argument 'group_offsets' must be int32 or int64, got {offsets.dtype}")
+    if offsets.dim() != 1 or offsets.numel() == 0:
+        raise ValueError(f"mxq: argument 'group_offsets' must be 1-D with at least one group end, got shape "
+                         f"{tuple(offsets.shape)}")
+    if offsets.numel() > MAX_GROUPS:
+        raise ValueError(f"mxq: argument 'group_offsets' has {offsets.numel()} groups; at most {MAX_GROUPS} "
+                         "are supported")
+
+
 def check(offsets, m: int, device) -> None:
     """Raise a ValueError/TypeError naming ``group_offsets`` unless it is a valid offsets tensor
     for M rows on ``device``. The values (non-decreasing, last == M) are checked on CPU only: on
@@ -77,16 +93,9 @@ def check(offsets, m: int, device) -> None:
     the kernels clamp every end to [0, M] instead (mxq/kernels/grouped.py): bad values give
     unspecified bytes, never an access outside the buffers."""
     check_type(offsets)
-    if offsets.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"mxq: argument 'group_offsets' must be int32 or int64, got {offsets.dtype}")
-    if offsets.dim() != 1 or offsets.numel() == 0:
-        raise ValueError(f"mxq: argument 'group_offsets' must be 1-D with at least one group end, got shape "
-                         f"{tuple(offsets.shape)}")
+    check_form(offsets)
     if offsets.device != torch.device(device):
         raise ValueError(f"mxq: argument 'group_offsets' is on {offsets.device} but the input is on {device}")
-    if offsets.numel() > MAX_GROUPS:
-        raise ValueError(f"mxq: argument 'group_offsets' has {offsets.numel()} groups; at most {MAX_GROUPS} "
-                         "are supported")
     if offsets.device.type != "cpu":
         return
     ends = offsets.to(torch.int64)

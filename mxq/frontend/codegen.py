@@ -437,7 +437,7 @@ def _gemm_launcher_text(spec: QuantSpec, epilogue: Epilogue) -> dict:
               *[f"{x}: Float32" for x in scalars], "row_data: cute.Tensor", "row_scale: cute.Tensor", "amax: cute.Tensor",
               "acc: cute.Tensor", "acc_hook: cutlass.Constexpr", "num_sms: cutlass.Constexpr",
               "swizzle: cutlass.Constexpr", "pingpong: cutlass.Constexpr", "cluster_m: cutlass.Constexpr",
-              "pp_tile: cutlass.Constexpr", "stream"]
+              "pp_tile: cutlass.Constexpr", "stage_rows: cutlass.Constexpr", "stream"]
     args = ["a", "w", "row_data", "row_scale", "amax", f"[{', '.join(ins)}]", f"[{', '.join(scalars)}]", "acc",
             "stream"]
     if spec.colwise:

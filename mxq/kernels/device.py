@@ -806,6 +806,11 @@ def store_global_u16(addr, h):
     cute.arch.inline_ptx("st.global.b16 [{$r0}], {$r1};", read_only_args=[addr, Uint16(h)])
 
 
+def store_shared_u16(addr, h):
+    """A 16-bit store at shared-memory address ``addr`` (32 bits, 2-byte aligned)."""
+    cute.arch.inline_ptx("st.shared.b16 [{$r0}], {$r1};", read_only_args=[Int32(addr), Uint16(h)])
+
+
 def store_global_u8(addr, b):
     """One byte (the low byte of a word) at global byte address ``addr``."""
     cute.arch.inline_ptx("st.global.b8 [{$r0}], {$r1};", read_only_args=[addr, Uint16(b & Uint32(0xFF))])

@@ -89,7 +89,7 @@ class GemmQuant:
     @cute.jit
     def write(self, acc: cute.Tensor, tile_m: Int32, tile_n: Int32, thr_mma, tile: cutlass.Constexpr, ctid: Int32,
               ins: list, scalars: list, row_data: cute.Tensor, row_scale: cute.Tensor, amax_slot=None,
-              dbias_ws=None, col=None):
+              dbias_ws=None, col=None, stage=None):
         """Tile (tile_m, tile_n) of the outputs from this thread's accumulator fragment ``acc``
         (overwritten with the op's values; ``ctid``: the thread's index among the tile's). Rowwise,
         one block of each of its two rows at a time (so that the operands' loads stay a block's:
@@ -99,7 +99,10 @@ class GemmQuant:
         16-bit store). ``row_data`` is [M, N] whether or not the op writes it (a colwise-only
         op's launcher passes its colwise data). Then the colwise copy (``col``: colwise_write's
         outputs and exchange), the op's amax (the maximum |value| of the thread's, the warp's,
-        one atomic into ``amax_slot`` per warp) and dbias's partial sums."""
+        one atomic into ``amax_slot`` per warp) and dbias's partial sums. ``stage``: the rowwise
+        FP8 bytes go into shared memory instead (GemmSm90's ``stage_rows``: (the staging tile's
+        shared address, its first row and column, its rows, its subtiles' width), stage_offset's
+        layout), every pair of the tile, those past M or N too (its TMA store writes none of them)."""
         cfg = self.cfg
         fmt = cfg.fmt
         lane = ctid % 32
@@ -138,10 +141,19 @@ class GemmQuant:
                 blk = tile_n * blocks + b
                 if lane % ACC_QUAD == 0 and r < M and blk < nbr:
                     codec.store_row_scale(cfg, row_scale, codec.row_scale_offset(fmt, r, blk, nbr, M), e)
+                if cutlass.const_expr(stage is not None):
+                    sbase, row0, col0, rows, width = stage
+                    rl = r - row0
+                    rbase = sbase + rl * width + (coords[2 * h][1] - col0)  # (the lane's column in group 0)
+                    x = stage_xor(rl, width)
                 for g in cutlass.range_constexpr(b * groups, (b + 1) * groups):
                     i = 2 * h + VALUES_PER_GROUP * g
                     c0 = coords[i][1]
-                    if r < M and c0 < N:  # (N % 8 == 0: a pair never straddles N)
+                    if cutlass.const_expr(stage is not None):
+                        pair = codec.encode2_word(fmt, dev.mul_rn(acc[i], s), dev.mul_rn(acc[i + 1], s))
+                        sub, cc = divmod(8 * g, width)  # (the group's subtile and first column in it)
+                        dev.store_shared_u16(rbase + sub * rows * width + (Int32(cc) ^ x), pair)
+                    elif r < M and c0 < N:  # (N % 8 == 0: a pair never straddles N)
                         pair = codec.encode2_word(fmt, dev.mul_rn(acc[i], s), dev.mul_rn(acc[i + 1], s))
                         dev.store_global_u16(row_data.iterator.toint() + cutlass.Int64(r) * cutlass.Int64(N)
                                              + cutlass.Int64(c0), pair)
@@ -326,6 +338,28 @@ class GemmQuant:
         return Float32(cutlass.select_(coords[i][1] < N, v, Float32(0.0)))
 
 
+STAGE_WIDTHS = (128, 64)  # staged subtile widths in bytes (GemmSm90.stage_width): 128-byte or 64-byte swizzled rows
+
+
+def stage_xor(rl, width: int):
+    """The swizzle of row ``rl`` of a staged subtile ``width`` bytes wide, XOR'ed into a byte
+    column's 16-byte chunk index (bits 4 and up): TMA's 128-byte swizzle (row % 8) for 128-byte
+    rows, its 64-byte one ((row // 2) % 4) for 64-byte rows. So the 8 rows of a warp's pair
+    stores fall in 8 different 16-byte chunks of the banks: no conflict."""
+    if width == 128:
+        return (rl & 7) << 4
+    return ((rl >> 1) & 3) << 4
+
+
+def stage_offset(rl: int, cl: int, rows: int, width: int) -> int:
+    """Byte offset of byte (rl, cl) of a tile staged for its TMA store: subtiles of ``width``
+    columns, each ``rows`` rows of ``width`` bytes, swizzled by stage_xor (the layout
+    cutlass.utils.hopper_helpers.make_smem_layout_epi gives Uint8 rows of that width; GemmSm90
+    checks the two agree at trace time). Python ints (the kernel computes it per row and group)."""
+    sub, cc = divmod(cl, width)
+    return sub * rows * width + rl * width + (cc ^ stage_xor(rl, width))
+
+
 def group_multipliers(mults, g: int, q):
     """The multipliers of column group g's two columns for a lane of quad position ``q``: from
     the lane that keeps them after stripe_reduce (4 (g % 8) + q, slots 2 (g // 8) + c), one
@@ -448,4 +482,4 @@ def check_parts(tiled_mma, tile, part) -> None:
                                          f"partition's at {tuple(want[i])}: GemmSm90's parts do not hold")
 
 
-__all__ = ["ACC_QUAD", "GemmQuant", "check_layout", "check_parts", "colwise_rows", "config_gap"]
+__all__ = ["ACC_QUAD", "GemmQuant", "check_layout", "check_parts", "colwise_rows", "config_gap", "stage_offset"]

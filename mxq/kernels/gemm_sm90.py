@@ -42,6 +42,13 @@ scheduler); see docs/DESIGN.md "The sm_90 GEMM".
   writes D (and, with the ``acc_hook`` test option, the fp32 accumulator too). With ``fused``
   (a gemm_quant.GemmQuant: ``op.gemm``) it writes the op's FP8 data and scales instead of D,
   launched by ``run_fused`` from a rendered module's ``launch_gemm`` (templates/module.py.j2).
+- ``stage_rows`` (the fused epilogue's rowwise FP8 data, N % 16 == 0): each thread puts its FP8
+  pairs into a swizzled shared-memory copy of its tile (gemm_quant.stage_offset; one per
+  warpgroup in ping-pong) instead of storing 2 bytes at a time to global memory, and one thread
+  stores the tile by TMA (a box per 128- or 64-byte column subtile, rows and columns past M and N
+  left out by the TMA unit), asynchronously: the warpgroups go on to their next mainloop while it
+  drains, and the tile's next use waits only for the TMA unit to have read it. Its shared memory
+  comes out of the stages (stages_that_fit).
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32
 
 from . import gemm_quant, reduce
+from .config import SMEM_LIMIT
 
 TILE = (128, 256, 64)  # CTA tile (M, N, K) of the cooperative form
 STAGES = 4  # its shared-memory stages of A and W tiles (4 x 48 KiB)
@@ -66,6 +74,40 @@ CONSUMER_WGS = 2  # cooperative: each owns 64 rows of the 128-row tile; ping-pon
 PRODUCER_REGS, CONSUMER_REGS = 40, 232  # setmaxnreg: 128 x 40 + 256 x 232 <= 64 Ki registers
 ORDER_BARRIER = 1  # ping-pong: named barriers ORDER_BARRIER + w (0 is __syncthreads')
 XCH_SLOTS = 8  # the colwise exchange's fp32 values per lane (gemm_quant.GemmQuant.colwise_write)
+STAGE_BARRIER = 5  # stage_rows: named barrier STAGE_BARRIER (+ the warpgroup in ping-pong) of a staged tile's threads
+BAR_ALIGN = 1024  # shared memory: the barriers, then each 1024-byte aligned swizzled buffer (A, W, the staged tile)
+
+
+def stages_that_fit(stages: int, tile: tuple, bufs: int, colwise: bool, stage_rows: bool, elem_bytes: int = 2) -> int:
+    """The most pipeline stages up to ``stages`` whose shared memory fits a CTA (SMEM_LIMIT) beside
+    the staged FP8 tiles (``stage_rows``: ``bufs`` tiles of tile[0] x tile[1] bytes) and the
+    colwise exchange (``colwise``): GemmSm90's allocation order, each buffer aligned as it asks."""
+    def total(k):
+        used = BAR_ALIGN + k * (tile[0] + tile[1]) * tile[2] * elem_bytes  # (barriers padded, A and W stages)
+        if stage_rows:
+            used += bufs * tile[0] * tile[1]
+        if colwise:
+            used += CONSUMER_WGS * THREADS_PER_WG // 32 * XCH_SLOTS * 32 * 4
+        return used
+
+    while stages > 2 and total(stages) > SMEM_LIMIT:
+        stages -= 1
+    if total(stages) > SMEM_LIMIT:
+        raise ValueError(f"mxq: GemmSm90: a {tile} tile does not fit shared memory with two stages")
+    return stages
+
+
+def check_stage_layout(layout, rows: int, width: int, subs: int) -> None:
+    """Trace-time check that the staged tile's shared-memory layout (hopper_helpers'
+    make_smem_layout_epi of Uint8 rows ``width`` bytes wide) places every sampled byte where
+    gemm_quant.stage_offset (the kernel's own address arithmetic) does."""
+    for r in (0, 1, 2, 3, 5, 7, 8, 9, 17, rows - 1):
+        for c in (0, 2, 6, 8, 14, 16, 30, 46, width - 2):
+            for s in range(subs):
+                got, want = layout((r, c, s)), gemm_quant.stage_offset(r, c + s * width, rows, width)
+                if got != want:
+                    raise AssertionError(f"mxq: staged byte ({r}, {c}) of subtile {s} lies at {got}, not {want}: "
+                                         "gemm_quant.stage_offset does not match the TMA store's layout")
 
 
 def ordered_barrier_ids(wg):
@@ -85,10 +127,12 @@ class GemmSm90:
     per cluster along M sharing each W stage by TMA multicast (module docstring). ``swizzle`` < 0:
     bands of -swizzle clusters of M tiles moving along N instead (raster along N: W read once per
     band, A once). ``pp_tile``: the ping-pong form's tile (M, N), one of PINGPONG_TILES (a
-    warpgroup's 128 rows are two m64 wgmma rows, which the fused epilogue writes one at a time)."""
+    warpgroup's 128 rows are two m64 wgmma rows, which the fused epilogue writes one at a time).
+    ``stage_rows``: the fused epilogue's rowwise FP8 data through shared memory and TMA stores
+    (module docstring; the op must write the rowwise copy, and N be a multiple of 16)."""
 
     def __init__(self, acc_hook: bool = False, num_sms: int = 132, swizzle: int = 1, fused=None,
-                 pingpong: bool = False, cluster_m: int = 1, pp_tile: tuple | None = None):
+                 pingpong: bool = False, cluster_m: int = 1, pp_tile: tuple | None = None, stage_rows: bool = False):
         if cluster_m not in (1, 2):
             raise ValueError(f"mxq: GemmSm90: cluster_m must be 1 or 2, got {cluster_m}")
         if swizzle == 0:
@@ -103,16 +147,27 @@ class GemmSm90:
         if fused is not None and pingpong and gemm_quant.colwise_rows(fused.cfg) > WG_ROWS:
             raise ValueError(f"mxq: GemmSm90: colwise blocks of {gemm_quant.colwise_rows(fused.cfg)} rows need the "
                              f"cooperative form's {TILE[0]}-row tile, not ping-pong's parts of {WG_ROWS} rows")
+        if stage_rows and (fused is None or not fused.cfg.rowwise):
+            raise ValueError("mxq: GemmSm90: stage_rows stages the fused epilogue's rowwise FP8 data: an op that "
+                             "writes the rowwise copy")
         self.cluster_m = cluster_m
         self.acc_hook = acc_hook
+        self.stage_rows = stage_rows
         self.fused = fused
         self.num_sms = num_sms
         self.swizzle = swizzle
         self.pingpong = pingpong
         self.tile = (*pp_tile, TILE[2]) if pingpong else TILE
         self.tile_mn = self.tile[:2]  # (an output tile)
-        self.stages = PINGPONG_TILES[pp_tile] if pingpong else STAGES
         self.mma_wgs = 1 if pingpong else CONSUMER_WGS  # warpgroups on one tile (and one stage)
+        # stage_rows: one staged tile per warpgroup in ping-pong (each writes its own tiles), one per CTA
+        # cooperative, stored in subtiles of stage_width bytes (a whole number of TMA's swizzled rows)
+        self.stage_bufs = CONSUMER_WGS // self.mma_wgs
+        self.stage_width = gemm_quant.STAGE_WIDTHS[0] if tile_n % gemm_quant.STAGE_WIDTHS[0] == 0 else \
+            gemm_quant.STAGE_WIDTHS[1]
+        self.stage_subs = tile_n // self.stage_width
+        self.stages = stages_that_fit(PINGPONG_TILES[pp_tile] if pingpong else STAGES, self.tile, self.stage_bufs,
+                                      fused is not None and fused.cfg.colwise, stage_rows)
         # (the fused epilogue's part of a tile: the tile's rows of one wgmma row per warpgroup; a ping-pong
         # tile of 128 rows is two parts, the accumulator fragment's two M modes)
         self.part_mn = (WG_ROWS * self.mma_wgs, self.tile[1])
@@ -129,6 +184,12 @@ class GemmSm90:
         self.a_layout = sm90.make_smem_layout_a(k_major, self.tile, dtype, self.stages)
         self.w_layout = sm90.make_smem_layout_b(k_major, self.tile, dtype, self.stages)
         self.stage_bytes = (self.tile[0] + self.tile[1]) * self.tile[2] * dtype.width // 8
+        self.o_layout = None
+        if self.stage_rows:  # (subtiles [rows, stage_width] of FP8 bytes, stage_subs a tile, stage_bufs tiles)
+            self.o_layout = sm90.make_smem_layout_epi(cutlass.Uint8, utils.LayoutEnum.ROW_MAJOR,
+                                                      (self.tile[0], self.stage_width),
+                                                      self.stage_subs * self.stage_bufs)
+            check_stage_layout(self.o_layout, self.tile[0], self.stage_width, self.stage_subs * self.stage_bufs)
 
     @cute.jit
     def launch(self, mA: cute.Tensor, mW: cute.Tensor, mD: cute.Tensor, stream):
@@ -169,12 +230,18 @@ class GemmSm90:
         tma_w, gW = cute.nvgpu.cpasync.make_tiled_tma_atom(
             w_op, mW, cute.slice_(self.w_layout, (None, None, 0)), (self.tile[1], self.tile[2]),
             num_multicast=self.cluster_m)
+        tma_o, gO = None, None
+        if cutlass.const_expr(self.stage_rows):  # (the FP8 data's TMA store, a box per subtile)
+            tma_o, gO = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), mD, cute.slice_(self.o_layout, (None, None, 0)),
+                (self.tile[0], self.stage_width))
         tiles = cute.zipped_divide(mD, self.tile_mn)[(0, (None, None))].shape
         sched = utils.PersistentTileSchedulerParams((*tiles, 1), (self.cluster_m, 1, 1), abs(self.swizzle),
                                                     self.swizzle > 0)
         grid = utils.StaticPersistentTileScheduler.get_grid_shape(sched, self.num_sms // self.cluster_m)
         kernel = self.kernel(tma_a, gA, tma_w, gW, mD, mAcc, self.tiled_mma, self.a_layout, self.w_layout, sched,
-                             row_scale, amax, dbias_ws, list(ins), list(scalars), col_data, col_scale)
+                             row_scale, amax, dbias_ws, list(ins), list(scalars), col_data, col_scale, tma_o, gO,
+                             self.o_layout)
         if cutlass.const_expr(self.cluster_m > 1):
             kernel.launch(grid=grid, block=[self.threads, 1, 1], cluster=[self.cluster_m, 1, 1], min_blocks_per_mp=1,
                           stream=stream)
@@ -190,10 +257,11 @@ class GemmSm90:
     def kernel(self, tma_a: cute.CopyAtom, gA_full: cute.Tensor, tma_w: cute.CopyAtom, gW_full: cute.Tensor,
                mD: cute.Tensor, mAcc: cute.Tensor, tiled_mma: cute.TiledMma, a_layout: cute.ComposedLayout,
                w_layout: cute.ComposedLayout, sched: utils.PersistentTileSchedulerParams, row_scale, amax,
-               dbias_ws, ins: list, scalars: list, col_data, col_scale):
+               dbias_ws, ins: list, scalars: list, col_data, col_scale, tma_o, gO, o_layout):
         """One persistent CTA: warpgroup 0 loads, warpgroups 1 and 2 multiply and write (a tile
         together, or with ``pingpong`` alternate tiles). With the op's colwise copy, an fp32
-        exchange [consumer warps, 8, 32] in shared memory (gemm_quant.GemmQuant.colwise_write)."""
+        exchange [consumer warps, 8, 32] in shared memory (gemm_quant.GemmQuant.colwise_write);
+        with ``stage_rows``, the staged FP8 tiles (``o_layout``; ``tma_o``, ``gO``: their TMA store)."""
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
@@ -208,6 +276,10 @@ class GemmSm90:
             warps = CONSUMER_WGS * THREADS_PER_WG // 32  # ([warp, slot, lane], lane fastest: no bank conflict)
             xch = smem.allocate_tensor(Float32, cute.make_layout((warps, XCH_SLOTS, 32), stride=(XCH_SLOTS * 32, 32, 1)),
                                        byte_alignment=16)
+        staged = None
+        if cutlass.const_expr(self.stage_rows):
+            sO = smem.allocate_tensor(cutlass.Uint8, o_layout.outer, byte_alignment=BAR_ALIGN, swizzle=o_layout.inner)
+            staged = (tma_o, gO, sO)
         # (a stage is empty once every consumer warp of the cluster released it: lane r of each
         # warp arrives on CTA r's barrier, PipelineTmaAsync's signalling; create() syncs the cluster)
         pipe = pipeline.PipelineTmaAsync.create(
@@ -223,7 +295,7 @@ class GemmSm90:
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGS)
             self.consume(pipe, tiled_mma, sA, sW, mD, mAcc, sched, tidx - THREADS_PER_WG, gA_full,
-                         (row_scale, ins, scalars, amax, dbias_ws, col_data, col_scale, xch))
+                         (row_scale, ins, scalars, amax, dbias_ws, col_data, col_scale, xch, staged))
 
     @cute.jit
     def produce(self, pipe, tma_a, gA_full, sA, tma_w, gW_full, sW, sched):
@@ -301,6 +373,9 @@ class GemmSm90:
             else:
                 tiles.advance_to_next_work()
             work = tiles.get_current_work()
+        if cutlass.const_expr(self.stage_rows):  # (the last tile's TMA store has read its shared memory)
+            if ctid < 32:
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def mainloop(self, pipe, read, tiled_mma, tCrA, tCrW, acc, k_tiles, signal_id):
@@ -380,7 +455,7 @@ class GemmSm90:
         thread's index in the tile, ``wg`` its warpgroup). The colwise copy's exchange is the
         tile's: in ping-pong the warpgroup's 4 warps of it and a barrier of its 128 threads
         (gemm_quant.COLWISE_BARRIER + wg), cooperative all 8 and the 256 threads'."""
-        row_scale, ins, scalars, amax, dbias_ws, col_data, col_scale, xch = fused_args
+        row_scale, ins, scalars, amax, dbias_ws, col_data, col_scale, xch, staged = fused_args
         col = None
         if cutlass.const_expr(self.fused.cfg.colwise):
             if cutlass.const_expr(self.pingpong):
@@ -393,10 +468,49 @@ class GemmSm90:
                 cute.autovec_copy(acc, thr_mma.partition_C(cute.local_tile(mAcc, self.tile_mn, (tile_m, tile_n))))
             else:
                 self.store_edge(acc, None, tile_m, tile_n, thr_mma, None, mAcc)
+        stage = None
+        if cutlass.const_expr(self.stage_rows):
+            stage = self.stage_begin(tile_m, tile_n, ctid, wg, staged[2])
         if cutlass.const_expr(self.parts == 1):
             self.fused.write(acc, tile_m, tile_n, thr_mma, self.tile_mn, ctid, ins, scalars, row_data, row_scale, amax,
-                             dbias_ws, col)
+                             dbias_ws, col, stage)
         else:  # (each wgmma row of the tile as a part of part_mn: the fragment's M mode p, gemm_quant's layout)
             for p in cutlass.range_constexpr(self.parts):
                 self.fused.write(acc[(None, p, None)], tile_m * self.parts + p, tile_n, thr_mma, self.part_mn, ctid,
-                                 ins, scalars, row_data, row_scale, amax, dbias_ws, col)
+                                 ins, scalars, row_data, row_scale, amax, dbias_ws, col, stage)
+        if cutlass.const_expr(self.stage_rows):
+            self.stage_store(tile_m, tile_n, ctid, wg, staged)
+
+    def stage_group(self, wg):
+        """(the staged tile's buffer, its named barrier, the threads that write it) of warpgroup
+        ``wg``'s tiles: in ping-pong its own, else the CTA's one."""
+        if cutlass.const_expr(self.pingpong):
+            return wg, STAGE_BARRIER + wg, THREADS_PER_WG
+        return 0, STAGE_BARRIER, CONSUMER_WGS * THREADS_PER_WG
+
+    @cute.jit
+    def stage_begin(self, tile_m: Int32, tile_n: Int32, ctid: Int32, wg: Int32, sO: cute.Tensor):
+        """Before a tile's FP8 bytes go into the staged tile: its last TMA store has read it (the
+        thread that issued it waits, then the tile's threads meet). Returns write()'s ``stage``."""
+        buf, bar, threads = self.stage_group(wg)
+        if ctid < 32:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
+        cute.arch.barrier(barrier_id=bar, number_of_threads=threads)
+        base = sO.iterator.toint() + buf * (self.stage_subs * self.tile[0] * self.stage_width)
+        return (Int32(base), tile_m * self.tile[0], tile_n * self.tile[1], self.tile[0], self.stage_width)
+
+    @cute.jit
+    def stage_store(self, tile_m: Int32, tile_n: Int32, ctid: Int32, wg: Int32, staged):
+        """After a tile's FP8 bytes are staged: made visible to the TMA unit (a proxy fence, then the
+        tile's threads meet), and the first warp stores each subtile by TMA, one commit group."""
+        tma_o, gO, sO = staged
+        buf, bar, threads = self.stage_group(wg)
+        cute.arch.fence_proxy("async.shared", space="cta")
+        cute.arch.barrier(barrier_id=bar, number_of_threads=threads)
+        if ctid < 32:
+            gOt = cute.local_tile(gO, (self.tile[0], self.stage_width), (None, None))
+            tOsO, tOgO = cute.nvgpu.cpasync.tma_partition(tma_o, 0, cute.make_layout(1), cute.group_modes(sO, 0, 2),
+                                                          cute.group_modes(gOt, 0, 2))
+            for s in cutlass.range_constexpr(self.stage_subs):
+                cute.copy(tma_o, tOsO[(None, buf * self.stage_subs + s)], tOgO[(None, tile_m, tile_n * self.stage_subs + s)])
+            cute.arch.cp_async_bulk_commit_group()

@@ -8,9 +8,11 @@ mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds. Bot
 H200) ping-pong on 64 x 256 tiles; below it (an H100) ping-pong on 128 x 192 tiles in bands along
 N for the plain GEMM and ops whose epilogue reads the accumulator alone at K up to WIDE_MAX_K;
 otherwise the cooperative form (two warpgroups on 128 x 256), also wherever a ping-pong tile
-cannot hold the op's blocks (``serves``). ``PINGPONG``, ``PP_TILE`` and ``ORDER`` force a kernel (a
-benchmark or test sets them to time or check it). CTAs run in clusters of ``CLUSTER_M`` along M
-where the M tiles pair up or number at least CLUSTER_MIN_ODD_TILES (``cluster_for``).
+cannot hold the op's blocks (``serves``). An op writing the rowwise copy alone, with N a multiple
+of 16, stores it through shared memory by TMA (GemmSm90's ``stage_rows``; ``stages_rows``).
+``PINGPONG``, ``PP_TILE``, ``ORDER`` and ``STAGE_ROWS`` force a kernel (a benchmark or test sets
+them to time or check it). CTAs run in clusters of ``CLUSTER_M`` along M where the M tiles pair
+up or number at least CLUSTER_MIN_ODD_TILES (``cluster_for``).
 
 Arguments are checked here, before any launch, each error naming its argument: a [M, K] and
 w [N, K] of one dtype (bf16 or fp16), both K-major (row-major, contiguous rows) on one CUDA
@@ -49,6 +51,8 @@ PINGPONG = None  # a kernel form gemm() and gemm_op() launch: True ping-pong (on
 PINGPONG_MIN_GBPS = 4000  # a GPU's peak DRAM bandwidth from which form_for takes ping-pong
 CLUSTER_M = 2  # CTAs per cluster along M of either form (GemmSm90's cluster_m: W stages multicast)
 CLUSTER_MIN_ODD_TILES = 9  # an odd M tile count takes clusters from this many tiles (padding <= 1/9)
+STAGE_ROWS = None  # op.gemm's rowwise FP8 data staged for TMA stores (True) or stored from registers (False); None: stages_rows'
+STAGE_ALIGN = 16  # N: a multiple of this many FP8 bytes for the staged TMA store (its rows' 16-byte pitch)
 
 _compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong, cluster, tile) -> function
 _lock = threading.Lock()
@@ -150,12 +154,14 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
 
 class Kernel(NamedTuple):
     """The kernel a GEMM launch runs (kernel_for): GemmSm90's ``pingpong``, the output tile (M, N)
-    of that form, the tile order (GemmSm90's ``swizzle``) and CTAs per cluster (``cluster_m``)."""
+    of that form, the tile order (GemmSm90's ``swizzle``), CTAs per cluster (``cluster_m``) and
+    whether op.gemm's rowwise FP8 data goes through shared memory by TMA (``stage_rows``)."""
 
     pingpong: bool
     tile: tuple
     order: int
     cluster_m: int
+    stage_rows: bool = False
 
 
 def kernel_for(op=None, m: int | None = None, n: int | None = None, k: int | None = None, device=None) -> Kernel:
@@ -170,7 +176,8 @@ def kernel_for(op=None, m: int | None = None, n: int | None = None, k: int | Non
     - at or above it (an H200): ping-pong on PP_TILE where it serves the op, else cooperative.
 
     The order: ORDER where set; on WIDE_TILE wide_order's (bands along N where they divide the M
-    clusters); else swizzle_for's (by N and the tile's columns). Clusters: cluster_for's."""
+    clusters); else swizzle_for's (by N and the tile's columns). Clusters: cluster_for's. Staged
+    rowwise stores: stages_rows'."""
     if PINGPONG is not None:
         pingpong = PINGPONG and serves(op, PP_TILE)
         tile = PP_TILE if pingpong else COOPERATIVE_TILE
@@ -187,7 +194,18 @@ def kernel_for(op=None, m: int | None = None, n: int | None = None, k: int | Non
         order = wide_order(m, n, cluster_m)
     else:
         order = 1 if n is None else swizzle_for(n, tile[1])
-    return Kernel(pingpong, tile, order, cluster_m)
+    return Kernel(pingpong, tile, order, cluster_m, stages_rows(op, n))
+
+
+def stages_rows(op, n: int | None = None) -> bool:
+    """Whether op.gemm of ``op`` (None: the plain GEMM, never) stores its rowwise FP8 data through
+    shared memory by TMA (GemmSm90's ``stage_rows``): STAGE_ROWS where set, else wherever it can:
+    an op writing the rowwise copy alone (with the colwise copy's exchange the staged kernels
+    spill, local ptxas), N a multiple of STAGE_ALIGN (a TMA row pitch; N unknown, as op.asm's
+    compile: staged)."""
+    if op is None or not op.spec.rowwise or op.spec.colwise or (n is not None and n % STAGE_ALIGN):
+        return False
+    return True if STAGE_ROWS is None else STAGE_ROWS
 
 
 def wide_order(m: int | None, n: int | None, cluster_m: int) -> int:
@@ -355,9 +373,9 @@ def check_act_input(op, a, w, act_input):
     return act_input
 
 
-def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
+def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool, stage_rows: bool = False):
     """The compile-time arguments of a module's ``launch_gemm`` (codegen._gemm_launcher_text):
-    A and W as fake_args', the operands as [M, N] views of their kinds (broadcast dims of stride
+    A and W as fake_args' (N a multiple of STAGE_ALIGN with ``stage_rows``), the operands as [M, N] views of their kinds (broadcast dims of stride
     0), the floats, FP8 data [M, N] (bytes; a colwise-only op's: one byte of zero strides as
     [M, N]), the flat scale buffer (E8M0 bytes or fp32), the amax slot (fp32 [1]; written where
     the op has amax), with the colwise copy its data ([M, N], or [N, M] transposed) and flat
@@ -368,7 +386,8 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
     import cutlass
 
     el = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[dtype_name]
-    m, n, k = cute.sym_int(), cute.sym_int(divisibility=ALIGN), cute.sym_int(divisibility=ALIGN)
+    m, k = cute.sym_int(), cute.sym_int(divisibility=ALIGN)
+    n = cute.sym_int(divisibility=STAGE_ALIGN if stage_rows else ALIGN)
     fake = cute.runtime.make_fake_compact_tensor
     args = [fake(el, (m, k), stride_order=(1, 0), assumed_align=16),
             fake(el, (n, k), stride_order=(1, 0), assumed_align=16)]
@@ -398,10 +417,10 @@ def fake_gemm_args(op, dtype_name: str, kinds: tuple, acc_hook: bool):
 
 def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: int, swizzle: int,
                     keep_ptx: bool = False, pingpong: bool = False, cluster_m: int | None = None,
-                    pp_tile: tuple | None = None):
+                    pp_tile: tuple | None = None, stage_rows: bool = False):
     """The compiled ``launch_gemm`` of ``op``'s rendered module (cached in memory by its source,
-    dtype, operand kinds, hook, SM count, tile order, form, cluster and ping-pong tile (None:
-    PP_TILE), unless keep_ptx)."""
+    dtype, operand kinds, hook, SM count, tile order, form, cluster, ping-pong tile (None:
+    PP_TILE) and staged rowwise stores, unless keep_ptx)."""
     from . import compiler
 
     cluster_m = CLUSTER_M if cluster_m is None else cluster_m
@@ -413,7 +432,7 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
     source = op.source
     # (the source itself: op.source is kept on the op, and a str caches its hash, so a call's lookup
     # hashes nothing)
-    key = ("op", source, dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong, cluster_m, pp_tile)
+    key = ("op", source, dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong, cluster_m, pp_tile, stage_rows)
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn
@@ -421,17 +440,18 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
         fn = _compiled.get(key)
         if fn is not None and not keep_ptx:
             return fn
-        args = fake_gemm_args(op, dtype_name, kinds, acc_hook)
+        args = fake_gemm_args(op, dtype_name, kinds, acc_hook, stage_rows)
         cute = toolchain.import_cutlass(ARCH)
         mod = compiler.load_module(source)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)  # (after the compile-time options)
         with compiler.compile_options(ARCH, keep_ptx) as options:
             try:
                 fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, pingpong, cluster_m, pp_tile,
-                                  stream, options=options)
+                                  stage_rows, stream, options=options)
             except Exception as exc:
                 raise RuntimeError(f"mxq: compiling op.gemm of {op.__name__} ({dtype_name}, operands {kinds}, "
-                                   f"acc_hook={acc_hook}, pingpong={pingpong}, cluster_m={cluster_m}, pp_tile={pp_tile}) "
+                                   f"acc_hook={acc_hook}, pingpong={pingpong}, cluster_m={cluster_m}, pp_tile={pp_tile}, "
+                                   f"stage_rows={stage_rows}) "
                                    f"for {ARCH} "
                                    f"failed: {exc}") from exc
         if not keep_ptx:
@@ -452,7 +472,8 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     kern = kernel_for(op, a.shape[0], w.shape[0], a.shape[1], a.device)
     fn = compile_gemm_op(op, DTYPES[a.dtype], kinds, acc_out is not None, num_sms, kern.order, pingpong=kern.pingpong,
-                         cluster_m=kern.cluster_m, pp_tile=kern.tile if kern.pingpong else None)
+                         cluster_m=kern.cluster_m, pp_tile=kern.tile if kern.pingpong else None,
+                         stage_rows=kern.stage_rows)
     m, n = a.shape[0], w.shape[0]
     views = [operands_mod.as_matrix(t.detach(), kind, m, n) for t, kind in zip(operands, kinds)]
     colwise = ()

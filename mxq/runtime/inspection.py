@@ -76,11 +76,14 @@ def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool | None = None
     kern = gemm_rt.kernel_for(op)
     if pingpong is not None:
         pp = bool(pingpong) and gemm_rt.serves(op, gemm_rt.PP_TILE)
-        kern = gemm_rt.Kernel(pp, gemm_rt.PP_TILE if pp else gemm_rt.COOPERATIVE_TILE, 1, gemm_rt.CLUSTER_M)
+        kern = gemm_rt.Kernel(pp, gemm_rt.PP_TILE if pp else gemm_rt.COOPERATIVE_TILE, 1, gemm_rt.CLUSTER_M,
+                              gemm_rt.stages_rows(op))
     compiled = gemm_rt.compile_gemm_op(op, dtype, kinds, False, 132, kern.order, keep_ptx=True, pingpong=kern.pingpong,
-                                       cluster_m=kern.cluster_m, pp_tile=kern.tile if kern.pingpong else None)
+                                       cluster_m=kern.cluster_m, pp_tile=kern.tile if kern.pingpong else None,
+                                       stage_rows=kern.stage_rows)
     return _artifacts(op, compiled.__ptx__, compiled.ir_module, gemm_rt.ARCH, dtype, "gemm", operands=kinds,
-                      pingpong=kern.pingpong, tile=kern.tile, order=kern.order, cluster_m=kern.cluster_m)
+                      pingpong=kern.pingpong, tile=kern.tile, order=kern.order, cluster_m=kern.cluster_m,
+                      stage_rows=kern.stage_rows)
 
 
 def ptxas_report(ptx: str, arch: str) -> dict:
