@@ -61,7 +61,7 @@ def unfused(x, w1, qw2):
 
 
 def fused(x, w1, qw2):
-    return second(gelu_q.gemm(x, w1), qw2)  # h never leaves the GEMM's registers
+    return second(gelu_q.gemm(x, w1), qw2)  # h is never written: the GEMM's epilogue quantizes it
 
 
 def time_ms(fn, iters=20):
