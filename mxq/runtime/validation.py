@@ -104,10 +104,18 @@ def check_devices(names, tensors, act_input=None, noop=None, group_offsets=None)
     if f.device.type == "meta":
         raise ValueError(f"mxq: argument {fname!r} is on the meta device, which holds no data to quantize")
     for name, t in [*zip(names[1:], tensors[1:]), ("act_input", act_input), ("noop", noop)]:
-        if isinstance(t, torch.Tensor) and t.device != f.device:
-            raise ValueError(f"mxq: argument {name!r} is on {t.device} but {fname!r} is on {f.device}")
+        if isinstance(t, torch.Tensor):
+            check_device(name, t, (fname, f))
     if isinstance(group_offsets, torch.Tensor) and group_offsets.device != f.device:
         raise ValueError(f"mxq: argument 'group_offsets' is on {group_offsets.device} but the input is on {f.device}")
+
+
+def check_device(name: str, t: torch.Tensor, first) -> None:
+    """Raise a ValueError naming argument ``name`` unless ``t`` is on the device of ``first``
+    ((name, tensor) of the call's first tensor): every tensor argument's rule."""
+    fname, f = first
+    if t.device != f.device:
+        raise ValueError(f"mxq: argument {name!r} is on {t.device} but {fname!r} is on {f.device}")
 
 
 def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False) -> None:
@@ -130,8 +138,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
                              f"{fname!r}'s {tuple(f.shape)} nor broadcasts against it (a row [N], a column "
                              "[..., 1] or a scalar; docs/NUMERICS.md, Operands)")
         check_dtype(name, t, first)
-        if t.device != f.device:
-            raise ValueError(f"mxq: argument {name!r} is on {t.device} but {fname!r} is on {f.device}")
+        check_device(name, t, first)
     check_scalars(epilogue.scalar_params, scalars)
     fname, f = first
     if spec.dact:
@@ -142,8 +149,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
             raise ValueError(f"mxq: argument 'act_input' has shape {tuple(act_input.shape)} but "
                              f"{fname!r} has {tuple(f.shape)}")
         check_dtype("act_input", act_input, first)
-        if act_input.device != f.device:
-            raise ValueError(f"mxq: argument 'act_input' is on {act_input.device} but {fname!r} is on {f.device}")
+        check_device("act_input", act_input, first)
     elif act_input is not None:
         raise ValueError("mxq: argument 'act_input' is only used by ops with dact=...; this op has dact=None")
     if noop is not None:
