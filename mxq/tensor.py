@@ -125,8 +125,10 @@ class MXFP8Tensor:
         if not hasattr(spec, "scale_layout"):
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
                             f"{type(spec).__name__}")
-        if shape.__class__ is not torch.Size or (shape and min(shape) < 0):  # (a tensor's shape, what the routes
-            shape = _checked_shape(shape)  # pass, needs no check; a torch.Size built by hand may hold a negative)
+        # (a tensor's shape, what the routes pass, needs no check but its sign: a torch.Size built by hand may
+        # hold a negative; each size against 0 alone, so that symbolic sizes gain no guard relating them)
+        if shape.__class__ is not torch.Size or any(d < 0 for d in shape):
+            shape = _checked_shape(shape)
         if dtype not in _INPUT_DTYPES:
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'dtype' (the input's: the dbias dtype) must be "
                             f"float32, float16 or bfloat16, got {dtype}")

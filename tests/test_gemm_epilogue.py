@@ -431,8 +431,7 @@ def test_staged_rows_go_through_shared_memory_and_tma_stores(ptx, fmt, pingpong)
     direct, staged = ptx[fmt, pingpong], ptx[fmt, pingpong, "staged"]
     assert staged.count("st.shared.b16") == 64 and "st.global.b16" not in staged
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", staged)) == 2
-    assert "cp.async.bulk.commit_group" in staged and re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", staged)
-    assert "fence.proxy.async.shared::cta" in staged
+    _assert_staged_order(staged, 128 if pingpong else 256)
     assert not re.search(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", direct)
     for pattern in (r"cvt\.rn\.satfinite\.\w+\.f32", r"div\.rn\.f32", r"st\.global\.b32",
                     r"st\.global\.L2::cache_hint\.b8", r"st\.global\.v2\.b32"):
@@ -471,6 +470,42 @@ def test_fused_cubin_registers_within_the_setmaxnreg_budget_without_local_memory
     res = cubin_resources(monkeypatch, lambda: g.compile_gemm_op(bias_gelu, "bf16", ("row",), False, 132, 1,
                                                                  keep_ptx=True, pingpong=pingpong))
     assert_within_budget(res)
+
+
+def _assert_staged_order(text: str, threads: int):
+    """A staged tile's sequence in the kernel's PTX, in order: the issuing warp waits for the last
+    TMA store's reads, the tile's threads meet (a named barrier of ``threads``), the pairs go to
+    shared memory, a proxy fence, the threads meet again, the TMA stores and their commit; and
+    once more after the tile loop, the last store's reads waited for. Exactly two waits and two
+    such barriers: without the first wait and barrier a tile's pairs may overwrite the staged
+    tile while the TMA unit still reads the last one."""
+    def at(pattern, which=0):
+        found = [m.start() for m in re.finditer(pattern, text)]
+        assert found, pattern
+        return found[which]
+
+    bar = r"bar\.sync\s+5, 256;" if threads == 256 else r"bar\.sync\s+%r\d+, 128;"  # (ping-pong: 5 + warpgroup)
+    waits = [m.start() for m in re.finditer(r"cp\.async\.bulk\.wait_group\.read\s+0;", text)]
+    bars = [m.start() for m in re.finditer(bar, text)]
+    assert len(waits) == 2 and len(bars) == 2, (len(waits), len(bars))
+    first_st, last_st = at(r"st\.shared\.b16"), at(r"st\.shared\.b16", -1)
+    fence, store = at(r"fence\.proxy\.async\.shared::cta"), at(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta")
+    commit = at(r"cp\.async\.bulk\.commit_group")
+    assert waits[0] < bars[0] < first_st and last_st < fence < bars[1] < store < commit < waits[1]
+
+
+def test_wide_tile_stages_two_parts_in_64_byte_subtiles():
+    """The 128 x 192 ping-pong tile (the H100's for ops reading the accumulator alone) staged: a
+    warpgroup's two m64 parts go into one staged tile of three 64-byte subtiles (TMA's 64-byte
+    swizzle, checked against CuTe's layout at the trace), three TMA stores a tile, 96 pair
+    stores a thread, in the staged order, and ptxas takes it with no spills."""
+    text = g.compile_gemm_op(gelu_mx, "bf16", (), False, 132, 1, keep_ptx=True, pingpong=True, pp_tile=(128, 192),
+                             stage_rows=True).__ptx__
+    assert text.count("st.shared.b16") == 96 and "st.global.b16" not in text
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", text)) == 3
+    _assert_staged_order(text, 128)
+    if shutil.which("ptxas") is not None:
+        _assert_ptxas_clean(text)
 
 
 def test_stage_offset_is_a_bijection_without_bank_conflicts():

@@ -742,3 +742,18 @@ def test_an_exported_program_calling_quantize_runs_in_a_fresh_process(tmp_path):
     assert "equal True" in out.stdout, out.stdout + out.stderr[-2000:]
     with pytest.raises(RuntimeError, match="no live op of identity"):
         torch_ops._op("fffff-" + "0" * 32 + "-0.0.0")
+
+
+def test_dynamic_shapes_compile_once_whichever_dim_is_larger():
+    """A dynamic-shape compile of mxq.quantize holds no guard relating M and N (MXFP8Tensor.empty
+    checks each size's sign alone: a min() over the sizes guarded N >= M, and a call with M > N
+    recompiled)."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    f = torch.compile(lambda x: mxq.quantize(x).rowwise_data, backend=counter, dynamic=True)
+    for shape in ((64, 128), (96, 160), (160, 96)):
+        x = torch.randn(*shape)
+        assert torch.equal(f(x).view(torch.uint8), mxq.quantize(x).rowwise_data.view(torch.uint8))
+    assert counter.frame_count == 1

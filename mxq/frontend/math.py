@@ -39,8 +39,11 @@ def abs(a):  # noqa: A001 - the epilogue language's name
 
 
 # _by_value's evaluation: runs of _VALUE_RUN elements (a multiple of every CPU vector width torch
-# uses, zero-padded) and calls of at most _VALUE_CALL elements (under torch's intra-op grain, 32768:
-# one thread, its vectorised loop from the run's start to its end)
+# uses, zero-padded) and calls of at most _VALUE_CALL elements. torch's own loops (sigmoid, exp2)
+# split a call over threads only from its intra-op grain, 32768 elements, and a thread's chunk may
+# end inside a vector, whose elements then take scalar code; under it one thread runs the call,
+# vectorised from the run's start to its end. (exp, log, log2, tanh and erf go to MKL's vector math,
+# which splits smaller calls over threads too but computes each chunk's end with vector code.)
 _VALUE_RUN = 64
 _VALUE_CALL = 16384
 
