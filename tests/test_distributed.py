@@ -384,6 +384,38 @@ except ValueError as exc:
     assert "differs from rank 0's" in str(exc), exc
 else:
     raise AssertionError("a gather of mixed formats was accepted")
+# refusals judged from global shapes, so that every rank raises (one rank raising while another
+# waits in the NVFP4 amax's all_reduce hung): FP4 shards of an odd column count, an operand split
+# along a dimension it broadcasts
+for fmt in ("nvfp4", "mxfp4"):
+    try:
+        mxq.quantize(distribute_tensor(torch.randn(32, 14), mesh, [Shard(-1)]), format=fmt, rowwise=False,
+                     colwise=True)
+    except ValueError as exc:
+        assert "leaves a rank 7 columns" in str(exc) and "two to a byte" in str(exc), exc
+    else:
+        raise AssertionError(f"{fmt}: odd column shards were accepted")
+
+@mxq.fused_quant()
+def col_scaled(x, s):
+    return x * s
+
+xs, s = torch.randn(64, 64), torch.rand(64, 1)
+try:
+    col_scaled(distribute_tensor(xs, mesh, [Shard(-1)]), distribute_tensor(s, mesh, [Shard(-1)]))
+except ValueError as exc:
+    assert "argument 's' of shape (64, 1) is split along a dimension it broadcasts" in str(exc), exc
+else:
+    raise AssertionError("an operand split along its broadcast dimension was accepted")
+
+@mxq.fused_quant()
+def plus_bias(x, b):
+    return x + b
+
+b = torch.randn(64)  # (a bias [N] split by Shard(0) splits the columns, as Shard(-1) of x does)
+got = plus_bias(distribute_tensor(xs, mesh, [Shard(-1)]), distribute_tensor(b, mesh, [Shard(0)]))
+check_shards("bias", Shard(-1), got, plus_bias(xs, b))
+checked += 1
 print(f"rank {rank}: {checked} DTensor calls matched; all_gather byte-equal", flush=True)
 dist.barrier()  # neither rank tears its connections down while the other still uses them
 dist.destroy_process_group()

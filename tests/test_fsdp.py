@@ -77,9 +77,17 @@ def test_shapes_that_cannot_travel_as_mxfp8_are_refused():
         mxq.fsdp.mxfp8_all_gather(torch.nn.Sequential(torch.nn.Linear(64, 96)), world_size=4)
     with pytest.raises(ValueError, match="multiples of 32"):
         mxq.fsdp.mxfp8_all_gather(torch.nn.Linear(48, 64))
+    mesh = type("Mesh", (), {"ndim": 1, "size": lambda self, dim=None: 2})()
     w = mxq.fsdp.MXFP8ShardedWeight(torch.randn(48, 64))
-    with pytest.raises(ValueError, match=r"shard of shape \(48, 64\)"):
-        w.fsdp_pre_all_gather(None, None, None, None, None)
+    with pytest.raises(ValueError, match=r"weight of shape \(96, 64\) sharded over 2 ranks \(\[48, 48\] rows"):
+        w.fsdp_pre_all_gather(mesh, torch.Size((96, 64)), None, None, None)
+    # (every rank judges the whole weight's split: rank 0's 32 rows of a [63, 64] weight are refused too, where
+    # refusing rank 1's 31 alone left rank 0 waiting in the all-gather)
+    w = mxq.fsdp.MXFP8ShardedWeight(torch.randn(32, 64))
+    with pytest.raises(ValueError, match=r"\(63, 64\) sharded over 2 ranks \(\[32, 31\] rows each\)"):
+        w.fsdp_pre_all_gather(mesh, torch.Size((63, 64)), None, None, None)
+    data, scales = w.fsdp_pre_all_gather(mesh, torch.Size((64, 64)), None, None, None)[0]
+    assert data.shape == (32, 64) and scales.shape == (32, 2)
 
 
 @pytest.mark.parametrize("world_size", [0, -2, 1.5, True, "2"])

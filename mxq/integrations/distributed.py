@@ -72,7 +72,7 @@ def _placement(x: DTensor, name: str):
                          "columns (Shard(-1)) of the input")
     if isinstance(p, Replicate):
         return mesh, "replicate", None
-    raise ValueError(f"mxq: DTensor inputs must be Shard or Replicate, got {_name(p)}")
+    raise ValueError(f"mxq: argument {name!r} must be Shard or Replicate, got {_name(p)}")
 
 
 def _edge(fmt: str) -> int:
@@ -121,6 +121,16 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
         raise ValueError(f"mxq: placement {_name(x.placements[0])} of a {x.dim()}-D input needs its first dimension "
                          f"({size}) to divide evenly over the {world} ranks (the flattened rows of the shards "
                          "must be DTensor's even split of M)")
+    if spec.format in fp4.FORMATS and (kind == "cols" or spec.colwise):
+        # (two E2M1 codes a byte along the columns, and along the rows for the colwise copy: every rank's
+        # shard even, judged from the global shape, so that every rank refuses the same call)
+        sizes = [min(chunk, max(0, size - r * chunk)) * per_index for r in range(world)]
+        odd = next((c for c in sizes if c % 2), None)
+        if odd is not None:
+            what = "columns" if kind == "cols" else "rows"
+            raise ValueError(f"mxq: placement {_name(x.placements[0])} leaves a rank {odd} {what}, which "
+                             f"format={spec.format!r} cannot pack two to a byte (DTensor's even split of "
+                             f"{size} over {world} ranks: {sizes}); use a split whose shards are even")
     span = _spans(spec)[0 if kind == "rows" else 1]
     if span and world > 1 and (chunk * per_index) % span and chunk < size:
         what = "rows" if kind == "rows" else "columns"
@@ -130,13 +140,28 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
                          f"{chunk * per_index} {what} (a multiple of {span} is needed for {blocks} blocks)")
 
 
-def _local(t, mesh, placement, name):
-    if isinstance(t, DTensor):
-        if t.device_mesh != mesh or t.placements != (placement,):
-            raise ValueError(f"mxq: argument {name!r} has placements {t.placements} on another mesh or "
-                             f"placement than the first input's ({placement})")
-        return t.to_local()
-    return t
+def _local(t, mesh, kind, x, name):
+    """An operand's local shard: a DTensor on the first input's mesh split the same way (``kind``:
+    "rows", "cols" or "replicate", as _placement reads it: a bias [N] split by Shard(0) splits the
+    columns), along a dimension it holds whole (a broadcast one, of size 1, would leave a rank no
+    values). Judged from global shapes and placements alone, so every rank refuses the same call."""
+    if not isinstance(t, DTensor):
+        return t
+    if t.device_mesh != mesh or len(t.placements) != 1:
+        raise ValueError(f"mxq: argument {name!r} is on another device mesh than the first input's")
+    if isinstance(t.placements[0], Partial):
+        raise ValueError(f"mxq: argument {name!r} must be Shard or Replicate, got {_name(t.placements[0])}")
+    _, got, _ = _placement(t, name)
+    if got != kind:
+        raise ValueError(f"mxq: argument {name!r} has placements {t.placements}, which split "
+                         f"{'nothing' if got == 'replicate' else 'the ' + got}, but the first input's split "
+                         f"{'nothing' if kind == 'replicate' else 'the ' + kind}")
+    axis = {"rows": 0, "cols": -1}.get(got)  # (the split axis in both: an operand's dims align from the last)
+    if axis is not None and t.shape[axis] != x.shape[axis]:
+        raise ValueError(f"mxq: argument {name!r} of shape {tuple(t.shape)} is split along a dimension it "
+                         f"broadcasts ({t.shape[axis]} against the first input's {x.shape[axis]}): pass it "
+                         "Replicate() or as a plain tensor")
+    return t.to_local()
 
 
 def call(op, call) -> MXFP8Tensor:
@@ -181,8 +206,8 @@ def call(op, call) -> MXFP8Tensor:
                                  f"placements {group_offsets.placements}")
             group_offsets = group_offsets.to_local()
     names = list(op.epilogue.tensor_params)
-    local = [_local(t, mesh, placement, n) for t, n in zip(tensors, names)]
-    act = _local(act_input, mesh, placement, "act_input") if act_input is not None else None
+    local = [_local(t, mesh, kind, x, n) for t, n in zip(tensors, names)]
+    act = _local(act_input, mesh, kind, x, "act_input") if act_input is not None else None
     if isinstance(noop, DTensor):
         noop = noop.to_local()
     # contiguous FP8 data (not the padded rows of N % 8 != 0): the DTensors below state a

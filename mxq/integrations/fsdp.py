@@ -87,9 +87,15 @@ class MXFP8ShardedWeight(torch.Tensor):
         if mp_policy is not None and mp_policy.param_dtype is not None:
             w = w.to(mp_policy.param_dtype)
         rows, k = w.shape
-        if rows % 32 or k % 32:
-            raise ValueError(f"mxq.fsdp: a weight shard of shape {tuple(w.shape)} cannot travel as MXFP8: its rows "
-                             "(per rank) and columns must be multiples of 32")
+        # (judged from the whole weight's shape and FSDP's even split of its rows, the same on every rank: a
+        # rank raising alone would leave the others waiting in the all-gather)
+        n, world = outer_size[0], mesh.size(mesh.ndim - 1)
+        chunk = -(-n // world)
+        shards = [min(chunk, max(0, n - r * chunk)) for r in range(world)]
+        if k % 32 or any(c % 32 for c in shards) or rows % 32:
+            raise ValueError(f"mxq.fsdp: a weight of shape {tuple(outer_size)} sharded over {world} ranks ({shards} "
+                             "rows each) cannot travel as MXFP8: every rank's rows and the columns must be "
+                             "multiples of 32")
         direction = "colwise" if _in_backward() else "rowwise"
         t = quantize(w.contiguous(), rowwise=direction == "rowwise", colwise=direction == "colwise")
         data = getattr(t, f"{direction}_data").view(torch.uint8)
