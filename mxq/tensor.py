@@ -34,6 +34,12 @@ def default_row_align(shape, grouped: bool = False) -> int:
     return PADDED_ROW_BYTES if len(shape) and shape[-1] % UNIT and not grouped else 1
 
 
+def _is_dtensor(t) -> bool:
+    """Whether ``t`` is a DTensor (a DTensor call's field, mxq/integrations/distributed.py),
+    without importing torch.distributed where nothing is distributed."""
+    return type(t).__name__ == "DTensor" and type(t).__module__.startswith("torch.distributed")
+
+
 def flat_dims(shape) -> tuple[int, int]:
     """[M, N] of a tensor of any rank: N = last dim, M = product of the others (0-d: 1 x 1)."""
     if len(shape) == 0:
@@ -268,6 +274,11 @@ class MXFP8Tensor:
         if direction not in ("rowwise", "colwise"):
             raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         m, n = flat_dims(self.shape)
+        shards = _is_dtensor(self._need(f"{direction}_data"))
+        if shards and self.format in fp4.FORMATS:
+            raise ValueError(f"mxq: dequantize() of a DTensor call's {self.format} result is not supported yet: "
+                             "decode the whole result (gather each field with .full_tensor() into an MXFP8Tensor) "
+                             "or quantize the local tensor (.to_local())")
         if self.format in fp4.FORMATS and self.group_offsets is None:
             return self._fp4_values(direction).reshape(self.shape)
         per_group = (self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
@@ -283,7 +294,14 @@ class MXFP8Tensor:
             block = self.block if direction == "rowwise" else fp8_block_layouts.colwise_block(self.block)
             return fp8_block.dequantize(data.reshape(m, n), self.compact_scale(direction), block).reshape(self.shape)
         data = self._need(f"{direction}_data").reshape(m, n).to(torch.float32)
-        scale = e8m0_to_scale(self.compact_scale(direction))
+        scale = self.compact_scale(direction)
+        if shards:  # (each rank decodes its scale bytes: a shift of a DTensor's bytes is not one in torch)
+            from torch.distributed.tensor import DTensor
+
+            scale = DTensor.from_local(e8m0_to_scale(scale.to_local()), scale.device_mesh, scale.placements,
+                                       run_check=False, shape=scale.shape, stride=scale.stride())
+        else:
+            scale = e8m0_to_scale(scale)
         if direction == "rowwise":
             full = scale.repeat_interleave(BLOCK, dim=1)[:, :n]
         else:

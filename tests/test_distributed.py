@@ -412,6 +412,21 @@ else:
 def plus_bias(x, b):
     return x + b
 
+# dequantize() of a DTensor result: the values of the whole result's, a DTensor (MXFP8's scale bytes
+# decoded rank by rank: a shift of a DTensor's bytes is no shift in torch, and it gave 1e-41s)
+for placement in (Shard(0), Shard(-1), Replicate()):
+    both = mxq.quantize(distribute_tensor(xs, mesh, [placement]), rowwise=True, colwise=True)
+    whole = mxq.quantize(xs, rowwise=True, colwise=True)
+    for d in ("rowwise", "colwise"):
+        values = both.dequantize(d)
+        assert isinstance(values, DTensor) and torch.equal(values.full_tensor(), whole.dequantize(d)), (placement, d)
+try:
+    mxq.quantize(distribute_tensor(xs, mesh, [Shard(0)]), format="nvfp4").dequantize()
+except ValueError as exc:
+    assert "dequantize() of a DTensor call's nvfp4 result is not supported yet" in str(exc), exc
+else:
+    raise AssertionError("dequantize() of an NVFP4 DTensor result was accepted")
+
 b = torch.randn(64)  # (a bias [N] split by Shard(0) splits the columns, as Shard(-1) of x does)
 got = plus_bias(distribute_tensor(xs, mesh, [Shard(-1)]), distribute_tensor(b, mesh, [Shard(0)]))
 check_shards("bias", Shard(-1), got, plus_bias(xs, b))
