@@ -427,6 +427,15 @@ except ValueError as exc:
 else:
     raise AssertionError("dequantize() of an NVFP4 DTensor result was accepted")
 
+# FP4 of 3-D and 1-D inputs: the packed rowwise data keeps the input's leading dims ([..., N/2]), as the
+# whole tensor's does (its DTensor said [M, N/2], and full_tensor() failed)
+for shape, placement in (((4, 64, 64), Shard(0)), ((4, 64, 64), Shard(-1)), ((128,), Shard(0))):
+    x3 = torch.randn(*shape)
+    for fmt in ("nvfp4", "mxfp4"):
+        got, want = mxq.quantize(distribute_tensor(x3, mesh, [placement]), format=fmt), mxq.quantize(x3, format=fmt)
+        assert got.rowwise_data.shape == want.rowwise_data.shape, (fmt, shape, got.rowwise_data.shape)
+        assert torch.equal(got.rowwise_data.full_tensor(), want.rowwise_data), (fmt, shape, placement)
+
 b = torch.randn(64)  # (a bias [N] split by Shard(0) splits the columns, as Shard(-1) of x does)
 got = plus_bias(distribute_tensor(xs, mesh, [Shard(-1)]), distribute_tensor(b, mesh, [Shard(0)]))
 check_shards("bias", Shard(-1), got, plus_bias(xs, b))

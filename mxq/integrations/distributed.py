@@ -257,8 +257,13 @@ def call(op, call) -> MXFP8Tensor:
         return DTensor.from_local(value, mesh, [p], run_check=False, shape=shape, stride=_contiguous_stride(shape))
 
     def wrap_fp4(field, value):
-        """Packed data [M, N/2] and the transposed copy [N, M/2], scales [M, ceil(N/B)] and
-        [N, ceil(M/B)]: split along the input's split dim (the copy's other one)."""
+        """Packed data [..., N/2] (the input's leading dims) and the transposed copy [N, M/2],
+        scales [M, ceil(N/B)] and [N, ceil(M/B)]: split along the input's split dim (the copy's
+        other one)."""
+        if field == "rowwise_data":  # (the input's leading dims kept: [..., N/2])
+            shape = torch.Size((*gshape[:-1], n // 2))
+            return DTensor.from_local(value, mesh, [Shard(0 if kind == "rows" else len(shape) - 1)], run_check=False,
+                                      shape=shape, stride=_contiguous_stride(shape))
         rowwise = field.startswith("rowwise")
         along = 0 if (kind == "rows") == rowwise else 1
         rows, cols = (m, n) if rowwise else (n, m)
