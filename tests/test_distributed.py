@@ -436,6 +436,16 @@ for shape, placement in (((4, 64, 64), Shard(0)), ((4, 64, 64), Shard(-1)), ((12
         assert got.rowwise_data.shape == want.rowwise_data.shape, (fmt, shape, got.rowwise_data.shape)
         assert torch.equal(got.rowwise_data.full_tensor(), want.rowwise_data), (fmt, shape, placement)
 
+# a bad split under torch.compile with dynamic shapes: dynamo's error carries mxq's message (the message
+# formatted symbolic sizes and Shard's dim, which dynamo could not: "BUILD_STRING type error")
+try:
+    torch.compile(lambda t: mxq.quantize(t, format="fp8_block"), backend="aot_eager", fullgraph=True, dynamic=True)(
+        distribute_tensor(torch.randn(256, 384), mesh, [Shard(-1)]))
+except Exception as exc:
+    assert "placement Shard(1) cuts a 128-element block: each rank holds 192 columns" in str(exc), str(exc)[:2000]
+else:
+    raise AssertionError("a split cutting 1x128 blocks was accepted under torch.compile")
+
 b = torch.randn(64)  # (a bias [N] split by Shard(0) splits the columns, as Shard(-1) of x does)
 got = plus_bias(distribute_tensor(xs, mesh, [Shard(-1)]), distribute_tensor(b, mesh, [Shard(0)]))
 check_shards("bias", Shard(-1), got, plus_bias(xs, b))

@@ -50,8 +50,8 @@ from ..tensor import MXFP8Tensor, flat_dims
 
 def _name(p) -> str:
     """A placement as a user writes it: Shard(0), Replicate(), Partial()."""
-    if isinstance(p, Shard):
-        return f"Shard({p.dim})"
+    if isinstance(p, Shard):  # (int(): torch.compile may trace p.dim as a symbol, which dynamo cannot format)
+        return f"Shard({int(p.dim)})"
     return f"{type(p).__name__}()"
 
 
@@ -119,7 +119,7 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
             per_index *= d
     if kind == "rows" and x.dim() > 2 and size % world:
         raise ValueError(f"mxq: placement {_name(x.placements[0])} of a {x.dim()}-D input needs its first dimension "
-                         f"({size}) to divide evenly over the {world} ranks (the flattened rows of the shards "
+                         f"({int(size)}) to divide evenly over the {world} ranks (the flattened rows of the shards "
                          "must be DTensor's even split of M)")
     if spec.format in fp4.FORMATS and (kind == "cols" or spec.colwise):
         # (two E2M1 codes a byte along the columns, and along the rows for the colwise copy: every rank's
@@ -128,16 +128,18 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
         odd = next((c for c in sizes if c % 2), None)
         if odd is not None:
             what = "columns" if kind == "cols" else "rows"
-            raise ValueError(f"mxq: placement {_name(x.placements[0])} leaves a rank {odd} {what}, which "
+            raise ValueError(f"mxq: placement {_name(x.placements[0])} leaves a rank {int(odd)} {what}, which "
                              f"format={spec.format!r} cannot pack two to a byte (DTensor's even split of "
-                             f"{size} over {world} ranks: {sizes}); use a split whose shards are even")
+                             f"{int(size)} over {world} ranks: {[int(c) for c in sizes]}); use a split whose "
+                             "shards are even")
     span = _spans(spec)[0 if kind == "rows" else 1]
     if span and world > 1 and (chunk * per_index) % span and chunk < size:
         what = "rows" if kind == "rows" else "columns"
         blocks = ("x".join(map(str, spec.block)) if _tiles(spec.format, spec.block) else "colwise" if kind == "rows"
                   else "rowwise")
+        # (int(): under torch.compile with dynamic shapes the sizes are symbols, which dynamo cannot format)
         raise ValueError(f"mxq: placement {_name(x.placements[0])} cuts a {span}-element block: each rank holds "
-                         f"{chunk * per_index} {what} (a multiple of {span} is needed for {blocks} blocks)")
+                         f"{int(chunk * per_index)} {what} (a multiple of {span} is needed for {blocks} blocks)")
 
 
 def _local(t, mesh, kind, x, name):
