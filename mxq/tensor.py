@@ -34,10 +34,10 @@ def default_row_align(shape, grouped: bool = False) -> int:
     return PADDED_ROW_BYTES if len(shape) and shape[-1] % UNIT and not grouped else 1
 
 
-def _is_dtensor(t) -> bool:
-    """Whether ``t`` is a DTensor (a DTensor call's field, mxq/integrations/distributed.py),
+def is_dtensor(t) -> bool:
+    """Whether ``t`` is a DTensor (a DTensor call's operand or field: mxq/integrations/distributed.py),
     without importing torch.distributed where nothing is distributed."""
-    return type(t).__name__ == "DTensor" and type(t).__module__.startswith("torch.distributed")
+    return type(t).__name__ == "DTensor"
 
 
 def flat_dims(shape) -> tuple[int, int]:
@@ -274,7 +274,7 @@ class MXFP8Tensor:
         if direction not in ("rowwise", "colwise"):
             raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         m, n = flat_dims(self.shape)
-        shards = _is_dtensor(self._need(f"{direction}_data"))
+        shards = is_dtensor(self._need(f"{direction}_data"))
         if shards and self.format in fp4.FORMATS:
             raise ValueError(f"mxq: dequantize() of a DTensor call's {self.format} result is not supported yet: "
                              "decode the whole result (gather each field with .full_tensor() into an MXFP8Tensor) "

@@ -94,6 +94,19 @@ def _spans(spec) -> tuple:
     return (edge if spec.colwise or tiles else 0), (edge if spec.rowwise or tiles else 0)
 
 
+def share(size: int, world: int, rank: int):
+    """Rank ``rank``'s share of ``size`` elements split evenly over ``world`` ranks, as DTensor and
+    FSDP2 split a dimension: ceil(size / world) a rank, the last ones what is left (0 past the end)."""
+    chunk = -(-size // world)
+    return min(chunk, max(0, size - rank * chunk))
+
+
+def even_split(size: int, world: int) -> list:
+    """Every rank's share (``share``): what every rank computes alike, so that a refusal judged
+    from it is every rank's."""
+    return [share(size, world, r) for r in range(world)]
+
+
 def _check_blocks(spec, x: DTensor, kind: str, dim):
     """Refuse a split that cuts a block (each rank's first row / column)."""
     if kind == "replicate":
@@ -103,10 +116,10 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
                          "128 rows of scales, GEMM-ready ones are padded over all rows)")
     size = x.shape[dim]
     world = x.device_mesh.size()
-    chunk = -(-size // world)  # DTensor's even split: ceil(size / world) per rank
+    chunk = -(-size // world)  # (DTensor's even split: share)
     coord = x.device_mesh.get_coordinate()
     if coord is not None:  # (the rank's shard as that split gives it: a from_local of other sizes is refused)
-        want = min(chunk, max(0, size - coord[0] * chunk))
+        want = share(size, world, coord[0])
         got = x.to_local().shape[dim]
         if got != want:
             raise ValueError(f"mxq: placement {_name(x.placements[0])}: this rank's shard holds {got} of the {size} "
@@ -124,7 +137,7 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
     if spec.format in fp4.FORMATS and (kind == "cols" or spec.colwise):
         # (two E2M1 codes a byte along the columns, and along the rows for the colwise copy: every rank's
         # shard even, judged from the global shape, so that every rank refuses the same call)
-        sizes = [min(chunk, max(0, size - r * chunk)) * per_index for r in range(world)]
+        sizes = [c * per_index for c in even_split(size, world)]
         odd = next((c for c in sizes if c % 2), None)
         if odd is not None:
             what = "columns" if kind == "cols" else "rows"

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_map_only
 
 from ..op import quantize
+from .distributed import even_split
 from ..tensor import MXFP8Tensor
 
 aten = torch.ops.aten
@@ -89,9 +90,8 @@ class MXFP8ShardedWeight(torch.Tensor):
         rows, k = w.shape
         # (judged from the whole weight's shape and FSDP's even split of its rows, the same on every rank: a
         # rank raising alone would leave the others waiting in the all-gather)
-        n, world = outer_size[0], mesh.size(mesh.ndim - 1)
-        chunk = -(-n // world)
-        shards = [min(chunk, max(0, n - r * chunk)) for r in range(world)]
+        world = mesh.size(mesh.ndim - 1)
+        shards = even_split(outer_size[0], world)
         if k % 32 or any(c % 32 for c in shards) or rows % 32:
             raise ValueError(f"mxq.fsdp: a weight of shape {tuple(outer_size)} sharded over {world} ranks ({shards} "
                              "rows each) cannot travel as MXFP8: every rank's rows and the columns must be "

@@ -19,7 +19,7 @@ import torch
 
 from ..frontend.epilogue import Epilogue, EpilogueError
 from ..formats import fp4, fp4_layouts
-from ..tensor import MXFP8Tensor
+from ..tensor import MXFP8Tensor, is_dtensor
 from . import validation
 
 KEYWORDS = ("act_input", "noop", "out", "group_offsets")  # a call's own keywords, after the epilogue's
@@ -201,7 +201,7 @@ class Binder:
 def has_dtensor(call: Call) -> bool:
     """Whether a call has DTensor operands (then integrations/distributed.py runs it; it refuses
     DTensor group offsets with plain inputs by name, eager or traced alike)."""
-    return any(type(t).__name__ == "DTensor" for t in (*call.tensors, call.act_input, call.group_offsets))
+    return any(is_dtensor(t) for t in (*call.tensors, call.act_input, call.group_offsets))
 
 
 def halves_call(spec, epilogue, call: Call) -> Call:
