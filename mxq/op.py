@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import torch
 
-from .frontend import codegen, gated
+from .frontend import codegen, gated, ir
 from .runtime import export, ffi, inspection, launch, limits, targets, validation
 from .runtime import gemm as gemm_rt
 from .runtime import operands as operands_mod
@@ -129,17 +129,27 @@ class FusedOp:
 
     def _with_accumulator(self, acc, operands: tuple, params: dict) -> tuple:
         """(args, kwargs) of op.gemm's epilogue call: the accumulator in the place of the
-        epilogue's first tensor parameter, ``operands`` (positional) and ``params`` (by name) in
-        the others' as in a call: positionally where the operands reach that place, else by name."""
+        epilogue's first tensor parameter; ``operands`` (positional) fill the other parameters in
+        their order, skipping those ``params`` names (as a call's keywords would leave them to
+        their names). The parameters given up to the first one left out go positionally
+        (positional-only ones included), the rest by name."""
         names = self.epilogue.param_order
         first = self.epilogue.tensor_params[0]
-        i = names.index(first)
         if first in params:
             raise TypeError(f"mxq: {self.__name__}.gemm: {first!r} is the accumulator (the epilogue's first tensor), "
                             "which the GEMM computes; pass the other tensors and floats")
-        if len(operands) >= i:
-            return (*operands[:i], acc, *operands[i:]), params
-        return operands, {**params, first: acc}
+        free = [k for k in names if k != first and k not in params]
+        if len(operands) > len(free):
+            raise TypeError(f"mxq: {self.__name__}.gemm got too many positional arguments: {len(operands)} after a "
+                            f"and w, for {len(free)} parameter(s) ({', '.join(free) or 'none'}: the epilogue's but "
+                            f"the accumulator {first!r} and those given by name)")
+        values = {**params, **dict(zip(free, operands)), first: acc}
+        args = []
+        for k in names:
+            if k not in values:
+                break
+            args.append(values.pop(k))
+        return tuple(args), values
 
     def _lower(self, call: Call):
         """(the op that runs ``call``, the call it runs): this op itself; GatedOp's inner op over
@@ -324,7 +334,7 @@ class FusedOp:
             if act_input is not None:
                 reads[-1] = ("act_input", act_input)
             validation.check_apart(out, reads, [("acc_out", acc_out)] if acc_out is not None else [])
-        return self._gemm_run(a, w, others, call.scalars, acc_out, out)
+        return self._gemm_run(a, w, others, [ir.scalar(s) for s in call.scalars], acc_out, out)
 
     def _gemm_run(self, a, w, others, scalars, acc_out=None, out: MXFP8Tensor | None = None) -> MXFP8Tensor:
         """op.gemm's checked call (what the torch operator runs): the fused GEMM on sm_90, else the
@@ -584,7 +594,7 @@ class GatedOp(FusedOp):
         if gap:
             raise ValueError(f"mxq: export(): {gap}, so it has no C++ route; call the op from Python")
         limits.refuse_unlaunchable("export()", self.inner._packed_smem_shortfall, dtype)
-        return self.inner._export(directory, arch, dtype, f"mxq_{self.epilogue.name}" if name is None else name,
+        return self.inner._export(directory, arch, dtype, export.default_name(self.epilogue) if name is None else name,
                                   grouped, kinds, note,
                                   n_multiple=mult)
 

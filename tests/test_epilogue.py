@@ -899,3 +899,67 @@ def test_an_ops_name_is_its_defs_name_whatever_its_dunder_name_holds(tmp_path):
     assert "#error" not in text and " * op: _injected " in text and header.exists()
     gated = mxq.fused_quant(act="swiglu")(_injected)
     assert gated.epilogue.name == "_injected"
+
+
+_FLT_MAX = 3.4028234663852886e38  # (2 - 2^-23) * 2^127, the largest finite fp32
+_HUGE_INT = 2 ** 128 - 2 ** 103 - 1  # just under FLT_MAX + half an ulp: rounds to FLT_MAX, but via float64 to 2^128
+
+
+def _huge_literal(x):
+    return x * 0.0 + 340282356779733661637539395458142568447
+
+
+def _huge_captured(x):
+    return x * 0.0 + _HUGE_INT
+
+
+def _int60(x):
+    return x * 0.0 + 1152921573326323713  # 2^60 + 2^36 + 1: fp32 2^60 + 2^37, via float64 2^60
+
+
+def _huge_param(x, s: float):
+    return x * 0.0 + s
+
+
+def test_int_constants_round_to_fp32_once():
+    """An int constant (literal, captured, a float parameter's argument) rounds to fp32 from its
+    own digits, once: float() first would round it to float64, and 2^128 - 2^103 - 1 would
+    become 2^128, then inf."""
+    assert 340282356779733661637539395458142568447 == _HUGE_INT
+    assert ir.f32(_HUGE_INT) == _FLT_MAX and ir.f32(-_HUGE_INT) == -_FLT_MAX
+    assert ir.f32(_HUGE_INT + 1) == math.inf  # (the tie rounds to even: 2^128)
+    assert ir.f32(1152921573326323713) == 2.0 ** 60 + 2.0 ** 37 and ir.f32(2 ** 60 + 2 ** 36) == 2.0 ** 60
+    assert ir.f32(2 ** 60 + 3 * 2 ** 36) == 2.0 ** 60 + 2.0 ** 38  # (a tie to even upwards)
+    for fn, value in ((_huge_literal, _FLT_MAX), (_huge_captured, _FLT_MAX), (_int60, 2.0 ** 60 + 2.0 ** 37)):
+        expr = parse(fn).expr
+        assert isinstance(expr.b, ir.Const) and expr.b.value == value, (fn.__name__, expr)
+    op = mxq.fused_quant(fp8="e5m2")(_huge_param)
+    x = torch.zeros(2, 32)
+    for s in (_HUGE_INT, 1152921573326323713):
+        got, want = op(x, s), op(x, ir.f32(s))  # (a float argument: the kernel's one rounding to fp32)
+        assert torch.equal(got.rowwise_data.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+        assert torch.equal(got.rowwise_scale, want.rowwise_scale)
+    assert not torch.equal(op(x, _HUGE_INT).rowwise_data.view(torch.uint8), op(x, math.inf).rowwise_data.view(torch.uint8))
+
+
+def test_a_source_file_changed_since_import_is_refused(tmp_path, monkeypatch):
+    """An epilogue decorated after its file changed on disk (its module not reloaded) is refused:
+    the op would be built from text Python never ran. The same file unchanged builds."""
+    mod = tmp_path / "mxq_stale_mod.py"
+    text = ("import mxq\n\n\ndef make():\n    k = 3.0\n\n    @mxq.fused_quant\n    def f(x):\n"
+            "        return x * 2.0 + k\n    return f\n")
+    mod.write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = importlib.util.spec_from_file_location("mxq_stale_mod", mod)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    assert ir.serialize(m.make().epilogue.expr) == ir.serialize(parse(lambda_free_twice_plus_three).expr)
+    mod.write_text(text.replace("x * 2.0", "x * 4.0"))
+    with pytest.raises(EpilogueError, match="changed since its module was imported"):
+        m.make()
+    mod.write_text(text.replace("x * 2.0 + k", "x * 2.0 + k  # a comment"))  # (the same code)
+    assert ir.serialize(m.make().epilogue.expr) == ir.serialize(parse(lambda_free_twice_plus_three).expr)
+
+
+def lambda_free_twice_plus_three(x):
+    return x * 2.0 + 3.0

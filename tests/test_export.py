@@ -110,3 +110,19 @@ def test_export_into_a_file_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match="argument 'directory' is .*afile.*, which is a file"):
         _identity.export(blocker)
     assert check_name("n" * 200) == "n" * 200
+
+
+def test_a_function_name_that_is_no_c_identifier_is_named_as_the_default_names_source(tmp_path):
+    """An op exported without a name takes mxq_<function name>; a Python identifier C does not
+    take (non-ASCII letters) is refused naming the function, not a name the caller never gave."""
+    import importlib.util
+
+    mod = tmp_path / "mxq_unicode_op.py"
+    mod.write_text("import mxq\n\n\n@mxq.fused_quant\ndef f\u00fcnf(x):\n    return x * 2.0\n", encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("mxq_unicode_op", mod)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    op = getattr(m, "f\u00fcnf")
+    with pytest.raises(ValueError, match="the epilogue function 'f\u00fcnf' gives the default export name 'mxq_f\u00fcnf'"):
+        op.export(tmp_path / "out")
+    assert not (tmp_path / "out").exists()

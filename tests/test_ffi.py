@@ -591,3 +591,42 @@ def test_fp4_data_destinations_take_torchs_packed_fp4_dtype():
 
 def _ident_fp4(x):
     return x
+
+
+def _scale_posonly(x, s: float, /):
+    return x * s
+
+
+def test_dispatchers_bind_positional_only_parameters():
+    """The dispatchers' Python routes pass the epilogue's arguments by position: positional-only
+    parameters bind (they took them by name, a TypeError), the same bytes as the Python call."""
+    op = mxq.fused_quant(_scale_posonly)
+    x = planted(8, 64, torch.float32, seed=3)
+    want = op(x, 3.0)
+    rd, rs = torch.empty(8, 64, dtype=torch.float8_e4m3fn), torch.full((8, 2), 7, dtype=torch.uint8)
+    op.dispatcher()(x, 3.0, None, rd, rs, None, None, None, None, None)
+    assert same_bytes(rd.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+    assert same_bytes(rs, want.rowwise_scale)
+    a, w = planted(16, 32, torch.bfloat16, seed=4), planted(64, 32, torch.bfloat16, seed=5)
+    want = op.gemm(a, w, 3.0)
+    rd, rs = torch.empty(16, 64, dtype=torch.float8_e4m3fn), torch.full((16, 2), 7, dtype=torch.uint8)
+    op.dispatcher(gemm=True)(a, w, 3.0, None, rd, rs, None, None, None, None, None)
+    assert same_bytes(rd.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+    assert same_bytes(rs, want.rowwise_scale)
+
+
+def _float_first(s: float, acc, b):
+    return acc * s + b
+
+
+def test_gemm_dispatcher_serves_a_float_before_the_accumulator():
+    """op.gemm's dispatcher (a, w, *operands, *floats, ...) of an epilogue whose float comes
+    first: b binds to b (it bound to s: "multiple values for argument 's'")."""
+    op = mxq.fused_quant(_float_first)
+    a, w = planted(16, 32, torch.bfloat16, seed=6), planted(64, 32, torch.bfloat16, seed=7)
+    b = planted(1, 64, torch.bfloat16, seed=8).reshape(64)
+    want = op.reference(2.0, torch.matmul(a.float(), w.float().t()), b.float())
+    rd, rs = torch.empty(16, 64, dtype=torch.float8_e4m3fn), torch.full((16, 2), 7, dtype=torch.uint8)
+    op.dispatcher(gemm=True)(a, w, b, 2.0, None, rd, rs, None, None, None, None, None)
+    assert same_bytes(rd.view(torch.uint8), want.rowwise_data.view(torch.uint8))
+    assert same_bytes(rs, want.rowwise_scale)

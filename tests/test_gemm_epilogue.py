@@ -1115,9 +1115,9 @@ def _scale_first(s: float, acc, r):
 
 def test_the_accumulator_is_the_first_tensor_wherever_it_stands():
     """The accumulator binds to the epilogue's first tensor, also after a float parameter: the
-    other arguments positional, by name or both, as in a call (it was bound to the first
-    parameter, and `f(s: float, acc, r).gemm(a, w, s=2.0, r=r)` a TypeError); the accumulator
-    given by name is refused by name."""
+    other arguments positional, by name or both, the positional ones filling the parameters
+    not given by name in order (`gemm(a, w, r, s=2.0)`: r is r, not s); the accumulator given
+    by name is refused by name."""
     a, w = _ab(6, 32, 16)
     r = torch.randn(6, 32).to(torch.bfloat16)
     acc = torch.empty(6, 32)
@@ -1125,7 +1125,7 @@ def test_the_accumulator_is_the_first_tensor_wherever_it_stands():
     ref = _scale_first.reference(2.0, acc, r.float())
     assert torch.equal(want.rowwise_data.view(torch.uint8), ref.rowwise_data.view(torch.uint8))
     for got in (_scale_first.gemm(a, w, s=2.0, r=r), _scale_first.gemm(a, w, r=r, s=2.0),
-                _scale_first.gemm(a, w, 2.0, r=r)):
+                _scale_first.gemm(a, w, 2.0, r=r), _scale_first.gemm(a, w, r, s=2.0)):
         assert torch.equal(got.rowwise_data.view(torch.uint8), ref.rowwise_data.view(torch.uint8))
     with pytest.raises(TypeError, match="'acc' is the accumulator"):
         _scale_first.gemm(a, w, 2.0, r, acc=r)

@@ -32,6 +32,7 @@ import ast
 import builtins
 import hashlib
 import inspect
+import linecache
 import textwrap
 import types
 from dataclasses import dataclass, field
@@ -249,10 +250,12 @@ class _Parser:
             return applied
         return ir.Unary(fname, args[0]) if len(args) == 1 else ir.Binary(fname, args[0], args[1])
 
-    def number(self, node: ast.AST, value, what: str, construct: str) -> float:
-        """``value`` (an int or float, not a bool) as a Python float, or an EpilogueError."""
+    def number(self, node: ast.AST, value, what: str, construct: str):
+        """``value`` (an int or float, not a bool) as it is (an int stays exact for ir.f32's one
+        rounding), or an EpilogueError where it is an int too large for a float."""
         try:
-            return float(value)
+            float(value)
+            return value
         except OverflowError:
             self.fail(node, f"{what} is an integer of {value.bit_length()} bits, too large for a float "
                       "(fp32 holds magnitudes up to about 3.4e38)", construct)
@@ -283,7 +286,7 @@ class _Parser:
             self.fail(node, f"captured value {node.id!r} is a {type(value).__name__}; an epilogue may "
                       "capture only floats", "captured value")
         value = self.number(node, value, f"captured value {node.id!r}", "captured value")
-        self.captured[node.id] = value
+        self.captured[node.id] = float(value)
         return ir.Const(ir.f32(value))
 
     def lookup(self, node: ast.Name):
@@ -446,6 +449,43 @@ def _fn_node(tree: ast.Module, name: str) -> ast.FunctionDef:
     raise EpilogueError(f"cannot find the definition of {name!r} in its source")
 
 
+def _compiles_to(code, file: str) -> bool:
+    """Whether the source file as inspect reads it now (linecache) compiles to ``code`` at its
+    line, the function Python runs: not where the file changed since its module was imported (a
+    factory decorating later would build the op from text Python never ran). The whole file is
+    compiled (the compiler's choices depend on the module's other names, e.g. its imports), once
+    per text; the code compared on what the text decides: bytecode, constants (by type and repr:
+    0.0 and -0.0 differ), names, variables and parameters. True where the file does not compile
+    as a whole (nothing to compare)."""
+    text = "".join(linecache.getlines(file))
+    if not text:
+        return True
+    entry = _COMPILED.get(file)
+    if entry is None or entry[0] != text:
+        try:
+            module = compile(text, code.co_filename, "exec", dont_inherit=True)
+        except Exception:
+            return True
+        index, pending = {}, [module]
+        while pending:
+            for k in pending.pop().co_consts:
+                if hasattr(k, "co_code"):
+                    index.setdefault((k.co_name, k.co_firstlineno), _code_text(k))
+                    pending.append(k)
+        if len(_COMPILED) >= 64:
+            _COMPILED.clear()
+        entry = _COMPILED[file] = (text, index)
+    return entry[1].get((code.co_name, code.co_firstlineno)) == _code_text(code)
+
+
+_COMPILED: dict = {}  # source file -> (its text, {(function name, first line): _code_text}) for _compiles_to
+
+
+def _code_text(code) -> tuple:
+    return (code.co_code, tuple(_code_text(k) if hasattr(k, "co_code") else (type(k), repr(k)) for k in code.co_consts),
+            code.co_names, code.co_varnames, code.co_argcount, code.co_posonlyargcount)
+
+
 _INLINE_IR: dict = {}
 
 
@@ -505,6 +545,9 @@ def parse(fn) -> Epilogue:
         raise EpilogueError(f"cannot parse the source of {fn.__name__!r} on its own ({exc.msg})",
                             file, first + (exc.lineno or 1) - 1, "source") from None
     node = _fn_node(tree, fn.__code__.co_name)  # (the def's own name: __name__ may have been set since)
+    if not _compiles_to(fn.__code__, file):
+        raise EpilogueError(f"the source of {fn.__name__!r} in {file} is not the code Python runs (the file has "
+                            "changed since its module was imported): reload the module", file, first, "source")
     p = _Parser(fn, file, first)
     p.fn_node = node
     if isinstance(node, ast.AsyncFunctionDef):
@@ -530,7 +573,7 @@ def parse(fn) -> Epilogue:
                 p.fail(a, f"parameter {a.arg!r} has a default of type {type(d).__name__}; only float "
                        "parameters may have defaults", "parameter default")
             scalars.append(a.arg)
-            scalar_defaults.append(p.number(a, d, f"the default of parameter {a.arg!r}", "parameter default"))
+            scalar_defaults.append(ir.scalar(p.number(a, d, f"the default of parameter {a.arg!r}", "parameter default")))
             p.env[a.arg] = ir.ScalarArg(a.arg, len(scalars) - 1)
         elif is_float_annot:
             scalars.append(a.arg)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+import math
 import struct
 import threading
 import weakref
@@ -40,9 +41,25 @@ may have; decoration raises ``EpilogueError`` beyond it. A 2,000-term sum or 4,0
 assignments fit; each node is one fp32 operation per element in the generated kernel."""
 
 
-def f32(value: float) -> float:
-    """Round a Python float to the nearest fp32 (RNE), as the kernel sees a constant."""
+def f32(value) -> float:
+    """Round a Python float or int to the nearest fp32 (RNE), as the kernel sees a constant. An
+    int beyond 2^53 is rounded from its own digits: float() would round it to float64 first, a
+    second rounding (2^128 - 2^103 - 1 would become inf instead of the largest fp32)."""
+    if value.__class__ is not float and isinstance(value, int) and not -2 ** 53 <= value <= 2 ** 53:
+        a = abs(value)
+        shift = a.bit_length() - 24  # (> 29: keep the top 24 bits, ties to even)
+        q, r = divmod(a, 1 << shift)
+        half = 1 << (shift - 1)
+        q += r > half or (r == half and q & 1)
+        v = q << shift
+        return math.copysign(math.inf if v >= 2 ** 128 else float(v), value)
     return torch.tensor(float(value), dtype=torch.float32).item()
+
+
+def scalar(value) -> float:
+    """A float parameter's value as the kernels and the reference take it: a Python float as it
+    is (the kernel's one conversion to fp32 rounds it), an int rounded to fp32 exactly (f32)."""
+    return value if value.__class__ is float else f32(value) if isinstance(value, int) else float(value)
 
 
 def float_bits(value: float) -> int:

@@ -29,7 +29,7 @@ import torch.utils._pytree as pytree
 
 from .._version import __version__
 from ..formats import fp4, fp4_layouts, groups
-from ..frontend import gated
+from ..frontend import gated, ir
 from ..frontend.epilogue import IDENTITY
 from ..frontend.spec import QuantSpec
 from ..runtime import slots, validation
@@ -280,7 +280,7 @@ def call(i: str, call: Call):
                          "(torch.compiler.disable)")
     shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape
     validation.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
-    floats = [float(s) for s in scalars]
+    floats = [ir.scalar(s) for s in scalars]  # (an int exactly: the schema's float is a double)
     # (outputs carry no gradient, as in eager: the operator takes its inputs detached, so a
     # compiled training step with requires_grad inputs traces without an autograd formula)
     tensors = [t.detach() if isinstance(t, torch.Tensor) else t for t in tensors]
@@ -315,7 +315,7 @@ def gemm_call(i: str, a, w, others, scalars) -> MXFP8Tensor:
     spec, _ = QuantSpec.from_key(_spec_key(i))
     validation.check_scalars(_scalar_names(i), scalars)
     res = torch.ops.mxq.fused_gemm(a.detach(), w.detach(), [t.detach() for t in others],
-                                   [float(s) for s in scalars], i)
+                                   [ir.scalar(s) for s in scalars], i)
     return _result(spec, res, torch.Size((a.shape[0], w.shape[0])))
 
 

@@ -52,6 +52,16 @@ def check_operands(op, operands):
 MAX_NAME = 200  # (lib<name>.so, <name>.h; a file name has at most 255 bytes on Linux's file systems)
 
 
+def default_name(epilogue) -> str:
+    """The export name of an op exported without one: mxq_ and its epilogue function's name,
+    which must then make a C identifier (a Python identifier may hold letters C's do not)."""
+    name = f"mxq_{epilogue.name}"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"mxq: the epilogue function {epilogue.name!r} gives the default export name {name!r}, "
+                         "which is not a C identifier: name the export (a C identifier)")
+    return name
+
+
 def check_name(name) -> str:
     """An export name: a C identifier starting with a letter. Every exported function is the
     symbol ``__tvm_ffi_<function name>``, and TVM-FFI's loader gives symbols of its own meaning
@@ -157,7 +167,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     if gap:
         raise ValueError(f"mxq: export(): {gap}")
     dtype = targets.normalize_dtype(dtype)
-    name = check_name(f"mxq_{op.epilogue.name}" if name is None else name)
+    name = check_name(default_name(op.epilogue) if name is None else name)
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"mxq: export() argument 'directory' must be a path (str or os.PathLike), got "
                         f"{type(directory).__name__}")

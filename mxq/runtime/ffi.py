@@ -22,7 +22,7 @@ import torch
 
 from . import compiler, launch, limits, slots, targets
 from ..formats import groups
-from ..frontend import gated
+from ..frontend import gated, ir
 from ..kernels.config import UNIT
 from ..tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
 
@@ -86,7 +86,7 @@ def _python_callback(op):
         names = list(epi.tensor_params) + list(epi.scalar_params) + list(slots.DESTINATIONS) + ["group_offsets"]
         _check_arg_types(args, names, nt, ns)
         tensors = [_torch(a) for a in args[:nt]]
-        scalars = [float(s) for s in args[nt:nt + ns]]
+        scalars = [ir.scalar(s) for s in args[nt:nt + ns]]
         act, rd, rs, cd, cs, amax, dbias, noop = (_torch(a) for a in args[nt + ns:nt + ns + 8])
         offsets = _torch(args[nt + ns + 8]) if len(args) > nt + ns + 8 else None
         x = tensors[0]
@@ -109,16 +109,24 @@ def _python_callback(op):
             fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape, scale_mode=spec.scale_mode,
             format=want.format, block=want.block, group_offsets=offsets)  # (described as this call's: a buffer
         # of the caller's carries no label of an earlier call, which a noop call would have to keep)
-        kwargs = dict(zip(epi.tensor_params, tensors))
-        kwargs.update(zip(epi.scalar_params, scalars))
+        args = _in_order(epi, epi.tensor_params, tensors, scalars)
         if x.device.type == "cpu" or x.numel() == 0:
             # (an empty CUDA call too: op(...) would hand it back to the dispatcher, which sends it here)
-            op.reference(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
+            op.reference(*args, act_input=act, noop=noop, out=out, group_offsets=offsets)
             return
         with _caller_stream(x.device):  # the C++ caller's stream (TVMFFIEnvSetStream), not torch's
-            op(act_input=act, noop=noop, out=out, group_offsets=offsets, **kwargs)
+            op(*args, act_input=act, noop=noop, out=out, group_offsets=offsets)
 
     return call
+
+
+def _in_order(epi, tensor_names, tensors, scalars) -> list:
+    """The epilogue's arguments in its parameter order (positional: positional-only parameters
+    take no keywords), from its tensors (``tensor_names``, in its tensors' order) and floats;
+    parameters of neither (op.gemm's accumulator) left out."""
+    values = dict(zip(tensor_names, tensors))
+    values.update(zip(epi.scalar_params, scalars))
+    return [values[k] for k in epi.param_order if k in values]
 
 
 def _check_arg_types(args, names, tensors: int, floats: int) -> None:
@@ -232,7 +240,7 @@ def gemm_dispatcher(op):
         _check_arg_types(args, names, 2 + nt, ns)
         a, w = _torch(args[0]), _torch(args[1])
         others = [_torch(t) for t in args[2:2 + nt]]
-        scalars = [float(v) for v in args[2 + nt:2 + nt + ns]]
+        scalars = [ir.scalar(v) for v in args[2 + nt:2 + nt + ns]]
         dests = dict(zip(slots.DESTINATIONS, (_torch(t) for t in args[2 + nt + ns:])))
         written = (*(("rowwise_data", "rowwise_scale") if spec.rowwise else ()),
                    *(("colwise_data", "colwise_scale") if spec.colwise else ()),
@@ -256,14 +264,15 @@ def gemm_dispatcher(op):
                           dbias=_destination(dests["dbias"], want.dbias, "dbias") if spec.dbias else None,
                           fp8=spec.fp8, scale_layout=spec.scale_layout,
                           shape=shape, scale_mode=spec.scale_mode, format=want.format, block=want.block)
-        kwargs = dict(zip(epi.scalar_params, scalars))
+        operands = _in_order(epi, epi.tensor_params[1:], others, scalars)
+        kwargs = {}
         if dests["act_input"] is not None or spec.dact is not None:  # (op.gemm names it where it does not belong)
             kwargs["act_input"] = dests["act_input"]
         if a.device.type != "cuda":
-            op.gemm(a, w, *others, out=out, **kwargs)
+            op.gemm(a, w, *operands, out=out, **kwargs)
             return
         with _caller_stream(a.device):  # the C++ caller's stream (TVMFFIEnvSetStream), not torch's
-            op.gemm(a, w, *others, out=out, **kwargs)
+            op.gemm(a, w, *operands, out=out, **kwargs)
 
     return tvm_ffi.convert(call)
 

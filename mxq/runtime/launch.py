@@ -18,7 +18,7 @@ import torch
 
 from ..formats import fp4, fp4_layouts, groups
 from ..formats.numerics import dbias_partial_dtype
-from ..frontend import gated
+from ..frontend import gated, ir
 from ..kernels.config import UNIT
 from ..tensor import MXFP8Tensor, data_rows, flat_dims
 from . import operands, slots, validation
@@ -164,7 +164,7 @@ class Launcher:
             if slot.role == "input":
                 args.append(mats[slot.index])
             elif slot.role == "scalar":
-                args.append(float(scalars[slot.index]))
+                args.append(ir.scalar(scalars[slot.index]))
             else:
                 args.append(operand[slot.role]())
         key = tuple(kinds[:len(tensors)]) if operand_kinds else None
