@@ -89,6 +89,17 @@ def _checked_shape(shape) -> tuple:
     return tuple(out)
 
 
+def grouped_gap(spec) -> str | None:
+    """What of ``spec``'s outputs cannot be grouped (``group_offsets``), or None: FP4's rule
+    (fp4_layouts.grouped_gap); FP8 block scaling's compact layout only (MXFP8Tensor.empty and
+    validation.check_call say it after the argument's name)."""
+    if spec.format in fp4.FORMATS:
+        return fp4_layouts.grouped_gap(spec)
+    if spec.format == "fp8_block" and spec.scale_layout == "gemm":
+        return "does not go with scale_layout='gemm' (grouped FP8 block scaling is laid out compact; docs/NUMERICS.md)"
+    return None
+
+
 @dataclass(eq=False)  # (identity equality: its fields are tensors, whose == is element-wise)
 class MXFP8Tensor:
     rowwise_data: torch.Tensor | None
@@ -142,14 +153,17 @@ class MXFP8Tensor:
         m, n = flat_dims(shape)
         if group_offsets is not None:
             groups.check_form(group_offsets)
+            gap = grouped_gap(spec)
+            if gap:
+                raise ValueError(f"mxq: argument 'group_offsets' with format={spec.format!r} {gap}")
         if spec.format in fp4.FORMATS:
             if row_align not in (None, 1):
                 raise ValueError(f"mxq: format={spec.format!r} outputs are contiguous: leave 'row_align' None")
+            gap = fp4_layouts.packed_gap(spec, shape)
+            if gap:
+                raise ValueError(f"mxq: MXFP8Tensor.empty() argument 'shape': {gap}")
             g = None
             if group_offsets is not None:
-                gap = fp4_layouts.grouped_gap(spec)
-                if gap:
-                    raise ValueError(f"mxq: argument 'group_offsets' with format={spec.format!r} {gap}")
                 group_offsets, g = group_offsets.clone(), group_offsets.numel()  # (the caller may reuse its tensor)
             fields = fp4_layouts.outputs(spec, shape, m, n, device, zeroed, g)
             return MXFP8Tensor(

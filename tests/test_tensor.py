@@ -191,3 +191,25 @@ def test_empty_checks_a_torch_size_with_a_negative_dim():
     for shape in (torch.Size([-1, 4]), (-1, 4)):
         with pytest.raises(ValueError, match="argument 'shape' must hold sizes >= 0"):
             mxq.MXFP8Tensor.empty(spec, shape, torch.float32, "cpu")
+
+
+def test_empty_refuses_what_a_call_refuses_of_grouped_and_packed_outputs():
+    """MXFP8Tensor.empty refuses the outputs a call of the same spec would refuse, by name, before
+    allocating: FP8 block scaling's GEMM-ready layout with group_offsets (it built ungrouped
+    buffers that failed later inside torch), FP4 data of an odd N (or an odd M with the colwise
+    copy, and a 0-d shape, N = 1: it floored the packed dims)."""
+    spec = mxq.QuantSpec(format="fp8_block", colwise=True, scale_layout="gemm")
+    ends = torch.tensor([100, 256])
+    with pytest.raises(ValueError, match="'group_offsets' with format='fp8_block' does not go with scale_layout='gemm'"):
+        mxq.MXFP8Tensor.empty(spec, (256, 128), torch.bfloat16, "cpu", group_offsets=ends)
+    with pytest.raises(ValueError, match="'group_offsets' does not go with scale_layout='gemm'"):
+        mxq.quantize(torch.randn(256, 128), format="fp8_block", colwise=True, scale_layout="gemm", group_offsets=ends)
+    grouped = mxq.MXFP8Tensor.empty(mxq.QuantSpec(format="fp8_block", colwise=True), (256, 128), torch.bfloat16, "cpu",
+                                    group_offsets=ends)
+    assert grouped.colwise_scale.shape == (256 // 128 + 2, 128)
+    for fmt in ("nvfp4", "mxfp4"):
+        for shape, colwise in (((3, 5), False), ((3, 4), True), ((), False), ((2, 3, 7), False)):
+            with pytest.raises(ValueError, match="argument 'shape': .*packs two E2M1 elements per byte"):
+                mxq.MXFP8Tensor.empty(mxq.QuantSpec(format=fmt, colwise=colwise), shape, torch.bfloat16, "cpu")
+        t = mxq.MXFP8Tensor.empty(mxq.QuantSpec(format=fmt, colwise=True), (3, 2, 64), torch.bfloat16, "cpu")
+        assert t.rowwise_data.shape == (3, 2, 32) and t.colwise_data.shape == (64, 3)

@@ -317,6 +317,15 @@ def test_a_cpu_tensor_global_amax_is_checked_as_a_number_is():
     for pair in ((1.0, float("inf")), torch.tensor([float("inf"), 2.0])):
         t = mxq.quantize(xb, format="nvfp4", colwise=True, hadamard=True, global_amax=pair)
         assert (float(t.amax), float(t.colwise_amax)) == tuple(float(v) for v in pair)
+    # a number that rounds to fp32's largest value is taken as it (float32(3.4028235e38) is it); the
+    # least that rounds to inf, 2^128 - 2^103 (an int: no float64 rounding first), is refused
+    fmax = torch.finfo(torch.float32).max
+    for near in (3.4028235e38, 2 ** 128 - 2 ** 103 - 1):
+        assert float(mxq.quantize(x, format="nvfp4", global_amax=near).amax) == fmax
+        t = mxq.quantize(xb, format="nvfp4", colwise=True, hadamard=True, global_amax=(near, 1.0))
+        assert float(t.amax) == fmax
+    with pytest.raises(ValueError, match="'global_amax' must be >= 0 and round to a finite fp32"):
+        mxq.quantize(x, format="nvfp4", global_amax=2 ** 128 - 2 ** 103)
 
 
 class _Sub(torch.Tensor):
@@ -563,3 +572,17 @@ def test_the_fast_path_does_not_skip_the_grad_warning(monkeypatch):
     assert op(x) == "fast"  # (the fake stands in for a CUDA launcher)
     got = _grad_warnings(lambda: op(x.requires_grad_()))
     assert len(got) == 1 and "argument 'x' requires grad" in str(got[0].message)
+
+
+def test_a_global_amax_in_an_out_field_is_refused_but_out_amax():
+    """NVFP4's global_amax is read by the call: sharing memory with an out= field is refused by
+    name, as an input's is, but out.amax itself (an earlier result's t.amax, reused: the call
+    copies the amax into it first), whose call gives the bytes of the same amax given apart."""
+    x = torch.randn(32, 64)
+    t = mxq.quantize(x, format="nvfp4")
+    want = mxq.quantize(x, format="nvfp4", global_amax=t.amax.clone())
+    got = mxq.quantize(x, format="nvfp4", global_amax=t.amax, out=t)
+    assert torch.equal(got.rowwise_data, want.rowwise_data) and torch.equal(got.rowwise_scale, want.rowwise_scale)
+    inside = t.rowwise_scale.view(torch.uint8).reshape(-1)[:4].view(torch.float32).reshape(())
+    with pytest.raises(ValueError, match="'out.rowwise_scale' overlaps 'global_amax'"):
+        mxq.quantize(x, format="nvfp4", global_amax=inside, out=t)

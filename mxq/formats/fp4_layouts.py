@@ -24,8 +24,11 @@ FP4 data is always contiguous.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..frontend import ir
 from . import groups, layouts
 from .fp4 import BLOCKS
 
@@ -47,6 +50,20 @@ def scale_shape(rows: int, cols: int, fmt: str, layout: str) -> tuple[int, int]:
 def data_shape(shape) -> tuple:
     """The rowwise data's shape for a logical ``shape`` (its last dim halved)."""
     return (*shape[:-1], shape[-1] // 2)
+
+
+def packed_gap(spec, shape) -> str | None:
+    """Why outputs of ``shape`` cannot be packed two E2M1 elements per byte, or None: N (the last
+    dimension; a 0-d tensor's 1) must be even, and M (the product of the others) too with the
+    colwise copy [N, M/2] (validation.check_fp4 and MXFP8Tensor.empty raise it)."""
+    m, n = (1, 1) if len(shape) == 0 else (math.prod(shape[:-1]), shape[-1])
+    what = f"format={spec.format!r} packs two E2M1 elements per byte"
+    if n % 2:
+        return f"{what} along the last dimension, which must be even; got output shape {tuple(shape)}"
+    if spec.colwise and m % 2:
+        return (f"{what}; its colwise copy [N, M/2] packs along the rows, whose count M (the product of the leading "
+                f"dimensions) must be even; got output shape {tuple(shape)}")
+    return None
 
 
 def grouped_gap(spec) -> str | None:
@@ -143,8 +160,8 @@ def given_amax(value, device) -> torch.Tensor | None:
     if isinstance(value, (tuple, list)):
         if isinstance(value[0], torch.Tensor):
             return torch.stack([v.detach().reshape(()) for v in value])
-        return torch.tensor([float(v) for v in value], dtype=torch.float32, device=device)
-    return torch.tensor(float(value), dtype=torch.float32, device=device)
+        return torch.tensor([ir.scalar(v) for v in value], dtype=torch.float32, device=device)
+    return torch.tensor(ir.scalar(value), dtype=torch.float32, device=device)  # (an int rounded once)
 
 
 def to_layout(s: torch.Tensor, layout: str) -> torch.Tensor:

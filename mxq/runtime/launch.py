@@ -283,8 +283,8 @@ def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
     def launch(*args):
         if floats:  # (each entry filled, in place or into the value a noop picks: no copy from the host)
             value = amax if noop is None else amax.new_empty(2)
-            value[0].fill_(float(given[0]))
-            value[1].fill_(float(given[1]))
+            value[0].fill_(ir.scalar(given[0]))
+            value[1].fill_(ir.scalar(given[1]))
         elif isinstance(given, (tuple, list)):  # (two one-element tensors, stacked on the device)
             value = fp4_layouts.given_amax(given, amax.device)
         elif isinstance(given, torch.Tensor):  # (detached: an amax that requires grad gives outputs that do not)

@@ -19,7 +19,7 @@ from ..frontend.spec import DTYPES, QuantSpec
 from ..frontend import gated
 from ..formats import fp4_layouts, groups
 from . import operands
-from ..tensor import MXFP8Tensor, data_rows, flat_dims
+from ..tensor import MXFP8Tensor, data_rows, flat_dims, grouped_gap
 
 
 def _fail_type(name: str, what: str, got) -> None:
@@ -162,9 +162,9 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
                    else f"a view of strides {tuple(group_offsets.stride())}")
             raise ValueError("mxq: prepare() reads 'group_offsets' at every launch: it must be a contiguous int32 "
                              f"tensor (another would be converted once, at bind time); got {got}")
-        if spec.scale_layout == "gemm":
-            raise ValueError("mxq: argument 'group_offsets' does not go with scale_layout='gemm' (grouped FP8 block "
-                             "scaling is laid out compact; docs/NUMERICS.md)")
+        gap = None if spec.is_fp4 else grouped_gap(spec)  # (FP4's: check_fp4_groups, naming the format)
+        if gap:
+            raise ValueError(f"mxq: argument 'group_offsets' {gap}")
     if spec.is_fp4 or fp4_args is not None:
         check_fp4(spec, fp4_args, f, gated.out_shape(epilogue, f.shape), group_offsets)
     if out is not None:
@@ -209,6 +209,18 @@ def check_out_apart(epilogue: Epilogue, call) -> None:
     reads = [*zip(epilogue.tensor_params, call.tensors), ("act_input", call.act_input), ("noop", call.noop),
              ("group_offsets", call.group_offsets)]
     check_apart(call.out, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)])
+    given = call.fp4.global_amax if call.fp4 is not None else None
+    if given is not None and call.out is not None:
+        # (NVFP4's given amax is copied into out.amax (and colwise_amax) before the kernel reads it:
+        # those it may be, as an earlier call's t.amax; no other output field)
+        given = [t for t in (given if isinstance(given, (tuple, list)) else (given,)) if isinstance(t, torch.Tensor)]
+        for f in OUT_FIELDS:
+            a = _span(getattr(call.out, f)) if f not in ("amax", "colwise_amax") and getattr(call.out, f) is not None else None
+            for t in given:
+                b = _span(t)
+                if a is not None and b is not None and a[0] < b[1] and b[0] < a[1]:
+                    raise ValueError(f"mxq: argument 'out.{f}' overlaps 'global_amax' in memory: an op's outputs must "
+                                     "not share memory with its inputs (but out.amax, which takes the given amax)")
 
 
 _PAIR = ("hadamard=True's pair (amax, colwise_amax): a float32 tensor of shape (2,), two floats, or two "
@@ -242,6 +254,7 @@ def _check_amax_pair(amax, device) -> None:
 
 
 _FP32_MAX = torch.finfo(torch.float32).max
+_FP32_ROUNDS_FINITE = 2 ** 128 - 2 ** 103  # (the least value that rounds to inf in fp32)
 
 
 def _check_amax_tensor(t) -> None:
@@ -257,13 +270,15 @@ def _check_amax_tensor(t) -> None:
 
 
 def _check_amax_value(v, shown) -> None:
-    """A Python number given as an amax: >= 0 and at most fp32's largest finite value (it is
-    stored as fp32; a larger finite value would become inf, which it is not), or inf itself (the
-    amax of values holding inf: N2 takes S_enc = 1), compared exactly (an int of any size too);
-    ``shown``: what the error repeats of the argument."""
-    if not (0 <= v <= _FP32_MAX or v == math.inf):
-        raise ValueError(f"mxq: argument 'global_amax' must be >= 0 and at most fp32's largest finite value "
-                         f"({_FP32_MAX:.8g}), or inf, got {shown!r}")
+    """A Python number given as an amax: >= 0 and rounding to a finite fp32 (it is stored as fp32,
+    rounded once: below 2^128 - 2^103, fp32's largest finite value plus half its ulp; a larger
+    finite value would become inf, which it is not), or inf itself (the amax of values holding inf:
+    N2 takes S_enc = 1), compared exactly (an int of any size too); ``shown``: what the error
+    repeats of the argument."""
+    if not (0 <= v < _FP32_ROUNDS_FINITE or v == math.inf):
+        raise ValueError(f"mxq: argument 'global_amax' must be >= 0 and round to a finite fp32 (below 2^128 - 2^103 "
+                         f"= {float(_FP32_ROUNDS_FINITE)!r}; fp32's largest finite value is {_FP32_MAX!r}), or "
+                         f"inf, got {shown!r}")
 
 
 def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> None:
@@ -277,13 +292,9 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
     (amax, colwise_amax))."""
     m, n = flat_dims(shape)
     if spec.is_fp4:
-        what = f"format={spec.format!r} packs two E2M1 elements per byte"
-        if n % 2:
-            raise ValueError(f"mxq: {what} along the last dimension, which must be even; got output shape "
-                             f"{tuple(shape)}")
-        if spec.colwise and m % 2:
-            raise ValueError(f"mxq: {what}; its colwise copy [N, M/2] packs along the rows, whose count M (the "
-                             f"product of the leading dimensions) must be even; got output shape {tuple(shape)}")
+        gap = fp4_layouts.packed_gap(spec, shape)
+        if gap:
+            raise ValueError(f"mxq: {gap}")
         if group_offsets is not None:
             check_fp4_groups(spec, group_offsets)
     if spec.hadamard:
