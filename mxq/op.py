@@ -308,6 +308,7 @@ class FusedOp:
             raise TypeError(f"mxq: {self.__name__}.gemm: the accumulator did not bind to the epilogue's first "
                             f"tensor {self.epilogue.tensor_params[0]!r}")
         others = call.tensors[1:]
+        validation.check_scalars(self.epilogue.scalar_params, call.scalars)  # (a call's rule, before any conversion)
         gemm_rt.operand_kinds(a, w, others)
         if self.spec.dact is not None or act_input is not None:  # (the kernel reads it as one more full operand)
             others = [*others, gemm_rt.check_act_input(self, a, w, act_input)]

@@ -1520,3 +1520,15 @@ def test_bench_runs_each_form_through_the_runtime_switch():
     assert all(tool.runs_in(op, "library") for op in tool.FUSED)
     with pytest.raises(SystemExit):
         tool.main(["--forms", "cooperative,pinpong"])
+
+
+def test_gemm_checks_its_floats_as_a_call_does():
+    """op.gemm's float parameters are checked as a call's, by name (a bool, a string or a
+    tensor ran as a number; None a bare float() error)."""
+    a, w = _ab(6, 32, 16)
+    r = torch.randn(6, 32).to(torch.bfloat16)
+    for bad, kind in ((True, "bool"), ("0.5", "str"), (torch.tensor(0.5), "Tensor"), (None, "NoneType"),
+                      ([0.5], "list")):
+        with pytest.raises(TypeError, match=f"argument 's' must be a float, got {kind}"):
+            _scale_first.gemm(a, w, r, s=bad)
+    _scale_first.gemm(a, w, r, s=2)  # (an int: a number)

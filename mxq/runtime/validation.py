@@ -62,7 +62,7 @@ def check_plain_tensor(name: str, t) -> None:
     read out of bounds; sparse and nested tensors have no single strided buffer."""
     if not isinstance(t, torch.Tensor):
         _fail_type(name, "a torch.Tensor", type(t).__name__)
-    if type(t) not in _PLAIN:
+    if type(t) not in _PLAIN and not _traced_fake(t):
         raise TypeError(f"mxq: argument {name!r} is a {type(t).__name__}, a torch.Tensor subclass mxq does not "
                         "handle; pass a plain tensor (for a DTensor: .to_local() or .full_tensor())")
     if t.layout is not torch.strided or t.is_nested:
@@ -71,6 +71,17 @@ def check_plain_tensor(name: str, t) -> None:
     if t.device.type == "meta":
         raise ValueError(f"mxq: argument {name!r} is on the meta device, which holds no data to quantize (under "
                          "torch.compile, fake tensors need no such call: the operator has a fake implementation)")
+
+
+def _traced_fake(t) -> bool:
+    """A fake tensor while torch.compile or torch.export traces (non-strict torch.export hands
+    the Python code FakeTensors, as dynamo does not): a shape without data, which the checks read
+    as a plain tensor's; the operator node checks the real tensors when the program runs."""
+    if not torch.compiler.is_compiling():
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
 
 
 def check_dtype(name: str, t: torch.Tensor, first=None) -> None:
