@@ -630,3 +630,13 @@ def test_gemm_dispatcher_serves_a_float_before_the_accumulator():
     op.dispatcher(gemm=True)(a, w, b, 2.0, None, rd, rs, None, None, None, None, None)
     assert same_bytes(rd.view(torch.uint8), want.rowwise_data.view(torch.uint8))
     assert same_bytes(rs, want.rowwise_scale)
+
+
+def test_gemm_dispatcher_names_noop_as_what_it_does_not_serve():
+    """op.gemm's dispatcher takes the destination-passing signature, noop included, which
+    op.gemm has no route for: refused by name as not served (not as an output it does not write)."""
+    op = mxq.fused_quant(_scale_posonly)
+    a, w = planted(16, 32, torch.bfloat16, seed=4), planted(64, 32, torch.bfloat16, seed=5)
+    rd, rs = torch.empty(16, 64, dtype=torch.float8_e4m3fn), torch.empty(16, 2, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="'noop' is not served by _scale_posonly.gemm"):
+        op.dispatcher(gemm=True)(a, w, 3.0, None, rd, rs, None, None, None, None, torch.zeros(1))

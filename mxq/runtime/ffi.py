@@ -245,7 +245,10 @@ def gemm_dispatcher(op):
         written = (*(("rowwise_data", "rowwise_scale") if spec.rowwise else ()),
                    *(("colwise_data", "colwise_scale") if spec.colwise else ()),
                    *(("amax",) if spec.amax else ()), *(("dbias",) if spec.dbias else ()))
-        unused = [k for k, t in dests.items() if t is not None and k not in written and k != "act_input"]
+        if dests.get("noop") is not None:  # (an input of a call's, which op.gemm has no route for)
+            raise ValueError(f"mxq: argument 'noop' is not served by {op.__name__}.gemm (noop is a call's keyword "
+                             "op.gemm has no route for): pass None")
+        unused = [k for k, t in dests.items() if t is not None and k not in written and k not in ("act_input", "noop")]
         if unused:
             raise ValueError(f"mxq: argument {unused[0]!r} is not written by {op.__name__}.gemm (its epilogue "
                              f"writes {', '.join(written)}): pass None")
