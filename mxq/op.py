@@ -138,6 +138,9 @@ class FusedOp:
         if first in params:
             raise TypeError(f"mxq: {self.__name__}.gemm: {first!r} is the accumulator (the epilogue's first tensor), "
                             "which the GEMM computes; pass the other tensors and floats")
+        named = next((k for k in params if k in self._bind.positional_only), None)
+        if named is not None:  # (as a call refuses it: Binder)
+            raise TypeError(f"mxq: {self.__name__}(): {named!r} parameter is positional only, but was passed as a keyword")
         free = [k for k in names if k != first and k not in params]
         if len(operands) > len(free):
             raise TypeError(f"mxq: {self.__name__}.gemm got too many positional arguments: {len(operands)} after a "
@@ -197,6 +200,9 @@ class FusedOp:
         run, allocating = launcher.plan(call, layouts)
         if allocating:
             self._fast[(x.dtype, x.get_device())] = launcher  # ordinary calls skip even the key (_fast_call)
+        if any(s.__class__ is not float for s in call.scalars):  # (an int: the native routes take its value as a
+            native = run  # double, so one beyond 2^53 is rounded to fp32 exactly first; Call.key holds the classes)
+            run = lambda c: native(c._replace(scalars=[ir.scalar(s) for s in c.scalars]))  # noqa: E731
         return run, call._replace(tensors=tensors, act_input=act_input), not copied
 
     def _unserved(self, x, call=None) -> str | None:

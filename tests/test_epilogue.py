@@ -4,6 +4,7 @@ the fingerprint that identifies an op."""
 import importlib.util
 import inspect
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -954,12 +955,46 @@ def test_a_source_file_changed_since_import_is_refused(tmp_path, monkeypatch):
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     assert ir.serialize(m.make().epilogue.expr) == ir.serialize(parse(lambda_free_twice_plus_three).expr)
-    mod.write_text(text.replace("x * 2.0", "x * 4.0"))
+    later = mod.stat().st_mtime + 5  # (every edit below a new size and mtime, as any filesystem records it)
+    mod.write_text(text.replace("x * 2.0", "x * 4.25"))
+    os.utime(mod, (later, later))
+    with pytest.raises(EpilogueError, match="changed since its module was imported"):
+        m.make()
+    mod.write_text(text.replace("k = 3.0", "g = 3.0").replace("+ k", "+ g"))  # (a captured name renamed)
+    os.utime(mod, (later + 5, later + 5))
     with pytest.raises(EpilogueError, match="changed since its module was imported"):
         m.make()
     mod.write_text(text.replace("x * 2.0 + k", "x * 2.0 + k  # a comment"))  # (the same code)
+    os.utime(mod, (later + 10, later + 10))
     assert ir.serialize(m.make().epilogue.expr) == ir.serialize(parse(lambda_free_twice_plus_three).expr)
 
 
 def lambda_free_twice_plus_three(x):
     return x * 2.0 + 3.0
+
+
+def test_an_import_hooks_rewrite_of_an_unchanged_file_is_taken(tmp_path, monkeypatch):
+    """A module an import hook rewrote (typeguard-style instrumentation: its functions' code is not
+    what a plain compile of the file gives) whose file is unchanged since its .pyc was written (the
+    timestamp header's mtime and size) builds its epilogues from the file: no compile, no refusal."""
+    import py_compile
+    import types
+
+    mod = tmp_path / "mxq_hooked_mod.py"
+    mod.write_text("import mxq\n\n\ndef f(x):\n    return x * 2.0\n")
+    cached = tmp_path / "__pycache__" / "mxq_hooked_mod.pyc"
+    py_compile.compile(str(mod), cfile=str(cached), doraise=True)  # (a timestamp .pyc of the file as it is)
+    hooked = compile("import mxq\n\n\ndef f(x):\n    y = x\n    return y * 2.0\n", str(mod), "exec")  # (the rewrite)
+    m = types.ModuleType("mxq_hooked_mod")
+    m.__file__, m.__cached__ = str(mod), str(cached)
+    exec(hooked, m.__dict__)
+    m.f.__module__ = "mxq_hooked_mod"
+    monkeypatch.setitem(sys.modules, "mxq_hooked_mod", m)
+    assert ir.serialize(parse(m.f).expr) == ir.serialize(parse(_twice).expr)
+    monkeypatch.setattr(m, "__cached__", str(tmp_path / "none.pyc"))  # (no header: compared, and refused)
+    with pytest.raises(EpilogueError, match="or an import hook or AST transformer rewrote it"):
+        parse(m.f)
+
+
+def _twice(x):
+    return x * 2.0

@@ -1532,3 +1532,17 @@ def test_gemm_checks_its_floats_as_a_call_does():
         with pytest.raises(TypeError, match=f"argument 's' must be a float, got {kind}"):
             _scale_first.gemm(a, w, r, s=bad)
     _scale_first.gemm(a, w, r, s=2)  # (an int: a number)
+
+
+def _posonly_scale(acc, s: float, /):
+    return acc * s
+
+
+def test_gemm_refuses_a_positional_only_float_by_name():
+    """op.gemm binds as a call does: a positional-only parameter given by keyword is refused."""
+    op = mxq.fused_quant(_posonly_scale)
+    a, w = _ab(6, 32, 16)
+    with pytest.raises(TypeError, match="'s' parameter is positional only"):
+        op.gemm(a, w, s=2.0)
+    assert torch.equal(op.gemm(a, w, 2.0).rowwise_data.view(torch.uint8),
+                       op.reference(torch.matmul(a.float(), w.float().t()), 2.0).rowwise_data.view(torch.uint8))

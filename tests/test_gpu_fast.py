@@ -62,6 +62,27 @@ def test_floats_keywords_and_strided_first_input_match_the_reference():
     assert op._plans, "the keyword and strided calls' routes were kept"
 
 
+def test_an_int_float_argument_rounds_to_fp32_once_on_every_route():
+    """An int float argument beyond 2^53 (2^60 + 2^36 + 1: fp32 2^60 + 2^37, through float64
+    2^60) gives the bytes of its exact fp32 value on the allocating route, out= and a kept
+    route, as the reference does (CPU counterpart: tests/test_epilogue.py
+    test_int_constants_round_to_fp32_once)."""
+    op = mxq.fused_quant(rowwise=True)(_axpy)
+    big, exact = 2 ** 60 + 2 ** 36 + 1, 2.0 ** 60 + 2.0 ** 37
+    # every value an E4M3 tie (1.0625, between 1.0 and 1.125) under a block maximum of 224 (scale
+    # 2^0): times 2^60 (the doubly rounded value) ties to 1.0, times the exact one rounds to 1.125
+    x = torch.full((M, N), 1.0625 * 2.0 ** -60)
+    x[:, ::32] = 224 * 2.0 ** -60
+    r = torch.zeros(M, N)
+    want = op.reference(x, exact, r)
+    assert compare(op.reference(x, big, r), want, True) == []
+    assert compare(op.reference(x, 2.0 ** 60, r), want, True) != []  # (the test would see a double rounding)
+    for _ in range(2):  # (the second call: the kept route)
+        assert compare(op(*_cuda(x), big, *_cuda(r)), want, True) == []
+        out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cuda")
+        assert compare(op(*_cuda(x), big, *_cuda(r), out=out), want, True) == []
+
+
 def test_out_noop_groups_and_gated_on_kept_routes_match_the_reference():
     both = mxq.fused_quant(rowwise=True, colwise=True)(_ident)
     offsets = torch.tensor([0, 32, 32, M], dtype=torch.int32)

@@ -18,8 +18,8 @@ Limits (each an ``EpilogueError`` at decoration, construct in parentheses):
   ``"nesting"``). Python itself refuses more than 200 nested parentheses when the module is
   compiled;
 - integer literals, captured integers and integer defaults must convert to a float (``"constant"``,
-  ``"captured value"``, ``"parameter default"``); magnitudes beyond fp32 become +-inf like float
-  literals do.
+  ``"captured value"``, ``"parameter default"``); each is rounded to fp32 once, from its digits
+  (ir.f32), so magnitudes from 2^128 - 2^103 on become +-inf, as float literals beyond fp32 do.
 
 The fingerprint hashes the source, the captured values and a canonical serialization of the IR
 (``ir.serialize``: constants by their bits), so it is deterministic across processes and tells
@@ -33,8 +33,11 @@ import builtins
 import hashlib
 import inspect
 import linecache
+import os
+import sys
 import textwrap
 import types
+import warnings
 from dataclasses import dataclass, field
 
 from . import ir
@@ -286,7 +289,7 @@ class _Parser:
             self.fail(node, f"captured value {node.id!r} is a {type(value).__name__}; an epilogue may "
                       "capture only floats", "captured value")
         value = self.number(node, value, f"captured value {node.id!r}", "captured value")
-        self.captured[node.id] = float(value)
+        self.captured[node.id] = ir.scalar(value)
         return ir.Const(ir.f32(value))
 
     def lookup(self, node: ast.Name):
@@ -449,7 +452,30 @@ def _fn_node(tree: ast.Module, name: str) -> ast.FunctionDef:
     raise EpilogueError(f"cannot find the definition of {name!r} in its source")
 
 
-def _compiles_to(code, file: str) -> bool:
+def _unchanged_since_cached(module_name, file: str) -> bool:
+    """Whether ``file`` is still the text its module's cached bytecode was compiled from: the
+    timestamp .pyc header (source mtime and size) against the file's stat. Then the code Python
+    runs is that text's (or an import hook's rewrite of it, which _compiles_to could not match)
+    and no compile is needed. False where there is no such header to read."""
+    module = sys.modules.get(module_name) if module_name else None
+    cached, origin = getattr(module, "__cached__", None), getattr(module, "__file__", None)
+    if not cached or not origin:
+        return False
+    try:
+        if os.path.realpath(origin) != os.path.realpath(file):
+            return False
+        with open(cached, "rb") as f:
+            head = f.read(16)
+        st = os.stat(file)
+    except (OSError, TypeError, ValueError):
+        return False
+    if len(head) < 16 or int.from_bytes(head[4:8], "little") != 0:  # (a hash-based .pyc: no timestamp)
+        return False
+    return (int.from_bytes(head[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(head[12:16], "little") == st.st_size & 0xFFFFFFFF)
+
+
+def _compiles_to(code, file: str, module_name: str | None = None) -> bool:
     """Whether the source file as inspect reads it now (linecache) compiles to ``code`` at its
     line, the function Python runs: not where the file changed since its module was imported (a
     factory decorating later would build the op from text Python never ran). The whole file is
@@ -457,13 +483,17 @@ def _compiles_to(code, file: str) -> bool:
     per text; the code compared on what the text decides: bytecode, constants (by type and repr:
     0.0 and -0.0 differ), names, variables and parameters. True where the file does not compile
     as a whole (nothing to compare)."""
+    if _unchanged_since_cached(module_name, file):
+        return True
     text = "".join(linecache.getlines(file))
     if not text:
         return True
     entry = _COMPILED.get(file)
     if entry is None or entry[0] != text:
         try:
-            module = compile(text, code.co_filename, "exec", dont_inherit=True)
+            with warnings.catch_warnings():  # (the file's own SyntaxWarnings were shown at its import)
+                warnings.simplefilter("ignore")
+                module = compile(text, code.co_filename, "exec", dont_inherit=True)
         except Exception:
             return True
         index, pending = {}, [module]
@@ -483,7 +513,8 @@ _COMPILED: dict = {}  # source file -> (its text, {(function name, first line): 
 
 def _code_text(code) -> tuple:
     return (code.co_code, tuple(_code_text(k) if hasattr(k, "co_code") else (type(k), repr(k)) for k in code.co_consts),
-            code.co_names, code.co_varnames, code.co_argcount, code.co_posonlyargcount)
+            code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_argcount,
+            code.co_posonlyargcount, code.co_kwonlyargcount)
 
 
 _INLINE_IR: dict = {}
@@ -545,9 +576,10 @@ def parse(fn) -> Epilogue:
         raise EpilogueError(f"cannot parse the source of {fn.__name__!r} on its own ({exc.msg})",
                             file, first + (exc.lineno or 1) - 1, "source") from None
     node = _fn_node(tree, fn.__code__.co_name)  # (the def's own name: __name__ may have been set since)
-    if not _compiles_to(fn.__code__, file):
+    if not _compiles_to(fn.__code__, file, getattr(fn, "__module__", None)):
         raise EpilogueError(f"the source of {fn.__name__!r} in {file} is not the code Python runs (the file has "
-                            "changed since its module was imported): reload the module", file, first, "source")
+                            "changed since its module was imported: reload the module; or an import hook or AST "
+                            "transformer rewrote it)", file, first, "source")
     p = _Parser(fn, file, first)
     p.fn_node = node
     if isinstance(node, ast.AsyncFunctionDef):

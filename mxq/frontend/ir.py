@@ -52,14 +52,20 @@ def f32(value) -> float:
         half = 1 << (shift - 1)
         q += r > half or (r == half and q & 1)
         v = q << shift
-        return math.copysign(math.inf if v >= 2 ** 128 else float(v), value)
+        r = math.inf if v >= 2 ** 128 else float(v)
+        return -r if value < 0 else r
     return torch.tensor(float(value), dtype=torch.float32).item()
 
 
 def scalar(value) -> float:
     """A float parameter's value as the kernels and the reference take it: a Python float as it
-    is (the kernel's one conversion to fp32 rounds it), an int rounded to fp32 exactly (f32)."""
-    return value if value.__class__ is float else f32(value) if isinstance(value, int) else float(value)
+    is (the kernel's one conversion to fp32 rounds it), an int exactly as a float where float64
+    holds it, else rounded to fp32 from its digits (f32)."""
+    if value.__class__ is float:
+        return value
+    if isinstance(value, int):
+        return float(value) if -2 ** 53 <= value <= 2 ** 53 else f32(value)
+    return float(value)
 
 
 def float_bits(value: float) -> int:

@@ -300,7 +300,7 @@ def call(i: str, call: Call):
         seed = [] if args.seed is None else [args.seed & 0xFFFFFFFF, args.seed >> 32]
         res = torch.ops.mxq.fused_quant_fp4(list(tensors), floats, act_input, noop,
                                             amax if isinstance(amax, torch.Tensor) else None,
-                                            None if amax is None or isinstance(amax, torch.Tensor) else float(amax),
+                                            None if amax is None or isinstance(amax, torch.Tensor) else ir.f32(amax),
                                             seed, args.offset, group_offsets, i)
     else:
         res = torch.ops.mxq.fused_quant(list(tensors), floats, act_input, noop, group_offsets, i)

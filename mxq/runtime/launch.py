@@ -283,14 +283,14 @@ def given_amax_first(fn, amax: torch.Tensor, given, noop=None):
     def launch(*args):
         if floats:  # (each entry filled, in place or into the value a noop picks: no copy from the host)
             value = amax if noop is None else amax.new_empty(2)
-            value[0].fill_(ir.scalar(given[0]))
-            value[1].fill_(ir.scalar(given[1]))
+            value[0].fill_(ir.f32(given[0]))  # (rounded to fp32 once: fill_ refuses a double past its range)
+            value[1].fill_(ir.f32(given[1]))
         elif isinstance(given, (tuple, list)):  # (two one-element tensors, stacked on the device)
             value = fp4_layouts.given_amax(given, amax.device)
         elif isinstance(given, torch.Tensor):  # (detached: an amax that requires grad gives outputs that do not)
             value = given.detach().reshape(() if given.numel() == 1 else amax.shape)
         else:
-            value = float(given)
+            value = ir.f32(given)
         if noop is not None:
             amax.copy_(torch.where(noop.reshape(()) == 1.0, amax, value))
         elif isinstance(value, torch.Tensor) and value is not amax:

@@ -16,7 +16,7 @@ import torch
 
 from ..frontend.epilogue import Epilogue
 from ..frontend.spec import DTYPES, QuantSpec
-from ..frontend import gated
+from ..frontend import gated, ir
 from ..formats import fp4_layouts, groups
 from . import operands
 from ..tensor import MXFP8Tensor, data_rows, flat_dims, grouped_gap
@@ -265,7 +265,6 @@ def _check_amax_pair(amax, device) -> None:
 
 
 _FP32_MAX = torch.finfo(torch.float32).max
-_FP32_ROUNDS_FINITE = 2 ** 128 - 2 ** 103  # (the least value that rounds to inf in fp32)
 
 
 def _check_amax_tensor(t) -> None:
@@ -286,10 +285,9 @@ def _check_amax_value(v, shown) -> None:
     finite value would become inf, which it is not), or inf itself (the amax of values holding inf:
     N2 takes S_enc = 1), compared exactly (an int of any size too); ``shown``: what the error
     repeats of the argument."""
-    if not (0 <= v < _FP32_ROUNDS_FINITE or v == math.inf):
-        raise ValueError(f"mxq: argument 'global_amax' must be >= 0 and round to a finite fp32 (below 2^128 - 2^103 "
-                         f"= {float(_FP32_ROUNDS_FINITE)!r}; fp32's largest finite value is {_FP32_MAX!r}), or "
-                         f"inf, got {shown!r}")
+    if not (v >= 0 and (v == math.inf or math.isfinite(ir.f32(v)))):
+        raise ValueError(f"mxq: argument 'global_amax' must be >= 0 and round to a finite fp32 (below 2^128 - 2^103; "
+                         f"fp32's largest finite value is {_FP32_MAX!r}), or inf, got {shown!r}")
 
 
 def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> None:
