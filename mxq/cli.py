@@ -248,7 +248,12 @@ def _load_file_op(target: str) -> FusedOp:
             raise UsageError(f"mxq: {path} has no @mxq.fused_quant op named {name!r} (found: {sorted(named)})")
         return found
     if len(ops) != 1:
-        raise UsageError(f"mxq: {path} defines {len(ops)} ops ({sorted(ops)}); pick one with {path}:NAME")
+        # (ops that are attributes of the file's classes are served by name only: Holder.op)
+        held = sorted(f"{k}.{a}" for k, c in vars(mod).items() if isinstance(c, type) and c.__module__ == mod.__name__
+                      for a, v in vars(c).items() if isinstance(getattr(c, a, None), FusedOp))
+        classes = f" and {len(held)} in its classes ({held})" if held else ""
+        raise UsageError(f"mxq: {path} defines {len(ops)} ops at module level ({sorted(ops)}){classes}; pick one with "
+                         f"{path}:NAME")
     return next(iter(ops.values()))
 
 

@@ -305,7 +305,7 @@ USER_ERRORS = [
     (("render", "{u}/notes.txt"), "mxq: {u}/notes.txt is not a Python file"),
     (("render", "examples/custom_epilogue.py:missing"),
      "mxq: examples/custom_epilogue.py has no @mxq.fused_quant op named 'missing'"),
-    (("render", "{u}/two.py"), "mxq: {u}/two.py defines 2 ops (['a', 'b']); pick one with {u}/two.py:NAME"),
+    (("render", "{u}/two.py"), "mxq: {u}/two.py defines 2 ops at module level (['a', 'b']); pick one with {u}/two.py:NAME"),
     (("render", "{u}/loop.py"), "mxq: {u}/loop.py:6: "),  # EpilogueError: file and line of the loop
     (("compile", "{u}/unknown_option.py"), "mxq: fused_quant() got unknown option(s) ['bogus']"),
     (("render", "{u}/exclusive.py"), "mxq: act and dact are exclusive"),
@@ -385,6 +385,9 @@ def test_a_dotted_name_picks_an_op_in_a_class(tmp_path):
     assert r.returncode == 0 and "QUANTIZE" in r.stdout, r.stderr[-2000:]
     r = run("render", f"{tmp_path}/held.py:Holder.nope", tmp_path=tmp_path)
     assert r.returncode == 2 and "held.py has no @mxq.fused_quant op named 'Holder.nope'" in r.stderr, r.stderr
+    r = run("render", f"{tmp_path}/held.py", tmp_path=tmp_path)  # (no name: the class's op is named, to pick)
+    assert r.returncode == 2 and "defines 0 ops at module level ([]) and 1 in its classes (['Holder.op'])" in r.stderr, \
+        r.stderr
 
 
 def test_an_output_directory_that_cannot_be_made_is_one_line(tmp_path):
@@ -502,4 +505,4 @@ def test_a_file_op_imports_its_neighbours_and_counts_only_its_own_ops(tmp_path):
     (d / "two.py").write_text("import mxq\n\n\n@mxq.fused_quant()\ndef a(x):\n    return x\n\n\n"
                               "@mxq.fused_quant()\ndef b(x):\n    return x\n")
     r = run("render", str(d / "two.py"), tmp_path=tmp_path)
-    assert r.returncode == 2 and "defines 2 ops (['a', 'b'])" in r.stderr, r.stderr
+    assert r.returncode == 2 and "defines 2 ops at module level (['a', 'b'])" in r.stderr, r.stderr
