@@ -50,13 +50,14 @@ def check_operands(op, operands):
 
 
 MAX_NAME = 200  # (lib<name>.so, <name>.h; a file name has at most 255 bytes on Linux's file systems)
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def default_name(epilogue) -> str:
     """The export name of an op exported without one: mxq_ and its epilogue function's name,
     which must then make a C identifier (a Python identifier may hold letters C's do not)."""
     name = f"mxq_{epilogue.name}"
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+    if not _C_IDENTIFIER.fullmatch(name):
         raise ValueError(f"mxq: the epilogue function {epilogue.name!r} gives the default export name {name!r}, "
                          "which is not a C identifier: name the export (a C identifier)")
     return name
@@ -70,7 +71,7 @@ def check_name(name) -> str:
     library's default entry), so names starting with an underscore and ``main`` are refused."""
     if not isinstance(name, str):
         raise TypeError(f"mxq: export() argument 'name' must be a str or None, got {type(name).__name__}")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+    if not _C_IDENTIFIER.fullmatch(name):
         raise ValueError(f"mxq: export name must be a C identifier, got {name!r}")
     if len(name) > MAX_NAME:
         raise ValueError(f"mxq: export name must be at most {MAX_NAME} characters (its files lib<name>.so and "

@@ -22,7 +22,7 @@ import torch
 
 from . import compiler, launch, limits, slots, targets
 from ..formats import groups
-from ..frontend import gated, ir
+from ..frontend import gated
 from ..kernels.config import UNIT
 from ..tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
 
@@ -86,7 +86,7 @@ def _python_callback(op):
         names = list(epi.tensor_params) + list(epi.scalar_params) + list(slots.DESTINATIONS) + ["group_offsets"]
         _check_arg_types(args, names, nt, ns)
         tensors = [_torch(a) for a in args[:nt]]
-        scalars = [ir.scalar(s) for s in args[nt:nt + ns]]
+        scalars = list(args[nt:nt + ns])  # (numbers as given: the call rounds each to fp32 once, ir.scalar)
         act, rd, rs, cd, cs, amax, dbias, noop = (_torch(a) for a in args[nt + ns:nt + ns + 8])
         offsets = _torch(args[nt + ns + 8]) if len(args) > nt + ns + 8 else None
         x = tensors[0]
@@ -240,7 +240,7 @@ def gemm_dispatcher(op):
         _check_arg_types(args, names, 2 + nt, ns)
         a, w = _torch(args[0]), _torch(args[1])
         others = [_torch(t) for t in args[2:2 + nt]]
-        scalars = [ir.scalar(v) for v in args[2 + nt:2 + nt + ns]]
+        scalars = list(args[2 + nt:2 + nt + ns])  # (numbers as given: op.gemm rounds each once)
         dests = dict(zip(slots.DESTINATIONS, (_torch(t) for t in args[2 + nt + ns:])))
         written = (*(("rowwise_data", "rowwise_scale") if spec.rowwise else ()),
                    *(("colwise_data", "colwise_scale") if spec.colwise else ()),

@@ -225,13 +225,10 @@ def check_out_apart(epilogue: Epilogue, call) -> None:
         # (NVFP4's given amax is copied into out.amax (and colwise_amax) before the kernel reads it:
         # those it may be, as an earlier call's t.amax; no other output field)
         given = [t for t in (given if isinstance(given, (tuple, list)) else (given,)) if isinstance(t, torch.Tensor)]
-        for f in OUT_FIELDS:
-            a = _span(getattr(call.out, f)) if f not in ("amax", "colwise_amax") and getattr(call.out, f) is not None else None
-            for t in given:
-                b = _span(t)
-                if a is not None and b is not None and a[0] < b[1] and b[0] < a[1]:
-                    raise ValueError(f"mxq: argument 'out.{f}' overlaps 'global_amax' in memory: an op's outputs must "
-                                     "not share memory with its inputs (but out.amax, which takes the given amax)")
+        fields = [(f"out.{f}", getattr(call.out, f)) for f in OUT_FIELDS
+                  if f not in ("amax", "colwise_amax") and getattr(call.out, f) is not None]
+        if given:
+            check_apart(None, [("global_amax", t) for t in given], fields)
 
 
 _PAIR = ("hadamard=True's pair (amax, colwise_amax): a float32 tensor of shape (2,), two floats, or two "
