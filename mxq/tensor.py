@@ -34,6 +34,21 @@ def default_row_align(shape, grouped: bool = False) -> int:
     return PADDED_ROW_BYTES if len(shape) and shape[-1] % UNIT and not grouped else 1
 
 
+def replicated_local(fn, buf, *args):
+    """``fn(buf, *args)``, a scale buffer's layout conversion; a DTensor buffer replicated on every
+    rank converted on its local tensor (the whole buffer: no collective) and wrapped back as one
+    (torch's DTensor.view of a zero-size tensor never returns, torch 2.11: a replicated tensor's
+    empty group or zero rows under swizzled scales)."""
+    if not is_dtensor(buf):
+        return fn(buf, *args)
+    from torch.distributed.tensor import DTensor, Replicate
+
+    if not all(isinstance(p, Replicate) for p in buf.placements):
+        return fn(buf, *args)
+    out = fn(buf.to_local(), *args)
+    return DTensor.from_local(out, buf.device_mesh, buf.placements, run_check=False)
+
+
 def is_dtensor(t) -> bool:
     """Whether ``t`` is a DTensor (a DTensor call's operand or field: mxq/integrations/distributed.py),
     without importing torch.distributed where nothing is distributed."""
@@ -264,7 +279,8 @@ class MXFP8Tensor:
             if self.group_offsets is not None and direction == "colwise":
                 raise ValueError("mxq: a grouped tensor's colwise scales are per group: use group(g).compact_scale()")
             rows, cols = fp4_layouts.operand_dims(direction, m, n)
-            return fp4_layouts.compact(self._need(f"{direction}_scale"), rows, cols, self.format, self.scale_layout)
+            return replicated_local(fp4_layouts.compact, self._need(f"{direction}_scale"), rows, cols, self.format,
+                                    self.scale_layout)
         if self.group_offsets is not None and (direction == "colwise" or self.scale_layout != "compact"):
             if direction == "rowwise":
                 parts = [self.group(g).compact_scale("rowwise")
@@ -272,9 +288,9 @@ class MXFP8Tensor:
                 return torch.cat(parts)
             raise ValueError("mxq: a grouped tensor's colwise scales are per group: use group(g).compact_scale()")
         if direction == "rowwise":
-            return layouts.compact_rowwise(self._need("rowwise_scale"), m, n, self.scale_layout)
+            return replicated_local(layouts.compact_rowwise, self._need("rowwise_scale"), m, n, self.scale_layout)
         if direction == "colwise":
-            return layouts.compact_colwise(self._need("colwise_scale"), m, n, self.scale_layout)
+            return replicated_local(layouts.compact_colwise, self._need("colwise_scale"), m, n, self.scale_layout)
         raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
 
     def dequantize(self, direction: str | None = None) -> torch.Tensor:
@@ -291,7 +307,8 @@ class MXFP8Tensor:
         shards = is_dtensor(self._need(f"{direction}_data"))
         if shards and self.format in fp4.FORMATS:
             raise ValueError(f"mxq: dequantize() of a DTensor call's {self.format} result is not supported yet: "
-                             "decode the whole result (gather each field with .full_tensor() into an MXFP8Tensor) "
+                             "decode the whole result (gather each field with .full_tensor() into an MXFP8Tensor; "
+                             "float8 fields viewed as uint8 first, .view(torch.uint8): gloo does not move float8) "
                              "or quantize the local tensor (.to_local())")
         if self.format in fp4.FORMATS and self.group_offsets is None:
             return self._fp4_values(direction).reshape(self.shape)
@@ -362,11 +379,11 @@ class MXFP8Tensor:
             if self.rowwise_scale is not None:
                 r0 = row_starts[g]
                 region = self.rowwise_scale[r0:r0 + layouts.roundup(mg, 128)]
-                row_scale = layouts.compact_rowwise(region, mg, n, "swizzled")
+                row_scale = replicated_local(layouts.compact_rowwise, region, mg, n, "swizzled")
             if self.colwise_scale is not None:
                 c0 = col_starts[g]
                 region = self.colwise_scale[c0:c0 + layouts.roundup(nb, 4)]
-                col_scale = layouts.compact_colwise(region, mg, n, "swizzled")
+                col_scale = replicated_local(layouts.compact_colwise, region, mg, n, "swizzled")
         return MXFP8Tensor(rows(self.rowwise_data), rows(self.colwise_data), row_scale, col_scale, None,
                            self.dbias[g] if self.dbias is not None else None, self.fp8, "compact",
                            torch.Size((mg, n)), scale_mode=self.scale_mode, format=self.format, block=self.block)

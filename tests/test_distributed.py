@@ -501,6 +501,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 mesh = init_device_mesh("cpu", (2,))
 x = torch.randn(64, 64)
+
+
+def drop(t, fields, rank):  # (t with fields set to None on rank 1)
+    for f in ((fields,) if isinstance(fields, str) else fields) if rank == 1 else ():
+        setattr(t, f, None)
+    return t
+
+
 cases = [  # (this rank's tensor, the exception both ranks must raise, words in its message)
     (mxq.quantize(x, colwise=True, fp8="e5m2" if rank else "e4m3"), ValueError, "rank 1's fp8 format differs"),
     (mxq.quantize(x, rowwise=not rank, colwise=bool(rank)), ValueError, "rank 1's rowwise direction differs"),
@@ -510,8 +518,9 @@ cases = [  # (this rank's tensor, the exception both ranks must raise, words in 
     (mxq.quantize(x, colwise=True, amax=bool(rank)), ValueError, "rank 1's amax differs"),
     (mxq.quantize(x, colwise=True, scale_mode="floor" if rank else "rceil"), ValueError, "rank 1's scale mode differs"),
     (mxq.quantize(torch.randn(40 if rank else 64, 64), colwise=True), ValueError,
-     "multiple of its blocks' rows when it has blocks spanning rows (32 for MXFP8's colwise blocks, 128 for FP8 "
-     "block scaling's colwise blocks and 128x128 tiles) on every rank; rank 1 has not"),
+     "multiple of its blocks' rows when it has blocks spanning rows (32 for MXFP8's and MXFP4's colwise blocks, "
+     "128 for FP8 block scaling's colwise blocks and 128x128 tiles, 16 for NVFP4's colwise blocks and 16x16 "
+     "tiles) on every rank; rank 1 has not"),
     (mxq.quantize(x, format="fp8_block") if rank else mxq.quantize(x), ValueError, "rank 1's format differs"),
     (mxq.quantize(torch.randn(128, 128), format="fp8_block", block=(128, 128) if rank else (1, 128)), ValueError,
      "rank 1's block differs"),
@@ -519,6 +528,13 @@ cases = [  # (this rank's tensor, the exception both ranks must raise, words in 
      ValueError, "compact scales (swizzled tiles span 128 rows) on every rank; rank 0 has not"),
     (mxq.quantize(x * (rank + 1), format="nvfp4", colwise=True), ValueError, "rank 1's NVFP4 amax differs"),
     (x if rank else mxq.quantize(x, colwise=True), TypeError, "needs an MXFP8Tensor on every rank; rank 1 has not"),
+    # one rank's fields not a quantize call's (an NVFP4 amax, a direction's data, every field dropped):
+    # both raise, the other is not left waiting
+    (drop(mxq.quantize(x, format="nvfp4", colwise=True), "amax", rank), ValueError,
+     "whose fields are a quantize call's (data, each direction with its scales, and NVFP4's amax) on every rank; "
+     "rank 1 has not"),
+    (drop(mxq.quantize(x, colwise=True), "rowwise_data", rank), ValueError, "fields are a quantize call's"),
+    (drop(mxq.quantize(x), ("rowwise_data", "rowwise_scale"), rank), ValueError, "fields are a quantize call's"),
     # one rank's result of a DTensor call (DTensor fields): both raise, the other is not left waiting
     (mxq.quantize(DTensor.from_local(x, mesh, [Replicate()])) if rank == 0 else mxq.quantize(x), TypeError,
      "needs an MXFP8Tensor of plain tensors (a DTensor call's result is already distributed"),
@@ -607,3 +623,61 @@ def test_fuzz_ranks_that_disagree(tmp_path):
     """Random options and shapes on two ranks, rank 1 sometimes differing in one way: all_gather
     raises on both ranks exactly when they differ, and otherwise equals quantizing the whole."""
     run_two_ranks(FUZZ_RANKS, tmp_path, "fuzzed ranks")
+
+
+def test_all_gather_names_a_group_that_is_not_one():
+    """all_gather's ``group`` must be a ProcessGroup or None: anything else is refused by name
+    before any collective (it raised AttributeError from inside torch)."""
+    import torch
+
+    import mxq
+    from mxq import distributed
+
+    t = mxq.quantize(torch.randn(64, 64), colwise=True)
+    for bad in ("abc", 0, object()):
+        with pytest.raises(TypeError, match="all_gather\\(\\) group must be a torch.distributed ProcessGroup"):
+            distributed.all_gather(t, group=bad)
+
+
+REPLICATED = r"""
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Replicate, DTensor
+import mxq
+
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=os.environ["MXQ_TEST_INIT"], rank=rank, world_size=2)
+mesh = init_device_mesh("cpu", (2,))
+torch.manual_seed(0)
+x = torch.randn(64, 64)
+offs = torch.tensor([32, 32, 64])
+got = mxq.quantize(distribute_tensor(x, mesh, [Replicate()]), colwise=True, scale_layout="swizzled",
+                   group_offsets=offs)
+want = mxq.quantize(x, colwise=True, scale_layout="swizzled", group_offsets=offs)
+for g in range(3):  # (group 1 is empty)
+    part, alone = got.group(g), want.group(g)
+    assert part.shape == alone.shape, g
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale"):
+        a, b = getattr(part, f), getattr(alone, f)
+        a = a.to_local() if isinstance(a, DTensor) else a
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (g, f)
+back = got.dequantize()
+assert torch.equal(back.to_local() if isinstance(back, DTensor) else back, want.dequantize())
+empty = mxq.quantize(distribute_tensor(torch.randn(0, 64), mesh, [Replicate()]), scale_layout="swizzled")
+back = empty.dequantize()
+assert back.shape == (0, 64), back.shape
+print(f"rank {rank}: replicated swizzled groups", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_replicated_results_with_swizzled_scales_give_their_groups(tmp_path):
+    """A DTensor call replicated on every rank takes swizzled scales; its empty group and a call
+    of zero rows decode (their buffers' layout converted on each rank's whole local copy:
+    tensor.replicated_local; DTensor.view of a zero-size tensor never returned), each group
+    byte-equal to the plain tensor's."""
+    pytest.importorskip("torch.distributed.tensor")
+    run_two_ranks(REPLICATED, tmp_path, "replicated swizzled groups")

@@ -328,11 +328,13 @@ _CHECKS = (
     f"a tensor of 2 to {_MAX_DIMS} dimensions (all_gather concatenates rows)",
     "an ungrouped tensor (a grouped tensor's scale buffers are per group)",
     "a row count per rank that is a multiple of its blocks' rows when it has blocks spanning rows (32 for "
-    "MXFP8's colwise blocks, 128 for FP8 block scaling's colwise blocks and 128x128 tiles)",
+    "MXFP8's and MXFP4's colwise blocks, 128 for FP8 block scaling's colwise blocks and 128x128 tiles, 16 for "
+    "NVFP4's colwise blocks and 16x16 tiles)",
     "MXFP8, FP8 block scaling, NVFP4 or MXFP4",
     "no Hadamard-transformed colwise copy (its amax is its own: gather the full tensor's copy instead)",
     "an MXFP8Tensor of plain tensors (a DTensor call's result is already distributed: use its fields' "
     "full_tensor() or redistribute)",
+    "an MXFP8Tensor whose fields are a quantize call's (data, each direction with its scales, and NVFP4's amax)",
 )
 _FP8_CODES = {"e4m3": 1, "e5m2": 2}
 _MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4, "pow2": 5, "fp32": 6, "e4m3": 7}
@@ -367,6 +369,10 @@ def _local_verdict(t) -> int:
         return 7
     if any(isinstance(getattr(t, f), DTensor) for f in (*_GATHER_FIELDS, "amax", "dbias")):
         return 8
+    directions = [(getattr(t, f"{d}_data") is None, getattr(t, f"{d}_scale") is None) for d in ("rowwise", "colwise")]
+    if (all(data for data, _ in directions) or any(data != scale for data, scale in directions)
+            or (t.format == "nvfp4" and t.amax is None)):
+        return 9
     return 0
 
 
@@ -390,8 +396,8 @@ def _exchange_device(t, group):
     moves CUDA tensors only)."""
     import torch.distributed as dist
 
-    if isinstance(t, MXFP8Tensor):
-        field = next(getattr(t, f) for f in _GATHER_FIELDS if getattr(t, f) is not None)
+    field = next((getattr(t, f) for f in _GATHER_FIELDS if getattr(t, f, None) is not None), None)
+    if isinstance(t, MXFP8Tensor) and field is not None:
         return field.device
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -448,6 +454,9 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     single-tensor value, not byte-equal to it."""
     import torch.distributed as dist
 
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"mxq: all_gather() group must be a torch.distributed ProcessGroup or None, got "
+                        f"{type(group).__name__}")
     ok = _local_verdict(t) == 0  # (a DTensor field included: every rank raises, _agree)
     parts = [(f, getattr(t, f)) for f in (*_GATHER_FIELDS, "amax", "dbias") if getattr(t, f) is not None] if ok else []
     # each field's bytes padded to _ALIGN, so that every field starts where its dtype may be viewed
