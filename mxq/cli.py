@@ -34,6 +34,7 @@ from .frontend.epilogue import EpilogueError
 from .op import FusedOp, GatedOp, _identity, _quantize_op
 from .frontend.spec import ACTIVATIONS, FORMAT_NAMES, GATED_ACTIVATIONS, QuantSpec, format_choices
 from .runtime.targets import SUPPORTED_ARCHS, normalize_arch, normalize_dtype
+from .runtime.toolchain import ToolchainError
 
 PROG = "python -m mxq"
 _DESCRIPTION = """\
@@ -399,10 +400,13 @@ def main(argv=None) -> int:
         if not str(exc).startswith("mxq:"):
             raise  # not one of mxq's messages to users: a bug, keep the traceback
         return _fail(str(exc))
-    except RuntimeError as exc:  # (a compile the kernels refuse for an option and dtype: their own words)
+    except RuntimeError as exc:  # (a compile the kernels refuse for an option and dtype: their own words;
+        # the C++ toolchain's failures, mxq/runtime/toolchain.py: its message with the compiler's)
         cause = exc.__cause__
-        if not (isinstance(cause, NotImplementedError) and str(cause).startswith("mxq:")):
-            raise
-        return _fail(str(cause))
+        if isinstance(cause, NotImplementedError) and str(cause).startswith("mxq:"):
+            return _fail(str(cause))
+        if isinstance(exc, ToolchainError):
+            return _fail(str(exc))
+        raise
     except OSError as exc:  # unreadable/unwritable paths the user named (--ptx, --dir)
         return _fail(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc))

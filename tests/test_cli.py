@@ -506,3 +506,23 @@ def test_a_file_op_imports_its_neighbours_and_counts_only_its_own_ops(tmp_path):
                               "@mxq.fused_quant()\ndef b(x):\n    return x\n")
     r = run("render", str(d / "two.py"), tmp_path=tmp_path)
     assert r.returncode == 2 and "defines 2 ops at module level (['a', 'b'])" in r.stderr, r.stderr
+
+
+def test_export_toolchain_failures_are_one_line(tmp_path, monkeypatch, capsys):
+    """The C++ compiler's or linker's failure (toolchain.ToolchainError) prints its one-line
+    message and exits 2, as other refusals do, not a traceback; a library path that is a
+    directory is refused before compiling (export._check_destinations)."""
+    from mxq import cli
+    from mxq.runtime import export, toolchain
+
+    (tmp_path / "d1" / "libmxq_quantize.so").mkdir(parents=True)
+    assert cli.main(["export", "--dir", str(tmp_path / "d1")]) == 2
+    assert "libmxq_quantize.so', which exists and is not a file" in capsys.readouterr().err
+
+    def fails(*args, **kwargs):
+        raise toolchain.ToolchainError("mxq: linking libq.so failed: ld: cannot open output file")
+
+    monkeypatch.setattr(export, "compile_op", fails)
+    assert cli.main(["export", "--dir", str(tmp_path / "d2"), "--name", "q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mxq: linking libq.so failed") and "Traceback" not in err

@@ -126,3 +126,54 @@ def test_a_function_name_that_is_no_c_identifier_is_named_as_the_default_names_s
     with pytest.raises(ValueError, match="the epilogue function 'f\u00fcnf' gives the default export name 'mxq_f\u00fcnf'"):
         op.export(tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_destinations_that_are_not_files_before_compiling(tmp_path, monkeypatch):
+    """A runtime library's copy, the library or the header whose path is a directory, or a
+    symbolic link the export would write through (dangling or not), is refused by name before
+    anything compiles; a link to the runtime library itself is left as it is."""
+    from mxq.runtime import export, toolchain
+
+    def stop(*args, **kwargs):  # (past the checks: stopped before compiling)
+        raise RuntimeError("compiling")
+
+    monkeypatch.setattr(export, "compile_op", stop)
+    runtime = [Path(p).name for p in toolchain.runtime_libraries()]
+    assert "libtvm_ffi.so" in runtime
+    for what in ("libtvm_ffi.so", "libq.so", "q.h"):
+        d = tmp_path / f"dir_{what}"
+        (d / what).mkdir(parents=True)
+        with pytest.raises(ValueError, match=f"writes the file '.*{re.escape(what)}', which exists and is not a file"):
+            _identity.export(d, name="q")
+        e = tmp_path / f"link_{what}"
+        e.mkdir()
+        (e / what).symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(ValueError, match=f"write through the symbolic link '.*{re.escape(what)}'"):
+            _identity.export(e, name="q")
+        assert not (tmp_path / "elsewhere").exists()
+    ok = tmp_path / "same"
+    ok.mkdir()
+    src = next(p for p in toolchain.runtime_libraries() if Path(p).name == "libtvm_ffi.so")
+    (ok / "libtvm_ffi.so").symlink_to(src)
+    with pytest.raises(RuntimeError, match="compiling"):
+        _identity.export(ok, name="q")
+
+
+def test_export_refuses_a_name_whose_macros_another_export_beside_it_defines(tmp_path, monkeypatch):
+    """Exports "MyOp" then "myop_vec" in one directory: the first's function "MyOp_vec" and the
+    second's "myop_vec" both define MYOP_VEC_NAME; the second is refused before compiling, naming
+    both; a name whose macros are its own passes."""
+    from mxq.runtime import export
+
+    (tmp_path / "MyOp.h").write_text('#ifndef MYOP_H_\n#define MYOP_H_\n#define MYOP_NAME "MyOp"\n'
+                                     '#define MYOP_VEC_NAME "MyOp_vec"\n#endif\n')
+    (tmp_path / "libMyOp.so").write_bytes(b"")
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("compiling")
+
+    monkeypatch.setattr(export, "compile_op", stop)
+    with pytest.raises(ValueError, match="function 'myop_vec' and the export 'MyOp''s 'MyOp_vec' .* MYOP_VEC_NAME"):
+        _identity.export(tmp_path, name="myop_vec")
+    with pytest.raises(RuntimeError, match="compiling"):
+        _identity.export(tmp_path, name="other")

@@ -190,9 +190,10 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         raise ValueError(f"mxq: export name {name!r} differs from the export {clash[0]!r} in {os.fspath(out)!r} "
                          f"only in case: their headers' include guard ({name.upper()}_H_) and their "
                          "functions' _NAME macros would collide; pick another name or directory")
+    functions, left_out = _served_functions(op, name, dtype, grouped)
+    _check_destinations(out, name, functions, runtime)
     out.mkdir(parents=True, exist_ok=True)
     objects = []
-    functions, left_out = _served_functions(op, name, dtype, grouped)
     with tempfile.TemporaryDirectory() as d:
         for variant, fname in functions:
             mult = math.lcm(n_multiple, UNIT) if variant == "rows8" and gated.is_halves(op.epilogue) else n_multiple
@@ -221,6 +222,38 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     header.write_text(_export_header(op, name, arch, dtype, grouped, layouts, note, functions, left_out))
     return {"library": str(lib), "header": str(header), "functions": [f for _, f in functions],
             "runtime_libraries": copies}
+
+
+_MACRO = re.compile(r'^#define (\w+)_NAME "([^"]*)"', re.M)
+
+
+def _check_destinations(out: Path, name: str, functions, runtime) -> None:
+    """Refuse, before anything compiles, an export whose files would not land as plain files in
+    ``out`` (its library, header or a runtime library's copy being a directory or another
+    non-file, or a symbolic link the copy would write through) or whose functions' _NAME macros
+    (upper-cased function names) another export in ``out`` defines too (a program including both
+    headers would get one of the two values)."""
+    ours = [out / f"lib{name}.so", out / f"{name}.h"]
+    for path in ours + [out / Path(src).name for src in runtime]:
+        same = path not in ours and path.exists() and any(os.path.samefile(path, src) for src in runtime)
+        if path.is_symlink() and not same:  # (a link to the runtime library itself: left as it is)
+            raise ValueError(f"mxq: export() would write through the symbolic link {os.fspath(path)!r}; remove it "
+                             "or pick another directory")
+        if path.exists() and not path.is_file():
+            raise ValueError(f"mxq: export() writes the file {os.fspath(path)!r}, which exists and is not a file; "
+                             "remove it or pick another directory")
+    if not out.is_dir():
+        return
+    macros = {f.upper(): f for _, f in functions}
+    for header in sorted(out.glob("*.h")):
+        if header.stem == name or not (out / f"lib{header.stem}.so").exists():
+            continue  # (this export's own header, rewritten; a header that is not an export's)
+        for macro, value in _MACRO.findall(header.read_text(errors="replace")):
+            if macro in macros:
+                raise ValueError(f"mxq: export name {name!r}: its function {macros[macro]!r} and the export "
+                                 f"{header.stem!r}'s {value!r} in {os.fspath(out)!r} share the macro {macro}_NAME, "
+                                 "which a program including both headers would get one of; pick another name or "
+                                 "directory")
 
 
 # The compiled kernel functions' names inside the library; each exported name is the argument

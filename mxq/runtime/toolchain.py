@@ -11,6 +11,10 @@ import sys
 from pathlib import Path
 
 
+class ToolchainError(RuntimeError):
+    """The C++ compiler or linker failed, or there is none (the message holds its own words)."""
+
+
 def import_cutlass(arch: str):
     """Import cutlass with CUTE_DSL_ARCH set (it is read at import; needed without a GPU)."""
     if "cutlass" not in sys.modules:
@@ -31,7 +35,7 @@ def runtime_libraries() -> list[str]:
 def _cxx() -> str:
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
-        raise RuntimeError("mxq: no C++ compiler (g++) found to build the kernel library; set CXX")
+        raise ToolchainError("mxq: no C++ compiler (g++) found to build the kernel library; set CXX")
     return cxx
 
 
@@ -40,7 +44,7 @@ def compile_cxx(src: Path, obj: Path, includes: list[str]) -> None:
     cmd = [_cxx(), "-std=c++17", "-O2", "-fPIC", "-c", str(src), "-o", str(obj), *(f"-I{i}" for i in includes)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode:
-        raise RuntimeError(f"mxq: compiling {src.name} failed: {r.stderr.strip()[:2000]}")
+        raise ToolchainError(f"mxq: compiling {src.name} failed: {r.stderr.strip()[:2000]}")
 
 
 def link_shared(objects: list[Path], out: Path, rpaths: list[str] | None = None, flags=()) -> None:
@@ -54,4 +58,4 @@ def link_shared(objects: list[Path], out: Path, rpaths: list[str] | None = None,
            *(a for r in rpaths for a in ("-Xlinker", "-rpath", "-Xlinker", r)), *flags]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode:
-        raise RuntimeError(f"mxq: linking {out.name} failed: {r.stderr.strip()[:2000]}")
+        raise ToolchainError(f"mxq: linking {out.name} failed: {r.stderr.strip()[:2000]}")
