@@ -76,10 +76,10 @@ def test_export_refuses_a_name_that_differs_from_an_export_beside_it_only_in_cas
     (tmp_path / "libMyQuant.so").unlink()
     from mxq.runtime import export
 
-    def stop(*args):  # (past the name checks: stopped before compiling)
+    def stop(*args, **kwargs):  # (past the name checks: stopped at compiling)
         raise RuntimeError("compiling")
 
-    monkeypatch.setattr(export, "_served_functions", stop)
+    monkeypatch.setattr(export, "compile_op", stop)
     with pytest.raises(RuntimeError, match="compiling"):
         _identity.export(tmp_path, name="myquant")
 

@@ -396,9 +396,10 @@ def _exchange_device(t, group):
     moves CUDA tensors only)."""
     import torch.distributed as dist
 
-    field = next((getattr(t, f) for f in _GATHER_FIELDS if getattr(t, f, None) is not None), None)
-    if isinstance(t, MXFP8Tensor) and field is not None:
-        return field.device
+    if isinstance(t, MXFP8Tensor):  # (a tensor with no data field fails its local check: the backend's)
+        field = next((getattr(t, f) for f in _GATHER_FIELDS if getattr(t, f) is not None), None)
+        if field is not None:
+            return field.device
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

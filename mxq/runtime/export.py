@@ -182,14 +182,6 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     out = Path(directory)
     if out.exists() and not out.is_dir():
         raise ValueError(f"mxq: export() argument 'directory' is {os.fspath(out)!r}, which is a file, not a directory")
-    # (the header's guard and macros upper-case the name: MyQuant.h and myquant.h would share them,
-    # and an including program would silently get one header's macros)
-    clash = sorted(p.stem for p in out.glob("*.h") if p.stem.upper() == name.upper() and p.stem != name
-                   and (out / f"lib{p.stem}.so").exists()) if out.is_dir() else []
-    if clash:
-        raise ValueError(f"mxq: export name {name!r} differs from the export {clash[0]!r} in {os.fspath(out)!r} "
-                         f"only in case: their headers' include guard ({name.upper()}_H_) and their "
-                         "functions' _NAME macros would collide; pick another name or directory")
     functions, left_out = _served_functions(op, name, dtype, grouped)
     _check_destinations(out, name, functions, runtime)
     out.mkdir(parents=True, exist_ok=True)
@@ -230,9 +222,11 @@ _MACRO = re.compile(r'^#define (\w+)_NAME "([^"]*)"', re.M)
 def _check_destinations(out: Path, name: str, functions, runtime) -> None:
     """Refuse, before anything compiles, an export whose files would not land as plain files in
     ``out`` (its library, header or a runtime library's copy being a directory or another
-    non-file, or a symbolic link the copy would write through) or whose functions' _NAME macros
-    (upper-cased function names) another export in ``out`` defines too (a program including both
-    headers would get one of the two values)."""
+    non-file, or a symbolic link the copy would write through), or that collides with another
+    export in ``out`` (its header and library): a name differing only in case (the header's
+    include guard and macros upper-case it), or a function whose _NAME macro (its upper-cased
+    name) the other's header defines too. An including program would silently get one header's
+    macros."""
     ours = [out / f"lib{name}.so", out / f"{name}.h"]
     for path in ours + [out / Path(src).name for src in runtime]:
         same = path not in ours and path.exists() and any(os.path.samefile(path, src) for src in runtime)
@@ -248,6 +242,10 @@ def _check_destinations(out: Path, name: str, functions, runtime) -> None:
     for header in sorted(out.glob("*.h")):
         if header.stem == name or not (out / f"lib{header.stem}.so").exists():
             continue  # (this export's own header, rewritten; a header that is not an export's)
+        if header.stem.upper() == name.upper():
+            raise ValueError(f"mxq: export name {name!r} differs from the export {header.stem!r} in "
+                             f"{os.fspath(out)!r} only in case: their headers' include guard ({name.upper()}_H_) "
+                             "and their functions' _NAME macros would collide; pick another name or directory")
         for macro, value in _MACRO.findall(header.read_text(errors="replace")):
             if macro in macros:
                 raise ValueError(f"mxq: export name {name!r}: its function {macros[macro]!r} and the export "
