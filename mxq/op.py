@@ -718,7 +718,10 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
                          hadamard=hadamard, stochastic_rounding=stochastic_rounding, hadamard_signs=hadamard_signs)
         op = _quantize_op(spec)
         if len(_QUANTIZE_OPS) < 1024:
-            _QUANTIZE_OPS[key] = op
+            try:
+                _QUANTIZE_OPS[key] = op
+            except TypeError:  # (an unhashable value the spec takes in another form: the op is not kept)
+                pass
     if extra is not None:  # (checked for every format: validation names what the op does not take)
         return op._route(Call([x], [], None, noop, out, group_offsets, extra))
     if out is None and op._fast and x.__class__ is _Tensor and not (x.requires_grad and torch.is_grad_enabled()):

@@ -686,6 +686,27 @@ def test_signs_on_a_literal_are_pythons_then_rounded_once():
     assert math.copysign(1, parse(_neg_zero_float).expr.b.value) == -1
 
 
+ZERO_INT = 0
+
+
+def _neg_captured_zero(x):
+    return x + -ZERO_INT
+
+
+def _neg_int_expression(x):
+    return x + (0 - 0) * -1
+
+
+def test_a_sign_on_a_name_or_an_expression_is_an_fp32_negation():
+    """docs/NUMERICS.md, Epilogues: only a literal's sign is folded as Python's int; on a captured
+    int or a constant expression it negates the fp32 value, so -0 there is -0.0 and -0.0 + -0.0
+    stays -0.0 (byte 0x80), where Python's int arithmetic would add +0."""
+    x = torch.tensor([[-0.0] * 32])
+    for fn in (_neg_captured_zero, _neg_int_expression):
+        got = mxq.fused_quant(fn)(x)
+        assert got.rowwise_data.view(torch.uint8)[0].tolist() == [0x80] * 32, fn.__name__
+
+
 Y_GLOBAL = 3.0
 
 

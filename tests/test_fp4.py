@@ -141,6 +141,34 @@ def test_nvfp4_global_amax_given_skips_the_first_pass():
     assert torch.equal(t2.rowwise_data, t.rowwise_data)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_nvfp4_given_amax_that_is_out_amax_is_read_before_it_is_written(device):
+    """Delayed scaling into the same buffers: global_amax=t.amax with out=t quantizes by the given
+    amax (the oracle's bytes at that amax), not by the values' own amax written over it first;
+    likewise a grouped call's per-group amax and hadamard=True's pair (on CUDA: the kernels)."""
+    x = torch.randn(64, 48, generator=torch.Generator().manual_seed(5))
+    t = mxq.quantize(x.to(device), format="nvfp4", global_amax=2.0)
+    got = mxq.quantize(x.to(device), format="nvfp4", global_amax=t.amax, out=t)
+    codes, scales = oracle.nvfp4(f32_rows(x), 2.0)
+    assert got.amax.item() == 2.0
+    assert codes_of(got.rowwise_data.cpu()) == codes and scale_bytes(got.rowwise_scale.cpu()) == scales
+    offs, per_group = torch.tensor([16, 16, 64]), torch.tensor([1.5, 2.0, 7.0])
+    want = mxq.quantize(x, format="nvfp4", group_offsets=offs, global_amax=per_group)
+    g = mxq.quantize(x.to(device), format="nvfp4", group_offsets=offs.to(device), global_amax=per_group.to(device))
+    g = mxq.quantize(x.to(device), format="nvfp4", group_offsets=offs.to(device), global_amax=g.amax, out=g)
+    assert g.amax.tolist() == [1.5, 2.0, 7.0]
+    for f in ("rowwise_data", "rowwise_scale"):
+        assert torch.equal(getattr(g, f).cpu().view(torch.uint8), getattr(want, f).view(torch.uint8)), f
+    xb = x.bfloat16()
+    want = mxq.quantize(xb, format="nvfp4", colwise=True, hadamard=True, global_amax=(1.0, 2.0))
+    h = mxq.quantize(xb.to(device), format="nvfp4", colwise=True, hadamard=True, global_amax=(1.0, 2.0))
+    h = mxq.quantize(xb.to(device), format="nvfp4", colwise=True, hadamard=True,
+                     global_amax=(h.amax, h.colwise_amax), out=h)
+    assert (h.amax.item(), h.colwise_amax.item()) == (1.0, 2.0)
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale"):
+        assert torch.equal(getattr(h, f).cpu().view(torch.uint8), getattr(want, f).view(torch.uint8)), f
+
+
 def test_nvfp4_an_amax_of_inf_given_back_is_the_computed_one():
     """The amax of values holding inf is inf (N1); given back as global_amax (a number, a CPU
     tensor, a grouped call's per-group amax) it is taken, as N2 defines it, and gives the bytes of

@@ -194,6 +194,46 @@ def test_bad_gated_calls_name_the_argument():
         bwd.inner.register("mxq.test.inner_halves")
 
 
+def _plus(x, r):
+    return x + r
+
+
+def test_gated_calls_name_the_arguments_as_passed(recwarn):
+    """Messages of a gated op's checks (run on its inner op over the halves) name the caller's
+    arguments and shapes: the requires-grad warning names 'r' once, not the up half's inner name
+    too, and 'act_input', not the inner _mxq_gate / _mxq_up; an out= field overlapping act_input
+    names 'act_input'; a shape that does not broadcast gives the shapes as passed, [..., 2N]."""
+    import re
+    import warnings
+
+    from mxq.runtime import validation
+
+    validation._warned.clear()
+    fwd = mxq.fused_quant(act="swiglu")(_plus)
+    bwd = mxq.fused_quant(dact="swiglu")(_ident)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fwd(torch.randn(64, 32), torch.randn(32, requires_grad=True))
+        bwd(torch.randn(64, 16), act_input=torch.randn(64, 32, requires_grad=True))
+    named = [re.match(r"mxq: argument '([^']*)' requires grad", str(w.message)) for w in caught]
+    assert [m.group(1) for m in named if m] == ["r", "act_input"]
+    buf = torch.zeros(64 * 32 * 4, dtype=torch.uint8)
+    act_input = buf.view(torch.float32).view(64, 32)
+    out = mxq.MXFP8Tensor.empty(bwd.spec, (64, 32), torch.float32, "cpu")
+    out.rowwise_data = buf[:64 * 32].view(torch.float8_e4m3fn).view(64, 32)
+    with pytest.raises(ValueError, match="'out.rowwise_data' overlaps 'act_input'"):
+        bwd(torch.randn(64, 16), act_input=act_input, out=out)
+    up = torch.empty(64, 32)
+    out = mxq.MXFP8Tensor.empty(fwd.spec, (64, 16), torch.float32, "cpu")
+    out.rowwise_data = up.view(torch.uint8).view(-1)[64:64 + 1024].view(torch.float8_e4m3fn).reshape(64, 16)
+    with pytest.raises(ValueError, match="'out.rowwise_data' overlaps 'r'"):  # (r's halves are both 'r')
+        fwd(torch.randn(64, 32), up, out=out)
+    for r in (torch.randn(8, 32), torch.randn(64, 32, 1)):
+        with pytest.raises(ValueError, match=re.escape(f"'r' has shape {tuple(r.shape)}, which neither equals "
+                                                       "'x''s (64, 32)")):
+            fwd(torch.randn(64, 32), r)
+
+
 def test_reserved_parameter_names_are_refused():
     def f(x, _mxq_half: float = 0.0):
         return x

@@ -213,6 +213,16 @@ def test_option_cache_does_not_skip_validation():
         mxq.quantize(x, amax=0)
 
 
+@pytest.mark.parametrize("value", [1, 0, "no", None, [1]])
+def test_amax_must_be_a_bool_for_nvfp4_too(value):
+    """NVFP4 always records its amax; a non-bool amax= is still refused by name (as for every
+    format), an unhashable one too, not accepted because the format sets it."""
+    with pytest.raises(TypeError, match="amax must be a bool"):
+        mxq.quantize(torch.randn(4, 32), format="nvfp4", amax=value)
+    with pytest.raises(TypeError, match="amax must be a bool"):
+        mxq.fused_quant(format="nvfp4", amax=value)
+
+
 def test_out_holding_fields_the_op_does_not_write_is_refused():
     """An out= with a field the op does not write (a rowwise copy, an amax, a dbias of an earlier
     call) is refused by name: it came back holding the earlier values, and dequantize() read the

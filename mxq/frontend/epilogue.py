@@ -107,6 +107,14 @@ class Epilogue:
     # as it lowers act=/dact= (fast tanh/sigmoid, FMAs; transcendental class), the rest one
     # rounding per operation
     builtin: frozenset = field(default=frozenset(), compare=False, repr=False)
+    # what the caller passed for each tensor parameter, where another op's call is split into this
+    # one's (a gated op's halves, mxq/frontend/gated.py): the names its messages give
+    shown_params: tuple = field(default=(), compare=False, repr=False)
+
+    @property
+    def arg_names(self) -> tuple:
+        """The caller's name of each tensor parameter (messages name the argument as passed)."""
+        return self.shown_params or self.tensor_params
 
     @property
     def is_identity(self) -> bool:

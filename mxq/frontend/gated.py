@@ -12,8 +12,8 @@ activation, its second half u multiplies it. With the op's epilogue E applied el
 Both are ordinary fused ops over views of the halves, built here as derived epilogues from the
 op's own IR and the activations' one definition (mxq/frontend/activations.py):
 
-- the forward op's epilogue takes each tensor parameter twice (its gate half, then its up half):
-  a user epilogue ``act(g) * u`` over ``x[..., :N]`` and ``x[..., N:]`` computes the same bytes;
+- the forward op's epilogue takes each tensor parameter twice (its gate half, then its up half;
+  messages name both by the user's parameter, Epilogue.shown_params): a user epilogue ``act(g) * u`` over ``x[..., :N]`` and ``x[..., N:]`` computes the same bytes;
 - the backward op's epilogue takes the user's tensors, then g and u, and a last float parameter
   ``_mxq_half`` (HALF) that the kernels set themselves: an epilogue ending in that parameter
   writes an output twice as wide, out[:, h N + j] = E(inputs[:, j], h) for h = 0, 1 (one launch;
@@ -64,7 +64,7 @@ def _apply(fn_name: str, backward: bool, x: ir.Expr, builtin: set) -> ir.Expr:
     return applied
 
 
-def _derived(user: Epilogue, kind: str, act: str, tensor_params, scalar_params, expr, builtin) -> Epilogue:
+def _derived(user: Epilogue, kind: str, act: str, tensor_params, scalar_params, expr, builtin, shown) -> Epilogue:
     h = hashlib.sha256(f"mxq-gated-v1\0{kind}\0{act}\0{user.fingerprint}\0".encode())
     h.update(ir.serialize(expr).encode())
     defaults = user.scalar_defaults + ((0.0,) if scalar_params[-1:] == (HALF,) else ())
@@ -72,7 +72,7 @@ def _derived(user: Epilogue, kind: str, act: str, tensor_params, scalar_params, 
                     scalar_params=tuple(scalar_params), scalar_defaults=defaults,
                     param_order=tuple(tensor_params) + tuple(scalar_params), expr=expr,
                     fingerprint=h.hexdigest()[:32], captured=user.captured,
-                    builtin=frozenset(builtin) & frozenset(ir.walk(expr)))
+                    builtin=frozenset(builtin) & frozenset(ir.walk(expr)), shown_params=tuple(shown))
 
 
 def forward_epilogue(user: Epilogue, act: str) -> Epilogue:
@@ -84,7 +84,7 @@ def forward_epilogue(user: Epilogue, act: str) -> Epilogue:
     builtin = set(user.builtin) | {ir.substitute(n, dict(enumerate(ups))) for n in user.builtin}
     expr = ir.Binary("mul", _apply(GATED[act], False, user.expr, builtin), up)
     return _derived(user, "fwd", act, (*user.tensor_params, *(u.name for u in ups)), user.scalar_params, expr,
-                    builtin)
+                    builtin, user.tensor_params * 2)
 
 
 def backward_epilogue(user: Epilogue, dact: str) -> Epilogue:
@@ -100,7 +100,7 @@ def backward_epilogue(user: Epilogue, dact: str) -> Epilogue:
     d_up = ir.Binary("mul", user.expr, _apply(base, False, g, builtin))
     expr = ir.Where(ir.Compare("eq", half, ir.Const(0.0)), d_gate, d_up)
     return _derived(user, "bwd", dact, (*user.tensor_params, g.name, u.name), (*user.scalar_params, HALF), expr,
-                    builtin)
+                    builtin, (*user.tensor_params, "act_input", "act_input"))
 
 
 def signature(epilogue: Epilogue) -> inspect.Signature:

@@ -119,8 +119,9 @@ class QuantSpec:
             object.__setattr__(self, "scale_mode", _MODES[self.format][0])
         _check_choice("scale_mode", self.scale_mode, _MODES[self.format], f" with format={self.format!r}")
         _check_choice("scale_layout", self.scale_layout, _LAYOUTS[self.format], f" with format={self.format!r}")
-        for name in _NVFP4_OPTIONS:
+        for name in ("rowwise", "colwise", "amax", "dbias", *_NVFP4_OPTIONS):  # (before _check_fp4 sets NVFP4's amax)
             _check_bool(name, getattr(self, name))
+        for name in _NVFP4_OPTIONS:
             if getattr(self, name) and self.format != "nvfp4":
                 raise ValueError(f"mxq: {name}=True is an option of format='nvfp4', not {self.format!r}")
         if self.is_fp4:
@@ -136,8 +137,6 @@ class QuantSpec:
                              f"{self.block!r}")
         _check_choice("act", self.act, _ACT_CODES + tuple(GATED_ACTIVATIONS))
         _check_choice("dact", self.dact, _ACT_CODES + tuple(GATED_ACTIVATIONS))
-        for name in ("rowwise", "colwise", "amax", "dbias"):
-            _check_bool(name, getattr(self, name))
         if self.act is not None and self.dact is not None:
             raise ValueError(f"mxq: act and dact are exclusive, got act={self.act!r} and dact={self.dact!r}")
         if not (self.rowwise or self.colwise):

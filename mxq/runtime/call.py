@@ -221,13 +221,17 @@ def halves_call(spec, epilogue, call: Call) -> Call:
             raise ValueError(f"mxq: argument {names[0]!r} of an act={spec.act!r} op holds the gate and up "
                              f"halves along its last dimension, which must be even; got shape {tuple(x.shape)}")
         n = x.shape[-1] // 2
+        for nm, t in zip(names[1:], call.tensors[1:]):  # (here, where the message gives the shapes as passed)
+            if isinstance(t, torch.Tensor):
+                validation.check_broadcast(nm, t, names[0], x)
         halves = [split_halves(nm, t, 2 * n) for nm, t in zip(names, call.tensors)]
         return call._replace(tensors=[h[0] for h in halves] + [h[1] for h in halves], scalars=list(call.scalars))
     act_input = call.act_input
     if act_input is None:
         raise ValueError(f"mxq: argument 'act_input' is required with dact={spec.dact!r}")
     validation.check_plain_tensor("act_input", act_input)
-    # (named here: past this point act_input's halves are the inner op's _mxq_gate and _mxq_up)
+    # (named here: past this point act_input's halves are the inner op's _mxq_gate and _mxq_up, whose
+    # messages name them 'act_input', Epilogue.arg_names)
     if isinstance(x, torch.Tensor) and act_input.dtype != x.dtype:
         raise TypeError(f"mxq: argument 'act_input' has dtype {act_input.dtype} but {names[0]!r} has {x.dtype}")
     if isinstance(x, torch.Tensor) and act_input.device != x.device:

@@ -133,7 +133,7 @@ class Launcher:
                 _clear_padding(spec, out, noop)
         kinds = list(operand_kinds or ("full",) * len(tensors)) + (["full"] if spec.dact else [])
         sources = [*tensors, act_input] if spec.dact else list(tensors)
-        for name, t, kind in zip((*epi.tensor_params, "act_input"), sources, kinds):
+        for name, t, kind in zip((*epi.arg_names, "act_input"), sources, kinds):
             if kind != "strided" and not t.is_contiguous():
                 raise ValueError(f"mxq: argument {name!r} must be contiguous on CUDA (call .contiguous() first)")
         mats = [t if kind == "strided" else operands.as_matrix(t, kind, m, n)

@@ -135,7 +135,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
     that requires grad: warn_no_autograd). ``prepare``: op.prepare()'s call, whose group offsets
     are read at every launch."""
     tensors, scalars, act_input, noop, out, group_offsets, fp4_args = call
-    names = epilogue.tensor_params
+    names = epilogue.arg_names
     first = None
     for name, t in zip(names, tensors):
         check_tensor_arg(name, t)
@@ -143,11 +143,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
         if first is None:
             first = (name, t)
             continue
-        fname, f = first
-        if t.shape != f.shape and operands.kind_of(t.shape, *flat_dims(f.shape), f.shape) is None:
-            raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)}, which neither equals "
-                             f"{fname!r}'s {tuple(f.shape)} nor broadcasts against it (a row [N], a column "
-                             "[..., 1] or a scalar; docs/NUMERICS.md, Operands)")
+        check_broadcast(name, t, *first)
         check_dtype(name, t, first)
         check_device(name, t, first)
     check_scalars(epilogue.scalar_params, scalars)
@@ -187,6 +183,15 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
                 warn_no_autograd(epilogue.name, name)
 
 
+def check_broadcast(name: str, t: torch.Tensor, fname: str, f: torch.Tensor) -> None:
+    """Tensor argument ``t`` equals the first tensor ``f``'s shape or broadcasts against it as an
+    operand (operands.kind_of); raise naming both otherwise."""
+    if t.shape != f.shape and operands.kind_of(t.shape, *flat_dims(f.shape), f.shape) is None:
+        raise ValueError(f"mxq: argument {name!r} has shape {tuple(t.shape)}, which neither equals "
+                         f"{fname!r}'s {tuple(f.shape)} nor broadcasts against it (a row [N], a column "
+                         "[..., 1] or a scalar; docs/NUMERICS.md, Operands)")
+
+
 OUT_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "dbias", "colwise_amax")
 
 
@@ -217,7 +222,7 @@ def check_apart(out: MXFP8Tensor | None, reads, writes=()) -> None:
 def check_out_apart(epilogue: Epilogue, call) -> None:
     """check_apart of a call's ``out`` against every tensor the call reads (a value check: on
     every call, also those that skip the checks of their layout, FusedOp._plans)."""
-    reads = [*zip(epilogue.tensor_params, call.tensors), ("act_input", call.act_input), ("noop", call.noop),
+    reads = [*zip(epilogue.arg_names, call.tensors), ("act_input", call.act_input), ("noop", call.noop),
              ("group_offsets", call.group_offsets)]
     check_apart(call.out, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)])
     given = call.fp4.global_amax if call.fp4 is not None else None
