@@ -640,3 +640,27 @@ def test_gemm_dispatcher_names_noop_as_what_it_does_not_serve():
     rd, rs = torch.empty(16, 64, dtype=torch.float8_e4m3fn), torch.empty(16, 2, dtype=torch.uint8)
     with pytest.raises(ValueError, match="'noop' is not served by _scale_posonly.gemm"):
         op.dispatcher(gemm=True)(a, w, 3.0, None, rd, rs, None, None, None, None, torch.zeros(1))
+
+
+def test_dispatchers_name_a_bad_input_dtype_and_destinations_by_their_slots():
+    """A destination-passing call names the caller's argument: an input of an unserved dtype as
+    'x' / 'a' (it was MXFP8Tensor.empty's 'dtype'); a destination sharing memory with an input or
+    another destination by its slot name (not as a field of an out= the C++ signature does not
+    have)."""
+    op = mxq.fused_quant(_scale_posonly)
+    x = planted(8, 64, torch.float32, seed=3)
+    rd, rs = torch.empty(8, 64, dtype=torch.float8_e4m3fn), torch.empty(8, 2, dtype=torch.uint8)
+    g = op.dispatcher()
+    for bad in (x.int(), x.double()):
+        with pytest.raises(TypeError, match=f"argument 'x' must be float32, float16 or bfloat16, got {bad.dtype}"):
+            g(bad, 3.0, None, rd, rs, None, None, None, None, None)
+    in_x = x.view(torch.uint8).view(-1)[:8 * 64].view(8, 64)
+    with pytest.raises(ValueError, match="argument 'rowwise_data' overlaps 'x' in memory"):
+        g(x, 3.0, None, in_x, rs, None, None, None, None, None)
+    a, w = planted(16, 32, torch.bfloat16, seed=4), planted(64, 32, torch.bfloat16, seed=5)
+    rd, rs = torch.empty(16, 64, dtype=torch.float8_e4m3fn), torch.empty(16, 2, dtype=torch.uint8)
+    gg = op.dispatcher(gemm=True)
+    with pytest.raises(TypeError, match="mxq.gemm: a must be bfloat16 or float16"):
+        gg(a.double(), w.double(), 3.0, None, rd, rs, None, None, None, None, None)
+    with pytest.raises(ValueError, match="argument 'rowwise_scale' overlaps 'rowwise_data' in memory"):
+        gg(a, w, 3.0, None, rd, rd.view(torch.uint8).view(-1)[:32].view(16, 2), None, None, None, None, None)

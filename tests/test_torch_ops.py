@@ -463,11 +463,57 @@ def test_nvfp4_and_mxfp4_compile_through_the_operator():
 FP4_FIELDS = ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "colwise_amax")
 
 
+def test_compiled_fp4_call_refuses_an_odd_last_dimension_with_mxqs_message():
+    """An FP4 call whose packed dimension is odd: eager's ValueError naming the format under
+    torch.compile too (the fake implementation raised it as MXFP8Tensor.empty's 'shape', inside
+    torch's TorchRuntimeError)."""
+    x = torch.randn(16, 17)
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="format='nvfp4' packs two E2M1 elements per byte"):
+        torch.compile(lambda x: mxq.quantize(x, format="nvfp4"), backend="aot_eager")(x)
+    with pytest.raises(Exception, match="format='nvfp4' packs two E2M1 elements per byte"):
+        _graphs(lambda x: mxq.quantize(x, format="nvfp4"), x)
+
+
 def _same_fp4(got, want):
     for f in FP4_FIELDS:
         a, b = getattr(got, f), getattr(want, f)
         as_bytes = (lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t)  # noqa: E731
         assert (a is None) == (b is None) and (a is None or torch.equal(as_bytes(a), as_bytes(b))), f
+
+
+def test_numbers_dynamo_traces_as_dynamic_compile_or_are_refused_by_name():
+    """Under dynamic=True dynamo traces Python numbers as symbolic: NVFP4's global_amax as a
+    number traces in one graph with eager's bytes (its check compares, reading no tensor) and a
+    bad one raises mxq's message; an int beyond 2^53 (an epilogue float, global_amax), which the
+    call rounds to fp32 from its digits, is refused by name there and gives eager's bytes when
+    static."""
+    x = torch.randn(64, 96, dtype=torch.bfloat16)
+
+    def amax_given(x, a):
+        return mxq.quantize(x, format="nvfp4", global_amax=a)
+
+    for a in (2.0, 3.5):
+        got, graphs = _graphs(amax_given, x, a, dynamic=True)
+        assert len(graphs) == 1
+        _same_fp4(got, amax_given(x, a))
+    torch._dynamo.reset()
+    compiled = torch.compile(amax_given, backend="eager", fullgraph=True, dynamic=True)
+    compiled(x, 2.0)
+    with pytest.raises(Exception, match="argument 'global_amax' must be >= 0"):
+        compiled(x, -1.0)
+    big = 2 ** 53 + 2 ** 29 + 1  # (rounded once: 2^53 + 2^30; through float64 first: 2^53)
+    y, r = torch.ones(4, 32), torch.full((4, 32), -2.0 ** 53)
+
+    def scaled(y, r, a):
+        return resid(y, r, alpha=a)
+
+    got, _ = _graphs(scaled, y, r, big)
+    assert torch.equal(got.rowwise_data.view(torch.uint8), resid(y, r, alpha=big).rowwise_data.view(torch.uint8))
+    assert got.amax.item() == resid(y, r, alpha=big).amax.item() != resid(y, r, alpha=float(big)).amax.item()
+    for fn, args, name in ((scaled, (y, r, big), "alpha"), (amax_given, (x, 2 ** 60 + 1), "global_amax")):
+        with pytest.raises(Exception, match=f"argument '{name}': an int beyond 2\\^53 that torch.compile traces"):
+            _graphs(fn, *args, dynamic=True)
 
 
 @mxq.fused_quant(format="nvfp4", colwise=True, stochastic_rounding=True, act="relu")

@@ -279,8 +279,11 @@ def call(i: str, call: Call):
                          "global_amax, seed or offset yet; call such an op outside the compiled region "
                          "(torch.compiler.disable)")
     shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape
+    if spec.is_fp4 or fp4_args is not None:  # (the packed shapes here, not in the fake implementation's terms)
+        validation.check_fp4(spec, fp4_args if fp4_args is not None else fp4.CallArgs(), tensors[0], shape,
+                             group_offsets)  # (group values: when the call runs)
     validation.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
-    floats = [ir.scalar(s) for s in scalars]  # (an int exactly: the schema's float is a double)
+    floats = [_traced_scalar(name, s) for name, s in zip(_scalar_names(i), scalars)]
     # (outputs carry no gradient, as in eager: the operator takes its inputs detached, so a
     # compiled training step with requires_grad inputs traces without an autograd formula)
     tensors = [t.detach() if isinstance(t, torch.Tensor) else t for t in tensors]
@@ -293,19 +296,31 @@ def call(i: str, call: Call):
         return out.label(spec, group_offsets, noop)  # (as the eager routes: what the outputs are laid out by)
     if fp4_call:
         args = fp4_args if fp4_args is not None else fp4.CallArgs()
-        validation.check_fp4(spec, args, tensors[0], shape, group_offsets)  # (group values: when the call runs)
         amax = args.global_amax
         if isinstance(amax, (tuple, list, torch.Tensor)):  # (the operator takes a tensor; given_amax detaches it:
             amax = fp4_layouts.given_amax(amax, tensors[0].device)  # an amax computed in the graph may require grad)
         seed = [] if args.seed is None else [args.seed & 0xFFFFFFFF, args.seed >> 32]
         res = torch.ops.mxq.fused_quant_fp4(list(tensors), floats, act_input, noop,
                                             amax if isinstance(amax, torch.Tensor) else None,
-                                            None if amax is None or isinstance(amax, torch.Tensor) else ir.f32(amax),
+                                            None if amax is None or isinstance(amax, torch.Tensor)
+                                            else _traced_scalar("global_amax", amax),
                                             seed, args.offset, group_offsets, i)
     else:
         res = torch.ops.mxq.fused_quant(list(tensors), floats, act_input, noop, group_offsets, i)
     return _result(spec, res, shape, None if group_offsets is None else group_offsets.clone(),  # (a copy, as eager)
                    res[-1] if spec.hadamard else None)
+
+
+def _traced_scalar(name: str, value) -> float:
+    """A Python number argument as the operator's float (ir.scalar: an int exactly, one beyond 2^53
+    rounded to fp32 from its digits, a double for the call to round once). An int that
+    torch.compile made symbolic (dynamic=True, or a value that changed) has no digits to round
+    while tracing: beyond 2^53 (where float() would round it twice) it is refused by name."""
+    if isinstance(value, int) and value.__class__ is not int and not -2 ** 53 <= value <= 2 ** 53:
+        # (value.__class__ is int fails only for dynamo's symbolic ints; bools were refused before)
+        raise ValueError(f"mxq: argument {name!r}: an int beyond 2^53 that torch.compile traces as a dynamic value "
+                         "cannot be rounded to fp32 from its digits; pass a float, or mark it static")
+    return ir.scalar(value)
 
 
 def gemm_call(i: str, a, w, others, scalars) -> MXFP8Tensor:
@@ -315,7 +330,7 @@ def gemm_call(i: str, a, w, others, scalars) -> MXFP8Tensor:
     spec, _ = QuantSpec.from_key(_spec_key(i))
     validation.check_scalars(_scalar_names(i), scalars)
     res = torch.ops.mxq.fused_gemm(a.detach(), w.detach(), [t.detach() for t in others],
-                                   [ir.scalar(s) for s in scalars], i)
+                                   [_traced_scalar(name, s) for name, s in zip(_scalar_names(i), scalars)], i)
     return _result(spec, res, torch.Size((a.shape[0], w.shape[0])))
 
 

@@ -20,7 +20,8 @@ from importlib import resources
 
 import torch
 
-from . import compiler, launch, limits, slots, targets
+from . import compiler, launch, limits, slots, targets, validation
+from . import gemm as gemm_rt
 from ..formats import groups
 from ..frontend import gated
 from ..kernels.config import UNIT
@@ -90,6 +91,7 @@ def _python_callback(op):
         act, rd, rs, cd, cs, amax, dbias, noop = (_torch(a) for a in args[nt + ns:nt + ns + 8])
         offsets = _torch(args[nt + ns + 8]) if len(args) > nt + ns + 8 else None
         x = tensors[0]
+        validation.check_dtype(names[0], x)  # (before the outputs' shapes are made from it)
         if offsets is not None:
             groups.check(offsets, flat_dims(x.shape)[0], x.device)
         shape = torch.Size(op.output_shape(x.shape))  # (a gated op's: half or twice x's width)
@@ -109,6 +111,8 @@ def _python_callback(op):
             fp8=spec.fp8, scale_layout=spec.scale_layout, shape=shape, scale_mode=spec.scale_mode,
             format=want.format, block=want.block, group_offsets=offsets)  # (described as this call's: a buffer
         # of the caller's carries no label of an earlier call, which a noop call would have to keep)
+        _check_apart([*zip(epi.tensor_params, tensors), ("act_input", act), ("noop", noop), ("group_offsets", offsets)],
+                     out)
         args = _in_order(epi, epi.tensor_params, tensors, scalars)
         if x.device.type == "cpu" or x.numel() == 0:
             # (an empty CUDA call too: op(...) would hand it back to the dispatcher, which sends it here)
@@ -118,6 +122,13 @@ def _python_callback(op):
             op(*args, act_input=act, noop=noop, out=out, group_offsets=offsets)
 
     return call
+
+
+def _check_apart(reads, out: MXFP8Tensor) -> None:
+    """validation.check_apart of a destination-passing call, naming its slots as the C++ signature
+    does (the Python route would name them as fields of an ``out``)."""
+    writes = [(f, getattr(out, f)) for f in validation.OUT_FIELDS if getattr(out, f) is not None]
+    validation.check_apart(None, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)], writes)
 
 
 def _in_order(epi, tensor_names, tensors, scalars) -> list:
@@ -255,6 +266,7 @@ def gemm_dispatcher(op):
         if a.dim() != 2 or w.dim() != 2:
             raise ValueError(f"mxq: {op.__name__}.gemm takes a [M, K] and w [N, K], got shapes {tuple(a.shape)} and "
                              f"{tuple(w.shape)}")
+        gemm_rt.check_args(a, w)  # (a's dtype, before the outputs' are made from it)
         shape = torch.Size((a.shape[0], w.shape[0]))
         want = MXFP8Tensor.empty(spec, shape, a.dtype, "meta", row_align=1)
         fields = {}
@@ -267,6 +279,7 @@ def gemm_dispatcher(op):
                           dbias=_destination(dests["dbias"], want.dbias, "dbias") if spec.dbias else None,
                           fp8=spec.fp8, scale_layout=spec.scale_layout,
                           shape=shape, scale_mode=spec.scale_mode, format=want.format, block=want.block)
+        _check_apart([("a", a), ("w", w), *zip(epi.tensor_params[1:], others), ("act_input", dests["act_input"])], out)
         operands = _in_order(epi, epi.tensor_params[1:], others, scalars)
         kwargs = {}
         if dests["act_input"] is not None or spec.dact is not None:  # (op.gemm names it where it does not belong)

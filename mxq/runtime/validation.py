@@ -267,6 +267,8 @@ def _check_amax_pair(amax, device) -> None:
 
 
 _FP32_MAX = torch.finfo(torch.float32).max
+_FP32_MAX_TEXT = repr(_FP32_MAX)  # (a str: torch.compile traces no formatting of a float under dynamic=True)
+_FP32_ROUNDS_TO_INF = 2.0 ** 128 - 2.0 ** 103  # (exact in float64: a float or an int at or above it rounds to inf)
 
 
 def _check_amax_tensor(t) -> None:
@@ -287,9 +289,18 @@ def _check_amax_value(v, shown) -> None:
     finite value would become inf, which it is not), or inf itself (the amax of values holding inf:
     N2 takes S_enc = 1), compared exactly (an int of any size too); ``shown``: what the error
     repeats of the argument."""
-    if not (v >= 0 and (v == math.inf or math.isfinite(ir.f32(v)))):
+    if not (v >= 0 and (v == math.inf or v < _FP32_ROUNDS_TO_INF)):  # (comparisons alone: torch.compile traces them)
         raise ValueError(f"mxq: argument 'global_amax' must be >= 0 and round to a finite fp32 (below 2^128 - 2^103; "
-                         f"fp32's largest finite value is {_FP32_MAX!r}), or inf, got {shown!r}")
+                         f"fp32's largest finite value is {_FP32_MAX_TEXT}), or inf, got {_shown(shown)}")
+
+
+def _shown(value) -> str:
+    """repr of a Python number (or a pair of them) for a message; a number that torch.compile
+    traces as a dynamic value (whose class is not int or float while tracing) has no text there."""
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if not torch.compiler.is_compiling() or all(v.__class__ is int or v.__class__ is float for v in values):
+        return repr(value)
+    return "a value torch.compile traces as dynamic (it fails this check)"
 
 
 def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> None:
