@@ -596,3 +596,19 @@ def test_a_global_amax_in_an_out_field_is_refused_but_out_amax():
     inside = t.rowwise_scale.view(torch.uint8).reshape(-1)[:4].view(torch.float32).reshape(())
     with pytest.raises(ValueError, match="'out.rowwise_scale' overlaps 'global_amax'"):
         mxq.quantize(x, format="nvfp4", global_amax=inside, out=t)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_noop_other_than_one_is_an_ordinary_call(device):
+    """docs/NUMERICS.md, noop: only 1.0 writes nothing; 0, 0.5 and NaN write what the call
+    without noop writes (TE's noop[0] == 1.0 test), into an earlier result or fresh outputs."""
+    x = torch.randn(64, 96, device=device)
+    want = mxq.quantize(x, colwise=True, amax=True)
+    for value in (0.0, 0.5, float("nan")):
+        noop = torch.full((1,), value, device=device)
+        earlier = mxq.quantize(x * 3, colwise=True, amax=True)
+        for got in (mxq.quantize(x, colwise=True, amax=True, noop=noop, out=earlier),
+                    mxq.quantize(x, colwise=True, amax=True, noop=noop)):
+            for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+                assert torch.equal(getattr(got, f).reshape(-1).view(torch.uint8),
+                                   getattr(want, f).reshape(-1).view(torch.uint8)), (value, f)
