@@ -191,7 +191,7 @@ def _add_op_args(p: argparse.ArgumentParser) -> None:
                    help="nvfp4 with --hadamard: the transform's 16 signs, each 1 or -1 (default TE's; "
                         "--hadamard-signs=-1,... where the first is -1)")
     p.add_argument("--stochastic-rounding", action="store_true", help="nvfp4: stochastic rounding (gradients)")
-    p.add_argument("--amax", action="store_true", help="also write the input's absolute maximum")
+    p.add_argument("--amax", action="store_true", help="also write the absolute maximum of the values quantized")
     p.add_argument("--act", choices=ACTIVATIONS + tuple(GATED_ACTIVATIONS),
                    help="activation applied before quantizing (swiglu, ...: gated, over the input's two halves)")
     p.add_argument("--dact", choices=ACTIVATIONS + tuple(GATED_ACTIVATIONS),
