@@ -473,6 +473,8 @@ def test_compiled_fp4_call_refuses_an_odd_last_dimension_with_mxqs_message():
         torch.compile(lambda x: mxq.quantize(x, format="nvfp4"), backend="aot_eager")(x)
     with pytest.raises(Exception, match="format='nvfp4' packs two E2M1 elements per byte"):
         _graphs(lambda x: mxq.quantize(x, format="nvfp4"), x)
+    with pytest.raises(Exception, match="argument 's' must be a float"):  # (named first, as eager names it)
+        _graphs(lambda x: sr_scaled(x, "bad"), x)
 
 
 def _same_fp4(got, want):
@@ -511,6 +513,11 @@ def test_numbers_dynamo_traces_as_dynamic_compile_or_are_refused_by_name():
     got, _ = _graphs(scaled, y, r, big)
     assert torch.equal(got.rowwise_data.view(torch.uint8), resid(y, r, alpha=big).rowwise_data.view(torch.uint8))
     assert got.amax.item() == resid(y, r, alpha=big).amax.item() != resid(y, r, alpha=float(big)).amax.item()
+    class Int(int):  # (a subclass of int, constant while tracing: rounded from its digits, not refused)
+        pass
+
+    got, _ = _graphs(scaled, y, r, Int(big))
+    assert got.amax.item() == resid(y, r, alpha=big).amax.item()
     for fn, args, name in ((scaled, (y, r, big), "alpha"), (amax_given, (x, 2 ** 60 + 1), "global_amax")):
         with pytest.raises(Exception, match=f"argument '{name}': an int beyond 2\\^53 that torch.compile traces"):
             _graphs(fn, *args, dynamic=True)

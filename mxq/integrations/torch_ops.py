@@ -279,10 +279,10 @@ def call(i: str, call: Call):
                          "global_amax, seed or offset yet; call such an op outside the compiled region "
                          "(torch.compiler.disable)")
     shape = gated.double_last(tensors[0].shape) if _halves(i) else tensors[0].shape
+    validation.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
     if spec.is_fp4 or fp4_args is not None:  # (the packed shapes here, not in the fake implementation's terms)
         validation.check_fp4(spec, fp4_args if fp4_args is not None else fp4.CallArgs(), tensors[0], shape,
                              group_offsets)  # (group values: when the call runs)
-    validation.check_scalars(_scalar_names(i), scalars)  # (shapes and dtypes: the operator's eager check)
     floats = [_traced_scalar(name, s) for name, s in zip(_scalar_names(i), scalars)]
     # (outputs carry no gradient, as in eager: the operator takes its inputs detached, so a
     # compiled training step with requires_grad inputs traces without an autograd formula)
@@ -316,8 +316,9 @@ def _traced_scalar(name: str, value) -> float:
     rounded to fp32 from its digits, a double for the call to round once). An int that
     torch.compile made symbolic (dynamic=True, or a value that changed) has no digits to round
     while tracing: beyond 2^53 (where float() would round it twice) it is refused by name."""
-    if isinstance(value, int) and value.__class__ is not int and not -2 ** 53 <= value <= 2 ** 53:
-        # (value.__class__ is int fails only for dynamo's symbolic ints; bools were refused before)
+    if type(value) is int and value.__class__ is not int and not -2 ** 53 <= value <= 2 ** 53:
+        # (while dynamo traces, a symbolic int's type reads int and its __class__ does not; a
+        # subclass of int, kept constant, has another type; bools were refused before)
         raise ValueError(f"mxq: argument {name!r}: an int beyond 2^53 that torch.compile traces as a dynamic value "
                          "cannot be rounded to fp32 from its digits; pass a float, or mark it static")
     return ir.scalar(value)
