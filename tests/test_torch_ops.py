@@ -477,6 +477,29 @@ def test_compiled_fp4_call_refuses_an_odd_last_dimension_with_mxqs_message():
         _graphs(lambda x: sr_scaled(x, "bad"), x)
 
 
+@mxq.fused_quant(colwise=True, dact="swiglu")
+def _dswiglu(dy):
+    return dy
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4", "mxfp4"])
+def test_compiled_gated_backward_into_out_writes_the_eager_bytes(fmt, device):
+    """A gated backward's out= is [..., 2N] for dy of [..., N]: the traced out= operator describes
+    its buffers at the op's output shape (it took dy's and refused the call)."""
+    op = mxq.fused_quant(format=fmt, colwise=True, dact="swiglu")(_dswiglu.fn)
+    dy, act_input = torch.randn(64, 64, device=device), torch.randn(64, 128, device=device)
+    want = op(dy, act_input=act_input)
+    into = op(dy * 3, act_input=act_input)
+    torch._dynamo.reset()
+    got = torch.compile(lambda d, a, t: op(d, act_input=a, out=t), backend="eager", fullgraph=True)(dy, act_input, into)
+    assert got is into and tuple(got.shape) == (64, 128)
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"):
+        a, b = getattr(got, f), getattr(want, f)
+        assert (a is None) == (b is None) and (a is None or torch.equal(a.reshape(-1).view(torch.uint8),
+                                                                        b.reshape(-1).view(torch.uint8))), f
+
+
 def _same_fp4(got, want):
     for f in FP4_FIELDS:
         a, b = getattr(got, f), getattr(want, f)

@@ -146,7 +146,8 @@ def fused_quant_out(tensors: list[torch.Tensor], scalars: list[float], act_input
     fields = {f: (next(it) if slots.uses(fused.spec, f) else None) for f in slots.OUTPUTS}
     out = MXFP8Tensor(fields["rowwise_data"], fields["colwise_data"], fields["rowwise_scale"],
                       fields["colwise_scale"], fields["amax"], fields["dbias"], fused.spec.fp8,
-                      fused.spec.scale_layout, x.shape, group_offsets, fused.spec.scale_mode, fused.spec.format,
+                      fused.spec.scale_layout, gated.out_shape(fused.epilogue, x.shape), group_offsets,
+                      fused.spec.scale_mode, fused.spec.format,
                       fused.spec.block)
     fused._eager(Call(tensors, scalars, act_input, noop, out, group_offsets))
 
