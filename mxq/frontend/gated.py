@@ -13,7 +13,8 @@ Both are ordinary fused ops over views of the halves, built here as derived epil
 op's own IR and the activations' one definition (mxq/frontend/activations.py):
 
 - the forward op's epilogue takes each tensor parameter twice (its gate half, then its up half;
-  messages name both by the user's parameter, Epilogue.shown_params): a user epilogue ``act(g) * u`` over ``x[..., :N]`` and ``x[..., N:]`` computes the same bytes;
+  messages name both by the user's parameter, Epilogue.shown_params): a user epilogue
+  ``act(g) * u`` over ``x[..., :N]`` and ``x[..., N:]`` computes the same bytes;
 - the backward op's epilogue takes the user's tensors, then g and u, and a last float parameter
   ``_mxq_half`` (HALF) that the kernels set themselves: an epilogue ending in that parameter
   writes an output twice as wide, out[:, h N + j] = E(inputs[:, j], h) for h = 0, 1 (one launch;

@@ -24,11 +24,11 @@ scales [M, ceil(N/B)], [N, ceil(M/B)]) are split along the input's split dim (a 
 the colwise copy's columns). NVFP4's per-tensor amax is the whole tensor's, so a split call
 quantizes its shard twice: once for the shard's amax, then, after an all-reduce (max) of the
 ranks' amaxes, with that as ``global_amax`` (one quantize where ``global_amax`` is given); its
-amax field, equal on every rank, is Partial("max") as every amax is. Stochastic rounding (whose random words follow the element's place in
-the whole tensor) and the Hadamard transform are refused, and so is an NVFP4 split without
-``global_amax`` under torch.compile (the all-reduce is eager). The other tensor
-operands must have the same placement (or be plain tensors broadcast against the local shard);
-``act_input`` likewise. A Partial("sum") dbias reduces the ranks' rounded sums: within the
+amax field, equal on every rank, is Partial("max") as every amax is. Stochastic rounding (whose
+random words follow the element's place in the whole tensor) and the Hadamard transform are
+refused, and so is an NVFP4 split without ``global_amax`` under torch.compile (the all-reduce is
+eager). The other tensor operands must have the same placement (or be plain tensors broadcast
+against the local shard); ``act_input`` likewise. A Partial("sum") dbias reduces the ranks' rounded sums: within the
 dbias class of docs/NUMERICS.md of the single-device value, not byte-equal to it.
 
 Row groups (``group_offsets``, a plain or replicated tensor) go with Shard(-1) and Replicate():

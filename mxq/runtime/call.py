@@ -204,10 +204,11 @@ def has_dtensor(call: Call) -> bool:
     return any(is_dtensor(t) for t in (*call.tensors, call.act_input, call.group_offsets))
 
 
-def halves_call(spec, epilogue, call: Call) -> Call:
+def halves_call(spec, epilogue, call: Call, checked: bool = True) -> Call:
     """A gated op's call (mxq/frontend/gated.py) as its inner op's: the inner op's tensors and
     floats over views of the [..., 2N] tensors' halves; noop, out and group_offsets pass through
-    (the groups run along the rows, which the halves share)."""
+    (the groups run along the rows, which the halves share). ``checked`` False: a call of a kept
+    route's key (FusedOp._route), whose operand shapes were checked by its first call."""
     names = epilogue.tensor_params
     x = call.tensors[0]
     if not isinstance(x, torch.Tensor) or x.dim() == 0:
@@ -221,7 +222,7 @@ def halves_call(spec, epilogue, call: Call) -> Call:
             raise ValueError(f"mxq: argument {names[0]!r} of an act={spec.act!r} op holds the gate and up "
                              f"halves along its last dimension, which must be even; got shape {tuple(x.shape)}")
         n = x.shape[-1] // 2
-        for nm, t in zip(names[1:], call.tensors[1:]):  # (here, where the message gives the shapes as passed)
+        for nm, t in zip(names[1:], call.tensors[1:]) if checked else ():  # (here: the shapes as passed)
             if isinstance(t, torch.Tensor):
                 validation.check_broadcast(nm, t, names[0], x)
         halves = [split_halves(nm, t, 2 * n) for nm, t in zip(names, call.tensors)]
