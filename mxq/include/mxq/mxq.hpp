@@ -35,7 +35,8 @@
 //   bits 10-12 dact           same codes as act
 //   bit 13     dbias
 //   bits 14-15 input dtype    0 fp32, 1 fp16, 2 bf16 (informational: one function serves all)
-//   bit 16     gated          act/dact is the gated form (swiglu, ...): refused by the C++ routes
+//   bit 16     gated          act/dact is the gated form (swiglu, ...): get_quantize_kernel refuses it
+//                             (a gated op's own register(), dispatcher() and export() serve it)
 //   bit 17     format         fp8_block (bits 3-4 then: 0 pow2, 1 fp32; bit 5: gemm layout): served as
 //                             the kernels serve it (1x128 rowwise, any dtype; 128-row colwise and
 //                             128x128 from bf16/fp16, the gemm layout's transposed colwise copy from
