@@ -69,17 +69,18 @@ def test_python_call_of_the_global_matches(caller):
 
 def test_cpp_caller_gets_clean_errors(caller):
     x, r = torch.randn(8, 64), torch.randn(8, 63)
-    d = list(dests(8, 64).values())
-    err = caller.call_error("test_resid", x, r, True, *d)
+    d = list(dests(8, 64).values())  # (a bf16 dbias: an fp32 input's is fp32, d32's)
+    d32 = d[:-1] + [torch.zeros(64)]
+    err = caller.call_error("test_resid", x, r, True, *d32)
     assert err.startswith("ValueError:") and "'r' has shape" in err
-    err = caller.call_error("test_resid", x, torch.randn(8, 64), False, *d)
+    err = caller.call_error("test_resid", x, torch.randn(8, 64), False, *d32)
     assert err.startswith("ValueError:") and "rowwise_data" in err and "required" in err
     err = caller.call_error("test_resid", x, torch.randn(8, 64), True, *dests(8, 32).values())
     assert err.startswith("ValueError:") and "rowwise_data" in err
     xb = x.bfloat16()
     assert caller.call_error("test_resid", xb, xb, True, *d) == ""
     err = caller.call_error("test_resid", x, torch.randn(8, 64), True, *d)  # fp32 input, bf16 dbias
-    assert err.startswith("ValueError:") and "dbias" in err
+    assert err.startswith("ValueError:") and "'dbias' must be torch.float32, got torch.bfloat16" in err
 
 
 def test_lazy_entrypoint_by_key(caller):
@@ -657,6 +658,12 @@ def test_dispatchers_name_a_bad_input_dtype_and_destinations_by_their_slots():
     in_x = x.view(torch.uint8).view(-1)[:8 * 64].view(8, 64)
     with pytest.raises(ValueError, match="argument 'rowwise_data' overlaps 'x' in memory"):
         g(x, 3.0, None, in_x, rs, None, None, None, None, None)
+    wide = torch.empty(8, 64, dtype=torch.float16)  # (a 2-byte dtype: its bytes are not the FP8 data's)
+    with pytest.raises(ValueError, match="argument 'rowwise_data' must be torch.float8_e4m3fn, got torch.float16"):
+        g(x, 3.0, None, wide, rs, None, None, None, None, None)
+    amax_op = mxq.fused_quant(_scale_posonly, amax=True)
+    with pytest.raises(ValueError, match="argument 'amax' must be torch.float32, got torch.float16"):
+        amax_op.dispatcher()(x, 3.0, None, rd, rs, None, None, torch.zeros((), dtype=torch.float16), None, None)
     a, w = planted(16, 32, torch.bfloat16, seed=4), planted(64, 32, torch.bfloat16, seed=5)
     rd, rs = torch.empty(16, 64, dtype=torch.float8_e4m3fn), torch.empty(16, 2, dtype=torch.uint8)
     gg = op.dispatcher(gemm=True)

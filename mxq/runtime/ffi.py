@@ -189,6 +189,9 @@ def _destination(t, like, name: str, transposed: bool = False, grouped: bool = F
                     if fp4_slot else " or uint8")
             raise TypeError(f"mxq: argument {name!r} must be a {like.dtype}{also} tensor, got {t.dtype}")
         t = t.view(like.dtype)
+    elif like.dtype != t.dtype:  # (named by its slot here, before the op's call checks it as a field of out=)
+        # (ValueError, as the native dispatcher's and check_out's)
+        raise ValueError(f"mxq: argument {name!r} must be {like.dtype}, got {t.dtype}")
     if name.endswith("_data") and not grouped and not t.is_contiguous():
         # FP8 data of padded rows (what the allocating route makes at N % 8 != 0), as its shape
         m, n = flat_dims(like.shape)
