@@ -70,6 +70,17 @@ def test_block_hand_vectors(mode, scale_inv_bits, data):
     assert codes(t.rowwise_data)[0] == data
 
 
+@pytest.mark.parametrize("fmt, amax_is_nan", [("mxfp8", True), ("fp8_block", True), ("mxfp4", True),
+                                             ("nvfp4", False)])
+def test_amax_keeps_nan_but_nvfp4s(fmt, amax_is_nan):
+    """amax=True is NaN-propagating in every format but NVFP4 (docs/NUMERICS.md, amax and noop):
+    FP8 block scaling's block scales drop the NaN, its tensor amax keeps it; NVFP4's global amax,
+    which its scales are encoded by, drops it (3.0 here)."""
+    x = torch.tensor([[1.0, math.nan, 3.0, -2.0] * 8])
+    t = mxq.quantize(x, format=fmt, amax=True)
+    assert math.isnan(t.amax.item()) if amax_is_nan else t.amax.item() == 3.0
+
+
 def test_inf_block_takes_scale_one_and_saturates():
     t = mxq.quantize(torch.tensor([[math.inf, -math.inf, 1.0, 500.0]]), format="fp8_block")
     assert fbits(t.rowwise_scale) == [0x3F800000]

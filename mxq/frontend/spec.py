@@ -261,6 +261,8 @@ class QuantSpec:
             raise ValueError(f"mxq: key {key:#x} has an unknown act, dact or dtype code")
         if key >> 16 & 1 and not (act or dact):
             raise ValueError(f"mxq: key {key:#x} sets the gated bit without an act or dact")
+        if fmt == "nvfp4" and not key >> 6 & 1:  # (so that every key taken is its spec's own)
+            raise ValueError(f"mxq: key {key:#x} is NVFP4's without the amax bit (bit 6): NVFP4 always writes its amax")
         spec = QuantSpec(
             fp8="e5m2" if key & 1 else "e4m3",
             rowwise=bool(key >> 1 & 1),

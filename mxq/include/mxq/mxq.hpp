@@ -30,7 +30,7 @@
 //   bits 3-4   scale_mode     mxfp8: 0 rceil, 1 floor, 2 ceil, 3 even; mxfp4: 0 floor, 1 rceil;
 //                             nvfp4: 0; fp8_block: bit 17's note
 //   bit 5      scale_layout   0 compact, 1 swizzled
-//   bit 6      amax
+//   bit 6      amax           always set for nvfp4 (its global amax; a key without it is refused)
 //   bits 7-9   act            0 none, 1 gelu, 2 silu, 3 relu, 4 qgelu, 5 srelu
 //   bits 10-12 dact           same codes as act
 //   bit 13     dbias
