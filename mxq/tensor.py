@@ -281,17 +281,15 @@ class MXFP8Tensor:
             rows, cols = fp4_layouts.operand_dims(direction, m, n)
             return replicated_local(fp4_layouts.compact, self._need(f"{direction}_scale"), rows, cols, self.format,
                                     self.scale_layout)
+        if direction not in ("rowwise", "colwise"):
+            raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         if self.group_offsets is not None and (direction == "colwise" or self.scale_layout != "compact"):
             if direction == "rowwise":
-                parts = [self.group(g).compact_scale("rowwise")
-                         for g in range(len(groups.bounds(self.group_offsets)))]
-                return torch.cat(parts)
+                return torch.cat([t.compact_scale("rowwise") for t in self._groups()])
             raise ValueError("mxq: a grouped tensor's colwise scales are per group: use group(g).compact_scale()")
         if direction == "rowwise":
             return replicated_local(layouts.compact_rowwise, self._need("rowwise_scale"), m, n, self.scale_layout)
-        if direction == "colwise":
-            return replicated_local(layouts.compact_colwise, self._need("colwise_scale"), m, n, self.scale_layout)
-        raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
+        return replicated_local(layouts.compact_colwise, self._need("colwise_scale"), m, n, self.scale_layout)
 
     def dequantize(self, direction: str | None = None) -> torch.Tensor:
         """Decode to float32 of the original shape: data * 2^(scale-127); scale 255 gives NaN
@@ -315,8 +313,7 @@ class MXFP8Tensor:
         per_group = (self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
                      or self.format in fp4.FORMATS)
         if self.group_offsets is not None and per_group:
-            parts = [self.group(g).dequantize(direction).reshape(e - s, n)
-                     for g, (s, e) in enumerate(groups.bounds(self.group_offsets))]
+            parts = [t.dequantize(direction).reshape(t.shape[0], n) for t in self._groups()]
             return torch.cat(parts).reshape(self.shape)
         if self.format == "fp8_block":
             data = self._need(f"{direction}_data")
@@ -346,6 +343,9 @@ class MXFP8Tensor:
         if self.group_offsets is None:
             raise ValueError("mxq: group() needs a tensor quantized with group_offsets")
         bnds = groups.bounds(self.group_offsets)
+        if isinstance(g, torch.Tensor) and g.dim() != 0:  # (torch's __index__ takes a 1-element tensor too)
+            raise TypeError(f"mxq: group index must be an int in [0, {len(bnds)}), got a tensor of shape "
+                            f"{tuple(g.shape)}")
         if not isinstance(g, bool) and hasattr(g, "__index__"):  # (an int, numpy's ints, a 0-d int tensor)
             try:
                 g = operator.index(g)
@@ -355,6 +355,18 @@ class MXFP8Tensor:
             raise TypeError(f"mxq: group index must be an int in [0, {len(bnds)}), got {type(g).__name__}")
         if not 0 <= g < len(bnds):
             raise ValueError(f"mxq: group index must be an int in [0, {len(bnds)}), got {g!r}")
+        return self._group(g, bnds)
+
+    def _groups(self) -> list["MXFP8Tensor"]:
+        """[group(g) for every g], the group ends read from the device once (not once per group:
+        65535 groups decode in seconds, not hours)."""
+        bnds = groups.bounds(self.group_offsets)
+        starts = groups.swizzled_starts(bnds) if self.scale_layout == "swizzled" else None
+        return [self._group(g, bnds, starts) for g in range(len(bnds))]
+
+    def _group(self, g: int, bnds, starts=None) -> "MXFP8Tensor":
+        """group(g) of the groups' bounds ``bnds`` (and, swizzled, their ``starts``,
+        groups.swizzled_starts; computed here when not given)."""
         start, end = bnds[g]
         m, n = flat_dims(self.shape)
         mg, nb = end - start, layouts.cdiv(end - start, BLOCK)
@@ -375,7 +387,7 @@ class MXFP8Tensor:
                 first = groups.first_block_row(g, start)
                 col_scale = self.colwise_scale[first:first + nb]
         else:  # this group's own blocked region, back to compact
-            row_starts, col_starts = groups.swizzled_starts(bnds)
+            row_starts, col_starts = starts if starts is not None else groups.swizzled_starts(bnds)
             if self.rowwise_scale is not None:
                 r0 = row_starts[g]
                 region = self.rowwise_scale[r0:r0 + layouts.roundup(mg, 128)]
