@@ -89,6 +89,20 @@ def test_act_and_dact_exclusive_and_act_input_rules():
         fwd(x, act_input=x)
 
 
+
+@pytest.mark.parametrize("dact", ["silu", "swiglu"])
+def test_a_bad_first_tensor_is_named_before_act_input(dact):
+    """A dact op's bad first tensor (dtype, meta device) is reported as its own, not as act_input's
+    mismatch with it (the gated backward compared act_input with it first)."""
+    back = mxq.fused_quant(dact=dact, colwise=True, dbias=True)(_ident)
+    width = 64 if dact == "swiglu" else 32
+    a = torch.randn(4, width)
+    with pytest.raises(TypeError, match="argument 'x' must be float32, float16 or bfloat16, got torch.int32"):
+        back(torch.ones(4, 32, dtype=torch.int32), act_input=a)
+    with pytest.raises(ValueError, match="argument 'x' is on the meta device"):
+        back(torch.randn(4, 32, device="meta"), act_input=a)
+
+
 def test_out_is_checked():
     x = torch.randn(8, 64)
     good = mxq.quantize(x, colwise=True)
