@@ -220,6 +220,9 @@ def _load_file_op(target: str) -> FusedOp:
     path, name = split_target(target)
     file = Path(path)
     if not file.exists():
+        if path.endswith(":") and Path(path[:-1]).exists():  # (FILE.py: with the op's name left out)
+            raise UsageError(f"mxq: {path!r} names no op after its colon: give FILE.py:NAME, or FILE.py alone "
+                             "for its one op")
         raise UsageError(f"mxq: no such file: {path}")
     if not file.is_file():
         raise UsageError(f"mxq: {path} is not a file (expected FILE.py[:NAME])")

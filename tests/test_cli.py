@@ -301,6 +301,8 @@ USER_ERRORS = [
     (("render", "--hadamard-signs", "a,b"), "mxq: argument --hadamard-signs: expected 16 comma-separated signs"),
     (("render", "--format", "int4"), "mxq: argument --format: invalid choice: 'int4'"),
     (("render", "nope.py"), "mxq: no such file: nope.py"),
+    (("render", "examples/custom_epilogue.py:"),
+     "mxq: 'examples/custom_epilogue.py:' names no op after its colon: give FILE.py:NAME"),
     (("render", "{u}"), "mxq: {u} is not a file"),
     (("render", "{u}/notes.txt"), "mxq: {u}/notes.txt is not a Python file"),
     (("render", "examples/custom_epilogue.py:missing"),
