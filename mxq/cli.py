@@ -74,6 +74,8 @@ _SPEC_AS_FLAGS = (
     (r"at least one of rowwise and colwise must be True",
      "--no-rowwise needs --colwise (at least one of the rowwise and colwise outputs is written)"),
     (r"\bact and dact are exclusive", "--act and --dact are exclusive"),
+    (r"\bblock_2d and hadamard are exclusive", "--block-2d and --hadamard are exclusive"),
+    (r"^mxq: fp8 does not apply\b", "mxq: --fp8 does not apply"),
     (r"\b(fp8|act|dact|scale_mode|scale_layout|format)=(?:'([^']*)'|None)",
      lambda m: f"--{m[1].replace('_', '-')} {m[2] or 'None'}"),
     (r"\b(block_2d|hadamard|stochastic_rounding)=True", lambda m: "--" + m[1].replace("_", "-")),
@@ -407,7 +409,8 @@ def main(argv=None) -> int:
         # the C++ toolchain's failures, mxq/runtime/toolchain.py: its message with the compiler's)
         cause = exc.__cause__
         if isinstance(cause, NotImplementedError) and str(cause).startswith("mxq:"):
-            return _fail(str(cause))
+            dtype = getattr(args, "dtype", None)  # (the refused dtype is the command's --dtype)
+            return _fail(f"{cause} (--dtype {dtype})" if dtype else str(cause))
         if isinstance(exc, ToolchainError):
             return _fail(str(exc))
         raise

@@ -625,7 +625,9 @@ def fused_quant(fn=None, **options):
     ``global_amax``, ``seed`` and ``offset`` (as mxq.quantize).
 
     ``@mxq.fused_quant(act="gelu", dbias=True, colwise=True)`` or bare ``@mxq.fused_quant``;
-    options are those of ``mxq.quantize`` plus ``act``, ``dact`` and ``dbias``.
+    options (``_OPTION_NAMES``) are the format options of ``mxq.quantize`` plus ``act``, ``dact``
+    and ``dbias``; its per-call keywords (``noop``, ``out``, ``group_offsets``, FP4's three) go to
+    the op's calls.
     """
     unknown = set(options) - set(_OPTION_NAMES)
     if unknown:

@@ -8,9 +8,11 @@ from ..op import _quantize_op
 
 
 def get_quantize_kernel(key: int):
-    """Lazy entrypoint for C++ (``mxq.get_quantize_kernel``): the native dispatcher of the
-    built-in quantize op with 32-bit ``key`` (QuantSpec.key). The key's dtype bits are ignored:
-    one dispatcher serves every input dtype; each dtype's kernel compiles on its first call."""
+    """Lazy entrypoint for C++ (``mxq.get_quantize_kernel``): the destination-passing dispatcher
+    of the built-in quantize op with 32-bit ``key`` (QuantSpec.key): the native one (MXFP8, FP8
+    block scaling), or for NVFP4 and MXFP4 one that runs in Python on every call. The key's dtype
+    bits are ignored: one dispatcher serves every input dtype; each dtype's kernel compiles on its
+    first call."""
     if isinstance(key, bool) or not isinstance(key, int):
         raise TypeError(f"mxq: get_quantize_kernel() key must be an int, got {type(key).__name__}")
     spec, _ = QuantSpec.from_key(key)
