@@ -12,6 +12,7 @@ names and roles (docs/DESIGN.md says why one class).
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 
@@ -308,6 +309,16 @@ class MXFP8Tensor:
                              "decode the whole result (gather each field with .full_tensor() into an MXFP8Tensor; "
                              "float8 fields viewed as uint8 first, .view(torch.uint8): gloo does not move float8) "
                              "or quantize the local tensor (.to_local())")
+        if shards and self._replicated():
+            # (each rank decodes its whole local copy, no collective: DTensor's view of a zero-size tensor,
+            # an empty group's, never returns; tensor.replicated_local)
+            from torch.distributed.tensor import DTensor
+
+            data = self._need(f"{direction}_data")
+            local = dataclasses.replace(self, **{f.name: getattr(self, f.name).to_local()
+                                                 for f in dataclasses.fields(self) if is_dtensor(getattr(self, f.name))})
+            return DTensor.from_local(local.dequantize(direction), data.device_mesh, data.placements,
+                                      run_check=False)
         if self.format in fp4.FORMATS and self.group_offsets is None:
             return self._fp4_values(direction).reshape(self.shape)
         per_group = (self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
@@ -335,6 +346,14 @@ class MXFP8Tensor:
         else:
             full = scale.repeat_interleave(BLOCK, dim=0)[:m, :]
         return (data * full).reshape(self.shape)
+
+    def _replicated(self) -> bool:
+        """Whether this DTensor call's data and scale fields are replicated on every rank."""
+        from torch.distributed.tensor import Replicate
+
+        return all(all(isinstance(p, Replicate) for p in t.placements) for t in
+                   (getattr(self, f) for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"))
+                   if is_dtensor(t))
 
     def group(self, g: int) -> "MXFP8Tensor":
         """Group g of a grouped tensor (rows [start_g, end_g) after flattening) as an MXFP8Tensor

@@ -663,6 +663,13 @@ for g in range(3):  # (group 1 is empty)
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (g, f)
 back = got.dequantize()
 assert torch.equal(back.to_local() if isinstance(back, DTensor) else back, want.dequantize())
+for fmt in ("fp8_block", "mxfp8"):  # (an empty group's fp8_block colwise blocks spun in DTensor's view)
+    xb, ends = torch.randn(160, 128, dtype=torch.bfloat16), torch.tensor([0, 160, 160])
+    got = mxq.quantize(distribute_tensor(xb, mesh, [Replicate()]), format=fmt, colwise=True, group_offsets=ends)
+    want = mxq.quantize(xb, format=fmt, colwise=True, group_offsets=ends)
+    for d in ("rowwise", "colwise"):
+        back = got.dequantize(d)
+        assert isinstance(back, DTensor) and torch.equal(back.to_local().nan_to_num(7), want.dequantize(d).nan_to_num(7))
 empty = mxq.quantize(distribute_tensor(torch.randn(0, 64), mesh, [Replicate()]), scale_layout="swizzled")
 back = empty.dequantize()
 assert back.shape == (0, 64), back.shape
