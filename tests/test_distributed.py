@@ -681,6 +681,52 @@ os._exit(0)
 """
 
 
+AGREE = r"""
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Shard
+import mxq
+
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=os.environ["MXQ_TEST_INIT"], rank=rank, world_size=2)
+mesh = init_device_mesh("cpu", (2,))
+
+@mxq.fused_quant(format="nvfp4")
+def nv_add(x, r):
+    return x + r
+
+# rank 0 holds 3 rows, rank 1 two: the plain operand fits rank 0's shard alone. Rank 1 refuses its shard
+# in NVFP4's first pass; rank 0 waited for it in the amax all-reduce (forever): both raise now
+x, r = torch.randn(5, 64), torch.randn(3, 64)
+try:
+    nv_add(distribute_tensor(x, mesh, [Shard(0)]), r)
+except ValueError as exc:
+    assert ("another rank refused" in str(exc)) == (rank == 0), (rank, exc)
+else:
+    raise AssertionError(f"rank {rank} returned")
+# an input of an unserved dtype is named as x (it was MXFP8Tensor.empty's 'dtype')
+for fmt in ("mxfp8", "nvfp4"):
+    try:
+        mxq.quantize(distribute_tensor(torch.ones(64, 64, dtype=torch.float64), mesh, [Shard(0)]), format=fmt)
+    except TypeError as exc:
+        assert "argument 'x' must be float32, float16 or bfloat16, got torch.float64" in str(exc), exc
+    else:
+        raise AssertionError(fmt)
+print(f"rank {rank}: ranks agree", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_ranks_refuse_together_and_name_the_input(tmp_path):
+    """A refusal one rank alone meets in NVFP4's first pass reaches every rank (no rank waits in the
+    amax all-reduce); a bad input dtype is named as the input."""
+    pytest.importorskip("torch.distributed.tensor")
+    run_two_ranks(AGREE, tmp_path, "ranks agree")
+
+
 def test_replicated_results_with_swizzled_scales_give_their_groups(tmp_path):
     """A DTensor call replicated on every rank takes swizzled scales; its empty group and a call
     of zero rows decode (their buffers' layout converted on each rank's whole local copy:

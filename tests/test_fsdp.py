@@ -60,6 +60,17 @@ assert torch.equal(y.detach(), y2.detach())
 dy = 2 * y2.detach()
 assert torch.allclose(x.grad, dy @ w_col, rtol=1e-6, atol=1e-6)
 assert torch.allclose(layer.weight.grad.full_tensor(), dy.t() @ x2.detach(), rtol=1e-5, atol=1e-5)
+# FSDP's column split (shard_placement_fn: Shard(1)) is refused by name on every rank (it failed inside
+# FSDP's copy-out with a shape error)
+cols = torch.nn.Linear(128, 64)
+mxq.fsdp.mxfp8_all_gather(cols, world_size=world)
+fully_shard(cols, mesh=mesh, shard_placement_fn=lambda p: torch.distributed.tensor.Shard(1) if p.dim() == 2 else None)
+try:
+    cols(torch.randn(8, 128))
+except ValueError as exc:
+    assert "sharded along its columns" in str(exc) and "Shard(0)" in str(exc), exc
+else:
+    raise AssertionError("a column split was gathered")
 print(f"rank {rank}: gathered bytes byte-equal", flush=True)
 dist.barrier()
 dist.destroy_process_group()

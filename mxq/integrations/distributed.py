@@ -45,6 +45,7 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ..formats import fp4, fp8_block, numerics
+from ..runtime import validation
 from ..tensor import MXFP8Tensor, flat_dims
 
 
@@ -229,6 +230,7 @@ def call(op, call) -> MXFP8Tensor:
     # contiguous global layout, which a shard's padded rows would not match (FP4's packed data
     # always is: those calls allocate their own, as torch.compile traces them without out=)
     x0 = local[0]
+    validation.check_dtype(names[0], x0)  # (named before MXFP8Tensor.empty takes x's dtype for the dbias)
     out = None if packed else MXFP8Tensor.empty(spec, op.output_shape(x0.shape), x0.dtype, x0.device,
                                                 zeroed=noop is not None, row_align=1, group_offsets=group_offsets)
     fp4_args = call.fp4
@@ -303,10 +305,20 @@ def _whole_amax(op, call, mesh, placement):
         raise ValueError(f"mxq: an NVFP4 call on DTensor shards ({_name(placement)}) needs the whole tensor's amax, "
                          "an all-reduce that torch.compile does not trace here; pass global_amax= (e.g. delayed "
                          "scaling) or call it outside the compiled region")
-    first = op._route(call, shards=True)
-    amax = first.amax.reshape(1).clone()
-    dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=mesh.get_group())
-    return call._replace(fp4=(call.fp4 or fp4.CallArgs())._replace(global_amax=amax))
+    # (a rank whose first pass refuses its shard, e.g. a plain operand that fits another rank's
+    # shard only, still joins the all-reduce, flagging its refusal, so that no rank waits in it)
+    try:
+        amax, refused = op._route(call, shards=True).amax.reshape(1).float(), None
+    except (ValueError, TypeError) as exc:
+        amax, refused = torch.zeros(1, device=call.tensors[0].device), exc
+    both = torch.cat([amax, torch.ones_like(amax) if refused else torch.zeros_like(amax)])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=mesh.get_group())
+    if refused is not None:
+        raise refused
+    if both[1] > 0:
+        raise ValueError("mxq: another rank refused its shard of this NVFP4 call (its error names why); this "
+                         "rank's shard was accepted")
+    return call._replace(fp4=(call.fp4 or fp4.CallArgs())._replace(global_amax=both[:1].clone()))
 
 
 def _contiguous_stride(shape) -> tuple:

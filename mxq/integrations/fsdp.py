@@ -91,6 +91,10 @@ class MXFP8ShardedWeight(torch.Tensor):
         # (judged from the whole weight's shape and FSDP's even split of its rows, the same on every rank: a
         # rank raising alone would leave the others waiting in the all-gather)
         world = mesh.size(mesh.ndim - 1)
+        if k != outer_size[-1]:  # (FSDP's shard_placement_fn split the columns: each rank holds k of them)
+            raise ValueError(f"mxq.fsdp: a weight of shape {tuple(outer_size)} sharded along its columns ({k} on "
+                             "each rank: shard_placement_fn gave Shard(1)) cannot travel as MXFP8: "
+                             "mxfp8_all_gather takes FSDP's row split, Shard(0)")
         shards = even_split(outer_size[0], world)
         if k % 32 or any(c % 32 for c in shards) or rows % 32:
             raise ValueError(f"mxq.fsdp: a weight of shape {tuple(outer_size)} sharded over {world} ranks ({shards} "
