@@ -6,8 +6,8 @@ NVFP4's amax all-reduce) and ``all_gather`` of MXFP8Tensors of every format.
 | input placement | data | rowwise scales | colwise scales | amax | dbias |
 |---|---|---|---|---|---|
 | Replicate() | Replicate | Replicate | Replicate | Replicate | Replicate |
-| Shard(0) (rows) | Shard(0) | Shard(0) | Shard(0) | Partial("max") | Partial("sum") |
-| Shard(-1) (columns) | Shard(-1) | Shard(1) | Shard(1) | Partial("max") | Shard(0) |
+| Shard(0) (rows) | Shard(0) | Shard(0) | Shard(0) | Partial("max") (NVFP4: Replicate) | Partial("sum") |
+| Shard(-1) (columns) | Shard(-1) | Shard(1) | Shard(1) | Partial("max") (NVFP4: Replicate) | Shard(0) |
 
 A shard boundary that would cut a block is an error naming the placement: with Shard(0), every
 rank's first row (after flattening) must be a multiple of the blocks' rows when the op writes
@@ -23,13 +23,15 @@ NVFP4 and MXFP4: the packed data [M, N/2] and the transposed colwise copy [N, M/
 scales [M, ceil(N/B)], [N, ceil(M/B)]) are split along the input's split dim (a row split splits
 the colwise copy's columns). NVFP4's per-tensor amax is the whole tensor's, so a split call
 quantizes its shard twice: once for the shard's amax, then, after an all-reduce (max) of the
-ranks' amaxes, with that as ``global_amax`` (one quantize where ``global_amax`` is given); its
-amax field, equal on every rank, is Partial("max") as every amax is. Stochastic rounding (whose
+ranks' amaxes, with that as ``global_amax`` (one quantize where ``global_amax`` is given, which
+must be the same on every rank: not checked, a collective); its amax field, equal on every rank,
+is Replicate(). Stochastic rounding (whose
 random words follow the element's place in the whole tensor) and the Hadamard transform are
 refused, and so is an NVFP4 split without ``global_amax`` under torch.compile (the all-reduce is
 eager). The other tensor operands must have the same placement (or be plain tensors broadcast
-against the local shard); ``act_input`` likewise. A Partial("sum") dbias reduces the ranks' rounded sums: within the
-dbias class of docs/NUMERICS.md of the single-device value, not byte-equal to it.
+against the local shard); ``act_input`` likewise. A Partial("sum") dbias reduces the ranks' sums, each rounded to the dbias dtype: the roundings
+add, so it is not within the dbias class of docs/NUMERICS.md of the single-device value where the
+ranks' sums cancel (a bf16 column summing to 2^-6 over two ranks can come back 0).
 
 Row groups (``group_offsets``, a plain or replicated tensor) go with Shard(-1) and Replicate():
 every rank holds every row and runs the groups on its columns; the grouped colwise scales [M //
@@ -463,8 +465,9 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     fields, compact scales and, when it has blocks spanning rows, a row count (after flattening)
     that is a multiple of their rows (32 for MXFP8's colwise blocks, 128 for FP8 block scaling's
     colwise blocks and 128x128 tiles: their scale rows then concatenate). dbias is the
-    fp64 sum of the ranks' dbias rounded to the input dtype: within the dbias class of the
-    single-tensor value, not byte-equal to it."""
+    fp64 sum of the ranks' dbias (each already rounded to the input dtype) rounded to it: not
+    within the dbias class of the single-tensor value where the ranks' sums cancel (each rank's
+    rounding stays in it: a bf16 column summing to 2^-6 over two ranks can come back 0)."""
     import torch.distributed as dist
 
     if group is not None and not isinstance(group, dist.ProcessGroup):
