@@ -222,15 +222,23 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
     Exact class: every data and scale byte and the amax bits (and colwise_amax's) equal. Transcendental class, with
     ``v_bound`` (the op's ``v_bound``): every data byte is the FP8 code, under its block's scale
     as written in ``got``, of some v in the element's interval; at most 1 in 1e4 are not, each
-    within one code of the interval's codes. Without ``v_bound``: at most 1 in 1e4 data bytes
-    off, each by one code (FP4: E2M1 codes, two a byte, with or without ``v_bound``). Few scale
-    bytes off (one per 3200 elements), a 1-byte scale (E8M0, NVFP4's E4M3) by one code at most. dbias: within 1 ulp of
+    within one code of the interval's codes (every byte of a block whose scale differs from
+    ``want``'s is held to it, not only the bytes that differ), and each MXFP8 or FP8 block-scaling
+    scale one that some v in the bound gives its block. Without ``v_bound``: at most 1 in 1e4 data
+    bytes off, each by one code, a NaN no code's neighbour (FP4: E2M1 codes, two a byte, with or
+    without ``v_bound``); few scale bytes off (one per 3200 elements), a 1-byte scale (E8M0,
+    NVFP4's E4M3) by one code at most (FP4's scales so with ``v_bound`` too). dbias: within 1 ulp of
     the input dtype of the reference's fp64 sum (numerics.dbias_partial_dtype bounds the
     kernels'), plus, outside the exact class and where ``v_abs`` (``v_abs_sum``) is given,
     V_SLACK x the column's sum of |v|. Without it a column whose sum cancels fails that class
     now and then (its 1-ulp bound is relative to a sum near zero, while the kernels' order of
     additions differs from the reference's by rounding errors proportional to sum |v|).
     """
+    from .tensor import MXFP8Tensor
+
+    for arg, t in (("got", got), ("want", want)):
+        if not isinstance(t, MXFP8Tensor):
+            raise TypeError(f"mxq.testing.compare: {arg} must be an MXFP8Tensor, got {type(t).__name__}")
     if v_bound is not None and not isinstance(v_bound, VBound):
         raise TypeError(f"mxq.testing.compare: v_bound must be a VBound (mxq.testing.v_bound's answer), "
                         f"got {type(v_bound).__name__}")
@@ -265,11 +273,12 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
                 problems.append(f"{name}: {nd} bytes differ (worst by {worst}); " + (
                     f"{off} outside v_bound, {far} of them" if v_bound is not None else f"{far}")
                     + " by more than one code")
-        elif nd and (exact or nd > max(1, total // 3200) or (w.element_size() == 1 and worst > 1)) and not (
-                not exact and v_bound is not None and w.dtype == torch.float32 and _fp32_scales_explained(got, want,
-                                                                                                         name, v_bound)):
-            # (1-byte scales, E8M0 or NVFP4's E4M3, may move by one code where the bound moves a block
-            # amax across a boundary, never more)
+        elif nd and (exact or (not _scales_explained(got, want, name, v_bound) if v_bound is not None
+                               and want.format in ("mxfp8", "fp8_block") else
+                               nd > max(1, total // 3200) or (w.element_size() == 1 and worst > 1))):
+            # (with v_bound, MXFP8's and FP8 block scaling's scales each one that some v inside the bound gives
+            # its block, and the data of a block whose scale moved held to the bound under it (_unexplained);
+            # without, 1-byte scales, E8M0 or NVFP4's E4M3, may move by one code, never more)
             problems.append(f"{name}: {nd} scale bytes differ" + (f", one by {worst} codes" if worst > 1 else ""))
     for name in ("amax", "colwise_amax"):  # (colwise_amax: NVFP4's Hadamard-transformed copy's)
         if getattr(want, name) is not None:
@@ -289,6 +298,7 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
     elif want.dbias is not None:
         gd, wd = got.dbias.cpu().double(), want.dbias.cpu().double()
         ulp = torch.finfo(want.dbias.dtype).eps * wd.abs() + torch.finfo(want.dbias.dtype).tiny
+        ulp = torch.where(torch.isfinite(wd), ulp, torch.zeros_like(ulp))  # (an infinite sum: that inf, no slack)
         if v_abs is not None and not exact:
             va = v_abs.cpu().double().reshape(ulp.shape)
             ulp = ulp + V_SLACK * torch.where(torch.isfinite(va), va, torch.zeros_like(va))  # no slack past inf
@@ -310,9 +320,10 @@ def _fp4_codes_off(g: torch.Tensor, w: torch.Tensor) -> tuple[int, int]:
     return int(off.sum()), int((off & ((lg - lw).abs() > 1)).sum())
 
 
-def _fp32_scales_explained(got, want, name: str, v_bound: VBound) -> bool:
-    """Whether every fp32 scale of ``got``'s ``name`` (FP8 block scaling's, either scale mode) is
-    one that the block amax of some v in ``v_bound`` gives. The scale is monotone in a positive
+def _scales_explained(got, want, name: str, v_bound: VBound) -> bool:
+    """Whether every scale of ``got``'s ``name`` (MXFP8's E8M0 bytes, FP8 block scaling's fp32
+    scales in either scale mode) is one that the block amax of some v in ``v_bound`` gives. The
+    scale (an E8M0 byte read as an integer) is monotone in a positive
     finite amax (NUMERICS steps 2-4 and 6), so such a scale lies between the reference's scales of
     the blocks' least and greatest |v| in the bound, the least taken as the smallest positive
     value where an interval holds 0; where every interval of a block holds 0 its amax may be 0,
@@ -340,6 +351,9 @@ def _fp32_scales_explained(got, want, name: str, v_bound: VBound) -> bool:
     low_end, high_end = scales(torch.where(least == 0, torch.full_like(least, smallest), least)), scales(greatest)
     zero_amax = scales(least)
     g, w = getattr(got, name).cpu(), getattr(want, name).cpu()
+    if g.dtype != torch.float32:  # (E8M0 bytes: their order is their scales')
+        g, w, low_end, high_end, zero_amax = (t.view(torch.uint8).to(torch.int16)
+                                              for t in (g, w, low_end, high_end, zero_amax))
     low, high = torch.minimum(low_end, high_end), torch.maximum(low_end, high_end)
     ok = ((low <= g) & (g <= high)) | (g == zero_amax) | (g == w) | (torch.isnan(g) & torch.isnan(w))
     return bool(ok.all())
@@ -358,10 +372,15 @@ def _unexplained(got, want, direction: str, v_bound: VBound | None) -> tuple[int
     m, n = flat_dims(want.shape)
     codes = [_data_mn(t, direction, m, n).view(torch.uint8).cpu().to(torch.int16) for t in (got, want)]
     off = codes[0] != codes[1]
-    far = off & ((codes[0] - codes[1]).abs() > 1)
+    nan = [_data_mn(t, direction, m, n).cpu().float().isnan() for t in (got, want)]
+    far = off & (((codes[0] - codes[1]).abs() > 1) | (nan[0] != nan[1]))  # (a NaN is no code's neighbour)
+    scales = None
+    if v_bound is not None:  # every byte of a block whose scale moved is held to the bound under got's scale
+        scales, theirs = _scale_map(got, direction, m, n), _scale_map(want, direction, m, n)
+        off |= ~((scales == theirs) | (scales.isnan() & theirs.isnan()))
     if v_bound is not None and off.any():
         at = off.nonzero(as_tuple=True)
-        q, scale = _decoded(got, direction, at)
+        q, scale = _decoded(got, direction, at, scales)
         fmt = numerics.FORMATS[got.fp8]
         ends = [numerics.cast_to_fp8((t.cpu().reshape(m, n)[at].float().double() / scale).float(), fmt)
                 for t in (v_bound.lo, v_bound.hi)]
@@ -387,14 +406,21 @@ def _data_mn(t, direction: str, m: int, n: int) -> torch.Tensor:
     return data.reshape(n, m).t() if t._transposed(direction) else data.reshape(m, n)
 
 
-def _decoded(t, direction: str, at) -> tuple[torch.Tensor, torch.Tensor]:
+def _scale_map(t, direction: str, m: int, n: int) -> torch.Tensor:
+    """Each element's block scale, decoded (fp64 [M, N]: data 1 decoded)."""
+    data = getattr(t, f"{direction}_data")
+    ones = replace(t, **{f"{direction}_data": torch.ones(data.shape, device=data.device).to(data.dtype)})
+    return ones.dequantize(direction).reshape(m, n).cpu().double()
+
+
+def _decoded(t, direction: str, at, scales=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(decoded value, the block's decoded scale) in fp64 of ``t``'s ``direction`` data at
-    indices ``at`` of [M, N]: data x the scale, and the scale (data 1 decoded)."""
+    indices ``at`` of [M, N]: data x the scale, and the scale (``scales``: _scale_map's, when
+    already made)."""
     from .tensor import flat_dims
 
     m, n = flat_dims(t.shape)
     data = getattr(t, f"{direction}_data")
-    ones = replace(t, **{f"{direction}_data": torch.ones(data.shape, device=data.device).to(data.dtype)})
-    scale = ones.dequantize(direction).reshape(m, n)[at].cpu().double()
+    scale = (_scale_map(t, direction, m, n) if scales is None else scales)[at]
     q = _data_mn(t, direction, m, n).view(torch.uint8)[at].view(data.dtype).cpu().double()
     return q * scale, scale

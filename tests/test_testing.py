@@ -491,18 +491,89 @@ def test_fp32_scales_next_to_a_zero_amax():
 def test_compare_holds_one_byte_scales_to_one_code_outside_the_exact_class():
     """Outside the exact class a 1-byte scale (E8M0, NVFP4's E4M3) may move by one code where the
     bound moves a block amax across a boundary, never more: a scale byte 40 codes (2^40) off, or
-    turned NaN, is reported, with or without v_bound; one code off is within the class."""
+    turned NaN, is reported, with or without v_bound. One code off with the block's data left as
+    they were is within the one-code class (no v_bound), but not given the bound: the block's
+    bytes, decoded under the moved scale, are twice the values any v inside gives, and no v inside
+    gives that scale."""
     from dataclasses import replace
 
     op = mxq.fused_quant(act="gelu", colwise=True)(_ident)
     x = planted(128, 256, torch.float32, seed=4)
     t, want = op(x), op.reference(x)
-    for delta, flagged in ((40, True), (255, True), (1, False)):
+    for delta, flagged in ((40, (True, True)), (255, (True, True)), (1, (False, True))):
         bad = replace(t, rowwise_scale=t.rowwise_scale.clone())
         bad.rowwise_scale[3, 2] = delta if delta == 255 else bad.rowwise_scale[3, 2] + delta
-        for vb in (None, v_bound(op, x)):
-            assert bool(compare(bad, want, False, v_bound=vb)) == flagged, (delta, vb is None)
+        for vb, flag in zip((None, v_bound(op, x)), flagged):
+            assert bool(compare(bad, want, False, v_bound=vb)) == flag, (delta, vb is None)
     assert compare(t, want, False) == []
+
+
+@pytest.mark.parametrize("fmt, spoil", [("mxfp8", lambda s: s.view(torch.uint8).add_(1)),
+                                        ("fp8_block", lambda s: s.mul_(1000.0))])
+def test_compare_holds_every_block_to_the_bound_under_its_written_scale(fmt, spoil):
+    """Given v_bound, a scale that moved is held to the bound, and so is its block's data under it:
+    a result quantized from the bound's upper ends (every v as far as the class allows; some E8M0
+    and fp32 scales move) is accepted; the same with one block's scale spoiled (E8M0 one code up,
+    an fp32 scale x1000) and its data left alone is refused, rowwise and colwise, at a size where
+    one block's bytes are far fewer than 1 in 1e4 (a wrong scale moved no data byte, so compare
+    never looked at them)."""
+    from dataclasses import replace
+
+    from tests.test_fp8_block import planted as binades
+
+    op = mxq.fused_quant(act="gelu", colwise=True, format=fmt)(_ident)
+    x = binades(256, 1536, torch.float32, seed=11)
+    want, bound = op.reference(x), v_bound(op, x)
+    got = mxq.quantize(bound.hi.float().reshape(x.shape), colwise=True, format=fmt)
+    assert compare(got, want, False, v_bound=bound) == []
+    for name in ("rowwise_scale", "colwise_scale"):
+        scale = getattr(got, name).clone()
+        spoil(scale.view(-1)[5:6])
+        assert any(p.startswith(name) for p in compare(replace(got, **{name: scale}), want, False, v_bound=bound))
+    assert compare(got, want, True)  # (the bound's ends are not the reference's v: not vacuous)
+
+
+def test_compare_accepts_e8m0_scales_the_bound_moves_across_a_boundary():
+    """Block maxima of v on an E8M0 boundary (gelu(448) = 448): the bound's upper ends cross it, so
+    a result quantized from them has scales one code up with its blocks' data under them, each
+    one some v inside gives (not the reference's bytes: 88 rowwise and 8 colwise scales moved)."""
+    op = mxq.fused_quant(act="gelu", colwise=True)(_ident)
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))
+    x[::3, ::32] = 448.0
+    want, bound = op.reference(x), v_bound(op, x)
+    got = mxq.quantize(bound.hi.float().reshape(x.shape), colwise=True)
+    assert byte_diff(got.rowwise_scale, want.rowwise_scale)[0] > 0 and byte_diff(got.colwise_scale,
+                                                                                  want.colwise_scale)[0] > 0
+    assert compare(got, want, False, v_bound=bound) == []
+
+
+def test_compare_names_what_is_not_a_result_and_holds_an_infinite_dbias():
+    """compare's got/want must be MXFP8Tensors (named); a dbias whose reference sum is infinite is
+    matched as that infinity (its 1-ulp slack was infinite: 0, -inf and 1e30 passed for +inf)."""
+    from dataclasses import replace
+
+    with pytest.raises(TypeError, match="compare: got must be an MXFP8Tensor, got NoneType"):
+        compare(None, mxq.quantize(torch.ones(1, 32)), True)
+    op = mxq.fused_quant(dbias=True, colwise=True)(_ident)
+    x = torch.randn(64, 64)
+    x[0, 3] = float("inf")
+    want = op.reference(x)
+    assert compare(want, want, True) == []
+    for bad in (0.0, -float("inf"), 1e30):
+        d = want.dbias.clone()
+        d[3] = bad
+        assert any(p.startswith("dbias") for p in compare(replace(want, dbias=d), want, True)), bad
+
+
+def test_compare_holds_a_nan_byte_far_from_its_neighbour_code():
+    """Without v_bound a data byte may be one code off, but a NaN is no code's neighbour: 448's
+    e4m3 byte 0x7E turned 0x7F (NaN) is reported."""
+    from dataclasses import replace
+
+    want = mxq.quantize(torch.tensor([[448.0] + [1.0] * 31]))
+    data = want.rowwise_data.clone()
+    data.view(torch.uint8)[0, 0] = 0x7F
+    assert compare(replace(want, rowwise_data=data), want, False)
 
 
 def test_compare_reads_fp4_codes_outside_the_exact_class():
