@@ -411,8 +411,8 @@ def main(argv=None) -> int:
         if isinstance(cause, NotImplementedError) and str(cause).startswith("mxq:"):
             dtype = getattr(args, "dtype", None)  # (the refused dtype is the command's --dtype)
             return _fail(f"{cause} (--dtype {dtype})" if dtype else str(cause))
-        if isinstance(exc, ToolchainError):
-            return _fail(str(exc))
+        if isinstance(exc, ToolchainError) or str(exc).startswith("mxq: no writable directory"):
+            return _fail(str(exc))  # (the toolchain's failures; no directory mxq could write its module to)
         raise
     except OSError as exc:  # unreadable/unwritable paths the user named (--ptx, --dir)
         return _fail(f"{exc.filename}: {exc.strerror or exc}" if exc.filename else str(exc))

@@ -440,6 +440,8 @@ class FusedOp:
         the kernel of ``op.gemm`` instead (sm_90a, bf16 or fp16; ``operands``: the kind of each
         epilogue tensor after the accumulator, "full", "row", "col" or "scalar", all "full" by
         default; a dact op's act_input is full and not named; inspection.gemm_artifacts)."""
+        if not isinstance(gemm, bool):  # (as dispatcher()'s: "yes" compiled the GEMM's kernel)
+            raise TypeError(f"mxq: asm() argument 'gemm' must be a bool, got {type(gemm).__name__}")
         if gemm:
             if targets.normalize_arch(arch) not in ("sm_90", "sm_90a"):
                 raise ValueError(f"mxq: asm(gemm=True): op.gemm's kernel is sm_90a's (wgmma), got arch={arch!r}")
@@ -610,6 +612,8 @@ class GatedOp(FusedOp):
         return self.inner.source
 
     def asm(self, arch: str = "sm_90", dtype: str = "bf16", gemm: bool = False, operands=None) -> dict:
+        if not isinstance(gemm, bool):
+            raise TypeError(f"mxq: asm() argument 'gemm' must be a bool, got {type(gemm).__name__}")
         if gemm:  # (op.gemm refuses a gated op, as FusedOp.asm reads gemm=: no kernel of its inner op stands for it)
             raise ValueError(f"mxq: asm(gemm=True): op.gemm does not serve {codegen.gemm_gap(self.spec, self.epilogue)}")
         return self.inner.asm(arch, dtype, gemm, operands)

@@ -145,6 +145,28 @@ def test_directories_in_place_of_cache_files_are_replaced(tmp_path, monkeypatch)
     assert cache.source_file(op.source).read_text() == op.source
 
 
+def test_an_unwritable_cache_writes_the_module_into_a_directory_of_its_own(tmp_path, monkeypatch):
+    """Where the cache cannot hold the generated module, it goes to a directory this process made
+    (mode 0700, a name nobody could take first), not the fixed /tmp/mxq-src-<uid> another user
+    could create beforehand and plant bytecode in: one squatted here is left unused."""
+    import tempfile
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("MXQ_CACHE_DIR", str(blocker / "cache"))  # (under a file: not creatable)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(cache, "_private_dir", None)
+    monkeypatch.setattr(cache, "_warned", set())  # (the warning is once a process: this test's own)
+    squatted = tmp_path / f"mxq-src-{os.getuid()}"
+    squatted.mkdir(mode=0o777)
+    op = _quantize_op(QuantSpec(colwise=True, scale_mode="even", amax=True))
+    with pytest.warns(RuntimeWarning, match="not writable"):
+        path = cache.source_file(op.source)
+    assert path.read_text() == op.source and path.parent != squatted and not any(squatted.iterdir())
+    assert path.parent.parent == tmp_path and path.parent.stat().st_mode & 0o777 == 0o700
+    assert cache.source_file(op.source) == path  # (the same directory for the process's later modules)
+
+
 def test_invalid_utf8_source_file_is_rewritten(tmp_path, monkeypatch):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
     op = _quantize_op(QuantSpec(colwise=True, scale_mode="even"))

@@ -342,6 +342,27 @@ def test_user_errors_print_one_line_and_exit_2(args, start, user_files, tmp_path
                              r"export\(\)|argument '", r.stderr), r.stderr
 
 
+def test_no_writable_directory_for_the_module_is_one_line(tmp_path, monkeypatch, capsys):
+    """Where neither the cache nor the temporary directory can hold the generated module, compile
+    says so in one line and exits 2 (it was a traceback)."""
+    import tempfile
+
+    from mxq import cli
+    from mxq.runtime import cache
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    monkeypatch.setattr(cache, "_private_dir", None)
+
+    def no_dir(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", "/tmp")
+
+    monkeypatch.setattr(tempfile, "mkdtemp", no_dir)
+    assert cli.main(["compile", "--act", "srelu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mxq: no writable directory for the generated module") and err.count("\n") == 1, err
+
+
 def test_unsupported_arch_is_refused_before_compiling(tmp_path):
     r = run("compile", "--arch", "sm_80", tmp_path=tmp_path)
     assert r.returncode == 2

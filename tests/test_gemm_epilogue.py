@@ -584,9 +584,12 @@ def test_asm_gemm_is_the_kernel_op_gemm_launches(ptx):
             bias_gelu.asm(gemm=True, **kw)
     with pytest.raises(ValueError, match="gated"):
         mxq.fused_quant(dact="swiglu")(_ident).asm(gemm=True)
-    for truthy in (True, 1, "yes"):  # (a gated op: not its inner op's kernel, gemm= read as FusedOp.asm reads it)
-        with pytest.raises(ValueError, match="act='swiglu'"):
-            mxq.fused_quant(act="swiglu")(_ident).asm(gemm=truthy)
+    with pytest.raises(ValueError, match="act='swiglu'"):  # (a gated op: not its inner op's kernel)
+        mxq.fused_quant(act="swiglu")(_ident).asm(gemm=True)
+    for op in (bias_gelu, mxq.fused_quant(act="swiglu")(_ident)):  # (gemm= a bool, as dispatcher()'s: "yes"
+        for truthy in (1, "yes"):  # compiled the GEMM's kernel)
+            with pytest.raises(TypeError, match="asm\\(\\) argument 'gemm' must be a bool"):
+                op.asm(gemm=truthy)
     art = drelu_scaled_gemm.asm(gemm=True, operands=["row"])  # (act_input: full, not named)
     assert art["operands"] == ("row", "full") and art["pingpong"] is False
     with pytest.raises(ValueError, match="operand kind"):

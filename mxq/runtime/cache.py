@@ -72,9 +72,9 @@ def source_file(source: str) -> Path:
     from real files)."""
     data = source.encode()
     digest = hashlib.sha256(data).hexdigest()[:24]
-    for root in (cache_dir() / "src", _private_src_dir()):
-        path = root / f"mxq_gen_{digest}.py"
+    for where in (lambda: cache_dir() / "src", _private_src_dir):
         try:
+            path = where() / f"mxq_gen_{digest}.py"
             if path.is_file() and path.read_bytes() == data:
                 return path
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,8 +89,17 @@ def source_file(source: str) -> Path:
     raise RuntimeError("mxq: no writable directory for the generated module (cache and temporary directory)")
 
 
+_private_dir: Path | None = None
+
+
 def _private_src_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"mxq-src-{os.getuid()}"
+    """This process's own directory for generated modules (tempfile.mkdtemp: mode 0700 under a
+    name no other user can take first; a fixed name in the shared temporary directory let anyone
+    create it, and plant the bytecode Python would import from it, before us)."""
+    global _private_dir
+    if _private_dir is None:
+        _private_dir = Path(tempfile.mkdtemp(prefix="mxq-src-"))
+    return _private_dir
 
 
 def clear_non_file(path: Path) -> None:
