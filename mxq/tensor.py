@@ -315,8 +315,8 @@ class MXFP8Tensor:
             from torch.distributed.tensor import DTensor
 
             data = self._need(f"{direction}_data")
-            local = dataclasses.replace(self, **{f.name: getattr(self, f.name).to_local()
-                                                 for f in dataclasses.fields(self) if is_dtensor(getattr(self, f.name))})
+            fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            local = dataclasses.replace(self, **{k: v.to_local() for k, v in fields.items() if is_dtensor(v)})
             return DTensor.from_local(local.dequantize(direction), data.device_mesh, data.placements,
                                       run_check=False)
         if self.format in fp4.FORMATS and self.group_offsets is None:

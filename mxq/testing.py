@@ -268,7 +268,8 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
                 if off > max(1, total // 10000) or far:
                     problems.append(f"{name}: {off} codes differ, {far} of them by more than one code")
                 continue
-            off, far = _unexplained(got, want, name.split("_")[0], v_bound) if nd else (0, 0)
+            # (given v_bound, also where no byte differs: a block whose scale moved over unchanged bytes)
+            off, far = _unexplained(got, want, name.split("_")[0], v_bound) if nd or v_bound is not None else (0, 0)
             if off > max(1, total // 10000) or far:
                 problems.append(f"{name}: {nd} bytes differ (worst by {worst}); " + (
                     f"{off} outside v_bound, {far} of them" if v_bound is not None else f"{far}")

@@ -669,7 +669,8 @@ for fmt in ("fp8_block", "mxfp8"):  # (an empty group's fp8_block colwise blocks
     want = mxq.quantize(xb, format=fmt, colwise=True, group_offsets=ends)
     for d in ("rowwise", "colwise"):
         back = got.dequantize(d)
-        assert isinstance(back, DTensor) and torch.equal(back.to_local().nan_to_num(7), want.dequantize(d).nan_to_num(7))
+        assert isinstance(back, DTensor), (fmt, d)
+        assert torch.equal(back.to_local().nan_to_num(7), want.dequantize(d).nan_to_num(7)), (fmt, d)
 empty = mxq.quantize(distribute_tensor(torch.randn(0, 64), mesh, [Replicate()]), scale_layout="swizzled")
 back = empty.dequantize()
 assert back.shape == (0, 64), back.shape

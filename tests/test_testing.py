@@ -545,6 +545,12 @@ def test_compare_accepts_e8m0_scales_the_bound_moves_across_a_boundary():
     assert byte_diff(got.rowwise_scale, want.rowwise_scale)[0] > 0 and byte_diff(got.colwise_scale,
                                                                                   want.colwise_scale)[0] > 0
     assert compare(got, want, False, v_bound=bound) == []
+    # the moved scale alone over the reference's bytes (no data byte differs): its block decodes twice
+    # what any v inside gives
+    from dataclasses import replace
+
+    moved = replace(want, rowwise_scale=got.rowwise_scale)
+    assert any(p.startswith("rowwise_data") for p in compare(moved, want, False, v_bound=bound))
 
 
 def test_compare_names_what_is_not_a_result_and_holds_an_infinite_dbias():

@@ -101,6 +101,8 @@ def test_a_bad_first_tensor_is_named_before_act_input(dact):
         back(torch.ones(4, 32, dtype=torch.int32), act_input=a)
     with pytest.raises(ValueError, match="argument 'x' is on the meta device"):
         back(torch.randn(4, 32, device="meta"), act_input=a)
+    with pytest.raises(TypeError, match="argument 'act_input' has dtype torch.float16 but 'x' has torch.float32"):
+        back(torch.randn(4, 32), act_input=a.half())
 
 
 def test_out_is_checked():

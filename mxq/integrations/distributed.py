@@ -29,9 +29,10 @@ is Replicate(). Stochastic rounding (whose
 random words follow the element's place in the whole tensor) and the Hadamard transform are
 refused, and so is an NVFP4 split without ``global_amax`` under torch.compile (the all-reduce is
 eager). The other tensor operands must have the same placement (or be plain tensors broadcast
-against the local shard); ``act_input`` likewise. A Partial("sum") dbias reduces the ranks' sums, each rounded to the dbias dtype: the roundings
-add, so it is not within the dbias class of docs/NUMERICS.md of the single-device value where the
-ranks' sums cancel (a bf16 column summing to 2^-6 over two ranks can come back 0).
+against the local shard); ``act_input`` likewise. A Partial("sum") dbias reduces the ranks'
+sums, each rounded to the dbias dtype: the roundings add, so it is not within the dbias class of
+docs/NUMERICS.md of the single-device value where the ranks' sums cancel (a bf16 column summing
+to 2^-6 over two ranks can come back 0).
 
 Row groups (``group_offsets``, a plain or replicated tensor) go with Shard(-1) and Replicate():
 every rank holds every row and runs the groups on its columns; the grouped colwise scales [M //

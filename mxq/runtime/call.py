@@ -231,15 +231,8 @@ def halves_call(spec, epilogue, call: Call, checked: bool = True) -> Call:
     if act_input is None:
         raise ValueError(f"mxq: argument 'act_input' is required with dact={spec.dact!r}")
     validation.check_plain_tensor("act_input", act_input)
-    # (named here: past this point act_input's halves are the inner op's _mxq_gate and _mxq_up, whose
-    # messages name them 'act_input', Epilogue.arg_names)
-    if isinstance(x, torch.Tensor):  # (x itself first: a bad x is x's error, not act_input's)
-        validation.check_dtype(names[0], x)
-        validation.check_devices(names[:1], [x])
-    if isinstance(x, torch.Tensor) and act_input.dtype != x.dtype:
-        raise TypeError(f"mxq: argument 'act_input' has dtype {act_input.dtype} but {names[0]!r} has {x.dtype}")
-    if isinstance(x, torch.Tensor) and act_input.device != x.device:
-        raise ValueError(f"mxq: argument 'act_input' is on {act_input.device} but {names[0]!r} is on {x.device}")
+    # (its dtype and device: the inner op's checks, in their order, naming its halves _mxq_gate and
+    # _mxq_up 'act_input', Epilogue.arg_names)
     n = x.shape[-1]
     if tuple(act_input.shape) != (*x.shape[:-1], 2 * n):
         raise ValueError(f"mxq: argument 'act_input' of a dact={spec.dact!r} op is the forward's input "
