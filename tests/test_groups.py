@@ -601,3 +601,42 @@ def test_group_search_named_default_compiles_to_the_library_kernel():
         for dtype in ("bf16", "fp32"):
             assert strip.sub("", inspection.ptx_of(lib, "sm_90a", dtype, "vec_grouped")) == strip.sub(
                 "", inspection.ptx_of(named, "sm_90a", dtype, "vec_grouped")), (opts, dtype)
+
+
+EMPTY_TILE_OPTS = [
+    dict(rowwise=True, colwise=True),
+    dict(colwise=True, act="gelu", dbias=True, amax=True),
+    dict(format="fp8_block", rowwise=True, colwise=True, act="gelu"),
+    dict(format="fp8_block", rowwise=True, colwise=True, dact="gelu", dbias=True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("opts", EMPTY_TILE_OPTS)
+def test_empty_tiles_leave_early_with_the_same_bytes(opts):
+    """Groups whose sizes fill their row tiles and empty groups leave many of the grid's M / R + G
+    row tiles without rows; they leave after their group search writing only their compact zero
+    scales (Tuning.empty_exit, PackedKernel.empty_tile). Into poisoned outputs, the same bytes as
+    the reference and as the tiles run whole with masked rows (Tuning(empty_exit=False)). CPU
+    counterpart: tests/test_kernels.py::test_empty_exit_is_the_grouped_fp8_kernels_alone."""
+    sizes = [256, 0, 0, 128, 0, 384, 0, 0, 0, 512, 0]  # (multiples of 128 and of 32: G empty tiles or more)
+    m, n = sum(sizes), 256
+    offsets = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
+    x = planted(m, n, torch.bfloat16, seed=21)
+    kw = {"act_input": planted(m, n, torch.bfloat16, seed=22)} if opts.get("dact") else {}
+    exact = "act" not in opts and "dact" not in opts
+    ref = mxq.fused_quant(**opts)(_ident)
+    want = ref.reference(x, group_offsets=offsets, **kw)
+    v_abs = v_abs_sum(ref, x, group_offsets=offsets, **kw) if opts.get("dbias") and not exact else None
+    bound = None if exact else v_bound(ref, x, **kw)
+    xc, oc = x.cuda(), offsets.cuda()
+    kc = {k: v.cuda() for k, v in kw.items()}
+    outs = []
+    for leave in (True, False):
+        op = mxq.fused_quant(**opts)(_ident)._with_tuning(kconfig.Tuning(empty_exit=leave))
+        got = op(xc, group_offsets=oc, out=poisoned(op, xc, oc), **kc)
+        assert compare(got, want, exact, v_abs, v_bound=bound) == [], leave
+        outs.append(got)
+    for name in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax", "dbias"):
+        a, b = getattr(outs[0], name), getattr(outs[1], name)
+        assert (a is None and b is None) or same_bytes(a, b), name

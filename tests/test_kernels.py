@@ -299,6 +299,43 @@ def test_grouped_row_tiles_on_host(sizes, rows):
             assert row0 == row_end == 0, rb
 
 
+def _ident(x):
+    return x
+
+
+def test_empty_exit_is_the_grouped_fp8_kernels_alone():
+    """Tuning.empty_exit (a grouped row tile with no rows, row_end == row0 above, leaves after its
+    group search: PackedKernel.empty_tile) serves MXFP8 and FP8 block scaling's 1x128 blocks, not
+    FP4 nor 128x128 tiles, whose empty tiles write otherwise; off under Tuning(empty_exit=False).
+    Compiled for sm_90 (bf16): the grouped kernel branches more with it and stores an immediate
+    0.0 scale (the empty tile's), the whole tile's path a computed one; an ungrouped kernel's
+    PTX is the same either way. GPU counterpart:
+    tests/test_groups.py::test_empty_tiles_leave_early_with_the_same_bytes."""
+    import mxq
+    from mxq.runtime import inspection
+
+    fb = Format.fp8_block("e4m3", (1, 128), "pow2", "compact")
+    assert _cfg(colwise=True).empty_exit and _cfg(fmt=fb, colwise=True, has_dact=True, dbias=True).empty_exit
+    assert not _cfg(colwise=True, tuning=kconfig.Tuning(empty_exit=False)).empty_exit
+    assert not _cfg(fmt=Format.fp8_block("e4m3", (128, 128), "pow2", "compact"), colwise=True).empty_exit
+    for fp4 in (Format.mxfp4("floor", "compact"), Format.nvfp4("compact")):
+        assert not _cfg(fmt=fp4, colwise=True).empty_exit
+
+    def ptx(variant, leave):
+        op = mxq.fused_quant(format="fp8_block", rowwise=True, colwise=True, act="gelu")(_ident)
+        return inspection.ptx_of(op._with_tuning(kconfig.Tuning(empty_exit=leave)), "sm_90", "bf16", variant)
+
+    def branches(text):
+        return len(re.findall(r"@%p\d+ bra", text))
+
+    def zero_stores(text):
+        return len(re.findall(r"st\.global\.b32\s+\[%rd\d+\], 0;", text))
+
+    assert ptx("vec", True) == ptx("vec", False)
+    leave, whole = ptx("vec_grouped", True), ptx("vec_grouped", False)
+    assert branches(leave) > branches(whole) and zero_stores(leave) == 1 and zero_stores(whole) == 0
+
+
 @pytest.mark.parametrize("rows", [32, 128])
 def test_grouped_row_tiles_stay_in_bounds_for_bad_offsets(rows):
     """Offsets the CUDA path does not validate (decreasing, negative, past M) give tiles inside

@@ -227,19 +227,31 @@ def amax_by_owners(cfg) -> bool:
     return column_max_nan(cfg) == amax_nan(cfg.fmt)
 
 
+def col_scale_offset(fmt, gt, c, rb, M, NOUT):
+    """Offset of column c's scale of row tile rb (``gt``: a grouped call's GroupTile, else None)."""
+    if fmt.scale == "fp32":
+        return col_scale_row(fmt, NOUT) * rb + c
+    if gt is not None and fmt.swizzled:
+        return group_col_scale_offset(gt, c)
+    if fmt.swizzled:
+        return dev.swizzle_offset(c, rb, (M + 31) // 32)
+    return rb * NOUT + c
+
+
 def put_col_scale(fmt, col_scale, gt, c, rb, M, NOUT, e, empty=None):
-    """Column c's scale byte of row tile rb (``gt``: a grouped call's GroupTile, else None); fp32
-    scales (FP8 block scaling): the dequantization multiplier 1 / e, at col_scale_row, or 0.0
-    where ``empty`` (a grouped tile with no rows; None: ungrouped)."""
+    """Column c's scale byte of row tile rb (col_scale_offset); fp32 scales (FP8 block scaling):
+    the dequantization multiplier 1 / e, or 0.0 where ``empty`` (a grouped tile with no rows;
+    None: ungrouped)."""
     if fmt.scale == "fp32":
         d = dequantization_scale(e)
         if empty is not None:
             d = Float32(cutlass.select_(empty, Float32(0.0), d))
-        col_scale[col_scale_row(fmt, NOUT) * rb + c] = d
-    elif gt is not None and fmt.swizzled:
-        col_scale[group_col_scale_offset(gt, c)] = Uint8(e)
-    elif gt is None and fmt.swizzled:
-        col_scale[dev.swizzle_offset(c, rb, (M + 31) // 32)] = Uint8(e)
+        col_scale[col_scale_offset(fmt, gt, c, rb, M, NOUT)] = d
     else:
-        col_scale[rb * NOUT + c] = Uint8(e)
+        col_scale[col_scale_offset(fmt, gt, c, rb, M, NOUT)] = Uint8(e)
+
+
+def put_empty_col_scale(fmt, col_scale, gt, c, rb, M, NOUT):
+    """Column c's scale of a grouped row tile with no rows: 0.0 (fp32 scales) or byte 0."""
+    col_scale[col_scale_offset(fmt, gt, c, rb, M, NOUT)] = Float32(0.0) if fmt.scale == "fp32" else Uint8(0)
 

@@ -133,6 +133,10 @@ class Tuning:
     until its FP8 bytes are encoded (no input words in registers across the scale phases); both
     staged forms transpose the tile in the staged input's shared memory. "": the library's choice
     ("park").
+    ``empty_exit``: a grouped call's row tile with no rows (past its group's last block: up to G
+    of the grid's M / R + G row tiles, grouped.py) skips the packed kernel's loads, values and
+    barriers and writes only its zero column scales (PackedKernel.empty_tile; KernelConfig.
+    empty_exit says which kernels). False: it runs the whole tile with its rows masked.
     ``tr_rows_fast``: the packed kernel's grid of the transposed copy runs its row tiles along x
     and its column tiles along y (KernelConfig.rows_fast): CTAs resident together then cover
     few column tiles of many row tiles, so each output row of the copy ([N, M]) gets long runs
@@ -154,6 +158,7 @@ class Tuning:
     fp4_col_rows: int = 0
     tr_stage: str = ""
     tr_rows_fast: bool | None = None
+    empty_exit: bool = True
 
     def __post_init__(self):
         if self.vec_unaligned_copy not in ("", "words", "chunks"):
@@ -650,6 +655,15 @@ class KernelConfig:
         Tuning.fp4_col_rows sets and Tuning.rows32_min_blocks caps)."""
         return (self.tuned.rows128_min_blocks is None and self.tile_rows > ROWS and not self.fp4_columns
                 and self.computed and not self.has_dact and not self.dbias and self.rowwise and self.colwise)
+
+    @property
+    def empty_exit(self) -> bool:
+        """A grouped call's row tile with no rows leaves after its group search (Tuning.empty_exit;
+        PackedKernel.empty_tile): the packed kernel's FP8 kernels with aligned rows, whose empty
+        tile writes only its compact colwise scales' zeros (not FP4's tiles, NVFP4's amax pass or
+        128x128 tiles, whose writes differ)."""
+        return (self.tuned.empty_exit and not self.fmt.packed and not self.tiles and not self.fp4_tiles
+                and (self.rowwise or self.colwise))
 
     @property
     def group_search(self) -> str:

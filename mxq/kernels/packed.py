@@ -306,6 +306,36 @@ class PackedKernel:
         else:
             in_grid = rb < (M + TILE_ROWS - 1) // TILE_ROWS
             row_end = M
+        # the CTA's work, or for a grouped tile with no rows its zero scales alone (empty_tile)
+        c = Fields(GROUPED=GROUPED, UNALIGNED=UNALIGNED, ROWS8=ROWS8, WIDE=WIDE, ROW_MASK=ROW_MASK, is_bf16=is_bf16,
+                   WARPS=WARPS, NTHREADS=NTHREADS, PK_ROWS=PK_ROWS, RSTEP=RSTEP, PERIOD=PERIOD, TILE_ROWS=TILE_ROWS,
+                   RS_BLOCKS=RS_BLOCKS, PASSES=PASSES, DEPTH=DEPTH, RING=RING, use_hw_e8m0=use_hw_e8m0, NSRC=NSRC,
+                   DIVBY=DIVBY, sources=sources, once=once, staged_src=staged_src, buffers=buffers, ins=ins, rng=rng)
+        v = Fields(tidx=tidx, lane=lane, warp=warp, cb=cb, rb=rb, co=co, NOUT=NOUT, scalars=scalars, gt=gt,
+                   in_grid=in_grid, row_end=row_end, amax=amax, M=M, N=N, noop=noop, dbias_ws=dbias_ws,
+                   col_scale=col_scale, row_scale=row_scale, row_data=row_data, col_data=col_data,
+                   buf=buf if len(buffers) > 0 else None)
+        if cutlass.const_expr(GROUPED and not UNALIGNED and cfg.empty_exit):
+            if gt.row_end > gt.row0:
+                self.tile_work(rec(c), rec(v))
+            else:
+                self.empty_tile(rec(c), rec(v))
+        else:
+            self.tile_work(rec(c), rec(v))
+
+    @cute.jit
+    def tile_work(self, c, v):
+        """The kernel body past the CTA's place (and a grouped tile's group): loads, values, scales
+        and stores of every pass (``c``: the body's compile-time values, ``v``: its dynamic ones)."""
+        cfg = self.cfg
+        GROUPED, UNALIGNED, ROWS8, WIDE, ROW_MASK, is_bf16 = c.GROUPED, c.UNALIGNED, c.ROWS8, c.WIDE, c.ROW_MASK, c.is_bf16
+        WARPS, NTHREADS, PK_ROWS, RSTEP, PERIOD, TILE_ROWS = c.WARPS, c.NTHREADS, c.PK_ROWS, c.RSTEP, c.PERIOD, c.TILE_ROWS
+        RS_BLOCKS, PASSES, DEPTH, RING, use_hw_e8m0, NSRC = c.RS_BLOCKS, c.PASSES, c.DEPTH, c.RING, c.use_hw_e8m0, c.NSRC
+        DIVBY = c.DIVBY
+        sources, once, staged_src, buffers, ins, rng = c.sources, c.once, c.staged_src, c.buffers, c.ins, c.rng
+        tidx, lane, warp, cb, rb, co, NOUT, scalars = v.tidx, v.lane, v.warp, v.cb, v.rb, v.co, v.NOUT, v.scalars
+        gt, in_grid, row_end, amax, M, N, noop, dbias_ws = v.gt, v.in_grid, v.row_end, v.amax, v.M, v.N, v.noop, v.dbias_ws
+        col_scale, row_scale, row_data, col_data, buf = v.col_scale, v.row_scale, v.row_data, v.col_data, v.buf
         g, trow, rbase, c0, col_ok, cT, ncols, abs_masks = self.thread_place(WIDE, GROUPED, UNALIGNED, WARPS, PK_ROWS,
                                                                              RSTEP, cb, rb, warp, lane, gt, N)
         # sRS: the wide tile's rows x RS_BLOCKS row-scale bytes, gathered to leave as whole words.
@@ -380,6 +410,26 @@ class PackedKernel:
                     self.store_rows(k.rec(), Fields(col_ok=col_ok, rbase=rbase, Ms=Ms, tRow=tRow, tCol=tCol, g=g, N=N,
                                                     rng=rng, c0=c0, M=M, col_data=col_data, gt=gt, co=co, lane=lane, warp=warp, tidx=tidx,
                                                     cb=cb, rb=rb).rec(smem={"fp4t": sF4, "srx": sSX, **staged}), words, sr, sc)
+
+    @cute.jit
+    def empty_tile(self, c, v):
+        """A grouped row tile with no rows (past its group's last block, grouped.py) skips the loads,
+        values and barriers of tile_work and writes what that writes for it: with compact colwise
+        scales, its scale row's zeros over the CTA's columns (FP8 block scaling's fp32 0.0, MXFP8's
+        E8M0 byte 0; KernelConfig.empty_exit says which configs), in each output half of a
+        two-halves op; nothing under noop or past the grid. Its dbias partials, which no reduction
+        reads (reduce.group_partials), and the swizzled layouts' bytes are not written."""
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.colwise and not cfg.fmt.swizzled):
+            writes = v.in_grid and v.noop[0] != Float32(1.0)
+            for hp in cutlass.range_constexpr(c.PASSES):
+                co = v.co
+                if cutlass.const_expr(c.PASSES == 2):
+                    co, _ = self.op.pass_half(hp, v.N, v.scalars, divby=c.DIVBY)
+                for r in cutlass.range_constexpr((VCOLS + c.NTHREADS - 1) // c.NTHREADS):
+                    oc = v.cb * VCOLS + v.tidx + r * c.NTHREADS
+                    if writes and v.tidx + r * c.NTHREADS < VCOLS and oc < v.N:
+                        codec.put_empty_col_scale(cfg.fmt, v.col_scale, v.gt, co + oc, v.rb, v.M, v.NOUT)
 
     def thread_place(self, WIDE, GROUPED, UNALIGNED, WARPS, PK_ROWS, RSTEP, cb, rb, warp, lane, gt, N):
         """Where the thread's tile lies (traced inline, no call of its own): (g, trow, rbase, c0,
