@@ -193,29 +193,32 @@ def test_nvfp4_an_amax_of_inf_given_back_is_the_computed_one():
                          else None, global_amax=bad)
 
 
-@pytest.mark.parametrize("case", ["ordinary", "inf", "tiny", "given_zero"])
+@pytest.mark.parametrize("case", ["ordinary", "inf", "tiny", "given_zero", "huge"])
 def test_nvfp4_dequantize_is_tes_formula_or_the_inverse_of_s_enc(case):
     """dequantize(): TE's fp32(e2m1 * fp32(fp32(scale * amax) * fp32(1/2688))) where S_enc was
     2688 / amax; where N2 clamped or replaced it (an inf in the tensor, an amax of 1e-36, a
-    global_amax of 0 with data) the inverse of that S_enc, fp32(e2m1 * fp32(scale * fp32(1 /
+    global_amax of 0 with data) or fp32(scale * amax) overflows (an amax of 3e37 and a block's
+    scale above FLT_MAX / amax) the inverse of that S_enc, fp32(e2m1 * fp32(scale * fp32(1 /
     S_enc))): the values come back near the input's, not 0.39 of them, infinities or 0."""
     x = {"ordinary": torch.randn(6, 48, generator=torch.Generator().manual_seed(5)),
          "inf": edge_input(6, 48, torch.float32, seed=5),
          "tiny": torch.tensor([[1.0, -2.0, 3.0, 0.5] * 12] * 6) * 1e-36,
-         "given_zero": torch.randn(6, 48, generator=torch.Generator().manual_seed(6))}[case]
+         "given_zero": torch.randn(6, 48, generator=torch.Generator().manual_seed(6)),
+         "huge": torch.randn(6, 48, generator=torch.Generator().manual_seed(7)) * 1e37}[case]
     t = mxq.quantize(x, format="nvfp4", **({"global_amax": 0.0} if case == "given_zero" else {}))
     got = t.dequantize()
     amax = t.amax.item()
     enc = oracle.s_enc(amax)
     as_te = amax not in (0.0, math.inf) and enc == oracle.div(2688.0, amax)
-    assert as_te == (case == "ordinary")
+    assert as_te == (case in ("ordinary", "huge"))
     factor = oracle.round_f32(oracle.Fraction(1, 2688))
     codes = codes_of(t.rowwise_data)
     sc = scale_bytes(t.rowwise_scale)
     for r in range(6):
         for c in range(48):
             scale = float(oracle.e4m3_value(sc[r][c // 16]))
-            per_block = (oracle.mul(oracle.mul(scale, amax), factor) if as_te
+            te = oracle.mul(scale, amax)
+            per_block = (oracle.mul(te, factor) if as_te and math.isfinite(te)
                          else oracle.mul(scale, oracle.div(1.0, enc)))
             want = oracle.mul(oracle.e2m1_value(codes[r][c]), per_block)
             g = got[r, c].item()

@@ -168,9 +168,10 @@ def dequantize_nvfp4(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor
     """Packed bytes [R, C/2] and their E4M3 scales [R, ceil(C/16)] to fp32 [R, C] as TE's
     dequantize, fp32(e2m1 * fp32(fp32(scale * amax) * fp32(1 / 2688))), where S_enc was
     2688 / amax; where step N2 clamped or replaced it (amax below 2688 / FLT_MAX, 0 with data
-    given a global_amax, or inf), by the inverse of the S_enc the data were encoded with,
-    fp32(e2m1 * fp32(scale * fp32(1 / S_enc))) (TE's formula there decodes a tiny tensor too
-    small, an inf amax to inf, a zero one to 0)."""
+    given a global_amax, or inf), or where fp32(scale * amax) overflows (amax above FLT_MAX / 448),
+    by the inverse of the S_enc the data were encoded with, fp32(e2m1 * fp32(scale * fp32(1 /
+    S_enc))) (TE's formula there decodes a tiny tensor too small, an inf amax or a huge block's
+    scale to inf, a zero amax to 0)."""
     rows, cols = data.shape[0], 2 * data.shape[1]
     amax = amax.to(torch.float32)
     factor = torch.tensor(1.0 / (E4M3_MAX * E2M1_MAX), dtype=torch.float32, device=data.device)
@@ -178,7 +179,8 @@ def dequantize_nvfp4(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor
     as_te = s_enc == torch.tensor(E4M3_MAX * E2M1_MAX, dtype=torch.float32, device=amax.device) / amax
     scale = scale.to(torch.float32)
     one = torch.ones((), dtype=torch.float32, device=data.device)
-    per_block = torch.where(as_te, scale * amax * factor, scale * (one / s_enc))
+    te = scale * amax
+    per_block = torch.where(as_te & torch.isfinite(te), te * factor, scale * (one / s_enc))
     return decode(unpack(data)) * fp8_block.expand(per_block, (1, BLOCKS["nvfp4"]), rows, cols)
 
 
