@@ -606,8 +606,11 @@ def test_group_search_named_default_compiles_to_the_library_kernel():
 EMPTY_TILE_OPTS = [
     dict(rowwise=True, colwise=True),
     dict(colwise=True, act="gelu", dbias=True, amax=True),
+    dict(rowwise=True, colwise=True, scale_layout="swizzled"),
     dict(format="fp8_block", rowwise=True, colwise=True, act="gelu"),
     dict(format="fp8_block", rowwise=True, colwise=True, dact="gelu", dbias=True),
+    dict(rowwise=True, colwise=True, dact="swiglu", dbias=True),  # (two halves: both in one CTA)
+    dict(format="fp8_block", rowwise=True, colwise=True, dact="swiglu", dbias=True),
 ]
 
 
@@ -616,24 +619,30 @@ EMPTY_TILE_OPTS = [
 def test_empty_tiles_leave_early_with_the_same_bytes(opts):
     """Groups whose sizes fill their row tiles and empty groups leave many of the grid's M / R + G
     row tiles without rows; they leave after their group search writing only their compact zero
-    scales (Tuning.empty_exit, PackedKernel.empty_tile). Into poisoned outputs, the same bytes as
-    the reference and as the tiles run whole with masked rows (Tuning(empty_exit=False)). CPU
+    scales (Tuning.empty_exit, PackedKernel.empty_tile: each half's, for a gated backward). Into
+    poisoned outputs, the same bytes as the reference and as the tiles run whole with masked rows
+    (Tuning(empty_exit=False)). CPU
     counterpart: tests/test_kernels.py::test_empty_exit_is_the_grouped_fp8_kernels_alone."""
     sizes = [256, 0, 0, 128, 0, 384, 0, 0, 0, 512, 0]  # (multiples of 128 and of 32: G empty tiles or more)
-    m, n = sum(sizes), 256
+    gated = opts.get("dact") == "swiglu"
+    m, n = sum(sizes), (384 if gated else 320)  # (two column tiles, the last partial but for the halves)
     offsets = torch.cumsum(torch.tensor(sizes), 0).to(torch.int32)
-    x = planted(m, n, torch.bfloat16, seed=21)
-    kw = {"act_input": planted(m, n, torch.bfloat16, seed=22)} if opts.get("dact") else {}
+    x = planted(m, n, torch.bfloat16, seed=21, specials=not gated)
+    kw = {"act_input": planted(m, 2 * n if gated else n, torch.bfloat16, seed=22)} if opts.get("dact") else {}
     exact = "act" not in opts and "dact" not in opts
     ref = mxq.fused_quant(**opts)(_ident)
     want = ref.reference(x, group_offsets=offsets, **kw)
-    v_abs = v_abs_sum(ref, x, group_offsets=offsets, **kw) if opts.get("dbias") and not exact else None
+    v_abs = None
+    if opts.get("dbias") and not exact:  # (a gated op's inner op takes the halves as tensors, and HALF)
+        args = (ref.inner, x, kw["act_input"][:, :n], kw["act_input"][:, n:], 0.0) if gated else (ref, x)
+        v_abs = v_abs_sum(*args, group_offsets=offsets, **({} if gated else kw))
     bound = None if exact else v_bound(ref, x, **kw)
     xc, oc = x.cuda(), offsets.cuda()
     kc = {k: v.cuda() for k, v in kw.items()}
     outs = []
     for leave in (True, False):
-        op = mxq.fused_quant(**opts)(_ident)._with_tuning(kconfig.Tuning(empty_exit=leave))
+        op = mxq.fused_quant(**opts)(_ident)
+        getattr(op, "inner", op)._with_tuning(kconfig.Tuning(empty_exit=leave))
         got = op(xc, group_offsets=oc, out=poisoned(op, xc, oc), **kc)
         assert compare(got, want, exact, v_abs, v_bound=bound) == [], leave
         outs.append(got)
