@@ -315,7 +315,7 @@ class FusedOp:
                             f"tensor {self.epilogue.tensor_params[0]!r}")
         others = call.tensors[1:]
         validation.check_scalars(self.epilogue.scalar_params, call.scalars)  # (a call's rule, before any conversion)
-        gemm_rt.operand_kinds(a, w, others)
+        gemm_rt.operand_kinds(a, w, others, gemm_rt.operand_names(self))
         if self.spec.dact is not None or act_input is not None:  # (the kernel reads it as one more full operand)
             others = [*others, gemm_rt.check_act_input(self, a, w, act_input)]
         if traced:
@@ -353,7 +353,8 @@ class FusedOp:
                 out = MXFP8Tensor.empty(self.spec, (a.shape[0], w.shape[0]), a.dtype, a.device, row_align=1)
             if not all(t.is_contiguous() for t in others):  # (the kinds read only then: gemm_op reads them too)
                 others = [operands_mod.unit_stride(t, kind, validation.copied)  # (a dact op's act_input: full)
-                          for t, kind in zip(others, gemm_rt.operand_kinds(a, w, others))]
+                          for t, kind in zip(others, gemm_rt.operand_kinds(a, w, others,
+                                                                           gemm_rt.operand_names(self)))]
             return gemm_rt.gemm_op(self, a, w, others, scalars, out, acc_out)
         if a.is_cuda:
             validation.fallback(f"op.gemm runs on sm_90a only, not {targets.device_arch(a.device)}")

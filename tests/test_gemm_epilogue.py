@@ -1009,9 +1009,9 @@ def test_bad_tensors_are_named_before_anything_runs():
         plus_bias.gemm(a.float(), w.float(), b)
     with pytest.raises(ValueError, match="N \\(w.shape\\[0\\]\\) must be a multiple of 8"):
         plus_bias.gemm(a, w[:12], b[:12])
-    with pytest.raises(ValueError, match="operand 1 .* does not broadcast"):
+    with pytest.raises(ValueError, match="argument 'b' of shape \\(15,\\) does not broadcast"):
         plus_bias.gemm(a, w, torch.zeros(15, dtype=torch.bfloat16))
-    with pytest.raises(TypeError, match="operand 1 .* must have a's dtype"):
+    with pytest.raises(TypeError, match="argument 'b' must have a's dtype"):
         plus_bias.gemm(a, w, b.float())
     with pytest.raises(ValueError, match="acc_out must be a torch.float32 tensor of shape \\(4, 16\\)"):
         plus_bias.gemm(a, w, b, acc_out=torch.zeros(4, 15))
@@ -1019,6 +1019,11 @@ def test_bad_tensors_are_named_before_anything_runs():
         name = "a" if meta[0].is_meta else "w"
         with pytest.raises(ValueError, match=f"mxq.gemm: {name} is on the meta device"):
             plus_bias.gemm(*meta, b)
+    # (an operand passed by keyword is named by its parameter, not by its place among the tensors)
+    with pytest.raises(ValueError, match="argument 'r' of shape \\(5,\\) does not broadcast"):
+        scaled_residual_mx.gemm(a, w, b, r=torch.zeros(5, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="argument 's' of shape \\(5,\\) does not broadcast"):
+        scaled_residual_mx.gemm(a, w, torch.zeros(5, dtype=torch.bfloat16), b)
 
 
 # --- CPU: the reference on the fp32 accumulator -----------------------------------------------

@@ -326,13 +326,20 @@ def gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None, acc_
 OPERAND_KINDS = ("full", "row", "col", "scalar")  # operands.py's kinds launch_gemm takes (not strided views)
 
 
-def operand_kinds(a, w, operands) -> tuple:
-    """Each operand's layout kind against the GEMM's [M, N] (operands.kind_of), checked by name:
-    a tensor of a's dtype on a's device, full ones contiguous; raise otherwise."""
+def operand_names(op) -> tuple:
+    """The names of op.gemm's operands, as its callers pass them: the epilogue's tensors after the
+    accumulator, then a dact op's act_input."""
+    return (*op.epilogue.arg_names[1:], "act_input")
+
+
+def operand_kinds(a, w, operands, names) -> tuple:
+    """Each operand's layout kind against the GEMM's [M, N] (operands.kind_of), checked by name
+    (``names``: operand_names): a tensor of a's dtype on a's device, full ones contiguous; raise
+    otherwise."""
     m, n = a.shape[0], w.shape[0]
     kinds = []
-    for i, t in enumerate(operands):
-        name = f"operand {i + 1} (the epilogue's tensor {i + 2})"
+    for t, name in zip(operands, names):
+        name = f"argument {name!r}"
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"mxq: op.gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
         kind = operands_mod.kind_of(t.shape, m, n, (m, n))
@@ -463,7 +470,7 @@ def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
     """op.gemm on CUDA: ``out`` (an MXFP8Tensor of op's spec, [M, N], contiguous data) from a @ w^T
     through the op's epilogue (launch_gemm); ``acc_out``: also the fp32 accumulator. Arguments
     checked by the caller (op.gemm, check_args, operand_kinds)."""
-    kinds = operand_kinds(a, w, operands)
+    kinds = operand_kinds(a, w, operands, operand_names(op))
     if a.shape[0] == 0 or w.shape[0] == 0:
         for t, owned in ((out.amax, op.spec.amax), (out.dbias, op.spec.dbias)):  # (0, as the reference's)
             if owned:
