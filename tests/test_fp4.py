@@ -193,18 +193,21 @@ def test_nvfp4_an_amax_of_inf_given_back_is_the_computed_one():
                          else None, global_amax=bad)
 
 
-@pytest.mark.parametrize("case", ["ordinary", "inf", "tiny", "given_zero", "huge"])
+@pytest.mark.parametrize("case", ["ordinary", "inf", "tiny", "given_zero", "huge", "subnormal"])
 def test_nvfp4_dequantize_is_tes_formula_or_the_inverse_of_s_enc(case):
     """dequantize(): TE's fp32(e2m1 * fp32(fp32(scale * amax) * fp32(1/2688))) where S_enc was
     2688 / amax; where N2 clamped or replaced it (an inf in the tensor, an amax of 1e-36, a
     global_amax of 0 with data) or fp32(scale * amax) overflows (an amax of 3e37 and a block's
     scale above FLT_MAX / amax) the inverse of that S_enc, fp32(e2m1 * fp32(scale * fp32(1 /
-    S_enc))): the values come back near the input's, not 0.39 of them, infinities or 0."""
+    S_enc))); where N5 clamped the element multiplier to FLT_MAX (fp32 subnormals, amax 3e-39)
+    e2m1 * fp32(1 / FLT_MAX): the values come back near the input's, not 0.39 of them, a twelfth
+    of them, infinities or 0."""
     x = {"ordinary": torch.randn(6, 48, generator=torch.Generator().manual_seed(5)),
          "inf": edge_input(6, 48, torch.float32, seed=5),
          "tiny": torch.tensor([[1.0, -2.0, 3.0, 0.5] * 12] * 6) * 1e-36,
          "given_zero": torch.randn(6, 48, generator=torch.Generator().manual_seed(6)),
-         "huge": torch.randn(6, 48, generator=torch.Generator().manual_seed(7)) * 1e37}[case]
+         "huge": torch.randn(6, 48, generator=torch.Generator().manual_seed(7)) * 1e37,
+         "subnormal": torch.randn(6, 48, generator=torch.Generator().manual_seed(8)) * 1e-39}[case]
     t = mxq.quantize(x, format="nvfp4", **({"global_amax": 0.0} if case == "given_zero" else {}))
     got = t.dequantize()
     amax = t.amax.item()
@@ -218,8 +221,9 @@ def test_nvfp4_dequantize_is_tes_formula_or_the_inverse_of_s_enc(case):
         for c in range(48):
             scale = float(oracle.e4m3_value(sc[r][c // 16]))
             te = oracle.mul(scale, amax)
-            per_block = (oracle.mul(te, factor) if as_te and math.isfinite(te)
-                         else oracle.mul(scale, oracle.div(1.0, enc)))
+            inverse = oracle.mul(scale, oracle.div(1.0, enc))
+            per_block = (oracle.div(1.0, oracle.FLT_MAX) if inverse > 0 and math.isinf(oracle.div(1.0, inverse))
+                         else oracle.mul(te, factor) if as_te and math.isfinite(te) else inverse)
             want = oracle.mul(oracle.e2m1_value(codes[r][c]), per_block)
             g = got[r, c].item()
             assert g == want or (math.isnan(g) and math.isnan(want)), (r, c)
@@ -227,7 +231,9 @@ def test_nvfp4_dequantize_is_tes_formula_or_the_inverse_of_s_enc(case):
     whole = blocks.isfinite().all(-1, keepdim=True)
     assert bool(whole.any()) and bool((back.isfinite() | ~whole).all()), case  # (finite blocks decode finite)
     if case != "inf":  # near the input: within a fifth of its block's amax (E2M1's widest step is 2 of ~amax / 6)
-        assert bool(((back - blocks).abs() <= blocks.abs().amax(-1, keepdim=True) / 5).all()), case
+        # (under a clamped multiplier a value lies at most half E2M1's widest step, 1 * 2^-128, from its code's)
+        bound = blocks.abs().amax(-1, keepdim=True) / 5 if case != "subnormal" else 2.0 ** -128
+        assert bool(((back - blocks).abs() <= bound).all()), case
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])

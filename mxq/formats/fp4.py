@@ -171,7 +171,9 @@ def dequantize_nvfp4(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor
     given a global_amax, or inf), or where fp32(scale * amax) overflows (amax above FLT_MAX / 448),
     by the inverse of the S_enc the data were encoded with, fp32(e2m1 * fp32(scale * fp32(1 /
     S_enc))) (TE's formula there decodes a tiny tensor too small, an inf amax or a huge block's
-    scale to inf, a zero amax to 0)."""
+    scale to inf, a zero amax to 0); and where step N5 clamped the element multiplier to FLT_MAX
+    (a nonzero fp32(scale * fp32(1 / S_enc)) below 1 / FLT_MAX: a tensor of amax below about
+    6 / FLT_MAX) by that multiplier's inverse, e2m1 * fp32(1 / FLT_MAX) = e2m1 * 2^-128, exact."""
     rows, cols = data.shape[0], 2 * data.shape[1]
     amax = amax.to(torch.float32)
     factor = torch.tensor(1.0 / (E4M3_MAX * E2M1_MAX), dtype=torch.float32, device=data.device)
@@ -180,7 +182,10 @@ def dequantize_nvfp4(data: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor
     scale = scale.to(torch.float32)
     one = torch.ones((), dtype=torch.float32, device=data.device)
     te = scale * amax
-    per_block = torch.where(as_te & torch.isfinite(te), te * factor, scale * (one / s_enc))
+    inverse = scale * (one / s_enc)
+    per_block = torch.where(as_te & torch.isfinite(te), te * factor, inverse)
+    clamped = (inverse > 0) & torch.isinf(one / inverse)  # (N5: min(..., FLT_MAX) took FLT_MAX)
+    per_block = torch.where(clamped, one / torch.finfo(torch.float32).max, per_block)
     return decode(unpack(data)) * fp8_block.expand(per_block, (1, BLOCKS["nvfp4"]), rows, cols)
 
 
