@@ -445,6 +445,27 @@ def test_mxfp4_rceil_never_saturates_and_floor_may():
     assert codes_of(mxq.quantize(x, format="mxfp4").rowwise_data)[0][0] == 7  # floor: 7 -> 6 (saturated)
 
 
+def test_mxfp4_rceil_by_multiply_picks_the_power_the_division_picks():
+    """rceil rounds fp32(amax * fp32(1/6)) up to a power of two; FlashInfer and DeepGEMM round
+    fp32(amax / 6): the same byte for every amax within 40 ulps of 3, 4, 6 and 12 times each
+    power of two where a quotient can sit on a power (normal quotients), so the two are one rule."""
+    amaxes = []
+    for k in range(-124, 125):
+        for m in (3, 4, 6, 12):
+            bits = struct.unpack("<I", struct.pack("<f", m * 2.0 ** k))[0]
+            amaxes += [struct.unpack("<f", struct.pack("<I", b))[0] for b in range(bits - 40, bits + 41)]
+    amaxes = [a for a in amaxes if math.isfinite(a) and a * 6 < oracle.FLT_MAX]
+    x = torch.zeros(len(amaxes), 32)
+    x[:, 0] = torch.tensor(amaxes)
+    got = mxq.quantize(x, format="mxfp4", scale_mode="rceil").rowwise_scale[:, 0].tolist()
+    want = []
+    for a in amaxes:
+        q = oracle.div(a, 6.0)  # (a normal quotient: its exponent field, one more unless a power of two)
+        b = struct.unpack("<I", struct.pack("<f", q))[0]
+        want.append((b >> 23) + ((b & 0x7FFFFF) > 0))
+    assert got == want
+
+
 def test_mxfp4_dequantize_is_exact():
     x = edge_input(4, 64, torch.float32, seed=19)
     t = mxq.quantize(x, format="mxfp4")
