@@ -614,6 +614,45 @@ def test_a_global_amax_in_an_out_field_is_refused_but_out_amax():
         mxq.quantize(x, format="nvfp4", global_amax=inside, out=t)
 
 
+def test_a_global_amax_sharing_out_amax_other_than_as_that_field_is_refused():
+    """The given amax is copied into out.amax (and colwise_amax) first: a tensor that is the very
+    field (an earlier result's amax, a grouped call's [G], the Hadamard pair as its [2] buffer
+    or as two fields) gives the bytes of the same amax given apart; one shifted against the field
+    it is copied into, a group's value broadcast from inside the field, or the pair swapped
+    would read values the copy has overwritten, and is refused by name."""
+    from mxq import MXFP8Tensor
+    from mxq.formats import fp4_layouts
+    x = torch.randn(48, 64, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(3))
+    go = torch.tensor([16, 32, 48], dtype=torch.int32)
+    t = mxq.quantize(x, format="nvfp4", colwise=True, group_offsets=go)
+    want = mxq.quantize(x, format="nvfp4", colwise=True, group_offsets=go, global_amax=t.amax.clone())
+    got = mxq.quantize(x, format="nvfp4", colwise=True, group_offsets=go, global_amax=t.amax, out=t)
+    assert all(torch.equal(getattr(got, f).view(torch.uint8), getattr(want, f).view(torch.uint8))
+               for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax"))
+    spec = mxq.QuantSpec(format="nvfp4", colwise=True)
+    o = MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", group_offsets=go)
+    buf = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    o.amax = buf[1:4]
+    with pytest.raises(ValueError, match="'global_amax' overlaps 'out.amax'"):  # (read [1, 2, 3], copied as [1, 1, 1])
+        mxq.quantize(x, format="nvfp4", colwise=True, group_offsets=go, global_amax=buf[0:3], out=o)
+    with pytest.raises(ValueError, match="'global_amax' overlaps 'out.amax'"):
+        mxq.quantize(x, format="nvfp4", colwise=True, group_offsets=go, global_amax=t.amax[1], out=t)
+    h = mxq.quantize(x[:32], format="nvfp4", colwise=True, hadamard=True)
+    want = mxq.quantize(x[:32], format="nvfp4", colwise=True, hadamard=True,
+                        global_amax=(h.amax.clone(), h.colwise_amax.clone()))
+    pair = fp4_layouts.amax_pair(h.amax, h.colwise_amax)
+    for given in ((h.amax, h.colwise_amax), pair):
+        got = mxq.quantize(x[:32], format="nvfp4", colwise=True, hadamard=True, global_amax=given, out=h)
+        assert torch.equal(got.colwise_data, want.colwise_data) and torch.equal(got.colwise_amax, want.colwise_amax)
+    with pytest.raises(ValueError, match="'global_amax' overlaps 'out.amax'"):
+        mxq.quantize(x[:32], format="nvfp4", colwise=True, hadamard=True, global_amax=(h.colwise_amax, h.amax), out=h)
+    b = torch.tensor([5.0, 6.0, 7.0])
+    o = MXFP8Tensor.empty(mxq.QuantSpec(format="nvfp4", colwise=True, hadamard=True), (32, 64), x.dtype, "cpu")
+    o.amax, o.colwise_amax = b[1], b[2]
+    with pytest.raises(ValueError, match="'global_amax' overlaps 'out.amax'"):  # (colwise_amax would read 5, not 6)
+        mxq.quantize(x[:32], format="nvfp4", colwise=True, hadamard=True, global_amax=b[0:2], out=o)
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_a_noop_other_than_one_is_an_ordinary_call(device):
     """docs/NUMERICS.md, noop: only 1.0 writes nothing; 0, 0.5 and NaN write what the call

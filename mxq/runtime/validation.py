@@ -229,11 +229,47 @@ def check_out_apart(epilogue: Epilogue, call) -> None:
     if given is not None and call.out is not None:
         # (NVFP4's given amax is copied into out.amax (and colwise_amax) before the kernel reads it:
         # those it may be, as an earlier call's t.amax; no other output field)
-        given = [t for t in (given if isinstance(given, (tuple, list)) else (given,)) if isinstance(t, torch.Tensor)]
+        tensors = [t for t in (given if isinstance(given, (tuple, list)) else (given,)) if isinstance(t, torch.Tensor)]
         fields = [(f"out.{f}", getattr(call.out, f)) for f in OUT_FIELDS
                   if f not in ("amax", "colwise_amax") and getattr(call.out, f) is not None]
-        if given:
-            check_apart(None, [("global_amax", t) for t in given], fields)
+        if tensors:
+            check_apart(None, [("global_amax", t) for t in tensors], fields)
+            _check_amax_copies(call.out, given, tensors)
+
+
+def _addresses(t: torch.Tensor) -> list:
+    """The byte address of each element of a 0-d or 1-D tensor, in order."""
+    flat = t.reshape(-1)  # (a view: 0-d and 1-D tensors)
+    return [flat.data_ptr() + i * flat.stride(0) * flat.element_size() for i in range(flat.numel())]
+
+
+def _check_amax_copies(out: MXFP8Tensor, given, tensors) -> None:
+    """A given NVFP4 amax (``given``: global_amax; ``tensors``: its tensors) is copied into
+    out.amax (and out.colwise_amax) before the kernels read it. A given tensor may be the very
+    field it is copied into (an earlier result's t.amax given back: each value copied onto
+    itself); sharing memory with them any other way is refused by name (a value overwritten by
+    the copy before it is read gives wrong bytes; torch's copy_ refuses a partial overlap)."""
+    fields = [f for f in (out.amax, out.colwise_amax) if f is not None]
+    if not any(_overlap(_span(t), _span(f)) for t in tensors for f in fields):
+        return
+    # each given tensor and the addresses it is copied onto (launch.given_amax_first, reference.write_fp4 and
+    # write_fp4_groups): the amax (one a group); with hadamard=True the pair, as one [2] tensor or two
+    if out.colwise_amax is None:
+        targets = [(given, _addresses(out.amax))]
+    elif isinstance(given, torch.Tensor):
+        targets = [(given, _addresses(out.amax) + _addresses(out.colwise_amax))]
+    else:
+        targets = [(v, _addresses(f)) for v, f in zip(given, (out.amax, out.colwise_amax)) if isinstance(v, torch.Tensor)]
+    for t, onto in targets:
+        if any(_overlap(_span(t), _span(f)) for f in fields) and _addresses(t) != onto:
+            raise ValueError("mxq: argument 'global_amax' overlaps 'out.amax' (or 'out.colwise_amax') in memory "
+                             "other than as the very field it is copied into: pass the earlier result's t.amax "
+                             "(and t.colwise_amax) as they are, or a copy")
+
+
+def _overlap(a, b) -> bool:
+    """Whether two spans (_span; None for an empty tensor) share a byte."""
+    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
 
 
 _PAIR = ("hadamard=True's pair (amax, colwise_amax): a float32 tensor of shape (2,), two floats, or two "
