@@ -36,3 +36,25 @@ def test_sass_opcodes_parses_nvdisasm_output(monkeypatch, tmp_path):
     got = inspection.sass_opcodes(tmp_path / "k.cubin")
     assert got == {"kernel_a": {"LDC": 1, "IMAD": 2, "BRA": 1, "UIADD3": 1, "NOP": 1, "EXIT": 1},
                    "kernel_b": {"EXIT": 1}}
+
+
+def test_asm_refuses_by_name_what_no_fp4_kernel_serves():
+    """asm() of an FP4 op whose calls all run the reference (a gated backward with stochastic
+    rounding, the Hadamard transform or 16x16 tiles; the Hadamard transform from other than
+    bf16) raises ValueError naming the option before compiling, not a compile error with an
+    empty message or a kernel no call runs (limits.fp4_gap, the rule fp4_unserved applies)."""
+    import pytest
+
+    import mxq
+
+    def dswiglu(g):
+        return g
+
+    for flag in ("stochastic_rounding", "hadamard", "block_2d"):
+        op = mxq.fused_quant(format="nvfp4", colwise=True, dact="swiglu", **{flag: True})(dswiglu)
+        for dtype in ("bf16", "fp32"):
+            with pytest.raises(ValueError, match=f"gated backward .*{flag}=True has no GPU kernels"):
+                op.asm(arch="sm_90", dtype=dtype)
+    op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(dswiglu)
+    with pytest.raises(ValueError, match="hadamard=True and other than bf16 inputs"):
+        op.asm(arch="sm_90", dtype="fp16")

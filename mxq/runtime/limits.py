@@ -158,18 +158,17 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     gap = _fp4_arch_gap(targets.device_arch(x.device)) if x.is_cuda else None  # (CPU tensors: the rules below)
     if gap:
         return gap
-    if gated.is_halves(epilogue):  # (the packed kernel's two passes; the options whose words or tiles
-        # are placed by the input's columns stay on the reference)
-        flag = next((f for f in ("stochastic_rounding", "hadamard", "block_2d") if getattr(spec, f)), None)
-        if flag:
-            return f"with a gated backward (two output halves) and {flag}=True has no GPU kernels yet"
-        if x.element_size() != 2 and call is not None and call.group_offsets is not None:
-            return "with a gated backward (two output halves), group_offsets and fp32 inputs has no GPU kernels yet"
+    gap = fp4_gap(spec, epilogue)
+    if gap:
+        return gap
+    if gated.is_halves(epilogue) and x.element_size() != 2 and call is not None and call.group_offsets is not None:
+        return "with a gated backward (two output halves), group_offsets and fp32 inputs has no GPU kernels yet"
     gap = fp4_layouts.grouped_gap(spec) if call is not None and call.group_offsets is not None else None
     if gap:  # (validation's rule for grouped FP4 outputs, whatever the dtype: it refuses such calls first)
         return f"with group_offsets {gap}"
-    if spec.hadamard and x.dtype != torch.bfloat16:  # (validation refuses it first; the kernels' own rule)
-        return "with hadamard=True and other than bf16 inputs has no GPU kernels"
+    gap = fp4_gap(spec, epilogue, targets.DTYPES.get(x.dtype, str(x.dtype)))
+    if gap:  # (validation refuses a hadamard=True call of other inputs first; the kernels' own rule)
+        return gap
     if spec.colwise:  # (the transposed copy: the packed kernel's 8-row threads, whole words of output rows)
         m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
         if m % kconfig.VEC:
@@ -188,6 +187,21 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     data = call.out.rowwise_data if call is not None and call.out is not None else None
     if any(_misaligned(t, kconfig.VEC) for t in ins) or (data is not None and _misaligned(data, kconfig.VEC // 2)):
         return "with tensors not 16-byte aligned or rows not whole 16-byte vectors apart has no GPU kernels yet"
+    return None
+
+
+def fp4_gap(spec, epilogue, dtype: str | None = None) -> str | None:
+    """What of an NVFP4 / MXFP4 op no kernel serves, whatever the call's shapes (fp4_unserved's
+    first rules; asm() refuses it by name rather than compile a kernel no call would run), or
+    None: gated backwards (two output halves) with the options whose words or tiles are placed by
+    the input's columns (they stay on the reference); with ``dtype`` ("bf16", "fp16", "fp32"),
+    the Hadamard transform from other than bf16."""
+    if gated.is_halves(epilogue):  # (the packed kernel's two passes)
+        flag = next((f for f in ("stochastic_rounding", "hadamard", "block_2d") if getattr(spec, f)), None)
+        if flag:
+            return f"with a gated backward (two output halves) and {flag}=True has no GPU kernels yet"
+    if spec.hadamard and dtype is not None and dtype != "bf16":
+        return "with hadamard=True and other than bf16 inputs has no GPU kernels"
     return None
 
 
