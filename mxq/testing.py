@@ -249,6 +249,10 @@ def compare(got, want, exact: bool, v_abs: torch.Tensor | None = None, *,
     for d in want.shape:
         m *= d
     total = max(1, m)
+    extra = [f for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax", "colwise_amax",
+                         "dbias") if getattr(want, f) is None and getattr(got, f) is not None]
+    if extra:  # (an output the reference has none of: another spec's result)
+        problems.append(f"{', '.join(extra)}: present where the reference has none")
     for name in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
         w = getattr(want, name)
         if w is None:

@@ -28,6 +28,11 @@ def test_compare_flags_a_single_byte_and_accepts_equal():
     for field in ("amax", "dbias"):  # (a field the reference has and the result lacks: named, not an AttributeError)
         ref = replace(full, amax=full.dbias.new_zeros(()).float()) if field == "amax" else full
         assert f"{field}: missing" in compare(replace(full, **{field: None}), ref, exact=True)
+    # (and a field the result has where the reference has none: another spec's result, not a pass)
+    rowwise = mxq.quantize(x, amax=True)
+    assert compare(want, rowwise, exact=True) == [
+        "colwise_data, colwise_scale: present where the reference has none"]
+    assert compare(full, replace(full, dbias=None), exact=False) == ["dbias: present where the reference has none"]
 
 
 def test_compare_reads_a_grouped_amax_entry_by_entry():
