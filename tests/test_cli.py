@@ -304,7 +304,8 @@ USER_ERRORS = [
     (("render", "--format", "nvfp4", "--colwise", "--block-2d", "--hadamard"),
      "mxq: --block-2d and --hadamard are exclusive"),
     (("compile", "--format", "nvfp4", "--colwise", "--hadamard", "--dtype", "fp32"),
-     "mxq: NVFP4's Hadamard transform takes bf16 inputs only (--dtype fp32)"),
+     "mxq: asm(): --format nvfp4 with --hadamard and fp32 inputs has no GPU kernels (the transform takes bf16 "
+     "inputs only); such calls run the reference"),
     (("render", "nope.py"), "mxq: no such file: nope.py"),
     (("render", "examples/custom_epilogue.py:"),
      "mxq: 'examples/custom_epilogue.py:' names no op after its colon: give FILE.py:NAME"),

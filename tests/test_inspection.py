@@ -56,5 +56,5 @@ def test_asm_refuses_by_name_what_no_fp4_kernel_serves():
             with pytest.raises(ValueError, match=f"gated backward .*{flag}=True has no GPU kernels"):
                 op.asm(arch="sm_90", dtype=dtype)
     op = mxq.fused_quant(format="nvfp4", colwise=True, hadamard=True)(dswiglu)
-    with pytest.raises(ValueError, match="hadamard=True and other than bf16 inputs"):
+    with pytest.raises(ValueError, match="hadamard=True and fp16 inputs has no GPU kernels"):
         op.asm(arch="sm_90", dtype="fp16")

@@ -31,7 +31,7 @@ def compile_artifacts(op, arch: str = "sm_90", dtype="bf16", variant: str = "vec
         raise ValueError(f"mxq: asm(): {gap}")
     gap = limits.fp4_gap(op.spec, op.epilogue, dtype) if op.spec.is_fp4 else None
     if gap:  # (such calls run the reference: no kernel to show)
-        raise ValueError(f"mxq: asm(): format={op.spec.format!r} {gap} (such calls run the reference)")
+        raise ValueError(f"mxq: asm(): format={op.spec.format!r} {gap}; such calls run the reference")
     if variant not in VARIANTS:
         raise ValueError(f"mxq: variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     compiled = compile_op(op, arch, dtype, keep_ptx=True, variant=variant, layouts=layouts)

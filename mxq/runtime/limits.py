@@ -201,7 +201,7 @@ def fp4_gap(spec, epilogue, dtype: str | None = None) -> str | None:
         if flag:
             return f"with a gated backward (two output halves) and {flag}=True has no GPU kernels yet"
     if spec.hadamard and dtype is not None and dtype != "bf16":
-        return "with hadamard=True and other than bf16 inputs has no GPU kernels"
+        return f"with hadamard=True and {dtype} inputs has no GPU kernels (the transform takes bf16 inputs only)"
     return None
 
 
