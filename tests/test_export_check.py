@@ -176,6 +176,53 @@ def test_exported_function_refuses_buffers_of_the_wrong_size(grouped_lib, m, n):
             assert "'mDbiasWs'" in msg and f"needs shape [{-(-m // 32)}, {n}]" in msg, msg
 
 
+@pytest.fixture(scope="module")
+def raw_caller():
+    """tests/cpp/raw_caller.cc: a function's call with raw DLTensor* arguments, one spoiled."""
+    import tvm_ffi.cpp
+
+    src = (Path(__file__).parent / "cpp" / "raw_caller.cc").read_text()
+    return tvm_ffi.cpp.load_inline(name="mxq_test_raw_caller", cpp_sources=src, functions=["raw_call_error"])
+
+
+def test_exported_function_refuses_what_its_kernel_cannot_take(grouped_lib, raw_caller):
+    """Before the compiled function runs: a first input with no rows or columns, or of 2^31
+    elements or more (Python falls back to the reference there; an exported function has none),
+    refused naming mIn0; FP8 data rows off 8-byte boundaries for "_rows8", naming the data; and
+    from a C++ caller's raw DLTensor*, strides left NULL (the compiled function reads them), a null
+    data pointer or a negative dimension, each naming the argument. Sound, the same call reaches
+    the device check."""
+    op, lib, _ = grouped_lib
+    for m, n in ((0, 96), (64, 0)):
+        args = _args(op, max(m, 1), max(n, 1))
+        args[0] = torch.zeros(m, n, dtype=torch.bfloat16)
+        msg = _error(lib["chk"], args)
+        assert f"'mIn0' has shape [{m}, {n}]; the kernels take M, N >= 1 and fewer than 2^31" in msg, msg
+    args = _args(op, 64, 96)
+    args[0] = torch.zeros(1, dtype=torch.bfloat16).expand(2 ** 16, 2 ** 15)
+    assert "'mIn0' has shape [65536, 32768]" in _error(lib["chk"], args)
+    m, n = 64, 96
+    for bad in (torch.zeros(m * n + 1, dtype=torch.uint8)[1:].view(m, n),  # (an address off 8 bytes)
+                torch.zeros(m, n + 4, dtype=torch.uint8)[:, :n]):  # (rows 100 bytes apart)
+        for slot in ("mRowData", "mColData"):
+            msg = _error(lib["chk_rows8"], _args(op, m, n, **{slot: bad}))
+            assert f"'{slot}' must hold rows that start on 8-byte boundaries" in msg, msg
+            assert "expected device_type=cuda" in _error(lib["chk"], _args(op, m, n, **{slot: bad}))
+    padded = torch.zeros(m, n + 8, dtype=torch.uint8)[:, :n]
+    assert "expected device_type=cuda" in _error(lib["chk_rows8"], _args(op, m, n, mRowData=padded))
+    import tvm_ffi
+
+    args = _args(op, m, n)
+    assert "expected device_type=cuda" in raw_caller.raw_call_error(lib["chk"], args, -1, "")
+    for index, name in ((0, "mIn0"), (1, "mRowData"), (2, "mRowScale"), (5, "mDbias")):
+        for how, words in (("strides", "has no strides (a DLTensor whose strides are NULL)"),
+                           ("data", "has elements but no data (a null pointer)"),
+                           ("negative", "a negative dimension")):
+            msg = raw_caller.raw_call_error(lib["chk"], args, index, how)
+            assert msg.startswith(f"ValueError: mxq: chk: argument #{index} '{name}' ") and words in msg, (how, msg)
+    assert isinstance(lib["chk"], tvm_ffi.Function)
+
+
 def test_exported_function_refuses_outputs_that_share_memory(grouped_lib):
     """An output sharing memory with another output or with an input (csrc/spans.h) is refused
     naming both; apart (the same sizes) the call reaches the device check."""

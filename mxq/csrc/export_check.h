@@ -74,7 +74,13 @@ struct Function {
   int64_t m_multiple;     // what M must be a multiple of (FP4's colwise copy: 8, whole 8-row words)
   int amax;               // AmaxRule
   const char* scale_text;  // the scales' dtype, as the refusal names it
+  int64_t row_align;      // bytes the FP8 data's address and row stride must be multiples of ("_rows8": 8; else 1)
 };
+
+// The kernels' size limit (limits.unsupported: Python falls back to the reference beyond it; an
+// exported function has no reference, so it refuses).
+constexpr int64_t kMaxElements = int64_t{1} << 31;
+constexpr int64_t kMaxRows = kMaxElements - 64;
 
 inline const DLTensor* AsTensor(const TVMFFIAny& a) {
   if (a.type_index == kTVMFFIDLTensorPtr) return static_cast<const DLTensor*>(a.v_ptr);
@@ -139,9 +145,33 @@ inline int CheckApart(const Function& f, const TVMFFIAny* args) {
   return 0;
 }
 
+// Every tensor argument is one the compiled function can read: no negative dimension, data where
+// it has elements, and strides (a raw DLTensor* may leave them NULL for a compact tensor, which
+// the compiled function would dereference).
+inline int CheckTensors(const Function& f, const TVMFFIAny* args) {
+  for (int i = 0; i < f.nargs; ++i) {
+    const DLTensor* t = AsTensor(args[i]);
+    if (t == nullptr) continue;
+    const std::string arg = std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" +
+                            f.arg_names[i] + "' ";
+    for (int d = 0; d < t->ndim; ++d) {
+      if (t->shape[d] < 0) return Refuse(arg + "has shape " + ShapeText(t) + ", a negative dimension");
+    }
+    if (t->ndim > 0 && t->strides == nullptr) {
+      return Refuse(arg + "has no strides (a DLTensor whose strides are NULL): give its strides (compact: each "
+                    "dimension's the product of the sizes after it) or pass a tvm::ffi::Tensor");
+    }
+    bool empty = false;
+    for (int d = 0; d < t->ndim; ++d) empty = empty || t->shape[d] == 0;
+    if (!empty && t->data == nullptr) return Refuse(arg + "has elements but no data (a null pointer)");
+  }
+  return 0;
+}
+
 // 0: the call may go on; -1: a ValueError is raised (TVM-FFI's C convention).
 inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
   if (num_args != f.nargs) return 0;
+  if (CheckTensors(f, args) != 0) return -1;
   const DLTensor* x = nullptr;
   int64_t groups = -1;
   for (int i = 0; i < f.nargs; ++i) {
@@ -153,6 +183,11 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
     }
   }
   if (x == nullptr || x->ndim != 2) return 0;
+  if (x->shape[0] < 1 || x->shape[1] < 1 || x->shape[0] >= kMaxRows || x->shape[1] >= kMaxElements ||
+      x->shape[0] * x->shape[1] >= kMaxElements) {  // (each factor below 2^31 first: the product fits int64)
+    return Refuse(std::string("mxq: ") + f.name + ": argument 'mIn0' has shape " + ShapeText(x) +
+                  "; the kernels take M, N >= 1 and fewer than 2^31 elements (M below 2^31 - 64)");
+  }
   if (groups == 0 || groups > f.max_groups) {
     return Refuse(std::string("mxq: ") + f.name + ": argument 'mGroupEnds' has " + std::to_string(groups) +
                   " group ends; a grouped call takes 1 to " + std::to_string(f.max_groups));
@@ -176,6 +211,13 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
           need = dims(m, wb);
         } else if (!RowsApart(t, wb)) {
           need = RowsNeed(t, wb);
+        } else if ((reinterpret_cast<uintptr_t>(t->data) + t->byte_offset) % f.row_align != 0 ||
+                   (t->shape[0] > 1 && t->strides[0] % f.row_align != 0)) {
+          return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
+                        "' must hold rows that start on " + std::to_string(f.row_align) +
+                        "-byte boundaries (an address and a row stride that are multiples of " +
+                        std::to_string(f.row_align) + " bytes; its row stride is " + std::to_string(t->strides[0]) +
+                        "); the function without the suffix serves any rows");
         }
         break;
       case kColDataT: {  // (the kernel stores its rows M bytes apart: padded or overlapping rows are refused)

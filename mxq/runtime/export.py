@@ -295,7 +295,7 @@ static const int kRoles{k}[] = {{{", ".join("mxq_export::" + r for r in roles)}}
 static const char* const kNames{k}[] = {{{names}}};
 static const mxq_export::Function kFunction{k} = {{"{fname}", {len(table)}, kRoles{k}, kNames{k}, kFacts, {halves},
                                                  {groups.MAX_GROUPS}, {per_byte}, {m_multiple}, {amax},
-                                                 "{scale_text}"}};
+                                                 "{scale_text}", {UNIT if variant == "rows8" else 1}}};
 extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_{fname}(void* self, const TVMFFIAny* args, int32_t num_args,
                                                   TVMFFIAny* result) {{
   if (mxq_export::Check(kFunction{k}, args, num_args) != 0) return -1;

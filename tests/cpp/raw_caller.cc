@@ -1,0 +1,48 @@
+// Calls a TVM-FFI function with raw DLTensor* arguments, one of them spoiled, as a C++ program
+// handing DLPack tensors of its own may: built by tests/test_export_check.py with tvm-ffi's
+// load_inline, to show each such argument refused by name before any launch.
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/function.h>
+
+#include <string>
+#include <vector>
+
+namespace ffi = tvm::ffi;
+
+// The error of f(*args) with each tensor passed as a raw DLTensor* (the others as they are) and
+// argument `index` spoiled by `how`: "strides" NULL, "data" a null pointer, "negative" its first
+// dimension -1, "overflow" its first dimension 2^62 + 1, "lanes" two lanes an element; "" for
+// none. Returns "Kind: message", or "" where the call returned.
+ffi::String raw_call_error(ffi::Function f, ffi::Array<ffi::Any> args, int64_t index, ffi::String how) {
+  std::vector<DLTensor> raw(args.size());
+  std::vector<std::vector<int64_t>> shapes(args.size());
+  std::vector<ffi::AnyView> call;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::optional<ffi::Tensor> t = args[i].try_cast<ffi::Tensor>();
+    if (!t.has_value()) {
+      call.emplace_back(args[i]);
+      continue;
+    }
+    raw[i] = *t.value().GetDLTensorPtr();  // (a copy: its shape and strides stay owned by the Tensor)
+    if (static_cast<int64_t>(i) == index) {
+      shapes[i].assign(raw[i].shape, raw[i].shape + raw[i].ndim);
+      std::string h(how);
+      if (h == "strides") raw[i].strides = nullptr;
+      if (h == "data") raw[i].data = nullptr;
+      if (h == "negative") shapes[i][0] = -1;
+      if (h == "overflow") shapes[i][0] = (int64_t{1} << 62) + 1;
+      if (h == "lanes") raw[i].dtype.lanes = 2;
+      raw[i].shape = shapes[i].data();
+    }
+    call.emplace_back(&raw[i]);
+  }
+  try {
+    ffi::Any rv;
+    f.CallPacked(call.data(), static_cast<int32_t>(call.size()), &rv);
+  } catch (const ffi::Error& e) {
+    return ffi::String(std::string(e.kind()) + ": " + std::string(e.message()));
+  }
+  return ffi::String("");
+}
