@@ -36,3 +36,15 @@ def deadline(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="session")
+def raw_caller():
+    """tests/cpp/raw_caller.cc, built: a function's call with raw DLTensor* arguments, one of them
+    spoiled (test_export_check.py, test_ffi.py)."""
+    from pathlib import Path
+
+    import tvm_ffi.cpp
+
+    src = (Path(__file__).parent / "cpp" / "raw_caller.cc").read_text()
+    return tvm_ffi.cpp.load_inline(name="mxq_test_raw_caller", cpp_sources=src, functions=["raw_call_error"])

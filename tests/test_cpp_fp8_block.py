@@ -276,8 +276,8 @@ def test_exported_gemm_function_checks_the_padded_buffer(gemm_lib, m, n):
     count M * ceil(N/128) is refused where M % 4 != 0."""
     op, lib, _ = gemm_lib
 
-    def args(scale):
-        return [torch.zeros(m, n), torch.zeros(m, n, dtype=torch.uint8), scale, torch.zeros(1)]
+    def args(scale):  # (the FP8 rows padded to 8 bytes: "_rows8" takes rows on 8-byte boundaries alone)
+        return [torch.zeros(m, n), torch.zeros(m, roundup(n, 8), dtype=torch.uint8)[:, :n], scale, torch.zeros(1)]
 
     padded = torch.zeros(cdiv(n, 128) * roundup(m, ALIGN))
     for fname in ("fbg_vec", "fbg_rows8"):

@@ -82,6 +82,10 @@ def test_export_refuses_a_name_that_differs_from_an_export_beside_it_only_in_cas
     monkeypatch.setattr(export, "compile_op", stop)
     with pytest.raises(RuntimeError, match="compiling"):
         _identity.export(tmp_path, name="myquant")
+    # (a directory the failed export made is removed again; one that was there stays)
+    with pytest.raises(RuntimeError, match="compiling"):
+        _identity.export(tmp_path / "new", name="myquant")
+    assert not (tmp_path / "new").exists() and (tmp_path / "MyQuant.h").exists()
 
 
 @pytest.mark.parametrize("note, error, words", [

@@ -176,15 +176,6 @@ def test_exported_function_refuses_buffers_of_the_wrong_size(grouped_lib, m, n):
             assert "'mDbiasWs'" in msg and f"needs shape [{-(-m // 32)}, {n}]" in msg, msg
 
 
-@pytest.fixture(scope="module")
-def raw_caller():
-    """tests/cpp/raw_caller.cc: a function's call with raw DLTensor* arguments, one spoiled."""
-    import tvm_ffi.cpp
-
-    src = (Path(__file__).parent / "cpp" / "raw_caller.cc").read_text()
-    return tvm_ffi.cpp.load_inline(name="mxq_test_raw_caller", cpp_sources=src, functions=["raw_call_error"])
-
-
 def test_exported_function_refuses_what_its_kernel_cannot_take(grouped_lib, raw_caller):
     """Before the compiled function runs: a first input with no rows or columns, or of 2^31
     elements or more (Python falls back to the reference there; an exported function has none),
@@ -282,6 +273,10 @@ def test_only_the_checked_names_are_exported(grouped_lib):
     syms = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True).stdout
     names = sorted(line.split()[-1] for line in syms.splitlines())
     assert names == sorted(f"__tvm_ffi_chk{s}" for s in ("", "_vec", "_rows8", "_grouped", "_vec_grouped"))
+    # (the header's include guard is prefixed: an export named tvm_ffi_function would otherwise hold
+    # TVM-FFI's own tvm/ffi/function.h guard, TVM_FFI_FUNCTION_H_, and hide that header)
+    header = (Path(path).parent / "chk.h").read_text()
+    assert "#ifndef MXQ_EXPORT_CHK_H_\n#define MXQ_EXPORT_CHK_H_" in header
 
 
 @pytest.mark.parametrize("direction", ["backward", "forward"])

@@ -174,6 +174,34 @@ def test_allocating_route_refuses_empty_inputs_and_bad_arity():
         alloc(x, x, 0.5, None)
 
 
+def test_native_routes_refuse_tensors_no_kernel_can_read(raw_caller):
+    """From a C++ caller's raw DLTensor*: a negative dimension, an element count past int64 (it
+    wrapped to a small one), a null data pointer with elements, or a vector dtype (bfloat16x2)
+    is refused naming the argument before anything runs, on the registered dispatcher and the
+    allocating route alike; the allocating route also refuses 2^31 elements (Python sends those
+    to the reference)."""
+    op = mxq.fused_quant(rowwise=True, colwise=True, amax=True)(resid.fn)
+    disp, alloc = op._native_dispatchers()[:2]
+    x = planted(8, 32, torch.bfloat16)
+    d = dests(8, 32)
+    full = [x, x, 0.5, None, d["row_data"], d["row_scale"], d["col_data"].view(torch.uint8), d["col_scale"],
+            d["amax"].reshape(1), None, None]
+    assert raw_caller.raw_call_error(disp, full, -1, "") == ""  # (sound: the CPU reference fills the outputs)
+    for fn, args, cases in ((disp, full, ((0, "x"), (1, "r"), (4, "rowwise_data"), (8, "amax"))),
+                            (alloc, [x, x, 0.5, None, None], ((0, "x"), (1, "r")))):
+        for index, name in cases:
+            for how, words in (("negative", "has a negative dimension (-1 at dimension 0)"),
+                               ("overflow", "has more elements or bytes than an int64 counts"),
+                               ("data", "has elements but no data (a null pointer)"),
+                               ("lanes", "has a dtype of 2 lanes an element")):
+                msg = raw_caller.raw_call_error(fn, args, index, how)
+                assert msg == f"ValueError: mxq: argument '{name}' {words}" + ("; mxq takes one" if how == "lanes"
+                                                                               else ""), (how, msg)
+    big = torch.zeros(1, dtype=torch.bfloat16).expand(2 ** 16, 2 ** 15)
+    with pytest.raises(ValueError, match="fewer than 2\\^31 elements"):
+        alloc(big, big, 0.5, None, None)
+
+
 def _ident(x):
     return x
 

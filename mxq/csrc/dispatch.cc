@@ -27,6 +27,8 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -160,6 +162,88 @@ const DLTensor* TensorArg(const State& st, ffi::PackedArgs args, int i) {
   }
   return *t;
 }
+
+// Every tensor argument is one a kernel can read, else a ValueError naming it: no negative
+// dimension, an element count int64 holds, data where it has elements, one lane an element (a
+// vector dtype such as bfloat16x2 is not the scalar the kernels take). `after`: the route's names of
+// its arguments after the epilogue's tensors and floats.
+void CheckTensors(const State& st, ffi::PackedArgs args, std::initializer_list<const char*> after) {
+  const int base = st.nt + st.ns;
+  for (int i = 0; i < args.size(); ++i) {
+    std::optional<DLTensor*> o = args[i].try_cast<DLTensor*>();
+    if (!o.has_value() || *o == nullptr) continue;
+    const DLTensor* t = *o;
+    const std::string name = i < base ? ArgName(st, i)
+                             : i - base < static_cast<int>(after.size()) ? after.begin()[i - base]
+                                                                         : "#" + std::to_string(i);
+    bool empty = false;
+    for (int d = 0; d < t->ndim; ++d) {
+      if (t->shape[d] < 0) {
+        TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' has a negative dimension (" << t->shape[d]
+                                  << " at dimension " << d << ")";
+      }
+      empty = empty || t->shape[d] == 0;
+    }
+    // (its elements, and the bytes from its first element to its last, must fit an int64: torch's
+    // view of it overflowed to an abort)
+    int64_t count = 1, extent = 1, bytes = 0;
+    bool over = false;
+    for (int d = 0; d < t->ndim && !empty; ++d) {
+      int64_t step = 0;
+      over = over || __builtin_mul_overflow(count, t->shape[d], &count) ||
+             __builtin_mul_overflow(t->shape[d] - 1, t->strides != nullptr ? std::abs(t->strides[d]) : 1, &step) ||
+             __builtin_add_overflow(extent, step, &extent);
+    }
+    over = over || __builtin_mul_overflow(t->strides != nullptr ? extent : count, (t->dtype.bits + 7) / 8, &bytes);
+    if (!empty && over) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' has more elements or bytes than an int64 counts";
+    }
+    if (!empty && t->data == nullptr) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' has elements but no data (a null pointer)";
+    }
+    if (t->dtype.lanes != 1) {
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' has a dtype of " << t->dtype.lanes
+                                << " lanes an element; mxq takes one";
+    }
+  }
+}
+
+// The Python route of a call (st.python): a C++ caller's raw DLTensor* arguments passed as
+// tensors that own nothing (Borrow), shape and strides as given (compact where NULL): Python's
+// binding reads its tensors through DLPack, which crashed in tvm-ffi on a borrowed raw DLTensor*.
+void CallPython(const State& st, ffi::PackedArgs args, ffi::Any* rv) {
+  bool raw = false;
+  for (int i = 0; i < args.size(); ++i) raw = raw || args[i].type_index() == ffi::TypeIndex::kTVMFFIDLTensorPtr;
+  if (!raw) {
+    st.python.CallPacked(args, rv);
+    return;
+  }
+  std::vector<ffi::Tensor> hold;  // must not reallocate while `call` points into it
+  hold.reserve(args.size());
+  std::vector<ffi::AnyView> call;
+  call.reserve(args.size());
+  for (int i = 0; i < args.size(); ++i) {
+    if (args[i].type_index() != ffi::TypeIndex::kTVMFFIDLTensorPtr) {
+      call.emplace_back(args[i]);
+      continue;
+    }
+    const DLTensor* t = args[i].cast<DLTensor*>();
+    std::vector<int64_t> strides(t->ndim, 1);
+    for (int d = t->ndim - 1; d >= 0; --d) {
+      strides[d] = t->strides != nullptr ? t->strides[d] : d == t->ndim - 1 ? 1 : strides[d + 1] * t->shape[d + 1];
+    }
+    hold.push_back(ffi::Tensor::FromNDAllocStrided(Borrow{static_cast<char*>(t->data) + t->byte_offset},
+                                                   ffi::ShapeView(t->shape, t->ndim),
+                                                   ffi::ShapeView(strides.data(), strides.size()), t->dtype,
+                                                   t->device));
+    call.emplace_back(hold.back());
+  }
+  st.python.CallPacked(call.data(), static_cast<int32_t>(call.size()), rv);
+}
+
+// The kernels' size limit (limits.unsupported): beyond it Python's route runs the reference.
+constexpr int64_t kMaxElements = int64_t{1} << 31;
+constexpr int64_t kMaxRows = kMaxElements - 64;
 
 bool Aligned16(const DLTensor* t) {
   return ((reinterpret_cast<uintptr_t>(t->data) + t->byte_offset) % 16) == 0;
@@ -320,6 +404,8 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
                              << args.size();
   }
   const DLTensor* x = TensorArg(st, args, 0);
+  CheckTensors(st, args, {"act_input", "rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale", "amax",
+                          "dbias", "noop", "group_offsets"});
   const bool grouped = args.size() == expect + 1 && args[expect] != nullptr;
   CheckApart(st, args);
   std::string kinds;
@@ -327,7 +413,7 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   if (x->device.device_type == kDLCPU || (grouped && ends == nullptr) || !OperandKinds(st, args, x, &kinds)) {
     // the reference (CPU), or the Python binding of the kernels: grouped calls GroupEnds leaves
     // to it, and epilogue tensors this route does not take as they are (OperandKinds)
-    st.python.CallPacked(args, rv);
+    CallPython(st, args, rv);
     return;
   }
   for (int s = 0; s < 7; ++s) {
@@ -342,8 +428,9 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   const int64_t numel = Numel(x);
   const int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1;
   const int64_t m = n ? numel / n : 0;
-  if (numel == 0) {  // nothing to launch; the reference handles the empty-output rules
-    st.python.CallPacked(args, rv);
+  if (numel == 0 || numel >= kMaxElements || m >= kMaxRows) {  // nothing to launch (the reference handles the
+    // empty-output rules), or more than the kernels take (Python's route: the reference, with a warning)
+    CallPython(st, args, rv);
     return;
   }
   const DLDataType u8{kDLUInt, 8, 1}, f32{kDLFloat, 32, 1}, f64{kDLFloat, 64, 1}, i32{kDLInt, 32, 1};
@@ -583,9 +670,11 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
                              << st.ns << " float(s), act_input, noop[, group_offsets]), got " << args.size();
   }
   const DLTensor* x = TensorArg(st, args, 0);
+  CheckTensors(st, args, {"act_input", "noop", "group_offsets"});
   const int64_t numel = Numel(x);
-  if (numel == 0) {
-    TVM_FFI_THROW(ValueError) << "mxq: the allocating route serves non-empty tensors only";
+  if (numel == 0 || numel >= kMaxElements || numel / (x->ndim ? x->shape[x->ndim - 1] : 1) >= kMaxRows) {
+    TVM_FFI_THROW(ValueError) << "mxq: the allocating route serves non-empty tensors of fewer than 2^31 elements "
+                              << "(M below 2^31 - 64) only";
   }
   if (st.transposed) {  // (FP8 block-scaling ops take Python's binding for their Python calls: ffi.dispatchers_or_none)
     TVM_FFI_THROW(ValueError) << "mxq: the allocating route does not make the transposed colwise copy";

@@ -184,7 +184,19 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         raise ValueError(f"mxq: export() argument 'directory' is {os.fspath(out)!r}, which is a file, not a directory")
     functions, left_out = _served_functions(op, name, dtype, grouped)
     _check_destinations(out, name, functions, runtime)
+    made = not out.exists()  # (a directory this export makes is removed again where it fails)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write(op, out, name, arch, dtype, grouped, layouts, note, functions, left_out, runtime, n_multiple)
+    except BaseException:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _write(op, out: Path, name: str, arch: str, dtype: str, grouped: bool, layouts, note: str, functions, left_out,
+           runtime, n_multiple: int) -> dict:
+    """export()'s files, into ``out`` (which exists), once every argument is checked."""
     objects = []
     with tempfile.TemporaryDirectory() as d:
         for variant, fname in functions:
@@ -244,7 +256,8 @@ def _check_destinations(out: Path, name: str, functions, runtime) -> None:
             continue  # (this export's own header, rewritten; a header that is not an export's)
         if header.stem.upper() == name.upper():
             raise ValueError(f"mxq: export name {name!r} differs from the export {header.stem!r} in "
-                             f"{os.fspath(out)!r} only in case: their headers' include guard ({name.upper()}_H_) "
+                             f"{os.fspath(out)!r} only in case: their headers' include guard "
+                             f"(MXQ_EXPORT_{name.upper()}_H_) "
                              "and their functions' _NAME macros would collide; pick another name or directory")
         for macro, value in _MACRO.findall(header.read_text(errors="replace")):
             if macro in macros:
@@ -368,7 +381,7 @@ def _export_header(op, name: str, arch: str, dtype: str, grouped: bool = False, 
     el = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[dtype]
     ws = str(dbias_partial_dtype(_DTYPE_BY_NAME[dtype])).removeprefix("torch.")
     lines = _slot_lines(spec, epi, el, ws, False)
-    guard = name.upper() + "_H_"
+    guard = "MXQ_EXPORT_" + name.upper() + "_H_"  # (prefixed: a name such as tvm_ffi_function is another's guard)
     padding = (" * Swizzled scale buffers must be zero before each grouped call: the kernels write the\n"
                " * groups' scales only, and the padding between groups moves with the offsets (e.g.\n"
                " * cudaMemsetAsync them first)." if spec.scale_layout == "swizzled" else

@@ -20,12 +20,12 @@ ffi::String raw_call_error(ffi::Function f, ffi::Array<ffi::Any> args, int64_t i
   std::vector<std::vector<int64_t>> shapes(args.size());
   std::vector<ffi::AnyView> call;
   for (size_t i = 0; i < args.size(); ++i) {
-    std::optional<ffi::Tensor> t = args[i].try_cast<ffi::Tensor>();
-    if (!t.has_value()) {
-      call.emplace_back(args[i]);
+    const ffi::Any& a = args[i];
+    if (a.type_index() != ffi::TypeIndex::kTVMFFITensor) {
+      call.emplace_back(a);
       continue;
     }
-    raw[i] = *t.value().GetDLTensorPtr();  // (a copy: its shape and strides stay owned by the Tensor)
+    raw[i] = *a.cast<ffi::Tensor>().GetDLTensorPtr();  // (a copy: its shape and strides stay owned by the Array)
     if (static_cast<int64_t>(i) == index) {
       shapes[i].assign(raw[i].shape, raw[i].shape + raw[i].ndim);
       std::string h(how);
