@@ -208,7 +208,10 @@ def test_exported_function_refuses_what_its_kernel_cannot_take(grouped_lib, raw_
     for index, name in ((0, "mIn0"), (1, "mRowData"), (2, "mRowScale"), (5, "mDbias")):
         for how, words in (("strides", "has no strides (a DLTensor whose strides are NULL)"),
                            ("data", "has elements but no data (a null pointer)"),
-                           ("negative", "a negative dimension")):
+                           ("negative", "a negative dimension"),
+                           ("overflow", "more elements or bytes than an int64 counts")):
+            if how == "overflow" and args[index].dim() == 1:
+                continue  # (2^62 + 1 elements of one byte: an int64 counts them; the size check refuses them)
             msg = raw_caller.raw_call_error(lib["chk"], args, index, how)
             assert msg.startswith(f"ValueError: mxq: chk: argument #{index} '{name}' ") and words in msg, (how, msg)
     assert isinstance(lib["chk"], tvm_ffi.Function)

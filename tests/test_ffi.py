@@ -187,6 +187,9 @@ def test_native_routes_refuse_tensors_no_kernel_can_read(raw_caller):
     full = [x, x, 0.5, None, d["row_data"], d["row_scale"], d["col_data"].view(torch.uint8), d["col_scale"],
             d["amax"].reshape(1), None, None]
     assert raw_caller.raw_call_error(disp, full, -1, "") == ""  # (sound: the CPU reference fills the outputs)
+    zero_d = full[:8] + [d["amax"]] + full[9:]  # (a 0-d amax, as Python allocates it: no strides to pass on)
+    assert raw_caller.raw_call_error(disp, zero_d, -1, "") == ""
+    assert float(d["amax"]) != -1.0  # (written: dests() fills it with -1)
     for fn, args, cases in ((disp, full, ((0, "x"), (1, "r"), (4, "rowwise_data"), (8, "amax"))),
                             (alloc, [x, x, 0.5, None, None], ((0, "x"), (1, "r")))):
         for index, name in cases:

@@ -646,6 +646,10 @@ def test_a_global_amax_sharing_out_amax_other_than_as_that_field_is_refused():
         assert torch.equal(got.colwise_data, want.colwise_data) and torch.equal(got.colwise_amax, want.colwise_amax)
     with pytest.raises(ValueError, match="'global_amax' overlaps 'out.amax'"):
         mxq.quantize(x[:32], format="nvfp4", colwise=True, hadamard=True, global_amax=(h.colwise_amax, h.amax), out=h)
+    # (a Hadamard op's result as the out= of a plain NVFP4 op: its colwise_amax is no destination)
+    plain = mxq.quantize(x[:32], format="nvfp4", colwise=True, global_amax=h.amax.clone())
+    got = mxq.quantize(x[:32], format="nvfp4", colwise=True, global_amax=h.amax, out=h)
+    assert torch.equal(got.rowwise_data, plain.rowwise_data) and torch.equal(got.colwise_data, plain.colwise_data)
     b = torch.tensor([5.0, 6.0, 7.0])
     o = MXFP8Tensor.empty(mxq.QuantSpec(format="nvfp4", colwise=True, hadamard=True), (32, 64), x.dtype, "cpu")
     o.amax, o.colwise_amax = b[1], b[2]

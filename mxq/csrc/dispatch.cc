@@ -27,7 +27,6 @@
 #include <dlfcn.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <initializer_list>
 #include <cstring>
 #include <map>
@@ -103,8 +102,11 @@ ffi::Tensor Alias(const DLTensor* src, DLDataType dtype, int64_t d0, int64_t d1,
                    : ffi::Tensor::FromNDAlloc(Borrow{p}, ffi::Shape({d0}), dtype, src->device);
 }
 
-int64_t Numel(const DLTensor* t) {
+int64_t Numel(const DLTensor* t) {  // (CheckTensors: the product fits, a zero anywhere first)
   int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) return 0;
+  }
   for (int i = 0; i < t->ndim; ++i) n *= t->shape[i];
   return n;
 }
@@ -184,18 +186,7 @@ void CheckTensors(const State& st, ffi::PackedArgs args, std::initializer_list<c
       }
       empty = empty || t->shape[d] == 0;
     }
-    // (its elements, and the bytes from its first element to its last, must fit an int64: torch's
-    // view of it overflowed to an abort)
-    int64_t count = 1, extent = 1, bytes = 0;
-    bool over = false;
-    for (int d = 0; d < t->ndim && !empty; ++d) {
-      int64_t step = 0;
-      over = over || __builtin_mul_overflow(count, t->shape[d], &count) ||
-             __builtin_mul_overflow(t->shape[d] - 1, t->strides != nullptr ? std::abs(t->strides[d]) : 1, &step) ||
-             __builtin_add_overflow(extent, step, &extent);
-    }
-    over = over || __builtin_mul_overflow(t->strides != nullptr ? extent : count, (t->dtype.bits + 7) / 8, &bytes);
-    if (!empty && over) {
+    if (!mxq_spans::Fits(t)) {  // (torch's view of such a tensor overflowed to an abort)
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' has more elements or bytes than an int64 counts";
     }
     if (!empty && t->data == nullptr) {
@@ -228,14 +219,12 @@ void CallPython(const State& st, ffi::PackedArgs args, ffi::Any* rv) {
       continue;
     }
     const DLTensor* t = args[i].cast<DLTensor*>();
-    std::vector<int64_t> strides(t->ndim, 1);
-    for (int d = t->ndim - 1; d >= 0; --d) {
-      strides[d] = t->strides != nullptr ? t->strides[d] : d == t->ndim - 1 ? 1 : strides[d + 1] * t->shape[d + 1];
-    }
-    hold.push_back(ffi::Tensor::FromNDAllocStrided(Borrow{static_cast<char*>(t->data) + t->byte_offset},
-                                                   ffi::ShapeView(t->shape, t->ndim),
-                                                   ffi::ShapeView(strides.data(), strides.size()), t->dtype,
-                                                   t->device));
+    const Borrow data{static_cast<char*>(t->data) + t->byte_offset};
+    const ffi::ShapeView shape(t->shape, t->ndim);
+    hold.push_back(t->ndim == 0 || t->strides == nullptr  // (compact: FromNDAlloc fills its strides)
+                       ? ffi::Tensor::FromNDAlloc(data, shape, t->dtype, t->device)
+                       : ffi::Tensor::FromNDAllocStrided(data, shape, ffi::ShapeView(t->strides, t->ndim), t->dtype,
+                                                         t->device));
     call.emplace_back(hold.back());
   }
   st.python.CallPacked(call.data(), static_cast<int32_t>(call.size()), rv);

@@ -88,8 +88,11 @@ inline const DLTensor* AsTensor(const TVMFFIAny& a) {
   return nullptr;
 }
 
-inline int64_t Numel(const DLTensor* t) {
+inline int64_t Numel(const DLTensor* t) {  // (CheckTensors: the product fits, a zero anywhere first)
   int64_t n = 1;
+  for (int d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] == 0) return 0;
+  }
   for (int d = 0; d < t->ndim; ++d) n *= t->shape[d];
   return n;
 }
@@ -156,6 +159,9 @@ inline int CheckTensors(const Function& f, const TVMFFIAny* args) {
                             f.arg_names[i] + "' ";
     for (int d = 0; d < t->ndim; ++d) {
       if (t->shape[d] < 0) return Refuse(arg + "has shape " + ShapeText(t) + ", a negative dimension");
+    }
+    if (!mxq_spans::Fits(t)) {
+      return Refuse(arg + "has shape " + ShapeText(t) + ": more elements or bytes than an int64 counts");
     }
     if (t->ndim > 0 && t->strides == nullptr) {
       return Refuse(arg + "has no strides (a DLTensor whose strides are NULL): give its strides (compact: each "

@@ -16,9 +16,11 @@ namespace mxq_spans {
 // The bytes `t` can touch, [*lo, *hi): from its lowest-addressed element to its highest. False
 // for an empty tensor (it touches none).
 inline bool Span(const DLTensor* t, uintptr_t* lo, uintptr_t* hi) {
+  for (int d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] == 0) return false;
+  }
   int64_t low = 0, high = 0, compact = 1;
   for (int d = t->ndim - 1; d >= 0; --d) {
-    if (t->shape[d] == 0) return false;
     const int64_t stride = t->strides != nullptr ? t->strides[d] : compact;
     const int64_t reach = (t->shape[d] - 1) * stride;
     (reach < 0 ? low : high) += reach;
@@ -29,6 +31,25 @@ inline bool Span(const DLTensor* t, uintptr_t* lo, uintptr_t* hi) {
   *lo = base + low * item;
   *hi = base + (high + 1) * item;
   return true;
+}
+
+// Whether `t` (no negative dimension) has an element count and bytes from its first element to its
+// last that an int64 holds, as Span and the checks' sizes assume (a raw DLTensor* may say otherwise).
+// An empty tensor does.
+inline bool Fits(const DLTensor* t) {
+  for (int d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] == 0) return true;
+  }
+  int64_t count = 1, extent = 1, step = 0, bytes = 0;
+  for (int d = 0; d < t->ndim; ++d) {
+    const int64_t s = t->strides != nullptr ? t->strides[d] : 1;
+    if (s == INT64_MIN || __builtin_mul_overflow(count, t->shape[d], &count) ||
+        __builtin_mul_overflow(t->shape[d] - 1, s < 0 ? -s : s, &step) || __builtin_add_overflow(extent, step, &extent)) {
+      return false;
+    }
+  }
+  const int64_t item = (static_cast<int64_t>(t->dtype.bits) * t->dtype.lanes + 7) / 8;
+  return !__builtin_mul_overflow(t->strides != nullptr ? extent : count, item, &bytes);
 }
 
 inline bool Overlap(const DLTensor* a, const DLTensor* b) {

@@ -69,7 +69,7 @@ class Launcher:
         if self.dispatch is None or not native_groups(op.spec, call.group_offsets) or gated.is_halves(op.epilogue):
             def bound(c):
                 if c.out is not None:
-                    validation.check_out_apart(op.epilogue, c)
+                    validation.check_out_apart(op.epilogue, c, op.spec.hadamard)
                 return self.run(zeroed_out(op.spec, op.epilogue, c), operand_kinds)
 
             return bound, False

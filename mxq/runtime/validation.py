@@ -176,7 +176,7 @@ def check_call(spec: QuantSpec, epilogue: Epilogue, call, prepare: bool = False)
         check_fp4(spec, fp4_args, f, gated.out_shape(epilogue, f.shape), group_offsets)
     if out is not None:
         check_out(spec, out, f, group_offsets, gated.out_shape(epilogue, f.shape), noop)
-        check_out_apart(epilogue, call)
+        check_out_apart(epilogue, call, spec.hadamard)
     if torch.is_grad_enabled():
         for name, t in (*zip(names, tensors), ("act_input", act_input)):
             if t is not None and t.requires_grad:
@@ -219,9 +219,10 @@ def check_apart(out: MXFP8Tensor | None, reads, writes=()) -> None:
                                  "share memory with each other or with its inputs")
 
 
-def check_out_apart(epilogue: Epilogue, call) -> None:
+def check_out_apart(epilogue: Epilogue, call, hadamard: bool = False) -> None:
     """check_apart of a call's ``out`` against every tensor the call reads (a value check: on
-    every call, also those that skip the checks of their layout, FusedOp._plans)."""
+    every call, also those that skip the checks of their layout, FusedOp._plans); ``hadamard``:
+    the op's (its given amax is the pair)."""
     reads = [*zip(epilogue.arg_names, call.tensors), ("act_input", call.act_input), ("noop", call.noop),
              ("group_offsets", call.group_offsets)]
     check_apart(call.out, [(n, t) for n, t in reads if isinstance(t, torch.Tensor)])
@@ -234,7 +235,7 @@ def check_out_apart(epilogue: Epilogue, call) -> None:
                   if f not in ("amax", "colwise_amax") and getattr(call.out, f) is not None]
         if tensors:
             check_apart(None, [("global_amax", t) for t in tensors], fields)
-            _check_amax_copies(call.out, given, tensors)
+            _check_amax_copies(call.out, given, tensors, hadamard)
 
 
 def _addresses(t: torch.Tensor) -> list:
@@ -243,18 +244,21 @@ def _addresses(t: torch.Tensor) -> list:
     return [flat.data_ptr() + i * flat.stride(0) * flat.element_size() for i in range(flat.numel())]
 
 
-def _check_amax_copies(out: MXFP8Tensor, given, tensors) -> None:
+def _check_amax_copies(out: MXFP8Tensor, given, tensors, hadamard: bool) -> None:
     """A given NVFP4 amax (``given``: global_amax; ``tensors``: its tensors) is copied into
     out.amax (and out.colwise_amax) before the kernels read it. A given tensor may be the very
     field it is copied into (an earlier result's t.amax given back: each value copied onto
     itself); sharing memory with them any other way is refused by name (a value overwritten by
     the copy before it is read gives wrong bytes; torch's copy_ refuses a partial overlap)."""
-    fields = [f for f in (out.amax, out.colwise_amax) if f is not None]
+    # (an out= of a Hadamard op passed to another op still holds its colwise_amax until the call
+    # labels it: no copy goes there)
+    pair = hadamard and out.colwise_amax is not None
+    fields = [f for f in ((out.amax, out.colwise_amax) if pair else (out.amax,)) if f is not None]
     if not any(_overlap(_span(t), _span(f)) for t in tensors for f in fields):
         return
     # each given tensor and the addresses it is copied onto (launch.given_amax_first, reference.write_fp4 and
     # write_fp4_groups): the amax (one a group); with hadamard=True the pair, as one [2] tensor or two
-    if out.colwise_amax is None:
+    if not pair:
         targets = [(given, _addresses(out.amax))]
     elif isinstance(given, torch.Tensor):
         targets = [(given, _addresses(out.amax) + _addresses(out.colwise_amax))]
