@@ -44,7 +44,8 @@ inline bool Fits(const DLTensor* t) {
   for (int d = 0; d < t->ndim; ++d) {
     const int64_t s = t->strides != nullptr ? t->strides[d] : 1;
     if (s == INT64_MIN || __builtin_mul_overflow(count, t->shape[d], &count) ||
-        __builtin_mul_overflow(t->shape[d] - 1, s < 0 ? -s : s, &step) || __builtin_add_overflow(extent, step, &extent)) {
+        __builtin_mul_overflow(t->shape[d] - 1, s < 0 ? -s : s, &step) ||
+        __builtin_add_overflow(extent, step, &extent)) {
       return false;
     }
   }
