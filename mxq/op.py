@@ -35,7 +35,7 @@ from .frontend.spec import BLOCK_SIZES, QuantSpec
 from .tensor import MXFP8Tensor
 
 _Tensor = torch.Tensor
-_FAST_NUMEL = 2 ** 31 - 64  # limits.unsupported's bound: beyond it the reference serves (with a warning)
+_FAST_NUMEL = limits.MAX_ROWS  # (below limits.unsupported's bounds: beyond them the reference serves, with a warning)
 _MAX_PLANS = 256  # routes kept per op (FusedOp._plans): calls of yet more layouts are checked every time
 
 

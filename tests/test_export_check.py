@@ -42,6 +42,20 @@ def _cxx_sizes(tmp_path, cases):
     return [tuple(map(int, line.split())) for line in out.splitlines()]
 
 
+def test_cxx_size_limit_is_pythons(tmp_path):
+    """scale_sizes.h's kMaxElements and kMaxRows (the C++ routes' limit) are limits.MAX_ELEMENTS and
+    MAX_ROWS (Python's: the reference beyond them)."""
+    from mxq.runtime import limits
+
+    src = tmp_path / "limit.cc"
+    src.write_text('#include <cstdio>\n#include "scale_sizes.h"\nint main() {\n  std::printf("%lld %lld\\n", '
+                   '(long long)mxq_sizes::kMaxElements, (long long)mxq_sizes::kMaxRows);\n}\n')
+    exe = tmp_path / "limit"
+    subprocess.run(["g++", "-std=c++17", f"-I{CSRC}", str(src), "-o", str(exe)], check=True)
+    got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert list(map(int, got)) == [limits.MAX_ELEMENTS, limits.MAX_ROWS]
+
+
 def _buffer_elements(t):
     """Elements of the buffer behind scale tensor ``t`` (a GEMM-ready view's whole padded buffer)."""
     return t.untyped_storage().nbytes() // t.element_size()

@@ -165,37 +165,20 @@ const DLTensor* TensorArg(const State& st, ffi::PackedArgs args, int i) {
   return *t;
 }
 
-// Every tensor argument is one a kernel can read, else a ValueError naming it: no negative
-// dimension, an element count int64 holds, data where it has elements, one lane an element (a
-// vector dtype such as bfloat16x2 is not the scalar the kernels take). `after`: the route's names of
-// its arguments after the epilogue's tensors and floats.
+// Every tensor argument is one a kernel can read (mxq_spans::Unreadable; torch's view of a tensor
+// whose size overflows aborted), else a ValueError naming it. `after`: the route's names of its
+// arguments after the epilogue's tensors and floats.
 void CheckTensors(const State& st, ffi::PackedArgs args, std::initializer_list<const char*> after) {
   const int base = st.nt + st.ns;
   for (int i = 0; i < args.size(); ++i) {
-    std::optional<DLTensor*> o = args[i].try_cast<DLTensor*>();
-    if (!o.has_value() || *o == nullptr) continue;
-    const DLTensor* t = *o;
+    std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
+    if (!t.has_value() || *t == nullptr) continue;
+    const std::string why = mxq_spans::Unreadable(*t);
+    if (why.empty()) continue;
     const std::string name = i < base ? ArgName(st, i)
                              : i - base < static_cast<int>(after.size()) ? after.begin()[i - base]
                                                                          : "#" + std::to_string(i);
-    bool empty = false;
-    for (int d = 0; d < t->ndim; ++d) {
-      if (t->shape[d] < 0) {
-        TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' has a negative dimension (" << t->shape[d]
-                                  << " at dimension " << d << ")";
-      }
-      empty = empty || t->shape[d] == 0;
-    }
-    if (!mxq_spans::Fits(t)) {  // (torch's view of such a tensor overflowed to an abort)
-      TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' has more elements or bytes than an int64 counts";
-    }
-    if (!empty && t->data == nullptr) {
-      TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' has elements but no data (a null pointer)";
-    }
-    if (t->dtype.lanes != 1) {
-      TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' has a dtype of " << t->dtype.lanes
-                                << " lanes an element; mxq takes one";
-    }
+    TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' " << why;
   }
 }
 
@@ -229,10 +212,6 @@ void CallPython(const State& st, ffi::PackedArgs args, ffi::Any* rv) {
   }
   st.python.CallPacked(call.data(), static_cast<int32_t>(call.size()), rv);
 }
-
-// The kernels' size limit (limits.unsupported): beyond it Python's route runs the reference.
-constexpr int64_t kMaxElements = int64_t{1} << 31;
-constexpr int64_t kMaxRows = kMaxElements - 64;
 
 bool Aligned16(const DLTensor* t) {
   return ((reinterpret_cast<uintptr_t>(t->data) + t->byte_offset) % 16) == 0;
@@ -417,8 +396,9 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
   const int64_t numel = Numel(x);
   const int64_t n = x->ndim ? x->shape[x->ndim - 1] : 1;
   const int64_t m = n ? numel / n : 0;
-  if (numel == 0 || numel >= kMaxElements || m >= kMaxRows) {  // nothing to launch (the reference handles the
-    // empty-output rules), or more than the kernels take (Python's route: the reference, with a warning)
+  // nothing to launch (the reference handles the empty-output rules), or more than the kernels take
+  // (Python's route: the reference, with a warning)
+  if (numel == 0 || numel >= mxq_sizes::kMaxElements || m >= mxq_sizes::kMaxRows) {
     CallPython(st, args, rv);
     return;
   }
@@ -661,7 +641,8 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   const DLTensor* x = TensorArg(st, args, 0);
   CheckTensors(st, args, {"act_input", "noop", "group_offsets"});
   const int64_t numel = Numel(x);
-  if (numel == 0 || numel >= kMaxElements || numel / (x->ndim ? x->shape[x->ndim - 1] : 1) >= kMaxRows) {
+  if (numel == 0 || numel >= mxq_sizes::kMaxElements ||
+      numel / (x->ndim ? x->shape[x->ndim - 1] : 1) >= mxq_sizes::kMaxRows) {
     TVM_FFI_THROW(ValueError) << "mxq: the allocating route serves non-empty tensors of fewer than 2^31 elements "
                               << "(M below 2^31 - 64) only";
   }

@@ -77,11 +77,6 @@ struct Function {
   int64_t row_align;      // bytes the FP8 data's address and row stride must be multiples of ("_rows8": 8; else 1)
 };
 
-// The kernels' size limit (limits.unsupported: Python falls back to the reference beyond it; an
-// exported function has no reference, so it refuses).
-constexpr int64_t kMaxElements = int64_t{1} << 31;
-constexpr int64_t kMaxRows = kMaxElements - 64;
-
 inline const DLTensor* AsTensor(const TVMFFIAny& a) {
   if (a.type_index == kTVMFFIDLTensorPtr) return static_cast<const DLTensor*>(a.v_ptr);
   if (a.type_index == kTVMFFITensor) return TVMFFITensorGetDLTensorPtr(a.v_obj);
@@ -148,28 +143,22 @@ inline int CheckApart(const Function& f, const TVMFFIAny* args) {
   return 0;
 }
 
-// Every tensor argument is one the compiled function can read: no negative dimension, data where
-// it has elements, and strides (a raw DLTensor* may leave them NULL for a compact tensor, which
-// the compiled function would dereference).
+// Every tensor argument is one the compiled function can read (mxq_spans::Unreadable), with
+// strides (a raw DLTensor* may leave them NULL for a compact tensor, which the compiled function
+// would dereference), else a ValueError naming it.
 inline int CheckTensors(const Function& f, const TVMFFIAny* args) {
   for (int i = 0; i < f.nargs; ++i) {
     const DLTensor* t = AsTensor(args[i]);
     if (t == nullptr) continue;
-    const std::string arg = std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" +
-                            f.arg_names[i] + "' ";
-    for (int d = 0; d < t->ndim; ++d) {
-      if (t->shape[d] < 0) return Refuse(arg + "has shape " + ShapeText(t) + ", a negative dimension");
+    std::string why = mxq_spans::Unreadable(t);
+    if (why.empty() && t->ndim > 0 && t->strides == nullptr) {
+      why = "has no strides (a DLTensor whose strides are NULL): give its strides (compact: each dimension's the "
+            "product of the sizes after it) or pass a tvm::ffi::Tensor";
     }
-    if (!mxq_spans::Fits(t)) {
-      return Refuse(arg + "has shape " + ShapeText(t) + ": more elements or bytes than an int64 counts");
+    if (!why.empty()) {
+      return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
+                    "' " + why);
     }
-    if (t->ndim > 0 && t->strides == nullptr) {
-      return Refuse(arg + "has no strides (a DLTensor whose strides are NULL): give its strides (compact: each "
-                    "dimension's the product of the sizes after it) or pass a tvm::ffi::Tensor");
-    }
-    bool empty = false;
-    for (int d = 0; d < t->ndim; ++d) empty = empty || t->shape[d] == 0;
-    if (!empty && t->data == nullptr) return Refuse(arg + "has elements but no data (a null pointer)");
   }
   return 0;
 }
@@ -189,8 +178,9 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
     }
   }
   if (x == nullptr || x->ndim != 2) return 0;
-  if (x->shape[0] < 1 || x->shape[1] < 1 || x->shape[0] >= kMaxRows || x->shape[1] >= kMaxElements ||
-      x->shape[0] * x->shape[1] >= kMaxElements) {  // (each factor below 2^31 first: the product fits int64)
+  if (x->shape[0] < 1 || x->shape[1] < 1 || x->shape[0] >= mxq_sizes::kMaxRows ||
+      x->shape[1] >= mxq_sizes::kMaxElements ||  // (each factor below 2^31 first: the product fits an int64)
+      x->shape[0] * x->shape[1] >= mxq_sizes::kMaxElements) {
     return Refuse(std::string("mxq: ") + f.name + ": argument 'mIn0' has shape " + ShapeText(x) +
                   "; the kernels take M, N >= 1 and fewer than 2^31 elements (M below 2^31 - 64)");
   }

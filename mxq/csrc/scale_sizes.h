@@ -12,6 +12,12 @@
 
 namespace mxq_sizes {
 
+// The kernels' size limit (mxq/runtime/limits.py, MAX_ELEMENTS and MAX_ROWS; held equal by
+// tests/test_export_check.py): fewer than 2^31 elements, M below 2^31 - 64. Python's routes run the
+// reference beyond it; the dispatcher hands such calls to them, an exported function refuses them.
+constexpr int64_t kMaxElements = int64_t{1} << 31;
+constexpr int64_t kMaxRows = kMaxElements - 64;
+
 inline int64_t Cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t Roundup(int64_t a, int64_t b) { return Cdiv(a, b) * b; }
 

@@ -10,6 +10,7 @@
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
+#include <string>
 
 namespace mxq_spans {
 
@@ -51,6 +52,26 @@ inline bool Fits(const DLTensor* t) {
   }
   const int64_t item = (static_cast<int64_t>(t->dtype.bits) * t->dtype.lanes + 7) / 8;
   return !__builtin_mul_overflow(t->strides != nullptr ? extent : count, item, &bytes);
+}
+
+// Why no kernel can read tensor `t`, "" where one can: a negative dimension, more elements or bytes
+// than an int64 counts, elements but no data, several lanes an element (bfloat16x2 is not the
+// scalar the kernels take). Both C++ routes refuse such a tensor, naming it (dispatch.cc's and
+// export_check.h's CheckTensors).
+inline std::string Unreadable(const DLTensor* t) {
+  bool empty = false;
+  for (int d = 0; d < t->ndim; ++d) {
+    if (t->shape[d] < 0) {
+      return "has a negative dimension (" + std::to_string(t->shape[d]) + " at dimension " + std::to_string(d) + ")";
+    }
+    empty = empty || t->shape[d] == 0;
+  }
+  if (!Fits(t)) return "has more elements or bytes than an int64 counts";
+  if (!empty && t->data == nullptr) return "has elements but no data (a null pointer)";
+  if (t->dtype.lanes != 1) {
+    return "has a dtype of " + std::to_string(t->dtype.lanes) + " lanes an element; mxq takes one";
+  }
+  return "";
 }
 
 inline bool Overlap(const DLTensor* a, const DLTensor* b) {

@@ -17,10 +17,14 @@ from ..tensor import data_rows, flat_dims
 from . import slots, targets
 
 
+MAX_ELEMENTS = 2 ** 31  # the kernels serve fewer elements (csrc/scale_sizes.h's kMaxElements, the C++ routes')
+MAX_ROWS = MAX_ELEMENTS - 64  # and M below this (kMaxRows)
+
+
 def unsupported(x: torch.Tensor) -> str | None:
     """Why no kernel can serve CUDA tensor ``x`` (the caller falls back), or None."""
     m, n = flat_dims(x.shape)
-    if m * n >= 2 ** 31 or m >= 2 ** 31 - 64:
+    if m * n >= MAX_ELEMENTS or m >= MAX_ROWS:
         return "tensors of 2^31 or more elements are not supported by the kernels yet"
     return None
 
@@ -158,17 +162,14 @@ def fp4_unserved(spec, epilogue, x: torch.Tensor, call) -> str | None:
     gap = _fp4_arch_gap(targets.device_arch(x.device)) if x.is_cuda else None  # (CPU tensors: the rules below)
     if gap:
         return gap
-    gap = fp4_gap(spec, epilogue)
-    if gap:
+    gap = fp4_gap(spec, epilogue, targets.DTYPES.get(x.dtype, str(x.dtype)))
+    if gap:  # (validation refuses a hadamard=True call of other inputs first; the kernels' own rule)
         return gap
     if gated.is_halves(epilogue) and x.element_size() != 2 and call is not None and call.group_offsets is not None:
         return "with a gated backward (two output halves), group_offsets and fp32 inputs has no GPU kernels yet"
     gap = fp4_layouts.grouped_gap(spec) if call is not None and call.group_offsets is not None else None
     if gap:  # (validation's rule for grouped FP4 outputs, whatever the dtype: it refuses such calls first)
         return f"with group_offsets {gap}"
-    gap = fp4_gap(spec, epilogue, targets.DTYPES.get(x.dtype, str(x.dtype)))
-    if gap:  # (validation refuses a hadamard=True call of other inputs first; the kernels' own rule)
-        return gap
     if spec.colwise:  # (the transposed copy: the packed kernel's 8-row threads, whole words of output rows)
         m = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
         if m % kconfig.VEC:

@@ -214,7 +214,7 @@ def check_apart(out: MXFP8Tensor | None, reads, writes=()) -> None:
     others = [(n, _span(t)) for n, t in reads]
     for i, (name, a) in enumerate(spans):
         for other, b in spans[:i] + others:
-            if a is not None and b is not None and a[0] < b[1] and b[0] < a[1]:
+            if _overlap(a, b):
                 raise ValueError(f"mxq: argument {name!r} overlaps {other!r} in memory: an op's outputs must not "
                                  "share memory with each other or with its inputs")
 
