@@ -702,3 +702,52 @@ def test_dispatchers_name_a_bad_input_dtype_and_destinations_by_their_slots():
         gg(a.double(), w.double(), 3.0, None, rd, rs, None, None, None, None, None)
     with pytest.raises(ValueError, match="argument 'rowwise_scale' overlaps 'rowwise_data' in memory"):
         gg(a, w, 3.0, None, rd, rd.view(torch.uint8).view(-1)[:32].view(16, 2), None, None, None, None, None)
+
+
+@mxq.fused_quant(act="swiglu", colwise=True)
+def _gated(x):
+    return x
+
+
+@mxq.fused_quant(format="nvfp4", colwise=True)
+def _nvfp4(x):
+    return x
+
+
+@mxq.fused_quant(act="gelu", format="fp8_block")
+def _gemm_gelu(acc, b):
+    return acc + b
+
+
+@pytest.mark.parametrize("kind", ["gated", "nvfp4", "gemm"])
+def test_python_routes_take_raw_tensors_from_cpp(raw_caller, kind):
+    """The destination-passing functions that run in Python on every call (a gated op's, an FP4
+    op's, op.gemm's) take a C++ caller's raw DLTensor* arguments (they crashed inside tvm-ffi's
+    DLPack export): the destinations get the Python call's bytes, and an argument no kernel can
+    read is refused by name before anything runs."""
+    from mxq.runtime import slots
+
+    if kind == "gemm":
+        a, w = planted(24, 64, torch.bfloat16, seed=3), planted(256, 64, torch.bfloat16, seed=4)
+        b = planted(1, 256, torch.bfloat16, seed=5).reshape(256)
+        want, fn, ins, first = _gemm_gelu.gemm(a, w, b), _gemm_gelu.dispatcher(gemm=True), [a, w, b], "a"
+    else:
+        op = _gated if kind == "gated" else _nvfp4
+        x = planted(64, 128, torch.bfloat16, seed=6)
+        want, fn, ins, first = op(x), op.dispatcher(), [x], "x"
+    outs = [None if getattr(want, f) is None else torch.empty_like(getattr(want, f)) for f in slots.OUTPUTS]
+    for t in outs:
+        if t is not None:
+            t.reshape(-1).view(torch.uint8).fill_(0xAB)
+    args = [*ins, None, *outs, None]
+    assert raw_caller.raw_call_error(fn, args, -1, "") == ""
+    for f, got in zip(slots.OUTPUTS, outs):
+        if got is not None:
+            assert same_bytes(got, getattr(want, f)), f
+    out_at = len(ins) + 1 + next(i for i, t in enumerate(outs) if t is not None)
+    for index, name in ((0, first), (out_at, "rowwise_data")):
+        for how, words in (("negative", "has a negative dimension (-1 at dimension 0)"),
+                           ("data", "has elements but no data (a null pointer)"),
+                           ("lanes", "has a dtype of 2 lanes an element")):
+            msg = raw_caller.raw_call_error(fn, args, index, how)
+            assert msg.startswith("ValueError") and f"argument '{name}' {words}" in msg, (index, how, msg)

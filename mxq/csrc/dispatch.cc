@@ -182,14 +182,14 @@ void CheckTensors(const State& st, ffi::PackedArgs args, std::initializer_list<c
   }
 }
 
-// The Python route of a call (st.python): a C++ caller's raw DLTensor* arguments passed as
-// tensors that own nothing (Borrow), shape and strides as given (compact where NULL): Python's
-// binding reads its tensors through DLPack, which crashed in tvm-ffi on a borrowed raw DLTensor*.
-void CallPython(const State& st, ffi::PackedArgs args, ffi::Any* rv) {
+// A call of Python function `python`: a C++ caller's raw DLTensor* arguments passed as tensors
+// that own nothing (Borrow), shape and strides as given (compact where NULL): Python reads its
+// tensors through DLPack, which crashed in tvm-ffi on a borrowed raw DLTensor*.
+void CallBorrowed(const ffi::Function& python, ffi::PackedArgs args, ffi::Any* rv) {
   bool raw = false;
   for (int i = 0; i < args.size(); ++i) raw = raw || args[i].type_index() == ffi::TypeIndex::kTVMFFIDLTensorPtr;
   if (!raw) {
-    st.python.CallPacked(args, rv);
+    python.CallPacked(args, rv);
     return;
   }
   std::vector<ffi::Tensor> hold;  // must not reallocate while `call` points into it
@@ -210,8 +210,11 @@ void CallPython(const State& st, ffi::PackedArgs args, ffi::Any* rv) {
                                                          t->device));
     call.emplace_back(hold.back());
   }
-  st.python.CallPacked(call.data(), static_cast<int32_t>(call.size()), rv);
+  python.CallPacked(call.data(), static_cast<int32_t>(call.size()), rv);
 }
+
+// The Python route of a call (st.python).
+void CallPython(const State& st, ffi::PackedArgs args, ffi::Any* rv) { CallBorrowed(st.python, args, rv); }
 
 bool Aligned16(const DLTensor* t) {
   return ((reinterpret_cast<uintptr_t>(t->data) + t->byte_offset) % 16) == 0;
@@ -732,6 +735,28 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
 }
 
 }  // namespace
+
+// The C++ face of a destination-passing function that runs in Python on every call (a gated or
+// FP4 op's dispatcher, op.gemm's; mxq/runtime/ffi.py): every tensor argument one a kernel can
+// read (mxq_spans::Unreadable, a ValueError naming it by `names`, "#i" past them), then the call
+// with raw DLTensor* arguments borrowed (CallBorrowed).
+ffi::Function python_route(ffi::Function python, ffi::Array<ffi::String> names) {
+  std::vector<std::string> list;
+  for (const ffi::String& name : names) list.emplace_back(std::string(name));
+  return ffi::Function::FromPacked([python, list](ffi::PackedArgs args, ffi::Any* rv) {
+    for (int i = 0; i < args.size(); ++i) {
+      std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
+      if (!t.has_value() || *t == nullptr) continue;
+      DLTensor view = **t;  // (a byte of two FP4 codes, torch's float4_e2m1fn_x2, is one element here)
+      if (view.dtype.bits == 4 && view.dtype.lanes == 2) view.dtype = DLDataType{kDLUInt, 8, 1};
+      const std::string why = mxq_spans::Unreadable(&view);
+      if (why.empty()) continue;
+      const std::string name = i < static_cast<int>(list.size()) ? list[i] : "#" + std::to_string(i);
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' " << why;
+    }
+    CallBorrowed(python, args, rv);
+  });
+}
 
 // [destination-passing route, allocating route] of one op. `unit`, `pad`, `max_groups`: State's;
 // `facts`: its scale buffers' and workspace's (slots.scale_facts; scale_sizes.h's Facts);

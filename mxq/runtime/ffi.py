@@ -57,7 +57,8 @@ def _dispatch_module():
                 include = f'#include "{header}"'
                 assert include in src, f"mxq: csrc/dispatch.cc must include {header}"
                 src = src.replace(include, csrc.joinpath(header).read_text(), 1)
-            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v21", cpp_sources=src, functions=["make_dispatcher"])
+            _shim = tvm_ffi.cpp.load_inline(name="mxq_dispatch_v22", cpp_sources=src,
+                                            functions=["make_dispatcher", "python_route"])
         return _shim
 
 
@@ -226,10 +227,29 @@ def _padded_scale(t, like, name: str):
 
 def python_dispatcher(op):
     """A destination-passing function of ``op``'s signature that runs in Python on every call
-    (what a gated op registers: the native dispatcher does not split [M, 2N] tensors into halves)."""
+    (what a gated op registers: the native dispatcher does not split [M, 2N] tensors into halves;
+    an FP4 op's), behind its C++ face (_python_route)."""
+    epi = op.epilogue
+    names = [*epi.tensor_params, *epi.scalar_params, *slots.DESTINATIONS, "group_offsets"]
+    return _python_route(_python_callback(op), names)
+
+
+def _python_route(call, names):
+    """``call`` as a TVM-FFI function that a C++ caller may hand raw DLTensor* arguments
+    (csrc/dispatch.cc python_route: each checked, naming it by ``names``, then passed as a tensor
+    owning nothing; tvm-ffi's own conversion of a raw DLTensor* for Python crashed); ``call``
+    converted alone, with a warning, where the C++ library cannot be built (no compiler)."""
     import tvm_ffi
 
-    return tvm_ffi.convert(_python_callback(op))
+    try:
+        mod = _dispatch_module()
+    except Exception as exc:  # pragma: no cover - depends on the machine's toolchain
+        import warnings
+
+        warnings.warn(f"mxq: native dispatcher unavailable ({exc}); a C++ caller must pass tensor objects, not "
+                      "raw DLTensor*", RuntimeWarning, stacklevel=4)
+        return tvm_ffi.convert(call)
+    return mod.python_route(tvm_ffi.convert(call), list(names))
 
 
 def gemm_dispatcher(op):
@@ -241,8 +261,6 @@ def gemm_dispatcher(op):
     the op has them: a ValueError naming them otherwise), the data contiguous [M, N] FP8 (or uint8) tensors, the scales flat or as Python
     holds them. CPU tensors run op.gemm's reference; CUDA ones its sm_90 GEMM on the caller's
     stream."""
-    import tvm_ffi
-
     spec, epi = op.spec, op.epilogue
     nt, ns = len(epi.tensor_params) - 1, len(epi.scalar_params)  # (the first tensor: the accumulator)
     names = ["a", "w", *epi.tensor_params[1:], *epi.scalar_params, *slots.DESTINATIONS]
@@ -293,7 +311,7 @@ def gemm_dispatcher(op):
         with _caller_stream(a.device):  # the C++ caller's stream (TVMFFIEnvSetStream), not torch's
             op.gemm(a, w, *operands, out=out, **kwargs)
 
-    return tvm_ffi.convert(call)
+    return _python_route(call, names)
 
 
 def _caller_stream(device):
