@@ -112,6 +112,10 @@ class FusedOp:
             got = self._fast_call(args, kwargs, act_input, noop, group_offsets)
             if got is not None:
                 return got
+        elif not traced and out.__class__ is MXFP8Tensor and "_mxq_into" in out.__dict__ and noop is None:
+            got = self._fast_into(args, kwargs, act_input, out, group_offsets)
+            if got is not None:
+                return got
         call = self._bind_call(args, kwargs, act_input, noop, out, group_offsets, traced)
         key = None if traced else call.key(self._key_aligned)
         plan = self._plans.get(key)
@@ -239,6 +243,24 @@ class FusedOp:
         fast = self._fast_launcher(args[0], noop, group_offsets) if args is not None else None
         return fast.allocating(*args, act_input, noop, group_offsets) if fast is not None else None
 
+    def _fast_into(self, args, kwargs, act_input, out, group_offsets):
+        """A CUDA call into ``out`` without noop, or None: where a checked call of this op wrote
+        into this very ``out`` on the native route (launch.into_token: the same input shape, dtype
+        and device, group count and field tensors), a later one goes straight to that route,
+        which checks per call what the native dispatcher checks (every field's dtype, device,
+        element count and layout, memory overlap: csrc/dispatch.cc); the rest as _fast_call."""
+        if kwargs:
+            if not self._bind.by_name:
+                return None
+            try:
+                args = self._bind._bind_names(args, kwargs)
+            except TypeError:  # (the checked path names it)
+                return None
+        args = self._bind.plain(args, act_input, self.spec.dact)
+        if args is None:
+            return None
+        return _into(self, args, act_input, out, group_offsets)
+
     def _fast_launcher(self, x, noop, group_offsets):
         """The launcher of ``x``'s (dtype, device) whose allocating route serves a call (_fast),
         or None: ``x`` non-empty below the kernels' size limit, contiguous or a 2-D view of rows
@@ -246,17 +268,7 @@ class FusedOp:
         ``group_offsets`` plain tensors, the ends contiguous int32 (others take the checked path,
         which converts them)."""
         fast = self._fast.get((x.dtype, x.get_device()))
-        if fast is None or not 0 < x.numel() < _FAST_NUMEL:
-            return None
-        if not x.is_contiguous() and not (x.dim() == 2 and x.stride(1) == 1
-                                          and (x.shape[0] - 1) * x.stride(0) + x.shape[1] < _FAST_NUMEL):
-            return None
-        if noop is not None and noop.__class__ is not _Tensor:
-            return None
-        if group_offsets is not None and (group_offsets.__class__ is not _Tensor or group_offsets.dtype != torch.int32
-                                          or not group_offsets.is_contiguous()):
-            return None  # (the native route takes contiguous int32 ends; others: the checked path converts them)
-        return fast
+        return fast if fast is not None and _fast_served(x, noop, group_offsets) else None
 
     def reference(self, /, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                   **kwargs) -> MXFP8Tensor:
@@ -656,6 +668,37 @@ def _op_by_name(module: str, qualname: str):
     return obj
 
 
+def _fast_served(x, noop, group_offsets) -> bool:
+    """Whether the native route takes ``x`` (a plain tensor) without Python's checks
+    (FusedOp._fast_launcher, _into): non-empty below the kernels' size limit, contiguous or a 2-D
+    view of rows (the dispatcher's strided kind) whose extent is below it too; ``noop`` and
+    ``group_offsets`` plain tensors, the ends contiguous int32 (others take the checked path,
+    which converts them)."""
+    if not 0 < x.numel() < _FAST_NUMEL:
+        return False
+    if not x.is_contiguous() and not (x.dim() == 2 and x.stride(1) == 1
+                                      and (x.shape[0] - 1) * x.stride(0) + x.shape[1] < _FAST_NUMEL):
+        return False
+    if noop is not None and noop.__class__ is not _Tensor:
+        return False
+    # (the native route takes contiguous int32 ends; others: the checked path converts them)
+    return group_offsets is None or (group_offsets.__class__ is _Tensor and group_offsets.dtype == torch.int32
+                                     and group_offsets.is_contiguous())
+
+
+def _into(op, args, act_input, out, group_offsets):
+    """``op``'s call of plain positional ``args`` (*tensors, *floats) into ``out`` on the native
+    route its token names (launch.into_token; FusedOp._fast_into), or None where the token does
+    not hold for this call."""
+    launcher, token = out.__dict__["_mxq_into"]
+    x = args[0]
+    if launcher.op is not op or not _fast_served(x, None, group_offsets) or token != launch.into_token(
+            x, out, group_offsets):
+        return None
+    nt = len(op.epilogue.tensor_params)
+    return launcher._dispatch_into(Call(list(args[:nt]), list(args[nt:]), act_input, None, out, group_offsets), token)
+
+
 @lru_cache(maxsize=None)
 def _quantize_op(spec: QuantSpec) -> FusedOp:
     return FusedOp(_identity, spec, IDENTITY)
@@ -736,6 +779,11 @@ def quantize(x, *, fp8: str = "e4m3", rowwise: bool = True, colwise: bool = Fals
         fast = op._fast_launcher(x, noop, group_offsets)
         if fast is not None:
             return fast.allocating(x, None, noop, group_offsets)
+    if (noop is None and out.__class__ is MXFP8Tensor and "_mxq_into" in out.__dict__ and x.__class__ is _Tensor
+            and not (x.requires_grad and torch.is_grad_enabled())):
+        got = _into(op, (x,), None, out, group_offsets)  # (FusedOp._fast_into's)
+        if got is not None:
+            return got
     # what op(x, noop=..., out=..., group_offsets=...) runs (FusedOp.__call__), bound here: the
     # identity op's one tensor
     call = Call([x], [], None, noop, out, group_offsets)

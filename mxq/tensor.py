@@ -135,6 +135,13 @@ class MXFP8Tensor:
     # rowwise one); its presence says the colwise copy holds the transform's values
     colwise_amax: torch.Tensor | None = None
 
+    def __getstate__(self) -> dict:
+        """Its fields, for pickle and copy: not the route token an ``out=`` call leaves on it
+        (launch.into_token, this process's own; a copy is checked again at its first call)."""
+        state = dict(self.__dict__)
+        state.pop("_mxq_into", None)
+        return state
+
     @staticmethod
     def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
               group_offsets: torch.Tensor | None = None, row_align: int | None = None) -> "MXFP8Tensor":

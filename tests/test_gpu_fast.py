@@ -229,3 +229,32 @@ def test_bad_keywords_on_the_fast_path_raise_by_name():
         op(x, b, group_offsets=torch.tensor([[M]], dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="group_offsets"):
         op(x, b, group_offsets=torch.zeros(0, dtype=torch.int32, device="cuda"))
+
+
+def test_out_calls_on_the_token_route_match_the_reference_and_recheck_fields():
+    """A checked call into ``out`` leaves the native route's token on it (launch.into_token);
+    later calls into it take that route (FusedOp._fast_into, mxq.quantize's) and give the
+    reference's bytes; a field set to a tensor of another shape is checked again by Python,
+    naming it; a field resized in place (the same tensor) is refused by the native dispatcher,
+    naming it, before anything runs."""
+    op = mxq.fused_quant(rowwise=True, colwise=True)(_bias)
+    x, b = _cuda(planted(M, N, torch.bfloat16, seed=7), planted(1, N, torch.bfloat16, seed=8).reshape(N))
+    want = op.reference(x.cpu(), b.cpu())
+    out = poisoned(op, x)
+    assert op(x, b, out=out) is out and "_mxq_into" in out.__dict__
+    for _ in range(2):
+        out.rowwise_data.view(torch.uint8).fill_(0xFF)
+        assert op(x, b, out=out) is out and compare(out, want, True) == []
+    q = poisoned(mxq.fused_quant(rowwise=True, colwise=True)(_ident), x)
+    mxq.quantize(x, colwise=True, out=q)
+    q.colwise_data.view(torch.uint8).fill_(0xFF)
+    assert mxq.quantize(x, colwise=True, out=q) is q and compare(q, mxq.quantize(x.cpu(), colwise=True), True) == []
+    good = out.rowwise_scale
+    out.rowwise_scale = torch.zeros(3, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="out.rowwise_scale"):
+        op(x, b, out=out)
+    out.rowwise_scale = good
+    op(x, b, out=out)
+    good.resize_(3)
+    with pytest.raises(ValueError, match="'rowwise_scale'"):
+        op(x, b, out=out)

@@ -308,3 +308,56 @@ def test_prepare_says_why_it_cannot_prepare():
     x = torch.randn(8, 64)
     with pytest.raises(ValueError, match="prepare\\(\\) needs CUDA tensors .*: the input is not a CUDA tensor"):
         mxq.fused_quant(colwise=True)(_ident).prepare(x)
+
+
+def test_out_calls_take_the_route_a_checked_call_left_on_the_out():
+    """A call into ``out`` on the native route leaves a token on it (launch.into_token); a later
+    call of the same op into the same out, with the same input shape, dtype, device and group
+    count and the same field tensors, goes straight to that route (FusedOp._fast_into; the native
+    dispatcher checks the fields per call), anything else takes the checked path. Here a real
+    Launcher whose native dispatcher is a recorder, on CPU tensors."""
+    import copy
+    import pickle
+
+    from mxq.runtime import launch
+    from mxq.runtime.call import Call
+
+    op = mxq.fused_quant(colwise=True)(_ident)
+    x = torch.randn(64, 64, dtype=torch.bfloat16)
+    out = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    sent = []
+    launcher = launch.Launcher(op, "sm_90a", "bf16", (lambda *a: sent.append(a), None))
+    assert launcher._dispatch_into(Call([x], [], None, None, out, None)) is out and len(sent) == 1
+    assert out.__dict__["_mxq_into"][0] is launcher
+    assert op(x, out=out) is out and op(x=x, out=out) is out and len(sent) == 3  # (the token's route)
+    assert sent[-1][0] is x and sent[-1][2] is out.rowwise_data and sent[-1][6] is out.amax
+    # another op's call, a noop call, a call of another shape or dtype: the checked path (the CPU reference)
+    assert mxq.quantize(x, colwise=True, out=out) is out and op(x, out=out, noop=torch.zeros(1)) is out
+    assert op(x.float(), out=out) is out
+    with pytest.raises(ValueError, match="'out' holds outputs of shape"):
+        op(x[:32], out=out)
+    assert len(sent) == 3
+    # a field set to another tensor is checked again; the token holds until a route leaves a new one
+    out.rowwise_scale = torch.zeros(3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="out.rowwise_scale"):
+        op(x, out=out)
+    out.rowwise_scale = torch.zeros(64, 2, dtype=torch.uint8)
+    assert op(x, out=out) is out and len(sent) == 3  # (checked: the reference wrote it)
+    # groups: the token holds the group count
+    ends = torch.tensor([10, 64], dtype=torch.int32)
+    grouped = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu", group_offsets=ends)
+    launcher._dispatch_into(Call([x], [], None, None, grouped, ends))
+    assert op(x, out=grouped, group_offsets=torch.tensor([20, 64], dtype=torch.int32)) is grouped and len(sent) == 5
+    with pytest.raises(ValueError, match="out.colwise_scale"):  # (one group: another count, the checked path)
+        op(x, out=grouped, group_offsets=torch.tensor([64], dtype=torch.int32))
+    assert len(sent) == 5
+    # mxq.quantize takes the token of its own op
+    launcher_q = launch.Launcher(mxq.op._QUANTIZE_OPS[next(k for k, v in mxq.op._QUANTIZE_OPS.items()
+                                                            if v.spec == mxq.QuantSpec(colwise=True))],
+                                 "sm_90a", "bf16", (lambda *a: sent.append(a), None))
+    fresh = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    launcher_q._dispatch_into(Call([x], [], None, None, fresh, None))
+    assert mxq.quantize(x, colwise=True, out=fresh) is fresh and len(sent) == 7
+    # pickle and copy leave the token behind
+    assert "_mxq_into" not in copy.copy(fresh).__dict__ and "_mxq_into" not in copy.deepcopy(fresh).__dict__
+    assert "_mxq_into" not in fresh.__reduce_ex__(pickle.HIGHEST_PROTOCOL)[2]

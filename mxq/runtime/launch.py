@@ -180,11 +180,14 @@ class Launcher:
             fn = given_amax_first(fn, operand["amax"]() if spec.hadamard else out.amax, given, noop)
         return fn, args, out
 
-    def _dispatch_into(self, call):
+    def _dispatch_into(self, call, token=None):
         """A call into ``call.out`` through the destination-passing dispatcher (a noop call
         without ``out``: into zeroed outputs; else fresh ones, e.g. swizzled scales, which the
         allocating route does not make); a given ``out`` then describes the call
-        (MXFP8Tensor.label: its group ends, scale_mode, colwise_amax)."""
+        (MXFP8Tensor.label: its group ends, scale_mode, colwise_amax) and, without noop, holds
+        the call's into_token (``token``: already computed), by which later calls into it skip
+        Python's checks (FusedOp._fast_into). Every call that reaches here was checked, or is of
+        the layout of one that was (Call.key, the token)."""
         given = call.out
         call = zeroed_out(self.op.spec, self.op.epilogue, call)
         out, offsets = call.out, call.group_offsets
@@ -196,7 +199,22 @@ class Launcher:
                       *(() if offsets is None else (offsets,)))
         if given is not None:  # (outputs made here are labelled already)
             given.label(self.op.spec, offsets, call.noop)
+            if call.noop is None:
+                given.__dict__["_mxq_into"] = (self, token if token is not None else into_token(call.tensors[0], given,
+                                                                                                offsets))
         return out
+
+
+def into_token(x, out: MXFP8Tensor, group_offsets):
+    """What Python's checks of an ``out=`` call of one op depend on (validation.check_out, with
+    no noop): the input's shape, dtype and device, the group count, and which tensors ``out``
+    holds (by identity: a field set to another tensor, or to None, is checked again). A field
+    tensor changed in place (resize_, set_) keeps its identity: the native dispatcher, the only
+    route a token leads to, checks each field's dtype, device, element count and layout on every
+    call (csrc/dispatch.cc), naming it."""
+    return (x.shape, x.dtype, x.device, None if group_offsets is None else group_offsets.shape,
+            id(out.rowwise_data), id(out.colwise_data), id(out.rowwise_scale), id(out.colwise_scale), id(out.amax),
+            id(out.dbias), id(out.colwise_amax))
 
 
 def _ws_tile_rows(spec) -> int:
