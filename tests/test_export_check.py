@@ -275,6 +275,27 @@ def test_exported_grouped_function_checks_its_grouped_sizes(grouped_lib):
         assert f"'mGroupEnds' has {ends.numel()} group ends; a grouped call takes 1 to {groups.MAX_GROUPS}" in msg, msg
 
 
+def test_exported_function_refuses_other_dtypes_by_name(grouped_lib):
+    """FP8 data and E8M0 scales are uint8 bytes and the group ends int32 (the header's dtypes):
+    another one-byte dtype (int8, an FP8 or E8M0 dtype) or uint32 ends are refused naming the
+    argument (the compiled function's own check let int8 and uint32 through, read as other
+    values); uint8 and int32 reach the device check."""
+    op, lib, _ = grouped_lib
+    m, n = 64, 96
+    args = _args(op, m, n)
+    for slot, at, dtype, words in (("mRowData", 1, torch.int8, "the data is passed as uint8 bytes"),
+                                   ("mColData", 3, torch.float8_e4m3fn, "the data is passed as uint8 bytes"),
+                                   ("mRowScale", 2, torch.int8, "this op's scales are uint8 (E8M0 bytes)"),
+                                   ("mColScale", 4, torch.float8_e8m0fnu, "this op's scales are uint8 (E8M0 bytes)")):
+        msg = _error(lib["chk"], _args(op, m, n, **{slot: args[at].view(dtype)}))
+        assert f"'{slot}' has dtype" in msg and words in msg, msg
+    ends = _args(op, m, n, 2)[-1]
+    for bad in (ends.view(torch.uint32), ends.long()):
+        msg = _error(lib["chk_grouped"], _args(op, m, n, 2, mGroupEnds=bad))
+        assert "'mGroupEnds' has dtype" in msg and "the group ends are int32" in msg, msg
+    assert "expected device_type=cuda" in _error(lib["chk_grouped"], _args(op, m, n, 2))
+
+
 def test_unreadable_arguments_are_left_to_the_compiled_function(grouped_lib):
     """A wrong count, a non-tensor or a 1-D first input: the compiled function's own messages."""
     op, lib, _ = grouped_lib

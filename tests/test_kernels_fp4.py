@@ -541,8 +541,10 @@ def test_exported_fp4_functions_check_every_size(fp4_libs, fmt, m, n):
                             ("mColData", torch.zeros(m, n // 2, dtype=torch.uint8), f"[{n}, {m // 2}]")):
         msg = _error(lib[fname], *_fp4_args(fmt, m, n, **{slot: bad}))
         assert f"'{slot}'" in msg and want in msg, msg
-    msg = _error(lib[fname], *_fp4_args(fmt, m, n, mRowScale=ok["mRowScale"].float()))
-    assert "'mRowScale'" in msg and "8-bit" in msg, msg
+    enc = "E4M3" if fmt == "nvfp4" else "E8M0"
+    for dtype in (torch.float32, torch.int8, torch.float8_e4m3fn):  # (the header's uint8 bytes only)
+        msg = _error(lib[fname], *_fp4_args(fmt, m, n, mRowScale=ok["mRowScale"].to(dtype)))
+        assert "'mRowScale' has dtype" in msg and f"this op's scales are uint8 ({enc} bytes)" in msg, msg
     msg = _error(lib[fname], *_fp4_args(fmt, m + 4, n))  # (M % 8 == 4: the colwise words)
     assert "M % 8 == 0" in msg, msg
 

@@ -104,6 +104,10 @@ inline std::string DtypeText(DLDataType d) {
   return std::string(kind) + std::to_string(d.bits) + (d.lanes != 1 ? "x" + std::to_string(d.lanes) : "");
 }
 
+// uint8, one lane: the bytes of the FP8 data, of FP4's E2M1 pairs and of 8-bit scales (the
+// header's dtype; the compiled function's own check also lets int8 through, read as other values)
+inline bool Bytes(DLDataType d) { return d.code == kDLUInt && d.bits == 8 && d.lanes == 1; }
+
 inline int Refuse(const std::string& msg) {
   TVMFFIErrorSetRaisedFromCStr("ValueError", msg.c_str());
   return -1;
@@ -200,7 +204,18 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
     const DLTensor* t = AsTensor(args[i]);
     if (t == nullptr) continue;
     std::string need;  // empty: the argument is right
-    switch (f.roles[i]) {
+    const int role = f.roles[i];
+    const bool bytes = role == kRowData || role == kColData || role == kColDataT ||
+                       ((role == kRowScale || role == kColScale) && facts.scale_bits != 32);
+    if ((bytes && !Bytes(t->dtype)) ||
+        (role == kGroupEnds && (t->dtype.code != kDLInt || t->dtype.bits != 32 || t->dtype.lanes != 1))) {
+      return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
+                    "' has dtype " + DtypeText(t->dtype) + "; " +
+                    (role == kGroupEnds ? "the group ends are int32"
+                     : role == kRowScale || role == kColScale ? std::string("this op's scales are ") + f.scale_text
+                                                              : "the data is passed as uint8 bytes"));
+    }
+    switch (role) {
       case kRowData:
       case kColData:
         if (t->ndim != 2 || t->shape[0] != m || t->shape[1] != wb) {
@@ -240,9 +255,7 @@ inline int Check(const Function& f, const TVMFFIAny* args, int32_t num_args) {
       case kRowScale:
       case kColScale: {
         // (checked here: on tensors of another device the compiled function names the device first)
-        const bool fp32 = facts.scale_bits == 32;
-        if (fp32 ? t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1
-                 : t->dtype.bits != 8 || t->dtype.lanes != 1) {
+        if (facts.scale_bits == 32 && (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1)) {
           return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
                         "' has dtype " + DtypeText(t->dtype) + "; this op's scales are " + f.scale_text);
         }

@@ -293,7 +293,7 @@ def _compile_checks(op, functions, directory: Path) -> Path:
     per_byte = 2 if spec.is_fp4 else 1
     m_multiple = UNIT if spec.is_fp4 and spec.colwise else 1  # (FP4's colwise words: 8 rows each)
     amax = ("mxq_export::kAmaxPerGroup" if spec.format == "nvfp4" else "mxq_export::kAmaxOne")
-    scale_text = {"nvfp4": "8-bit (E4M3 bytes)", "mxfp4": "8-bit (E8M0 bytes)"}.get(
+    scale_text = {"nvfp4": "uint8 (E4M3 bytes)", "mxfp4": "uint8 (E8M0 bytes)"}.get(
         spec.format, "float32 (fp32 scales)" if spec.block_format.scale == "fp32" else "uint8 (E8M0 bytes)")
     parts = ['#include "export_check.h"', "",
              f"static const int64_t kFacts[mxq_sizes::kFacts] = {{{', '.join(map(str, facts))}}};  "
