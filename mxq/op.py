@@ -245,10 +245,12 @@ class FusedOp:
 
     def _fast_into(self, args, kwargs, act_input, out, group_offsets):
         """A CUDA call into ``out`` without noop, or None: where a checked call of this op wrote
-        into this very ``out`` on the native route (launch.into_token: the same input shape, dtype
-        and device, group count and field tensors), a later one goes straight to that route,
-        which checks per call what the native dispatcher checks (every field's dtype, device,
-        element count and layout, memory overlap: csrc/dispatch.cc); the rest as _fast_call."""
+        into this very ``out`` on the native route and nothing Python's checks read has changed
+        since (launch.into_token: the input's shape, dtype and device, the group count, out's
+        description, each field tensor with its shape and dtype), a later one goes straight to
+        that route, which checks per call what the native dispatcher checks (each field's
+        device, element count and layout, memory overlap: csrc/dispatch.cc); the rest as
+        _fast_call."""
         if kwargs:
             if not self._bind.by_name:
                 return None
@@ -689,11 +691,11 @@ def _fast_served(x, noop, group_offsets) -> bool:
 def _into(op, args, act_input, out, group_offsets):
     """``op``'s call of plain positional ``args`` (*tensors, *floats) into ``out`` on the native
     route its token names (launch.into_token; FusedOp._fast_into), or None where the token does
-    not hold for this call."""
+    not hold for this call (launch.token_holds)."""
     launcher, token = out.__dict__["_mxq_into"]
     x = args[0]
-    if launcher.op is not op or not _fast_served(x, None, group_offsets) or token != launch.into_token(
-            x, out, group_offsets):
+    if launcher.op is not op or not _fast_served(x, None, group_offsets) or not launch.token_holds(
+            token, x, out, group_offsets):
         return None
     nt = len(op.epilogue.tensor_params)
     return launcher._dispatch_into(Call(list(args[:nt]), list(args[nt:]), act_input, None, out, group_offsets), token)

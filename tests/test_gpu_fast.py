@@ -234,9 +234,9 @@ def test_bad_keywords_on_the_fast_path_raise_by_name():
 def test_out_calls_on_the_token_route_match_the_reference_and_recheck_fields():
     """A checked call into ``out`` leaves the native route's token on it (launch.into_token);
     later calls into it take that route (FusedOp._fast_into, mxq.quantize's) and give the
-    reference's bytes; a field set to a tensor of another shape is checked again by Python,
-    naming it; a field resized in place (the same tensor) is refused by the native dispatcher,
-    naming it, before anything runs."""
+    reference's bytes; a field set to a tensor of another shape, or resized in place, is checked
+    again by Python, naming it; one re-strided in place (the same shape and dtype) is refused by
+    the native dispatcher, naming it, before anything runs."""
     op = mxq.fused_quant(rowwise=True, colwise=True)(_bias)
     x, b = _cuda(planted(M, N, torch.bfloat16, seed=7), planted(1, N, torch.bfloat16, seed=8).reshape(N))
     want = op.reference(x.cpu(), b.cpu())
@@ -255,6 +255,11 @@ def test_out_calls_on_the_token_route_match_the_reference_and_recheck_fields():
         op(x, b, out=out)
     out.rowwise_scale = good
     op(x, b, out=out)
-    good.resize_(3)
-    with pytest.raises(ValueError, match="'rowwise_scale'"):
+    good.resize_(3)  # (in place: another shape, which the token holds)
+    with pytest.raises(ValueError, match="out.rowwise_scale"):
+        op(x, b, out=out)
+    good.resize_(M, N // 32)
+    op(x, b, out=out)
+    good.as_strided_((M, N // 32), (1, M))  # (the same shape and dtype, not contiguous: the native dispatcher's check)
+    with pytest.raises(ValueError, match="'rowwise_scale' must be contiguous"):
         op(x, b, out=out)

@@ -343,6 +343,32 @@ def test_out_calls_take_the_route_a_checked_call_left_on_the_out():
         op(x, out=out)
     out.rowwise_scale = torch.zeros(64, 2, dtype=torch.uint8)
     assert op(x, out=out) is out and len(sent) == 3  # (checked: the reference wrote it)
+    # whatever Python's checks read, changed after the token was left, is checked again by them: a
+    # field freed and replaced (its id may be the freed one's), resized in place or given other
+    # .data, out's description (fp8, shape)
+    def spoiled(change):
+        fresh = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+        launcher._dispatch_into(Call([x], [], None, None, fresh, None))
+        change(fresh)
+        return fresh
+
+    def replace_scale(t):
+        t.rowwise_scale = None
+        t.rowwise_scale = torch.zeros(128, dtype=torch.float8_e8m0fnu)
+
+    for change, words in ((replace_scale, "out.rowwise_scale"),
+                          (lambda t: t.rowwise_scale.resize_(2, 64), "out.rowwise_scale"),
+                          (lambda t: t.colwise_scale.resize_(128), "out.colwise_scale"),
+                          (lambda t: setattr(t.rowwise_data, "data", torch.empty(4096, dtype=torch.uint8)),
+                           "out.rowwise_data"),
+                          (lambda t: setattr(t, "fp8", "e5m2"), "e5m2"),
+                          (lambda t: setattr(t, "shape", torch.Size([32, 128])), "holds outputs of shape")):
+        sent.clear()
+        with pytest.raises(ValueError, match=words):
+            op(x, out=spoiled(change))
+        assert len(sent) == 1, words  # (the token's own call only)
+    sent.clear()
+    sent.extend([None] * 3)
     # groups: the token holds the group count
     ends = torch.tensor([10, 64], dtype=torch.int32)
     grouped = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu", group_offsets=ends)

@@ -14,6 +14,8 @@ start on 8-byte boundaries, such as the padded rows mxq allocates at N % 8 != 0
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..formats import fp4, fp4_layouts, groups
@@ -207,14 +209,35 @@ class Launcher:
 
 def into_token(x, out: MXFP8Tensor, group_offsets):
     """What Python's checks of an ``out=`` call of one op depend on (validation.check_out, with
-    no noop): the input's shape, dtype and device, the group count, and which tensors ``out``
-    holds (by identity: a field set to another tensor, or to None, is checked again). A field
-    tensor changed in place (resize_, set_) keeps its identity: the native dispatcher, the only
-    route a token leads to, checks each field's dtype, device, element count and layout on every
-    call (csrc/dispatch.cc), naming it."""
-    return (x.shape, x.dtype, x.device, None if group_offsets is None else group_offsets.shape,
-            id(out.rowwise_data), id(out.colwise_data), id(out.rowwise_scale), id(out.colwise_scale), id(out.amax),
-            id(out.dbias), id(out.colwise_amax))
+    no noop; token_holds reads it): the input's shape, dtype and device, the group count, out's
+    format, block, fp8, scale layout and shape, and each field: None, or the tensor itself (a weak
+    reference: a field set to another tensor, or to None, is checked again, and the token keeps
+    no memory alive) with its shape and dtype (a field resized in place, or given other ``.data``,
+    is checked again). Its strides and device the native dispatcher, the only route a token leads
+    to, checks on every call (contiguous scales, data rows of unit stride at least N apart, one
+    device: csrc/dispatch.cc), naming the field."""
+    fields = tuple(None if t is None else (weakref.ref(t), t.shape, t.dtype)
+                   for t in (out.rowwise_data, out.colwise_data, out.rowwise_scale, out.colwise_scale, out.amax,
+                             out.dbias, out.colwise_amax))
+    return (x.shape, x.dtype, x.device, None if group_offsets is None else group_offsets.shape, out.format,
+            out.block, out.fp8, out.scale_layout, out.shape), fields
+
+
+def token_holds(token, x, out: MXFP8Tensor, group_offsets) -> bool:
+    """Whether ``token`` (into_token's, of an earlier checked call into ``out``) holds for a call
+    of ``x`` and ``group_offsets`` into ``out`` as it is now."""
+    head, fields = token
+    if head != (x.shape, x.dtype, x.device, None if group_offsets is None else group_offsets.shape, out.format,
+                out.block, out.fp8, out.scale_layout, out.shape):
+        return False
+    for kept, t in zip(fields, (out.rowwise_data, out.colwise_data, out.rowwise_scale, out.colwise_scale, out.amax,
+                                out.dbias, out.colwise_amax)):
+        if kept is None:
+            if t is not None:
+                return False
+        elif kept[0]() is not t or t.shape != kept[1] or t.dtype != kept[2]:
+            return False
+    return True
 
 
 def _ws_tile_rows(spec) -> int:
