@@ -715,7 +715,8 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   }
   if (st.want[kDbias]) {
     ffi::Tensor dbias = alloc(ends != nullptr ? ffi::Shape({groups, n}) : ffi::Shape({n}), x->dtype);
-    if (zeroed || ends != nullptr) ZeroBytes(dbias.GetDLTensorPtr(), 0, (groups < 0 ? 1 : groups) * n * x->dtype.bits / 8);
+    // (a grouped call's reduction writes every group's row, an empty group's as 0: reduce.dbias_kernel)
+    if (zeroed) ZeroBytes(dbias.GetDLTensorPtr(), 0, (groups < 0 ? 1 : groups) * n * x->dtype.bits / 8);
     outs[5] = dbias;
   }
   std::vector<ffi::AnyView> full;

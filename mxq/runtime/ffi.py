@@ -387,7 +387,7 @@ def make_dispatchers(op) -> tuple:
     output slots (slots.OUTPUTS, compact scales; FP8 data of N % 8 != 0 as views of rows padded to
     16 bytes, as MXFP8Tensor.empty makes by default) and a copy of the int32 group ends as its
     ``group_offsets`` (None ungrouped; _wrap_callback), the outputs zeroed where MXFP8Tensor.empty zeroes them (all of a noop call's; a grouped
-    call's colwise scales and dbias); on CPU tensors it allocates the same and fills them with
+    call's colwise scales; its dbias the reduction writes whole, an empty group's row 0); on CPU tensors it allocates the same and fills them with
     the reference (how tests check it without a GPU). The destination-passing one takes FP8 data
     of such padded rows too (the kernels' variant "rows8" when they start on 8-byte boundaries)."""
     with _lock:
