@@ -44,13 +44,15 @@ MUTATIONS = [
      "qb = torch.where(torch.isnan(y), FP8_NAN_BYTE, qb.to(torch.int32)).to(torch.uint8)",
      "qb = torch.where(torch.isnan(y) & (y.view(torch.int32) >= 0), FP8_NAN_BYTE, qb.to(torch.int32)).to(torch.uint8)",
      ["tests/test_numerics.py"], "-"),
-    ("call_before_validating", "mxq/op.py",
+    ("call_not_validated", "mxq/op.py",
      "        validation.check_call(self.spec, self.epilogue, call)\n"
-     "        return self._run(call)",
-     "        result = self._run(call)\n"
-     "        validation.check_call(self.spec, self.epilogue, call)\n"
-     "        return result",
+     "        x = call.tensors[0]\n",
+     "        x = call.tensors[0]\n",
      ["tests/test_validation.py"], "-"),
+    ("out_token_ignores_field_shape", "mxq/runtime/launch.py",
+     "elif kept[0]() is not t or t.shape != kept[1] or t.dtype != kept[2]:",
+     "elif kept[0]() is not t or t.dtype != kept[2]:",
+     ["tests/test_runtime.py"], "test_gpu_fast.py::test_out_calls_on_the_token_route_match_the_reference_and_recheck_fields"),
     ("fp8_saturation_dropped", "mxq/formats/numerics.py",
      "q = y.clamp(-fmt.max, fmt.max).to(fmt.torch_dtype)", "q = y.to(fmt.torch_dtype)",
      ["tests/test_numerics.py"], "-"),

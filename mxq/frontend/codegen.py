@@ -374,7 +374,7 @@ def contract_fma(records: list[dict]) -> list[dict]:
 def kernel_config(spec: QuantSpec, epilogue: Epilogue, tuning: Tuning | None = None) -> KernelConfig:
     """The KernelConfig of one op (rendered into its module); ``tuning``: a benchmark's switches
     (one equal to the library's choice, ``Tuning()``, is the library's config). The kernels
-    serve MXFP8 and FP8 block scaling's 1x128 blocks (has_kernels): another op is a
+    serve MXFP8, FP8 block scaling, MXFP4 and NVFP4 (has_kernels): another op is a
     NotImplementedError (its calls run the reference)."""
     if not has_kernels(spec):
         raise NotImplementedError(f"mxq: format={spec.format!r} {kernel_gap(spec)} has no GPU kernels yet (no module "
