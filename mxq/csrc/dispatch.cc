@@ -684,8 +684,12 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   const int64_t data_bytes = Round256(m * ld);
   const int64_t row_bytes = st.want[kRowData] ? data_bytes + Round256(row_scale) : 0;
   const int64_t col_bytes = st.want[kColData] ? data_bytes + Round256(col_scale) : 0;
+  // (a grouped call's copy of its ends too, after the data and scales)
+  const int64_t ends_bytes = ends != nullptr ? Round256(ends->shape[0] * 4) : 0;
   ffi::Tensor shared;
-  if (row_bytes + col_bytes <= st.share_max) shared = alloc(ffi::Shape({row_bytes + col_bytes}), u8);
+  if (row_bytes + col_bytes + ends_bytes <= st.share_max) {
+    shared = alloc(ffi::Shape({row_bytes + col_bytes + ends_bytes}), u8);
+  }
   if (zeroed && shared.defined()) ZeroBytes(shared.GetDLTensorPtr(), 0, row_bytes + col_bytes);
   // `bytes`: the direction's own allocation; `shared_at`: where it starts in the shared one;
   // `zero_scale`: its scales start zeroed
@@ -728,7 +732,10 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
   ffi::Any ignored;
   Dispatch(sp, ffi::PackedArgs(full.data(), static_cast<int32_t>(full.size())), &ignored);
   if (ends != nullptr) {  // (after the launch was accepted: a refused call copies nothing)
-    ffi::Tensor copy = alloc(ffi::Shape({groups}), i32);
+    ffi::Tensor copy = shared.defined()
+                           ? ffi::Tensor::FromNDAlloc(ViewOf{shared, row_bytes + col_bytes}, ffi::Shape({groups}), i32,
+                                                      x->device)
+                           : alloc(ffi::Shape({groups}), i32);
     CopyBytes(copy.GetDLTensorPtr(), ends, groups * 4);
     outs[6] = copy;
   }
