@@ -232,14 +232,7 @@ class FusedOp:
         the argument) and sends what it does not serve to the checked path (ffi's callback); the
         rest is checked here: plain tensor and float classes, grad (Binder.plain), the size
         limit (_fast_launcher)."""
-        if kwargs:
-            if not self._bind.by_name or self.spec.is_fp4:
-                return None
-            try:
-                args = self._bind._bind_names(args, kwargs)
-            except TypeError:  # (the checked path names it)
-                return None
-        args = self._bind.plain(args, act_input, self.spec.dact)
+        args = self._plain_args(args, kwargs, act_input)
         fast = self._fast_launcher(args[0], noop, group_offsets) if args is not None else None
         return fast.allocating(*args, act_input, noop, group_offsets) if fast is not None else None
 
@@ -251,17 +244,21 @@ class FusedOp:
         that route, which checks per call what the native dispatcher checks (each field's
         device, element count and layout, memory overlap: csrc/dispatch.cc); the rest as
         _fast_call."""
+        args = self._plain_args(args, kwargs, act_input)
+        return None if args is None else _into(self, args, act_input, out, group_offsets)
+
+    def _plain_args(self, args, kwargs, act_input):
+        """A fast route's epilogue arguments as (*tensors, *floats) (Binder.plain), or None where
+        the checked path binds them: keywords the signature does not bind by name, or an FP4
+        op's (which may be its own call keywords), or arguments that are not plain."""
         if kwargs:
-            if not self._bind.by_name:
+            if not self._bind.by_name or self.spec.is_fp4:
                 return None
             try:
                 args = self._bind._bind_names(args, kwargs)
             except TypeError:  # (the checked path names it)
                 return None
-        args = self._bind.plain(args, act_input, self.spec.dact)
-        if args is None:
-            return None
-        return _into(self, args, act_input, out, group_offsets)
+        return self._bind.plain(args, act_input, self.spec.dact)
 
     def _fast_launcher(self, x, noop, group_offsets):
         """The launcher of ``x``'s (dtype, device) whose allocating route serves a call (_fast),
