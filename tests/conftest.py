@@ -48,3 +48,44 @@ def raw_caller():
 
     src = (Path(__file__).parent / "cpp" / "raw_caller.cc").read_text()
     return tvm_ffi.cpp.load_inline(name="mxq_test_raw_caller", cpp_sources=src, functions=["raw_call_error"])
+
+
+@pytest.fixture(scope="session")
+def on_cuda():
+    """tests/cpp/on_cuda.cc, built: a torch tensor as a tvm-ffi tensor labelled as on CUDA device 0
+    over the same host memory (a 0-d tensor, e.g. amax, as its one element: what C++ callers pass)."""
+    from pathlib import Path
+
+    import tvm_ffi
+    import tvm_ffi.cpp
+
+    src = (Path(__file__).parent / "cpp" / "on_cuda.cc").read_text()
+    mod = tvm_ffi.cpp.load_inline(name="mxq_test_on_cuda", cpp_sources=src, functions=["on_cuda"])
+    return lambda t: None if t is None else mod.on_cuda(tvm_ffi.from_dlpack(t.reshape(1) if t.dim() == 0 else t))
+
+
+@pytest.fixture
+def native(monkeypatch, on_cuda):
+    """(call, launches): call(op, x, *slots) runs op's dispatcher on x and the slots labelled as
+    CUDA (on_cuda); each launch is (dtype, variant, [(shape, strides, address) or float of each
+    kernel argument]): the kernel is a stand-in resolved through ffi's own resolve (limits.cpp_gap
+    first), recording what it got."""
+    import tvm_ffi
+
+    from mxq.runtime import compiler, targets
+
+    launches = []
+
+    def stand_in(op, arch, dtype, variant, layouts):
+        def kernel(*args):
+            launches.append((dtype, variant, [(tuple(a.shape), tuple(a.strides), a.data_ptr())
+                                              if isinstance(a, tvm_ffi.Tensor) else a for a in args]))
+        return tvm_ffi.convert(kernel)
+
+    monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")
+    monkeypatch.setattr(compiler, "native_function", stand_in)
+
+    def call(op, x, *slots):
+        return op.dispatcher()(on_cuda(x), *(on_cuda(t) for t in slots))
+
+    return call, launches

@@ -595,75 +595,7 @@ def test_dispatcher_cpu_route_refuses_wrong_buffers_of_the_new_forms():
     assert "'colwise_scale' overlaps 'rowwise_scale'" in msg, msg  # (two buffers: each direction's field)
 
 
-# -- the native route on host memory ----------------------------------------------------------------
-# Tensors labelled as on CUDA device 0 over host memory (tvm-ffi tensors that alias a torch
-# tensor's memory): the dispatcher takes its native route with them (checks, variant, views)
-# and hands them to the kernel, here a stand-in that records what it got; nothing dereferences them.
-ON_CUDA = r"""
-#include <tvm/ffi/container/tensor.h>
-#include <tvm/ffi/function.h>
-
-#include <vector>
-
-namespace {
-struct Keep {
-  tvm::ffi::Tensor src;
-  void AllocData(DLTensor* t) {
-    const DLTensor* s = src.GetDLTensorPtr();
-    t->data = static_cast<char*>(s->data) + s->byte_offset;
-  }
-  void FreeData(DLTensor*) {}
-};
-}  // namespace
-
-tvm::ffi::Tensor on_cuda(tvm::ffi::Tensor src) {
-  const DLTensor* s = src.GetDLTensorPtr();
-  std::vector<int64_t> strides(s->ndim, 1);
-  for (int d = s->ndim - 2; d >= 0; --d) strides[d] = strides[d + 1] * s->shape[d + 1];
-  if (s->strides != nullptr) strides.assign(s->strides, s->strides + s->ndim);
-  int64_t span = 1;
-  for (int d = 0; d < s->ndim; ++d) span += (s->shape[d] - 1) * strides[d];
-  tvm::ffi::Tensor flat = tvm::ffi::Tensor::FromNDAlloc(Keep{src}, tvm::ffi::Shape({span}), s->dtype,
-                                                        DLDevice{kDLCUDA, 0});
-  return flat.as_strided(tvm::ffi::ShapeView(s->shape, s->ndim), tvm::ffi::ShapeView(strides.data(), s->ndim));
-}
-"""
-
-
-@pytest.fixture(scope="module")
-def on_cuda():
-    import tvm_ffi
-    import tvm_ffi.cpp
-
-    mod = tvm_ffi.cpp.load_inline(name="mxq_test_on_cuda", cpp_sources=ON_CUDA, functions=["on_cuda"])
-    # (a 0-d tensor, e.g. amax, as its one element: what C++ callers pass)
-    return lambda t: None if t is None else mod.on_cuda(tvm_ffi.from_dlpack(t.reshape(1) if t.dim() == 0 else t))
-
-
-@pytest.fixture
-def native(monkeypatch, on_cuda):
-    """(call, launches): call(op, x, *slots) runs op's dispatcher on x and the slots labelled as
-    CUDA; each launch is (dtype, variant, [(shape, strides, address) or float of each kernel
-    argument]). The kernel is resolved through ffi's own resolve (limits.cpp_gap first)."""
-    import tvm_ffi
-
-    from mxq.runtime import compiler, targets
-
-    launches = []
-
-    def stand_in(op, arch, dtype, variant, layouts):
-        def kernel(*args):
-            launches.append((dtype, variant, [(tuple(a.shape), tuple(a.strides), a.data_ptr())
-                                              if isinstance(a, tvm_ffi.Tensor) else a for a in args]))
-        return tvm_ffi.convert(kernel)
-
-    monkeypatch.setattr(targets, "device_arch", lambda device: "sm_90")
-    monkeypatch.setattr(compiler, "native_function", stand_in)
-
-    def call(op, x, *slots):
-        return op.dispatcher()(on_cuda(x), *(on_cuda(t) for t in slots))
-
-    return call, launches
+# -- the native route on host memory (tests/conftest.py's `on_cuda` and `native` fixtures) -------------
 
 
 @pytest.mark.parametrize("form", sorted(NEW_FORMS))

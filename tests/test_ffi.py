@@ -751,3 +751,31 @@ def test_python_routes_take_raw_tensors_from_cpp(raw_caller, kind):
                            ("lanes", "has a dtype of 2 lanes an element")):
             msg = raw_caller.raw_call_error(fn, args, index, how)
             assert msg.startswith("ValueError") and f"argument '{name}' {words}" in msg, (index, how, msg)
+
+
+def test_native_route_refuses_padded_rows_of_a_grouped_call(native):
+    """A grouped call's FP8 data is contiguous on the native route as on Python's (check_out,
+    ffi._destination): rows padded apart, which an ungrouped call takes (the rows8 and vec
+    variants' row stride), are refused naming the slot before anything launches (here on host
+    memory labelled CUDA, the kernel a stand-in)."""
+    call, launches = native
+    op = mxq.fused_quant(colwise=True)(_ident)
+    m, n = 64, 64
+    x = torch.zeros(m, n, dtype=torch.bfloat16)
+    ends = torch.tensor([20, 64], dtype=torch.int32)
+    t = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu", group_offsets=ends)
+    padded = torch.zeros(m, n + 16, dtype=torch.uint8)[:, :n]
+    noop = torch.zeros(1)  # (given: the dispatcher's own zero noop tensor would be a real CUDA one)
+    slots = [None, t.rowwise_data, t.rowwise_scale, t.colwise_data, t.colwise_scale, None, None, noop]
+    call(op, x, *slots, ends)
+    assert len(launches) == 1 and launches[0][1] == "vec_grouped"
+    for at in (1, 3):
+        spoiled = list(slots)
+        spoiled[at] = padded
+        with pytest.raises(ValueError, match=f"'{('rowwise_data', 'colwise_data')[at // 2]}' of a grouped call must be "
+                                             "contiguous"):
+            call(op, x, *spoiled, ends)
+    assert len(launches) == 1
+    ungrouped = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    call(op, x, None, padded, ungrouped.rowwise_scale, ungrouped.colwise_data, ungrouped.colwise_scale, None, None, noop)
+    assert len(launches) == 2  # (ungrouped: padded rows launch)

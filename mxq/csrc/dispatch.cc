@@ -465,6 +465,9 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     // FP8 data: contiguous, or rows of unit stride at least n apart (padded rows); one row's
     // stride does not matter (Python's variant_for ignores it too)
     const int64_t ld = RowStride(t, n);
+    if (ends != nullptr && ld != n && m > 1) {  // (grouped outputs are contiguous: Python's check_out, ffi._destination)
+      TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' of a grouped call must be contiguous";
+    }
     if (ld < 0) {
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << ArgName(st, i) << "' must be contiguous or rows of unit "
                                 << "stride at least " << n << " elements apart";
@@ -617,9 +620,11 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
 // TVM-FFI environment allocator (the caller's framework: torch's caching allocator for torch
 // tensors), then the destination-passing route above. One native call instead of four
 // torch.empty calls and a 13-argument call. The outputs start as MXFP8Tensor.empty leaves them:
-// a noop call's all zeroed (it may write nothing); a grouped call's colwise scales and dbias
-// zeroed (the rows between groups stay 0), its FP8 data contiguous, and the group ends copied
-// (the last output: what the outputs are laid out by; the caller may reuse its tensor).
+// a noop call's all zeroed (it may write nothing); a grouped call's colwise scales zeroed (the
+// rows between groups stay 0; its dbias the reduction writes whole, an empty group's row 0), its
+// FP8 data contiguous, and the group ends copied (the last output: what the outputs are laid out
+// by; the caller may reuse its tensor; a small call's copy in the outputs' one allocation, which
+// it keeps alive as any of its views does).
 // A tensor `offset` bytes into `parent`'s memory; it holds a reference to the parent, so one
 // allocation lives as long as any view of it.
 struct ViewOf {
