@@ -695,7 +695,12 @@ def _into(op, args, act_input, out, group_offsets):
             token, x, out, group_offsets):
         return None
     nt = len(op.epilogue.tensor_params)
-    return launcher._dispatch_into(Call(list(args[:nt]), list(args[nt:]), act_input, None, out, group_offsets), token)
+    try:
+        return launcher._dispatch_into(Call(list(args[:nt]), list(args[nt:]), act_input, None, out, group_offsets),
+                                       token)
+    except (TypeError, ValueError):  # (refused before any launch: the checked path says why, naming out's field)
+        del out.__dict__["_mxq_into"]
+        return None
 
 
 @lru_cache(maxsize=None)

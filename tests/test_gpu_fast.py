@@ -240,7 +240,7 @@ def test_out_calls_on_the_token_route_match_the_reference_and_recheck_fields():
     later calls into it take that route (FusedOp._fast_into, mxq.quantize's) and give the
     reference's bytes; a field set to a tensor of another shape, or resized in place, is checked
     again by Python, naming it; one re-strided in place (the same shape and dtype) is refused by
-    the native dispatcher, naming it, before anything runs."""
+    the native dispatcher before anything runs, and then by the checked path in its words."""
     op = mxq.fused_quant(rowwise=True, colwise=True)(_bias)
     x, b = _cuda(planted(M, N, torch.bfloat16, seed=7), planted(1, N, torch.bfloat16, seed=8).reshape(N))
     want = op.reference(x.cpu(), b.cpu())
@@ -264,6 +264,6 @@ def test_out_calls_on_the_token_route_match_the_reference_and_recheck_fields():
         op(x, b, out=out)
     good.resize_(M, N // 32)
     op(x, b, out=out)
-    good.as_strided_((M, N // 32), (1, M))  # (the same shape and dtype, not contiguous: the native dispatcher's check)
-    with pytest.raises(ValueError, match=r"'rowwise_scale' has \d+ elements \(not contiguous\)"):
+    good.as_strided_((M, N // 32), (1, M))  # (the same shape and dtype, not contiguous: the native dispatcher refuses
+    with pytest.raises(ValueError, match="'out.rowwise_scale' must be laid out"):  # it, the checked path names it)
         op(x, b, out=out)

@@ -384,6 +384,17 @@ def test_out_calls_take_the_route_a_checked_call_left_on_the_out():
     fresh = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
     launcher_q._dispatch_into(Call([x], [], None, None, fresh, None))
     assert mxq.quantize(x, colwise=True, out=fresh) is fresh and len(sent) == 7
+    # what the native dispatcher refuses on the token's route, the checked path refuses in its own words
+    def refusing(*a):
+        raise ValueError("mxq: argument 'rowwise_scale' has 128 elements (not contiguous)")
+
+    held = mxq.MXFP8Tensor.empty(op.spec, x.shape, x.dtype, "cpu")
+    launch.Launcher(op, "sm_90a", "bf16", (lambda *a: None, None))._dispatch_into(Call([x], [], None, None, held, None))
+    held.__dict__["_mxq_into"][0].dispatch = refusing
+    held.rowwise_scale.as_strided_((64, 2), (1, 64))  # (its shape and dtype: the token holds)
+    with pytest.raises(ValueError, match="'out.rowwise_scale' must be laid out as MXFP8Tensor.empty makes it"):
+        op(x, out=held)
+    assert "_mxq_into" not in held.__dict__
     # pickle and copy leave the token behind
     assert "_mxq_into" not in copy.copy(fresh).__dict__ and "_mxq_into" not in copy.deepcopy(fresh).__dict__
     assert "_mxq_into" not in fresh.__reduce_ex__(pickle.HIGHEST_PROTOCOL)[2]
