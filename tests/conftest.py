@@ -53,7 +53,8 @@ def raw_caller():
 @pytest.fixture(scope="session")
 def on_cuda():
     """tests/cpp/on_cuda.cc, built: a torch tensor as a tvm-ffi tensor labelled as on CUDA device 0
-    over the same host memory (a 0-d tensor, e.g. amax, as its one element: what C++ callers pass)."""
+    over the same host memory (a 0-d tensor, e.g. amax, as its one element: what C++ callers pass);
+    anything else (None, a float) as it is."""
     from pathlib import Path
 
     import tvm_ffi
@@ -61,7 +62,8 @@ def on_cuda():
 
     src = (Path(__file__).parent / "cpp" / "on_cuda.cc").read_text()
     mod = tvm_ffi.cpp.load_inline(name="mxq_test_on_cuda", cpp_sources=src, functions=["on_cuda"])
-    return lambda t: None if t is None else mod.on_cuda(tvm_ffi.from_dlpack(t.reshape(1) if t.dim() == 0 else t))
+    return lambda t: t if not isinstance(t, torch.Tensor) else mod.on_cuda(
+        tvm_ffi.from_dlpack(t.reshape(1) if t.dim() == 0 else t))
 
 
 @pytest.fixture

@@ -223,6 +223,8 @@ def test_exported_function_refuses_what_its_kernel_cannot_take(grouped_lib, raw_
         for how, words in (("strides", "has no strides (a DLTensor whose strides are NULL)"),
                            ("data", "has elements but no data (a null pointer)"),
                            ("negative", "a negative dimension"),
+                           ("negstride", "has a negative stride"),
+                           ("null", "is a null DLTensor pointer"),
                            ("overflow", "more elements or bytes than an int64 counts")):
             if how == "overflow" and args[index].dim() == 1:
                 continue  # (2^62 + 1 elements of one byte: an int64 counts them; the size check refuses them)

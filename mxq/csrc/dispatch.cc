@@ -165,6 +165,9 @@ const DLTensor* TensorArg(const State& st, ffi::PackedArgs args, int i) {
   return *t;
 }
 
+// A raw DLTensor* that is NULL (a C caller's; tvm-ffi's C++ AnyView refuses one): refused by name.
+std::string NullText() { return "is a null DLTensor pointer (pass None for a slot the op does not use)"; }
+
 // Every tensor argument is one a kernel can read (mxq_spans::Unreadable; torch's view of a tensor
 // whose size overflows aborted), else a ValueError naming it. `after`: the route's names of its
 // arguments after the epilogue's tensors and floats.
@@ -172,8 +175,9 @@ void CheckTensors(const State& st, ffi::PackedArgs args, std::initializer_list<c
   const int base = st.nt + st.ns;
   for (int i = 0; i < args.size(); ++i) {
     std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
-    if (!t.has_value() || *t == nullptr) continue;
-    const std::string why = mxq_spans::Unreadable(*t);
+    const bool null = args[i].type_index() == ffi::TypeIndex::kTVMFFIDLTensorPtr && t.has_value() && *t == nullptr;
+    if (!null && (!t.has_value() || *t == nullptr)) continue;
+    const std::string why = null ? NullText() : mxq_spans::Unreadable(*t);
     if (why.empty()) continue;
     const std::string name = i < base ? ArgName(st, i)
                              : i - base < static_cast<int>(after.size()) ? after.begin()[i - base]
@@ -483,7 +487,19 @@ void Dispatch(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::Any* 
     }
   };
   for (int i = 0; i < st.nt; ++i) input(i, kinds.empty() ? 'f' : kinds[i]);
-  for (int i = 0; i < st.ns; ++i) call.emplace_back(args[st.nt + i]);
+  // the floats: a float as given (the kernel's conversion rounds it to fp32 once), an int rounded
+  // to fp32 once here (ir.scalar's rule: through a double, one beyond 2^53 would round twice)
+  for (int i = 0; i < st.ns; ++i) {
+    const ffi::AnyView& a = args[st.nt + i];
+    if (a.type_index() == ffi::TypeIndex::kTVMFFIFloat) {
+      call.emplace_back(a);
+    } else if (a.type_index() == ffi::TypeIndex::kTVMFFIInt) {
+      call.emplace_back(static_cast<double>(static_cast<float>(a.cast<int64_t>())));
+    } else {
+      TVM_FFI_THROW(TypeError) << "mxq: argument #" << st.nt + i << " (" << ArgName(st, st.nt + i)
+                               << ") must be a float, got " << a.GetTypeKey();
+    }
+  }
   if (st.want[kAct]) input(base + kAct, 'f');
   // a scale buffer: E8M0 bytes or fp32 (the facts' scale_bits) of exactly the layout's count
   // (ScaleElements), contiguous in any shape; the GEMM-ready layouts' scales (padded, row-major
@@ -759,12 +775,15 @@ ffi::Function python_route(ffi::Function python, ffi::Array<ffi::String> names) 
   return ffi::Function::FromPacked([python, list](ffi::PackedArgs args, ffi::Any* rv) {
     for (int i = 0; i < args.size(); ++i) {
       std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
+      const std::string name = i < static_cast<int>(list.size()) ? list[i] : "#" + std::to_string(i);
+      if (args[i].type_index() == ffi::TypeIndex::kTVMFFIDLTensorPtr && t.has_value() && *t == nullptr) {
+        TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' " << NullText();
+      }
       if (!t.has_value() || *t == nullptr) continue;
       DLTensor view = **t;  // (a byte of two FP4 codes, torch's float4_e2m1fn_x2, is one element here)
       if (view.dtype.bits == 4 && view.dtype.lanes == 2) view.dtype = DLDataType{kDLUInt, 8, 1};
       const std::string why = mxq_spans::Unreadable(&view);
       if (why.empty()) continue;
-      const std::string name = i < static_cast<int>(list.size()) ? list[i] : "#" + std::to_string(i);
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' " << why;
     }
     CallBorrowed(python, args, rv);

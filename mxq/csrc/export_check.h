@@ -152,6 +152,10 @@ inline int CheckApart(const Function& f, const TVMFFIAny* args) {
 // would dereference), else a ValueError naming it.
 inline int CheckTensors(const Function& f, const TVMFFIAny* args) {
   for (int i = 0; i < f.nargs; ++i) {
+    if (args[i].type_index == kTVMFFIDLTensorPtr && args[i].v_ptr == nullptr) {  // (a C caller's NULL DLTensor*)
+      return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
+                    "' is a null DLTensor pointer");
+    }
     const DLTensor* t = AsTensor(args[i]);
     if (t == nullptr) continue;
     std::string why = mxq_spans::Unreadable(t);

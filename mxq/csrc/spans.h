@@ -59,6 +59,11 @@ inline bool Fits(const DLTensor* t) {
 // scalar the kernels take). Both C++ routes refuse such a tensor, naming it (dispatch.cc's and
 // export_check.h's CheckTensors).
 inline std::string Unreadable(const DLTensor* t) {
+  for (int d = 0; t->strides != nullptr && d < t->ndim; ++d) {  // (torch, which the Python routes hand it to, aborts)
+    if (t->strides[d] < 0) {
+      return "has a negative stride (" + std::to_string(t->strides[d]) + " at dimension " + std::to_string(d) + ")";
+    }
+  }
   bool empty = false;
   for (int d = 0; d < t->ndim; ++d) {
     if (t->shape[d] < 0) {
