@@ -27,8 +27,8 @@
 #include <dlfcn.h>
 
 #include <cstdint>
-#include <initializer_list>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -165,19 +165,27 @@ const DLTensor* TensorArg(const State& st, ffi::PackedArgs args, int i) {
   return *t;
 }
 
-// A raw DLTensor* that is NULL (a C caller's; tvm-ffi's C++ AnyView refuses one): refused by name.
-std::string NullText() { return "is a null DLTensor pointer (pass None for a slot the op does not use)"; }
+// Why argument `a` is a tensor no kernel can read, "" where it is one a kernel can read or not a
+// tensor: a NULL DLTensor*, or mxq_spans::Unreadable's reason. `byte_pairs`: a byte of two 4-bit
+// codes (torch's float4_e2m1fn_x2, two lanes) counts as one element.
+std::string ArgProblem(const ffi::AnyView& a, bool byte_pairs = false) {
+  std::optional<DLTensor*> t = a.try_cast<DLTensor*>();
+  if (a.type_index() == ffi::TypeIndex::kTVMFFIDLTensorPtr && t.has_value() && *t == nullptr) {
+    return std::string(mxq_spans::kNullTensor) + " (pass None for a slot the op does not use)";
+  }
+  if (!t.has_value() || *t == nullptr) return "";
+  DLTensor view = **t;
+  if (byte_pairs && view.dtype.bits == 4 && view.dtype.lanes == 2) view.dtype = DLDataType{kDLUInt, 8, 1};
+  return mxq_spans::Unreadable(&view);
+}
 
-// Every tensor argument is one a kernel can read (mxq_spans::Unreadable; torch's view of a tensor
-// whose size overflows aborted), else a ValueError naming it. `after`: the route's names of its
-// arguments after the epilogue's tensors and floats.
+// Every tensor argument is one a kernel can read (ArgProblem; torch's view of a tensor whose size
+// overflows aborted), else a ValueError naming it. `after`: the route's names of its arguments
+// after the epilogue's tensors and floats.
 void CheckTensors(const State& st, ffi::PackedArgs args, std::initializer_list<const char*> after) {
   const int base = st.nt + st.ns;
   for (int i = 0; i < args.size(); ++i) {
-    std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
-    const bool null = args[i].type_index() == ffi::TypeIndex::kTVMFFIDLTensorPtr && t.has_value() && *t == nullptr;
-    if (!null && (!t.has_value() || *t == nullptr)) continue;
-    const std::string why = null ? NullText() : mxq_spans::Unreadable(*t);
+    const std::string why = ArgProblem(args[i]);
     if (why.empty()) continue;
     const std::string name = i < base ? ArgName(st, i)
                              : i - base < static_cast<int>(after.size()) ? after.begin()[i - base]
@@ -767,23 +775,16 @@ void DispatchAlloc(const std::shared_ptr<State>& sp, ffi::PackedArgs args, ffi::
 
 // The C++ face of a destination-passing function that runs in Python on every call (a gated or
 // FP4 op's dispatcher, op.gemm's; mxq/runtime/ffi.py): every tensor argument one a kernel can
-// read (mxq_spans::Unreadable, a ValueError naming it by `names`, "#i" past them), then the call
-// with raw DLTensor* arguments borrowed (CallBorrowed).
+// read (ArgProblem, FP4's packed pairs as bytes; a ValueError naming it by `names`, "#i" past
+// them), then the call with raw DLTensor* arguments borrowed (CallBorrowed).
 ffi::Function python_route(ffi::Function python, ffi::Array<ffi::String> names) {
   std::vector<std::string> list;
   for (const ffi::String& name : names) list.emplace_back(std::string(name));
   return ffi::Function::FromPacked([python, list](ffi::PackedArgs args, ffi::Any* rv) {
     for (int i = 0; i < args.size(); ++i) {
-      std::optional<DLTensor*> t = args[i].try_cast<DLTensor*>();
-      const std::string name = i < static_cast<int>(list.size()) ? list[i] : "#" + std::to_string(i);
-      if (args[i].type_index() == ffi::TypeIndex::kTVMFFIDLTensorPtr && t.has_value() && *t == nullptr) {
-        TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' " << NullText();
-      }
-      if (!t.has_value() || *t == nullptr) continue;
-      DLTensor view = **t;  // (a byte of two FP4 codes, torch's float4_e2m1fn_x2, is one element here)
-      if (view.dtype.bits == 4 && view.dtype.lanes == 2) view.dtype = DLDataType{kDLUInt, 8, 1};
-      const std::string why = mxq_spans::Unreadable(&view);
+      const std::string why = ArgProblem(args[i], true);
       if (why.empty()) continue;
+      const std::string name = i < static_cast<int>(list.size()) ? list[i] : "#" + std::to_string(i);
       TVM_FFI_THROW(ValueError) << "mxq: argument '" << name << "' " << why;
     }
     CallBorrowed(python, args, rv);

@@ -154,7 +154,7 @@ inline int CheckTensors(const Function& f, const TVMFFIAny* args) {
   for (int i = 0; i < f.nargs; ++i) {
     if (args[i].type_index == kTVMFFIDLTensorPtr && args[i].v_ptr == nullptr) {  // (a C caller's NULL DLTensor*)
       return Refuse(std::string("mxq: ") + f.name + ": argument #" + std::to_string(i) + " '" + f.arg_names[i] +
-                    "' is a null DLTensor pointer");
+                    "' " + mxq_spans::kNullTensor);
     }
     const DLTensor* t = AsTensor(args[i]);
     if (t == nullptr) continue;

@@ -54,12 +54,16 @@ inline bool Fits(const DLTensor* t) {
   return !__builtin_mul_overflow(t->strides != nullptr ? extent : count, item, &bytes);
 }
 
-// Why no kernel can read tensor `t`, "" where one can: a negative dimension, more elements or bytes
-// than an int64 counts, elements but no data, several lanes an element (bfloat16x2 is not the
-// scalar the kernels take). Both C++ routes refuse such a tensor, naming it (dispatch.cc's and
-// export_check.h's CheckTensors).
+// Why no kernel can read tensor `t`, "" where one can: a negative stride (torch's DLPack import,
+// which the Python routes hand it to, aborts the process), a negative dimension, more elements or
+// bytes than an int64 counts, elements but no data, several lanes an element (bfloat16x2 is not
+// the scalar the kernels take). Both C++ routes refuse such a tensor, naming it (dispatch.cc's and
+// export_check.h's CheckTensors), as they refuse a NULL DLTensor* (kNullTensor: a C caller's;
+// tvm-ffi's C++ AnyView refuses one).
+constexpr const char* kNullTensor = "is a null DLTensor pointer";
+
 inline std::string Unreadable(const DLTensor* t) {
-  for (int d = 0; t->strides != nullptr && d < t->ndim; ++d) {  // (torch, which the Python routes hand it to, aborts)
+  for (int d = 0; t->strides != nullptr && d < t->ndim; ++d) {
     if (t->strides[d] < 0) {
       return "has a negative stride (" + std::to_string(t->strides[d]) + " at dimension " + std::to_string(d) + ")";
     }

@@ -210,34 +210,40 @@ class Launcher:
 def into_token(x, out: MXFP8Tensor, group_offsets):
     """What Python's checks of an ``out=`` call of one op depend on (validation.check_out, with
     no noop; token_holds reads it): the input's shape, dtype and device, the group count, out's
-    format, block, fp8, scale layout and shape, and each field: None, or the tensor itself (a weak
-    reference: a field set to another tensor, or to None, is checked again, and the token keeps
-    no memory alive) with its shape and dtype (a field resized in place, or given other ``.data``,
-    is checked again). Its strides and device the native dispatcher, the only route a token leads
-    to, checks on every call (contiguous scales, data rows of unit stride at least N apart, one
-    device: csrc/dispatch.cc), naming the field."""
-    fields = tuple(None if t is None else (weakref.ref(t), t.shape, t.dtype)
-                   for t in (out.rowwise_data, out.colwise_data, out.rowwise_scale, out.colwise_scale, out.amax,
-                             out.dbias, out.colwise_amax))
-    return (x.shape, x.dtype, x.device, None if group_offsets is None else group_offsets.shape, out.format,
-            out.block, out.fp8, out.scale_layout, out.shape), fields
+    format, block, fp8, scale layout and shape (_token_head), and each field (_out_fields): None,
+    or the tensor itself (a weak reference: a field set to another tensor, or to None, is checked
+    again, and the token keeps no memory alive) with its shape and dtype (a field resized in
+    place, or given other ``.data``, is checked again). Its strides and device the native
+    dispatcher, the only route a token leads to, checks on every call (contiguous scales, data
+    rows of unit stride at least N apart, one device: csrc/dispatch.cc), naming the field."""
+    fields = tuple(None if t is None else (weakref.ref(t), t.shape, t.dtype) for t in _out_fields(out))
+    return _token_head(x, out, group_offsets), fields
 
 
 def token_holds(token, x, out: MXFP8Tensor, group_offsets) -> bool:
     """Whether ``token`` (into_token's, of an earlier checked call into ``out``) holds for a call
     of ``x`` and ``group_offsets`` into ``out`` as it is now."""
     head, fields = token
-    if head != (x.shape, x.dtype, x.device, None if group_offsets is None else group_offsets.shape, out.format,
-                out.block, out.fp8, out.scale_layout, out.shape):
+    if head != _token_head(x, out, group_offsets):
         return False
-    for kept, t in zip(fields, (out.rowwise_data, out.colwise_data, out.rowwise_scale, out.colwise_scale, out.amax,
-                                out.dbias, out.colwise_amax)):
+    for kept, t in zip(fields, _out_fields(out)):
         if kept is None:
             if t is not None:
                 return False
         elif kept[0]() is not t or t.shape != kept[1] or t.dtype != kept[2]:
             return False
     return True
+
+
+def _token_head(x, out: MXFP8Tensor, group_offsets) -> tuple:
+    return (x.shape, x.dtype, x.device, None if group_offsets is None else group_offsets.shape, out.format,
+            out.block, out.fp8, out.scale_layout, out.shape)
+
+
+def _out_fields(out: MXFP8Tensor) -> tuple:
+    """``out``'s tensors in validation.OUT_FIELDS' order (read attribute by attribute: every token route call)."""
+    return (out.rowwise_data, out.colwise_data, out.rowwise_scale, out.colwise_scale, out.amax, out.dbias,
+            out.colwise_amax)
 
 
 def _ws_tile_rows(spec) -> int:
