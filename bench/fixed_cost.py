@@ -9,8 +9,9 @@ the ends, best of several repeats. Each case's outputs are
 first checked against ``op.reference`` (NUMERICS.md's classes). ``--dry``: build every case and
 run it once on the CPU (the reference), timing nothing (what the CPU tests run). A timed run also
 times the pieces of one allocating call (host_parts: torch's allocations, the native call, the
-conversion of its outputs to torch tensors, the result object), each alone, to show what bounds
-the ratio.
+conversion of its outputs to torch tensors, the result object), each alone, and torch's own
+allocating ops (one, two and three outputs) and torchao's MXFP8 casts beside the floor
+(host_peers), to show what bounds the ratio.
 
     python bench/fixed_cost.py host [PATH]      # PATH default $OUT/<kind>-host.json (nvidia-h200-host.json)
 
@@ -191,6 +192,33 @@ def host_parts(device: str = "cuda") -> list:
     ]
 
 
+def host_peers(device: str = "cuda") -> list:
+    """(name, fn) of torch's own allocating ops and torchao's MXFP8 casts on the same input, each
+    timed beside the floor as the cases are: what an op that returns fresh tensors costs the host
+    in torch itself (one output, two, three), and what the kernels people quantize with today
+    cost per call. torchao's are left out where it does not import."""
+    m, n = HOST_SHAPE
+    x = torch.randn(m, n, device=device, dtype=torch.bfloat16)
+    peers = [
+        ("torch: x.to(float8_e4m3fn), one output", lambda: x.to(torch.float8_e4m3fn)),
+        ("torch: torch.aminmax(x), two outputs", lambda: torch.aminmax(x)),
+        ("torch: native_layer_norm(x), three outputs", lambda: torch.native_layer_norm(x, (n,), None, None, 1e-5)),
+    ]
+    try:
+        import torchao.utils as tu
+
+        tu.is_sm_at_least_100 = lambda: True  # (their Triton casts run on sm_90 in FLOOR mode: device_check.load_peers)
+        from torchao.prototype.mx_formats import kernels as tk
+    except Exception as exc:  # (benchmark-only peers: reported, not needed)
+        print(f"torchao peers unavailable: {type(exc).__name__}: {exc}", flush=True)
+        return peers
+    return peers + [
+        ("torchao: triton_to_mxfp8_dim0(x), rowwise MXFP8", lambda: tk.triton_to_mxfp8_dim0(x, 32, "floor")),
+        ("torchao: dim0 + dim1 casts, both directions",
+         lambda: (tk.triton_to_mxfp8_dim0(x, 32, "floor"), tk.triton_to_mxfp8_dim1(x, 32, "floor"))),
+    ]
+
+
 def host_us(fn, calls: int = 2000, repeats: int = 7, sync=None) -> float:
     """Host time per call: ``calls`` calls between two synchronizations, best of ``repeats``."""
     return host_pair(fn, None, calls, repeats, sync)[0]
@@ -228,6 +256,8 @@ def host_main(argv) -> int:
         for name, fn, op, ref, _ in host_cases("cpu"):
             if fn is not None:
                 fn()
+        for _, fn in host_peers("cpu"):
+            fn()
         names = [case[0] for case in host_cases("cpu")]
         assert all(o in names and a in names for o, a in OUT_PAIRS), "OUT_PAIRS names a case host_cases lacks"
         print(f"{len(names)} cases build and run on the CPU (--dry: nothing timed)")
@@ -256,6 +286,10 @@ def host_main(argv) -> int:
         rows.append({"case": name, "us": round(us, 2), "floor_us": round(near, 2), "x_floor": round(us / near, 2),
                      "target_x_floor": target, "meets": us / near <= target})
     parts = [{"part": name, "us": round(host_us(fn), 2)} for name, fn in host_parts()]
+    peers = []
+    for name, fn in host_peers():
+        us, near = host_pair(fn, copy)
+        peers.append({"peer": name, "us": round(us, 2), "floor_us": round(near, 2), "x_floor": round(us / near, 2)})
     floor_end = host_us(lambda: y.copy_(x))  # (the CPU's speed drifts: the floor before and after)
     print(f"torch floor y.copy_(x), 256x4096 bf16: {floor:.2f} us per call (after the cases: {floor_end:.2f})")
     print(f"{'eager call (256 x 4096 bf16, CUDA)':52s} {'us':>7s} {'floor':>7s} {'x floor':>8s}  target")
@@ -269,6 +303,9 @@ def host_main(argv) -> int:
     print("where one allocating call's time goes (quantize(x, colwise=True), each piece alone):")
     for part in parts:
         print(f"  {part['part']:60s} {part['us']:7.2f} us  {part['us'] / floor:5.2f}x floor")
+    print("torch's own allocating ops and torchao's casts on the same input, each beside its floor:")
+    for peer in peers:
+        print(f"  {peer['peer']:60s} {peer['us']:7.2f} us  {peer['x_floor']:5.2f}x floor")
     if failures:
         print("WRONG BYTES:", failures)
     result = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
@@ -276,7 +313,7 @@ def host_main(argv) -> int:
                         "warm-up calls; ratio to torch's y.copy_(x) on the same tensors timed in alternation with "
                         "each case (its floor_us; floor_us and floor_us_after: the floor alone before and after)",
               "cpu_affinity": sorted(os.sched_getaffinity(0)), "floor_us": round(floor, 2),
-              "floor_us_after": round(floor_end, 2), "cases": rows, "out_vs_alloc": pairs, "parts": parts, "checks": len(cases) - 1,
+              "floor_us_after": round(floor_end, 2), "cases": rows, "out_vs_alloc": pairs, "parts": parts, "peers": peers, "checks": len(cases) - 1,
               "failures": failures}
     Path(args.path).parent.mkdir(parents=True, exist_ok=True)
     Path(args.path).write_text(json.dumps(result, indent=1) + "\n")
