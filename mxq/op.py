@@ -309,9 +309,10 @@ class FusedOp:
         for name, given in (("acc_out", acc_out), ("out", out)):
             if traced and given is not None:
                 raise ValueError(f"mxq: {self.__name__}.gemm: {name}= serves eager calls only, not torch.compile")
-        for name, t in (("a", a), ("w", w)):  # (before the epilogue's own tensors are bound and named)
-            if isinstance(t, torch.Tensor) and t.device.type == "meta":
+        for name, t in (("a", a), ("w", w)):  # (before the epilogue's own tensors are bound and named: a dense
+            if isinstance(t, torch.Tensor) and t.device.type == "meta":  # strided tensor, no subclass, before any work)
                 raise ValueError(f"mxq.gemm: {name} is on the meta device, which holds no data to multiply")
+            validation.check_plain_tensor(name, t)
         if not traced:
             gemm_rt.check_args(a, w, acc_out=acc_out)
         else:  # (the operator checks the rest on its real tensors when the graph runs: addresses need them)
@@ -326,7 +327,10 @@ class FusedOp:
                             f"tensor {self.epilogue.tensor_params[0]!r}")
         others = call.tensors[1:]
         validation.check_scalars(self.epilogue.scalar_params, call.scalars)  # (a call's rule, before any conversion)
-        gemm_rt.operand_kinds(a, w, others, gemm_rt.operand_names(self))
+        names = gemm_rt.operand_names(self)
+        for name, t in zip(names, [*others, act_input] if act_input is not None else others):
+            validation.check_tensor_arg(name, t)  # (as a call's: before their kinds, the GEMM and its hook)
+        gemm_rt.operand_kinds(a, w, others, names)
         if self.spec.dact is not None or act_input is not None:  # (the kernel reads it as one more full operand)
             others = [*others, gemm_rt.check_act_input(self, a, w, act_input)]
         if traced:
@@ -348,9 +352,7 @@ class FusedOp:
                                  "stored 16 bytes at a time) must start on a 16-byte boundary, got address "
                                  f"{out.colwise_data.data_ptr():#x}")
         if out is not None or acc_out is not None:  # (what the call writes, apart from what it reads)
-            reads = [("a", a), ("w", w), *((f"operand {i + 1}", t) for i, t in enumerate(others))]
-            if act_input is not None:
-                reads[-1] = ("act_input", act_input)
+            reads = [("a", a), ("w", w), *zip(names, others)]  # (a dact op's act_input: its last, so named)
             validation.check_apart(out, reads, [("acc_out", acc_out)] if acc_out is not None else [])
         return self._gemm_run(a, w, others, [ir.scalar(s) for s in call.scalars], acc_out, out)
 

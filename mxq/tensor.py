@@ -116,6 +116,10 @@ def grouped_gap(spec) -> str | None:
     return None
 
 
+_FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # (the dtypes of its fields that pickle cannot load)
+_FLOAT8_STATE = "_float8_fields"  # (the pickled state's key of those fields' dtypes: MXFP8Tensor.__getstate__)
+
+
 @dataclass(eq=False)  # (identity equality: its fields are tensors, whose == is element-wise)
 class MXFP8Tensor:
     rowwise_data: torch.Tensor | None
@@ -137,10 +141,21 @@ class MXFP8Tensor:
 
     def __getstate__(self) -> dict:
         """Its fields, for pickle and copy: not the route token an ``out=`` call leaves on it
-        (launch.into_token, this process's own; a copy is checked again at its first call)."""
+        (launch.into_token, this process's own; a copy is checked again at its first call), and
+        float8 fields as their bytes, viewed as uint8, their dtypes under _FLOAT8_STATE (torch's
+        pickle writes float8 storages that it cannot load back; __setstate__ views them back)."""
         state = dict(self.__dict__)
         state.pop("_mxq_into", None)
+        float8 = {k: v.dtype for k, v in state.items() if type(v) is torch.Tensor and v.dtype in _FLOAT8_DTYPES}
+        if float8:
+            state.update({k: state[k].view(torch.uint8) for k in float8}, **{_FLOAT8_STATE: float8})
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Fields from __getstate__'s state (or a state saved without float8 bytes: as given)."""
+        state = dict(state)
+        float8 = state.pop(_FLOAT8_STATE, None) or {}
+        self.__dict__.update(state, **{k: state[k].view(dtype) for k, dtype in float8.items()})
 
     @staticmethod
     def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
@@ -165,6 +180,14 @@ class MXFP8Tensor:
         if not hasattr(spec, "scale_layout"):
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
                             f"{type(spec).__name__}")
+        if zeroed.__class__ is not bool:
+            raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'zeroed' must be a bool, got {type(zeroed).__name__}")
+        if device.__class__ is not torch.device:
+            try:
+                device = torch.device(device)
+            except (RuntimeError, TypeError) as exc:
+                raise ValueError(f"mxq: MXFP8Tensor.empty() argument 'device' must be a torch.device or a device "
+                                 f"string, got {device!r} ({exc})") from None
         # (a tensor's shape, what the routes pass, needs no check but its sign: a torch.Size built by hand may
         # hold a negative; each size against 0 alone, so that symbolic sizes gain no guard relating them)
         if shape.__class__ is not torch.Size or any(d < 0 for d in shape):
@@ -176,6 +199,9 @@ class MXFP8Tensor:
         m, n = flat_dims(shape)
         if group_offsets is not None:
             groups.check_form(group_offsets)
+            if (type(group_offsets) is torch.Tensor and group_offsets.device.type == device.type == "cpu"
+                    and not torch.compiler.is_compiling()):  # (values to read: not a fake or traced tensor's)
+                groups.check(group_offsets, m, device)
             gap = grouped_gap(spec)
             if gap:
                 raise ValueError(f"mxq: argument 'group_offsets' with format={spec.format!r} {gap}")
@@ -278,26 +304,24 @@ class MXFP8Tensor:
         """The scale bytes in compact layout ([M, ceil(N/32)] rowwise, [ceil(M/32), N] colwise;
         fp8_block: its fp32 scales over [M, N], docs/NUMERICS.md). A grouped tensor's colwise
         scales are per group: ``group(g).compact_scale(...)``."""
+        if direction not in ("rowwise", "colwise"):
+            raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
+        scale = self._need(f"{direction}_scale")  # (a tensor without them is told so before any grouped advice)
         if self.format == "fp8_block":
             return self._block_scale(direction)
         m, n = flat_dims(self.shape)
         if self.format in fp4.FORMATS:  # the scales of the rowwise data [M, N] or the colwise copy [N, M]
-            if direction not in ("rowwise", "colwise"):
-                raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
             if self.group_offsets is not None and direction == "colwise":
                 raise ValueError("mxq: a grouped tensor's colwise scales are per group: use group(g).compact_scale()")
             rows, cols = fp4_layouts.operand_dims(direction, m, n)
-            return replicated_local(fp4_layouts.compact, self._need(f"{direction}_scale"), rows, cols, self.format,
-                                    self.scale_layout)
-        if direction not in ("rowwise", "colwise"):
-            raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
+            return replicated_local(fp4_layouts.compact, scale, rows, cols, self.format, self.scale_layout)
         if self.group_offsets is not None and (direction == "colwise" or self.scale_layout != "compact"):
             if direction == "rowwise":
                 return torch.cat([t.compact_scale("rowwise") for t in self._groups()])
             raise ValueError("mxq: a grouped tensor's colwise scales are per group: use group(g).compact_scale()")
         if direction == "rowwise":
-            return replicated_local(layouts.compact_rowwise, self._need("rowwise_scale"), m, n, self.scale_layout)
-        return replicated_local(layouts.compact_colwise, self._need("colwise_scale"), m, n, self.scale_layout)
+            return replicated_local(layouts.compact_rowwise, scale, m, n, self.scale_layout)
+        return replicated_local(layouts.compact_colwise, scale, m, n, self.scale_layout)
 
     def dequantize(self, direction: str | None = None) -> torch.Tensor:
         """Decode to float32 of the original shape: data * 2^(scale-127); scale 255 gives NaN
@@ -316,16 +340,22 @@ class MXFP8Tensor:
                              "decode the whole result (gather each field with .full_tensor() into an MXFP8Tensor; "
                              "float8 fields viewed as uint8 first, .view(torch.uint8): gloo does not move float8) "
                              "or quantize the local tensor (.to_local())")
-        if shards and self._replicated():
-            # (each rank decodes its whole local copy, no collective: DTensor's view of a zero-size tensor,
-            # an empty group's, never returns; tensor.replicated_local)
+        if shards:
+            # each rank decodes its own fields, no collective: a rank's shard is quantized alone and
+            # no block crosses a shard's edge (integrations/distributed.py), so its local fields are
+            # the result of its local input, of the local data's shape. (Decoding the DTensors
+            # themselves fails where the split dim holds one block, and DTensor's view of a
+            # zero-size tensor, an empty group's, never returns.)
             from torch.distributed.tensor import DTensor
+
+            from .integrations.distributed import _contiguous_stride
 
             data = self._need(f"{direction}_data")
             fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
             local = dataclasses.replace(self, **{k: v.to_local() for k, v in fields.items() if is_dtensor(v)})
+            local.shape = local._need(f"{direction}_data").shape
             return DTensor.from_local(local.dequantize(direction), data.device_mesh, data.placements,
-                                      run_check=False)
+                                      run_check=False, shape=self.shape, stride=_contiguous_stride(self.shape))
         if self.format in fp4.FORMATS and self.group_offsets is None:
             return self._fp4_values(direction).reshape(self.shape)
         per_group = (self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
@@ -340,27 +370,12 @@ class MXFP8Tensor:
             block = self.block if direction == "rowwise" else fp8_block_layouts.colwise_block(self.block)
             return fp8_block.dequantize(data.reshape(m, n), self.compact_scale(direction), block).reshape(self.shape)
         data = self._need(f"{direction}_data").reshape(m, n).to(torch.float32)
-        scale = self.compact_scale(direction)
-        if shards:  # (each rank decodes its scale bytes: a shift of a DTensor's bytes is not one in torch)
-            from torch.distributed.tensor import DTensor
-
-            scale = DTensor.from_local(e8m0_to_scale(scale.to_local()), scale.device_mesh, scale.placements,
-                                       run_check=False, shape=scale.shape, stride=scale.stride())
-        else:
-            scale = e8m0_to_scale(scale)
+        scale = e8m0_to_scale(self.compact_scale(direction))
         if direction == "rowwise":
             full = scale.repeat_interleave(BLOCK, dim=1)[:, :n]
         else:
             full = scale.repeat_interleave(BLOCK, dim=0)[:m, :]
         return (data * full).reshape(self.shape)
-
-    def _replicated(self) -> bool:
-        """Whether this DTensor call's data and scale fields are replicated on every rank."""
-        from torch.distributed.tensor import Replicate
-
-        return all(all(isinstance(p, Replicate) for p in t.placements) for t in
-                   (getattr(self, f) for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"))
-                   if is_dtensor(t))
 
     def group(self, g: int) -> "MXFP8Tensor":
         """Group g of a grouped tensor (rows [start_g, end_g) after flattening) as an MXFP8Tensor
@@ -460,8 +475,6 @@ class MXFP8Tensor:
 
     def _block_scale(self, direction: str) -> torch.Tensor:
         """compact_scale of an fp8_block tensor: its fp32 scale grid over [M, N] (a view)."""
-        if direction not in ("rowwise", "colwise"):
-            raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         if self.group_offsets is not None and (direction == "colwise" or self.block[0] > 1):
             raise ValueError(f"mxq: a grouped tensor's {direction} scales are per group: use "
                              "group(g).compact_scale()")
@@ -474,11 +487,29 @@ class MXFP8Tensor:
         return direction == "colwise" and self.format == "fp8_block" and self.scale_layout == "gemm"
 
     def _need(self, name: str) -> torch.Tensor:
+        """Field ``name`` (a data or scale field), which must be there and hold its format's dtype
+        (_field_dtype): bytes of another dtype, e.g. float8 fields viewed as uint8 to cross gloo,
+        would decode as other values."""
         t = getattr(self, name)
         if t is None:
             raise ValueError(f"mxq: this MXFP8Tensor has no {name} (quantize with "
                              f"{name.split('_')[0]}=True)")
+        want = self._field_dtype(name)
+        if t.dtype != want:
+            raise ValueError(f"mxq: this MXFP8Tensor's {name} must be {want} for format={self.format!r}, got "
+                             f"{t.dtype} (bytes viewed as another dtype: view them back, .view({want}))")
         return t
+
+    def _field_dtype(self, name: str) -> torch.dtype:
+        """The dtype data or scale field ``name`` holds in this tensor's format: FP8 data of its
+        ``fp8`` (FP4's packed codes uint8); E8M0 scale bytes uint8, FP8 block scaling's fp32
+        scales, NVFP4's E4M3 scales (fp4_layouts.scale_dtype)."""
+        fp4_format = self.format in fp4.FORMATS
+        if name.endswith("_data"):
+            return torch.uint8 if fp4_format else FORMATS[self.fp8].torch_dtype
+        if fp4_format:
+            return fp4_layouts.scale_dtype(self.format)
+        return torch.float32 if self.format == "fp8_block" else torch.uint8
 
     def __repr__(self) -> str:
         have = [k for k in ("rowwise_data", "colwise_data", "amax", "dbias") if getattr(self, k) is not None]
@@ -488,6 +519,6 @@ class MXFP8Tensor:
 
 
 # torch.load (weights_only=True, torch's default since 2.6) rebuilds only allow-listed classes.
-# An MXFP8Tensor is tensors, strings and a torch.Size, and unpickling one runs no code of ours
-# (a dataclass without __setstate__), so saved MXFP8Tensors load back with the default.
+# An MXFP8Tensor is tensors, dtypes, strings and a torch.Size, and unpickling one runs only its
+# __setstate__ (which views bytes as dtypes), so saved MXFP8Tensors load back with the default.
 torch.serialization.add_safe_globals([MXFP8Tensor])

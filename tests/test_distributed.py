@@ -458,9 +458,9 @@ os._exit(0)  # no interpreter shutdown: see examples/fsdp2_mxfp8.py, worker()
 """
 
 
-def run_two_ranks(worker: str, tmp_path, done: str) -> None:
-    """Run ``worker`` (a script taking its rank as argv[1]) as two gloo processes; each must exit
-    0 and print ``done``. They meet through a file in ``tmp_path`` (``MXQ_TEST_INIT``), not a TCP
+def run_two_ranks(worker: str, tmp_path, done: str, ranks: int = 2) -> None:
+    """Run ``worker`` (a script taking its rank as argv[1]) as two gloo processes (``ranks``); each
+    must exit 0 and print ``done``. They meet through a file in ``tmp_path`` (``MXQ_TEST_INIT``), not a TCP
     port: a free port picked here could be taken by another process before rank 0 binds it."""
     import torch.distributed as dist
 
@@ -471,7 +471,7 @@ def run_two_ranks(worker: str, tmp_path, done: str) -> None:
     env = dict(os.environ, MXQ_TEST_INIT=f"file://{tmp_path / 'rendezvous'}", PYTHONWARNINGS="ignore",
                MXQ_CACHE_DIR=str(tmp_path / "cache"))
     procs = [subprocess.Popen([sys.executable, str(script), str(rank)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for rank in range(2)]
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for rank in range(ranks)]
     try:
         outs = [p.communicate(timeout=300) for p in procs]
     except subprocess.TimeoutExpired:  # (a hang fails the test instead of stalling the suite)
@@ -486,6 +486,41 @@ def run_two_ranks(worker: str, tmp_path, done: str) -> None:
 def test_dtensor_shards_quantize_like_the_full_tensor(tmp_path):
     pytest.importorskip("torch.distributed.tensor")
     run_two_ranks(WORKER, tmp_path, "DTensor calls matched")
+
+
+ONE_BLOCK = r"""
+import os, sys, torch, torch.distributed as dist
+import mxq
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, Replicate
+
+dist.init_process_group("gloo", init_method=os.environ["MXQ_TEST_INIT"], rank=0, world_size=1)
+mesh = init_device_mesh("cpu", (1,))
+torch.manual_seed(0)
+# a split dim that holds one block of scales (a mesh dim of size 1, a small tensor): each rank
+# decodes its own fields (decoding the DTensors themselves raised inside torch)
+cases = [((16, 20), Shard(1), {}), ((16, 20), Shard(0), dict(colwise=True)),
+         ((64, 96), Shard(1), dict(format="fp8_block")), ((128, 256), Shard(0), dict(format="fp8_block", colwise=True)),
+         ((128, 256), Shard(1), dict(format="fp8_block", block=(128, 128), colwise=True)),
+         ((2, 8, 20), Shard(0), dict(colwise=True)), ((40, 20), Replicate(), dict(colwise=True))]
+for shape, placement, opts in cases:
+    x = torch.randn(*shape)
+    got = mxq.quantize(DTensor.from_local(x, mesh, [placement]), **opts)
+    want = mxq.quantize(x, **opts)
+    for d in ("rowwise", "colwise") if opts.get("colwise") else ("rowwise",):
+        back = got.dequantize(d)
+        assert isinstance(back, DTensor) and back.shape == x.shape and back.placements == (placement,), (shape, d)
+        assert torch.equal(back.to_local().nan_to_num(7), want.dequantize(d).nan_to_num(7)), (shape, placement, d)
+print("one-block shards decoded")
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_dequantize_of_a_split_dim_of_one_block(tmp_path):
+    pytest.importorskip("torch.distributed.tensor")
+    run_two_ranks(ONE_BLOCK, tmp_path, "one-block shards decoded", ranks=1)
 
 
 DISAGREE = r"""

@@ -890,7 +890,7 @@ def test_acc_out_sharing_memory_with_an_input_is_refused():
     inside.copy_(r)
     out = mxq.MXFP8Tensor.empty(scaled_residual.spec, (4, 16), a.dtype, "cpu", row_align=1)
     for given in (None, out):
-        with pytest.raises(ValueError, match="'acc_out' overlaps 'operand 2'"):
+        with pytest.raises(ValueError, match="'acc_out' overlaps 'r'"):
             scaled_residual.gemm(a, w, s, inside, alpha=0.5, acc_out=acc, out=given)
     shared = torch.zeros(4, 16)  # (a's [4, 32] bf16 bytes are an fp32 [4, 16] acc_out's)
     a_inside = shared.view(a.dtype).view(4, 32)
@@ -1025,6 +1025,31 @@ def test_bad_tensors_are_named_before_anything_runs():
         scaled_residual_mx.gemm(a, w, b, r=torch.zeros(5, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="argument 's' of shape \\(5,\\) does not broadcast"):
         scaled_residual_mx.gemm(a, w, torch.zeros(5, dtype=torch.bfloat16), b)
+
+
+def test_subclassed_and_sparse_tensors_are_named_before_the_gemm_runs():
+    """a, w, the operands and act_input are plain dense tensors, each refused by its name before
+    the GEMM: a tensor subclass as a or w was refused as the epilogue's accumulator only after the
+    matmul had written acc_out, and a sparse operand with out= or acc_out= crashed in the overlap
+    check (no data pointer)."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    a, w = _ab()
+    b = torch.zeros(16, dtype=torch.bfloat16)
+    acc = torch.full((4, 16), -7.0)
+    for args, name in (((TwoTensor(a, a.clone()), w, b), "a"), ((a, TwoTensor(w, w.clone()), b), "w"),
+                       ((a, w, TwoTensor(b, b.clone())), "b")):
+        with pytest.raises(TypeError, match=f"argument '{name}' is a TwoTensor"):
+            plus_bias.gemm(*args, acc_out=acc)
+        assert bool((acc == -7.0).all()), name  # (nothing ran)
+    out = mxq.MXFP8Tensor.empty(plus_bias.spec, (4, 16), a.dtype, "cpu", row_align=1)
+    for given in (dict(out=out), dict(acc_out=acc), {}):
+        with pytest.raises(TypeError, match="argument 'b' must be a dense strided tensor"):
+            plus_bias.gemm(a, w, b.to_sparse(), **given)
+    x = torch.zeros(4, 16, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="argument 'act_input' is a TwoTensor"):
+        dgelu_both.gemm(a, w, act_input=TwoTensor(x, x.clone()), acc_out=acc)
+    assert bool((acc == -7.0).all())
 
 
 # --- CPU: the reference on the fp32 accumulator -----------------------------------------------

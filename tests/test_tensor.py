@@ -198,6 +198,9 @@ def test_results_compare_by_identity_and_hash():
     (torch.tensor([64.0]), TypeError, "int32 or int64"),
     (torch.tensor([[32, 64]]), ValueError, "1-D"),
     (torch.tensor([], dtype=torch.int32), ValueError, "at least one group end"),
+    # (CPU ends are read: past M, or decreasing, gave groups of rows that are not there)
+    (torch.tensor([2, 90]), ValueError, "must end at M = 64"),
+    (torch.tensor([40, 20, 64]), ValueError, "non-decreasing"),
 ])
 def test_empty_checks_group_offsets_by_name(offsets, error, named):
     """MXFP8Tensor.empty(group_offsets=...) refuses offsets that cannot size grouped outputs, by
@@ -239,3 +242,60 @@ def test_empty_refuses_what_a_call_refuses_of_grouped_and_packed_outputs():
                 mxq.MXFP8Tensor.empty(mxq.QuantSpec(format=fmt, colwise=colwise), shape, torch.bfloat16, "cpu")
         t = mxq.MXFP8Tensor.empty(mxq.QuantSpec(format=fmt, colwise=True), (3, 2, 64), torch.bfloat16, "cpu")
         assert t.rowwise_data.shape == (3, 2, 32) and t.colwise_data.shape == (64, 3)
+
+
+def test_pickle_and_copies_keep_every_format_s_fields():
+    """pickle round-trips results of every format (torch's pickle writes float8 storages it cannot
+    load back: the float8 fields travel as their uint8 bytes and are viewed back on loading), with
+    dtypes, strides of padded rows and bytes kept; deepcopy and copy too."""
+    import copy
+    import pickle
+
+    x = torch.randn(64, 70)
+    cases = [mxq.quantize(x, colwise=True, amax=True), mxq.quantize(x, fp8="e5m2"),
+             mxq.quantize(x, format="fp8_block", colwise=True), mxq.quantize(x, format="nvfp4", colwise=True),
+             mxq.quantize(x, format="mxfp4")]
+    for t in cases:
+        for u in (pickle.loads(pickle.dumps(t)), copy.deepcopy(t), copy.copy(t)):
+            assert type(u) is mxq.MXFP8Tensor and "_float8_fields" not in u.__dict__
+            for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale", "amax"):
+                a, b = getattr(t, f), getattr(u, f)
+                assert (a is None) == (b is None), f
+                if a is not None:
+                    assert (b.dtype, b.shape, b.stride()) == (a.dtype, a.shape, a.stride()), (t.format, f)
+            assert compare(u, t, exact=True) == []
+
+
+@pytest.mark.parametrize("fmt, field, dtype", [
+    ("mxfp8", "rowwise_data", torch.uint8), ("mxfp8", "rowwise_scale", torch.float8_e8m0fnu),
+    ("fp8_block", "rowwise_scale", torch.int32), ("nvfp4", "rowwise_scale", torch.uint8),
+    ("mxfp4", "rowwise_scale", torch.float8_e8m0fnu), ("mxfp4", "rowwise_data", torch.int8)])
+def test_fields_of_another_dtype_are_refused_by_name(fmt, field, dtype):
+    """A field holding its bytes as another dtype (e.g. float8 viewed as uint8 to cross gloo) is
+    refused by name, with the dtype to view it back as: dequantize() decoded the bytes as values."""
+    import dataclasses
+
+    t = mxq.quantize(torch.randn(64, 64), format=fmt)
+    bad = dataclasses.replace(t, **{field: getattr(t, field).view(dtype)})
+    want = getattr(t, field).dtype
+    for decode in (bad.dequantize, bad.compact_scale) if field.endswith("scale") else (bad.dequantize,):
+        with pytest.raises(ValueError, match=f"{field} must be {want}.*view\\({want}\\)"):
+            decode()
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "fp8_block", "nvfp4", "mxfp4"])
+def test_a_missing_direction_is_named_before_the_grouped_advice(fmt):
+    """compact_scale("colwise") of a grouped rowwise-only tensor says it has no colwise scales,
+    not to use group(g).compact_scale(), which then said the same."""
+    opts = dict(block=(1, 128)) if fmt == "fp8_block" else {}
+    t = mxq.quantize(torch.randn(64, 128), format=fmt, group_offsets=torch.tensor([32, 64]), **opts)
+    with pytest.raises(ValueError, match="has no colwise_scale"):
+        t.compact_scale("colwise")
+
+
+def test_empty_names_a_bad_device_or_zeroed():
+    spec = mxq.QuantSpec()
+    with pytest.raises(ValueError, match="argument 'device'"):
+        mxq.MXFP8Tensor.empty(spec, (4, 64), torch.float32, "nope")
+    with pytest.raises(TypeError, match="argument 'zeroed' must be a bool"):
+        mxq.MXFP8Tensor.empty(spec, (4, 64), torch.float32, "cpu", zeroed="no")
