@@ -602,6 +602,25 @@ def test_compiled_quantize_refuses_what_eager_refuses_with_mxqs_exception(option
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("offsets,exc,words", [
+    (torch.tensor([[32, 64]]), ValueError, "'group_offsets' must be 1-D"),
+    (torch.tensor([], dtype=torch.int64), ValueError, "'group_offsets' must be 1-D with at least one group end"),
+    (torch.tensor([32.0, 64.0]), TypeError, "'group_offsets' must be int32 or int64")])
+def test_compiled_calls_refuse_malformed_group_offsets_as_eager(offsets, exc, words, dynamic):
+    """Group ends of the wrong rank, none, or float are refused under torch.compile as in eager
+    mode: mxq's exception without fullgraph, dynamo's Unsupported carrying mxq's message with it
+    (they reached the operator's fake implementation: torch's TorchRuntimeError, not a ValueError)."""
+    x = torch.randn(64, 128)
+    with pytest.raises(exc, match=words):
+        mxq.quantize(x, group_offsets=offsets)
+    for fullgraph in (False, True):
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported if fullgraph else exc, match=words):
+            torch.compile(lambda u, g: mxq.quantize(u, group_offsets=g), backend="eager", fullgraph=fullgraph,
+                          dynamic=dynamic)(x, offsets)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
 def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
     """NVFP4's own call values under torch.compile: global_amax as a tensor and as a float,
     stochastic rounding with a seed of 64 bits and an offset (a decorated op's too), and the
