@@ -367,7 +367,7 @@ def test_tensor_subclasses_sparse_and_nested_are_refused():
     with pytest.raises(TypeError, match="dense strided"):
         mxq.quantize(x.to_sparse())
     nested = torch.nested.nested_tensor([torch.randn(2, 32), torch.randn(3, 32)])
-    with pytest.raises(TypeError, match="nested"):
+    with pytest.raises(TypeError, match="dense strided tensor, got a nested tensor"):
         mxq.quantize(nested)
     with pytest.raises(TypeError, match="'noop'"):
         mxq.quantize(x, noop=torch.zeros(1).as_subclass(_Sub))

@@ -66,8 +66,8 @@ def check_plain_tensor(name: str, t) -> None:
         raise TypeError(f"mxq: argument {name!r} is a {type(t).__name__}, a torch.Tensor subclass mxq does not "
                         "handle; pass a plain tensor (for a DTensor: .to_local() or .full_tensor())")
     if t.layout is not torch.strided or t.is_nested:
-        raise TypeError(f"mxq: argument {name!r} must be a dense strided tensor, got layout {t.layout}"
-                        f"{' (nested)' if t.is_nested else ''}")
+        raise TypeError(f"mxq: argument {name!r} must be a dense strided tensor, got "
+                        f"{'a nested tensor' if t.is_nested else f'layout {t.layout}'}")
     if t.device.type == "meta":
         raise ValueError(f"mxq: argument {name!r} is on the meta device, which holds no data to quantize (under "
                          "torch.compile, fake tensors need no such call: the operator has a fake implementation)")
