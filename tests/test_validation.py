@@ -333,6 +333,9 @@ def test_a_cpu_tensor_global_amax_is_checked_as_a_number_is():
     ends = torch.tensor([16, 32], dtype=torch.int32)
     with pytest.raises(ValueError, match="'global_amax' must hold values >= 0.*-1.0"):
         mxq.quantize(x, format="nvfp4", group_offsets=ends, global_amax=torch.tensor([1.0, -1.0]))
+    # (a grouped call's message names its other form: one amax per group)
+    with pytest.raises(ValueError, match="or a float32 tensor of one amax per group, \\(2,\\)"):
+        mxq.quantize(x, format="nvfp4", group_offsets=ends, global_amax=torch.tensor(2.0, dtype=torch.float64))
     xb = x.bfloat16()
     for pair in (torch.tensor([1.0, float("nan")]), (torch.tensor(1.0), torch.tensor(-0.5))):
         with pytest.raises(ValueError, match="'global_amax' must hold values >= 0"):

@@ -373,6 +373,8 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
         if spec.format != "nvfp4":
             raise ValueError(f"mxq: argument 'global_amax' is NVFP4's per-tensor amax; this op has "
                              f"format={spec.format!r}")
+        want = "a one-element float32 tensor or a float" + (
+            "" if group_offsets is None else f" (or a float32 tensor of one amax per group, ({group_offsets.numel()},))")
         if spec.hadamard:
             _check_amax_pair(amax, x.device)
         elif isinstance(amax, torch.Tensor) and group_offsets is not None and amax.numel() != 1:
@@ -386,10 +388,10 @@ def check_fp4(spec: QuantSpec, args, x: torch.Tensor, shape, group_offsets) -> N
                 raise ValueError(f"mxq: argument 'global_amax' is on {amax.device} but the input is on {x.device}")
             _check_amax_tensor(amax)
         elif isinstance(amax, torch.Tensor):
-            check_one_float32("global_amax", amax, "a one-element float32 tensor or a float", x.device, "the input")
+            check_one_float32("global_amax", amax, want, x.device, "the input")
             _check_amax_tensor(amax)
         elif isinstance(amax, bool) or not isinstance(amax, (int, float)):
-            _fail_type("global_amax", "a one-element float32 tensor or a float", type(amax).__name__)
+            _fail_type("global_amax", want, type(amax).__name__)
         else:
             _check_amax_value(amax, amax)
     for name, bound in (("seed", 2 ** 64), ("offset", 2 ** 62)):
