@@ -810,7 +810,7 @@ def test_compiled_calls_refuse_tensors_on_another_device_or_meta():
             torch.compile(fn, backend="aot_eager")(x)
     a, w = torch.randn(48, 128, dtype=torch.bfloat16), torch.randn(256, 128, dtype=torch.bfloat16)
     torch._dynamo.reset()
-    with pytest.raises(ValueError, match="argument 'b' must be on a's device cpu, got meta"):
+    with pytest.raises(ValueError, match="argument 'b' is on the meta device"):
         torch.compile(lambda a, w: gemm_bias.gemm(a, w, torch.randn(256, dtype=torch.bfloat16, **meta)),
                       backend="aot_eager")(a, w)
 
