@@ -13,6 +13,7 @@ names and roles (docs/DESIGN.md says why one class).
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from dataclasses import dataclass
 
@@ -331,27 +332,20 @@ class MXFP8Tensor:
         if direction not in ("rowwise", "colwise"):
             raise ValueError(f"mxq: direction must be 'rowwise' or 'colwise', got {direction!r}")
         m, n = flat_dims(self.shape)
-        shards = is_dtensor(self._need(f"{direction}_data"))
-        if shards and self.format in fp4.FORMATS:
-            raise ValueError(f"mxq: dequantize() of a DTensor call's {self.format} result is not supported yet: "
-                             "decode the whole result (gather each field with .full_tensor() into an MXFP8Tensor; "
-                             "float8 fields viewed as uint8 first, .view(torch.uint8): gloo does not move float8) "
-                             "or quantize the local tensor (.to_local())")
-        if shards:
+        data = self._need(f"{direction}_data")
+        if is_dtensor(data):
             # each rank decodes its own fields, no collective: a rank's shard is quantized alone and
             # no block crosses a shard's edge (integrations/distributed.py), so its local fields are
-            # the result of its local input, of the local data's shape. (Decoding the DTensors
-            # themselves fails where the split dim holds one block, and DTensor's view of a
-            # zero-size tensor, an empty group's, never returns.)
+            # the result of its local input (_local_input). (Decoding the DTensors themselves fails
+            # where the split dim holds one block, and DTensor's view of a zero-size tensor, an
+            # empty group's, never returns.)
             from torch.distributed.tensor import DTensor
 
-            data = self._need(f"{direction}_data")
             fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
             local = dataclasses.replace(self, **{k: v.to_local() for k, v in fields.items() if is_dtensor(v)})
-            local.shape = local._need(f"{direction}_data").shape
-            return DTensor.from_local(local.dequantize(direction), data.device_mesh, data.placements,
-                                      run_check=False, shape=self.shape,
-                                      stride=torch.empty(self.shape, device="meta").stride())
+            local.shape, placements = self._local_input(local)
+            return DTensor.from_local(local.dequantize(direction), data.device_mesh, placements, run_check=False,
+                                      shape=self.shape, stride=torch.empty(self.shape, device="meta").stride())
         if self.format in fp4.FORMATS and self.group_offsets is None:
             return self._fp4_values(direction).reshape(self.shape)
         per_group = (self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
@@ -372,6 +366,27 @@ class MXFP8Tensor:
         else:
             full = scale.repeat_interleave(BLOCK, dim=0)[:m, :]
         return (data * full).reshape(self.shape)
+
+    def _local_input(self, local: "MXFP8Tensor") -> tuple:
+        """(the shape of a rank's local input, the input's placements) of a DTensor call's result,
+        from ``local``, its fields on this rank: FP8 data has the input's shape and placements;
+        FP4's packed rowwise data [..., N/2] keeps the input's leading dims, and its transposed
+        copy [N, M/2] is split along the input's other dim (integrations/distributed.py)."""
+        from torch.distributed.tensor import Shard
+
+        if self.format not in fp4.FORMATS:
+            name = "rowwise_data" if self.rowwise_data is not None else "colwise_data"
+            return getattr(local, name).shape, getattr(self, name).placements
+        if self.rowwise_data is not None:
+            rd = local.rowwise_data
+            return torch.Size((*rd.shape[:-1], 2 * rd.shape[-1])), self.rowwise_data.placements
+        cd, (p,) = local.colwise_data, self.colwise_data.placements
+        if not isinstance(p, Shard):  # (replicated: the whole input on every rank)
+            return self.shape, self.colwise_data.placements
+        if p.dim == 0:  # (the copy's rows: the input's columns split)
+            return torch.Size((*self.shape[:-1], cd.shape[0])), (Shard(len(self.shape) - 1),)
+        lead = math.prod(self.shape[1:-1]) or 1  # (the copy's columns: the input's rows split, along its dim 0)
+        return torch.Size((2 * cd.shape[1] // lead, *self.shape[1:-1], self.shape[-1])), (Shard(0),)
 
     def group(self, g: int) -> "MXFP8Tensor":
         """Group g of a grouped tensor (rows [start_g, end_g) after flattening) as an MXFP8Tensor

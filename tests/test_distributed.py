@@ -420,12 +420,19 @@ for placement in (Shard(0), Shard(-1), Replicate()):
     for d in ("rowwise", "colwise"):
         values = both.dequantize(d)
         assert isinstance(values, DTensor) and torch.equal(values.full_tensor(), whole.dequantize(d)), (placement, d)
-try:
-    mxq.quantize(distribute_tensor(xs, mesh, [Shard(0)]), format="nvfp4").dequantize()
-except ValueError as exc:
-    assert "dequantize() of a DTensor call's nvfp4 result is not supported yet" in str(exc), exc
-else:
-    raise AssertionError("dequantize() of an NVFP4 DTensor result was accepted")
+# FP4: rank by rank too (the local input's shape from the packed data [..., N/2], or from the
+# transposed copy [N, M/2] where there is no rowwise data), NVFP4 under the whole tensor's amax
+x3 = torch.randn(4, 16, 64)
+for fmt, shape in (("nvfp4", (64, 64)), ("mxfp4", (64, 64)), ("nvfp4", (4, 16, 64))):
+    xf = xs if len(shape) == 2 else x3
+    for placement in (Shard(0), Shard(-1), Replicate()):
+        for opts in (dict(colwise=True), dict(rowwise=False, colwise=True)):
+            got = mxq.quantize(distribute_tensor(xf, mesh, [placement]), format=fmt, **opts)
+            whole = mxq.quantize(xf, format=fmt, **opts)
+            for d in ("rowwise", "colwise") if opts.get("rowwise", True) else ("colwise",):
+                values = got.dequantize(d)
+                assert isinstance(values, DTensor) and values.shape == xf.shape, (fmt, placement, d)
+                assert torch.equal(values.full_tensor(), whole.dequantize(d)), (fmt, shape, placement, opts, d)
 
 # FP4 of 3-D and 1-D inputs: the packed rowwise data keeps the input's leading dims ([..., N/2]), as the
 # whole tensor's does (its DTensor said [M, N/2], and full_tensor() failed)
