@@ -299,7 +299,7 @@ class FusedOp:
         if gap:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}: the GEMM epilogue writes MXFP8 or "
                              "1x128 FP8 block-scaling outputs, rowwise and/or colwise (and their amax and dbias), "
-                             "with an ordinary act or dact, not a gated one")
+                             "with no act or an ordinary (not gated) act or dact")
         act_input = params.pop("act_input", None)
         taken = [k for k in ("group_offsets", "noop") if params.pop(k, None) is not None]  # (None: as a call's)
         if taken:
