@@ -523,10 +523,13 @@ class MXFP8Tensor:
         return torch.float32 if self.format == "fp8_block" else torch.uint8
 
     def __repr__(self) -> str:
-        have = [k for k in ("rowwise_data", "colwise_data", "amax", "dbias") if getattr(self, k) is not None]
+        have = [k for k in ("rowwise_data", "colwise_data", "amax", "colwise_amax", "dbias")
+                if getattr(self, k) is not None]
         fmt = "" if self.format == "mxfp8" else f"format={self.format!r}, block={self.block!r}, "
-        return (f"MXFP8Tensor(shape={tuple(self.shape)}, {fmt}fp8={self.fp8!r}, scale_layout="
-                f"{self.scale_layout!r}, has={have})")
+        fp8 = "" if self.format in fp4.FORMATS else f"fp8={self.fp8!r}, "  # (FP4's element is E2M1 whatever fp8 says)
+        grouped = "" if self.group_offsets is None else f", groups={self.group_offsets.numel()}"
+        return (f"MXFP8Tensor(shape={tuple(self.shape)}, {fmt}{fp8}scale_layout={self.scale_layout!r}, "
+                f"scale_mode={self.scale_mode!r}, has={have}{grouped})")
 
 
 # torch.load (weights_only=True, torch's default since 2.6) rebuilds only allow-listed classes.

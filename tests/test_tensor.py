@@ -296,3 +296,14 @@ def test_empty_names_a_bad_device_or_zeroed():
         mxq.MXFP8Tensor.empty(spec, (4, 64), torch.float32, "nope")
     with pytest.raises(TypeError, match="argument 'zeroed' must be a bool"):
         mxq.MXFP8Tensor.empty(spec, (4, 64), torch.float32, "cpu", zeroed="no")
+
+
+def test_repr_says_what_the_result_holds():
+    """repr names the format's own options (no fp8 for FP4, whose element is E2M1), the scale
+    mode, every field held (the Hadamard pair's colwise_amax too) and the group count."""
+    t = mxq.quantize(torch.randn(64, 64), colwise=True, group_offsets=torch.tensor([32, 64]))
+    assert repr(t) == ("MXFP8Tensor(shape=(64, 64), fp8='e4m3', scale_layout='compact', scale_mode='rceil', "
+                       "has=['rowwise_data', 'colwise_data'], groups=2)")
+    u = mxq.quantize(torch.randn(32, 64).bfloat16(), format="nvfp4", colwise=True, hadamard=True)
+    assert repr(u) == ("MXFP8Tensor(shape=(32, 64), format='nvfp4', block=(1, 16), scale_layout='compact', "
+                       "scale_mode='e4m3', has=['rowwise_data', 'colwise_data', 'amax', 'colwise_amax'])")
