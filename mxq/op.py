@@ -40,7 +40,9 @@ _MAX_PLANS = 256  # routes kept per op (FusedOp._plans): calls of yet more layou
 
 
 class FusedOp:
-    """One fused MXFP8 quantization op: an epilogue plus a QuantSpec."""
+    """One fused quantization op: an epilogue (the decorated function, parsed) plus a QuantSpec
+    (format, directions, scales, act/dact, amax, dbias). Calling it quantizes the epilogue's
+    value; ``reference``, ``prepare``, ``gemm``, ``source`` and ``asm`` are its other faces."""
 
     def __init__(self, fn, spec: QuantSpec, epilogue: Epilogue | None = None):
         functools.update_wrapper(self, fn)  # (first: an attribute of fn's named like one of the op's is the op's)
@@ -107,6 +109,11 @@ class FusedOp:
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, /, *args, act_input=None, noop=None, out: MXFP8Tensor | None = None, group_offsets=None,
                  **kwargs) -> MXFP8Tensor:
+        """The op on the epilogue's arguments (``args``, ``kwargs``): an MXFP8Tensor of the spec's
+        format. ``act_input``: a dact op's forward pre-activation; ``noop``: a one-element float32
+        tensor, 1.0 writes nothing; ``out``: buffers to write into (MXFP8Tensor.empty of op.spec);
+        ``group_offsets``: cumulative row-group ends (colwise blocks restart at each). An FP4 op
+        also takes ``global_amax``, ``seed`` and ``offset``."""
         traced = torch.compiler.is_compiling()  # torch.compile: one operator node (integrations/torch_ops.py)
         if not traced and self._fast and out is None:
             got = self._fast_call(args, kwargs, act_input, noop, group_offsets)

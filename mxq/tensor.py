@@ -123,6 +123,10 @@ _FLOAT8_STATE = "_float8_fields"  # (the pickled state's key of those fields' dt
 
 @dataclass(eq=False)  # (identity equality: its fields are tensors, whose == is element-wise)
 class MXFP8Tensor:
+    """A quantized tensor of any format (``format``: "mxfp8", "fp8_block", "nvfp4", "mxfp4"; the
+    name is the first format's): the data and scales of each direction written (None where not),
+    amax and dbias where the op makes them, and what decodes them (fp8, scale layout and mode,
+    block, group ends). docs/NUMERICS.md draws every format's fields."""
     rowwise_data: torch.Tensor | None
     colwise_data: torch.Tensor | None
     rowwise_scale: torch.Tensor | None
