@@ -204,6 +204,8 @@ def host_peers(device: str = "cuda") -> list:
         ("torch: torch.aminmax(x), two outputs", lambda: torch.aminmax(x)),
         ("torch: native_layer_norm(x), three outputs", lambda: torch.native_layer_norm(x, (n,), None, None, 1e-5)),
     ]
+    if device != "cuda":  # (torchao's casts are Triton kernels: CUDA only)
+        return peers
     try:
         import torchao.utils as tu
 

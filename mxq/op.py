@@ -335,8 +335,11 @@ class FusedOp:
         others = call.tensors[1:]
         validation.check_scalars(self.epilogue.scalar_params, call.scalars)  # (a call's rule, before any conversion)
         names = gemm_rt.operand_names(self)
-        for name, t in zip(names, [*others, act_input] if act_input is not None else others):
-            validation.check_tensor_arg(name, t)  # (as a call's: before their kinds, the GEMM and its hook)
+        for name, t in zip(names, others):  # (plain dense tensors, as a call's, before the GEMM and its hook;
+            if not (isinstance(t, torch.Tensor) and t.is_meta):  # a meta one is not on a's device: operand_kinds)
+                validation.check_tensor_arg(name, t)
+        if self.spec.dact is not None and isinstance(act_input, torch.Tensor) and not act_input.is_meta:
+            validation.check_plain_tensor("act_input", act_input)  # (the rest: check_act_input's)
         gemm_rt.operand_kinds(a, w, others, names)
         if self.spec.dact is not None or act_input is not None:  # (the kernel reads it as one more full operand)
             others = [*others, gemm_rt.check_act_input(self, a, w, act_input)]

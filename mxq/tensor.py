@@ -117,10 +117,6 @@ def grouped_gap(spec) -> str | None:
     return None
 
 
-_FLOAT8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # (the dtypes of its fields that pickle cannot load)
-_FLOAT8_STATE = "_float8_fields"  # (the pickled state's key of those fields' dtypes: MXFP8Tensor.__getstate__)
-
-
 @dataclass(eq=False)  # (identity equality: its fields are tensors, whose == is element-wise)
 class MXFP8Tensor:
     """A quantized tensor of any format (``format``: "mxfp8", "fp8_block", "nvfp4", "mxfp4"; the
@@ -146,21 +142,10 @@ class MXFP8Tensor:
 
     def __getstate__(self) -> dict:
         """Its fields, for pickle and copy: not the route token an ``out=`` call leaves on it
-        (launch.into_token, this process's own; a copy is checked again at its first call), and
-        float8 fields as their bytes, viewed as uint8, their dtypes under _FLOAT8_STATE (torch's
-        pickle writes float8 storages that it cannot load back; __setstate__ views them back)."""
+        (launch.into_token, this process's own; a copy is checked again at its first call)."""
         state = dict(self.__dict__)
         state.pop("_mxq_into", None)
-        float8 = {k: v.dtype for k, v in state.items() if type(v) is torch.Tensor and v.dtype in _FLOAT8_DTYPES}
-        if float8:
-            state.update({k: state[k].view(torch.uint8) for k in float8}, **{_FLOAT8_STATE: float8})
         return state
-
-    def __setstate__(self, state: dict) -> None:
-        """Fields from __getstate__'s state (or a state saved without float8 bytes: as given)."""
-        state = dict(state)
-        float8 = state.pop(_FLOAT8_STATE, None) or {}
-        self.__dict__.update(state, **{k: state[k].view(dtype) for k, dtype in float8.items()})
 
     @staticmethod
     def empty(spec, shape, dtype: torch.dtype, device, zeroed: bool = False,
@@ -188,11 +173,14 @@ class MXFP8Tensor:
         if zeroed.__class__ is not bool:
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'zeroed' must be a bool, got {type(zeroed).__name__}")
         if device.__class__ is not torch.device:
+            if not isinstance(device, (str, int)) or isinstance(device, bool):
+                raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'device' must be a torch.device, a device string "
+                                f"or an index, got {type(device).__name__}")
             try:
                 device = torch.device(device)
-            except (RuntimeError, TypeError) as exc:
-                raise ValueError(f"mxq: MXFP8Tensor.empty() argument 'device' must be a torch.device or a device "
-                                 f"string, got {device!r} ({exc})") from None
+            except RuntimeError as exc:
+                raise ValueError(f"mxq: MXFP8Tensor.empty() argument 'device' must name a device, got {device!r} "
+                                 f"({exc})") from None
         # (a tensor's shape, what the routes pass, needs no check but its sign: a torch.Size built by hand may
         # hold a negative; each size against 0 alone, so that symbolic sizes gain no guard relating them)
         if shape.__class__ is not torch.Size or any(d < 0 for d in shape):
@@ -373,24 +361,24 @@ class MXFP8Tensor:
 
     def _local_input(self, local: "MXFP8Tensor") -> tuple:
         """(the shape of a rank's local input, the input's placements) of a DTensor call's result,
-        from ``local``, its fields on this rank: FP8 data has the input's shape and placements;
-        FP4's packed rowwise data [..., N/2] keeps the input's leading dims, and its transposed
-        copy [N, M/2] is split along the input's other dim (integrations/distributed.py)."""
+        from ``local``, its fields on this rank: rowwise data keeps the input's leading dims (FP4's
+        packed [..., N/2]); a transposed colwise copy (FP4's [N, M/2], FP8 block scaling's gemm
+        layout [N, M]) is split along the input's other dim (integrations/distributed.py)."""
         from torch.distributed.tensor import Shard
 
-        if self.format not in fp4.FORMATS:
-            name = "rowwise_data" if self.rowwise_data is not None else "colwise_data"
-            return getattr(local, name).shape, getattr(self, name).placements
+        per_byte = 2 if self.format in fp4.FORMATS else 1  # (FP4: two codes a byte)
         if self.rowwise_data is not None:
             rd = local.rowwise_data
-            return torch.Size((*rd.shape[:-1], 2 * rd.shape[-1])), self.rowwise_data.placements
+            return torch.Size((*rd.shape[:-1], per_byte * rd.shape[-1])), self.rowwise_data.placements
         cd, (p,) = local.colwise_data, self.colwise_data.placements
+        if per_byte == 1 and not self._transposed("colwise"):  # (the colwise copy of the input's shape)
+            return cd.shape, self.colwise_data.placements
         if not isinstance(p, Shard):  # (replicated: the whole input on every rank)
             return self.shape, self.colwise_data.placements
         if p.dim == 0:  # (the copy's rows: the input's columns split)
             return torch.Size((*self.shape[:-1], cd.shape[0])), (Shard(len(self.shape) - 1),)
         lead = math.prod(self.shape[1:-1]) or 1  # (the copy's columns: the input's rows split, along its dim 0)
-        return torch.Size((2 * cd.shape[1] // lead, *self.shape[1:-1], self.shape[-1])), (Shard(0),)
+        return torch.Size((per_byte * cd.shape[1] // lead, *self.shape[1:-1], self.shape[-1])), (Shard(0),)
 
     def group(self, g: int) -> "MXFP8Tensor":
         """Group g of a grouped tensor (rows [start_g, end_g) after flattening) as an MXFP8Tensor
@@ -502,24 +490,29 @@ class MXFP8Tensor:
         return direction == "colwise" and self.format == "fp8_block" and self.scale_layout == "gemm"
 
     def _need(self, name: str) -> torch.Tensor:
-        """Field ``name`` (a data or scale field), which must be there and hold its format's dtype
-        (_field_dtype): bytes of another dtype, e.g. float8 fields viewed as uint8 to cross gloo,
-        would decode as other values."""
+        """Field ``name`` (a data, scale or amax field), which must be there and hold its format's
+        dtype (_field_dtype): bytes of another dtype, e.g. float8 fields viewed as uint8 to cross
+        gloo, would decode as other values."""
         t = getattr(self, name)
         if t is None:
             raise ValueError(f"mxq: this MXFP8Tensor has no {name} (quantize with "
                              f"{name.split('_')[0]}=True)")
         want = self._field_dtype(name)
         if t.dtype != want:
+            if name.endswith("_data") and t.dtype.is_floating_point and want.is_floating_point:  # (two FP8s)
+                raise ValueError(f"mxq: this MXFP8Tensor's {name} holds {t.dtype}, but its fp8={self.fp8!r} says "
+                                 f"{want}: the description disagrees with the data")
             raise ValueError(f"mxq: this MXFP8Tensor's {name} must be {want} for format={self.format!r}, got "
                              f"{t.dtype} (bytes viewed as another dtype: view them back, .view({want}))")
         return t
 
     def _field_dtype(self, name: str) -> torch.dtype:
-        """The dtype data or scale field ``name`` holds in this tensor's format: FP8 data of its
-        ``fp8`` (FP4's packed codes uint8); E8M0 scale bytes uint8, FP8 block scaling's fp32
-        scales, NVFP4's E4M3 scales (fp4_layouts.scale_dtype)."""
+        """The dtype data, scale or amax field ``name`` holds in this tensor's format: FP8 data of
+        its ``fp8`` (FP4's packed codes uint8); E8M0 scale bytes uint8, FP8 block scaling's fp32
+        scales, NVFP4's E4M3 scales (fp4_layouts.scale_dtype); amax fp32."""
         fp4_format = self.format in fp4.FORMATS
+        if name.endswith("amax"):
+            return torch.float32
         if name.endswith("_data"):
             return torch.uint8 if fp4_format else FORMATS[self.fp8].torch_dtype
         if fp4_format:
@@ -537,6 +530,6 @@ class MXFP8Tensor:
 
 
 # torch.load (weights_only=True, torch's default since 2.6) rebuilds only allow-listed classes.
-# An MXFP8Tensor is tensors, dtypes, strings and a torch.Size, and unpickling one runs only its
-# __setstate__ (which views bytes as dtypes), so saved MXFP8Tensors load back with the default.
+# An MXFP8Tensor is tensors, strings and a torch.Size, and unpickling one runs no code of ours
+# (a dataclass without __setstate__), so saved MXFP8Tensors load back with the default.
 torch.serialization.add_safe_globals([MXFP8Tensor])

@@ -509,12 +509,15 @@ torch.manual_seed(0)
 cases = [((16, 20), Shard(1), {}), ((16, 20), Shard(0), dict(colwise=True)),
          ((64, 96), Shard(1), dict(format="fp8_block")), ((128, 256), Shard(0), dict(format="fp8_block", colwise=True)),
          ((128, 256), Shard(1), dict(format="fp8_block", block=(128, 128), colwise=True)),
-         ((2, 8, 20), Shard(0), dict(colwise=True)), ((40, 20), Replicate(), dict(colwise=True))]
+         ((2, 8, 20), Shard(0), dict(colwise=True)), ((40, 20), Replicate(), dict(colwise=True)),
+         # (a replicated GEMM-ready transposed copy alone: the local input is the whole one, not the copy's shape)
+         ((256, 128), Replicate(), dict(format="fp8_block", scale_layout="gemm", rowwise=False, colwise=True)),
+         ((2, 64, 128), Replicate(), dict(format="fp8_block", scale_layout="gemm", rowwise=False, colwise=True))]
 for shape, placement, opts in cases:
     x = torch.randn(*shape)
     got = mxq.quantize(DTensor.from_local(x, mesh, [placement]), **opts)
     want = mxq.quantize(x, **opts)
-    for d in ("rowwise", "colwise") if opts.get("colwise") else ("rowwise",):
+    for d in ("rowwise", "colwise")[0 if opts.get("rowwise", True) else 1:2 if opts.get("colwise") else 1]:
         back = got.dequantize(d)
         assert isinstance(back, DTensor) and back.shape == x.shape and back.placements == (placement,), (shape, d)
         assert torch.equal(back.to_local().nan_to_num(7), want.dequantize(d).nan_to_num(7)), (shape, placement, d)

@@ -620,6 +620,18 @@ def test_compiled_calls_refuse_malformed_group_offsets_as_eager(offsets, exc, wo
                           dynamic=dynamic)(x, offsets)
 
 
+def test_non_strict_export_of_a_grouped_call():
+    """torch.export without strict mode traces a grouped call (its group ends a FakeTensor, which
+    the form check while tracing takes), with the eager bytes."""
+    class Grouped(torch.nn.Module):
+        def forward(self, x, g):
+            return mxq.quantize(x, colwise=True, group_offsets=g).colwise_scale
+
+    x, g = torch.randn(64, 128), torch.tensor([32, 64])
+    exported = torch.export.export(Grouped(), (x, g), strict=False)
+    assert torch.equal(exported.module()(x, g), Grouped()(x, g))
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_fp4_call_values_compile_to_one_node_with_the_eager_bytes(dynamic):
     """NVFP4's own call values under torch.compile: global_amax as a tensor and as a float,
@@ -810,7 +822,7 @@ def test_compiled_calls_refuse_tensors_on_another_device_or_meta():
             torch.compile(fn, backend="aot_eager")(x)
     a, w = torch.randn(48, 128, dtype=torch.bfloat16), torch.randn(256, 128, dtype=torch.bfloat16)
     torch._dynamo.reset()
-    with pytest.raises(ValueError, match="argument 'b' is on the meta device"):
+    with pytest.raises(ValueError, match="argument 'b' must be on a's device cpu, got meta"):
         torch.compile(lambda a, w: gemm_bias.gemm(a, w, torch.randn(256, dtype=torch.bfloat16, **meta)),
                       backend="aot_eager")(a, w)
 
