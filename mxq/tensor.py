@@ -278,6 +278,11 @@ class MXFP8Tensor:
         nothing was written; the other two, and the grouping (none, or as many groups), must
         already be the call's (validation.check_out).
         Returns ``self``."""
+        if not hasattr(spec, "hadamard"):
+            raise TypeError(f"mxq: MXFP8Tensor.label() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
+                            f"{type(spec).__name__}")
+        if group_offsets is not None and not isinstance(group_offsets, torch.Tensor):
+            groups.check_form(group_offsets)  # (names it: a list has no .clone())
         self.scale_mode = spec.scale_mode
         if not spec.hadamard:
             self.colwise_amax = None

@@ -322,3 +322,11 @@ def test_repr_says_what_the_result_holds():
     u = mxq.quantize(torch.randn(32, 64).bfloat16(), format="nvfp4", colwise=True, hadamard=True)
     assert repr(u) == ("MXFP8Tensor(shape=(32, 64), format='nvfp4', block=(1, 16), scale_layout='compact', "
                        "scale_mode='e4m3', has=['rowwise_data', 'colwise_data', 'amax', 'colwise_amax'])")
+
+
+def test_label_names_a_bad_spec_or_group_ends():
+    t = mxq.quantize(torch.randn(64, 64))
+    with pytest.raises(TypeError, match="label\\(\\) argument 'spec' must be a QuantSpec"):
+        t.label(None)
+    with pytest.raises(TypeError, match="'group_offsets' must be a torch.Tensor"):
+        t.label(mxq.QuantSpec(), group_offsets=[32, 64])
