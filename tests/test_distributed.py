@@ -576,8 +576,8 @@ cases = [  # (this rank's tensor, the exception both ranks must raise, words in 
     # one rank's fields not a quantize call's (an NVFP4 amax, a direction's data, every field dropped):
     # both raise, the other is not left waiting
     (drop(mxq.quantize(x, format="nvfp4", colwise=True), "amax", rank), ValueError,
-     "whose fields are a quantize call's (data, each direction with its scales, and NVFP4's amax) on every rank; "
-     "rank 1 has not"),
+     "whose fields are a quantize call's (data, each direction with its scales, and NVFP4's amax; tensors of "
+     "the format's dtypes, one amax value) on every rank; rank 1 has not"),
     (drop(mxq.quantize(x, colwise=True), "rowwise_data", rank), ValueError, "fields are a quantize call's"),
     (drop(mxq.quantize(x), ("rowwise_data", "rowwise_scale"), rank), ValueError, "fields are a quantize call's"),
     # one rank's result of a DTensor call (DTensor fields): both raise, the other is not left waiting
@@ -780,3 +780,69 @@ def test_replicated_results_with_swizzled_scales_give_their_groups(tmp_path):
     byte-equal to the plain tensor's."""
     pytest.importorskip("torch.distributed.tensor")
     run_two_ranks(REPLICATED, tmp_path, "replicated swizzled groups")
+
+
+REFUSALS = r"""
+import os, sys, datetime, torch, torch.distributed as dist
+import mxq
+from mxq import distributed
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, Replicate, distribute_tensor
+
+rank = int(sys.argv[1])
+# a short timeout: a rank left waiting in a collective fails the test in seconds, not minutes
+dist.init_process_group("gloo", init_method=os.environ["MXQ_TEST_INIT"], rank=rank, world_size=3,
+                        timeout=datetime.timedelta(seconds=30))
+mesh = init_device_mesh("cpu", (3,))
+torch.manual_seed(0)
+
+
+def refused(fn, words):
+    try:
+        fn()
+    except (ValueError, TypeError) as exc:
+        assert words in str(exc), (words, str(exc))
+    else:
+        raise AssertionError(f"rank {rank}: accepted, where every rank must refuse ({words})")
+
+
+# uneven from_local shards (22 / 20 / 22 rows: rank 0 holds what the even split gives it) of an NVFP4
+# split: every rank refuses, rank 0 too, after the amax all-reduce it joins (it waited there alone)
+x = torch.randn(64, 64)
+rows = [22, 20, 22][rank]
+local = x[sum([22, 20, 22][:rank]):][:rows]
+dx = DTensor.from_local(local, mesh, [Shard(0)], run_check=False, shape=x.shape, stride=x.stride())
+refused(lambda: mxq.quantize(dx, format="nvfp4"), "uneven shards" if rank else "another rank refused")
+# a split noop (a one-element flag: a rank holds none of it) is refused by name on every rank
+even = distribute_tensor(torch.randn(96, 64), mesh, [Shard(0)])
+refused(lambda: mxq.quantize(even, noop=distribute_tensor(torch.zeros(1), mesh, [Shard(0)])), "'noop'")
+# all_gather of ranks with no rows, FP8 block scaling's fp32 scales included (an empty field viewed
+# at an odd offset raised in torch)
+for opts in (dict(format="fp8_block"), dict(format="fp8_block", block=(128, 128), colwise=True), {}):
+    got = distributed.all_gather(mxq.quantize(torch.randn(0, 64), **opts))
+    want = mxq.quantize(torch.randn(0, 64), **opts)
+    assert got.shape == (0, 64) and all(getattr(got, f).shape == getattr(want, f).shape for f in
+                                        ("rowwise_data", "rowwise_scale")), opts
+# a malformed tensor on one rank (an amax that is a number, scales of another dtype) is refused on
+# every rank; the others waited in the exchange
+t = mxq.quantize(torch.randn(32, 64), amax=True)
+if rank == 1:
+    t.amax = 1.5
+refused(lambda: distributed.all_gather(t), "all_gather() needs an MXFP8Tensor whose fields")
+t = mxq.quantize(torch.randn(32, 64))
+if rank == 2:
+    t.rowwise_data = t.rowwise_data.view(torch.int8)
+refused(lambda: distributed.all_gather(t), "all_gather() needs an MXFP8Tensor whose fields")
+print("every rank refused together")
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_ranks_refuse_together_uneven_shards_split_noop_and_malformed_gathers(tmp_path):
+    """Refusals that one rank judged alone left the others waiting in a collective (an NVFP4 split's
+    amax all-reduce, all_gather's exchange) or returning where they raised: now every rank raises;
+    all_gather of ranks with no rows gathers FP8 block scaling's fp32 scales too."""
+    pytest.importorskip("torch.distributed.tensor")
+    run_two_ranks(REFUSALS, tmp_path, "every rank refused together", ranks=3)

@@ -111,8 +111,28 @@ def even_split(size: int, world: int) -> list:
     return [share(size, world, r) for r in range(world)]
 
 
+def _uneven(x: DTensor, kind: str, dim):
+    """This rank's refusal of a shard other than DTensor's even split gives it (a from_local of
+    other sizes), or None. Judged from this rank's shard alone: another rank may hold the size the
+    split gives it and accept (call: where the ranks then meet in a collective, the refusal joins
+    it, so that none waits there)."""
+    if kind == "replicate":
+        return None
+    size, world, coord = x.shape[dim], x.device_mesh.size(), x.device_mesh.get_coordinate()
+    if coord is None:
+        return None
+    want, got = share(size, world, coord[0]), x.to_local().shape[dim]
+    if got == want:
+        return None
+    return ValueError(f"mxq: placement {_name(x.placements[0])}: this rank's shard holds {got} of the {size} "
+                      f"{'rows' if kind == 'rows' else 'columns'} where DTensor's even split over {world} ranks "
+                      f"gives it {want} (uneven shards, as DTensor.from_local(..., shape=...) makes, are not "
+                      "supported: the blocks would be placed by the even split)")
+
+
 def _check_blocks(spec, x: DTensor, kind: str, dim):
-    """Refuse a split that cuts a block (each rank's first row / column)."""
+    """Refuse a split that cuts a block (each rank's first row / column), judged from the global
+    shape alone: every rank refuses the same call."""
     if kind == "replicate":
         return
     if spec.scale_layout != "compact":
@@ -121,15 +141,6 @@ def _check_blocks(spec, x: DTensor, kind: str, dim):
     size = x.shape[dim]
     world = x.device_mesh.size()
     chunk = -(-size // world)  # (DTensor's even split: share)
-    coord = x.device_mesh.get_coordinate()
-    if coord is not None:  # (the rank's shard as that split gives it: a from_local of other sizes is refused)
-        want = share(size, world, coord[0])
-        got = x.to_local().shape[dim]
-        if got != want:
-            raise ValueError(f"mxq: placement {_name(x.placements[0])}: this rank's shard holds {got} of the {size} "
-                             f"{'rows' if kind == 'rows' else 'columns'} where DTensor's even split over {world} "
-                             f"ranks gives it {want} (uneven shards, as DTensor.from_local(..., shape=...) makes, "
-                             "are not supported: the blocks would be placed by the even split)")
     per_index = 1
     if kind == "rows":
         for d in x.shape[1:-1]:
@@ -212,6 +223,11 @@ def call(op, call) -> MXFP8Tensor:
         raise ValueError(f"mxq: placement {_name(placement)} splits the columns, which hold a gated op's two halves; "
                          "use Shard(0) or Replicate()")
     _check_blocks(spec, x, kind, dim)
+    # (an NVFP4 split meets the other ranks in its amax all-reduce: its refusal joins it there)
+    meets = spec.format == "nvfp4" and kind != "replicate" and (call.fp4 is None or call.fp4.global_amax is None)
+    uneven = _uneven(x, kind, dim)
+    if uneven is not None and not meets:
+        raise uneven
     if group_offsets is not None:
         if packed:
             raise ValueError(f"mxq: group_offsets with DTensor inputs and format={spec.format!r} are not supported "
@@ -228,6 +244,9 @@ def call(op, call) -> MXFP8Tensor:
     local = [_local(t, mesh, kind, x, n) for t, n in zip(tensors, names)]
     act = _local(act_input, mesh, kind, x, "act_input") if act_input is not None else None
     if isinstance(noop, DTensor):
+        if noop.placements != (Replicate(),):  # (a split one-element flag leaves a rank none)
+            raise ValueError(f"mxq: argument 'noop' must be a plain tensor or replicated, got placements "
+                             f"{noop.placements}")
         noop = noop.to_local()
     # contiguous FP8 data (not the padded rows of N % 8 != 0): the DTensors below state a
     # contiguous global layout, which a shard's padded rows would not match (FP4's packed data
@@ -243,8 +262,8 @@ def call(op, call) -> MXFP8Tensor:
                              f"placements {fp4_args.global_amax.placements}")
         fp4_args = fp4_args._replace(global_amax=fp4_args.global_amax.to_local())
     lowered = call._replace(tensors=local, act_input=act, noop=noop, out=out, group_offsets=group_offsets, fp4=fp4_args)
-    if spec.format == "nvfp4" and kind != "replicate" and (fp4_args is None or fp4_args.global_amax is None):
-        lowered = _whole_amax(op, lowered, mesh, placement)
+    if meets:
+        lowered = _whole_amax(op, lowered, mesh, placement, uneven)
     t = op._route(lowered, shards=True)
     gshape = torch.Size(op.output_shape(x.shape))
     m, n = flat_dims(gshape)
@@ -298,10 +317,11 @@ def call(op, call) -> MXFP8Tensor:
                        t.group_offsets, t.scale_mode, format=t.format, block=t.block)
 
 
-def _whole_amax(op, call, mesh, placement):
+def _whole_amax(op, call, mesh, placement, refused=None):
     """``call`` (on this rank's shard) with NVFP4's global amax set to the whole tensor's: the
     shard quantized once for its own amax (the op's values, act and epilogue included), then the
-    ranks' maximum (an all-reduce; NaN-free, as each amax is)."""
+    ranks' maximum (an all-reduce; NaN-free, as each amax is). ``refused``: this rank's refusal
+    already made (_uneven), raised after the all-reduce it joins."""
     import torch.distributed as dist
 
     if torch.compiler.is_compiling():
@@ -311,7 +331,9 @@ def _whole_amax(op, call, mesh, placement):
     # (a rank whose first pass refuses its shard, e.g. a plain operand that fits another rank's
     # shard only, still joins the all-reduce, flagging its refusal, so that no rank waits in it)
     try:
-        amax, refused = op._route(call, shards=True).amax.reshape(1).float(), None
+        if refused is not None:
+            raise refused
+        amax = op._route(call, shards=True).amax.reshape(1).float()
     except (ValueError, TypeError) as exc:
         amax, refused = torch.zeros(1, device=call.tensors[0].device), exc
     both = torch.cat([amax, torch.ones_like(amax) if refused else torch.zeros_like(amax)])
@@ -349,7 +371,8 @@ _CHECKS = (
     "no Hadamard-transformed colwise copy (its amax is its own: gather the full tensor's copy instead)",
     "an MXFP8Tensor of plain tensors (a DTensor call's result is already distributed: use its fields' "
     "full_tensor() or redistribute)",
-    "an MXFP8Tensor whose fields are a quantize call's (data, each direction with its scales, and NVFP4's amax)",
+    "an MXFP8Tensor whose fields are a quantize call's (data, each direction with its scales, and NVFP4's amax; "
+    "tensors of the format's dtypes, one amax value)",
 )
 _FP8_CODES = {"e4m3": 1, "e5m2": 2}
 _MODE_CODES = {None: 0, "rceil": 1, "floor": 2, "ceil": 3, "even": 4, "pow2": 5, "fp32": 6, "e4m3": 7}
@@ -388,6 +411,14 @@ def _local_verdict(t) -> int:
     if (all(data for data, _ in directions) or any(data != scale for data, scale in directions)
             or (t.format == "nvfp4" and t.amax is None)):
         return 9
+    # (fields of other classes, dtypes or an amax of more than one value would fail on this rank alone,
+    # after the others entered the exchange: refused here, on every rank)
+    fields = [(f, getattr(t, f)) for f in (*_GATHER_FIELDS, "amax", "dbias") if getattr(t, f) is not None]
+    if any(not isinstance(v, torch.Tensor) for _, v in fields):
+        return 9
+    if any(v.dtype != t._field_dtype(f) for f, v in fields if f != "dbias") or (t.amax is not None
+                                                                                and t.amax.numel() != 1):
+        return 9
     return 0
 
 
@@ -420,14 +451,13 @@ def _exchange_device(t, group):
     return torch.device("cpu")
 
 
-def _agree(t, parts_bytes: int, group) -> None:
+def _agree(t, parts_bytes: int, group, verdict: int) -> None:
     """Every rank checks its own tensor, then the ranks exchange one fixed-width record each and
     every rank raises the same error when any rank failed its check or the ranks disagree on the
     format, directions, optional fields, shape or scale mode: no rank is left waiting in a
     collective its peers never enter, and no mix of formats is gathered under one label."""
     import torch.distributed as dist
 
-    verdict = _local_verdict(t)
     world = dist.get_world_size(group)
     mine = torch.tensor(_descriptor(t, verdict, parts_bytes), dtype=torch.int64, device=_exchange_device(t, group))
     every = torch.empty(world * mine.numel(), dtype=torch.int64, device=mine.device)
@@ -474,12 +504,13 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"mxq: all_gather() group must be a torch.distributed ProcessGroup or None, got "
                         f"{type(group).__name__}")
-    ok = _local_verdict(t) == 0  # (a DTensor field included: every rank raises, _agree)
-    parts = [(f, getattr(t, f)) for f in (*_GATHER_FIELDS, "amax", "dbias") if getattr(t, f) is not None] if ok else []
+    verdict = _local_verdict(t)  # (a DTensor field included: every rank raises, _agree)
+    parts = [(f, getattr(t, f)) for f in (*_GATHER_FIELDS, "amax", "dbias") if getattr(t, f) is not None
+             ] if verdict == 0 else []
     # each field's bytes padded to _ALIGN, so that every field starts where its dtype may be viewed
     flat = [_padded(v.contiguous().view(torch.uint8).reshape(-1) if v.dim() else v.reshape(1).view(torch.uint8))
             for _, v in parts]
-    _agree(t, sum(f.numel() for f in flat), group)
+    _agree(t, sum(f.numel() for f in flat), group, verdict)
     world = dist.get_world_size(group)
     buf = torch.cat(flat)
     gathered = torch.empty(world * buf.numel(), dtype=torch.uint8, device=buf.device)
@@ -488,7 +519,9 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     for b in gathered.view(world, -1):
         fields, at = {}, 0
         for (f, v), fl in zip(parts, flat):
-            fields[f] = b[at:at + v.numel() * v.element_size()].view(v.dtype).reshape(v.shape)
+            nbytes = v.numel() * v.element_size()  # (an empty field: no bytes to view, at any offset)
+            got = b[at:at + nbytes].view(v.dtype) if nbytes else b.new_empty(0, dtype=v.dtype)
+            fields[f] = got.reshape(v.shape)
             at += fl.numel()
         per_rank.append(fields)
     packed = t.format in fp4.FORMATS  # (FP4's colwise copy is transposed, [N, M/2]: its rows' ranks side by side)
