@@ -682,6 +682,11 @@ def test_all_gather_names_a_group_that_is_not_one():
     for bad in ("abc", 0, object()):
         with pytest.raises(TypeError, match="all_gather\\(\\) group must be a torch.distributed ProcessGroup"):
             distributed.all_gather(t, group=bad)
+    import torch.distributed as dist
+
+    # (the marker torch's new_group gives the ranks outside the group: this rank is not in it)
+    with pytest.raises(ValueError, match="'group' is one this rank is not a member of"):
+        distributed.all_gather(t, group=dist.GroupMember.NON_GROUP_MEMBER)
 
 
 REPLICATED = r"""

@@ -472,7 +472,7 @@ def _agree(t, parts_bytes: int, group, verdict: int) -> None:
     first = every[0]
     for r in range(1, world):
         if not torch.equal(every[r], first):
-            what = ("format", "block", "fp8 format", "rowwise direction", "colwise direction", "amax", "dbias dtype",
+            what = ("format", "block", "fp8 format", "rowwise direction", "colwise direction", "amax", "dbias (its presence or dtype)",
                     "number of dimensions") + ("shape",) * _MAX_DIMS + ("byte count", "scale mode", "NVFP4 amax")
             i = next(i for i in range(1, first.numel()) if every[r, i] != first[i]) - 1
             raise ValueError(f"mxq: all_gather() needs every rank's tensor to agree; rank {r}'s {what[i]} "
@@ -501,6 +501,9 @@ def all_gather(t: MXFP8Tensor, group=None) -> MXFP8Tensor:
     rounding stays in it: a bf16 column summing to 2^-6 over two ranks can come back 0)."""
     import torch.distributed as dist
 
+    if group is dist.GroupMember.NON_GROUP_MEMBER:  # (what torch's new_group gives the ranks outside it)
+        raise ValueError("mxq: all_gather() argument 'group' is one this rank is not a member of (torch's "
+                         "new_group hands the other ranks a marker): call it on the group's ranks only")
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"mxq: all_gather() group must be a torch.distributed ProcessGroup or None, got "
                         f"{type(group).__name__}")
