@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import mxq
+import mxq.frontend.math as mxq_math
 from mxq.frontend import ir
 from mxq.frontend.epilogue import EpilogueError, parse
 
@@ -985,8 +986,14 @@ def test_a_source_file_changed_since_import_is_refused(tmp_path, monkeypatch):
     os.utime(mod, (later + 5, later + 5))
     with pytest.raises(EpilogueError, match="changed since its module was imported"):
         m.make()
-    mod.write_text(text.replace("x * 2.0 + k", "x * 2.0 + k  # a comment"))  # (the same code)
+    # (an edit that leaves the file not compiling: it compiled at import, so it changed; it was taken
+    # unchecked, its new text built while Python ran the old)
+    mod.write_text(text.replace("x * 2.0", "x * 5.0") + "\ndef g(:\n")
     os.utime(mod, (later + 10, later + 10))
+    with pytest.raises(EpilogueError, match="changed since its module was imported"):
+        m.make()
+    mod.write_text(text.replace("x * 2.0 + k", "x * 2.0 + k  # a comment"))  # (the same code)
+    os.utime(mod, (later + 15, later + 15))
     assert ir.serialize(m.make().epilogue.expr) == ir.serialize(parse(lambda_free_twice_plus_three).expr)
 
 
@@ -1019,3 +1026,16 @@ def test_an_import_hooks_rewrite_of_an_unchanged_file_is_taken(tmp_path, monkeyp
 
 def _twice(x):
     return x * 2.0
+
+
+def _math_module_gelu(x):
+    return mxq_math.gelu(x)  # (mxq.frontend.math holds no gelu: Python raises AttributeError)
+
+
+def test_a_name_the_math_module_lacks_is_refused():
+    """mxq.frontend.math.<name> is taken only where that module has the name: its activations are
+    mxq's (mxq.gelu), and mxq_math.gelu compiled as mxq.gelu where Python raises."""
+    with pytest.raises(AttributeError):
+        _math_module_gelu(torch.zeros(1))
+    with pytest.raises(EpilogueError, match="mxq_math.gelu is not an mxq math function"):
+        mxq.fused_quant(_math_module_gelu)

@@ -362,7 +362,9 @@ class _Parser:
             if func.value.id in self.env:
                 return None
             mod = self.lookup(func.value)
-            if _is_mxq_module(mod) and func.attr in _callables():
+            # (the attribute as that module has it: mxq.frontend.math holds no activations, mxq.gelu is one)
+            if _is_mxq_module(mod) and func.attr in _callables() and getattr(mod, func.attr, None) is _callables()[
+                    func.attr]:
                 return func.attr
             return None
         if isinstance(func, ast.Name) and func.id not in self.env:
@@ -489,8 +491,8 @@ def _compiles_to(code, file: str, module_name: str | None = None) -> bool:
     factory decorating later would build the op from text Python never ran). The whole file is
     compiled (the compiler's choices depend on the module's other names, e.g. its imports), once
     per text; the code compared on what the text decides: bytecode, constants (by type and repr:
-    0.0 and -0.0 differ), names, variables and parameters. True where the file does not compile
-    as a whole (nothing to compare)."""
+    0.0 and -0.0 differ), names, variables and parameters. False where the file does not compile
+    as a whole: its module compiled at import, so the text changed since (a half-finished edit)."""
     if _unchanged_since_cached(module_name, file):
         return True
     text = "".join(linecache.getlines(file))
@@ -503,7 +505,7 @@ def _compiles_to(code, file: str, module_name: str | None = None) -> bool:
                 warnings.simplefilter("ignore")
                 module = compile(text, code.co_filename, "exec", dont_inherit=True)
         except Exception:
-            return True
+            return False
         index, pending = {}, [module]
         while pending:
             for k in pending.pop().co_consts:
