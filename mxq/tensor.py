@@ -57,6 +57,15 @@ def is_dtensor(t) -> bool:
     return type(t).__name__ == "DTensor"
 
 
+def contiguous_stride(shape) -> tuple:
+    """The strides of a contiguous tensor of ``shape`` (a DTensor's global layout, from_local's)."""
+    stride, acc = [], 1
+    for d in reversed(tuple(shape)):
+        stride.append(acc)
+        acc *= d
+    return tuple(reversed(stride))
+
+
 def flat_dims(shape) -> tuple[int, int]:
     """[M, N] of a tensor of any rank: N = last dim, M = product of the others (0-d: 1 x 1)."""
     if len(shape) == 0:
@@ -342,7 +351,7 @@ class MXFP8Tensor:
             local = dataclasses.replace(self, **{k: v.to_local() for k, v in fields.items() if is_dtensor(v)})
             local.shape, placements = self._local_input(local)
             return DTensor.from_local(local.dequantize(direction), data.device_mesh, placements, run_check=False,
-                                      shape=self.shape, stride=torch.empty(self.shape, device="meta").stride())
+                                      shape=self.shape, stride=contiguous_stride(self.shape))
         if self.format in fp4.FORMATS and self.group_offsets is None:
             return self._fp4_values(direction).reshape(self.shape)
         per_group = (self.scale_layout != "compact" or direction == "colwise" or self.block[0] > 1
@@ -351,12 +360,11 @@ class MXFP8Tensor:
             parts = [t.dequantize(direction).reshape(t.shape[0], n) for t in self._groups()]
             return torch.cat(parts).reshape(self.shape)
         if self.format == "fp8_block":
-            data = self._need(f"{direction}_data")
             if self._transposed(direction):
                 data = data.t()
             block = self.block if direction == "rowwise" else fp8_block_layouts.colwise_block(self.block)
             return fp8_block.dequantize(data.reshape(m, n), self.compact_scale(direction), block).reshape(self.shape)
-        data = self._need(f"{direction}_data").reshape(m, n).to(torch.float32)
+        data = data.reshape(m, n).to(torch.float32)
         scale = e8m0_to_scale(self.compact_scale(direction))
         if direction == "rowwise":
             full = scale.repeat_interleave(BLOCK, dim=1)[:, :n]

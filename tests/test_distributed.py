@@ -548,6 +548,10 @@ mesh = init_device_mesh("cpu", (2,))
 x = torch.randn(64, 64)
 
 
+def lambda_free_ident(x):  # (an epilogue: a file's function)
+    return x
+
+
 def drop(t, fields, rank):  # (t with fields set to None on rank 1)
     for f in ((fields,) if isinstance(fields, str) else fields) if rank == 1 else ():
         setattr(t, f, None)
@@ -561,6 +565,8 @@ cases = [  # (this rank's tensor, the exception both ranks must raise, words in 
      "rank 1's number of dimensions differs"),
     (mxq.quantize(torch.randn(64, 96 if rank else 64), colwise=True), ValueError, "rank 1's shape differs"),
     (mxq.quantize(x, colwise=True, amax=bool(rank)), ValueError, "rank 1's amax differs"),
+    (mxq.fused_quant(dact="gelu", dbias=True)(lambda_free_ident)(x, act_input=x) if rank else mxq.quantize(x),
+     ValueError, "rank 1's dbias (its presence or dtype) differs"),
     (mxq.quantize(x, colwise=True, scale_mode="floor" if rank else "rceil"), ValueError, "rank 1's scale mode differs"),
     (mxq.quantize(torch.randn(40 if rank else 64, 64), colwise=True), ValueError,
      "multiple of its blocks' rows when it has blocks spanning rows (32 for MXFP8's and MXFP4's colwise blocks, "

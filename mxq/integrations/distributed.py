@@ -49,7 +49,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ..formats import fp4, fp8_block, numerics
 from ..runtime import validation
-from ..tensor import MXFP8Tensor, flat_dims
+from ..tensor import MXFP8Tensor, contiguous_stride, flat_dims
 
 
 def _name(p) -> str:
@@ -293,7 +293,7 @@ def call(op, call) -> MXFP8Tensor:
         else:  # dbias: [N], or [G, N] for groups (column splits only)
             p = Partial("sum") if kind == "rows" else Shard(value.dim() - 1)
             shape = torch.Size((*value.shape[:-1], n))
-        return DTensor.from_local(value, mesh, [p], run_check=False, shape=shape, stride=_contiguous_stride(shape))
+        return DTensor.from_local(value, mesh, [p], run_check=False, shape=shape, stride=contiguous_stride(shape))
 
     def wrap_fp4(field, value):
         """Packed data [..., N/2] (the input's leading dims) and the transposed copy [N, M/2],
@@ -302,14 +302,14 @@ def call(op, call) -> MXFP8Tensor:
         if field == "rowwise_data":  # (the input's leading dims kept: [..., N/2])
             shape = torch.Size((*gshape[:-1], n // 2))
             return DTensor.from_local(value, mesh, [Shard(0 if kind == "rows" else len(shape) - 1)], run_check=False,
-                                      shape=shape, stride=_contiguous_stride(shape))
+                                      shape=shape, stride=contiguous_stride(shape))
         rowwise = field.startswith("rowwise")
         along = 0 if (kind == "rows") == rowwise else 1
         rows, cols = (m, n) if rowwise else (n, m)
         width = cols // 2 if field.endswith("data") else -(-cols // edge)
         shape = torch.Size((rows, width))
         return DTensor.from_local(value, mesh, [Shard(along)], run_check=False, shape=shape,
-                                  stride=_contiguous_stride(shape))
+                                  stride=contiguous_stride(shape))
 
     return MXFP8Tensor(wrap("rowwise_data", t.rowwise_data), wrap("colwise_data", t.colwise_data),
                        wrap("rowwise_scale", t.rowwise_scale), wrap("colwise_scale", t.colwise_scale),
@@ -330,12 +330,12 @@ def _whole_amax(op, call, mesh, placement, refused=None):
                          "scaling) or call it outside the compiled region")
     # (a rank whose first pass refuses its shard, e.g. a plain operand that fits another rank's
     # shard only, still joins the all-reduce, flagging its refusal, so that no rank waits in it)
-    try:
-        if refused is not None:
-            raise refused
-        amax = op._route(call, shards=True).amax.reshape(1).float()
-    except (ValueError, TypeError) as exc:
-        amax, refused = torch.zeros(1, device=call.tensors[0].device), exc
+    amax = torch.zeros(1, device=call.tensors[0].device)
+    if refused is None:
+        try:
+            amax = op._route(call, shards=True).amax.reshape(1).float()
+        except (ValueError, TypeError) as exc:
+            refused = exc
     both = torch.cat([amax, torch.ones_like(amax) if refused else torch.zeros_like(amax)])
     dist.all_reduce(both, op=dist.ReduceOp.MAX, group=mesh.get_group())
     if refused is not None:
@@ -344,14 +344,6 @@ def _whole_amax(op, call, mesh, placement, refused=None):
         raise ValueError("mxq: another rank refused its shard of this NVFP4 call (its error names why); this "
                          "rank's shard was accepted")
     return call._replace(fp4=(call.fp4 or fp4.CallArgs())._replace(global_amax=both[:1].clone()))
-
-
-def _contiguous_stride(shape) -> tuple:
-    stride, acc = [], 1
-    for d in reversed(tuple(shape)):
-        stride.append(acc)
-        acc *= d
-    return tuple(reversed(stride))
 
 
 

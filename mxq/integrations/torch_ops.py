@@ -269,10 +269,9 @@ def call(i: str, call: Call):
     if act_input is not None and not isinstance(act_input, torch.Tensor):
         validation.check_plain_tensor("act_input", act_input)
     validation.check_noop_type(noop)
-    if group_offsets is not None:  # (its class, dtype and rank are static while tracing: mxq's error, as eager,
-        if not isinstance(group_offsets, torch.Tensor):  # not torch's from the fake implementation; a traced
-            groups.check_type(group_offsets)  # tensor may be a FakeTensor (non-strict export); its values: the
-        groups.check_form(group_offsets)  # operator's eager checks)
+    if group_offsets is not None:  # (its class, dtype and rank are static while tracing, a FakeTensor's too under
+        groups.check_form(group_offsets)  # non-strict export: mxq's error, as eager, not torch's from the fake
+        # implementation; its values: the operator's eager checks)
     # (devices are static while tracing; a mixed call would reach the operator's fake implementation)
     validation.check_devices(names, tensors, act_input, noop, group_offsets)
     validation.check_dtypes(names, tensors, act_input)  # (dtypes are static too)
