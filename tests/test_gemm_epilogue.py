@@ -295,16 +295,20 @@ def test_gpu_tests_skip_the_ping_pong_forms_a_128_row_colwise_op_does_not_run(mo
 
 
 def test_colwise_forms_and_exchange():
-    """op.gemm's form: ping-pong (the library's) unless the colwise blocks have 128 rows, which
-    a 64-row ping-pong tile cannot hold (GemmSm90 refuses that form for them); the exchange
-    holds a lane's 8 kept columns (XCH_SLOTS: 4 chunks of 8 groups, two columns each)."""
+    """op.gemm's form: the library's rule runs ops with the colwise copy cooperative; forced
+    ping-pong takes them unless the colwise blocks have 128 rows, which a 64-row ping-pong tile
+    cannot hold (GemmSm90 refuses that form for them); the exchange holds a lane's 8 kept columns
+    (XCH_SLOTS: 4 chunks of 8 groups, two columns each)."""
     import types
 
     from mxq.frontend import codegen
     from mxq.kernels import gemm_quant, gemm_sm90
 
-    assert g.kernel_for(bias_gelu_mx_both).pingpong == g.form_for() and g.kernel_for(bias_gelu).pingpong == g.form_for()
+    assert g.kernel_for(bias_gelu_mx_both).pingpong is False and g.kernel_for(bias_gelu).pingpong is False
     assert g.kernel_for(bias_gelu_both).pingpong is False
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(g, "PINGPONG", True)
+        assert g.kernel_for(bias_gelu_mx_both).pingpong and not g.kernel_for(bias_gelu_both).pingpong
     assert gemm_sm90.XCH_SLOTS == 2 * gemm_sm90.TILE[1] // 8 // gemm_quant.CHUNK_GROUPS
     rows = {op: gemm_quant.colwise_rows(codegen.kernel_config(op.spec, op.epilogue))
             for op in (bias_gelu, bias_gelu_mx_both, bias_gelu_both)}
@@ -573,7 +577,7 @@ def test_asm_gemm_is_the_kernel_op_gemm_launches(ptx):
     form, tile order 1, its rowwise data staged: N unknown), with ptxas's report; bad arguments
     named."""
     art = bias_gelu.asm(gemm=True, operands=["row"])
-    assert art["ptx"] == ptx["fp8_block", g.form_for(), "staged"] and art["pingpong"] == g.form_for()
+    assert art["ptx"] == ptx["fp8_block", False, "staged"] and art["pingpong"] is False  # (1x128: cooperative)
     assert art["stage_rows"] is True
     assert art["variant"] == "gemm" and art["arch"] == "sm_90a"
     assert "wgmma.mma_async" in art["ptx"] and art["operands"] == ("row",) and "launch_gemm" in art["source"]

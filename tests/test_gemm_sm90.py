@@ -67,55 +67,35 @@ def _plus(x, b):
     return x + b
 
 
-def test_the_form_follows_the_devices_dram_bandwidth(monkeypatch):
-    """form_for: ping-pong on a GPU whose peak DRAM bandwidth reaches PINGPONG_MIN_GBPS (an
-    H200's properties), cooperative below (an H100 SXM's), ping-pong where the properties do not
-    say or there is no CUDA; PINGPONG, where set, wins; read once per device; op.gemm's form
-    (pingpong_for) is cooperative for 128-row colwise blocks on any device."""
-    import types
-
-    h100 = types.SimpleNamespace(memory_clock_rate=2_619_000, memory_bus_width=5120, multi_processor_count=132)
-    h200 = types.SimpleNamespace(memory_clock_rate=3_201_000, memory_bus_width=6144, multi_processor_count=132)
-    assert round(g.dram_gbps(h100)) == 3352 and round(g.dram_gbps(h200)) == 4917
-    assert g.dram_gbps(types.SimpleNamespace()) is None
-    devices = {0: h100, 1: h200, 2: types.SimpleNamespace(memory_clock_rate=0, memory_bus_width=5120)}
-    reads = []
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: reads.append(i) or devices[i])
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
-    monkeypatch.setattr(g, "_forms", {})
-    monkeypatch.setattr(g, "PINGPONG", None)
-    assert g.form_for(0) is False and g.form_for("cuda:1") is True and g.form_for(torch.device("cuda", 2)) is True
-    assert g.form_for() is True and g.form_for(torch.device("cuda")) is True  # (the current device: 1)
-    assert g.form_for(0) is False and reads == [0, 1, 2]  # (each device's properties read once)
+def test_the_kernel_rule_is_the_same_on_every_gpu(monkeypatch):
+    """kernel_for: 128 x 192 ping-pong in bands along N for the plain GEMM and ops reading the
+    accumulator alone at K <= WIDE_MAX_K, the cooperative form otherwise (1x128 blocks do not fit
+    192 columns, 128-row colwise blocks no ping-pong tile), whatever the device (it timed fastest
+    on the H100 and the H200); PINGPONG, where set, forces 64 x 256 ping-pong where it serves."""
     blocks128 = mxq.fused_quant(format="fp8_block", colwise=True)(_ident)
     rows = mxq.fused_quant(format="fp8_block")(_ident)
     mx = mxq.fused_quant(act="gelu")(_ident)
     mx_both = mxq.fused_quant(act="gelu", colwise=True)(_ident)
     bias = mxq.fused_quant(act="gelu")(_plus)
-    assert g.kernel_for(rows, device=0).pingpong is False and g.kernel_for(rows, device=1).pingpong is True
-    assert g.kernel_for(blocks128, device=1).pingpong is False and g.kernel_for(blocks128, device=0).pingpong is False
-    # the H100: 128 x 192 ping-pong in bands along N for what reads the accumulator alone at K <= WIDE_MAX_K
+    monkeypatch.setattr(g, "PINGPONG", None)
     # (op.gemm's rowwise data staged for TMA stores: kernel_for's stage_rows, stages_rows' rule)
     wide = g.Kernel(True, g.WIDE_TILE, g.WIDE_ORDER, 2)
-    assert g.kernel_for(None, 8192, 14336, 4096, 0) == wide == g.kernel_for(mx, 8192, 14336, 8192, 0)._replace(
-        stage_rows=False)
-    assert g.kernel_for(mx, 8192, 14336, 14336, 0) == g.Kernel(False, g.COOPERATIVE_TILE, 8, 2, True)
-    assert g.kernel_for(None, 8192, 14336, 14336, 0).pingpong is False
-    assert not g.kernel_for(mx_both, 8192, 14336, 4096, 0).pingpong and not g.kernel_for(bias, 8192, 14336, 4096, 0).pingpong
-    assert not g.kernel_for(rows, 8192, 14336, 4096, 0).pingpong  # (1x128 blocks: not in 192 columns)
-    # the H200: 64 x 256 ping-pong wherever it serves the op, the order by N
-    assert g.kernel_for(mx, 8192, 14336, 14336, 1) == g.Kernel(True, g.PP_TILE, 8, 2, True) == g.kernel_for(
-        bias, 8192, 14336, 4096, 1)
-    assert g.kernel_for(mx, 64, 8, 8, 1) == g.Kernel(True, g.PP_TILE, 1, 1)  # (one M tile: no cluster; N % 16 != 0)
-    # the wide tile's order pads no more than 1/WIDE_MAX_PAD of the M clusters: a decode-sized M in plain order
-    assert g.kernel_for(mx, 64, 14336, 4096, 0) == g.Kernel(True, g.WIDE_TILE, 1, 1, True)
-    for forced in (True, False):
-        monkeypatch.setattr(g, "PINGPONG", forced)
-        assert g.form_for(0) is forced and g.form_for(1) is forced
-    monkeypatch.setattr(g, "PINGPONG", None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert g.form_for() is True
+    for device in (None, 0, 1):
+        assert g.kernel_for(None, 8192, 14336, 4096, device) == wide == g.kernel_for(
+            mx, 8192, 14336, 8192, device)._replace(stage_rows=False)
+        assert g.kernel_for(mx, 8192, 14336, 14336, device) == g.Kernel(False, g.COOPERATIVE_TILE, 8, 2, True)
+        assert g.kernel_for(None, 8192, 14336, 14336, device).pingpong is False
+        for op in (mx_both, bias, rows, blocks128):  # (not the accumulator alone; 1x128; 128-row colwise blocks)
+            assert not g.kernel_for(op, 8192, 14336, 4096, device).pingpong, op
+        # the wide tile's order pads no more than 1/WIDE_MAX_PAD of the M clusters: a decode-sized M in plain order
+        assert g.kernel_for(mx, 64, 14336, 4096, device) == g.Kernel(True, g.WIDE_TILE, 1, 1, True)
+    monkeypatch.setattr(g, "PINGPONG", True)  # (forced: 64 x 256 ping-pong wherever it serves the op, order by N)
+    assert g.kernel_for(mx, 8192, 14336, 14336) == g.Kernel(True, g.PP_TILE, 8, 2, True) == g.kernel_for(
+        bias, 8192, 14336, 4096)
+    assert g.kernel_for(mx, 64, 8, 8) == g.Kernel(True, g.PP_TILE, 1, 1)  # (one M tile: no cluster; N % 16 != 0)
+    assert g.kernel_for(rows, 8192, 14336, 4096).pingpong and not g.kernel_for(blocks128, 8192, 14336, 4096).pingpong
+    monkeypatch.setattr(g, "PINGPONG", False)
+    assert not g.kernel_for(mx, 8192, 14336, 4096).pingpong
 
 
 def test_wide_order_bands_along_n_pad_little():

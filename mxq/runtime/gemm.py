@@ -3,12 +3,11 @@ D = a @ w^T (mxq/kernels/gemm_sm90.py), compiled once per (dtype, arch, options,
 TVM-FFI (symbolic M, N, K; the stream is torch's current one) and kept in memory; ``gemm_op``
 runs ``op.gemm`` (an op's rendered ``launch_gemm``: the GEMM with the op's epilogue and quantize,
 mxq/kernels/gemm_quant.py), compiled per op source, dtype and operand kinds. Both run the kernel
-``kernel_for`` picks at call time for the device, the shape and the op (GemmSm90's ``pingpong``,
-``pp_tile``, ``swizzle`` and ``cluster_m``): on a GPU whose DRAM reaches PINGPONG_MIN_GBPS (an
-H200) ping-pong on 64 x 256 tiles; below it (an H100) ping-pong on 128 x 192 tiles in bands along
-N for the plain GEMM and ops whose epilogue reads the accumulator alone at K up to WIDE_MAX_K;
-otherwise the cooperative form (two warpgroups on 128 x 256), also wherever a ping-pong tile
-cannot hold the op's blocks (``serves``). An op writing the rowwise copy alone, with N a multiple
+``kernel_for`` picks at call time for the shape and the op (GemmSm90's ``pingpong``, ``pp_tile``,
+``swizzle`` and ``cluster_m``): ping-pong on 128 x 192 tiles in bands along N for the plain GEMM
+and ops whose epilogue reads the accumulator alone at K up to WIDE_MAX_K; otherwise the
+cooperative form (two warpgroups on 128 x 256), also wherever the tile cannot hold the op's blocks
+(``serves``). That rule timed fastest on the H100 and the H200 alike (docs/performance.md). An op writing the rowwise copy alone, with N a multiple
 of 16, stores it through shared memory by TMA (GemmSm90's ``stage_rows``; ``stages_rows``).
 ``PINGPONG``, ``PP_TILE``, ``ORDER`` and ``STAGE_ROWS`` force a kernel (a benchmark or test sets
 them to time or check it). CTAs run in clusters of ``CLUSTER_M`` along M where the M tiles pair
@@ -35,8 +34,8 @@ ARCH = "sm_90a"  # wgmma needs the arch-specific target
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ALIGN = 8  # K and N: multiples of 8 elements (16-byte rows for TMA)
 COOPERATIVE_TILE = (128, 256)  # mxq/kernels/gemm_sm90.py's TILE (M, N): the cooperative form's output tile
-PP_TILE = (64, 256)  # the ping-pong tile (M, N) kernel_for takes on a fast-DRAM GPU: one of gemm_sm90.PINGPONG_TILES
-WIDE_TILE = (128, 192)  # the ping-pong tile kernel_for takes on a slower-DRAM GPU (an H100) for K <= WIDE_MAX_K
+PP_TILE = (64, 256)  # the ping-pong tile PINGPONG = True forces (benchmarks, tests): one of gemm_sm90.PINGPONG_TILES
+WIDE_TILE = (128, 192)  # the ping-pong tile kernel_for takes for K <= WIDE_MAX_K (wide_serves' ops)
 WIDE_ORDER = -8  # WIDE_TILE's tile order: bands of 8 clusters of M tiles moving along N (GemmSm90's swizzle < 0),
 # or of fewer where 8 would pad the M clusters by more than 1/WIDE_MAX_PAD (wide_order)
 WIDE_MAX_PAD = 16
@@ -46,9 +45,6 @@ DBIAS_ROWS = 16  # rows of one dbias partial sum in op.gemm's epilogue: a warp's
 SWIZZLES = (8, 4, 2, 1)  # tile orders gemm() picks from: the largest that divides the N tile count
 ORDER = None  # a tile order gemm() and gemm_op() launch (GemmSm90's swizzle; < 0: bands along N); None: kernel_for's
 PINGPONG = None  # a kernel form gemm() and gemm_op() launch: True ping-pong (on PP_TILE), False cooperative; None: kernel_for's
-# (ping-pong's 64-row tiles move more DRAM bytes than the cooperative form's 128-row ones: it timed the faster
-# form on an H200, 4.8 TB/s, and the slower on an H100 SXM, 3.35 TB/s; docs/performance.md)
-PINGPONG_MIN_GBPS = 4000  # a GPU's peak DRAM bandwidth from which form_for takes ping-pong
 CLUSTER_M = 2  # CTAs per cluster along M of either form (GemmSm90's cluster_m: W stages multicast)
 CLUSTER_MIN_ODD_TILES = 9  # an odd M tile count takes clusters from this many tiles (padding <= 1/9)
 STAGE_ROWS = None  # op.gemm's rowwise FP8 data staged for TMA stores (True) or stored from registers (False); None: stages_rows'
@@ -165,15 +161,14 @@ class Kernel(NamedTuple):
 
 
 def kernel_for(op=None, m: int | None = None, n: int | None = None, k: int | None = None, device=None) -> Kernel:
-    """The kernel gemm() (``op`` None) or op.gemm of ``op`` runs for an [M, K] x [N, K] GEMM on CUDA
-    ``device`` (None: the current one; a dimension None: not known, e.g. op.asm's compile):
+    """The kernel gemm() (``op`` None) or op.gemm of ``op`` runs for an [M, K] x [N, K] GEMM (a
+    dimension None: not known, e.g. op.asm's compile; ``device``: any CUDA device, the same rule):
 
     - PINGPONG set (benchmarks, tests): that form on PP_TILE, cooperative where PP_TILE does not
       serve the op (``serves``);
-    - a device under PINGPONG_MIN_GBPS (form_for: an H100 SXM): ping-pong on WIDE_TILE where the
-      op's epilogue reads the accumulator alone (``wide_serves``) and K is at most WIDE_MAX_K,
-      cooperative otherwise;
-    - at or above it (an H200): ping-pong on PP_TILE where it serves the op, else cooperative.
+    - else ping-pong on WIDE_TILE where the op's epilogue reads the accumulator alone
+      (``wide_serves``) and K is at most WIDE_MAX_K, cooperative otherwise (the faster at every
+      large shape on the H100 and the H200: docs/performance.md).
 
     The order: ORDER where set; on WIDE_TILE wide_order's (bands along N where they divide the M
     clusters); else swizzle_for's (by N and the tile's columns). Clusters: cluster_for's. Staged
@@ -181,12 +176,9 @@ def kernel_for(op=None, m: int | None = None, n: int | None = None, k: int | Non
     if PINGPONG is not None:
         pingpong = PINGPONG and serves(op, PP_TILE)
         tile = PP_TILE if pingpong else COOPERATIVE_TILE
-    elif not form_for(device):
+    else:
         pingpong = (k is None or k <= WIDE_MAX_K) and wide_serves(op)
         tile = WIDE_TILE if pingpong else COOPERATIVE_TILE
-    else:
-        pingpong = serves(op, PP_TILE)
-        tile = PP_TILE if pingpong else COOPERATIVE_TILE
     cluster_m = cluster_for(tile[0], m)
     if ORDER is not None:
         order = ORDER
@@ -258,40 +250,6 @@ def cluster_for(tile_rows: int | None = None, m: int | None = None) -> int:
         return CLUSTER_M
     tiles = -(-m // tile_rows)
     return CLUSTER_M if tiles % CLUSTER_M == 0 or tiles >= CLUSTER_MIN_ODD_TILES else 1
-
-
-def form_for(device=None) -> bool:
-    """The kernel form (True: ping-pong) on CUDA ``device`` (None: the current one): PINGPONG
-    where it names one; else ping-pong where the device's peak DRAM bandwidth (its memory clock
-    and bus width, torch's device properties) is at least PINGPONG_MIN_GBPS or cannot be read
-    (also without CUDA: op.asm's compiles), cooperative below."""
-    if PINGPONG is not None:
-        return PINGPONG
-    if device is None:
-        if not torch.cuda.is_available():
-            return True
-        device = torch.cuda.current_device()
-    index = device if isinstance(device, int) else torch.device(device).index
-    if index is None:
-        index = torch.cuda.current_device()
-    form = _forms.get(index)
-    if form is None:
-        gbps = dram_gbps(torch.cuda.get_device_properties(index))
-        form = _forms[index] = gbps is None or gbps >= PINGPONG_MIN_GBPS
-    return form
-
-
-_forms: dict = {}  # device index -> form_for's choice by bandwidth (read once per device)
-
-
-def dram_gbps(props) -> float | None:
-    """Peak DRAM bandwidth in GB/s of a device's properties (memory clock in kHz, double data
-    rate, times the bus width in bits), or None where they do not say."""
-    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
-    bus_bits = getattr(props, "memory_bus_width", 0) or 0
-    if clock_khz <= 0 or bus_bits <= 0:
-        return None
-    return clock_khz * 1e3 * 2 * bus_bits / 8 / 1e9
 
 
 def swizzle_for(n: int, tile_n: int = COOPERATIVE_TILE[1]) -> int:
