@@ -1,6 +1,6 @@
 """NVFP4 and MXFP4 (format="nvfp4" / "mxfp4") on the GPU against a device copy.
 
-    python bench/fp4.py [--out DIR] [--quick] [--variants 'k=v,...;k=v']
+    python bench/fp4.py [--out DIR] [--quick] [--variants 'k=v,...;k=v'] [--rows NAME,...]
     python bench/fp4.py --launch ROW [--shape MxN] [--variants 'k=v,...']   (bench/ncu.py's run)
 
 At 8192^2, 16384^2, 4096 x 14336 and 32768 x 4096 (bf16; --quick: the first two), each row is
@@ -148,10 +148,14 @@ def main(argv=None):
     ap.add_argument("--shapes", default="", help="only these of the shapes, e.g. '4096x14336,32768x4096' "
                     "(a run that a device call's time limit would cut, in parts)")
     ap.add_argument("--variants", default="", help="Tuning variants 'k=v,...;k=v' timed after the default")
+    ap.add_argument("--rows", default="", help="only these rows, e.g. 'mxfp4_both_floor,nvfp4_both_given'")
     ap.add_argument("--launch", choices=list(cases(128, 128)), help="only build one row's op and launch it 4 "
                     "times (a profiler's run)")
     ap.add_argument("--shape", default="8192x8192", help="with --launch: MxN")
     args = ap.parse_args(argv)
+    unknown = [r for r in filter(None, args.rows.split(",")) if r not in cases(128, 128)]
+    if unknown:
+        ap.error(f"--rows: {unknown} not among {list(cases(128, 128))}")
     if args.launch:
         return launch_only(args.launch, *dc.parse_shape(args.shape), args.variants.split(";")[0])
     os.environ["MXQ_STRICT"] = "1"  # (a fallback raises: no row times the reference)
@@ -164,6 +168,8 @@ def main(argv=None):
         x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         for variant in ["", *filter(None, args.variants.split(";"))]:
             for name, (opts, mv, exact, given, groups) in cases(m, n).items():
+                if args.rows and name not in args.rows.split(","):
+                    continue
                 rows.append(run(name, opts, mv, exact, given, groups, as_input(name, x), copy_gbps, variant))
         dc.write_results(args.out, dev, {"device": dev, "copy_GBps": round(copy_gbps, 1), "torch": torch.__version__,
                                          "rows": rows}, "-fp4")
