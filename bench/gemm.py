@@ -1,6 +1,6 @@
 """mxq's sm_90 GEMM (mxq/kernels/gemm_sm90.py) on the GPU: checked, then timed against torch.matmul.
 
-    python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8,-16] [--no-fused]
+    python bench/gemm.py [--out DIR] [--quick] [--no-bench] [--swizzle 4,8,-16] [--no-fused] [--no-plain]
                          [--forms cooperative,pingpong,cooperative1,pingpong1] [--quack]
                          [--large-only] [--profile MxNxK] [--ops gelu_mxfp8,...]
 
@@ -24,7 +24,12 @@ ping-pong one (each warpgroup its own 64 x 256 tile, their mainloops alternating
 warpgroup: GemmSm90's ``pp_tile``; 128 x 192 in mxq.runtime.gemm.wide_order's tile order: the
 kernel kernel_for takes on an H100 for the plain GEMM and for ops reading the accumulator alone at
 K up to 8192), ``pingpong128x192n8`` (that tile in bands of 8 M tile clusters along N whatever M)
-and ``cooperativen8`` (the cooperative form in that order), and ``library`` (whatever kernel_for takes on this GPU for each case; rows named
+and ``cooperativen8`` (the cooperative form in that order), ``pingpong192x128`` and
+``pingpong192x128n2`` (ping-pong on 192 x 128, three m64 wgmma rows a warpgroup: a tile whose
+columns hold FP8 block scaling's 1x128 blocks with 128 x 192's 192 accumulators a thread; in
+swizzle_for's order, in bands of 2 clusters along N, and ``pingpong192x128c1`` without clusters),
+and ``library`` (whatever kernel_for
+takes on this GPU for each case; rows named
 ``... library``), set through mxq.runtime.gemm.PINGPONG, CLUSTER_M, PP_TILE and ORDER, each checked
 and timed beside the same torch baselines; each form as ``FORM-direct`` too (rows ``... direct``):
 op.gemm's rowwise FP8 data stored from registers instead of staged for TMA stores
@@ -134,7 +139,10 @@ _FORMS = {"cooperative": (False, None, "", None, None), "pingpong": (True, None,
           "pingpong128x128": (True, None, " pingpong 128x128", (128, 128), None),
           "pingpong128x192": (True, None, " pingpong 128x192", (128, 192), None),
           "pingpong128x192n8": (True, None, " pingpong 128x192 order -8", (128, 192), -8),
-          "cooperativen8": (False, None, " order -8", None, -8)}
+          "cooperativen8": (False, None, " order -8", None, -8),
+          "pingpong192x128": (True, None, " pingpong 192x128", (192, 128), None),
+          "pingpong192x128n2": (True, None, " pingpong 192x128 order -2", (192, 128), -2),
+          "pingpong192x128c1": (True, 1, " pingpong 192x128 cluster1", (192, 128), None)}
 FORMS = {**{name: (*f, None) for name, f in _FORMS.items()},
          **{f"{name}-direct": (*f[:2], f[2] + " direct", *f[3:], False) for name, f in _FORMS.items()}}
 DEFAULT_FORMS = ("cooperative", "pingpong")
@@ -448,6 +456,8 @@ def main(argv=None):
     ap.add_argument("--no-bench", action="store_true", help="check only")
     ap.add_argument("--swizzle", default="", help="tile orders to time too, e.g. '4,8,-16' (< 0: bands along N)")
     ap.add_argument("--no-fused", action="store_true", help="skip the op.gemm rows")
+    ap.add_argument("--no-plain", action="store_true", help="skip the plain GEMM rows (the op.gemm rows time "
+                    "torch.matmul beside them)")
     ap.add_argument("--forms", default=",".join(DEFAULT_FORMS), help=f"kernel forms to run, of {list(FORMS)}")
     ap.add_argument("--quack", action="store_true", help="time quack-kernels' sm_90 GEMM beside (quack_row)")
     ap.add_argument("--large-only", action="store_true", help="skip the small cases")
@@ -469,7 +479,8 @@ def main(argv=None):
     print(f"copy: {copy_gbps:.0f} GB/s", flush=True)
     dev = torch.cuda.get_device_name()
     shapes = [c for c in cases(args.quick) if not args.large_only or c in LARGE]
-    rows = [run_case(m, n, k, not args.no_bench, swizzles, pp) for m, n, k in shapes for pp in forms]
+    rows = [] if args.no_plain else [run_case(m, n, k, not args.no_bench, swizzles, pp) for m, n, k in shapes
+                                     for pp in forms]
     if args.quack:
         rows += [quack_row(m, n, k) for m, n, k in shapes if (m, n, k) in LARGE]
     ops = [op for op in FUSED if not args.ops or op.__name__ in args.ops.split(",")]

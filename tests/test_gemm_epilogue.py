@@ -467,6 +467,20 @@ def _assert_ptxas_clean(text):
     assert re.search(r"0 bytes spill stores, 0 bytes spill loads", out), out[-2000:]
 
 
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs a local ptxas")
+def test_the_192_row_ping_pong_tile_holds_1x128_blocks_in_three_wgmma_rows():
+    """Ping-pong on 192 x 128 (PINGPONG_TILES): gelu + FP8 block scaling 1x128 reading the
+    accumulator alone, its rowwise data staged, issues n128 wgmmas (three m64 rows a warpgroup:
+    three times the K loop's wgmmas of one row), writes one 1x128 block a tile row, and ptxas
+    takes it without spills or serialised wgmmas."""
+    op = mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128))(_ident)
+    text = g.compile_gemm_op(op, "bf16", (), False, 132, -2, keep_ptx=True, pingpong=True, pp_tile=(192, 128),
+                             stage_rows=True).__ptx__
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)", text)
+    assert set(wgmma) == {"m64n128k16"} and len(wgmma) % 3 == 0, wgmma
+    _assert_ptxas_clean(text)
+
+
 @pytest.mark.skipif(CUOBJDUMP is None, reason="needs cuobjdump (PATH or MXQ_CUOBJDUMP)")
 @pytest.mark.parametrize("pingpong", FORMS, ids=_form)
 def test_fused_cubin_registers_within_the_setmaxnreg_budget_without_local_memory(monkeypatch, pingpong):

@@ -508,15 +508,17 @@ def test_bench_quack_row_without_quack_is_an_error_row(monkeypatch):
     assert row["name"] == "quack_bf16 8192x14336x4096" and row["error"].startswith("ModuleNotFoundError")
 
 
-# (PINGPONG, CLUSTER_M, PP_TILE, ORDER): each form in clusters of two and without, and the H100's wide tile
+# (PINGPONG, CLUSTER_M, PP_TILE, ORDER): each form in clusters of two and without, the wide tile and 192 x 128
 GPU_FORMS = [(False, 2, None, None), (True, 2, (64, 256), None), (False, 1, None, None), (True, 1, (64, 256), None),
-             (True, 2, (128, 192), None)]
+             (True, 2, (128, 192), None), (True, 2, (192, 128), None)]
 
 
-@pytest.fixture(params=GPU_FORMS, ids=["cooperative", "pingpong", "cooperative1", "pingpong1", "pingpong128x192"])
+@pytest.fixture(params=GPU_FORMS, ids=["cooperative", "pingpong", "cooperative1", "pingpong1", "pingpong128x192",
+                                       "pingpong192x128"])
 def form(request, monkeypatch):
     """Every kernel (cooperative and ping-pong on 64 x 256, each in clusters of two and without;
-    ping-pong on 128 x 192 in its tile order, wide_order's, which runtime/gemm.kernel_for takes on an H100):
+    ping-pong on 128 x 192 in its tile order, wide_order's, which runtime/gemm.kernel_for takes,
+    and on 192 x 128, three wgmma rows a warpgroup whose columns hold 1x128 blocks):
     runtime/gemm.PINGPONG, CLUSTER_M, PP_TILE and ORDER set for the test, clusters taken at any
     M (the padding tile of an odd M tile count exercised at the small shapes too: cluster_for's
     own rule is tests/test_gemm_sm90.py::test_cluster_for_pairs_the_m_tiles), and every compile

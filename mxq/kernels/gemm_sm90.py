@@ -25,7 +25,8 @@ scheduler); see docs/DESIGN.md "The sm_90 GEMM".
   cuBLAS's 6.1 GB (docs/performance.md).
 - ``pingpong`` (CUTLASS's KernelTmaWarpSpecializedPingpong): each consumer warpgroup owns a whole
   64 x 256 output tile (``pp_tile``, the same 128 accumulators a thread; or 128 x 128, two wgmma
-  rows, or 128 x 192: PINGPONG_TILES) and the two take
+  rows, 128 x 192, or 192 x 128, three wgmma rows whose 128 columns hold a 1x128 block:
+  PINGPONG_TILES) and the two take
   alternate tiles of the CTA's schedule (warpgroup w its tiles j = w, w + 2, ...). An ordered
   barrier pair (two named barriers, ``ordered_barrier_ids``) makes their mainloops alternate: a
   warpgroup waits on its own barrier before its first wgmma of a tile and arrives on the other's
@@ -67,7 +68,7 @@ TILE = (128, 256, 64)  # CTA tile (M, N, K) of the cooperative form
 STAGES = 4  # its shared-memory stages of A and W tiles (4 x 48 KiB)
 # the ping-pong form's tiles (M, N; one consumer warpgroup's, K as TILE's) -> their stages: 5 x 40 KiB,
 # 6 x 32 KiB, 5 x 40 KiB (the first is GemmSm90's default)
-PINGPONG_TILES = {(64, 256): 5, (128, 128): 6, (128, 192): 5}
+PINGPONG_TILES = {(64, 256): 5, (128, 128): 6, (128, 192): 5, (192, 128): 5}
 WG_ROWS = 64  # rows of one wgmma (m64): the fused epilogue's part of a tile (gemm_quant's layout)
 THREADS_PER_WG = 128
 CONSUMER_WGS = 2  # cooperative: each owns 64 rows of the 128-row tile; ping-pong: alternate tiles
