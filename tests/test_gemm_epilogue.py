@@ -1543,7 +1543,7 @@ def test_bench_runs_each_form_through_the_runtime_switch():
     tool = _bench_tool("gemm")
     assert tool.DEFAULT_FORMS == ("cooperative", "pingpong")
     base = {*tool.DEFAULT_FORMS, "cooperative1", "pingpong1", "pingpong128x128", "pingpong128x192", "pingpong128x192n8",
-            "cooperativen8", "library"}
+            "cooperativen8", "pingpong192x128", "pingpong192x128n2", "pingpong192x128c1", "library"}
     assert set(tool.FORMS) == base | {f"{f}-direct" for f in base}
     for form in base:  # (-direct: the same kernel, its rowwise data stored from registers)
         assert tool.FORMS[f"{form}-direct"] == (*tool.FORMS[form][:2], tool.FORMS[form][2] + " direct",
@@ -1559,7 +1559,10 @@ def test_bench_runs_each_form_through_the_runtime_switch():
                        ("pingpong128x128", (True, before[1], (128, 128), before[3])),
                        ("pingpong128x192", (True, before[1], (128, 192), before[3])),
                        ("pingpong128x192n8", (True, before[1], (128, 192), -8)),
-                       ("cooperativen8", (False, before[1], before[2], -8)), ("library", before)):
+                       ("cooperativen8", (False, before[1], before[2], -8)),
+                       ("pingpong192x128", (True, before[1], (192, 128), before[3])),
+                       ("pingpong192x128n2", (True, before[1], (192, 128), -2)),
+                       ("pingpong192x128c1", (True, 1, (192, 128), before[3])), ("library", before)):
         with tool.use_form(form):
             assert (g.PINGPONG, g.CLUSTER_M, g.PP_TILE, g.ORDER) == want and g.cluster_for() == want[1]
             kern = g.kernel_for(None, 8192, 14336, 4096)
@@ -1570,6 +1573,7 @@ def test_bench_runs_each_form_through_the_runtime_switch():
     # (a row's block inside a tile: MXFP8's 32 in 192 columns, FP8 block scaling's 128 not; no colwise copy there)
     assert tool.runs_in(tool.gelu_mxfp8, "pingpong128x192") and not tool.runs_in(tool.gelu_fp8_block, "pingpong128x192")
     assert not tool.runs_in(tool.gelu_mxfp8_both, "pingpong128x192n8") and tool.runs_in(tool.gelu_mxfp8, "pingpong128x128")
+    assert tool.runs_in(tool.gelu_fp8_block, "pingpong192x128")  # (1x128 in 128 columns)
     assert all(tool.runs_in(op, "library") for op in tool.FUSED)
     with pytest.raises(SystemExit):
         tool.main(["--forms", "cooperative,pinpong"])
