@@ -178,8 +178,9 @@ def runs_in(op, form: str) -> bool:
 
     if FORMS[form][0] is None:
         return True
-    if FORMS[form][3] == g.WIDE_TILE and not g.wide_serves(op):
-        return False  # (192 accumulators a thread: what the library does not run there spills)
+    tile = FORMS[form][3]
+    if tile is not None and tile[0] * tile[1] == 192 * 128 and not g.wide_serves(op, tile):
+        return False  # (192 accumulators a thread: what reads more than the accumulator spills)
     with use_form(form):  # (kernel_for: cooperative where the form's tile does not serve the op)
         return g.kernel_for(op).pingpong == g.PINGPONG
 

@@ -290,6 +290,9 @@ def test_gpu_tests_skip_the_ping_pong_forms_a_128_row_colwise_op_does_not_run(mo
     monkeypatch.setattr(g, "PP_TILE", g.WIDE_TILE)  # (the wide tile: MXFP8 reading the accumulator alone)
     wide = mxq.fused_quant(act="gelu")(_ident)
     assert [_in_form(op) for op in (bias_gelu, bias_gelu_mx_both, bias_gelu_both, wide)] == [False, False, False, True]
+    monkeypatch.setattr(g, "PP_TILE", (192, 128))  # (1x128 blocks in its columns; the same 192 accumulators)
+    tall = mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128))(_ident)
+    assert [_in_form(op) for op in (bias_gelu, bias_gelu_both, tall, wide)] == [False, False, True, True]
     monkeypatch.setattr(g, "PINGPONG", False)
     assert all(_in_form(op) for op in GPU_OPS + [dgelu_both, drelu_scaled_gemm, wide])
 
@@ -1276,10 +1279,10 @@ def _in_form(op) -> bool:
     """Whether op.gemm of ``op`` runs the kernel form the ``form`` fixture set: where the form's
     ping-pong tile does not serve the op (runtime/gemm.serves: 128-row colwise blocks in any,
     FP8 block scaling's 1x128 blocks in 192 columns) it runs cooperative whatever PINGPONG says,
-    and on the 128 x 192 tile the library runs only what reads the accumulator alone
-    (wide_serves), so under such a form its test is skipped (the fixture checks every compile's
-    form; the other forms' tests cover the op)."""
-    if g.PINGPONG and g.PP_TILE == g.WIDE_TILE and not g.wide_serves(op):
+    and on the tiles of 192 accumulators a thread (128 x 192, 192 x 128) only what reads the
+    accumulator alone runs without spills (wide_serves), so under such a form its test is skipped
+    (the fixture checks every compile's form; the other forms' tests cover the op)."""
+    if g.PINGPONG and g.PP_TILE[0] * g.PP_TILE[1] == 192 * 128 and not g.wide_serves(op, g.PP_TILE):
         return False
     return g.kernel_for(op).pingpong == g.PINGPONG
 

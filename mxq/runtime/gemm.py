@@ -228,15 +228,16 @@ def serves(op, tile) -> bool:
     return tile[1] % fmt.block[1] == 0 and not (op.spec.colwise and fmt.col_block[0] > WG_ROWS)
 
 
-def wide_serves(op) -> bool:
-    """Whether kernel_for takes WIDE_TILE for op.gemm of ``op`` (None: the plain GEMM, always): the
+def wide_serves(op, tile: tuple = WIDE_TILE) -> bool:
+    """Whether a ping-pong ``tile`` of 192 accumulators a thread (WIDE_TILE, which kernel_for
+    takes; 192 x 128) serves op.gemm of ``op`` without spills (None: the plain GEMM, always): the
     tile serves it, and its epilogue reads the accumulator alone, rowwise, with neither dact nor
     dbias (192 accumulators a thread leave the epilogue no more registers: an operand's loads, the
     colwise copy, dact's input or dbias's sums spill, local ptxas, sm_90a)."""
     if op is None:
         return True
     spec = op.spec
-    return (serves(op, WIDE_TILE) and not spec.colwise and not spec.dbias and spec.dact is None
+    return (serves(op, tile) and not spec.colwise and not spec.dbias and spec.dact is None
             and len(op.epilogue.tensor_params) == 1)
 
 
