@@ -146,6 +146,25 @@ def test_dbias_close_to_float64_sum(dtype):
     assert torch.equal(scaled(x).dbias, t.dbias), "deterministic"
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["plain", "grouped"])
+def test_dbias_of_a_view_is_its_contiguous_copys(grouped):
+    """dbias is a function of the values, not of their layout: a column-major view gives its
+    contiguous copy's dbias. Hand vector: a column whose float64 sum cancels (2^60 and -2^60 among
+    ones), where summation order shows; with groups, each group's sum the same."""
+    col = torch.ones(256)
+    col[0], col[128] = 2.0 ** 60, -(2.0 ** 60)
+    y = col[:, None].repeat(1, 64)
+    view = y.t().contiguous().t()  # (the same values, column-major)
+    assert torch.equal(view, y) and view.stride() == (1, 256)
+
+    @mxq.fused_quant(dbias=True)
+    def ident(x):
+        return x
+
+    kw = {"group_offsets": torch.tensor([160, 256], dtype=torch.int32)} if grouped else {}
+    assert torch.equal(ident(view, **kw).dbias, ident(y, **kw).dbias)
+
+
 def test_dbias_is_taken_before_the_dtype_round_trip():
     x = torch.full((4, 32), 1.0 + 2 ** -9, dtype=torch.bfloat16)
 

@@ -69,11 +69,12 @@ def run(spec: QuantSpec, epilogue: Epilogue, call) -> MXFP8Tensor:
             if buf is not None:
                 buf.zero_()
     if spec.dbias:  # step 4: before the input-dtype round trip
+        vc = v.contiguous()  # (torch's summation order follows the layout: a view sums as its contiguous copy)
         if bnds is None:
-            out.dbias.copy_(v.sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))
+            out.dbias.copy_(vc.sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))
         else:
             for g, (start, end) in enumerate(bnds):
-                out.dbias[g].copy_(v[start:end].sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))
+                out.dbias[g].copy_(vc[start:end].sum(dim=0, dtype=torch.float64).to(torch.float32).to(x.dtype))
     computed = spec.act or spec.dact or not epilogue.is_identity
     if x.dtype != torch.float32 and computed:  # step 5
         v = v.to(x.dtype).to(torch.float32)
