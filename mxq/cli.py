@@ -303,6 +303,8 @@ def cmd_render(args) -> int:
 def cmd_compile(args) -> int:
     if args.ptx and not Path(args.ptx).resolve().parent.is_dir():  # before a compile, not after
         raise UsageError(f"mxq: --ptx {args.ptx}: no such directory: {Path(args.ptx).parent}")
+    if args.ptx and Path(args.ptx).is_dir():
+        raise UsageError(f"mxq: --ptx {args.ptx} is a directory: name the file to write the PTX to")
     op = _op_from_args(args)
     with _in_flags(not args.target):
         art = op.asm(arch=args.arch, dtype=args.dtype)

@@ -323,6 +323,8 @@ USER_ERRORS = [
      "mxq: --colwise, --scale-mode describe the built-in quantize op"),
     (("compile", "--ptx", "{t}/no/such/dir/k.ptx"), "mxq: --ptx {t}/no/such/dir/k.ptx: no such directory"),
     (("export", "--dir", "{t}/a_file"), "mxq: --dir is '{t}/a_file', which is a file, not a directory"),
+    (("export", "--dir", "{t}/a_file/sub"), "mxq: --dir is '{t}/a_file/sub', which cannot be made: Not a directory"),
+    (("compile", "--ptx", "{t}"), "mxq: --ptx {t} is a directory"),
     (("export", "--colwise"), "mxq: the following arguments are required: --dir"),
     ((), "mxq: the following arguments are required: command"),
     (("quantize",), "mxq: argument command: invalid choice: 'quantize'"),

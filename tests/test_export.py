@@ -113,6 +113,8 @@ def test_export_into_a_file_is_refused_by_name(tmp_path):
     blocker.write_text("")
     with pytest.raises(ValueError, match="argument 'directory' is .*afile.*, which is a file"):
         _identity.export(blocker)
+    with pytest.raises(ValueError, match="argument 'directory' is .*afile/sub.*, which cannot be made"):
+        _identity.export(blocker / "sub")  # (a file on its path: mkdir's raw NotADirectoryError)
     assert check_name("n" * 200) == "n" * 200
 
 

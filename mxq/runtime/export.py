@@ -185,7 +185,11 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     functions, left_out = _served_functions(op, name, dtype, grouped)
     _check_destinations(out, name, functions, runtime)
     made = not out.exists()  # (a directory this export makes is removed again where it fails)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # (a file on its path, no permission: named before anything compiles)
+        raise ValueError(f"mxq: export() argument 'directory' is {os.fspath(out)!r}, which cannot be made: "
+                         f"{exc.strerror or exc}") from exc
     try:
         return _write(op, out, name, arch, dtype, grouped, layouts, note, functions, left_out, runtime, n_multiple)
     except BaseException:
