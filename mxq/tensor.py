@@ -179,7 +179,7 @@ class MXFP8Tensor:
         if not hasattr(spec, "scale_layout"):
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'spec' must be a QuantSpec (e.g. op.spec), got "
                             f"{type(spec).__name__}")
-        if zeroed.__class__ is not bool:
+        if not isinstance(zeroed, bool):  # (not __class__: torch 2.11's dynamo traces a bool's as another class)
             raise TypeError(f"mxq: MXFP8Tensor.empty() argument 'zeroed' must be a bool, got {type(zeroed).__name__}")
         if device.__class__ is not torch.device:
             if not isinstance(device, (str, int)) or isinstance(device, bool):
