@@ -240,6 +240,9 @@ def _load_file_op(target: str) -> FusedOp:
         spec.loader.exec_module(mod)  # EpilogueError (and any bug of the file's own) propagate
     except SyntaxError as exc:
         raise UsageError(f"mxq: {exc.filename}:{exc.lineno}: {exc.msg}") from None
+    except SystemExit as exc:  # (exit 0 would read as the command's success, with nothing done)
+        raise UsageError(f"mxq: {path} called sys.exit({exc.code!r}) while it was imported, before any op was "
+                         "taken from it (guard its script part with if __name__ == '__main__':)") from None
     named = {k: v for k, v in vars(mod).items() if isinstance(v, FusedOp)}
     # the ops the file makes (not ones it imports), each once (a second name of one is not another op)
     ops = {}
