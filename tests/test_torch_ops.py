@@ -541,7 +541,8 @@ def test_numbers_dynamo_traces_as_dynamic_compile_or_are_refused_by_name():
 
     got, _ = _graphs(scaled, y, r, Int(big))
     assert got.amax.item() == resid(y, r, alpha=big).amax.item()
-    for fn, args, name in ((scaled, (y, r, big), "alpha"), (amax_given, (x, 2 ** 60 + 1), "global_amax")):
+    for fn, args, name in ((scaled, (y, r, big), "alpha"), (amax_given, (x, 2 ** 60 + 1), "global_amax"),
+                           (amax_given, (x, 2 ** 128 - 2 ** 103 - 1), "global_amax")):  # (eager: finite, taken)
         with pytest.raises(Exception, match=f"argument '{name}': an int beyond 2\\^53 that torch.compile traces"):
             _graphs(fn, *args, dynamic=True)
 

@@ -318,11 +318,7 @@ def _traced_scalar(name: str, value) -> float:
     rounded to fp32 from its digits, a double for the call to round once). An int that
     torch.compile made symbolic (dynamic=True, or a value that changed) has no digits to round
     while tracing: beyond 2^53 (where float() would round it twice) it is refused by name."""
-    if type(value) is int and value.__class__ is not int and not -2 ** 53 <= value <= 2 ** 53:
-        # (while dynamo traces, a symbolic int's type reads int and its __class__ does not; a
-        # subclass of int, kept constant, has another type; bools were refused before)
-        raise ValueError(f"mxq: argument {name!r}: an int beyond 2^53 that torch.compile traces as a dynamic value "
-                         "cannot be rounded to fp32 from its digits; pass a float, or mark it static")
+    validation.check_traced_int(name, value)
     return ir.scalar(value)
 
 

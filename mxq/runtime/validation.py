@@ -323,12 +323,25 @@ def _check_amax_tensor(t) -> None:
             raise ValueError(f"mxq: argument 'global_amax' must hold values >= 0 (or inf), got {float(bad[0])!r}")
 
 
+def check_traced_int(name: str, value) -> None:
+    """An int torch.compile made symbolic (dynamic=True, or a value that changed) has no digits to
+    round while tracing: beyond 2^53 (where float() would round it twice) it is refused by name
+    (a call rounds an int to fp32 from its digits: ir.scalar)."""
+    if type(value) is int and value.__class__ is not int and not -2 ** 53 <= value <= 2 ** 53:
+        # (while dynamo traces, a symbolic int's type reads int and its __class__ does not; a
+        # subclass of int, kept constant, has another type; bools were refused before)
+        raise ValueError(f"mxq: argument {name!r}: an int beyond 2^53 that torch.compile traces as a dynamic value "
+                         "cannot be rounded to fp32 from its digits; pass a float, or mark it static")
+
+
 def _check_amax_value(v, shown) -> None:
     """A Python number given as an amax: >= 0 and rounding to a finite fp32 (it is stored as fp32,
     rounded once: below 2^128 - 2^103, fp32's largest finite value plus half its ulp; a larger
     finite value would become inf, which it is not), or inf itself (the amax of values holding inf:
-    N2 takes S_enc = 1), compared exactly (an int of any size too); ``shown``: what the error
-    repeats of the argument."""
+    N2 takes S_enc = 1), compared exactly (an int of any size too; a traced one beyond 2^53 is
+    named as such first: its comparisons round it); ``shown``: what the error repeats of the
+    argument."""
+    check_traced_int("global_amax", v)
     if not (v >= 0 and (v == math.inf or v < _FP32_ROUNDS_TO_INF)):  # (comparisons alone: torch.compile traces them)
         raise ValueError(f"mxq: argument 'global_amax' must be >= 0 and round to a finite fp32 (below 2^128 - 2^103; "
                          f"fp32's largest finite value is {_FP32_MAX_TEXT}), or inf, got {_shown(shown)}")
