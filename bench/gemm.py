@@ -22,8 +22,8 @@ ping-pong one (each warpgroup its own 64 x 256 tile, their mainloops alternating
 ``... pingpong``), ``cooperative1`` and ``pingpong1`` (each without clusters: ``... cluster1``),
 ``pingpong128x128`` and ``pingpong128x192`` (ping-pong with those tiles, two m64 wgmma rows a
 warpgroup: GemmSm90's ``pp_tile``; 128 x 192 in mxq.runtime.gemm.wide_order's tile order: the
-kernel kernel_for takes on an H100 for the plain GEMM and for ops reading the accumulator alone at
-K up to 8192), ``pingpong128x192n8`` (that tile in bands of 8 M tile clusters along N whatever M)
+kernel kernel_for takes on every GPU for the plain GEMM and for ops reading the accumulator alone
+at K up to 8192), ``pingpong128x192n8`` (that tile in bands of 8 M tile clusters along N whatever M)
 and ``cooperativen8`` (the cooperative form in that order), ``pingpong192x128`` and
 ``pingpong192x128n2`` (ping-pong on 192 x 128, three m64 wgmma rows a warpgroup: a tile whose
 columns hold FP8 block scaling's 1x128 blocks with 128 x 192's 192 accumulators a thread; in
@@ -35,8 +35,8 @@ and timed beside the same torch baselines; each form as ``FORM-direct`` too (row
 op.gemm's rowwise FP8 data stored from registers instead of staged for TMA stores
 (mxq.runtime.gemm.STAGE_ROWS False). A fused op runs in a ping-pong form only where its tile
 serves it (mxq.runtime.gemm.serves: FP8 block scaling's 1x128 blocks not in 192 columns, its
-128-row colwise blocks in no ping-pong tile) and, on 128 x 192, only what kernel_for would run there
-(wide_serves: what else reads more than the accumulator spills).
+128-row colwise blocks in no ping-pong tile) and, on the tiles of 192 accumulators a thread (128 x 192,
+192 x 128), only what reads the accumulator alone (wide_serves: what else spills).
 
 Fused rows (``op.gemm``, mxq/kernels/gemm_quant.py; off with --no-fused), on the large cases
 (--quick: the first): gelu + FP8 block scaling 1x128 rowwise (``gelu_fp8_block``) and gelu +
@@ -470,6 +470,8 @@ def main(argv=None):
     if unknown:
         ap.error(f"--forms: {unknown} not among {list(FORMS)}")
     forms = args.forms.split(",")
+    if args.no_plain and (args.swizzle or args.no_fused):
+        ap.error("--no-plain skips the plain rows, which --swizzle times and which are all --no-fused leaves")
     if not torch.cuda.is_available():
         print("bench/gemm.py needs a CUDA device", file=sys.stderr)
         return 2

@@ -474,8 +474,8 @@ def _assert_ptxas_clean(text):
 def test_the_192_row_ping_pong_tile_holds_1x128_blocks_in_three_wgmma_rows():
     """Ping-pong on 192 x 128 (PINGPONG_TILES): gelu + FP8 block scaling 1x128 reading the
     accumulator alone, its rowwise data staged, issues n128 wgmmas (three m64 rows a warpgroup:
-    three times the K loop's wgmmas of one row), writes one 1x128 block a tile row, and ptxas
-    takes it without spills or serialised wgmmas."""
+    three times the K loop's wgmmas of one row), and ptxas takes it without spills or serialised
+    wgmmas."""
     op = mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128))(_ident)
     text = g.compile_gemm_op(op, "bf16", (), False, 132, -2, keep_ptx=True, pingpong=True, pp_tile=(192, 128),
                              stage_rows=True).__ptx__
@@ -1577,9 +1577,11 @@ def test_bench_runs_each_form_through_the_runtime_switch():
     assert tool.runs_in(tool.gelu_mxfp8, "pingpong128x192") and not tool.runs_in(tool.gelu_fp8_block, "pingpong128x192")
     assert not tool.runs_in(tool.gelu_mxfp8_both, "pingpong128x192n8") and tool.runs_in(tool.gelu_mxfp8, "pingpong128x128")
     assert tool.runs_in(tool.gelu_fp8_block, "pingpong192x128")  # (1x128 in 128 columns)
+    assert not tool.runs_in(tool.gelu_fp8_block_both, "pingpong192x128")  # (the colwise copy would spill)
     assert all(tool.runs_in(op, "library") for op in tool.FUSED)
-    with pytest.raises(SystemExit):
-        tool.main(["--forms", "cooperative,pinpong"])
+    for argv in (["--forms", "cooperative,pinpong"], ["--no-plain", "--swizzle=-8"], ["--no-plain", "--no-fused"]):
+        with pytest.raises(SystemExit):
+            tool.main(argv)
 
 
 def test_gemm_checks_its_floats_as_a_call_does():

@@ -54,8 +54,8 @@ GEMM_OPERAND_KINDS = ("full", "row", "col", "scalar")  # (operands.kind_of's, as
 def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool | None = None) -> dict:
     """Compile ``op.gemm``'s kernel (the sm_90 GEMM with the op in its epilogue) without a GPU and
     return {"ptx", "mlir", "source", "path", ...} as compile_artifacts does: the compile op.gemm
-    launches for these operand kinds on a 132-SM GPU, its kernel runtime/gemm.kernel_for's for the
-    current device with M, N and K unknown (tile order 1 where it picks by N, swizzle_for), in
+    launches for these operand kinds on a 132-SM GPU, its kernel runtime/gemm.kernel_for's (the
+    same on every GPU) with M, N and K unknown (tile order 1 where it picks by N, swizzle_for), in
     clusters of gemm.CLUSTER_M (a large M's: op.gemm takes none where they would pad its M tiles,
     gemm.cluster_for). ``operands``: each of the epilogue's tensors after the accumulator, as
     "full" ([M, N]), "row" ([N]), "col" ([M, 1]) or "scalar"; all "full" by default (a dact op's
