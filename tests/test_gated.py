@@ -359,7 +359,7 @@ def test_grouped_backward_warps_skip_rows_past_the_group_end():
     assert not skips(act="swiglu", colwise=True) and not skips(dact="gelu", **both) and not skips(act="gelu", colwise=True)
     if shutil.which("ptxas") is None:
         return
-    from .test_gemm_epilogue import _ptxas_output
+    from .test_gemm_sm90 import _ptxas_output
 
     bwd = mxq.fused_quant(dact="swiglu", rowwise=True, colwise=True, dbias=True)(_ident)
     for dtype in ("bf16", "fp16"):

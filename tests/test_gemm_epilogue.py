@@ -19,9 +19,6 @@ import dataclasses
 import math
 import re
 import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +28,7 @@ from mxq.runtime import gemm as g
 from mxq.testing import compare, is_exact, v_bound
 
 from . import oracle, oracle_fp8_block
-from .test_gemm_sm90 import CUOBJDUMP, FORMS, _form, assert_within_budget, cubin_resources, form  # noqa: F401
+from .test_gemm_sm90 import CUOBJDUMP, FORMS, _form, _ptxas_output, assert_within_budget, cubin_resources, form  # noqa: F401
 
 
 @mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128))
@@ -444,24 +441,6 @@ def test_staged_rows_go_through_shared_memory_and_tma_stores(ptx, fmt, pingpong)
     for pattern in (r"cvt\.rn\.satfinite\.\w+\.f32", r"div\.rn\.f32", r"st\.global\.b32",
                     r"st\.global\.L2::cache_hint\.b8", r"st\.global\.v2\.b32"):
         assert len(re.findall(pattern, staged)) == len(re.findall(pattern, direct)), pattern
-
-
-def _ptxas_output(text) -> str:
-    """ptxas -v's report of PTX ``text`` for sm_90a (its .version lowered to what this ptxas
-    takes), asserting it assembled."""
-    with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "k.ptx"
-        for _ in range(2):
-            src.write_text(text)
-            r = subprocess.run(["ptxas", "-v", "-arch=sm_90a", str(src), "-o", str(Path(d) / "k.cubin")],
-                               capture_output=True, text=True, timeout=600)
-            m = re.search(r"Unsupported \.version \S+; current version is '([\d.]+)'", r.stderr)
-            if r.returncode == 0 or not m:
-                break
-            text = re.sub(r"^\.version \S+", f".version {m.group(1)}", text, count=1, flags=re.M)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-2000:]
-    return out
 
 
 def _assert_ptxas_clean(text):

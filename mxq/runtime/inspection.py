@@ -90,29 +90,13 @@ def gemm_artifacts(op, dtype="bf16", operands=None, pingpong: bool | None = None
 
 
 def ptxas_report(ptx: str, arch: str) -> dict:
-    """Registers and spills per kernel from the local ``ptxas -v``, when a CUDA toolkit is present.
-
-    CuTeDSL embeds a newer ptxas than a local toolkit may have; if the local one refuses the PTX
-    ISA version, the report re-assembles a copy stamped with the version it accepts (the kernels
-    use no newer instructions) and says so in ``ptxas_note``.
-    """
-    ptxas = shutil.which("ptxas")
-    if ptxas is None:
+    """Registers and spills per kernel from the local ``ptxas -v``, when a CUDA toolkit is present
+    (run_ptxas; a re-stamped PTX ISA version is said in ``ptxas_note``)."""
+    if shutil.which("ptxas") is None:
         return {"ptxas": None, "kernels": {}}
-    note = ""
     with tempfile.TemporaryDirectory() as d:
-        src = Path(d) / "k.ptx"
-        for _ in range(2):
-            src.write_text(ptx)
-            r = subprocess.run([ptxas, "-v", f"-arch={arch}", str(src), "-o", str(Path(d) / "k.cubin")],
-                               capture_output=True, text=True, timeout=300)
-            text = r.stdout + r.stderr
-            m = re.search(r"Unsupported \.version (\S+); current version is '([\d.]+)'", text)
-            if r.returncode == 0 or not m:
-                break
-            note = f"PTX ISA {m.group(1)} re-stamped as {m.group(2)} for the local ptxas"
-            ptx = re.sub(r"^\.version \S+", f".version {m.group(2)}", ptx, count=1, flags=re.M)
-        sass = sass_opcodes(Path(d) / "k.cubin") if r.returncode == 0 else {}
+        rc, text, note = run_ptxas(ptx, arch, Path(d) / "k.cubin")
+        sass = sass_opcodes(Path(d) / "k.cubin") if rc == 0 else {}
     kernels: dict = {name: {"sass_instructions": sum(ops.values()), "sass_opcodes": ops} for name, ops in sass.items()}
     current = None
     for line in text.splitlines():
@@ -125,7 +109,27 @@ def ptxas_report(ptx: str, arch: str) -> dict:
         m = re.search(r"Used (\d+) registers", line)
         if m and current is not None:
             current["registers"] = int(m.group(1))
-    return {"ptxas": "ok" if r.returncode == 0 else text, "ptxas_note": note, "kernels": kernels}
+    return {"ptxas": "ok" if rc == 0 else text, "ptxas_note": note, "kernels": kernels}
+
+
+def run_ptxas(ptx: str, arch: str, cubin: Path) -> tuple:
+    """The local ``ptxas -v`` of ``ptx`` for ``arch``, writing ``cubin``: (its return code, its
+    report, a note). CuTeDSL embeds a newer ptxas than a local toolkit may have; if the local one
+    refuses the PTX ISA version, a copy stamped with the version it accepts is assembled (the
+    kernels use no newer instructions) and the note says so."""
+    note = ""
+    src = cubin.with_suffix(".ptx")
+    for _ in range(2):
+        src.write_text(ptx)
+        r = subprocess.run([shutil.which("ptxas") or "ptxas", "-v", f"-arch={arch}", str(src), "-o", str(cubin)],
+                           capture_output=True, text=True, timeout=600)
+        text = r.stdout + r.stderr
+        m = re.search(r"Unsupported \.version (\S+); current version is '([\d.]+)'", text)
+        if r.returncode == 0 or not m:
+            break
+        note = f"PTX ISA {m.group(1)} re-stamped as {m.group(2)} for the local ptxas"
+        ptx = re.sub(r"^\.version \S+", f".version {m.group(2)}", ptx, count=1, flags=re.M)
+    return r.returncode, text, note
 
 
 def sass_opcodes(cubin: Path) -> dict:
