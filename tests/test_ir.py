@@ -163,3 +163,48 @@ def test_digest_is_deterministic_across_processes_and_sees_zero_signs():
     flipped = ir.Binary("add", ir.Binary("mul", X, ir.Const(-0.0)), ir.Binary("mul", X, ir.Const(0.0)))
     assert ir.digest(flipped) != ir.digest(
         ir.Binary("add", ir.Binary("mul", X, ir.Const(0.0)), ir.Binary("mul", X, ir.Const(-0.0))))
+
+
+def _torch_f32(x: float) -> float:
+    """fp32 RNE of a float64 by torch's conversion (the oracle; flush-to-zero off)."""
+    return torch.tensor(x, dtype=torch.float64).to(torch.float32).item()
+
+
+def test_f32_rounds_as_torch_converts_float64_to_float32():
+    """ir.f32 (integer rounding from the value's digits) against torch's float64 -> float32
+    conversion: ties to even at normal and subnormal quanta, the largest fp32's rounding edge,
+    overflow to inf, underflow to +-0, and random doubles across fp32's whole range."""
+    import random
+
+    rng = random.Random(7)
+    edges = [1.0, 1 + 2 ** -24, 1 + 3 * 2 ** -24, 2.0 ** -149, 2.0 ** -150, 3 * 2.0 ** -150, 2.0 ** -151,
+             1.5 * 2.0 ** -149, 2.5 * 2.0 ** -149, 2.0 ** -126 * (1 - 2 ** -24), 3.4028234663852886e38,
+             3.4028235677973362e38, 3.4028235677973366e38, 1e39, 1e300, 1e-300, 5e-324, 0.1, 1 / 3]
+    values = edges + [-v for v in edges] + [rng.choice((-1, 1)) * rng.random() * 2.0 ** rng.randint(-155, 130)
+                                            for _ in range(20000)]
+    for v in values:
+        got, want = ir.f32(v), _torch_f32(v)
+        assert struct.pack("<f", got) == struct.pack("<f", want) if math.isfinite(want) else got == want, (v, got, want)
+    assert math.copysign(1.0, ir.f32(-0.0)) == -1.0 and math.isnan(ir.f32(math.nan))
+
+
+def test_f32_ignores_flush_to_zero_and_the_default_device():
+    """A constant's rounding is the same under torch.set_flush_denormal(True) (which a conversion
+    through a CPU tensor obeys, flushing fp32 subnormals) and under a meta default device (where
+    a tensor has no value to read), so decorating in either gives the op it gives elsewhere."""
+    import mxq
+
+    def tiny(x):
+        return x * 1e-40
+
+    want = ir.f32(1e-40)
+    assert want == _torch_f32(1e-40) != 0.0
+    assert torch.set_flush_denormal(True)  # (False where the CPU has no such mode: nothing to check)
+    try:
+        assert ir.f32(1e-40) == want and ir.f32(-3 * 2.0 ** -150) == -(2.0 ** -148)
+        assert mxq.fused_quant()(tiny).epilogue.expr == ir.Binary("mul", ir.TensorArg("x", 0), ir.Const(want))
+    finally:
+        torch.set_flush_denormal(False)
+    with torch.device("meta"):
+        op = mxq.fused_quant(act="gelu")(tiny)
+    assert op.epilogue.expr == ir.Binary("mul", ir.TensorArg("x", 0), ir.Const(want))

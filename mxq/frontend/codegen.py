@@ -157,7 +157,7 @@ _BINARY = {
     "sub": "cute.math.add({0}, -{1}, rounding=RN)",
     "mul": "cute.math.mul({0}, {1}, rounding=RN)",
     "div": "cute.math.div({0}, {1})",
-    # NaN-propagating max/min: torch.maximum semantics
+    # NaN-dropping max/min (docs/NUMERICS.md): a NaN operand gives the other, equal inputs the second
     "maximum": "cutlass.select_(({0} > {1}) | ({1} != {1}), {0}, {1})",
     "minimum": "cutlass.select_(({0} < {1}) | ({1} != {1}), {0}, {1})",
 }

@@ -42,19 +42,29 @@ assignments fit; each node is one fp32 operation per element in the generated ke
 
 
 def f32(value) -> float:
-    """Round a Python float or int to the nearest fp32 (RNE), as the kernel sees a constant. An
-    int beyond 2^53 is rounded from its own digits: float() would round it to float64 first, a
-    second rounding (2^128 - 2^103 - 1 would become inf instead of the largest fp32)."""
-    if value.__class__ is not float and isinstance(value, int) and not -2 ** 53 <= value <= 2 ** 53:
-        a = abs(value)
-        shift = a.bit_length() - 24  # (> 29: keep the top 24 bits, ties to even)
-        q, r = divmod(a, 1 << shift)
+    """Round a Python float or int to the nearest fp32 (RNE), as the kernel sees a constant, in
+    integers from the value's own digits: the same on any default device and under
+    torch.set_flush_denormal (which a conversion through a CPU tensor or the FPU obeys, flushing
+    fp32 subnormals to 0). An int beyond 2^53 is rounded from its digits too (float() would round
+    it to float64 first: 2^128 - 2^103 - 1 would become inf instead of the largest fp32)."""
+    if value.__class__ is float:
+        if value != value or value in (math.inf, -math.inf) or value == 0.0:
+            return value  # (NaN, +-inf and +-0 as they are)
+        num, den = abs(value).as_integer_ratio()  # (exact: |value| = num / den, den a power of two)
+    elif isinstance(value, int):
+        if value == 0:
+            return 0.0
+        num, den = abs(value), 1
+    else:
+        return f32(float(value))
+    k = den.bit_length() - 1  # |value| = num * 2^-k
+    shift = max(num.bit_length() - 24, k - 149)  # keep 24 significant bits, none below 2^-149 (subnormals)
+    if shift > 0:
+        q, r = divmod(num, 1 << shift)
         half = 1 << (shift - 1)
-        q += r > half or (r == half and q & 1)
-        v = q << shift
-        r = math.inf if v >= 2 ** 128 else float(v)
-        return -r if value < 0 else r
-    return torch.tensor(float(value), dtype=torch.float32).item()
+        num, k = q + (r > half or (r == half and q & 1)), k - shift
+    r = math.inf if num.bit_length() - k > 128 else math.ldexp(num, -k)  # (2^128 and up: beyond the largest fp32)
+    return -r if value < 0 else r
 
 
 def scalar(value) -> float:
