@@ -69,6 +69,16 @@ def test_fused_input_mismatches():
         op(x, x, beta=2.0)
 
 
+def test_options_given_by_position_are_named_as_such():
+    """fused_quant("gelu") (an option where the function goes) is a TypeError saying options are
+    keywords, before any tracing; a function, or a staticmethod in a class body, is decorated."""
+    for wrong in ("gelu", 3, ("act", "gelu")):
+        with pytest.raises(TypeError, match=r"fused_quant\(\) takes its options by keyword .* got (str|int|tuple)"):
+            mxq.fused_quant(wrong)
+    assert isinstance(mxq.fused_quant(_ident), mxq.FusedOp)
+    assert isinstance(mxq.fused_quant(act="gelu")(staticmethod(_ident)), mxq.FusedOp)
+
+
 def test_act_and_dact_exclusive_and_act_input_rules():
     with pytest.raises(ValueError, match="exclusive"):
         mxq.fused_quant(act="gelu", dact="gelu")(_ident)
