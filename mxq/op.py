@@ -661,7 +661,7 @@ def fused_quant(fn=None, **options):
     if unknown:
         raise TypeError(f"mxq: fused_quant() got unknown option(s) {sorted(unknown)}; "
                         f"options are {_OPTION_NAMES}")
-    if fn is not None and not callable(fn) and not isinstance(fn, staticmethod):
+    if fn is not None and not callable(fn):  # (a staticmethod is callable)
         raise TypeError(f"mxq: fused_quant() takes its options by keyword (e.g. fused_quant(act='gelu')) and "
                         f"decorates a function, got {type(fn).__name__} {fn!r:.60} as its first argument")
     spec = QuantSpec(**options)

@@ -28,7 +28,8 @@ from mxq.runtime import gemm as g
 from mxq.testing import compare, is_exact, v_bound
 
 from . import oracle, oracle_fp8_block
-from .test_gemm_sm90 import CUOBJDUMP, FORMS, _form, _ptxas_output, assert_within_budget, cubin_resources, form  # noqa: F401
+from .test_gemm_sm90 import (CUOBJDUMP, FORMS, _form, _ptxas_output, assert_within_budget,  # noqa: F401
+                              cubin_resources, form)
 
 
 @mxq.fused_quant(act="gelu", format="fp8_block", block=(1, 128))
