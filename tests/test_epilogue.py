@@ -1039,3 +1039,31 @@ def test_a_name_the_math_module_lacks_is_refused():
         _math_module_gelu(torch.zeros(1))
     with pytest.raises(EpilogueError, match="mxq_math.gelu is not an mxq math function"):
         mxq.fused_quant(_math_module_gelu)
+
+
+_SCALE = 2.0
+
+
+def test_defaults_and_globals_are_read_once_at_decoration():
+    """README: a parameter's default and a global the epilogue reads are taken when the op is
+    decorated; rebinding either later changes no call (the bytes stay those of the values then,
+    computed here by torch and mxq.quantize), and a new decoration reads the new values."""
+    global _SCALE
+
+    def scaled(x, alpha: float = 3.0):
+        return x * alpha * _SCALE
+
+    op = mxq.fused_quant()(scaled)
+    x = torch.randn(8, 64)
+
+    def want(alpha, scale):
+        return mxq.quantize(x * torch.tensor(alpha) * torch.tensor(scale)).rowwise_data.view(torch.uint8)
+
+    before = want(3.0, 2.0)
+    try:
+        _SCALE, scaled.__defaults__ = 5.0, (7.0,)
+        assert torch.equal(op(x).rowwise_data.view(torch.uint8), before)
+        assert torch.equal(mxq.fused_quant()(scaled)(x).rowwise_data.view(torch.uint8), want(7.0, 5.0))
+        assert not torch.equal(want(7.0, 5.0), before)
+    finally:
+        _SCALE = 2.0
