@@ -228,6 +228,10 @@ class MXFP8Tensor:
         if row_align > 1 and group_offsets is not None:
             raise ValueError("mxq: argument 'row_align' does not go with 'group_offsets' (grouped outputs are contiguous)")
         npad = -(-n // row_align) * row_align if len(shape) else n  # (a 0-d tensor: one element, no rows)
+        from .runtime.limits import MAX_ELEMENTS  # (limits imports this module)
+        if npad > n and m * npad >= MAX_ELEMENTS:
+            raise ValueError(f"mxq: argument 'row_align' = {row_align} pads {m} rows of {n} bytes to {npad}: "
+                             f"{m * npad} bytes, more than the kernels serve (2^31)")
         fp8 = FORMATS[spec.fp8].torch_dtype
         if group_offsets is not None:
             group_offsets = group_offsets.clone()  # (the caller may reuse its tensor)

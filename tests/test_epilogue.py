@@ -60,6 +60,29 @@ def test_power_expands_left_to_right():
     assert torch.equal(ir.evaluate(e.expr, [x], []), ((x * x) * x) * x + 1.0 / (x * x))
 
 
+def test_augmented_assignment_is_the_binary_operator():
+    """y op= e parses as y = y op e for every operator an expression takes, ** included (a
+    small integer exponent expands as in an expression; anything else is refused the same way)."""
+    def aug(x, r):
+        y = x * 0.5
+        y **= 3
+        y -= r
+        y /= 2.0
+        return y
+
+    def plain(x, r):
+        y = x * 0.5
+        y = y ** 3
+        y = y - r
+        y = y / 2.0
+        return y
+
+    assert parse(aug).expr == parse(plain).expr
+    x, r = torch.randn(64), torch.randn(64)
+    y = x * 0.5
+    assert torch.equal(ir.evaluate(parse(aug).expr, [x, r], []), ((y * y) * y - r) / 2.0)
+
+
 def test_mxq_functions_may_be_imported_by_name():
     from mxq import tanh
 
@@ -137,6 +160,18 @@ def bad_sqrt_power(x):
     return x ** 0.5
 
 
+def bad_aug_sqrt_power(x):
+    y = x
+    y **= 0.5
+    return y
+
+
+def bad_aug_floordiv(x):
+    y = x
+    y //= 2.0
+    return y
+
+
 def bad_keyword(x):
     return mxq.maximum(x, b=0.0)
 
@@ -191,6 +226,8 @@ BAD = [
     (bad_if, "if x:", "if statement"),
     (bad_bare_compare, "x > 0.0", "comparison"),
     (bad_sqrt_power, "x ** 0.5", "power"),
+    (bad_aug_sqrt_power, "y **= 0.5", "power"),
+    (bad_aug_floordiv, "y //= 2.0", "operator"),
     (bad_keyword, "b=0.0", "keyword argument"),
     (bad_arity, "mxq.tanh(x, x)", "call"),
     (bad_no_return, "y = x", "missing return"),

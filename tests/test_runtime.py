@@ -67,6 +67,11 @@ def test_out_may_have_padded_rows():
         mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", row_align=12)
     with pytest.raises(ValueError, match="row_align"):
         mxq.MXFP8Tensor.empty(spec, x.shape, x.dtype, "cpu", row_align=16.0)
+    # padding past what the kernels serve is refused by name before any allocation (it reached the
+    # allocator's out-of-memory error); the largest sane padding still allocates
+    with pytest.raises(ValueError, match="'row_align' = 1099511627776 pads 4 rows"):
+        mxq.MXFP8Tensor.empty(spec, (4, 64), x.dtype, "cpu", row_align=2 ** 40)
+    assert mxq.MXFP8Tensor.empty(spec, (4, 64), x.dtype, "cpu", row_align=4096).rowwise_data.stride(0) == 4096
     # a 0-d input has no rows to pad; its data is one row of one byte to the kernels
     assert data_rows(torch.zeros((), dtype=torch.uint8), 1, 1).shape == (1, 1)
     scalar = torch.tensor(1.5, dtype=torch.bfloat16)

@@ -403,11 +403,9 @@ class _Parser:
                               "annotation")
                 self.assign(st.target, self.expr(st.value))
             elif isinstance(st, ast.AugAssign) and isinstance(st.target, ast.Name):
-                op = _ARITH_OPS.get(type(st.op))
-                if op is None:
-                    self.fail(st, f"augmented operator {type(st.op).__name__} is not allowed", "operator")
-                left = self.float_expr(ast.Name(st.target.id, ast.Load(), lineno=st.lineno))
-                self.assign(st.target, ir.Binary(op, left, self.float_expr(st.value)))
+                # y op= e is y = y op e, ** included: the same checks and the same IR
+                left = ast.copy_location(ast.Name(st.target.id, ast.Load()), st.target)
+                self.assign(st.target, self.float_expr(ast.copy_location(ast.BinOp(left, st.op, st.value), st)))
             elif isinstance(st, ast.Expr):
                 self.bare_expression(st)
             else:
