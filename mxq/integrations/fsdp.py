@@ -199,9 +199,12 @@ def mxfp8_all_gather(module: torch.nn.Module, world_size: int | None = None) -> 
     for name, sub in module.named_modules():
         if isinstance(sub, torch.nn.Linear) and not isinstance(sub.weight, MXFP8ShardedWeight):
             n, k = sub.weight.shape
-            if k % 32 or (world_size is not None and (n % world_size or (n // world_size) % 32)):
+            if k % 32:
+                raise ValueError(f"mxq.fsdp: {name or 'module'}.weight of shape ({n}, {k}) cannot travel as MXFP8: "
+                                 f"K = {k} is not a multiple of 32")
+            if world_size is not None and (n % world_size or (n // world_size) % 32):
                 raise ValueError(f"mxq.fsdp: {name or 'module'}.weight of shape ({n}, {k}) cannot travel as MXFP8 "
-                                 f"over {world_size} ranks: K and the rows per rank must be multiples of 32")
+                                 f"over {world_size} ranks: the rows per rank must be a multiple of 32")
             sub.weight = torch.nn.Parameter(MXFP8ShardedWeight(sub.weight.data), requires_grad=sub.weight.requires_grad)
     return module
 
