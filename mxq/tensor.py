@@ -27,6 +27,11 @@ from .formats.numerics import BLOCK, FORMATS, e8m0_to_scale
 # to a multiple of this many bytes by default: the leading dimension FP8 GEMMs take, and rows the
 # kernels store whole units into (faster on the H200: docs/performance.md, "N % 8 != 0")
 PADDED_ROW_BYTES = 16
+# The kernels serve fewer elements than this (csrc/scale_sizes.h's kMaxElements, the C++ routes'),
+# and M below MAX_ROWS (kMaxRows); runtime/limits.py asks it before a launch, MXFP8Tensor.empty of
+# its padded rows
+MAX_ELEMENTS = 2 ** 31
+MAX_ROWS = MAX_ELEMENTS - 64
 
 
 def default_row_align(shape, grouped: bool = False) -> int:
@@ -228,7 +233,6 @@ class MXFP8Tensor:
         if row_align > 1 and group_offsets is not None:
             raise ValueError("mxq: argument 'row_align' does not go with 'group_offsets' (grouped outputs are contiguous)")
         npad = -(-n // row_align) * row_align if len(shape) else n  # (a 0-d tensor: one element, no rows)
-        from .runtime.limits import MAX_ELEMENTS  # (limits imports this module)
         if npad > n and m * npad >= MAX_ELEMENTS:
             raise ValueError(f"mxq: argument 'row_align' = {row_align} pads {m} rows of {n} bytes to {npad}: "
                              f"{m * npad} bytes, more than the kernels serve (2^31)")

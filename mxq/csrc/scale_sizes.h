@@ -12,7 +12,7 @@
 
 namespace mxq_sizes {
 
-// The kernels' size limit (mxq/runtime/limits.py, MAX_ELEMENTS and MAX_ROWS; held equal by
+// The kernels' size limit (mxq/tensor.py, MAX_ELEMENTS and MAX_ROWS, asked by runtime/limits.py; held equal by
 // tests/test_export_check.py): fewer than 2^31 elements, M below 2^31 - 64. Python's routes run the
 // reference beyond it; the dispatcher hands such calls to them, an exported function refuses them.
 constexpr int64_t kMaxElements = int64_t{1} << 31;

@@ -13,12 +13,8 @@ import torch
 from ..formats import fp4_layouts
 from ..frontend import codegen, gated
 from ..kernels import config as kconfig
-from ..tensor import data_rows, flat_dims
+from ..tensor import MAX_ELEMENTS, MAX_ROWS, data_rows, flat_dims
 from . import slots, targets
-
-
-MAX_ELEMENTS = 2 ** 31  # the kernels serve fewer elements (csrc/scale_sizes.h's kMaxElements, the C++ routes')
-MAX_ROWS = MAX_ELEMENTS - 64  # and M below this (kMaxRows)
 
 
 def unsupported(x: torch.Tensor) -> str | None:
