@@ -65,6 +65,8 @@ class UsageError(Exception):
 # own @mxq.fused_quant(...) options, which no flag of the command sets)
 _AS_FLAGS = (
     (r"^mxq: export\(\): ", "mxq: "),
+    (r"^mxq: export\(\) (?=writes |would write )", "mxq: --dir, --name: the export "),
+    (r"\bwith group_offsets\b", "with --grouped"),
     (r"\bexport\(\) argument 'operands'", "--operands"),
     (r"\bexport\(\) argument 'directory'", "--dir"),
     (r"\bexport name\b", "--name"),
@@ -107,6 +109,10 @@ class _Parser(argparse.ArgumentParser):
     """argparse, with its errors on one line (not usage + message) and exit status 2."""
 
     def error(self, message):
+        if message.endswith("required: command"):  # (an unknown option before any command: named, not this)
+            unknown = [a for a in getattr(self, "argv", ()) if a.startswith("-") and a not in ("-h", "--help")]
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}"
         hint = "" if ("choose from" in message or "must be one of" in message) else \
             f" (see `{self.prog} --help`)"
         self.exit(2, f"mxq: {message}{hint}\n")
@@ -396,7 +402,9 @@ def _fail(message: str) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    parser = build_parser()
+    parser.argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(parser.argv)
     try:
         status = args.fn(args)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit

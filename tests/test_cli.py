@@ -330,6 +330,9 @@ USER_ERRORS = [
     ((), "mxq: the following arguments are required: command"),
     (("quantize",), "mxq: argument command: invalid choice: 'quantize'"),
     (("render", "--bogus"), "mxq: unrecognized arguments: --bogus"),
+    (("--bogus",), "mxq: unrecognized arguments: --bogus"),
+    (("export", "--format", "fp8_block", "--colwise", "--scale-layout", "gemm", "--grouped", "--dir", "{t}/g"),
+     "mxq: --format fp8_block with --grouped and --scale-layout gemm is not served"),
 ]
 
 
@@ -550,7 +553,9 @@ def test_export_toolchain_failures_are_one_line(tmp_path, monkeypatch, capsys):
 
     (tmp_path / "d1" / "libmxq_quantize.so").mkdir(parents=True)
     assert cli.main(["export", "--dir", str(tmp_path / "d1")]) == 2
-    assert "libmxq_quantize.so', which exists and is not a file" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("mxq: --dir, --name: the export writes the file") and "export()" not in err
+    assert "libmxq_quantize.so', which exists and is not a file" in err
 
     def fails(*args, **kwargs):
         raise toolchain.ToolchainError("mxq: linking libq.so failed: ld: cannot open output file")

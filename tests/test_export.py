@@ -183,3 +183,71 @@ def test_export_refuses_a_name_whose_macros_another_export_beside_it_defines(tmp
         _identity.export(tmp_path, name="myop_vec")
     with pytest.raises(RuntimeError, match="compiling"):
         _identity.export(tmp_path, name="other")
+
+
+def test_export_refuses_a_directory_it_cannot_write_into_before_compiling(tmp_path, monkeypatch):
+    """An existing directory this process cannot write into (a read-only mount; permissions) is a
+    ValueError naming ``directory`` before anything compiles, not the linker's words after every
+    kernel has compiled."""
+    from mxq.runtime import export
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("compiling")
+
+    monkeypatch.setattr(export, "compile_op", stop)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = export.os.access
+    monkeypatch.setattr(export.os, "access", lambda p, mode: False if Path(p) == ro else real(p, mode))
+    with pytest.raises(ValueError, match="argument 'directory' is .*ro.*, which this process cannot write into"):
+        _identity.export(ro, name="q")
+    with pytest.raises(RuntimeError, match="compiling"):
+        _identity.export(tmp_path / "rw", name="q")
+
+
+def test_runtime_copies_are_kept_when_equal_and_replaced_whole_when_not(tmp_path):
+    """export's copy of a runtime library: left untouched (same inode, same times) where it holds
+    the same bytes; else a new file renamed over it, so a program that has the old copy mapped
+    keeps its bytes (a copy written over the same file changes the pages under it: SIGBUS)."""
+    from mxq.runtime.export import _copy_runtime
+
+    src = tmp_path / "libx.so"
+    src.write_bytes(b"\x7fELF" + bytes(range(256)) * 64)
+    out = tmp_path / "out"
+    out.mkdir()
+    dst = _copy_runtime(src, out / "libx.so")
+    assert dst.read_bytes() == src.read_bytes()
+    before = dst.stat()
+    assert _copy_runtime(src, dst) == dst
+    after = dst.stat()
+    assert [getattr(after, k) for k in ("st_ino", "st_mtime_ns", "st_ctime_ns")] == [
+        getattr(before, k) for k in ("st_ino", "st_mtime_ns", "st_ctime_ns")]
+    with open(dst, "rb") as held:  # (a loaded program's view of the old file)
+        src.write_bytes(b"\x7fELF" + b"new" * 100)
+        _copy_runtime(src, dst)
+        assert dst.stat().st_ino != before.st_ino and dst.read_bytes() == src.read_bytes()
+        assert held.read(8) == b"\x7fELF" + bytes(range(4))
+    assert sorted(p.name for p in out.iterdir()) == ["libx.so"]  # (no temporary left)
+
+
+def test_cxx_is_a_command_line_and_a_bad_one_names_cxx(tmp_path, monkeypatch):
+    """``CXX`` is split like a shell line (``ccache g++``, ``g++ -O0`` as in make); a program that
+    does not exist, or a line that does not parse, is a ToolchainError naming CXX."""
+    import shutil
+
+    from mxq.runtime import toolchain
+
+    gxx = shutil.which("g++") or shutil.which("c++")
+    src = tmp_path / "a.cc"
+    src.write_text("int answer() { return 42; }\n")
+    monkeypatch.setenv("CXX", f"{gxx} -O0")
+    assert toolchain._cxx() == [gxx, "-O0"]
+    toolchain.compile_cxx(src, tmp_path / "a.o", [])
+    assert (tmp_path / "a.o").stat().st_size > 0
+    for bad, words in (("no-such-compiler g++", "names 'no-such-compiler', which is not an executable"),
+                       ("'g++", "is not a command line")):
+        monkeypatch.setenv("CXX", bad)
+        with pytest.raises(toolchain.ToolchainError, match=f"environment variable CXX=.*{words}"):
+            toolchain.compile_cxx(src, tmp_path / "b.o", [])
+    monkeypatch.setenv("CXX", " ")
+    assert toolchain._cxx() == [gxx]

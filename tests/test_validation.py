@@ -475,6 +475,35 @@ def test_too_many_epilogue_tensors_for_shared_memory_run_the_reference(monkeypat
     assert "shared memory" in (eight._unserved(x16) or "")
 
 
+def _two(a, b):
+    return a + b
+
+
+def _three(a, b, c):
+    return a + b + c
+
+
+def _four(a, b, c, d):
+    return a + b + c + d
+
+
+def test_fp8_block_128_row_blocks_fit_fewer_epilogue_tensors():
+    """README's bounds for FP8 block scaling: the 128-row tile of its colwise blocks and 128x128
+    tiles stages 128 rows of every epilogue tensor (and a dact op's input), so 3 fit and 4 run the
+    reference; with the transposed copy (gemm layout) 2 and 3; 1x128 rows take 13 as MXFP8."""
+    x16 = torch.zeros(256, 256, dtype=torch.bfloat16)
+
+    def refused(fn, **opts):
+        return "shared memory" in (mxq.fused_quant(format="fp8_block", **opts)(fn)._unserved(x16) or "")
+
+    for opts in ({"colwise": True}, {"block": (128, 128)}, {"rowwise": True, "colwise": True}):
+        assert not refused(_three, **opts) and refused(_four, **opts), opts
+        assert not refused(_two, dact="gelu", **opts) and refused(_three, dact="gelu", **opts), opts
+    gemm = {"colwise": True, "scale_layout": "gemm"}
+    assert not refused(_two, **gemm) and refused(_three, **gemm)
+    assert not refused(_twelve) and not refused(_thirteen) and not refused(_four, rowwise=True)
+
+
 def test_cpp_routes_refuse_ops_whose_16_bit_kernel_does_not_fit(tmp_path):
     """The C++ routes have no reference to fall back to: register(), dispatcher() and export()
     for bf16/fp16 refuse an op whose 16-bit kernel needs more shared memory than a CTA may take,

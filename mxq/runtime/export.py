@@ -3,6 +3,7 @@ that run with no Python (``op.export``, ``python -m mxq export``)."""
 
 from __future__ import annotations
 
+import filecmp
 import math
 import os
 import re
@@ -190,6 +191,9 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
     except OSError as exc:  # (a file on its path, no permission: named before anything compiles)
         raise ValueError(f"mxq: export() argument 'directory' is {os.fspath(out)!r}, which cannot be made: "
                          f"{exc.strerror or exc}") from exc
+    if not os.access(out, os.W_OK | os.X_OK):  # (a read-only one: named before anything compiles)
+        raise ValueError(f"mxq: export() argument 'directory' is {os.fspath(out)!r}, which this process cannot "
+                         "write into")
     try:
         return _write(op, out, name, arch, dtype, grouped, layouts, note, functions, left_out, runtime, n_multiple)
     except BaseException:
@@ -220,16 +224,29 @@ def _write(op, out: Path, name: str, arch: str, dtype: str, grouped: bool, layou
         # relocatable: the runtime libraries it needs are copied beside it and found through
         # RUNPATH $ORIGIN, so the directory can move to a machine without this Python environment
         link_shared(objects, lib, rpaths=["$ORIGIN"], flags=["-Xlinker", f"--version-script={script}"])
-    copies = []
-    for src in runtime:
-        dst = out / Path(src).name
-        if not dst.exists() or not os.path.samefile(src, dst):
-            shutil.copy2(src, dst)
-        copies.append(str(dst))
+    copies = [str(_copy_runtime(src, out / Path(src).name)) for src in runtime]
     header = out / f"{name}.h"
     header.write_text(_export_header(op, name, arch, dtype, grouped, layouts, note, functions, left_out))
     return {"library": str(lib), "header": str(header), "functions": [f for _, f in functions],
             "runtime_libraries": copies}
+
+
+def _copy_runtime(src, dst: Path) -> Path:
+    """``dst``, a copy of the runtime library ``src``: left as it is where it holds the same
+    bytes, else replaced as a whole (a new file renamed over it): a program that has the old
+    copy loaded keeps its mapping, where a copy over the same file would change the pages under
+    it (SIGBUS)."""
+    if dst.exists() and (os.path.samefile(src, dst) or filecmp.cmp(src, dst, shallow=False)):
+        return dst
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.")
+    os.close(fd)
+    try:
+        shutil.copy2(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return dst
 
 
 _MACRO = re.compile(r'^#define (\w+)_NAME "([^"]*)"', re.M)

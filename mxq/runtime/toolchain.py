@@ -5,6 +5,7 @@ export's)."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,16 +33,28 @@ def runtime_libraries() -> list[str]:
     return list(cute.runtime.find_runtime_libraries(enable_tvm_ffi=True))
 
 
-def _cxx() -> str:
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if cxx is None:
-        raise ToolchainError("mxq: no C++ compiler (g++) found to build the kernel library; set CXX")
-    return cxx
+def _cxx() -> list[str]:
+    """The C++ compiler's command: ``CXX`` split as a shell line (a launcher or flags may come
+    with it: ``ccache g++``, ``g++ -O2``), else g++ or c++ from PATH."""
+    env = os.environ.get("CXX", "")
+    if not env.strip():
+        cxx = shutil.which("g++") or shutil.which("c++")
+        if cxx is None:
+            raise ToolchainError("mxq: no C++ compiler (g++) found to build the kernel library; set CXX")
+        return [cxx]
+    try:
+        cmd = shlex.split(env)
+    except ValueError as exc:
+        raise ToolchainError(f"mxq: the environment variable CXX={env!r} is not a command line: {exc}") from exc
+    if shutil.which(cmd[0]) is None:
+        raise ToolchainError(f"mxq: the environment variable CXX={env!r} names {cmd[0]!r}, which is not an "
+                             "executable program (on PATH or as a path)")
+    return cmd
 
 
 def compile_cxx(src: Path, obj: Path, includes: list[str]) -> None:
     """Compile one C++ source into a position-independent object."""
-    cmd = [_cxx(), "-std=c++17", "-O2", "-fPIC", "-c", str(src), "-o", str(obj), *(f"-I{i}" for i in includes)]
+    cmd = [*_cxx(), "-std=c++17", "-O2", "-fPIC", "-c", str(src), "-o", str(obj), *(f"-I{i}" for i in includes)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode:
         raise ToolchainError(f"mxq: compiling {src.name} failed: {r.stderr.strip()[:2000]}")
@@ -54,7 +67,7 @@ def link_shared(objects: list[Path], out: Path, rpaths: list[str] | None = None,
     libs = runtime_libraries()
     rpaths = rpaths if rpaths is not None else [os.path.dirname(lib) for lib in libs]
     # (-Xlinker passes one argument as it is: -Wl,... would split a path at its commas)
-    cmd = [_cxx(), "-shared", "-o", str(out), *map(str, objects), *libs, "-Wl,--enable-new-dtags",
+    cmd = [*_cxx(), "-shared", "-o", str(out), *map(str, objects), *libs, "-Wl,--enable-new-dtags",
            *(a for r in rpaths for a in ("-Xlinker", "-rpath", "-Xlinker", r)), *flags]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode:
