@@ -480,7 +480,7 @@ class FusedOp:
         ``op.gemm``'s instead (dispatcher(gemm=True))."""
         if name == "get_quantize_kernel":
             raise ValueError("mxq: register() name 'get_quantize_kernel' is mxq's own entry point")
-        fn = self.dispatcher(gemm) if gemm is not False else self._destination_passing("register()")
+        fn = self._dispatcher_for(gemm, "register()")
         ffi.register_global(name, fn)
         return fn
 
@@ -489,10 +489,14 @@ class FusedOp:
         ``op.gemm``'s, in Python on every call (ffi.gemm_dispatcher: ``(a, w, *the epilogue's other
         tensors, *its floats, act_input, rowwise_data, rowwise_scale, colwise_data, colwise_scale,
         amax, dbias, noop)``, the slots op.gemm does not write None)."""
+        return self._dispatcher_for(gemm, "dispatcher()")
+
+    def _dispatcher_for(self, gemm, what: str):
+        """dispatcher()'s function, its refusals naming ``what`` (register() or dispatcher())."""
         if not isinstance(gemm, bool):
-            raise TypeError(f"mxq: dispatcher() argument 'gemm' must be a bool, got {type(gemm).__name__}")
+            raise TypeError(f"mxq: {what} argument 'gemm' must be a bool, got {type(gemm).__name__}")
         if not gemm:
-            return self._destination_passing("dispatcher()")
+            return self._destination_passing(what)
         gap = codegen.gemm_gap(self.spec, self.epilogue)
         if gap:
             raise ValueError(f"mxq: {self.__name__}.gemm does not serve {gap}, so it has no C++ route")

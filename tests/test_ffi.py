@@ -4,6 +4,8 @@ from pathlib import Path
 
 import math
 
+import re
+
 import pytest
 import torch
 
@@ -283,6 +285,16 @@ def test_get_quantize_kernel_is_mxqs_attribute_and_the_global():
         assert torch.equal(d.colwise_scale, want.colwise_scale)
     with pytest.raises(TypeError, match="key must be an int"):
         mxq.get_quantize_kernel("2")
+    with pytest.raises(ValueError, match=r"^mxq: get_quantize_kernel\(\): the inner op of a gated activation"):
+        mxq.get_quantize_kernel(QuantSpec(act="swiglu").key("bf16"))
+
+
+def test_register_and_dispatcher_refusals_name_the_call():
+    """register()'s and dispatcher()'s refusals name the function called, not the other."""
+    for call, what in ((lambda g: resid.register("test_resid_named", gemm=g), "register()"),
+                       (lambda g: resid.dispatcher(g), "dispatcher()")):
+        with pytest.raises(TypeError, match=f"^mxq: {re.escape(what)} argument 'gemm' must be a bool, got int"):
+            call(1)
 
 
 @pytest.mark.parametrize("key", ["2", 2.0, 2.5, True])

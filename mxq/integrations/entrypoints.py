@@ -16,7 +16,7 @@ def get_quantize_kernel(key: int):
     if isinstance(key, bool) or not isinstance(key, int):
         raise TypeError(f"mxq: get_quantize_kernel() key must be an int, got {type(key).__name__}")
     spec, _ = QuantSpec.from_key(key)
-    return _quantize_op(spec).dispatcher()
+    return _quantize_op(spec)._dispatcher_for(False, "get_quantize_kernel()")
 
 
 def register_entrypoints() -> None:
