@@ -72,7 +72,9 @@ def test_export(tmp_path):
     r = run("export", "--colwise", "--dir", str(tmp_path / "aot"), "--name", "q_both", tmp_path=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "aot" / "libq_both.so").is_file() and (tmp_path / "aot" / "q_both.h").is_file()
-    assert "functions q_both, q_both_vec, q_both_rows8\n" in r.stdout and "mGroupEnds" not in (tmp_path / "aot" / "q_both.h").read_text()
+    header = (tmp_path / "aot" / "q_both.h").read_text()
+    assert "functions q_both, q_both_vec, q_both_rows8\n" in r.stdout and "mGroupEnds" not in header
+    assert " * op: mxq.quantize (no epilogue)  spec: " in header  # (the built-in op, not its internal name)
 
 
 def test_export_default_names(user_files, tmp_path):
