@@ -227,6 +227,22 @@ def test_always_compile_bypasses_the_disk(tmp_path):
     assert not list(tmp_path.rglob("*.so"))
 
 
+def test_cache_environment_values(monkeypatch):
+    """MXQ_KERNEL_CACHE_SIZE: a positive integer, set but empty the default (as MXQ_CACHE_DIR); a
+    bad value is named with the variable. MXQ_CACHE_DIR expands ``~``."""
+    for raw, want in (("", 256), (" 7 ", 7), ("1", 1)):
+        monkeypatch.setenv("MXQ_KERNEL_CACHE_SIZE", raw)
+        assert cache.cache_size() == want
+    for raw in ("0", "-1", "abc", "1e3"):
+        monkeypatch.setenv("MXQ_KERNEL_CACHE_SIZE", raw)
+        with pytest.raises(ValueError, match=f"MXQ_KERNEL_CACHE_SIZE must be a positive integer, got '{raw}'"):
+            cache.cache_size()
+    monkeypatch.setenv("MXQ_CACHE_DIR", "~/mxq-cache-here")
+    assert cache.cache_dir() == Path.home() / "mxq-cache-here"
+    monkeypatch.setenv("MXQ_CACHE_DIR", "")
+    assert cache.cache_dir() == Path.home() / ".cache" / "mxq"
+
+
 def test_cache_dir_is_keyed_by_versions_and_arch(tmp_path, monkeypatch):
     monkeypatch.setenv("MXQ_CACHE_DIR", str(tmp_path))
     a, b = cache.kernel_cache_dir("sm_90"), cache.kernel_cache_dir("sm_100a")

@@ -251,3 +251,29 @@ def test_cxx_is_a_command_line_and_a_bad_one_names_cxx(tmp_path, monkeypatch):
             toolchain.compile_cxx(src, tmp_path / "b.o", [])
     monkeypatch.setenv("CXX", " ")
     assert toolchain._cxx() == [gxx]
+
+
+def test_a_failed_export_removes_only_its_own_files_from_the_directory_it_made(tmp_path, monkeypatch):
+    """A failed export into a directory it made removes its files, and the directory with the
+    runtime copies where nothing else is there; another export's files written into the same new
+    directory meanwhile (two processes exporting at once), and the runtime copies they load, stay."""
+    from mxq.runtime import export, toolchain
+
+    runtime = [Path(p).name for p in toolchain.runtime_libraries()]
+    new = tmp_path / "new"
+
+    def fails_after_others_wrote(op, out, name, *args):
+        for f in [f"lib{name}.so", f"{name}.h", *runtime]:  # (this export's own files, as _write leaves them)
+            (out / f).write_bytes(b"")
+        if name == "b":
+            (out / "liba.so").write_bytes(b"a")  # (the other export's)
+            (out / "a.h").write_text("a")
+        raise RuntimeError("linking")
+
+    monkeypatch.setattr(export, "_write", fails_after_others_wrote)
+    with pytest.raises(RuntimeError, match="linking"):
+        _identity.export(new, name="b")
+    assert sorted(p.name for p in new.iterdir()) == sorted(["liba.so", "a.h", *runtime])
+    with pytest.raises(RuntimeError, match="linking"):
+        _identity.export(tmp_path / "alone", name="c")
+    assert not (tmp_path / "alone").exists()

@@ -52,17 +52,19 @@ def cache_size() -> int:
     """Entries kept by each in-process kernel cache: MXQ_KERNEL_CACHE_SIZE, default 256 (a
     compiled kernel holds a few MB of host memory; a process that decorates ops in a loop would
     otherwise grow without bound). Evicted kernels are rebuilt, or reloaded from disk, on use."""
+    raw = os.environ.get("MXQ_KERNEL_CACHE_SIZE", "").strip() or "256"  # (set but empty: the default, as MXQ_CACHE_DIR)
     try:
-        n = int(os.environ.get("MXQ_KERNEL_CACHE_SIZE", "256"))
+        n = int(raw)
     except ValueError:
-        raise ValueError("mxq: MXQ_KERNEL_CACHE_SIZE must be a positive integer") from None
+        n = 0
     if n < 1:
-        raise ValueError("mxq: MXQ_KERNEL_CACHE_SIZE must be a positive integer")
+        raise ValueError(f"mxq: the environment variable MXQ_KERNEL_CACHE_SIZE must be a positive integer, got {raw!r}")
     return n
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MXQ_CACHE_DIR") or Path.home() / ".cache" / "mxq")
+    """MXQ_CACHE_DIR (``~`` expanded), default ~/.cache/mxq."""
+    return Path(os.environ.get("MXQ_CACHE_DIR") or Path.home() / ".cache" / "mxq").expanduser()
 
 
 def source_file(source: str) -> Path:

@@ -199,7 +199,7 @@ def export(op, directory, arch: str, dtype: str = "bf16", name: str | None = Non
         return _write(op, out, name, arch, dtype, grouped, layouts, note, functions, left_out, runtime, n_multiple)
     except BaseException:
         if made:
-            shutil.rmtree(out, ignore_errors=True)
+            _remove_made(out, name, runtime)
         raise
 
 
@@ -230,6 +230,23 @@ def _write(op, out: Path, name: str, arch: str, dtype: str, grouped: bool, layou
     header.write_text(_export_header(op, name, arch, dtype, grouped, layouts, note, functions, left_out))
     return {"library": str(lib), "header": str(header), "functions": [f for _, f in functions],
             "runtime_libraries": copies}
+
+
+def _remove_made(out: Path, name: str, runtime) -> None:
+    """Undo a failed export into the directory ``out`` it made: its library and header, then the
+    runtime copies and the directory where nothing else is there (another export may be writing
+    into the same new directory: its files, and the runtime copies they load, stay)."""
+    for path in (out / f"lib{name}.so", out / f"{name}.h"):
+        path.unlink(missing_ok=True)
+    copies = {Path(src).name for src in runtime}
+    try:
+        if any(p.name not in copies for p in out.iterdir()):
+            return
+        for copy in copies:
+            (out / copy).unlink(missing_ok=True)
+        out.rmdir()
+    except OSError:  # (something else arrived meanwhile: it stays)
+        pass
 
 
 def _copy_runtime(src, dst: Path) -> Path:
