@@ -28,3 +28,22 @@ def check_exact(op, ins, got, **kw):
             assert same_bytes(g, w) or bool((g.isnan().cpu() & w.isnan()).all()), f
         else:
             assert same_bytes(g.contiguous(), w.contiguous()), f
+
+
+def child_gets_fresh_locks(*where) -> bool:
+    """Whether a child forked while this process held each lock ``where`` names ((module, name):
+    as a thread compiling or decorating at the fork does) finds every one of them free."""
+    import os
+
+    held = [getattr(module, name) for module, name in where]
+    for lock in held:
+        lock.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if all(getattr(module, name).acquire(timeout=5) for module, name in where) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        for lock in held:
+            lock.release()
+    return os.waitstatus_to_exitcode(status) == 0

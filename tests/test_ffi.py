@@ -818,3 +818,13 @@ def test_native_route_takes_floats_and_ints_as_python_does(native):
         with pytest.raises(TypeError, match=r"argument #2 \(alpha\) must be a float"):
             call(op, x, r, bad, *outs)
     assert len(launches) == count
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="os.fork")
+def test_a_child_forked_while_the_dispatchers_are_built_gets_a_fresh_lock():
+    """ffi's lock, held by a thread building dispatchers at a fork, is free in the child."""
+    from mxq.runtime import ffi
+
+    from .checks import child_gets_fresh_locks
+
+    assert child_gets_fresh_locks((ffi, "_lock"))

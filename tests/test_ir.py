@@ -210,3 +210,13 @@ def test_f32_ignores_flush_to_zero_and_the_default_device():
         assert mxq.fused_quant()(tiny).epilogue.expr == ir.Binary("mul", ir.TensorArg("x", 0), ir.Const(want))
     finally:
         torch.set_flush_denormal(False)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="os.fork")
+def test_a_child_forked_while_an_op_is_decorated_gets_a_fresh_lock():
+    """ir's table lock, held by a thread decorating an op at a fork, is free in the child."""
+    from mxq.frontend import ir
+
+    from .checks import child_gets_fresh_locks
+
+    assert child_gets_fresh_locks((ir, "_LOCK"))

@@ -24,6 +24,7 @@ import collections
 import hashlib
 import itertools
 import math
+import os
 import struct
 import threading
 import weakref
@@ -85,6 +86,15 @@ def float_bits(value: float) -> int:
 
 _TABLE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
+
+
+def _fresh_lock() -> None:
+    """In a forked child: a new lock (one a thread of the parent held stays locked there)."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock)
 _UIDS = itertools.count()
 
 

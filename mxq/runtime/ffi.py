@@ -15,6 +15,7 @@ operands, and grouped calls of compact scales with int32 group ends (a trailing
 
 from __future__ import annotations
 
+import os
 import threading
 from importlib import resources
 
@@ -28,6 +29,15 @@ from ..kernels.config import UNIT
 from ..tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
 
 _lock = threading.RLock()
+
+
+def _fresh_lock() -> None:
+    """In a forked child: a new lock (one a thread of the parent held stays locked there)."""
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock)
 _shim = None
 _DL_FLOAT, _DL_BFLOAT = 2, 4
 # The allocating route puts both directions' FP8 data and scales in one allocation when they
