@@ -193,8 +193,11 @@ def test_a_callers_signs_are_the_ops_own():
     assert other.spec.key("bf16") == te.spec.key("bf16")  # (the C++ key: TE's transform)
     assert te.spec.signs_mask() == sum(1 << i for i in range(16) if SIGNS[i] < 0)
     x = torch.zeros(32, 32, dtype=torch.bfloat16)
-    for bad in ([1] * 15, [1.0] * 16, [True] * 16, [0] + [1] * 15, "1" * 16):
+    for bad in ([1] * 15, [1.0] * 16, [True] * 16, [0] + [1] * 15):
         with pytest.raises(ValueError, match="hadamard_signs"):
+            mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True, hadamard_signs=bad)
+    for bad, kind in (("1" * 16, "str"), (3, "int"), (torch.ones(16, dtype=torch.int32), "Tensor")):  # (the wrong type)
+        with pytest.raises(TypeError, match=f"hadamard_signs must be a tuple or list of 16 ints, .* got {kind}$"):
             mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True, hadamard_signs=bad)
     mxq.quantize(x, format="nvfp4", colwise=True, hadamard=True, hadamard_signs=OTHER_SIGNS)  # (cached)
     with pytest.raises(ValueError, match="hadamard_signs"):  # (and not served from that cache)

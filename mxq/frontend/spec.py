@@ -154,7 +154,10 @@ class QuantSpec:
         if not self.hadamard:
             raise ValueError("mxq: hadamard_signs is the sign vector of hadamard=True's transform; set hadamard=True "
                              "(format='nvfp4', colwise=True) or leave it None")
-        if not isinstance(signs, (tuple, list)) or len(signs) != fp4.HADAMARD_SIZE or not all(
+        if not isinstance(signs, (tuple, list)):
+            raise TypeError(f"mxq: hadamard_signs must be a tuple or list of {fp4.HADAMARD_SIZE} ints, each 1 or -1, "
+                            f"got {type(signs).__name__}")
+        if len(signs) != fp4.HADAMARD_SIZE or not all(
                 type(v) is int and v in (1, -1) for v in signs):
             raise ValueError(f"mxq: hadamard_signs must be {fp4.HADAMARD_SIZE} ints, each 1 or -1 (a tuple or "
                              f"list), got {list(signs) if isinstance(signs, tuple) else signs!r}")
