@@ -31,19 +31,32 @@ def check_exact(op, ins, got, **kw):
 
 
 def child_gets_fresh_locks(*where) -> bool:
-    """Whether a child forked while this process held each lock ``where`` names ((module, name):
-    as a thread compiling or decorating at the fork does) finds every one of them free."""
+    """Whether a child forked while another thread of this process held each lock ``where`` names
+    ((module, name): as a thread compiling or decorating at the fork does) finds every one of them
+    free (an RLock too: the holder is not the forking thread)."""
     import os
+    import threading
 
-    held = [getattr(module, name) for module, name in where]
-    for lock in held:
-        lock.acquire()
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        locks = [getattr(module, name) for module, name in where]
+        for lock in locks:
+            lock.acquire()
+        held.set()
+        done.wait()
+        for lock in locks:
+            lock.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
     try:
         pid = os.fork()
         if pid == 0:
             os._exit(0 if all(getattr(module, name).acquire(timeout=5) for module, name in where) else 1)
         _, status = os.waitpid(pid, 0)
     finally:
-        for lock in held:
-            lock.release()
+        done.set()
+        holder.join()
     return os.waitstatus_to_exitcode(status) == 0

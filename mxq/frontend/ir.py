@@ -86,15 +86,9 @@ def float_bits(value: float) -> int:
 
 _TABLE: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _LOCK = threading.Lock()
-
-
-def _fresh_lock() -> None:
-    """In a forked child: a new lock (one a thread of the parent held stays locked there)."""
-    global _LOCK
-    _LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock)
+# (a forked child's copy of a lock a parent thread held stays locked, with no thread to release it:
+# reinitialised in the child, as the threading module does its own)
+os.register_at_fork(after_in_child=_LOCK._at_fork_reinit)
 _UIDS = itertools.count()
 
 

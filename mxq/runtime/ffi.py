@@ -29,15 +29,9 @@ from ..kernels.config import UNIT
 from ..tensor import PADDED_ROW_BYTES, MXFP8Tensor, data_rows, flat_dims
 
 _lock = threading.RLock()
-
-
-def _fresh_lock() -> None:
-    """In a forked child: a new lock (one a thread of the parent held stays locked there)."""
-    global _lock
-    _lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock)
+# (a forked child's copy of a lock a parent thread held stays locked, with no thread to release it:
+# reinitialised in the child, as the threading module does its own)
+os.register_at_fork(after_in_child=_lock._at_fork_reinit)
 _shim = None
 _DL_FLOAT, _DL_BFLOAT = 2, 4
 # The allocating route puts both directions' FP8 data and scales in one allocation when they
