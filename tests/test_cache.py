@@ -1,5 +1,6 @@
 """The disk cache of compiled kernels and AOT export, on a CPU machine (no launch needed)."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -107,9 +108,13 @@ def test_truncated_library_with_a_matching_digest_is_rebuilt(tmp_path):
     assert cache.verified(so)
 
 
-def test_damaged_bytecode_of_a_generated_module_is_rebuilt(tmp_path):
-    """A damaged .pyc of a generated module ("bad marshal data") is removed and the module loaded
-    from its source (it failed every later compile of that op, in every process)."""
+def test_bytecode_beside_a_generated_module_is_never_read(tmp_path):
+    """A generated module runs from its source (compiler.load_module): no .pyc is written, and
+    neither a damaged one ("bad marshal data" failed every later compile of the op) nor another
+    module's bytecode that Python would trust (an unchecked hash-based .pyc: a kernel of another
+    op) is read in its place."""
+    import py_compile
+
     code = """
         from mxq.runtime import compiler
         from mxq.op import _quantize_op
@@ -122,9 +127,15 @@ def test_damaged_bytecode_of_a_generated_module_is_rebuilt(tmp_path):
     run = lambda: subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,  # noqa: E731
                                  text=True, timeout=600, env=e, cwd=ROOT)
     assert run().stdout.split() == ["Quantize"]
-    (pyc,) = (tmp_path / "src").rglob("*.pyc")
-    data = pyc.read_bytes()
-    pyc.write_bytes(data[:16] + b"\xff" * (len(data) - 16))  # the header kept: Python trusts it
+    assert not list((tmp_path / "src").rglob("*.pyc"))
+    (module,) = (tmp_path / "src").glob("mxq_gen_*.py")
+    pyc = Path(importlib.util.cache_from_source(str(module)))
+    other = tmp_path / "other.py"
+    other.write_text("QUANTIZE = 'planted'\n")
+    py_compile.compile(str(other), cfile=str(pyc), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+    r = run()
+    assert r.returncode == 0 and r.stdout.split() == ["Quantize"], r.stderr[-2000:]
+    pyc.write_bytes(pyc.read_bytes()[:16] + b"\xff" * 64)  # (damaged: the header kept)
     r = run()
     assert r.returncode == 0 and r.stdout.split() == ["Quantize"], r.stderr[-2000:]
 
@@ -604,3 +615,15 @@ def test_exported_directory_is_relocatable(tmp_path):
 
 def _residual_free(x):
     return x * 0.5
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_a_child_forked_while_a_thread_compiles_gets_fresh_locks():
+    """A process forked while another of its threads held the compile locks (compiler's, the
+    GEMM's) has no thread left to release them: the child's first compile waited forever. The
+    child gets fresh ones (os.register_at_fork)."""
+    from mxq.runtime import gemm
+
+    from .checks import child_gets_fresh_locks
+
+    assert child_gets_fresh_locks((compiler, "_compile_lock"), (gemm, "_lock"))

@@ -398,6 +398,39 @@ def test_good_arguments_pass_and_cpu_tensors_are_refused_before_launch():
         g.gemm(a, w)
 
 
+def test_compile_once_caches_and_lets_argument_errors_escape(monkeypatch):
+    """_compile_once: a hit builds nothing; keep_ptx compiles again and caches nothing; make()'s
+    errors raise as they are; a failed compile is a RuntimeError naming what was compiled."""
+    compiled, made = [], []
+
+    class Cute:
+        @staticmethod
+        def compile(entry, *args, options=None):
+            compiled.append(args)
+            return entry(*args)
+
+    monkeypatch.setattr(g.toolchain, "import_cutlass", lambda arch: Cute)
+    monkeypatch.setattr(g, "_compiled", {})
+
+    def make():
+        made.append(1)
+        return (lambda *a: ("fn", a)), (1, 2)
+
+    assert g._compile_once(("k",), False, make, "x") == ("fn", (1, 2))
+    assert g._compile_once(("k",), False, make, "x") == ("fn", (1, 2)) and len(made) == len(compiled) == 1
+    g._compile_once(("k",), True, make, "x")
+    g._compile_once(("p",), True, make, "x")
+    assert len(compiled) == 3 and list(g._compiled) == [("k",)]
+    with pytest.raises(ValueError, match="bad tile"):
+        g._compile_once(("v",), False, lambda: (_ for _ in ()).throw(ValueError("bad tile")), "x")
+
+    def boom(*a):
+        raise TypeError("no")
+    with pytest.raises(RuntimeError, match="mxq: compiling the thing for .* failed: no"):
+        g._compile_once(("b",), False, lambda: (boom, ()), "the thing")
+    assert ("v",) not in g._compiled and ("b",) not in g._compiled
+
+
 def test_tile_order_groups_divide_the_n_tiles():
     from mxq.runtime import toolchain
 

@@ -87,6 +87,7 @@ def test_expert_weights_are_equal_groups():
 
 @pytest.mark.parametrize("bad, err, match", [
     (torch.tensor([10, 5, 70]), ValueError, "non-decreasing"), (torch.tensor([10, 60]), ValueError, "end at M = 70"),
+    (torch.tensor([40, 30]), ValueError, "non-decreasing"),
     (torch.tensor([-1, 70]), ValueError, "non-decreasing"), (torch.tensor([10.0, 70.0]), TypeError, "int32 or int64"),
     (torch.tensor([[70]]), ValueError, "1-D"), (torch.tensor([], dtype=torch.int64), ValueError, "1-D"),
     ([70], TypeError, "torch.Tensor")])

@@ -99,11 +99,12 @@ def check(offsets, m: int, device) -> None:
     if offsets.device.type != "cpu":
         return
     ends = offsets.to(torch.int64)
+    # (order first: [40, 30] is decreasing, whatever its last end)
+    if int(ends[0]) < 0 or bool((ends[1:] < ends[:-1]).any()):
+        raise ValueError("mxq: argument 'group_offsets' must be non-decreasing group ends starting at >= 0")
     if int(ends[-1]) != m:
         raise ValueError(f"mxq: argument 'group_offsets' must end at M = {m} (rows after flattening), got "
                          f"{int(ends[-1])}")
-    if int(ends[0]) < 0 or bool((ends[1:] < ends[:-1]).any()):
-        raise ValueError("mxq: argument 'group_offsets' must be non-decreasing group ends starting at >= 0")
 
 
 def bounds(offsets) -> list[tuple[int, int]]:

@@ -67,7 +67,7 @@ from .config import SMEM_LIMIT
 TILE = (128, 256, 64)  # CTA tile (M, N, K) of the cooperative form
 STAGES = 4  # its shared-memory stages of A and W tiles (4 x 48 KiB)
 # the ping-pong form's tiles (M, N; one consumer warpgroup's, K as TILE's) -> their stages: 5 x 40 KiB,
-# 6 x 32 KiB, 5 x 40 KiB (the first is GemmSm90's default)
+# 6 x 32 KiB, 5 x 40 KiB, 5 x 40 KiB (the first is GemmSm90's default)
 PINGPONG_TILES = {(64, 256): 5, (128, 128): 6, (128, 192): 5, (192, 128): 5}
 WG_ROWS = 64  # rows of one wgmma (m64): the fused epilogue's part of a tile (gemm_quant's layout)
 THREADS_PER_WG = 128
@@ -128,7 +128,8 @@ class GemmSm90:
     per cluster along M sharing each W stage by TMA multicast (module docstring). ``swizzle`` < 0:
     bands of -swizzle clusters of M tiles moving along N instead (raster along N: W read once per
     band, A once). ``pp_tile``: the ping-pong form's tile (M, N), one of PINGPONG_TILES (a
-    warpgroup's 128 rows are two m64 wgmma rows, which the fused epilogue writes one at a time).
+    warpgroup's 64, 128 or 192 rows are one, two or three m64 wgmma rows, which the fused epilogue
+    writes one at a time).
     ``stage_rows``: the fused epilogue's rowwise FP8 data through shared memory and TMA stores
     (module docstring; the op must write the rowwise copy, and N be a multiple of 16)."""
 

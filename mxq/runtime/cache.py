@@ -97,7 +97,7 @@ _private_dir: Path | None = None
 def _private_src_dir() -> Path:
     """This process's own directory for generated modules (tempfile.mkdtemp: mode 0700 under a
     name no other user can take first; a fixed name in the shared temporary directory let anyone
-    create it, and plant the bytecode Python would import from it, before us)."""
+    create it before us and own what lands there)."""
     global _private_dir
     if _private_dir is None:
         _private_dir = Path(tempfile.mkdtemp(prefix="mxq-src-"))

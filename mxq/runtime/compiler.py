@@ -39,23 +39,22 @@ _modules = cache.LRU(cache.cache_size(), on_evict=lambda name, mod: sys.modules.
 
 
 def load_module(source: str):
+    """The generated module of ``source``, run from ``source`` itself (compiled here, never from a
+    .pyc: Python trusts a bytecode file whose recorded time and size match the .py, so another
+    module's bytecode could stand in), with the cache's file as its ``__file__`` (CuTeDSL reads
+    its kernels' text from there)."""
     path = cache.source_file(source)
     name = path.stem
     mod = _modules.get(name)
     if mod is None:
-        for attempt in (0, 1):
-            spec = importlib.util.spec_from_file_location(name, path)
-            mod = importlib.util.module_from_spec(spec)
-            sys.modules[name] = mod
-            try:
-                spec.loader.exec_module(mod)
-                break
-            except (ValueError, EOFError, ImportError):  # ("bad marshal data": a damaged .pyc of the module)
-                sys.modules.pop(name, None)
-                pyc = Path(importlib.util.cache_from_source(str(path)))
-                if attempt or not pyc.exists():
-                    raise
-                pyc.unlink(missing_ok=True)  # Python writes it again from the source
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            exec(compile(source, str(path), "exec"), mod.__dict__)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
         _modules[name] = mod
     return mod
 
@@ -224,6 +223,17 @@ def compile_op(op, arch: str, dtype_name: str, keep_ptx: bool = False, variant: 
 
 _native = cache.LRU(cache.cache_size())  # (source sha, arch, dtype, variant) -> native function
 _native_locks: dict = {}  # the same key -> a lock: concurrent first calls load one library once
+
+
+def _fresh_locks() -> None:
+    """In a forked child: the locks free (a child forked while another thread compiled holds them
+    locked, with no thread left to release them: its first compile would wait forever)."""
+    _compile_lock._at_fork_reinit()
+    _key_locks.clear()
+    _native_locks.clear()
+
+
+os.register_at_fork(after_in_child=_fresh_locks)
 
 
 def native_function(op, arch: str, dtype_name: str, variant: str, layouts=None):

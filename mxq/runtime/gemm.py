@@ -21,6 +21,7 @@ device, K and N multiples of 8 (TMA's 16-byte rows); ``out`` [M, N] of a's dtype
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import NamedTuple
 
@@ -52,6 +53,7 @@ STAGE_ALIGN = 16  # N: a multiple of this many FP8 bytes for the staged TMA stor
 
 _compiled = cache.LRU(cache.cache_size())  # (dtype, arch, acc_hook, num_sms, swizzle, pingpong, cluster, tile) -> function
 _lock = threading.Lock()
+os.register_at_fork(after_in_child=_lock._at_fork_reinit)  # (held by a parent thread at a fork: compiler._fresh_locks)
 
 
 def check_args(a, w, out=None, acc_out=None) -> None:
@@ -120,6 +122,22 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
     cluster_m = CLUSTER_M if cluster_m is None else cluster_m
     pp_tile = PP_TILE if pp_tile is None else tuple(pp_tile)
     key = (dtype_name, ARCH, acc_hook, num_sms, swizzle, pingpong, cluster_m, pp_tile)
+
+    def make():
+        from ..kernels.gemm_sm90 import GemmSm90
+
+        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle, pingpong=pingpong, cluster_m=cluster_m,
+                          pp_tile=pp_tile)
+        return (kernel.launch_acc if acc_hook else kernel.launch), fake_args(dtype_name, acc_hook)
+
+    return _compile_once(key, keep_ptx, make, f"the sm_90 GEMM ({dtype_name}, acc_hook={acc_hook}, swizzle={swizzle}, "
+                         f"pingpong={pingpong}, cluster_m={cluster_m}, pp_tile={pp_tile})")
+
+
+def _compile_once(key, keep_ptx: bool, make, what: str):
+    """The compiled function cached under ``key`` (unless keep_ptx), else compiled once under the
+    lock from ``make()``'s (entry, args) (made before the compile, so their errors raise as they
+    are), a failed compile a RuntimeError naming ``what``."""
     fn = _compiled.get(key)
     if fn is not None and not keep_ptx:
         return fn
@@ -127,22 +145,15 @@ def compile_gemm(dtype_name: str = "bf16", acc_hook: bool = False, num_sms: int 
         fn = _compiled.get(key)
         if fn is not None and not keep_ptx:
             return fn
-        args = fake_args(dtype_name, acc_hook)
+        entry, args = make()
         cute = toolchain.import_cutlass(ARCH)
         from . import compiler
-        from ..kernels.gemm_sm90 import GemmSm90
 
-        kernel = GemmSm90(acc_hook=acc_hook, num_sms=num_sms, swizzle=swizzle, pingpong=pingpong, cluster_m=cluster_m,
-                          pp_tile=pp_tile)
-        entry = kernel.launch_acc if acc_hook else kernel.launch
         with compiler.compile_options(ARCH, keep_ptx) as options:
             try:
                 fn = cute.compile(entry, *args, options=options)
             except Exception as exc:
-                raise RuntimeError(f"mxq: compiling the sm_90 GEMM ({dtype_name}, acc_hook={acc_hook}, "
-                                   f"swizzle={swizzle}, pingpong={pingpong}, cluster_m={cluster_m}, pp_tile={pp_tile}) "
-                                   f"for {ARCH} "
-                                   f"failed: {exc}") from exc
+                raise RuntimeError(f"mxq: compiling {what} for {ARCH} failed: {exc}") from exc
         if not keep_ptx:
             _compiled[key] = fn
         return fn
@@ -230,7 +241,7 @@ def serves(op, tile) -> bool:
 
 def wide_serves(op, tile: tuple = WIDE_TILE) -> bool:
     """Whether a ping-pong ``tile`` of 192 accumulators a thread (WIDE_TILE, which kernel_for
-    takes; 192 x 128) serves op.gemm of ``op`` without spills (None: the plain GEMM, always): the
+    takes: 128 x 192) serves op.gemm of ``op`` without spills (None: the plain GEMM, always): the
     tile serves it, and its epilogue reads the accumulator alone, rowwise, with neither dact nor
     dbias (192 accumulators a thread leave the epilogue no more registers: an operand's loads, the
     colwise copy, dact's input or dbias's sums spill, local ptxas, sm_90a)."""
@@ -399,30 +410,17 @@ def compile_gemm_op(op, dtype_name: str, kinds: tuple, acc_hook: bool, num_sms: 
     # (the source itself: op.source is kept on the op, and a str caches its hash, so a call's lookup
     # hashes nothing)
     key = ("op", source, dtype_name, kinds, acc_hook, num_sms, swizzle, pingpong, cluster_m, pp_tile, stage_rows)
-    fn = _compiled.get(key)
-    if fn is not None and not keep_ptx:
-        return fn
-    with _lock:
-        fn = _compiled.get(key)
-        if fn is not None and not keep_ptx:
-            return fn
-        args = fake_gemm_args(op, dtype_name, kinds, acc_hook, stage_rows)
+
+    def make():
         cute = toolchain.import_cutlass(ARCH)
-        mod = compiler.load_module(source)
+        args = fake_gemm_args(op, dtype_name, kinds, acc_hook, stage_rows)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)  # (after the compile-time options)
-        with compiler.compile_options(ARCH, keep_ptx) as options:
-            try:
-                fn = cute.compile(mod.launch_gemm, *args, acc_hook, num_sms, swizzle, pingpong, cluster_m, pp_tile,
-                                  stage_rows, stream, options=options)
-            except Exception as exc:
-                raise RuntimeError(f"mxq: compiling op.gemm of {op.__name__} ({dtype_name}, operands {kinds}, "
-                                   f"acc_hook={acc_hook}, pingpong={pingpong}, cluster_m={cluster_m}, pp_tile={pp_tile}, "
-                                   f"stage_rows={stage_rows}) "
-                                   f"for {ARCH} "
-                                   f"failed: {exc}") from exc
-        if not keep_ptx:
-            _compiled[key] = fn
-        return fn
+        return compiler.load_module(source).launch_gemm, (*args, acc_hook, num_sms, swizzle, pingpong, cluster_m,
+                                                           pp_tile, stage_rows, stream)
+
+    return _compile_once(key, keep_ptx, make, f"op.gemm of {op.__name__} ({dtype_name}, operands {kinds}, "
+                         f"acc_hook={acc_hook}, pingpong={pingpong}, cluster_m={cluster_m}, pp_tile={pp_tile}, "
+                         f"stage_rows={stage_rows})")
 
 
 def gemm_op(op, a, w, operands, scalars, out, acc_out=None):
