@@ -322,16 +322,19 @@ def _stores(ptx):
 
 
 def test_colwise_tile_config():
-    """NVFP4's colwise copy takes FP4_COL_ROWS (32) rows of 8-row warps, or Tuning.fp4_col_rows;
-    its rowwise-only casts and every other format keep their tiles."""
+    """NVFP4's colwise copy takes FP4_COL_ROWS (64) rows of 8-row warps (32 with stochastic
+    rounding or the Hadamard transform), or Tuning.fp4_col_rows; its rowwise-only casts and every
+    other format keep their tiles."""
     def cfg(tuning=None, **opts):
         op = mxq.fused_quant(**opts)(ident)
         c = codegen.kernel_config(op.spec, op.epilogue)
         return replace(c.global_passes()[1] if c.global_passes() else c, tuning=tuning)
 
     both = cfg(format="nvfp4", colwise=True)
-    assert kconfig.FP4_COL_ROWS == 32 and both.fp4_columns and both.tile_rows == 32
-    assert both.packed_warps() == both.packed_warps(True) == 4 and both.min_blocks == 0 and both.rows8_warps() is None
+    assert kconfig.FP4_COL_ROWS == 64 and both.fp4_columns and both.tile_rows == 64
+    assert both.packed_warps() == both.packed_warps(True) == 8 and both.min_blocks == 0 and both.rows8_warps() is None
+    for drawn in ({"stochastic_rounding": True}, {"hadamard": True}):
+        assert cfg(format="nvfp4", colwise=True, **drawn).tile_rows == kconfig.FP4_COL_ROWS_DRAWN == 32
     assert [b.name for b in both.packed_buffers([], False)] == ["max", "fp4t"]  # (no "inv": scales in registers)
     for rows in kconfig.FP4_COL_TILES:  # (stochastic rounding: each warp pair's words of its 8 columns, 4 per lane)
         sr = cfg(kconfig.Tuning(fp4_col_rows=rows), format="nvfp4", colwise=True, stochastic_rounding=True)

@@ -23,7 +23,8 @@ from ..formats.format import Format
 from .smem import Buffer, nbytes
 
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
-FP4_COL_ROWS = 32  # FP4's colwise copy: rows per CTA (NVFP4: two 16-row blocks, MXFP4: one 32-row block)
+FP4_COL_ROWS = 64  # FP4's colwise copy: rows per CTA, a whole 32-byte sector of each output row (two MXFP4 blocks)
+FP4_COL_ROWS_DRAWN = 32  # ... with stochastic rounding or the Hadamard transform (64 no faster: docs/performance.md)
 FP4_COL_TILES = (16, 32, 64)  # ... the tiles Tuning.fp4_col_rows may pick
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
@@ -498,11 +499,13 @@ class KernelConfig:
 
     @property
     def fp4_col_rows(self) -> int:
-        """Rows of FP4's colwise tile (Tuning.fp4_col_rows, else FP4_COL_ROWS; at least one
-        colwise block, MXFP4's 32 rows): each output row of the transposed copy gets a run of half
-        as many bytes per CTA, and the CTA computes the scales of fp4_col_rows / B blocks (B: 16
-        or 32 rows) of each of its columns."""
-        return max(self.tuned.fp4_col_rows or FP4_COL_ROWS, self.fmt.col_block[0])
+        """Rows of FP4's colwise tile (Tuning.fp4_col_rows, else FP4_COL_ROWS, FP4_COL_ROWS_DRAWN
+        with stochastic rounding or the Hadamard transform; at least one colwise block, MXFP4's 32
+        rows): each output row of the transposed copy gets a run of half as many bytes per CTA, and
+        the CTA computes the scales of fp4_col_rows / B blocks (B: 16 or 32 rows) of each of its
+        columns."""
+        default = FP4_COL_ROWS_DRAWN if self.fmt.rounding == "sr" or self.fmt.hadamard else FP4_COL_ROWS
+        return max(self.tuned.fp4_col_rows or default, self.fmt.col_block[0])
 
     @property
     def tile_rows(self) -> int:
