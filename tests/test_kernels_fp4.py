@@ -21,6 +21,7 @@ import torch
 import mxq
 from mxq.formats import fp4
 from mxq.frontend import codegen
+from mxq.kernels import config as kconfig
 from mxq.kernels import device as dev
 from mxq.kernels.vectorized import VectorizedKernel
 from mxq.runtime import compiler, limits
@@ -448,14 +449,16 @@ def _fp4_args(fmt, m, n, groups=None, device="cpu", **wrong):
     """An exported FP4 op's arguments of the sizes written out here: data [M, N/2] and the
     transposed copy [N, M/2]; scales per 16 (NVFP4, compact) or per 32 (MXFP4, swizzled:
     roundup(M, 128) x roundup(ceil(N/32), 4) and roundup(N, 128) x roundup(ceil(M/32), 4)); the
-    amax [1] ([G] grouped); the workspace a row per 32-row tile."""
+    amax [1] ([G] grouped); the dbias workspace a row per colwise tile (FP4_COL_ROWS rows; grouped:
+    one more per group)."""
     z = dict(device=device)
     if fmt == "nvfp4":
         row_scale, col_scale = m * cdiv(n, 16), n * (m // 16 + len(groups) if groups is not None else cdiv(m, 16))
     else:
         row_scale = -(-m // 128) * 128 * cdiv(cdiv(n, 32), 4) * 4
         col_scale = -(-n // 128) * 128 * cdiv(cdiv(m, 32), 4) * 4
-    ws = m // 32 + len(groups) if groups is not None else cdiv(m, 32)
+    rows = kconfig.FP4_COL_ROWS
+    ws = m // rows + len(groups) if groups is not None else cdiv(m, rows)
     args = dict(mIn0=torch.zeros(m, n, dtype=torch.bfloat16, **z), mActIn=torch.zeros(m, n, dtype=torch.bfloat16, **z),
                 mRowData=torch.zeros(m, n // 2, dtype=torch.uint8, **z), mRowScale=torch.zeros(row_scale, dtype=torch.uint8, **z),
                 mColData=torch.zeros(n, m // 2, dtype=torch.uint8, **z), mColScale=torch.zeros(col_scale, dtype=torch.uint8, **z),

@@ -82,9 +82,10 @@ def test_misaligned_colwise_out_falls_back():
 
 
 def test_tile_config():
-    """The packed kernel's FP4 colwise tile (32 rows of four 8-row warps, "max" and "fp4t" shared
-    memory, multipliers in registers); Tuning.fp4_col_rows 64 takes two 32-row blocks, 16 runs
-    as 32 (a block is 32 rows); the rowwise-only cast keeps the wide tile."""
+    """The packed kernel's FP4 colwise tile (FP4_COL_ROWS, 64 rows of eight 8-row warps: two
+    32-row blocks; "max" and "fp4t" shared memory, multipliers in registers); Tuning.fp4_col_rows
+    32 takes one block, 16 runs as 32 (a block is 32 rows); the rowwise-only cast keeps the wide
+    tile."""
     def cfg(tuning=None, **opts):
         op = mxq.fused_quant(format="mxfp4", **opts)(ident)
         return replace(codegen.kernel_config(op.spec, op.epilogue), tuning=tuning)
@@ -92,7 +93,7 @@ def test_tile_config():
     for opts in (dict(colwise=True), dict(colwise=True, rowwise=False), dict(colwise=True, act="gelu")):
         c = cfg(**opts)
         assert c.fp4_columns and c.fmt.col_block == (32, 1) and not c.fmt.global_scale
-        assert (c.tile_rows, c.packed_warps(), c.min_blocks) == (32, 4, 0) and c.global_passes() is None
+        assert (c.tile_rows, c.packed_warps(), c.min_blocks) == (64, 8, 0) and c.global_passes() is None
         assert [b.name for b in c.packed_buffers([], False)] == ["max", "fp4t"]
     for rows, want in ((16, 32), (32, 32), (64, 64)):
         c = cfg(kconfig.Tuning(fp4_col_rows=rows), colwise=True)
@@ -180,8 +181,8 @@ def test_colwise_copy_compiles(arch, dtype, opts):
 @pytest.mark.parametrize("opts", [dict(), dict(rowwise=False, scale_mode="rceil", scale_layout="swizzled"),
                                   dict(dbias=True, act="relu")])
 def test_fp32_colwise_copy_compiles(arch, opts):
-    """The colwise copy from fp32 on the vectorised kernel: 4 warps of 8 rows (a 32-row block is
-    all four), each thread's 8 rows of each of its 8 columns one word of codes (8 four-byte
+    """The colwise copy from fp32 on the vectorised kernel: FP4_COL_ROWS / 8 warps of 8 rows (a
+    32-row block is four), each thread's 8 rows of each of its 8 columns one word of codes (8 four-byte
     stores, 8 more for the rowwise rows), 8 column-scale bytes a thread (warp 0 stores them), the
     column maxima NaN-propagating; sm_100a: the hardware E2M1 conversion, 4 per column and row
     word. Without spills on sm_90. GPU counterpart: test_colwise_copy_matches_reference."""
@@ -189,11 +190,12 @@ def test_fp32_colwise_copy_compiles(arch, opts):
 
     op = _op(**opts)
     cfg = codegen.kernel_config(op.spec, op.epilogue)
-    assert cfg.fp4_columns and cfg.vec_warps == 4 and cfg.tile_rows == 32
+    rows = kconfig.FP4_COL_ROWS
+    assert cfg.fp4_columns and cfg.vec_warps == rows // 8 and cfg.tile_rows == rows
     assert _unserved(op, torch.zeros(8, 256)) is None
     ptx = _ptx(op, arch, "fp32")
     both = opts.get("rowwise", True)
-    assert ".reqntid 128, 1, 1" in ptx
+    assert f".reqntid {rows * 4}, 1, 1" in ptx
     vec = max(ptx.split(".entry")[1:], key=len)
     assert vec.count("st.global.b32") == 8 * (2 if both else 1)
     assert vec.count("st.global.b8 ") == 8  # (colwise scale bytes; the rows' with an L2 hint)

@@ -613,7 +613,7 @@ def test_colwise_copy_matches_reference(strict, dtype, m, n, layout):
 @pytest.mark.parametrize("opts", [dict(), dict(rowwise=False, scale_layout="swizzled"), dict(act="gelu", dbias=True)])
 def test_fp32_colwise_copy_compiles(arch, opts):
     """The colwise copy from fp32 on the vectorised kernel (two launches: the amax pass, then
-    the quantize pass): 4 warps of 8 rows, a 16-row block two of them (fp4_scale_warps), each
+    the quantize pass): FP4_COL_ROWS / 8 warps of 8 rows, a 16-row block two of them (fp4_scale_warps), each
     thread's 8 rows of a column one word of codes (8 four-byte stores, 8 more for the rowwise
     rows), 8 column-scale bytes a thread (each block's first warp stores them), NaN-dropping
     column maxima; grouped calls served too (test_grouped_colwise_compiles). GPU counterpart:
@@ -630,7 +630,7 @@ def test_fp32_colwise_copy_compiles(arch, opts):
     vec = max(ptx.split(".entry")[1:], key=lambda e: e.count("st.global.b32"))
     both = opts.get("rowwise", True)
     assert vec.count("st.global.b32") == 8 * (2 if both else 1) and vec.count("st.global.b8 ") >= 8
-    assert ".reqntid 128, 1, 1" in ptx and "max.NaN" not in vec
+    assert f".reqntid {kconfig.FP4_COL_ROWS * 4}, 1, 1" in ptx and "max.NaN" not in vec
     if arch == "sm_100a":
         assert vec.count("cvt.rn.satfinite.e2m1x2.f32") == 32 * (2 if both else 1)
 

@@ -72,8 +72,9 @@ def test_rowwise_takes_any_rows():
 
 
 def test_tile_config():
-    """The Format value (16x16 blocks under the global scale) and the packed kernel's 32-row tile
-    of 8-row warps (rowwise alone too: not the wide tile), one word per warp and lane of maxima,
+    """The Format value (16x16 blocks under the global scale) and the packed kernel's tile of 8-row
+    warps (the colwise tile, FP4_COL_ROWS rows, with the copy; else 32 rows: rowwise alone is not
+    the wide tile), one word per warp and lane of maxima,
     no 128x128 tile machinery; 1x16 NVFP4 keeps its configs."""
     def cfg(**opts):
         op = mxq.fused_quant(format="nvfp4", **opts)(ident)
@@ -84,11 +85,12 @@ def test_tile_config():
     for opts in (dict(), dict(colwise=True), dict(colwise=True, rowwise=False), dict(dbias=True, dact="relu")):
         c = cfg(block_2d=True, **opts)
         assert c.fp4_tiles and not c.tiles and c.col_reduce and not c.wide and c.fmt.global_scale
-        assert (c.tile_rows, c.packed_warps()) == (32, 4) and c.min_blocks == 0
+        rows = kconfig.FP4_COL_ROWS if c.colwise else 32
+        assert (c.tile_rows, c.packed_warps()) == (rows, rows // 8) and c.min_blocks == 0
         assert "max" in [b.name for b in c.packed_buffers([], False)] and "inv" not in [
             b.name for b in c.packed_buffers([], False)]
     plain = cfg()
-    assert not plain.fp4_tiles and plain.wide and replace(plain, colwise=True).tile_rows == 32
+    assert not plain.fp4_tiles and plain.wide and replace(plain, colwise=True).tile_rows == kconfig.FP4_COL_ROWS
 
 
 @pytest.mark.parametrize("tile_rows", [16, 32, 64])
@@ -151,7 +153,8 @@ def test_tiles_compile(arch, dtype, opts):
 @pytest.mark.parametrize("arch, opts", [("sm_90a", dict(colwise=True)), ("sm_100a", dict(scale_layout="swizzled")),
                                         ("sm_90a", dict(colwise=True, rowwise=False, act="gelu", dbias=True))])
 def test_fp32_tiles_compile(arch, opts):
-    """fp32 16x16 tiles on the vectorised kernel (4 warps of 8 rows, ungrouped): the quantize pass
+    """fp32 16x16 tiles on the vectorised kernel (warps of 8 rows: FP4_COL_ROWS / 8 with the
+    colwise copy, else 4; ungrouped): the quantize pass
     computes one scale per thread from both warps' column maxima in shared memory and one shuffle
     with lane ^ 1, stores half its 8 rows' row-scale entries and half its 8 columns' colwise ones,
     and each row's (and column's) 8 codes as one word; no spills on sm_90. Grouped calls are named
@@ -169,7 +172,8 @@ def test_fp32_tiles_compile(arch, opts):
     ptx = _ptx(op, arch, "fp32")
     q = _quantize_entry(ptx)
     both, rows = opts.get("colwise", False), opts.get("rowwise", True)
-    assert q.count("cvt.rn.satfinite.e4m3x2.f32") == 1 and ".reqntid 128, 1, 1" in q
+    threads = (kconfig.FP4_COL_ROWS if both else 32) * 4
+    assert q.count("cvt.rn.satfinite.e4m3x2.f32") == 1 and f".reqntid {threads}, 1, 1" in q
     assert q.count("st.global.L2::cache_hint.b8") == (4 if rows else 0)
     assert q.count("st.global.b8 ") == (4 if both else 0)
     assert q.count("st.global.b32") == 8 * (rows + both)
