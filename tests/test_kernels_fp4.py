@@ -832,6 +832,20 @@ def within_gelu_class(got, want, direction="rowwise", block=32, zero_scale_satur
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("n_tensors", [6, 7])
+def test_many_epilogue_tensors_colwise_match_reference(strict, fmt, n_tensors):
+    """The colwise copy of an op summing 6 (the 64-row tile) or 7 (the 32-row tile: 64 rows would
+    not fit, KernelConfig.fp4_tall_fits) full tensors, M % 64 != 0, against the reference. CPU
+    counterpart: test_kernels_nvfp4.test_colwise_tile_config."""
+    from .test_validation import _seven_for_smem, _six_for_smem
+
+    op = mxq.fused_quant(format=fmt, colwise=True, amax=True)({6: _six_for_smem, 7: _seven_for_smem}[n_tensors])
+    ins = [planted(200, 256, torch.bfloat16, seed=i) for i in range(n_tensors)]
+    _check(op, ins, op(*[t.cuda() for t in ins]))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_gelu_within_the_transcendental_class(strict, dtype):
     op = mxq.fused_quant(format="mxfp4", act="gelu")(ident)

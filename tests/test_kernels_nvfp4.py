@@ -345,6 +345,18 @@ def test_colwise_tile_config():
         assert (c.tile_rows, c.packed_warps()) == (rows, rows // 8) and c.min_blocks == 0
     with pytest.raises(ValueError, match="fp4_col_rows"):
         kconfig.Tuning(fp4_col_rows=128)
+    # many epilogue tensors: 64 rows of six full ones fit a CTA's shared memory staged whole, of
+    # seven not (7 x 256 threads x 8 rows x 16 bytes alone is 229,376 of 232,448): 32 rows, which
+    # fit 13 (the README's bound) and are served
+    from .test_validation import _seven_for_smem, _six_for_smem, _thirteen
+
+    x = torch.zeros(64, 256, dtype=torch.bfloat16)
+    for fn, rows in ((_six_for_smem, 64), (_seven_for_smem, 32), (_thirteen, 32)):
+        for fmt in ("nvfp4", "mxfp4"):
+            op = mxq.fused_quant(format=fmt, colwise=True)(fn)
+            c = codegen.kernel_config(op.spec, op.epilogue)
+            c = c.global_passes()[1] if c.global_passes() else c
+            assert c.tile_rows == rows and c.fp4_tall_fits == (rows == 64) and op._unserved(x) is None, (fmt, fn)
     tuned = kconfig.Tuning(fp4_col_rows=64)
     for opts, rows, warps in ((dict(format="nvfp4"), 32, 4), (dict(colwise=True), 32, 4),
                               (dict(colwise=True, dbias=True), 32, 8),

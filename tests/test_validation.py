@@ -537,6 +537,10 @@ def test_packed_shared_bytes_counts_the_allocations():
     assert cfg.packed_shared_bytes(1, unaligned=False) == 2048 + 1024
 
 
+def _six_for_smem(a, b, c, d, e, f):
+    return a + b + c + d + e + f
+
+
 def _seven_for_smem(a, b, c, d, e, f, g):
     return a + b + c + d + e + f + g
 

@@ -24,7 +24,8 @@ from .smem import Buffer, nbytes
 
 ROWS = 32  # rows per CTA: one colwise block per CTA row tile (every kernel)
 FP4_COL_ROWS = 64  # FP4's colwise copy: rows per CTA, a whole 32-byte sector of each output row (two MXFP4 blocks)
-FP4_COL_ROWS_DRAWN = 32  # ... with stochastic rounding or the Hadamard transform (64 no faster: docs/performance.md)
+FP4_COL_ROWS_DRAWN = 32  # ... with stochastic rounding or the Hadamard transform (64 no faster:
+# docs/performance.md), or where 64 rows of every epilogue tensor would not fit (KernelConfig.fp4_tall_fits)
 FP4_COL_TILES = (16, 32, 64)  # ... the tiles Tuning.fp4_col_rows may pick
 GENERIC_WARPS = 4  # generic kernel: a warp owns 32 columns (lane = column)
 VEC = 8  # vectorised/packed kernels: a lane owns 8 adjacent columns (one 16-byte bf16 load)
@@ -504,8 +505,20 @@ class KernelConfig:
         rows): each output row of the transposed copy gets a run of half as many bytes per CTA, and
         the CTA computes the scales of fp4_col_rows / B blocks (B: 16 or 32 rows) of each of its
         columns."""
-        default = FP4_COL_ROWS_DRAWN if self.fmt.rounding == "sr" or self.fmt.hadamard else FP4_COL_ROWS
-        return max(self.tuned.fp4_col_rows or default, self.fmt.col_block[0])
+        if self.tuned.fp4_col_rows:
+            return max(self.tuned.fp4_col_rows, self.fmt.col_block[0])
+        if self.fmt.rounding == "sr" or self.fmt.hadamard or not self.fp4_tall_fits:
+            return max(FP4_COL_ROWS_DRAWN, self.fmt.col_block[0])
+        return FP4_COL_ROWS
+
+    @property
+    def fp4_tall_fits(self) -> bool:
+        """FP4_COL_ROWS' tile fits a CTA's shared memory with every epilogue tensor (and a dact
+        op's input) staged whole, grouped or not: an op with many tensors (7 or more full ones
+        bf16) takes FP4_COL_ROWS_DRAWN's rows, which fit 13, instead (FP4 runs aligned rows
+        alone, limits.fp4_unserved)."""
+        tall = replace(self, tuning=replace(self.tuned, fp4_col_rows=FP4_COL_ROWS))
+        return tall.packed_shared_bytes(self.n_inputs + self.has_dact, False, True) <= SMEM_LIMIT
 
     @property
     def tile_rows(self) -> int:
