@@ -1089,7 +1089,8 @@ def test_exported_fp4_functions_run_on_cuda(tmp_path, fmt, dtype):
             got.amax.fill_(kw["global_amax"])
         args = [x.cuda(), a.cuda(), got.rowwise_data, flat(got.rowwise_scale), got.colwise_data,
                 flat(got.colwise_scale), *([got.amax.reshape(-1)] if got.amax is not None else []), got.dbias,
-                torch.empty(m // 32 + len(groups) if groups is not None else cdiv(m, 32), n, device="cuda",
+                torch.empty(m // kconfig.FP4_COL_ROWS + len(groups) if groups is not None
+                            else cdiv(m, kconfig.FP4_COL_ROWS), n, device="cuda",
                             dtype=dbias_partial_dtype(t)),
                 torch.zeros(1, device="cuda")] + ([groups.cuda()] if groups is not None else [])
         lib[fname](*args)
